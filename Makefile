@@ -1,0 +1,126 @@
+# darkserve — plain Makefile, out-of-tree build (BUILD=dir), -MMD -MP deps.
+#
+# Layout: core/*.c -> $(BUILD)/libcore.a, proto/*.c -> $(BUILD)/libproto.a,
+# server/*.c -> $(BUILD)/darkserve. Unit tests are globbed by prefix:
+#   tests/unit/test_core_*.c   link libcore only (+ BLAS, PCRE2, libm)
+#   tests/unit/test_proto_*.c  link libproto only (+ jansson)
+#   tests/unit/test_srv_*.c    link server objects (minus main) + both libs
+# so a core file that includes jansson, or proto that calls BLAS, fails to link.
+
+BUILD    ?= build
+CC       ?= cc
+PYTHON   ?= .venv/bin/python
+MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+PORT     ?= 8080
+
+OPENBLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+OPENBLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+
+WARN    := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes \
+           -Wmissing-prototypes -Wformat=2 -Wvla
+ifneq ($(CI),)
+WARN    += -Werror
+endif
+OPT     ?= -O2 -march=x86-64-v2 -g
+CFLAGS  ?=
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -I. $(OPENBLAS_CFLAGS) \
+           -fno-strict-aliasing
+LDFLAGS ?=
+
+CORE_LIBS   := $(OPENBLAS_LIBS) -lpcre2-8 -lm -lpthread
+PROTO_LIBS  := -ljansson
+SERVER_LIBS := -lmicrohttpd -luv $(PROTO_LIBS) $(CORE_LIBS)
+
+CORE_SRC   := $(wildcard core/*.c)
+PROTO_SRC  := $(wildcard proto/*.c)
+SERVER_SRC := $(wildcard server/*.c)
+CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
+PROTO_OBJ  := $(PROTO_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
+SERVER_LIB_OBJ := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJ))
+
+TEST_CORE_SRC  := $(wildcard tests/unit/test_core_*.c)
+TEST_PROTO_SRC := $(wildcard tests/unit/test_proto_*.c)
+TEST_SRV_SRC   := $(wildcard tests/unit/test_srv_*.c)
+TEST_BINS := $(TEST_CORE_SRC:tests/unit/%.c=$(BUILD)/tests/%) \
+             $(TEST_PROTO_SRC:tests/unit/%.c=$(BUILD)/tests/%) \
+             $(TEST_SRV_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+TOOL_SRC  := $(wildcard tools/*.c)
+TOOL_BINS := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
+
+.PHONY: all deps model run test unit pytest asan lint format clean bench help
+
+all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS)
+
+help:
+	@echo "make run | test | asan | lint | format | model | bench | clean  (BUILD=$(BUILD))"
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/libcore.a: $(CORE_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+$(BUILD)/libproto.a: $(PROTO_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(BUILD)/darkserve: $(SERVER_OBJ) $(BUILD)/libproto.a $(BUILD)/libcore.a
+	$(CC) $(CFLAGS) -o $@ $(SERVER_OBJ) $(BUILD)/libproto.a $(BUILD)/libcore.a $(LDFLAGS) $(SERVER_LIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/test_core_%: tests/unit/test_core_%.c tests/unit/check.h $(BUILD)/libcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcore.a $(LDFLAGS) $(CORE_LIBS)
+$(BUILD)/tests/test_proto_%: tests/unit/test_proto_%.c tests/unit/check.h $(BUILD)/libproto.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libproto.a $(LDFLAGS) $(PROTO_LIBS) -lm
+$(BUILD)/tests/test_srv_%: tests/unit/test_srv_%.c tests/unit/check.h $(SERVER_LIB_OBJ) $(BUILD)/libproto.a $(BUILD)/libcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(SERVER_LIB_OBJ) $(BUILD)/libproto.a $(BUILD)/libcore.a $(LDFLAGS) $(SERVER_LIBS)
+$(BUILD)/tools/%: tools/%.c $(BUILD)/libcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcore.a $(LDFLAGS) $(CORE_LIBS)
+
+model:
+	@scripts/fetch_model.sh
+
+run: deps model $(BUILD)/darkserve
+	@scripts/run.sh $(BUILD)/darkserve $(MODEL) $(PORT)
+
+# unit: every C test binary, each in its own process with a timeout.
+unit: $(TEST_BINS)
+	@scripts/run_unit.sh $(TEST_BINS)
+
+pytest: all
+	@DARKSERVE_BIN=$(abspath $(BUILD)/darkserve) DARKSERVE_BUILD=$(abspath $(BUILD)) \
+	  $(PYTHON) -m pytest -q tests/reference tests/integration
+
+test: deps model
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory pytest
+
+asan:
+	@$(MAKE) --no-print-directory BUILD=build-asan \
+	  OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  LDFLAGS="-fsanitize=address,undefined" unit
+
+lint:
+	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability \
+	  --inline-suppr --suppressions-list=.cppcheck-suppress -I. core proto server
+	clang-tidy --quiet $(CORE_SRC) $(PROTO_SRC) $(SERVER_SRC) -- -std=c11 -D_GNU_SOURCE -I. $(OPENBLAS_CFLAGS)
+
+format:
+	clang-format -i $(CORE_SRC) $(PROTO_SRC) $(SERVER_SRC) $(wildcard core/*.h proto/*.h server/*.h tests/unit/*.c tests/unit/*.h tools/*.c)
+
+bench: $(BUILD)/darkserve
+	@scripts/bench.sh $(BUILD)/darkserve $(MODEL)
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,83 @@
+/* core/attn.h — the attention interface the Llama forward calls.
+ *
+ * Dimension letters (used in every shape comment in core/):
+ *   B sequences, T tokens, D model dim, H query heads, Hkv KV heads,
+ *   Hd head dim, M random features, W hybrid window, V vocab, L layers.
+ *
+ * A core_attn_t holds the immutable per-model attention parameters of one
+ * configuration (kind, M, W, feature seeds / learned matrices for every layer
+ * and KV head). A core_attn_state_t is one sequence's attention memory for all
+ * layers: a KV cache for exact attention (bounded by max_ctx), a constant-size
+ * recurrent state for the linear kinds. The position of a state (tokens it has
+ * absorbed) is the RoPE position of the next token.
+ *
+ * Calling protocol for one forward of n new tokens of one sequence:
+ *   core_attn_reserve(a, s, n)               -- may fail with CORE_ECONTEXT
+ *   for layer in 0..L-1: core_attn_forward(a, s, layer, n, q, k, v, out)
+ *   core_attn_advance(s, n)
+ * q and k arrive with RoPE applied. Queries of head h use KV head
+ * h / (H / Hkv) (grouped-query attention).
+ *
+ * Threading: a core_attn_t owns scratch memory, so at most one forward runs on
+ * it at a time (darkserve runs all forwards on the scheduler thread).
+ */
+#ifndef DARKSERVE_CORE_ATTN_H
+#define DARKSERVE_CORE_ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+#include "core/gguf.h"
+
+typedef enum core_attn_kind {
+    CORE_ATTN_EXACT = 0,
+    CORE_ATTN_PERFORMER = 1,
+    CORE_ATTN_DARKFORMER = 2,
+    CORE_ATTN_DARKFORMER_IS = 3
+} core_attn_kind_t;
+
+typedef struct core_attn_cfg {
+    core_attn_kind_t kind;
+    int n_layer;      /* L */
+    int n_head;       /* H */
+    int n_head_kv;    /* Hkv, divides H */
+    int head_dim;     /* Hd */
+    int64_t max_ctx;  /* exact: KV cache capacity in tokens */
+    int n_features;   /* M, linear kinds */
+    int window;       /* W, linear kinds: exact softmax over the last W tokens, 0 = pure */
+    uint64_t seed;    /* random-feature seed */
+} core_attn_cfg_t;
+
+typedef struct core_attn core_attn_t;
+typedef struct core_attn_state core_attn_state_t;
+
+/* "exact", "performer", "darkformer", "darkformer-is". */
+const char *core_attn_kind_name(core_attn_kind_t kind);
+/* Parses a kind name; CORE_EINVAL if unknown. */
+int core_attn_kind_parse(const char *name, core_attn_kind_t *out);
+
+/* New attention parameters for cfg. adapter (borrowed, may be NULL) is the
+ * DARKFormer adapter GGUF for the kinds that need learned parameters. */
+int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_attn_t **out,
+                  core_error_t *err);
+void core_attn_free(core_attn_t *a); /* NULL is a no-op */
+const core_attn_cfg_t *core_attn_config(const core_attn_t *a);
+
+/* New empty state (position 0). Borrows a, which must outlive it. */
+int core_attn_state_new(const core_attn_t *a, core_attn_state_t **out, core_error_t *err);
+void core_attn_state_free(core_attn_state_t *s); /* NULL is a no-op */
+void core_attn_state_reset(core_attn_state_t *s);
+/* dst becomes an exact copy of src (same core_attn_t). */
+int core_attn_state_copy(core_attn_state_t *dst, const core_attn_state_t *src, core_error_t *err);
+int64_t core_attn_state_pos(const core_attn_state_t *s);
+/* Bytes of memory the state holds now (exact: grows with the cache). */
+size_t core_attn_state_bytes(const core_attn_state_t *s);
+
+int core_attn_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err);
+/* q: [n][H*Hd], k, v: [n][Hkv*Hd] (borrowed); out: [n][H*Hd] (caller-owned). */
+int core_attn_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n, const float *q,
+                      const float *k, const float *v, float *out, core_error_t *err);
+void core_attn_advance(core_attn_state_t *s, int64_t n);
+
+#endif

@@ -1,0 +1,43 @@
+/* core/attn_impl.h — private: how attention kinds plug into core/attn.c.
+ *
+ * Each kind provides a vtable; core/attn.c dispatches and owns the common
+ * fields. Only core/attn*.c include this file.
+ */
+#ifndef DARKSERVE_CORE_ATTN_IMPL_H
+#define DARKSERVE_CORE_ATTN_IMPL_H
+
+#include "core/attn.h"
+
+typedef struct core_attn_vtbl {
+    int (*init)(core_attn_t *a, const core_gguf_t *adapter, core_error_t *err);
+    void (*fini)(core_attn_t *a);
+    int (*state_init)(core_attn_state_t *s, core_error_t *err);
+    void (*state_fini)(core_attn_state_t *s);
+    void (*state_reset)(core_attn_state_t *s);
+    int (*state_copy)(core_attn_state_t *dst, const core_attn_state_t *src, core_error_t *err);
+    size_t (*state_bytes)(const core_attn_state_t *s);
+    int (*reserve)(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err);
+    int (*forward)(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n, const float *q,
+                   const float *k, const float *v, float *out, core_error_t *err);
+} core_attn_vtbl_t;
+
+struct core_attn {
+    core_attn_cfg_t cfg;
+    const core_attn_vtbl_t *vt;
+    void *impl;        /* kind-private parameters */
+    float *scratch;    /* kind-private scratch, grown on demand */
+    size_t scratch_n;  /* floats in scratch */
+};
+
+struct core_attn_state {
+    const core_attn_t *a;
+    int64_t pos;       /* tokens absorbed */
+    void *impl;        /* kind-private state */
+};
+
+/* Grows a->scratch to at least n floats; returns it or NULL (CORE_ENOMEM set). */
+float *core_attn_scratch(core_attn_t *a, size_t n, core_error_t *err);
+
+extern const core_attn_vtbl_t core_attn_exact_vtbl;
+
+#endif

@@ -1,0 +1,21 @@
+/* core/blas.h — the only door to BLAS. Row-major single-precision GEMM.
+ *
+ * core_gemm_nt: C[m][n] = alpha * A[m][k] · B[n][k]ᵀ + beta * C  (weights stored
+ * as [out][in] rows, the GGUF layout, are B here). core_gemm_nn: C = A·B with
+ * B[k][n]. lda/ldb/ldc are row strides in floats.
+ */
+#ifndef DARKSERVE_CORE_BLAS_H
+#define DARKSERVE_CORE_BLAS_H
+
+#include <stdint.h>
+
+void core_gemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+void core_gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+void core_gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* Number of BLAS threads (0 = leave the library default). */
+void core_blas_set_threads(int n);
+
+#endif

@@ -1,0 +1,66 @@
+/* core/model.h — Llama-architecture decoder: load from GGUF, batched forward.
+ *
+ * One core_model_forward() call runs B sequences, each with its own state
+ * (position) and its own number of new tokens; every weight matrix is applied
+ * as one GEMM over all T = sum(n_tokens) rows. Attention goes through
+ * core/attn.h, per sequence. Weights are dequantized to f32 at load.
+ *
+ * Threading: one forward at a time per model (it owns scratch buffers).
+ */
+#ifndef DARKSERVE_CORE_MODEL_H
+#define DARKSERVE_CORE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/attn.h"
+#include "core/err.h"
+#include "core/gguf.h"
+
+typedef struct core_model core_model_t;
+
+typedef struct core_model_opts {
+    core_attn_kind_t attn_kind; /* default CORE_ATTN_EXACT */
+    int n_features;             /* M for linear kinds (0 = default 128) */
+    int window;                 /* W for linear kinds */
+    int64_t max_ctx;            /* exact KV capacity; 0 = the model's context length */
+    uint64_t seed;              /* feature seed (0 = default) */
+    const char *adapter_path;   /* DARKFormer adapter GGUF or NULL (borrowed) */
+} core_model_opts_t;
+
+typedef struct core_model_info {
+    char arch[32];
+    char name[128];
+    int n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab;
+    int64_t n_ctx_train;
+    double rope_base;      /* llama.rope.freq_base */
+    double rope_scale;     /* linear scaling factor, 1 = none */
+    double rms_eps;
+    int tied_output;       /* output head shares token_embd */
+    uint64_t n_params;
+    char fingerprint[17];  /* hex of a 64-bit hash over the tensor infos + metadata sizes */
+} core_model_info_t;
+
+enum core_logits_mode { CORE_LOGITS_NONE = 0, CORE_LOGITS_LAST = 1, CORE_LOGITS_ALL = 2 };
+
+typedef struct core_batch_seq {
+    core_attn_state_t *state; /* borrowed; advanced by n_tokens on success */
+    const int32_t *tokens;    /* [n_tokens], borrowed */
+    int64_t n_tokens;         /* >= 1 */
+    int logits_mode;          /* enum core_logits_mode */
+    float *logits;            /* caller-owned: [1][V] (LAST) or [n_tokens][V] (ALL) */
+} core_batch_seq_t;
+
+/* opts may be NULL (defaults). *out is new; free with core_model_free(). */
+int core_model_load(const char *path, const core_model_opts_t *opts, core_model_t **out,
+                    core_error_t *err);
+void core_model_free(core_model_t *m); /* NULL is a no-op */
+
+const core_model_info_t *core_model_info(const core_model_t *m);
+const core_gguf_t *core_model_gguf(const core_model_t *m); /* borrowed: tokenizer metadata */
+core_attn_t *core_model_attn(core_model_t *m);             /* borrowed: make states from it */
+
+/* Runs the batch. On error no state has been advanced. */
+int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core_error_t *err);
+
+#endif
