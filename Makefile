@@ -47,10 +47,13 @@ TEST_BINS := $(TEST_CORE_SRC:tests/unit/%.c=$(BUILD)/tests/%) \
              $(TEST_SRV_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TOOL_SRC  := $(wildcard tools/*.c)
 TOOL_BINS := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
+# tests/helpers/*.c: small core-only programs that Python oracle tests drive.
+HELPER_SRC  := $(wildcard tests/helpers/*.c)
+HELPER_BINS := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
 
 .PHONY: all deps model run test unit pytest asan lint format clean bench help
 
-all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS)
+all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS) $(HELPER_BINS)
 
 help:
 	@echo "make run | test | asan | lint | format | model | bench | clean  (BUILD=$(BUILD))"
@@ -81,6 +84,9 @@ $(BUILD)/tests/test_proto_%: tests/unit/test_proto_%.c tests/unit/check.h $(BUIL
 $(BUILD)/tests/test_srv_%: tests/unit/test_srv_%.c tests/unit/check.h $(SERVER_LIB_OBJ) $(BUILD)/libproto.a $(BUILD)/libcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVER_LIB_OBJ) $(BUILD)/libproto.a $(BUILD)/libcore.a $(LDFLAGS) $(SERVER_LIBS)
+$(BUILD)/tests/helpers/%: tests/helpers/%.c $(BUILD)/libcore.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcore.a $(LDFLAGS) $(CORE_LIBS)
 $(BUILD)/tools/%: tools/%.c $(BUILD)/libcore.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcore.a $(LDFLAGS) $(CORE_LIBS)
