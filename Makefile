@@ -97,13 +97,22 @@ model:
 run: deps model $(BUILD)/darkserve
 	@scripts/run.sh $(BUILD)/darkserve $(MODEL) $(PORT)
 
-# unit: every C test binary, each in its own process with a timeout.
-unit: $(TEST_BINS)
-	@scripts/run_unit.sh $(TEST_BINS)
+# The tiny random-weight model most unit tests run on (no download needed).
+TINY := $(if $(wildcard tests/fixtures/make_tiny_model.py),$(BUILD)/fixtures/tiny.gguf)
+$(BUILD)/fixtures/tiny.gguf: tests/fixtures/make_tiny_model.py
+	@mkdir -p $(@D)
+	$(PYTHON) tests/fixtures/make_tiny_model.py $@
 
-pytest: all
-	@DARKSERVE_BIN=$(abspath $(BUILD)/darkserve) DARKSERVE_BUILD=$(abspath $(BUILD)) \
-	  $(PYTHON) -m pytest -q tests/reference tests/integration
+TEST_ENV := DARKSERVE_BIN=$(abspath $(BUILD)/darkserve) DARKSERVE_BUILD=$(abspath $(BUILD)) \
+            DARKSERVE_TINY_MODEL=$(abspath $(BUILD)/fixtures/tiny.gguf) \
+            DARKSERVE_MODEL=$(abspath $(MODEL)) DARKSERVE_DATA=$(abspath tests/data)
+
+# unit: every C test binary, each in its own process with a timeout.
+unit: $(TEST_BINS) $(TINY)
+	@$(TEST_ENV) scripts/run_unit.sh $(TEST_BINS)
+
+pytest: all $(TINY)
+	@$(TEST_ENV) $(PYTHON) -m pytest -q tests/reference tests/integration
 
 test: deps model
 	@$(MAKE) --no-print-directory all

@@ -38,6 +38,7 @@ struct core_attn_state {
 /* Grows a->scratch to at least n floats; returns it or NULL (CORE_ENOMEM set). */
 float *core_attn_scratch(core_attn_t *a, size_t n, core_error_t *err);
 
-extern const core_attn_vtbl_t core_attn_exact_vtbl;
+extern const core_attn_vtbl_t core_attn_exact_vtbl;  /* attn_exact.c */
+extern const core_attn_vtbl_t core_attn_linear_vtbl; /* attn_linear.c */
 
 #endif

@@ -1,0 +1,171 @@
+/* core/attn.c — dispatch of the attention interface to its kinds.
+ *
+ * Owns the fields common to every kind (config, position counter, scratch);
+ * everything kind-specific lives behind core_attn_vtbl_t (attn_impl.h):
+ * attn_exact.c (KV cache) and attn_linear.c (Performer, DARKFormer,
+ * DARKFormer-IS, each optionally hybrid with an exact window).
+ */
+#include "core/attn_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const kind_names[] = {"exact", "performer", "darkformer", "darkformer-is"};
+
+const char *core_attn_kind_name(core_attn_kind_t kind)
+{
+    if ((unsigned)kind < sizeof kind_names / sizeof kind_names[0])
+        return kind_names[kind];
+    return "unknown";
+}
+
+int core_attn_kind_parse(const char *name, core_attn_kind_t *out)
+{
+    for (size_t i = 0; name && i < sizeof kind_names / sizeof kind_names[0]; i++) {
+        if (strcmp(name, kind_names[i]) == 0) {
+            *out = (core_attn_kind_t)i;
+            return 0;
+        }
+    }
+    return CORE_EINVAL;
+}
+
+static const core_attn_vtbl_t *vtbl_for(core_attn_kind_t kind)
+{
+    switch (kind) {
+    case CORE_ATTN_EXACT: return &core_attn_exact_vtbl;
+    case CORE_ATTN_PERFORMER:
+    case CORE_ATTN_DARKFORMER:
+    case CORE_ATTN_DARKFORMER_IS: return &core_attn_linear_vtbl;
+    }
+    return NULL;
+}
+
+int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_attn_t **out,
+                  core_error_t *err)
+{
+    *out = NULL;
+    const core_attn_vtbl_t *vt = vtbl_for(cfg->kind);
+    if (!vt)
+        return core_error_set(err, CORE_EINVAL, "unknown attention kind %d", (int)cfg->kind);
+    if (cfg->n_layer <= 0 || cfg->n_head <= 0 || cfg->n_head_kv <= 0 || cfg->head_dim <= 0 ||
+        cfg->n_head % cfg->n_head_kv != 0)
+        return core_error_set(err, CORE_EINVAL,
+                              "bad attention shape: layers %d, heads %d, kv heads %d, head dim %d",
+                              cfg->n_layer, cfg->n_head, cfg->n_head_kv, cfg->head_dim);
+    if (cfg->window < 0 || cfg->n_features < 0 || cfg->max_ctx < 0)
+        return core_error_set(err, CORE_EINVAL, "negative window, feature count or context");
+    core_attn_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for attention");
+    a->cfg = *cfg;
+    a->vt = vt;
+    int rc = vt->init(a, adapter, err);
+    if (rc < 0) {
+        free(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
+void core_attn_free(core_attn_t *a)
+{
+    if (!a)
+        return;
+    a->vt->fini(a);
+    free(a->scratch);
+    free(a);
+}
+
+const core_attn_cfg_t *core_attn_config(const core_attn_t *a)
+{
+    return &a->cfg;
+}
+
+float *core_attn_scratch(core_attn_t *a, size_t n, core_error_t *err)
+{
+    if (n <= a->scratch_n)
+        return a->scratch;
+    float *p = realloc(a->scratch, n * sizeof *p);
+    if (!p) {
+        core_error_set(err, CORE_ENOMEM, "out of memory for %zu attention scratch floats", n);
+        return NULL;
+    }
+    a->scratch = p;
+    a->scratch_n = n;
+    return p;
+}
+
+int core_attn_state_new(const core_attn_t *a, core_attn_state_t **out, core_error_t *err)
+{
+    *out = NULL;
+    core_attn_state_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for attention state");
+    s->a = a;
+    int rc = a->vt->state_init(s, err);
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void core_attn_state_free(core_attn_state_t *s)
+{
+    if (!s)
+        return;
+    s->a->vt->state_fini(s);
+    free(s);
+}
+
+void core_attn_state_reset(core_attn_state_t *s)
+{
+    s->a->vt->state_reset(s);
+    s->pos = 0;
+}
+
+int core_attn_state_copy(core_attn_state_t *dst, const core_attn_state_t *src, core_error_t *err)
+{
+    if (dst->a != src->a)
+        return core_error_set(err, CORE_EMISMATCH, "states belong to different attention configs");
+    int rc = src->a->vt->state_copy(dst, src, err);
+    if (rc == 0)
+        dst->pos = src->pos;
+    return rc;
+}
+
+int64_t core_attn_state_pos(const core_attn_state_t *s)
+{
+    return s->pos;
+}
+
+size_t core_attn_state_bytes(const core_attn_state_t *s)
+{
+    return s->a->vt->state_bytes(s);
+}
+
+int core_attn_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err)
+{
+    if (n < 0)
+        return core_error_set(err, CORE_EINVAL, "negative token count %lld", (long long)n);
+    return a->vt->reserve(a, s, n, err);
+}
+
+int core_attn_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n, const float *q,
+                      const float *k, const float *v, float *out, core_error_t *err)
+{
+    if (layer < 0 || layer >= a->cfg.n_layer)
+        return core_error_set(err, CORE_EINVAL, "layer %d out of range [0,%d)", layer,
+                              a->cfg.n_layer);
+    if (n <= 0)
+        return core_error_set(err, CORE_EINVAL, "token count %lld must be positive", (long long)n);
+    return a->vt->forward(a, s, layer, n, q, k, v, out, err);
+}
+
+void core_attn_advance(core_attn_state_t *s, int64_t n)
+{
+    s->pos += n;
+}
