@@ -1,0 +1,1213 @@
+/* core/gguf.c — GGUF v2/v3 reader (mmap or caller memory) and v3 writer.
+ *
+ * Reader: one validating pass over the header, metadata and tensor infos.
+ * Every length is compared with the bytes that remain before it is used, and
+ * every count is bounded by the smallest encoding of one element before it
+ * sizes an allocation, so the memory we allocate is at most a small constant
+ * times the file size whatever the file claims. Arrays keep an index built in
+ * that pass (element offsets for strings, child descriptors for nested arrays)
+ * so element i is found in O(1): the tokenizer reads 49152-entry string arrays
+ * by index. Nesting is bounded (GGUF_MAX_DEPTH) so a depth bomb cannot blow the
+ * stack. Keys and tensor names go into hash tables, which also reject
+ * duplicates without an O(n^2) scan on hostile counts.
+ *
+ * Writer: everything is serialized in memory by the setters, laid out on
+ * write, and published with temp file + fsync + rename (+ fsync of the
+ * directory) so a crash never leaves a half-written model behind.
+ *
+ * Little-endian host assumed, as GGUF files are little-endian in practice.
+ */
+#include "core/gguf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/tensor.h"
+
+#define GGUF_MAGIC "GGUF"
+#define GGUF_HEADER_BYTES 24          /* magic, version, n_tensors, n_kv */
+#define GGUF_DEFAULT_ALIGNMENT 32u
+#define GGUF_MAX_DEPTH 8              /* nesting of arrays in arrays */
+#define GGUF_MAX_KEY_LEN 65535u       /* the spec's bound on key length */
+#define GGUF_MAX_NAME_LEN 65535u      /* our bound on tensor name length */
+#define GGUF_MAX_ALIGNMENT (1u << 30) /* beyond this, padding arithmetic gets silly */
+/* Smallest encodings, for bounding counts by the bytes left. */
+#define GGUF_MIN_KV_BYTES 13     /* key len(8) + type(4) + 1-byte value */
+#define GGUF_MIN_TINFO_BYTES 32  /* name len(8) + n_dims(4) + ne(8) + type(4) + offset(8) */
+
+typedef struct arr_impl arr_impl_t;
+struct arr_impl {
+    core_gguf_type_t type; /* element type */
+    uint64_t n;
+    size_t data; /* scalars: offset of element 0 in the buffer */
+    size_t *str; /* strings: [n] offsets of each element's length field */
+    arr_impl_t *sub; /* arrays: [n] child descriptors */
+};
+
+typedef struct kv {
+    char *key; /* owned, NUL-terminated */
+    core_gguf_type_t type;
+    size_t val; /* offset of the value in the buffer */
+    arr_impl_t arr; /* when type is ARRAY */
+} kv_t;
+
+/* Open addressing over indices into kvs / tensors; slot value -1 is empty. */
+typedef struct htab {
+    int64_t *slot;
+    size_t mask;
+} htab_t;
+
+struct core_gguf {
+    const uint8_t *base;
+    size_t size;
+    int mapped; /* base is our mmap */
+    uint32_t version;
+    uint32_t alignment;
+    size_t data_off; /* start of the data section */
+    int64_t n_kv;
+    kv_t *kvs;
+    int64_t n_tensors;
+    core_gguf_tensor_t *tensors;
+    htab_t kv_idx;
+    htab_t tensor_idx;
+};
+
+/* ---- byte cursor ---- */
+
+typedef struct cur {
+    const uint8_t *base;
+    size_t size;
+    size_t pos;
+    core_error_t *err;
+} cur_t;
+
+static size_t cur_left(const cur_t *c) { return c->size - c->pos; }
+
+/* Reads n bytes; on shortage records which field and where. */
+static int cur_read(cur_t *c, void *dst, size_t n, const char *what, const char *ctx)
+{
+    if (cur_left(c) < n)
+        return core_error_set(c->err, CORE_EFORMAT,
+                              "gguf: truncated: %s%s%s needs %zu bytes at offset %zu, file size %zu",
+                              ctx ? ctx : "", ctx ? ": " : "", what, n, c->pos, c->size);
+    memcpy(dst, c->base + c->pos, n);
+    c->pos += n;
+    return 0;
+}
+
+static int cur_u32(cur_t *c, uint32_t *v, const char *what, const char *ctx)
+{
+    return cur_read(c, v, sizeof *v, what, ctx);
+}
+
+static int cur_u64(cur_t *c, uint64_t *v, const char *what, const char *ctx)
+{
+    return cur_read(c, v, sizeof *v, what, ctx);
+}
+
+/* A string: u64 length then bytes. Gives the offset of the bytes and length. */
+static int cur_str(cur_t *c, size_t *off, uint64_t *len, uint64_t max_len, const char *what,
+                   const char *ctx)
+{
+    size_t at = c->pos;
+    int rc = cur_u64(c, len, what, ctx);
+    if (rc) return rc;
+    if (*len > max_len)
+        return core_error_set(c->err, CORE_EFORMAT,
+                              "gguf: %s%s%s length %" PRIu64 " at offset %zu exceeds limit %" PRIu64,
+                              ctx ? ctx : "", ctx ? ": " : "", what, *len, at, max_len);
+    if (*len > cur_left(c))
+        return core_error_set(c->err, CORE_EFORMAT,
+                              "gguf: %s%s%s length %" PRIu64 " at offset %zu runs past end of file (size %zu)",
+                              ctx ? ctx : "", ctx ? ": " : "", what, *len, at, c->size);
+    *off = c->pos;
+    c->pos += (size_t)*len;
+    return 0;
+}
+
+/* ---- hash tables ---- */
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+static int htab_init(htab_t *t, int64_t n)
+{
+    size_t cap = 16;
+    while (cap < (size_t)n * 2) cap <<= 1;
+    t->slot = malloc(cap * sizeof *t->slot);
+    if (!t->slot) return CORE_ENOMEM;
+    for (size_t i = 0; i < cap; i++) t->slot[i] = -1;
+    t->mask = cap - 1;
+    return 0;
+}
+
+/* Finds name; names(i) maps an index to its string. */
+typedef const char *(*name_of_fn)(const core_gguf_t *g, int64_t i);
+
+static int64_t htab_find(const htab_t *t, const core_gguf_t *g, name_of_fn names, const char *s,
+                         size_t *slot_out)
+{
+    size_t i = (size_t)hash_str(s) & t->mask;
+    while (t->slot[i] >= 0) {
+        if (strcmp(names(g, t->slot[i]), s) == 0) {
+            if (slot_out) *slot_out = i;
+            return t->slot[i];
+        }
+        i = (i + 1) & t->mask;
+    }
+    if (slot_out) *slot_out = i;
+    return -1;
+}
+
+static const char *kv_name(const core_gguf_t *g, int64_t i) { return g->kvs[i].key; }
+static const char *tensor_name(const core_gguf_t *g, int64_t i) { return g->tensors[i].name; }
+
+/* ---- parsing ---- */
+
+static size_t scalar_size(core_gguf_type_t t)
+{
+    switch (t) {
+    case CORE_GGUF_TYPE_UINT8:
+    case CORE_GGUF_TYPE_INT8:
+    case CORE_GGUF_TYPE_BOOL: return 1;
+    case CORE_GGUF_TYPE_UINT16:
+    case CORE_GGUF_TYPE_INT16: return 2;
+    case CORE_GGUF_TYPE_UINT32:
+    case CORE_GGUF_TYPE_INT32:
+    case CORE_GGUF_TYPE_FLOAT32: return 4;
+    case CORE_GGUF_TYPE_UINT64:
+    case CORE_GGUF_TYPE_INT64:
+    case CORE_GGUF_TYPE_FLOAT64: return 8;
+    default: return 0;
+    }
+}
+
+static int valid_type(uint32_t t) { return t <= CORE_GGUF_TYPE_FLOAT64; }
+
+static void arr_free(arr_impl_t *a)
+{
+    if (a->sub) {
+        for (uint64_t i = 0; i < a->n; i++) arr_free(&a->sub[i]);
+        free(a->sub);
+    }
+    free(a->str);
+    a->sub = NULL;
+    a->str = NULL;
+}
+
+/* Parses an array body (type, n, elements) at the cursor into *a. key names
+ * the metadata key for messages; depth counts enclosing arrays. */
+static int parse_arr(cur_t *c, arr_impl_t *a, const char *key, int depth)
+{
+    size_t at = c->pos;
+    uint32_t et;
+    uint64_t n;
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((rc = cur_u32(c, &et, "array element type", key))) return rc;
+    if ((rc = cur_u64(c, &n, "array length", key))) return rc;
+    if (!valid_type(et))
+        return core_error_set(c->err, CORE_EFORMAT,
+                              "gguf: key '%s': array at offset %zu has invalid element type %" PRIu32,
+                              key, at, et);
+    if (et == CORE_GGUF_TYPE_ARRAY && depth + 1 >= GGUF_MAX_DEPTH)
+        return core_error_set(c->err, CORE_EFORMAT,
+                              "gguf: key '%s': arrays nested deeper than %d at offset %zu", key,
+                              GGUF_MAX_DEPTH, at);
+    a->type = (core_gguf_type_t)et;
+    size_t es = scalar_size(a->type);
+    /* Smallest element: a scalar's size, an empty string (8), an empty array (12). */
+    size_t min_elem = es ? es : (et == CORE_GGUF_TYPE_STRING ? 8 : 12);
+    if (n > cur_left(c) / min_elem)
+        return core_error_set(c->err, CORE_EFORMAT,
+                              "gguf: key '%s': array length %" PRIu64 " at offset %zu cannot fit in the %zu bytes left",
+                              key, n, at, cur_left(c));
+    a->n = n;
+    if (es) {
+        a->data = c->pos;
+        c->pos += (size_t)n * es;
+        return 0;
+    }
+    if (et == CORE_GGUF_TYPE_STRING) {
+        a->str = malloc((size_t)(n ? n : 1) * sizeof *a->str);
+        if (!a->str) return core_error_set(c->err, CORE_ENOMEM, "gguf: key '%s': out of memory", key);
+        for (uint64_t i = 0; i < n; i++) {
+            size_t off;
+            uint64_t len;
+            a->str[i] = c->pos;
+            if ((rc = cur_str(c, &off, &len, SIZE_MAX, "array string", key))) {
+                /* Name the element too; the cursor message has the offset. */
+                char msg[CORE_ERROR_MSG_MAX];
+                if (c->err) {
+                    memcpy(msg, c->err->msg, sizeof msg);
+                    core_error_set(c->err, rc, "%s (element %" PRIu64 " of %" PRIu64 ")", msg, i, n);
+                }
+                return rc;
+            }
+        }
+        return 0;
+    }
+    a->sub = calloc((size_t)(n ? n : 1), sizeof *a->sub);
+    if (!a->sub) return core_error_set(c->err, CORE_ENOMEM, "gguf: key '%s': out of memory", key);
+    for (uint64_t i = 0; i < n; i++) {
+        if ((rc = parse_arr(c, &a->sub[i], key, depth + 1))) return rc;
+    }
+    return 0;
+}
+
+static int parse_kv(core_gguf_t *g, cur_t *c, kv_t *kv, int64_t idx)
+{
+    size_t at = c->pos, koff;
+    uint64_t klen;
+    uint32_t t;
+    char ctx[64];
+    int rc;
+    snprintf(ctx, sizeof ctx, "metadata entry %" PRId64, idx);
+    if ((rc = cur_str(c, &koff, &klen, GGUF_MAX_KEY_LEN, "key", ctx))) return rc;
+    if (klen == 0)
+        return core_error_set(c->err, CORE_EFORMAT, "gguf: %s: empty key at offset %zu", ctx, at);
+    if (memchr(c->base + koff, 0, (size_t)klen))
+        return core_error_set(c->err, CORE_EFORMAT, "gguf: %s: key at offset %zu contains a NUL byte",
+                              ctx, at);
+    kv->key = malloc((size_t)klen + 1);
+    if (!kv->key) return core_error_set(c->err, CORE_ENOMEM, "gguf: out of memory");
+    memcpy(kv->key, c->base + koff, (size_t)klen);
+    kv->key[klen] = '\0';
+    size_t slot;
+    if (htab_find(&g->kv_idx, g, kv_name, kv->key, &slot) >= 0)
+        return core_error_set(c->err, CORE_EFORMAT, "gguf: duplicate key '%s' at offset %zu", kv->key, at);
+    size_t tat = c->pos;
+    if ((rc = cur_u32(c, &t, "value type", kv->key))) return rc;
+    if (!valid_type(t))
+        return core_error_set(c->err, CORE_EFORMAT, "gguf: key '%s': invalid value type %" PRIu32 " at offset %zu",
+                              kv->key, t, tat);
+    kv->type = (core_gguf_type_t)t;
+    kv->val = c->pos;
+    size_t es = scalar_size(kv->type);
+    if (es) {
+        if (cur_left(c) < es)
+            return core_error_set(c->err, CORE_EFORMAT,
+                                  "gguf: truncated: key '%s': value needs %zu bytes at offset %zu, file size %zu",
+                                  kv->key, es, c->pos, c->size);
+        c->pos += es;
+    } else if (kv->type == CORE_GGUF_TYPE_STRING) {
+        size_t off;
+        uint64_t len;
+        if ((rc = cur_str(c, &off, &len, SIZE_MAX, "string value", kv->key))) return rc;
+    } else {
+        if ((rc = parse_arr(c, &kv->arr, kv->key, 0))) return rc;
+    }
+    /* Index only once fully parsed, so the table never names a broken entry. */
+    g->kv_idx.slot[slot] = idx;
+    return 0;
+}
+
+static int get_alignment(core_gguf_t *g, core_error_t *err)
+{
+    g->alignment = GGUF_DEFAULT_ALIGNMENT;
+    int64_t i = core_gguf_find_key(g, "general.alignment");
+    if (i < 0) return 0;
+    const kv_t *kv = &g->kvs[i];
+    if (kv->type != CORE_GGUF_TYPE_UINT32)
+        return core_error_set(err, CORE_EFORMAT, "gguf: key 'general.alignment' has type %d, expected uint32",
+                              (int)kv->type);
+    uint32_t a;
+    memcpy(&a, g->base + kv->val, sizeof a);
+    if (a == 0 || (a & (a - 1)) != 0 || a > GGUF_MAX_ALIGNMENT)
+        return core_error_set(err, CORE_EFORMAT,
+                              "gguf: key 'general.alignment' = %" PRIu32 " is not a power of two <= %u", a,
+                              GGUF_MAX_ALIGNMENT);
+    g->alignment = a;
+    return 0;
+}
+
+static int parse_tensor_info(core_gguf_t *g, cur_t *c, core_gguf_tensor_t *t, int64_t idx)
+{
+    size_t at = c->pos, noff;
+    uint64_t nlen;
+    uint32_t nd, type;
+    char ctx[64];
+    int rc;
+    snprintf(ctx, sizeof ctx, "tensor info %" PRId64, idx);
+    if ((rc = cur_str(c, &noff, &nlen, GGUF_MAX_NAME_LEN, "name", ctx))) return rc;
+    if (memchr(c->base + noff, 0, (size_t)nlen))
+        return core_error_set(c->err, CORE_EFORMAT, "gguf: %s: name at offset %zu contains a NUL byte", ctx, at);
+    char *name = malloc((size_t)nlen + 1);
+    if (!name) return core_error_set(c->err, CORE_ENOMEM, "gguf: out of memory");
+    memcpy(name, c->base + noff, (size_t)nlen);
+    name[nlen] = '\0';
+    t->name = name;
+    if ((rc = cur_u32(c, &nd, "n_dims", name))) return rc;
+    if (nd == 0 || nd > CORE_GGUF_MAX_DIMS)
+        return core_error_set(c->err, CORE_EFORMAT, "gguf: tensor '%s': n_dims %" PRIu32 " not in 1..%d (offset %zu)",
+                              name, nd, CORE_GGUF_MAX_DIMS, at);
+    t->n_dims = nd;
+    uint64_t ne[CORE_GGUF_MAX_DIMS] = {1, 1, 1, 1};
+    for (uint32_t d = 0; d < nd; d++) {
+        if ((rc = cur_u64(c, &ne[d], "dimension", name))) return rc;
+    }
+    if ((rc = cur_u32(c, &type, "type", name))) return rc;
+    if ((rc = cur_u64(c, &t->offset, "data offset", name))) return rc;
+
+    int64_t prod = 1;
+    for (uint32_t d = 0; d < CORE_GGUF_MAX_DIMS; d++) {
+        if (ne[d] == 0)
+            return core_error_set(c->err, CORE_EUNSUPPORTED, "gguf: tensor '%s': dimension %" PRIu32 " is 0",
+                                  name, d);
+        if (ne[d] > (uint64_t)INT64_MAX || (int64_t)ne[d] > INT64_MAX / prod)
+            return core_error_set(c->err, CORE_EFORMAT,
+                                  "gguf: tensor '%s': element count overflows at dimension %" PRIu32
+                                  " (ne=%" PRIu64 ")",
+                                  name, d, ne[d]);
+        t->ne[d] = (int64_t)ne[d];
+        prod *= t->ne[d];
+    }
+    if (core_ttype_block_bytes((int)type) == 0 || type >= CORE_TTYPE_COUNT_)
+        return core_error_set(c->err, CORE_EFORMAT, "gguf: tensor '%s': unknown type id %" PRIu32, name, type);
+    t->type = (int)type;
+    size_t row;
+    rc = core_ttype_row_bytes(t->type, t->ne[0], &row);
+    if (rc)
+        return core_error_set(c->err, CORE_EFORMAT,
+                              "gguf: tensor '%s': row length %" PRId64 " is not a multiple of %s's block of %" PRId64,
+                              name, t->ne[0], core_ttype_name(t->type), core_ttype_block_elems(t->type));
+    uint64_t rows = (uint64_t)(prod / t->ne[0]);
+    if (row != 0 && rows > SIZE_MAX / row)
+        return core_error_set(c->err, CORE_EFORMAT, "gguf: tensor '%s': byte size overflows", name);
+    t->nbytes = row * (size_t)rows;
+    if (t->offset % g->alignment != 0)
+        return core_error_set(c->err, CORE_EFORMAT,
+                              "gguf: tensor '%s': data offset %" PRIu64 " is not a multiple of the alignment %" PRIu32,
+                              name, t->offset, g->alignment);
+    size_t slot;
+    if (htab_find(&g->tensor_idx, g, tensor_name, name, &slot) >= 0)
+        return core_error_set(c->err, CORE_EFORMAT, "gguf: duplicate tensor name '%s' (tensor info %" PRId64 ")",
+                              name, idx);
+    g->tensor_idx.slot[slot] = idx;
+    return 0;
+}
+
+static int parse(core_gguf_t *g, core_error_t *err)
+{
+    cur_t c = {g->base, g->size, 0, err};
+    char magic[4];
+    uint64_t n_tensors, n_kv;
+    int rc;
+    if ((rc = cur_read(&c, magic, 4, "magic", NULL))) return rc;
+    if (memcmp(magic, GGUF_MAGIC, 4) != 0)
+        return core_error_set(err, CORE_EFORMAT, "gguf: bad magic at offset 0 (not a GGUF file)");
+    if ((rc = cur_u32(&c, &g->version, "version", NULL))) return rc;
+    if (g->version == 1)
+        return core_error_set(err, CORE_EUNSUPPORTED, "gguf: version 1 (offset 4) is not supported, only 2 and 3");
+    if (g->version != 2 && g->version != 3)
+        return core_error_set(err, CORE_EUNSUPPORTED,
+                              "gguf: unsupported version %" PRIu32 " at offset 4 (supported: 2, 3; a big-endian file reads as 0x03000000)",
+                              g->version);
+    if ((rc = cur_u64(&c, &n_tensors, "n_tensors", NULL))) return rc;
+    if ((rc = cur_u64(&c, &n_kv, "n_kv", NULL))) return rc;
+    if (n_kv > cur_left(&c) / GGUF_MIN_KV_BYTES)
+        return core_error_set(err, CORE_EFORMAT, "gguf: n_kv %" PRIu64 " (offset 16) cannot fit in a file of %zu bytes",
+                              n_kv, g->size);
+    if (n_tensors > cur_left(&c) / GGUF_MIN_TINFO_BYTES)
+        return core_error_set(err, CORE_EFORMAT,
+                              "gguf: n_tensors %" PRIu64 " (offset 8) cannot fit in a file of %zu bytes", n_tensors,
+                              g->size);
+
+    g->kvs = calloc((size_t)(n_kv ? n_kv : 1), sizeof *g->kvs);
+    g->tensors = calloc((size_t)(n_tensors ? n_tensors : 1), sizeof *g->tensors);
+    if (!g->kvs || !g->tensors) return core_error_set(err, CORE_ENOMEM, "gguf: out of memory");
+    if (htab_init(&g->kv_idx, (int64_t)n_kv) || htab_init(&g->tensor_idx, (int64_t)n_tensors))
+        return core_error_set(err, CORE_ENOMEM, "gguf: out of memory");
+
+    for (uint64_t i = 0; i < n_kv; i++) {
+        g->n_kv = (int64_t)i + 1; /* so close() frees the partly parsed entry */
+        if ((rc = parse_kv(g, &c, &g->kvs[i], (int64_t)i))) return rc;
+    }
+    if ((rc = get_alignment(g, err))) return rc;
+    for (uint64_t i = 0; i < n_tensors; i++) {
+        g->n_tensors = (int64_t)i + 1;
+        if ((rc = parse_tensor_info(g, &c, &g->tensors[i], (int64_t)i))) return rc;
+    }
+    /* The data section starts at the next multiple of the alignment; with no
+     * tensors a file may end right after the infos. */
+    size_t pad = (g->alignment - c.pos % g->alignment) % g->alignment;
+    g->data_off = c.pos + pad;
+    if (n_tensors > 0 && g->data_off > g->size)
+        return core_error_set(err, CORE_EFORMAT,
+                              "gguf: truncated: data section would start at offset %zu, file size %zu", g->data_off,
+                              g->size);
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        core_gguf_tensor_t *t = &g->tensors[i];
+        size_t room = g->size - g->data_off;
+        if (t->offset > room || t->nbytes > room - t->offset)
+            return core_error_set(err, CORE_EFORMAT,
+                                  "gguf: tensor '%s': data [%" PRIu64 ", +%zu) relative to the data section at offset %zu "
+                                  "lies beyond the end of the file (size %zu)",
+                                  t->name, t->offset, t->nbytes, g->data_off, g->size);
+        t->data = g->base + g->data_off + t->offset;
+    }
+    return 0;
+}
+
+int core_gguf_open_memory(const void *data, size_t size, core_gguf_t **out, core_error_t *err)
+{
+    if (!out || (!data && size)) return core_error_set(err, CORE_EINVAL, "gguf: invalid argument");
+    *out = NULL;
+    core_gguf_t *g = calloc(1, sizeof *g);
+    if (!g) return core_error_set(err, CORE_ENOMEM, "gguf: out of memory");
+    g->base = data;
+    g->size = size;
+    int rc = parse(g, err);
+    if (rc) {
+        core_gguf_close(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+int core_gguf_open(const char *path, core_gguf_t **out, core_error_t *err)
+{
+    if (!out || !path) return core_error_set(err, CORE_EINVAL, "gguf: invalid argument");
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return core_error_set(err, CORE_EIO, "gguf: cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return core_error_set(err, CORE_EIO, "gguf: cannot stat '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return core_error_set(err, CORE_EINVAL, "gguf: '%s' is not a regular file", path);
+    }
+    if (st.st_size < GGUF_HEADER_BYTES) {
+        close(fd);
+        return core_error_set(err, CORE_EFORMAT, "gguf: '%s': truncated: %lld bytes is shorter than the header",
+                              path, (long long)st.st_size);
+    }
+    if ((uint64_t)st.st_size > SIZE_MAX) {
+        close(fd);
+        return core_error_set(err, CORE_ERANGE, "gguf: '%s' is too large to map", path);
+    }
+    size_t size = (size_t)st.st_size;
+    void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED) return core_error_set(err, CORE_EIO, "gguf: cannot map '%s': %s", path, strerror(e));
+    core_gguf_t *g = NULL;
+    int rc = core_gguf_open_memory(p, size, &g, err);
+    if (rc) {
+        munmap(p, size);
+        if (err) {
+            char msg[CORE_ERROR_MSG_MAX];
+            memcpy(msg, err->msg, sizeof msg);
+            core_error_set(err, rc, "%s: %s", path, msg);
+        }
+        return rc;
+    }
+    g->mapped = 1;
+    *out = g;
+    return 0;
+}
+
+void core_gguf_close(core_gguf_t *g)
+{
+    if (!g) return;
+    for (int64_t i = 0; i < g->n_kv; i++) {
+        free(g->kvs[i].key);
+        arr_free(&g->kvs[i].arr);
+    }
+    free(g->kvs);
+    for (int64_t i = 0; i < g->n_tensors; i++) free((char *)g->tensors[i].name);
+    free(g->tensors);
+    free(g->kv_idx.slot);
+    free(g->tensor_idx.slot);
+    if (g->mapped) munmap((void *)g->base, g->size);
+    free(g);
+}
+
+uint32_t core_gguf_version(const core_gguf_t *g) { return g->version; }
+uint32_t core_gguf_alignment(const core_gguf_t *g) { return g->alignment; }
+size_t core_gguf_file_size(const core_gguf_t *g) { return g->size; }
+int64_t core_gguf_n_kv(const core_gguf_t *g) { return g->n_kv; }
+
+const char *core_gguf_kv_key(const core_gguf_t *g, int64_t i)
+{
+    return (i >= 0 && i < g->n_kv) ? g->kvs[i].key : NULL;
+}
+
+core_gguf_type_t core_gguf_kv_type(const core_gguf_t *g, int64_t i)
+{
+    return (i >= 0 && i < g->n_kv) ? g->kvs[i].type : (core_gguf_type_t)-1;
+}
+
+int64_t core_gguf_find_key(const core_gguf_t *g, const char *key)
+{
+    if (!key) return -1;
+    return htab_find(&g->kv_idx, g, kv_name, key, NULL);
+}
+
+/* ---- typed access ---- */
+
+static int is_int_type(core_gguf_type_t t)
+{
+    switch (t) {
+    case CORE_GGUF_TYPE_UINT8:
+    case CORE_GGUF_TYPE_INT8:
+    case CORE_GGUF_TYPE_UINT16:
+    case CORE_GGUF_TYPE_INT16:
+    case CORE_GGUF_TYPE_UINT32:
+    case CORE_GGUF_TYPE_INT32:
+    case CORE_GGUF_TYPE_UINT64:
+    case CORE_GGUF_TYPE_INT64:
+    case CORE_GGUF_TYPE_BOOL: return 1;
+    default: return 0;
+    }
+}
+
+/* Decodes a scalar integer at p. CORE_ERANGE when a uint64 exceeds int64. */
+static int load_int(core_gguf_type_t t, const uint8_t *p, int64_t *out)
+{
+    switch (t) {
+    case CORE_GGUF_TYPE_UINT8: *out = p[0]; return 0;
+    case CORE_GGUF_TYPE_INT8: *out = (int8_t)p[0]; return 0;
+    case CORE_GGUF_TYPE_BOOL: *out = p[0] != 0; return 0;
+    case CORE_GGUF_TYPE_UINT16: { uint16_t v; memcpy(&v, p, 2); *out = v; return 0; }
+    case CORE_GGUF_TYPE_INT16: { int16_t v; memcpy(&v, p, 2); *out = v; return 0; }
+    case CORE_GGUF_TYPE_UINT32: { uint32_t v; memcpy(&v, p, 4); *out = v; return 0; }
+    case CORE_GGUF_TYPE_INT32: { int32_t v; memcpy(&v, p, 4); *out = v; return 0; }
+    case CORE_GGUF_TYPE_INT64: { int64_t v; memcpy(&v, p, 8); *out = v; return 0; }
+    case CORE_GGUF_TYPE_UINT64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        if (v > (uint64_t)INT64_MAX) return CORE_ERANGE;
+        *out = (int64_t)v;
+        return 0;
+    }
+    default: return CORE_EMISMATCH;
+    }
+}
+
+static int load_float(core_gguf_type_t t, const uint8_t *p, double *out)
+{
+    if (t == CORE_GGUF_TYPE_FLOAT32) {
+        float v;
+        memcpy(&v, p, 4);
+        *out = v;
+        return 0;
+    }
+    if (t == CORE_GGUF_TYPE_FLOAT64) {
+        memcpy(out, p, 8);
+        return 0;
+    }
+    if (t == CORE_GGUF_TYPE_UINT64) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        *out = (double)v;
+        return 0;
+    }
+    int64_t v;
+    int rc = load_int(t, p, &v);
+    if (rc) return rc;
+    *out = (double)v;
+    return 0;
+}
+
+static const char *type_name(core_gguf_type_t t)
+{
+    static const char *const names[] = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
+                                        "bool", "string", "array", "uint64", "int64", "float64"};
+    return ((unsigned)t < sizeof names / sizeof names[0]) ? names[t] : "invalid";
+}
+
+static int kv_at(const core_gguf_t *g, int64_t i, const kv_t **kv, core_error_t *err)
+{
+    if (!g || i < 0 || i >= g->n_kv)
+        return core_error_set(err, CORE_ENOTFOUND, "gguf: metadata index %" PRId64 " out of range", i);
+    *kv = &g->kvs[i];
+    return 0;
+}
+
+static int mismatch(core_error_t *err, const kv_t *kv, const char *want)
+{
+    return core_error_set(err, CORE_EMISMATCH, "gguf: key '%s' has type %s, expected %s", kv->key,
+                          type_name(kv->type), want);
+}
+
+int core_gguf_kv_int(const core_gguf_t *g, int64_t i, int64_t *out, core_error_t *err)
+{
+    const kv_t *kv = NULL;
+    int rc = kv_at(g, i, &kv, err);
+    if (rc) return rc;
+    if (!is_int_type(kv->type)) return mismatch(err, kv, "an integer");
+    rc = load_int(kv->type, g->base + kv->val, out);
+    if (rc)
+        return core_error_set(err, rc, "gguf: key '%s': uint64 value does not fit in int64", kv->key);
+    return 0;
+}
+
+int core_gguf_kv_float(const core_gguf_t *g, int64_t i, double *out, core_error_t *err)
+{
+    const kv_t *kv = NULL;
+    int rc = kv_at(g, i, &kv, err);
+    if (rc) return rc;
+    if (!is_int_type(kv->type) && kv->type != CORE_GGUF_TYPE_FLOAT32 && kv->type != CORE_GGUF_TYPE_FLOAT64)
+        return mismatch(err, kv, "a number");
+    return load_float(kv->type, g->base + kv->val, out);
+}
+
+int core_gguf_kv_str(const core_gguf_t *g, int64_t i, core_gguf_str_t *out, core_error_t *err)
+{
+    const kv_t *kv = NULL;
+    int rc = kv_at(g, i, &kv, err);
+    if (rc) return rc;
+    if (kv->type != CORE_GGUF_TYPE_STRING) return mismatch(err, kv, "string");
+    memcpy(&out->len, g->base + kv->val, 8);
+    out->ptr = (const char *)g->base + kv->val + 8;
+    return 0;
+}
+
+int core_gguf_kv_arr(const core_gguf_t *g, int64_t i, core_gguf_arr_t *out, core_error_t *err)
+{
+    const kv_t *kv = NULL;
+    int rc = kv_at(g, i, &kv, err);
+    if (rc) return rc;
+    if (kv->type != CORE_GGUF_TYPE_ARRAY) return mismatch(err, kv, "array");
+    out->g = g;
+    out->type = kv->arr.type;
+    out->n = kv->arr.n;
+    out->impl = &kv->arr;
+    return 0;
+}
+
+static int64_t find_or_err(const core_gguf_t *g, const char *key, core_error_t *err)
+{
+    int64_t i = g && key ? core_gguf_find_key(g, key) : -1;
+    if (i < 0) core_error_set(err, CORE_ENOTFOUND, "gguf: key '%s' not found", key ? key : "(null)");
+    return i;
+}
+
+int core_gguf_get_int(const core_gguf_t *g, const char *key, int64_t *out, core_error_t *err)
+{
+    int64_t i = find_or_err(g, key, err);
+    return i < 0 ? CORE_ENOTFOUND : core_gguf_kv_int(g, i, out, err);
+}
+
+int core_gguf_get_float(const core_gguf_t *g, const char *key, double *out, core_error_t *err)
+{
+    int64_t i = find_or_err(g, key, err);
+    return i < 0 ? CORE_ENOTFOUND : core_gguf_kv_float(g, i, out, err);
+}
+
+int core_gguf_get_bool(const core_gguf_t *g, const char *key, int *out, core_error_t *err)
+{
+    int64_t i = find_or_err(g, key, err);
+    if (i < 0) return CORE_ENOTFOUND;
+    const kv_t *kv = &g->kvs[i];
+    if (kv->type != CORE_GGUF_TYPE_BOOL) return mismatch(err, kv, "bool");
+    *out = g->base[kv->val] != 0;
+    return 0;
+}
+
+int core_gguf_get_str(const core_gguf_t *g, const char *key, core_gguf_str_t *out, core_error_t *err)
+{
+    int64_t i = find_or_err(g, key, err);
+    return i < 0 ? CORE_ENOTFOUND : core_gguf_kv_str(g, i, out, err);
+}
+
+int core_gguf_get_arr(const core_gguf_t *g, const char *key, core_gguf_arr_t *out, core_error_t *err)
+{
+    int64_t i = find_or_err(g, key, err);
+    return i < 0 ? CORE_ENOTFOUND : core_gguf_kv_arr(g, i, out, err);
+}
+
+static const arr_impl_t *arr_impl(const core_gguf_arr_t *a) { return a->impl; }
+
+int core_gguf_arr_int(const core_gguf_arr_t *a, uint64_t i, int64_t *out)
+{
+    const arr_impl_t *ai = arr_impl(a);
+    if (i >= ai->n) return CORE_ERANGE;
+    if (!is_int_type(ai->type)) return CORE_EMISMATCH;
+    return load_int(ai->type, a->g->base + ai->data + (size_t)i * scalar_size(ai->type), out);
+}
+
+int core_gguf_arr_float(const core_gguf_arr_t *a, uint64_t i, double *out)
+{
+    const arr_impl_t *ai = arr_impl(a);
+    if (i >= ai->n) return CORE_ERANGE;
+    size_t es = scalar_size(ai->type);
+    if (!es) return CORE_EMISMATCH;
+    return load_float(ai->type, a->g->base + ai->data + (size_t)i * es, out);
+}
+
+int core_gguf_arr_str(const core_gguf_arr_t *a, uint64_t i, core_gguf_str_t *out)
+{
+    const arr_impl_t *ai = arr_impl(a);
+    if (i >= ai->n) return CORE_ERANGE;
+    if (ai->type != CORE_GGUF_TYPE_STRING) return CORE_EMISMATCH;
+    const uint8_t *p = a->g->base + ai->str[i];
+    memcpy(&out->len, p, 8);
+    out->ptr = (const char *)p + 8;
+    return 0;
+}
+
+int core_gguf_arr_arr(const core_gguf_arr_t *a, uint64_t i, core_gguf_arr_t *out)
+{
+    const arr_impl_t *ai = arr_impl(a);
+    if (i >= ai->n) return CORE_ERANGE;
+    if (ai->type != CORE_GGUF_TYPE_ARRAY) return CORE_EMISMATCH;
+    out->g = a->g;
+    out->type = ai->sub[i].type;
+    out->n = ai->sub[i].n;
+    out->impl = &ai->sub[i];
+    return 0;
+}
+
+int64_t core_gguf_n_tensors(const core_gguf_t *g) { return g->n_tensors; }
+
+const core_gguf_tensor_t *core_gguf_tensor(const core_gguf_t *g, int64_t i)
+{
+    return (i >= 0 && i < g->n_tensors) ? &g->tensors[i] : NULL;
+}
+
+const core_gguf_tensor_t *core_gguf_find_tensor(const core_gguf_t *g, const char *name)
+{
+    if (!name) return NULL;
+    int64_t i = htab_find(&g->tensor_idx, g, tensor_name, name, NULL);
+    return i < 0 ? NULL : &g->tensors[i];
+}
+
+/* ---- writer ---- */
+
+typedef struct buf {
+    uint8_t *p;
+    size_t len, cap;
+} buf_t;
+
+static int buf_put(buf_t *b, const void *src, size_t n)
+{
+    if (n > SIZE_MAX - b->len) return CORE_ENOMEM;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n) {
+            if (cap > SIZE_MAX / 2) return CORE_ENOMEM;
+            cap *= 2;
+        }
+        uint8_t *p = realloc(b->p, cap);
+        if (!p) return CORE_ENOMEM;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+static int buf_u32(buf_t *b, uint32_t v) { return buf_put(b, &v, 4); }
+static int buf_u64(buf_t *b, uint64_t v) { return buf_put(b, &v, 8); }
+static int buf_str(buf_t *b, const char *s, size_t n)
+{
+    int rc = buf_u64(b, n);
+    return rc ? rc : buf_put(b, s, n);
+}
+
+typedef struct wtensor {
+    char *name;
+    int type;
+    uint32_t n_dims;
+    int64_t ne[CORE_GGUF_MAX_DIMS];
+    uint8_t *data;
+    size_t nbytes;
+} wtensor_t;
+
+struct core_gguf_writer {
+    uint32_t alignment;
+    buf_t kv;    /* serialized metadata entries */
+    int64_t n_kv;
+    char **keys; /* [n_kv] for duplicate detection */
+    size_t keys_cap;
+    wtensor_t *tensors;
+    int64_t n_tensors;
+    size_t tensors_cap;
+};
+
+static int w_has_key(const core_gguf_writer_t *w, const char *key)
+{
+    for (int64_t i = 0; i < w->n_kv; i++)
+        if (strcmp(w->keys[i], key) == 0) return 1;
+    return 0;
+}
+
+/* Starts an entry: checks the key, records it, writes key and value type. The
+ * caller appends the value; on failure the buffer is rolled back to *mark. */
+static int w_begin(core_gguf_writer_t *w, const char *key, core_gguf_type_t type, size_t *mark)
+{
+    if (!w || !key) return CORE_EINVAL;
+    size_t klen = strlen(key);
+    if (klen == 0 || klen > GGUF_MAX_KEY_LEN || w_has_key(w, key)) return CORE_EINVAL;
+    *mark = w->kv.len;
+    int rc = buf_str(&w->kv, key, klen);
+    if (!rc) rc = buf_u32(&w->kv, (uint32_t)type);
+    if (rc) w->kv.len = *mark;
+    return rc;
+}
+
+static int w_commit(core_gguf_writer_t *w, const char *key, size_t mark, int rc)
+{
+    if (!rc && (size_t)w->n_kv == w->keys_cap) {
+        size_t cap = w->keys_cap ? w->keys_cap * 2 : 16;
+        char **k = realloc(w->keys, cap * sizeof *k);
+        if (!k) rc = CORE_ENOMEM;
+        else {
+            w->keys = k;
+            w->keys_cap = cap;
+        }
+    }
+    char *copy = rc ? NULL : strdup(key);
+    if (!rc && !copy) rc = CORE_ENOMEM;
+    if (rc) {
+        w->kv.len = mark;
+        return rc;
+    }
+    w->keys[w->n_kv++] = copy;
+    return 0;
+}
+
+static int int_fits(core_gguf_type_t t, int64_t v)
+{
+    switch (t) {
+    case CORE_GGUF_TYPE_UINT8: return v >= 0 && v <= UINT8_MAX;
+    case CORE_GGUF_TYPE_INT8: return v >= INT8_MIN && v <= INT8_MAX;
+    case CORE_GGUF_TYPE_UINT16: return v >= 0 && v <= UINT16_MAX;
+    case CORE_GGUF_TYPE_INT16: return v >= INT16_MIN && v <= INT16_MAX;
+    case CORE_GGUF_TYPE_UINT32: return v >= 0 && v <= UINT32_MAX;
+    case CORE_GGUF_TYPE_INT32: return v >= INT32_MIN && v <= INT32_MAX;
+    case CORE_GGUF_TYPE_UINT64: return v >= 0;
+    case CORE_GGUF_TYPE_INT64: return 1;
+    default: return 0;
+    }
+}
+
+int core_gguf_writer_set_int(core_gguf_writer_t *w, const char *key, core_gguf_type_t type, int64_t v)
+{
+    if (!w || !key || type == CORE_GGUF_TYPE_BOOL || !is_int_type(type)) return CORE_EINVAL;
+    if (!int_fits(type, v)) return CORE_ERANGE;
+    /* The reader takes the layout from this key: it must agree with ours. */
+    if (strcmp(key, "general.alignment") == 0 &&
+        (type != CORE_GGUF_TYPE_UINT32 || (uint64_t)v != w->alignment))
+        return CORE_EINVAL;
+    size_t mark;
+    int rc = w_begin(w, key, type, &mark);
+    if (rc) return rc;
+    /* Little-endian: the low bytes of v are the value in any width. */
+    rc = buf_put(&w->kv, &v, scalar_size(type));
+    return w_commit(w, key, mark, rc);
+}
+
+int core_gguf_writer_set_float(core_gguf_writer_t *w, const char *key, core_gguf_type_t type, double v)
+{
+    if (type != CORE_GGUF_TYPE_FLOAT32 && type != CORE_GGUF_TYPE_FLOAT64) return CORE_EINVAL;
+    size_t mark;
+    int rc = w_begin(w, key, type, &mark);
+    if (rc) return rc;
+    if (type == CORE_GGUF_TYPE_FLOAT32) {
+        float f = (float)v;
+        rc = buf_put(&w->kv, &f, 4);
+    } else {
+        rc = buf_put(&w->kv, &v, 8);
+    }
+    return w_commit(w, key, mark, rc);
+}
+
+int core_gguf_writer_set_bool(core_gguf_writer_t *w, const char *key, int v)
+{
+    size_t mark;
+    int rc = w_begin(w, key, CORE_GGUF_TYPE_BOOL, &mark);
+    if (rc) return rc;
+    uint8_t b = v != 0;
+    rc = buf_put(&w->kv, &b, 1);
+    return w_commit(w, key, mark, rc);
+}
+
+int core_gguf_writer_set_str(core_gguf_writer_t *w, const char *key, const char *s, size_t len)
+{
+    if (!s && len) return CORE_EINVAL;
+    size_t mark;
+    int rc = w_begin(w, key, CORE_GGUF_TYPE_STRING, &mark);
+    if (rc) return rc;
+    rc = buf_str(&w->kv, s, len);
+    return w_commit(w, key, mark, rc);
+}
+
+/* Serializes a reader's array body (type, n, elements) into b. */
+static int w_copy_arr(buf_t *b, const core_gguf_arr_t *a, int depth)
+{
+    if (depth >= GGUF_MAX_DEPTH) return CORE_EINVAL;
+    const arr_impl_t *ai = arr_impl(a);
+    int rc = buf_u32(b, (uint32_t)ai->type);
+    if (!rc) rc = buf_u64(b, ai->n);
+    size_t es = scalar_size(ai->type);
+    if (rc) return rc;
+    if (es) return buf_put(b, a->g->base + ai->data, (size_t)ai->n * es);
+    for (uint64_t i = 0; i < ai->n && !rc; i++) {
+        if (ai->type == CORE_GGUF_TYPE_STRING) {
+            core_gguf_str_t s = {NULL, 0};
+            core_gguf_arr_str(a, i, &s);
+            rc = buf_str(b, s.ptr, (size_t)s.len);
+        } else {
+            core_gguf_arr_t sub;
+            core_gguf_arr_arr(a, i, &sub);
+            rc = w_copy_arr(b, &sub, depth + 1);
+        }
+    }
+    return rc;
+}
+
+int core_gguf_writer_set_arr(core_gguf_writer_t *w, const char *key, core_gguf_type_t elem_type,
+                             const void *data, uint64_t n)
+{
+    /* Scalars are packed as in the file. For elem_type ARRAY, data holds n
+     * core_gguf_arr_t (borrowed, from an open reader) whose contents are
+     * copied: the only way to write nested arrays through this header. */
+    size_t es = scalar_size(elem_type);
+    if (elem_type != CORE_GGUF_TYPE_ARRAY && !es) return CORE_EINVAL;
+    if (n && !data) return CORE_EINVAL;
+    size_t esz = es ? es : sizeof(core_gguf_arr_t);
+    if (n > SIZE_MAX / esz) return CORE_ERANGE;
+    size_t mark;
+    int rc = w_begin(w, key, CORE_GGUF_TYPE_ARRAY, &mark);
+    if (rc) return rc;
+    rc = buf_u32(&w->kv, (uint32_t)elem_type);
+    if (!rc) rc = buf_u64(&w->kv, n);
+    if (!rc && es) rc = buf_put(&w->kv, data, (size_t)n * es);
+    if (!rc && !es) {
+        const core_gguf_arr_t *subs = data;
+        for (uint64_t i = 0; i < n && !rc; i++) rc = w_copy_arr(&w->kv, &subs[i], 1);
+    }
+    return w_commit(w, key, mark, rc);
+}
+
+int core_gguf_writer_set_arr_str(core_gguf_writer_t *w, const char *key, const char *const *strs, uint64_t n)
+{
+    if (n && !strs) return CORE_EINVAL;
+    for (uint64_t i = 0; i < n; i++)
+        if (!strs[i]) return CORE_EINVAL;
+    size_t mark;
+    int rc = w_begin(w, key, CORE_GGUF_TYPE_ARRAY, &mark);
+    if (rc) return rc;
+    rc = buf_u32(&w->kv, CORE_GGUF_TYPE_STRING);
+    if (!rc) rc = buf_u64(&w->kv, n);
+    for (uint64_t i = 0; i < n && !rc; i++) rc = buf_str(&w->kv, strs[i], strlen(strs[i]));
+    return w_commit(w, key, mark, rc);
+}
+
+core_gguf_writer_t *core_gguf_writer_new(uint32_t alignment)
+{
+    if (alignment == 0) alignment = GGUF_DEFAULT_ALIGNMENT;
+    if ((alignment & (alignment - 1)) != 0 || alignment > GGUF_MAX_ALIGNMENT) return NULL;
+    core_gguf_writer_t *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->alignment = alignment;
+    /* A reader assumes 32 unless told: say so when we differ. */
+    if (alignment != GGUF_DEFAULT_ALIGNMENT &&
+        core_gguf_writer_set_int(w, "general.alignment", CORE_GGUF_TYPE_UINT32, alignment) != 0) {
+        core_gguf_writer_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void core_gguf_writer_free(core_gguf_writer_t *w)
+{
+    if (!w) return;
+    free(w->kv.p);
+    for (int64_t i = 0; i < w->n_kv; i++) free(w->keys[i]);
+    free(w->keys);
+    for (int64_t i = 0; i < w->n_tensors; i++) {
+        free(w->tensors[i].name);
+        free(w->tensors[i].data);
+    }
+    free(w->tensors);
+    free(w);
+}
+
+int core_gguf_writer_add_tensor(core_gguf_writer_t *w, const char *name, int type, uint32_t n_dims,
+                                const int64_t *ne, const void *data, size_t nbytes)
+{
+    if (!w || !name || !ne || n_dims == 0 || n_dims > CORE_GGUF_MAX_DIMS) return CORE_EINVAL;
+    size_t nlen = strlen(name);
+    if (nlen > GGUF_MAX_NAME_LEN || core_ttype_block_bytes(type) == 0) return CORE_EINVAL;
+    for (int64_t i = 0; i < w->n_tensors; i++)
+        if (strcmp(w->tensors[i].name, name) == 0) return CORE_EINVAL;
+    int64_t rows = 1;
+    for (uint32_t d = 0; d < n_dims; d++) {
+        if (ne[d] <= 0) return CORE_EINVAL;
+        if (d > 0) {
+            if (ne[d] > INT64_MAX / rows) return CORE_ERANGE;
+            rows *= ne[d];
+        }
+    }
+    size_t row;
+    int rc = core_ttype_row_bytes(type, ne[0], &row);
+    if (rc) return rc;
+    if (row != 0 && (uint64_t)rows > SIZE_MAX / row) return CORE_ERANGE;
+    if (row * (size_t)rows != nbytes || (nbytes && !data)) return CORE_EINVAL;
+    if ((size_t)w->n_tensors == w->tensors_cap) {
+        size_t cap = w->tensors_cap ? w->tensors_cap * 2 : 16;
+        wtensor_t *t = realloc(w->tensors, cap * sizeof *t);
+        if (!t) return CORE_ENOMEM;
+        w->tensors = t;
+        w->tensors_cap = cap;
+    }
+    wtensor_t *t = &w->tensors[w->n_tensors];
+    memset(t, 0, sizeof *t);
+    t->name = strdup(name);
+    t->data = malloc(nbytes ? nbytes : 1);
+    if (!t->name || !t->data) {
+        free(t->name);
+        free(t->data);
+        return CORE_ENOMEM;
+    }
+    if (nbytes) memcpy(t->data, data, nbytes);
+    t->type = type;
+    t->n_dims = n_dims;
+    for (uint32_t d = 0; d < CORE_GGUF_MAX_DIMS; d++) t->ne[d] = d < n_dims ? ne[d] : 1;
+    t->nbytes = nbytes;
+    w->n_tensors++;
+    return 0;
+}
+
+static size_t pad_to(size_t x, size_t a) { return (a - x % a) % a; }
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *q = p;
+    while (n > 0) {
+        ssize_t k = write(fd, q, n);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        q += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int write_zeros(int fd, size_t n)
+{
+    static const uint8_t zeros[64];
+    while (n > 0) {
+        size_t k = n < sizeof zeros ? n : sizeof zeros;
+        if (write_all(fd, zeros, k)) return -1;
+        n -= k;
+    }
+    return 0;
+}
+
+int core_gguf_writer_write(const core_gguf_writer_t *w, const char *path, core_error_t *err)
+{
+    if (!w || !path) return core_error_set(err, CORE_EINVAL, "gguf writer: invalid argument");
+    buf_t head = {0};
+    char *tmp = NULL;
+    int fd = -1, rc = 0;
+
+    /* Header, metadata and tensor infos in memory; data is streamed after. */
+    rc = buf_put(&head, GGUF_MAGIC, 4);
+    if (!rc) rc = buf_u32(&head, 3);
+    if (!rc) rc = buf_u64(&head, (uint64_t)w->n_tensors);
+    if (!rc) rc = buf_u64(&head, (uint64_t)w->n_kv);
+    if (!rc) rc = buf_put(&head, w->kv.p, w->kv.len);
+    size_t off = 0;
+    for (int64_t i = 0; i < w->n_tensors && !rc; i++) {
+        const wtensor_t *t = &w->tensors[i];
+        rc = buf_str(&head, t->name, strlen(t->name));
+        if (!rc) rc = buf_u32(&head, t->n_dims);
+        for (uint32_t d = 0; d < t->n_dims && !rc; d++) rc = buf_u64(&head, (uint64_t)t->ne[d]);
+        if (!rc) rc = buf_u32(&head, (uint32_t)t->type);
+        if (!rc) rc = buf_u64(&head, off);
+        off += t->nbytes + pad_to(t->nbytes, w->alignment);
+    }
+    if (rc) {
+        rc = core_error_set(err, CORE_ENOMEM, "gguf writer: out of memory");
+        goto fail;
+    }
+
+    size_t plen = strlen(path);
+    tmp = malloc(plen + 16);
+    if (!tmp) {
+        rc = core_error_set(err, CORE_ENOMEM, "gguf writer: out of memory");
+        goto fail;
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
+    fd = mkstemp(tmp);
+    if (fd < 0) {
+        rc = core_error_set(err, CORE_EIO, "gguf writer: cannot create temp file for '%s': %s", path,
+                            strerror(errno));
+        free(tmp);
+        tmp = NULL;
+        goto fail;
+    }
+    if (fchmod(fd, 0644) != 0 || write_all(fd, head.p, head.len) != 0 ||
+        (w->n_tensors > 0 && write_zeros(fd, pad_to(head.len, w->alignment)) != 0))
+        goto io_fail;
+    for (int64_t i = 0; i < w->n_tensors; i++) {
+        const wtensor_t *t = &w->tensors[i];
+        if (write_all(fd, t->data, t->nbytes) != 0 || write_zeros(fd, pad_to(t->nbytes, w->alignment)) != 0)
+            goto io_fail;
+    }
+    if (fsync(fd) != 0) goto io_fail;
+    if (close(fd) != 0) {
+        fd = -1;
+        goto io_fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) goto io_fail;
+    free(tmp);
+    tmp = NULL;
+    {
+        /* Make the rename itself durable. */
+        char *dir = strdup(path);
+        if (dir) {
+            char *slash = strrchr(dir, '/');
+            const char *d = ".";
+            if (slash) {
+                *(slash == dir ? slash + 1 : slash) = '\0';
+                d = dir;
+            }
+            int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (dfd >= 0) {
+                (void)fsync(dfd);
+                close(dfd);
+            }
+            free(dir);
+        }
+    }
+    free(head.p);
+    return 0;
+
+io_fail:
+    rc = core_error_set(err, CORE_EIO, "gguf writer: writing '%s': %s", path, strerror(errno));
+fail:
+    if (fd >= 0) close(fd);
+    if (tmp) {
+        unlink(tmp);
+        free(tmp);
+    }
+    free(head.p);
+    return rc;
+}
