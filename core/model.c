@@ -1,0 +1,715 @@
+/* core/model.c — Llama-architecture decoder: GGUF loading and the batched forward.
+ *
+ * Loading reads the llama.* hyperparameters, checks every tensor's presence,
+ * type and shape against them (the error names the tensor), and dequantizes all
+ * weights to f32: one GEMM per weight matrix per forward is then plain sgemm.
+ *
+ * Forward of B sequences: their new tokens are concatenated into T rows; every
+ * projection is one GEMM over the T rows; RoPE uses each row's own position;
+ * attention runs per sequence through core/attn.h. Attention capacity is
+ * reserved for every sequence before any layer runs, so a context overflow
+ * fails before anything was computed, and positions only advance once every
+ * layer of every sequence has succeeded.
+ *
+ * RoPE convention: GGUF llama files carry Q/K weights permuted by the converter
+ * so that the "normal" rotation applies, i.e. consecutive pairs
+ * (x[2i], x[2i+1]) rotate by pos * base^(-2i/n_rot) (not the NeoX halves).
+ * tests/reference/test_model_oracle.py checks this against an independent
+ * numpy implementation on the real model.
+ */
+#include "core/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/blas.h"
+#include "core/tensor.h"
+
+enum {
+    MODEL_MAX_ROWS = 4096,   /* T bound per forward: bounds the scratch */
+    MODEL_LOGIT_ROWS = 64,   /* logits rows per output GEMM: bounds the [R][V] scratch */
+    MODEL_NAME_MAX = 96      /* longest tensor name we build */
+};
+
+/* Sanity bounds on hyperparameters from the file, before they size anything. */
+#define MODEL_MAX_LAYERS 1024
+#define MODEL_MAX_DIM (1 << 16)
+#define MODEL_MAX_FF (1 << 18)
+#define MODEL_MAX_HEADS 1024
+#define MODEL_MAX_VOCAB (1 << 22)
+#define MODEL_MAX_CTX ((int64_t)1 << 32)
+
+typedef struct layer {
+    float *attn_norm; /* [D] */
+    float *wq;        /* [H*Hd][D] */
+    float *wk;        /* [Hkv*Hd][D] */
+    float *wv;        /* [Hkv*Hd][D] */
+    float *wo;        /* [D][H*Hd] */
+    float *ffn_norm;  /* [D] */
+    float *w_gate;    /* [FF][D] */
+    float *w_up;      /* [FF][D] */
+    float *w_down;    /* [D][FF] */
+} layer_t;
+
+struct core_model {
+    core_model_info_t info;
+    core_gguf_t *g;        /* owned: the model file (tokenizer metadata lives here) */
+    core_gguf_t *adapter;  /* owned, may be NULL: kept open for the attention's lifetime */
+    core_attn_t *attn;     /* owned */
+    int n_rot;             /* rotated dims per head (<= Hd, even) */
+    float *tok_embd;       /* [V][D] */
+    float *out_norm;       /* [D] */
+    float *output;         /* [V][D]; == tok_embd when tied */
+    layer_t *layers;       /* [L] */
+    double *rope_inv_freq; /* [n_rot/2]: base^(-2i/n_rot) / scale */
+    float *rope_cs;        /* [n_rot/2][2] cos, sin of one row's angles */
+
+    /* scratch, grown to the largest T seen (<= MODEL_MAX_ROWS) */
+    int64_t cap_rows;
+    float *x;      /* [T][D] residual stream */
+    float *xn;     /* [T][D] normalized rows */
+    float *q;      /* [T][H*Hd] */
+    float *k;      /* [T][Hkv*Hd] */
+    float *v;      /* [T][Hkv*Hd] */
+    float *att;    /* [T][H*Hd] attention output */
+    float *gate;   /* [T][FF] */
+    float *up;     /* [T][FF] */
+    int64_t *pos;  /* [T] RoPE position of each row */
+    float *lrows;  /* [MODEL_LOGIT_ROWS][D] gathered final-norm rows */
+    float *logits; /* [MODEL_LOGIT_ROWS][V] */
+};
+
+/* ---------------------------------------------------------------- loading */
+
+static int get_int_req(const core_gguf_t *g, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                       core_error_t *err)
+{
+    int rc = core_gguf_get_int(g, key, out, err);
+    if (rc < 0)
+        return rc == CORE_ENOTFOUND
+                   ? core_error_set(err, CORE_EFORMAT, "missing hyperparameter %s", key)
+                   : rc;
+    if (*out < lo || *out > hi)
+        return core_error_set(err, CORE_ERANGE, "hyperparameter %s = %lld out of range [%lld, %lld]",
+                              key, (long long)*out, (long long)lo, (long long)hi);
+    return 0;
+}
+
+/* Optional integer: *out keeps def when the key is absent. */
+static int get_int_opt(const core_gguf_t *g, const char *key, int64_t lo, int64_t hi, int64_t def,
+                       int64_t *out, core_error_t *err)
+{
+    *out = def;
+    if (core_gguf_find_key(g, key) < 0)
+        return 0;
+    return get_int_req(g, key, lo, hi, out, err);
+}
+
+static int get_float_opt(const core_gguf_t *g, const char *key, double def, double *out,
+                         core_error_t *err)
+{
+    *out = def;
+    if (core_gguf_find_key(g, key) < 0)
+        return 0;
+    int rc = core_gguf_get_float(g, key, out, err);
+    if (rc < 0)
+        return rc;
+    if (!isfinite(*out))
+        return core_error_set(err, CORE_ERANGE, "hyperparameter %s is not finite", key);
+    return 0;
+}
+
+static int str_eq(core_gguf_str_t s, const char *lit)
+{
+    size_t n = strlen(lit);
+    return s.len == n && memcmp(s.ptr, lit, n) == 0;
+}
+
+static void copy_str(char *dst, size_t cap, core_gguf_str_t s)
+{
+    size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
+    memcpy(dst, s.ptr, n);
+    dst[n] = '\0';
+}
+
+typedef struct fnv {
+    uint64_t h;
+} fnv_t;
+
+static void fnv_bytes(fnv_t *f, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        f->h ^= b[i];
+        f->h *= 0x100000001b3ULL;
+    }
+}
+
+static void fnv_u64(fnv_t *f, uint64_t v)
+{
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(v >> (8 * i));
+    fnv_bytes(f, b, sizeof b);
+}
+
+/* Checks that name exists with the expected shape [ne0] or [ne1][ne0], a
+ * supported type and a consistent byte size; dequantizes it into a new buffer. */
+static int load_tensor(core_model_t *m, const char *name, int64_t ne0, int64_t ne1, float **out,
+                       core_error_t *err)
+{
+    *out = NULL;
+    const core_gguf_tensor_t *t = core_gguf_find_tensor(m->g, name);
+    if (!t)
+        return core_error_set(err, CORE_EFORMAT, "missing tensor %s", name);
+    const int64_t want[CORE_GGUF_MAX_DIMS] = {ne0, ne1 > 0 ? ne1 : 1, 1, 1};
+    int shape_ok = 1;
+    for (int d = 0; d < CORE_GGUF_MAX_DIMS; d++)
+        shape_ok &= t->ne[d] == want[d];
+    if (!shape_ok)
+        return core_error_set(err, CORE_EFORMAT,
+                              "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                              name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                              (long long)t->ne[3], (long long)want[0], (long long)want[1]);
+    if (!core_ttype_supported(t->type))
+        return core_error_set(err, CORE_EUNSUPPORTED, "tensor %s has unsupported type %s (%d)",
+                              name, core_ttype_name(t->type), t->type);
+    size_t row_bytes;
+    if (core_ttype_row_bytes(t->type, ne0, &row_bytes) < 0)
+        return core_error_set(err, CORE_EFORMAT,
+                              "tensor %s: row length %lld is not a multiple of the %s block", name,
+                              (long long)ne0, core_ttype_name(t->type));
+    const int64_t rows = ne1 > 0 ? ne1 : 1;
+    if ((uint64_t)row_bytes * (uint64_t)rows != (uint64_t)t->nbytes)
+        return core_error_set(err, CORE_EFORMAT, "tensor %s: %zu data bytes, expected %llu", name,
+                              t->nbytes, (unsigned long long)row_bytes * (unsigned long long)rows);
+    const int64_t n = ne0 * rows;
+    float *buf = malloc((size_t)n * sizeof *buf);
+    if (!buf)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for tensor %s (%lld floats)", name,
+                              (long long)n);
+    int rc = core_dequantize(t->type, t->data, buf, n, err);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    m->info.n_params += (uint64_t)n;
+    *out = buf;
+    return 0;
+}
+
+static int read_hparams(core_model_t *m, const core_model_opts_t *opts, core_error_t *err)
+{
+    const core_gguf_t *g = m->g;
+    core_model_info_t *in = &m->info;
+    core_gguf_str_t s;
+    int rc = core_gguf_get_str(g, "general.architecture", &s, err);
+    if (rc < 0)
+        return rc == CORE_ENOTFOUND
+                   ? core_error_set(err, CORE_EFORMAT, "missing general.architecture")
+                   : rc;
+    if (!str_eq(s, "llama")) {
+        char arch[64];
+        copy_str(arch, sizeof arch, s);
+        return core_error_set(err, CORE_EUNSUPPORTED,
+                              "unsupported architecture '%s' (only llama is supported)", arch);
+    }
+    snprintf(in->arch, sizeof in->arch, "llama");
+    if (core_gguf_get_str(g, "general.name", &s, NULL) == 0)
+        copy_str(in->name, sizeof in->name, s);
+    else if (core_gguf_get_str(g, "general.basename", &s, NULL) == 0)
+        copy_str(in->name, sizeof in->name, s);
+    else
+        snprintf(in->name, sizeof in->name, "llama");
+
+    int64_t L, D, FF, H, Hkv, Hd, ctx, n_rot;
+    if ((rc = get_int_req(g, "llama.block_count", 1, MODEL_MAX_LAYERS, &L, err)) < 0 ||
+        (rc = get_int_req(g, "llama.embedding_length", 1, MODEL_MAX_DIM, &D, err)) < 0 ||
+        (rc = get_int_req(g, "llama.feed_forward_length", 1, MODEL_MAX_FF, &FF, err)) < 0 ||
+        (rc = get_int_req(g, "llama.attention.head_count", 1, MODEL_MAX_HEADS, &H, err)) < 0 ||
+        (rc = get_int_opt(g, "llama.attention.head_count_kv", 1, MODEL_MAX_HEADS, H, &Hkv, err)) <
+            0 ||
+        (rc = get_int_req(g, "llama.context_length", 1, MODEL_MAX_CTX, &ctx, err)) < 0)
+        return rc;
+    if (H % Hkv != 0)
+        return core_error_set(err, CORE_EFORMAT, "head_count %lld is not a multiple of head_count_kv %lld",
+                              (long long)H, (long long)Hkv);
+    if ((rc = get_int_opt(g, "llama.attention.key_length", 1, MODEL_MAX_DIM, D / H, &Hd, err)) < 0)
+        return rc;
+    int64_t vlen;
+    if ((rc = get_int_opt(g, "llama.attention.value_length", 1, MODEL_MAX_DIM, Hd, &vlen, err)) < 0)
+        return rc;
+    if (vlen != Hd)
+        return core_error_set(err, CORE_EUNSUPPORTED, "value_length %lld differs from key_length %lld",
+                              (long long)vlen, (long long)Hd);
+    if (Hd * H > MODEL_MAX_DIM * 4 || (Hd % 2) != 0)
+        return core_error_set(err, CORE_EFORMAT, "bad head dimension %lld", (long long)Hd);
+    if ((rc = get_int_opt(g, "llama.rope.dimension_count", 2, Hd, Hd, &n_rot, err)) < 0)
+        return rc;
+    if (n_rot % 2 != 0)
+        return core_error_set(err, CORE_EFORMAT, "llama.rope.dimension_count %lld is odd",
+                              (long long)n_rot);
+
+    double base, eps, scale = 1.0;
+    if ((rc = get_float_opt(g, "llama.rope.freq_base", 10000.0, &base, err)) < 0 ||
+        (rc = get_float_opt(g, "llama.attention.layer_norm_rms_epsilon", 1e-5, &eps, err)) < 0)
+        return rc;
+    if (base <= 1.0 || eps < 0.0 || eps > 1.0)
+        return core_error_set(err, CORE_ERANGE, "bad rope base %g or rms epsilon %g", base, eps);
+    if (core_gguf_get_str(g, "llama.rope.scaling.type", &s, NULL) == 0) {
+        if (str_eq(s, "linear")) {
+            if ((rc = get_float_opt(g, "llama.rope.scaling.factor", 1.0, &scale, err)) < 0)
+                return rc;
+        } else if (!str_eq(s, "none")) {
+            char ty[32];
+            copy_str(ty, sizeof ty, s);
+            return core_error_set(err, CORE_EUNSUPPORTED,
+                                  "unsupported llama.rope.scaling.type '%s' (linear, none)", ty);
+        }
+    } else if (core_gguf_find_key(g, "llama.rope.scale_linear") >= 0) {
+        /* older converters wrote the linear factor under this key */
+        if ((rc = get_float_opt(g, "llama.rope.scale_linear", 1.0, &scale, err)) < 0)
+            return rc;
+    }
+    if (scale == 0.0)
+        scale = 1.0;
+    if (scale < 1e-3 || scale > 1e6)
+        return core_error_set(err, CORE_ERANGE, "rope scaling factor %g out of range", scale);
+
+    /* V: the tokenizer's token count when present, else vocab_size, else token_embd. */
+    int64_t V = -1;
+    core_gguf_arr_t toks;
+    if (core_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks, NULL) == 0) {
+        V = (int64_t)toks.n;
+    } else if (core_gguf_find_key(g, "llama.vocab_size") >= 0) {
+        if ((rc = get_int_req(g, "llama.vocab_size", 1, MODEL_MAX_VOCAB, &V, err)) < 0)
+            return rc;
+    } else {
+        const core_gguf_tensor_t *te = core_gguf_find_tensor(g, "token_embd.weight");
+        if (!te)
+            return core_error_set(err, CORE_EFORMAT, "missing tensor token_embd.weight");
+        V = te->ne[1];
+    }
+    if (V < 1 || V > MODEL_MAX_VOCAB)
+        return core_error_set(err, CORE_ERANGE, "vocabulary size %lld out of range", (long long)V);
+
+    in->n_layer = (int)L;
+    in->n_embd = (int)D;
+    in->n_ff = (int)FF;
+    in->n_head = (int)H;
+    in->n_head_kv = (int)Hkv;
+    in->head_dim = (int)Hd;
+    in->n_vocab = (int)V;
+    in->n_ctx_train = ctx;
+    in->rope_base = base;
+    in->rope_scale = scale;
+    in->rms_eps = eps;
+    m->n_rot = (int)n_rot;
+    (void)opts;
+    return 0;
+}
+
+static int load_weights(core_model_t *m, core_error_t *err)
+{
+    const core_model_info_t *in = &m->info;
+    const int64_t D = in->n_embd, V = in->n_vocab, FF = in->n_ff;
+    const int64_t qd = (int64_t)in->n_head * in->head_dim, kvd = (int64_t)in->n_head_kv * in->head_dim;
+    int rc;
+    if ((rc = load_tensor(m, "token_embd.weight", D, V, &m->tok_embd, err)) < 0 ||
+        (rc = load_tensor(m, "output_norm.weight", D, 0, &m->out_norm, err)) < 0)
+        return rc;
+    if (core_gguf_find_tensor(m->g, "output.weight")) {
+        if ((rc = load_tensor(m, "output.weight", D, V, &m->output, err)) < 0)
+            return rc;
+    } else {
+        m->output = m->tok_embd;
+        m->info.tied_output = 1;
+    }
+    m->layers = calloc((size_t)in->n_layer, sizeof *m->layers);
+    if (!m->layers)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for %d layers", in->n_layer);
+    for (int l = 0; l < in->n_layer; l++) {
+        layer_t *ly = &m->layers[l];
+        struct {
+            const char *suffix;
+            int64_t ne0, ne1;
+            float **dst;
+        } spec[] = {
+            {"attn_norm", D, 0, &ly->attn_norm},  {"attn_q", D, qd, &ly->wq},
+            {"attn_k", D, kvd, &ly->wk},          {"attn_v", D, kvd, &ly->wv},
+            {"attn_output", qd, D, &ly->wo},      {"ffn_norm", D, 0, &ly->ffn_norm},
+            {"ffn_gate", D, FF, &ly->w_gate},     {"ffn_up", D, FF, &ly->w_up},
+            {"ffn_down", FF, D, &ly->w_down},
+        };
+        for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+            char name[MODEL_NAME_MAX];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, spec[i].suffix);
+            if ((rc = load_tensor(m, name, spec[i].ne0, spec[i].ne1, spec[i].dst, err)) < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* 64-bit FNV-1a over what identifies the network: the hyperparameters, every
+ * tensor's name, type and shape, and a sample of every tensor's bytes (its
+ * first and last 4 KiB) so that two fine-tunes of one base with identical
+ * shapes still differ, without hashing the whole file at load. */
+static void compute_fingerprint(core_model_t *m)
+{
+    const core_model_info_t *in = &m->info;
+    fnv_t f = {0xcbf29ce484222325ULL};
+    fnv_bytes(&f, in->arch, strlen(in->arch));
+    const int64_t hp[] = {in->n_layer, in->n_embd,  in->n_ff,    in->n_head,
+                          in->n_head_kv, in->head_dim, in->n_vocab, m->n_rot};
+    for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+        fnv_u64(&f, (uint64_t)hp[i]);
+    const double hf[] = {in->rope_base, in->rope_scale, in->rms_eps};
+    for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
+        uint64_t bits;
+        memcpy(&bits, &hf[i], sizeof bits);
+        fnv_u64(&f, bits);
+    }
+    const int64_t nt = core_gguf_n_tensors(m->g);
+    for (int64_t i = 0; i < nt; i++) {
+        const core_gguf_tensor_t *t = core_gguf_tensor(m->g, i);
+        fnv_bytes(&f, t->name, strlen(t->name) + 1);
+        fnv_u64(&f, (uint64_t)t->type);
+        fnv_u64(&f, t->n_dims);
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            fnv_u64(&f, (uint64_t)t->ne[d]);
+        const size_t sample = 4096;
+        const unsigned char *data = t->data;
+        if (t->nbytes <= 2 * sample) {
+            fnv_bytes(&f, data, t->nbytes);
+        } else {
+            fnv_bytes(&f, data, sample);
+            fnv_bytes(&f, data + t->nbytes - sample, sample);
+        }
+    }
+    snprintf(m->info.fingerprint, sizeof m->info.fingerprint, "%016llx", (unsigned long long)f.h);
+}
+
+int core_model_load(const char *path, const core_model_opts_t *opts, core_model_t **out,
+                    core_error_t *err)
+{
+    static const core_model_opts_t defaults = {.attn_kind = CORE_ATTN_EXACT};
+    *out = NULL;
+    if (!opts)
+        opts = &defaults;
+    if (opts->max_ctx < 0 || opts->n_features < 0 || opts->window < 0)
+        return core_error_set(err, CORE_EINVAL, "negative max_ctx, n_features or window");
+    core_model_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for the model");
+    int rc = core_gguf_open(path, &m->g, err);
+    if (rc < 0)
+        goto fail;
+    if ((rc = read_hparams(m, opts, err)) < 0 || (rc = load_weights(m, err)) < 0)
+        goto fail;
+    compute_fingerprint(m);
+
+    m->rope_inv_freq = malloc((size_t)(m->n_rot / 2) * sizeof *m->rope_inv_freq);
+    m->rope_cs = malloc((size_t)m->n_rot * sizeof *m->rope_cs);
+    if (!m->rope_inv_freq || !m->rope_cs) {
+        rc = core_error_set(err, CORE_ENOMEM, "out of memory for RoPE frequencies");
+        goto fail;
+    }
+    for (int i = 0; i < m->n_rot / 2; i++)
+        m->rope_inv_freq[i] =
+            pow(m->info.rope_base, -2.0 * i / (double)m->n_rot) / m->info.rope_scale;
+
+    if (opts->adapter_path) {
+        if ((rc = core_gguf_open(opts->adapter_path, &m->adapter, err)) < 0)
+            goto fail;
+    }
+    core_attn_cfg_t cfg = {
+        .kind = opts->attn_kind,
+        .n_layer = m->info.n_layer,
+        .n_head = m->info.n_head,
+        .n_head_kv = m->info.n_head_kv,
+        .head_dim = m->info.head_dim,
+        .max_ctx = opts->max_ctx > 0 ? opts->max_ctx : m->info.n_ctx_train,
+        .n_features = opts->n_features > 0 ? opts->n_features : 128,
+        .window = opts->window,
+        .seed = opts->seed,
+    };
+    if ((rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0)
+        goto fail;
+    *out = m;
+    return 0;
+fail:
+    core_model_free(m);
+    return rc;
+}
+
+void core_model_free(core_model_t *m)
+{
+    if (!m)
+        return;
+    core_attn_free(m->attn);
+    if (m->layers) {
+        for (int l = 0; l < m->info.n_layer; l++) {
+            layer_t *ly = &m->layers[l];
+            free(ly->attn_norm);
+            free(ly->wq);
+            free(ly->wk);
+            free(ly->wv);
+            free(ly->wo);
+            free(ly->ffn_norm);
+            free(ly->w_gate);
+            free(ly->w_up);
+            free(ly->w_down);
+        }
+        free(m->layers);
+    }
+    if (m->output != m->tok_embd)
+        free(m->output);
+    free(m->tok_embd);
+    free(m->out_norm);
+    free(m->rope_inv_freq);
+    free(m->rope_cs);
+    free(m->x);
+    free(m->xn);
+    free(m->q);
+    free(m->k);
+    free(m->v);
+    free(m->att);
+    free(m->gate);
+    free(m->up);
+    free(m->pos);
+    free(m->lrows);
+    free(m->logits);
+    core_gguf_close(m->adapter);
+    core_gguf_close(m->g);
+    free(m);
+}
+
+const core_model_info_t *core_model_info(const core_model_t *m)
+{
+    return &m->info;
+}
+
+const core_gguf_t *core_model_gguf(const core_model_t *m)
+{
+    return m->g;
+}
+
+core_attn_t *core_model_attn(core_model_t *m)
+{
+    return m->attn;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static int grow(void **p, size_t bytes)
+{
+    void *n = realloc(*p, bytes);
+    if (!n)
+        return -1;
+    *p = n;
+    return 0;
+}
+
+static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
+{
+    const core_model_info_t *in = &m->info;
+    if (!m->lrows) {
+        m->lrows = malloc((size_t)MODEL_LOGIT_ROWS * (size_t)in->n_embd * sizeof(float));
+        m->logits = malloc((size_t)MODEL_LOGIT_ROWS * (size_t)in->n_vocab * sizeof(float));
+        if (!m->lrows || !m->logits)
+            return core_error_set(err, CORE_ENOMEM, "out of memory for the logits scratch");
+    }
+    if (T <= m->cap_rows)
+        return 0;
+    const size_t t = (size_t)T, f = sizeof(float);
+    const size_t D = (size_t)in->n_embd, qd = (size_t)in->n_head * (size_t)in->head_dim,
+                 kvd = (size_t)in->n_head_kv * (size_t)in->head_dim, FF = (size_t)in->n_ff;
+    if (grow((void **)&m->x, t * D * f) || grow((void **)&m->xn, t * D * f) ||
+        grow((void **)&m->q, t * qd * f) || grow((void **)&m->k, t * kvd * f) ||
+        grow((void **)&m->v, t * kvd * f) || grow((void **)&m->att, t * qd * f) ||
+        grow((void **)&m->gate, t * FF * f) || grow((void **)&m->up, t * FF * f) ||
+        grow((void **)&m->pos, t * sizeof *m->pos))
+        return core_error_set(err, CORE_ENOMEM, "out of memory for a forward of %lld rows",
+                              (long long)T);
+    m->cap_rows = T;
+    return 0;
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * w, per row of n values. */
+static void rmsnorm(float *y, const float *x, const float *w, int64_t n, double eps)
+{
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    const float r = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] * r * w[i];
+}
+
+/* Rotates consecutive pairs of the first n_rot dims of each of nh heads of one
+ * row. Angles in double: pos * freq loses the fraction in float once pos is in
+ * the millions. */
+static void rope_row(float *x, int nh, int hd, int n_rot, const double *inv_freq, int64_t pos,
+                     float *cs /* [n_rot] cos,sin pairs */)
+{
+    for (int i = 0; i < n_rot / 2; i++) {
+        const double ang = (double)pos * inv_freq[i];
+        cs[2 * i] = (float)cos(ang);
+        cs[2 * i + 1] = (float)sin(ang);
+    }
+    for (int h = 0; h < nh; h++) {
+        float *p = x + (int64_t)h * hd;
+        for (int i = 0; i < n_rot / 2; i++) {
+            const float c = cs[2 * i], s = cs[2 * i + 1];
+            const float a = p[2 * i], b = p[2 * i + 1];
+            p[2 * i] = a * c - b * s;
+            p[2 * i + 1] = a * s + b * c;
+        }
+    }
+}
+
+static int check_batch(const core_model_t *m, const core_batch_seq_t *seqs, int n_seqs,
+                       int64_t *T_out, core_error_t *err)
+{
+    if (n_seqs < 0 || (n_seqs > 0 && !seqs))
+        return core_error_set(err, CORE_EINVAL, "bad batch (%d sequences)", n_seqs);
+    int64_t T = 0;
+    for (int b = 0; b < n_seqs; b++) {
+        const core_batch_seq_t *sq = &seqs[b];
+        if (!sq->state || !sq->tokens || sq->n_tokens < 1)
+            return core_error_set(err, CORE_EINVAL,
+                                  "sequence %d: needs a state and at least one token", b);
+        if (sq->logits_mode != CORE_LOGITS_NONE && sq->logits_mode != CORE_LOGITS_LAST &&
+            sq->logits_mode != CORE_LOGITS_ALL)
+            return core_error_set(err, CORE_EINVAL, "sequence %d: bad logits mode %d", b,
+                                  sq->logits_mode);
+        if (sq->logits_mode != CORE_LOGITS_NONE && !sq->logits)
+            return core_error_set(err, CORE_EINVAL, "sequence %d: logits requested without a buffer",
+                                  b);
+        if (sq->n_tokens > MODEL_MAX_ROWS - T)
+            return core_error_set(err, CORE_ERANGE,
+                                  "batch exceeds %d tokens per forward (sequence %d brings it to "
+                                  "%lld); split the prompt into chunks",
+                                  MODEL_MAX_ROWS, b, (long long)(T + sq->n_tokens));
+        for (int64_t i = 0; i < sq->n_tokens; i++) {
+            if (sq->tokens[i] < 0 || sq->tokens[i] >= m->info.n_vocab)
+                return core_error_set(err, CORE_EINVAL,
+                                      "sequence %d: token %lld is %d, outside the vocabulary [0,%d)",
+                                      b, (long long)i, (int)sq->tokens[i], m->info.n_vocab);
+        }
+        for (int c = 0; c < b; c++) {
+            if (seqs[c].state == sq->state)
+                return core_error_set(err, CORE_EINVAL,
+                                      "sequences %d and %d share one attention state", c, b);
+        }
+        T += sq->n_tokens;
+    }
+    *T_out = T;
+    return 0;
+}
+
+static void flush_logits(core_model_t *m, float *const *dst, int nr)
+{
+    const int64_t D = m->info.n_embd, V = m->info.n_vocab;
+    core_gemm_nt(nr, V, D, 1.0f, m->lrows, D, m->output, D, 0.0f, m->logits, V);
+    for (int i = 0; i < nr; i++)
+        memcpy(dst[i], m->logits + (int64_t)i * V, (size_t)V * sizeof(float));
+}
+
+/* Final norm + output head for the requested rows only, MODEL_LOGIT_ROWS at a
+ * time: one GEMM reads the [V][D] head once per chunk rather than once per
+ * sequence, and the [R][V] scratch stays bounded. */
+static void compute_logits(core_model_t *m, core_batch_seq_t *seqs, int n_seqs)
+{
+    const int64_t D = m->info.n_embd, V = m->info.n_vocab;
+    float *dst[MODEL_LOGIT_ROWS];
+    int nr = 0;
+    int64_t off = 0;
+    for (int b = 0; b < n_seqs; off += seqs[b].n_tokens, b++) {
+        const core_batch_seq_t *sq = &seqs[b];
+        if (sq->logits_mode == CORE_LOGITS_NONE)
+            continue;
+        const int64_t first = sq->logits_mode == CORE_LOGITS_ALL ? 0 : sq->n_tokens - 1;
+        for (int64_t r = first; r < sq->n_tokens; r++) {
+            rmsnorm(m->lrows + (int64_t)nr * D, m->x + (off + r) * D, m->out_norm, D,
+                    m->info.rms_eps);
+            dst[nr++] = sq->logits + (r - first) * V;
+            if (nr == MODEL_LOGIT_ROWS) {
+                flush_logits(m, dst, nr);
+                nr = 0;
+            }
+        }
+    }
+    if (nr > 0)
+        flush_logits(m, dst, nr);
+}
+
+int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core_error_t *err)
+{
+    int64_t T = 0;
+    int rc = check_batch(m, seqs, n_seqs, &T, err);
+    if (rc < 0 || T == 0)
+        return rc;
+    if ((rc = ensure_scratch(m, T, err)) < 0)
+        return rc;
+    for (int b = 0; b < n_seqs; b++) {
+        if ((rc = core_attn_reserve(m->attn, seqs[b].state, seqs[b].n_tokens, err)) < 0)
+            return rc;
+    }
+
+    const core_model_info_t *in = &m->info;
+    const int64_t D = in->n_embd, FF = in->n_ff, H = in->n_head, Hkv = in->n_head_kv,
+                  Hd = in->head_dim;
+    const int64_t qd = H * Hd, kvd = Hkv * Hd;
+
+    for (int64_t b = 0, t = 0; b < n_seqs; b++) {
+        const int64_t p0 = core_attn_state_pos(seqs[b].state);
+        for (int64_t i = 0; i < seqs[b].n_tokens; i++, t++) {
+            m->pos[t] = p0 + i;
+            memcpy(m->x + (int64_t)t * D, m->tok_embd + (int64_t)seqs[b].tokens[i] * D,
+                   (size_t)D * sizeof(float));
+        }
+    }
+
+    for (int l = 0; l < in->n_layer; l++) {
+        const layer_t *ly = &m->layers[l];
+        for (int64_t t = 0; t < T; t++)
+            rmsnorm(m->xn + t * D, m->x + t * D, ly->attn_norm, D, in->rms_eps);
+        core_gemm_nt(T, qd, D, 1.0f, m->xn, D, ly->wq, D, 0.0f, m->q, qd);
+        core_gemm_nt(T, kvd, D, 1.0f, m->xn, D, ly->wk, D, 0.0f, m->k, kvd);
+        core_gemm_nt(T, kvd, D, 1.0f, m->xn, D, ly->wv, D, 0.0f, m->v, kvd);
+        for (int64_t t = 0; t < T; t++) {
+            rope_row(m->q + t * qd, (int)H, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t], m->rope_cs);
+            rope_row(m->k + t * kvd, (int)Hkv, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t],
+                     m->rope_cs);
+        }
+        int64_t off = 0;
+        for (int b = 0; b < n_seqs; off += seqs[b].n_tokens, b++) {
+            rc = core_attn_forward(m->attn, seqs[b].state, l, seqs[b].n_tokens, m->q + off * qd,
+                                   m->k + off * kvd, m->v + off * kvd, m->att + off * qd, err);
+            if (rc < 0)
+                return rc;
+        }
+        /* residual folded into the GEMM: x += att · Woᵀ */
+        core_gemm_nt(T, D, qd, 1.0f, m->att, qd, ly->wo, qd, 1.0f, m->x, D);
+
+        for (int64_t t = 0; t < T; t++)
+            rmsnorm(m->xn + t * D, m->x + t * D, ly->ffn_norm, D, in->rms_eps);
+        core_gemm_nt(T, FF, D, 1.0f, m->xn, D, ly->w_gate, D, 0.0f, m->gate, FF);
+        core_gemm_nt(T, FF, D, 1.0f, m->xn, D, ly->w_up, D, 0.0f, m->up, FF);
+        const int64_t n = T * FF;
+        for (int64_t i = 0; i < n; i++) {
+            const float g = m->gate[i];
+            m->gate[i] = g / (1.0f + expf(-g)) * m->up[i];
+        }
+        core_gemm_nt(T, D, FF, 1.0f, m->gate, FF, ly->w_down, FF, 1.0f, m->x, D);
+    }
+
+    compute_logits(m, seqs, n_seqs);
+    for (int b = 0; b < n_seqs; b++)
+        core_attn_advance(seqs[b].state, seqs[b].n_tokens);
+    return 0;
+}
