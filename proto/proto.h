@@ -1,0 +1,483 @@
+/* proto/proto.h — darkserve's request/response layer: JSON <-> plain C structs.
+ *
+ * Pure functions: no I/O, no globals, no logging, no core/ or server/ headers.
+ * Depends on libc and jansson only. docs/API.md is the reference for every
+ * request and response shape produced or accepted here.
+ *
+ * Requests: each proto_*_parse() takes the raw body (body, len), validates it
+ * and fills a caller-provided struct. On success it returns 0 and the struct
+ * owns heap copies of every string/array (free with the matching
+ * proto_*_free()). On failure it returns a negative PROTO_E* code, fills the
+ * caller's proto_error_t (HTTP status, OpenAI type/code, the offending field in
+ * `param`, a message naming the field) and leaves *out zeroed, so calling
+ * proto_*_free() on it is harmless either way. Every *_free(NULL) is a no-op.
+ *
+ * Conventions of the parsers (documented in docs/API.md):
+ *   - the body must be one JSON object, nested at most PROTO_MAX_JSON_DEPTH
+ *     levels, UTF-8, without duplicate keys and without "\u0000" in strings;
+ *   - unknown fields are ignored (OpenAI clients send extra ones);
+ *   - a field whose value is null is treated as absent;
+ *   - integer fields must be JSON integers (16.0 is rejected);
+ *   - fields whose meaning darkserve cannot honour (echo: true, tools,
+ *     logit_bias, response_format other than text, ...) are rejected with 400
+ *     rather than silently ignored.
+ *
+ * Responses: each proto_*_json() builder returns a new NUL-terminated compact
+ * JSON text (no newline inside) or NULL when out of memory. Release it with
+ * proto_free(). Every string that goes into JSON is passed as (pointer, length)
+ * where it may come from the model, and is made valid UTF-8 first: each
+ * ill-formed sequence (a token piece holding half of a multibyte character,
+ * overlongs, surrogates, stray continuation bytes) becomes U+FFFD following
+ * Unicode's "maximal subpart" rule; an embedded NUL byte is kept and written
+ * as \u0000. Non-finite numbers are written as -9999 (logprobs of impossible
+ * tokens, as OpenAI does) or 0 (timings).
+ *
+ * Streams: proto_frame() wraps one JSON text as an SSE event or an NDJSON line.
+ *
+ * Memory: every allocation goes through jansson's allocator (json_get_alloc_funcs),
+ * so tests can inject failures with json_set_alloc_funcs(); with jansson's
+ * default allocator proto_free() is free().
+ */
+#ifndef DARKSERVE_PROTO_PROTO_H
+#define DARKSERVE_PROTO_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- limits */
+
+#define PROTO_MAX_JSON_DEPTH 32      /* nesting of [ and { in a request body */
+#define PROTO_MAX_MESSAGES 1024      /* chat/session messages per request */
+#define PROTO_MAX_CONTENT_PARTS 256  /* parts in one message's content array */
+#define PROTO_MAX_STOP 16            /* stop strings */
+#define PROTO_MAX_STOP_BYTES 256     /* bytes in one stop string */
+#define PROTO_MAX_PROMPTS 16         /* prompts in one completions request */
+#define PROTO_MAX_N 16               /* choices per prompt */
+#define PROTO_MAX_LOGPROBS 20        /* top alternatives per token */
+#define PROTO_MAX_NAME_BYTES 256     /* model, user */
+#define PROTO_SESSION_ID_LEN 32      /* lowercase hex characters, 128 bits */
+#define PROTO_MAX_LIST_LIMIT 1000    /* GET /v1/sessions?limit= */
+#define PROTO_DEFAULT_LIST_LIMIT 20
+
+/* Defaults used when a proto_limits_t field is 0 (or the pointer is NULL). */
+#define PROTO_DEFAULT_MAX_TOKENS_LIMIT 32768
+#define PROTO_DEFAULT_MAX_TOKENS 256
+#define PROTO_DEFAULT_MAX_PROMPT_TOKENS (1 << 20)
+#define PROTO_DEFAULT_MAX_TEXT_BYTES (8 << 20)
+
+/* Per-server limits the parsers enforce. Zero-initialize and set what you
+ * need: a 0 field takes the default above. */
+typedef struct proto_limits {
+    int64_t max_tokens_limit;   /* max_tokens above this -> 400 'max_tokens' */
+    int64_t default_max_tokens; /* max_tokens when absent (clamped to the limit) */
+    int64_t n_vocab;            /* token ids must be < n_vocab; 0 = < INT32_MAX */
+    int64_t max_prompt_tokens;  /* token ids in one prompt / detokenize request */
+    int64_t max_text_bytes;     /* bytes of one text field and of all message contents */
+} proto_limits_t;
+
+/* ---------------------------------------------------------------- errors */
+
+/* Return codes of proto functions. */
+#define PROTO_EINVAL (-1) /* the request is invalid; err has a 4xx status */
+#define PROTO_ENOMEM (-2) /* out of memory; err has status 500 */
+
+/* X(kind, HTTP status, OpenAI "type", default "code") */
+#define PROTO_ERRKIND_MAP(X)                                                        \
+    X(PROTO_ERR_INVALID_JSON, 400, "invalid_request_error", "invalid_json")         \
+    X(PROTO_ERR_INVALID_VALUE, 400, "invalid_request_error", "invalid_value")       \
+    X(PROTO_ERR_MISSING, 400, "invalid_request_error", "missing_required_parameter") \
+    X(PROTO_ERR_UNSUPPORTED, 400, "invalid_request_error", "unsupported_parameter") \
+    X(PROTO_ERR_CONTEXT_LENGTH, 400, "invalid_request_error", "context_length_exceeded") \
+    X(PROTO_ERR_AUTH, 401, "authentication_error", "invalid_api_key")               \
+    X(PROTO_ERR_NOT_FOUND, 404, "not_found_error", "not_found")                     \
+    X(PROTO_ERR_SESSION_NOT_FOUND, 404, "not_found_error", "session_not_found")     \
+    X(PROTO_ERR_MODEL_NOT_FOUND, 404, "not_found_error", "model_not_found")         \
+    X(PROTO_ERR_METHOD, 405, "invalid_request_error", "method_not_allowed")         \
+    X(PROTO_ERR_CONFLICT, 409, "conflict_error", "session_busy")                    \
+    X(PROTO_ERR_TOO_LARGE, 413, "invalid_request_error", "request_too_large")       \
+    X(PROTO_ERR_MEDIA_TYPE, 415, "invalid_request_error", "unsupported_media_type") \
+    X(PROTO_ERR_RATE_LIMIT, 429, "rate_limit_error", "rate_limit_exceeded")         \
+    X(PROTO_ERR_INTERNAL, 500, "server_error", "internal_error")                    \
+    X(PROTO_ERR_UNAVAILABLE, 503, "server_error", "service_unavailable")
+
+typedef enum proto_errkind {
+#define PROTO_ERRKIND_ENUM_(kind, status, type, code) kind,
+    PROTO_ERRKIND_MAP(PROTO_ERRKIND_ENUM_)
+#undef PROTO_ERRKIND_ENUM_
+    PROTO_ERR_KIND_COUNT_
+} proto_errkind_t;
+
+#define PROTO_ERROR_PARAM_MAX 64
+#define PROTO_ERROR_MSG_MAX 512
+
+typedef struct proto_error {
+    int status;                        /* HTTP status */
+    const char *type;                  /* static string ("invalid_request_error") */
+    const char *code;                  /* static string or NULL (JSON null) */
+    char param[PROTO_ERROR_PARAM_MAX]; /* offending field ("messages[2].role"); "" = null */
+    char message[PROTO_ERROR_MSG_MAX]; /* human-readable, names the field */
+} proto_error_t;
+
+/* Fills err (may be NULL) from the kind's table row, param (NULL or "" = none;
+ * copied, truncated to fit) and a printf-style message. Returns PROTO_ENOMEM for
+ * PROTO_ERR_INTERNAL and PROTO_EINVAL for every other kind, so parsers can
+ * write `return proto_error_set(...)`. The server may overwrite err->code with
+ * another static string afterwards (e.g. "draining"). */
+int proto_error_set(proto_error_t *err, proto_errkind_t kind, const char *param,
+                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Static row of the table; NULL for an out-of-range kind. */
+int proto_errkind_status(proto_errkind_t kind);
+const char *proto_errkind_type(proto_errkind_t kind);
+const char *proto_errkind_code(proto_errkind_t kind);
+
+/* {"error":{"message":...,"type":...,"param":...|null,"code":...|null}}.
+ * err is borrowed. Returns new text (proto_free) or NULL (out of memory). */
+char *proto_error_json(const proto_error_t *err);
+
+/* Releases any text or buffer returned by a proto builder. NULL is a no-op. */
+void proto_free(void *p);
+
+/* -------------------------------------------------------- shared request parts */
+
+typedef enum proto_role {
+    PROTO_ROLE_SYSTEM = 0, /* "system" and "developer" */
+    PROTO_ROLE_USER = 1,
+    PROTO_ROLE_ASSISTANT = 2
+} proto_role_t;
+
+/* One chat message; content is the concatenation of its text parts joined by
+ * "\n" when given as an array. */
+typedef struct proto_message {
+    proto_role_t role;
+    char *content;      /* owned, NUL-terminated UTF-8 (never contains NUL) */
+    size_t content_len; /* bytes, without the terminator */
+} proto_message_t;
+
+/* Sampling parameters with their defaults already applied. */
+typedef struct proto_sampling {
+    double temperature;       /* [0, 2], default 1 (0 = greedy) */
+    double top_p;             /* (0, 1], default 1 */
+    int32_t top_k;            /* >= 0, default 0 = disabled */
+    double min_p;             /* [0, 1], default 0 = disabled */
+    double repeat_penalty;    /* > 0, default 1 = disabled */
+    double presence_penalty;  /* [-2, 2], default 0 */
+    double frequency_penalty; /* [-2, 2], default 0 */
+    int has_seed;             /* 1 when "seed" was given */
+    int64_t seed;
+} proto_sampling_t;
+
+typedef enum proto_stream_format {
+    PROTO_STREAM_SSE = 0,   /* text/event-stream: "data: <json>\n\n" */
+    PROTO_STREAM_NDJSON = 1 /* application/x-ndjson: "<json>\n" */
+} proto_stream_format_t;
+
+/* Generation options shared by completions, chat and session generate. */
+typedef struct proto_gen_params {
+    char *model;           /* owned or NULL when absent */
+    int64_t max_tokens;    /* 1..limit; default from proto_limits_t */
+    int n;                 /* 1..PROTO_MAX_N, default 1 (always 1 for generate) */
+    proto_sampling_t sampling;
+    char *stop[PROTO_MAX_STOP]; /* owned, each 1..PROTO_MAX_STOP_BYTES bytes */
+    size_t n_stop;
+    int logprobs;          /* -1 = none; else top alternatives wanted, 0..20 */
+    int stream;            /* 0/1 */
+    int include_usage;     /* stream_options.include_usage */
+    char session[PROTO_SESSION_ID_LEN + 1]; /* "" when absent */
+} proto_gen_params_t;
+
+/* ------------------------------------------------- POST /v1/completions */
+
+/* One prompt: exactly one of text / tokens is set. */
+typedef struct proto_prompt {
+    char *text;       /* owned NUL-terminated UTF-8, or NULL */
+    size_t text_len;
+    int32_t *tokens;  /* owned [n_tokens] ids, or NULL */
+    size_t n_tokens;
+} proto_prompt_t;
+
+typedef struct proto_completion_req {
+    proto_gen_params_t p;
+    proto_prompt_t *prompts; /* owned [n_prompts], 1..PROTO_MAX_PROMPTS */
+    size_t n_prompts;
+} proto_completion_req_t;
+
+/* body/lim/err are borrowed (lim may be NULL = defaults); *out is filled and
+ * owned by the caller (proto_completion_free). */
+int proto_completion_parse(const char *body, size_t len, const proto_limits_t *lim,
+                           proto_completion_req_t *out, proto_error_t *err);
+void proto_completion_free(proto_completion_req_t *r);
+
+/* ------------------------------------------- POST /v1/chat/completions */
+
+typedef struct proto_chat_req {
+    proto_gen_params_t p;       /* logprobs: -1 unless "logprobs": true, then top_logprobs */
+    proto_message_t *messages;  /* owned [n_messages], 1..PROTO_MAX_MESSAGES */
+    size_t n_messages;
+} proto_chat_req_t;
+
+int proto_chat_parse(const char *body, size_t len, const proto_limits_t *lim,
+                     proto_chat_req_t *out, proto_error_t *err);
+void proto_chat_free(proto_chat_req_t *r);
+
+/* ------------------------------------------------------------- sessions */
+
+/* 1 when s[0..len) is exactly PROTO_SESSION_ID_LEN lowercase hex digits. */
+int proto_session_id_valid(const char *s, size_t len);
+
+/* Writes the 32-hex-digit id of 16 random bytes (caller supplies them) and a
+ * NUL into out[33]. */
+void proto_session_id_format(const uint8_t bytes[16], char out[PROTO_SESSION_ID_LEN + 1]);
+
+/* POST /v1/sessions: {"system"?: string, "messages"?: [...]} — not both; an
+ * empty body ({} or len 0) creates an empty session. */
+typedef struct proto_session_create_req {
+    char *system;               /* owned or NULL */
+    size_t system_len;
+    proto_message_t *messages;  /* owned or NULL */
+    size_t n_messages;
+} proto_session_create_req_t;
+
+int proto_session_create_parse(const char *body, size_t len, const proto_limits_t *lim,
+                               proto_session_create_req_t *out, proto_error_t *err);
+void proto_session_create_free(proto_session_create_req_t *r);
+
+/* POST /v1/sessions/{id}/append: {"text": string} xor {"messages": [...]}. */
+typedef struct proto_session_append_req {
+    char *text;                 /* owned or NULL */
+    size_t text_len;
+    proto_message_t *messages;  /* owned or NULL */
+    size_t n_messages;
+} proto_session_append_req_t;
+
+int proto_session_append_parse(const char *body, size_t len, const proto_limits_t *lim,
+                               proto_session_append_req_t *out, proto_error_t *err);
+void proto_session_append_free(proto_session_append_req_t *r);
+
+/* POST /v1/sessions/{id}/generate: optional "text" xor "messages" to ingest
+ * first, then generation options; "stream" defaults to true and
+ * "stream_format" to "ndjson". An empty body is allowed. p.n is always 1. */
+typedef struct proto_generate_req {
+    proto_gen_params_t p;
+    char *text;                 /* owned or NULL */
+    size_t text_len;
+    proto_message_t *messages;  /* owned or NULL */
+    size_t n_messages;
+    proto_stream_format_t format;
+} proto_generate_req_t;
+
+int proto_generate_parse(const char *body, size_t len, const proto_limits_t *lim,
+                         proto_generate_req_t *out, proto_error_t *err);
+void proto_generate_free(proto_generate_req_t *r);
+
+/* GET /v1/sessions?limit=&after= : the server passes the decoded query pairs. */
+typedef struct proto_kv {
+    const char *key;   /* borrowed, NUL-terminated */
+    const char *value; /* borrowed, NUL-terminated, or NULL for "?key" */
+} proto_kv_t;
+
+typedef struct proto_session_list_req {
+    int limit;                            /* 1..PROTO_MAX_LIST_LIMIT, default 20 */
+    char after[PROTO_SESSION_ID_LEN + 1]; /* "" = from the start */
+} proto_session_list_req_t;
+
+/* kv is borrowed [n]; unknown keys are ignored, a repeated known key is 400. */
+int proto_session_list_parse(const proto_kv_t *kv, size_t n, proto_session_list_req_t *out,
+                             proto_error_t *err);
+
+/* ----------------------------------------------- POST /tokenize, /detokenize */
+
+typedef struct proto_tokenize_req {
+    char *text;       /* owned ("text", or its alias "content") */
+    size_t text_len;
+    int add_special;  /* default 0 */
+    int with_pieces;  /* default 0 */
+} proto_tokenize_req_t;
+
+int proto_tokenize_parse(const char *body, size_t len, const proto_limits_t *lim,
+                         proto_tokenize_req_t *out, proto_error_t *err);
+void proto_tokenize_free(proto_tokenize_req_t *r);
+
+typedef struct proto_detokenize_req {
+    int32_t *tokens;  /* owned [n_tokens] or NULL when empty */
+    size_t n_tokens;
+} proto_detokenize_req_t;
+
+int proto_detokenize_parse(const char *body, size_t len, const proto_limits_t *lim,
+                           proto_detokenize_req_t *out, proto_error_t *err);
+void proto_detokenize_free(proto_detokenize_req_t *r);
+
+/* ------------------------------------------------------ response builders */
+
+/* Every pointer in these input structs is borrowed for the call only. */
+
+typedef struct proto_top_logprob {
+    const char *piece; /* raw token bytes (may be partial UTF-8) */
+    size_t piece_len;
+    int32_t id;
+    double logprob;
+} proto_top_logprob_t;
+
+typedef struct proto_token_logprob {
+    const char *piece; /* raw token bytes (may be partial UTF-8) */
+    size_t piece_len;
+    int32_t id;
+    double logprob;
+    int64_t text_offset;            /* completions shape: byte offset in the choice text */
+    const proto_top_logprob_t *top; /* [n_top], best first */
+    size_t n_top;
+} proto_token_logprob_t;
+
+typedef struct proto_choice {
+    int index;
+    const char *text;          /* completion text / chat content / delta; NULL = none */
+    size_t text_len;
+    const char *finish_reason; /* "stop", "length", ... or NULL (JSON null) */
+    int has_logprobs;          /* 0: "logprobs": null */
+    const proto_token_logprob_t *logprobs; /* [n_logprobs] */
+    size_t n_logprobs;
+} proto_choice_t;
+
+typedef struct proto_usage {
+    int64_t prompt_tokens;
+    int64_t completion_tokens;
+} proto_usage_t;
+
+/* id ("cmpl-..."/"chatcmpl-..."), created (unix seconds) and model of a response. */
+typedef struct proto_resp_meta {
+    const char *id;
+    int64_t created;
+    const char *model;
+} proto_resp_meta_t;
+
+/* {"id","object":"text_completion","created","model","choices":[{"index","text",
+ * "logprobs":{tokens,token_logprobs,top_logprobs,text_offset}|null,
+ * "finish_reason"}],"usage":{prompt_tokens,completion_tokens,total_tokens}} */
+char *proto_completion_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
+                            size_t n_choices, const proto_usage_t *usage);
+
+/* One stream chunk, same object name as the non-stream response. choice NULL
+ * gives "choices": []; usage non-NULL adds "usage" (the include_usage chunk). */
+char *proto_completion_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t *choice,
+                                  const proto_usage_t *usage);
+
+/* {"id","object":"chat.completion","created","model","choices":[{"index",
+ * "message":{"role":"assistant","content"},"logprobs":{"content":[...]}|null,
+ * "finish_reason"}],"usage":{...}} */
+char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
+                      size_t n_choices, const proto_usage_t *usage);
+
+/* "chat.completion.chunk": delta carries "role":"assistant" when with_role,
+ * "content" when choice->text != NULL; choice NULL gives "choices": []; usage
+ * non-NULL adds "usage". */
+char *proto_chat_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t *choice,
+                            int with_role, const proto_usage_t *usage);
+
+typedef struct proto_session_info {
+    const char *id;
+    int64_t tokens;         /* tokens ingested so far */
+    int64_t state_bytes;    /* size of the serialized state */
+    int64_t created;        /* unix seconds (full form) */
+    int64_t last_used;      /* unix seconds (full form) */
+    const char *attn_kind;  /* "exact", "performer", "darkformer", ... (full form) */
+    int64_t attn_features;  /* M */
+    int64_t attn_window;    /* W */
+} proto_session_info_t;
+
+/* full = 0: {"id","tokens","state_bytes"}; full = 1 adds "created","last_used",
+ * "attention":{"kind","features","window"}. */
+char *proto_session_json(const proto_session_info_t *s, int full);
+
+/* {"object":"list","data":[full session objects],"has_more","last_id"|null} */
+char *proto_session_list_json(const proto_session_info_t *items, size_t n, int has_more);
+
+typedef struct proto_timings {
+    double queue_ms;      /* waiting for the scheduler */
+    double prompt_ms;     /* ingesting the new text */
+    double generation_ms; /* producing the completion tokens */
+} proto_timings_t;
+
+/* One generated token of /generate: {"text","token"} plus, when lp != NULL,
+ * "logprob" and "top_logprobs":[{"token","id","logprob"}]. */
+typedef struct proto_gen_token {
+    const char *text; /* raw piece bytes */
+    size_t text_len;
+    int32_t id;
+    const proto_token_logprob_t *lp; /* NULL = no logprobs */
+} proto_gen_token_t;
+
+char *proto_generate_token_json(const proto_gen_token_t *t);
+
+/* {"done":true,"finish_reason","usage":{"prompt_tokens","completion_tokens"},
+ * "timings":{"queue_ms","prompt_ms","generation_ms","prompt_tokens_per_second",
+ * "generation_tokens_per_second"}} */
+char *proto_generate_done_json(const char *finish_reason, const proto_usage_t *usage,
+                               const proto_timings_t *timings);
+
+/* Non-stream generate: {"id","text","tokens":[ids],"finish_reason","usage",
+ * "timings"} plus "logprobs":[{"token","id","logprob","bytes","top_logprobs"}]
+ * when lps != NULL. id is the session id; tokens[n_tokens], lps[n_tokens]. */
+char *proto_generate_json(const char *id, const char *text, size_t text_len,
+                          const int32_t *tokens, size_t n_tokens,
+                          const proto_token_logprob_t *lps, const char *finish_reason,
+                          const proto_usage_t *usage, const proto_timings_t *timings);
+
+typedef struct proto_model_entry {
+    const char *id;
+    int64_t created;
+    const char *owned_by;
+} proto_model_entry_t;
+
+/* {"object":"list","data":[{"id","object":"model","created","owned_by"}]} */
+char *proto_models_json(const proto_model_entry_t *models, size_t n);
+
+/* {"tokens":[ids]} or, with pieces != NULL, {"tokens":[{"id","piece"}]};
+ * pieces[i]/piece_lens[i] are the raw bytes of tokens[i]. */
+char *proto_tokenize_json(const int32_t *tokens, size_t n, const char *const *pieces,
+                          const size_t *piece_lens);
+
+/* {"text": ...} */
+char *proto_detokenize_json(const char *text, size_t len);
+
+typedef struct proto_health {
+    const char *status;  /* "ok", "loading", "draining" */
+    const char *model;   /* NULL = JSON null */
+    int64_t sessions;    /* sessions held (memory + disk) */
+    int64_t queue_depth; /* jobs waiting or running */
+    double uptime_s;
+} proto_health_t;
+
+/* {"status","model","sessions","queue_depth","uptime_s"} */
+char *proto_health_json(const proto_health_t *h);
+
+/* ------------------------------------------------------------ framing */
+
+#define PROTO_SSE_DONE "data: [DONE]\n\n"
+#define PROTO_SSE_PING ": ping\n\n"
+
+/* SSE: "data: <json>\n\n" (each line of json text gets its own "data: "
+ * prefix, as the SSE spec joins them back with \n); NDJSON: "<json>\n" with any
+ * CR/LF inside replaced by a space (only JSON whitespace can hold them).
+ * json[0..len) is borrowed. Returns new bytes (proto_free), *out_len set to
+ * their length (a NUL follows them), or NULL when out of memory. */
+char *proto_frame(proto_stream_format_t fmt, const char *json, size_t len, size_t *out_len);
+
+/* The error event / line: proto_frame() of proto_error_json(err). */
+char *proto_frame_error(proto_stream_format_t fmt, const proto_error_t *err, size_t *out_len);
+
+/* ------------------------------------------------------------ UTF-8 */
+
+/* 1 when s[0..len) is well-formed UTF-8 (NUL bytes allowed). */
+int proto_utf8_valid(const char *s, size_t len);
+
+/* New copy of s[0..len) with every ill-formed sequence replaced by U+FFFD
+ * (maximal subparts, as Unicode §3.9 recommends) and a NUL terminator;
+ * *out_len gets the length. NULL when out of memory. */
+char *proto_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+
+/* Length of the longest prefix of s[0..len) that does not end inside an
+ * incomplete (but so far valid) multibyte sequence: a streamer emits that
+ * much and keeps the rest for the next token. */
+size_t proto_utf8_complete_prefix(const char *s, size_t len);
+
+#endif

@@ -1,0 +1,93 @@
+/* proto/proto_impl.h — helpers shared by the proto sources; not part of the public API.
+ *
+ * Allocation goes through jansson's allocator so that one hook
+ * (json_set_alloc_funcs) can inject failures into every path in tests.
+ */
+#ifndef DARKSERVE_PROTO_PROTO_IMPL_H
+#define DARKSERVE_PROTO_PROTO_IMPL_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/proto.h"
+
+/* ------------------------------------------------------------- memory */
+
+void *px_malloc(size_t n);               /* NULL for n == 0 or when out of memory */
+void px_free(void *p);                   /* NULL is a no-op */
+char *px_strndup(const char *s, size_t n); /* copy + NUL; NULL when out of memory */
+
+/* ------------------------------------------------------------ UTF-8 */
+
+/* Decodes one scalar at s[i]: returns the bytes it spans (>= 1) and sets *state
+ * to 1 (well-formed), 0 (ill-formed: replace those bytes by one U+FFFD) or 2
+ * (a well-formed prefix cut by the end of the buffer). */
+size_t px_utf8_step(const unsigned char *s, size_t len, size_t i, int *state);
+
+/* ---------------------------------------------------------- building */
+
+/* A JSON string of s[0..len) made valid UTF-8 (NULL s -> ""). New reference or
+ * NULL when out of memory. */
+json_t *px_str(const char *s, size_t len);
+/* px_str of a NUL-terminated string, or JSON null when s is NULL. */
+json_t *px_cstr_or_null(const char *s);
+/* json_real, with non-finite v replaced by `fallback`. */
+json_t *px_real(double v, double fallback);
+/* Compact dump of root (reference stolen). NULL when root is NULL or on OOM. */
+char *px_dump(json_t *root);
+
+/* ----------------------------------------------------------- parsing */
+
+/* Formats a field path ("messages[3].content") into out[PROTO_ERROR_PARAM_MAX],
+ * truncating silently: the path is for people, and real ones are far shorter. */
+void px_paramf(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Loads body as one JSON object after checking depth. len == 0 gives an empty
+ * object when allow_empty, else 400. Returns a new reference or NULL with err set
+ * (*rc = PROTO_EINVAL or PROTO_ENOMEM). */
+json_t *px_load_object(const char *body, size_t len, int allow_empty, proto_error_t *err,
+                       int *rc);
+
+/* The value of key, or NULL when absent or JSON null (borrowed). */
+json_t *px_get(json_t *obj, const char *key);
+
+/* Field readers: return 0 when read, 1 when absent (out untouched), <0 on error
+ * (err set, naming `key`). */
+int px_read_number(json_t *obj, const char *key, double lo, double hi, int lo_open,
+                   const char *range_text, double *out, proto_error_t *err);
+int px_read_int(json_t *obj, const char *key, int64_t lo, int64_t hi, const char *range_text,
+                int64_t *out, proto_error_t *err);
+int px_read_bool(json_t *obj, const char *key, int *out, proto_error_t *err);
+/* A string of at most max_bytes bytes; *out is a new copy. */
+int px_read_string(json_t *obj, const char *key, size_t max_bytes, char **out, size_t *out_len,
+                   proto_error_t *err);
+
+/* messages array value v (non-NULL) at field `param`. New [*n] array in *out.
+ * *total_bytes is increased by the content bytes, checked against max_text. */
+int px_parse_messages(json_t *v, const char *param, int64_t max_text, proto_message_t **out,
+                      size_t *n, proto_error_t *err);
+void px_messages_free(proto_message_t *m, size_t n);
+
+/* An array of token ids at `param` (caller checked json_is_array). */
+int px_parse_token_ids(json_t *arr, const char *param, int64_t max_count, int64_t n_vocab,
+                       int allow_empty, int32_t **out, size_t *n, proto_error_t *err);
+
+/* Resolved limits: every field non-zero. */
+void px_limits_resolve(const proto_limits_t *in, proto_limits_t *out);
+
+enum px_gen_kind { PX_GEN_COMPLETION, PX_GEN_CHAT, PX_GEN_GENERATE };
+
+/* Fields common to the generation endpoints (see docs/API.md). */
+int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kind kind,
+                        proto_gen_params_t *p, proto_error_t *err);
+void px_gen_params_free(proto_gen_params_t *p);
+
+/* ------------------------------------------------------ response parts */
+
+json_t *px_usage(const proto_usage_t *u, int with_total);
+json_t *px_completion_logprobs(const proto_choice_t *c);
+json_t *px_chat_logprob_entry(const proto_token_logprob_t *t);
+json_t *px_timings(const proto_timings_t *t, const proto_usage_t *u);
+
+#endif

@@ -1,0 +1,416 @@
+/* proto/response.c — response builders: OpenAI completions and chat (whole and
+ * streamed chunks), session objects and pages, /generate lines, models,
+ * tokenize/detokenize and health.
+ *
+ * Pattern: build the tree ignoring individual failures and OR their results
+ * into `bad` (jansson's *_set_new/append_new accept a NULL container or value
+ * and release what they were given), then dump or drop the whole tree.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "proto/proto_impl.h"
+
+/* logprob of a token the model gave probability 0 (-inf); OpenAI's sentinel. */
+#define LOGPROB_FLOOR (-9999.0)
+
+static json_t *fail_tree(json_t *root)
+{
+    json_decref(root);
+    return NULL;
+}
+
+json_t *px_usage(const proto_usage_t *u, int with_total)
+{
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "prompt_tokens", json_integer(u->prompt_tokens));
+    bad |= json_object_set_new(o, "completion_tokens", json_integer(u->completion_tokens));
+    if (with_total)
+        bad |= json_object_set_new(o, "total_tokens",
+                                   json_integer(u->prompt_tokens + u->completion_tokens));
+    return bad ? fail_tree(o) : o;
+}
+
+/* The legacy completions shape: parallel arrays over the choice's tokens. */
+json_t *px_completion_logprobs(const proto_choice_t *c)
+{
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
+           *offs = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < c->n_logprobs; i++) {
+        const proto_token_logprob_t *t = &c->logprobs[i];
+        bad |= json_array_append_new(tokens, px_str(t->piece, t->piece_len));
+        bad |= json_array_append_new(lps, px_real(t->logprob, LOGPROB_FLOOR));
+        json_t *top = json_object();
+        for (size_t k = 0; k < t->n_top; k++) {
+            json_t *key = px_str(t->top[k].piece, t->top[k].piece_len);
+            if (!key) {
+                bad = 1;
+                break;
+            }
+            /* Two ids can share a piece (or the same repaired text): keep
+             * the first, which is the more likely one. */
+            if (!json_object_getn(top, json_string_value(key), json_string_length(key)))
+                bad |= json_object_setn_new(top, json_string_value(key),
+                                            json_string_length(key),
+                                            px_real(t->top[k].logprob, LOGPROB_FLOOR));
+            json_decref(key);
+        }
+        bad |= json_array_append_new(tops, top);
+        bad |= json_array_append_new(offs, json_integer(t->text_offset));
+    }
+    json_t *o = json_object();
+    bad |= json_object_set_new(o, "tokens", tokens);
+    bad |= json_object_set_new(o, "token_logprobs", lps);
+    bad |= json_object_set_new(o, "top_logprobs", tops);
+    bad |= json_object_set_new(o, "text_offset", offs);
+    return bad ? fail_tree(o) : o;
+}
+
+/* UTF-8 bytes of a piece as integers, so clients can rebuild characters split
+ * across tokens (OpenAI's "bytes"). */
+static json_t *bytes_array(const char *s, size_t n)
+{
+    json_t *a = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad |= json_array_append_new(a, json_integer((unsigned char)s[i]));
+    return bad ? fail_tree(a) : a;
+}
+
+/* {"token","logprob","bytes","top_logprobs":[{"token","logprob","bytes"}]} */
+json_t *px_chat_logprob_entry(const proto_token_logprob_t *t)
+{
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "token", px_str(t->piece, t->piece_len));
+    bad |= json_object_set_new(o, "logprob", px_real(t->logprob, LOGPROB_FLOOR));
+    bad |= json_object_set_new(o, "bytes", bytes_array(t->piece, t->piece_len));
+    json_t *tops = json_array();
+    for (size_t k = 0; k < t->n_top; k++) {
+        const proto_top_logprob_t *a = &t->top[k];
+        json_t *e = json_object();
+        bad |= json_object_set_new(e, "token", px_str(a->piece, a->piece_len));
+        bad |= json_object_set_new(e, "logprob", px_real(a->logprob, LOGPROB_FLOOR));
+        bad |= json_object_set_new(e, "bytes", bytes_array(a->piece, a->piece_len));
+        bad |= json_array_append_new(tops, e);
+    }
+    bad |= json_object_set_new(o, "top_logprobs", tops);
+    return bad ? fail_tree(o) : o;
+}
+
+static json_t *chat_logprobs(const proto_choice_t *c)
+{
+    json_t *content = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < c->n_logprobs; i++)
+        bad |= json_array_append_new(content, px_chat_logprob_entry(&c->logprobs[i]));
+    json_t *o = json_object();
+    bad |= json_object_set_new(o, "content", content);
+    return bad ? fail_tree(o) : o;
+}
+
+/* id, object, created, model: the head every OpenAI response starts with. */
+static json_t *resp_head(const proto_resp_meta_t *m, const char *object)
+{
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "id", px_cstr_or_null(m->id ? m->id : ""));
+    bad |= json_object_set_new(o, "object", json_string(object));
+    bad |= json_object_set_new(o, "created", json_integer(m->created));
+    bad |= json_object_set_new(o, "model", px_cstr_or_null(m->model ? m->model : ""));
+    return bad ? fail_tree(o) : o;
+}
+
+static json_t *completion_choice(const proto_choice_t *c)
+{
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "index", json_integer(c->index));
+    bad |= json_object_set_new(o, "text", px_str(c->text, c->text ? c->text_len : 0));
+    bad |= json_object_set_new(o, "logprobs",
+                               c->has_logprobs ? px_completion_logprobs(c) : json_null());
+    bad |= json_object_set_new(o, "finish_reason", px_cstr_or_null(c->finish_reason));
+    return bad ? fail_tree(o) : o;
+}
+
+char *proto_completion_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
+                            size_t n_choices, const proto_usage_t *usage)
+{
+    json_t *root = resp_head(meta, "text_completion");
+    json_t *arr = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < n_choices; i++)
+        bad |= json_array_append_new(arr, completion_choice(&choices[i]));
+    bad |= json_object_set_new(root, "choices", arr);
+    proto_usage_t zero = {0, 0};
+    bad |= json_object_set_new(root, "usage", px_usage(usage ? usage : &zero, 1));
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+char *proto_completion_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t *choice,
+                                  const proto_usage_t *usage)
+{
+    json_t *root = resp_head(meta, "text_completion");
+    json_t *arr = json_array();
+    int bad = 0;
+    if (choice)
+        bad |= json_array_append_new(arr, completion_choice(choice));
+    bad |= json_object_set_new(root, "choices", arr);
+    if (usage)
+        bad |= json_object_set_new(root, "usage", px_usage(usage, 1));
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
+                      size_t n_choices, const proto_usage_t *usage)
+{
+    json_t *root = resp_head(meta, "chat.completion");
+    json_t *arr = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < n_choices; i++) {
+        const proto_choice_t *c = &choices[i];
+        json_t *o = json_object(), *msg = json_object();
+        bad |= json_object_set_new(msg, "role", json_string("assistant"));
+        bad |= json_object_set_new(msg, "content", px_str(c->text, c->text ? c->text_len : 0));
+        bad |= json_object_set_new(o, "index", json_integer(c->index));
+        bad |= json_object_set_new(o, "message", msg);
+        bad |= json_object_set_new(o, "logprobs", c->has_logprobs ? chat_logprobs(c) : json_null());
+        bad |= json_object_set_new(o, "finish_reason", px_cstr_or_null(c->finish_reason));
+        bad |= json_array_append_new(arr, o);
+    }
+    bad |= json_object_set_new(root, "choices", arr);
+    proto_usage_t zero = {0, 0};
+    bad |= json_object_set_new(root, "usage", px_usage(usage ? usage : &zero, 1));
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+char *proto_chat_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t *choice,
+                            int with_role, const proto_usage_t *usage)
+{
+    json_t *root = resp_head(meta, "chat.completion.chunk");
+    json_t *arr = json_array();
+    int bad = 0;
+    if (choice) {
+        json_t *o = json_object(), *delta = json_object();
+        if (with_role)
+            bad |= json_object_set_new(delta, "role", json_string("assistant"));
+        if (choice->text)
+            bad |= json_object_set_new(delta, "content", px_str(choice->text, choice->text_len));
+        bad |= json_object_set_new(o, "index", json_integer(choice->index));
+        bad |= json_object_set_new(o, "delta", delta);
+        bad |= json_object_set_new(o, "logprobs",
+                                   choice->has_logprobs ? chat_logprobs(choice) : json_null());
+        bad |= json_object_set_new(o, "finish_reason", px_cstr_or_null(choice->finish_reason));
+        bad |= json_array_append_new(arr, o);
+    }
+    bad |= json_object_set_new(root, "choices", arr);
+    if (usage)
+        bad |= json_object_set_new(root, "usage", px_usage(usage, 1));
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+/* ------------------------------------------------------------- sessions */
+
+static json_t *session_obj(const proto_session_info_t *s, int full)
+{
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "id", px_cstr_or_null(s->id ? s->id : ""));
+    bad |= json_object_set_new(o, "tokens", json_integer(s->tokens));
+    bad |= json_object_set_new(o, "state_bytes", json_integer(s->state_bytes));
+    if (full) {
+        bad |= json_object_set_new(o, "created", json_integer(s->created));
+        bad |= json_object_set_new(o, "last_used", json_integer(s->last_used));
+        json_t *a = json_object();
+        bad |= json_object_set_new(a, "kind", px_cstr_or_null(s->attn_kind ? s->attn_kind : ""));
+        bad |= json_object_set_new(a, "features", json_integer(s->attn_features));
+        bad |= json_object_set_new(a, "window", json_integer(s->attn_window));
+        bad |= json_object_set_new(o, "attention", a);
+    }
+    return bad ? fail_tree(o) : o;
+}
+
+char *proto_session_json(const proto_session_info_t *s, int full)
+{
+    return px_dump(session_obj(s, full));
+}
+
+char *proto_session_list_json(const proto_session_info_t *items, size_t n, int has_more)
+{
+    json_t *root = json_object(), *data = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad |= json_array_append_new(data, session_obj(&items[i], 1));
+    bad |= json_object_set_new(root, "object", json_string("list"));
+    bad |= json_object_set_new(root, "data", data);
+    bad |= json_object_set_new(root, "has_more", json_boolean(has_more));
+    bad |= json_object_set_new(root, "last_id",
+                               n ? px_cstr_or_null(items[n - 1].id ? items[n - 1].id : "")
+                                 : json_null());
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+/* ------------------------------------------------------------- generate */
+
+static double per_second(int64_t tokens, double ms)
+{
+    return ms > 0 && isfinite(ms) ? (double)tokens * 1000.0 / ms : 0.0;
+}
+
+json_t *px_timings(const proto_timings_t *t, const proto_usage_t *u)
+{
+    proto_timings_t zt = {0, 0, 0};
+    proto_usage_t zu = {0, 0};
+    if (!t)
+        t = &zt;
+    if (!u)
+        u = &zu;
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "queue_ms", px_real(t->queue_ms, 0));
+    bad |= json_object_set_new(o, "prompt_ms", px_real(t->prompt_ms, 0));
+    bad |= json_object_set_new(o, "generation_ms", px_real(t->generation_ms, 0));
+    bad |= json_object_set_new(o, "prompt_tokens_per_second",
+                               px_real(per_second(u->prompt_tokens, t->prompt_ms), 0));
+    bad |= json_object_set_new(o, "generation_tokens_per_second",
+                               px_real(per_second(u->completion_tokens, t->generation_ms), 0));
+    return bad ? fail_tree(o) : o;
+}
+
+/* {"token","id","logprob"} alternatives of the /generate shapes. */
+static json_t *gen_top(const proto_token_logprob_t *lp, int with_bytes)
+{
+    json_t *tops = json_array();
+    int bad = 0;
+    for (size_t k = 0; k < lp->n_top; k++) {
+        const proto_top_logprob_t *a = &lp->top[k];
+        json_t *e = json_object();
+        bad |= json_object_set_new(e, "token", px_str(a->piece, a->piece_len));
+        bad |= json_object_set_new(e, "id", json_integer(a->id));
+        bad |= json_object_set_new(e, "logprob", px_real(a->logprob, LOGPROB_FLOOR));
+        if (with_bytes)
+            bad |= json_object_set_new(e, "bytes", bytes_array(a->piece, a->piece_len));
+        bad |= json_array_append_new(tops, e);
+    }
+    return bad ? fail_tree(tops) : tops;
+}
+
+char *proto_generate_token_json(const proto_gen_token_t *t)
+{
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "text", px_str(t->text, t->text ? t->text_len : 0));
+    bad |= json_object_set_new(o, "token", json_integer(t->id));
+    if (t->lp) {
+        bad |= json_object_set_new(o, "logprob", px_real(t->lp->logprob, LOGPROB_FLOOR));
+        bad |= json_object_set_new(o, "top_logprobs", gen_top(t->lp, 0));
+    }
+    return bad ? (json_decref(o), NULL) : px_dump(o);
+}
+
+char *proto_generate_done_json(const char *finish_reason, const proto_usage_t *usage,
+                               const proto_timings_t *timings)
+{
+    proto_usage_t zero = {0, 0};
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "done", json_true());
+    bad |= json_object_set_new(o, "finish_reason", px_cstr_or_null(finish_reason));
+    bad |= json_object_set_new(o, "usage", px_usage(usage ? usage : &zero, 0));
+    bad |= json_object_set_new(o, "timings", px_timings(timings, usage));
+    return bad ? (json_decref(o), NULL) : px_dump(o);
+}
+
+char *proto_generate_json(const char *id, const char *text, size_t text_len,
+                          const int32_t *tokens, size_t n_tokens,
+                          const proto_token_logprob_t *lps, const char *finish_reason,
+                          const proto_usage_t *usage, const proto_timings_t *timings)
+{
+    proto_usage_t zero = {0, 0};
+    json_t *o = json_object(), *ids = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < n_tokens; i++)
+        bad |= json_array_append_new(ids, json_integer(tokens[i]));
+    bad |= json_object_set_new(o, "id", px_cstr_or_null(id ? id : ""));
+    bad |= json_object_set_new(o, "text", px_str(text, text ? text_len : 0));
+    bad |= json_object_set_new(o, "tokens", ids);
+    bad |= json_object_set_new(o, "finish_reason", px_cstr_or_null(finish_reason));
+    bad |= json_object_set_new(o, "usage", px_usage(usage ? usage : &zero, 0));
+    bad |= json_object_set_new(o, "timings", px_timings(timings, usage));
+    if (lps) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < n_tokens; i++) {
+            const proto_token_logprob_t *t = &lps[i];
+            json_t *e = json_object();
+            bad |= json_object_set_new(e, "token", px_str(t->piece, t->piece_len));
+            bad |= json_object_set_new(e, "id", json_integer(t->id));
+            bad |= json_object_set_new(e, "logprob", px_real(t->logprob, LOGPROB_FLOOR));
+            bad |= json_object_set_new(e, "bytes", bytes_array(t->piece, t->piece_len));
+            bad |= json_object_set_new(e, "top_logprobs", gen_top(t, 1));
+            bad |= json_array_append_new(arr, e);
+        }
+        bad |= json_object_set_new(o, "logprobs", arr);
+    }
+    return bad ? (json_decref(o), NULL) : px_dump(o);
+}
+
+/* ----------------------------------------------------------- operations */
+
+char *proto_models_json(const proto_model_entry_t *models, size_t n)
+{
+    json_t *root = json_object(), *data = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_object();
+        bad |= json_object_set_new(m, "id", px_cstr_or_null(models[i].id ? models[i].id : ""));
+        bad |= json_object_set_new(m, "object", json_string("model"));
+        bad |= json_object_set_new(m, "created", json_integer(models[i].created));
+        bad |= json_object_set_new(m, "owned_by",
+                                   px_cstr_or_null(models[i].owned_by ? models[i].owned_by
+                                                                      : "darkserve"));
+        bad |= json_array_append_new(data, m);
+    }
+    bad |= json_object_set_new(root, "object", json_string("list"));
+    bad |= json_object_set_new(root, "data", data);
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+char *proto_tokenize_json(const int32_t *tokens, size_t n, const char *const *pieces,
+                          const size_t *piece_lens)
+{
+    json_t *root = json_object(), *arr = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (pieces) {
+            json_t *e = json_object();
+            bad |= json_object_set_new(e, "id", json_integer(tokens[i]));
+            bad |= json_object_set_new(e, "piece", px_str(pieces[i], piece_lens[i]));
+            bad |= json_array_append_new(arr, e);
+        } else {
+            bad |= json_array_append_new(arr, json_integer(tokens[i]));
+        }
+    }
+    bad |= json_object_set_new(root, "tokens", arr);
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+char *proto_detokenize_json(const char *text, size_t len)
+{
+    json_t *root = json_object();
+    int bad = json_object_set_new(root, "text", px_str(text, text ? len : 0));
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+char *proto_health_json(const proto_health_t *h)
+{
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "status", px_cstr_or_null(h->status ? h->status : "ok"));
+    bad |= json_object_set_new(o, "model", px_cstr_or_null(h->model));
+    bad |= json_object_set_new(o, "sessions", json_integer(h->sessions));
+    bad |= json_object_set_new(o, "queue_depth", json_integer(h->queue_depth));
+    bad |= json_object_set_new(o, "uptime_s", px_real(h->uptime_s, 0));
+    return bad ? (json_decref(o), NULL) : px_dump(o);
+}

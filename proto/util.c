@@ -1,0 +1,192 @@
+/* proto/util.c — memory through jansson's allocator, UTF-8 validation and
+ * repair, and the small JSON-building helpers every response builder uses. */
+#include <math.h>
+#include <string.h>
+
+#include "proto/proto_impl.h"
+
+void *px_malloc(size_t n)
+{
+    json_malloc_t m;
+    json_free_t f;
+    if (n == 0)
+        return NULL;
+    json_get_alloc_funcs(&m, &f);
+    return m(n);
+}
+
+void px_free(void *p)
+{
+    json_malloc_t m;
+    json_free_t f;
+    if (!p)
+        return;
+    json_get_alloc_funcs(&m, &f);
+    f(p);
+}
+
+void proto_free(void *p)
+{
+    px_free(p);
+}
+
+char *px_strndup(const char *s, size_t n)
+{
+    if (n == SIZE_MAX)
+        return NULL;
+    char *d = px_malloc(n + 1);
+    if (!d)
+        return NULL;
+    if (n)
+        memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+/* Unicode Table 3-7 (well-formed UTF-8): the lead byte fixes the length and
+ * the allowed range of the second byte; later bytes are always 80..BF. */
+size_t px_utf8_step(const unsigned char *s, size_t len, size_t i, int *state)
+{
+    unsigned char b = s[i];
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xBF;
+
+    if (b < 0x80) {
+        *state = 1;
+        return 1;
+    }
+    if (b >= 0xC2 && b <= 0xDF) {
+        need = 1;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+        need = 2;
+        if (b == 0xE0)
+            lo = 0xA0;
+        else if (b == 0xED)
+            hi = 0x9F; /* excludes the UTF-16 surrogates */
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        need = 3;
+        if (b == 0xF0)
+            lo = 0x90;
+        else if (b == 0xF4)
+            hi = 0x8F; /* nothing above U+10FFFF */
+    } else {
+        *state = 0; /* 80..C1 (continuation or overlong lead), F5..FF */
+        return 1;
+    }
+    size_t k = 1;
+    for (; k <= need; k++) {
+        if (i + k >= len) {
+            *state = 2;
+            return k;
+        }
+        unsigned char c = s[i + k];
+        if (c < lo || c > hi) {
+            *state = 0;
+            return k; /* the maximal subpart ends before the offending byte */
+        }
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    *state = 1;
+    return k;
+}
+
+int proto_utf8_valid(const char *s, size_t len)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        int st;
+        i += px_utf8_step(u, len, i, &st);
+        if (st != 1)
+            return 0;
+    }
+    return 1;
+}
+
+size_t proto_utf8_complete_prefix(const char *s, size_t len)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        int st;
+        size_t k = px_utf8_step(u, len, i, &st);
+        if (st == 2)
+            return i;
+        i += k;
+    }
+    return len;
+}
+
+char *proto_utf8_sanitize(const char *s, size_t len, size_t *out_len)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    /* Each replaced subpart is >= 1 byte and becomes 3 bytes: bound before
+     * allocating. */
+    if (len > (SIZE_MAX - 1) / 3)
+        return NULL;
+    size_t cap = 0, i = 0;
+    while (i < len) {
+        int st;
+        size_t k = px_utf8_step(u, len, i, &st);
+        cap += st == 1 ? k : 3;
+        i += k;
+    }
+    char *d = px_malloc(cap + 1);
+    if (!d)
+        return NULL;
+    size_t o = 0;
+    i = 0;
+    while (i < len) {
+        int st;
+        size_t k = px_utf8_step(u, len, i, &st);
+        if (st == 1) {
+            memcpy(d + o, s + i, k);
+            o += k;
+        } else {
+            d[o++] = (char)0xEF;
+            d[o++] = (char)0xBF;
+            d[o++] = (char)0xBD;
+        }
+        i += k;
+    }
+    d[o] = '\0';
+    if (out_len)
+        *out_len = o;
+    return d;
+}
+
+json_t *px_str(const char *s, size_t len)
+{
+    if (!s)
+        return json_stringn_nocheck("", 0);
+    if (proto_utf8_valid(s, len))
+        return json_stringn_nocheck(s, len);
+    size_t n;
+    char *fixed = proto_utf8_sanitize(s, len, &n);
+    if (!fixed)
+        return NULL;
+    json_t *j = json_stringn_nocheck(fixed, n);
+    px_free(fixed);
+    return j;
+}
+
+json_t *px_cstr_or_null(const char *s)
+{
+    return s ? px_str(s, strlen(s)) : json_null();
+}
+
+json_t *px_real(double v, double fallback)
+{
+    return json_real(isfinite(v) ? v : fallback);
+}
+
+char *px_dump(json_t *root)
+{
+    if (!root)
+        return NULL;
+    /* 9 significant digits reproduce any float exactly (logprobs are floats). */
+    char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(root);
+    return s;
+}
