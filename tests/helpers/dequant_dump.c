@@ -315,13 +315,30 @@ static int cmd_write_sample(int argc, char **argv)
     rc |= core_gguf_writer_set_float(w, "t.f32", CORE_GGUF_TYPE_FLOAT32, 0.1);
     rc |= core_gguf_writer_set_float(w, "t.f64", CORE_GGUF_TYPE_FLOAT64, 0.1);
     rc |= core_gguf_writer_set_bool(w, "t.bool", 1);
-    rc |= core_gguf_writer_set_str(w, "t.str", "h\xc3\xa9llo \"w\"", 11);
+    rc |= core_gguf_writer_set_str(w, "t.str", "h\xc3\xa9llo \"w\"", 10);
     int32_t ai[3] = {-1, 0, 1};
     rc |= core_gguf_writer_set_arr(w, "t.arr_i32", CORE_GGUF_TYPE_INT32, ai, 3);
     float af[2] = {1.5f, -2.25f};
     rc |= core_gguf_writer_set_arr(w, "t.arr_f32", CORE_GGUF_TYPE_FLOAT32, af, 2);
     const char *as[3] = {"a", "", "\xe4\xb8\xad"};
     rc |= core_gguf_writer_set_arr_str(w, "t.arr_str", as, 3);
+    /* Nested arrays can only be copied from a reader: build a tiny GGUF in
+     * memory holding t.nested = [[1, 2], ["x"]]. */
+    static const uint8_t nested_src[] = {
+        'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, /* header */
+        1, 0, 0, 0, 0, 0, 0, 0, 'n', 9, 0, 0, 0,                                          /* key, ARRAY */
+        9, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,                                               /* of 2 ARRAYs */
+        5, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0,                       /* int32 [1, 2] */
+        8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'x'};                 /* string ["x"] */
+    core_gguf_t *src = NULL;
+    core_gguf_arr_t outer, inner[2];
+    if (core_gguf_open_memory(nested_src, sizeof nested_src, &src, NULL) != 0 ||
+        core_gguf_get_arr(src, "n", &outer, NULL) != 0 || core_gguf_arr_arr(&outer, 0, &inner[0]) != 0 ||
+        core_gguf_arr_arr(&outer, 1, &inner[1]) != 0)
+        rc = 1;
+    else
+        rc |= core_gguf_writer_set_arr(w, "t.nested", CORE_GGUF_TYPE_ARRAY, inner, 2);
+    core_gguf_close(src);
     float f32[2 * 3];
     for (int i = 0; i < 6; i++) f32[i] = (float)i * 0.5f - 1.0f;
     int64_t ne_f32[2] = {3, 2};
