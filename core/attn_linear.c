@@ -1,13 +1,782 @@
-/* core/attn_linear.c — linear (random-feature) attention kinds.
- * Placeholder until the DARKFormer kernels land: every linear kind is refused
- * at construction with a clear error. */
+/* core/attn_linear.c — linear (random-feature) attention: Performer,
+ * DARKFormer and DARKFormer-IS, each optionally hybrid with an exact window.
+ *
+ * The feature maps live in core/features.c; this file keeps the recurrent
+ * state and runs the causal kernels. It knows nothing of the model around it.
+ *
+ * Per layer and KV head a state holds S = Σ_t φ̃(k_t) v_tᵀ [M][Hd] and
+ * z = Σ_t φ̃(k_t) [M] with φ̃(k)_i = exp(a_i(k) − c), where a_i(k) is the
+ * full fp32 feature logit of key k (core_features.h) and c the running
+ * log-scale: c = max of a_i over the keys absorbed so far (−inf while empty).
+ * When a key raises it, S and z are first multiplied by exp(c_old − c_new),
+ * so every stored entry is ≤ (keys absorbed) and nothing overflows whatever
+ * the logits; c is never a max over keys that have not been absorbed.
+ *
+ * Hybrid window W: the query at position τ attends exactly (softmax of
+ * q̂·k̂) to the keys at positions max(0, τ−W+1)..τ, kept in a per-layer ring
+ * buffer of the last W keys/values, and linearly to every older key: the key
+ * at position τ−W is absorbed into (S, z) when token τ arrives. W = 0 is pure
+ * linear attention, where each token's own key is absorbed before its query.
+ *
+ * One normalization for both parts. For a query row with query logits
+ * g_i = ω_i·ŷ + b_i and half norm h = |ŷ|²/2 (true φ_i(q) = exp(g_i − h)):
+ *   true linear numerator  = exp(Lrow) · num,   Lrow = m + C − h,
+ *   true linear denominator = exp(Lrow) · den,
+ * where m = max_i g_i (the per-query shift), C the log-scale the key
+ * features were exponentiated under, num = Σ_i exp(g_i − m)·(S, V terms at
+ * scale C) and den likewise with z. The exact terms are exp(s_j), s_j = q̂·k̂_j.
+ * With the row stabilizer s* = max(Lrow, max_j s_j):
+ *   out = (e^(Lrow−s*)·num + Σ_j e^(s_j−s*) v_j) / (e^(Lrow−s*)·den + Σ_j e^(s_j−s*))
+ * Each sum is finite and the largest exact term is 1 (or the linear scale
+ * factor is 1), so the ratio neither overflows nor loses its denominator. In
+ * pure linear mode exp(Lrow) cancels and out = num/den.
+ *
+ * Chunked prefill: tokens are processed in chunks (default 64). Within a
+ * chunk the keys that enter the linear state get features exp(a − C) with C
+ * = max(c, their logits) — the running scale after the chunk, which is what
+ * token-by-token updates reach at the chunk's end — and the masked product
+ * φ(Q)·φ(K)ᵀ (item u visible to token t iff u ≤ t) gives the intra-chunk
+ * part; the carried state, still at its old scale c, enters with the factor
+ * exp(c − C). Earlier rows thus see their keys at a scale C ≥ their own
+ * running max; this is exact except where entries underflow. The error from
+ * flushed entries is bounded by ~(M·chunk·FLT_MIN) in units where den is
+ * measured, so a row whose den ≥ 2^-60 is accurate to ~1e-15 relative; a row
+ * below that (its query is far from every key's features, or its keys are far
+ * below the chunk's maximum) is recomputed exactly in double in the log
+ * domain from the logits and the unscaled state (slow_row). That guard is
+ * unbiased: it changes how the same sums are evaluated, never what is summed.
+ *
+ * Accumulators: S and z are fp32 by default; core_attn_linear_set_opts can
+ * make new states accumulate in double, to measure drift on long streams.
+ */
 #include "core/attn_impl.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/blas.h"
+#include "core/features.h"
+
+#define LIN_DEFAULT_CHUNK 64
+#define LIN_MAX_CHUNK 4096
+#define LIN_MAX_HEADS 4096
+/* Chunks shrink until one chunk's exact scores [rows][W + chunk] and query
+ * features [rows][M] each fit these many floats. */
+#define LIN_SCORE_BUDGET ((size_t)1 << 22)
+#define LIN_FEATURE_BUDGET ((size_t)1 << 24)
+/* Fast-path denominators below this take the exact log-domain path. */
+#define LIN_DEN_MIN 0x1p-60
+
+typedef struct lin_params {
+    core_features_t *maps; /* [L][Hkv] */
+    int chunk;             /* requested tokens per chunk */
+    int cn;                /* effective tokens per chunk (budget-bounded) */
+    int fp64;              /* accumulator precision of states created next */
+    float *fs;             /* float scratch, layout in lin_scratch_t */
+    double *ds;            /* double scratch */
+} lin_params_t;
+
+typedef struct lin_state {
+    int fp64;
+    size_t blob_bytes;
+    unsigned char *blob; /* everything below, one allocation */
+    double *c;           /* [L][Hkv] running log-scales */
+    void *S;             /* [L][Hkv][M][Hd] float or double */
+    void *z;             /* [L][Hkv][M] float or double */
+    float *ring_k;       /* [L][W][Hkv][Hd], slot = position % W */
+    float *ring_v;       /* [L][W][Hkv][Hd] */
+} lin_state_t;
+
+/* Views into the scratch for one chunk of cn tokens, R = cn·(H/Hkv) query
+ * rows, NI ≤ cn keys entering the state, NK ≤ W + cn window keys. */
+typedef struct lin_scratch {
+    float *qx;  /* [R][Hd] raw query rows */
+    float *qy;  /* [R][Hd] prepared ŷ */
+    float *gd;  /* [R][M] query logits g (no norm term) */
+    float *qp;  /* [R][M] exp(g − m) */
+    float *kx;  /* [NI][Hd] raw keys entering the state */
+    float *ky;  /* [NI][Hd] prepared */
+    float *kd;  /* [NI][M] full key logits a */
+    float *kp;  /* [NI][M] exp(a − C) */
+    float *vi;  /* [NI][Hd] their values */
+    float *pp;  /* [R][NI] masked φ(Q)φ(K)ᵀ */
+    float *num; /* [R][Hd] linear numerators */
+    float *kw;  /* [NK][Hd] window keys */
+    float *vw;  /* [NK][Hd] window values */
+    float *e;   /* [R][NK] exact weights */
+    float *ev;  /* [R][Hd] exact numerators */
+    double *qhn;  /* [R] |ŷ|²/2 of queries */
+    double *khn;  /* [NI] |ŷ|²/2 of keys */
+    double *lrow; /* [R] Lrow, −inf when the row has no linear part */
+    double *den;  /* [R] linear denominators */
+    double *esum; /* [R] exact denominators */
+    double *tmp;  /* [M + NI + Hd] slow path */
+} lin_scratch_t;
+
+typedef struct lin_sizes {
+    size_t nf, nd; /* floats, doubles */
+} lin_sizes_t;
+
+static size_t take(size_t *off, size_t n)
+{
+    size_t o = *off;
+    *off += n;
+    return o;
+}
+
+/* Offsets of every scratch buffer for chunk cn; with bases, also the views. */
+static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *fb, double *db,
+                                  lin_scratch_t *sc)
+{
+    size_t gs = (size_t)(cfg->n_head / cfg->n_head_kv), hd = (size_t)cfg->head_dim;
+    size_t m = (size_t)cfg->n_features, w = (size_t)cfg->window;
+    size_t r = cn * gs, nk = w > 0 ? w + cn : 0;
+    size_t f = 0, d = 0;
+    size_t o_qx = take(&f, r * hd), o_qy = take(&f, r * hd), o_gd = take(&f, r * m);
+    size_t o_qp = take(&f, r * m), o_kx = take(&f, cn * hd), o_ky = take(&f, cn * hd);
+    size_t o_kd = take(&f, cn * m), o_kp = take(&f, cn * m), o_vi = take(&f, cn * hd);
+    size_t o_pp = take(&f, r * cn), o_num = take(&f, r * hd), o_kw = take(&f, nk * hd);
+    size_t o_vw = take(&f, nk * hd), o_e = take(&f, r * nk), o_ev = take(&f, r * hd);
+    size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
+    size_t o_esum = take(&d, r), o_tmp = take(&d, m + cn + hd);
+    if (fb && db && sc) {
+        sc->qx = fb + o_qx;
+        sc->qy = fb + o_qy;
+        sc->gd = fb + o_gd;
+        sc->qp = fb + o_qp;
+        sc->kx = fb + o_kx;
+        sc->ky = fb + o_ky;
+        sc->kd = fb + o_kd;
+        sc->kp = fb + o_kp;
+        sc->vi = fb + o_vi;
+        sc->pp = fb + o_pp;
+        sc->num = fb + o_num;
+        sc->kw = fb + o_kw;
+        sc->vw = fb + o_vw;
+        sc->e = fb + o_e;
+        sc->ev = fb + o_ev;
+        sc->qhn = db + o_qhn;
+        sc->khn = db + o_khn;
+        sc->lrow = db + o_lrow;
+        sc->den = db + o_den;
+        sc->esum = db + o_esum;
+        sc->tmp = db + o_tmp;
+    }
+    return (lin_sizes_t){f, d};
+}
+
+static int effective_chunk(const core_attn_cfg_t *cfg, int chunk)
+{
+    size_t gs = (size_t)(cfg->n_head / cfg->n_head_kv), cn = (size_t)chunk;
+    while (cn > 1 && gs * cn * ((size_t)cfg->window + cn) > LIN_SCORE_BUDGET)
+        cn /= 2;
+    while (cn > 1 && gs * cn * (size_t)cfg->n_features > LIN_FEATURE_BUDGET)
+        cn /= 2;
+    return (int)cn;
+}
+
+static int set_chunk(core_attn_t *a, lin_params_t *lp, int chunk, core_error_t *err)
+{
+    int cn = effective_chunk(&a->cfg, chunk);
+    lin_sizes_t sz = scratch_layout(&a->cfg, (size_t)cn, NULL, NULL, NULL);
+    float *fs = malloc(sz.nf * sizeof *fs);
+    double *ds = malloc(sz.nd * sizeof *ds);
+    if (!fs || !ds) {
+        free(fs);
+        free(ds);
+        return core_error_set(err, CORE_ENOMEM, "out of memory for linear attention scratch "
+                              "(%zu floats, %zu doubles)", sz.nf, sz.nd);
+    }
+    free(lp->fs);
+    free(lp->ds);
+    lp->fs = fs;
+    lp->ds = ds;
+    lp->chunk = chunk;
+    lp->cn = cn;
+    return 0;
+}
+
+static void free_params(lin_params_t *lp, size_t n_maps)
+{
+    if (!lp)
+        return;
+    for (size_t i = 0; lp->maps && i < n_maps; i++)
+        core_features_fini(&lp->maps[i]);
+    free(lp->maps);
+    free(lp->fs);
+    free(lp->ds);
+    free(lp);
+}
 
 static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t *err)
 {
-    (void)adapter;
-    return core_error_set(err, CORE_EUNSUPPORTED, "attention kind '%s' is not implemented yet",
-                          core_attn_kind_name(a->cfg.kind));
+    const core_attn_cfg_t *cfg = &a->cfg;
+    const char *kname = core_attn_kind_name(cfg->kind);
+    if (cfg->n_features < 1 || cfg->n_features > CORE_FEATURES_MAX_FEATURES)
+        return core_error_set(err, CORE_EINVAL, "%s attention needs n_features in [1, %d], got %d",
+                              kname, CORE_FEATURES_MAX_FEATURES, cfg->n_features);
+    if (cfg->head_dim > CORE_FEATURES_MAX_HEAD_DIM || cfg->n_head > LIN_MAX_HEADS)
+        return core_error_set(err, CORE_EINVAL, "%s attention supports head dim <= %d and <= %d "
+                              "heads, got %d and %d", kname, CORE_FEATURES_MAX_HEAD_DIM,
+                              LIN_MAX_HEADS, cfg->head_dim, cfg->n_head);
+    if (cfg->window > CORE_FEATURES_MAX_WINDOW)
+        return core_error_set(err, CORE_EINVAL, "window %d exceeds %d", cfg->window,
+                              CORE_FEATURES_MAX_WINDOW);
+    if (cfg->kind == CORE_ATTN_DARKFORMER && !adapter)
+        return core_error_set(err, CORE_EINVAL, "attention kind 'darkformer' needs an adapter "
+                              "GGUF with tensors darkformer.blk.N.M");
+    if (cfg->kind == CORE_ATTN_DARKFORMER_IS && !adapter)
+        return core_error_set(err, CORE_EINVAL, "attention kind 'darkformer-is' needs an adapter "
+                              "GGUF with tensors darkformer.blk.N.lambda");
+
+    size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    size_t n_maps = (size_t)cfg->n_layer * hkv;
+    int rc;
+    float *mat = NULL;  /* [Hd][Hd] one head's M or Λ */
+    double *isa = NULL; /* [Hd][Hd] Σ*^(1/2) */
+    lin_params_t *lp = calloc(1, sizeof *lp);
+    if (lp)
+        lp->maps = calloc(n_maps, sizeof *lp->maps);
+    mat = malloc(hd * hd * sizeof *mat);
+    isa = malloc(hd * hd * sizeof *isa);
+    if (!lp || !lp->maps || !mat || !isa) {
+        rc = core_error_set(err, CORE_ENOMEM, "out of memory for %s parameters", kname);
+        goto fail;
+    }
+    for (int l = 0; l < cfg->n_layer; l++) {
+        const core_gguf_tensor_t *t = NULL;
+        if (cfg->kind == CORE_ATTN_DARKFORMER || cfg->kind == CORE_ATTN_DARKFORMER_IS) {
+            const char *what = cfg->kind == CORE_ATTN_DARKFORMER ? "M" : "lambda";
+            rc = core_features_adapter_tensor(adapter, what, l, cfg->n_head_kv, cfg->head_dim, &t,
+                                              err);
+            if (rc)
+                goto fail;
+        }
+        for (size_t h = 0; h < hkv; h++) {
+            uint64_t ss = core_features_stream_seed(cfg->seed, l, (int)h);
+            core_features_t *f = &lp->maps[(size_t)l * hkv + h];
+            double logdet = 0.0;
+            if (t)
+                memcpy(mat, (const unsigned char *)t->data + h * hd * hd * sizeof(float),
+                       hd * hd * sizeof(float));
+            if (cfg->kind == CORE_ATTN_DARKFORMER_IS) {
+                rc = core_features_is_proposal(cfg->head_dim, mat, isa, &logdet, NULL, err);
+                if (rc) {
+                    core_error_set(err, rc, "adapter tensor 'darkformer.blk.%d.lambda', KV head "
+                                   "%zu: no IS proposal", l, h);
+                    goto fail;
+                }
+            }
+            rc = core_features_init(f, cfg->kind, cfg->head_dim, cfg->n_features, ss, mat, isa,
+                                    logdet, err);
+            if (rc)
+                goto fail;
+        }
+    }
+    lp->fp64 = 0;
+    rc = set_chunk(a, lp, LIN_DEFAULT_CHUNK, err);
+    if (rc)
+        goto fail;
+    free(mat);
+    free(isa);
+    a->impl = lp;
+    return 0;
+fail:
+    free(mat);
+    free(isa);
+    free_params(lp, n_maps);
+    return rc;
 }
 
-const core_attn_vtbl_t core_attn_linear_vtbl = {.init = linear_init};
+static void linear_fini(core_attn_t *a)
+{
+    free_params(a->impl, (size_t)a->cfg.n_layer * (size_t)a->cfg.n_head_kv);
+    a->impl = NULL;
+}
+
+/* ---- state ---- */
+
+static int mul_ok(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > SIZE_MAX / a)
+        return 0;
+    *out = a * b;
+    return 1;
+}
+
+static void state_clear(lin_state_t *st, const core_attn_cfg_t *cfg)
+{
+    memset(st->blob, 0, st->blob_bytes);
+    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv;
+    for (size_t i = 0; i < nh; i++)
+        st->c[i] = -INFINITY;
+}
+
+static int linear_state_init(core_attn_state_t *s, core_error_t *err)
+{
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    const lin_params_t *lp = s->a->impl;
+    size_t es = lp->fp64 ? sizeof(double) : sizeof(float);
+    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, n_s, n_z, n_ring, b_s, b_z, b_r;
+    if (!mul_ok(nh, (size_t)cfg->n_features, &n_z) ||
+        !mul_ok(n_z, (size_t)cfg->head_dim, &n_s) ||
+        !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->window, &n_ring) ||
+        !mul_ok(n_s, es, &b_s) || !mul_ok(n_z, es, &b_z) ||
+        !mul_ok(n_ring, 2 * sizeof(float), &b_r) || b_s > SIZE_MAX / 4 || b_r > SIZE_MAX / 4)
+        return core_error_set(err, CORE_ERANGE, "linear attention state size overflows");
+    size_t b_c = nh * sizeof(double);
+    lin_state_t *st = calloc(1, sizeof *st);
+    if (!st)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for attention state");
+    st->fp64 = lp->fp64;
+    /* Doubles first so every part stays 8-byte aligned. */
+    st->blob_bytes = b_c + b_s + b_z + b_r;
+    st->blob = malloc(st->blob_bytes ? st->blob_bytes : 1);
+    if (!st->blob) {
+        size_t want = st->blob_bytes;
+        free(st);
+        return core_error_set(err, CORE_ENOMEM, "out of memory for a %zu-byte attention state",
+                              want);
+    }
+    st->c = (double *)(void *)st->blob;
+    st->S = st->blob + b_c;
+    st->z = st->blob + b_c + b_s;
+    st->ring_k = (float *)(void *)(st->blob + b_c + b_s + b_z);
+    st->ring_v = st->ring_k + n_ring;
+    state_clear(st, cfg);
+    s->impl = st;
+    return 0;
+}
+
+static void linear_state_fini(core_attn_state_t *s)
+{
+    lin_state_t *st = s->impl;
+    if (!st)
+        return;
+    free(st->blob);
+    free(st);
+    s->impl = NULL;
+}
+
+static void linear_state_reset(core_attn_state_t *s)
+{
+    state_clear(s->impl, &s->a->cfg);
+}
+
+static int linear_state_copy(core_attn_state_t *dst, const core_attn_state_t *src,
+                             core_error_t *err)
+{
+    lin_state_t *d = dst->impl;
+    const lin_state_t *sr = src->impl;
+    if (d->fp64 != sr->fp64 || d->blob_bytes != sr->blob_bytes)
+        return core_error_set(err, CORE_EMISMATCH,
+                              "attention states differ in accumulator precision");
+    memcpy(d->blob, sr->blob, sr->blob_bytes);
+    return 0;
+}
+
+static size_t linear_state_bytes(const core_attn_state_t *s)
+{
+    const lin_state_t *st = s->impl;
+    return sizeof *s + sizeof *st + st->blob_bytes;
+}
+
+static int linear_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err)
+{
+    /* Constant-size state and chunk-bounded scratch: no context limit. */
+    (void)a;
+    (void)s;
+    (void)n;
+    (void)err;
+    return 0;
+}
+
+/* ---- forward ---- */
+
+typedef struct lin_ctx {
+    const core_features_t *f;
+    lin_scratch_t sc;
+    int64_t p0, hd, m, gs, nq, nkv, h, w; /* nq = H·Hd, nkv = Hkv·Hd row strides */
+    const float *q, *k, *v;
+    float *out;
+    const float *ring_k, *ring_v; /* this layer's [W][Hkv][Hd] */
+    int fp64;
+    float *sf, *zf;   /* this head's S, z (fp32 states) */
+    double *sd, *zd;  /* (fp64 states) */
+    double *c;
+} lin_ctx_t;
+
+/* Key (or value) row of KV head h at absolute position pos: from this
+ * forward's input when pos ≥ p0, else from the ring (which still holds
+ * positions p0−W..p0−1: it is updated only after the whole forward). */
+static const float *kv_row(const lin_ctx_t *x, const float *in, const float *ring, int64_t pos)
+{
+    if (pos >= x->p0)
+        return in + (pos - x->p0) * x->nkv + x->h * x->hd;
+    return ring + ((pos % x->w) * (x->nkv / x->hd) + x->h) * x->hd;
+}
+
+/* Exact log-domain evaluation of one row's linear part (the underflow guard):
+ * every term's log-weight is formed in double from the logits and the state
+ * at its own scale, then one max shift. Sets lrow/den/num for row r. */
+static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int state_on, int64_t ti0, int64_t ni)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t m = x->m, hd = x->hd;
+    const float *g = sc->gd + r * m;
+    double *lw = sc->tmp;          /* [M] state terms, then [NI] item terms */
+    double *acc = sc->tmp + m + ni; /* [Hd] */
+    double top = -INFINITY;
+    for (int64_t i = 0; i < m; i++) {
+        double zi = x->fp64 ? x->zd[i] : (double)x->zf[i];
+        lw[i] = state_on && zi > 0.0 ? (double)g[i] + *x->c + log(zi) : -INFINITY;
+        if (lw[i] > top)
+            top = lw[i];
+    }
+    for (int64_t j = 0; j < ni; j++) {
+        double *lj = &lw[m + j];
+        *lj = -INFINITY;
+        if (ti0 + j > t)
+            continue;
+        const float *a = sc->kd + j * m;
+        double mx = -INFINITY;
+        for (int64_t i = 0; i < m; i++)
+            if ((double)g[i] + a[i] > mx)
+                mx = (double)g[i] + a[i];
+        if (mx == -INFINITY)
+            continue;
+        double s = 0.0;
+        for (int64_t i = 0; i < m; i++)
+            s += exp((double)g[i] + a[i] - mx);
+        *lj = mx + log(s);
+        if (*lj > top)
+            top = *lj;
+    }
+    if (!(top > -INFINITY)) {
+        sc->lrow[r] = -INFINITY;
+        return;
+    }
+    double den = 0.0;
+    for (int64_t c = 0; c < hd; c++)
+        acc[c] = 0.0;
+    for (int64_t i = 0; i < m; i++) {
+        if (lw[i] == -INFINITY)
+            continue;
+        double e = exp(lw[i] - top);
+        den += e;
+        double zi = x->fp64 ? x->zd[i] : (double)x->zf[i];
+        double wgt = e / zi; /* S_i / z_i is a weighted mean of values */
+        for (int64_t c = 0; c < hd; c++)
+            acc[c] += wgt * (x->fp64 ? x->sd[i * hd + c] : (double)x->sf[i * hd + c]);
+    }
+    for (int64_t j = 0; j < ni; j++) {
+        if (lw[m + j] == -INFINITY)
+            continue;
+        double e = exp(lw[m + j] - top);
+        den += e;
+        for (int64_t c = 0; c < hd; c++)
+            acc[c] += e * sc->vi[j * hd + c];
+    }
+    for (int64_t c = 0; c < hd; c++)
+        sc->num[r * hd + c] = (float)acc[c];
+    sc->den[r] = den;
+    sc->lrow[r] = top - sc->qhn[r];
+}
+
+/* Tokens [t0, t1) of this forward, one KV head. */
+static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
+{
+    lin_scratch_t *sc = &x->sc;
+    const core_features_t *f = x->f;
+    int64_t hd = x->hd, m = x->m, gs = x->gs, w = x->w;
+    int64_t nt = t1 - t0, nr = nt * gs;
+
+    /* Keys entering the linear state: token t brings the key at τ−W. */
+    int64_t tfirst = w - x->p0 > 0 ? w - x->p0 : 0;
+    int64_t ti0 = t0 > tfirst ? t0 : tfirst;
+    int64_t ni = t1 > ti0 ? t1 - ti0 : 0;
+    double cc = *x->c;
+    for (int64_t j = 0; j < ni; j++) {
+        int64_t pos = x->p0 + ti0 + j - w;
+        memcpy(sc->kx + j * hd, kv_row(x, x->k, x->ring_k, pos), (size_t)hd * sizeof(float));
+        memcpy(sc->vi + j * hd, kv_row(x, x->v, x->ring_v, pos), (size_t)hd * sizeof(float));
+    }
+    if (ni > 0) {
+        core_features_prepare(f, ni, sc->kx, hd, sc->ky);
+        core_features_logits(f, ni, sc->ky, sc->kd, sc->khn);
+        for (int64_t j = 0; j < ni; j++) {
+            float *a = sc->kd + j * m;
+            for (int64_t i = 0; i < m; i++) {
+                a[i] = (float)((double)a[i] - sc->khn[j]);
+                if (a[i] > cc)
+                    cc = a[i];
+            }
+        }
+    }
+    /* cc == −inf: the state is empty and every new key has zero weight. */
+    int has_items = ni > 0 && cc > -INFINITY;
+    int state_on = *x->c > -INFINITY;
+    double alpha = state_on ? exp(*x->c - cc) : 0.0;
+
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(sc->qx + (t - t0) * gs * hd, x->q + t * x->nq + x->h * gs * hd,
+               (size_t)(gs * hd) * sizeof(float));
+    core_features_prepare(f, nr, sc->qx, hd, sc->qy);
+    core_features_logits(f, nr, sc->qy, sc->gd, sc->qhn);
+    for (int64_t r = 0; r < nr; r++) {
+        const float *g = sc->gd + r * m;
+        float *p = sc->qp + r * m;
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < m; i++)
+            if (g[i] > mx)
+                mx = g[i];
+        sc->lrow[r] = mx;
+        for (int64_t i = 0; i < m; i++)
+            p[i] = mx > -INFINITY ? expf(g[i] - mx) : 0.0f;
+    }
+
+    /* Linear part, fast path: carried state at scale c (factor alpha), chunk keys at cc. */
+    memset(sc->num, 0, (size_t)(nr * hd) * sizeof(float));
+    for (int64_t r = 0; r < nr; r++)
+        sc->den[r] = 0.0;
+    if (state_on) {
+        for (int64_t r = 0; r < nr; r++) {
+            const float *p = sc->qp + r * m;
+            double dz = 0.0;
+            if (x->fp64) {
+                for (int64_t i = 0; i < m; i++)
+                    dz += (double)p[i] * x->zd[i];
+                for (int64_t c = 0; c < hd; c++) {
+                    double s = 0.0;
+                    for (int64_t i = 0; i < m; i++)
+                        s += (double)p[i] * x->sd[i * hd + c];
+                    sc->num[r * hd + c] = (float)(alpha * s);
+                }
+            } else {
+                for (int64_t i = 0; i < m; i++)
+                    dz += (double)p[i] * x->zf[i];
+            }
+            sc->den[r] = alpha * dz;
+        }
+        if (!x->fp64)
+            core_gemm_nn(nr, hd, m, (float)alpha, sc->qp, m, x->sf, hd, 0.0f, sc->num, hd);
+    }
+    if (has_items) {
+        for (int64_t i = 0; i < ni * m; i++)
+            sc->kp[i] = expf(sc->kd[i] - (float)cc);
+        core_gemm_nt(nr, ni, m, 1.0f, sc->qp, m, sc->kp, m, 0.0f, sc->pp, ni);
+        for (int64_t r = 0; r < nr; r++) {
+            int64_t t = t0 + r / gs;
+            float *pr = sc->pp + r * ni;
+            double s = 0.0;
+            for (int64_t j = 0; j < ni; j++) {
+                if (ti0 + j > t)
+                    pr[j] = 0.0f;
+                s += pr[j];
+            }
+            sc->den[r] += s;
+        }
+        core_gemm_nn(nr, hd, ni, 1.0f, sc->pp, ni, sc->vi, hd, 1.0f, sc->num, hd);
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t t = t0 + r / gs;
+        int any = state_on || (has_items && t >= ti0);
+        if (!(sc->lrow[r] > -INFINITY) || !any) {
+            sc->lrow[r] = -INFINITY;
+            continue;
+        }
+        if (sc->den[r] >= LIN_DEN_MIN)
+            sc->lrow[r] = sc->lrow[r] + cc - sc->qhn[r];
+        else
+            slow_row(x, r, t, state_on, ti0, has_items ? ni : 0);
+    }
+
+    /* Output rows: pure linear, or linear + exact window under one stabilizer. */
+    if (w == 0) {
+        for (int64_t r = 0; r < nr; r++) {
+            int64_t t = t0 + r / gs, g = r % gs;
+            float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
+            double inv = sc->lrow[r] > -INFINITY ? 1.0 / sc->den[r] : 0.0;
+            for (int64_t c = 0; c < hd; c++)
+                o[c] = (float)(sc->num[r * hd + c] * inv);
+        }
+    } else {
+        int64_t pw0 = x->p0 + t0 - w + 1 > 0 ? x->p0 + t0 - w + 1 : 0;
+        int64_t nk = x->p0 + t1 - pw0;
+        for (int64_t j = 0; j < nk; j++) {
+            memcpy(sc->kw + j * hd, kv_row(x, x->k, x->ring_k, pw0 + j), (size_t)hd * sizeof(float));
+            memcpy(sc->vw + j * hd, kv_row(x, x->v, x->ring_v, pw0 + j), (size_t)hd * sizeof(float));
+        }
+        core_gemm_nt(nr, nk, hd, (float)(1.0 / sqrt((double)hd)), sc->qx, hd, sc->kw, hd, 0.0f,
+                     sc->e, nk);
+        for (int64_t r = 0; r < nr; r++) {
+            int64_t tau = x->p0 + t0 + r / gs;
+            int64_t lo = (tau - w + 1 > 0 ? tau - w + 1 : 0) - pw0, hi = tau - pw0; /* inclusive */
+            float *er = sc->e + r * nk;
+            double s = sc->lrow[r];
+            for (int64_t j = lo; j <= hi; j++)
+                if (er[j] > s)
+                    s = er[j];
+            double es = 0.0;
+            for (int64_t j = 0; j < nk; j++) {
+                if (j < lo || j > hi) {
+                    er[j] = 0.0f;
+                    continue;
+                }
+                er[j] = (float)exp((double)er[j] - s);
+                es += er[j];
+            }
+            sc->esum[r] = es;
+            /* From here on lrow holds the linear part's factor e^(Lrow − s*). */
+            sc->lrow[r] = sc->lrow[r] > -INFINITY ? exp(sc->lrow[r] - s) : 0.0;
+        }
+        core_gemm_nn(nr, hd, nk, 1.0f, sc->e, nk, sc->vw, hd, 0.0f, sc->ev, hd);
+        for (int64_t r = 0; r < nr; r++) {
+            int64_t t = t0 + r / gs, g = r % gs;
+            float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
+            double wl = sc->lrow[r];
+            double inv = 1.0 / (wl * sc->den[r] + sc->esum[r]);
+            for (int64_t c = 0; c < hd; c++)
+                o[c] = (float)((wl * sc->num[r * hd + c] + sc->ev[r * hd + c]) * inv);
+        }
+    }
+
+    /* Absorb this chunk's keys: rescale to cc, then add. */
+    if (has_items) {
+        if (x->fp64) {
+            for (int64_t i = 0; i < m; i++) {
+                double zi = state_on ? x->zd[i] * alpha : 0.0;
+                double *si = x->sd + i * hd;
+                for (int64_t c = 0; c < hd; c++)
+                    si[c] = state_on ? si[c] * alpha : 0.0;
+                for (int64_t j = 0; j < ni; j++) {
+                    double kv = sc->kp[j * m + i];
+                    zi += kv;
+                    for (int64_t c = 0; c < hd; c++)
+                        si[c] += kv * sc->vi[j * hd + c];
+                }
+                x->zd[i] = zi;
+            }
+        } else {
+            if (state_on && alpha != 1.0) {
+                float fa = (float)alpha;
+                for (int64_t i = 0; i < m * hd; i++)
+                    x->sf[i] *= fa;
+                for (int64_t i = 0; i < m; i++)
+                    x->zf[i] *= fa;
+            }
+            core_gemm_tn(m, hd, ni, 1.0f, sc->kp, m, sc->vi, hd, state_on ? 1.0f : 0.0f, x->sf,
+                         hd);
+            for (int64_t i = 0; i < m; i++) {
+                double s = 0.0;
+                for (int64_t j = 0; j < ni; j++)
+                    s += sc->kp[j * m + i];
+                x->zf[i] = (state_on ? x->zf[i] : 0.0f) + (float)s;
+            }
+        }
+        *x->c = cc;
+    }
+}
+
+static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n,
+                          const float *q, const float *k, const float *v, float *out,
+                          core_error_t *err)
+{
+    (void)err;
+    const core_attn_cfg_t *cfg = &a->cfg;
+    lin_params_t *lp = a->impl;
+    lin_state_t *st = s->impl;
+    int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, m = cfg->n_features, w = cfg->window;
+    lin_ctx_t x = {0};
+    scratch_layout(cfg, (size_t)lp->cn, lp->fs, lp->ds, &x.sc);
+    x.p0 = s->pos;
+    x.hd = hd;
+    x.m = m;
+    x.gs = cfg->n_head / cfg->n_head_kv;
+    x.nq = (int64_t)cfg->n_head * hd;
+    x.nkv = hkv * hd;
+    x.w = w;
+    x.q = q;
+    x.k = k;
+    x.v = v;
+    x.out = out;
+    x.ring_k = st->ring_k + (int64_t)layer * w * hkv * hd;
+    x.ring_v = st->ring_v + (int64_t)layer * w * hkv * hd;
+    x.fp64 = st->fp64;
+    for (int64_t h = 0; h < hkv; h++) {
+        size_t idx = (size_t)layer * (size_t)hkv + (size_t)h;
+        x.h = h;
+        x.f = &lp->maps[idx];
+        x.c = &st->c[idx];
+        if (st->fp64) {
+            x.sd = (double *)st->S + idx * (size_t)(m * hd);
+            x.zd = (double *)st->z + idx * (size_t)m;
+        } else {
+            x.sf = (float *)st->S + idx * (size_t)(m * hd);
+            x.zf = (float *)st->z + idx * (size_t)m;
+        }
+        for (int64_t t0 = 0; t0 < n; t0 += lp->cn)
+            chunk_forward(&x, t0, t0 + lp->cn < n ? t0 + lp->cn : n);
+    }
+    /* Only now may the ring forget positions p0−W..: every chunk above read them. */
+    if (w > 0) {
+        for (int64_t t = n - w > 0 ? n - w : 0; t < n; t++) {
+            int64_t slot = (s->pos + t) % w;
+            float *rk = st->ring_k + ((int64_t)layer * w + slot) * hkv * hd;
+            float *rv = st->ring_v + ((int64_t)layer * w + slot) * hkv * hd;
+            memcpy(rk, k + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
+            memcpy(rv, v + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+const core_attn_vtbl_t core_attn_linear_vtbl = {
+    .init = linear_init,
+    .fini = linear_fini,
+    .state_init = linear_state_init,
+    .state_fini = linear_state_fini,
+    .state_reset = linear_state_reset,
+    .state_copy = linear_state_copy,
+    .state_bytes = linear_state_bytes,
+    .reserve = linear_reserve,
+    .forward = linear_forward,
+};
+
+/* ---- tuning and inspection (core/features.h) ---- */
+
+int core_attn_linear_set_opts(core_attn_t *a, const core_attn_linear_opts_t *o, core_error_t *err)
+{
+    if (!a || a->vt != &core_attn_linear_vtbl)
+        return core_error_set(err, CORE_EINVAL, "not a linear attention configuration");
+    if (o->chunk < 1 || o->chunk > LIN_MAX_CHUNK || (o->fp64_state != 0 && o->fp64_state != 1))
+        return core_error_set(err, CORE_EINVAL, "chunk %d not in [1, %d] or fp64_state %d not 0/1",
+                              o->chunk, LIN_MAX_CHUNK, o->fp64_state);
+    lin_params_t *lp = a->impl;
+    int rc = set_chunk(a, lp, o->chunk, err);
+    if (rc)
+        return rc;
+    lp->fp64 = o->fp64_state;
+    return 0;
+}
+
+const core_features_t *core_attn_linear_features(const core_attn_t *a, int layer, int kv_head)
+{
+    if (!a || a->vt != &core_attn_linear_vtbl || layer < 0 || layer >= a->cfg.n_layer ||
+        kv_head < 0 || kv_head >= a->cfg.n_head_kv)
+        return NULL;
+    const lin_params_t *lp = a->impl;
+    return &lp->maps[(size_t)layer * (size_t)a->cfg.n_head_kv + (size_t)kv_head];
+}
+
+int core_attn_linear_state_scale(const core_attn_state_t *s, int layer, int kv_head, double *c)
+{
+    if (!s || s->a->vt != &core_attn_linear_vtbl || layer < 0 || layer >= s->a->cfg.n_layer ||
+        kv_head < 0 || kv_head >= s->a->cfg.n_head_kv)
+        return CORE_EINVAL;
+    const lin_state_t *st = s->impl;
+    *c = st->c[(size_t)layer * (size_t)s->a->cfg.n_head_kv + (size_t)kv_head];
+    return 0;
+}

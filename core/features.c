@@ -1,0 +1,464 @@
+/* core/features.c — random-feature draws, the three feature maps, and the
+ * DARKFormer adapter GGUF (keys and per-layer tensors).
+ *
+ * Draws and proposals are computed in double and rounded once to the fp32
+ * parameters the kernels use; core_features_phi recomputes φ in double from
+ * those fp32 parameters without BLAS, so it serves as an oracle for the
+ * kernels' fp32 path.
+ */
+#include "core/features.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/blas.h"
+#include "core/linalg.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t core_features_stream_seed(uint64_t seed, int layer, int kv_head)
+{
+    uint64_t x = mix64(seed + 0x9e3779b97f4a7c15ULL);
+    x = mix64(x ^ (0x6a09e667f3bcc909ULL * ((uint64_t)(uint32_t)layer + 1)));
+    x = mix64(x ^ (0xbb67ae8584caa73bULL * ((uint64_t)(uint32_t)kv_head + 1)));
+    return x;
+}
+
+static int check_dims(int hd, int m, core_error_t *err)
+{
+    if (hd < 1 || hd > CORE_FEATURES_MAX_HEAD_DIM)
+        return core_error_set(err, CORE_EINVAL, "head dim %d not in [1, %d]", hd,
+                              CORE_FEATURES_MAX_HEAD_DIM);
+    if (m < 1 || m > CORE_FEATURES_MAX_FEATURES)
+        return core_error_set(err, CORE_EINVAL, "feature count %d not in [1, %d]", m,
+                              CORE_FEATURES_MAX_FEATURES);
+    return 0;
+}
+
+int core_features_draw(uint64_t stream_seed, int hd, int m, double *eps, core_error_t *err)
+{
+    int rc = check_dims(hd, m, err);
+    if (rc)
+        return rc;
+    size_t n = (size_t)hd;
+    double *g = malloc(n * n * sizeof *g);  /* [Hd][Hd] Gaussian block, then R */
+    double *q = malloc(n * n * sizeof *q);  /* [Hd][Hd] its Q */
+    double *s = malloc(n * sizeof *s);      /* [Hd] chi(Hd) row norms */
+    if (!g || !q || !s) {
+        rc = core_error_set(err, CORE_ENOMEM, "out of memory for feature draws");
+        goto fail;
+    }
+    core_rng_t r;
+    core_rng_seed(&r, stream_seed);
+    for (size_t row0 = 0; row0 < (size_t)m; row0 += n) {
+        for (size_t i = 0; i < n * n; i++)
+            g[i] = core_rng_normal(&r);
+        for (size_t j = 0; j < n; j++) {
+            double ss = 0.0;
+            for (size_t t = 0; t < n; t++) {
+                double x = core_rng_normal(&r);
+                ss += x * x;
+            }
+            s[j] = sqrt(ss);
+        }
+        rc = core_linalg_qr(hd, g, q);
+        if (rc) {
+            core_error_set(err, rc, "QR of a feature block failed");
+            goto fail;
+        }
+        size_t rows = (size_t)m - row0 < n ? (size_t)m - row0 : n;
+        for (size_t j = 0; j < rows; j++) {
+            /* Sign fix Q·sign(diag R): makes the factorization unique and Q
+             * Haar-distributed (plain Householder Q is not). */
+            double sg = g[j * n + j] < 0.0 ? -1.0 : 1.0;
+            for (size_t c = 0; c < n; c++)
+                eps[(row0 + j) * n + c] = s[j] * sg * q[c * n + j];
+        }
+    }
+    rc = 0;
+fail:
+    free(g);
+    free(q);
+    free(s);
+    return rc;
+}
+
+int core_features_is_proposal(int hd, const float *lambda, double *a, double *logdet,
+                              int *n_clamped, core_error_t *err)
+{
+    int rc = check_dims(hd, 1, err);
+    if (rc)
+        return rc;
+    size_t n = (size_t)hd;
+    double *l = malloc(n * n * sizeof *l); /* [Hd][Hd] Λ, then destroyed */
+    double *u = malloc(n * n * sizeof *u); /* [Hd][Hd] eigenvectors (columns) */
+    double *w = malloc(n * sizeof *w);     /* [Hd] eigenvalues */
+    if (!l || !u || !w) {
+        rc = core_error_set(err, CORE_ENOMEM, "out of memory for the IS proposal");
+        goto fail;
+    }
+    for (size_t i = 0; i < n * n; i++) {
+        if (!isfinite(lambda[i])) {
+            rc = core_error_set(err, CORE_EINVAL, "lambda[%zu][%zu] is not finite", i / n, i % n);
+            goto fail;
+        }
+        l[i] = lambda[i];
+    }
+    rc = core_linalg_eigh(hd, l, w, u);
+    if (rc) {
+        core_error_set(err, CORE_EINVAL, "eigendecomposition of lambda did not converge");
+        goto fail;
+    }
+    int clamped = 0;
+    double ld = 0.0;
+    for (size_t j = 0; j < n; j++) {
+        double lam = w[j];
+        if (lam < 0.0 || lam > CORE_FEATURES_LAMBDA_MAX) {
+            lam = lam < 0.0 ? 0.0 : CORE_FEATURES_LAMBDA_MAX;
+            clamped++;
+        }
+        double sig = (1.0 + 2.0 * lam) / (1.0 - 2.0 * lam); /* eigenvalue of Σ* */
+        ld += log(sig);
+        w[j] = sqrt(sig);
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            double acc = 0.0;
+            for (size_t k = 0; k < n; k++)
+                acc += u[i * n + k] * w[k] * u[j * n + k];
+            a[i * n + j] = acc;
+        }
+    *logdet = ld;
+    if (n_clamped)
+        *n_clamped = clamped;
+    rc = 0;
+fail:
+    free(l);
+    free(u);
+    free(w);
+    return rc;
+}
+
+void core_features_fini(core_features_t *f)
+{
+    if (!f)
+        return;
+    free(f->omega);
+    free(f->bias);
+    free(f->mat);
+    memset(f, 0, sizeof *f);
+}
+
+int core_features_init(core_features_t *f, core_attn_kind_t kind, int hd, int m,
+                       uint64_t stream_seed, const float *mat, const double *is_a,
+                       double is_logdet, core_error_t *err)
+{
+    memset(f, 0, sizeof *f);
+    int rc = check_dims(hd, m, err);
+    if (rc)
+        return rc;
+    if (kind != CORE_ATTN_PERFORMER && kind != CORE_ATTN_DARKFORMER &&
+        kind != CORE_ATTN_DARKFORMER_IS)
+        return core_error_set(err, CORE_EINVAL, "attention kind '%s' has no feature map",
+                              core_attn_kind_name(kind));
+    if (kind == CORE_ATTN_DARKFORMER && !mat)
+        return core_error_set(err, CORE_EINVAL, "darkformer feature map needs its matrix M");
+    if (kind == CORE_ATTN_DARKFORMER_IS && (!is_a || !isfinite(is_logdet)))
+        return core_error_set(err, CORE_EINVAL, "darkformer-is feature map needs its proposal");
+    size_t n = (size_t)hd, mm = (size_t)m;
+    double *eps = malloc(mm * n * sizeof *eps); /* [M][Hd] */
+    f->omega = malloc(mm * n * sizeof *f->omega);
+    f->bias = malloc(mm * sizeof *f->bias);
+    if (kind == CORE_ATTN_DARKFORMER)
+        f->mat = malloc(n * n * sizeof *f->mat);
+    if (!eps || !f->omega || !f->bias || (kind == CORE_ATTN_DARKFORMER && !f->mat)) {
+        rc = core_error_set(err, CORE_ENOMEM, "out of memory for a feature map");
+        goto fail;
+    }
+    if (f->mat) {
+        for (size_t i = 0; i < n * n; i++) {
+            if (!isfinite(mat[i])) {
+                rc = core_error_set(err, CORE_EINVAL, "M[%zu][%zu] is not finite", i / n, i % n);
+                goto fail;
+            }
+            f->mat[i] = mat[i];
+        }
+    }
+    rc = core_features_draw(stream_seed, hd, m, eps, err);
+    if (rc)
+        goto fail;
+    double log_m = log((double)m);
+    for (size_t i = 0; i < mm; i++) {
+        const double *e = eps + i * n;
+        double b = 0.0;
+        if (kind == CORE_ATTN_DARKFORMER_IS) {
+            /* ω = A ε ~ N(0, Σ*); √w = exp(¼ log|Σ*| − ¼|ω|² + ¼|ε|²). */
+            double w2 = 0.0, e2 = 0.0;
+            for (size_t r = 0; r < n; r++) {
+                double acc = 0.0;
+                for (size_t c = 0; c < n; c++)
+                    acc += is_a[r * n + c] * e[c];
+                f->omega[i * n + r] = (float)acc;
+                w2 += acc * acc;
+                e2 += e[r] * e[r];
+            }
+            b = 0.25 * is_logdet - 0.25 * w2 + 0.25 * e2;
+        } else {
+            for (size_t r = 0; r < n; r++)
+                f->omega[i * n + r] = (float)e[r];
+        }
+        f->bias[i] = (float)(b - 0.5 * log_m);
+    }
+    free(eps);
+    f->kind = kind;
+    f->head_dim = hd;
+    f->n_features = m;
+    return 0;
+fail:
+    free(eps);
+    core_features_fini(f);
+    return rc;
+}
+
+void core_features_prepare(const core_features_t *f, int64_t n, const float *x, int64_t ldx,
+                           float *y)
+{
+    int64_t hd = f->head_dim;
+    float scale = (float)pow((double)hd, -0.25);
+    if (f->mat) {
+        /* y = x·Matᵀ first, then the same scaling as the other kinds, so that
+         * Mat = I gives bit-identical ŷ (the GEMM sums x_c·1 and exact zeros). */
+        core_gemm_nt(n, hd, hd, 1.0f, x, ldx, f->mat, hd, 0.0f, y, hd);
+        for (int64_t i = 0; i < n * hd; i++)
+            y[i] *= scale;
+    } else {
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t c = 0; c < hd; c++)
+                y[r * hd + c] = x[r * ldx + c] * scale;
+    }
+}
+
+void core_features_logits(const core_features_t *f, int64_t n, const float *y, float *dots,
+                          double *half_norm)
+{
+    int64_t hd = f->head_dim, m = f->n_features;
+    core_gemm_nt(n, m, hd, 1.0f, y, hd, f->omega, hd, 0.0f, dots, m);
+    for (int64_t r = 0; r < n; r++) {
+        float *d = dots + r * m;
+        for (int64_t i = 0; i < m; i++)
+            d[i] += f->bias[i];
+        double ss = 0.0;
+        for (int64_t c = 0; c < hd; c++)
+            ss += (double)y[r * hd + c] * y[r * hd + c];
+        half_norm[r] = 0.5 * ss;
+    }
+}
+
+void core_features_phi(const core_features_t *f, int64_t n, const float *x, int64_t ldx,
+                       double *phi)
+{
+    size_t hd = (size_t)f->head_dim, m = (size_t)f->n_features;
+    double scale = pow((double)hd, -0.25);
+    double xh[CORE_FEATURES_MAX_HEAD_DIM], y[CORE_FEATURES_MAX_HEAD_DIM];
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * ldx;
+        for (size_t c = 0; c < hd; c++)
+            xh[c] = (double)xr[c] * scale;
+        double n2 = 0.0;
+        for (size_t i = 0; i < hd; i++) {
+            if (f->mat) {
+                double acc = 0.0;
+                for (size_t c = 0; c < hd; c++)
+                    acc += (double)f->mat[i * hd + c] * xh[c];
+                y[i] = acc;
+            } else {
+                y[i] = xh[i];
+            }
+            n2 += y[i] * y[i];
+        }
+        for (size_t i = 0; i < m; i++) {
+            double acc = 0.0;
+            for (size_t c = 0; c < hd; c++)
+                acc += (double)f->omega[i * hd + c] * y[c];
+            phi[(size_t)r * m + i] = exp(acc - 0.5 * n2 + (double)f->bias[i]);
+        }
+    }
+}
+
+/* ---- adapter ---- */
+
+static int adapter_int(const core_gguf_t *g, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                       int *found, core_error_t *err)
+{
+    *found = 0;
+    if (core_gguf_find_key(g, key) < 0)
+        return 0;
+    int64_t v;
+    int rc = core_gguf_get_int(g, key, &v, err);
+    if (rc)
+        return core_error_set(err, CORE_EFORMAT, "adapter key '%s': not an integer (%s)", key,
+                              core_strerror(rc));
+    if (v < lo || v > hi)
+        return core_error_set(err, CORE_EFORMAT, "adapter key '%s': %" PRId64 " not in [%" PRId64
+                              ", %" PRId64 "]", key, v, lo, hi);
+    *out = v;
+    *found = 1;
+    return 0;
+}
+
+static int adapter_str(const core_gguf_t *g, const char *key, char *buf, size_t cap, int *found,
+                       core_error_t *err)
+{
+    *found = 0;
+    if (core_gguf_find_key(g, key) < 0)
+        return 0;
+    core_gguf_str_t s;
+    int rc = core_gguf_get_str(g, key, &s, err);
+    if (rc)
+        return core_error_set(err, CORE_EFORMAT, "adapter key '%s': not a string (%s)", key,
+                              core_strerror(rc));
+    if (s.len >= cap || memchr(s.ptr, 0, (size_t)s.len))
+        return core_error_set(err, CORE_EFORMAT,
+                              "adapter key '%s': longer than %zu bytes or contains NUL", key,
+                              cap - 1);
+    memcpy(buf, s.ptr, (size_t)s.len);
+    buf[s.len] = '\0';
+    *found = 1;
+    return 0;
+}
+
+int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_t *info,
+                               core_error_t *err)
+{
+    int found, rc;
+    int64_t v;
+    char kind[32];
+    if ((rc = adapter_str(g, "darkformer.kind", kind, sizeof kind, &found, err)))
+        return rc;
+    if (found && core_attn_kind_parse(kind, &info->kind) != 0)
+        return core_error_set(err, CORE_EFORMAT, "adapter key 'darkformer.kind': unknown kind '%s'",
+                              kind);
+    if ((rc = adapter_int(g, "darkformer.n_features", 1, CORE_FEATURES_MAX_FEATURES, &v, &found,
+                          err)))
+        return rc;
+    if (found)
+        info->n_features = (int)v;
+    if ((rc = adapter_int(g, "darkformer.window", 0, CORE_FEATURES_MAX_WINDOW, &v, &found, err)))
+        return rc;
+    if (found)
+        info->window = (int)v;
+    if ((rc = adapter_int(g, "darkformer.seed", 0, INT64_MAX, &v, &found, err)))
+        return rc;
+    if (found)
+        info->seed = (uint64_t)v;
+    char fp[sizeof info->base_fingerprint];
+    if ((rc = adapter_str(g, "darkformer.base_fingerprint", fp, sizeof fp, &found, err)))
+        return rc;
+    if (found)
+        memcpy(info->base_fingerprint, fp, sizeof fp);
+    return 0;
+}
+
+int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
+                                 int head_dim, const core_gguf_tensor_t **out, core_error_t *err)
+{
+    char name[96];
+    snprintf(name, sizeof name, "darkformer.blk.%d.%s", layer, what);
+    *out = NULL;
+    const core_gguf_tensor_t *t = core_gguf_find_tensor(g, name);
+    if (!t)
+        return core_error_set(err, CORE_ENOTFOUND, "adapter tensor '%s' is missing", name);
+    if (t->type != CORE_TTYPE_F32)
+        return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has type %s, expected F32",
+                              name, core_ttype_name(t->type));
+    if (t->n_dims > 3 || t->ne[0] != head_dim || t->ne[1] != head_dim || t->ne[2] != n_head_kv ||
+        t->ne[3] != 1)
+        return core_error_set(err, CORE_EFORMAT,
+                              "adapter tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64
+                              ", %" PRId64 "], expected [%d, %d, %d] (Hd, Hd, Hkv)",
+                              name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], head_dim, head_dim,
+                              n_head_kv);
+    size_t count = (size_t)n_head_kv * (size_t)head_dim * (size_t)head_dim;
+    if (t->nbytes != count * sizeof(float) || !t->data)
+        return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has %zu bytes, expected %zu",
+                              name, t->nbytes, count * sizeof(float));
+    const unsigned char *p = t->data;
+    for (size_t i = 0; i < count; i++) {
+        float x;
+        memcpy(&x, p + i * sizeof x, sizeof x);
+        if (!isfinite(x))
+            return core_error_set(err, CORE_EFORMAT,
+                                  "adapter tensor '%s': element %zu is not finite", name, i);
+    }
+    *out = t;
+    return 0;
+}
+
+int core_features_adapter_write(const core_features_adapter_desc_t *d, const char *path,
+                                core_error_t *err)
+{
+    if (d->n_layer < 1 || d->n_head_kv < 1 || d->head_dim < 1 ||
+        d->head_dim > CORE_FEATURES_MAX_HEAD_DIM || d->n_features < 1 ||
+        d->n_features > CORE_FEATURES_MAX_FEATURES || d->window < 0 ||
+        d->window > CORE_FEATURES_MAX_WINDOW || d->seed > (uint64_t)INT64_MAX)
+        return core_error_set(err, CORE_EINVAL, "adapter description out of range");
+    core_gguf_writer_t *w = core_gguf_writer_new(0);
+    if (!w)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for the adapter writer");
+    const char *kind = core_attn_kind_name(d->kind);
+    const char *fp = d->base_fingerprint ? d->base_fingerprint : "";
+    int rc = core_gguf_writer_set_str(w, "general.architecture", "darkformer-adapter", 18);
+    if (!rc)
+        rc = core_gguf_writer_set_str(w, "darkformer.kind", kind, strlen(kind));
+    if (!rc)
+        rc = core_gguf_writer_set_int(w, "darkformer.n_features", CORE_GGUF_TYPE_UINT32,
+                                      d->n_features);
+    if (!rc)
+        rc = core_gguf_writer_set_int(w, "darkformer.window", CORE_GGUF_TYPE_UINT32, d->window);
+    if (!rc)
+        rc = core_gguf_writer_set_int(w, "darkformer.seed", CORE_GGUF_TYPE_UINT64,
+                                      (int64_t)d->seed);
+    if (!rc)
+        rc = core_gguf_writer_set_str(w, "darkformer.base_fingerprint", fp, strlen(fp));
+    if (rc) {
+        core_error_set(err, rc, "writing adapter keys failed");
+        goto done;
+    }
+    size_t per = (size_t)d->n_head_kv * (size_t)d->head_dim * (size_t)d->head_dim;
+    int64_t ne[3] = {d->head_dim, d->head_dim, d->n_head_kv};
+    for (int l = 0; l < d->n_layer; l++) {
+        char name[96];
+        if (d->mat) {
+            snprintf(name, sizeof name, "darkformer.blk.%d.M", l);
+            rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, 3, ne, d->mat + (size_t)l * per,
+                                             per * sizeof(float));
+            if (rc) {
+                core_error_set(err, rc, "adding adapter tensor '%s' failed", name);
+                goto done;
+            }
+        }
+        if (d->lambda) {
+            snprintf(name, sizeof name, "darkformer.blk.%d.lambda", l);
+            rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, 3, ne,
+                                             d->lambda + (size_t)l * per, per * sizeof(float));
+            if (rc) {
+                core_error_set(err, rc, "adding adapter tensor '%s' failed", name);
+                goto done;
+            }
+        }
+    }
+    rc = core_gguf_writer_write(w, path, err);
+done:
+    core_gguf_writer_free(w);
+    return rc;
+}

@@ -1,0 +1,158 @@
+/* core/features.h — positive random features for linear attention.
+ *
+ * The feature maps of DESIGN.md §3 for one (layer, KV head), their random
+ * draws, the DARKFormer adapter GGUF that carries the learned parameters
+ * (docs/ADAPTER.md), and the tuning knobs of the linear attention kernels
+ * (core/attn_linear.c). Used by the attention kernels and by offline tools
+ * (conversion, calibration), so nothing here depends on a loaded model.
+ *
+ * Notation: Hd head dim, M features, x̂ = x·Hd^(-1/4) so exp(q̂·k̂) = exp(q·k/√Hd).
+ *   Performer      ŷ = x̂,      φ_i = exp(ω_i·ŷ − |ŷ|²/2) / √M
+ *   DARKFormer     ŷ = Mat·x̂,  same φ          (kernel exp(q̂ᵀΣk̂), Σ = MatᵀMat)
+ *   DARKFormer-IS  ŷ = x̂,      ω_i = A ε_i with A = Σ*^(1/2), and each feature
+ *                  times √w_i, w_i = N(ω_i;0,I)/N(ω_i;0,Σ*)
+ *                  = |Σ*|^(1/2) exp(−|ω_i|²/2 + |ε_i|²/2)   (kernel exp(q̂·k̂))
+ * In every kind φ_i(x) = exp(ω_i·ŷ − |ŷ|²/2 + b_i) with a per-feature log
+ * weight b_i = −½ log M (+ ½ log w_i for IS), which is how they are stored.
+ *
+ * ε are block-orthogonal standard draws: per block of Hd rows, an Hd×Hd
+ * matrix G of N(0,1) (row-major, drawn in order), its QR with the sign fix
+ * Q·sign(diag R) (Haar-distributed Q), then Hd norms s_j = |g_j| of fresh
+ * N(0, I_Hd) vectors (chi(Hd) law); ε_{b·Hd+j} = s_j · (column j of Q).
+ * Blocks are stacked until M rows (the last one truncated). Each ε_i alone is
+ * exactly N(0, I), so every estimator stays unbiased.
+ */
+#ifndef DARKSERVE_CORE_FEATURES_H
+#define DARKSERVE_CORE_FEATURES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/attn.h"
+#include "core/err.h"
+#include "core/gguf.h"
+
+/* Eigenvalues of Λ are clamped into [0, CORE_FEATURES_LAMBDA_MAX] before
+ * Σ* = (I+2Λ)(I−2Λ)⁻¹ is formed: Σ* exists only below 1/2 (0.49 gives
+ * Σ* eigenvalues ≤ 99), and a covariance has no negative eigenvalues (any
+ * are estimation noise); with Σ* ⪰ I the IS weights are bounded by |Σ*|^(1/2). */
+#define CORE_FEATURES_LAMBDA_MAX 0.49
+#define CORE_FEATURES_MAX_HEAD_DIM 1024
+#define CORE_FEATURES_MAX_FEATURES 65536
+#define CORE_FEATURES_MAX_WINDOW (1 << 20)
+
+/* ---- draws ---- */
+
+/* Seed of the feature stream of one (layer, KV head) under a model-level
+ * seed: a splitmix64-style mix, so every (layer, KV head) has its own,
+ * deterministic draw. */
+uint64_t core_features_stream_seed(uint64_t seed, int layer, int kv_head);
+
+/* Block-orthogonal standard draws (see above) from a stream seed.
+ * eps (out, caller-owned): [m][hd]. Returns 0, CORE_EINVAL, CORE_ENOMEM. */
+int core_features_draw(uint64_t stream_seed, int hd, int m, double *eps, core_error_t *err);
+
+/* The DARKFormer-IS proposal from Λ: A = Σ*^(1/2) (symmetric) and log|Σ*|.
+ * lambda (borrowed): [hd][hd], symmetrized as (Λ+Λᵀ)/2. a (out): [hd][hd].
+ * *n_clamped (may be NULL) = eigenvalues that were clamped.
+ * Returns 0, CORE_EINVAL (non-finite Λ), CORE_ENOMEM. */
+int core_features_is_proposal(int hd, const float *lambda, double *a, double *logdet,
+                              int *n_clamped, core_error_t *err);
+
+/* ---- one feature map ---- */
+
+typedef struct core_features {
+    core_attn_kind_t kind; /* PERFORMER, DARKFORMER or DARKFORMER_IS */
+    int head_dim;          /* Hd */
+    int n_features;        /* M */
+    float *omega;          /* [M][Hd] ω (for IS already A·ε), owned */
+    float *bias;           /* [M] b_i, owned */
+    float *mat;            /* [Hd][Hd] DARKFormer's Mat (ŷ_r = Σ_c Mat[r][c] x̂_c), owned; NULL otherwise */
+} core_features_t;
+
+/* Builds the map of one (layer, KV head) into *f (caller-owned struct, its
+ * arrays new; release with core_features_fini).
+ *   PERFORMER      mat, is_a ignored.
+ *   DARKFORMER     mat (borrowed, [hd][hd], finite) required.
+ *   DARKFORMER_IS  is_a / is_logdet from core_features_is_proposal required.
+ * Identical stream_seed -> identical ε in every kind, so DARKFormer with
+ * Mat = I and IS with Λ = 0 reproduce Performer bit for bit.
+ * Returns 0, CORE_EINVAL, CORE_ENOMEM; *f is zeroed on failure. */
+int core_features_init(core_features_t *f, core_attn_kind_t kind, int hd, int m,
+                       uint64_t stream_seed, const float *mat, const double *is_a,
+                       double is_logdet, core_error_t *err);
+void core_features_fini(core_features_t *f); /* zeroed or NULL is a no-op */
+
+/* ŷ of n raw vectors (Hd^(-1/4) scaling, then Mat for DARKFormer).
+ * x (borrowed): n rows of Hd floats, row stride ldx. y (out): [n][Hd]. */
+void core_features_prepare(const core_features_t *f, int64_t n, const float *x, int64_t ldx,
+                           float *y);
+
+/* Feature logits of prepared rows, fp32, split as the kernels need them:
+ * dots (out): [n][M] = ω_i·ŷ + b_i; half_norm (out): [n] = |ŷ|²/2 (accumulated
+ * in double). The full logit is dots − half_norm. */
+void core_features_logits(const core_features_t *f, int64_t n, const float *y, float *dots,
+                          double *half_norm);
+
+/* φ of n raw vectors, computed independently of the fp32 kernels in double
+ * (for tools and oracles): phi (out): [n][M] = exp(ω_i·ŷ − |ŷ|²/2 + b_i).
+ * x (borrowed): n rows, stride ldx. May overflow to inf for absurd inputs. */
+void core_features_phi(const core_features_t *f, int64_t n, const float *x, int64_t ldx,
+                       double *phi);
+
+/* ---- the adapter GGUF (docs/ADAPTER.md) ---- */
+
+/* Attention settings an adapter carries. fingerprint: NUL-terminated, ""
+ * when absent. Keys that are absent leave the fields of *cfg untouched. */
+typedef struct core_features_adapter_info {
+    core_attn_kind_t kind;
+    int n_features;
+    int window;
+    uint64_t seed;
+    char base_fingerprint[128];
+} core_features_adapter_info_t;
+
+/* Reads darkformer.* keys from g (borrowed) into *info (fields of absent
+ * keys are left as the caller set them). Wrong types or values out of range
+ * are CORE_EFORMAT naming the key. */
+int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_t *info,
+                               core_error_t *err);
+
+/* Validated per-layer tensor "darkformer.blk.<layer>.<what>" (what = "M" or
+ * "lambda"): F32, shape ne = [Hd, Hd, Hkv], finite values. *out is borrowed
+ * from g; its data is [Hkv][Hd][Hd] (not necessarily 4-byte aligned: copy
+ * with memcpy). CORE_ENOTFOUND / CORE_EFORMAT with the tensor's name. */
+int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
+                                 int head_dim, const core_gguf_tensor_t **out, core_error_t *err);
+
+typedef struct core_features_adapter_desc {
+    core_attn_kind_t kind;
+    int n_layer, n_head_kv, head_dim; /* L, Hkv, Hd */
+    int n_features, window;
+    uint64_t seed;                    /* < 2^63 */
+    const char *base_fingerprint;     /* borrowed, may be NULL */
+    const float *mat;                 /* borrowed [L][Hkv][Hd][Hd] or NULL */
+    const float *lambda;              /* borrowed [L][Hkv][Hd][Hd] or NULL */
+} core_features_adapter_desc_t;
+
+/* Writes an adapter GGUF atomically to path. */
+int core_features_adapter_write(const core_features_adapter_desc_t *d, const char *path,
+                                core_error_t *err);
+
+/* ---- tuning and inspection of the linear kernels (core/attn_linear.c) ---- */
+
+typedef struct core_attn_linear_opts {
+    int chunk;      /* prefill chunk in tokens, 1..4096 (default 64); results do not depend on it */
+    int fp64_state; /* 1: S and z of states created from now on accumulate in double */
+} core_attn_linear_opts_t;
+
+/* CORE_EINVAL if a is not a linear kind or an option is out of range. */
+int core_attn_linear_set_opts(core_attn_t *a, const core_attn_linear_opts_t *o, core_error_t *err);
+/* The feature map of (layer, KV head) (borrowed from a), NULL if a is not
+ * linear or out of range. */
+const core_features_t *core_attn_linear_features(const core_attn_t *a, int layer, int kv_head);
+/* Running log-scale c of (layer, KV head): S and z hold Σ_t exp(logit_t − c)·…;
+ * -inf while no key has entered the linear state. Returns 0 or CORE_EINVAL. */
+int core_attn_linear_state_scale(const core_attn_state_t *s, int layer, int kv_head, double *c);
+
+#endif
