@@ -417,11 +417,11 @@ static int parse(core_gguf_t *g, core_error_t *err)
     if ((rc = cur_u64(&c, &n_tensors, "n_tensors", NULL))) return rc;
     if ((rc = cur_u64(&c, &n_kv, "n_kv", NULL))) return rc;
     if (n_kv > cur_left(&c) / GGUF_MIN_KV_BYTES)
-        return core_error_set(err, CORE_EFORMAT, "gguf: n_kv %" PRIu64 " (offset 16) cannot fit in a file of %zu bytes",
+        return core_error_set(err, CORE_EFORMAT, "gguf: n_kv %" PRIu64 " (offset 16) cannot fit in a file of %zu bytes (truncated or corrupt)",
                               n_kv, g->size);
     if (n_tensors > cur_left(&c) / GGUF_MIN_TINFO_BYTES)
         return core_error_set(err, CORE_EFORMAT,
-                              "gguf: n_tensors %" PRIu64 " (offset 8) cannot fit in a file of %zu bytes", n_tensors,
+                              "gguf: n_tensors %" PRIu64 " (offset 8) cannot fit in a file of %zu bytes (truncated or corrupt)", n_tensors,
                               g->size);
 
     g->kvs = calloc((size_t)(n_kv ? n_kv : 1), sizeof *g->kvs);
@@ -979,21 +979,32 @@ static int w_copy_arr(buf_t *b, const core_gguf_arr_t *a, int depth)
 int core_gguf_writer_set_arr(core_gguf_writer_t *w, const char *key, core_gguf_type_t elem_type,
                              const void *data, uint64_t n)
 {
-    /* Scalars are packed as in the file. For elem_type ARRAY, data holds n
-     * core_gguf_arr_t (borrowed, from an open reader) whose contents are
-     * copied: the only way to write nested arrays through this header. */
+    /* Scalars are packed as in the file. Two extensions of the header's
+     * contract, both reading element structs (borrowed) instead of packed
+     * bytes: elem_type STRING takes n core_gguf_str_t (strings that may hold
+     * NUL bytes), elem_type ARRAY takes n core_gguf_arr_t from an open reader
+     * whose contents are copied (the only way to write nested arrays). */
     size_t es = scalar_size(elem_type);
-    if (elem_type != CORE_GGUF_TYPE_ARRAY && !es) return CORE_EINVAL;
+    if (elem_type != CORE_GGUF_TYPE_ARRAY && elem_type != CORE_GGUF_TYPE_STRING && !es) return CORE_EINVAL;
     if (n && !data) return CORE_EINVAL;
-    size_t esz = es ? es : sizeof(core_gguf_arr_t);
+    size_t esz = es ? es : elem_type == CORE_GGUF_TYPE_STRING ? sizeof(core_gguf_str_t) : sizeof(core_gguf_arr_t);
     if (n > SIZE_MAX / esz) return CORE_ERANGE;
+    if (elem_type == CORE_GGUF_TYPE_STRING) {
+        const core_gguf_str_t *sv = data;
+        for (uint64_t i = 0; i < n; i++)
+            if ((!sv[i].ptr && sv[i].len) || sv[i].len > SIZE_MAX) return CORE_EINVAL;
+    }
     size_t mark;
     int rc = w_begin(w, key, CORE_GGUF_TYPE_ARRAY, &mark);
     if (rc) return rc;
     rc = buf_u32(&w->kv, (uint32_t)elem_type);
     if (!rc) rc = buf_u64(&w->kv, n);
     if (!rc && es) rc = buf_put(&w->kv, data, (size_t)n * es);
-    if (!rc && !es) {
+    if (!rc && elem_type == CORE_GGUF_TYPE_STRING) {
+        const core_gguf_str_t *sv = data;
+        for (uint64_t i = 0; i < n && !rc; i++) rc = buf_str(&w->kv, sv[i].ptr, (size_t)sv[i].len);
+    }
+    if (!rc && elem_type == CORE_GGUF_TYPE_ARRAY) {
         const core_gguf_arr_t *subs = data;
         for (uint64_t i = 0; i < n && !rc; i++) rc = w_copy_arr(&w->kv, &subs[i], 1);
     }
