@@ -11,7 +11,8 @@
  * was: rows past pos are scratch until advanced over.
  *
  * Scores and the weighted sum are GEMMs per query head over a block of query
- * rows (QB at a time) so the score scratch stays bounded at QB x context.
+ * rows (at most EXACT_QB, fewer for long contexts) so the score scratch stays
+ * bounded by EXACT_SCORE_FLOATS.
  */
 #include "core/attn_impl.h"
 
@@ -23,7 +24,8 @@
 
 enum {
     EXACT_GROW_CHUNK = 256, /* tokens: the smallest step the cache grows by */
-    EXACT_QB = 256          /* query rows per score block */
+    EXACT_QB = 256,         /* query rows per score block */
+    EXACT_SCORE_FLOATS = 1 << 22 /* bound on the [rows][ctx] score block (16 MiB) */
 };
 
 typedef struct exact_state {
@@ -199,8 +201,11 @@ static int exact_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_
     memcpy(Kc + P * kvs, k, (size_t)n * (size_t)kvs * sizeof(float));
     memcpy(Vc + P * kvs, v, (size_t)n * (size_t)kvs * sizeof(float));
 
-    const int64_t qb = n < EXACT_QB ? n : EXACT_QB;
     const int64_t ctx = P + n;
+    /* Fewer query rows per block as the context grows keeps the scratch bounded. */
+    int64_t qb = EXACT_SCORE_FLOATS / ctx;
+    qb = qb < 1 ? 1 : qb > EXACT_QB ? EXACT_QB : qb;
+    qb = n < qb ? n : qb;
     float *S = core_attn_scratch(a, (size_t)qb * (size_t)ctx, err); /* [qb][ctx] */
     if (!S)
         return err ? err->code : CORE_ENOMEM;

@@ -6,7 +6,8 @@
  *
  * --tokens / --tokens-file  prompt ids, comma- or whitespace-separated
  * --logits OUT              float32 logits of every prompt position, [T][V]
- *                           (CORE_LOGITS_ALL), raw little-endian
+ *                           (CORE_LOGITS_ALL), raw little-endian; without it
+ *                           the prefill asks for the last position only
  * --greedy N                prints "greedy: id id ..." — N argmax tokens
  *                           decoded one at a time after the prompt
  * --chunk K                 prefill in chunks of K tokens (default: one call)
@@ -191,7 +192,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "logits_dump: state: %s\n", err.msg);
         goto done;
     }
-    logits = malloc((size_t)n_ids * (size_t)V * sizeof *logits); /* [T][V] */
+    /* [T][V] with --logits, else [1][V] */
+    const int mode = logits_path ? CORE_LOGITS_ALL : CORE_LOGITS_LAST;
+    logits = malloc((size_t)(logits_path ? n_ids : 1) * (size_t)V * sizeof *logits);
     if (!logits) {
         fprintf(stderr, "logits_dump: out of memory for %" PRId64 " x %" PRId64 " logits\n", n_ids,
                 V);
@@ -205,8 +208,8 @@ int main(int argc, char **argv)
             .state = st,
             .tokens = ids + i,
             .n_tokens = n_ids - i < chunk ? n_ids - i : chunk,
-            .logits_mode = CORE_LOGITS_ALL,
-            .logits = logits + i * V,
+            .logits_mode = mode,
+            .logits = logits_path ? logits + i * V : logits,
         };
         if (core_model_forward(m, &sq, 1, &err) < 0) {
             fprintf(stderr, "logits_dump: forward at token %" PRId64 ": %s\n", i, err.msg);
@@ -232,7 +235,7 @@ int main(int argc, char **argv)
         last = malloc((size_t)V * sizeof *last);
         if (!last)
             goto done;
-        int32_t tok = argmax(logits + (n_ids - 1) * V, V);
+        int32_t tok = argmax(logits + (logits_path ? n_ids - 1 : 0) * V, V);
         printf("greedy:");
         t0 = now_s();
         for (int64_t i = 0; i < n_greedy; i++) {

@@ -1,0 +1,515 @@
+/* core/model.c on the tiny fixture model (env DARKSERVE_TINY_MODEL): batching,
+ * chunking and error behavior are checked against the model run in the
+ * simplest way (one sequence, one call); correctness of that simplest way is
+ * the numpy oracle's job (tests/reference/test_model_oracle.py). The loader's
+ * validation runs on small models written here with the core GGUF writer. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/model.h"
+#include "core/rng.h"
+
+static core_model_t *tiny;     /* loaded once, default options */
+static core_model_t *tiny_32;  /* the same with max_ctx = 32 */
+static int V;
+
+/* max over rows of max_j |a - b| / max_j |b| */
+static double rel_diff(const float *a, const float *b, int64_t rows, int64_t n)
+{
+    double worst = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        double e = 0.0, s = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+            double d = fabs((double)a[r * n + j] - b[r * n + j]);
+            e = d > e ? d : e;
+            s = fabs(b[r * n + j]) > s ? fabs(b[r * n + j]) : s;
+        }
+        if (s > 0 && e / s > worst)
+            worst = e / s;
+        if (s == 0 && e > worst)
+            worst = e;
+    }
+    return worst;
+}
+
+static void rand_tokens(core_rng_t *r, int32_t *t, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        t[i] = (int32_t)(core_rng_u64(r) % (uint64_t)V);
+}
+
+static core_attn_state_t *new_state(core_model_t *m)
+{
+    core_attn_state_t *s = NULL;
+    core_error_t err = {0};
+    if (core_attn_state_new(core_model_attn(m), &s, &err) < 0)
+        printf("  state: %s\n", err.msg);
+    return s;
+}
+
+/* Runs tokens through s in chunks of `chunk` (0 = one call); logits [n][V] of
+ * every position into out (may be NULL). */
+static int feed(core_model_t *m, core_attn_state_t *s, const int32_t *tok, int64_t n, int64_t chunk,
+                float *out)
+{
+    if (chunk <= 0)
+        chunk = n;
+    for (int64_t i = 0; i < n; i += chunk) {
+        core_batch_seq_t sq = {.state = s, .tokens = tok + i,
+                               .n_tokens = n - i < chunk ? n - i : chunk,
+                               .logits_mode = out ? CORE_LOGITS_ALL : CORE_LOGITS_NONE,
+                               .logits = out ? out + i * V : NULL};
+        core_error_t err = {0};
+        int rc = core_model_forward(m, &sq, 1, &err);
+        if (rc < 0) {
+            printf("  forward: %s\n", err.msg);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+TEST(tiny_info)
+{
+    const core_model_info_t *in = core_model_info(tiny);
+    CHECK_STR_EQ(in->arch, "llama");
+    CHECK_INT_EQ(in->n_layer, 3);
+    CHECK_INT_EQ(in->n_embd, 64);
+    CHECK_INT_EQ(in->n_ff, 128);
+    CHECK_INT_EQ(in->n_head, 4);
+    CHECK_INT_EQ(in->n_head_kv, 2);
+    CHECK_INT_EQ(in->head_dim, 16);
+    CHECK_INT_EQ(in->n_ctx_train, 512);
+    CHECK_INT_EQ(in->tied_output, 0);
+    CHECK_NEAR(in->rope_base, 10000.0, 1e-12);
+    CHECK_NEAR(in->rope_scale, 1.0, 1e-12);
+    CHECK(V >= 256 && V <= 1024);
+    /* embeddings + output head + final norm + per layer: 2 norms, Q, K, V, O, 3 FFN */
+    const uint64_t D = 64, FF = 128, qd = 64, kvd = 32, L = 3;
+    const uint64_t want = 2 * (uint64_t)V * D + D + L * (2 * D + D * qd + 2 * D * kvd + qd * D + 3 * D * FF);
+    CHECK_INT_EQ(in->n_params, want);
+    CHECK_INT_EQ(strlen(in->fingerprint), 16);
+    CHECK(strspn(in->fingerprint, "0123456789abcdef") == 16);
+    CHECK_STR_EQ(core_model_info(tiny_32)->fingerprint, in->fingerprint);
+    CHECK(core_model_gguf(tiny) != NULL);
+    CHECK_INT_EQ(core_attn_config(core_model_attn(tiny_32))->max_ctx, 32);
+    CHECK_INT_EQ(core_attn_config(core_model_attn(tiny))->max_ctx, 512);
+}
+
+TEST(chunked_prefill_matches_one_call)
+{
+    enum { N = 150 };
+    core_rng_t r;
+    core_rng_seed(&r, 1);
+    int32_t tok[N];
+    rand_tokens(&r, tok, N);
+    float *ref = malloc((size_t)N * (size_t)V * sizeof *ref);
+    float *got = malloc((size_t)N * (size_t)V * sizeof *got);
+    const int64_t chunks[] = {1, 7, 64, 149};
+    core_attn_state_t *s = new_state(tiny);
+    CHECK_INT_EQ(feed(tiny, s, tok, N, 0, ref), 0);
+    CHECK_INT_EQ(core_attn_state_pos(s), N);
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        core_attn_state_reset(s);
+        memset(got, 0, (size_t)N * (size_t)V * sizeof *got);
+        CHECK_INT_EQ(feed(tiny, s, tok, N, chunks[c], got), 0);
+        double d = rel_diff(got, ref, N, V);
+        CHECK_MSG(d <= 1e-5, "chunk %lld: rel diff %.3g", (long long)chunks[c], d);
+    }
+    /* the logits are not degenerate: positions differ from one another */
+    CHECK(rel_diff(ref, ref + V, 1, V) > 1e-2);
+    core_attn_state_free(s);
+    free(ref);
+    free(got);
+}
+
+TEST(last_mode_equals_last_row_of_all)
+{
+    enum { N = 20 };
+    core_rng_t r;
+    core_rng_seed(&r, 2);
+    int32_t tok[N];
+    rand_tokens(&r, tok, N);
+    float *all = malloc((size_t)N * (size_t)V * sizeof *all);
+    float *last = malloc((size_t)V * sizeof *last);
+    core_attn_state_t *s = new_state(tiny);
+    CHECK_INT_EQ(feed(tiny, s, tok, N, 0, all), 0);
+    core_attn_state_reset(s);
+    core_batch_seq_t sq = {.state = s, .tokens = tok, .n_tokens = N,
+                           .logits_mode = CORE_LOGITS_LAST, .logits = last};
+    CHECK_INT_EQ(core_model_forward(tiny, &sq, 1, NULL), 0);
+    CHECK(rel_diff(last, all + (N - 1) * V, 1, V) <= 1e-5);
+    core_attn_state_free(s);
+    free(all);
+    free(last);
+}
+
+/* B sequences with different histories; one batched forward mixing prefill
+ * chunks, single-token decode steps and every logits mode must equal running
+ * each sequence alone, over several steps. */
+TEST(batched_matches_alone)
+{
+    enum { B = 5, STEPS = 3 };
+    const int64_t prefix[B] = {0, 30, 12, 3, 70};
+    /* tokens per step per sequence */
+    const int64_t n_new[STEPS][B] = {{17, 1, 5, 1, 100}, {1, 1, 9, 1, 1}, {1, 80, 1, 2, 1}};
+    const int mode[B] = {CORE_LOGITS_ALL, CORE_LOGITS_LAST, CORE_LOGITS_ALL, CORE_LOGITS_LAST,
+                         CORE_LOGITS_NONE};
+    core_rng_t r;
+    core_rng_seed(&r, 3);
+    core_attn_state_t *sb[B], *sa[B];
+    int32_t *pre = malloc(100 * sizeof *pre);
+    for (int b = 0; b < B; b++) {
+        sb[b] = new_state(tiny);
+        sa[b] = new_state(tiny);
+        rand_tokens(&r, pre, prefix[b]);
+        if (prefix[b] > 0) {
+            CHECK_INT_EQ(feed(tiny, sb[b], pre, prefix[b], 0, NULL), 0);
+            CHECK_INT_EQ(core_attn_state_copy(sa[b], sb[b], NULL), 0);
+        }
+    }
+    int32_t *tok = malloc(200 * sizeof *tok);
+    float *lb[B], *la[B];
+    for (int b = 0; b < B; b++) {
+        lb[b] = malloc(100 * (size_t)V * sizeof(float));
+        la[b] = malloc(100 * (size_t)V * sizeof(float));
+    }
+    for (int st = 0; st < STEPS; st++) {
+        core_batch_seq_t seqs[B];
+        int64_t off = 0;
+        for (int b = 0; b < B; b++) {
+            rand_tokens(&r, tok + off, n_new[st][b]);
+            seqs[b] = (core_batch_seq_t){.state = sb[b], .tokens = tok + off,
+                                         .n_tokens = n_new[st][b], .logits_mode = mode[b],
+                                         .logits = mode[b] ? lb[b] : NULL};
+            off += n_new[st][b];
+        }
+        core_error_t err = {0};
+        int rc = core_model_forward(tiny, seqs, B, &err);
+        CHECK_MSG(rc == 0, "step %d: %s", st, err.msg);
+        for (int b = 0; b < B; b++) {
+            core_batch_seq_t one = seqs[b];
+            one.state = sa[b];
+            one.logits = mode[b] ? la[b] : NULL;
+            CHECK_INT_EQ(core_model_forward(tiny, &one, 1, NULL), 0);
+            CHECK_INT_EQ(core_attn_state_pos(sa[b]), core_attn_state_pos(sb[b]));
+            if (mode[b]) {
+                int64_t rows = mode[b] == CORE_LOGITS_ALL ? n_new[st][b] : 1;
+                double d = rel_diff(lb[b], la[b], rows, V);
+                CHECK_MSG(d <= 1e-5, "step %d seq %d: rel diff %.3g", st, b, d);
+            }
+        }
+    }
+    for (int b = 0; b < B; b++) {
+        int64_t want = prefix[b];
+        for (int st = 0; st < STEPS; st++)
+            want += n_new[st][b];
+        CHECK_INT_EQ(core_attn_state_pos(sb[b]), want);
+        core_attn_state_free(sb[b]);
+        core_attn_state_free(sa[b]);
+        free(lb[b]);
+        free(la[b]);
+    }
+    free(pre);
+    free(tok);
+}
+
+TEST(overflow_in_batch_leaves_every_state_untouched)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 4);
+    int32_t pre[30], tok[8];
+    rand_tokens(&r, pre, 30);
+    rand_tokens(&r, tok, 8);
+    core_attn_state_t *a = new_state(tiny_32), *b = new_state(tiny_32), *ref = new_state(tiny_32);
+    CHECK_INT_EQ(feed(tiny_32, a, pre, 10, 0, NULL), 0);
+    CHECK_INT_EQ(feed(tiny_32, b, pre, 30, 0, NULL), 0);
+    CHECK_INT_EQ(core_attn_state_copy(ref, a, NULL), 0);
+    float *la = malloc(2 * (size_t)V * sizeof *la), *lb = malloc(5 * (size_t)V * sizeof *lb);
+    for (int64_t i = 0; i < 2 * V; i++)
+        la[i] = 12345.0f;
+    core_batch_seq_t seqs[2] = {
+        {.state = a, .tokens = tok, .n_tokens = 2, .logits_mode = CORE_LOGITS_ALL, .logits = la},
+        {.state = b, .tokens = tok + 2, .n_tokens = 5, .logits_mode = CORE_LOGITS_LAST,
+         .logits = lb},
+    };
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_model_forward(tiny_32, seqs, 2, &err), CORE_ECONTEXT);
+    CHECK_STR_EQ(err.msg, "context length 32 exceeded: have 30, need 35");
+    CHECK_INT_EQ(core_attn_state_pos(a), 10);
+    CHECK_INT_EQ(core_attn_state_pos(b), 30);
+    CHECK(la[0] == 12345.0f && la[2 * V - 1] == 12345.0f);
+    /* a continues exactly as if the failed batch never happened */
+    float *lr = malloc(2 * (size_t)V * sizeof *lr);
+    CHECK_INT_EQ(feed(tiny_32, a, tok, 2, 0, la), 0);
+    CHECK_INT_EQ(feed(tiny_32, ref, tok, 2, 0, lr), 0);
+    CHECK(rel_diff(la, lr, 2, V) == 0.0);
+    /* b can still use its last two slots */
+    seqs[1].n_tokens = 2;
+    CHECK_INT_EQ(core_model_forward(tiny_32, &seqs[1], 1, &err), 0);
+    CHECK_INT_EQ(core_attn_state_pos(b), 32);
+    core_attn_state_free(a);
+    core_attn_state_free(b);
+    core_attn_state_free(ref);
+    free(la);
+    free(lb);
+    free(lr);
+}
+
+TEST(bad_batches_are_refused)
+{
+    core_attn_state_t *s = new_state(tiny), *s2 = new_state(tiny);
+    int32_t tok[3] = {1, 2, 3};
+    float *lg = malloc(3 * (size_t)V * sizeof *lg);
+    core_error_t err = {0};
+    core_batch_seq_t sq = {.state = s, .tokens = tok, .n_tokens = 3,
+                           .logits_mode = CORE_LOGITS_ALL, .logits = lg};
+    tok[1] = V;
+    CHECK_INT_EQ(core_model_forward(tiny, &sq, 1, &err), CORE_EINVAL);
+    CHECK(strstr(err.msg, "outside the vocabulary") != NULL);
+    tok[1] = -1;
+    CHECK_INT_EQ(core_model_forward(tiny, &sq, 1, &err), CORE_EINVAL);
+    tok[1] = 2;
+    sq.logits = NULL;
+    CHECK_INT_EQ(core_model_forward(tiny, &sq, 1, &err), CORE_EINVAL);
+    sq.logits = lg;
+    sq.n_tokens = 0;
+    CHECK_INT_EQ(core_model_forward(tiny, &sq, 1, &err), CORE_EINVAL);
+    sq.n_tokens = 3;
+    sq.logits_mode = 7;
+    CHECK_INT_EQ(core_model_forward(tiny, &sq, 1, &err), CORE_EINVAL);
+    sq.logits_mode = CORE_LOGITS_LAST;
+    core_batch_seq_t two[2] = {sq, sq};
+    CHECK_INT_EQ(core_model_forward(tiny, two, 2, &err), CORE_EINVAL);
+    CHECK(strstr(err.msg, "share") != NULL);
+    /* more rows than one forward may carry */
+    int32_t *big = calloc(4097, sizeof *big);
+    core_batch_seq_t many[2] = {
+        {.state = s, .tokens = big, .n_tokens = 4000, .logits_mode = CORE_LOGITS_NONE},
+        {.state = s2, .tokens = big, .n_tokens = 97, .logits_mode = CORE_LOGITS_NONE},
+    };
+    CHECK_INT_EQ(core_model_forward(tiny, many, 2, &err), CORE_ERANGE);
+    CHECK(strstr(err.msg, "4096") != NULL);
+    CHECK_INT_EQ(core_attn_state_pos(s), 0);
+    CHECK_INT_EQ(core_attn_state_pos(s2), 0);
+    CHECK_INT_EQ(core_model_forward(tiny, NULL, 0, &err), 0);
+    free(big);
+    free(lg);
+    core_attn_state_free(s);
+    core_attn_state_free(s2);
+}
+
+TEST(fork_continues_like_the_original)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 5);
+    int32_t pre[40], tok[6];
+    rand_tokens(&r, pre, 40);
+    rand_tokens(&r, tok, 6);
+    core_attn_state_t *s = new_state(tiny), *f = new_state(tiny);
+    CHECK_INT_EQ(feed(tiny, s, pre, 40, 0, NULL), 0);
+    CHECK_INT_EQ(core_attn_state_copy(f, s, NULL), 0);
+    float *a = malloc(6 * (size_t)V * sizeof *a), *b = malloc(6 * (size_t)V * sizeof *b);
+    CHECK_INT_EQ(feed(tiny, s, tok, 6, 1, a), 0);
+    CHECK_INT_EQ(feed(tiny, f, tok, 6, 1, b), 0);
+    CHECK(rel_diff(b, a, 6, V) == 0.0);
+    core_attn_state_free(s);
+    core_attn_state_free(f);
+    free(a);
+    free(b);
+}
+
+/* ---- loader validation on small models written with the core GGUF writer */
+
+typedef struct synth {
+    const char *arch;        /* general.architecture */
+    const char *skip_tensor; /* omit this tensor */
+    const char *bad_tensor;  /* give this tensor one row too many */
+    const char *skip_key;    /* omit this key */
+    int n_head_kv;           /* llama.attention.head_count_kv */
+    int tied;                /* omit output.weight */
+} synth_t;
+
+enum { S_D = 32, S_H = 2, S_HD = 16, S_FF = 64, S_V = 40 };
+
+static int add_f32(core_gguf_writer_t *w, const synth_t *o, const char *name, int64_t ne0,
+                   int64_t ne1, core_rng_t *r)
+{
+    if (o->skip_tensor && strcmp(name, o->skip_tensor) == 0)
+        return 0;
+    if (o->bad_tensor && strcmp(name, o->bad_tensor) == 0)
+        ne1 = (ne1 > 0 ? ne1 : 1) + 1;
+    int64_t ne[2] = {ne0, ne1 > 0 ? ne1 : 1};
+    size_t n = (size_t)(ne[0] * ne[1]);
+    float *data = malloc(n * sizeof *data);
+    for (size_t i = 0; i < n; i++)
+        data[i] = (float)(0.2 * core_rng_normal(r));
+    int rc = core_gguf_writer_add_tensor(w, name, 0 /* F32 */, ne1 > 0 ? 2 : 1, ne, data,
+                                         n * sizeof *data);
+    free(data);
+    return rc;
+}
+
+static int write_synth(const char *path, const synth_t *o)
+{
+    core_gguf_writer_t *w = core_gguf_writer_new(0);
+    core_rng_t r;
+    core_rng_seed(&r, 9);
+    const int kvh = o->n_head_kv ? o->n_head_kv : 1;
+    struct {
+        const char *key;
+        int64_t v;
+    } ints[] = {{"llama.block_count", 1},          {"llama.context_length", 64},
+                {"llama.embedding_length", S_D},   {"llama.feed_forward_length", S_FF},
+                {"llama.attention.head_count", S_H}, {"llama.attention.head_count_kv", kvh},
+                {"llama.vocab_size", S_V}};
+    int rc = core_gguf_writer_set_str(w, "general.architecture", o->arch, strlen(o->arch));
+    for (size_t i = 0; rc == 0 && i < sizeof ints / sizeof ints[0]; i++) {
+        if (o->skip_key && strcmp(o->skip_key, ints[i].key) == 0)
+            continue;
+        rc = core_gguf_writer_set_int(w, ints[i].key, CORE_GGUF_TYPE_UINT32, ints[i].v);
+    }
+    if (rc == 0)
+        rc = core_gguf_writer_set_float(w, "llama.rope.freq_base", CORE_GGUF_TYPE_FLOAT32, 10000.0);
+    const int64_t kvd = (int64_t)kvh * S_HD;
+    if (rc == 0)
+        rc = add_f32(w, o, "token_embd.weight", S_D, S_V, &r);
+    if (rc == 0)
+        rc = add_f32(w, o, "output_norm.weight", S_D, 0, &r);
+    if (rc == 0 && !o->tied)
+        rc = add_f32(w, o, "output.weight", S_D, S_V, &r);
+    struct {
+        const char *name;
+        int64_t ne0, ne1;
+    } t[] = {{"blk.0.attn_norm.weight", S_D, 0},    {"blk.0.attn_q.weight", S_D, S_H * S_HD},
+             {"blk.0.attn_k.weight", S_D, kvd},     {"blk.0.attn_v.weight", S_D, kvd},
+             {"blk.0.attn_output.weight", S_H * S_HD, S_D},
+             {"blk.0.ffn_norm.weight", S_D, 0},     {"blk.0.ffn_gate.weight", S_D, S_FF},
+             {"blk.0.ffn_up.weight", S_D, S_FF},    {"blk.0.ffn_down.weight", S_FF, S_D}};
+    for (size_t i = 0; rc == 0 && i < sizeof t / sizeof t[0]; i++)
+        rc = add_f32(w, o, t[i].name, t[i].ne0, t[i].ne1, &r);
+    core_error_t err = {0};
+    if (rc == 0)
+        rc = core_gguf_writer_write(w, path, &err);
+    if (rc != 0)
+        printf("  write_synth: %d %s\n", rc, err.msg);
+    core_gguf_writer_free(w);
+    return rc;
+}
+
+/* Writes a synthetic model and loads it; returns the load result, err filled. */
+static int load_synth(const synth_t *o, core_model_t **out, core_error_t *err)
+{
+    char path[] = "/tmp/darkserve_model_test_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return -100;
+    close(fd);
+    int rc = write_synth(path, o);
+    if (rc == 0)
+        rc = core_model_load(path, NULL, out, err);
+    else
+        rc = -100;
+    unlink(path);
+    return rc;
+}
+
+TEST(loader_accepts_valid_synthetic)
+{
+    core_model_t *m = NULL, *mt = NULL;
+    core_error_t err = {0};
+    synth_t o = {.arch = "llama"};
+    int rc = load_synth(&o, &m, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    synth_t t = {.arch = "llama", .tied = 1};
+    rc = load_synth(&t, &mt, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (m && mt) {
+        CHECK_INT_EQ(core_model_info(m)->tied_output, 0);
+        CHECK_INT_EQ(core_model_info(mt)->tied_output, 1);
+        CHECK_INT_EQ(core_model_info(m)->n_vocab, S_V);
+        CHECK_INT_EQ(core_model_info(m)->head_dim, S_HD);
+        CHECK(strcmp(core_model_info(m)->fingerprint, core_model_info(mt)->fingerprint) != 0);
+        CHECK(strcmp(core_model_info(m)->fingerprint, core_model_info(tiny)->fingerprint) != 0);
+        /* the tied model runs */
+        core_attn_state_t *s = new_state(mt);
+        int32_t tok[2] = {3, 39};
+        float lg[S_V];
+        core_batch_seq_t sq = {.state = s, .tokens = tok, .n_tokens = 2,
+                               .logits_mode = CORE_LOGITS_LAST, .logits = lg};
+        CHECK_INT_EQ(core_model_forward(mt, &sq, 1, NULL), 0);
+        CHECK(isfinite(lg[0]) && isfinite(lg[S_V - 1]));
+        core_attn_state_free(s);
+    }
+    core_model_free(m);
+    core_model_free(mt);
+    core_model_free(NULL);
+}
+
+static void expect_reject(const synth_t *o, int code, const char *needle)
+{
+    core_model_t *m = NULL;
+    core_error_t err = {0};
+    int rc = load_synth(o, &m, &err);
+    CHECK_MSG(rc == code, "expected %d, got %d (%s)", code, rc, err.msg);
+    CHECK_MSG(strstr(err.msg, needle) != NULL, "message '%s' does not name '%s'", err.msg, needle);
+    CHECK(m == NULL);
+    core_model_free(m);
+}
+
+TEST(loader_rejects_bad_models)
+{
+    const char *names[] = {"token_embd.weight",      "output_norm.weight",   "blk.0.attn_q.weight",
+                           "blk.0.attn_k.weight",    "blk.0.attn_output.weight",
+                           "blk.0.ffn_up.weight",    "blk.0.ffn_down.weight", "blk.0.ffn_norm.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        synth_t miss = {.arch = "llama", .skip_tensor = names[i]};
+        expect_reject(&miss, CORE_EFORMAT, names[i]);
+        synth_t bad = {.arch = "llama", .bad_tensor = names[i]};
+        expect_reject(&bad, CORE_EFORMAT, names[i]);
+    }
+    synth_t bad_out = {.arch = "llama", .bad_tensor = "output.weight"};
+    expect_reject(&bad_out, CORE_EFORMAT, "output.weight");
+    synth_t no_key = {.arch = "llama", .skip_key = "llama.feed_forward_length"};
+    expect_reject(&no_key, CORE_EFORMAT, "llama.feed_forward_length");
+    synth_t arch = {.arch = "gpt2"};
+    expect_reject(&arch, CORE_EUNSUPPORTED, "gpt2");
+    synth_t heads = {.arch = "llama", .n_head_kv = 3};
+    expect_reject(&heads, CORE_EFORMAT, "head_count");
+    core_model_t *m = NULL;
+    core_error_t err = {0};
+    CHECK(core_model_load("/nonexistent/model.gguf", NULL, &m, &err) < 0);
+    CHECK(m == NULL);
+}
+
+int main(void)
+{
+    const char *path = getenv("DARKSERVE_TINY_MODEL");
+    core_error_t err = {0};
+    if (!path) {
+        printf("DARKSERVE_TINY_MODEL is not set (run through make unit)\n");
+        return 1;
+    }
+    core_model_opts_t o32 = {.attn_kind = CORE_ATTN_EXACT, .max_ctx = 32};
+    if (core_model_load(path, NULL, &tiny, &err) < 0 ||
+        core_model_load(path, &o32, &tiny_32, &err) < 0) {
+        printf("cannot load %s: %s\n", path, err.msg);
+        return 1;
+    }
+    V = core_model_info(tiny)->n_vocab;
+    RUN(tiny_info);
+    RUN(chunked_prefill_matches_one_call);
+    RUN(last_mode_equals_last_row_of_all);
+    RUN(batched_matches_alone);
+    RUN(overflow_in_batch_leaves_every_state_untouched);
+    RUN(bad_batches_are_refused);
+    RUN(fork_continues_like_the_original);
+    RUN(loader_accepts_valid_synthetic);
+    RUN(loader_rejects_bad_models);
+    core_model_free(tiny);
+    core_model_free(tiny_32);
+    return CHECK_DONE();
+}
