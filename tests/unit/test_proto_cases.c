@@ -329,7 +329,7 @@ static void run_case(const char *file, const char *endpoint, json_t *c)
 
 static void run_file(const char *dir, const char *fname)
 {
-    char path[1024];
+    char path[2048];
     json_error_t jerr;
     snprintf(path, sizeof path, "%s/%s", dir, fname);
     json_t *doc = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
