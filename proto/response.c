@@ -32,6 +32,38 @@ json_t *px_usage(const proto_usage_t *u, int with_total)
     return bad ? fail_tree(o) : o;
 }
 
+/* A piece as an object key: made valid UTF-8, and NUL bytes replaced by U+FFFD
+ * too, because common JSON readers (jansson among them) refuse "\u0000" in a
+ * key although it is valid JSON. New reference or NULL. */
+static json_t *piece_key(const char *s, size_t len)
+{
+    if (!memchr(s ? s : "", '\0', s ? len : 0))
+        return px_str(s, len);
+    size_t n = 0, o = 0;
+    char *fixed = proto_utf8_sanitize(s, len, &n);
+    if (!fixed || n > (SIZE_MAX - 1) / 3) {
+        px_free(fixed);
+        return NULL;
+    }
+    char *k = px_malloc(3 * n + 1);
+    if (!k) {
+        px_free(fixed);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (fixed[i] == '\0') {
+            memcpy(k + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        } else {
+            k[o++] = fixed[i];
+        }
+    }
+    json_t *j = json_stringn_nocheck(k, o);
+    px_free(k);
+    px_free(fixed);
+    return j;
+}
+
 /* The legacy completions shape: parallel arrays over the choice's tokens. */
 json_t *px_completion_logprobs(const proto_choice_t *c)
 {
@@ -44,7 +76,7 @@ json_t *px_completion_logprobs(const proto_choice_t *c)
         bad |= json_array_append_new(lps, px_real(t->logprob, LOGPROB_FLOOR));
         json_t *top = json_object();
         for (size_t k = 0; k < t->n_top; k++) {
-            json_t *key = px_str(t->top[k].piece, t->top[k].piece_len);
+            json_t *key = piece_key(t->top[k].piece, t->top[k].piece_len);
             if (!key) {
                 bad = 1;
                 break;

@@ -232,6 +232,24 @@ TEST(completion_response_shape)
     proto_free(s);
 }
 
+TEST(completion_logprob_keys_without_nul)
+{
+    /* "\u0000" in an object key is valid JSON but refused by common readers
+     * (jansson too): keys get U+FFFD instead; values keep the escape. */
+    proto_top_logprob_t top = {"a\0b", 3, 1, -1.0};
+    proto_token_logprob_t lp = {"a\0b", 3, 1, -1.0, 0, &top, 1};
+    proto_choice_t c = {0, "a\0b", 3, "stop", 1, &lp, 1};
+    proto_resp_meta_t meta = {"id", 1, "m"};
+    char *s = proto_completion_json(&meta, &c, 1, NULL);
+    json_t *j = parse(s);
+    json_t *l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *top0 = json_array_get(json_object_get(l, "top_logprobs"), 0);
+    CHECK_NEAR(nget(top0, "a\xEF\xBF\xBD" "b"), -1.0, 0);
+    CHECK_INT_EQ(json_string_length(json_array_get(json_object_get(l, "tokens"), 0)), 3);
+    json_decref(j);
+    proto_free(s);
+}
+
 TEST(completion_chunk_shape)
 {
     proto_resp_meta_t meta = {"cmpl-2", 5, "m"};
@@ -606,6 +624,7 @@ int main(void)
     RUN(error_table_matches_contract);
     RUN(error_json_shape);
     RUN(completion_response_shape);
+    RUN(completion_logprob_keys_without_nul);
     RUN(completion_chunk_shape);
     RUN(chat_response_shape);
     RUN(chat_chunk_sequence);
