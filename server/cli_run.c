@@ -1,0 +1,525 @@
+/* server/cli_run.c — the one-shot commands that run the model:
+ * `generate`, `perplexity` and `tokenize`.
+ *
+ * They share one way of loading a model (flags --model --attn --features
+ * --window --adapter --ctx --threads) and print results to stdout, progress
+ * and speed to stderr. */
+#include "server/cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/blas.h"
+#include "core/chat.h"
+#include "core/model.h"
+#include "core/sample.h"
+#include "core/tokenizer.h"
+#include "server/cli_opts.h"
+
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define MAX_FILE_BYTES ((size_t)256 << 20)
+#define MAX_PROMPT_TOKENS 1000000
+
+typedef struct load_args {
+    const char *model, *attn, *adapter;
+    int64_t features, window, ctx, threads;
+} load_args_t;
+
+#define LOAD_OPTS(la)                                                                        \
+    {"model", SRV_OPT_STR, &(la).model, 0, 0, "GGUF model file (default " DEFAULT_MODEL ")"}, \
+    {"attn", SRV_OPT_STR, &(la).attn, 0, 0,                                                  \
+     "attention: exact | performer | darkformer | darkformer-is (default exact)"},          \
+    {"features", SRV_OPT_INT, &(la).features, 1, 4096, "random features M (linear kinds)"}, \
+    {"window", SRV_OPT_INT, &(la).window, 0, 65536, "exact window W of hybrid attention"},  \
+    {"adapter", SRV_OPT_STR, &(la).adapter, 0, 0, "DARKFormer adapter GGUF"},              \
+    {"ctx", SRV_OPT_INT, &(la).ctx, 0, 1 << 24,                                             \
+     "exact attention KV capacity in tokens (0 = the model's context length)"},             \
+    {"threads", SRV_OPT_INT, &(la).threads, 0, 256, "BLAS threads (0 = library default)"}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
+                      core_tokenizer_t **tok)
+{
+    core_error_t err = {0};
+    core_model_opts_t mo = {0};
+    mo.attn_kind = CORE_ATTN_EXACT;
+    if (la->attn && core_attn_kind_parse(la->attn, &mo.attn_kind) < 0) {
+        fprintf(stderr,
+                "darkserve %s: --attn must be exact, performer, darkformer or darkformer-is, got "
+                "'%s'\n",
+                cmd, la->attn);
+        return 2;
+    }
+    mo.n_features = (int)la->features;
+    mo.window = (int)la->window;
+    mo.max_ctx = la->ctx;
+    mo.adapter_path = la->adapter;
+    core_blas_set_threads((int)la->threads);
+    const char *path = la->model ? la->model : DEFAULT_MODEL;
+    if (core_model_load(path, &mo, m, &err) < 0) {
+        fprintf(stderr, "darkserve %s: cannot load %s: %s\n", cmd, path, err.msg);
+        return 1;
+    }
+    if (core_tokenizer_from_gguf(core_model_gguf(*m), tok, &err) < 0) {
+        fprintf(stderr, "darkserve %s: tokenizer of %s: %s\n", cmd, path, err.msg);
+        core_model_free(*m);
+        *m = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* Runs n tokens through state s in pieces of at most batch tokens; logits of
+ * the last token into last_logits [V] (may be NULL). */
+static int prefill(core_model_t *m, core_attn_state_t *s, const int32_t *ids, int64_t n,
+                   int64_t batch, float *last_logits, core_error_t *err)
+{
+    for (int64_t i = 0; i < n; i += batch) {
+        int64_t k = n - i < batch ? n - i : batch;
+        core_batch_seq_t seq = {.state = s, .tokens = ids + i, .n_tokens = k,
+                                .logits_mode = (i + k == n && last_logits) ? CORE_LOGITS_LAST
+                                                                           : CORE_LOGITS_NONE,
+                                .logits = last_logits};
+        int rc = core_model_forward(m, &seq, 1, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 1 << 16;
+            if (ncap > MAX_FILE_BYTES + 1)
+                ncap = MAX_FILE_BYTES + 1;
+            if (ncap == cap) { /* over the bound */
+                free(buf);
+                fclose(f);
+                errno = EFBIG;
+                return NULL;
+            }
+            char *p = realloc(buf, ncap);
+            if (!p) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = p;
+            cap = ncap;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n > MAX_FILE_BYTES) {
+        free(buf);
+        errno = bad ? EIO : EFBIG;
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+int srv_cli_generate(int argc, char **argv)
+{
+    load_args_t la = {0};
+    const char *prompt = NULL, *system = NULL, *tmpl_name = NULL;
+    int chat = 0, no_stream_stats = 0;
+    int64_t max_tokens = 128, top_k = 40, seed = -1, batch = 512;
+    double temperature = 0.8, top_p = 0.95, min_p = 0.05, repeat_penalty = 1.0;
+    const srv_opt_t opts[] = {
+        LOAD_OPTS(la),
+        {"prompt", SRV_OPT_STR, &prompt, 0, 0, "prompt text (required)"},
+        {"chat", SRV_OPT_FLAG, &chat, 0, 0, "wrap the prompt as a user message in the chat template"},
+        {"system", SRV_OPT_STR, &system, 0, 0, "system message (with --chat)"},
+        {"chat-template", SRV_OPT_STR, &tmpl_name, 0, 0,
+         "chatml | llama2 | llama3 | gemma (default: detected from the model)"},
+        {"max-tokens", SRV_OPT_INT, &max_tokens, 1, 1000000, "tokens to generate at most"},
+        {"temperature", SRV_OPT_FLOAT, &temperature, 0, 100, "sampling temperature (0 = greedy)"},
+        {"top-k", SRV_OPT_INT, &top_k, 0, 1 << 22, "keep the k most likely tokens (0 = off)"},
+        {"top-p", SRV_OPT_FLOAT, &top_p, 1e-9, 1, "nucleus probability mass (1 = off)"},
+        {"min-p", SRV_OPT_FLOAT, &min_p, 0, 1, "drop tokens below min-p x the top probability"},
+        {"repeat-penalty", SRV_OPT_FLOAT, &repeat_penalty, 1e-6, 100, "repetition penalty (1 = off)"},
+        {"seed", SRV_OPT_INT, &seed, -1, (double)INT64_MAX, "sampling seed (-1 = from the clock)"},
+        {"batch", SRV_OPT_INT, &batch, 1, 4096, "prompt tokens per forward"},
+        {"quiet", SRV_OPT_FLAG, &no_stream_stats, 0, 0, "do not print speed to stderr"},
+    };
+    static const char usage[] = "--prompt TEXT [options]";
+    const char *pos[1];
+    int n_pos = 0;
+    int rc = srv_opts_parse("generate", usage, opts, sizeof opts / sizeof opts[0], argc, argv, pos,
+                            0, &n_pos);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    if (!prompt) {
+        fprintf(stderr, "darkserve generate: --prompt is required (see --help)\n");
+        return 2;
+    }
+    if (system && !chat) {
+        fprintf(stderr, "darkserve generate: --system needs --chat\n");
+        return 2;
+    }
+
+    core_error_t err = {0};
+    core_model_t *m = NULL;
+    core_tokenizer_t *tok = NULL;
+    core_attn_state_t *st = NULL;
+    core_sampler_t *smp = NULL;
+    core_sample_ws_t *ws = NULL;
+    char *text = NULL, *piece = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    int status = 1;
+
+    core_chat_tmpl_t tmpl;
+    if (chat) {
+        /* Validate the override before the (slow) model load. */
+        if (tmpl_name && core_chat_tmpl_from_name(tmpl_name, &tmpl, &err) < 0) {
+            fprintf(stderr, "darkserve generate: --chat-template: %s\n", err.msg);
+            return 2;
+        }
+    }
+    rc = load_model("generate", &la, &m, &tok);
+    if (rc != 0)
+        return rc;
+
+    size_t text_len = strlen(prompt);
+    unsigned flags = CORE_TOK_ADD_SPECIAL;
+    if (chat) {
+        core_gguf_str_t tt = {NULL, 0};
+        char *tmpl_text = NULL;
+        if (core_gguf_get_str(core_model_gguf(m), "tokenizer.chat_template", &tt, NULL) == 0) {
+            tmpl_text = strndup(tt.ptr, (size_t)tt.len);
+            if (!tmpl_text)
+                goto oom;
+        }
+        rc = core_chat_tmpl_init(tmpl_name, tmpl_text, &tmpl, &err);
+        free(tmpl_text);
+        if (rc < 0) {
+            fprintf(stderr, "darkserve generate: chat template: %s\n", err.msg);
+            goto done;
+        }
+        core_chat_msg_t msgs[2];
+        size_t nm = 0;
+        if (system)
+            msgs[nm++] = (core_chat_msg_t){"system", system};
+        msgs[nm++] = (core_chat_msg_t){"user", prompt};
+        core_chat_opts_t co = {.add_generation_prompt = 1};
+        if (core_chat_render(&tmpl, msgs, nm, &co, CORE_CHAT_MAX_OUTPUT, &text, &text_len, &err) < 0) {
+            fprintf(stderr, "darkserve generate: %s\n", err.msg);
+            goto done;
+        }
+        flags |= CORE_TOK_PARSE_SPECIAL;
+    }
+    size_t n_ids = 0;
+    if (core_tokenizer_encode_alloc(tok, text ? text : prompt, text_len, 0, MAX_PROMPT_TOKENS, flags,
+                                    &ids, &n_ids, &err) < 0) {
+        fprintf(stderr, "darkserve generate: cannot tokenize the prompt: %s\n", err.msg);
+        goto done;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "darkserve generate: the prompt has no tokens\n");
+        goto done;
+    }
+
+    const core_model_info_t *info = core_model_info(m);
+    int64_t V = info->n_vocab;
+    logits = malloc((size_t)V * sizeof *logits);
+    piece = malloc(core_tok_stream_max_out(tok) + 1);
+    ws = core_sample_ws_new();
+    if (!logits || !piece || !ws)
+        goto oom;
+    core_sample_params_t sp;
+    core_sample_params_default(&sp);
+    sp.temperature = (float)temperature;
+    sp.top_k = (int32_t)top_k;
+    sp.top_p = (float)top_p;
+    sp.min_p = (float)min_p;
+    sp.repeat_penalty = (float)repeat_penalty;
+    sp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL);
+    if (core_sampler_new(&sp, &smp, &err) < 0) {
+        fprintf(stderr, "darkserve generate: %s\n", err.msg);
+        status = 2;
+        goto done;
+    }
+    if (core_attn_state_new(core_model_attn(m), &st, &err) < 0)
+        goto fail;
+
+    double t0 = now_s();
+    if (prefill(m, st, ids, (int64_t)n_ids, batch, logits, &err) < 0)
+        goto fail;
+    double t1 = now_s();
+
+    core_tok_stream_t ts;
+    core_tok_stream_init(&ts, tok, 0);
+    int64_t n_gen = 0;
+    const char *finish = "length";
+    while (n_gen < max_tokens) {
+        core_sample_result_t res;
+        if (core_sampler_sample(smp, ws, logits, V, &res, &err) < 0)
+            goto fail;
+        n_gen++;
+        if (core_tokenizer_is_eog(tok, res.token)) {
+            finish = "stop";
+            break;
+        }
+        size_t n_out = 0;
+        if (core_tok_stream_push(&ts, res.token, piece, core_tok_stream_max_out(tok), &n_out, &err) < 0)
+            goto fail;
+        fwrite(piece, 1, n_out, stdout);
+        fflush(stdout);
+        if (n_gen == max_tokens)
+            break;
+        int32_t t = res.token;
+        core_batch_seq_t seq = {.state = st, .tokens = &t, .n_tokens = 1,
+                                .logits_mode = CORE_LOGITS_LAST, .logits = logits};
+        if (core_model_forward(m, &seq, 1, &err) < 0)
+            goto fail;
+    }
+    size_t n_out = 0;
+    core_tok_stream_flush(&ts, piece, core_tok_stream_max_out(tok), &n_out, NULL);
+    fwrite(piece, 1, n_out, stdout);
+    printf("\n");
+    double t2 = now_s();
+    if (!no_stream_stats)
+        fprintf(stderr,
+                "prompt: %zu tokens in %.3f s (%.1f tokens/s); generated: %" PRId64
+                " tokens in %.3f s (%.1f tokens/s); finish: %s; seed %" PRIu64 "\n",
+                n_ids, t1 - t0, (double)n_ids / (t1 - t0), n_gen, t2 - t1,
+                (double)n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9), finish, sp.seed);
+    status = 0;
+    goto done;
+oom:
+    fprintf(stderr, "darkserve generate: out of memory\n");
+    goto done;
+fail:
+    fprintf(stderr, "darkserve generate: %s\n", err.msg);
+done:
+    core_sample_ws_free(ws);
+    core_sampler_free(smp);
+    core_attn_state_free(st);
+    free(logits);
+    free(piece);
+    free(ids);
+    free(text);
+    core_tokenizer_free(tok);
+    core_model_free(m);
+    return status;
+}
+
+/* -log softmax(logits)[target], in double. */
+static double nll(const float *logits, int64_t V, int32_t target)
+{
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < V; i++)
+        if (logits[i] > mx)
+            mx = logits[i];
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    return log(sum) + mx - (double)logits[target];
+}
+
+int srv_cli_perplexity(int argc, char **argv)
+{
+    load_args_t la = {0};
+    const char *file = NULL;
+    int64_t chunk = 512, batch = 512, limit = 0;
+    const srv_opt_t opts[] = {
+        LOAD_OPTS(la),
+        {"file", SRV_OPT_STR, &file, 0, 0, "text file to score (required)"},
+        {"chunk", SRV_OPT_INT, &chunk, 0, 1 << 24,
+         "tokens per independently scored chunk (0 = the whole text as one stream)"},
+        {"batch", SRV_OPT_INT, &batch, 1, 4096, "tokens per forward"},
+        {"limit", SRV_OPT_INT, &limit, 0, 1 << 30, "score at most this many tokens (0 = all)"},
+    };
+    static const char usage[] =
+        "--file TEXT [options]\n\n"
+        "Splits the tokenized text into chunks of --chunk tokens, runs each from an empty state\n"
+        "and scores every token of a chunk but its first. The last line is exactly\n"
+        "'perplexity: <float> tokens: <int>' (tokens scored).";
+    const char *pos[1];
+    int n_pos = 0;
+    int rc = srv_opts_parse("perplexity", usage, opts, sizeof opts / sizeof opts[0], argc, argv,
+                            pos, 0, &n_pos);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    if (!file) {
+        fprintf(stderr, "darkserve perplexity: --file is required (see --help)\n");
+        return 2;
+    }
+    size_t len = 0;
+    char *text = read_file(file, &len);
+    if (!text) {
+        fprintf(stderr, "darkserve perplexity: cannot read %s: %s\n", file, strerror(errno));
+        return 1;
+    }
+    core_error_t err = {0};
+    core_model_t *m = NULL;
+    core_tokenizer_t *tok = NULL;
+    core_attn_state_t *st = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    int status = 1;
+    rc = load_model("perplexity", &la, &m, &tok);
+    if (rc != 0) {
+        free(text);
+        return rc;
+    }
+    size_t n_ids = 0;
+    if (core_tokenizer_encode_alloc(tok, text, len, MAX_FILE_BYTES, MAX_FILE_BYTES,
+                                    CORE_TOK_ADD_SPECIAL, &ids, &n_ids, &err) < 0)
+        goto fail;
+    if (limit > 0 && (size_t)limit + 1 < n_ids)
+        n_ids = (size_t)limit + 1;
+    if (chunk == 0)
+        chunk = (int64_t)n_ids;
+    if (n_ids < 2) {
+        fprintf(stderr, "darkserve perplexity: %s has fewer than 2 tokens\n", file);
+        goto done;
+    }
+    int64_t V = core_model_info(m)->n_vocab;
+    logits = malloc((size_t)batch * (size_t)V * sizeof *logits);
+    if (!logits) {
+        fprintf(stderr, "darkserve perplexity: out of memory\n");
+        goto done;
+    }
+    if (core_attn_state_new(core_model_attn(m), &st, &err) < 0)
+        goto fail;
+    double sum_nll = 0, t0 = now_s();
+    int64_t n_scored = 0;
+    for (int64_t c0 = 0; c0 + 1 < (int64_t)n_ids; c0 += chunk) {
+        int64_t cn = (int64_t)n_ids - c0 < chunk ? (int64_t)n_ids - c0 : chunk;
+        if (cn < 2)
+            break;
+        core_attn_state_reset(st);
+        double chunk_nll = 0;
+        for (int64_t i = 0; i < cn; i += batch) {
+            int64_t k = cn - i < batch ? cn - i : batch;
+            core_batch_seq_t seq = {.state = st, .tokens = ids + c0 + i, .n_tokens = k,
+                                    .logits_mode = CORE_LOGITS_ALL, .logits = logits};
+            if (core_model_forward(m, &seq, 1, &err) < 0)
+                goto fail;
+            /* logits row r predicts token c0 + i + r + 1 */
+            for (int64_t r = 0; r < k && i + r + 1 < cn; r++)
+                chunk_nll += nll(logits + r * V, V, ids[c0 + i + r + 1]);
+        }
+        sum_nll += chunk_nll;
+        n_scored += cn - 1;
+        fprintf(stderr, "[%" PRId64 "/%zu] chunk ppl %.4f, running ppl %.4f, %.1f tokens/s\n",
+                c0 + cn, n_ids, exp(chunk_nll / (double)(cn - 1)), exp(sum_nll / (double)n_scored),
+                (double)(c0 + cn) / (now_s() - t0));
+    }
+    printf("perplexity: %.4f tokens: %" PRId64 "\n", exp(sum_nll / (double)n_scored), n_scored);
+    status = 0;
+    goto done;
+fail:
+    fprintf(stderr, "darkserve perplexity: %s\n", err.msg);
+done:
+    core_attn_state_free(st);
+    free(logits);
+    free(ids);
+    free(text);
+    core_tokenizer_free(tok);
+    core_model_free(m);
+    return status;
+}
+
+static void print_escaped(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c == '\t')
+            fputs("\\t", stdout);
+        else if (c == '\\' || c == '\'')
+            printf("\\%c", c);
+        else if (c < 0x20 || c == 0x7f)
+            printf("\\x%02x", c);
+        else
+            putchar(c);
+    }
+}
+
+int srv_cli_tokenize(int argc, char **argv)
+{
+    const char *model = NULL;
+    int no_special = 0, no_bos = 0, ids_only = 0;
+    const srv_opt_t opts[] = {
+        {"model", SRV_OPT_STR, &model, 0, 0, "GGUF model file (default " DEFAULT_MODEL ")"},
+        {"no-parse-special", SRV_OPT_FLAG, &no_special, 0, 0,
+         "treat special-token texts like <|im_start|> as plain text"},
+        {"no-bos", SRV_OPT_FLAG, &no_bos, 0, 0, "do not add BOS/EOS even if the model asks"},
+        {"ids", SRV_OPT_FLAG, &ids_only, 0, 0, "print only the ids, one line"},
+    };
+    static const char usage[] = "[--model M] [options] TEXT";
+    const char *pos[1];
+    int n_pos = 0;
+    int rc = srv_opts_parse("tokenize", usage, opts, sizeof opts / sizeof opts[0], argc, argv, pos,
+                            1, &n_pos);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    if (n_pos != 1) {
+        fprintf(stderr, "darkserve tokenize: expected one TEXT argument (usage: darkserve tokenize %s)\n",
+                usage);
+        return 2;
+    }
+    core_error_t err = {0};
+    core_gguf_t *g = NULL;
+    core_tokenizer_t *tok = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const char *path = model ? model : DEFAULT_MODEL;
+    int status = 1;
+    if (core_gguf_open(path, &g, &err) < 0 || core_tokenizer_from_gguf(g, &tok, &err) < 0) {
+        fprintf(stderr, "darkserve tokenize: %s: %s\n", path, err.msg);
+        goto done;
+    }
+    unsigned flags = (no_special ? 0u : CORE_TOK_PARSE_SPECIAL) | (no_bos ? 0u : CORE_TOK_ADD_SPECIAL);
+    if (core_tokenizer_encode_alloc(tok, pos[0], strlen(pos[0]), 0, MAX_PROMPT_TOKENS, flags, &ids,
+                                    &n, &err) < 0) {
+        fprintf(stderr, "darkserve tokenize: %s\n", err.msg);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (ids_only) {
+            printf(i ? " %d" : "%d", ids[i]);
+            continue;
+        }
+        size_t plen = 0;
+        const char *p = core_tokenizer_piece(tok, ids[i], &plen);
+        printf("%6d -> '", ids[i]);
+        print_escaped(p, plen);
+        printf("'\n");
+    }
+    if (ids_only)
+        printf("\n");
+    status = 0;
+done:
+    free(ids);
+    core_tokenizer_free(tok);
+    core_gguf_close(g);
+    return status;
+}

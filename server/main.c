@@ -1,0 +1,56 @@
+/* server/main.c — the darkserve binary: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "server/cli.h"
+
+#ifndef DARKSERVE_VERSION
+#define DARKSERVE_VERSION "0.1.0"
+#endif
+
+int srv_serve_main(int argc, char **argv); /* server/serve.c */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "darkserve %s — LLM inference server with DARKFormer linear attention\n\n"
+            "usage: darkserve COMMAND [options]   (darkserve COMMAND --help for its options)\n\n"
+            "commands:\n"
+            "  serve       run the HTTP server\n"
+            "  generate    generate text from a prompt on stdout\n"
+            "  perplexity  score a text file\n"
+            "  tokenize    show the tokens of a text\n"
+            "  info        describe a GGUF model file\n"
+            "  version     print the version\n",
+            DARKSERVE_VERSION);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("darkserve %s\n", DARKSERVE_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "serve") == 0)
+        return srv_serve_main(argc - 2, argv + 2);
+    if (strcmp(cmd, "generate") == 0)
+        return srv_cli_generate(argc - 2, argv + 2);
+    if (strcmp(cmd, "perplexity") == 0)
+        return srv_cli_perplexity(argc - 2, argv + 2);
+    if (strcmp(cmd, "tokenize") == 0)
+        return srv_cli_tokenize(argc - 2, argv + 2);
+    if (strcmp(cmd, "info") == 0)
+        return srv_cli_info(argc - 2, argv + 2);
+    fprintf(stderr, "darkserve: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}
