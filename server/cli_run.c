@@ -301,6 +301,7 @@ int srv_cli_generate(int argc, char **argv)
     core_tok_stream_flush(&ts, piece, core_tok_stream_max_out(tok), &n_out, NULL);
     fwrite(piece, 1, n_out, stdout);
     printf("\n");
+    fflush(stdout);
     double t2 = now_s();
     if (!no_stream_stats)
         fprintf(stderr,
