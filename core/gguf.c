@@ -38,6 +38,10 @@
 #define GGUF_MAX_KEY_LEN 65535u       /* the spec's bound on key length */
 #define GGUF_MAX_NAME_LEN 65535u      /* our bound on tensor name length */
 #define GGUF_MAX_ALIGNMENT (1u << 30) /* beyond this, padding arithmetic gets silly */
+/* Real models have tens of keys and at most tens of thousands of tensors;
+ * the caps keep descriptor memory far below the file size on hostile input. */
+#define GGUF_MAX_KV (1u << 16)
+#define GGUF_MAX_TENSORS (1u << 20)
 /* Smallest encodings, for bounding counts by the bytes left. */
 #define GGUF_MIN_KV_BYTES 13     /* key len(8) + type(4) + 1-byte value */
 #define GGUF_MIN_TINFO_BYTES 32  /* name len(8) + n_dims(4) + ne(8) + type(4) + offset(8) */
@@ -341,6 +345,7 @@ static int parse_tensor_info(core_gguf_t *g, cur_t *c, core_gguf_tensor_t *t, in
     int rc;
     snprintf(ctx, sizeof ctx, "tensor info %" PRId64, idx);
     if ((rc = cur_str(c, &noff, &nlen, GGUF_MAX_NAME_LEN, "name", ctx))) return rc;
+    if (nlen == 0) return core_error_set(c->err, CORE_EFORMAT, "gguf: %s: empty name at offset %zu", ctx, at);
     if (memchr(c->base + noff, 0, (size_t)nlen))
         return core_error_set(c->err, CORE_EFORMAT, "gguf: %s: name at offset %zu contains a NUL byte", ctx, at);
     char *name = malloc((size_t)nlen + 1);
@@ -424,6 +429,10 @@ static int parse(core_gguf_t *g, core_error_t *err)
                               "gguf: n_tensors %" PRIu64 " (offset 8) cannot fit in a file of %zu bytes (truncated or corrupt)", n_tensors,
                               g->size);
 
+    if (n_kv > GGUF_MAX_KV || n_tensors > GGUF_MAX_TENSORS)
+        return core_error_set(err, CORE_EUNSUPPORTED,
+                              "gguf: %" PRIu64 " keys / %" PRIu64 " tensors exceed the supported %u / %u", n_kv,
+                              n_tensors, GGUF_MAX_KV, GGUF_MAX_TENSORS);
     g->kvs = calloc((size_t)(n_kv ? n_kv : 1), sizeof *g->kvs);
     g->tensors = calloc((size_t)(n_tensors ? n_tensors : 1), sizeof *g->tensors);
     if (!g->kvs || !g->tensors) return core_error_set(err, CORE_ENOMEM, "gguf: out of memory");

@@ -332,6 +332,12 @@ TEST(absurd_counts_and_lengths_are_rejected)
     set_u64(b, s.n_tensors, UINT64_C(1) << 63);
     EXPECT_FAIL(b->p, b->len, CORE_EFORMAT, "n_tensors");
     set_u64(b, s.n_tensors, 2);
+    /* plausible for the file size, but beyond what we support */
+    gb_t many = {0};
+    gb_header(&many, 3, 0, 70000);
+    for (int i = 0; i < 70000 * 13; i++) gb_u8(&many, 0);
+    EXPECT_FAIL(many.p, many.len, CORE_EUNSUPPORTED, "70000 keys");
+    free(many.p);
     /* more entries than are there: runs into the tensor infos and fails */
     set_u64(b, s.n_kv, 5);
     EXPECT_FAIL(b->p, b->len, CORE_EFORMAT, "gguf");
@@ -454,6 +460,9 @@ TEST(bad_tensor_infos_are_rejected)
     b->p[s.q_name + 8] = 'w'; /* rename q to w */
     EXPECT_FAIL(b->p, b->len, CORE_EFORMAT, "duplicate", "'w'");
     b->p[s.q_name + 8] = 'q';
+    set_u64(b, s.q_name, 0); /* empty name: the rest of the info shifts, but the name check comes first */
+    EXPECT_FAIL(b->p, b->len, CORE_EFORMAT, "tensor info 1", "empty name");
+    set_u64(b, s.q_name, 1);
     /* A type we know the size of but cannot dequantize is still readable. */
     set_u32(b, s.q_type, 20); /* IQ4_NL: 18 bytes per 32 */
     core_gguf_t *g = open_ok(b->p, b->len);
