@@ -1,0 +1,692 @@
+/* server/config.c — the option table and everything it drives (see config.h).
+ *
+ * Defaults are written as text and go through the same parser as flags and
+ * environment variables, so a default that violates its own bounds is caught
+ * by the unit test that parses an empty command line.
+ */
+#include "server/config.h"
+
+#include "core/attn.h"
+#include "server/log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern char **environ;
+
+_Static_assert(SRV_CFG_ATTN_EXACT == (int)CORE_ATTN_EXACT, "attn enum drift");
+_Static_assert(SRV_CFG_ATTN_PERFORMER == (int)CORE_ATTN_PERFORMER, "attn enum drift");
+_Static_assert(SRV_CFG_ATTN_DARKFORMER == (int)CORE_ATTN_DARKFORMER, "attn enum drift");
+_Static_assert(SRV_CFG_ATTN_DARKFORMER_IS == (int)CORE_ATTN_DARKFORMER_IS, "attn enum drift");
+_Static_assert(SRV_CFG_LOG_DEBUG == (int)SRV_LOG_DEBUG, "log level enum drift");
+_Static_assert(SRV_CFG_LOG_JSON == (int)SRV_LOG_FORMAT_JSON, "log format enum drift");
+
+typedef enum opt_type {
+    OPT_STR,      /* char * */
+    OPT_INT,      /* int64_t */
+    OPT_SIZE,     /* int64_t bytes */
+    OPT_DURATION, /* int64_t seconds */
+    OPT_ENUM,     /* int index into choices */
+    OPT_LIST      /* srv_strlist_t */
+} opt_type_t;
+
+enum {
+    OPT_SECRET = 1u,   /* masked by --print-config */
+    OPT_NONEMPTY = 2u, /* "" is an error */
+    OPT_ORIGINS = 4u   /* each list item must be a CORS origin */
+};
+
+typedef struct opt {
+    const char *name; /* flag without "--" */
+    const char *env;  /* environment variable */
+    opt_type_t type;
+    size_t off;       /* field in srv_config_t */
+    const char *def;  /* default, as text */
+    int64_t min, max; /* INT, SIZE, DURATION */
+    const char *const *choices; /* ENUM, NULL-terminated */
+    unsigned flags;
+    const char *metavar;
+    const char *help;
+} opt_t;
+
+static const char *const attn_choices[] = {"exact", "performer", "darkformer", "darkformer-is",
+                                           NULL};
+static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
+static const char *const format_choices[] = {"text", "json", NULL};
+
+#define KIB ((int64_t)1024)
+#define MIB (KIB * 1024)
+#define GIB (MIB * 1024)
+#define TIB (GIB * 1024)
+#define DAY ((int64_t)86400)
+
+#define O(field) offsetof(srv_config_t, field)
+
+/* clang-format off */
+static const opt_t opts[] = {
+    {"host", "DARKSERVE_HOST", OPT_STR, O(host), "127.0.0.1", 0, 0, NULL, OPT_NONEMPTY, "ADDR",
+     "address to listen on (IPv4, IPv6 or host name); 0.0.0.0 for all interfaces"},
+    {"port", "DARKSERVE_PORT", OPT_INT, O(port), "8080", 0, 65535, NULL, 0, "N",
+     "TCP port to listen on; 0 picks a free port"},
+    {"max-connections", "DARKSERVE_MAX_CONNECTIONS", OPT_INT, O(max_connections), "256", 1, 100000,
+     NULL, 0, "N", "open client connections at most (idle, streaming and waiting ones)"},
+    {"max-body", "DARKSERVE_MAX_BODY", OPT_SIZE, O(max_body), "1M", 1, GIB, NULL, 0, "SIZE",
+     "largest request body accepted; larger ones get 413"},
+    {"request-timeout", "DARKSERVE_REQUEST_TIMEOUT", OPT_DURATION, O(request_timeout_s), "60s", 0,
+     DAY, NULL, 0, "DURATION",
+     "time a client has to send a whole request (headers and body), counted from the "
+     "connection's start or the end of its previous response; 0 = no limit"},
+    {"idle-timeout", "DARKSERVE_IDLE_TIMEOUT", OPT_DURATION, O(idle_timeout_s), "30s", 0, DAY,
+     NULL, 0, "DURATION",
+     "close a connection with no I/O for this long (a stalled client, an idle keep-alive); "
+     "0 = never"},
+    {"drain-timeout", "DARKSERVE_DRAIN_TIMEOUT", OPT_DURATION, O(drain_timeout_s), "30s", 0, DAY,
+     NULL, 0, "DURATION",
+     "on SIGTERM/SIGINT, how long open requests may finish before they are cut"},
+    {"api-key", "DARKSERVE_API_KEY", OPT_STR, O(api_key), "", 0, 0, NULL, OPT_SECRET, "KEY",
+     "require this key (Authorization: Bearer KEY or X-Api-Key: KEY) on every route but "
+     "/health; prefer --api-key-file or the environment, argv is visible to other users"},
+    {"api-key-file", "DARKSERVE_API_KEY_FILE", OPT_STR, O(api_key_file), "", 0, 0, NULL, 0, "PATH",
+     "file with accepted API keys, one per line ('#' comments); combines with --api-key"},
+    {"cors-origin", "DARKSERVE_CORS_ORIGIN", OPT_LIST, O(cors_origins), "", 0, 0, NULL,
+     OPT_ORIGINS, "ORIGIN",
+     "browser origin allowed by CORS (scheme://host[:port], or * for any); repeat the flag "
+     "or separate with commas; none by default"},
+    {"model", "DARKSERVE_MODEL", OPT_STR, O(model), "models/SmolLM2-135M-Instruct.Q4_1.gguf", 0, 0,
+     NULL, OPT_NONEMPTY, "PATH", "model GGUF file (Llama architecture)"},
+    {"adapter", "DARKSERVE_ADAPTER", OPT_STR, O(adapter), "", 0, 0, NULL, 0, "PATH",
+     "DARKFormer adapter GGUF (learned covariances, features, window); empty = none"},
+    {"attn", "DARKSERVE_ATTN", OPT_ENUM, O(attn), "darkformer", 0, 0, attn_choices, 0, "KIND",
+     "attention: exact softmax (KV cache, bounded context), performer, darkformer or "
+     "darkformer-is (constant-size state)"},
+    {"features", "DARKSERVE_FEATURES", OPT_INT, O(features), "0", 0, 65536, NULL, 0, "M",
+     "random features per KV head; 0 = the adapter's value or the built-in default"},
+    {"window", "DARKSERVE_WINDOW", OPT_INT, O(window), "-1", -1, 1 << 20, NULL, 0, "W",
+     "exact-attention window of the hybrid (tokens); 0 = pure linear, -1 = the adapter's "
+     "value or the built-in default"},
+    {"chat-template", "DARKSERVE_CHAT_TEMPLATE", OPT_STR, O(chat_template), "", 0, 0, NULL, 0,
+     "NAME", "chat template for /v1/chat/completions; empty = the model's own"},
+    {"threads", "DARKSERVE_THREADS", OPT_INT, O(threads), "0", 0, 1024, NULL, 0, "N",
+     "compute threads; 0 = one per CPU"},
+    {"max-batch", "DARKSERVE_MAX_BATCH", OPT_INT, O(max_batch), "16", 1, 1024, NULL, 0, "N",
+     "sequences advanced together in one scheduler step"},
+    {"prefill-chunk", "DARKSERVE_PREFILL_CHUNK", OPT_INT, O(prefill_chunk), "256", 1, 65536,
+     NULL, 0, "N", "prompt tokens of one sequence processed per step"},
+    {"max-queue", "DARKSERVE_MAX_QUEUE", OPT_INT, O(max_queue), "64", 0, 1000000, NULL, 0, "N",
+     "jobs waiting for the scheduler before new ones get 429"},
+    {"max-tokens-limit", "DARKSERVE_MAX_TOKENS_LIMIT", OPT_INT, O(max_tokens_limit), "4096", 1,
+     INT64_C(1) << 31, NULL, 0, "N", "largest max_tokens a request may ask for"},
+    {"max-sessions", "DARKSERVE_MAX_SESSIONS", OPT_INT, O(max_sessions), "1024", 1, 10000000,
+     NULL, 0, "N", "sessions kept in memory (least recently used spill to --session-dir)"},
+    {"max-session-bytes", "DARKSERVE_MAX_SESSION_BYTES", OPT_SIZE, O(max_session_bytes), "1G",
+     MIB, TIB, NULL, 0, "SIZE", "memory for session states (least recently used spill)"},
+    {"session-dir", "DARKSERVE_SESSION_DIR", OPT_STR, O(session_dir), "./sessions", 0, 0, NULL,
+     OPT_NONEMPTY, "PATH", "directory where session states are persisted"},
+    {"session-ttl", "DARKSERVE_SESSION_TTL", OPT_DURATION, O(session_ttl_s), "24h", 0, 3650 * DAY,
+     NULL, 0, "DURATION", "sessions unused for this long are deleted; 0 = never"},
+    {"log-level", "DARKSERVE_LOG_LEVEL", OPT_ENUM, O(log_level), "info", 0, 0, level_choices, 0,
+     "LEVEL", "least severe level logged"},
+    {"log-format", "DARKSERVE_LOG_FORMAT", OPT_ENUM, O(log_format), "text", 0, 0, format_choices,
+     0, "FORMAT", "text lines or one JSON object per line"},
+    {"log-file", "DARKSERVE_LOG_FILE", OPT_STR, O(log_file), "", 0, 0, NULL, 0, "PATH",
+     "append log lines to this file (reopened on SIGHUP); empty = stderr"},
+};
+/* clang-format on */
+
+#define N_OPTS (sizeof opts / sizeof opts[0])
+_Static_assert(sizeof opts / sizeof opts[0] <= SRV_CFG_MAX_OPTS, "raise SRV_CFG_MAX_OPTS");
+
+/* Longest api-key file accepted; keys are short, this only bounds a mistake. */
+#define KEY_FILE_MAX (64 * 1024)
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static void *field(srv_config_t *cfg, const opt_t *o)
+{
+    return (char *)cfg + o->off;
+}
+
+static const void *cfield(const srv_config_t *cfg, const opt_t *o)
+{
+    return (const char *)cfg + o->off;
+}
+
+static void strlist_clear(srv_strlist_t *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->v[i]);
+    free(l->v);
+    l->v = NULL;
+    l->n = 0;
+}
+
+static int strlist_push(srv_strlist_t *l, const char *s, size_t len)
+{
+    char *copy = malloc(len + 1);
+    if (!copy)
+        return -1;
+    memcpy(copy, s, len);
+    copy[len] = '\0';
+    char **nv = realloc(l->v, (l->n + 1) * sizeof *nv);
+    if (!nv) {
+        free(copy);
+        return -1;
+    }
+    nv[l->n++] = copy;
+    l->v = nv;
+    return 0;
+}
+
+/* Parses an unsigned decimal with an optional suffix from units[]; the
+ * suffix match is case-insensitive. */
+typedef struct unit {
+    const char *suffix;
+    int64_t mult;
+} unit_t;
+
+static int parse_scaled(const char *s, const unit_t *units, int64_t *out)
+{
+    if (!s || !isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    if (errno || v < 0)
+        return -1;
+    int64_t mult = 1;
+    if (*end) {
+        size_t k = 0;
+        for (; units[k].suffix; k++)
+            if (strcasecmp(end, units[k].suffix) == 0)
+                break;
+        if (!units[k].suffix)
+            return -1;
+        mult = units[k].mult;
+    }
+    if (v > INT64_MAX / mult)
+        return -1;
+    *out = (int64_t)v * mult;
+    return 0;
+}
+
+int srv_config_parse_size(const char *s, int64_t *out)
+{
+    static const unit_t units[] = {
+        {"b", 1},      {"k", KIB},      {"kb", KIB}, {"kib", KIB}, {"m", MIB},
+        {"mb", MIB},   {"mib", MIB},    {"g", GIB},  {"gb", GIB},  {"gib", GIB},
+        {"t", TIB},    {"tb", TIB},     {"tib", TIB}, {NULL, 0},
+    };
+    return parse_scaled(s, units, out);
+}
+
+int srv_config_parse_duration(const char *s, int64_t *out)
+{
+    static const unit_t units[] = {
+        {"s", 1}, {"m", 60}, {"h", 3600}, {"d", DAY}, {NULL, 0},
+    };
+    return parse_scaled(s, units, out);
+}
+
+/* Is s "*" or "scheme://host[:port]" with nothing after the authority? */
+static int valid_origin(const char *s)
+{
+    if (strcmp(s, "*") == 0)
+        return 1;
+    const char *p = strstr(s, "://");
+    if (!p || p == s)
+        return 0;
+    for (const char *q = s; q < p; q++)
+        if (!isalnum((unsigned char)*q) && *q != '+' && *q != '-' && *q != '.')
+            return 0;
+    p += 3;
+    if (!*p)
+        return 0;
+    for (; *p; p++)
+        if (*p == '/' || *p == '?' || *p == '#' || isspace((unsigned char)*p) ||
+            (unsigned char)*p < 0x21)
+            return 0;
+    return 1;
+}
+
+static void format_size(int64_t v, char *buf, size_t n)
+{
+    if (v >= TIB && v % TIB == 0)
+        snprintf(buf, n, "%lldT", (long long)(v / TIB));
+    else if (v >= GIB && v % GIB == 0)
+        snprintf(buf, n, "%lldG", (long long)(v / GIB));
+    else if (v >= MIB && v % MIB == 0)
+        snprintf(buf, n, "%lldM", (long long)(v / MIB));
+    else if (v >= KIB && v % KIB == 0)
+        snprintf(buf, n, "%lldK", (long long)(v / KIB));
+    else
+        snprintf(buf, n, "%lld", (long long)v);
+}
+
+static void format_duration(int64_t v, char *buf, size_t n)
+{
+    if (v >= DAY && v % DAY == 0)
+        snprintf(buf, n, "%lldd", (long long)(v / DAY));
+    else if (v >= 3600 && v % 3600 == 0)
+        snprintf(buf, n, "%lldh", (long long)(v / 3600));
+    else if (v >= 60 && v % 60 == 0)
+        snprintf(buf, n, "%lldm", (long long)(v / 60));
+    else
+        snprintf(buf, n, "%llds", (long long)v);
+}
+
+static void format_bound(const opt_t *o, int64_t v, char *buf, size_t n)
+{
+    if (o->type == OPT_SIZE)
+        format_size(v, buf, n);
+    else if (o->type == OPT_DURATION)
+        format_duration(v, buf, n);
+    else
+        snprintf(buf, n, "%lld", (long long)v);
+}
+
+static void choices_text(const opt_t *o, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t k = 0; o->choices[k]; k++) {
+        int w = snprintf(buf + len, n - len, "%s%s", k ? "|" : "", o->choices[k]);
+        if (w < 0 || (size_t)w >= n - len)
+            break;
+        len += (size_t)w;
+    }
+}
+
+/* Sets one option from text. who is "--name" or "DARKSERVE_NAME" for the
+ * message. append: for lists, add to the current list instead of replacing. */
+static int set_value(srv_config_t *cfg, const opt_t *o, const char *val, const char *who,
+                     int append, char *err, size_t errlen)
+{
+    char lo[32], hi[32];
+    switch (o->type) {
+    case OPT_STR: {
+        if ((o->flags & OPT_NONEMPTY) && !*val)
+            return fail(err, errlen, "%s must not be empty", who);
+        char *copy = strdup(val);
+        if (!copy)
+            return fail(err, errlen, "out of memory");
+        char **dst = field(cfg, o);
+        free(*dst);
+        *dst = copy;
+        return 0;
+    }
+    case OPT_INT:
+    case OPT_SIZE:
+    case OPT_DURATION: {
+        int64_t v = 0;
+        int bad;
+        const char *what;
+        if (o->type == OPT_INT) {
+            char *end = NULL;
+            errno = 0;
+            long long ll = strtoll(val, &end, 10);
+            bad = errno || end == val || *end;
+            v = ll;
+            what = "an integer";
+        } else if (o->type == OPT_SIZE) {
+            bad = srv_config_parse_size(val, &v) != 0;
+            what = "a size (bytes, or with a K/M/G/T suffix)";
+        } else {
+            bad = srv_config_parse_duration(val, &v) != 0;
+            what = "a duration (seconds, or with an s/m/h/d suffix)";
+        }
+        format_bound(o, o->min, lo, sizeof lo);
+        format_bound(o, o->max, hi, sizeof hi);
+        if (bad)
+            return fail(err, errlen, "%s expects %s in [%s, %s], got '%s'", who, what, lo, hi,
+                        val);
+        if (v < o->min || v > o->max)
+            return fail(err, errlen, "%s must be in [%s, %s], got '%s'", who, lo, hi, val);
+        *(int64_t *)field(cfg, o) = v;
+        return 0;
+    }
+    case OPT_ENUM: {
+        for (int k = 0; o->choices[k]; k++) {
+            if (strcmp(val, o->choices[k]) == 0) {
+                *(int *)field(cfg, o) = k;
+                return 0;
+            }
+        }
+        char list[160];
+        choices_text(o, list, sizeof list);
+        return fail(err, errlen, "%s must be one of %s, got '%s'", who, list, val);
+    }
+    case OPT_LIST: {
+        srv_strlist_t *l = field(cfg, o);
+        if (!append)
+            strlist_clear(l);
+        const char *p = val;
+        while (*p) {
+            while (*p == ',' || isspace((unsigned char)*p))
+                p++;
+            const char *start = p;
+            while (*p && *p != ',')
+                p++;
+            const char *end = p;
+            while (end > start && isspace((unsigned char)end[-1]))
+                end--;
+            if (end == start)
+                continue;
+            if (strlist_push(l, start, (size_t)(end - start)))
+                return fail(err, errlen, "out of memory");
+            if ((o->flags & OPT_ORIGINS) && !valid_origin(l->v[l->n - 1]))
+                return fail(err, errlen,
+                            "%s: '%s' is not an origin (expected scheme://host[:port] or *)", who,
+                            l->v[l->n - 1]);
+        }
+        return 0;
+    }
+    }
+    return fail(err, errlen, "%s: internal error (option type)", who);
+}
+
+static const opt_t *find_opt(const char *name, size_t len)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+static const char *env_lookup(char *const *envp, const char *name)
+{
+    size_t n = strlen(name);
+    for (char *const *e = envp; e && *e; e++)
+        if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+            return *e + n + 1;
+    return NULL;
+}
+
+/* Reads --api-key-file: one key per line; blank lines and '#' comments
+ * skipped; surrounding white space trimmed. */
+static int load_key_file(srv_config_t *cfg, char *err, size_t errlen)
+{
+    const char *path = cfg->api_key_file;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(err, errlen, "--api-key-file: cannot open '%s': %s", path, strerror(errno));
+    char *buf = malloc(KEY_FILE_MAX + 1);
+    if (!buf) {
+        fclose(f);
+        return fail(err, errlen, "out of memory");
+    }
+    size_t n = fread(buf, 1, KEY_FILE_MAX + 1, f);
+    int rd_err = ferror(f);
+    fclose(f);
+    int rc = 0;
+    size_t found = 0;
+    if (rd_err) {
+        rc = fail(err, errlen, "--api-key-file: cannot read '%s'", path);
+        goto done;
+    }
+    if (n > KEY_FILE_MAX) {
+        rc = fail(err, errlen, "--api-key-file: '%s' is larger than %d bytes", path, KEY_FILE_MAX);
+        goto done;
+    }
+    buf[n] = '\0';
+    for (char *line = buf; line && *line;) {
+        char *next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        char *end = line + strlen(line);
+        while (isspace((unsigned char)*line))
+            line++;
+        while (end > line && isspace((unsigned char)end[-1]))
+            *--end = '\0';
+        if (*line && *line != '#') {
+            for (char *c = line; *c; c++) {
+                if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7E) {
+                    rc = fail(err, errlen,
+                              "--api-key-file: '%s': a key contains a space or a non-printable "
+                              "character",
+                              path);
+                    goto done;
+                }
+            }
+            if (strlist_push(&cfg->api_keys, line, strlen(line))) {
+                rc = fail(err, errlen, "out of memory");
+                goto done;
+            }
+            found++;
+        }
+        line = next;
+    }
+    if (!found)
+        rc = fail(err, errlen, "--api-key-file: '%s' contains no key", path);
+done:
+    free(buf);
+    return rc;
+}
+
+static int validate(srv_config_t *cfg, char *err, size_t errlen)
+{
+    strlist_clear(&cfg->api_keys);
+    if (*cfg->api_key) {
+        for (const char *c = cfg->api_key; *c; c++)
+            if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7E)
+                return fail(err, errlen,
+                            "--api-key contains a space or a non-printable character");
+        if (strlist_push(&cfg->api_keys, cfg->api_key, strlen(cfg->api_key)))
+            return fail(err, errlen, "out of memory");
+    }
+    if (*cfg->api_key_file && load_key_file(cfg, err, errlen))
+        return -1;
+    return 0;
+}
+
+void srv_config_init(srv_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+}
+
+void srv_config_free(srv_config_t *cfg)
+{
+    if (!cfg)
+        return;
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const opt_t *o = &opts[i];
+        if (o->type == OPT_STR)
+            free(*(char **)field(cfg, o));
+        else if (o->type == OPT_LIST)
+            strlist_clear(field(cfg, o));
+    }
+    strlist_clear(&cfg->api_keys);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+int srv_config_parse(srv_config_t *cfg, int argc, char **argv, char *const *envp, char *err,
+                     size_t errlen)
+{
+    char who[96];
+    unsigned char list_from_flag[SRV_CFG_MAX_OPTS] = {0};
+    srv_config_init(cfg);
+    /* --help wins over everything, even a broken environment variable. */
+    for (int a = 0; a < argc; a++) {
+        if (strcmp(argv[a], "--help") == 0 || strcmp(argv[a], "-h") == 0) {
+            cfg->want_help = 1;
+            return 0;
+        }
+    }
+    if (!envp)
+        envp = environ;
+    for (size_t i = 0; i < N_OPTS; i++) {
+        snprintf(who, sizeof who, "default of --%s", opts[i].name);
+        if (set_value(cfg, &opts[i], opts[i].def, who, 0, err, errlen))
+            goto fail;
+        cfg->source[i] = SRV_CFG_SRC_DEFAULT;
+    }
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const char *v = env_lookup(envp, opts[i].env);
+        if (!v)
+            continue;
+        if (set_value(cfg, &opts[i], v, opts[i].env, 0, err, errlen))
+            goto fail;
+        cfg->source[i] = SRV_CFG_SRC_ENV;
+    }
+    for (int a = 0; a < argc; a++) {
+        const char *arg = argv[a];
+        if (strcmp(arg, "--print-config") == 0) {
+            cfg->want_print = 1;
+            continue;
+        }
+        if (strncmp(arg, "--", 2) != 0 || !arg[2]) {
+            fail(err, errlen, "unexpected argument '%s' (options start with --; see --help)",
+                 arg);
+            goto fail;
+        }
+        const char *name = arg + 2;
+        const char *eq = strchr(name, '=');
+        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        const opt_t *o = find_opt(name, nlen);
+        if (!o) {
+            fail(err, errlen, "unknown option '--%.*s' (see --help)", (int)nlen, name);
+            goto fail;
+        }
+        const char *val;
+        if (eq) {
+            val = eq + 1;
+        } else if (a + 1 < argc) {
+            val = argv[++a];
+        } else {
+            fail(err, errlen, "--%s needs a value (%s)", o->name, o->metavar);
+            goto fail;
+        }
+        size_t idx = (size_t)(o - opts);
+        snprintf(who, sizeof who, "--%s", o->name);
+        if (set_value(cfg, o, val, who, list_from_flag[idx], err, errlen))
+            goto fail;
+        list_from_flag[idx] = 1;
+        cfg->source[idx] = SRV_CFG_SRC_FLAG;
+    }
+    if (validate(cfg, err, errlen))
+        goto fail;
+    return 0;
+fail:
+    srv_config_free(cfg);
+    return -1;
+}
+
+static void value_text(const srv_config_t *cfg, const opt_t *o, char *buf, size_t n)
+{
+    const void *p = cfield(cfg, o);
+    switch (o->type) {
+    case OPT_STR: {
+        const char *s = *(char *const *)p;
+        if ((o->flags & OPT_SECRET) && s && *s)
+            snprintf(buf, n, "<secret, %zu chars>", strlen(s));
+        else
+            snprintf(buf, n, "%s", s ? s : "");
+        return;
+    }
+    case OPT_INT:
+        snprintf(buf, n, "%lld", (long long)*(const int64_t *)p);
+        return;
+    case OPT_SIZE:
+        format_size(*(const int64_t *)p, buf, n);
+        return;
+    case OPT_DURATION:
+        format_duration(*(const int64_t *)p, buf, n);
+        return;
+    case OPT_ENUM:
+        snprintf(buf, n, "%s", o->choices[*(const int *)p]);
+        return;
+    case OPT_LIST: {
+        const srv_strlist_t *l = p;
+        size_t len = 0;
+        buf[0] = '\0';
+        for (size_t k = 0; k < l->n; k++) {
+            int w = snprintf(buf + len, n - len, "%s%s", k ? "," : "", l->v[k]);
+            if (w < 0 || (size_t)w >= n - len)
+                break;
+            len += (size_t)w;
+        }
+        return;
+    }
+    }
+}
+
+void srv_config_print(const srv_config_t *cfg, FILE *f)
+{
+    static const char *const src_names[] = {"default", "env", "flag"};
+    char buf[1024];
+    for (size_t i = 0; i < N_OPTS; i++) {
+        value_text(cfg, &opts[i], buf, sizeof buf);
+        unsigned src = cfg->source[i] <= SRV_CFG_SRC_FLAG ? cfg->source[i] : 0;
+        fprintf(f, "%-18s %s  (%s)\n", opts[i].name, *buf ? buf : "\"\"", src_names[src]);
+    }
+}
+
+/* Writes text wrapped at ~78 columns with the given indent. */
+static void wrap(FILE *f, const char *text, int indent)
+{
+    const int width = 78;
+    int col = indent;
+    fprintf(f, "%*s", indent, "");
+    const char *p = text;
+    while (*p) {
+        const char *w = p;
+        while (*p && *p != ' ')
+            p++;
+        int len = (int)(p - w);
+        if (col > indent && col + 1 + len > width) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            fputc(' ', f);
+            col++;
+        }
+        fprintf(f, "%.*s", len, w);
+        col += len;
+        while (*p == ' ')
+            p++;
+    }
+    fputc('\n', f);
+}
+
+void srv_config_help(FILE *f)
+{
+    char line[512], lo[32], hi[32], list[160];
+    fprintf(f, "usage: darkserve serve [options]\n\n"
+               "Runs the HTTP daemon. Every option can also be set through the environment\n"
+               "variable shown; flags win over the environment. Sizes take K/M/G/T suffixes\n"
+               "(binary: 1M = 1048576 bytes); durations are seconds or take s/m/h/d.\n\n");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const opt_t *o = &opts[i];
+        fprintf(f, "  --%s %s\n", o->name, o->metavar);
+        wrap(f, o->help, 6);
+        int len = 0;
+        if (o->type == OPT_ENUM) {
+            choices_text(o, list, sizeof list);
+            len = snprintf(line, sizeof line, "one of %s; ", list);
+        } else if (o->type != OPT_STR && o->type != OPT_LIST) {
+            format_bound(o, o->min, lo, sizeof lo);
+            format_bound(o, o->max, hi, sizeof hi);
+            len = snprintf(line, sizeof line, "range %s..%s; ", lo, hi);
+        }
+        if (len < 0)
+            len = 0;
+        snprintf(line + len, sizeof line - (size_t)len, "default %s%s%s; env %s",
+                 *o->def ? "" : "\"", *o->def ? o->def : "", *o->def ? "" : "\"", o->env);
+        wrap(f, line, 6);
+    }
+    fprintf(f, "  --print-config\n      print the effective configuration (secrets masked) and "
+               "exit\n  --help\n      this text\n");
+}

@@ -1,0 +1,140 @@
+/* server/config.h — the daemon's configuration (`darkserve serve`).
+ *
+ * One declarative table (config.c) lists every option once: flag name,
+ * environment variable, type, default, bounds, help. The same table drives
+ * command-line parsing, environment variables, --help, --print-config and
+ * validation, so they cannot drift apart.
+ *
+ * Precedence: built-in default < DARKSERVE_* environment variable < flag.
+ * Flags take `--name VALUE` or `--name=VALUE`; unknown flags, missing values,
+ * out-of-range numbers and unknown enum words are errors whose message names
+ * the flag (or the environment variable) and the accepted values. Positional
+ * arguments are errors.
+ *
+ * Value syntax:
+ *   int       decimal integer ("-1" allowed where the range allows it)
+ *   size      bytes, optional binary suffix K, M, G, T (also KB/KiB, any case):
+ *             "1M" = 1048576, "512K" = 524288
+ *   duration  whole seconds, optional suffix s, m, h, d: "30", "30s", "5m",
+ *             "1h"; 0 usually means "no limit" (see the option's help)
+ *   enum      one of the listed words
+ *   list      comma-separated; the flag may also be repeated. Flags replace
+ *             the environment's list rather than extending it.
+ *
+ * Not thread-safe; parse once at startup and treat the struct as read-only.
+ */
+#ifndef DARKSERVE_SERVER_CONFIG_H
+#define DARKSERVE_SERVER_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Values of --attn; equal to core_attn_kind_t (core/attn.h), checked in config.c. */
+typedef enum srv_cfg_attn {
+    SRV_CFG_ATTN_EXACT = 0,
+    SRV_CFG_ATTN_PERFORMER = 1,
+    SRV_CFG_ATTN_DARKFORMER = 2,
+    SRV_CFG_ATTN_DARKFORMER_IS = 3
+} srv_cfg_attn_t;
+
+/* Values of --log-level; equal to srv_log_level_t (server/log.h). */
+typedef enum srv_cfg_log_level {
+    SRV_CFG_LOG_ERROR = 0,
+    SRV_CFG_LOG_WARN = 1,
+    SRV_CFG_LOG_INFO = 2,
+    SRV_CFG_LOG_DEBUG = 3
+} srv_cfg_log_level_t;
+
+/* Values of --log-format; equal to srv_log_format_t. */
+typedef enum srv_cfg_log_format { SRV_CFG_LOG_TEXT = 0, SRV_CFG_LOG_JSON = 1 } srv_cfg_log_format_t;
+
+/* A list of owned strings. */
+typedef struct srv_strlist {
+    char **v; /* owned, v[0..n) each owned */
+    size_t n;
+} srv_strlist_t;
+
+/* Largest number of table entries (checked at compile time in config.c). */
+#define SRV_CFG_MAX_OPTS 48
+
+/* Where an option's effective value came from. */
+typedef enum srv_cfg_source {
+    SRV_CFG_SRC_DEFAULT = 0,
+    SRV_CFG_SRC_ENV = 1,
+    SRV_CFG_SRC_FLAG = 2
+} srv_cfg_source_t;
+
+/* Every string is owned by the struct (freed by srv_config_free) and never
+ * NULL after a successful parse; "" means "not set". */
+typedef struct srv_config {
+    /* network */
+    char *host;                /* listen address (IPv4, IPv6 or name) */
+    int64_t port;              /* 0 = ephemeral (tests) */
+    int64_t max_connections;   /* open connections, suspended ones included */
+    int64_t max_body;          /* bytes of request body accepted, else 413 */
+    int64_t request_timeout_s; /* time to receive a whole request; 0 = none */
+    int64_t idle_timeout_s;    /* inactivity before a connection is closed; 0 = none */
+    int64_t drain_timeout_s;   /* SIGTERM: how long open streams may finish */
+    char *api_key;             /* secret; "" = none */
+    char *api_key_file;        /* file with one key per line; "" = none */
+    srv_strlist_t cors_origins; /* allowed Origin values; "*" = any */
+    /* model */
+    char *model;               /* GGUF path */
+    char *adapter;             /* DARKFormer adapter GGUF; "" = none */
+    int attn;                  /* srv_cfg_attn_t */
+    int64_t features;          /* random features m; 0 = from adapter/default */
+    int64_t window;            /* exact window W; -1 = from adapter/default */
+    char *chat_template;       /* "" = the model's own template */
+    /* scheduling */
+    int64_t threads;           /* compute threads; 0 = all CPUs */
+    int64_t max_batch;         /* sequences per step */
+    int64_t prefill_chunk;     /* prompt tokens per sequence per step */
+    int64_t max_queue;         /* waiting jobs before 429 */
+    int64_t max_tokens_limit;  /* upper bound on a request's max_tokens */
+    /* sessions */
+    int64_t max_sessions;      /* sessions kept in memory */
+    int64_t max_session_bytes; /* bytes of session state kept in memory */
+    char *session_dir;         /* spill/persist directory */
+    int64_t session_ttl_s;     /* idle sessions expire; 0 = never */
+    /* logging */
+    int log_level;             /* srv_cfg_log_level_t */
+    int log_format;            /* srv_cfg_log_format_t */
+    char *log_file;            /* "" = stderr */
+
+    /* Derived by validation: --api-key plus the keys of --api-key-file. */
+    srv_strlist_t api_keys;
+    /* Set by --help / --print-config; the caller prints and exits 0. */
+    int want_help;
+    int want_print;
+    unsigned char source[SRV_CFG_MAX_OPTS]; /* srv_cfg_source_t per table entry */
+} srv_config_t;
+
+/* Zeroes cfg (no allocation). srv_config_free on a zeroed struct is a no-op. */
+void srv_config_init(srv_config_t *cfg);
+
+/* Fills cfg from defaults, then the environment, then argv[0..argc) (the
+ * arguments after the subcommand name; argv[0] is an option, not a program
+ * name), then validates. envp: NULL-terminated "NAME=value" array, or NULL
+ * for the process environment. Returns 0, or -1 with a message naming the
+ * flag in err[errlen]; on error cfg holds no allocations.
+ * --help sets want_help and stops parsing (validation skipped). */
+int srv_config_parse(srv_config_t *cfg, int argc, char **argv, char *const *envp, char *err,
+                     size_t errlen);
+
+/* Frees every string in cfg and zeroes it. NULL is a no-op. */
+void srv_config_free(srv_config_t *cfg);
+
+/* Prints the option reference to f. */
+void srv_config_help(FILE *f);
+
+/* Prints the effective configuration, one "name value (source)" line per
+ * option; secrets are masked. */
+void srv_config_print(const srv_config_t *cfg, FILE *f);
+
+/* Size/duration parsers used by the table (exposed for tests and reuse).
+ * Return 0 and *out, or -1 on syntax error or overflow. */
+int srv_config_parse_size(const char *s, int64_t *out);
+int srv_config_parse_duration(const char *s, int64_t *out);
+
+#endif

@@ -1,0 +1,2073 @@
+/* server/http.c — libmicrohttpd on a libuv loop (see http.h for the API).
+ *
+ * How MHD is driven (libmicrohttpd 0.9.75, libuv 1.44):
+ *   - MHD runs in "external epoll" mode: no thread of its own. Its epoll fd is
+ *     watched by a uv_poll_t; readiness calls MHD_run. After every MHD_run a
+ *     one-shot uv_timer_t is re-armed from MHD_get_timeout (MHD keeps work it
+ *     could not finish, and connection timeouts, behind that timeout).
+ *   - Producers on other threads append to a stream's buffer under the hub
+ *     mutex, put the stream on the hub's dirty list and uv_async_send; the
+ *     loop resumes the suspended connections of dirty streams and runs MHD.
+ *   - A streamed body comes from MHD_create_response_from_callback with
+ *     MHD_SIZE_UNKNOWN. The reader returns buffered bytes, or suspends the
+ *     connection and returns 0 when none are ready (returning 0 without
+ *     suspending would make MHD spin).
+ *   - MHD does not watch suspended connections, so each one's socket gets a
+ *     uv_poll_t for UV_DISCONNECT while it is suspended: a client that hangs
+ *     up is noticed at once, its stream is cancelled, the connection resumed,
+ *     and the reader (or the access handler) answers with an error so MHD
+ *     closes it.
+ *   - The disconnect poll is always stopped before the connection is resumed,
+ *     so it never outlives the socket MHD closes (libuv keys watchers by fd
+ *     and the number is reused by the next accept).
+ *   - MHD's own idle timeout (MHD_OPTION_CONNECTION_TIMEOUT) cuts stalled
+ *     clients. A client that trickles bytes slowly never goes idle, so a
+ *     second deadline (request timeout) is kept per connection and enforced
+ *     by a 1 s sweep that shuts the socket down; MHD then sees the hang-up and
+ *     closes the connection itself.
+ *
+ * Memory: requests (srv_req_t) belong to the loop and die in MHD's
+ * "request completed" callback. Streams are reference-counted: the producer,
+ * the request, the dirty list and the loop's pending-callback list each hold
+ * a reference. The hub (mutex + async handle) is reference-counted by the
+ * server and every stream, so a producer that writes after the server closed
+ * finds hub->async == NULL instead of a freed handle.
+ */
+#include "server/http.h"
+
+#include "server/log.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_MAX_BODY ((size_t)1 << 20)
+#define DEFAULT_STREAM_BUF ((size_t)256 << 10)
+#define DEFAULT_MAX_CONN 256u
+#define REQ_ID_MAX 64
+#define MAX_PARAMS 8
+#define MAX_SEGS 32
+#define LISTEN_BACKLOG 511
+#define SWEEP_MS 1000
+/* MHD asks the reader for at most this many bytes at a time. */
+#define READER_BLOCK (16 * 1024)
+
+const char *srv_http_strerror(int code)
+{
+    switch (code) {
+    case 0: return "success";
+#define SRV_HTTP_ERR_STR_(name, val, desc) \
+    case name: return desc;
+        SRV_HTTP_ERRNO_MAP(SRV_HTTP_ERR_STR_)
+#undef SRV_HTTP_ERR_STR_
+    default: return "unknown error";
+    }
+}
+
+/* ---- small containers ---- */
+
+typedef struct header {
+    char *name, *value;
+} header_t;
+
+typedef struct hdrlist {
+    header_t *v;
+    size_t n, cap;
+} hdrlist_t;
+
+static void hdrlist_clear(hdrlist_t *l)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        free(l->v[i].name);
+        free(l->v[i].value);
+    }
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static int is_token_char(unsigned char c)
+{
+    return isalnum(c) || (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+static int valid_header(const char *name, const char *value)
+{
+    if (!name || !*name || !value)
+        return 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        if (!is_token_char(*p))
+            return 0;
+    for (const unsigned char *p = (const unsigned char *)value; *p; p++)
+        if (*p == '\r' || *p == '\n')
+            return 0;
+    return 1;
+}
+
+static int hdrlist_add(hdrlist_t *l, const char *name, const char *value)
+{
+    if (!valid_header(name, value))
+        return SRV_HTTP_EINVAL;
+    if (l->n == l->cap) {
+        size_t ncap = l->cap ? l->cap * 2 : 4;
+        header_t *nv = realloc(l->v, ncap * sizeof *nv);
+        if (!nv)
+            return SRV_HTTP_ENOMEM;
+        l->v = nv;
+        l->cap = ncap;
+    }
+    char *n = strdup(name), *v = strdup(value);
+    if (!n || !v) {
+        free(n);
+        free(v);
+        return SRV_HTTP_ENOMEM;
+    }
+    l->v[l->n].name = n;
+    l->v[l->n].value = v;
+    l->n++;
+    return 0;
+}
+
+/* ---- types ---- */
+
+typedef struct seg {
+    char *text; /* literal, or the parameter name */
+    int param;
+} seg_t;
+
+typedef struct route {
+    char *method;
+    char *pattern;
+    seg_t segs[MAX_SEGS];
+    size_t nsegs;
+    srv_handler_fn fn;
+    void *ud;
+    unsigned flags;
+    size_t max_body;
+} route_t;
+
+typedef struct hub {
+    pthread_mutex_t lock;
+    int refs;                /* the server + every stream */
+    uv_async_t *async;       /* NULL once the server is closing */
+    srv_stream_t *dirty;     /* streams with news for the loop */
+    pthread_t loop_thread;
+} hub_t;
+
+enum stream_mode {
+    MODE_DEFERRED = 0, /* nothing sent, status not chosen */
+    MODE_STREAMING,    /* status chosen, body streams */
+    MODE_REPLY         /* a complete answer is in buf */
+};
+
+enum pending_flags { PEND_CANCEL = 1, PEND_WRITABLE = 2 };
+
+struct srv_stream {
+    hub_t *hub;
+    /* immutable after creation */
+    void (*on_cancel)(srv_stream_t *, void *);
+    void (*on_writable)(srv_stream_t *, void *);
+    void *cb_ud;
+    size_t max_buffered;
+    char req_id[REQ_ID_MAX + 1];
+    /* guarded by hub->lock */
+    int refs;
+    pthread_cond_t cond;
+    int mode;
+    int status;
+    char *ctype;
+    hdrlist_t headers;
+    char *buf; /* bytes [off, len) are waiting */
+    size_t off, len, cap;
+    int closed, abort, cancelled, want_writable, in_cb;
+    int dirty;
+    srv_stream_t *dirty_next;
+    /* loop thread only */
+    srv_req_t *req;
+    unsigned pend;
+    srv_stream_t *pend_next;
+};
+
+typedef struct conn {
+    int fd;
+    uint64_t deadline_ms; /* 0 = not receiving a request */
+    int cut;
+    int busy;             /* a request (headers seen) is in progress */
+    struct conn *prev, *next;
+} conn_t;
+
+enum req_phase {
+    PH_RECEIVING = 0, /* headers seen, body coming */
+    PH_HANDLER,       /* handler running */
+    PH_WAITING,       /* deferred: suspended until the producer answers */
+    PH_HELD,          /* an early answer waits for the end of the request */
+    PH_ANSWERED       /* a response is queued */
+};
+
+struct srv_req {
+    srv_http_t *h;
+    struct MHD_Connection *conn;
+    conn_t *cx;
+    srv_req_t *prev, *next;
+    const route_t *route;
+    char *method;
+    char *path;
+    char id[REQ_ID_MAX + 1];
+    char peer[64];
+    char *cors_origin; /* Access-Control-Allow-Origin value, NULL = none */
+    const char *pnames[MAX_PARAMS];
+    char *pvals[MAX_PARAMS];
+    size_t nparams;
+    char *body;
+    size_t body_len, body_cap, body_limit;
+    int too_large;
+    hdrlist_t headers;
+    int phase;
+    int status;
+    /* An answer decided from the headers of a request without a body is held
+     * until MHD has the whole request: queued earlier, MHD would close the
+     * keep-alive connection. */
+    int hold;
+    int held_status;
+    char *held_ctype;
+    char *held_body;
+    size_t held_len;
+    hdrlist_t held_extra;
+    uint64_t bytes_out;
+    uint64_t t_start_ns;
+    srv_stream_t *stream; /* the request's reference */
+    int suspended;
+    uv_poll_t *hup;
+    int fd;
+    int client_gone;
+    int inflight;
+};
+
+enum close_stage { OPEN = 0, CLOSING, CLOSED };
+
+struct srv_http {
+    uv_loop_t *loop;
+    struct MHD_Daemon *d;
+    uv_poll_t mhd_poll;
+    uv_timer_t mhd_timer;
+    uv_timer_t sweep;
+    uv_async_t async;
+    int handles_open;
+    hub_t *hub;
+    route_t *routes;
+    size_t nroutes, rcap;
+    size_t max_body;
+    size_t stream_buf;
+    unsigned request_timeout_s;
+    char **api_keys;
+    size_t n_api_keys;
+    char **cors;
+    size_t n_cors;
+    int port;
+    int draining;
+    int stage;
+    size_t inflight;
+    srv_req_t *reqs;
+    conn_t *conns;
+    srv_stream_t *pending;
+    int in_run, rerun;
+    uint64_t rid_state;
+    srv_metrics_t *metrics;
+    srv_metric_t *m_requests, *m_duration, *m_inflight, *m_cancels, *m_timeouts, *m_conns;
+    void (*done)(void *);
+    void *done_ud;
+};
+
+static void run_mhd(srv_http_t *h);
+static void process_pending(srv_http_t *h);
+
+/* ---- time, ids ---- */
+
+static uint64_t now_ms(void)
+{
+    return uv_hrtime() / 1000000u;
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int valid_req_id(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        unsigned char c = (unsigned char)s[n];
+        if (n >= REQ_ID_MAX || !(isalnum(c) || c == '.' || c == '_' || c == ':' || c == '-'))
+            return 0;
+    }
+    return n > 0;
+}
+
+/* ---- the hub and stream references ---- */
+
+static void hub_unref_locked(hub_t *hub, int *free_it)
+{
+    *free_it = --hub->refs == 0;
+}
+
+static void hub_free(hub_t *hub)
+{
+    pthread_mutex_destroy(&hub->lock);
+    free(hub);
+}
+
+static int on_loop_thread(const hub_t *hub)
+{
+    return pthread_equal(pthread_self(), hub->loop_thread);
+}
+
+/* Drops one stream reference; hub->lock held on entry, released on return. */
+static void stream_unref_unlock(srv_stream_t *s)
+{
+    hub_t *hub = s->hub;
+    int free_hub = 0;
+    if (--s->refs > 0) {
+        pthread_mutex_unlock(&hub->lock);
+        return;
+    }
+    hub_unref_locked(hub, &free_hub);
+    pthread_mutex_unlock(&hub->lock);
+    pthread_cond_destroy(&s->cond);
+    free(s->buf);
+    free(s->ctype);
+    hdrlist_clear(&s->headers);
+    free(s);
+    if (free_hub)
+        hub_free(hub);
+}
+
+static void stream_unref(srv_stream_t *s)
+{
+    pthread_mutex_lock(&s->hub->lock);
+    stream_unref_unlock(s);
+}
+
+/* Tells the loop about news on s (hub->lock held). */
+static void stream_mark_dirty_locked(srv_stream_t *s)
+{
+    hub_t *hub = s->hub;
+    if (!s->dirty && hub->async) {
+        s->dirty = 1;
+        s->refs++;
+        s->dirty_next = hub->dirty;
+        hub->dirty = s;
+        uv_async_send(hub->async);
+    }
+}
+
+/* Queues a callback for the loop to run outside MHD_run (loop thread). */
+static void pending_add(srv_http_t *h, srv_stream_t *s, unsigned flag)
+{
+    if (!s->pend) {
+        pthread_mutex_lock(&s->hub->lock);
+        s->refs++;
+        pthread_mutex_unlock(&s->hub->lock);
+        s->pend_next = h->pending;
+        h->pending = s;
+    }
+    s->pend |= flag;
+}
+
+/* Marks s cancelled (loop thread); the on_cancel callback follows. */
+static void stream_cancel(srv_http_t *h, srv_stream_t *s)
+{
+    int live = 0;
+    pthread_mutex_lock(&s->hub->lock);
+    if (!s->cancelled) {
+        s->cancelled = 1;
+        live = !s->closed;
+        pthread_cond_broadcast(&s->cond);
+    }
+    pthread_mutex_unlock(&s->hub->lock);
+    if (live && s->on_cancel)
+        pending_add(h, s, PEND_CANCEL);
+    if (live && h->m_cancels)
+        srv_metric_add(h->m_cancels, NULL, 1);
+}
+
+/* Runs one callback unless the producer closed the stream; close() waits for
+ * a running callback, so ud stays valid for its duration. */
+static void stream_fire(srv_stream_t *s, void (*cb)(srv_stream_t *, void *))
+{
+    pthread_mutex_lock(&s->hub->lock);
+    if (s->closed || !cb) {
+        pthread_mutex_unlock(&s->hub->lock);
+        return;
+    }
+    s->in_cb++;
+    pthread_mutex_unlock(&s->hub->lock);
+    cb(s, s->cb_ud);
+    pthread_mutex_lock(&s->hub->lock);
+    if (--s->in_cb == 0)
+        pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->hub->lock);
+}
+
+static void process_pending(srv_http_t *h)
+{
+    while (h->pending) {
+        srv_stream_t *s = h->pending;
+        h->pending = s->pend_next;
+        unsigned pend = s->pend;
+        s->pend = 0;
+        s->pend_next = NULL;
+        if (pend & PEND_CANCEL)
+            stream_fire(s, s->on_cancel);
+        else if (pend & PEND_WRITABLE)
+            stream_fire(s, s->on_writable);
+        stream_unref(s);
+    }
+}
+
+/* ---- responses ---- */
+
+static void json_escape_into(char *out, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 7 < cap; p++) {
+        if (*p == '"' || *p == '\\') {
+            out[n++] = '\\';
+            out[n++] = (char)*p;
+        } else if (*p < 0x20) {
+            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", *p);
+        } else {
+            out[n++] = (char)*p;
+        }
+    }
+    out[n] = '\0';
+}
+
+static const char *drain_conn_header(const srv_http_t *h)
+{
+    return h->draining ? "close" : NULL;
+}
+
+/* Adds the headers every response carries and queues it. Takes ownership of
+ * resp. Returns MHD_YES/MHD_NO as the access handler should. */
+static enum MHD_Result queue_response(srv_req_t *req, int status, struct MHD_Response *resp,
+                                      const char *ctype, const hdrlist_t *extra)
+{
+    srv_http_t *h = req->h;
+    if (!resp) {
+        SRV_LOG(SRV_LOG_ERROR, req->id, "cannot create response (out of memory)");
+        return MHD_NO;
+    }
+    if (ctype && *ctype)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    MHD_add_response_header(resp, "X-Request-Id", req->id);
+    if (req->cors_origin) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", req->cors_origin);
+        MHD_add_response_header(resp, "Vary", "Origin");
+        MHD_add_response_header(resp, "Access-Control-Expose-Headers", "X-Request-Id");
+    }
+    if (drain_conn_header(h))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    for (size_t i = 0; i < req->headers.n; i++)
+        MHD_add_response_header(resp, req->headers.v[i].name, req->headers.v[i].value);
+    for (size_t i = 0; extra && i < extra->n; i++)
+        MHD_add_response_header(resp, extra->v[i].name, extra->v[i].value);
+    enum MHD_Result r = MHD_queue_response(req->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    if (r != MHD_YES) {
+        SRV_LOG(SRV_LOG_ERROR, req->id, "libmicrohttpd refused to queue a %d response", status);
+        return MHD_NO;
+    }
+    req->phase = PH_ANSWERED;
+    req->status = status;
+    return MHD_YES;
+}
+
+static enum MHD_Result queue_buffer(srv_req_t *req, int status, const char *ctype,
+                                    const void *body, size_t len, const hdrlist_t *extra)
+{
+    if (req->hold) {
+        req->held_status = status;
+        req->held_ctype = ctype ? strdup(ctype) : NULL;
+        req->held_body = malloc(len + 1);
+        if ((ctype && !req->held_ctype) || !req->held_body)
+            return MHD_NO;
+        memcpy(req->held_body, body, len);
+        req->held_len = len;
+        for (size_t i = 0; extra && i < extra->n; i++)
+            if (hdrlist_add(&req->held_extra, extra->v[i].name, extra->v[i].value))
+                return MHD_NO;
+        req->phase = PH_HELD;
+        return MHD_YES;
+    }
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    enum MHD_Result r = queue_response(req, status, resp, ctype, extra);
+    if (r == MHD_YES)
+        req->bytes_out += len;
+    return r;
+}
+
+static enum MHD_Result queue_error(srv_req_t *req, int status, const char *type,
+                                   const char *code, const char *msg, const hdrlist_t *extra)
+{
+    char emsg[512], body[800];
+    json_escape_into(emsg, sizeof emsg, msg);
+    int n = snprintf(body, sizeof body,
+                     "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
+                     "\"code\":%s%s%s}}\n",
+                     emsg, type, code ? "\"" : "", code ? code : "null", code ? "\"" : "");
+    if (n < 0 || (size_t)n >= sizeof body)
+        n = (int)strlen(body);
+    return queue_buffer(req, status, "application/json", body, (size_t)n, extra);
+}
+
+/* ---- streams: the reader MHD calls ---- */
+
+static void req_suspend(srv_req_t *req);
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
+{
+    (void)pos;
+    srv_stream_t *s = cls;
+    srv_req_t *req = s->req;
+    hub_t *hub = s->hub;
+    pthread_mutex_lock(&hub->lock);
+    size_t avail = s->len - s->off;
+    if (avail > 0) {
+        size_t n = avail < max ? avail : max;
+        memcpy(out, s->buf + s->off, n);
+        s->off += n;
+        if (s->off == s->len)
+            s->off = s->len = 0;
+        int writable = 0;
+        if (s->want_writable && s->len - s->off <= s->max_buffered / 2) {
+            s->want_writable = 0;
+            writable = s->on_writable && !s->closed;
+        }
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&hub->lock);
+        if (writable && req)
+            pending_add(req->h, s, PEND_WRITABLE);
+        if (req)
+            req->bytes_out += n;
+        return (ssize_t)n;
+    }
+    int cancelled = s->cancelled, closed = s->closed, abort_ = s->abort;
+    pthread_mutex_unlock(&hub->lock);
+    if (cancelled || !req)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (closed)
+        return abort_ ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+    /* Nothing buffered: park the connection until the producer writes. A
+     * write racing with this is not lost: it marks the stream dirty and the
+     * loop resumes us after MHD_run returns. */
+    req_suspend(req);
+    return 0;
+}
+
+static enum MHD_Result queue_stream(srv_req_t *req, srv_stream_t *s, int status,
+                                    const char *ctype, const hdrlist_t *extra)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, READER_BLOCK, stream_reader, s, NULL);
+    return queue_response(req, status, resp, ctype, extra);
+}
+
+/* ---- suspension and hang-up detection ---- */
+
+static void on_hup_closed(uv_handle_t *hnd)
+{
+    free(hnd);
+}
+
+static void req_resume(srv_req_t *req)
+{
+    if (!req->suspended)
+        return;
+    if (req->hup)
+        uv_poll_stop(req->hup);
+    req->suspended = 0;
+    MHD_resume_connection(req->conn);
+}
+
+static void on_hup(uv_poll_t *p, int status, int events)
+{
+    srv_req_t *req = p->data;
+    if (status == 0 && !(events & UV_DISCONNECT))
+        return;
+    uv_poll_stop(p);
+    if (!req || !req->suspended)
+        return;
+    srv_http_t *h = req->h;
+    SRV_LOG(SRV_LOG_DEBUG, req->id, "client hung up while its request was waiting");
+    req->client_gone = 1;
+    if (req->stream)
+        stream_cancel(h, req->stream);
+    req_resume(req);
+    run_mhd(h);
+}
+
+static void req_suspend(srv_req_t *req)
+{
+    srv_http_t *h = req->h;
+    MHD_suspend_connection(req->conn);
+    req->suspended = 1;
+    if (!req->hup && req->fd >= 0) {
+        uv_poll_t *p = malloc(sizeof *p);
+        if (p && uv_poll_init(h->loop, p, req->fd) == 0) {
+            p->data = req;
+            req->hup = p;
+        } else {
+            free(p);
+            SRV_LOG(SRV_LOG_WARN, req->id, "cannot watch a waiting connection for hang-up");
+        }
+    }
+    if (req->hup)
+        uv_poll_start(req->hup, UV_DISCONNECT, on_hup);
+}
+
+/* ---- routing ---- */
+
+static int parse_pattern(route_t *r, const char *pattern)
+{
+    if (pattern[0] != '/')
+        return SRV_HTTP_EINVAL;
+    const char *p = pattern + 1;
+    r->nsegs = 0;
+    if (!*p)
+        return 0; /* "/" */
+    for (;;) {
+        const char *end = strchr(p, '/');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == 0 || r->nsegs == MAX_SEGS)
+            return SRV_HTTP_EINVAL;
+        seg_t *sg = &r->segs[r->nsegs];
+        if (p[0] == '{') {
+            if (n < 3 || p[n - 1] != '}')
+                return SRV_HTTP_EINVAL;
+            sg->param = 1;
+            sg->text = strndup(p + 1, n - 2);
+        } else {
+            if (memchr(p, '{', n) || memchr(p, '}', n))
+                return SRV_HTTP_EINVAL;
+            sg->param = 0;
+            sg->text = strndup(p, n);
+        }
+        if (!sg->text)
+            return SRV_HTTP_ENOMEM;
+        r->nsegs++;
+        if (!end)
+            return 0;
+        p = end + 1;
+    }
+}
+
+static void route_clear(route_t *r)
+{
+    for (size_t i = 0; i < r->nsegs; i++)
+        free(r->segs[i].text);
+    free(r->method);
+    free(r->pattern);
+}
+
+/* Does path match r? On a match with req non-NULL, the parameters are copied
+ * into req. */
+static int route_match(const route_t *r, const char *path, srv_req_t *req)
+{
+    const char *starts[MAX_SEGS];
+    size_t lens[MAX_SEGS];
+    if (path[0] != '/')
+        return 0;
+    const char *p = path + 1;
+    if (r->nsegs == 0)
+        return *p == '\0';
+    for (size_t i = 0; i < r->nsegs; i++) {
+        const char *end = strchr(p, '/');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        const seg_t *sg = &r->segs[i];
+        if (n == 0)
+            return 0;
+        if (!sg->param && (strlen(sg->text) != n || memcmp(sg->text, p, n) != 0))
+            return 0;
+        starts[i] = p;
+        lens[i] = n;
+        if (i + 1 < r->nsegs) {
+            if (!end)
+                return 0;
+            p = end + 1;
+        } else if (end) {
+            return 0;
+        }
+    }
+    if (!req)
+        return 1;
+    for (size_t i = 0; i < r->nsegs && req->nparams < MAX_PARAMS; i++) {
+        if (!r->segs[i].param)
+            continue;
+        char *v = strndup(starts[i], lens[i]);
+        if (!v)
+            return -1;
+        req->pnames[req->nparams] = r->segs[i].text;
+        req->pvals[req->nparams++] = v;
+    }
+    return 1;
+}
+
+int srv_http_route(srv_http_t *h, const char *method, const char *pattern, srv_handler_fn fn,
+                   void *ud, const srv_route_opts_t *ropts)
+{
+    if (!h || !method || !*method || !pattern || !fn)
+        return SRV_HTTP_EINVAL;
+    for (const char *m = method; *m; m++)
+        if (!isupper((unsigned char)*m))
+            return SRV_HTTP_EINVAL;
+    size_t nparams = 0;
+    if (h->nroutes == h->rcap) {
+        size_t ncap = h->rcap ? h->rcap * 2 : 16;
+        route_t *nr = realloc(h->routes, ncap * sizeof *nr);
+        if (!nr)
+            return SRV_HTTP_ENOMEM;
+        h->routes = nr;
+        h->rcap = ncap;
+    }
+    route_t *r = &h->routes[h->nroutes];
+    memset(r, 0, sizeof *r);
+    int rc = parse_pattern(r, pattern);
+    for (size_t i = 0; rc == 0 && i < r->nsegs; i++)
+        nparams += (size_t)r->segs[i].param;
+    if (rc == 0 && nparams > MAX_PARAMS)
+        rc = SRV_HTTP_EINVAL;
+    if (rc == 0) {
+        r->method = strdup(method);
+        r->pattern = strdup(pattern);
+        if (!r->method || !r->pattern)
+            rc = SRV_HTTP_ENOMEM;
+    }
+    if (rc) {
+        route_clear(r);
+        return rc;
+    }
+    r->fn = fn;
+    r->ud = ud;
+    r->flags = ropts ? ropts->flags : 0;
+    r->max_body = ropts && ropts->max_body ? ropts->max_body : h->max_body;
+    h->nroutes++;
+    return 0;
+}
+
+/* ---- request accessors ---- */
+
+const char *srv_req_method(const srv_req_t *req)
+{
+    return req->method;
+}
+
+const char *srv_req_path(const srv_req_t *req)
+{
+    return req->path;
+}
+
+const char *srv_req_route(const srv_req_t *req)
+{
+    return req->route ? req->route->pattern : NULL;
+}
+
+const char *srv_req_id(const srv_req_t *req)
+{
+    return req->id;
+}
+
+const char *srv_req_peer(const srv_req_t *req)
+{
+    return req->peer;
+}
+
+srv_http_t *srv_req_server(const srv_req_t *req)
+{
+    return req->h;
+}
+
+const char *srv_req_param(const srv_req_t *req, const char *name)
+{
+    for (size_t i = 0; i < req->nparams; i++)
+        if (strcmp(req->pnames[i], name) == 0)
+            return req->pvals[i];
+    return NULL;
+}
+
+const char *srv_req_query(const srv_req_t *req, const char *key)
+{
+    return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, key);
+}
+
+const char *srv_req_header(const srv_req_t *req, const char *name)
+{
+    return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
+}
+
+const char *srv_req_body(const srv_req_t *req, size_t *len)
+{
+    if (len)
+        *len = req->body_len;
+    return req->body ? req->body : "";
+}
+
+int srv_req_add_header(srv_req_t *req, const char *name, const char *value)
+{
+    if (req->phase == PH_ANSWERED)
+        return SRV_HTTP_ESTATE;
+    return hdrlist_add(&req->headers, name, value);
+}
+
+static int can_answer(const srv_req_t *req)
+{
+    return req->phase == PH_HANDLER && !req->stream;
+}
+
+int srv_reply(srv_req_t *req, int status, const char *content_type, const void *body, size_t len)
+{
+    if (!can_answer(req)) {
+        SRV_LOG(SRV_LOG_ERROR, req->id, "handler answered twice (status %d)", status);
+        return SRV_HTTP_ESTATE;
+    }
+    if (status < 100 || status > 999)
+        return SRV_HTTP_EINVAL;
+    return queue_buffer(req, status, content_type, body ? body : "", body ? len : 0, NULL) ==
+                   MHD_YES
+               ? 0
+               : SRV_HTTP_EMHD;
+}
+
+int srv_reply_json(srv_req_t *req, int status, const char *json)
+{
+    return srv_reply(req, status, "application/json", json, json ? strlen(json) : 0);
+}
+
+int srv_reply_error(srv_req_t *req, int status, const char *type, const char *param,
+                    const char *code, const char *fmt, ...)
+{
+    char msg[512], emsg[1024], etype[128], eparam[256], ecode[128], body[1700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_escape_into(emsg, sizeof emsg, msg);
+    json_escape_into(etype, sizeof etype, type ? type : "invalid_request_error");
+    json_escape_into(eparam, sizeof eparam, param ? param : "");
+    json_escape_into(ecode, sizeof ecode, code ? code : "");
+    snprintf(body, sizeof body,
+             "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":%s%s%s,\"code\":%s%s%s}}\n",
+             emsg, etype, param ? "\"" : "", param ? eparam : "null", param ? "\"" : "",
+             code ? "\"" : "", code ? ecode : "null", code ? "\"" : "");
+    return srv_reply(req, status, "application/json", body, strlen(body));
+}
+
+/* ---- streams: the producer API ---- */
+
+static srv_stream_t *stream_new(srv_req_t *req, const srv_stream_opts_t *so)
+{
+    srv_http_t *h = req->h;
+    srv_stream_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    if (pthread_cond_init(&s->cond, NULL)) {
+        free(s);
+        return NULL;
+    }
+    s->hub = h->hub;
+    s->max_buffered = so && so->max_buffered ? so->max_buffered : h->stream_buf;
+    if (so) {
+        s->on_cancel = so->on_cancel;
+        s->on_writable = so->on_writable;
+        s->cb_ud = so->ud;
+    }
+    snprintf(s->req_id, sizeof s->req_id, "%s", req->id);
+    s->refs = 2; /* producer + request */
+    s->req = req;
+    pthread_mutex_lock(&h->hub->lock);
+    h->hub->refs++;
+    pthread_mutex_unlock(&h->hub->lock);
+    req->stream = s;
+    if (!req->inflight) {
+        req->inflight = 1;
+        h->inflight++;
+    }
+    return s;
+}
+
+srv_stream_t *srv_stream_open(srv_req_t *req, int status, const char *content_type,
+                              const srv_stream_opts_t *sopts)
+{
+    if (!can_answer(req)) {
+        SRV_LOG(SRV_LOG_ERROR, req->id, "stream opened on an answered request");
+        return NULL;
+    }
+    srv_stream_t *s = stream_new(req, sopts);
+    if (!s) {
+        queue_error(req, 500, "server_error", "internal", "out of memory", NULL);
+        return NULL;
+    }
+    s->mode = MODE_STREAMING;
+    s->status = status;
+    if (queue_stream(req, s, status, content_type, NULL) != MHD_YES) {
+        /* The request keeps its reference (released when it ends); the
+         * producer's is returned to nobody, so drop it here. */
+        pthread_mutex_lock(&s->hub->lock);
+        s->closed = 1;
+        s->abort = 1;
+        s->cancelled = 1;
+        stream_unref_unlock(s);
+        return NULL;
+    }
+    return s;
+}
+
+srv_stream_t *srv_stream_defer(srv_req_t *req, const srv_stream_opts_t *sopts)
+{
+    if (!can_answer(req)) {
+        SRV_LOG(SRV_LOG_ERROR, req->id, "answer deferred on an answered request");
+        return NULL;
+    }
+    srv_stream_t *s = stream_new(req, sopts);
+    if (!s) {
+        queue_error(req, 500, "server_error", "internal", "out of memory", NULL);
+        return NULL;
+    }
+    s->mode = MODE_DEFERRED;
+    return s;
+}
+
+int srv_stream_add_header(srv_stream_t *s, const char *name, const char *value)
+{
+    pthread_mutex_lock(&s->hub->lock);
+    int rc = s->mode != MODE_DEFERRED || s->closed ? SRV_HTTP_ESTATE
+                                                   : hdrlist_add(&s->headers, name, value);
+    pthread_mutex_unlock(&s->hub->lock);
+    return rc;
+}
+
+/* Copies data into the buffer (hub->lock held). */
+static int buf_append(srv_stream_t *s, const void *data, size_t len)
+{
+    if (s->off > 0 && s->len + len > s->cap) {
+        memmove(s->buf, s->buf + s->off, s->len - s->off);
+        s->len -= s->off;
+        s->off = 0;
+    }
+    if (s->len + len > s->cap) {
+        size_t ncap = s->cap ? s->cap : 4096;
+        while (ncap < s->len + len)
+            ncap *= 2;
+        char *nb = realloc(s->buf, ncap);
+        if (!nb)
+            return SRV_HTTP_ENOMEM;
+        s->buf = nb;
+        s->cap = ncap;
+    }
+    if (len)
+        memcpy(s->buf + s->len, data, len);
+    s->len += len;
+    return 0;
+}
+
+static int stream_gone_locked(const srv_stream_t *s)
+{
+    return s->cancelled || !s->hub->async;
+}
+
+int srv_stream_begin(srv_stream_t *s, int status, const char *content_type)
+{
+    if (status < 100 || status > 999)
+        return SRV_HTTP_EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&s->hub->lock);
+    if (s->closed || s->mode != MODE_DEFERRED) {
+        rc = SRV_HTTP_ESTATE;
+    } else if (stream_gone_locked(s)) {
+        rc = SRV_HTTP_ECANCELED;
+    } else {
+        char *ct = content_type ? strdup(content_type) : NULL;
+        if (content_type && !ct) {
+            rc = SRV_HTTP_ENOMEM;
+        } else {
+            s->ctype = ct;
+            s->status = status;
+            s->mode = MODE_STREAMING;
+            stream_mark_dirty_locked(s);
+        }
+    }
+    pthread_mutex_unlock(&s->hub->lock);
+    return rc;
+}
+
+int srv_stream_write(srv_stream_t *s, const void *data, size_t len)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->hub->lock);
+    if (s->closed || s->mode != MODE_STREAMING) {
+        rc = SRV_HTTP_ESTATE;
+    } else if (stream_gone_locked(s)) {
+        rc = SRV_HTTP_ECANCELED;
+    } else if (len == 0) {
+        rc = 0;
+    } else if (s->len - s->off > 0 && s->len - s->off + len > s->max_buffered) {
+        s->want_writable = 1;
+        rc = SRV_HTTP_EAGAIN;
+    } else {
+        rc = buf_append(s, data, len);
+        if (rc == 0)
+            stream_mark_dirty_locked(s);
+    }
+    pthread_mutex_unlock(&s->hub->lock);
+    return rc;
+}
+
+size_t srv_stream_space(srv_stream_t *s)
+{
+    pthread_mutex_lock(&s->hub->lock);
+    size_t used = s->len - s->off;
+    size_t space = used >= s->max_buffered ? 0 : s->max_buffered - used;
+    if (space == 0)
+        s->want_writable = 1; /* the caller will wait for on_writable */
+    pthread_mutex_unlock(&s->hub->lock);
+    return space;
+}
+
+static void deadline_after(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+int srv_stream_wait_writable(srv_stream_t *s, size_t need, int timeout_ms)
+{
+    struct timespec ts;
+    if (timeout_ms >= 0)
+        deadline_after(&ts, timeout_ms);
+    if (need > s->max_buffered)
+        need = s->max_buffered;
+    int rc = 0;
+    pthread_mutex_lock(&s->hub->lock);
+    for (;;) {
+        if (stream_gone_locked(s)) {
+            rc = SRV_HTTP_ECANCELED;
+            break;
+        }
+        size_t used = s->len - s->off;
+        size_t space = used < s->max_buffered ? s->max_buffered - used : 0;
+        if (used == 0 || space >= need)
+            break;
+        int w = timeout_ms >= 0 ? pthread_cond_timedwait(&s->cond, &s->hub->lock, &ts)
+                                : pthread_cond_wait(&s->cond, &s->hub->lock);
+        if (w == ETIMEDOUT) {
+            rc = SRV_HTTP_ETIMEDOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->hub->lock);
+    return rc;
+}
+
+int srv_stream_cancelled(srv_stream_t *s)
+{
+    pthread_mutex_lock(&s->hub->lock);
+    int c = stream_gone_locked(s);
+    pthread_mutex_unlock(&s->hub->lock);
+    return c;
+}
+
+const char *srv_stream_req_id(const srv_stream_t *s)
+{
+    return s->req_id;
+}
+
+/* Marks closed, waits out a running callback, drops the producer's
+ * reference. hub->lock held on entry, released on return. */
+static void stream_close_locked(srv_stream_t *s, int mode)
+{
+    s->closed = 1;
+    s->abort = mode == SRV_STREAM_ABORT;
+    stream_mark_dirty_locked(s);
+    pthread_cond_broadcast(&s->cond);
+    if (!on_loop_thread(s->hub))
+        while (s->in_cb > 0)
+            pthread_cond_wait(&s->cond, &s->hub->lock);
+    stream_unref_unlock(s);
+}
+
+void srv_stream_close(srv_stream_t *s, int mode)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->hub->lock);
+    if (s->closed) {
+        /* A second close is a caller bug; the reference is already gone. */
+        pthread_mutex_unlock(&s->hub->lock);
+        return;
+    }
+    stream_close_locked(s, mode);
+}
+
+int srv_stream_reply(srv_stream_t *s, int status, const char *content_type, const void *body,
+                     size_t len)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->hub->lock);
+    if (s->closed) {
+        /* A second close is a caller bug; the reference is already gone. */
+        pthread_mutex_unlock(&s->hub->lock);
+        return SRV_HTTP_ESTATE;
+    }
+    if (s->mode != MODE_DEFERRED || status < 100 || status > 999) {
+        rc = SRV_HTTP_ESTATE;
+    } else if (stream_gone_locked(s)) {
+        rc = SRV_HTTP_ECANCELED;
+    } else {
+        char *ct = content_type ? strdup(content_type) : NULL;
+        if ((content_type && !ct) || buf_append(s, body, body ? len : 0)) {
+            free(ct);
+            rc = SRV_HTTP_ENOMEM;
+        } else {
+            s->ctype = ct;
+            s->status = status;
+            s->mode = MODE_REPLY;
+        }
+    }
+    stream_close_locked(s, rc == 0 ? SRV_STREAM_END : SRV_STREAM_ABORT);
+    return rc;
+}
+
+/* ---- API keys and CORS ---- */
+
+/* Compares without an early exit, so the time does not reveal how much of a
+ * guess was right. The loop length depends only on the configured key. */
+static int key_equal(const char *given, size_t glen, const char *key)
+{
+    size_t klen = strlen(key);
+    unsigned diff = (unsigned)(glen != klen);
+    for (size_t i = 0; i < klen; i++) {
+        unsigned char g = i < glen ? (unsigned char)given[i] : 0;
+        diff |= (unsigned)(g ^ (unsigned char)key[i]);
+    }
+    return diff == 0;
+}
+
+static int auth_ok(const srv_http_t *h, struct MHD_Connection *c)
+{
+    if (h->n_api_keys == 0)
+        return 1;
+    const char *given = NULL;
+    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (auth && strncasecmp(auth, "Bearer ", 7) == 0) {
+        given = auth + 7;
+        while (*given == ' ')
+            given++;
+    }
+    if (!given)
+        given = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Api-Key");
+    if (!given)
+        return 0;
+    size_t glen = strlen(given);
+    int ok = 0;
+    for (size_t i = 0; i < h->n_api_keys; i++)
+        ok |= key_equal(given, glen, h->api_keys[i]);
+    return ok;
+}
+
+static const char *cors_allow(const srv_http_t *h, const char *origin)
+{
+    if (!origin || !*origin)
+        return NULL;
+    for (size_t i = 0; i < h->n_cors; i++) {
+        if (strcmp(h->cors[i], "*") == 0)
+            return "*";
+        if (strcasecmp(h->cors[i], origin) == 0)
+            return origin;
+    }
+    return NULL;
+}
+
+/* ---- the access handler ---- */
+
+static int method_matches(const route_t *r, const char *method)
+{
+    return strcmp(r->method, method) == 0 ||
+           (strcmp(method, "HEAD") == 0 && strcmp(r->method, "GET") == 0);
+}
+
+/* "GET, HEAD, POST, OPTIONS": methods of the routes matching path. */
+static void allowed_methods(const srv_http_t *h, const char *path, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    const char *seen[64];
+    size_t nseen = 0;
+    for (size_t i = 0; i < h->nroutes; i++) {
+        const route_t *r = &h->routes[i];
+        if (route_match(r, path, NULL) != 1)
+            continue;
+        const char *ms[2] = {r->method, strcmp(r->method, "GET") == 0 ? "HEAD" : NULL};
+        for (int k = 0; k < 2 && ms[k]; k++) {
+            int dup = 0;
+            for (size_t j = 0; j < nseen; j++)
+                dup |= strcmp(seen[j], ms[k]) == 0;
+            if (dup || nseen == 64)
+                continue;
+            seen[nseen++] = ms[k];
+            int w = snprintf(out + n, cap - n, "%s%s", n ? ", " : "", ms[k]);
+            if (w > 0 && (size_t)w < cap - n)
+                n += (size_t)w;
+        }
+    }
+    int w = snprintf(out + n, cap - n, "%sOPTIONS", n ? ", " : "");
+    (void)w;
+}
+
+static int body_is_json(const char *ctype)
+{
+    if (!ctype)
+        return 0;
+    while (*ctype == ' ')
+        ctype++;
+    size_t n = strlen("application/json");
+    if (strncasecmp(ctype, "application/json", n) != 0)
+        return 0;
+    char c = ctype[n];
+    return c == '\0' || c == ';' || c == ' ';
+}
+
+static int has_body(struct MHD_Connection *c, uint64_t *clen, int *clen_known)
+{
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
+    *clen_known = 0;
+    *clen = 0;
+    if (cl) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long v = strtoull(cl, &end, 10);
+        if (!errno && end != cl) {
+            *clen = v;
+            *clen_known = 1;
+        }
+    }
+    if (te && strcasestr(te, "chunked"))
+        return 1;
+    return *clen_known && *clen > 0;
+}
+
+static void req_free(srv_req_t *req)
+{
+    for (size_t i = 0; i < req->nparams; i++)
+        free(req->pvals[i]);
+    hdrlist_clear(&req->headers);
+    hdrlist_clear(&req->held_extra);
+    free(req->held_ctype);
+    free(req->held_body);
+    free(req->cors_origin);
+    free(req->body);
+    free(req->method);
+    free(req->path);
+    free(req);
+}
+
+static srv_req_t *req_new(srv_http_t *h, struct MHD_Connection *c, const char *url,
+                          const char *method)
+{
+    srv_req_t *req = calloc(1, sizeof *req);
+    if (!req)
+        return NULL;
+    req->h = h;
+    req->conn = c;
+    req->fd = -1;
+    req->t_start_ns = uv_hrtime();
+    req->method = strdup(method);
+    req->path = strdup(url);
+    if (!req->method || !req->path) {
+        req_free(req);
+        return NULL;
+    }
+    const char *rid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
+    if (rid && valid_req_id(rid))
+        snprintf(req->id, sizeof req->id, "%s", rid);
+    else
+        snprintf(req->id, sizeof req->id, "%016llx",
+                 (unsigned long long)splitmix64(&h->rid_state));
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci)
+        req->fd = ci->connect_fd;
+    ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci)
+        req->cx = ci->socket_context;
+    if (req->cx)
+        req->cx->busy = 1;
+    ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr) {
+        const struct sockaddr *sa = ci->client_addr;
+        if (sa->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr,
+                      req->peer, sizeof req->peer);
+        else if (sa->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr,
+                      req->peer, sizeof req->peer);
+    }
+    req->next = h->reqs;
+    if (h->reqs)
+        h->reqs->prev = req;
+    h->reqs = req;
+    return req;
+}
+
+static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_Connection *c);
+
+/* First call: headers are in. Routes, checks, early errors. */
+static enum MHD_Result on_headers(srv_http_t *h, srv_req_t *req, struct MHD_Connection *c)
+{
+    enum MHD_Result r = check_headers(h, req, c);
+    req->hold = 0;
+    return r;
+}
+
+static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_Connection *c)
+{
+    const char *method = req->method;
+    uint64_t clen = 0;
+    int clen_known = 0;
+    int body = has_body(c, &clen, &clen_known);
+    /* Without a body, an early answer waits for MHD's last call so the
+     * connection stays usable; with one, it goes out at once and MHD skips
+     * the body. */
+    req->hold = !body;
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const char *allow = cors_allow(h, origin);
+    if (allow && !(req->cors_origin = strdup(allow)))
+        return MHD_NO;
+
+    const route_t *route = NULL;
+    int path_known = 0;
+    for (size_t i = 0; i < h->nroutes && !route; i++) {
+        const route_t *r = &h->routes[i];
+        if (route_match(r, req->path, NULL) != 1)
+            continue;
+        path_known = 1;
+        if (method_matches(r, method))
+            route = r;
+    }
+    if (h->draining && !(route && (route->flags & SRV_ROUTE_DRAIN_OK)))
+        return queue_error(req, 503, "server_error", "draining",
+                           "the server is shutting down; retry on another replica", NULL);
+    if (!path_known)
+        return queue_error(req, 404, "invalid_request_error", "not_found", "no such route",
+                           NULL);
+    if (strcmp(method, "OPTIONS") == 0 && !route) {
+        char methods[256];
+        hdrlist_t extra = {0};
+        allowed_methods(h, req->path, methods, sizeof methods);
+        hdrlist_add(&extra, "Allow", methods);
+        if (req->cors_origin &&
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method")) {
+            hdrlist_add(&extra, "Access-Control-Allow-Methods", methods);
+            hdrlist_add(&extra, "Access-Control-Allow-Headers",
+                        "Authorization, Content-Type, X-Api-Key, X-Request-Id");
+            hdrlist_add(&extra, "Access-Control-Max-Age", "600");
+        }
+        enum MHD_Result r = queue_buffer(req, 204, NULL, "", 0, &extra);
+        hdrlist_clear(&extra);
+        return r;
+    }
+    if (!route) {
+        char methods[256];
+        hdrlist_t extra = {0};
+        allowed_methods(h, req->path, methods, sizeof methods);
+        hdrlist_add(&extra, "Allow", methods);
+        char msg[320];
+        snprintf(msg, sizeof msg, "method %s not allowed here; allowed: %s", method, methods);
+        enum MHD_Result r = queue_error(req, 405, "invalid_request_error", "method_not_allowed",
+                                        msg, &extra);
+        hdrlist_clear(&extra);
+        return r;
+    }
+    req->route = route;
+    if (route_match(route, req->path, req) < 0)
+        return MHD_NO;
+    if (!(route->flags & SRV_ROUTE_PUBLIC) && !auth_ok(h, c)) {
+        hdrlist_t extra = {0};
+        hdrlist_add(&extra, "WWW-Authenticate", "Bearer");
+        enum MHD_Result r =
+            queue_error(req, 401, "authentication_error", "invalid_api_key",
+                        "missing or wrong API key (Authorization: Bearer KEY or X-Api-Key)",
+                        &extra);
+        hdrlist_clear(&extra);
+        return r;
+    }
+    if ((route->flags & SRV_ROUTE_JSON) && body &&
+        !body_is_json(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type")))
+        return queue_error(req, 415, "invalid_request_error", "unsupported_media_type",
+                           "the body must be JSON (Content-Type: application/json)", NULL);
+    req->body_limit = route->max_body;
+    if (clen_known && clen > req->body_limit) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "request body of %llu bytes exceeds the limit of %zu bytes",
+                 (unsigned long long)clen, req->body_limit);
+        return queue_error(req, 413, "invalid_request_error", "request_too_large", msg, NULL);
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result on_body(srv_req_t *req, const char *data, size_t n)
+{
+    if (req->too_large)
+        return MHD_YES;
+    if (n > req->body_limit - req->body_len) {
+        req->too_large = 1;
+        free(req->body);
+        req->body = NULL;
+        req->body_len = req->body_cap = 0;
+        return MHD_YES;
+    }
+    if (req->body_len + n + 1 > req->body_cap) {
+        size_t ncap = req->body_cap ? req->body_cap : 1024;
+        while (ncap < req->body_len + n + 1)
+            ncap *= 2;
+        char *nb = realloc(req->body, ncap);
+        if (!nb)
+            return MHD_NO;
+        req->body = nb;
+        req->body_cap = ncap;
+    }
+    memcpy(req->body + req->body_len, data, n);
+    req->body_len += n;
+    req->body[req->body_len] = '\0';
+    return MHD_YES;
+}
+
+/* Queues whatever the producer decided for a deferred stream, or suspends
+ * again when it has not decided yet. */
+static enum MHD_Result answer_deferred(srv_req_t *req)
+{
+    srv_stream_t *s = req->stream;
+    pthread_mutex_lock(&s->hub->lock);
+    int mode = s->mode, closed = s->closed, gone = s->cancelled;
+    int status = s->status;
+    char *ctype = s->ctype;
+    s->ctype = NULL;
+    hdrlist_t extra = s->headers;
+    memset(&s->headers, 0, sizeof s->headers);
+    char *body = NULL;
+    size_t blen = 0;
+    if (mode == MODE_REPLY) {
+        body = s->buf;
+        blen = s->len - s->off;
+        s->buf = NULL;
+        s->off = s->len = s->cap = 0;
+    }
+    pthread_mutex_unlock(&s->hub->lock);
+    enum MHD_Result r;
+    if (gone || req->client_gone)
+        r = MHD_NO;
+    else if (mode == MODE_REPLY)
+        r = queue_buffer(req, status, ctype, body ? body + 0 : "", blen, &extra);
+    else if (mode == MODE_STREAMING)
+        r = queue_stream(req, s, status, ctype, &extra);
+    else if (closed)
+        r = queue_error(req, 500, "server_error", "internal", "the request was dropped", NULL);
+    else {
+        req->phase = PH_WAITING;
+        req_suspend(req);
+        r = MHD_YES;
+    }
+    free(body);
+    free(ctype);
+    hdrlist_clear(&extra);
+    return r;
+}
+
+static enum MHD_Result run_handler(srv_req_t *req)
+{
+    if (req->cx)
+        req->cx->deadline_ms = 0; /* the request is in: the request timeout stops */
+    if (req->too_large) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes", req->body_limit);
+        return queue_error(req, 413, "invalid_request_error", "request_too_large", msg, NULL);
+    }
+    req->phase = PH_HANDLER;
+    req->route->fn(req, req->route->ud);
+    if (req->phase == PH_ANSWERED)
+        return MHD_YES;
+    if (req->stream)
+        return answer_deferred(req);
+    SRV_LOG(SRV_LOG_ERROR, req->id, "handler for %s %s returned without answering",
+            req->method, req->route->pattern);
+    return queue_error(req, 500, "server_error", "internal", "the handler did not answer",
+                       NULL);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    (void)version;
+    srv_http_t *h = cls;
+    srv_req_t *req = *con_cls;
+    if (!req) {
+        req = req_new(h, c, url, method);
+        if (!req)
+            return MHD_NO;
+        *con_cls = req;
+        return on_headers(h, req, c);
+    }
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (req->phase != PH_RECEIVING)
+            return MHD_YES; /* an early answer is queued: drop the rest */
+        /* Past the limit the rest of a chunked body is dropped as it comes
+         * and 413 follows at its end (MHD 0.9.75 refuses to queue a response
+         * while an upload is in progress). */
+        enum MHD_Result r = on_body(req, upload_data, n);
+        return r;
+    }
+    switch (req->phase) {
+    case PH_RECEIVING:
+        return run_handler(req);
+    case PH_HELD:
+        return queue_buffer(req, req->held_status, req->held_ctype, req->held_body,
+                            req->held_len, &req->held_extra);
+    case PH_WAITING:
+        return answer_deferred(req);
+    default:
+        return MHD_YES;
+    }
+}
+
+static const char *outcome_name(enum MHD_RequestTerminationCode toe, const srv_req_t *req)
+{
+    if (req->client_gone)
+        return "client_gone";
+    if (req->cx && req->cx->cut)
+        return "request_timeout";
+    switch (toe) {
+    case MHD_REQUEST_TERMINATED_COMPLETED_OK: return "ok";
+    case MHD_REQUEST_TERMINATED_WITH_ERROR: return "error";
+    case MHD_REQUEST_TERMINATED_TIMEOUT_REACHED: return "idle_timeout";
+    case MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN: return "shutdown";
+    case MHD_REQUEST_TERMINATED_READ_ERROR: return "read_error";
+    case MHD_REQUEST_TERMINATED_CLIENT_ABORT: return "client_gone";
+    }
+    return "unknown";
+}
+
+static const char *method_label(const char *m)
+{
+    static const char *const known[] = {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS",
+                                        "PATCH", NULL};
+    for (int i = 0; known[i]; i++)
+        if (strcmp(m, known[i]) == 0)
+            return known[i];
+    return "other";
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)c;
+    srv_http_t *h = cls;
+    srv_req_t *req = *con_cls;
+    if (!req)
+        return;
+    *con_cls = NULL;
+    if (req->hup) {
+        uv_poll_stop(req->hup);
+        req->hup->data = NULL;
+        uv_close((uv_handle_t *)req->hup, on_hup_closed);
+        req->hup = NULL;
+    }
+    srv_stream_t *s = req->stream;
+    if (s) {
+        pthread_mutex_lock(&s->hub->lock);
+        int finished = s->closed && !s->abort && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
+        s->req = NULL;
+        pthread_mutex_unlock(&s->hub->lock);
+        if (!finished)
+            stream_cancel(h, s);
+        stream_unref(s);
+        req->stream = NULL;
+    }
+    if (req->inflight)
+        h->inflight--;
+    if (req->cx) {
+        req->cx->busy = 0;
+        req->cx->deadline_ms = h->request_timeout_s ? now_ms() + h->request_timeout_s * 1000ull
+                                                    : 0;
+        /* Draining: a keep-alive connection whose response was queued before
+         * the drain began must not wait for another request. The response is
+         * fully written by now; the shutdown only ends the connection. */
+        if (h->draining && req->cx->fd >= 0)
+            shutdown(req->cx->fd, SHUT_RDWR);
+    }
+    const char *outcome = outcome_name(toe, req);
+    double ms = (double)(uv_hrtime() - req->t_start_ns) / 1e6;
+    srv_log_access(&(srv_log_access_rec_t){
+        .req_id = req->id,
+        .method = req->method,
+        .path = req->path,
+        .route = req->route ? req->route->pattern : NULL,
+        .peer = req->peer,
+        .status = req->status,
+        .bytes_in = req->body_len,
+        .bytes_out = req->bytes_out,
+        .duration_ms = ms,
+        .outcome = outcome,
+    });
+    if (h->metrics) {
+        char code[16];
+        snprintf(code, sizeof code, "%d", req->status);
+        const char *route = req->route ? req->route->pattern : "unmatched";
+        srv_metric_add(h->m_requests,
+                       (const char *[]){method_label(req->method), route, code}, 1);
+        srv_metric_observe(h->m_duration, (const char *[]){route}, ms / 1000.0);
+        srv_metric_set(h->m_inflight, NULL, (double)h->inflight);
+    }
+    if (req->prev)
+        req->prev->next = req->next;
+    else
+        h->reqs = req->next;
+    if (req->next)
+        req->next->prev = req->prev;
+    req_free(req);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    srv_http_t *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_t *cx = calloc(1, sizeof *cx);
+        if (!cx)
+            return; /* this connection simply has no request timeout */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        cx->fd = ci ? ci->connect_fd : -1;
+        cx->deadline_ms = h->request_timeout_s ? now_ms() + h->request_timeout_s * 1000ull : 0;
+        cx->next = h->conns;
+        if (h->conns)
+            h->conns->prev = cx;
+        h->conns = cx;
+        *socket_context = cx;
+        if (h->m_conns)
+            srv_metric_add(h->m_conns, NULL, 1);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        conn_t *cx = *socket_context;
+        if (!cx)
+            return;
+        if (cx->prev)
+            cx->prev->next = cx->next;
+        else
+            h->conns = cx->next;
+        if (cx->next)
+            cx->next->prev = cx->prev;
+        free(cx);
+        *socket_context = NULL;
+        /* At the connection limit MHD took its listen socket out of epoll; it
+         * puts it back at the start of its next run, and a pending client
+         * would otherwise wait for unrelated activity. */
+        h->rerun = 1;
+        if (h->m_conns)
+            srv_metric_add(h->m_conns, NULL, -1);
+    }
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    if (SRV_LOG_DEBUG > srv_log_level())
+        return;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
+        msg[--n] = '\0';
+    SRV_LOG(SRV_LOG_DEBUG, NULL, "libmicrohttpd: %s", msg);
+}
+
+/* ---- the loop side ---- */
+
+static void on_mhd_timer(uv_timer_t *t)
+{
+    run_mhd(t->data);
+}
+
+static void on_mhd_poll(uv_poll_t *p, int status, int events)
+{
+    (void)status;
+    (void)events;
+    run_mhd(p->data);
+}
+
+static void run_mhd(srv_http_t *h)
+{
+    if (h->stage == CLOSED)
+        return;
+    if (h->in_run) {
+        h->rerun = 1;
+        return;
+    }
+    h->in_run = 1;
+    do {
+        h->rerun = 0;
+        MHD_run(h->d);
+        process_pending(h);
+    } while (h->rerun);
+    h->in_run = 0;
+    MHD_UNSIGNED_LONG_LONG t = 0;
+    if (MHD_get_timeout(h->d, &t) == MHD_YES)
+        uv_timer_start(&h->mhd_timer, on_mhd_timer, (uint64_t)t, 0);
+    else
+        uv_timer_stop(&h->mhd_timer);
+}
+
+static void on_async(uv_async_t *a)
+{
+    srv_http_t *h = a->data;
+    hub_t *hub = h->hub;
+    pthread_mutex_lock(&hub->lock);
+    srv_stream_t *list = hub->dirty;
+    hub->dirty = NULL;
+    for (srv_stream_t *s = list; s; s = s->dirty_next)
+        s->dirty = 0;
+    pthread_mutex_unlock(&hub->lock);
+    while (list) {
+        srv_stream_t *s = list;
+        list = s->dirty_next;
+        s->dirty_next = NULL;
+        if (s->req)
+            req_resume(s->req);
+        stream_unref(s);
+    }
+    if (h->stage != CLOSED)
+        run_mhd(h);
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    srv_http_t *h = t->data;
+    uint64_t now = now_ms();
+    for (conn_t *cx = h->conns; cx; cx = cx->next) {
+        if (cx->cut || !cx->deadline_ms || now < cx->deadline_ms || cx->fd < 0)
+            continue;
+        /* MHD owns the descriptor; shutting it down (not closing it) makes
+         * the next read fail, and MHD closes the connection itself. */
+        cx->cut = 1;
+        shutdown(cx->fd, SHUT_RDWR);
+        SRV_LOG(SRV_LOG_INFO, NULL, "request timeout: closing a connection that took over %us",
+                h->request_timeout_s);
+        if (h->m_timeouts)
+            srv_metric_add(h->m_timeouts, NULL, 1);
+    }
+}
+
+/* ---- construction ---- */
+
+static int listen_socket(const char *host, int port, int *is_v6, char *err, size_t errlen)
+{
+    struct addrinfo hints, *res = NULL;
+    char portbuf[16];
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    snprintf(portbuf, sizeof portbuf, "%d", port);
+    int gai = getaddrinfo(host, portbuf, &hints, &res);
+    if (gai) {
+        snprintf(err, errlen, "cannot resolve listen address '%s': %s", host, gai_strerror(gai));
+        return -1;
+    }
+    int fd = -1;
+    int saved = 0;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                    ai->ai_protocol);
+        if (fd < 0) {
+            saved = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, LISTEN_BACKLOG) == 0) {
+            *is_v6 = ai->ai_family == AF_INET6;
+            break;
+        }
+        saved = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        snprintf(err, errlen, "cannot listen on %s:%d: %s", host, port, strerror(saved));
+    return fd;
+}
+
+static void register_metrics(srv_http_t *h)
+{
+    static const double buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                     1,     2.5,  5,     10,   30,  60,   300};
+    srv_metrics_t *m = h->metrics;
+    h->m_requests = srv_metrics_counter(m, "darkserve_http_requests_total",
+                                        "HTTP requests completed, by method, route and status",
+                                        (const char *[]){"method", "route", "code", NULL});
+    h->m_duration = srv_metrics_histogram(
+        m, "darkserve_http_request_duration_seconds",
+        "time from request headers to the end of the response", (const char *[]){"route", NULL},
+        buckets, sizeof buckets / sizeof buckets[0]);
+    h->m_inflight = srv_metrics_gauge(m, "darkserve_http_inflight_requests",
+                                      "requests being answered (streams, deferred answers)", NULL);
+    h->m_conns = srv_metrics_gauge(m, "darkserve_http_connections", "open client connections",
+                                   NULL);
+    h->m_cancels = srv_metrics_counter(
+        m, "darkserve_http_stream_cancels_total",
+        "streamed or deferred answers cancelled (client gone, timeout, shutdown)", NULL);
+    h->m_timeouts = srv_metrics_counter(m, "darkserve_http_request_timeouts_total",
+                                        "connections cut by the request timeout", NULL);
+}
+
+static char **copy_strings(const char *const *v, size_t n)
+{
+    char **out = calloc(n ? n : 1, sizeof *out);
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!(out[i] = strdup(v[i]))) {
+            for (size_t j = 0; j < i; j++)
+                free(out[j]);
+            free(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static void free_strings(char **v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+static void http_free(srv_http_t *h)
+{
+    for (size_t i = 0; i < h->nroutes; i++)
+        route_clear(&h->routes[i]);
+    free(h->routes);
+    free_strings(h->api_keys, h->n_api_keys);
+    free_strings(h->cors, h->n_cors);
+    if (h->hub) {
+        int free_hub;
+        pthread_mutex_lock(&h->hub->lock);
+        hub_unref_locked(h->hub, &free_hub);
+        pthread_mutex_unlock(&h->hub->lock);
+        if (free_hub)
+            hub_free(h->hub);
+    }
+    free(h);
+}
+
+srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, size_t errlen)
+{
+    char dummy[8];
+    if (!err) {
+        err = dummy;
+        errlen = sizeof dummy;
+    }
+    srv_http_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    int fd = -1;
+    h->loop = loop;
+    h->max_body = o->max_body ? o->max_body : DEFAULT_MAX_BODY;
+    h->stream_buf = o->stream_max_buffered ? o->stream_max_buffered : DEFAULT_STREAM_BUF;
+    h->request_timeout_s = o->request_timeout_s;
+    h->metrics = o->metrics;
+    h->n_api_keys = o->n_api_keys;
+    h->n_cors = o->n_cors_origins;
+    h->api_keys = copy_strings(o->api_keys, o->n_api_keys);
+    h->cors = copy_strings(o->cors_origins, o->n_cors_origins);
+    h->hub = calloc(1, sizeof *h->hub);
+    if (!h->api_keys || !h->cors || !h->hub) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    pthread_mutex_init(&h->hub->lock, NULL);
+    h->hub->refs = 1;
+    h->hub->loop_thread = pthread_self();
+    uint64_t seed = 0;
+    if (uv_random(NULL, NULL, &seed, sizeof seed, 0, NULL) != 0)
+        seed = uv_hrtime() ^ ((uint64_t)getpid() << 32);
+    h->rid_state = seed;
+    if (h->metrics)
+        register_metrics(h);
+
+    int v6 = 0;
+    fd = listen_socket(o->host ? o->host : "127.0.0.1", o->port, &v6, err, errlen);
+    if (fd < 0)
+        goto fail;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+        h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                     (v6 ? MHD_USE_IPv6 : 0);
+    h->d = MHD_start_daemon(
+        flags, (uint16_t)h->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+        on_mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd,
+        MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : DEFAULT_MAX_CONN,
+        MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
+    if (!h->d) {
+        snprintf(err, errlen, "libmicrohttpd failed to start (epoll mode)");
+        goto fail;
+    }
+    fd = -1; /* MHD owns it now and closes it in MHD_stop_daemon */
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
+    if (!di || di->epoll_fd < 0) {
+        snprintf(err, errlen, "libmicrohttpd has no epoll descriptor");
+        goto fail;
+    }
+    if (uv_poll_init(loop, &h->mhd_poll, di->epoll_fd) != 0) {
+        snprintf(err, errlen, "cannot watch libmicrohttpd's epoll descriptor");
+        goto fail;
+    }
+    h->mhd_poll.data = h;
+    uv_timer_init(loop, &h->mhd_timer);
+    h->mhd_timer.data = h;
+    uv_timer_init(loop, &h->sweep);
+    h->sweep.data = h;
+    uv_async_init(loop, &h->async, on_async);
+    h->async.data = h;
+    h->handles_open = 4;
+    h->hub->async = &h->async;
+    uv_poll_start(&h->mhd_poll, UV_READABLE, on_mhd_poll);
+    if (h->request_timeout_s)
+        uv_timer_start(&h->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+    /* Arms the timer and accepts anything already queued. */
+    run_mhd(h);
+    return h;
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (h->d)
+        MHD_stop_daemon(h->d);
+    http_free(h);
+    return NULL;
+}
+
+int srv_http_port(const srv_http_t *h)
+{
+    return h->port;
+}
+
+void srv_http_drain(srv_http_t *h)
+{
+    if (h->draining)
+        return;
+    h->draining = 1;
+    /* Idle keep-alive connections are closed now; busy ones after their
+     * response (on_completed). */
+    for (conn_t *cx = h->conns; cx; cx = cx->next)
+        if (!cx->busy && cx->fd >= 0)
+            shutdown(cx->fd, SHUT_RDWR);
+}
+
+int srv_http_draining(const srv_http_t *h)
+{
+    return h->draining;
+}
+
+size_t srv_http_inflight(const srv_http_t *h)
+{
+    return h->inflight;
+}
+
+void srv_http_cancel_all(srv_http_t *h)
+{
+    for (srv_req_t *req = h->reqs; req; req = req->next) {
+        if (req->stream)
+            stream_cancel(h, req->stream);
+        req_resume(req);
+    }
+    run_mhd(h);
+}
+
+static void on_handle_closed(uv_handle_t *hnd)
+{
+    srv_http_t *h = hnd->data;
+    if (--h->handles_open > 0)
+        return;
+    void (*done)(void *) = h->done;
+    void *ud = h->done_ud;
+    http_free(h);
+    if (done)
+        done(ud);
+}
+
+void srv_http_close(srv_http_t *h, void (*done)(void *ud), void *ud)
+{
+    if (h->stage != OPEN)
+        return;
+    h->stage = CLOSING;
+    h->done = done;
+    h->done_ud = ud;
+    /* MHD must not be stopped with suspended connections: resume them all,
+     * cancelled, and let one MHD_run close them. */
+    srv_http_cancel_all(h);
+    uv_poll_stop(&h->mhd_poll);
+    MHD_stop_daemon(h->d); /* remaining requests complete with DAEMON_SHUTDOWN */
+    h->d = NULL;
+    h->stage = CLOSED;
+    process_pending(h);
+    pthread_mutex_lock(&h->hub->lock);
+    h->hub->async = NULL; /* producers now see every stream as cancelled */
+    srv_stream_t *list = h->hub->dirty;
+    h->hub->dirty = NULL;
+    pthread_mutex_unlock(&h->hub->lock);
+    while (list) {
+        srv_stream_t *s = list;
+        list = s->dirty_next;
+        pthread_mutex_lock(&s->hub->lock);
+        s->dirty = 0;
+        pthread_cond_broadcast(&s->cond);
+        stream_unref_unlock(s);
+    }
+    uv_close((uv_handle_t *)&h->mhd_poll, on_handle_closed);
+    uv_close((uv_handle_t *)&h->mhd_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&h->sweep, on_handle_closed);
+    uv_close((uv_handle_t *)&h->async, on_handle_closed);
+}

@@ -1,0 +1,1523 @@
+/* test_srv_http.c — the HTTP front end, end to end over loopback sockets.
+ *
+ * Each group starts a real server (port 0) on its own loop thread, registers
+ * test routes, talks to it with plain sockets from the main thread, stops it
+ * and checks that uv_loop_close() == 0 (no handle leaked). Every wait has a
+ * bound (WAIT_MS) so a broken server fails the test instead of hanging it;
+ * no assertion depends on how fast anything is.
+ *
+ * Streaming checks avoid timing: the producer of /stream/incremental waits
+ * until the client has *received* the first chunk before writing the second,
+ * so a server that buffered the stream until it ends makes the producer time
+ * out; the producer of /stream/cancel writes nothing after its first chunk,
+ * so its connection is suspended and only the hang-up watch can notice the
+ * client leaving.
+ */
+#include "server/http.h"
+#include "server/log.h"
+#include "server/metrics.h"
+#include "tests/unit/check.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WAIT_MS 10000
+#define API_KEY "sekret-key-1"
+#define API_KEY2 "other-key-2"
+#define ORIGIN_OK "https://app.example"
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void abs_deadline(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+typedef struct buf {
+    char *p;
+    size_t len, cap;
+} buf_t;
+
+static void buf_add(buf_t *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t ncap = b->cap ? b->cap * 2 : 4096;
+        while (ncap < b->len + n + 1)
+            ncap *= 2;
+        b->p = realloc(b->p, ncap);
+        b->cap = ncap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static int tcp_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int send_all(int fd, const char *s, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return -1;
+        s += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int send_str(int fd, const char *s)
+{
+    return send_all(fd, s, strlen(s));
+}
+
+/* Reads what arrives within timeout_ms. Returns bytes read (>0), 0 on EOF,
+ * -1 on a connection error (reset), -2 on timeout. */
+static ssize_t recv_wait(int fd, buf_t *b, int timeout_ms)
+{
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, timeout_ms);
+    if (pr == 0)
+        return -2;
+    char tmp[16384];
+    ssize_t r = recv(fd, tmp, sizeof tmp, 0);
+    if (r > 0)
+        buf_add(b, tmp, (size_t)r);
+    return r < 0 ? -1 : r;
+}
+
+/* Reads until the peer closes. Returns 0 on EOF/reset, -2 on timeout. */
+static int read_until_close(int fd, buf_t *b, int timeout_ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        uint64_t now = mono_ms();
+        if (now >= end)
+            return -2;
+        ssize_t r = recv_wait(fd, b, (int)(end - now));
+        if (r == 0 || r == -1)
+            return 0;
+        if (r == -2)
+            return -2;
+    }
+}
+
+static int read_until_contains(int fd, buf_t *b, const char *needle, int timeout_ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
+    while (!(b->p && strstr(b->p, needle))) {
+        uint64_t now = mono_ms();
+        if (now >= end)
+            return -2;
+        ssize_t r = recv_wait(fd, b, (int)(end - now));
+        if (r <= 0 && r != -2)
+            return -1;
+    }
+    return 0;
+}
+
+typedef struct resp {
+    int status;
+    char head[8192];
+    char *body;
+    size_t body_len;
+    int chunked;
+    int chunked_complete;
+} resp_t;
+
+static void resp_free(resp_t *r)
+{
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+/* Value of header name in r (case-insensitive), copied into out; NULL if absent. */
+static const char *resp_header(const resp_t *r, const char *name, char *out, size_t cap)
+{
+    size_t n = strlen(name);
+    const char *p = strstr(r->head, "\r\n");
+    while (p && p[2]) {
+        p += 2;
+        const char *eol = strstr(p, "\r\n");
+        if (!eol)
+            break;
+        if ((size_t)(eol - p) > n && strncasecmp(p, name, n) == 0 && p[n] == ':') {
+            const char *v = p + n + 1;
+            while (*v == ' ')
+                v++;
+            size_t vl = (size_t)(eol - v);
+            if (vl >= cap)
+                vl = cap - 1;
+            memcpy(out, v, vl);
+            out[vl] = '\0';
+            return out;
+        }
+        p = eol;
+    }
+    return NULL;
+}
+
+/* Parses one HTTP response from raw[0..len); de-chunks the body. */
+static int parse_resp(const char *raw, size_t len, resp_t *r)
+{
+    memset(r, 0, sizeof *r);
+    if (!raw)
+        return -1;
+    const char *he = strstr(raw, "\r\n\r\n");
+    if (!he || sscanf(raw, "HTTP/1.%*d %d", &r->status) != 1)
+        return -1;
+    size_t hl = (size_t)(he - raw) + 2;
+    if (hl >= sizeof r->head)
+        return -1;
+    memcpy(r->head, raw, hl);
+    r->head[hl] = '\0';
+    const char *b = he + 4;
+    size_t blen = len - (size_t)(b - raw);
+    char te[64];
+    buf_t body = {0};
+    buf_add(&body, "", 0);
+    if (resp_header(r, "Transfer-Encoding", te, sizeof te) && strcasestr(te, "chunked")) {
+        r->chunked = 1;
+        const char *p = b, *end = b + blen;
+        while (p < end) {
+            char *eol = NULL;
+            unsigned long sz = strtoul(p, &eol, 16);
+            if (!eol || eol + 2 > end || eol[0] != '\r')
+                break;
+            p = eol + 2;
+            if (sz == 0) {
+                r->chunked_complete = 1;
+                break;
+            }
+            if (p + sz > end) {
+                buf_add(&body, p, (size_t)(end - p));
+                break;
+            }
+            buf_add(&body, p, sz);
+            p += sz + 2;
+        }
+    } else {
+        buf_add(&body, b, blen);
+    }
+    r->body = body.p;
+    r->body_len = body.len;
+    return 0;
+}
+
+/* Sends req on a new connection, reads until the server closes, parses. */
+static int http_do(int port, const char *req, resp_t *r)
+{
+    memset(r, 0, sizeof *r);
+    int fd = tcp_connect(port);
+    if (fd < 0)
+        return -1;
+    buf_t b = {0};
+    int rc = send_str(fd, req) == 0 && read_until_close(fd, &b, WAIT_MS) == 0 ? 0 : -1;
+    close(fd);
+    if (rc == 0)
+        rc = parse_resp(b.p, b.len, r);
+    free(b.p);
+    return rc;
+}
+
+/* A GET with Connection: close and extra header lines (each ending \r\n). */
+static int http_get(int port, const char *path, const char *extra, resp_t *r)
+{
+    char req[2048];
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n%s\r\n", path,
+             extra ? extra : "");
+    return http_do(port, req, r);
+}
+
+static int http_post(int port, const char *path, const char *ctype, const char *body,
+                     const char *extra, resp_t *r)
+{
+    buf_t b = {0};
+    char head[2048];
+    snprintf(head, sizeof head,
+             "POST %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n%s%s%sContent-Length: %zu\r\n"
+             "%s\r\n",
+             path, ctype ? "Content-Type: " : "", ctype ? ctype : "", ctype ? "\r\n" : "",
+             strlen(body), extra ? extra : "");
+    buf_add(&b, head, strlen(head));
+    buf_add(&b, body, strlen(body));
+    int rc = http_do(port, b.p, r);
+    free(b.p);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- server harness */
+
+typedef struct server server_t;
+typedef void (*server_fn)(server_t *S, void *arg);
+
+struct server {
+    pthread_t th;
+    uv_loop_t loop;
+    uv_async_t ctl;
+    srv_http_t *h;
+    srv_metrics_t *metrics;
+    srv_http_opts_t opts;
+    void (*setup)(server_t *S);
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state; /* 0 starting, 1 running, -1 failed, 2 stopped */
+    int port;
+    int loop_close_rc;
+    char err[256];
+    server_fn call_fn;
+    void *call_arg;
+    int call_pending;
+};
+
+static pthread_t g_loop_thread;
+
+static void on_ctl(uv_async_t *a)
+{
+    server_t *S = a->data;
+    pthread_mutex_lock(&S->mu);
+    server_fn fn = S->call_fn;
+    void *arg = S->call_arg;
+    pthread_mutex_unlock(&S->mu);
+    if (fn)
+        fn(S, arg);
+    pthread_mutex_lock(&S->mu);
+    S->call_fn = NULL;
+    S->call_pending = 0;
+    pthread_cond_broadcast(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+}
+
+static void *server_thread(void *arg)
+{
+    server_t *S = arg;
+    g_loop_thread = pthread_self();
+    uv_loop_init(&S->loop);
+    S->h = srv_http_new(&S->loop, &S->opts, S->err, sizeof S->err);
+    pthread_mutex_lock(&S->mu);
+    if (!S->h) {
+        S->state = -1;
+        pthread_cond_broadcast(&S->cv);
+        pthread_mutex_unlock(&S->mu);
+        uv_loop_close(&S->loop);
+        return NULL;
+    }
+    S->setup(S);
+    uv_async_init(&S->loop, &S->ctl, on_ctl);
+    S->ctl.data = S;
+    S->port = srv_http_port(S->h);
+    S->state = 1;
+    pthread_cond_broadcast(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    uv_run(&S->loop, UV_RUN_DEFAULT);
+    int rc = uv_loop_close(&S->loop);
+    pthread_mutex_lock(&S->mu);
+    S->loop_close_rc = rc;
+    S->state = 2;
+    pthread_cond_broadcast(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    return NULL;
+}
+
+static int server_start(server_t *S)
+{
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_cond_init(&S->cv, NULL);
+    pthread_create(&S->th, NULL, server_thread, S);
+    pthread_mutex_lock(&S->mu);
+    while (S->state == 0)
+        pthread_cond_wait(&S->cv, &S->mu);
+    int ok = S->state == 1;
+    pthread_mutex_unlock(&S->mu);
+    if (!ok) {
+        printf("  server failed to start: %s\n", S->err);
+        pthread_join(S->th, NULL);
+    }
+    return ok ? 0 : -1;
+}
+
+/* Runs fn(S, arg) on the loop thread and waits for it. */
+static int server_call(server_t *S, server_fn fn, void *arg)
+{
+    struct timespec ts;
+    abs_deadline(&ts, WAIT_MS);
+    pthread_mutex_lock(&S->mu);
+    S->call_fn = fn;
+    S->call_arg = arg;
+    S->call_pending = 1;
+    uv_async_send(&S->ctl);
+    int rc = 0;
+    while (S->call_pending && rc == 0)
+        rc = pthread_cond_timedwait(&S->cv, &S->mu, &ts);
+    pthread_mutex_unlock(&S->mu);
+    return rc == 0 ? 0 : -1;
+}
+
+static void do_close(server_t *S, void *arg)
+{
+    (void)arg;
+    srv_http_close(S->h, NULL, NULL);
+    S->h = NULL;
+    uv_close((uv_handle_t *)&S->ctl, NULL);
+}
+
+/* Stops the server and returns uv_loop_close's result (or -999 on a hang). */
+static int server_stop(server_t *S)
+{
+    if (server_call(S, do_close, NULL) != 0)
+        return -999;
+    struct timespec ts;
+    abs_deadline(&ts, WAIT_MS);
+    pthread_mutex_lock(&S->mu);
+    int rc = 0;
+    while (S->state != 2 && rc == 0)
+        rc = pthread_cond_timedwait(&S->cv, &S->mu, &ts);
+    pthread_mutex_unlock(&S->mu);
+    if (rc != 0)
+        return -999;
+    pthread_join(S->th, NULL);
+    pthread_mutex_destroy(&S->mu);
+    pthread_cond_destroy(&S->cv);
+    return S->loop_close_rc;
+}
+
+/* ---------------------------------------------------------------- shared test state */
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* incremental stream */
+    int client_saw_first;
+    int incremental_timed_out;
+    /* cancellation */
+    int cancel_cb_count;
+    int cancel_cb_on_loop;
+    int saw_cancelled;
+    int write_after_cancel;
+    int producer_done;
+    /* back-pressure */
+    int bp_first, bp_second;
+    size_t bp_space;
+    int writable_count;
+    int bp_errors;
+    /* hold / release */
+    int release;
+    /* close with open stream */
+    int server_gone;
+    int write_after_close;
+    /* deferred */
+    int deferred_rc;
+    pthread_t producer;
+    int have_producer;
+} T = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void t_reset(void)
+{
+    pthread_mutex_lock(&T.mu);
+    T.client_saw_first = T.incremental_timed_out = 0;
+    T.cancel_cb_count = T.cancel_cb_on_loop = T.saw_cancelled = 0;
+    T.write_after_cancel = 0;
+    T.producer_done = 0;
+    T.bp_first = T.bp_second = T.bp_errors = T.writable_count = 0;
+    T.bp_space = 0;
+    T.release = 0;
+    T.server_gone = T.write_after_close = 0;
+    T.deferred_rc = 0;
+    pthread_mutex_unlock(&T.mu);
+}
+
+/* Waits until *flag is non-zero; returns 0, or -1 after WAIT_MS. */
+static int t_wait(const int *flag)
+{
+    struct timespec ts;
+    abs_deadline(&ts, WAIT_MS);
+    int rc = 0;
+    pthread_mutex_lock(&T.mu);
+    while (!*flag && rc == 0)
+        rc = pthread_cond_timedwait(&T.cv, &T.mu, &ts);
+    int ok = *flag != 0;
+    pthread_mutex_unlock(&T.mu);
+    return ok ? 0 : -1;
+}
+
+static void t_set(int *flag)
+{
+    pthread_mutex_lock(&T.mu);
+    *flag = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+}
+
+static void spawn_producer(void *(*fn)(void *), void *arg)
+{
+    pthread_create(&T.producer, NULL, fn, arg);
+    T.have_producer = 1;
+}
+
+static void join_producer(void)
+{
+    if (T.have_producer)
+        pthread_join(T.producer, NULL);
+    T.have_producer = 0;
+}
+
+/* ---------------------------------------------------------------- routes */
+
+static void h_echo(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    size_t len;
+    const char *body = srv_req_body(req, &len);
+    const char *x = srv_req_query(req, "x");
+    const char *t = srv_req_header(req, "X-Test");
+    char out[4096];
+    snprintf(out, sizeof out,
+             "{\"method\":\"%s\",\"path\":\"%s\",\"x\":\"%s\",\"test\":\"%s\",\"len\":%zu,"
+             "\"body\":\"%.1000s\"}",
+             srv_req_method(req), srv_req_path(req), x ? x : "", t ? t : "", len, body);
+    srv_req_add_header(req, "X-Echo", "1");
+    srv_reply_json(req, 200, out);
+}
+
+static void h_append(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    size_t len;
+    srv_req_body(req, &len);
+    char out[256];
+    snprintf(out, sizeof out, "{\"id\":\"%s\",\"len\":%zu,\"route\":\"%s\"}",
+             srv_req_param(req, "id"), len, srv_req_route(req));
+    srv_reply_json(req, 200, out);
+}
+
+static void h_health(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    if (srv_http_draining(srv_req_server(req)))
+        srv_reply_json(req, 503, "{\"status\":\"draining\"}");
+    else
+        srv_reply_json(req, 200, "{\"status\":\"ok\"}");
+}
+
+static void h_metrics(srv_req_t *req, void *ud)
+{
+    size_t len = 0;
+    char *text = srv_metrics_render(ud, &len);
+    srv_reply(req, 200, SRV_METRICS_CONTENT_TYPE, text, len);
+    free(text);
+}
+
+static void h_noreply(srv_req_t *req, void *ud)
+{
+    (void)req;
+    (void)ud;
+}
+
+static void h_double(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_reply_json(req, 200, "{\"first\":true}");
+    int rc = srv_reply_json(req, 200, "{\"second\":true}");
+    pthread_mutex_lock(&T.mu);
+    T.deferred_rc = rc;
+    pthread_mutex_unlock(&T.mu);
+}
+
+/* /stream/incremental */
+static void *prod_incremental(void *arg)
+{
+    srv_stream_t *s = arg;
+    srv_stream_write(s, "data: one\n\n", 11);
+    if (t_wait(&T.client_saw_first) != 0) {
+        pthread_mutex_lock(&T.mu);
+        T.incremental_timed_out = 1;
+        pthread_mutex_unlock(&T.mu);
+    }
+    srv_stream_write(s, "data: two\n\n", 11);
+    srv_stream_close(s, SRV_STREAM_END);
+    return NULL;
+}
+
+static void h_stream_incremental(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_req_add_header(req, "Cache-Control", "no-cache");
+    srv_stream_t *s = srv_stream_open(req, 200, "text/event-stream", NULL);
+    if (s)
+        spawn_producer(prod_incremental, s);
+}
+
+/* /stream/cancel */
+static void on_cancel_cb(srv_stream_t *s, void *ud)
+{
+    (void)s;
+    (void)ud;
+    pthread_mutex_lock(&T.mu);
+    T.cancel_cb_count++;
+    T.cancel_cb_on_loop = pthread_equal(pthread_self(), g_loop_thread);
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+}
+
+static void *prod_cancel(void *arg)
+{
+    srv_stream_t *s = arg;
+    srv_stream_write(s, "first\n", 6);
+    /* Write nothing more: the connection stays suspended, and only the
+     * hang-up watch can tell us the client left. */
+    uint64_t end = mono_ms() + WAIT_MS;
+    int seen = 0;
+    while (!seen && mono_ms() < end) {
+        seen = srv_stream_cancelled(s);
+        if (!seen)
+            sleep_ms(5);
+    }
+    int w = srv_stream_write(s, "late\n", 5);
+    srv_stream_close(s, SRV_STREAM_END);
+    pthread_mutex_lock(&T.mu);
+    T.saw_cancelled = seen;
+    T.write_after_cancel = w;
+    T.producer_done = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+    return NULL;
+}
+
+static void h_stream_cancel(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_opts_t so = {.on_cancel = on_cancel_cb};
+    srv_stream_t *s = srv_stream_open(req, 200, "text/plain", &so);
+    if (s)
+        spawn_producer(prod_cancel, s);
+}
+
+/* /bp: back-pressure */
+#define BP_TOTAL 200000
+#define BP_PIECE 600
+
+static char bp_byte(size_t i)
+{
+    return (char)('a' + (i * 7 + i / 26) % 26);
+}
+
+static void on_writable_cb(srv_stream_t *s, void *ud)
+{
+    (void)s;
+    (void)ud;
+    pthread_mutex_lock(&T.mu);
+    T.writable_count++;
+    pthread_mutex_unlock(&T.mu);
+}
+
+static void *prod_bp(void *arg)
+{
+    srv_stream_t *s = arg;
+    char piece[BP_PIECE];
+    size_t off = BP_PIECE; /* the handler wrote the first piece */
+    int errors = 0;
+    while (off < BP_TOTAL) {
+        size_t n = BP_TOTAL - off < BP_PIECE ? BP_TOTAL - off : BP_PIECE;
+        for (size_t i = 0; i < n; i++)
+            piece[i] = bp_byte(off + i);
+        int rc = srv_stream_write(s, piece, n);
+        if (rc == SRV_HTTP_EAGAIN) {
+            if (srv_stream_wait_writable(s, n, WAIT_MS) != 0) {
+                errors++;
+                break;
+            }
+            continue;
+        }
+        if (rc != 0) {
+            errors++;
+            break;
+        }
+        off += n;
+    }
+    srv_stream_close(s, SRV_STREAM_END);
+    pthread_mutex_lock(&T.mu);
+    T.bp_errors = errors;
+    pthread_mutex_unlock(&T.mu);
+    return NULL;
+}
+
+static void h_bp(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_opts_t so = {.max_buffered = 1024, .on_writable = on_writable_cb};
+    srv_stream_t *s = srv_stream_open(req, 200, "application/octet-stream", &so);
+    if (!s)
+        return;
+    char piece[BP_PIECE];
+    for (size_t i = 0; i < BP_PIECE; i++)
+        piece[i] = bp_byte(i);
+    /* On the loop thread nothing can drain the buffer meanwhile, so the
+     * second write must hit the bound. */
+    T.bp_first = srv_stream_write(s, piece, BP_PIECE);
+    T.bp_second = srv_stream_write(s, piece, BP_PIECE);
+    T.bp_space = srv_stream_space(s);
+    spawn_producer(prod_bp, s);
+}
+
+/* /abort */
+static void h_abort(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_t *s = srv_stream_open(req, 200, "text/plain", NULL);
+    if (!s)
+        return;
+    srv_stream_write(s, "partial", 7);
+    srv_stream_close(s, SRV_STREAM_ABORT);
+}
+
+/* /deferred */
+static void *prod_deferred(void *arg)
+{
+    srv_stream_t *s = arg;
+    sleep_ms(20);
+    srv_stream_add_header(s, "X-Deferred", "yes");
+    int rc = srv_stream_reply(s, 201, "text/plain", "later", 5);
+    pthread_mutex_lock(&T.mu);
+    T.deferred_rc = rc;
+    pthread_mutex_unlock(&T.mu);
+    return NULL;
+}
+
+static void h_deferred(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_t *s = srv_stream_defer(req, NULL);
+    if (s)
+        spawn_producer(prod_deferred, s);
+}
+
+/* /deferred-stream */
+static void *prod_deferred_stream(void *arg)
+{
+    srv_stream_t *s = arg;
+    sleep_ms(10);
+    int rc = srv_stream_begin(s, 202, "application/x-ndjson");
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        char line[32];
+        int n = snprintf(line, sizeof line, "{\"i\":%d}\n", i);
+        rc = srv_stream_write(s, line, (size_t)n);
+        sleep_ms(5);
+    }
+    srv_stream_close(s, SRV_STREAM_END);
+    pthread_mutex_lock(&T.mu);
+    T.deferred_rc = rc;
+    pthread_mutex_unlock(&T.mu);
+    return NULL;
+}
+
+static void h_deferred_stream(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_t *s = srv_stream_defer(req, NULL);
+    if (s)
+        spawn_producer(prod_deferred_stream, s);
+}
+
+/* /stream/hold: first chunk, then waits for T.release (or cancellation). */
+static void *prod_hold(void *arg)
+{
+    srv_stream_t *s = arg;
+    srv_stream_write(s, "a\n", 2);
+    uint64_t end = mono_ms() + WAIT_MS;
+    for (;;) {
+        pthread_mutex_lock(&T.mu);
+        int rel = T.release;
+        pthread_mutex_unlock(&T.mu);
+        if (rel || srv_stream_cancelled(s) || mono_ms() >= end)
+            break;
+        sleep_ms(5);
+    }
+    int seen = srv_stream_cancelled(s);
+    if (!seen)
+        srv_stream_write(s, "b\n", 2);
+    pthread_mutex_lock(&T.mu);
+    T.saw_cancelled = seen;
+    T.producer_done = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+    if (seen) {
+        /* Keep the stream past the server's end: writes must fail cleanly. */
+        t_wait(&T.server_gone);
+        int w = srv_stream_write(s, "z", 1);
+        pthread_mutex_lock(&T.mu);
+        T.write_after_close = w;
+        pthread_mutex_unlock(&T.mu);
+    }
+    srv_stream_close(s, SRV_STREAM_END);
+    return NULL;
+}
+
+static void h_stream_hold(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_opts_t so = {.on_cancel = on_cancel_cb};
+    srv_stream_t *s = srv_stream_open(req, 200, "text/plain", &so);
+    if (s)
+        spawn_producer(prod_hold, s);
+}
+
+static void setup_routes(server_t *S)
+{
+    srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
+    srv_route_opts_t pub = {.flags = SRV_ROUTE_PUBLIC | SRV_ROUTE_DRAIN_OK};
+    srv_route_opts_t raw = {.max_body = 64};
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/echo", h_echo, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "POST", "/echo", h_echo, NULL, &json), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "POST", "/raw", h_echo, NULL, &raw), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "POST", "/v1/sessions/{id}/append", h_append, NULL, &json),
+                 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/health", h_health, NULL, &pub), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/metrics", h_metrics, S->metrics, &pub), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/noreply", h_noreply, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/double", h_double, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/stream/incremental", h_stream_incremental, NULL,
+                                NULL),
+                 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/stream/cancel", h_stream_cancel, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/stream/hold", h_stream_hold, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/bp", h_bp, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/abort", h_abort, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/deferred", h_deferred, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/deferred-stream", h_deferred_stream, NULL, NULL),
+                 0);
+    /* malformed patterns are refused */
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "no-slash", h_echo, NULL, NULL), SRV_HTTP_EINVAL);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/a//b", h_echo, NULL, NULL), SRV_HTTP_EINVAL);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/a/{}", h_echo, NULL, NULL), SRV_HTTP_EINVAL);
+    CHECK_INT_EQ(srv_http_route(S->h, "get", "/a", h_echo, NULL, NULL), SRV_HTTP_EINVAL);
+}
+
+/* The main server: auth, CORS, small body limit. */
+static server_t A;
+static const char *const a_keys[] = {API_KEY, API_KEY2};
+static const char *const a_origins[] = {ORIGIN_OK};
+#define AUTH "Authorization: Bearer " API_KEY "\r\n"
+
+static void start_a(void)
+{
+    memset(&A, 0, sizeof A);
+    A.metrics = srv_metrics_new();
+    A.opts = (srv_http_opts_t){
+        .host = "127.0.0.1",
+        .port = 0,
+        .max_body = 1024,
+        .idle_timeout_s = 30,
+        .api_keys = a_keys,
+        .n_api_keys = 2,
+        .cors_origins = a_origins,
+        .n_cors_origins = 1,
+        .metrics = A.metrics,
+    };
+    A.setup = setup_routes;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+TEST(test_echo_and_request_ids)
+{
+    resp_t r;
+    char v[256], id1[128] = "", id2[128] = "";
+    CHECK(http_get(A.port, "/echo?x=hello%20there", AUTH "X-Test: yes\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.body && strstr(r.body, "\"path\":\"/echo\""));
+    CHECK(r.body && strstr(r.body, "\"x\":\"hello there\""));
+    CHECK(r.body && strstr(r.body, "\"test\":\"yes\""));
+    CHECK(resp_header(&r, "X-Echo", v, sizeof v) && strcmp(v, "1") == 0);
+    CHECK(resp_header(&r, "Content-Type", v, sizeof v) && strcmp(v, "application/json") == 0);
+    CHECK(resp_header(&r, "X-Request-Id", id1, sizeof id1) && strlen(id1) == 16);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo", AUTH, &r) == 0);
+    CHECK(resp_header(&r, "X-Request-Id", id2, sizeof id2) && strlen(id2) == 16);
+    CHECK(strcmp(id1, id2) != 0);
+    resp_free(&r);
+    /* a client's own id is kept; an unusable one is replaced */
+    CHECK(http_get(A.port, "/echo", AUTH "X-Request-Id: client-id.42\r\n", &r) == 0);
+    CHECK(resp_header(&r, "X-Request-Id", v, sizeof v) && strcmp(v, "client-id.42") == 0);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo", AUTH "X-Request-Id: bad id with spaces\r\n", &r) == 0);
+    CHECK(resp_header(&r, "X-Request-Id", v, sizeof v) && strlen(v) == 16);
+    resp_free(&r);
+    /* HEAD reaches the GET route, without a body */
+    int fd = tcp_connect(A.port);
+    buf_t b = {0};
+    send_str(fd, "HEAD /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    CHECK(read_until_close(fd, &b, WAIT_MS) == 0);
+    close(fd);
+    CHECK(parse_resp(b.p, b.len, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK_INT_EQ(r.body_len, 0);
+    resp_free(&r);
+    free(b.p);
+}
+
+TEST(test_routing_errors)
+{
+    resp_t r;
+    char v[256];
+    CHECK(http_get(A.port, "/nope", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 404);
+    CHECK(r.body && strstr(r.body, "\"code\":\"not_found\""));
+    CHECK(r.body && strstr(r.body, "{\"error\":{\"message\":"));
+    CHECK(resp_header(&r, "X-Request-Id", v, sizeof v) != NULL);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo/", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 404);
+    resp_free(&r);
+
+    CHECK(http_do(A.port, "DELETE /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" AUTH "\r\n",
+                  &r) == 0);
+    CHECK_INT_EQ(r.status, 405);
+    CHECK(resp_header(&r, "Allow", v, sizeof v) != NULL);
+    CHECK_STR_EQ(v, "GET, HEAD, POST, OPTIONS");
+    CHECK(r.body && strstr(r.body, "method_not_allowed"));
+    resp_free(&r);
+
+    CHECK(http_post(A.port, "/v1/sessions/abc-123/append", "application/json", "{\"t\":1}", AUTH,
+                    &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.body && strstr(r.body, "\"id\":\"abc-123\""));
+    CHECK(r.body && strstr(r.body, "\"len\":7"));
+    CHECK(r.body && strstr(r.body, "\"route\":\"/v1/sessions/{id}/append\""));
+    resp_free(&r);
+    CHECK(http_post(A.port, "/v1/sessions//append", "application/json", "{}", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 404);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/v1/sessions/abc/append", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 405);
+    CHECK(resp_header(&r, "Allow", v, sizeof v) && strcmp(v, "POST, OPTIONS") == 0);
+    resp_free(&r);
+
+    /* a handler that does not answer gets 500; a second answer is refused */
+    CHECK(http_get(A.port, "/noreply", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 500);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/double", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.body && strstr(r.body, "first"));
+    CHECK_INT_EQ(T.deferred_rc, SRV_HTTP_ESTATE);
+    resp_free(&r);
+}
+
+TEST(test_body_limits)
+{
+    resp_t r;
+    char body[1100];
+    /* exactly at the limit (1024) */
+    memset(body, 'a', 1024);
+    body[0] = '"';
+    body[1023] = '"';
+    body[1024] = '\0';
+    CHECK(http_post(A.port, "/echo", "application/json", body, AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.body && strstr(r.body, "\"len\":1024"));
+    resp_free(&r);
+    /* one byte over, announced by Content-Length: 413 before the body is read */
+    int fd = tcp_connect(A.port);
+    buf_t b = {0};
+    send_str(fd, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" AUTH
+                 "Content-Length: 1025\r\n\r\n");
+    CHECK(read_until_contains(fd, &b, "\r\n\r\n", WAIT_MS) == 0);
+    CHECK(b.p && strncmp(b.p, "HTTP/1.1 413", 12) == 0);
+    close(fd);
+    free(b.p);
+    /* chunked body that grows past the limit */
+    buf_t req = {0};
+    const char *head = "POST /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                       "Content-Type: application/json\r\n" AUTH
+                       "Transfer-Encoding: chunked\r\n\r\n";
+    buf_add(&req, head, strlen(head));
+    char chunk[600];
+    memset(chunk, 'x', sizeof chunk);
+    for (int i = 0; i < 3; i++) {
+        buf_add(&req, "258\r\n", 5); /* 0x258 = 600 */
+        buf_add(&req, chunk, sizeof chunk);
+        buf_add(&req, "\r\n", 2);
+    }
+    buf_add(&req, "0\r\n\r\n", 5);
+    CHECK(http_do(A.port, req.p, &r) == 0);
+    CHECK_INT_EQ(r.status, 413);
+    CHECK(r.body && strstr(r.body, "request_too_large"));
+    resp_free(&r);
+    free(req.p);
+    /* a route with its own smaller limit */
+    CHECK(http_post(A.port, "/raw", "text/plain",
+                    "0123456789012345678901234567890123456789012345678901234567890123456789", AUTH,
+                    &r) == 0);
+    CHECK_INT_EQ(r.status, 413);
+    resp_free(&r);
+}
+
+TEST(test_content_type)
+{
+    resp_t r;
+    CHECK(http_post(A.port, "/echo", "text/plain", "{}", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 415);
+    CHECK(r.body && strstr(r.body, "unsupported_media_type"));
+    resp_free(&r);
+    CHECK(http_post(A.port, "/echo", NULL, "{}", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 415);
+    resp_free(&r);
+    CHECK(http_post(A.port, "/echo", "application/json; charset=utf-8", "{}", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    resp_free(&r);
+    CHECK(http_post(A.port, "/echo", "Application/JSON", "{}", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    resp_free(&r);
+    CHECK(http_post(A.port, "/echo", "application/jsonx", "{}", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 415);
+    resp_free(&r);
+    /* no body, no Content-Type: the handler decides */
+    CHECK(http_post(A.port, "/echo", NULL, "", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.body && strstr(r.body, "\"len\":0"));
+    resp_free(&r);
+    /* routes without SRV_ROUTE_JSON take anything */
+    CHECK(http_post(A.port, "/raw", "text/plain", "hi", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    resp_free(&r);
+}
+
+TEST(test_auth)
+{
+    resp_t r;
+    char v[128];
+    CHECK(http_get(A.port, "/echo", NULL, &r) == 0);
+    CHECK_INT_EQ(r.status, 401);
+    CHECK(resp_header(&r, "WWW-Authenticate", v, sizeof v) && strcmp(v, "Bearer") == 0);
+    CHECK(r.body && strstr(r.body, "invalid_api_key"));
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo", "Authorization: Bearer sekret-key-X\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 401);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo", "Authorization: Bearer sekret-key-10\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 401);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo", "Authorization: Bearer sekret-key-\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 401);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo", "Authorization: Basic " API_KEY "\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 401);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo", "Authorization: bearer " API_KEY "\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo", "X-Api-Key: " API_KEY2 "\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    resp_free(&r);
+    /* /health is open */
+    CHECK(http_get(A.port, "/health", NULL, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.body && strstr(r.body, "\"ok\""));
+    resp_free(&r);
+    /* 404 does not need the key either (no route to protect) */
+    CHECK(http_get(A.port, "/nope", NULL, &r) == 0);
+    CHECK_INT_EQ(r.status, 404);
+    resp_free(&r);
+}
+
+TEST(test_cors)
+{
+    resp_t r;
+    char v[256];
+    CHECK(http_get(A.port, "/echo", AUTH "Origin: " ORIGIN_OK "\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
+          strcmp(v, ORIGIN_OK) == 0);
+    CHECK(resp_header(&r, "Vary", v, sizeof v) && strcmp(v, "Origin") == 0);
+    CHECK(resp_header(&r, "Access-Control-Expose-Headers", v, sizeof v) &&
+          strstr(v, "X-Request-Id"));
+    resp_free(&r);
+    /* errors carry CORS headers too, so the browser can read them */
+    CHECK(http_get(A.port, "/echo", "Origin: " ORIGIN_OK "\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 401);
+    CHECK(resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) != NULL);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/echo", AUTH "Origin: https://evil.example\r\n", &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) == NULL);
+    resp_free(&r);
+    /* preflight: no key needed */
+    CHECK(http_do(A.port,
+                  "OPTIONS /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\nOrigin: " ORIGIN_OK
+                  "\r\nAccess-Control-Request-Method: POST\r\n"
+                  "Access-Control-Request-Headers: content-type, authorization\r\n\r\n",
+                  &r) == 0);
+    CHECK_INT_EQ(r.status, 204);
+    CHECK(resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
+          strcmp(v, ORIGIN_OK) == 0);
+    CHECK(resp_header(&r, "Access-Control-Allow-Methods", v, sizeof v) && strstr(v, "POST"));
+    CHECK(resp_header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
+          strstr(v, "Authorization") && strstr(v, "Content-Type"));
+    CHECK(resp_header(&r, "Access-Control-Max-Age", v, sizeof v) != NULL);
+    resp_free(&r);
+    CHECK(http_do(A.port,
+                  "OPTIONS /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\nOrigin: "
+                  "https://evil.example\r\nAccess-Control-Request-Method: POST\r\n\r\n",
+                  &r) == 0);
+    CHECK_INT_EQ(r.status, 204);
+    CHECK(resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) == NULL);
+    CHECK(resp_header(&r, "Access-Control-Allow-Methods", v, sizeof v) == NULL);
+    resp_free(&r);
+    CHECK(http_do(A.port, "OPTIONS /nope HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", &r) ==
+          0);
+    CHECK_INT_EQ(r.status, 404);
+    resp_free(&r);
+}
+
+TEST(test_keepalive)
+{
+    int fd = tcp_connect(A.port);
+    buf_t b = {0};
+    send_str(fd, "GET /echo?x=1 HTTP/1.1\r\nHost: t\r\n" AUTH "\r\n");
+    CHECK(read_until_contains(fd, &b, "\"x\":\"1\"", WAIT_MS) == 0);
+    send_str(fd, "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n");
+    CHECK(read_until_contains(fd, &b, "HTTP/1.1 404", WAIT_MS) == 0);
+    send_str(fd, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" AUTH
+                 "Content-Length: 2\r\nConnection: close\r\n\r\n{}");
+    CHECK(read_until_close(fd, &b, WAIT_MS) == 0);
+    CHECK_MSG(b.p && strstr(b.p, "\"body\":\"{}\""), "got: %s", b.p ? b.p : "");
+    close(fd);
+    free(b.p);
+}
+
+TEST(test_stream_incremental)
+{
+    t_reset();
+    int fd = tcp_connect(A.port);
+    buf_t b = {0};
+    send_str(fd, "GET /stream/incremental HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" AUTH
+                 "\r\n");
+    /* The producer writes "two" only after we report having seen "one". */
+    CHECK(read_until_contains(fd, &b, "data: one", WAIT_MS) == 0);
+    CHECK(!strstr(b.p ? b.p : "", "data: two"));
+    t_set(&T.client_saw_first);
+    CHECK(read_until_close(fd, &b, WAIT_MS) == 0);
+    close(fd);
+    join_producer();
+    resp_t r;
+    CHECK(parse_resp(b.p, b.len, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.chunked && r.chunked_complete);
+    CHECK(r.body && strcmp(r.body, "data: one\n\ndata: two\n\n") == 0);
+    char v[128];
+    CHECK(resp_header(&r, "Content-Type", v, sizeof v) && strcmp(v, "text/event-stream") == 0);
+    CHECK(resp_header(&r, "Cache-Control", v, sizeof v) && strcmp(v, "no-cache") == 0);
+    CHECK_INT_EQ(T.incremental_timed_out, 0);
+    resp_free(&r);
+    free(b.p);
+}
+
+TEST(test_stream_cancel_while_suspended)
+{
+    t_reset();
+    int fd = tcp_connect(A.port);
+    buf_t b = {0};
+    send_str(fd, "GET /stream/cancel HTTP/1.1\r\nHost: t\r\n" AUTH "\r\n");
+    CHECK(read_until_contains(fd, &b, "first\n", WAIT_MS) == 0);
+    close(fd); /* the producer is idle: only the hang-up watch can see this */
+    CHECK(t_wait(&T.producer_done) == 0);
+    join_producer();
+    pthread_mutex_lock(&T.mu);
+    CHECK_INT_EQ(T.saw_cancelled, 1);
+    CHECK_INT_EQ(T.cancel_cb_count, 1);
+    CHECK_INT_EQ(T.cancel_cb_on_loop, 1);
+    CHECK_INT_EQ(T.write_after_cancel, SRV_HTTP_ECANCELED);
+    pthread_mutex_unlock(&T.mu);
+    free(b.p);
+}
+
+TEST(test_backpressure)
+{
+    t_reset();
+    int fd = tcp_connect(A.port);
+    buf_t b = {0};
+    send_str(fd, "GET /bp HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" AUTH "\r\n");
+    CHECK(read_until_close(fd, &b, WAIT_MS) == 0);
+    close(fd);
+    join_producer();
+    CHECK_INT_EQ(T.bp_first, 0);
+    CHECK_INT_EQ(T.bp_second, SRV_HTTP_EAGAIN);
+    CHECK_INT_EQ(T.bp_space, 1024 - BP_PIECE);
+    CHECK_INT_EQ(T.bp_errors, 0);
+    CHECK(T.writable_count >= 1);
+    resp_t r;
+    CHECK(parse_resp(b.p, b.len, &r) == 0);
+    CHECK(r.chunked_complete);
+    CHECK_INT_EQ(r.body_len, BP_TOTAL);
+    size_t bad = 0;
+    for (size_t i = 0; r.body && i < r.body_len; i++)
+        bad += r.body[i] != bp_byte(i);
+    CHECK_INT_EQ(bad, 0);
+    resp_free(&r);
+    free(b.p);
+}
+
+TEST(test_abort_and_deferred)
+{
+    resp_t r;
+    char v[64];
+    t_reset();
+    CHECK(http_get(A.port, "/abort", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.chunked && !r.chunked_complete); /* cut, never a clean end */
+    CHECK(r.body && strcmp(r.body, "partial") == 0);
+    resp_free(&r);
+
+    CHECK(http_get(A.port, "/deferred", AUTH "Origin: " ORIGIN_OK "\r\n", &r) == 0);
+    join_producer();
+    CHECK_INT_EQ(r.status, 201);
+    CHECK(resp_header(&r, "Content-Length", v, sizeof v) && strcmp(v, "5") == 0);
+    CHECK(resp_header(&r, "X-Deferred", v, sizeof v) && strcmp(v, "yes") == 0);
+    CHECK(resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) != NULL);
+    CHECK(resp_header(&r, "X-Request-Id", v, sizeof v) != NULL);
+    CHECK(r.body && strcmp(r.body, "later") == 0);
+    CHECK_INT_EQ(T.deferred_rc, 0);
+    resp_free(&r);
+
+    CHECK(http_get(A.port, "/deferred-stream", AUTH, &r) == 0);
+    join_producer();
+    CHECK_INT_EQ(r.status, 202);
+    CHECK(r.chunked_complete);
+    CHECK(r.body && strcmp(r.body, "{\"i\":0}\n{\"i\":1}\n{\"i\":2}\n") == 0);
+    CHECK(resp_header(&r, "Content-Type", v, sizeof v) && strcmp(v, "application/x-ndjson") == 0);
+    CHECK_INT_EQ(T.deferred_rc, 0);
+    resp_free(&r);
+}
+
+TEST(test_metrics_exposition)
+{
+    resp_t r;
+    char v[128];
+    CHECK(http_get(A.port, "/metrics", NULL, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(resp_header(&r, "Content-Type", v, sizeof v) && strstr(v, "version=0.0.4"));
+    /* 404s are counted under route "unmatched"; earlier tests made several */
+    CHECK(r.body && strstr(r.body, "darkserve_http_requests_total{method=\"GET\",route=\"/echo\","
+                                   "code=\"200\"}"));
+    CHECK(r.body && strstr(r.body, "route=\"unmatched\",code=\"404\"}"));
+    CHECK(r.body && strstr(r.body, "darkserve_http_request_duration_seconds_bucket{route=\"/echo\","
+                                   "le=\"+Inf\"}"));
+    /* the cancelled stream of test_stream_cancel_while_suspended */
+    CHECK(r.body && strstr(r.body, "darkserve_http_stream_cancels_total 1\n"));
+    resp_free(&r);
+}
+
+TEST(test_main_start)
+{
+    start_a();
+    CHECK(server_start(&A) == 0);
+}
+
+TEST(test_main_stop)
+{
+    CHECK_INT_EQ(server_stop(&A), 0); /* uv_loop_close() == 0 */
+    srv_metrics_free(A.metrics);
+}
+
+/* ---- timeouts: a slow-loris client is cut ---- */
+
+static server_t B;
+
+TEST(test_timeouts)
+{
+    memset(&B, 0, sizeof B);
+    B.metrics = srv_metrics_new();
+    B.opts = (srv_http_opts_t){
+        .port = 0, .idle_timeout_s = 1, .request_timeout_s = 2, .metrics = B.metrics};
+    B.setup = setup_routes;
+    if (server_start(&B) != 0) {
+        CHECK(0);
+        return;
+    }
+    /* Half a header, then silence: the idle timeout closes it. */
+    int fd = tcp_connect(B.port);
+    buf_t b = {0};
+    send_str(fd, "GET /echo HTTP/1.1\r\nHost: t\r\nX-Half: ");
+    CHECK_INT_EQ(read_until_close(fd, &b, WAIT_MS), 0);
+    CHECK(!b.p || !strstr(b.p, "200 OK"));
+    close(fd);
+    free(b.p);
+
+    /* A byte every 200 ms never looks idle: the request timeout cuts it. */
+    fd = tcp_connect(B.port);
+    send_str(fd, "GET /echo HTTP/1.1\r\nHost: t\r\nX-Slow: ");
+    uint64_t end = mono_ms() + WAIT_MS;
+    int cut = 0;
+    while (!cut && mono_ms() < end) {
+        if (send(fd, "a", 1, MSG_NOSIGNAL) != 1) {
+            cut = 1;
+            break;
+        }
+        buf_t tmp = {0};
+        ssize_t rr = recv_wait(fd, &tmp, 200);
+        free(tmp.p);
+        if (rr == 0 || rr == -1)
+            cut = 1;
+    }
+    CHECK_MSG(cut, "trickling client was not cut within %d ms", WAIT_MS);
+    close(fd);
+
+    /* the server still serves */
+    resp_t r;
+    CHECK(http_get(B.port, "/metrics", NULL, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.body && strstr(r.body, "darkserve_http_request_timeouts_total 1\n"));
+    resp_free(&r);
+    CHECK_INT_EQ(server_stop(&B), 0);
+    srv_metrics_free(B.metrics);
+}
+
+/* ---- connection limit ---- */
+
+static server_t C;
+
+TEST(test_connection_limit)
+{
+    memset(&C, 0, sizeof C);
+    C.opts = (srv_http_opts_t){.port = 0, .max_connections = 2, .idle_timeout_s = 30};
+    C.setup = setup_routes;
+    if (server_start(&C) != 0) {
+        CHECK(0);
+        return;
+    }
+    int a = tcp_connect(C.port), b2 = tcp_connect(C.port);
+    /* make sure both are accepted and alive (keep-alive requests) */
+    buf_t ba = {0}, bb = {0};
+    send_str(a, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+    send_str(b2, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+    CHECK(read_until_contains(a, &ba, "\"ok\"", WAIT_MS) == 0);
+    CHECK(read_until_contains(b2, &bb, "\"ok\"", WAIT_MS) == 0);
+    /* a third one is not served while two are open */
+    int c3 = tcp_connect(C.port);
+    buf_t bc = {0};
+    if (c3 >= 0) {
+        send_str(c3, "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        ssize_t rr = recv_wait(c3, &bc, 300);
+        CHECK_MSG(rr == -2 || rr == 0 || rr == -1, "third connection got a response");
+        CHECK(!bc.p || !strstr(bc.p, "\"ok\""));
+        /* once one closes, a new client is served */
+        close(a);
+        a = -1;
+        if (rr == -2) {
+            CHECK(read_until_close(c3, &bc, WAIT_MS) == 0);
+            CHECK(bc.p && strstr(bc.p, "\"ok\""));
+        } else {
+            resp_t r;
+            CHECK(http_get(C.port, "/health", NULL, &r) == 0);
+            CHECK_INT_EQ(r.status, 200);
+            resp_free(&r);
+        }
+        close(c3);
+    }
+    if (a >= 0)
+        close(a);
+    close(b2);
+    free(ba.p);
+    free(bb.p);
+    free(bc.p);
+    CHECK_INT_EQ(server_stop(&C), 0);
+}
+
+/* ---- drain: new requests get 503, open streams finish ---- */
+
+static server_t D;
+
+static void do_drain(server_t *S, void *arg)
+{
+    (void)arg;
+    srv_http_drain(S->h);
+}
+
+static void do_inflight(server_t *S, void *arg)
+{
+    *(size_t *)arg = srv_http_inflight(S->h);
+}
+
+TEST(test_drain)
+{
+    t_reset();
+    memset(&D, 0, sizeof D);
+    D.opts = (srv_http_opts_t){.port = 0, .idle_timeout_s = 30};
+    D.setup = setup_routes;
+    if (server_start(&D) != 0) {
+        CHECK(0);
+        return;
+    }
+    int fd = tcp_connect(D.port);
+    buf_t b = {0};
+    send_str(fd, "GET /stream/hold HTTP/1.1\r\nHost: t\r\n\r\n");
+    CHECK(read_until_contains(fd, &b, "a\n", WAIT_MS) == 0);
+    CHECK(server_call(&D, do_drain, NULL) == 0);
+    resp_t r;
+    char v[64];
+    CHECK(http_get(D.port, "/echo", NULL, &r) == 0);
+    CHECK_INT_EQ(r.status, 503);
+    CHECK(r.body && strstr(r.body, "draining"));
+    CHECK(resp_header(&r, "Connection", v, sizeof v) && strcasecmp(v, "close") == 0);
+    resp_free(&r);
+    CHECK(http_get(D.port, "/health", NULL, &r) == 0); /* DRAIN_OK: its handler runs */
+    CHECK_INT_EQ(r.status, 503);
+    CHECK(r.body && strstr(r.body, "{\"status\":\"draining\"}"));
+    resp_free(&r);
+    size_t inflight = 99;
+    CHECK(server_call(&D, do_inflight, &inflight) == 0);
+    CHECK_INT_EQ(inflight, 1);
+    t_set(&T.release);
+    /* the open stream finishes, and its response says Connection: close */
+    CHECK(read_until_close(fd, &b, WAIT_MS) == 0);
+    close(fd);
+    join_producer();
+    CHECK(parse_resp(b.p, b.len, &r) == 0);
+    CHECK(r.chunked_complete);
+    CHECK(r.body && strcmp(r.body, "a\nb\n") == 0);
+    resp_free(&r);
+    free(b.p);
+    uint64_t end = mono_ms() + WAIT_MS;
+    do {
+        CHECK(server_call(&D, do_inflight, &inflight) == 0);
+        if (inflight)
+            sleep_ms(10);
+    } while (inflight && mono_ms() < end);
+    CHECK_INT_EQ(inflight, 0);
+    CHECK_INT_EQ(server_stop(&D), 0);
+}
+
+/* ---- closing the server under an open stream ---- */
+
+static server_t E;
+
+TEST(test_close_with_open_stream)
+{
+    t_reset();
+    memset(&E, 0, sizeof E);
+    E.opts = (srv_http_opts_t){.port = 0};
+    E.setup = setup_routes;
+    if (server_start(&E) != 0) {
+        CHECK(0);
+        return;
+    }
+    int fd = tcp_connect(E.port);
+    buf_t b = {0};
+    send_str(fd, "GET /stream/hold HTTP/1.1\r\nHost: t\r\n\r\n");
+    CHECK(read_until_contains(fd, &b, "a\n", WAIT_MS) == 0);
+    CHECK_INT_EQ(server_stop(&E), 0); /* uv_loop_close() == 0 with a stream still open */
+    CHECK(t_wait(&T.producer_done) == 0);
+    pthread_mutex_lock(&T.mu);
+    CHECK_INT_EQ(T.saw_cancelled, 1);
+    CHECK_INT_EQ(T.cancel_cb_count, 1);
+    pthread_mutex_unlock(&T.mu);
+    t_set(&T.server_gone);
+    join_producer();
+    CHECK_INT_EQ(T.write_after_close, SRV_HTTP_ECANCELED);
+    /* the client sees the connection end without a clean last chunk */
+    CHECK(read_until_close(fd, &b, WAIT_MS) == 0);
+    resp_t r;
+    CHECK(parse_resp(b.p, b.len, &r) == 0);
+    CHECK(!r.chunked_complete);
+    resp_free(&r);
+    close(fd);
+    free(b.p);
+}
+
+TEST(test_listen_errors)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    char err[256] = "";
+    srv_http_opts_t o = {.host = "256.1.1.1", .port = 0};
+    srv_http_t *h = srv_http_new(&loop, &o, err, sizeof err);
+    CHECK(h == NULL);
+    CHECK(strstr(err, "256.1.1.1") != NULL);
+    /* a port in use */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    listen(fd, 1);
+    socklen_t sl = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    o = (srv_http_opts_t){.host = "127.0.0.1", .port = ntohs(sa.sin_port)};
+    err[0] = '\0';
+    h = srv_http_new(&loop, &o, err, sizeof err);
+    CHECK(h == NULL);
+    CHECK_MSG(strstr(err, "in use") != NULL, "err = %s", err);
+    close(fd);
+    CHECK_INT_EQ(uv_loop_close(&loop), 0);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    alarm(240); /* a hang is a failure, not a stuck CI job */
+    srv_log_init(SRV_LOG_WARN, SRV_LOG_FORMAT_TEXT, NULL, NULL, 0);
+    if (getenv("TEST_SRV_HTTP_DEBUG"))
+        srv_log_set_level(SRV_LOG_DEBUG);
+    RUN(test_listen_errors);
+    RUN(test_main_start);
+    if (A.state == 1) {
+        RUN(test_echo_and_request_ids);
+        RUN(test_routing_errors);
+        RUN(test_body_limits);
+        RUN(test_content_type);
+        RUN(test_auth);
+        RUN(test_cors);
+        RUN(test_keepalive);
+        RUN(test_stream_incremental);
+        RUN(test_stream_cancel_while_suspended);
+        RUN(test_backpressure);
+        RUN(test_abort_and_deferred);
+        RUN(test_metrics_exposition);
+        RUN(test_main_stop);
+    }
+    RUN(test_timeouts);
+    RUN(test_connection_limit);
+    RUN(test_drain);
+    RUN(test_close_with_open_stream);
+    return CHECK_DONE();
+}
