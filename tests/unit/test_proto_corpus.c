@@ -54,8 +54,8 @@ TEST(replay_corpus)
         if (!b)
             continue;
         /* Every prefix too: truncated bodies are what a dropped connection
-         * or a hostile client sends. At most ~16 cuts a file. */
-        size_t step = len > 16 ? len / 16 : 1;
+         * or a hostile client sends. At most ~8 cuts a file. */
+        size_t step = len > 8 ? len / 8 : 1;
         for (size_t cut = 0; cut < len; cut += step, runs++)
             LLVMFuzzerTestOneInput((const uint8_t *)b, cut);
         LLVMFuzzerTestOneInput((const uint8_t *)b, len);
