@@ -848,8 +848,9 @@ int core_stop_feed(core_stop_t *m, const char *piece, size_t len, core_stop_resu
         m->buf = nb;
         m->cap = nc;
     }
-    if (len)
-        memcpy(m->buf + m->len, piece, len);
+    if (len == 0)
+        return 0; /* nothing new: the held bytes stay held */
+    memcpy(m->buf + m->len, piece, len);
     m->len += len;
     res->text = m->buf;
 

@@ -177,7 +177,8 @@ typedef struct core_stop core_stop_t;
 
 typedef struct core_stop_result {
     const char *text; /* bytes safe to emit now; borrowed from the matcher, valid
-                         until its next call. Not NUL-terminated. */
+                         until its next call. Not NUL-terminated; may be
+                         NULL when len is 0. */
     size_t len;
     int matched;      /* 1: a stop string was found; text ends right before it */
     int which;        /* index of the matched stop string, -1 if none */

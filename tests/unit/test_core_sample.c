@@ -928,7 +928,8 @@ static void stop_run(core_stop_t *m, const char *text, size_t tl, const size_t *
         size_t end = i < nc ? cuts[i] : tl;
         core_stop_result_t res;
         CHECK_INT_EQ(core_stop_feed(m, text + prev, end - prev, &res, NULL), 0);
-        memcpy(r->out + r->len, res.text, res.len);
+        if (res.len)
+            memcpy(r->out + r->len, res.text, res.len);
         r->len += res.len;
         r->matched = res.matched;
         r->which = res.which;
@@ -937,7 +938,8 @@ static void stop_run(core_stop_t *m, const char *text, size_t tl, const size_t *
     if (!r->matched) {
         core_stop_result_t res;
         core_stop_flush(m, &res);
-        memcpy(r->out + r->len, res.text, res.len);
+        if (res.len)
+            memcpy(r->out + r->len, res.text, res.len);
         r->len += res.len;
     }
 }
