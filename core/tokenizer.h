@@ -153,7 +153,11 @@ const char *core_tokenizer_warnings(const core_tokenizer_t *t);
  * Writes the first min(cap, n) ids into ids (caller-owned, may be NULL when
  * cap == 0) and n, the number of ids the text needs, into *n_ids. Returns 0
  * when everything fit, CORE_ERANGE with *n_ids > cap when it did not (call
- * again with a buffer of *n_ids). A text never needs more than len + 2 ids. */
+ * again with a buffer of *n_ids). A text never needs more than
+ * CORE_TOK_MAX_IDS(len) ids: BPE len + 2; SPM's "▁" escaping (1 byte -> 3)
+ * and prefix (one per stretch between specials) allow up to 4 * len + 5 when
+ * everything falls back to byte tokens. */
+#define CORE_TOK_MAX_IDS(len) (4 * (size_t)(len) + 5)
 int core_tokenizer_encode(const core_tokenizer_t *t, const char *text, size_t len, size_t max_len,
                           unsigned flags, int32_t *ids, size_t cap, size_t *n_ids, core_error_t *err);
 
@@ -176,9 +180,10 @@ int core_tokenizer_encode_alloc(const core_tokenizer_t *t, const char *text, siz
  * Borrowed from t, not NUL-terminated; NULL if id out of range. */
 const char *core_tokenizer_piece(const core_tokenizer_t *t, int32_t id, size_t *len);
 
-/* Copies token_to_piece into out[0..cap): *n_out = piece length; CORE_ERANGE
- * if cap is smaller (nothing written), CORE_EINVAL for a bad id. CONTROL and
- * UNKNOWN tokens give an empty piece unless flags has CORE_TOK_DECODE_SPECIAL. */
+/* Copies the piece of id into out[0..cap) (caller-owned): *n_out = its
+ * length; CORE_ERANGE if cap is smaller (nothing written), CORE_EINVAL for a
+ * bad id. CONTROL and UNKNOWN tokens give an empty piece unless flags has
+ * CORE_TOK_DECODE_SPECIAL. */
 int core_tokenizer_token_to_piece(const core_tokenizer_t *t, int32_t id, unsigned flags, char *out,
                                   size_t cap, size_t *n_out, core_error_t *err);
 

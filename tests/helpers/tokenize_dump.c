@@ -156,7 +156,7 @@ static int bench(const core_tokenizer_t *t, const char *path, int repeat)
         int32_t *ids;
         core_error_t err = {0};
         double t0 = now_s();
-        if (core_tokenizer_encode_alloc(t, text, n, 0, n + 2, CORE_TOK_PARSE_SPECIAL, &ids, &n_ids, &err)) {
+        if (core_tokenizer_encode_alloc(t, text, n, 0, CORE_TOK_MAX_IDS(n), CORE_TOK_PARSE_SPECIAL, &ids, &n_ids, &err)) {
             fprintf(stderr, "encode: %s\n", err.msg);
             free(text);
             return 1;
@@ -252,7 +252,7 @@ int main(int argc, char **argv)
         size_t n_ids = 0;
         free(ids);
         ids = NULL;
-        if (core_tokenizer_encode_alloc(t, text, (size_t)tl, 0, (size_t)tl + 2, flags, &ids, &n_ids, &err)) {
+        if (core_tokenizer_encode_alloc(t, text, (size_t)tl, 0, CORE_TOK_MAX_IDS(tl), flags, &ids, &n_ids, &err)) {
             fprintf(stderr, "line %ld: encode: %s\n", ln + 1, err.msg);
             rc = 1;
             goto out;

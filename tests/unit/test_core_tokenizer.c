@@ -68,7 +68,7 @@ static int round_trips(const core_tokenizer_t *t, const char *s, size_t len, uns
     int32_t *ids = NULL;
     size_t n = 0, dl = 0;
     core_error_t err = {0};
-    if (core_tokenizer_encode_alloc(t, s, len, 0, len + 2, eflags, &ids, &n, &err) != 0) {
+    if (core_tokenizer_encode_alloc(t, s, len, 0, CORE_TOK_MAX_IDS(len), eflags, &ids, &n, &err) != 0) {
         printf("    encode failed: %s\n", err.msg);
         return 0;
     }
@@ -361,6 +361,35 @@ TEST(spm_random_bytes_round_trip)
         bad += !round_trips(t, s, n, 0, CORE_TOK_DECODE_STRIP_PREFIX);
     }
     CHECK_INT_EQ(bad, 0);
+    core_tokenizer_free(t);
+}
+
+/* The documented bound on the id count holds in SPM's worst case: no "▁"
+ * piece (so every space becomes three byte tokens) and specials between
+ * short stretches (each stretch gets a prefix). */
+TEST(spm_id_count_bound)
+{
+    spm_vocab_t v;
+    core_tok_spec_t spec;
+    spm_spec(&v, &spec);
+    spec.n_tokens = SPM_SP; /* specials and byte tokens only */
+    spec.add_eos = 1;
+    core_tokenizer_t *t = NULL;
+    CHECK_INT_EQ(core_tokenizer_new(&spec, &t, NULL), 0);
+    if (!t)
+        return;
+    static const char *const texts[] = {" ", "  ", " </s> </s> ", "</s> </s> </s>", "a", "\xC3\xA9 \xC3\xA9"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        size_t len = strlen(texts[i]), n = 0;
+        CHECK_INT_EQ(core_tokenizer_encode(t, texts[i], len, 0, CORE_TOK_ADD_SPECIAL | CORE_TOK_PARSE_SPECIAL,
+                                           NULL, 0, &n, NULL),
+                     n ? CORE_ERANGE : 0);
+        CHECK_MSG(n <= CORE_TOK_MAX_IDS(len), "\"%s\": %zu ids for %zu bytes", texts[i], n, len);
+    }
+    /* " " -> BOS, "▁▁" as six byte tokens, EOS */
+    size_t n = 0;
+    core_tokenizer_encode(t, " ", 1, 0, CORE_TOK_ADD_SPECIAL, NULL, 0, &n, NULL);
+    CHECK_INT_EQ(n, 8);
     core_tokenizer_free(t);
 }
 
@@ -870,6 +899,7 @@ int main(void)
     RUN(tiny_spm_by_hand);
     RUN(spm_unknown_without_byte_tokens);
     RUN(spm_random_bytes_round_trip);
+    RUN(spm_id_count_bound);
     RUN(real_model_basics);
     RUN(real_model_round_trips);
     RUN(real_model_invalid_utf8);
