@@ -200,7 +200,7 @@ static int load_tensor(core_model_t *m, const char *name, int64_t ne0, int64_t n
     return 0;
 }
 
-static int read_hparams(core_model_t *m, const core_model_opts_t *opts, core_error_t *err)
+static int read_hparams(core_model_t *m, core_error_t *err)
 {
     const core_gguf_t *g = m->g;
     core_model_info_t *in = &m->info;
@@ -307,7 +307,6 @@ static int read_hparams(core_model_t *m, const core_model_opts_t *opts, core_err
     in->rope_scale = scale;
     in->rms_eps = eps;
     m->n_rot = (int)n_rot;
-    (void)opts;
     return 0;
 }
 
@@ -407,7 +406,7 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
     int rc = core_gguf_open(path, &m->g, err);
     if (rc < 0)
         goto fail;
-    if ((rc = read_hparams(m, opts, err)) < 0 || (rc = load_weights(m, err)) < 0)
+    if ((rc = read_hparams(m, err)) < 0 || (rc = load_weights(m, err)) < 0)
         goto fail;
     compute_fingerprint(m);
 

@@ -185,6 +185,8 @@ int main(int argc, char **argv)
                in->rms_eps, in->tied_output, in->n_params, in->fingerprint);
     }
     if (n_ids == 0) {
+        if (timing)
+            printf("load %.3f s\npeak rss %ld KiB\n", t_load, peak_rss_kib());
         rc = 0;
         goto done;
     }
