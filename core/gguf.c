@@ -46,6 +46,11 @@
 #define GGUF_MIN_KV_BYTES 13     /* key len(8) + type(4) + 1-byte value */
 #define GGUF_MIN_TINFO_BYTES 32  /* name len(8) + n_dims(4) + ne(8) + type(4) + offset(8) */
 
+/* core_error_set returns its code; spelling the code out as the value lets
+ * static analysis see that every failure path returns nonzero. code must be
+ * free of side effects. */
+#define GGUF_FAIL(err, code, ...) (core_error_set((err), (code), __VA_ARGS__), (code))
+
 typedef struct arr_impl arr_impl_t;
 struct arr_impl {
     core_gguf_type_t type; /* element type */
@@ -98,7 +103,7 @@ static size_t cur_left(const cur_t *c) { return c->size - c->pos; }
 static int cur_read(cur_t *c, void *dst, size_t n, const char *what, const char *ctx)
 {
     if (cur_left(c) < n)
-        return core_error_set(c->err, CORE_EFORMAT,
+        return GGUF_FAIL(c->err, CORE_EFORMAT,
                               "gguf: truncated: %s%s%s needs %zu bytes at offset %zu, file size %zu",
                               ctx ? ctx : "", ctx ? ": " : "", what, n, c->pos, c->size);
     memcpy(dst, c->base + c->pos, n);
@@ -124,11 +129,11 @@ static int cur_str(cur_t *c, size_t *off, uint64_t *len, uint64_t max_len, const
     int rc = cur_u64(c, len, what, ctx);
     if (rc) return rc;
     if (*len > max_len)
-        return core_error_set(c->err, CORE_EFORMAT,
+        return GGUF_FAIL(c->err, CORE_EFORMAT,
                               "gguf: %s%s%s length %" PRIu64 " at offset %zu exceeds limit %" PRIu64,
                               ctx ? ctx : "", ctx ? ": " : "", what, *len, at, max_len);
     if (*len > cur_left(c))
-        return core_error_set(c->err, CORE_EFORMAT,
+        return GGUF_FAIL(c->err, CORE_EFORMAT,
                               "gguf: %s%s%s length %" PRIu64 " at offset %zu runs past end of file (size %zu)",
                               ctx ? ctx : "", ctx ? ": " : "", what, *len, at, c->size);
     *off = c->pos;
@@ -222,11 +227,11 @@ static int parse_arr(cur_t *c, arr_impl_t *a, const char *key, int depth)
     if ((rc = cur_u32(c, &et, "array element type", key))) return rc;
     if ((rc = cur_u64(c, &n, "array length", key))) return rc;
     if (!valid_type(et))
-        return core_error_set(c->err, CORE_EFORMAT,
+        return GGUF_FAIL(c->err, CORE_EFORMAT,
                               "gguf: key '%s': array at offset %zu has invalid element type %" PRIu32,
                               key, at, et);
     if (et == CORE_GGUF_TYPE_ARRAY && depth + 1 >= GGUF_MAX_DEPTH)
-        return core_error_set(c->err, CORE_EFORMAT,
+        return GGUF_FAIL(c->err, CORE_EFORMAT,
                               "gguf: key '%s': arrays nested deeper than %d at offset %zu", key,
                               GGUF_MAX_DEPTH, at);
     a->type = (core_gguf_type_t)et;
@@ -234,7 +239,7 @@ static int parse_arr(cur_t *c, arr_impl_t *a, const char *key, int depth)
     /* Smallest element: a scalar's size, an empty string (8), an empty array (12). */
     size_t min_elem = es ? es : (et == CORE_GGUF_TYPE_STRING ? 8 : 12);
     if (n > cur_left(c) / min_elem)
-        return core_error_set(c->err, CORE_EFORMAT,
+        return GGUF_FAIL(c->err, CORE_EFORMAT,
                               "gguf: key '%s': array length %" PRIu64 " at offset %zu cannot fit in the %zu bytes left",
                               key, n, at, cur_left(c));
     a->n = n;
@@ -245,7 +250,7 @@ static int parse_arr(cur_t *c, arr_impl_t *a, const char *key, int depth)
     }
     if (et == CORE_GGUF_TYPE_STRING) {
         a->str = malloc((size_t)(n ? n : 1) * sizeof *a->str);
-        if (!a->str) return core_error_set(c->err, CORE_ENOMEM, "gguf: key '%s': out of memory", key);
+        if (!a->str) return GGUF_FAIL(c->err, CORE_ENOMEM, "gguf: key '%s': out of memory", key);
         for (uint64_t i = 0; i < n; i++) {
             size_t off;
             uint64_t len;
@@ -263,7 +268,7 @@ static int parse_arr(cur_t *c, arr_impl_t *a, const char *key, int depth)
         return 0;
     }
     a->sub = calloc((size_t)(n ? n : 1), sizeof *a->sub);
-    if (!a->sub) return core_error_set(c->err, CORE_ENOMEM, "gguf: key '%s': out of memory", key);
+    if (!a->sub) return GGUF_FAIL(c->err, CORE_ENOMEM, "gguf: key '%s': out of memory", key);
     for (uint64_t i = 0; i < n; i++) {
         if ((rc = parse_arr(c, &a->sub[i], key, depth + 1))) return rc;
     }
@@ -280,28 +285,28 @@ static int parse_kv(core_gguf_t *g, cur_t *c, kv_t *kv, int64_t idx)
     snprintf(ctx, sizeof ctx, "metadata entry %" PRId64, idx);
     if ((rc = cur_str(c, &koff, &klen, GGUF_MAX_KEY_LEN, "key", ctx))) return rc;
     if (klen == 0)
-        return core_error_set(c->err, CORE_EFORMAT, "gguf: %s: empty key at offset %zu", ctx, at);
+        return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: %s: empty key at offset %zu", ctx, at);
     if (memchr(c->base + koff, 0, (size_t)klen))
-        return core_error_set(c->err, CORE_EFORMAT, "gguf: %s: key at offset %zu contains a NUL byte",
+        return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: %s: key at offset %zu contains a NUL byte",
                               ctx, at);
     kv->key = malloc((size_t)klen + 1);
-    if (!kv->key) return core_error_set(c->err, CORE_ENOMEM, "gguf: out of memory");
+    if (!kv->key) return GGUF_FAIL(c->err, CORE_ENOMEM, "gguf: out of memory");
     memcpy(kv->key, c->base + koff, (size_t)klen);
     kv->key[klen] = '\0';
     size_t slot;
     if (htab_find(&g->kv_idx, g, kv_name, kv->key, &slot) >= 0)
-        return core_error_set(c->err, CORE_EFORMAT, "gguf: duplicate key '%s' at offset %zu", kv->key, at);
+        return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: duplicate key '%s' at offset %zu", kv->key, at);
     size_t tat = c->pos;
     if ((rc = cur_u32(c, &t, "value type", kv->key))) return rc;
     if (!valid_type(t))
-        return core_error_set(c->err, CORE_EFORMAT, "gguf: key '%s': invalid value type %" PRIu32 " at offset %zu",
+        return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: key '%s': invalid value type %" PRIu32 " at offset %zu",
                               kv->key, t, tat);
     kv->type = (core_gguf_type_t)t;
     kv->val = c->pos;
     size_t es = scalar_size(kv->type);
     if (es) {
         if (cur_left(c) < es)
-            return core_error_set(c->err, CORE_EFORMAT,
+            return GGUF_FAIL(c->err, CORE_EFORMAT,
                                   "gguf: truncated: key '%s': value needs %zu bytes at offset %zu, file size %zu",
                                   kv->key, es, c->pos, c->size);
         c->pos += es;
@@ -324,12 +329,12 @@ static int get_alignment(core_gguf_t *g, core_error_t *err)
     if (i < 0) return 0;
     const kv_t *kv = &g->kvs[i];
     if (kv->type != CORE_GGUF_TYPE_UINT32)
-        return core_error_set(err, CORE_EFORMAT, "gguf: key 'general.alignment' has type %d, expected uint32",
+        return GGUF_FAIL(err, CORE_EFORMAT, "gguf: key 'general.alignment' has type %d, expected uint32",
                               (int)kv->type);
     uint32_t a;
     memcpy(&a, g->base + kv->val, sizeof a);
     if (a == 0 || (a & (a - 1)) != 0 || a > GGUF_MAX_ALIGNMENT)
-        return core_error_set(err, CORE_EFORMAT,
+        return GGUF_FAIL(err, CORE_EFORMAT,
                               "gguf: key 'general.alignment' = %" PRIu32 " is not a power of two <= %u", a,
                               GGUF_MAX_ALIGNMENT);
     g->alignment = a;
@@ -345,17 +350,17 @@ static int parse_tensor_info(core_gguf_t *g, cur_t *c, core_gguf_tensor_t *t, in
     int rc;
     snprintf(ctx, sizeof ctx, "tensor info %" PRId64, idx);
     if ((rc = cur_str(c, &noff, &nlen, GGUF_MAX_NAME_LEN, "name", ctx))) return rc;
-    if (nlen == 0) return core_error_set(c->err, CORE_EFORMAT, "gguf: %s: empty name at offset %zu", ctx, at);
+    if (nlen == 0) return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: %s: empty name at offset %zu", ctx, at);
     if (memchr(c->base + noff, 0, (size_t)nlen))
-        return core_error_set(c->err, CORE_EFORMAT, "gguf: %s: name at offset %zu contains a NUL byte", ctx, at);
+        return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: %s: name at offset %zu contains a NUL byte", ctx, at);
     char *name = malloc((size_t)nlen + 1);
-    if (!name) return core_error_set(c->err, CORE_ENOMEM, "gguf: out of memory");
+    if (!name) return GGUF_FAIL(c->err, CORE_ENOMEM, "gguf: out of memory");
     memcpy(name, c->base + noff, (size_t)nlen);
     name[nlen] = '\0';
     t->name = name;
     if ((rc = cur_u32(c, &nd, "n_dims", name))) return rc;
     if (nd == 0 || nd > CORE_GGUF_MAX_DIMS)
-        return core_error_set(c->err, CORE_EFORMAT, "gguf: tensor '%s': n_dims %" PRIu32 " not in 1..%d (offset %zu)",
+        return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: tensor '%s': n_dims %" PRIu32 " not in 1..%d (offset %zu)",
                               name, nd, CORE_GGUF_MAX_DIMS, at);
     t->n_dims = nd;
     uint64_t ne[CORE_GGUF_MAX_DIMS] = {1, 1, 1, 1};
@@ -368,10 +373,10 @@ static int parse_tensor_info(core_gguf_t *g, cur_t *c, core_gguf_tensor_t *t, in
     int64_t prod = 1;
     for (uint32_t d = 0; d < CORE_GGUF_MAX_DIMS; d++) {
         if (ne[d] == 0)
-            return core_error_set(c->err, CORE_EUNSUPPORTED, "gguf: tensor '%s': dimension %" PRIu32 " is 0",
+            return GGUF_FAIL(c->err, CORE_EUNSUPPORTED, "gguf: tensor '%s': dimension %" PRIu32 " is 0",
                                   name, d);
         if (ne[d] > (uint64_t)INT64_MAX || (int64_t)ne[d] > INT64_MAX / prod)
-            return core_error_set(c->err, CORE_EFORMAT,
+            return GGUF_FAIL(c->err, CORE_EFORMAT,
                                   "gguf: tensor '%s': element count overflows at dimension %" PRIu32
                                   " (ne=%" PRIu64 ")",
                                   name, d, ne[d]);
@@ -379,25 +384,25 @@ static int parse_tensor_info(core_gguf_t *g, cur_t *c, core_gguf_tensor_t *t, in
         prod *= t->ne[d];
     }
     if (core_ttype_block_bytes((int)type) == 0 || type >= CORE_TTYPE_COUNT_)
-        return core_error_set(c->err, CORE_EFORMAT, "gguf: tensor '%s': unknown type id %" PRIu32, name, type);
+        return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: tensor '%s': unknown type id %" PRIu32, name, type);
     t->type = (int)type;
     size_t row;
     rc = core_ttype_row_bytes(t->type, t->ne[0], &row);
     if (rc)
-        return core_error_set(c->err, CORE_EFORMAT,
+        return GGUF_FAIL(c->err, CORE_EFORMAT,
                               "gguf: tensor '%s': row length %" PRId64 " is not a multiple of %s's block of %" PRId64,
                               name, t->ne[0], core_ttype_name(t->type), core_ttype_block_elems(t->type));
     uint64_t rows = (uint64_t)(prod / t->ne[0]);
     if (row != 0 && rows > SIZE_MAX / row)
-        return core_error_set(c->err, CORE_EFORMAT, "gguf: tensor '%s': byte size overflows", name);
+        return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: tensor '%s': byte size overflows", name);
     t->nbytes = row * (size_t)rows;
     if (t->offset % g->alignment != 0)
-        return core_error_set(c->err, CORE_EFORMAT,
+        return GGUF_FAIL(c->err, CORE_EFORMAT,
                               "gguf: tensor '%s': data offset %" PRIu64 " is not a multiple of the alignment %" PRIu32,
                               name, t->offset, g->alignment);
     size_t slot;
     if (htab_find(&g->tensor_idx, g, tensor_name, name, &slot) >= 0)
-        return core_error_set(c->err, CORE_EFORMAT, "gguf: duplicate tensor name '%s' (tensor info %" PRId64 ")",
+        return GGUF_FAIL(c->err, CORE_EFORMAT, "gguf: duplicate tensor name '%s' (tensor info %" PRId64 ")",
                               name, idx);
     g->tensor_idx.slot[slot] = idx;
     return 0;
@@ -411,33 +416,33 @@ static int parse(core_gguf_t *g, core_error_t *err)
     int rc;
     if ((rc = cur_read(&c, magic, 4, "magic", NULL))) return rc;
     if (memcmp(magic, GGUF_MAGIC, 4) != 0)
-        return core_error_set(err, CORE_EFORMAT, "gguf: bad magic at offset 0 (not a GGUF file)");
+        return GGUF_FAIL(err, CORE_EFORMAT, "gguf: bad magic at offset 0 (not a GGUF file)");
     if ((rc = cur_u32(&c, &g->version, "version", NULL))) return rc;
     if (g->version == 1)
-        return core_error_set(err, CORE_EUNSUPPORTED, "gguf: version 1 (offset 4) is not supported, only 2 and 3");
+        return GGUF_FAIL(err, CORE_EUNSUPPORTED, "gguf: version 1 (offset 4) is not supported, only 2 and 3");
     if (g->version != 2 && g->version != 3)
-        return core_error_set(err, CORE_EUNSUPPORTED,
+        return GGUF_FAIL(err, CORE_EUNSUPPORTED,
                               "gguf: unsupported version %" PRIu32 " at offset 4 (supported: 2, 3; a big-endian file reads as 0x03000000)",
                               g->version);
     if ((rc = cur_u64(&c, &n_tensors, "n_tensors", NULL))) return rc;
     if ((rc = cur_u64(&c, &n_kv, "n_kv", NULL))) return rc;
     if (n_kv > cur_left(&c) / GGUF_MIN_KV_BYTES)
-        return core_error_set(err, CORE_EFORMAT, "gguf: n_kv %" PRIu64 " (offset 16) cannot fit in a file of %zu bytes (truncated or corrupt)",
+        return GGUF_FAIL(err, CORE_EFORMAT, "gguf: n_kv %" PRIu64 " (offset 16) cannot fit in a file of %zu bytes (truncated or corrupt)",
                               n_kv, g->size);
     if (n_tensors > cur_left(&c) / GGUF_MIN_TINFO_BYTES)
-        return core_error_set(err, CORE_EFORMAT,
+        return GGUF_FAIL(err, CORE_EFORMAT,
                               "gguf: n_tensors %" PRIu64 " (offset 8) cannot fit in a file of %zu bytes (truncated or corrupt)", n_tensors,
                               g->size);
 
     if (n_kv > GGUF_MAX_KV || n_tensors > GGUF_MAX_TENSORS)
-        return core_error_set(err, CORE_EUNSUPPORTED,
+        return GGUF_FAIL(err, CORE_EUNSUPPORTED,
                               "gguf: %" PRIu64 " keys / %" PRIu64 " tensors exceed the supported %u / %u", n_kv,
                               n_tensors, GGUF_MAX_KV, GGUF_MAX_TENSORS);
     g->kvs = calloc((size_t)(n_kv ? n_kv : 1), sizeof *g->kvs);
     g->tensors = calloc((size_t)(n_tensors ? n_tensors : 1), sizeof *g->tensors);
-    if (!g->kvs || !g->tensors) return core_error_set(err, CORE_ENOMEM, "gguf: out of memory");
+    if (!g->kvs || !g->tensors) return GGUF_FAIL(err, CORE_ENOMEM, "gguf: out of memory");
     if (htab_init(&g->kv_idx, (int64_t)n_kv) || htab_init(&g->tensor_idx, (int64_t)n_tensors))
-        return core_error_set(err, CORE_ENOMEM, "gguf: out of memory");
+        return GGUF_FAIL(err, CORE_ENOMEM, "gguf: out of memory");
 
     for (uint64_t i = 0; i < n_kv; i++) {
         g->n_kv = (int64_t)i + 1; /* so close() frees the partly parsed entry */
@@ -453,14 +458,14 @@ static int parse(core_gguf_t *g, core_error_t *err)
     size_t pad = (g->alignment - c.pos % g->alignment) % g->alignment;
     g->data_off = c.pos + pad;
     if (n_tensors > 0 && g->data_off > g->size)
-        return core_error_set(err, CORE_EFORMAT,
+        return GGUF_FAIL(err, CORE_EFORMAT,
                               "gguf: truncated: data section would start at offset %zu, file size %zu", g->data_off,
                               g->size);
     for (int64_t i = 0; i < g->n_tensors; i++) {
         core_gguf_tensor_t *t = &g->tensors[i];
         size_t room = g->size - g->data_off;
         if (t->offset > room || t->nbytes > room - t->offset)
-            return core_error_set(err, CORE_EFORMAT,
+            return GGUF_FAIL(err, CORE_EFORMAT,
                                   "gguf: tensor '%s': data [%" PRIu64 ", +%zu) relative to the data section at offset %zu "
                                   "lies beyond the end of the file (size %zu)",
                                   t->name, t->offset, t->nbytes, g->data_off, g->size);
@@ -471,10 +476,10 @@ static int parse(core_gguf_t *g, core_error_t *err)
 
 int core_gguf_open_memory(const void *data, size_t size, core_gguf_t **out, core_error_t *err)
 {
-    if (!out || (!data && size)) return core_error_set(err, CORE_EINVAL, "gguf: invalid argument");
+    if (!out || (!data && size)) return GGUF_FAIL(err, CORE_EINVAL, "gguf: invalid argument");
     *out = NULL;
     core_gguf_t *g = calloc(1, sizeof *g);
-    if (!g) return core_error_set(err, CORE_ENOMEM, "gguf: out of memory");
+    if (!g) return GGUF_FAIL(err, CORE_ENOMEM, "gguf: out of memory");
     g->base = data;
     g->size = size;
     int rc = parse(g, err);
@@ -488,34 +493,34 @@ int core_gguf_open_memory(const void *data, size_t size, core_gguf_t **out, core
 
 int core_gguf_open(const char *path, core_gguf_t **out, core_error_t *err)
 {
-    if (!out || !path) return core_error_set(err, CORE_EINVAL, "gguf: invalid argument");
+    if (!out || !path) return GGUF_FAIL(err, CORE_EINVAL, "gguf: invalid argument");
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return core_error_set(err, CORE_EIO, "gguf: cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0) return GGUF_FAIL(err, CORE_EIO, "gguf: cannot open '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return core_error_set(err, CORE_EIO, "gguf: cannot stat '%s': %s", path, strerror(e));
+        return GGUF_FAIL(err, CORE_EIO, "gguf: cannot stat '%s': %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return core_error_set(err, CORE_EINVAL, "gguf: '%s' is not a regular file", path);
+        return GGUF_FAIL(err, CORE_EINVAL, "gguf: '%s' is not a regular file", path);
     }
     if (st.st_size < GGUF_HEADER_BYTES) {
         close(fd);
-        return core_error_set(err, CORE_EFORMAT, "gguf: '%s': truncated: %lld bytes is shorter than the header",
+        return GGUF_FAIL(err, CORE_EFORMAT, "gguf: '%s': truncated: %lld bytes is shorter than the header",
                               path, (long long)st.st_size);
     }
     if ((uint64_t)st.st_size > SIZE_MAX) {
         close(fd);
-        return core_error_set(err, CORE_ERANGE, "gguf: '%s' is too large to map", path);
+        return GGUF_FAIL(err, CORE_ERANGE, "gguf: '%s' is too large to map", path);
     }
     size_t size = (size_t)st.st_size;
     void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (p == MAP_FAILED) return core_error_set(err, CORE_EIO, "gguf: cannot map '%s': %s", path, strerror(e));
+    if (p == MAP_FAILED) return GGUF_FAIL(err, CORE_EIO, "gguf: cannot map '%s': %s", path, strerror(e));
     core_gguf_t *g = NULL;
     int rc = core_gguf_open_memory(p, size, &g, err);
     if (rc) {
@@ -645,14 +650,14 @@ static const char *type_name(core_gguf_type_t t)
 static int kv_at(const core_gguf_t *g, int64_t i, const kv_t **kv, core_error_t *err)
 {
     if (!g || i < 0 || i >= g->n_kv)
-        return core_error_set(err, CORE_ENOTFOUND, "gguf: metadata index %" PRId64 " out of range", i);
+        return GGUF_FAIL(err, CORE_ENOTFOUND, "gguf: metadata index %" PRId64 " out of range", i);
     *kv = &g->kvs[i];
     return 0;
 }
 
 static int mismatch(core_error_t *err, const kv_t *kv, const char *want)
 {
-    return core_error_set(err, CORE_EMISMATCH, "gguf: key '%s' has type %s, expected %s", kv->key,
+    return GGUF_FAIL(err, CORE_EMISMATCH, "gguf: key '%s' has type %s, expected %s", kv->key,
                           type_name(kv->type), want);
 }
 
@@ -664,7 +669,7 @@ int core_gguf_kv_int(const core_gguf_t *g, int64_t i, int64_t *out, core_error_t
     if (!is_int_type(kv->type)) return mismatch(err, kv, "an integer");
     rc = load_int(kv->type, g->base + kv->val, out);
     if (rc)
-        return core_error_set(err, rc, "gguf: key '%s': uint64 value does not fit in int64", kv->key);
+        return GGUF_FAIL(err, rc, "gguf: key '%s': uint64 value does not fit in int64", kv->key);
     return 0;
 }
 
@@ -974,12 +979,12 @@ static int w_copy_arr(buf_t *b, const core_gguf_arr_t *a, int depth)
     for (uint64_t i = 0; i < ai->n && !rc; i++) {
         if (ai->type == CORE_GGUF_TYPE_STRING) {
             core_gguf_str_t s = {NULL, 0};
-            core_gguf_arr_str(a, i, &s);
-            rc = buf_str(b, s.ptr, (size_t)s.len);
+            rc = core_gguf_arr_str(a, i, &s);
+            if (!rc) rc = buf_str(b, s.ptr, (size_t)s.len);
         } else {
             core_gguf_arr_t sub;
-            core_gguf_arr_arr(a, i, &sub);
-            rc = w_copy_arr(b, &sub, depth + 1);
+            rc = core_gguf_arr_arr(a, i, &sub);
+            if (!rc) rc = w_copy_arr(b, &sub, depth + 1);
         }
     }
     return rc;
@@ -1140,7 +1145,7 @@ static int write_zeros(int fd, size_t n)
 
 int core_gguf_writer_write(const core_gguf_writer_t *w, const char *path, core_error_t *err)
 {
-    if (!w || !path) return core_error_set(err, CORE_EINVAL, "gguf writer: invalid argument");
+    if (!w || !path) return GGUF_FAIL(err, CORE_EINVAL, "gguf writer: invalid argument");
     buf_t head = {0};
     char *tmp = NULL;
     int fd = -1, rc = 0;
@@ -1162,21 +1167,21 @@ int core_gguf_writer_write(const core_gguf_writer_t *w, const char *path, core_e
         off += t->nbytes + pad_to(t->nbytes, w->alignment);
     }
     if (rc) {
-        rc = core_error_set(err, CORE_ENOMEM, "gguf writer: out of memory");
+        rc = GGUF_FAIL(err, CORE_ENOMEM, "gguf writer: out of memory");
         goto fail;
     }
 
     size_t plen = strlen(path);
     tmp = malloc(plen + 16);
     if (!tmp) {
-        rc = core_error_set(err, CORE_ENOMEM, "gguf writer: out of memory");
+        rc = GGUF_FAIL(err, CORE_ENOMEM, "gguf writer: out of memory");
         goto fail;
     }
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp.XXXXXX", 12);
     fd = mkstemp(tmp);
     if (fd < 0) {
-        rc = core_error_set(err, CORE_EIO, "gguf writer: cannot create temp file for '%s': %s", path,
+        rc = GGUF_FAIL(err, CORE_EIO, "gguf writer: cannot create temp file for '%s': %s", path,
                             strerror(errno));
         free(tmp);
         tmp = NULL;
@@ -1221,7 +1226,7 @@ int core_gguf_writer_write(const core_gguf_writer_t *w, const char *path, core_e
     return 0;
 
 io_fail:
-    rc = core_error_set(err, CORE_EIO, "gguf writer: writing '%s': %s", path, strerror(errno));
+    rc = GGUF_FAIL(err, CORE_EIO, "gguf writer: writing '%s': %s", path, strerror(errno));
 fail:
     if (fd >= 0) close(fd);
     if (tmp) {
