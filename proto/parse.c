@@ -466,7 +466,7 @@ static int parse_max_tokens(json_t *root, const proto_limits_t *lim, proto_gen_p
 static int parse_sampling(json_t *root, proto_sampling_t *s, proto_error_t *err)
 {
     int rc;
-    int64_t i64;
+    int64_t i64 = 0;
     if ((rc = px_read_number(root, "temperature", 0, 2, 0, "between 0 and 2", &s->temperature,
                              err)) < 0)
         return rc;
@@ -503,7 +503,7 @@ static int parse_logprobs(json_t *root, enum px_gen_kind kind, proto_gen_params_
                           proto_error_t *err)
 {
     int rc;
-    int64_t i64;
+    int64_t i64 = 0;
     char range[32];
     px_paramf(range, "between 0 and %d", PROTO_MAX_LOGPROBS);
     if (kind != PX_GEN_CHAT) {
