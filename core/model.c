@@ -233,6 +233,19 @@ static int read_hparams(core_model_t *m, core_error_t *err)
             0 ||
         (rc = get_int_req(g, "llama.context_length", 1, MODEL_MAX_CTX, &ctx, err)) < 0)
         return rc;
+    int64_t n_expert;
+    if ((rc = get_int_opt(g, "llama.expert_count", 0, INT32_MAX, 0, &n_expert, err)) < 0)
+        return rc;
+    if (n_expert > 0)
+        return core_error_set(err, CORE_EUNSUPPORTED,
+                              "mixture-of-experts llama (llama.expert_count = %lld) is not supported",
+                              (long long)n_expert);
+    /* Llama 3.x frequency factors would change every rotation angle; running
+     * without them would be silently wrong, so refuse. */
+    if (core_gguf_find_tensor(g, "rope_freqs.weight"))
+        return core_error_set(err, CORE_EUNSUPPORTED,
+                              "tensor rope_freqs.weight (llama3 RoPE frequency factors) is not "
+                              "supported");
     if (H % Hkv != 0)
         return core_error_set(err, CORE_EFORMAT, "head_count %lld is not a multiple of head_count_kv %lld",
                               (long long)H, (long long)Hkv);

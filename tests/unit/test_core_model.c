@@ -331,6 +331,8 @@ typedef struct synth {
     const char *skip_key;    /* omit this key */
     int n_head_kv;           /* llama.attention.head_count_kv */
     int tied;                /* omit output.weight */
+    const char *extra_key;   /* an extra uint32 key set to 8 */
+    int rope_freqs;          /* add a rope_freqs.weight tensor */
 } synth_t;
 
 enum { S_D = 32, S_H = 2, S_HD = 16, S_FF = 64, S_V = 40 };
@@ -372,8 +374,12 @@ static int write_synth(const char *path, const synth_t *o)
             continue;
         rc = core_gguf_writer_set_int(w, ints[i].key, CORE_GGUF_TYPE_UINT32, ints[i].v);
     }
+    if (rc == 0 && o->extra_key)
+        rc = core_gguf_writer_set_int(w, o->extra_key, CORE_GGUF_TYPE_UINT32, 8);
     if (rc == 0)
         rc = core_gguf_writer_set_float(w, "llama.rope.freq_base", CORE_GGUF_TYPE_FLOAT32, 10000.0);
+    if (rc == 0 && o->rope_freqs)
+        rc = add_f32(w, o, "rope_freqs.weight", S_HD / 2, 0, &r);
     const int64_t kvd = (int64_t)kvh * S_HD;
     if (rc == 0)
         rc = add_f32(w, o, "token_embd.weight", S_D, S_V, &r);
@@ -477,6 +483,10 @@ TEST(loader_rejects_bad_models)
     expect_reject(&no_key, CORE_EFORMAT, "llama.feed_forward_length");
     synth_t arch = {.arch = "gpt2"};
     expect_reject(&arch, CORE_EUNSUPPORTED, "gpt2");
+    synth_t moe = {.arch = "llama", .extra_key = "llama.expert_count"};
+    expect_reject(&moe, CORE_EUNSUPPORTED, "llama.expert_count");
+    synth_t freqs = {.arch = "llama", .rope_freqs = 1};
+    expect_reject(&freqs, CORE_EUNSUPPORTED, "rope_freqs.weight");
     synth_t heads = {.arch = "llama", .n_head_kv = 3};
     expect_reject(&heads, CORE_EFORMAT, "head_count");
     core_model_t *m = NULL;
