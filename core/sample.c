@@ -89,6 +89,7 @@ struct core_sample_ws {
     int64_t cap;   /* V the buffers hold */
     float *z;      /* [V] penalized logits */
     float *w;      /* [V] unnormalized survivor weights (step 6) */
+    float *wt;     /* [V] top-p: weights at the temperature, by id */
     int32_t *ids;  /* [V] survivor ids, ascending */
     cand_t *cand;  /* [V] selection buffer */
 };
@@ -104,6 +105,7 @@ void core_sample_ws_free(core_sample_ws_t *ws)
         return;
     free(ws->z);
     free(ws->w);
+    free(ws->wt);
     free(ws->ids);
     free(ws->cand);
     free(ws);
@@ -117,21 +119,25 @@ static int ws_reserve(core_sample_ws_t *ws, int64_t V, core_error_t *err)
     size_t n = (size_t)V;
     float *z = malloc(n * sizeof *z);
     float *w = malloc(n * sizeof *w);
+    float *wt = malloc(n * sizeof *wt);
     int32_t *ids = malloc(n * sizeof *ids);
     cand_t *cand = malloc(n * sizeof *cand);
-    if (!z || !w || !ids || !cand) {
+    if (!z || !w || !wt || !ids || !cand) {
         free(z);
         free(w);
+        free(wt);
         free(ids);
         free(cand);
         return core_error_set(err, CORE_ENOMEM, "sampling workspace for V=%lld", (long long)V);
     }
     free(ws->z);
     free(ws->w);
+    free(ws->wt);
     free(ws->ids);
     free(ws->cand);
     ws->z = z;
     ws->w = w;
+    ws->wt = wt;
     ws->ids = ids;
     ws->cand = cand;
     ws->cap = V;
@@ -378,19 +384,29 @@ static size_t topp_bucket(float zmax, float z)
 }
 
 static size_t top_p_alone(const core_sample_params_t *p, core_sample_ws_t *ws, int64_t V,
-                          float zmax, float min_z, double *total)
+                          float zmax, float min_z, double *total, double *norm_t)
 {
     const float *z = ws->z;
     float *w = ws->w;           /* [V] temperature-1 weights by id, then survivor weights */
+    float inv_t = 1.0f / p->temperature;
+    /* At T != 1 the weights at T are needed for the survivors and, over the
+     * whole vocabulary, for the logprobs: computed here in the same pass. */
+    float *wt = inv_t == 1.0f ? w : ws->wt;
     double mass[TOPP_BUCKETS];  /* [TOPP_BUCKETS] */
-    double norm = 0.0;
+    double norm = 0.0, sum_t = 0.0;
     memset(mass, 0, sizeof mass);
     for (int64_t i = 0; i < V; i++) {
         float e = expf(z[i] - zmax);
         w[i] = e;
         norm += (double)e;
         mass[topp_bucket(zmax, z[i])] += (double)e;
+        if (wt != w) {
+            float et = expf((z[i] - zmax) * inv_t);
+            wt[i] = et;
+            sum_t += (double)et;
+        }
     }
+    *norm_t = wt == w ? norm : sum_t;
     double target = (double)p->top_p * norm, before = 0.0;
     size_t cb = 0;
     while (cb < TOPP_BUCKETS && before + mass[cb] < target)
@@ -417,14 +433,13 @@ static size_t top_p_alone(const core_sample_params_t *p, core_sample_ws_t *ws, i
     /* Survivors in id order: better than or equal to the cut, above the
      * min-p threshold, weighted at the temperature. Compaction writes index n
      * <= i, so w can be overwritten in place. */
-    float inv_t = 1.0f / p->temperature;
     double sum = 0.0;
     size_t n = 0;
     for (int64_t i = 0; i < V; i++) {
         cand_t ci = {z[i], (int32_t)i};
         if (cand_better(cut, ci) || !(z[i] >= min_z) || !(z[i] > -INFINITY))
             continue;
-        float e = inv_t == 1.0f ? w[i] : expf((z[i] - zmax) * inv_t);
+        float e = wt[i];
         ws->ids[n] = (int32_t)i;
         w[n] = e;
         sum += (double)e;
@@ -436,9 +451,11 @@ static size_t top_p_alone(const core_sample_params_t *p, core_sample_ws_t *ws, i
 
 /* Steps 3-6 (non-greedy). Leaves the survivors in ws->ids / ws->w (ascending
  * id), returns their count and sets *total to sum(w). The argmax always
- * survives with weight 1, so the count is >= 1. */
+ * survives with weight 1, so the count is >= 1. *norm_t is set to
+ * sum_V exp((z - zmax) / T) when that came for free (the logprobs'
+ * normalizer, always >= 1), else to 0. */
 static size_t build_survivors(const core_sample_params_t *p, core_sample_ws_t *ws, int64_t V,
-                              float zmax, double *total)
+                              float zmax, double *total, double *norm_t)
 {
     const float *z = ws->z;
     float inv_t = 1.0f / p->temperature;
@@ -449,6 +466,7 @@ static size_t build_survivors(const core_sample_params_t *p, core_sample_ws_t *w
     double sum = 0.0;
     size_t n = 0;
 
+    *norm_t = 0.0;
     if (!use_k && !use_p) {
         /* Min-p alone is a threshold: no ordering needed. */
         for (int64_t i = 0; i < V; i++) {
@@ -461,11 +479,14 @@ static size_t build_survivors(const core_sample_params_t *p, core_sample_ws_t *w
             }
         }
         *total = sum;
+        /* Nothing filtered: the same terms in the same order as sum_exp. */
+        if (n == (size_t)V)
+            *norm_t = sum;
         return n;
     }
 
     if (!use_k)
-        return top_p_alone(p, ws, V, zmax, min_z, total);
+        return top_p_alone(p, ws, V, zmax, min_z, total, norm_t);
 
     /* Top-k by partial selection, then top-p over the k (llama.cpp
      * renormalizes over what top-k kept). */
@@ -504,6 +525,13 @@ static size_t build_survivors(const core_sample_params_t *p, core_sample_ws_t *w
     return n;
 }
 
+/* Temperatures so small that 1/T overflows would turn the argmax's weight
+ * into 0 * inf = NaN; they mean "greedy" anyway. */
+static int is_greedy(const core_sample_params_t *p)
+{
+    return p->temperature == 0.0f || !isfinite(1.0f / p->temperature);
+}
+
 static int check_call(const float *logits, int64_t V, core_error_t *err)
 {
     if (!logits)
@@ -539,17 +567,13 @@ int core_sampler_sample(core_sampler_t *s, core_sample_ws_t *ws, const float *lo
     if (rc)
         return rc;
     const core_sample_params_t *p = &s->p;
-    int greedy = p->temperature == 0.0f;
+    int greedy = is_greedy(p);
     float inv_t = greedy ? 1.0f : 1.0f / p->temperature;
-    double log_norm = -1.0; /* < 0: not computed yet */
+    double norm_t = 0.0; /* sum_V exp((z - zmax) / T); >= 1 once known */
 
     if (!greedy) {
         double total;
-        size_t n = build_survivors(p, ws, V, zmax, &total);
-        /* Unfiltered, the survivors are the whole vocabulary and total is
-         * exactly the normalizer of the reported logprobs. */
-        if (n == (size_t)V)
-            log_norm = log(total);
+        size_t n = build_survivors(p, ws, V, zmax, &total, &norm_t);
         double target = core_rng_uniform(&s->rng) * total;
         double cum = 0.0;
         size_t pick = n;
@@ -569,8 +593,9 @@ int core_sampler_sample(core_sampler_t *s, core_sample_ws_t *ws, const float *lo
         tok = ws->ids[pick];
     }
 
-    if (log_norm < 0.0)
-        log_norm = log(sum_exp(ws->z, V, zmax, inv_t));
+    if (!(norm_t >= 1.0))
+        norm_t = sum_exp(ws->z, V, zmax, inv_t);
+    double log_norm = log(norm_t);
     res->token = tok;
     res->logprob = (float)((double)((ws->z[tok] - zmax) * inv_t) - log_norm);
     size_t nt = (size_t)p->n_logprobs;
@@ -598,7 +623,7 @@ int core_sampler_dist(const core_sampler_t *s, core_sample_ws_t *ws, const float
     *n_out = 0;
     if (rc)
         return rc;
-    if (s->p.temperature == 0.0f) {
+    if (is_greedy(&s->p)) {
         if (cap < 1)
             return core_error_set(err, CORE_ERANGE, "distribution needs 1 entry, cap is 0");
         ids[0] = best;
@@ -607,7 +632,8 @@ int core_sampler_dist(const core_sampler_t *s, core_sample_ws_t *ws, const float
         return 0;
     }
     double total;
-    size_t n = build_survivors(&s->p, ws, V, zmax, &total);
+    double norm_t;
+    size_t n = build_survivors(&s->p, ws, V, zmax, &total, &norm_t);
     if (n > cap)
         return core_error_set(err, CORE_ERANGE, "distribution has %zu entries, cap is %zu", n, cap);
     for (size_t i = 0; i < n; i++) {

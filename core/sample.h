@@ -51,7 +51,8 @@
 #define CORE_SAMPLE_MAX_VOCAB (1 << 22)   /* largest V accepted (bounds the scratch) */
 
 typedef struct core_sample_params {
-    float temperature;       /* >= 0; 0 = greedy */
+    float temperature;       /* >= 0; 0 = greedy (so is any T whose 1/T
+                                overflows a float) */
     int32_t top_k;           /* >= 0; 0 = off (k >= V is off too) */
     float top_p;             /* (0, 1]; 1 = off */
     float min_p;             /* [0, 1]; 0 = off */

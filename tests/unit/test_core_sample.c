@@ -524,6 +524,18 @@ TEST(test_greedy)
     CHECK_INT_EQ(res.top[0].id, 1);
     CHECK_INT_EQ(res.top[1].id, 3);
     CHECK_INT_EQ(res.top[2].id, 4);
+    /* A temperature whose inverse overflows is greedy, not NaN. */
+    core_sample_params_t tiny = p;
+    tiny.temperature = 1e-45f;
+    CHECK_INT_EQ(core_sampler_set_params(s, &tiny, NULL), 0);
+    CHECK_INT_EQ(core_sampler_sample(s, ws, tie, 6, &res, NULL), 0);
+    CHECK_INT_EQ(res.token, 1);
+    CHECK(isfinite(res.logprob));
+    tiny.temperature = 1e-30f; /* tiny but invertible: still a valid distribution */
+    CHECK_INT_EQ(core_sampler_set_params(s, &tiny, NULL), 0);
+    CHECK_INT_EQ(core_sampler_sample(s, ws, tie, 6, &res, NULL), 0);
+    CHECK(res.token == 1 || res.token == 3 || res.token == 4);
+    CHECK_INT_EQ(core_sampler_set_params(s, &p, NULL), 0);
     /* Greedy draws no random number: the RNG state is unchanged. */
     unsigned char a[2048], b[2048];
     size_t sz = core_sampler_state_size();
