@@ -533,9 +533,24 @@ int srv_config_parse(srv_config_t *cfg, int argc, char **argv, char *const *envp
             goto fail;
         cfg->source[i] = SRV_CFG_SRC_DEFAULT;
     }
+    /* Options given as flags ignore their environment variable entirely, so
+     * a flag can fix a bad value inherited from the environment. */
+    unsigned char by_flag[SRV_CFG_MAX_OPTS] = {0};
+    for (int a = 0; a < argc; a++) {
+        if (strncmp(argv[a], "--", 2) != 0)
+            continue;
+        const char *eq = strchr(argv[a] + 2, '=');
+        const opt_t *o =
+            find_opt(argv[a] + 2, eq ? (size_t)(eq - argv[a] - 2) : strlen(argv[a] + 2));
+        if (o) {
+            by_flag[o - opts] = 1;
+            if (!eq)
+                a++; /* skip its value */
+        }
+    }
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = env_lookup(envp, opts[i].env);
-        if (!v)
+        if (!v || by_flag[i])
             continue;
         if (set_value(cfg, &opts[i], v, opts[i].env, 0, err, errlen))
             goto fail;
@@ -591,7 +606,7 @@ static void value_text(const srv_config_t *cfg, const opt_t *o, char *buf, size_
     case OPT_STR: {
         const char *s = *(char *const *)p;
         if ((o->flags & OPT_SECRET) && s && *s)
-            snprintf(buf, n, "<secret, %zu chars>", strlen(s));
+            snprintf(buf, n, "<secret>");
         else
             snprintf(buf, n, "%s", s ? s : "");
         return;
@@ -670,7 +685,7 @@ void srv_config_help(FILE *f)
                "(binary: 1M = 1048576 bytes); durations are seconds or take s/m/h/d.\n\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         const opt_t *o = &opts[i];
-        fprintf(f, "  --%s %s\n", o->name, o->metavar);
+        fprintf(f, "  --%s %s   [env %s]\n", o->name, o->metavar, o->env);
         wrap(f, o->help, 6);
         int len = 0;
         if (o->type == OPT_ENUM) {
@@ -683,8 +698,8 @@ void srv_config_help(FILE *f)
         }
         if (len < 0)
             len = 0;
-        snprintf(line + len, sizeof line - (size_t)len, "default %s%s%s; env %s",
-                 *o->def ? "" : "\"", *o->def ? o->def : "", *o->def ? "" : "\"", o->env);
+        snprintf(line + len, sizeof line - (size_t)len, "default %s%s%s",
+                 *o->def ? "" : "\"", *o->def ? o->def : "", *o->def ? "" : "\"");
         wrap(f, line, 6);
     }
     fprintf(f, "  --print-config\n      print the effective configuration (secrets masked) and "

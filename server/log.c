@@ -187,11 +187,17 @@ static size_t utf8_len(const unsigned char *s, size_t avail)
     return n;
 }
 
-/* Appends s with escapes: JSON string escapes when json, else \n \r \t \xNN
- * for control bytes and backslash-escaped quotes when quoted. Invalid UTF-8
- * bytes become '?' so JSON lines stay valid. */
-static void put_escaped(line_t *l, const char *s, int json)
+enum esc_mode {
+    ESC_TEXT = 0,   /* control bytes as \n \r \t \xNN */
+    ESC_JSON = 1,   /* JSON string rules */
+    ESC_QUOTED = 2  /* text, plus \" and \\ inside a quoted field */
+};
+
+/* Appends s escaped for mode; a line can never be split by its content.
+ * Invalid UTF-8 bytes become '?' so JSON lines stay valid. */
+static void put_escaped(line_t *l, const char *s, int mode)
 {
+    int json = mode == ESC_JSON;
     const unsigned char *p = (const unsigned char *)s;
     size_t n = strlen(s);
     size_t i = 0;
@@ -209,7 +215,7 @@ static void put_escaped(line_t *l, const char *s, int json)
             }
             continue;
         }
-        if (c == '"' || c == '\\') {
+        if ((c == '"' || c == '\\') && mode != ESC_TEXT) {
             tmp[0] = '\\';
             tmp[1] = (char)c;
             put_raw(l, tmp, 2);
@@ -253,7 +259,7 @@ static void line_begin(line_t *l, srv_log_level_t level, const char *req_id, int
         put_str(l, "\"");
         if (req_id && *req_id) {
             put_str(l, ",\"rid\":\"");
-            put_escaped(l, req_id, 1);
+            put_escaped(l, req_id, ESC_JSON);
             put_str(l, "\"");
         }
     } else {
@@ -262,7 +268,7 @@ static void line_begin(line_t *l, srv_log_level_t level, const char *req_id, int
         put_str(l, srv_log_level_name(level));
         if (req_id && *req_id) {
             put_str(l, " [");
-            put_escaped(l, req_id, 0);
+            put_escaped(l, req_id, ESC_TEXT);
             put_str(l, "]");
         }
         put_str(l, " ");
@@ -312,11 +318,11 @@ void srv_log_write(srv_log_level_t level, const char *req_id, const char *fmt, .
     line_begin(&l, level, req_id, json);
     if (json) {
         put_str(&l, ",\"msg\":\"");
-        put_escaped(&l, msg, 1);
+        put_escaped(&l, msg, ESC_JSON);
         if (!l.full)
             put_str(&l, "\"");
     } else {
-        put_escaped(&l, msg, 0);
+        put_escaped(&l, msg, ESC_TEXT);
     }
     line_emit(&l, json);
 }
@@ -329,13 +335,13 @@ static void put_field_str(line_t *l, int json, const char *key, const char *val,
         put_str(l, ",\"");
         put_str(l, key);
         put_str(l, "\":\"");
-        put_escaped(l, val, 1);
+        put_escaped(l, val, ESC_JSON);
         put_str(l, "\"");
     } else {
         put_str(l, " ");
         put_str(l, key);
         put_str(l, quote ? "=\"" : "=");
-        put_escaped(l, val, 0);
+        put_escaped(l, val, quote ? ESC_QUOTED : ESC_TEXT);
         if (quote)
             put_str(l, "\"");
     }

@@ -393,6 +393,12 @@ static void format_double(double v, char *out, size_t n)
         snprintf(out, n, v > 0 ? "+Inf" : "-Inf");
         return;
     }
+    /* Integers print plainly ("10", not "1e+01"): what people and other
+     * exporters write for bucket bounds and counts. */
+    if (v == floor(v) && fabs(v) < 1e15) {
+        snprintf(out, n, "%.0f", v);
+        return;
+    }
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(out, n, "%.*g", prec, v);
         if (strtod(out, NULL) == v)

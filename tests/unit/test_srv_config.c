@@ -1,0 +1,316 @@
+/* test_srv_config.c — the option table: defaults, flags, environment,
+ * precedence, value syntax, validation messages, --help and --print-config.
+ */
+#include "server/config.h"
+#include "tests/unit/check.h"
+
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char *const no_env[] = {NULL};
+
+/* Parses a NULL-terminated argument list with the given environment. */
+static int parse(srv_config_t *cfg, char *const *env, char *err, size_t errlen, ...)
+{
+    char *argv[64];
+    int argc = 0;
+    va_list ap;
+    va_start(ap, errlen);
+    for (char *a = va_arg(ap, char *); a && argc < 63; a = va_arg(ap, char *))
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    err[0] = '\0';
+    return srv_config_parse(cfg, argc, argv, env, err, errlen);
+}
+
+/* Captures what fn writes to a FILE into a malloc'd string. */
+static char *capture(void (*print_cfg)(const srv_config_t *, FILE *), const srv_config_t *cfg,
+                     void (*print_help)(FILE *))
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (print_cfg)
+        print_cfg(cfg, f);
+    else
+        print_help(f);
+    fclose(f);
+    return text;
+}
+
+TEST(test_defaults)
+{
+    srv_config_t c;
+    char err[256];
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, NULL), 0);
+    CHECK_STR_EQ(c.host, "127.0.0.1");
+    CHECK_INT_EQ(c.port, 8080);
+    CHECK_STR_EQ(c.model, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    CHECK_STR_EQ(c.adapter, "");
+    CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_DARKFORMER);
+    CHECK_INT_EQ(c.max_body, 1048576);
+    CHECK_INT_EQ(c.request_timeout_s, 60);
+    CHECK_INT_EQ(c.idle_timeout_s, 30);
+    CHECK_INT_EQ(c.drain_timeout_s, 30);
+    CHECK_INT_EQ(c.session_ttl_s, 86400);
+    CHECK_INT_EQ(c.max_session_bytes, 1073741824);
+    CHECK_STR_EQ(c.session_dir, "./sessions");
+    CHECK_INT_EQ(c.window, -1);
+    CHECK_INT_EQ(c.log_level, SRV_CFG_LOG_INFO);
+    CHECK_INT_EQ(c.log_format, SRV_CFG_LOG_TEXT);
+    CHECK_STR_EQ(c.log_file, "");
+    CHECK_INT_EQ(c.cors_origins.n, 0);
+    CHECK_INT_EQ(c.api_keys.n, 0);
+    CHECK_INT_EQ(c.want_help, 0);
+    CHECK_INT_EQ(c.want_print, 0);
+    CHECK_INT_EQ(c.source[0], SRV_CFG_SRC_DEFAULT);
+    srv_config_free(&c);
+    srv_config_free(&c); /* freeing twice (zeroed) is a no-op */
+    srv_config_free(NULL);
+}
+
+TEST(test_flags_and_env)
+{
+    srv_config_t c;
+    char err[256];
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--port", "9000", "--host=::1", "--attn",
+                       "performer", "--log-level=debug", "--threads", "3", NULL),
+                 0);
+    CHECK_INT_EQ(c.port, 9000);
+    CHECK_STR_EQ(c.host, "::1");
+    CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_PERFORMER);
+    CHECK_INT_EQ(c.log_level, SRV_CFG_LOG_DEBUG);
+    CHECK_INT_EQ(c.threads, 3);
+    srv_config_free(&c);
+    /* the last occurrence wins; "=" may carry an empty value */
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--port=1", "--port", "2", "--adapter=",
+                       NULL),
+                 0);
+    CHECK_INT_EQ(c.port, 2);
+    CHECK_STR_EQ(c.adapter, "");
+    srv_config_free(&c);
+
+    char *env[] = {"DARKSERVE_PORT=7000", "DARKSERVE_ATTN=darkformer-is",
+                   "DARKSERVE_CORS_ORIGIN=https://a.example, https://b.example",
+                   "DARKSERVE_BIN=/ignored", "PATH=/usr/bin", NULL};
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, NULL), 0);
+    CHECK_INT_EQ(c.port, 7000);
+    CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_DARKFORMER_IS);
+    CHECK_INT_EQ(c.cors_origins.n, 2);
+    if (c.cors_origins.n == 2) {
+        CHECK_STR_EQ(c.cors_origins.v[0], "https://a.example");
+        CHECK_STR_EQ(c.cors_origins.v[1], "https://b.example");
+    }
+    srv_config_free(&c);
+    /* flags beat the environment; a list flag replaces the env list */
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, "--port", "7001", "--cors-origin", "*",
+                       "--cors-origin", "http://localhost:3000,https://x.example", NULL),
+                 0);
+    CHECK_INT_EQ(c.port, 7001);
+    CHECK_INT_EQ(c.cors_origins.n, 3);
+    if (c.cors_origins.n == 3) {
+        CHECK_STR_EQ(c.cors_origins.v[0], "*");
+        CHECK_STR_EQ(c.cors_origins.v[1], "http://localhost:3000");
+        CHECK_STR_EQ(c.cors_origins.v[2], "https://x.example");
+    }
+    char *text = capture(srv_config_print, &c, NULL);
+    CHECK(text && strstr(text, "port               7001  (flag)\n"));
+    CHECK(text && strstr(text, "attn               darkformer-is  (env)\n"));
+    CHECK(text && strstr(text, "host               127.0.0.1  (default)\n"));
+    free(text);
+    srv_config_free(&c);
+}
+
+TEST(test_sizes_and_durations)
+{
+    int64_t v = 0;
+    CHECK_INT_EQ(srv_config_parse_size("512K", &v), 0);
+    CHECK_INT_EQ(v, 524288);
+    CHECK_INT_EQ(srv_config_parse_size("1M", &v), 0);
+    CHECK_INT_EQ(v, 1048576);
+    CHECK_INT_EQ(srv_config_parse_size("2mb", &v), 0);
+    CHECK_INT_EQ(v, 2097152);
+    CHECK_INT_EQ(srv_config_parse_size("3GiB", &v), 0);
+    CHECK_INT_EQ(v, INT64_C(3221225472));
+    CHECK_INT_EQ(srv_config_parse_size("100", &v), 0);
+    CHECK_INT_EQ(v, 100);
+    CHECK_INT_EQ(srv_config_parse_size("1X", &v), -1);
+    CHECK_INT_EQ(srv_config_parse_size("-1", &v), -1);
+    CHECK_INT_EQ(srv_config_parse_size("", &v), -1);
+    CHECK_INT_EQ(srv_config_parse_size(" 1", &v), -1);
+    CHECK_INT_EQ(srv_config_parse_size("1.5M", &v), -1);
+    CHECK_INT_EQ(srv_config_parse_size("9000000000T", &v), -1); /* overflow */
+    CHECK_INT_EQ(srv_config_parse_size("99999999999999999999", &v), -1);
+    CHECK_INT_EQ(srv_config_parse_duration("30", &v), 0);
+    CHECK_INT_EQ(v, 30);
+    CHECK_INT_EQ(srv_config_parse_duration("30s", &v), 0);
+    CHECK_INT_EQ(v, 30);
+    CHECK_INT_EQ(srv_config_parse_duration("5m", &v), 0);
+    CHECK_INT_EQ(v, 300);
+    CHECK_INT_EQ(srv_config_parse_duration("2h", &v), 0);
+    CHECK_INT_EQ(v, 7200);
+    CHECK_INT_EQ(srv_config_parse_duration("1d", &v), 0);
+    CHECK_INT_EQ(v, 86400);
+    CHECK_INT_EQ(srv_config_parse_duration("5ms", &v), -1);
+    CHECK_INT_EQ(srv_config_parse_duration("1w", &v), -1);
+
+    srv_config_t c;
+    char err[256];
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--max-body", "512K", "--idle-timeout", "2m",
+                       "--session-ttl=0", NULL),
+                 0);
+    CHECK_INT_EQ(c.max_body, 524288);
+    CHECK_INT_EQ(c.idle_timeout_s, 120);
+    CHECK_INT_EQ(c.session_ttl_s, 0);
+    char *text = capture(srv_config_print, &c, NULL);
+    CHECK(text && strstr(text, "max-body           512K  (flag)\n"));
+    CHECK(text && strstr(text, "idle-timeout       2m  (flag)\n"));
+    free(text);
+    srv_config_free(&c);
+}
+
+TEST(test_errors_name_the_flag)
+{
+    srv_config_t c;
+    char err[256];
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--nope", "1", NULL), -1);
+    CHECK(strstr(err, "--nope") && strstr(err, "unknown"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--port=abc", NULL), -1);
+    CHECK(strstr(err, "--port") && strstr(err, "abc"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--port", "65536", NULL), -1);
+    CHECK(strstr(err, "--port") && strstr(err, "65535"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--port", NULL), -1);
+    CHECK(strstr(err, "--port") && strstr(err, "needs a value"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--max-body", "2G", NULL), -1);
+    CHECK(strstr(err, "--max-body") && strstr(err, "1G"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--max-body", "lots", NULL), -1);
+    CHECK(strstr(err, "--max-body") && strstr(err, "size"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--drain-timeout", "5ms", NULL), -1);
+    CHECK(strstr(err, "--drain-timeout") && strstr(err, "duration"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--attn", "softmax", NULL), -1);
+    CHECK(strstr(err, "--attn") && strstr(err, "exact|performer|darkformer|darkformer-is") &&
+          strstr(err, "softmax"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--log-format", "xml", NULL), -1);
+    CHECK(strstr(err, "--log-format") && strstr(err, "text|json"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--host", "", NULL), -1);
+    CHECK(strstr(err, "--host") && strstr(err, "empty"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--cors-origin", "https://a.example/path",
+                       NULL),
+                 -1);
+    CHECK(strstr(err, "--cors-origin") && strstr(err, "https://a.example/path"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--cors-origin", "a.example", NULL), -1);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "serve", NULL), -1);
+    CHECK(strstr(err, "unexpected argument 'serve'"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--api-key", "has space", NULL), -1);
+    CHECK(strstr(err, "--api-key"));
+    char *bad_env[] = {"DARKSERVE_MAX_BATCH=0", NULL};
+    CHECK_INT_EQ(parse(&c, bad_env, err, sizeof err, NULL), -1);
+    CHECK(strstr(err, "DARKSERVE_MAX_BATCH"));
+    /* a flag overrides a bad environment variable without reading it */
+    CHECK_INT_EQ(parse(&c, bad_env, err, sizeof err, "--max-batch", "4", NULL), 0);
+    CHECK_INT_EQ(c.max_batch, 4);
+    srv_config_free(&c);
+    /* --help wins over everything */
+    CHECK_INT_EQ(parse(&c, bad_env, err, sizeof err, "--nope", "--help", NULL), 0);
+    CHECK_INT_EQ(c.want_help, 1);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--print-config", NULL), 0);
+    CHECK_INT_EQ(c.want_print, 1);
+    srv_config_free(&c);
+}
+
+TEST(test_api_keys)
+{
+    char path[] = "/tmp/test_srv_config_keysXXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    const char *text = "# production keys\n  key-one  \n\nkey-two\n# old: key-zero\n";
+    CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    srv_config_t c;
+    char err[256];
+    char flag[300];
+    snprintf(flag, sizeof flag, "--api-key-file=%s", path);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--api-key", "topsecret", flag, NULL), 0);
+    CHECK_INT_EQ(c.api_keys.n, 3);
+    if (c.api_keys.n == 3) {
+        CHECK_STR_EQ(c.api_keys.v[0], "topsecret");
+        CHECK_STR_EQ(c.api_keys.v[1], "key-one");
+        CHECK_STR_EQ(c.api_keys.v[2], "key-two");
+    }
+    char *out = capture(srv_config_print, &c, NULL);
+    CHECK(out && !strstr(out, "topsecret"));
+    CHECK(out && strstr(out, "api-key            <secret>  (flag)\n"));
+    free(out);
+    srv_config_free(&c);
+    /* a file with no key is refused, so is a missing file */
+    fd = open(path, O_WRONLY | O_TRUNC);
+    CHECK(write(fd, "# none\n\n", 8) == 8);
+    close(fd);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, flag, NULL), -1);
+    CHECK(strstr(err, "no key"));
+    unlink(path);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, flag, NULL), -1);
+    CHECK(strstr(err, "--api-key-file") && strstr(err, path));
+    /* keys from the environment */
+    char *env[] = {"DARKSERVE_API_KEY=envkey", NULL};
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, NULL), 0);
+    CHECK_INT_EQ(c.api_keys.n, 1);
+    srv_config_free(&c);
+}
+
+TEST(test_help_lists_every_option)
+{
+    static const char *const names[] = {
+        "host",          "port",           "model",          "adapter",
+        "attn",          "features",       "window",         "threads",
+        "max-batch",     "prefill-chunk",  "max-queue",      "max-sessions",
+        "max-session-bytes", "session-dir", "session-ttl",   "max-body",
+        "max-tokens-limit", "request-timeout", "idle-timeout", "drain-timeout",
+        "api-key",       "api-key-file",   "cors-origin",    "log-level",
+        "log-format",    "log-file",       "chat-template",  "max-connections",
+        NULL};
+    char *help = capture(NULL, NULL, srv_config_help);
+    srv_config_t c;
+    char err[256];
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, NULL), 0);
+    char *dump = capture(srv_config_print, &c, NULL);
+    int lines = 0;
+    for (const char *p = dump; p && *p; p++)
+        lines += *p == '\n';
+    int n = 0;
+    for (; names[n]; n++) {
+        char flag[64], env[64], line[64];
+        snprintf(flag, sizeof flag, "  --%s ", names[n]);
+        snprintf(env, sizeof env, "env DARKSERVE_");
+        size_t k = strlen(env);
+        for (const char *q = names[n]; *q && k + 1 < sizeof env; q++)
+            env[k++] = *q == '-' ? '_' : (char)(*q - 32 * (*q >= 'a' && *q <= 'z'));
+        env[k] = '\0';
+        snprintf(line, sizeof line, "\n%-18s ", names[n]);
+        CHECK_MSG(help && strstr(help, flag), "help lacks %s", flag);
+        CHECK_MSG(help && strstr(help, env), "help lacks %s", env);
+        CHECK_MSG(dump && (strstr(dump, line) || strncmp(dump, line + 1, strlen(line) - 1) == 0),
+                  "print-config lacks %s", names[n]);
+    }
+    CHECK_INT_EQ(lines, n); /* one line per option, nothing else */
+    CHECK(help && strstr(help, "--print-config"));
+    free(help);
+    free(dump);
+    srv_config_free(&c);
+}
+
+int main(void)
+{
+    RUN(test_defaults);
+    RUN(test_flags_and_env);
+    RUN(test_sizes_and_durations);
+    RUN(test_errors_name_the_flag);
+    RUN(test_api_keys);
+    RUN(test_help_lists_every_option);
+    return CHECK_DONE();
+}
