@@ -51,7 +51,7 @@ TOOL_BINS := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 HELPER_SRC  := $(wildcard tests/helpers/*.c)
 HELPER_BINS := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
 
-.PHONY: all deps model run test unit pytest asan lint format clean bench help
+.PHONY: all deps model run test unit pytest asan lint format clean bench help fuzz
 
 all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS) $(HELPER_BINS)
 
@@ -131,6 +131,22 @@ lint:
 
 format:
 	clang-format -i $(CORE_SRC) $(PROTO_SRC) $(SERVER_SRC) $(wildcard core/*.h proto/*.h server/*.h tests/unit/*.c tests/unit/*.h tools/*.c)
+
+# libFuzzer harnesses (clang): FUZZ_SECONDS per target, new inputs kept in
+# $(BUILD)/fuzz-corpus/<target>; the seed corpora in tests/fuzz/corpus replay
+# in the unit tests.
+FUZZ_SECONDS ?= 120
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -I. $(OPENBLAS_CFLAGS) -fsanitize=fuzzer,address,undefined
+$(BUILD)/fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c core/gguf.c core/tensor.c core/err.c
+	@mkdir -p $(@D)
+	clang $(FUZZ_FLAGS) $^ -lm -o $@
+$(BUILD)/fuzz/fuzz_proto: tests/fuzz/fuzz_proto.c $(PROTO_SRC)
+	@mkdir -p $(@D)
+	clang $(FUZZ_FLAGS) $^ -ljansson -lm -o $@
+fuzz: $(BUILD)/fuzz/fuzz_gguf $(BUILD)/fuzz/fuzz_proto
+	@for t in gguf proto; do mkdir -p $(BUILD)/fuzz-corpus/$$t; \
+	  ASAN_OPTIONS=malloc_context_size=0 $(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \
+	    -max_len=65536 $(BUILD)/fuzz-corpus/$$t tests/fuzz/corpus/$$t || exit 1; done
 
 bench: $(BUILD)/darkserve
 	@scripts/bench.sh $(BUILD)/darkserve $(MODEL)
