@@ -907,6 +907,8 @@ static srv_stream_t *stream_new(srv_req_t *req, const srv_stream_opts_t *so)
     if (!req->inflight) {
         req->inflight = 1;
         h->inflight++;
+        if (h->m_inflight)
+            srv_metric_set(h->m_inflight, NULL, (double)h->inflight);
     }
     return s;
 }

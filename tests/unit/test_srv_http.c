@@ -760,6 +760,33 @@ static void h_deferred_stream(srv_req_t *req, void *ud)
         spawn_producer(prod_deferred_stream, s);
 }
 
+/* /deferred-hold: never answers until the client is gone */
+static void *prod_deferred_hold(void *arg)
+{
+    srv_stream_t *s = arg;
+    uint64_t end = mono_ms() + WAIT_MS;
+    while (!srv_stream_cancelled(s) && mono_ms() < end)
+        sleep_ms(5);
+    int seen = srv_stream_cancelled(s);
+    int rc = srv_stream_reply(s, 200, "text/plain", "too late", 8); /* releases s */
+    pthread_mutex_lock(&T.mu);
+    T.saw_cancelled = seen;
+    T.deferred_rc = rc;
+    T.producer_done = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+    return NULL;
+}
+
+static void h_deferred_hold(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_opts_t so = {.on_cancel = on_cancel_cb};
+    srv_stream_t *s = srv_stream_defer(req, &so);
+    if (s)
+        spawn_producer(prod_deferred_hold, s);
+}
+
 /* /stream/hold: first chunk, then waits for T.release (or cancellation). */
 static void *prod_hold(void *arg)
 {
@@ -827,6 +854,7 @@ static void setup_routes(server_t *S)
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/deferred", h_deferred, NULL, NULL), 0);
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/deferred-stream", h_deferred_stream, NULL, NULL),
                  0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/deferred-hold", h_deferred_hold, NULL, NULL), 0);
     /* malformed patterns are refused */
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "no-slash", h_echo, NULL, NULL), SRV_HTTP_EINVAL);
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/a//b", h_echo, NULL, NULL), SRV_HTTP_EINVAL);
@@ -856,6 +884,11 @@ static void start_a(void)
         .metrics = A.metrics,
     };
     A.setup = setup_routes;
+}
+
+static void do_inflight_a(server_t *S, void *arg)
+{
+    *(size_t *)arg = srv_http_inflight(S->h);
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -1231,6 +1264,31 @@ TEST(test_abort_and_deferred)
     resp_free(&r);
 }
 
+TEST(test_deferred_client_gone)
+{
+    t_reset();
+    int fd = tcp_connect(A.port);
+    send_str(fd, "GET /deferred-hold HTTP/1.1\r\nHost: t\r\n" AUTH "\r\n");
+    /* the request is waiting (suspended) once the handler has run; wait for
+     * the in-flight count to show it, then hang up */
+    size_t inflight = 0;
+    uint64_t end = mono_ms() + WAIT_MS;
+    while (inflight == 0 && mono_ms() < end) {
+        server_call(&A, do_inflight_a, &inflight);
+        if (!inflight)
+            sleep_ms(5);
+    }
+    CHECK_INT_EQ(inflight, 1);
+    close(fd);
+    CHECK(t_wait(&T.producer_done) == 0);
+    join_producer();
+    pthread_mutex_lock(&T.mu);
+    CHECK_INT_EQ(T.saw_cancelled, 1);
+    CHECK_INT_EQ(T.cancel_cb_count, 1);
+    CHECK_INT_EQ(T.deferred_rc, SRV_HTTP_ECANCELED);
+    pthread_mutex_unlock(&T.mu);
+}
+
 TEST(test_metrics_exposition)
 {
     resp_t r;
@@ -1244,8 +1302,8 @@ TEST(test_metrics_exposition)
     CHECK(r.body && strstr(r.body, "route=\"unmatched\",code=\"404\"}"));
     CHECK(r.body && strstr(r.body, "darkserve_http_request_duration_seconds_bucket{route=\"/echo\","
                                    "le=\"+Inf\"}"));
-    /* the cancelled stream of test_stream_cancel_while_suspended */
-    CHECK(r.body && strstr(r.body, "darkserve_http_stream_cancels_total 1\n"));
+    /* test_stream_cancel_while_suspended and test_deferred_client_gone */
+    CHECK(r.body && strstr(r.body, "darkserve_http_stream_cancels_total 2\n"));
     resp_free(&r);
 }
 
@@ -1265,18 +1323,26 @@ TEST(test_main_stop)
 
 static server_t B;
 
-TEST(test_timeouts)
+static int start_b(unsigned idle_s, unsigned request_s)
 {
     memset(&B, 0, sizeof B);
     B.metrics = srv_metrics_new();
-    B.opts = (srv_http_opts_t){
-        .port = 0, .idle_timeout_s = 1, .request_timeout_s = 2, .metrics = B.metrics};
+    B.opts = (srv_http_opts_t){.port = 0,
+                               .idle_timeout_s = idle_s,
+                               .request_timeout_s = request_s,
+                               .metrics = B.metrics};
     B.setup = setup_routes;
-    if (server_start(&B) != 0) {
+    return server_start(&B);
+}
+
+TEST(test_idle_timeout)
+{
+    /* no request timeout: only MHD's idle timeout can act */
+    if (start_b(1, 0) != 0) {
         CHECK(0);
         return;
     }
-    /* Half a header, then silence: the idle timeout closes it. */
+    /* Half a header, then silence. */
     int fd = tcp_connect(B.port);
     buf_t b = {0};
     send_str(fd, "GET /echo HTTP/1.1\r\nHost: t\r\nX-Half: ");
@@ -1284,9 +1350,19 @@ TEST(test_timeouts)
     CHECK(!b.p || !strstr(b.p, "200 OK"));
     close(fd);
     free(b.p);
+    CHECK_INT_EQ(server_stop(&B), 0);
+    srv_metrics_free(B.metrics);
+}
 
-    /* A byte every 200 ms never looks idle: the request timeout cuts it. */
-    fd = tcp_connect(B.port);
+TEST(test_request_timeout)
+{
+    /* A byte every 200 ms never looks idle (1 s): only the request timeout
+     * can cut it. */
+    if (start_b(1, 2) != 0) {
+        CHECK(0);
+        return;
+    }
+    int fd = tcp_connect(B.port);
     send_str(fd, "GET /echo HTTP/1.1\r\nHost: t\r\nX-Slow: ");
     uint64_t end = mono_ms() + WAIT_MS;
     int cut = 0;
@@ -1304,7 +1380,7 @@ TEST(test_timeouts)
     CHECK_MSG(cut, "trickling client was not cut within %d ms", WAIT_MS);
     close(fd);
 
-    /* the server still serves */
+    /* the server still serves, and counted the cut */
     resp_t r;
     CHECK(http_get(B.port, "/metrics", NULL, &r) == 0);
     CHECK_INT_EQ(r.status, 200);
@@ -1512,10 +1588,12 @@ int main(void)
         RUN(test_stream_cancel_while_suspended);
         RUN(test_backpressure);
         RUN(test_abort_and_deferred);
+        RUN(test_deferred_client_gone);
         RUN(test_metrics_exposition);
         RUN(test_main_stop);
     }
-    RUN(test_timeouts);
+    RUN(test_idle_timeout);
+    RUN(test_request_timeout);
     RUN(test_connection_limit);
     RUN(test_drain);
     RUN(test_close_with_open_stream);
