@@ -380,7 +380,9 @@ static double sum_exp(const float *z, int64_t V, float zmax, float inv_t)
 static size_t topp_bucket(float zmax, float z)
 {
     float d = (zmax - z) * ((float)TOPP_BUCKETS / TOPP_RANGE); /* +inf for -inf logits */
-    return d < (float)(TOPP_BUCKETS - 1) ? (size_t)d : TOPP_BUCKETS - 1;
+    /* Through int: a float to unsigned 64-bit conversion is a slow sequence
+     * on x86-64 without AVX-512. */
+    return d < (float)(TOPP_BUCKETS - 1) ? (size_t)(int)d : TOPP_BUCKETS - 1;
 }
 
 static size_t top_p_alone(const core_sample_params_t *p, core_sample_ws_t *ws, int64_t V,
@@ -400,12 +402,13 @@ static size_t top_p_alone(const core_sample_params_t *p, core_sample_ws_t *ws, i
         w[i] = e;
         norm += (double)e;
         mass[topp_bucket(zmax, z[i])] += (double)e;
-        if (wt != w) {
+    }
+    if (wt != w)
+        for (int64_t i = 0; i < V; i++) {
             float et = expf((z[i] - zmax) * inv_t);
             wt[i] = et;
             sum_t += (double)et;
         }
-    }
     *norm_t = wt == w ? norm : sum_t;
     double target = (double)p->top_p * norm, before = 0.0;
     size_t cb = 0;
@@ -436,14 +439,17 @@ static size_t top_p_alone(const core_sample_params_t *p, core_sample_ws_t *ws, i
     double sum = 0.0;
     size_t n = 0;
     for (int64_t i = 0; i < V; i++) {
-        cand_t ci = {z[i], (int32_t)i};
-        if (cand_better(cut, ci) || !(z[i] >= min_z) || !(z[i] > -INFINITY))
-            continue;
+        /* Branch-free compaction: about half the tokens survive in an
+         * unpredictable pattern, and a branch here mispredicts constantly.
+         * keep = (z_i, i) is not worse than the cut, and passes min-p. */
+        float zi = z[i];
+        int keep = ((zi > cut.z) | ((zi == cut.z) & ((int32_t)i <= cut.id))) & (zi >= min_z) &
+                   (zi > -INFINITY);
         float e = wt[i];
         ws->ids[n] = (int32_t)i;
         w[n] = e;
-        sum += (double)e;
-        n++;
+        sum += (double)e * (double)keep; /* not ?: which compiles to a branch */
+        n += (size_t)keep;
     }
     *total = sum;
     return n;

@@ -14,6 +14,7 @@
  *                 "top N" then N lines "id logprob"
  *       Exit status 2 and the error message on stderr if a call fails.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,14 @@ static int bench(int64_t V, int iters)
     core_rng_t r;
     core_rng_seed(&r, 1);
     printf("V=%lld, %d samples per case, microseconds per sample\n", (long long)V, iters);
+    /* Machine yardstick: the cost of one expf pass over V logits. */
+    for (int64_t i = 0; i < V; i++)
+        x[i] = (float)(2.0 * core_rng_normal(&r));
+    double acc = 0.0, y0 = now_s();
+    for (int it = 0; it < iters; it++)
+        for (int64_t i = 0; i < V; i++)
+            acc += (double)expf(x[i] - (float)it * 1e-3f);
+    printf("  (one expf pass over V: %.1f us; checksum %g)\n", (now_s() - y0) * 1e6 / iters, acc);
     for (int sh = 0; sh < 2; sh++) {
         for (int64_t i = 0; i < V; i++)
             x[i] = (float)(2.0 * core_rng_normal(&r));
