@@ -4,13 +4,21 @@
  * The feature maps live in core/features.c; this file keeps the recurrent
  * state and runs the causal kernels. It knows nothing of the model around it.
  *
- * Per layer and KV head a state holds S = Σ_t φ̃(k_t) v_tᵀ [M][Hd] and
- * z = Σ_t φ̃(k_t) [M] with φ̃(k)_i = exp(a_i(k) − c), where a_i(k) is the
- * full fp32 feature logit of key k (core_features.h) and c the running
- * log-scale: c = max of a_i over the keys absorbed so far (−inf while empty).
- * When a key raises it, S and z are first multiplied by exp(c_old − c_new),
- * so every stored entry is ≤ (keys absorbed) and nothing overflows whatever
- * the logits; c is never a max over keys that have not been absorbed.
+ * Per layer and KV head a state holds S̃ [M][Hd], z̃ [M] and a running
+ * log-scale per feature c [M]: S̃_i = Σ_t exp(a_i(k_t) − c_i) v_t and
+ * z̃_i = Σ_t exp(a_i(k_t) − c_i), where a_i(k) is the full fp32 feature logit
+ * of key k (core_features.h) and c_i the max of a_i over the keys absorbed so
+ * far (−inf while empty). When a key raises c_i, row i of S̃ and z̃ is first
+ * multiplied by exp(c_i,old − c_i,new); c is never a max over keys that have
+ * not been absorbed. This is DESIGN §3's running log-scale kept per feature
+ * rather than one scalar per state: a query weighs all keys of one feature by
+ * the same exp(g_i), so flushing terms far below that feature's own maximum
+ * loses nothing that matters, whereas one shared scalar lets a key that is
+ * large on one feature (a late key with a big norm along a wide IS
+ * direction: logits > 200 happen) flush every other feature to zero.
+ * Every stored entry is ≤ (keys absorbed) and z̃_i ≥ 1 (its maximal key
+ * contributes exactly 1), so nothing overflows and the recurrence's
+ * denominator never underflows.
  *
  * Hybrid window W: the query at position τ attends exactly (softmax of
  * q̂·k̂) to the keys at positions max(0, τ−W+1)..τ, kept in a per-layer ring
@@ -19,32 +27,34 @@
  * linear attention, where each token's own key is absorbed before its query.
  *
  * One normalization for both parts. For a query row with query logits
- * g_i = ω_i·ŷ + b_i and half norm h = |ŷ|²/2 (true φ_i(q) = exp(g_i − h)):
- *   true linear numerator  = exp(Lrow) · num,   Lrow = m + C − h,
- *   true linear denominator = exp(Lrow) · den,
- * where m = max_i g_i (the per-query shift), C the log-scale the key
- * features were exponentiated under, num = Σ_i exp(g_i − m)·(S, V terms at
- * scale C) and den likewise with z. The exact terms are exp(s_j), s_j = q̂·k̂_j.
- * With the row stabilizer s* = max(Lrow, max_j s_j):
+ * g_i = ω_i·ŷ + b_i and half norm h = |ŷ|²/2 (true φ_i(q) = exp(g_i − h)),
+ * and C_i the scale the key features were exponentiated under:
+ *   true linear numerator   = exp(Lrow) · num,   Lrow = m − h,
+ *   true linear denominator = exp(Lrow) · den,   m = max_i (g_i + C_i),
+ * num = Σ_i exp(g_i + C_i − m) · (S̃ and chunk-key terms at scale C_i), den
+ * likewise with z̃ (m is the per-query max shift; with the scales folded in,
+ * den ≥ 1 whenever the feature reaching m has its maximal key visible). The
+ * exact terms are exp(s_j), s_j = q̂·k̂_j. With the row stabilizer
+ * s* = max(Lrow, max_j s_j):
  *   out = (e^(Lrow−s*)·num + Σ_j e^(s_j−s*) v_j) / (e^(Lrow−s*)·den + Σ_j e^(s_j−s*))
  * Each sum is finite and the largest exact term is 1 (or the linear scale
  * factor is 1), so the ratio neither overflows nor loses its denominator. In
  * pure linear mode exp(Lrow) cancels and out = num/den.
  *
  * Chunked prefill: tokens are processed in chunks (default 64). Within a
- * chunk the keys that enter the linear state get features exp(a − C) with C
- * = max(c, their logits) — the running scale after the chunk, which is what
- * token-by-token updates reach at the chunk's end — and the masked product
- * φ(Q)·φ(K)ᵀ (item u visible to token t iff u ≤ t) gives the intra-chunk
- * part; the carried state, still at its old scale c, enters with the factor
- * exp(c − C). Earlier rows thus see their keys at a scale C ≥ their own
- * running max; this is exact except where entries underflow. The error from
- * flushed entries is bounded by ~(M·chunk·FLT_MIN) in units where den is
- * measured, so a row whose den ≥ 2^-60 is accurate to ~1e-15 relative; a row
- * below that (its query is far from every key's features, or its keys are far
- * below the chunk's maximum) is recomputed exactly in double in the log
- * domain from the logits and the unscaled state (slow_row). That guard is
- * unbiased: it changes how the same sums are evaluated, never what is summed.
+ * chunk the keys that enter the linear state get features exp(a_i − C_i)
+ * with C_i = max(c_i, their logits) — the running scales after the chunk,
+ * which token-by-token updates reach at the chunk's end — and the masked
+ * product φ(Q)·φ(K)ᵀ (key u visible to token t iff u ≤ t) gives the
+ * intra-chunk part; the carried state, still at its scales c_i, enters with
+ * the factors exp(c_i − C_i). Earlier rows thus see their keys at scales
+ * C_i ≥ their own running max; this is exact except where entries underflow.
+ * Flushed entries cost at most ~M·chunk·FLT_MIN in the units of den, so a
+ * row whose den ≥ 2^-60 is accurate to ~1e-15 relative. A row below that
+ * (the maximum of its best feature comes from a later key of the chunk) is
+ * recomputed exactly in double in the log domain from the logits and the
+ * unscaled state (slow_row). That guard is unbiased: it changes how the same
+ * sums are evaluated, never what is summed.
  *
  * Accumulators: S and z are fp32 by default; core_attn_linear_set_opts can
  * make new states accumulate in double, to measure drift on long streams.
@@ -82,7 +92,7 @@ typedef struct lin_state {
     int fp64;
     size_t blob_bytes;
     unsigned char *blob; /* everything below, one allocation */
-    double *c;           /* [L][Hkv] running log-scales */
+    double *c;           /* [L][Hkv][M] running log-scales */
     void *S;             /* [L][Hkv][M][Hd] float or double */
     void *z;             /* [L][Hkv][M] float or double */
     float *ring_k;       /* [L][W][Hkv][Hd], slot = position % W */
@@ -95,7 +105,8 @@ typedef struct lin_scratch {
     float *qx;  /* [R][Hd] raw query rows */
     float *qy;  /* [R][Hd] prepared ŷ */
     float *gd;  /* [R][M] query logits g (no norm term) */
-    float *qp;  /* [R][M] exp(g − m) */
+    float *qp;  /* [R][M] exp(g + C − m) */
+    float *qs;  /* [R][M] exp(g + c − m): the same for the carried state */
     float *kx;  /* [NI][Hd] raw keys entering the state */
     float *ky;  /* [NI][Hd] prepared */
     float *kd;  /* [NI][M] full key logits a */
@@ -112,6 +123,8 @@ typedef struct lin_scratch {
     double *lrow; /* [R] Lrow, −inf when the row has no linear part */
     double *den;  /* [R] linear denominators */
     double *esum; /* [R] exact denominators */
+    double *cn;   /* [M] scales C after this chunk */
+    double *al;   /* [M] exp(c − C) */
     double *tmp;  /* [M + NI + Hd] slow path */
 } lin_scratch_t;
 
@@ -135,17 +148,19 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t r = cn * gs, nk = w > 0 ? w + cn : 0;
     size_t f = 0, d = 0;
     size_t o_qx = take(&f, r * hd), o_qy = take(&f, r * hd), o_gd = take(&f, r * m);
-    size_t o_qp = take(&f, r * m), o_kx = take(&f, cn * hd), o_ky = take(&f, cn * hd);
+    size_t o_qp = take(&f, r * m), o_qs = take(&f, r * m), o_kx = take(&f, cn * hd), o_ky = take(&f, cn * hd);
     size_t o_kd = take(&f, cn * m), o_kp = take(&f, cn * m), o_vi = take(&f, cn * hd);
     size_t o_pp = take(&f, r * cn), o_num = take(&f, r * hd), o_kw = take(&f, nk * hd);
     size_t o_vw = take(&f, nk * hd), o_e = take(&f, r * nk), o_ev = take(&f, r * hd);
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
-    size_t o_esum = take(&d, r), o_tmp = take(&d, m + cn + hd);
+    size_t o_esum = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
+    size_t o_tmp = take(&d, m + cn + hd);
     if (fb && db && sc) {
         sc->qx = fb + o_qx;
         sc->qy = fb + o_qy;
         sc->gd = fb + o_gd;
         sc->qp = fb + o_qp;
+        sc->qs = fb + o_qs;
         sc->kx = fb + o_kx;
         sc->ky = fb + o_ky;
         sc->kd = fb + o_kd;
@@ -162,6 +177,8 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->lrow = db + o_lrow;
         sc->den = db + o_den;
         sc->esum = db + o_esum;
+        sc->cn = db + o_cn;
+        sc->al = db + o_al;
         sc->tmp = db + o_tmp;
     }
     return (lin_sizes_t){f, d};
@@ -309,8 +326,8 @@ static int mul_ok(size_t a, size_t b, size_t *out)
 static void state_clear(lin_state_t *st, const core_attn_cfg_t *cfg)
 {
     memset(st->blob, 0, st->blob_bytes);
-    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv;
-    for (size_t i = 0; i < nh; i++)
+    size_t nc = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv * (size_t)cfg->n_features;
+    for (size_t i = 0; i < nc; i++)
         st->c[i] = -INFINITY;
 }
 
@@ -326,7 +343,7 @@ static int linear_state_init(core_attn_state_t *s, core_error_t *err)
         !mul_ok(n_s, es, &b_s) || !mul_ok(n_z, es, &b_z) ||
         !mul_ok(n_ring, 2 * sizeof(float), &b_r) || b_s > SIZE_MAX / 4 || b_r > SIZE_MAX / 4)
         return core_error_set(err, CORE_ERANGE, "linear attention state size overflows");
-    size_t b_c = nh * sizeof(double);
+    size_t b_c = n_z * sizeof(double);
     lin_state_t *st = calloc(1, sizeof *st);
     if (!st)
         return core_error_set(err, CORE_ENOMEM, "out of memory for attention state");
@@ -405,7 +422,7 @@ typedef struct lin_ctx {
     int fp64;
     float *sf, *zf;   /* this head's S, z (fp32 states) */
     double *sd, *zd;  /* (fp64 states) */
-    double *c;
+    double *c;        /* this head's [M] scales */
 } lin_ctx_t;
 
 /* Key (or value) row of KV head h at absolute position pos: from this
@@ -420,18 +437,20 @@ static const float *kv_row(const lin_ctx_t *x, const float *in, const float *rin
 
 /* Exact log-domain evaluation of one row's linear part (the underflow guard):
  * every term's log-weight is formed in double from the logits and the state
- * at its own scale, then one max shift. Sets lrow/den/num for row r. */
-static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int state_on, int64_t ti0, int64_t ni)
+ * at its own scales, then one max shift. Sets num/den for row r and lrow to
+ * that shift (the caller subtracts the query's half norm, as for the fast
+ * path), or lrow = −inf when the row has no mass at all. */
+static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni)
 {
     lin_scratch_t *sc = &x->sc;
     int64_t m = x->m, hd = x->hd;
     const float *g = sc->gd + r * m;
-    double *lw = sc->tmp;          /* [M] state terms, then [NI] item terms */
+    double *lw = sc->tmp;           /* [M] state terms, then [NI] key terms */
     double *acc = sc->tmp + m + ni; /* [Hd] */
     double top = -INFINITY;
     for (int64_t i = 0; i < m; i++) {
         double zi = x->fp64 ? x->zd[i] : (double)x->zf[i];
-        lw[i] = state_on && zi > 0.0 ? (double)g[i] + *x->c + log(zi) : -INFINITY;
+        lw[i] = x->c[i] > -INFINITY && zi > 0.0 ? (double)g[i] + x->c[i] + log(zi) : -INFINITY;
         if (lw[i] > top)
             top = lw[i];
     }
@@ -445,7 +464,7 @@ static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int state_on, int64_t t
         for (int64_t i = 0; i < m; i++)
             if ((double)g[i] + a[i] > mx)
                 mx = (double)g[i] + a[i];
-        if (mx == -INFINITY)
+        if (!(mx > -INFINITY))
             continue;
         double s = 0.0;
         for (int64_t i = 0; i < m; i++)
@@ -467,7 +486,7 @@ static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int state_on, int64_t t
         double e = exp(lw[i] - top);
         den += e;
         double zi = x->fp64 ? x->zd[i] : (double)x->zf[i];
-        double wgt = e / zi; /* S_i / z_i is a weighted mean of values */
+        double wgt = e / zi; /* S̃_i / z̃_i is a weighted mean of values */
         for (int64_t c = 0; c < hd; c++)
             acc[c] += wgt * (x->fp64 ? x->sd[i * hd + c] : (double)x->sf[i * hd + c]);
     }
@@ -482,7 +501,7 @@ static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int state_on, int64_t t
     for (int64_t c = 0; c < hd; c++)
         sc->num[r * hd + c] = (float)acc[c];
     sc->den[r] = den;
-    sc->lrow[r] = top - sc->qhn[r];
+    sc->lrow[r] = top;
 }
 
 /* Tokens [t0, t1) of this forward, one KV head. */
@@ -492,17 +511,18 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
     const core_features_t *f = x->f;
     int64_t hd = x->hd, m = x->m, gs = x->gs, w = x->w;
     int64_t nt = t1 - t0, nr = nt * gs;
+    double *cn = sc->cn, *al = sc->al;
 
     /* Keys entering the linear state: token t brings the key at τ−W. */
     int64_t tfirst = w - x->p0 > 0 ? w - x->p0 : 0;
     int64_t ti0 = t0 > tfirst ? t0 : tfirst;
     int64_t ni = t1 > ti0 ? t1 - ti0 : 0;
-    double cc = *x->c;
     for (int64_t j = 0; j < ni; j++) {
         int64_t pos = x->p0 + ti0 + j - w;
         memcpy(sc->kx + j * hd, kv_row(x, x->k, x->ring_k, pos), (size_t)hd * sizeof(float));
         memcpy(sc->vi + j * hd, kv_row(x, x->v, x->ring_v, pos), (size_t)hd * sizeof(float));
     }
+    memcpy(cn, x->c, (size_t)m * sizeof *cn);
     if (ni > 0) {
         core_features_prepare(f, ni, sc->kx, hd, sc->ky);
         core_features_logits(f, ni, sc->ky, sc->kd, sc->khn);
@@ -510,15 +530,16 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
             float *a = sc->kd + j * m;
             for (int64_t i = 0; i < m; i++) {
                 a[i] = (float)((double)a[i] - sc->khn[j]);
-                if (a[i] > cc)
-                    cc = a[i];
+                if (a[i] > cn[i])
+                    cn[i] = a[i];
             }
         }
     }
-    /* cc == −inf: the state is empty and every new key has zero weight. */
-    int has_items = ni > 0 && cc > -INFINITY;
-    int state_on = *x->c > -INFINITY;
-    double alpha = state_on ? exp(*x->c - cc) : 0.0;
+    int state_on = 0;
+    for (int64_t i = 0; i < m; i++) {
+        al[i] = x->c[i] > -INFINITY ? exp(x->c[i] - cn[i]) : 0.0;
+        state_on |= x->c[i] > -INFINITY;
+    }
 
     for (int64_t t = t0; t < t1; t++)
         memcpy(sc->qx + (t - t0) * gs * hd, x->q + t * x->nq + x->h * gs * hd,
@@ -527,45 +548,49 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
     core_features_logits(f, nr, sc->qy, sc->gd, sc->qhn);
     for (int64_t r = 0; r < nr; r++) {
         const float *g = sc->gd + r * m;
-        float *p = sc->qp + r * m;
-        float mx = -INFINITY;
+        float *p = sc->qp + r * m, *ps = sc->qs + r * m;
+        double mx = -INFINITY;
         for (int64_t i = 0; i < m; i++)
-            if (g[i] > mx)
-                mx = g[i];
+            if (g[i] + cn[i] > mx)
+                mx = g[i] + cn[i];
         sc->lrow[r] = mx;
-        for (int64_t i = 0; i < m; i++)
-            p[i] = mx > -INFINITY ? expf(g[i] - mx) : 0.0f;
+        for (int64_t i = 0; i < m; i++) {
+            p[i] = mx > -INFINITY && cn[i] > -INFINITY ? expf((float)(g[i] + cn[i] - mx)) : 0.0f;
+            ps[i] = (float)(p[i] * al[i]);
+        }
     }
 
-    /* Linear part, fast path: carried state at scale c (factor alpha), chunk keys at cc. */
+    /* Linear part, fast path: carried state (weights qs), chunk keys (qp·kpᵀ). */
     memset(sc->num, 0, (size_t)(nr * hd) * sizeof(float));
     for (int64_t r = 0; r < nr; r++)
         sc->den[r] = 0.0;
     if (state_on) {
         for (int64_t r = 0; r < nr; r++) {
-            const float *p = sc->qp + r * m;
+            const float *ps = sc->qs + r * m;
             double dz = 0.0;
             if (x->fp64) {
                 for (int64_t i = 0; i < m; i++)
-                    dz += (double)p[i] * x->zd[i];
+                    dz += (double)ps[i] * x->zd[i];
                 for (int64_t c = 0; c < hd; c++) {
                     double s = 0.0;
                     for (int64_t i = 0; i < m; i++)
-                        s += (double)p[i] * x->sd[i * hd + c];
-                    sc->num[r * hd + c] = (float)(alpha * s);
+                        s += (double)ps[i] * x->sd[i * hd + c];
+                    sc->num[r * hd + c] = (float)s;
                 }
             } else {
                 for (int64_t i = 0; i < m; i++)
-                    dz += (double)p[i] * x->zf[i];
+                    dz += (double)ps[i] * x->zf[i];
             }
-            sc->den[r] = alpha * dz;
+            sc->den[r] = dz;
         }
         if (!x->fp64)
-            core_gemm_nn(nr, hd, m, (float)alpha, sc->qp, m, x->sf, hd, 0.0f, sc->num, hd);
+            core_gemm_nn(nr, hd, m, 1.0f, sc->qs, m, x->sf, hd, 0.0f, sc->num, hd);
     }
-    if (has_items) {
-        for (int64_t i = 0; i < ni * m; i++)
-            sc->kp[i] = expf(sc->kd[i] - (float)cc);
+    if (ni > 0) {
+        for (int64_t j = 0; j < ni; j++)
+            for (int64_t i = 0; i < m; i++)
+                sc->kp[j * m + i] =
+                    cn[i] > -INFINITY ? expf((float)((double)sc->kd[j * m + i] - cn[i])) : 0.0f;
         core_gemm_nt(nr, ni, m, 1.0f, sc->qp, m, sc->kp, m, 0.0f, sc->pp, ni);
         for (int64_t r = 0; r < nr; r++) {
             int64_t t = t0 + r / gs;
@@ -582,15 +607,13 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
     }
     for (int64_t r = 0; r < nr; r++) {
         int64_t t = t0 + r / gs;
-        int any = state_on || (has_items && t >= ti0);
-        if (!(sc->lrow[r] > -INFINITY) || !any) {
-            sc->lrow[r] = -INFINITY;
+        if (!(sc->lrow[r] > -INFINITY) || !(state_on || (ni > 0 && t >= ti0))) {
+            sc->lrow[r] = -INFINITY; /* nothing older than the window yet */
             continue;
         }
-        if (sc->den[r] >= LIN_DEN_MIN)
-            sc->lrow[r] = sc->lrow[r] + cc - sc->qhn[r];
-        else
-            slow_row(x, r, t, state_on, ti0, has_items ? ni : 0);
+        if (!(sc->den[r] >= LIN_DEN_MIN))
+            slow_row(x, r, t, ti0, ni);
+        sc->lrow[r] -= sc->qhn[r]; /* −inf stays −inf */
     }
 
     /* Output rows: pure linear, or linear + exact window under one stabilizer. */
@@ -643,41 +666,40 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         }
     }
 
-    /* Absorb this chunk's keys: rescale to cc, then add. */
-    if (has_items) {
-        if (x->fp64) {
-            for (int64_t i = 0; i < m; i++) {
-                double zi = state_on ? x->zd[i] * alpha : 0.0;
-                double *si = x->sd + i * hd;
+    /* Absorb this chunk's keys: rescale rows to their new scales, then add. */
+    if (ni == 0)
+        return;
+    if (x->fp64) {
+        for (int64_t i = 0; i < m; i++) {
+            double *si = x->sd + i * hd, zi = x->zd[i] * al[i];
+            for (int64_t c = 0; c < hd; c++)
+                si[c] *= al[i];
+            for (int64_t j = 0; j < ni; j++) {
+                double kv = sc->kp[j * m + i];
+                zi += kv;
                 for (int64_t c = 0; c < hd; c++)
-                    si[c] = state_on ? si[c] * alpha : 0.0;
-                for (int64_t j = 0; j < ni; j++) {
-                    double kv = sc->kp[j * m + i];
-                    zi += kv;
-                    for (int64_t c = 0; c < hd; c++)
-                        si[c] += kv * sc->vi[j * hd + c];
-                }
-                x->zd[i] = zi;
+                    si[c] += kv * sc->vi[j * hd + c];
             }
-        } else {
-            if (state_on && alpha != 1.0) {
-                float fa = (float)alpha;
-                for (int64_t i = 0; i < m * hd; i++)
-                    x->sf[i] *= fa;
-                for (int64_t i = 0; i < m; i++)
-                    x->zf[i] *= fa;
-            }
-            core_gemm_tn(m, hd, ni, 1.0f, sc->kp, m, sc->vi, hd, state_on ? 1.0f : 0.0f, x->sf,
-                         hd);
-            for (int64_t i = 0; i < m; i++) {
-                double s = 0.0;
-                for (int64_t j = 0; j < ni; j++)
-                    s += sc->kp[j * m + i];
-                x->zf[i] = (state_on ? x->zf[i] : 0.0f) + (float)s;
-            }
+            x->zd[i] = zi;
         }
-        *x->c = cc;
+    } else {
+        for (int64_t i = 0; i < m; i++) {
+            if (al[i] == 1.0)
+                continue;
+            float fa = (float)al[i];
+            for (int64_t c = 0; c < hd; c++)
+                x->sf[i * hd + c] *= fa;
+            x->zf[i] *= fa;
+        }
+        core_gemm_tn(m, hd, ni, 1.0f, sc->kp, m, sc->vi, hd, 1.0f, x->sf, hd);
+        for (int64_t i = 0; i < m; i++) {
+            double s = 0.0;
+            for (int64_t j = 0; j < ni; j++)
+                s += sc->kp[j * m + i];
+            x->zf[i] += (float)s;
+        }
     }
+    memcpy(x->c, cn, (size_t)m * sizeof *cn);
 }
 
 static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n,
@@ -709,7 +731,7 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
         size_t idx = (size_t)layer * (size_t)hkv + (size_t)h;
         x.h = h;
         x.f = &lp->maps[idx];
-        x.c = &st->c[idx];
+        x.c = st->c + idx * (size_t)m;
         if (st->fp64) {
             x.sd = (double *)st->S + idx * (size_t)(m * hd);
             x.zd = (double *)st->z + idx * (size_t)m;
@@ -777,6 +799,8 @@ int core_attn_linear_state_scale(const core_attn_state_t *s, int layer, int kv_h
         kv_head < 0 || kv_head >= s->a->cfg.n_head_kv)
         return CORE_EINVAL;
     const lin_state_t *st = s->impl;
-    *c = st->c[(size_t)layer * (size_t)s->a->cfg.n_head_kv + (size_t)kv_head];
+    size_t m = (size_t)s->a->cfg.n_features;
+    memcpy(c, st->c + ((size_t)layer * (size_t)s->a->cfg.n_head_kv + (size_t)kv_head) * m,
+           m * sizeof *c);
     return 0;
 }

@@ -151,8 +151,10 @@ int core_attn_linear_set_opts(core_attn_t *a, const core_attn_linear_opts_t *o, 
 /* The feature map of (layer, KV head) (borrowed from a), NULL if a is not
  * linear or out of range. */
 const core_features_t *core_attn_linear_features(const core_attn_t *a, int layer, int kv_head);
-/* Running log-scale c of (layer, KV head): S and z hold Σ_t exp(logit_t − c)·…;
- * -inf while no key has entered the linear state. Returns 0 or CORE_EINVAL. */
+/* Running log-scales of (layer, KV head), one per feature: c (out, caller-
+ * owned) [M], c_i = max of feature i's logit over the keys absorbed into the
+ * linear state so far (S̃ and z̃ hold Σ_t exp(logit_t,i − c_i)·…), −inf while
+ * none has. Returns 0 or CORE_EINVAL. */
 int core_attn_linear_state_scale(const core_attn_state_t *s, int layer, int kv_head, double *c);
 
 #endif

@@ -1,0 +1,851 @@
+/* Unit tests for core/attn_linear.c through the core/attn.h interface.
+ *
+ * The oracle is a naive double-precision attention written here: for every
+ * query it lists every visible key with its log-weight — log Σ_i φ_i(q)φ_i(k)
+ * computed from the feature parameters (core_attn_linear_features) for the
+ * keys older than the window, q·k/√Hd for the keys inside it — and takes one
+ * softmax. Against it and against token-by-token feeding we check chunked
+ * prefill, the hybrid window, GQA, the running log-scale under extreme keys,
+ * a 1,000,000-token stream, constant state size, fork/reset, and adapter
+ * loading errors.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/attn.h"
+#include "core/blas.h"
+#include "core/features.h"
+#include "core/rng.h"
+#include "tests/unit/check.h"
+
+typedef struct shape {
+    core_attn_kind_t kind;
+    int L, H, Hkv, Hd, M, W;
+    uint64_t seed;
+} shape_t;
+
+typedef struct inputs {
+    int64_t n;
+    float *q, *k, *v; /* [L][n][H*Hd], [L][n][Hkv*Hd] x2 */
+} inputs_t;
+
+static void inputs_free(inputs_t *in)
+{
+    free(in->q);
+    free(in->k);
+    free(in->v);
+}
+
+static inputs_t make_inputs(const shape_t *s, int64_t n, double qscale, double kscale,
+                            uint64_t seed)
+{
+    inputs_t in = {n, NULL, NULL, NULL};
+    size_t nq = (size_t)s->L * n * s->H * s->Hd, nk = (size_t)s->L * n * s->Hkv * s->Hd;
+    in.q = malloc(nq * sizeof(float));
+    in.k = malloc(nk * sizeof(float));
+    in.v = malloc(nk * sizeof(float));
+    core_rng_t r;
+    core_rng_seed(&r, seed);
+    for (size_t i = 0; i < nq; i++)
+        in.q[i] = (float)(qscale * core_rng_normal(&r));
+    for (size_t i = 0; i < nk; i++) {
+        in.k[i] = (float)(kscale * core_rng_normal(&r));
+        in.v[i] = (float)core_rng_normal(&r);
+    }
+    return in;
+}
+
+static const char *adapter_path(void)
+{
+    static char buf[128];
+    snprintf(buf, sizeof buf, "/tmp/darkserve_attn_linear_%d.gguf", (int)getpid());
+    return buf;
+}
+
+/* Adapter for shape s: M = I + noise·G (or exactly I when noise == 0),
+ * Λ = Uᵀdiag(lam)U with eigenvalues spread over [0, lam_top]. layers_present
+ * < L drops the tensors of the last layers. */
+static core_gguf_t *make_adapter(const shape_t *s, double noise, double lam_top,
+                                 int layers_present, int hd_written)
+{
+    int hd = hd_written;
+    size_t per = (size_t)s->Hkv * hd * hd, tot = per * s->L;
+    float *mat = malloc(tot * sizeof(float)), *lam = malloc(tot * sizeof(float));
+    core_rng_t r;
+    core_rng_seed(&r, 404);
+    for (size_t b = 0; b < tot; b += (size_t)hd * hd) {
+        /* Λ = B Bᵀ scaled so that its largest diagonal is about lam_top. */
+        double *bm = malloc((size_t)hd * hd * sizeof(double));
+        for (int i = 0; i < hd * hd; i++)
+            bm[i] = core_rng_normal(&r) * (i % hd < 3 ? 1.0 : 0.2);
+        double dmax = 0;
+        for (int i = 0; i < hd; i++)
+            for (int j = 0; j < hd; j++) {
+                double acc = 0;
+                for (int t = 0; t < hd; t++)
+                    acc += bm[i * hd + t] * bm[j * hd + t];
+                lam[b + (size_t)i * hd + j] = (float)acc;
+                if (i == j && acc > dmax)
+                    dmax = acc;
+            }
+        for (int i = 0; i < hd * hd; i++) {
+            lam[b + i] = (float)(lam[b + i] * lam_top / dmax);
+            mat[b + i] = (float)((i / hd == i % hd ? 1.0 : 0.0) + noise * core_rng_normal(&r));
+        }
+        free(bm);
+    }
+    core_features_adapter_desc_t d = {.kind = s->kind, .n_layer = layers_present,
+                                      .n_head_kv = s->Hkv, .head_dim = hd, .n_features = s->M,
+                                      .window = s->W, .seed = s->seed, .base_fingerprint = "test",
+                                      .mat = mat, .lambda = lam};
+    core_error_t err = {0};
+    core_gguf_t *g = NULL;
+    int rc = core_features_adapter_write(&d, adapter_path(), &err);
+    if (rc == 0)
+        rc = core_gguf_open(adapter_path(), &g, &err);
+    CHECK_MSG(rc == 0, "adapter: %s", err.msg);
+    unlink(adapter_path());
+    free(mat);
+    free(lam);
+    return g;
+}
+
+static core_attn_t *make_attn(const shape_t *s, const core_gguf_t *adapter, int chunk, int fp64)
+{
+    core_attn_cfg_t cfg = {.kind = s->kind, .n_layer = s->L, .n_head = s->H,
+                           .n_head_kv = s->Hkv, .head_dim = s->Hd, .max_ctx = 0,
+                           .n_features = s->M, .window = s->W, .seed = s->seed};
+    core_attn_t *a = NULL;
+    core_error_t err = {0};
+    int rc = core_attn_new(&cfg, adapter, &a, &err);
+    CHECK_MSG(rc == 0, "core_attn_new: %s", err.msg);
+    if (rc)
+        return NULL;
+    core_attn_linear_opts_t o = {chunk, fp64};
+    rc = core_attn_linear_set_opts(a, &o, &err);
+    CHECK_MSG(rc == 0, "set_opts: %s", err.msg);
+    return a;
+}
+
+/* Feeds tokens [t0, t1) of in to st, all layers, in forwards whose sizes
+ * cycle through sizes[]. out: [L][n][H*Hd] (rows t0..t1 written). */
+static void feed(core_attn_t *a, core_attn_state_t *st, const shape_t *s, const inputs_t *in,
+                 int64_t t0, int64_t t1, const int *sizes, int nsizes, float *out)
+{
+    int64_t n = in->n, nq = (int64_t)s->H * s->Hd, nk = (int64_t)s->Hkv * s->Hd;
+    core_error_t err = {0};
+    for (int64_t t = t0, i = 0; t < t1; i++) {
+        int64_t c = sizes[i % nsizes];
+        if (c > t1 - t)
+            c = t1 - t;
+        CHECK_INT_EQ(core_attn_reserve(a, st, c, &err), 0);
+        for (int l = 0; l < s->L; l++) {
+            int rc = core_attn_forward(a, st, l, c, in->q + (l * n + t) * nq,
+                                       in->k + (l * n + t) * nk, in->v + (l * n + t) * nk,
+                                       out + (l * n + t) * nq, &err);
+            CHECK_MSG(rc == 0, "forward: %s", err.msg);
+        }
+        core_attn_advance(st, c);
+        t += c;
+    }
+}
+
+/* Runs all n tokens on a fresh state; returns out [L][n][H*Hd] (malloc'd). */
+static float *run(core_attn_t *a, const shape_t *s, const inputs_t *in, const int *sizes,
+                  int nsizes)
+{
+    float *out = calloc((size_t)s->L * in->n * s->H * s->Hd, sizeof(float));
+    core_attn_state_t *st = NULL;
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
+    feed(a, st, s, in, 0, in->n, sizes, nsizes, out);
+    core_attn_state_free(st);
+    return out;
+}
+
+/* max |x − y| / max |y| */
+static double rel_diff(const float *x, const double *yd, const float *yf, size_t n)
+{
+    double dmax = 0, ymax = 0;
+    for (size_t i = 0; i < n; i++) {
+        double y = yd ? yd[i] : (double)yf[i];
+        double d = fabs((double)x[i] - y);
+        if (!(d <= dmax))
+            dmax = isnan(d) ? INFINITY : d;
+        if (fabs(y) > ymax)
+            ymax = fabs(y);
+    }
+    return ymax > 0 ? dmax / ymax : dmax;
+}
+
+/* ---- the double-precision oracle ---- */
+
+static void prep_double(const core_features_t *f, const float *x, double *y)
+{
+    int hd = f->head_dim;
+    double sc = pow((double)hd, -0.25);
+    for (int i = 0; i < hd; i++) {
+        if (f->mat) {
+            double acc = 0;
+            for (int c = 0; c < hd; c++)
+                acc += (double)f->mat[i * hd + c] * x[c] * sc;
+            y[i] = acc;
+        } else {
+            y[i] = x[i] * sc;
+        }
+    }
+}
+
+/* log φ_i(x) for all i, in double. */
+static void log_phi(const core_features_t *f, const float *x, double *lp)
+{
+    int hd = f->head_dim, m = f->n_features;
+    double y[256], n2 = 0;
+    prep_double(f, x, y);
+    for (int c = 0; c < hd; c++)
+        n2 += y[c] * y[c];
+    for (int i = 0; i < m; i++) {
+        double d = 0;
+        for (int c = 0; c < hd; c++)
+            d += (double)f->omega[i * hd + c] * y[c];
+        lp[i] = d - 0.5 * n2 + f->bias[i];
+    }
+}
+
+static double lse2(const double *a, const double *b, int m)
+{
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < m; i++)
+        if (a[i] + b[i] > mx)
+            mx = a[i] + b[i];
+    if (mx == -INFINITY)
+        return mx;
+    for (int i = 0; i < m; i++)
+        s += exp(a[i] + b[i] - mx);
+    return mx + log(s);
+}
+
+/* out: [L][n][H*Hd] in double. */
+static double *reference(const core_attn_t *a, const shape_t *s, const inputs_t *in)
+{
+    int64_t n = in->n, nq = (int64_t)s->H * s->Hd, nk = (int64_t)s->Hkv * s->Hd;
+    int gs = s->H / s->Hkv, m = s->M, hd = s->Hd, w = s->W;
+    double *out = calloc((size_t)s->L * n * nq, sizeof(double));
+    double *lk = malloc((size_t)n * m * sizeof(double)), *lq = malloc((size_t)m * sizeof(double));
+    double *lw = malloc((size_t)n * sizeof(double));
+    for (int l = 0; l < s->L; l++)
+        for (int h = 0; h < s->Hkv; h++) {
+            const core_features_t *f = core_attn_linear_features(a, l, h);
+            CHECK(f != NULL);
+            if (!f)
+                goto done;
+            const float *kk = in->k + l * n * nk, *vv = in->v + l * n * nk;
+            for (int64_t j = 0; j < n; j++)
+                log_phi(f, kk + j * nk + h * hd, lk + j * m);
+            for (int g = 0; g < gs; g++)
+                for (int64_t t = 0; t < n; t++) {
+                    const float *qr = in->q + (l * n + t) * nq + (h * gs + g) * hd;
+                    log_phi(f, qr, lq);
+                    double top = -INFINITY;
+                    for (int64_t j = 0; j <= t; j++) {
+                        if (j <= t - w) {
+                            lw[j] = lse2(lq, lk + j * m, m);
+                        } else {
+                            double d = 0;
+                            for (int c = 0; c < hd; c++)
+                                d += (double)qr[c] * kk[j * nk + h * hd + c];
+                            lw[j] = d / sqrt((double)hd);
+                        }
+                        if (lw[j] > top)
+                            top = lw[j];
+                    }
+                    double den = 0, *o = out + (l * n + t) * nq + (h * gs + g) * hd;
+                    for (int64_t j = 0; j <= t; j++) {
+                        double e = exp(lw[j] - top);
+                        den += e;
+                        for (int c = 0; c < hd; c++)
+                            o[c] += e * vv[j * nk + h * hd + c];
+                    }
+                    for (int c = 0; c < hd; c++)
+                        o[c] /= den;
+                }
+        }
+done:
+    free(lk);
+    free(lq);
+    free(lw);
+    return out;
+}
+
+static size_t out_count(const shape_t *s, int64_t n)
+{
+    return (size_t)s->L * n * s->H * s->Hd;
+}
+
+/* ---- tests ---- */
+
+static const int ONE[] = {1};
+static const int ALL[] = {1 << 30};
+static const int MIXED[] = {1, 13, 50, 2, 97, 1, 31};
+
+TEST(test_chunked_equals_recurrence)
+{
+    const core_attn_kind_t kinds[] = {CORE_ATTN_PERFORMER, CORE_ATTN_DARKFORMER,
+                                      CORE_ATTN_DARKFORMER_IS};
+    const int windows[] = {0, 5, 100};
+    const int chunks[] = {1, 7, 64, 4096};
+    for (size_t ki = 0; ki < 3; ki++)
+        for (size_t wi = 0; wi < 3; wi++) {
+            shape_t s = {kinds[ki], 2, 4, 2, 16, 32, windows[wi], 7};
+            core_gguf_t *ad = make_adapter(&s, 0.3, 0.4, s.L, s.Hd);
+            inputs_t in = make_inputs(&s, 211, 1.0, 1.0, 100 + wi);
+            core_attn_t *a1 = make_attn(&s, ad, 64, 0);
+            if (!a1)
+                return;
+            float *rec = run(a1, &s, &in, ONE, 1);
+            double *ref = reference(a1, &s, &in);
+            double e_ref = rel_diff(rec, ref, NULL, out_count(&s, in.n));
+            CHECK_MSG(e_ref < 2e-4, "%s W=%d: token-by-token vs double oracle %.3g",
+                      core_attn_kind_name(s.kind), s.W, e_ref);
+            for (size_t ci = 0; ci < 4; ci++) {
+                core_attn_t *a = make_attn(&s, ad, chunks[ci], 0);
+                float *ch = run(a, &s, &in, ALL, 1);
+                double e = rel_diff(ch, NULL, rec, out_count(&s, in.n));
+                CHECK_MSG(e < 1e-5, "%s W=%d chunk=%d: chunked vs recurrence %.3g",
+                          core_attn_kind_name(s.kind), s.W, chunks[ci], e);
+                free(ch);
+                ch = run(a, &s, &in, MIXED, 7);
+                e = rel_diff(ch, NULL, rec, out_count(&s, in.n));
+                CHECK_MSG(e < 1e-5, "%s W=%d chunk=%d mixed calls: %.3g",
+                          core_attn_kind_name(s.kind), s.W, chunks[ci], e);
+                free(ch);
+                core_attn_free(a);
+            }
+            free(rec);
+            free(ref);
+            core_attn_free(a1);
+            core_gguf_close(ad);
+            inputs_free(&in);
+        }
+}
+
+TEST(test_fp64_state_agrees)
+{
+    shape_t s = {CORE_ATTN_PERFORMER, 1, 4, 2, 16, 32, 5, 3};
+    inputs_t in = make_inputs(&s, 200, 1.0, 1.0, 5);
+    core_attn_t *a32 = make_attn(&s, NULL, 64, 0), *a64 = make_attn(&s, NULL, 64, 1);
+    core_attn_t *a64c = make_attn(&s, NULL, 17, 1);
+    if (!a32 || !a64 || !a64c)
+        return;
+    float *r32 = run(a32, &s, &in, ONE, 1), *r64 = run(a64, &s, &in, ONE, 1);
+    float *c64 = run(a64c, &s, &in, ALL, 1);
+    double *ref = reference(a32, &s, &in);
+    CHECK(rel_diff(c64, NULL, r64, out_count(&s, in.n)) < 1e-5);
+    CHECK(rel_diff(r64, NULL, r32, out_count(&s, in.n)) < 1e-5);
+    CHECK(rel_diff(r64, ref, NULL, out_count(&s, in.n)) < 2e-4);
+    /* states of different precision cannot be copied into each other */
+    core_attn_state_t *x = NULL, *y = NULL;
+    core_error_t err = {0};
+    core_attn_state_new(a64, &x, &err);
+    core_attn_state_new(a64, &y, &err);
+    core_attn_linear_opts_t o = {64, 0};
+    core_attn_linear_set_opts(a64, &o, &err);
+    core_attn_state_t *z = NULL;
+    core_attn_state_new(a64, &z, &err);
+    CHECK_INT_EQ(core_attn_state_copy(x, y, &err), 0);
+    CHECK_INT_EQ(core_attn_state_copy(x, z, &err), CORE_EMISMATCH);
+    CHECK(core_attn_state_bytes(x) > core_attn_state_bytes(z));
+    core_attn_state_free(x);
+    core_attn_state_free(y);
+    core_attn_state_free(z);
+    free(r32);
+    free(r64);
+    free(c64);
+    free(ref);
+    core_attn_free(a32);
+    core_attn_free(a64);
+    core_attn_free(a64c);
+    inputs_free(&in);
+}
+
+/* With W ≥ sequence length nothing ever enters the linear state: the output
+ * is exact softmax attention, checked against a plain softmax written here. */
+TEST(test_window_covering_everything_is_exact)
+{
+    const core_attn_kind_t kinds[] = {CORE_ATTN_PERFORMER, CORE_ATTN_DARKFORMER,
+                                      CORE_ATTN_DARKFORMER_IS};
+    for (size_t ki = 0; ki < 3; ki++) {
+        shape_t s = {kinds[ki], 2, 6, 2, 16, 8, 160, 9};
+        core_gguf_t *ad = make_adapter(&s, 0.3, 0.4, s.L, s.Hd);
+        inputs_t in = make_inputs(&s, 160, 2.0, 2.0, 77);
+        core_attn_t *a = make_attn(&s, ad, 64, 0);
+        if (!a)
+            return;
+        float *o = run(a, &s, &in, MIXED, 7);
+        int64_t n = in.n, nq = s.H * s.Hd, nk = s.Hkv * s.Hd;
+        double *ex = calloc(out_count(&s, n), sizeof(double)), *sc = malloc(n * sizeof(double));
+        for (int l = 0; l < s.L; l++)
+            for (int hq = 0; hq < s.H; hq++)
+                for (int64_t t = 0; t < n; t++) {
+                    int h = hq / (s.H / s.Hkv);
+                    const float *qr = in.q + (l * n + t) * nq + hq * s.Hd;
+                    double mx = -INFINITY, den = 0;
+                    for (int64_t j = 0; j <= t; j++) {
+                        const float *kr = in.k + (l * n + j) * nk + h * s.Hd;
+                        double d = 0;
+                        for (int c = 0; c < s.Hd; c++)
+                            d += (double)qr[c] * kr[c];
+                        sc[j] = d / sqrt((double)s.Hd);
+                        mx = fmax(mx, sc[j]);
+                    }
+                    double *orow = ex + (l * n + t) * nq + hq * s.Hd;
+                    for (int64_t j = 0; j <= t; j++) {
+                        double e = exp(sc[j] - mx);
+                        den += e;
+                        for (int c = 0; c < s.Hd; c++)
+                            orow[c] += e * in.v[(l * n + j) * nk + h * s.Hd + c];
+                    }
+                    for (int c = 0; c < s.Hd; c++)
+                        orow[c] /= den;
+                }
+        double e = rel_diff(o, ex, NULL, out_count(&s, n));
+        CHECK_MSG(e < 1e-5, "%s: W >= n vs exact softmax %.3g", core_attn_kind_name(s.kind), e);
+        free(ex);
+        free(sc);
+        free(o);
+        core_attn_free(a);
+        core_gguf_close(ad);
+        inputs_free(&in);
+    }
+}
+
+/* The hybrid's one normalization: linear (absolute-scale) and exact terms in
+ * one softmax, against the oracle, with GQA (H=6, Hkv=2) and every kind. */
+TEST(test_hybrid_matches_oracle)
+{
+    const core_attn_kind_t kinds[] = {CORE_ATTN_PERFORMER, CORE_ATTN_DARKFORMER,
+                                      CORE_ATTN_DARKFORMER_IS};
+    for (size_t ki = 0; ki < 3; ki++) {
+        shape_t s = {kinds[ki], 1, 6, 2, 16, 32, 8, 21};
+        core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+        inputs_t in = make_inputs(&s, 200, 1.5, 1.5, 8);
+        core_attn_t *a = make_attn(&s, ad, 32, 0);
+        if (!a)
+            return;
+        float *o = run(a, &s, &in, ALL, 1);
+        double *ref = reference(a, &s, &in);
+        double e = rel_diff(o, ref, NULL, out_count(&s, in.n));
+        CHECK_MSG(e < 2e-4, "%s hybrid vs oracle %.3g", core_attn_kind_name(s.kind), e);
+        /* the linear part matters: dropping it (pure window) changes outputs */
+        shape_t sw = s;
+        sw.W = 1 << 20;
+        core_attn_t *aw = make_attn(&sw, ad, 32, 0);
+        float *ow = run(aw, &sw, &in, ALL, 1);
+        CHECK(rel_diff(ow, ref, NULL, out_count(&s, in.n)) > 1e-2);
+        free(ow);
+        core_attn_free(aw);
+        free(o);
+        free(ref);
+        core_attn_free(a);
+        core_gguf_close(ad);
+        inputs_free(&in);
+    }
+}
+
+/* DARKFormer with M = I and IS with Λ = 0 are Performer, bit for bit. */
+TEST(test_identity_adapters_equal_performer)
+{
+    for (int w = 0; w <= 6; w += 6) {
+        shape_t sp = {CORE_ATTN_PERFORMER, 2, 4, 2, 16, 48, w, 5};
+        shape_t sd = sp, si = sp;
+        sd.kind = CORE_ATTN_DARKFORMER;
+        si.kind = CORE_ATTN_DARKFORMER_IS;
+        core_gguf_t *ad = make_adapter(&sd, 0.0, 0.0, sd.L, sd.Hd);
+        inputs_t in = make_inputs(&sp, 150, 1.0, 1.0, 3);
+        core_attn_t *ap = make_attn(&sp, NULL, 64, 0), *adk = make_attn(&sd, ad, 64, 0);
+        core_attn_t *ai = make_attn(&si, ad, 64, 0);
+        if (!ap || !adk || !ai)
+            return;
+        float *op = run(ap, &sp, &in, MIXED, 7), *od = run(adk, &sd, &in, MIXED, 7);
+        float *oi = run(ai, &si, &in, MIXED, 7);
+        CHECK(memcmp(op, od, out_count(&sp, in.n) * sizeof(float)) == 0);
+        CHECK(memcmp(op, oi, out_count(&sp, in.n) * sizeof(float)) == 0);
+        /* and a non-identity M differs */
+        core_gguf_t *ad2 = make_adapter(&sd, 0.3, 0.3, sd.L, sd.Hd);
+        core_attn_t *ad2k = make_attn(&sd, ad2, 64, 0);
+        float *od2 = run(ad2k, &sd, &in, MIXED, 7);
+        CHECK(rel_diff(od2, NULL, op, out_count(&sp, in.n)) > 1e-3);
+        free(op);
+        free(od);
+        free(oi);
+        free(od2);
+        core_attn_free(ap);
+        core_attn_free(adk);
+        core_attn_free(ai);
+        core_attn_free(ad2k);
+        core_gguf_close(ad);
+        core_gguf_close(ad2);
+        inputs_free(&in);
+    }
+}
+
+/* Late keys that push the running scale far up (keys on the feature with
+ * the largest |ω|²/2 + b under an IS proposal with Σ* eigenvalues ~99: their
+ * logits exceed what exp() can hold in fp32), queries on that feature just
+ * before such a key enters within the same chunk (their fast-path
+ * denominator underflows: the exact log-domain path must take over), and
+ * keys and queries with huge norms. Nothing may overflow, the outputs must
+ * still match the oracle, and the scales must equal the max over keys
+ * absorbed so far, never later ones. */
+TEST(test_running_scale_extreme_keys)
+{
+    const core_attn_kind_t kinds[] = {CORE_ATTN_PERFORMER, CORE_ATTN_DARKFORMER_IS};
+    for (size_t ki = 0; ki < 2; ki++)
+        for (int w = 0; w <= 4; w += 4) {
+            shape_t s = {kinds[ki], 1, 2, 1, 16, 32, w, 13};
+            core_gguf_t *ad = make_adapter(&s, 0.0, 0.49, s.L, s.Hd);
+            core_attn_t *a = make_attn(&s, ad, 16, 0);
+            if (!a)
+                return;
+            const core_features_t *f = core_attn_linear_features(a, 0, 0);
+            int64_t n = 240;
+            inputs_t in = make_inputs(&s, n, 1.0, 1.0, 99);
+            /* the feature with the largest reachable logit |ω|²/2 + b */
+            int best = 0;
+            double bestv = -INFINITY;
+            for (int i = 0; i < s.M; i++) {
+                double o2 = 0;
+                for (int c = 0; c < s.Hd; c++)
+                    o2 += (double)f->omega[i * s.Hd + c] * f->omega[i * s.Hd + c];
+                if (0.5 * o2 + f->bias[i] > bestv) {
+                    bestv = 0.5 * o2 + f->bias[i];
+                    best = i;
+                }
+            }
+            double up = pow((double)s.Hd, 0.25);
+            for (int64_t t = 120; t < n; t++) {
+                float *k = in.k + t * s.Hd, *q = in.q + t * 2 * s.Hd;
+                if (t % 20 == 0) /* aligned: raises the running scale to ~bestv */
+                    for (int c = 0; c < s.Hd; c++)
+                        k[c] = (float)(f->omega[best * s.Hd + c] * up * (0.9 + 0.001 * (double)t / 12));
+                else if (t % 20 == 5)
+                    for (int c = 0; c < s.Hd; c++)
+                        k[c] *= 1000.0f;
+                else if (t % 20 == 9)
+                    for (int c = 0; c < s.Hd; c++)
+                        k[c] *= 30.0f;
+                else if (t % 20 == 13)
+                    for (int c = 0; c < s.Hd; c++)
+                        q[c] *= 100.0f;
+                else if (t % 20 >= 17) /* queries on that feature just before it */
+                    for (int c = 0; c < s.Hd; c++)
+                        q[c] = (float)(f->omega[best * s.Hd + c] * up * 0.5);
+            }
+            if (ki == 1)
+                CHECK_MSG(bestv > 100, "IS logits should exceed fp32 exp range, got %.1f", bestv);
+            float *o = run(a, &s, &in, ALL, 1);
+            float *rec = run(a, &s, &in, ONE, 1);
+            int finite = 1;
+            for (size_t i = 0; i < out_count(&s, n); i++)
+                finite &= isfinite(o[i]) && isfinite(rec[i]);
+            CHECK_MSG(finite, "%s W=%d: non-finite output", core_attn_kind_name(s.kind), w);
+            double *ref = reference(a, &s, &in);
+            double e = rel_diff(o, ref, NULL, out_count(&s, n));
+            CHECK_MSG(e < 1e-3, "%s W=%d: chunked vs oracle %.3g", core_attn_kind_name(s.kind), w, e);
+            e = rel_diff(rec, ref, NULL, out_count(&s, n));
+            CHECK_MSG(e < 1e-3, "%s W=%d: recurrence vs oracle %.3g", core_attn_kind_name(s.kind), w, e);
+            /* running scale after prefixes == max over absorbed keys only */
+            core_attn_state_t *st = NULL;
+            core_error_t err = {0};
+            core_attn_state_new(a, &st, &err);
+            float *tmp = calloc(out_count(&s, n), sizeof(float));
+            int64_t cut[] = {100, 121, 181, n};
+            double c[32], want[32], lp[32];
+            for (int ci = 0, t0 = 0; ci < 4; t0 = (int)cut[ci], ci++) {
+                feed(a, st, &s, &in, t0, cut[ci], ALL, 1, tmp);
+                for (int i = 0; i < s.M; i++)
+                    want[i] = -INFINITY;
+                for (int64_t j = 0; j <= cut[ci] - 1 - w; j++) {
+                    log_phi(f, in.k + j * s.Hd, lp);
+                    for (int i = 0; i < s.M; i++)
+                        want[i] = fmax(want[i], lp[i]);
+                }
+                CHECK_INT_EQ(core_attn_linear_state_scale(st, 0, 0, c), 0);
+                double worst = 0;
+                for (int i = 0; i < s.M; i++)
+                    worst = fmax(worst, fabs(c[i] - want[i]) / fmax(1, fabs(want[i])));
+                CHECK_MSG(worst <= 1e-4, "%s W=%d after %lld tokens: scales differ from the max "
+                          "absorbed logits by %.3g", core_attn_kind_name(s.kind), w,
+                          (long long)cut[ci], worst);
+            }
+            core_attn_state_free(st);
+            free(tmp);
+            free(o);
+            free(rec);
+            free(ref);
+            core_attn_free(a);
+            core_gguf_close(ad);
+            inputs_free(&in);
+        }
+}
+
+/* A chunk whose last key raises one feature's scale by >100 nats while the
+ * earlier rows' queries sit on that feature and their visible keys point the
+ * other way: within the chunk those rows' fast-path sums underflow to zero
+ * (every visible term is far below FLT_MIN at the chunk's scales) and the exact
+ * log-domain path must produce what token-by-token feeding and the oracle
+ * produce. */
+TEST(test_chunk_underflow_guard)
+{
+    for (int w = 0; w <= 2; w += 2) {
+        shape_t s = {CORE_ATTN_PERFORMER, 1, 1, 1, 64, 64, w, 17};
+        core_attn_t *a = make_attn(&s, NULL, 64, 0);
+        if (!a)
+            return;
+        const core_features_t *f = core_attn_linear_features(a, 0, 0);
+        int best = 0;
+        double bn = 0;
+        for (int i = 0; i < s.M; i++) {
+            double o2 = 0;
+            for (int c = 0; c < s.Hd; c++)
+                o2 += (double)f->omega[i * s.Hd + c] * f->omega[i * s.Hd + c];
+            if (o2 > bn) {
+                bn = o2;
+                best = i;
+            }
+        }
+        bn = sqrt(bn);
+        int64_t n = 80; /* chunks [0, 64) and [64, 80): the second carries a state */
+        inputs_t in = make_inputs(&s, n, 0.05, 0.05, 31);
+        double up = pow((double)s.Hd, 0.25);
+        for (int64_t t = 0; t < n; t++)
+            for (int c = 0; c < s.Hd; c++) {
+                double u = f->omega[best * s.Hd + c] / bn;
+                in.q[t * s.Hd + c] += (float)(8.0 * u * up);
+                in.k[t * s.Hd + c] += (float)((t == n - 1 - w ? f->omega[best * s.Hd + c] : -6.0 * u) * up);
+            }
+        float *o = run(a, &s, &in, ALL, 1), *rec = run(a, &s, &in, ONE, 1);
+        double *ref = reference(a, &s, &in);
+        int finite = 1;
+        for (size_t i = 0; i < out_count(&s, n); i++)
+            finite &= isfinite(o[i]);
+        CHECK_MSG(finite, "W=%d: non-finite chunked output", w);
+        double e1 = rel_diff(o, NULL, rec, out_count(&s, n)), e2 = rel_diff(o, ref, NULL, out_count(&s, n));
+        CHECK_MSG(e1 < 1e-5, "W=%d: chunked vs recurrence %.3g", w, e1);
+        CHECK_MSG(e2 < 1e-4, "W=%d: chunked vs oracle %.3g", w, e2);
+        free(o);
+        free(rec);
+        free(ref);
+        core_attn_free(a);
+        inputs_free(&in);
+    }
+}
+
+/* 1,000,000 tokens of random q/k/v through one layer (hybrid W=4): no NaN or
+ * Inf anywhere, and a state that does not grow. */
+TEST(test_million_token_stream)
+{
+    shape_t s = {CORE_ATTN_PERFORMER, 1, 2, 1, 16, 16, 4, 1};
+    core_attn_t *a = make_attn(&s, NULL, 64, 0);
+    if (!a)
+        return;
+    enum { POOL = 8192, STEP = 256 };
+    const int64_t total = 1000000;
+    inputs_t pool = make_inputs(&s, POOL, 1.5, 1.5, 2024);
+    core_attn_state_t *st = NULL;
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
+    size_t bytes0 = core_attn_state_bytes(st);
+    float *out = malloc((size_t)STEP * s.H * s.Hd * sizeof(float));
+    core_rng_t r;
+    core_rng_seed(&r, 1);
+    int64_t bad = 0;
+    clock_t t0 = clock();
+    for (int64_t t = 0; t < total; t += STEP) {
+        int64_t c = total - t < STEP ? total - t : STEP;
+        int64_t off = (int64_t)(core_rng_uniform(&r) * (POOL - STEP));
+        core_attn_reserve(a, st, c, &err);
+        core_attn_forward(a, st, 0, c, pool.q + off * s.H * s.Hd, pool.k + off * s.Hd,
+                          pool.v + off * s.Hd, out, &err);
+        core_attn_advance(st, c);
+        for (int64_t i = 0; i < c * s.H * s.Hd; i++)
+            bad += !isfinite(out[i]);
+    }
+    double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
+    double c[16];
+    core_attn_linear_state_scale(st, 0, 0, c);
+    int cfin = 1;
+    for (int i = 0; i < 16; i++)
+        cfin &= isfinite(c[i]);
+    printf("  1e6 tokens (Hd=16 M=16 H=2 Hkv=1 W=4): %.2f s CPU, non-finite outputs %lld\n", secs,
+           (long long)bad);
+    CHECK_INT_EQ(bad, 0);
+    CHECK(cfin);
+    CHECK_INT_EQ(core_attn_state_pos(st), total);
+    CHECK_INT_EQ(core_attn_state_bytes(st), bytes0);
+    free(out);
+    core_attn_state_free(st);
+    core_attn_free(a);
+    inputs_free(&pool);
+}
+
+/* S̃, z̃, c per (layer, KV head) + the window ring; nothing per token. */
+static size_t expected_bytes(const shape_t *s)
+{
+    return (size_t)s->L * s->Hkv * ((size_t)s->M * s->Hd * 4 + (size_t)s->M * 4 + (size_t)s->M * 8) +
+           (size_t)2 * s->L * s->W * s->Hkv * s->Hd * 4;
+}
+
+TEST(test_state_bytes_constant)
+{
+    shape_t s = {CORE_ATTN_DARKFORMER_IS, 2, 4, 2, 16, 16, 8, 1};
+    core_gguf_t *ad = make_adapter(&s, 0.1, 0.3, s.L, s.Hd);
+    core_attn_t *a = make_attn(&s, ad, 64, 0);
+    if (!a)
+        return;
+    inputs_t in = make_inputs(&s, 1000, 1.0, 1.0, 1);
+    core_attn_state_t *st = NULL;
+    core_error_t err = {0};
+    core_attn_state_new(a, &st, &err);
+    size_t b0 = core_attn_state_bytes(st);
+    float *out = malloc(out_count(&s, in.n) * sizeof(float));
+    feed(a, st, &s, &in, 0, in.n, ALL, 1, out);
+    size_t b1 = core_attn_state_bytes(st);
+    /* keep feeding the same 1000 tokens: positions keep advancing */
+    for (int rep = 0; rep < 99; rep++)
+        feed(a, st, &s, &in, 0, in.n, ALL, 1, out);
+    CHECK_INT_EQ(core_attn_state_pos(st), 100000);
+    CHECK_INT_EQ(core_attn_state_bytes(st), b1);
+    CHECK_INT_EQ(b1, b0);
+    size_t want = expected_bytes(&s);
+    CHECK(b1 >= want && b1 < want + 256);
+    free(out);
+    core_attn_state_free(st);
+    core_attn_free(a);
+    core_gguf_close(ad);
+    inputs_free(&in);
+    /* the default model's shape: 30 layers, 9 heads, 3 KV heads, Hd 64 */
+    shape_t big = {CORE_ATTN_PERFORMER, 30, 9, 3, 64, 128, 32, 1};
+    a = make_attn(&big, NULL, 64, 0);
+    if (!a)
+        return;
+    core_attn_state_new(a, &st, &err);
+    b1 = core_attn_state_bytes(st);
+    want = expected_bytes(&big);
+    CHECK(b1 >= want && b1 < want + 256);
+    printf("  state bytes, L=30 Hkv=3 Hd=64 M=128 W=32: %zu (constant in tokens)\n", b1);
+    core_attn_state_free(st);
+    core_attn_free(a);
+}
+
+TEST(test_fork_and_reset)
+{
+    shape_t s = {CORE_ATTN_PERFORMER, 2, 4, 2, 16, 32, 6, 4};
+    core_attn_t *a = make_attn(&s, NULL, 64, 0);
+    if (!a)
+        return;
+    inputs_t in = make_inputs(&s, 120, 1.0, 1.0, 6);
+    core_attn_state_t *x = NULL, *y = NULL, *fresh = NULL;
+    core_error_t err = {0};
+    core_attn_state_new(a, &x, &err);
+    core_attn_state_new(a, &y, &err);
+    core_attn_state_new(a, &fresh, &err);
+    size_t n = out_count(&s, in.n);
+    float *ox = calloc(n, sizeof(float)), *oy = calloc(n, sizeof(float));
+    float *of = calloc(n, sizeof(float));
+    feed(a, x, &s, &in, 0, 70, ALL, 1, ox);
+    CHECK_INT_EQ(core_attn_state_copy(y, x, &err), 0);
+    CHECK_INT_EQ(core_attn_state_pos(y), 70);
+    feed(a, x, &s, &in, 70, 120, MIXED, 7, ox);
+    feed(a, y, &s, &in, 70, 120, ALL, 1, oy);
+    /* the fork continues exactly like the original */
+    double e = rel_diff(oy + 70 * s.H * s.Hd, NULL, ox + 70 * s.H * s.Hd, 50 * (size_t)s.H * s.Hd);
+    CHECK_MSG(e < 1e-5, "fork diverged: %.3g", e);
+    /* reset == fresh */
+    core_attn_state_reset(x);
+    CHECK_INT_EQ(core_attn_state_pos(x), 0);
+    feed(a, x, &s, &in, 0, 120, ALL, 1, ox);
+    feed(a, fresh, &s, &in, 0, 120, ALL, 1, of);
+    CHECK(memcmp(ox, of, n * sizeof(float)) == 0);
+    free(ox);
+    free(oy);
+    free(of);
+    core_attn_state_free(x);
+    core_attn_state_free(y);
+    core_attn_state_free(fresh);
+    core_attn_state_free(NULL);
+    core_attn_free(a);
+    inputs_free(&in);
+}
+
+TEST(test_adapter_errors)
+{
+    shape_t s = {CORE_ATTN_DARKFORMER, 3, 4, 2, 8, 16, 0, 1};
+    core_attn_cfg_t cfg = {.kind = s.kind, .n_layer = s.L, .n_head = s.H, .n_head_kv = s.Hkv,
+                           .head_dim = s.Hd, .n_features = s.M, .window = 0, .seed = 1};
+    core_attn_t *a = NULL;
+    core_error_t err = {0};
+    /* no adapter */
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+    CHECK(strstr(err.msg, "darkformer.blk.N.M") != NULL);
+    /* missing layer 2 */
+    core_gguf_t *g = make_adapter(&s, 0.1, 0.2, 2, s.Hd);
+    CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), CORE_ENOTFOUND);
+    CHECK_MSG(strstr(err.msg, "darkformer.blk.2.M") != NULL, "message: %s", err.msg);
+    /* the IS kind needs lambda, which this adapter does have */
+    cfg.kind = CORE_ATTN_DARKFORMER_IS;
+    CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), CORE_ENOTFOUND);
+    CHECK_MSG(strstr(err.msg, "darkformer.blk.2.lambda") != NULL, "message: %s", err.msg);
+    core_gguf_close(g);
+    /* wrong head dim */
+    g = make_adapter(&s, 0.1, 0.2, 3, s.Hd * 2);
+    cfg.kind = CORE_ATTN_DARKFORMER;
+    CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), CORE_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "darkformer.blk.0.M") != NULL && strstr(err.msg, "shape"),
+              "message: %s", err.msg);
+    /* performer ignores the adapter, whatever it holds */
+    cfg.kind = CORE_ATTN_PERFORMER;
+    CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), 0);
+    core_attn_free(a);
+    core_gguf_close(g);
+    /* configuration errors */
+    cfg.n_features = 0;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+    cfg.n_features = 16;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), 0);
+    core_attn_linear_opts_t o = {0, 0};
+    CHECK_INT_EQ(core_attn_linear_set_opts(a, &o, &err), CORE_EINVAL);
+    CHECK(core_attn_linear_features(a, 3, 0) == NULL);
+    CHECK(core_attn_linear_features(a, 2, 1) != NULL);
+    core_attn_free(a);
+    cfg.kind = CORE_ATTN_EXACT;
+    cfg.max_ctx = 16;
+    if (core_attn_new(&cfg, NULL, &a, &err) == 0) {
+        o.chunk = 64;
+        CHECK_INT_EQ(core_attn_linear_set_opts(a, &o, &err), CORE_EINVAL);
+        CHECK(core_attn_linear_features(a, 0, 0) == NULL);
+        core_attn_free(a);
+    }
+}
+
+int main(void)
+{
+    core_blas_set_threads(1); /* tiny GEMMs; threads only add contention */
+    RUN(test_chunked_equals_recurrence);
+    RUN(test_fp64_state_agrees);
+    RUN(test_window_covering_everything_is_exact);
+    RUN(test_hybrid_matches_oracle);
+    RUN(test_identity_adapters_equal_performer);
+    RUN(test_running_scale_extreme_keys);
+    RUN(test_chunk_underflow_guard);
+    RUN(test_million_token_stream);
+    RUN(test_state_bytes_constant);
+    RUN(test_fork_and_reset);
+    RUN(test_adapter_errors);
+    return CHECK_DONE();
+}
