@@ -11,7 +11,6 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,11 +42,11 @@ typedef struct opt {
     const char *name; /* flag without "--" */
     const char *env;  /* environment variable */
     opt_type_t type;
+    unsigned flags;
     size_t off;       /* field in srv_config_t */
     const char *def;  /* default, as text */
     int64_t min, max; /* INT, SIZE, DURATION */
     const char *const *choices; /* ENUM, NULL-terminated */
-    unsigned flags;
     const char *metavar;
     const char *help;
 } opt_t;
@@ -67,71 +66,82 @@ static const char *const format_choices[] = {"text", "json", NULL};
 
 /* clang-format off */
 static const opt_t opts[] = {
-    {"host", "DARKSERVE_HOST", OPT_STR, O(host), "127.0.0.1", 0, 0, NULL, OPT_NONEMPTY, "ADDR",
+    {"host", "DARKSERVE_HOST", OPT_STR, OPT_NONEMPTY, O(host), "127.0.0.1", 0, 0, NULL, "ADDR",
      "address to listen on (IPv4, IPv6 or host name); 0.0.0.0 for all interfaces"},
-    {"port", "DARKSERVE_PORT", OPT_INT, O(port), "8080", 0, 65535, NULL, 0, "N",
+    {"port", "DARKSERVE_PORT", OPT_INT, 0, O(port), "8080", 0, 65535, NULL, "N",
      "TCP port to listen on; 0 picks a free port"},
-    {"max-connections", "DARKSERVE_MAX_CONNECTIONS", OPT_INT, O(max_connections), "256", 1, 100000,
-     NULL, 0, "N", "open client connections at most (idle, streaming and waiting ones)"},
-    {"max-body", "DARKSERVE_MAX_BODY", OPT_SIZE, O(max_body), "1M", 1, GIB, NULL, 0, "SIZE",
+    {"max-connections", "DARKSERVE_MAX_CONNECTIONS", OPT_INT, 0, O(max_connections), "256",
+     1, 100000, NULL, "N",
+     "open client connections at most (idle, streaming and waiting ones)"},
+    {"max-body", "DARKSERVE_MAX_BODY", OPT_SIZE, 0, O(max_body), "1M", 1, GIB, NULL, "SIZE",
      "largest request body accepted; larger ones get 413"},
-    {"request-timeout", "DARKSERVE_REQUEST_TIMEOUT", OPT_DURATION, O(request_timeout_s), "60s", 0,
-     DAY, NULL, 0, "DURATION",
+    {"request-timeout", "DARKSERVE_REQUEST_TIMEOUT", OPT_DURATION, 0, O(request_timeout_s), "60s",
+     0, DAY, NULL, "DURATION",
      "time a client has to send a whole request (headers and body), counted from the "
      "connection's start or the end of its previous response; 0 = no limit"},
-    {"idle-timeout", "DARKSERVE_IDLE_TIMEOUT", OPT_DURATION, O(idle_timeout_s), "30s", 0, DAY,
-     NULL, 0, "DURATION",
-     "close a connection with no I/O for this long (a stalled client, an idle keep-alive); "
-     "0 = never"},
-    {"drain-timeout", "DARKSERVE_DRAIN_TIMEOUT", OPT_DURATION, O(drain_timeout_s), "30s", 0, DAY,
-     NULL, 0, "DURATION",
+    {"idle-timeout", "DARKSERVE_IDLE_TIMEOUT", OPT_DURATION, 0, O(idle_timeout_s), "30s",
+     0, DAY, NULL, "DURATION",
+     "close a connection with no I/O for this long (a stalled client, an idle keep-alive); 0 = "
+     "never"},
+    {"drain-timeout", "DARKSERVE_DRAIN_TIMEOUT", OPT_DURATION, 0, O(drain_timeout_s), "30s",
+     0, DAY, NULL, "DURATION",
      "on SIGTERM/SIGINT, how long open requests may finish before they are cut"},
-    {"api-key", "DARKSERVE_API_KEY", OPT_STR, O(api_key), "", 0, 0, NULL, OPT_SECRET, "KEY",
+    {"api-key", "DARKSERVE_API_KEY", OPT_STR, OPT_SECRET, O(api_key), "", 0, 0, NULL, "KEY",
      "require this key (Authorization: Bearer KEY or X-Api-Key: KEY) on every route but "
      "/health; prefer --api-key-file or the environment, argv is visible to other users"},
-    {"api-key-file", "DARKSERVE_API_KEY_FILE", OPT_STR, O(api_key_file), "", 0, 0, NULL, 0, "PATH",
+    {"api-key-file", "DARKSERVE_API_KEY_FILE", OPT_STR, 0, O(api_key_file), "", 0, 0, NULL, "PATH",
      "file with accepted API keys, one per line ('#' comments); combines with --api-key"},
-    {"cors-origin", "DARKSERVE_CORS_ORIGIN", OPT_LIST, O(cors_origins), "", 0, 0, NULL,
-     OPT_ORIGINS, "ORIGIN",
-     "browser origin allowed by CORS (scheme://host[:port], or * for any); repeat the flag "
-     "or separate with commas; none by default"},
-    {"model", "DARKSERVE_MODEL", OPT_STR, O(model), "models/SmolLM2-135M-Instruct.Q4_1.gguf", 0, 0,
-     NULL, OPT_NONEMPTY, "PATH", "model GGUF file (Llama architecture)"},
-    {"adapter", "DARKSERVE_ADAPTER", OPT_STR, O(adapter), "", 0, 0, NULL, 0, "PATH",
+    {"cors-origin", "DARKSERVE_CORS_ORIGIN", OPT_LIST, OPT_ORIGINS, O(cors_origins), "",
+     0, 0, NULL, "ORIGIN",
+     "browser origin allowed by CORS (scheme://host[:port], or * for any); repeat the flag or "
+     "separate with commas; none by default"},
+    {"model", "DARKSERVE_MODEL", OPT_STR, OPT_NONEMPTY, O(model),
+     "models/SmolLM2-135M-Instruct.Q4_1.gguf", 0, 0, NULL, "PATH",
+     "model GGUF file (Llama architecture)"},
+    {"adapter", "DARKSERVE_ADAPTER", OPT_STR, 0, O(adapter), "", 0, 0, NULL, "PATH",
      "DARKFormer adapter GGUF (learned covariances, features, window); empty = none"},
-    {"attn", "DARKSERVE_ATTN", OPT_ENUM, O(attn), "darkformer", 0, 0, attn_choices, 0, "KIND",
+    {"attn", "DARKSERVE_ATTN", OPT_ENUM, 0, O(attn), "darkformer", 0, 0, attn_choices, "KIND",
      "attention: exact softmax (KV cache, bounded context), performer, darkformer or "
      "darkformer-is (constant-size state)"},
-    {"features", "DARKSERVE_FEATURES", OPT_INT, O(features), "0", 0, 65536, NULL, 0, "M",
+    {"features", "DARKSERVE_FEATURES", OPT_INT, 0, O(features), "0", 0, 65536, NULL, "M",
      "random features per KV head; 0 = the adapter's value or the built-in default"},
-    {"window", "DARKSERVE_WINDOW", OPT_INT, O(window), "-1", -1, 1 << 20, NULL, 0, "W",
-     "exact-attention window of the hybrid (tokens); 0 = pure linear, -1 = the adapter's "
-     "value or the built-in default"},
-    {"chat-template", "DARKSERVE_CHAT_TEMPLATE", OPT_STR, O(chat_template), "", 0, 0, NULL, 0,
-     "NAME", "chat template for /v1/chat/completions; empty = the model's own"},
-    {"threads", "DARKSERVE_THREADS", OPT_INT, O(threads), "0", 0, 1024, NULL, 0, "N",
+    {"window", "DARKSERVE_WINDOW", OPT_INT, 0, O(window), "-1", -1, 1 << 20, NULL, "W",
+     "exact-attention window of the hybrid (tokens); 0 = pure linear, -1 = the adapter's value "
+     "or the built-in default"},
+    {"chat-template", "DARKSERVE_CHAT_TEMPLATE", OPT_STR, 0, O(chat_template), "",
+     0, 0, NULL, "NAME",
+     "chat template for /v1/chat/completions; empty = the model's own"},
+    {"threads", "DARKSERVE_THREADS", OPT_INT, 0, O(threads), "0", 0, 1024, NULL, "N",
      "compute threads; 0 = one per CPU"},
-    {"max-batch", "DARKSERVE_MAX_BATCH", OPT_INT, O(max_batch), "16", 1, 1024, NULL, 0, "N",
+    {"max-batch", "DARKSERVE_MAX_BATCH", OPT_INT, 0, O(max_batch), "16", 1, 1024, NULL, "N",
      "sequences advanced together in one scheduler step"},
-    {"prefill-chunk", "DARKSERVE_PREFILL_CHUNK", OPT_INT, O(prefill_chunk), "256", 1, 65536,
-     NULL, 0, "N", "prompt tokens of one sequence processed per step"},
-    {"max-queue", "DARKSERVE_MAX_QUEUE", OPT_INT, O(max_queue), "64", 0, 1000000, NULL, 0, "N",
+    {"prefill-chunk", "DARKSERVE_PREFILL_CHUNK", OPT_INT, 0, O(prefill_chunk), "256",
+     1, 65536, NULL, "N",
+     "prompt tokens of one sequence processed per step"},
+    {"max-queue", "DARKSERVE_MAX_QUEUE", OPT_INT, 0, O(max_queue), "64", 0, 1000000, NULL, "N",
      "jobs waiting for the scheduler before new ones get 429"},
-    {"max-tokens-limit", "DARKSERVE_MAX_TOKENS_LIMIT", OPT_INT, O(max_tokens_limit), "4096", 1,
-     INT64_C(1) << 31, NULL, 0, "N", "largest max_tokens a request may ask for"},
-    {"max-sessions", "DARKSERVE_MAX_SESSIONS", OPT_INT, O(max_sessions), "1024", 1, 10000000,
-     NULL, 0, "N", "sessions kept in memory (least recently used spill to --session-dir)"},
-    {"max-session-bytes", "DARKSERVE_MAX_SESSION_BYTES", OPT_SIZE, O(max_session_bytes), "1G",
-     MIB, TIB, NULL, 0, "SIZE", "memory for session states (least recently used spill)"},
-    {"session-dir", "DARKSERVE_SESSION_DIR", OPT_STR, O(session_dir), "./sessions", 0, 0, NULL,
-     OPT_NONEMPTY, "PATH", "directory where session states are persisted"},
-    {"session-ttl", "DARKSERVE_SESSION_TTL", OPT_DURATION, O(session_ttl_s), "24h", 0, 3650 * DAY,
-     NULL, 0, "DURATION", "sessions unused for this long are deleted; 0 = never"},
-    {"log-level", "DARKSERVE_LOG_LEVEL", OPT_ENUM, O(log_level), "info", 0, 0, level_choices, 0,
-     "LEVEL", "least severe level logged"},
-    {"log-format", "DARKSERVE_LOG_FORMAT", OPT_ENUM, O(log_format), "text", 0, 0, format_choices,
-     0, "FORMAT", "text lines or one JSON object per line"},
-    {"log-file", "DARKSERVE_LOG_FILE", OPT_STR, O(log_file), "", 0, 0, NULL, 0, "PATH",
+    {"max-tokens-limit", "DARKSERVE_MAX_TOKENS_LIMIT", OPT_INT, 0, O(max_tokens_limit), "4096",
+     1, INT64_C(1) << 31, NULL, "N",
+     "largest max_tokens a request may ask for"},
+    {"max-sessions", "DARKSERVE_MAX_SESSIONS", OPT_INT, 0, O(max_sessions), "1024",
+     1, 10000000, NULL, "N",
+     "sessions kept in memory (least recently used spill to --session-dir)"},
+    {"max-session-bytes", "DARKSERVE_MAX_SESSION_BYTES", OPT_SIZE, 0, O(max_session_bytes), "1G",
+     MIB, TIB, NULL, "SIZE",
+     "memory for session states (least recently used spill)"},
+    {"session-dir", "DARKSERVE_SESSION_DIR", OPT_STR, OPT_NONEMPTY, O(session_dir), "./sessions",
+     0, 0, NULL, "PATH",
+     "directory where session states are persisted"},
+    {"session-ttl", "DARKSERVE_SESSION_TTL", OPT_DURATION, 0, O(session_ttl_s), "24h",
+     0, 3650 * DAY, NULL, "DURATION",
+     "sessions unused for this long are deleted; 0 = never"},
+    {"log-level", "DARKSERVE_LOG_LEVEL", OPT_ENUM, 0, O(log_level), "info",
+     0, 0, level_choices, "LEVEL",
+     "least severe level logged"},
+    {"log-format", "DARKSERVE_LOG_FORMAT", OPT_ENUM, 0, O(log_format), "text",
+     0, 0, format_choices, "FORMAT",
+     "text lines or one JSON object per line"},
+    {"log-file", "DARKSERVE_LOG_FILE", OPT_STR, 0, O(log_file), "", 0, 0, NULL, "PATH",
      "append log lines to this file (reopened on SIGHUP); empty = stderr"},
 };
 /* clang-format on */
@@ -142,18 +152,9 @@ _Static_assert(sizeof opts / sizeof opts[0] <= SRV_CFG_MAX_OPTS, "raise SRV_CFG_
 /* Longest api-key file accepted; keys are short, this only bounds a mistake. */
 #define KEY_FILE_MAX (64 * 1024)
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
+/* Writes the message and evaluates to -1. A macro rather than a variadic
+ * function: clang-analyzer misreads va_start in inlined variadic helpers. */
+#define fail(err, errlen, ...) (snprintf((err), (errlen), __VA_ARGS__), -1)
 
 static void *field(srv_config_t *cfg, const opt_t *o)
 {
@@ -515,6 +516,11 @@ void srv_config_free(srv_config_t *cfg)
 int srv_config_parse(srv_config_t *cfg, int argc, char **argv, char *const *envp, char *err,
                      size_t errlen)
 {
+    char no_err[1];
+    if (!err || !errlen) {
+        err = no_err;
+        errlen = sizeof no_err;
+    }
     char who[96];
     unsigned char list_from_flag[SRV_CFG_MAX_OPTS] = {0};
     srv_config_init(cfg);
@@ -563,7 +569,7 @@ int srv_config_parse(srv_config_t *cfg, int argc, char **argv, char *const *envp
             continue;
         }
         if (strncmp(arg, "--", 2) != 0 || !arg[2]) {
-            fail(err, errlen, "unexpected argument '%s' (options start with --; see --help)",
+            (void)fail(err, errlen, "unexpected argument '%s' (options start with --; see --help)",
                  arg);
             goto fail;
         }
@@ -572,7 +578,7 @@ int srv_config_parse(srv_config_t *cfg, int argc, char **argv, char *const *envp
         size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
         const opt_t *o = find_opt(name, nlen);
         if (!o) {
-            fail(err, errlen, "unknown option '--%.*s' (see --help)", (int)nlen, name);
+            (void)fail(err, errlen, "unknown option '--%.*s' (see --help)", (int)nlen, name);
             goto fail;
         }
         const char *val;
@@ -581,7 +587,7 @@ int srv_config_parse(srv_config_t *cfg, int argc, char **argv, char *const *envp
         } else if (a + 1 < argc) {
             val = argv[++a];
         } else {
-            fail(err, errlen, "--%s needs a value (%s)", o->name, o->metavar);
+            (void)fail(err, errlen, "--%s needs a value (%s)", o->name, o->metavar);
             goto fail;
         }
         size_t idx = (size_t)(o - opts);

@@ -1941,6 +1941,7 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
     if (fd < 0)
         goto fail;
     struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
     socklen_t sl = sizeof ss;
     if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
         h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port

@@ -100,6 +100,8 @@ void srv_log_shutdown(void)
     pthread_mutex_unlock(&log_lock);
 }
 
+static void log_plain(srv_log_level_t level, const char *msg);
+
 int srv_log_reopen(void)
 {
     char err[256];
@@ -120,7 +122,7 @@ int srv_log_reopen(void)
     }
     pthread_mutex_unlock(&log_lock);
     if (rc)
-        srv_log_write(SRV_LOG_ERROR, NULL, "%s", err);
+        log_plain(SRV_LOG_ERROR, err);
     return rc;
 }
 
@@ -306,14 +308,9 @@ static srv_log_format_t current_format(void)
     return f;
 }
 
-void srv_log_write(srv_log_level_t level, const char *req_id, const char *fmt, ...)
+static void log_line(srv_log_level_t level, const char *req_id, const char *msg)
 {
-    char msg[SRV_LOG_LINE_MAX];
     line_t l;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     int json = current_format() == SRV_LOG_FORMAT_JSON;
     line_begin(&l, level, req_id, json);
     if (json) {
@@ -325,6 +322,21 @@ void srv_log_write(srv_log_level_t level, const char *req_id, const char *fmt, .
         put_escaped(&l, msg, ESC_TEXT);
     }
     line_emit(&l, json);
+}
+
+static void log_plain(srv_log_level_t level, const char *msg)
+{
+    log_line(level, NULL, msg);
+}
+
+void srv_log_write(srv_log_level_t level, const char *req_id, const char *fmt, ...)
+{
+    char msg[SRV_LOG_LINE_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    log_line(level, req_id, msg);
 }
 
 static void put_field_str(line_t *l, int json, const char *key, const char *val, int quote)

@@ -180,7 +180,9 @@ static srv_metric_t *metric_register(srv_metrics_t *reg, const char *name, const
     }
     if (reg->n == reg->cap) {
         size_t ncap = reg->cap ? reg->cap * 2 : 16;
-        srv_metric_t **nm = realloc(reg->metrics, ncap * sizeof *nm);
+        /* an array of pointers, on purpose */
+        srv_metric_t **nm =
+            realloc(reg->metrics, ncap * sizeof *nm); // NOLINT(bugprone-sizeof-expression)
         if (!nm) {
             pthread_mutex_unlock(&reg->lock);
             goto fail;
@@ -260,7 +262,8 @@ srv_series_t *srv_metric_series(srv_metric_t *m, const char *const *values)
     if (!found && m->nseries < SRV_METRICS_MAX_SERIES) {
         if (m->nseries == m->cap) {
             size_t ncap = m->cap ? m->cap * 2 : 4;
-            srv_series_t **ns = realloc(m->series, ncap * sizeof *ns);
+            srv_series_t **ns =
+                realloc(m->series, ncap * sizeof *ns); // NOLINT(bugprone-sizeof-expression)
             if (!ns)
                 goto out;
             m->series = ns;
