@@ -442,17 +442,58 @@ static void process_pending(srv_http_t *h)
 
 /* ---- responses ---- */
 
+/* Length of the valid UTF-8 sequence at p (1..4), 0 if invalid. */
+static size_t utf8_seq(const unsigned char *p)
+{
+    size_t n;
+    unsigned cp, min;
+    if (p[0] < 0x80)
+        return 1;
+    if (p[0] >= 0xC2 && p[0] <= 0xDF) {
+        n = 2;
+        min = 0x80;
+    } else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
+        n = 3;
+        min = 0x800;
+    } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
+        n = 4;
+        min = 0x10000;
+    } else {
+        return 0;
+    }
+    cp = p[0] & (0x3Fu >> (n - 1));
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80) /* also stops at the NUL */
+            return 0;
+        cp = (cp << 6) | (p[i] & 0x3Fu);
+    }
+    return cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF) ? n : 0;
+}
+
+/* JSON string body of s into out[cap], cut to fit; invalid UTF-8 bytes (a
+ * method or path echoed from a client) become '?' so the body stays JSON. */
 static void json_escape_into(char *out, size_t cap, const char *s)
 {
     size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p && n + 7 < cap; p++) {
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p && n + 7 < cap) {
         if (*p == '"' || *p == '\\') {
             out[n++] = '\\';
-            out[n++] = (char)*p;
-        } else if (*p < 0x20) {
-            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", *p);
+            out[n++] = (char)*p++;
+        } else if (*p < 0x20 || *p == 0x7F) {
+            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", *p++);
+        } else if (*p < 0x80) {
+            out[n++] = (char)*p++;
         } else {
-            out[n++] = (char)*p;
+            size_t k = utf8_seq(p);
+            if (k == 0) {
+                out[n++] = '?';
+                p++;
+            } else {
+                memcpy(out + n, p, k);
+                n += k;
+                p += k;
+            }
         }
     }
     out[n] = '\0';

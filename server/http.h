@@ -38,7 +38,24 @@
  *                                                     srv_stream_begin + writes).
  *    Returning without any of them is a bug, answered with 500.
  * 5. When the request ends (response sent, client gone, timeout, shutdown) an
- *    access-log line is written and the metrics are updated.
+ *    access-log line is written and the metrics are updated
+ *    (darkserve_http_requests_total{method,route,code},
+ *    darkserve_http_request_duration_seconds{route}, in-flight requests, open
+ *    connections, stream cancels, request timeouts) when opts.metrics is set.
+ * Responses that libmicrohttpd writes by itself (a malformed request line,
+ * headers over its 32 KiB per-connection memory) carry no request id and
+ * produce no access line.
+ *
+ * Connections: keep-alive is kept for bodiless requests answered with an
+ * error; after an early answer to a request *with* a body (413, 415, 401...)
+ * the connection closes, since the unread body is still on the wire.
+ * max_connections counts every open connection (suspended ones too); beyond
+ * it new clients wait in the kernel's accept queue until one closes.
+ * idle_timeout_s closes a connection with no I/O (a stalled client, an idle
+ * keep-alive); request_timeout_s bounds the time to receive a whole request,
+ * counted from the connection's start or the end of its previous response,
+ * so a client that trickles bytes is cut too. Neither applies while a
+ * request waits for its producer (suspended connections do not time out).
  *
  * CORS: for an Origin listed in opts.cors_origins (or any, with "*"), every
  * response carries Access-Control-Allow-Origin, Vary: Origin and
@@ -58,7 +75,20 @@
  *     job cancelled so the scheduler drops it at its next step.
  * A suspended connection's socket is watched for hang-up, so a client that
  * disconnects while the producer is still thinking (long prefill) is noticed
- * at once, not at the next write.
+ * at once, not at the next write. (A client that half-closes its side after
+ * sending the request looks the same and is treated as gone.) While bytes
+ * flow, a vanished client is noticed when a write fails.
+ *
+ * Callbacks (on_cancel, on_writable) run on the loop thread and must not
+ * block; they may call any srv_stream_* function except wait_writable.
+ *
+ * A typical token producer (the scheduler thread, once per step):
+ *     if (srv_stream_cancelled(s)) { drop the job; srv_stream_close(s, SRV_STREAM_END); }
+ *     else if (srv_stream_space(s) < room_for_one_event) skip the job this step
+ *         (on_writable tells when to resume);
+ *     else srv_stream_write(s, sse_bytes, n);
+ *   and at the end: write the final event ("data: [DONE]\n\n" or an error
+ *   event), then srv_stream_close(s, SRV_STREAM_END).
  *
  * Lifetime: the producer owns one reference, returned by srv_stream_close
  * (exactly once, from any thread, also after cancellation). No callback runs
@@ -73,6 +103,8 @@
  *   ... on SIGTERM: srv_http_drain(h); wait until srv_http_inflight(h) == 0 or
  *   a deadline; srv_http_close(h, done_cb, ud); the loop then ends once every
  *   handle is closed and uv_loop_close(loop) returns 0.
+ * server/serve.c does exactly this; applications plug in through srv_app_t
+ * (server/serve.h) and only register routes.
  */
 #ifndef DARKSERVE_SERVER_HTTP_H
 #define DARKSERVE_SERVER_HTTP_H
@@ -170,8 +202,10 @@ const char *srv_req_body(const srv_req_t *req, size_t *len);
 srv_http_t *srv_req_server(const srv_req_t *req);
 
 /* Adds a response header (copied) to whatever answer follows: reply, stream
- * or deferred reply. Names must be HTTP tokens, values free of CR/LF.
- * Returns 0 or SRV_HTTP_EINVAL / SRV_HTTP_ESTATE (headers already sent). */
+ * or deferred reply. Names must be HTTP tokens, values free of CR/LF. Do not
+ * add Content-Type, Content-Length, Transfer-Encoding or X-Request-Id here:
+ * the server sets them. Returns 0 or SRV_HTTP_EINVAL / SRV_HTTP_ESTATE
+ * (headers already sent). */
 int srv_req_add_header(srv_req_t *req, const char *name, const char *value);
 
 /* ---- immediate answers (loop thread, inside the handler) ---- */
@@ -276,7 +310,9 @@ void srv_http_cancel_all(srv_http_t *h);
 
 /* Cancels everything, stops libmicrohttpd and closes the server's handles.
  * When the last handle is closed, the server is freed and done(ud) runs
- * (done may be NULL). h must not be used after this call. */
+ * (done may be NULL). h must not be used after this call. Not from inside a
+ * handler or a stream callback (libmicrohttpd is running then): call it from
+ * a timer, signal or async callback of the loop. */
 void srv_http_close(srv_http_t *h, void (*done)(void *ud), void *ud);
 
 #endif

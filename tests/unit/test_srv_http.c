@@ -20,6 +20,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -549,6 +550,13 @@ static void h_metrics(srv_req_t *req, void *ud)
     free(text);
 }
 
+static void h_err(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_reply_error(req, 409, "invalid_request_error", "session", "session_busy",
+                    "session '%s' is busy: \"%s\"\n", srv_req_param(req, "id"), "caf\xc3\xa9 \xff");
+}
+
 static void h_noreply(srv_req_t *req, void *ud)
 {
     (void)req;
@@ -843,6 +851,7 @@ static void setup_routes(server_t *S)
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/health", h_health, NULL, &pub), 0);
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/metrics", h_metrics, S->metrics, &pub), 0);
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/noreply", h_noreply, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/err/{id}", h_err, NULL, NULL), 0);
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/double", h_double, NULL, NULL), 0);
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/stream/incremental", h_stream_incremental, NULL,
                                 NULL),
@@ -965,6 +974,25 @@ TEST(test_routing_errors)
     CHECK(http_get(A.port, "/v1/sessions/abc/append", AUTH, &r) == 0);
     CHECK_INT_EQ(r.status, 405);
     CHECK(resp_header(&r, "Allow", v, sizeof v) && strcmp(v, "POST, OPTIONS") == 0);
+    resp_free(&r);
+
+    /* error objects are valid JSON whatever the message holds */
+    CHECK(http_get(A.port, "/err/s1", AUTH, &r) == 0);
+    CHECK_INT_EQ(r.status, 409);
+    json_t *j = r.body ? json_loads(r.body, 0, NULL) : NULL;
+    CHECK(j != NULL);
+    json_t *e = json_object_get(j, "error");
+    CHECK_STR_EQ(json_string_value(json_object_get(e, "message")),
+                 "session 's1' is busy: \"caf\xc3\xa9 ?\"\n");
+    CHECK_STR_EQ(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    CHECK_STR_EQ(json_string_value(json_object_get(e, "param")), "session");
+    CHECK_STR_EQ(json_string_value(json_object_get(e, "code")), "session_busy");
+    json_decref(j);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/nope", AUTH, &r) == 0);
+    j = r.body ? json_loads(r.body, 0, NULL) : NULL;
+    CHECK(j && json_is_null(json_object_get(json_object_get(j, "error"), "param")));
+    json_decref(j);
     resp_free(&r);
 
     /* a handler that does not answer gets 500; a second answer is refused */
