@@ -1995,11 +1995,14 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
         MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : DEFAULT_MAX_CONN,
         MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
         on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
+    /* MHD owns the socket from here on, and closes it in MHD_stop_daemon;
+     * its own failure path may already have closed it, so a failed start
+     * leaks rather than risks closing a descriptor reused by another thread. */
+    fd = -1;
     if (!h->d) {
         snprintf(err, errlen, "libmicrohttpd failed to start (epoll mode)");
         goto fail;
     }
-    fd = -1; /* MHD owns it now and closes it in MHD_stop_daemon */
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
     if (!di || di->epoll_fd < 0) {
         snprintf(err, errlen, "libmicrohttpd has no epoll descriptor");
