@@ -343,6 +343,12 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
     int found, rc;
     int64_t v;
     char kind[32];
+    if ((rc = adapter_int(g, "darkformer.format_version", 0, INT32_MAX, &v, &found, err)))
+        return rc;
+    if (found && v != CORE_FEATURES_ADAPTER_VERSION)
+        return core_error_set(err, CORE_EUNSUPPORTED, "adapter key 'darkformer.format_version': "
+                              "version %" PRId64 ", this build reads %d", v,
+                              CORE_FEATURES_ADAPTER_VERSION);
     if ((rc = adapter_str(g, "darkformer.kind", kind, sizeof kind, &found, err)))
         return rc;
     if (found && core_attn_kind_parse(kind, &info->kind) != 0)
@@ -418,6 +424,9 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
     const char *kind = core_attn_kind_name(d->kind);
     const char *fp = d->base_fingerprint ? d->base_fingerprint : "";
     int rc = core_gguf_writer_set_str(w, "general.architecture", "darkformer-adapter", 18);
+    if (!rc)
+        rc = core_gguf_writer_set_int(w, "darkformer.format_version", CORE_GGUF_TYPE_UINT32,
+                                      CORE_FEATURES_ADAPTER_VERSION);
     if (!rc)
         rc = core_gguf_writer_set_str(w, "darkformer.kind", kind, strlen(kind));
     if (!rc)

@@ -102,6 +102,8 @@ void core_features_phi(const core_features_t *f, int64_t n, const float *x, int6
 
 /* ---- the adapter GGUF (docs/ADAPTER.md) ---- */
 
+#define CORE_FEATURES_ADAPTER_VERSION 1
+
 /* Attention settings an adapter carries. fingerprint: NUL-terminated, ""
  * when absent. Keys that are absent leave the fields of *cfg untouched. */
 typedef struct core_features_adapter_info {
@@ -114,7 +116,8 @@ typedef struct core_features_adapter_info {
 
 /* Reads darkformer.* keys from g (borrowed) into *info (fields of absent
  * keys are left as the caller set them). Wrong types or values out of range
- * are CORE_EFORMAT naming the key. */
+ * are CORE_EFORMAT naming the key; a darkformer.format_version other than
+ * CORE_FEATURES_ADAPTER_VERSION is CORE_EUNSUPPORTED. */
 int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_t *info,
                                core_error_t *err);
 

@@ -566,6 +566,15 @@ TEST(test_adapter_roundtrip_and_errors)
     core_gguf_close(g);
 
     core_gguf_writer_t *w = core_gguf_writer_new(0);
+    core_gguf_writer_set_int(w, "darkformer.format_version", CORE_GGUF_TYPE_UINT32, 2);
+    CHECK_INT_EQ(core_gguf_writer_write(w, path, &err), 0);
+    core_gguf_writer_free(w);
+    CHECK_INT_EQ(core_gguf_open(path, &g, &err), 0);
+    CHECK_INT_EQ(core_features_adapter_info(g, &info, &err), CORE_EUNSUPPORTED);
+    CHECK(strstr(err.msg, "format_version") != NULL);
+    core_gguf_close(g);
+
+    w = core_gguf_writer_new(0);
     core_gguf_writer_set_str(w, "darkformer.kind", "softmax", 7);
     core_gguf_writer_set_str(w, "darkformer.n_features", "x", 1);
     CHECK_INT_EQ(core_gguf_writer_write(w, path, &err), 0);
