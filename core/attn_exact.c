@@ -245,6 +245,104 @@ static int exact_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_
     return 0;
 }
 
+/* ---- serialization (core/state.c frames the payload) ----
+ *
+ * Payload: for every layer, the K rows then the V rows of positions 0..pos-1,
+ * [pos][Hkv*Hd] little-endian floats each. Rows past pos are scratch and are
+ * not saved, so a blob costs what the session has absorbed, not the capacity. */
+
+static void exact_le32(void *dst, const void *src, size_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    const unsigned char *s = src;
+    unsigned char *d = dst;
+    for (size_t i = 0; i < n; i++, s += 4, d += 4) {
+        d[0] = s[3];
+        d[1] = s[2];
+        d[2] = s[1];
+        d[3] = s[0];
+    }
+#else
+    memcpy(dst, src, n * 4);
+#endif
+}
+
+/* Bytes of the payload of a state at pos tokens, 0 on overflow (pos > 0). */
+static size_t exact_payload_bytes(const core_attn_cfg_t *c, int64_t pos)
+{
+    size_t row = (size_t)c->n_head_kv * (size_t)c->head_dim * sizeof(float);
+    size_t per = 2 * (size_t)c->n_layer;
+    if (pos <= 0)
+        return 0;
+    if ((size_t)pos > SIZE_MAX / row / per)
+        return 0;
+    return (size_t)pos * row * per;
+}
+
+static size_t exact_state_save_size(const core_attn_state_t *s)
+{
+    return exact_payload_bytes(&s->a->cfg, s->pos);
+}
+
+static int exact_state_save(const core_attn_state_t *s, void *buf, size_t cap, core_error_t *err)
+{
+    const exact_state_t *es = s->impl;
+    const core_attn_cfg_t *c = &s->a->cfg;
+    size_t need = exact_payload_bytes(c, s->pos);
+    if (cap < need)
+        return core_error_set(err, CORE_ERANGE, "exact attention payload needs %zu bytes, buffer has %zu",
+                              need, cap);
+    size_t n = (size_t)s->pos * (size_t)c->n_head_kv * (size_t)c->head_dim; /* floats per block */
+    unsigned char *p = buf;
+    for (int l = 0; l < c->n_layer && n > 0; l++) {
+        exact_le32(p, es->k[l], n);
+        p += n * sizeof(float);
+        exact_le32(p, es->v[l], n);
+        p += n * sizeof(float);
+    }
+    return 0;
+}
+
+static int exact_state_load(core_attn_state_t *s, int64_t pos, const void *buf, size_t len,
+                            core_error_t *err)
+{
+    exact_state_t *es = s->impl;
+    const core_attn_t *a = s->a;
+    const core_attn_cfg_t *c = &a->cfg;
+    if (pos < 0 || pos > c->max_ctx)
+        return core_error_set(err, CORE_EMISMATCH,
+                              "exact attention state of %lld tokens does not fit this server's "
+                              "context of %lld", (long long)pos, (long long)c->max_ctx);
+    size_t need = exact_payload_bytes(c, pos);
+    if (len != need)
+        return core_error_set(err, CORE_EFORMAT,
+                              "exact attention payload is %zu bytes, %lld tokens need %zu", len,
+                              (long long)pos, need);
+    if (pos == 0)
+        return 0;
+    int64_t cap = (pos + EXACT_GROW_CHUNK - 1) / EXACT_GROW_CHUNK * EXACT_GROW_CHUNK;
+    int rc = grow_cache(a, es, cap < c->max_ctx ? cap : c->max_ctx, err);
+    if (rc < 0)
+        return rc;
+    size_t n = (size_t)pos * (size_t)c->n_head_kv * (size_t)c->head_dim;
+    const unsigned char *p = buf;
+    for (int l = 0; l < c->n_layer; l++) {
+        exact_le32(es->k[l], p, n);
+        p += n * sizeof(float);
+        exact_le32(es->v[l], p, n);
+        p += n * sizeof(float);
+        /* A blob is input: a NaN would poison every later softmax silently. */
+        for (size_t i = 0; i < n; i++) {
+            if (!isfinite(es->k[l][i]) || !isfinite(es->v[l][i]))
+                return core_error_set(err, CORE_EFORMAT,
+                                      "exact attention payload: non-finite %s in layer %d, "
+                                      "token %zu", isfinite(es->k[l][i]) ? "value" : "key", l,
+                                      i / ((size_t)c->n_head_kv * (size_t)c->head_dim));
+        }
+    }
+    return 0;
+}
+
 const core_attn_vtbl_t core_attn_exact_vtbl = {
     .init = exact_init,
     .fini = exact_fini,
@@ -255,4 +353,7 @@ const core_attn_vtbl_t core_attn_exact_vtbl = {
     .state_bytes = exact_state_bytes,
     .reserve = exact_reserve,
     .forward = exact_forward,
+    .state_save_size = exact_state_save_size,
+    .state_save = exact_state_save,
+    .state_load = exact_state_load,
 };

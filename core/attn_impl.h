@@ -1,7 +1,8 @@
 /* core/attn_impl.h — private: how attention kinds plug into core/attn.c.
  *
  * Each kind provides a vtable; core/attn.c dispatches and owns the common
- * fields. Only core/attn*.c include this file.
+ * fields. Only core/attn*.c and core/state.c (which frames the serialized
+ * payloads and swaps a loaded state in) include this file.
  */
 #ifndef DARKSERVE_CORE_ATTN_IMPL_H
 #define DARKSERVE_CORE_ATTN_IMPL_H
@@ -19,6 +20,20 @@ typedef struct core_attn_vtbl {
     int (*reserve)(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err);
     int (*forward)(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n, const float *q,
                    const float *k, const float *v, float *out, core_error_t *err);
+    /* Serialized payload of a state (core/state.c frames it with the header,
+     * the checksum and the position). Little-endian, self-contained given the
+     * attention config; its size depends only on the config, s->pos and the
+     * state's own settings (linear: accumulator precision).
+     * state_save_size: the exact bytes state_save writes for s as it is now.
+     * state_save: writes them into buf (cap >= that size, else CORE_ERANGE).
+     * state_load: s is a FRESH state of the same core_attn_t (position 0,
+     * never used) that the caller discards on error; fills it from exactly len
+     * bytes saved at position pos (the caller sets s->pos). Malformed or
+     * mismatched input is CORE_EFORMAT / CORE_EMISMATCH naming the part. */
+    size_t (*state_save_size)(const core_attn_state_t *s);
+    int (*state_save)(const core_attn_state_t *s, void *buf, size_t cap, core_error_t *err);
+    int (*state_load)(core_attn_state_t *s, int64_t pos, const void *buf, size_t len,
+                      core_error_t *err);
 } core_attn_vtbl_t;
 
 struct core_attn {

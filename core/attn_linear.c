@@ -755,6 +755,222 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
     return 0;
 }
 
+/* ---- serialization (core/state.c frames the payload) ----
+ *
+ * Payload, little-endian:
+ *   u32 accumulator bytes (4: float S and z, 8: double)
+ *   u32 window rows saved per layer, nv = min(pos, W)
+ *   c [L][Hkv][M] f64, S [L][Hkv][M][Hd], z [L][Hkv][M] (f32 or f64)
+ *   per layer: ring K slots 0..nv-1 [nv][Hkv][Hd] f32, then ring V the same
+ * Slot = position % W, so slots 0..nv-1 are exactly the valid ones whether
+ * or not the ring has wrapped. The size depends on the config, the precision
+ * and min(pos, W), never on how many tokens came before. A state is loaded in
+ * the precision it was saved in (a state's precision is its own, see
+ * core_attn_linear_set_opts), so continuing it is bit-identical. */
+
+static void lin_le32(void *dst, const void *src, size_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    const unsigned char *s = src;
+    unsigned char *d = dst;
+    for (size_t i = 0; i < n; i++, s += 4, d += 4)
+        for (int b = 0; b < 4; b++)
+            d[b] = s[3 - b];
+#else
+    memcpy(dst, src, n * 4);
+#endif
+}
+
+static void lin_le64(void *dst, const void *src, size_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    const unsigned char *s = src;
+    unsigned char *d = dst;
+    for (size_t i = 0; i < n; i++, s += 8, d += 8)
+        for (int b = 0; b < 8; b++)
+            d[b] = s[7 - b];
+#else
+    memcpy(dst, src, n * 8);
+#endif
+}
+
+static void lin_put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t lin_get_u32(const unsigned char *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+typedef struct lin_ser {
+    size_t n_z, n_s, n_ring; /* elements: c and z, S, one layer's valid ring rows */
+    size_t es;               /* accumulator bytes */
+    size_t bytes;            /* the whole payload */
+} lin_ser_t;
+
+/* Sizes of a payload; 0 if they overflow (never for a state that exists). */
+static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, lin_ser_t *z)
+{
+    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    size_t nv = pos < (int64_t)cfg->window ? (size_t)pos : (size_t)cfg->window;
+    size_t b_c, b_s, b_z, b_r, n_rl;
+    z->es = fp64 ? sizeof(double) : sizeof(float);
+    if (pos < 0 || !mul_ok(nh, (size_t)cfg->n_features, &z->n_z) ||
+        !mul_ok(z->n_z, hd, &z->n_s) || !mul_ok(nv, (size_t)cfg->n_head_kv * hd, &z->n_ring) ||
+        !mul_ok(z->n_z, sizeof(double), &b_c) || !mul_ok(z->n_s, z->es, &b_s) ||
+        !mul_ok(z->n_z, z->es, &b_z) || !mul_ok(z->n_ring, 2 * sizeof(float), &n_rl) ||
+        !mul_ok(n_rl, (size_t)cfg->n_layer, &b_r) || b_c > SIZE_MAX / 8 || b_s > SIZE_MAX / 8 ||
+        b_z > SIZE_MAX / 8 || b_r > SIZE_MAX / 8)
+        return 0;
+    z->bytes = 8 + b_c + b_s + b_z + b_r;
+    return 1;
+}
+
+static size_t linear_state_save_size(const core_attn_state_t *s)
+{
+    const lin_state_t *st = s->impl;
+    lin_ser_t z;
+    return lin_ser_sizes(&s->a->cfg, st->fp64, s->pos, &z) ? z.bytes : 0;
+}
+
+static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, core_error_t *err)
+{
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    const lin_state_t *st = s->impl;
+    lin_ser_t z;
+    if (!lin_ser_sizes(cfg, st->fp64, s->pos, &z) || cap < z.bytes)
+        return core_error_set(err, CORE_ERANGE, "linear attention payload needs %zu bytes, "
+                              "buffer has %zu", z.bytes, cap);
+    unsigned char *p = buf;
+    size_t lw = (size_t)cfg->window * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
+    lin_put_u32(p, (uint32_t)z.es);
+    lin_put_u32(p + 4, (uint32_t)(z.n_ring / ((size_t)cfg->n_head_kv * (size_t)cfg->head_dim)));
+    p += 8;
+    lin_le64(p, st->c, z.n_z);
+    p += z.n_z * sizeof(double);
+    if (st->fp64) {
+        lin_le64(p, st->S, z.n_s);
+        lin_le64(p + z.n_s * 8, st->z, z.n_z);
+    } else {
+        lin_le32(p, st->S, z.n_s);
+        lin_le32(p + z.n_s * 4, st->z, z.n_z);
+    }
+    p += (z.n_s + z.n_z) * z.es;
+    for (int l = 0; l < cfg->n_layer && z.n_ring > 0; l++) {
+        lin_le32(p, st->ring_k + (size_t)l * lw, z.n_ring);
+        p += z.n_ring * sizeof(float);
+        lin_le32(p, st->ring_v + (size_t)l * lw, z.n_ring);
+        p += z.n_ring * sizeof(float);
+    }
+    return 0;
+}
+
+/* Re-lays st out in precision fp64 (the layout of linear_state_init), cleared. */
+static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int fp64,
+                              core_error_t *err)
+{
+    size_t es = fp64 ? sizeof(double) : sizeof(float);
+    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, n_s, n_z, n_ring, b_s, b_z, b_r;
+    if (!mul_ok(nh, (size_t)cfg->n_features, &n_z) ||
+        !mul_ok(n_z, (size_t)cfg->head_dim, &n_s) ||
+        !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->window, &n_ring) ||
+        !mul_ok(n_s, es, &b_s) || !mul_ok(n_z, es, &b_z) ||
+        !mul_ok(n_ring, 2 * sizeof(float), &b_r) || b_s > SIZE_MAX / 4 || b_r > SIZE_MAX / 4)
+        return core_error_set(err, CORE_ERANGE, "linear attention state size overflows");
+    size_t b_c = n_z * sizeof(double), total = b_c + b_s + b_z + b_r;
+    unsigned char *blob = malloc(total ? total : 1);
+    if (!blob)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for a %zu-byte attention state",
+                              total);
+    free(st->blob);
+    st->fp64 = fp64;
+    st->blob = blob;
+    st->blob_bytes = total;
+    st->c = (double *)(void *)blob;
+    st->S = blob + b_c;
+    st->z = blob + b_c + b_s;
+    st->ring_k = (float *)(void *)(blob + b_c + b_s + b_z);
+    st->ring_v = st->ring_k + n_ring;
+    state_clear(st, cfg);
+    return 0;
+}
+
+static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf, size_t len,
+                             core_error_t *err)
+{
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    lin_state_t *st = s->impl;
+    const unsigned char *p = buf;
+    if (len < 8)
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes", len);
+    uint32_t es = lin_get_u32(p), nv = lin_get_u32(p + 4);
+    if (es != 4 && es != 8)
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: accumulator size %u "
+                              "(expected 4 or 8)", es);
+    int64_t want_nv = pos < (int64_t)cfg->window ? pos : (int64_t)cfg->window;
+    if (pos < 0 || (int64_t)nv != want_nv)
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: %u window rows at "
+                              "position %lld (window %d)", nv, (long long)pos, cfg->window);
+    lin_ser_t z;
+    int fp64 = es == 8;
+    if (!lin_ser_sizes(cfg, fp64, pos, &z) || len != z.bytes)
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes, "
+                              "expected %zu", len, z.bytes);
+    if (fp64 != st->fp64) {
+        int rc = lin_state_relayout(st, cfg, fp64, err);
+        if (rc < 0)
+            return rc;
+    }
+    p += 8;
+    lin_le64(st->c, p, z.n_z);
+    p += z.n_z * sizeof(double);
+    if (fp64) {
+        lin_le64(st->S, p, z.n_s);
+        lin_le64(st->z, p + z.n_s * 8, z.n_z);
+    } else {
+        lin_le32(st->S, p, z.n_s);
+        lin_le32(st->z, p + z.n_s * 4, z.n_z);
+    }
+    p += (z.n_s + z.n_z) * z.es;
+    size_t lw = (size_t)cfg->window * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
+    for (int l = 0; l < cfg->n_layer && z.n_ring > 0; l++) {
+        lin_le32(st->ring_k + (size_t)l * lw, p, z.n_ring);
+        p += z.n_ring * sizeof(float);
+        lin_le32(st->ring_v + (size_t)l * lw, p, z.n_ring);
+        p += z.n_ring * sizeof(float);
+    }
+    /* A blob is input. The kernels rely on c being finite or −inf and on
+     * S, z and the window being finite (z ≥ 0): anything else would turn
+     * every later output into NaN without an error. */
+    size_t hd = (size_t)cfg->head_dim;
+    for (size_t i = 0; i < z.n_z; i++) {
+        double zi = fp64 ? ((const double *)st->z)[i] : (double)((const float *)st->z)[i];
+        if (isnan(st->c[i]) || st->c[i] == INFINITY || !isfinite(zi) || zi < 0.0)
+            return core_error_set(err, CORE_EFORMAT, "linear attention payload: bad scale or "
+                                  "normalizer at entry %zu (c = %g, z = %g)", i, st->c[i], zi);
+        for (size_t j = i * hd; j < (i + 1) * hd; j++) {
+            double v = fp64 ? ((const double *)st->S)[j] : (double)((const float *)st->S)[j];
+            if (!isfinite(v))
+                return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                                      "S at entry %zu", i);
+        }
+    }
+    for (int l = 0; l < cfg->n_layer; l++) {
+        for (size_t i = 0; i < z.n_ring; i++) {
+            if (!isfinite(st->ring_k[(size_t)l * lw + i]) || !isfinite(st->ring_v[(size_t)l * lw + i]))
+                return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                                      "window row in layer %d", l);
+        }
+    }
+    return 0;
+}
+
 const core_attn_vtbl_t core_attn_linear_vtbl = {
     .init = linear_init,
     .fini = linear_fini,
@@ -765,6 +981,9 @@ const core_attn_vtbl_t core_attn_linear_vtbl = {
     .state_bytes = linear_state_bytes,
     .reserve = linear_reserve,
     .forward = linear_forward,
+    .state_save_size = linear_state_save_size,
+    .state_save = linear_state_save,
+    .state_load = linear_state_load,
 };
 
 /* ---- tuning and inspection (core/features.h) ---- */
