@@ -79,6 +79,9 @@ struct core_model {
     int64_t *pos;  /* [T] RoPE position of each row */
     float *lrows;  /* [MODEL_LOGIT_ROWS][D] gathered final-norm rows */
     float *logits; /* [MODEL_LOGIT_ROWS][V] */
+
+    core_model_tap_fn tap; /* NULL unless a tool observes q, k, v */
+    void *tap_ud;          /* borrowed */
 };
 
 /* ---------------------------------------------------------------- loading */
@@ -514,6 +517,12 @@ core_attn_t *core_model_attn(core_model_t *m)
     return m->attn;
 }
 
+void core_model_set_tap(core_model_t *m, core_model_tap_fn fn, void *ud)
+{
+    m->tap = fn;
+    m->tap_ud = fn ? ud : NULL;
+}
+
 /* ---------------------------------------------------------------- forward */
 
 static int grow(void **p, size_t bytes)
@@ -700,6 +709,9 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         }
         int64_t off = 0;
         for (int b = 0; b < n_seqs; off += seqs[b].n_tokens, b++) {
+            if (m->tap)
+                m->tap(m->tap_ud, l, b, m->pos[off], seqs[b].n_tokens, m->q + off * qd,
+                       m->k + off * kvd, m->v + off * kvd);
             rc = core_attn_forward(m->attn, seqs[b].state, l, seqs[b].n_tokens, m->q + off * qd,
                                    m->k + off * kvd, m->v + off * kvd, m->att + off * qd, err);
             if (rc < 0)

@@ -63,4 +63,16 @@ core_attn_t *core_model_attn(core_model_t *m);             /* borrowed: make sta
 /* Runs the batch. On error no state has been advanced. */
 int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core_error_t *err);
 
+/* Observation hook for offline tools (recording activations for the
+ * DARKFormer conversion): called during core_model_forward for every layer
+ * and every sequence of the batch, just before its attention runs, with what
+ * attention sees: q [n][H*Hd], k [n][Hkv*Hd] (RoPE applied), v [n][Hkv*Hd],
+ * all borrowed for the duration of the call only. seq is the index in the
+ * batch, pos0 the position of the sequence's first new token. The hook must
+ * not call back into the model. Costs one pointer test per layer when unset. */
+typedef void (*core_model_tap_fn)(void *ud, int layer, int seq, int64_t pos0, int64_t n,
+                                  const float *q, const float *k, const float *v);
+/* fn NULL removes the hook; ud is borrowed and passed through. */
+void core_model_set_tap(core_model_t *m, core_model_tap_fn fn, void *ud);
+
 #endif
