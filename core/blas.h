@@ -15,6 +15,12 @@ void core_gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, 
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 void core_gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* Rows up to which core_gemm_nt uses core_gemm_nt_small instead of sgemm. */
+#define CORE_GEMM_SMALL_M 8
+/* core_gemm_nt without BLAS, for few rows of A (decode): each B row is read
+ * once. beta == 0 overwrites C (NaN in C does not propagate). */
+void core_gemm_nt_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 /* Number of BLAS threads (0 = leave the library default). */
 void core_blas_set_threads(int n);
 
