@@ -1,0 +1,497 @@
+/* core/state.c — framing of a session's compute state (core/state.h).
+ *
+ * This file owns the header, the sections around the attention payload and
+ * the checksum; what an attention kind keeps is serialized by the kind itself
+ * (vtable entries in core/attn_impl.h), so a new kind never touches this file.
+ *
+ * Load validates the whole blob before it changes anything: the attention
+ * payload goes into a fresh state of the same configuration, which is swapped
+ * in only once every other step that can fail (pending copy, sampler) has
+ * succeeded. A checksum is no authentication: a blob that passes it is still
+ * treated as untrusted input (sizes bounded, every payload value checked by
+ * the kind).
+ */
+#include "core/state.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/attn_impl.h"
+#include "core/features.h"
+
+enum {
+    OFF_MAGIC = 0,
+    OFF_VERSION = 4,
+    OFF_TOTAL = 8,
+    OFF_FP = 16,
+    FP_BYTES = 32,
+    OFF_KIND = 48, /* then n_layer, n_head, n_head_kv, head_dim, n_features, window */
+    OFF_RESERVED1 = 76,
+    OFF_SEED = 80,
+    OFF_MAX_CTX = 88,
+    OFF_DIGEST = 96,
+    OFF_POS = 104,
+    OFF_ATTN = 112,
+    OFF_SAMPLER = 120,
+    OFF_PENDING = 124,
+    OFF_OWNER = 128,
+    OFF_RESERVED2 = 132,
+    CRC_BYTES = 4
+};
+
+_Static_assert(CORE_STATE_HEADER_BYTES == 136, "header layout");
+_Static_assert(CORE_STATE_FINGERPRINT_MAX + 1 == FP_BYTES, "fingerprint field");
+
+/* ---- little-endian fields ---- */
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* ---- CRC-32, slicing by 8: the checksum runs over tens of MB for a long
+ * exact-attention session, where the bytewise loop would cost more than the
+ * serialization itself. ---- */
+
+static uint32_t crc_tab[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int b = 0; b < 8; b++)
+            c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+        crc_tab[0][i] = c;
+    }
+    for (int t = 1; t < 8; t++)
+        for (int i = 0; i < 256; i++)
+            crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xffu];
+}
+
+uint32_t core_state_crc32(uint32_t crc, const void *buf, size_t n)
+{
+    pthread_once(&crc_once, crc_init);
+    const unsigned char *p = buf;
+    uint32_t c = ~crc;
+    while (n >= 8) {
+        uint32_t lo = c ^ get_u32(p), hi = get_u32(p + 4);
+        c = crc_tab[7][lo & 0xffu] ^ crc_tab[6][(lo >> 8) & 0xffu] ^
+            crc_tab[5][(lo >> 16) & 0xffu] ^ crc_tab[4][lo >> 24] ^ crc_tab[3][hi & 0xffu] ^
+            crc_tab[2][(hi >> 8) & 0xffu] ^ crc_tab[1][(hi >> 16) & 0xffu] ^ crc_tab[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = (c >> 8) ^ crc_tab[0][(c ^ *p++) & 0xffu];
+    return ~c;
+}
+
+/* ---- the learned attention parameters ---- */
+
+static uint64_t mix(uint64_t h, uint32_t w)
+{
+    h = (h ^ w) * 0x9e3779b97f4a7c15ULL;
+    return h ^ (h >> 29);
+}
+
+static uint64_t mix_floats(uint64_t h, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t w;
+        memcpy(&w, &x[i], sizeof w);
+        h = mix(h, w);
+    }
+    return h;
+}
+
+/* Hash of what an adapter contributes beyond (kind, M, W, seed), which the
+ * header names already: DARKFormer's Mat exactly as read from the adapter,
+ * DARKFormer-IS's per-feature weights (they depend on Λ through Σ*). Two
+ * adapters with the same settings but other matrices must not accept each
+ * other's states: the continuation would be silently wrong. */
+static uint64_t params_digest(const core_attn_t *a)
+{
+    const core_attn_cfg_t *c = &a->cfg;
+    if (c->kind != CORE_ATTN_DARKFORMER && c->kind != CORE_ATTN_DARKFORMER_IS)
+        return 0;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int l = 0; l < c->n_layer; l++) {
+        for (int kv = 0; kv < c->n_head_kv; kv++) {
+            const core_features_t *f = core_attn_linear_features(a, l, kv);
+            if (!f)
+                continue;
+            if (c->kind == CORE_ATTN_DARKFORMER && f->mat)
+                h = mix_floats(h, f->mat, (size_t)f->head_dim * (size_t)f->head_dim);
+            else if (f->bias)
+                h = mix_floats(h, f->bias, (size_t)f->n_features);
+        }
+    }
+    return h ? h : 1;
+}
+
+static int is_linear(core_attn_kind_t k)
+{
+    return k == CORE_ATTN_PERFORMER || k == CORE_ATTN_DARKFORMER || k == CORE_ATTN_DARKFORMER_IS;
+}
+
+static void attn_desc(char *out, size_t n, const core_attn_cfg_t *c)
+{
+    if (is_linear(c->kind))
+        snprintf(out, n, "%s m=%d W=%d seed=%llu", core_attn_kind_name(c->kind), c->n_features,
+                 c->window, (unsigned long long)c->seed);
+    else
+        snprintf(out, n, "%s", core_attn_kind_name(c->kind));
+}
+
+/* ---- header ---- */
+
+typedef struct hdr {
+    core_state_info_t in;
+    size_t sampler_bytes;
+    size_t off_pending, off_sampler, off_attn;
+} hdr_t;
+
+/* Magic, version and the blob's extent: the checks that need only the first
+ * 16 bytes, so that a damaged blob says what it is before its checksum does.
+ * whole = 1: buf must hold exactly the blob. */
+static int parse_frame(const unsigned char *b, size_t len, int whole, uint64_t *total,
+                       core_error_t *err)
+{
+    if (len >= 4 && memcmp(b + OFF_MAGIC, "DSST", 4) != 0)
+        return core_error_set(err, CORE_EFORMAT, "not a darkserve state blob (bad magic)");
+    if (len >= 8 && get_u32(b + OFF_VERSION) != CORE_STATE_VERSION)
+        return core_error_set(err, CORE_EUNSUPPORTED,
+                              "state blob version %u is not supported (this server reads %u)",
+                              get_u32(b + OFF_VERSION), CORE_STATE_VERSION);
+    uint64_t t = len >= 16 ? get_u64(b + OFF_TOTAL) : 0;
+    if (len < CORE_STATE_HEADER_BYTES || (whole && len < t))
+        return core_error_set(err, CORE_EFORMAT, "truncated: %zu bytes, need %llu", len,
+                              (unsigned long long)(t > CORE_STATE_HEADER_BYTES
+                                                       ? t
+                                                       : CORE_STATE_HEADER_BYTES + CRC_BYTES));
+    if (t < CORE_STATE_HEADER_BYTES + CRC_BYTES || t > SIZE_MAX)
+        return core_error_set(err, CORE_EFORMAT, "state blob header: total size %llu is invalid",
+                              (unsigned long long)t);
+    if (whole && len > t)
+        return core_error_set(err, CORE_EFORMAT, "trailing bytes: %zu bytes, the blob is %llu", len,
+                              (unsigned long long)t);
+    *total = t;
+    return 0;
+}
+
+/* Every header field after the frame; the sections must add up to total. */
+static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_error_t *err)
+{
+    memset(h, 0, sizeof *h);
+    core_state_info_t *in = &h->in;
+    in->version = get_u32(b + OFF_VERSION);
+    in->total = (size_t)total;
+    const unsigned char *fp = b + OFF_FP;
+    const unsigned char *nul = memchr(fp, 0, FP_BYTES);
+    if (!nul)
+        return core_error_set(err, CORE_EFORMAT, "state blob header: fingerprint not terminated");
+    for (const unsigned char *q = nul; q < fp + FP_BYTES; q++)
+        if (*q)
+            return core_error_set(err, CORE_EFORMAT, "state blob header: fingerprint padding");
+    memcpy(in->fingerprint, fp, FP_BYTES);
+
+    uint32_t f[7];
+    for (int i = 0; i < 7; i++)
+        f[i] = get_u32(b + OFF_KIND + 4 * i);
+    if (f[0] > (uint32_t)CORE_ATTN_DARKFORMER_IS)
+        return core_error_set(err, CORE_EFORMAT, "state blob header: unknown attention kind %u",
+                              f[0]);
+    for (int i = 1; i < 7; i++)
+        if (f[i] > (uint32_t)INT32_MAX || (i <= 4 && f[i] == 0))
+            return core_error_set(err, CORE_EFORMAT,
+                                  "state blob header: attention field %d is %u", i, f[i]);
+    if (get_u32(b + OFF_RESERVED1) || get_u32(b + OFF_RESERVED2))
+        return core_error_set(err, CORE_EFORMAT, "state blob header: reserved field is not 0");
+    in->cfg = (core_attn_cfg_t){.kind = (core_attn_kind_t)f[0], .n_layer = (int)f[1],
+                                .n_head = (int)f[2], .n_head_kv = (int)f[3],
+                                .head_dim = (int)f[4], .n_features = (int)f[5],
+                                .window = (int)f[6], .seed = get_u64(b + OFF_SEED),
+                                .max_ctx = (int64_t)get_u64(b + OFF_MAX_CTX)};
+    in->params_digest = get_u64(b + OFF_DIGEST);
+    in->pos = (int64_t)get_u64(b + OFF_POS);
+    if (in->pos < 0 || in->cfg.max_ctx < 0)
+        return core_error_set(err, CORE_EFORMAT, "state blob header: negative position %lld or "
+                              "context %lld", (long long)in->pos, (long long)in->cfg.max_ctx);
+
+    uint64_t attn = get_u64(b + OFF_ATTN);
+    uint32_t smp = get_u32(b + OFF_SAMPLER), np = get_u32(b + OFF_PENDING),
+             own = get_u32(b + OFF_OWNER);
+    if (smp != 0 && smp != core_sampler_state_size())
+        return core_error_set(err, CORE_EFORMAT, "state blob header: sampler section of %u bytes "
+                              "(expected 0 or %zu)", smp, core_sampler_state_size());
+    if (np > CORE_STATE_MAX_PENDING || own > CORE_STATE_MAX_OWNER)
+        return core_error_set(err, CORE_EFORMAT, "state blob header: %u pending tokens or %u owner "
+                              "bytes over the limits (%zu, %zu)", np, own, CORE_STATE_MAX_PENDING,
+                              CORE_STATE_MAX_OWNER);
+    /* Every term but attn is bounded far below 2^40, so this cannot wrap. */
+    uint64_t fixed = CORE_STATE_HEADER_BYTES + (uint64_t)own + 4 * (uint64_t)np + smp + CRC_BYTES;
+    if (attn > total || fixed + attn != total)
+        return core_error_set(err, CORE_EFORMAT, "state blob header: sections (%llu + %llu) do not "
+                              "add up to the total of %llu bytes", (unsigned long long)fixed,
+                              (unsigned long long)attn, (unsigned long long)total);
+    in->attn_bytes = (size_t)attn;
+    in->has_sampler = smp != 0;
+    in->n_pending = np;
+    in->owner_off = CORE_STATE_HEADER_BYTES;
+    in->owner_len = own;
+    h->sampler_bytes = smp;
+    h->off_pending = CORE_STATE_HEADER_BYTES + (size_t)own;
+    h->off_sampler = h->off_pending + 4 * (size_t)np;
+    h->off_attn = h->off_sampler + smp;
+    return 0;
+}
+
+/* Is this blob for this model and this attention? (After the checksum.) */
+static int check_compat(const hdr_t *h, const char *fingerprint, const core_attn_t *a,
+                        core_error_t *err)
+{
+    const core_attn_cfg_t *bc = &h->in.cfg, *c = &a->cfg;
+    if (fingerprint && strcmp(h->in.fingerprint, fingerprint) != 0)
+        return core_error_set(err, CORE_EMISMATCH, "blob is for model %s, this server runs %s",
+                              h->in.fingerprint, fingerprint);
+    if (bc->n_layer != c->n_layer || bc->n_head != c->n_head || bc->n_head_kv != c->n_head_kv ||
+        bc->head_dim != c->head_dim)
+        return core_error_set(err, CORE_EMISMATCH,
+                              "blob has attention shape L=%d H=%d Hkv=%d Hd=%d, this server runs "
+                              "L=%d H=%d Hkv=%d Hd=%d", bc->n_layer, bc->n_head, bc->n_head_kv,
+                              bc->head_dim, c->n_layer, c->n_head, c->n_head_kv, c->head_dim);
+    if (bc->kind != c->kind ||
+        (is_linear(c->kind) && (bc->n_features != c->n_features || bc->window != c->window ||
+                                bc->seed != c->seed))) {
+        char have[128], want[128];
+        attn_desc(have, sizeof have, bc);
+        attn_desc(want, sizeof want, c);
+        return core_error_set(err, CORE_EMISMATCH, "blob has attention %s, this server runs %s",
+                              have, want);
+    }
+    uint64_t dg = params_digest(a);
+    if (h->in.params_digest != dg)
+        return core_error_set(err, CORE_EMISMATCH,
+                              "blob has other %s parameters than this server's adapter "
+                              "(digest %016llx, this server %016llx)",
+                              core_attn_kind_name(c->kind),
+                              (unsigned long long)h->in.params_digest, (unsigned long long)dg);
+    if (c->kind == CORE_ATTN_EXACT && h->in.pos > c->max_ctx)
+        return core_error_set(err, CORE_EMISMATCH,
+                              "exact attention state of %lld tokens does not fit this server's "
+                              "context of %lld", (long long)h->in.pos, (long long)c->max_ctx);
+    return 0;
+}
+
+/* Frame, checksum, fields, compatibility: everything but the payload. */
+static int check_blob(const void *buf, size_t len, const char *fingerprint, const core_attn_t *a,
+                      hdr_t *h, core_error_t *err)
+{
+    const unsigned char *b = buf;
+    uint64_t total = 0;
+    if (!buf)
+        return core_error_set(err, CORE_EINVAL, "no state blob");
+    int rc = parse_frame(b, len, 1, &total, err);
+    if (rc < 0)
+        return rc;
+    uint32_t stored = get_u32(b + total - CRC_BYTES);
+    uint32_t got = core_state_crc32(0, b, (size_t)total - CRC_BYTES);
+    if (stored != got)
+        return core_error_set(err, CORE_ECHECKSUM, "checksum mismatch (stored %08x, computed %08x)",
+                              stored, got);
+    if ((rc = parse_fields(b, total, h, err)) < 0)
+        return rc;
+    return check_compat(h, fingerprint, a, err);
+}
+
+/* ---- public ---- */
+
+size_t core_state_size(const core_attn_state_t *s, const core_sampler_t *smp, size_t n_pending,
+                       size_t owner_len)
+{
+    if (!s || n_pending > CORE_STATE_MAX_PENDING || owner_len > CORE_STATE_MAX_OWNER)
+        return 0;
+    size_t attn = s->a->vt->state_save_size(s);
+    size_t fixed = CORE_STATE_HEADER_BYTES + owner_len + 4 * n_pending +
+                   (smp ? core_sampler_state_size() : 0) + CRC_BYTES;
+    if (attn > SIZE_MAX - fixed)
+        return 0;
+    return fixed + attn;
+}
+
+int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *len,
+                    core_error_t *err)
+{
+    if (!d || !d->state || !len)
+        return core_error_set(err, CORE_EINVAL, "state save: no descriptor, state or length");
+    if (!d->fingerprint || strlen(d->fingerprint) > CORE_STATE_FINGERPRINT_MAX)
+        return core_error_set(err, CORE_EINVAL, "state save: fingerprint missing or longer than %d",
+                              CORE_STATE_FINGERPRINT_MAX);
+    if (d->n_pending > CORE_STATE_MAX_PENDING || (d->n_pending && !d->pending))
+        return core_error_set(err, CORE_EINVAL, "state save: %zu pending tokens (limit %zu)",
+                              d->n_pending, CORE_STATE_MAX_PENDING);
+    if (d->owner_len > CORE_STATE_MAX_OWNER || (d->owner_len && !d->owner))
+        return core_error_set(err, CORE_EINVAL, "state save: owner section of %zu bytes (limit %zu)",
+                              d->owner_len, CORE_STATE_MAX_OWNER);
+    for (size_t i = 0; i < d->n_pending; i++)
+        if (d->pending[i] < 0)
+            return core_error_set(err, CORE_EINVAL, "state save: pending token %zu has id %d", i,
+                                  (int)d->pending[i]);
+    const core_attn_state_t *s = d->state;
+    const core_attn_t *a = s->a;
+    const core_attn_cfg_t *c = &a->cfg;
+    size_t total = core_state_size(s, d->sampler, d->n_pending, d->owner_len);
+    if (total == 0)
+        return core_error_set(err, CORE_ERANGE, "state save: blob size overflows");
+    if (!buf || cap < total)
+        return core_error_set(err, CORE_ERANGE, "state save needs %zu bytes, buffer has %zu", total,
+                              buf ? cap : (size_t)0);
+    size_t smp = d->sampler ? core_sampler_state_size() : 0;
+    size_t attn = total - CORE_STATE_HEADER_BYTES - d->owner_len - 4 * d->n_pending - smp -
+                  CRC_BYTES;
+    unsigned char *b = buf;
+    memset(b, 0, CORE_STATE_HEADER_BYTES);
+    memcpy(b + OFF_MAGIC, "DSST", 4);
+    put_u32(b + OFF_VERSION, CORE_STATE_VERSION);
+    put_u64(b + OFF_TOTAL, total);
+    memcpy(b + OFF_FP, d->fingerprint, strlen(d->fingerprint));
+    const uint32_t f[7] = {(uint32_t)c->kind,      (uint32_t)c->n_layer,    (uint32_t)c->n_head,
+                           (uint32_t)c->n_head_kv, (uint32_t)c->head_dim,   (uint32_t)c->n_features,
+                           (uint32_t)c->window};
+    for (int i = 0; i < 7; i++)
+        put_u32(b + OFF_KIND + 4 * i, f[i]);
+    put_u64(b + OFF_SEED, c->seed);
+    put_u64(b + OFF_MAX_CTX, (uint64_t)c->max_ctx);
+    put_u64(b + OFF_DIGEST, params_digest(a));
+    put_u64(b + OFF_POS, (uint64_t)s->pos);
+    put_u64(b + OFF_ATTN, attn);
+    put_u32(b + OFF_SAMPLER, (uint32_t)smp);
+    put_u32(b + OFF_PENDING, (uint32_t)d->n_pending);
+    put_u32(b + OFF_OWNER, (uint32_t)d->owner_len);
+    unsigned char *p = b + CORE_STATE_HEADER_BYTES;
+    if (d->owner_len)
+        memcpy(p, d->owner, d->owner_len);
+    p += d->owner_len;
+    for (size_t i = 0; i < d->n_pending; i++, p += 4)
+        put_u32(p, (uint32_t)d->pending[i]);
+    int rc;
+    if (smp && (rc = core_sampler_state_save(d->sampler, p, smp, err)) < 0)
+        return rc;
+    p += smp;
+    if ((rc = a->vt->state_save(s, p, attn, err)) < 0)
+        return rc;
+    p += attn;
+    put_u32(p, core_state_crc32(0, b, total - CRC_BYTES));
+    *len = total;
+    return 0;
+}
+
+int core_state_load(const void *buf, size_t len, const char *fingerprint, core_attn_state_t *state,
+                    core_sampler_t *sampler, int32_t **pending, size_t *n_pending,
+                    const void **owner, size_t *owner_len, core_error_t *err)
+{
+    if (!state || !pending != !n_pending || !owner != !owner_len)
+        return core_error_set(err, CORE_EINVAL, "state load: no state, or an output without "
+                              "its count");
+    hdr_t h;
+    int rc = check_blob(buf, len, fingerprint, state->a, &h, err);
+    if (rc < 0)
+        return rc;
+    const unsigned char *b = buf;
+    int32_t *pend = NULL;
+    core_attn_state_t *tmp = NULL;
+    for (size_t i = 0; i < h.in.n_pending; i++) {
+        uint32_t v = get_u32(b + h.off_pending + 4 * i);
+        if (v > (uint32_t)INT32_MAX)
+            return core_error_set(err, CORE_EFORMAT, "state blob: pending token %zu has id %u", i,
+                                  v);
+    }
+    if (pending && h.in.n_pending) {
+        pend = malloc(h.in.n_pending * sizeof *pend);
+        if (!pend)
+            return core_error_set(err, CORE_ENOMEM, "out of memory for %zu pending tokens",
+                                  h.in.n_pending);
+        for (size_t i = 0; i < h.in.n_pending; i++)
+            pend[i] = (int32_t)get_u32(b + h.off_pending + 4 * i);
+    }
+    if ((rc = core_attn_state_new(state->a, &tmp, err)) < 0)
+        goto fail;
+    if ((rc = state->a->vt->state_load(tmp, h.in.pos, b + h.off_attn, h.in.attn_bytes, err)) < 0)
+        goto fail;
+    tmp->pos = h.in.pos;
+    /* Last step that can fail; it leaves the sampler unchanged when it does. */
+    if (sampler && h.sampler_bytes &&
+        (rc = core_sampler_state_load(sampler, b + h.off_sampler, h.sampler_bytes, err)) < 0)
+        goto fail;
+
+    void *impl = state->impl;
+    int64_t pos = state->pos;
+    state->impl = tmp->impl;
+    state->pos = tmp->pos;
+    tmp->impl = impl;
+    tmp->pos = pos;
+    core_attn_state_free(tmp);
+    if (pending) {
+        *pending = pend;
+        *n_pending = h.in.n_pending;
+    }
+    if (owner) {
+        *owner = h.in.owner_len ? b + h.in.owner_off : NULL;
+        *owner_len = h.in.owner_len;
+    }
+    return 0;
+fail:
+    free(pend);
+    core_attn_state_free(tmp);
+    return rc;
+}
+
+int core_state_peek(const void *buf, size_t len, core_state_info_t *out, core_error_t *err)
+{
+    uint64_t total = 0;
+    hdr_t h;
+    if (!buf || !out)
+        return core_error_set(err, CORE_EINVAL, "state peek: no blob or output");
+    int rc = parse_frame(buf, len, 0, &total, err);
+    if (rc < 0)
+        return rc;
+    if ((rc = parse_fields(buf, total, &h, err)) < 0)
+        return rc;
+    *out = h.in;
+    return 0;
+}
+
+int core_state_verify(const void *buf, size_t len, const char *fingerprint, const core_attn_t *a,
+                      core_error_t *err)
+{
+    hdr_t h;
+    if (!a)
+        return core_error_set(err, CORE_EINVAL, "state verify: no attention configuration");
+    return check_blob(buf, len, fingerprint, a, &h, err);
+}
