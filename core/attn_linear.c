@@ -469,6 +469,8 @@ static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni
         double s = 0.0;
         for (int64_t i = 0; i < m; i++)
             s += exp((double)g[i] + a[i] - mx);
+        /* s >= 1: the term that attains mx contributes exp(0). */
+        // cppcheck-suppress invalidFunctionArg
         *lj = mx + log(s);
         if (*lj > top)
             top = *lj;
@@ -844,7 +846,9 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
     const core_attn_cfg_t *cfg = &s->a->cfg;
     const lin_state_t *st = s->impl;
     lin_ser_t z;
-    if (!lin_ser_sizes(cfg, st->fp64, s->pos, &z) || cap < z.bytes)
+    if (!lin_ser_sizes(cfg, st->fp64, s->pos, &z))
+        return core_error_set(err, CORE_ERANGE, "linear attention payload size overflows");
+    if (cap < z.bytes)
         return core_error_set(err, CORE_ERANGE, "linear attention payload needs %zu bytes, "
                               "buffer has %zu", z.bytes, cap);
     unsigned char *p = buf;
@@ -919,7 +923,9 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
                               "position %lld (window %d)", nv, (long long)pos, cfg->window);
     lin_ser_t z;
     int fp64 = es == 8;
-    if (!lin_ser_sizes(cfg, fp64, pos, &z) || len != z.bytes)
+    if (!lin_ser_sizes(cfg, fp64, pos, &z))
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload size overflows");
+    if (len != z.bytes)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes, "
                               "expected %zu", len, z.bytes);
     if (fp64 != st->fp64) {

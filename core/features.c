@@ -36,24 +36,32 @@ uint64_t core_features_stream_seed(uint64_t seed, int layer, int kv_head)
 
 static int check_dims(int hd, int m, core_error_t *err)
 {
-    if (hd < 1 || hd > CORE_FEATURES_MAX_HEAD_DIM)
-        return core_error_set(err, CORE_EINVAL, "head dim %d not in [1, %d]", hd,
-                              CORE_FEATURES_MAX_HEAD_DIM);
-    if (m < 1 || m > CORE_FEATURES_MAX_FEATURES)
-        return core_error_set(err, CORE_EINVAL, "feature count %d not in [1, %d]", m,
-                              CORE_FEATURES_MAX_FEATURES);
+    /* Returns the literal code so that callers' analysis sees it is nonzero. */
+    if (hd < 1 || hd > CORE_FEATURES_MAX_HEAD_DIM) {
+        core_error_set(err, CORE_EINVAL, "head dim %d not in [1, %d]", hd,
+                       CORE_FEATURES_MAX_HEAD_DIM);
+        return CORE_EINVAL;
+    }
+    if (m < 1 || m > CORE_FEATURES_MAX_FEATURES) {
+        core_error_set(err, CORE_EINVAL, "feature count %d not in [1, %d]", m,
+                       CORE_FEATURES_MAX_FEATURES);
+        return CORE_EINVAL;
+    }
     return 0;
 }
 
 int core_features_draw(uint64_t stream_seed, int hd, int m, double *eps, core_error_t *err)
 {
     int rc = check_dims(hd, m, err);
-    if (rc)
-        return rc;
-    size_t n = (size_t)hd;
-    double *g = malloc(n * n * sizeof *g);  /* [Hd][Hd] Gaussian block, then R */
-    double *q = malloc(n * n * sizeof *q);  /* [Hd][Hd] its Q */
-    double *s = malloc(n * sizeof *s);      /* [Hd] chi(Hd) row norms */
+    size_t n = (size_t)hd, nn = n * n;
+    /* (nn > 0 is implied by check_dims; restated for static analysis) */
+    if (rc || nn == 0)
+        return rc ? rc : CORE_EINVAL;
+    /* calloc: every element is written before it is read, but zeroed
+     * buffers keep static analysis from having to prove it. */
+    double *g = calloc(nn, sizeof *g); /* [Hd][Hd] Gaussian block, then R */
+    double *q = calloc(nn, sizeof *q); /* [Hd][Hd] its Q */
+    double *s = calloc(n, sizeof *s);     /* [Hd] chi(Hd) row norms */
     if (!g || !q || !s) {
         rc = core_error_set(err, CORE_ENOMEM, "out of memory for feature draws");
         goto fail;
@@ -176,7 +184,7 @@ int core_features_init(core_features_t *f, core_attn_kind_t kind, int hd, int m,
     if (kind == CORE_ATTN_DARKFORMER_IS && (!is_a || !isfinite(is_logdet)))
         return core_error_set(err, CORE_EINVAL, "darkformer-is feature map needs its proposal");
     size_t n = (size_t)hd, mm = (size_t)m;
-    double *eps = malloc(mm * n * sizeof *eps); /* [M][Hd] */
+    double *eps = calloc(mm * n, sizeof *eps); /* [M][Hd] */
     f->omega = malloc(mm * n * sizeof *f->omega);
     f->bias = malloc(mm * sizeof *f->bias);
     if (kind == CORE_ATTN_DARKFORMER)
