@@ -16,9 +16,9 @@
  * loses nothing that matters, whereas one shared scalar lets a key that is
  * large on one feature (a late key with a big norm along a wide IS
  * direction: logits > 200 happen) flush every other feature to zero.
- * Every stored entry is ≤ (keys absorbed) and z̃_i ≥ 1 (its maximal key
- * contributes exactly 1), so nothing overflows and the recurrence's
- * denominator never underflows.
+ * 1 ≤ z̃_i ≤ keys absorbed (the maximal key contributes exactly 1, every
+ * other key at most 1) and |S̃_i| ≤ z̃_i·max|v|, so nothing overflows and
+ * the recurrence's denominator never underflows.
  *
  * Hybrid window W: the query at position τ attends exactly (softmax of
  * q̂·k̂) to the keys at positions max(0, τ−W+1)..τ, kept in a per-layer ring
@@ -49,8 +49,9 @@
  * intra-chunk part; the carried state, still at its scales c_i, enters with
  * the factors exp(c_i − C_i). Earlier rows thus see their keys at scales
  * C_i ≥ their own running max; this is exact except where entries underflow.
- * Flushed entries cost at most ~M·chunk·FLT_MIN in the units of den, so a
- * row whose den ≥ 2^-60 is accurate to ~1e-15 relative. A row below that
+ * Flushed entries cost at most ~M·(chunk + keys absorbed)·FLT_MIN in the
+ * units of den, so a row whose den ≥ 2^-60 is accurate to ~1e-8 relative
+ * even after 10^9 tokens (~1e-15 for the chunk's own keys). A row below that
  * (the maximum of its best feature comes from a later key of the chunk) is
  * recomputed exactly in double in the log domain from the logits and the
  * unscaled state (slow_row). That guard is unbiased: it changes how the same
