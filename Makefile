@@ -103,12 +103,16 @@ $(BUILD)/fixtures/tiny.gguf: tests/fixtures/make_tiny_model.py
 	@mkdir -p $(@D)
 	$(PYTHON) tests/fixtures/make_tiny_model.py $@
 
-TEST_ENV := DARKSERVE_BIN=$(abspath $(BUILD)/darkserve) DARKSERVE_BUILD=$(abspath $(BUILD)) \
+# Tests run with the OpenBLAS kernels the darkserve binary itself selects
+# (server/main.c re-executes with OPENBLAS_CORETYPE on CPUs newer than the
+# library), so the oracle checks the arithmetic the product runs.
+TEST_ENV := OPENBLAS_CORETYPE=$$($(abspath $(BUILD)/darkserve) version | sed -n 's/^openblas: //p') \
+            DARKSERVE_BIN=$(abspath $(BUILD)/darkserve) DARKSERVE_BUILD=$(abspath $(BUILD)) \
             DARKSERVE_TINY_MODEL=$(abspath $(BUILD)/fixtures/tiny.gguf) \
             DARKSERVE_MODEL=$(abspath $(MODEL)) DARKSERVE_DATA=$(abspath tests/data)
 
 # unit: every C test binary, each in its own process with a timeout.
-unit: $(TEST_BINS) $(TINY)
+unit: $(TEST_BINS) $(TINY) $(BUILD)/darkserve
 	@$(TEST_ENV) scripts/run_unit.sh $(TEST_BINS)
 
 pytest: all $(TINY)

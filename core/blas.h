@@ -21,6 +21,14 @@ void core_gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, 
  * once. beta == 0 overwrites C (NaN in C does not propagate). */
 void core_gemm_nt_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* Name of the kernel set OpenBLAS chose ("Prescott", "SkylakeX", ...). */
+const char *core_blas_corename(void);
+/* When OpenBLAS fell back to a generic kernel set although the CPU has
+ * AVX2/AVX-512, the OPENBLAS_CORETYPE value that selects the right one
+ * ("SkylakeX", "Haswell"); NULL otherwise. OpenBLAS reads that variable only
+ * when it is loaded, so a program that wants it sets it and re-executes
+ * itself (server/main.c does). */
+const char *core_blas_better_coretype(void);
 /* Number of BLAS threads (0 = leave the library default). */
 void core_blas_set_threads(int n);
 

@@ -1,7 +1,10 @@
 /* server/main.c — the darkserve binary: dispatches to a subcommand. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "core/blas.h"
 #include "server/cli.h"
 
 #ifndef DARKSERVE_VERSION
@@ -25,8 +28,23 @@ static void usage(FILE *f)
             DARKSERVE_VERSION);
 }
 
+/* See core_blas_better_coretype(): re-execute once with OPENBLAS_CORETYPE
+ * set when OpenBLAS picked its generic kernels on a CPU with AVX2/AVX-512.
+ * An OPENBLAS_CORETYPE already in the environment (the user's choice, or
+ * ours after the re-exec) is kept. If exec fails, run on as we are. */
+static void pick_blas_kernels(char **argv)
+{
+    if (getenv("OPENBLAS_CORETYPE"))
+        return;
+    const char *ct = core_blas_better_coretype();
+    if (!ct || setenv("OPENBLAS_CORETYPE", ct, 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv)
 {
+    pick_blas_kernels(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -37,7 +55,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("darkserve %s\n", DARKSERVE_VERSION);
+        printf("darkserve %s\nopenblas: %s\n", DARKSERVE_VERSION, core_blas_corename());
         return 0;
     }
     if (strcmp(cmd, "serve") == 0)
