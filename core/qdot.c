@@ -1,0 +1,310 @@
+/* core/qdot.c — products of f32 activation rows with quantized weight rows.
+ *
+ * Every weight block is dequantized once (in registers for Q4_0/Q4_1/Q8_0,
+ * into a one-block buffer for the other types) and multiplied with all m
+ * activation rows of the current chunk, so a weight byte is read once per
+ * call. The dequantized values are formed with the same operations as
+ * core/tensor.c (product, then sum; no FMA there), hence bit-identical; only
+ * the order of the dot-product sums differs from core_dot_ref.
+ *
+ * AVX2 is opt-in per function (the build targets x86-64-v2) and picked at run
+ * time with __builtin_cpu_supports.
+ */
+#include "core/qdot.h"
+
+#include <string.h>
+
+#include "core/err.h"
+#include "core/tensor.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define QDOT_X86 1
+#endif
+
+enum {
+    QDOT_MR = 8,        /* activation rows per chunk: one weight read serves them all */
+    QDOT_MAX_BLCK = 256 /* largest block (K-quants) */
+};
+
+int core_qdot_supported(int type)
+{
+    if (type == CORE_TTYPE_F32 || !core_ttype_supported(type))
+        return 0;
+    const int64_t b = core_ttype_block_elems(type);
+    return b == 32 || b == QDOT_MAX_BLCK;
+}
+
+int core_qdot_has_fast_kernel(int type)
+{
+    return type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q8_0;
+}
+
+static inline void put(float *c, float v, float beta)
+{
+    *c = beta == 0.0f ? v : v + beta * *c;
+}
+
+/* ---- portable path: one block dequantized, four partial sums per row ---- */
+
+static void qmm_generic(int type, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                        const unsigned char *w, size_t row_bytes, float beta, float *c,
+                        int64_t ldc)
+{
+    const int64_t blck = core_ttype_block_elems(type);
+    const size_t bb = core_ttype_block_bytes(type);
+    float y[QDOT_MAX_BLCK]; /* one block, [blck] */
+    for (int64_t j = 0; j < n; j++) {
+        const unsigned char *row = w + (size_t)j * row_bytes;
+        for (int64_t r0 = 0; r0 < m; r0 += QDOT_MR) {
+            const int mr = m - r0 < QDOT_MR ? (int)(m - r0) : QDOT_MR;
+            float s[QDOT_MR][4] = {{0}};
+            const unsigned char *blk = row;
+            for (int64_t i = 0; i < k; i += blck, blk += bb) {
+                (void)core_dequantize(type, blk, y, blck, NULL);
+                for (int r = 0; r < mr; r++) {
+                    const float *x = a + (r0 + r) * lda + i;
+                    for (int64_t e = 0; e < blck; e += 4) {
+                        s[r][0] += y[e] * x[e];
+                        s[r][1] += y[e + 1] * x[e + 1];
+                        s[r][2] += y[e + 2] * x[e + 2];
+                        s[r][3] += y[e + 3] * x[e + 3];
+                    }
+                }
+            }
+            for (int r = 0; r < mr; r++)
+                put(c + (r0 + r) * ldc + j, (s[r][0] + s[r][1]) + (s[r][2] + s[r][3]), beta);
+        }
+    }
+}
+
+/* ---- AVX2 / FMA / F16C ---- */
+
+#ifdef QDOT_X86
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+AVX2_INL float hsum8(__m256 s)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+AVX2_INL float half_at(const unsigned char *p)
+{
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+/* The 32 values of one block as four vectors in element order. */
+AVX2_INL void deq_block(int type, const unsigned char *b, __m256 w[4])
+{
+    if (type == CORE_TTYPE_Q8_0) {
+        const __m256 d = _mm256_set1_ps(half_at(b));
+        for (int e = 0; e < 4; e++) {
+            __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + 8 * e));
+            w[e] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+        }
+        return;
+    }
+    /* Q4_0 / Q4_1: low nibbles are values 0..15, high nibbles 16..31 */
+    const int q41 = type == CORE_TTYPE_Q4_1;
+    const __m256 d = _mm256_set1_ps(half_at(b));
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(b + (q41 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(v, mask);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    if (!q41) {
+        const __m128i eight = _mm_set1_epi8(8);
+        lo = _mm_sub_epi8(lo, eight);
+        hi = _mm_sub_epi8(hi, eight);
+    }
+    const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int e = 0; e < 4; e++) {
+        /* nibbles are small: the signed widening is right for both types */
+        w[e] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[e])));
+    }
+    if (q41) {
+        const __m256 mn = _mm256_set1_ps(half_at(b + 2));
+        for (int e = 0; e < 4; e++)
+            w[e] = _mm256_add_ps(w[e], mn);
+    }
+}
+
+/* One weight row against MR activation rows (MR a literal at every call site,
+ * so the loops unroll and the accumulators stay in registers). With one row,
+ * four independent accumulators hide the FMA latency; more rows bring their
+ * own independent chains. */
+AVX2_INL void row_fast(int type, int MR, const float *a, int64_t lda, const unsigned char *row,
+                       int64_t nb, size_t bb, float beta, float *c, int64_t ldc)
+{
+    const int NA = MR == 1 ? 4 : MR == 2 ? 2 : 1;
+    __m256 acc[QDOT_MR][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) {
+#pragma GCC unroll 4
+        for (int e = 0; e < NA; e++)
+            acc[r][e] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 w[4];
+        deq_block(type, row + (size_t)b * bb, w);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            const float *x = a + r * lda + b * 32;
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; e++)
+                acc[r][e % NA] = _mm256_fmadd_ps(w[e], _mm256_loadu_ps(x + 8 * e), acc[r][e % NA]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) {
+        __m256 s = acc[r][0];
+#pragma GCC unroll 4
+        for (int e = 1; e < NA; e++)
+            s = _mm256_add_ps(s, acc[r][e]);
+        put(c + r * ldc, hsum8(s), beta);
+    }
+}
+
+AVX2_INL void qmm_fast(int type, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                       const unsigned char *w, size_t row_bytes, float beta, float *c, int64_t ldc)
+{
+    const int64_t nb = k / 32;
+    const size_t bb = core_ttype_block_bytes(type);
+    for (int64_t r0 = 0; r0 < m; r0 += QDOT_MR) {
+        const int64_t mr = m - r0 < QDOT_MR ? m - r0 : QDOT_MR;
+        const float *ar = a + r0 * lda;
+        float *cr = c + r0 * ldc;
+        for (int64_t j = 0; j < n; j++) {
+            const unsigned char *row = w + (size_t)j * row_bytes;
+            switch (mr) {
+            case 1: row_fast(type, 1, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
+            case 2: row_fast(type, 2, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
+            case 3: row_fast(type, 3, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
+            case 4: row_fast(type, 4, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
+            case 5: row_fast(type, 5, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
+            case 6: row_fast(type, 6, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
+            case 7: row_fast(type, 7, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
+            default: row_fast(type, 8, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
+            }
+        }
+    }
+}
+
+/* Separate instantiations so each type's dequantization is branch-free. */
+AVX2_FN static void qmm_q4_0_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const unsigned char *w, size_t row_bytes, float beta, float *c,
+                                  int64_t ldc)
+{
+    qmm_fast(CORE_TTYPE_Q4_0, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
+}
+
+AVX2_FN static void qmm_q4_1_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const unsigned char *w, size_t row_bytes, float beta, float *c,
+                                  int64_t ldc)
+{
+    qmm_fast(CORE_TTYPE_Q4_1, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
+}
+
+AVX2_FN static void qmm_q8_0_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const unsigned char *w, size_t row_bytes, float beta, float *c,
+                                  int64_t ldc)
+{
+    qmm_fast(CORE_TTYPE_Q8_0, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
+}
+
+/* Other block types: dequantize one block with core/tensor.c, FMA it with
+ * every row of the chunk. */
+AVX2_FN static void qmm_block_avx2(int type, int64_t m, int64_t n, int64_t k, const float *a,
+                                   int64_t lda, const unsigned char *w, size_t row_bytes,
+                                   float beta, float *c, int64_t ldc)
+{
+    const int64_t blck = core_ttype_block_elems(type);
+    const size_t bb = core_ttype_block_bytes(type);
+    float y[QDOT_MAX_BLCK]; /* one block, [blck] */
+    for (int64_t j = 0; j < n; j++) {
+        const unsigned char *row = w + (size_t)j * row_bytes;
+        for (int64_t r0 = 0; r0 < m; r0 += QDOT_MR) {
+            const int mr = m - r0 < QDOT_MR ? (int)(m - r0) : QDOT_MR;
+            __m256 acc[QDOT_MR][4];
+            for (int r = 0; r < mr; r++)
+                for (int e = 0; e < 4; e++)
+                    acc[r][e] = _mm256_setzero_ps();
+            const unsigned char *blk = row;
+            for (int64_t i = 0; i < k; i += blck, blk += bb) {
+                (void)core_dequantize(type, blk, y, blck, NULL);
+                for (int r = 0; r < mr; r++) {
+                    const float *x = a + (r0 + r) * lda + i;
+                    for (int64_t e = 0; e < blck; e += 32) {
+                        for (int u = 0; u < 4; u++)
+                            acc[r][u] = _mm256_fmadd_ps(_mm256_loadu_ps(y + e + 8 * u),
+                                                        _mm256_loadu_ps(x + e + 8 * u), acc[r][u]);
+                    }
+                }
+            }
+            for (int r = 0; r < mr; r++) {
+                __m256 s = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
+                                         _mm256_add_ps(acc[r][2], acc[r][3]));
+                put(c + (r0 + r) * ldc + j, hsum8(s), beta);
+            }
+        }
+    }
+}
+#endif /* QDOT_X86 */
+
+core_qdot_isa_t core_qdot_best_isa(void)
+{
+    static int best = -1; /* benign race: every thread computes the same value */
+    if (best < 0) {
+        int b = CORE_QDOT_GENERIC;
+#ifdef QDOT_X86
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("f16c"))
+            b = CORE_QDOT_AVX2;
+#endif
+        best = b;
+    }
+    return (core_qdot_isa_t)best;
+}
+
+static void qmm(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k, const float *a,
+                int64_t lda, const void *w, size_t row_bytes, float beta, float *c, int64_t ldc)
+{
+    const unsigned char *wb = w;
+#ifdef QDOT_X86
+    if (isa == CORE_QDOT_AVX2) {
+        switch (type) {
+        case CORE_TTYPE_Q4_0: qmm_q4_0_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q4_1: qmm_q4_1_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q8_0: qmm_q8_0_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
+        default: qmm_block_avx2(type, m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
+        }
+    }
+#else
+    (void)isa;
+#endif
+    qmm_generic(type, m, n, k, a, lda, wb, row_bytes, beta, c, ldc);
+}
+
+void core_qmatmul_nt(int type, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                     const void *w, size_t row_bytes, float beta, float *c, int64_t ldc)
+{
+    qmm(core_qdot_best_isa(), type, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
+}
+
+int core_qmatmul_nt_isa(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k,
+                        const float *a, int64_t lda, const void *w, size_t row_bytes, float beta,
+                        float *c, int64_t ldc)
+{
+    if (isa != CORE_QDOT_GENERIC && (isa != CORE_QDOT_AVX2 || core_qdot_best_isa() < isa))
+        return CORE_EUNSUPPORTED;
+    if (!core_qdot_supported(type) || k < 0 || k % core_ttype_block_elems(type) != 0 || m < 0 ||
+        n < 0)
+        return CORE_EINVAL;
+    qmm(isa, type, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
+    return 0;
+}

@@ -1,0 +1,302 @@
+/* Tests for core/qdot: quantized-row matrix products against core_dot_ref
+ * (double sums over core_dequantize's values), for every supported type,
+ * both ISAs, many shapes, strides and beta.
+ *
+ * Tolerance: the kernels form the same dequantized floats y as
+ * core_dequantize (checked bit-for-bit below through a one-hot activation),
+ * so an output differs from the exact sum only by float summation: each
+ * partial sum takes at most k/4 + 8 additions (header contract), so
+ * |got - ref| <= gamma(k/4 + 8) * sum_e |y_e x_e| (Higham's bound for
+ * recursive summation of products, gamma(n) = n u / (1 - n u), u = 2^-24),
+ * plus one rounding of the stored result and of the beta term. A wrong
+ * nibble order or scale shifts the result by O(S / sqrt(k)), orders of
+ * magnitude above that bound for the k tested.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/err.h"
+#include "core/qdot.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "tests/unit/check.h"
+
+/* Offsets of a block's f16 scale fields (d, m, dmin), rewritten to finite
+ * values after random filling so that random bytes do not make NaN/Inf. */
+typedef struct {
+    int type;
+    int n_half;
+    int off[2];
+} halves_t;
+
+static const halves_t halves[] = {
+    {CORE_TTYPE_Q4_0, 1, {0, 0}},   {CORE_TTYPE_Q4_1, 2, {0, 2}},
+    {CORE_TTYPE_Q5_0, 1, {0, 0}},   {CORE_TTYPE_Q5_1, 2, {0, 2}},
+    {CORE_TTYPE_Q8_0, 1, {0, 0}},   {CORE_TTYPE_Q2_K, 2, {80, 82}},
+    {CORE_TTYPE_Q3_K, 1, {108, 0}}, {CORE_TTYPE_Q4_K, 2, {0, 2}},
+    {CORE_TTYPE_Q5_K, 2, {0, 2}},   {CORE_TTYPE_Q6_K, 1, {208, 0}},
+};
+
+static const halves_t *halves_of(int type)
+{
+    for (size_t i = 0; i < sizeof halves / sizeof halves[0]; i++)
+        if (halves[i].type == type)
+            return &halves[i];
+    return NULL;
+}
+
+static void put_half(unsigned char *p, float v)
+{
+    uint16_t h = core_fp32_to_fp16(v);
+    memcpy(p, &h, sizeof h);
+}
+
+/* n rows of k values, each row row_bytes apart (padding bytes random). */
+static void fill_rows(core_rng_t *r, int type, int64_t n, int64_t k, size_t row_bytes,
+                      unsigned char *w)
+{
+    const halves_t *hv = halves_of(type);
+    const int64_t blck = core_ttype_block_elems(type);
+    const size_t bb = core_ttype_block_bytes(type);
+    for (size_t i = 0; i < (size_t)n * row_bytes; i++)
+        w[i] = (unsigned char)core_rng_u64(r);
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t b = 0; b < k / blck; b++) {
+            unsigned char *blk = w + (size_t)j * row_bytes + (size_t)b * bb;
+            for (int h = 0; h < hv->n_half; h++)
+                put_half(blk + hv->off[h], (float)(core_rng_normal(r) * 0.05));
+        }
+}
+
+static void fill_f(core_rng_t *r, float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)core_rng_normal(r);
+}
+
+static double gamma_n(double n)
+{
+    const double u = ldexp(1.0, -24);
+    return n * u / (1.0 - n * u);
+}
+
+static int isa_list(core_qdot_isa_t *isas)
+{
+    int n = 0;
+    isas[n++] = CORE_QDOT_GENERIC;
+    if (core_qdot_best_isa() == CORE_QDOT_AVX2)
+        isas[n++] = CORE_QDOT_AVX2;
+    else
+        printf("  note: CPU without AVX2/FMA/F16C, only the generic path is tested\n");
+    return n;
+}
+
+/* One product under each ISA the CPU runs, every output checked against
+ * core_dot_ref; the paths agree within twice the bound (checked too). */
+static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k, size_t pad,
+                       float beta)
+{
+    size_t rb0 = 0;
+    CHECK(core_ttype_row_bytes(type, k, &rb0) == 0);
+    const size_t row_bytes = rb0 + pad;
+    const int64_t lda = k + 3, ldc = n + 2;
+    unsigned char *w = malloc((size_t)n * row_bytes);
+    float *a = malloc((size_t)(m * lda) * sizeof *a);
+    float *c0 = malloc((size_t)(m * ldc) * sizeof *c0);
+    float *c = malloc((size_t)(m * ldc) * sizeof *c);
+    float *cg = malloc((size_t)(m * ldc) * sizeof *cg);
+    float *y = malloc((size_t)k * sizeof *y);
+    double *tolv = malloc((size_t)(m * ldc) * sizeof *tolv); /* [m][ldc] bound per output */
+    if (!w || !a || !c0 || !c || !cg || !y || !tolv) {
+        CHECK(!"out of memory");
+        goto out;
+    }
+    fill_rows(r, type, n, k, row_bytes, w);
+    fill_f(r, a, (size_t)(m * lda));
+    for (int64_t i = 0; i < m * ldc; i++)
+        c0[i] = beta == 0.0f ? NAN : (float)core_rng_normal(r);
+
+    core_qdot_isa_t isas[2];
+    const int ni = isa_list(isas);
+    for (int s = 0; s < ni; s++) {
+        float *out = s == 0 ? cg : c;
+        memcpy(out, c0, (size_t)(m * ldc) * sizeof *out);
+        int rc = core_qmatmul_nt_isa(isas[s], type, m, n, k, a, lda, w, row_bytes, beta, out, ldc);
+        CHECK_INT_EQ(rc, 0);
+        int bad = 0;
+        for (int64_t j = 0; j < n; j++) {
+            const unsigned char *row = w + (size_t)j * row_bytes;
+            CHECK(core_dequantize(type, row, y, k, NULL) == 0);
+            for (int64_t i = 0; i < m; i++) {
+                const float *x = a + i * lda;
+                double sabs = 0;
+                for (int64_t e = 0; e < k; e++)
+                    sabs += fabs((double)y[e] * (double)x[e]);
+                const double dot = core_dot_ref(type, row, x, k);
+                const double cin = beta == 0.0f ? 0.0 : (double)beta * c0[i * ldc + j];
+                const double ref = dot + cin;
+                const double u = ldexp(1.0, -24);
+                const double tol = gamma_n((double)k / 4 + 8) * sabs +
+                                   2 * u * (fabs(dot) + fabs(cin) + fabs(ref)) + 1e-30;
+                const double got = out[i * ldc + j];
+                tolv[i * ldc + j] = tol;
+                if (!(fabs(got - ref) <= tol) && !bad) {
+                    bad = 1; /* report the first one only */
+                    CHECK_MSG(0, "%s isa %d m=%lld n=%lld k=%lld beta=%g [%lld][%lld]: %.9g vs %.9g "
+                              "(tol %.3g)", core_ttype_name(type), (int)isas[s], (long long)m,
+                              (long long)n, (long long)k, (double)beta, (long long)i, (long long)j,
+                              got, ref, tol);
+                }
+            }
+        }
+        if (s == 1) {
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++)
+                    CHECK(fabs((double)cg[i * ldc + j] - out[i * ldc + j]) <= 2 * tolv[i * ldc + j]);
+        }
+        /* padding columns of C are not touched */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = n; j < ldc; j++) {
+                const float g = out[i * ldc + j], z = c0[i * ldc + j];
+                CHECK(memcmp(&g, &z, sizeof g) == 0);
+            }
+    }
+out:
+    free(w);
+    free(a);
+    free(c0);
+    free(c);
+    free(cg);
+    free(y);
+    free(tolv);
+}
+
+TEST(every_supported_type_has_test_data)
+{
+    int n = 0;
+    for (int t = 0; t < CORE_TTYPE_COUNT_; t++) {
+        if (!core_qdot_supported(t))
+            continue;
+        n++;
+        CHECK_MSG(halves_of(t) != NULL, "type %s supported but not covered", core_ttype_name(t));
+    }
+    CHECK(core_qdot_supported(CORE_TTYPE_Q4_0));
+    CHECK(core_qdot_supported(CORE_TTYPE_Q4_1));
+    CHECK(core_qdot_supported(CORE_TTYPE_Q8_0));
+    CHECK(core_qdot_supported(CORE_TTYPE_Q4_K));
+    CHECK(core_qdot_supported(CORE_TTYPE_Q5_K));
+    CHECK(core_qdot_supported(CORE_TTYPE_Q6_K));
+    CHECK(!core_qdot_supported(CORE_TTYPE_F32));
+    CHECK(!core_qdot_supported(CORE_TTYPE_F16));
+    CHECK(!core_qdot_supported(-1));
+    CHECK(!core_qdot_supported(39));
+    CHECK(n >= 6);
+}
+
+TEST(matches_reference_all_types_shapes)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 11);
+    const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13};
+    for (int t = 0; t < CORE_TTYPE_COUNT_; t++) {
+        if (!core_qdot_supported(t) || !halves_of(t))
+            continue;
+        const int64_t blck = core_ttype_block_elems(t);
+        const int64_t ks[] = {blck, 2 * blck, 3 * blck, blck == 32 ? 576 : 512,
+                              blck == 32 ? 1536 : 1536};
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                const int64_t n = 1 + (int64_t)((mi * 7 + ki * 3) % 11);
+                check_case(&r, t, ms[mi], n, ks[ki], (mi + ki) % 3 == 0 ? 0 : 5,
+                           mi % 2 ? 1.0f : 0.0f);
+            }
+        /* other beta, and a degenerate empty product */
+        check_case(&r, t, 3, 4, 2 * blck, 1, -0.5f);
+        check_case(&r, t, 2, 0, blck, 0, 0.0f);
+    }
+}
+
+/* A one-hot activation reads out single dequantized weights: the kernels'
+ * values are exactly core_dequantize's (the premise of the tolerance). */
+TEST(dequantized_values_bit_identical)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 12);
+    core_qdot_isa_t isas[2];
+    const int ni = isa_list(isas);
+    for (int t = 0; t < CORE_TTYPE_COUNT_; t++) {
+        if (!core_qdot_supported(t) || !halves_of(t))
+            continue;
+        const int64_t k = 2 * core_ttype_block_elems(t);
+        size_t rb = 0;
+        CHECK(core_ttype_row_bytes(t, k, &rb) == 0);
+        unsigned char w[2 * 210];
+        float y[512], x[512], out;
+        fill_rows(&r, t, 1, k, rb, w);
+        CHECK(core_dequantize(t, w, y, k, NULL) == 0);
+        int bad = 0;
+        for (int s = 0; s < ni; s++)
+            for (int64_t e = 0; e < k && !bad; e++) {
+                memset(x, 0, sizeof x);
+                x[e] = 1.0f;
+                CHECK(core_qmatmul_nt_isa(isas[s], t, 1, 1, k, x, k, w, rb, 0.0f, &out, 1) == 0);
+                if (memcmp(&out, &y[e], sizeof out) != 0 && !(out == 0.0f && y[e] == 0.0f)) {
+                    bad = 1;
+                    CHECK_MSG(0, "%s isa %d value %lld: %.9g vs %.9g", core_ttype_name(t),
+                              (int)isas[s], (long long)e, (double)out, (double)y[e]);
+                }
+            }
+    }
+}
+
+TEST(default_entry_equals_best_isa)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 13);
+    const int64_t m = 3, n = 9, k = 512;
+    size_t rb = 0;
+    CHECK(core_ttype_row_bytes(CORE_TTYPE_Q4_1, k, &rb) == 0);
+    unsigned char *w = malloc((size_t)n * rb);
+    float a[3 * 512], c1[3 * 9], c2[3 * 9];
+    if (!w) {
+        CHECK(!"out of memory");
+        return;
+    }
+    fill_rows(&r, CORE_TTYPE_Q4_1, n, k, rb, w);
+    fill_f(&r, a, sizeof a / sizeof a[0]);
+    core_qmatmul_nt(CORE_TTYPE_Q4_1, m, n, k, a, k, w, rb, 0.0f, c1, n);
+    CHECK(core_qmatmul_nt_isa(core_qdot_best_isa(), CORE_TTYPE_Q4_1, m, n, k, a, k, w, rb, 0.0f,
+                              c2, n) == 0);
+    CHECK(memcmp(c1, c2, sizeof c1) == 0);
+    free(w);
+}
+
+TEST(rejects_bad_arguments)
+{
+    float a[64] = {0}, c[4] = {0};
+    unsigned char w[64] = {0};
+    CHECK_INT_EQ(core_qmatmul_nt_isa(CORE_QDOT_GENERIC, CORE_TTYPE_F32, 1, 1, 32, a, 32, w, 32,
+                                     0.0f, c, 1),
+                 CORE_EINVAL);
+    CHECK_INT_EQ(core_qmatmul_nt_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_1, 1, 1, 48, a, 48, w, 30,
+                                     0.0f, c, 1),
+                 CORE_EINVAL);
+    CHECK_INT_EQ(core_qmatmul_nt_isa((core_qdot_isa_t)7, CORE_TTYPE_Q4_1, 1, 1, 32, a, 32, w, 20,
+                                     0.0f, c, 1),
+                 CORE_EUNSUPPORTED);
+    CHECK(core_qdot_has_fast_kernel(CORE_TTYPE_Q4_1));
+    CHECK(!core_qdot_has_fast_kernel(CORE_TTYPE_Q6_K));
+}
+
+int main(void)
+{
+    RUN(every_supported_type_has_test_data);
+    RUN(matches_reference_all_types_shapes);
+    RUN(dequantized_values_bit_identical);
+    RUN(default_entry_equals_best_isa);
+    RUN(rejects_bad_arguments);
+    return CHECK_DONE();
+}
