@@ -280,17 +280,20 @@ fi
 # PID 1); `buildah run` would SIGKILL its child instead of passing it on.
 ds_pid=$(python3 - "$server_pid" <<'PY'
 import os, sys
-top, parent, comm = int(sys.argv[1]), {}, {}
+top, parent, exe = int(sys.argv[1]), {}, {}
 for d in filter(str.isdigit, os.listdir("/proc")):
     try:
         s = open("/proc/%s/stat" % d).read()
     except OSError:
         continue
     parent[int(d)] = int(s[s.rindex(")") + 2:].split()[1])
-    comm[int(d)] = s[s.index("(") + 1:s.rindex(")")]
+    try:  # not comm: darkserve may re-exec itself through /proc/self/exe
+        exe[int(d)] = os.path.basename(os.readlink("/proc/%s/exe" % d))
+    except OSError:
+        pass
 for p in parent:
     q = parent[p]
-    while comm[p] == "darkserve" and q > 1:
+    while exe.get(p) == "darkserve" and q > 1:
         if q == top:
             print(p)
             break
