@@ -1,0 +1,1434 @@
+/* server/sessions.c — the session store (server/sessions.h).
+ *
+ * One mutex guards the table (an array of sessions sorted by id) and every
+ * session's bookkeeping; disk I/O and (de)serialization run outside it on a
+ * session that is either busy (held by a caller or by fork / export /
+ * import) or marked io (eviction, flush), so a 50 MB write never stalls
+ * other sessions. Whoever meets an io session waits on the condition
+ * variable; whoever meets a busy one gets SRV_STORE_EBUSY.
+ *
+ * Files are named by the session id and created through a directory fd, so
+ * no path is ever built from input other than an id validated as 32 hex
+ * chars. A write goes to "<id>.tmp" first; startup deletes such leftovers.
+ */
+#include "server/sessions.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/sample.h"
+#include "core/state.h"
+
+#define ID_LEN SRV_SESSION_ID_LEN
+#define TMP_SUFFIX ".tmp"
+#define LOCK_NAME ".lock"
+#define PROBE_NAME ".write-probe"
+/* Owner section of a session blob: u32 version, u32 flags (bit 0 turn_open,
+ * bit 1 has_chat), i64 created, i64 last_used. */
+#define OWNER_BYTES 24
+#define OWNER_VERSION 1u
+
+struct srv_session {
+    srv_store_t *st;
+    char id[ID_LEN + 1];
+    srv_seq_ctx_t ctx;   /* ctx.state == NULL: not in memory */
+    int64_t created, last_used;
+    uint64_t tick;       /* LRU order: larger = used more recently */
+    int64_t tokens;      /* cached history length */
+    size_t state_bytes;  /* cached blob size */
+    size_t mem_bytes;    /* counted in st->mem_bytes while in memory */
+    int busy, io, on_disk, dirty, turn_open, has_chat;
+};
+
+struct srv_store {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char *dir;  /* NULL: memory only */
+    int dirfd;  /* -1 when memory only */
+    int lockfd;
+    size_t max_sessions, max_bytes;
+    int64_t ttl_s;
+    core_model_t *model;
+    core_attn_t *attn;
+    char fp[CORE_STATE_FINGERPRINT_MAX + 1];
+    int n_vocab;
+    size_t max_blob;
+    srv_session_t **tab; /* [n] sorted by id */
+    size_t n, cap;
+    size_t n_mem;        /* in memory, plus loads in progress */
+    size_t n_disk;
+    size_t mem_bytes;
+    uint64_t tick;
+    srv_store_write_fn write_fn;
+    void *write_ud;
+};
+
+/* ---- errors ---- */
+
+static _Thread_local char tl_err[512];
+
+const char *srv_store_strerror(int code)
+{
+    switch (code) {
+#define SRV_STORE_ERR_STR_(name, val, desc) \
+    case name: return desc;
+        SRV_STORE_ERRNO_MAP(SRV_STORE_ERR_STR_)
+#undef SRV_STORE_ERR_STR_
+    }
+    return code == 0 ? "success" : "unknown error";
+}
+
+const char *srv_store_last_error(void)
+{
+    return tl_err;
+}
+
+static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tl_err, sizeof tl_err, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static const char *errstr(int e, char *buf, size_t n)
+{
+    return strerror_r(e, buf, n); /* GNU: returns the message */
+}
+
+/* ---- ids ---- */
+
+int srv_session_id_valid(const char *id)
+{
+    if (!id)
+        return 0;
+    for (int i = 0; i < ID_LEN; i++) {
+        char c = id[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return 0; /* also a NUL before 32 chars */
+    }
+    return id[ID_LEN] == '\0';
+}
+
+static int random_bytes(void *buf, size_t n)
+{
+    unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t r = getrandom(p, n, 0);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            char eb[128];
+            return fail(SRV_STORE_EIO, "getrandom: %s", errstr(errno, eb, sizeof eb));
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int new_id(char id[ID_LEN + 1])
+{
+    unsigned char r[ID_LEN / 2];
+    int rc = random_bytes(r, sizeof r);
+    if (rc < 0)
+        return rc;
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof r; i++) {
+        id[2 * i] = hex[r[i] >> 4];
+        id[2 * i + 1] = hex[r[i] & 15];
+    }
+    id[ID_LEN] = '\0';
+    return 0;
+}
+
+/* ---- the table (caller holds mu) ---- */
+
+/* First index whose id is >= id (strict = 0) or > id (strict = 1). */
+static size_t tab_bound(const srv_store_t *st, const char *id, int strict)
+{
+    size_t lo = 0, hi = st->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(st->tab[mid]->id, id);
+        if (c < 0 || (strict && c == 0))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static srv_session_t *tab_find(const srv_store_t *st, const char *id)
+{
+    size_t i = tab_bound(st, id, 0);
+    return i < st->n && strcmp(st->tab[i]->id, id) == 0 ? st->tab[i] : NULL;
+}
+
+static int tab_reserve(srv_store_t *st)
+{
+    if (st->n < st->cap)
+        return 0;
+    size_t cap = st->cap ? st->cap * 2 : 64;
+    srv_session_t **t = realloc(st->tab, cap * sizeof *t);
+    if (!t)
+        return fail(SRV_STORE_ENOMEM, "out of memory for the session table");
+    st->tab = t;
+    st->cap = cap;
+    return 0;
+}
+
+static int tab_insert(srv_store_t *st, srv_session_t *s)
+{
+    int rc = tab_reserve(st);
+    if (rc < 0)
+        return rc;
+    size_t i = tab_bound(st, s->id, 0);
+    memmove(st->tab + i + 1, st->tab + i, (st->n - i) * sizeof *st->tab);
+    st->tab[i] = s;
+    st->n++;
+    return 0;
+}
+
+static void tab_remove(srv_store_t *st, const srv_session_t *s)
+{
+    size_t i = tab_bound(st, s->id, 0);
+    if (i < st->n && st->tab[i] == s) {
+        memmove(st->tab + i, st->tab + i + 1, (st->n - i - 1) * sizeof *st->tab);
+        st->n--;
+    }
+}
+
+/* Waits while s is under store I/O. Returns s, or NULL if it vanished. */
+static srv_session_t *find_settled(srv_store_t *st, const char *id)
+{
+    for (;;) {
+        srv_session_t *s = tab_find(st, id);
+        if (!s || !s->io)
+            return s;
+        pthread_cond_wait(&st->cv, &st->mu);
+    }
+}
+
+/* ---- compute contexts ---- */
+
+static void ctx_free(srv_seq_ctx_t *c)
+{
+    core_attn_state_free(c->state);
+    core_sampler_free(c->sampler);
+    free(c->pending);
+    memset(c, 0, sizeof *c);
+}
+
+/* Fresh empty context: state of the model's attention, default sampler with
+ * a random seed (sessions that never set a seed must not share one stream). */
+static int ctx_new(srv_store_t *st, srv_seq_ctx_t *c)
+{
+    memset(c, 0, sizeof *c);
+    core_error_t e = {0};
+    core_sample_params_t p;
+    core_sample_params_default(&p);
+    if (random_bytes(&p.seed, sizeof p.seed) < 0)
+        p.seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)c;
+    if (core_attn_state_new(st->attn, &c->state, &e) < 0 ||
+        core_sampler_new(&p, &c->sampler, &e) < 0) {
+        ctx_free(c);
+        return fail(SRV_STORE_ENOMEM, "new session state: %s", e.msg);
+    }
+    return 0;
+}
+
+static size_t ctx_mem(const srv_seq_ctx_t *c)
+{
+    return sizeof(srv_session_t) + core_attn_state_bytes(c->state) + core_sampler_state_size() +
+           c->n_pending * sizeof(int32_t);
+}
+
+static int64_t ctx_tokens(const srv_seq_ctx_t *c)
+{
+    return core_attn_state_pos(c->state) + (int64_t)c->n_pending;
+}
+
+/* Caller holds mu. Re-reads the size and token count of a session in memory. */
+static void refresh(srv_store_t *st, srv_session_t *s)
+{
+    if (!s->ctx.state)
+        return;
+    size_t m = ctx_mem(&s->ctx);
+    st->mem_bytes = st->mem_bytes - s->mem_bytes + m;
+    s->mem_bytes = m;
+    s->tokens = ctx_tokens(&s->ctx);
+    s->state_bytes = core_state_size(s->ctx.state, s->ctx.sampler, s->ctx.n_pending, OWNER_BYTES);
+}
+
+/* Caller holds mu. Frees a session's context and its accounting (not n_mem
+ * reservations: the caller adjusts those). */
+static void drop_memory(srv_store_t *st, srv_session_t *s)
+{
+    if (!s->ctx.state)
+        return;
+    st->mem_bytes -= s->mem_bytes;
+    st->n_mem--;
+    s->mem_bytes = 0;
+    ctx_free(&s->ctx);
+}
+
+/* ---- blobs ---- */
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+static void put_i64(unsigned char *p, int64_t v)
+{
+    put_u32(p, (uint32_t)((uint64_t)v & 0xffffffffu));
+    put_u32(p + 4, (uint32_t)((uint64_t)v >> 32));
+}
+
+static int64_t get_i64(const unsigned char *p)
+{
+    return (int64_t)((uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32);
+}
+
+typedef struct owner {
+    int64_t created, last_used;
+    int turn_open, has_chat;
+} owner_t;
+
+static int owner_parse(const void *p, size_t n, owner_t *o)
+{
+    const unsigned char *b = p;
+    if (!p || n != OWNER_BYTES || get_u32(b) != OWNER_VERSION || get_u32(b + 4) > 3)
+        return -1;
+    uint32_t f = get_u32(b + 4);
+    o->turn_open = (int)(f & 1u);
+    o->has_chat = (int)((f >> 1) & 1u);
+    o->created = get_i64(b + 8);
+    o->last_used = get_i64(b + 16);
+    return 0;
+}
+
+/* The blob of session s with context c (new malloc'd *out). s must be held
+ * (busy or io); c is s->ctx or the context about to become it. */
+static int serialize_ctx(const srv_store_t *st, const srv_session_t *s, const srv_seq_ctx_t *c,
+                         unsigned char **out, size_t *len)
+{
+    unsigned char own[OWNER_BYTES];
+    put_u32(own, OWNER_VERSION);
+    put_u32(own + 4, (uint32_t)(s->turn_open ? 1 : 0) | (uint32_t)(s->has_chat ? 2 : 0));
+    put_i64(own + 8, s->created);
+    put_i64(own + 16, s->last_used);
+    size_t n = core_state_size(c->state, c->sampler, c->n_pending, OWNER_BYTES);
+    if (n == 0)
+        return fail(SRV_STORE_EINVAL, "session %s: state too large to save (%zu pending tokens)",
+                    s->id, c->n_pending);
+    unsigned char *buf = malloc(n);
+    if (!buf)
+        return fail(SRV_STORE_ENOMEM, "session %s: out of memory for a %zu-byte state", s->id, n);
+    core_state_desc_t d = {.fingerprint = st->fp, .state = c->state, .sampler = c->sampler,
+                           .pending = c->pending, .n_pending = c->n_pending, .owner = own,
+                           .owner_len = OWNER_BYTES};
+    core_error_t e = {0};
+    if (core_state_save(&d, buf, n, len, &e) < 0) {
+        free(buf);
+        return fail(SRV_STORE_EINVAL, "session %s: %s", s->id, e.msg);
+    }
+    *out = buf;
+    return 0;
+}
+
+static int serialize(const srv_store_t *st, const srv_session_t *s, unsigned char **out,
+                     size_t *len)
+{
+    return serialize_ctx(st, s, &s->ctx, out, len);
+}
+
+/* Restores blob into c (a session's context, or a fresh one): on error c is
+ * unchanged. The pending tokens are checked against the vocabulary before
+ * anything is replaced. Codes: EMISMATCH (the blob is not for here or is
+ * damaged; message from core), ENOMEM. *o gets the owner section if valid
+ * (returns 1 then, else 0 with *o untouched). */
+static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_ctx_t *c,
+                   owner_t *o, int *have_owner)
+{
+    core_error_t e = {0};
+    core_state_info_t in;
+    *have_owner = 0;
+    if (core_state_peek(b, len, &in, NULL) == 0 && in.total == len) {
+        size_t off = in.owner_off + in.owner_len;
+        for (size_t i = 0; i < in.n_pending; i++) {
+            uint32_t t = get_u32(b + off + 4 * i);
+            if (t >= (uint32_t)st->n_vocab) {
+                /* Damage or another model explains it better, if either applies. */
+                if (core_state_verify(b, len, st->fp, st->attn, &e) < 0)
+                    return fail(SRV_STORE_EMISMATCH, "%s", e.msg);
+                return fail(SRV_STORE_EMISMATCH, "pending token %zu has id %u, the vocabulary "
+                            "has %d", i, t, st->n_vocab);
+            }
+        }
+    }
+    int32_t *pend = NULL;
+    size_t np = 0, ol = 0;
+    const void *own = NULL;
+    int rc = core_state_load(b, len, st->fp, c->state, c->sampler, &pend, &np, &own, &ol, &e);
+    if (rc < 0)
+        return fail(rc == CORE_ENOMEM ? SRV_STORE_ENOMEM : SRV_STORE_EMISMATCH, "%s", e.msg);
+    free(c->pending);
+    c->pending = pend;
+    c->n_pending = np;
+    if (owner_parse(own, ol, o) == 0)
+        *have_owner = 1;
+    return 0;
+}
+
+/* ---- files ---- */
+
+static ssize_t do_write(srv_store_t *st, int fd, const void *p, size_t n)
+{
+    return st->write_fn ? st->write_fn(fd, p, n, st->write_ud) : write(fd, p, n);
+}
+
+/* Atomic replace of file id: tmp, fsync, rename, fsync of the directory. On
+ * failure the previous file is untouched and the temp file removed. */
+static int write_file(srv_store_t *st, const char *id, const unsigned char *buf, size_t len)
+{
+    char tmp[ID_LEN + sizeof TMP_SUFFIX], eb[128];
+    snprintf(tmp, sizeof tmp, "%s" TMP_SUFFIX, id);
+    int fd = openat(st->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return fail(SRV_STORE_EIO, "cannot create %s/%s: %s", st->dir, tmp,
+                    errstr(errno, eb, sizeof eb));
+    const char *what = "writing";
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = do_write(st, fd, buf + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (w == 0)
+                errno = ENOSPC;
+            goto fail;
+        }
+        off += (size_t)w;
+    }
+    what = "syncing";
+    if (fsync(fd) < 0)
+        goto fail;
+    what = "closing";
+    int cr = close(fd);
+    fd = -1;
+    if (cr < 0)
+        goto fail;
+    what = "renaming";
+    if (renameat(st->dirfd, tmp, st->dirfd, id) < 0)
+        goto fail;
+    if (fsync(st->dirfd) < 0)
+        return fail(SRV_STORE_EIO, "syncing directory %s after writing %s: %s", st->dir, id,
+                    errstr(errno, eb, sizeof eb));
+    return 0;
+fail:;
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    unlinkat(st->dirfd, tmp, 0);
+    return fail(SRV_STORE_EIO, "%s %s/%s: %s (the previous file is kept)", what, st->dir, tmp,
+                errstr(e, eb, sizeof eb));
+}
+
+/* Whole file id (new malloc'd *out). ENOTFOUND if it is gone, EIO else. */
+static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_t *len)
+{
+    char eb[128];
+    int fd = openat(st->dirfd, id, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return fail(errno == ENOENT ? SRV_STORE_ENOTFOUND : SRV_STORE_EIO, "opening %s/%s: %s",
+                    st->dir, id, errstr(errno, eb, sizeof eb));
+    struct stat sb;
+    unsigned char *buf = NULL;
+    if (fstat(fd, &sb) < 0) {
+        int e = errno;
+        close(fd);
+        return fail(SRV_STORE_EIO, "stat %s/%s: %s", st->dir, id, errstr(e, eb, sizeof eb));
+    }
+    if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > st->max_blob) {
+        close(fd);
+        return fail(SRV_STORE_EIO, "%s/%s: not a regular file of at most %zu bytes", st->dir, id,
+                    st->max_blob);
+    }
+    size_t n = (size_t)sb.st_size, off = 0;
+    buf = malloc(n ? n : 1);
+    if (!buf) {
+        close(fd);
+        return fail(SRV_STORE_ENOMEM, "out of memory reading %zu bytes of %s/%s", n, st->dir, id);
+    }
+    while (off < n) {
+        ssize_t r = pread(fd, buf + off, n - off, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r == 0 ? EIO : errno;
+            close(fd);
+            free(buf);
+            return fail(SRV_STORE_EIO, "reading %s/%s: %s", st->dir, id,
+                        r == 0 ? "file shrank while reading" : errstr(e, eb, sizeof eb));
+        }
+        off += (size_t)r;
+    }
+    close(fd);
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+/* Loads session file id into a fresh context *c. */
+static int load_file(srv_store_t *st, const char *id, srv_seq_ctx_t *c)
+{
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int rc = read_file(st, id, &buf, &len);
+    if (rc < 0)
+        return rc;
+    if ((rc = ctx_new(st, c)) == 0) {
+        owner_t o;
+        int have;
+        rc = restore(st, buf, len, c, &o, &have);
+        if (rc < 0) {
+            ctx_free(c);
+            if (rc != SRV_STORE_ENOMEM) {
+                char msg[sizeof tl_err];
+                snprintf(msg, sizeof msg, "%s", tl_err);
+                rc = fail(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, id, msg);
+            }
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+/* ---- eviction (caller holds mu; released around the I/O) ---- */
+
+static srv_session_t *lru_victim(const srv_store_t *st)
+{
+    srv_session_t *v = NULL;
+    for (size_t i = 0; i < st->n; i++) {
+        srv_session_t *s = st->tab[i];
+        if (s->ctx.state && !s->busy && !s->io && (!v || s->tick < v->tick))
+            v = s;
+    }
+    return v;
+}
+
+/* Writes s if it changed (s idle, in memory), under the io mark. */
+static int write_marked(srv_store_t *st, srv_session_t *s)
+{
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    s->io = 1;
+    pthread_mutex_unlock(&st->mu);
+    int rc = serialize(st, s, &buf, &len);
+    if (rc == 0)
+        rc = write_file(st, s->id, buf, len);
+    free(buf);
+    pthread_mutex_lock(&st->mu);
+    if (rc == 0) {
+        if (!s->on_disk)
+            st->n_disk++;
+        s->on_disk = 1;
+        s->dirty = 0;
+        s->state_bytes = len;
+    }
+    s->io = 0;
+    pthread_cond_broadcast(&st->cv);
+    return rc;
+}
+
+static int evict(srv_store_t *st, srv_session_t *s)
+{
+    if (s->dirty || !s->on_disk) {
+        int rc = write_marked(st, s);
+        if (rc < 0)
+            return rc;
+        /* Someone may have acquired it after the write: then it stays. */
+        if (s->busy || s->io || s->dirty)
+            return 0;
+    }
+    drop_memory(st, s);
+    return 0;
+}
+
+/* Evicts least recently used idle sessions until the bounds hold with
+ * `need` more sessions in memory. With need, failing to make room is
+ * SRV_STORE_EFULL; the byte bound is a target (busy sessions stay). */
+static int make_room(srv_store_t *st, size_t need)
+{
+    for (;;) {
+        int over_n = st->max_sessions && st->n_mem + need > st->max_sessions;
+        int over_b = st->max_bytes && st->mem_bytes > st->max_bytes;
+        if (!over_n && !over_b)
+            return 0;
+        srv_session_t *v = st->dirfd >= 0 ? lru_victim(st) : NULL;
+        if (!v) {
+            if (over_n && need)
+                return fail(SRV_STORE_EFULL, "%zu sessions in memory (the maximum is %zu) and "
+                            "none can be moved to disk", st->n_mem, st->max_sessions);
+            return 0;
+        }
+        int rc = evict(st, v);
+        if (rc < 0)
+            return rc;
+        if (v->ctx.state)
+            return 0; /* taken meanwhile; do not spin on it */
+    }
+}
+
+/* ---- store ---- */
+
+static int mkdirs(const char *path, char *eb, size_t ebn)
+{
+    char *p = strdup(path);
+    if (!p)
+        return fail(SRV_STORE_ENOMEM, "out of memory");
+    for (char *q = p + 1;; q++) {
+        if (*q == '/' || *q == '\0') {
+            char c = *q;
+            *q = '\0';
+            if (mkdir(p, 0700) < 0 && errno != EEXIST) {
+                int rc = fail(SRV_STORE_EIO, "cannot create directory %s: %s", p,
+                              errstr(errno, eb, ebn));
+                free(p);
+                return rc;
+            }
+            *q = c;
+            if (c == '\0')
+                break;
+        }
+    }
+    free(p);
+    return 0;
+}
+
+static size_t sat_mul(size_t a, size_t b)
+{
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
+static size_t sat_add(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
+/* Upper bound of any blob of this configuration (payloads in attn_*.c). */
+static size_t max_blob_bytes(const core_attn_cfg_t *c)
+{
+    size_t L = (size_t)c->n_layer, kv = sat_mul((size_t)c->n_head_kv, (size_t)c->head_dim);
+    size_t payload;
+    if (c->kind == CORE_ATTN_EXACT) {
+        payload = sat_mul(sat_mul(2 * L, (size_t)c->max_ctx), sat_mul(kv, sizeof(float)));
+    } else {
+        size_t nz = sat_mul(sat_mul(L, (size_t)c->n_head_kv), (size_t)c->n_features);
+        payload = sat_add(sat_mul(nz, 16), sat_mul(sat_mul(nz, (size_t)c->head_dim), 8));
+        payload = sat_add(payload, sat_mul(sat_mul(2 * L, (size_t)c->window), sat_mul(kv, 4)));
+        payload = sat_add(payload, 8);
+    }
+    size_t fixed = CORE_STATE_HEADER_BYTES + CORE_STATE_MAX_OWNER + 4 * CORE_STATE_MAX_PENDING +
+                   core_sampler_state_size() + 4;
+    return sat_add(fixed, payload);
+}
+
+/* Registers the session files found in the directory; deletes crash
+ * leftovers. Files that are not ours or not for this model are left alone. */
+static int scan_dir(srv_store_t *st)
+{
+    char eb[128];
+    int fd2 = dup(st->dirfd);
+    DIR *d = fd2 >= 0 ? fdopendir(fd2) : NULL;
+    if (!d) {
+        if (fd2 >= 0)
+            close(fd2);
+        return fail(SRV_STORE_EIO, "cannot list %s: %s", st->dir, errstr(errno, eb, sizeof eb));
+    }
+    size_t head_cap = CORE_STATE_HEADER_BYTES + CORE_STATE_MAX_OWNER;
+    unsigned char *head = malloc(head_cap);
+    int rc = head ? 0 : fail(SRV_STORE_ENOMEM, "out of memory");
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        const char *name = de->d_name;
+        size_t nl = strlen(name);
+        char id[ID_LEN + 1];
+        if (nl == ID_LEN + strlen(TMP_SUFFIX) && strcmp(name + ID_LEN, TMP_SUFFIX) == 0) {
+            memcpy(id, name, ID_LEN);
+            id[ID_LEN] = '\0';
+            if (srv_session_id_valid(id))
+                unlinkat(st->dirfd, name, 0); /* a write that never reached its rename */
+            continue;
+        }
+        if (!srv_session_id_valid(name))
+            continue;
+        int fd = openat(st->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat sb;
+        if (fd < 0)
+            continue;
+        if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+            close(fd);
+            continue;
+        }
+        size_t want = (uint64_t)sb.st_size < head_cap ? (size_t)sb.st_size : head_cap, got = 0;
+        while (got < want) {
+            ssize_t r = pread(fd, head + got, want - got, (off_t)got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        close(fd);
+        core_state_info_t in;
+        if (core_state_peek(head, got, &in, NULL) < 0 || in.total != (size_t)sb.st_size ||
+            strcmp(in.fingerprint, st->fp) != 0)
+            continue;
+        owner_t o = {.created = (int64_t)sb.st_mtime, .last_used = (int64_t)sb.st_mtime};
+        if (in.owner_off + in.owner_len <= got)
+            owner_parse(head + in.owner_off, in.owner_len, &o);
+        srv_session_t *s = calloc(1, sizeof *s);
+        if (!s || (rc = tab_reserve(st)) < 0) {
+            free(s);
+            rc = rc < 0 ? rc : fail(SRV_STORE_ENOMEM, "out of memory");
+            break;
+        }
+        s->st = st;
+        memcpy(s->id, name, ID_LEN + 1);
+        s->created = o.created;
+        s->last_used = o.last_used;
+        s->turn_open = o.turn_open;
+        s->has_chat = o.has_chat;
+        s->tokens = in.pos + (int64_t)in.n_pending;
+        s->state_bytes = in.total;
+        s->on_disk = 1;
+        st->tab[st->n++] = s;
+        st->n_disk++;
+    }
+    free(head);
+    closedir(d);
+    return rc;
+}
+
+static int cmp_session(const void *a, const void *b)
+{
+    const srv_session_t *x = *(const srv_session_t *const *)a, *y = *(const srv_session_t *const *)b;
+    return strcmp(x->id, y->id);
+}
+
+static int open_dir(srv_store_t *st)
+{
+    char eb[128];
+    int rc = mkdirs(st->dir, eb, sizeof eb);
+    if (rc < 0)
+        return rc;
+    st->dirfd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (st->dirfd < 0)
+        return fail(SRV_STORE_EIO, "cannot open session directory %s: %s", st->dir,
+                    errstr(errno, eb, sizeof eb));
+    st->lockfd = openat(st->dirfd, LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (st->lockfd < 0)
+        return fail(SRV_STORE_EIO, "cannot write in session directory %s: %s", st->dir,
+                    errstr(errno, eb, sizeof eb));
+    if (flock(st->lockfd, LOCK_EX | LOCK_NB) < 0)
+        return fail(SRV_STORE_EIO, "session directory %s is in use by another process (%s)",
+                    st->dir, errstr(errno, eb, sizeof eb));
+    /* Permissions alone do not tell (root, read-only mounts): try a write. */
+    int pfd = openat(st->dirfd, PROBE_NAME, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                     0600);
+    if (pfd < 0 || write(pfd, "x", 1) != 1) {
+        int e = errno;
+        if (pfd >= 0)
+            close(pfd);
+        unlinkat(st->dirfd, PROBE_NAME, 0);
+        return fail(SRV_STORE_EIO, "cannot write in session directory %s: %s", st->dir,
+                    errstr(e, eb, sizeof eb));
+    }
+    close(pfd);
+    unlinkat(st->dirfd, PROBE_NAME, 0);
+    if ((rc = scan_dir(st)) < 0)
+        return rc;
+    if (st->n > 1)
+        qsort(st->tab, st->n, sizeof *st->tab, cmp_session);
+    return 0;
+}
+
+int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_t errlen)
+{
+    int rc;
+    srv_store_t *st = NULL;
+    if (out)
+        *out = NULL;
+    if (!o || !o->model || !out) {
+        rc = fail(SRV_STORE_EINVAL, "session store: no options, model or output");
+        goto fail;
+    }
+    const char *fp = o->fingerprint ? o->fingerprint : core_model_info(o->model)->fingerprint;
+    if (strlen(fp) > CORE_STATE_FINGERPRINT_MAX || o->ttl_s < 0) {
+        rc = fail(SRV_STORE_EINVAL, "session store: fingerprint over %d chars or negative TTL",
+                  CORE_STATE_FINGERPRINT_MAX);
+        goto fail;
+    }
+    st = calloc(1, sizeof *st);
+    if (!st) {
+        rc = fail(SRV_STORE_ENOMEM, "out of memory for the session store");
+        goto fail;
+    }
+    st->dirfd = st->lockfd = -1;
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    st->model = o->model;
+    st->attn = core_model_attn(o->model);
+    snprintf(st->fp, sizeof st->fp, "%s", fp);
+    st->n_vocab = core_model_info(o->model)->n_vocab;
+    st->max_sessions = o->max_sessions;
+    st->max_bytes = o->max_bytes;
+    st->ttl_s = o->ttl_s;
+    st->max_blob = max_blob_bytes(core_attn_config(st->attn));
+    if (o->dir && o->dir[0]) {
+        st->dir = strdup(o->dir);
+        if (!st->dir) {
+            rc = fail(SRV_STORE_ENOMEM, "out of memory");
+            goto fail;
+        }
+        if ((rc = open_dir(st)) < 0)
+            goto fail;
+    }
+    *out = st;
+    return 0;
+fail:
+    if (err && errlen)
+        snprintf(err, errlen, "%s", tl_err);
+    srv_store_free(st);
+    return rc;
+}
+
+void srv_store_free(srv_store_t *st)
+{
+    if (!st)
+        return;
+    for (size_t i = 0; i < st->n; i++) {
+        ctx_free(&st->tab[i]->ctx);
+        free(st->tab[i]);
+    }
+    free(st->tab);
+    if (st->lockfd >= 0)
+        close(st->lockfd);
+    if (st->dirfd >= 0)
+        close(st->dirfd);
+    free(st->dir);
+    pthread_cond_destroy(&st->cv);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+}
+
+void srv_store_set_write_fn(srv_store_t *st, srv_store_write_fn fn, void *ud)
+{
+    pthread_mutex_lock(&st->mu);
+    st->write_fn = fn;
+    st->write_ud = ud;
+    pthread_mutex_unlock(&st->mu);
+}
+
+size_t srv_store_max_blob(const srv_store_t *st)
+{
+    return st->max_blob;
+}
+
+/* ---- sessions ---- */
+
+int srv_store_create(srv_store_t *st, srv_session_t **out)
+{
+    *out = NULL;
+    srv_session_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return fail(SRV_STORE_ENOMEM, "out of memory for a session");
+    int rc = ctx_new(st, &s->ctx);
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
+    s->st = st;
+    s->created = s->last_used = (int64_t)time(NULL);
+    s->busy = 1;
+    s->dirty = 1;
+    pthread_mutex_lock(&st->mu);
+    if ((rc = make_room(st, 1)) < 0)
+        goto fail;
+    do {
+        if ((rc = new_id(s->id)) < 0)
+            goto fail;
+    } while (tab_find(st, s->id));
+    if ((rc = tab_insert(st, s)) < 0)
+        goto fail;
+    s->tick = ++st->tick;
+    s->mem_bytes = ctx_mem(&s->ctx);
+    st->mem_bytes += s->mem_bytes;
+    st->n_mem++;
+    s->tokens = 0;
+    s->state_bytes = core_state_size(s->ctx.state, s->ctx.sampler, 0, OWNER_BYTES);
+    pthread_mutex_unlock(&st->mu);
+    *out = s;
+    return 0;
+fail:
+    pthread_mutex_unlock(&st->mu);
+    ctx_free(&s->ctx);
+    free(s);
+    return rc;
+}
+
+/* Caller holds mu and s busy, s not in memory: loads it (mu released around
+ * the I/O). On ENOTFOUND (file gone) the entry is removed and freed. */
+static int bring_in(srv_store_t *st, srv_session_t *s)
+{
+    int rc = make_room(st, 1);
+    if (rc < 0)
+        return rc;
+    st->n_mem++; /* reserved while loading */
+    pthread_mutex_unlock(&st->mu);
+    srv_seq_ctx_t c;
+    char id[ID_LEN + 1];
+    memcpy(id, s->id, sizeof id);
+    rc = load_file(st, id, &c);
+    pthread_mutex_lock(&st->mu);
+    if (rc < 0) {
+        st->n_mem--;
+        if (rc == SRV_STORE_ENOTFOUND) {
+            tab_remove(st, s);
+            st->n_disk--;
+            free(s);
+        }
+        return rc;
+    }
+    s->ctx = c;
+    s->mem_bytes = 0;
+    refresh(st, s);
+    return 0;
+}
+
+int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out)
+{
+    *out = NULL;
+    if (!srv_session_id_valid(id))
+        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    pthread_mutex_lock(&st->mu);
+    srv_session_t *s = find_settled(st, id);
+    int rc = 0;
+    if (!s) {
+        rc = fail(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        goto out;
+    }
+    if (s->busy) {
+        rc = fail(SRV_STORE_EBUSY, "session %s is busy", id);
+        goto out;
+    }
+    s->busy = 1;
+    s->tick = ++st->tick;
+    if (!s->ctx.state && (rc = bring_in(st, s)) < 0) {
+        if (rc != SRV_STORE_ENOTFOUND)
+            s->busy = 0;
+        goto out;
+    }
+    *out = s;
+out:
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
+{
+    if (!st || !s || !s->busy)
+        return fail(SRV_STORE_EINVAL, "release of a session that is not held");
+    int rc = 0;
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int write = persist && st->dirfd >= 0;
+    if (write) {
+        rc = serialize(st, s, &buf, &len);
+        if (rc == 0)
+            rc = write_file(st, s->id, buf, len);
+        free(buf);
+    }
+    pthread_mutex_lock(&st->mu);
+    refresh(st, s);
+    if (write) {
+        if (rc == 0) {
+            if (!s->on_disk)
+                st->n_disk++;
+            s->on_disk = 1;
+            s->dirty = 0;
+        } else {
+            s->dirty = 1;
+        }
+    }
+    s->busy = 0;
+    s->tick = ++st->tick;
+    /* Another session failing to spill is the sweep's error to report, not
+     * this release's: this session's own write is what the caller asked. */
+    char keep[sizeof tl_err];
+    snprintf(keep, sizeof keep, "%s", tl_err);
+    if (make_room(st, 0) < 0)
+        snprintf(tl_err, sizeof tl_err, "%s", keep);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+/* Caller holds mu, s idle: removes s (file first, so a failure keeps it). */
+static int remove_session(srv_store_t *st, srv_session_t *s)
+{
+    if (s->on_disk && unlinkat(st->dirfd, s->id, 0) < 0 && errno != ENOENT) {
+        char eb[128];
+        return fail(SRV_STORE_EIO, "deleting %s/%s: %s", st->dir, s->id,
+                    errstr(errno, eb, sizeof eb));
+    }
+    if (s->on_disk)
+        st->n_disk--;
+    drop_memory(st, s);
+    tab_remove(st, s);
+    free(s);
+    return 0;
+}
+
+int srv_store_delete(srv_store_t *st, const char *id)
+{
+    if (!srv_session_id_valid(id))
+        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    pthread_mutex_lock(&st->mu);
+    srv_session_t *s = find_settled(st, id);
+    int rc;
+    if (!s)
+        rc = fail(SRV_STORE_ENOTFOUND, "session %s not found", id);
+    else if (s->busy)
+        rc = fail(SRV_STORE_EBUSY, "session %s is busy", id);
+    else
+        rc = remove_session(st, s);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+static void fill_info(const srv_session_t *s, srv_session_info_t *o)
+{
+    memset(o, 0, sizeof *o);
+    memcpy(o->id, s->id, sizeof o->id);
+    o->tokens = s->tokens;
+    o->state_bytes = s->state_bytes;
+    o->created = s->created;
+    o->last_used = s->last_used;
+    o->on_disk = s->on_disk;
+    o->in_memory = s->ctx.state != NULL;
+    o->busy = s->busy;
+}
+
+int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out)
+{
+    if (!srv_session_id_valid(id))
+        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    pthread_mutex_lock(&st->mu);
+    srv_session_t *s = tab_find(st, id);
+    if (s)
+        fill_info(s, out);
+    pthread_mutex_unlock(&st->mu);
+    return s ? 0 : fail(SRV_STORE_ENOTFOUND, "session %s not found", id);
+}
+
+int srv_store_list(srv_store_t *st, const char *after, size_t limit, srv_session_info_t *out,
+                   size_t *n, int *has_more)
+{
+    *n = 0;
+    *has_more = 0;
+    if (limit && !out)
+        return fail(SRV_STORE_EINVAL, "list: no output array");
+    pthread_mutex_lock(&st->mu);
+    size_t i = after && after[0] ? tab_bound(st, after, 1) : 0;
+    for (; i < st->n && *n < limit; i++)
+        fill_info(st->tab[i], &out[(*n)++]);
+    *has_more = i < st->n;
+    pthread_mutex_unlock(&st->mu);
+    return 0;
+}
+
+/* Caller holds mu: takes session id for a store operation (busy). */
+static int take(srv_store_t *st, const char *id, srv_session_t **out)
+{
+    srv_session_t *s = find_settled(st, id);
+    if (!s)
+        return fail(SRV_STORE_ENOTFOUND, "session %s not found", id);
+    if (s->busy)
+        return fail(SRV_STORE_EBUSY, "session %s is busy", id);
+    s->busy = 1;
+    *out = s;
+    return 0;
+}
+
+static void give_back(srv_store_t *st, srv_session_t *s)
+{
+    s->busy = 0;
+    pthread_cond_broadcast(&st->cv);
+}
+
+/* c = independent copy of the context of src (in memory). */
+static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
+{
+    int rc = ctx_new(st, c);
+    if (rc < 0)
+        return rc;
+    core_error_t e = {0};
+    core_sampler_t *smp = NULL;
+    if (core_attn_state_copy(c->state, src->state, &e) < 0 ||
+        (src->sampler && core_sampler_clone(src->sampler, &smp, &e) < 0)) {
+        ctx_free(c);
+        return fail(SRV_STORE_ENOMEM, "copying a session: %s", e.msg);
+    }
+    if (smp) {
+        core_sampler_free(c->sampler);
+        c->sampler = smp;
+    }
+    if (src->n_pending) {
+        c->pending = malloc(src->n_pending * sizeof *c->pending);
+        if (!c->pending) {
+            ctx_free(c);
+            return fail(SRV_STORE_ENOMEM, "out of memory copying pending tokens");
+        }
+        memcpy(c->pending, src->pending, src->n_pending * sizeof *c->pending);
+        c->n_pending = src->n_pending;
+    }
+    return 0;
+}
+
+int srv_store_fork(srv_store_t *st, const char *id, char out_id[SRV_SESSION_ID_LEN + 1])
+{
+    if (!srv_session_id_valid(id))
+        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    srv_session_t *ns = calloc(1, sizeof *ns), *src = NULL;
+    if (!ns)
+        return fail(SRV_STORE_ENOMEM, "out of memory for a session");
+    pthread_mutex_lock(&st->mu);
+    int rc = take(st, id, &src);
+    if (rc < 0) {
+        pthread_mutex_unlock(&st->mu);
+        free(ns);
+        return rc;
+    }
+    if ((rc = make_room(st, 1)) < 0)
+        goto fail_locked;
+    do {
+        if ((rc = new_id(ns->id)) < 0)
+            goto fail_locked;
+    } while (tab_find(st, ns->id));
+    if ((rc = tab_insert(st, ns)) < 0)
+        goto fail_locked;
+    ns->st = st;
+    ns->busy = 1;
+    ns->created = ns->last_used = (int64_t)time(NULL);
+    ns->turn_open = src->turn_open;
+    ns->has_chat = src->has_chat;
+    ns->dirty = 1;
+    st->n_mem++; /* reserved while copying */
+    pthread_mutex_unlock(&st->mu);
+
+    srv_seq_ctx_t c;
+    rc = src->ctx.state ? ctx_copy(st, &src->ctx, &c) : load_file(st, src->id, &c);
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    if (rc == 0 && st->dirfd >= 0) {
+        rc = serialize_ctx(st, ns, &c, &buf, &len);
+        if (rc == 0)
+            rc = write_file(st, ns->id, buf, len);
+        free(buf);
+        if (rc < 0)
+            ctx_free(&c);
+    }
+
+    pthread_mutex_lock(&st->mu);
+    give_back(st, src);
+    if (rc < 0) {
+        st->n_mem--;
+        tab_remove(st, ns);
+        free(ns);
+        pthread_mutex_unlock(&st->mu);
+        return rc;
+    }
+    ns->ctx = c;
+    if (st->dirfd >= 0) {
+        ns->on_disk = 1;
+        ns->dirty = 0;
+        st->n_disk++;
+    }
+    ns->mem_bytes = 0;
+    refresh(st, ns);
+    ns->busy = 0;
+    ns->tick = ++st->tick;
+    memcpy(out_id, ns->id, ID_LEN + 1);
+    make_room(st, 0);
+    pthread_mutex_unlock(&st->mu);
+    return 0;
+fail_locked:
+    give_back(st, src);
+    pthread_mutex_unlock(&st->mu);
+    free(ns);
+    return rc;
+}
+
+int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
+{
+    *blob = NULL;
+    *len = 0;
+    if (!srv_session_id_valid(id))
+        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    srv_session_t *s = NULL;
+    pthread_mutex_lock(&st->mu);
+    int rc = take(st, id, &s);
+    pthread_mutex_unlock(&st->mu);
+    if (rc < 0)
+        return rc;
+    unsigned char *buf = NULL;
+    size_t n = 0;
+    if (s->ctx.state) {
+        rc = serialize(st, s, &buf, &n);
+    } else if ((rc = read_file(st, s->id, &buf, &n)) == 0) {
+        core_error_t e = {0};
+        if (core_state_verify(buf, n, st->fp, st->attn, &e) < 0) {
+            free(buf);
+            buf = NULL;
+            rc = fail(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, s->id, e.msg);
+        }
+    }
+    pthread_mutex_lock(&st->mu);
+    give_back(st, s);
+    pthread_mutex_unlock(&st->mu);
+    if (rc < 0)
+        return rc;
+    *blob = buf;
+    *len = n;
+    return 0;
+}
+
+int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t len, char *err,
+                     size_t errlen)
+{
+    int rc;
+    srv_session_t *s = NULL;
+    int reserved = 0;
+    if (!srv_session_id_valid(id)) {
+        rc = fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        goto out;
+    }
+    if (!blob || len > st->max_blob) {
+        rc = fail(SRV_STORE_EMISMATCH, "state blob of %zu bytes is larger than any state of this "
+                  "server (%zu)", len, st->max_blob);
+        goto out;
+    }
+    pthread_mutex_lock(&st->mu);
+    rc = take(st, id, &s);
+    if (rc == 0 && !s->ctx.state) {
+        /* Evicted: the blob goes into a fresh context, swapped in below. */
+        if ((rc = make_room(st, 1)) < 0) {
+            give_back(st, s);
+        } else {
+            reserved = 1;
+            st->n_mem++;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (rc < 0)
+        goto out;
+
+    srv_seq_ctx_t fresh = {0}, *c = &s->ctx;
+    owner_t o = {0};
+    int have = 0, written = 0;
+    if (reserved) {
+        if ((rc = ctx_new(st, &fresh)) < 0)
+            goto done;
+        c = &fresh;
+    }
+    if ((rc = restore(st, blob, len, c, &o, &have)) < 0) {
+        ctx_free(&fresh);
+        goto done;
+    }
+    pthread_mutex_lock(&st->mu);
+    s->turn_open = have ? o.turn_open : 0;
+    s->has_chat = have ? o.has_chat : 0;
+    s->last_used = (int64_t)time(NULL);
+    pthread_mutex_unlock(&st->mu);
+    if (st->dirfd >= 0) {
+        unsigned char *buf = NULL;
+        size_t n = 0;
+        rc = serialize_ctx(st, s, c, &buf, &n);
+        if (rc == 0)
+            rc = write_file(st, s->id, buf, n);
+        free(buf);
+        written = rc == 0;
+    }
+    if (reserved) {
+        pthread_mutex_lock(&st->mu);
+        s->ctx = fresh;
+        s->mem_bytes = 0;
+        pthread_mutex_unlock(&st->mu);
+        reserved = 0; /* the reservation became the session's */
+    }
+    pthread_mutex_lock(&st->mu);
+    s->dirty = !written;
+    if (written && !s->on_disk) {
+        s->on_disk = 1;
+        st->n_disk++;
+    }
+    pthread_mutex_unlock(&st->mu);
+done:
+    pthread_mutex_lock(&st->mu);
+    if (reserved)
+        st->n_mem--;
+    refresh(st, s);
+    s->tick = ++st->tick;
+    give_back(st, s);
+    make_room(st, 0);
+    pthread_mutex_unlock(&st->mu);
+out:
+    if (rc < 0 && err && errlen)
+        snprintf(err, errlen, "%s", tl_err);
+    return rc;
+}
+
+int srv_store_sweep(srv_store_t *st, int64_t now)
+{
+    int first = 0;
+    pthread_mutex_lock(&st->mu);
+    if (st->ttl_s > 0) {
+        size_t i = 0;
+        while (i < st->n) {
+            srv_session_t *s = st->tab[i];
+            if (s->busy || s->io || now - s->last_used < st->ttl_s) {
+                i++;
+                continue;
+            }
+            int rc = remove_session(st, s);
+            if (rc < 0) {
+                if (!first)
+                    first = rc;
+                i++;
+            }
+        }
+    }
+    int rc = make_room(st, 0);
+    pthread_mutex_unlock(&st->mu);
+    return first ? first : rc;
+}
+
+int srv_store_flush(srv_store_t *st)
+{
+    int first = 0;
+    char cursor[ID_LEN + 1] = "";
+    pthread_mutex_lock(&st->mu);
+    if (st->dirfd >= 0) {
+        /* By id cursor: the table may change while a write runs unlocked. */
+        for (size_t i = 0; i < st->n; i = tab_bound(st, cursor, 1)) {
+            srv_session_t *s = st->tab[i];
+            memcpy(cursor, s->id, sizeof cursor);
+            if (!s->ctx.state || s->busy || s->io || (!s->dirty && s->on_disk))
+                continue;
+            int rc = write_marked(st, s);
+            if (rc < 0 && !first)
+                first = rc;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return first;
+}
+
+void srv_store_stats(srv_store_t *st, size_t *in_memory, size_t *on_disk, size_t *bytes)
+{
+    pthread_mutex_lock(&st->mu);
+    size_t m = 0;
+    for (size_t i = 0; i < st->n; i++)
+        m += st->tab[i]->ctx.state != NULL;
+    if (in_memory)
+        *in_memory = m;
+    if (on_disk)
+        *on_disk = st->n_disk;
+    if (bytes)
+        *bytes = st->mem_bytes;
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* ---- accessors ---- */
+
+const char *srv_session_id(const srv_session_t *s)
+{
+    return s->id;
+}
+
+srv_seq_ctx_t *srv_session_ctx(srv_session_t *s)
+{
+    return &s->ctx;
+}
+
+int srv_session_turn_open(const srv_session_t *s)
+{
+    return s->turn_open;
+}
+
+/* The flags are in the saved file: changing one makes the session dirty. */
+static void set_flag(srv_session_t *s, int *flag, int v)
+{
+    pthread_mutex_lock(&s->st->mu);
+    if (*flag != (v ? 1 : 0)) {
+        *flag = v ? 1 : 0;
+        s->dirty = 1;
+    }
+    pthread_mutex_unlock(&s->st->mu);
+}
+
+void srv_session_set_turn_open(srv_session_t *s, int open)
+{
+    set_flag(s, &s->turn_open, open);
+}
+
+int srv_session_has_chat(const srv_session_t *s)
+{
+    return s->has_chat;
+}
+
+void srv_session_set_has_chat(srv_session_t *s, int v)
+{
+    set_flag(s, &s->has_chat, v);
+}
+
+int64_t srv_session_tokens(const srv_session_t *s)
+{
+    return s->ctx.state ? ctx_tokens(&s->ctx) : s->tokens;
+}
+
+void srv_session_touch(srv_session_t *s)
+{
+    srv_store_t *st = s->st;
+    pthread_mutex_lock(&st->mu);
+    s->last_used = (int64_t)time(NULL);
+    s->dirty = 1;
+    s->tick = ++st->tick;
+    pthread_mutex_unlock(&st->mu);
+}

@@ -1,0 +1,190 @@
+/* server/sessions.h — the session store: every session's compute context,
+ * in memory (LRU bounded by count and bytes) and persisted in a directory.
+ *
+ * A session is a conversation the client continues by id: its attention
+ * state, sampler (RNG + penalty history) and pending tokens (server/engine.h,
+ * srv_seq_ctx_t), plus a little metadata. Its file in the session directory
+ * is the core/state.h blob named by the id, whose owner section holds
+ * {created, last_used, turn_open, has_chat}; writes are atomic (temp file,
+ * fsync, rename, fsync of the directory), so a crash leaves either the old or
+ * the new file, never a torn one. A restarted server finds its sessions in
+ * the directory (files for another model are left alone and not listed).
+ *
+ * ## Busy
+ * A session is *busy* while a caller holds it (srv_store_create /
+ * srv_store_acquire until srv_store_release) and while fork / export /
+ * import work on it. Another acquire, delete, fork, export or import of a
+ * busy session fails with SRV_STORE_EBUSY (HTTP 409). The store's own
+ * maintenance (eviction, flush) never makes a session busy: a caller that
+ * meets it waits for that one write to finish.
+ *
+ * ## Memory
+ * max_sessions bounds the sessions held in memory, max_bytes their memory
+ * (attention state + pending + sampler). Past either bound, the least
+ * recently used idle sessions are evicted: written (if they changed since
+ * their last write) and freed; acquiring one loads it back. Sessions held
+ * busy are never evicted, so max_bytes can be exceeded while they are; when
+ * max_sessions sessions are all busy (or there is no directory to evict to),
+ * creating or loading another is SRV_STORE_EFULL.
+ *
+ * ## Threads
+ * Every function is thread-safe (one mutex; disk I/O runs outside it, on a
+ * session made busy or marked for I/O) and may block on disk I/O. The
+ * accessors srv_session_* are for the caller holding the session busy.
+ *
+ * ## Errors
+ * Functions return 0 or a negative SRV_STORE_E* code; srv_store_last_error()
+ * gives the detail (which file, which errno, what the blob is for) of the
+ * last error a srv_store_* function returned on the calling thread.
+ */
+#ifndef DARKSERVE_SERVER_SESSIONS_H
+#define DARKSERVE_SERVER_SESSIONS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "core/model.h"
+#include "server/engine.h"
+
+/* X(name, value, description) */
+#define SRV_STORE_ERRNO_MAP(X)                                                                   \
+    X(SRV_STORE_EINVAL, -1, "invalid argument")                                                  \
+    X(SRV_STORE_ENOMEM, -2, "out of memory")                                                     \
+    X(SRV_STORE_ENOTFOUND, -3, "session not found")                                              \
+    X(SRV_STORE_EBUSY, -4, "session busy")                                                       \
+    X(SRV_STORE_EFULL, -5, "session store full")                                                 \
+    X(SRV_STORE_EIO, -6, "session storage I/O error")                                            \
+    X(SRV_STORE_EMISMATCH, -7, "state does not fit this server")
+
+enum srv_store_errno {
+#define SRV_STORE_ERR_ENUM_(name, val, desc) name = val,
+    SRV_STORE_ERRNO_MAP(SRV_STORE_ERR_ENUM_)
+#undef SRV_STORE_ERR_ENUM_
+};
+
+/* Static description of a code; never NULL. */
+const char *srv_store_strerror(int code);
+/* Detail of the last error a srv_store_* call returned on this thread ("" if
+ * none yet). Thread-local, valid until this thread's next srv_store_* call. */
+const char *srv_store_last_error(void);
+
+#define SRV_SESSION_ID_LEN 32 /* lowercase hex chars of an id (128 random bits) */
+
+typedef struct srv_session srv_session_t; /* opaque */
+typedef struct srv_store srv_store_t;     /* opaque */
+
+typedef struct srv_session_info {
+    char id[SRV_SESSION_ID_LEN + 1];
+    int64_t tokens;     /* history length: state position + pending, as of the
+                           last release (a busy session's count is not re-read) */
+    size_t state_bytes; /* bytes of its state blob (export / file size) */
+    int64_t created;    /* unix seconds */
+    int64_t last_used;  /* unix seconds (srv_session_touch) */
+    int on_disk;        /* has a file in the directory */
+    int in_memory;      /* held in memory now */
+    int busy;
+} srv_session_info_t;
+
+typedef struct srv_store_opts {
+    const char *dir;         /* session directory (created 0700 if missing); NULL or "":
+                                memory only (nothing persists, nothing is evicted) */
+    size_t max_sessions;     /* sessions in memory; 0 = no bound */
+    size_t max_bytes;        /* memory of the sessions in memory; 0 = no bound */
+    int64_t ttl_s;           /* srv_store_sweep deletes sessions unused this long; 0 = never */
+    core_model_t *model;     /* borrowed, must outlive the store: states come from its attention */
+    const char *fingerprint; /* copied; NULL = core_model_info(model)->fingerprint */
+} srv_store_opts_t;
+
+/* Opens a store. With a directory: creates it if missing, refuses one it
+ * cannot write or that another process has open (an advisory lock file
+ * ".lock"), deletes temp files left by a crash and lists the session files
+ * it finds (reading only their headers). Returns 0 and *out (owned by the
+ * caller), or a negative code with a message in err[errlen] (err may be
+ * NULL). */
+int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_t errlen);
+/* Frees every session in memory WITHOUT writing it (call srv_store_flush
+ * first). No session may be busy. NULL is a no-op. */
+void srv_store_free(srv_store_t *st);
+
+/* A new session with a fresh id (128 bits from getrandom(), 32 lowercase hex),
+ * an empty state and a sampler with default parameters and a random seed;
+ * returned busy (*out borrowed from the store until released). Not written
+ * until released with persist = 1 (or evicted / flushed).
+ * SRV_STORE_EFULL, SRV_STORE_ENOMEM, SRV_STORE_EIO (no randomness). */
+int srv_store_create(srv_store_t *st, srv_session_t **out);
+/* Holds session id: validates the id's format before anything else
+ * (SRV_STORE_EINVAL), loads it from its file if evicted, marks it busy.
+ * *out is borrowed until srv_store_release. SRV_STORE_ENOTFOUND,
+ * SRV_STORE_EBUSY, SRV_STORE_EFULL, SRV_STORE_EIO (unreadable or damaged
+ * file: the message says which and why). */
+int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out);
+/* Gives a held session back. persist = 1: first writes it atomically; on a
+ * write error the previous file stays as it was and SRV_STORE_EIO is
+ * returned (message: file and errno). The session is released in every case
+ * (on error it stays in memory, to be written again later). Then evicts
+ * whatever the bounds require. */
+int srv_store_release(srv_store_t *st, srv_session_t *s, int persist);
+/* Deletes a session (memory and file). ENOTFOUND, EBUSY, EINVAL (bad id). */
+int srv_store_delete(srv_store_t *st, const char *id);
+/* *out (caller-owned) for id. ENOTFOUND, EINVAL. */
+int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out);
+/* Sessions ordered by id, those after `after` (exclusive; NULL or "" = from
+ * the start): up to limit entries into out[] (caller-owned), their count in
+ * *n, *has_more = 1 if more follow. */
+int srv_store_list(srv_store_t *st, const char *after, size_t limit, srv_session_info_t *out,
+                   size_t *n, int *has_more);
+/* Copies session id into a new session (O(state); written at once when the
+ * store has a directory), its id into new_id. The copy continues exactly
+ * like the original. The source must not be busy (EBUSY). */
+int srv_store_fork(srv_store_t *st, const char *id, char new_id[SRV_SESSION_ID_LEN + 1]);
+/* The session's state blob (core/state.h; new malloc'd *blob, caller frees).
+ * EBUSY if busy; EIO if its file is unreadable or damaged. */
+int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len);
+/* Replaces the state of existing session id (not busy) by blob (borrowed,
+ * len bytes), validated by core_state_load (and its pending tokens against
+ * the vocabulary): a blob for another model or attention configuration, or a
+ * damaged one, is SRV_STORE_EMISMATCH with the reason in err[errlen] (err
+ * may be NULL) and the session keeps its previous state. turn_open/has_chat
+ * come from the blob, created stays. Then written (EIO on a write error: the
+ * session holds the new state in memory, the file the old one). */
+int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t len, char *err,
+                     size_t errlen);
+/* Deletes sessions (memory and file) not used for ttl_s seconds before now
+ * (unix seconds), then evicts to the bounds. Busy sessions are skipped.
+ * Returns 0 or the first error (the sweep goes on after one). */
+int srv_store_sweep(srv_store_t *st, int64_t now);
+/* Writes every session in memory that changed since its last write (at
+ * shutdown). Busy sessions are skipped. Returns 0 or the first error. */
+int srv_store_flush(srv_store_t *st);
+/* Sessions in memory, sessions with a file, memory bytes of those in memory.
+ * Any pointer may be NULL. */
+void srv_store_stats(srv_store_t *st, size_t *in_memory, size_t *on_disk, size_t *bytes);
+/* Largest state blob this store's model and attention can produce (for
+ * bounding an import body and file reads). */
+size_t srv_store_max_blob(const srv_store_t *st);
+
+/* 1 if id is a well-formed session id (32 lowercase hex chars). */
+int srv_session_id_valid(const char *id);
+
+/* ---- accessors for a session the caller holds (busy) ---- */
+
+const char *srv_session_id(const srv_session_t *s);      /* borrowed, NUL-terminated */
+srv_seq_ctx_t *srv_session_ctx(srv_session_t *s);        /* borrowed: state, sampler, pending */
+int srv_session_turn_open(const srv_session_t *s);        /* assistant turn open (chat continuation) */
+void srv_session_set_turn_open(srv_session_t *s, int open);
+int srv_session_has_chat(const srv_session_t *s);         /* conversation started with a chat render */
+void srv_session_set_has_chat(srv_session_t *s, int v);
+int64_t srv_session_tokens(const srv_session_t *s);       /* state position + pending */
+/* last_used = now, and marks the session changed (written on release with
+ * persist, eviction or flush). */
+void srv_session_touch(srv_session_t *s);
+
+/* ---- testing ---- */
+
+/* Replaces write(2) for session files (failure injection: return -1 with
+ * errno set, or a short count). fn NULL restores write(2). */
+typedef ssize_t (*srv_store_write_fn)(int fd, const void *buf, size_t n, void *ud);
+void srv_store_set_write_fn(srv_store_t *st, srv_store_write_fn fn, void *ud);
+
+#endif

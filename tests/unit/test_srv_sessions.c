@@ -1,0 +1,1009 @@
+/* server/sessions.c on the tiny fixture model (env DARKSERVE_TINY_MODEL):
+ * session lifecycle and busy rules, ids, persistence across a restart, LRU
+ * eviction and reload, TTL, fork, export/import and their refusals, write
+ * failures (injected, and a directory where the temp file goes) and crash
+ * leftovers. "Same state" is checked the strong way: the reloaded session and
+ * an in-memory copy taken before it left memory give memcmp-identical logits
+ * over a greedy continuation. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "core/model.h"
+#include "core/rng.h"
+#include "core/state.h"
+#include "server/engine.h"
+#include "server/sessions.h"
+
+static core_model_t *model;   /* performer, W = 4 */
+static core_model_t *model_x; /* exact attention */
+static int V;
+
+/* ---- helpers ---- */
+
+static char *mkdir_tmp(void)
+{
+    char *d = strdup("/tmp/darkserve_sess_XXXXXX");
+    if (!mkdtemp(d)) {
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static void rm_rf(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL) {
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+                continue;
+            char p[512];
+            snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+            struct stat sb;
+            if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+                rm_rf(p);
+            else
+                unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+static srv_store_t *open_store(const char *dir, core_model_t *m, size_t max_n, size_t max_b,
+                               int64_t ttl, const char *fp)
+{
+    srv_store_opts_t o = {.dir = dir, .max_sessions = max_n, .max_bytes = max_b, .ttl_s = ttl,
+                          .model = m, .fingerprint = fp};
+    srv_store_t *st = NULL;
+    char err[512] = "";
+    int rc = srv_store_new(&o, &st, err, sizeof err);
+    CHECK_MSG(rc == 0, "store: %s", err);
+    return st;
+}
+
+static int feed(core_model_t *m, core_attn_state_t *s, const int32_t *t, int64_t n, float *last)
+{
+    core_batch_seq_t sq = {.state = s, .tokens = t, .n_tokens = n,
+                           .logits_mode = last ? CORE_LOGITS_LAST : CORE_LOGITS_NONE,
+                           .logits = last};
+    core_error_t err = {0};
+    int rc = core_model_forward(m, &sq, 1, &err);
+    CHECK_MSG(rc == 0, "forward: %s", err.msg);
+    return rc;
+}
+
+/* Feeds n pseudo-random tokens into the context and leaves 2 pending. */
+static void advance(core_model_t *m, srv_seq_ctx_t *c, int n, uint64_t seed)
+{
+    int32_t t[256];
+    core_rng_t r;
+    core_rng_seed(&r, seed);
+    for (int i = 0; i < n + 2; i++)
+        t[i] = (int32_t)(core_rng_u64(&r) % (uint64_t)V);
+    feed(m, c->state, t, n, NULL);
+    for (int i = 0; i < n + 2; i++)
+        core_sampler_accept(c->sampler, t[i], NULL);
+    CHECK_INT_EQ(srv_seq_ctx_set_pending(c, t + n, 2), 0);
+}
+
+/* An independent copy of a context (state, sampler, pending). */
+static srv_seq_ctx_t copy_ctx(core_model_t *m, const srv_seq_ctx_t *c)
+{
+    srv_seq_ctx_t r = {0};
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_attn_state_new(core_model_attn(m), &r.state, &err), 0);
+    CHECK_INT_EQ(core_attn_state_copy(r.state, c->state, &err), 0);
+    CHECK_INT_EQ(core_sampler_clone(c->sampler, &r.sampler, &err), 0);
+    CHECK_INT_EQ(srv_seq_ctx_set_pending(&r, c->pending, c->n_pending), 0);
+    return r;
+}
+
+static void free_ctx(srv_seq_ctx_t *c)
+{
+    core_attn_state_free(c->state);
+    core_sampler_free(c->sampler);
+    srv_seq_ctx_clear_pending(c);
+}
+
+/* Absorbs the pending tokens, then 12 greedy steps; all logits into out
+ * [13][V]. Mutates c. */
+static void continue_greedy(core_model_t *m, srv_seq_ctx_t *c, float *out)
+{
+    if (c->n_pending)
+        feed(m, c->state, c->pending, (int64_t)c->n_pending, out);
+    else
+        feed(m, c->state, (const int32_t[]){1}, 1, out);
+    srv_seq_ctx_clear_pending(c);
+    for (int s = 1; s < 13; s++) {
+        const float *prev = out + (size_t)(s - 1) * V;
+        int32_t best = 0;
+        for (int i = 1; i < V; i++)
+            if (prev[i] > prev[best])
+                best = i;
+        feed(m, c->state, &best, 1, out + (size_t)s * V);
+    }
+}
+
+/* 1 if ctx a and b continue with identical logits (both are consumed). */
+static int same_continuation(core_model_t *m, srv_seq_ctx_t *a, srv_seq_ctx_t *b)
+{
+    float *la = malloc((size_t)13 * V * sizeof(float)), *lb = malloc((size_t)13 * V * sizeof(float));
+    continue_greedy(m, a, la);
+    continue_greedy(m, b, lb);
+    int same = memcmp(la, lb, (size_t)13 * V * sizeof(float)) == 0;
+    free(la);
+    free(lb);
+    return same;
+}
+
+static int file_exists(const char *dir, const char *name)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+static unsigned char *read_all(const char *dir, const char *name, size_t *len)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "rb");
+    *len = 0;
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    *len = fread(b, 1, (size_t)n, f);
+    fclose(f);
+    return b;
+}
+
+/* A session with content, released (persist as asked); its id into id. */
+static void make_session(srv_store_t *st, core_model_t *m, uint64_t seed, int persist, char *id)
+{
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_create(st, &s), 0);
+    if (!s)
+        return;
+    advance(m, srv_session_ctx(s), 20 + (int)(seed % 13), seed);
+    srv_session_touch(s);
+    memcpy(id, srv_session_id(s), 33);
+    CHECK_INT_EQ(srv_store_release(st, s, persist), 0);
+}
+
+/* Copy of session id's context (acquires and releases it). */
+static srv_seq_ctx_t snapshot(srv_store_t *st, core_model_t *m, const char *id)
+{
+    srv_session_t *s = NULL;
+    srv_seq_ctx_t r = {0};
+    int rc = srv_store_acquire(st, id, &s);
+    CHECK_MSG(rc == 0, "acquire %s: %s", id, srv_store_last_error());
+    if (rc)
+        return r;
+    r = copy_ctx(m, srv_session_ctx(s));
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    return r;
+}
+
+/* Acquires id and checks it continues like ref (consumes ref). */
+static void check_same(srv_store_t *st, core_model_t *m, const char *id, srv_seq_ctx_t *ref,
+                       const char *what)
+{
+    srv_session_t *s = NULL;
+    int rc = srv_store_acquire(st, id, &s);
+    CHECK_MSG(rc == 0, "%s: acquire: %s", what, srv_store_last_error());
+    if (rc) {
+        free_ctx(ref);
+        return;
+    }
+    srv_seq_ctx_t mine = copy_ctx(m, srv_session_ctx(s));
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_MSG(same_continuation(m, &mine, ref), "%s: continuation differs", what);
+    free_ctx(&mine);
+    free_ctx(ref);
+}
+
+/* ---- lifecycle ---- */
+
+TEST(create_acquire_release_delete)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    srv_session_t *s = NULL, *s2 = NULL;
+    CHECK_INT_EQ(srv_store_create(st, &s), 0);
+    char id[33];
+    memcpy(id, srv_session_id(s), 33);
+    CHECK(srv_session_id_valid(id));
+    CHECK_INT_EQ(srv_session_tokens(s), 0);
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK(in.busy == 1 && in.in_memory == 1 && in.on_disk == 0 && in.tokens == 0);
+    CHECK(in.created > 0 && in.created <= (int64_t)time(NULL));
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s2), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_delete(st, id), SRV_STORE_EBUSY);
+    char nid[33];
+    CHECK_INT_EQ(srv_store_fork(st, id, nid), SRV_STORE_EBUSY);
+    void *blob = NULL;
+    size_t blen = 0;
+    CHECK_INT_EQ(srv_store_export(st, id, &blob, &blen), SRV_STORE_EBUSY);
+    advance(model, srv_session_ctx(s), 10, 1);
+    CHECK_INT_EQ(srv_session_tokens(s), 12);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_EINVAL); /* not held any more */
+    CHECK(file_exists(dir, id));
+    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK(in.busy == 0 && in.on_disk == 1 && in.tokens == 12 && in.state_bytes > 0);
+    size_t flen = 0;
+    free(read_all(dir, id, &flen));
+    CHECK_INT_EQ(in.state_bytes, flen);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s2), 0);
+    CHECK(s2 == s);
+    CHECK_INT_EQ(srv_store_release(st, s2, 0), 0);
+    CHECK_INT_EQ(srv_store_delete(st, id), 0);
+    CHECK(!file_exists(dir, id));
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s2), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_delete(st, id), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(st, id, &in), SRV_STORE_ENOTFOUND);
+    CHECK(strstr(srv_store_last_error(), id) != NULL);
+    CHECK_STR_EQ(srv_store_strerror(SRV_STORE_EBUSY), "session busy");
+
+    /* list: by id, paged */
+    char ids[7][33];
+    for (int i = 0; i < 7; i++)
+        make_session(st, model, 100 + (uint64_t)i, i % 2, ids[i]);
+    srv_session_info_t page[3];
+    size_t n = 0, total = 0;
+    int more = 1;
+    char after[33] = "";
+    char prev[33] = "";
+    while (more) {
+        CHECK_INT_EQ(srv_store_list(st, after, 3, page, &n, &more), 0);
+        for (size_t i = 0; i < n; i++) {
+            CHECK(strcmp(page[i].id, prev) > 0);
+            memcpy(prev, page[i].id, 33);
+        }
+        total += n;
+        if (n)
+            memcpy(after, page[n - 1].id, 33);
+        if (!n)
+            break;
+    }
+    CHECK_INT_EQ(total, 7);
+    size_t mem = 0, disk = 0, bytes = 0;
+    srv_store_stats(st, &mem, &disk, &bytes);
+    CHECK_INT_EQ(mem, 7);
+    CHECK_INT_EQ(disk, 3);
+    CHECK(bytes > 0);
+    srv_store_free(st);
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+TEST(ids_unique_and_validated)
+{
+    srv_store_t *st = open_store(NULL, model, 0, 0, 0, NULL);
+    if (!st)
+        return;
+    enum { N = 10000 };
+    char(*ids)[33] = malloc(sizeof(*ids) * N);
+    int valid = 1;
+    for (int i = 0; i < N; i++) {
+        srv_session_t *s = NULL;
+        if (srv_store_create(st, &s) != 0) {
+            CHECK_MSG(0, "create %d: %s", i, srv_store_last_error());
+            break;
+        }
+        memcpy(ids[i], srv_session_id(s), 33);
+        valid &= srv_session_id_valid(ids[i]) && strlen(ids[i]) == 32;
+        for (int k = 0; k < 32; k++)
+            valid &= (ids[i][k] >= '0' && ids[i][k] <= '9') || (ids[i][k] >= 'a' && ids[i][k] <= 'f');
+        srv_store_release(st, s, 0);
+        srv_store_delete(st, ids[i]);
+    }
+    CHECK(valid);
+    qsort(ids, N, 33, cmp_id);
+    int dup = 0;
+    for (int i = 1; i < N; i++)
+        dup += strcmp(ids[i - 1], ids[i]) == 0;
+    CHECK_INT_EQ(dup, 0);
+    free(ids);
+
+    /* Malformed ids are refused before any lookup or path. */
+    char nul[40];
+    memcpy(nul, "0123456789abcdef0123456789abcdef", 33);
+    nul[10] = '\0';
+    const char *bad[] = {"../x", "0123456789ABCDEF0123456789abcdef",
+                         "0123456789abcdef0123456789abcde", "0123456789abcdef0123456789abcdef0",
+                         "", "0123456789abcdef0123456789abcde/", "../../../../etc/passwd", nul};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        srv_session_t *s = NULL;
+        srv_session_info_t in;
+        char nid[33];
+        void *b = NULL;
+        size_t bl = 0;
+        CHECK_INT_EQ(srv_store_acquire(st, bad[i], &s), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_delete(st, bad[i]), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_info(st, bad[i], &in), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_fork(st, bad[i], nid), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_export(st, bad[i], &b, &bl), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_import(st, bad[i], "x", 1, NULL, 0), SRV_STORE_EINVAL);
+    }
+    CHECK(!srv_session_id_valid(NULL));
+    CHECK(srv_session_id_valid("0123456789abcdef0123456789abcdef"));
+    srv_store_free(st);
+}
+
+/* ---- persistence ---- */
+
+TEST(persist_and_reopen)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_create(st, &s), 0);
+    char a[33], b[33], c[33];
+    memcpy(a, srv_session_id(s), 33);
+    advance(model, srv_session_ctx(s), 40, 7);
+    srv_session_set_turn_open(s, 1);
+    srv_session_set_has_chat(s, 1);
+    srv_session_touch(s);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    make_session(st, model, 8, 1, b);
+    make_session(st, model, 9, 0, c); /* never written */
+    srv_session_info_t ia, ib;
+    CHECK_INT_EQ(srv_store_info(st, a, &ia), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &ib), 0);
+    srv_seq_ctx_t ra = snapshot(st, model, a), rb = snapshot(st, model, b);
+    srv_store_free(st);
+
+    /* A second store may not open the same directory while one has it. */
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (st) {
+        srv_store_t *st2 = NULL;
+        srv_store_opts_t o = {.dir = dir, .model = model};
+        char err[256] = "";
+        CHECK_INT_EQ(srv_store_new(&o, &st2, err, sizeof err), SRV_STORE_EIO);
+        CHECK(strstr(err, "in use") != NULL);
+        CHECK(st2 == NULL);
+
+        size_t mem = 9, disk = 9;
+        srv_store_stats(st, &mem, &disk, NULL);
+        CHECK_INT_EQ(mem, 0);
+        CHECK_INT_EQ(disk, 2);
+        srv_session_info_t ja, jb;
+        CHECK_INT_EQ(srv_store_info(st, a, &ja), 0);
+        CHECK_INT_EQ(srv_store_info(st, b, &jb), 0);
+        CHECK_INT_EQ(srv_store_info(st, c, &jb), SRV_STORE_ENOTFOUND);
+        CHECK_INT_EQ(srv_store_info(st, b, &jb), 0);
+        CHECK(ja.on_disk == 1 && ja.in_memory == 0 && ja.tokens == ia.tokens &&
+              ja.tokens == 42 && ja.created == ia.created && ja.last_used == ia.last_used &&
+              ja.state_bytes == ia.state_bytes);
+        CHECK(jb.tokens == ib.tokens);
+        CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+        if (s) {
+            CHECK_INT_EQ(srv_session_turn_open(s), 1);
+            CHECK_INT_EQ(srv_session_has_chat(s), 1);
+            CHECK_INT_EQ(srv_session_tokens(s), 42);
+            srv_seq_ctx_t *x = srv_session_ctx(s);
+            CHECK(x->n_pending == 2 && ra.n_pending == 2 &&
+                  memcmp(x->pending, ra.pending, 2 * sizeof(int32_t)) == 0);
+            CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+        }
+        check_same(st, model, a, &ra, "reopened a");
+        check_same(st, model, b, &rb, "reopened b");
+        srv_store_free(st);
+    } else {
+        free_ctx(&ra);
+        free_ctx(&rb);
+    }
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
+TEST(directory_checks)
+{
+    char *dir = mkdir_tmp();
+    char sub[512], file[512];
+    snprintf(sub, sizeof sub, "%s/a/b/sessions", dir);
+    srv_store_t *st = open_store(sub, model, 0, 0, 0, NULL);
+    struct stat sb;
+    CHECK(stat(sub, &sb) == 0 && S_ISDIR(sb.st_mode) && (sb.st_mode & 0777) == 0700);
+    srv_store_free(st);
+    snprintf(file, sizeof file, "%s/plainfile", dir);
+    FILE *f = fopen(file, "w");
+    fclose(f);
+    srv_store_opts_t o = {.dir = file, .model = model};
+    char err[256] = "";
+    st = NULL;
+    CHECK_INT_EQ(srv_store_new(&o, &st, err, sizeof err), SRV_STORE_EIO);
+    CHECK(strstr(err, file) != NULL);
+    o.model = NULL;
+    CHECK_INT_EQ(srv_store_new(&o, &st, err, sizeof err), SRV_STORE_EINVAL);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* ---- eviction ---- */
+
+TEST(lru_eviction_by_count_and_bytes)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 3, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char ids[5][33];
+    srv_seq_ctx_t refs[5];
+    for (int i = 0; i < 5; i++) {
+        make_session(st, model, 20 + (uint64_t)i, 0, ids[i]);
+        refs[i] = snapshot(st, model, ids[i]);
+    }
+    size_t mem = 0, disk = 0;
+    srv_store_stats(st, &mem, &disk, NULL);
+    CHECK_INT_EQ(mem, 3);
+    CHECK_INT_EQ(disk, 2);
+    srv_session_info_t in;
+    for (int i = 0; i < 5; i++) {
+        CHECK_INT_EQ(srv_store_info(st, ids[i], &in), 0);
+        CHECK_MSG(in.in_memory == (i >= 2) && in.on_disk == (i < 2), "session %d: mem %d disk %d",
+                  i, in.in_memory, in.on_disk);
+        CHECK_INT_EQ(file_exists(dir, ids[i]), i < 2);
+    }
+    /* Evicted ones load back; acquiring 0 evicts the least recent (2). */
+    check_same(st, model, ids[0], &refs[0], "evicted 0");
+    CHECK_INT_EQ(srv_store_info(st, ids[2], &in), 0);
+    CHECK(!in.in_memory && in.on_disk);
+    for (int i = 1; i < 5; i++)
+        check_same(st, model, ids[i], &refs[i], "after eviction");
+    srv_store_free(st);
+    rm_rf(dir);
+
+    /* By bytes: room for two sessions' memory. */
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char one[33];
+    make_session(st, model, 30, 0, one);
+    size_t per = 0;
+    srv_store_stats(st, NULL, NULL, &per);
+    srv_store_free(st);
+    rm_rf(dir);
+    st = open_store(dir, model, 0, per * 5 / 2, 0, NULL);
+    if (!st)
+        goto out;
+    for (int i = 0; i < 5; i++) {
+        make_session(st, model, 40 + (uint64_t)i, 0, ids[i]);
+        refs[i] = snapshot(st, model, ids[i]);
+    }
+    size_t bytes = 0;
+    srv_store_stats(st, &mem, &disk, &bytes);
+    CHECK_INT_EQ(mem, 2);
+    CHECK_INT_EQ(disk, 3);
+    CHECK(bytes <= per * 5 / 2);
+    for (int i = 0; i < 5; i++)
+        check_same(st, model, ids[i], &refs[i], "byte eviction");
+    srv_store_free(st);
+
+    /* Full: every session in memory busy. */
+    rm_rf(dir);
+    st = open_store(dir, model, 2, 0, 0, NULL);
+    if (!st)
+        goto out;
+    srv_session_t *h[3] = {NULL, NULL, NULL};
+    CHECK_INT_EQ(srv_store_create(st, &h[0]), 0);
+    CHECK_INT_EQ(srv_store_create(st, &h[1]), 0);
+    CHECK_INT_EQ(srv_store_create(st, &h[2]), SRV_STORE_EFULL);
+    CHECK(strstr(srv_store_last_error(), "2 sessions in memory") != NULL);
+    srv_store_release(st, h[0], 0);
+    CHECK_INT_EQ(srv_store_create(st, &h[2]), 0); /* h[0] spilled to disk */
+    srv_store_release(st, h[1], 0);
+    srv_store_release(st, h[2], 0);
+    srv_store_free(st);
+
+    /* Memory only: nowhere to evict to. */
+    st = open_store(NULL, model, 1, 0, 0, NULL);
+    if (st) {
+        CHECK_INT_EQ(srv_store_create(st, &h[0]), 0);
+        CHECK_INT_EQ(srv_store_release(st, h[0], 1), 0); /* persist: nothing to write */
+        CHECK_INT_EQ(srv_store_create(st, &h[1]), SRV_STORE_EFULL);
+        srv_store_free(st);
+    }
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
+TEST(ttl_sweep)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 100, NULL);
+    if (!st)
+        goto out;
+    char a[33], b[33];
+    make_session(st, model, 50, 1, a);
+    make_session(st, model, 51, 0, b);
+    srv_session_t *held = NULL;
+    CHECK_INT_EQ(srv_store_create(st, &held), 0);
+    int64_t now = (int64_t)time(NULL);
+    CHECK_INT_EQ(srv_store_sweep(st, now + 50), 0);
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+    CHECK_INT_EQ(srv_store_sweep(st, now + 200), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &in), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(st, b, &in), SRV_STORE_ENOTFOUND);
+    CHECK(!file_exists(dir, a));
+    CHECK_INT_EQ(srv_store_info(st, srv_session_id(held), &in), 0); /* busy: kept */
+    CHECK_INT_EQ(srv_store_release(st, held, 0), 0);
+    size_t mem = 9, disk = 9, bytes = 9;
+    CHECK_INT_EQ(srv_store_sweep(st, now + 400), 0);
+    srv_store_stats(st, &mem, &disk, &bytes);
+    CHECK(mem == 0 && disk == 0 && bytes == 0);
+    srv_store_free(st);
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
+/* ---- fork, export, import ---- */
+
+TEST(fork_is_an_independent_copy)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char a[33], f[33], g[33];
+    make_session(st, model, 60, 1, a);
+    srv_seq_ctx_t ref = snapshot(st, model, a);
+    CHECK_INT_EQ(srv_store_fork(st, a, f), 0);
+    CHECK(strcmp(a, f) != 0 && srv_session_id_valid(f));
+    CHECK(file_exists(dir, f));
+    srv_session_info_t ia, ifk;
+    CHECK_INT_EQ(srv_store_info(st, a, &ia), 0);
+    CHECK_INT_EQ(srv_store_info(st, f, &ifk), 0);
+    CHECK_INT_EQ(ifk.tokens, ia.tokens);
+    /* Advancing the fork leaves the original as it was. */
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, f, &s), 0);
+    if (s) {
+        advance(model, srv_session_ctx(s), 5, 61);
+        srv_session_touch(s);
+        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    }
+    srv_seq_ctx_t ref2 = copy_ctx(model, &ref);
+    check_same(st, model, a, &ref, "original after its fork moved on");
+    /* The fork, before it moved, was the same: fork again and compare. */
+    CHECK_INT_EQ(srv_store_fork(st, a, g), 0);
+    check_same(st, model, g, &ref2, "second fork");
+    srv_store_free(st);
+
+    /* Fork of a session that is only on disk. */
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (st) {
+        srv_seq_ctx_t r3 = snapshot(st, model, a);
+        srv_store_free(st);
+        st = open_store(dir, model, 0, 0, 0, NULL);
+        char h[33];
+        CHECK_INT_EQ(srv_store_fork(st, a, h), 0);
+        srv_session_info_t in;
+        CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+        CHECK(!in.in_memory);
+        check_same(st, model, h, &r3, "fork from disk");
+        srv_store_free(st);
+    }
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+TEST(export_import)
+{
+    char *dir = mkdir_tmp(), *dir2 = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    srv_store_t *sx = open_store(dir2, model_x, 0, 0, 0, NULL);
+    if (!st || !sx)
+        goto out;
+    char a[33], b[33], x[33];
+    make_session(st, model, 70, 1, a);
+    make_session(st, model, 71, 1, b);
+    make_session(sx, model_x, 72, 1, x);
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    srv_session_set_turn_open(s, 1);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    void *blob = NULL, *before = NULL, *after = NULL, *xb = NULL;
+    size_t len = 0, blen = 0, alen = 0, xlen = 0;
+    CHECK_INT_EQ(srv_store_export(st, a, &blob, &len), 0);
+    CHECK_INT_EQ(srv_store_export(sx, x, &xb, &xlen), 0);
+    CHECK_INT_EQ(srv_store_export(st, b, &before, &blen), 0);
+    if (!blob || !xb || !before)
+        goto out;
+    char err[512];
+    /* Refusals keep b as it was. */
+    CHECK_INT_EQ(srv_store_import(st, b, xb, xlen, err, sizeof err), SRV_STORE_EMISMATCH);
+    CHECK(strstr(err, "blob has attention exact, this server runs performer") != NULL);
+    unsigned char *bad = malloc(len);
+    memcpy(bad, blob, len);
+    bad[len / 2] ^= 4;
+    CHECK_INT_EQ(srv_store_import(st, b, bad, len, err, sizeof err), SRV_STORE_EMISMATCH);
+    CHECK(strstr(err, "checksum mismatch") != NULL);
+    CHECK_INT_EQ(srv_store_import(st, b, blob, len - 1, err, sizeof err), SRV_STORE_EMISMATCH);
+    CHECK(strstr(err, "truncated") != NULL);
+    /* A pending token outside the vocabulary, resealed. */
+    core_state_info_t info;
+    CHECK_INT_EQ(core_state_peek(blob, len, &info, NULL), 0);
+    memcpy(bad, blob, len);
+    put32(bad + info.owner_off + info.owner_len, (uint32_t)V);
+    put32(bad + len - 4, core_state_crc32(0, bad, len - 4));
+    CHECK_INT_EQ(srv_store_import(st, b, bad, len, err, sizeof err), SRV_STORE_EMISMATCH);
+    CHECK(strstr(err, "vocabulary") != NULL);
+    free(bad);
+    CHECK_INT_EQ(srv_store_export(st, b, &after, &alen), 0);
+    CHECK(alen == blen && after && memcmp(before, after, blen) == 0);
+    free(after);
+    after = NULL;
+    /* Busy and missing targets. */
+    CHECK_INT_EQ(srv_store_acquire(st, b, &s), 0);
+    CHECK_INT_EQ(srv_store_import(st, b, blob, len, err, sizeof err), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_import(st, "00000000000000000000000000000000", blob, len, err,
+                                  sizeof err), SRV_STORE_ENOTFOUND);
+
+    /* The good blob: b becomes a, and is written. */
+    srv_seq_ctx_t ra = snapshot(st, model, a);
+    CHECK_INT_EQ(srv_store_import(st, b, blob, len, err, sizeof err), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, b, &s), 0);
+    CHECK_INT_EQ(srv_session_turn_open(s), 1);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    check_same(st, model, b, &ra, "imported");
+    /* Written at once: a new store sees the imported state. */
+    srv_seq_ctx_t ra2 = snapshot(st, model, a);
+    srv_store_free(st);
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (st) {
+        /* Import into an evicted session, and another model's fingerprint. */
+        check_same(st, model, b, &ra2, "imported, reopened");
+        srv_store_t *sf = NULL;
+        srv_store_free(st);
+        st = NULL;
+        sf = open_store(dir, model, 0, 0, 0, "0123456789abcdef");
+        if (sf) {
+            /* Files of another model are not listed. */
+            srv_session_info_t in;
+            CHECK_INT_EQ(srv_store_info(sf, a, &in), SRV_STORE_ENOTFOUND);
+            srv_session_t *n = NULL;
+            CHECK_INT_EQ(srv_store_create(sf, &n), 0);
+            char nid[33];
+            memcpy(nid, srv_session_id(n), 33);
+            CHECK_INT_EQ(srv_store_release(sf, n, 1), 0);
+            CHECK_INT_EQ(srv_store_import(sf, nid, blob, len, err, sizeof err),
+                         SRV_STORE_EMISMATCH);
+            CHECK(strstr(err, "blob is for model") != NULL);
+            srv_store_free(sf);
+        }
+        st = open_store(dir, model, 0, 0, 0, NULL);
+        srv_seq_ctx_t ra3 = snapshot(st, model, a);
+        srv_store_free(st);
+        st = open_store(dir, model, 0, 0, 0, NULL);
+        srv_session_info_t in;
+        CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+        CHECK(!in.in_memory);
+        CHECK_INT_EQ(srv_store_import(st, b, blob, len, err, sizeof err), 0);
+        check_same(st, model, b, &ra3, "imported into an evicted session");
+    }
+out:
+    free(blob);
+    free(xb);
+    free(before);
+    srv_store_free(st);
+    srv_store_free(sx);
+    rm_rf(dir);
+    rm_rf(dir2);
+    free(dir);
+    free(dir2);
+}
+
+/* ---- failures ---- */
+
+typedef struct hook {
+    size_t budget; /* bytes allowed before ENOSPC */
+    size_t chunk;  /* max bytes per call (short writes) */
+    int calls;
+} hook_t;
+
+static ssize_t hook_write(int fd, const void *buf, size_t n, void *ud)
+{
+    hook_t *h = ud;
+    h->calls++;
+    if (h->budget == 0) {
+        errno = ENOSPC;
+        return -1;
+    }
+    size_t k = n < h->budget ? n : h->budget;
+    if (h->chunk && k > h->chunk)
+        k = h->chunk;
+    ssize_t w = write(fd, buf, k);
+    if (w > 0)
+        h->budget -= (size_t)w;
+    return w;
+}
+
+TEST(write_failures_keep_the_previous_file)
+{
+    char *dir = mkdir_tmp();
+    unsigned char *v0 = NULL;
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char a[33], tmpname[64];
+    make_session(st, model, 80, 1, a);
+    snprintf(tmpname, sizeof tmpname, "%s.tmp", a);
+    size_t l0 = 0, l1 = 0;
+    v0 = read_all(dir, a, &l0);
+
+    /* Disk full half-way through the write. */
+    hook_t h = {.budget = l0 / 2};
+    srv_store_set_write_fn(st, hook_write, &h);
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    advance(model, srv_session_ctx(s), 7, 81);
+    srv_session_touch(s);
+    srv_seq_ctx_t ref = copy_ctx(model, srv_session_ctx(s));
+    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_EIO);
+    const char *msg = srv_store_last_error();
+    CHECK_MSG(strstr(msg, tmpname) && strstr(msg, "No space left on device"), "message: %s", msg);
+    unsigned char *v1 = read_all(dir, a, &l1);
+    CHECK(v1 && l1 == l0 && memcmp(v0, v1, l0) == 0);
+    free(v1);
+    CHECK(!file_exists(dir, tmpname));
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK(!in.busy && in.in_memory); /* released, new state kept in memory */
+
+    /* A directory where the temp file goes. */
+    srv_store_set_write_fn(st, NULL, NULL);
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, tmpname);
+    CHECK(mkdir(p, 0700) == 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_EIO);
+    CHECK(strstr(srv_store_last_error(), "cannot create") != NULL);
+    v1 = read_all(dir, a, &l1);
+    CHECK(v1 && l1 == l0 && memcmp(v0, v1, l0) == 0);
+    free(v1);
+    /* Flush reports the unwritten session too. */
+    CHECK_INT_EQ(srv_store_flush(st), SRV_STORE_EIO);
+    rmdir(p);
+
+    /* Short writes are completed; the new state reaches the disk. */
+    h = (hook_t){.budget = SIZE_MAX, .chunk = 1000};
+    srv_store_set_write_fn(st, hook_write, &h);
+    CHECK_INT_EQ(srv_store_flush(st), 0);
+    CHECK(h.calls > 1);
+    srv_store_free(st);
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (st)
+        check_same(st, model, a, &ref, "after the failed writes");
+    else
+        free_ctx(&ref);
+    srv_store_free(st);
+out:
+    free(v0);
+    rm_rf(dir);
+    free(dir);
+}
+
+TEST(crash_leftovers_at_startup)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char a[33];
+    make_session(st, model, 90, 1, a);
+    srv_seq_ctx_t ref = snapshot(st, model, a);
+    srv_store_free(st);
+    size_t l0 = 0;
+    unsigned char *v0 = read_all(dir, a, &l0);
+    /* A crash during a rewrite of a (half a temp file), a temp file of a
+     * session never completed, a torn file that somehow got a session name,
+     * and a stranger's file. */
+    char p[512];
+    const char *ghost = "ffffffffffffffffffffffffffffffff";
+    const char *torn = "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
+    snprintf(p, sizeof p, "%s/%s.tmp", dir, a);
+    FILE *f = fopen(p, "wb");
+    fwrite(v0, 1, l0 / 2, f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/%s.tmp", dir, ghost);
+    f = fopen(p, "wb");
+    fwrite(v0, 1, 100, f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/%s", dir, torn);
+    f = fopen(p, "wb");
+    fwrite(v0, 1, l0 - 10, f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/notes.txt", dir);
+    f = fopen(p, "wb");
+    fputs("mine", f);
+    fclose(f);
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (st) {
+        char tn[64];
+        snprintf(tn, sizeof tn, "%s.tmp", a);
+        CHECK(!file_exists(dir, tn));
+        snprintf(tn, sizeof tn, "%s.tmp", ghost);
+        CHECK(!file_exists(dir, tn));
+        CHECK(file_exists(dir, "notes.txt"));
+        srv_session_info_t in;
+        CHECK_INT_EQ(srv_store_info(st, torn, &in), SRV_STORE_ENOTFOUND);
+        CHECK_INT_EQ(srv_store_info(st, ghost, &in), SRV_STORE_ENOTFOUND);
+        size_t disk = 0;
+        srv_store_stats(st, NULL, &disk, NULL);
+        CHECK_INT_EQ(disk, 1);
+        check_same(st, model, a, &ref, "after crash leftovers");
+        srv_store_free(st);
+    } else {
+        free_ctx(&ref);
+    }
+    /* A session file damaged after startup: acquire says which and why. */
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (st) {
+        snprintf(p, sizeof p, "%s/%s", dir, a);
+        unsigned char *bad = malloc(l0);
+        memcpy(bad, v0, l0);
+        bad[l0 - 100] ^= 1;
+        f = fopen(p, "wb");
+        fwrite(bad, 1, l0, f);
+        fclose(f);
+        free(bad);
+        srv_session_t *s = NULL;
+        CHECK_INT_EQ(srv_store_acquire(st, a, &s), SRV_STORE_EIO);
+        CHECK(strstr(srv_store_last_error(), a) && strstr(srv_store_last_error(), "checksum"));
+        void *b = NULL;
+        size_t bl = 0;
+        CHECK_INT_EQ(srv_store_export(st, a, &b, &bl), SRV_STORE_EIO);
+        unlink(p);
+        CHECK_INT_EQ(srv_store_acquire(st, a, &s), SRV_STORE_ENOTFOUND);
+        srv_store_free(st);
+    }
+    free(v0);
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
+/* ---- threads ---- */
+
+typedef struct worker {
+    srv_store_t *st;
+    char (*ids)[33];
+    int n_ids;
+    uint64_t seed;
+    int errors;
+} worker_t;
+
+static void *work(void *arg)
+{
+    worker_t *w = arg;
+    core_rng_t r;
+    core_rng_seed(&r, w->seed);
+    for (int i = 0; i < 300; i++) {
+        const char *id = w->ids[core_rng_u64(&r) % (uint64_t)w->n_ids];
+        srv_session_t *s = NULL;
+        int rc = srv_store_acquire(w->st, id, &s);
+        if (rc == SRV_STORE_EBUSY || rc == SRV_STORE_EFULL)
+            continue;
+        if (rc < 0) {
+            w->errors++;
+            continue;
+        }
+        srv_session_touch(s);
+        srv_session_set_turn_open(s, (int)(core_rng_u64(&r) & 1));
+        if (srv_store_release(w->st, s, (int)(core_rng_u64(&r) & 1)) < 0)
+            w->errors++;
+        if (i % 50 == 0) {
+            srv_store_sweep(w->st, (int64_t)time(NULL));
+            srv_session_info_t in[4];
+            size_t n;
+            int more;
+            srv_store_list(w->st, NULL, 4, in, &n, &more);
+        }
+    }
+    return NULL;
+}
+
+TEST(threads)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 3, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char ids[8][33];
+    srv_seq_ctx_t refs[8];
+    for (int i = 0; i < 8; i++) {
+        make_session(st, model, 200 + (uint64_t)i, 0, ids[i]);
+        refs[i] = snapshot(st, model, ids[i]);
+    }
+    pthread_t th[4];
+    worker_t w[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = (worker_t){.st = st, .ids = ids, .n_ids = 8, .seed = 300 + (uint64_t)i};
+        pthread_create(&th[i], NULL, work, &w[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_INT_EQ(w[i].errors, 0);
+    }
+    size_t mem = 0;
+    srv_store_stats(st, &mem, NULL, NULL);
+    CHECK(mem <= 3);
+    for (int i = 0; i < 8; i++)
+        check_same(st, model, ids[i], &refs[i], "after threads");
+    srv_store_free(st);
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const char *tiny = getenv("DARKSERVE_TINY_MODEL");
+    if (!tiny) {
+        printf("DARKSERVE_TINY_MODEL is not set\n");
+        return 1;
+    }
+    core_model_opts_t o = {.attn_kind = CORE_ATTN_PERFORMER, .n_features = 16, .window = 4,
+                           .seed = 5};
+    core_model_opts_t ox = {.attn_kind = CORE_ATTN_EXACT};
+    core_error_t err = {0};
+    if (core_model_load(tiny, &o, &model, &err) < 0 || core_model_load(tiny, &ox, &model_x, &err) < 0) {
+        printf("load: %s\n", err.msg);
+        return 1;
+    }
+    V = core_model_info(model)->n_vocab;
+    RUN(create_acquire_release_delete);
+    RUN(ids_unique_and_validated);
+    RUN(persist_and_reopen);
+    RUN(directory_checks);
+    RUN(lru_eviction_by_count_and_bytes);
+    RUN(ttl_sweep);
+    RUN(fork_is_an_independent_copy);
+    RUN(export_import);
+    RUN(write_failures_keep_the_previous_file);
+    RUN(crash_leftovers_at_startup);
+    RUN(threads);
+    core_model_free(model);
+    core_model_free(model_x);
+    return CHECK_DONE();
+}
