@@ -100,7 +100,7 @@ static const opt_t opts[] = {
      "model GGUF file (Llama architecture)"},
     {"adapter", "DARKSERVE_ADAPTER", OPT_STR, 0, O(adapter), "", 0, 0, NULL, "PATH",
      "DARKFormer adapter GGUF (learned covariances, features, window); empty = none"},
-    {"attn", "DARKSERVE_ATTN", OPT_ENUM, 0, O(attn), "darkformer", 0, 0, attn_choices, "KIND",
+    {"attn", "DARKSERVE_ATTN", OPT_ENUM, 0, O(attn), "exact", 0, 0, attn_choices, "KIND",
      "attention: exact softmax (KV cache, bounded context), performer, darkformer or "
      "darkformer-is (constant-size state)"},
     {"features", "DARKSERVE_FEATURES", OPT_INT, 0, O(features), "0", 0, 65536, NULL, "M",
@@ -120,6 +120,10 @@ static const opt_t opts[] = {
      "prompt tokens of one sequence processed per step"},
     {"max-queue", "DARKSERVE_MAX_QUEUE", OPT_INT, 0, O(max_queue), "64", 0, 1000000, NULL, "N",
      "jobs waiting for the scheduler before new ones get 429"},
+    {"generation-timeout", "DARKSERVE_GENERATION_TIMEOUT", OPT_DURATION, 0,
+     O(generation_timeout_s), "10m", 0, DAY, NULL, "DURATION",
+     "longest time one generation request may run, from its arrival to its last token; a "
+     "request that runs out ends with finish_reason \"timeout\"; 0 = no limit"},
     {"max-tokens-limit", "DARKSERVE_MAX_TOKENS_LIMIT", OPT_INT, 0, O(max_tokens_limit), "4096",
      1, INT64_C(1) << 31, NULL, "N",
      "largest max_tokens a request may ask for"},

@@ -11,7 +11,9 @@
 #define DARKSERVE_VERSION "0.1.0"
 #endif
 
-int srv_serve_main(int argc, char **argv); /* server/serve.c */
+#include "server/serve.h"
+
+extern const srv_app_t srv_darkserve_app; /* server/app.c */
 
 static void usage(FILE *f)
 {
@@ -59,7 +61,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "serve") == 0)
-        return srv_serve_main(argc - 2, argv + 2);
+        return srv_serve_run(argc - 2, argv + 2, &srv_darkserve_app);
     if (strcmp(cmd, "generate") == 0)
         return srv_cli_generate(argc - 2, argv + 2);
     if (strcmp(cmd, "perplexity") == 0)

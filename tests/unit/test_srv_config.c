@@ -51,7 +51,8 @@ TEST(test_defaults)
     CHECK_INT_EQ(c.port, 8080);
     CHECK_STR_EQ(c.model, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     CHECK_STR_EQ(c.adapter, "");
-    CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_DARKFORMER);
+    CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_EXACT);
+    CHECK_INT_EQ(c.generation_timeout_s, 600);
     CHECK_INT_EQ(c.max_body, 1048576);
     CHECK_INT_EQ(c.request_timeout_s, 60);
     CHECK_INT_EQ(c.idle_timeout_s, 30);
@@ -273,7 +274,7 @@ TEST(test_help_lists_every_option)
         "max-tokens-limit", "request-timeout", "idle-timeout", "drain-timeout",
         "api-key",       "api-key-file",   "cors-origin",    "log-level",
         "log-format",    "log-file",       "chat-template",  "max-connections",
-        NULL};
+        "generation-timeout", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];

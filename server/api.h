@@ -1,0 +1,266 @@
+/* server/api.h — private to server/: the darkserve application that `serve`
+ * runs (srv_darkserve_app): the model, tokenizer, chat template, engine and
+ * session store, and the REST endpoints wired from HTTP to them.
+ *
+ * Files:
+ *   app.c           srv_darkserve_app: start (load, engine, store, routes),
+ *                   drain, stop; /health, /metrics
+ *   api_gen.c       a generation request in flight (api_gen_t): jobs
+ *                   submitted to the engine, their events carried to the
+ *                   HTTP stream on the loop thread, back-pressure, pings,
+ *                   cancellation, the end of the request
+ *   api_openai.c    /v1/completions, /v1/chat/completions, /v1/models
+ *   api_sessions.c  /v1/sessions...
+ *   api_misc.c      /tokenize, /detokenize
+ *   bridge.c        proto structs -> core/engine parameters, and core /
+ *                   engine / store errors -> HTTP statuses (DESIGN.md §1)
+ *
+ * Threads: everything here runs on the loop thread, except the engine's
+ * notify/on_done callbacks (scheduler thread), which only queue the request
+ * on app->ready and wake the loop (api_gen.c).
+ */
+#ifndef DARKSERVE_SERVER_API_H
+#define DARKSERVE_SERVER_API_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "core/chat.h"
+#include "core/model.h"
+#include "core/sample.h"
+#include "core/tokenizer.h"
+#include "proto/proto.h"
+#include "server/config.h"
+#include "server/engine.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/serve.h"
+#include "server/sessions.h"
+
+/* The application: `serve` runs it (server/main.c). */
+extern const srv_app_t srv_darkserve_app;
+
+typedef struct api_gen api_gen_t;
+
+typedef struct api_app {
+    const srv_config_t *cfg; /* borrowed from serve */
+    uv_loop_t *loop;
+    srv_http_t *http;
+    srv_metrics_t *metrics;
+
+    core_model_t *model;     /* owned */
+    core_tokenizer_t *tok;   /* owned */
+    core_chat_tmpl_t tmpl;
+    srv_engine_t *engine;    /* owned */
+    srv_store_t *store;      /* owned */
+    proto_limits_t limits;
+    char model_id[128];      /* served model name ("SmolLM2-135M-Instruct") */
+    int64_t created;         /* unix seconds of the start */
+    int64_t t_start_ns;      /* srv_engine_now_ns() at the start */
+    int64_t gen_timeout_ns;  /* per-job deadline; 0 = none */
+    size_t state_max_body;   /* PUT /v1/sessions/{id}/state body limit */
+
+    int ready;               /* model loaded, routes serving */
+    int draining;            /* drain began: no new work */
+    int stopping;            /* stop hook running: finish everything synchronously */
+
+    /* requests with events to deliver (scheduler -> loop); under mu */
+    pthread_mutex_t mu;
+    api_gen_t *ready_head;
+    uv_async_t wake;
+    uv_timer_t sweep_timer;  /* srv_store_sweep */
+    uv_timer_t drain_timer;  /* cancels generation just before the drain deadline */
+    int handles_open;        /* uv handles not yet closed; the app is freed at 0 */
+
+    api_gen_t *live;         /* every request in flight (loop thread) */
+
+    /* metrics the app owns (the engine and http register their own) */
+    srv_series_t *m_sess_mem, *m_sess_disk, *m_sess_bytes;
+    srv_series_t *m_persist_err;
+    srv_metric_t *m_batch_steps; /* darkserve_engine_steps_by_batch_total{sequences} */
+    uint64_t batch_seen[SRV_ENGINE_MAX_BATCH + 1];
+} api_app_t;
+
+/* ---- route registration (one per file) ---- */
+int api_openai_routes(api_app_t *app);
+int api_sessions_routes(api_app_t *app);
+int api_misc_routes(api_app_t *app);
+
+/* ---- bridge.c: parameters and errors ---- */
+
+/* proto generation options -> core sampling parameters. A request without a
+ * seed gets a random one (so reseeding is always on: the same seed gives the
+ * same output). */
+void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out);
+
+/* Answers req with a proto error object. */
+void api_reply_proto(srv_req_t *req, const proto_error_t *e);
+/* Answers req with an error of this kind; msg is printf-style. */
+void api_reply_kind(srv_req_t *req, proto_errkind_t kind, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Fills e for an engine submit error (SRV_ENGINE_E*), with its message;
+ * returns 1 if the answer needs Retry-After (queue full). */
+int api_engine_error(int code, const char *msg, proto_error_t *e);
+/* Answers req for an engine submit error (adds Retry-After on 429). */
+void api_reply_engine(srv_req_t *req, int code, const char *msg);
+/* Fills e for a session store error (SRV_STORE_E*); id may be NULL. */
+void api_store_error(int code, const char *id, const char *detail, proto_error_t *e);
+void api_reply_store(srv_req_t *req, int code, const char *id, const char *detail);
+/* Fills e for a core error (CORE_E*) met while preparing a request. */
+void api_core_error(int code, const char *param, const char *msg, proto_error_t *e);
+/* OpenAI finish_reason of an engine finish: "stop", "length", "timeout",
+ * "cancelled", "error"; NULL for NONE. */
+const char *api_finish_reason(srv_finish_t f);
+
+/* ---- text helpers (bridge.c) ---- */
+
+/* Tokenizes text[0..len) as the model sees a prompt (special token texts
+ * recognised; BOS added when add_special and the model wants one). *ids is
+ * malloc'd (caller frees), also when *n == 0. Returns 0, or a negative CORE_E*
+ * with the message in ce. */
+int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_special,
+                 int32_t **ids, size_t *n, core_error_t *ce);
+/* Renders proto messages with the chat template: a whole conversation
+ * (cont = 0) or the continuation of a session's one (cont = 1, open = its
+ * assistant turn is open). *out malloc'd. */
+int api_render_chat(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont,
+                    int open, int gen_prompt, char **out, size_t *out_len, core_error_t *ce);
+/* Random lowercase hex id of 2*nbytes characters into out (nbytes <= 32). */
+void api_random_hex(char *out, size_t nbytes);
+
+/* ---- api_gen.c: per-choice accumulation (non-streamed answers) ---- */
+
+typedef struct api_tokrec {
+    int32_t id;
+    float logprob;
+    int32_t n_top;
+    core_sample_logprob_t top[CORE_SAMPLE_MAX_LOGPROBS];
+} api_tokrec_t;
+
+typedef struct api_acc {
+    char *text;           /* owned [len] generated text (valid UTF-8 from the engine) */
+    size_t len, cap;
+    api_tokrec_t *toks;   /* owned [n_toks] sampled tokens (when kept) */
+    size_t n_toks, cap_toks;
+    srv_finish_t finish;  /* NONE until the choice ended */
+    int oom;              /* an append failed: answer 500 */
+} api_acc_t;
+
+void api_acc_text(api_acc_t *a, const char *s, size_t n);
+void api_acc_token(api_acc_t *a, const srv_event_t *ev);
+void api_acc_free(api_acc_t *a);
+/* proto logprob entries for a->toks[0..n): *lps [n] and *tops [n * 20] are
+ * malloc'd (caller frees both); pieces are borrowed from tok. text_offset is
+ * the byte offset of each token's piece in the concatenation of the pieces.
+ * Returns 0 or -1 (out of memory). */
+int api_acc_logprobs(const api_acc_t *a, const core_tokenizer_t *tok, proto_token_logprob_t **lps,
+                     proto_top_logprob_t **tops);
+/* One event's token as a proto logprob entry; top[] caller-owned [20]. */
+void api_event_logprob(const core_tokenizer_t *tok, const srv_event_t *ev, int64_t offset,
+                       proto_token_logprob_t *lp, proto_top_logprob_t *top);
+
+/* ---- api_gen.c: a generation request in flight ---- */
+
+typedef struct api_gen_job {
+    srv_job_t *job;      /* caller's reference (released at the end) */
+    srv_seq_ctx_t own;   /* one-shot context (state and sampler owned here) */
+    srv_seq_ctx_t *ctx;  /* &own, or the session's (borrowed) */
+    int done_ev;         /* its DONE event was popped */
+    int submitted;
+} api_gen_job_t;
+
+typedef struct api_gen_ops {
+    /* Loop thread: one event of job ji (TOKEN or END). */
+    void (*event)(api_gen_t *g, size_t ji, const srv_event_t *ev);
+    /* Loop thread: every job is done (srv_job_result valid). Writes the
+     * final frames or the deferred reply, releases the session. */
+    void (*done)(api_gen_t *g);
+    /* Frees the kind's data (g->kd). May be NULL. */
+    void (*free)(void *kd);
+} api_gen_ops_t;
+
+struct api_gen {
+    api_app_t *app;
+    const api_gen_ops_t *ops;
+    void *kd;                   /* the kind's data, owned (ops->free) */
+    char rid[72];               /* request id, for log lines */
+    char route[48];             /* matched pattern, for the log line */
+    srv_stream_t *stream;       /* producer reference; NULL once closed/replied */
+    int streaming;              /* 1: stream opened (frames); 0: deferred reply */
+    proto_stream_format_t fmt;  /* framing when streaming */
+    srv_session_t *session;     /* held (busy) until released; NULL if none */
+    int64_t t_start_ns;
+
+    int cancelled;              /* client gone (on_cancel) */
+    int aborted;                /* abandoned before the answer started (api_gen_abort) */
+    int shutdown;               /* cancelled by the drain deadline */
+    int finished;               /* the end ran (ops->done) */
+    int destroyed;              /* released; freed by the ping timer's close callback */
+    int closing;                /* final frames queued; close when flushed */
+    char *held;                 /* frames waiting for stream space */
+    size_t held_len, held_cap;
+    uint64_t bytes_out;         /* framed bytes handed to the stream */
+    uint64_t bytes_at_tick;     /* bytes_out at the last ping tick */
+    int ping_on;
+    uv_timer_t ping;
+
+    api_gen_t *next_ready;      /* app->ready list (under app->mu) */
+    int queued;                 /* on app->ready (under app->mu) */
+    atomic_int n_on_done;       /* on_done callbacks run (scheduler thread) */
+    api_gen_t *live_prev, *live_next;
+
+    size_t n_jobs;
+    api_gen_job_t jobs[];       /* [n_jobs] */
+};
+
+/* New request with n_jobs job slots for req (loop thread, in the handler).
+ * kd is owned by g from now on (ops->free). Does not answer req. NULL when
+ * out of memory (kd freed). */
+api_gen_t *api_gen_new(api_app_t *app, srv_req_t *req, const api_gen_ops_t *ops, void *kd,
+                       size_t n_jobs);
+/* Makes job slot ji a one-shot context: a fresh attention state and a
+ * sampler with params. Returns 0 or a negative CORE_E* (ce). */
+int api_gen_oneshot(api_gen_t *g, size_t ji, const core_sample_params_t *params,
+                    core_error_t *ce);
+/* Submits spec for slot ji (notify/on_done/ud/ctx/req_id/deadline filled
+ * here). Returns 0 or the engine's error (msg in err). */
+int api_gen_submit(api_gen_t *g, size_t ji, srv_job_spec_t *spec, char *err, size_t errlen);
+/* Starts the answer (after every job was submitted): streaming = 1 opens the
+ * stream now (status 200, content type of fmt, SSE headers and pings);
+ * 0 defers the reply. On failure the request was answered (500), the jobs
+ * are cancelled and g finishes by itself. */
+void api_gen_start(api_gen_t *g, srv_req_t *req, int streaming, proto_stream_format_t fmt);
+/* Abandons g before api_gen_start (a later submit failed): cancels what was
+ * submitted, releases the session without persisting; the caller answers
+ * req. g finishes by itself. */
+void api_gen_abort(api_gen_t *g);
+
+/* Frame helpers for ops (loop thread). Frames json as SSE/NDJSON and writes
+ * it (or holds it until there is room). json is borrowed. */
+void api_gen_write_json(api_gen_t *g, const char *json);
+void api_gen_write_raw(api_gen_t *g, const char *bytes, size_t len);
+/* An error event (frame of proto_error_json); SSE also gets [DONE] after. */
+void api_gen_write_error(api_gen_t *g, const proto_error_t *e);
+/* Deferred answer: status + JSON body. */
+void api_gen_reply_json(api_gen_t *g, int status, const char *json);
+void api_gen_reply_error(api_gen_t *g, const proto_error_t *e);
+/* Releases the held session (persist = write it to the store first). On a
+ * persist error returns it with a message in err (the previous good state
+ * stays on disk). No-op returning 0 when there is no session. */
+int api_gen_release_session(api_gen_t *g, int persist, char *err, size_t errlen);
+
+/* Wakes the loop (scheduler thread): g has events or finished a job. */
+void api_gen_wake(api_app_t *app, api_gen_t *g);
+/* Loop thread: delivers the events of every ready request. */
+void api_gen_pump_ready(api_app_t *app);
+/* Loop thread: cancels every generation in flight (drain deadline). */
+void api_gen_cancel_all(api_app_t *app, int shutdown);
+/* Loop thread, stop hook, after srv_engine_stop (every on_done ran): the
+ * streams are already cancelled by the server; finishes and frees every
+ * request (sessions are released and saved). */
+void api_gen_shutdown(api_app_t *app);
+
+#endif

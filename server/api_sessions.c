@@ -1,0 +1,731 @@
+/* server/api_sessions.c — the native sessions API (docs/API.md "Sessions"):
+ *   POST   /v1/sessions                  create (optionally ingest a system
+ *                                        prompt or a history)
+ *   GET    /v1/sessions                  list, paged by id
+ *   GET    /v1/sessions/{id}             the full session object
+ *   DELETE /v1/sessions/{id}
+ *   POST   /v1/sessions/{id}/append      ingest text or messages
+ *   POST   /v1/sessions/{id}/generate    optionally ingest, then generate
+ *                                        (NDJSON by default, SSE, or one JSON)
+ *   POST   /v1/sessions/{id}/fork        copy into a new session
+ *   GET    /v1/sessions/{id}/state       export the binary state
+ *   PUT    /v1/sessions/{id}/state       import a binary state
+ *
+ * Ingesting (create, append) keeps the last token of the new text pending:
+ * the engine would otherwise absorb all of it, and a later /generate with no
+ * new text would have no logits to sample from. Pending tokens are part of
+ * the session's history (engine.h "the pending rule"), so this changes no
+ * result, only when that token is fed.
+ */
+#include "server/api.h"
+
+#include "server/log.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ---- */
+
+static void session_info_json(api_app_t *app, const srv_session_info_t *si, int full,
+                              proto_session_info_t *out)
+{
+    const core_attn_cfg_t *ac = core_attn_config(core_model_attn(app->model));
+    const int linear = ac->kind != CORE_ATTN_EXACT;
+    *out = (proto_session_info_t){
+        .id = si->id,
+        .tokens = si->tokens,
+        .state_bytes = (int64_t)si->state_bytes,
+        .created = si->created,
+        .last_used = si->last_used,
+        .attn_kind = core_attn_kind_name(ac->kind),
+        .attn_features = linear ? ac->n_features : 0,
+        .attn_window = linear ? ac->window : 0,
+    };
+    (void)full;
+}
+
+/* Builds the session object of id (full or short); NULL + *code on error. */
+static char *session_json(api_app_t *app, const char *id, int full, int *code)
+{
+    srv_session_info_t si;
+    *code = srv_store_info(app->store, id, &si);
+    if (*code < 0)
+        return NULL;
+    proto_session_info_t pi;
+    session_info_json(app, &si, full, &pi);
+    char *j = proto_session_json(&pi, full);
+    if (!j)
+        *code = SRV_STORE_ENOMEM;
+    return j;
+}
+
+/* The {id} of the path, or NULL after answering 404 for a malformed one
+ * (a well-formed id that does not exist is the store's 404). */
+static const char *path_id(srv_req_t *req)
+{
+    const char *id = srv_req_param(req, "id");
+    if (!id || !proto_session_id_valid(id, strlen(id))) {
+        api_reply_kind(req, PROTO_ERR_SESSION_NOT_FOUND, NULL,
+                       "session '%.64s' not found (a session id is 32 lowercase hex characters)",
+                       id ? id : "");
+        return NULL;
+    }
+    return id;
+}
+
+/* Tokens of new input for session s: raw text, or messages through the chat
+ * template (continuing the session's conversation). gen_prompt opens an
+ * assistant turn. Sets *chat when the template was used. Answers req and
+ * returns -1 on error. */
+static int session_input(api_app_t *app, srv_req_t *req, srv_session_t *s, const char *text,
+                         size_t text_len, const proto_message_t *msgs, size_t n_msgs,
+                         int gen_prompt, int32_t **ids, size_t *n, int *chat)
+{
+    core_error_t ce = {0};
+    proto_error_t e;
+    const int empty = srv_session_tokens(s) == 0;
+    *ids = NULL;
+    *n = 0;
+    *chat = 0;
+    if (msgs) {
+        char *rendered = NULL;
+        size_t rlen = 0;
+        if (api_render_chat(app, msgs, n_msgs, !empty, srv_session_turn_open(s), gen_prompt,
+                            &rendered, &rlen, &ce) < 0) {
+            api_core_error(ce.code, "messages", ce.msg, &e);
+            api_reply_proto(req, &e);
+            return -1;
+        }
+        int rc = api_tokenize(app, rendered, rlen, empty, ids, n, &ce);
+        free(rendered);
+        if (rc < 0) {
+            api_core_error(ce.code, "messages", ce.msg, &e);
+            api_reply_proto(req, &e);
+            return -1;
+        }
+        *chat = 1;
+        return 0;
+    }
+    if (text) {
+        if (api_tokenize(app, text, text_len, empty, ids, n, &ce) < 0) {
+            api_core_error(ce.code, "text", ce.msg, &e);
+            api_reply_proto(req, &e);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Appends tok to the context's pending tokens (and the sampler's penalty
+ * history, which covers pending tokens). */
+static int pend_last(srv_seq_ctx_t *ctx, int32_t tok)
+{
+    int32_t *buf = malloc((ctx->n_pending + 1) * sizeof *buf);
+    if (!buf)
+        return SRV_ENGINE_ENOMEM;
+    if (ctx->n_pending)
+        memcpy(buf, ctx->pending, ctx->n_pending * sizeof *buf);
+    buf[ctx->n_pending] = tok;
+    int rc = srv_seq_ctx_set_pending(ctx, buf, ctx->n_pending + 1);
+    free(buf);
+    if (rc == 0 && ctx->sampler)
+        core_sampler_accept(ctx->sampler, tok, NULL);
+    return rc;
+}
+
+/* ---- ingest (create, append) ---- */
+
+typedef struct ingest {
+    int status;        /* 201 create, 200 append */
+    int has_last;      /* last token to leave pending */
+    int32_t last;
+    int set_chat;      /* messages were rendered: turn closed, chat started */
+    char id[PROTO_SESSION_ID_LEN + 1];
+} ingest_t;
+
+/* The end of an ingest, with or without an engine job: pend the last token,
+ * set the flags, save, answer. *g_or_req: exactly one of g / req. */
+static void ingest_finish(api_app_t *app, api_gen_t *g, srv_req_t *req, srv_session_t *s,
+                          const ingest_t *k, const char *job_err)
+{
+    char perr[256] = "";
+    proto_error_t e;
+    int failed = 0;
+    if (k->has_last && pend_last(srv_session_ctx(s), k->last) < 0) {
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "out of memory ingesting the text");
+        failed = 1;
+    }
+    if (k->set_chat) {
+        srv_session_set_turn_open(s, 0);
+        srv_session_set_has_chat(s, 1);
+    }
+    int rc;
+    if (g) {
+        rc = api_gen_release_session(g, 1, perr, sizeof perr);
+    } else {
+        srv_session_touch(s);
+        rc = srv_store_release(app->store, s, 1);
+        if (rc < 0) {
+            snprintf(perr, sizeof perr,
+                     "session state could not be saved (%s); the session keeps its previous "
+                     "saved state",
+                     srv_store_strerror(rc));
+            srv_series_add(app->m_persist_err, 1);
+            SRV_LOG(SRV_LOG_ERROR, srv_req_id(req), "%s", perr);
+        }
+    }
+    if (g && g->cancelled)
+        return;
+    if (!failed && job_err) {
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "ingest failed: %s", job_err);
+        failed = 1;
+    } else if (!failed && g && g->shutdown) {
+        api_engine_error(SRV_ENGINE_ESTOPPED, NULL, &e);
+        failed = 1;
+    } else if (!failed && rc < 0) {
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "%s", perr);
+        failed = 1;
+    }
+    char *j = NULL;
+    if (!failed) {
+        j = session_json(app, k->id, 0, &rc);
+        if (!j) {
+            api_store_error(rc, k->id, NULL, &e);
+            failed = 1;
+        }
+    }
+    if (failed) {
+        if (g)
+            api_gen_reply_error(g, &e);
+        else
+            api_reply_proto(req, &e);
+    } else if (g) {
+        api_gen_reply_json(g, k->status, j);
+    } else {
+        srv_reply_json(req, k->status, j);
+    }
+    proto_free(j);
+}
+
+static void ingest_done(api_gen_t *g)
+{
+    ingest_t *k = g->kd;
+    if (g->aborted)
+        return;
+    const char *job_err = NULL;
+    const srv_job_result_t *res = g->jobs[0].submitted ? srv_job_result(g->jobs[0].job) : NULL;
+    if (res && res->finish[0] == SRV_FINISH_ERROR)
+        job_err = res->error[0] ? res->error : "ingest failed";
+    srv_session_t *s = g->session;
+    if (!s)
+        return;
+    if (res)
+        SRV_LOG(SRV_LOG_INFO, g->rid,
+                "ingest route=%s session=%s prompt_tokens=%" PRId64 " total_ms=%.1f%s", g->route,
+                k->id, res->prompt_tokens + (k->has_last ? 1 : 0),
+                (double)(srv_engine_now_ns() - g->t_start_ns) / 1e6,
+                g->cancelled ? " (client gone)" : "");
+    ingest_finish(g->app, g, NULL, s, k, job_err);
+}
+
+static const api_gen_ops_t ingest_ops = {.done = ingest_done, .free = free};
+
+/* Ingests ids[n] (owned, freed here) into s (held) and answers req with the
+ * short session object. */
+static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *ids, size_t n,
+                   int status, int set_chat)
+{
+    ingest_t k = {.status = status, .set_chat = set_chat};
+    snprintf(k.id, sizeof k.id, "%s", srv_session_id(s));
+    if (n > 0) {
+        k.has_last = 1;
+        k.last = ids[n - 1];
+        n--;
+    }
+    srv_seq_ctx_t *ctx = srv_session_ctx(s);
+    if (n == 0 && ctx->n_pending == 0) {
+        free(ids);
+        ingest_finish(app, NULL, req, s, &k, NULL);
+        return;
+    }
+    ingest_t *kd = malloc(sizeof *kd);
+    api_gen_t *g = kd ? api_gen_new(app, req, &ingest_ops, kd, 1) : NULL;
+    if (!g) { /* api_gen_new freed kd */
+        free(ids);
+        srv_store_release(app->store, s, 0);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    *kd = k;
+    g->session = s;
+    g->jobs[0].ctx = ctx;
+    srv_job_spec_t spec;
+    srv_job_spec_init(&spec);
+    spec.prompt = ids;
+    spec.n_prompt = n;
+    spec.max_tokens = 0;
+    char err[512];
+    int rc = api_gen_submit(g, 0, &spec, err, sizeof err);
+    free(ids);
+    if (rc < 0) {
+        api_gen_abort(g);
+        api_reply_engine(req, rc, err);
+        return;
+    }
+    api_gen_start(g, req, 0, PROTO_STREAM_NDJSON);
+}
+
+static void h_create(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_session_create_req_t cr;
+    proto_error_t e;
+    if (proto_session_create_parse(body, len, &app->limits, &cr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    srv_session_t *s = NULL;
+    int rc = srv_store_create(app->store, &s);
+    if (rc < 0) {
+        api_reply_store(req, rc, NULL, NULL);
+        proto_session_create_free(&cr);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int chat = 0;
+    if (cr.system || cr.messages) {
+        proto_message_t sys = {.role = PROTO_ROLE_SYSTEM, .content = cr.system,
+                               .content_len = cr.system_len};
+        const proto_message_t *msgs = cr.system ? &sys : cr.messages;
+        size_t nm = cr.system ? 1 : cr.n_messages;
+        if (session_input(app, req, s, NULL, 0, msgs, nm, 0, &ids, &n, &chat) < 0) {
+            /* a session that never held anything is not kept */
+            char id[PROTO_SESSION_ID_LEN + 1];
+            snprintf(id, sizeof id, "%s", srv_session_id(s));
+            srv_store_release(app->store, s, 0);
+            srv_store_delete(app->store, id);
+            proto_session_create_free(&cr);
+            return;
+        }
+    }
+    proto_session_create_free(&cr);
+    ingest(app, req, s, ids, n, 201, chat);
+}
+
+static void h_append(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = path_id(req);
+    if (!id)
+        return;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_session_append_req_t ar;
+    proto_error_t e;
+    if (proto_session_append_parse(body, len, &app->limits, &ar, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    srv_session_t *s = NULL;
+    int rc = srv_store_acquire(app->store, id, &s);
+    if (rc < 0) {
+        api_reply_store(req, rc, id, NULL);
+        proto_session_append_free(&ar);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int chat = 0;
+    rc = session_input(app, req, s, ar.text, ar.text_len, ar.messages, ar.n_messages, 0, &ids, &n,
+                       &chat);
+    proto_session_append_free(&ar);
+    if (rc < 0) {
+        srv_store_release(app->store, s, 0);
+        return;
+    }
+    ingest(app, req, s, ids, n, 200, chat);
+}
+
+/* ---- generate ---- */
+
+typedef struct sgen {
+    int stream;
+    int logprobs;      /* -1 none */
+    int set_chat;      /* messages rendered with a generation prompt */
+    char id[PROTO_SESSION_ID_LEN + 1];
+    api_acc_t acc;     /* non-streamed: text, tokens */
+    srv_finish_t finish;
+} sgen_t;
+
+static void sgen_free(void *kd)
+{
+    sgen_t *k = kd;
+    if (!k)
+        return;
+    api_acc_free(&k->acc);
+    free(k);
+}
+
+static void sgen_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
+{
+    (void)ji;
+    sgen_t *k = g->kd;
+    if (ev->finish != SRV_FINISH_NONE)
+        k->finish = ev->finish;
+    if (!k->stream) {
+        api_acc_text(&k->acc, ev->text, ev->len);
+        if (ev->kind == SRV_EVENT_TOKEN)
+            api_acc_token(&k->acc, ev);
+        return;
+    }
+    if (ev->kind != SRV_EVENT_TOKEN) {
+        /* a tail without a token (cancel, timeout): still text */
+        if (ev->len) {
+            proto_gen_token_t t = {.text = ev->text, .text_len = ev->len, .id = -1};
+            char *j = proto_generate_token_json(&t);
+            api_gen_write_json(g, j);
+            proto_free(j);
+        }
+        return;
+    }
+    proto_token_logprob_t lp;
+    proto_top_logprob_t top[CORE_SAMPLE_MAX_LOGPROBS];
+    if (k->logprobs >= 0)
+        api_event_logprob(g->app->tok, ev, 0, &lp, top);
+    proto_gen_token_t t = {.text = ev->text, .text_len = ev->len, .id = ev->token,
+                           .lp = k->logprobs >= 0 ? &lp : NULL};
+    char *j = proto_generate_token_json(&t);
+    api_gen_write_json(g, j);
+    proto_free(j);
+}
+
+static void sgen_done(api_gen_t *g)
+{
+    sgen_t *k = g->kd;
+    if (g->aborted)
+        return;
+    const srv_job_result_t *res = g->jobs[0].submitted ? srv_job_result(g->jobs[0].job) : NULL;
+    const char *job_err = NULL;
+    if (res && res->finish[0] == SRV_FINISH_ERROR)
+        job_err = res->error[0] ? res->error : "generation failed";
+    if (g->session && k->set_chat) {
+        srv_session_set_turn_open(g->session, 1);
+        srv_session_set_has_chat(g->session, 1);
+    }
+    char perr[256] = "";
+    int prc = api_gen_release_session(g, 1, perr, sizeof perr);
+    proto_usage_t u = {0, 0};
+    proto_timings_t tm = {0, 0, 0};
+    if (res) {
+        u.prompt_tokens = res->prompt_tokens;
+        u.completion_tokens = res->completion_total;
+        tm.queue_ms = res->queue_s > 0 ? res->queue_s * 1e3 : 0;
+        tm.prompt_ms = res->prefill_s > 0 ? res->prefill_s * 1e3 : 0;
+        tm.generation_ms = res->decode_s > 0 ? res->decode_s * 1e3 : 0;
+        SRV_LOG(SRV_LOG_INFO, g->rid,
+                "generation route=%s session=%s prompt_tokens=%" PRId64
+                " completion_tokens=%" PRId64 " ttft_ms=%.1f total_ms=%.1f finish=%s%s",
+                g->route, k->id, u.prompt_tokens, u.completion_tokens,
+                res->ttft_s >= 0 ? res->ttft_s * 1e3 : -1.0,
+                (double)(srv_engine_now_ns() - g->t_start_ns) / 1e6,
+                api_finish_reason(res->finish[0]) ? api_finish_reason(res->finish[0]) : "-",
+                g->cancelled ? " (client gone)" : "");
+    }
+    if (g->cancelled)
+        return;
+    proto_error_t e;
+    int failed = 1;
+    if (g->shutdown)
+        api_engine_error(SRV_ENGINE_ESTOPPED, NULL, &e);
+    else if (job_err)
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "generation failed: %s", job_err);
+    else if (prc < 0)
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "%s", perr);
+    else
+        failed = 0;
+    const char *fin = api_finish_reason(k->finish);
+    if (!fin)
+        fin = "length";
+    if (k->stream) {
+        if (failed) {
+            api_gen_write_error(g, &e);
+            return;
+        }
+        char *j = proto_generate_done_json(fin, &u, &tm);
+        api_gen_write_json(g, j);
+        proto_free(j);
+        if (g->fmt == PROTO_STREAM_SSE)
+            api_gen_write_raw(g, PROTO_SSE_DONE, strlen(PROTO_SSE_DONE));
+        return;
+    }
+    if (failed || k->acc.oom) {
+        if (!failed)
+            proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        api_gen_reply_error(g, &e);
+        return;
+    }
+    int32_t *ids = malloc((k->acc.n_toks ? k->acc.n_toks : 1) * sizeof *ids);
+    proto_token_logprob_t *lps = NULL;
+    proto_top_logprob_t *tops = NULL;
+    char *j = NULL;
+    if (ids && (k->logprobs < 0 || api_acc_logprobs(&k->acc, g->app->tok, &lps, &tops) == 0)) {
+        for (size_t i = 0; i < k->acc.n_toks; i++)
+            ids[i] = k->acc.toks[i].id;
+        j = proto_generate_json(k->id, k->acc.text ? k->acc.text : "", k->acc.len, ids,
+                                k->acc.n_toks, k->logprobs >= 0 ? lps : NULL, fin, &u, &tm);
+    }
+    api_gen_reply_json(g, 200, j);
+    proto_free(j);
+    free(ids);
+    free(lps);
+    free(tops);
+}
+
+static const api_gen_ops_t sgen_ops = {.event = sgen_event, .done = sgen_done, .free = sgen_free};
+
+static void h_generate(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = path_id(req);
+    if (!id)
+        return;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_generate_req_t gr;
+    proto_error_t e;
+    if (proto_generate_parse(body, len, &app->limits, &gr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    srv_session_t *s = NULL;
+    int rc = srv_store_acquire(app->store, id, &s);
+    if (rc < 0) {
+        api_reply_store(req, rc, id, NULL);
+        proto_generate_free(&gr);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int chat = 0;
+    if (session_input(app, req, s, gr.text, gr.text_len, gr.messages, gr.n_messages, 1, &ids, &n,
+                      &chat) < 0) {
+        srv_store_release(app->store, s, 0);
+        proto_generate_free(&gr);
+        return;
+    }
+    if (n == 0 && srv_session_ctx(s)->n_pending == 0) {
+        free(ids);
+        srv_store_release(app->store, s, 0);
+        proto_generate_free(&gr);
+        api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "text",
+                       "the session is empty and the request brings no 'text' or 'messages' "
+                       "to generate from");
+        return;
+    }
+    sgen_t *k = calloc(1, sizeof *k);
+    api_gen_t *g = k ? api_gen_new(app, req, &sgen_ops, k, 1) : NULL;
+    if (!g) {
+        free(ids);
+        srv_store_release(app->store, s, 0);
+        proto_generate_free(&gr);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    k->stream = gr.p.stream;
+    k->logprobs = gr.p.logprobs;
+    k->set_chat = chat;
+    snprintf(k->id, sizeof k->id, "%s", id);
+    g->session = s;
+    g->jobs[0].ctx = srv_session_ctx(s);
+    srv_job_spec_t spec;
+    srv_job_spec_init(&spec);
+    spec.prompt = ids;
+    spec.n_prompt = n;
+    spec.max_tokens = gr.p.max_tokens;
+    api_sample_params(&gr.p, &spec.params);
+    spec.reseed = 1;
+    spec.stops = (const char *const *)gr.p.stop;
+    spec.n_stops = gr.p.n_stop;
+    char err[512];
+    rc = api_gen_submit(g, 0, &spec, err, sizeof err);
+    free(ids);
+    if (rc < 0) {
+        api_gen_abort(g);
+        api_reply_engine(req, rc, err);
+        proto_generate_free(&gr);
+        return;
+    }
+    api_gen_start(g, req, gr.p.stream, gr.format);
+    proto_generate_free(&gr);
+}
+
+/* ---- plain session operations ---- */
+
+static void h_list(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    proto_kv_t kv[2];
+    size_t nkv = 0;
+    static const char *const keys[] = {"limit", "after"};
+    for (size_t i = 0; i < 2; i++) {
+        const char *v = srv_req_query(req, keys[i]);
+        if (v)
+            kv[nkv++] = (proto_kv_t){keys[i], v};
+    }
+    proto_session_list_req_t lr;
+    proto_error_t e;
+    if (proto_session_list_parse(kv, nkv, &lr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    srv_session_info_t *si = calloc((size_t)lr.limit, sizeof *si);
+    proto_session_info_t *pi = calloc((size_t)lr.limit, sizeof *pi);
+    size_t n = 0;
+    int more = 0;
+    if (!si || !pi) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto out;
+    }
+    int rc = srv_store_list(app->store, lr.after[0] ? lr.after : NULL, (size_t)lr.limit, si, &n,
+                            &more);
+    if (rc < 0) {
+        api_reply_store(req, rc, NULL, NULL);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        session_info_json(app, &si[i], 1, &pi[i]);
+    char *j = proto_session_list_json(pi, n, more);
+    if (!j) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto out;
+    }
+    srv_reply_json(req, 200, j);
+    proto_free(j);
+out:
+    free(si);
+    free(pi);
+}
+
+static void h_get(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = path_id(req);
+    if (!id)
+        return;
+    int rc = 0;
+    char *j = session_json(app, id, 1, &rc);
+    if (!j) {
+        api_reply_store(req, rc, id, NULL);
+        return;
+    }
+    srv_reply_json(req, 200, j);
+    proto_free(j);
+}
+
+static void h_delete(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = path_id(req);
+    if (!id)
+        return;
+    int rc = srv_store_delete(app->store, id);
+    if (rc < 0) {
+        api_reply_store(req, rc, id, NULL);
+        return;
+    }
+    char j[96];
+    snprintf(j, sizeof j, "{\"id\":\"%s\",\"object\":\"session.deleted\",\"deleted\":true}", id);
+    srv_reply_json(req, 200, j);
+}
+
+static void h_fork(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = path_id(req);
+    if (!id)
+        return;
+    char nid[PROTO_SESSION_ID_LEN + 1];
+    int rc = srv_store_fork(app->store, id, nid);
+    if (rc < 0) {
+        api_reply_store(req, rc, id, NULL);
+        return;
+    }
+    char *j = session_json(app, nid, 0, &rc);
+    if (!j) {
+        api_reply_store(req, rc, nid, NULL);
+        return;
+    }
+    srv_reply_json(req, 201, j);
+    proto_free(j);
+}
+
+static void h_export(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = path_id(req);
+    if (!id)
+        return;
+    void *blob = NULL;
+    size_t n = 0;
+    int rc = srv_store_export(app->store, id, &blob, &n);
+    if (rc < 0) {
+        api_reply_store(req, rc, id, NULL);
+        return;
+    }
+    char disp[96];
+    snprintf(disp, sizeof disp, "attachment; filename=\"%s.dsst\"", id);
+    srv_req_add_header(req, "Content-Disposition", disp);
+    srv_reply(req, 200, "application/octet-stream", blob, n);
+    free(blob);
+}
+
+static void h_import(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = path_id(req);
+    if (!id)
+        return;
+    size_t n = 0;
+    const char *body = srv_req_body(req, &n);
+    if (n == 0) {
+        api_reply_kind(req, PROTO_ERR_INVALID_VALUE, NULL,
+                       "the body must be a session state blob (GET /v1/sessions/{id}/state)");
+        return;
+    }
+    char err[512] = "";
+    int rc = srv_store_import(app->store, id, body, n, err, sizeof err);
+    if (rc < 0) {
+        api_reply_store(req, rc, id, err);
+        return;
+    }
+    char *j = session_json(app, id, 0, &rc);
+    if (!j) {
+        api_reply_store(req, rc, id, NULL);
+        return;
+    }
+    srv_reply_json(req, 200, j);
+    proto_free(j);
+}
+
+int api_sessions_routes(api_app_t *app)
+{
+    srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
+    srv_route_opts_t blob = {.flags = 0, .max_body = app->state_max_body};
+    srv_http_t *h = app->http;
+    int rc = 0;
+    rc |= srv_http_route(h, "POST", "/v1/sessions", h_create, app, &json);
+    rc |= srv_http_route(h, "GET", "/v1/sessions", h_list, app, NULL);
+    rc |= srv_http_route(h, "GET", "/v1/sessions/{id}", h_get, app, NULL);
+    rc |= srv_http_route(h, "DELETE", "/v1/sessions/{id}", h_delete, app, NULL);
+    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/append", h_append, app, &json);
+    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/generate", h_generate, app, &json);
+    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/fork", h_fork, app, &json);
+    rc |= srv_http_route(h, "GET", "/v1/sessions/{id}/state", h_export, app, NULL);
+    rc |= srv_http_route(h, "PUT", "/v1/sessions/{id}/state", h_import, app, &blob);
+    return rc ? -1 : 0;
+}

@@ -1,0 +1,387 @@
+/* server/app.c — srv_darkserve_app, the application `darkserve serve` runs:
+ * loads the model, tokenizer and chat template, starts the engine and the
+ * session store, registers the REST routes; on drain stops admitting work,
+ * on stop finishes what is left and saves sessions.
+ *
+ * Shutdown (serve.c drives it): SIGTERM -> drain(): the engine refuses new
+ * jobs, running generations go on; shortly before --drain-timeout ends, a
+ * timer cancels the generations still running so each stream ends with a
+ * final error event ("server is shutting down") instead of being cut by the
+ * server's hard cancel. Then stop(): the engine stops, the remaining events
+ * are delivered, every session is flushed to disk.
+ */
+#include "server/api.h"
+
+#include "core/blas.h"
+#include "core/features.h"
+#include "core/gguf.h"
+#include "server/log.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SWEEP_MS 10000
+#define DEFAULT_FEATURES 128 /* linear kinds without an adapter value */
+#define DEFAULT_WINDOW 64    /* hybrid window without an adapter value */
+#define STATE_BODY_CAP ((size_t)512 << 20)
+
+static void app_handle_closed(uv_handle_t *h)
+{
+    api_app_t *app = h->data;
+    if (--app->handles_open == 0)
+        free(app);
+}
+
+/* ---- engine -> loop ---- */
+
+static void on_wake(uv_async_t *a)
+{
+    api_gen_pump_ready(a->data);
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    api_app_t *app = t->data;
+    int rc = srv_store_sweep(app->store, (int64_t)time(NULL));
+    if (rc < 0)
+        SRV_LOG(SRV_LOG_WARN, NULL, "session sweep: %s", srv_store_strerror(rc));
+}
+
+static void on_drain_deadline(uv_timer_t *t)
+{
+    api_app_t *app = t->data;
+    int n = 0;
+    for (api_gen_t *g = app->live; g; g = g->live_next)
+        n += !g->finished;
+    if (n)
+        SRV_LOG(SRV_LOG_WARN, NULL, "drain: ending %d generation(s) still running", n);
+    api_gen_cancel_all(app, 1);
+}
+
+/* ---- /health, /metrics ---- */
+
+static void session_counts(api_app_t *app, size_t *mem, size_t *disk, size_t *bytes)
+{
+    *mem = *disk = *bytes = 0;
+    if (app->store)
+        srv_store_stats(app->store, mem, disk, bytes);
+}
+
+static void h_health(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const int draining = app->draining || srv_http_draining(srv_req_server(req));
+    proto_health_t h = {.status = draining ? "draining" : app->ready ? "ok" : "loading",
+                        .model = app->ready ? app->model_id : NULL};
+    size_t mem, disk, bytes;
+    session_counts(app, &mem, &disk, &bytes);
+    h.sessions = (int64_t)(disk > mem ? disk : mem);
+    if (app->engine) {
+        srv_engine_stats_t st;
+        srv_engine_stats(app->engine, &st);
+        h.queue_depth = st.queue_depth + st.running_jobs;
+    }
+    h.uptime_s = (double)(srv_engine_now_ns() - app->t_start_ns) / 1e9;
+    char *j = proto_health_json(&h);
+    if (!j) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    srv_reply_json(req, draining || !app->ready ? 503 : 200, j);
+    proto_free(j);
+}
+
+/* Gauges that are read at scrape time rather than updated on every change. */
+static void refresh_metrics(api_app_t *app)
+{
+    size_t mem, disk, bytes;
+    session_counts(app, &mem, &disk, &bytes);
+    srv_series_set(app->m_sess_mem, (double)mem);
+    srv_series_set(app->m_sess_disk, (double)disk);
+    srv_series_set(app->m_sess_bytes, (double)bytes);
+    if (!app->engine || !app->m_batch_steps)
+        return;
+    srv_engine_stats_t st;
+    srv_engine_stats(app->engine, &st);
+    for (int b = 1; b <= SRV_ENGINE_MAX_BATCH; b++) {
+        if (st.batch_hist[b] == app->batch_seen[b])
+            continue;
+        char lbl[16];
+        snprintf(lbl, sizeof lbl, "%d", b);
+        srv_metric_add(app->m_batch_steps, (const char *[]){lbl},
+                       (double)(st.batch_hist[b] - app->batch_seen[b]));
+        app->batch_seen[b] = st.batch_hist[b];
+    }
+}
+
+static void h_metrics(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    refresh_metrics(app);
+    size_t len = 0;
+    char *text = srv_metrics_render(app->metrics, &len);
+    if (!text) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    srv_reply(req, 200, SRV_METRICS_CONTENT_TYPE, text, len);
+    free(text);
+}
+
+static void register_metrics(api_app_t *app)
+{
+    srv_metrics_t *m = app->metrics;
+    if (!m)
+        return;
+    srv_metric_t *sess = srv_metrics_gauge(m, "darkserve_sessions", "Sessions held, by place",
+                                           (const char *[]){"where", NULL});
+    app->m_sess_mem = srv_metric_series(sess, (const char *[]){"memory"});
+    app->m_sess_disk = srv_metric_series(sess, (const char *[]){"disk"});
+    app->m_sess_bytes = srv_metric_series(
+        srv_metrics_gauge(m, "darkserve_session_state_bytes",
+                          "Bytes of session state held in memory", NULL),
+        NULL);
+    app->m_persist_err = srv_metric_series(
+        srv_metrics_counter(m, "darkserve_session_persist_errors_total",
+                            "Session saves that failed (the previous saved state was kept)", NULL),
+        NULL);
+    app->m_batch_steps = srv_metrics_counter(
+        m, "darkserve_engine_steps_by_batch_total",
+        "Batched forwards by the exact number of sequences in them",
+        (const char *[]){"sequences", NULL});
+}
+
+/* ---- start ---- */
+
+/* The served model's id: the file name without ".gguf" (what operators
+ * recognise; GGUF general.name is often a training-run label). */
+static void model_name(api_app_t *app)
+{
+    const char *base = strrchr(app->cfg->model, '/');
+    base = base ? base + 1 : app->cfg->model;
+    snprintf(app->model_id, sizeof app->model_id, "%s", base);
+    size_t n = strlen(app->model_id);
+    if (n > 5 && strcmp(app->model_id + n - 5, ".gguf") == 0)
+        app->model_id[n - 5] = '\0';
+}
+
+/* Attention settings: flags win, then the adapter's values, then defaults. */
+static int model_opts(const srv_config_t *cfg, core_model_opts_t *mo)
+{
+    memset(mo, 0, sizeof *mo);
+    mo->attn_kind = (core_attn_kind_t)cfg->attn;
+    mo->adapter_path = cfg->adapter[0] ? cfg->adapter : NULL;
+    core_features_adapter_info_t ai = {.kind = mo->attn_kind, .n_features = 0, .window = -1};
+    if (mo->adapter_path) {
+        core_error_t ce = {0};
+        core_gguf_t *g = NULL;
+        if (core_gguf_open(mo->adapter_path, &g, &ce) < 0 ||
+            core_features_adapter_info(g, &ai, &ce) < 0) {
+            core_gguf_close(g);
+            SRV_LOG(SRV_LOG_ERROR, NULL, "--adapter %s: %s", mo->adapter_path, ce.msg);
+            return -1;
+        }
+        core_gguf_close(g);
+        mo->seed = ai.seed;
+    }
+    mo->n_features = cfg->features > 0 ? (int)cfg->features
+                     : ai.n_features > 0 ? ai.n_features
+                                         : DEFAULT_FEATURES;
+    mo->window = cfg->window >= 0 ? (int)cfg->window : ai.window >= 0 ? ai.window : DEFAULT_WINDOW;
+    return 0;
+}
+
+static int load(api_app_t *app)
+{
+    const srv_config_t *cfg = app->cfg;
+    core_error_t ce = {0};
+    core_model_opts_t mo;
+    if (model_opts(cfg, &mo) < 0)
+        return -1;
+    core_blas_set_threads((int)cfg->threads);
+    int64_t t0 = srv_engine_now_ns();
+    if (core_model_load(cfg->model, &mo, &app->model, &ce) < 0) {
+        const int linear = mo.attn_kind != CORE_ATTN_EXACT;
+        if (linear && !mo.adapter_path && strstr(ce.msg, "adapter"))
+            SRV_LOG(SRV_LOG_ERROR, NULL,
+                    "cannot load %s with --attn %s: no adapter given (%s). Pass --adapter "
+                    "PATH (a DARKFormer adapter GGUF for this model), or use --attn exact or "
+                    "--attn performer, which need none",
+                    cfg->model, core_attn_kind_name(mo.attn_kind), ce.msg);
+        else
+            SRV_LOG(SRV_LOG_ERROR, NULL, "cannot load the model %s: %s", cfg->model, ce.msg);
+        return -1;
+    }
+    if (core_tokenizer_from_gguf(core_model_gguf(app->model), &app->tok, &ce) < 0) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "tokenizer of %s: %s", cfg->model, ce.msg);
+        return -1;
+    }
+    core_gguf_str_t tt = {NULL, 0};
+    char *tmpl_text = NULL;
+    if (core_gguf_get_str(core_model_gguf(app->model), "tokenizer.chat_template", &tt, NULL) ==
+        0) {
+        tmpl_text = strndup(tt.ptr, (size_t)tt.len);
+        if (!tmpl_text) {
+            SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
+            return -1;
+        }
+    }
+    int rc = core_chat_tmpl_init(cfg->chat_template[0] ? cfg->chat_template : NULL, tmpl_text,
+                                 &app->tmpl, &ce);
+    free(tmpl_text);
+    if (rc < 0) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "--chat-template: %s", ce.msg);
+        return -1;
+    }
+    if (app->tmpl.fallback)
+        SRV_LOG(SRV_LOG_WARN, NULL,
+                "the model's chat template is not one darkserve knows; using ChatML (set "
+                "--chat-template to choose)");
+    model_name(app);
+    const core_model_info_t *info = core_model_info(app->model);
+    const core_attn_cfg_t *ac = core_attn_config(core_model_attn(app->model));
+    SRV_LOG(SRV_LOG_INFO, NULL,
+            "model %s (%s, %d layers, %" PRIu64 " parameters, fingerprint %s) loaded in %.2fs; "
+            "attention %s (features %d, window %d, exact context %" PRId64 "); chat template %s",
+            app->model_id, info->arch, info->n_layer, info->n_params, info->fingerprint,
+            (double)(srv_engine_now_ns() - t0) / 1e9, core_attn_kind_name(ac->kind),
+            ac->n_features, ac->window, ac->max_ctx, core_chat_kind_name(app->tmpl.kind));
+    return 0;
+}
+
+static void app_free_parts(api_app_t *app)
+{
+    srv_engine_free(app->engine);
+    app->engine = NULL;
+    srv_store_free(app->store);
+    app->store = NULL;
+    core_tokenizer_free(app->tok);
+    app->tok = NULL;
+    core_model_free(app->model);
+    app->model = NULL;
+}
+
+static int app_start(const srv_serve_ctx_t *ctx, void **state)
+{
+    char err[512];
+    api_app_t *app = calloc(1, sizeof *app);
+    if (!app) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
+        return -1;
+    }
+    const srv_config_t *cfg = ctx->cfg;
+    app->cfg = cfg;
+    app->loop = ctx->loop;
+    app->http = ctx->http;
+    app->metrics = ctx->metrics;
+    app->created = (int64_t)time(NULL);
+    app->t_start_ns = srv_engine_now_ns();
+    app->gen_timeout_ns = cfg->generation_timeout_s * INT64_C(1000000000);
+    pthread_mutex_init(&app->mu, NULL);
+
+    if (load(app) < 0)
+        goto fail;
+
+    app->limits.max_tokens_limit = cfg->max_tokens_limit;
+    app->limits.default_max_tokens = PROTO_DEFAULT_MAX_TOKENS;
+    app->limits.n_vocab = core_tokenizer_n_vocab(app->tok);
+    app->limits.max_prompt_tokens = PROTO_DEFAULT_MAX_PROMPT_TOKENS;
+    app->limits.max_text_bytes = PROTO_DEFAULT_MAX_TEXT_BYTES;
+
+    register_metrics(app);
+    srv_engine_opts_t eo = {
+        .max_batch = (int)cfg->max_batch,
+        .prefill_chunk = (int)cfg->prefill_chunk,
+        .max_queue = (int)cfg->max_queue,
+        .metrics = app->metrics,
+    };
+    if (srv_engine_new(app->model, app->tok, &eo, &app->engine, err, sizeof err) < 0) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "engine: %s", err);
+        goto fail;
+    }
+    srv_store_opts_t so = {
+        .dir = cfg->session_dir,
+        .max_sessions = (size_t)cfg->max_sessions,
+        .max_bytes = (size_t)cfg->max_session_bytes,
+        .ttl_s = cfg->session_ttl_s,
+        .model = app->model,
+        .fingerprint = core_model_info(app->model)->fingerprint,
+    };
+    if (srv_store_new(&so, &app->store, err, sizeof err) < 0) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "--session-dir %s: %s", cfg->session_dir, err);
+        goto fail;
+    }
+    /* an imported state is at most the largest blob this model can make */
+    app->state_max_body = srv_store_max_blob(app->store) + 4096;
+    if (app->state_max_body > STATE_BODY_CAP)
+        app->state_max_body = STATE_BODY_CAP;
+    if (app->state_max_body < (size_t)cfg->max_body)
+        app->state_max_body = (size_t)cfg->max_body;
+
+    /* routes: registered before serve's built-in /health and /metrics, so
+     * these replace them */
+    srv_route_opts_t health = {.flags = SRV_ROUTE_PUBLIC | SRV_ROUTE_DRAIN_OK};
+    srv_route_opts_t metrics = {.flags = SRV_ROUTE_DRAIN_OK};
+    if (srv_http_route(app->http, "GET", "/health", h_health, app, &health) < 0 ||
+        srv_http_route(app->http, "GET", "/metrics", h_metrics, app, &metrics) < 0 ||
+        api_openai_routes(app) < 0 || api_sessions_routes(app) < 0 || api_misc_routes(app) < 0) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "cannot register the routes");
+        goto fail;
+    }
+
+    uv_async_init(app->loop, &app->wake, on_wake);
+    uv_timer_init(app->loop, &app->sweep_timer);
+    uv_timer_init(app->loop, &app->drain_timer);
+    app->wake.data = app->sweep_timer.data = app->drain_timer.data = app;
+    app->handles_open = 3;
+    uv_timer_start(&app->sweep_timer, on_sweep, SWEEP_MS, SWEEP_MS);
+    app->ready = 1;
+    *state = app;
+    return 0;
+fail:
+    app_free_parts(app);
+    pthread_mutex_destroy(&app->mu);
+    free(app);
+    return -1;
+}
+
+/* ---- drain, stop ---- */
+
+static void app_drain(void *state)
+{
+    api_app_t *app = state;
+    app->draining = 1;
+    srv_engine_drain(app->engine);
+    /* end running generations a little before serve's hard cut, so their
+     * streams close with a final event */
+    uint64_t ms = (uint64_t)app->cfg->drain_timeout_s * 1000u;
+    uint64_t margin = ms / 10 < 1000 ? ms / 10 : 1000;
+    uv_timer_start(&app->drain_timer, on_drain_deadline, ms - margin, 0);
+}
+
+static void app_stop(void *state)
+{
+    api_app_t *app = state;
+    app->stopping = 1;
+    uv_timer_stop(&app->sweep_timer);
+    uv_timer_stop(&app->drain_timer);
+    api_gen_cancel_all(app, 1);
+    srv_engine_stop(app->engine, srv_engine_now_ns());
+    /* every on_done has run: finish every request, release sessions */
+    api_gen_shutdown(app);
+    int rc = srv_store_flush(app->store);
+    if (rc < 0)
+        SRV_LOG(SRV_LOG_ERROR, NULL, "saving sessions at shutdown: %s", srv_store_strerror(rc));
+    else
+        SRV_LOG(SRV_LOG_INFO, NULL, "sessions saved");
+    app_free_parts(app);
+    app->ready = 0;
+    uv_close((uv_handle_t *)&app->wake, app_handle_closed);
+    uv_close((uv_handle_t *)&app->sweep_timer, app_handle_closed);
+    uv_close((uv_handle_t *)&app->drain_timer, app_handle_closed);
+}
+
+const srv_app_t srv_darkserve_app = {.start = app_start, .drain = app_drain, .stop = app_stop};

@@ -1,0 +1,221 @@
+/* server/bridge.c — the one place where proto structs become core/engine
+ * parameters, and core / engine / session-store errors become HTTP statuses
+ * and OpenAI error objects (DESIGN.md §1). Loop thread.
+ */
+#include "server/api.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+/* ---- parameters ---- */
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        v = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15u ^ (uint64_t)ts.tv_sec;
+    }
+    return v;
+}
+
+void api_random_hex(char *out, size_t nbytes)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char b[32];
+    if (nbytes > sizeof b)
+        nbytes = sizeof b;
+    for (size_t i = 0; i < nbytes; i += 8) {
+        uint64_t v = random_u64();
+        for (size_t k = 0; k < 8 && i + k < nbytes; k++)
+            b[i + k] = (unsigned char)(v >> (8 * k));
+    }
+    for (size_t i = 0; i < nbytes; i++) {
+        out[2 * i] = hex[b[i] >> 4];
+        out[2 * i + 1] = hex[b[i] & 15];
+    }
+    out[2 * nbytes] = '\0';
+}
+
+void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out)
+{
+    core_sample_params_default(out);
+    const proto_sampling_t *s = &p->sampling;
+    out->temperature = (float)s->temperature;
+    out->top_p = (float)s->top_p;
+    out->top_k = s->top_k;
+    out->min_p = (float)s->min_p;
+    out->repeat_penalty = (float)s->repeat_penalty;
+    out->presence_penalty = (float)s->presence_penalty;
+    out->frequency_penalty = (float)s->frequency_penalty;
+    out->seed = s->has_seed ? (uint64_t)s->seed : random_u64();
+    out->n_logprobs = p->logprobs > 0 ? p->logprobs : 0;
+}
+
+/* ---- errors ---- */
+
+void api_reply_proto(srv_req_t *req, const proto_error_t *e)
+{
+    char *j = proto_error_json(e);
+    if (!j) {
+        srv_reply_error(req, 500, "server_error", NULL, "internal_error", "out of memory");
+        return;
+    }
+    srv_reply_json(req, e->status, j);
+    proto_free(j);
+}
+
+void api_reply_kind(srv_req_t *req, proto_errkind_t kind, const char *param, const char *fmt, ...)
+{
+    char msg[PROTO_ERROR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    proto_error_t e;
+    proto_error_set(&e, kind, param, "%s", msg);
+    api_reply_proto(req, &e);
+}
+
+int api_engine_error(int code, const char *msg, proto_error_t *e)
+{
+    switch (code) {
+    case SRV_ENGINE_EQUEUE_FULL:
+        proto_error_set(e, PROTO_ERR_RATE_LIMIT, NULL,
+                        "the generation queue is full; retry later");
+        return 1;
+    case SRV_ENGINE_ESTOPPED:
+        proto_error_set(e, PROTO_ERR_UNAVAILABLE, NULL, "the server is shutting down");
+        e->code = "draining";
+        return 0;
+    case SRV_ENGINE_ECONTEXT:
+        proto_error_set(e, PROTO_ERR_CONTEXT_LENGTH, NULL, "%s",
+                        msg && *msg ? msg : "the prompt does not fit the model's context");
+        return 0;
+    case SRV_ENGINE_EINVAL:
+        proto_error_set(e, PROTO_ERR_INVALID_VALUE, NULL, "%s",
+                        msg && *msg ? msg : "invalid request");
+        return 0;
+    default:
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "%s",
+                        msg && *msg ? msg : srv_engine_strerror(code));
+        return 0;
+    }
+}
+
+void api_reply_engine(srv_req_t *req, int code, const char *msg)
+{
+    proto_error_t e;
+    if (api_engine_error(code, msg, &e))
+        srv_req_add_header(req, "Retry-After", "1");
+    api_reply_proto(req, &e);
+}
+
+void api_store_error(int code, const char *id, const char *detail, proto_error_t *e)
+{
+    const char *last = srv_store_last_error();
+    const char *d = detail && *detail ? detail : last && *last ? last : srv_store_strerror(code);
+    switch (code) {
+    case SRV_STORE_ENOTFOUND:
+        proto_error_set(e, PROTO_ERR_SESSION_NOT_FOUND, NULL, "session '%s' not found",
+                        id ? id : "");
+        break;
+    case SRV_STORE_EBUSY:
+        proto_error_set(e, PROTO_ERR_CONFLICT, NULL,
+                        "session '%s' is busy (generating or being modified); retry when it is "
+                        "done",
+                        id ? id : "");
+        break;
+    case SRV_STORE_EMISMATCH:
+    case SRV_STORE_EINVAL:
+        proto_error_set(e, PROTO_ERR_INVALID_VALUE, NULL, "%s", d);
+        break;
+    case SRV_STORE_EFULL:
+        proto_error_set(e, PROTO_ERR_UNAVAILABLE, NULL, "session store full: %s", d);
+        e->code = "session_store_full";
+        break;
+    default:
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "session store: %s", d);
+        break;
+    }
+}
+
+void api_reply_store(srv_req_t *req, int code, const char *id, const char *detail)
+{
+    proto_error_t e;
+    api_store_error(code, id, detail, &e);
+    api_reply_proto(req, &e);
+}
+
+void api_core_error(int code, const char *param, const char *msg, proto_error_t *e)
+{
+    switch (code) {
+    case CORE_ENOMEM:
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory: %s", msg);
+        break;
+    case CORE_ECONTEXT:
+        proto_error_set(e, PROTO_ERR_CONTEXT_LENGTH, param, "%s", msg);
+        break;
+    case CORE_ERANGE:
+    case CORE_EINVAL:
+        if (param)
+            proto_error_set(e, PROTO_ERR_INVALID_VALUE, param, "'%s': %s", param, msg);
+        else
+            proto_error_set(e, PROTO_ERR_INVALID_VALUE, NULL, "%s", msg);
+        break;
+    default:
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "%s", msg);
+        break;
+    }
+}
+
+const char *api_finish_reason(srv_finish_t f)
+{
+    return srv_finish_name(f);
+}
+
+/* ---- text ---- */
+
+int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_special,
+                 int32_t **ids, size_t *n, core_error_t *ce)
+{
+    unsigned flags = CORE_TOK_PARSE_SPECIAL | (add_special ? CORE_TOK_ADD_SPECIAL : 0u);
+    return core_tokenizer_encode_alloc(app->tok, text, len, 0,
+                                       (size_t)app->limits.max_prompt_tokens, flags, ids, n, ce);
+}
+
+static const char *role_name(proto_role_t r)
+{
+    switch (r) {
+    case PROTO_ROLE_SYSTEM:
+        return "system";
+    case PROTO_ROLE_USER:
+        return "user";
+    default:
+        return "assistant";
+    }
+}
+
+int api_render_chat(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont,
+                    int open, int gen_prompt, char **out, size_t *out_len, core_error_t *ce)
+{
+    *out = NULL;
+    core_chat_msg_t *cm = calloc(n ? n : 1, sizeof *cm);
+    if (!cm)
+        return core_error_set(ce, CORE_ENOMEM, "out of memory rendering %zu messages", n);
+    for (size_t i = 0; i < n; i++) {
+        cm[i].role = role_name(msgs[i].role);
+        cm[i].content = msgs[i].content;
+    }
+    core_chat_opts_t o = {.add_generation_prompt = gen_prompt, .assistant_turn_open = open};
+    size_t max = (size_t)app->limits.max_text_bytes * 2 + 65536;
+    int rc = cont ? core_chat_render_continue(&app->tmpl, cm, n, &o, max, out, out_len, ce)
+                  : core_chat_render(&app->tmpl, cm, n, &o, max, out, out_len, ce);
+    free(cm);
+    return rc;
+}

@@ -1,0 +1,307 @@
+"""The native sessions API against the real server: lifecycle, append and
+generate in every framing, `curl -N` streaming, continuation == full
+history, fork, export/import across servers, persistence across kill -9,
+409 for a busy session.
+
+Expected outputs are always produced by the server itself through an
+independent path (a fresh context fed the whole history, an uninterrupted
+twin session), never hard-coded."""
+import json
+import signal
+import subprocess
+
+from ds_server import MODEL, wait_for
+
+
+def create(srv, body=None):
+    st, r, _ = srv.post("/v1/sessions", body or {})
+    assert st == 201, r
+    assert set(r) == {"id", "tokens", "state_bytes"}
+    return r
+
+
+def gen(srv, sid, **body):
+    """Non-streamed generate -> the JSON answer."""
+    body.setdefault("stream", False)
+    body.setdefault("temperature", 0)
+    st, r, _ = srv.post(f"/v1/sessions/{sid}/generate", body)
+    assert st == 200, r
+    return r
+
+
+def ndjson(raw):
+    return [json.loads(l) for l in raw.decode().split("\n") if l.strip()]
+
+
+def test_lifecycle(tiny):
+    s = create(tiny)
+    assert len(s["id"]) == 32 and s["tokens"] == 0
+    st, full, _ = tiny.json("GET", f"/v1/sessions/{s['id']}")
+    assert st == 200
+    assert set(full) >= {"id", "tokens", "state_bytes", "created", "last_used", "attention"}
+    assert full["attention"]["kind"] == "exact"
+
+    s2 = create(tiny, {"system": "You are a terse assistant."})
+    assert s2["tokens"] > 0
+    s3 = create(tiny, {"messages": [{"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "hello"}]})
+    assert s3["tokens"] > 0
+
+    # append: text and messages both grow the session
+    st, a, _ = tiny.post(f"/v1/sessions/{s['id']}/append", {"text": "The meeting moved."})
+    assert st == 200 and a["id"] == s["id"] and a["tokens"] > 0
+    st, b, _ = tiny.post(f"/v1/sessions/{s['id']}/append",
+                         {"messages": [{"role": "user", "content": "When is it?"}]})
+    assert st == 200 and b["tokens"] > a["tokens"]
+
+    # list with paging, ordered by id
+    ids = sorted(x["id"] for x in (s, s2, s3))
+    seen, after = [], None
+    for _ in range(100):
+        q = "/v1/sessions?limit=2" + (f"&after={after}" if after else "")
+        st, page, _ = tiny.json("GET", q)
+        assert st == 200 and page["object"] == "list" and len(page["data"]) <= 2
+        seen += [d["id"] for d in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert set(ids) <= set(seen) and seen == sorted(seen)
+
+    # delete
+    st, d, _ = tiny.json("DELETE", f"/v1/sessions/{s3['id']}")
+    assert st == 200 and d["deleted"] is True
+    assert tiny.json("GET", f"/v1/sessions/{s3['id']}")[0] == 404
+    assert tiny.json("DELETE", f"/v1/sessions/{s3['id']}")[0] == 404
+
+
+def test_generate_framings(tiny):
+    s = create(tiny, {"system": "sys"})
+    sid = s["id"]
+    body = {"text": "Hello", "max_tokens": 6, "temperature": 0}
+    # NDJSON is the default
+    st, hd, raw = tiny.request("POST", f"/v1/sessions/{sid}/generate", body)
+    assert st == 200 and hd["content-type"].startswith("application/x-ndjson")
+    lines = ndjson(raw)
+    last = lines[-1]
+    assert last["done"] is True and last["finish_reason"] in ("stop", "length")
+    assert set(last["timings"]) >= {"queue_ms", "prompt_ms", "generation_ms"}
+    toks = lines[:-1]
+    assert len(toks) == last["usage"]["completion_tokens"]
+    assert all(set(t) == {"text", "token"} for t in toks)
+    # SSE on request, ends with [DONE]
+    st, hd, raw = tiny.request("POST", f"/v1/sessions/{sid}/generate",
+                               dict(body, stream_format="sse"))
+    assert st == 200 and hd["content-type"].startswith("text/event-stream")
+    evs = [e for e in raw.decode().split("\n\n") if e.startswith("data: ")]
+    assert evs[-1] == "data: [DONE]"
+    assert json.loads(evs[-2][6:])["done"] is True
+    # not streamed; with logprobs
+    r = gen(tiny, sid, text=" more", max_tokens=4, logprobs=2)
+    assert r["id"] == sid and len(r["tokens"]) == r["usage"]["completion_tokens"]
+    assert len(r["logprobs"]) == len(r["tokens"])
+    assert [e["id"] for e in r["logprobs"]] == r["tokens"]
+    assert all(len(e["top_logprobs"]) == 2 for e in r["logprobs"])
+    # streamed and not streamed agree (twin sessions, same seed)
+    t1, t2 = create(tiny)["id"], create(tiny)["id"]
+    a = gen(tiny, t1, text="Once", max_tokens=10, temperature=0.9, seed=3)
+    st, _, raw = tiny.request("POST", f"/v1/sessions/{t2}/generate",
+                              {"text": "Once", "max_tokens": 10, "temperature": 0.9, "seed": 3})
+    lines = ndjson(raw)
+    assert [l["token"] for l in lines[:-1]] == a["tokens"]
+    assert "".join(l["text"] for l in lines[:-1]) == a["text"]
+    # generate with no new text continues what was appended
+    st, _, _ = tiny.post(f"/v1/sessions/{t1}/append", {"text": " and then"})
+    r = gen(tiny, t1, max_tokens=3)
+    assert r["usage"]["prompt_tokens"] == 0 and len(r["tokens"]) >= 1
+
+
+def full_history_tokens(srv, texts_and_outputs):
+    """Token ids of a history: texts tokenized (the first with the model's
+    special tokens, as a session's first text is) and generated ids as they
+    were sampled."""
+    ids = []
+    for i, (kind, val) in enumerate(texts_and_outputs):
+        if kind == "text":
+            st, t, _ = srv.post("/tokenize", {"text": val, "add_special": not ids})
+            assert st == 200
+            ids += t["tokens"]
+        else:
+            ids += val
+    return ids
+
+
+def test_continuation_equals_full_history(tiny):
+    """Greedy: the third turn of a session == a fresh one-shot context fed the
+    whole history (text tokens + the ids sampled before)."""
+    sid = create(tiny)["id"]
+    hist = []
+    outs = []
+    for turn in ("The system of the", " program and the", " network in"):
+        r = gen(tiny, sid, text=turn, max_tokens=5)
+        hist.append(("text", turn))
+        # an end-of-generation token is not part of the history
+        toks = r["tokens"][:-1] if r["finish_reason"] == "stop" else r["tokens"]
+        outs.append((list(hist), r))
+        hist.append(("ids", toks))
+    for h, r in outs:
+        prompt = full_history_tokens(tiny, h)
+        st, c, _ = tiny.post("/v1/completions", {"prompt": prompt, "max_tokens": 5,
+                                                 "temperature": 0})
+        assert st == 200, c
+        assert c["choices"][0]["text"] == r["text"]
+        assert c["usage"]["completion_tokens"] == r["usage"]["completion_tokens"]
+
+
+def test_chat_session_equals_full_history(real):
+    """Real model, greedy: chat turns sent one at a time with "session" give
+    the same reply as the whole conversation sent to a fresh context."""
+    sid = create(real)["id"]
+    q1 = [{"role": "user", "content": "Name a color."}]
+    q2 = [{"role": "user", "content": "Name another one."}]
+    body = {"max_tokens": 12, "temperature": 0}
+    st, r1, _ = real.post("/v1/chat/completions", dict(body, messages=q1, session=sid))
+    assert st == 200, r1
+    a1 = r1["choices"][0]["message"]["content"]
+    st, r2, _ = real.post("/v1/chat/completions", dict(body, messages=q2, session=sid))
+    assert st == 200, r2
+    hist = q1 + [{"role": "assistant", "content": a1}] + q2
+    st, c, _ = real.post("/v1/chat/completions", dict(body, messages=hist))
+    assert st == 200
+    assert c["choices"][0]["message"]["content"] == r2["choices"][0]["message"]["content"]
+    assert c["usage"]["prompt_tokens"] > r2["usage"]["prompt_tokens"]
+
+
+def test_curl_streams_tokens_as_produced(real):
+    """`curl -N` prints the first NDJSON line while the server is still
+    generating the rest."""
+    sid = create(real, {"system": "You are a storyteller."})["id"]
+    body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}],
+                       "max_tokens": 48, "temperature": 0})
+    p = subprocess.Popen(["curl", "-sN", "--max-time", "300", "-H",
+                          "Content-Type: application/json", "-d", body,
+                          real.url(f"/v1/sessions/{sid}/generate")],
+                         stdout=subprocess.PIPE)
+    try:
+        first = json.loads(p.stdout.readline())
+        assert set(first) == {"text", "token"}
+        # the first line is out, the sequence is still running in the engine
+        m = real.metrics()
+        assert m["darkserve_engine_running_sequences"] >= 1
+        rest = ndjson(p.stdout.read())
+    finally:
+        p.kill()
+        p.wait()
+    done = rest[-1]
+    assert done["done"] is True
+    assert 1 + len(rest) - 1 == done["usage"]["completion_tokens"]
+    assert done["timings"]["generation_ms"] > 0
+
+
+def test_fork(tiny):
+    sid = create(tiny, {"system": "sys"})["id"]
+    gen(tiny, sid, text="Start of the story", max_tokens=4)
+    st, f, _ = tiny.post(f"/v1/sessions/{sid}/fork", {})
+    assert st == 201 and f["id"] != sid
+    st, orig, _ = tiny.json("GET", f"/v1/sessions/{sid}")
+    assert f["tokens"] == orig["tokens"]
+    a = gen(tiny, sid, text=" next", max_tokens=6)
+    b = gen(tiny, f["id"], text=" next", max_tokens=6)
+    assert a["tokens"] == b["tokens"]
+    # they are independent afterwards
+    gen(tiny, f["id"], text=" only the fork", max_tokens=2)
+    assert tiny.json("GET", f"/v1/sessions/{sid}")[1]["tokens"] < \
+        tiny.json("GET", f"/v1/sessions/{f['id']}")[1]["tokens"]
+
+
+def test_export_import_into_a_new_server(servers, tmp_path):
+    a = servers(name="a")
+    sid = create(a, {"system": "sys"})["id"]
+    gen(a, sid, text="The first turn", max_tokens=4)
+    st, hd, blob = a.request("GET", f"/v1/sessions/{sid}/state")
+    assert st == 200 and hd["content-type"] == "application/octet-stream"
+    st, info, _ = a.json("GET", f"/v1/sessions/{sid}")
+    assert len(blob) == info["state_bytes"]
+
+    b = servers(name="b", session_dir=str(tmp_path / "fresh"))
+    tid = create(b)["id"]
+    st, hd, data = b.request("PUT", f"/v1/sessions/{tid}/state", blob,
+                             {"Content-Type": "application/octet-stream"})
+    assert st == 200, data
+    assert json.loads(data)["tokens"] == info["tokens"]
+    x = gen(a, sid, text=" second", max_tokens=8)
+    y = gen(b, tid, text=" second", max_tokens=8)
+    assert x["tokens"] == y["tokens"] and x["text"] == y["text"]
+
+    # a damaged blob is refused and the session keeps its state
+    bad = bytearray(blob)
+    bad[len(bad) // 2] ^= 0xFF
+    st, hd, data = b.request("PUT", f"/v1/sessions/{tid}/state", bytes(bad),
+                             {"Content-Type": "application/octet-stream"})
+    assert st == 400, data
+    assert json.loads(data)["error"]["message"]
+    z = gen(b, tid, text=" third", max_tokens=4)
+    w = gen(a, sid, text=" third", max_tokens=4)
+    assert z["tokens"] == w["tokens"]
+
+
+def test_state_of_another_model_is_refused(servers, tmp_path):
+    a = servers(name="tinysrv")
+    sid = create(a, {"system": "sys"})["id"]
+    st, _, blob = a.request("GET", f"/v1/sessions/{sid}/state")
+    b = servers(name="realsrv", model=MODEL)
+    tid = create(b)["id"]
+    st, hd, data = b.request("PUT", f"/v1/sessions/{tid}/state", blob,
+                             {"Content-Type": "application/octet-stream"})
+    e = json.loads(data)["error"]
+    assert st == 400 and "model" in e["message"], e
+
+
+def test_persistence_across_kill_9(servers, tmp_path):
+    d = str(tmp_path / "persist")
+    turns = ["The first user turn.", " A second one here.", " And a third"]
+    a = servers(name="a", session_dir=d)
+    sid = create(a, {"system": "You are helpful."})["id"]
+    gen(a, sid, text=turns[0], max_tokens=5)
+    gen(a, sid, text=turns[1], max_tokens=5)
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait()
+    a.start()  # same session dir
+    third = gen(a, sid, text=turns[2], max_tokens=8)
+
+    ctl = servers(name="control")
+    cid = create(ctl, {"system": "You are helpful."})["id"]
+    gen(ctl, cid, text=turns[0], max_tokens=5)
+    gen(ctl, cid, text=turns[1], max_tokens=5)
+    expect = gen(ctl, cid, text=turns[2], max_tokens=8)
+    assert third["tokens"] == expect["tokens"]
+    assert third["text"] == expect["text"]
+
+
+def test_busy_session_409(real):
+    sid = create(real, {"system": "You are a storyteller."})["id"]
+    c, resp = real.open_stream(f"/v1/sessions/{sid}/generate",
+                               {"messages": [{"role": "user",
+                                              "content": "Tell a long story about a dragon."}],
+                                "max_tokens": 200, "temperature": 0})
+    try:
+        assert resp.status == 200
+        first = json.loads(resp.readline())
+        assert "token" in first
+        for path, body in (("append", {"text": "x"}), ("generate", {"text": "x"}),
+                           ("fork", {})):
+            st, r, _ = real.post(f"/v1/sessions/{sid}/{path}", body)
+            assert st == 409, r
+            assert r["error"]["code"] == "session_busy"
+        st, r, _ = real.post("/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "x"}], "session": sid})
+        assert st == 409
+        assert real.json("DELETE", f"/v1/sessions/{sid}")[0] == 409
+        assert real.request("GET", f"/v1/sessions/{sid}/state")[0] == 409
+        # reading its description does not need it
+        assert real.json("GET", f"/v1/sessions/{sid}")[0] == 200
+    finally:
+        c.close()  # the client goes away: the generation is cancelled
+    # the session becomes free again (bounded wait)
+    ok = wait_for(lambda: real.post(f"/v1/sessions/{sid}/append",
+                                    {"text": " The end."})[0] == 200, 60, 0.2)
+    assert ok
