@@ -251,8 +251,9 @@ int api_gen_release_session(api_gen_t *g, int persist, char *err, size_t errlen)
         srv_session_touch(s);
     int rc = srv_store_release(g->app->store, s, persist);
     if (rc < 0) {
-        snprintf(err, errlen, "session state could not be saved (%s); the session keeps its "
-                 "previous saved state", srv_store_strerror(rc));
+        const char *d = srv_store_last_error();
+        snprintf(err, errlen, "session state could not be saved (%s); the saved copy on disk is "
+                 "the previous one", d && *d ? d : srv_store_strerror(rc));
         srv_series_add(g->app->m_persist_err, 1);
         SRV_LOG(SRV_LOG_ERROR, g->rid, "%s", err);
     }

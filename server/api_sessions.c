@@ -168,10 +168,11 @@ static void ingest_finish(api_app_t *app, api_gen_t *g, srv_req_t *req, srv_sess
         srv_session_touch(s);
         rc = srv_store_release(app->store, s, 1);
         if (rc < 0) {
+            const char *d = srv_store_last_error();
             snprintf(perr, sizeof perr,
-                     "session state could not be saved (%s); the session keeps its previous "
-                     "saved state",
-                     srv_store_strerror(rc));
+                     "session state could not be saved (%s); the saved copy on disk is the "
+                     "previous one",
+                     d && *d ? d : srv_store_strerror(rc));
             srv_series_add(app->m_persist_err, 1);
             SRV_LOG(SRV_LOG_ERROR, srv_req_id(req), "%s", perr);
         }

@@ -7,6 +7,7 @@ Expected outputs are always produced by the server itself through an
 independent path (a fresh context fed the whole history, an uninterrupted
 twin session), never hard-coded."""
 import json
+import os
 import signal
 import subprocess
 
@@ -305,3 +306,37 @@ def test_busy_session_409(real):
     ok = wait_for(lambda: real.post(f"/v1/sessions/{sid}/append",
                                     {"text": " The end."})[0] == 200, 60, 0.2)
     assert ok
+
+
+def test_persist_failure_is_reported(tiny):
+    """When the session file cannot be written the answer says so (500, or an
+    error event in a stream) and the old file is left alone."""
+    sid = create(tiny, {"system": "sys"})["id"]
+    gen(tiny, sid, text="First turn", max_tokens=3)
+    path = os.path.join(tiny.session_dir, sid)
+    assert os.path.isfile(path)
+    good = open(path, "rb").read()
+    # the atomic rename over <id> now fails, whoever runs the test (root too)
+    os.unlink(path)
+    os.mkdir(path)
+    open(os.path.join(path, "block"), "w").close()
+    try:
+        st, r, _ = tiny.post(f"/v1/sessions/{sid}/generate",
+                             {"text": " more", "max_tokens": 2, "stream": False})
+        assert st == 500, r
+        assert "could not be saved" in r["error"]["message"]
+        st, hd, raw = tiny.request("POST", f"/v1/sessions/{sid}/generate",
+                                   {"text": " more", "max_tokens": 2})
+        assert st == 200
+        last = ndjson(raw)[-1]
+        assert "could not be saved" in last["error"]["message"], last
+        st, r, _ = tiny.post(f"/v1/sessions/{sid}/append", {"text": " x"})
+        assert st == 500 and "could not be saved" in r["error"]["message"]
+    finally:
+        os.unlink(os.path.join(path, "block"))
+        os.rmdir(path)
+    with open(path, "wb") as f:
+        f.write(good)
+    # writable again: saves succeed
+    gen(tiny, sid, text=" again", max_tokens=2)
+    assert os.path.isfile(path)
