@@ -3,15 +3,17 @@
  * Every weight block is dequantized once (in registers for Q4_0/Q4_1/Q8_0,
  * into a one-block buffer for the other types) and multiplied with all m
  * activation rows of the current chunk, so a weight byte is read once per
- * call. The dequantized values are formed with the same operations as
- * core/tensor.c (product, then sum; no FMA there), hence bit-identical; only
- * the order of the dot-product sums differs from core_dot_ref.
+ * call. With several rows the dequantized values are formed with the same
+ * operations as core/tensor.c (product, then sum; no FMA there); with one row
+ * (decode) the block scale is factored out of the block's sum instead, which
+ * saves the per-value multiply and add on the busiest execution ports.
  *
  * AVX2 is opt-in per function (the build targets x86-64-v2) and picked at run
  * time with __builtin_cpu_supports.
  */
 #include "core/qdot.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #include "core/err.h"
@@ -24,7 +26,8 @@
 
 enum {
     QDOT_MR = 8,        /* activation rows per chunk: one weight read serves them all */
-    QDOT_MAX_BLCK = 256 /* largest block (K-quants) */
+    QDOT_MAX_BLCK = 256, /* largest block (K-quants) */
+    QDOT_SX_MAX = 1024   /* blocks per row (k <= 32768) the one-row kernel keeps sums for */
 };
 
 int core_qdot_supported(int type)
@@ -99,20 +102,23 @@ AVX2_INL float half_at(const unsigned char *p)
     return _cvtsh_ss(h);
 }
 
-/* The 32 values of one block as four vectors in element order. */
-AVX2_INL void deq_block(int type, const unsigned char *b, __m256 w[4])
+/* The 32 values of one block as four vectors in element order (written out:
+ * loops over small arrays here end up spilled to the stack). */
+AVX2_INL void deq_block(int type, const unsigned char *b, __m256 *w0, __m256 *w1, __m256 *w2,
+                        __m256 *w3)
 {
+    const __m256 d = _mm256_set1_ps(half_at(b));
     if (type == CORE_TTYPE_Q8_0) {
-        const __m256 d = _mm256_set1_ps(half_at(b));
-        for (int e = 0; e < 4; e++) {
-            __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + 8 * e));
-            w[e] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-        }
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));
+        const __m128i q01 = _mm256_castsi256_si128(q), q23 = _mm256_extracti128_si256(q, 1);
+        *w0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q01)));
+        *w1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q01, 8))));
+        *w2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q23)));
+        *w3 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q23, 8))));
         return;
     }
     /* Q4_0 / Q4_1: low nibbles are values 0..15, high nibbles 16..31 */
     const int q41 = type == CORE_TTYPE_Q4_1;
-    const __m256 d = _mm256_set1_ps(half_at(b));
     const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(b + (q41 ? 4 : 2)));
     const __m128i mask = _mm_set1_epi8(0x0f);
     __m128i lo = _mm_and_si128(v, mask);
@@ -122,52 +128,114 @@ AVX2_INL void deq_block(int type, const unsigned char *b, __m256 w[4])
         lo = _mm_sub_epi8(lo, eight);
         hi = _mm_sub_epi8(hi, eight);
     }
-    const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int e = 0; e < 4; e++) {
-        /* nibbles are small: the signed widening is right for both types */
-        w[e] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[e])));
-    }
+    /* nibbles are small: the signed widening is right for both types */
+    *w0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+    *w1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+    *w2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+    *w3 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
     if (q41) {
         const __m256 mn = _mm256_set1_ps(half_at(b + 2));
-        for (int e = 0; e < 4; e++)
-            w[e] = _mm256_add_ps(w[e], mn);
+        *w0 = _mm256_add_ps(*w0, mn);
+        *w1 = _mm256_add_ps(*w1, mn);
+        *w2 = _mm256_add_ps(*w2, mn);
+        *w3 = _mm256_add_ps(*w3, mn);
     }
 }
 
-/* One weight row against MR activation rows (MR a literal at every call site,
- * so the loops unroll and the accumulators stay in registers). With one row,
- * four independent accumulators hide the FMA latency; more rows bring their
- * own independent chains. */
+/* fp16 -> f32 by table: the per-block scales then cost a load instead of
+ * shuffles on the port the nibble widening already saturates. */
+static float h2f[1 << 16];
+static pthread_once_t h2f_once = PTHREAD_ONCE_INIT;
+
+static void h2f_init(void)
+{
+    for (uint32_t i = 0; i < (1u << 16); i++)
+        h2f[i] = core_fp16_to_fp32((uint16_t)i);
+}
+
+AVX2_INL float half_tab(const unsigned char *p)
+{
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return h2f[h];
+}
+
+/* One weight row against one activation row (decode), with the block scale
+ * factored out: sum_b d_b * (q_b . x_b) [+ m_b * sx_b for Q4_1, sx_b the sum
+ * of x over block b]. The integer quants convert to float exactly, so this
+ * differs from the dequantize-then-dot order only in rounding (bounded by the
+ * header's Q4_1 term). */
+AVX2_INL void row1_factored(int type, const float *x, const float *sx, const unsigned char *row,
+                            int64_t nb, float beta, float *c)
+{
+    const int q41 = type == CORE_TTYPE_Q4_1, q80 = type == CORE_TTYPE_Q8_0;
+    const size_t bb = q80 ? 34 : q41 ? 20 : 18;
+    const int qoff = q41 ? 4 : 2;
+    const __m256i mask = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+    __m256 acc = _mm256_setzero_ps();
+    float ms = 0.0f;
+    for (int64_t b = 0; b < nb; b++, x += 32) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        const unsigned char *qs = blk + qoff;
+        __m256i q0, q1, q2, q3;
+        if (q80) {
+            q0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)qs));
+            q1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(qs + 8)));
+            q2 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(qs + 16)));
+            q3 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(qs + 24)));
+        } else {
+            /* bytes 0..7 hold values 0..7 (low) and 16..23 (high), 8..15 the rest */
+            const __m256i l0 =
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)qs));
+            const __m256i l1 =
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(qs + 8)));
+            q0 = _mm256_and_si256(l0, mask);
+            q1 = _mm256_and_si256(l1, mask);
+            q2 = _mm256_srli_epi32(l0, 4);
+            q3 = _mm256_srli_epi32(l1, 4);
+            if (!q41) {
+                q0 = _mm256_sub_epi32(q0, eight);
+                q1 = _mm256_sub_epi32(q1, eight);
+                q2 = _mm256_sub_epi32(q2, eight);
+                q3 = _mm256_sub_epi32(q3, eight);
+            }
+        }
+        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(q0), _mm256_loadu_ps(x));
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), _mm256_loadu_ps(x + 8), t);
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q2), _mm256_loadu_ps(x + 16), t);
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q3), _mm256_loadu_ps(x + 24), t);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half_tab(blk)), t, acc);
+        if (q41)
+            ms += half_tab(blk + 2) * sx[b];
+    }
+    put(c, hsum8(acc) + ms, beta);
+}
+
+/* One weight row against MR (2..8, a literal at every call site) activation
+ * rows, one accumulator each: the rows are the independent chains. */
 AVX2_INL void row_fast(int type, int MR, const float *a, int64_t lda, const unsigned char *row,
                        int64_t nb, size_t bb, float beta, float *c, int64_t ldc)
 {
-    const int NA = MR == 1 ? 4 : MR == 2 ? 2 : 1;
-    __m256 acc[QDOT_MR][4];
+    __m256 acc[QDOT_MR];
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; r++) {
-#pragma GCC unroll 4
-        for (int e = 0; e < NA; e++)
-            acc[r][e] = _mm256_setzero_ps();
-    }
+    for (int r = 0; r < MR; r++)
+        acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256 w[4];
-        deq_block(type, row + (size_t)b * bb, w);
+        __m256 w0, w1, w2, w3;
+        deq_block(type, row + (size_t)b * bb, &w0, &w1, &w2, &w3);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
             const float *x = a + r * lda + b * 32;
-#pragma GCC unroll 4
-            for (int e = 0; e < 4; e++)
-                acc[r][e % NA] = _mm256_fmadd_ps(w[e], _mm256_loadu_ps(x + 8 * e), acc[r][e % NA]);
+            __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(x));
+            t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), t);
+            t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), t);
+            t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), t);
+            acc[r] = _mm256_add_ps(acc[r], t);
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; r++) {
-        __m256 s = acc[r][0];
-#pragma GCC unroll 4
-        for (int e = 1; e < NA; e++)
-            s = _mm256_add_ps(s, acc[r][e]);
-        put(c + r * ldc, hsum8(s), beta);
-    }
+    for (int r = 0; r < MR; r++)
+        put(c + r * ldc, hsum8(acc[r]), beta);
 }
 
 AVX2_INL void qmm_fast(int type, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -175,10 +243,24 @@ AVX2_INL void qmm_fast(int type, int64_t m, int64_t n, int64_t k, const float *a
 {
     const int64_t nb = k / 32;
     const size_t bb = core_ttype_block_bytes(type);
+    float sx[QDOT_SX_MAX]; /* [nb] per-block sums of the single activation row */
     for (int64_t r0 = 0; r0 < m; r0 += QDOT_MR) {
         const int64_t mr = m - r0 < QDOT_MR ? m - r0 : QDOT_MR;
         const float *ar = a + r0 * lda;
         float *cr = c + r0 * ldc;
+        if (mr == 1 && nb <= QDOT_SX_MAX) {
+            if (type == CORE_TTYPE_Q4_1) {
+                for (int64_t b = 0; b < nb; b++) {
+                    const float *x = ar + b * 32;
+                    sx[b] = hsum8(_mm256_add_ps(
+                        _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                        _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24))));
+                }
+            }
+            for (int64_t j = 0; j < n; j++)
+                row1_factored(type, ar, sx, w + (size_t)j * row_bytes, nb, beta, cr + j);
+            continue;
+        }
         for (int64_t j = 0; j < n; j++) {
             const unsigned char *row = w + (size_t)j * row_bytes;
             switch (mr) {
@@ -277,6 +359,7 @@ static void qmm(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k, 
     const unsigned char *wb = w;
 #ifdef QDOT_X86
     if (isa == CORE_QDOT_AVX2) {
+        (void)pthread_once(&h2f_once, h2f_init);
         switch (type) {
         case CORE_TTYPE_Q4_0: qmm_q4_0_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q4_1: qmm_q4_1_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;

@@ -4,13 +4,15 @@
  * bound by reading the weights. These kernels read the GGUF blocks directly
  * (Q4_1 is ~5 bits per weight instead of 32) and dequantize in registers.
  *
- * The dequantized weight values are bit-identical to core_dequantize's (same
- * products and sums, no fused rounding), so against core_dot_ref the only
- * difference is the float summation order: each output is a float sum of k
- * products in at most k/8 + 8 sequential additions per partial sum.
+ * Error contract (what tests/unit/test_core_qdot.c checks against
+ * core_dot_ref): every output is within gamma(k/4 + 8) * S of the exact sum,
+ * gamma(n) = n u / (1 - n u), u = 2^-24, S = sum_i |y_i x_i| with y the
+ * values core_dequantize gives; for types with a block offset (Q4_1: y = d q +
+ * m) the one-row kernel factors d and m out of the block sums, so there S =
+ * sum_i (|y_i| + 2 |m_b|) |x_i| (>= sum_i (|d q_i| + |m_b|) |x_i|).
  *
- * Pure: no allocation, no I/O, no global state beyond a cached CPU-feature
- * probe (computed identically by every thread).
+ * No allocation, no I/O; global state is a cached CPU-feature probe and a
+ * 256 KiB fp16->f32 table filled once (pthread_once). Thread-safe.
  */
 #ifndef DARKSERVE_CORE_QDOT_H
 #define DARKSERVE_CORE_QDOT_H

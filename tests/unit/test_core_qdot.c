@@ -2,15 +2,17 @@
  * (double sums over core_dequantize's values), for every supported type,
  * both ISAs, many shapes, strides and beta.
  *
- * Tolerance: the kernels form the same dequantized floats y as
- * core_dequantize (checked bit-for-bit below through a one-hot activation),
- * so an output differs from the exact sum only by float summation: each
- * partial sum takes at most k/4 + 8 additions (header contract), so
- * |got - ref| <= gamma(k/4 + 8) * sum_e |y_e x_e| (Higham's bound for
- * recursive summation of products, gamma(n) = n u / (1 - n u), u = 2^-24),
- * plus one rounding of the stored result and of the beta term. A wrong
- * nibble order or scale shifts the result by O(S / sqrt(k)), orders of
- * magnitude above that bound for the k tested.
+ * Tolerance: the header's error contract. The kernels use the integer quants
+ * and scales exactly (a one-hot activation reads back core_dequantize's value
+ * bit for bit, checked below), so an output differs from the exact sum only
+ * by float rounding of the products and sums: each partial sum takes at most
+ * k/4 + 8 sequential operations, so |got - ref| <= gamma(k/4 + 8) * S
+ * (Higham's bound for recursive summation of products, gamma(n) = n u /
+ * (1 - n u), u = 2^-24), S = sum_e |y_e x_e|, widened for Q4_1 by the block
+ * offset m (the one-row kernel sums d * (q . x) and m * sum(x) separately):
+ * S = sum_e (|y_e| + 2 |m_b|) |x_e|. Plus one rounding of the stored result
+ * and of the beta term. A wrong nibble order or scale shifts the result by
+ * O(S / sqrt(k)), orders of magnitude above that bound for the k tested.
  */
 #include <float.h>
 #include <math.h>
@@ -133,8 +135,15 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
             for (int64_t i = 0; i < m; i++) {
                 const float *x = a + i * lda;
                 double sabs = 0;
-                for (int64_t e = 0; e < k; e++)
-                    sabs += fabs((double)y[e] * (double)x[e]);
+                for (int64_t e = 0; e < k; e++) {
+                    double off = 0; /* |m_b| of Q4_1's y = d q + m */
+                    if (type == CORE_TTYPE_Q4_1) {
+                        uint16_t h;
+                        memcpy(&h, row + (size_t)(e / 32) * 20 + 2, sizeof h);
+                        off = fabs((double)core_fp16_to_fp32(h));
+                    }
+                    sabs += (fabs((double)y[e]) + 2 * off) * fabs((double)x[e]);
+                }
                 const double dot = core_dot_ref(type, row, x, k);
                 const double cin = beta == 0.0f ? 0.0 : (double)beta * c0[i * ldc + j];
                 const double ref = dot + cin;
