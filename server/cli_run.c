@@ -347,6 +347,13 @@ int srv_cli_perplexity(int argc, char **argv)
     load_args_t la = {0};
     const char *file = NULL;
     int64_t chunk = 512, batch = 512, limit = 0;
+    int buckets = 0;
+    /* position buckets (of the scored token inside its chunk) for --buckets */
+    static const int64_t bk_lo[] = {0, 1024, 4096, 8192, 16384, 32768, 65536};
+    static const char *const bk_name[] = {"0-1K", "1-4K", "4-8K", "8-16K", "16-32K", "32-64K", "64K+"};
+    enum { N_BK = sizeof bk_lo / sizeof bk_lo[0] };
+    double bk_nll[N_BK] = {0};
+    int64_t bk_n[N_BK] = {0};
     const srv_opt_t opts[] = {
         LOAD_OPTS(la),
         {"file", SRV_OPT_STR, &file, 0, 0, "text file to score (required)"},
@@ -354,6 +361,8 @@ int srv_cli_perplexity(int argc, char **argv)
          "tokens per independently scored chunk (0 = the whole text as one stream)"},
         {"batch", SRV_OPT_INT, &batch, 1, 4096, "tokens per forward"},
         {"limit", SRV_OPT_INT, &limit, 0, 1 << 30, "score at most this many tokens (0 = all)"},
+        {"buckets", SRV_OPT_FLAG, &buckets, 0, 0,
+         "also print perplexity per position in the chunk: 0-1K 1-4K 4-8K 8-16K 16-32K 32-64K 64K+"},
     };
     static const char usage[] =
         "--file TEXT [options]\n\n"
@@ -423,8 +432,15 @@ int srv_cli_perplexity(int argc, char **argv)
             if (core_model_forward(m, &seq, 1, &err) < 0)
                 goto fail;
             /* logits row r predicts token c0 + i + r + 1 */
-            for (int64_t r = 0; r < k && i + r + 1 < cn; r++)
-                chunk_nll += nll(logits + r * V, V, ids[c0 + i + r + 1]);
+            for (int64_t r = 0; r < k && i + r + 1 < cn; r++) {
+                double e = nll(logits + r * V, V, ids[c0 + i + r + 1]);
+                chunk_nll += e;
+                int b = N_BK - 1;
+                while (b > 0 && i + r + 1 < bk_lo[b])
+                    b--;
+                bk_nll[b] += e;
+                bk_n[b]++;
+            }
         }
         sum_nll += chunk_nll;
         n_scored += cn - 1;
@@ -432,6 +448,10 @@ int srv_cli_perplexity(int argc, char **argv)
                 c0 + cn, n_ids, exp(chunk_nll / (double)(cn - 1)), exp(sum_nll / (double)n_scored),
                 (double)(c0 + cn) / (now_s() - t0));
     }
+    for (int b = 0; buckets && b < N_BK; b++)
+        if (bk_n[b] > 0)
+            printf("bucket %s: perplexity %.4f tokens %" PRId64 "\n", bk_name[b],
+                   exp(bk_nll[b] / (double)bk_n[b]), bk_n[b]);
     printf("perplexity: %.4f tokens: %" PRId64 "\n", exp(sum_nll / (double)n_scored), n_scored);
     status = 0;
     goto done;
