@@ -79,7 +79,7 @@ detect_driver() {
 }
 export BUILDAH_DRIVER=${BUILDAH_DRIVER:-$(detect_driver)}
 export BUILDAH_ROOT=${BUILDAH_ROOT:-$cache/storage-$BUILDAH_DRIVER}
-export BUILDAH_RUNROOT=${BUILDAH_RUNROOT:-/run/darkserve-ctr-$BUILDAH_DRIVER}
+export BUILDAH_RUNROOT=${BUILDAH_RUNROOT:-/run/darkserve-ctr-$(echo "$BUILDAH_ROOT" | sha1sum | cut -c1-12)}
 bah_cmd=(buildah --root "$BUILDAH_ROOT" --runroot "$BUILDAH_RUNROOT" --storage-driver "$BUILDAH_DRIVER")
 bah() { "${bah_cmd[@]}" "$@"; }
 say "buildah $(buildah version 2>/dev/null | awk '/^Version:/ {print $2}'), $BUILDAH_DRIVER storage at $BUILDAH_ROOT, logs in $logs"

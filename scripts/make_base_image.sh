@@ -14,7 +14,7 @@
 # tarball's key and checksum as labels; an image that matches is kept as is.
 # Buildah storage: BUILDAH_DRIVER (overlay where the kernel allows it, else
 # vfs), BUILDAH_ROOT ($cache/storage-$driver), BUILDAH_RUNROOT
-# (/run/darkserve-ctr-$driver): a store of its own, the same one
+# (/run/darkserve-ctr-<hash of the root>, tmpfs): a store of its own, the same one
 # scripts/container_test.sh uses. Needs root (debootstrap, buildah mount).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +39,7 @@ detect_driver() {
 }
 BUILDAH_DRIVER=${BUILDAH_DRIVER:-$(detect_driver)}
 BUILDAH_ROOT=${BUILDAH_ROOT:-$cache/storage-$BUILDAH_DRIVER}
-BUILDAH_RUNROOT=${BUILDAH_RUNROOT:-/run/darkserve-ctr-$BUILDAH_DRIVER}
+BUILDAH_RUNROOT=${BUILDAH_RUNROOT:-/run/darkserve-ctr-$(echo "$BUILDAH_ROOT" | sha1sum | cut -c1-12)}
 image=docker.io/library/debian:$SUITE-slim
 tarball=$cache/base-$SUITE-r$RECIPE.tar
 key=$SUITE-minbase-r$RECIPE
