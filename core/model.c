@@ -3,6 +3,9 @@
  * Loading reads the llama.* hyperparameters, checks every tensor's presence,
  * type and shape against them (the error names the tensor), and dequantizes all
  * weights to f32: one GEMM per weight matrix per forward is then plain sgemm.
+ * Forwards of at most CORE_GEMM_SMALL_M rows (decode) instead read the
+ * quantized weights in place through core/qdot (4-6x fewer bytes per token);
+ * their sums therefore differ from the f32 path by float rounding only.
  *
  * Forward of B sequences: their new tokens are concatenated into T rows; every
  * projection is one GEMM over the T rows; RoPE uses each row's own position;
@@ -25,6 +28,7 @@
 #include <string.h>
 
 #include "core/blas.h"
+#include "core/qdot.h"
 #include "core/tensor.h"
 
 enum {
@@ -41,7 +45,17 @@ enum {
 #define MODEL_MAX_VOCAB (1 << 22)
 #define MODEL_MAX_CTX ((int64_t)1 << 32)
 
+/* A weight's bytes in the file's mapping (borrowed from core_model.g), read
+ * in place by core/qdot for forwards of few rows; data is NULL when qdot has
+ * no kernel for the type (the f32 copy is used then). */
+typedef struct qweight {
+    const void *data;
+    int type;
+    size_t row_bytes;
+} qweight_t;
+
 typedef struct layer {
+    qweight_t qq, qk, qv, qo, qgate, qup, qdown; /* the same matrices, quantized */
     float *attn_norm; /* [D] */
     float *wq;        /* [H*Hd][D] */
     float *wk;        /* [Hkv*Hd][D] */
@@ -62,6 +76,7 @@ struct core_model {
     float *tok_embd;       /* [V][D] */
     float *out_norm;       /* [D] */
     float *output;         /* [V][D]; == tok_embd when tied */
+    qweight_t output_q;    /* output, quantized (token_embd's when tied) */
     layer_t *layers;       /* [L] */
     double *rope_inv_freq; /* [n_rot/2]: base^(-2i/n_rot) / scale */
     float *rope_cs;        /* [n_rot/2][2] cos, sin of one row's angles */
@@ -161,7 +176,7 @@ static void fnv_u64(fnv_t *f, uint64_t v)
 /* Checks that name exists with the expected shape [ne0] or [ne1][ne0], a
  * supported type and a consistent byte size; dequantizes it into a new buffer. */
 static int load_tensor(core_model_t *m, const char *name, int64_t ne0, int64_t ne1, float **out,
-                       core_error_t *err)
+                       qweight_t *qw, core_error_t *err)
 {
     *out = NULL;
     const core_gguf_tensor_t *t = core_gguf_find_tensor(m->g, name);
@@ -200,6 +215,8 @@ static int load_tensor(core_model_t *m, const char *name, int64_t ne0, int64_t n
     }
     m->info.n_params += (uint64_t)n;
     *out = buf;
+    if (qw && core_qdot_supported(t->type))
+        *qw = (qweight_t){t->data, t->type, row_bytes};
     return 0;
 }
 
@@ -332,11 +349,12 @@ static int load_weights(core_model_t *m, core_error_t *err)
     const int64_t D = in->n_embd, V = in->n_vocab, FF = in->n_ff;
     const int64_t qd = (int64_t)in->n_head * in->head_dim, kvd = (int64_t)in->n_head_kv * in->head_dim;
     int rc;
-    if ((rc = load_tensor(m, "token_embd.weight", D, V, &m->tok_embd, err)) < 0 ||
-        (rc = load_tensor(m, "output_norm.weight", D, 0, &m->out_norm, err)) < 0)
+    if ((rc = load_tensor(m, "token_embd.weight", D, V, &m->tok_embd, &m->output_q, err)) < 0 ||
+        (rc = load_tensor(m, "output_norm.weight", D, 0, &m->out_norm, NULL, err)) < 0)
         return rc;
     if (core_gguf_find_tensor(m->g, "output.weight")) {
-        if ((rc = load_tensor(m, "output.weight", D, V, &m->output, err)) < 0)
+        m->output_q = (qweight_t){0};
+        if ((rc = load_tensor(m, "output.weight", D, V, &m->output, &m->output_q, err)) < 0)
             return rc;
     } else {
         m->output = m->tok_embd;
@@ -351,17 +369,19 @@ static int load_weights(core_model_t *m, core_error_t *err)
             const char *suffix;
             int64_t ne0, ne1;
             float **dst;
+            qweight_t *q;
         } spec[] = {
-            {"attn_norm", D, 0, &ly->attn_norm},  {"attn_q", D, qd, &ly->wq},
-            {"attn_k", D, kvd, &ly->wk},          {"attn_v", D, kvd, &ly->wv},
-            {"attn_output", qd, D, &ly->wo},      {"ffn_norm", D, 0, &ly->ffn_norm},
-            {"ffn_gate", D, FF, &ly->w_gate},     {"ffn_up", D, FF, &ly->w_up},
-            {"ffn_down", FF, D, &ly->w_down},
+            {"attn_norm", D, 0, &ly->attn_norm, NULL},  {"attn_q", D, qd, &ly->wq, &ly->qq},
+            {"attn_k", D, kvd, &ly->wk, &ly->qk},       {"attn_v", D, kvd, &ly->wv, &ly->qv},
+            {"attn_output", qd, D, &ly->wo, &ly->qo},   {"ffn_norm", D, 0, &ly->ffn_norm, NULL},
+            {"ffn_gate", D, FF, &ly->w_gate, &ly->qgate}, {"ffn_up", D, FF, &ly->w_up, &ly->qup},
+            {"ffn_down", FF, D, &ly->w_down, &ly->qdown},
         };
         for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
             char name[MODEL_NAME_MAX];
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, spec[i].suffix);
-            if ((rc = load_tensor(m, name, spec[i].ne0, spec[i].ne1, spec[i].dst, err)) < 0)
+            if ((rc = load_tensor(m, name, spec[i].ne0, spec[i].ne1, spec[i].dst, spec[i].q, err)) <
+                0)
                 return rc;
         }
     }
@@ -632,10 +652,23 @@ static int check_batch(const core_model_t *m, const core_batch_seq_t *seqs, int 
     return 0;
 }
 
+/* C[T][n] = A[T][k] · Wᵀ + beta * C for a weight held both as f32 (w32) and,
+ * where qdot has a kernel, quantized (qw). Few rows (decode) are bound by
+ * reading the weights, so they read the ~5-bit blocks in place; more rows
+ * amortize the read and go to sgemm on the f32 copy. */
+static void matmul(int64_t T, int64_t n, int64_t k, const float *a, int64_t lda, const float *w32,
+                   const qweight_t *qw, float beta, float *c, int64_t ldc)
+{
+    if (T <= CORE_GEMM_SMALL_M && qw->data)
+        core_qmatmul_nt(qw->type, T, n, k, a, lda, qw->data, qw->row_bytes, beta, c, ldc);
+    else
+        core_gemm_nt(T, n, k, 1.0f, a, lda, w32, k, beta, c, ldc);
+}
+
 static void flush_logits(core_model_t *m, float *const *dst, int nr)
 {
     const int64_t D = m->info.n_embd, V = m->info.n_vocab;
-    core_gemm_nt(nr, V, D, 1.0f, m->lrows, D, m->output, D, 0.0f, m->logits, V);
+    matmul(nr, V, D, m->lrows, D, m->output, &m->output_q, 0.0f, m->logits, V);
     for (int i = 0; i < nr; i++)
         memcpy(dst[i], m->logits + (int64_t)i * V, (size_t)V * sizeof(float));
 }
@@ -699,9 +732,9 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         const layer_t *ly = &m->layers[l];
         for (int64_t t = 0; t < T; t++)
             rmsnorm(m->xn + t * D, m->x + t * D, ly->attn_norm, D, in->rms_eps);
-        core_gemm_nt(T, qd, D, 1.0f, m->xn, D, ly->wq, D, 0.0f, m->q, qd);
-        core_gemm_nt(T, kvd, D, 1.0f, m->xn, D, ly->wk, D, 0.0f, m->k, kvd);
-        core_gemm_nt(T, kvd, D, 1.0f, m->xn, D, ly->wv, D, 0.0f, m->v, kvd);
+        matmul(T, qd, D, m->xn, D, ly->wq, &ly->qq, 0.0f, m->q, qd);
+        matmul(T, kvd, D, m->xn, D, ly->wk, &ly->qk, 0.0f, m->k, kvd);
+        matmul(T, kvd, D, m->xn, D, ly->wv, &ly->qv, 0.0f, m->v, kvd);
         for (int64_t t = 0; t < T; t++) {
             rope_row(m->q + t * qd, (int)H, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t], m->rope_cs);
             rope_row(m->k + t * kvd, (int)Hkv, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t],
@@ -718,18 +751,18 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
                 return rc;
         }
         /* residual folded into the GEMM: x += att · Woᵀ */
-        core_gemm_nt(T, D, qd, 1.0f, m->att, qd, ly->wo, qd, 1.0f, m->x, D);
+        matmul(T, D, qd, m->att, qd, ly->wo, &ly->qo, 1.0f, m->x, D);
 
         for (int64_t t = 0; t < T; t++)
             rmsnorm(m->xn + t * D, m->x + t * D, ly->ffn_norm, D, in->rms_eps);
-        core_gemm_nt(T, FF, D, 1.0f, m->xn, D, ly->w_gate, D, 0.0f, m->gate, FF);
-        core_gemm_nt(T, FF, D, 1.0f, m->xn, D, ly->w_up, D, 0.0f, m->up, FF);
+        matmul(T, FF, D, m->xn, D, ly->w_gate, &ly->qgate, 0.0f, m->gate, FF);
+        matmul(T, FF, D, m->xn, D, ly->w_up, &ly->qup, 0.0f, m->up, FF);
         const int64_t n = T * FF;
         for (int64_t i = 0; i < n; i++) {
             const float g = m->gate[i];
             m->gate[i] = g / (1.0f + expf(-g)) * m->up[i];
         }
-        core_gemm_nt(T, D, FF, 1.0f, m->gate, FF, ly->w_down, FF, 1.0f, m->x, D);
+        matmul(T, D, FF, m->gate, FF, ly->w_down, &ly->qdown, 1.0f, m->x, D);
     }
 
     compute_logits(m, seqs, n_seqs);
