@@ -294,7 +294,12 @@ static int exact_state_save(const core_attn_state_t *s, void *buf, size_t cap, c
                               need, cap);
     size_t n = (size_t)s->pos * (size_t)c->n_head_kv * (size_t)c->head_dim; /* floats per block */
     unsigned char *p = buf;
+    if (n > 0 && (!es->k || !es->v || es->cap < s->pos))
+        return core_error_set(err, CORE_EINVAL, "exact attention state at %lld tokens has no cache",
+                              (long long)s->pos);
     for (int l = 0; l < c->n_layer && n > 0; l++) {
+        if (!es->k[l] || !es->v[l])
+            return core_error_set(err, CORE_EINVAL, "exact attention: layer %d has no cache", l);
         exact_le32(p, es->k[l], n);
         p += n * sizeof(float);
         exact_le32(p, es->v[l], n);
@@ -322,11 +327,13 @@ static int exact_state_load(core_attn_state_t *s, int64_t pos, const void *buf, 
         return 0;
     int64_t cap = (pos + EXACT_GROW_CHUNK - 1) / EXACT_GROW_CHUNK * EXACT_GROW_CHUNK;
     int rc = grow_cache(a, es, cap < c->max_ctx ? cap : c->max_ctx, err);
-    if (rc < 0)
-        return rc;
+    if (rc < 0 || es->cap < pos || !es->k || !es->v) /* cap moves once every layer has grown */
+        return rc < 0 ? rc : core_error_set(err, CORE_ENOMEM, "exact attention: no cache");
     size_t n = (size_t)pos * (size_t)c->n_head_kv * (size_t)c->head_dim;
     const unsigned char *p = buf;
     for (int l = 0; l < c->n_layer; l++) {
+        if (!es->k[l] || !es->v[l])
+            return core_error_set(err, CORE_ENOMEM, "exact attention: layer %d has no cache", l);
         exact_le32(es->k[l], p, n);
         p += n * sizeof(float);
         exact_le32(es->v[l], p, n);
