@@ -42,6 +42,12 @@ enum {
 };
 
 _Static_assert(CORE_STATE_HEADER_BYTES == 136, "header layout");
+
+static const unsigned char state_magic[4] = {'D', 'S', 'S', 'T'};
+
+/* core_error_set returns its code; spelling the code out as the value lets
+ * static analysis see that every failure path returns nonzero. */
+#define STATE_FAIL(err, code, ...) (core_error_set((err), (code), __VA_ARGS__), (code))
 _Static_assert(CORE_STATE_FINGERPRINT_MAX + 1 == FP_BYTES, "fingerprint field");
 
 /* ---- little-endian fields ---- */
@@ -183,23 +189,23 @@ typedef struct hdr {
 static int parse_frame(const unsigned char *b, size_t len, int whole, uint64_t *total,
                        core_error_t *err)
 {
-    if (len >= 4 && memcmp(b + OFF_MAGIC, "DSST", 4) != 0)
-        return core_error_set(err, CORE_EFORMAT, "not a darkserve state blob (bad magic)");
+    if (len >= 4 && memcmp(b + OFF_MAGIC, state_magic, sizeof state_magic) != 0)
+        return STATE_FAIL(err, CORE_EFORMAT, "not a darkserve state blob (bad magic)");
     if (len >= 8 && get_u32(b + OFF_VERSION) != CORE_STATE_VERSION)
-        return core_error_set(err, CORE_EUNSUPPORTED,
+        return STATE_FAIL(err, CORE_EUNSUPPORTED,
                               "state blob version %u is not supported (this server reads %u)",
                               get_u32(b + OFF_VERSION), CORE_STATE_VERSION);
     uint64_t t = len >= 16 ? get_u64(b + OFF_TOTAL) : 0;
     if (len < CORE_STATE_HEADER_BYTES || (whole && len < t))
-        return core_error_set(err, CORE_EFORMAT, "truncated: %zu bytes, need %llu", len,
+        return STATE_FAIL(err, CORE_EFORMAT, "truncated: %zu bytes, need %llu", len,
                               (unsigned long long)(t > CORE_STATE_HEADER_BYTES
                                                        ? t
                                                        : CORE_STATE_HEADER_BYTES + CRC_BYTES));
     if (t < CORE_STATE_HEADER_BYTES + CRC_BYTES || t > SIZE_MAX)
-        return core_error_set(err, CORE_EFORMAT, "state blob header: total size %llu is invalid",
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: total size %llu is invalid",
                               (unsigned long long)t);
     if (whole && len > t)
-        return core_error_set(err, CORE_EFORMAT, "trailing bytes: %zu bytes, the blob is %llu", len,
+        return STATE_FAIL(err, CORE_EFORMAT, "trailing bytes: %zu bytes, the blob is %llu", len,
                               (unsigned long long)t);
     *total = t;
     return 0;
@@ -215,24 +221,24 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
     const unsigned char *fp = b + OFF_FP;
     const unsigned char *nul = memchr(fp, 0, FP_BYTES);
     if (!nul)
-        return core_error_set(err, CORE_EFORMAT, "state blob header: fingerprint not terminated");
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: fingerprint not terminated");
     for (const unsigned char *q = nul; q < fp + FP_BYTES; q++)
         if (*q)
-            return core_error_set(err, CORE_EFORMAT, "state blob header: fingerprint padding");
+            return STATE_FAIL(err, CORE_EFORMAT, "state blob header: fingerprint padding");
     memcpy(in->fingerprint, fp, FP_BYTES);
 
     uint32_t f[7];
     for (int i = 0; i < 7; i++)
         f[i] = get_u32(b + OFF_KIND + 4 * i);
     if (f[0] > (uint32_t)CORE_ATTN_DARKFORMER_IS)
-        return core_error_set(err, CORE_EFORMAT, "state blob header: unknown attention kind %u",
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: unknown attention kind %u",
                               f[0]);
     for (int i = 1; i < 7; i++)
         if (f[i] > (uint32_t)INT32_MAX || (i <= 4 && f[i] == 0))
-            return core_error_set(err, CORE_EFORMAT,
+            return STATE_FAIL(err, CORE_EFORMAT,
                                   "state blob header: attention field %d is %u", i, f[i]);
     if (get_u32(b + OFF_RESERVED1) || get_u32(b + OFF_RESERVED2))
-        return core_error_set(err, CORE_EFORMAT, "state blob header: reserved field is not 0");
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: reserved field is not 0");
     in->cfg = (core_attn_cfg_t){.kind = (core_attn_kind_t)f[0], .n_layer = (int)f[1],
                                 .n_head = (int)f[2], .n_head_kv = (int)f[3],
                                 .head_dim = (int)f[4], .n_features = (int)f[5],
@@ -241,23 +247,23 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
     in->params_digest = get_u64(b + OFF_DIGEST);
     in->pos = (int64_t)get_u64(b + OFF_POS);
     if (in->pos < 0 || in->cfg.max_ctx < 0)
-        return core_error_set(err, CORE_EFORMAT, "state blob header: negative position %lld or "
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: negative position %lld or "
                               "context %lld", (long long)in->pos, (long long)in->cfg.max_ctx);
 
     uint64_t attn = get_u64(b + OFF_ATTN);
     uint32_t smp = get_u32(b + OFF_SAMPLER), np = get_u32(b + OFF_PENDING),
              own = get_u32(b + OFF_OWNER);
     if (smp != 0 && smp != core_sampler_state_size())
-        return core_error_set(err, CORE_EFORMAT, "state blob header: sampler section of %u bytes "
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: sampler section of %u bytes "
                               "(expected 0 or %zu)", smp, core_sampler_state_size());
     if (np > CORE_STATE_MAX_PENDING || own > CORE_STATE_MAX_OWNER)
-        return core_error_set(err, CORE_EFORMAT, "state blob header: %u pending tokens or %u owner "
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: %u pending tokens or %u owner "
                               "bytes over the limits (%zu, %zu)", np, own, CORE_STATE_MAX_PENDING,
                               CORE_STATE_MAX_OWNER);
     /* Every term but attn is bounded far below 2^40, so this cannot wrap. */
     uint64_t fixed = CORE_STATE_HEADER_BYTES + (uint64_t)own + 4 * (uint64_t)np + smp + CRC_BYTES;
     if (attn > total || fixed + attn != total)
-        return core_error_set(err, CORE_EFORMAT, "state blob header: sections (%llu + %llu) do not "
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: sections (%llu + %llu) do not "
                               "add up to the total of %llu bytes", (unsigned long long)fixed,
                               (unsigned long long)attn, (unsigned long long)total);
     in->attn_bytes = (size_t)attn;
@@ -278,11 +284,11 @@ static int check_compat(const hdr_t *h, const char *fingerprint, const core_attn
 {
     const core_attn_cfg_t *bc = &h->in.cfg, *c = &a->cfg;
     if (fingerprint && strcmp(h->in.fingerprint, fingerprint) != 0)
-        return core_error_set(err, CORE_EMISMATCH, "blob is for model %s, this server runs %s",
+        return STATE_FAIL(err, CORE_EMISMATCH, "blob is for model %s, this server runs %s",
                               h->in.fingerprint, fingerprint);
     if (bc->n_layer != c->n_layer || bc->n_head != c->n_head || bc->n_head_kv != c->n_head_kv ||
         bc->head_dim != c->head_dim)
-        return core_error_set(err, CORE_EMISMATCH,
+        return STATE_FAIL(err, CORE_EMISMATCH,
                               "blob has attention shape L=%d H=%d Hkv=%d Hd=%d, this server runs "
                               "L=%d H=%d Hkv=%d Hd=%d", bc->n_layer, bc->n_head, bc->n_head_kv,
                               bc->head_dim, c->n_layer, c->n_head, c->n_head_kv, c->head_dim);
@@ -292,18 +298,18 @@ static int check_compat(const hdr_t *h, const char *fingerprint, const core_attn
         char have[128], want[128];
         attn_desc(have, sizeof have, bc);
         attn_desc(want, sizeof want, c);
-        return core_error_set(err, CORE_EMISMATCH, "blob has attention %s, this server runs %s",
+        return STATE_FAIL(err, CORE_EMISMATCH, "blob has attention %s, this server runs %s",
                               have, want);
     }
     uint64_t dg = params_digest(a);
     if (h->in.params_digest != dg)
-        return core_error_set(err, CORE_EMISMATCH,
+        return STATE_FAIL(err, CORE_EMISMATCH,
                               "blob has other %s parameters than this server's adapter "
                               "(digest %016llx, this server %016llx)",
                               core_attn_kind_name(c->kind),
                               (unsigned long long)h->in.params_digest, (unsigned long long)dg);
     if (c->kind == CORE_ATTN_EXACT && h->in.pos > c->max_ctx)
-        return core_error_set(err, CORE_EMISMATCH,
+        return STATE_FAIL(err, CORE_EMISMATCH,
                               "exact attention state of %lld tokens does not fit this server's "
                               "context of %lld", (long long)h->in.pos, (long long)c->max_ctx);
     return 0;
@@ -316,14 +322,14 @@ static int check_blob(const void *buf, size_t len, const char *fingerprint, cons
     const unsigned char *b = buf;
     uint64_t total = 0;
     if (!buf)
-        return core_error_set(err, CORE_EINVAL, "no state blob");
+        return STATE_FAIL(err, CORE_EINVAL, "no state blob");
     int rc = parse_frame(b, len, 1, &total, err);
     if (rc < 0)
         return rc;
     uint32_t stored = get_u32(b + total - CRC_BYTES);
     uint32_t got = core_state_crc32(0, b, (size_t)total - CRC_BYTES);
     if (stored != got)
-        return core_error_set(err, CORE_ECHECKSUM, "checksum mismatch (stored %08x, computed %08x)",
+        return STATE_FAIL(err, CORE_ECHECKSUM, "checksum mismatch (stored %08x, computed %08x)",
                               stored, got);
     if ((rc = parse_fields(b, total, h, err)) < 0)
         return rc;
@@ -349,35 +355,35 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
                     core_error_t *err)
 {
     if (!d || !d->state || !len)
-        return core_error_set(err, CORE_EINVAL, "state save: no descriptor, state or length");
+        return STATE_FAIL(err, CORE_EINVAL, "state save: no descriptor, state or length");
     if (!d->fingerprint || strlen(d->fingerprint) > CORE_STATE_FINGERPRINT_MAX)
-        return core_error_set(err, CORE_EINVAL, "state save: fingerprint missing or longer than %d",
+        return STATE_FAIL(err, CORE_EINVAL, "state save: fingerprint missing or longer than %d",
                               CORE_STATE_FINGERPRINT_MAX);
     if (d->n_pending > CORE_STATE_MAX_PENDING || (d->n_pending && !d->pending))
-        return core_error_set(err, CORE_EINVAL, "state save: %zu pending tokens (limit %zu)",
+        return STATE_FAIL(err, CORE_EINVAL, "state save: %zu pending tokens (limit %zu)",
                               d->n_pending, CORE_STATE_MAX_PENDING);
     if (d->owner_len > CORE_STATE_MAX_OWNER || (d->owner_len && !d->owner))
-        return core_error_set(err, CORE_EINVAL, "state save: owner section of %zu bytes (limit %zu)",
+        return STATE_FAIL(err, CORE_EINVAL, "state save: owner section of %zu bytes (limit %zu)",
                               d->owner_len, CORE_STATE_MAX_OWNER);
     for (size_t i = 0; i < d->n_pending; i++)
         if (d->pending[i] < 0)
-            return core_error_set(err, CORE_EINVAL, "state save: pending token %zu has id %d", i,
+            return STATE_FAIL(err, CORE_EINVAL, "state save: pending token %zu has id %d", i,
                                   (int)d->pending[i]);
     const core_attn_state_t *s = d->state;
     const core_attn_t *a = s->a;
     const core_attn_cfg_t *c = &a->cfg;
     size_t total = core_state_size(s, d->sampler, d->n_pending, d->owner_len);
     if (total == 0)
-        return core_error_set(err, CORE_ERANGE, "state save: blob size overflows");
+        return STATE_FAIL(err, CORE_ERANGE, "state save: blob size overflows");
     if (!buf || cap < total)
-        return core_error_set(err, CORE_ERANGE, "state save needs %zu bytes, buffer has %zu", total,
+        return STATE_FAIL(err, CORE_ERANGE, "state save needs %zu bytes, buffer has %zu", total,
                               buf ? cap : (size_t)0);
     size_t smp = d->sampler ? core_sampler_state_size() : 0;
     size_t attn = total - CORE_STATE_HEADER_BYTES - d->owner_len - 4 * d->n_pending - smp -
                   CRC_BYTES;
     unsigned char *b = buf;
     memset(b, 0, CORE_STATE_HEADER_BYTES);
-    memcpy(b + OFF_MAGIC, "DSST", 4);
+    memcpy(b, state_magic, sizeof state_magic);
     put_u32(b + OFF_VERSION, CORE_STATE_VERSION);
     put_u64(b + OFF_TOTAL, total);
     memcpy(b + OFF_FP, d->fingerprint, strlen(d->fingerprint));
@@ -417,7 +423,7 @@ int core_state_load(const void *buf, size_t len, const char *fingerprint, core_a
                     const void **owner, size_t *owner_len, core_error_t *err)
 {
     if (!state || !pending != !n_pending || !owner != !owner_len)
-        return core_error_set(err, CORE_EINVAL, "state load: no state, or an output without "
+        return STATE_FAIL(err, CORE_EINVAL, "state load: no state, or an output without "
                               "its count");
     hdr_t h;
     int rc = check_blob(buf, len, fingerprint, state->a, &h, err);
@@ -429,13 +435,13 @@ int core_state_load(const void *buf, size_t len, const char *fingerprint, core_a
     for (size_t i = 0; i < h.in.n_pending; i++) {
         uint32_t v = get_u32(b + h.off_pending + 4 * i);
         if (v > (uint32_t)INT32_MAX)
-            return core_error_set(err, CORE_EFORMAT, "state blob: pending token %zu has id %u", i,
+            return STATE_FAIL(err, CORE_EFORMAT, "state blob: pending token %zu has id %u", i,
                                   v);
     }
     if (pending && h.in.n_pending) {
         pend = malloc(h.in.n_pending * sizeof *pend);
         if (!pend)
-            return core_error_set(err, CORE_ENOMEM, "out of memory for %zu pending tokens",
+            return STATE_FAIL(err, CORE_ENOMEM, "out of memory for %zu pending tokens",
                                   h.in.n_pending);
         for (size_t i = 0; i < h.in.n_pending; i++)
             pend[i] = (int32_t)get_u32(b + h.off_pending + 4 * i);
@@ -477,7 +483,7 @@ int core_state_peek(const void *buf, size_t len, core_state_info_t *out, core_er
     uint64_t total = 0;
     hdr_t h;
     if (!buf || !out)
-        return core_error_set(err, CORE_EINVAL, "state peek: no blob or output");
+        return STATE_FAIL(err, CORE_EINVAL, "state peek: no blob or output");
     int rc = parse_frame(buf, len, 0, &total, err);
     if (rc < 0)
         return rc;
@@ -492,6 +498,6 @@ int core_state_verify(const void *buf, size_t len, const char *fingerprint, cons
 {
     hdr_t h;
     if (!a)
-        return core_error_set(err, CORE_EINVAL, "state verify: no attention configuration");
+        return STATE_FAIL(err, CORE_EINVAL, "state verify: no attention configuration");
     return check_blob(buf, len, fingerprint, a, &h, err);
 }

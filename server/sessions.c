@@ -94,15 +94,19 @@ const char *srv_store_last_error(void)
     return tl_err;
 }
 
-static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(int code, const char *fmt, ...)
+static void set_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void set_err(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tl_err, sizeof tl_err, fmt, ap);
     va_end(ap);
-    return code;
 }
+
+/* Records the detail and yields code; spelled as an expression so static
+ * analysis sees every failure path return nonzero. code is evaluated after
+ * the message (which may clobber errno): pass a value, not errno. */
+#define STORE_FAIL(code, ...) (set_err(__VA_ARGS__), (code))
 
 static const char *errstr(int e, char *buf, size_t n)
 {
@@ -132,7 +136,7 @@ static int random_bytes(void *buf, size_t n)
             if (errno == EINTR)
                 continue;
             char eb[128];
-            return fail(SRV_STORE_EIO, "getrandom: %s", errstr(errno, eb, sizeof eb));
+            return STORE_FAIL(SRV_STORE_EIO, "getrandom: %s", errstr(errno, eb, sizeof eb));
         }
         p += r;
         n -= (size_t)r;
@@ -183,9 +187,9 @@ static int tab_reserve(srv_store_t *st)
     if (st->n < st->cap)
         return 0;
     size_t cap = st->cap ? st->cap * 2 : 64;
-    srv_session_t **t = realloc(st->tab, cap * sizeof *t);
+    srv_session_t **t = realloc(st->tab, cap * sizeof(srv_session_t *));
     if (!t)
-        return fail(SRV_STORE_ENOMEM, "out of memory for the session table");
+        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for the session table");
     st->tab = t;
     st->cap = cap;
     return 0;
@@ -197,7 +201,7 @@ static int tab_insert(srv_store_t *st, srv_session_t *s)
     if (rc < 0)
         return rc;
     size_t i = tab_bound(st, s->id, 0);
-    memmove(st->tab + i + 1, st->tab + i, (st->n - i) * sizeof *st->tab);
+    memmove(st->tab + i + 1, st->tab + i, (st->n - i) * sizeof(srv_session_t *));
     st->tab[i] = s;
     st->n++;
     return 0;
@@ -207,7 +211,7 @@ static void tab_remove(srv_store_t *st, const srv_session_t *s)
 {
     size_t i = tab_bound(st, s->id, 0);
     if (i < st->n && st->tab[i] == s) {
-        memmove(st->tab + i, st->tab + i + 1, (st->n - i - 1) * sizeof *st->tab);
+        memmove(st->tab + i, st->tab + i + 1, (st->n - i - 1) * sizeof(srv_session_t *));
         st->n--;
     }
 }
@@ -246,7 +250,7 @@ static int ctx_new(srv_store_t *st, srv_seq_ctx_t *c)
     if (core_attn_state_new(st->attn, &c->state, &e) < 0 ||
         core_sampler_new(&p, &c->sampler, &e) < 0) {
         ctx_free(c);
-        return fail(SRV_STORE_ENOMEM, "new session state: %s", e.msg);
+        return STORE_FAIL(SRV_STORE_ENOMEM, "new session state: %s", e.msg);
     }
     return 0;
 }
@@ -343,18 +347,18 @@ static int serialize_ctx(const srv_store_t *st, const srv_session_t *s, const sr
     put_i64(own + 16, s->last_used);
     size_t n = core_state_size(c->state, c->sampler, c->n_pending, OWNER_BYTES);
     if (n == 0)
-        return fail(SRV_STORE_EINVAL, "session %s: state too large to save (%zu pending tokens)",
+        return STORE_FAIL(SRV_STORE_EINVAL, "session %s: state too large to save (%zu pending tokens)",
                     s->id, c->n_pending);
     unsigned char *buf = malloc(n);
     if (!buf)
-        return fail(SRV_STORE_ENOMEM, "session %s: out of memory for a %zu-byte state", s->id, n);
+        return STORE_FAIL(SRV_STORE_ENOMEM, "session %s: out of memory for a %zu-byte state", s->id, n);
     core_state_desc_t d = {.fingerprint = st->fp, .state = c->state, .sampler = c->sampler,
                            .pending = c->pending, .n_pending = c->n_pending, .owner = own,
                            .owner_len = OWNER_BYTES};
     core_error_t e = {0};
     if (core_state_save(&d, buf, n, len, &e) < 0) {
         free(buf);
-        return fail(SRV_STORE_EINVAL, "session %s: %s", s->id, e.msg);
+        return STORE_FAIL(SRV_STORE_EINVAL, "session %s: %s", s->id, e.msg);
     }
     *out = buf;
     return 0;
@@ -384,8 +388,8 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
             if (t >= (uint32_t)st->n_vocab) {
                 /* Damage or another model explains it better, if either applies. */
                 if (core_state_verify(b, len, st->fp, st->attn, &e) < 0)
-                    return fail(SRV_STORE_EMISMATCH, "%s", e.msg);
-                return fail(SRV_STORE_EMISMATCH, "pending token %zu has id %u, the vocabulary "
+                    return STORE_FAIL(SRV_STORE_EMISMATCH, "%s", e.msg);
+                return STORE_FAIL(SRV_STORE_EMISMATCH, "pending token %zu has id %u, the vocabulary "
                             "has %d", i, t, st->n_vocab);
             }
         }
@@ -395,7 +399,8 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
     const void *own = NULL;
     int rc = core_state_load(b, len, st->fp, c->state, c->sampler, &pend, &np, &own, &ol, &e);
     if (rc < 0)
-        return fail(rc == CORE_ENOMEM ? SRV_STORE_ENOMEM : SRV_STORE_EMISMATCH, "%s", e.msg);
+        return rc == CORE_ENOMEM ? STORE_FAIL(SRV_STORE_ENOMEM, "%s", e.msg)
+                                 : STORE_FAIL(SRV_STORE_EMISMATCH, "%s", e.msg);
     free(c->pending);
     c->pending = pend;
     c->n_pending = np;
@@ -419,7 +424,7 @@ static int write_file(srv_store_t *st, const char *id, const unsigned char *buf,
     snprintf(tmp, sizeof tmp, "%s" TMP_SUFFIX, id);
     int fd = openat(st->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
-        return fail(SRV_STORE_EIO, "cannot create %s/%s: %s", st->dir, tmp,
+        return STORE_FAIL(SRV_STORE_EIO, "cannot create %s/%s: %s", st->dir, tmp,
                     errstr(errno, eb, sizeof eb));
     const char *what = "writing";
     size_t off = 0;
@@ -446,7 +451,7 @@ static int write_file(srv_store_t *st, const char *id, const unsigned char *buf,
     if (renameat(st->dirfd, tmp, st->dirfd, id) < 0)
         goto fail;
     if (fsync(st->dirfd) < 0)
-        return fail(SRV_STORE_EIO, "syncing directory %s after writing %s: %s", st->dir, id,
+        return STORE_FAIL(SRV_STORE_EIO, "syncing directory %s after writing %s: %s", st->dir, id,
                     errstr(errno, eb, sizeof eb));
     return 0;
 fail:;
@@ -454,7 +459,7 @@ fail:;
     if (fd >= 0)
         close(fd);
     unlinkat(st->dirfd, tmp, 0);
-    return fail(SRV_STORE_EIO, "%s %s/%s: %s (the previous file is kept)", what, st->dir, tmp,
+    return STORE_FAIL(SRV_STORE_EIO, "%s %s/%s: %s (the previous file is kept)", what, st->dir, tmp,
                 errstr(e, eb, sizeof eb));
 }
 
@@ -463,26 +468,30 @@ static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_
 {
     char eb[128];
     int fd = openat(st->dirfd, id, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return fail(errno == ENOENT ? SRV_STORE_ENOTFOUND : SRV_STORE_EIO, "opening %s/%s: %s",
-                    st->dir, id, errstr(errno, eb, sizeof eb));
+    if (fd < 0) {
+        int e = errno;
+        return e == ENOENT ? STORE_FAIL(SRV_STORE_ENOTFOUND, "opening %s/%s: %s", st->dir, id,
+                                        errstr(e, eb, sizeof eb))
+                           : STORE_FAIL(SRV_STORE_EIO, "opening %s/%s: %s", st->dir, id,
+                                        errstr(e, eb, sizeof eb));
+    }
     struct stat sb;
     unsigned char *buf = NULL;
     if (fstat(fd, &sb) < 0) {
         int e = errno;
         close(fd);
-        return fail(SRV_STORE_EIO, "stat %s/%s: %s", st->dir, id, errstr(e, eb, sizeof eb));
+        return STORE_FAIL(SRV_STORE_EIO, "stat %s/%s: %s", st->dir, id, errstr(e, eb, sizeof eb));
     }
     if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > st->max_blob) {
         close(fd);
-        return fail(SRV_STORE_EIO, "%s/%s: not a regular file of at most %zu bytes", st->dir, id,
+        return STORE_FAIL(SRV_STORE_EIO, "%s/%s: not a regular file of at most %zu bytes", st->dir, id,
                     st->max_blob);
     }
     size_t n = (size_t)sb.st_size, off = 0;
     buf = malloc(n ? n : 1);
     if (!buf) {
         close(fd);
-        return fail(SRV_STORE_ENOMEM, "out of memory reading %zu bytes of %s/%s", n, st->dir, id);
+        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory reading %zu bytes of %s/%s", n, st->dir, id);
     }
     while (off < n) {
         ssize_t r = pread(fd, buf + off, n - off, (off_t)off);
@@ -492,7 +501,7 @@ static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_
             int e = r == 0 ? EIO : errno;
             close(fd);
             free(buf);
-            return fail(SRV_STORE_EIO, "reading %s/%s: %s", st->dir, id,
+            return STORE_FAIL(SRV_STORE_EIO, "reading %s/%s: %s", st->dir, id,
                         r == 0 ? "file shrank while reading" : errstr(e, eb, sizeof eb));
         }
         off += (size_t)r;
@@ -520,7 +529,7 @@ static int load_file(srv_store_t *st, const char *id, srv_seq_ctx_t *c)
             if (rc != SRV_STORE_ENOMEM) {
                 char msg[sizeof tl_err];
                 snprintf(msg, sizeof msg, "%s", tl_err);
-                rc = fail(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, id, msg);
+                rc = STORE_FAIL(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, id, msg);
             }
         }
     }
@@ -592,7 +601,7 @@ static int make_room(srv_store_t *st, size_t need)
         srv_session_t *v = st->dirfd >= 0 ? lru_victim(st) : NULL;
         if (!v) {
             if (over_n && need)
-                return fail(SRV_STORE_EFULL, "%zu sessions in memory (the maximum is %zu) and "
+                return STORE_FAIL(SRV_STORE_EFULL, "%zu sessions in memory (the maximum is %zu) and "
                             "none can be moved to disk", st->n_mem, st->max_sessions);
             return 0;
         }
@@ -610,13 +619,13 @@ static int mkdirs(const char *path, char *eb, size_t ebn)
 {
     char *p = strdup(path);
     if (!p)
-        return fail(SRV_STORE_ENOMEM, "out of memory");
+        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
     for (char *q = p + 1;; q++) {
         if (*q == '/' || *q == '\0') {
             char c = *q;
             *q = '\0';
             if (mkdir(p, 0700) < 0 && errno != EEXIST) {
-                int rc = fail(SRV_STORE_EIO, "cannot create directory %s: %s", p,
+                int rc = STORE_FAIL(SRV_STORE_EIO, "cannot create directory %s: %s", p,
                               errstr(errno, eb, ebn));
                 free(p);
                 return rc;
@@ -659,21 +668,35 @@ static size_t max_blob_bytes(const core_attn_cfg_t *c)
     return sat_add(fixed, payload);
 }
 
+/* Could a blob with attention config b load here (header fields only; the
+ * learned parameters and an exact state's length are checked on load)? */
+static int cfg_compatible(const core_attn_cfg_t *b, const core_attn_cfg_t *c)
+{
+    if (b->kind != c->kind || b->n_layer != c->n_layer || b->n_head != c->n_head ||
+        b->n_head_kv != c->n_head_kv || b->head_dim != c->head_dim)
+        return 0;
+    return c->kind == CORE_ATTN_EXACT ||
+           (b->n_features == c->n_features && b->window == c->window && b->seed == c->seed);
+}
+
 /* Registers the session files found in the directory; deletes crash
- * leftovers. Files that are not ours or not for this model are left alone. */
+ * leftovers. Files that are not ours, or are for another model or attention
+ * configuration, are left alone: not listed, never swept (the server may be
+ * restarted with the configuration they belong to). */
 static int scan_dir(srv_store_t *st)
 {
     char eb[128];
+    const core_attn_cfg_t *cfg = core_attn_config(st->attn);
     int fd2 = dup(st->dirfd);
     DIR *d = fd2 >= 0 ? fdopendir(fd2) : NULL;
     if (!d) {
         if (fd2 >= 0)
             close(fd2);
-        return fail(SRV_STORE_EIO, "cannot list %s: %s", st->dir, errstr(errno, eb, sizeof eb));
+        return STORE_FAIL(SRV_STORE_EIO, "cannot list %s: %s", st->dir, errstr(errno, eb, sizeof eb));
     }
     size_t head_cap = CORE_STATE_HEADER_BYTES + CORE_STATE_MAX_OWNER;
     unsigned char *head = malloc(head_cap);
-    int rc = head ? 0 : fail(SRV_STORE_ENOMEM, "out of memory");
+    int rc = head ? 0 : STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
     struct dirent *de;
     while (rc == 0 && (de = readdir(d)) != NULL) {
         const char *name = de->d_name;
@@ -708,7 +731,7 @@ static int scan_dir(srv_store_t *st)
         close(fd);
         core_state_info_t in;
         if (core_state_peek(head, got, &in, NULL) < 0 || in.total != (size_t)sb.st_size ||
-            strcmp(in.fingerprint, st->fp) != 0)
+            strcmp(in.fingerprint, st->fp) != 0 || !cfg_compatible(&in.cfg, cfg))
             continue;
         owner_t o = {.created = (int64_t)sb.st_mtime, .last_used = (int64_t)sb.st_mtime};
         if (in.owner_off + in.owner_len <= got)
@@ -716,7 +739,7 @@ static int scan_dir(srv_store_t *st)
         srv_session_t *s = calloc(1, sizeof *s);
         if (!s || (rc = tab_reserve(st)) < 0) {
             free(s);
-            rc = rc < 0 ? rc : fail(SRV_STORE_ENOMEM, "out of memory");
+            rc = rc < 0 ? rc : STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
             break;
         }
         s->st = st;
@@ -750,14 +773,14 @@ static int open_dir(srv_store_t *st)
         return rc;
     st->dirfd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (st->dirfd < 0)
-        return fail(SRV_STORE_EIO, "cannot open session directory %s: %s", st->dir,
+        return STORE_FAIL(SRV_STORE_EIO, "cannot open session directory %s: %s", st->dir,
                     errstr(errno, eb, sizeof eb));
     st->lockfd = openat(st->dirfd, LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (st->lockfd < 0)
-        return fail(SRV_STORE_EIO, "cannot write in session directory %s: %s", st->dir,
+        return STORE_FAIL(SRV_STORE_EIO, "cannot write in session directory %s: %s", st->dir,
                     errstr(errno, eb, sizeof eb));
     if (flock(st->lockfd, LOCK_EX | LOCK_NB) < 0)
-        return fail(SRV_STORE_EIO, "session directory %s is in use by another process (%s)",
+        return STORE_FAIL(SRV_STORE_EIO, "session directory %s is in use by another process (%s)",
                     st->dir, errstr(errno, eb, sizeof eb));
     /* Permissions alone do not tell (root, read-only mounts): try a write. */
     int pfd = openat(st->dirfd, PROBE_NAME, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
@@ -767,7 +790,7 @@ static int open_dir(srv_store_t *st)
         if (pfd >= 0)
             close(pfd);
         unlinkat(st->dirfd, PROBE_NAME, 0);
-        return fail(SRV_STORE_EIO, "cannot write in session directory %s: %s", st->dir,
+        return STORE_FAIL(SRV_STORE_EIO, "cannot write in session directory %s: %s", st->dir,
                     errstr(e, eb, sizeof eb));
     }
     close(pfd);
@@ -775,7 +798,7 @@ static int open_dir(srv_store_t *st)
     if ((rc = scan_dir(st)) < 0)
         return rc;
     if (st->n > 1)
-        qsort(st->tab, st->n, sizeof *st->tab, cmp_session);
+        qsort(st->tab, st->n, sizeof(srv_session_t *), cmp_session);
     return 0;
 }
 
@@ -786,18 +809,18 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     if (out)
         *out = NULL;
     if (!o || !o->model || !out) {
-        rc = fail(SRV_STORE_EINVAL, "session store: no options, model or output");
+        rc = STORE_FAIL(SRV_STORE_EINVAL, "session store: no options, model or output");
         goto fail;
     }
     const char *fp = o->fingerprint ? o->fingerprint : core_model_info(o->model)->fingerprint;
     if (strlen(fp) > CORE_STATE_FINGERPRINT_MAX || o->ttl_s < 0) {
-        rc = fail(SRV_STORE_EINVAL, "session store: fingerprint over %d chars or negative TTL",
+        rc = STORE_FAIL(SRV_STORE_EINVAL, "session store: fingerprint over %d chars or negative TTL",
                   CORE_STATE_FINGERPRINT_MAX);
         goto fail;
     }
     st = calloc(1, sizeof *st);
     if (!st) {
-        rc = fail(SRV_STORE_ENOMEM, "out of memory for the session store");
+        rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for the session store");
         goto fail;
     }
     st->dirfd = st->lockfd = -1;
@@ -814,7 +837,7 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     if (o->dir && o->dir[0]) {
         st->dir = strdup(o->dir);
         if (!st->dir) {
-            rc = fail(SRV_STORE_ENOMEM, "out of memory");
+            rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
             goto fail;
         }
         if ((rc = open_dir(st)) < 0)
@@ -868,7 +891,7 @@ int srv_store_create(srv_store_t *st, srv_session_t **out)
     *out = NULL;
     srv_session_t *s = calloc(1, sizeof *s);
     if (!s)
-        return fail(SRV_STORE_ENOMEM, "out of memory for a session");
+        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
     int rc = ctx_new(st, &s->ctx);
     if (rc < 0) {
         free(s);
@@ -936,16 +959,16 @@ int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out)
 {
     *out = NULL;
     if (!srv_session_id_valid(id))
-        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
     pthread_mutex_lock(&st->mu);
     srv_session_t *s = find_settled(st, id);
     int rc = 0;
     if (!s) {
-        rc = fail(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
         goto out;
     }
     if (s->busy) {
-        rc = fail(SRV_STORE_EBUSY, "session %s is busy", id);
+        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
         goto out;
     }
     s->busy = 1;
@@ -964,7 +987,7 @@ out:
 int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
 {
     if (!st || !s || !s->busy)
-        return fail(SRV_STORE_EINVAL, "release of a session that is not held");
+        return STORE_FAIL(SRV_STORE_EINVAL, "release of a session that is not held");
     int rc = 0;
     unsigned char *buf = NULL;
     size_t len = 0;
@@ -1004,7 +1027,7 @@ static int remove_session(srv_store_t *st, srv_session_t *s)
 {
     if (s->on_disk && unlinkat(st->dirfd, s->id, 0) < 0 && errno != ENOENT) {
         char eb[128];
-        return fail(SRV_STORE_EIO, "deleting %s/%s: %s", st->dir, s->id,
+        return STORE_FAIL(SRV_STORE_EIO, "deleting %s/%s: %s", st->dir, s->id,
                     errstr(errno, eb, sizeof eb));
     }
     if (s->on_disk)
@@ -1018,14 +1041,14 @@ static int remove_session(srv_store_t *st, srv_session_t *s)
 int srv_store_delete(srv_store_t *st, const char *id)
 {
     if (!srv_session_id_valid(id))
-        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
     pthread_mutex_lock(&st->mu);
     srv_session_t *s = find_settled(st, id);
     int rc;
     if (!s)
-        rc = fail(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
     else if (s->busy)
-        rc = fail(SRV_STORE_EBUSY, "session %s is busy", id);
+        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
     else
         rc = remove_session(st, s);
     pthread_mutex_unlock(&st->mu);
@@ -1048,13 +1071,13 @@ static void fill_info(const srv_session_t *s, srv_session_info_t *o)
 int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out)
 {
     if (!srv_session_id_valid(id))
-        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
     pthread_mutex_lock(&st->mu);
     srv_session_t *s = tab_find(st, id);
     if (s)
         fill_info(s, out);
     pthread_mutex_unlock(&st->mu);
-    return s ? 0 : fail(SRV_STORE_ENOTFOUND, "session %s not found", id);
+    return s ? 0 : STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
 }
 
 int srv_store_list(srv_store_t *st, const char *after, size_t limit, srv_session_info_t *out,
@@ -1063,7 +1086,7 @@ int srv_store_list(srv_store_t *st, const char *after, size_t limit, srv_session
     *n = 0;
     *has_more = 0;
     if (limit && !out)
-        return fail(SRV_STORE_EINVAL, "list: no output array");
+        return STORE_FAIL(SRV_STORE_EINVAL, "list: no output array");
     pthread_mutex_lock(&st->mu);
     size_t i = after && after[0] ? tab_bound(st, after, 1) : 0;
     for (; i < st->n && *n < limit; i++)
@@ -1078,9 +1101,9 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
 {
     srv_session_t *s = find_settled(st, id);
     if (!s)
-        return fail(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        return STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
     if (s->busy)
-        return fail(SRV_STORE_EBUSY, "session %s is busy", id);
+        return STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
     s->busy = 1;
     *out = s;
     return 0;
@@ -1103,7 +1126,7 @@ static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
     if (core_attn_state_copy(c->state, src->state, &e) < 0 ||
         (src->sampler && core_sampler_clone(src->sampler, &smp, &e) < 0)) {
         ctx_free(c);
-        return fail(SRV_STORE_ENOMEM, "copying a session: %s", e.msg);
+        return STORE_FAIL(SRV_STORE_ENOMEM, "copying a session: %s", e.msg);
     }
     if (smp) {
         core_sampler_free(c->sampler);
@@ -1113,7 +1136,7 @@ static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
         c->pending = malloc(src->n_pending * sizeof *c->pending);
         if (!c->pending) {
             ctx_free(c);
-            return fail(SRV_STORE_ENOMEM, "out of memory copying pending tokens");
+            return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory copying pending tokens");
         }
         memcpy(c->pending, src->pending, src->n_pending * sizeof *c->pending);
         c->n_pending = src->n_pending;
@@ -1124,10 +1147,10 @@ static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
 int srv_store_fork(srv_store_t *st, const char *id, char out_id[SRV_SESSION_ID_LEN + 1])
 {
     if (!srv_session_id_valid(id))
-        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
     srv_session_t *ns = calloc(1, sizeof *ns), *src = NULL;
     if (!ns)
-        return fail(SRV_STORE_ENOMEM, "out of memory for a session");
+        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
     pthread_mutex_lock(&st->mu);
     int rc = take(st, id, &src);
     if (rc < 0) {
@@ -1200,7 +1223,7 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
     *blob = NULL;
     *len = 0;
     if (!srv_session_id_valid(id))
-        return fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
     srv_session_t *s = NULL;
     pthread_mutex_lock(&st->mu);
     int rc = take(st, id, &s);
@@ -1216,7 +1239,7 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
         if (core_state_verify(buf, n, st->fp, st->attn, &e) < 0) {
             free(buf);
             buf = NULL;
-            rc = fail(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, s->id, e.msg);
+            rc = STORE_FAIL(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, s->id, e.msg);
         }
     }
     pthread_mutex_lock(&st->mu);
@@ -1236,11 +1259,11 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     srv_session_t *s = NULL;
     int reserved = 0;
     if (!srv_session_id_valid(id)) {
-        rc = fail(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        rc = STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
         goto out;
     }
     if (!blob || len > st->max_blob) {
-        rc = fail(SRV_STORE_EMISMATCH, "state blob of %zu bytes is larger than any state of this "
+        rc = STORE_FAIL(SRV_STORE_EMISMATCH, "state blob of %zu bytes is larger than any state of this "
                   "server (%zu)", len, st->max_blob);
         goto out;
     }

@@ -415,6 +415,17 @@ TEST(persist_and_reopen)
         check_same(st, model, a, &ra, "reopened a");
         check_same(st, model, b, &rb, "reopened b");
         srv_store_free(st);
+        /* Same model, other attention: the files are not this server's. */
+        st = open_store(dir, model_x, 0, 0, 1, NULL);
+        if (st) {
+            size_t ndisk = 9;
+            srv_store_stats(st, NULL, &ndisk, NULL);
+            CHECK_INT_EQ(ndisk, 0);
+            CHECK_INT_EQ(srv_store_info(st, a, &ja), SRV_STORE_ENOTFOUND);
+            CHECK_INT_EQ(srv_store_sweep(st, (int64_t)time(NULL) + 1000), 0);
+            CHECK(file_exists(dir, a) && file_exists(dir, b));
+            srv_store_free(st);
+        }
     } else {
         free_ctx(&ra);
         free_ctx(&rb);
