@@ -1123,8 +1123,22 @@ static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
         return rc;
     core_error_t e = {0};
     core_sampler_t *smp = NULL;
-    if (core_attn_state_copy(c->state, src->state, &e) < 0 ||
-        (src->sampler && core_sampler_clone(src->sampler, &smp, &e) < 0)) {
+    if (core_attn_state_copy(c->state, src->state, &e) < 0) {
+        /* States of one attention can still differ in layout (linear
+         * accumulator precision): the blob carries it, a copy does not. */
+        size_t n = core_state_size(src->state, NULL, 0, 0), len = 0;
+        unsigned char *buf = malloc(n ? n : 1);
+        core_state_desc_t d = {.fingerprint = st->fp, .state = src->state};
+        int rc2 = !buf || !n ? CORE_ENOMEM : core_state_save(&d, buf, n, &len, &e);
+        if (rc2 == 0)
+            rc2 = core_state_load(buf, len, st->fp, c->state, NULL, NULL, NULL, NULL, NULL, &e);
+        free(buf);
+        if (rc2 < 0) {
+            ctx_free(c);
+            return STORE_FAIL(SRV_STORE_ENOMEM, "copying a session: %s", e.msg);
+        }
+    }
+    if (src->sampler && core_sampler_clone(src->sampler, &smp, &e) < 0) {
         ctx_free(c);
         return STORE_FAIL(SRV_STORE_ENOMEM, "copying a session: %s", e.msg);
     }

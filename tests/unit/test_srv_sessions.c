@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "core/features.h"
 #include "core/model.h"
 #include "core/rng.h"
 #include "core/state.h"
@@ -103,7 +104,16 @@ static srv_seq_ctx_t copy_ctx(core_model_t *m, const srv_seq_ctx_t *c)
     srv_seq_ctx_t r = {0};
     core_error_t err = {0};
     CHECK_INT_EQ(core_attn_state_new(core_model_attn(m), &r.state, &err), 0);
-    CHECK_INT_EQ(core_attn_state_copy(r.state, c->state, &err), 0);
+    if (core_attn_state_copy(r.state, c->state, &err) == CORE_EMISMATCH) {
+        /* Another accumulator precision: copy through a blob. */
+        const char *fp = core_model_info(m)->fingerprint;
+        size_t n = core_state_size(c->state, NULL, 0, 0), len = 0;
+        unsigned char *b = malloc(n);
+        core_state_desc_t d = {.fingerprint = fp, .state = c->state};
+        CHECK_INT_EQ(core_state_save(&d, b, n, &len, &err), 0);
+        CHECK_INT_EQ(core_state_load(b, len, fp, r.state, NULL, NULL, NULL, NULL, NULL, &err), 0);
+        free(b);
+    }
     CHECK_INT_EQ(core_sampler_clone(c->sampler, &r.sampler, &err), 0);
     CHECK_INT_EQ(srv_seq_ctx_set_pending(&r, c->pending, c->n_pending), 0);
     return r;
@@ -610,6 +620,19 @@ TEST(fork_is_an_independent_copy)
     /* The fork, before it moved, was the same: fork again and compare. */
     CHECK_INT_EQ(srv_store_fork(st, a, g), 0);
     check_same(st, model, g, &ref2, "second fork");
+
+    /* A session whose state accumulates in double (made under other linear
+     * options) forks into a store whose fresh states are float. */
+    core_attn_linear_opts_t lo = {64, 1};
+    core_error_t cerr = {0};
+    CHECK_INT_EQ(core_attn_linear_set_opts(core_model_attn(model), &lo, &cerr), 0);
+    char d64[33], f64[33];
+    make_session(st, model, 62, 0, d64);
+    lo.fp64_state = 0;
+    CHECK_INT_EQ(core_attn_linear_set_opts(core_model_attn(model), &lo, &cerr), 0);
+    srv_seq_ctx_t r64 = snapshot(st, model, d64);
+    CHECK_INT_EQ(srv_store_fork(st, d64, f64), 0);
+    check_same(st, model, f64, &r64, "fork of a double-precision state");
     srv_store_free(st);
 
     /* Fork of a session that is only on disk. */
