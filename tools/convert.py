@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""DARKFormer conversion: Λ for DARKFormer-IS and the learned matrices M of
+DARKFormer (attention transfer), from recordings of tools/record_qkv.
+
+    convert.py lambda --rec DIR --out LAMBDA.f32 [--log LOG.json]
+    convert.py train  --rec DIR --features M --window W --out MAT.f32 --log LOG.json
+                      [--steps 300] [--lr 0.01] [--val-seqs 8] [--batch 4]
+                      [--queries 128] [--layers 0-29] [--seed 1]
+
+Outputs are raw little-endian float32 [L][Hkv][Hd][Hd], what
+build/tools/write_adapter reads (tools/convert.sh runs the whole pipeline).
+
+Λ (DESIGN.md §3: q̂, k̂ ~ N(0, Λ)): per layer and KV head the *uncentered*
+second moment E[x̂ x̂ᵀ] pooled over the keys and the queries of the heads that
+share the KV head, each side weighted one half. Pooled because the proposal
+is shared by both feature maps (φ(q) and φ(k) must use the same ω) and the
+variance of φ(q)·φ(k) grows with q̂ + k̂; uncentered because the estimator's
+variance depends on the raw vectors, means included (a mean is not removed
+by the kernels).
+
+Attention transfer (LoLCATs stage 1 in spirit): per layer and KV head, M
+starts at the identity (= Performer) and Adam minimizes the relative squared
+error ‖O − O*‖² / ‖O*‖² between the linear (W = 0) or hybrid (exact window W)
+attention output O over the recorded q, k, v and the exact softmax output O*,
+with the feature draws ε the C kernels use (eps.npy of the recording, first
+M rows). Each step takes `batch` training sequences and `queries` random
+query positions (≥ W: earlier positions are exact whatever M is); the last
+`val-seqs` recorded sequences are held out, the validation loss (all
+positions ≥ W) is evaluated every 25 steps and the best M is kept (early
+stopping). Needs jax (tools/requirements-convert.txt).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dfeat  # noqa: E402
+
+
+def parse_layers(s, n):
+    if not s:
+        return list(range(n))
+    out = []
+    for part in s.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out += list(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def cmd_lambda(a):
+    meta = dfeat.load_meta(a.rec)
+    L, H, Hkv, Hd = meta["n_layer"], meta["n_head"], meta["n_head_kv"], meta["head_dim"]
+    gs = H // Hkv
+    lam = np.zeros((L, Hkv, Hd, Hd), dtype=np.float32)
+    log = []
+    for layer in range(L):
+        q, k, _ = dfeat.load_layer(a.rec, layer)
+        for h in range(Hkv):
+            qh = np.asarray(q[:, :, h * gs:(h + 1) * gs, :], dtype=np.float64).reshape(-1, Hd)
+            kh = np.asarray(k[:, :, h, :], dtype=np.float64).reshape(-1, Hd)
+            s = Hd ** -0.5  # x̂ x̂ᵀ = x xᵀ · Hd^(-1/2)
+            l2 = 0.5 * (qh.T @ qh / len(qh) + kh.T @ kh / len(kh)) * s
+            lam[layer, h] = l2
+            w = np.linalg.eigvalsh(l2)
+            log.append({"layer": layer, "kv_head": h, "eig_max": float(w[-1]),
+                        "eig_min": float(w[0]), "trace": float(w.sum()),
+                        "n_clamped": int(np.sum(w > dfeat.LAMBDA_MAX) + np.sum(w < 0))})
+    lam.tofile(a.out)
+    if a.log:
+        with open(a.log, "w") as f:
+            json.dump({"rec": a.rec, "per_head": log}, f, indent=1)
+    print("lambda: wrote %s; eigenvalues clamped per head: median %d of %d" %
+          (a.out, int(np.median([r["n_clamped"] for r in log])), Hd))
+
+
+def cmd_train(a):
+    import jax
+    import jax.numpy as jnp
+
+    meta = dfeat.load_meta(a.rec)
+    L, H, Hkv, Hd = meta["n_layer"], meta["n_head"], meta["n_head_kv"], meta["head_dim"]
+    N, T = meta["n_seq"], meta["len"]
+    gs, m, W = H // Hkv, a.features, a.window
+    n_val = a.val_seqs
+    n_tr = N - n_val
+    if n_tr < a.batch or n_val < 1 or W >= T - 1:
+        sys.exit("convert: not enough recorded sequences or window too large")
+    eps_all = dfeat.load_eps(a.rec)
+    if eps_all.shape[2] < m:
+        sys.exit("convert: recording has %d draws, need %d" % (eps_all.shape[2], m))
+    bias = -0.5 * np.log(m)
+    sc = Hd ** -0.25
+    NEG = -1e30
+
+    def feat_logits(Mt, om, x):
+        y = (x * sc) @ Mt.T
+        return y @ om.T - 0.5 * jnp.sum(y * y, axis=-1, keepdims=True) + bias
+
+    def head_out(Mt, om, q, k, v, tau):
+        """q [B][P][gs][Hd] at positions tau [P]; k, v [B][T][Hd] -> [B][P][gs][Hd]."""
+        aq = feat_logits(Mt, om, q)
+        ak = feat_logits(Mt, om, k)
+        mq = jax.lax.stop_gradient(aq.max(axis=-1, keepdims=True))
+        mk = jax.lax.stop_gradient(ak.max(axis=-1, keepdims=True))
+        p = jnp.einsum("bpgi,bji->bpgj", jnp.exp(aq - mq), jnp.exp(ak - mk))
+        lk = jnp.log(jnp.maximum(p, 1e-30)) + mq + jnp.swapaxes(mk, 1, 2)[:, None, :, :]
+        s = jnp.einsum("bpgd,bjd->bpgj", q, k) / np.sqrt(Hd)
+        j = jnp.arange(k.shape[1])[None, :]
+        t = tau[:, None]
+        lin = (j <= t - W)[None, :, None, :]
+        win = ((j > t - W) & (j <= t))[None, :, None, :]
+        lw = jnp.where(lin, lk, jnp.where(win, s, NEG))
+        pr = jax.nn.softmax(lw, axis=-1)
+        return jnp.einsum("bpgj,bjd->bpgd", pr, v)
+
+    def loss_fn(Ms, oms, q, k, v, tgt, tau):
+        """Sum over the KV heads of each head's relative squared error."""
+        def one(Mt, om, qh, kh, vh, th):
+            o = head_out(Mt, om, qh, kh, vh, tau)
+            return jnp.sum((o - th) ** 2) / jnp.sum(th * th)
+        return jnp.sum(jax.vmap(one)(Ms, oms, q, k, v, tgt))
+
+    per_head_loss = jax.jit(lambda Ms, oms, q, k, v, tgt, tau: jax.vmap(
+        lambda Mt, om, qh, kh, vh, th: jnp.sum((head_out(Mt, om, qh, kh, vh, tau) - th) ** 2)
+        / jnp.sum(th * th))(Ms, oms, q, k, v, tgt))
+    grad_fn = jax.jit(jax.value_and_grad(loss_fn))
+
+    @jax.jit
+    def exact_all(q, k, v):
+        """Exact causal outputs, q [Hkv][N][T][gs][Hd], k, v [Hkv][N][T][Hd]."""
+        s = jnp.einsum("hntgd,hnud->hntgu", q, k) / np.sqrt(Hd)
+        mask = jnp.tril(jnp.ones((T, T), dtype=bool))[None, None, :, None, :]
+        s = jnp.where(mask, s, NEG)
+        return jnp.einsum("hntgu,hnud->hntgd", jax.nn.softmax(s, axis=-1), v)
+
+    rng = np.random.default_rng(a.seed)
+    tau_val = np.arange(W, T) if W > 0 else np.arange(T)
+    layers = parse_layers(a.layers, L)
+    mats = np.tile(np.eye(Hd, dtype=np.float32), (L, Hkv, 1, 1))
+    if a.init:
+        mats = np.fromfile(a.init, dtype=np.float32).reshape(L, Hkv, Hd, Hd)
+    log = {"rec": a.rec, "features": m, "window": W, "steps": a.steps, "lr": a.lr,
+           "batch": a.batch, "queries": a.queries, "train_seqs": n_tr, "val_seqs": n_val,
+           "seq_len": T, "seed": a.seed, "layers": []}
+    t_start = time.time()
+    for layer in layers:
+        t0 = time.time()
+        q, k, v = dfeat.load_layer(a.rec, layer, mmap=False)
+        # [Hkv][N][T][gs][Hd] and [Hkv][N][T][Hd]
+        qh = jnp.asarray(np.ascontiguousarray(
+            q.reshape(N, T, Hkv, gs, Hd).transpose(2, 0, 1, 3, 4)))
+        kh = jnp.asarray(np.ascontiguousarray(k.transpose(2, 0, 1, 3)))
+        vh = jnp.asarray(np.ascontiguousarray(v.transpose(2, 0, 1, 3)))
+        tgt = jnp.concatenate([exact_all(qh[:, i:i + 4], kh[:, i:i + 4], vh[:, i:i + 4])
+                               for i in range(0, N, 4)], axis=1)
+        oms = jnp.asarray(np.asarray(eps_all[layer, :, :m, :], dtype=np.float32))
+        Ms = jnp.asarray(mats[layer])
+        vq, vk, vv, vt = (qh[:, n_tr:, tau_val], kh[:, n_tr:], vh[:, n_tr:],
+                          tgt[:, n_tr:, tau_val])
+        tv = jnp.asarray(tau_val)
+
+        def val_loss(Mx):
+            return np.asarray(per_head_loss(Mx, oms, vq, vk, vv, vt, tv))
+
+        init_val = val_loss(Ms)
+        id_val = val_loss(jnp.asarray(np.tile(np.eye(Hd, dtype=np.float32), (Hkv, 1, 1))))
+        best, best_M, best_step = init_val.copy(), np.asarray(Ms).copy(), np.zeros(Hkv, int)
+        mom = jnp.zeros_like(Ms)
+        sec = jnp.zeros_like(Ms)
+        b1, b2 = 0.9, 0.999
+        tr_hist = []
+        for step in range(1, a.steps + 1):
+            seqs = rng.choice(n_tr, size=a.batch, replace=False)
+            lo = W if W > 0 else 0
+            tau = np.sort(rng.choice(np.arange(lo, T), size=min(a.queries, T - lo), replace=False))
+            lr = a.lr * (0.5 * (1 + np.cos(np.pi * (step - 1) / a.steps)))
+            val, g = grad_fn(Ms, oms, qh[:, seqs][:, :, tau], kh[:, seqs], vh[:, seqs],
+                             tgt[:, seqs][:, :, tau], jnp.asarray(tau))
+            g = jnp.where(jnp.isfinite(g), g, 0.0)
+            mom = b1 * mom + (1 - b1) * g
+            sec = b2 * sec + (1 - b2) * g * g
+            Ms = Ms - lr * (mom / (1 - b1 ** step)) / (jnp.sqrt(sec / (1 - b2 ** step)) + 1e-8)
+            tr_hist.append(float(val) / Hkv)
+            if step % 25 == 0 or step == a.steps:
+                vl = val_loss(Ms)
+                Mn = np.asarray(Ms)
+                for h in range(Hkv):
+                    if vl[h] < best[h]:
+                        best[h], best_M[h], best_step[h] = vl[h], Mn[h], step
+        mats[layer] = best_M
+        ent = {"layer": layer, "val_loss_identity": [float(x) for x in id_val],
+               "val_loss_init": [float(x) for x in init_val],
+               "val_loss_best": [float(x) for x in best], "best_step": [int(x) for x in best_step],
+               "train_loss_first25": float(np.mean(tr_hist[:25])),
+               "train_loss_last25": float(np.mean(tr_hist[-25:])),
+               "seconds": round(time.time() - t0, 1)}
+        log["layers"].append(ent)
+        print("layer %2d: val rel. sq. error identity %s -> best %s (steps %s) %.0fs" % (
+            layer, np.array2string(id_val, precision=4), np.array2string(best, precision=4),
+            best_step.tolist(), time.time() - t0), flush=True)
+        mats.tofile(a.out)  # checkpoint after every layer
+        log["seconds"] = round(time.time() - t_start, 1)
+        with open(a.log, "w") as f:
+            json.dump(log, f, indent=1)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pl = sub.add_parser("lambda")
+    pl.add_argument("--rec", required=True)
+    pl.add_argument("--out", required=True)
+    pl.add_argument("--log")
+    pt = sub.add_parser("train")
+    pt.add_argument("--rec", required=True)
+    pt.add_argument("--features", type=int, required=True)
+    pt.add_argument("--window", type=int, required=True)
+    pt.add_argument("--out", required=True)
+    pt.add_argument("--log", required=True)
+    pt.add_argument("--init", help="start from this MAT.f32 instead of the identity")
+    pt.add_argument("--steps", type=int, default=300)
+    pt.add_argument("--lr", type=float, default=0.01)
+    pt.add_argument("--val-seqs", type=int, default=8)
+    pt.add_argument("--batch", type=int, default=4)
+    pt.add_argument("--queries", type=int, default=128)
+    pt.add_argument("--layers", default="")
+    pt.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+    if a.cmd == "lambda":
+        cmd_lambda(a)
+    else:
+        cmd_train(a)
+
+
+if __name__ == "__main__":
+    main()

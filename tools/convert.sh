@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# tools/convert.sh — the DARKFormer conversion pipeline of the default model
+# (the lead wires it as `make adapter`). Offline: not part of make test.
+#
+#   tools/convert.sh [--features M] [--window W] [--steps N] [--init MAT.f32]
+#                    [--out ADAPTER.gguf] [--work DIR] [--build DIR]
+#   tools/convert.sh --is [--out IS.gguf]      # the DARKFormer-IS adapter (Λ only)
+#
+# 1. record: $BUILD/tools/record_qkv runs the exact model over
+#    tests/data/calibration.txt (40 sequences x 512 tokens; never the
+#    held-out text) and writes q, k (after RoPE), v per layer and the
+#    feature draws ε (seed 0, 256 rows) under WORK/cal (reused when present).
+# 2. Λ (tools/convert.py lambda) for DARKFormer-IS.
+# 3. M (tools/convert.py train): attention transfer for (M, W), 32
+#    training + 8 validation sequences, early stopping.
+# 4. $BUILD/tools/write_adapter writes the GGUF (docs/ADAPTER.md) and checks
+#    that the model loads with it.
+# Needs: make BUILD=... $BUILD/tools/record_qkv $BUILD/tools/write_adapter,
+# and a Python with tools/requirements-convert.txt (env CONVERT_PY, default
+# build/convert-venv/bin/python; create it with
+#   python3 -m venv build/convert-venv &&
+#   build/convert-venv/bin/pip install -r tools/requirements-convert.txt
+# — a separate venv because jax needs numpy >= 2 and .venv pins numpy 1.26).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --features) M=$2; shift 2 ;;
+    --window) W=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --init) INIT=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --work) WORK=$2; shift 2 ;;
+    --build) BUILD=$2; shift 2 ;;
+    --is) IS=1; shift ;;
+    *) echo "convert.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+PY=${CONVERT_PY:-build/convert-venv/bin/python}
+mkdir -p "$WORK"
+
+if [ ! -f "$WORK/cal/meta.json" ]; then
+  "$BUILD/tools/record_qkv" --model "$MODEL" --text tests/data/calibration.txt \
+    --out "$WORK/cal" --seqs 40 --len 512 --draws 256 --seed 0
+fi
+
+if [ "$IS" = 1 ]; then
+  OUT=${OUT:-$WORK/darkformer-is.gguf}
+  "$PY" tools/convert.py lambda --rec "$WORK/cal" --out "$WORK/lambda.f32" --log "$WORK/lambda.json"
+  "$BUILD/tools/write_adapter" --model "$MODEL" --kind darkformer-is --features "$M" \
+    --window "$W" --seed 0 --lambda "$WORK/lambda.f32" --out "$OUT"
+  exit 0
+fi
+
+OUT=${OUT:-$WORK/m${M}_w${W}.gguf}
+init_args=()
+[ -n "$INIT" ] && init_args=(--init "$INIT")
+"$PY" tools/convert.py train --rec "$WORK/cal" --features "$M" --window "$W" --steps "$STEPS" \
+  "${init_args[@]}" --out "$WORK/m${M}_w${W}.f32" --log "$WORK/m${M}_w${W}.json"
+"$BUILD/tools/write_adapter" --model "$MODEL" --kind darkformer --features "$M" --window "$W" \
+  --seed 0 --mat "$WORK/m${M}_w${W}.f32" --out "$OUT"

@@ -1,0 +1,155 @@
+/* tools/write_adapter.c — writes a DARKFormer adapter GGUF (docs/ADAPTER.md)
+ * with core_features_adapter_write from raw matrices, then checks that the
+ * model loads with it.
+ *
+ *   write_adapter --model M --kind darkformer|darkformer-is --features N
+ *                 --window W [--seed S] [--mat MAT.f32] [--lambda LAMBDA.f32]
+ *                 --out ADAPTER.gguf
+ *
+ * MAT.f32 / LAMBDA.f32: raw little-endian float32 [L][Hkv][Hd][Hd] (what
+ * tools/convert.py writes); --kind darkformer needs --mat, darkformer-is
+ * needs --lambda; both may be given (one file then serves both kinds). The
+ * base model M gives the shapes and the fingerprint the adapter names.
+ * After writing, the model is loaded with the adapter for every kind the
+ * adapter carries tensors for, so a file that the kernels refuse is never
+ * left behind (it is removed and the exit status is 1).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/features.h"
+#include "core/model.h"
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: write_adapter --model M --kind darkformer|darkformer-is --features N "
+                    "--window W [--seed S] [--mat MAT.f32] [--lambda LAMBDA.f32] --out A.gguf\n");
+}
+
+/* Reads exactly n floats from path into a new buffer. */
+static float *read_f32(const char *path, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "write_adapter: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    float *buf = malloc(n * sizeof *buf);
+    size_t got = buf ? fread(buf, sizeof *buf, n, f) : 0;
+    int extra = fgetc(f) != EOF;
+    fclose(f);
+    if (!buf || got != n || extra) {
+        fprintf(stderr, "write_adapter: %s must hold exactly %zu float32 values ([L][Hkv][Hd][Hd])\n",
+                path, n);
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int check_load(const char *model, const char *adapter, core_attn_kind_t kind, int m, int w,
+                      uint64_t seed)
+{
+    core_model_opts_t mo = {.attn_kind = kind, .n_features = m, .window = w, .seed = seed,
+                            .adapter_path = adapter, .max_ctx = 64};
+    core_model_t *mdl = NULL;
+    core_error_t err = {0};
+    if (core_model_load(model, &mo, &mdl, &err) < 0) {
+        fprintf(stderr, "write_adapter: the model does not load with %s as %s: %s\n", adapter,
+                core_attn_kind_name(kind), err.msg);
+        return 1;
+    }
+    core_model_free(mdl);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *kind_s = NULL, *mat_p = NULL, *lam_p = NULL, *out = NULL;
+    int64_t m = 0, w = -1, seed = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = !v;
+        if (!bad && !strcmp(a, "--model"))
+            model = v;
+        else if (!bad && !strcmp(a, "--kind"))
+            kind_s = v;
+        else if (!bad && !strcmp(a, "--mat"))
+            mat_p = v;
+        else if (!bad && !strcmp(a, "--lambda"))
+            lam_p = v;
+        else if (!bad && !strcmp(a, "--out"))
+            out = v;
+        else if (!bad && !strcmp(a, "--features"))
+            bad = parse_i64(v, 1, CORE_FEATURES_MAX_FEATURES, &m);
+        else if (!bad && !strcmp(a, "--window"))
+            bad = parse_i64(v, 0, CORE_FEATURES_MAX_WINDOW, &w);
+        else if (!bad && !strcmp(a, "--seed"))
+            bad = parse_i64(v, 0, INT64_MAX, &seed);
+        else
+            bad = 1;
+        if (bad) {
+            fprintf(stderr, "write_adapter: bad option or value near '%s'\n", a);
+            usage();
+            return 2;
+        }
+        i++;
+    }
+    core_attn_kind_t kind;
+    if (!model || !kind_s || !out || m < 1 || w < 0 || core_attn_kind_parse(kind_s, &kind) < 0 ||
+        (kind != CORE_ATTN_DARKFORMER && kind != CORE_ATTN_DARKFORMER_IS) ||
+        (kind == CORE_ATTN_DARKFORMER && !mat_p) || (kind == CORE_ATTN_DARKFORMER_IS && !lam_p)) {
+        usage();
+        return 2;
+    }
+
+    int status = 1;
+    core_error_t err = {0};
+    core_model_t *mdl = NULL;
+    float *mat = NULL, *lam = NULL;
+    if (core_model_load(model, NULL, &mdl, &err) < 0) {
+        fprintf(stderr, "write_adapter: cannot load %s: %s\n", model, err.msg);
+        return 1;
+    }
+    const core_model_info_t *in = core_model_info(mdl);
+    size_t n = (size_t)in->n_layer * (size_t)in->n_head_kv * (size_t)in->head_dim *
+               (size_t)in->head_dim;
+    if ((mat_p && !(mat = read_f32(mat_p, n))) || (lam_p && !(lam = read_f32(lam_p, n))))
+        goto done;
+    core_features_adapter_desc_t d = {
+        .kind = kind, .n_layer = in->n_layer, .n_head_kv = in->n_head_kv,
+        .head_dim = in->head_dim, .n_features = (int)m, .window = (int)w,
+        .seed = (uint64_t)seed, .base_fingerprint = in->fingerprint, .mat = mat, .lambda = lam};
+    if (core_features_adapter_write(&d, out, &err) < 0) {
+        fprintf(stderr, "write_adapter: cannot write %s: %s\n", out, err.msg);
+        goto done;
+    }
+    if ((mat && check_load(model, out, CORE_ATTN_DARKFORMER, (int)m, (int)w, (uint64_t)seed)) ||
+        (lam && check_load(model, out, CORE_ATTN_DARKFORMER_IS, (int)m, (int)w, (uint64_t)seed))) {
+        remove(out);
+        goto done;
+    }
+    printf("wrote %s: %s, M=%" PRId64 ", W=%" PRId64 ", seed %" PRId64 ", base %s%s%s\n", out,
+           kind_s, m, w, seed, in->fingerprint, mat ? ", tensors M" : "",
+           lam ? ", tensors lambda" : "");
+    status = 0;
+done:
+    free(mat);
+    free(lam);
+    core_model_free(mdl);
+    return status;
+}
