@@ -25,7 +25,7 @@
 #endif
 
 enum {
-    QDOT_MR = 8,        /* activation rows per chunk: one weight read serves them all */
+    QDOT_MR = 8,         /* activation rows per chunk: one weight read serves them all */
     QDOT_MAX_BLCK = 256, /* largest block (K-quants) */
     QDOT_SX_MAX = 1024   /* blocks per row (k <= 32768) the one-row kernel keeps sums for */
 };
@@ -51,8 +51,7 @@ static inline void put(float *c, float v, float beta)
 /* ---- portable path: one block dequantized, four partial sums per row ---- */
 
 static void qmm_generic(int type, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                        const unsigned char *w, size_t row_bytes, float beta, float *c,
-                        int64_t ldc)
+                        const unsigned char *w, size_t row_bytes, float beta, float *c, int64_t ldc)
 {
     const int64_t blck = core_ttype_block_elems(type);
     const size_t bb = core_ttype_block_bytes(type);
@@ -81,11 +80,11 @@ static void qmm_generic(int type, int64_t m, int64_t n, int64_t k, const float *
     }
 }
 
-/* ---- AVX2 / FMA / F16C ---- */
+/* ---- AVX2 / FMA ---- */
 
 #ifdef QDOT_X86
-#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+#define AVX2_FN __attribute__((target("avx2,fma")))
+#define AVX2_INL static inline __attribute__((target("avx2,fma"), always_inline))
 
 AVX2_INL float hsum8(__m256 s)
 {
@@ -95,11 +94,22 @@ AVX2_INL float hsum8(__m256 s)
     return _mm_cvtss_f32(h);
 }
 
-AVX2_INL float half_at(const unsigned char *p)
+/* fp16 -> f32 by table: the per-block scales then cost a load instead of
+ * shuffles on the port the nibble widening already saturates. */
+static float h2f[1 << 16];
+static pthread_once_t h2f_once = PTHREAD_ONCE_INIT;
+
+static void h2f_init(void)
+{
+    for (uint32_t i = 0; i < (1u << 16); i++)
+        h2f[i] = core_fp16_to_fp32((uint16_t)i);
+}
+
+AVX2_INL float half_tab(const unsigned char *p)
 {
     uint16_t h;
     memcpy(&h, p, sizeof h);
-    return _cvtsh_ss(h);
+    return h2f[h];
 }
 
 /* The 32 values of one block as four vectors in element order (written out:
@@ -107,7 +117,7 @@ AVX2_INL float half_at(const unsigned char *p)
 AVX2_INL void deq_block(int type, const unsigned char *b, __m256 *w0, __m256 *w1, __m256 *w2,
                         __m256 *w3)
 {
-    const __m256 d = _mm256_set1_ps(half_at(b));
+    const __m256 d = _mm256_set1_ps(half_tab(b));
     if (type == CORE_TTYPE_Q8_0) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));
         const __m128i q01 = _mm256_castsi256_si128(q), q23 = _mm256_extracti128_si256(q, 1);
@@ -134,30 +144,12 @@ AVX2_INL void deq_block(int type, const unsigned char *b, __m256 *w0, __m256 *w1
     *w2 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
     *w3 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
     if (q41) {
-        const __m256 mn = _mm256_set1_ps(half_at(b + 2));
+        const __m256 mn = _mm256_set1_ps(half_tab(b + 2));
         *w0 = _mm256_add_ps(*w0, mn);
         *w1 = _mm256_add_ps(*w1, mn);
         *w2 = _mm256_add_ps(*w2, mn);
         *w3 = _mm256_add_ps(*w3, mn);
     }
-}
-
-/* fp16 -> f32 by table: the per-block scales then cost a load instead of
- * shuffles on the port the nibble widening already saturates. */
-static float h2f[1 << 16];
-static pthread_once_t h2f_once = PTHREAD_ONCE_INIT;
-
-static void h2f_init(void)
-{
-    for (uint32_t i = 0; i < (1u << 16); i++)
-        h2f[i] = core_fp16_to_fp32((uint16_t)i);
-}
-
-AVX2_INL float half_tab(const unsigned char *p)
-{
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return h2f[h];
 }
 
 /* One weight row against one activation row (decode), with the block scale
@@ -344,8 +336,7 @@ core_qdot_isa_t core_qdot_best_isa(void)
     if (best < 0) {
         int b = CORE_QDOT_GENERIC;
 #ifdef QDOT_X86
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            __builtin_cpu_supports("f16c"))
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
             b = CORE_QDOT_AVX2;
 #endif
         best = b;

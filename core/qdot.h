@@ -22,7 +22,7 @@
 
 typedef enum core_qdot_isa {
     CORE_QDOT_GENERIC = 0, /* portable C */
-    CORE_QDOT_AVX2 = 1     /* AVX2 + FMA + F16C, chosen at run time */
+    CORE_QDOT_AVX2 = 1     /* AVX2 + FMA, chosen at run time */
 } core_qdot_isa_t;
 
 /* 1 when core_qmatmul_nt accepts weights of this type: the dequantizable
