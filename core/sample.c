@@ -751,7 +751,7 @@ int core_sampler_state_load(core_sampler_t *s, const void *buf, size_t len, core
     if (!any)
         return core_error_set(err, CORE_EFORMAT, "sampler state: RNG state is all zero");
     int32_t ring[CORE_SAMPLE_HISTORY];
-    for (uint32_t i = 0; i < capacity; i++) {
+    for (uint32_t i = 0; i < CORE_SAMPLE_HISTORY; i++) { /* == capacity, checked above */
         uint32_t v = get_u32(b + STATE_HDR + 4 * i);
         if (i < count && v > (uint32_t)INT32_MAX)
             return core_error_set(err, CORE_EFORMAT, "sampler state: token %u has id %u", i, v);

@@ -336,10 +336,11 @@ static double nll(const float *logits, int64_t V, int32_t target)
     for (int64_t i = 0; i < V; i++)
         if (logits[i] > mx)
             mx = logits[i];
+    /* sum >= 1: the largest logit contributes exp(0). */
     double sum = 0;
     for (int64_t i = 0; i < V; i++)
         sum += exp((double)logits[i] - mx);
-    return log(sum) + mx - (double)logits[target];
+    return log(sum > 1.0 ? sum : 1.0) + mx - (double)logits[target];
 }
 
 int srv_cli_perplexity(int argc, char **argv)
