@@ -51,31 +51,31 @@ typedef struct api_app {
     srv_http_t *http;
     srv_metrics_t *metrics;
 
-    core_model_t *model;     /* owned */
-    core_tokenizer_t *tok;   /* owned */
+    core_model_t *model;   /* owned */
+    core_tokenizer_t *tok; /* owned */
     core_chat_tmpl_t tmpl;
-    srv_engine_t *engine;    /* owned */
-    srv_store_t *store;      /* owned */
+    srv_engine_t *engine; /* owned */
+    srv_store_t *store;   /* owned */
     proto_limits_t limits;
-    char model_id[128];      /* served model name ("SmolLM2-135M-Instruct") */
-    int64_t created;         /* unix seconds of the start */
-    int64_t t_start_ns;      /* srv_engine_now_ns() at the start */
-    int64_t gen_timeout_ns;  /* per-job deadline; 0 = none */
-    size_t state_max_body;   /* PUT /v1/sessions/{id}/state body limit */
+    char model_id[128];     /* served model name ("SmolLM2-135M-Instruct") */
+    int64_t created;        /* unix seconds of the start */
+    int64_t t_start_ns;     /* srv_engine_now_ns() at the start */
+    int64_t gen_timeout_ns; /* per-job deadline; 0 = none */
+    size_t state_max_body;  /* PUT /v1/sessions/{id}/state body limit */
 
-    int ready;               /* model loaded, routes serving */
-    int draining;            /* drain began: no new work */
-    int stopping;            /* stop hook running: finish everything synchronously */
+    int ready;    /* model loaded, routes serving */
+    int draining; /* drain began: no new work */
+    int stopping; /* stop hook running: finish everything synchronously */
 
     /* requests with events to deliver (scheduler -> loop); under mu */
     pthread_mutex_t mu;
     api_gen_t *ready_head;
     uv_async_t wake;
-    uv_timer_t sweep_timer;  /* srv_store_sweep */
-    uv_timer_t drain_timer;  /* cancels generation just before the drain deadline */
-    int handles_open;        /* uv handles not yet closed; the app is freed at 0 */
+    uv_timer_t sweep_timer; /* srv_store_sweep */
+    uv_timer_t drain_timer; /* cancels generation just before the drain deadline */
+    int handles_open;       /* uv handles not yet closed; the app is freed at 0 */
 
-    api_gen_t *live;         /* every request in flight (loop thread) */
+    api_gen_t *live; /* every request in flight (loop thread) */
 
     /* metrics the app owns (the engine and http register their own) */
     srv_series_t *m_sess_mem, *m_sess_disk, *m_sess_bytes;
@@ -121,13 +121,13 @@ const char *api_finish_reason(srv_finish_t f);
  * recognised; BOS added when add_special and the model wants one). *ids is
  * malloc'd (caller frees), also when *n == 0. Returns 0, or a negative CORE_E*
  * with the message in ce. */
-int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_special,
-                 int32_t **ids, size_t *n, core_error_t *ce);
+int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_special, int32_t **ids,
+                 size_t *n, core_error_t *ce);
 /* Renders proto messages with the chat template: a whole conversation
  * (cont = 0) or the continuation of a session's one (cont = 1, open = its
  * assistant turn is open). *out malloc'd. */
-int api_render_chat(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont,
-                    int open, int gen_prompt, char **out, size_t *out_len, core_error_t *ce);
+int api_render_chat(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont, int open,
+                    int gen_prompt, char **out, size_t *out_len, core_error_t *ce);
 /* Random lowercase hex id of 2*nbytes characters into out (nbytes <= 32). */
 void api_random_hex(char *out, size_t nbytes);
 
@@ -141,12 +141,12 @@ typedef struct api_tokrec {
 } api_tokrec_t;
 
 typedef struct api_acc {
-    char *text;           /* owned [len] generated text (valid UTF-8 from the engine) */
+    char *text; /* owned [len] generated text (valid UTF-8 from the engine) */
     size_t len, cap;
-    api_tokrec_t *toks;   /* owned [n_toks] sampled tokens (when kept) */
+    api_tokrec_t *toks; /* owned [n_toks] sampled tokens (when kept) */
     size_t n_toks, cap_toks;
-    srv_finish_t finish;  /* NONE until the choice ended */
-    int oom;              /* an append failed: answer 500 */
+    srv_finish_t finish; /* NONE until the choice ended */
+    int oom;             /* an append failed: answer 500 */
 } api_acc_t;
 
 void api_acc_text(api_acc_t *a, const char *s, size_t n);
@@ -165,10 +165,10 @@ void api_event_logprob(const core_tokenizer_t *tok, const srv_event_t *ev, int64
 /* ---- api_gen.c: a generation request in flight ---- */
 
 typedef struct api_gen_job {
-    srv_job_t *job;      /* caller's reference (released at the end) */
-    srv_seq_ctx_t own;   /* one-shot context (state and sampler owned here) */
-    srv_seq_ctx_t *ctx;  /* &own, or the session's (borrowed) */
-    int done_ev;         /* its DONE event was popped */
+    srv_job_t *job;     /* caller's reference (released at the end) */
+    srv_seq_ctx_t own;  /* one-shot context (state and sampler owned here) */
+    srv_seq_ctx_t *ctx; /* &own, or the session's (borrowed) */
+    int done_ev;        /* its DONE event was popped */
     int submitted;
 } api_gen_job_t;
 
@@ -185,35 +185,35 @@ typedef struct api_gen_ops {
 struct api_gen {
     api_app_t *app;
     const api_gen_ops_t *ops;
-    void *kd;                   /* the kind's data, owned (ops->free) */
-    char rid[72];               /* request id, for log lines */
-    char route[48];             /* matched pattern, for the log line */
-    srv_stream_t *stream;       /* producer reference; NULL once closed/replied */
-    int streaming;              /* 1: stream opened (frames); 0: deferred reply */
-    proto_stream_format_t fmt;  /* framing when streaming */
-    srv_session_t *session;     /* held (busy) until released; NULL if none */
+    void *kd;                  /* the kind's data, owned (ops->free) */
+    char rid[72];              /* request id, for log lines */
+    char route[48];            /* matched pattern, for the log line */
+    srv_stream_t *stream;      /* producer reference; NULL once closed/replied */
+    int streaming;             /* 1: stream opened (frames); 0: deferred reply */
+    proto_stream_format_t fmt; /* framing when streaming */
+    srv_session_t *session;    /* held (busy) until released; NULL if none */
     int64_t t_start_ns;
 
-    int cancelled;              /* client gone (on_cancel) */
-    int aborted;                /* abandoned before the answer started (api_gen_abort) */
-    int shutdown;               /* cancelled by the drain deadline */
-    int finished;               /* the end ran (ops->done) */
-    int destroyed;              /* released; freed by the ping timer's close callback */
-    int closing;                /* final frames queued; close when flushed */
-    char *held;                 /* frames waiting for stream space */
+    int cancelled; /* client gone (on_cancel) */
+    int aborted;   /* abandoned before the answer started (api_gen_abort) */
+    int shutdown;  /* cancelled by the drain deadline */
+    int finished;  /* the end ran (ops->done) */
+    int destroyed; /* released; freed by the ping timer's close callback */
+    int closing;   /* final frames queued; close when flushed */
+    char *held;    /* frames waiting for stream space */
     size_t held_len, held_cap;
-    uint64_t bytes_out;         /* framed bytes handed to the stream */
-    uint64_t bytes_at_tick;     /* bytes_out at the last ping tick */
+    uint64_t bytes_out;     /* framed bytes handed to the stream */
+    uint64_t bytes_at_tick; /* bytes_out at the last ping tick */
     int ping_on;
     uv_timer_t ping;
 
-    api_gen_t *next_ready;      /* app->ready list (under app->mu) */
-    int queued;                 /* on app->ready (under app->mu) */
-    atomic_int n_on_done;       /* on_done callbacks run (scheduler thread) */
+    api_gen_t *next_ready; /* app->ready list (under app->mu) */
+    int queued;            /* on app->ready (under app->mu) */
+    atomic_int n_on_done;  /* on_done callbacks run (scheduler thread) */
     api_gen_t *live_prev, *live_next;
 
     size_t n_jobs;
-    api_gen_job_t jobs[];       /* [n_jobs] */
+    api_gen_job_t jobs[]; /* [n_jobs] */
 };
 
 /* New request with n_jobs job slots for req (loop thread, in the handler).
@@ -223,8 +223,7 @@ api_gen_t *api_gen_new(api_app_t *app, srv_req_t *req, const api_gen_ops_t *ops,
                        size_t n_jobs);
 /* Makes job slot ji a one-shot context: a fresh attention state and a
  * sampler with params. Returns 0 or a negative CORE_E* (ce). */
-int api_gen_oneshot(api_gen_t *g, size_t ji, const core_sample_params_t *params,
-                    core_error_t *ce);
+int api_gen_oneshot(api_gen_t *g, size_t ji, const core_sample_params_t *params, core_error_t *ce);
 /* Submits spec for slot ji (notify/on_done/ud/ctx/req_id/deadline filled
  * here). Returns 0 or the engine's error (msg in err). */
 int api_gen_submit(api_gen_t *g, size_t ji, srv_job_spec_t *spec, char *err, size_t errlen);

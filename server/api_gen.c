@@ -252,8 +252,10 @@ int api_gen_release_session(api_gen_t *g, int persist, char *err, size_t errlen)
     int rc = srv_store_release(g->app->store, s, persist);
     if (rc < 0) {
         const char *d = srv_store_last_error();
-        snprintf(err, errlen, "session state could not be saved (%s); the saved copy on disk is "
-                 "the previous one", d && *d ? d : srv_store_strerror(rc));
+        snprintf(err, errlen,
+                 "session state could not be saved (%s); the saved copy on disk is "
+                 "the previous one",
+                 d && *d ? d : srv_store_strerror(rc));
         srv_series_add(g->app->m_persist_err, 1);
         SRV_LOG(SRV_LOG_ERROR, g->rid, "%s", err);
     }
@@ -300,7 +302,8 @@ static void gen_destroy(api_gen_t *g)
         api_gen_release_session(g, 0, e, sizeof e);
     }
     if (g->stream) {
-        srv_stream_close(g->stream, g->cancelled && !g->closing ? SRV_STREAM_ABORT : SRV_STREAM_END);
+        srv_stream_close(g->stream,
+                         g->cancelled && !g->closing ? SRV_STREAM_ABORT : SRV_STREAM_END);
         g->stream = NULL;
     }
     /* No callback can queue g any more (every on_done ran), but an earlier
@@ -571,8 +574,8 @@ static const char *piece_of(const core_tokenizer_t *tok, int32_t id, size_t *len
 }
 
 static void fill_lp(const core_tokenizer_t *tok, int32_t id, float logprob, int32_t n_top,
-                    const core_sample_logprob_t *top_in, int64_t offset,
-                    proto_token_logprob_t *lp, proto_top_logprob_t *top)
+                    const core_sample_logprob_t *top_in, int64_t offset, proto_token_logprob_t *lp,
+                    proto_top_logprob_t *top)
 {
     lp->piece = piece_of(tok, id, &lp->piece_len);
     lp->id = id;

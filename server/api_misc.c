@@ -43,8 +43,8 @@ static void h_tokenize(srv_req_t *req, void *ud)
             }
         }
     }
-    char *j = proto_tokenize_json(ids, n, tr.with_pieces ? (const char *const *)pieces : NULL,
-                                  plens);
+    char *j =
+        proto_tokenize_json(ids, n, tr.with_pieces ? (const char *const *)pieces : NULL, plens);
     if (!j) {
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto out;

@@ -18,19 +18,19 @@
 #include <time.h>
 
 typedef struct oa_choice {
-    api_acc_t acc;     /* non-streamed: text and (for logprobs) tokens */
-    int64_t offset;    /* streamed completions: bytes of pieces so far (text_offset) */
+    api_acc_t acc;  /* non-streamed: text and (for logprobs) tokens */
+    int64_t offset; /* streamed completions: bytes of pieces so far (text_offset) */
     srv_finish_t finish;
 } oa_choice_t;
 
 typedef struct oa_req {
     int chat;
-    int n;              /* choices per prompt */
-    size_t n_choices;   /* n_prompts * n */
-    int logprobs;       /* -1 none, else alternatives */
+    int n;            /* choices per prompt */
+    size_t n_choices; /* n_prompts * n */
+    int logprobs;     /* -1 none, else alternatives */
     int include_usage;
     int stream;
-    int session_chat;   /* the session continued with a chat render */
+    int session_chat; /* the session continued with a chat render */
     char id[48];
     int64_t created;
     char session_id[PROTO_SESSION_ID_LEN + 1];
@@ -172,10 +172,9 @@ static void oa_done(api_gen_t *g)
     SRV_LOG(SRV_LOG_INFO, g->rid,
             "generation route=%s session=%s prompt_tokens=%" PRId64 " completion_tokens=%" PRId64
             " ttft_ms=%.1f total_ms=%.1f finish=%s%s",
-            g->route, r->session_id[0] ? r->session_id : "-", u.prompt_tokens,
-            u.completion_tokens, ttft_s >= 0 ? ttft_s * 1e3 : -1.0,
-            (double)(srv_engine_now_ns() - g->t_start_ns) / 1e6, fin0 ? fin0 : "-",
-            g->cancelled ? " (client gone)" : "");
+            g->route, r->session_id[0] ? r->session_id : "-", u.prompt_tokens, u.completion_tokens,
+            ttft_s >= 0 ? ttft_s * 1e3 : -1.0, (double)(srv_engine_now_ns() - g->t_start_ns) / 1e6,
+            fin0 ? fin0 : "-", g->cancelled ? " (client gone)" : "");
 
     if (g->cancelled)
         return;
@@ -209,9 +208,10 @@ static void oa_done(api_gen_t *g)
         api_gen_reply_error(g, &e);
         return;
     }
-    proto_choice_t *pcs = calloc(r->n_choices, sizeof *pcs);
-    proto_token_logprob_t **lps = calloc(r->n_choices, sizeof *lps);
-    proto_top_logprob_t **tops = calloc(r->n_choices, sizeof *tops);
+    const size_t nc = r->n_choices ? r->n_choices : 1;
+    proto_choice_t *pcs = calloc(nc, sizeof(proto_choice_t));
+    proto_token_logprob_t **lps = calloc(nc, sizeof(proto_token_logprob_t *));
+    proto_top_logprob_t **tops = calloc(nc, sizeof(proto_top_logprob_t *));
     int oom = !pcs || !lps || !tops;
     for (size_t i = 0; !oom && i < r->n_choices; i++) {
         oa_choice_t *c = &r->choices[i];
@@ -494,8 +494,7 @@ fail:
 static void h_models(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
-    proto_model_entry_t m = {.id = app->model_id, .created = app->created,
-                             .owned_by = "darkserve"};
+    proto_model_entry_t m = {.id = app->model_id, .created = app->created, .owned_by = "darkserve"};
     char *j = proto_models_json(&m, 1);
     if (!j) {
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");

@@ -138,10 +138,10 @@ static int pend_last(srv_seq_ctx_t *ctx, int32_t tok)
 /* ---- ingest (create, append) ---- */
 
 typedef struct ingest {
-    int status;        /* 201 create, 200 append */
-    int has_last;      /* last token to leave pending */
+    int status;   /* 201 create, 200 append */
+    int has_last; /* last token to leave pending */
     int32_t last;
-    int set_chat;      /* messages were rendered: turn closed, chat started */
+    int set_chat; /* messages were rendered: turn closed, chat started */
     char id[PROTO_SESSION_ID_LEN + 1];
 } ingest_t;
 
@@ -300,8 +300,8 @@ static void h_create(srv_req_t *req, void *ud)
     size_t n = 0;
     int chat = 0;
     if (cr.system || cr.messages) {
-        proto_message_t sys = {.role = PROTO_ROLE_SYSTEM, .content = cr.system,
-                               .content_len = cr.system_len};
+        proto_message_t sys = {
+            .role = PROTO_ROLE_SYSTEM, .content = cr.system, .content_len = cr.system_len};
         const proto_message_t *msgs = cr.system ? &sys : cr.messages;
         size_t nm = cr.system ? 1 : cr.n_messages;
         if (session_input(app, req, s, NULL, 0, msgs, nm, 0, &ids, &n, &chat) < 0) {
@@ -356,10 +356,10 @@ static void h_append(srv_req_t *req, void *ud)
 
 typedef struct sgen {
     int stream;
-    int logprobs;      /* -1 none */
-    int set_chat;      /* messages rendered with a generation prompt */
+    int logprobs; /* -1 none */
+    int set_chat; /* messages rendered with a generation prompt */
     char id[PROTO_SESSION_ID_LEN + 1];
-    api_acc_t acc;     /* non-streamed: text, tokens */
+    api_acc_t acc; /* non-streamed: text, tokens */
     srv_finish_t finish;
 } sgen_t;
 
@@ -398,7 +398,9 @@ static void sgen_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
     proto_top_logprob_t top[CORE_SAMPLE_MAX_LOGPROBS];
     if (k->logprobs >= 0)
         api_event_logprob(g->app->tok, ev, 0, &lp, top);
-    proto_gen_token_t t = {.text = ev->text, .text_len = ev->len, .id = ev->token,
+    proto_gen_token_t t = {.text = ev->text,
+                           .text_len = ev->len,
+                           .id = ev->token,
                            .lp = k->logprobs >= 0 ? &lp : NULL};
     char *j = proto_generate_token_json(&t);
     api_gen_write_json(g, j);
@@ -592,8 +594,8 @@ static void h_list(srv_req_t *req, void *ud)
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto out;
     }
-    int rc = srv_store_list(app->store, lr.after[0] ? lr.after : NULL, (size_t)lr.limit, si, &n,
-                            &more);
+    int rc =
+        srv_store_list(app->store, lr.after[0] ? lr.after : NULL, (size_t)lr.limit, si, &n, &more);
     if (rc < 0) {
         api_reply_store(req, rc, NULL, NULL);
         goto out;

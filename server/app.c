@@ -74,7 +74,9 @@ static void h_health(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
     const int draining = app->draining || srv_http_draining(srv_req_server(req));
-    proto_health_t h = {.status = draining ? "draining" : app->ready ? "ok" : "loading",
+    proto_health_t h = {.status = draining     ? "draining"
+                                  : app->ready ? "ok"
+                                               : "loading",
                         .model = app->ready ? app->model_id : NULL};
     size_t mem, disk, bytes;
     session_counts(app, &mem, &disk, &bytes);
@@ -140,18 +142,18 @@ static void register_metrics(api_app_t *app)
                                            (const char *[]){"where", NULL});
     app->m_sess_mem = srv_metric_series(sess, (const char *[]){"memory"});
     app->m_sess_disk = srv_metric_series(sess, (const char *[]){"disk"});
-    app->m_sess_bytes = srv_metric_series(
-        srv_metrics_gauge(m, "darkserve_session_state_bytes",
-                          "Bytes of session state held in memory", NULL),
-        NULL);
+    app->m_sess_bytes =
+        srv_metric_series(srv_metrics_gauge(m, "darkserve_session_state_bytes",
+                                            "Bytes of session state held in memory", NULL),
+                          NULL);
     app->m_persist_err = srv_metric_series(
         srv_metrics_counter(m, "darkserve_session_persist_errors_total",
                             "Session saves that failed (the previous saved state was kept)", NULL),
         NULL);
-    app->m_batch_steps = srv_metrics_counter(
-        m, "darkserve_engine_steps_by_batch_total",
-        "Batched forwards by the exact number of sequences in them",
-        (const char *[]){"sequences", NULL});
+    app->m_batch_steps =
+        srv_metrics_counter(m, "darkserve_engine_steps_by_batch_total",
+                            "Batched forwards by the exact number of sequences in them",
+                            (const char *[]){"sequences", NULL});
 }
 
 /* ---- start ---- */
@@ -187,7 +189,7 @@ static int model_opts(const srv_config_t *cfg, core_model_opts_t *mo)
         core_gguf_close(g);
         mo->seed = ai.seed;
     }
-    mo->n_features = cfg->features > 0 ? (int)cfg->features
+    mo->n_features = cfg->features > 0   ? (int)cfg->features
                      : ai.n_features > 0 ? ai.n_features
                                          : DEFAULT_FEATURES;
     mo->window = cfg->window >= 0 ? (int)cfg->window : ai.window >= 0 ? ai.window : DEFAULT_WINDOW;
@@ -221,8 +223,7 @@ static int load(api_app_t *app)
     }
     core_gguf_str_t tt = {NULL, 0};
     char *tmpl_text = NULL;
-    if (core_gguf_get_str(core_model_gguf(app->model), "tokenizer.chat_template", &tt, NULL) ==
-        0) {
+    if (core_gguf_get_str(core_model_gguf(app->model), "tokenizer.chat_template", &tt, NULL) == 0) {
         tmpl_text = strndup(tt.ptr, (size_t)tt.len);
         if (!tmpl_text) {
             SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
@@ -247,8 +248,8 @@ static int load(api_app_t *app)
             "model %s (%s, %d layers, %" PRIu64 " parameters, fingerprint %s) loaded in %.2fs; "
             "attention %s (features %d, window %d, exact context %" PRId64 "); chat template %s",
             app->model_id, info->arch, info->n_layer, info->n_params, info->fingerprint,
-            (double)(srv_engine_now_ns() - t0) / 1e9, core_attn_kind_name(ac->kind),
-            ac->n_features, ac->window, ac->max_ctx, core_chat_kind_name(app->tmpl.kind));
+            (double)(srv_engine_now_ns() - t0) / 1e9, core_attn_kind_name(ac->kind), ac->n_features,
+            ac->window, ac->max_ctx, core_chat_kind_name(app->tmpl.kind));
     return 0;
 }
 

@@ -27,7 +27,7 @@ static uint64_t random_u64(void)
 void api_random_hex(char *out, size_t nbytes)
 {
     static const char hex[] = "0123456789abcdef";
-    unsigned char b[32];
+    unsigned char b[32] = {0};
     if (nbytes > sizeof b)
         nbytes = sizeof b;
     for (size_t i = 0; i < nbytes; i += 8) {
@@ -86,8 +86,7 @@ int api_engine_error(int code, const char *msg, proto_error_t *e)
 {
     switch (code) {
     case SRV_ENGINE_EQUEUE_FULL:
-        proto_error_set(e, PROTO_ERR_RATE_LIMIT, NULL,
-                        "the generation queue is full; retry later");
+        proto_error_set(e, PROTO_ERR_RATE_LIMIT, NULL, "the generation queue is full; retry later");
         return 1;
     case SRV_ENGINE_ESTOPPED:
         proto_error_set(e, PROTO_ERR_UNAVAILABLE, NULL, "the server is shutting down");
@@ -132,16 +131,12 @@ void api_store_error(int code, const char *id, const char *detail, proto_error_t
                         id ? id : "");
         break;
     case SRV_STORE_EMISMATCH:
-    case SRV_STORE_EINVAL:
-        proto_error_set(e, PROTO_ERR_INVALID_VALUE, NULL, "%s", d);
-        break;
+    case SRV_STORE_EINVAL: proto_error_set(e, PROTO_ERR_INVALID_VALUE, NULL, "%s", d); break;
     case SRV_STORE_EFULL:
         proto_error_set(e, PROTO_ERR_UNAVAILABLE, NULL, "session store full: %s", d);
         e->code = "session_store_full";
         break;
-    default:
-        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "session store: %s", d);
-        break;
+    default: proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "session store: %s", d); break;
     }
 }
 
@@ -155,12 +150,8 @@ void api_reply_store(srv_req_t *req, int code, const char *id, const char *detai
 void api_core_error(int code, const char *param, const char *msg, proto_error_t *e)
 {
     switch (code) {
-    case CORE_ENOMEM:
-        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory: %s", msg);
-        break;
-    case CORE_ECONTEXT:
-        proto_error_set(e, PROTO_ERR_CONTEXT_LENGTH, param, "%s", msg);
-        break;
+    case CORE_ENOMEM: proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory: %s", msg); break;
+    case CORE_ECONTEXT: proto_error_set(e, PROTO_ERR_CONTEXT_LENGTH, param, "%s", msg); break;
     case CORE_ERANGE:
     case CORE_EINVAL:
         if (param)
@@ -168,9 +159,7 @@ void api_core_error(int code, const char *param, const char *msg, proto_error_t 
         else
             proto_error_set(e, PROTO_ERR_INVALID_VALUE, NULL, "%s", msg);
         break;
-    default:
-        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "%s", msg);
-        break;
+    default: proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "%s", msg); break;
     }
 }
 
@@ -181,8 +170,8 @@ const char *api_finish_reason(srv_finish_t f)
 
 /* ---- text ---- */
 
-int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_special,
-                 int32_t **ids, size_t *n, core_error_t *ce)
+int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_special, int32_t **ids,
+                 size_t *n, core_error_t *ce)
 {
     unsigned flags = CORE_TOK_PARSE_SPECIAL | (add_special ? CORE_TOK_ADD_SPECIAL : 0u);
     return core_tokenizer_encode_alloc(app->tok, text, len, 0,
@@ -192,17 +181,14 @@ int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_spe
 static const char *role_name(proto_role_t r)
 {
     switch (r) {
-    case PROTO_ROLE_SYSTEM:
-        return "system";
-    case PROTO_ROLE_USER:
-        return "user";
-    default:
-        return "assistant";
+    case PROTO_ROLE_SYSTEM: return "system";
+    case PROTO_ROLE_USER: return "user";
+    default: return "assistant";
     }
 }
 
-int api_render_chat(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont,
-                    int open, int gen_prompt, char **out, size_t *out_len, core_error_t *ce)
+int api_render_chat(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont, int open,
+                    int gen_prompt, char **out, size_t *out_len, core_error_t *ce)
 {
     *out = NULL;
     core_chat_msg_t *cm = calloc(n ? n : 1, sizeof *cm);

@@ -210,3 +210,13 @@ def test_slow_loris_is_cut(servers):
                     > before, 30)
     # the server still serves
     assert srv.json("GET", "/health")[0] == 200
+
+
+def test_linear_attention_without_adapter_says_so(tmp_path):
+    import subprocess
+    from ds_server import BIN, TINY
+    r = subprocess.run([BIN, "serve", "--port", "0", "--model", TINY, "--attn", "darkformer",
+                        "--session-dir", str(tmp_path / "s")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "--adapter" in r.stderr and "darkformer" in r.stderr, r.stderr

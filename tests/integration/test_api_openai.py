@@ -259,3 +259,22 @@ def test_session_field_continues_a_session(tiny):
     # a session continues one prompt only
     st, e, _ = tiny.post("/v1/completions", {"prompt": ["a", "b"], "session": a["id"]})
     assert st == 400 and e["error"]["param"] == "session"
+
+
+def test_sse_pings_during_a_long_prefill(servers):
+    """While a long prompt is read and no token exists yet, the SSE stream
+    carries ': ping' comments. (1200 prompt tokens fed 4 per step through the
+    real model: each step reads every weight, so the prefill takes far
+    longer than the 3 s ping period on any machine.)"""
+    from ds_server import MODEL
+    srv = servers(model=MODEL, args=["--prefill-chunk", "4"])
+    st, tok, _ = srv.post("/tokenize", {"text": "the river flows " * 500})
+    prompt = tok["tokens"][:1200]
+    assert len(prompt) == 1200
+    st, hd, raw = srv.request("POST", "/v1/completions",
+                              {"prompt": prompt, "max_tokens": 1, "stream": True})
+    assert st == 200
+    text = raw.decode()
+    assert text.startswith(": ping\n\n"), text[:200]
+    evs, done = sse_json(raw)
+    assert done and len(evs) >= 1

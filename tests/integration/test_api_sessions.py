@@ -340,3 +340,25 @@ def test_persist_failure_is_reported(tiny):
     # writable again: saves succeed
     gen(tiny, sid, text=" again", max_tokens=2)
     assert os.path.isfile(path)
+
+
+def test_linear_attention_state_is_constant_size(servers):
+    """With a linear attention kind the session state stops growing once the
+    hybrid window is full, and export/import still continues exactly."""
+    srv = servers(args=["--attn", "performer", "--features", "16", "--window", "4"])
+    sid = create(srv, {"system": "sys"})["id"]
+    gen(srv, sid, text="A first turn of text", max_tokens=6)
+    st, a, _ = srv.json("GET", f"/v1/sessions/{sid}")
+    assert a["attention"] == {"kind": "performer", "features": 16, "window": 4}
+    gen(srv, sid, text=" and a much longer second turn of text to read", max_tokens=20)
+    st, b, _ = srv.json("GET", f"/v1/sessions/{sid}")
+    assert b["tokens"] > a["tokens"] + 20
+    assert b["state_bytes"] == a["state_bytes"]
+    st, _, blob = srv.request("GET", f"/v1/sessions/{sid}/state")
+    tid = create(srv)["id"]
+    st, _, data = srv.request("PUT", f"/v1/sessions/{tid}/state", blob,
+                              {"Content-Type": "application/octet-stream"})
+    assert st == 200, data
+    x = gen(srv, sid, text=" third", max_tokens=8)
+    y = gen(srv, tid, text=" third", max_tokens=8)
+    assert x["tokens"] == y["tokens"]
