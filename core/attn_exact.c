@@ -164,9 +164,12 @@ static int exact_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_e
 {
     exact_state_t *es = s->impl;
     const int64_t max = a->cfg.max_ctx;
+    /* pos >= 0 and here n > max - pos >= 0: the sum is taken unsigned, where
+     * it cannot overflow even for n near INT64_MAX. */
     if (n > max - s->pos)
-        return core_error_set(err, CORE_ECONTEXT, "context length %lld exceeded: have %lld, need %lld",
-                              (long long)max, (long long)s->pos, (long long)(s->pos + n));
+        return core_error_set(err, CORE_ECONTEXT, "context length %lld exceeded: have %lld, need %llu",
+                              (long long)max, (long long)s->pos,
+                              (unsigned long long)s->pos + (unsigned long long)n);
     const int64_t need = s->pos + n;
     if (need <= es->cap)
         return 0;
