@@ -237,9 +237,8 @@ static int read_hparams(core_model_t *m, core_error_t *err)
                               "unsupported architecture '%s' (only llama is supported)", arch);
     }
     snprintf(in->arch, sizeof in->arch, "llama");
-    if (core_gguf_get_str(g, "general.name", &s, NULL) == 0)
-        copy_str(in->name, sizeof in->name, s);
-    else if (core_gguf_get_str(g, "general.basename", &s, NULL) == 0)
+    if (core_gguf_get_str(g, "general.name", &s, NULL) == 0 ||
+        core_gguf_get_str(g, "general.basename", &s, NULL) == 0)
         copy_str(in->name, sizeof in->name, s);
     else
         snprintf(in->name, sizeof in->name, "llama");
@@ -630,11 +629,14 @@ static int check_batch(const core_model_t *m, const core_batch_seq_t *seqs, int 
         if (sq->logits_mode != CORE_LOGITS_NONE && !sq->logits)
             return core_error_set(err, CORE_EINVAL, "sequence %d: logits requested without a buffer",
                                   b);
+        /* T >= 0 and n_tokens > 0 here: the sum in the message is taken
+         * unsigned, where it cannot overflow even for n_tokens near INT64_MAX. */
         if (sq->n_tokens > MODEL_MAX_ROWS - T)
             return core_error_set(err, CORE_ERANGE,
                                   "batch exceeds %d tokens per forward (sequence %d brings it to "
-                                  "%lld); split the prompt into chunks",
-                                  MODEL_MAX_ROWS, b, (long long)(T + sq->n_tokens));
+                                  "%llu); split the prompt into chunks",
+                                  MODEL_MAX_ROWS, b,
+                                  (unsigned long long)T + (unsigned long long)sq->n_tokens);
         for (int64_t i = 0; i < sq->n_tokens; i++) {
             if (sq->tokens[i] < 0 || sq->tokens[i] >= m->info.n_vocab)
                 return core_error_set(err, CORE_EINVAL,

@@ -293,6 +293,10 @@ TEST(bad_batches_are_refused)
     };
     CHECK_INT_EQ(core_model_forward(tiny, many, 2, &err), CORE_ERANGE);
     CHECK(strstr(err.msg, "4096") != NULL);
+    /* the message's running total must not overflow for an absurd count */
+    many[1].n_tokens = INT64_MAX;
+    CHECK_INT_EQ(core_model_forward(tiny, many, 2, &err), CORE_ERANGE);
+    CHECK(strstr(err.msg, "brings it to 9223372036854779807)") != NULL);
     CHECK_INT_EQ(core_attn_state_pos(s), 0);
     CHECK_INT_EQ(core_attn_state_pos(s2), 0);
     CHECK_INT_EQ(core_model_forward(tiny, NULL, 0, &err), 0);
