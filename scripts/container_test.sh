@@ -25,7 +25,7 @@
 #   DARKSERVE_CTR_TAG          image name (localhost/darkserve:test)
 #   DARKSERVE_CTR_FETCH_MODEL  1: build with FETCH_MODEL=1 and run on the baked model
 #                              (PIP_INDEX_URL and PIP_CERT, if set, reach pip)
-#   DARKSERVE_CTR_NO_CACHE     1: buildah bud --no-cache (a cold build)
+#   DARKSERVE_CTR_NO_CACHE     1: drop the layer cache first (a cold build)
 #   DARKSERVE_BIN              host binary for the generate comparison (build/darkserve)
 #   DARKSERVE_CTR_LOGS         where logs go (build/container-test)
 set -euo pipefail
@@ -110,7 +110,13 @@ fi
 
 # --- 2. build --------------------------------------------------------------------
 bud=(bud --pull=never --isolation chroot --format docker --layers -t "$tag" --build-arg "FETCH_MODEL=$fetch")
-[ "${DARKSERVE_CTR_NO_CACHE:-0}" = 1 ] && bud+=(--no-cache)
+if [ "${DARKSERVE_CTR_NO_CACHE:-0}" = 1 ]; then
+  # Rather than bud --no-cache, which forks the cache and makes the next
+  # cached build pick the older branch: drop every layer but the base's.
+  say "removing $tag and the cached layers (cold build)"
+  bah rmi -f "$tag" >/dev/null 2>&1 || true
+  bah rmi --prune >/dev/null 2>&1 || true
+fi
 if [ "$fetch" = 1 ]; then
   # pip in the build sees the host's index and CA bundle (a mirror, a
   # TLS-inspecting proxy); the bundle is a RUN-time mount, not in a layer.
