@@ -597,7 +597,8 @@ static int load_int(core_gguf_type_t t, const uint8_t *p, int64_t *out)
 {
     switch (t) {
     case CORE_GGUF_TYPE_UINT8: *out = p[0]; return 0;
-    case CORE_GGUF_TYPE_INT8: *out = (int8_t)p[0]; return 0;
+    /* two's complement by arithmetic: no conversion through signed char */
+    case CORE_GGUF_TYPE_INT8: *out = (int64_t)p[0] - (p[0] >= 0x80 ? 256 : 0); return 0;
     case CORE_GGUF_TYPE_BOOL: *out = p[0] != 0; return 0;
     case CORE_GGUF_TYPE_UINT16: { uint16_t v; memcpy(&v, p, 2); *out = v; return 0; }
     case CORE_GGUF_TYPE_INT16: { int16_t v; memcpy(&v, p, 2); *out = v; return 0; }
