@@ -195,24 +195,32 @@ static size_t rtrim_len(const char *s)
 
 /* ---------------------------------------------------------------- render */
 
+/* Failures return the constant CORE_EINVAL rather than core_error_set's
+ * result: the static analyzer cannot see across files that the two are
+ * equal, and would otherwise follow render() over unset roles. */
 static int parse_roles(const core_chat_msg_t *msgs, size_t n, role_t *roles_out, core_error_t *err)
 {
     for (size_t i = 0; i < n; i++) {
         const char *r = msgs[i].role;
-        if (!r)
-            return core_error_set(err, CORE_EINVAL, "messages[%zu].role is missing", i);
-        if (!msgs[i].content)
-            return core_error_set(err, CORE_EINVAL, "messages[%zu].content is missing", i);
-        if (strcmp(r, "system") == 0)
+        if (!r) {
+            core_error_set(err, CORE_EINVAL, "messages[%zu].role is missing", i);
+            return CORE_EINVAL;
+        }
+        if (!msgs[i].content) {
+            core_error_set(err, CORE_EINVAL, "messages[%zu].content is missing", i);
+            return CORE_EINVAL;
+        }
+        if (strcmp(r, "system") == 0) {
             roles_out[i] = ROLE_SYSTEM;
-        else if (strcmp(r, "user") == 0)
+        } else if (strcmp(r, "user") == 0) {
             roles_out[i] = ROLE_USER;
-        else if (strcmp(r, "assistant") == 0)
+        } else if (strcmp(r, "assistant") == 0) {
             roles_out[i] = ROLE_ASSISTANT;
-        else
-            return core_error_set(err, CORE_EINVAL,
-                                  "messages[%zu].role '%.64s' is not system, user or assistant", i,
-                                  r);
+        } else {
+            core_error_set(err, CORE_EINVAL,
+                           "messages[%zu].role '%.64s' is not system, user or assistant", i, r);
+            return CORE_EINVAL;
+        }
     }
     return 0;
 }
