@@ -68,6 +68,7 @@ fi
 # Storage: same rule as scripts/make_base_image.sh (which gets it exported).
 detect_driver() {
   local d
+  # shellcheck disable=SC2015 # either failing means vfs
   d=$(mktemp -d "$cache/probe.XXXXXX") && mkdir -p "$d/l" "$d/u" "$d/w" "$d/m" || { echo vfs; return; }
   if mount -t overlay overlay -o "lowerdir=$d/l,upperdir=$d/u,workdir=$d/w" "$d/m" 2>/dev/null; then
     umount "$d/m"; echo overlay
@@ -162,6 +163,7 @@ print("serve_argv=(%s)" % " ".join(shlex.quote(a) for a in ep + cmd))
 print("hc_argv=(%s)" % " ".join(shlex.quote(a) for a in hc_argv))
 print("user=%s" % shlex.quote(user))
 PY
+serve_argv=() hc_argv=() user= # set by config.sh
 # shellcheck disable=SC1091
 . "$logs/config.sh"
 say "config ok: USER $user, EXPOSE 8080, VOLUME sessions, HEALTHCHECK, ENTRYPOINT+CMD: ${serve_argv[*]}"
@@ -187,8 +189,10 @@ libs=$(crun ldd /usr/local/bin/darkserve) || die "ldd darkserve failed in the co
 if grep -q 'not found' <<<"$libs"; then
   grep 'not found' <<<"$libs" >&2; die "shared libraries missing in the image"
 fi
+# shellcheck disable=SC2016 # expanded in the container
 tools=$(crun sh -c 'for t in gcc cc make pkg-config python3 curl; do command -v $t || true; done')
 [ -z "$tools" ] || die "build tools in the runtime image: $tools"
+# shellcheck disable=SC2016
 crun sh -c 'f=/var/lib/darkserve/sessions/.probe && : >"$f" && rm "$f"' ||
   die "the session folder is not writable by uid $uid"
 crun test -f "/models/$model_name" || die "/models/$model_name is not in the container"

@@ -29,6 +29,7 @@ mkdir -p "$cache"
 # Same rule as scripts/container_test.sh.
 detect_driver() {
   local d
+  # shellcheck disable=SC2015 # either failing means vfs
   d=$(mktemp -d "$cache/probe.XXXXXX") && mkdir -p "$d/l" "$d/u" "$d/w" "$d/m" || { echo vfs; return; }
   if mount -t overlay overlay -o "lowerdir=$d/l,upperdir=$d/u,workdir=$d/w" "$d/m" 2>/dev/null; then
     umount "$d/m"; echo overlay
