@@ -174,7 +174,7 @@ static void ingest_finish(api_app_t *app, api_gen_t *g, srv_req_t *req, srv_sess
                      "previous one",
                      d && *d ? d : srv_store_strerror(rc));
             srv_series_add(app->m_persist_err, 1);
-            SRV_LOG(SRV_LOG_ERROR, srv_req_id(req), "%s", perr);
+            SRV_LOG(SRV_LOG_ERROR, req ? srv_req_id(req) : NULL, "%s", perr);
         }
     }
     if (g && g->cancelled)
