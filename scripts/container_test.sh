@@ -110,7 +110,7 @@ else
 fi
 
 # --- 2. build --------------------------------------------------------------------
-bud=(bud --pull=never --isolation chroot --format docker --layers -t "$tag" --build-arg "FETCH_MODEL=$fetch")
+bud=(bud --pull=never --isolation chroot --format docker --layers --force-rm -t "$tag" --build-arg "FETCH_MODEL=$fetch")
 if [ "${DARKSERVE_CTR_NO_CACHE:-0}" = 1 ]; then
   # Rather than bud --no-cache, which forks the cache and makes the next
   # cached build pick the older branch: drop every layer but the base's.
