@@ -23,7 +23,8 @@
 #include "core/blas.h"
 
 enum {
-    EXACT_GROW_CHUNK = 256, /* tokens: the smallest step the cache grows by */
+    EXACT_GROW_CHUNK = 16,  /* tokens: the smallest step the cache grows by (it doubles
+                             * beyond), so an idle short session holds little */
     EXACT_QB = 256,         /* query rows per score block */
     EXACT_SCORE_FLOATS = 1 << 22 /* bound on the [rows][ctx] score block (16 MiB) */
 };
