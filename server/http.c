@@ -205,6 +205,7 @@ typedef struct conn {
     uint64_t deadline_ms; /* 0 = not receiving a request */
     int cut;
     int busy;             /* a request (headers seen) is in progress */
+    int served;           /* requests completed on this connection */
     struct conn *prev, *next;
 } conn_t;
 
@@ -1664,6 +1665,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         h->inflight--;
     if (req->cx) {
         req->cx->busy = 0;
+        req->cx->served++;
         req->cx->deadline_ms = h->request_timeout_s ? now_ms() + h->request_timeout_s * 1000ull
                                                     : 0;
         /* Draining: a keep-alive connection whose response was queued before
@@ -2046,10 +2048,12 @@ void srv_http_drain(srv_http_t *h)
     if (h->draining)
         return;
     h->draining = 1;
-    /* Idle keep-alive connections are closed now; busy ones after their
-     * response (on_completed). */
+    /* Idle keep-alive connections (served before) are closed now; busy ones
+     * after their response (on_completed). A connection that has not
+     * completed a request yet may be a client racing the signal: it is left
+     * to send its request and get the 503, bounded by the request timeout. */
     for (conn_t *cx = h->conns; cx; cx = cx->next)
-        if (!cx->busy && cx->fd >= 0)
+        if (!cx->busy && cx->served > 0 && cx->fd >= 0)
             shutdown(cx->fd, SHUT_RDWR);
 }
 
