@@ -51,12 +51,12 @@ TOOL_BINS := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 HELPER_SRC  := $(wildcard tests/helpers/*.c)
 HELPER_BINS := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
 
-.PHONY: all deps model run test unit pytest asan lint format clean bench help fuzz
+.PHONY: all deps model run test unit pytest asan lint format clean bench help fuzz container-test
 
 all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS) $(HELPER_BINS)
 
 help:
-	@echo "make run | test | asan | lint | format | model | bench | clean  (BUILD=$(BUILD))"
+	@echo "make run | test | asan | lint | format | model | bench | fuzz | container-test | clean  (BUILD=$(BUILD))"
 
 deps:
 	@scripts/deps.sh
@@ -151,6 +151,11 @@ fuzz: $(BUILD)/fuzz/fuzz_gguf $(BUILD)/fuzz/fuzz_proto
 	@for t in gguf proto; do mkdir -p $(BUILD)/fuzz-corpus/$$t; \
 	  ASAN_OPTIONS=malloc_context_size=0 $(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \
 	    -max_len=65536 $(BUILD)/fuzz-corpus/$$t tests/fuzz/corpus/$$t || exit 1; done
+
+# The container image, built and run without Docker (buildah + a locally
+# debootstrapped debian:bookworm-slim; needs root). See docs/DEPLOY.md.
+container-test: $(BUILD)/darkserve
+	@DARKSERVE_BIN=$(abspath $(BUILD)/darkserve) scripts/container_test.sh
 
 bench: $(BUILD)/darkserve
 	@scripts/bench.sh $(BUILD)/darkserve $(MODEL)
