@@ -10,6 +10,7 @@
  */
 #include "core/sample.h"
 
+#include <assert.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -306,10 +307,13 @@ static int load_logits(const core_sampler_t *s, const float *logits, int64_t V, 
     int32_t b = 0;
     for (int64_t i = 0; i < V; i++) {
         float x = logits[i];
-        /* One test for NaN and +inf: both fail x < +inf. */
-        if (!(x < INFINITY))
-            return core_error_set(err, CORE_EINVAL, "logits[%lld] is %s", (long long)i,
-                                  isnan(x) ? "NaN" : "+inf");
+        /* One test for NaN and +inf: both fail x < +inf. The constant is
+         * returned so that the analyzer sees *zmax is only read on success. */
+        if (!(x < INFINITY)) {
+            core_error_set(err, CORE_EINVAL, "logits[%lld] is %s", (long long)i,
+                           isnan(x) ? "NaN" : "+inf");
+            return CORE_EINVAL;
+        }
         z[i] = x;
         if (x > m) {
             m = x;
@@ -640,6 +644,9 @@ int core_sampler_dist(const core_sampler_t *s, core_sample_ws_t *ws, const float
     double total;
     double norm_t;
     size_t n = build_survivors(&s->p, ws, V, zmax, &total, &norm_t);
+    /* Survivors are distinct ids: stated for the analyzer, which does not
+     * follow build_survivors far enough to see it. */
+    assert(n <= (size_t)V);
     if (n > cap)
         return core_error_set(err, CORE_ERANGE, "distribution has %zu entries, cap is %zu", n, cap);
     for (size_t i = 0; i < n; i++) {
@@ -655,6 +662,9 @@ int core_sampler_dist(const core_sampler_t *s, core_sample_ws_t *ws, const float
 #define STATE_VERSION 1u
 #define STATE_HDR 48u
 #define STATE_SIZE (STATE_HDR + 4u * CORE_SAMPLE_HISTORY + 4u)
+
+/* Bytes, not a string: the blob holds no terminating NUL. */
+static const unsigned char state_magic[4] = {'D', 'S', 'S', 'M'};
 
 static uint32_t crc32_ieee(const unsigned char *p, size_t n)
 {
@@ -707,7 +717,7 @@ int core_sampler_state_save(const core_sampler_t *s, void *buf, size_t cap, core
                               STATE_SIZE, buf ? cap : (size_t)0);
     unsigned char *b = buf;
     memset(b, 0, STATE_SIZE);
-    memcpy(b, "DSSM", 4);
+    memcpy(b, state_magic, sizeof state_magic);
     put_u32(b + 4, STATE_VERSION);
     put_u32(b + 8, CORE_SAMPLE_HISTORY);
     put_u32(b + 12, s->count);
@@ -727,7 +737,7 @@ int core_sampler_state_load(core_sampler_t *s, const void *buf, size_t len, core
     if (!buf || len != STATE_SIZE)
         return core_error_set(err, CORE_EFORMAT, "sampler state is %zu bytes, expected %u",
                               buf ? len : (size_t)0, STATE_SIZE);
-    if (memcmp(b, "DSSM", 4) != 0)
+    if (memcmp(b, state_magic, sizeof state_magic) != 0)
         return core_error_set(err, CORE_EFORMAT, "sampler state: bad magic");
     uint32_t ver = get_u32(b + 4);
     if (ver != STATE_VERSION)
