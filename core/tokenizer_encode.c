@@ -74,21 +74,28 @@ static int emit(enc_t *e, int32_t id)
     return 0;
 }
 
+/* Failures return the constant CORE_ENOMEM rather than core_error_set's
+ * result: the static analyzer cannot see across files that the two are
+ * equal, and would otherwise follow callers on with the buffers unset. */
 static int reserve(enc_t *e, size_t n_syms, size_t n_buf)
 {
     if (n_syms > e->syms_cap) {
         size_t c = n_syms < 64 ? 64 : n_syms;
         sym_t *ns = realloc(e->syms, c * sizeof *ns);
-        if (!ns)
-            return core_error_set(e->err, CORE_ENOMEM, "out of memory for %zu symbols", c);
+        if (!ns) {
+            core_error_set(e->err, CORE_ENOMEM, "out of memory for %zu symbols", c);
+            return CORE_ENOMEM;
+        }
         e->syms = ns;
         e->syms_cap = c;
     }
     if (n_buf > e->buf_cap) {
         size_t c = n_buf < 256 ? 256 : n_buf;
         char *nb = realloc(e->buf, c);
-        if (!nb)
-            return core_error_set(e->err, CORE_ENOMEM, "out of memory for %zu bytes of scratch", c);
+        if (!nb) {
+            core_error_set(e->err, CORE_ENOMEM, "out of memory for %zu bytes of scratch", c);
+            return CORE_ENOMEM;
+        }
         e->buf = nb;
         e->buf_cap = c;
     }
@@ -341,7 +348,9 @@ static int spm_fragment(enc_t *e, const unsigned char *p, size_t n, int prefix)
     int32_t k = 0;
     for (size_t i = 0; i < w;) {
         size_t cl = core_tok_utf8_len((const unsigned char *)e->buf + i, w - i);
-        if (cl == 0)
+        /* cl <= w - i is core_tok_utf8_len's contract; restated for the
+         * analyzer, which cannot see it from here. */
+        if (cl == 0 || cl > w - i)
             cl = 1;
         s[k].id = -1;
         s[k].prev = k - 1;
