@@ -571,7 +571,7 @@ int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kin
         if (iu && !json_is_boolean(iu))
             return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "stream_options.include_usage",
                                    "'stream_options.include_usage' must be a boolean");
-        p->include_usage = iu && json_is_true(iu);
+        p->include_usage = json_is_true(iu); /* NULL-safe: false when absent */
     }
     if ((rc = parse_logprobs(root, kind, p, err)) < 0)
         return rc;

@@ -37,6 +37,8 @@ json_t *px_usage(const proto_usage_t *u, int with_total)
  * key although it is valid JSON. New reference or NULL. */
 static json_t *piece_key(const char *s, size_t len)
 {
+    /* U+FFFD's UTF-8 bytes, no terminating NUL: copied into the middle of k */
+    static const char replacement[3] = {'\xEF', '\xBF', '\xBD'};
     if (!memchr(s ? s : "", '\0', s ? len : 0))
         return px_str(s, len);
     size_t n = 0, o = 0;
@@ -52,8 +54,8 @@ static json_t *piece_key(const char *s, size_t len)
     }
     for (size_t i = 0; i < n; i++) {
         if (fixed[i] == '\0') {
-            memcpy(k + o, "\xEF\xBF\xBD", 3);
-            o += 3;
+            memcpy(k + o, replacement, sizeof replacement);
+            o += sizeof replacement;
         } else {
             k[o++] = fixed[i];
         }
