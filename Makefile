@@ -124,7 +124,7 @@ test: deps model
 	@$(MAKE) --no-print-directory pytest
 
 asan:
-	@$(MAKE) --no-print-directory BUILD=build-asan \
+	@DARKSERVE_LONGSTREAM_TOKENS=100000 $(MAKE) --no-print-directory BUILD=build-asan \
 	  OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  LDFLAGS="-fsanitize=address,undefined" unit
 
