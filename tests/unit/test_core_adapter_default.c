@@ -1,0 +1,168 @@
+/* The committed default DARKFormer adapter (models/adapters/
+ * smollm2-135m.darkformer.gguf, or env DARKSERVE_ADAPTER) with the default
+ * model (env DARKSERVE_MODEL): its keys name the model it was trained for
+ * and a valid configuration, the model loads with it in the configuration it
+ * carries, a prompt produces finite logits at every position, the learned
+ * matrices are in effect (the logits differ from Performer's with the same
+ * draws, M = I), and the model still predicts text: its greedy next-token
+ * choice agrees with exact attention's on most positions of a prose prompt.
+ * (Quality numbers are docs/QUALITY.md's business; the agreement bound here
+ * is loose and only catches an adapter that is broken, e.g. transposed.) */
+#include <libgen.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/features.h"
+#include "core/model.h"
+#include "core/tokenizer.h"
+
+static const char *model_path;
+static char adapter_path[4096];
+
+static const char prose[] =
+    "The old lighthouse keeper climbed the narrow stairs every evening to light the lamp. "
+    "From the top he could see the whole bay: the fishing boats coming home, the gulls "
+    "circling over the harbour, and the long line of cliffs that ran north toward the "
+    "village. He had done this for forty years, and in all that time the light had never "
+    "once failed. The people of the village said that as long as the keeper lived, no ship "
+    "would ever be lost on the rocks below the point.";
+
+/* Loads the model with opts, runs the prose prompt, returns [n][V] logits
+ * (caller frees) and the token count; NULL on failure (message printed). */
+static float *run(const core_model_opts_t *o, int64_t *n_out, int *V_out)
+{
+    core_model_t *m = NULL;
+    core_tokenizer_t *tok = NULL;
+    core_attn_state_t *st = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    size_t n = 0;
+    core_error_t err = {0};
+    if (core_model_load(model_path, o, &m, &err) < 0 ||
+        core_tokenizer_from_gguf(core_model_gguf(m), &tok, &err) < 0 ||
+        core_tokenizer_encode_alloc(tok, prose, strlen(prose), 0, 4096, CORE_TOK_ADD_SPECIAL, &ids,
+                                    &n, &err) < 0 ||
+        core_attn_state_new(core_model_attn(m), &st, &err) < 0) {
+        printf("  %s (%s): %s\n", model_path, core_attn_kind_name(o->attn_kind), err.msg);
+        goto done;
+    }
+    int V = core_model_info(m)->n_vocab;
+    logits = malloc(n * (size_t)V * sizeof *logits);
+    if (!logits)
+        goto done;
+    core_batch_seq_t sq = {.state = st, .tokens = ids, .n_tokens = (int64_t)n,
+                           .logits_mode = CORE_LOGITS_ALL, .logits = logits};
+    if (core_model_forward(m, &sq, 1, &err) < 0) {
+        printf("  forward (%s): %s\n", core_attn_kind_name(o->attn_kind), err.msg);
+        free(logits);
+        logits = NULL;
+        goto done;
+    }
+    *n_out = (int64_t)n;
+    *V_out = V;
+done:
+    core_attn_state_free(st);
+    free(ids);
+    core_tokenizer_free(tok);
+    core_model_free(m);
+    return logits;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+TEST(default_adapter_loads_and_predicts)
+{
+    core_gguf_t *g = NULL;
+    core_model_t *base = NULL;
+    float *lin = NULL, *perf = NULL, *ex = NULL;
+    core_error_t err = {0};
+    int rc = core_gguf_open(adapter_path, &g, &err);
+    CHECK_MSG(rc == 0, "%s: %s", adapter_path, err.msg);
+    if (rc)
+        return;
+    core_features_adapter_info_t info = {.kind = CORE_ATTN_EXACT, .n_features = 0, .window = -1};
+    rc = core_features_adapter_info(g, &info, &err);
+    CHECK_MSG(rc == 0, "adapter keys: %s", err.msg);
+    CHECK(info.kind == CORE_ATTN_DARKFORMER);
+    CHECK(info.n_features >= 1 && info.n_features <= 4096);
+    CHECK(info.window >= 0);
+    core_gguf_close(g);
+    if (rc || info.kind != CORE_ATTN_DARKFORMER || info.n_features < 1 || info.window < 0)
+        return;
+
+    /* trained for this model */
+    rc = core_model_load(model_path, NULL, &base, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (rc)
+        return;
+    CHECK_STR_EQ(info.base_fingerprint, core_model_info(base)->fingerprint);
+    core_model_free(base);
+
+    core_model_opts_t o = {.attn_kind = CORE_ATTN_DARKFORMER, .n_features = info.n_features,
+                           .window = info.window, .seed = info.seed, .adapter_path = adapter_path};
+    core_model_opts_t op = o, oe = {.attn_kind = CORE_ATTN_EXACT, .max_ctx = 4096};
+    op.attn_kind = CORE_ATTN_PERFORMER;
+    op.adapter_path = NULL;
+    int64_t n = 0, n2 = 0, n3 = 0;
+    int V = 0, V2 = 0, V3 = 0;
+    lin = run(&o, &n, &V);
+    perf = run(&op, &n2, &V2);
+    ex = run(&oe, &n3, &V3);
+    CHECK(lin && perf && ex);
+    if (!lin || !perf || !ex)
+        goto done;
+    CHECK(n > 64 && n == n2 && n == n3 && V == V2 && V == V3);
+    int finite = 1;
+    double diff = 0;
+    for (int64_t i = 0; i < n * V; i++) {
+        finite &= isfinite(lin[i]);
+        diff = fmax(diff, fabs((double)lin[i] - perf[i]));
+    }
+    CHECK_MSG(finite, "non-finite logits with the default adapter");
+    CHECK_MSG(diff > 1e-2, "logits equal Performer's (max diff %g): M is not in effect", diff);
+    int agree = 0, agree_p = 0;
+    for (int64_t t = 0; t < n; t++) {
+        int e = argmax(ex + t * V, V);
+        agree += argmax(lin + t * V, V) == e;
+        agree_p += argmax(perf + t * V, V) == e;
+    }
+    printf("  greedy agreement with exact over %lld positions: darkformer %d, performer %d "
+           "(M=%d, W=%d)\n", (long long)n, agree, agree_p, info.n_features, info.window);
+    CHECK_MSG(2 * agree >= n, "darkformer agrees with exact on %d of %lld positions", agree,
+              (long long)n);
+done:
+    free(lin);
+    free(perf);
+    free(ex);
+}
+
+int main(void)
+{
+    model_path = getenv("DARKSERVE_MODEL");
+    if (!model_path) {
+        printf("DARKSERVE_MODEL is not set (run through make unit)\n");
+        return 1;
+    }
+    const char *ad = getenv("DARKSERVE_ADAPTER");
+    if (ad && *ad) {
+        snprintf(adapter_path, sizeof adapter_path, "%s", ad);
+    } else {
+        /* the default model's directory holds adapters/ */
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s", model_path);
+        snprintf(adapter_path, sizeof adapter_path, "%s/adapters/smollm2-135m.darkformer.gguf",
+                 dirname(tmp));
+    }
+    RUN(default_adapter_loads_and_predicts);
+    return CHECK_DONE();
+}
