@@ -383,6 +383,27 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
     return 0;
 }
 
+int core_features_resolve(const char *adapter_path, int *n_features, int *window, uint64_t *seed,
+                          core_error_t *err)
+{
+    core_features_adapter_info_t ai = {.n_features = 0, .window = -1, .seed = *seed};
+    if (adapter_path) {
+        core_gguf_t *g = NULL;
+        int rc = core_gguf_open(adapter_path, &g, err);
+        if (rc == 0)
+            rc = core_features_adapter_info(g, &ai, err);
+        core_gguf_close(g);
+        if (rc < 0)
+            return rc;
+    }
+    *seed = ai.seed;
+    if (*n_features <= 0)
+        *n_features = ai.n_features > 0 ? ai.n_features : CORE_FEATURES_DEFAULT_M;
+    if (*window < 0)
+        *window = ai.window >= 0 ? ai.window : CORE_FEATURES_DEFAULT_WINDOW;
+    return 0;
+}
+
 int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
                                  int head_dim, const core_gguf_tensor_t **out, core_error_t *err)
 {

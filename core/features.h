@@ -128,6 +128,19 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
 int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
                                  int head_dim, const core_gguf_tensor_t **out, core_error_t *err);
 
+/* Defaults of the linear kinds when neither a flag nor an adapter says. */
+#define CORE_FEATURES_DEFAULT_M 128
+#define CORE_FEATURES_DEFAULT_WINDOW 64
+
+/* The one rule for attention settings, used by the server and the CLI:
+ * what the caller set wins (*n_features > 0, *window >= 0), then the
+ * adapter's darkformer.* values (adapter_path may be NULL), then the defaults
+ * above. *seed becomes the adapter's darkformer.seed when it has one (the
+ * learned parameters belong to those draws), else it is left as given.
+ * Errors (unreadable adapter, bad keys) are the reader's, naming the key. */
+int core_features_resolve(const char *adapter_path, int *n_features, int *window, uint64_t *seed,
+                          core_error_t *err);
+
 typedef struct core_features_adapter_desc {
     core_attn_kind_t kind;
     int n_layer, n_head_kv, head_dim; /* L, Hkv, Hd */

@@ -24,8 +24,6 @@
 #include <time.h>
 
 #define SWEEP_MS 10000
-#define DEFAULT_FEATURES 128 /* linear kinds without an adapter value */
-#define DEFAULT_WINDOW 64    /* hybrid window without an adapter value */
 #define STATE_BODY_CAP ((size_t)512 << 20)
 
 static void app_handle_closed(uv_handle_t *h)
@@ -170,29 +168,20 @@ static void model_name(api_app_t *app)
         app->model_id[n - 5] = '\0';
 }
 
-/* Attention settings: flags win, then the adapter's values, then defaults. */
+/* Attention settings: flags win, then the adapter's values, then defaults
+ * (core_features_resolve). */
 static int model_opts(const srv_config_t *cfg, core_model_opts_t *mo)
 {
     memset(mo, 0, sizeof *mo);
     mo->attn_kind = (core_attn_kind_t)cfg->attn;
     mo->adapter_path = cfg->adapter[0] ? cfg->adapter : NULL;
-    core_features_adapter_info_t ai = {.kind = mo->attn_kind, .n_features = 0, .window = -1};
-    if (mo->adapter_path) {
-        core_error_t ce = {0};
-        core_gguf_t *g = NULL;
-        if (core_gguf_open(mo->adapter_path, &g, &ce) < 0 ||
-            core_features_adapter_info(g, &ai, &ce) < 0) {
-            core_gguf_close(g);
-            SRV_LOG(SRV_LOG_ERROR, NULL, "--adapter %s: %s", mo->adapter_path, ce.msg);
-            return -1;
-        }
-        core_gguf_close(g);
-        mo->seed = ai.seed;
+    mo->n_features = cfg->features > 0 ? (int)cfg->features : 0;
+    mo->window = cfg->window >= 0 ? (int)cfg->window : -1;
+    core_error_t ce = {0};
+    if (core_features_resolve(mo->adapter_path, &mo->n_features, &mo->window, &mo->seed, &ce) < 0) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "--adapter %s: %s", mo->adapter_path, ce.msg);
+        return -1;
     }
-    mo->n_features = cfg->features > 0   ? (int)cfg->features
-                     : ai.n_features > 0 ? ai.n_features
-                                         : DEFAULT_FEATURES;
-    mo->window = cfg->window >= 0 ? (int)cfg->window : ai.window >= 0 ? ai.window : DEFAULT_WINDOW;
     return 0;
 }
 

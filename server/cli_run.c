@@ -16,6 +16,7 @@
 
 #include "core/blas.h"
 #include "core/chat.h"
+#include "core/features.h"
 #include "core/model.h"
 #include "core/sample.h"
 #include "core/tokenizer.h"
@@ -34,8 +35,10 @@ typedef struct load_args {
     {"model", SRV_OPT_STR, &(la).model, 0, 0, "GGUF model file (default " DEFAULT_MODEL ")"}, \
     {"attn", SRV_OPT_STR, &(la).attn, 0, 0,                                                  \
      "attention: exact | performer | darkformer | darkformer-is (default exact)"},          \
-    {"features", SRV_OPT_INT, &(la).features, 1, 4096, "random features M (linear kinds)"}, \
-    {"window", SRV_OPT_INT, &(la).window, 0, 65536, "exact window W of hybrid attention"},  \
+    {"features", SRV_OPT_INT, &(la).features, 0, 4096,                                      \
+     "random features M of linear kinds (0 = the adapter's, else 128)"},                    \
+    {"window", SRV_OPT_INT, &(la).window, -1, 65536,                                        \
+     "exact window W of hybrid attention (-1 = the adapter's, else 64)"},                   \
     {"adapter", SRV_OPT_STR, &(la).adapter, 0, 0, "DARKFormer adapter GGUF"},              \
     {"ctx", SRV_OPT_INT, &(la).ctx, 0, 1 << 24,                                             \
      "exact attention KV capacity in tokens (0 = the model's context length)"},             \
@@ -65,6 +68,10 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
     mo.window = (int)la->window;
     mo.max_ctx = la->ctx;
     mo.adapter_path = la->adapter;
+    if (core_features_resolve(la->adapter, &mo.n_features, &mo.window, &mo.seed, &err) < 0) {
+        fprintf(stderr, "darkserve %s: --adapter %s: %s\n", cmd, la->adapter, err.msg);
+        return 1;
+    }
     core_blas_set_threads((int)la->threads);
     const char *path = la->model ? la->model : DEFAULT_MODEL;
     if (core_model_load(path, &mo, m, &err) < 0) {
@@ -143,7 +150,7 @@ static char *read_file(const char *path, size_t *len)
 
 int srv_cli_generate(int argc, char **argv)
 {
-    load_args_t la = {0};
+    load_args_t la = {.window = -1};
     const char *prompt = NULL, *system = NULL, *tmpl_name = NULL;
     int chat = 0, no_stream_stats = 0;
     int64_t max_tokens = 128, top_k = 40, seed = -1, batch = 512;
@@ -345,7 +352,7 @@ static double nll(const float *logits, int64_t V, int32_t target)
 
 int srv_cli_perplexity(int argc, char **argv)
 {
-    load_args_t la = {0};
+    load_args_t la = {.window = -1};
     const char *file = NULL;
     int64_t chunk = 512, batch = 512, limit = 0;
     int buckets = 0;
