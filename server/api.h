@@ -61,9 +61,15 @@ typedef struct api_app {
     int64_t created;        /* unix seconds of the start */
     int64_t t_start_ns;     /* srv_engine_now_ns() at the start */
     int64_t gen_timeout_ns; /* per-job deadline; 0 = none */
-    size_t state_max_body;  /* PUT /v1/sessions/{id}/state body limit */
+    size_t state_max_body;  /* PUT /v1/sessions/{id}/state body limit (http; set before load) */
+    size_t state_blob_max;  /* the largest blob this model's store makes (+ slack); after load */
 
     int ready;    /* model loaded, routes serving */
+    int loading;  /* the background load (load_req) has not come back yet */
+    int stop_pending; /* stop() came while loading: the load's callback cleans up */
+    int load_rc;  /* load()'s result, written on the threadpool */
+    uv_work_t load_req;
+    srv_serve_t *serve;
     int draining; /* drain began: no new work */
     int stopping; /* stop hook running: finish everything synchronously */
 

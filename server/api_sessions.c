@@ -700,6 +700,12 @@ static void h_import(srv_req_t *req, void *ud)
                        "the body must be a session state blob (GET /v1/sessions/{id}/state)");
         return;
     }
+    if (n > app->state_blob_max) {
+        api_reply_kind(req, PROTO_ERR_TOO_LARGE, NULL,
+                       "a state blob of %zu bytes is larger than any this model makes (%zu)", n,
+                       app->state_blob_max);
+        return;
+    }
     char err[512] = "";
     int rc = srv_store_import(app->store, id, body, n, err, sizeof err);
     if (rc < 0) {

@@ -254,34 +254,43 @@ static void app_free_parts(api_app_t *app)
     app->model = NULL;
 }
 
-static int app_start(const srv_serve_ctx_t *ctx, void **state)
+static void app_close_handles(api_app_t *app)
 {
+    uv_close((uv_handle_t *)&app->wake, app_handle_closed);
+    uv_close((uv_handle_t *)&app->sweep_timer, app_handle_closed);
+    uv_close((uv_handle_t *)&app->drain_timer, app_handle_closed);
+}
+
+/* Threadpool: the slow part (reading and dequantizing the model). Touches
+ * only what load() fills; the loop thread does not read those until
+ * load_after. */
+static void load_work(uv_work_t *w)
+{
+    api_app_t *app = w->data;
+    app->load_rc = load(app);
+}
+
+/* Loop thread, after load_work: engine, session store, then ready. */
+static void load_after(uv_work_t *w, int status)
+{
+    api_app_t *app = w->data;
     char err[512];
-    api_app_t *app = calloc(1, sizeof *app);
-    if (!app) {
-        SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
-        return -1;
+    app->loading = 0;
+    if (app->stop_pending) { /* stop() ran meanwhile and left the cleanup to us */
+        app_free_parts(app);
+        app_close_handles(app);
+        return;
     }
-    const srv_config_t *cfg = ctx->cfg;
-    app->cfg = cfg;
-    app->loop = ctx->loop;
-    app->http = ctx->http;
-    app->metrics = ctx->metrics;
-    app->created = (int64_t)time(NULL);
-    app->t_start_ns = srv_engine_now_ns();
-    app->gen_timeout_ns = cfg->generation_timeout_s * INT64_C(1000000000);
-    pthread_mutex_init(&app->mu, NULL);
-
-    if (load(app) < 0)
-        goto fail;
-
+    if (status != 0 || app->load_rc < 0) {
+        srv_serve_fail(app->serve, "cannot load the model (see above)");
+        return;
+    }
+    const srv_config_t *cfg = app->cfg;
     app->limits.max_tokens_limit = cfg->max_tokens_limit;
     app->limits.default_max_tokens = PROTO_DEFAULT_MAX_TOKENS;
     app->limits.n_vocab = core_tokenizer_n_vocab(app->tok);
     app->limits.max_prompt_tokens = PROTO_DEFAULT_MAX_PROMPT_TOKENS;
     app->limits.max_text_bytes = PROTO_DEFAULT_MAX_TEXT_BYTES;
-
-    register_metrics(app);
     srv_engine_opts_t eo = {
         .max_batch = (int)cfg->max_batch,
         .prefill_chunk = (int)cfg->prefill_chunk,
@@ -290,7 +299,8 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
     };
     if (srv_engine_new(app->model, app->tok, &eo, &app->engine, err, sizeof err) < 0) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "engine: %s", err);
-        goto fail;
+        srv_serve_fail(app->serve, "cannot start the engine");
+        return;
     }
     srv_store_opts_t so = {
         .dir = cfg->session_dir,
@@ -302,12 +312,41 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
     };
     if (srv_store_new(&so, &app->store, err, sizeof err) < 0) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "--session-dir %s: %s", cfg->session_dir, err);
-        goto fail;
+        srv_serve_fail(app->serve, "cannot open the session store");
+        return;
     }
     /* an imported state is at most the largest blob this model can make */
-    app->state_max_body = srv_store_max_blob(app->store) + 4096;
-    if (app->state_max_body > STATE_BODY_CAP)
-        app->state_max_body = STATE_BODY_CAP;
+    app->state_blob_max = srv_store_max_blob(app->store) + 4096;
+    uv_timer_start(&app->sweep_timer, on_sweep, SWEEP_MS, SWEEP_MS);
+    app->ready = 1;
+    srv_http_set_ready(app->http, 1);
+    SRV_LOG(SRV_LOG_INFO, NULL, "ready");
+}
+
+/* Routes answer from the start (503 "loading" until the model is in, /health
+ * says "loading"); the model loads on libuv's threadpool, so probes and
+ * clients get an answer instead of waiting in the listen backlog. */
+static int app_start(const srv_serve_ctx_t *ctx, void **state)
+{
+    api_app_t *app = calloc(1, sizeof *app);
+    if (!app) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
+        return -1;
+    }
+    const srv_config_t *cfg = ctx->cfg;
+    app->cfg = cfg;
+    app->loop = ctx->loop;
+    app->http = ctx->http;
+    app->metrics = ctx->metrics;
+    app->serve = ctx->serve;
+    app->created = (int64_t)time(NULL);
+    app->t_start_ns = srv_engine_now_ns();
+    app->gen_timeout_ns = cfg->generation_timeout_s * INT64_C(1000000000);
+    pthread_mutex_init(&app->mu, NULL);
+    register_metrics(app);
+    /* The http layer's cap for PUT .../state; h_import applies the model's
+     * exact bound (state_blob_max) once it is known. */
+    app->state_max_body = STATE_BODY_CAP;
     if (app->state_max_body < (size_t)cfg->max_body)
         app->state_max_body = (size_t)cfg->max_body;
 
@@ -319,23 +358,27 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
         srv_http_route(app->http, "GET", "/metrics", h_metrics, app, &metrics) < 0 ||
         api_openai_routes(app) < 0 || api_sessions_routes(app) < 0 || api_misc_routes(app) < 0) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "cannot register the routes");
-        goto fail;
+        pthread_mutex_destroy(&app->mu);
+        free(app);
+        return -1;
     }
-
+    srv_http_set_ready(app->http, 0);
     uv_async_init(app->loop, &app->wake, on_wake);
     uv_timer_init(app->loop, &app->sweep_timer);
     uv_timer_init(app->loop, &app->drain_timer);
     app->wake.data = app->sweep_timer.data = app->drain_timer.data = app;
     app->handles_open = 3;
-    uv_timer_start(&app->sweep_timer, on_sweep, SWEEP_MS, SWEEP_MS);
-    app->ready = 1;
+    app->load_req.data = app;
+    app->loading = 1;
+    if (uv_queue_work(app->loop, &app->load_req, load_work, load_after) != 0) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "cannot start loading the model");
+        app->loading = 0;
+        app_close_handles(app);
+        *state = NULL;
+        return -1;
+    }
     *state = app;
     return 0;
-fail:
-    app_free_parts(app);
-    pthread_mutex_destroy(&app->mu);
-    free(app);
-    return -1;
 }
 
 /* ---- drain, stop ---- */
@@ -344,7 +387,8 @@ static void app_drain(void *state)
 {
     api_app_t *app = state;
     app->draining = 1;
-    srv_engine_drain(app->engine);
+    if (app->engine)
+        srv_engine_drain(app->engine);
     /* end running generations a little before serve's hard cut, so their
      * streams close with a final event */
     uint64_t ms = (uint64_t)app->cfg->drain_timeout_s * 1000u;
@@ -356,22 +400,26 @@ static void app_stop(void *state)
 {
     api_app_t *app = state;
     app->stopping = 1;
+    if (app->loading) { /* the threadpool still reads the model: load_after cleans up */
+        app->stop_pending = 1;
+        uv_timer_stop(&app->drain_timer);
+        return;
+    }
     uv_timer_stop(&app->sweep_timer);
     uv_timer_stop(&app->drain_timer);
     api_gen_cancel_all(app, 1);
-    srv_engine_stop(app->engine, srv_engine_now_ns());
+    if (app->engine)
+        srv_engine_stop(app->engine, srv_engine_now_ns());
     /* every on_done has run: finish every request, release sessions */
     api_gen_shutdown(app);
-    int rc = srv_store_flush(app->store);
+    int rc = app->store ? srv_store_flush(app->store) : 0;
     if (rc < 0)
         SRV_LOG(SRV_LOG_ERROR, NULL, "saving sessions at shutdown: %s", srv_store_strerror(rc));
     else
         SRV_LOG(SRV_LOG_INFO, NULL, "sessions saved");
     app_free_parts(app);
     app->ready = 0;
-    uv_close((uv_handle_t *)&app->wake, app_handle_closed);
-    uv_close((uv_handle_t *)&app->sweep_timer, app_handle_closed);
-    uv_close((uv_handle_t *)&app->drain_timer, app_handle_closed);
+    app_close_handles(app);
 }
 
 const srv_app_t srv_darkserve_app = {.start = app_start, .drain = app_drain, .stop = app_stop};

@@ -278,6 +278,7 @@ struct srv_http {
     size_t n_cors;
     int port;
     int draining;
+    int not_ready;  /* srv_http_set_ready(h, 0): the application is loading */
     int stage;
     size_t inflight;
     srv_req_t *reqs;
@@ -1422,6 +1423,9 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_C
     if (h->draining && !(route && (route->flags & SRV_ROUTE_DRAIN_OK)))
         return queue_error(req, 503, "server_error", "draining",
                            "the server is shutting down; retry on another replica", NULL);
+    if (h->not_ready && route && !(route->flags & SRV_ROUTE_DRAIN_OK))
+        return queue_error(req, 503, "server_error", "loading",
+                           "the model is still loading; retry shortly", NULL);
     if (!path_known)
         return queue_error(req, 404, "invalid_request_error", "not_found", "no such route",
                            NULL);
@@ -2055,6 +2059,11 @@ void srv_http_drain(srv_http_t *h)
     for (conn_t *cx = h->conns; cx; cx = cx->next)
         if (!cx->busy && cx->served > 0 && cx->fd >= 0)
             shutdown(cx->fd, SHUT_RDWR);
+}
+
+void srv_http_set_ready(srv_http_t *h, int ready)
+{
+    h->not_ready = !ready;
 }
 
 int srv_http_draining(const srv_http_t *h)

@@ -299,6 +299,11 @@ void srv_stream_close(srv_stream_t *s, int mode);
  * Requests in progress continue. */
 void srv_http_drain(srv_http_t *h);
 int srv_http_draining(const srv_http_t *h);
+/* While not ready (the application is still loading its model), matched
+ * routes without SRV_ROUTE_DRAIN_OK get 503 with code "loading" and a
+ * Retry-After-free message; /health-style routes (DRAIN_OK) still run. A new
+ * server is ready. */
+void srv_http_set_ready(srv_http_t *h, int ready);
 
 /* Requests whose handler ran and whose answer is not finished yet (streams,
  * deferred answers, responses still being sent). */

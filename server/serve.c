@@ -16,7 +16,7 @@
 
 #define DRAIN_POLL_MS 50
 
-typedef struct serve {
+struct srv_serve {
     srv_config_t cfg;
     uv_loop_t loop;
     srv_http_t *http;
@@ -28,8 +28,10 @@ typedef struct serve {
     uv_timer_t drain_timer;
     int draining;
     int stopping;
+    int failed; /* srv_serve_fail: exit 1 */
     uint64_t drain_deadline_ms;
-} serve_t;
+};
+typedef struct srv_serve serve_t;
 
 static void h_health(srv_req_t *req, void *ud)
 {
@@ -79,6 +81,13 @@ static void finish(serve_t *S)
     uv_close((uv_handle_t *)&S->sig_int, NULL);
     uv_close((uv_handle_t *)&S->sig_hup, NULL);
     SRV_LOG(SRV_LOG_INFO, NULL, "stopped");
+}
+
+void srv_serve_fail(srv_serve_t *S, const char *why)
+{
+    SRV_LOG(SRV_LOG_ERROR, NULL, "startup failed: %s", why);
+    S->failed = 1;
+    finish(S);
 }
 
 static void on_drain_tick(uv_timer_t *t)
@@ -154,7 +163,7 @@ static int start_server(serve_t *S)
         return -1;
     }
     if (S->app && S->app->start) {
-        srv_serve_ctx_t ctx = {&S->cfg, &S->loop, S->http, S->metrics};
+        srv_serve_ctx_t ctx = {&S->cfg, &S->loop, S->http, S->metrics, S};
         if (S->app->start(&ctx, &S->app_state) != 0) {
             SRV_LOG(SRV_LOG_ERROR, NULL, "startup failed");
             return -1;
@@ -240,7 +249,7 @@ int srv_serve_run(int argc, char **argv, const srv_app_t *app)
             strchr(S->cfg.host, ':') ? "[" : "", S->cfg.host, strchr(S->cfg.host, ':') ? "]" : "",
             srv_http_port(S->http), (int)getpid());
     uv_run(&S->loop, UV_RUN_DEFAULT);
-    rc = 0;
+    rc = S->failed ? 1 : 0;
 out:
     if (loop_ok) {
         if (uv_loop_close(&S->loop) != 0) {

@@ -31,12 +31,21 @@
 
 /* What the application gets at start; every pointer is borrowed and valid
  * until app->stop returns. */
+typedef struct srv_serve srv_serve_t;
+
 typedef struct srv_serve_ctx {
     const srv_config_t *cfg;
     uv_loop_t *loop;
     srv_http_t *http;
     srv_metrics_t *metrics;
+    srv_serve_t *serve; /* for srv_serve_fail */
 } srv_serve_ctx_t;
+
+/* Loop thread: the application failed after start returned (e.g. a model
+ * that loads in the background turned out unreadable): logs why, stops the
+ * server as after a second signal (app->stop runs) and makes srv_serve_run
+ * return 1. */
+void srv_serve_fail(srv_serve_t *S, const char *why);
 
 typedef struct srv_app {
     /* Loop thread, before the loop runs. Sets *state (passed back to the

@@ -1533,6 +1533,44 @@ TEST(test_drain)
     CHECK_INT_EQ(server_stop(&D), 0);
 }
 
+/* ---- not ready (the application is loading) ---- */
+
+static void do_set_ready(server_t *S, void *arg)
+{
+    srv_http_set_ready(S->h, *(int *)arg);
+}
+
+TEST(test_not_ready)
+{
+    t_reset();
+    memset(&D, 0, sizeof D);
+    D.opts = (srv_http_opts_t){.port = 0, .idle_timeout_s = 30};
+    D.setup = setup_routes;
+    if (server_start(&D) != 0) {
+        CHECK(0);
+        return;
+    }
+    int ready = 0;
+    CHECK(server_call(&D, do_set_ready, &ready) == 0);
+    resp_t r;
+    CHECK(http_get(D.port, "/echo", NULL, &r) == 0); /* a work route: refused */
+    CHECK_INT_EQ(r.status, 503);
+    CHECK(r.body && strstr(r.body, "\"loading\""));
+    resp_free(&r);
+    CHECK(http_get(D.port, "/health", NULL, &r) == 0); /* DRAIN_OK: its handler answers */
+    CHECK_INT_EQ(r.status, 200);
+    resp_free(&r);
+    CHECK(http_get(D.port, "/no/such/route", NULL, &r) == 0); /* unknown stays 404 */
+    CHECK_INT_EQ(r.status, 404);
+    resp_free(&r);
+    ready = 1;
+    CHECK(server_call(&D, do_set_ready, &ready) == 0);
+    CHECK(http_get(D.port, "/echo", NULL, &r) == 0);
+    CHECK(r.status != 503);
+    resp_free(&r);
+    CHECK_INT_EQ(server_stop(&D), 0);
+}
+
 /* ---- closing the server under an open stream ---- */
 
 static server_t E;
@@ -1624,6 +1662,7 @@ int main(void)
     RUN(test_request_timeout);
     RUN(test_connection_limit);
     RUN(test_drain);
+    RUN(test_not_ready);
     RUN(test_close_with_open_stream);
     return CHECK_DONE();
 }
