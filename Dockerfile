@@ -14,14 +14,18 @@
 # Build arguments:
 #   FETCH_MODEL=0|1   1 bakes SmolLM2-135M-Instruct.Q4_1.gguf into /models
 #   ADAPTER=NAME      a DARKFormer adapter file in models/adapters/ that the
-#                     server loads by default (DARKSERVE_ADAPTER); empty = none.
+#                     server loads by default (DARKSERVE_ADAPTER); default the
+#                     committed smollm2-135m.darkformer.gguf; empty = none.
 #                     Every file in models/adapters/ is copied in either way.
+#   ATTN=KIND         the default attention (DARKSERVE_ATTN): darkformer with
+#                     the adapter; build with ATTN=exact ADAPTER= for softmax.
 #   DEBIAN_IMAGE      the base image (default debian:bookworm-slim)
 #   PIP_INDEX_URL, PIP_CERT   pip settings for FETCH_MODEL=1 (see the model stage)
 
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 ARG FETCH_MODEL=0
-ARG ADAPTER=
+ARG ADAPTER=smollm2-135m.darkformer.gguf
+ARG ATTN=darkformer
 
 # ---------------------------------------------------------------------------
 FROM ${DEBIAN_IMAGE} AS build
@@ -97,8 +101,10 @@ RUN apt-get update \
 COPY --from=build /out/ /
 COPY --from=model /models/ /models/
 ARG ADAPTER
+ARG ATTN
 # Defaults for anything the command line does not set (flags win over these).
-ENV DARKSERVE_ADAPTER=${ADAPTER:+/usr/local/share/darkserve/adapters/${ADAPTER}}
+ENV DARKSERVE_ADAPTER=${ADAPTER:+/usr/local/share/darkserve/adapters/${ADAPTER}} \
+    DARKSERVE_ATTN=${ATTN}
 LABEL org.opencontainers.image.title="darkserve" \
       org.opencontainers.image.description="LLM inference server with DARKFormer linear attention"
 USER darkserve:darkserve
