@@ -5,7 +5,7 @@ held-out text: the exact model's activations, never the calibration text).
 
     attn_error.py --rec DIR --eps EPS.npy --is-adapter IS.gguf
                   [--df m=W:ADAPTER.gguf ...] [--features 64,128,256]
-                  [--windows 0,64] [--seqs 4] [--skip 64] [--json OUT.json]
+                  [--windows 0,64] [--seqs 4] [--skip 64] [--kinds K,...] [--json OUT.json]
 
 For every layer, KV head and recorded sequence it computes the exact causal
 softmax output O* of the heads sharing the KV head and, for each estimator,
@@ -41,6 +41,8 @@ def main():
     p.add_argument("--seqs", type=int, default=4)
     p.add_argument("--skip", type=int, default=64)
     p.add_argument("--layers", default="")
+    p.add_argument("--kinds", default="performer,darkformer-is,darkformer",
+                   help="estimators to evaluate (comma-separated)")
     p.add_argument("--json")
     a = p.parse_args()
 
@@ -58,7 +60,7 @@ def main():
         m, w = (int(x) for x in mw.split("="))
         dfs[(m, w)] = dfeat.read_adapter(path, "M", L, Hkv, Hd)[0]
 
-    kinds = ["performer", "darkformer-is", "darkformer"]
+    kinds = [kd for kd in ("performer", "darkformer-is", "darkformer") if kd in a.kinds.split(",")]
     # sums of squared errors and of squared references per (kind, m, W, layer)
     res = {}
     t0 = time.time()
