@@ -26,7 +26,7 @@ static char adapter_path[4096];
 /* The prompt: the head of the held-out text (env DARKSERVE_DATA), long
  * enough that the linear part of a hybrid with the adapter's window takes
  * part (positions >= W). */
-#define PROMPT_BYTES 4000
+#define PROMPT_BYTES 2000
 static char prose[PROMPT_BYTES + 1];
 
 /* Loads the model with opts, runs the prose prompt, returns [n][V] logits
