@@ -268,4 +268,10 @@ void api_gen_cancel_all(api_app_t *app, int shutdown);
  * request (sessions are released and saved). */
 void api_gen_shutdown(api_app_t *app);
 
+/* The one log line per finished generation: route, session (NULL = none),
+ * tokens in/out, time to first token (ttft_s < 0: none), total time, finish
+ * reason (NULL = none); shares the request id with the access line. */
+void api_gen_log_done(const api_gen_t *g, const char *session, int64_t prompt_tokens,
+                      int64_t completion_tokens, double ttft_s, const char *finish);
+
 #endif

@@ -21,6 +21,8 @@
 
 #include "server/log.h"
 
+#include <inttypes.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -618,4 +620,15 @@ int api_acc_logprobs(const api_acc_t *a, const core_tokenizer_t *tok, proto_toke
         off += (int64_t)(*lps)[i].piece_len;
     }
     return 0;
+}
+
+void api_gen_log_done(const api_gen_t *g, const char *session, int64_t prompt_tokens,
+                      int64_t completion_tokens, double ttft_s, const char *finish)
+{
+    SRV_LOG(SRV_LOG_INFO, g->rid,
+            "generation route=%s session=%s prompt_tokens=%" PRId64 " completion_tokens=%" PRId64
+            " ttft_ms=%.1f total_ms=%.1f finish=%s%s",
+            g->route, session ? session : "-", prompt_tokens, completion_tokens,
+            ttft_s >= 0 ? ttft_s * 1e3 : -1.0, (double)(srv_engine_now_ns() - g->t_start_ns) / 1e6,
+            finish ? finish : "-", g->cancelled ? " (client gone)" : "");
 }

@@ -169,12 +169,8 @@ static void oa_done(api_gen_t *g)
     }
 
     const char *fin0 = r->n_choices ? api_finish_reason(r->choices[0].finish) : NULL;
-    SRV_LOG(SRV_LOG_INFO, g->rid,
-            "generation route=%s session=%s prompt_tokens=%" PRId64 " completion_tokens=%" PRId64
-            " ttft_ms=%.1f total_ms=%.1f finish=%s%s",
-            g->route, r->session_id[0] ? r->session_id : "-", u.prompt_tokens, u.completion_tokens,
-            ttft_s >= 0 ? ttft_s * 1e3 : -1.0, (double)(srv_engine_now_ns() - g->t_start_ns) / 1e6,
-            fin0 ? fin0 : "-", g->cancelled ? " (client gone)" : "");
+    api_gen_log_done(g, r->session_id[0] ? r->session_id : NULL, u.prompt_tokens,
+                     u.completion_tokens, ttft_s, fin0);
 
     if (g->cancelled)
         return;

@@ -430,14 +430,8 @@ static void sgen_done(api_gen_t *g)
         tm.queue_ms = res->queue_s > 0 ? res->queue_s * 1e3 : 0;
         tm.prompt_ms = res->prefill_s > 0 ? res->prefill_s * 1e3 : 0;
         tm.generation_ms = res->decode_s > 0 ? res->decode_s * 1e3 : 0;
-        SRV_LOG(SRV_LOG_INFO, g->rid,
-                "generation route=%s session=%s prompt_tokens=%" PRId64
-                " completion_tokens=%" PRId64 " ttft_ms=%.1f total_ms=%.1f finish=%s%s",
-                g->route, k->id, u.prompt_tokens, u.completion_tokens,
-                res->ttft_s >= 0 ? res->ttft_s * 1e3 : -1.0,
-                (double)(srv_engine_now_ns() - g->t_start_ns) / 1e6,
-                api_finish_reason(res->finish[0]) ? api_finish_reason(res->finish[0]) : "-",
-                g->cancelled ? " (client gone)" : "");
+        api_gen_log_done(g, k->id, u.prompt_tokens, u.completion_tokens, res->ttft_s,
+                         api_finish_reason(res->finish[0]));
     }
     if (g->cancelled)
         return;
