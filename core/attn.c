@@ -151,6 +151,12 @@ int core_attn_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_erro
 {
     if (n < 0)
         return core_error_set(err, CORE_EINVAL, "negative token count %lld", (long long)n);
+    /* s->pos is bounded by every path that sets it (state.c refuses larger
+     * blobs), so this sum cannot overflow; the kinds index rings with it. */
+    if (s->pos < 0 || s->pos > CORE_ATTN_MAX_POS || n > CORE_ATTN_MAX_POS - s->pos)
+        return core_error_set(err, CORE_ECONTEXT, "position %lld + %lld tokens exceeds the "
+                              "largest position %lld", (long long)s->pos, (long long)n,
+                              (long long)CORE_ATTN_MAX_POS);
     return a->vt->reserve(a, s, n, err);
 }
 

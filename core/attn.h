@@ -47,7 +47,19 @@ typedef struct core_attn_cfg {
     int n_features;   /* M, linear kinds */
     int window;       /* W, linear kinds: exact softmax over the last W tokens, 0 = pure */
     uint64_t seed;    /* random-feature seed */
+    /* DARKFormer v2 (linear kinds; all zero = v1 behaviour, DESIGN.md §3): */
+    int sinks;        /* S: the first S tokens are kept and attended exactly forever */
+    int prerope;      /* 1: the linear branch's features see q, k before RoPE */
+    int decay_off;    /* 1: ignore the adapter's decays (γ = 1), keep its mixing weights */
+    int linear_off;   /* 1: no linear branch at all (sinks + window only; ablations) */
+    int n_rot;        /* RoPE: rotated dims (pairs 2i, 2i+1), needed when prerope */
+    double rope_base; /* RoPE: θ_i = pos · base^(-2i/n_rot) / rope_scale */
+    double rope_scale;
 } core_attn_cfg_t;
+
+/* Largest position a state may reach (2^48 tokens: years of streaming at
+ * any speed, and far from overflowing pos + n or a RoPE angle in double). */
+#define CORE_ATTN_MAX_POS ((int64_t)1 << 48)
 
 typedef struct core_attn core_attn_t;
 typedef struct core_attn_state core_attn_state_t;

@@ -82,6 +82,9 @@
 
 typedef struct lin_params {
     core_features_t *maps; /* [L][Hkv] */
+    float *gam;            /* [L][Hkv] decay γ (1 = none) */
+    float *mix;            /* [L][H] log-weight β of the linear part against the exact part */
+    double *rope_if;       /* [n_rot/2] RoPE inverse frequencies (prerope) */
     int chunk;             /* requested tokens per chunk */
     int cn;                /* effective tokens per chunk (budget-bounded) */
     int fp64;              /* accumulator precision of states created next */
@@ -98,6 +101,8 @@ typedef struct lin_state {
     void *z;             /* [L][Hkv][M] float or double */
     float *ring_k;       /* [L][W][Hkv][Hd], slot = position % W */
     float *ring_v;       /* [L][W][Hkv][Hd] */
+    float *sink_k;       /* [L][S][Hkv][Hd], row = position (< S) */
+    float *sink_v;       /* [L][S][Hkv][Hd] */
 } lin_state_t;
 
 /* Views into the scratch for one chunk of cn tokens, R = cn·(H/Hkv) query
@@ -115,8 +120,10 @@ typedef struct lin_scratch {
     float *vi;  /* [NI][Hd] their values */
     float *pp;  /* [R][NI] masked φ(Q)φ(K)ᵀ */
     float *num; /* [R][Hd] linear numerators */
-    float *kw;  /* [NK][Hd] window keys */
-    float *vw;  /* [NK][Hd] window values */
+    float *kw;  /* [NK][Hd] exact keys: sinks older than the window span, then the span */
+    float *vw;  /* [NK][Hd] their values */
+    float *qu;  /* [R][Hd] queries before RoPE (prerope) */
+    float *ku;  /* [NI][Hd] keys before RoPE (prerope) */
     float *e;   /* [R][NK] exact weights */
     float *ev;  /* [R][Hd] exact numerators */
     double *qhn;  /* [R] |ŷ|²/2 of queries */
@@ -146,13 +153,15 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
 {
     size_t gs = (size_t)(cfg->n_head / cfg->n_head_kv), hd = (size_t)cfg->head_dim;
     size_t m = (size_t)cfg->n_features, w = (size_t)cfg->window;
-    size_t r = cn * gs, nk = w > 0 ? w + cn : 0;
+    size_t sk = (size_t)cfg->sinks;
+    size_t r = cn * gs, nk = w > 0 || sk > 0 ? sk + w + cn : 0;
     size_t f = 0, d = 0;
     size_t o_qx = take(&f, r * hd), o_qy = take(&f, r * hd), o_gd = take(&f, r * m);
     size_t o_qp = take(&f, r * m), o_qs = take(&f, r * m), o_kx = take(&f, cn * hd), o_ky = take(&f, cn * hd);
     size_t o_kd = take(&f, cn * m), o_kp = take(&f, cn * m), o_vi = take(&f, cn * hd);
     size_t o_pp = take(&f, r * cn), o_num = take(&f, r * hd), o_kw = take(&f, nk * hd);
     size_t o_vw = take(&f, nk * hd), o_e = take(&f, r * nk), o_ev = take(&f, r * hd);
+    size_t o_qu = take(&f, r * hd), o_ku = take(&f, cn * hd);
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + cn + hd);
@@ -171,6 +180,8 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->num = fb + o_num;
         sc->kw = fb + o_kw;
         sc->vw = fb + o_vw;
+        sc->qu = fb + o_qu;
+        sc->ku = fb + o_ku;
         sc->e = fb + o_e;
         sc->ev = fb + o_ev;
         sc->qhn = db + o_qhn;
@@ -188,7 +199,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
 static int effective_chunk(const core_attn_cfg_t *cfg, int chunk)
 {
     size_t gs = (size_t)(cfg->n_head / cfg->n_head_kv), cn = (size_t)chunk;
-    while (cn > 1 && gs * cn * ((size_t)cfg->window + cn) > LIN_SCORE_BUDGET)
+    while (cn > 1 && gs * cn * ((size_t)cfg->window + (size_t)cfg->sinks + cn) > LIN_SCORE_BUDGET)
         cn /= 2;
     while (cn > 1 && gs * cn * (size_t)cfg->n_features > LIN_FEATURE_BUDGET)
         cn /= 2;
@@ -223,6 +234,9 @@ static void free_params(lin_params_t *lp, size_t n_maps)
     for (size_t i = 0; lp->maps && i < n_maps; i++)
         core_features_fini(&lp->maps[i]);
     free(lp->maps);
+    free(lp->gam);
+    free(lp->mix);
+    free(lp->rope_if);
     free(lp->fs);
     free(lp->ds);
     free(lp);
@@ -242,6 +256,16 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     if (cfg->window > CORE_FEATURES_MAX_WINDOW)
         return core_error_set(err, CORE_EINVAL, "window %d exceeds %d", cfg->window,
                               CORE_FEATURES_MAX_WINDOW);
+    if (cfg->sinks < 0 || cfg->sinks > CORE_FEATURES_MAX_SINKS)
+        return core_error_set(err, CORE_EINVAL, "sinks %d not in [0, %d]", cfg->sinks,
+                              CORE_FEATURES_MAX_SINKS);
+    if (cfg->prerope && (cfg->n_rot < 2 || cfg->n_rot % 2 || cfg->n_rot > cfg->head_dim ||
+                         !(cfg->rope_base > 0.0) || !(cfg->rope_scale > 0.0)))
+        return core_error_set(err, CORE_EINVAL, "pre-RoPE features need the model's RoPE "
+                              "(n_rot %d, base %g, scale %g)", cfg->n_rot, cfg->rope_base,
+                              cfg->rope_scale);
+    if (cfg->linear_off && cfg->window == 0 && cfg->sinks == 0)
+        return core_error_set(err, CORE_EINVAL, "linear branch off needs a window or sinks");
     if (cfg->kind == CORE_ATTN_DARKFORMER && !adapter)
         return core_error_set(err, CORE_EINVAL, "attention kind 'darkformer' needs an adapter "
                               "GGUF with tensors darkformer.blk.N.M");
@@ -255,16 +279,39 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     float *mat = NULL;  /* [Hd][Hd] one head's M or Λ */
     double *isa = NULL; /* [Hd][Hd] Σ*^(1/2) */
     lin_params_t *lp = calloc(1, sizeof *lp);
-    if (lp)
+    size_t n_rope = cfg->prerope ? (size_t)cfg->n_rot / 2 : 1;
+    if (lp) {
         lp->maps = calloc(n_maps, sizeof *lp->maps);
+        lp->gam = malloc(n_maps * sizeof *lp->gam);
+        lp->mix = calloc((size_t)cfg->n_layer * (size_t)cfg->n_head, sizeof *lp->mix);
+        lp->rope_if = calloc(n_rope, sizeof *lp->rope_if);
+    }
     mat = malloc(hd * hd * sizeof *mat);
     isa = malloc(hd * hd * sizeof *isa);
-    if (!lp || !lp->maps || !mat || !isa) {
+    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !mat || !isa) {
         rc = core_error_set(err, CORE_ENOMEM, "out of memory for %s parameters", kname);
         goto fail;
     }
+    for (size_t i = 0; i < n_maps; i++)
+        lp->gam[i] = 1.0f;
+    for (int i = 0; cfg->prerope && i < cfg->n_rot / 2; i++)
+        lp->rope_if[i] = pow(cfg->rope_base, -2.0 * i / (double)cfg->n_rot) / cfg->rope_scale;
     for (int l = 0; l < cfg->n_layer; l++) {
         const core_gguf_tensor_t *t = NULL;
+        if (cfg->kind == CORE_ATTN_DARKFORMER) {
+            /* v2 parameters; absent (v1 adapters) = no decay, equal weights. */
+            int found;
+            rc = core_features_adapter_vector(adapter, "decay", l, cfg->n_head_kv,
+                                              lp->gam + (size_t)l * hkv, &found, err);
+            if (rc == 0)
+                rc = core_features_adapter_vector(adapter, "mix", l, cfg->n_head,
+                                                  lp->mix + (size_t)l * (size_t)cfg->n_head,
+                                                  &found, err);
+            if (rc)
+                goto fail;
+            for (size_t h = 0; cfg->decay_off && h < hkv; h++)
+                lp->gam[(size_t)l * hkv + h] = 1.0f;
+        }
         if (cfg->kind == CORE_ATTN_DARKFORMER || cfg->kind == CORE_ATTN_DARKFORMER_IS) {
             const char *what = cfg->kind == CORE_ATTN_DARKFORMER ? "M" : "lambda";
             rc = core_features_adapter_tensor(adapter, what, l, cfg->n_head_kv, cfg->head_dim, &t,
@@ -332,38 +379,53 @@ static void state_clear(lin_state_t *st, const core_attn_cfg_t *cfg)
         st->c[i] = -INFINITY;
 }
 
-static int linear_state_init(core_attn_state_t *s, core_error_t *err)
+/* Lays st out in precision fp64, cleared: one allocation, doubles first so
+ * every part stays 8-byte aligned. */
+static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int fp64,
+                              core_error_t *err)
 {
-    const core_attn_cfg_t *cfg = &s->a->cfg;
-    const lin_params_t *lp = s->a->impl;
-    size_t es = lp->fp64 ? sizeof(double) : sizeof(float);
-    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, n_s, n_z, n_ring, b_s, b_z, b_r;
+    size_t es = fp64 ? sizeof(double) : sizeof(float);
+    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, n_s, n_z, n_ring, n_sink, b_s, b_z,
+           b_r, b_k;
     if (!mul_ok(nh, (size_t)cfg->n_features, &n_z) ||
         !mul_ok(n_z, (size_t)cfg->head_dim, &n_s) ||
         !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->window, &n_ring) ||
+        !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->sinks, &n_sink) ||
         !mul_ok(n_s, es, &b_s) || !mul_ok(n_z, es, &b_z) ||
-        !mul_ok(n_ring, 2 * sizeof(float), &b_r) || b_s > SIZE_MAX / 4 || b_r > SIZE_MAX / 4)
+        !mul_ok(n_ring, 2 * sizeof(float), &b_r) || !mul_ok(n_sink, 2 * sizeof(float), &b_k) ||
+        b_s > SIZE_MAX / 8 || b_r > SIZE_MAX / 8 || b_k > SIZE_MAX / 8)
         return core_error_set(err, CORE_ERANGE, "linear attention state size overflows");
-    size_t b_c = n_z * sizeof(double);
+    size_t b_c = n_z * sizeof(double), total = b_c + b_s + b_z + b_r + b_k;
+    unsigned char *blob = malloc(total ? total : 1);
+    if (!blob)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for a %zu-byte attention state",
+                              total);
+    free(st->blob);
+    st->fp64 = fp64;
+    st->blob = blob;
+    st->blob_bytes = total;
+    st->c = (double *)(void *)blob;
+    st->S = blob + b_c;
+    st->z = blob + b_c + b_s;
+    st->ring_k = (float *)(void *)(blob + b_c + b_s + b_z);
+    st->ring_v = st->ring_k + n_ring;
+    st->sink_k = st->ring_v + n_ring;
+    st->sink_v = st->sink_k + n_sink;
+    state_clear(st, cfg);
+    return 0;
+}
+
+static int linear_state_init(core_attn_state_t *s, core_error_t *err)
+{
+    const lin_params_t *lp = s->a->impl;
     lin_state_t *st = calloc(1, sizeof *st);
     if (!st)
         return core_error_set(err, CORE_ENOMEM, "out of memory for attention state");
-    st->fp64 = lp->fp64;
-    /* Doubles first so every part stays 8-byte aligned. */
-    st->blob_bytes = b_c + b_s + b_z + b_r;
-    st->blob = malloc(st->blob_bytes ? st->blob_bytes : 1);
-    if (!st->blob) {
-        size_t want = st->blob_bytes;
+    int rc = lin_state_relayout(st, &s->a->cfg, lp->fp64, err);
+    if (rc < 0) {
         free(st);
-        return core_error_set(err, CORE_ENOMEM, "out of memory for a %zu-byte attention state",
-                              want);
+        return rc;
     }
-    st->c = (double *)(void *)st->blob;
-    st->S = st->blob + b_c;
-    st->z = st->blob + b_c + b_s;
-    st->ring_k = (float *)(void *)(st->blob + b_c + b_s + b_z);
-    st->ring_v = st->ring_k + n_ring;
-    state_clear(st, cfg);
     s->impl = st;
     return 0;
 }
@@ -420,6 +482,13 @@ typedef struct lin_ctx {
     const float *q, *k, *v;
     float *out;
     const float *ring_k, *ring_v; /* this layer's [W][Hkv][Hd] */
+    const float *sink_k, *sink_v; /* this layer's [S][Hkv][Hd] */
+    int64_t sinks;                /* S */
+    double lg;                    /* log γ of this KV head (0: no decay) */
+    const float *mix;             /* this layer's [H] β */
+    const double *rope_if;        /* [n_rot/2], NULL: features after RoPE */
+    int n_rot;
+    int lin_off;                  /* linear branch off */
     int fp64;
     float *sf, *zf;   /* this head's S, z (fp32 states) */
     double *sd, *zd;  /* (fp64 states) */
@@ -427,13 +496,39 @@ typedef struct lin_ctx {
 } lin_ctx_t;
 
 /* Key (or value) row of KV head h at absolute position pos: from this
- * forward's input when pos ≥ p0, else from the ring (which still holds
- * positions p0−W..p0−1: it is updated only after the whole forward). */
-static const float *kv_row(const lin_ctx_t *x, const float *in, const float *ring, int64_t pos)
+ * forward's input when pos ≥ p0, else from the sinks (pos < S) or the ring
+ * (which still holds positions p0−W..p0−1: both are updated only after the
+ * whole forward). */
+static const float *kv_row(const lin_ctx_t *x, const float *in, const float *ring,
+                           const float *sink, int64_t pos)
 {
     if (pos >= x->p0)
         return in + (pos - x->p0) * x->nkv + x->h * x->hd;
+    if (pos < x->sinks)
+        return sink + (pos * (x->nkv / x->hd) + x->h) * x->hd;
     return ring + ((pos % x->w) * (x->nkv / x->hd) + x->h) * x->hd;
+}
+
+/* Undoes RoPE on n rows of Hd (row i at position pos0 + i / per): the
+ * model rotates pairs (2j, 2j+1) by pos·θ_j; rotating back by −pos·θ_j
+ * gives the vector before RoPE to float rounding. */
+static void unrope(const lin_ctx_t *x, int64_t n, int64_t per, int64_t pos0, const float *in,
+                   float *out)
+{
+    int64_t hd = x->hd;
+    for (int64_t i = 0; i < n; i++) {
+        const float *a = in + i * hd;
+        float *o = out + i * hd;
+        double pos = (double)(pos0 + i / per);
+        for (int j = 0; j < x->n_rot / 2; j++) {
+            double ang = pos * x->rope_if[j], c = cos(ang), sn = sin(ang);
+            double u = a[2 * j], w = a[2 * j + 1];
+            o[2 * j] = (float)(u * c + w * sn);
+            o[2 * j + 1] = (float)(w * c - u * sn);
+        }
+        for (int64_t j = x->n_rot; j < hd; j++)
+            o[j] = a[j];
+    }
 }
 
 /* Exact log-domain evaluation of one row's linear part (the underflow guard):
@@ -441,7 +536,7 @@ static const float *kv_row(const lin_ctx_t *x, const float *in, const float *rin
  * at its own scales, then one max shift. Sets num/den for row r and lrow to
  * that shift (the caller subtracts the query's half norm, as for the fast
  * path), or lrow = −inf when the row has no mass at all. */
-static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni)
+static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni, double cdec)
 {
     lin_scratch_t *sc = &x->sc;
     int64_t m = x->m, hd = x->hd;
@@ -451,7 +546,8 @@ static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni
     double top = -INFINITY;
     for (int64_t i = 0; i < m; i++) {
         double zi = x->fp64 ? x->zd[i] : (double)x->zf[i];
-        lw[i] = x->c[i] > -INFINITY && zi > 0.0 ? (double)g[i] + x->c[i] + log(zi) : -INFINITY;
+        lw[i] = x->c[i] > -INFINITY && zi > 0.0 ? (double)g[i] + x->c[i] + cdec + log(zi)
+                                                 : -INFINITY;
         if (lw[i] > top)
             top = lw[i];
     }
@@ -507,32 +603,53 @@ static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni
     sc->lrow[r] = top;
 }
 
-/* Tokens [t0, t1) of this forward, one KV head. */
+/* Tokens [t0, t1) of this forward, one KV head.
+ *
+ * Decay (γ = e^lg per token): the state after token τ is γ·(state after
+ * τ−1) + the key that token brings, so a query at τ weighs a key absorbed at
+ * τ' by γ^(τ−τ'). Everything linear is first evaluated at the chunk's end
+ * (key logits a' = a + (t1−1−t)·lg, the carried state at c + nt·lg), which
+ * is also the scale the state is left at; row t then multiplies its linear
+ * part by γ^(t−t1+1) = e^((t−t1+1)·lg), added to its log-scale Lrow. The
+ * running log-scales thus absorb the decay: the key that sets C_i still
+ * contributes exactly 1 to z̃_i, so z̃ ≥ 1 and nothing underflows, however
+ * long the stream. γ = 1 adds zeros: bit-identical to no decay. */
 static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
 {
     lin_scratch_t *sc = &x->sc;
     const core_features_t *f = x->f;
-    int64_t hd = x->hd, m = x->m, gs = x->gs, w = x->w;
+    int64_t hd = x->hd, m = x->m, gs = x->gs, w = x->w, nsk = x->sinks;
     int64_t nt = t1 - t0, nr = nt * gs;
     double *cn = sc->cn, *al = sc->al;
+    double lg = x->lg, cdec = (double)nt * lg;
 
-    /* Keys entering the linear state: token t brings the key at τ−W. */
-    int64_t tfirst = w - x->p0 > 0 ? w - x->p0 : 0;
+    /* Keys entering the linear state: token τ brings the key at τ−W, except
+     * the sinks (positions < S), which stay exact forever. */
+    int64_t tfirst = w + nsk - x->p0 > 0 ? w + nsk - x->p0 : 0;
     int64_t ti0 = t0 > tfirst ? t0 : tfirst;
-    int64_t ni = t1 > ti0 ? t1 - ti0 : 0;
+    int64_t ni = t1 > ti0 && !x->lin_off ? t1 - ti0 : 0;
     for (int64_t j = 0; j < ni; j++) {
         int64_t pos = x->p0 + ti0 + j - w;
-        memcpy(sc->kx + j * hd, kv_row(x, x->k, x->ring_k, pos), (size_t)hd * sizeof(float));
-        memcpy(sc->vi + j * hd, kv_row(x, x->v, x->ring_v, pos), (size_t)hd * sizeof(float));
+        memcpy(sc->kx + j * hd, kv_row(x, x->k, x->ring_k, x->sink_k, pos),
+               (size_t)hd * sizeof(float));
+        memcpy(sc->vi + j * hd, kv_row(x, x->v, x->ring_v, x->sink_v, pos),
+               (size_t)hd * sizeof(float));
     }
-    memcpy(cn, x->c, (size_t)m * sizeof *cn);
+    for (int64_t i = 0; i < m; i++)
+        cn[i] = x->c[i] + cdec; /* −inf stays −inf */
     if (ni > 0) {
-        core_features_prepare(f, ni, sc->kx, hd, sc->ky);
+        const float *kin = sc->kx;
+        if (x->rope_if) {
+            unrope(x, ni, 1, x->p0 + ti0 - w, sc->kx, sc->ku);
+            kin = sc->ku;
+        }
+        core_features_prepare(f, ni, kin, hd, sc->ky);
         core_features_logits(f, ni, sc->ky, sc->kd, sc->khn);
         for (int64_t j = 0; j < ni; j++) {
             float *a = sc->kd + j * m;
+            double dj = (double)(t1 - 1 - (ti0 + j)) * lg;
             for (int64_t i = 0; i < m; i++) {
-                a[i] = (float)((double)a[i] - sc->khn[j]);
+                a[i] = (float)((double)a[i] - sc->khn[j] + dj);
                 if (a[i] > cn[i])
                     cn[i] = a[i];
             }
@@ -540,16 +657,24 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
     }
     int state_on = 0;
     for (int64_t i = 0; i < m; i++) {
-        al[i] = x->c[i] > -INFINITY ? exp(x->c[i] - cn[i]) : 0.0;
+        al[i] = x->c[i] > -INFINITY ? exp(x->c[i] + cdec - cn[i]) : 0.0;
         state_on |= x->c[i] > -INFINITY;
     }
+    state_on &= !x->lin_off;
 
     for (int64_t t = t0; t < t1; t++)
         memcpy(sc->qx + (t - t0) * gs * hd, x->q + t * x->nq + x->h * gs * hd,
                (size_t)(gs * hd) * sizeof(float));
-    core_features_prepare(f, nr, sc->qx, hd, sc->qy);
-    core_features_logits(f, nr, sc->qy, sc->gd, sc->qhn);
-    for (int64_t r = 0; r < nr; r++) {
+    if (!x->lin_off) {
+        const float *qin = sc->qx;
+        if (x->rope_if) {
+            unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+            qin = sc->qu;
+        }
+        core_features_prepare(f, nr, qin, hd, sc->qy);
+        core_features_logits(f, nr, sc->qy, sc->gd, sc->qhn);
+    }
+    for (int64_t r = 0; r < nr && !x->lin_off; r++) {
         const float *g = sc->gd + r * m;
         float *p = sc->qp + r * m, *ps = sc->qs + r * m;
         double mx = -INFINITY;
@@ -610,17 +735,18 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
     }
     for (int64_t r = 0; r < nr; r++) {
         int64_t t = t0 + r / gs;
-        if (!(sc->lrow[r] > -INFINITY) || !(state_on || (ni > 0 && t >= ti0))) {
+        if (x->lin_off || !(sc->lrow[r] > -INFINITY) || !(state_on || (ni > 0 && t >= ti0))) {
             sc->lrow[r] = -INFINITY; /* nothing older than the window yet */
             continue;
         }
         if (!(sc->den[r] >= LIN_DEN_MIN))
-            slow_row(x, r, t, ti0, ni);
-        sc->lrow[r] -= sc->qhn[r]; /* −inf stays −inf */
+            slow_row(x, r, t, ti0, ni, cdec);
+        /* −inf stays −inf; decay from the chunk's end back to row t; mixing weight. */
+        sc->lrow[r] += (double)(t - t1 + 1) * lg + (double)x->mix[x->h * gs + r % gs] - sc->qhn[r];
     }
 
-    /* Output rows: pure linear, or linear + exact window under one stabilizer. */
-    if (w == 0) {
+    /* Output rows: pure linear, or linear + exact sinks and window under one stabilizer. */
+    if (w == 0 && nsk == 0) {
         for (int64_t r = 0; r < nr; r++) {
             int64_t t = t0 + r / gs, g = r % gs;
             float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
@@ -629,29 +755,37 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
                 o[c] = (float)(sc->num[r * hd + c] * inv);
         }
     } else {
-        int64_t pw0 = x->p0 + t0 - w + 1 > 0 ? x->p0 + t0 - w + 1 : 0;
-        int64_t nk = x->p0 + t1 - pw0;
+        /* Exact keys: the sinks older than the span, then the span of every
+         * position some row's window reaches (for W = 0: the chunk's own). */
+        int64_t back = w > 0 ? w - 1 : 0;
+        int64_t pw0 = x->p0 + t0 - back > 0 ? x->p0 + t0 - back : 0;
+        int64_t ns = nsk < pw0 ? nsk : pw0;
+        int64_t nk = ns + x->p0 + t1 - pw0;
         for (int64_t j = 0; j < nk; j++) {
-            memcpy(sc->kw + j * hd, kv_row(x, x->k, x->ring_k, pw0 + j), (size_t)hd * sizeof(float));
-            memcpy(sc->vw + j * hd, kv_row(x, x->v, x->ring_v, pw0 + j), (size_t)hd * sizeof(float));
+            int64_t pos = j < ns ? j : pw0 + j - ns;
+            memcpy(sc->kw + j * hd, kv_row(x, x->k, x->ring_k, x->sink_k, pos),
+                   (size_t)hd * sizeof(float));
+            memcpy(sc->vw + j * hd, kv_row(x, x->v, x->ring_v, x->sink_v, pos),
+                   (size_t)hd * sizeof(float));
         }
         core_gemm_nt(nr, nk, hd, (float)(1.0 / sqrt((double)hd)), sc->qx, hd, sc->kw, hd, 0.0f,
                      sc->e, nk);
         for (int64_t r = 0; r < nr; r++) {
             int64_t tau = x->p0 + t0 + r / gs;
-            int64_t lo = (tau - w + 1 > 0 ? tau - w + 1 : 0) - pw0, hi = tau - pw0; /* inclusive */
+            /* key at u is visible iff u ≤ τ and (u in the window or u a sink) */
+            int64_t lo = w > 0 ? (tau - w + 1 > 0 ? tau - w + 1 : 0) : tau + 1;
             float *er = sc->e + r * nk;
             double s = sc->lrow[r];
-            for (int64_t j = lo; j <= hi; j++)
-                if (er[j] > s)
+            for (int64_t j = 0; j < nk; j++) {
+                int64_t u = j < ns ? j : pw0 + j - ns;
+                if (u > tau || (u < lo && u >= nsk))
+                    er[j] = -INFINITY;
+                else if (er[j] > s)
                     s = er[j];
+            }
             double es = 0.0;
             for (int64_t j = 0; j < nk; j++) {
-                if (j < lo || j > hi) {
-                    er[j] = 0.0f;
-                    continue;
-                }
-                er[j] = (float)exp((double)er[j] - s);
+                er[j] = er[j] == -INFINITY ? 0.0f : (float)exp((double)er[j] - s);
                 es += er[j];
             }
             sc->esum[r] = es;
@@ -670,7 +804,7 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
     }
 
     /* Absorb this chunk's keys: rescale rows to their new scales, then add. */
-    if (ni == 0)
+    if (x->lin_off)
         return;
     if (x->fp64) {
         for (int64_t i = 0; i < m; i++) {
@@ -694,8 +828,9 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
                 x->sf[i * hd + c] *= fa;
             x->zf[i] *= fa;
         }
-        core_gemm_tn(m, hd, ni, 1.0f, sc->kp, m, sc->vi, hd, 1.0f, x->sf, hd);
-        for (int64_t i = 0; i < m; i++) {
+        if (ni > 0)
+            core_gemm_tn(m, hd, ni, 1.0f, sc->kp, m, sc->vi, hd, 1.0f, x->sf, hd);
+        for (int64_t i = 0; i < m && ni > 0; i++) {
             double s = 0.0;
             for (int64_t j = 0; j < ni; j++)
                 s += sc->kp[j * m + i];
@@ -729,11 +864,19 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
     x.out = out;
     x.ring_k = st->ring_k + (int64_t)layer * w * hkv * hd;
     x.ring_v = st->ring_v + (int64_t)layer * w * hkv * hd;
+    x.sinks = cfg->sinks;
+    x.sink_k = st->sink_k + (int64_t)layer * cfg->sinks * hkv * hd;
+    x.sink_v = st->sink_v + (int64_t)layer * cfg->sinks * hkv * hd;
+    x.mix = lp->mix + (size_t)layer * (size_t)cfg->n_head;
+    x.rope_if = cfg->prerope ? lp->rope_if : NULL;
+    x.n_rot = cfg->n_rot;
+    x.lin_off = cfg->linear_off;
     x.fp64 = st->fp64;
     for (int64_t h = 0; h < hkv; h++) {
         size_t idx = (size_t)layer * (size_t)hkv + (size_t)h;
         x.h = h;
         x.f = &lp->maps[idx];
+        x.lg = lp->gam[idx] < 1.0f ? log((double)lp->gam[idx]) : 0.0;
         x.c = st->c + idx * (size_t)m;
         if (st->fp64) {
             x.sd = (double *)st->S + idx * (size_t)(m * hd);
@@ -744,6 +887,12 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
         }
         for (int64_t t0 = 0; t0 < n; t0 += lp->cn)
             chunk_forward(&x, t0, t0 + lp->cn < n ? t0 + lp->cn : n);
+    }
+    /* The sinks are the first S positions, kept for good. */
+    for (int64_t t = 0; t < n && s->pos + t < cfg->sinks; t++) {
+        size_t row = (size_t)((int64_t)layer * cfg->sinks + s->pos + t) * (size_t)(hkv * hd);
+        memcpy(st->sink_k + row, k + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
+        memcpy(st->sink_v + row, v + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
     }
     /* Only now may the ring forget positions p0−W..: every chunk above read them. */
     if (w > 0) {
@@ -765,6 +914,8 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
  *   u32 window rows saved per layer, nv = min(pos, W)
  *   c [L][Hkv][M] f64, S [L][Hkv][M][Hd], z [L][Hkv][M] (f32 or f64)
  *   per layer: ring K slots 0..nv-1 [nv][Hkv][Hd] f32, then ring V the same
+ *   per layer: sink K rows 0..ns-1 [ns][Hkv][Hd] f32, then sink V the same,
+ *   ns = min(pos, S) (nothing without sinks: the v1 payload)
  * Slot = position % W, so slots 0..nv-1 are exactly the valid ones whether
  * or not the ring has wrapped. The size depends on the config, the precision
  * and min(pos, W), never on how many tokens came before. A state is loaded in
@@ -813,6 +964,7 @@ static uint32_t lin_get_u32(const unsigned char *p)
 
 typedef struct lin_ser {
     size_t n_z, n_s, n_ring; /* elements: c and z, S, one layer's valid ring rows */
+    size_t n_sink;           /* elements: one layer's valid sink rows */
     size_t es;               /* accumulator bytes */
     size_t bytes;            /* the whole payload */
 } lin_ser_t;
@@ -822,7 +974,9 @@ static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, lin_
 {
     size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
     size_t nv = pos < (int64_t)cfg->window ? (size_t)pos : (size_t)cfg->window;
+    size_t nsk = pos < (int64_t)cfg->sinks ? (size_t)pos : (size_t)cfg->sinks;
     size_t b_c, b_s, b_z, b_r, n_rl;
+    z->n_sink = nsk * (size_t)cfg->n_head_kv * hd; /* ≤ 1024 · (small shape): no overflow */
     z->es = fp64 ? sizeof(double) : sizeof(float);
     if (pos < 0 || !mul_ok(nh, (size_t)cfg->n_features, &z->n_z) ||
         !mul_ok(z->n_z, hd, &z->n_s) || !mul_ok(nv, (size_t)cfg->n_head_kv * hd, &z->n_ring) ||
@@ -831,7 +985,7 @@ static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, lin_
         !mul_ok(n_rl, (size_t)cfg->n_layer, &b_r) || b_c > SIZE_MAX / 8 || b_s > SIZE_MAX / 8 ||
         b_z > SIZE_MAX / 8 || b_r > SIZE_MAX / 8)
         return 0;
-    z->bytes = 8 + b_c + b_s + b_z + b_r;
+    z->bytes = 8 + b_c + b_s + b_z + b_r + 2 * z->n_sink * sizeof(float) * (size_t)cfg->n_layer;
     return 1;
 }
 
@@ -873,36 +1027,13 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
         lin_le32(p, st->ring_v + (size_t)l * lw, z.n_ring);
         p += z.n_ring * sizeof(float);
     }
-    return 0;
-}
-
-/* Re-lays st out in precision fp64 (the layout of linear_state_init), cleared. */
-static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int fp64,
-                              core_error_t *err)
-{
-    size_t es = fp64 ? sizeof(double) : sizeof(float);
-    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, n_s, n_z, n_ring, b_s, b_z, b_r;
-    if (!mul_ok(nh, (size_t)cfg->n_features, &n_z) ||
-        !mul_ok(n_z, (size_t)cfg->head_dim, &n_s) ||
-        !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->window, &n_ring) ||
-        !mul_ok(n_s, es, &b_s) || !mul_ok(n_z, es, &b_z) ||
-        !mul_ok(n_ring, 2 * sizeof(float), &b_r) || b_s > SIZE_MAX / 4 || b_r > SIZE_MAX / 4)
-        return core_error_set(err, CORE_ERANGE, "linear attention state size overflows");
-    size_t b_c = n_z * sizeof(double), total = b_c + b_s + b_z + b_r;
-    unsigned char *blob = malloc(total ? total : 1);
-    if (!blob)
-        return core_error_set(err, CORE_ENOMEM, "out of memory for a %zu-byte attention state",
-                              total);
-    free(st->blob);
-    st->fp64 = fp64;
-    st->blob = blob;
-    st->blob_bytes = total;
-    st->c = (double *)(void *)blob;
-    st->S = blob + b_c;
-    st->z = blob + b_c + b_s;
-    st->ring_k = (float *)(void *)(blob + b_c + b_s + b_z);
-    st->ring_v = st->ring_k + n_ring;
-    state_clear(st, cfg);
+    size_t ls = (size_t)cfg->sinks * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
+    for (int l = 0; l < cfg->n_layer && z.n_sink > 0; l++) {
+        lin_le32(p, st->sink_k + (size_t)l * ls, z.n_sink);
+        p += z.n_sink * sizeof(float);
+        lin_le32(p, st->sink_v + (size_t)l * ls, z.n_sink);
+        p += z.n_sink * sizeof(float);
+    }
     return 0;
 }
 
@@ -951,6 +1082,18 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
         p += z.n_ring * sizeof(float);
         lin_le32(st->ring_v + (size_t)l * lw, p, z.n_ring);
         p += z.n_ring * sizeof(float);
+    }
+    size_t ls = (size_t)cfg->sinks * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
+    for (int l = 0; l < cfg->n_layer && z.n_sink > 0; l++) {
+        lin_le32(st->sink_k + (size_t)l * ls, p, z.n_sink);
+        p += z.n_sink * sizeof(float);
+        lin_le32(st->sink_v + (size_t)l * ls, p, z.n_sink);
+        p += z.n_sink * sizeof(float);
+        for (size_t i = 0; i < z.n_sink; i++)
+            if (!isfinite(st->sink_k[(size_t)l * ls + i]) ||
+                !isfinite(st->sink_v[(size_t)l * ls + i]))
+                return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                                      "sink row in layer %d", l);
     }
     /* A blob is input. The kernels rely on c being finite or −inf and on
      * S, z and the window being finite (z ≥ 0): anything else would turn
@@ -1028,5 +1171,15 @@ int core_attn_linear_state_scale(const core_attn_state_t *s, int layer, int kv_h
     size_t m = (size_t)s->a->cfg.n_features;
     memcpy(c, st->c + ((size_t)layer * (size_t)s->a->cfg.n_head_kv + (size_t)kv_head) * m,
            m * sizeof *c);
+    return 0;
+}
+
+int core_attn_linear_params(const core_attn_t *a, int layer, const float **gam, const float **mix)
+{
+    if (!a || a->vt != &core_attn_linear_vtbl || layer < 0 || layer >= a->cfg.n_layer)
+        return CORE_EINVAL;
+    const lin_params_t *lp = a->impl;
+    *gam = lp->gam + (size_t)layer * (size_t)a->cfg.n_head_kv;
+    *mix = lp->mix + (size_t)layer * (size_t)a->cfg.n_head;
     return 0;
 }

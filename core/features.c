@@ -353,10 +353,11 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
     char kind[32];
     if ((rc = adapter_int(g, "darkformer.format_version", 0, INT32_MAX, &v, &found, err)))
         return rc;
-    if (found && v != CORE_FEATURES_ADAPTER_VERSION)
+    if (found && v != 1 && v != CORE_FEATURES_ADAPTER_VERSION)
         return core_error_set(err, CORE_EUNSUPPORTED, "adapter key 'darkformer.format_version': "
-                              "version %" PRId64 ", this build reads %d", v,
+                              "version %" PRId64 ", this build reads 1 and %d", v,
                               CORE_FEATURES_ADAPTER_VERSION);
+    info->version = found ? (int)v : 1;
     if ((rc = adapter_str(g, "darkformer.kind", kind, sizeof kind, &found, err)))
         return rc;
     if (found && core_attn_kind_parse(kind, &info->kind) != 0)
@@ -371,6 +372,14 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
         return rc;
     if (found)
         info->window = (int)v;
+    if ((rc = adapter_int(g, "darkformer.sinks", 0, CORE_FEATURES_MAX_SINKS, &v, &found, err)))
+        return rc;
+    if (found)
+        info->sinks = (int)v;
+    if ((rc = adapter_int(g, "darkformer.prerope", 0, 1, &v, &found, err)))
+        return rc;
+    if (found)
+        info->prerope = (int)v;
     if ((rc = adapter_int(g, "darkformer.seed", 0, INT64_MAX, &v, &found, err)))
         return rc;
     if (found)
@@ -383,10 +392,11 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
     return 0;
 }
 
-int core_features_resolve(const char *adapter_path, int *n_features, int *window, uint64_t *seed,
+int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
                           core_error_t *err)
 {
-    core_features_adapter_info_t ai = {.n_features = 0, .window = -1, .seed = *seed};
+    core_features_adapter_info_t ai = {.n_features = 0, .window = -1, .sinks = -1,
+                                       .prerope = -1, .seed = s->seed, .version = 0};
     if (adapter_path) {
         core_gguf_t *g = NULL;
         int rc = core_gguf_open(adapter_path, &g, err);
@@ -395,12 +405,53 @@ int core_features_resolve(const char *adapter_path, int *n_features, int *window
         core_gguf_close(g);
         if (rc < 0)
             return rc;
+        if (ai.version == 1) { /* predates sinks and pre-RoPE features */
+            ai.sinks = 0;
+            ai.prerope = 0;
+        }
     }
-    *seed = ai.seed;
-    if (*n_features <= 0)
-        *n_features = ai.n_features > 0 ? ai.n_features : CORE_FEATURES_DEFAULT_M;
-    if (*window < 0)
-        *window = ai.window >= 0 ? ai.window : CORE_FEATURES_DEFAULT_WINDOW;
+    s->seed = ai.seed;
+    if (s->n_features <= 0)
+        s->n_features = ai.n_features > 0 ? ai.n_features : CORE_FEATURES_DEFAULT_M;
+    if (s->window < 0)
+        s->window = ai.window >= 0 ? ai.window : CORE_FEATURES_DEFAULT_WINDOW;
+    if (s->sinks < 0)
+        s->sinks = ai.sinks >= 0 ? ai.sinks : CORE_FEATURES_DEFAULT_SINKS;
+    if (s->prerope < 0)
+        s->prerope = ai.prerope >= 0 ? ai.prerope : 0;
+    return 0;
+}
+
+int core_features_adapter_vector(const core_gguf_t *g, const char *what, int layer, int n,
+                                 float *out, int *found, core_error_t *err)
+{
+    char name[96];
+    snprintf(name, sizeof name, "darkformer.blk.%d.%s", layer, what);
+    *found = 0;
+    const core_gguf_tensor_t *t = core_gguf_find_tensor(g, name);
+    if (!t)
+        return 0;
+    int is_decay = strcmp(what, "decay") == 0;
+    if (t->type != CORE_TTYPE_F32)
+        return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has type %s, expected F32",
+                              name, core_ttype_name(t->type));
+    if (t->n_dims != 1 || t->ne[0] != n || t->nbytes != (size_t)n * sizeof(float) || !t->data)
+        return core_error_set(err, CORE_EFORMAT,
+                              "adapter tensor '%s' has shape [%" PRId64 ", %" PRId64
+                              "], expected [%d] (%s)", name, t->ne[0], t->ne[1], n,
+                              is_decay ? "Hkv" : "H");
+    for (int i = 0; i < n; i++) {
+        float x;
+        memcpy(&x, (const unsigned char *)t->data + (size_t)i * sizeof x, sizeof x);
+        if (is_decay ? !(x >= CORE_FEATURES_DECAY_MIN && x <= 1.0f)
+                     : !(fabsf(x) <= (float)CORE_FEATURES_MIX_MAX))
+            return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s': element %d is %g, "
+                                  "outside [%g, %g]", name, i, (double)x,
+                                  is_decay ? CORE_FEATURES_DECAY_MIN : -CORE_FEATURES_MIX_MAX,
+                                  is_decay ? 1.0 : CORE_FEATURES_MIX_MAX);
+        out[i] = x;
+    }
+    *found = 1;
     return 0;
 }
 
@@ -443,6 +494,8 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
                                 core_error_t *err)
 {
     if (d->n_layer < 1 || d->n_head_kv < 1 || d->head_dim < 1 ||
+        ((d->mix || d->decay) && (d->n_head < d->n_head_kv || d->n_head % d->n_head_kv)) ||
+        d->sinks < 0 || d->sinks > CORE_FEATURES_MAX_SINKS || d->prerope < 0 || d->prerope > 1 ||
         d->head_dim > CORE_FEATURES_MAX_HEAD_DIM || d->n_features < 1 ||
         d->n_features > CORE_FEATURES_MAX_FEATURES || d->window < 0 ||
         d->window > CORE_FEATURES_MAX_WINDOW || d->seed > (uint64_t)INT64_MAX)
@@ -463,6 +516,10 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
                                       d->n_features);
     if (!rc)
         rc = core_gguf_writer_set_int(w, "darkformer.window", CORE_GGUF_TYPE_UINT32, d->window);
+    if (!rc)
+        rc = core_gguf_writer_set_int(w, "darkformer.sinks", CORE_GGUF_TYPE_UINT32, d->sinks);
+    if (!rc)
+        rc = core_gguf_writer_set_int(w, "darkformer.prerope", CORE_GGUF_TYPE_UINT32, d->prerope);
     if (!rc)
         rc = core_gguf_writer_set_int(w, "darkformer.seed", CORE_GGUF_TYPE_UINT64,
                                       (int64_t)d->seed);
@@ -489,6 +546,28 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
             snprintf(name, sizeof name, "darkformer.blk.%d.lambda", l);
             rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, 3, ne,
                                              d->lambda + (size_t)l * per, per * sizeof(float));
+            if (rc) {
+                core_error_set(err, rc, "adding adapter tensor '%s' failed", name);
+                goto done;
+            }
+        }
+        if (d->decay) {
+            int64_t nd = d->n_head_kv;
+            snprintf(name, sizeof name, "darkformer.blk.%d.decay", l);
+            rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, 1, &nd,
+                                             d->decay + (size_t)l * (size_t)nd,
+                                             (size_t)nd * sizeof(float));
+            if (rc) {
+                core_error_set(err, rc, "adding adapter tensor '%s' failed", name);
+                goto done;
+            }
+        }
+        if (d->mix) {
+            int64_t nm = d->n_head;
+            snprintf(name, sizeof name, "darkformer.blk.%d.mix", l);
+            rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, 1, &nm,
+                                             d->mix + (size_t)l * (size_t)nm,
+                                             (size_t)nm * sizeof(float));
             if (rc) {
                 core_error_set(err, rc, "adding adapter tensor '%s' failed", name);
                 goto done;

@@ -102,14 +102,24 @@ void core_features_phi(const core_features_t *f, int64_t n, const float *x, int6
 
 /* ---- the adapter GGUF (docs/ADAPTER.md) ---- */
 
-#define CORE_FEATURES_ADAPTER_VERSION 1
+/* Version 2 adds sinks, the pre-RoPE flag, decays and mixing weights;
+ * version 1 files (none of those: v1 behaviour) are still read. */
+#define CORE_FEATURES_ADAPTER_VERSION 2
+#define CORE_FEATURES_MAX_SINKS 1024
+/* Decays below this make the linear branch a few-token window: refused. */
+#define CORE_FEATURES_DECAY_MIN 0.5
+/* Mixing log-weights are bounded so exp() of them stays tame. */
+#define CORE_FEATURES_MIX_MAX 30.0
 
 /* Attention settings an adapter carries. fingerprint: NUL-terminated, ""
  * when absent. Keys that are absent leave the fields of *cfg untouched. */
 typedef struct core_features_adapter_info {
     core_attn_kind_t kind;
+    int version;     /* darkformer.format_version (1 when absent) */
     int n_features;
     int window;
+    int sinks;       /* darkformer.sinks */
+    int prerope;     /* darkformer.prerope */
     uint64_t seed;
     char base_fingerprint[128];
 } core_features_adapter_info_t;
@@ -117,7 +127,7 @@ typedef struct core_features_adapter_info {
 /* Reads darkformer.* keys from g (borrowed) into *info (fields of absent
  * keys are left as the caller set them). Wrong types or values out of range
  * are CORE_EFORMAT naming the key; a darkformer.format_version other than
- * CORE_FEATURES_ADAPTER_VERSION is CORE_EUNSUPPORTED. */
+ * 1 or CORE_FEATURES_ADAPTER_VERSION is CORE_EUNSUPPORTED. */
 int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_t *info,
                                core_error_t *err);
 
@@ -128,30 +138,53 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
 int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
                                  int head_dim, const core_gguf_tensor_t **out, core_error_t *err);
 
+/* Optional per-layer vector "darkformer.blk.<layer>.<what>" (v2): "decay",
+ * F32 [Hkv], each γ in [CORE_FEATURES_DECAY_MIN, 1]; "mix", F32 [H], each
+ * log-weight β with |β| <= CORE_FEATURES_MIX_MAX. Copies n values into out
+ * (caller-owned, [n]); *found = 0 and out untouched when absent. Wrong type,
+ * shape or values: CORE_EFORMAT naming the tensor. */
+int core_features_adapter_vector(const core_gguf_t *g, const char *what, int layer, int n,
+                                 float *out, int *found, core_error_t *err);
+
 /* Defaults of the linear kinds when neither a flag nor an adapter says. */
 #define CORE_FEATURES_DEFAULT_M 128
 #define CORE_FEATURES_DEFAULT_WINDOW 64
+#define CORE_FEATURES_DEFAULT_SINKS 4
+
+/* Attention settings of the linear kinds before resolution: a field the
+ * caller set (n_features > 0; window, sinks, prerope >= 0) wins. */
+typedef struct core_features_settings {
+    int n_features;
+    int window;
+    int sinks;
+    int prerope;
+    uint64_t seed;
+} core_features_settings_t;
 
 /* The one rule for attention settings, used by the server and the CLI:
- * what the caller set wins (*n_features > 0, *window >= 0), then the
- * adapter's darkformer.* values (adapter_path may be NULL), then the defaults
- * above. *seed becomes the adapter's darkformer.seed when it has one (the
- * learned parameters belong to those draws), else it is left as given.
- * Errors (unreadable adapter, bad keys) are the reader's, naming the key. */
-int core_features_resolve(const char *adapter_path, int *n_features, int *window, uint64_t *seed,
+ * what the caller set wins, then the adapter's darkformer.* values
+ * (adapter_path may be NULL), then the defaults above (a v1 adapter, which
+ * predates sinks, means 0 sinks and post-RoPE features). s->seed becomes the
+ * adapter's darkformer.seed when it has one (the learned parameters belong
+ * to those draws), else it is left as given. Errors (unreadable adapter, bad
+ * keys) are the reader's, naming the key. */
+int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
                           core_error_t *err);
 
 typedef struct core_features_adapter_desc {
     core_attn_kind_t kind;
-    int n_layer, n_head_kv, head_dim; /* L, Hkv, Hd */
-    int n_features, window;
+    int n_layer, n_head, n_head_kv, head_dim; /* L, H, Hkv, Hd */
+    int n_features, window, sinks, prerope;
     uint64_t seed;                    /* < 2^63 */
     const char *base_fingerprint;     /* borrowed, may be NULL */
     const float *mat;                 /* borrowed [L][Hkv][Hd][Hd] or NULL */
     const float *lambda;              /* borrowed [L][Hkv][Hd][Hd] or NULL */
+    const float *decay;               /* borrowed [L][Hkv] γ or NULL */
+    const float *mix;                 /* borrowed [L][H] β or NULL */
 } core_features_adapter_desc_t;
 
-/* Writes an adapter GGUF atomically to path. */
+/* Writes an adapter GGUF (version CORE_FEATURES_ADAPTER_VERSION) atomically
+ * to path. */
 int core_features_adapter_write(const core_features_adapter_desc_t *d, const char *path,
                                 core_error_t *err);
 
@@ -171,6 +204,10 @@ const core_features_t *core_attn_linear_features(const core_attn_t *a, int layer
  * owned) [M], c_i = max of feature i's logit over the keys absorbed into the
  * linear state so far (S̃ and z̃ hold Σ_t exp(logit_t,i − c_i)·…), −inf while
  * none has. Returns 0 or CORE_EINVAL. */
+/* The v2 parameters in use for layer (borrowed from a): gam [Hkv] decays
+ * (1 = none, also under decay_off), mix [H] log-weights of the linear part.
+ * Returns 0 or CORE_EINVAL. */
+int core_attn_linear_params(const core_attn_t *a, int layer, const float **gam, const float **mix);
 int core_attn_linear_state_scale(const core_attn_state_t *s, int layer, int kv_head, double *c);
 
 #endif

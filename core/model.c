@@ -469,6 +469,13 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         .n_features = opts->n_features > 0 ? opts->n_features : 128,
         .window = opts->window,
         .seed = opts->seed,
+        .sinks = opts->sinks,
+        .prerope = opts->prerope,
+        .decay_off = opts->decay_off,
+        .linear_off = opts->linear_off,
+        .n_rot = m->n_rot,
+        .rope_base = m->info.rope_base,
+        .rope_scale = m->info.rope_scale,
     };
     if ((rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0)
         goto fail;

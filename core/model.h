@@ -26,6 +26,10 @@ typedef struct core_model_opts {
     int64_t max_ctx;            /* exact KV capacity; 0 = the model's context length */
     uint64_t seed;              /* feature seed (0 = default) */
     const char *adapter_path;   /* DARKFormer adapter GGUF or NULL (borrowed) */
+    int sinks;                  /* S exact sink tokens of linear kinds (0 = none) */
+    int prerope;                /* 1: linear features on q, k before RoPE */
+    int decay_off;              /* 1: no learned decay (γ = 1) */
+    int linear_off;             /* 1: linear branch off (sinks + window only) */
 } core_model_opts_t;
 
 typedef struct core_model_info {

@@ -28,7 +28,7 @@ enum {
     OFF_FP = 16,
     FP_BYTES = 32,
     OFF_KIND = 48, /* then n_layer, n_head, n_head_kv, head_dim, n_features, window */
-    OFF_RESERVED1 = 76,
+    OFF_SINKS = 76, /* linear kinds' sinks S (was reserved, 0, before sinks existed) */
     OFF_SEED = 80,
     OFF_MAX_CTX = 88,
     OFF_DIGEST = 96,
@@ -144,11 +144,12 @@ static uint64_t mix_floats(uint64_t h, const float *x, size_t n)
 static uint64_t params_digest(const core_attn_t *a)
 {
     const core_attn_cfg_t *c = &a->cfg;
-    if (c->kind != CORE_ATTN_DARKFORMER && c->kind != CORE_ATTN_DARKFORMER_IS)
+    if (c->kind == CORE_ATTN_EXACT)
         return 0;
-    uint64_t h = 0xcbf29ce484222325ULL;
+    const uint64_t h0 = 0xcbf29ce484222325ULL;
+    uint64_t h = h0;
     for (int l = 0; l < c->n_layer; l++) {
-        for (int kv = 0; kv < c->n_head_kv; kv++) {
+        for (int kv = 0; kv < c->n_head_kv && c->kind != CORE_ATTN_PERFORMER; kv++) {
             const core_features_t *f = core_attn_linear_features(a, l, kv);
             if (!f)
                 continue;
@@ -158,6 +159,31 @@ static uint64_t params_digest(const core_attn_t *a)
                 h = mix_floats(h, f->bias, (size_t)f->n_features);
         }
     }
+    /* v2 settings and parameters, mixed in only where they differ from v1
+     * behaviour, so v1 states keep their digest. */
+    int v2 = c->prerope || c->linear_off;
+    for (int l = 0; l < c->n_layer && !v2; l++) {
+        const float *gam, *mix;
+        if (core_attn_linear_params(a, l, &gam, &mix) != 0)
+            break;
+        for (int i = 0; i < c->n_head_kv; i++)
+            v2 |= gam[i] != 1.0f;
+        for (int i = 0; i < c->n_head; i++)
+            v2 |= mix[i] != 0.0f;
+    }
+    if (v2) {
+        const float flags[2] = {(float)c->prerope, (float)c->linear_off};
+        h = mix_floats(h, flags, 2);
+        for (int l = 0; l < c->n_layer; l++) {
+            const float *gam, *mix;
+            if (core_attn_linear_params(a, l, &gam, &mix) != 0)
+                break;
+            h = mix_floats(h, gam, (size_t)c->n_head_kv);
+            h = mix_floats(h, mix, (size_t)c->n_head);
+        }
+    }
+    if (h == h0 && c->kind == CORE_ATTN_PERFORMER)
+        return 0;
     return h ? h : 1;
 }
 
@@ -169,8 +195,8 @@ static int is_linear(core_attn_kind_t k)
 static void attn_desc(char *out, size_t n, const core_attn_cfg_t *c)
 {
     if (is_linear(c->kind))
-        snprintf(out, n, "%s m=%d W=%d seed=%llu", core_attn_kind_name(c->kind), c->n_features,
-                 c->window, (unsigned long long)c->seed);
+        snprintf(out, n, "%s m=%d W=%d S=%d seed=%llu", core_attn_kind_name(c->kind),
+                 c->n_features, c->window, c->sinks, (unsigned long long)c->seed);
     else
         snprintf(out, n, "%s", core_attn_kind_name(c->kind));
 }
@@ -237,18 +263,22 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
         if (f[i] > (uint32_t)INT32_MAX || (i <= 4 && f[i] == 0))
             return STATE_FAIL(err, CORE_EFORMAT,
                                   "state blob header: attention field %d is %u", i, f[i]);
-    if (get_u32(b + OFF_RESERVED1) || get_u32(b + OFF_RESERVED2))
+    if (get_u32(b + OFF_RESERVED2))
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: reserved field is not 0");
+    uint32_t sinks = get_u32(b + OFF_SINKS);
+    if (sinks > CORE_FEATURES_MAX_SINKS || (sinks && f[0] == (uint32_t)CORE_ATTN_EXACT))
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: %u sinks", sinks);
     in->cfg = (core_attn_cfg_t){.kind = (core_attn_kind_t)f[0], .n_layer = (int)f[1],
                                 .n_head = (int)f[2], .n_head_kv = (int)f[3],
                                 .head_dim = (int)f[4], .n_features = (int)f[5],
                                 .window = (int)f[6], .seed = get_u64(b + OFF_SEED),
-                                .max_ctx = (int64_t)get_u64(b + OFF_MAX_CTX)};
+                                .max_ctx = (int64_t)get_u64(b + OFF_MAX_CTX),
+                                .sinks = (int)sinks};
     in->params_digest = get_u64(b + OFF_DIGEST);
     in->pos = (int64_t)get_u64(b + OFF_POS);
-    if (in->pos < 0 || in->cfg.max_ctx < 0)
-        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: negative position %lld or "
-                              "context %lld", (long long)in->pos, (long long)in->cfg.max_ctx);
+    if (in->pos < 0 || in->pos > CORE_ATTN_MAX_POS || in->cfg.max_ctx < 0)
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: position %lld outside [0, "
+                              "2^48] or negative context %lld", (long long)in->pos, (long long)in->cfg.max_ctx);
 
     uint64_t attn = get_u64(b + OFF_ATTN);
     uint32_t smp = get_u32(b + OFF_SAMPLER), np = get_u32(b + OFF_PENDING),
@@ -294,6 +324,7 @@ static int check_compat(const hdr_t *h, const char *fingerprint, const core_attn
                               bc->head_dim, c->n_layer, c->n_head, c->n_head_kv, c->head_dim);
     if (bc->kind != c->kind ||
         (is_linear(c->kind) && (bc->n_features != c->n_features || bc->window != c->window ||
+                                bc->sinks != c->sinks ||
                                 bc->seed != c->seed))) {
         char have[128], want[128];
         attn_desc(have, sizeof have, bc);
@@ -392,6 +423,7 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
                            (uint32_t)c->window};
     for (int i = 0; i < 7; i++)
         put_u32(b + OFF_KIND + 4 * i, f[i]);
+    put_u32(b + OFF_SINKS, (uint32_t)c->sinks);
     put_u64(b + OFF_SEED, c->seed);
     put_u64(b + OFF_MAX_CTX, (uint64_t)c->max_ctx);
     put_u64(b + OFF_DIGEST, params_digest(a));

@@ -19,13 +19,14 @@
  *   8    u64 total              bytes of the whole blob, checksum included
  *   16   char fingerprint[32]   model fingerprint, NUL-padded
  *   48   u32 kind, n_layer, n_head, n_head_kv, head_dim, n_features, window,
- *        u32 reserved (0)
+ *        u32 sinks              linear kinds' S (0 in blobs from before sinks)
  *   80   u64 seed
  *   88   i64 max_ctx            exact attention capacity when saved (informative)
  *   96   u64 params digest      hash of the learned attention parameters
  *                               (DARKFormer Mat, DARKFormer-IS feature weights);
  *                               0 for exact and Performer
- *   104  i64 pos                tokens the attention state has absorbed
+ *   104  i64 pos                tokens the attention state has absorbed,
+ *                               0..CORE_ATTN_MAX_POS
  *   112  u64 attention bytes    A
  *   120  u32 sampler bytes      0 or core_sampler_state_size()
  *   124  u32 n_pending          P

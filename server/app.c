@@ -175,13 +175,20 @@ static int model_opts(const srv_config_t *cfg, core_model_opts_t *mo)
     memset(mo, 0, sizeof *mo);
     mo->attn_kind = (core_attn_kind_t)cfg->attn;
     mo->adapter_path = cfg->adapter[0] ? cfg->adapter : NULL;
-    mo->n_features = cfg->features > 0 ? (int)cfg->features : 0;
-    mo->window = cfg->window >= 0 ? (int)cfg->window : -1;
+    core_features_settings_t fs = {.n_features = cfg->features > 0 ? (int)cfg->features : 0,
+                                   .window = cfg->window >= 0 ? (int)cfg->window : -1,
+                                   .sinks = (int)cfg->sinks, .prerope = -1};
     core_error_t ce = {0};
-    if (core_features_resolve(mo->adapter_path, &mo->n_features, &mo->window, &mo->seed, &ce) < 0) {
+    if (core_features_resolve(mo->adapter_path, &fs, &ce) < 0) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "--adapter %s: %s", mo->adapter_path, ce.msg);
         return -1;
     }
+    mo->n_features = fs.n_features;
+    mo->window = fs.window;
+    mo->sinks = fs.sinks;
+    mo->prerope = fs.prerope;
+    mo->seed = fs.seed;
+    mo->decay_off = cfg->decay == 0;
     return 0;
 }
 

@@ -27,8 +27,8 @@
 #define MAX_PROMPT_TOKENS 1000000
 
 typedef struct load_args {
-    const char *model, *attn, *adapter;
-    int64_t features, window, ctx, threads;
+    const char *model, *attn, *adapter, *decay, *linear;
+    int64_t features, window, sinks, prerope, ctx, threads;
 } load_args_t;
 
 #define LOAD_OPTS(la)                                                                        \
@@ -40,9 +40,28 @@ typedef struct load_args {
     {"window", SRV_OPT_INT, &(la).window, -1, 65536,                                        \
      "exact window W of hybrid attention (-1 = the adapter's, else 64)"},                   \
     {"adapter", SRV_OPT_STR, &(la).adapter, 0, 0, "DARKFormer adapter GGUF"},              \
+    {"sinks", SRV_OPT_INT, &(la).sinks, -1, 1024,                                           \
+     "exact sink tokens S of linear kinds (-1 = the adapter's, else 4)"},                   \
+    {"prerope", SRV_OPT_INT, &(la).prerope, -1, 1,                                          \
+     "1: linear features on q, k before RoPE (-1 = the adapter's, else 0)"},                \
+    {"decay", SRV_OPT_STR, &(la).decay, 0, 0, "on | off: the adapter's learned decay"},    \
+    {"linear", SRV_OPT_STR, &(la).linear, 0, 0,                                             \
+     "on | off: off drops the linear branch (sinks + window only, for ablations)"},        \
     {"ctx", SRV_OPT_INT, &(la).ctx, 0, 1 << 24,                                             \
      "exact attention KV capacity in tokens (0 = the model's context length)"},             \
     {"threads", SRV_OPT_INT, &(la).threads, 0, 256, "BLAS threads (0 = library default)"}
+
+/* "on" / "off" -> 1 / 0; -1 otherwise. */
+static int srv_cli_onoff(const char *s, int *out)
+{
+    if (strcmp(s, "on") == 0)
+        *out = 1;
+    else if (strcmp(s, "off") == 0)
+        *out = 0;
+    else
+        return -1;
+    return 0;
+}
 
 static double now_s(void)
 {
@@ -64,14 +83,27 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
                 cmd, la->attn);
         return 2;
     }
-    mo.n_features = (int)la->features;
-    mo.window = (int)la->window;
+    int decay_on = 1, linear_on = 1;
+    if ((la->decay && srv_cli_onoff(la->decay, &decay_on) < 0) ||
+        (la->linear && srv_cli_onoff(la->linear, &linear_on) < 0)) {
+        fprintf(stderr, "darkserve %s: --decay and --linear take on or off\n", cmd);
+        return 2;
+    }
     mo.max_ctx = la->ctx;
     mo.adapter_path = la->adapter;
-    if (core_features_resolve(la->adapter, &mo.n_features, &mo.window, &mo.seed, &err) < 0) {
+    core_features_settings_t fs = {.n_features = (int)la->features, .window = (int)la->window,
+                                   .sinks = (int)la->sinks, .prerope = (int)la->prerope};
+    if (core_features_resolve(la->adapter, &fs, &err) < 0) {
         fprintf(stderr, "darkserve %s: --adapter %s: %s\n", cmd, la->adapter, err.msg);
         return 1;
     }
+    mo.n_features = fs.n_features;
+    mo.window = fs.window;
+    mo.sinks = fs.sinks;
+    mo.prerope = fs.prerope;
+    mo.seed = fs.seed;
+    mo.decay_off = !decay_on;
+    mo.linear_off = !linear_on;
     core_blas_set_threads((int)la->threads);
     const char *path = la->model ? la->model : DEFAULT_MODEL;
     if (core_model_load(path, &mo, m, &err) < 0) {
@@ -150,7 +182,7 @@ static char *read_file(const char *path, size_t *len)
 
 int srv_cli_generate(int argc, char **argv)
 {
-    load_args_t la = {.window = -1};
+    load_args_t la = {.window = -1, .sinks = -1, .prerope = -1};
     const char *prompt = NULL, *system = NULL, *tmpl_name = NULL;
     int chat = 0, no_stream_stats = 0;
     int64_t max_tokens = 128, top_k = 40, seed = -1, batch = 512;
@@ -352,9 +384,10 @@ static double nll(const float *logits, int64_t V, int32_t target)
 
 int srv_cli_perplexity(int argc, char **argv)
 {
-    load_args_t la = {.window = -1};
-    const char *file = NULL;
+    load_args_t la = {.window = -1, .sinks = -1, .prerope = -1};
+    const char *file = NULL, *nll_out = NULL;
     int64_t chunk = 512, batch = 512, limit = 0;
+    float *nlls = NULL; /* [n_ids] per predicted token, NaN where not scored */
     int buckets = 0;
     /* position buckets (of the scored token inside its chunk) for --buckets */
     static const int64_t bk_lo[] = {0, 1024, 4096, 8192, 16384, 32768, 65536};
@@ -371,6 +404,9 @@ int srv_cli_perplexity(int argc, char **argv)
         {"limit", SRV_OPT_INT, &limit, 0, 1 << 30, "score at most this many tokens (0 = all)"},
         {"buckets", SRV_OPT_FLAG, &buckets, 0, 0,
          "also print perplexity per position in the chunk: 0-1K 1-4K 4-8K 8-16K 16-32K 32-64K 64K+"},
+        {"nll-out", SRV_OPT_STR, &nll_out, 0, 0,
+         "write every token's negative log-likelihood (float32 little-endian, one per token of "
+         "the text, NaN where not scored) for tools/ppl_buckets.py"},
     };
     static const char usage[] =
         "--file TEXT [options]\n\n"
@@ -419,7 +455,10 @@ int srv_cli_perplexity(int argc, char **argv)
     }
     int64_t V = core_model_info(m)->n_vocab;
     logits = malloc((size_t)batch * (size_t)V * sizeof *logits);
-    if (!logits) {
+    nlls = nll_out ? malloc(n_ids * sizeof *nlls) : NULL;
+    for (size_t i = 0; nlls && i < n_ids; i++)
+        nlls[i] = NAN;
+    if (!logits || (nll_out && !nlls)) {
         fprintf(stderr, "darkserve perplexity: out of memory\n");
         goto done;
     }
@@ -443,6 +482,8 @@ int srv_cli_perplexity(int argc, char **argv)
             for (int64_t r = 0; r < k && i + r + 1 < cn; r++) {
                 double e = nll(logits + r * V, V, ids[c0 + i + r + 1]);
                 chunk_nll += e;
+                if (nlls)
+                    nlls[c0 + i + r + 1] = (float)e;
                 int b = N_BK - 1;
                 while (b > 0 && i + r + 1 < bk_lo[b])
                     b--;
@@ -460,6 +501,14 @@ int srv_cli_perplexity(int argc, char **argv)
         if (bk_n[b] > 0)
             printf("bucket %s: perplexity %.4f tokens %" PRId64 "\n", bk_name[b],
                    exp(bk_nll[b] / (double)bk_n[b]), bk_n[b]);
+    if (nlls) {
+        FILE *f = fopen(nll_out, "wb");
+        if (!f || fwrite(nlls, sizeof *nlls, n_ids, f) != n_ids || fclose(f) != 0) {
+            fprintf(stderr, "darkserve perplexity: cannot write %s: %s\n", nll_out,
+                    strerror(errno));
+            goto done;
+        }
+    }
     printf("perplexity: %.4f tokens: %" PRId64 "\n", exp(sum_nll / (double)n_scored), n_scored);
     status = 0;
     goto done;
@@ -468,6 +517,7 @@ fail:
 done:
     core_attn_state_free(st);
     free(logits);
+    free(nlls);
     free(ids);
     free(text);
     core_tokenizer_free(tok);

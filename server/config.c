@@ -51,6 +51,7 @@ typedef struct opt {
     const char *help;
 } opt_t;
 
+static const char *const onoff_choices[] = {"off", "on", NULL};
 static const char *const attn_choices[] = {"exact", "performer", "darkformer", "darkformer-is",
                                            NULL};
 static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
@@ -108,6 +109,11 @@ static const opt_t opts[] = {
     {"window", "DARKSERVE_WINDOW", OPT_INT, 0, O(window), "-1", -1, 1 << 20, NULL, "W",
      "exact-attention window of the hybrid (tokens); 0 = pure linear, -1 = the adapter's value "
      "or the built-in default"},
+    {"sinks", "DARKSERVE_SINKS", OPT_INT, 0, O(sinks), "-1", -1, 1024, NULL, "S",
+     "first tokens of a session kept and attended exactly forever (linear kinds); -1 = the "
+     "adapter's value or the built-in default"},
+    {"decay", "DARKSERVE_DECAY", OPT_ENUM, 0, O(decay), "on", 0, 0, onoff_choices, "on|off",
+     "the adapter's learned decay of the linear state; off = v1 behaviour (no decay)"},
     {"chat-template", "DARKSERVE_CHAT_TEMPLATE", OPT_STR, 0, O(chat_template), "",
      0, 0, NULL, "NAME",
      "chat template for /v1/chat/completions; empty = the model's own"},

@@ -85,6 +85,8 @@ typedef struct srv_config {
     int attn;                  /* srv_cfg_attn_t */
     int64_t features;          /* random features m; 0 = from adapter/default */
     int64_t window;            /* exact window W; -1 = from adapter/default */
+    int64_t sinks;             /* exact sink tokens S; -1 = from adapter/default */
+    int decay;                 /* 1 on (the adapter's learned decay), 0 off */
     char *chat_template;       /* "" = the model's own template */
     /* scheduling */
     int64_t threads;           /* compute threads; 0 = all CPUs */

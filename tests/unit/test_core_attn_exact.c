@@ -205,7 +205,8 @@ TEST(overflow_leaves_state_untouched)
     CHECK_STR_EQ(err.msg, "context length 10 exceeded: have 8, need 11");
     /* the message's pos + n must not overflow for an absurd n */
     CHECK_INT_EQ(core_attn_reserve(a, s, INT64_MAX, &err), CORE_ECONTEXT);
-    CHECK_STR_EQ(err.msg, "context length 10 exceeded: have 8, need 9223372036854775815");
+    CHECK_STR_EQ(err.msg, "position 8 + 9223372036854775807 tokens exceeds the largest position "
+                          "281474976710656");
     CHECK_INT_EQ(core_attn_state_pos(s), 8);
     CHECK_INT_EQ(core_attn_state_bytes(s), bytes);
     /* the remaining capacity is still usable and still correct */

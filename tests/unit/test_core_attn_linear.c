@@ -21,13 +21,25 @@
 #include "core/blas.h"
 #include "core/features.h"
 #include "core/rng.h"
+#include "core/state.h"
+#include "core/tensor.h"
 #include "tests/unit/check.h"
 
 typedef struct shape {
     core_attn_kind_t kind;
     int L, H, Hkv, Hd, M, W;
     uint64_t seed;
+    int S, pre, v2; /* sinks, pre-RoPE features, adapter with decays and mixing weights */
+    int decay_off, lin_off;
 } shape_t;
+
+/* RoPE of the tests' pre-RoPE configurations (inputs are taken as rotated at
+ * position = token index; only the first ROT_DIMS dims rotate). */
+#define ROT_BASE 10000.0
+static int rot_dims(const shape_t *s)
+{
+    return s->Hd - 2;
+}
 
 typedef struct inputs {
     int64_t n;
@@ -99,10 +111,19 @@ static core_gguf_t *make_adapter(const shape_t *s, double noise, double lam_top,
         }
         free(bm);
     }
-    core_features_adapter_desc_t d = {.kind = s->kind, .n_layer = layers_present,
+    /* v2: decays γ in [0.6, 0.98] and mixing log-weights in [-1, 1], per head */
+    float *dec = malloc((size_t)s->L * s->Hkv * sizeof(float));
+    float *mix = malloc((size_t)s->L * s->H * sizeof(float));
+    for (int i = 0; i < s->L * s->Hkv; i++)
+        dec[i] = (float)(0.6 + 0.38 * core_rng_uniform(&r));
+    for (int i = 0; i < s->L * s->H; i++)
+        mix[i] = (float)(2.0 * core_rng_uniform(&r) - 1.0);
+    core_features_adapter_desc_t d = {.kind = s->kind, .n_layer = layers_present, .n_head = s->H,
                                       .n_head_kv = s->Hkv, .head_dim = hd, .n_features = s->M,
-                                      .window = s->W, .seed = s->seed, .base_fingerprint = "test",
-                                      .mat = mat, .lambda = lam};
+                                      .window = s->W, .sinks = s->S, .prerope = s->pre,
+                                      .seed = s->seed, .base_fingerprint = "test",
+                                      .mat = mat, .lambda = lam, .decay = s->v2 ? dec : NULL,
+                                      .mix = s->v2 ? mix : NULL};
     core_error_t err = {0};
     core_gguf_t *g = NULL;
     int rc = core_features_adapter_write(&d, adapter_path(), &err);
@@ -112,6 +133,8 @@ static core_gguf_t *make_adapter(const shape_t *s, double noise, double lam_top,
     unlink(adapter_path());
     free(mat);
     free(lam);
+    free(dec);
+    free(mix);
     return g;
 }
 
@@ -119,7 +142,10 @@ static core_attn_t *make_attn(const shape_t *s, const core_gguf_t *adapter, int 
 {
     core_attn_cfg_t cfg = {.kind = s->kind, .n_layer = s->L, .n_head = s->H,
                            .n_head_kv = s->Hkv, .head_dim = s->Hd, .max_ctx = 0,
-                           .n_features = s->M, .window = s->W, .seed = s->seed};
+                           .n_features = s->M, .window = s->W, .seed = s->seed,
+                           .sinks = s->S, .prerope = s->pre, .decay_off = s->decay_off,
+                           .linear_off = s->lin_off, .n_rot = rot_dims(s),
+                           .rope_base = ROT_BASE, .rope_scale = 1.0};
     core_attn_t *a = NULL;
     core_error_t err = {0};
     int rc = core_attn_new(&cfg, adapter, &a, &err);
@@ -201,6 +227,20 @@ static void prep_double(const core_features_t *f, const float *x, double *y)
     }
 }
 
+/* x before RoPE, had it been rotated at position pos (pairs 2i, 2i+1 of the
+ * first rot_dims dims by pos·base^(-2i/rot_dims)), in double. */
+static void unrotate(const shape_t *s, const float *x, int64_t pos, float *out)
+{
+    int nr = rot_dims(s);
+    for (int i = 0; i < nr / 2; i++) {
+        double ang = (double)pos * pow(ROT_BASE, -2.0 * i / nr), c = cos(ang), sn = sin(ang);
+        out[2 * i] = (float)(x[2 * i] * c + x[2 * i + 1] * sn);
+        out[2 * i + 1] = (float)(x[2 * i + 1] * c - x[2 * i] * sn);
+    }
+    for (int i = nr; i < s->Hd; i++)
+        out[i] = x[i];
+}
+
 /* log φ_i(x) for all i, in double. */
 static void log_phi(const core_features_t *f, const float *x, double *lp)
 {
@@ -230,11 +270,14 @@ static double lse2(const double *a, const double *b, int m)
     return mx + log(s);
 }
 
-/* out: [L][n][H*Hd] in double. */
+/* out: [L][n][H*Hd] in double. Keys older than the window (and not among
+ * the first S, the sinks) weigh e^β · φ(q)·φ(k) · γ^(t−W−j), features of the
+ * un-rotated vectors when s->pre; the others exp(q·k/√Hd). */
 static double *reference(const core_attn_t *a, const shape_t *s, const inputs_t *in)
 {
     int64_t n = in->n, nq = (int64_t)s->H * s->Hd, nk = (int64_t)s->Hkv * s->Hd;
     int gs = s->H / s->Hkv, m = s->M, hd = s->Hd, w = s->W;
+    float xu[256];
     double *out = calloc((size_t)s->L * n * nq, sizeof(double));
     double *lk = malloc((size_t)n * m * sizeof(double)), *lq = malloc((size_t)m * sizeof(double));
     double *lw = malloc((size_t)n * sizeof(double));
@@ -244,17 +287,33 @@ static double *reference(const core_attn_t *a, const shape_t *s, const inputs_t 
             CHECK(f != NULL);
             if (!f)
                 goto done;
+            const float *gam, *mixw;
+            CHECK_INT_EQ(core_attn_linear_params(a, l, &gam, &mixw), 0);
+            double lg = log((double)gam[h]);
             const float *kk = in->k + l * n * nk, *vv = in->v + l * n * nk;
-            for (int64_t j = 0; j < n; j++)
-                log_phi(f, kk + j * nk + h * hd, lk + j * m);
+            for (int64_t j = 0; j < n; j++) {
+                const float *kr = kk + j * nk + h * hd;
+                if (s->pre) {
+                    unrotate(s, kr, j, xu);
+                    kr = xu;
+                }
+                log_phi(f, kr, lk + j * m);
+            }
             for (int g = 0; g < gs; g++)
                 for (int64_t t = 0; t < n; t++) {
                     const float *qr = in->q + (l * n + t) * nq + (h * gs + g) * hd;
-                    log_phi(f, qr, lq);
+                    if (s->pre) {
+                        unrotate(s, qr, t, xu);
+                        log_phi(f, xu, lq);
+                    } else {
+                        log_phi(f, qr, lq);
+                    }
                     double top = -INFINITY;
                     for (int64_t j = 0; j <= t; j++) {
-                        if (j <= t - w) {
-                            lw[j] = lse2(lq, lk + j * m, m);
+                        if (j <= t - w && j >= s->S) {
+                            lw[j] = s->lin_off ? -INFINITY
+                                               : lse2(lq, lk + j * m, m) + (double)(t - w - j) * lg +
+                                                     (double)mixw[h * gs + g];
                         } else {
                             double d = 0;
                             for (int c = 0; c < hd; c++)
@@ -266,7 +325,7 @@ static double *reference(const core_attn_t *a, const shape_t *s, const inputs_t 
                     }
                     double den = 0, *o = out + (l * n + t) * nq + (h * gs + g) * hd;
                     for (int64_t j = 0; j <= t; j++) {
-                        double e = exp(lw[j] - top);
+                        double e = lw[j] == -INFINITY ? 0.0 : exp(lw[j] - top);
                         den += e;
                         for (int c = 0; c < hd; c++)
                             o[c] += e * vv[j * nk + h * hd + c];
@@ -301,7 +360,7 @@ TEST(test_chunked_equals_recurrence)
     const int chunks[] = {1, 7, 64, 4096};
     for (size_t ki = 0; ki < 3; ki++)
         for (size_t wi = 0; wi < 3; wi++) {
-            shape_t s = {kinds[ki], 2, 4, 2, 16, 32, windows[wi], 7};
+            shape_t s = {kinds[ki], 2, 4, 2, 16, 32, windows[wi], 7, 0, 0, 0, 0, 0};
             core_gguf_t *ad = make_adapter(&s, 0.3, 0.4, s.L, s.Hd);
             inputs_t in = make_inputs(&s, 211, 1.0, 1.0, 100 + wi);
             core_attn_t *a1 = make_attn(&s, ad, 64, 0);
@@ -336,7 +395,7 @@ TEST(test_chunked_equals_recurrence)
 
 TEST(test_fp64_state_agrees)
 {
-    shape_t s = {CORE_ATTN_PERFORMER, 1, 4, 2, 16, 32, 5, 3};
+    shape_t s = {CORE_ATTN_PERFORMER, 1, 4, 2, 16, 32, 5, 3, 0, 0, 0, 0, 0};
     inputs_t in = make_inputs(&s, 200, 1.0, 1.0, 5);
     core_attn_t *a32 = make_attn(&s, NULL, 64, 0), *a64 = make_attn(&s, NULL, 64, 1);
     core_attn_t *a64c = make_attn(&s, NULL, 17, 1);
@@ -380,7 +439,7 @@ TEST(test_window_covering_everything_is_exact)
     const core_attn_kind_t kinds[] = {CORE_ATTN_PERFORMER, CORE_ATTN_DARKFORMER,
                                       CORE_ATTN_DARKFORMER_IS};
     for (size_t ki = 0; ki < 3; ki++) {
-        shape_t s = {kinds[ki], 2, 6, 2, 16, 8, 160, 9};
+        shape_t s = {kinds[ki], 2, 6, 2, 16, 8, 160, 9, 0, 0, 0, 0, 0};
         core_gguf_t *ad = make_adapter(&s, 0.3, 0.4, s.L, s.Hd);
         inputs_t in = make_inputs(&s, 160, 2.0, 2.0, 77);
         core_attn_t *a = make_attn(&s, ad, 64, 0);
@@ -431,7 +490,7 @@ TEST(test_hybrid_matches_oracle)
     const core_attn_kind_t kinds[] = {CORE_ATTN_PERFORMER, CORE_ATTN_DARKFORMER,
                                       CORE_ATTN_DARKFORMER_IS};
     for (size_t ki = 0; ki < 3; ki++) {
-        shape_t s = {kinds[ki], 1, 6, 2, 16, 32, 8, 21};
+        shape_t s = {kinds[ki], 1, 6, 2, 16, 32, 8, 21, 0, 0, 0, 0, 0};
         core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
         inputs_t in = make_inputs(&s, 200, 1.5, 1.5, 8);
         core_attn_t *a = make_attn(&s, ad, 32, 0);
@@ -461,7 +520,7 @@ TEST(test_hybrid_matches_oracle)
 TEST(test_identity_adapters_equal_performer)
 {
     for (int w = 0; w <= 6; w += 6) {
-        shape_t sp = {CORE_ATTN_PERFORMER, 2, 4, 2, 16, 48, w, 5};
+        shape_t sp = {CORE_ATTN_PERFORMER, 2, 4, 2, 16, 48, w, 5, 0, 0, 0, 0, 0};
         shape_t sd = sp, si = sp;
         sd.kind = CORE_ATTN_DARKFORMER;
         si.kind = CORE_ATTN_DARKFORMER_IS;
@@ -507,7 +566,7 @@ TEST(test_running_scale_extreme_keys)
     const core_attn_kind_t kinds[] = {CORE_ATTN_PERFORMER, CORE_ATTN_DARKFORMER_IS};
     for (size_t ki = 0; ki < 2; ki++)
         for (int w = 0; w <= 4; w += 4) {
-            shape_t s = {kinds[ki], 1, 2, 1, 16, 32, w, 13};
+            shape_t s = {kinds[ki], 1, 2, 1, 16, 32, w, 13, 0, 0, 0, 0, 0};
             core_gguf_t *ad = make_adapter(&s, 0.0, 0.49, s.L, s.Hd);
             core_attn_t *a = make_attn(&s, ad, 16, 0);
             if (!a)
@@ -603,7 +662,7 @@ TEST(test_running_scale_extreme_keys)
 TEST(test_chunk_underflow_guard)
 {
     for (int w = 0; w <= 2; w += 2) {
-        shape_t s = {CORE_ATTN_PERFORMER, 1, 1, 1, 64, 64, w, 17};
+        shape_t s = {CORE_ATTN_PERFORMER, 1, 1, 1, 64, 64, w, 17, 0, 0, 0, 0, 0};
         core_attn_t *a = make_attn(&s, NULL, 64, 0);
         if (!a)
             return;
@@ -650,7 +709,7 @@ TEST(test_chunk_underflow_guard)
  * Inf anywhere, and a state that does not grow. */
 TEST(test_million_token_stream)
 {
-    shape_t s = {CORE_ATTN_PERFORMER, 1, 2, 1, 16, 16, 4, 1};
+    shape_t s = {CORE_ATTN_PERFORMER, 1, 2, 1, 16, 16, 4, 1, 0, 0, 0, 0, 0};
     core_attn_t *a = make_attn(&s, NULL, 64, 0);
     if (!a)
         return;
@@ -703,7 +762,7 @@ static size_t expected_bytes(const shape_t *s)
 
 TEST(test_state_bytes_constant)
 {
-    shape_t s = {CORE_ATTN_DARKFORMER_IS, 2, 4, 2, 16, 16, 8, 1};
+    shape_t s = {CORE_ATTN_DARKFORMER_IS, 2, 4, 2, 16, 16, 8, 1, 0, 0, 0, 0, 0};
     core_gguf_t *ad = make_adapter(&s, 0.1, 0.3, s.L, s.Hd);
     core_attn_t *a = make_attn(&s, ad, 64, 0);
     if (!a)
@@ -730,7 +789,7 @@ TEST(test_state_bytes_constant)
     core_gguf_close(ad);
     inputs_free(&in);
     /* the default model's shape: 30 layers, 9 heads, 3 KV heads, Hd 64 */
-    shape_t big = {CORE_ATTN_PERFORMER, 30, 9, 3, 64, 128, 32, 1};
+    shape_t big = {CORE_ATTN_PERFORMER, 30, 9, 3, 64, 128, 32, 1, 0, 0, 0, 0, 0};
     a = make_attn(&big, NULL, 64, 0);
     if (!a)
         return;
@@ -745,7 +804,7 @@ TEST(test_state_bytes_constant)
 
 TEST(test_fork_and_reset)
 {
-    shape_t s = {CORE_ATTN_PERFORMER, 2, 4, 2, 16, 32, 6, 4};
+    shape_t s = {CORE_ATTN_PERFORMER, 2, 4, 2, 16, 32, 6, 4, 0, 0, 0, 0, 0};
     core_attn_t *a = make_attn(&s, NULL, 64, 0);
     if (!a)
         return;
@@ -785,7 +844,7 @@ TEST(test_fork_and_reset)
 
 TEST(test_adapter_errors)
 {
-    shape_t s = {CORE_ATTN_DARKFORMER, 3, 4, 2, 8, 16, 0, 1};
+    shape_t s = {CORE_ATTN_DARKFORMER, 3, 4, 2, 8, 16, 0, 1, 0, 0, 0, 0, 0};
     core_attn_cfg_t cfg = {.kind = s.kind, .n_layer = s.L, .n_head = s.H, .n_head_kv = s.Hkv,
                            .head_dim = s.Hd, .n_features = s.M, .window = 0, .seed = 1};
     core_attn_t *a = NULL;
@@ -833,6 +892,248 @@ TEST(test_adapter_errors)
     }
 }
 
+
+/* ---- DARKFormer v2: sinks, decay, mixing weights, pre-RoPE features ---- */
+
+static const shape_t V2_CASES[] = {
+    /* kind, L, H, Hkv, Hd, M, W, seed, S, pre, v2 */
+    {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 0, 21, 3, 0, 1, 0, 0},
+    {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 5, 21, 0, 1, 1, 0, 0},
+    {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 1, 1, 0, 0},
+    {CORE_ATTN_DARKFORMER, 2, 6, 2, 16, 32, 8, 21, 2, 0, 1, 0, 0},
+    {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 0, 21, 0, 1, 1, 0, 0},
+    {CORE_ATTN_PERFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 1, 0, 0, 0},
+    {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 1, 1, 1, 0}, /* decay off */
+    {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 0, 1, 0, 1}, /* linear off */
+};
+
+static void v2_desc(const shape_t *s, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s W=%d S=%d pre=%d v2=%d decay_off=%d lin_off=%d",
+             core_attn_kind_name(s->kind), s->W, s->S, s->pre, s->v2, s->decay_off, s->lin_off);
+}
+
+TEST(test_v2_matches_oracle)
+{
+    for (size_t ci = 0; ci < sizeof V2_CASES / sizeof V2_CASES[0]; ci++) {
+        shape_t s = V2_CASES[ci];
+        char d[128];
+        v2_desc(&s, d, sizeof d);
+        core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+        inputs_t in = make_inputs(&s, 200, 1.5, 1.5, 8);
+        core_attn_t *a = make_attn(&s, ad, 32, 0);
+        if (!a)
+            return;
+        const float *gam, *mixw;
+        CHECK_INT_EQ(core_attn_linear_params(a, 0, &gam, &mixw), 0);
+        int v2_on = s.v2 && s.kind == CORE_ATTN_DARKFORMER;
+        /* the adapter's decays are in use unless switched off */
+        CHECK_MSG((gam[0] != 1.0f) == (v2_on && !s.decay_off), "%s: gamma %g", d, (double)gam[0]);
+        CHECK_MSG((mixw[0] != 0.0f) == v2_on, "%s: mix %g", d, (double)mixw[0]);
+        float *o = run(a, &s, &in, ALL, 1);
+        double *ref = reference(a, &s, &in);
+        double e = rel_diff(o, ref, NULL, out_count(&s, in.n));
+        CHECK_MSG(e < 2e-4, "%s vs oracle %.3g", d, e);
+        /* chunked prefill in odd pieces equals the token-by-token recurrence */
+        core_attn_t *a1 = make_attn(&s, ad, 16, 0);
+        float *o1 = run(a1, &s, &in, ONE, 1), *om = run(a1, &s, &in, MIXED, 7);
+        double e1 = rel_diff(om, NULL, o1, out_count(&s, in.n));
+        CHECK_MSG(e1 < 1e-5, "%s chunked vs recurrence %.3g", d, e1);
+        free(o1);
+        free(om);
+        core_attn_free(a1);
+        free(o);
+        free(ref);
+        core_attn_free(a);
+        core_gguf_close(ad);
+        inputs_free(&in);
+    }
+}
+
+/* What each v2 part changes, against the same configuration without it. */
+TEST(test_v2_parts_matter)
+{
+    shape_t base = {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 1, 1, 0, 0};
+    core_gguf_t *ad = make_adapter(&base, 0.2, 0.3, base.L, base.Hd);
+    inputs_t in = make_inputs(&base, 120, 1.5, 1.5, 9);
+    core_attn_t *a = make_attn(&base, ad, 32, 0);
+    if (!a)
+        return;
+    float *o = run(a, &base, &in, ALL, 1);
+    const char *what[] = {"sinks", "pre-RoPE", "decay", "linear branch"};
+    for (int i = 0; i < 4; i++) {
+        shape_t s = base;
+        if (i == 0)
+            s.S = 0;
+        else if (i == 1)
+            s.pre = 0;
+        else if (i == 2)
+            s.decay_off = 1;
+        else
+            s.lin_off = 1;
+        core_attn_t *b = make_attn(&s, ad, 32, 0);
+        float *ob = run(b, &s, &in, ALL, 1);
+        CHECK_MSG(rel_diff(ob, NULL, o, out_count(&s, in.n)) > 1e-3, "%s changes nothing", what[i]);
+        free(ob);
+        core_attn_free(b);
+    }
+    free(o);
+    core_attn_free(a);
+    core_gguf_close(ad);
+    inputs_free(&in);
+}
+
+/* Export after 37 tokens, import into a fresh state, continue: bit-identical
+ * to never having stopped (sinks, window, decayed scales all restored). */
+TEST(test_v2_state_roundtrip)
+{
+    shape_t s = {CORE_ATTN_DARKFORMER, 2, 6, 2, 16, 32, 5, 21, 3, 1, 1, 0, 0};
+    core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+    inputs_t in = make_inputs(&s, 90, 1.5, 1.5, 10);
+    core_attn_t *a = make_attn(&s, ad, 16, 0);
+    if (!a)
+        return;
+    float *ref = calloc(out_count(&s, in.n), sizeof(float));
+    float *out = calloc(out_count(&s, in.n), sizeof(float));
+    core_attn_state_t *st = NULL, *st2 = NULL;
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
+    CHECK_INT_EQ(core_attn_state_new(a, &st2, &err), 0);
+    feed(a, st, &s, &in, 0, 37, MIXED, 7, out);
+    memcpy(ref, out, out_count(&s, in.n) * sizeof(float));
+    core_state_desc_t d = {.fingerprint = "test", .state = st};
+    size_t cap = core_state_size(st, NULL, 0, 0), len = 0;
+    unsigned char *blob = malloc(cap);
+    CHECK_INT_EQ(core_state_save(&d, blob, cap, &len, &err), 0);
+    CHECK_INT_EQ(core_state_load(blob, len, "test", st2, NULL, NULL, NULL, NULL, NULL, &err), 0);
+    CHECK_INT_EQ(core_attn_state_pos(st2), 37);
+    feed(a, st, &s, &in, 37, in.n, MIXED, 3, ref);  /* the state that never stopped */
+    feed(a, st2, &s, &in, 37, in.n, MIXED, 3, out); /* the imported one */
+    CHECK(memcmp(out, ref, out_count(&s, in.n) * sizeof(float)) == 0);
+    /* a state with other sinks is refused, naming them */
+    shape_t s4 = s;
+    s4.S = 4;
+    core_attn_t *a4 = make_attn(&s4, ad, 16, 0);
+    core_attn_state_t *st4 = NULL;
+    CHECK_INT_EQ(core_attn_state_new(a4, &st4, &err), 0);
+    CHECK_INT_EQ(core_state_load(blob, len, "test", st4, NULL, NULL, NULL, NULL, NULL, &err),
+                 CORE_EMISMATCH);
+    CHECK_MSG(strstr(err.msg, "S=3") && strstr(err.msg, "S=4"), "%s", err.msg);
+    core_attn_state_free(st4);
+    core_attn_free(a4);
+    free(blob);
+    free(out);
+    free(ref);
+    core_attn_state_free(st);
+    core_attn_state_free(st2);
+    core_attn_free(a);
+    core_gguf_close(ad);
+    inputs_free(&in);
+}
+
+/* 10^6 tokens (DARKSERVE_TEN_MILLION=1: 10^7) through sinks + window + decayed linear state (pre-RoPE
+ * features at positions up to 10^7): outputs stay finite and the fp32 state
+ * agrees with an fp64 one on the last tokens. */
+TEST(test_v2_long_stream)
+{
+    shape_t s = {CORE_ATTN_DARKFORMER, 1, 2, 1, 16, 16, 4, 1, 2, 1, 1, 0, 0};
+    core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+    core_attn_t *a32 = make_attn(&s, ad, 64, 0), *a64 = make_attn(&s, ad, 64, 1);
+    if (!a32 || !a64)
+        return;
+    enum { POOL = 8192, STEP = 512 };
+    const char *ten = getenv("DARKSERVE_TEN_MILLION");
+    const int64_t total = ten && *ten == '1' ? 10000000 : 1000000;
+    inputs_t pool = make_inputs(&s, POOL, 1.5, 1.5, 2025);
+    core_attn_state_t *st[2] = {NULL, NULL};
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_attn_state_new(a32, &st[0], &err), 0);
+    CHECK_INT_EQ(core_attn_state_new(a64, &st[1], &err), 0);
+    size_t bytes0 = core_attn_state_bytes(st[0]);
+    float *out[2] = {malloc((size_t)STEP * s.H * s.Hd * sizeof(float)),
+                     malloc((size_t)STEP * s.H * s.Hd * sizeof(float))};
+    core_rng_t r;
+    core_rng_seed(&r, 3);
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t t = 0; t < total; t += STEP) {
+        int64_t c = total - t < STEP ? total - t : STEP;
+        int64_t off = (int64_t)(core_rng_uniform(&r) * (POOL - STEP));
+        for (int i = 0; i < 2; i++) {
+            core_attn_t *a = i ? a64 : a32;
+            CHECK_INT_EQ(core_attn_reserve(a, st[i], c, &err), 0);
+            core_attn_forward(a, st[i], 0, c, pool.q + off * s.H * s.Hd, pool.k + off * s.Hd,
+                              pool.v + off * s.Hd, out[i], &err);
+            core_attn_advance(st[i], c);
+        }
+        for (int64_t i = 0; i < c * s.H * s.Hd; i++)
+            bad += !isfinite(out[0][i]);
+        if (t + STEP >= total - 4 * STEP) {
+            double e = rel_diff(out[0], NULL, out[1], (size_t)(c * s.H * s.Hd));
+            if (e > worst)
+                worst = e;
+        }
+    }
+    printf("  %lld tokens (S=2 W=4 decay, pre-RoPE): non-finite %lld, fp32 vs fp64 state %.3g\n",
+           (long long)total, (long long)bad, worst);
+    CHECK_INT_EQ(bad, 0);
+    CHECK_MSG(worst < 1e-4, "fp32 vs fp64 state at the end: %.3g", worst);
+    CHECK_INT_EQ(core_attn_state_bytes(st[0]), bytes0);
+    for (int i = 0; i < 2; i++) {
+        free(out[i]);
+        core_attn_state_free(st[i]);
+    }
+    core_attn_free(a32);
+    core_attn_free(a64);
+    core_gguf_close(ad);
+    inputs_free(&pool);
+}
+
+TEST(test_v2_adapter_errors)
+{
+    shape_t s = {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 0, 1, 0, 0};
+    core_error_t err = {0};
+    float mat[2 * 16 * 16], bad_dec[2] = {0.9f, 0.2f}, mix[6] = {0};
+    for (int i = 0; i < 2 * 16 * 16; i++)
+        mat[i] = (i % 16 == (i / 16) % 16) ? 1.0f : 0.0f;
+    core_features_adapter_desc_t d = {.kind = s.kind, .n_layer = 1, .n_head = 6, .n_head_kv = 2,
+                                      .head_dim = 16, .n_features = 32, .window = 5, .sinks = 3,
+                                      .seed = 21, .mat = mat, .decay = bad_dec, .mix = mix};
+    core_gguf_t *g = NULL;
+    CHECK_INT_EQ(core_features_adapter_write(&d, adapter_path(), &err), 0);
+    CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
+    core_attn_cfg_t cfg = {.kind = s.kind, .n_layer = 1, .n_head = 6, .n_head_kv = 2,
+                           .head_dim = 16, .n_features = 32, .window = 5, .seed = 21, .sinks = 3};
+    core_attn_t *a = NULL;
+    CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), CORE_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "darkformer.blk.0.decay") && strstr(err.msg, "element 1"), "%s",
+              err.msg);
+    core_gguf_close(g);
+    /* a mixing vector of the wrong length (Hkv instead of H) */
+    core_gguf_writer_t *w = core_gguf_writer_new(0);
+    int64_t ne = 2, nm = 16 * 16 * 2;
+    int64_t ne3[3] = {16, 16, 2};
+    (void)nm;
+    core_gguf_writer_add_tensor(w, "darkformer.blk.0.M", CORE_TTYPE_F32, 3, ne3, mat, sizeof mat);
+    core_gguf_writer_add_tensor(w, "darkformer.blk.0.mix", CORE_TTYPE_F32, 1, &ne, mix,
+                                2 * sizeof(float));
+    CHECK_INT_EQ(core_gguf_writer_write(w, adapter_path(), &err), 0);
+    core_gguf_writer_free(w);
+    CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
+    CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), CORE_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "darkformer.blk.0.mix") && strstr(err.msg, "expected [6]"), "%s",
+              err.msg);
+    core_gguf_close(g);
+    /* pre-RoPE without the model's RoPE, and sinks out of range */
+    cfg.prerope = 1;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+    cfg.prerope = 0;
+    cfg.sinks = CORE_FEATURES_MAX_SINKS + 1;
+    cfg.kind = CORE_ATTN_PERFORMER;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+    unlink(adapter_path());
+}
+
 int main(void)
 {
     core_blas_set_threads(1); /* tiny GEMMs; threads only add contention */
@@ -847,5 +1148,10 @@ int main(void)
     RUN(test_state_bytes_constant);
     RUN(test_fork_and_reset);
     RUN(test_adapter_errors);
+    RUN(test_v2_matches_oracle);
+    RUN(test_v2_parts_matter);
+    RUN(test_v2_state_roundtrip);
+    RUN(test_v2_long_stream);
+    RUN(test_v2_adapter_errors);
     return CHECK_DONE();
 }

@@ -566,7 +566,7 @@ TEST(test_adapter_roundtrip_and_errors)
     core_gguf_close(g);
 
     core_gguf_writer_t *w = core_gguf_writer_new(0);
-    core_gguf_writer_set_int(w, "darkformer.format_version", CORE_GGUF_TYPE_UINT32, 2);
+    core_gguf_writer_set_int(w, "darkformer.format_version", CORE_GGUF_TYPE_UINT32, 3);
     CHECK_INT_EQ(core_gguf_writer_write(w, path, &err), 0);
     core_gguf_writer_free(w);
     CHECK_INT_EQ(core_gguf_open(path, &g, &err), 0);

@@ -612,26 +612,26 @@ TEST(refusals_attention_config)
     unsigned char *db = save(dm, ds, NULL, NULL, 0, NULL, &dlen);
     unsigned char *eb = save(em, es, NULL, NULL, 0, NULL, &elen);
     char want[200];
-    const char *have = "blob has attention performer m=32 W=4 seed=7, this server runs";
+    const char *have = "blob has attention performer m=32 W=4 S=0 seed=7, this server runs";
 
     core_attn_t *a = attn_like(base, CORE_ATTN_PERFORMER, 64, 4, SEED, 0, NULL);
-    snprintf(want, sizeof want, "%s performer m=64 W=4 seed=7", have);
+    snprintf(want, sizeof want, "%s performer m=64 W=4 S=0 seed=7", have);
     refuse_attn(pb, plen, fp, a, CORE_EMISMATCH, want, "other m", 0);
     core_attn_free(a);
     a = attn_like(base, CORE_ATTN_PERFORMER, M_FEAT, 0, SEED, 0, NULL);
-    snprintf(want, sizeof want, "%s performer m=32 W=0 seed=7", have);
+    snprintf(want, sizeof want, "%s performer m=32 W=0 S=0 seed=7", have);
     refuse_attn(pb, plen, fp, a, CORE_EMISMATCH, want, "other W", 0);
     core_attn_free(a);
     a = attn_like(base, CORE_ATTN_PERFORMER, M_FEAT, 4, SEED + 1, 0, NULL);
-    snprintf(want, sizeof want, "%s performer m=32 W=4 seed=8", have);
+    snprintf(want, sizeof want, "%s performer m=32 W=4 S=0 seed=8", have);
     refuse_attn(pb, plen, fp, a, CORE_EMISMATCH, want, "other seed", 0);
     core_attn_free(a);
-    snprintf(want, sizeof want, "%s darkformer m=32 W=4 seed=7", have);
+    snprintf(want, sizeof want, "%s darkformer m=32 W=4 S=0 seed=7", have);
     refuse_attn(pb, plen, fp, core_model_attn(dm), CORE_EMISMATCH, want, "other kind", 0);
     snprintf(want, sizeof want, "%s exact", have);
     refuse_attn(pb, plen, fp, core_model_attn(em), CORE_EMISMATCH, want, "linear into exact", 0);
     refuse_attn(eb, elen, fp, core_model_attn(pm), CORE_EMISMATCH,
-                "blob has attention exact, this server runs performer m=32 W=4 seed=7",
+                "blob has attention exact, this server runs performer m=32 W=4 S=0 seed=7",
                 "exact into linear", 0);
     a = attn_like(base, CORE_ATTN_EXACT, 0, 0, 0, 64, NULL);
     refuse_attn(eb, elen, fp, a, CORE_EMISMATCH,
