@@ -51,6 +51,8 @@ TOOL_BINS := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 HELPER_SRC  := $(wildcard tests/helpers/*.c)
 HELPER_BINS := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
 
+
+.PHONY: adapter
 .PHONY: all deps model run test unit pytest asan lint format clean bench help fuzz container-test
 
 all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS) $(HELPER_BINS)
@@ -93,6 +95,12 @@ $(BUILD)/tools/%: tools/%.c $(BUILD)/libcore.a
 
 model:
 	@scripts/fetch_model.sh
+
+# DARKFormer v2 conversion of MODEL (any Llama-family GGUF): record, train,
+# write the adapter (tools/convert.sh --v2; docs/ADAPTER.md). Offline, long:
+# resumes from its checkpoint when run again.
+adapter: $(BUILD)/tools/record_qkv $(BUILD)/tools/write_adapter
+	MODEL=$(MODEL) tools/convert.sh --v2 --build $(BUILD) $(ADAPTER_ARGS)
 
 run: deps model $(BUILD)/darkserve
 	@scripts/run.sh $(BUILD)/darkserve $(MODEL) $(PORT)

@@ -211,6 +211,201 @@ def cmd_train(a):
             json.dump(log, f, indent=1)
 
 
+def unrope(x, n_rot, base, pos0=0):
+    """x [N][T][..][Hd] rotated by RoPE at positions pos0 + t (pairs 2i, 2i+1
+    of the first n_rot dims by pos·base^(-2i/n_rot)) -> x before RoPE, as
+    core/attn_linear.c's unrope does in double."""
+    x = np.asarray(x, dtype=np.float64)
+    T = x.shape[1]
+    inv = base ** (-2.0 * np.arange(n_rot // 2) / n_rot)
+    ang = (pos0 + np.arange(T))[:, None] * inv[None, :]  # [T][n_rot/2]
+    shape = [1, T] + [1] * (x.ndim - 3) + [n_rot // 2]
+    c, s = np.cos(ang).reshape(shape), np.sin(ang).reshape(shape)
+    out = x.copy()
+    a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+    out[..., 0:n_rot:2] = a * c + b * s
+    out[..., 1:n_rot:2] = b * c - a * s
+    return out.astype(np.float32)
+
+
+def cmd_train2(a):
+    """DARKFormer v2 stage 1: per layer, all KV heads at once, learn M (on
+    q, k before RoPE with --prerope), the decay γ per KV head and the mixing
+    log-weight β per query head, against exact softmax attention on long
+    recorded sequences, with S sinks and the exact window W, the way
+    core/attn_linear.c combines them. Loss per head: relative squared error
+    of the output plus KL between the exact and the converted attention mass
+    on the keys older than the window (so the linear branch cannot be
+    switched off to fit the window alone). Resumable: every finished layer is
+    in the checkpoint (--ckpt .npz); a rerun skips those layers."""
+    import jax
+    import jax.numpy as jnp
+
+    meta = dfeat.load_meta(a.rec)
+    L, H, Hkv, Hd = meta["n_layer"], meta["n_head"], meta["n_head_kv"], meta["head_dim"]
+    N, T = meta["n_seq"], meta["len"]
+    gs, m, W, S = H // Hkv, a.features, a.window, a.sinks
+    n_val = a.val_seqs
+    n_tr = N - n_val
+    lo = W + S
+    if n_tr < a.batch or n_val < 1 or lo >= T - a.queries:
+        sys.exit("convert: not enough recorded sequences, or W + S too large for the length")
+    eps_all = dfeat.load_eps(a.rec)
+    if eps_all.shape[2] < m:
+        sys.exit("convert: recording has %d draws, need %d" % (eps_all.shape[2], m))
+    bias = -0.5 * np.log(m)
+    sc = Hd ** -0.25
+    NEG = -1e30
+
+    def feat_logits(Mt, om, x):
+        y = (x * sc) @ Mt.T
+        return y @ om.T - 0.5 * jnp.sum(y * y, axis=-1, keepdims=True) + bias
+
+    def head(params, om, qf, kf, q, k, v, tau):
+        """One KV head. qf, q [B][P][gs][Hd] (features' input, raw); kf, k, v
+        [B][T][Hd]; tau [P]. Returns (loss, rel. sq. error, mass KL)."""
+        Mt, th, beta = params
+        lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(th))
+        aq = feat_logits(Mt, om, qf)
+        ak = feat_logits(Mt, om, kf)
+        mq = jax.lax.stop_gradient(aq.max(axis=-1, keepdims=True))
+        mk = jax.lax.stop_gradient(ak.max(axis=-1, keepdims=True))
+        p = jnp.einsum("bpgi,bji->bpgj", jnp.exp(aq - mq), jnp.exp(ak - mk))
+        lk = jnp.log(jnp.maximum(p, 1e-30)) + mq + jnp.swapaxes(mk, 1, 2)[:, None, :, :]
+        s = jnp.einsum("bpgd,bjd->bpgj", q, k) / np.sqrt(Hd)
+        j = jnp.arange(k.shape[1])[None, :]
+        t = tau[:, None]
+        lin = ((j <= t - W) & (j >= S))[None, :, None, :]
+        exa = (((j > t - W) | (j < S)) & (j <= t))[None, :, None, :]
+        vis = (j <= t)[None, :, None, :]
+        dec = ((t - W - j) * lg)[None, :, None, :]
+        lw = jnp.where(lin, lk + beta[None, None, :, None] + dec, jnp.where(exa, s, NEG))
+        pr = jax.nn.softmax(lw, axis=-1)
+        o = jnp.einsum("bpgj,bjd->bpgd", pr, v)
+        pe = jax.nn.softmax(jnp.where(vis, s, NEG), axis=-1)
+        oe = jnp.einsum("bpgj,bjd->bpgd", pe, v)
+        err = jnp.sum((o - oe) ** 2) / jnp.sum(oe * oe)
+        me = jnp.clip(jnp.sum(jnp.where(lin, pe, 0.0), axis=-1), 1e-6, 1 - 1e-6)
+        ml = jnp.clip(jnp.sum(jnp.where(lin, pr, 0.0), axis=-1), 1e-6, 1 - 1e-6)
+        kl = jnp.mean(me * jnp.log(me / ml) + (1 - me) * jnp.log((1 - me) / (1 - ml)))
+        return err + a.mass_weight * kl, err, kl
+
+    def all_heads(params, oms, qf, kf, q, k, v, tau):
+        return jax.vmap(lambda p0, p1, p2, om, a0, a1, a2, a3, a4: head(
+            (p0, p1, p2), om, a0, a1, a2, a3, a4, tau))(*params, oms, qf, kf, q, k, v)
+
+    def loss_fn(params, oms, qf, kf, q, k, v, tau):
+        return jnp.sum(all_heads(params, oms, qf, kf, q, k, v, tau)[0])
+
+    grad_fn = jax.jit(jax.value_and_grad(loss_fn))
+    eval_fn = jax.jit(all_heads)
+
+    ck = dict(np.load(a.ckpt)) if a.ckpt and os.path.exists(a.ckpt) else {}
+    mats = ck.get("mat", np.tile(np.eye(Hd, dtype=np.float32), (L, Hkv, 1, 1)))
+    if a.init and "mat" not in ck:
+        mats = np.fromfile(a.init, dtype=np.float32).reshape(L, Hkv, Hd, Hd)
+    gam = ck.get("decay", np.full((L, Hkv), a.gamma0, dtype=np.float32))
+    mix = ck.get("mix", np.zeros((L, H), dtype=np.float32))
+    done = set(int(x) for x in ck.get("done", []))
+    rng = np.random.default_rng(a.seed)
+    layers = [x for x in parse_layers(a.layers, L) if x not in done]
+    if done:
+        print("train2: resuming from %s, %d layers done" % (a.ckpt, len(done)), flush=True)
+    log = {"rec": a.rec, "features": m, "window": W, "sinks": S, "prerope": a.prerope,
+           "steps": a.steps, "lr": a.lr, "batch": a.batch, "queries": a.queries,
+           "mass_weight": a.mass_weight, "train_seqs": n_tr, "val_seqs": n_val, "seq_len": T,
+           "layers": []}
+    if a.log and os.path.exists(a.log) and done:
+        with open(a.log) as f:
+            log["layers"] = [e for e in json.load(f).get("layers", []) if e["layer"] in done]
+    tv = np.sort(rng.choice(np.arange(lo, T), size=min(2 * a.queries, T - lo), replace=False))
+    t_start = time.time()
+    for li, layer in enumerate(layers):
+        t0 = time.time()
+        q, k, v = dfeat.load_layer(a.rec, layer, mmap=False)
+        q = q.reshape(N, T, Hkv, gs, Hd)
+        if a.prerope:
+            qf_np = unrope(q, meta.get("n_rot", Hd), meta["rope_base"])
+            kf_np = unrope(k, meta.get("n_rot", Hd), meta["rope_base"])
+        else:
+            qf_np, kf_np = q, k
+        # [Hkv][N][T][gs][Hd] and [Hkv][N][T][Hd]
+        qh = jnp.asarray(np.ascontiguousarray(q.transpose(2, 0, 1, 3, 4)))
+        qfh = jnp.asarray(np.ascontiguousarray(qf_np.transpose(2, 0, 1, 3, 4)))
+        kh = jnp.asarray(np.ascontiguousarray(k.transpose(2, 0, 1, 3)))
+        kfh = jnp.asarray(np.ascontiguousarray(kf_np.transpose(2, 0, 1, 3)))
+        vh = jnp.asarray(np.ascontiguousarray(v.transpose(2, 0, 1, 3)))
+        oms = jnp.asarray(np.asarray(eps_all[layer, :, :m, :], dtype=np.float32))
+        g0 = np.clip(gam[layer].astype(np.float64), 0.5 + 1e-6, 1 - 1e-7)
+        th0 = np.log((2 * g0 - 1) / (2 - 2 * g0)).astype(np.float32)
+        params = (jnp.asarray(mats[layer]), jnp.asarray(th0),
+                  jnp.asarray(mix[layer].reshape(Hkv, gs)))
+        tvj = jnp.asarray(tv)
+
+        def val(pp):
+            r = eval_fn(pp, oms, qfh[:, n_tr:, tv], kfh[:, n_tr:], qh[:, n_tr:, tv], kh[:, n_tr:],
+                        vh[:, n_tr:], tvj)
+            return [np.asarray(x) for x in r]
+
+        v0 = val(params)
+        best = v0[0].copy()
+        best_p = [np.asarray(x).copy() for x in params]
+        mom = [jnp.zeros_like(x) for x in params]
+        sec = [jnp.zeros_like(x) for x in params]
+        b1, b2 = 0.9, 0.999
+        lrs = [a.lr if a.train_mat else 0.0, a.lr_small, a.lr_small]
+        for step in range(1, a.steps + 1):
+            seqs = rng.choice(n_tr, size=a.batch, replace=False)
+            tau = np.sort(rng.choice(np.arange(lo, T), size=a.queries, replace=False))
+            cos = 0.5 * (1 + np.cos(np.pi * (step - 1) / a.steps))
+            lval, g = grad_fn(params, oms, qfh[:, seqs][:, :, tau], kfh[:, seqs],
+                              qh[:, seqs][:, :, tau], kh[:, seqs], vh[:, seqs], jnp.asarray(tau))
+            newp = []
+            for i in range(3):
+                gi = jnp.where(jnp.isfinite(g[i]), g[i], 0.0)
+                mom[i] = b1 * mom[i] + (1 - b1) * gi
+                sec[i] = b2 * sec[i] + (1 - b2) * gi * gi
+                upd = (mom[i] / (1 - b1 ** step)) / (jnp.sqrt(sec[i] / (1 - b2 ** step)) + 1e-8)
+                newp.append(params[i] - lrs[i] * cos * upd)
+            params = tuple(newp)
+            if step % a.val_every == 0 or step == a.steps:
+                vl = val(params)[0]
+                for h in range(Hkv):
+                    if vl[h] < best[h]:
+                        best[h] = vl[h]
+                        for i in range(3):
+                            best_p[i][h] = np.asarray(params[i])[h]
+        vb = val(tuple(jnp.asarray(x) for x in best_p))
+        mats[layer] = best_p[0]
+        gam[layer] = (0.5 + 0.5 / (1 + np.exp(-best_p[1].astype(np.float64)))).astype(np.float32)
+        mix[layer] = best_p[2].reshape(H)
+        done.add(layer)
+        ent = {"layer": layer, "val_loss_init": v0[0].tolist(), "val_err_init": v0[1].tolist(),
+               "val_kl_init": v0[2].tolist(), "val_loss_best": vb[0].tolist(),
+               "val_err_best": vb[1].tolist(), "val_kl_best": vb[2].tolist(),
+               "decay": gam[layer].tolist(), "mix": mix[layer].tolist(),
+               "seconds": round(time.time() - t0, 1)}
+        log["layers"].append(ent)
+        el = time.time() - t_start
+        eta = el / (li + 1) * (len(layers) - li - 1)
+        print("layer %2d: val err %s -> %s, mass KL %s -> %s, decay %s, %.0fs, ETA %.0fs" % (
+            layer, np.array2string(v0[1], precision=3), np.array2string(vb[1], precision=3),
+            np.array2string(v0[2], precision=3), np.array2string(vb[2], precision=3),
+            np.array2string(gam[layer], precision=4), time.time() - t0, eta), flush=True)
+        if a.ckpt:
+            tmp = a.ckpt + ".tmp.npz"
+            np.savez(tmp, mat=mats, decay=gam, mix=mix, done=np.array(sorted(done)))
+            os.replace(tmp, a.ckpt)
+        if a.log:
+            with open(a.log, "w") as f:
+                json.dump(log, f, indent=1)
+    mats.tofile(a.out + ".mat.f32")
+    gam.tofile(a.out + ".decay.f32")
+    mix.tofile(a.out + ".mix.f32")
+    print("train2: wrote %s.{mat,decay,mix}.f32 (%d of %d layers trained)" % (
+        a.out, len(done), L), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -232,9 +427,33 @@ def main():
     pt.add_argument("--queries", type=int, default=128)
     pt.add_argument("--layers", default="")
     pt.add_argument("--seed", type=int, default=1)
+    p2 = sub.add_parser("train2")
+    p2.add_argument("--rec", required=True)
+    p2.add_argument("--features", type=int, required=True)
+    p2.add_argument("--window", type=int, required=True)
+    p2.add_argument("--sinks", type=int, default=4)
+    p2.add_argument("--prerope", type=int, default=1)
+    p2.add_argument("--train-mat", type=int, default=1)
+    p2.add_argument("--out", required=True, help="prefix of the .mat/.decay/.mix.f32 outputs")
+    p2.add_argument("--ckpt", help="resumable checkpoint (.npz)")
+    p2.add_argument("--log")
+    p2.add_argument("--init", help="start M from this MAT.f32 instead of the identity")
+    p2.add_argument("--gamma0", type=float, default=0.998)
+    p2.add_argument("--steps", type=int, default=100)
+    p2.add_argument("--lr", type=float, default=0.01)
+    p2.add_argument("--lr-small", type=float, default=0.05)
+    p2.add_argument("--mass-weight", type=float, default=1.0)
+    p2.add_argument("--val-seqs", type=int, default=2)
+    p2.add_argument("--val-every", type=int, default=25)
+    p2.add_argument("--batch", type=int, default=2)
+    p2.add_argument("--queries", type=int, default=128)
+    p2.add_argument("--layers", default="")
+    p2.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
     if a.cmd == "lambda":
         cmd_lambda(a)
+    elif a.cmd == "train2":
+        cmd_train2(a)
     else:
         cmd_train(a)
 

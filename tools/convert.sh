@@ -5,6 +5,14 @@
 #   tools/convert.sh [--features M] [--window W] [--steps N] [--init MAT.f32]
 #                    [--out ADAPTER.gguf] [--work DIR] [--build DIR]
 #   tools/convert.sh --is [--out IS.gguf]      # the DARKFormer-IS adapter (Λ only)
+#   tools/convert.sh --v2 [--features M] [--window W] [--sinks S] [--prerope 0|1]
+#                    [--steps N] [--seqs N] [--len T] [--out ADAPTER.gguf]
+#     DARKFormer v2 (`make adapter MODEL=...` runs this): record N sequences
+#     of T tokens (default 16 x 4096) of the calibration corpus
+#     (models/corpus/calibration.txt.xz, never a held-out text), then
+#     tools/convert.py train2 (M before RoPE, decays, mixing weights; the
+#     checkpoint WORK/v2.npz makes an interrupted run resume where it
+#     stopped), then write_adapter. Prints how long each stage took.
 #
 # 1. record: $BUILD/tools/record_qkv runs the exact model over
 #    tests/data/calibration.txt (40 sequences x 512 tokens; never the
@@ -24,12 +32,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0
+M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
+S=4 PRE=1 SEQS=16 LEN=4096 W_SET=0
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in
     --features) M=$2; shift 2 ;;
-    --window) W=$2; shift 2 ;;
+    --window) W=$2; W_SET=1; shift 2 ;;
+    --sinks) S=$2; shift 2 ;;
+    --prerope) PRE=$2; shift 2 ;;
+    --seqs) SEQS=$2; shift 2 ;;
+    --len) LEN=$2; shift 2 ;;
+    --v2) V2=1; shift ;;
     --steps) STEPS=$2; shift 2 ;;
     --init) INIT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -41,6 +55,37 @@ while [ $# -gt 0 ]; do
 done
 PY=${CONVERT_PY:-build/convert-venv/bin/python}
 mkdir -p "$WORK"
+
+if [ "$V2" = 1 ]; then
+  [ "$W_SET" = 1 ] || W=256
+  [ "$STEPS" = 150 ] && STEPS=100
+  t_all=$(date +%s)
+  stage() { echo "convert: $* ($(( $(date +%s) - t_all )) s so far)"; }
+  if [ ! -x "$PY" ]; then
+    stage "creating the conversion venv build/convert-venv (jax CPU)"
+    python3 -m venv build/convert-venv
+    build/convert-venv/bin/pip install -q -r tools/requirements-convert.txt
+    PY=build/convert-venv/bin/python
+  fi
+  REC="$WORK/cal_v2_${SEQS}x${LEN}"
+  if [ ! -f "$REC/meta.json" ]; then
+    [ -f "$WORK/calibration.txt" ] || xz -dc models/corpus/calibration.txt.xz > "$WORK/calibration.txt"
+    stage "recording q, k, v of $MODEL over $SEQS x $LEN calibration tokens into $REC"
+    "$BUILD/tools/record_qkv" --model "$MODEL" --text "$WORK/calibration.txt" \
+      --out "$REC" --seqs "$SEQS" --len "$LEN" --draws "$M" --seed 0
+  fi
+  TAG="v2_m${M}_w${W}_s${S}_p${PRE}"
+  stage "training M, decays and mixing weights (checkpoint $WORK/$TAG.npz)"
+  "$PY" tools/convert.py train2 --rec "$REC" --features "$M" --window "$W" --sinks "$S" \
+    --prerope "$PRE" --steps "$STEPS" --ckpt "$WORK/$TAG.npz" --log "$WORK/$TAG.json" \
+    --out "$WORK/$TAG"
+  OUT=${OUT:-$WORK/$TAG.gguf}
+  "$BUILD/tools/write_adapter" --model "$MODEL" --kind darkformer --features "$M" --window "$W" \
+    --sinks "$S" --prerope "$PRE" --seed 0 --mat "$WORK/$TAG.mat.f32" \
+    --decay "$WORK/$TAG.decay.f32" --mix "$WORK/$TAG.mix.f32" --out "$OUT"
+  stage "done: $OUT"
+  exit 0
+fi
 
 if [ ! -f "$WORK/cal/meta.json" ]; then
   "$BUILD/tools/record_qkv" --model "$MODEL" --text tests/data/calibration.txt \

@@ -4,11 +4,14 @@
  *
  *   write_adapter --model M --kind darkformer|darkformer-is --features N
  *                 --window W [--seed S] [--mat MAT.f32] [--lambda LAMBDA.f32]
+ *                 [--sinks S] [--prerope 0|1] [--decay DECAY.f32] [--mix MIX.f32]
  *                 --out ADAPTER.gguf
  *
  * MAT.f32 / LAMBDA.f32: raw little-endian float32 [L][Hkv][Hd][Hd] (what
  * tools/convert.py writes); --kind darkformer needs --mat, darkformer-is
- * needs --lambda; both may be given (one file then serves both kinds). The
+ * needs --lambda; both may be given (one file then serves both kinds).
+ * DECAY.f32: float32 [L][Hkv] decays γ; MIX.f32: float32 [L][H] mixing
+ * log-weights β (DARKFormer v2, docs/ADAPTER.md). The
  * base model M gives the shapes and the fingerprint the adapter names.
  * After writing, the model is loaded with the adapter for every kind the
  * adapter carries tensors for, so a file that the kernels refuse is never
@@ -26,7 +29,8 @@
 static void usage(void)
 {
     fprintf(stderr, "usage: write_adapter --model M --kind darkformer|darkformer-is --features N "
-                    "--window W [--seed S] [--mat MAT.f32] [--lambda LAMBDA.f32] --out A.gguf\n");
+                    "--window W [--seed S] [--mat MAT.f32] [--lambda LAMBDA.f32] [--sinks S] "
+                    "[--prerope 0|1] [--decay DECAY.f32] [--mix MIX.f32] --out A.gguf\n");
 }
 
 /* Reads exactly n floats from path into a new buffer. */
@@ -62,10 +66,11 @@ static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
 }
 
 static int check_load(const char *model, const char *adapter, core_attn_kind_t kind, int m, int w,
-                      uint64_t seed)
+                      uint64_t seed, int sinks, int prerope)
 {
     core_model_opts_t mo = {.attn_kind = kind, .n_features = m, .window = w, .seed = seed,
-                            .adapter_path = adapter, .max_ctx = 64};
+                            .adapter_path = adapter, .max_ctx = 64, .sinks = sinks,
+                            .prerope = prerope};
     core_model_t *mdl = NULL;
     core_error_t err = {0};
     if (core_model_load(model, &mo, &mdl, &err) < 0) {
@@ -80,7 +85,8 @@ static int check_load(const char *model, const char *adapter, core_attn_kind_t k
 int main(int argc, char **argv)
 {
     const char *model = NULL, *kind_s = NULL, *mat_p = NULL, *lam_p = NULL, *out = NULL;
-    int64_t m = 0, w = -1, seed = 0;
+    const char *dec_p = NULL, *mix_p = NULL;
+    int64_t m = 0, w = -1, seed = 0, sinks = 0, prerope = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
@@ -94,6 +100,14 @@ int main(int argc, char **argv)
             lam_p = v;
         else if (!bad && !strcmp(a, "--out"))
             out = v;
+        else if (!bad && !strcmp(a, "--decay"))
+            dec_p = v;
+        else if (!bad && !strcmp(a, "--mix"))
+            mix_p = v;
+        else if (!bad && !strcmp(a, "--sinks"))
+            bad = parse_i64(v, 0, CORE_FEATURES_MAX_SINKS, &sinks);
+        else if (!bad && !strcmp(a, "--prerope"))
+            bad = parse_i64(v, 0, 1, &prerope);
         else if (!bad && !strcmp(a, "--features"))
             bad = parse_i64(v, 1, CORE_FEATURES_MAX_FEATURES, &m);
         else if (!bad && !strcmp(a, "--window"))
@@ -120,7 +134,7 @@ int main(int argc, char **argv)
     int status = 1;
     core_error_t err = {0};
     core_model_t *mdl = NULL;
-    float *mat = NULL, *lam = NULL;
+    float *mat = NULL, *lam = NULL, *dec = NULL, *mix = NULL;
     if (core_model_load(model, NULL, &mdl, &err) < 0) {
         fprintf(stderr, "write_adapter: cannot load %s: %s\n", model, err.msg);
         return 1;
@@ -128,18 +142,23 @@ int main(int argc, char **argv)
     const core_model_info_t *in = core_model_info(mdl);
     size_t n = (size_t)in->n_layer * (size_t)in->n_head_kv * (size_t)in->head_dim *
                (size_t)in->head_dim;
-    if ((mat_p && !(mat = read_f32(mat_p, n))) || (lam_p && !(lam = read_f32(lam_p, n))))
+    if ((mat_p && !(mat = read_f32(mat_p, n))) || (lam_p && !(lam = read_f32(lam_p, n))) ||
+        (dec_p && !(dec = read_f32(dec_p, (size_t)in->n_layer * (size_t)in->n_head_kv))) ||
+        (mix_p && !(mix = read_f32(mix_p, (size_t)in->n_layer * (size_t)in->n_head))))
         goto done;
     core_features_adapter_desc_t d = {
-        .kind = kind, .n_layer = in->n_layer, .n_head_kv = in->n_head_kv,
-        .head_dim = in->head_dim, .n_features = (int)m, .window = (int)w,
-        .seed = (uint64_t)seed, .base_fingerprint = in->fingerprint, .mat = mat, .lambda = lam};
+        .kind = kind, .n_layer = in->n_layer, .n_head = in->n_head, .n_head_kv = in->n_head_kv,
+        .head_dim = in->head_dim, .n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
+        .prerope = (int)prerope, .seed = (uint64_t)seed, .base_fingerprint = in->fingerprint,
+        .mat = mat, .lambda = lam, .decay = dec, .mix = mix};
     if (core_features_adapter_write(&d, out, &err) < 0) {
         fprintf(stderr, "write_adapter: cannot write %s: %s\n", out, err.msg);
         goto done;
     }
-    if ((mat && check_load(model, out, CORE_ATTN_DARKFORMER, (int)m, (int)w, (uint64_t)seed)) ||
-        (lam && check_load(model, out, CORE_ATTN_DARKFORMER_IS, (int)m, (int)w, (uint64_t)seed))) {
+    if ((mat && check_load(model, out, CORE_ATTN_DARKFORMER, (int)m, (int)w, (uint64_t)seed,
+                           (int)sinks, (int)prerope)) ||
+        (lam && check_load(model, out, CORE_ATTN_DARKFORMER_IS, (int)m, (int)w, (uint64_t)seed,
+                           (int)sinks, (int)prerope))) {
         remove(out);
         goto done;
     }
@@ -150,6 +169,8 @@ int main(int argc, char **argv)
 done:
     free(mat);
     free(lam);
+    free(dec);
+    free(mix);
     core_model_free(mdl);
     return status;
 }

@@ -1010,6 +1010,18 @@ TEST(test_v2_state_roundtrip)
     feed(a, st, &s, &in, 37, in.n, MIXED, 3, ref);  /* the state that never stopped */
     feed(a, st2, &s, &in, 37, in.n, MIXED, 3, out); /* the imported one */
     CHECK(memcmp(out, ref, out_count(&s, in.n) * sizeof(float)) == 0);
+    /* at the largest position the state loads but takes no further token
+     * (a position near 2^63 once made the window ring index negative) */
+    for (int i = 0; i < 8; i++)
+        blob[104 + i] = (unsigned char)((uint64_t)CORE_ATTN_MAX_POS >> (8 * i));
+    uint32_t crc = core_state_crc32(0, blob, len - 4);
+    for (int i = 0; i < 4; i++)
+        blob[len - 4 + i] = (unsigned char)(crc >> (8 * i));
+    core_attn_state_reset(st2);
+    CHECK_INT_EQ(core_state_load(blob, len, "test", st2, NULL, NULL, NULL, NULL, NULL, &err), 0);
+    CHECK_INT_EQ(core_attn_reserve(a, st2, 0, &err), 0);
+    CHECK_INT_EQ(core_attn_reserve(a, st2, 1, &err), CORE_ECONTEXT);
+    CHECK_INT_EQ(core_attn_state_pos(st2), CORE_ATTN_MAX_POS);
     /* a state with other sinks is refused, naming them */
     shape_t s4 = s;
     s4.S = 4;

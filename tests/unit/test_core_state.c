@@ -467,6 +467,17 @@ flips_done:
     snprintf(want, sizeof want, "state blob version %u is not supported (this server reads %u)",
              CORE_STATE_VERSION + 1, CORE_STATE_VERSION);
     refuse(&v, b, len, NULL, CORE_EUNSUPPORTED, want, "future version");
+    /* A position past 2^48 (the hardening issue's 2^63 - 1: a ring slot from
+     * pos % W went negative and wrote out of bounds) is refused up front. */
+    const int64_t bad_pos[] = {INT64_MAX, CORE_ATTN_MAX_POS + 1, -1};
+    for (int i = 0; i < 3; i++) {
+        memcpy(b, blob, len);
+        put32(b + 104, (uint32_t)((uint64_t)bad_pos[i] & 0xffffffffu));
+        put32(b + 108, (uint32_t)((uint64_t)bad_pos[i] >> 32));
+        reseal(b, len);
+        snprintf(want, sizeof want, "position %lld outside [0, 2^48]", (long long)bad_pos[i]);
+        refuse(&v, b, len, NULL, CORE_EFORMAT, want, "position out of range");
+    }
     /* The total field claims another extent (frame fields precede the crc). */
     memcpy(b, blob, len);
     put32(b + 8, (uint32_t)(len + 256));
