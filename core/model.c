@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "core/blas.h"
+#include "core/features.h"
 #include "core/qdot.h"
 #include "core/tensor.h"
 
@@ -426,6 +427,24 @@ static void compute_fingerprint(core_model_t *m)
     snprintf(m->info.fingerprint, sizeof m->info.fingerprint, "%016llx", (unsigned long long)f.h);
 }
 
+/* An adapter's learned matrices only mean something for the network they
+ * were trained on; one that names its base model must name this one. An
+ * adapter without darkformer.base_fingerprint (hand-made, tests) is taken
+ * as it is. */
+static int check_adapter_owner(const core_model_t *m, const char *adapter_path, core_error_t *err)
+{
+    core_features_adapter_info_t ai = {0};
+    int rc = core_features_adapter_info(m->adapter, &ai, err);
+    if (rc < 0)
+        return rc;
+    if (ai.base_fingerprint[0] && strcmp(ai.base_fingerprint, m->info.fingerprint) != 0)
+        return core_error_set(err, CORE_EMISMATCH,
+                              "adapter %s was made for the model with fingerprint %s, not "
+                              "this one (fingerprint %s)",
+                              adapter_path, ai.base_fingerprint, m->info.fingerprint);
+    return 0;
+}
+
 int core_model_load(const char *path, const core_model_opts_t *opts, core_model_t **out,
                     core_error_t *err)
 {
@@ -456,7 +475,8 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
             pow(m->info.rope_base, -2.0 * i / (double)m->n_rot) / m->info.rope_scale;
 
     if (opts->adapter_path) {
-        if ((rc = core_gguf_open(opts->adapter_path, &m->adapter, err)) < 0)
+        if ((rc = core_gguf_open(opts->adapter_path, &m->adapter, err)) < 0 ||
+            (rc = check_adapter_owner(m, opts->adapter_path, err)) < 0)
             goto fail;
     }
     core_attn_cfg_t cfg = {

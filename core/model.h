@@ -55,7 +55,10 @@ typedef struct core_batch_seq {
     float *logits;            /* caller-owned: [1][V] (LAST) or [n_tokens][V] (ALL) */
 } core_batch_seq_t;
 
-/* opts may be NULL (defaults). *out is new; free with core_model_free(). */
+/* opts may be NULL (defaults). *out is new; free with core_model_free().
+ * An adapter whose darkformer.base_fingerprint is set and differs from the
+ * model's fingerprint is refused (CORE_EMISMATCH naming the adapter and both
+ * fingerprints): its learned parameters belong to another network. */
 int core_model_load(const char *path, const core_model_opts_t *opts, core_model_t **out,
                     core_error_t *err);
 void core_model_free(core_model_t *m); /* NULL is a no-op */
@@ -78,5 +81,28 @@ typedef void (*core_model_tap_fn)(void *ud, int layer, int seq, int64_t pos0, in
                                   const float *q, const float *k, const float *v);
 /* fn NULL removes the hook; ud is borrowed and passed through. */
 void core_model_set_tap(core_model_t *m, core_model_tap_fn fn, void *ud);
+
+/* ---- adapter discovery ---- */
+
+/* Longest path the discovery builds (bytes, with the NUL). */
+#define CORE_MODEL_PATH_MAX 4096
+/* Places looked at, in order. */
+#define CORE_MODEL_ADAPTER_CANDIDATES 2
+
+/* Where the DARKFormer adapter of the model file model_path would be, by
+ * name (stem = the file name without a trailing ".gguf"):
+ *   i = 0  <dir of model>/adapters/<stem>.darkformer.gguf
+ *   i = 1  <model_path without ".gguf">.darkformer.gguf
+ * into out[cap] (caller-owned). Looks at no file. Returns 0, CORE_ENOTFOUND
+ * for another i, CORE_ERANGE if it does not fit (out is then ""),
+ * CORE_EINVAL for a NULL or empty path or one without a file name. */
+int core_model_adapter_candidate(const char *model_path, int i, char *out, size_t cap);
+
+/* The first candidate above that is an existing regular file (stat()
+ * follows symlinks), copied to out[cap] (caller-owned). Returns 0;
+ * CORE_ENOTFOUND with the message "no DARKFormer adapter for MODEL (looked
+ * for A, B)" when none is; CORE_ERANGE / CORE_EINVAL as above. Does not open
+ * the file: whether it belongs to the model is core_model_load's check. */
+int core_model_adapter_find(const char *model_path, char *out, size_t cap, core_error_t *err);
 
 #endif

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "core/features.h"
 #include "core/model.h"
 #include "core/rng.h"
 
@@ -499,9 +500,77 @@ TEST(loader_rejects_bad_models)
     CHECK(m == NULL);
 }
 
+static const char *tiny_path;
+
+/* A DARKFormer adapter with Mat = I for the tiny model that names base model
+ * fp (NULL = no darkformer.base_fingerprint key). */
+static int write_identity_adapter(const char *path, const char *fp)
+{
+    const core_model_info_t *in = core_model_info(tiny);
+    const int hd = in->head_dim;
+    const size_t n = (size_t)in->n_layer * (size_t)in->n_head_kv * (size_t)hd * (size_t)hd;
+    float *mat = calloc(n, sizeof *mat);
+    if (!mat)
+        return CORE_ENOMEM;
+    for (size_t b = 0; b < n; b += (size_t)hd * hd)
+        for (int i = 0; i < hd; i++)
+            mat[b + (size_t)i * hd + i] = 1.0f;
+    core_features_adapter_desc_t d = {.kind = CORE_ATTN_DARKFORMER, .n_layer = in->n_layer,
+                                      .n_head = in->n_head, .n_head_kv = in->n_head_kv,
+                                      .head_dim = hd, .n_features = 16, .window = 4, .sinks = 2,
+                                      .seed = 5, .base_fingerprint = fp, .mat = mat};
+    core_error_t err = {0};
+    int rc = core_features_adapter_write(&d, path, &err);
+    CHECK_MSG(rc == 0, "adapter: %s", err.msg);
+    free(mat);
+    return rc;
+}
+
+TEST(adapter_of_another_model_is_refused)
+{
+    char dir[] = "/tmp/darkserve_adapter_fp_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char good[64], wrong[64], none[64];
+    snprintf(good, sizeof good, "%s/good.gguf", dir);
+    snprintf(wrong, sizeof wrong, "%s/wrong.gguf", dir);
+    snprintf(none, sizeof none, "%s/none.gguf", dir);
+    const char *fp = core_model_info(tiny)->fingerprint;
+    CHECK_INT_EQ(write_identity_adapter(good, fp), 0);
+    CHECK_INT_EQ(write_identity_adapter(wrong, "0123456789abcdef"), 0);
+    CHECK_INT_EQ(write_identity_adapter(none, NULL), 0);
+
+    core_model_opts_t o = {.attn_kind = CORE_ATTN_DARKFORMER, .n_features = 16, .window = 4,
+                           .seed = 5, .adapter_path = wrong};
+    core_model_t *m = NULL;
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_model_load(tiny_path, &o, &m, &err), CORE_EMISMATCH);
+    CHECK(m == NULL);
+    CHECK_MSG(strstr(err.msg, wrong) && strstr(err.msg, "0123456789abcdef") && strstr(err.msg, fp),
+              "message '%s' names the adapter and both fingerprints", err.msg);
+    /* whatever the kind: the adapter was given for this model */
+    o.attn_kind = CORE_ATTN_EXACT;
+    CHECK_INT_EQ(core_model_load(tiny_path, &o, &m, &err), CORE_EMISMATCH);
+    CHECK(m == NULL);
+
+    o.attn_kind = CORE_ATTN_DARKFORMER;
+    const char *ok[] = {good, none}; /* its own fingerprint, or none recorded */
+    for (int i = 0; i < 2; i++) {
+        o.adapter_path = ok[i];
+        int rc = core_model_load(tiny_path, &o, &m, &err);
+        CHECK_MSG(rc == 0, "%s: %s", ok[i], err.msg);
+        core_model_free(m);
+        m = NULL;
+    }
+    unlink(good);
+    unlink(wrong);
+    unlink(none);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const char *path = getenv("DARKSERVE_TINY_MODEL");
+    tiny_path = path;
     core_error_t err = {0};
     if (!path) {
         printf("DARKSERVE_TINY_MODEL is not set (run through make unit)\n");
@@ -523,6 +592,7 @@ int main(void)
     RUN(fork_continues_like_the_original);
     RUN(loader_accepts_valid_synthetic);
     RUN(loader_rejects_bad_models);
+    RUN(adapter_of_another_model_is_refused);
     core_model_free(tiny);
     core_model_free(tiny_32);
     return CHECK_DONE();
