@@ -13,8 +13,8 @@
 #include "server/api.h"
 
 #include "core/blas.h"
-#include "core/features.h"
 #include "core/gguf.h"
+#include "server/attn_select.h"
 #include "server/log.h"
 
 #include <inttypes.h>
@@ -168,27 +168,26 @@ static void model_name(api_app_t *app)
         app->model_id[n - 5] = '\0';
 }
 
-/* Attention settings: flags win, then the adapter's values, then defaults
- * (core_features_resolve). */
-static int model_opts(const srv_config_t *cfg, core_model_opts_t *mo)
+/* Attention: --attn auto picks DARKFormer with the model's adapter, else a
+ * training-free fallback (which it says); numbers: flags win, then the
+ * adapter's values, then defaults (server/attn_select.h). */
+static int model_opts(const srv_config_t *cfg, srv_attn_choice_t *ch)
 {
-    memset(mo, 0, sizeof *mo);
-    mo->attn_kind = (core_attn_kind_t)cfg->attn;
-    mo->adapter_path = cfg->adapter[0] ? cfg->adapter : NULL;
-    core_features_settings_t fs = {.n_features = cfg->features > 0 ? (int)cfg->features : 0,
-                                   .window = cfg->window >= 0 ? (int)cfg->window : -1,
-                                   .sinks = (int)cfg->sinks, .prerope = -1};
+    srv_attn_request_t rq = {.kind = cfg->attn, .adapter = cfg->adapter,
+                             .n_features = cfg->features > 0 ? (int)cfg->features : 0,
+                             .window = cfg->window >= 0 ? (int)cfg->window : -1,
+                             .sinks = (int)cfg->sinks, .prerope = -1,
+                             .decay_off = cfg->decay == 0, .linear = -1};
     core_error_t ce = {0};
-    if (core_features_resolve(mo->adapter_path, &fs, &ce) < 0) {
-        SRV_LOG(SRV_LOG_ERROR, NULL, "--adapter %s: %s", mo->adapter_path, ce.msg);
+    if (srv_attn_select(cfg->model, &rq, ch, &ce) < 0) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "attention for %s: %s", cfg->model, ce.msg);
         return -1;
     }
-    mo->n_features = fs.n_features;
-    mo->window = fs.window;
-    mo->sinks = fs.sinks;
-    mo->prerope = fs.prerope;
-    mo->seed = fs.seed;
-    mo->decay_off = cfg->decay == 0;
+    if (ch->fallback)
+        SRV_LOG(SRV_LOG_WARN, NULL, "%s", ch->note);
+    else if (ch->discovered)
+        SRV_LOG(SRV_LOG_INFO, NULL, "--attn auto: DARKFormer with the adapter found beside the "
+                "model, %s", ch->adapter);
     return 0;
 }
 
@@ -196,23 +195,41 @@ static int load(api_app_t *app)
 {
     const srv_config_t *cfg = app->cfg;
     core_error_t ce = {0};
-    core_model_opts_t mo;
-    if (model_opts(cfg, &mo) < 0)
+    srv_attn_choice_t *ch = malloc(sizeof *ch); /* a few KiB: off the threadpool's stack */
+    if (!ch) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
         return -1;
+    }
+    if (model_opts(cfg, ch) < 0) {
+        free(ch);
+        return -1;
+    }
+    const core_model_opts_t *mo = &ch->mo;
     core_blas_set_threads((int)cfg->threads);
     int64_t t0 = srv_engine_now_ns();
-    if (core_model_load(cfg->model, &mo, &app->model, &ce) < 0) {
-        const int linear = mo.attn_kind != CORE_ATTN_EXACT;
-        if (linear && !mo.adapter_path && strstr(ce.msg, "adapter"))
+    int rc = core_model_load(cfg->model, mo, &app->model, &ce);
+    if (rc < 0) {
+        const int linear = mo->attn_kind != CORE_ATTN_EXACT;
+        if (linear && !mo->adapter_path && strstr(ce.msg, "adapter"))
             SRV_LOG(SRV_LOG_ERROR, NULL,
                     "cannot load %s with --attn %s: no adapter given (%s). Pass --adapter "
                     "PATH (a DARKFormer adapter GGUF for this model), or use --attn exact or "
                     "--attn performer, which need none",
-                    cfg->model, core_attn_kind_name(mo.attn_kind), ce.msg);
+                    cfg->model, core_attn_kind_name(mo->attn_kind), ce.msg);
+        else if (rc == CORE_EMISMATCH && ch->discovered)
+            SRV_LOG(SRV_LOG_ERROR, NULL,
+                    "cannot load the model %s: %s (found beside the model by --attn auto; pass "
+                    "--adapter PATH or --attn KIND)",
+                    cfg->model, ce.msg);
         else
             SRV_LOG(SRV_LOG_ERROR, NULL, "cannot load the model %s: %s", cfg->model, ce.msg);
+        free(ch);
         return -1;
     }
+    char attn_desc[CORE_MODEL_PATH_MAX + 256];
+    srv_attn_describe(core_attn_config(core_model_attn(app->model)), ch->adapter, attn_desc,
+                      sizeof attn_desc);
+    free(ch);
     if (core_tokenizer_from_gguf(core_model_gguf(app->model), &app->tok, &ce) < 0) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "tokenizer of %s: %s", cfg->model, ce.msg);
         return -1;
@@ -226,8 +243,8 @@ static int load(api_app_t *app)
             return -1;
         }
     }
-    int rc = core_chat_tmpl_init(cfg->chat_template[0] ? cfg->chat_template : NULL, tmpl_text,
-                                 &app->tmpl, &ce);
+    rc = core_chat_tmpl_init(cfg->chat_template[0] ? cfg->chat_template : NULL, tmpl_text,
+                            &app->tmpl, &ce);
     free(tmpl_text);
     if (rc < 0) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "--chat-template: %s", ce.msg);
@@ -239,13 +256,12 @@ static int load(api_app_t *app)
                 "--chat-template to choose)");
     model_name(app);
     const core_model_info_t *info = core_model_info(app->model);
-    const core_attn_cfg_t *ac = core_attn_config(core_model_attn(app->model));
     SRV_LOG(SRV_LOG_INFO, NULL,
             "model %s (%s, %d layers, %" PRIu64 " parameters, fingerprint %s) loaded in %.2fs; "
-            "attention %s (features %d, window %d, exact context %" PRId64 "); chat template %s",
+            "attention %s; chat template %s",
             app->model_id, info->arch, info->n_layer, info->n_params, info->fingerprint,
-            (double)(srv_engine_now_ns() - t0) / 1e9, core_attn_kind_name(ac->kind), ac->n_features,
-            ac->window, ac->max_ctx, core_chat_kind_name(app->tmpl.kind));
+            (double)(srv_engine_now_ns() - t0) / 1e9, attn_desc,
+            core_chat_kind_name(app->tmpl.kind));
     return 0;
 }
 

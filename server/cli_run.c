@@ -16,10 +16,10 @@
 
 #include "core/blas.h"
 #include "core/chat.h"
-#include "core/features.h"
 #include "core/model.h"
 #include "core/sample.h"
 #include "core/tokenizer.h"
+#include "server/attn_select.h"
 #include "server/cli_opts.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,21 +34,25 @@ typedef struct load_args {
 #define LOAD_OPTS(la)                                                                        \
     {"model", SRV_OPT_STR, &(la).model, 0, 0, "GGUF model file (default " DEFAULT_MODEL ")"}, \
     {"attn", SRV_OPT_STR, &(la).attn, 0, 0,                                                  \
-     "attention: exact | performer | darkformer | darkformer-is (default exact)"},          \
-    {"features", SRV_OPT_INT, &(la).features, 0, 4096,                                      \
-     "random features M of linear kinds (0 = the adapter's, else 128)"},                    \
-    {"window", SRV_OPT_INT, &(la).window, -1, 65536,                                        \
-     "exact window W of hybrid attention (-1 = the adapter's, else 64)"},                   \
-    {"adapter", SRV_OPT_STR, &(la).adapter, 0, 0, "DARKFormer adapter GGUF"},              \
-    {"sinks", SRV_OPT_INT, &(la).sinks, -1, 1024,                                           \
-     "exact sink tokens S of linear kinds (-1 = the adapter's, else 4)"},                   \
-    {"prerope", SRV_OPT_INT, &(la).prerope, -1, 1,                                          \
-     "1: linear features on q, k before RoPE (-1 = the adapter's, else 0)"},                \
-    {"decay", SRV_OPT_STR, &(la).decay, 0, 0, "on | off: the adapter's learned decay"},    \
-    {"linear", SRV_OPT_STR, &(la).linear, 0, 0,                                             \
-     "on | off: off drops the linear branch (sinks + window only, for ablations)"},        \
-    {"ctx", SRV_OPT_INT, &(la).ctx, 0, 1 << 24,                                             \
-     "exact attention KV capacity in tokens (0 = the model's context length)"},             \
+     "attention: auto | exact | performer | darkformer | darkformer-is (default auto: "      \
+     "darkformer with --adapter or the adapter found beside the model, else performer with " \
+     "sinks + window only)"},                                                                \
+    {"features", SRV_OPT_INT, &(la).features, 0, 4096,                                       \
+     "random features M of linear kinds (0 = the adapter's, else 128)"},                     \
+    {"window", SRV_OPT_INT, &(la).window, -1, 65536,                                         \
+     "exact window W of hybrid attention (-1 = the adapter's, else 64; 256 for the auto "    \
+     "fallback)"},                                                                           \
+    {"adapter", SRV_OPT_STR, &(la).adapter, 0, 0, "DARKFormer adapter GGUF"},                \
+    {"sinks", SRV_OPT_INT, &(la).sinks, -1, 1024,                                            \
+     "exact sink tokens S of linear kinds (-1 = the adapter's, else 4)"},                    \
+    {"prerope", SRV_OPT_INT, &(la).prerope, -1, 1,                                           \
+     "1: linear features on q, k before RoPE (-1 = the adapter's, else 0)"},                 \
+    {"decay", SRV_OPT_STR, &(la).decay, 0, 0, "on | off: the adapter's learned decay"},      \
+    {"linear", SRV_OPT_STR, &(la).linear, 0, 0,                                              \
+     "on | off: off drops the linear branch (sinks + window only; default on, off for the "  \
+     "auto fallback)"},                                                                      \
+    {"ctx", SRV_OPT_INT, &(la).ctx, 0, 1 << 24,                                              \
+     "exact attention KV capacity in tokens (0 = the model's context length)"},              \
     {"threads", SRV_OPT_INT, &(la).threads, 0, 256, "BLAS threads (0 = library default)"}
 
 /* "on" / "off" -> 1 / 0; -1 otherwise. */
@@ -74,42 +78,52 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
                       core_tokenizer_t **tok)
 {
     core_error_t err = {0};
-    core_model_opts_t mo = {0};
-    mo.attn_kind = CORE_ATTN_EXACT;
-    if (la->attn && core_attn_kind_parse(la->attn, &mo.attn_kind) < 0) {
+    srv_attn_request_t rq = {.kind = SRV_ATTN_AUTO, .adapter = la->adapter,
+                             .n_features = (int)la->features, .window = (int)la->window,
+                             .sinks = (int)la->sinks, .prerope = (int)la->prerope,
+                             .linear = -1, .max_ctx = la->ctx};
+    if (la->attn && srv_attn_parse(la->attn, &rq.kind) < 0) {
         fprintf(stderr,
-                "darkserve %s: --attn must be exact, performer, darkformer or darkformer-is, got "
-                "'%s'\n",
+                "darkserve %s: --attn must be auto, exact, performer, darkformer or "
+                "darkformer-is, got '%s'\n",
                 cmd, la->attn);
         return 2;
     }
-    int decay_on = 1, linear_on = 1;
+    int decay_on = 1;
     if ((la->decay && srv_cli_onoff(la->decay, &decay_on) < 0) ||
-        (la->linear && srv_cli_onoff(la->linear, &linear_on) < 0)) {
+        (la->linear && srv_cli_onoff(la->linear, &rq.linear) < 0)) {
         fprintf(stderr, "darkserve %s: --decay and --linear take on or off\n", cmd);
         return 2;
     }
-    mo.max_ctx = la->ctx;
-    mo.adapter_path = la->adapter;
-    core_features_settings_t fs = {.n_features = (int)la->features, .window = (int)la->window,
-                                   .sinks = (int)la->sinks, .prerope = (int)la->prerope};
-    if (core_features_resolve(la->adapter, &fs, &err) < 0) {
-        fprintf(stderr, "darkserve %s: --adapter %s: %s\n", cmd, la->adapter, err.msg);
-        return 1;
-    }
-    mo.n_features = fs.n_features;
-    mo.window = fs.window;
-    mo.sinks = fs.sinks;
-    mo.prerope = fs.prerope;
-    mo.seed = fs.seed;
-    mo.decay_off = !decay_on;
-    mo.linear_off = !linear_on;
-    core_blas_set_threads((int)la->threads);
+    rq.decay_off = !decay_on;
     const char *path = la->model ? la->model : DEFAULT_MODEL;
-    if (core_model_load(path, &mo, m, &err) < 0) {
-        fprintf(stderr, "darkserve %s: cannot load %s: %s\n", cmd, path, err.msg);
+    srv_attn_choice_t *ch = malloc(sizeof *ch);
+    if (!ch) {
+        fprintf(stderr, "darkserve %s: out of memory\n", cmd);
         return 1;
     }
+    if (srv_attn_select(path, &rq, ch, &err) < 0) {
+        fprintf(stderr, "darkserve %s: %s\n", cmd, err.msg);
+        free(ch);
+        return 1;
+    }
+    if (ch->fallback)
+        fprintf(stderr, "darkserve: %s\n", ch->note);
+    core_blas_set_threads((int)la->threads);
+    int rc = core_model_load(path, &ch->mo, m, &err);
+    if (rc < 0) {
+        fprintf(stderr, "darkserve %s: cannot load %s: %s\n", cmd, path, err.msg);
+        if (rc == CORE_EMISMATCH && ch->discovered)
+            fprintf(stderr, "darkserve %s: (found beside the model by --attn auto; pass --adapter "
+                            "PATH or --attn KIND)\n",
+                    cmd);
+        free(ch);
+        return 1;
+    }
+    char desc[CORE_MODEL_PATH_MAX + 256];
+    srv_attn_describe(core_attn_config(core_model_attn(*m)), ch->adapter, desc, sizeof desc);
+    fprintf(stderr, "darkserve %s: attention %s\n", cmd, desc);
+    free(ch);
     if (core_tokenizer_from_gguf(core_model_gguf(*m), tok, &err) < 0) {
         fprintf(stderr, "darkserve %s: tokenizer of %s: %s\n", cmd, path, err.msg);
         core_model_free(*m);

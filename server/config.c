@@ -7,6 +7,7 @@
 #include "server/config.h"
 
 #include "core/attn.h"
+#include "server/attn_select.h"
 #include "server/log.h"
 
 #include <ctype.h>
@@ -20,6 +21,7 @@ _Static_assert(SRV_CFG_ATTN_EXACT == (int)CORE_ATTN_EXACT, "attn enum drift");
 _Static_assert(SRV_CFG_ATTN_PERFORMER == (int)CORE_ATTN_PERFORMER, "attn enum drift");
 _Static_assert(SRV_CFG_ATTN_DARKFORMER == (int)CORE_ATTN_DARKFORMER, "attn enum drift");
 _Static_assert(SRV_CFG_ATTN_DARKFORMER_IS == (int)CORE_ATTN_DARKFORMER_IS, "attn enum drift");
+_Static_assert(SRV_CFG_ATTN_AUTO == SRV_ATTN_AUTO, "attn enum drift");
 _Static_assert(SRV_CFG_LOG_DEBUG == (int)SRV_LOG_DEBUG, "log level enum drift");
 _Static_assert(SRV_CFG_LOG_JSON == (int)SRV_LOG_FORMAT_JSON, "log format enum drift");
 
@@ -53,7 +55,7 @@ typedef struct opt {
 
 static const char *const onoff_choices[] = {"off", "on", NULL};
 static const char *const attn_choices[] = {"exact", "performer", "darkformer", "darkformer-is",
-                                           NULL};
+                                           "auto", NULL};
 static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
 static const char *const format_choices[] = {"text", "json", NULL};
 
@@ -101,14 +103,17 @@ static const opt_t opts[] = {
      "model GGUF file (Llama architecture)"},
     {"adapter", "DARKSERVE_ADAPTER", OPT_STR, 0, O(adapter), "", 0, 0, NULL, "PATH",
      "DARKFormer adapter GGUF (learned covariances, features, window); empty = none"},
-    {"attn", "DARKSERVE_ATTN", OPT_ENUM, 0, O(attn), "exact", 0, 0, attn_choices, "KIND",
+    {"attn", "DARKSERVE_ATTN", OPT_ENUM, 0, O(attn), "auto", 0, 0, attn_choices, "KIND",
      "attention: exact softmax (KV cache, bounded context), performer, darkformer or "
-     "darkformer-is (constant-size state)"},
+     "darkformer-is (constant-size state); auto = darkformer with --adapter or the model's "
+     "adapter found beside it (<model dir>/adapters/<name>.darkformer.gguf, then "
+     "<model without .gguf>.darkformer.gguf), else performer with sinks + window only "
+     "(training-free, window 256 unless --window), with a warning"},
     {"features", "DARKSERVE_FEATURES", OPT_INT, 0, O(features), "0", 0, 65536, NULL, "M",
      "random features per KV head; 0 = the adapter's value or the built-in default"},
     {"window", "DARKSERVE_WINDOW", OPT_INT, 0, O(window), "-1", -1, 1 << 20, NULL, "W",
      "exact-attention window of the hybrid (tokens); 0 = pure linear, -1 = the adapter's value "
-     "or the built-in default"},
+     "or the built-in default (64; 256 for the auto fallback)"},
     {"sinks", "DARKSERVE_SINKS", OPT_INT, 0, O(sinks), "-1", -1, 1024, NULL, "S",
      "first tokens of a session kept and attended exactly forever (linear kinds); -1 = the "
      "adapter's value or the built-in default"},

@@ -30,12 +30,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Values of --attn; equal to core_attn_kind_t (core/attn.h), checked in config.c. */
+/* Values of --attn; equal to core_attn_kind_t (core/attn.h), and AUTO to
+ * SRV_ATTN_AUTO (server/attn_select.h), checked in config.c. */
 typedef enum srv_cfg_attn {
     SRV_CFG_ATTN_EXACT = 0,
     SRV_CFG_ATTN_PERFORMER = 1,
     SRV_CFG_ATTN_DARKFORMER = 2,
-    SRV_CFG_ATTN_DARKFORMER_IS = 3
+    SRV_CFG_ATTN_DARKFORMER_IS = 3,
+    SRV_CFG_ATTN_AUTO = 4
 } srv_cfg_attn_t;
 
 /* Values of --log-level; equal to srv_log_level_t (server/log.h). */
@@ -82,7 +84,7 @@ typedef struct srv_config {
     /* model */
     char *model;               /* GGUF path */
     char *adapter;             /* DARKFormer adapter GGUF; "" = none */
-    int attn;                  /* srv_cfg_attn_t */
+    int attn;                  /* srv_cfg_attn_t; AUTO by default */
     int64_t features;          /* random features m; 0 = from adapter/default */
     int64_t window;            /* exact window W; -1 = from adapter/default */
     int64_t sinks;             /* exact sink tokens S; -1 = from adapter/default */

@@ -51,7 +51,7 @@ TEST(test_defaults)
     CHECK_INT_EQ(c.port, 8080);
     CHECK_STR_EQ(c.model, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     CHECK_STR_EQ(c.adapter, "");
-    CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_EXACT);
+    CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_AUTO);
     CHECK_INT_EQ(c.generation_timeout_s, 600);
     CHECK_INT_EQ(c.max_body, 1048576);
     CHECK_INT_EQ(c.request_timeout_s, 60);
@@ -193,8 +193,16 @@ TEST(test_errors_name_the_flag)
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--drain-timeout", "5ms", NULL), -1);
     CHECK(strstr(err, "--drain-timeout") && strstr(err, "duration"));
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--attn", "softmax", NULL), -1);
-    CHECK(strstr(err, "--attn") && strstr(err, "exact|performer|darkformer|darkformer-is") &&
+    CHECK(strstr(err, "--attn") && strstr(err, "exact|performer|darkformer|darkformer-is|auto") &&
           strstr(err, "softmax"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--attn", "exact", NULL), 0);
+    CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_EXACT);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, (char *[]){"DARKSERVE_ATTN=exact", NULL}, err, sizeof err, "--attn",
+                       "auto", NULL),
+                 0);
+    CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_AUTO);
+    srv_config_free(&c);
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--log-format", "xml", NULL), -1);
     CHECK(strstr(err, "--log-format") && strstr(err, "text|json"));
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--host", "", NULL), -1);
@@ -274,7 +282,7 @@ TEST(test_help_lists_every_option)
         "max-tokens-limit", "request-timeout", "idle-timeout", "drain-timeout",
         "api-key",       "api-key-file",   "cors-origin",    "log-level",
         "log-format",    "log-file",       "chat-template",  "max-connections",
-        "generation-timeout", NULL};
+        "generation-timeout", "sinks",    "decay",          NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];

@@ -1,0 +1,99 @@
+/* server/attn_select.c — --attn auto and the attention settings (see
+ * attn_select.h). */
+#include "server/attn_select.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/features.h"
+
+int srv_attn_parse(const char *name, int *kind)
+{
+    if (strcmp(name, "auto") == 0) {
+        *kind = SRV_ATTN_AUTO;
+        return 0;
+    }
+    core_attn_kind_t k;
+    if (core_attn_kind_parse(name, &k) < 0)
+        return CORE_EINVAL;
+    *kind = (int)k;
+    return 0;
+}
+
+static int set_adapter(srv_attn_choice_t *out, const char *path, core_error_t *err)
+{
+    size_t n = strlen(path);
+    if (n >= sizeof out->adapter)
+        return core_error_set(err, CORE_ERANGE, "adapter path too long: %.200s...", path);
+    memcpy(out->adapter, path, n + 1);
+    out->mo.adapter_path = out->adapter;
+    return 0;
+}
+
+int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_attn_choice_t *out,
+                    core_error_t *err)
+{
+    memset(out, 0, sizeof *out);
+    const int have_adapter = rq->adapter && rq->adapter[0];
+    int rc;
+    core_features_settings_t fs = {.n_features = rq->n_features, .window = rq->window,
+                                   .sinks = rq->sinks, .prerope = rq->prerope};
+    out->mo.max_ctx = rq->max_ctx;
+    out->mo.decay_off = rq->decay_off;
+    out->mo.linear_off = rq->linear == 0;
+    if (have_adapter && (rc = set_adapter(out, rq->adapter, err)) < 0)
+        return rc;
+    if (rq->kind != SRV_ATTN_AUTO) {
+        out->mo.attn_kind = (core_attn_kind_t)rq->kind;
+    } else if (have_adapter) {
+        out->mo.attn_kind = CORE_ATTN_DARKFORMER;
+    } else {
+        core_error_t why = {0};
+        rc = core_model_adapter_find(model_path, out->adapter, sizeof out->adapter, &why);
+        if (rc == 0) {
+            out->mo.attn_kind = CORE_ATTN_DARKFORMER;
+            out->mo.adapter_path = out->adapter;
+            out->discovered = 1;
+        } else if (rc == CORE_ENOTFOUND) {
+            out->mo.attn_kind = CORE_ATTN_PERFORMER;
+            out->mo.linear_off = rq->linear != 1;
+            if (fs.window < 0)
+                fs.window = SRV_ATTN_FALLBACK_WINDOW;
+            out->fallback = 1;
+            snprintf(out->note, sizeof out->note,
+                     "%s; using performer with sinks + window only (training-free); pass "
+                     "--adapter PATH or --attn KIND",
+                     why.msg);
+        } else {
+            return core_error_set(err, rc, "%s", why.msg);
+        }
+    }
+    if ((rc = core_features_resolve(out->mo.adapter_path, &fs, err)) < 0) {
+        char msg[CORE_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
+        return core_error_set(err, rc, "adapter %s: %s", out->mo.adapter_path, msg);
+    }
+    out->mo.n_features = fs.n_features;
+    out->mo.window = fs.window;
+    /* sinks are a linear kinds' setting: exact attention sees every token
+     * anyway, and its state blobs must say 0 (core/state.c refuses others) */
+    out->mo.sinks = out->mo.attn_kind == CORE_ATTN_EXACT ? 0 : fs.sinks;
+    out->mo.prerope = fs.prerope;
+    out->mo.seed = fs.seed;
+    return 0;
+}
+
+void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf, size_t cap)
+{
+    const char *ad = adapter && adapter[0] ? adapter : "none";
+    if (ac->kind == CORE_ATTN_EXACT) {
+        snprintf(buf, cap, "exact (exact context %" PRId64 ", adapter %s)", ac->max_ctx, ad);
+        return;
+    }
+    snprintf(buf, cap,
+             "%s (features %d, window %d, sinks %d%s%s%s, exact context %" PRId64 ", adapter %s)",
+             core_attn_kind_name(ac->kind), ac->n_features, ac->window, ac->sinks,
+             ac->prerope ? ", pre-RoPE" : "", ac->decay_off ? ", decay off" : "",
+             ac->linear_off ? ", linear branch off" : "", ac->max_ctx, ad);
+}

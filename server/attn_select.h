@@ -1,0 +1,69 @@
+/* server/attn_select.h — which attention a model is loaded with: the one rule
+ * shared by `darkserve serve` and the CLI commands that load a model.
+ *
+ * --attn auto (the default) means DARKFormer with the adapter that belongs to
+ * the model: the --adapter given, else the one core_model_adapter_find()
+ * finds beside the model; with neither, the best training-free configuration
+ * (performer kind with the linear branch off: exact attention to the sinks
+ * and a window of SRV_ATTN_FALLBACK_WINDOW tokens), and a note saying so.
+ * An explicit kind is taken as given (no discovery). Numbers come from
+ * core_features_resolve(): flags win, then the adapter, then the defaults.
+ *
+ * Knows nothing of logging or of how the caller reports: it returns the
+ * choice and the sentences to print.
+ */
+#ifndef DARKSERVE_SERVER_ATTN_SELECT_H
+#define DARKSERVE_SERVER_ATTN_SELECT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/attn.h"
+#include "core/err.h"
+#include "core/model.h"
+
+/* Value of srv_attn_request_t.kind for "auto" (== SRV_CFG_ATTN_AUTO). */
+#define SRV_ATTN_AUTO 4
+/* Window of the training-free fallback when --window is not given: the best
+ * measured sinks + window configuration without an adapter (docs/QUALITY.md). */
+#define SRV_ATTN_FALLBACK_WINDOW 256
+
+typedef struct srv_attn_request {
+    int kind;            /* core_attn_kind_t, or SRV_ATTN_AUTO */
+    const char *adapter; /* --adapter; NULL or "" = none (borrowed) */
+    int n_features;      /* 0 = the adapter's, else the default */
+    int window;          /* -1 = the adapter's, else the default */
+    int sinks;           /* -1 = the adapter's, else the default */
+    int prerope;         /* -1 = the adapter's, else 0 */
+    int decay_off;       /* 1: no learned decay */
+    int linear;          /* -1 = unset (on, off for the fallback), 0 off, 1 on */
+    int64_t max_ctx;     /* exact KV capacity; 0 = the model's */
+} srv_attn_request_t;
+
+/* Filled by srv_attn_select. Not to be copied: mo.adapter_path points into
+ * adapter. */
+typedef struct srv_attn_choice {
+    core_model_opts_t mo;                /* ready for core_model_load */
+    char adapter[CORE_MODEL_PATH_MAX];   /* adapter in use, "" = none */
+    int discovered;                      /* 1: auto found the adapter beside the model */
+    int fallback;                        /* 1: auto found none: training-free fallback */
+    char note[CORE_ERROR_MSG_MAX + 160]; /* fallback: why and what to do, one sentence */
+} srv_attn_choice_t;
+
+/* "exact", "performer", "darkformer", "darkformer-is" or "auto" -> *kind;
+ * CORE_EINVAL otherwise. */
+int srv_attn_parse(const char *name, int *kind);
+
+/* Chooses the attention for model_path (borrowed) from rq (borrowed) into
+ * *out (caller-owned). Returns 0, or a negative core code with a message
+ * naming the adapter (unreadable, bad keys) or the model path (too long to
+ * look beside). */
+int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_attn_choice_t *out,
+                    core_error_t *err);
+
+/* "darkformer (features 128, window 256, sinks 4, exact context 8192,
+ * adapter PATH)" for a loaded attention (ac borrowed; adapter may be NULL or
+ * "" = none) into buf[cap]. */
+void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf, size_t cap);
+
+#endif
