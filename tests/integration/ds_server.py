@@ -88,7 +88,7 @@ def parse_metrics(text):
 class Server:
     """One `darkserve serve` process."""
 
-    def __init__(self, tmp, model=None, args=(), session_dir=None, name="srv"):
+    def __init__(self, tmp, model=None, args=(), session_dir=None, name="srv", attn="exact"):
         assert os.access(BIN, os.X_OK), f"{BIN} missing: build it first (make)"
         model = model or TINY
         assert os.path.exists(model), f"model {model} missing (make builds the tiny one; " \
@@ -99,7 +99,8 @@ class Server:
         self.err = os.path.join(self.tmp, f"{name}.stderr")
         self.session_dir = session_dir or os.path.join(self.tmp, f"{name}-sessions")
         self.model = model
-        self.args = list(args)
+        # exact unless a test asks otherwise (None: no --attn, the default auto)
+        self.args = (["--attn", attn] if attn else []) + list(args)
         self.proc = None
         self.port = None
         self.start()
@@ -107,7 +108,7 @@ class Server:
     def start(self):
         # the log file is appended to across restarts: remember where this run starts
         self.log_from = len(read_text(self.log))
-        cmd = [BIN, "serve", "--port", "0", "--model", self.model, "--attn", "exact",
+        cmd = [BIN, "serve", "--port", "0", "--model", self.model,
                "--log-file", self.log, "--session-dir", self.session_dir] + self.args
         with open(self.err, "ab") as errf:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf)
