@@ -14,18 +14,20 @@
 # Build arguments:
 #   FETCH_MODEL=0|1   1 bakes SmolLM2-135M-Instruct.Q4_1.gguf into /models
 #   ADAPTER=NAME      a DARKFormer adapter file in models/adapters/ that the
-#                     server loads by default (DARKSERVE_ADAPTER); default the
-#                     committed smollm2-135m.darkformer.gguf; empty = none.
+#                     server loads by default (DARKSERVE_ADAPTER); default
+#                     empty: the server finds the model's own adapter beside
+#                     it (/models/adapters/<model name>.darkformer.gguf).
 #                     Every file in models/adapters/ is copied in either way.
-#   ATTN=KIND         the default attention (DARKSERVE_ATTN): darkformer with
-#                     the adapter; build with ATTN=exact ADAPTER= for softmax.
+#   ATTN=KIND         the default attention (DARKSERVE_ATTN), default auto:
+#                     DARKFormer with that adapter (training-free fallback
+#                     with a warning if there is none); ATTN=exact for softmax.
 #   DEBIAN_IMAGE      the base image (default debian:bookworm-slim)
 #   PIP_INDEX_URL, PIP_CERT   pip settings for FETCH_MODEL=1 (see the model stage)
 
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 ARG FETCH_MODEL=0
-ARG ADAPTER=smollm2-135m.darkformer.gguf
-ARG ATTN=darkformer
+ARG ADAPTER=
+ARG ATTN=auto
 
 # ---------------------------------------------------------------------------
 FROM ${DEBIAN_IMAGE} AS build
@@ -44,16 +46,19 @@ COPY . .
 ARG ADAPTER
 # The debug sections are dropped (about 2/3 of the file); the symbol table
 # stays so backtraces keep function names. /out is the runtime stage's tree.
-# models/adapters/ only exists once an adapter is committed.
+# models/adapters/ only exists once an adapter is committed. /models/adapters
+# links to the copied adapters, where --attn auto looks for the model's own
+# (a folder mounted on /models brings its own adapters/ instead).
 RUN if [ -n "$ADAPTER" ] && [ ! -f "models/adapters/$ADAPTER" ]; then \
       echo "ADAPTER=$ADAPTER: models/adapters/$ADAPTER is not in the build context" >&2; exit 1; \
     fi \
  && make BUILD=build -j"$(nproc)" build/darkserve \
  && strip --strip-debug build/darkserve \
  && build/darkserve version \
- && mkdir -p models/adapters /out/usr/local/bin /out/usr/local/share/darkserve \
+ && mkdir -p models/adapters /out/usr/local/bin /out/usr/local/share/darkserve /out/models \
  && cp build/darkserve /out/usr/local/bin/ \
- && cp -R models/adapters /out/usr/local/share/darkserve/
+ && cp -R models/adapters /out/usr/local/share/darkserve/ \
+ && ln -s /usr/local/share/darkserve/adapters /out/models/adapters
 
 # ---------------------------------------------------------------------------
 # /models: empty (FETCH_MODEL=0, mount the model there) or the default GGUF

@@ -6,7 +6,8 @@
 #   1500 bytes of tests/data/heldout.txt (~350 tokens); its own stderr line
 #   gives prefill (prompt) and decode (generated) tokens/s
 #   RSS      peak resident set of that run (/usr/bin/time)
-# Extra arguments (e.g. --attn performer --features 128) go to generate.
+# Exact attention unless the extra arguments say otherwise (they go to
+# generate after --attn exact, so e.g. --attn darkformer or --attn auto wins).
 set -euo pipefail
 bin=$1 model=$2; shift 2
 runs=${BENCH_RUNS:-5}
@@ -15,7 +16,7 @@ dec=() pre=() rss=()
 prompt=$(head -c 1500 tests/data/heldout.txt)
 for i in $(seq "$runs"); do
   out=$( { /usr/bin/time -f 'maxrss %M' "$bin" generate --model "$model" --temperature 0 \
-           --max-tokens 64 --prompt "$prompt" "$@" > /dev/null; } 2>&1 )
+           --max-tokens 64 --prompt "$prompt" --attn exact "$@" > /dev/null; } 2>&1 )
   pre+=("$(sed -n 's/^prompt: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tokens\/s).*/\1/p' <<<"$out")")
   dec+=("$(sed -n 's/.*generated: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tokens\/s).*/\1/p' <<<"$out")")
   rss+=("$(sed -n 's/^maxrss \([0-9]*\)/\1/p' <<<"$out")")

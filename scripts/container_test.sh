@@ -203,7 +203,7 @@ crun darkserve version
 crun darkserve info "/models/$model_name" >"$logs/info.txt" || die "darkserve info failed in the container"
 grep -Eq '^architecture +llama' "$logs/info.txt" || { cat "$logs/info.txt" >&2; die "darkserve info: no 'architecture llama' line"; }
 say "darkserve info ok"
-gen=(generate --prompt "The capital of France is" --temperature 0 --max-tokens 8)
+gen=(generate --prompt "The capital of France is" --temperature 0 --max-tokens 8 --attn exact)
 t0=$(date +%s)
 timeout 300 "${bah_cmd[@]}" run --isolation chroot "${vol[@]}" "$ctr" -- darkserve "${gen[@]}" --model "/models/$model_name" \
   >"$logs/generate.txt" 2>"$logs/generate.err" || { cat "$logs/generate.err" >&2; die "darkserve generate failed in the container"; }
@@ -300,9 +300,16 @@ code=$(curl -s -o "$logs/completion.json" -w '%{http_code}' -H 'Content-Type: ap
 sreq='{"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stream": true}'
 curl -sN --max-time 300 -H 'Content-Type: application/json' -d "$sreq" "$base/v1/completions" \
   >"$logs/stream.txt" || die "streamed POST /v1/completions failed"
-# The CLI's generate runs exact attention; the texts must match when the
-# server (as the image configures it) does too.
+# The CLI's generate above runs exact attention (--attn exact); the texts must
+# match when the server (as the image configures it) does too.
 attn=$(bah run --isolation chroot "${vol[@]}" "$ctr" -- "${argv[@]}" --print-config | awk '$1 == "attn" {print $2}')
+# --attn auto (the image's default) must have found the model's adapter in
+# /models/adapters/ (the mounted models/ folder, or the image's own copy).
+if [ "$attn" = auto ]; then
+  grep -q 'attention darkformer (' "$logs/serve-1.log" ||
+    die "attn auto, but the server does not run DARKFormer: $(grep -m1 -e 'attention' -e 'no DARKFormer adapter' "$logs/serve-1.log")"
+  say "attn auto: the server runs DARKFormer with the adapter found beside the model"
+fi
 python3 - "$logs/completion.json" "$logs/stream.txt" "$logs/generate.txt" "$attn" <<'PY' ||
 import json, sys
 r = json.load(open(sys.argv[1]))
