@@ -124,6 +124,8 @@ typedef struct lin_scratch {
     float *vw;  /* [NK][Hd] their values */
     float *qu;  /* [R][Hd] queries before RoPE (prerope) */
     float *ku;  /* [NI][Hd] keys before RoPE (prerope) */
+    float *ks;  /* [S][Hd] sink keys moved next to the window (see chunk_forward) */
+    float *es;  /* [R][S] their scores */
     float *e;   /* [R][NK] exact weights */
     float *ev;  /* [R][Hd] exact numerators */
     double *qhn;  /* [R] |ŷ|²/2 of queries */
@@ -161,7 +163,8 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_kd = take(&f, cn * m), o_kp = take(&f, cn * m), o_vi = take(&f, cn * hd);
     size_t o_pp = take(&f, r * cn), o_num = take(&f, r * hd), o_kw = take(&f, nk * hd);
     size_t o_vw = take(&f, nk * hd), o_e = take(&f, r * nk), o_ev = take(&f, r * hd);
-    size_t o_qu = take(&f, r * hd), o_ku = take(&f, cn * hd);
+    size_t o_qu = take(&f, r * hd), o_ku = take(&f, cn * hd), o_ks = take(&f, sk * hd);
+    size_t o_es = take(&f, r * sk);
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + cn + hd);
@@ -182,6 +185,8 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->vw = fb + o_vw;
         sc->qu = fb + o_qu;
         sc->ku = fb + o_ku;
+        sc->ks = fb + o_ks;
+        sc->es = fb + o_es;
         sc->e = fb + o_e;
         sc->ev = fb + o_ev;
         sc->qhn = db + o_qhn;
@@ -259,9 +264,10 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     if (cfg->sinks < 0 || cfg->sinks > CORE_FEATURES_MAX_SINKS)
         return core_error_set(err, CORE_EINVAL, "sinks %d not in [0, %d]", cfg->sinks,
                               CORE_FEATURES_MAX_SINKS);
-    if (cfg->prerope && (cfg->n_rot < 2 || cfg->n_rot % 2 || cfg->n_rot > cfg->head_dim ||
-                         !(cfg->rope_base > 0.0) || !(cfg->rope_scale > 0.0)))
-        return core_error_set(err, CORE_EINVAL, "pre-RoPE features need the model's RoPE "
+    if ((cfg->prerope || cfg->sinks) &&
+        (cfg->n_rot < 2 || cfg->n_rot % 2 || cfg->n_rot > cfg->head_dim ||
+         !(cfg->rope_base > 0.0) || !(cfg->rope_scale > 0.0)))
+        return core_error_set(err, CORE_EINVAL, "pre-RoPE features and sinks need the model's RoPE "
                               "(n_rot %d, base %g, scale %g)", cfg->n_rot, cfg->rope_base,
                               cfg->rope_scale);
     if (cfg->linear_off && cfg->window == 0 && cfg->sinks == 0)
@@ -279,7 +285,7 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     float *mat = NULL;  /* [Hd][Hd] one head's M or Λ */
     double *isa = NULL; /* [Hd][Hd] Σ*^(1/2) */
     lin_params_t *lp = calloc(1, sizeof *lp);
-    size_t n_rope = cfg->prerope ? (size_t)cfg->n_rot / 2 : 1;
+    size_t n_rope = cfg->prerope || cfg->sinks ? (size_t)cfg->n_rot / 2 : 1;
     if (lp) {
         lp->maps = calloc(n_maps, sizeof *lp->maps);
         lp->gam = malloc(n_maps * sizeof *lp->gam);
@@ -294,7 +300,7 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     }
     for (size_t i = 0; i < n_maps; i++)
         lp->gam[i] = 1.0f;
-    for (int i = 0; cfg->prerope && i < cfg->n_rot / 2; i++)
+    for (int i = 0; (cfg->prerope || cfg->sinks) && i < cfg->n_rot / 2; i++)
         lp->rope_if[i] = pow(cfg->rope_base, -2.0 * i / (double)cfg->n_rot) / cfg->rope_scale;
     for (int l = 0; l < cfg->n_layer; l++) {
         const core_gguf_tensor_t *t = NULL;
@@ -486,7 +492,8 @@ typedef struct lin_ctx {
     int64_t sinks;                /* S */
     double lg;                    /* log γ of this KV head (0: no decay) */
     const float *mix;             /* this layer's [H] β */
-    const double *rope_if;        /* [n_rot/2], NULL: features after RoPE */
+    const double *rope_if;        /* [n_rot/2] (prerope or sinks), else NULL */
+    int pre;                      /* features before RoPE */
     int n_rot;
     int lin_off;                  /* linear branch off */
     int fp64;
@@ -639,7 +646,7 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         cn[i] = x->c[i] + cdec; /* −inf stays −inf */
     if (ni > 0) {
         const float *kin = sc->kx;
-        if (x->rope_if) {
+        if (x->pre) {
             unrope(x, ni, 1, x->p0 + ti0 - w, sc->kx, sc->ku);
             kin = sc->ku;
         }
@@ -667,7 +674,7 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
                (size_t)(gs * hd) * sizeof(float));
     if (!x->lin_off) {
         const float *qin = sc->qx;
-        if (x->rope_if) {
+        if (x->pre) {
             unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
             qin = sc->qu;
         }
@@ -770,8 +777,30 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         }
         core_gemm_nt(nr, nk, hd, (float)(1.0 / sqrt((double)hd)), sc->qx, hd, sc->kw, hd, 0.0f,
                      sc->e, nk);
+        /* Sinks sit next to the window (StreamingLLM's positions): once a
+         * query at τ is past τ = W + S − 1, sink j is scored as if it were at
+         * position j + (τ − W + 1 − S), so the RoPE distance to the sinks
+         * stays W + S − 1 − j however long the stream — a model never saw
+         * RoPE distances past its training context. That relative rotation
+         * is the same for every such τ: with q̃ = q un-rotated by τ and
+         * k̃_j = k_j rotated by 1 − W − S (from its own j), the score is
+         * q̃·k̃_j. Before that τ every sink sits at its true position. */
+        int64_t tshift = w + nsk - 1; /* first τ with the shift */
+        int shifted = nsk > 0 && x->p0 + t1 - 1 >= tshift;
+        if (shifted) {
+            for (int64_t j = 0; j < nsk; j++)
+                unrope(x, 1, 1, tshift, kv_row(x, x->k, x->ring_k, x->sink_k, j),
+                       sc->ks + j * hd);
+            if (!x->pre)
+                unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+            core_gemm_nt(nr, nsk, hd, (float)(1.0 / sqrt((double)hd)), sc->qu, hd, sc->ks, hd,
+                         0.0f, sc->es, nsk);
+        }
         for (int64_t r = 0; r < nr; r++) {
             int64_t tau = x->p0 + t0 + r / gs;
+            if (shifted && tau >= tshift)
+                for (int64_t j = 0; j < nsk; j++)
+                    sc->e[r * nk + (j < ns ? j : ns + j - pw0)] = sc->es[r * nsk + j];
             /* key at u is visible iff u ≤ τ and (u in the window or u a sink) */
             int64_t lo = w > 0 ? (tau - w + 1 > 0 ? tau - w + 1 : 0) : tau + 1;
             float *er = sc->e + r * nk;
@@ -868,7 +897,8 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
     x.sink_k = st->sink_k + (int64_t)layer * cfg->sinks * hkv * hd;
     x.sink_v = st->sink_v + (int64_t)layer * cfg->sinks * hkv * hd;
     x.mix = lp->mix + (size_t)layer * (size_t)cfg->n_head;
-    x.rope_if = cfg->prerope ? lp->rope_if : NULL;
+    x.rope_if = cfg->prerope || cfg->sinks ? lp->rope_if : NULL;
+    x.pre = cfg->prerope;
     x.n_rot = cfg->n_rot;
     x.lin_off = cfg->linear_off;
     x.fp64 = st->fp64;

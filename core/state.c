@@ -423,7 +423,7 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
                            (uint32_t)c->window};
     for (int i = 0; i < 7; i++)
         put_u32(b + OFF_KIND + 4 * i, f[i]);
-    put_u32(b + OFF_SINKS, (uint32_t)c->sinks);
+    put_u32(b + OFF_SINKS, c->kind == CORE_ATTN_EXACT ? 0u : (uint32_t)c->sinks);
     put_u64(b + OFF_SEED, c->seed);
     put_u64(b + OFF_MAX_CTX, (uint64_t)c->max_ctx);
     put_u64(b + OFF_DIGEST, params_digest(a));

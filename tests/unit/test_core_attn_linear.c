@@ -272,7 +272,8 @@ static double lse2(const double *a, const double *b, int m)
 
 /* out: [L][n][H*Hd] in double. Keys older than the window (and not among
  * the first S, the sinks) weigh e^β · φ(q)·φ(k) · γ^(t−W−j), features of the
- * un-rotated vectors when s->pre; the others exp(q·k/√Hd). */
+ * un-rotated vectors when s->pre; the others exp(q·k/√Hd), a sink's key
+ * moved next to the window (position j + t + 1 − W − S) once t ≥ W + S − 1. */
 static double *reference(const core_attn_t *a, const shape_t *s, const inputs_t *in)
 {
     int64_t n = in->n, nq = (int64_t)s->H * s->Hd, nk = (int64_t)s->Hkv * s->Hd;
@@ -315,9 +316,17 @@ static double *reference(const core_attn_t *a, const shape_t *s, const inputs_t 
                                                : lse2(lq, lk + j * m, m) + (double)(t - w - j) * lg +
                                                      (double)mixw[h * gs + g];
                         } else {
+                            /* a sink, once τ ≥ W + S − 1, sits just before the
+                             * window: key rotated on by τ + 1 − W − S */
+                            const float *kr = kk + j * nk + h * hd;
+                            float kt[256];
+                            if (j < s->S && t >= w + s->S - 1) {
+                                unrotate(s, kr, w + s->S - 1 - t, kt);
+                                kr = kt;
+                            }
                             double d = 0;
                             for (int c = 0; c < hd; c++)
-                                d += (double)qr[c] * kk[j * nk + h * hd + c];
+                                d += (double)qr[c] * kr[c];
                             lw[j] = d / sqrt((double)hd);
                         }
                         if (lw[j] > top)
@@ -1115,7 +1124,8 @@ TEST(test_v2_adapter_errors)
     CHECK_INT_EQ(core_features_adapter_write(&d, adapter_path(), &err), 0);
     CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
     core_attn_cfg_t cfg = {.kind = s.kind, .n_layer = 1, .n_head = 6, .n_head_kv = 2,
-                           .head_dim = 16, .n_features = 32, .window = 5, .seed = 21, .sinks = 3};
+                           .head_dim = 16, .n_features = 32, .window = 5, .seed = 21, .sinks = 3,
+                           .n_rot = 16, .rope_base = ROT_BASE, .rope_scale = 1.0};
     core_attn_t *a = NULL;
     CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), CORE_EFORMAT);
     CHECK_MSG(strstr(err.msg, "darkformer.blk.0.decay") && strstr(err.msg, "element 1"), "%s",
@@ -1136,12 +1146,18 @@ TEST(test_v2_adapter_errors)
     CHECK_MSG(strstr(err.msg, "darkformer.blk.0.mix") && strstr(err.msg, "expected [6]"), "%s",
               err.msg);
     core_gguf_close(g);
-    /* pre-RoPE without the model's RoPE, and sinks out of range */
+    /* pre-RoPE or sinks without the model's RoPE, and sinks out of range */
+    cfg.kind = CORE_ATTN_PERFORMER;
+    cfg.n_rot = 0;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+    cfg.sinks = 0;
     cfg.prerope = 1;
     CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+    cfg.n_rot = 16;
     cfg.prerope = 0;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), 0);
+    core_attn_free(a);
     cfg.sinks = CORE_FEATURES_MAX_SINKS + 1;
-    cfg.kind = CORE_ATTN_PERFORMER;
     CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
     unlink(adapter_path());
 }
