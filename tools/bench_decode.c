@@ -1,7 +1,7 @@
 /* tools/bench_decode.c — decode speed and session state size at a given
  * context length, for docs/QUALITY.md.
  *
- *   bench_decode --model M [--attn K] [--features N] [--window W]
+ *   bench_decode --model M [--attn K] [--features N] [--window W] [--sinks S]
  *                [--adapter A] --ctx P [--tokens N] [--runs R] [--threads T]
  *
  * Brings one session's attention state to position P, then times R runs of
@@ -29,6 +29,7 @@
 
 #include "core/attn_impl.h"
 #include "core/blas.h"
+#include "core/features.h"
 #include "core/model.h"
 #include "core/rng.h"
 
@@ -59,7 +60,7 @@ static int cmp_d(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     const char *model = NULL, *attn = "exact", *adapter = NULL;
-    int64_t m = 0, w = 0, ctx = -1, n_tok = 32, runs = 5, threads = 0;
+    int64_t m = 0, w = -1, sinks = -1, ctx = -1, n_tok = 32, runs = 5, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
@@ -73,6 +74,8 @@ int main(int argc, char **argv)
             bad = parse_i64(v, 0, 65536, &m);
         else if (!bad && !strcmp(a, "--window"))
             bad = parse_i64(v, 0, 1 << 20, &w);
+        else if (!bad && !strcmp(a, "--sinks"))
+            bad = parse_i64(v, 0, 1024, &sinks);
         else if (!bad && !strcmp(a, "--ctx"))
             bad = parse_i64(v, 0, (int64_t)1 << 30, &ctx);
         else if (!bad && !strcmp(a, "--tokens"))
@@ -90,19 +93,30 @@ int main(int argc, char **argv)
         i++;
     }
     core_model_opts_t mo = {0};
+    core_error_t err = {0};
     if (!model || ctx < 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
         fprintf(stderr, "usage: bench_decode --model M [--attn K] [--features N] [--window W] "
-                        "[--adapter A] --ctx P [--tokens N] [--runs R] [--threads T]\n");
+                        "[--sinks S] [--adapter A] --ctx P [--tokens N] [--runs R] [--threads T]\n");
         return 2;
     }
-    mo.n_features = (int)m;
-    mo.window = (int)w;
+    /* Linear kinds: flags, then the adapter's settings, then the defaults
+     * (core_features_resolve), as darkserve itself does. */
+    core_features_settings_t fs = {.n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
+                                   .prerope = -1};
+    if (mo.attn_kind != CORE_ATTN_EXACT && core_features_resolve(adapter, &fs, &err) < 0) {
+        fprintf(stderr, "bench_decode: --adapter %s: %s\n", adapter, err.msg);
+        return 1;
+    }
+    mo.n_features = fs.n_features;
+    mo.window = mo.attn_kind != CORE_ATTN_EXACT ? fs.window : 0;
+    mo.sinks = mo.attn_kind != CORE_ATTN_EXACT ? fs.sinks : 0;
+    mo.prerope = mo.attn_kind != CORE_ATTN_EXACT ? fs.prerope : 0;
+    mo.seed = fs.seed;
     mo.adapter_path = adapter;
     mo.max_ctx = ctx + n_tok * runs + 8;
     core_blas_set_threads((int)threads);
 
     int status = 1;
-    core_error_t err = {0};
     core_model_t *mdl = NULL;
     core_attn_state_t *st = NULL;
     float *q = NULL, *k = NULL, *v = NULL, *out = NULL, *logits = NULL;

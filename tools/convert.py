@@ -261,9 +261,12 @@ def cmd_train2(a):
         y = (x * sc) @ Mt.T
         return y @ om.T - 0.5 * jnp.sum(y * y, axis=-1, keepdims=True) + bias
 
-    def head(params, om, qf, kf, q, k, v, tau):
+    def head(params, om, qf, kf, q, k, v, qp, ks, tau):
         """One KV head. qf, q [B][P][gs][Hd] (features' input, raw); kf, k, v
-        [B][T][Hd]; tau [P]. Returns (loss, rel. sq. error, mass KL)."""
+        [B][T][Hd]; qp [B][P][gs][Hd] q before RoPE; ks [B][S][Hd] the sinks'
+        keys rotated by 1 - W - S (every query here is past W + S - 1, so
+        each sink sits just before the window, as core/attn_linear.c
+        places it); tau [P]. Returns (loss, rel. sq. error, mass KL)."""
         Mt, th, beta = params
         lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(th))
         aq = feat_logits(Mt, om, qf)
@@ -272,7 +275,11 @@ def cmd_train2(a):
         mk = jax.lax.stop_gradient(ak.max(axis=-1, keepdims=True))
         p = jnp.einsum("bpgi,bji->bpgj", jnp.exp(aq - mq), jnp.exp(ak - mk))
         lk = jnp.log(jnp.maximum(p, 1e-30)) + mq + jnp.swapaxes(mk, 1, 2)[:, None, :, :]
-        s = jnp.einsum("bpgd,bjd->bpgj", q, k) / np.sqrt(Hd)
+        s_ex = jnp.einsum("bpgd,bjd->bpgj", q, k) / np.sqrt(Hd)  # the exact model's own
+        s = s_ex
+        if S > 0:
+            s = jnp.concatenate([jnp.einsum("bpgd,bjd->bpgj", qp, ks) / np.sqrt(Hd),
+                                 s_ex[..., S:]], axis=-1)
         j = jnp.arange(k.shape[1])[None, :]
         t = tau[:, None]
         lin = ((j <= t - W) & (j >= S))[None, :, None, :]
@@ -282,7 +289,7 @@ def cmd_train2(a):
         lw = jnp.where(lin, lk + beta[None, None, :, None] + dec, jnp.where(exa, s, NEG))
         pr = jax.nn.softmax(lw, axis=-1)
         o = jnp.einsum("bpgj,bjd->bpgd", pr, v)
-        pe = jax.nn.softmax(jnp.where(vis, s, NEG), axis=-1)
+        pe = jax.nn.softmax(jnp.where(vis, s_ex, NEG), axis=-1)
         oe = jnp.einsum("bpgj,bjd->bpgd", pe, v)
         err = jnp.sum((o - oe) ** 2) / jnp.sum(oe * oe)
         me = jnp.clip(jnp.sum(jnp.where(lin, pe, 0.0), axis=-1), 1e-6, 1 - 1e-6)
@@ -290,12 +297,13 @@ def cmd_train2(a):
         kl = jnp.mean(me * jnp.log(me / ml) + (1 - me) * jnp.log((1 - me) / (1 - ml)))
         return err + a.mass_weight * kl, err, kl
 
-    def all_heads(params, oms, qf, kf, q, k, v, tau):
-        return jax.vmap(lambda p0, p1, p2, om, a0, a1, a2, a3, a4: head(
-            (p0, p1, p2), om, a0, a1, a2, a3, a4, tau))(*params, oms, qf, kf, q, k, v)
+    def all_heads(params, oms, qf, kf, q, k, v, qp, ks, tau):
+        return jax.vmap(lambda p0, p1, p2, om, a0, a1, a2, a3, a4, a5, a6: head(
+            (p0, p1, p2), om, a0, a1, a2, a3, a4, a5, a6, tau))(*params, oms, qf, kf, q, k, v,
+                                                               qp, ks)
 
-    def loss_fn(params, oms, qf, kf, q, k, v, tau):
-        return jnp.sum(all_heads(params, oms, qf, kf, q, k, v, tau)[0])
+    def loss_fn(params, oms, qf, kf, q, k, v, qp, ks, tau):
+        return jnp.sum(all_heads(params, oms, qf, kf, q, k, v, qp, ks, tau)[0])
 
     grad_fn = jax.jit(jax.value_and_grad(loss_fn))
     eval_fn = jax.jit(all_heads)
@@ -324,9 +332,12 @@ def cmd_train2(a):
         t0 = time.time()
         q, k, v = dfeat.load_layer(a.rec, layer, mmap=False)
         q = q.reshape(N, T, Hkv, gs, Hd)
+        n_rot, base = meta.get("n_rot", Hd), meta["rope_base"]
+        qp_np = unrope(q, n_rot, base)
+        ks_np = np.concatenate([unrope(k[:, j:j + 1], n_rot, base, pos0=W + S - 1)
+                                for j in range(S)], axis=1) if S > 0 else k[:, :1]
         if a.prerope:
-            qf_np = unrope(q, meta.get("n_rot", Hd), meta["rope_base"])
-            kf_np = unrope(k, meta.get("n_rot", Hd), meta["rope_base"])
+            qf_np, kf_np = qp_np, unrope(k, n_rot, base)
         else:
             qf_np, kf_np = q, k
         # [Hkv][N][T][gs][Hd] and [Hkv][N][T][Hd]
@@ -335,6 +346,8 @@ def cmd_train2(a):
         kh = jnp.asarray(np.ascontiguousarray(k.transpose(2, 0, 1, 3)))
         kfh = jnp.asarray(np.ascontiguousarray(kf_np.transpose(2, 0, 1, 3)))
         vh = jnp.asarray(np.ascontiguousarray(v.transpose(2, 0, 1, 3)))
+        qph = jnp.asarray(np.ascontiguousarray(qp_np.transpose(2, 0, 1, 3, 4)))
+        ksh = jnp.asarray(np.ascontiguousarray(ks_np.transpose(2, 0, 1, 3)))
         oms = jnp.asarray(np.asarray(eps_all[layer, :, :m, :], dtype=np.float32))
         g0 = np.clip(gam[layer].astype(np.float64), 0.5 + 1e-6, 1 - 1e-7)
         th0 = np.log((2 * g0 - 1) / (2 - 2 * g0)).astype(np.float32)
@@ -344,7 +357,7 @@ def cmd_train2(a):
 
         def val(pp):
             r = eval_fn(pp, oms, qfh[:, n_tr:, tv], kfh[:, n_tr:], qh[:, n_tr:, tv], kh[:, n_tr:],
-                        vh[:, n_tr:], tvj)
+                        vh[:, n_tr:], qph[:, n_tr:, tv], ksh[:, n_tr:], tvj)
             return [np.asarray(x) for x in r]
 
         v0 = val(params)
@@ -359,7 +372,8 @@ def cmd_train2(a):
             tau = np.sort(rng.choice(np.arange(lo, T), size=a.queries, replace=False))
             cos = 0.5 * (1 + np.cos(np.pi * (step - 1) / a.steps))
             lval, g = grad_fn(params, oms, qfh[:, seqs][:, :, tau], kfh[:, seqs],
-                              qh[:, seqs][:, :, tau], kh[:, seqs], vh[:, seqs], jnp.asarray(tau))
+                              qh[:, seqs][:, :, tau], kh[:, seqs], vh[:, seqs],
+                              qph[:, seqs][:, :, tau], ksh[:, seqs], jnp.asarray(tau))
             newp = []
             for i in range(3):
                 gi = jnp.where(jnp.isfinite(g[i]), g[i], 0.0)
@@ -442,7 +456,7 @@ def main():
     p2.add_argument("--steps", type=int, default=100)
     p2.add_argument("--lr", type=float, default=0.01)
     p2.add_argument("--lr-small", type=float, default=0.05)
-    p2.add_argument("--mass-weight", type=float, default=1.0)
+    p2.add_argument("--mass-weight", type=float, default=0.1)
     p2.add_argument("--val-seqs", type=int, default=2)
     p2.add_argument("--val-every", type=int, default=25)
     p2.add_argument("--batch", type=int, default=2)

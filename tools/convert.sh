@@ -8,7 +8,7 @@
 #   tools/convert.sh --v2 [--features M] [--window W] [--sinks S] [--prerope 0|1]
 #                    [--steps N] [--seqs N] [--len T] [--out ADAPTER.gguf]
 #     DARKFormer v2 (`make adapter MODEL=...` runs this): record N sequences
-#     of T tokens (default 16 x 4096) of the calibration corpus
+#     of T tokens (default 12 x 2048) of the calibration corpus
 #     (models/corpus/calibration.txt.xz, never a held-out text), then
 #     tools/convert.py train2 (M before RoPE, decays, mixing weights; the
 #     checkpoint WORK/v2.npz makes an interrupted run resume where it
@@ -33,7 +33,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
-S=4 PRE=1 SEQS=16 LEN=4096 W_SET=0
+S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in
