@@ -1,15 +1,17 @@
-/* The committed default DARKFormer adapter (models/adapters/
- * smollm2-135m.darkformer.gguf, or env DARKSERVE_ADAPTER) with the default
- * model (env DARKSERVE_MODEL): its keys name the model it was trained for
- * and a valid configuration, the model loads with it in the configuration it
- * carries, a prompt (the head of tests/data/heldout.txt, env DARKSERVE_DATA)
- * produces finite logits at every position, the learned matrices are in
- * effect (the logits differ from Performer's with the same draws, M = I),
- * and the model still predicts text: its greedy next-token choice agrees
- * with exact attention's on most positions where the linear part is used.
- * (Quality numbers are docs/QUALITY.md's business; the agreement bound here
- * is loose and only catches an adapter that is broken, e.g. transposed.) */
-#include <libgen.h>
+/* The committed default DARKFormer adapter (the one core_model_adapter_find
+ * discovers beside the default model, or env DARKSERVE_ADAPTER) with the
+ * default model (env DARKSERVE_MODEL): its keys name the model it was
+ * trained for and a valid configuration, the model loads with it in the
+ * configuration it carries (sinks, pre-RoPE, decays, mixing weights), a
+ * prompt (the head of tests/data/heldout.txt, env DARKSERVE_DATA) produces
+ * finite logits at every position, the learned parameters are in effect (the
+ * logits differ from Performer's with the same draws, sinks and window: the
+ * untrained adapter, M = I, no decay, equal weights), the trained adapter
+ * predicts the held-out text better than that untrained one (mean NLL over
+ * the positions where the linear part takes part), and its greedy choice
+ * agrees with exact attention's on most of those positions. (Quality
+ * numbers are docs/QUALITY.md's business.) */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +28,9 @@ static char adapter_path[4096];
 /* The prompt: the head of the held-out text (env DARKSERVE_DATA), long
  * enough that the linear part of a hybrid with the adapter's window takes
  * part (positions >= W). */
-#define PROMPT_BYTES 2000
+#define PROMPT_BYTES 4000
 static char prose[PROMPT_BYTES + 1];
+static int32_t toks[4096]; /* the prompt's token ids (set by run) */
 
 /* Loads the model with opts, runs the prose prompt, returns [n][V] logits
  * (caller frees) and the token count; NULL on failure (message printed). */
@@ -62,12 +65,24 @@ static float *run(const core_model_opts_t *o, int64_t *n_out, int *V_out)
     }
     *n_out = (int64_t)n;
     *V_out = V;
+    memcpy(toks, ids, n * sizeof *ids);
 done:
     core_attn_state_free(st);
     free(ids);
     core_tokenizer_free(tok);
     core_model_free(m);
     return logits;
+}
+
+/* −log softmax(x)[y] in double. */
+static double nll(const float *x, int n, int y)
+{
+    double mx = x[0], s = 0;
+    for (int i = 1; i < n; i++)
+        mx = fmax(mx, x[i]);
+    for (int i = 0; i < n; i++)
+        s += exp((double)x[i] - mx);
+    return log(s) + mx - x[y];
 }
 
 static int argmax(const float *x, int n)
@@ -89,7 +104,8 @@ TEST(default_adapter_loads_and_predicts)
     CHECK_MSG(rc == 0, "%s: %s", adapter_path, err.msg);
     if (rc)
         return;
-    core_features_adapter_info_t info = {.kind = CORE_ATTN_EXACT, .n_features = 0, .window = -1};
+    core_features_adapter_info_t info = {.kind = CORE_ATTN_EXACT, .n_features = 0, .window = -1,
+                                         .sinks = 0, .prerope = 0};
     rc = core_features_adapter_info(g, &info, &err);
     CHECK_MSG(rc == 0, "adapter keys: %s", err.msg);
     CHECK(info.kind == CORE_ATTN_DARKFORMER);
@@ -108,7 +124,8 @@ TEST(default_adapter_loads_and_predicts)
     core_model_free(base);
 
     core_model_opts_t o = {.attn_kind = CORE_ATTN_DARKFORMER, .n_features = info.n_features,
-                           .window = info.window, .seed = info.seed, .adapter_path = adapter_path};
+                           .window = info.window, .seed = info.seed, .adapter_path = adapter_path,
+                           .sinks = info.sinks, .prerope = info.prerope};
     core_model_opts_t op = o, oe = {.attn_kind = CORE_ATTN_EXACT, .max_ctx = 4096};
     op.attn_kind = CORE_ATTN_PERFORMER;
     op.adapter_path = NULL;
@@ -135,15 +152,24 @@ TEST(default_adapter_loads_and_predicts)
     CHECK_MSG(diff > 1e-2, "logits equal Performer's (max diff %g): M is not in effect", diff);
     /* positions before W are exact attention in both */
     int agree = 0, agree_p = 0;
-    int64_t n_lin = n - info.window;
-    for (int64_t t = info.window; t < n; t++) {
+    int64_t t0 = info.window + info.sinks, n_lin = n - 1 - t0;
+    double nll_d = 0, nll_p = 0, nll_e = 0;
+    for (int64_t t = t0; t < n - 1; t++) {
         int e = argmax(ex + t * V, V);
         agree += argmax(lin + t * V, V) == e;
         agree_p += argmax(perf + t * V, V) == e;
+        nll_d += nll(lin + t * V, V, toks[t + 1]);
+        nll_p += nll(perf + t * V, V, toks[t + 1]);
+        nll_e += nll(ex + t * V, V, toks[t + 1]);
     }
-    printf("  greedy agreement with exact over positions %d..%lld: darkformer %d, performer %d "
-           "of %lld (M=%d, W=%d)\n", info.window, (long long)n - 1, agree, agree_p,
-           (long long)n_lin, info.n_features, info.window);
+    printf("  positions %lld..%lld: greedy agreement with exact: darkformer %d, untrained %d of "
+           "%lld; perplexity darkformer %.3f, untrained %.3f, exact %.3f (M=%d, W=%d, S=%d)\n",
+           (long long)t0, (long long)n - 2, agree, agree_p, (long long)n_lin,
+           exp(nll_d / (double)n_lin), exp(nll_p / (double)n_lin), exp(nll_e / (double)n_lin),
+           info.n_features, info.window, info.sinks);
+    CHECK_MSG(nll_d < nll_p, "the trained adapter predicts the held-out text no better than the "
+              "untrained one (mean NLL %.4f vs %.4f)", nll_d / (double)n_lin,
+              nll_p / (double)n_lin);
     CHECK_MSG(2 * agree >= n_lin, "darkformer agrees with exact on %d of %lld positions", agree,
               (long long)n_lin);
 done:
@@ -163,11 +189,12 @@ int main(void)
     if (ad && *ad) {
         snprintf(adapter_path, sizeof adapter_path, "%s", ad);
     } else {
-        /* the default model's directory holds adapters/ */
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s", model_path);
-        snprintf(adapter_path, sizeof adapter_path, "%s/adapters/smollm2-135m.darkformer.gguf",
-                 dirname(tmp));
+        /* the one darkserve finds beside the default model */
+        core_error_t err = {0};
+        if (core_model_adapter_find(model_path, adapter_path, sizeof adapter_path, &err) < 0) {
+            printf("%s\n", err.msg);
+            return 1;
+        }
     }
     const char *data = getenv("DARKSERVE_DATA");
     if (!data) {
