@@ -529,45 +529,28 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
         core_error_set(err, rc, "writing adapter keys failed");
         goto done;
     }
-    size_t per = (size_t)d->n_head_kv * (size_t)d->head_dim * (size_t)d->head_dim;
-    int64_t ne[3] = {d->head_dim, d->head_dim, d->n_head_kv};
     for (int l = 0; l < d->n_layer; l++) {
-        char name[96];
-        if (d->mat) {
-            snprintf(name, sizeof name, "darkformer.blk.%d.M", l);
-            rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, 3, ne, d->mat + (size_t)l * per,
-                                             per * sizeof(float));
-            if (rc) {
-                core_error_set(err, rc, "adding adapter tensor '%s' failed", name);
-                goto done;
-            }
-        }
-        if (d->lambda) {
-            snprintf(name, sizeof name, "darkformer.blk.%d.lambda", l);
-            rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, 3, ne,
-                                             d->lambda + (size_t)l * per, per * sizeof(float));
-            if (rc) {
-                core_error_set(err, rc, "adding adapter tensor '%s' failed", name);
-                goto done;
-            }
-        }
-        if (d->decay) {
-            int64_t nd = d->n_head_kv;
-            snprintf(name, sizeof name, "darkformer.blk.%d.decay", l);
-            rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, 1, &nd,
-                                             d->decay + (size_t)l * (size_t)nd,
-                                             (size_t)nd * sizeof(float));
-            if (rc) {
-                core_error_set(err, rc, "adding adapter tensor '%s' failed", name);
-                goto done;
-            }
-        }
-        if (d->mix) {
-            int64_t nm = d->n_head;
-            snprintf(name, sizeof name, "darkformer.blk.%d.mix", l);
-            rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, 1, &nm,
-                                             d->mix + (size_t)l * (size_t)nm,
-                                             (size_t)nm * sizeof(float));
+        /* per layer: M and Λ [Hkv][Hd][Hd], decay [Hkv], mix [H] (those given) */
+        const struct {
+            const char *what;
+            const float *base;
+            uint32_t nd;
+            int64_t ne[3];
+        } parts[] = {
+            {"M", d->mat, 3, {d->head_dim, d->head_dim, d->n_head_kv}},
+            {"lambda", d->lambda, 3, {d->head_dim, d->head_dim, d->n_head_kv}},
+            {"decay", d->decay, 1, {d->n_head_kv, 1, 1}},
+            {"mix", d->mix, 1, {d->n_head, 1, 1}},
+        };
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+            if (!parts[i].base)
+                continue;
+            size_t count = (size_t)parts[i].ne[0] * (size_t)parts[i].ne[1] * (size_t)parts[i].ne[2];
+            char name[96];
+            snprintf(name, sizeof name, "darkformer.blk.%d.%s", l, parts[i].what);
+            rc = core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, parts[i].nd, parts[i].ne,
+                                             parts[i].base + (size_t)l * count,
+                                             count * sizeof(float));
             if (rc) {
                 core_error_set(err, rc, "adding adapter tensor '%s' failed", name);
                 goto done;
