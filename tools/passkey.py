@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Passkey retrieval (docs/QUALITY.md): a 5-digit number hidden at a depth of
-a filler text of about N tokens; the model, greedy, must say it back.
+a filler text of about N tokens, asked for as a chat turn (the model's chat
+template); the model, greedy, must say it back (the first 5-digit number of
+its answer).
 
     passkey.py --lengths 1024,4096,16384 --depths 0.1,0.5,0.9 --trials 20 \
                [--bin build/darkserve] [--out results.json] -- [darkserve generate flags]
@@ -28,8 +30,7 @@ def prompt_for(n_tokens, depth, key):
     needle = "The pass key is %d. Remember it. %d is the pass key. " % (key, key)
     body = FILLER * at + needle + FILLER * (reps - at)
     return ("There is an important piece of information hidden inside a lot of irrelevant "
-            "text. Find it and memorize it.\n\n" + body +
-            "\n\nWhat is the pass key? The pass key is")
+            "text. Find it and memorize it.\n\n" + body + "\n\nWhat is the pass key?")
 
 
 def main():
@@ -50,8 +51,8 @@ def main():
             ok = 0
             for t in range(a.trials):
                 key = rng.randint(10000, 99999)
-                cmd = [a.bin, "generate", "--prompt", prompt_for(n, d, key), "--max-tokens", "8",
-                       "--temperature", "0", "--quiet"] + extra
+                cmd = [a.bin, "generate", "--chat", "--prompt", prompt_for(n, d, key),
+                       "--max-tokens", "16", "--temperature", "0", "--quiet"] + extra
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 if r.returncode != 0:
                     sys.exit("passkey: %s failed: %s" % (a.bin, r.stderr.strip()[-500:]))
