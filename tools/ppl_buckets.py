@@ -25,7 +25,7 @@ NAMES = ["0-1K", "1-4K", "4-8K", "8-16K", "16-32K", "32-64K", "64K+"]
 def load(spec):
     if "=" not in spec:
         sys.exit("ppl_buckets: expected NAME=FILE, got %r" % spec)
-    name, path = spec.split("=", 1)
+    name, path = spec.rsplit("=", 1)  # a name may hold "=", a path here does not
     return name, np.fromfile(path, dtype="<f4").astype(np.float64)
 
 
