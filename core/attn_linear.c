@@ -992,6 +992,31 @@ static uint32_t lin_get_u32(const unsigned char *p)
     return v;
 }
 
+/* Per layer, n valid floats of K then of V (layer l at k + l·stride):
+ * written to or read from p, which is returned advanced. The window ring
+ * and the sinks are laid out alike. */
+static unsigned char *kv_rows_put(unsigned char *p, const float *k, const float *v, int n_layer,
+                                  size_t stride, size_t n)
+{
+    for (int l = 0; l < n_layer && n > 0; l++) {
+        lin_le32(p, k + (size_t)l * stride, n);
+        lin_le32(p + n * sizeof(float), v + (size_t)l * stride, n);
+        p += 2 * n * sizeof(float);
+    }
+    return p;
+}
+
+static const unsigned char *kv_rows_get(const unsigned char *p, float *k, float *v, int n_layer,
+                                        size_t stride, size_t n)
+{
+    for (int l = 0; l < n_layer && n > 0; l++) {
+        lin_le32(k + (size_t)l * stride, p, n);
+        lin_le32(v + (size_t)l * stride, p + n * sizeof(float), n);
+        p += 2 * n * sizeof(float);
+    }
+    return p;
+}
+
 typedef struct lin_ser {
     size_t n_z, n_s, n_ring; /* elements: c and z, S, one layer's valid ring rows */
     size_t n_sink;           /* elements: one layer's valid sink rows */
@@ -1051,19 +1076,9 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
         lin_le32(p + z.n_s * 4, st->z, z.n_z);
     }
     p += (z.n_s + z.n_z) * z.es;
-    for (int l = 0; l < cfg->n_layer && z.n_ring > 0; l++) {
-        lin_le32(p, st->ring_k + (size_t)l * lw, z.n_ring);
-        p += z.n_ring * sizeof(float);
-        lin_le32(p, st->ring_v + (size_t)l * lw, z.n_ring);
-        p += z.n_ring * sizeof(float);
-    }
     size_t ls = (size_t)cfg->sinks * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
-    for (int l = 0; l < cfg->n_layer && z.n_sink > 0; l++) {
-        lin_le32(p, st->sink_k + (size_t)l * ls, z.n_sink);
-        p += z.n_sink * sizeof(float);
-        lin_le32(p, st->sink_v + (size_t)l * ls, z.n_sink);
-        p += z.n_sink * sizeof(float);
-    }
+    p = kv_rows_put(p, st->ring_k, st->ring_v, cfg->n_layer, lw, z.n_ring);
+    kv_rows_put(p, st->sink_k, st->sink_v, cfg->n_layer, ls, z.n_sink);
     return 0;
 }
 
@@ -1107,24 +1122,9 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     }
     p += (z.n_s + z.n_z) * z.es;
     size_t lw = (size_t)cfg->window * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
-    for (int l = 0; l < cfg->n_layer && z.n_ring > 0; l++) {
-        lin_le32(st->ring_k + (size_t)l * lw, p, z.n_ring);
-        p += z.n_ring * sizeof(float);
-        lin_le32(st->ring_v + (size_t)l * lw, p, z.n_ring);
-        p += z.n_ring * sizeof(float);
-    }
     size_t ls = (size_t)cfg->sinks * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
-    for (int l = 0; l < cfg->n_layer && z.n_sink > 0; l++) {
-        lin_le32(st->sink_k + (size_t)l * ls, p, z.n_sink);
-        p += z.n_sink * sizeof(float);
-        lin_le32(st->sink_v + (size_t)l * ls, p, z.n_sink);
-        p += z.n_sink * sizeof(float);
-        for (size_t i = 0; i < z.n_sink; i++)
-            if (!isfinite(st->sink_k[(size_t)l * ls + i]) ||
-                !isfinite(st->sink_v[(size_t)l * ls + i]))
-                return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
-                                      "sink row in layer %d", l);
-    }
+    p = kv_rows_get(p, st->ring_k, st->ring_v, cfg->n_layer, lw, z.n_ring);
+    kv_rows_get(p, st->sink_k, st->sink_v, cfg->n_layer, ls, z.n_sink);
     /* A blob is input. The kernels rely on c being finite or −inf and on
      * S, z and the window being finite (z ≥ 0): anything else would turn
      * every later output into NaN without an error. */
@@ -1146,6 +1146,11 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
             if (!isfinite(st->ring_k[(size_t)l * lw + i]) || !isfinite(st->ring_v[(size_t)l * lw + i]))
                 return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
                                       "window row in layer %d", l);
+        }
+        for (size_t i = 0; i < z.n_sink; i++) {
+            if (!isfinite(st->sink_k[(size_t)l * ls + i]) || !isfinite(st->sink_v[(size_t)l * ls + i]))
+                return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                                      "sink row in layer %d", l);
         }
     }
     return 0;
