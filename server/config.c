@@ -8,6 +8,7 @@
 
 #include "core/attn.h"
 #include "server/attn_select.h"
+#include "server/engine.h"
 #include "server/log.h"
 
 #include <ctype.h>
@@ -124,12 +125,14 @@ static const opt_t opts[] = {
      "chat template for /v1/chat/completions; empty = the model's own"},
     {"threads", "DARKSERVE_THREADS", OPT_INT, 0, O(threads), "0", 0, 1024, NULL, "N",
      "compute threads; 0 = one per CPU"},
-    {"max-batch", "DARKSERVE_MAX_BATCH", OPT_INT, 0, O(max_batch), "16", 1, 1024, NULL, "N",
+    {"max-batch", "DARKSERVE_MAX_BATCH", OPT_INT, 0, O(max_batch), "16", 1,
+     SRV_ENGINE_MAX_BATCH, NULL, "N",
      "sequences advanced together in one scheduler step"},
     {"prefill-chunk", "DARKSERVE_PREFILL_CHUNK", OPT_INT, 0, O(prefill_chunk), "256",
-     1, 65536, NULL, "N",
-     "prompt tokens of one sequence processed per step"},
-    {"max-queue", "DARKSERVE_MAX_QUEUE", OPT_INT, 0, O(max_queue), "64", 0, 1000000, NULL, "N",
+     1, SRV_ENGINE_DEFAULT_STEP_TOKENS, NULL, "N",
+     "prompt tokens of one sequence processed per step (at most the rows of one batched "
+     "forward)"},
+    {"max-queue", "DARKSERVE_MAX_QUEUE", OPT_INT, 0, O(max_queue), "64", 1, 1000000, NULL, "N",
      "jobs waiting for the scheduler before new ones get 429"},
     {"generation-timeout", "DARKSERVE_GENERATION_TIMEOUT", OPT_DURATION, 0,
      O(generation_timeout_s), "10m", 0, DAY, NULL, "DURATION",

@@ -138,6 +138,8 @@ const char *srv_engine_strerror(int code);
 /* Hard limits (bounds on options and job specs). */
 #define SRV_ENGINE_MAX_BATCH 256                /* sequences per step */
 #define SRV_ENGINE_MAX_STEP_TOKENS 4096         /* rows per forward (core/model.c's bound) */
+#define SRV_ENGINE_DEFAULT_STEP_TOKENS 2048     /* rows per forward when opts leave it 0 */
+#define SRV_ENGINE_MAX_QUEUE (1 << 20)          /* jobs waiting */
 #define SRV_ENGINE_MAX_CHOICES 16               /* n per job */
 #define SRV_ENGINE_MAX_PROMPT ((size_t)1 << 24) /* tokens of one job's input */
 
@@ -160,7 +162,7 @@ typedef struct srv_job srv_job_t;
 typedef struct srv_engine_opts {
     int max_batch;            /* sequences per step (running at once); 0 = 8 */
     int prefill_chunk;        /* prompt tokens one sequence feeds per step; 0 = 256 */
-    int max_step_tokens;      /* rows per forward, >= max_batch; 0 = 2048 */
+    int max_step_tokens;      /* rows per forward, >= max_batch; 0 = SRV_ENGINE_DEFAULT_STEP_TOKENS */
     int max_queue;            /* jobs accepted but not yet running; 0 = 64 */
     size_t max_queued_events; /* per-job output bound (back-pressure); 0 = 1024 */
     size_t max_queued_bytes;  /* per-job output bound in text bytes; 0 = 256 KiB */

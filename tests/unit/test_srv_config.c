@@ -2,6 +2,7 @@
  * precedence, value syntax, validation messages, --help and --print-config.
  */
 #include "server/config.h"
+#include "server/engine.h"
 #include "tests/unit/check.h"
 
 #include <fcntl.h>
@@ -313,6 +314,36 @@ TEST(test_help_lists_every_option)
     srv_config_free(&c);
 }
 
+/* Values the engine refuses (server/engine.c resolve_opts) are refused here,
+ * at startup, with a message that names the flag and the range; the largest
+ * accepted values are the engine's own bounds. */
+TEST(test_engine_bounds)
+{
+    static const struct {
+        const char *flag, *bad, *range;
+    } bad[] = {
+        {"--max-batch", "257", "[1, 256]"},        {"--max-batch", "1024", "[1, 256]"},
+        {"--prefill-chunk", "2049", "[1, 2048]"}, {"--prefill-chunk", "65536", "[1, 2048]"},
+        {"--max-queue", "0", "[1, 1000000]"},
+    };
+    srv_config_t c;
+    char err[256];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, bad[i].flag, bad[i].bad, NULL), -1);
+        CHECK_MSG(strstr(err, bad[i].flag) && strstr(err, bad[i].range), "%s %s: '%s'",
+                  bad[i].flag, bad[i].bad, err);
+    }
+    CHECK_INT_EQ(parse(&c, (char *[]){"DARKSERVE_MAX_QUEUE=0", NULL}, err, sizeof err, NULL), -1);
+    CHECK(strstr(err, "DARKSERVE_MAX_QUEUE"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--max-batch", "256", "--prefill-chunk",
+                       "2048", "--max-queue", "1", NULL),
+                 0);
+    CHECK_INT_EQ(c.max_batch, SRV_ENGINE_MAX_BATCH);
+    CHECK_INT_EQ(c.prefill_chunk, SRV_ENGINE_DEFAULT_STEP_TOKENS);
+    CHECK_INT_EQ(c.max_queue, 1);
+    srv_config_free(&c);
+}
+
 int main(void)
 {
     RUN(test_defaults);
@@ -320,6 +351,7 @@ int main(void)
     RUN(test_sizes_and_durations);
     RUN(test_errors_name_the_flag);
     RUN(test_api_keys);
+    RUN(test_engine_bounds);
     RUN(test_help_lists_every_option);
     return CHECK_DONE();
 }

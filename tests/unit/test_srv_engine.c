@@ -946,6 +946,12 @@ TEST(queue_full_and_bad_specs)
     srv_engine_opts_t bo = {.max_batch = 16, .max_step_tokens = 8};
     CHECK_INT_EQ(srv_engine_new(tiny, tok, &bo, &bad_e, err, sizeof err), SRV_ENGINE_EINVAL);
     CHECK(bad_e == NULL);
+    /* the largest values `serve` accepts (server/config.c) start an engine */
+    srv_engine_opts_t top = {.max_batch = SRV_ENGINE_MAX_BATCH,
+                             .prefill_chunk = SRV_ENGINE_DEFAULT_STEP_TOKENS, .max_queue = 1};
+    srv_engine_t *top_e = engine(tiny, &top);
+    CHECK(top_e != NULL);
+    srv_engine_free(top_e);
     srv_engine_free(e);
     srv_engine_free(NULL);
 }
