@@ -4,12 +4,14 @@ that names the offending field. (429 is in test_api_batching.py, 409 and the
 session 404s in test_api_sessions.py, 503 while draining in
 test_api_shutdown.py.)"""
 import json
+import os
+import re
 import socket
 import time
 
 import pytest
 
-from ds_server import JSON, wait_for
+from ds_server import JSON, ROOT, wait_for
 
 
 def check_error(st, body, status, param=None, code=None):
@@ -82,6 +84,25 @@ def test_max_tokens_above_the_limit(servers):
     st, r, _ = srv.post(f"/v1/sessions", {})
     st, r, _ = srv.post(f"/v1/sessions/{r['id']}/generate", {"text": "x", "max_tokens": 100})
     check_error(st, r, 400, "max_tokens")
+
+
+def test_documented_max_tokens_limit_is_the_default(tiny):
+    """docs/API.md's max_tokens range is what a server with default options
+    accepts: the documented maximum passes validation, one more is 400."""
+    with open(os.path.join(ROOT, "docs", "API.md"), encoding="utf-8") as f:
+        row = [l for l in f if l.startswith("| `max_tokens` | 1 to ")]
+    assert len(row) == 1, row
+    m = re.search(r"1 to ([0-9][0-9 ,]*[0-9])", row[0])
+    assert m, row[0]
+    limit = int(re.sub(r"[ ,]", "", m.group(1)))
+    st, r, _ = tiny.post("/v1/completions", {"prompt": "x", "max_tokens": limit + 1})
+    e = check_error(st, r, 400, "max_tokens")
+    assert str(limit) in e["message"]
+    # the documented maximum itself is accepted (the tiny model's exact
+    # context ends the generation long before it)
+    st, r, _ = tiny.post("/v1/completions", {"prompt": "x", "max_tokens": limit,
+                                             "temperature": 0})
+    assert st == 200, r
 
 
 def test_sessions_400(tiny):
