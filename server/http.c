@@ -1387,6 +1387,17 @@ static srv_req_t *req_new(srv_http_t *h, struct MHD_Connection *c, const char *u
 
 static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_Connection *c);
 
+static enum MHD_Result queue_unauthorized(srv_req_t *req)
+{
+    hdrlist_t extra = {0};
+    hdrlist_add(&extra, "WWW-Authenticate", "Bearer");
+    enum MHD_Result r =
+        queue_error(req, 401, "authentication_error", "invalid_api_key",
+                    "missing or wrong API key (Authorization: Bearer KEY or X-Api-Key)", &extra);
+    hdrlist_clear(&extra);
+    return r;
+}
+
 /* First call: headers are in. Routes, checks, early errors. */
 static enum MHD_Result on_headers(srv_http_t *h, srv_req_t *req, struct MHD_Connection *c)
 {
@@ -1411,18 +1422,26 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_C
         return MHD_NO;
 
     const route_t *route = NULL;
-    int path_known = 0;
-    for (size_t i = 0; i < h->nroutes && !route; i++) {
+    int path_known = 0, path_public = 0;
+    for (size_t i = 0; i < h->nroutes; i++) {
         const route_t *r = &h->routes[i];
         if (route_match(r, req->path, NULL) != 1)
             continue;
         path_known = 1;
-        if (method_matches(r, method))
+        path_public |= (r->flags & SRV_ROUTE_PUBLIC) != 0;
+        if (!route && method_matches(r, method))
             route = r;
     }
     if (h->draining && !(route && (route->flags & SRV_ROUTE_DRAIN_OK)))
         return queue_error(req, 503, "server_error", "draining",
                            "the server is shutting down; retry on another replica", NULL);
+    /* The key is checked before 404/405, so a client without one learns
+     * nothing about which paths and methods exist. Public paths (/health)
+     * and CORS preflights of known paths (browsers send those without
+     * credentials) stay open. */
+    const int preflight = strcmp(method, "OPTIONS") == 0 && !route && path_known;
+    if (!path_public && !preflight && !auth_ok(h, c))
+        return queue_unauthorized(req);
     if (h->not_ready && route && !(route->flags & SRV_ROUTE_DRAIN_OK))
         return queue_error(req, 503, "server_error", "loading",
                            "the model is still loading; retry shortly", NULL);
@@ -1460,16 +1479,6 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_C
     req->route = route;
     if (route_match(route, req->path, req) < 0)
         return MHD_NO;
-    if (!(route->flags & SRV_ROUTE_PUBLIC) && !auth_ok(h, c)) {
-        hdrlist_t extra = {0};
-        hdrlist_add(&extra, "WWW-Authenticate", "Bearer");
-        enum MHD_Result r =
-            queue_error(req, 401, "authentication_error", "invalid_api_key",
-                        "missing or wrong API key (Authorization: Bearer KEY or X-Api-Key)",
-                        &extra);
-        hdrlist_clear(&extra);
-        return r;
-    }
     if ((route->flags & SRV_ROUTE_JSON) && body &&
         !body_is_json(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type")))
         return queue_error(req, 415, "invalid_request_error", "unsupported_media_type",

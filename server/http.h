@@ -18,11 +18,14 @@
  * 2. Checks, in this order, each answering with a JSON error object
  *    {"error":{"message","type","param","code"}}:
  *      draining (srv_http_drain)         -> 503 (routes without SRV_ROUTE_DRAIN_OK)
+ *      API key missing or wrong          -> 401 when keys are configured, before
+ *                                           404/405 so that unauthenticated
+ *                                           clients cannot map the routes; not
+ *                                           for paths with a SRV_ROUTE_PUBLIC
+ *                                           route, nor OPTIONS on a known path
  *      no route for the path             -> 404
- *      path known, method not            -> 405 with an Allow header
  *      OPTIONS                           -> 204 CORS preflight / Allow (no auth)
- *      API key missing or wrong          -> 401 (routes without SRV_ROUTE_PUBLIC,
- *                                           when keys are configured)
+ *      path known, method not            -> 405 with an Allow header
  *      body whose Content-Type is not application/json on a SRV_ROUTE_JSON
  *      route                             -> 415
  *      Content-Length above the limit    -> 413 (before the body is read)

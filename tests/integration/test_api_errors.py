@@ -189,6 +189,18 @@ def test_401_api_key(servers):
     check_error(st, r, 401)
     st, r, _ = srv.json("GET", "/health")  # public
     assert st == 200 and r["status"] == "ok"
+    # unknown paths and methods: 401 before 404/405, so that a client without
+    # a key learns nothing about the routes
+    st, r, _ = srv.json("GET", "/v1/nothing")
+    check_error(st, r, 401, code="invalid_api_key")
+    st, r, hd = srv.json("GET", "/v1/completions")
+    check_error(st, r, 401, code="invalid_api_key")
+    assert "allow" not in hd
+    key = {"Authorization": "Bearer sekrit-1"}
+    st, r, _ = srv.json("GET", "/v1/nothing", headers=key)
+    check_error(st, r, 404, code="not_found")
+    st, r, _ = srv.json("GET", "/v1/completions", headers=key)
+    check_error(st, r, 405, code="method_not_allowed")
 
 
 def test_413_body_too_large(servers):

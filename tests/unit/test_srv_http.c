@@ -1117,9 +1117,35 @@ TEST(test_auth)
     CHECK_INT_EQ(r.status, 200);
     CHECK(r.body && strstr(r.body, "\"ok\""));
     resp_free(&r);
-    /* 404 does not need the key either (no route to protect) */
+    /* without the key, unknown paths and methods are 401 as well: a client
+     * without a key cannot map the routes */
     CHECK(http_get(A.port, "/nope", NULL, &r) == 0);
+    CHECK_INT_EQ(r.status, 401);
+    CHECK(resp_header(&r, "WWW-Authenticate", v, sizeof v) && strcmp(v, "Bearer") == 0);
+    resp_free(&r);
+    CHECK(http_get(A.port, "/nope", AUTH, &r) == 0);
     CHECK_INT_EQ(r.status, 404);
+    resp_free(&r);
+    CHECK(http_do(A.port, "DELETE /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+                  &r) == 0);
+    CHECK_INT_EQ(r.status, 401);
+    CHECK(resp_header(&r, "Allow", v, sizeof v) == NULL);
+    resp_free(&r);
+    CHECK(http_do(A.port,
+                  "DELETE /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" AUTH "\r\n",
+                  &r) == 0);
+    CHECK_INT_EQ(r.status, 405);
+    resp_free(&r);
+    CHECK(http_do(A.port, "OPTIONS /nope HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+                  &r) == 0);
+    CHECK_INT_EQ(r.status, 401);
+    resp_free(&r);
+    /* the public path keeps answering without a key, also its 405 */
+    CHECK(http_do(A.port,
+                  "POST /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                  "Content-Length: 0\r\n\r\n",
+                  &r) == 0);
+    CHECK_INT_EQ(r.status, 405);
     resp_free(&r);
 }
 
@@ -1166,8 +1192,9 @@ TEST(test_cors)
     CHECK(resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) == NULL);
     CHECK(resp_header(&r, "Access-Control-Allow-Methods", v, sizeof v) == NULL);
     resp_free(&r);
-    CHECK(http_do(A.port, "OPTIONS /nope HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", &r) ==
-          0);
+    CHECK(http_do(A.port,
+                  "OPTIONS /nope HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" AUTH "\r\n",
+                  &r) == 0);
     CHECK_INT_EQ(r.status, 404);
     resp_free(&r);
 }
@@ -1178,7 +1205,7 @@ TEST(test_keepalive)
     buf_t b = {0};
     send_str(fd, "GET /echo?x=1 HTTP/1.1\r\nHost: t\r\n" AUTH "\r\n");
     CHECK(read_until_contains(fd, &b, "\"x\":\"1\"", WAIT_MS) == 0);
-    send_str(fd, "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n");
+    send_str(fd, "GET /nope HTTP/1.1\r\nHost: t\r\n" AUTH "\r\n");
     CHECK(read_until_contains(fd, &b, "HTTP/1.1 404", WAIT_MS) == 0);
     send_str(fd, "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" AUTH
                  "Content-Length: 2\r\nConnection: close\r\n\r\n{}");
