@@ -24,7 +24,6 @@
 #include <time.h>
 
 #define SWEEP_MS 10000
-#define STATE_BODY_CAP ((size_t)512 << 20)
 
 static void app_handle_closed(uv_handle_t *h)
 {
@@ -338,8 +337,15 @@ static void load_after(uv_work_t *w, int status)
         srv_serve_fail(app->serve, "cannot open the session store");
         return;
     }
-    /* an imported state is at most the largest blob this model can make */
+    /* an imported state is at most the largest blob this model can make:
+     * from now on the http layer refuses a larger PUT from its
+     * Content-Length, and never buffers more of a chunked one */
     app->state_blob_max = srv_store_max_blob(app->store) + 4096;
+    if (srv_http_route_set_max_body(app->http, "PUT", "/v1/sessions/{id}/state",
+                                    app->state_blob_max) < 0) {
+        srv_serve_fail(app->serve, "cannot bound the state import route");
+        return;
+    }
     uv_timer_start(&app->sweep_timer, on_sweep, SWEEP_MS, SWEEP_MS);
     app->ready = 1;
     srv_http_set_ready(app->http, 1);
@@ -367,11 +373,10 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
     app->gen_timeout_ns = cfg->generation_timeout_s * INT64_C(1000000000);
     pthread_mutex_init(&app->mu, NULL);
     register_metrics(app);
-    /* The http layer's cap for PUT .../state; h_import applies the model's
-     * exact bound (state_blob_max) once it is known. */
-    app->state_max_body = STATE_BODY_CAP;
-    if (app->state_max_body < (size_t)cfg->max_body)
-        app->state_max_body = (size_t)cfg->max_body;
+    /* The http layer's limit for PUT .../state until the model is known
+     * (requests get 503 "loading" from their headers until then);
+     * load_after replaces it by the model's bound (state_blob_max). */
+    app->state_max_body = (size_t)cfg->max_body;
 
     /* routes: registered before serve's built-in /health and /metrics, so
      * these replace them */

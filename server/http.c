@@ -814,6 +814,22 @@ int srv_http_route(srv_http_t *h, const char *method, const char *pattern, srv_h
     return 0;
 }
 
+int srv_http_route_set_max_body(srv_http_t *h, const char *method, const char *pattern,
+                                size_t max_body)
+{
+    if (!h || !method || !pattern)
+        return SRV_HTTP_EINVAL;
+    int found = 0;
+    for (size_t i = 0; i < h->nroutes; i++) {
+        route_t *r = &h->routes[i];
+        if (strcmp(r->method, method) == 0 && strcmp(r->pattern, pattern) == 0) {
+            r->max_body = max_body ? max_body : h->max_body;
+            found = 1;
+        }
+    }
+    return found ? 0 : SRV_HTTP_EINVAL;
+}
+
 /* ---- request accessors ---- */
 
 const char *srv_req_method(const srv_req_t *req)
@@ -1505,9 +1521,13 @@ static enum MHD_Result on_body(srv_req_t *req, const char *data, size_t n)
         return MHD_YES;
     }
     if (req->body_len + n + 1 > req->body_cap) {
+        /* Doubling, but never past the limit (+ the NUL): a body the route
+         * accepts never costs more than its limit. */
         size_t ncap = req->body_cap ? req->body_cap : 1024;
         while (ncap < req->body_len + n + 1)
             ncap *= 2;
+        if (ncap > req->body_limit + 1)
+            ncap = req->body_limit + 1;
         char *nb = realloc(req->body, ncap);
         if (!nb)
             return MHD_NO;
@@ -1603,8 +1623,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (req->phase != PH_RECEIVING)
             return MHD_YES; /* an early answer is queued: drop the rest */
         /* Past the limit the rest of a chunked body is dropped as it comes
-         * and 413 follows at its end (MHD 0.9.75 refuses to queue a response
-         * while an upload is in progress). */
+         * (nothing more is buffered) and 413 follows at its end, or
+         * --request-timeout cuts the connection: MHD 0.9.75 refuses to queue
+         * a response while an upload is in progress (MHD_queue_response
+         * returns MHD_NO then; checked). */
         enum MHD_Result r = on_body(req, upload_data, n);
         return r;
     }

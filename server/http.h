@@ -29,9 +29,11 @@
  *      body whose Content-Type is not application/json on a SRV_ROUTE_JSON
  *      route                             -> 415
  *      Content-Length above the limit    -> 413 (before the body is read)
- * 3. The body is accumulated (bounded by the route's limit; a chunked body
- *    that grows past it -> 413) and the handler is called once, with the
- *    complete body.
+ * 3. The body is accumulated (bounded by the route's limit: the buffer never
+ *    grows past it; a chunked body that grows past it is dropped as it
+ *    arrives and answered with 413 at its end, since libmicrohttpd 0.9.75
+ *    cannot answer in the middle of an upload) and the handler is called
+ *    once, with the complete body.
  * 4. Before returning, the handler must do exactly one of:
  *      srv_reply / srv_reply_json / srv_reply_error   answer now;
  *      srv_stream_open                                start a streamed answer
@@ -187,6 +189,13 @@ typedef struct srv_route_opts {
  * Loop thread. Returns 0, or SRV_HTTP_EINVAL for a malformed pattern. */
 int srv_http_route(srv_http_t *h, const char *method, const char *pattern, srv_handler_fn fn,
                    void *ud, const srv_route_opts_t *ropts);
+
+/* Changes the body limit of the route(s) registered with exactly method and
+ * pattern (e.g. once the application knows the largest body it can use);
+ * 0 = opts.max_body. Loop thread. Returns 0, or SRV_HTTP_EINVAL when no such
+ * route exists. */
+int srv_http_route_set_max_body(srv_http_t *h, const char *method, const char *pattern,
+                                size_t max_body);
 
 /* ---- request accessors (loop thread, inside the handler) ----
  * Returned strings are owned by the request. Header and query values are

@@ -6,9 +6,11 @@ history, fork, export/import across servers, persistence across kill -9,
 Expected outputs are always produced by the server itself through an
 independent path (a fresh context fed the whole history, an uninterrupted
 twin session), never hard-coded."""
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 
 from ds_server import MODEL, wait_for
@@ -243,6 +245,60 @@ def test_export_import_into_a_new_server(servers, tmp_path):
     z = gen(b, tid, text=" third", max_tokens=4)
     w = gen(a, sid, text=" third", max_tokens=4)
     assert z["tokens"] == w["tokens"]
+
+
+def peak_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_state_import_body_is_bounded_by_the_model(servers):
+    """PUT .../state: a body larger than any state this model makes is
+    refused from its Content-Length before a byte of it is read, and a
+    chunked one is never buffered past that bound (issue 9)."""
+    srv = servers(args=["--request-timeout", "30s"])
+    sid = create(srv)["id"]
+    st, _, blob = srv.request("GET", f"/v1/sessions/{sid}/state")
+    assert st == 200 and len(blob) < (4 << 20)  # the tiny model's states are small
+    # 100 MiB announced: far above the model's bound; nothing of it is sent
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    try:
+        s.sendall((f"PUT /v1/sessions/{sid}/state HTTP/1.1\r\nHost: t\r\n"
+                   "Content-Type: application/octet-stream\r\n"
+                   f"Content-Length: {100 << 20}\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            part = s.recv(4096)
+            if not part:
+                break
+            head += part
+    finally:
+        s.close()
+    assert head.startswith(b"HTTP/1.1 413"), head
+    # 160 MiB chunked: refused with 413 at its end, and the server's peak
+    # memory grows by at most the bound (~64 MiB: a blob may carry up to
+    # 2^24 pending tokens), not by the body
+    before = peak_rss_kib(srv.proc.pid)
+    piece = b"\0" * (1 << 20)
+    c = srv.conn()
+    try:
+        c.request("PUT", f"/v1/sessions/{sid}/state", body=(piece for _ in range(160)),
+                  headers={"Content-Type": "application/octet-stream"}, encode_chunked=True)
+        r = c.getresponse()
+        data = r.read()
+    finally:
+        c.close()
+    assert r.status == 413, data
+    assert json.loads(data)["error"]["code"] == "request_too_large"
+    grown = peak_rss_kib(srv.proc.pid) - before
+    assert grown < 100 << 10, f"peak RSS grew by {grown} KiB for a refused 160 MiB body"
+    # the session is untouched and a real state still imports
+    st, hd, data = srv.request("PUT", f"/v1/sessions/{sid}/state", blob,
+                               {"Content-Type": "application/octet-stream"})
+    assert st == 200, data
 
 
 def test_state_of_another_model_is_refused(servers, tmp_path):
