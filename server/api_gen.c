@@ -443,6 +443,8 @@ void api_gen_start(api_gen_t *g, srv_req_t *req, int streaming, proto_stream_for
     srv_stream_opts_t so = {.on_cancel = on_cancel, .on_writable = on_writable, .ud = g};
     g->streaming = streaming;
     g->fmt = fmt;
+    if (streaming && fmt == PROTO_STREAM_SSE)
+        so.probe = PROTO_SSE_PING;
     if (streaming) {
         const char *ct = fmt == PROTO_STREAM_SSE ? "text/event-stream" : "application/x-ndjson";
         srv_req_add_header(req, "Cache-Control", "no-cache");

@@ -50,6 +50,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -180,6 +182,7 @@ struct srv_stream {
     void (*on_cancel)(srv_stream_t *, void *);
     void (*on_writable)(srv_stream_t *, void *);
     void *cb_ud;
+    const char *probe; /* static; see srv_stream_opts_t */
     size_t max_buffered;
     char req_id[REQ_ID_MAX + 1];
     /* guarded by hub->lock */
@@ -252,6 +255,8 @@ struct srv_req {
     int suspended;
     uv_poll_t *hup;
     int fd;
+    int http11;   /* HTTP/1.1 request: 1xx interim answers and chunked bodies */
+    int peer_eof; /* the client shut down its sending side (or closed) */
     int client_gone;
     int inflight;
 };
@@ -506,6 +511,20 @@ static const char *drain_conn_header(const srv_http_t *h)
     return h->draining ? "close" : NULL;
 }
 
+/* Did the client shut down its sending side with nothing more to read? Its
+ * answer then says Connection: close, so that the client, which cannot send
+ * another request, sees the end of the connection after it. */
+static int peer_sent_eof(srv_req_t *req)
+{
+    if (req->peer_eof)
+        return 1;
+    char c;
+    if (req->fd < 0 || recv(req->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) != 0)
+        return 0;
+    req->peer_eof = 1;
+    return 1;
+}
+
 /* Adds the headers every response carries and queues it. Takes ownership of
  * resp. Returns MHD_YES/MHD_NO as the access handler should. */
 static enum MHD_Result queue_response(srv_req_t *req, int status, struct MHD_Response *resp,
@@ -524,7 +543,7 @@ static enum MHD_Result queue_response(srv_req_t *req, int status, struct MHD_Res
         MHD_add_response_header(resp, "Vary", "Origin");
         MHD_add_response_header(resp, "Access-Control-Expose-Headers", "X-Request-Id");
     }
-    if (drain_conn_header(h))
+    if (drain_conn_header(h) || peer_sent_eof(req))
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     for (size_t i = 0; i < req->headers.n; i++)
         MHD_add_response_header(resp, req->headers.v[i].name, req->headers.v[i].value);
@@ -649,11 +668,64 @@ static void req_resume(srv_req_t *req)
     MHD_resume_connection(req->conn);
 }
 
+/* The client of a waiting request sent FIN. A client that half-closes
+ * (shutdown(SHUT_WR) after its request) and one that closed its socket look
+ * the same until something is sent to them: a closed socket answers data
+ * with RST. So send something harmless: an interim "100 Continue" before
+ * the response (HTTP/1.1 clients must skip 1xx answers), or the stream's
+ * probe bytes as one chunk of a response under way (MHD has flushed what
+ * it wrote before it asked the reader and was suspended). Returns -1 when
+ * the client is certainly gone; 0 when it may still read (then an RST, if
+ * it comes, shows up as an error on the socket; without a probe, a closed
+ * client is noticed at the next write). Never writes a partial probe. */
+static int probe_peer(srv_req_t *req)
+{
+    char buf[160];
+    int n = 0;
+    if (req->phase == PH_WAITING && req->http11) {
+        n = snprintf(buf, sizeof buf, "HTTP/1.1 100 Continue\r\n\r\n");
+    } else if (req->phase == PH_ANSWERED && req->stream && req->stream->probe &&
+               strcmp(req->method, "HEAD") != 0) {
+        const char *pb = req->stream->probe;
+        size_t pl = strlen(pb);
+        if (pl == 0 || pl > 64)
+            return 0;
+        n = req->http11 ? snprintf(buf, sizeof buf, "%zx\r\n%s\r\n", pl, pb)
+                        : snprintf(buf, sizeof buf, "%s", pb);
+    }
+    if (n <= 0 || (size_t)n >= sizeof buf)
+        return 0;
+    int queued = 0, sndbuf = 0;
+    socklen_t sl = sizeof sndbuf;
+    if (ioctl(req->fd, SIOCOUTQ, &queued) < 0 ||
+        getsockopt(req->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &sl) < 0 || sndbuf - queued < 4096)
+        return 0; /* no room for the probe in one piece: wait for the next write */
+    ssize_t w = send(req->fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN))
+        return -1;
+    if (w >= 0 && w != n) {
+        /* cannot happen with the room checked above; the framing is broken */
+        SRV_LOG(SRV_LOG_WARN, req->id, "hang-up probe written in part; closing");
+        return -1;
+    }
+    return 0;
+}
+
 static void on_hup(uv_poll_t *p, int status, int events)
 {
     srv_req_t *req = p->data;
-    if (status == 0 && !(events & UV_DISCONNECT))
+    if (status == 0 && !(events & (UV_DISCONNECT | UV_PRIORITIZED)))
         return;
+    if (req && req->suspended && status == 0 && (events & UV_DISCONNECT) && !req->peer_eof) {
+        req->peer_eof = 1;
+        if (probe_peer(req) == 0) {
+            /* From now on only an error or a full hang-up (EPOLLERR/HUP, which
+             * epoll always reports) ends it: FIN stays readable forever. */
+            uv_poll_start(p, UV_PRIORITIZED, on_hup);
+            SRV_LOG(SRV_LOG_DEBUG, req->id, "client shut down its side; still answering");
+            return;
+        }
+    }
     uv_poll_stop(p);
     if (!req || !req->suspended)
         return;
@@ -682,7 +754,7 @@ static void req_suspend(srv_req_t *req)
         }
     }
     if (req->hup)
-        uv_poll_start(req->hup, UV_DISCONNECT, on_hup);
+        uv_poll_start(req->hup, req->peer_eof ? UV_PRIORITIZED : UV_DISCONNECT, on_hup);
 }
 
 /* ---- routing ---- */
@@ -955,6 +1027,7 @@ static srv_stream_t *stream_new(srv_req_t *req, const srv_stream_opts_t *so)
         s->on_cancel = so->on_cancel;
         s->on_writable = so->on_writable;
         s->cb_ud = so->ud;
+        s->probe = so->probe;
     }
     snprintf(s->req_id, sizeof s->req_id, "%s", req->id);
     s->refs = 2; /* producer + request */
@@ -1607,13 +1680,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
 {
-    (void)version;
     srv_http_t *h = cls;
     srv_req_t *req = *con_cls;
     if (!req) {
         req = req_new(h, c, url, method);
         if (!req)
             return MHD_NO;
+        req->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
         *con_cls = req;
         return on_headers(h, req, c);
     }

@@ -80,9 +80,16 @@
  *     job cancelled so the scheduler drops it at its next step.
  * A suspended connection's socket is watched for hang-up, so a client that
  * disconnects while the producer is still thinking (long prefill) is noticed
- * at once, not at the next write. (A client that half-closes its side after
- * sending the request looks the same and is treated as gone.) While bytes
- * flow, a vanished client is noticed when a write fails.
+ * at once, not at the next write. A client that half-closes its side after
+ * sending the request (shutdown(SHUT_WR)) looks the same at first; the
+ * server tells them apart by sending something harmless, which a closed
+ * socket answers with a reset: an interim "100 Continue" while nothing of
+ * the answer was sent (HTTP/1.1), or the stream's probe bytes
+ * (srv_stream_opts_t.probe) once it streams. A half-closed client gets its
+ * whole answer, with Connection: close. Without a possible probe (HTTP/1.0
+ * before the answer, a stream without probe bytes) a closed client is
+ * noticed at the next write. While bytes flow, a vanished client is noticed
+ * when a write fails.
  *
  * Callbacks (on_cancel, on_writable) run on the loop thread and must not
  * block; they may call any srv_stream_* function except wait_writable.
@@ -242,6 +249,11 @@ typedef struct srv_stream_opts {
      * drained to half of max_buffered or less. */
     void (*on_writable)(srv_stream_t *s, void *ud);
     void *ud; /* borrowed; passed to the callbacks */
+    /* Static string, NULL = none: 1..64 bytes the client's parser ignores
+     * (an SSE comment ": ping\n\n"), which the server may send between two
+     * writes to learn whether a client that shut down its side is still
+     * there (see "hang-up" above). */
+    const char *probe;
 } srv_stream_opts_t;
 
 /* Starts a streamed response (inside the handler): status, content_type and

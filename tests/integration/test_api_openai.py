@@ -8,6 +8,7 @@ vs without a stop string), never from hard-coded model outputs.
 """
 import json
 import math
+import socket
 
 import openai
 import pytest
@@ -278,3 +279,67 @@ def test_sse_pings_during_a_long_prefill(servers):
     assert text.startswith(": ping\n\n"), text[:200]
     evs, done = sse_json(raw)
     assert done and len(evs) >= 1
+
+
+def half_closed_request(srv, path, body):
+    """Sends one request, shuts down the sending side (shutdown(SHUT_WR), as
+    `nc -N` does) and reads until the server closes -> raw bytes."""
+    raw = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=300)
+    try:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            part = s.recv(65536)
+            if not part:
+                return data
+            data += part
+    finally:
+        s.close()
+
+
+def final_response(raw):
+    """Raw bytes of one HTTP/1.1 answer, interim 1xx answers skipped ->
+    (status, lower-case headers, body with chunked framing removed)."""
+    assert raw.startswith(b"HTTP/1.1 "), f"no answer: {raw[:200]!r}"
+    while raw.startswith(b"HTTP/1.1 1"):
+        raw = raw[raw.index(b"\r\n\r\n") + 4:]
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    hd = {k.lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+    if hd.get("transfer-encoding") == "chunked":
+        out = b""
+        while True:
+            size, _, rest = body.partition(b"\r\n")
+            n = int(size.split(b";")[0], 16)
+            if n == 0:
+                break
+            out += rest[:n]
+            body = rest[n + 2:]
+        body = out
+    return status, hd, body
+
+
+def test_half_closed_client_gets_its_answer(tiny):
+    """A client that shuts down its side after sending the request is not a
+    client that left: it gets the whole answer, streamed or not, and then the
+    connection ends (issue 9)."""
+    body = {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0}
+    want = completion(tiny, **body)
+    st, hd, data = final_response(half_closed_request(tiny, "/v1/completions", body))
+    assert st == 200, data
+    assert hd.get("connection") == "close"
+    got = json.loads(data)
+    assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    assert got["usage"] == want["usage"]
+
+    st, hd, data = final_response(half_closed_request(tiny, "/v1/completions",
+                                                      dict(body, stream=True)))
+    assert st == 200, data
+    events, done = sse_json(data)
+    assert done
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == \
+        want["choices"][0]["text"]

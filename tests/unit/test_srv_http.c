@@ -636,7 +636,7 @@ static void *prod_cancel(void *arg)
 static void h_stream_cancel(srv_req_t *req, void *ud)
 {
     (void)ud;
-    srv_stream_opts_t so = {.on_cancel = on_cancel_cb};
+    srv_stream_opts_t so = {.on_cancel = on_cancel_cb, .probe = "\n"};
     srv_stream_t *s = srv_stream_open(req, 200, "text/plain", &so);
     if (s)
         spawn_producer(prod_cancel, s);
@@ -795,6 +795,39 @@ static void h_deferred_hold(srv_req_t *req, void *ud)
         spawn_producer(prod_deferred_hold, s);
 }
 
+/* /deferred-release: answers once T.release is set (or the client is gone). */
+static void *prod_deferred_release(void *arg)
+{
+    srv_stream_t *s = arg;
+    uint64_t end = mono_ms() + WAIT_MS;
+    for (;;) {
+        pthread_mutex_lock(&T.mu);
+        int rel = T.release;
+        pthread_mutex_unlock(&T.mu);
+        if (rel || srv_stream_cancelled(s) || mono_ms() >= end)
+            break;
+        sleep_ms(5);
+    }
+    int seen = srv_stream_cancelled(s);
+    int rc = srv_stream_reply(s, 200, "text/plain", "released", 8);
+    pthread_mutex_lock(&T.mu);
+    T.saw_cancelled = seen;
+    T.deferred_rc = rc;
+    T.producer_done = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+    return NULL;
+}
+
+static void h_deferred_release(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_opts_t so = {.on_cancel = on_cancel_cb};
+    srv_stream_t *s = srv_stream_defer(req, &so);
+    if (s)
+        spawn_producer(prod_deferred_release, s);
+}
+
 /* /stream/hold: first chunk, then waits for T.release (or cancellation). */
 static void *prod_hold(void *arg)
 {
@@ -838,6 +871,16 @@ static void h_stream_hold(srv_req_t *req, void *ud)
         spawn_producer(prod_hold, s);
 }
 
+/* /stream/hold-probe: /stream/hold as an event stream with a probe. */
+static void h_stream_hold_probe(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_opts_t so = {.on_cancel = on_cancel_cb, .probe = ": probe\n\n"};
+    srv_stream_t *s = srv_stream_open(req, 200, "text/event-stream", &so);
+    if (s)
+        spawn_producer(prod_hold, s);
+}
+
 static void setup_routes(server_t *S)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
@@ -864,6 +907,11 @@ static void setup_routes(server_t *S)
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/deferred-stream", h_deferred_stream, NULL, NULL),
                  0);
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/deferred-hold", h_deferred_hold, NULL, NULL), 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/deferred-release", h_deferred_release, NULL, NULL),
+                 0);
+    CHECK_INT_EQ(srv_http_route(S->h, "GET", "/stream/hold-probe", h_stream_hold_probe, NULL,
+                                NULL),
+                 0);
     /* malformed patterns are refused */
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "no-slash", h_echo, NULL, NULL), SRV_HTTP_EINVAL);
     CHECK_INT_EQ(srv_http_route(S->h, "GET", "/a//b", h_echo, NULL, NULL), SRV_HTTP_EINVAL);
@@ -1319,6 +1367,79 @@ TEST(test_abort_and_deferred)
     resp_free(&r);
 }
 
+/* Waits until the request on A is in flight (its handler ran, the
+ * connection waits for the producer). */
+static void wait_inflight_a(void)
+{
+    size_t inflight = 0;
+    uint64_t end = mono_ms() + WAIT_MS;
+    while (inflight == 0 && mono_ms() < end) {
+        server_call(&A, do_inflight_a, &inflight);
+        if (!inflight)
+            sleep_ms(5);
+    }
+    CHECK_INT_EQ(inflight, 1);
+}
+
+/* A client that shuts down its sending side after its request still gets
+ * the answer: the server's probe (an interim 100 Continue before the
+ * answer, the stream's probe bytes during it) reaches it instead of a cut,
+ * and the answer ends with the connection (Connection: close). */
+TEST(test_half_closed_client_gets_its_answer)
+{
+    t_reset();
+    int fd = tcp_connect(A.port);
+    buf_t b = {0};
+    send_str(fd, "GET /deferred-release HTTP/1.1\r\nHost: t\r\n" AUTH "\r\n");
+    wait_inflight_a();
+    CHECK(shutdown(fd, SHUT_WR) == 0);
+    CHECK(read_until_contains(fd, &b, "HTTP/1.1 100 Continue\r\n\r\n", WAIT_MS) == 0);
+    t_set(&T.release);
+    CHECK(read_until_close(fd, &b, WAIT_MS) == 0);
+    close(fd);
+    CHECK(t_wait(&T.producer_done) == 0);
+    join_producer();
+    resp_t r;
+    const char *fin = b.p ? strstr(b.p, "HTTP/1.1 200") : NULL;
+    CHECK_MSG(fin, "got: %s", b.p ? b.p : "");
+    if (fin) {
+        CHECK(parse_resp(fin, b.len - (size_t)(fin - b.p), &r) == 0);
+        CHECK_INT_EQ(r.status, 200);
+        CHECK(r.body && strcmp(r.body, "released") == 0);
+        char v[32];
+        CHECK(resp_header(&r, "Connection", v, sizeof v) && strcasecmp(v, "close") == 0);
+        resp_free(&r);
+    }
+    pthread_mutex_lock(&T.mu);
+    CHECK_INT_EQ(T.saw_cancelled, 0);
+    CHECK_INT_EQ(T.deferred_rc, 0);
+    pthread_mutex_unlock(&T.mu);
+    free(b.p);
+
+    /* the same during a stream */
+    t_reset();
+    memset(&b, 0, sizeof b);
+    fd = tcp_connect(A.port);
+    send_str(fd, "GET /stream/hold-probe HTTP/1.1\r\nHost: t\r\n" AUTH "\r\n");
+    CHECK(read_until_contains(fd, &b, "a\n", WAIT_MS) == 0);
+    CHECK(shutdown(fd, SHUT_WR) == 0);
+    CHECK(read_until_contains(fd, &b, ": probe\n\n", WAIT_MS) == 0);
+    t_set(&T.release);
+    CHECK(t_wait(&T.producer_done) == 0);
+    join_producer();
+    CHECK(read_until_close(fd, &b, WAIT_MS) == 0);
+    close(fd);
+    CHECK(parse_resp(b.p, b.len, &r) == 0);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(r.chunked_complete);
+    CHECK(r.body && strcmp(r.body, "a\n: probe\n\nb\n") == 0);
+    resp_free(&r);
+    pthread_mutex_lock(&T.mu);
+    CHECK_INT_EQ(T.saw_cancelled, 0);
+    pthread_mutex_unlock(&T.mu);
+    free(b.p);
+}
+
 TEST(test_deferred_client_gone)
 {
     t_reset();
@@ -1682,6 +1803,7 @@ int main(void)
         RUN(test_backpressure);
         RUN(test_abort_and_deferred);
         RUN(test_deferred_client_gone);
+        RUN(test_half_closed_client_gets_its_answer);
         RUN(test_metrics_exposition);
         RUN(test_main_stop);
     }
