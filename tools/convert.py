@@ -261,6 +261,14 @@ def cmd_train2(a):
         y = (x * sc) @ Mt.T
         return y @ om.T - 0.5 * jnp.sum(y * y, axis=-1, keepdims=True) + bias
 
+    def rot_blocks(ab):
+        """ab [Hd/2][2] -> M [Hd][Hd] with the 2x2 blocks [[a, -b], [b, a]] on the
+        pairs (2i, 2i+1) that RoPE rotates: M commutes with every rotation, so
+        Σ = MᵀM does too and exp(qᵀR_mᵀΣR_nk) depends on n - m only."""
+        blk = jnp.stack([jnp.stack([ab[:, 0], -ab[:, 1]], -1),
+                         jnp.stack([ab[:, 1], ab[:, 0]], -1)], -2)  # [Hd/2][2][2]
+        return jax.scipy.linalg.block_diag(*[blk[i] for i in range(Hd // 2)])
+
     def head(params, om, qf, kf, q, k, v, qp, ks, tau):
         """One KV head. qf, q [B][P][gs][Hd] (features' input, raw); kf, k, v
         [B][T][Hd]; qp [B][P][gs][Hd] q before RoPE; ks [B][S][Hd] the sinks'
@@ -268,6 +276,8 @@ def cmd_train2(a):
         each sink sits just before the window, as core/attn_linear.c
         places it); tau [P]. Returns (loss, rel. sq. error, mass KL)."""
         Mt, th, beta = params
+        if a.commute:
+            Mt = rot_blocks(Mt)
         lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(th))
         aq = feat_logits(Mt, om, qf)
         ak = feat_logits(Mt, om, kf)
@@ -319,7 +329,10 @@ def cmd_train2(a):
     layers = [x for x in parse_layers(a.layers, L) if x not in done]
     if done:
         print("train2: resuming from %s, %d layers done" % (a.ckpt, len(done)), flush=True)
+    if a.commute and (a.prerope or meta.get("n_rot", Hd) != Hd):
+        sys.exit("convert: --commute 1 needs --prerope 0 and RoPE on every dimension")
     log = {"rec": a.rec, "features": m, "window": W, "sinks": S, "prerope": a.prerope,
+           "commute": a.commute,
            "steps": a.steps, "lr": a.lr, "batch": a.batch, "queries": a.queries,
            "mass_weight": a.mass_weight, "train_seqs": n_tr, "val_seqs": n_val, "seq_len": T,
            "layers": []}
@@ -351,7 +364,11 @@ def cmd_train2(a):
         oms = jnp.asarray(np.asarray(eps_all[layer, :, :m, :], dtype=np.float32))
         g0 = np.clip(gam[layer].astype(np.float64), 0.5 + 1e-6, 1 - 1e-7)
         th0 = np.log((2 * g0 - 1) / (2 - 2 * g0)).astype(np.float32)
-        params = (jnp.asarray(mats[layer]), jnp.asarray(th0),
+        p0 = mats[layer]
+        if a.commute:  # the blocks' (a, b) = (M[2i][2i], M[2i+1][2i])
+            p0 = np.stack([np.stack([np.diagonal(x)[0::2], np.diagonal(x, -1)[0::2]], -1)
+                           for x in p0])
+        params = (jnp.asarray(p0), jnp.asarray(th0),
                   jnp.asarray(mix[layer].reshape(Hkv, gs)))
         tvj = jnp.asarray(tv)
 
@@ -390,7 +407,8 @@ def cmd_train2(a):
                         for i in range(3):
                             best_p[i][h] = np.asarray(params[i])[h]
         vb = val(tuple(jnp.asarray(x) for x in best_p))
-        mats[layer] = best_p[0]
+        mats[layer] = np.stack([np.asarray(rot_blocks(jnp.asarray(x))) for x in best_p[0]]) \
+            if a.commute else best_p[0]
         gam[layer] = (0.5 + 0.5 / (1 + np.exp(-best_p[1].astype(np.float64)))).astype(np.float32)
         mix[layer] = best_p[2].reshape(H)
         done.add(layer)
@@ -447,6 +465,8 @@ def main():
     p2.add_argument("--window", type=int, required=True)
     p2.add_argument("--sinks", type=int, default=4)
     p2.add_argument("--prerope", type=int, default=1)
+    p2.add_argument("--commute", type=int, default=0,
+                    help="1: M of 2x2 scaled rotations (Σ commutes with RoPE; needs --prerope 0)")
     p2.add_argument("--train-mat", type=int, default=1)
     p2.add_argument("--out", required=True, help="prefix of the .mat/.decay/.mix.f32 outputs")
     p2.add_argument("--ckpt", help="resumable checkpoint (.npz)")

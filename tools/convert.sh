@@ -6,13 +6,18 @@
 #                    [--out ADAPTER.gguf] [--work DIR] [--build DIR]
 #   tools/convert.sh --is [--out IS.gguf]      # the DARKFormer-IS adapter (Λ only)
 #   tools/convert.sh --v2 [--features M] [--window W] [--sinks S] [--prerope 0|1]
-#                    [--steps N] [--seqs N] [--len T] [--out ADAPTER.gguf]
+#                    [--steps N] [--seqs N] [--len T] [--distill-steps N]
+#                    [--out ADAPTER.gguf]
 #     DARKFormer v2 (`make adapter MODEL=...` runs this): record N sequences
 #     of T tokens (default 12 x 2048) of the calibration corpus
 #     (models/corpus/calibration.txt.xz, never a held-out text), then
-#     tools/convert.py train2 (M before RoPE, decays, mixing weights; the
-#     checkpoint WORK/v2.npz makes an interrupted run resume where it
-#     stopped), then write_adapter. Prints how long each stage took.
+#     stage 1, tools/convert.py train2 (M before RoPE, decays, mixing
+#     weights, layer by layer), then stage 2, tools/distill.py (the same
+#     parameters end to end against the exact model's next-token
+#     distribution on 1024-token spans; --distill-steps 0 skips it), then
+#     write_adapter. Each stage has a checkpoint under WORK, so an
+#     interrupted run resumes where it stopped. Prints how long each stage
+#     took.
 #
 # 1. record: $BUILD/tools/record_qkv runs the exact model over
 #    tests/data/calibration.txt (40 sequences x 512 tokens; never the
@@ -33,7 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
-S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0
+S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -44,6 +49,7 @@ while [ $# -gt 0 ]; do
     --seqs) SEQS=$2; shift 2 ;;
     --len) LEN=$2; shift 2 ;;
     --v2) V2=1; shift ;;
+    --distill-steps) DSTEPS=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --init) INIT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -80,9 +86,27 @@ if [ "$V2" = 1 ]; then
     --prerope "$PRE" --steps "$STEPS" --ckpt "$WORK/$TAG.npz" --log "$WORK/$TAG.json" \
     --out "$WORK/$TAG"
   OUT=${OUT:-$WORK/$TAG.gguf}
-  "$BUILD/tools/write_adapter" --model "$MODEL" --kind darkformer --features "$M" --window "$W" \
-    --sinks "$S" --prerope "$PRE" --seed 0 --mat "$WORK/$TAG.mat.f32" \
-    --decay "$WORK/$TAG.decay.f32" --mix "$WORK/$TAG.mix.f32" --out "$OUT"
+  write() {
+    "$BUILD/tools/write_adapter" --model "$MODEL" --kind darkformer --features "$M" --window "$W" \
+      --sinks "$S" --prerope "$PRE" --seed 0 --mat "$1.mat.f32" --decay "$1.decay.f32" \
+      --mix "$1.mix.f32" --out "$2"
+  }
+  if [ "$DSTEPS" = 0 ]; then
+    write "$WORK/$TAG" "$OUT"
+    stage "done: $OUT"
+    exit 0
+  fi
+  write "$WORK/$TAG" "$WORK/$TAG.stage1.gguf"
+  if [ ! -f "$WORK/distill_ids.npy" ] || [ ! -f "$WORK/distill_m$M/eps.npy" ]; then
+    [ -f "$WORK/calibration.txt" ] || xz -dc models/corpus/calibration.txt.xz > "$WORK/calibration.txt"
+    "$BUILD/tools/record_qkv" --model "$MODEL" --text "$WORK/calibration.txt" --out "$WORK/distill_m$M" \
+      --seqs 0 --draws "$M" --seed 0 --ids-out "$WORK/distill_ids.npy"
+  fi
+  stage "stage 2: distilling against the exact model, $DSTEPS steps (checkpoint $WORK/$TAG.s2.npz)"
+  "$PY" tools/distill.py --model "$MODEL" --adapter "$WORK/$TAG.stage1.gguf" \
+    --ids "$WORK/distill_ids.npy" --eps "$WORK/distill_m$M/eps.npy" --steps "$DSTEPS" \
+    --ckpt "$WORK/$TAG.s2.npz" --log "$WORK/$TAG.s2.json" --out "$WORK/$TAG.s2"
+  write "$WORK/$TAG.s2" "$OUT"
   stage "done: $OUT"
   exit 0
 fi

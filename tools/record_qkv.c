@@ -3,7 +3,7 @@
  * measurements (tools/attn_error.py).
  *
  *   record_qkv --model M --text F --out DIR [--seqs N] [--len T] [--skip S]
- *              [--draws MMAX] [--seed SEED]
+ *              [--draws MMAX] [--seed SEED] [--ids-out IDS.npy]
  *
  * Tokenizes F as `darkserve perplexity` does (with the model's BOS/EOS
  * rule), cuts the ids into consecutive sequences of T tokens (after skipping
@@ -19,6 +19,8 @@
  * what core_model_load uses), so Python trains against exactly the ω the
  * kernels use. ε for M < MMAX is the first M rows (blocks are drawn in
  * order from one stream).
+ * With --ids-out it also writes every token id of F, int32 [n] (.npy), for
+ * tools/distill.py; --seqs 0 then skips the recording (no q/k/v, no meta).
  *
  * Exit status 0 on success, 1 on a runtime failure, 2 on bad usage.
  */
@@ -47,7 +49,7 @@ typedef struct rec {
 static void usage(void)
 {
     fprintf(stderr, "usage: record_qkv --model M --text F --out DIR [--seqs N] [--len T] "
-                    "[--skip S] [--draws MMAX] [--seed SEED]\n");
+                    "[--skip S] [--draws MMAX] [--seed SEED] [--ids-out IDS.npy]\n");
 }
 
 /* Writes a NumPy v1.0 header for a C-ordered array of dtype descr. */
@@ -169,9 +171,26 @@ static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
     return 0;
 }
 
+/* Writes ids [n] as an int32 .npy file. */
+static int write_ids(const char *path, const int32_t *ids, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "record_qkv: cannot create %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    const int64_t shape[1] = {(int64_t)n};
+    int bad = npy_header(f, "<i4", shape, 1) != 0 || fwrite(ids, sizeof *ids, n, f) != n;
+    if (fclose(f) != 0 || bad) {
+        fprintf(stderr, "record_qkv: writing %s failed\n", path);
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *text_path = NULL, *out = NULL;
+    const char *model = NULL, *text_path = NULL, *out = NULL, *ids_out = NULL;
     int64_t n_seq = 16, len = 512, skip = 0, draws = 0, seed = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -182,8 +201,10 @@ int main(int argc, char **argv)
             text_path = v;
         else if (!bad && !strcmp(a, "--out"))
             out = v;
+        else if (!bad && !strcmp(a, "--ids-out"))
+            ids_out = v;
         else if (!bad && !strcmp(a, "--seqs"))
-            bad = parse_i64(v, 1, MAX_SEQS, &n_seq);
+            bad = parse_i64(v, 0, MAX_SEQS, &n_seq);
         else if (!bad && !strcmp(a, "--len"))
             bad = parse_i64(v, 2, MAX_LEN, &len);
         else if (!bad && !strcmp(a, "--skip"))
@@ -236,6 +257,16 @@ int main(int argc, char **argv)
     if ((uint64_t)(skip + n_seq) * (uint64_t)len > n_ids) {
         fprintf(stderr, "record_qkv: %s has %zu tokens, fewer than (%" PRId64 " + %" PRId64
                         ") x %" PRId64 "\n", text_path, n_ids, skip, n_seq, len);
+        goto done;
+    }
+    if (ids_out && write_ids(ids_out, ids, n_ids) != 0)
+        goto done;
+    if (n_seq == 0 && draws == 0) {
+        status = 0;
+        goto done;
+    }
+    if (n_seq == 0) {
+        status = write_draws(out, in, (int)draws, (uint64_t)seed) != 0;
         goto done;
     }
     r.n_layer = in->n_layer;

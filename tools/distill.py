@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""DARKFormer v2 stage 2: end-to-end distillation of the adapter's small
+parameters against the exact model's next-token distribution.
+
+    distill.py --model M.gguf --adapter IN.gguf --ids IDS.npy --eps EPS.npy
+               --out PREFIX [--ckpt CKPT.npz] [--log LOG.json]
+               [--steps 200] [--len 1024] [--batch 1] [--lr 0.002]
+               [--lr-small 0.02] [--val-seqs 4] [--val-every 25] [--seed 1]
+
+Stage 1 (convert.py train2) fits every layer alone to the exact layer's
+output on recorded q, k, v. Errors then compound through 30 layers, and a
+small output error in one head can matter more for the next token than a
+large one elsewhere. Stage 2 runs the whole model: the student is the model
+with the converted attention exactly as core/attn_linear.c computes it
+(the first S tokens exact as sinks, moved next to the window once t ≥
+W + S − 1; the last W keys exact; the older keys through the positive
+random features of M applied to q and k before RoPE, decayed by γ per KV
+head, weighted by e^β per query head, all under one softmax
+normalization), the teacher is the same weights with exact attention over
+the whole sequence (what `--attn exact --chunk LEN` scores). The loss is
+KL(teacher ‖ student) of the next-token distributions, averaged over the
+positions t ≥ W + S (earlier positions are exact in both). Only M, γ and β
+are trained; the model's weights stay as they are (tied embeddings
+untouched).
+
+IN.gguf gives the starting parameters and the settings (features m, window
+W, sinks S, pre-RoPE; only pre-RoPE adapters are supported). IDS.npy is the
+token ids of a calibration text (tools/record_qkv --ids-out; never a
+held-out text); training sequences are random LEN-token spans of it except
+its last val-seqs × LEN tokens, which are the validation set: its mean KL
+is evaluated every val-every steps and the best parameters are kept (early
+stopping). EPS.npy holds the feature draws ε of the adapter's seed
+(tools/record_qkv --draws m). Outputs PREFIX.{mat,decay,mix}.f32 for
+build/tools/write_adapter. Resumable: CKPT holds the parameters, Adam's
+moments, the best parameters and the step; a rerun continues from it.
+Needs jax (tools/requirements-convert.txt).
+
+    distill.py --model M.gguf --adapter A.gguf --eps EPS.npy --check IDS.npy \
+               --nll-exact EX.f32 --nll-converted DF.f32 [--len 1024]
+
+checks this student and teacher against the C kernels: their mean NLL on
+the first LEN tokens of IDS (positions past W + S) must equal what
+`darkserve perplexity --chunk LEN --nll-out` wrote for the same text with
+`--attn exact` (EX) and with the adapter (DF), to 1e-4.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def field(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def load_model(path):
+    """Dequantized float32 weights, stacked per layer, and the hyperparameters."""
+    import gguf
+    r = gguf.GGUFReader(path)
+    k = lambda n, d=None: field(r, "llama." + n, d)  # noqa: E731
+    hp = {"L": int(k("block_count")), "D": int(k("embedding_length")),
+          "H": int(k("attention.head_count")), "base": float(k("rope.freq_base", 10000.0)),
+          "eps": float(k("attention.layer_norm_rms_epsilon", 1e-5))}
+    hp["Hkv"] = int(k("attention.head_count_kv", hp["H"]))
+    hp["Hd"] = int(k("attention.key_length", hp["D"] // hp["H"]))
+    hp["n_rot"] = int(k("rope.dimension_count", hp["Hd"]))
+    if k("rope.scaling.type") not in (None, "none"):
+        sys.exit("distill: RoPE scaling is not supported")
+    t = {x.name: x for x in r.tensors}
+
+    def w(name):
+        x = t[name]
+        return np.asarray(gguf.quants.dequantize(x.data, x.tensor_type), dtype=np.float32)
+
+    if "output.weight" in t:
+        sys.exit("distill: only models with tied embeddings are supported")
+    names = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+             "ffn_up", "ffn_down")
+    lw = {n: np.stack([w("blk.%d.%s.weight" % (i, n)) for i in range(hp["L"])]) for n in names}
+    return hp, w("token_embd.weight"), w("output_norm.weight"), lw
+
+
+def load_adapter(path):
+    import gguf
+    r = gguf.GGUFReader(path)
+    if field(r, "darkformer.kind") != "darkformer" or int(field(r, "darkformer.format_version")) != 2:
+        sys.exit("distill: %s is not a format-2 DARKFormer adapter" % path)
+    cfg = {x: int(field(r, "darkformer." + x, 0)) for x in
+           ("n_features", "window", "sinks", "prerope", "seed")}
+    if not cfg["prerope"]:
+        sys.exit("distill: only pre-RoPE adapters are supported")
+    cfg["fingerprint"] = field(r, "darkformer.base_fingerprint")
+    t = {x.name: np.asarray(x.data, dtype=np.float32) for x in r.tensors}
+    L = 1 + max(int(n.split(".")[2]) for n in t)
+    mats = np.stack([t["darkformer.blk.%d.M" % i] for i in range(L)])
+    dec = np.stack([t["darkformer.blk.%d.decay" % i] for i in range(L)])
+    mix = np.stack([t["darkformer.blk.%d.mix" % i] for i in range(L)])
+    return cfg, mats, dec, mix
+
+
+def build(hp, cfg, T):
+    """Returns jitted (loss_and_grad, val_loss) over params (M, θ, β)."""
+    import jax
+    import jax.numpy as jnp
+
+    L, H, Hkv, Hd, nr = hp["L"], hp["H"], hp["Hkv"], hp["Hd"], hp["n_rot"]
+    gs, m, W, S = H // Hkv, cfg["n_features"], cfg["window"], cfg["sinks"]
+    inv = hp["base"] ** (-2.0 * np.arange(nr // 2) / nr)
+    bias, sc, NEG = -0.5 * np.log(m), Hd ** -0.25, -1e30
+
+    def cs(pos):
+        ang = np.asarray(pos, dtype=np.float64)[:, None] * inv[None, :]
+        return jnp.asarray(np.cos(ang), jnp.float32), jnp.asarray(np.sin(ang), jnp.float32)
+
+    def rope(x, c, s):
+        """x [..][T][Hd] rotated in consecutive pairs of the first n_rot dims."""
+        a, b = x[..., 0:nr:2], x[..., 1:nr:2]
+        y = jnp.stack([a * c - b * s, a * s + b * c], axis=-1).reshape(x.shape[:-1] + (nr,))
+        return jnp.concatenate([y, x[..., nr:]], axis=-1)
+
+    c_t, s_t = cs(np.arange(T))
+    c_k, s_k = cs(np.arange(S) + 1 - W - S)  # sinks moved next to the window
+    tt = np.arange(T)[:, None]
+    jj = np.arange(T)[None, :]
+    vis = jnp.asarray(jj <= tt)
+    lin = jnp.asarray((jj <= tt - W) & (jj >= S))
+    shifted = jnp.asarray(tt >= W + S - 1)
+    dist = jnp.asarray(np.maximum(tt - W - jj, 0).astype(np.float32))
+
+    def rms(x, w):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + hp["eps"]) * w
+
+    def qkv(x, ly):
+        xn = rms(x, ly["attn_norm"])
+        q = (xn @ ly["attn_q"].T).reshape(T, Hkv, gs, Hd).transpose(1, 2, 0, 3)  # [c][g][T][Hd]
+        k = (xn @ ly["attn_k"].T).reshape(T, Hkv, Hd).transpose(1, 0, 2)  # [c][T][Hd]
+        v = (xn @ ly["attn_v"].T).reshape(T, Hkv, Hd).transpose(1, 0, 2)
+        return q, k, v
+
+    def rest(x, o, ly):
+        x = x + o.transpose(2, 0, 1, 3).reshape(T, H * Hd) @ ly["attn_output"].T
+        xn = rms(x, ly["ffn_norm"])
+        g = xn @ ly["ffn_gate"].T
+        return x + (jax.nn.silu(g) * (xn @ ly["ffn_up"].T)) @ ly["ffn_down"].T
+
+    def exact_layer(x, ly):
+        q, k, v = qkv(x, ly)
+        s = jnp.einsum("cgtd,csd->cgts", rope(q, c_t, s_t), rope(k, c_t, s_t)) / np.sqrt(Hd)
+        p = jax.nn.softmax(jnp.where(vis, s, NEG), axis=-1)
+        return rest(x, jnp.einsum("cgts,csd->cgtd", p, v), ly), None
+
+    def feat(Mt, om, x):
+        """Feature log-weights, as core/features.c: ŷ = Hd^-1/4 M x."""
+        y = jnp.einsum("...d,ed->...e", x * sc, Mt)
+        return jnp.einsum("...e,me->...m", y, om) - 0.5 * jnp.sum(y * y, -1, keepdims=True) + bias
+
+    def hybrid_layer(x, lp):
+        ly, Mt, th, beta, om = lp
+        q, k, v = qkv(x, ly)
+        qr, kr = rope(q, c_t, s_t), rope(k, c_t, s_t)
+        s = jnp.einsum("cgtd,csd->cgts", qr, kr) / np.sqrt(Hd)
+        if S > 0:
+            ss = jnp.einsum("cgtd,csd->cgts", q, rope(k[:, :S], c_k, s_k)) / np.sqrt(Hd)
+            s = jnp.concatenate([jnp.where(shifted, ss, s[..., :S]), s[..., S:]], axis=-1)
+        aq = jax.vmap(feat)(Mt, om, q)  # [c][g][T][m]
+        ak = jax.vmap(feat)(Mt, om, k)  # [c][T][m]
+        mq = jax.lax.stop_gradient(aq.max(axis=-1, keepdims=True))
+        mk = jax.lax.stop_gradient(ak.max(axis=-1, keepdims=True))
+        p = jnp.einsum("cgtm,csm->cgts", jnp.exp(aq - mq), jnp.exp(ak - mk))
+        lk = jnp.log(jnp.maximum(p, 1e-30)) + mq + jnp.swapaxes(mk, 1, 2)[:, None]
+        lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(th))  # [c]
+        lk = lk + beta[:, :, None, None] + dist * lg[:, None, None, None]
+        pr = jax.nn.softmax(jnp.where(lin, lk, jnp.where(vis, s, NEG)), axis=-1)
+        return rest(x, jnp.einsum("cgts,csd->cgtd", pr, v), ly), None
+
+    def logp(x, emb, onorm):
+        return jax.nn.log_softmax(rms(x, onorm) @ emb.T, axis=-1)
+
+    def kl(params, weights, tokens):
+        emb, onorm, lw, oms = weights
+        x0 = emb[tokens]
+        xt, _ = jax.lax.scan(exact_layer, x0, lw)
+        lt = jax.lax.stop_gradient(logp(xt, emb, onorm)[W + S:])
+        Mt, th, beta = params
+        xs, _ = jax.lax.scan(jax.checkpoint(hybrid_layer), x0,
+                             (lw, Mt, th, beta.reshape(L, Hkv, gs), oms))
+        ls = logp(xs, emb, onorm)[W + S:]
+        nxt = tokens[W + S + 1:]
+        nll_t = -jnp.take_along_axis(lt[:-1], nxt[:, None], axis=-1).mean()
+        nll_s = -jnp.take_along_axis(ls[:-1], nxt[:, None], axis=-1).mean()
+        return jnp.mean(jnp.sum(jnp.exp(lt) * (lt - ls), axis=-1)), (nll_t, nll_s)
+
+    def batch_kl(params, weights, toks):
+        r = jax.vmap(lambda t: kl(params, weights, t))(toks) if toks.shape[0] > 1 else \
+            jax.tree_util.tree_map(lambda a: a[None], kl(params, weights, toks[0]))
+        return jnp.mean(r[0]), (jnp.mean(r[1][0]), jnp.mean(r[1][1]))
+
+    return (jax.jit(jax.value_and_grad(batch_kl, has_aux=True)),
+            jax.jit(lambda p, w, t: kl(p, w, t)))
+
+
+def check(a, hp, cfg, init, weights):
+    """--check: this file's forward passes against the C kernels' NLLs."""
+    import jax.numpy as jnp
+    T, lo = a.len, cfg["window"] + cfg["sinks"]
+    ids = np.load(a.check).astype(np.int32)[:T]
+    if len(ids) < T or not (a.nll_exact and a.nll_converted):
+        return "distill: --check needs %d ids, --nll-exact and --nll-converted" % T
+    _, val_fn = build(hp, cfg, T)
+    _, (nt, ns) = val_fn([jnp.asarray(x) for x in init], weights, jnp.asarray(ids))
+    bad = 0
+    for name, mine, path in (("exact", float(nt), a.nll_exact), ("converted", float(ns),
+                                                                  a.nll_converted)):
+        ref = float(np.mean(np.fromfile(path, dtype=np.float32)[lo + 1:T]))
+        ok = abs(mine - ref) <= 1e-4
+        bad += not ok
+        print("distill: %s mean NLL of tokens %d..%d: jax %.6f, C %.6f %s" % (
+            name, lo + 1, T - 1, mine, ref, "ok" if ok else "MISMATCH"))
+    return 1 if bad else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--adapter", required=True, help="starting adapter (format 2, pre-RoPE)")
+    p.add_argument("--ids", help="calibration token ids (record_qkv --ids-out)")
+    p.add_argument("--check", help="token ids of a text to check the forward passes on")
+    p.add_argument("--nll-exact", help="--check: darkserve perplexity --nll-out, --attn exact")
+    p.add_argument("--nll-converted", help="--check: the same with the adapter")
+    p.add_argument("--eps", required=True, help="feature draws (record_qkv --draws)")
+    p.add_argument("--out", help="prefix of the .mat/.decay/.mix.f32 outputs")
+    p.add_argument("--ckpt")
+    p.add_argument("--log")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--len", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--lr", type=float, default=0.002, help="Adam step for M")
+    p.add_argument("--lr-small", type=float, default=0.02, help="Adam step for γ's logit and β")
+    p.add_argument("--val-seqs", type=int, default=4)
+    p.add_argument("--val-every", type=int, default=25)
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+
+    import jax.numpy as jnp
+
+    t_start = time.time()
+    hp, emb, onorm, lw = load_model(a.model)
+    cfg, mats, dec, mix = load_adapter(a.adapter)
+    L, H, Hkv, Hd = hp["L"], hp["H"], hp["Hkv"], hp["Hd"]
+    m, W, S, T = cfg["n_features"], cfg["window"], cfg["sinks"], a.len
+    if mats.shape != (L, Hkv, Hd, Hd) or mix.shape != (L, H) or dec.shape != (L, Hkv):
+        sys.exit("distill: adapter shapes do not match the model")
+    if T <= W + S + 1:
+        sys.exit("distill: --len must exceed window + sinks + 1")
+    eps = np.load(a.eps)
+    if eps.shape[:2] != (L, Hkv) or eps.shape[2] < m or eps.shape[3] != Hd:
+        sys.exit("distill: %s has shape %s, need [%d][%d][>=%d][%d]" % (
+            a.eps, eps.shape, L, Hkv, m, Hd))
+    g0 = np.clip(dec.astype(np.float64), 0.5 + 1e-6, 1 - 1e-7)
+    init = [mats, np.log((2 * g0 - 1) / (2 - 2 * g0)).astype(np.float32), mix]
+    weights = (jnp.asarray(emb), jnp.asarray(onorm), {n: jnp.asarray(x) for n, x in lw.items()},
+               jnp.asarray(eps[:, :, :m, :].astype(np.float32)))
+    del lw
+    if a.check:
+        sys.exit(check(a, hp, cfg, init, weights))
+    if not (a.ids and a.out):
+        sys.exit("distill: --ids and --out are required")
+    ids = np.load(a.ids).astype(np.int32)
+    n_val = a.val_seqs * T
+    if len(ids) < n_val + 4 * T:
+        sys.exit("distill: %s has too few tokens" % a.ids)
+    val = ids[len(ids) - n_val:].reshape(a.val_seqs, T)
+    n_train = len(ids) - n_val - T
+
+    ck = dict(np.load(a.ckpt)) if a.ckpt and os.path.exists(a.ckpt) else {}
+    params = [ck.get("p%d" % i, x) for i, x in enumerate(init)]
+    mom = [ck.get("m%d" % i, np.zeros_like(x)) for i, x in enumerate(init)]
+    sec = [ck.get("v%d" % i, np.zeros_like(x)) for i, x in enumerate(init)]
+    best_p = [ck.get("b%d" % i, x) for i, x in enumerate(init)]
+    step0 = int(ck.get("step", 0))
+    hist = json.load(open(a.log)) if a.log and os.path.exists(a.log) and step0 else {
+        "model": a.model, "adapter": a.adapter, "ids": a.ids, "len": T, "batch": a.batch,
+        "lr": a.lr, "lr_small": a.lr_small, "steps": a.steps, "val_seqs": a.val_seqs,
+        "train": [], "val": []}
+    rng = np.random.default_rng(a.seed + step0)
+    grad_fn, val_fn = build(hp, cfg, T)
+    print("distill: model and adapter loaded, m=%d W=%d S=%d, %d-token sequences, "
+          "%d training tokens (%.0fs)" % (m, W, S, T, n_train + T, time.time() - t_start),
+          flush=True)
+
+    def evaluate(pp):
+        pj = [jnp.asarray(x) for x in pp]
+        r = [val_fn(pj, weights, jnp.asarray(v)) for v in val]
+        return (float(np.mean([float(x[0]) for x in r])), float(np.mean([float(x[1][0]) for x in r])),
+                float(np.mean([float(x[1][1]) for x in r])))
+
+    def save(step):
+        if a.ckpt:
+            d = {"step": step}
+            for i in range(3):
+                d["p%d" % i], d["m%d" % i], d["v%d" % i], d["b%d" % i] = (
+                    np.asarray(params[i]), np.asarray(mom[i]), np.asarray(sec[i]), best_p[i])
+            tmp = a.ckpt + ".tmp.npz"
+            np.savez(tmp, **d)
+            os.replace(tmp, a.ckpt)
+        if a.log:
+            with open(a.log, "w") as f:
+                json.dump(hist, f, indent=1)
+
+    if step0 == 0:
+        v = evaluate(params)
+        hist["val"].append({"step": 0, "kl": v[0], "nll_exact": v[1], "nll": v[2]})
+        print("distill: step 0 val KL %.5f, nll exact %.4f, converted %.4f" % v, flush=True)
+    best = min(x["kl"] for x in hist["val"])
+    lrs = [a.lr, a.lr_small, a.lr_small]
+    b1, b2 = 0.9, 0.999
+    t0 = time.time()
+    for step in range(step0 + 1, a.steps + 1):
+        starts = rng.integers(0, n_train, size=a.batch)
+        toks = np.stack([ids[s:s + T] for s in starts])
+        (lval, (nt, ns)), g = grad_fn([jnp.asarray(x) for x in params], weights, jnp.asarray(toks))
+        cos = 0.5 * (1 + np.cos(np.pi * (step - 1) / a.steps))
+        for i in range(3):
+            gi = np.nan_to_num(np.asarray(g[i]), nan=0.0, posinf=0.0, neginf=0.0)
+            mom[i] = b1 * np.asarray(mom[i]) + (1 - b1) * gi
+            sec[i] = b2 * np.asarray(sec[i]) + (1 - b2) * gi * gi
+            upd = (mom[i] / (1 - b1 ** step)) / (np.sqrt(sec[i] / (1 - b2 ** step)) + 1e-8)
+            params[i] = (np.asarray(params[i]) - lrs[i] * cos * upd).astype(np.float32)
+        hist["train"].append({"step": step, "kl": float(lval), "nll_exact": float(nt),
+                              "nll": float(ns)})
+        el = time.time() - t0
+        rate = (step - step0) * a.batch * T / el
+        print("distill: step %d/%d KL %.5f (nll exact %.3f, converted %.3f) %.0f tok/s, ETA %.0fs"
+              % (step, a.steps, float(lval), float(nt), float(ns), rate,
+                 (a.steps - step) * a.batch * T / rate), flush=True)
+        if step % a.val_every == 0 or step == a.steps:
+            v = evaluate(params)
+            hist["val"].append({"step": step, "kl": v[0], "nll_exact": v[1], "nll": v[2]})
+            if v[0] < best:
+                best = v[0]
+                best_p = [np.asarray(x).copy() for x in params]
+            print("distill: step %d val KL %.5f (best %.5f), nll exact %.4f, converted %.4f" % (
+                step, v[0], best, v[1], v[2]), flush=True)
+            save(step)
+    best_p[0].astype(np.float32).tofile(a.out + ".mat.f32")
+    gam = 0.5 + 0.5 / (1 + np.exp(-best_p[1].astype(np.float64)))
+    gam.astype(np.float32).tofile(a.out + ".decay.f32")
+    best_p[2].astype(np.float32).tofile(a.out + ".mix.f32")
+    print("distill: wrote %s.{mat,decay,mix}.f32 (best val KL %.5f; %.0fs)" % (
+        a.out, best, time.time() - t_start), flush=True)
+
+
+if __name__ == "__main__":
+    main()
