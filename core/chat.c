@@ -143,6 +143,8 @@ typedef struct sbuf {
     size_t len;
     size_t max;
     int overflow;
+    core_chat_span_t *spans; /* NULL while counting (or not wanted) */
+    size_t n_spans;          /* content spans written (or counted) */
 } sbuf_t;
 
 static void put(sbuf_t *b, const char *s, size_t n)
@@ -161,6 +163,20 @@ static void put(sbuf_t *b, const char *s, size_t n)
 static void puts_(sbuf_t *b, const char *s)
 {
     put(b, s, strlen(s));
+}
+
+/* Message content: written like any text, and its place recorded. */
+static void put_content(sbuf_t *b, const char *s, size_t n)
+{
+    if (b->overflow || n == 0)
+        return;
+    size_t off = b->len;
+    put(b, s, n);
+    if (b->overflow)
+        return;
+    if (b->spans)
+        b->spans[b->n_spans] = (core_chat_span_t){off, n};
+    b->n_spans++;
 }
 
 static int is_ws(char c)
@@ -247,9 +263,9 @@ static void put_pending(sbuf_t *b, const core_chat_msg_t *msgs, const role_t *ro
             puts_(b, "\n\n");
         if (trimmed) {
             span_t s = trim(msgs[i].content);
-            put(b, s.p, s.n);
+            put_content(b, s.p, s.n);
         } else {
-            puts_(b, msgs[i].content);
+            put_content(b, msgs[i].content, strlen(msgs[i].content));
         }
     }
 }
@@ -257,7 +273,7 @@ static void put_pending(sbuf_t *b, const core_chat_msg_t *msgs, const role_t *ro
 static void put_trimmed(sbuf_t *b, const char *s)
 {
     span_t t = trim(s);
-    put(b, t.p, t.n);
+    put_content(b, t.p, t.n);
 }
 
 /* full: a whole conversation (default system prompt and first-turn rules
@@ -289,7 +305,7 @@ static int render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, const 
             puts_(b, "<|im_start|>");
             puts_(b, role_name(roles[i]));
             puts_(b, "\n");
-            puts_(b, msgs[i].content);
+            put_content(b, msgs[i].content, strlen(msgs[i].content));
             puts_(b, "<|im_end|>\n");
         }
         break;
@@ -353,7 +369,7 @@ static int render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, const 
                 size_t cl = rtrim_len(msgs[i].content);
                 if (cl) {
                     puts_(b, "\n\n");
-                    put(b, msgs[i].content, cl);
+                    put_content(b, msgs[i].content, cl);
                 }
                 pd.count = 0;
             } else {
@@ -381,17 +397,23 @@ static int render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, const 
 
 static int render_alloc(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, size_t n,
                         const core_chat_opts_t *opts, int full, size_t max_bytes, char **out,
-                        size_t *out_len, core_error_t *err)
+                        size_t *out_len, core_chat_span_t **spans, size_t *n_spans,
+                        core_error_t *err)
 {
     static const core_chat_opts_t zero_opts;
     const core_chat_opts_t *o = opts ? opts : &zero_opts;
     role_t *roles = NULL;
     char *p = NULL;
+    core_chat_span_t *sp = NULL;
     int rc;
 
     *out = NULL;
     if (out_len)
         *out_len = 0;
+    if (spans)
+        *spans = NULL;
+    if (n_spans)
+        *n_spans = 0;
     if (!t)
         return core_error_set(err, CORE_EINVAL, "chat template is NULL");
     if (n && !msgs)
@@ -410,7 +432,7 @@ static int render_alloc(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, 
     if ((rc = parse_roles(msgs, n, roles, err)) != 0)
         goto fail;
 
-    sbuf_t count = {NULL, 0, limit, 0};
+    sbuf_t count = {NULL, 0, limit, 0, NULL, 0};
     if ((rc = render(t, msgs, roles, n, o, full, &count, err)) != 0)
         goto fail;
     if (count.overflow) {
@@ -423,7 +445,11 @@ static int render_alloc(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, 
         rc = core_error_set(err, CORE_ENOMEM, "chat prompt of %zu bytes", count.len);
         goto fail;
     }
-    sbuf_t wr = {p, 0, count.len, 0};
+    if (spans && !(sp = malloc((count.n_spans ? count.n_spans : 1) * sizeof *sp))) {
+        rc = core_error_set(err, CORE_ENOMEM, "%zu content spans", count.n_spans);
+        goto fail;
+    }
+    sbuf_t wr = {p, 0, count.len, 0, sp, 0};
     if ((rc = render(t, msgs, roles, n, o, full, &wr, err)) != 0)
         goto fail;
     p[wr.len] = '\0';
@@ -431,10 +457,15 @@ static int render_alloc(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, 
     *out = p;
     if (out_len)
         *out_len = wr.len;
+    if (spans)
+        *spans = sp;
+    if (n_spans)
+        *n_spans = wr.n_spans;
     return 0;
 fail:
     free(roles);
     free(p);
+    free(sp);
     return rc;
 }
 
@@ -442,12 +473,22 @@ int core_chat_render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, siz
                      const core_chat_opts_t *opts, size_t max_bytes, char **out, size_t *out_len,
                      core_error_t *err)
 {
-    return render_alloc(t, msgs, n, opts, 1, max_bytes, out, out_len, err);
+    return render_alloc(t, msgs, n, opts, 1, max_bytes, out, out_len, NULL, NULL, err);
 }
 
 int core_chat_render_continue(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, size_t n,
                               const core_chat_opts_t *opts, size_t max_bytes, char **out,
                               size_t *out_len, core_error_t *err)
 {
-    return render_alloc(t, msgs, n, opts, 0, max_bytes, out, out_len, err);
+    return render_alloc(t, msgs, n, opts, 0, max_bytes, out, out_len, NULL, NULL, err);
+}
+
+int core_chat_render_spans(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, size_t n,
+                           const core_chat_opts_t *opts, int cont, size_t max_bytes, char **out,
+                           size_t *out_len, core_chat_span_t **spans, size_t *n_spans,
+                           core_error_t *err)
+{
+    if (!spans || !n_spans)
+        return core_error_set(err, CORE_EINVAL, "spans and n_spans are required");
+    return render_alloc(t, msgs, n, opts, !cont, max_bytes, out, out_len, spans, n_spans, err);
 }

@@ -143,4 +143,21 @@ int core_chat_render_continue(const core_chat_tmpl_t *t, const core_chat_msg_t *
                               const core_chat_opts_t *opts, size_t max_bytes, char **out,
                               size_t *out_len, core_error_t *err);
 
+/* A byte range [off, off + len) of a rendered prompt. */
+typedef struct core_chat_span {
+    size_t off, len;
+} core_chat_span_t;
+
+/* core_chat_render (cont = 0) or core_chat_render_continue (cont = 1), and
+ * where the message contents landed: *spans (malloc'd, caller frees, also
+ * when *n_spans is 0) lists, in order and without overlap, every byte range
+ * of *out copied from a message's content; everything else is the
+ * template's. The server tokenizes the template's markers as special tokens
+ * and the contents as plain text (core_tokenizer_encode_plain_alloc), so a
+ * message cannot forge a turn marker. spans and n_spans are required. */
+int core_chat_render_spans(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, size_t n,
+                           const core_chat_opts_t *opts, int cont, size_t max_bytes, char **out,
+                           size_t *out_len, core_chat_span_t **spans, size_t *n_spans,
+                           core_error_t *err);
+
 #endif

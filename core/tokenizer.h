@@ -168,6 +168,24 @@ int core_tokenizer_encode_alloc(const core_tokenizer_t *t, const char *text, siz
                                 size_t max_len, size_t max_tokens, unsigned flags, int32_t **ids,
                                 size_t *n_ids, core_error_t *err);
 
+/* A byte range [off, off + len) of an input text. */
+typedef struct core_tok_range {
+    size_t off, len;
+} core_tok_range_t;
+
+/* core_tokenizer_encode_alloc, except that inside the ranges plain[0..n_plain)
+ * (borrowed; sorted by off, not overlapping, inside the text; else
+ * CORE_EINVAL) special-token texts are not recognised even with
+ * CORE_TOK_PARSE_SPECIAL (USER_DEFINED ones still are, as without it), and no
+ * match crosses a range's border. A range is not tokenized on its own: it
+ * joins the ordinary text around it, so when it holds no special text the
+ * result equals core_tokenizer_encode_alloc's. For chat prompts: the
+ * template's markers are special, the message contents (plain) are text. */
+int core_tokenizer_encode_plain_alloc(const core_tokenizer_t *t, const char *text, size_t len,
+                                      size_t max_len, size_t max_tokens, unsigned flags,
+                                      const core_tok_range_t *plain, size_t n_plain,
+                                      int32_t **ids, size_t *n_ids, core_error_t *err);
+
 /* ---- decoding ---- */
 #define CORE_TOK_DECODE_SPECIAL 1u      /* render CONTROL/UNKNOWN tokens as their text */
 #define CORE_TOK_DECODE_STRIP_PREFIX 2u /* SPM with add_space_prefix: drop one leading

@@ -418,7 +418,10 @@ static int fragment(enc_t *e, const unsigned char *p, size_t n, int after_specia
     return spm_fragment(e, p, n, after_special && e->t->add_space_prefix);
 }
 
-static int encode_run(enc_t *e, const unsigned char *text, size_t len, unsigned flags)
+/* plain[0..n_plain): ranges where special texts are not recognised (and
+ * which no special match crosses); validated by the caller. */
+static int encode_run(enc_t *e, const unsigned char *text, size_t len, unsigned flags,
+                      const core_tok_range_t *plain, size_t n_plain)
 {
     const core_tokenizer_t *t = e->t;
     int rc;
@@ -426,11 +429,18 @@ static int encode_run(enc_t *e, const unsigned char *text, size_t len, unsigned 
     int parse = (flags & CORE_TOK_PARSE_SPECIAL) != 0;
     if (add && t->add_bos && (rc = emit(e, t->bos)))
         return rc;
-    size_t start = 0, i = 0;
+    size_t start = 0, i = 0, k = 0;
     int after_special = 1; /* the start of the text counts as "after a special" */
     while (i < len) {
         int32_t id = -1;
-        size_t ml = t->trie_first[text[i]] ? match_special(t, text + i, len - i, parse, &id) : 0;
+        while (k < n_plain && plain[k].off + plain[k].len <= i)
+            k++;
+        const int in_plain = k < n_plain && plain[k].off <= i;
+        /* a match ends where the current stretch (plain or not) ends */
+        const size_t end = in_plain ? plain[k].off + plain[k].len : k < n_plain ? plain[k].off : len;
+        size_t ml = t->trie_first[text[i]]
+                        ? match_special(t, text + i, end - i, parse && !in_plain, &id)
+                        : 0;
         if (ml == 0) {
             i++;
             continue;
@@ -486,7 +496,7 @@ int core_tokenizer_encode(const core_tokenizer_t *t, const char *text, size_t le
     e.fixed = 1;
     e.ids = ids;
     e.cap = cap;
-    rc = encode_run(&e, (const unsigned char *)text, len, flags);
+    rc = encode_run(&e, (const unsigned char *)text, len, flags, NULL, 0);
     enc_release(&e);
     if (rc)
         return rc;
@@ -500,17 +510,36 @@ int core_tokenizer_encode_alloc(const core_tokenizer_t *t, const char *text, siz
                                 size_t max_len, size_t max_tokens, unsigned flags, int32_t **ids,
                                 size_t *n_ids, core_error_t *err)
 {
+    return core_tokenizer_encode_plain_alloc(t, text, len, max_len, max_tokens, flags, NULL, 0,
+                                             ids, n_ids, err);
+}
+
+int core_tokenizer_encode_plain_alloc(const core_tokenizer_t *t, const char *text, size_t len,
+                                      size_t max_len, size_t max_tokens, unsigned flags,
+                                      const core_tok_range_t *plain, size_t n_plain,
+                                      int32_t **ids, size_t *n_ids, core_error_t *err)
+{
     *ids = NULL;
     *n_ids = 0;
     int rc = check_text(text, len, max_len, err);
     if (rc)
         return rc;
+    if (n_plain && !plain)
+        return core_error_set(err, CORE_EINVAL, "NULL plain ranges with count %zu", n_plain);
+    for (size_t k = 0, prev_end = 0; k < n_plain; k++) {
+        if (plain[k].off < prev_end || plain[k].off > len || plain[k].len > len - plain[k].off)
+            return core_error_set(err, CORE_EINVAL,
+                                  "plain range %zu [%zu, +%zu) is out of order or outside the "
+                                  "%zu-byte text",
+                                  k, plain[k].off, plain[k].len, len);
+        prev_end = plain[k].off + plain[k].len;
+    }
     enc_t e;
     memset(&e, 0, sizeof e);
     e.t = t;
     e.err = err;
     e.limit = max_tokens;
-    rc = encode_run(&e, (const unsigned char *)text, len, flags);
+    rc = encode_run(&e, (const unsigned char *)text, len, flags, plain, n_plain);
     enc_release(&e);
     if (rc) {
         free(e.ids);

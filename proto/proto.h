@@ -210,10 +210,16 @@ void proto_completion_free(proto_completion_req_t *r);
 
 /* ------------------------------------------- POST /v1/chat/completions */
 
+/* "parse_special" (requests with messages; default false): whether
+ * special-token texts inside message contents ("<|im_start|>") become
+ * special tokens. By default contents are plain text, so a user cannot
+ * forge the template's turn markers; only the template's own markers are
+ * special. */
 typedef struct proto_chat_req {
     proto_gen_params_t p;       /* logprobs: -1 unless "logprobs": true, then top_logprobs */
     proto_message_t *messages;  /* owned [n_messages], 1..PROTO_MAX_MESSAGES */
     size_t n_messages;
+    int parse_special;          /* see above */
 } proto_chat_req_t;
 
 int proto_chat_parse(const char *body, size_t len, const proto_limits_t *lim,
@@ -236,6 +242,7 @@ typedef struct proto_session_create_req {
     size_t system_len;
     proto_message_t *messages;  /* owned or NULL */
     size_t n_messages;
+    int parse_special;          /* for system / messages, as for chat */
 } proto_session_create_req_t;
 
 int proto_session_create_parse(const char *body, size_t len, const proto_limits_t *lim,
@@ -248,6 +255,7 @@ typedef struct proto_session_append_req {
     size_t text_len;
     proto_message_t *messages;  /* owned or NULL */
     size_t n_messages;
+    int parse_special;          /* for messages, as for chat ("text" is always raw) */
 } proto_session_append_req_t;
 
 int proto_session_append_parse(const char *body, size_t len, const proto_limits_t *lim,
@@ -264,6 +272,7 @@ typedef struct proto_generate_req {
     proto_message_t *messages;  /* owned or NULL */
     size_t n_messages;
     proto_stream_format_t format;
+    int parse_special;          /* for messages, as for chat ("text" is always raw) */
 } proto_generate_req_t;
 
 int proto_generate_parse(const char *body, size_t len, const proto_limits_t *lim,

@@ -208,6 +208,8 @@ int proto_chat_parse(const char *body, size_t len, const proto_limits_t *lim_in,
         goto fail;
     if ((rc = px_parse_gen_params(root, &lim, PX_GEN_CHAT, &out->p, err)) < 0)
         goto fail;
+    if ((rc = px_read_bool(root, "parse_special", &out->parse_special, err)) < 0)
+        goto fail;
     if ((rc = chat_unsupported(root, err)) < 0)
         goto fail;
     json_decref(root);

@@ -72,6 +72,8 @@ int proto_session_create_parse(const char *body, size_t len, const proto_limits_
         return rc;
     rc = parse_text_xor_messages(root, "system", &lim, 0, &out->system, &out->system_len,
                                  &out->messages, &out->n_messages, err);
+    if (rc >= 0)
+        rc = px_read_bool(root, "parse_special", &out->parse_special, err);
     json_decref(root);
     if (rc < 0) {
         proto_session_create_free(out);
@@ -103,6 +105,8 @@ int proto_session_append_parse(const char *body, size_t len, const proto_limits_
         return rc;
     rc = parse_text_xor_messages(root, "text", &lim, 1, &out->text, &out->text_len,
                                  &out->messages, &out->n_messages, err);
+    if (rc >= 0)
+        rc = px_read_bool(root, "parse_special", &out->parse_special, err);
     json_decref(root);
     if (rc < 0) {
         proto_session_append_free(out);
@@ -137,6 +141,8 @@ int proto_generate_parse(const char *body, size_t len, const proto_limits_t *lim
                                       &out->messages, &out->n_messages, err)) < 0)
         goto fail;
     if ((rc = px_parse_gen_params(root, &lim, PX_GEN_GENERATE, &out->p, err)) < 0)
+        goto fail;
+    if ((rc = px_read_bool(root, "parse_special", &out->parse_special, err)) < 0)
         goto fail;
     out->format = PROTO_STREAM_NDJSON;
     json_t *f = px_get(root, "stream_format");

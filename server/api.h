@@ -129,12 +129,15 @@ const char *api_finish_reason(srv_finish_t f);
  * with the message in ce. */
 int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_special, int32_t **ids,
                  size_t *n, core_error_t *ce);
-/* Renders proto messages with the chat template: a whole conversation
- * (cont = 0) or the continuation of a session's one (cont = 1, open = its
- * assistant turn is open). *out malloc'd. */
-int api_render_chat(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont, int open,
-                    int gen_prompt, char **out, size_t *out_len, core_error_t *ce);
-/* Random lowercase hex id of 2*nbytes characters into out (nbytes <= 32). */
+/* Renders proto messages with the chat template and tokenizes the result:
+ * a whole conversation (cont = 0) or the continuation of a session's one
+ * (cont = 1, open = its assistant turn is open); gen_prompt opens an
+ * assistant turn; add_special as for api_tokenize. Message contents are
+ * plain text (special-token texts in them stay text) unless parse_special.
+ * *ids is malloc'd (caller frees). Returns 0 or a negative CORE_E* (ce). */
+int api_chat_tokens(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont, int open,
+                    int gen_prompt, int parse_special, int add_special, int32_t **ids,
+                    size_t *n_ids, core_error_t *ce);/* Random lowercase hex id of 2*nbytes characters into out (nbytes <= 32). */
 void api_random_hex(char *out, size_t nbytes);
 
 /* ---- api_gen.c: per-choice accumulation (non-streamed answers) ---- */

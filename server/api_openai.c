@@ -453,34 +453,24 @@ static void h_chat(srv_req_t *req, void *ud)
         proto_chat_free(&cr);
         return;
     }
-    char *text = NULL;
-    size_t text_len = 0;
     core_error_t ce = {0};
     int empty = !sess || srv_session_tokens(sess) == 0;
-    int rc = api_render_chat(app, cr.messages, cr.n_messages, !empty,
-                             sess ? srv_session_turn_open(sess) : 0, 1, &text, &text_len, &ce);
-    oa_input_t *in = NULL;
-    if (rc < 0) {
-        api_core_error(ce.code, "messages", ce.msg, &e);
-        api_reply_proto(req, &e);
-        goto fail;
-    }
-    in = calloc(1, sizeof *in);
+    oa_input_t *in = calloc(1, sizeof *in);
     if (!in) {
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto fail;
     }
-    if (api_tokenize(app, text, text_len, empty, &in->ids, &in->n, &ce) < 0) {
+    if (api_chat_tokens(app, cr.messages, cr.n_messages, !empty,
+                        sess ? srv_session_turn_open(sess) : 0, 1, cr.parse_special, empty,
+                        &in->ids, &in->n, &ce) < 0) {
         api_core_error(ce.code, "messages", ce.msg, &e);
         api_reply_proto(req, &e);
         goto fail;
     }
-    free(text);
     oa_run(app, req, 1, &cr.p, sess, in, 1, sess != NULL);
     proto_chat_free(&cr);
     return;
 fail:
-    free(text);
     inputs_free(in, 1);
     if (sess)
         srv_store_release(app->store, sess, 0);

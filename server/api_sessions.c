@@ -81,7 +81,7 @@ static const char *path_id(srv_req_t *req)
  * returns -1 on error. */
 static int session_input(api_app_t *app, srv_req_t *req, srv_session_t *s, const char *text,
                          size_t text_len, const proto_message_t *msgs, size_t n_msgs,
-                         int gen_prompt, int32_t **ids, size_t *n, int *chat)
+                         int gen_prompt, int parse_special, int32_t **ids, size_t *n, int *chat)
 {
     core_error_t ce = {0};
     proto_error_t e;
@@ -90,17 +90,8 @@ static int session_input(api_app_t *app, srv_req_t *req, srv_session_t *s, const
     *n = 0;
     *chat = 0;
     if (msgs) {
-        char *rendered = NULL;
-        size_t rlen = 0;
-        if (api_render_chat(app, msgs, n_msgs, !empty, srv_session_turn_open(s), gen_prompt,
-                            &rendered, &rlen, &ce) < 0) {
-            api_core_error(ce.code, "messages", ce.msg, &e);
-            api_reply_proto(req, &e);
-            return -1;
-        }
-        int rc = api_tokenize(app, rendered, rlen, empty, ids, n, &ce);
-        free(rendered);
-        if (rc < 0) {
+        if (api_chat_tokens(app, msgs, n_msgs, !empty, srv_session_turn_open(s), gen_prompt,
+                            parse_special, empty, ids, n, &ce) < 0) {
             api_core_error(ce.code, "messages", ce.msg, &e);
             api_reply_proto(req, &e);
             return -1;
@@ -304,7 +295,8 @@ static void h_create(srv_req_t *req, void *ud)
             .role = PROTO_ROLE_SYSTEM, .content = cr.system, .content_len = cr.system_len};
         const proto_message_t *msgs = cr.system ? &sys : cr.messages;
         size_t nm = cr.system ? 1 : cr.n_messages;
-        if (session_input(app, req, s, NULL, 0, msgs, nm, 0, &ids, &n, &chat) < 0) {
+        if (session_input(app, req, s, NULL, 0, msgs, nm, 0, cr.parse_special, &ids, &n,
+                          &chat) < 0) {
             /* a session that never held anything is not kept */
             char id[PROTO_SESSION_ID_LEN + 1];
             snprintf(id, sizeof id, "%s", srv_session_id(s));
@@ -342,8 +334,8 @@ static void h_append(srv_req_t *req, void *ud)
     int32_t *ids = NULL;
     size_t n = 0;
     int chat = 0;
-    rc = session_input(app, req, s, ar.text, ar.text_len, ar.messages, ar.n_messages, 0, &ids, &n,
-                       &chat);
+    rc = session_input(app, req, s, ar.text, ar.text_len, ar.messages, ar.n_messages, 0,
+                       ar.parse_special, &ids, &n, &chat);
     proto_session_append_free(&ar);
     if (rc < 0) {
         srv_store_release(app->store, s, 0);
@@ -509,8 +501,8 @@ static void h_generate(srv_req_t *req, void *ud)
     int32_t *ids = NULL;
     size_t n = 0;
     int chat = 0;
-    if (session_input(app, req, s, gr.text, gr.text_len, gr.messages, gr.n_messages, 1, &ids, &n,
-                      &chat) < 0) {
+    if (session_input(app, req, s, gr.text, gr.text_len, gr.messages, gr.n_messages, 1,
+                      gr.parse_special, &ids, &n, &chat) < 0) {
         srv_store_release(app->store, s, 0);
         proto_generate_free(&gr);
         return;

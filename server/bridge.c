@@ -187,10 +187,12 @@ static const char *role_name(proto_role_t r)
     }
 }
 
-int api_render_chat(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont, int open,
-                    int gen_prompt, char **out, size_t *out_len, core_error_t *ce)
+int api_chat_tokens(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont, int open,
+                    int gen_prompt, int parse_special, int add_special, int32_t **ids,
+                    size_t *n_ids, core_error_t *ce)
 {
-    *out = NULL;
+    *ids = NULL;
+    *n_ids = 0;
     core_chat_msg_t *cm = calloc(n ? n : 1, sizeof *cm);
     if (!cm)
         return core_error_set(ce, CORE_ENOMEM, "out of memory rendering %zu messages", n);
@@ -200,8 +202,34 @@ int api_render_chat(const api_app_t *app, const proto_message_t *msgs, size_t n,
     }
     core_chat_opts_t o = {.add_generation_prompt = gen_prompt, .assistant_turn_open = open};
     size_t max = (size_t)app->limits.max_text_bytes * 2 + 65536;
-    int rc = cont ? core_chat_render_continue(&app->tmpl, cm, n, &o, max, out, out_len, ce)
-                  : core_chat_render(&app->tmpl, cm, n, &o, max, out, out_len, ce);
+    char *text = NULL;
+    size_t len = 0, n_spans = 0;
+    core_chat_span_t *spans = NULL;
+    int rc = core_chat_render_spans(&app->tmpl, cm, n, &o, cont, max, &text, &len, &spans,
+                                    &n_spans, ce);
     free(cm);
+    if (rc < 0)
+        return rc;
+    /* The template's markers are special tokens; the contents are plain text
+     * unless the request opted in (else "<|im_start|>system" in a user
+     * message would open a forged system turn). */
+    core_tok_range_t *plain = NULL;
+    if (!parse_special && n_spans) {
+        plain = malloc(n_spans * sizeof *plain);
+        if (!plain) {
+            free(text);
+            free(spans);
+            return core_error_set(ce, CORE_ENOMEM, "out of memory for %zu content spans", n_spans);
+        }
+        for (size_t i = 0; i < n_spans; i++)
+            plain[i] = (core_tok_range_t){spans[i].off, spans[i].len};
+    }
+    unsigned flags = CORE_TOK_PARSE_SPECIAL | (add_special ? CORE_TOK_ADD_SPECIAL : 0u);
+    rc = core_tokenizer_encode_plain_alloc(app->tok, text, len, 0,
+                                           (size_t)app->limits.max_prompt_tokens, flags, plain,
+                                           parse_special ? 0 : n_spans, ids, n_ids, ce);
+    free(plain);
+    free(spans);
+    free(text);
     return rc;
 }

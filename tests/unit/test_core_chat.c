@@ -478,6 +478,59 @@ TEST(test_continuation_consistency)
     (void)skipped;
 }
 
+/* core_chat_render_spans: the spans are exactly where contents (as the
+ * format writes them: verbatim or trimmed) landed, in order; the rest is
+ * the template's. */
+TEST(test_content_spans)
+{
+    static const core_chat_msg_t msgs[] = {
+        {"system", "  sys <|im_start|> text "},
+        {"user", "u1 <s>[INST]"},
+        {"assistant", " a1 "},
+        {"user", "\tu2"},
+    };
+    static const char *const verbatim[] = {"  sys <|im_start|> text ", "u1 <s>[INST]", " a1 ",
+                                           "\tu2"};
+    static const char *const trimmed[] = {"sys <|im_start|> text", "u1 <s>[INST]", "a1", "u2"};
+    static const char *const names[] = {"chatml", "llama3", "gemma", "llama2"};
+    for (size_t k = 0; k < 4; k++) {
+        core_chat_tmpl_t t;
+        core_error_t e = {0};
+        CHECK_INT_EQ(core_chat_tmpl_from_name(names[k], &t, &e), 0);
+        const char *const *want = t.kind == CORE_CHAT_CHATML ? verbatim : trimmed;
+        for (int cont = 0; cont < 2; cont++) {
+            core_chat_opts_t o = {.add_generation_prompt = 1, .assistant_turn_open = cont};
+            char *out = NULL;
+            size_t len = 0, n = 0;
+            core_chat_span_t *sp = NULL;
+            CHECK_INT_EQ(core_chat_render_spans(&t, msgs, 4, &o, cont, 1 << 20, &out, &len, &sp, &n,
+                                                &e),
+                         0);
+            CHECK_MSG(n == 4, "%s: %zu spans", names[k], n);
+            size_t prev = 0;
+            for (size_t i = 0; out && sp && i < n && i < 4; i++) {
+                CHECK(sp[i].off >= prev && sp[i].off + sp[i].len <= len);
+                /* Llama-2 keeps pending system text as is (only the whole
+                 * [INST] body is stripped) */
+                const char *w = t.kind == CORE_CHAT_LLAMA2 && i == 0 ? verbatim[0] : want[i];
+                CHECK_MSG(sp[i].len == strlen(w) && memcmp(out + sp[i].off, w, sp[i].len) == 0,
+                          "%s span %zu: '%.*s'", names[k], i, (int)sp[i].len, out + sp[i].off);
+                prev = sp[i].off + sp[i].len;
+            }
+            /* the text is the same as without spans */
+            char *plain = NULL;
+            size_t plen = 0;
+            CHECK_INT_EQ(cont ? core_chat_render_continue(&t, msgs, 4, &o, 1 << 20, &plain, &plen, &e)
+                              : core_chat_render(&t, msgs, 4, &o, 1 << 20, &plain, &plen, &e),
+                         0);
+            CHECK(out && plain && plen == len && memcmp(out, plain, len) == 0);
+            free(plain);
+            free(out);
+            free(sp);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(test_chatml);
@@ -490,5 +543,6 @@ int main(void)
     RUN(test_detection);
     RUN(test_names);
     RUN(test_continuation_consistency);
+    RUN(test_content_spans);
     return CHECK_DONE();
 }

@@ -159,6 +159,7 @@ static json_t *run_parser(const char *endpoint, json_t *c, const char *body, siz
         if (*rc == 0) {
             view = gen_view(&r.p);
             json_object_set_new(view, "messages", messages_view(r.messages, r.n_messages));
+            json_object_set_new(view, "parse_special", json_boolean(r.parse_special));
         } else {
             CHECK(all_zero(&r, sizeof r));
         }
@@ -167,8 +168,9 @@ static json_t *run_parser(const char *endpoint, json_t *c, const char *body, siz
         proto_session_create_req_t r;
         *rc = proto_session_create_parse(body, len, lim, &r, err);
         if (*rc == 0)
-            view = json_pack("{s:o,s:o}", "system", str_or_null(r.system), "messages",
-                             messages_view(r.messages, r.n_messages));
+            view = json_pack("{s:o,s:o,s:b}", "system", str_or_null(r.system), "messages",
+                             messages_view(r.messages, r.n_messages), "parse_special",
+                             r.parse_special);
         else
             CHECK(all_zero(&r, sizeof r));
         proto_session_create_free(&r);
@@ -176,8 +178,9 @@ static json_t *run_parser(const char *endpoint, json_t *c, const char *body, siz
         proto_session_append_req_t r;
         *rc = proto_session_append_parse(body, len, lim, &r, err);
         if (*rc == 0)
-            view = json_pack("{s:o,s:o}", "text", str_or_null(r.text), "messages",
-                             messages_view(r.messages, r.n_messages));
+            view = json_pack("{s:o,s:o,s:b}", "text", str_or_null(r.text), "messages",
+                             messages_view(r.messages, r.n_messages), "parse_special",
+                             r.parse_special);
         else
             CHECK(all_zero(&r, sizeof r));
         proto_session_append_free(&r);
@@ -190,6 +193,7 @@ static json_t *run_parser(const char *endpoint, json_t *c, const char *body, siz
             json_object_set_new(view, "messages", messages_view(r.messages, r.n_messages));
             json_object_set_new(view, "format",
                                 json_string(r.format == PROTO_STREAM_SSE ? "sse" : "ndjson"));
+            json_object_set_new(view, "parse_special", json_boolean(r.parse_special));
         } else {
             CHECK(all_zero(&r, sizeof r));
         }
