@@ -85,6 +85,8 @@ typedef struct api_app {
 
     /* metrics the app owns (the engine and http register their own) */
     srv_series_t *m_sess_mem, *m_sess_disk, *m_sess_bytes;
+    srv_series_t *m_sess_disk_bytes, *m_sess_evicted;
+    uint64_t disk_evicted_seen; /* evictions already counted in m_sess_evicted */
     srv_series_t *m_persist_err;
     srv_metric_t *m_batch_steps; /* darkserve_engine_steps_by_batch_total{sequences} */
     uint64_t batch_seen[SRV_ENGINE_MAX_BATCH + 1];

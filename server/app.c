@@ -101,6 +101,16 @@ static void refresh_metrics(api_app_t *app)
     srv_series_set(app->m_sess_mem, (double)mem);
     srv_series_set(app->m_sess_disk, (double)disk);
     srv_series_set(app->m_sess_bytes, (double)bytes);
+    if (app->store) {
+        size_t dbytes = 0;
+        uint64_t evicted = 0;
+        srv_store_disk_stats(app->store, &dbytes, &evicted);
+        srv_series_set(app->m_sess_disk_bytes, (double)dbytes);
+        if (evicted > app->disk_evicted_seen) {
+            srv_series_add(app->m_sess_evicted, (double)(evicted - app->disk_evicted_seen));
+            app->disk_evicted_seen = evicted;
+        }
+    }
     if (!app->engine || !app->m_batch_steps)
         return;
     srv_engine_stats_t st;
@@ -143,6 +153,16 @@ static void register_metrics(api_app_t *app)
         srv_metric_series(srv_metrics_gauge(m, "darkserve_session_state_bytes",
                                             "Bytes of session state held in memory", NULL),
                           NULL);
+    app->m_sess_disk_bytes =
+        srv_metric_series(srv_metrics_gauge(m, "darkserve_session_disk_bytes",
+                                            "Bytes of session files in --session-dir", NULL),
+                          NULL);
+    app->m_sess_evicted = srv_metric_series(
+        srv_metrics_counter(m, "darkserve_session_disk_evictions_total",
+                            "Sessions deleted to keep --session-dir within --max-session-disk "
+                            "and --max-session-files",
+                            NULL),
+        NULL);
     app->m_persist_err = srv_metric_series(
         srv_metrics_counter(m, "darkserve_session_persist_errors_total",
                             "Session saves that failed (the previous saved state was kept)", NULL),
@@ -203,6 +223,7 @@ static int load(api_app_t *app)
         free(ch);
         return -1;
     }
+    ch->mo.n_threads = (int)cfg->threads;
     const core_model_opts_t *mo = &ch->mo;
     core_blas_set_threads((int)cfg->threads);
     int64_t t0 = srv_engine_now_ns();
@@ -328,6 +349,8 @@ static void load_after(uv_work_t *w, int status)
         .dir = cfg->session_dir,
         .max_sessions = (size_t)cfg->max_sessions,
         .max_bytes = (size_t)cfg->max_session_bytes,
+        .max_disk_files = (size_t)cfg->max_session_files,
+        .max_disk_bytes = (size_t)cfg->max_session_disk,
         .ttl_s = cfg->session_ttl_s,
         .model = app->model,
         .fingerprint = core_model_info(app->model)->fingerprint,

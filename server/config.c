@@ -147,6 +147,14 @@ static const opt_t opts[] = {
     {"max-session-bytes", "DARKSERVE_MAX_SESSION_BYTES", OPT_SIZE, 0, O(max_session_bytes), "1G",
      MIB, TIB, NULL, "SIZE",
      "memory for session states (least recently used spill)"},
+    {"max-session-disk", "DARKSERVE_MAX_SESSION_DISK", OPT_SIZE, 0, O(max_session_disk), "10G",
+     0, 1024 * TIB, NULL, "SIZE",
+     "bytes of session files kept in --session-dir; past it the least recently used idle "
+     "sessions are deleted (file and memory); 0 = no limit"},
+    {"max-session-files", "DARKSERVE_MAX_SESSION_FILES", OPT_INT, 0, O(max_session_files),
+     "100000", 0, 100000000, NULL, "N",
+     "session files kept in --session-dir; past it the least recently used idle sessions are "
+     "deleted (file and memory); 0 = no limit"},
     {"session-dir", "DARKSERVE_SESSION_DIR", OPT_STR, OPT_NONEMPTY, O(session_dir), "./sessions",
      0, 0, NULL, "PATH",
      "directory where session states are persisted"},

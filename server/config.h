@@ -100,6 +100,8 @@ typedef struct srv_config {
     /* sessions */
     int64_t max_sessions;      /* sessions kept in memory */
     int64_t max_session_bytes; /* bytes of session state kept in memory */
+    int64_t max_session_disk;  /* bytes of session files in session_dir; 0 = no bound */
+    int64_t max_session_files; /* session files in session_dir; 0 = no bound */
     char *session_dir;         /* spill/persist directory */
     int64_t session_ttl_s;     /* idle sessions expire; 0 = never */
     /* logging */

@@ -48,6 +48,7 @@ struct srv_session {
     int64_t tokens;      /* cached history length */
     size_t state_bytes;  /* cached blob size */
     size_t mem_bytes;    /* counted in st->mem_bytes while in memory */
+    size_t disk_bytes;   /* size of its file, counted in st->disk_bytes while on_disk */
     int busy, io, on_disk, dirty, turn_open, has_chat;
 };
 
@@ -58,6 +59,7 @@ struct srv_store {
     int dirfd;  /* -1 when memory only */
     int lockfd;
     size_t max_sessions, max_bytes;
+    size_t max_disk_files, max_disk_bytes;
     int64_t ttl_s;
     core_model_t *model;
     core_attn_t *attn;
@@ -68,6 +70,8 @@ struct srv_store {
     size_t n, cap;
     size_t n_mem;        /* in memory, plus loads in progress */
     size_t n_disk;
+    size_t disk_bytes;   /* sum of the files' sizes */
+    uint64_t disk_evicted;
     size_t mem_bytes;
     uint64_t tick;
     srv_store_write_fn write_fn;
@@ -288,6 +292,30 @@ static void drop_memory(srv_store_t *st, srv_session_t *s)
     st->n_mem--;
     s->mem_bytes = 0;
     ctx_free(&s->ctx);
+}
+
+/* Caller holds mu: s's file was just written with len bytes. */
+static void disk_written(srv_store_t *st, srv_session_t *s, size_t len)
+{
+    if (s->on_disk) {
+        st->disk_bytes -= s->disk_bytes;
+    } else {
+        s->on_disk = 1;
+        st->n_disk++;
+    }
+    s->disk_bytes = len;
+    st->disk_bytes += len;
+}
+
+/* Caller holds mu: s's file is gone. */
+static void disk_gone(srv_store_t *st, srv_session_t *s)
+{
+    if (!s->on_disk)
+        return;
+    st->n_disk--;
+    st->disk_bytes -= s->disk_bytes;
+    s->on_disk = 0;
+    s->disk_bytes = 0;
 }
 
 /* ---- blobs ---- */
@@ -563,9 +591,7 @@ static int write_marked(srv_store_t *st, srv_session_t *s)
     free(buf);
     pthread_mutex_lock(&st->mu);
     if (rc == 0) {
-        if (!s->on_disk)
-            st->n_disk++;
-        s->on_disk = 1;
+        disk_written(st, s, len);
         s->dirty = 0;
         s->state_bytes = len;
     }
@@ -610,6 +636,43 @@ static int make_room(srv_store_t *st, size_t need)
             return rc;
         if (v->ctx.state)
             return 0; /* taken meanwhile; do not spin on it */
+    }
+}
+
+static int remove_session(srv_store_t *st, srv_session_t *s);
+
+/* Is a used less recently than b? (last_used, then the LRU tick; files
+ * found at startup have tick 0.) */
+static int older(const srv_session_t *a, const srv_session_t *b)
+{
+    return a->last_used != b->last_used ? a->last_used < b->last_used : a->tick < b->tick;
+}
+
+/* Deletes the least recently used idle sessions with a file (file and
+ * memory) until the directory's budgets hold (max_disk_files files,
+ * max_disk_bytes bytes). keep (may be NULL) is the session whose write
+ * called this: never its own victim. Busy sessions and sessions under I/O
+ * stay, so the budget can be exceeded while they are. Caller holds mu.
+ * Returns 0 or the first deletion error (then it stops). */
+static int trim_disk(srv_store_t *st, const srv_session_t *keep)
+{
+    for (;;) {
+        int over_n = st->max_disk_files && st->n_disk > st->max_disk_files;
+        int over_b = st->max_disk_bytes && st->disk_bytes > st->max_disk_bytes;
+        if (!over_n && !over_b)
+            return 0;
+        srv_session_t *v = NULL;
+        for (size_t i = 0; i < st->n; i++) {
+            srv_session_t *s = st->tab[i];
+            if (s->on_disk && !s->busy && !s->io && s != keep && (!v || older(s, v)))
+                v = s;
+        }
+        if (!v)
+            return 0;
+        int rc = remove_session(st, v);
+        if (rc < 0)
+            return rc;
+        st->disk_evicted++;
     }
 }
 
@@ -750,9 +813,8 @@ static int scan_dir(srv_store_t *st)
         s->has_chat = o.has_chat;
         s->tokens = in.pos + (int64_t)in.n_pending;
         s->state_bytes = in.total;
-        s->on_disk = 1;
         st->tab[st->n++] = s;
-        st->n_disk++;
+        disk_written(st, s, in.total);
     }
     free(head);
     closedir(d);
@@ -799,7 +861,8 @@ static int open_dir(srv_store_t *st)
         return rc;
     if (st->n > 1)
         qsort(st->tab, st->n, sizeof(srv_session_t *), cmp_session);
-    return 0;
+    /* a smaller budget than last time: the oldest go now */
+    return trim_disk(st, NULL);
 }
 
 int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_t errlen)
@@ -832,6 +895,8 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     st->n_vocab = core_model_info(o->model)->n_vocab;
     st->max_sessions = o->max_sessions;
     st->max_bytes = o->max_bytes;
+    st->max_disk_files = o->max_disk_files;
+    st->max_disk_bytes = o->max_disk_bytes;
     st->ttl_s = o->ttl_s;
     st->max_blob = max_blob_bytes(core_attn_config(st->attn));
     if (o->dir && o->dir[0]) {
@@ -944,7 +1009,7 @@ static int bring_in(srv_store_t *st, srv_session_t *s)
         st->n_mem--;
         if (rc == SRV_STORE_ENOTFOUND) {
             tab_remove(st, s);
-            st->n_disk--;
+            disk_gone(st, s);
             free(s);
         }
         return rc;
@@ -1002,9 +1067,7 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
     refresh(st, s);
     if (write) {
         if (rc == 0) {
-            if (!s->on_disk)
-                st->n_disk++;
-            s->on_disk = 1;
+            disk_written(st, s, len);
             s->dirty = 0;
         } else {
             s->dirty = 1;
@@ -1016,7 +1079,7 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
      * this release's: this session's own write is what the caller asked. */
     char keep[sizeof tl_err];
     snprintf(keep, sizeof keep, "%s", tl_err);
-    if (make_room(st, 0) < 0)
+    if (make_room(st, 0) < 0 || trim_disk(st, s) < 0)
         snprintf(tl_err, sizeof tl_err, "%s", keep);
     pthread_mutex_unlock(&st->mu);
     return rc;
@@ -1030,8 +1093,7 @@ static int remove_session(srv_store_t *st, srv_session_t *s)
         return STORE_FAIL(SRV_STORE_EIO, "deleting %s/%s: %s", st->dir, s->id,
                     errstr(errno, eb, sizeof eb));
     }
-    if (s->on_disk)
-        st->n_disk--;
+    disk_gone(st, s);
     drop_memory(st, s);
     tab_remove(st, s);
     free(s);
@@ -1213,9 +1275,8 @@ int srv_store_fork(srv_store_t *st, const char *id, char out_id[SRV_SESSION_ID_L
     }
     ns->ctx = c;
     if (st->dirfd >= 0) {
-        ns->on_disk = 1;
+        disk_written(st, ns, len);
         ns->dirty = 0;
-        st->n_disk++;
     }
     ns->mem_bytes = 0;
     refresh(st, ns);
@@ -1223,6 +1284,7 @@ int srv_store_fork(srv_store_t *st, const char *id, char out_id[SRV_SESSION_ID_L
     ns->tick = ++st->tick;
     memcpy(out_id, ns->id, ID_LEN + 1);
     make_room(st, 0);
+    trim_disk(st, ns);
     pthread_mutex_unlock(&st->mu);
     return 0;
 fail_locked:
@@ -1313,12 +1375,12 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     s->has_chat = have ? o.has_chat : 0;
     s->last_used = (int64_t)time(NULL);
     pthread_mutex_unlock(&st->mu);
+    size_t wlen = 0;
     if (st->dirfd >= 0) {
         unsigned char *buf = NULL;
-        size_t n = 0;
-        rc = serialize_ctx(st, s, c, &buf, &n);
+        rc = serialize_ctx(st, s, c, &buf, &wlen);
         if (rc == 0)
-            rc = write_file(st, s->id, buf, n);
+            rc = write_file(st, s->id, buf, wlen);
         free(buf);
         written = rc == 0;
     }
@@ -1331,10 +1393,8 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     }
     pthread_mutex_lock(&st->mu);
     s->dirty = !written;
-    if (written && !s->on_disk) {
-        s->on_disk = 1;
-        st->n_disk++;
-    }
+    if (written)
+        disk_written(st, s, wlen);
     pthread_mutex_unlock(&st->mu);
 done:
     pthread_mutex_lock(&st->mu);
@@ -1344,6 +1404,7 @@ done:
     s->tick = ++st->tick;
     give_back(st, s);
     make_room(st, 0);
+    trim_disk(st, s);
     pthread_mutex_unlock(&st->mu);
 out:
     if (rc < 0 && err && errlen)
@@ -1372,8 +1433,9 @@ int srv_store_sweep(srv_store_t *st, int64_t now)
         }
     }
     int rc = make_room(st, 0);
+    int rc2 = trim_disk(st, NULL);
     pthread_mutex_unlock(&st->mu);
-    return first ? first : rc;
+    return first ? first : rc < 0 ? rc : rc2;
 }
 
 int srv_store_flush(srv_store_t *st)
@@ -1395,6 +1457,16 @@ int srv_store_flush(srv_store_t *st)
     }
     pthread_mutex_unlock(&st->mu);
     return first;
+}
+
+void srv_store_disk_stats(srv_store_t *st, size_t *bytes, uint64_t *evicted)
+{
+    pthread_mutex_lock(&st->mu);
+    if (bytes)
+        *bytes = st->disk_bytes;
+    if (evicted)
+        *evicted = st->disk_evicted;
+    pthread_mutex_unlock(&st->mu);
 }
 
 void srv_store_stats(srv_store_t *st, size_t *in_memory, size_t *on_disk, size_t *bytes)

@@ -27,6 +27,15 @@
  * max_sessions sessions are all busy (or there is no directory to evict to),
  * creating or loading another is SRV_STORE_EFULL.
  *
+ * ## Disk
+ * max_disk_files and max_disk_bytes bound the session directory: the number
+ * of session files and the sum of their sizes. When a write (or the files
+ * found at startup) goes past either, the least recently used idle sessions
+ * that have a file are deleted, file and memory, like an expired session,
+ * until both hold; the session being written is never its own victim, and
+ * busy sessions stay (the bound can be exceeded while they are). Sessions
+ * only in memory have no file and do not count until they are written.
+ *
  * ## Threads
  * Every function is thread-safe (one mutex; disk I/O runs outside it, on a
  * session made busy or marked for I/O) and may block on disk I/O. The
@@ -91,6 +100,8 @@ typedef struct srv_store_opts {
                                 memory only (nothing persists, nothing is evicted) */
     size_t max_sessions;     /* sessions in memory; 0 = no bound */
     size_t max_bytes;        /* memory of the sessions in memory; 0 = no bound */
+    size_t max_disk_files;   /* session files in dir; 0 = no bound (see "Disk") */
+    size_t max_disk_bytes;   /* bytes of session files in dir; 0 = no bound */
     int64_t ttl_s;           /* srv_store_sweep deletes sessions unused this long; 0 = never */
     core_model_t *model;     /* borrowed, must outlive the store: states come from its attention */
     const char *fingerprint; /* copied; NULL = core_model_info(model)->fingerprint */
@@ -151,7 +162,8 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len);
 int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t len, char *err,
                      size_t errlen);
 /* Deletes sessions (memory and file) not used for ttl_s seconds before now
- * (unix seconds), then evicts to the bounds. Busy sessions are skipped.
+ * (unix seconds), then evicts to the bounds (memory and disk). Busy sessions
+ * are skipped.
  * Returns 0 or the first error (the sweep goes on after one). */
 int srv_store_sweep(srv_store_t *st, int64_t now);
 /* Writes every session in memory that changed since its last write (at
@@ -160,6 +172,9 @@ int srv_store_flush(srv_store_t *st);
 /* Sessions in memory, sessions with a file, memory bytes of those in memory.
  * Any pointer may be NULL. */
 void srv_store_stats(srv_store_t *st, size_t *in_memory, size_t *on_disk, size_t *bytes);
+/* Bytes of the session files, and sessions deleted so far to keep the
+ * directory within its budgets. Any pointer may be NULL. */
+void srv_store_disk_stats(srv_store_t *st, size_t *bytes, uint64_t *evicted);
 /* Largest state blob this store's model and attention can produce (for
  * bounding an import body and file reads). */
 size_t srv_store_max_blob(const srv_store_t *st);

@@ -418,3 +418,36 @@ def test_linear_attention_state_is_constant_size(servers):
     x = gen(srv, sid, text=" third", max_tokens=8)
     y = gen(srv, tid, text=" third", max_tokens=8)
     assert x["tokens"] == y["tokens"]
+
+
+def session_files(srv):
+    return sorted(f for f in os.listdir(srv.session_dir)
+                  if len(f) == 32 and all(c in "0123456789abcdef" for c in f))
+
+
+def test_session_directory_budget(servers):
+    """--max-session-files / --max-session-disk bound the session directory:
+    past them the least recently used idle sessions are deleted (404
+    afterwards), also at startup with a smaller budget (issue 9)."""
+    srv = servers(args=["--max-session-files", "3"])
+    ids = [create(srv)["id"] for _ in range(3)]
+    gen(srv, ids[0], text="used again", max_tokens=2)  # ids[0] is now the most recent
+    ids += [create(srv)["id"] for _ in range(2)]
+    assert srv.json("GET", f"/v1/sessions/{ids[1]}")[0] == 404
+    assert srv.json("GET", f"/v1/sessions/{ids[2]}")[0] == 404
+    for sid in (ids[0], ids[3], ids[4]):
+        assert srv.json("GET", f"/v1/sessions/{sid}")[0] == 200, sid
+    assert session_files(srv) == sorted([ids[0], ids[3], ids[4]])
+    m = srv.metrics()
+    assert m["darkserve_session_disk_evictions_total"] == 2
+    total = sum(os.path.getsize(os.path.join(srv.session_dir, f)) for f in session_files(srv))
+    assert m["darkserve_session_disk_bytes"] == total
+    assert srv.stop() == 0
+    # restarted with a byte budget one byte short of what the files hold:
+    # one goes at startup
+    srv.args = [a for a in srv.args if a not in ("--max-session-files", "3")] + \
+        ["--max-session-disk", str(total - 1)]
+    srv.start()
+    assert len(session_files(srv)) == 2
+    st, listing, _ = srv.json("GET", "/v1/sessions")
+    assert [s["id"] for s in listing["data"]] == session_files(srv)

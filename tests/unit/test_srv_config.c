@@ -60,6 +60,8 @@ TEST(test_defaults)
     CHECK_INT_EQ(c.drain_timeout_s, 30);
     CHECK_INT_EQ(c.session_ttl_s, 86400);
     CHECK_INT_EQ(c.max_session_bytes, 1073741824);
+    CHECK_INT_EQ(c.max_session_disk, INT64_C(10) << 30);
+    CHECK_INT_EQ(c.max_session_files, 100000);
     CHECK_STR_EQ(c.session_dir, "./sessions");
     CHECK_INT_EQ(c.window, -1);
     CHECK_INT_EQ(c.log_level, SRV_CFG_LOG_INFO);
@@ -283,7 +285,8 @@ TEST(test_help_lists_every_option)
         "max-tokens-limit", "request-timeout", "idle-timeout", "drain-timeout",
         "api-key",       "api-key-file",   "cors-origin",    "log-level",
         "log-format",    "log-file",       "chat-template",  "max-connections",
-        "generation-timeout", "sinks",    "decay",          NULL};
+        "generation-timeout", "sinks",    "decay",          "max-session-disk",
+        "max-session-files", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];

@@ -589,6 +589,92 @@ out:
     free(dir);
 }
 
+/* The directory's budgets: past --max-session-files / --max-session-disk the
+ * least recently used idle sessions are deleted (file and memory), the one
+ * being written never, busy ones never; at startup a smaller budget trims
+ * what the directory holds. */
+TEST(disk_budget_by_count_and_bytes)
+{
+    char *dir = mkdir_tmp();
+    srv_store_opts_t o = {.dir = dir, .max_disk_files = 3, .model = model};
+    srv_store_t *st = NULL;
+    char err[512] = "";
+    CHECK_MSG(srv_store_new(&o, &st, err, sizeof err) == 0, "store: %s", err);
+    if (!st)
+        goto out;
+    char id[4][33];
+    for (int i = 0; i < 3; i++)
+        make_session(st, model, 70 + (uint64_t)i, 1, id[i]);
+    /* use the oldest again: it becomes the most recent */
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, id[0], &s), 0);
+    if (s) {
+        srv_session_touch(s);
+        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    }
+    make_session(st, model, 73, 1, id[3]); /* a 4th file: id[1] is the least recently used */
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, id[1], &in), SRV_STORE_ENOTFOUND);
+    CHECK(!file_exists(dir, id[1]));
+    CHECK_INT_EQ(srv_store_info(st, id[0], &in), 0);
+    size_t disk = 0, dbytes = 0;
+    uint64_t evicted = 0;
+    srv_store_stats(st, NULL, &disk, NULL);
+    srv_store_disk_stats(st, &dbytes, &evicted);
+    CHECK_INT_EQ(disk, 3);
+    CHECK_INT_EQ(evicted, 1);
+    size_t one = in.state_bytes;
+    CHECK(dbytes >= 3 * one - 64 && dbytes <= 3 * one + 64);
+    /* a fork writes a file too: the least recently used idle one (id[2]) goes */
+    char fork_id[33];
+    CHECK_INT_EQ(srv_store_fork(st, id[3], fork_id), 0);
+    CHECK_INT_EQ(srv_store_info(st, id[2], &in), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(st, id[0], &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, fork_id, &in), 0);
+    srv_store_free(st);
+    st = NULL;
+
+    /* reopened with a byte budget of about two files: one more goes */
+    o.max_disk_files = 0;
+    o.max_disk_bytes = 2 * one + one / 2;
+    CHECK_MSG(srv_store_new(&o, &st, err, sizeof err) == 0, "store: %s", err);
+    if (!st)
+        goto out;
+    srv_store_stats(st, NULL, &disk, NULL);
+    srv_store_disk_stats(st, &dbytes, &evicted);
+    CHECK_INT_EQ(disk, 2);
+    CHECK(dbytes <= o.max_disk_bytes);
+    CHECK_INT_EQ(evicted, 1);
+    int files = file_exists(dir, id[0]) + file_exists(dir, id[3]) + file_exists(dir, fork_id);
+    CHECK_INT_EQ(files, 2);
+    srv_store_free(st);
+    st = NULL;
+    rm_rf(dir);
+
+    /* busy sessions are never deleted, nor the one being written: the
+     * budget is exceeded meanwhile, and met again when they are released */
+    CHECK(mkdir(dir, 0700) == 0);
+    o.max_disk_files = 1;
+    o.max_disk_bytes = 0;
+    CHECK_MSG(srv_store_new(&o, &st, err, sizeof err) == 0, "store: %s", err);
+    if (!st)
+        goto out;
+    char a[33], b[33];
+    make_session(st, model, 80, 1, a);
+    s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0); /* a busy */
+    make_session(st, model, 81, 1, b);              /* b written: a is busy, b is b */
+    CHECK(file_exists(dir, a) && file_exists(dir, b));
+    if (s)
+        CHECK_INT_EQ(srv_store_release(st, s, 1), 0); /* a written: b goes */
+    CHECK(file_exists(dir, a) && !file_exists(dir, b));
+    CHECK_INT_EQ(srv_store_info(st, b, &in), SRV_STORE_ENOTFOUND);
+    srv_store_free(st);
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
 /* ---- fork, export, import ---- */
 
 TEST(fork_is_an_independent_copy)
@@ -1032,6 +1118,7 @@ int main(void)
     RUN(directory_checks);
     RUN(lru_eviction_by_count_and_bytes);
     RUN(ttl_sweep);
+    RUN(disk_budget_by_count_and_bytes);
     RUN(fork_is_an_independent_copy);
     RUN(export_import);
     RUN(write_failures_keep_the_previous_file);
