@@ -62,6 +62,9 @@ typedef struct api_app {
     int64_t t_start_ns;     /* srv_engine_now_ns() at the start */
     int64_t gen_timeout_ns; /* per-job deadline; 0 = none */
     size_t state_max_body;  /* PUT /v1/sessions/{id}/state body limit (http; set before load) */
+    /* owner tag of each configured API key (cfg->api_keys order); owned,
+     * NULL when no keys are configured */
+    char (*key_owner)[SRV_SESSION_OWNER_LEN + 1];
     size_t state_blob_max;  /* the largest blob this model's store makes (+ slack); after load */
 
     int ready;    /* model loaded, routes serving */
@@ -91,6 +94,30 @@ typedef struct api_app {
     srv_metric_t *m_batch_steps; /* darkserve_engine_steps_by_batch_total{sequences} */
     uint64_t batch_seen[SRV_ENGINE_MAX_BATCH + 1];
 } api_app_t;
+
+/* ---- session owners (api_sessions.c) ----
+ * With API keys configured, a session belongs to the key that created it
+ * (its owner tag: the first 16 bytes of SHA-256 of a fixed prefix and the
+ * key, in hex; a session file never holds the key). Other keys get 404 for
+ * it and do not see it in lists; admin keys see and use every session.
+ * Without keys there are no owners: everyone sees everything. Sessions
+ * made while no keys were configured have no owner and are then visible to
+ * admin keys only. */
+typedef struct api_caller {
+    const char *owner; /* tag new sessions get ("" without keys); borrowed from app */
+    int all;           /* sees every session (admin key, or no keys) */
+} api_caller_t;
+
+/* Fills app->key_owner from cfg->api_keys. Returns 0 or -1 (out of memory). */
+int api_owner_tags_init(api_app_t *app);
+/* Who is asking (loop thread, in the handler). */
+void api_caller(const api_app_t *app, srv_req_t *req, api_caller_t *c);
+/* 1 if c may see and use a session whose owner tag is owner. */
+int api_caller_may(const api_caller_t *c, const char *owner);
+/* 0 when session id exists and c may use it; else answers req (404 for a
+ * session of another owner, exactly as for one that does not exist) and
+ * returns -1. */
+int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, const char *id);
 
 /* ---- route registration (one per file) ---- */
 int api_openai_routes(api_app_t *app);

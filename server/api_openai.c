@@ -369,6 +369,10 @@ static int take_session(api_app_t *app, srv_req_t *req, const char *id, srv_sess
     *out = NULL;
     if (!id[0])
         return 0;
+    api_caller_t who;
+    api_caller(app, req, &who);
+    if (api_session_check(app, req, &who, id) < 0)
+        return -1;
     int rc = srv_store_acquire(app->store, id, out);
     if (rc < 0) {
         api_reply_store(req, rc, id, NULL);

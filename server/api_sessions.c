@@ -20,11 +20,74 @@
 #include "server/api.h"
 
 #include "server/log.h"
+#include "server/sha256.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- owners ---- */
+
+int api_owner_tags_init(api_app_t *app)
+{
+    const srv_strlist_t *keys = &app->cfg->api_keys;
+    if (keys->n == 0)
+        return 0;
+    app->key_owner = calloc(keys->n, sizeof *app->key_owner);
+    if (!app->key_owner)
+        return -1;
+    static const char prefix[] = "darkserve session owner\n";
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < keys->n; i++) {
+        size_t kl = strlen(keys->v[i]), n = sizeof prefix - 1 + kl;
+        char *buf = malloc(n);
+        if (!buf)
+            return -1;
+        memcpy(buf, prefix, sizeof prefix - 1);
+        memcpy(buf + sizeof prefix - 1, keys->v[i], kl);
+        uint8_t d[SRV_SHA256_BYTES];
+        srv_sha256(buf, n, d);
+        free(buf);
+        for (size_t k = 0; k < SRV_SESSION_OWNER_LEN / 2; k++) {
+            app->key_owner[i][2 * k] = hex[d[k] >> 4];
+            app->key_owner[i][2 * k + 1] = hex[d[k] & 15];
+        }
+        app->key_owner[i][SRV_SESSION_OWNER_LEN] = '\0';
+    }
+    return 0;
+}
+
+void api_caller(const api_app_t *app, srv_req_t *req, api_caller_t *c)
+{
+    int admin = 0;
+    int key = srv_req_key(req, &admin);
+    if (key < 0 || !app->key_owner) {
+        c->owner = "";
+        c->all = 1;
+        return;
+    }
+    c->owner = app->key_owner[key];
+    c->all = admin;
+}
+
+int api_caller_may(const api_caller_t *c, const char *owner)
+{
+    return c->all || strcmp(c->owner, owner) == 0;
+}
+
+int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, const char *id)
+{
+    srv_session_info_t si;
+    int rc = srv_store_info(app->store, id, &si);
+    if (rc == 0 && !api_caller_may(c, si.owner))
+        rc = SRV_STORE_ENOTFOUND;
+    if (rc < 0) {
+        api_reply_store(req, rc, id, NULL);
+        return -1;
+    }
+    return 0;
+}
 
 /* ---- helpers ---- */
 
@@ -287,6 +350,9 @@ static void h_create(srv_req_t *req, void *ud)
         proto_session_create_free(&cr);
         return;
     }
+    api_caller_t who;
+    api_caller(app, req, &who);
+    srv_session_set_owner(s, who.owner); /* a tag from api_owner_tags_init: valid */
     int32_t *ids = NULL;
     size_t n = 0;
     int chat = 0;
@@ -322,6 +388,12 @@ static void h_append(srv_req_t *req, void *ud)
     proto_error_t e;
     if (proto_session_append_parse(body, len, &app->limits, &ar, &e) < 0) {
         api_reply_proto(req, &e);
+        return;
+    }
+    api_caller_t who;
+    api_caller(app, req, &who);
+    if (api_session_check(app, req, &who, id) < 0) {
+        proto_session_append_free(&ar);
         return;
     }
     srv_session_t *s = NULL;
@@ -491,6 +563,12 @@ static void h_generate(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         return;
     }
+    api_caller_t who;
+    api_caller(app, req, &who);
+    if (api_session_check(app, req, &who, id) < 0) {
+        proto_generate_free(&gr);
+        return;
+    }
     srv_session_t *s = NULL;
     int rc = srv_store_acquire(app->store, id, &s);
     if (rc < 0) {
@@ -580,8 +658,10 @@ static void h_list(srv_req_t *req, void *ud)
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto out;
     }
-    int rc =
-        srv_store_list(app->store, lr.after[0] ? lr.after : NULL, (size_t)lr.limit, si, &n, &more);
+    api_caller_t who;
+    api_caller(app, req, &who);
+    int rc = srv_store_list_owned(app->store, who.all ? NULL : who.owner,
+                                  lr.after[0] ? lr.after : NULL, (size_t)lr.limit, si, &n, &more);
     if (rc < 0) {
         api_reply_store(req, rc, NULL, NULL);
         goto out;
@@ -606,6 +686,10 @@ static void h_get(srv_req_t *req, void *ud)
     const char *id = path_id(req);
     if (!id)
         return;
+    api_caller_t who;
+    api_caller(app, req, &who);
+    if (api_session_check(app, req, &who, id) < 0)
+        return;
     int rc = 0;
     char *j = session_json(app, id, 1, &rc);
     if (!j) {
@@ -621,6 +705,10 @@ static void h_delete(srv_req_t *req, void *ud)
     api_app_t *app = ud;
     const char *id = path_id(req);
     if (!id)
+        return;
+    api_caller_t who;
+    api_caller(app, req, &who);
+    if (api_session_check(app, req, &who, id) < 0)
         return;
     int rc = srv_store_delete(app->store, id);
     if (rc < 0) {
@@ -638,8 +726,12 @@ static void h_fork(srv_req_t *req, void *ud)
     const char *id = path_id(req);
     if (!id)
         return;
+    api_caller_t who;
+    api_caller(app, req, &who);
+    if (api_session_check(app, req, &who, id) < 0)
+        return;
     char nid[PROTO_SESSION_ID_LEN + 1];
-    int rc = srv_store_fork(app->store, id, nid);
+    int rc = srv_store_fork_owned(app->store, id, who.owner, nid);
     if (rc < 0) {
         api_reply_store(req, rc, id, NULL);
         return;
@@ -658,6 +750,10 @@ static void h_export(srv_req_t *req, void *ud)
     api_app_t *app = ud;
     const char *id = path_id(req);
     if (!id)
+        return;
+    api_caller_t who;
+    api_caller(app, req, &who);
+    if (api_session_check(app, req, &who, id) < 0)
         return;
     void *blob = NULL;
     size_t n = 0;
@@ -678,6 +774,10 @@ static void h_import(srv_req_t *req, void *ud)
     api_app_t *app = ud;
     const char *id = path_id(req);
     if (!id)
+        return;
+    api_caller_t who;
+    api_caller(app, req, &who);
+    if (api_session_check(app, req, &who, id) < 0)
         return;
     size_t n = 0;
     const char *body = srv_req_body(req, &n);

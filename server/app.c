@@ -28,8 +28,10 @@
 static void app_handle_closed(uv_handle_t *h)
 {
     api_app_t *app = h->data;
-    if (--app->handles_open == 0)
+    if (--app->handles_open == 0) {
+        free(app->key_owner);
         free(app);
+    }
 }
 
 /* ---- engine -> loop ---- */
@@ -394,6 +396,12 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
     app->created = (int64_t)time(NULL);
     app->t_start_ns = srv_engine_now_ns();
     app->gen_timeout_ns = cfg->generation_timeout_s * INT64_C(1000000000);
+    if (api_owner_tags_init(app) < 0) {
+        SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
+        free(app->key_owner);
+        free(app);
+        return -1;
+    }
     pthread_mutex_init(&app->mu, NULL);
     register_metrics(app);
     /* The http layer's limit for PUT .../state until the model is known
@@ -410,6 +418,7 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
         api_openai_routes(app) < 0 || api_sessions_routes(app) < 0 || api_misc_routes(app) < 0) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "cannot register the routes");
         pthread_mutex_destroy(&app->mu);
+        free(app->key_owner);
         free(app);
         return -1;
     }

@@ -94,7 +94,9 @@ static const opt_t opts[] = {
      "require this key (Authorization: Bearer KEY or X-Api-Key: KEY) on every route but "
      "/health; prefer --api-key-file or the environment, argv is visible to other users"},
     {"api-key-file", "DARKSERVE_API_KEY_FILE", OPT_STR, 0, O(api_key_file), "", 0, 0, NULL, "PATH",
-     "file with accepted API keys, one per line ('#' comments); combines with --api-key"},
+     "file with accepted API keys, one per line ('#' comments); combines with --api-key. Each "
+     "session belongs to the key that created it and is invisible to other keys; a line "
+     "'KEY admin' marks an admin key, which sees every session"},
     {"cors-origin", "DARKSERVE_CORS_ORIGIN", OPT_LIST, OPT_ORIGINS, O(cors_origins), "",
      0, 0, NULL, "ORIGIN",
      "browser origin allowed by CORS (scheme://host[:port], or * for any); repeat the flag or "
@@ -442,8 +444,22 @@ static const char *env_lookup(char *const *envp, const char *name)
     return NULL;
 }
 
-/* Reads --api-key-file: one key per line; blank lines and '#' comments
- * skipped; surrounding white space trimmed. */
+/* Appends a key and whether it is an admin key. */
+static int push_key(srv_config_t *cfg, const char *key, size_t len, int admin)
+{
+    unsigned char *na = realloc(cfg->api_key_admin, cfg->api_keys.n + 1);
+    if (!na)
+        return -1;
+    cfg->api_key_admin = na;
+    if (strlist_push(&cfg->api_keys, key, len))
+        return -1;
+    cfg->api_key_admin[cfg->api_keys.n - 1] = (unsigned char)(admin ? 1 : 0);
+    return 0;
+}
+
+/* Reads --api-key-file: one key per line, optionally followed by white space
+ * and the word "admin"; blank lines and '#' comments skipped; surrounding
+ * white space trimmed. */
 static int load_key_file(srv_config_t *cfg, char *err, size_t errlen)
 {
     const char *path = cfg->api_key_file;
@@ -479,16 +495,29 @@ static int load_key_file(srv_config_t *cfg, char *err, size_t errlen)
         while (end > line && isspace((unsigned char)end[-1]))
             *--end = '\0';
         if (*line && *line != '#') {
-            for (char *c = line; *c; c++) {
+            char *c = line;
+            for (; *c && *c != ' ' && *c != '\t'; c++) {
                 if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7E) {
                     rc = fail(err, errlen,
-                              "--api-key-file: '%s': a key contains a space or a non-printable "
-                              "character",
+                              "--api-key-file: '%s': a key contains a non-printable character",
                               path);
                     goto done;
                 }
             }
-            if (strlist_push(&cfg->api_keys, line, strlen(line))) {
+            size_t klen = (size_t)(c - line);
+            while (*c == ' ' || *c == '\t')
+                c++;
+            int admin = 0;
+            if (strcmp(c, "admin") == 0) {
+                admin = 1;
+            } else if (*c) {
+                rc = fail(err, errlen,
+                          "--api-key-file: '%s': after a key only the word 'admin' may follow "
+                          "(got '%.32s'); keys contain no spaces",
+                          path, c);
+                goto done;
+            }
+            if (push_key(cfg, line, klen, admin)) {
                 rc = fail(err, errlen, "out of memory");
                 goto done;
             }
@@ -506,12 +535,14 @@ done:
 static int validate(srv_config_t *cfg, char *err, size_t errlen)
 {
     strlist_clear(&cfg->api_keys);
+    free(cfg->api_key_admin);
+    cfg->api_key_admin = NULL;
     if (*cfg->api_key) {
         for (const char *c = cfg->api_key; *c; c++)
             if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7E)
                 return fail(err, errlen,
                             "--api-key contains a space or a non-printable character");
-        if (strlist_push(&cfg->api_keys, cfg->api_key, strlen(cfg->api_key)))
+        if (push_key(cfg, cfg->api_key, strlen(cfg->api_key), 0))
             return fail(err, errlen, "out of memory");
     }
     if (*cfg->api_key_file && load_key_file(cfg, err, errlen))
@@ -536,6 +567,7 @@ void srv_config_free(srv_config_t *cfg)
             strlist_clear(field(cfg, o));
     }
     strlist_clear(&cfg->api_keys);
+    free(cfg->api_key_admin);
     memset(cfg, 0, sizeof *cfg);
 }
 

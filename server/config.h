@@ -111,6 +111,7 @@ typedef struct srv_config {
 
     /* Derived by validation: --api-key plus the keys of --api-key-file. */
     srv_strlist_t api_keys;
+    unsigned char *api_key_admin; /* owned [api_keys.n]: 1 = admin ("KEY admin" in the file) */
     /* Set by --help / --print-config; the caller prints and exits 0. */
     int want_help;
     int want_print;

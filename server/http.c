@@ -256,6 +256,7 @@ struct srv_req {
     uv_poll_t *hup;
     int fd;
     int http11;   /* HTTP/1.1 request: 1xx interim answers and chunked bodies */
+    int key;      /* index of the API key it authenticated with, -1 = none */
     int peer_eof; /* the client shut down its sending side (or closed) */
     int client_gone;
     int inflight;
@@ -278,6 +279,7 @@ struct srv_http {
     size_t stream_buf;
     unsigned request_timeout_s;
     char **api_keys;
+    unsigned char *api_key_admin; /* [n_api_keys] */
     size_t n_api_keys;
     char **cors;
     size_t n_cors;
@@ -929,6 +931,13 @@ const char *srv_req_peer(const srv_req_t *req)
     return req->peer;
 }
 
+int srv_req_key(const srv_req_t *req, int *admin)
+{
+    if (admin)
+        *admin = req->key >= 0 && req->h->api_key_admin[req->key];
+    return req->key;
+}
+
 srv_http_t *srv_req_server(const srv_req_t *req)
 {
     return req->h;
@@ -1307,8 +1316,11 @@ static int key_equal(const char *given, size_t glen, const char *key)
     return diff == 0;
 }
 
-static int auth_ok(const srv_http_t *h, struct MHD_Connection *c)
+/* 1 when the request may pass: no keys configured, or it carries one of
+ * them (its index into *key). */
+static int auth_ok(const srv_http_t *h, struct MHD_Connection *c, int *key)
 {
+    *key = -1;
     if (h->n_api_keys == 0)
         return 1;
     const char *given = NULL;
@@ -1324,8 +1336,12 @@ static int auth_ok(const srv_http_t *h, struct MHD_Connection *c)
         return 0;
     size_t glen = strlen(given);
     int ok = 0;
-    for (size_t i = 0; i < h->n_api_keys; i++)
-        ok |= key_equal(given, glen, h->api_keys[i]);
+    for (size_t i = 0; i < h->n_api_keys; i++) {
+        int eq = key_equal(given, glen, h->api_keys[i]);
+        ok |= eq;
+        if (eq)
+            *key = (int)i;
+    }
     return ok;
 }
 
@@ -1435,6 +1451,7 @@ static srv_req_t *req_new(srv_http_t *h, struct MHD_Connection *c, const char *u
     req->h = h;
     req->conn = c;
     req->fd = -1;
+    req->key = -1;
     req->t_start_ns = uv_hrtime();
     req->method = strdup(method);
     req->path = strdup(url);
@@ -1529,7 +1546,7 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_C
      * and CORS preflights of known paths (browsers send those without
      * credentials) stay open. */
     const int preflight = strcmp(method, "OPTIONS") == 0 && !route && path_known;
-    if (!path_public && !preflight && !auth_ok(h, c))
+    if (!path_public && !preflight && !auth_ok(h, c, &req->key))
         return queue_unauthorized(req);
     if (h->not_ready && route && !(route->flags & SRV_ROUTE_DRAIN_OK))
         return queue_error(req, 503, "server_error", "loading",
@@ -2038,6 +2055,7 @@ static void http_free(srv_http_t *h)
         route_clear(&h->routes[i]);
     free(h->routes);
     free_strings(h->api_keys, h->n_api_keys);
+    free(h->api_key_admin);
     free_strings(h->cors, h->n_cors);
     if (h->hub) {
         int free_hub;
@@ -2071,9 +2089,12 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
     h->n_api_keys = o->n_api_keys;
     h->n_cors = o->n_cors_origins;
     h->api_keys = copy_strings(o->api_keys, o->n_api_keys);
+    h->api_key_admin = calloc(o->n_api_keys ? o->n_api_keys : 1, 1);
+    if (h->api_key_admin && o->api_key_admin && o->n_api_keys)
+        memcpy(h->api_key_admin, o->api_key_admin, o->n_api_keys);
     h->cors = copy_strings(o->cors_origins, o->n_cors_origins);
     h->hub = calloc(1, sizeof *h->hub);
-    if (!h->api_keys || !h->cors || !h->hub) {
+    if (!h->api_keys || !h->api_key_admin || !h->cors || !h->hub) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }

@@ -160,6 +160,9 @@ typedef struct srv_http_opts {
     unsigned max_connections;    /* 0 = 256 */
     size_t stream_max_buffered;  /* default per-stream bound; 0 = 256 KiB */
     const char *const *api_keys; /* [n_api_keys], copied; none = no auth */
+    const unsigned char *api_key_admin; /* [n_api_keys] or NULL, copied: 1 = an admin key
+                                           (srv_req_key reports it; the http layer gives
+                                           admin keys nothing more) */
     size_t n_api_keys;
     const char *const *cors_origins; /* [n_cors_origins], copied; "*" = any */
     size_t n_cors_origins;
@@ -219,6 +222,10 @@ const char *srv_req_header(const srv_req_t *req, const char *name); /* case-inse
 /* The body, NUL-terminated (the NUL is not counted in *len); "" when empty. */
 const char *srv_req_body(const srv_req_t *req, size_t *len);
 srv_http_t *srv_req_server(const srv_req_t *req);
+/* The API key the request authenticated with: its index in opts.api_keys,
+ * or -1 when no keys are configured (or the path is public). *admin (may be
+ * NULL) = 1 when that key is marked admin. */
+int srv_req_key(const srv_req_t *req, int *admin);
 
 /* Adds a response header (copied) to whatever answer follows: reply, stream
  * or deferred reply. Names must be HTTP tokens, values free of CR/LF. Do not

@@ -152,6 +152,7 @@ static int start_server(serve_t *S)
         .request_timeout_s = (unsigned)c->request_timeout_s,
         .max_connections = (unsigned)c->max_connections,
         .api_keys = (const char *const *)c->api_keys.v,
+        .api_key_admin = c->api_key_admin,
         .n_api_keys = c->api_keys.n,
         .cors_origins = (const char *const *)c->cors_origins.v,
         .n_cors_origins = c->cors_origins.n,

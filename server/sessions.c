@@ -35,13 +35,18 @@
 #define LOCK_NAME ".lock"
 #define PROBE_NAME ".write-probe"
 /* Owner section of a session blob: u32 version, u32 flags (bit 0 turn_open,
- * bit 1 has_chat), i64 created, i64 last_used. */
-#define OWNER_BYTES 24
-#define OWNER_VERSION 1u
+ * bit 1 has_chat), i64 created, i64 last_used; version 2 adds the owner tag:
+ * 32 lowercase hex chars, or 32 zero bytes for none. Version 1 (24 bytes,
+ * no owner) is still read. */
+#define OWNER_BYTES_V1 24
+#define OWNER_BYTES 56
+#define OWNER_VERSION 2u
+#define OWNER_LEN SRV_SESSION_OWNER_LEN
 
 struct srv_session {
     srv_store_t *st;
     char id[ID_LEN + 1];
+    char owner[OWNER_LEN + 1]; /* "" = none */
     srv_seq_ctx_t ctx;   /* ctx.state == NULL: not in memory */
     int64_t created, last_used;
     uint64_t tick;       /* LRU order: larger = used more recently */
@@ -348,18 +353,36 @@ static int64_t get_i64(const unsigned char *p)
 typedef struct owner {
     int64_t created, last_used;
     int turn_open, has_chat;
+    char owner[OWNER_LEN + 1];
 } owner_t;
+
+/* 1 if s is "" or OWNER_LEN lowercase hex chars. */
+static int owner_tag_valid(const char *s)
+{
+    return s[0] == '\0' || srv_session_id_valid(s); /* same shape as an id */
+}
 
 static int owner_parse(const void *p, size_t n, owner_t *o)
 {
     const unsigned char *b = p;
-    if (!p || n != OWNER_BYTES || get_u32(b) != OWNER_VERSION || get_u32(b + 4) > 3)
+    if (!p || n < OWNER_BYTES_V1 || get_u32(b + 4) > 3)
         return -1;
+    uint32_t v = get_u32(b);
+    if (!(v == 1u && n == OWNER_BYTES_V1) && !(v == OWNER_VERSION && n == OWNER_BYTES))
+        return -1;
+    char tag[OWNER_LEN + 1] = "";
+    if (v == OWNER_VERSION && b[OWNER_BYTES_V1] != 0) {
+        memcpy(tag, b + OWNER_BYTES_V1, OWNER_LEN);
+        tag[OWNER_LEN] = '\0';
+        if (!srv_session_id_valid(tag))
+            return -1;
+    }
     uint32_t f = get_u32(b + 4);
     o->turn_open = (int)(f & 1u);
     o->has_chat = (int)((f >> 1) & 1u);
     o->created = get_i64(b + 8);
     o->last_used = get_i64(b + 16);
+    memcpy(o->owner, tag, sizeof tag);
     return 0;
 }
 
@@ -373,6 +396,8 @@ static int serialize_ctx(const srv_store_t *st, const srv_session_t *s, const sr
     put_u32(own + 4, (uint32_t)(s->turn_open ? 1 : 0) | (uint32_t)(s->has_chat ? 2 : 0));
     put_i64(own + 8, s->created);
     put_i64(own + 16, s->last_used);
+    memset(own + OWNER_BYTES_V1, 0, OWNER_LEN);
+    memcpy(own + OWNER_BYTES_V1, s->owner, strlen(s->owner));
     size_t n = core_state_size(c->state, c->sampler, c->n_pending, OWNER_BYTES);
     if (n == 0)
         return STORE_FAIL(SRV_STORE_EINVAL, "session %s: state too large to save (%zu pending tokens)",
@@ -796,7 +821,8 @@ static int scan_dir(srv_store_t *st)
         if (core_state_peek(head, got, &in, NULL) < 0 || in.total != (size_t)sb.st_size ||
             strcmp(in.fingerprint, st->fp) != 0 || !cfg_compatible(&in.cfg, cfg))
             continue;
-        owner_t o = {.created = (int64_t)sb.st_mtime, .last_used = (int64_t)sb.st_mtime};
+        owner_t o = {.created = (int64_t)sb.st_mtime, .last_used = (int64_t)sb.st_mtime,
+                     .owner = ""};
         if (in.owner_off + in.owner_len <= got)
             owner_parse(head + in.owner_off, in.owner_len, &o);
         srv_session_t *s = calloc(1, sizeof *s);
@@ -811,6 +837,7 @@ static int scan_dir(srv_store_t *st)
         s->last_used = o.last_used;
         s->turn_open = o.turn_open;
         s->has_chat = o.has_chat;
+        memcpy(s->owner, o.owner, sizeof s->owner);
         s->tokens = in.pos + (int64_t)in.n_pending;
         s->state_bytes = in.total;
         st->tab[st->n++] = s;
@@ -1121,6 +1148,7 @@ static void fill_info(const srv_session_t *s, srv_session_info_t *o)
 {
     memset(o, 0, sizeof *o);
     memcpy(o->id, s->id, sizeof o->id);
+    memcpy(o->owner, s->owner, sizeof o->owner);
     o->tokens = s->tokens;
     o->state_bytes = s->state_bytes;
     o->created = s->created;
@@ -1145,15 +1173,27 @@ int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out)
 int srv_store_list(srv_store_t *st, const char *after, size_t limit, srv_session_info_t *out,
                    size_t *n, int *has_more)
 {
+    return srv_store_list_owned(st, NULL, after, limit, out, n, has_more);
+}
+
+int srv_store_list_owned(srv_store_t *st, const char *owner, const char *after, size_t limit,
+                         srv_session_info_t *out, size_t *n, int *has_more)
+{
     *n = 0;
     *has_more = 0;
     if (limit && !out)
         return STORE_FAIL(SRV_STORE_EINVAL, "list: no output array");
     pthread_mutex_lock(&st->mu);
     size_t i = after && after[0] ? tab_bound(st, after, 1) : 0;
-    for (; i < st->n && *n < limit; i++)
+    for (; i < st->n; i++) {
+        if (owner && strcmp(st->tab[i]->owner, owner) != 0)
+            continue;
+        if (*n == limit) {
+            *has_more = 1;
+            break;
+        }
         fill_info(st->tab[i], &out[(*n)++]);
-    *has_more = i < st->n;
+    }
     pthread_mutex_unlock(&st->mu);
     return 0;
 }
@@ -1222,8 +1262,16 @@ static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
 
 int srv_store_fork(srv_store_t *st, const char *id, char out_id[SRV_SESSION_ID_LEN + 1])
 {
+    return srv_store_fork_owned(st, id, NULL, out_id);
+}
+
+int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
+                         char out_id[SRV_SESSION_ID_LEN + 1])
+{
     if (!srv_session_id_valid(id))
         return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    if (owner && !owner_tag_valid(owner))
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed owner tag");
     srv_session_t *ns = calloc(1, sizeof *ns), *src = NULL;
     if (!ns)
         return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
@@ -1247,6 +1295,7 @@ int srv_store_fork(srv_store_t *st, const char *id, char out_id[SRV_SESSION_ID_L
     ns->created = ns->last_used = (int64_t)time(NULL);
     ns->turn_open = src->turn_open;
     ns->has_chat = src->has_chat;
+    memcpy(ns->owner, owner ? owner : src->owner, sizeof ns->owner);
     ns->dirty = 1;
     st->n_mem++; /* reserved while copying */
     pthread_mutex_unlock(&st->mu);
@@ -1525,6 +1574,24 @@ int srv_session_has_chat(const srv_session_t *s)
 void srv_session_set_has_chat(srv_session_t *s, int v)
 {
     set_flag(s, &s->has_chat, v);
+}
+
+const char *srv_session_owner(const srv_session_t *s)
+{
+    return s->owner;
+}
+
+int srv_session_set_owner(srv_session_t *s, const char *owner)
+{
+    if (!owner || !owner_tag_valid(owner))
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed owner tag");
+    pthread_mutex_lock(&s->st->mu);
+    if (strcmp(s->owner, owner) != 0) {
+        memcpy(s->owner, owner, strlen(owner) + 1);
+        s->dirty = 1;
+    }
+    pthread_mutex_unlock(&s->st->mu);
+    return 0;
 }
 
 int64_t srv_session_tokens(const srv_session_t *s)

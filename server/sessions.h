@@ -36,6 +36,14 @@
  * busy sessions stay (the bound can be exceeded while they are). Sessions
  * only in memory have no file and do not count until they are written.
  *
+ * ## Owners
+ * A session may carry an owner tag: "" (none) or 32 lowercase hex chars
+ * that the caller derives (server/api_sessions.c: from the API key that
+ * created it). The store keeps it in the session's file, so it survives a
+ * restart, and filters lists by it; deciding who may use a session is the
+ * caller's business. An import keeps the session's own tag, whatever the
+ * blob says.
+ *
  * ## Threads
  * Every function is thread-safe (one mutex; disk I/O runs outside it, on a
  * session made busy or marked for I/O) and may block on disk I/O. The
@@ -79,12 +87,14 @@ const char *srv_store_strerror(int code);
 const char *srv_store_last_error(void);
 
 #define SRV_SESSION_ID_LEN 32 /* lowercase hex chars of an id (128 random bits) */
+#define SRV_SESSION_OWNER_LEN 32 /* lowercase hex chars of an owner tag */
 
 typedef struct srv_session srv_session_t; /* opaque */
 typedef struct srv_store srv_store_t;     /* opaque */
 
 typedef struct srv_session_info {
     char id[SRV_SESSION_ID_LEN + 1];
+    char owner[SRV_SESSION_OWNER_LEN + 1]; /* "" = none (see "Owners") */
     int64_t tokens;     /* history length: state position + pending, as of the
                            last release (a busy session's count is not re-read) */
     size_t state_bytes; /* bytes of its state blob (export / file size) */
@@ -145,10 +155,17 @@ int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out);
  * *n, *has_more = 1 if more follow. */
 int srv_store_list(srv_store_t *st, const char *after, size_t limit, srv_session_info_t *out,
                    size_t *n, int *has_more);
+/* Same, only sessions whose owner tag is owner (NULL = every session). */
+int srv_store_list_owned(srv_store_t *st, const char *owner, const char *after, size_t limit,
+                         srv_session_info_t *out, size_t *n, int *has_more);
 /* Copies session id into a new session (O(state); written at once when the
  * store has a directory), its id into new_id. The copy continues exactly
  * like the original. The source must not be busy (EBUSY). */
 int srv_store_fork(srv_store_t *st, const char *id, char new_id[SRV_SESSION_ID_LEN + 1]);
+/* Same; the copy's owner tag is owner (borrowed; "" = none; NULL = the
+ * source's). EINVAL for a malformed tag. */
+int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
+                         char new_id[SRV_SESSION_ID_LEN + 1]);
 /* The session's state blob (core/state.h; new malloc'd *blob, caller frees).
  * EBUSY if busy; EIO if its file is unreadable or damaged. */
 int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len);
@@ -191,6 +208,10 @@ void srv_session_set_turn_open(srv_session_t *s, int open);
 int srv_session_has_chat(const srv_session_t *s);         /* conversation started with a chat render */
 void srv_session_set_has_chat(srv_session_t *s, int v);
 int64_t srv_session_tokens(const srv_session_t *s);       /* state position + pending */
+const char *srv_session_owner(const srv_session_t *s);    /* borrowed; "" = none */
+/* Sets the owner tag (copied; "" or 32 lowercase hex chars, else EINVAL) and
+ * marks the session changed. */
+int srv_session_set_owner(srv_session_t *s, const char *owner);
 /* last_used = now, and marks the session changed (written on release with
  * persist, eviction or flush). */
 void srv_session_touch(srv_session_t *s);

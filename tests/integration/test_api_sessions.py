@@ -451,3 +451,68 @@ def test_session_directory_budget(servers):
     assert len(session_files(srv)) == 2
     st, listing, _ = srv.json("GET", "/v1/sessions")
     assert [s["id"] for s in listing["data"]] == session_files(srv)
+
+
+def test_sessions_belong_to_their_api_key(servers, tmp_path):
+    """With --api-key-file, a session belongs to the key that created it:
+    other keys get 404 for it (every route) and do not list it; a key marked
+    'admin' sees all; the owner survives a restart (issue 9)."""
+    keys = tmp_path / "keys"
+    keys.write_text("# tenants\nkey-a\nkey-b\nkey-root  admin\n")
+    srv = servers(args=["--api-key-file", str(keys)])
+    A = {"Authorization": "Bearer key-a"}
+    B = {"X-Api-Key": "key-b"}
+    ROOT = {"Authorization": "Bearer key-root"}
+
+    def ids(hd):
+        st, r, _ = srv.json("GET", "/v1/sessions", headers=hd)
+        assert st == 200, r
+        return sorted(s["id"] for s in r["data"])
+
+    st, sa, _ = srv.post("/v1/sessions", {"system": "A's"}, headers=A)
+    assert st == 201, sa
+    sa = sa["id"]
+    st, sb, _ = srv.post("/v1/sessions", {}, headers=B)
+    sb = sb["id"]
+    st, blob_b, _ = srv.request("GET", f"/v1/sessions/{sb}/state", headers=B)
+    assert st == 200
+
+    def others_get_404(sid, hd):
+        for method, path, body in (("GET", "", None), ("DELETE", "", None),
+                                   ("POST", "/append", {"text": "x"}),
+                                   ("POST", "/generate", {"text": "x", "max_tokens": 1}),
+                                   ("POST", "/fork", {}), ("GET", "/state", None)):
+            st, r, _ = srv.json(method, f"/v1/sessions/{sid}{path}", body, headers=hd)
+            assert st == 404 and r["error"]["code"] == "session_not_found", (method, path, r)
+        st, _, data = srv.request("PUT", f"/v1/sessions/{sid}/state", blob_b,
+                                  dict(hd, **{"Content-Type": "application/octet-stream"}))
+        assert st == 404, data
+        st, r, _ = srv.post("/v1/completions", {"prompt": "x", "max_tokens": 1, "session": sid},
+                            headers=hd)
+        assert st == 404 and r["error"]["code"] == "session_not_found", r
+        st, r, _ = srv.post("/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+                             "session": sid}, headers=hd)
+        assert st == 404, r
+
+    others_get_404(sa, B)
+    others_get_404(sb, A)
+    assert ids(A) == [sa] and ids(B) == [sb]
+    assert ids(ROOT) == sorted([sa, sb])
+    # the owner uses it; the admin too
+    assert srv.json("GET", f"/v1/sessions/{sa}", headers=A)[0] == 200
+    st, r, _ = srv.post(f"/v1/sessions/{sa}/generate",
+                        {"text": " hi", "max_tokens": 2, "stream": False}, headers=ROOT)
+    assert st == 200, r
+    # a fork belongs to the key that made it
+    st, fb, _ = srv.post(f"/v1/sessions/{sb}/fork", {}, headers=B)
+    assert st == 201, fb
+    assert ids(B) == sorted([sb, fb["id"]]) and ids(A) == [sa]
+    # and all of it after a restart: the owner is in the session file
+    assert srv.stop() == 0
+    srv.start()
+    others_get_404(sa, B)
+    assert ids(A) == [sa] and ids(B) == sorted([sb, fb["id"]])
+    assert ids(ROOT) == sorted([sa, sb, fb["id"]])
+    st, r, _ = srv.json("GET", f"/v1/sessions/{sa}", headers=A)
+    assert st == 200 and r["tokens"] > 0

@@ -240,7 +240,8 @@ TEST(test_api_keys)
     char path[] = "/tmp/test_srv_config_keysXXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0);
-    const char *text = "# production keys\n  key-one  \n\nkey-two\n# old: key-zero\n";
+    const char *text = "# production keys\n  key-one  \n\nkey-two\n# old: key-zero\n"
+                       "root-key\t admin \n";
     CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
     close(fd);
     srv_config_t c;
@@ -248,17 +249,27 @@ TEST(test_api_keys)
     char flag[300];
     snprintf(flag, sizeof flag, "--api-key-file=%s", path);
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--api-key", "topsecret", flag, NULL), 0);
-    CHECK_INT_EQ(c.api_keys.n, 3);
-    if (c.api_keys.n == 3) {
+    CHECK_INT_EQ(c.api_keys.n, 4);
+    if (c.api_keys.n == 4 && c.api_key_admin) {
         CHECK_STR_EQ(c.api_keys.v[0], "topsecret");
         CHECK_STR_EQ(c.api_keys.v[1], "key-one");
         CHECK_STR_EQ(c.api_keys.v[2], "key-two");
+        CHECK_STR_EQ(c.api_keys.v[3], "root-key");
+        /* only the key marked "admin" is one; --api-key is a plain key */
+        CHECK(!c.api_key_admin[0] && !c.api_key_admin[1] && !c.api_key_admin[2]);
+        CHECK(c.api_key_admin[3]);
     }
     char *out = capture(srv_config_print, &c, NULL);
     CHECK(out && !strstr(out, "topsecret"));
     CHECK(out && strstr(out, "api-key            <secret>  (flag)\n"));
     free(out);
     srv_config_free(&c);
+    /* anything but "admin" after a key is refused */
+    fd = open(path, O_WRONLY | O_TRUNC);
+    CHECK(write(fd, "key-one root\n", 13) == 13);
+    close(fd);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, flag, NULL), -1);
+    CHECK(strstr(err, "admin") && strstr(err, "root"));
     /* a file with no key is refused, so is a missing file */
     fd = open(path, O_WRONLY | O_TRUNC);
     CHECK(write(fd, "# none\n\n", 8) == 8);

@@ -675,6 +675,70 @@ out:
     free(dir);
 }
 
+/* Owner tags: kept in the file (a restart finds them), lists filter by
+ * them, a fork takes the tag it is given, an import keeps the session's. */
+TEST(owners_persist_and_filter)
+{
+    static const char ta[] = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    static const char tb[] = "0123456789abcdef0123456789abcdef";
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char a[33], b[33], f[33];
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_create(st, &s), 0);
+    if (s) {
+        CHECK_STR_EQ(srv_session_owner(s), "");
+        CHECK_INT_EQ(srv_session_set_owner(s, "not-a-tag"), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_session_set_owner(s, ta), 0);
+        memcpy(a, srv_session_id(s), 33);
+        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    }
+    make_session(st, model, 90, 1, b); /* no owner */
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, tb, f), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, "xyz", f + 0), SRV_STORE_EINVAL);
+    /* an import keeps the session's own tag */
+    void *blob = NULL;
+    size_t len = 0;
+    CHECK_INT_EQ(srv_store_export(st, f, &blob, &len), 0);
+    CHECK_INT_EQ(srv_store_import(st, b, blob, len, NULL, 0), 0);
+    free(blob);
+    srv_store_free(st);
+
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    srv_session_info_t in[4];
+    size_t n = 0;
+    int more = 0;
+    CHECK_INT_EQ(srv_store_list_owned(st, ta, NULL, 4, in, &n, &more), 0);
+    CHECK(n == 1 && !more && strcmp(in[0].id, a) == 0 && strcmp(in[0].owner, ta) == 0);
+    CHECK_INT_EQ(srv_store_list_owned(st, tb, NULL, 4, in, &n, &more), 0);
+    CHECK(n == 1 && strcmp(in[0].id, f) == 0);
+    CHECK_INT_EQ(srv_store_list_owned(st, "", NULL, 4, in, &n, &more), 0);
+    CHECK(n == 1 && strcmp(in[0].id, b) == 0);
+    CHECK_INT_EQ(srv_store_list_owned(st, NULL, NULL, 2, in, &n, &more), 0);
+    CHECK(n == 2 && more);
+    /* the tag survives loading the state back into memory and writing it */
+    CHECK_INT_EQ(srv_store_acquire(st, f, &s), 0);
+    if (s) {
+        CHECK_STR_EQ(srv_session_owner(s), tb);
+        srv_session_touch(s);
+        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    }
+    srv_store_free(st);
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (st) {
+        CHECK_INT_EQ(srv_store_info(st, f, &in[0]), 0);
+        CHECK_STR_EQ(in[0].owner, tb);
+        srv_store_free(st);
+    }
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
 /* ---- fork, export, import ---- */
 
 TEST(fork_is_an_independent_copy)
@@ -1119,6 +1183,7 @@ int main(void)
     RUN(lru_eviction_by_count_and_bytes);
     RUN(ttl_sweep);
     RUN(disk_budget_by_count_and_bytes);
+    RUN(owners_persist_and_filter);
     RUN(fork_is_an_independent_copy);
     RUN(export_import);
     RUN(write_failures_keep_the_previous_file);
