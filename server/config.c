@@ -77,12 +77,21 @@ static const opt_t opts[] = {
     {"max-connections", "DARKSERVE_MAX_CONNECTIONS", OPT_INT, 0, O(max_connections), "256",
      1, 100000, NULL, "N",
      "open client connections at most (idle, streaming and waiting ones)"},
+    {"max-connections-per-address", "DARKSERVE_MAX_CONNECTIONS_PER_ADDRESS", OPT_INT, 0,
+     O(max_conns_per_address), "64", 0, 100000, NULL, "N",
+     "open connections of one client address at most; its further connections are closed at "
+     "once, so one client cannot take every --max-connections slot. Behind a reverse proxy "
+     "every client has the proxy's address: raise it to --max-connections or set 0 (no limit)"},
     {"max-body", "DARKSERVE_MAX_BODY", OPT_SIZE, 0, O(max_body), "1M", 1, GIB, NULL, "SIZE",
      "largest request body accepted; larger ones get 413"},
     {"request-timeout", "DARKSERVE_REQUEST_TIMEOUT", OPT_DURATION, 0, O(request_timeout_s), "60s",
      0, DAY, NULL, "DURATION",
      "time a client has to send a whole request (headers and body), counted from the "
      "connection's start or the end of its previous response; 0 = no limit"},
+    {"header-timeout", "DARKSERVE_HEADER_TIMEOUT", OPT_DURATION, 0, O(header_timeout_s), "10s",
+     0, DAY, NULL, "DURATION",
+     "time a new connection has to send the headers of its first request (later requests on "
+     "a kept-alive connection: --request-timeout); 0 = no limit"},
     {"idle-timeout", "DARKSERVE_IDLE_TIMEOUT", OPT_DURATION, 0, O(idle_timeout_s), "30s",
      0, DAY, NULL, "DURATION",
      "close a connection with no I/O for this long (a stalled client, an idle keep-alive); 0 = "

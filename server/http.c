@@ -24,7 +24,10 @@
  *     clients. A client that trickles bytes slowly never goes idle, so a
  *     second deadline (request timeout) is kept per connection and enforced
  *     by a 1 s sweep that shuts the socket down; MHD then sees the hang-up and
- *     closes the connection itself.
+ *     closes the connection itself. A third, shorter one (header timeout)
+ *     bounds the headers of a connection's first request, so connections
+ *     that never finish their headers (slowloris) go long before the request
+ *     timeout; MHD's per-address limit bounds how many one address holds.
  *
  * Memory: requests (srv_req_t) belong to the loop and die in MHD's
  * "request completed" callback. Streams are reference-counted: the producer,
@@ -206,6 +209,7 @@ struct srv_stream {
 typedef struct conn {
     int fd;
     uint64_t deadline_ms; /* 0 = not receiving a request */
+    uint64_t header_deadline_ms; /* first request's headers due; 0 = in, or no limit */
     int cut;
     int busy;             /* a request (headers seen) is in progress */
     int served;           /* requests completed on this connection */
@@ -278,6 +282,7 @@ struct srv_http {
     size_t max_body;
     size_t stream_buf;
     unsigned request_timeout_s;
+    unsigned header_timeout_s;
     char **api_keys;
     unsigned char *api_key_admin; /* [n_api_keys] */
     size_t n_api_keys;
@@ -1472,8 +1477,10 @@ static srv_req_t *req_new(srv_http_t *h, struct MHD_Connection *c, const char *u
     ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     if (ci)
         req->cx = ci->socket_context;
-    if (req->cx)
+    if (req->cx) {
         req->cx->busy = 1;
+        req->cx->header_deadline_ms = 0; /* headers are in */
+    }
     ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     if (ci && ci->client_addr) {
         const struct sockaddr *sa = ci->client_addr;
@@ -1843,6 +1850,8 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         cx->fd = ci ? ci->connect_fd : -1;
         cx->deadline_ms = h->request_timeout_s ? now_ms() + h->request_timeout_s * 1000ull : 0;
+        cx->header_deadline_ms =
+            h->header_timeout_s ? now_ms() + h->header_timeout_s * 1000ull : 0;
         cx->next = h->conns;
         if (h->conns)
             h->conns->prev = cx;
@@ -1949,14 +1958,25 @@ static void on_sweep(uv_timer_t *t)
     srv_http_t *h = t->data;
     uint64_t now = now_ms();
     for (conn_t *cx = h->conns; cx; cx = cx->next) {
-        if (cx->cut || !cx->deadline_ms || now < cx->deadline_ms || cx->fd < 0)
+        if (cx->cut || cx->fd < 0)
+            continue;
+        const int req_late = cx->deadline_ms && now >= cx->deadline_ms;
+        const int hdr_late = cx->header_deadline_ms && now >= cx->header_deadline_ms;
+        if (!req_late && !hdr_late)
             continue;
         /* MHD owns the descriptor; shutting it down (not closing it) makes
          * the next read fail, and MHD closes the connection itself. */
         cx->cut = 1;
         shutdown(cx->fd, SHUT_RDWR);
-        SRV_LOG(SRV_LOG_INFO, NULL, "request timeout: closing a connection that took over %us",
-                h->request_timeout_s);
+        if (req_late)
+            SRV_LOG(SRV_LOG_INFO, NULL,
+                    "request timeout: closing a connection that took over %us",
+                    h->request_timeout_s);
+        else
+            SRV_LOG(SRV_LOG_INFO, NULL,
+                    "header timeout: closing a connection whose first request headers took "
+                    "over %us",
+                    h->header_timeout_s);
         if (h->m_timeouts)
             srv_metric_add(h->m_timeouts, NULL, 1);
     }
@@ -2085,6 +2105,7 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
     h->max_body = o->max_body ? o->max_body : DEFAULT_MAX_BODY;
     h->stream_buf = o->stream_max_buffered ? o->stream_max_buffered : DEFAULT_STREAM_BUF;
     h->request_timeout_s = o->request_timeout_s;
+    h->header_timeout_s = o->header_timeout_s;
     h->metrics = o->metrics;
     h->n_api_keys = o->n_api_keys;
     h->n_cors = o->n_cors_origins;
@@ -2124,6 +2145,7 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
         flags, (uint16_t)h->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
         on_mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd,
         MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : DEFAULT_MAX_CONN,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_address,
         MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
         on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
     /* MHD owns the socket from here on, and closes it in MHD_stop_daemon;
@@ -2153,7 +2175,7 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
     h->handles_open = 4;
     h->hub->async = &h->async;
     uv_poll_start(&h->mhd_poll, UV_READABLE, on_mhd_poll);
-    if (h->request_timeout_s)
+    if (h->request_timeout_s || h->header_timeout_s)
         uv_timer_start(&h->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
     /* Arms the timer and accepts anything already queued. */
     run_mhd(h);

@@ -56,6 +56,11 @@
  * the connection closes, since the unread body is still on the wire.
  * max_connections counts every open connection (suspended ones too); beyond
  * it new clients wait in the kernel's accept queue until one closes.
+ * max_connections_per_address bounds one client address's share: its
+ * connections past the bound are accepted and closed at once, so a single
+ * address cannot fill max_connections. header_timeout_s bounds the time a
+ * new connection may take to send its first request's headers (a client
+ * that never finishes them holds its slot that long, not request_timeout_s).
  * idle_timeout_s closes a connection with no I/O (a stalled client, an idle
  * keep-alive); request_timeout_s bounds the time to receive a whole request,
  * counted from the connection's start or the end of its previous response,
@@ -157,7 +162,11 @@ typedef struct srv_http_opts {
     size_t max_body;             /* default body limit of a route, bytes; 0 = 1 MiB */
     unsigned idle_timeout_s;     /* close connections idle this long; 0 = never */
     unsigned request_timeout_s;  /* time to receive a whole request; 0 = no limit */
+    unsigned header_timeout_s;   /* time to receive the first request's headers, from the
+                                    connection's start; 0 = no limit */
     unsigned max_connections;    /* 0 = 256 */
+    unsigned max_connections_per_address; /* open connections of one client address; beyond
+                                             it new ones are closed at once; 0 = no limit */
     size_t stream_max_buffered;  /* default per-stream bound; 0 = 256 KiB */
     const char *const *api_keys; /* [n_api_keys], copied; none = no auth */
     const unsigned char *api_key_admin; /* [n_api_keys] or NULL, copied: 1 = an admin key

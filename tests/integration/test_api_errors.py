@@ -253,3 +253,36 @@ def test_linear_attention_without_adapter_says_so(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "--adapter" in r.stderr and "darkformer" in r.stderr, r.stderr
+
+
+def test_one_address_cannot_starve_the_server(servers):
+    """300 connections that send half a request header from one address do
+    not keep /health (from another address) waiting: past
+    --max-connections-per-address the server closes that address's new
+    connections at once, and --header-timeout cuts the ones it holds
+    (issue 9)."""
+    srv = servers(args=["--request-timeout", "300s", "--idle-timeout", "300s",
+                        "--header-timeout", "2s"])
+    before = srv.metrics().get("darkserve_http_request_timeouts_total", 0)
+    socks = []
+    try:
+        for _ in range(300):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.settimeout(60)
+            s.bind(("127.0.0.2", 0))
+            s.connect(("127.0.0.1", srv.port))
+            try:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Half: ")
+            except OSError:
+                pass  # already closed by the server: that is the point
+            socks.append(s)
+        # a client from another address is served (the 300 hold no more than
+        # the per-address limit of the server's connections)
+        st, r, _ = srv.json("GET", "/health", timeout=60)
+        assert st == 200 and r["status"] == "ok"
+        # and the half-sent headers are cut by the header timeout
+        assert wait_for(lambda: srv.metrics().get("darkserve_http_request_timeouts_total", 0)
+                        > before, 60)
+    finally:
+        for s in socks:
+            s.close()

@@ -56,6 +56,8 @@ TEST(test_defaults)
     CHECK_INT_EQ(c.generation_timeout_s, 600);
     CHECK_INT_EQ(c.max_body, 1048576);
     CHECK_INT_EQ(c.request_timeout_s, 60);
+    CHECK_INT_EQ(c.header_timeout_s, 10);
+    CHECK_INT_EQ(c.max_conns_per_address, 64);
     CHECK_INT_EQ(c.idle_timeout_s, 30);
     CHECK_INT_EQ(c.drain_timeout_s, 30);
     CHECK_INT_EQ(c.session_ttl_s, 86400);
@@ -297,7 +299,7 @@ TEST(test_help_lists_every_option)
         "api-key",       "api-key-file",   "cors-origin",    "log-level",
         "log-format",    "log-file",       "chat-template",  "max-connections",
         "generation-timeout", "sinks",    "decay",          "max-session-disk",
-        "max-session-files", NULL};
+        "max-session-files", "header-timeout", "max-connections-per-address", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];

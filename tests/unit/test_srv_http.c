@@ -1617,6 +1617,84 @@ TEST(test_connection_limit)
     CHECK_INT_EQ(server_stop(&C), 0);
 }
 
+/* One address cannot take every slot: past max_connections_per_address
+ * its new connections are closed at once (another address is still
+ * served), and header_timeout_s cuts connections that never finish their
+ * first request's headers. */
+static server_t P;
+
+static int tcp_connect_from(int port, const char *src)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in me, sa;
+    memset(&me, 0, sizeof me);
+    me.sin_family = AF_INET;
+    inet_pton(AF_INET, src, &me.sin_addr);
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&me, sizeof me) != 0 ||
+        connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+TEST(test_per_address_limit_and_header_timeout)
+{
+    memset(&P, 0, sizeof P);
+    P.metrics = srv_metrics_new();
+    P.opts = (srv_http_opts_t){.port = 0, .max_connections = 8, .max_connections_per_address = 2,
+                               .header_timeout_s = 1, .request_timeout_s = 600,
+                               .idle_timeout_s = 600, .metrics = P.metrics};
+    P.setup = setup_routes;
+    if (server_start(&P) != 0) {
+        CHECK(0);
+        return;
+    }
+    int half[2];
+    for (int i = 0; i < 2; i++) {
+        half[i] = tcp_connect_from(P.port, "127.0.0.2");
+        CHECK(half[i] >= 0);
+        send_str(half[i], "GET /health HTTP/1.1\r\nHost: t\r\nX-Half: ");
+    }
+    /* a third from the same address is closed without an answer */
+    int third = tcp_connect_from(P.port, "127.0.0.2");
+    buf_t b3 = {0};
+    if (third >= 0) {
+        send_str(third, "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        CHECK(read_until_close(third, &b3, WAIT_MS) == 0);
+        CHECK_MSG(!b3.p || !strstr(b3.p, "\"ok\""), "got: %s", b3.p);
+        close(third);
+    }
+    /* another address is served */
+    int other = tcp_connect_from(P.port, "127.0.0.3");
+    buf_t bo = {0};
+    CHECK(other >= 0);
+    send_str(other, "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    CHECK(read_until_close(other, &bo, WAIT_MS) == 0);
+    CHECK(bo.p && strstr(bo.p, "\"ok\""));
+    close(other);
+    /* the half-sent headers are cut by the header timeout (not the 600 s
+     * request or idle timeouts) */
+    for (int i = 0; i < 2; i++) {
+        buf_t bh = {0};
+        CHECK(read_until_close(half[i], &bh, WAIT_MS) == 0);
+        close(half[i]);
+        free(bh.p);
+    }
+    resp_t r;
+    CHECK(http_get(P.port, "/metrics", NULL, &r) == 0);
+    CHECK(r.body && strstr(r.body, "darkserve_http_request_timeouts_total 2\n"));
+    resp_free(&r);
+    free(b3.p);
+    free(bo.p);
+    CHECK_INT_EQ(server_stop(&P), 0);
+    srv_metrics_free(P.metrics);
+}
+
 /* ---- drain: new requests get 503, open streams finish ---- */
 
 static server_t D;
@@ -1810,6 +1888,7 @@ int main(void)
     RUN(test_idle_timeout);
     RUN(test_request_timeout);
     RUN(test_connection_limit);
+    RUN(test_per_address_limit_and_header_timeout);
     RUN(test_drain);
     RUN(test_not_ready);
     RUN(test_close_with_open_stream);
