@@ -29,12 +29,14 @@
  *
  * ## Disk
  * max_disk_files and max_disk_bytes bound the session directory: the number
- * of session files and the sum of their sizes. When a write (or the files
- * found at startup) goes past either, the least recently used idle sessions
- * that have a file are deleted, file and memory, like an expired session,
- * until both hold; the session being written is never its own victim, and
- * busy sessions stay (the bound can be exceeded while they are). Sessions
- * only in memory have no file and do not count until they are written.
+ * of session files and the sum of their sizes. After a session is written
+ * for a caller (release with persist, fork, import), at startup and at every
+ * sweep, while either is exceeded the least recently used idle session that
+ * has a file is deleted, file and memory, like an expired session. The
+ * session just written is never its own victim and busy sessions stay, so
+ * the bound can be exceeded while they are; files written by eviction to
+ * disk count from the next of those points. Sessions only in memory have no
+ * file and do not count until they are written.
  *
  * ## Owners
  * A session may carry an owner tag: "" (none) or 32 lowercase hex chars
