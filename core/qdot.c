@@ -9,11 +9,13 @@
  * saves the per-value multiply and add on the busiest execution ports.
  *
  * AVX2 is opt-in per function (the build targets x86-64-v2) and picked at run
- * time with __builtin_cpu_supports.
+ * time with __builtin_cpu_supports. The integer path is in core/qdot_q8.c;
+ * the pool runner for both is at the end of this file.
  */
 #include "core/qdot.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "core/err.h"
@@ -336,12 +338,47 @@ core_qdot_isa_t core_qdot_best_isa(void)
     if (best < 0) {
         int b = CORE_QDOT_GENERIC;
 #ifdef QDOT_X86
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("f16c")) {
             b = CORE_QDOT_AVX2;
+            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+                b = CORE_QDOT_AVX512VNNI;
+        }
 #endif
         best = b;
     }
     return (core_qdot_isa_t)best;
+}
+
+static int forced_isa = -1; /* core_qdot_force_isa; -1: none */
+
+core_qdot_isa_t core_qdot_isa(void)
+{
+    return forced_isa >= 0 ? (core_qdot_isa_t)forced_isa : core_qdot_best_isa();
+}
+
+int core_qdot_force_isa(core_qdot_isa_t isa)
+{
+    if (isa == CORE_QDOT_ISA_COUNT_) {
+        forced_isa = -1;
+        return 0;
+    }
+    if ((int)isa < 0 || isa > core_qdot_best_isa())
+        return CORE_EUNSUPPORTED;
+    forced_isa = (int)isa;
+    return 0;
+}
+
+const char *core_qdot_isa_name(core_qdot_isa_t isa)
+{
+    switch (isa) {
+    case CORE_QDOT_GENERIC: return "generic";
+    case CORE_QDOT_AVX2: return "avx2";
+    case CORE_QDOT_AVX512VNNI: return "avx512vnni";
+    default: return NULL;
+    }
 }
 
 static void qmm(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k, const float *a,
@@ -349,7 +386,7 @@ static void qmm(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k, 
 {
     const unsigned char *wb = w;
 #ifdef QDOT_X86
-    if (isa == CORE_QDOT_AVX2) {
+    if (isa >= CORE_QDOT_AVX2) {
         (void)pthread_once(&h2f_once, h2f_init);
         switch (type) {
         case CORE_TTYPE_Q4_0: qmm_q4_0_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
@@ -367,18 +404,79 @@ static void qmm(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k, 
 void core_qmatmul_nt(int type, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                      const void *w, size_t row_bytes, float beta, float *c, int64_t ldc)
 {
-    qmm(core_qdot_best_isa(), type, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
+    qmm(core_qdot_isa(), type, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
 }
 
 int core_qmatmul_nt_isa(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k,
                         const float *a, int64_t lda, const void *w, size_t row_bytes, float beta,
                         float *c, int64_t ldc)
 {
-    if (isa != CORE_QDOT_GENERIC && (isa != CORE_QDOT_AVX2 || core_qdot_best_isa() < isa))
+    if ((int)isa < 0 || isa >= CORE_QDOT_ISA_COUNT_ || isa > core_qdot_best_isa())
         return CORE_EUNSUPPORTED;
     if (!core_qdot_supported(type) || k < 0 || k % core_ttype_block_elems(type) != 0 || m < 0 ||
         n < 0)
         return CORE_EINVAL;
     qmm(isa, type, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
     return 0;
+}
+
+/* ---- jobs on a pool ---- */
+
+enum { QDOT_CHUNK_ROWS = 32 }; /* weight rows a thread takes at a time */
+
+typedef struct jobs_run {
+    const core_qdot_job_t *jobs;
+    int n_jobs;
+    int64_t total;        /* sum of the jobs' n */
+    core_qdot_isa_t isa;  /* one for all threads */
+    _Atomic int64_t next; /* first row (over the concatenated jobs) not yet taken */
+} jobs_run_t;
+
+static void job_rows(const jobs_run_t *r, const core_qdot_job_t *jb, int64_t j0, int64_t j1)
+{
+    if (jb->qa) {
+        (void)core_q8_matmul_isa(r->isa, jb->type, jb->qa, j0, j1, jb->w, jb->row_bytes, jb->beta,
+                                 jb->c, jb->ldc);
+        return;
+    }
+    qmm(r->isa, jb->type, jb->m, j1 - j0, jb->k, jb->a, jb->lda,
+        (const unsigned char *)jb->w + (size_t)j0 * jb->row_bytes, jb->row_bytes, jb->beta,
+        jb->c + j0, jb->ldc);
+}
+
+/* Chunks are taken dynamically (a core that another process holds takes
+ * fewer); which thread computes a row does not change its result. */
+static void jobs_worker(void *ctx, int worker, int n_workers)
+{
+    (void)worker;
+    (void)n_workers;
+    jobs_run_t *r = ctx;
+    for (;;) {
+        const int64_t g0 = atomic_fetch_add_explicit(&r->next, QDOT_CHUNK_ROWS,
+                                                     memory_order_relaxed);
+        if (g0 >= r->total)
+            return;
+        const int64_t g1 = g0 + QDOT_CHUNK_ROWS < r->total ? g0 + QDOT_CHUNK_ROWS : r->total;
+        int64_t base = 0;
+        for (int i = 0; i < r->n_jobs && base < g1; base += r->jobs[i].n, i++) {
+            const int64_t lo = g0 > base ? g0 - base : 0;
+            const int64_t hi = g1 - base < r->jobs[i].n ? g1 - base : r->jobs[i].n;
+            if (lo < hi)
+                job_rows(r, &r->jobs[i], lo, hi);
+        }
+    }
+}
+
+void core_qdot_run_jobs(core_pool_t *pool, const core_qdot_job_t *jobs, int n_jobs)
+{
+    jobs_run_t r = {.jobs = jobs, .n_jobs = n_jobs, .isa = core_qdot_isa()};
+    for (int i = 0; i < n_jobs; i++)
+        r.total += jobs[i].n;
+    atomic_init(&r.next, 0);
+    if (r.total == 0)
+        return;
+    if (core_pool_size(pool) == 1 || r.total <= QDOT_CHUNK_ROWS)
+        jobs_worker(&r, 0, 1);
+    else
+        core_pool_run(pool, jobs_worker, &r);
 }

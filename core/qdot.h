@@ -11,8 +11,31 @@
  * m) the one-row kernel factors d and m out of the block sums, so there S =
  * sum_i (|y_i| + 2 |m_b|) |x_i| (>= sum_i (|d q_i| + |m_b|) |x_i|).
  *
- * No allocation, no I/O; global state is a cached CPU-feature probe and a
- * 256 KiB fp16->f32 table filled once (pthread_once). Thread-safe.
+ * Integer path (core_q8_*, the decode path of core/model.c): activation rows
+ * are quantized once per product to 8 bits per block of 32 (core_q8_act_t),
+ * and every weight block is multiplied in integers: sum_i q_w,i * q_a,i is
+ * exact, then scaled by d_w * d_a (plus m_w * (d_a * sum_i q_a,i) for the
+ * offset types). Kernels: a scalar reference (CORE_QDOT_GENERIC), AVX2
+ * (u8 x s8 with maddubs) and AVX-512 VNNI (dpbusd, two blocks per vector).
+ * Error contract, what tests/unit/test_core_qdot_q8.c checks:
+ *  - every variant computes the same per-block integer sums as the scalar
+ *    reference (checked bit for bit with power-of-two scales, where every
+ *    float operation is exact);
+ *  - against E = sum_b d_w d_a I_b + m_w ds_b in exact arithmetic (I_b the
+ *    block's integer sum, ds_b = fl(d_a s_b), s_b the sum of its q_a) every
+ *    output is within gamma(nb + 8) * S8, S8 = sum_b |d_w d_a| sum_i |u_i
+ *    q_a,i| + |m_w ds_b|
+ *    (SIMD kernels scale partial sums of a block's products, lane by lane,
+ *    whose magnitudes are bounded by sum_i |u_i q_a,i|, not by |I_b|);
+ *  - against core_dot_ref on the unquantized activations, E is within
+ *    sum_b sum_{i in b} |y_i| (d_a,b / 2 + 2u |x_i|), the rounding of x to
+ *    d_a q (|x - d_a q| <= d_a / 2 plus the rounding of x / d_a).
+ * Each output element is computed by the same operations whatever range of
+ * weight rows a call covers, so splitting rows across threads is bit-exact.
+ *
+ * No allocation, no I/O; global state is a cached CPU-feature probe, an ISA
+ * override for tests, and a 256 KiB fp16->f32 table filled once
+ * (pthread_once). Thread-safe except core_qdot_force_isa.
  */
 #ifndef DARKSERVE_CORE_QDOT_H
 #define DARKSERVE_CORE_QDOT_H
@@ -20,9 +43,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/pool.h"
+
+/* Ordered: a CPU that runs one runs every lower one. */
 typedef enum core_qdot_isa {
-    CORE_QDOT_GENERIC = 0, /* portable C */
-    CORE_QDOT_AVX2 = 1     /* AVX2 + FMA, chosen at run time */
+    CORE_QDOT_GENERIC = 0,    /* portable C (the reference kernels) */
+    CORE_QDOT_AVX2 = 1,       /* AVX2 + FMA + F16C, chosen at run time */
+    CORE_QDOT_AVX512VNNI = 2, /* AVX-512 F/BW/VL + VNNI (integer path; f32 path = AVX2) */
+    CORE_QDOT_ISA_COUNT_
 } core_qdot_isa_t;
 
 /* 1 when core_qmatmul_nt accepts weights of this type: the dequantizable
@@ -31,8 +59,18 @@ int core_qdot_supported(int type);
 /* 1 when this type has a dedicated SIMD kernel (Q4_0, Q4_1, Q8_0); the other
  * supported types go through a dequantize-one-block-then-FMA path. */
 int core_qdot_has_fast_kernel(int type);
-/* The best ISA this CPU runs. */
+/* The best ISA this CPU runs (CPUID, and the OS saves the registers). */
 core_qdot_isa_t core_qdot_best_isa(void);
+/* The ISA the default entries (core_qmatmul_nt, core_q8_*) use: the forced
+ * one if any, else the best. */
+core_qdot_isa_t core_qdot_isa(void);
+/* Forces the default entries onto isa (tests, benchmarks: the whole model on
+ * one kernel set); CORE_QDOT_ISA_COUNT_ goes back to the best. Returns 0, or
+ * CORE_EUNSUPPORTED when this CPU cannot run isa. Process-wide and not
+ * synchronized: call it while no product runs. */
+int core_qdot_force_isa(core_qdot_isa_t isa);
+/* "generic", "avx2", "avx512vnni"; NULL for another value. */
+const char *core_qdot_isa_name(core_qdot_isa_t isa);
 
 /* C[m][n] = A[m][k] · Wᵀ + beta * C, W being n rows of k values of the given
  * type, row j starting at (const char *)w + j * row_bytes (row_bytes >=
@@ -50,5 +88,70 @@ void core_qmatmul_nt(int type, int64_t m, int64_t n, int64_t k, const float *a, 
 int core_qmatmul_nt_isa(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k,
                         const float *a, int64_t lda, const void *w, size_t row_bytes, float beta,
                         float *c, int64_t ldc);
+
+/* ---- integer path ---- */
+
+enum { CORE_Q8_BLOCK = 32 };
+
+/* m activation rows of k values quantized per block of 32 consecutive values
+ * of a row (k padded with zeros to nb * 32): x ~= d * q, q in [-127, 127],
+ * d = max |x| / 127 over the block (0 for an all-zero block), q = x / d
+ * rounded to nearest even; s is the block's sum of q and ds = d * s (float
+ * product; the offset types use it). Views into a caller-owned buffer of
+ * core_q8_act_bytes(m, k) bytes. */
+typedef struct core_q8_act {
+    int64_t m, k, nb; /* rows, values per row, blocks per row = ceil(k / 32) */
+    int8_t *q;        /* [m][nb * 32] */
+    float *d;         /* [m][nb] */
+    int32_t *s;       /* [m][nb] */
+    float *ds;        /* [m][nb] */
+} core_q8_act_t;
+
+/* 1 for the weight types core_q8_matmul multiplies: Q4_0, Q4_1, Q8_0. */
+int core_q8_supported(int type);
+/* Bytes of the buffer behind an activation of m rows of k values (m, k >= 0;
+ * m * k <= 2^40), a multiple of 64. */
+size_t core_q8_act_bytes(int64_t m, int64_t k);
+/* Lays qa out over buf (borrowed by qa; core_q8_act_bytes(m, k) bytes, any
+ * alignment >= 4). */
+void core_q8_act_init(core_q8_act_t *qa, void *buf, int64_t m, int64_t k);
+/* Quantizes a ([qa->m][lda] floats, borrowed) into qa. Every ISA gives the
+ * same bytes. */
+void core_q8_quantize(core_q8_act_t *qa, const float *a, int64_t lda);
+int core_q8_quantize_isa(core_qdot_isa_t isa, core_q8_act_t *qa, const float *a, int64_t lda);
+
+/* C[i][j] = qa row i . W row j + beta * C[i][j] for i < qa->m and j in
+ * [j0, j1): W rows of qa->k values of the given type, row j at (const char
+ * *)w + j * row_bytes; c points at C[0][0] ([qa->m][ldc], caller-owned).
+ * beta == 0 overwrites C. Preconditions (not checked): core_q8_supported(type),
+ * qa->k a multiple of 32, 0 <= j0 <= j1. */
+void core_q8_matmul(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1, const void *w,
+                    size_t row_bytes, float beta, float *c, int64_t ldc);
+/* Same with an explicit ISA. 0, CORE_EUNSUPPORTED (CPU) or CORE_EINVAL (type,
+ * k, range). */
+int core_q8_matmul_isa(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j0,
+                       int64_t j1, const void *w, size_t row_bytes, float beta, float *c,
+                       int64_t ldc);
+
+/* One product of a batch run on a pool: n weight rows against qa (integer
+ * path) or, when qa is NULL, against the f32 rows a (core_qmatmul_nt's
+ * path, any core_qdot_supported type). Everything borrowed. */
+typedef struct core_qdot_job {
+    int type;
+    const void *w;
+    size_t row_bytes;
+    int64_t n;
+    const core_q8_act_t *qa; /* or NULL */
+    const float *a;          /* [m][lda] when qa is NULL */
+    int64_t m, k, lda;       /* when qa is NULL */
+    float beta;
+    float *c;
+    int64_t ldc;
+} core_qdot_job_t;
+
+/* Runs all jobs with their weight rows shared out among the pool's threads
+ * in chunks (pool NULL: on the caller). Results equal a one-thread run bit for
+ * bit. Same preconditions as the single products. */
+void core_qdot_run_jobs(core_pool_t *pool, const core_qdot_job_t *jobs, int n_jobs);
 
 #endif

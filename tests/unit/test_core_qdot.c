@@ -97,7 +97,7 @@ static int isa_list(core_qdot_isa_t *isas)
 {
     int n = 0;
     isas[n++] = CORE_QDOT_GENERIC;
-    if (core_qdot_best_isa() == CORE_QDOT_AVX2)
+    if (core_qdot_best_isa() >= CORE_QDOT_AVX2) /* AVX-512 CPUs run the AVX2 f32 kernels */
         isas[n++] = CORE_QDOT_AVX2;
     else
         printf("  note: CPU without AVX2/FMA, only the generic path is tested\n");

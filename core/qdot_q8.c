@@ -1,0 +1,663 @@
+/* core/qdot_q8.c — integer dot products of 8-bit activations with Q4_0, Q4_1
+ * and Q8_0 weight rows (the API and error contract are in core/qdot.h).
+ *
+ * Per block of 32 the product is an integer: I = sum_i u_i * q_i with u the
+ * weight's stored quants (nibbles 0..15, or int8 for Q8_0) and q the
+ * activation's int8 quants. A block then adds d_w d_a I + m_w d_a s (s = sum
+ * q, m_w the offset: Q4_1's m, -8 d_w for Q4_0 whose values are d_w (u - 8),
+ * 0 for Q8_0). Keeping the nibbles unsigned lets Q4_0 and Q4_1 share the u8 x
+ * s8 instruction (maddubs, dpbusd) without sign tricks; Q8_0's signed weights
+ * go through |w| x (sign(w) q). No integer overflow anywhere: maddubs pairs
+ * are at most 2 * 128 * 127 = 32512 < 2^15, a block sum at most 2^19.
+ *
+ * The scalar kernel is the reference: it defines the integers and the float
+ * operations (per block: (d_w * d_a) * I, then m_w * ds with ds = d_a * s
+ * formed at quantization, summed in block order). SIMD kernels form the same integers and the same two products
+ * but sum them in lanes, so they differ from the reference only in the order
+ * of float additions. Each (row, column) output uses only its own
+ * accumulators: results do not depend on which rows a call covers.
+ *
+ * Quantizing the activations is shared by all ISAs: max |x| (exact in any
+ * order), d = max / 127, id = 127 / max, q = round_to_nearest_even(clamp(x *
+ * id, +-127)); the AVX2 version does those same operations eight lanes at a
+ * time, so every ISA writes the same bytes.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core/err.h"
+#include "core/qdot.h"
+#include "core/tensor.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define Q8_X86 1
+#endif
+
+enum {
+    QB = CORE_Q8_BLOCK, /* values per block */
+    Q8_MR = 4           /* activation rows per pass over a weight row */
+};
+
+int core_q8_supported(int type)
+{
+    return type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q8_0;
+}
+
+size_t core_q8_act_bytes(int64_t m, int64_t k)
+{
+    const size_t nb = (size_t)((k + QB - 1) / QB);
+    const size_t bytes = (size_t)m * nb * (QB + 2 * sizeof(float) + sizeof(int32_t));
+    return (bytes + 63) & ~(size_t)63;
+}
+
+void core_q8_act_init(core_q8_act_t *qa, void *buf, int64_t m, int64_t k)
+{
+    const int64_t nb = (k + QB - 1) / QB;
+    qa->m = m;
+    qa->k = k;
+    qa->nb = nb;
+    qa->q = buf;
+    qa->d = (float *)(void *)((char *)buf + (size_t)(m * nb) * QB);
+    qa->s = (int32_t *)(void *)(qa->d + m * nb);
+    qa->ds = (float *)(void *)(qa->s + m * nb);
+}
+
+static uint16_t rd16(const unsigned char *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* ---- activation quantization ---- */
+
+/* One block of n <= 32 values (the rest of the block is zero). */
+static void quant_block(const float *x, int64_t n, int8_t *q, float *d, int32_t *s, float *ds)
+{
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = fabsf(x[i]);
+        amax = v > amax ? v : amax;
+    }
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < QB; i++) {
+        float v = i < n ? x[i] * id : 0.0f;
+        v = v < 127.0f ? v : 127.0f; /* NaN -> 127, as minps */
+        v = v > -127.0f ? v : -127.0f;
+        const int qi = (int)nearbyintf(v); /* nearest even: the default mode */
+        q[i] = (int8_t)qi;
+        sum += qi;
+    }
+    *s = sum;
+    *ds = *d * (float)sum;
+}
+
+static void quant_generic(core_q8_act_t *qa, const float *a, int64_t lda)
+{
+    for (int64_t r = 0; r < qa->m; r++)
+        for (int64_t b = 0; b < qa->nb; b++) {
+            const int64_t n = qa->k - b * QB < QB ? qa->k - b * QB : QB;
+            quant_block(a + r * lda + b * QB, n, qa->q + (r * qa->nb + b) * QB,
+                        qa->d + r * qa->nb + b, qa->s + r * qa->nb + b, qa->ds + r * qa->nb + b);
+        }
+}
+
+#ifdef Q8_X86
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+AVX2_INL float hsum8(__m256 s)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+AVX2_INL int32_t hsum8i(__m256i s)
+{
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+
+AVX2_INL float half(const unsigned char *p)
+{
+    return _cvtsh_ss(rd16(p));
+}
+
+AVX2_FN static void quant_avx2(core_q8_act_t *qa, const float *a, int64_t lda)
+{
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const int64_t full = qa->k / QB;
+    for (int64_t r = 0; r < qa->m; r++) {
+        const float *x = a + r * lda;
+        for (int64_t b = 0; b < full; b++, x += QB) {
+            __m256 v[4];
+            for (int u = 0; u < 4; u++)
+                v[u] = _mm256_loadu_ps(x + 8 * u);
+            __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absm), _mm256_and_ps(v[1], absm)),
+                                      _mm256_max_ps(_mm256_and_ps(v[2], absm), _mm256_and_ps(v[3], absm)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            const float amax = _mm_cvtss_f32(m4);
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            qa->d[r * qa->nb + b] = amax / 127.0f;
+            const __m256 idv = _mm256_set1_ps(id);
+            __m256i qi[4];
+            for (int u = 0; u < 4; u++) {
+                __m256 t = _mm256_max_ps(_mm256_min_ps(_mm256_mul_ps(v[u], idv), hi), lo);
+                t = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                qi[u] = _mm256_cvtps_epi32(t);
+            }
+            const int32_t sum = hsum8i(
+                _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
+            qa->s[r * qa->nb + b] = sum;
+            qa->ds[r * qa->nb + b] = (amax / 127.0f) * (float)sum;
+            /* packs work per 128-bit lane: the permute restores element order */
+            const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]);
+            const __m256i p16b = _mm256_packs_epi32(qi[2], qi[3]);
+            const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), perm);
+            _mm256_storeu_si256((__m256i *)(void *)(qa->q + (r * qa->nb + b) * QB), p8);
+        }
+        if (full < qa->nb) /* a partial last block */
+            quant_block(x, qa->k - full * QB, qa->q + (r * qa->nb + full) * QB,
+                        qa->d + r * qa->nb + full, qa->s + r * qa->nb + full,
+                        qa->ds + r * qa->nb + full);
+    }
+}
+#endif
+
+int core_q8_quantize_isa(core_qdot_isa_t isa, core_q8_act_t *qa, const float *a, int64_t lda)
+{
+    if ((int)isa < 0 || isa >= CORE_QDOT_ISA_COUNT_ || isa > core_qdot_best_isa())
+        return CORE_EUNSUPPORTED;
+#ifdef Q8_X86
+    if (isa >= CORE_QDOT_AVX2) {
+        quant_avx2(qa, a, lda);
+        return 0;
+    }
+#endif
+    quant_generic(qa, a, lda);
+    return 0;
+}
+
+void core_q8_quantize(core_q8_act_t *qa, const float *a, int64_t lda)
+{
+    (void)core_q8_quantize_isa(core_qdot_isa(), qa, a, lda);
+}
+
+static inline void put(float *c, float v, float beta)
+{
+    *c = beta == 0.0f ? v : v + beta * *c;
+}
+
+/* ---- scalar reference ---- */
+
+static void mm_generic(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
+                       const unsigned char *w, size_t row_bytes, float beta, float *c, int64_t ldc)
+{
+    const int64_t nb = qa->nb;
+    const size_t bb = core_ttype_block_bytes(type);
+    for (int64_t j = j0; j < j1; j++) {
+        const unsigned char *row = w + (size_t)j * row_bytes;
+        for (int64_t r = 0; r < qa->m; r++) {
+            const int8_t *q = qa->q + r * nb * QB;
+            const float *d = qa->d + r * nb;
+            const float *ds = qa->ds + r * nb;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const unsigned char *blk = row + (size_t)b * bb;
+                const int8_t *qb = q + b * QB;
+                const float dw = core_fp16_to_fp32(rd16(blk));
+                int32_t isum = 0;
+                float mw = 0.0f;
+                if (type == CORE_TTYPE_Q8_0) {
+                    const int8_t *u = (const int8_t *)(blk + 2);
+                    for (int i = 0; i < QB; i++)
+                        isum += u[i] * qb[i];
+                } else {
+                    const unsigned char *u = blk + (type == CORE_TTYPE_Q4_1 ? 4 : 2);
+                    for (int i = 0; i < QB / 2; i++)
+                        isum += (u[i] & 0x0f) * qb[i] + (u[i] >> 4) * qb[i + QB / 2];
+                    mw = type == CORE_TTYPE_Q4_1 ? core_fp16_to_fp32(rd16(blk + 2)) : -8.0f * dw;
+                }
+                const float t = (dw * d[b]) * (float)isum;
+                acc += t;
+                if (type != CORE_TTYPE_Q8_0) {
+                    const float tm = mw * ds[b];
+                    acc += tm;
+                }
+            }
+            put(c + r * ldc + j, acc, beta);
+        }
+    }
+}
+
+#ifdef Q8_X86
+/* ---- AVX2: one block per step, u8 x s8 with maddubs ---- */
+
+/* The 32 unsigned nibbles of a Q4 block in element order: low nibbles are
+ * values 0..15 (low lane), high nibbles 16..31 (high lane). */
+AVX2_INL __m256i nibbles256(const unsigned char *qs)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+
+AVX2_INL void kern_avx2(int type, int MR, const core_q8_act_t *qa, int64_t r0,
+                        const unsigned char *row, float beta, float *c, int64_t ldc)
+{
+    const int64_t nb = qa->nb;
+    const size_t bb = type == CORE_TTYPE_Q8_0 ? 34 : type == CORE_TTYPE_Q4_1 ? 20 : 18;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[Q8_MR];
+    float macc[Q8_MR];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; r++) {
+        acc[r] = _mm256_setzero_ps();
+        macc[r] = 0.0f;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        const float dw = half(blk);
+        __m256i u;
+        if (type == CORE_TTYPE_Q8_0)
+            u = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+        else
+            u = nibbles256(blk + (type == CORE_TTYPE_Q4_1 ? 4 : 2));
+        const __m256i au = type == CORE_TTYPE_Q8_0 ? _mm256_sign_epi8(u, u) : u;
+        const float mw = type == CORE_TTYPE_Q4_1 ? half(blk + 2) : -8.0f * dw;
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; r++) {
+            const int64_t ri = r0 + r;
+            __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + (ri * nb + b) * QB));
+            if (type == CORE_TTYPE_Q8_0)
+                q = _mm256_sign_epi8(q, u);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(au, q), ones);
+            const float da = qa->d[ri * nb + b];
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), acc[r]);
+            if (type != CORE_TTYPE_Q8_0) {
+                const float tm = mw * qa->ds[ri * nb + b];
+                macc[r] += tm;
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; r++)
+        put(c + r * ldc, hsum8(acc[r]) + macc[r], beta);
+}
+
+/* The f16 scales of 8 blocks bb bytes apart: d (offset 0) into *dw and, for
+ * Q4_1, m (offset 2) into *mw. One gather of the 4 bytes at each block start. */
+AVX2_INL void scales8(int type, const unsigned char *blk, size_t bb, __m256 *dw, __m256 *mw)
+{
+    const int s = (int)bb;
+    const __m256i idx = _mm256_setr_epi32(0, s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s, 7 * s);
+    const __m256i g = _mm256_i32gather_epi32((const int *)(const void *)blk, idx, 1);
+    const __m256i lo = _mm256_and_si256(g, _mm256_set1_epi32(0xffff));
+    const __m256i hi = _mm256_srli_epi32(g, 16);
+    /* per lane [d0..d3 m0..m3 | d4..d7 m4..m7], then [d0..d7 | m0..m7] */
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
+    *dw = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+    *mw = type == CORE_TTYPE_Q4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1))
+                                  : _mm256_mul_ps(*dw, _mm256_set1_ps(-8.0f));
+}
+
+/* One weight row against one activation row (decode), eight blocks per step:
+ * their scales as vectors (one gather), four accumulators so that the
+ * additions of consecutive blocks do not wait for each other. */
+AVX2_INL void row1_avx2(int type, const core_q8_act_t *qa, int64_t ri, const unsigned char *row,
+                        float beta, float *c)
+{
+    const int64_t nb = qa->nb;
+    const size_t bb = type == CORE_TTYPE_Q8_0 ? 34 : type == CORE_TTYPE_Q4_1 ? 20 : 18;
+    const size_t qoff = type == CORE_TTYPE_Q4_1 ? 4 : 2;
+    const int8_t *q = qa->q + ri * nb * QB;
+    const float *d = qa->d + ri * nb, *ds = qa->ds + ri * nb;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    __m256 macc = _mm256_setzero_ps();
+    float mtail = 0.0f;
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        __m256 dw8, mw8;
+        scales8(type, blk, bb, &dw8, &mw8);
+        const __m256 sc8 = _mm256_mul_ps(dw8, _mm256_loadu_ps(d + b));
+        if (type != CORE_TTYPE_Q8_0)
+            macc = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(ds + b), macc);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const unsigned char *bi = blk + (size_t)i * bb;
+            __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(q + (b + i) * QB));
+            __m256i u;
+            if (type == CORE_TTYPE_Q8_0) {
+                const __m256i sw = _mm256_loadu_si256((const __m256i *)(const void *)(bi + 2));
+                u = _mm256_sign_epi8(sw, sw);
+                qv = _mm256_sign_epi8(qv, sw);
+            } else {
+                u = nibbles256(bi + qoff);
+            }
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
+            const __m256 s = _mm256_permutevar8x32_ps(sc8, _mm256_set1_epi32(i));
+            acc[i & 3] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[i & 3]);
+        }
+    }
+    for (; b < nb; b++) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        const float dw = half(blk);
+        __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(q + b * QB));
+        __m256i u;
+        if (type == CORE_TTYPE_Q8_0) {
+            const __m256i sw = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+            u = _mm256_sign_epi8(sw, sw);
+            qv = _mm256_sign_epi8(qv, sw);
+        } else {
+            u = nibbles256(blk + qoff);
+        }
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
+        acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]), _mm256_cvtepi32_ps(p), acc[0]);
+        if (type != CORE_TTYPE_Q8_0) {
+            const float mw = type == CORE_TTYPE_Q4_1 ? half(blk + 2) : -8.0f * dw;
+            const float tm = mw * ds[b];
+            mtail += tm;
+        }
+    }
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    put(c, (hsum8(s) + hsum8(macc)) + mtail, beta);
+}
+
+AVX2_INL void mm_avx2(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
+                      const unsigned char *w, size_t row_bytes, float beta, float *c, int64_t ldc)
+{
+    for (int64_t j = j0; j < j1; j++) {
+        const unsigned char *row = w + (size_t)j * row_bytes;
+        for (int64_t r0 = 0; r0 < qa->m; r0 += Q8_MR) {
+            float *cr = c + r0 * ldc + j;
+            switch (qa->m - r0 < Q8_MR ? qa->m - r0 : Q8_MR) {
+            case 1: row1_avx2(type, qa, r0, row, beta, cr); break;
+            case 2: kern_avx2(type, 2, qa, r0, row, beta, cr, ldc); break;
+            case 3: kern_avx2(type, 3, qa, r0, row, beta, cr, ldc); break;
+            default: kern_avx2(type, 4, qa, r0, row, beta, cr, ldc); break;
+            }
+        }
+    }
+}
+
+#define Q8_INSTANCE(suffix, attr, body, TYPE)                                                    \
+    attr static void mm_##suffix(const core_q8_act_t *qa, int64_t j0, int64_t j1,                 \
+                                 const unsigned char *w, size_t row_bytes, float beta, float *c, \
+                                 int64_t ldc)                                                    \
+    {                                                                                            \
+        body(TYPE, qa, j0, j1, w, row_bytes, beta, c, ldc);                                      \
+    }
+
+Q8_INSTANCE(q4_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q4_0)
+Q8_INSTANCE(q4_1_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q4_1)
+Q8_INSTANCE(q8_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q8_0)
+
+/* ---- AVX-512 VNNI: two blocks per 512-bit step, u8 x s8 with dpbusd ---- */
+
+#define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define VNNI_INL                                                                                 \
+    static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"),  \
+                                 always_inline))
+
+/* [lo0 | hi0 | lo1 | hi1]: blocks b and b + 1 in element order. */
+VNNI_INL __m512i nibbles512(const unsigned char *qs0, const unsigned char *qs1)
+{
+    const __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)qs0);
+    const __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)qs1);
+    const __m512i x =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(v0, v0)), _mm256_set_m128i(v1, v1), 1);
+    const __m512i m = _mm512_set1_epi8(0x0f);
+    const __m512i lo = _mm512_and_si512(x, m), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
+    return _mm512_mask_blend_epi64(0xcc, lo, hi);
+}
+
+/* [a x 8 | b x 8] */
+VNNI_INL __m512 pair_ps(float a, float b)
+{
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_setr_ps(a, b, 0.0f, 0.0f)));
+}
+
+VNNI_INL float hsum16(__m512 s)
+{
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(s),
+                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1))));
+}
+
+VNNI_INL void kern_vnni(int type, int MR, const core_q8_act_t *qa, int64_t r0,
+                        const unsigned char *row, float beta, float *c, int64_t ldc)
+{
+    const int64_t nb = qa->nb;
+    const size_t bb = type == CORE_TTYPE_Q8_0 ? 34 : type == CORE_TTYPE_Q4_1 ? 20 : 18;
+    const size_t qoff = type == CORE_TTYPE_Q4_1 ? 4 : 2;
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[Q8_MR];
+    __m256 acc1[Q8_MR];
+    float macc[Q8_MR];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; r++) {
+        acc[r] = _mm512_setzero_ps();
+        acc1[r] = _mm256_setzero_ps();
+        macc[r] = 0.0f;
+    }
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const unsigned char *blk0 = row + (size_t)b * bb, *blk1 = blk0 + bb;
+        const float dw0 = half(blk0), dw1 = half(blk1);
+        __m512i u;
+        __mmask64 neg = 0;
+        if (type == CORE_TTYPE_Q8_0) {
+            const __m512i sw = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(blk0 + 2))),
+                _mm256_loadu_si256((const __m256i *)(const void *)(blk1 + 2)), 1);
+            neg = _mm512_movepi8_mask(sw);
+            u = _mm512_abs_epi8(sw); /* -128 -> 0x80 = 128 as unsigned */
+        } else {
+            u = nibbles512(blk0 + qoff, blk1 + qoff);
+        }
+        const __m512 dwv = pair_ps(dw0, dw1);
+        const float mw0 = type == CORE_TTYPE_Q4_1 ? half(blk0 + 2) : -8.0f * dw0;
+        const float mw1 = type == CORE_TTYPE_Q4_1 ? half(blk1 + 2) : -8.0f * dw1;
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; r++) {
+            const int64_t ri = r0 + r;
+            __m512i q = _mm512_loadu_si512((const void *)(qa->q + (ri * nb + b) * QB));
+            if (type == CORE_TTYPE_Q8_0)
+                q = _mm512_mask_sub_epi8(q, neg, zero, q);
+            const __m512i p = _mm512_dpbusd_epi32(zero, u, q);
+            const float *d = qa->d + ri * nb + b;
+            const __m512 sc = _mm512_mul_ps(dwv, pair_ps(d[0], d[1]));
+            acc[r] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[r]);
+            if (type != CORE_TTYPE_Q8_0) {
+                const float *ds = qa->ds + ri * nb + b;
+                const float t0 = mw0 * ds[0];
+                const float t1 = mw1 * ds[1];
+                macc[r] += t0;
+                macc[r] += t1;
+            }
+        }
+    }
+    if (b < nb) { /* odd block count: the last block at 256 bits */
+        const unsigned char *blk = row + (size_t)b * bb;
+        const float dw = half(blk);
+        __m256i u, sw = _mm256_setzero_si256();
+        if (type == CORE_TTYPE_Q8_0) {
+            sw = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+            u = _mm256_sign_epi8(sw, sw);
+        } else {
+            u = nibbles256(blk + qoff);
+        }
+        const float mw = type == CORE_TTYPE_Q4_1 ? half(blk + 2) : -8.0f * dw;
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; r++) {
+            const int64_t ri = r0 + r;
+            __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + (ri * nb + b) * QB));
+            if (type == CORE_TTYPE_Q8_0)
+                q = _mm256_sign_epi8(q, sw);
+            const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q);
+            const float da = qa->d[ri * nb + b];
+            acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), acc1[r]);
+            if (type != CORE_TTYPE_Q8_0) {
+                const float tm = mw * qa->ds[ri * nb + b];
+                macc[r] += tm;
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; r++)
+        put(c + r * ldc, (hsum16(acc[r]) + hsum8(acc1[r])) + macc[r], beta);
+}
+
+/* One weight row against one activation row, eight blocks per step as
+ * row1_avx2, two blocks per 512-bit product. The nibbles of a pair are laid
+ * out [lo0 lo1 hi0 hi1] (one shift of the two 16-byte loads), so the
+ * activation pair [a0 lo, a0 hi, a1 lo, a1 hi] is shuffled to match. */
+VNNI_INL void row1_vnni(int type, const core_q8_act_t *qa, int64_t ri, const unsigned char *row,
+                        float beta, float *c)
+{
+    const int64_t nb = qa->nb;
+    const size_t bb = type == CORE_TTYPE_Q8_0 ? 34 : type == CORE_TTYPE_Q4_1 ? 20 : 18;
+    const size_t qoff = type == CORE_TTYPE_Q4_1 ? 4 : 2;
+    const int8_t *q = qa->q + ri * nb * QB;
+    const float *d = qa->d + ri * nb, *ds = qa->ds + ri * nb;
+    const __m512i zero = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m256 macc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float mtail = 0.0f;
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        __m256 dw8, mw8;
+        scales8(type, blk, bb, &dw8, &mw8);
+        const __m512 sc8 = _mm512_castps256_ps512(_mm256_mul_ps(dw8, _mm256_loadu_ps(d + b)));
+        if (type != CORE_TTYPE_Q8_0)
+            macc = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(ds + b), macc);
+#pragma GCC unroll 4
+        for (int i = 0; i < 8; i += 2) {
+            const unsigned char *b0 = blk + (size_t)i * bb, *b1 = b0 + bb;
+            __m512i qv = _mm512_loadu_si512((const void *)(q + (b + i) * QB));
+            __m512i u;
+            __m512i idx;
+            if (type == CORE_TTYPE_Q8_0) {
+                const __m512i sw = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(b0 + 2))),
+                    _mm256_loadu_si256((const __m256i *)(const void *)(b1 + 2)), 1);
+                u = _mm512_abs_epi8(sw);
+                qv = _mm512_mask_sub_epi8(qv, _mm512_movepi8_mask(sw), zero, qv);
+                idx = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1,
+                                        i + 1, i + 1, i + 1);
+            } else {
+                const __m256i v = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(b0 + qoff))),
+                    _mm_loadu_si128((const __m128i *)(const void *)(b1 + qoff)), 1);
+                u = _mm512_and_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
+                qv = _mm512_shuffle_i64x2(qv, qv, 0xd8);
+                idx = _mm512_setr_epi32(i, i, i, i, i + 1, i + 1, i + 1, i + 1, i, i, i, i, i + 1,
+                                        i + 1, i + 1, i + 1);
+            }
+            const __m512i p = _mm512_dpbusd_epi32(zero, u, qv);
+            const __m512 s = _mm512_permutexvar_ps(idx, sc8);
+            acc[(i >> 1) & 1] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[(i >> 1) & 1]);
+        }
+    }
+    for (; b < nb; b++) {
+        const unsigned char *blk = row + (size_t)b * bb;
+        const float dw = half(blk);
+        __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(q + b * QB));
+        __m256i u;
+        if (type == CORE_TTYPE_Q8_0) {
+            const __m256i sw = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+            u = _mm256_sign_epi8(sw, sw);
+            qv = _mm256_sign_epi8(qv, sw);
+        } else {
+            u = nibbles256(blk + qoff);
+        }
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, qv);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]), _mm256_cvtepi32_ps(p), acc1);
+        if (type != CORE_TTYPE_Q8_0) {
+            const float mw = type == CORE_TTYPE_Q4_1 ? half(blk + 2) : -8.0f * dw;
+            const float tm = mw * ds[b];
+            mtail += tm;
+        }
+    }
+    put(c, ((hsum16(_mm512_add_ps(acc[0], acc[1])) + hsum8(acc1)) + hsum8(macc)) + mtail, beta);
+}
+
+VNNI_INL void mm_vnni(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
+                      const unsigned char *w, size_t row_bytes, float beta, float *c, int64_t ldc)
+{
+    for (int64_t j = j0; j < j1; j++) {
+        const unsigned char *row = w + (size_t)j * row_bytes;
+        for (int64_t r0 = 0; r0 < qa->m; r0 += Q8_MR) {
+            float *cr = c + r0 * ldc + j;
+            switch (qa->m - r0 < Q8_MR ? qa->m - r0 : Q8_MR) {
+            case 1: row1_vnni(type, qa, r0, row, beta, cr); break;
+            case 2: kern_vnni(type, 2, qa, r0, row, beta, cr, ldc); break;
+            case 3: kern_vnni(type, 3, qa, r0, row, beta, cr, ldc); break;
+            default: kern_vnni(type, 4, qa, r0, row, beta, cr, ldc); break;
+            }
+        }
+    }
+}
+
+Q8_INSTANCE(q4_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q4_0)
+Q8_INSTANCE(q4_1_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q4_1)
+Q8_INSTANCE(q8_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q8_0)
+#endif /* Q8_X86 */
+
+static void mm(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
+               const void *w, size_t row_bytes, float beta, float *c, int64_t ldc)
+{
+    const unsigned char *wb = w;
+#ifdef Q8_X86
+    if (isa == CORE_QDOT_AVX512VNNI) {
+        switch (type) {
+        case CORE_TTYPE_Q4_0: mm_q4_0_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q4_1: mm_q4_1_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        default: mm_q8_0_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        }
+    }
+    if (isa == CORE_QDOT_AVX2) {
+        switch (type) {
+        case CORE_TTYPE_Q4_0: mm_q4_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q4_1: mm_q4_1_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        default: mm_q8_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        }
+    }
+#else
+    (void)isa;
+#endif
+    mm_generic(type, qa, j0, j1, wb, row_bytes, beta, c, ldc);
+}
+
+void core_q8_matmul(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1, const void *w,
+                    size_t row_bytes, float beta, float *c, int64_t ldc)
+{
+    mm(core_qdot_isa(), type, qa, j0, j1, w, row_bytes, beta, c, ldc);
+}
+
+int core_q8_matmul_isa(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j0,
+                       int64_t j1, const void *w, size_t row_bytes, float beta, float *c,
+                       int64_t ldc)
+{
+    if ((int)isa < 0 || isa >= CORE_QDOT_ISA_COUNT_ || isa > core_qdot_best_isa())
+        return CORE_EUNSUPPORTED;
+    if (!core_q8_supported(type) || qa->k % QB != 0 || j0 < 0 || j1 < j0)
+        return CORE_EINVAL;
+    mm(isa, type, qa, j0, j1, w, row_bytes, beta, c, ldc);
+    return 0;
+}

@@ -1,0 +1,464 @@
+/* Tests for the integer path of core/qdot (core_q8_*): activation
+ * quantization, and every weight type x every ISA this CPU runs against the
+ * scalar reference kernel (CORE_QDOT_GENERIC), plus the pool runner.
+ *
+ * What is checked (the contract in core/qdot.h):
+ *  - quantization: every ISA writes the same bytes; x - d q within d / 2
+ *    (plus float rounding); s = sum q; zero padding past k (k = 1..100);
+ *  - integer sums exactly: with power-of-two scales (weights d_w = 2^-4 and
+ *    offsets multiples of 2^-4, activations multiples of 2^-3 with a 127 *
+ *    2^-3 in every block, so d_a = 2^-3) every float operation of every
+ *    kernel is exact, so each ISA must equal the reference bit for bit, and
+ *    the reference must equal the exact sum computed here in double: a wrong
+ *    nibble, sign or lane moves the result by at least 2^-7;
+ *  - random data: every output within gamma(nb + 8) * S8 of the exact E
+ *    (double sums of the block integers), and E within sum_i |y_i| (d_a / 2
+ *    + 4u |x_i|) of core_dot_ref on the unquantized activations;
+ *  - shapes m = 1..17, n = 1..33, odd and even block counts, strided C,
+ *    beta 0 (NaN in C ignored) and 1; padding columns of C untouched;
+ *  - sub-ranges [j0, j1) and the pool runner at 1..4 threads give the same
+ *    bits as one full call.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/err.h"
+#include "core/pool.h"
+#include "core/qdot.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "tests/unit/check.h"
+
+static const int types[] = {CORE_TTYPE_Q4_0, CORE_TTYPE_Q4_1, CORE_TTYPE_Q8_0};
+enum { N_TYPES = 3 };
+
+static int same_bits(float a, float b)
+{
+    uint32_t x, y;
+    memcpy(&x, &a, sizeof x);
+    memcpy(&y, &b, sizeof y);
+    return x == y;
+}
+
+static double gamma_n(double n)
+{
+    const double u = ldexp(1.0, -24);
+    return n * u / (1.0 - n * u);
+}
+
+static int isa_list(core_qdot_isa_t *isas)
+{
+    int n = 0;
+    for (int i = 0; i < CORE_QDOT_ISA_COUNT_; i++)
+        if ((core_qdot_isa_t)i <= core_qdot_best_isa())
+            isas[n++] = (core_qdot_isa_t)i;
+    if (n < CORE_QDOT_ISA_COUNT_)
+        printf("  note: this CPU runs %d of %d ISA variants; the others are not tested here\n", n,
+               (int)CORE_QDOT_ISA_COUNT_);
+    return n;
+}
+
+static void put_half(unsigned char *p, float v)
+{
+    uint16_t h = core_fp32_to_fp16(v);
+    memcpy(p, &h, sizeof h);
+}
+
+static float get_half(const unsigned char *p)
+{
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return core_fp16_to_fp32(h);
+}
+
+/* n rows of k values; exact != 0: power-of-two scales (see the top). */
+static void fill_w(core_rng_t *r, int type, int64_t n, int64_t k, size_t row_bytes,
+                   unsigned char *w, int exact)
+{
+    const size_t bb = core_ttype_block_bytes(type);
+    for (size_t i = 0; i < (size_t)n * row_bytes; i++)
+        w[i] = (unsigned char)core_rng_u64(r);
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t b = 0; b < k / 32; b++) {
+            unsigned char *blk = w + (size_t)j * row_bytes + (size_t)b * bb;
+            put_half(blk, exact ? 0.0625f : (float)(core_rng_normal(r) * 0.05));
+            if (type == CORE_TTYPE_Q4_1)
+                put_half(blk + 2, exact ? 0.0625f * (float)((int)(core_rng_u64(r) % 33) - 16)
+                                        : (float)(core_rng_normal(r) * 0.05));
+        }
+}
+
+/* [m][lda] activations; exact: multiples of 1/8 with a +-127/8 per block. */
+static void fill_a(core_rng_t *r, float *a, int64_t m, int64_t k, int64_t lda, int exact)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t e = 0; e < lda; e++) {
+            float v;
+            if (!exact)
+                v = (float)core_rng_normal(r);
+            else if (e % 32 == (i + e / 32) % 32)
+                v = (core_rng_u64(r) & 1) ? 127.0f / 8 : -127.0f / 8;
+            else
+                v = (float)((int)(core_rng_u64(r) % 255) - 127) / 8;
+            a[i * lda + e] = e < k ? v : NAN; /* NaN past k: must never be read */
+        }
+}
+
+/* Block b of a weight row: offset m_w and the 32 stored quants u (nibbles
+ * 0..15, or int8), as the kernels see them. */
+static void block_parts(int type, const unsigned char *blk, float *dw, float *mw, int *u)
+{
+    *dw = get_half(blk);
+    if (type == CORE_TTYPE_Q8_0) {
+        for (int i = 0; i < 32; i++)
+            u[i] = (int8_t)blk[2 + i];
+        *mw = 0.0f;
+        return;
+    }
+    const unsigned char *qs = blk + (type == CORE_TTYPE_Q4_1 ? 4 : 2);
+    for (int i = 0; i < 16; i++) {
+        u[i] = qs[i] & 0x0f;
+        u[i + 16] = qs[i] >> 4;
+    }
+    *mw = type == CORE_TTYPE_Q4_1 ? get_half(blk + 2) : -8.0f * *dw;
+}
+
+/* E (exact up to double rounding) and S8 for one row pair. */
+static void exact_dot(int type, const unsigned char *row, const core_q8_act_t *qa, int64_t i,
+                      double *e, double *s8)
+{
+    const size_t bb = core_ttype_block_bytes(type);
+    *e = 0;
+    *s8 = 0;
+    for (int64_t b = 0; b < qa->nb; b++) {
+        float dw, mw;
+        int u[32];
+        block_parts(type, row + (size_t)b * bb, &dw, &mw, u);
+        const int8_t *q = qa->q + (i * qa->nb + b) * 32;
+        int64_t isum = 0, iabs = 0;
+        for (int t = 0; t < 32; t++) {
+            isum += (int64_t)u[t] * q[t];
+            iabs += llabs((int64_t)u[t] * q[t]);
+        }
+        const double da = qa->d[i * qa->nb + b];
+        const double t1 = (double)dw * da * (double)isum;
+        const double t2 = (double)mw * qa->ds[i * qa->nb + b];
+        *e += t1 + t2;
+        *s8 += fabs((double)dw * da) * (double)iabs + fabs(t2);
+    }
+}
+
+typedef struct buf {
+    unsigned char *w;
+    float *a, *c0, *c, *cg, *y;
+    void *qbuf;
+} buf_t;
+
+static void buf_free(buf_t *b)
+{
+    free(b->w);
+    free(b->a);
+    free(b->c0);
+    free(b->c);
+    free(b->cg);
+    free(b->y);
+    free(b->qbuf);
+}
+
+/* One product under every ISA against the reference and the exact sums. */
+static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k, float beta,
+                       int exact)
+{
+    size_t rb = 0;
+    CHECK(core_ttype_row_bytes(type, k, &rb) == 0);
+    rb += (size_t)(n % 3); /* some padding between rows */
+    const int64_t lda = k + 5, ldc = n + 3;
+    buf_t B = {0};
+    B.w = malloc((size_t)n * rb + 1);
+    B.a = malloc((size_t)(m * lda) * sizeof(float));
+    B.c0 = malloc((size_t)(m * ldc) * sizeof(float));
+    B.c = malloc((size_t)(m * ldc) * sizeof(float));
+    B.cg = malloc((size_t)(m * ldc) * sizeof(float));
+    B.y = malloc((size_t)k * sizeof(float));
+    B.qbuf = malloc(core_q8_act_bytes(m, k));
+    if (!B.w || !B.a || !B.c0 || !B.c || !B.cg || !B.y || !B.qbuf) {
+        CHECK(!"out of memory");
+        buf_free(&B);
+        return;
+    }
+    fill_w(r, type, n, k, rb, B.w, exact);
+    fill_a(r, B.a, m, k, lda, exact);
+    for (int64_t i = 0; i < m * ldc; i++)
+        B.c0[i] = beta == 0.0f ? NAN : (float)core_rng_normal(r);
+    core_q8_act_t qa;
+    core_q8_act_init(&qa, B.qbuf, m, k);
+    core_q8_quantize(&qa, B.a, lda);
+
+    core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
+    const int ni = isa_list(isas);
+    int bad = 0;
+    for (int s = 0; s < ni && !bad; s++) {
+        float *out = s == 0 ? B.cg : B.c;
+        memcpy(out, B.c0, (size_t)(m * ldc) * sizeof(float));
+        CHECK_INT_EQ(core_q8_matmul_isa(isas[s], type, &qa, 0, n, B.w, rb, beta, out, ldc), 0);
+        for (int64_t j = 0; j < n && !bad; j++) {
+            const unsigned char *row = B.w + (size_t)j * rb;
+            CHECK(core_dequantize(type, row, B.y, k, NULL) == 0);
+            for (int64_t i = 0; i < m && !bad; i++) {
+                double e, s8;
+                exact_dot(type, row, &qa, i, &e, &s8);
+                const double cin = beta == 0.0f ? 0.0 : (double)beta * B.c0[i * ldc + j];
+                const double got = out[i * ldc + j], u = ldexp(1.0, -24);
+                if (exact) {
+                    /* every operation exact: the reference is E, and every ISA
+                     * is the reference bit for bit */
+                    if (s == 0 ? got != (double)(float)(e + cin) : !same_bits(B.cg[i * ldc + j], (float)got)) {
+                        bad = 1;
+                        CHECK_MSG(0, "%s %s m=%lld n=%lld k=%lld [%lld][%lld]: %.9g vs %.9g",
+                                  core_ttype_name(type), core_qdot_isa_name(isas[s]),
+                                  (long long)m, (long long)n, (long long)k, (long long)i,
+                                  (long long)j, got, s == 0 ? e + cin : (double)B.cg[i * ldc + j]);
+                    }
+                    continue;
+                }
+                const double tol = gamma_n((double)qa.nb + 8) * s8 +
+                                   2 * u * (fabs(e) + fabs(cin) + fabs(e + cin)) + 1e-30;
+                if (!(fabs(got - (e + cin)) <= tol)) {
+                    bad = 1;
+                    CHECK_MSG(0, "%s %s m=%lld n=%lld k=%lld [%lld][%lld]: %.9g vs E %.9g (tol %.3g)",
+                              core_ttype_name(type), core_qdot_isa_name(isas[s]), (long long)m,
+                              (long long)n, (long long)k, (long long)i, (long long)j, got, e + cin,
+                              tol);
+                }
+                if (s == 0) { /* E against the f32 dot of the unquantized row */
+                    const float *x = B.a + i * lda;
+                    double qtol = 0;
+                    for (int64_t t = 0; t < k; t++)
+                        qtol += fabs((double)B.y[t]) *
+                                (qa.d[i * qa.nb + t / 32] / 2.0 + 4 * u * fabs((double)x[t]));
+                    const double ref = core_dot_ref(type, row, x, k);
+                    if (!(fabs(e - ref) <= qtol + 1e-30)) {
+                        bad = 1;
+                        CHECK_MSG(0, "%s m=%lld k=%lld [%lld][%lld]: E %.9g vs f32 dot %.9g (tol %.3g)",
+                                  core_ttype_name(type), (long long)m, (long long)k, (long long)i,
+                                  (long long)j, e, ref, qtol);
+                    }
+                }
+            }
+        }
+        for (int64_t i = 0; i < m; i++) /* padding columns of C untouched */
+            for (int64_t j = n; j < ldc; j++)
+                CHECK(same_bits(out[i * ldc + j], B.c0[i * ldc + j]));
+    }
+    buf_free(&B);
+}
+
+TEST(quantize_every_isa_same_bytes)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 21);
+    core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
+    const int ni = isa_list(isas);
+    for (int64_t k = 1; k <= 100; k += (k < 40 ? 1 : 13)) {
+        const int64_t m = 1 + k % 4, lda = k + 2;
+        float *a = malloc((size_t)(m * lda) * sizeof *a);
+        void *b0 = malloc(core_q8_act_bytes(m, k)), *b1 = malloc(core_q8_act_bytes(m, k));
+        if (!a || !b0 || !b1) {
+            CHECK(!"out of memory");
+            free(a), free(b0), free(b1);
+            return;
+        }
+        for (int64_t i = 0; i < m * lda; i++)
+            a[i] = (float)(core_rng_normal(&r) * (i % 7 == 0 ? 100.0 : 1.0));
+        for (int64_t e = 0; e < k && e < 32; e++)
+            a[e] = 0.0f; /* an all-zero first block in row 0 (when k <= 32) */
+        if (k > 5 && m > 1)
+            a[lda + 3] = 2.5f * (float)((a[lda + 3] > 0) - (a[lda + 3] < 0)); /* ties */
+        core_q8_act_t q0, q1;
+        core_q8_act_init(&q0, b0, m, k);
+        CHECK_INT_EQ(core_q8_quantize_isa(CORE_QDOT_GENERIC, &q0, a, lda), 0);
+        CHECK_INT_EQ(q0.nb, (k + 31) / 32);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t b = 0; b < q0.nb; b++) {
+                const float d = q0.d[i * q0.nb + b];
+                int32_t s = 0;
+                for (int t = 0; t < 32; t++) {
+                    const int64_t e = b * 32 + t;
+                    const int qv = q0.q[(i * q0.nb + b) * 32 + t];
+                    s += qv;
+                    CHECK(qv >= -127 && qv <= 127);
+                    if (e >= k) {
+                        CHECK(qv == 0);
+                        continue;
+                    }
+                    const double x = a[i * lda + e];
+                    CHECK_MSG(fabs(x - (double)d * qv) <= d / 2 + 4 * ldexp(fabs(x), -24) + 1e-30,
+                              "k=%lld [%lld][%lld]: %g vs %g * %d", (long long)k, (long long)i,
+                              (long long)e, x, (double)d, qv);
+                }
+                CHECK_INT_EQ(s, q0.s[i * q0.nb + b]);
+                CHECK(same_bits(q0.ds[i * q0.nb + b], d * (float)s));
+            }
+        for (int s = 1; s < ni; s++) {
+            memset(b1, 0x5a, core_q8_act_bytes(m, k));
+            core_q8_act_init(&q1, b1, m, k);
+            CHECK_INT_EQ(core_q8_quantize_isa(isas[s], &q1, a, lda), 0);
+            const size_t used = (size_t)(m * q0.nb) * (32 + 4 + 4 + 4);
+            CHECK_MSG(memcmp(b0, b1, used) == 0, "k=%lld isa %s", (long long)k,
+                      core_qdot_isa_name(isas[s]));
+        }
+        free(a);
+        free(b0);
+        free(b1);
+    }
+}
+
+TEST(integer_sums_exact_every_isa)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 22);
+    for (int t = 0; t < N_TYPES; t++)
+        for (int64_t m = 1; m <= 17; m++) {
+            const int64_t n = 1 + (m * 5) % 33, k = 32 * (1 + (m * 7) % 48);
+            check_case(&r, types[t], m, n, k, m % 3 == 0 ? 1.0f : 0.0f, 1);
+        }
+}
+
+TEST(random_within_bound_every_isa)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 23);
+    const int64_t ks[] = {32, 64, 96, 576, 1536};
+    for (int t = 0; t < N_TYPES; t++) {
+        for (int64_t m = 1; m <= 17; m++)
+            check_case(&r, types[t], m, 1 + (m * 11) % 33, ks[m % 5], m % 2 ? 1.0f : 0.0f, 0);
+        for (int64_t n = 1; n <= 33; n++)
+            check_case(&r, types[t], 1 + n % 3, n, ks[n % 5], 0.0f, 0);
+        check_case(&r, types[t], 3, 5, 64, -0.5f, 0);
+        check_case(&r, types[t], 2, 0, 32, 0.0f, 0); /* empty product */
+    }
+}
+
+/* Sub-ranges and the pool give the bits of one full call. */
+TEST(ranges_and_pool_bit_exact)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 24);
+    const int64_t m = 5, n = 203, k = 576, ldc = n;
+    core_pool_t *pools[4] = {NULL};
+    for (int p = 0; p < 4; p++)
+        CHECK_INT_EQ(core_pool_new(p + 1, &pools[p], NULL), 0);
+    core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
+    const int ni = isa_list(isas);
+    float *a = malloc((size_t)(m * k) * sizeof *a);
+    float *full = malloc((size_t)(m * ldc) * sizeof *full);
+    float *part = malloc((size_t)(m * ldc) * sizeof *part);
+    float *f32full = malloc((size_t)(m * ldc) * sizeof *f32full);
+    float *f32part = malloc((size_t)(m * ldc) * sizeof *f32part);
+    unsigned char *w = malloc((size_t)n * (size_t)(k / 32) * 34);
+    void *qb = malloc(core_q8_act_bytes(m, k));
+    if (!a || !full || !part || !f32full || !f32part || !w || !qb) {
+        CHECK(!"out of memory");
+        goto out;
+    }
+    fill_a(&r, a, m, k, k, 0);
+    core_q8_act_t qa;
+    core_q8_act_init(&qa, qb, m, k);
+    core_q8_quantize(&qa, a, k);
+    for (int t = 0; t < N_TYPES; t++) {
+        size_t rb = 0;
+        CHECK(core_ttype_row_bytes(types[t], k, &rb) == 0);
+        fill_w(&r, types[t], n, k, rb, w, 0);
+        for (int s = 0; s < ni; s++) {
+            CHECK_INT_EQ(core_qdot_force_isa(isas[s]), 0);
+            core_q8_matmul(types[t], &qa, 0, n, w, rb, 0.0f, full, ldc);
+            core_qmatmul_nt(types[t], m, n, k, a, k, w, rb, 0.0f, f32full, ldc);
+            for (int64_t j0 = 0; j0 < n; j0 += 37)
+                core_q8_matmul(types[t], &qa, j0, j0 + 37 < n ? j0 + 37 : n, w, rb, 0.0f, part,
+                               ldc);
+            for (int64_t i = 0; i < m * ldc; i++)
+                CHECK(same_bits(full[i], part[i]));
+            for (int p = 0; p < 4; p++) {
+                /* the rows split over two jobs, one integer and one f32 */
+                const int64_t n1 = 77;
+                const core_qdot_job_t jobs[3] = {
+                    {.type = types[t], .w = w, .row_bytes = rb, .n = n1, .qa = &qa, .c = part,
+                     .ldc = ldc},
+                    {.type = types[t], .w = w + n1 * rb, .row_bytes = rb, .n = n - n1, .qa = &qa,
+                     .c = part + n1, .ldc = ldc},
+                    {.type = types[t], .w = w, .row_bytes = rb, .n = n, .a = a, .m = m, .k = k,
+                     .lda = k, .c = f32part, .ldc = ldc},
+                };
+                memset(part, 0, (size_t)(m * ldc) * sizeof *part);
+                memset(f32part, 0, (size_t)(m * ldc) * sizeof *f32part);
+                core_qdot_run_jobs(pools[p], jobs, 3);
+                int bad = 0;
+                for (int64_t i = 0; i < m * ldc; i++)
+                    bad |= !same_bits(full[i], part[i]) || !same_bits(f32full[i], f32part[i]);
+                CHECK_MSG(!bad, "%s %s on %d threads", core_ttype_name(types[t]),
+                          core_qdot_isa_name(isas[s]), p + 1);
+            }
+        }
+    }
+    CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
+out:
+    for (int p = 0; p < 4; p++)
+        core_pool_free(pools[p]);
+    free(a);
+    free(full);
+    free(part);
+    free(f32full);
+    free(f32part);
+    free(w);
+    free(qb);
+}
+
+TEST(force_isa_and_bad_arguments)
+{
+    CHECK(core_q8_supported(CORE_TTYPE_Q4_0));
+    CHECK(core_q8_supported(CORE_TTYPE_Q4_1));
+    CHECK(core_q8_supported(CORE_TTYPE_Q8_0));
+    CHECK(!core_q8_supported(CORE_TTYPE_Q5_0));
+    CHECK(!core_q8_supported(CORE_TTYPE_F32));
+    CHECK(core_qdot_isa() == core_qdot_best_isa());
+    CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_GENERIC), 0);
+    CHECK(core_qdot_isa() == CORE_QDOT_GENERIC);
+    CHECK_INT_EQ(core_qdot_force_isa((core_qdot_isa_t)-1), CORE_EUNSUPPORTED);
+    CHECK(core_qdot_isa() == CORE_QDOT_GENERIC);
+    CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
+    CHECK(core_qdot_isa() == core_qdot_best_isa());
+    CHECK(core_qdot_isa_name(CORE_QDOT_AVX512VNNI) != NULL);
+    CHECK(core_qdot_isa_name(CORE_QDOT_ISA_COUNT_) == NULL);
+
+    float a[40] = {0}, c[2] = {0};
+    unsigned char buf[256], w[64] = {0};
+    core_q8_act_t qa;
+    CHECK(core_q8_act_bytes(1, 40) <= sizeof buf);
+    CHECK_INT_EQ(core_q8_act_bytes(1, 40) % 64, 0);
+    core_q8_act_init(&qa, buf, 1, 40);
+    CHECK_INT_EQ(core_q8_quantize_isa(CORE_QDOT_GENERIC, &qa, a, 40), 0);
+    /* k = 40 is no multiple of a weight block */
+    CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_1, &qa, 0, 1, w, 20, 0.0f, c, 1),
+                 CORE_EINVAL);
+    core_q8_act_init(&qa, buf, 1, 32);
+    CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q5_0, &qa, 0, 1, w, 22, 0.0f, c, 1),
+                 CORE_EINVAL);
+    CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_1, &qa, 1, 0, w, 20, 0.0f, c, 1),
+                 CORE_EINVAL);
+    CHECK_INT_EQ(core_q8_matmul_isa((core_qdot_isa_t)9, CORE_TTYPE_Q4_1, &qa, 0, 1, w, 20, 0.0f, c, 1),
+                 CORE_EUNSUPPORTED);
+    CHECK_INT_EQ(core_q8_quantize_isa((core_qdot_isa_t)9, &qa, a, 32), CORE_EUNSUPPORTED);
+}
+
+int main(void)
+{
+    printf("  best ISA: %s\n", core_qdot_isa_name(core_qdot_best_isa()));
+    RUN(quantize_every_isa_same_bytes);
+    RUN(integer_sums_exact_every_isa);
+    RUN(random_within_bound_every_isa);
+    RUN(ranges_and_pool_bit_exact);
+    RUN(force_isa_and_bad_arguments);
+    return CHECK_DONE();
+}

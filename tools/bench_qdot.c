@@ -1,0 +1,142 @@
+/* tools/bench_qdot.c — throughput of the quantized matmul kernels alone.
+ *
+ *   bench_qdot [--type Q4_1] [--n ROWS] [--k COLS] [--m M] [--reps R] [--threads T]
+ *
+ * Times core_qmatmul_nt (f32 activations) and the integer path (quantize +
+ * core_qdot_run_jobs) for every ISA this CPU runs, on random weights of n x
+ * k (default 1536 x 576: one FFN matrix of the default model, which stays in
+ * L2; pass --n 100000 for a matrix that must come from memory), m activation
+ * rows. Prints, per variant, the medians over R repetitions of wall time and
+ * of process CPU time, with the weight bytes read per second of each. A
+ * benchmark program, not a test.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/pool.h"
+#include "core/qdot.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the process (all threads): on a shared machine it measures
+ * the work, where wall time also measures the other processes. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    const char *tname = "Q4_1";
+    long n = 1536, k = 576, m = 1, reps = 21, threads = 1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        if (!strcmp(a, "--type"))
+            tname = v;
+        else if (!strcmp(a, "--n"))
+            n = atol(v);
+        else if (!strcmp(a, "--k"))
+            k = atol(v);
+        else if (!strcmp(a, "--m"))
+            m = atol(v);
+        else if (!strcmp(a, "--reps"))
+            reps = atol(v);
+        else if (!strcmp(a, "--threads"))
+            threads = atol(v);
+        else {
+            fprintf(stderr, "bench_qdot: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    int type = -1;
+    for (int t = 0; t < CORE_TTYPE_COUNT_; t++)
+        if (!strcmp(core_ttype_name(t), tname))
+            type = t;
+    size_t rb = 0;
+    if (type < 0 || !core_qdot_supported(type) || n < 1 || k < 32 || m < 1 || m > 64 || reps < 1 ||
+        reps > 1000 || threads < 0 || threads > 256 || core_ttype_row_bytes(type, k, &rb) < 0) {
+        fprintf(stderr, "usage: bench_qdot [--type Q4_1] [--n ROWS] [--k COLS (block multiple)] "
+                        "[--m 1..64] [--reps R] [--threads T]\n");
+        return 2;
+    }
+    core_pool_t *pool = NULL;
+    unsigned char *w = malloc((size_t)n * rb);
+    float *a = malloc((size_t)(m * k) * sizeof *a), *c = malloc((size_t)(m * n) * sizeof *c);
+    void *qb = malloc(core_q8_act_bytes(m, k));
+    double *t = malloc((size_t)reps * sizeof *t), *tc = malloc((size_t)reps * sizeof *tc);
+    if (!w || !a || !c || !qb || !t || !tc || core_pool_new((int)threads, &pool, NULL) < 0) {
+        fprintf(stderr, "bench_qdot: out of memory\n");
+        return 1;
+    }
+    core_rng_t r;
+    core_rng_seed(&r, 5);
+    for (size_t i = 0; i < (size_t)n * rb; i++)
+        w[i] = (unsigned char)core_rng_u64(&r);
+    const size_t bb = core_ttype_block_bytes(type);
+    for (size_t i = 0; i < (size_t)n * rb; i += bb) { /* finite scales */
+        uint16_t h = core_fp32_to_fp16(0.01f);
+        memcpy(w + i, &h, 2);
+    }
+    for (long i = 0; i < m * k; i++)
+        a[i] = (float)core_rng_normal(&r);
+    printf("%s n=%ld k=%ld m=%ld threads=%d: %.1f MB of weights\n", tname, n, k, m,
+           core_pool_size(pool), (double)n * (double)rb / 1e6);
+    for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
+        (void)core_qdot_force_isa((core_qdot_isa_t)isa);
+        for (int path = 0; path < 2; path++) {
+            if (path == 1 && !core_q8_supported(type))
+                continue;
+            for (long i = 0; i < reps; i++) {
+                const double t0 = now_s(), c0 = cpu_s();
+                core_q8_act_t qa;
+                core_qdot_job_t jb = {.type = type, .w = w, .row_bytes = rb, .n = n, .c = c,
+                                      .ldc = n};
+                if (path == 1) {
+                    core_q8_act_init(&qa, qb, m, k);
+                    core_q8_quantize(&qa, a, k);
+                    jb.qa = &qa;
+                } else {
+                    jb.a = a;
+                    jb.m = m;
+                    jb.k = k;
+                    jb.lda = k;
+                }
+                core_qdot_run_jobs(pool, &jb, 1);
+                t[i] = now_s() - t0;
+                tc[i] = cpu_s() - c0;
+            }
+            qsort(t, (size_t)reps, sizeof *t, cmp_d);
+            qsort(tc, (size_t)reps, sizeof *tc, cmp_d);
+            printf("  %-10s %-5s wall median %9.1f us (%6.2f GB/s)  cpu median %9.1f us (%6.2f "
+                   "GB/s per CPU-second)\n",
+                   core_qdot_isa_name((core_qdot_isa_t)isa), path ? "int8" : "f32",
+                   t[reps / 2] * 1e6, (double)n * (double)rb / t[reps / 2] / 1e9, tc[reps / 2] * 1e6,
+                   (double)n * (double)rb / tc[reps / 2] / 1e9);
+        }
+    }
+    core_pool_free(pool);
+    free(w);
+    free(a);
+    free(c);
+    free(qb);
+    free(t);
+    free(tc);
+    return 0;
+}
