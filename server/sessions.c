@@ -1295,7 +1295,8 @@ int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
     ns->created = ns->last_used = (int64_t)time(NULL);
     ns->turn_open = src->turn_open;
     ns->has_chat = src->has_chat;
-    memcpy(ns->owner, owner ? owner : src->owner, sizeof ns->owner);
+    const char *tag = owner ? owner : src->owner;
+    memcpy(ns->owner, tag, strlen(tag) + 1);
     ns->dirty = 1;
     st->n_mem++; /* reserved while copying */
     pthread_mutex_unlock(&st->mu);
