@@ -698,6 +698,12 @@ TEST(owners_persist_and_filter)
     make_session(st, model, 90, 1, b); /* no owner */
     CHECK_INT_EQ(srv_store_fork_owned(st, a, tb, f), 0);
     CHECK_INT_EQ(srv_store_fork_owned(st, a, "xyz", f + 0), SRV_STORE_EINVAL);
+    char g[33];
+    srv_session_info_t gi;
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, "", g), 0); /* "" is a tag too: nobody's */
+    CHECK_INT_EQ(srv_store_info(st, g, &gi), 0);
+    CHECK_STR_EQ(gi.owner, "");
+    CHECK_INT_EQ(srv_store_delete(st, g), 0);
     /* an import keeps the session's own tag */
     void *blob = NULL;
     size_t len = 0;
