@@ -31,7 +31,9 @@
  *    sum_b sum_{i in b} |y_i| (d_a,b / 2 + 2u |x_i|), the rounding of x to
  *    d_a q (|x - d_a q| <= d_a / 2 plus the rounding of x / d_a).
  * Each output element is computed by the same operations whatever range of
- * weight rows a call covers, so splitting rows across threads is bit-exact.
+ * weight rows a call covers and however many activation rows it has, so
+ * splitting rows across threads is bit-exact, and so is batching decode
+ * rows (a row alone gives the bits it gets in a batch).
  *
  * No allocation, no I/O; global state is a cached CPU-feature probe, an ISA
  * override for tests, and a 256 KiB fp16->f32 table filled once

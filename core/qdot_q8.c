@@ -14,8 +14,15 @@
  * operations (per block: (d_w * d_a) * I, then m_w * ds with ds = d_a * s
  * formed at quantization, summed in block order). SIMD kernels form the same integers and the same two products
  * but sum them in lanes, so they differ from the reference only in the order
- * of float additions. Each (row, column) output uses only its own
- * accumulators: results do not depend on which rows a call covers.
+ * of float additions.
+ *
+ * Every output is computed by the same one-row kernel, whatever the number
+ * of activation rows (the weight row is re-expanded for each; it stays in
+ * L1) and whatever range of weight rows a call covers: a decode row gets the
+ * same bits alone, in a batch, or on any number of threads. That matters
+ * more than it seems: the next product quantizes these outputs again, and
+ * rounding to 8 bits turns a last-bit difference near a rounding boundary
+ * into a difference of one quantization step.
  *
  * Quantizing the activations is shared by all ISAs: max |x| (exact in any
  * order), d = max / 127, id = 127 / max, q = round_to_nearest_even(clamp(x *
@@ -34,10 +41,7 @@
 #define Q8_X86 1
 #endif
 
-enum {
-    QB = CORE_Q8_BLOCK, /* values per block */
-    Q8_MR = 4           /* activation rows per pass over a weight row */
-};
+enum { QB = CORE_Q8_BLOCK }; /* values per block */
 
 int core_q8_supported(int type)
 {
@@ -252,49 +256,6 @@ AVX2_INL __m256i nibbles256(const unsigned char *qs)
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
 }
 
-AVX2_INL void kern_avx2(int type, int MR, const core_q8_act_t *qa, int64_t r0,
-                        const unsigned char *row, float beta, float *c, int64_t ldc)
-{
-    const int64_t nb = qa->nb;
-    const size_t bb = type == CORE_TTYPE_Q8_0 ? 34 : type == CORE_TTYPE_Q4_1 ? 20 : 18;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[Q8_MR];
-    float macc[Q8_MR];
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; r++) {
-        acc[r] = _mm256_setzero_ps();
-        macc[r] = 0.0f;
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const unsigned char *blk = row + (size_t)b * bb;
-        const float dw = half(blk);
-        __m256i u;
-        if (type == CORE_TTYPE_Q8_0)
-            u = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
-        else
-            u = nibbles256(blk + (type == CORE_TTYPE_Q4_1 ? 4 : 2));
-        const __m256i au = type == CORE_TTYPE_Q8_0 ? _mm256_sign_epi8(u, u) : u;
-        const float mw = type == CORE_TTYPE_Q4_1 ? half(blk + 2) : -8.0f * dw;
-#pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) {
-            const int64_t ri = r0 + r;
-            __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + (ri * nb + b) * QB));
-            if (type == CORE_TTYPE_Q8_0)
-                q = _mm256_sign_epi8(q, u);
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(au, q), ones);
-            const float da = qa->d[ri * nb + b];
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), acc[r]);
-            if (type != CORE_TTYPE_Q8_0) {
-                const float tm = mw * qa->ds[ri * nb + b];
-                macc[r] += tm;
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; r++)
-        put(c + r * ldc, hsum8(acc[r]) + macc[r], beta);
-}
-
 /* The f16 scales of 8 blocks bb bytes apart: d (offset 0) into *dw and, for
  * Q4_1, m (offset 2) into *mw. One gather of the 4 bytes at each block start. */
 AVX2_INL void scales8(int type, const unsigned char *blk, size_t bb, __m256 *dw, __m256 *mw)
@@ -380,16 +341,9 @@ AVX2_INL void mm_avx2(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
                       const unsigned char *w, size_t row_bytes, float beta, float *c, int64_t ldc)
 {
     for (int64_t j = j0; j < j1; j++) {
-        const unsigned char *row = w + (size_t)j * row_bytes;
-        for (int64_t r0 = 0; r0 < qa->m; r0 += Q8_MR) {
-            float *cr = c + r0 * ldc + j;
-            switch (qa->m - r0 < Q8_MR ? qa->m - r0 : Q8_MR) {
-            case 1: row1_avx2(type, qa, r0, row, beta, cr); break;
-            case 2: kern_avx2(type, 2, qa, r0, row, beta, cr, ldc); break;
-            case 3: kern_avx2(type, 3, qa, r0, row, beta, cr, ldc); break;
-            default: kern_avx2(type, 4, qa, r0, row, beta, cr, ldc); break;
-            }
-        }
+        const unsigned char *row = w + (size_t)j * row_bytes; /* in L1 after the first row */
+        for (int64_t r = 0; r < qa->m; r++)
+            row1_avx2(type, qa, r, row, beta, c + r * ldc + j);
     }
 }
 
@@ -435,90 +389,6 @@ VNNI_INL float hsum16(__m512 s)
 {
     return hsum8(_mm256_add_ps(_mm512_castps512_ps256(s),
                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1))));
-}
-
-VNNI_INL void kern_vnni(int type, int MR, const core_q8_act_t *qa, int64_t r0,
-                        const unsigned char *row, float beta, float *c, int64_t ldc)
-{
-    const int64_t nb = qa->nb;
-    const size_t bb = type == CORE_TTYPE_Q8_0 ? 34 : type == CORE_TTYPE_Q4_1 ? 20 : 18;
-    const size_t qoff = type == CORE_TTYPE_Q4_1 ? 4 : 2;
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 acc[Q8_MR];
-    __m256 acc1[Q8_MR];
-    float macc[Q8_MR];
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; r++) {
-        acc[r] = _mm512_setzero_ps();
-        acc1[r] = _mm256_setzero_ps();
-        macc[r] = 0.0f;
-    }
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        const unsigned char *blk0 = row + (size_t)b * bb, *blk1 = blk0 + bb;
-        const float dw0 = half(blk0), dw1 = half(blk1);
-        __m512i u;
-        __mmask64 neg = 0;
-        if (type == CORE_TTYPE_Q8_0) {
-            const __m512i sw = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(blk0 + 2))),
-                _mm256_loadu_si256((const __m256i *)(const void *)(blk1 + 2)), 1);
-            neg = _mm512_movepi8_mask(sw);
-            u = _mm512_abs_epi8(sw); /* -128 -> 0x80 = 128 as unsigned */
-        } else {
-            u = nibbles512(blk0 + qoff, blk1 + qoff);
-        }
-        const __m512 dwv = pair_ps(dw0, dw1);
-        const float mw0 = type == CORE_TTYPE_Q4_1 ? half(blk0 + 2) : -8.0f * dw0;
-        const float mw1 = type == CORE_TTYPE_Q4_1 ? half(blk1 + 2) : -8.0f * dw1;
-#pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) {
-            const int64_t ri = r0 + r;
-            __m512i q = _mm512_loadu_si512((const void *)(qa->q + (ri * nb + b) * QB));
-            if (type == CORE_TTYPE_Q8_0)
-                q = _mm512_mask_sub_epi8(q, neg, zero, q);
-            const __m512i p = _mm512_dpbusd_epi32(zero, u, q);
-            const float *d = qa->d + ri * nb + b;
-            const __m512 sc = _mm512_mul_ps(dwv, pair_ps(d[0], d[1]));
-            acc[r] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[r]);
-            if (type != CORE_TTYPE_Q8_0) {
-                const float *ds = qa->ds + ri * nb + b;
-                const float t0 = mw0 * ds[0];
-                const float t1 = mw1 * ds[1];
-                macc[r] += t0;
-                macc[r] += t1;
-            }
-        }
-    }
-    if (b < nb) { /* odd block count: the last block at 256 bits */
-        const unsigned char *blk = row + (size_t)b * bb;
-        const float dw = half(blk);
-        __m256i u, sw = _mm256_setzero_si256();
-        if (type == CORE_TTYPE_Q8_0) {
-            sw = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
-            u = _mm256_sign_epi8(sw, sw);
-        } else {
-            u = nibbles256(blk + qoff);
-        }
-        const float mw = type == CORE_TTYPE_Q4_1 ? half(blk + 2) : -8.0f * dw;
-#pragma GCC unroll 4
-        for (int r = 0; r < MR; r++) {
-            const int64_t ri = r0 + r;
-            __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qa->q + (ri * nb + b) * QB));
-            if (type == CORE_TTYPE_Q8_0)
-                q = _mm256_sign_epi8(q, sw);
-            const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q);
-            const float da = qa->d[ri * nb + b];
-            acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), acc1[r]);
-            if (type != CORE_TTYPE_Q8_0) {
-                const float tm = mw * qa->ds[ri * nb + b];
-                macc[r] += tm;
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; r++)
-        put(c + r * ldc, (hsum16(acc[r]) + hsum8(acc1[r])) + macc[r], beta);
 }
 
 /* One weight row against one activation row, eight blocks per step as
@@ -602,15 +472,8 @@ VNNI_INL void mm_vnni(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
 {
     for (int64_t j = j0; j < j1; j++) {
         const unsigned char *row = w + (size_t)j * row_bytes;
-        for (int64_t r0 = 0; r0 < qa->m; r0 += Q8_MR) {
-            float *cr = c + r0 * ldc + j;
-            switch (qa->m - r0 < Q8_MR ? qa->m - r0 : Q8_MR) {
-            case 1: row1_vnni(type, qa, r0, row, beta, cr); break;
-            case 2: kern_vnni(type, 2, qa, r0, row, beta, cr, ldc); break;
-            case 3: kern_vnni(type, 3, qa, r0, row, beta, cr, ldc); break;
-            default: kern_vnni(type, 4, qa, r0, row, beta, cr, ldc); break;
-            }
-        }
+        for (int64_t r = 0; r < qa->m; r++)
+            row1_vnni(type, qa, r, row, beta, c + r * ldc + j);
     }
 }
 

@@ -16,8 +16,8 @@
  *    + 4u |x_i|) of core_dot_ref on the unquantized activations;
  *  - shapes m = 1..17, n = 1..33, odd and even block counts, strided C,
  *    beta 0 (NaN in C ignored) and 1; padding columns of C untouched;
- *  - sub-ranges [j0, j1) and the pool runner at 1..4 threads give the same
- *    bits as one full call.
+ *  - sub-ranges [j0, j1), each activation row alone, and the pool runner at
+ *    1..4 threads give the same bits as one full call.
  */
 #include <math.h>
 #include <stdint.h>
@@ -358,8 +358,8 @@ TEST(ranges_and_pool_bit_exact)
     float *f32full = malloc((size_t)(m * ldc) * sizeof *f32full);
     float *f32part = malloc((size_t)(m * ldc) * sizeof *f32part);
     unsigned char *w = malloc((size_t)n * (size_t)(k / 32) * 34);
-    void *qb = malloc(core_q8_act_bytes(m, k));
-    if (!a || !full || !part || !f32full || !f32part || !w || !qb) {
+    void *qb = malloc(core_q8_act_bytes(m, k)), *onebuf = malloc(core_q8_act_bytes(1, k));
+    if (!a || !full || !part || !f32full || !f32part || !w || !qb || !onebuf) {
         CHECK(!"out of memory");
         goto out;
     }
@@ -378,6 +378,16 @@ TEST(ranges_and_pool_bit_exact)
             for (int64_t j0 = 0; j0 < n; j0 += 37)
                 core_q8_matmul(types[t], &qa, j0, j0 + 37 < n ? j0 + 37 : n, w, rb, 0.0f, part,
                                ldc);
+            for (int64_t i = 0; i < m * ldc; i++)
+                CHECK(same_bits(full[i], part[i]));
+            /* each activation row alone (a decode row outside a batch) */
+            memset(part, 0, (size_t)(m * ldc) * sizeof *part);
+            for (int64_t i = 0; i < m; i++) {
+                core_q8_act_t one;
+                core_q8_act_init(&one, onebuf, 1, k);
+                core_q8_quantize(&one, a + i * k, k);
+                core_q8_matmul(types[t], &one, 0, n, w, rb, 0.0f, part + i * ldc, ldc);
+            }
             for (int64_t i = 0; i < m * ldc; i++)
                 CHECK(same_bits(full[i], part[i]));
             for (int p = 0; p < 4; p++) {
@@ -413,6 +423,7 @@ out:
     free(f32part);
     free(w);
     free(qb);
+    free(onebuf);
 }
 
 TEST(force_isa_and_bad_arguments)
