@@ -3,9 +3,19 @@
  * Loading reads the llama.* hyperparameters, checks every tensor's presence,
  * type and shape against them (the error names the tensor), and dequantizes all
  * weights to f32: one GEMM per weight matrix per forward is then plain sgemm.
- * Forwards of at most CORE_GEMM_SMALL_M rows (decode) instead read the
- * quantized weights in place through core/qdot (4-6x fewer bytes per token);
- * their sums therefore differ from the f32 path by float rounding only.
+ * Decode rows read the quantized weights in place through core/qdot instead
+ * (4-6x fewer bytes per token): the rows of every sequence that brings one
+ * token to the forward are placed first, and for Q4_0/Q4_1/Q8_0 weights they
+ * are quantized to 8 bits once per input (one quantization serves q, k and
+ * v; another gate and up) and multiplied in integers; other block types take
+ * them as f32. Which path a row takes depends only on its own sequence, so a
+ * decode step computes the same (up to float rounding) whatever else shares
+ * the batch. The other rows (prompt chunks) go to sgemm, or when there are
+ * at most CORE_GEMM_SMALL_M of them to core/qdot with f32 activations; their
+ * sums differ from the f32 GEMM by float rounding only. The core/qdot
+ * products run on the model's thread pool (core/pool.h), their weight rows
+ * shared out among the threads: the result does not depend on the number of
+ * threads.
  *
  * Forward of B sequences: their new tokens are concatenated into T rows; every
  * projection is one GEMM over the T rows; RoPE uses each row's own position;
@@ -29,11 +39,13 @@
 
 #include "core/blas.h"
 #include "core/features.h"
+#include "core/pool.h"
 #include "core/qdot.h"
 #include "core/tensor.h"
 
 enum {
     MODEL_MAX_ROWS = 4096,   /* T bound per forward: bounds the scratch */
+    MODEL_MAX_OPS = 3,       /* weight matrices applied to one input (q, k, v) */
     MODEL_LOGIT_ROWS = 64,   /* logits rows per output GEMM: bounds the [R][V] scratch */
     MODEL_NAME_MAX = 96      /* longest tensor name we build */
 };
@@ -95,6 +107,14 @@ struct core_model {
     int64_t *pos;  /* [T] RoPE position of each row */
     float *lrows;  /* [MODEL_LOGIT_ROWS][D] gathered final-norm rows */
     float *logits; /* [MODEL_LOGIT_ROWS][V] */
+
+    core_pool_t *pool;     /* owned: threads of the quantized products */
+    void *qbuf;            /* [core_q8_act_bytes(cap_rows, max(D, FF, H*Hd))] */
+    core_q8_act_t qa;      /* the quantized decode rows of the current input, over qbuf */
+    int64_t *seq_row;      /* [cap_rows] first row of each sequence of the forward */
+    int64_t *pre_n;        /* [cap_rows] rows of each prompt sequence, in row order */
+    int64_t n_pre;         /* prompt sequences of the current input */
+    core_qdot_job_t *jobs; /* [MODEL_MAX_OPS * (cap_rows + 1)] */
 
     core_model_tap_fn tap; /* NULL unless a tool observes q, k, v */
     void *tap_ud;          /* borrowed */
@@ -454,6 +474,9 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         opts = &defaults;
     if (opts->max_ctx < 0 || opts->n_features < 0 || opts->window < 0)
         return core_error_set(err, CORE_EINVAL, "negative max_ctx, n_features or window");
+    if (opts->n_threads < 0 || opts->n_threads > CORE_POOL_MAX_THREADS)
+        return core_error_set(err, CORE_ERANGE, "thread count %d out of range [0, %d]",
+                              opts->n_threads, CORE_POOL_MAX_THREADS);
     core_model_t *m = calloc(1, sizeof *m);
     if (!m)
         return core_error_set(err, CORE_ENOMEM, "out of memory for the model");
@@ -497,7 +520,8 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         .rope_base = m->info.rope_base,
         .rope_scale = m->info.rope_scale,
     };
-    if ((rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0)
+    if ((rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0 ||
+        (rc = core_pool_new(opts->n_threads, &m->pool, err)) < 0)
         goto fail;
     *out = m;
     return 0;
@@ -510,6 +534,8 @@ void core_model_free(core_model_t *m)
 {
     if (!m)
         return;
+    core_pool_free(m->pool);
+    free(m->qbuf);
     core_attn_free(m->attn);
     if (m->layers) {
         for (int l = 0; l < m->info.n_layer; l++) {
@@ -541,6 +567,9 @@ void core_model_free(core_model_t *m)
     free(m->gate);
     free(m->up);
     free(m->pos);
+    free(m->seq_row);
+    free(m->pre_n);
+    free(m->jobs);
     free(m->lrows);
     free(m->logits);
     core_gguf_close(m->adapter);
@@ -551,6 +580,11 @@ void core_model_free(core_model_t *m)
 const core_model_info_t *core_model_info(const core_model_t *m)
 {
     return &m->info;
+}
+
+int core_model_threads(const core_model_t *m)
+{
+    return core_pool_size(m->pool);
 }
 
 const core_gguf_t *core_model_gguf(const core_model_t *m)
@@ -598,7 +632,18 @@ static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
         grow((void **)&m->q, t * qd * f) || grow((void **)&m->k, t * kvd * f) ||
         grow((void **)&m->v, t * kvd * f) || grow((void **)&m->att, t * qd * f) ||
         grow((void **)&m->gate, t * FF * f) || grow((void **)&m->up, t * FF * f) ||
-        grow((void **)&m->pos, t * sizeof *m->pos))
+        grow((void **)&m->pos, t * sizeof *m->pos) ||
+        grow((void **)&m->seq_row, t * sizeof *m->seq_row) ||
+        grow((void **)&m->pre_n, t * sizeof *m->pre_n) ||
+        grow((void **)&m->jobs, (t + 1) * MODEL_MAX_OPS * sizeof *m->jobs))
+        return core_error_set(err, CORE_ENOMEM, "out of memory for a forward of %lld rows",
+                              (long long)T);
+    int64_t kmax = in->n_embd > in->n_ff ? in->n_embd : in->n_ff;
+    if ((int64_t)qd > kmax)
+        kmax = (int64_t)qd;
+    /* the logits rows reuse it: at most MODEL_LOGIT_ROWS of them */
+    const int64_t qrows = T > MODEL_LOGIT_ROWS ? T : MODEL_LOGIT_ROWS;
+    if (grow(&m->qbuf, core_q8_act_bytes(qrows, kmax)))
         return core_error_set(err, CORE_ENOMEM, "out of memory for a forward of %lld rows",
                               (long long)T);
     m->cap_rows = T;
@@ -681,53 +726,135 @@ static int check_batch(const core_model_t *m, const core_batch_seq_t *seqs, int 
     return 0;
 }
 
-/* C[T][n] = A[T][k] · Wᵀ + beta * C for a weight held both as f32 (w32) and,
- * where qdot has a kernel, quantized (qw). Few rows (decode) are bound by
- * reading the weights, so they read the ~5-bit blocks in place; more rows
- * amortize the read and go to sgemm on the f32 copy. */
-static void matmul(int64_t T, int64_t n, int64_t k, const float *a, int64_t lda, const float *w32,
-                   const qweight_t *qw, float beta, float *c, int64_t ldc)
+/* One weight matrix applied to the current input: C[T][n] = A · Wᵀ + beta * C,
+ * the weight held both as f32 (w32) and, where qdot has a kernel, quantized
+ * (qw). */
+typedef struct wop {
+    const float *w32;
+    const qweight_t *qw;
+    int64_t n;
+    float beta;
+    float *c;
+    int64_t ldc;
+} wop_t;
+
+/* Applies every op to A[k] (lda), whose rows are grouped by sequence: first
+ * the Td decode rows, then the rows of each prompt sequence (pre_n[n_pre]).
+ * Decode rows are bound by reading the weights, so they read the ~5-bit
+ * blocks in place (quantized to 8 bits once, for every op with an integer
+ * kernel). A prompt sequence's rows read them in place too when there are at
+ * most CORE_GEMM_SMALL_M (f32 activations); more rows amortize the read and
+ * go to sgemm on the f32 copy. One call per sequence, not one over all
+ * rows: sgemm's rounding depends on the number of rows, and a sequence's
+ * numbers must not depend on what else shares the batch (the 8-bit rounding
+ * of the next decode step would amplify a last-bit difference). All
+ * core/qdot products of the call are one pool run. */
+static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n_pre, int64_t k,
+                    const float *a, int64_t lda, const wop_t *ops, int n_ops)
 {
-    if (T <= CORE_GEMM_SMALL_M && qw->data)
-        core_qmatmul_nt(qw->type, T, n, k, a, lda, qw->data, qw->row_bytes, beta, c, ldc);
-    else
-        core_gemm_nt(T, n, k, 1.0f, a, lda, w32, k, beta, c, ldc);
+    core_qdot_job_t *jobs = m->jobs; /* [MODEL_MAX_OPS * (1 + n_pre)] */
+    int nj = 0, quantized = 0;
+    for (int i = 0; i < n_ops && i < MODEL_MAX_OPS; i++) {
+        const wop_t *o = &ops[i];
+        const qweight_t *qw = o->qw;
+        const core_qdot_job_t base = {.type = qw->type, .w = qw->data, .row_bytes = qw->row_bytes,
+                                      .n = o->n, .beta = o->beta, .ldc = o->ldc};
+        if (Td > 0 && !qw->data) {
+            core_gemm_nt_small(Td, o->n, k, 1.0f, a, lda, o->w32, k, o->beta, o->c, o->ldc);
+        } else if (Td > 0) {
+            core_qdot_job_t *jb = &jobs[nj++];
+            *jb = base;
+            jb->c = o->c;
+            if (core_q8_supported(qw->type) && k % CORE_Q8_BLOCK == 0) {
+                if (!quantized) {
+                    core_q8_act_init(&m->qa, m->qbuf, Td, k);
+                    core_q8_quantize(&m->qa, a, lda);
+                    quantized = 1;
+                }
+                jb->qa = &m->qa;
+            } else {
+                jb->a = a;
+                jb->m = Td;
+                jb->k = k;
+                jb->lda = lda;
+            }
+        }
+        for (int64_t g = 0, r0 = Td; g < n_pre; r0 += pre_n[g], g++) {
+            const int64_t n = pre_n[g];
+            if (n > CORE_GEMM_SMALL_M || !qw->data) {
+                core_gemm_nt(n, o->n, k, 1.0f, a + r0 * lda, lda, o->w32, k, o->beta,
+                             o->c + r0 * o->ldc, o->ldc);
+                continue;
+            }
+            core_qdot_job_t *jb = &jobs[nj++];
+            *jb = base;
+            jb->c = o->c + r0 * o->ldc;
+            jb->a = a + r0 * lda;
+            jb->m = n;
+            jb->k = k;
+            jb->lda = lda;
+        }
+    }
+    if (nj > 0)
+        core_qdot_run_jobs(m->pool, jobs, nj);
 }
 
-static void flush_logits(core_model_t *m, float *const *dst, int nr)
+/* One op on the forward's rows (m->pre_n groups). */
+static void matmul(core_model_t *m, int64_t Td, int64_t n, int64_t k, const float *a, int64_t lda,
+                   const float *w32, const qweight_t *qw, float beta, float *c, int64_t ldc)
+{
+    const wop_t op = {w32, qw, n, beta, c, ldc};
+    matmuls(m, Td, m->pre_n, m->n_pre, k, a, lda, &op, 1);
+}
+
+/* The nr gathered rows: decode rows (decode != 0), or the rows of ng prompt
+ * sequences, gn[g] each (one product per sequence, as in the forward). */
+static void flush_logits(core_model_t *m, float *const *dst, int nr, int decode,
+                         const int64_t *gn, int64_t ng)
 {
     const int64_t D = m->info.n_embd, V = m->info.n_vocab;
-    matmul(nr, V, D, m->lrows, D, m->output, &m->output_q, 0.0f, m->logits, V);
+    const wop_t op = {m->output, &m->output_q, V, 0.0f, m->logits, V};
+    matmuls(m, decode ? nr : 0, gn, decode ? 0 : ng, D, m->lrows, D, &op, 1);
     for (int i = 0; i < nr; i++)
         memcpy(dst[i], m->logits + (int64_t)i * V, (size_t)V * sizeof(float));
 }
 
 /* Final norm + output head for the requested rows only, MODEL_LOGIT_ROWS at a
  * time: one GEMM reads the [V][D] head once per chunk rather than once per
- * sequence, and the [R][V] scratch stays bounded. */
+ * sequence, and the [R][V] scratch stays bounded. Decode rows (pass 0) and
+ * prompt rows (pass 1) are flushed apart, prompt rows in one product per
+ * sequence: each row keeps the path and rounding it has alone. */
 static void compute_logits(core_model_t *m, core_batch_seq_t *seqs, int n_seqs)
 {
     const int64_t D = m->info.n_embd, V = m->info.n_vocab;
     float *dst[MODEL_LOGIT_ROWS];
-    int nr = 0;
-    int64_t off = 0;
-    for (int b = 0; b < n_seqs; off += seqs[b].n_tokens, b++) {
-        const core_batch_seq_t *sq = &seqs[b];
-        if (sq->logits_mode == CORE_LOGITS_NONE)
-            continue;
-        const int64_t first = sq->logits_mode == CORE_LOGITS_ALL ? 0 : sq->n_tokens - 1;
-        for (int64_t r = first; r < sq->n_tokens; r++) {
-            rmsnorm(m->lrows + (int64_t)nr * D, m->x + (off + r) * D, m->out_norm, D,
-                    m->info.rms_eps);
-            dst[nr++] = sq->logits + (r - first) * V;
-            if (nr == MODEL_LOGIT_ROWS) {
-                flush_logits(m, dst, nr);
-                nr = 0;
+    int64_t gn[MODEL_LOGIT_ROWS]; /* rows per sequence in the gathered rows */
+    for (int pass = 0; pass < 2; pass++) {
+        int nr = 0;
+        int64_t ng = 0;
+        for (int b = 0; b < n_seqs; b++) {
+            const core_batch_seq_t *sq = &seqs[b];
+            if (sq->logits_mode == CORE_LOGITS_NONE || (sq->n_tokens == 1) != (pass == 0))
+                continue;
+            const int64_t first = sq->logits_mode == CORE_LOGITS_ALL ? 0 : sq->n_tokens - 1;
+            gn[ng++] = 0;
+            for (int64_t r = first; r < sq->n_tokens; r++) {
+                rmsnorm(m->lrows + (int64_t)nr * D, m->x + (m->seq_row[b] + r) * D, m->out_norm,
+                        D, m->info.rms_eps);
+                dst[nr++] = sq->logits + (r - first) * V;
+                gn[ng - 1]++;
+                if (nr == MODEL_LOGIT_ROWS) {
+                    flush_logits(m, dst, nr, pass == 0, gn, ng);
+                    nr = 0;
+                    ng = 0;
+                    if (r + 1 < sq->n_tokens)
+                        gn[ng++] = 0;
+                }
             }
         }
+        if (nr > 0)
+            flush_logits(m, dst, nr, pass == 0, gn, ng);
     }
-    if (nr > 0)
-        flush_logits(m, dst, nr);
 }
 
 int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core_error_t *err)
@@ -748,11 +875,23 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
                   Hd = in->head_dim;
     const int64_t qd = H * Hd, kvd = Hkv * Hd;
 
-    for (int64_t b = 0, t = 0; b < n_seqs; b++) {
+    /* rows: the decode sequences' (one token each) first, then the others */
+    int64_t Td = 0;
+    for (int b = 0; b < n_seqs; b++)
+        Td += seqs[b].n_tokens == 1;
+    int64_t td = 0, tp = Td;
+    m->n_pre = 0;
+    for (int b = 0; b < n_seqs; b++) {
+        m->seq_row[b] = seqs[b].n_tokens == 1 ? td++ : tp;
+        if (seqs[b].n_tokens > 1) {
+            tp += seqs[b].n_tokens;
+            m->pre_n[m->n_pre++] = seqs[b].n_tokens;
+        }
         const int64_t p0 = core_attn_state_pos(seqs[b].state);
-        for (int64_t i = 0; i < seqs[b].n_tokens; i++, t++) {
+        for (int64_t i = 0; i < seqs[b].n_tokens; i++) {
+            const int64_t t = m->seq_row[b] + i;
             m->pos[t] = p0 + i;
-            memcpy(m->x + (int64_t)t * D, m->tok_embd + (int64_t)seqs[b].tokens[i] * D,
+            memcpy(m->x + t * D, m->tok_embd + (int64_t)seqs[b].tokens[i] * D,
                    (size_t)D * sizeof(float));
         }
     }
@@ -761,16 +900,17 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         const layer_t *ly = &m->layers[l];
         for (int64_t t = 0; t < T; t++)
             rmsnorm(m->xn + t * D, m->x + t * D, ly->attn_norm, D, in->rms_eps);
-        matmul(T, qd, D, m->xn, D, ly->wq, &ly->qq, 0.0f, m->q, qd);
-        matmul(T, kvd, D, m->xn, D, ly->wk, &ly->qk, 0.0f, m->k, kvd);
-        matmul(T, kvd, D, m->xn, D, ly->wv, &ly->qv, 0.0f, m->v, kvd);
+        const wop_t qkv[3] = {{ly->wq, &ly->qq, qd, 0.0f, m->q, qd},
+                              {ly->wk, &ly->qk, kvd, 0.0f, m->k, kvd},
+                              {ly->wv, &ly->qv, kvd, 0.0f, m->v, kvd}};
+        matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, qkv, 3);
         for (int64_t t = 0; t < T; t++) {
             rope_row(m->q + t * qd, (int)H, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t], m->rope_cs);
             rope_row(m->k + t * kvd, (int)Hkv, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t],
                      m->rope_cs);
         }
-        int64_t off = 0;
-        for (int b = 0; b < n_seqs; off += seqs[b].n_tokens, b++) {
+        for (int b = 0; b < n_seqs; b++) {
+            const int64_t off = m->seq_row[b];
             if (m->tap)
                 m->tap(m->tap_ud, l, b, m->pos[off], seqs[b].n_tokens, m->q + off * qd,
                        m->k + off * kvd, m->v + off * kvd);
@@ -780,18 +920,19 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
                 return rc;
         }
         /* residual folded into the GEMM: x += att · Woᵀ */
-        matmul(T, D, qd, m->att, qd, ly->wo, &ly->qo, 1.0f, m->x, D);
+        matmul(m, Td, D, qd, m->att, qd, ly->wo, &ly->qo, 1.0f, m->x, D);
 
         for (int64_t t = 0; t < T; t++)
             rmsnorm(m->xn + t * D, m->x + t * D, ly->ffn_norm, D, in->rms_eps);
-        matmul(T, FF, D, m->xn, D, ly->w_gate, &ly->qgate, 0.0f, m->gate, FF);
-        matmul(T, FF, D, m->xn, D, ly->w_up, &ly->qup, 0.0f, m->up, FF);
+        const wop_t gate_up[2] = {{ly->w_gate, &ly->qgate, FF, 0.0f, m->gate, FF},
+                                  {ly->w_up, &ly->qup, FF, 0.0f, m->up, FF}};
+        matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, gate_up, 2);
         const int64_t n = T * FF;
         for (int64_t i = 0; i < n; i++) {
             const float g = m->gate[i];
             m->gate[i] = g / (1.0f + expf(-g)) * m->up[i];
         }
-        matmul(T, D, FF, m->gate, FF, ly->w_down, &ly->qdown, 1.0f, m->x, D);
+        matmul(m, Td, D, FF, m->gate, FF, ly->w_down, &ly->qdown, 1.0f, m->x, D);
     }
 
     compute_logits(m, seqs, n_seqs);

@@ -1,11 +1,20 @@
 /* core/model.h — Llama-architecture decoder: load from GGUF, batched forward.
  *
  * One core_model_forward() call runs B sequences, each with its own state
- * (position) and its own number of new tokens; every weight matrix is applied
- * as one GEMM over all T = sum(n_tokens) rows. Attention goes through
- * core/attn.h, per sequence. Weights are dequantized to f32 at load.
+ * (position) and its own number of new tokens. The decode rows (sequences of
+ * one token) of all sequences are multiplied together, reading each weight
+ * once, in 8-bit integer products (core/qdot.h; logits within a few percent
+ * of the f32 ones, see tests/reference/test_model_oracle.py); each prompt
+ * chunk (sequences of more tokens) is one f32 product of its own. A
+ * sequence's logits are bit for bit those it gets alone: they depend on its
+ * tokens and how its prompt was chunked, not on the rest of the batch.
+ * Attention goes through core/attn.h, per sequence. Weights are dequantized
+ * to f32 at load (for the prompt products).
  *
- * Threading: one forward at a time per model (it owns scratch buffers).
+ * Threading: one forward at a time per model (it owns scratch buffers). The
+ * model owns a pool of opts.n_threads - 1 worker threads (core/pool.h) that
+ * the calling thread joins during the quantized products of a forward; they
+ * sleep between forwards. Logits do not depend on the thread count.
  */
 #ifndef DARKSERVE_CORE_MODEL_H
 #define DARKSERVE_CORE_MODEL_H
@@ -30,6 +39,9 @@ typedef struct core_model_opts {
     int prerope;                /* 1: linear features on q, k before RoPE */
     int decay_off;              /* 1: no learned decay (γ = 1) */
     int linear_off;             /* 1: linear branch off (sinks + window only) */
+    int n_threads;              /* threads of the decode products, the caller's
+                                   included (0 = the CPUs available;
+                                   <= CORE_POOL_MAX_THREADS) */
 } core_model_opts_t;
 
 typedef struct core_model_info {
@@ -65,6 +77,7 @@ void core_model_free(core_model_t *m); /* NULL is a no-op */
 
 const core_model_info_t *core_model_info(const core_model_t *m);
 const core_gguf_t *core_model_gguf(const core_model_t *m); /* borrowed: tokenizer metadata */
+int core_model_threads(const core_model_t *m);             /* compute threads, caller included */
 core_attn_t *core_model_attn(core_model_t *m);             /* borrowed: make states from it */
 
 /* Runs the batch. On error no state has been advanced. */

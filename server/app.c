@@ -225,6 +225,7 @@ static int load(api_app_t *app)
         free(ch);
         return -1;
     }
+    ch->mo.n_threads = (int)cfg->threads;
     const core_model_opts_t *mo = &ch->mo;
     core_blas_set_threads((int)cfg->threads);
     int64_t t0 = srv_engine_now_ns();

@@ -53,7 +53,7 @@ typedef struct load_args {
      "auto fallback)"},                                                                      \
     {"ctx", SRV_OPT_INT, &(la).ctx, 0, 1 << 24,                                              \
      "exact attention KV capacity in tokens (0 = the model's context length)"},              \
-    {"threads", SRV_OPT_INT, &(la).threads, 0, 256, "BLAS threads (0 = library default)"}
+    {"threads", SRV_OPT_INT, &(la).threads, 0, 256, "compute threads (0 = one per CPU)"}
 
 /* "on" / "off" -> 1 / 0; -1 otherwise. */
 static int srv_cli_onoff(const char *s, int *out)
@@ -110,6 +110,7 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
     if (ch->fallback)
         fprintf(stderr, "darkserve: %s\n", ch->note);
     core_blas_set_threads((int)la->threads);
+    ch->mo.n_threads = (int)la->threads;
     int rc = core_model_load(path, &ch->mo, m, &err);
     if (rc < 0) {
         fprintf(stderr, "darkserve %s: cannot load %s: %s\n", cmd, path, err.msg);

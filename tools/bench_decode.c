@@ -3,6 +3,7 @@
  *
  *   bench_decode --model M [--attn K] [--features N] [--window W] [--sinks S]
  *                [--adapter A] --ctx P [--tokens N] [--runs R] [--threads T]
+ *                [--isa generic|avx2|avx512vnni]
  *
  * Brings one session's attention state to position P, then times R runs of
  * N single-token decode steps (core_model_forward of one token with its last
@@ -19,6 +20,9 @@
  * is loaded with P random rows through the kind's state_load entry
  * (core/attn_impl.h: the payload is, per layer, K then V rows). The decoded
  * tokens themselves run through the full model.
+ *
+ * --threads T: the model's compute threads (and BLAS's), 0 = one per CPU;
+ * --isa forces the quantized kernels onto one variant (core_qdot_force_isa).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -31,6 +35,7 @@
 #include "core/blas.h"
 #include "core/features.h"
 #include "core/model.h"
+#include "core/qdot.h"
 #include "core/rng.h"
 
 static double now_s(void)
@@ -59,7 +64,7 @@ static int cmp_d(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *attn = "exact", *adapter = NULL;
+    const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL;
     int64_t m = 0, w = -1, sinks = -1, ctx = -1, n_tok = 32, runs = 5, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -70,6 +75,8 @@ int main(int argc, char **argv)
             attn = v;
         else if (!bad && !strcmp(a, "--adapter"))
             adapter = v;
+        else if (!bad && !strcmp(a, "--isa"))
+            isa = v;
         else if (!bad && !strcmp(a, "--features"))
             bad = parse_i64(v, 0, 65536, &m);
         else if (!bad && !strcmp(a, "--window"))
@@ -96,8 +103,24 @@ int main(int argc, char **argv)
     core_error_t err = {0};
     if (!model || ctx < 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
         fprintf(stderr, "usage: bench_decode --model M [--attn K] [--features N] [--window W] "
-                        "[--sinks S] [--adapter A] --ctx P [--tokens N] [--runs R] [--threads T]\n");
+                        "[--sinks S] [--adapter A] --ctx P [--tokens N] [--runs R] [--threads T] "
+                        "[--isa NAME]\n");
         return 2;
+    }
+    if (isa) {
+        int found = 0;
+        for (int i = 0; i < CORE_QDOT_ISA_COUNT_; i++)
+            if (!strcmp(isa, core_qdot_isa_name((core_qdot_isa_t)i))) {
+                found = 1;
+                if (core_qdot_force_isa((core_qdot_isa_t)i) < 0) {
+                    fprintf(stderr, "bench_decode: this CPU cannot run --isa %s\n", isa);
+                    return 1;
+                }
+            }
+        if (!found) {
+            fprintf(stderr, "bench_decode: unknown --isa %s\n", isa);
+            return 2;
+        }
     }
     /* Linear kinds: flags, then the adapter's settings, then the defaults
      * (core_features_resolve), as darkserve itself does. */
@@ -115,6 +138,7 @@ int main(int argc, char **argv)
     mo.adapter_path = adapter;
     mo.max_ctx = ctx + n_tok * runs + 8;
     core_blas_set_threads((int)threads);
+    mo.n_threads = (int)threads;
 
     int status = 1;
     core_model_t *mdl = NULL;
@@ -188,8 +212,10 @@ int main(int argc, char **argv)
         }
         tps[r] = (double)n_tok / (now_s() - s0);
     }
-    printf("attn %s M=%" PRId64 " W=%" PRId64 " ctx %" PRId64 ": state %zu bytes; fill %.1f s; "
-           "decode tokens/s:", attn, m, w, ctx, bytes, t1 - t0);
+    printf("attn %s M=%" PRId64 " W=%" PRId64 " ctx %" PRId64 " threads %d isa %s: state %zu bytes; "
+           "fill %.1f s; decode tokens/s:",
+           attn, m, w, ctx, core_model_threads(mdl), core_qdot_isa_name(core_qdot_isa()), bytes,
+           t1 - t0);
     for (int64_t r = 0; r < runs; r++)
         printf(" %.2f", tps[r]);
     qsort(tps, (size_t)runs, sizeof *tps, cmp_d);

@@ -12,6 +12,9 @@
  *                           decoded one at a time after the prompt
  * --chunk K                 prefill in chunks of K tokens (default: one call)
  * --max-ctx N               exact attention capacity (default: the model's)
+ * --threads N               compute threads (default 0: one per CPU)
+ * --isa NAME                quantized kernels forced onto generic, avx2 or
+ *                           avx512vnni (default: the best this CPU runs)
  * --info                    prints the model info fields
  * --time                    prints prefill / decode wall and CPU time, peak RSS
  *
@@ -26,6 +29,7 @@
 #include <time.h>
 
 #include "core/model.h"
+#include "core/qdot.h"
 
 static double now_s(void)
 {
@@ -121,12 +125,13 @@ int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: logits_dump MODEL [--tokens ids | --tokens-file F] [--logits OUT] "
-                        "[--greedy N] [--chunk K] [--max-ctx N] [--info] [--time]\n");
+                        "[--greedy N] [--chunk K] [--max-ctx N] [--threads N] [--isa NAME] [--info] "
+                        "[--time]\n");
         return 1;
     }
     const char *model_path = argv[1], *logits_path = NULL;
     int32_t *ids = NULL;
-    int64_t n_ids = 0, cap_ids = 0, n_greedy = 0, chunk = 0, max_ctx = 0;
+    int64_t n_ids = 0, cap_ids = 0, n_greedy = 0, chunk = 0, max_ctx = 0, threads = 0;
     int info = 0, timing = 0, rc = 1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -165,6 +170,19 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--max-ctx") == 0) {
             max_ctx = strtoll(val, NULL, 10);
             i++;
+        } else if (strcmp(a, "--threads") == 0) {
+            threads = strtoll(val, NULL, 10);
+            i++;
+        } else if (strcmp(a, "--isa") == 0) {
+            int found = -1;
+            for (int k = 0; k < CORE_QDOT_ISA_COUNT_; k++)
+                if (strcmp(val, core_qdot_isa_name((core_qdot_isa_t)k)) == 0)
+                    found = k;
+            if (found < 0 || core_qdot_force_isa((core_qdot_isa_t)found) < 0) {
+                fprintf(stderr, "logits_dump: --isa %s: unknown, or this CPU cannot run it\n", val);
+                return 1;
+            }
+            i++;
         } else {
             fprintf(stderr, "logits_dump: unknown option %s\n", a);
             return 1;
@@ -176,7 +194,12 @@ int main(int argc, char **argv)
     core_attn_state_t *st = NULL;
     float *logits = NULL, *last = NULL;
     FILE *out = NULL;
-    core_model_opts_t opts = {.attn_kind = CORE_ATTN_EXACT, .max_ctx = max_ctx};
+    if (threads < 0 || threads > 256) {
+        fprintf(stderr, "logits_dump: --threads %lld out of range [0, 256]\n", (long long)threads);
+        return 1;
+    }
+    core_model_opts_t opts = {.attn_kind = CORE_ATTN_EXACT, .max_ctx = max_ctx,
+                              .n_threads = (int)threads};
     double t0 = now_s();
     if (core_model_load(model_path, &opts, &m, &err) < 0) {
         fprintf(stderr, "logits_dump: load %s: %s\n", model_path, err.msg);

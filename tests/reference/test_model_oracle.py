@@ -1,11 +1,24 @@
 """The C Llama forward (core/model.c, exact attention) against the numpy oracle.
 
 For the real default model and the tiny fixture model, on three prompts each
-(short, ~200 tokens, chat-formatted): logits at every position agree within
-1e-3 of the largest |logit| at that position, the argmax agrees everywhere, and
-a 64-token greedy continuation is identical. Token ids come from an HF
-`tokenizers` tokenizer built from the GGUF vocabulary (llama_ref.hf_tokenizer),
-not from the C tokenizer.
+(short, ~200 tokens, chat-formatted): logits at every position agree with the
+oracle within a tolerance relative to the largest |logit| at that position,
+the argmax agrees everywhere, and a 64-token greedy continuation follows the
+oracle's choices. Token ids come from an HF `tokenizers` tokenizer built from
+the GGUF vocabulary (llama_ref.hf_tokenizer), not from the C tokenizer.
+
+Tolerances. Prompt rows (a sequence bringing more than one token to a
+forward) multiply f32 activations: REL_TOL = 1e-3. Decode rows (a sequence
+bringing one token: greedy steps, and a prompt fed one token at a time)
+quantize the activations to 8 bits per block of 32 for the integer kernels
+(core/qdot.h): measured up to 4.8e-2 of the largest |logit| (real model,
+short prompt fed token by token, every ISA variant), so those positions get
+REL_TOL_Q8 = 8e-2. The same rounding decides near-ties during greedy
+decoding, so the continuation is checked by teacher forcing:
+at every step the C token must be the oracle's argmax for the C prefix, or
+within GREEDY_TOL of it (measured worst 2.0e-2, on the tiny random-weight
+model whose logits are flat; 4.3e-3 on the real model), and at most
+MAX_TIE_STEPS of the 64 steps may be such near-ties (measured: 4).
 
 Drives $DARKSERVE_BUILD/tests/helpers/logits_dump; a missing binary or model
 is a failure, not a skip.
@@ -27,8 +40,14 @@ MODEL = os.environ.get("DARKSERVE_MODEL",
                        os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 TINY = os.environ.get("DARKSERVE_TINY_MODEL", os.path.join(BUILD, "fixtures", "tiny.gguf"))
 DATA = os.environ.get("DARKSERVE_DATA", os.path.join(ROOT, "tests", "data"))
+# generic | avx2 | avx512vnni: the quantized kernels forced onto one variant
+# (default: the best this CPU runs)
+ISA = os.environ.get("DARKSERVE_QDOT_ISA")
 
 REL_TOL = 1e-3
+REL_TOL_Q8 = 8e-2
+GREEDY_TOL = 4e-2
+MAX_TIE_STEPS = 8
 N_GREEDY = 64
 CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
         "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France? Answer in one "
@@ -50,6 +69,8 @@ def run_c(model, ids, tmp_path, greedy=0, chunk=0):
         cmd += ["--greedy", str(greedy)]
     if chunk:
         cmd += ["--chunk", str(chunk)]
+    if ISA:
+        cmd += ["--isa", ISA]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"logits_dump failed: {p.stderr}"
     logits = np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
@@ -60,15 +81,29 @@ def run_c(model, ids, tmp_path, greedy=0, chunk=0):
     return logits, gen
 
 
-def compare(c_logits, ref_logits, label):
-    """Max over positions of max|c - ref| / max|ref|; asserts the tolerance and argmax."""
+def q8_positions(n, chunk):
+    """Mask of the prompt positions computed as decode rows (calls of one token)."""
+    mask = np.zeros(n, dtype=bool)
+    step = chunk if chunk else n
+    for p0 in range(0, n, step):
+        p1 = min(n, p0 + step)
+        mask[p0:p1] = p1 - p0 == 1
+    return mask
+
+
+def compare(c_logits, ref_logits, label, q8=None):
+    """Max over positions of max|c - ref| / max|ref|; asserts the tolerance
+    (REL_TOL_Q8 where q8 is set) and the argmax."""
     assert c_logits.shape == ref_logits.shape, (c_logits.shape, ref_logits.shape)
     err = np.abs(c_logits.astype(np.float64) - ref_logits).max(axis=1)
     scale = np.abs(ref_logits).max(axis=1)
     rel = err / scale
+    tol = np.where(q8, REL_TOL_Q8, REL_TOL) if q8 is not None else np.full(len(rel), REL_TOL)
     worst = float(rel.max())
-    print(f"{label}: {len(rel)} positions, max relative logit difference {worst:.3e}")
-    assert worst <= REL_TOL, f"{label}: position {int(rel.argmax())} differs by {worst:.3e}"
+    print(f"{label}: {len(rel)} positions ({int(np.sum(tol > REL_TOL))} on the 8-bit path), "
+          f"max relative logit difference {worst:.3e}")
+    over = np.nonzero(rel > tol)[0]
+    assert len(over) == 0, f"{label}: position {int(over[0])} differs by {rel[over[0]]:.3e}"
     c_arg = c_logits.argmax(axis=1)
     r_arg = ref_logits.argmax(axis=1)
     bad = np.nonzero(c_arg != r_arg)[0]
@@ -85,6 +120,21 @@ def oracle_logits(ref, label, ids):
     if key not in _oracle_logits:
         _oracle_logits[key] = ref.forward(ids)
     return _oracle_logits[key]
+
+
+def check_greedy(ref, ids, gen, label):
+    """Teacher forcing: the oracle's logits for every prefix of the C
+    continuation; each C token is the oracle's argmax or a near-tie."""
+    assert len(gen) == N_GREEDY, f"{label}: {len(gen)} greedy tokens"
+    lg = ref.forward(list(ids) + list(gen))[len(ids) - 1:-1]
+    scale = np.abs(lg).max(axis=1)
+    gap = (lg.max(axis=1) - lg[np.arange(len(gen)), gen]) / scale
+    ties = np.nonzero(gap > 0)[0]
+    print(f"{label}: greedy steps off the oracle's argmax: {ties.tolist()} "
+          f"(gaps {np.round(gap[ties], 4).tolist()})")
+    assert gap.max() <= GREEDY_TOL, (f"{label}: step {int(gap.argmax())} took a token "
+                                     f"{gap.max():.3e} below the oracle's best")
+    assert len(ties) <= MAX_TIE_STEPS, f"{label}: {len(ties)} near-tie steps"
 
 
 @pytest.fixture(scope="module")
@@ -120,16 +170,26 @@ def test_real_model_matches_oracle(real, which, tmp_path):
     ids = prompts(tok)[which]
     # The long prompt is prefilled in uneven chunks: chunked prefill must match
     # the oracle's single pass too.
-    c_logits, c_gen = run_c(MODEL, ids, tmp_path, greedy=N_GREEDY,
-                            chunk=47 if which == "long" else 0)
-    compare(c_logits, oracle_logits(ref, which, ids), f"real/{which}")
-    r_gen = ref.greedy(ids, N_GREEDY)
-    assert c_gen == r_gen, (f"greedy continuation differs:\nC:      {tok.decode(c_gen)!r}\n"
-                            f"oracle: {tok.decode(r_gen)!r}")
+    chunk = 47 if which == "long" else 0
+    c_logits, c_gen = run_c(MODEL, ids, tmp_path, greedy=N_GREEDY, chunk=chunk)
+    compare(c_logits, oracle_logits(ref, which, ids), f"real/{which}",
+            q8_positions(len(ids), chunk))
+    check_greedy(ref, ids, c_gen, f"real/{which}")
     if which == "short":
         text = tok.decode(c_gen)
         print(f"greedy after 'The capital of France is': {text!r}")
         assert "Paris" in text
+
+
+def test_real_model_decode_path_logits(real, tmp_path):
+    """The short prompt fed one token at a time: every position is a decode
+    row (8-bit activations, REL_TOL_Q8)."""
+    ref, tok = real
+    ids = prompts(tok)["short"]
+    c_logits, _ = run_c(MODEL, ids, tmp_path, chunk=1)
+    q8 = q8_positions(len(ids), 1)
+    assert q8.all()
+    compare(c_logits, oracle_logits(ref, "short", ids), "real/short one token at a time", q8)
 
 
 def test_real_model_rope_convention(real):
@@ -161,7 +221,7 @@ def test_real_model_rope_convention(real):
 def test_tiny_model_matches_oracle(tiny, which, tmp_path):
     ref, tok = tiny
     ids = prompts(tok)[which]
-    c_logits, c_gen = run_c(TINY, ids, tmp_path, greedy=N_GREEDY,
-                            chunk=13 if which == "long" else 0)
-    compare(c_logits, ref.forward(ids), f"tiny/{which}")
-    assert c_gen == ref.greedy(ids, N_GREEDY)
+    chunk = 13 if which == "long" else 0
+    c_logits, c_gen = run_c(TINY, ids, tmp_path, greedy=N_GREEDY, chunk=chunk)
+    compare(c_logits, ref.forward(ids), f"tiny/{which}", q8_positions(len(ids), chunk))
+    check_greedy(ref, ids, c_gen, f"tiny/{which}")

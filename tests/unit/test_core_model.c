@@ -117,8 +117,15 @@ TEST(chunked_prefill_matches_one_call)
         core_attn_state_reset(s);
         memset(got, 0, (size_t)N * (size_t)V * sizeof *got);
         CHECK_INT_EQ(feed(tiny, s, tok, N, chunks[c], got), 0);
-        double d = rel_diff(got, ref, N, V);
-        CHECK_MSG(d <= 1e-5, "chunk %lld: rel diff %.3g", (long long)chunks[c], d);
+        /* A call of one token is a decode step: 8-bit activations
+         * (core/qdot.h), measured up to 7.2e-2 of the largest |logit| on
+         * this random-weight model; the other rows differ by float rounding. */
+        for (int64_t i = 0; i < N; i++) {
+            const int one = chunks[c] == 1 || (N % chunks[c] == 1 && i == N - 1);
+            const double d = rel_diff(got + i * V, ref + i * V, 1, V);
+            CHECK_MSG(d <= (one ? 1e-1 : 1e-5), "chunk %lld row %lld: rel diff %.3g",
+                      (long long)chunks[c], (long long)i, d);
+        }
     }
     /* the logits are not degenerate: positions differ from one another */
     CHECK(rel_diff(ref, ref + V, 1, V) > 1e-2);
@@ -150,7 +157,9 @@ TEST(last_mode_equals_last_row_of_all)
 
 /* B sequences with different histories; one batched forward mixing prefill
  * chunks, single-token decode steps and every logits mode must equal running
- * each sequence alone, over several steps. */
+ * each sequence alone, over several steps, bit for bit: core/model.c runs
+ * each sequence's rows through the products it would get alone (the 8-bit
+ * decode path would turn any last-bit difference into a visible one). */
 TEST(batched_matches_alone)
 {
     enum { B = 5, STEPS = 3 };
@@ -200,7 +209,7 @@ TEST(batched_matches_alone)
             if (mode[b]) {
                 int64_t rows = mode[b] == CORE_LOGITS_ALL ? n_new[st][b] : 1;
                 double d = rel_diff(lb[b], la[b], rows, V);
-                CHECK_MSG(d <= 1e-5, "step %d seq %d: rel diff %.3g", st, b, d);
+                CHECK_MSG(d == 0, "step %d seq %d: rel diff %.3g", st, b, d);
             }
         }
     }

@@ -136,9 +136,11 @@ static void rope_ref(double *x, const float *src, int nh, int64_t pos, double ba
 TEST(q_and_k_are_seen_after_rope)
 {
     /* Layer 0's q, k, v depend on the token only; the position enters
-     * through RoPE alone, so token X at position p must be R(p)·(X at 0). */
+     * through RoPE alone, so token X at position p must be R(p)·(X at 0).
+     * Both calls bring several tokens: a call of one token is a decode row,
+     * whose products take 8-bit activations (core/model.c). */
     static rec_t r0, r1;
-    const int32_t x[1] = {42}, yx[4] = {5, 6, 7, 42};
+    const int32_t x[2] = {42, 7}, yx[4] = {5, 6, 7, 42};
     core_attn_state_t *s0 = new_state(), *s1 = new_state();
     CHECK(s0 && s1);
     if (!s0 || !s1)
@@ -146,7 +148,7 @@ TEST(q_and_k_are_seen_after_rope)
     memset(&r0, 0, sizeof r0);
     memset(&r1, 0, sizeof r1);
     core_model_set_tap(tiny, record, &r0);
-    CHECK(run1(s0, x, 1, NULL) == 0);
+    CHECK(run1(s0, x, 2, NULL) == 0);
     core_model_set_tap(tiny, record, &r1);
     CHECK(run1(s1, yx, 4, NULL) == 0);
     CHECK(r0.n_calls == L && r1.n_calls == L);
