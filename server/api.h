@@ -15,9 +15,17 @@
  *   bridge.c        proto structs -> core/engine parameters, and core /
  *                   engine / store errors -> HTTP statuses (DESIGN.md §1)
  *
+ *   api_io.c        the I/O thread: store work that reads or writes whole
+ *                   states (fork, export, import, delete, the write at the
+ *                   end of a request, the sweep), off the loop
+ *
  * Threads: everything here runs on the loop thread, except the engine's
  * notify/on_done callbacks (scheduler thread), which only queue the request
- * on app->ready and wake the loop (api_gen.c).
+ * on app->ready and wake the loop (api_gen.c), and the work functions of
+ * api_io_t items (I/O thread), which only call the store and build answers.
+ * Still on the loop thread: srv_store_acquire of a session that must be
+ * read back from its file, and the evictions that srv_store_create and a
+ * release without persist may write.
  */
 #ifndef DARKSERVE_SERVER_API_H
 #define DARKSERVE_SERVER_API_H
@@ -44,6 +52,16 @@
 extern const srv_app_t srv_darkserve_app;
 
 typedef struct api_gen api_gen_t;
+
+/* A piece of store work for the I/O thread (api_io.c): work runs there (or
+ * inline once the app stops), then done runs on the loop thread and frees
+ * the item. Embedded in the caller's struct. */
+typedef struct api_io api_io_t;
+struct api_io {
+    api_io_t *next;
+    void (*work)(api_io_t *io); /* I/O thread: store calls only, no HTTP, no engine */
+    void (*done)(api_io_t *io); /* loop thread, after work */
+};
 
 typedef struct api_app {
     const srv_config_t *cfg; /* borrowed from serve */
@@ -86,6 +104,17 @@ typedef struct api_app {
 
     api_gen_t *live; /* every request in flight (loop thread) */
 
+    /* the I/O thread (api_io.c); queues under io_mu */
+    pthread_t io_thread;
+    pthread_mutex_t io_mu;
+    pthread_cond_t io_cv;
+    api_io_t *io_head, *io_tail;           /* waiting for the thread */
+    api_io_t *io_done_head, *io_done_tail; /* waiting for the loop */
+    int io_quit;
+    int io_running;     /* loop thread: the thread runs (else submissions run inline) */
+    size_t io_pending;  /* loop thread: submitted, done not run yet */
+    int sweeping;       /* a sweep is queued or running */
+
     /* metrics the app owns (the engine and http register their own) */
     srv_series_t *m_sess_mem, *m_sess_disk, *m_sess_bytes;
     srv_series_t *m_sess_disk_bytes, *m_sess_evicted;
@@ -118,6 +147,20 @@ int api_caller_may(const api_caller_t *c, const char *owner);
  * session of another owner, exactly as for one that does not exist) and
  * returns -1. */
 int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, const char *id);
+
+/* ---- the I/O thread (api_io.c); loop thread ---- */
+
+/* Starts the thread. Returns 0 or -1. */
+int api_io_start(api_app_t *app);
+/* Queues io (borrowed until its done ran): work on the I/O thread in
+ * submission order, then done on the loop thread. After api_io_stop (or
+ * without a thread) both run before this returns. */
+void api_io_submit(api_app_t *app, api_io_t *io);
+/* Runs the done callbacks of finished work (from app->wake). */
+void api_io_pump(api_app_t *app);
+/* Lets the thread finish everything queued, joins it, runs the done
+ * callbacks; later submissions run inline. No-op without a thread. */
+void api_io_stop(api_app_t *app);
 
 /* ---- route registration (one per file) ---- */
 int api_openai_routes(api_app_t *app);
@@ -213,8 +256,13 @@ typedef struct api_gen_job {
 typedef struct api_gen_ops {
     /* Loop thread: one event of job ji (TOKEN or END). */
     void (*event)(api_gen_t *g, size_t ji, const srv_event_t *ev);
-    /* Loop thread: every job is done (srv_job_result valid). Writes the
-     * final frames or the deferred reply, releases the session. */
+    /* Loop thread: every job is done, before the held session is written
+     * (on the I/O thread): the last changes to it (flags, pending tokens).
+     * Not called for an aborted request nor without a session. May be NULL. */
+    void (*prepare)(api_gen_t *g);
+    /* Loop thread: every job is done (srv_job_result valid) and the session
+     * was written (api_gen_release_session gives the result). Writes the
+     * final frames or the deferred reply. */
     void (*done)(api_gen_t *g);
     /* Frees the kind's data (g->kd). May be NULL. */
     void (*free)(void *kd);
@@ -244,6 +292,14 @@ struct api_gen {
     uint64_t bytes_at_tick; /* bytes_out at the last ping tick */
     int ping_on;
     uv_timer_t ping;
+
+    /* the session's write at the end (I/O thread; see api_gen_release_session) */
+    api_io_t persist_io;
+    srv_session_t *persist_s; /* the session being written */
+    int persisting;           /* written now: done() and the free wait */
+    int persisted;            /* written; persist_rc / persist_err hold the result */
+    int persist_rc;
+    char persist_err[256];
 
     api_gen_t *next_ready; /* app->ready list (under app->mu) */
     int queued;            /* on app->ready (under app->mu) */
@@ -286,7 +342,9 @@ void api_gen_reply_json(api_gen_t *g, int status, const char *json);
 void api_gen_reply_error(api_gen_t *g, const proto_error_t *e);
 /* Releases the held session (persist = write it to the store first). On a
  * persist error returns it with a message in err (the previous good state
- * stays on disk). No-op returning 0 when there is no session. */
+ * stays on disk). No-op returning 0 when there is no session. In done(),
+ * the session was already written on the I/O thread at the end of the
+ * jobs: returns that write's result. */
 int api_gen_release_session(api_gen_t *g, int persist, char *err, size_t errlen);
 
 /* Wakes the loop (scheduler thread): g has events or finished a job. */

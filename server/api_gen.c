@@ -14,7 +14,8 @@
  *
  * A request is freed only when (a) every submitted job's on_done has run (the
  * engine no longer holds the pointer), (b) its events were drained and the
- * kind's done() ran, and (c) the stream was closed. The ping timer's close
+ * kind's done() ran (after the session's write on the I/O thread came
+ * back), and (c) the stream was closed. The ping timer's close
  * callback does the free, so no uv callback can see a freed request.
  */
 #include "server/api.h"
@@ -22,6 +23,7 @@
 #include "server/log.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -245,6 +247,11 @@ void api_gen_reply_error(api_gen_t *g, const proto_error_t *e)
 
 int api_gen_release_session(api_gen_t *g, int persist, char *err, size_t errlen)
 {
+    if (g->persisted) {
+        if (g->persist_rc < 0)
+            snprintf(err, errlen, "%s", g->persist_err);
+        return g->persist_rc;
+    }
     if (!g->session)
         return 0;
     srv_session_t *s = g->session;
@@ -286,8 +293,8 @@ static int all_done_ev(const api_gen_t *g)
  * ping timer's close callback). */
 static void gen_destroy(api_gen_t *g)
 {
-    if (g->destroyed)
-        return;
+    if (g->destroyed || g->persisting)
+        return; /* persist_done() comes back here */
     g->destroyed = 1;
     for (size_t i = 0; i < g->n_jobs; i++) {
         api_gen_job_t *j = &g->jobs[i];
@@ -325,17 +332,64 @@ static void gen_destroy(api_gen_t *g)
     uv_close((uv_handle_t *)&g->ping, gen_free_cb);
 }
 
-/* Called when everything of g's jobs is in: run done(), then close once the
- * held frames went out. */
-static void gen_finish(api_gen_t *g)
+/* Runs done(), then closes once the held frames went out. */
+static void gen_end(api_gen_t *g)
 {
-    g->finished = 1;
-    uv_timer_stop(&g->ping);
     if (g->ops->done)
         g->ops->done(g);
     g->closing = 1;
     if (g->held_len == 0 || g->cancelled || !g->stream)
         gen_destroy(g);
+}
+
+/* I/O thread: writes the session and gives it back. */
+static void persist_work(api_io_t *io)
+{
+    api_gen_t *g = (api_gen_t *)((char *)io - offsetof(api_gen_t, persist_io));
+    srv_session_t *s = g->persist_s;
+    srv_session_touch(s);
+    g->persist_rc = srv_store_release(g->app->store, s, 1);
+    if (g->persist_rc < 0) {
+        const char *d = srv_store_last_error();
+        snprintf(g->persist_err, sizeof g->persist_err,
+                 "session state could not be saved (%s); the saved copy on disk is "
+                 "the previous one",
+                 d && *d ? d : srv_store_strerror(g->persist_rc));
+    }
+}
+
+static void persist_done(api_io_t *io)
+{
+    api_gen_t *g = (api_gen_t *)((char *)io - offsetof(api_gen_t, persist_io));
+    g->persisting = 0;
+    g->persisted = 1;
+    g->persist_s = NULL;
+    if (g->persist_rc < 0) {
+        srv_series_add(g->app->m_persist_err, 1);
+        SRV_LOG(SRV_LOG_ERROR, g->rid, "%s", g->persist_err);
+    }
+    gen_end(g);
+}
+
+/* Called when everything of g's jobs is in: the session (if any) is
+ * written on the I/O thread first, so the loop goes on serving meanwhile;
+ * then gen_end. */
+static void gen_finish(api_gen_t *g)
+{
+    g->finished = 1;
+    uv_timer_stop(&g->ping);
+    if (g->session && !g->aborted) {
+        if (g->ops->prepare)
+            g->ops->prepare(g);
+        g->persist_s = g->session;
+        g->session = NULL;
+        g->persisting = 1;
+        g->persist_io.work = persist_work;
+        g->persist_io.done = persist_done;
+        api_io_submit(g->app, &g->persist_io);
+        return;
+    }
+    gen_end(g);
 }
 
 /* Pops and handles events until the queues are empty or the stream is

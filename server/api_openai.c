@@ -148,6 +148,15 @@ static const char *oa_totals(api_gen_t *g, proto_usage_t *u, double *ttft_s)
     return err;
 }
 
+static void oa_prepare(api_gen_t *g)
+{
+    oa_req_t *r = g->kd;
+    if (r->session_chat) {
+        srv_session_set_turn_open(g->session, 1);
+        srv_session_set_has_chat(g->session, 1);
+    }
+}
+
 static void oa_done(api_gen_t *g)
 {
     oa_req_t *r = g->kd;
@@ -157,16 +166,10 @@ static void oa_done(api_gen_t *g)
     double ttft_s;
     const char *gen_err = oa_totals(g, &u, &ttft_s);
 
-    /* the session first: its save can fail, and then the answer says so */
+    /* the session was written before done(): its save can fail, and then
+     * the answer says so */
     char perr[256] = "";
-    int persist_rc = 0;
-    if (g->session) {
-        if (r->session_chat) {
-            srv_session_set_turn_open(g->session, 1);
-            srv_session_set_has_chat(g->session, 1);
-        }
-        persist_rc = api_gen_release_session(g, 1, perr, sizeof perr);
-    }
+    int persist_rc = api_gen_release_session(g, 1, perr, sizeof perr);
 
     const char *fin0 = r->n_choices ? api_finish_reason(r->choices[0].finish) : NULL;
     api_gen_log_done(g, r->session_id[0] ? r->session_id : NULL, u.prompt_tokens,
@@ -246,7 +249,8 @@ static void oa_done(api_gen_t *g)
     free(pcs);
 }
 
-static const api_gen_ops_t oa_ops = {.event = oa_event, .done = oa_done, .free = oa_free};
+static const api_gen_ops_t oa_ops = {
+    .event = oa_event, .prepare = oa_prepare, .done = oa_done, .free = oa_free};
 
 /* ---- handlers ---- */
 

@@ -189,6 +189,26 @@ static int pend_last(srv_seq_ctx_t *ctx, int32_t tok)
     return rc;
 }
 
+/* ---- deferred answers (from the I/O thread's completions) ---- */
+
+/* Answers a deferred stream with json (NULL: out of memory) and releases it. */
+static void defer_reply_json(srv_stream_t *st, int status, const char *json)
+{
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                              "\"server_error\",\"param\":null,\"code\":\"internal_error\"}}";
+    if (!json)
+        srv_stream_reply(st, 500, "application/json", oom, sizeof oom - 1);
+    else
+        srv_stream_reply(st, status, "application/json", json, strlen(json));
+}
+
+static void defer_reply_error(srv_stream_t *st, const proto_error_t *e)
+{
+    char *j = proto_error_json(e);
+    defer_reply_json(st, e->status, j);
+    proto_free(j);
+}
+
 /* ---- ingest (create, append) ---- */
 
 typedef struct ingest {
@@ -196,72 +216,55 @@ typedef struct ingest {
     int has_last; /* last token to leave pending */
     int32_t last;
     int set_chat; /* messages were rendered: turn closed, chat started */
+    int oom;      /* pending the last token failed */
     char id[PROTO_SESSION_ID_LEN + 1];
 } ingest_t;
 
-/* The end of an ingest, with or without an engine job: pend the last token,
- * set the flags, save, answer. *g_or_req: exactly one of g / req. */
-static void ingest_finish(api_app_t *app, api_gen_t *g, srv_req_t *req, srv_session_t *s,
-                          const ingest_t *k, const char *job_err)
+/* The last changes before the session is written: pend the last token,
+ * set the flags. */
+static void ingest_apply(srv_session_t *s, ingest_t *k)
 {
-    char perr[256] = "";
-    proto_error_t e;
-    int failed = 0;
-    if (k->has_last && pend_last(srv_session_ctx(s), k->last) < 0) {
-        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "out of memory ingesting the text");
-        failed = 1;
-    }
+    if (k->has_last && pend_last(srv_session_ctx(s), k->last) < 0)
+        k->oom = 1;
     if (k->set_chat) {
         srv_session_set_turn_open(s, 0);
         srv_session_set_has_chat(s, 1);
     }
-    int rc;
-    if (g) {
-        rc = api_gen_release_session(g, 1, perr, sizeof perr);
-    } else {
-        srv_session_touch(s);
-        rc = srv_store_release(app->store, s, 1);
-        if (rc < 0) {
-            const char *d = srv_store_last_error();
-            snprintf(perr, sizeof perr,
-                     "session state could not be saved (%s); the saved copy on disk is the "
-                     "previous one",
-                     d && *d ? d : srv_store_strerror(rc));
-            srv_series_add(app->m_persist_err, 1);
-            SRV_LOG(SRV_LOG_ERROR, req ? srv_req_id(req) : NULL, "%s", perr);
-        }
+}
+
+/* The answer once the session was written (rc, perr: the write's result):
+ * the short session object (*json, proto_free) and 0, or e and -1. */
+static int ingest_answer(api_app_t *app, const ingest_t *k, const char *job_err, int shutdown,
+                         int rc, const char *perr, proto_error_t *e, char **json)
+{
+    *json = NULL;
+    if (k->oom) {
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory ingesting the text");
+        return -1;
     }
-    if (g && g->cancelled)
-        return;
-    if (!failed && job_err) {
-        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "ingest failed: %s", job_err);
-        failed = 1;
-    } else if (!failed && g && g->shutdown) {
-        api_engine_error(SRV_ENGINE_ESTOPPED, NULL, &e);
-        failed = 1;
-    } else if (!failed && rc < 0) {
-        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "%s", perr);
-        failed = 1;
+    if (job_err) {
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "ingest failed: %s", job_err);
+        return -1;
     }
-    char *j = NULL;
-    if (!failed) {
-        j = session_json(app, k->id, 0, &rc);
-        if (!j) {
-            api_store_error(rc, k->id, NULL, &e);
-            failed = 1;
-        }
+    if (shutdown) {
+        api_engine_error(SRV_ENGINE_ESTOPPED, NULL, e);
+        return -1;
     }
-    if (failed) {
-        if (g)
-            api_gen_reply_error(g, &e);
-        else
-            api_reply_proto(req, &e);
-    } else if (g) {
-        api_gen_reply_json(g, k->status, j);
-    } else {
-        srv_reply_json(req, k->status, j);
+    if (rc < 0) {
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "%s", perr);
+        return -1;
     }
-    proto_free(j);
+    *json = session_json(app, k->id, 0, &rc);
+    if (!*json) {
+        api_store_error(rc, k->id, NULL, e);
+        return -1;
+    }
+    return 0;
+}
+
+static void ingest_prepare(api_gen_t *g)
+{
+    ingest_apply(g->session, g->kd);
 }
 
 static void ingest_done(api_gen_t *g)
@@ -273,19 +276,71 @@ static void ingest_done(api_gen_t *g)
     const srv_job_result_t *res = g->jobs[0].submitted ? srv_job_result(g->jobs[0].job) : NULL;
     if (res && res->finish[0] == SRV_FINISH_ERROR)
         job_err = res->error[0] ? res->error : "ingest failed";
-    srv_session_t *s = g->session;
-    if (!s)
-        return;
     if (res)
         SRV_LOG(SRV_LOG_INFO, g->rid,
                 "ingest route=%s session=%s prompt_tokens=%" PRId64 " total_ms=%.1f%s", g->route,
                 k->id, res->prompt_tokens + (k->has_last ? 1 : 0),
                 (double)(srv_engine_now_ns() - g->t_start_ns) / 1e6,
                 g->cancelled ? " (client gone)" : "");
-    ingest_finish(g->app, g, NULL, s, k, job_err);
+    char perr[256] = "";
+    int rc = api_gen_release_session(g, 1, perr, sizeof perr);
+    if (g->cancelled)
+        return;
+    proto_error_t e;
+    char *j = NULL;
+    if (ingest_answer(g->app, k, job_err, g->shutdown, rc, perr, &e, &j) < 0)
+        api_gen_reply_error(g, &e);
+    else
+        api_gen_reply_json(g, k->status, j);
+    proto_free(j);
 }
 
-static const api_gen_ops_t ingest_ops = {.done = ingest_done, .free = free};
+static const api_gen_ops_t ingest_ops = {
+    .prepare = ingest_prepare, .done = ingest_done, .free = free};
+
+/* An ingest with nothing for the engine: the session is only written (on
+ * the I/O thread), then answered. */
+typedef struct ingest_io {
+    api_io_t io; /* first: the item is the struct */
+    api_app_t *app;
+    srv_stream_t *stream;
+    srv_session_t *s;
+    ingest_t k;
+    int rc;
+    char perr[256];
+    char rid[72];
+} ingest_io_t;
+
+static void ingest_io_work(api_io_t *io)
+{
+    ingest_io_t *w = (ingest_io_t *)io;
+    srv_session_touch(w->s);
+    w->rc = srv_store_release(w->app->store, w->s, 1);
+    if (w->rc < 0) {
+        const char *d = srv_store_last_error();
+        snprintf(w->perr, sizeof w->perr,
+                 "session state could not be saved (%s); the saved copy on disk is the "
+                 "previous one",
+                 d && *d ? d : srv_store_strerror(w->rc));
+    }
+}
+
+static void ingest_io_done(api_io_t *io)
+{
+    ingest_io_t *w = (ingest_io_t *)io;
+    if (w->rc < 0) {
+        srv_series_add(w->app->m_persist_err, 1);
+        SRV_LOG(SRV_LOG_ERROR, w->rid, "%s", w->perr);
+    }
+    proto_error_t e;
+    char *j = NULL;
+    if (ingest_answer(w->app, &w->k, NULL, 0, w->rc, w->perr, &e, &j) < 0)
+        defer_reply_error(w->stream, &e);
+    else
+        defer_reply_json(w->stream, w->k.status, j);
+    proto_free(j);
+    free(w);
+}
 
 /* Ingests ids[n] (owned, freed here) into s (held) and answers req with the
  * short session object. */
@@ -302,7 +357,20 @@ static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *id
     srv_seq_ctx_t *ctx = srv_session_ctx(s);
     if (n == 0 && ctx->n_pending == 0) {
         free(ids);
-        ingest_finish(app, NULL, req, s, &k, NULL);
+        ingest_io_t *w = calloc(1, sizeof *w);
+        srv_stream_t *st = w ? srv_stream_defer(req, NULL) : NULL;
+        if (!st) { /* a failed defer answered 500 */
+            free(w);
+            srv_store_release(app->store, s, 0);
+            if (!w)
+                api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+            return;
+        }
+        ingest_apply(s, &k);
+        *w = (ingest_io_t){.io = {.work = ingest_io_work, .done = ingest_io_done},
+                           .app = app, .stream = st, .s = s, .k = k};
+        snprintf(w->rid, sizeof w->rid, "%s", srv_req_id(req));
+        api_io_submit(app, &w->io);
         return;
     }
     ingest_t *kd = malloc(sizeof *kd);
@@ -471,6 +539,15 @@ static void sgen_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
     proto_free(j);
 }
 
+static void sgen_prepare(api_gen_t *g)
+{
+    sgen_t *k = g->kd;
+    if (k->set_chat) {
+        srv_session_set_turn_open(g->session, 1);
+        srv_session_set_has_chat(g->session, 1);
+    }
+}
+
 static void sgen_done(api_gen_t *g)
 {
     sgen_t *k = g->kd;
@@ -480,10 +557,6 @@ static void sgen_done(api_gen_t *g)
     const char *job_err = NULL;
     if (res && res->finish[0] == SRV_FINISH_ERROR)
         job_err = res->error[0] ? res->error : "generation failed";
-    if (g->session && k->set_chat) {
-        srv_session_set_turn_open(g->session, 1);
-        srv_session_set_has_chat(g->session, 1);
-    }
     char perr[256] = "";
     int prc = api_gen_release_session(g, 1, perr, sizeof perr);
     proto_usage_t u = {0, 0};
@@ -547,7 +620,8 @@ static void sgen_done(api_gen_t *g)
     free(tops);
 }
 
-static const api_gen_ops_t sgen_ops = {.event = sgen_event, .done = sgen_done, .free = sgen_free};
+static const api_gen_ops_t sgen_ops = {
+    .event = sgen_event, .prepare = sgen_prepare, .done = sgen_done, .free = sgen_free};
 
 static void h_generate(srv_req_t *req, void *ud)
 {
@@ -700,111 +774,189 @@ static void h_get(srv_req_t *req, void *ud)
     proto_free(j);
 }
 
+/* ---- operations that read or write a whole state (I/O thread) ----
+ * delete, fork, export and import run on the I/O thread (api_io.c); the
+ * handler checks what it can, defers the answer, and the completion
+ * answers. */
+
+enum sop_kind { SOP_DELETE, SOP_FORK, SOP_EXPORT, SOP_IMPORT };
+
+typedef struct sop {
+    api_io_t io; /* first: the item is the struct */
+    api_app_t *app;
+    srv_stream_t *stream;
+    enum sop_kind kind;
+    char id[PROTO_SESSION_ID_LEN + 1];
+    char owner[SRV_SESSION_OWNER_LEN + 1]; /* fork: the copy's owner tag */
+    char *in;       /* import: the request body (owned) */
+    size_t in_len;
+    void *blob;     /* export: the state (owned), answered as it is */
+    size_t blob_len;
+    int status;
+    char *json;     /* the answer otherwise (proto_free), or small; neither = out of memory */
+    char small[128];
+} sop_t;
+
+static void sop_work(api_io_t *io)
+{
+    sop_t *o = (sop_t *)io;
+    api_app_t *app = o->app;
+    char err[512] = "";
+    const char *eid = o->id;
+    char nid[PROTO_SESSION_ID_LEN + 1] = "";
+    int rc = 0;
+    switch (o->kind) {
+    case SOP_DELETE:
+        rc = srv_store_delete(app->store, o->id);
+        if (rc == 0) {
+            snprintf(o->small, sizeof o->small,
+                     "{\"id\":\"%s\",\"object\":\"session.deleted\",\"deleted\":true}", o->id);
+            o->status = 200;
+        }
+        break;
+    case SOP_FORK:
+        rc = srv_store_fork_owned(app->store, o->id, o->owner, nid);
+        if (rc == 0) {
+            eid = nid;
+            o->status = 201;
+            o->json = session_json(app, nid, 0, &rc);
+        }
+        break;
+    case SOP_EXPORT:
+        rc = srv_store_export(app->store, o->id, &o->blob, &o->blob_len);
+        o->status = 200;
+        break;
+    case SOP_IMPORT:
+        rc = srv_store_import(app->store, o->id, o->in, o->in_len, err, sizeof err);
+        free(o->in);
+        o->in = NULL;
+        if (rc == 0) {
+            o->status = 200;
+            o->json = session_json(app, o->id, 0, &rc);
+        }
+        break;
+    }
+    if (rc < 0 && rc != SRV_STORE_ENOMEM) {
+        /* here: the store's detail is this thread's */
+        proto_error_t e;
+        api_store_error(rc, eid, err[0] ? err : NULL, &e);
+        proto_free(o->json);
+        o->json = proto_error_json(&e);
+        o->status = e.status;
+    }
+}
+
+static void sop_done(api_io_t *io)
+{
+    sop_t *o = (sop_t *)io;
+    if (o->kind == SOP_EXPORT && o->blob) {
+        char disp[96];
+        snprintf(disp, sizeof disp, "attachment; filename=\"%s.dsst\"", o->id);
+        srv_stream_add_header(o->stream, "Content-Disposition", disp);
+        srv_stream_reply(o->stream, 200, "application/octet-stream", o->blob, o->blob_len);
+    } else {
+        defer_reply_json(o->stream, o->status, o->json ? o->json : o->small[0] ? o->small : NULL);
+    }
+    free(o->blob);
+    free(o->in);
+    proto_free(o->json);
+    free(o);
+}
+
+/* The common start: the path id, the caller's right to the session, the
+ * deferred answer. NULL after answering req. */
+static sop_t *sop_begin(api_app_t *app, srv_req_t *req, enum sop_kind kind, api_caller_t *who)
+{
+    const char *id = path_id(req);
+    if (!id)
+        return NULL;
+    api_caller(app, req, who);
+    if (api_session_check(app, req, who, id) < 0)
+        return NULL;
+    sop_t *o = calloc(1, sizeof *o);
+    if (!o) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return NULL;
+    }
+    o->io.work = sop_work;
+    o->io.done = sop_done;
+    o->app = app;
+    o->kind = kind;
+    snprintf(o->id, sizeof o->id, "%s", id);
+    return o;
+}
+
+/* Defers req's answer and queues o; frees o when the defer fails (which
+ * answered 500). */
+static void sop_submit(api_app_t *app, srv_req_t *req, sop_t *o)
+{
+    o->stream = srv_stream_defer(req, NULL);
+    if (!o->stream) {
+        free(o->in);
+        free(o);
+        return;
+    }
+    api_io_submit(app, &o->io);
+}
+
 static void h_delete(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
-    const char *id = path_id(req);
-    if (!id)
-        return;
     api_caller_t who;
-    api_caller(app, req, &who);
-    if (api_session_check(app, req, &who, id) < 0)
-        return;
-    int rc = srv_store_delete(app->store, id);
-    if (rc < 0) {
-        api_reply_store(req, rc, id, NULL);
-        return;
-    }
-    char j[96];
-    snprintf(j, sizeof j, "{\"id\":\"%s\",\"object\":\"session.deleted\",\"deleted\":true}", id);
-    srv_reply_json(req, 200, j);
+    sop_t *o = sop_begin(app, req, SOP_DELETE, &who);
+    if (o)
+        sop_submit(app, req, o);
 }
 
 static void h_fork(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
-    const char *id = path_id(req);
-    if (!id)
-        return;
     api_caller_t who;
-    api_caller(app, req, &who);
-    if (api_session_check(app, req, &who, id) < 0)
+    sop_t *o = sop_begin(app, req, SOP_FORK, &who);
+    if (!o)
         return;
-    char nid[PROTO_SESSION_ID_LEN + 1];
-    int rc = srv_store_fork_owned(app->store, id, who.owner, nid);
-    if (rc < 0) {
-        api_reply_store(req, rc, id, NULL);
-        return;
-    }
-    char *j = session_json(app, nid, 0, &rc);
-    if (!j) {
-        api_reply_store(req, rc, nid, NULL);
-        return;
-    }
-    srv_reply_json(req, 201, j);
-    proto_free(j);
+    snprintf(o->owner, sizeof o->owner, "%s", who.owner);
+    sop_submit(app, req, o);
 }
 
 static void h_export(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
-    const char *id = path_id(req);
-    if (!id)
-        return;
     api_caller_t who;
-    api_caller(app, req, &who);
-    if (api_session_check(app, req, &who, id) < 0)
-        return;
-    void *blob = NULL;
-    size_t n = 0;
-    int rc = srv_store_export(app->store, id, &blob, &n);
-    if (rc < 0) {
-        api_reply_store(req, rc, id, NULL);
-        return;
-    }
-    char disp[96];
-    snprintf(disp, sizeof disp, "attachment; filename=\"%s.dsst\"", id);
-    srv_req_add_header(req, "Content-Disposition", disp);
-    srv_reply(req, 200, "application/octet-stream", blob, n);
-    free(blob);
+    sop_t *o = sop_begin(app, req, SOP_EXPORT, &who);
+    if (o)
+        sop_submit(app, req, o);
 }
 
 static void h_import(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
-    const char *id = path_id(req);
-    if (!id)
-        return;
     api_caller_t who;
-    api_caller(app, req, &who);
-    if (api_session_check(app, req, &who, id) < 0)
+    sop_t *o = sop_begin(app, req, SOP_IMPORT, &who);
+    if (!o)
         return;
     size_t n = 0;
-    const char *body = srv_req_body(req, &n);
-    if (n == 0) {
-        api_reply_kind(req, PROTO_ERR_INVALID_VALUE, NULL,
-                       "the body must be a session state blob (GET /v1/sessions/{id}/state)");
+    srv_req_body(req, &n);
+    if (n == 0 || n > app->state_blob_max) {
+        free(o);
+        if (n == 0)
+            api_reply_kind(req, PROTO_ERR_INVALID_VALUE, NULL,
+                           "the body must be a session state blob (GET /v1/sessions/{id}/state)");
+        else
+            api_reply_kind(req, PROTO_ERR_TOO_LARGE, NULL,
+                           "a state blob of %zu bytes is larger than any this model makes (%zu)",
+                           n, app->state_blob_max);
         return;
     }
-    if (n > app->state_blob_max) {
-        api_reply_kind(req, PROTO_ERR_TOO_LARGE, NULL,
-                       "a state blob of %zu bytes is larger than any this model makes (%zu)", n,
-                       app->state_blob_max);
+    /* the body moves to the I/O thread: the request may end (client gone)
+     * before the import does */
+    o->in = srv_req_take_body(req, &o->in_len);
+    if (!o->in) {
+        free(o);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
-    char err[512] = "";
-    int rc = srv_store_import(app->store, id, body, n, err, sizeof err);
-    if (rc < 0) {
-        api_reply_store(req, rc, id, err);
-        return;
-    }
-    char *j = session_json(app, id, 0, &rc);
-    if (!j) {
-        api_reply_store(req, rc, id, NULL);
-        return;
-    }
-    srv_reply_json(req, 200, j);
-    proto_free(j);
+    sop_submit(app, req, o);
 }
 
 int api_sessions_routes(api_app_t *app)

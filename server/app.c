@@ -38,15 +38,49 @@ static void app_handle_closed(uv_handle_t *h)
 
 static void on_wake(uv_async_t *a)
 {
+    api_io_pump(a->data);
     api_gen_pump_ready(a->data);
+}
+
+/* The sweep writes and deletes files: on the I/O thread, one at a time. */
+typedef struct sweep_io {
+    api_io_t io; /* first: the item is the struct */
+    api_app_t *app;
+    int rc;
+    char err[256];
+} sweep_io_t;
+
+static void sweep_work(api_io_t *io)
+{
+    sweep_io_t *w = (sweep_io_t *)io;
+    w->rc = srv_store_sweep(w->app->store, (int64_t)time(NULL));
+    if (w->rc < 0)
+        snprintf(w->err, sizeof w->err, "%s", srv_store_last_error());
+}
+
+static void sweep_done(api_io_t *io)
+{
+    sweep_io_t *w = (sweep_io_t *)io;
+    if (w->rc < 0)
+        SRV_LOG(SRV_LOG_WARN, NULL, "session sweep: %s (%s)", srv_store_strerror(w->rc),
+                w->err);
+    w->app->sweeping = 0;
+    free(w);
 }
 
 static void on_sweep(uv_timer_t *t)
 {
     api_app_t *app = t->data;
-    int rc = srv_store_sweep(app->store, (int64_t)time(NULL));
-    if (rc < 0)
-        SRV_LOG(SRV_LOG_WARN, NULL, "session sweep: %s", srv_store_strerror(rc));
+    if (app->sweeping || app->stopping)
+        return;
+    sweep_io_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return;
+    w->io.work = sweep_work;
+    w->io.done = sweep_done;
+    w->app = app;
+    app->sweeping = 1;
+    api_io_submit(app, &w->io);
 }
 
 static void on_drain_deadline(uv_timer_t *t)
@@ -371,6 +405,10 @@ static void load_after(uv_work_t *w, int status)
         srv_serve_fail(app->serve, "cannot bound the state import route");
         return;
     }
+    if (api_io_start(app) < 0) {
+        srv_serve_fail(app->serve, "cannot start the session I/O thread");
+        return;
+    }
     uv_timer_start(&app->sweep_timer, on_sweep, SWEEP_MS, SWEEP_MS);
     app->ready = 1;
     srv_http_set_ready(app->http, 1);
@@ -467,6 +505,9 @@ static void app_stop(void *state)
     }
     uv_timer_stop(&app->sweep_timer);
     uv_timer_stop(&app->drain_timer);
+    /* the store's queued work finishes (and is answered) before anything
+     * goes; from now on store work runs inline */
+    api_io_stop(app);
     api_gen_cancel_all(app, 1);
     if (app->engine)
         srv_engine_stop(app->engine, srv_engine_now_ns());

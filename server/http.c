@@ -973,6 +973,20 @@ const char *srv_req_body(const srv_req_t *req, size_t *len)
     return req->body ? req->body : "";
 }
 
+char *srv_req_take_body(srv_req_t *req, size_t *len)
+{
+    char *b = req->body;
+    *len = req->body_len;
+    req->body = NULL;
+    req->body_len = req->body_cap = 0;
+    if (!b) {
+        b = malloc(1);
+        if (b)
+            b[0] = '\0';
+    }
+    return b;
+}
+
 int srv_req_add_header(srv_req_t *req, const char *name, const char *value)
 {
     if (req->phase == PH_ANSWERED)

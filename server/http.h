@@ -230,6 +230,10 @@ const char *srv_req_query(const srv_req_t *req, const char *key);   /* NULL if a
 const char *srv_req_header(const srv_req_t *req, const char *name); /* case-insensitive */
 /* The body, NUL-terminated (the NUL is not counted in *len); "" when empty. */
 const char *srv_req_body(const srv_req_t *req, size_t *len);
+/* Takes the body away from the request (no copy): the caller owns the
+ * returned buffer (free()), *len bytes plus a NUL, and may keep it past the
+ * request's end; srv_req_body says "" afterwards. NULL when out of memory. */
+char *srv_req_take_body(srv_req_t *req, size_t *len);
 srv_http_t *srv_req_server(const srv_req_t *req);
 /* The API key the request authenticated with: its index in opts.api_keys,
  * or -1 when no keys are configured (or the path is public). *admin (may be
