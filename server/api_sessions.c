@@ -853,7 +853,9 @@ static void sop_done(api_io_t *io)
         char disp[96];
         snprintf(disp, sizeof disp, "attachment; filename=\"%s.dsst\"", o->id);
         srv_stream_add_header(o->stream, "Content-Disposition", disp);
-        srv_stream_reply(o->stream, 200, "application/octet-stream", o->blob, o->blob_len);
+        /* the blob is the answer: no copy of it is made */
+        srv_stream_reply_take(o->stream, 200, "application/octet-stream", o->blob, o->blob_len);
+        o->blob = NULL;
     } else {
         defer_reply_json(o->stream, o->status, o->json ? o->json : o->small[0] ? o->small : NULL);
     }

@@ -592,6 +592,26 @@ static enum MHD_Result queue_buffer(srv_req_t *req, int status, const char *ctyp
     return r;
 }
 
+/* Like queue_buffer, without a copy: MHD sends body[0..len) in place and
+ * free()s it when the response is gone. body (malloc'd, non-NULL) is owned
+ * by this call whatever it returns. */
+static enum MHD_Result queue_buffer_owned(srv_req_t *req, int status, const char *ctype,
+                                          char *body, size_t len, const hdrlist_t *extra)
+{
+    if (req->hold || len == 0) {
+        enum MHD_Result r = queue_buffer(req, status, ctype, body, len, extra);
+        free(body);
+        return r;
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback(len, body, free);
+    if (!resp)
+        free(body);
+    enum MHD_Result r = queue_response(req, status, resp, ctype, extra);
+    if (r == MHD_YES)
+        req->bytes_out += len;
+    return r;
+}
+
 static enum MHD_Result queue_error(srv_req_t *req, int status, const char *type,
                                    const char *code, const char *msg, const hdrlist_t *extra)
 {
@@ -1291,6 +1311,41 @@ void srv_stream_close(srv_stream_t *s, int mode)
     stream_close_locked(s, mode);
 }
 
+int srv_stream_reply_take(srv_stream_t *s, int status, const char *content_type, void *body,
+                          size_t len)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->hub->lock);
+    if (s->closed) {
+        pthread_mutex_unlock(&s->hub->lock);
+        free(body);
+        return SRV_HTTP_ESTATE;
+    }
+    if (s->mode != MODE_DEFERRED || status < 100 || status > 999) {
+        rc = SRV_HTTP_ESTATE;
+    } else if (stream_gone_locked(s)) {
+        rc = SRV_HTTP_ECANCELED;
+    } else {
+        char *ct = content_type ? strdup(content_type) : NULL;
+        if (content_type && !ct) {
+            rc = SRV_HTTP_ENOMEM;
+        } else {
+            /* the answer is body itself: answer_deferred hands it to MHD */
+            free(s->buf);
+            s->buf = body;
+            s->off = 0;
+            s->len = s->cap = body ? len : 0;
+            body = NULL;
+            s->ctype = ct;
+            s->status = status;
+            s->mode = MODE_REPLY;
+        }
+    }
+    free(body);
+    stream_close_locked(s, rc == 0 ? SRV_STREAM_END : SRV_STREAM_ABORT);
+    return rc;
+}
+
 int srv_stream_reply(srv_stream_t *s, int status, const char *content_type, const void *body,
                      size_t len)
 {
@@ -1666,6 +1721,8 @@ static enum MHD_Result answer_deferred(srv_req_t *req)
     char *body = NULL;
     size_t blen = 0;
     if (mode == MODE_REPLY) {
+        if (s->off)
+            memmove(s->buf, s->buf + s->off, s->len - s->off);
         body = s->buf;
         blen = s->len - s->off;
         s->buf = NULL;
@@ -1675,8 +1732,11 @@ static enum MHD_Result answer_deferred(srv_req_t *req)
     enum MHD_Result r;
     if (gone || req->client_gone)
         r = MHD_NO;
-    else if (mode == MODE_REPLY)
-        r = queue_buffer(req, status, ctype, body ? body + 0 : "", blen, &extra);
+    else if (mode == MODE_REPLY && body) {
+        r = queue_buffer_owned(req, status, ctype, body, blen, &extra); /* takes body */
+        body = NULL;
+    } else if (mode == MODE_REPLY)
+        r = queue_buffer(req, status, ctype, "", 0, &extra);
     else if (mode == MODE_STREAMING)
         r = queue_stream(req, s, status, ctype, &extra);
     else if (closed)

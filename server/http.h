@@ -297,6 +297,12 @@ int srv_stream_add_header(srv_stream_t *s, const char *name, const char *value);
  * SRV_HTTP_ESTATE (not deferred, or already begun; s is still released). */
 int srv_stream_reply(srv_stream_t *s, int status, const char *content_type, const void *body,
                      size_t len);
+/* Any thread. Same, without copying: takes body (malloc'd, len bytes; NULL
+ * for an empty one), which is sent as it is and free()d once the response
+ * is gone (or at once on an error return). A large answer (a session state)
+ * so exists once in memory, not three times. */
+int srv_stream_reply_take(srv_stream_t *s, int status, const char *content_type, void *body,
+                          size_t len);
 /* Any thread. Turns a deferred stream into a streamed response with this
  * status; then srv_stream_write as usual. */
 int srv_stream_begin(srv_stream_t *s, int status, const char *content_type);

@@ -78,3 +78,35 @@ def test_health_answers_while_large_sessions_fork_and_export(servers):
     med = statistics.median(during)
     assert med < 0.050, f"/health median {med * 1e3:.0f} ms over {len(during)} probes " \
                         f"(max {max(during) * 1e3:.0f} ms) while sessions were forked and exported"
+
+
+def _proc_bytes(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"{key} not in /proc/{pid}/status")
+
+
+def test_export_makes_no_copy_of_the_state(servers):
+    """GET .../state answers with the serialized blob itself: the server's
+    peak memory grows by one state, not by two or three copies of it
+    (issue 9). The peak is reset through /proc/PID/clear_refs before each
+    export."""
+    s = servers(model=MODEL, attn="exact")
+    st, obj, _ = s.post("/v1/sessions", {"system": TEXT})
+    assert st == 201, obj
+    sid = obj["id"]
+    st, info, _ = s.json("GET", f"/v1/sessions/{sid}")
+    n = info["state_bytes"]
+    assert n > 20_000_000, info
+    growth = []
+    for _ in range(3):
+        with open(f"/proc/{s.proc.pid}/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        base = _proc_bytes(s.proc.pid, "VmRSS")
+        st, _, body = s.request("GET", f"/v1/sessions/{sid}/state")
+        assert st == 200 and len(body) == n
+        growth.append((_proc_bytes(s.proc.pid, "VmHWM") - base) / n)
+    # one copy is 1.0 (measured 1.00; 2.00 when the blob was copied twice)
+    assert min(growth) < 1.5, f"peak memory grew by {growth} states per export"
