@@ -5,7 +5,7 @@
  * weights to f32: one GEMM per weight matrix per forward is then plain sgemm.
  * Decode rows read the quantized weights in place through core/qdot instead
  * (4-6x fewer bytes per token): the rows of every sequence that brings one
- * token to the forward are placed first, and for Q4_0/Q4_1/Q8_0 weights they
+ * token to the forward are placed first, and for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights they
  * are quantized to 8 bits once per input (one quantization serves q, k and
  * v; another gate and up) and multiplied in integers; other block types take
  * them as f32. Which path a row takes depends only on its own sequence, so a

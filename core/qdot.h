@@ -109,7 +109,8 @@ typedef struct core_q8_act {
     float *ds;        /* [m][nb] */
 } core_q8_act_t;
 
-/* 1 for the weight types core_q8_matmul multiplies: Q4_0, Q4_1, Q8_0. */
+/* 1 for the weight types core_q8_matmul multiplies: Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0. */
 int core_q8_supported(int type);
 /* Bytes of the buffer behind an activation of m rows of k values (m, k >= 0;
  * m * k <= 2^40), a multiple of 64. */

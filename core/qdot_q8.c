@@ -1,20 +1,22 @@
-/* core/qdot_q8.c — integer dot products of 8-bit activations with Q4_0, Q4_1
- * and Q8_0 weight rows (the API and error contract are in core/qdot.h).
+/* core/qdot_q8.c — integer dot products of 8-bit activations with Q4_0, Q4_1,
+ * Q5_0, Q5_1 and Q8_0 weight rows (the API and error contract are in
+ * core/qdot.h).
  *
  * Per block of 32 the product is an integer: I = sum_i u_i * q_i with u the
- * weight's stored quants (nibbles 0..15, or int8 for Q8_0) and q the
+ * weight's stored quants (0..15 or, Q5, 0..31; int8 for Q8_0) and q the
  * activation's int8 quants. A block then adds d_w d_a I + m_w d_a s (s = sum
- * q, m_w the offset: Q4_1's m, -8 d_w for Q4_0 whose values are d_w (u - 8),
- * 0 for Q8_0). Keeping the nibbles unsigned lets Q4_0 and Q4_1 share the u8 x
- * s8 instruction (maddubs, dpbusd) without sign tricks; Q8_0's signed weights
- * go through |w| x (sign(w) q). No integer overflow anywhere: maddubs pairs
- * are at most 2 * 128 * 127 = 32512 < 2^15, a block sum at most 2^19.
+ * q, m_w the offset: Q4_1's and Q5_1's m, -8 d_w for Q4_0 whose values are
+ * d_w (u - 8), -16 d_w for Q5_0, 0 for Q8_0). Keeping the quants unsigned
+ * lets the Q4 and Q5 types share the u8 x s8 instruction (maddubs, dpbusd)
+ * without sign tricks; Q8_0's signed weights go through |w| x (sign(w) q).
+ * No integer overflow anywhere: maddubs pairs are at most 2 * 128 * 127 =
+ * 32512 < 2^15, a block sum at most 2^19.
  *
  * The scalar kernel is the reference: it defines the integers and the float
  * operations (per block: (d_w * d_a) * I, then m_w * ds with ds = d_a * s
- * formed at quantization, summed in block order). SIMD kernels form the same integers and the same two products
- * but sum them in lanes, so they differ from the reference only in the order
- * of float additions.
+ * formed at quantization, summed in block order). SIMD kernels form the same
+ * integers and the same two products but sum them in lanes, so they differ
+ * from the reference only in the order of float additions.
  *
  * Every output is computed by the same one-row kernel, whatever the number
  * of activation rows (the weight row is re-expanded for each; it stays in
@@ -45,7 +47,45 @@ enum { QB = CORE_Q8_BLOCK }; /* values per block */
 
 int core_q8_supported(int type)
 {
-    return type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q8_0;
+    return type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q5_0 ||
+           type == CORE_TTYPE_Q5_1 || type == CORE_TTYPE_Q8_0;
+}
+
+/* Block geometry (ggml's layouts; constant-folded in each instantiation):
+ * Q4_0 d | qs[16]; Q4_1 d m | qs[16]; Q5_0 d | qh[4] | qs[16]; Q5_1 d m |
+ * qh[4] | qs[16]; Q8_0 d | qs[32] (int8). A Q4/Q5 value is d u + m with u
+ * the stored nibble (plus qh bit j as bit 4 of value j for Q5), m stored
+ * (Q4_1, Q5_1) or -8 d (Q4_0), -16 d (Q5_0). */
+static inline size_t blk_bytes(int type)
+{
+    switch (type) {
+    case CORE_TTYPE_Q4_0: return 18;
+    case CORE_TTYPE_Q4_1: return 20;
+    case CORE_TTYPE_Q5_0: return 22;
+    case CORE_TTYPE_Q5_1: return 24;
+    default: return 34;
+    }
+}
+
+static inline size_t qs_off(int type)
+{
+    return type == CORE_TTYPE_Q4_1 ? 4 : type == CORE_TTYPE_Q5_0 ? 6 : type == CORE_TTYPE_Q5_1 ? 8 : 2;
+}
+
+static inline int has_m(int type)
+{
+    return type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q5_1;
+}
+
+static inline int is_q5(int type)
+{
+    return type == CORE_TTYPE_Q5_0 || type == CORE_TTYPE_Q5_1;
+}
+
+/* m = mul * d for the types without a stored offset */
+static inline float m_mul(int type)
+{
+    return type == CORE_TTYPE_Q5_0 ? -16.0f : -8.0f;
 }
 
 size_t core_q8_act_bytes(int64_t m, int64_t k)
@@ -228,10 +268,16 @@ static void mm_generic(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1
                     for (int i = 0; i < QB; i++)
                         isum += u[i] * qb[i];
                 } else {
-                    const unsigned char *u = blk + (type == CORE_TTYPE_Q4_1 ? 4 : 2);
-                    for (int i = 0; i < QB / 2; i++)
-                        isum += (u[i] & 0x0f) * qb[i] + (u[i] >> 4) * qb[i + QB / 2];
-                    mw = type == CORE_TTYPE_Q4_1 ? core_fp16_to_fp32(rd16(blk + 2)) : -8.0f * dw;
+                    const unsigned char *u = blk + qs_off(type);
+                    uint32_t qh = 0;
+                    if (is_q5(type))
+                        memcpy(&qh, blk + (has_m(type) ? 4 : 2), sizeof qh);
+                    for (int i = 0; i < QB / 2; i++) {
+                        const int lo = (u[i] & 0x0f) | (int)(((qh >> i) & 1u) << 4);
+                        const int hi = (u[i] >> 4) | (int)(((qh >> (i + 16)) & 1u) << 4);
+                        isum += lo * qb[i] + hi * qb[i + QB / 2];
+                    }
+                    mw = has_m(type) ? core_fp16_to_fp32(rd16(blk + 2)) : m_mul(type) * dw;
                 }
                 const float t = (dw * d[b]) * (float)isum;
                 acc += t;
@@ -256,6 +302,26 @@ AVX2_INL __m256i nibbles256(const unsigned char *qs)
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
 }
 
+/* Bit j of the 32 bits at p as 0x10 in byte j, 0 elsewhere (Q5's fifth
+ * bits, in element order). */
+AVX2_INL __m256i bits5(const unsigned char *p)
+{
+    uint32_t x;
+    memcpy(&x, p, sizeof x);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+}
+
+/* The 32 unsigned quants u of a Q4/Q5 block in element order. */
+AVX2_INL __m256i quants256(int type, const unsigned char *blk)
+{
+    const __m256i u = nibbles256(blk + qs_off(type));
+    return is_q5(type) ? _mm256_or_si256(u, bits5(blk + (has_m(type) ? 4 : 2))) : u;
+}
+
 /* The f16 scales of 8 blocks bb bytes apart: d (offset 0) into *dw and, for
  * Q4_1, m (offset 2) into *mw. One gather of the 4 bytes at each block start. */
 AVX2_INL void scales8(int type, const unsigned char *blk, size_t bb, __m256 *dw, __m256 *mw)
@@ -268,8 +334,8 @@ AVX2_INL void scales8(int type, const unsigned char *blk, size_t bb, __m256 *dw,
     /* per lane [d0..d3 m0..m3 | d4..d7 m4..m7], then [d0..d7 | m0..m7] */
     const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
     *dw = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
-    *mw = type == CORE_TTYPE_Q4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1))
-                                  : _mm256_mul_ps(*dw, _mm256_set1_ps(-8.0f));
+    *mw = has_m(type) ? _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1))
+                      : _mm256_mul_ps(*dw, _mm256_set1_ps(m_mul(type)));
 }
 
 /* One weight row against one activation row (decode), eight blocks per step:
@@ -279,8 +345,7 @@ AVX2_INL void row1_avx2(int type, const core_q8_act_t *qa, int64_t ri, const uns
                         float beta, float *c)
 {
     const int64_t nb = qa->nb;
-    const size_t bb = type == CORE_TTYPE_Q8_0 ? 34 : type == CORE_TTYPE_Q4_1 ? 20 : 18;
-    const size_t qoff = type == CORE_TTYPE_Q4_1 ? 4 : 2;
+    const size_t bb = blk_bytes(type);
     const int8_t *q = qa->q + ri * nb * QB;
     const float *d = qa->d + ri * nb, *ds = qa->ds + ri * nb;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -306,7 +371,7 @@ AVX2_INL void row1_avx2(int type, const core_q8_act_t *qa, int64_t ri, const uns
                 u = _mm256_sign_epi8(sw, sw);
                 qv = _mm256_sign_epi8(qv, sw);
             } else {
-                u = nibbles256(bi + qoff);
+                u = quants256(type, bi);
             }
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
             const __m256 s = _mm256_permutevar8x32_ps(sc8, _mm256_set1_epi32(i));
@@ -323,12 +388,12 @@ AVX2_INL void row1_avx2(int type, const core_q8_act_t *qa, int64_t ri, const uns
             u = _mm256_sign_epi8(sw, sw);
             qv = _mm256_sign_epi8(qv, sw);
         } else {
-            u = nibbles256(blk + qoff);
+            u = quants256(type, blk);
         }
         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
         acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]), _mm256_cvtepi32_ps(p), acc[0]);
         if (type != CORE_TTYPE_Q8_0) {
-            const float mw = type == CORE_TTYPE_Q4_1 ? half(blk + 2) : -8.0f * dw;
+            const float mw = has_m(type) ? half(blk + 2) : m_mul(type) * dw;
             const float tm = mw * ds[b];
             mtail += tm;
         }
@@ -357,6 +422,8 @@ AVX2_INL void mm_avx2(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
 
 Q8_INSTANCE(q4_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q4_0)
 Q8_INSTANCE(q4_1_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q4_1)
+Q8_INSTANCE(q5_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q5_0)
+Q8_INSTANCE(q5_1_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q5_1)
 Q8_INSTANCE(q8_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q8_0)
 
 /* ---- AVX-512 VNNI: two blocks per 512-bit step, u8 x s8 with dpbusd ---- */
@@ -399,8 +466,7 @@ VNNI_INL void row1_vnni(int type, const core_q8_act_t *qa, int64_t ri, const uns
                         float beta, float *c)
 {
     const int64_t nb = qa->nb;
-    const size_t bb = type == CORE_TTYPE_Q8_0 ? 34 : type == CORE_TTYPE_Q4_1 ? 20 : 18;
-    const size_t qoff = type == CORE_TTYPE_Q4_1 ? 4 : 2;
+    const size_t bb = blk_bytes(type);
     const int8_t *q = qa->q + ri * nb * QB;
     const float *d = qa->d + ri * nb, *ds = qa->ds + ri * nb;
     const __m512i zero = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0f);
@@ -429,13 +495,19 @@ VNNI_INL void row1_vnni(int type, const core_q8_act_t *qa, int64_t ri, const uns
                 qv = _mm512_mask_sub_epi8(qv, _mm512_movepi8_mask(sw), zero, qv);
                 idx = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1,
                                         i + 1, i + 1, i + 1);
+            } else if (is_q5(type)) { /* element order, as Q8_0 */
+                u = _mm512_inserti64x4(_mm512_castsi256_si512(quants256(type, b0)),
+                                       quants256(type, b1), 1);
+                idx = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1,
+                                        i + 1, i + 1, i + 1);
             } else {
+                const size_t qoff = qs_off(type);
                 const __m256i v = _mm256_inserti128_si256(
                     _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(b0 + qoff))),
                     _mm_loadu_si128((const __m128i *)(const void *)(b1 + qoff)), 1);
                 u = _mm512_and_si512(
                     _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
-                qv = _mm512_shuffle_i64x2(qv, qv, 0xd8);
+                qv = _mm512_shuffle_i64x2(qv, qv, 0xd8); /* to [lo0 lo1 hi0 hi1] */
                 idx = _mm512_setr_epi32(i, i, i, i, i + 1, i + 1, i + 1, i + 1, i, i, i, i, i + 1,
                                         i + 1, i + 1, i + 1);
             }
@@ -454,12 +526,12 @@ VNNI_INL void row1_vnni(int type, const core_q8_act_t *qa, int64_t ri, const uns
             u = _mm256_sign_epi8(sw, sw);
             qv = _mm256_sign_epi8(qv, sw);
         } else {
-            u = nibbles256(blk + qoff);
+            u = quants256(type, blk);
         }
         const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, qv);
         acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]), _mm256_cvtepi32_ps(p), acc1);
         if (type != CORE_TTYPE_Q8_0) {
-            const float mw = type == CORE_TTYPE_Q4_1 ? half(blk + 2) : -8.0f * dw;
+            const float mw = has_m(type) ? half(blk + 2) : m_mul(type) * dw;
             const float tm = mw * ds[b];
             mtail += tm;
         }
@@ -479,6 +551,8 @@ VNNI_INL void mm_vnni(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
 
 Q8_INSTANCE(q4_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q4_0)
 Q8_INSTANCE(q4_1_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q4_1)
+Q8_INSTANCE(q5_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q5_0)
+Q8_INSTANCE(q5_1_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q5_1)
 Q8_INSTANCE(q8_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q8_0)
 #endif /* Q8_X86 */
 
@@ -491,6 +565,8 @@ static void mm(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j
         switch (type) {
         case CORE_TTYPE_Q4_0: mm_q4_0_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q4_1: mm_q4_1_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q5_0: mm_q5_0_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q5_1: mm_q5_1_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         default: mm_q8_0_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         }
     }
@@ -498,6 +574,8 @@ static void mm(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j
         switch (type) {
         case CORE_TTYPE_Q4_0: mm_q4_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q4_1: mm_q4_1_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q5_0: mm_q5_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q5_1: mm_q5_1_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         default: mm_q8_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         }
     }

@@ -31,8 +31,9 @@
 #include "core/tensor.h"
 #include "tests/unit/check.h"
 
-static const int types[] = {CORE_TTYPE_Q4_0, CORE_TTYPE_Q4_1, CORE_TTYPE_Q8_0};
-enum { N_TYPES = 3 };
+static const int types[] = {CORE_TTYPE_Q4_0, CORE_TTYPE_Q4_1, CORE_TTYPE_Q5_0, CORE_TTYPE_Q5_1,
+                            CORE_TTYPE_Q8_0};
+enum { N_TYPES = 5 };
 
 static int same_bits(float a, float b)
 {
@@ -84,7 +85,7 @@ static void fill_w(core_rng_t *r, int type, int64_t n, int64_t k, size_t row_byt
         for (int64_t b = 0; b < k / 32; b++) {
             unsigned char *blk = w + (size_t)j * row_bytes + (size_t)b * bb;
             put_half(blk, exact ? 0.0625f : (float)(core_rng_normal(r) * 0.05));
-            if (type == CORE_TTYPE_Q4_1)
+            if (type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q5_1)
                 put_half(blk + 2, exact ? 0.0625f * (float)((int)(core_rng_u64(r) % 33) - 16)
                                         : (float)(core_rng_normal(r) * 0.05));
         }
@@ -117,12 +118,17 @@ static void block_parts(int type, const unsigned char *blk, float *dw, float *mw
         *mw = 0.0f;
         return;
     }
-    const unsigned char *qs = blk + (type == CORE_TTYPE_Q4_1 ? 4 : 2);
+    const int q5 = type == CORE_TTYPE_Q5_0 || type == CORE_TTYPE_Q5_1;
+    const int off = type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q5_1;
+    const unsigned char *qs = blk + (off ? 4 : 2) + (q5 ? 4 : 0);
+    uint32_t qh = 0;
+    if (q5)
+        memcpy(&qh, blk + (off ? 4 : 2), sizeof qh);
     for (int i = 0; i < 16; i++) {
-        u[i] = qs[i] & 0x0f;
-        u[i + 16] = qs[i] >> 4;
+        u[i] = (qs[i] & 0x0f) | (int)(((qh >> i) & 1u) << 4);
+        u[i + 16] = (qs[i] >> 4) | (int)(((qh >> (i + 16)) & 1u) << 4);
     }
-    *mw = type == CORE_TTYPE_Q4_1 ? get_half(blk + 2) : -8.0f * *dw;
+    *mw = off ? get_half(blk + 2) : (type == CORE_TTYPE_Q5_0 ? -16.0f : -8.0f) * *dw;
 }
 
 /* E (exact up to double rounding) and S8 for one row pair. */
@@ -431,7 +437,9 @@ TEST(force_isa_and_bad_arguments)
     CHECK(core_q8_supported(CORE_TTYPE_Q4_0));
     CHECK(core_q8_supported(CORE_TTYPE_Q4_1));
     CHECK(core_q8_supported(CORE_TTYPE_Q8_0));
-    CHECK(!core_q8_supported(CORE_TTYPE_Q5_0));
+    CHECK(core_q8_supported(CORE_TTYPE_Q5_0));
+    CHECK(core_q8_supported(CORE_TTYPE_Q5_1));
+    CHECK(!core_q8_supported(CORE_TTYPE_Q4_K));
     CHECK(!core_q8_supported(CORE_TTYPE_F32));
     CHECK(core_qdot_isa() == core_qdot_best_isa());
     CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_GENERIC), 0);
@@ -454,7 +462,7 @@ TEST(force_isa_and_bad_arguments)
     CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_1, &qa, 0, 1, w, 20, 0.0f, c, 1),
                  CORE_EINVAL);
     core_q8_act_init(&qa, buf, 1, 32);
-    CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q5_0, &qa, 0, 1, w, 22, 0.0f, c, 1),
+    CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_K, &qa, 0, 1, w, 144, 0.0f, c, 1),
                  CORE_EINVAL);
     CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_1, &qa, 1, 0, w, 20, 0.0f, c, 1),
                  CORE_EINVAL);
