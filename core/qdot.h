@@ -110,7 +110,7 @@ typedef struct core_q8_act {
 } core_q8_act_t;
 
 /* 1 for the weight types core_q8_matmul multiplies: Q4_0, Q4_1, Q5_0, Q5_1,
- * Q8_0. */
+ * Q8_0, Q4_K (whose sub-blocks of 32 meet one activation block each). */
 int core_q8_supported(int type);
 /* Bytes of the buffer behind an activation of m rows of k values (m, k >= 0;
  * m * k <= 2^40), a multiple of 64. */
@@ -127,7 +127,7 @@ int core_q8_quantize_isa(core_qdot_isa_t isa, core_q8_act_t *qa, const float *a,
  * [j0, j1): W rows of qa->k values of the given type, row j at (const char
  * *)w + j * row_bytes; c points at C[0][0] ([qa->m][ldc], caller-owned).
  * beta == 0 overwrites C. Preconditions (not checked): core_q8_supported(type),
- * qa->k a multiple of 32, 0 <= j0 <= j1. */
+ * qa->k a multiple of the type's block (32, or 256 for Q4_K), 0 <= j0 <= j1. */
 void core_q8_matmul(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1, const void *w,
                     size_t row_bytes, float beta, float *c, int64_t ldc);
 /* Same with an explicit ISA. 0, CORE_EUNSUPPORTED (CPU) or CORE_EINVAL (type,

@@ -48,7 +48,24 @@ enum { QB = CORE_Q8_BLOCK }; /* values per block */
 int core_q8_supported(int type)
 {
     return type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q5_0 ||
-           type == CORE_TTYPE_Q5_1 || type == CORE_TTYPE_Q8_0;
+           type == CORE_TTYPE_Q5_1 || type == CORE_TTYPE_Q8_0 || type == CORE_TTYPE_Q4_K;
+}
+
+/* Q4_K super-blocks (d, dmin, scales[12], qs[128]) hold 8 sub-blocks of 32,
+ * each one of our activation blocks: sub-block i has d_w = d sc_i and m_w =
+ * -dmin mn_i (6-bit sc, mn; both products exact in float), its quants the
+ * low (i even) or high (i odd) nibbles of qs[32 (i / 2) ..][32]. */
+enum { QK_SUPER = 256, Q4K_BYTES = 144 };
+
+static void k_scale_min(int j, const unsigned char *q, int *sc, int *mn)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
 }
 
 /* Block geometry (ggml's layouts; constant-folded in each instantiation):
@@ -63,6 +80,7 @@ static inline size_t blk_bytes(int type)
     case CORE_TTYPE_Q4_1: return 20;
     case CORE_TTYPE_Q5_0: return 22;
     case CORE_TTYPE_Q5_1: return 24;
+    case CORE_TTYPE_Q4_K: return 18; /* 144 / 8 per sub-block; Q4_K is addressed by super-block */
     default: return 34;
     }
 }
@@ -258,12 +276,23 @@ static void mm_generic(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1
             const float *ds = qa->ds + r * nb;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                const unsigned char *blk = row + (size_t)b * bb;
+                const int k4 = type == CORE_TTYPE_Q4_K;
+                const unsigned char *blk = k4 ? row : row + (size_t)b * bb;
                 const int8_t *qb = q + b * QB;
-                const float dw = core_fp16_to_fp32(rd16(blk));
+                float dw = core_fp16_to_fp32(rd16(blk));
                 int32_t isum = 0;
                 float mw = 0.0f;
-                if (type == CORE_TTYPE_Q8_0) {
+                if (k4) {
+                    const unsigned char *sb = row + (size_t)(b / 8) * Q4K_BYTES;
+                    const int i = (int)(b % 8);
+                    int sc, mn;
+                    k_scale_min(i, sb + 4, &sc, &mn);
+                    dw = core_fp16_to_fp32(rd16(sb)) * (float)sc;
+                    mw = -(core_fp16_to_fp32(rd16(sb + 2)) * (float)mn);
+                    const unsigned char *u = sb + 16 + 32 * (i / 2);
+                    for (int e = 0; e < QB; e++)
+                        isum += ((i % 2 ? u[e] >> 4 : u[e]) & 0x0f) * qb[e];
+                } else if (type == CORE_TTYPE_Q8_0) {
                     const int8_t *u = (const int8_t *)(blk + 2);
                     for (int i = 0; i < QB; i++)
                         isum += u[i] * qb[i];
@@ -322,6 +351,30 @@ AVX2_INL __m256i quants256(int type, const unsigned char *blk)
     return is_q5(type) ? _mm256_or_si256(u, bits5(blk + (has_m(type) ? 4 : 2))) : u;
 }
 
+/* The 8 sub-block scales of a Q4_K super-block as d_w and m_w vectors. */
+AVX2_INL void kscales8(const unsigned char *sb, __m256 *dw, __m256 *mw)
+{
+    unsigned char sc[8], mn[8];
+    for (int j = 0; j < 8; j++) {
+        int s, m;
+        k_scale_min(j, sb + 4, &s, &m);
+        sc[j] = (unsigned char)s;
+        mn[j] = (unsigned char)m;
+    }
+    const __m256 fs = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)sc)));
+    const __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)mn)));
+    *dw = _mm256_mul_ps(_mm256_set1_ps(half(sb)), fs);
+    /* -(dmin * mn): the negation is exact */
+    *mw = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(half(sb + 2)), fm), _mm256_set1_ps(-0.0f));
+}
+
+/* The 32 quants of Q4_K sub-block i (0..7) of the super-block at sb. */
+AVX2_INL __m256i kquants256(const unsigned char *sb, int i)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(sb + 16 + 32 * (i / 2)));
+    return _mm256_and_si256(i % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+}
+
 /* The f16 scales of 8 blocks bb bytes apart: d (offset 0) into *dw and, for
  * Q4_1, m (offset 2) into *mw. One gather of the 4 bytes at each block start. */
 AVX2_INL void scales8(int type, const unsigned char *blk, size_t bb, __m256 *dw, __m256 *mw)
@@ -357,7 +410,10 @@ AVX2_INL void row1_avx2(int type, const core_q8_act_t *qa, int64_t ri, const uns
     for (; b + 8 <= nb; b += 8) {
         const unsigned char *blk = row + (size_t)b * bb;
         __m256 dw8, mw8;
-        scales8(type, blk, bb, &dw8, &mw8);
+        if (type == CORE_TTYPE_Q4_K)
+            kscales8(row + (size_t)(b / 8) * Q4K_BYTES, &dw8, &mw8);
+        else
+            scales8(type, blk, bb, &dw8, &mw8);
         const __m256 sc8 = _mm256_mul_ps(dw8, _mm256_loadu_ps(d + b));
         if (type != CORE_TTYPE_Q8_0)
             macc = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(ds + b), macc);
@@ -370,6 +426,8 @@ AVX2_INL void row1_avx2(int type, const core_q8_act_t *qa, int64_t ri, const uns
                 const __m256i sw = _mm256_loadu_si256((const __m256i *)(const void *)(bi + 2));
                 u = _mm256_sign_epi8(sw, sw);
                 qv = _mm256_sign_epi8(qv, sw);
+            } else if (type == CORE_TTYPE_Q4_K) {
+                u = kquants256(row + (size_t)(b / 8) * Q4K_BYTES, i);
             } else {
                 u = quants256(type, bi);
             }
@@ -424,6 +482,7 @@ Q8_INSTANCE(q4_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q4_0)
 Q8_INSTANCE(q4_1_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q4_1)
 Q8_INSTANCE(q5_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q5_0)
 Q8_INSTANCE(q5_1_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q5_1)
+Q8_INSTANCE(q4_k_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q4_K)
 Q8_INSTANCE(q8_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q8_0)
 
 /* ---- AVX-512 VNNI: two blocks per 512-bit step, u8 x s8 with dpbusd ---- */
@@ -477,7 +536,10 @@ VNNI_INL void row1_vnni(int type, const core_q8_act_t *qa, int64_t ri, const uns
     for (; b + 8 <= nb; b += 8) {
         const unsigned char *blk = row + (size_t)b * bb;
         __m256 dw8, mw8;
-        scales8(type, blk, bb, &dw8, &mw8);
+        if (type == CORE_TTYPE_Q4_K)
+            kscales8(row + (size_t)(b / 8) * Q4K_BYTES, &dw8, &mw8);
+        else
+            scales8(type, blk, bb, &dw8, &mw8);
         const __m512 sc8 = _mm512_castps256_ps512(_mm256_mul_ps(dw8, _mm256_loadu_ps(d + b)));
         if (type != CORE_TTYPE_Q8_0)
             macc = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(ds + b), macc);
@@ -493,6 +555,13 @@ VNNI_INL void row1_vnni(int type, const core_q8_act_t *qa, int64_t ri, const uns
                     _mm256_loadu_si256((const __m256i *)(const void *)(b1 + 2)), 1);
                 u = _mm512_abs_epi8(sw);
                 qv = _mm512_mask_sub_epi8(qv, _mm512_movepi8_mask(sw), zero, qv);
+                idx = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1,
+                                        i + 1, i + 1, i + 1);
+            } else if (type == CORE_TTYPE_Q4_K) { /* sub-blocks i, i + 1: one 32-byte load */
+                const __m256i v = _mm256_loadu_si256(
+                    (const __m256i *)(const void *)(row + (size_t)(b / 8) * Q4K_BYTES + 16 + 16 * i));
+                u = _mm512_and_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
                 idx = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1,
                                         i + 1, i + 1, i + 1);
             } else if (is_q5(type)) { /* element order, as Q8_0 */
@@ -553,6 +622,7 @@ Q8_INSTANCE(q4_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q4_0)
 Q8_INSTANCE(q4_1_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q4_1)
 Q8_INSTANCE(q5_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q5_0)
 Q8_INSTANCE(q5_1_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q5_1)
+Q8_INSTANCE(q4_k_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q4_K)
 Q8_INSTANCE(q8_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q8_0)
 #endif /* Q8_X86 */
 
@@ -567,6 +637,7 @@ static void mm(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j
         case CORE_TTYPE_Q4_1: mm_q4_1_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q5_0: mm_q5_0_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q5_1: mm_q5_1_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q4_K: mm_q4_k_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         default: mm_q8_0_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         }
     }
@@ -576,6 +647,7 @@ static void mm(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j
         case CORE_TTYPE_Q4_1: mm_q4_1_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q5_0: mm_q5_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q5_1: mm_q5_1_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q4_K: mm_q4_k_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         default: mm_q8_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         }
     }
@@ -597,7 +669,7 @@ int core_q8_matmul_isa(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, i
 {
     if ((int)isa < 0 || isa >= CORE_QDOT_ISA_COUNT_ || isa > core_qdot_best_isa())
         return CORE_EUNSUPPORTED;
-    if (!core_q8_supported(type) || qa->k % QB != 0 || j0 < 0 || j1 < j0)
+    if (!core_q8_supported(type) || qa->k % core_ttype_block_elems(type) != 0 || j0 < 0 || j1 < j0)
         return CORE_EINVAL;
     mm(isa, type, qa, j0, j1, w, row_bytes, beta, c, ldc);
     return 0;

@@ -32,8 +32,15 @@
 #include "tests/unit/check.h"
 
 static const int types[] = {CORE_TTYPE_Q4_0, CORE_TTYPE_Q4_1, CORE_TTYPE_Q5_0, CORE_TTYPE_Q5_1,
-                            CORE_TTYPE_Q8_0};
-enum { N_TYPES = 5 };
+                            CORE_TTYPE_Q8_0, CORE_TTYPE_Q4_K};
+enum { N_TYPES = 6 };
+
+/* k for a test that wants about k values: a multiple of the type's block */
+static int64_t k_for(int type, int64_t k)
+{
+    const int64_t b = core_ttype_block_elems(type);
+    return k % b == 0 ? k : (k / b + 1) * b;
+}
 
 static int same_bits(float a, float b)
 {
@@ -74,7 +81,8 @@ static float get_half(const unsigned char *p)
     return core_fp16_to_fp32(h);
 }
 
-/* n rows of k values; exact != 0: power-of-two scales (see the top). */
+/* n rows of k values; exact != 0: power-of-two scales (see the top; Q4_K's
+ * 6-bit sub-block scales and mins at most 3 there, to stay within 2^24). */
 static void fill_w(core_rng_t *r, int type, int64_t n, int64_t k, size_t row_bytes,
                    unsigned char *w, int exact)
 {
@@ -82,12 +90,17 @@ static void fill_w(core_rng_t *r, int type, int64_t n, int64_t k, size_t row_byt
     for (size_t i = 0; i < (size_t)n * row_bytes; i++)
         w[i] = (unsigned char)core_rng_u64(r);
     for (int64_t j = 0; j < n; j++)
-        for (int64_t b = 0; b < k / 32; b++) {
+        for (int64_t b = 0; b < k / core_ttype_block_elems(type); b++) {
             unsigned char *blk = w + (size_t)j * row_bytes + (size_t)b * bb;
             put_half(blk, exact ? 0.0625f : (float)(core_rng_normal(r) * 0.05));
             if (type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q5_1)
                 put_half(blk + 2, exact ? 0.0625f * (float)((int)(core_rng_u64(r) % 33) - 16)
                                         : (float)(core_rng_normal(r) * 0.05));
+            if (type == CORE_TTYPE_Q4_K) {
+                put_half(blk + 2, exact ? 0.0625f : (float)(core_rng_normal(r) * 0.01));
+                for (int e = 0; e < 12 && exact; e++)
+                    blk[4 + e] &= e < 8 ? 0x03 : 0x33;
+            }
         }
 }
 
@@ -107,10 +120,35 @@ static void fill_a(core_rng_t *r, float *a, int64_t m, int64_t k, int64_t lda, i
         }
 }
 
-/* Block b of a weight row: offset m_w and the 32 stored quants u (nibbles
- * 0..15, or int8), as the kernels see them. */
-static void block_parts(int type, const unsigned char *blk, float *dw, float *mw, int *u)
+static void k_scale_min(int j, const unsigned char *q, int *sc, int *mn)
 {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Block b (of 32 values) of a weight row: scale d_w, offset m_w and the 32
+ * stored quants u (nibbles 0..15, 0..31 for Q5, or int8), as the kernels see
+ * them. */
+static void block_parts(int type, const unsigned char *row, int64_t b, float *dw, float *mw,
+                        int *u)
+{
+    if (type == CORE_TTYPE_Q4_K) {
+        const unsigned char *sb = row + (size_t)(b / 8) * 144;
+        const int i = (int)(b % 8);
+        int sc, mn;
+        k_scale_min(i, sb + 4, &sc, &mn);
+        *dw = get_half(sb) * (float)sc;
+        *mw = -(get_half(sb + 2) * (float)mn);
+        for (int e = 0; e < 32; e++)
+            u[e] = (i % 2 ? sb[16 + 32 * (i / 2) + e] >> 4 : sb[16 + 32 * (i / 2) + e]) & 0x0f;
+        return;
+    }
+    const unsigned char *blk = row + (size_t)b * core_ttype_block_bytes(type);
     *dw = get_half(blk);
     if (type == CORE_TTYPE_Q8_0) {
         for (int i = 0; i < 32; i++)
@@ -135,13 +173,12 @@ static void block_parts(int type, const unsigned char *blk, float *dw, float *mw
 static void exact_dot(int type, const unsigned char *row, const core_q8_act_t *qa, int64_t i,
                       double *e, double *s8)
 {
-    const size_t bb = core_ttype_block_bytes(type);
     *e = 0;
     *s8 = 0;
     for (int64_t b = 0; b < qa->nb; b++) {
         float dw, mw;
         int u[32];
-        block_parts(type, row + (size_t)b * bb, &dw, &mw, u);
+        block_parts(type, row, b, &dw, &mw, u);
         const int8_t *q = qa->q + (i * qa->nb + b) * 32;
         int64_t isum = 0, iabs = 0;
         for (int t = 0; t < 32; t++) {
@@ -327,7 +364,7 @@ TEST(integer_sums_exact_every_isa)
     core_rng_seed(&r, 22);
     for (int t = 0; t < N_TYPES; t++)
         for (int64_t m = 1; m <= 17; m++) {
-            const int64_t n = 1 + (m * 5) % 33, k = 32 * (1 + (m * 7) % 48);
+            const int64_t n = 1 + (m * 5) % 33, k = k_for(types[t], 32 * (1 + (m * 7) % 48));
             check_case(&r, types[t], m, n, k, m % 3 == 0 ? 1.0f : 0.0f, 1);
         }
 }
@@ -339,11 +376,12 @@ TEST(random_within_bound_every_isa)
     const int64_t ks[] = {32, 64, 96, 576, 1536};
     for (int t = 0; t < N_TYPES; t++) {
         for (int64_t m = 1; m <= 17; m++)
-            check_case(&r, types[t], m, 1 + (m * 11) % 33, ks[m % 5], m % 2 ? 1.0f : 0.0f, 0);
+            check_case(&r, types[t], m, 1 + (m * 11) % 33, k_for(types[t], ks[m % 5]),
+                       m % 2 ? 1.0f : 0.0f, 0);
         for (int64_t n = 1; n <= 33; n++)
-            check_case(&r, types[t], 1 + n % 3, n, ks[n % 5], 0.0f, 0);
-        check_case(&r, types[t], 3, 5, 64, -0.5f, 0);
-        check_case(&r, types[t], 2, 0, 32, 0.0f, 0); /* empty product */
+            check_case(&r, types[t], 1 + n % 3, n, k_for(types[t], ks[n % 5]), 0.0f, 0);
+        check_case(&r, types[t], 3, 5, k_for(types[t], 64), -0.5f, 0);
+        check_case(&r, types[t], 2, 0, k_for(types[t], 32), 0.0f, 0); /* empty product */
     }
 }
 
@@ -352,7 +390,7 @@ TEST(ranges_and_pool_bit_exact)
 {
     core_rng_t r;
     core_rng_seed(&r, 24);
-    const int64_t m = 5, n = 203, k = 576, ldc = n;
+    const int64_t m = 5, n = 203, k = 768, ldc = n; /* a multiple of every block */
     core_pool_t *pools[4] = {NULL};
     for (int p = 0; p < 4; p++)
         CHECK_INT_EQ(core_pool_new(p + 1, &pools[p], NULL), 0);
@@ -363,7 +401,7 @@ TEST(ranges_and_pool_bit_exact)
     float *part = malloc((size_t)(m * ldc) * sizeof *part);
     float *f32full = malloc((size_t)(m * ldc) * sizeof *f32full);
     float *f32part = malloc((size_t)(m * ldc) * sizeof *f32part);
-    unsigned char *w = malloc((size_t)n * (size_t)(k / 32) * 34);
+    unsigned char *w = malloc((size_t)n * (size_t)(k / 32) * 34); /* the largest row */
     void *qb = malloc(core_q8_act_bytes(m, k)), *onebuf = malloc(core_q8_act_bytes(1, k));
     if (!a || !full || !part || !f32full || !f32part || !w || !qb || !onebuf) {
         CHECK(!"out of memory");
@@ -439,7 +477,8 @@ TEST(force_isa_and_bad_arguments)
     CHECK(core_q8_supported(CORE_TTYPE_Q8_0));
     CHECK(core_q8_supported(CORE_TTYPE_Q5_0));
     CHECK(core_q8_supported(CORE_TTYPE_Q5_1));
-    CHECK(!core_q8_supported(CORE_TTYPE_Q4_K));
+    CHECK(core_q8_supported(CORE_TTYPE_Q4_K));
+    CHECK(!core_q8_supported(CORE_TTYPE_Q6_K));
     CHECK(!core_q8_supported(CORE_TTYPE_F32));
     CHECK(core_qdot_isa() == core_qdot_best_isa());
     CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_GENERIC), 0);
@@ -462,6 +501,9 @@ TEST(force_isa_and_bad_arguments)
     CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_1, &qa, 0, 1, w, 20, 0.0f, c, 1),
                  CORE_EINVAL);
     core_q8_act_init(&qa, buf, 1, 32);
+    CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q6_K, &qa, 0, 1, w, 210, 0.0f, c, 1),
+                 CORE_EINVAL);
+    /* k = 32 is no multiple of Q4_K's 256 */
     CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_K, &qa, 0, 1, w, 144, 0.0f, c, 1),
                  CORE_EINVAL);
     CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_1, &qa, 1, 0, w, 20, 0.0f, c, 1),
