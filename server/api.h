@@ -115,6 +115,14 @@ typedef struct api_app {
     size_t io_pending;  /* loop thread: submitted, done not run yet */
     int sweeping;       /* a sweep is queued or running */
 
+    /* one byte budget for all attention state (--max-state-memory): the
+     * sessions in memory plus what requests in flight reserved for the
+     * states they may grow (api_state_reserve) */
+    size_t state_budget;      /* 0 = none */
+    size_t state_reserved;    /* loop thread: reserved by requests in flight */
+    size_t state_fixed_bytes; /* one state of a constant-size kind; 0 for exact */
+    int trimming;             /* a trim of the session memory is queued */
+
     /* metrics the app owns (the engine and http register their own) */
     srv_series_t *m_sess_mem, *m_sess_disk, *m_sess_bytes;
     srv_series_t *m_sess_disk_bytes, *m_sess_evicted;
@@ -301,6 +309,8 @@ struct api_gen {
     int persist_rc;
     char persist_err[256];
 
+    size_t reserved; /* bytes of app->state_reserved held by g (given back at the end) */
+
     api_gen_t *next_ready; /* app->ready list (under app->mu) */
     int queued;            /* on app->ready (under app->mu) */
     atomic_int n_on_done;  /* on_done callbacks run (scheduler thread) */
@@ -346,6 +356,24 @@ void api_gen_reply_error(api_gen_t *g, const proto_error_t *e);
  * the session was already written on the I/O thread at the end of the
  * jobs: returns that write's result. */
 int api_gen_release_session(api_gen_t *g, int persist, char *err, size_t errlen);
+
+/* ---- the state memory budget (api_gen.c; loop thread) ---- */
+
+/* Upper bound of the bytes one attention state holds once it has seen
+ * `tokens` tokens (exact: its KV cache, which grows by doubling up to the
+ * context; other kinds: constant). */
+size_t api_state_bound(const api_app_t *app, int64_t tokens);
+/* Admission: 0 when `bytes` more state fit the budget next to the sessions
+ * that cannot be evicted now and what requests in flight reserved; else -1
+ * with e: 429 state_memory_full (the caller adds Retry-After), or 400
+ * state_memory_exceeded when bytes alone exceed the budget. Nothing is
+ * held. When the sessions in memory and the reservations together pass
+ * the budget, a trim moves idle sessions to disk (I/O thread). */
+int api_state_admit(api_app_t *app, size_t bytes, proto_error_t *e);
+/* api_state_admit, and holds the bytes for g until it ends. */
+int api_gen_reserve(api_gen_t *g, size_t bytes, proto_error_t *e);
+/* Answers req with e from a failed admission (Retry-After on 429). */
+void api_reply_admit(srv_req_t *req, const proto_error_t *e);
 
 /* Wakes the loop (scheduler thread): g has events or finished a job. */
 void api_gen_wake(api_app_t *app, api_gen_t *g);

@@ -309,6 +309,27 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     }
     g->session = sess;
 
+    /* the state memory this request may take, before anything is allocated:
+     * per input, n states grown to the end of the answer, less the
+     * session's own state, which the store counts already */
+    size_t need = 0;
+    {
+        int64_t t0 = sess ? srv_session_tokens(sess) : 0;
+        size_t have = sess ? core_attn_state_bytes(srv_session_ctx(sess)->state) : 0;
+        for (size_t i = 0; i < n_in; i++) {
+            size_t one = api_state_bound(app, t0 + (int64_t)in[i].n + p->max_tokens);
+            need += one * (size_t)p->n;
+        }
+        need = need > have ? need - have : 0;
+    }
+    proto_error_t ae;
+    if (api_gen_reserve(g, need, &ae) < 0) {
+        api_gen_abort(g);
+        inputs_free(in, n_in);
+        api_reply_admit(req, &ae);
+        return;
+    }
+
     core_sample_params_t sp;
     api_sample_params(p, &sp);
     for (size_t i = 0; i < n_in; i++) {

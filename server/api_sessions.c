@@ -209,6 +209,15 @@ static void defer_reply_error(srv_stream_t *st, const proto_error_t *e)
     proto_free(j);
 }
 
+/* Reserves for g the growth of session s's state by `more` tokens (the
+ * store counts what it holds now). */
+static int session_reserve(api_gen_t *g, srv_session_t *s, int64_t more, proto_error_t *e)
+{
+    size_t have = core_attn_state_bytes(srv_session_ctx(s)->state);
+    size_t end = api_state_bound(g->app, srv_session_tokens(s) + more);
+    return api_gen_reserve(g, end > have ? end - have : 0, e);
+}
+
 /* ---- ingest (create, append) ---- */
 
 typedef struct ingest {
@@ -384,6 +393,13 @@ static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *id
     *kd = k;
     g->session = s;
     g->jobs[0].ctx = ctx;
+    proto_error_t ae;
+    if (session_reserve(g, s, (int64_t)n + 1, &ae) < 0) {
+        free(ids);
+        api_gen_abort(g);
+        api_reply_admit(req, &ae);
+        return;
+    }
     srv_job_spec_t spec;
     srv_job_spec_init(&spec);
     spec.prompt = ids;
@@ -409,6 +425,13 @@ static void h_create(srv_req_t *req, void *ud)
     proto_error_t e;
     if (proto_session_create_parse(body, len, &app->limits, &cr, &e) < 0) {
         api_reply_proto(req, &e);
+        return;
+    }
+    /* a new session is a new state: admitted like a request's (its ingest
+     * reserves its growth later) */
+    if (api_state_admit(app, api_state_bound(app, 0), &e) < 0) {
+        api_reply_admit(req, &e);
+        proto_session_create_free(&cr);
         return;
     }
     srv_session_t *s = NULL;
@@ -683,6 +706,14 @@ static void h_generate(srv_req_t *req, void *ud)
     snprintf(k->id, sizeof k->id, "%s", id);
     g->session = s;
     g->jobs[0].ctx = srv_session_ctx(s);
+    proto_error_t ae;
+    if (session_reserve(g, s, (int64_t)n + gr.p.max_tokens, &ae) < 0) {
+        free(ids);
+        api_gen_abort(g);
+        api_reply_admit(req, &ae);
+        proto_generate_free(&gr);
+        return;
+    }
     srv_job_spec_t spec;
     srv_job_spec_init(&spec);
     spec.prompt = ids;

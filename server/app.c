@@ -381,10 +381,26 @@ static void load_after(uv_work_t *w, int status)
         srv_serve_fail(app->serve, "cannot start the engine");
         return;
     }
+    /* the state budget: sessions in memory never take more than it alone */
+    app->state_budget = (size_t)cfg->max_state_memory;
+    size_t sess_bytes = (size_t)cfg->max_session_bytes;
+    if (app->state_budget && app->state_budget < sess_bytes)
+        sess_bytes = app->state_budget;
+    {
+        core_attn_state_t *st0 = NULL;
+        core_error_t ce = {0};
+        if (core_attn_state_new(core_model_attn(app->model), &st0, &ce) < 0) {
+            SRV_LOG(SRV_LOG_ERROR, NULL, "attention state: %s", ce.msg);
+            srv_serve_fail(app->serve, "cannot make an attention state");
+            return;
+        }
+        app->state_fixed_bytes = core_attn_state_bytes(st0);
+        core_attn_state_free(st0);
+    }
     srv_store_opts_t so = {
         .dir = cfg->session_dir,
         .max_sessions = (size_t)cfg->max_sessions,
-        .max_bytes = (size_t)cfg->max_session_bytes,
+        .max_bytes = sess_bytes,
         .max_disk_files = (size_t)cfg->max_session_files,
         .max_disk_bytes = (size_t)cfg->max_session_disk,
         .ttl_s = cfg->session_ttl_s,

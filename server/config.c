@@ -158,6 +158,11 @@ static const opt_t opts[] = {
     {"max-session-bytes", "DARKSERVE_MAX_SESSION_BYTES", OPT_SIZE, 0, O(max_session_bytes), "1G",
      MIB, TIB, NULL, "SIZE",
      "memory for session states (least recently used spill)"},
+    {"max-state-memory", "DARKSERVE_MAX_STATE_MEMORY", OPT_SIZE, 0, O(max_state_memory), "4G",
+     0, 1024 * TIB, NULL, "SIZE",
+     "memory for all attention states: sessions in memory and the states requests in flight "
+     "may grow to (n copies for n choices); a request that would not fit gets 429 (400 if it "
+     "could never fit); idle sessions are moved to --session-dir to make room; 0 = no limit"},
     {"max-session-disk", "DARKSERVE_MAX_SESSION_DISK", OPT_SIZE, 0, O(max_session_disk), "10G",
      0, 1024 * TIB, NULL, "SIZE",
      "bytes of session files kept in --session-dir; past it the least recently used idle "

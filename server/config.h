@@ -102,6 +102,7 @@ typedef struct srv_config {
     /* sessions */
     int64_t max_sessions;      /* sessions kept in memory */
     int64_t max_session_bytes; /* bytes of session state kept in memory */
+    int64_t max_state_memory;  /* bytes of all attention state (sessions + requests); 0 = none */
     int64_t max_session_disk;  /* bytes of session files in session_dir; 0 = no bound */
     int64_t max_session_files; /* session files in session_dir; 0 = no bound */
     char *session_dir;         /* spill/persist directory */

@@ -664,6 +664,38 @@ static int make_room(srv_store_t *st, size_t need)
     }
 }
 
+int srv_store_trim(srv_store_t *st, size_t max_bytes)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = 0;
+    while (rc == 0 && st->mem_bytes > max_bytes) {
+        srv_session_t *v = st->dirfd >= 0 ? lru_victim(st) : NULL;
+        if (!v)
+            break;
+        rc = evict(st, v);
+        if (rc == 0 && v->ctx.state)
+            break; /* taken meanwhile; do not spin on it */
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+void srv_store_mem_stats(srv_store_t *st, size_t *held, size_t *evictable)
+{
+    pthread_mutex_lock(&st->mu);
+    size_t e = 0;
+    for (size_t i = 0; st->dirfd >= 0 && i < st->n; i++) {
+        const srv_session_t *s = st->tab[i];
+        if (s->ctx.state && !s->busy && !s->io)
+            e += s->mem_bytes;
+    }
+    if (e > st->mem_bytes)
+        e = st->mem_bytes;
+    *held = st->mem_bytes - e;
+    *evictable = e;
+    pthread_mutex_unlock(&st->mu);
+}
+
 static int remove_session(srv_store_t *st, srv_session_t *s);
 
 /* Is a used less recently than b? (last_used, then the LRU tick; files

@@ -194,6 +194,14 @@ void srv_store_stats(srv_store_t *st, size_t *in_memory, size_t *on_disk, size_t
 /* Bytes of the session files, and sessions deleted so far to keep the
  * directory within its budgets. Any pointer may be NULL. */
 void srv_store_disk_stats(srv_store_t *st, size_t *bytes, uint64_t *evicted);
+/* Memory of the sessions in memory, split in what eviction cannot free now
+ * (*held: busy sessions, sessions being written, and every session when
+ * there is no directory) and what it can (*evictable: idle sessions). */
+void srv_store_mem_stats(srv_store_t *st, size_t *held, size_t *evictable);
+/* Evicts least recently used idle sessions (written first if they changed)
+ * until the sessions in memory take at most max_bytes, or none is left to
+ * evict (no directory, all busy). Returns 0 or the first write error. */
+int srv_store_trim(srv_store_t *st, size_t max_bytes);
 /* Largest state blob this store's model and attention can produce (for
  * bounding an import body and file reads). */
 size_t srv_store_max_blob(const srv_store_t *st);

@@ -63,6 +63,7 @@ TEST(test_defaults)
     CHECK_INT_EQ(c.session_ttl_s, 86400);
     CHECK_INT_EQ(c.max_session_bytes, 1073741824);
     CHECK_INT_EQ(c.max_session_disk, INT64_C(10) << 30);
+    CHECK_INT_EQ(c.max_state_memory, INT64_C(4) << 30);
     CHECK_INT_EQ(c.max_session_files, 100000);
     CHECK_STR_EQ(c.session_dir, "./sessions");
     CHECK_INT_EQ(c.window, -1);
@@ -299,7 +300,8 @@ TEST(test_help_lists_every_option)
         "api-key",       "api-key-file",   "cors-origin",    "log-level",
         "log-format",    "log-file",       "chat-template",  "max-connections",
         "generation-timeout", "sinks",    "decay",          "max-session-disk",
-        "max-session-files", "header-timeout", "max-connections-per-address", NULL};
+        "max-session-files", "header-timeout", "max-connections-per-address",
+        "max-state-memory", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];

@@ -589,6 +589,57 @@ out:
     free(dir);
 }
 
+/* The state budget's view of the store: busy sessions are held, idle ones
+ * evictable (only with a directory); a trim writes and frees idle ones, least
+ * recently used first, down to a byte target, and never a busy one. */
+TEST(mem_stats_and_trim)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char a[33], b[33];
+    make_session(st, model, 60, 1, a);
+    make_session(st, model, 61, 1, b);
+    srv_session_t *held = NULL;
+    CHECK_INT_EQ(srv_store_create(st, &held), 0);
+    size_t mem = 0, bytes = 0, h = 0, e = 0;
+    srv_store_stats(st, &mem, NULL, &bytes);
+    CHECK_INT_EQ(mem, 3);
+    srv_store_mem_stats(st, &h, &e);
+    CHECK(h > 0 && e > 0 && h + e == bytes);
+    CHECK(e > h); /* two idle sessions of the same size as the busy one */
+    /* room for one idle session next to the busy one: the older goes */
+    CHECK_INT_EQ(srv_store_trim(st, h + e * 3 / 4), 0);
+    srv_session_info_t ia, ib;
+    CHECK_INT_EQ(srv_store_info(st, a, &ia), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &ib), 0);
+    CHECK(!ia.in_memory && ia.on_disk);
+    CHECK(ib.in_memory);
+    CHECK_INT_EQ(srv_store_trim(st, 0), 0);
+    srv_store_mem_stats(st, &h, &e);
+    CHECK_INT_EQ(e, 0);
+    CHECK(h > 0); /* the busy one stays */
+    CHECK_INT_EQ(srv_store_info(st, b, &ib), 0);
+    CHECK(!ib.in_memory && ib.on_disk);
+    CHECK_INT_EQ(srv_store_release(st, held, 0), 0);
+    srv_store_free(st);
+    /* without a directory nothing can be evicted: everything is held */
+    st = open_store(NULL, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    make_session(st, model, 62, 1, a);
+    srv_store_mem_stats(st, &h, &e);
+    CHECK(h > 0 && e == 0);
+    CHECK_INT_EQ(srv_store_trim(st, 0), 0);
+    srv_store_stats(st, &mem, NULL, NULL);
+    CHECK_INT_EQ(mem, 1);
+    srv_store_free(st);
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
 /* The directory's budgets: past --max-session-files / --max-session-disk the
  * least recently used idle sessions are deleted (file and memory), the one
  * being written never, busy ones never; at startup a smaller budget trims
@@ -1188,6 +1239,7 @@ int main(void)
     RUN(directory_checks);
     RUN(lru_eviction_by_count_and_bytes);
     RUN(ttl_sweep);
+    RUN(mem_stats_and_trim);
     RUN(disk_budget_by_count_and_bytes);
     RUN(owners_persist_and_filter);
     RUN(fork_is_an_independent_copy);
