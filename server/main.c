@@ -1,4 +1,5 @@
 /* server/main.c — the darkserve binary: dispatches to a subcommand. */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,8 +45,18 @@ static void pick_blas_kernels(char **argv)
     execv("/proc/self/exe", argv);
 }
 
+/* Attention states are multi-MB blocks that come and go with sessions and
+ * requests. glibc raises its mmap threshold each time such a block, mmap'd,
+ * is freed (up to 32 MB), so the next ones come from the heap, where one
+ * live block above freed ones pins them all: after a soak the RSS stayed
+ * 1 GB above the live state (issue 9). A fixed threshold (which also stops
+ * the dynamic one) keeps every block from 1 MiB up in its own mapping,
+ * returned to the system when freed. */
+#define LARGE_BLOCK_MMAP (1u << 20)
+
 int main(int argc, char **argv)
 {
+    mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_MMAP);
     pick_blas_kernels(argv);
     if (argc < 2) {
         usage(stderr);
