@@ -498,8 +498,12 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
         d->sinks < 0 || d->sinks > CORE_FEATURES_MAX_SINKS || d->prerope < 0 || d->prerope > 1 ||
         d->head_dim > CORE_FEATURES_MAX_HEAD_DIM || d->n_features < 1 ||
         d->n_features > CORE_FEATURES_MAX_FEATURES || d->window < 0 ||
-        d->window > CORE_FEATURES_MAX_WINDOW || d->seed > (uint64_t)INT64_MAX)
+        d->window > CORE_FEATURES_MAX_WINDOW || d->seed > (uint64_t)INT64_MAX ||
+        d->lora_rank < 0 || (d->lora_rank > 0 && d->n_embd < 1))
         return core_error_set(err, CORE_EINVAL, "adapter description out of range");
+    for (int i = 0; i < 8 && d->lora_rank > 0; i++)
+        if (!d->lora[i])
+            return core_error_set(err, CORE_EINVAL, "adapter description: a LoRA part is missing");
     core_gguf_writer_t *w = core_gguf_writer_new(0);
     if (!w)
         return core_error_set(err, CORE_ENOMEM, "out of memory for the adapter writer");
@@ -530,7 +534,11 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
         goto done;
     }
     for (int l = 0; l < d->n_layer; l++) {
-        /* per layer: M and Λ [Hkv][Hd][Hd], decay [Hkv], mix [H] (those given) */
+        /* per layer: M and Λ [Hkv][Hd][Hd], decay [Hkv], mix [H], the LoRA
+         * (those given; ne in GGUF order, the fastest dimension first) */
+        const int64_t r = d->lora_rank, D = d->n_embd, qd = (int64_t)d->n_head * d->head_dim,
+                      kvd = (int64_t)d->n_head_kv * d->head_dim;
+        const int lr = r > 0;
         const struct {
             const char *what;
             const float *base;
@@ -541,6 +549,14 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
             {"lambda", d->lambda, 3, {d->head_dim, d->head_dim, d->n_head_kv}},
             {"decay", d->decay, 1, {d->n_head_kv, 1, 1}},
             {"mix", d->mix, 1, {d->n_head, 1, 1}},
+            {"lora_q_a", lr ? d->lora[0] : NULL, 2, {D, r, 1}},
+            {"lora_q_b", lr ? d->lora[1] : NULL, 2, {r, qd, 1}},
+            {"lora_k_a", lr ? d->lora[2] : NULL, 2, {D, r, 1}},
+            {"lora_k_b", lr ? d->lora[3] : NULL, 2, {r, kvd, 1}},
+            {"lora_v_a", lr ? d->lora[4] : NULL, 2, {D, r, 1}},
+            {"lora_v_b", lr ? d->lora[5] : NULL, 2, {r, kvd, 1}},
+            {"lora_o_a", lr ? d->lora[6] : NULL, 2, {qd, r, 1}},
+            {"lora_o_b", lr ? d->lora[7] : NULL, 2, {r, D, 1}},
         };
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
             if (!parts[i].base)

@@ -181,6 +181,10 @@ typedef struct core_features_adapter_desc {
     const float *lambda;              /* borrowed [L][Hkv][Hd][Hd] or NULL */
     const float *decay;               /* borrowed [L][Hkv] γ or NULL */
     const float *mix;                 /* borrowed [L][H] β or NULL */
+    int lora_rank, n_embd;            /* r (0: no LoRA) and the model width D */
+    const float *lora[8];             /* borrowed, core/lora.h: q A [L][r][D], q B [L][H·Hd][r],
+                                         k A, k B [L][Hkv·Hd][r], v A, v B, o A [L][r][H·Hd],
+                                         o B [L][D][r] */
 } core_features_adapter_desc_t;
 
 /* Writes an adapter GGUF (version CORE_FEATURES_ADAPTER_VERSION) atomically

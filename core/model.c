@@ -39,6 +39,7 @@
 
 #include "core/blas.h"
 #include "core/features.h"
+#include "core/lora.h"
 #include "core/pool.h"
 #include "core/qdot.h"
 #include "core/tensor.h"
@@ -85,6 +86,7 @@ struct core_model {
     core_gguf_t *g;        /* owned: the model file (tokenizer metadata lives here) */
     core_gguf_t *adapter;  /* owned, may be NULL: kept open for the attention's lifetime */
     core_attn_t *attn;     /* owned */
+    core_lora_t *lora;     /* owned, may be NULL: the adapter's q/k/v/o updates (darkformer) */
     int n_rot;             /* rotated dims per head (<= Hd, even) */
     float *tok_embd;       /* [V][D] */
     float *out_norm;       /* [D] */
@@ -523,6 +525,17 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
     if ((rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0 ||
         (rc = core_pool_new(opts->n_threads, &m->pool, err)) < 0)
         goto fail;
+    if (m->adapter && opts->attn_kind == CORE_ATTN_DARKFORMER) {
+        const int64_t qd = (int64_t)m->info.n_head * m->info.head_dim;
+        if ((rc = core_lora_load(m->adapter, m->info.n_layer, m->info.n_embd, qd,
+                                 (int64_t)m->info.n_head_kv * m->info.head_dim, &m->lora, err)) < 0)
+            goto fail;
+        if (core_lora_rank(m->lora) > m->info.n_ff) { /* its scratch is the FFN's gate rows */
+            rc = core_error_set(err, CORE_EFORMAT, "adapter LoRA rank %d exceeds the FFN width %d",
+                                core_lora_rank(m->lora), (int)m->info.n_ff);
+            goto fail;
+        }
+    }
     *out = m;
     return 0;
 fail:
@@ -535,6 +548,7 @@ void core_model_free(core_model_t *m)
     if (!m)
         return;
     core_pool_free(m->pool);
+    core_lora_free(m->lora);
     free(m->qbuf);
     core_attn_free(m->attn);
     if (m->layers) {
@@ -904,6 +918,11 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
                               {ly->wk, &ly->qk, kvd, 0.0f, m->k, kvd},
                               {ly->wv, &ly->qv, kvd, 0.0f, m->v, kvd}};
         matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, qkv, 3);
+        if (m->lora) { /* m->gate is free until the FFN: the LoRA's [T][r] scratch */
+            core_lora_add(m->lora, l, CORE_LORA_Q, T, m->xn, D, m->q, qd, m->gate);
+            core_lora_add(m->lora, l, CORE_LORA_K, T, m->xn, D, m->k, kvd, m->gate);
+            core_lora_add(m->lora, l, CORE_LORA_V, T, m->xn, D, m->v, kvd, m->gate);
+        }
         for (int64_t t = 0; t < T; t++) {
             rope_row(m->q + t * qd, (int)H, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t], m->rope_cs);
             rope_row(m->k + t * kvd, (int)Hkv, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t],
@@ -921,6 +940,8 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         }
         /* residual folded into the GEMM: x += att · Woᵀ */
         matmul(m, Td, D, qd, m->att, qd, ly->wo, &ly->qo, 1.0f, m->x, D);
+        if (m->lora)
+            core_lora_add(m->lora, l, CORE_LORA_O, T, m->att, qd, m->x, D, m->gate);
 
         for (int64_t t = 0; t < T; t++)
             rmsnorm(m->xn + t * D, m->x + t * D, ly->ffn_norm, D, in->rms_eps);

@@ -19,9 +19,11 @@ head, weighted by e^β per query head, all under one softmax
 normalization), the teacher is the same weights with exact attention over
 the whole sequence (what `--attn exact --chunk LEN` scores). The loss is
 KL(teacher ‖ student) of the next-token distributions, averaged over the
-positions t ≥ W + S (earlier positions are exact in both). Only M, γ and β
-are trained; the model's weights stay as they are (tied embeddings
-untouched).
+positions t ≥ W + S (earlier positions are exact in both). M, γ and β are
+trained, and with --lora R a rank-R update B·A of the q, k, v and o
+projections of every layer (A random, B zero at the start; core/lora.h
+applies it with the adapter); the model's weights themselves stay as they
+are (tied embeddings untouched).
 
 IN.gguf gives the starting parameters and the settings (features m, window
 W, sinks S, pre-RoPE; only pre-RoPE adapters are supported). IDS.npy is the
@@ -30,9 +32,10 @@ held-out text); training sequences are random LEN-token spans of it except
 its last val-seqs × LEN tokens, which are the validation set: its mean KL
 is evaluated every val-every steps and the best parameters are kept (early
 stopping). EPS.npy holds the feature draws ε of the adapter's seed
-(tools/record_qkv --draws m). Outputs PREFIX.{mat,decay,mix}.f32 for
-build/tools/write_adapter. Resumable: CKPT holds the parameters, Adam's
-moments, the best parameters and the step; a rerun continues from it.
+(tools/record_qkv --draws m). Outputs PREFIX.{mat,decay,mix}.f32 (and with
+--lora R PREFIX.lora.{q,k,v,o}_{a,b}.f32) for build/tools/write_adapter.
+Resumable: CKPT holds the parameters, Adam's moments, the best parameters
+and the step; a rerun continues from it.
 Needs jax (tools/requirements-convert.txt).
 
     distill.py --model M.gguf --adapter A.gguf --eps EPS.npy --check IDS.npy \
@@ -102,6 +105,21 @@ def load_adapter(path):
     return cfg, mats, dec, mix
 
 
+LORA_NAMES = ("q_a", "q_b", "k_a", "k_b", "v_a", "v_b", "o_a", "o_b")
+
+
+def lora_init(hp, r, rng):
+    """A [L][r][in] small random, B [L][out][r] zero: the update starts at 0."""
+    L, D, qd, kvd = hp["L"], hp["D"], hp["H"] * hp["Hd"], hp["Hkv"] * hp["Hd"]
+    shapes = {"q": (D, qd), "k": (D, kvd), "v": (D, kvd), "o": (qd, D)}
+    out = []
+    for n in ("q", "k", "v", "o"):
+        i, o = shapes[n]
+        out += [(rng.standard_normal((L, r, i)) / np.sqrt(i)).astype(np.float32),
+                np.zeros((L, o, r), dtype=np.float32)]
+    return out
+
+
 def build(hp, cfg, T):
     """Returns jitted (loss_and_grad, val_loss) over params (M, θ, β)."""
     import jax
@@ -134,15 +152,20 @@ def build(hp, cfg, T):
     def rms(x, w):
         return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + hp["eps"]) * w
 
-    def qkv(x, ly):
+    def lora(x, lo, name):
+        """x (A x)ᵀBᵀ: the low-rank update of projection name, 0 without LoRA."""
+        return 0.0 if lo is None else (x @ lo[name + "_a"].T) @ lo[name + "_b"].T
+
+    def qkv(x, ly, lo=None):
         xn = rms(x, ly["attn_norm"])
-        q = (xn @ ly["attn_q"].T).reshape(T, Hkv, gs, Hd).transpose(1, 2, 0, 3)  # [c][g][T][Hd]
-        k = (xn @ ly["attn_k"].T).reshape(T, Hkv, Hd).transpose(1, 0, 2)  # [c][T][Hd]
-        v = (xn @ ly["attn_v"].T).reshape(T, Hkv, Hd).transpose(1, 0, 2)
+        q = (xn @ ly["attn_q"].T + lora(xn, lo, "q")).reshape(T, Hkv, gs, Hd).transpose(1, 2, 0, 3)  # [c][g][T][Hd]
+        k = (xn @ ly["attn_k"].T + lora(xn, lo, "k")).reshape(T, Hkv, Hd).transpose(1, 0, 2)  # [c][T][Hd]
+        v = (xn @ ly["attn_v"].T + lora(xn, lo, "v")).reshape(T, Hkv, Hd).transpose(1, 0, 2)
         return q, k, v
 
-    def rest(x, o, ly):
-        x = x + o.transpose(2, 0, 1, 3).reshape(T, H * Hd) @ ly["attn_output"].T
+    def rest(x, o, ly, lo=None):
+        o = o.transpose(2, 0, 1, 3).reshape(T, H * Hd)
+        x = x + o @ ly["attn_output"].T + lora(o, lo, "o")
         xn = rms(x, ly["ffn_norm"])
         g = xn @ ly["ffn_gate"].T
         return x + (jax.nn.silu(g) * (xn @ ly["ffn_up"].T)) @ ly["ffn_down"].T
@@ -159,8 +182,8 @@ def build(hp, cfg, T):
         return jnp.einsum("...e,me->...m", y, om) - 0.5 * jnp.sum(y * y, -1, keepdims=True) + bias
 
     def hybrid_layer(x, lp):
-        ly, Mt, th, beta, om = lp
-        q, k, v = qkv(x, ly)
+        ly, Mt, th, beta, om, lo = lp
+        q, k, v = qkv(x, ly, lo)
         qr, kr = rope(q, c_t, s_t), rope(k, c_t, s_t)
         s = jnp.einsum("cgtd,csd->cgts", qr, kr) / np.sqrt(Hd)
         if S > 0:
@@ -175,7 +198,7 @@ def build(hp, cfg, T):
         lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(th))  # [c]
         lk = lk + beta[:, :, None, None] + dist * lg[:, None, None, None]
         pr = jax.nn.softmax(jnp.where(lin, lk, jnp.where(vis, s, NEG)), axis=-1)
-        return rest(x, jnp.einsum("cgts,csd->cgtd", pr, v), ly), None
+        return rest(x, jnp.einsum("cgts,csd->cgtd", pr, v), ly, lo), None
 
     def logp(x, emb, onorm):
         return jax.nn.log_softmax(rms(x, onorm) @ emb.T, axis=-1)
@@ -185,9 +208,10 @@ def build(hp, cfg, T):
         x0 = emb[tokens]
         xt, _ = jax.lax.scan(exact_layer, x0, lw)
         lt = jax.lax.stop_gradient(logp(xt, emb, onorm)[W + S:])
-        Mt, th, beta = params
+        Mt, th, beta = params[:3]
+        lo = dict(zip(LORA_NAMES, params[3:])) if len(params) > 3 else None
         xs, _ = jax.lax.scan(jax.checkpoint(hybrid_layer), x0,
-                             (lw, Mt, th, beta.reshape(L, Hkv, gs), oms))
+                             (lw, Mt, th, beta.reshape(L, Hkv, gs), oms, lo))
         ls = logp(xs, emb, onorm)[W + S:]
         nxt = tokens[W + S + 1:]
         nll_t = -jnp.take_along_axis(lt[:-1], nxt[:, None], axis=-1).mean()
@@ -240,6 +264,8 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.002, help="Adam step for M")
     p.add_argument("--lr-small", type=float, default=0.02, help="Adam step for γ's logit and β")
+    p.add_argument("--lora", type=int, default=0, help="rank of LoRA on q, k, v, o (0: none)")
+    p.add_argument("--lr-lora", type=float, default=0.001)
     p.add_argument("--val-seqs", type=int, default=4)
     p.add_argument("--val-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=1)
@@ -262,6 +288,8 @@ def main():
             a.eps, eps.shape, L, Hkv, m, Hd))
     g0 = np.clip(dec.astype(np.float64), 0.5 + 1e-6, 1 - 1e-7)
     init = [mats, np.log((2 * g0 - 1) / (2 - 2 * g0)).astype(np.float32), mix]
+    if a.lora:
+        init += lora_init(hp, a.lora, np.random.default_rng(a.seed))
     weights = (jnp.asarray(emb), jnp.asarray(onorm), {n: jnp.asarray(x) for n, x in lw.items()},
                jnp.asarray(eps[:, :, :m, :].astype(np.float32)))
     del lw
@@ -301,7 +329,7 @@ def main():
     def save(step):
         if a.ckpt:
             d = {"step": step}
-            for i in range(3):
+            for i in range(len(params)):
                 d["p%d" % i], d["m%d" % i], d["v%d" % i], d["b%d" % i] = (
                     np.asarray(params[i]), np.asarray(mom[i]), np.asarray(sec[i]), best_p[i])
             tmp = a.ckpt + ".tmp.npz"
@@ -316,7 +344,7 @@ def main():
         hist["val"].append({"step": 0, "kl": v[0], "nll_exact": v[1], "nll": v[2]})
         print("distill: step 0 val KL %.5f, nll exact %.4f, converted %.4f" % v, flush=True)
     best = min(x["kl"] for x in hist["val"])
-    lrs = [a.lr, a.lr_small, a.lr_small]
+    lrs = [a.lr, a.lr_small, a.lr_small] + [a.lr_lora] * (len(params) - 3)
     b1, b2 = 0.9, 0.999
     t0 = time.time()
     for step in range(step0 + 1, a.steps + 1):
@@ -324,7 +352,7 @@ def main():
         toks = np.stack([ids[s:s + T] for s in starts])
         (lval, (nt, ns)), g = grad_fn([jnp.asarray(x) for x in params], weights, jnp.asarray(toks))
         cos = 0.5 * (1 + np.cos(np.pi * (step - 1) / a.steps))
-        for i in range(3):
+        for i in range(len(params)):
             gi = np.nan_to_num(np.asarray(g[i]), nan=0.0, posinf=0.0, neginf=0.0)
             mom[i] = b1 * np.asarray(mom[i]) + (1 - b1) * gi
             sec[i] = b2 * np.asarray(sec[i]) + (1 - b2) * gi * gi
@@ -350,6 +378,8 @@ def main():
     gam = 0.5 + 0.5 / (1 + np.exp(-best_p[1].astype(np.float64)))
     gam.astype(np.float32).tofile(a.out + ".decay.f32")
     best_p[2].astype(np.float32).tofile(a.out + ".mix.f32")
+    for i, n in enumerate(LORA_NAMES if a.lora else ()):  # write_adapter --lora PREFIX.lora
+        best_p[3 + i].astype(np.float32).tofile("%s.lora.%s.f32" % (a.out, n))
     print("distill: wrote %s.{mat,decay,mix}.f32 (best val KL %.5f; %.0fs)" % (
         a.out, best, time.time() - t_start), flush=True)
 

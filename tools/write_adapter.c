@@ -5,13 +5,15 @@
  *   write_adapter --model M --kind darkformer|darkformer-is --features N
  *                 --window W [--seed S] [--mat MAT.f32] [--lambda LAMBDA.f32]
  *                 [--sinks S] [--prerope 0|1] [--decay DECAY.f32] [--mix MIX.f32]
- *                 --out ADAPTER.gguf
+ *                 [--lora PREFIX --lora-rank R] --out ADAPTER.gguf
  *
  * MAT.f32 / LAMBDA.f32: raw little-endian float32 [L][Hkv][Hd][Hd] (what
  * tools/convert.py writes); --kind darkformer needs --mat, darkformer-is
  * needs --lambda; both may be given (one file then serves both kinds).
  * DECAY.f32: float32 [L][Hkv] decays γ; MIX.f32: float32 [L][H] mixing
- * log-weights β (DARKFormer v2, docs/ADAPTER.md). The
+ * log-weights β (DARKFormer v2, docs/ADAPTER.md). --lora: float32
+ * PREFIX.{q_a,q_b,k_a,k_b,v_a,v_b,o_a,o_b}.f32 of rank R, the layouts of
+ * core/lora.h (what tools/distill.py --lora writes). The
  * base model M gives the shapes and the fingerprint the adapter names.
  * After writing, the model is loaded with the adapter for every kind the
  * adapter carries tensors for, so a file that the kernels refuse is never
@@ -24,13 +26,15 @@
 #include <string.h>
 
 #include "core/features.h"
+#include "core/lora.h"
 #include "core/model.h"
 
 static void usage(void)
 {
     fprintf(stderr, "usage: write_adapter --model M --kind darkformer|darkformer-is --features N "
                     "--window W [--seed S] [--mat MAT.f32] [--lambda LAMBDA.f32] [--sinks S] "
-                    "[--prerope 0|1] [--decay DECAY.f32] [--mix MIX.f32] --out A.gguf\n");
+                    "[--prerope 0|1] [--decay DECAY.f32] [--mix MIX.f32] "
+                    "[--lora PREFIX --lora-rank R] --out A.gguf\n");
 }
 
 /* Reads exactly n floats from path into a new buffer. */
@@ -46,7 +50,7 @@ static float *read_f32(const char *path, size_t n)
     int extra = fgetc(f) != EOF;
     fclose(f);
     if (!buf || got != n || extra) {
-        fprintf(stderr, "write_adapter: %s must hold exactly %zu float32 values ([L][Hkv][Hd][Hd])\n",
+        fprintf(stderr, "write_adapter: %s must hold exactly %zu float32 values\n",
                 path, n);
         free(buf);
         return NULL;
@@ -85,8 +89,8 @@ static int check_load(const char *model, const char *adapter, core_attn_kind_t k
 int main(int argc, char **argv)
 {
     const char *model = NULL, *kind_s = NULL, *mat_p = NULL, *lam_p = NULL, *out = NULL;
-    const char *dec_p = NULL, *mix_p = NULL;
-    int64_t m = 0, w = -1, seed = 0, sinks = 0, prerope = 0;
+    const char *dec_p = NULL, *mix_p = NULL, *lora_p = NULL;
+    int64_t m = 0, w = -1, seed = 0, sinks = 0, prerope = 0, rank = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
@@ -104,6 +108,10 @@ int main(int argc, char **argv)
             dec_p = v;
         else if (!bad && !strcmp(a, "--mix"))
             mix_p = v;
+        else if (!bad && !strcmp(a, "--lora"))
+            lora_p = v;
+        else if (!bad && !strcmp(a, "--lora-rank"))
+            bad = parse_i64(v, 1, CORE_LORA_MAX_RANK, &rank);
         else if (!bad && !strcmp(a, "--sinks"))
             bad = parse_i64(v, 0, CORE_FEATURES_MAX_SINKS, &sinks);
         else if (!bad && !strcmp(a, "--prerope"))
@@ -126,7 +134,8 @@ int main(int argc, char **argv)
     core_attn_kind_t kind;
     if (!model || !kind_s || !out || m < 1 || w < 0 || core_attn_kind_parse(kind_s, &kind) < 0 ||
         (kind != CORE_ATTN_DARKFORMER && kind != CORE_ATTN_DARKFORMER_IS) ||
-        (kind == CORE_ATTN_DARKFORMER && !mat_p) || (kind == CORE_ATTN_DARKFORMER_IS && !lam_p)) {
+        (kind == CORE_ATTN_DARKFORMER && !mat_p) || (kind == CORE_ATTN_DARKFORMER_IS && !lam_p) ||
+        !lora_p != !rank) {
         usage();
         return 2;
     }
@@ -134,7 +143,7 @@ int main(int argc, char **argv)
     int status = 1;
     core_error_t err = {0};
     core_model_t *mdl = NULL;
-    float *mat = NULL, *lam = NULL, *dec = NULL, *mix = NULL;
+    float *mat = NULL, *lam = NULL, *dec = NULL, *mix = NULL, *lora[8] = {0};
     if (core_model_load(model, NULL, &mdl, &err) < 0) {
         fprintf(stderr, "write_adapter: cannot load %s: %s\n", model, err.msg);
         return 1;
@@ -146,11 +155,26 @@ int main(int argc, char **argv)
         (dec_p && !(dec = read_f32(dec_p, (size_t)in->n_layer * (size_t)in->n_head_kv))) ||
         (mix_p && !(mix = read_f32(mix_p, (size_t)in->n_layer * (size_t)in->n_head))))
         goto done;
+    if (lora_p) {
+        const size_t L = (size_t)in->n_layer, D = (size_t)in->n_embd,
+                     qd = (size_t)in->n_head * (size_t)in->head_dim,
+                     kvd = (size_t)in->n_head_kv * (size_t)in->head_dim;
+        const size_t width[8] = {D, qd, D, kvd, D, kvd, qd, D}; /* in of A, out of B */
+        static const char *const part[8] = {"q_a", "q_b", "k_a", "k_b", "v_a", "v_b", "o_a", "o_b"};
+        for (int i = 0; i < 8; i++) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s.%s.f32", lora_p, part[i]);
+            if (!(lora[i] = read_f32(path, L * (size_t)rank * width[i])))
+                goto done;
+        }
+    }
     core_features_adapter_desc_t d = {
         .kind = kind, .n_layer = in->n_layer, .n_head = in->n_head, .n_head_kv = in->n_head_kv,
         .head_dim = in->head_dim, .n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
         .prerope = (int)prerope, .seed = (uint64_t)seed, .base_fingerprint = in->fingerprint,
-        .mat = mat, .lambda = lam, .decay = dec, .mix = mix};
+        .mat = mat, .lambda = lam, .decay = dec, .mix = mix, .lora_rank = (int)rank,
+        .n_embd = in->n_embd};
+    memcpy(d.lora, lora, sizeof lora);
     if (core_features_adapter_write(&d, out, &err) < 0) {
         fprintf(stderr, "write_adapter: cannot write %s: %s\n", out, err.msg);
         goto done;
@@ -162,15 +186,17 @@ int main(int argc, char **argv)
         remove(out);
         goto done;
     }
-    printf("wrote %s: %s, M=%" PRId64 ", W=%" PRId64 ", seed %" PRId64 ", base %s%s%s\n", out,
+    printf("wrote %s: %s, M=%" PRId64 ", W=%" PRId64 ", seed %" PRId64 ", base %s%s%s%s\n", out,
            kind_s, m, w, seed, in->fingerprint, mat ? ", tensors M" : "",
-           lam ? ", tensors lambda" : "");
+           lam ? ", tensors lambda" : "", rank ? ", LoRA" : "");
     status = 0;
 done:
     free(mat);
     free(lam);
     free(dec);
     free(mix);
+    for (int i = 0; i < 8; i++)
+        free(lora[i]);
     core_model_free(mdl);
     return status;
 }

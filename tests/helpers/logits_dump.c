@@ -15,6 +15,8 @@
  * --threads N               compute threads (default 0: one per CPU)
  * --isa NAME                quantized kernels forced onto generic, avx2 or
  *                           avx512vnni (default: the best this CPU runs)
+ * --adapter A               DARKFormer attention with adapter A and its
+ *                           settings (default: exact attention)
  * --info                    prints the model info fields
  * --time                    prints prefill / decode wall and CPU time, peak RSS
  *
@@ -28,6 +30,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "core/features.h"
 #include "core/model.h"
 #include "core/qdot.h"
 
@@ -125,11 +128,11 @@ int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: logits_dump MODEL [--tokens ids | --tokens-file F] [--logits OUT] "
-                        "[--greedy N] [--chunk K] [--max-ctx N] [--threads N] [--isa NAME] [--info] "
-                        "[--time]\n");
+                        "[--greedy N] [--chunk K] [--max-ctx N] [--threads N] [--isa NAME] [--adapter A] "
+                        "[--info] [--time]\n");
         return 1;
     }
-    const char *model_path = argv[1], *logits_path = NULL;
+    const char *model_path = argv[1], *logits_path = NULL, *adapter = NULL;
     int32_t *ids = NULL;
     int64_t n_ids = 0, cap_ids = 0, n_greedy = 0, chunk = 0, max_ctx = 0, threads = 0;
     int info = 0, timing = 0, rc = 1;
@@ -170,6 +173,9 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--max-ctx") == 0) {
             max_ctx = strtoll(val, NULL, 10);
             i++;
+        } else if (strcmp(a, "--adapter") == 0) {
+            adapter = val;
+            i++;
         } else if (strcmp(a, "--threads") == 0) {
             threads = strtoll(val, NULL, 10);
             i++;
@@ -200,6 +206,20 @@ int main(int argc, char **argv)
     }
     core_model_opts_t opts = {.attn_kind = CORE_ATTN_EXACT, .max_ctx = max_ctx,
                               .n_threads = (int)threads};
+    if (adapter) {
+        core_features_settings_t fs = {.window = -1, .sinks = -1, .prerope = -1};
+        if (core_features_resolve(adapter, &fs, &err) < 0) {
+            fprintf(stderr, "logits_dump: adapter %s: %s\n", adapter, err.msg);
+            return 1;
+        }
+        opts.attn_kind = CORE_ATTN_DARKFORMER;
+        opts.adapter_path = adapter;
+        opts.n_features = fs.n_features;
+        opts.window = fs.window;
+        opts.sinks = fs.sinks;
+        opts.prerope = fs.prerope;
+        opts.seed = fs.seed;
+    }
     double t0 = now_s();
     if (core_model_load(model_path, &opts, &m, &err) < 0) {
         fprintf(stderr, "logits_dump: load %s: %s\n", model_path, err.msg);

@@ -1,0 +1,126 @@
+/* core/lora.c — the adapter's low-rank projection updates (core/lora.h). */
+#include "core/lora.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/blas.h"
+#include "core/tensor.h"
+
+static const char *const lora_names[CORE_LORA_N] = {"q", "k", "v", "o"};
+
+struct core_lora {
+    int n_layer, rank;
+    int64_t in[CORE_LORA_N], out[CORE_LORA_N];
+    float *a[CORE_LORA_N]; /* [L][r][in] */
+    float *b[CORE_LORA_N]; /* [L][out][r] */
+};
+
+void core_lora_free(core_lora_t *lo)
+{
+    if (!lo)
+        return;
+    for (int w = 0; w < CORE_LORA_N; w++) {
+        free(lo->a[w]);
+        free(lo->b[w]);
+    }
+    free(lo);
+}
+
+int core_lora_rank(const core_lora_t *lo)
+{
+    return lo ? lo->rank : 0;
+}
+
+/* Copies tensor name, expected [rows][cols] (GGUF ne0 = cols, ne1 = rows),
+ * to *dst and advances *dst; *found 0 when absent. */
+static int read_part(const core_gguf_t *g, const char *name, int64_t cols, int64_t rows,
+                     float **dst, int *found, core_error_t *err)
+{
+    const core_gguf_tensor_t *t = core_gguf_find_tensor(g, name);
+    *found = t != NULL;
+    if (!t)
+        return 0;
+    if (t->type != CORE_TTYPE_F32)
+        return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has type %s, expected F32",
+                              name, core_ttype_name(t->type));
+    if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows || !t->data ||
+        t->nbytes != (size_t)(cols * rows) * sizeof(float))
+        return core_error_set(err, CORE_EFORMAT,
+                              "adapter tensor '%s' has shape [%" PRId64 ", %" PRId64
+                              "], expected [%" PRId64 ", %" PRId64 "]",
+                              name, t->ne[0], t->ne[1], cols, rows);
+    memcpy(*dst, t->data, t->nbytes);
+    for (int64_t i = 0; i < cols * rows; i++)
+        if (!isfinite((*dst)[i]))
+            return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s': element %" PRId64
+                                  " is not finite", name, i);
+    *dst += cols * rows;
+    return 0;
+}
+
+int core_lora_load(const core_gguf_t *g, int n_layer, int64_t d, int64_t qd, int64_t kvd,
+                   core_lora_t **out, core_error_t *err)
+{
+    *out = NULL;
+    if (!core_gguf_find_tensor(g, "darkformer.blk.0.lora_q_a"))
+        return 0; /* an adapter without LoRA; parts of one are caught below */
+    core_lora_t *lo = calloc(1, sizeof *lo);
+    if (!lo)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for the adapter's LoRA");
+    lo->n_layer = n_layer;
+    const int64_t in[CORE_LORA_N] = {d, d, d, qd}, o[CORE_LORA_N] = {qd, kvd, kvd, d};
+    int rc = 0;
+    /* the rank comes from the first tensor; the buffers are sized after it */
+    const core_gguf_tensor_t *t0 = core_gguf_find_tensor(g, "darkformer.blk.0.lora_q_a");
+    int rank = t0->n_dims == 2 && t0->ne[1] >= 1 && t0->ne[1] <= CORE_LORA_MAX_RANK ? (int)t0->ne[1]
+                                                                                   : 0;
+    if (!rank) {
+        rc = core_error_set(err, CORE_EFORMAT, "adapter tensor 'darkformer.blk.0.lora_q_a': rank "
+                            "(second dimension) not in [1, %d]", CORE_LORA_MAX_RANK);
+        goto fail;
+    }
+    lo->rank = rank;
+    for (int w = 0; w < CORE_LORA_N && rc == 0; w++) {
+        lo->in[w] = in[w];
+        lo->out[w] = o[w];
+        lo->a[w] = malloc((size_t)n_layer * (size_t)rank * (size_t)in[w] * sizeof(float));
+        lo->b[w] = malloc((size_t)n_layer * (size_t)rank * (size_t)o[w] * sizeof(float));
+        if (!lo->a[w] || !lo->b[w])
+            rc = core_error_set(err, CORE_ENOMEM, "out of memory for the adapter's LoRA");
+        float *pa = lo->a[w], *pb = lo->b[w];
+        for (int l = 0; l < n_layer && rc == 0; l++) {
+            char name[96];
+            int found = 0;
+            for (int part = 0; part < 2 && rc == 0; part++) {
+                snprintf(name, sizeof name, "darkformer.blk.%d.lora_%s_%c", l, lora_names[w],
+                         part ? 'b' : 'a');
+                rc = part ? read_part(g, name, rank, o[w], &pb, &found, err)
+                          : read_part(g, name, in[w], rank, &pa, &found, err);
+                if (rc == 0 && !found)
+                    rc = core_error_set(err, CORE_ENOTFOUND, "adapter tensor '%s' is missing "
+                                        "(a LoRA needs q, k, v and o of every layer)", name);
+            }
+        }
+    }
+    if (rc == 0) {
+        *out = lo;
+        return 0;
+    }
+fail:
+    core_lora_free(lo);
+    return rc;
+}
+
+void core_lora_add(const core_lora_t *lo, int layer, int which, int64_t n, const float *x,
+                   int64_t ldx, float *y, int64_t ldy, float *scratch)
+{
+    const int64_t r = lo->rank, in = lo->in[which], out = lo->out[which];
+    const float *a = lo->a[which] + (int64_t)layer * r * in;
+    const float *b = lo->b[which] + (int64_t)layer * out * r;
+    core_gemm_nt(n, r, in, 1.0f, x, ldx, a, in, 0.0f, scratch, r);
+    core_gemm_nt(n, out, r, 1.0f, scratch, r, b, r, 1.0f, y, ldy);
+}
