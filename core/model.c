@@ -763,6 +763,20 @@ typedef struct wop {
  * numbers must not depend on what else shares the batch (the 8-bit rounding
  * of the next decode step would amplify a last-bit difference). All
  * core/qdot products of the call are one pool run. */
+/* The adapter's LoRA update of projection which over this forward's rows,
+ * grouped like matmuls (each decode row alone, each prompt sequence as one
+ * product) so a sequence's result does not depend on the batch it is in.
+ * m->gate is free until the FFN: the [rows][r] scratch. */
+static void lora_rows(core_model_t *m, int l, int which, int64_t Td, const float *x, int64_t ldx,
+                      float *y, int64_t ldy)
+{
+    for (int64_t t = 0; t < Td; t++)
+        core_lora_add(m->lora, l, which, 1, x + t * ldx, ldx, y + t * ldy, ldy, m->gate);
+    for (int64_t g = 0, r0 = Td; g < m->n_pre; r0 += m->pre_n[g], g++)
+        core_lora_add(m->lora, l, which, m->pre_n[g], x + r0 * ldx, ldx, y + r0 * ldy, ldy,
+                      m->gate);
+}
+
 static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n_pre, int64_t k,
                     const float *a, int64_t lda, const wop_t *ops, int n_ops)
 {
@@ -918,10 +932,10 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
                               {ly->wk, &ly->qk, kvd, 0.0f, m->k, kvd},
                               {ly->wv, &ly->qv, kvd, 0.0f, m->v, kvd}};
         matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, qkv, 3);
-        if (m->lora) { /* m->gate is free until the FFN: the LoRA's [T][r] scratch */
-            core_lora_add(m->lora, l, CORE_LORA_Q, T, m->xn, D, m->q, qd, m->gate);
-            core_lora_add(m->lora, l, CORE_LORA_K, T, m->xn, D, m->k, kvd, m->gate);
-            core_lora_add(m->lora, l, CORE_LORA_V, T, m->xn, D, m->v, kvd, m->gate);
+        if (m->lora) {
+            lora_rows(m, l, CORE_LORA_Q, Td, m->xn, D, m->q, qd);
+            lora_rows(m, l, CORE_LORA_K, Td, m->xn, D, m->k, kvd);
+            lora_rows(m, l, CORE_LORA_V, Td, m->xn, D, m->v, kvd);
         }
         for (int64_t t = 0; t < T; t++) {
             rope_row(m->q + t * qd, (int)H, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t], m->rope_cs);
@@ -941,7 +955,7 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         /* residual folded into the GEMM: x += att · Woᵀ */
         matmul(m, Td, D, qd, m->att, qd, ly->wo, &ly->qo, 1.0f, m->x, D);
         if (m->lora)
-            core_lora_add(m->lora, l, CORE_LORA_O, T, m->att, qd, m->x, D, m->gate);
+            lora_rows(m, l, CORE_LORA_O, Td, m->att, qd, m->x, D);
 
         for (int64_t t = 0; t < T; t++)
             rmsnorm(m->xn + t * D, m->x + t * D, ly->ffn_norm, D, in->rms_eps);

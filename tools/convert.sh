@@ -7,14 +7,15 @@
 #   tools/convert.sh --is [--out IS.gguf]      # the DARKFormer-IS adapter (Λ only)
 #   tools/convert.sh --v2 [--features M] [--window W] [--sinks S] [--prerope 0|1]
 #                    [--steps N] [--seqs N] [--len T] [--distill-steps N]
-#                    [--out ADAPTER.gguf]
+#                    [--lora R] [--out ADAPTER.gguf]
 #     DARKFormer v2 (`make adapter MODEL=...` runs this): record N sequences
 #     of T tokens (default 12 x 2048) of the calibration corpus
 #     (models/corpus/calibration.txt.xz, never a held-out text), then
 #     stage 1, tools/convert.py train2 (M before RoPE, decays, mixing
 #     weights, layer by layer), then stage 2, tools/distill.py (the same
 #     parameters end to end against the exact model's next-token
-#     distribution on 1024-token spans; --distill-steps 0 skips it), then
+#     distribution on 1024-token spans; --distill-steps 0 skips it; --lora R
+#     also learns a rank-R update of q, k, v, o), then
 #     write_adapter. Each stage has a checkpoint under WORK, so an
 #     interrupted run resumes where it stopped. Prints how long each stage
 #     took.
@@ -38,7 +39,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
-S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150
+S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150 LORA=0
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -50,6 +51,7 @@ while [ $# -gt 0 ]; do
     --len) LEN=$2; shift 2 ;;
     --v2) V2=1; shift ;;
     --distill-steps) DSTEPS=$2; shift 2 ;;
+    --lora) LORA=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --init) INIT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -86,10 +88,12 @@ if [ "$V2" = 1 ]; then
     --prerope "$PRE" --steps "$STEPS" --ckpt "$WORK/$TAG.npz" --log "$WORK/$TAG.json" \
     --out "$WORK/$TAG"
   OUT=${OUT:-$WORK/$TAG.gguf}
-  write() {
+  write() {  # PREFIX OUT [LORA-RANK]
+    local lora=()
+    [ "${3:-0}" != 0 ] && lora=(--lora "$1.lora" --lora-rank "$3")
     "$BUILD/tools/write_adapter" --model "$MODEL" --kind darkformer --features "$M" --window "$W" \
       --sinks "$S" --prerope "$PRE" --seed 0 --mat "$1.mat.f32" --decay "$1.decay.f32" \
-      --mix "$1.mix.f32" --out "$2"
+      --mix "$1.mix.f32" "${lora[@]}" --out "$2"
   }
   if [ "$DSTEPS" = 0 ]; then
     write "$WORK/$TAG" "$OUT"
@@ -105,8 +109,8 @@ if [ "$V2" = 1 ]; then
   stage "stage 2: distilling against the exact model, $DSTEPS steps (checkpoint $WORK/$TAG.s2.npz)"
   "$PY" tools/distill.py --model "$MODEL" --adapter "$WORK/$TAG.stage1.gguf" \
     --ids "$WORK/distill_ids.npy" --eps "$WORK/distill_m$M/eps.npy" --steps "$DSTEPS" \
-    --ckpt "$WORK/$TAG.s2.npz" --log "$WORK/$TAG.s2.json" --out "$WORK/$TAG.s2"
-  write "$WORK/$TAG.s2" "$OUT"
+    --lora "$LORA" --ckpt "$WORK/$TAG.s2.npz" --log "$WORK/$TAG.s2.json" --out "$WORK/$TAG.s2"
+  write "$WORK/$TAG.s2" "$OUT" "$LORA"
   stage "done: $OUT"
   exit 0
 fi
