@@ -160,7 +160,9 @@ TEST(last_mode_equals_last_row_of_all)
  * each sequence alone, over several steps, bit for bit: core/model.c runs
  * each sequence's rows through the products it would get alone (the 8-bit
  * decode path would turn any last-bit difference into a visible one). */
-TEST(batched_matches_alone)
+/* A batch of sequences in mixed states (prompt chunks, decode rows) gives
+ * every sequence the logits it gets alone, bit for bit, on model mdl. */
+static void batched_check(core_model_t *mdl)
 {
     enum { B = 5, STEPS = 3 };
     const int64_t prefix[B] = {0, 30, 12, 3, 70};
@@ -173,11 +175,11 @@ TEST(batched_matches_alone)
     core_attn_state_t *sb[B], *sa[B];
     int32_t *pre = malloc(100 * sizeof *pre);
     for (int b = 0; b < B; b++) {
-        sb[b] = new_state(tiny);
-        sa[b] = new_state(tiny);
+        sb[b] = new_state(mdl);
+        sa[b] = new_state(mdl);
         rand_tokens(&r, pre, prefix[b]);
         if (prefix[b] > 0) {
-            CHECK_INT_EQ(feed(tiny, sb[b], pre, prefix[b], 0, NULL), 0);
+            CHECK_INT_EQ(feed(mdl, sb[b], pre, prefix[b], 0, NULL), 0);
             CHECK_INT_EQ(core_attn_state_copy(sa[b], sb[b], NULL), 0);
         }
     }
@@ -198,13 +200,13 @@ TEST(batched_matches_alone)
             off += n_new[st][b];
         }
         core_error_t err = {0};
-        int rc = core_model_forward(tiny, seqs, B, &err);
+        int rc = core_model_forward(mdl, seqs, B, &err);
         CHECK_MSG(rc == 0, "step %d: %s", st, err.msg);
         for (int b = 0; b < B; b++) {
             core_batch_seq_t one = seqs[b];
             one.state = sa[b];
             one.logits = mode[b] ? la[b] : NULL;
-            CHECK_INT_EQ(core_model_forward(tiny, &one, 1, NULL), 0);
+            CHECK_INT_EQ(core_model_forward(mdl, &one, 1, NULL), 0);
             CHECK_INT_EQ(core_attn_state_pos(sa[b]), core_attn_state_pos(sb[b]));
             if (mode[b]) {
                 int64_t rows = mode[b] == CORE_LOGITS_ALL ? n_new[st][b] : 1;
@@ -225,6 +227,52 @@ TEST(batched_matches_alone)
     }
     free(pre);
     free(tok);
+}
+
+TEST(batched_matches_alone)
+{
+    batched_check(tiny);
+}
+
+/* The same with an adapter that carries a LoRA (core/lora.c): its products
+ * are grouped like the weights' so batching changes nothing either. */
+TEST(batched_matches_alone_with_lora)
+{
+    const core_model_info_t *in = core_model_info(tiny);
+    const int L = in->n_layer, Hkv = in->n_head_kv, Hd = in->head_dim, r = 2;
+    const int64_t D = in->n_embd, qd = (int64_t)in->n_head * Hd, kvd = (int64_t)Hkv * Hd;
+    const int64_t size[8] = {r * D, qd * r, r * D, kvd * r, r * D, kvd * r, r * qd, D * r};
+    float *mat = calloc((size_t)L * Hkv * Hd * Hd, sizeof *mat), *lora[8];
+    core_rng_t rng;
+    core_rng_seed(&rng, 11);
+    for (int i = 0; i < L * Hkv; i++)
+        for (int d = 0; d < Hd; d++)
+            mat[((size_t)i * Hd + d) * Hd + d] = 1.0f;
+    for (int p = 0; p < 8; p++) {
+        lora[p] = malloc((size_t)L * (size_t)size[p] * sizeof(float));
+        for (int64_t i = 0; i < L * size[p]; i++)
+            lora[p][i] = (float)(core_rng_uniform(&rng) - 0.5) * 0.2f;
+    }
+    core_features_adapter_desc_t d = {.kind = CORE_ATTN_DARKFORMER, .n_layer = L,
+                                      .n_head = in->n_head, .n_head_kv = Hkv, .head_dim = Hd,
+                                      .n_features = 16, .window = 8, .mat = mat,
+                                      .lora_rank = r, .n_embd = (int)D};
+    memcpy(d.lora, lora, sizeof d.lora);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/test_model_lora_%d.gguf", (int)getpid());
+    core_error_t err = {0};
+    CHECK_MSG(core_features_adapter_write(&d, path, &err) == 0, "%s", err.msg);
+    core_model_opts_t o = {.attn_kind = CORE_ATTN_DARKFORMER, .adapter_path = path,
+                           .n_features = 16, .window = 8};
+    core_model_t *m = NULL;
+    CHECK_MSG(core_model_load(getenv("DARKSERVE_TINY_MODEL"), &o, &m, &err) == 0, "%s", err.msg);
+    if (m)
+        batched_check(m);
+    core_model_free(m);
+    remove(path);
+    free(mat);
+    for (int p = 0; p < 8; p++)
+        free(lora[p]);
 }
 
 TEST(overflow_in_batch_leaves_every_state_untouched)
@@ -596,6 +644,7 @@ int main(void)
     RUN(chunked_prefill_matches_one_call);
     RUN(last_mode_equals_last_row_of_all);
     RUN(batched_matches_alone);
+    RUN(batched_matches_alone_with_lora);
     RUN(overflow_in_batch_leaves_every_state_untouched);
     RUN(bad_batches_are_refused);
     RUN(fork_continues_like_the_original);
