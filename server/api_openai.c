@@ -1,5 +1,7 @@
 /* server/api_openai.c — the OpenAI-compatible endpoints:
- *   POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
+ *   POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+ * also without the /v1 prefix (/completions, /chat/completions, /models:
+ * clients written for llama.cpp's server call those), same handlers.
  *
  * One engine job per prompt (completions take up to 16), each with n choices;
  * choice index = prompt * n + sample, as OpenAI numbers them. Without
@@ -526,5 +528,8 @@ int api_openai_routes(api_app_t *app)
     rc |= srv_http_route(app->http, "POST", "/v1/completions", h_completions, app, &json);
     rc |= srv_http_route(app->http, "POST", "/v1/chat/completions", h_chat, app, &json);
     rc |= srv_http_route(app->http, "GET", "/v1/models", h_models, app, NULL);
+    rc |= srv_http_route(app->http, "POST", "/completions", h_completions, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/chat/completions", h_chat, app, &json);
+    rc |= srv_http_route(app->http, "GET", "/models", h_models, app, NULL);
     return rc ? -1 : 0;
 }
