@@ -352,11 +352,14 @@ typedef struct proto_usage {
     int64_t completion_tokens;
 } proto_usage_t;
 
-/* id ("cmpl-..."/"chatcmpl-..."), created (unix seconds) and model of a response. */
+/* id ("cmpl-..."/"chatcmpl-..."), created (unix seconds) and model of a
+ * response; system_fingerprint ("fp_..."), when not NULL, goes into every
+ * response and chunk built from it. */
 typedef struct proto_resp_meta {
     const char *id;
     int64_t created;
     const char *model;
+    const char *system_fingerprint; /* NULL = omitted */
 } proto_resp_meta_t;
 
 /* {"id","object":"text_completion","created","model","choices":[{"index","text",

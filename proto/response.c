@@ -145,7 +145,8 @@ static json_t *chat_logprobs(const proto_choice_t *c)
     return bad ? fail_tree(o) : o;
 }
 
-/* id, object, created, model: the head every OpenAI response starts with. */
+/* id, object, created, model (and system_fingerprint): the head every OpenAI
+ * response starts with. */
 static json_t *resp_head(const proto_resp_meta_t *m, const char *object)
 {
     json_t *o = json_object();
@@ -154,6 +155,8 @@ static json_t *resp_head(const proto_resp_meta_t *m, const char *object)
     bad |= json_object_set_new(o, "object", json_string(object));
     bad |= json_object_set_new(o, "created", json_integer(m->created));
     bad |= json_object_set_new(o, "model", px_cstr_or_null(m->model ? m->model : ""));
+    if (m->system_fingerprint)
+        bad |= json_object_set_new(o, "system_fingerprint", px_cstr_or_null(m->system_fingerprint));
     return bad ? fail_tree(o) : o;
 }
 

@@ -9,7 +9,9 @@
  *                   submitted to the engine, their events carried to the
  *                   HTTP stream on the loop thread, back-pressure, pings,
  *                   cancellation, the end of the request
- *   api_openai.c    /v1/completions, /v1/chat/completions, /v1/models
+ *   api_openai.c    /v1/completions, /v1/chat/completions, /v1/models (and
+ *                   the same without /v1)
+ *   api_fp.c        the system fingerprint of OpenAI responses
  *   api_sessions.c  /v1/sessions...
  *   api_misc.c      /tokenize, /detokenize
  *   bridge.c        proto structs -> core/engine parameters, and core /
@@ -76,6 +78,7 @@ typedef struct api_app {
     srv_store_t *store;   /* owned */
     proto_limits_t limits;
     char model_id[128];     /* served model name ("SmolLM2-135M-Instruct") */
+    char system_fp[24];     /* "fp_<16 hex>" once computed (api_system_fingerprint) */
     int64_t created;        /* unix seconds of the start */
     int64_t t_start_ns;     /* srv_engine_now_ns() at the start */
     int64_t gen_timeout_ns; /* per-job deadline; 0 = none */
@@ -174,6 +177,11 @@ void api_io_stop(api_app_t *app);
 int api_openai_routes(api_app_t *app);
 int api_sessions_routes(api_app_t *app);
 int api_misc_routes(api_app_t *app);
+
+/* "fp_<16 hex>" of the binary's build id, the model fingerprint and the
+ * attention configuration (api_fp.c); borrowed from app. NULL before the
+ * model is loaded. Loop thread. */
+const char *api_system_fingerprint(api_app_t *app);
 
 /* ---- bridge.c: parameters and errors ---- */
 

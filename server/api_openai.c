@@ -53,7 +53,10 @@ static void oa_free(void *kd)
 
 static proto_resp_meta_t oa_meta(const api_gen_t *g, const oa_req_t *r)
 {
-    return (proto_resp_meta_t){.id = r->id, .created = r->created, .model = g->app->model_id};
+    return (proto_resp_meta_t){.id = r->id,
+                               .created = r->created,
+                               .model = g->app->model_id,
+                               .system_fingerprint = api_system_fingerprint(g->app)};
 }
 
 /* An end-of-generation token ends its choice and is no text: it is counted

@@ -7,10 +7,7 @@
 
 #include "core/blas.h"
 #include "server/cli.h"
-
-#ifndef DARKSERVE_VERSION
-#define DARKSERVE_VERSION "0.1.0"
-#endif
+#include "server/version.h"
 
 #include "server/serve.h"
 

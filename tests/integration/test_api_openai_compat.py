@@ -1,10 +1,16 @@
 """OpenAI compatibility details that clients of other servers rely on
-(issue 16): the routes without the /v1 prefix.
+(issue 16): the routes without the /v1 prefix, and system_fingerprint.
 
 The official `openai` client is pointed at a base URL without /v1; answers
 on the aliases are compared with the /v1 routes' answers for the same seed.
 """
+import re
+
 import openai
+
+from ds_server import TINY, sse_json
+
+FP = re.compile(r"^fp_[0-9a-f]{16}$")
 
 
 def client(srv, base):
@@ -44,3 +50,47 @@ def test_aliases_share_validation_and_methods(tiny):
     st, hd, _ = tiny.request("POST", "/models", {})
     assert st == 405 and "GET" in hd["allow"]
     assert tiny.json("GET", "/models")[1] == tiny.json("GET", "/v1/models")[1]
+
+
+# ------------------------------------------------------ system_fingerprint
+
+
+def test_system_fingerprint_everywhere(tiny):
+    c = client(tiny, "/v1")
+    model = c.models.list().data[0].id
+    r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                  max_tokens=4)
+    fp = r.system_fingerprint
+    assert FP.match(fp), fp
+    t = c.completions.create(model=model, prompt="Hello", max_tokens=4)
+    assert t.system_fingerprint == fp
+    chunks = list(c.chat.completions.create(model=model, max_tokens=4, stream=True,
+                                            stream_options={"include_usage": True},
+                                            messages=[{"role": "user", "content": "Hi"}]))
+    assert chunks and all(ch.system_fingerprint == fp for ch in chunks)
+    st, hd, raw = tiny.request("POST", "/v1/completions",
+                               {"prompt": "Hello", "max_tokens": 4, "stream": True})
+    evs, done = sse_json(raw)
+    assert st == 200 and done and evs
+    assert all(e["system_fingerprint"] == fp for e in evs)
+
+
+def _fp(srv):
+    st, r, _ = srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1})
+    assert st == 200, r
+    return r["system_fingerprint"]
+
+
+def test_system_fingerprint_follows_the_configuration(servers):
+    """Same binary, model and attention configuration: the same value, also
+    after a restart; another attention configuration: another value."""
+    a = servers(model=TINY, attn="performer", args=["--features", "32"])
+    fa = _fp(a)
+    a.stop()
+    a.start()
+    assert _fp(a) == fa
+    b = servers(model=TINY, attn="performer", args=["--features", "64"])
+    c = servers(model=TINY, attn="exact")
+    fb, fc = _fp(b), _fp(c)
+    assert FP.match(fa) and FP.match(fb) and FP.match(fc)
+    assert len({fa, fb, fc}) == 3

@@ -276,7 +276,7 @@ static const proto_token_logprob_t lps[] = {{"a", 1, 1, -0.5, 0, tops, 2},
 /* Each builder: NULL (clean) or valid JSON. Returns 1 only if all succeeded. */
 static int op_builders(void)
 {
-    proto_resp_meta_t meta = {"id", 1, "m"};
+    proto_resp_meta_t meta = {"id", 1, "m", NULL};
     proto_choice_t ch = {0, "a\xe2\x82", 3, "stop", 1, lps, 2};
     proto_usage_t u = {1, 2};
     proto_timings_t tm = {1, 2, 3};

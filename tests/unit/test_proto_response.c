@@ -189,7 +189,7 @@ static const proto_token_logprob_t lps0[] = {
 
 TEST(completion_response_shape)
 {
-    proto_resp_meta_t meta = {"cmpl-1", 1700000000, "smollm2"};
+    proto_resp_meta_t meta = {"cmpl-1", 1700000000, "smollm2", NULL};
     proto_choice_t ch[2] = {
         {0, "Hello wor\xe2\x82", 11, "length", 1, lps0, 2},
         {1, "x", 1, "stop", 0, NULL, 0},
@@ -239,7 +239,7 @@ TEST(completion_logprob_keys_without_nul)
     proto_top_logprob_t top = {"a\0b", 3, 1, -1.0};
     proto_token_logprob_t lp = {"a\0b", 3, 1, -1.0, 0, &top, 1};
     proto_choice_t c = {0, "a\0b", 3, "stop", 1, &lp, 1};
-    proto_resp_meta_t meta = {"id", 1, "m"};
+    proto_resp_meta_t meta = {"id", 1, "m", NULL};
     char *s = proto_completion_json(&meta, &c, 1, NULL);
     json_t *j = parse(s);
     json_t *l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
@@ -252,7 +252,7 @@ TEST(completion_logprob_keys_without_nul)
 
 TEST(completion_chunk_shape)
 {
-    proto_resp_meta_t meta = {"cmpl-2", 5, "m"};
+    proto_resp_meta_t meta = {"cmpl-2", 5, "m", NULL};
     proto_choice_t c = {0, " the", 4, NULL, 0, NULL, 0};
     char *s = proto_completion_chunk_json(&meta, &c, NULL);
     json_t *j = parse(s);
@@ -274,11 +274,29 @@ TEST(completion_chunk_shape)
     proto_free(s);
 }
 
+TEST(system_fingerprint_in_every_shape)
+{
+    /* given: in whole responses and in every chunk; NULL: absent (above) */
+    proto_resp_meta_t meta = {"x-1", 1, "m", "fp_0123456789abcdef"};
+    proto_choice_t c = {0, "a", 1, "stop", 0, NULL, 0};
+    proto_usage_t u = {1, 1};
+    char *s[5] = {proto_completion_json(&meta, &c, 1, &u),
+                  proto_completion_chunk_json(&meta, &c, NULL),
+                  proto_chat_json(&meta, &c, 1, &u), proto_chat_chunk_json(&meta, &c, 1, NULL),
+                  proto_chat_chunk_json(&meta, NULL, 0, &u)};
+    for (int i = 0; i < 5; i++) {
+        json_t *j = parse(s[i]);
+        CHECK_STR_EQ(sget(j, "system_fingerprint"), "fp_0123456789abcdef");
+        json_decref(j);
+        proto_free(s[i]);
+    }
+}
+
 /* --------------------------------------------------------------- chat */
 
 TEST(chat_response_shape)
 {
-    proto_resp_meta_t meta = {"chatcmpl-1", 42, "smollm2"};
+    proto_resp_meta_t meta = {"chatcmpl-1", 42, "smollm2", NULL};
     proto_choice_t c = {0, "Hi!", 3, "stop", 1, lps0, 2};
     proto_usage_t u = {10, 2};
     char *s = proto_chat_json(&meta, &c, 1, &u);
@@ -313,7 +331,7 @@ TEST(chat_response_shape)
 
 TEST(chat_chunk_sequence)
 {
-    proto_resp_meta_t meta = {"chatcmpl-2", 42, "m"};
+    proto_resp_meta_t meta = {"chatcmpl-2", 42, "m", NULL};
     /* first chunk: role + empty content */
     proto_choice_t c = {0, "", 0, NULL, 0, NULL, 0};
     char *s = proto_chat_chunk_json(&meta, &c, 1, NULL);
@@ -626,6 +644,7 @@ int main(void)
     RUN(completion_response_shape);
     RUN(completion_logprob_keys_without_nul);
     RUN(completion_chunk_shape);
+    RUN(system_fingerprint_in_every_shape);
     RUN(chat_response_shape);
     RUN(chat_chunk_sequence);
     RUN(session_objects);
