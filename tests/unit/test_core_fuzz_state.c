@@ -1,0 +1,16 @@
+/* Replays the state fuzz target's seed corpus (tests/fuzz/corpus/state) in
+ * `make unit`, so inputs the fuzzer found stay fixed (tests/fuzz/fuzz_state.c). */
+#include "tests/fuzz/fuzz_state.c"
+#include "tests/unit/check.h"
+#include "tests/fuzz/replay.h"
+
+TEST(replay_corpus)
+{
+    fuzz_replay("state", 5);
+}
+
+int main(void)
+{
+    RUN(replay_corpus);
+    return CHECK_DONE();
+}
