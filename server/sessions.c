@@ -850,9 +850,13 @@ static int scan_dir(srv_store_t *st)
         }
         close(fd);
         core_state_info_t in;
-        if (core_state_peek(head, got, &in, NULL) < 0 || in.total != (size_t)sb.st_size ||
-            strcmp(in.fingerprint, st->fp) != 0 || !cfg_compatible(&in.cfg, cfg))
+        /* A file for this model whose size disagrees with its header was cut
+         * short (or grew) behind our back: it is listed all the same, so that
+         * using it answers with what is wrong ("truncated") instead of 404. */
+        if (core_state_peek(head, got, &in, NULL) < 0 || strcmp(in.fingerprint, st->fp) != 0 ||
+            !cfg_compatible(&in.cfg, cfg))
             continue;
+        in.total = (size_t)sb.st_size;
         owner_t o = {.created = (int64_t)sb.st_mtime, .last_used = (int64_t)sb.st_mtime,
                      .owner = ""};
         if (in.owner_off + in.owner_len <= got)

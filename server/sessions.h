@@ -8,7 +8,10 @@
  * {created, last_used, turn_open, has_chat}; writes are atomic (temp file,
  * fsync, rename, fsync of the directory), so a crash leaves either the old or
  * the new file, never a torn one. A restarted server finds its sessions in
- * the directory (files for another model are left alone and not listed).
+ * the directory (files for another model are left alone and not listed; a
+ * file for this model whose size disagrees with its header, damaged behind
+ * the store's back, is listed, and acquiring or exporting it is
+ * SRV_STORE_EIO saying it is truncated).
  *
  * ## Busy
  * A session is *busy* while a caller holds it (srv_store_create /

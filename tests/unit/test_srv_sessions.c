@@ -2,8 +2,9 @@
  * session lifecycle and busy rules, ids, persistence across a restart, LRU
  * eviction and reload, TTL, fork, export/import and their refusals, write
  * failures (injected, and a directory where the temp file goes) and crash
- * leftovers. "Same state" is checked the strong way: the reloaded session and
- * an in-memory copy taken before it left memory give memcmp-identical logits
+ * leftovers (a torn session file is listed and reported as such when
+ * used). "Same state" is checked the strong way: the reloaded session and an
+ * in-memory copy taken before it left memory give memcmp-identical logits
  * over a greedy continuation. */
 #include <dirent.h>
 #include <errno.h>
@@ -1107,11 +1108,18 @@ TEST(crash_leftovers_at_startup)
         CHECK(!file_exists(dir, tn));
         CHECK(file_exists(dir, "notes.txt"));
         srv_session_info_t in;
-        CHECK_INT_EQ(srv_store_info(st, torn, &in), SRV_STORE_ENOTFOUND);
+        /* the torn file is listed, and using it says what is wrong (a
+         * 404 would hide the damage) */
+        CHECK_INT_EQ(srv_store_info(st, torn, &in), 0);
+        srv_session_t *ts = NULL;
+        CHECK_INT_EQ(srv_store_acquire(st, torn, &ts), SRV_STORE_EIO);
+        CHECK_MSG(strstr(srv_store_last_error(), "truncated") &&
+                      strstr(srv_store_last_error(), torn),
+                  "torn file: %s", srv_store_last_error());
         CHECK_INT_EQ(srv_store_info(st, ghost, &in), SRV_STORE_ENOTFOUND);
         size_t disk = 0;
         srv_store_stats(st, NULL, &disk, NULL);
-        CHECK_INT_EQ(disk, 1);
+        CHECK_INT_EQ(disk, 2);
         check_same(st, model, a, &ref, "after crash leftovers");
         srv_store_free(st);
     } else {
