@@ -462,6 +462,112 @@ typedef struct proto_health {
 /* {"status","model","sessions","queue_depth","uptime_s"} */
 char *proto_health_json(const proto_health_t *h);
 
+/* ------------------------------------------------------------ Ollama API */
+
+/* POST /api/generate and POST /api/chat with Ollama's field names and
+ * defaults (docs/API.md, "Ollama API"). Differences from the OpenAI
+ * parsers: "stream" defaults to true; sampling lives in "options" with
+ * Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty
+ * 1.1, repeat_last_n 64, seed -1 = random, num_predict -1 = until the
+ * end or the server's max_tokens limit); options darkserve has no use for
+ * are ignored and named in `ignored` (the server logs them); "model" is
+ * required. Fields whose meaning darkserve cannot honour (images, tools,
+ * format, template, suffix, think) are refused. Errors carry the status
+ * and a message; the server answers {"error": message}
+ * (proto_ollama_error_json). */
+#define PROTO_OLLAMA_MAX_CONTEXT 65536   /* ids in a generate request's "context" */
+#define PROTO_OLLAMA_MAX_REPEAT_LAST_N 256 /* = the sampler's history ring */
+#define PROTO_OLLAMA_IGNORED_MAX 256     /* bytes of the ignored option names list */
+
+typedef struct proto_ollama_req {
+    int chat;                  /* 1: /api/chat (messages); 0: /api/generate (prompt) */
+    char *model;               /* owned, 1..PROTO_MAX_NAME_BYTES bytes */
+    proto_gen_params_t p;      /* max_tokens, sampling, stop, stream, logprobs; n = 1 */
+    int unlimited;             /* num_predict <= 0: p.max_tokens is the server's limit */
+    int32_t repeat_last_n;     /* -1 (whole history) .. PROTO_OLLAMA_MAX_REPEAT_LAST_N */
+    /* generate */
+    char *prompt;              /* owned, or NULL when absent */
+    size_t prompt_len;
+    char *system;              /* owned, or NULL when absent */
+    size_t system_len;
+    int raw;                   /* prompt used as it is, no chat template */
+    int32_t *context;          /* owned [n_context] token ids, or NULL */
+    size_t n_context;
+    /* chat */
+    proto_message_t *messages; /* owned [n_messages], or NULL when none */
+    size_t n_messages;
+    char ignored[PROTO_OLLAMA_IGNORED_MAX]; /* "num_ctx,mirostat" ("" = none; truncated) */
+} proto_ollama_req_t;
+
+/* chat selects /api/chat; body, lim and err borrowed; *out owned by the
+ * caller (proto_ollama_free). */
+int proto_ollama_parse(const char *body, size_t len, int chat, const proto_limits_t *lim,
+                       proto_ollama_req_t *out, proto_error_t *err);
+void proto_ollama_free(proto_ollama_req_t *r);
+
+/* POST /api/show: {"model": name} (or the older "name"); *name is a new
+ * copy (proto_free). */
+int proto_ollama_show_parse(const char *body, size_t len, char **name, proto_error_t *err);
+
+/* One line (or the whole answer) of /api/generate or /api/chat. */
+typedef struct proto_ollama_resp {
+    int chat;                /* "message": {"role": "assistant", "content"} vs "response" */
+    const char *model;
+    const char *created_at;  /* RFC 3339 */
+    const char *text;        /* this line's text (raw bytes, made valid UTF-8) */
+    size_t text_len;
+    int done;
+    /* with done: */
+    const char *done_reason; /* "stop", "length", "load", ... */
+    int with_stats;          /* the counts and durations (ns) below */
+    int64_t total_duration, load_duration, prompt_eval_count, prompt_eval_duration;
+    int64_t eval_count, eval_duration;
+    const int32_t *context;  /* [n_context] "context" (generate); NULL = omitted */
+    size_t n_context;
+    int with_logprobs;       /* 1: "logprobs" of logprobs[n_logprobs]; 0: omitted */
+    const proto_token_logprob_t *logprobs;
+    size_t n_logprobs;
+} proto_ollama_resp_t;
+
+char *proto_ollama_resp_json(const proto_ollama_resp_t *r);
+
+/* The model as /api/tags, /api/ps and /api/show describe it. */
+typedef struct proto_ollama_model {
+    const char *name;         /* "SmolLM2-135M-Instruct:latest" */
+    const char *modified_at;  /* RFC 3339 */
+    int64_t size;             /* bytes */
+    const char *digest;
+    const char *family;       /* "llama" */
+    const char *parameter_size;     /* "135M" */
+    const char *quantization_level; /* "Q4_1" */
+    const char *expires_at;   /* ps only */
+    int64_t context_length;   /* ps only; 0 = omitted (no context limit) */
+} proto_ollama_model_t;
+
+/* {"models": [{"name","model","modified_at","size","digest","details"}]} or,
+ * ps = 1, {"models": [{"name","model","size","digest","details","expires_at",
+ * "size_vram","context_length"?}]} */
+char *proto_ollama_models_json(const proto_ollama_model_t *m, size_t n, int ps);
+
+/* What /api/show's "model_info" says ({"general.architecture", ...,
+ * "<arch>.context_length", ...}, GGUF key names as Ollama shows them). */
+typedef struct proto_ollama_info {
+    const char *arch;      /* "llama" */
+    const char *name;      /* general.name */
+    int64_t n_params, n_ctx_train, n_embd, n_ff, n_layer, n_head, n_head_kv, n_vocab;
+    double rope_base;
+    const char *attention; /* darkserve.attention: "darkformer" ... */
+    const char *system_fingerprint; /* darkserve.system_fingerprint, NULL = omitted */
+} proto_ollama_info_t;
+
+/* /api/show: {"modelfile","parameters","template","details","model_info",
+ * "capabilities":["completion"],"modified_at"}. */
+char *proto_ollama_show_json(const proto_ollama_model_t *m, const proto_ollama_info_t *info,
+                             const char *modelfile, const char *template_text);
+
+/* {"error": err->message} */
+char *proto_ollama_error_json(const proto_error_t *err);
+
 /* ------------------------------------------------------------ framing */
 
 #define PROTO_SSE_DONE "data: [DONE]\n\n"

@@ -12,6 +12,7 @@
  *   api_openai.c    /v1/completions, /v1/chat/completions, /v1/models (and
  *                   the same without /v1)
  *   api_fp.c        the system fingerprint of OpenAI responses
+ *   api_ollama.c    Ollama's API: /api/chat, /api/generate, /api/tags, ...
  *   api_sessions.c  /v1/sessions...
  *   api_misc.c      /tokenize, /detokenize
  *   bridge.c        proto structs -> core/engine parameters, and core /
@@ -175,6 +176,7 @@ void api_io_stop(api_app_t *app);
 
 /* ---- route registration (one per file) ---- */
 int api_openai_routes(api_app_t *app);
+int api_ollama_routes(api_app_t *app);
 int api_sessions_routes(api_app_t *app);
 int api_misc_routes(api_app_t *app);
 

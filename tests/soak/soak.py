@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Soak test (issue 9): many concurrent clients against one real server on
+loopback, for a bounded time, mixing every kind of request and client
+disconnects; reports requests served, errors by status, RSS and open fds at
+the start and the end. Not part of `make test` (it takes minutes).
+
+    .venv/bin/python tests/soak/soak.py [--clients 64] [--seconds 600]
+        [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--attn auto]
+
+Starts `darkserve serve` (DARKSERVE_BIN, else build/darkserve) on a free
+loopback port with a fresh session directory, and stops it at the end.
+Exit status 1 when any 5xx was answered, the server died, or the RSS after
+the run (sessions deleted) is more than 10% above the RSS before it, or the
+open fds grew by more than 10%. Mix per client iteration (weights): streamed
+and non-streamed completions and chat (n=1..2), session create / append /
+generate (NDJSON) / fork / export / import / delete, and a streamed request
+the client abandons after its first bytes.
+"""
+import argparse
+import collections
+import json
+import os
+import random
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+from ds_server import MODEL, Server  # noqa: E402
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def n_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class Stats:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_status = collections.Counter()
+        self.by_op = collections.Counter()
+        self.errors = collections.Counter()
+
+    def add(self, op, status):
+        with self.lock:
+            self.by_op[op] += 1
+            self.by_status[status] += 1
+            if status >= 500:
+                self.errors[(op, status)] += 1
+
+
+def client(srv, stats, end, seed):
+    rnd = random.Random(seed)
+    mine = []  # session ids this client made
+    while time.monotonic() < end:
+        op = rnd.choices(["completion", "chat_stream", "create", "append", "generate", "fork",
+                          "export_import", "delete", "abandon"],
+                         [3, 2, 2, 2, 2, 1, 1, 1, 1])[0]
+        try:
+            if op == "completion":
+                st, _, _ = srv.request("POST", "/v1/completions",
+                                       {"prompt": "Once upon a time", "max_tokens": 8,
+                                        "n": rnd.choice([1, 2]), "stream": rnd.random() < 0.5})
+            elif op == "chat_stream":
+                st, _, _ = srv.request("POST", "/v1/chat/completions",
+                                       {"messages": [{"role": "user", "content": "Hi there"}],
+                                        "max_tokens": 8, "stream": True})
+            elif op == "create" or not mine:
+                st, _, raw = srv.request("POST", "/v1/sessions",
+                                         {"system": f"You are assistant {seed}."})
+                if st == 201:
+                    mine.append(json.loads(raw)["id"])
+                op = "create"
+            elif op == "append":
+                st, _, _ = srv.request("POST", f"/v1/sessions/{rnd.choice(mine)}/append",
+                                       {"text": " and then"})
+            elif op == "generate":
+                st, _, _ = srv.request("POST", f"/v1/sessions/{rnd.choice(mine)}/generate",
+                                       {"text": " Next:", "max_tokens": 6})
+            elif op == "fork":
+                st, _, raw = srv.request("POST", f"/v1/sessions/{rnd.choice(mine)}/fork", {})
+                if st == 201:
+                    mine.append(json.loads(raw)["id"])
+            elif op == "export_import":
+                sid = rnd.choice(mine)
+                st, _, blob = srv.request("GET", f"/v1/sessions/{sid}/state")
+                if st == 200:
+                    st, _, _ = srv.request("PUT", f"/v1/sessions/{sid}/state", blob,
+                                           {"Content-Type": "application/octet-stream"})
+            elif op == "delete":
+                sid = mine.pop(rnd.randrange(len(mine)))
+                st, _, _ = srv.request("DELETE", f"/v1/sessions/{sid}")
+            else:  # abandon a stream after its first bytes
+                c, r = srv.open_stream("/v1/completions",
+                                       {"prompt": "Tell a long story", "max_tokens": 200,
+                                        "stream": True})
+                st = r.status
+                r.read(1)
+                c.close()
+        except OSError:
+            st = 0  # connection-level failure
+        stats.add(op, st)
+    for sid in mine:
+        try:
+            srv.request("DELETE", f"/v1/sessions/{sid}")
+        except OSError:
+            pass
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--attn", default="auto")
+    ap.add_argument("--workdir", default="/tmp/darkserve-soak")
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    srv = Server(a.workdir, a.model, name=f"soak-{os.getpid()}", attn=a.attn,
+                 args=["--max-connections", str(max(256, 4 * a.clients))])
+    try:
+        pid = srv.proc.pid
+        # warm up (first allocations, the first state), then the baseline
+        srv.request("POST", "/v1/completions", {"prompt": "warm", "max_tokens": 2})
+        rss0, fd0 = rss_mb(pid), n_fds(pid)
+        stats = Stats()
+        end = time.monotonic() + a.seconds
+        threads = [threading.Thread(target=client, args=(srv, stats, end, i))
+                   for i in range(a.clients)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - t0
+        time.sleep(1)
+        alive = srv.proc.poll() is None
+        rss1, fd1 = (rss_mb(pid), n_fds(pid)) if alive else (0, 0)
+        total = sum(stats.by_status.values())
+        print(f"soak: {a.clients} clients, {wall:.0f} s, {total} requests "
+              f"({total / wall:.1f}/s); server {'alive' if alive else 'DEAD'}")
+        print("  by status: " + ", ".join(f"{k}: {v}" for k, v in sorted(stats.by_status.items())))
+        print("  by op: " + ", ".join(f"{k}: {v}" for k, v in sorted(stats.by_op.items())))
+        if stats.errors:
+            print("  5xx: " + ", ".join(f"{k}: {v}" for k, v in stats.errors.items()))
+        print(f"  RSS {rss0:.0f} -> {rss1:.0f} MB, open fds {fd0} -> {fd1}")
+        ok = alive and not stats.errors and stats.by_status.get(0, 0) == 0 \
+            and rss1 <= rss0 * 1.10 and fd1 <= fd0 * 1.10 + 1
+        print("soak: " + ("PASS" if ok else "FAIL"))
+        return 0 if ok else 1
+    finally:
+        srv.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
