@@ -39,8 +39,7 @@ void proto_ollama_free(proto_ollama_req_t *r)
 static void note_ignored(proto_ollama_req_t *r, const char *key)
 {
     size_t have = strlen(r->ignored);
-    int n = snprintf(r->ignored + have, sizeof r->ignored - have, "%s%.64s", have ? "," : "",
-                     key);
+    int n = snprintf(r->ignored + have, sizeof r->ignored - have, "%s%.64s", have ? "," : "", key);
     if (n < 0 || (size_t)n >= sizeof r->ignored - have) /* truncated: end with "..." */
         memcpy(r->ignored + sizeof r->ignored - 4, "...", 4);
 }
@@ -58,8 +57,8 @@ static int opt_number(json_t *v, const char *key, double lo, double hi, int lo_o
     }
     char param[PROTO_ERROR_PARAM_MAX];
     px_paramf(param, "options.%s", key);
-    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param, "'%s' must be a number %s",
-                           param, range);
+    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param, "'%s' must be a number %s", param,
+                           range);
 }
 
 static int opt_int(json_t *v, const char *key, int64_t lo, int64_t hi, const char *range,
@@ -71,8 +70,8 @@ static int opt_int(json_t *v, const char *key, int64_t lo, int64_t hi, const cha
     }
     char param[PROTO_ERROR_PARAM_MAX];
     px_paramf(param, "options.%s", key);
-    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param, "'%s' must be an integer %s",
-                           param, range);
+    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param, "'%s' must be an integer %s", param,
+                           range);
 }
 
 static int opt_stop(json_t *v, proto_gen_params_t *p, proto_error_t *err)
@@ -166,16 +165,14 @@ static int parse_options(json_t *root, const proto_limits_t *lim, proto_ollama_r
 
 /* A field darkserve cannot honour: absent, null, false, "" or an empty
  * array/object are fine; anything else is refused. */
-static int refuse_unless_empty(json_t *root, const char *key, const char *why,
-                               proto_error_t *err)
+static int refuse_unless_empty(json_t *root, const char *key, const char *why, proto_error_t *err)
 {
     json_t *v = px_get(root, key);
     if (!v || json_is_false(v) || (json_is_string(v) && json_string_length(v) == 0) ||
         (json_is_array(v) && json_array_size(v) == 0) ||
         (json_is_object(v) && json_object_size(v) == 0))
         return 0;
-    return proto_error_set(err, PROTO_ERR_UNSUPPORTED, key, "'%s' is not supported (%s)", key,
-                           why);
+    return proto_error_set(err, PROTO_ERR_UNSUPPORTED, key, "'%s' is not supported (%s)", key, why);
 }
 
 static int parse_messages(json_t *root, const proto_limits_t *lim, proto_ollama_req_t *r,
@@ -239,8 +236,7 @@ static int parse_messages(json_t *root, const proto_limits_t *lim, proto_ollama_
         px_paramf(fp, "%s.content", mp);
         json_t *c = px_get(m, "content");
         if (c && !json_is_string(c))
-            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, fp, "'%s' must be a string",
-                                   fp);
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, fp, "'%s' must be a string", fp);
         size_t n = c ? json_string_length(c) : 0;
         total += (int64_t)n;
         if (total > lim->max_text_bytes)
@@ -281,11 +277,10 @@ static int parse_generate(json_t *root, const proto_limits_t *lim, proto_ollama_
         if (!json_is_array(c))
             return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "context",
                                    "'context' must be an array of token ids");
-        int64_t max = lim->max_prompt_tokens < PROTO_OLLAMA_MAX_CONTEXT
-                          ? lim->max_prompt_tokens
-                          : PROTO_OLLAMA_MAX_CONTEXT;
-        if ((rc = px_parse_token_ids(c, "context", max, lim->n_vocab, 1, &r->context,
-                                     &r->n_context, err)) < 0)
+        int64_t max = lim->max_prompt_tokens < PROTO_OLLAMA_MAX_CONTEXT ? lim->max_prompt_tokens
+                                                                        : PROTO_OLLAMA_MAX_CONTEXT;
+        if ((rc = px_parse_token_ids(c, "context", max, lim->n_vocab, 1, &r->context, &r->n_context,
+                                     err)) < 0)
             return rc;
     }
     if ((rc = refuse_unless_empty(root, "suffix", "no fill-in-the-middle", err)) < 0)
@@ -419,7 +414,8 @@ char *proto_ollama_resp_json(const proto_ollama_resp_t *r)
     json_t *o = json_object();
     int bad = 0;
     bad |= json_object_set_new(o, "model", px_cstr_or_null(r->model ? r->model : ""));
-    bad |= json_object_set_new(o, "created_at", px_cstr_or_null(r->created_at ? r->created_at : ""));
+    bad |=
+        json_object_set_new(o, "created_at", px_cstr_or_null(r->created_at ? r->created_at : ""));
     json_t *text = px_str(r->text, r->text ? r->text_len : 0);
     if (r->chat) {
         json_t *m = json_object();
@@ -443,8 +439,8 @@ char *proto_ollama_resp_json(const proto_ollama_resp_t *r)
         bad |= json_object_set_new(o, "total_duration", json_integer(r->total_duration));
         bad |= json_object_set_new(o, "load_duration", json_integer(r->load_duration));
         bad |= json_object_set_new(o, "prompt_eval_count", json_integer(r->prompt_eval_count));
-        bad |= json_object_set_new(o, "prompt_eval_duration",
-                                   json_integer(r->prompt_eval_duration));
+        bad |=
+            json_object_set_new(o, "prompt_eval_duration", json_integer(r->prompt_eval_duration));
         bad |= json_object_set_new(o, "eval_count", json_integer(r->eval_count));
         bad |= json_object_set_new(o, "eval_duration", json_integer(r->eval_duration));
     }
@@ -468,8 +464,8 @@ static json_t *details(const proto_ollama_model_t *m)
     bad |= json_object_set_new(d, "families", fam);
     bad |= json_object_set_new(d, "parameter_size",
                                px_cstr_or_null(m->parameter_size ? m->parameter_size : ""));
-    bad |= json_object_set_new(
-        d, "quantization_level", px_cstr_or_null(m->quantization_level ? m->quantization_level : ""));
+    bad |= json_object_set_new(d, "quantization_level",
+                               px_cstr_or_null(m->quantization_level ? m->quantization_level : ""));
     return bad ? fail_tree(d) : d;
 }
 
@@ -510,10 +506,9 @@ char *proto_ollama_show_json(const proto_ollama_model_t *m, const proto_ollama_i
     bad |= json_object_set_new(mi, "general.architecture", px_cstr_or_null(arch));
     bad |= json_object_set_new(mi, "general.name", px_cstr_or_null(in->name ? in->name : ""));
     bad |= json_object_set_new(mi, "general.parameter_count", json_integer(in->n_params));
-    static const char *const keys[] = {"context_length", "embedding_length",
-                                       "feed_forward_length", "block_count",
-                                       "attention.head_count", "attention.head_count_kv",
-                                       "vocab_size"};
+    static const char *const keys[] = {
+        "context_length",       "embedding_length",        "feed_forward_length", "block_count",
+        "attention.head_count", "attention.head_count_kv", "vocab_size"};
     const int64_t vals[] = {in->n_ctx_train, in->n_embd,    in->n_ff,   in->n_layer,
                             in->n_head,      in->n_head_kv, in->n_vocab};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
@@ -530,8 +525,8 @@ char *proto_ollama_show_json(const proto_ollama_model_t *m, const proto_ollama_i
     bad |= json_array_append_new(caps, json_string("completion"));
     bad |= json_object_set_new(root, "modelfile", px_cstr_or_null(modelfile ? modelfile : ""));
     bad |= json_object_set_new(root, "parameters", json_string(""));
-    bad |= json_object_set_new(root, "template",
-                               px_cstr_or_null(template_text ? template_text : ""));
+    bad |=
+        json_object_set_new(root, "template", px_cstr_or_null(template_text ? template_text : ""));
     bad |= json_object_set_new(root, "details", details(m));
     bad |= json_object_set_new(root, "model_info", mi);
     bad |= json_object_set_new(root, "capabilities", caps);

@@ -154,14 +154,14 @@ static void describe(api_app_t *app, model_desc_t *d)
 typedef struct ol_req {
     int chat;
     int stream;
-    int logprobs;      /* -1 none */
-    int want_context;  /* generate without raw: answer with "context" */
+    int logprobs;                         /* -1 none */
+    int want_context;                     /* generate without raw: answer with "context" */
     char model[PROTO_MAX_NAME_BYTES + 1]; /* as the client named it (echoed) */
-    int32_t *ids;      /* owned [n_ids]: the prompt as fed (for "context") */
+    int32_t *ids;                         /* owned [n_ids]: the prompt as fed (for "context") */
     size_t n_ids;
-    int32_t *gen;      /* owned [n_gen]: sampled tokens that are text (no end token) */
+    int32_t *gen; /* owned [n_gen]: sampled tokens that are text (no end token) */
     size_t n_gen, cap_gen;
-    api_acc_t acc;     /* non-streamed: text, tokens for logprobs */
+    api_acc_t acc; /* non-streamed: text, tokens for logprobs */
     srv_finish_t finish;
     int oom;
 } ol_req_t;
@@ -201,7 +201,8 @@ static void ol_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
     if (ev->finish != SRV_FINISH_NONE)
         k->finish = ev->finish;
     const int tok = ev->kind == SRV_EVENT_TOKEN;
-    const int eog = tok && ev->finish == SRV_FINISH_STOP && core_tokenizer_is_eog(g->app->tok, ev->token);
+    const int eog =
+        tok && ev->finish == SRV_FINISH_STOP && core_tokenizer_is_eog(g->app->tok, ev->token);
     const int with_lp = k->logprobs >= 0 && tok && !eog;
     if (tok && !eog)
         ol_keep_token(k, ev->token);
@@ -286,30 +287,31 @@ static void ol_done(api_gen_t *g)
     }
     proto_token_logprob_t *lps = NULL;
     proto_top_logprob_t *tops = NULL;
-    int lp_ok = k->stream || k->logprobs < 0 ||
-                api_acc_logprobs(&k->acc, g->app->tok, &lps, &tops) == 0;
+    int lp_ok =
+        k->stream || k->logprobs < 0 || api_acc_logprobs(&k->acc, g->app->tok, &lps, &tops) == 0;
     char now[RFC3339_LEN];
     now_rfc3339(now);
-    proto_ollama_resp_t r = {
-        .chat = k->chat,
-        .model = k->model,
-        .created_at = now,
-        .text = k->stream ? "" : k->acc.text ? k->acc.text : "",
-        .text_len = k->stream ? 0 : k->acc.len,
-        .done = 1,
-        .done_reason = fin,
-        .with_stats = 1,
-        .total_duration = srv_engine_now_ns() - g->t_start_ns,
-        .load_duration = 0,
-        .prompt_eval_count = res->prompt_tokens,
-        .prompt_eval_duration = ns_of(res->prefill_s),
-        .eval_count = res->completion_total,
-        .eval_duration = ns_of(res->decode_s),
-        .context = ctx,
-        .n_context = ctx ? k->n_ids + k->n_gen : 0,
-        .with_logprobs = !k->stream && k->logprobs >= 0,
-        .logprobs = lps,
-        .n_logprobs = !k->stream && k->logprobs >= 0 ? k->acc.n_toks : 0};
+    proto_ollama_resp_t r = {.chat = k->chat,
+                             .model = k->model,
+                             .created_at = now,
+                             .text = k->stream     ? ""
+                                     : k->acc.text ? k->acc.text
+                                                   : "",
+                             .text_len = k->stream ? 0 : k->acc.len,
+                             .done = 1,
+                             .done_reason = fin,
+                             .with_stats = 1,
+                             .total_duration = srv_engine_now_ns() - g->t_start_ns,
+                             .load_duration = 0,
+                             .prompt_eval_count = res->prompt_tokens,
+                             .prompt_eval_duration = ns_of(res->prefill_s),
+                             .eval_count = res->completion_total,
+                             .eval_duration = ns_of(res->decode_s),
+                             .context = ctx,
+                             .n_context = ctx ? k->n_ids + k->n_gen : 0,
+                             .with_logprobs = !k->stream && k->logprobs >= 0,
+                             .logprobs = lps,
+                             .n_logprobs = !k->stream && k->logprobs >= 0 ? k->acc.n_toks : 0};
     char *j = (k->want_context && !ctx) || !lp_ok ? NULL : proto_ollama_resp_json(&r);
     int status = 200;
     if (!j) {
@@ -593,8 +595,8 @@ int api_ollama_routes(api_app_t *app)
     rc |= srv_http_route(app->http, "GET", "/api/ps", h_ps, app, NULL);
     rc |= srv_http_route(app->http, "GET", "/api/version", h_version, app, NULL);
     static const char *const manage[][2] = {
-        {"POST", "/api/pull"},         {"POST", "/api/push"},  {"POST", "/api/create"},
-        {"DELETE", "/api/delete"},     {"POST", "/api/copy"},  {"POST", "/api/blobs/{digest}"},
+        {"POST", "/api/pull"},         {"POST", "/api/push"}, {"POST", "/api/create"},
+        {"DELETE", "/api/delete"},     {"POST", "/api/copy"}, {"POST", "/api/blobs/{digest}"},
         {"GET", "/api/blobs/{digest}"}};
     for (size_t i = 0; i < sizeof manage / sizeof manage[0]; i++)
         rc |= srv_http_route(app->http, manage[i][0], manage[i][1], h_manage, app, NULL);

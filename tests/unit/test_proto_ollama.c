@@ -71,8 +71,7 @@ TEST(options_map_to_the_sampler)
     proto_ollama_free(&r);
 
     /* seed -1 is Ollama's "random"; num_predict 0 and -2 run to the end */
-    CHECK_INT_EQ(parse("{\"model\":\"m\",\"options\":{\"seed\":-1,\"num_predict\":-2}}", 0, &r,
-                       &e),
+    CHECK_INT_EQ(parse("{\"model\":\"m\",\"options\":{\"seed\":-1,\"num_predict\":-2}}", 0, &r, &e),
                  0);
     CHECK_INT_EQ(r.p.sampling.has_seed, 0);
     CHECK_INT_EQ(r.unlimited, 1);
@@ -132,10 +131,19 @@ TEST(response_shapes)
 {
     int32_t ctx[3] = {1, 2, 3};
     proto_token_logprob_t lp = {"a", 1, 5, -0.5, 0, NULL, 0};
-    proto_ollama_resp_t r = {.model = "m", .created_at = "t", .text = "hi", .text_len = 2,
-                             .done = 1, .done_reason = "stop", .with_stats = 1,
-                             .eval_count = 2, .context = ctx, .n_context = 3,
-                             .with_logprobs = 1, .logprobs = &lp, .n_logprobs = 1};
+    proto_ollama_resp_t r = {.model = "m",
+                             .created_at = "t",
+                             .text = "hi",
+                             .text_len = 2,
+                             .done = 1,
+                             .done_reason = "stop",
+                             .with_stats = 1,
+                             .eval_count = 2,
+                             .context = ctx,
+                             .n_context = 3,
+                             .with_logprobs = 1,
+                             .logprobs = &lp,
+                             .n_logprobs = 1};
     char *s = proto_ollama_resp_json(&r);
     json_t *o = json_loads(s, 0, NULL);
     CHECK(o != NULL);
@@ -143,14 +151,14 @@ TEST(response_shapes)
     CHECK(json_is_true(json_object_get(o, "done")));
     CHECK_INT_EQ(json_array_size(json_object_get(o, "context")), 3);
     CHECK_INT_EQ(json_integer_value(json_object_get(o, "eval_count")), 2);
-    CHECK_STR_EQ(json_string_value(json_object_get(json_array_get(json_object_get(o, "logprobs"), 0),
-                                                   "token")),
+    CHECK_STR_EQ(json_string_value(
+                     json_object_get(json_array_get(json_object_get(o, "logprobs"), 0), "token")),
                  "a");
     json_decref(o);
     proto_free(s);
 
-    proto_ollama_resp_t c = {.chat = 1, .model = "m", .created_at = "t", .text = "x",
-                             .text_len = 1};
+    proto_ollama_resp_t c = {
+        .chat = 1, .model = "m", .created_at = "t", .text = "x", .text_len = 1};
     s = proto_ollama_resp_json(&c);
     o = json_loads(s, 0, NULL);
     CHECK(o && !json_object_get(o, "done_reason") && !json_object_get(o, "context") &&
@@ -199,8 +207,13 @@ static int op(void)
     ok &= proto_ollama_show_parse("{\"name\":\"m\"}", 12, &name, &e) == 0;
     proto_free(name);
     int32_t ctx[2] = {1, 2};
-    proto_ollama_resp_t o = {.model = "m", .text = "t", .text_len = 1, .done = 1,
-                             .with_stats = 1, .context = ctx, .n_context = 2};
+    proto_ollama_resp_t o = {.model = "m",
+                             .text = "t",
+                             .text_len = 1,
+                             .done = 1,
+                             .with_stats = 1,
+                             .context = ctx,
+                             .n_context = 2};
     char *s = proto_ollama_resp_json(&o);
     ok &= s != NULL;
     proto_free(s);
