@@ -89,9 +89,9 @@ const char *api_system_fingerprint(api_app_t *app)
                      "kind=%d L=%d H=%d Hkv=%d Hd=%d ctx=%lld M=%d W=%d seed=%llu sinks=%d "
                      "prerope=%d decay_off=%d linear_off=%d n_rot=%d base=%.17g scale=%.17g",
                      (int)c->kind, c->n_layer, c->n_head, c->n_head_kv, c->head_dim,
-                     (long long)c->max_ctx, c->n_features, c->window,
-                     (unsigned long long)c->seed, c->sinks, c->prerope, c->decay_off,
-                     c->linear_off, c->n_rot, c->rope_base, c->rope_scale);
+                     (long long)c->max_ctx, c->n_features, c->window, (unsigned long long)c->seed,
+                     c->sinks, c->prerope, c->decay_off, c->linear_off, c->n_rot, c->rope_base,
+                     c->rope_scale);
     h = fnv1a(h, cfg, n > 0 && (size_t)n < sizeof cfg ? (size_t)n : sizeof cfg);
     snprintf(app->system_fp, sizeof app->system_fp, "fp_%016llx", (unsigned long long)h);
     return app->system_fp;
