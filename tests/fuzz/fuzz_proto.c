@@ -75,7 +75,7 @@ static void check_messages(const proto_message_t *m, size_t n)
 /* Echo parsed text through the builders that carry model text. */
 static void build_with_text(const char *text, size_t len)
 {
-    proto_resp_meta_t meta = {"id", 1, "m"};
+    proto_resp_meta_t meta = {"id", 1, "m", NULL};
     proto_top_logprob_t top = {text, len, 1, -1.0};
     proto_token_logprob_t lp = {text, len, 1, -0.5, 0, &top, 1};
     proto_choice_t c = {0, text, len, "stop", 1, &lp, 1};
