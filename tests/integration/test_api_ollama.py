@@ -364,3 +364,19 @@ def test_server_survives_bad_input(tiny, model):
     """After every kind of refusal above, the server still generates."""
     r = client(tiny).generate(model=model, prompt="still here", options={"num_predict": 2})
     assert r.done
+
+
+def test_real_model_chat_matches_openai(real):
+    """The default model through the ollama client: greedy with a seed gives
+    the OpenAI route's reply, streamed or not, and a real sentence."""
+    c = client(real)
+    name = c.list().models[0].model
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    opts = {"temperature": 0, "seed": 1, "num_predict": 24, "repeat_penalty": 1.0}
+    r = c.chat(model=name, messages=msgs, options=opts)
+    want = openai_chat(real, msgs, max_tokens=24, temperature=0, seed=1)
+    assert r.message.content == want and len(want.split()) >= 3, want
+    parts = list(c.chat(model=name, messages=msgs, options=opts, stream=True))
+    assert "".join(p.message.content for p in parts) == want
+    s = c.show(name)
+    assert s.details.quantization_level == "Q4_1" and s.details.parameter_size.endswith("M")
