@@ -123,12 +123,23 @@ def main():
     ap.add_argument("--workdir", default="/tmp/darkserve-soak")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
+    # every client is 127.0.0.1: the per-address share must hold them all
+    conns = str(max(256, 4 * a.clients))
     srv = Server(a.workdir, a.model, name=f"soak-{os.getpid()}", attn=a.attn,
-                 args=["--max-connections", str(max(256, 4 * a.clients))])
+                 args=["--max-connections", conns, "--max-connections-per-address", conns])
     try:
         pid = srv.proc.pid
-        # warm up (first allocations, the first state), then the baseline
-        srv.request("POST", "/v1/completions", {"prompt": "warm", "max_tokens": 2})
+        # warm up with a full batch (the engine's scratch for that many
+        # sequences stays allocated: working memory, not state), then the
+        # baseline
+        warm = [threading.Thread(target=srv.request,
+                                 args=("POST", "/v1/completions",
+                                       {"prompt": "warm", "max_tokens": 4, "n": 2}))
+                for _ in range(a.clients)]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join()
         rss0, fd0 = rss_mb(pid), n_fds(pid)
         stats = Stats()
         end = time.monotonic() + a.seconds
