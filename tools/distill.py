@@ -102,7 +102,11 @@ def load_adapter(path):
     mats = np.stack([t["darkformer.blk.%d.M" % i] for i in range(L)])
     dec = np.stack([t["darkformer.blk.%d.decay" % i] for i in range(L)])
     mix = np.stack([t["darkformer.blk.%d.mix" % i] for i in range(L)])
-    return cfg, mats, dec, mix
+    lora = None
+    if "darkformer.blk.0.lora_q_a" in t:  # core/lora.h: A [r][in], B [out][r] per layer
+        lora = [np.stack([t["darkformer.blk.%d.lora_%s" % (i, n)] for i in range(L)])
+                for n in LORA_NAMES]
+    return cfg, mats, dec, mix, lora
 
 
 LORA_NAMES = ("q_a", "q_b", "k_a", "k_b", "v_a", "v_b", "o_a", "o_b")
@@ -275,7 +279,7 @@ def main():
 
     t_start = time.time()
     hp, emb, onorm, lw = load_model(a.model)
-    cfg, mats, dec, mix = load_adapter(a.adapter)
+    cfg, mats, dec, mix, lora0 = load_adapter(a.adapter)
     L, H, Hkv, Hd = hp["L"], hp["H"], hp["Hkv"], hp["Hd"]
     m, W, S, T = cfg["n_features"], cfg["window"], cfg["sinks"], a.len
     if mats.shape != (L, Hkv, Hd, Hd) or mix.shape != (L, H) or dec.shape != (L, Hkv):
@@ -288,7 +292,12 @@ def main():
             a.eps, eps.shape, L, Hkv, m, Hd))
     g0 = np.clip(dec.astype(np.float64), 0.5 + 1e-6, 1 - 1e-7)
     init = [mats, np.log((2 * g0 - 1) / (2 - 2 * g0)).astype(np.float32), mix]
-    if a.lora:
+    if lora0 is not None:  # the adapter's own LoRA, trained further
+        if a.lora and a.lora != lora0[0].shape[1]:
+            sys.exit("distill: the adapter's LoRA has rank %d, not %d" % (lora0[0].shape[1], a.lora))
+        a.lora = lora0[0].shape[1]
+        init += lora0
+    elif a.lora:
         init += lora_init(hp, a.lora, np.random.default_rng(a.seed))
     weights = (jnp.asarray(emb), jnp.asarray(onorm), {n: jnp.asarray(x) for n, x in lw.items()},
                jnp.asarray(eps[:, :, :m, :].astype(np.float32)))
@@ -343,7 +352,7 @@ def main():
         v = evaluate(params)
         hist["val"].append({"step": 0, "kl": v[0], "nll_exact": v[1], "nll": v[2]})
         print("distill: step 0 val KL %.5f, nll exact %.4f, converted %.4f" % v, flush=True)
-    best = min(x["kl"] for x in hist["val"])
+    best = min((x["kl"] for x in hist["val"]), default=float("inf"))
     lrs = [a.lr, a.lr_small, a.lr_small] + [a.lr_lora] * (len(params) - 3)
     b1, b2 = 0.9, 0.999
     t0 = time.time()
