@@ -14,8 +14,8 @@
 #     stage 1, tools/convert.py train2 (M before RoPE, decays, mixing
 #     weights, layer by layer), then stage 2, tools/distill.py (the same
 #     parameters end to end against the exact model's next-token
-#     distribution on 1024-token spans; --distill-steps 0 skips it; --lora R
-#     also learns a rank-R update of q, k, v, o), then
+#     distribution on 1024-token spans; --distill-steps 0 skips it; with a
+#     rank-R update of q, k, v, o, --lora R, default 8, 0 for none), then
 #     write_adapter. Each stage has a checkpoint under WORK, so an
 #     interrupted run resumes where it stopped. Prints how long each stage
 #     took.
@@ -39,7 +39,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
-S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150 LORA=0
+S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150 LORA=8
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in

@@ -4,8 +4,9 @@ parameters against the exact model's next-token distribution.
 
     distill.py --model M.gguf --adapter IN.gguf --ids IDS.npy --eps EPS.npy
                --out PREFIX [--ckpt CKPT.npz] [--log LOG.json]
-               [--steps 200] [--len 1024] [--batch 1] [--lr 0.002]
-               [--lr-small 0.02] [--val-seqs 4] [--val-every 25] [--seed 1]
+               [--steps 200] [--len 1024] [--batch 1] [--lr 0.0002]
+               [--lr-small 0.005] [--lora R] [--lr-lora 0.001] [--val-seqs 4]
+               [--val-every 20] [--seed 1]
 
 Stage 1 (convert.py train2) fits every layer alone to the exact layer's
 output on recorded q, k, v. Errors then compound through 30 layers, and a
@@ -266,12 +267,12 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--len", type=int, default=1024)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--lr", type=float, default=0.002, help="Adam step for M")
-    p.add_argument("--lr-small", type=float, default=0.02, help="Adam step for γ's logit and β")
+    p.add_argument("--lr", type=float, default=0.0002, help="Adam step for M")
+    p.add_argument("--lr-small", type=float, default=0.005, help="Adam step for γ's logit and β")
     p.add_argument("--lora", type=int, default=0, help="rank of LoRA on q, k, v, o (0: none)")
     p.add_argument("--lr-lora", type=float, default=0.001)
     p.add_argument("--val-seqs", type=int, default=4)
-    p.add_argument("--val-every", type=int, default=25)
+    p.add_argument("--val-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
 
