@@ -13,7 +13,7 @@
 static const char *const lora_names[CORE_LORA_N] = {"q", "k", "v", "o"};
 
 struct core_lora {
-    int n_layer, rank;
+    int rank;
     int64_t in[CORE_LORA_N], out[CORE_LORA_N];
     float *a[CORE_LORA_N]; /* [L][r][in] */
     float *b[CORE_LORA_N]; /* [L][out][r] */
@@ -36,14 +36,14 @@ int core_lora_rank(const core_lora_t *lo)
 }
 
 /* Copies tensor name, expected [rows][cols] (GGUF ne0 = cols, ne1 = rows),
- * to *dst and advances *dst; *found 0 when absent. */
+ * to *dst and advances *dst. */
 static int read_part(const core_gguf_t *g, const char *name, int64_t cols, int64_t rows,
-                     float **dst, int *found, core_error_t *err)
+                     float **dst, core_error_t *err)
 {
     const core_gguf_tensor_t *t = core_gguf_find_tensor(g, name);
-    *found = t != NULL;
     if (!t)
-        return 0;
+        return core_error_set(err, CORE_ENOTFOUND, "adapter tensor '%s' is missing (a LoRA "
+                              "needs q, k, v and o of every layer)", name);
     if (t->type != CORE_TTYPE_F32)
         return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has type %s, expected F32",
                               name, core_ttype_name(t->type));
@@ -66,16 +66,15 @@ int core_lora_load(const core_gguf_t *g, int n_layer, int64_t d, int64_t qd, int
                    core_lora_t **out, core_error_t *err)
 {
     *out = NULL;
-    if (!core_gguf_find_tensor(g, "darkformer.blk.0.lora_q_a"))
+    /* the rank comes from the first tensor; the buffers are sized after it */
+    const core_gguf_tensor_t *t0 = core_gguf_find_tensor(g, "darkformer.blk.0.lora_q_a");
+    if (!t0)
         return 0; /* an adapter without LoRA; parts of one are caught below */
     core_lora_t *lo = calloc(1, sizeof *lo);
     if (!lo)
         return core_error_set(err, CORE_ENOMEM, "out of memory for the adapter's LoRA");
-    lo->n_layer = n_layer;
     const int64_t in[CORE_LORA_N] = {d, d, d, qd}, o[CORE_LORA_N] = {qd, kvd, kvd, d};
     int rc = 0;
-    /* the rank comes from the first tensor; the buffers are sized after it */
-    const core_gguf_tensor_t *t0 = core_gguf_find_tensor(g, "darkformer.blk.0.lora_q_a");
     int rank = t0->n_dims == 2 && t0->ne[1] >= 1 && t0->ne[1] <= CORE_LORA_MAX_RANK ? (int)t0->ne[1]
                                                                                    : 0;
     if (!rank) {
@@ -94,15 +93,11 @@ int core_lora_load(const core_gguf_t *g, int n_layer, int64_t d, int64_t qd, int
         float *pa = lo->a[w], *pb = lo->b[w];
         for (int l = 0; l < n_layer && rc == 0; l++) {
             char name[96];
-            int found = 0;
             for (int part = 0; part < 2 && rc == 0; part++) {
                 snprintf(name, sizeof name, "darkformer.blk.%d.lora_%s_%c", l, lora_names[w],
                          part ? 'b' : 'a');
-                rc = part ? read_part(g, name, rank, o[w], &pb, &found, err)
-                          : read_part(g, name, in[w], rank, &pa, &found, err);
-                if (rc == 0 && !found)
-                    rc = core_error_set(err, CORE_ENOTFOUND, "adapter tensor '%s' is missing "
-                                        "(a LoRA needs q, k, v and o of every layer)", name);
+                rc = part ? read_part(g, name, rank, o[w], &pb, err)
+                          : read_part(g, name, in[w], rank, &pa, err);
             }
         }
     }
