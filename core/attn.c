@@ -83,6 +83,11 @@ const core_attn_cfg_t *core_attn_config(const core_attn_t *a)
     return &a->cfg;
 }
 
+void core_attn_set_params_salt(core_attn_t *a, uint64_t salt)
+{
+    a->params_salt = salt;
+}
+
 float *core_attn_scratch(core_attn_t *a, size_t n, core_error_t *err)
 {
     if (n <= a->scratch_n)

@@ -75,6 +75,12 @@ int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_a
                   core_error_t *err);
 void core_attn_free(core_attn_t *a); /* NULL is a no-op */
 const core_attn_cfg_t *core_attn_config(const core_attn_t *a);
+/* Learned parameters that live outside the attention but shape its state
+ * (the model's LoRA on k and v, core/lora.h): a nonzero salt is mixed into
+ * the parameter digest of state blobs and the system fingerprint
+ * (core_state_params_digest), so a state made under one LoRA is refused
+ * under another. 0 (the default) mixes nothing in. */
+void core_attn_set_params_salt(core_attn_t *a, uint64_t salt);
 
 /* New empty state (position 0). Borrows a, which must outlive it. */
 int core_attn_state_new(const core_attn_t *a, core_attn_state_t **out, core_error_t *err);

@@ -42,6 +42,7 @@ struct core_attn {
     void *impl;        /* kind-private parameters */
     float *scratch;    /* kind-private scratch, grown on demand */
     size_t scratch_n;  /* floats in scratch */
+    uint64_t params_salt; /* core_attn_set_params_salt, 0: none */
 };
 
 struct core_attn_state {

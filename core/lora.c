@@ -13,7 +13,7 @@
 static const char *const lora_names[CORE_LORA_N] = {"q", "k", "v", "o"};
 
 struct core_lora {
-    int rank;
+    int rank, n_layer;
     int64_t in[CORE_LORA_N], out[CORE_LORA_N];
     float *a[CORE_LORA_N]; /* [L][r][in] */
     float *b[CORE_LORA_N]; /* [L][out][r] */
@@ -33,6 +33,25 @@ void core_lora_free(core_lora_t *lo)
 int core_lora_rank(const core_lora_t *lo)
 {
     return lo ? lo->rank : 0;
+}
+
+uint64_t core_lora_digest(const core_lora_t *lo)
+{
+    if (!lo)
+        return 0;
+    uint64_t h = 0xcbf29ce484222325u ^ (uint64_t)lo->rank; /* FNV-1a over 32-bit words */
+    for (int w = 0; w < CORE_LORA_N; w++) {
+        const float *part[2] = {lo->a[w], lo->b[w]};
+        for (int j = 0; j < 2; j++) {
+            const int64_t cnt = (int64_t)lo->n_layer * lo->rank * (j ? lo->out[w] : lo->in[w]);
+            for (int64_t i = 0; i < cnt; i++) {
+                uint32_t bits;
+                memcpy(&bits, &part[j][i], sizeof bits);
+                h = (h ^ bits) * 0x100000001b3u;
+            }
+        }
+    }
+    return h ? h : 1;
 }
 
 /* Copies tensor name, expected [rows][cols] (GGUF ne0 = cols, ne1 = rows),
@@ -83,6 +102,7 @@ int core_lora_load(const core_gguf_t *g, int n_layer, int64_t d, int64_t qd, int
         goto fail;
     }
     lo->rank = rank;
+    lo->n_layer = n_layer;
     for (int w = 0; w < CORE_LORA_N && rc == 0; w++) {
         lo->in[w] = in[w];
         lo->out[w] = o[w];

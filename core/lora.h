@@ -33,6 +33,10 @@ int core_lora_load(const core_gguf_t *g, int n_layer, int64_t d, int64_t qd, int
                    core_lora_t **out, core_error_t *err);
 void core_lora_free(core_lora_t *lo); /* NULL is a no-op */
 int core_lora_rank(const core_lora_t *lo);
+/* A 64-bit hash of the rank and every element (their bit patterns), never 0
+ * for a loaded LoRA; 0 for NULL. The model salts its attention's parameter
+ * digest with it (core_attn_set_params_salt). */
+uint64_t core_lora_digest(const core_lora_t *lo);
 
 /* y[t] += B·(A·x[t]) for rows t < n of projection which (CORE_LORA_*) of
  * layer. scratch holds n × rank floats. */

@@ -535,6 +535,7 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
                                 core_lora_rank(m->lora), (int)m->info.n_ff);
             goto fail;
         }
+        core_attn_set_params_salt(m->attn, core_lora_digest(m->lora));
     }
     *out = m;
     return 0;

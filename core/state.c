@@ -138,10 +138,12 @@ static uint64_t mix_floats(uint64_t h, const float *x, size_t n)
 
 /* Hash of what an adapter contributes beyond (kind, M, W, seed), which the
  * header names already: DARKFormer's Mat exactly as read from the adapter,
- * DARKFormer-IS's per-feature weights (they depend on Λ through Σ*). Two
- * adapters with the same settings but other matrices must not accept each
- * other's states: the continuation would be silently wrong. */
-static uint64_t params_digest(const core_attn_t *a)
+ * DARKFormer-IS's per-feature weights (they depend on Λ through Σ*), the v2
+ * decays and mixing weights, and the salt of parameters kept elsewhere (the
+ * model's LoRA). Two adapters with the same settings but other parameters
+ * must not accept each other's states: the continuation would be silently
+ * wrong. */
+uint64_t core_state_params_digest(const core_attn_t *a)
 {
     const core_attn_cfg_t *c = &a->cfg;
     if (c->kind == CORE_ATTN_EXACT)
@@ -182,6 +184,8 @@ static uint64_t params_digest(const core_attn_t *a)
             h = mix_floats(h, mix, (size_t)c->n_head);
         }
     }
+    if (a->params_salt) /* mixed in only when set: states without it keep their digest */
+        h = mix(mix(h, (uint32_t)a->params_salt), (uint32_t)(a->params_salt >> 32));
     if (h == h0 && c->kind == CORE_ATTN_PERFORMER)
         return 0;
     return h ? h : 1;
@@ -332,7 +336,7 @@ static int check_compat(const hdr_t *h, const char *fingerprint, const core_attn
         return STATE_FAIL(err, CORE_EMISMATCH, "blob has attention %s, this server runs %s",
                               have, want);
     }
-    uint64_t dg = params_digest(a);
+    uint64_t dg = core_state_params_digest(a);
     if (h->in.params_digest != dg)
         return STATE_FAIL(err, CORE_EMISMATCH,
                               "blob has other %s parameters than this server's adapter "
@@ -426,7 +430,7 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
     put_u32(b + OFF_SINKS, c->kind == CORE_ATTN_EXACT ? 0u : (uint32_t)c->sinks);
     put_u64(b + OFF_SEED, c->seed);
     put_u64(b + OFF_MAX_CTX, (uint64_t)c->max_ctx);
-    put_u64(b + OFF_DIGEST, params_digest(a));
+    put_u64(b + OFF_DIGEST, core_state_params_digest(a));
     put_u64(b + OFF_POS, (uint64_t)s->pos);
     put_u64(b + OFF_ATTN, attn);
     put_u32(b + OFF_SAMPLER, (uint32_t)smp);

@@ -23,8 +23,8 @@
  *   80   u64 seed
  *   88   i64 max_ctx            exact attention capacity when saved (informative)
  *   96   u64 params digest      hash of the learned attention parameters
- *                               (DARKFormer Mat, DARKFormer-IS feature weights);
- *                               0 for exact and Performer
+ *                               (core_state_params_digest); 0 for exact and
+ *                               Performer
  *   104  i64 pos                tokens the attention state has absorbed,
  *                               0..CORE_ATTN_MAX_POS
  *   112  u64 attention bytes    A
@@ -128,6 +128,13 @@ int core_state_peek(const void *buf, size_t len, core_state_info_t *out, core_er
  * checked. For exporting a stored blob without loading it. */
 int core_state_verify(const void *buf, size_t len, const char *fingerprint, const core_attn_t *a,
                       core_error_t *err);
+
+/* The hash of a's learned parameters that blobs carry at offset 96 and that
+ * loading compares: DARKFormer's Mat, DARKFormer-IS's feature weights, v2
+ * decays and mixing weights (when they differ from v1 behaviour) and a's
+ * params salt (core_attn_set_params_salt: the model's LoRA). 0 for exact
+ * attention and a plain Performer. */
+uint64_t core_state_params_digest(const core_attn_t *a);
 
 /* CRC-32 (IEEE 802.3, as zlib's crc32) of n bytes, continuing from crc
  * (start with 0). */

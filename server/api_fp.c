@@ -7,12 +7,14 @@
  *   - the model: core_model_info()->fingerprint,
  *   - the attention configuration: every field of core_attn_cfg_t (kind,
  *     shape, context of exact attention, M, W, seed, sinks, pre-RoPE, decay
- *     and linear switches, RoPE).
+ *     and linear switches, RoPE) and the digest of its learned parameters
+ *     (core_state_params_digest: the adapter's M, γ, β and LoRA).
  * Nothing that changes between two runs of the same binary on the same
  * files (time, pid, paths) goes in. Loop thread (computed once, cached).
  */
 #include "server/api.h"
 
+#include "core/state.h"
 #include "server/version.h"
 
 #include <elf.h>
@@ -93,6 +95,8 @@ const char *api_system_fingerprint(api_app_t *app)
                      c->sinks, c->prerope, c->decay_off, c->linear_off, c->n_rot, c->rope_base,
                      c->rope_scale);
     h = fnv1a(h, cfg, n > 0 && (size_t)n < sizeof cfg ? (size_t)n : sizeof cfg);
+    const uint64_t pd = core_state_params_digest(core_model_attn(app->model));
+    h = fnv1a(h, &pd, sizeof pd);
     snprintf(app->system_fp, sizeof app->system_fp, "fp_%016llx", (unsigned long long)h);
     return app->system_fp;
 }

@@ -34,7 +34,7 @@ def tiny_info():
     return dict(l.split(" ", 1) for l in p.stdout.splitlines() if " " in l)
 
 
-def write_adapter(path, fingerprint, window=8, sinks=2):
+def write_adapter(path, fingerprint, window=8, sinks=2, scale=1.0):
     info = tiny_info()
     L, hkv, hd = int(info["n_layer"]), int(info["n_head_kv"]), int(info["head_dim"])
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -47,7 +47,7 @@ def write_adapter(path, fingerprint, window=8, sinks=2):
     w.add_uint32("darkformer.prerope", 0)
     w.add_uint64("darkformer.seed", 5)
     w.add_string("darkformer.base_fingerprint", fingerprint)
-    eye = np.broadcast_to(np.eye(hd, dtype=np.float32), (hkv, hd, hd)).copy()
+    eye = np.broadcast_to(np.float32(scale) * np.eye(hd, dtype=np.float32), (hkv, hd, hd)).copy()
     for l in range(L):
         w.add_tensor(f"darkformer.blk.{l}.M", eye)  # GGUF ne [Hd, Hd, Hkv]
     w.write_header_to_file()
@@ -206,3 +206,21 @@ def test_serve_refuses_an_adapter_of_another_model(model_dir):
     assert r.returncode == 1
     assert adapter in r.stderr and "0123456789abcdef" in r.stderr, r.stderr
     assert tiny_info()["fingerprint"] in r.stderr, r.stderr
+
+
+def test_system_fingerprint_follows_the_adapter_weights(model_dir):
+    """Two adapters with the same settings and seed but another M: another
+    system_fingerprint (the learned parameters are hashed, docs/API.md);
+    the same adapter again: the same value."""
+    path = str(model_dir / "adapters" / "m.darkformer.gguf")
+    fps = []
+    for i, scale in enumerate([1.0, 0.5, 1.0]):
+        write_adapter(path, tiny_info()["fingerprint"], scale=scale)
+        srv = Server(model_dir / f"srv{i}", str(model_dir / "m.gguf"), attn=None)
+        try:
+            st, r, _ = srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1})
+            assert st == 200, r
+            fps.append(r["system_fingerprint"])
+        finally:
+            srv.kill()
+    assert fps[0] != fps[1] and fps[0] == fps[2], fps

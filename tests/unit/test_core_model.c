@@ -12,6 +12,7 @@
 #include "core/features.h"
 #include "core/model.h"
 #include "core/rng.h"
+#include "core/state.h"
 
 static core_model_t *tiny;     /* loaded once, default options */
 static core_model_t *tiny_32;  /* the same with max_ctx = 32 */
@@ -234,21 +235,21 @@ TEST(batched_matches_alone)
     batched_check(tiny);
 }
 
-/* The same with an adapter that carries a LoRA (core/lora.c): its products
- * are grouped like the weights' so batching changes nothing either. */
-TEST(batched_matches_alone_with_lora)
+/* The tiny model with a DARKFormer adapter (M = I, 16 features, W = 8) that
+ * carries a rank-2 LoRA drawn from lora_seed (0: no LoRA). */
+static core_model_t *load_lora_model(uint64_t lora_seed)
 {
     const core_model_info_t *in = core_model_info(tiny);
     const int L = in->n_layer, Hkv = in->n_head_kv, Hd = in->head_dim, r = 2;
     const int64_t D = in->n_embd, qd = (int64_t)in->n_head * Hd, kvd = (int64_t)Hkv * Hd;
     const int64_t size[8] = {r * D, qd * r, r * D, kvd * r, r * D, kvd * r, r * qd, D * r};
-    float *mat = calloc((size_t)L * Hkv * Hd * Hd, sizeof *mat), *lora[8];
+    float *mat = calloc((size_t)L * Hkv * Hd * Hd, sizeof *mat), *lora[8] = {0};
     core_rng_t rng;
-    core_rng_seed(&rng, 11);
+    core_rng_seed(&rng, lora_seed);
     for (int i = 0; i < L * Hkv; i++)
         for (int d = 0; d < Hd; d++)
             mat[((size_t)i * Hd + d) * Hd + d] = 1.0f;
-    for (int p = 0; p < 8; p++) {
+    for (int p = 0; p < 8 && lora_seed; p++) {
         lora[p] = malloc((size_t)L * (size_t)size[p] * sizeof(float));
         for (int64_t i = 0; i < L * size[p]; i++)
             lora[p][i] = (float)(core_rng_uniform(&rng) - 0.5) * 0.2f;
@@ -256,23 +257,77 @@ TEST(batched_matches_alone_with_lora)
     core_features_adapter_desc_t d = {.kind = CORE_ATTN_DARKFORMER, .n_layer = L,
                                       .n_head = in->n_head, .n_head_kv = Hkv, .head_dim = Hd,
                                       .n_features = 16, .window = 8, .mat = mat,
-                                      .lora_rank = r, .n_embd = (int)D};
+                                      .lora_rank = lora_seed ? r : 0, .n_embd = (int)D};
     memcpy(d.lora, lora, sizeof d.lora);
     char path[64];
     snprintf(path, sizeof path, "/tmp/test_model_lora_%d.gguf", (int)getpid());
     core_error_t err = {0};
+    core_model_t *m = NULL;
     CHECK_MSG(core_features_adapter_write(&d, path, &err) == 0, "%s", err.msg);
     core_model_opts_t o = {.attn_kind = CORE_ATTN_DARKFORMER, .adapter_path = path,
                            .n_features = 16, .window = 8};
-    core_model_t *m = NULL;
     CHECK_MSG(core_model_load(getenv("DARKSERVE_TINY_MODEL"), &o, &m, &err) == 0, "%s", err.msg);
-    if (m)
-        batched_check(m);
-    core_model_free(m);
     remove(path);
     free(mat);
     for (int p = 0; p < 8; p++)
         free(lora[p]);
+    return m;
+}
+
+/* The same with an adapter that carries a LoRA (core/lora.c): its products
+ * are grouped like the weights' so batching changes nothing either. */
+TEST(batched_matches_alone_with_lora)
+{
+    core_model_t *m = load_lora_model(11);
+    if (m)
+        batched_check(m);
+    core_model_free(m);
+}
+
+/* The LoRA shapes the keys and values a state holds, so it is part of the
+ * parameter digest: a state made under one LoRA is refused under another or
+ * under none, and accepted under the same one. */
+TEST(state_digest_covers_the_lora)
+{
+    core_model_t *m[3] = {load_lora_model(11), load_lora_model(12), load_lora_model(0)};
+    core_model_t *same = load_lora_model(11);
+    if (!m[0] || !m[1] || !m[2] || !same)
+        goto out;
+    uint64_t dg[3];
+    for (int i = 0; i < 3; i++)
+        dg[i] = core_state_params_digest(core_model_attn(m[i]));
+    CHECK(dg[0] != dg[1] && dg[0] != dg[2] && dg[1] != dg[2]);
+    CHECK(dg[0] == core_state_params_digest(core_model_attn(same)));
+    core_attn_state_t *s = new_state(m[0]);
+    int32_t tok[20];
+    core_rng_t r;
+    core_rng_seed(&r, 5);
+    rand_tokens(&r, tok, 20);
+    CHECK_INT_EQ(feed(m[0], s, tok, 20, 0, NULL), 0);
+    core_state_desc_t d = {.fingerprint = core_model_info(m[0])->fingerprint, .state = s};
+    size_t n = core_state_size(s, NULL, 0, 0), len = 0;
+    void *blob = malloc(n);
+    CHECK_INT_EQ(core_state_save(&d, blob, n, &len, NULL), 0);
+    core_model_t *into[3] = {m[1], m[2], same};
+    for (int i = 0; i < 3; i++) {
+        core_attn_state_t *t = new_state(into[i]);
+        core_error_t err = {0};
+        int rc = core_state_load(blob, len, NULL, t, NULL, NULL, NULL, NULL, NULL, &err);
+        if (i < 2) {
+            CHECK_INT_EQ(rc, CORE_EMISMATCH);
+            CHECK_MSG(strstr(err.msg, "other darkformer parameters") != NULL, "%s", err.msg);
+        } else {
+            CHECK_MSG(rc == 0, "%s", err.msg);
+            CHECK_INT_EQ(core_attn_state_pos(t), 20);
+        }
+        core_attn_state_free(t);
+    }
+    free(blob);
+    core_attn_state_free(s);
+out:
+    for (int i = 0; i < 3; i++)
+        core_model_free(m[i]);
+    core_model_free(same);
 }
 
 TEST(overflow_in_batch_leaves_every_state_untouched)
@@ -645,6 +700,7 @@ int main(void)
     RUN(last_mode_equals_last_row_of_all);
     RUN(batched_matches_alone);
     RUN(batched_matches_alone_with_lora);
+    RUN(state_digest_covers_the_lora);
     RUN(overflow_in_batch_leaves_every_state_untouched);
     RUN(bad_batches_are_refused);
     RUN(fork_continues_like_the_original);
