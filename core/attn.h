@@ -61,6 +61,12 @@ typedef struct core_attn_cfg {
  * any speed, and far from overflowing pos + n or a RoPE angle in double). */
 #define CORE_ATTN_MAX_POS ((int64_t)1 << 48)
 
+/* Largest magnitude a key or value read from a state blob may have: the
+ * range of half precision, which every real model's K/V fits (fp16 KV
+ * caches are the common default). Finite but larger values would make the
+ * next forward overflow to inf and the session unsaveable. */
+#define CORE_ATTN_MAX_KV 65504.0f
+
 typedef struct core_attn core_attn_t;
 typedef struct core_attn_state core_attn_state_t;
 

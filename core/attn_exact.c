@@ -342,13 +342,18 @@ static int exact_state_load(core_attn_state_t *s, int64_t pos, const void *buf, 
         p += n * sizeof(float);
         exact_le32(es->v[l], p, n);
         p += n * sizeof(float);
-        /* A blob is input: a NaN would poison every later softmax silently. */
+        /* A blob is input: a NaN would poison every later softmax silently,
+         * a huge finite value overflow the next forward. */
         for (size_t i = 0; i < n; i++) {
-            if (!isfinite(es->k[l][i]) || !isfinite(es->v[l][i]))
+            if (!(fabsf(es->k[l][i]) <= CORE_ATTN_MAX_KV) || !(fabsf(es->v[l][i]) <= CORE_ATTN_MAX_KV))
                 return core_error_set(err, CORE_EFORMAT,
-                                      "exact attention payload: non-finite %s in layer %d, "
-                                      "token %zu", isfinite(es->k[l][i]) ? "value" : "key", l,
-                                      i / ((size_t)c->n_head_kv * (size_t)c->head_dim));
+                                      "exact attention payload: %s %s in layer %d, token %zu "
+                                      "(keys and values must be finite, |x| <= %.0f)",
+                                      isfinite(es->k[l][i]) && isfinite(es->v[l][i])
+                                          ? "out-of-range" : "non-finite",
+                                      fabsf(es->k[l][i]) <= CORE_ATTN_MAX_KV ? "value" : "key", l,
+                                      i / ((size_t)c->n_head_kv * (size_t)c->head_dim),
+                                      (double)CORE_ATTN_MAX_KV);
         }
     }
     return 0;

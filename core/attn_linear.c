@@ -1082,6 +1082,12 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
     return 0;
 }
 
+/* A key and a value read from a blob: finite and within ±CORE_ATTN_MAX_KV. */
+static int kv_in_range(float k, float v)
+{
+    return fabsf(k) <= CORE_ATTN_MAX_KV && fabsf(v) <= CORE_ATTN_MAX_KV;
+}
+
 static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf, size_t len,
                              core_error_t *err)
 {
@@ -1125,9 +1131,10 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     size_t ls = (size_t)cfg->sinks * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
     p = kv_rows_get(p, st->ring_k, st->ring_v, cfg->n_layer, lw, z.n_ring);
     kv_rows_get(p, st->sink_k, st->sink_v, cfg->n_layer, ls, z.n_sink);
-    /* A blob is input. The kernels rely on c being finite or −inf and on
-     * S, z and the window being finite (z ≥ 0): anything else would turn
-     * every later output into NaN without an error. */
+    /* A blob is input. The kernels rely on c being finite or −inf, on S
+     * and z being finite (z ≥ 0) and on the window and sink rows being
+     * within ±CORE_ATTN_MAX_KV: anything else would turn every later
+     * output into NaN or inf without an error. */
     size_t hd = (size_t)cfg->head_dim;
     for (size_t i = 0; i < z.n_z; i++) {
         double zi = fp64 ? ((const double *)st->z)[i] : (double)((const float *)st->z)[i];
@@ -1143,14 +1150,14 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     }
     for (int l = 0; l < cfg->n_layer; l++) {
         for (size_t i = 0; i < z.n_ring; i++) {
-            if (!isfinite(st->ring_k[(size_t)l * lw + i]) || !isfinite(st->ring_v[(size_t)l * lw + i]))
+            if (!kv_in_range(st->ring_k[(size_t)l * lw + i], st->ring_v[(size_t)l * lw + i]))
                 return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
-                                      "window row in layer %d", l);
+                                      "or out-of-range window row in layer %d", l);
         }
         for (size_t i = 0; i < z.n_sink; i++) {
-            if (!isfinite(st->sink_k[(size_t)l * ls + i]) || !isfinite(st->sink_v[(size_t)l * ls + i]))
+            if (!kv_in_range(st->sink_k[(size_t)l * ls + i], st->sink_v[(size_t)l * ls + i]))
                 return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
-                                      "sink row in layer %d", l);
+                                      "or out-of-range sink row in layer %d", l);
         }
     }
     return 0;

@@ -529,6 +529,14 @@ flips_done:
     memcpy(b + off_attn + 8 + nz * 8 + 40, &fnan, 4);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "non-finite S", "NaN in S");
+    /* The first window row's key past half precision's range (c, S, z come
+     * before the window rows). */
+    memcpy(b, blob, len);
+    const float huge = 1e30f;
+    memcpy(b + off_attn + 8 + nz * 8 + nz * (size_t)in->head_dim * 4 + nz * 4, &huge, 4);
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "non-finite or out-of-range window row in layer 0",
+           "huge window key");
     memcpy(b, blob, len);
     put32(b + off_attn, 5);
     reseal(b, len);
@@ -692,6 +700,25 @@ TEST(refusals_attention_config)
     reseal(b, elen);
     refuse_attn(b, elen, fp, core_model_attn(em), CORE_EFORMAT, "non-finite key in layer 0",
                 "NaN key", 1);
+    /* ... a finite value past half precision's range (it would overflow
+     * the next forward), and the largest one allowed is accepted. */
+    memcpy(b, eb, elen);
+    const float big = 1e30f, edge = -CORE_ATTN_MAX_KV;
+    memcpy(b + CORE_STATE_HEADER_BYTES + 4 * 7, &big, 4);
+    reseal(b, elen);
+    refuse_attn(b, elen, fp, core_model_attn(em), CORE_EFORMAT,
+                "out-of-range key in layer 0, token 0 (keys and values must be finite, "
+                "|x| <= 65504)", "huge key", 1);
+    memcpy(b, eb, elen);
+    memcpy(b + CORE_STATE_HEADER_BYTES + 4 * 7, &edge, 4);
+    reseal(b, elen);
+    if (em) {
+        core_attn_state_t *s = new_state(em);
+        core_error_t err = {0};
+        CHECK_MSG(core_state_load(b, elen, fp, s, NULL, NULL, NULL, NULL, NULL, &err) == 0, "%s",
+                  err.msg);
+        core_attn_state_free(s);
+    }
     free(b);
     free(pb);
     free(db);
