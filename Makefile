@@ -149,7 +149,7 @@ format:
 # in the unit tests (tests/fuzz/README.md). The core targets link core built
 # with the same sanitizers; they load build/fixtures/tiny.gguf.
 FUZZ_SECONDS ?= 120
-FUZZ_TARGETS ?= gguf proto state adapter tokenizer chat
+FUZZ_TARGETS ?= gguf proto state adapter tokenizer chat http
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -I. $(OPENBLAS_CFLAGS) -fsanitize=fuzzer,address,undefined
 FUZZ_CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
 $(BUILD)/fuzz/obj/%.o: %.c
@@ -165,6 +165,13 @@ $(BUILD)/fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c core/gguf.c core/tensor.c core/e
 $(BUILD)/fuzz/fuzz_proto: tests/fuzz/fuzz_proto.c $(PROTO_SRC)
 	@mkdir -p $(@D)
 	clang $(FUZZ_FLAGS) $^ -ljansson -lm -o $@
+# The HTTP target runs the whole server (minus main) on the tiny model.
+FUZZ_PROTO_OBJ := $(PROTO_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
+FUZZ_SERVER_OBJ := $(filter-out $(BUILD)/fuzz/obj/server/main.o,$(SERVER_SRC:%.c=$(BUILD)/fuzz/obj/%.o))
+$(BUILD)/fuzz/fuzz_http: tests/fuzz/fuzz_http.c tests/fuzz/fuzz_common.h $(FUZZ_SERVER_OBJ) \
+  $(FUZZ_PROTO_OBJ) $(FUZZ_CORE_OBJ)
+	@mkdir -p $(@D)
+	clang $(FUZZ_FLAGS) $< $(FUZZ_SERVER_OBJ) $(FUZZ_PROTO_OBJ) $(FUZZ_CORE_OBJ) $(SERVER_LIBS) -o $@
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_CORE_OBJ)
 	@mkdir -p $(@D)
 	clang $(FUZZ_FLAGS) $< $(FUZZ_CORE_OBJ) $(CORE_LIBS) -o $@

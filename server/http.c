@@ -264,6 +264,12 @@ struct srv_req {
     int peer_eof; /* the client shut down its sending side (or closed) */
     int client_gone;
     int inflight;
+    /* An injected request (srv_http_inject) has no connection (conn NULL):
+     * its headers and query come from these lists and its answer goes to
+     * *inj, the streamed body pulled by inject_run. */
+    srv_http_result_t *inj;
+    hdrlist_t inj_headers, inj_query;
+    int inj_end; /* 0 running; 1 answered whole; 2 cut */
 };
 
 enum close_stage { OPEN = 0, CLOSING, CLOSED };
@@ -532,30 +538,47 @@ static int peer_sent_eof(srv_req_t *req)
     return 1;
 }
 
+typedef void (*add_header_fn)(void *to, const char *name, const char *value);
+
+/* The headers every response carries, then the handler's and extra, each
+ * through add(to, name, value). */
+static void response_headers(srv_req_t *req, const char *ctype, const hdrlist_t *extra,
+                             add_header_fn add, void *to)
+{
+    if (ctype && *ctype)
+        add(to, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    add(to, "X-Request-Id", req->id);
+    if (req->cors_origin) {
+        add(to, "Access-Control-Allow-Origin", req->cors_origin);
+        add(to, "Vary", "Origin");
+        add(to, "Access-Control-Expose-Headers", "X-Request-Id");
+    }
+    if (drain_conn_header(req->h) || peer_sent_eof(req))
+        add(to, MHD_HTTP_HEADER_CONNECTION, "close");
+    for (size_t i = 0; i < req->headers.n; i++)
+        add(to, req->headers.v[i].name, req->headers.v[i].value);
+    for (size_t i = 0; extra && i < extra->n; i++)
+        add(to, extra->v[i].name, extra->v[i].value);
+}
+
+static void add_mhd_header(void *to, const char *name, const char *value)
+{
+    MHD_add_response_header(to, name, value);
+}
+
+static enum MHD_Result inject_answer(srv_req_t *req, int status, const char *ctype,
+                                     const hdrlist_t *extra, const void *body, size_t len);
+
 /* Adds the headers every response carries and queues it. Takes ownership of
  * resp. Returns MHD_YES/MHD_NO as the access handler should. */
 static enum MHD_Result queue_response(srv_req_t *req, int status, struct MHD_Response *resp,
                                       const char *ctype, const hdrlist_t *extra)
 {
-    srv_http_t *h = req->h;
     if (!resp) {
         SRV_LOG(SRV_LOG_ERROR, req->id, "cannot create response (out of memory)");
         return MHD_NO;
     }
-    if (ctype && *ctype)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    MHD_add_response_header(resp, "X-Request-Id", req->id);
-    if (req->cors_origin) {
-        MHD_add_response_header(resp, "Access-Control-Allow-Origin", req->cors_origin);
-        MHD_add_response_header(resp, "Vary", "Origin");
-        MHD_add_response_header(resp, "Access-Control-Expose-Headers", "X-Request-Id");
-    }
-    if (drain_conn_header(h) || peer_sent_eof(req))
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-    for (size_t i = 0; i < req->headers.n; i++)
-        MHD_add_response_header(resp, req->headers.v[i].name, req->headers.v[i].value);
-    for (size_t i = 0; extra && i < extra->n; i++)
-        MHD_add_response_header(resp, extra->v[i].name, extra->v[i].value);
+    response_headers(req, ctype, extra, add_mhd_header, resp);
     enum MHD_Result r = MHD_queue_response(req->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     if (r != MHD_YES) {
@@ -584,6 +607,8 @@ static enum MHD_Result queue_buffer(srv_req_t *req, int status, const char *ctyp
         req->phase = PH_HELD;
         return MHD_YES;
     }
+    if (req->inj)
+        return inject_answer(req, status, ctype, extra, body, len);
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     enum MHD_Result r = queue_response(req, status, resp, ctype, extra);
@@ -598,7 +623,7 @@ static enum MHD_Result queue_buffer(srv_req_t *req, int status, const char *ctyp
 static enum MHD_Result queue_buffer_owned(srv_req_t *req, int status, const char *ctype,
                                           char *body, size_t len, const hdrlist_t *extra)
 {
-    if (req->hold || len == 0) {
+    if (req->hold || len == 0 || req->inj) {
         enum MHD_Result r = queue_buffer(req, status, ctype, body, len, extra);
         free(body);
         return r;
@@ -673,6 +698,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
 static enum MHD_Result queue_stream(srv_req_t *req, srv_stream_t *s, int status,
                                     const char *ctype, const hdrlist_t *extra)
 {
+    if (req->inj) /* inject_run pulls the body through stream_reader */
+        return inject_answer(req, status, ctype, extra, NULL, 0);
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, READER_BLOCK, stream_reader, s, NULL);
     return queue_response(req, status, resp, ctype, extra);
@@ -692,7 +719,10 @@ static void req_resume(srv_req_t *req)
     if (req->hup)
         uv_poll_stop(req->hup);
     req->suspended = 0;
-    MHD_resume_connection(req->conn);
+    if (req->conn)
+        MHD_resume_connection(req->conn);
+    else
+        req->h->rerun = 1; /* inject_run takes it up */
 }
 
 /* The client of a waiting request sent FIN. A client that half-closes
@@ -768,8 +798,10 @@ static void on_hup(uv_poll_t *p, int status, int events)
 static void req_suspend(srv_req_t *req)
 {
     srv_http_t *h = req->h;
-    MHD_suspend_connection(req->conn);
     req->suspended = 1;
+    if (!req->conn)
+        return;
+    MHD_suspend_connection(req->conn);
     if (!req->hup && req->fd >= 0) {
         uv_poll_t *p = malloc(sizeof *p);
         if (p && uv_poll_init(h->loop, p, req->fd) == 0) {
@@ -931,6 +963,20 @@ int srv_http_route_set_max_body(srv_http_t *h, const char *method, const char *p
 
 /* ---- request accessors ---- */
 
+/* A header (case-insensitive name) or query argument of req: MHD's for a
+ * connection's request, the injected lists otherwise. */
+static const char *req_lookup(const srv_req_t *req, enum MHD_ValueKind kind, const char *name)
+{
+    if (req->conn)
+        return MHD_lookup_connection_value(req->conn, kind, name);
+    const hdrlist_t *l = kind == MHD_HEADER_KIND ? &req->inj_headers : &req->inj_query;
+    for (size_t i = 0; i < l->n; i++)
+        if (kind == MHD_HEADER_KIND ? strcasecmp(l->v[i].name, name) == 0
+                                    : strcmp(l->v[i].name, name) == 0)
+            return l->v[i].value;
+    return NULL;
+}
+
 const char *srv_req_method(const srv_req_t *req)
 {
     return req->method;
@@ -978,12 +1024,12 @@ const char *srv_req_param(const srv_req_t *req, const char *name)
 
 const char *srv_req_query(const srv_req_t *req, const char *key)
 {
-    return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, key);
+    return req_lookup(req, MHD_GET_ARGUMENT_KIND, key);
 }
 
 const char *srv_req_header(const srv_req_t *req, const char *name)
 {
-    return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
+    return req_lookup(req, MHD_HEADER_KIND, name);
 }
 
 const char *srv_req_body(const srv_req_t *req, size_t *len)
@@ -1392,20 +1438,20 @@ static int key_equal(const char *given, size_t glen, const char *key)
 
 /* 1 when the request may pass: no keys configured, or it carries one of
  * them (its index into *key). */
-static int auth_ok(const srv_http_t *h, struct MHD_Connection *c, int *key)
+static int auth_ok(const srv_http_t *h, const srv_req_t *req, int *key)
 {
     *key = -1;
     if (h->n_api_keys == 0)
         return 1;
     const char *given = NULL;
-    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *auth = req_lookup(req, MHD_HEADER_KIND, "Authorization");
     if (auth && strncasecmp(auth, "Bearer ", 7) == 0) {
         given = auth + 7;
         while (*given == ' ')
             given++;
     }
     if (!given)
-        given = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Api-Key");
+        given = req_lookup(req, MHD_HEADER_KIND, "X-Api-Key");
     if (!given)
         return 0;
     size_t glen = strlen(given);
@@ -1481,10 +1527,10 @@ static int body_is_json(const char *ctype)
     return c == '\0' || c == ';' || c == ' ';
 }
 
-static int has_body(struct MHD_Connection *c, uint64_t *clen, int *clen_known)
+static int has_body(const srv_req_t *req, uint64_t *clen, int *clen_known)
 {
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-    const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
+    const char *cl = req_lookup(req, MHD_HEADER_KIND, "Content-Length");
+    const char *te = req_lookup(req, MHD_HEADER_KIND, "Transfer-Encoding");
     *clen_known = 0;
     *clen = 0;
     if (cl) {
@@ -1507,6 +1553,8 @@ static void req_free(srv_req_t *req)
         free(req->pvals[i]);
     hdrlist_clear(&req->headers);
     hdrlist_clear(&req->held_extra);
+    hdrlist_clear(&req->inj_headers);
+    hdrlist_clear(&req->inj_query);
     free(req->held_ctype);
     free(req->held_body);
     free(req->cors_origin);
@@ -1516,8 +1564,8 @@ static void req_free(srv_req_t *req)
     free(req);
 }
 
-static srv_req_t *req_new(srv_http_t *h, struct MHD_Connection *c, const char *url,
-                          const char *method)
+static srv_req_t *req_alloc(srv_http_t *h, struct MHD_Connection *c, const char *url,
+                            const char *method)
 {
     srv_req_t *req = calloc(1, sizeof *req);
     if (!req)
@@ -1533,12 +1581,25 @@ static srv_req_t *req_new(srv_http_t *h, struct MHD_Connection *c, const char *u
         req_free(req);
         return NULL;
     }
-    const char *rid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
+    return req;
+}
+
+/* The request id, the connection's details, and the server's list. */
+static void req_start(srv_http_t *h, srv_req_t *req)
+{
+    const char *rid = req_lookup(req, MHD_HEADER_KIND, "X-Request-Id");
     if (rid && valid_req_id(rid))
         snprintf(req->id, sizeof req->id, "%s", rid);
     else
         snprintf(req->id, sizeof req->id, "%016llx",
                  (unsigned long long)splitmix64(&h->rid_state));
+    req->next = h->reqs;
+    if (h->reqs)
+        h->reqs->prev = req;
+    h->reqs = req;
+    struct MHD_Connection *c = req->conn;
+    if (!c)
+        return;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci)
@@ -1560,14 +1621,18 @@ static srv_req_t *req_new(srv_http_t *h, struct MHD_Connection *c, const char *u
             inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr,
                       req->peer, sizeof req->peer);
     }
-    req->next = h->reqs;
-    if (h->reqs)
-        h->reqs->prev = req;
-    h->reqs = req;
+}
+
+static srv_req_t *req_new(srv_http_t *h, struct MHD_Connection *c, const char *url,
+                          const char *method)
+{
+    srv_req_t *req = req_alloc(h, c, url, method);
+    if (req)
+        req_start(h, req);
     return req;
 }
 
-static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_Connection *c);
+static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req);
 
 static enum MHD_Result queue_unauthorized(srv_req_t *req)
 {
@@ -1581,24 +1646,24 @@ static enum MHD_Result queue_unauthorized(srv_req_t *req)
 }
 
 /* First call: headers are in. Routes, checks, early errors. */
-static enum MHD_Result on_headers(srv_http_t *h, srv_req_t *req, struct MHD_Connection *c)
+static enum MHD_Result on_headers(srv_http_t *h, srv_req_t *req)
 {
-    enum MHD_Result r = check_headers(h, req, c);
+    enum MHD_Result r = check_headers(h, req);
     req->hold = 0;
     return r;
 }
 
-static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_Connection *c)
+static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req)
 {
     const char *method = req->method;
     uint64_t clen = 0;
     int clen_known = 0;
-    int body = has_body(c, &clen, &clen_known);
+    int body = has_body(req, &clen, &clen_known);
     /* Without a body, an early answer waits for MHD's last call so the
      * connection stays usable; with one, it goes out at once and MHD skips
      * the body. */
     req->hold = !body;
-    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const char *origin = req_lookup(req, MHD_HEADER_KIND, "Origin");
     const char *allow = cors_allow(h, origin);
     if (allow && !(req->cors_origin = strdup(allow)))
         return MHD_NO;
@@ -1622,7 +1687,7 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_C
      * and CORS preflights of known paths (browsers send those without
      * credentials) stay open. */
     const int preflight = strcmp(method, "OPTIONS") == 0 && !route && path_known;
-    if (!path_public && !preflight && !auth_ok(h, c, &req->key))
+    if (!path_public && !preflight && !auth_ok(h, req, &req->key))
         return queue_unauthorized(req);
     if (h->not_ready && route && !(route->flags & SRV_ROUTE_DRAIN_OK))
         return queue_error(req, 503, "server_error", "loading",
@@ -1636,7 +1701,7 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_C
         allowed_methods(h, req->path, methods, sizeof methods);
         hdrlist_add(&extra, "Allow", methods);
         if (req->cors_origin &&
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method")) {
+            req_lookup(req, MHD_HEADER_KIND, "Access-Control-Request-Method")) {
             hdrlist_add(&extra, "Access-Control-Allow-Methods", methods);
             hdrlist_add(&extra, "Access-Control-Allow-Headers",
                         "Authorization, Content-Type, X-Api-Key, X-Request-Id");
@@ -1662,7 +1727,7 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req, struct MHD_C
     if (route_match(route, req->path, req) < 0)
         return MHD_NO;
     if ((route->flags & SRV_ROUTE_JSON) && body &&
-        !body_is_json(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type")))
+        !body_is_json(req_lookup(req, MHD_HEADER_KIND, "Content-Type")))
         return queue_error(req, 415, "invalid_request_error", "unsupported_media_type",
                            "the body must be JSON (Content-Type: application/json)", NULL);
     req->body_limit = route->max_body;
@@ -1786,7 +1851,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         req->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
         *con_cls = req;
-        return on_headers(h, req, c);
+        return on_headers(h, req);
     }
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
@@ -1841,15 +1906,13 @@ static const char *method_label(const char *m)
     return "other";
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
-                         enum MHD_RequestTerminationCode toe)
+/* The end of a request: its stream, the access line, metrics; frees req. */
+static void req_complete(srv_http_t *h, srv_req_t *req, enum MHD_RequestTerminationCode toe)
 {
-    (void)c;
-    srv_http_t *h = cls;
-    srv_req_t *req = *con_cls;
-    if (!req)
-        return;
-    *con_cls = NULL;
+    if (req->inj) {
+        req->inj->done = 1;
+        req->inj->cut = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
+    }
     if (req->hup) {
         uv_poll_stop(req->hup);
         req->hup->data = NULL;
@@ -1910,6 +1973,194 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (req->next)
         req->next->prev = req->prev;
     req_free(req);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)c;
+    srv_req_t *req = *con_cls;
+    if (!req)
+        return;
+    *con_cls = NULL;
+    req_complete(cls, req, toe);
+}
+
+/* ---- injected requests ---- */
+
+static int buf_add(char **buf, size_t *len, const void *data, size_t n)
+{
+    char *nb = realloc(*buf, *len + n + 1);
+    if (!nb)
+        return -1;
+    memcpy(nb + *len, data, n);
+    *len += n;
+    nb[*len] = '\0';
+    *buf = nb;
+    return 0;
+}
+
+static void add_result_header(void *to, const char *name, const char *value)
+{
+    srv_http_result_t *r = to;
+    size_t len = r->headers ? strlen(r->headers) : 0;
+    if (buf_add(&r->headers, &len, name, strlen(name)) || buf_add(&r->headers, &len, ": ", 2) ||
+        buf_add(&r->headers, &len, value, strlen(value)) || buf_add(&r->headers, &len, "\n", 1))
+        r->oom = 1;
+}
+
+/* What queue_response does for a connection: the status and headers, and a
+ * whole body (body non-NULL) or the start of a streamed one (NULL). */
+static enum MHD_Result inject_answer(srv_req_t *req, int status, const char *ctype,
+                                     const hdrlist_t *extra, const void *body, size_t len)
+{
+    srv_http_result_t *out = req->inj;
+    out->status = status;
+    response_headers(req, ctype, extra, add_result_header, out);
+    free(out->content_type);
+    out->content_type = ctype ? strdup(ctype) : NULL;
+    if (body && buf_add(&out->body, &out->body_len, body, len))
+        out->oom = 1;
+    req->phase = PH_ANSWERED;
+    req->status = status;
+    req->bytes_out += len;
+    if (body)
+        req->inj_end = 1;
+    return MHD_YES;
+}
+
+/* One step of a runnable injected request, as MHD_run would take it: the
+ * held answer, the deferred one, or the streamed body so far; the end. */
+static void inject_step(srv_req_t *req)
+{
+    srv_http_t *h = req->h;
+    enum MHD_Result r = MHD_YES;
+    if (!req->inj_end) {
+        switch (req->phase) {
+        case PH_HELD:
+            r = queue_buffer(req, req->held_status, req->held_ctype, req->held_body,
+                             req->held_len, &req->held_extra);
+            break;
+        case PH_WAITING:
+            r = answer_deferred(req);
+            break;
+        case PH_ANSWERED:
+            for (;;) {
+                char buf[READER_BLOCK];
+                ssize_t n = stream_reader(req->stream, 0, buf, sizeof buf);
+                if (n > 0 && buf_add(&req->inj->body, &req->inj->body_len, buf, (size_t)n))
+                    req->inj->oom = 1;
+                if (n > 0)
+                    continue;
+                if (n == MHD_CONTENT_READER_END_OF_STREAM)
+                    req->inj_end = 1;
+                else if (n != 0)
+                    req->inj_end = 2;
+                break; /* 0: suspended until the producer writes */
+            }
+            break;
+        default:
+            req->inj_end = 2;
+            break;
+        }
+    }
+    if (r != MHD_YES)
+        req->inj_end = 2;
+    if (req->inj_end)
+        req_complete(h, req, req->inj_end == 1 ? MHD_REQUEST_TERMINATED_COMPLETED_OK
+                                               : MHD_REQUEST_TERMINATED_WITH_ERROR);
+}
+
+/* Steps every injected request that is not waiting for its producer. Each
+ * step ends suspended, answered or complete, so this ends. */
+static void inject_run(srv_http_t *h)
+{
+    for (;;) {
+        srv_req_t *req = h->reqs;
+        while (req && !(req->inj && !req->suspended))
+            req = req->next;
+        if (!req)
+            return;
+        inject_step(req);
+    }
+}
+
+static int inject_query(srv_req_t *req, char *q)
+{
+    while (q && *q) {
+        char *next = strchr(q, '&');
+        if (next)
+            *next++ = '\0';
+        char *v = strchr(q, '=');
+        if (v)
+            *v++ = '\0';
+        for (char *p = q; *p; p++)
+            if (*p == '+')
+                *p = ' ';
+        for (char *p = v; p && *p; p++)
+            if (*p == '+')
+                *p = ' ';
+        MHD_http_unescape(q);
+        if (v)
+            MHD_http_unescape(v);
+        if (*q && hdrlist_add(&req->inj_query, q, v ? v : "") == SRV_HTTP_ENOMEM)
+            return SRV_HTTP_ENOMEM;
+        q = next;
+    }
+    return 0;
+}
+
+int srv_http_inject(srv_http_t *h, const srv_http_inject_t *in, srv_http_result_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!h || !in || !in->method || !*in->method || !in->url || h->stage != OPEN ||
+        (in->n_headers && !in->headers) || (in->body_len && !in->body))
+        return SRV_HTTP_EINVAL;
+    for (size_t i = 0; i < in->n_headers; i++)
+        if (!valid_header(in->headers[2 * i], in->headers[2 * i + 1]))
+            return SRV_HTTP_EINVAL;
+    char *url = strdup(in->url);
+    if (!url)
+        return SRV_HTTP_ENOMEM;
+    char *q = strchr(url, '?');
+    if (q)
+        *q++ = '\0';
+    MHD_http_unescape(url);
+    srv_req_t *req = req_alloc(h, NULL, url, in->method);
+    int rc = req ? inject_query(req, q) : SRV_HTTP_ENOMEM;
+    free(url);
+    for (size_t i = 0; rc == 0 && i < in->n_headers; i++)
+        rc = hdrlist_add(&req->inj_headers, in->headers[2 * i], in->headers[2 * i + 1]);
+    if (rc) {
+        if (req)
+            req_free(req);
+        return rc;
+    }
+    req->inj = out;
+    req->http11 = 1;
+    snprintf(req->peer, sizeof req->peer, "inject");
+    req_start(h, req);
+    enum MHD_Result r = on_headers(h, req);
+    if (r == MHD_YES && req->phase == PH_RECEIVING) {
+        if (in->body_len)
+            r = on_body(req, in->body, in->body_len);
+        if (r == MHD_YES)
+            r = run_handler(req);
+    }
+    if (r != MHD_YES)
+        req->inj_end = 2;
+    run_mhd(h); /* steps it, with everything else */
+    return 0;
+}
+
+void srv_http_result_free(srv_http_result_t *r)
+{
+    if (!r)
+        return;
+    free(r->content_type);
+    free(r->headers);
+    free(r->body);
+    memset(r, 0, sizeof *r);
 }
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
@@ -1995,6 +2246,7 @@ static void run_mhd(srv_http_t *h)
     do {
         h->rerun = 0;
         MHD_run(h->d);
+        inject_run(h);
         process_pending(h);
     } while (h->rerun);
     h->in_run = 0;
@@ -2204,20 +2456,26 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
         register_metrics(h);
 
     int v6 = 0;
-    fd = listen_socket(o->host ? o->host : "127.0.0.1", o->port, &v6, err, errlen);
-    if (fd < 0)
-        goto fail;
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    socklen_t sl = sizeof ss;
-    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
-        h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    if (!o->no_listen) {
+        fd = listen_socket(o->host ? o->host : "127.0.0.1", o->port, &v6, err, errlen);
+        if (fd < 0)
+            goto fail;
+        struct sockaddr_storage ss;
+        memset(&ss, 0, sizeof ss);
+        socklen_t sl = sizeof ss;
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+            h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                     : ((struct sockaddr_in *)&ss)->sin_port);
+    }
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
-                     (v6 ? MHD_USE_IPv6 : 0);
+                     (v6 ? MHD_USE_IPv6 : 0) | (o->no_listen ? MHD_USE_NO_LISTEN_SOCKET : 0);
+    /* no_listen: MHD refuses MHD_OPTION_LISTEN_SOCKET with that flag */
+    struct MHD_OptionItem listen_opt[] = {
+        {fd >= 0 ? MHD_OPTION_LISTEN_SOCKET : MHD_OPTION_END, fd, NULL},
+        {MHD_OPTION_END, 0, NULL}};
     h->d = MHD_start_daemon(
         flags, (uint16_t)h->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
-        on_mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd,
+        on_mhd_log, h, MHD_OPTION_ARRAY, listen_opt,
         MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : DEFAULT_MAX_CONN,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_address,
         MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
@@ -2332,6 +2590,11 @@ void srv_http_close(srv_http_t *h, void (*done)(void *ud), void *ud)
     uv_poll_stop(&h->mhd_poll);
     MHD_stop_daemon(h->d); /* remaining requests complete with DAEMON_SHUTDOWN */
     h->d = NULL;
+    for (srv_req_t *req = h->reqs, *next; req; req = next) {
+        next = req->next;
+        if (req->inj) /* MHD does not know these */
+            req_complete(h, req, MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN);
+    }
     h->stage = CLOSED;
     process_pending(h);
     pthread_mutex_lock(&h->hub->lock);

@@ -176,6 +176,8 @@ typedef struct srv_http_opts {
     const char *const *cors_origins; /* [n_cors_origins], copied; "*" = any */
     size_t n_cors_origins;
     srv_metrics_t *metrics;      /* borrowed, may be NULL; must outlive the server */
+    int no_listen;               /* 1: no listen socket; requests come only through
+                                    srv_http_inject (fuzzing, tests) */
 } srv_http_opts_t;
 
 /* Creates the server on loop (borrowed; must outlive it), binds and listens.
@@ -341,6 +343,49 @@ enum srv_stream_close_mode {
  * closed before any answer is answered with 500. Waits for a running
  * on_cancel/on_writable callback to return (unless called from it). */
 void srv_stream_close(srv_stream_t *s, int mode);
+
+/* ---- requests without a connection (fuzzing, tests) ----
+ * srv_http_inject runs one request through exactly what a connection's
+ * request goes through (request id, the checks of "How a request is
+ * processed", the route table, the handler, deferred and streamed answers,
+ * the access line and metrics), with no socket: the answer is collected in
+ * a srv_http_result_t. The url is as on the wire (path percent-encoded,
+ * optional ?query); headers are used as given (Content-Length and
+ * Transfer-Encoding decide whether the request has a body, as for a
+ * connection: keep them consistent with body_len; the body is delivered
+ * whole). What a connection adds is absent: no peer address ("inject"), no
+ * timeouts, no hang-up, HTTP/1.1. */
+
+typedef struct srv_http_inject {
+    const char *method;          /* "GET", ... */
+    const char *url;             /* "/v1/sessions?limit=2" */
+    const char *const *headers;  /* [2 * n_headers]: name, value, name, value... (borrowed) */
+    size_t n_headers;
+    const void *body;            /* [body_len] (borrowed), NULL when body_len is 0 */
+    size_t body_len;
+} srv_http_inject_t;
+
+typedef struct srv_http_result {
+    int done;           /* the request ended (the fields below are final) */
+    int cut;            /* it ended without a whole answer (stream aborted, cancelled) */
+    int status;         /* 0 until answered */
+    char *content_type; /* owned, NULL = none */
+    char *headers;      /* owned "Name: value\n" lines of the answer, NULL = none */
+    char *body;         /* owned [body_len] + NUL, NULL when empty */
+    size_t body_len;
+    int oom;            /* part of the answer was lost to an allocation failure */
+} srv_http_result_t;
+
+/* Starts an injected request (loop thread; not from inside a handler or a
+ * stream callback). *out (caller-owned) must stay valid until out->done:
+ * an immediate answer completes before this returns, a deferred or
+ * streamed one as the loop runs (uv_run), and srv_http_close completes
+ * whatever is left (cut). Returns 0, or SRV_HTTP_EINVAL (a header name that
+ * is not a token, a value with CR/LF, a closing server) / SRV_HTTP_ENOMEM,
+ * when nothing was started. */
+int srv_http_inject(srv_http_t *h, const srv_http_inject_t *in, srv_http_result_t *out);
+/* Frees what a result owns (not r itself); r is zeroed. NULL is a no-op. */
+void srv_http_result_free(srv_http_result_t *r);
 
 /* ---- lifecycle (loop thread) ---- */
 

@@ -86,6 +86,8 @@ static void finish(serve_t *S)
 void srv_serve_fail(srv_serve_t *S, const char *why)
 {
     SRV_LOG(SRV_LOG_ERROR, NULL, "startup failed: %s", why);
+    if (!S) /* an application run without srv_serve_run (tests/fuzz/fuzz_http.c) */
+        return;
     S->failed = 1;
     finish(S);
 }

@@ -44,7 +44,8 @@ typedef struct srv_serve_ctx {
 /* Loop thread: the application failed after start returned (e.g. a model
  * that loads in the background turned out unreadable): logs why, stops the
  * server as after a second signal (app->stop runs) and makes srv_serve_run
- * return 1. */
+ * return 1. S NULL (an application started without srv_serve_run, as the
+ * HTTP fuzz target does): only logs. */
 void srv_serve_fail(srv_serve_t *S, const char *why);
 
 typedef struct srv_app {
