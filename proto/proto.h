@@ -98,7 +98,8 @@ typedef struct proto_limits {
     X(PROTO_ERR_MEDIA_TYPE, 415, "invalid_request_error", "unsupported_media_type") \
     X(PROTO_ERR_RATE_LIMIT, 429, "rate_limit_error", "rate_limit_exceeded")         \
     X(PROTO_ERR_INTERNAL, 500, "server_error", "internal_error")                    \
-    X(PROTO_ERR_UNAVAILABLE, 503, "server_error", "service_unavailable")
+    X(PROTO_ERR_UNAVAILABLE, 503, "server_error", "service_unavailable")            \
+    X(PROTO_ERR_STORAGE, 507, "server_error", "insufficient_storage")
 
 typedef enum proto_errkind {
 #define PROTO_ERRKIND_ENUM_(kind, status, type, code) kind,

@@ -160,6 +160,10 @@ int api_caller_may(const api_caller_t *c, const char *owner);
  * returns -1. */
 int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, const char *id);
 
+/* Installs the session store's test faults when DARKSERVE_TEST_FAULT_FILE
+ * is set (store_fault.c says how); no-op otherwise. */
+void api_store_fault_install(srv_store_t *st);
+
 /* ---- the I/O thread (api_io.c); loop thread ---- */
 
 /* Starts the thread. Returns 0 or -1. */
@@ -205,6 +209,10 @@ void api_reply_engine(srv_req_t *req, int code, const char *msg);
 /* Fills e for a session store error (SRV_STORE_E*); id may be NULL. */
 void api_store_error(int code, const char *id, const char *detail, proto_error_t *e);
 void api_reply_store(srv_req_t *req, int code, const char *id, const char *detail);
+/* Fills e for a session save that failed with store code rc (msg: what
+ * happened): 507 insufficient_storage when the disk is full or read-only
+ * (SRV_STORE_ENOSPACE), else 500. */
+void api_persist_error(int rc, const char *msg, proto_error_t *e);
 /* Fills e for a core error (CORE_E*) met while preparing a request. */
 void api_core_error(int code, const char *param, const char *msg, proto_error_t *e);
 /* OpenAI finish_reason of an engine finish: "stop", "length", "timeout",

@@ -262,8 +262,8 @@ int api_gen_release_session(api_gen_t *g, int persist, char *err, size_t errlen)
     if (rc < 0) {
         const char *d = srv_store_last_error();
         snprintf(err, errlen,
-                 "session state could not be saved (%s); the saved copy on disk is "
-                 "the previous one",
+                 "session state could not be saved (%s); the session keeps its "
+                 "previous state",
                  d && *d ? d : srv_store_strerror(rc));
         srv_series_add(g->app->m_persist_err, 1);
         SRV_LOG(SRV_LOG_ERROR, g->rid, "%s", err);
@@ -354,8 +354,8 @@ static void persist_work(api_io_t *io)
     if (g->persist_rc < 0) {
         const char *d = srv_store_last_error();
         snprintf(g->persist_err, sizeof g->persist_err,
-                 "session state could not be saved (%s); the saved copy on disk is "
-                 "the previous one",
+                 "session state could not be saved (%s); the session keeps its "
+                 "previous state",
                  d && *d ? d : srv_store_strerror(g->persist_rc));
     }
 }

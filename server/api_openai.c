@@ -189,7 +189,7 @@ static void oa_done(api_gen_t *g)
     else if (gen_err)
         proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "generation failed: %s", gen_err);
     else if (persist_rc < 0)
-        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "%s", perr);
+        api_persist_error(persist_rc, perr, &e);
     else
         failed = 0;
 

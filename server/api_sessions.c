@@ -260,7 +260,9 @@ static int ingest_answer(api_app_t *app, const ingest_t *k, const char *job_err,
         return -1;
     }
     if (rc < 0) {
-        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "%s", perr);
+        api_persist_error(rc, perr, e);
+        if (k->status == 201) /* a create that was never acknowledged: not kept */
+            srv_store_delete(app->store, k->id);
         return -1;
     }
     *json = session_json(app, k->id, 0, &rc);
@@ -328,8 +330,8 @@ static void ingest_io_work(api_io_t *io)
     if (w->rc < 0) {
         const char *d = srv_store_last_error();
         snprintf(w->perr, sizeof w->perr,
-                 "session state could not be saved (%s); the saved copy on disk is the "
-                 "previous one",
+                 "session state could not be saved (%s); the session keeps its previous "
+                 "state",
                  d && *d ? d : srv_store_strerror(w->rc));
     }
 }
@@ -602,7 +604,7 @@ static void sgen_done(api_gen_t *g)
     else if (job_err)
         proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "generation failed: %s", job_err);
     else if (prc < 0)
-        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "%s", perr);
+        api_persist_error(prc, perr, &e);
     else
         failed = 0;
     const char *fin = api_finish_reason(k->finish);

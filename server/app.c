@@ -412,6 +412,7 @@ static void load_after(uv_work_t *w, int status)
         srv_serve_fail(app->serve, "cannot open the session store");
         return;
     }
+    api_store_fault_install(app->store);
     /* an imported state is at most the largest blob this model can make:
      * from now on the http layer refuses a larger PUT from its
      * Content-Length, and never buffers more of a chunked one */

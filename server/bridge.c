@@ -136,8 +136,17 @@ void api_store_error(int code, const char *id, const char *detail, proto_error_t
         proto_error_set(e, PROTO_ERR_UNAVAILABLE, NULL, "session store full: %s", d);
         e->code = "session_store_full";
         break;
+    case SRV_STORE_ENOSPACE:
+        proto_error_set(e, PROTO_ERR_STORAGE, NULL, "session storage: %s", d);
+        break;
     default: proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "session store: %s", d); break;
     }
+}
+
+void api_persist_error(int rc, const char *msg, proto_error_t *e)
+{
+    proto_error_set(e, rc == SRV_STORE_ENOSPACE ? PROTO_ERR_STORAGE : PROTO_ERR_INTERNAL, NULL,
+                    "%s", msg);
 }
 
 void api_reply_store(srv_req_t *req, int code, const char *id, const char *detail)

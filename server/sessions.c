@@ -81,6 +81,8 @@ struct srv_store {
     uint64_t tick;
     srv_store_write_fn write_fn;
     void *write_ud;
+    srv_store_fault_fn fault_fn;
+    void *fault_ud;
 };
 
 /* ---- errors ---- */
@@ -299,6 +301,22 @@ static void drop_memory(srv_store_t *st, srv_session_t *s)
     ctx_free(&s->ctx);
 }
 
+/* Caller holds mu: writing s failed. The client was told that its change
+ * was not saved, so the session goes back to what was saved, its file
+ * (read again at the next acquire), with the token count and size it had
+ * then; a session without a file keeps its memory, to be written later. */
+static void revert(srv_store_t *st, srv_session_t *s, int64_t tokens, size_t state_bytes)
+{
+    if (!s->on_disk) {
+        s->dirty = 1;
+        return;
+    }
+    drop_memory(st, s);
+    s->dirty = 0;
+    s->tokens = tokens;
+    s->state_bytes = state_bytes;
+}
+
 /* Caller holds mu: s's file was just written with len bytes. */
 static void disk_written(srv_store_t *st, srv_session_t *s, size_t len)
 {
@@ -464,9 +482,27 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
 
 /* ---- files ---- */
 
+/* 0, or the errno an injected fault makes op fail with (errno set too). */
+static int fault(const srv_store_t *st, const char *op)
+{
+    int e = st->fault_fn ? st->fault_fn(op, st->fault_ud) : 0;
+    if (e)
+        errno = e;
+    return e;
+}
+
 static ssize_t do_write(srv_store_t *st, int fd, const void *p, size_t n)
 {
+    if (fault(st, "write"))
+        return -1;
     return st->write_fn ? st->write_fn(fd, p, n, st->write_ud) : write(fd, p, n);
+}
+
+/* A file system that has no room or takes no writes: the client is told
+ * so (507), apart from other I/O errors. */
+static int io_code(int e)
+{
+    return e == ENOSPC || e == EDQUOT || e == EROFS ? SRV_STORE_ENOSPACE : SRV_STORE_EIO;
 }
 
 /* Atomic replace of file id: tmp, fsync, rename, fsync of the directory. On
@@ -475,10 +511,15 @@ static int write_file(srv_store_t *st, const char *id, const unsigned char *buf,
 {
     char tmp[ID_LEN + sizeof TMP_SUFFIX], eb[128];
     snprintf(tmp, sizeof tmp, "%s" TMP_SUFFIX, id);
-    int fd = openat(st->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0)
-        return STORE_FAIL(SRV_STORE_EIO, "cannot create %s/%s: %s", st->dir, tmp,
-                    errstr(errno, eb, sizeof eb));
+    int fd = fault(st, "create")
+                 ? -1
+                 : openat(st->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                          0600);
+    if (fd < 0) {
+        int e = errno;
+        return STORE_FAIL(io_code(e), "cannot create %s/%s: %s", st->dir, tmp,
+                          errstr(e, eb, sizeof eb));
+    }
     const char *what = "writing";
     size_t off = 0;
     while (off < len) {
@@ -501,7 +542,7 @@ static int write_file(srv_store_t *st, const char *id, const unsigned char *buf,
     if (cr < 0)
         goto fail;
     what = "renaming";
-    if (renameat(st->dirfd, tmp, st->dirfd, id) < 0)
+    if (fault(st, "rename") || renameat(st->dirfd, tmp, st->dirfd, id) < 0)
         goto fail;
     if (fsync(st->dirfd) < 0)
         return STORE_FAIL(SRV_STORE_EIO, "syncing directory %s after writing %s: %s", st->dir, id,
@@ -512,8 +553,8 @@ fail:;
     if (fd >= 0)
         close(fd);
     unlinkat(st->dirfd, tmp, 0);
-    return STORE_FAIL(SRV_STORE_EIO, "%s %s/%s: %s (the previous file is kept)", what, st->dir, tmp,
-                errstr(e, eb, sizeof eb));
+    return STORE_FAIL(io_code(e), "%s %s/%s: %s (the previous file is kept)", what, st->dir, tmp,
+                      errstr(e, eb, sizeof eb));
 }
 
 /* Whole file id (new malloc'd *out). ENOTFOUND if it is gone, EIO else. */
@@ -1007,6 +1048,14 @@ void srv_store_set_write_fn(srv_store_t *st, srv_store_write_fn fn, void *ud)
     pthread_mutex_unlock(&st->mu);
 }
 
+void srv_store_set_fault_fn(srv_store_t *st, srv_store_fault_fn fn, void *ud)
+{
+    pthread_mutex_lock(&st->mu);
+    st->fault_fn = fn;
+    st->fault_ud = ud;
+    pthread_mutex_unlock(&st->mu);
+}
+
 size_t srv_store_max_blob(const srv_store_t *st)
 {
     return st->max_blob;
@@ -1127,13 +1176,15 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
         free(buf);
     }
     pthread_mutex_lock(&st->mu);
+    int64_t tokens0 = s->tokens;
+    size_t bytes0 = s->state_bytes;
     refresh(st, s);
     if (write) {
         if (rc == 0) {
             disk_written(st, s, len);
             s->dirty = 0;
         } else {
-            s->dirty = 1;
+            revert(st, s, tokens0, bytes0);
         }
     }
     s->busy = 0;
@@ -1151,10 +1202,12 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
 /* Caller holds mu, s idle: removes s (file first, so a failure keeps it). */
 static int remove_session(srv_store_t *st, srv_session_t *s)
 {
-    if (s->on_disk && unlinkat(st->dirfd, s->id, 0) < 0 && errno != ENOENT) {
+    if (s->on_disk && (fault(st, "unlink") || unlinkat(st->dirfd, s->id, 0) < 0) &&
+        errno != ENOENT) {
         char eb[128];
-        return STORE_FAIL(SRV_STORE_EIO, "deleting %s/%s: %s", st->dir, s->id,
-                    errstr(errno, eb, sizeof eb));
+        int e = errno;
+        return STORE_FAIL(io_code(e), "deleting %s/%s: %s", st->dir, s->id,
+                          errstr(e, eb, sizeof eb));
     }
     disk_gone(st, s);
     drop_memory(st, s);
@@ -1431,6 +1484,8 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     }
     pthread_mutex_lock(&st->mu);
     rc = take(st, id, &s);
+    int64_t tokens0 = rc == 0 ? s->tokens : 0;
+    size_t bytes0 = rc == 0 ? s->state_bytes : 0;
     if (rc == 0 && !s->ctx.state) {
         /* Evicted: the blob goes into a fresh context, swapped in below. */
         if ((rc = make_room(st, 1)) < 0) {
@@ -1481,6 +1536,8 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     s->dirty = !written;
     if (written)
         disk_written(st, s, wlen);
+    else if (st->dirfd >= 0)
+        revert(st, s, tokens0, bytes0);
     pthread_mutex_unlock(&st->mu);
 done:
     pthread_mutex_lock(&st->mu);

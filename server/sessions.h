@@ -55,6 +55,9 @@
  * accessors srv_session_* are for the caller holding the session busy.
  *
  * ## Errors
+ * A write or delete that the file system refuses for want of room (ENOSPC,
+ * EDQUOT) or because it is read-only (EROFS) is SRV_STORE_ENOSPACE; other
+ * I/O errors are SRV_STORE_EIO. Either way the previous file is kept.
  * Functions return 0 or a negative SRV_STORE_E* code; srv_store_last_error()
  * gives the detail (which file, which errno, what the blob is for) of the
  * last error a srv_store_* function returned on the calling thread.
@@ -77,7 +80,8 @@
     X(SRV_STORE_EBUSY, -4, "session busy")                                                       \
     X(SRV_STORE_EFULL, -5, "session store full")                                                 \
     X(SRV_STORE_EIO, -6, "session storage I/O error")                                            \
-    X(SRV_STORE_EMISMATCH, -7, "state does not fit this server")
+    X(SRV_STORE_EMISMATCH, -7, "state does not fit this server")                                \
+    X(SRV_STORE_ENOSPACE, -8, "session storage full or read-only")
 
 enum srv_store_errno {
 #define SRV_STORE_ERR_ENUM_(name, val, desc) name = val,
@@ -146,10 +150,12 @@ int srv_store_create(srv_store_t *st, srv_session_t **out);
  * file: the message says which and why). */
 int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out);
 /* Gives a held session back. persist = 1: first writes it atomically; on a
- * write error the previous file stays as it was and SRV_STORE_EIO is
- * returned (message: file and errno). The session is released in every case
- * (on error it stays in memory, to be written again later). Then evicts
- * whatever the bounds require. */
+ * write error the previous file stays as it was and SRV_STORE_EIO or
+ * SRV_STORE_ENOSPACE is returned (message: file and errno). The session is
+ * released in every case; after a failed write it goes back to its file
+ * (the change the caller could not save is dropped, so what a client was
+ * told failed never reappears), or, without a file yet, stays in memory
+ * to be written later. Then evicts whatever the bounds require. */
 int srv_store_release(srv_store_t *st, srv_session_t *s, int persist);
 /* Deletes a session (memory and file). ENOTFOUND, EBUSY, EINVAL (bad id). */
 int srv_store_delete(srv_store_t *st, const char *id);
@@ -179,8 +185,8 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len);
  * the vocabulary): a blob for another model or attention configuration, or a
  * damaged one, is SRV_STORE_EMISMATCH with the reason in err[errlen] (err
  * may be NULL) and the session keeps its previous state. turn_open/has_chat
- * come from the blob, created stays. Then written (EIO on a write error: the
- * session holds the new state in memory, the file the old one). */
+ * come from the blob, created stays. Then written (EIO / ENOSPACE on a write
+ * error: the session keeps its previous state, its file). */
 int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t len, char *err,
                      size_t errlen);
 /* Deletes sessions (memory and file) not used for ttl_s seconds before now
@@ -235,5 +241,13 @@ void srv_session_touch(srv_session_t *s);
  * errno set, or a short count). fn NULL restores write(2). */
 typedef ssize_t (*srv_store_write_fn)(int fd, const void *buf, size_t n, void *ud);
 void srv_store_set_write_fn(srv_store_t *st, srv_store_write_fn fn, void *ud);
+/* Failure injection around the operations that change the session
+ * directory: fn(op, ud) runs before each ("create" a temp file, "write",
+ * "rename" it into place, "unlink" a session file) and returns 0 to let it
+ * happen, or an errno value it then fails with, as if the system call had
+ * (ENOSPC: a full disk; EROFS: a read-only one). fn NULL removes it. Any
+ * thread may be running store calls; fn must be thread-safe. */
+typedef int (*srv_store_fault_fn)(const char *op, void *ud);
+void srv_store_set_fault_fn(srv_store_t *st, srv_store_fault_fn fn, void *ud);
 
 #endif

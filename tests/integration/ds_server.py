@@ -88,7 +88,8 @@ def parse_metrics(text):
 class Server:
     """One `darkserve serve` process."""
 
-    def __init__(self, tmp, model=None, args=(), session_dir=None, name="srv", attn="exact"):
+    def __init__(self, tmp, model=None, args=(), session_dir=None, name="srv", attn="exact",
+                 env=None):
         assert os.access(BIN, os.X_OK), f"{BIN} missing: build it first (make)"
         model = model or TINY
         assert os.path.exists(model), f"model {model} missing (make builds the tiny one; " \
@@ -101,6 +102,7 @@ class Server:
         self.model = model
         # exact unless a test asks otherwise (None: no --attn, the default auto)
         self.args = (["--attn", attn] if attn else []) + list(args)
+        self.env = dict(os.environ, **env) if env else None  # extra environment variables
         self.proc = None
         self.port = None
         self.start()
@@ -111,7 +113,8 @@ class Server:
         cmd = [BIN, "serve", "--port", "0", "--model", self.model,
                "--log-file", self.log, "--session-dir", self.session_dir] + self.args
         with open(self.err, "ab") as errf:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf)
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf,
+                                         env=self.env)
         pat = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
         m = wait_for(lambda: pat.search(read_text(self.log)[self.log_from:])
                      or self.proc.poll() is not None, START_S)

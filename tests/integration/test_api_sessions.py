@@ -365,10 +365,16 @@ def test_busy_session_409(real):
 
 
 def test_persist_failure_is_reported(tiny):
-    """When the session file cannot be written the answer says so (500, or an
-    error event in a stream) and the old file is left alone."""
+    """When the session file cannot be written the answer says so (500) and
+    the session goes back to its saved state: the old file, left alone, is
+    what the next request reads (here a directory in its place: a clear 500
+    naming it), and once it is readable again the failed turn is not in it.
+    (A full or read-only disk, and the error event of a stream:
+    test_faults_disk.py.)"""
     sid = create(tiny, {"system": "sys"})["id"]
     gen(tiny, sid, text="First turn", max_tokens=3)
+    st, saved, _ = tiny.json("GET", f"/v1/sessions/{sid}")
+    assert st == 200
     path = os.path.join(tiny.session_dir, sid)
     assert os.path.isfile(path)
     good = open(path, "rb").read()
@@ -381,19 +387,17 @@ def test_persist_failure_is_reported(tiny):
                              {"text": " more", "max_tokens": 2, "stream": False})
         assert st == 500, r
         assert "could not be saved" in r["error"]["message"]
-        st, hd, raw = tiny.request("POST", f"/v1/sessions/{sid}/generate",
-                                   {"text": " more", "max_tokens": 2})
-        assert st == 200
-        last = ndjson(raw)[-1]
-        assert "could not be saved" in last["error"]["message"], last
+        assert "keeps its previous state" in r["error"]["message"]
         st, r, _ = tiny.post(f"/v1/sessions/{sid}/append", {"text": " x"})
-        assert st == 500 and "could not be saved" in r["error"]["message"]
+        assert st == 500 and sid in r["error"]["message"], r
     finally:
         os.unlink(os.path.join(path, "block"))
         os.rmdir(path)
     with open(path, "wb") as f:
         f.write(good)
-    # writable again: saves succeed
+    # the failed turn is gone; writable again: saves succeed
+    st, now, _ = tiny.json("GET", f"/v1/sessions/{sid}")
+    assert now["tokens"] == saved["tokens"], (now, saved)
     gen(tiny, sid, text=" again", max_tokens=2)
     assert os.path.isfile(path)
 

@@ -106,6 +106,7 @@ TEST(error_table_matches_contract)
         {PROTO_ERR_RATE_LIMIT, 429, "rate_limit_error", "rate_limit_exceeded"},
         {PROTO_ERR_INTERNAL, 500, "server_error", "internal_error"},
         {PROTO_ERR_UNAVAILABLE, 503, "server_error", "service_unavailable"},
+        {PROTO_ERR_STORAGE, 507, "server_error", "insufficient_storage"},
     };
     CHECK_INT_EQ(sizeof want / sizeof want[0], PROTO_ERR_KIND_COUNT_);
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {

@@ -1,0 +1,79 @@
+/* server/store_fault.c — fault injection for the session store, for tests
+ * of what clients see when the disk fails (tests/integration/test_faults.py).
+ *
+ * DARKSERVE_TEST_FAULT_FILE=PATH in the environment at startup names a file
+ * that is read before every operation that changes the session directory;
+ * its first word decides what that operation does:
+ *   enospc   writes fail with ENOSPC (a full disk)
+ *   erofs    creating, renaming and deleting files fail with EROFS (a
+ *            read-only file system)
+ *   stall    each write writes half of its bytes, then waits while the file
+ *            still says "stall" (a slow disk: a test can kill -9 the server
+ *            in the middle of a state write)
+ *   anything else, or no file: normal operation.
+ * Reading a small file per operation costs microseconds next to the fsync
+ * that follows; without the variable nothing is installed.
+ */
+#include "server/api.h"
+
+#include "server/log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static char fault_path[1024];
+
+/* The file's first word into mode[16] ("" when none). */
+static void fault_mode(char mode[16])
+{
+    mode[0] = '\0';
+    FILE *f = fopen(fault_path, "r");
+    if (!f)
+        return;
+    if (fscanf(f, "%15s", mode) != 1)
+        mode[0] = '\0';
+    fclose(f);
+}
+
+static int fault_op(const char *op, void *ud)
+{
+    (void)ud;
+    char mode[16];
+    fault_mode(mode);
+    if (strcmp(mode, "enospc") == 0 && strcmp(op, "write") == 0)
+        return ENOSPC;
+    if (strcmp(mode, "erofs") == 0 && strcmp(op, "write") != 0)
+        return EROFS;
+    return 0;
+}
+
+static ssize_t fault_write(int fd, const void *buf, size_t n, void *ud)
+{
+    (void)ud;
+    char mode[16];
+    fault_mode(mode);
+    if (strcmp(mode, "stall") != 0 || n < 2)
+        return write(fd, buf, n);
+    ssize_t w = write(fd, buf, n / 2);
+    while (fault_mode(mode), strcmp(mode, "stall") == 0)
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    return w;
+}
+
+void api_store_fault_install(srv_store_t *st)
+{
+    const char *p = getenv("DARKSERVE_TEST_FAULT_FILE");
+    if (!p || !*p)
+        return;
+    snprintf(fault_path, sizeof fault_path, "%s", p);
+    srv_store_set_fault_fn(st, fault_op, NULL);
+    srv_store_set_write_fn(st, fault_write, NULL);
+    SRV_LOG(SRV_LOG_WARN, NULL,
+            "DARKSERVE_TEST_FAULT_FILE=%s: session store faults injected from "
+            "that file (testing only)",
+            fault_path);
+}
