@@ -103,6 +103,7 @@ typedef struct api_app {
     api_gen_t *ready_head;
     uv_async_t wake;
     uv_timer_t sweep_timer; /* srv_store_sweep */
+    uv_prepare_t settle_check; /* every loop turn: srv_store_settle when the loop left work */
     uv_timer_t drain_timer; /* cancels generation just before the drain deadline */
     int handles_open;       /* uv handles not yet closed; the app is freed at 0 */
 
@@ -118,6 +119,7 @@ typedef struct api_app {
     int io_running;     /* loop thread: the thread runs (else submissions run inline) */
     size_t io_pending;  /* loop thread: submitted, done not run yet */
     int sweeping;       /* a sweep is queued or running */
+    int settling;       /* a srv_store_settle is queued or running */
 
     /* one byte budget for all attention state (--max-state-memory): the
      * sessions in memory plus what requests in flight reserved for the
@@ -163,6 +165,15 @@ int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, con
 /* Installs the session store's test faults when DARKSERVE_TEST_FAULT_FILE
  * is set (store_fault.c says how); no-op otherwise. */
 void api_store_fault_install(srv_store_t *st);
+
+/* Before a handler acquires session id (after api_session_check): an
+ * evicted session (on disk only) is admitted against --max-state-memory
+ * (429 state_memory_full when its state does not fit now) and read back on
+ * the I/O thread, then the handler runs again (srv_stream_rerun) and finds
+ * it in memory. Returns 1 when req was answered or will run again (the
+ * handler returns at once), 0 when the handler goes on (the session is in
+ * memory, busy or gone: the acquire says so). */
+int api_session_bring_in(api_app_t *app, srv_req_t *req, const char *id);
 
 /* ---- the I/O thread (api_io.c); loop thread ---- */
 

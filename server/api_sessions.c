@@ -19,6 +19,7 @@
  */
 #include "server/api.h"
 
+#include "core/state.h"
 #include "server/log.h"
 #include "server/sha256.h"
 
@@ -207,6 +208,70 @@ static void defer_reply_error(srv_stream_t *st, const proto_error_t *e)
     char *j = proto_error_json(e);
     defer_reply_json(st, e->status, j);
     proto_free(j);
+}
+
+/* ---- evicted sessions: read back on the I/O thread ---- */
+
+typedef struct bring_io {
+    api_io_t io; /* first: the item is the struct */
+    api_app_t *app;
+    srv_stream_t *stream;
+    char id[PROTO_SESSION_ID_LEN + 1];
+    int rc;
+    proto_error_t e;
+} bring_io_t;
+
+static void bring_work(api_io_t *io)
+{
+    bring_io_t *w = (bring_io_t *)io;
+    srv_session_t *s = NULL;
+    w->rc = srv_store_acquire(w->app->store, w->id, &s);
+    if (w->rc == 0)
+        srv_store_release(w->app->store, s, 0); /* now in memory, most recently used */
+    else /* the store's detail is this thread's */
+        api_store_error(w->rc, w->id, NULL, &w->e);
+}
+
+static void bring_done(api_io_t *io)
+{
+    bring_io_t *w = (bring_io_t *)io;
+    if (w->rc < 0)
+        defer_reply_error(w->stream, &w->e);
+    else
+        srv_stream_rerun(w->stream); /* the handler finds it in memory */
+    free(w);
+}
+
+int api_session_bring_in(api_app_t *app, srv_req_t *req, const char *id)
+{
+    srv_session_info_t si;
+    if (srv_store_info(app->store, id, &si) < 0 || si.in_memory || si.busy)
+        return 0;
+    proto_error_t e;
+    if (api_state_admit(app, api_state_bound(app, si.tokens), &e) < 0) {
+        api_reply_admit(req, &e);
+        return 1;
+    }
+    /* evicted again before the handler ran twice: read here rather than
+     * go round again */
+    if (srv_req_runs(req) > 1 || !app->io_running)
+        return 0;
+    bring_io_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return 1;
+    }
+    w->stream = srv_stream_defer(req, NULL);
+    if (!w->stream) { /* answered 500 */
+        free(w);
+        return 1;
+    }
+    w->io.work = bring_work;
+    w->io.done = bring_done;
+    w->app = app;
+    snprintf(w->id, sizeof w->id, "%s", id);
+    api_io_submit(app, &w->io);
+    return 1;
 }
 
 /* Reserves for g the growth of session s's state by `more` tokens (the
@@ -485,7 +550,7 @@ static void h_append(srv_req_t *req, void *ud)
     }
     api_caller_t who;
     api_caller(app, req, &who);
-    if (api_session_check(app, req, &who, id) < 0) {
+    if (api_session_check(app, req, &who, id) < 0 || api_session_bring_in(app, req, id)) {
         proto_session_append_free(&ar);
         return;
     }
@@ -664,7 +729,7 @@ static void h_generate(srv_req_t *req, void *ud)
     }
     api_caller_t who;
     api_caller(app, req, &who);
-    if (api_session_check(app, req, &who, id) < 0) {
+    if (api_session_check(app, req, &who, id) < 0 || api_session_bring_in(app, req, id)) {
         proto_generate_free(&gr);
         return;
     }
@@ -943,12 +1008,30 @@ static void h_delete(srv_req_t *req, void *ud)
         sop_submit(app, req, o);
 }
 
+/* Admission of `bytes` more state for a fork or an import (0, or answered
+ * 429/400 and o freed). */
+static int sop_admit(api_app_t *app, srv_req_t *req, sop_t *o, size_t bytes)
+{
+    proto_error_t e;
+    if (api_state_admit(app, bytes, &e) == 0)
+        return 0;
+    free(o->in);
+    free(o);
+    api_reply_admit(req, &e);
+    return -1;
+}
+
 static void h_fork(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
     api_caller_t who;
     sop_t *o = sop_begin(app, req, SOP_FORK, &who);
     if (!o)
+        return;
+    /* the copy is a new state in memory */
+    srv_session_info_t si;
+    if (srv_store_info(app->store, o->id, &si) == 0 &&
+        sop_admit(app, req, o, api_state_bound(app, si.tokens)) < 0)
         return;
     snprintf(o->owner, sizeof o->owner, "%s", who.owner);
     sop_submit(app, req, o);
@@ -982,6 +1065,19 @@ static void h_import(srv_req_t *req, void *ud)
                            "a state blob of %zu bytes is larger than any this model makes (%zu)",
                            n, app->state_blob_max);
         return;
+    }
+    /* the imported state takes memory: as much as the blob's history needs,
+     * less what the session holds now (a blob the store will refuse is let
+     * through, for the store's error) */
+    const char *blob = srv_req_body(req, &n);
+    core_state_info_t bi;
+    core_error_t ce = {0};
+    srv_session_info_t si;
+    if (core_state_peek(blob, n, &bi, &ce) == 0 && srv_store_info(app->store, o->id, &si) == 0) {
+        size_t need = api_state_bound(app, bi.pos + (int64_t)bi.n_pending);
+        size_t have = si.in_memory ? api_state_bound(app, si.tokens) : 0;
+        if (need > have && sop_admit(app, req, o, need - have) < 0)
+            return;
     }
     /* the body moves to the I/O thread: the request may end (client gone)
      * before the import does */

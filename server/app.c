@@ -83,6 +83,43 @@ static void on_sweep(uv_timer_t *t)
     api_io_submit(app, &w->io);
 }
 
+/* The loop thread never writes or deletes a session file to make room
+ * (srv_store_no_io_here): what it leaves is done here, on the I/O thread,
+ * checked once per loop turn. */
+static void settle_work(api_io_t *io)
+{
+    sweep_io_t *w = (sweep_io_t *)io;
+    w->rc = srv_store_settle(w->app->store);
+    if (w->rc < 0)
+        snprintf(w->err, sizeof w->err, "%s", srv_store_last_error());
+}
+
+static void settle_done(api_io_t *io)
+{
+    sweep_io_t *w = (sweep_io_t *)io;
+    if (w->rc < 0)
+        SRV_LOG(SRV_LOG_WARN, NULL, "moving sessions to disk: %s (%s)",
+                srv_store_strerror(w->rc), w->err);
+    w->app->settling = 0;
+    free(w);
+}
+
+static void on_settle_check(uv_prepare_t *p)
+{
+    api_app_t *app = p->data;
+    if (app->settling || app->stopping || !app->io_running || !app->store ||
+        !srv_store_needs_settle(app->store))
+        return;
+    sweep_io_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return;
+    w->io.work = settle_work;
+    w->io.done = settle_done;
+    w->app = app;
+    app->settling = 1;
+    api_io_submit(app, &w->io);
+}
+
 static void on_drain_deadline(uv_timer_t *t)
 {
     api_app_t *app = t->data;
@@ -337,6 +374,7 @@ static void app_close_handles(api_app_t *app)
 {
     uv_close((uv_handle_t *)&app->wake, app_handle_closed);
     uv_close((uv_handle_t *)&app->sweep_timer, app_handle_closed);
+    uv_close((uv_handle_t *)&app->settle_check, app_handle_closed);
     uv_close((uv_handle_t *)&app->drain_timer, app_handle_closed);
 }
 
@@ -427,6 +465,9 @@ static void load_after(uv_work_t *w, int status)
         return;
     }
     uv_timer_start(&app->sweep_timer, on_sweep, SWEEP_MS, SWEEP_MS);
+    /* from now on this thread leaves the store's disk work to the I/O thread */
+    srv_store_no_io_here(app->store);
+    uv_prepare_start(&app->settle_check, on_settle_check);
     app->ready = 1;
     srv_http_set_ready(app->http, 1);
     SRV_LOG(SRV_LOG_INFO, NULL, "ready");
@@ -481,9 +522,11 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
     srv_http_set_ready(app->http, 0);
     uv_async_init(app->loop, &app->wake, on_wake);
     uv_timer_init(app->loop, &app->sweep_timer);
+    uv_prepare_init(app->loop, &app->settle_check);
+    app->settle_check.data = app;
     uv_timer_init(app->loop, &app->drain_timer);
     app->wake.data = app->sweep_timer.data = app->drain_timer.data = app;
-    app->handles_open = 3;
+    app->handles_open = 4;
     app->load_req.data = app;
     app->loading = 1;
     if (uv_queue_work(app->loop, &app->load_req, load_work, load_after) != 0) {
@@ -522,6 +565,7 @@ static void app_stop(void *state)
         return;
     }
     uv_timer_stop(&app->sweep_timer);
+    uv_prepare_stop(&app->settle_check);
     uv_timer_stop(&app->drain_timer);
     /* the store's queued work finishes (and is answered) before anything
      * goes; from now on store work runs inline */

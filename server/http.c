@@ -174,7 +174,8 @@ typedef struct hub {
 enum stream_mode {
     MODE_DEFERRED = 0, /* nothing sent, status not chosen */
     MODE_STREAMING,    /* status chosen, body streams */
-    MODE_REPLY         /* a complete answer is in buf */
+    MODE_REPLY,        /* a complete answer is in buf */
+    MODE_RERUN         /* no answer: run the handler again (srv_stream_rerun) */
 };
 
 enum pending_flags { PEND_CANCEL = 1, PEND_WRITABLE = 2 };
@@ -264,6 +265,7 @@ struct srv_req {
     int peer_eof; /* the client shut down its sending side (or closed) */
     int client_gone;
     int inflight;
+    int runs; /* handler calls so far (srv_stream_rerun runs it again) */
     /* An injected request (srv_http_inject) has no connection (conn NULL):
      * its headers and query come from these lists and its answer goes to
      * *inj, the streamed body pulled by inject_run. */
@@ -1392,6 +1394,29 @@ int srv_stream_reply_take(srv_stream_t *s, int status, const char *content_type,
     return rc;
 }
 
+int srv_stream_rerun(srv_stream_t *s)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->hub->lock);
+    if (s->closed) {
+        pthread_mutex_unlock(&s->hub->lock);
+        return SRV_HTTP_ESTATE;
+    }
+    if (s->mode != MODE_DEFERRED)
+        rc = SRV_HTTP_ESTATE;
+    else if (stream_gone_locked(s))
+        rc = SRV_HTTP_ECANCELED;
+    else
+        s->mode = MODE_RERUN;
+    stream_close_locked(s, rc == 0 ? SRV_STREAM_END : SRV_STREAM_ABORT);
+    return rc;
+}
+
+int srv_req_runs(const srv_req_t *req)
+{
+    return req->runs;
+}
+
 int srv_stream_reply(srv_stream_t *s, int status, const char *content_type, const void *body,
                      size_t len)
 {
@@ -1771,6 +1796,8 @@ static enum MHD_Result on_body(srv_req_t *req, const char *data, size_t n)
     return MHD_YES;
 }
 
+static enum MHD_Result run_handler(srv_req_t *req);
+
 /* Queues whatever the producer decided for a deferred stream, or suspends
  * again when it has not decided yet. */
 static enum MHD_Result answer_deferred(srv_req_t *req)
@@ -1804,6 +1831,17 @@ static enum MHD_Result answer_deferred(srv_req_t *req)
         r = queue_buffer(req, status, ctype, "", 0, &extra);
     else if (mode == MODE_STREAMING)
         r = queue_stream(req, s, status, ctype, &extra);
+    else if (mode == MODE_RERUN) {
+        /* the request as it was received, its handler again: the stream
+         * and the headers added for the first answer go */
+        pthread_mutex_lock(&s->hub->lock);
+        s->req = NULL;
+        pthread_mutex_unlock(&s->hub->lock);
+        stream_unref(s);
+        req->stream = NULL;
+        hdrlist_clear(&req->headers);
+        r = run_handler(req);
+    }
     else if (closed)
         r = queue_error(req, 500, "server_error", "internal", "the request was dropped", NULL);
     else {
@@ -1827,6 +1865,7 @@ static enum MHD_Result run_handler(srv_req_t *req)
         return queue_error(req, 413, "invalid_request_error", "request_too_large", msg, NULL);
     }
     req->phase = PH_HANDLER;
+    req->runs++;
     req->route->fn(req, req->route->ud);
     if (req->phase == PH_ANSWERED)
         return MHD_YES;

@@ -305,6 +305,17 @@ int srv_stream_reply(srv_stream_t *s, int status, const char *content_type, cons
  * so exists once in memory, not three times. */
 int srv_stream_reply_take(srv_stream_t *s, int status, const char *content_type, void *body,
                           size_t len);
+/* Any thread. Instead of answering a deferred stream, runs the request's
+ * handler again on the loop thread, as if the request had just arrived:
+ * same method, path, headers, body (unless taken) and API key; the headers
+ * added for the first answer are dropped. For a handler that had to wait
+ * for something (a session read back from disk on another thread) before
+ * it can do its work. Releases s like srv_stream_reply. Returns 0,
+ * SRV_HTTP_ECANCELED (client gone: nothing runs) or SRV_HTTP_ESTATE. */
+int srv_stream_rerun(srv_stream_t *s);
+/* Loop thread, in the handler: how many times the handler has been called
+ * for req (1, then 2 after one srv_stream_rerun, ...). */
+int srv_req_runs(const srv_req_t *req);
 /* Any thread. Turns a deferred stream into a streamed response with this
  * status; then srv_stream_write as usual. */
 int srv_stream_begin(srv_stream_t *s, int status, const char *content_type);

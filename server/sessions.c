@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,9 @@ struct srv_store {
     void *write_ud;
     srv_store_fault_fn fault_fn;
     void *fault_ud;
+    pthread_t no_io_thread; /* srv_store_no_io_here */
+    int has_no_io;
+    atomic_int unsettled; /* bounds left exceeded on the no-I/O thread */
 };
 
 /* ---- errors ---- */
@@ -561,7 +565,7 @@ fail:;
 static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_t *len)
 {
     char eb[128];
-    int fd = openat(st->dirfd, id, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = fault(st, "read") ? -1 : openat(st->dirfd, id, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         int e = errno;
         return e == ENOENT ? STORE_FAIL(SRV_STORE_ENOTFOUND, "opening %s/%s: %s", st->dir, id,
@@ -633,12 +637,22 @@ static int load_file(srv_store_t *st, const char *id, srv_seq_ctx_t *c)
 
 /* ---- eviction (caller holds mu; released around the I/O) ---- */
 
+/* Is the caller the thread that must not wait for the disk? */
+static int no_io_here(const srv_store_t *st)
+{
+    return st->has_no_io && pthread_equal(pthread_self(), st->no_io_thread);
+}
+
+/* The least recently used idle session in memory; on the no-I/O thread
+ * only one whose file is current (dropping it writes nothing). */
 static srv_session_t *lru_victim(const srv_store_t *st)
 {
+    const int clean = no_io_here(st);
     srv_session_t *v = NULL;
     for (size_t i = 0; i < st->n; i++) {
         srv_session_t *s = st->tab[i];
-        if (s->ctx.state && !s->busy && !s->io && (!v || s->tick < v->tick))
+        if (s->ctx.state && !s->busy && !s->io && (!clean || (s->on_disk && !s->dirty)) &&
+            (!v || s->tick < v->tick))
             v = s;
     }
     return v;
@@ -691,6 +705,12 @@ static int make_room(srv_store_t *st, size_t need)
         if (!over_n && !over_b)
             return 0;
         srv_session_t *v = st->dirfd >= 0 ? lru_victim(st) : NULL;
+        if (!v && no_io_here(st) && st->dirfd >= 0) {
+            /* what is left to evict must be written first: on another
+             * thread (srv_store_settle); the bounds wait until then */
+            atomic_store(&st->unsettled, 1);
+            return 0;
+        }
         if (!v) {
             if (over_n && need)
                 return STORE_FAIL(SRV_STORE_EFULL, "%zu sessions in memory (the maximum is %zu) and "
@@ -759,6 +779,10 @@ static int trim_disk(srv_store_t *st, const srv_session_t *keep)
         int over_b = st->max_disk_bytes && st->disk_bytes > st->max_disk_bytes;
         if (!over_n && !over_b)
             return 0;
+        if (no_io_here(st)) { /* deleting files waits for srv_store_settle */
+            atomic_store(&st->unsettled, 1);
+            return 0;
+        }
         srv_session_t *v = NULL;
         for (size_t i = 0; i < st->n; i++) {
             srv_session_t *s = st->tab[i];
@@ -1579,6 +1603,29 @@ int srv_store_sweep(srv_store_t *st, int64_t now)
     int rc2 = trim_disk(st, NULL);
     pthread_mutex_unlock(&st->mu);
     return first ? first : rc < 0 ? rc : rc2;
+}
+
+void srv_store_no_io_here(srv_store_t *st)
+{
+    pthread_mutex_lock(&st->mu);
+    st->no_io_thread = pthread_self();
+    st->has_no_io = 1;
+    pthread_mutex_unlock(&st->mu);
+}
+
+int srv_store_needs_settle(srv_store_t *st)
+{
+    return atomic_load(&st->unsettled);
+}
+
+int srv_store_settle(srv_store_t *st)
+{
+    pthread_mutex_lock(&st->mu);
+    atomic_store(&st->unsettled, 0);
+    int rc = make_room(st, 0);
+    int rc2 = trim_disk(st, NULL);
+    pthread_mutex_unlock(&st->mu);
+    return rc < 0 ? rc : rc2;
 }
 
 int srv_store_flush(srv_store_t *st)

@@ -211,6 +211,21 @@ void srv_store_mem_stats(srv_store_t *st, size_t *held, size_t *evictable);
  * until the sessions in memory take at most max_bytes, or none is left to
  * evict (no directory, all busy). Returns 0 or the first write error. */
 int srv_store_trim(srv_store_t *st, size_t max_bytes);
+/* Marks the calling thread (the event loop's) as one that must not wait for
+ * the disk to make room: from then on, store calls made on it evict only
+ * idle sessions whose file is current (dropping them writes nothing) and
+ * delete no file for the directory's budgets; what else the bounds need is
+ * left for srv_store_settle on another thread, so the bounds can be
+ * exceeded until it runs (srv_store_needs_settle says when). Reading an
+ * evicted session back (srv_store_acquire) still reads its file: callers
+ * that care acquire it once on another thread first. */
+void srv_store_no_io_here(srv_store_t *st);
+/* 1 when the no-I/O thread left the bounds exceeded (any thread). */
+int srv_store_needs_settle(srv_store_t *st);
+/* Evicts (writing first) and trims the directory to the bounds, as a sweep
+ * does without expiring anything. Not on the no-I/O thread. Returns 0 or
+ * the first error. */
+int srv_store_settle(srv_store_t *st);
 /* Largest state blob this store's model and attention can produce (for
  * bounding an import body and file reads). */
 size_t srv_store_max_blob(const srv_store_t *st);
@@ -241,9 +256,9 @@ void srv_session_touch(srv_session_t *s);
  * errno set, or a short count). fn NULL restores write(2). */
 typedef ssize_t (*srv_store_write_fn)(int fd, const void *buf, size_t n, void *ud);
 void srv_store_set_write_fn(srv_store_t *st, srv_store_write_fn fn, void *ud);
-/* Failure injection around the operations that change the session
- * directory: fn(op, ud) runs before each ("create" a temp file, "write",
- * "rename" it into place, "unlink" a session file) and returns 0 to let it
+/* Failure injection around the session directory: fn(op, ud) runs before
+ * each operation ("create" a temp file, "write", "rename" it into place,
+ * "unlink" a session file, "read" a session file) and returns 0 to let it
  * happen, or an errno value it then fails with, as if the system call had
  * (ENOSPC: a full disk; EROFS: a read-only one). fn NULL removes it. Any
  * thread may be running store calls; fn must be thread-safe. */

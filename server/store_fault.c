@@ -9,7 +9,8 @@
  *            read-only file system)
  *   stall    each write writes half of its bytes, then waits while the file
  *            still says "stall" (a slow disk: a test can kill -9 the server
- *            in the middle of a state write)
+ *            in the middle of a state write, or see who waits for it);
+ *            reading a session file back waits likewise before it starts
  *   anything else, or no file: normal operation.
  * Reading a small file per operation costs microseconds next to the fsync
  * that follows; without the variable nothing is installed.
@@ -46,8 +47,12 @@ static int fault_op(const char *op, void *ud)
     fault_mode(mode);
     if (strcmp(mode, "enospc") == 0 && strcmp(op, "write") == 0)
         return ENOSPC;
-    if (strcmp(mode, "erofs") == 0 && strcmp(op, "write") != 0)
+    if (strcmp(mode, "erofs") == 0 && strcmp(op, "write") != 0 && strcmp(op, "read") != 0)
         return EROFS;
+    while (strcmp(op, "read") == 0 && strcmp(mode, "stall") == 0) {
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+        fault_mode(mode);
+    }
     return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1073,6 +1074,70 @@ out:
     free(dir);
 }
 
+/* ---- the no-I/O thread (the event loop's) ---- */
+
+static int count_op(const char *op, void *ud)
+{
+    (void)op;
+    atomic_int *n = ud;
+    atomic_fetch_add(n, 1);
+    return 0;
+}
+
+static void *settle_thread(void *st)
+{
+    return (void *)(intptr_t)srv_store_settle(st);
+}
+
+TEST(no_io_thread_leaves_disk_work_to_settle)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 1, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char a[33], b[33];
+    make_session(st, model, 11, 0, a); /* in memory, never written: evicting it writes */
+    atomic_int ops = 0;
+    srv_store_set_fault_fn(st, count_op, &ops);
+    srv_store_no_io_here(st);
+    /* one session in memory at most: b's create would evict a, which needs
+     * a write; on this thread it is left for srv_store_settle */
+    make_session(st, model, 12, 0, b);
+    CHECK_INT_EQ(atomic_load(&ops), 0);
+    CHECK_INT_EQ(srv_store_needs_settle(st), 1);
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK(in.in_memory && !in.on_disk);
+    pthread_t t;
+    void *rc = NULL;
+    CHECK(pthread_create(&t, NULL, settle_thread, st) == 0);
+    pthread_join(t, &rc);
+    CHECK_INT_EQ((int)(intptr_t)rc, 0);
+    CHECK(atomic_load(&ops) > 0); /* written there */
+    CHECK_INT_EQ(srv_store_needs_settle(st), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK(!in.in_memory && in.on_disk);
+    /* a clean session is dropped on this thread without any I/O */
+    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+    CHECK(in.in_memory);
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, b, &s), 0);
+    if (s)
+        CHECK_INT_EQ(srv_store_release(st, s, 1), 0); /* b now has a current file */
+    atomic_store(&ops, 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0); /* reading a (allowed) drops b */
+    CHECK_INT_EQ(atomic_load(&ops), 1);            /* the read, nothing else */
+    if (s)
+        CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+    CHECK(!in.in_memory && in.on_disk);
+    CHECK_INT_EQ(srv_store_needs_settle(st), 0);
+    srv_store_free(st);
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
 TEST(crash_leftovers_at_startup)
 {
     char *dir = mkdir_tmp();
@@ -1261,6 +1326,7 @@ int main(void)
     RUN(fork_is_an_independent_copy);
     RUN(export_import);
     RUN(write_failures_keep_the_previous_file);
+    RUN(no_io_thread_leaves_disk_work_to_settle);
     RUN(crash_leftovers_at_startup);
     RUN(threads);
     core_model_free(model);

@@ -1,0 +1,129 @@
+"""Evicted sessions (issue 9): reading a session back from disk happens on
+the store's I/O thread, never on the event loop, and the state it brings
+back (like an imported or forked one) is admitted against
+--max-state-memory first: 429 state_memory_full with Retry-After when it
+does not fit next to what is held now.
+
+The disk is made slow with the server's fault seam (server/store_fault.c,
+DARKSERVE_TEST_FAULT_FILE): "stall" holds every session-file read before it
+starts, and every write half way, until the word changes. The tiny model
+with exact attention makes the state sizes easy to reason about: a state
+that may grow to the whole 512-token context is bounded by
+4096 + 3 x (16 + 512 x 256) = 397,456 bytes (api_state_bound).
+"""
+import os
+import threading
+import time
+
+from ds_server import wait_for
+
+WORDS = " ".join(f"w{i}" for i in range(100))  # ~350 tokens
+
+
+def _create(srv, body):
+    st, obj, _ = srv.post("/v1/sessions", body)
+    assert st == 201, obj
+    return obj["id"]
+
+
+def _in_memory(srv):
+    return srv.metrics()['darkserve_sessions{where="memory"}']
+
+
+def _stalled_write(srv):
+    """A state write has begun and stopped half way (a .tmp file with bytes)."""
+    def half():
+        tmp = [f for f in os.listdir(srv.session_dir) if f.endswith(".tmp")]
+        return tmp and os.path.getsize(os.path.join(srv.session_dir, tmp[0])) > 0
+    return wait_for(half, 60)
+
+
+def _post_in_thread(srv, path, body, out):
+    def run():
+        out.append(srv.post(path, body, timeout=120))
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_evicted_session_is_read_off_the_loop(servers, tmp_path):
+    fault = tmp_path / "fault"
+    fault.write_text("none")
+    srv = servers(args=["--max-sessions", "1"],
+                  env={"DARKSERVE_TEST_FAULT_FILE": str(fault)})
+    a = _create(srv, {"system": "the first session"})
+    st, before, _ = srv.json("GET", f"/v1/sessions/{a}")
+    _create(srv, {"system": "the second one pushes the first to disk"})
+    assert wait_for(lambda: _in_memory(srv) == 1, 30)
+
+    fault.write_text("stall")  # reading a back now waits
+    out = []
+    t = _post_in_thread(srv, f"/v1/sessions/{a}/generate",
+                        {"text": " go on", "max_tokens": 2, "stream": False, "temperature": 0},
+                        out)
+    time.sleep(0.5)
+    assert not out, out  # waiting for the disk
+    # the loop is free meanwhile: other requests are answered at once
+    for _ in range(3):
+        t0 = time.monotonic()
+        assert srv.request("GET", "/health", timeout=5)[0] == 200
+        st, obj, _ = srv.json("GET", f"/v1/sessions/{a}", timeout=5)
+        assert st == 200 and obj["tokens"] == before["tokens"], obj
+        assert time.monotonic() - t0 < 2.0
+    fault.write_text("none")
+    t.join(120)
+    st, obj, _ = out[0]
+    assert st == 200, obj  # read back, then the generation ran
+    assert obj["usage"]["completion_tokens"] == 2, obj
+
+
+def test_evicted_reads_and_imports_are_admitted(servers, tmp_path):
+    fault = tmp_path / "fault"
+    fault.write_text("none")
+    srv = servers(args=["--max-state-memory", "600K", "--max-sessions", "2"],
+                  env={"DARKSERVE_TEST_FAULT_FILE": str(fault)})
+    b = _create(srv, {"system": WORDS})  # past 256 tokens: may grow to the whole context
+    st, _, blob = srv.request("GET", f"/v1/sessions/{b}/state")
+    assert st == 200
+    _create(srv, {})
+    a = _create(srv, {"system": "short"})  # three sessions, two in memory: b went to disk
+    assert wait_for(lambda: _in_memory(srv) == 2, 30)
+
+    # a's generation reserves ~400 KB (its state may reach 512 tokens) and
+    # holds it, busy, while its state write is stalled
+    fault.write_text("stall")
+    out = []
+    t = _post_in_thread(srv, f"/v1/sessions/{a}/generate",
+                        {"text": " go", "max_tokens": 300, "stream": False, "temperature": 0},
+                        out)
+    assert _stalled_write(srv), "a's state write never began"
+    # b's ~400 KB do not fit next to it: refused before anything is read
+    st, hd, raw = srv.request("POST", f"/v1/sessions/{b}/generate",
+                              {"text": " x", "max_tokens": 1, "stream": False}, timeout=10)
+    assert st == 429, raw
+    assert hd.get("retry-after") == "1" and b"state_memory_full" in raw, (hd, raw)
+    st, obj, _ = srv.post(f"/v1/sessions/{b}/append", {"text": " y"}, timeout=10)
+    assert st == 429 and obj["error"]["code"] == "state_memory_full", obj
+    st, obj, _ = srv.post("/v1/completions", {"prompt": "p", "max_tokens": 1, "session": b},
+                          timeout=10)
+    assert st == 429, obj
+    # an import of that size, and a fork of b, likewise
+    st, hd, raw = srv.request("PUT", f"/v1/sessions/{b}/state", blob,
+                              {"Content-Type": "application/octet-stream"}, timeout=10)
+    assert st == 429 and b"state_memory_full" in raw, raw
+    st, obj, _ = srv.post(f"/v1/sessions/{b}/fork", {}, timeout=10)
+    assert st == 429, obj
+    assert not out  # a is still being written
+
+    fault.write_text("none")
+    t.join(120)
+    assert out[0][0] == 200, out[0]
+    # the memory came back: b loads, imports and forks
+    st, obj, _ = srv.post(f"/v1/sessions/{b}/generate",
+                          {"text": " x", "max_tokens": 1, "stream": False})
+    assert st == 200, obj
+    st, _, raw = srv.request("PUT", f"/v1/sessions/{b}/state", blob,
+                             {"Content-Type": "application/octet-stream"})
+    assert st == 200, raw
+    st, obj, _ = srv.post(f"/v1/sessions/{b}/fork", {})
+    assert st == 201, obj
