@@ -84,7 +84,8 @@ typedef struct lin_params {
     core_features_t *maps; /* [L][Hkv] */
     float *gam;            /* [L][Hkv] decay γ (1 = none) */
     float *mix;            /* [L][H] log-weight β of the linear part against the exact part */
-    double *rope_if;       /* [n_rot/2] RoPE inverse frequencies (prerope) */
+    double *rope_if;       /* [n_rot/2] RoPE inverse frequencies (prerope or sinks) */
+    double *sink_cs;       /* [n_rot/2][2] cos, sin of (W + S − 1)·θ_i: the sinks' fixed shift */
     int chunk;             /* requested tokens per chunk */
     int cn;                /* effective tokens per chunk (budget-bounded) */
     int fp64;              /* accumulator precision of states created next */
@@ -242,6 +243,7 @@ static void free_params(lin_params_t *lp, size_t n_maps)
     free(lp->gam);
     free(lp->mix);
     free(lp->rope_if);
+    free(lp->sink_cs);
     free(lp->fs);
     free(lp->ds);
     free(lp);
@@ -291,17 +293,22 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
         lp->gam = malloc(n_maps * sizeof *lp->gam);
         lp->mix = calloc((size_t)cfg->n_layer * (size_t)cfg->n_head, sizeof *lp->mix);
         lp->rope_if = calloc(n_rope, sizeof *lp->rope_if);
+        lp->sink_cs = calloc(2 * n_rope, sizeof *lp->sink_cs);
     }
     mat = malloc(hd * hd * sizeof *mat);
     isa = malloc(hd * hd * sizeof *isa);
-    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !mat || !isa) {
+    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !lp->sink_cs || !mat || !isa) {
         rc = core_error_set(err, CORE_ENOMEM, "out of memory for %s parameters", kname);
         goto fail;
     }
     for (size_t i = 0; i < n_maps; i++)
         lp->gam[i] = 1.0f;
-    for (int i = 0; (cfg->prerope || cfg->sinks) && i < cfg->n_rot / 2; i++)
+    for (int i = 0; (cfg->prerope || cfg->sinks) && i < cfg->n_rot / 2; i++) {
         lp->rope_if[i] = pow(cfg->rope_base, -2.0 * i / (double)cfg->n_rot) / cfg->rope_scale;
+        double ang = (double)(cfg->window + cfg->sinks - 1) * lp->rope_if[i];
+        lp->sink_cs[2 * i] = cos(ang);
+        lp->sink_cs[2 * i + 1] = sin(ang);
+    }
     for (int l = 0; l < cfg->n_layer; l++) {
         const core_gguf_tensor_t *t = NULL;
         if (cfg->kind == CORE_ATTN_DARKFORMER) {
@@ -493,6 +500,7 @@ typedef struct lin_ctx {
     double lg;                    /* log γ of this KV head (0: no decay) */
     const float *mix;             /* this layer's [H] β */
     const double *rope_if;        /* [n_rot/2] (prerope or sinks), else NULL */
+    const double *sink_cs;        /* lin_params_t.sink_cs */
     int pre;                      /* features before RoPE */
     int n_rot;
     int lin_off;                  /* linear branch off */
@@ -519,22 +527,34 @@ static const float *kv_row(const lin_ctx_t *x, const float *in, const float *rin
 /* Undoes RoPE on n rows of Hd (row i at position pos0 + i / per): the
  * model rotates pairs (2j, 2j+1) by pos·θ_j; rotating back by −pos·θ_j
  * gives the vector before RoPE to float rounding. */
+static void rotate_back(const lin_ctx_t *x, const double *cs, const float *a, float *o)
+{
+    for (int j = 0; j < x->n_rot / 2; j++) {
+        double c = cs[2 * j], sn = cs[2 * j + 1];
+        double u = a[2 * j], w = a[2 * j + 1];
+        o[2 * j] = (float)(u * c + w * sn);
+        o[2 * j + 1] = (float)(w * c - u * sn);
+    }
+    for (int64_t j = x->n_rot; j < x->hd; j++)
+        o[j] = a[j];
+}
+
 static void unrope(const lin_ctx_t *x, int64_t n, int64_t per, int64_t pos0, const float *in,
                    float *out)
 {
-    int64_t hd = x->hd;
+    double cs[CORE_FEATURES_MAX_HEAD_DIM]; /* n_rot ≤ Hd */
+    int64_t at = -1;
     for (int64_t i = 0; i < n; i++) {
-        const float *a = in + i * hd;
-        float *o = out + i * hd;
-        double pos = (double)(pos0 + i / per);
-        for (int j = 0; j < x->n_rot / 2; j++) {
-            double ang = pos * x->rope_if[j], c = cos(ang), sn = sin(ang);
-            double u = a[2 * j], w = a[2 * j + 1];
-            o[2 * j] = (float)(u * c + w * sn);
-            o[2 * j + 1] = (float)(w * c - u * sn);
+        int64_t pos = pos0 + i / per;
+        if (pos != at) { /* the rows of one position share their angles */
+            for (int j = 0; j < x->n_rot / 2; j++) {
+                double ang = (double)pos * x->rope_if[j];
+                cs[2 * j] = cos(ang);
+                cs[2 * j + 1] = sin(ang);
+            }
+            at = pos;
         }
-        for (int64_t j = x->n_rot; j < hd; j++)
-            o[j] = a[j];
+        rotate_back(x, cs, in + i * x->hd, out + i * x->hd);
     }
 }
 
@@ -788,9 +808,9 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         int64_t tshift = w + nsk - 1; /* first τ with the shift */
         int shifted = nsk > 0 && x->p0 + t1 - 1 >= tshift;
         if (shifted) {
-            for (int64_t j = 0; j < nsk; j++)
-                unrope(x, 1, 1, tshift, kv_row(x, x->k, x->ring_k, x->sink_k, j),
-                       sc->ks + j * hd);
+            for (int64_t j = 0; j < nsk; j++) /* by tshift: the angles are precomputed */
+                rotate_back(x, x->sink_cs, kv_row(x, x->k, x->ring_k, x->sink_k, j),
+                            sc->ks + j * hd);
             if (!x->pre)
                 unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
             core_gemm_nt(nr, nsk, hd, (float)(1.0 / sqrt((double)hd)), sc->qu, hd, sc->ks, hd,
@@ -898,6 +918,7 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
     x.sink_v = st->sink_v + (int64_t)layer * cfg->sinks * hkv * hd;
     x.mix = lp->mix + (size_t)layer * (size_t)cfg->n_head;
     x.rope_if = cfg->prerope || cfg->sinks ? lp->rope_if : NULL;
+    x.sink_cs = lp->sink_cs;
     x.pre = cfg->prerope;
     x.n_rot = cfg->n_rot;
     x.lin_off = cfg->linear_off;
