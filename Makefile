@@ -154,7 +154,7 @@ FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -I. $(OPENBLAS_CFLAGS) -fsanitize=fu
 FUZZ_CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
 $(BUILD)/fuzz/obj/%.o: %.c
 	@mkdir -p $(@D)
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. $(OPENBLAS_CFLAGS) \
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -MMD -MP -I. $(OPENBLAS_CFLAGS) \
 	  -fsanitize=fuzzer-no-link,address,undefined $(FUZZ_EXTRA) -c -o $@ $<
 # clang 14 does not know every CPU feature name core/qdot.c asks for; the
 # fuzz build runs its generic kernels (the targets are parsers, not kernels)

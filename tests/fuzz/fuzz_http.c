@@ -22,8 +22,9 @@
  *
  * Invariants checked on every answer: the request ends (within a bound), is
  * answered with a status in 100..599, never cut, never 500 (an internal
- * error is a bug the client can provoke); a JSON answer parses, an error
- * answer is a JSON object with an "error" member. FUZZ_HTTP_VERBOSE=1 in the
+ * error is a bug the client can provoke); a JSON answer parses (generated
+ * text may hold NUL, written \u0000: valid JSON), an error answer is a JSON
+ * object with an "error" member. FUZZ_HTTP_VERBOSE=1 in the
  * environment prints every request's status and the start of its answer.
  */
 #include "server/api.h"
@@ -232,7 +233,7 @@ static void fh_check(const char *method, const char *url, const srv_http_result_
     if (!json || strcasecmp(method, "HEAD") == 0)
         return;
     json_error_t je;
-    json_t *j = json_loadb(r->body ? r->body : "", r->body_len, 0, &je);
+    json_t *j = json_loadb(r->body ? r->body : "", r->body_len, JSON_ALLOW_NUL, &je);
     if (!j || (r->status >= 400 && (!json_is_object(j) || !json_object_get(j, "error")))) {
         fprintf(stderr, "fuzz_http: %s %s -> %d with a bad JSON body: %.*s\n", method, url,
                 r->status, (int)(r->body_len < 2000 ? r->body_len : 2000), r->body ? r->body : "");
