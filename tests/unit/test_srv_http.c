@@ -1859,6 +1859,140 @@ TEST(test_listen_errors)
     CHECK_INT_EQ(uv_loop_close(&loop), 0);
 }
 
+/* ---- injected requests (srv_http_inject) and srv_stream_rerun ---- */
+
+static void inj_hello(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    char b[160];
+    const char *q = srv_req_query(req, "q");
+    size_t blen = 0;
+    const char *body = srv_req_body(req, &blen);
+    snprintf(b, sizeof b, "{\"path\":\"%s\",\"q\":\"%s\",\"x\":\"%s\",\"body\":%zu,\"key\":%d}",
+             srv_req_path(req), q ? q : "", srv_req_header(req, "X-Thing") ? "yes" : "no", blen,
+             srv_req_key(req, NULL));
+    (void)body;
+    srv_reply_json(req, 200, b);
+}
+
+/* First run: defers and asks for a rerun (a producer that waited for
+ * something); second run: answers with the run count. */
+static void inj_rerun(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    if (srv_req_runs(req) == 1) {
+        srv_req_add_header(req, "X-First", "dropped on rerun");
+        srv_stream_t *s = srv_stream_defer(req, NULL);
+        CHECK(s != NULL);
+        CHECK_INT_EQ(srv_stream_rerun(s), 0);
+        return;
+    }
+    char b[32];
+    snprintf(b, sizeof b, "{\"runs\":%d}", srv_req_runs(req));
+    srv_reply_json(req, 201, b);
+}
+
+static void inj_stream(srv_req_t *req, void *ud)
+{
+    (void)ud;
+    srv_stream_t *s = srv_stream_open(req, 200, "text/plain", NULL);
+    CHECK(s != NULL);
+    CHECK_INT_EQ(srv_stream_write(s, "one ", 4), 0);
+    CHECK_INT_EQ(srv_stream_write(s, "two", 3), 0);
+    srv_stream_close(s, SRV_STREAM_END);
+}
+
+static void inj_run(uv_loop_t *loop, srv_http_t *h, const srv_http_inject_t *in,
+                    srv_http_result_t *r)
+{
+    CHECK_INT_EQ(srv_http_inject(h, in, r), 0);
+    for (int i = 0; i < 1000 && !r->done; i++)
+        uv_run(loop, UV_RUN_NOWAIT);
+    CHECK(r->done);
+}
+
+TEST(test_inject_without_a_socket)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    char err[256] = "";
+    const char *keys[] = {"k1"};
+    srv_http_opts_t o = {.no_listen = 1, .api_keys = keys, .n_api_keys = 1};
+    srv_http_t *h = srv_http_new(&loop, &o, err, sizeof err);
+    CHECK_MSG(h != NULL, "%s", err);
+    if (!h)
+        return;
+    CHECK_INT_EQ(srv_http_port(h), 0);
+    srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
+    srv_http_route(h, "POST", "/hello/{name}", inj_hello, NULL, &json);
+    srv_http_route(h, "GET", "/rerun", inj_rerun, NULL, NULL);
+    srv_http_route(h, "GET", "/stream", inj_stream, NULL, NULL);
+    const char *auth[] = {"Authorization", "Bearer k1", "X-Thing", "1", "Content-Type",
+                          "application/json", "Content-Length", "2", "X-Request-Id", "inj-1"};
+    srv_http_result_t r;
+    /* the route, its path (decoded), query, headers, body and key */
+    inj_run(&loop, h,
+            &(srv_http_inject_t){.method = "POST", .url = "/hello/w%6Frld?q=a+b%21",
+                                 .headers = auth, .n_headers = 5, .body = "{}", .body_len = 2},
+            &r);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(!r.cut);
+    CHECK_MSG(r.body && strcmp(r.body, "{\"path\":\"/hello/world\",\"q\":\"a b!\",\"x\":\"yes\","
+                                       "\"body\":2,\"key\":0}") == 0,
+              "%s", r.body ? r.body : "");
+    CHECK(r.headers && strstr(r.headers, "X-Request-Id: inj-1\n"));
+    CHECK(r.content_type && strcmp(r.content_type, "application/json") == 0);
+    srv_http_result_free(&r);
+    /* the checks before the handler: 401 without the key, 404, 405, 415 */
+    inj_run(&loop, h, &(srv_http_inject_t){.method = "GET", .url = "/rerun"}, &r);
+    CHECK_INT_EQ(r.status, 401);
+    srv_http_result_free(&r);
+    inj_run(&loop, h,
+            &(srv_http_inject_t){.method = "GET", .url = "/nope", .headers = auth, .n_headers = 1},
+            &r);
+    CHECK_INT_EQ(r.status, 404);
+    srv_http_result_free(&r);
+    inj_run(&loop, h,
+            &(srv_http_inject_t){.method = "PUT", .url = "/rerun", .headers = auth, .n_headers = 1},
+            &r);
+    CHECK_INT_EQ(r.status, 405);
+    CHECK(r.headers && strstr(r.headers, "Allow: GET, HEAD, OPTIONS\n"));
+    srv_http_result_free(&r);
+    const char *text[] = {"Authorization", "Bearer k1", "Content-Type", "text/plain",
+                          "Content-Length", "2"};
+    inj_run(&loop, h,
+            &(srv_http_inject_t){.method = "POST", .url = "/hello/x", .headers = text,
+                                 .n_headers = 3, .body = "{}", .body_len = 2},
+            &r);
+    CHECK_INT_EQ(r.status, 415);
+    srv_http_result_free(&r);
+    /* a deferred request run again: the second run answers, the first
+     * run's headers are gone */
+    inj_run(&loop, h,
+            &(srv_http_inject_t){.method = "GET", .url = "/rerun", .headers = auth, .n_headers = 1},
+            &r);
+    CHECK_INT_EQ(r.status, 201);
+    CHECK(r.body && strcmp(r.body, "{\"runs\":2}") == 0);
+    CHECK(r.headers && !strstr(r.headers, "X-First"));
+    srv_http_result_free(&r);
+    /* a streamed answer is collected whole */
+    inj_run(&loop, h,
+            &(srv_http_inject_t){.method = "GET", .url = "/stream", .headers = auth, .n_headers = 1},
+            &r);
+    CHECK_INT_EQ(r.status, 200);
+    CHECK(!r.cut && r.body_len == 7 && memcmp(r.body, "one two", 7) == 0);
+    srv_http_result_free(&r);
+    /* malformed headers are refused before anything runs */
+    const char *bad[] = {"Bad Name", "v"};
+    CHECK_INT_EQ(srv_http_inject(h, &(srv_http_inject_t){.method = "GET", .url = "/stream",
+                                                          .headers = bad, .n_headers = 1},
+                                 &r),
+                 SRV_HTTP_EINVAL);
+    srv_http_close(h, NULL, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_INT_EQ(uv_loop_close(&loop), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1867,6 +2001,7 @@ int main(void)
     if (getenv("TEST_SRV_HTTP_DEBUG"))
         srv_log_set_level(SRV_LOG_DEBUG);
     RUN(test_listen_errors);
+    RUN(test_inject_without_a_socket);
     RUN(test_main_start);
     if (A.state == 1) {
         RUN(test_echo_and_request_ids);
