@@ -1,21 +1,26 @@
 /* core/model.c — Llama-architecture decoder: GGUF loading and the batched forward.
  *
- * Loading reads the llama.* hyperparameters, checks every tensor's presence,
- * type and shape against them (the error names the tensor), and dequantizes all
- * weights to f32: one GEMM per weight matrix per forward is then plain sgemm.
- * Decode rows read the quantized weights in place through core/qdot instead
- * (4-6x fewer bytes per token): the rows of every sequence that brings one
- * token to the forward are placed first, and for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights they
- * are quantized to 8 bits once per input (one quantization serves q, k and
- * v; another gate and up) and multiplied in integers; other block types take
- * them as f32. Which path a row takes depends only on its own sequence, so a
- * decode step computes the same (up to float rounding) whatever else shares
- * the batch. The other rows (prompt chunks) go to sgemm, or when there are
- * at most CORE_GEMM_SMALL_M of them to core/qdot with f32 activations; their
- * sums differ from the f32 GEMM by float rounding only. The core/qdot
- * products run on the model's thread pool (core/pool.h), their weight rows
- * shared out among the threads: the result does not depend on the number of
- * threads.
+ * Loading reads the llama.* hyperparameters and checks every tensor's
+ * presence, type and shape against them (the error names the tensor). The
+ * weight matrices stay in the file's mapping in their GGUF type, with no f32
+ * copies: the model's resident memory is its file plus scratch. Only the
+ * norm vectors, and matrices of a type without a core/qdot kernel (F16,
+ * BF16), are held as f32.
+ *
+ * Decode rows (every sequence that brings one token to the forward; they are
+ * placed first) read the quantized weights in place through core/qdot, 4-6x
+ * fewer bytes per token: for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K weights they are
+ * quantized to 8 bits once per input (one quantization serves q, k and v;
+ * another gate and up) and multiplied in integers; other block types take
+ * them as f32. A prompt sequence of at most MODEL_TILE_MIN_ROWS rows reads
+ * them in place too (f32 activations); a longer one multiplies each matrix
+ * tile by tile: MODEL_TILE_FLOATS of its rows dequantized (exactly) into a
+ * scratch tile on the thread pool, then sgemm, so the f32 values are made
+ * once per forward and stay in cache. Which path a row takes depends only on
+ * its own sequence, so a sequence computes the same (up to float rounding)
+ * whatever else shares the batch. The core/qdot products run on the model's
+ * thread pool (core/pool.h), their weight rows shared out among the threads:
+ * the result does not depend on the number of threads.
  *
  * Forward of B sequences: their new tokens are concatenated into T rows; every
  * projection is one GEMM over the T rows; RoPE uses each row's own position;
@@ -33,6 +38,7 @@
 #include "core/model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,8 +53,17 @@
 enum {
     MODEL_MAX_ROWS = 4096,   /* T bound per forward: bounds the scratch */
     MODEL_MAX_OPS = 3,       /* weight matrices applied to one input (q, k, v) */
-    MODEL_LOGIT_ROWS = 64,   /* logits rows per output GEMM: bounds the [R][V] scratch */
-    MODEL_NAME_MAX = 96      /* longest tensor name we build */
+    MODEL_LOGIT_ROWS = 256,  /* logits rows per output GEMM: bounds the [R][V] scratch (and each
+                              * batch of rows dequantizes the output matrix once) */
+    MODEL_NAME_MAX = 96,     /* longest tensor name we build */
+    MODEL_TILE_FLOATS = 1 << 20, /* dequantized weight tile of a prompt product (4 MiB) */
+    /* A prompt sequence of more rows than this multiplies block-type weights
+     * through dequantized tiles and sgemm, one of at most this many reads
+     * them in place (core/qdot, f32 activations). Measured on the default
+     * model (Q4_1, 2-core Xeon with AVX-512 VNNI, `perplexity --chunk C`):
+     * CPU time for 480 tokens, tiles / in place: 12 rows 10.2-10.7 s /
+     * 4.9-5.0 s, 24 rows 5.5-5.7 / 4.3-5.2, 48 rows 3.4-3.6 / 3.8-4.0. */
+    MODEL_TILE_MIN_ROWS = 32
 };
 
 /* Sanity bounds on hyperparameters from the file, before they size anything. */
@@ -59,26 +74,32 @@ enum {
 #define MODEL_MAX_VOCAB (1 << 22)
 #define MODEL_MAX_CTX ((int64_t)1 << 32)
 
-/* A weight's bytes in the file's mapping (borrowed from core_model.g), read
- * in place by core/qdot for forwards of few rows; data is NULL when qdot has
- * no kernel for the type (the f32 copy is used then). */
-typedef struct qweight {
+/* A weight matrix of rows × k values in the file's mapping (data, borrowed
+ * from core_model.g), row j at data + j·row_bytes. qdot: core/qdot has a
+ * kernel for the type (block types): decode rows read it in place, prompt
+ * rows through dequantized tiles. Otherwise w32 is an f32 view of the whole
+ * matrix for every path: the mapping itself for F32 (when aligned), else
+ * own, an f32 copy made at load (F16, BF16). */
+typedef struct wmat {
     const void *data;
     int type;
     size_t row_bytes;
-} qweight_t;
+    int64_t rows, k;
+    int qdot;
+    const float *w32;
+    float *own;
+} wmat_t;
 
 typedef struct layer {
-    qweight_t qq, qk, qv, qo, qgate, qup, qdown; /* the same matrices, quantized */
     float *attn_norm; /* [D] */
-    float *wq;        /* [H*Hd][D] */
-    float *wk;        /* [Hkv*Hd][D] */
-    float *wv;        /* [Hkv*Hd][D] */
-    float *wo;        /* [D][H*Hd] */
+    wmat_t wq;        /* [H*Hd][D] */
+    wmat_t wk;        /* [Hkv*Hd][D] */
+    wmat_t wv;        /* [Hkv*Hd][D] */
+    wmat_t wo;        /* [D][H*Hd] */
     float *ffn_norm;  /* [D] */
-    float *w_gate;    /* [FF][D] */
-    float *w_up;      /* [FF][D] */
-    float *w_down;    /* [D][FF] */
+    wmat_t w_gate;    /* [FF][D] */
+    wmat_t w_up;      /* [FF][D] */
+    wmat_t w_down;    /* [D][FF] */
 } layer_t;
 
 struct core_model {
@@ -88,10 +109,9 @@ struct core_model {
     core_attn_t *attn;     /* owned */
     core_lora_t *lora;     /* owned, may be NULL: the adapter's q/k/v/o updates (darkformer) */
     int n_rot;             /* rotated dims per head (<= Hd, even) */
-    float *tok_embd;       /* [V][D] */
+    wmat_t tok_embd;       /* [V][D]: rows are dequantized as tokens come in */
     float *out_norm;       /* [D] */
-    float *output;         /* [V][D]; == tok_embd when tied */
-    qweight_t output_q;    /* output, quantized (token_embd's when tied) */
+    wmat_t output;         /* [V][D]; a copy of tok_embd's view when tied */
     layer_t *layers;       /* [L] */
     double *rope_inv_freq; /* [n_rot/2]: base^(-2i/n_rot) / scale */
     float *rope_cs;        /* [n_rot/2][2] cos, sin of one row's angles */
@@ -109,6 +129,8 @@ struct core_model {
     int64_t *pos;  /* [T] RoPE position of each row */
     float *lrows;  /* [MODEL_LOGIT_ROWS][D] gathered final-norm rows */
     float *logits; /* [MODEL_LOGIT_ROWS][V] */
+    float *wtile;  /* [wtile_n] a dequantized weight tile */
+    size_t wtile_n; /* floats in wtile: max(the tile size asked for, the largest k) */
 
     core_pool_t *pool;     /* owned: threads of the quantized products */
     void *qbuf;            /* [core_q8_act_bytes(cap_rows, max(D, FF, H*Hd))] */
@@ -197,11 +219,10 @@ static void fnv_u64(fnv_t *f, uint64_t v)
 }
 
 /* Checks that name exists with the expected shape [ne0] or [ne1][ne0], a
- * supported type and a consistent byte size; dequantizes it into a new buffer. */
-static int load_tensor(core_model_t *m, const char *name, int64_t ne0, int64_t ne1, float **out,
-                       qweight_t *qw, core_error_t *err)
+ * supported type and a consistent byte size; returns it. */
+static int find_tensor(core_model_t *m, const char *name, int64_t ne0, int64_t ne1,
+                       const core_gguf_tensor_t **out, size_t *row_bytes_out, core_error_t *err)
 {
-    *out = NULL;
     const core_gguf_tensor_t *t = core_gguf_find_tensor(m->g, name);
     if (!t)
         return core_error_set(err, CORE_EFORMAT, "missing tensor %s", name);
@@ -226,20 +247,59 @@ static int load_tensor(core_model_t *m, const char *name, int64_t ne0, int64_t n
     if ((uint64_t)row_bytes * (uint64_t)rows != (uint64_t)t->nbytes)
         return core_error_set(err, CORE_EFORMAT, "tensor %s: %zu data bytes, expected %llu", name,
                               t->nbytes, (unsigned long long)row_bytes * (unsigned long long)rows);
-    const int64_t n = ne0 * rows;
+    m->info.n_params += (uint64_t)(ne0 * rows);
+    *out = t;
+    *row_bytes_out = row_bytes;
+    return 0;
+}
+
+/* Dequantizes n values of type from src into a new buffer. */
+static int dequantized_copy(const char *name, int type, const void *src, int64_t n, float **out,
+                            core_error_t *err)
+{
     float *buf = malloc((size_t)n * sizeof *buf);
     if (!buf)
         return core_error_set(err, CORE_ENOMEM, "out of memory for tensor %s (%lld floats)", name,
                               (long long)n);
-    int rc = core_dequantize(t->type, t->data, buf, n, err);
+    int rc = core_dequantize(type, src, buf, n, err);
     if (rc < 0) {
         free(buf);
         return rc;
     }
-    m->info.n_params += (uint64_t)n;
     *out = buf;
-    if (qw && core_qdot_supported(t->type))
-        *qw = (qweight_t){t->data, t->type, row_bytes};
+    return 0;
+}
+
+/* A vector (norm weights) of ne0 values, as a new f32 buffer. */
+static int load_vector(core_model_t *m, const char *name, int64_t ne0, float **out,
+                       core_error_t *err)
+{
+    const core_gguf_tensor_t *t;
+    size_t row_bytes;
+    int rc = find_tensor(m, name, ne0, 0, &t, &row_bytes, err);
+    return rc < 0 ? rc : dequantized_copy(name, t->type, t->data, ne0, out, err);
+}
+
+/* A matrix of ne1 rows of ne0 values, left in the mapping (wmat_t). */
+static int load_matrix(core_model_t *m, const char *name, int64_t ne0, int64_t ne1, wmat_t *w,
+                       core_error_t *err)
+{
+    const core_gguf_tensor_t *t;
+    size_t row_bytes;
+    int rc = find_tensor(m, name, ne0, ne1, &t, &row_bytes, err);
+    if (rc < 0)
+        return rc;
+    *w = (wmat_t){.data = t->data, .type = t->type, .row_bytes = row_bytes, .rows = ne1, .k = ne0,
+                  .qdot = core_qdot_supported(t->type)};
+    if (w->qdot)
+        return 0;
+    if (t->type == CORE_TTYPE_F32 && (uintptr_t)t->data % sizeof(float) == 0) {
+        w->w32 = t->data;
+        return 0;
+    }
+    if ((rc = dequantized_copy(name, t->type, t->data, ne0 * ne1, &w->own, err)) < 0)
+        return rc;
+    w->w32 = w->own;
     return 0;
 }
 
@@ -371,15 +431,15 @@ static int load_weights(core_model_t *m, core_error_t *err)
     const int64_t D = in->n_embd, V = in->n_vocab, FF = in->n_ff;
     const int64_t qd = (int64_t)in->n_head * in->head_dim, kvd = (int64_t)in->n_head_kv * in->head_dim;
     int rc;
-    if ((rc = load_tensor(m, "token_embd.weight", D, V, &m->tok_embd, &m->output_q, err)) < 0 ||
-        (rc = load_tensor(m, "output_norm.weight", D, 0, &m->out_norm, NULL, err)) < 0)
+    if ((rc = load_matrix(m, "token_embd.weight", D, V, &m->tok_embd, err)) < 0 ||
+        (rc = load_vector(m, "output_norm.weight", D, &m->out_norm, err)) < 0)
         return rc;
     if (core_gguf_find_tensor(m->g, "output.weight")) {
-        m->output_q = (qweight_t){0};
-        if ((rc = load_tensor(m, "output.weight", D, V, &m->output, &m->output_q, err)) < 0)
+        if ((rc = load_matrix(m, "output.weight", D, V, &m->output, err)) < 0)
             return rc;
     } else {
         m->output = m->tok_embd;
+        m->output.own = NULL; /* tok_embd owns any copy */
         m->info.tied_output = 1;
     }
     m->layers = calloc((size_t)in->n_layer, sizeof *m->layers);
@@ -390,20 +450,21 @@ static int load_weights(core_model_t *m, core_error_t *err)
         struct {
             const char *suffix;
             int64_t ne0, ne1;
-            float **dst;
-            qweight_t *q;
+            float **vec; /* a norm vector, or */
+            wmat_t *w;   /* a matrix */
         } spec[] = {
-            {"attn_norm", D, 0, &ly->attn_norm, NULL},  {"attn_q", D, qd, &ly->wq, &ly->qq},
-            {"attn_k", D, kvd, &ly->wk, &ly->qk},       {"attn_v", D, kvd, &ly->wv, &ly->qv},
-            {"attn_output", qd, D, &ly->wo, &ly->qo},   {"ffn_norm", D, 0, &ly->ffn_norm, NULL},
-            {"ffn_gate", D, FF, &ly->w_gate, &ly->qgate}, {"ffn_up", D, FF, &ly->w_up, &ly->qup},
-            {"ffn_down", FF, D, &ly->w_down, &ly->qdown},
+            {"attn_norm", D, 0, &ly->attn_norm, NULL},  {"attn_q", D, qd, NULL, &ly->wq},
+            {"attn_k", D, kvd, NULL, &ly->wk},          {"attn_v", D, kvd, NULL, &ly->wv},
+            {"attn_output", qd, D, NULL, &ly->wo},      {"ffn_norm", D, 0, &ly->ffn_norm, NULL},
+            {"ffn_gate", D, FF, NULL, &ly->w_gate},     {"ffn_up", D, FF, NULL, &ly->w_up},
+            {"ffn_down", FF, D, NULL, &ly->w_down},
         };
         for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
             char name[MODEL_NAME_MAX];
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, spec[i].suffix);
-            if ((rc = load_tensor(m, name, spec[i].ne0, spec[i].ne1, spec[i].dst, spec[i].q, err)) <
-                0)
+            rc = spec[i].vec ? load_vector(m, name, spec[i].ne0, spec[i].vec, err)
+                             : load_matrix(m, name, spec[i].ne0, spec[i].ne1, spec[i].w, err);
+            if (rc < 0)
                 return rc;
         }
     }
@@ -474,14 +535,16 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
     *out = NULL;
     if (!opts)
         opts = &defaults;
-    if (opts->max_ctx < 0 || opts->n_features < 0 || opts->window < 0)
-        return core_error_set(err, CORE_EINVAL, "negative max_ctx, n_features or window");
+    if (opts->max_ctx < 0 || opts->n_features < 0 || opts->window < 0 || opts->tile_floats < 0)
+        return core_error_set(err, CORE_EINVAL,
+                              "negative max_ctx, n_features, window or tile_floats");
     if (opts->n_threads < 0 || opts->n_threads > CORE_POOL_MAX_THREADS)
         return core_error_set(err, CORE_ERANGE, "thread count %d out of range [0, %d]",
                               opts->n_threads, CORE_POOL_MAX_THREADS);
     core_model_t *m = calloc(1, sizeof *m);
     if (!m)
         return core_error_set(err, CORE_ENOMEM, "out of memory for the model");
+    m->wtile_n = opts->tile_floats ? (size_t)opts->tile_floats : (size_t)MODEL_TILE_FLOATS;
     int rc = core_gguf_open(path, &m->g, err);
     if (rc < 0)
         goto fail;
@@ -556,20 +619,17 @@ void core_model_free(core_model_t *m)
         for (int l = 0; l < m->info.n_layer; l++) {
             layer_t *ly = &m->layers[l];
             free(ly->attn_norm);
-            free(ly->wq);
-            free(ly->wk);
-            free(ly->wv);
-            free(ly->wo);
             free(ly->ffn_norm);
-            free(ly->w_gate);
-            free(ly->w_up);
-            free(ly->w_down);
+            const wmat_t *ws[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo,
+                                  &ly->w_gate, &ly->w_up, &ly->w_down};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+                free(ws[i]->own);
         }
         free(m->layers);
     }
-    if (m->output != m->tok_embd)
-        free(m->output);
-    free(m->tok_embd);
+    free(m->output.own);
+    free(m->tok_embd.own);
+    free(m->wtile);
     free(m->out_norm);
     free(m->rope_inv_freq);
     free(m->rope_cs);
@@ -632,10 +692,19 @@ static int grow(void **p, size_t bytes)
 static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
 {
     const core_model_info_t *in = &m->info;
-    if (!m->lrows) {
+    if (!m->lrows || !m->logits || !m->wtile) {
+        free(m->lrows);
+        free(m->logits);
+        free(m->wtile);
+        int64_t kmax = in->n_embd > in->n_ff ? in->n_embd : in->n_ff;
+        if ((int64_t)in->n_head * in->head_dim > kmax)
+            kmax = (int64_t)in->n_head * in->head_dim;
+        if ((int64_t)m->wtile_n < kmax)
+            m->wtile_n = (size_t)kmax;
         m->lrows = malloc((size_t)MODEL_LOGIT_ROWS * (size_t)in->n_embd * sizeof(float));
         m->logits = malloc((size_t)MODEL_LOGIT_ROWS * (size_t)in->n_vocab * sizeof(float));
-        if (!m->lrows || !m->logits)
+        m->wtile = malloc(m->wtile_n * sizeof(float));
+        if (!m->lrows || !m->logits || !m->wtile)
             return core_error_set(err, CORE_ENOMEM, "out of memory for the logits scratch");
     }
     if (T <= m->cap_rows)
@@ -741,25 +810,71 @@ static int check_batch(const core_model_t *m, const core_batch_seq_t *seqs, int 
     return 0;
 }
 
-/* One weight matrix applied to the current input: C[T][n] = A · Wᵀ + beta * C,
- * the weight held both as f32 (w32) and, where qdot has a kernel, quantized
- * (qw). */
+/* One weight matrix applied to the current input: C[T][w->rows] = A · Wᵀ +
+ * beta * C. */
 typedef struct wop {
-    const float *w32;
-    const qweight_t *qw;
-    int64_t n;
+    const wmat_t *w;
     float beta;
     float *c;
     int64_t ldc;
 } wop_t;
+
+/* Rows [j0, j0 + nj) of w dequantized into dst ([nj][k]), shared out among
+ * the pool's threads in runs of DEQ_ROWS rows. */
+enum { DEQ_ROWS = 16 };
+
+typedef struct deq_run {
+    const wmat_t *w;
+    int64_t j0, nj;
+    float *dst;
+    atomic_llong next;
+} deq_run_t;
+
+static void deq_fn(void *ctx, int worker, int n_workers)
+{
+    (void)worker;
+    (void)n_workers;
+    deq_run_t *r = ctx;
+    const wmat_t *w = r->w;
+    for (;;) {
+        const int64_t i = atomic_fetch_add(&r->next, DEQ_ROWS);
+        if (i >= r->nj)
+            return;
+        const int64_t cnt = r->nj - i < DEQ_ROWS ? r->nj - i : DEQ_ROWS;
+        /* rows are contiguous whole blocks: one call for the run (it cannot fail on
+         * a matrix load_matrix accepted) */
+        core_dequantize(w->type, (const unsigned char *)w->data + (size_t)(r->j0 + i) * w->row_bytes,
+                        r->dst + i * w->k, cnt * w->k, NULL);
+    }
+}
+
+/* C[n][w->rows] = A[n][k] · Wᵀ + beta * C for a block-type w and a prompt
+ * sequence's n rows: tile by tile, each tile the most rows of w that fit in
+ * m->wtile, dequantized (exactly, as core_dequantize) and multiplied with
+ * sgemm. The f32 values live in cache for one tile instead of in memory for
+ * the model's lifetime; the products are those of sgemm on the whole f32
+ * matrix, split by output columns. */
+static void gemm_tiles(core_model_t *m, int64_t n, const float *a, int64_t lda, const wmat_t *w,
+                       float beta, float *c, int64_t ldc)
+{
+    const int64_t k = w->k, tile = (int64_t)m->wtile_n / k;
+    for (int64_t j0 = 0; j0 < w->rows; j0 += tile) {
+        deq_run_t r = {.w = w, .j0 = j0, .nj = w->rows - j0 < tile ? w->rows - j0 : tile,
+                       .dst = m->wtile};
+        atomic_init(&r.next, 0);
+        core_pool_run(m->pool, deq_fn, &r);
+        core_gemm_nt(n, r.nj, k, 1.0f, a, lda, m->wtile, k, beta, c + j0, ldc);
+    }
+}
 
 /* Applies every op to A[k] (lda), whose rows are grouped by sequence: first
  * the Td decode rows, then the rows of each prompt sequence (pre_n[n_pre]).
  * Decode rows are bound by reading the weights, so they read the ~5-bit
  * blocks in place (quantized to 8 bits once, for every op with an integer
  * kernel). A prompt sequence's rows read them in place too when there are at
- * most CORE_GEMM_SMALL_M (f32 activations); more rows amortize the read and
- * go to sgemm on the f32 copy. One call per sequence, not one over all
+ * most MODEL_TILE_MIN_ROWS (f32 activations); more rows amortize the
+ * dequantization and go to sgemm on dequantized tiles (gemm_tiles). Weights without a qdot
+ * kernel (F32, F16, BF16) are f32 (w32) on every path. One call per sequence, not one over all
  * rows: sgemm's rounding depends on the number of rows, and a sequence's
  * numbers must not depend on what else shares the batch (the 8-bit rounding
  * of the next decode step would amplify a last-bit difference). All
@@ -785,11 +900,11 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
     int nj = 0, quantized = 0;
     for (int i = 0; i < n_ops && i < MODEL_MAX_OPS; i++) {
         const wop_t *o = &ops[i];
-        const qweight_t *qw = o->qw;
+        const wmat_t *qw = o->w;
         const core_qdot_job_t base = {.type = qw->type, .w = qw->data, .row_bytes = qw->row_bytes,
-                                      .n = o->n, .beta = o->beta, .ldc = o->ldc};
-        if (Td > 0 && !qw->data) {
-            core_gemm_nt_small(Td, o->n, k, 1.0f, a, lda, o->w32, k, o->beta, o->c, o->ldc);
+                                      .n = qw->rows, .beta = o->beta, .ldc = o->ldc};
+        if (Td > 0 && !qw->qdot) {
+            core_gemm_nt_small(Td, qw->rows, k, 1.0f, a, lda, qw->w32, k, o->beta, o->c, o->ldc);
         } else if (Td > 0) {
             core_qdot_job_t *jb = &jobs[nj++];
             *jb = base;
@@ -810,9 +925,13 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
         }
         for (int64_t g = 0, r0 = Td; g < n_pre; r0 += pre_n[g], g++) {
             const int64_t n = pre_n[g];
-            if (n > CORE_GEMM_SMALL_M || !qw->data) {
-                core_gemm_nt(n, o->n, k, 1.0f, a + r0 * lda, lda, o->w32, k, o->beta,
+            if (!qw->qdot) {
+                core_gemm_nt(n, qw->rows, k, 1.0f, a + r0 * lda, lda, qw->w32, k, o->beta,
                              o->c + r0 * o->ldc, o->ldc);
+                continue;
+            }
+            if (n > MODEL_TILE_MIN_ROWS) {
+                gemm_tiles(m, n, a + r0 * lda, lda, qw, o->beta, o->c + r0 * o->ldc, o->ldc);
                 continue;
             }
             core_qdot_job_t *jb = &jobs[nj++];
@@ -829,10 +948,10 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
 }
 
 /* One op on the forward's rows (m->pre_n groups). */
-static void matmul(core_model_t *m, int64_t Td, int64_t n, int64_t k, const float *a, int64_t lda,
-                   const float *w32, const qweight_t *qw, float beta, float *c, int64_t ldc)
+static void matmul(core_model_t *m, int64_t Td, int64_t k, const float *a, int64_t lda,
+                   const wmat_t *w, float beta, float *c, int64_t ldc)
 {
-    const wop_t op = {w32, qw, n, beta, c, ldc};
+    const wop_t op = {w, beta, c, ldc};
     matmuls(m, Td, m->pre_n, m->n_pre, k, a, lda, &op, 1);
 }
 
@@ -842,7 +961,7 @@ static void flush_logits(core_model_t *m, float *const *dst, int nr, int decode,
                          const int64_t *gn, int64_t ng)
 {
     const int64_t D = m->info.n_embd, V = m->info.n_vocab;
-    const wop_t op = {m->output, &m->output_q, V, 0.0f, m->logits, V};
+    const wop_t op = {&m->output, 0.0f, m->logits, V};
     matmuls(m, decode ? nr : 0, gn, decode ? 0 : ng, D, m->lrows, D, &op, 1);
     for (int i = 0; i < nr; i++)
         memcpy(dst[i], m->logits + (int64_t)i * V, (size_t)V * sizeof(float));
@@ -886,6 +1005,16 @@ static void compute_logits(core_model_t *m, core_batch_seq_t *seqs, int n_seqs)
     }
 }
 
+/* Row id of the embedding matrix as f32 into dst. */
+static void embed_row(const wmat_t *e, int32_t id, float *dst)
+{
+    if (e->w32)
+        memcpy(dst, e->w32 + (int64_t)id * e->k, (size_t)e->k * sizeof(float));
+    else
+        core_dequantize(e->type, (const unsigned char *)e->data + (size_t)id * e->row_bytes, dst,
+                        e->k, NULL);
+}
+
 int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core_error_t *err)
 {
     int64_t T = 0;
@@ -920,8 +1049,7 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         for (int64_t i = 0; i < seqs[b].n_tokens; i++) {
             const int64_t t = m->seq_row[b] + i;
             m->pos[t] = p0 + i;
-            memcpy(m->x + t * D, m->tok_embd + (int64_t)seqs[b].tokens[i] * D,
-                   (size_t)D * sizeof(float));
+            embed_row(&m->tok_embd, seqs[b].tokens[i], m->x + t * D);
         }
     }
 
@@ -929,9 +1057,9 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         const layer_t *ly = &m->layers[l];
         for (int64_t t = 0; t < T; t++)
             rmsnorm(m->xn + t * D, m->x + t * D, ly->attn_norm, D, in->rms_eps);
-        const wop_t qkv[3] = {{ly->wq, &ly->qq, qd, 0.0f, m->q, qd},
-                              {ly->wk, &ly->qk, kvd, 0.0f, m->k, kvd},
-                              {ly->wv, &ly->qv, kvd, 0.0f, m->v, kvd}};
+        const wop_t qkv[3] = {{&ly->wq, 0.0f, m->q, qd},
+                              {&ly->wk, 0.0f, m->k, kvd},
+                              {&ly->wv, 0.0f, m->v, kvd}};
         matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, qkv, 3);
         if (m->lora) {
             lora_rows(m, l, CORE_LORA_Q, Td, m->xn, D, m->q, qd);
@@ -954,21 +1082,21 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
                 return rc;
         }
         /* residual folded into the GEMM: x += att · Woᵀ */
-        matmul(m, Td, D, qd, m->att, qd, ly->wo, &ly->qo, 1.0f, m->x, D);
+        matmul(m, Td, qd, m->att, qd, &ly->wo, 1.0f, m->x, D);
         if (m->lora)
             lora_rows(m, l, CORE_LORA_O, Td, m->att, qd, m->x, D);
 
         for (int64_t t = 0; t < T; t++)
             rmsnorm(m->xn + t * D, m->x + t * D, ly->ffn_norm, D, in->rms_eps);
-        const wop_t gate_up[2] = {{ly->w_gate, &ly->qgate, FF, 0.0f, m->gate, FF},
-                                  {ly->w_up, &ly->qup, FF, 0.0f, m->up, FF}};
+        const wop_t gate_up[2] = {{&ly->w_gate, 0.0f, m->gate, FF},
+                                  {&ly->w_up, 0.0f, m->up, FF}};
         matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, gate_up, 2);
         const int64_t n = T * FF;
         for (int64_t i = 0; i < n; i++) {
             const float g = m->gate[i];
             m->gate[i] = g / (1.0f + expf(-g)) * m->up[i];
         }
-        matmul(m, Td, D, FF, m->gate, FF, ly->w_down, &ly->qdown, 1.0f, m->x, D);
+        matmul(m, Td, FF, m->gate, FF, &ly->w_down, 1.0f, m->x, D);
     }
 
     compute_logits(m, seqs, n_seqs);

@@ -42,6 +42,10 @@ typedef struct core_model_opts {
     int n_threads;              /* threads of the decode products, the caller's
                                    included (0 = the CPUs available;
                                    <= CORE_POOL_MAX_THREADS) */
+    int64_t tile_floats;        /* floats of the dequantized weight tile of prompt
+                                   products (0 = the default, 4 MiB; at least
+                                   one row is always held): tests make it small
+                                   to cross tile boundaries */
 } core_model_opts_t;
 
 typedef struct core_model_info {

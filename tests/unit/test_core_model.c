@@ -135,6 +135,42 @@ TEST(chunked_prefill_matches_one_call)
     free(got);
 }
 
+/* Prompt products through dequantized weight tiles: a tile of a few rows
+ * (every matrix crosses many tile boundaries, the last tile partial) gives
+ * the logits of the default one-tile products, and of the products that
+ * read the blocks in place (a chunk of at most MODEL_TILE_MIN_ROWS rows). */
+TEST(weight_tiles_match_one_tile)
+{
+    enum { N = 100 };
+    core_model_opts_t o = {.tile_floats = 7 * 64 + 5};
+    core_model_t *small = NULL;
+    core_error_t err = {0};
+    CHECK_MSG(core_model_load(getenv("DARKSERVE_TINY_MODEL"), &o, &small, &err) == 0, "%s",
+              err.msg);
+    if (!small)
+        return;
+    core_rng_t r;
+    core_rng_seed(&r, 9);
+    int32_t tok[N];
+    rand_tokens(&r, tok, N);
+    float *ref = malloc((size_t)N * (size_t)V * sizeof *ref);
+    float *got = malloc((size_t)N * (size_t)V * sizeof *got);
+    core_attn_state_t *s = new_state(tiny), *t = new_state(small);
+    CHECK_INT_EQ(feed(tiny, s, tok, N, 0, ref), 0);
+    CHECK_INT_EQ(feed(small, t, tok, N, 0, got), 0);
+    double d = rel_diff(got, ref, N, V);
+    CHECK_MSG(d <= 1e-5, "small tiles: rel diff %.3g", d); /* sgemm rounds by its split */
+    core_attn_state_reset(t);
+    CHECK_INT_EQ(feed(small, t, tok, N, 20, got), 0); /* 20 rows: in place */
+    d = rel_diff(got, ref, N, V);
+    CHECK_MSG(d <= 1e-5, "in place: rel diff %.3g", d);
+    core_attn_state_free(s);
+    core_attn_state_free(t);
+    core_model_free(small);
+    free(ref);
+    free(got);
+}
+
 TEST(last_mode_equals_last_row_of_all)
 {
     enum { N = 20 };
@@ -697,6 +733,7 @@ int main(void)
     V = core_model_info(tiny)->n_vocab;
     RUN(tiny_info);
     RUN(chunked_prefill_matches_one_call);
+    RUN(weight_tiles_match_one_tile);
     RUN(last_mode_equals_last_row_of_all);
     RUN(batched_matches_alone);
     RUN(batched_matches_alone_with_lora);
