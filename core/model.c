@@ -15,7 +15,7 @@
  * them as f32. A prompt sequence of at most MODEL_TILE_MIN_ROWS rows reads
  * them in place too (f32 activations); a longer one multiplies each matrix
  * tile by tile: MODEL_TILE_FLOATS of its rows dequantized (exactly) into a
- * scratch tile on the thread pool, then sgemm, so the f32 values are made
+ * scratch tile, then sgemm, so the f32 values are made
  * once per forward and stay in cache. Which path a row takes depends only on
  * its own sequence, so a sequence computes the same (up to float rounding)
  * whatever else shares the batch. The core/qdot products run on the model's
@@ -38,7 +38,6 @@
 #include "core/model.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -819,51 +818,25 @@ typedef struct wop {
     int64_t ldc;
 } wop_t;
 
-/* Rows [j0, j0 + nj) of w dequantized into dst ([nj][k]), shared out among
- * the pool's threads in runs of DEQ_ROWS rows. */
-enum { DEQ_ROWS = 16 };
-
-typedef struct deq_run {
-    const wmat_t *w;
-    int64_t j0, nj;
-    float *dst;
-    atomic_llong next;
-} deq_run_t;
-
-static void deq_fn(void *ctx, int worker, int n_workers)
-{
-    (void)worker;
-    (void)n_workers;
-    deq_run_t *r = ctx;
-    const wmat_t *w = r->w;
-    for (;;) {
-        const int64_t i = atomic_fetch_add(&r->next, DEQ_ROWS);
-        if (i >= r->nj)
-            return;
-        const int64_t cnt = r->nj - i < DEQ_ROWS ? r->nj - i : DEQ_ROWS;
-        /* rows are contiguous whole blocks: one call for the run (it cannot fail on
-         * a matrix load_matrix accepted) */
-        core_dequantize(w->type, (const unsigned char *)w->data + (size_t)(r->j0 + i) * w->row_bytes,
-                        r->dst + i * w->k, cnt * w->k, NULL);
-    }
-}
-
 /* C[n][w->rows] = A[n][k] · Wᵀ + beta * C for a block-type w and a prompt
  * sequence's n rows: tile by tile, each tile the most rows of w that fit in
  * m->wtile, dequantized (exactly, as core_dequantize) and multiplied with
  * sgemm. The f32 values live in cache for one tile instead of in memory for
  * the model's lifetime; the products are those of sgemm on the whole f32
- * matrix, split by output columns. */
+ * matrix, split by output columns. The dequantization runs on the calling
+ * thread: on the pool, its workers' polling after each run took the cores
+ * OpenBLAS was about to use (prefill 272-295 against 337-375 tokens/s,
+ * `make bench`, side by side). */
 static void gemm_tiles(core_model_t *m, int64_t n, const float *a, int64_t lda, const wmat_t *w,
                        float beta, float *c, int64_t ldc)
 {
     const int64_t k = w->k, tile = (int64_t)m->wtile_n / k;
     for (int64_t j0 = 0; j0 < w->rows; j0 += tile) {
-        deq_run_t r = {.w = w, .j0 = j0, .nj = w->rows - j0 < tile ? w->rows - j0 : tile,
-                       .dst = m->wtile};
-        atomic_init(&r.next, 0);
-        core_pool_run(m->pool, deq_fn, &r);
-        core_gemm_nt(n, r.nj, k, 1.0f, a, lda, m->wtile, k, beta, c + j0, ldc);
+        const int64_t nj = w->rows - j0 < tile ? w->rows - j0 : tile;
+        /* rows are contiguous whole blocks: one call for the tile */
+        core_qdot_dequant(w->type, (const unsigned char *)w->data + (size_t)j0 * w->row_bytes,
+                          m->wtile, nj * k);
+        core_gemm_nt(n, nj, k, 1.0f, a, lda, m->wtile, k, beta, c + j0, ldc);
     }
 }
 

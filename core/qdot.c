@@ -381,6 +381,51 @@ const char *core_qdot_isa_name(core_qdot_isa_t isa)
     }
 }
 
+#ifdef QDOT_X86
+AVX2_FN static void dequant_avx2(int type, const unsigned char *src, float *dst, int64_t nb)
+{
+    const size_t bb = core_ttype_block_bytes(type);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 w0, w1, w2, w3;
+        deq_block(type, src + (size_t)b * bb, &w0, &w1, &w2, &w3);
+        float *y = dst + b * 32;
+        _mm256_storeu_ps(y, w0);
+        _mm256_storeu_ps(y + 8, w1);
+        _mm256_storeu_ps(y + 16, w2);
+        _mm256_storeu_ps(y + 24, w3);
+    }
+}
+#endif
+
+static int dequant(core_qdot_isa_t isa, int type, const void *src, float *dst, int64_t n)
+{
+#ifdef QDOT_X86
+    if (isa >= CORE_QDOT_AVX2 && (type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 ||
+                                  type == CORE_TTYPE_Q8_0)) {
+        if (n < 0 || n % 32 != 0)
+            return CORE_EINVAL;
+        (void)pthread_once(&h2f_once, h2f_init);
+        dequant_avx2(type, src, dst, n / 32);
+        return 0;
+    }
+#else
+    (void)isa;
+#endif
+    return core_dequantize(type, src, dst, n, NULL);
+}
+
+void core_qdot_dequant(int type, const void *src, float *dst, int64_t n)
+{
+    (void)dequant(core_qdot_isa(), type, src, dst, n);
+}
+
+int core_qdot_dequant_isa(core_qdot_isa_t isa, int type, const void *src, float *dst, int64_t n)
+{
+    if ((int)isa < 0 || isa >= CORE_QDOT_ISA_COUNT_ || isa > core_qdot_best_isa())
+        return CORE_EUNSUPPORTED;
+    return dequant(isa, type, src, dst, n);
+}
+
 static void qmm(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k, const float *a,
                 int64_t lda, const void *w, size_t row_bytes, float beta, float *c, int64_t ldc)
 {

@@ -91,6 +91,16 @@ int core_qmatmul_nt_isa(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int
                         const float *a, int64_t lda, const void *w, size_t row_bytes, float beta,
                         float *c, int64_t ldc);
 
+/* dst[0..n) = the n values of type at src, exactly what core_dequantize
+ * gives (n a multiple of the type's block, src whole blocks), with SIMD for
+ * Q4_0, Q4_1 and Q8_0 where the CPU has AVX2: for prompt products that
+ * dequantize weight tiles (core/model.c). Preconditions as
+ * core_qmatmul_nt's (core_qdot_supported(type)); not checked. */
+void core_qdot_dequant(int type, const void *src, float *dst, int64_t n);
+/* The same on an explicit ISA; CORE_EUNSUPPORTED when this CPU cannot run
+ * it, CORE_EINVAL for a type or n core_dequantize refuses. */
+int core_qdot_dequant_isa(core_qdot_isa_t isa, int type, const void *src, float *dst, int64_t n);
+
 /* ---- integer path ---- */
 
 enum { CORE_Q8_BLOCK = 32 };

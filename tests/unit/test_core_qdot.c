@@ -271,6 +271,42 @@ TEST(dequantized_values_bit_identical)
     }
 }
 
+/* core_qdot_dequant gives core_dequantize's values bit for bit, on every
+ * ISA and every supported type (SIMD for Q4_0, Q4_1, Q8_0), for a run of
+ * several blocks. */
+TEST(dequant_entry_equals_core_dequantize)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 14);
+    core_qdot_isa_t isas[2];
+    const int ni = isa_list(isas);
+    for (int t = 0; t < CORE_TTYPE_COUNT_; t++) {
+        if (!core_qdot_supported(t) || !halves_of(t))
+            continue;
+        const int64_t k = 3 * core_ttype_block_elems(t);
+        size_t rb = 0;
+        CHECK(core_ttype_row_bytes(t, k, &rb) == 0);
+        unsigned char w[3 * 2 * 210];
+        float want[2 * 768], got[2 * 768];
+        fill_rows(&r, t, 2, k, rb, w);
+        CHECK(core_dequantize(t, w, want, 2 * k, NULL) == 0);
+        for (int s = 0; s < ni; s++) {
+            memset(got, 0xff, sizeof got);
+            CHECK(core_qdot_dequant_isa(isas[s], t, w, got, 2 * k) == 0);
+            CHECK_MSG(memcmp(got, want, (size_t)(2 * k) * sizeof(float)) == 0, "%s isa %d",
+                      core_ttype_name(t), (int)isas[s]);
+        }
+        memset(got, 0xff, sizeof got);
+        core_qdot_dequant(t, w, got, 2 * k);
+        CHECK(memcmp(got, want, (size_t)(2 * k) * sizeof(float)) == 0);
+    }
+    float y[32];
+    unsigned char b[34] = {0};
+    CHECK_INT_EQ(core_qdot_dequant_isa(CORE_QDOT_ISA_COUNT_, CORE_TTYPE_Q8_0, b, y, 32),
+                 CORE_EUNSUPPORTED);
+    CHECK_INT_EQ(core_qdot_dequant_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q8_0, b, y, 31), CORE_EINVAL);
+}
+
 TEST(default_entry_equals_best_isa)
 {
     core_rng_t r;
@@ -316,6 +352,7 @@ int main(void)
     RUN(every_supported_type_has_test_data);
     RUN(matches_reference_all_types_shapes);
     RUN(dequantized_values_bit_identical);
+    RUN(dequant_entry_equals_core_dequantize);
     RUN(default_entry_equals_best_isa);
     RUN(rejects_bad_arguments);
     return CHECK_DONE();
