@@ -768,12 +768,23 @@ static void h_deferred_stream(srv_req_t *req, void *ud)
         spawn_producer(prod_deferred_stream, s);
 }
 
-/* /deferred-hold: never answers until the client is gone */
+static int cancel_cb_seen(void)
+{
+    pthread_mutex_lock(&T.mu);
+    int n = T.cancel_cb_count;
+    pthread_mutex_unlock(&T.mu);
+    return n;
+}
+
+/* /deferred-hold: never answers until the client is gone. It also waits for
+ * on_cancel: the loop runs that callback after marking the stream cancelled
+ * and skips it once the producer has closed the stream (server/http.h), so a
+ * producer that replied as soon as it saw the flag would race it. */
 static void *prod_deferred_hold(void *arg)
 {
     srv_stream_t *s = arg;
     uint64_t end = mono_ms() + WAIT_MS;
-    while (!srv_stream_cancelled(s) && mono_ms() < end)
+    while (!(srv_stream_cancelled(s) && cancel_cb_seen()) && mono_ms() < end)
         sleep_ms(5);
     int seen = srv_stream_cancelled(s);
     int rc = srv_stream_reply(s, 200, "text/plain", "too late", 8); /* releases s */
