@@ -6,7 +6,7 @@ parameters against the exact model's next-token distribution.
                --out PREFIX [--ckpt CKPT.npz] [--log LOG.json]
                [--steps 200] [--len 1024] [--batch 1] [--lr 0.0002]
                [--lr-small 0.005] [--lora R] [--lr-lora 0.001] [--val-seqs 4]
-               [--val-every 20] [--seed 1]
+               [--val-every 20] [--seed 1] [--lr-gate 0] [--lr-draws 0]
 
 Stage 1 (convert.py train2) fits every layer alone to the exact layer's
 output on recorded q, k, v. Errors then compound through 30 layers, and a
@@ -35,6 +35,11 @@ is evaluated every val-every steps and the best parameters are kept (early
 stopping). EPS.npy holds the feature draws ε of the adapter's seed
 (tools/record_qkv --draws m). Outputs PREFIX.{mat,decay,mix}.f32 (and with
 --lora R PREFIX.lora.{q,k,v,o}_{a,b}.f32) for build/tools/write_adapter.
+--lr-gate and --lr-draws are probes of two variants the C runtime does not
+implement (docs/QUALITY.md, "What was tried"): a data-dependent decay gate
+γ_t = 0.5 + 0.5 σ(θ + u·k_t/√Hd) from each token's pre-RoPE key (u per KV
+head, from 0), and the feature draws ε trained as parameters; they write
+PREFIX.gate.f32 / PREFIX.draws.f32, which write_adapter does not take.
 Resumable: CKPT holds the parameters, Adam's moments, the best parameters
 and the step; a rerun continues from it.
 Needs jax (tools/requirements-convert.txt).
@@ -107,7 +112,15 @@ def load_adapter(path):
     if "darkformer.blk.0.lora_q_a" in t:  # core/lora.h: A [r][in], B [out][r] per layer
         lora = [np.stack([t["darkformer.blk.%d.lora_%s" % (i, n)] for i in range(L)])
                 for n in LORA_NAMES]
-    return cfg, mats, dec, mix, lora
+    gate = None  # a data-dependent decay gate (docs/ADAPTER.md)
+    if "darkformer.blk.0.gate" in t:
+        gate = np.stack([t["darkformer.blk.%d.gate" % i].reshape(-1, mats.shape[-1])
+                         for i in range(L)])
+    draws = None  # trained feature draws replace the seed's (docs/ADAPTER.md)
+    if "darkformer.blk.0.draws" in t:
+        draws = np.stack([t["darkformer.blk.%d.draws" % i].reshape(-1, cfg["n_features"], mats.shape[-1])
+                          for i in range(L)])
+    return cfg, mats, dec, mix, lora, gate, draws
 
 
 LORA_NAMES = ("q_a", "q_b", "k_a", "k_b", "v_a", "v_b", "o_a", "o_b")
@@ -126,12 +139,15 @@ def lora_init(hp, r, rng):
 
 
 def build(hp, cfg, T):
-    """Returns jitted (loss_and_grad, val_loss) over params (M, θ, β)."""
+    """Returns jitted (loss_and_grad, val_loss) over params (M, θ, β[, LoRA][, ε])."""
     import jax
     import jax.numpy as jnp
 
     L, H, Hkv, Hd, nr = hp["L"], hp["H"], hp["Hkv"], hp["Hd"], hp["n_rot"]
     gs, m, W, S = H // Hkv, cfg["n_features"], cfg["window"], cfg["sinks"]
+    learn_draws = int(cfg.get("learn_draws", 0))
+    learn_gate = int(cfg.get("learn_gate", 0))
+    jw = np.minimum(np.arange(T) + W, T - 1)  # where key j left the window
     inv = hp["base"] ** (-2.0 * np.arange(nr // 2) / nr)
     bias, sc, NEG = -0.5 * np.log(m), Hd ** -0.25, -1e30
 
@@ -187,7 +203,7 @@ def build(hp, cfg, T):
         return jnp.einsum("...e,me->...m", y, om) - 0.5 * jnp.sum(y * y, -1, keepdims=True) + bias
 
     def hybrid_layer(x, lp):
-        ly, Mt, th, beta, om, lo = lp
+        ly, Mt, th, beta, om, lo, gu = lp
         q, k, v = qkv(x, ly, lo)
         qr, kr = rope(q, c_t, s_t), rope(k, c_t, s_t)
         s = jnp.einsum("cgtd,csd->cgts", qr, kr) / np.sqrt(Hd)
@@ -201,7 +217,13 @@ def build(hp, cfg, T):
         p = jnp.einsum("cgtm,csm->cgts", jnp.exp(aq - mq), jnp.exp(ak - mk))
         lk = jnp.log(jnp.maximum(p, 1e-30)) + mq + jnp.swapaxes(mk, 1, 2)[:, None]
         lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(th))  # [c]
-        lk = lk + beta[:, :, None, None] + dist * lg[:, None, None, None]
+        if gu is None:
+            lk = lk + beta[:, :, None, None] + dist * lg[:, None, None, None]
+        else:  # data-dependent gate: log γ_t of the token at t from its own (pre-RoPE) key
+            lgt = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(
+                th[:, None] + jnp.einsum("ctd,cd->ct", k, gu) / np.sqrt(Hd)))  # [c][T]
+            G = jnp.cumsum(lgt, axis=-1)  # key j decays by exp(G[t] - G[j + W]) at query t
+            lk = lk + beta[:, :, None, None] + (G[:, :, None] - G[:, jw][:, None, :])[:, None]
         pr = jax.nn.softmax(jnp.where(lin, lk, jnp.where(vis, s, NEG)), axis=-1)
         return rest(x, jnp.einsum("cgts,csd->cgtd", pr, v), ly, lo), None
 
@@ -214,9 +236,13 @@ def build(hp, cfg, T):
         xt, _ = jax.lax.scan(exact_layer, x0, lw)
         lt = jax.lax.stop_gradient(logp(xt, emb, onorm)[W + S:])
         Mt, th, beta = params[:3]
-        lo = dict(zip(LORA_NAMES, params[3:])) if len(params) > 3 else None
+        n_lo = len(params) - 3 - learn_draws - learn_gate
+        lo = dict(zip(LORA_NAMES, params[3:3 + n_lo])) if n_lo else None
+        gu = params[3 + n_lo] if learn_gate else None  # the gate's weights [L][Hkv][Hd]
+        if learn_draws:  # the draws themselves trained: the last parameter
+            oms = params[-1]
         xs, _ = jax.lax.scan(jax.checkpoint(hybrid_layer), x0,
-                             (lw, Mt, th, beta.reshape(L, Hkv, gs), oms, lo))
+                             (lw, Mt, th, beta.reshape(L, Hkv, gs), oms, lo, gu))
         ls = logp(xs, emb, onorm)[W + S:]
         nxt = tokens[W + S + 1:]
         nll_t = -jnp.take_along_axis(lt[:-1], nxt[:, None], axis=-1).mean()
@@ -271,6 +297,11 @@ def main():
     p.add_argument("--lr-small", type=float, default=0.005, help="Adam step for γ's logit and β")
     p.add_argument("--lora", type=int, default=0, help="rank of LoRA on q, k, v, o (0: none)")
     p.add_argument("--lr-lora", type=float, default=0.001)
+    p.add_argument("--lr-gate", type=float, default=0.0,
+                   help="Adam step for a data-dependent decay gate (0: none): γ_t = 0.5 + "
+                        "0.5 σ(θ + u·k_t/√Hd) from each token's pre-RoPE key")
+    p.add_argument("--lr-draws", type=float, default=0.0,
+                   help="Adam step for the feature draws ε themselves (0: they stay fixed)")
     p.add_argument("--val-seqs", type=int, default=4)
     p.add_argument("--val-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=1)
@@ -280,7 +311,7 @@ def main():
 
     t_start = time.time()
     hp, emb, onorm, lw = load_model(a.model)
-    cfg, mats, dec, mix, lora0 = load_adapter(a.adapter)
+    cfg, mats, dec, mix, lora0, gate0, draws0 = load_adapter(a.adapter)
     L, H, Hkv, Hd = hp["L"], hp["H"], hp["Hkv"], hp["Hd"]
     m, W, S, T = cfg["n_features"], cfg["window"], cfg["sinks"], a.len
     if mats.shape != (L, Hkv, Hd, Hd) or mix.shape != (L, H) or dec.shape != (L, Hkv):
@@ -300,6 +331,16 @@ def main():
         init += lora0
     elif a.lora:
         init += lora_init(hp, a.lora, np.random.default_rng(a.seed))
+    learn_gate = cfg["learn_gate"] = int(a.lr_gate > 0 or gate0 is not None)
+    if gate0 is not None:  # the adapter's own gate
+        init.append(gate0)
+    elif learn_gate:  # from 0: the gate starts as the constant decay
+        init.append(np.zeros((L, Hkv, Hd), dtype=np.float32))
+    learn_draws = cfg["learn_draws"] = int(a.lr_draws > 0 or draws0 is not None)
+    if draws0 is not None:  # the adapter's own trained draws
+        init.append(draws0)
+    elif learn_draws:
+        init.append(eps[:, :, :m, :].astype(np.float32))
     weights = (jnp.asarray(emb), jnp.asarray(onorm), {n: jnp.asarray(x) for n, x in lw.items()},
                jnp.asarray(eps[:, :, :m, :].astype(np.float32)))
     del lw
@@ -354,7 +395,9 @@ def main():
         hist["val"].append({"step": 0, "kl": v[0], "nll_exact": v[1], "nll": v[2]})
         print("distill: step 0 val KL %.5f, nll exact %.4f, converted %.4f" % v, flush=True)
     best = min((x["kl"] for x in hist["val"]), default=float("inf"))
-    lrs = [a.lr, a.lr_small, a.lr_small] + [a.lr_lora] * (len(params) - 3)
+    lrs = [a.lr, a.lr_small, a.lr_small] + \
+        [a.lr_lora] * (len(params) - 3 - learn_draws - learn_gate) + \
+        [a.lr_gate] * learn_gate + [a.lr_draws] * learn_draws
     b1, b2 = 0.9, 0.999
     t0 = time.time()
     for step in range(step0 + 1, a.steps + 1):
@@ -390,6 +433,10 @@ def main():
     best_p[2].astype(np.float32).tofile(a.out + ".mix.f32")
     for i, n in enumerate(LORA_NAMES if a.lora else ()):  # write_adapter --lora PREFIX.lora
         best_p[3 + i].astype(np.float32).tofile("%s.lora.%s.f32" % (a.out, n))
+    if learn_gate:  # write_adapter --gate
+        best_p[3 + 8 * bool(a.lora)].astype(np.float32).tofile(a.out + ".gate.f32")
+    if learn_draws:  # write_adapter --draws
+        best_p[-1].astype(np.float32).tofile(a.out + ".draws.f32")
     print("distill: wrote %s.{mat,decay,mix}.f32 (best val KL %.5f; %.0fs)" % (
         a.out, best, time.time() - t_start), flush=True)
 
