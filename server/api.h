@@ -165,14 +165,21 @@ int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, con
 /* Installs the session store's test faults when DARKSERVE_TEST_FAULT_FILE
  * is set (store_fault.c says how); no-op otherwise. */
 void api_store_fault_install(srv_store_t *st);
+/* I/O thread, right after api_session_bring_in's read: the test mode
+ * evict-after-read moves the idle sessions, that one included, back to
+ * disk (store_fault.c); no-op otherwise. */
+void api_store_fault_after_read(srv_store_t *st);
 
 /* Before a handler acquires session id (after api_session_check): an
  * evicted session (on disk only) is admitted against --max-state-memory
  * (429 state_memory_full when its state does not fit now) and read back on
  * the I/O thread, then the handler runs again (srv_stream_rerun) and finds
- * it in memory. Returns 1 when req was answered or will run again (the
- * handler returns at once), 0 when the handler goes on (the session is in
- * memory, busy or gone: the acquire says so). */
+ * it in memory. When it was evicted again before that, it goes round
+ * again, up to 3 reads; then 503 session_store_busy with Retry-After (the
+ * loop thread never reads it while the I/O thread runs). Returns 1 when
+ * req was answered or will run again (the handler returns at once), 0 when
+ * the handler goes on (the session is in memory, busy or gone: the acquire
+ * says so). */
 int api_session_bring_in(api_app_t *app, srv_req_t *req, const char *id);
 
 /* ---- the I/O thread (api_io.c); loop thread ---- */
@@ -401,7 +408,7 @@ size_t api_state_bound(const api_app_t *app, int64_t tokens);
 int api_state_admit(api_app_t *app, size_t bytes, proto_error_t *e);
 /* api_state_admit, and holds the bytes for g until it ends. */
 int api_gen_reserve(api_gen_t *g, size_t bytes, proto_error_t *e);
-/* Answers req with e from a failed admission (Retry-After on 429). */
+/* Answers req with e from a failed admission (Retry-After on 429 and 503). */
 void api_reply_admit(srv_req_t *req, const proto_error_t *e);
 
 /* Wakes the loop (scheduler thread): g has events or finished a job. */

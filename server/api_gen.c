@@ -666,7 +666,7 @@ int api_gen_reserve(api_gen_t *g, size_t bytes, proto_error_t *e)
 
 void api_reply_admit(srv_req_t *req, const proto_error_t *e)
 {
-    if (e->status == 429)
+    if (e->status == 429 || e->status == 503)
         srv_req_add_header(req, "Retry-After", "1");
     api_reply_proto(req, e);
 }

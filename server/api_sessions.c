@@ -226,9 +226,10 @@ static void bring_work(api_io_t *io)
     bring_io_t *w = (bring_io_t *)io;
     srv_session_t *s = NULL;
     w->rc = srv_store_acquire(w->app->store, w->id, &s);
-    if (w->rc == 0)
+    if (w->rc == 0) {
         srv_store_release(w->app->store, s, 0); /* now in memory, most recently used */
-    else /* the store's detail is this thread's */
+        api_store_fault_after_read(w->app->store);
+    } else /* the store's detail is this thread's */
         api_store_error(w->rc, w->id, NULL, &w->e);
 }
 
@@ -242,6 +243,13 @@ static void bring_done(api_io_t *io)
     free(w);
 }
 
+/* Handler runs a request may take to find its session in memory: each
+ * run but the last reads it on the I/O thread. A session pushed back to
+ * disk every time before its handler ran again (sessions competing for
+ * --max-sessions / --max-state-memory) is refused after that rather than
+ * read on the loop, which would stall every other connection. */
+#define BRING_IN_RUNS 4
+
 int api_session_bring_in(api_app_t *app, srv_req_t *req, const char *id)
 {
     srv_session_info_t si;
@@ -252,10 +260,17 @@ int api_session_bring_in(api_app_t *app, srv_req_t *req, const char *id)
         api_reply_admit(req, &e);
         return 1;
     }
-    /* evicted again before the handler ran twice: read here rather than
-     * go round again */
-    if (srv_req_runs(req) > 1 || !app->io_running)
+    if (!app->io_running) /* no I/O thread: the acquire reads it here */
         return 0;
+    if (srv_req_runs(req) >= BRING_IN_RUNS) {
+        proto_error_set(&e, PROTO_ERR_UNAVAILABLE, NULL,
+                        "session '%s' was moved back to disk %d times before this request could "
+                        "use it (other sessions need the memory); retry later",
+                        id, BRING_IN_RUNS - 1);
+        e.code = "session_store_busy";
+        api_reply_admit(req, &e);
+        return 1;
+    }
     bring_io_t *w = calloc(1, sizeof *w);
     if (!w) {
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");

@@ -1,5 +1,6 @@
 /* server/store_fault.c — fault injection for the session store, for tests
- * of what clients see when the disk fails (tests/integration/test_faults.py).
+ * of what clients see when the disk fails (tests/integration/test_faults.py)
+ * or when sessions race for memory (test_evicted_sessions.py).
  *
  * DARKSERVE_TEST_FAULT_FILE=PATH in the environment at startup names a file
  * that is read before every operation that changes the session directory;
@@ -11,6 +12,12 @@
  *            still says "stall" (a slow disk: a test can kill -9 the server
  *            in the middle of a state write, or see who waits for it);
  *            reading a session file back waits likewise before it starts
+ *   evict-after-read
+ *            each time the I/O thread has read an evicted session back for
+ *            a request (api_session_bring_in), every idle session in memory
+ *            goes back to disk at once (srv_store_trim to 0 bytes), as if
+ *            other requests had pushed it out again before the handler ran
+ *            a second time: the request must not then read it on the loop
  *   anything else, or no file: normal operation.
  * Reading a small file per operation costs microseconds next to the fsync
  * that follows; without the variable nothing is installed.
@@ -28,14 +35,14 @@
 
 static char fault_path[1024];
 
-/* The file's first word into mode[16] ("" when none). */
-static void fault_mode(char mode[16])
+/* The file's first word into mode[32] ("" when none). */
+static void fault_mode(char mode[32])
 {
     mode[0] = '\0';
     FILE *f = fopen(fault_path, "r");
     if (!f)
         return;
-    if (fscanf(f, "%15s", mode) != 1)
+    if (fscanf(f, "%31s", mode) != 1)
         mode[0] = '\0';
     fclose(f);
 }
@@ -43,7 +50,7 @@ static void fault_mode(char mode[16])
 static int fault_op(const char *op, void *ud)
 {
     (void)ud;
-    char mode[16];
+    char mode[32];
     fault_mode(mode);
     if (strcmp(mode, "enospc") == 0 && strcmp(op, "write") == 0)
         return ENOSPC;
@@ -59,7 +66,7 @@ static int fault_op(const char *op, void *ud)
 static ssize_t fault_write(int fd, const void *buf, size_t n, void *ud)
 {
     (void)ud;
-    char mode[16];
+    char mode[32];
     fault_mode(mode);
     if (strcmp(mode, "stall") != 0 || n < 2)
         return write(fd, buf, n);
@@ -81,4 +88,14 @@ void api_store_fault_install(srv_store_t *st)
             "DARKSERVE_TEST_FAULT_FILE=%s: session store faults injected from "
             "that file (testing only)",
             fault_path);
+}
+
+void api_store_fault_after_read(srv_store_t *st)
+{
+    if (!fault_path[0])
+        return;
+    char mode[32];
+    fault_mode(mode);
+    if (strcmp(mode, "evict-after-read") == 0)
+        srv_store_trim(st, 0);
 }

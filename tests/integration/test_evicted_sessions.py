@@ -2,15 +2,19 @@
 the store's I/O thread, never on the event loop, and the state it brings
 back (like an imported or forked one) is admitted against
 --max-state-memory first: 429 state_memory_full with Retry-After when it
-does not fit next to what is held now.
+does not fit next to what is held now. A session pushed back to disk again
+before its request could use it is read again on the I/O thread a few times,
+then refused with 503 session_store_busy, never read on the loop.
 
 The disk is made slow with the server's fault seam (server/store_fault.c,
 DARKSERVE_TEST_FAULT_FILE): "stall" holds every session-file read before it
-starts, and every write half way, until the word changes. The tiny model
+starts, and every write half way, until the word changes; "evict-after-read"
+moves a session back to disk right after the I/O thread read it. The tiny model
 with exact attention makes the state sizes easy to reason about: a state
 that may grow to the whole 512-token context is bounded by
 4096 + 3 x (16 + 512 x 256) = 397,456 bytes (api_state_bound).
 """
+import json
 import os
 import threading
 import time
@@ -46,15 +50,22 @@ def _post_in_thread(srv, path, body, out):
     return t
 
 
-def test_evicted_session_is_read_off_the_loop(servers, tmp_path):
+def _first_on_disk(servers, tmp_path):
+    """A server with --max-sessions 1 and the fault file (no fault yet), and
+    the id of a session that a second one pushed to disk: (srv, fault, id)."""
     fault = tmp_path / "fault"
     fault.write_text("none")
     srv = servers(args=["--max-sessions", "1"],
                   env={"DARKSERVE_TEST_FAULT_FILE": str(fault)})
     a = _create(srv, {"system": "the first session"})
-    st, before, _ = srv.json("GET", f"/v1/sessions/{a}")
     _create(srv, {"system": "the second one pushes the first to disk"})
     assert wait_for(lambda: _in_memory(srv) == 1, 30)
+    return srv, fault, a
+
+
+def test_evicted_session_is_read_off_the_loop(servers, tmp_path):
+    srv, fault, a = _first_on_disk(servers, tmp_path)
+    st, before, _ = srv.json("GET", f"/v1/sessions/{a}")
 
     fault.write_text("stall")  # reading a back now waits
     out = []
@@ -127,3 +138,52 @@ def test_evicted_reads_and_imports_are_admitted(servers, tmp_path):
     assert st == 200, raw
     st, obj, _ = srv.post(f"/v1/sessions/{b}/fork", {})
     assert st == 201, obj
+
+
+def test_session_evicted_again_is_refused_not_read_on_the_loop(servers, tmp_path):
+    srv, fault, a = _first_on_disk(servers, tmp_path)
+    st, _, before = srv.request("GET", f"/v1/sessions/{a}/state")
+    assert st == 200
+
+    # every read of a on the I/O thread is undone before its handler runs
+    # again: each request that needs it goes round a few times, then is
+    # refused; the loop answers everyone else meanwhile
+    fault.write_text("evict-after-read")
+    health, done = [], threading.Event()
+
+    def probe():
+        while not done.is_set():
+            t0 = time.monotonic()
+            st = srv.request("GET", "/health", timeout=5)[0]
+            health.append((st, time.monotonic() - t0))
+            time.sleep(0.02)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    try:
+        for path, body in (
+                (f"/v1/sessions/{a}/generate",
+                 {"text": " go on", "max_tokens": 2, "stream": False, "temperature": 0}),
+                (f"/v1/sessions/{a}/append", {"text": " more"}),
+                ("/v1/completions", {"prompt": " p", "max_tokens": 1, "session": a}),
+                ("/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                  "session": a})):
+            st, hd, raw = srv.request("POST", path, body, timeout=30)
+            assert st == 503, (path, st, raw)  # not 200 from a read on the loop
+            assert hd.get("retry-after") == "1", (path, hd)
+            err = json.loads(raw)["error"]
+            assert err["code"] == "session_store_busy" and a in err["message"], (path, err)
+    finally:
+        done.set()
+        t.join()
+    assert health and all(st == 200 and dt < 2.0 for st, dt in health), health
+
+    # nothing was lost: the same state, and the request goes through
+    fault.write_text("none")
+    st, _, after = srv.request("GET", f"/v1/sessions/{a}/state")
+    assert st == 200 and after == before
+    st, obj, _ = srv.post(f"/v1/sessions/{a}/generate",
+                          {"text": " go on", "max_tokens": 2, "stream": False, "temperature": 0})
+    assert st == 200, obj
+    assert obj["usage"]["completion_tokens"] == 2, obj
