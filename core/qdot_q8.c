@@ -1,16 +1,18 @@
 /* core/qdot_q8.c — integer dot products of 8-bit activations with Q4_0, Q4_1,
- * Q5_0, Q5_1 and Q8_0 weight rows (the API and error contract are in
- * core/qdot.h).
+ * Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weight rows (the API and error
+ * contract are in core/qdot.h).
  *
  * Per block of 32 the product is an integer: I = sum_i u_i * q_i with u the
- * weight's stored quants (0..15 or, Q5, 0..31; int8 for Q8_0) and q the
- * activation's int8 quants. A block then adds d_w d_a I + m_w d_a s (s = sum
- * q, m_w the offset: Q4_1's and Q5_1's m, -8 d_w for Q4_0 whose values are
- * d_w (u - 8), -16 d_w for Q5_0, 0 for Q8_0). Keeping the quants unsigned
- * lets the Q4 and Q5 types share the u8 x s8 instruction (maddubs, dpbusd)
- * without sign tricks; Q8_0's signed weights go through |w| x (sign(w) q).
- * No integer overflow anywhere: maddubs pairs are at most 2 * 128 * 127 =
- * 32512 < 2^15, a block sum at most 2^19.
+ * weight's integer values (the stored quants 0..15 or, Q5, 0..31; int8 for
+ * Q8_0; sc (u - 32) for Q6_K, see below) and q the activation's int8 quants.
+ * A block then adds d_w d_a I + m_w d_a s (s = sum q, m_w the offset: Q4_1's
+ * and Q5_1's m, -8 d_w for Q4_0 whose values are d_w (u - 8), -16 d_w for
+ * Q5_0, -dmin mn for Q4_K and Q5_K, 0 for Q8_0 and Q6_K). Keeping the quants
+ * unsigned lets the Q4 and Q5 types share the u8 x s8 instruction (maddubs,
+ * dpbusd) without sign tricks; the signed weights of Q8_0 and Q6_K go
+ * through |w| x (sign(w) q). No integer overflow anywhere: maddubs pairs are
+ * at most 2 * 128 * 127 = 32512 < 2^15, a block sum at most 2^19 (Q6_K:
+ * 32 * 128 * 32 * 127 < 2^24, so it also converts to float exactly).
  *
  * The scalar kernel is the reference: it defines the integers and the float
  * operations (per block: (d_w * d_a) * I, then m_w * ds with ds = d_a * s
@@ -48,14 +50,60 @@ enum { QB = CORE_Q8_BLOCK }; /* values per block */
 int core_q8_supported(int type)
 {
     return type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q5_0 ||
-           type == CORE_TTYPE_Q5_1 || type == CORE_TTYPE_Q8_0 || type == CORE_TTYPE_Q4_K;
+           type == CORE_TTYPE_Q5_1 || type == CORE_TTYPE_Q8_0 || type == CORE_TTYPE_Q4_K ||
+           type == CORE_TTYPE_Q5_K || type == CORE_TTYPE_Q6_K;
 }
 
-/* Q4_K super-blocks (d, dmin, scales[12], qs[128]) hold 8 sub-blocks of 32,
- * each one of our activation blocks: sub-block i has d_w = d sc_i and m_w =
- * -dmin mn_i (6-bit sc, mn; both products exact in float), its quants the
- * low (i even) or high (i odd) nibbles of qs[32 (i / 2) ..][32]. */
-enum { QK_SUPER = 256, Q4K_BYTES = 144 };
+/* K-quant super-blocks of 256 values hold 8 of our activation blocks; block
+ * i (0..7) of a super-block (layouts as core/tensor.c's core_dequantize):
+ *  - Q4_K (d, dmin, scales[12], qs[128]) and Q5_K (d, dmin, scales[12],
+ *    qh[32], qs[128]): one sub-block with d_w = d sc_i and m_w = -dmin mn_i
+ *    (6-bit sc, mn; both products exact in float), its quants the low (i
+ *    even) or high (i odd) nibbles of qs[32 (i / 2) ..][32], plus for Q5_K
+ *    bit i of qh[e] as bit 4 of value e;
+ *  - Q6_K (ql[128], qh[64], scales[16] int8, d): two sub-blocks of 16 with
+ *    scales sc[2i], sc[2i + 1]; value e is d sc (u_e - 32), u_e the low (i %
+ *    4 < 2) or high nibble of ql[64 (i / 4) + 32 (i % 2) + e] and bits 2 (i %
+ *    4) and up of qh[32 (i / 4) + e] as bits 4-5. The scales go into the
+ *    integer, I = sum_e sc (u_e - 32) q_e, with d_w = d and no offset: the
+ *    two halves' scales differ, so a per-block d_w could not carry them. */
+enum {
+    QK_SUPER = 256,
+    Q4K_BYTES = 144,
+    Q5K_BYTES = 176,
+    Q6K_BYTES = 210,
+    Q6K_SC = 192,
+    Q6K_D = 208
+};
+
+static inline int is_k(int type)
+{
+    return type == CORE_TTYPE_Q4_K || type == CORE_TTYPE_Q5_K || type == CORE_TTYPE_Q6_K;
+}
+
+/* bytes of a K-quant super-block */
+static inline size_t k_bytes(int type)
+{
+    return type == CORE_TTYPE_Q4_K ? Q4K_BYTES : type == CORE_TTYPE_Q5_K ? Q5K_BYTES : Q6K_BYTES;
+}
+
+/* offset of Q4_K's and Q5_K's qs in their super-block */
+static inline size_t kqs_off(int type)
+{
+    return type == CORE_TTYPE_Q5_K ? 48 : 16;
+}
+
+/* 1 when blocks add m_w * ds (every type but Q8_0 and Q6_K) */
+static inline int has_off(int type)
+{
+    return type != CORE_TTYPE_Q8_0 && type != CORE_TTYPE_Q6_K;
+}
+
+/* 1 when the block's integer weights are signed (|w| x sign(w) q) */
+static inline int is_signed(int type)
+{
+    return type == CORE_TTYPE_Q8_0 || type == CORE_TTYPE_Q6_K;
+}
 
 static void k_scale_min(int j, const unsigned char *q, int *sc, int *mn)
 {
@@ -80,8 +128,8 @@ static inline size_t blk_bytes(int type)
     case CORE_TTYPE_Q4_1: return 20;
     case CORE_TTYPE_Q5_0: return 22;
     case CORE_TTYPE_Q5_1: return 24;
-    case CORE_TTYPE_Q4_K: return 18; /* 144 / 8 per sub-block; Q4_K is addressed by super-block */
-    default: return 34;
+    case CORE_TTYPE_Q8_0: return 34;
+    default: return 0; /* K-quants are addressed by super-block (k_bytes) */
     }
 }
 
@@ -263,11 +311,62 @@ static inline void put(float *c, float v, float beta)
 
 /* ---- scalar reference ---- */
 
+/* Block b (of 32 values) of a weight row as the integer path sees it: its
+ * 32 integer weights u, its scale d_w and offset m_w (value e is d_w u_e +
+ * m_w). This defines the integers every kernel must form. */
+static void ref_block(int type, const unsigned char *row, int64_t b, int *u, float *dw, float *mw)
+{
+    *mw = 0.0f;
+    if (is_k(type)) {
+        const unsigned char *sb = row + (size_t)(b / 8) * k_bytes(type);
+        const int i = (int)(b % 8);
+        if (type == CORE_TTYPE_Q6_K) {
+            const int j = i % 4;
+            const unsigned char *ql = sb + 64 * (i / 4) + 32 * (j % 2),
+                                *qh = sb + 128 + 32 * (i / 4);
+            const int8_t *sc = (const int8_t *)(const void *)(sb + Q6K_SC) + 2 * i;
+            for (int e = 0; e < QB; e++) {
+                const int v =
+                    ((j < 2 ? ql[e] : ql[e] >> 4) & 0x0f) | (((qh[e] >> (2 * j)) & 3) << 4);
+                u[e] = sc[e / 16] * (v - 32);
+            }
+            *dw = core_fp16_to_fp32(rd16(sb + Q6K_D));
+            return;
+        }
+        int sc, mn;
+        k_scale_min(i, sb + 4, &sc, &mn);
+        *dw = core_fp16_to_fp32(rd16(sb)) * (float)sc;
+        *mw = -(core_fp16_to_fp32(rd16(sb + 2)) * (float)mn);
+        const unsigned char *qs = sb + kqs_off(type) + 32 * (i / 2);
+        for (int e = 0; e < QB; e++) {
+            u[e] = (i % 2 ? qs[e] >> 4 : qs[e]) & 0x0f;
+            if (type == CORE_TTYPE_Q5_K)
+                u[e] |= ((sb[16 + e] >> i) & 1) << 4;
+        }
+        return;
+    }
+    const unsigned char *blk = row + (size_t)b * blk_bytes(type);
+    *dw = core_fp16_to_fp32(rd16(blk));
+    if (type == CORE_TTYPE_Q8_0) {
+        for (int e = 0; e < QB; e++)
+            u[e] = (int8_t)blk[2 + e];
+        return;
+    }
+    const unsigned char *qs = blk + qs_off(type);
+    uint32_t qh = 0;
+    if (is_q5(type))
+        memcpy(&qh, blk + (has_m(type) ? 4 : 2), sizeof qh);
+    for (int e = 0; e < QB / 2; e++) {
+        u[e] = (qs[e] & 0x0f) | (int)(((qh >> e) & 1u) << 4);
+        u[e + QB / 2] = (qs[e] >> 4) | (int)(((qh >> (e + 16)) & 1u) << 4);
+    }
+    *mw = has_m(type) ? core_fp16_to_fp32(rd16(blk + 2)) : m_mul(type) * *dw;
+}
+
 static void mm_generic(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
                        const unsigned char *w, size_t row_bytes, float beta, float *c, int64_t ldc)
 {
     const int64_t nb = qa->nb;
-    const size_t bb = core_ttype_block_bytes(type);
     for (int64_t j = j0; j < j1; j++) {
         const unsigned char *row = w + (size_t)j * row_bytes;
         for (int64_t r = 0; r < qa->m; r++) {
@@ -276,41 +375,15 @@ static void mm_generic(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1
             const float *ds = qa->ds + r * nb;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                const int k4 = type == CORE_TTYPE_Q4_K;
-                const unsigned char *blk = k4 ? row : row + (size_t)b * bb;
-                const int8_t *qb = q + b * QB;
-                float dw = core_fp16_to_fp32(rd16(blk));
+                int u[QB];
+                float dw, mw;
+                ref_block(type, row, b, u, &dw, &mw);
                 int32_t isum = 0;
-                float mw = 0.0f;
-                if (k4) {
-                    const unsigned char *sb = row + (size_t)(b / 8) * Q4K_BYTES;
-                    const int i = (int)(b % 8);
-                    int sc, mn;
-                    k_scale_min(i, sb + 4, &sc, &mn);
-                    dw = core_fp16_to_fp32(rd16(sb)) * (float)sc;
-                    mw = -(core_fp16_to_fp32(rd16(sb + 2)) * (float)mn);
-                    const unsigned char *u = sb + 16 + 32 * (i / 2);
-                    for (int e = 0; e < QB; e++)
-                        isum += ((i % 2 ? u[e] >> 4 : u[e]) & 0x0f) * qb[e];
-                } else if (type == CORE_TTYPE_Q8_0) {
-                    const int8_t *u = (const int8_t *)(blk + 2);
-                    for (int i = 0; i < QB; i++)
-                        isum += u[i] * qb[i];
-                } else {
-                    const unsigned char *u = blk + qs_off(type);
-                    uint32_t qh = 0;
-                    if (is_q5(type))
-                        memcpy(&qh, blk + (has_m(type) ? 4 : 2), sizeof qh);
-                    for (int i = 0; i < QB / 2; i++) {
-                        const int lo = (u[i] & 0x0f) | (int)(((qh >> i) & 1u) << 4);
-                        const int hi = (u[i] >> 4) | (int)(((qh >> (i + 16)) & 1u) << 4);
-                        isum += lo * qb[i] + hi * qb[i + QB / 2];
-                    }
-                    mw = has_m(type) ? core_fp16_to_fp32(rd16(blk + 2)) : m_mul(type) * dw;
-                }
+                for (int e = 0; e < QB; e++)
+                    isum += u[e] * q[b * QB + e];
                 const float t = (dw * d[b]) * (float)isum;
                 acc += t;
-                if (type != CORE_TTYPE_Q8_0) {
+                if (has_off(type)) {
                     const float tm = mw * ds[b];
                     acc += tm;
                 }
@@ -351,9 +424,15 @@ AVX2_INL __m256i quants256(int type, const unsigned char *blk)
     return is_q5(type) ? _mm256_or_si256(u, bits5(blk + (has_m(type) ? 4 : 2))) : u;
 }
 
-/* The 8 sub-block scales of a Q4_K super-block as d_w and m_w vectors. */
-AVX2_INL void kscales8(const unsigned char *sb, __m256 *dw, __m256 *mw)
+/* d_w and m_w of the 8 blocks of a K-quant super-block as vectors (Q6_K: d
+ * eight times; its m_w are 0 and never read). */
+AVX2_INL void kscales8(int type, const unsigned char *sb, __m256 *dw, __m256 *mw)
 {
+    if (type == CORE_TTYPE_Q6_K) {
+        *dw = _mm256_set1_ps(half(sb + Q6K_D));
+        *mw = _mm256_setzero_ps();
+        return;
+    }
     unsigned char sc[8], mn[8];
     for (int j = 0; j < 8; j++) {
         int s, m;
@@ -368,11 +447,43 @@ AVX2_INL void kscales8(const unsigned char *sb, __m256 *dw, __m256 *mw)
     *mw = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(half(sb + 2)), fm), _mm256_set1_ps(-0.0f));
 }
 
-/* The 32 quants of Q4_K sub-block i (0..7) of the super-block at sb. */
-AVX2_INL __m256i kquants256(const unsigned char *sb, int i)
+/* Bit i of each of the 32 bytes at p as 0x10 (Q5_K's fifth bits of block i). */
+AVX2_INL __m256i kbits5(const unsigned char *p, int i)
 {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(sb + 16 + 32 * (i / 2)));
-    return _mm256_and_si256(i % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    return _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h, i), 4), _mm256_set1_epi8(0x10));
+}
+
+/* The 32 unsigned quants of Q4_K / Q5_K block i (0..7) of the super-block at sb. */
+AVX2_INL __m256i kquants256(int type, const unsigned char *sb, int i)
+{
+    const __m256i v =
+        _mm256_loadu_si256((const __m256i *)(const void *)(sb + kqs_off(type) + 32 * (i / 2)));
+    const __m256i u = _mm256_and_si256(i % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    return type == CORE_TTYPE_Q5_K ? _mm256_or_si256(u, kbits5(sb + 16, i)) : u;
+}
+
+/* The 32 signed quants u - 32 of Q6_K block i (0..7) of the super-block at sb. */
+AVX2_INL __m256i q6quants256(const unsigned char *sb, int i)
+{
+    const int j = i % 4;
+    const __m256i l =
+        _mm256_loadu_si256((const __m256i *)(const void *)(sb + 64 * (i / 4) + 32 * (j % 2)));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(sb + 128 + 32 * (i / 4)));
+    const __m256i lo =
+        _mm256_and_si256(j < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0x0f));
+    /* two bits per byte shifted to bits 4-5: nothing crosses a byte */
+    const __m256i hi =
+        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), _mm256_set1_epi8(3)), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+}
+
+/* Q6_K block i's two scales as 16-bit lanes: sc[2i] for values 0..15 (low
+ * lane), sc[2i + 1] for 16..31. */
+AVX2_INL __m256i q6scales16(const unsigned char *sb, int i)
+{
+    const int8_t *sc = (const int8_t *)(const void *)(sb + Q6K_SC);
+    return _mm256_set_m128i(_mm_set1_epi16(sc[2 * i + 1]), _mm_set1_epi16(sc[2 * i]));
 }
 
 /* The f16 scales of 8 blocks bb bytes apart: d (offset 0) into *dw and, for
@@ -391,6 +502,54 @@ AVX2_INL void scales8(int type, const unsigned char *blk, size_t bb, __m256 *dw,
                       : _mm256_mul_ps(*dw, _mm256_set1_ps(m_mul(type)));
 }
 
+/* d_w and m_w of the 8 blocks from block b on (b a multiple of 8). */
+AVX2_INL void step_scales8(int type, const unsigned char *row, int64_t b, __m256 *dw, __m256 *mw)
+{
+    if (is_k(type))
+        kscales8(type, row + (size_t)(b / 8) * k_bytes(type), dw, mw);
+    else
+        scales8(type, row + (size_t)b * blk_bytes(type), blk_bytes(type), dw, mw);
+}
+
+/* The integer products of block b + i of a weight row with the activation
+ * quants qv, as 8 lane sums of 4 products each (their sum is the block's
+ * I). For K-quants b is a multiple of 8 (the super-block) and i < 8. */
+AVX2_INL __m256i block_dot256(int type, const unsigned char *row, int64_t b, int i, __m256i qv)
+{
+    const unsigned char *sb = row + (size_t)(b / 8) * k_bytes(type);
+    const unsigned char *blk = row + (size_t)(b + i) * blk_bytes(type);
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (is_signed(type)) {
+        const __m256i sw = type == CORE_TTYPE_Q6_K
+                               ? q6quants256(sb, i)
+                               : _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(sw, sw), _mm256_sign_epi8(qv, sw));
+        /* Q6_K: each 16-bit pair sum times its half's scale (at most 8128 * 128) */
+        return _mm256_madd_epi16(p, type == CORE_TTYPE_Q6_K ? q6scales16(sb, i) : ones);
+    }
+    const __m256i u = is_k(type) ? kquants256(type, sb, i) : quants256(type, blk);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
+}
+
+/* Blocks b..nb-1 (fewer than 8 left; never for K-quants, whose rows are
+ * whole super-blocks): one at a time, the scale a scalar. */
+AVX2_INL void tail256(int type, const unsigned char *row, const int8_t *q, const float *d,
+                      const float *ds, int64_t b, int64_t nb, __m256 *acc, float *mtail)
+{
+    for (; b < nb && !is_k(type); b++) {
+        const unsigned char *blk = row + (size_t)b * blk_bytes(type);
+        const float dw = half(blk);
+        const __m256i p = block_dot256(
+            type, row, b, 0, _mm256_loadu_si256((const __m256i *)(const void *)(q + b * QB)));
+        *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]), _mm256_cvtepi32_ps(p), *acc);
+        if (has_off(type)) {
+            const float mw = has_m(type) ? half(blk + 2) : m_mul(type) * dw;
+            const float tm = mw * ds[b];
+            *mtail += tm;
+        }
+    }
+}
+
 /* One weight row against one activation row (decode), eight blocks per step:
  * their scales as vectors (one gather), four accumulators so that the
  * additions of consecutive blocks do not wait for each other. */
@@ -398,64 +557,29 @@ AVX2_INL void row1_avx2(int type, const core_q8_act_t *qa, int64_t ri, const uns
                         float beta, float *c)
 {
     const int64_t nb = qa->nb;
-    const size_t bb = blk_bytes(type);
     const int8_t *q = qa->q + ri * nb * QB;
     const float *d = qa->d + ri * nb, *ds = qa->ds + ri * nb;
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     __m256 macc = _mm256_setzero_ps();
     float mtail = 0.0f;
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
-        const unsigned char *blk = row + (size_t)b * bb;
         __m256 dw8, mw8;
-        if (type == CORE_TTYPE_Q4_K)
-            kscales8(row + (size_t)(b / 8) * Q4K_BYTES, &dw8, &mw8);
-        else
-            scales8(type, blk, bb, &dw8, &mw8);
+        step_scales8(type, row, b, &dw8, &mw8);
         const __m256 sc8 = _mm256_mul_ps(dw8, _mm256_loadu_ps(d + b));
-        if (type != CORE_TTYPE_Q8_0)
+        if (has_off(type))
             macc = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(ds + b), macc);
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
-            const unsigned char *bi = blk + (size_t)i * bb;
-            __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(q + (b + i) * QB));
-            __m256i u;
-            if (type == CORE_TTYPE_Q8_0) {
-                const __m256i sw = _mm256_loadu_si256((const __m256i *)(const void *)(bi + 2));
-                u = _mm256_sign_epi8(sw, sw);
-                qv = _mm256_sign_epi8(qv, sw);
-            } else if (type == CORE_TTYPE_Q4_K) {
-                u = kquants256(row + (size_t)(b / 8) * Q4K_BYTES, i);
-            } else {
-                u = quants256(type, bi);
-            }
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
+            const __m256i p =
+                block_dot256(type, row, b, i,
+                             _mm256_loadu_si256((const __m256i *)(const void *)(q + (b + i) * QB)));
             const __m256 s = _mm256_permutevar8x32_ps(sc8, _mm256_set1_epi32(i));
             acc[i & 3] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[i & 3]);
         }
     }
-    for (; b < nb; b++) {
-        const unsigned char *blk = row + (size_t)b * bb;
-        const float dw = half(blk);
-        __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(q + b * QB));
-        __m256i u;
-        if (type == CORE_TTYPE_Q8_0) {
-            const __m256i sw = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
-            u = _mm256_sign_epi8(sw, sw);
-            qv = _mm256_sign_epi8(qv, sw);
-        } else {
-            u = quants256(type, blk);
-        }
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, qv), ones);
-        acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]), _mm256_cvtepi32_ps(p), acc[0]);
-        if (type != CORE_TTYPE_Q8_0) {
-            const float mw = has_m(type) ? half(blk + 2) : m_mul(type) * dw;
-            const float tm = mw * ds[b];
-            mtail += tm;
-        }
-    }
+    tail256(type, row, q, d, ds, b, nb, &acc[0], &mtail);
     const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     put(c, (hsum8(s) + hsum8(macc)) + mtail, beta);
 }
@@ -483,6 +607,8 @@ Q8_INSTANCE(q4_1_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q4_1)
 Q8_INSTANCE(q5_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q5_0)
 Q8_INSTANCE(q5_1_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q5_1)
 Q8_INSTANCE(q4_k_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q4_K)
+Q8_INSTANCE(q5_k_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q5_K)
+Q8_INSTANCE(q6_k_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q6_K)
 Q8_INSTANCE(q8_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q8_0)
 
 /* ---- AVX-512 VNNI: two blocks per 512-bit step, u8 x s8 with dpbusd ---- */
@@ -492,23 +618,14 @@ Q8_INSTANCE(q8_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q8_0)
     static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"),  \
                                  always_inline))
 
-/* [lo0 | hi0 | lo1 | hi1]: blocks b and b + 1 in element order. */
-VNNI_INL __m512i nibbles512(const unsigned char *qs0, const unsigned char *qs1)
+/* The 4 int8 scales of Q6_K blocks i, i + 1 (i even) as 32-bit lanes, each
+ * four times: [sc[2i] x 4, sc[2i + 1] x 4, sc[2i + 2] x 4, sc[2i + 3] x 4]. */
+VNNI_INL __m512i q6scales512(const unsigned char *sb, int i)
 {
-    const __m128i v0 = _mm_loadu_si128((const __m128i *)(const void *)qs0);
-    const __m128i v1 = _mm_loadu_si128((const __m128i *)(const void *)qs1);
-    const __m512i x =
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(v0, v0)), _mm256_set_m128i(v1, v1), 1);
-    const __m512i m = _mm512_set1_epi8(0x0f);
-    const __m512i lo = _mm512_and_si512(x, m), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
-    return _mm512_mask_blend_epi64(0xcc, lo, hi);
-}
-
-/* [a x 8 | b x 8] */
-VNNI_INL __m512 pair_ps(float a, float b)
-{
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_setr_ps(a, b, 0.0f, 0.0f)));
+    int32_t s4;
+    memcpy(&s4, sb + Q6K_SC + 2 * i, sizeof s4);
+    const __m128i rep = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(s4), rep));
 }
 
 VNNI_INL float hsum16(__m512 s)
@@ -535,40 +652,43 @@ VNNI_INL void row1_vnni(int type, const core_q8_act_t *qa, int64_t ri, const uns
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
         const unsigned char *blk = row + (size_t)b * bb;
+        const unsigned char *sb = row + (size_t)(b / 8) * k_bytes(type);
         __m256 dw8, mw8;
-        if (type == CORE_TTYPE_Q4_K)
-            kscales8(row + (size_t)(b / 8) * Q4K_BYTES, &dw8, &mw8);
-        else
-            scales8(type, blk, bb, &dw8, &mw8);
+        step_scales8(type, row, b, &dw8, &mw8);
         const __m512 sc8 = _mm512_castps256_ps512(_mm256_mul_ps(dw8, _mm256_loadu_ps(d + b)));
-        if (type != CORE_TTYPE_Q8_0)
+        if (has_off(type))
             macc = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(ds + b), macc);
 #pragma GCC unroll 4
         for (int i = 0; i < 8; i += 2) {
             const unsigned char *b0 = blk + (size_t)i * bb, *b1 = b0 + bb;
             __m512i qv = _mm512_loadu_si512((const void *)(q + (b + i) * QB));
             __m512i u;
-            __m512i idx;
-            if (type == CORE_TTYPE_Q8_0) {
-                const __m512i sw = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(b0 + 2))),
-                    _mm256_loadu_si256((const __m256i *)(const void *)(b1 + 2)), 1);
+            /* element order [b0 | b1] unless the nibble layout says otherwise */
+            __m512i idx = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1,
+                                            i + 1, i + 1, i + 1, i + 1);
+            if (is_signed(type)) {
+                const __m512i sw =
+                    type == CORE_TTYPE_Q6_K
+                        ? _mm512_inserti64x4(_mm512_castsi256_si512(q6quants256(sb, i)),
+                                             q6quants256(sb, i + 1), 1)
+                        : _mm512_inserti64x4(
+                              _mm512_castsi256_si512(
+                                  _mm256_loadu_si256((const __m256i *)(const void *)(b0 + 2))),
+                              _mm256_loadu_si256((const __m256i *)(const void *)(b1 + 2)), 1);
                 u = _mm512_abs_epi8(sw);
                 qv = _mm512_mask_sub_epi8(qv, _mm512_movepi8_mask(sw), zero, qv);
-                idx = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1,
-                                        i + 1, i + 1, i + 1);
-            } else if (type == CORE_TTYPE_Q4_K) { /* sub-blocks i, i + 1: one 32-byte load */
+            } else if (is_k(type)) { /* sub-blocks i, i + 1: one 32-byte load */
                 const __m256i v = _mm256_loadu_si256(
-                    (const __m256i *)(const void *)(row + (size_t)(b / 8) * Q4K_BYTES + 16 + 16 * i));
+                    (const __m256i *)(const void *)(sb + kqs_off(type) + 16 * i));
                 u = _mm512_and_si512(
                     _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
-                idx = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1,
-                                        i + 1, i + 1, i + 1);
+                if (type == CORE_TTYPE_Q5_K)
+                    u = _mm512_or_si512(
+                        u, _mm512_inserti64x4(_mm512_castsi256_si512(kbits5(sb + 16, i)),
+                                              kbits5(sb + 16, i + 1), 1));
             } else if (is_q5(type)) { /* element order, as Q8_0 */
                 u = _mm512_inserti64x4(_mm512_castsi256_si512(quants256(type, b0)),
                                        quants256(type, b1), 1);
-                idx = _mm512_setr_epi32(i, i, i, i, i, i, i, i, i + 1, i + 1, i + 1, i + 1, i + 1,
-                                        i + 1, i + 1, i + 1);
             } else {
                 const size_t qoff = qs_off(type);
                 const __m256i v = _mm256_inserti128_si256(
@@ -580,31 +700,15 @@ VNNI_INL void row1_vnni(int type, const core_q8_act_t *qa, int64_t ri, const uns
                 idx = _mm512_setr_epi32(i, i, i, i, i + 1, i + 1, i + 1, i + 1, i, i, i, i, i + 1,
                                         i + 1, i + 1, i + 1);
             }
-            const __m512i p = _mm512_dpbusd_epi32(zero, u, qv);
+            __m512i p = _mm512_dpbusd_epi32(zero, u, qv);
+            if (type == CORE_TTYPE_Q6_K) /* lanes of 4 products: 4 lanes per half-block scale */
+                p = _mm512_mullo_epi32(p, q6scales512(sb, i));
             const __m512 s = _mm512_permutexvar_ps(idx, sc8);
             acc[(i >> 1) & 1] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[(i >> 1) & 1]);
         }
     }
-    for (; b < nb; b++) {
-        const unsigned char *blk = row + (size_t)b * bb;
-        const float dw = half(blk);
-        __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(q + b * QB));
-        __m256i u;
-        if (type == CORE_TTYPE_Q8_0) {
-            const __m256i sw = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
-            u = _mm256_sign_epi8(sw, sw);
-            qv = _mm256_sign_epi8(qv, sw);
-        } else {
-            u = quants256(type, blk);
-        }
-        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, qv);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]), _mm256_cvtepi32_ps(p), acc1);
-        if (type != CORE_TTYPE_Q8_0) {
-            const float mw = has_m(type) ? half(blk + 2) : m_mul(type) * dw;
-            const float tm = mw * ds[b];
-            mtail += tm;
-        }
-    }
+    /* the blocks left after the last group of 8: the AVX2 code (same integers) */
+    tail256(type, row, q, d, ds, b, nb, &acc1, &mtail);
     put(c, ((hsum16(_mm512_add_ps(acc[0], acc[1])) + hsum8(acc1)) + hsum8(macc)) + mtail, beta);
 }
 
@@ -623,6 +727,8 @@ Q8_INSTANCE(q4_1_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q4_1)
 Q8_INSTANCE(q5_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q5_0)
 Q8_INSTANCE(q5_1_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q5_1)
 Q8_INSTANCE(q4_k_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q4_K)
+Q8_INSTANCE(q5_k_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q5_K)
+Q8_INSTANCE(q6_k_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q6_K)
 Q8_INSTANCE(q8_0_vnni, VNNI_FN, mm_vnni, CORE_TTYPE_Q8_0)
 #endif /* Q8_X86 */
 
@@ -638,6 +744,8 @@ static void mm(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j
         case CORE_TTYPE_Q5_0: mm_q5_0_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q5_1: mm_q5_1_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q4_K: mm_q4_k_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q5_K: mm_q5_k_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q6_K: mm_q6_k_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         default: mm_q8_0_vnni(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         }
     }
@@ -648,6 +756,8 @@ static void mm(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j
         case CORE_TTYPE_Q5_0: mm_q5_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q5_1: mm_q5_1_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q4_K: mm_q4_k_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q5_K: mm_q5_k_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_Q6_K: mm_q6_k_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         default: mm_q8_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         }
     }

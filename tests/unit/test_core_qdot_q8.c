@@ -32,8 +32,8 @@
 #include "tests/unit/check.h"
 
 static const int types[] = {CORE_TTYPE_Q4_0, CORE_TTYPE_Q4_1, CORE_TTYPE_Q5_0, CORE_TTYPE_Q5_1,
-                            CORE_TTYPE_Q8_0, CORE_TTYPE_Q4_K};
-enum { N_TYPES = 6 };
+                            CORE_TTYPE_Q8_0, CORE_TTYPE_Q4_K, CORE_TTYPE_Q5_K, CORE_TTYPE_Q6_K};
+enum { N_TYPES = 8 };
 
 /* k for a test that wants about k values: a multiple of the type's block */
 static int64_t k_for(int type, int64_t k)
@@ -81,26 +81,30 @@ static float get_half(const unsigned char *p)
     return core_fp16_to_fp32(h);
 }
 
-/* n rows of k values; exact != 0: power-of-two scales (see the top; Q4_K's
- * 6-bit sub-block scales and mins at most 3 there, to stay within 2^24). */
+/* n rows of k values; exact != 0: power-of-two scales (see the top; the
+ * K-quants' sub-block scales and mins at most 3 in magnitude there, Q6_K's
+ * int8 scales in [-2, 2], to stay within 2^24). */
 static void fill_w(core_rng_t *r, int type, int64_t n, int64_t k, size_t row_bytes,
                    unsigned char *w, int exact)
 {
     const size_t bb = core_ttype_block_bytes(type);
+    const int q6 = type == CORE_TTYPE_Q6_K;
     for (size_t i = 0; i < (size_t)n * row_bytes; i++)
         w[i] = (unsigned char)core_rng_u64(r);
     for (int64_t j = 0; j < n; j++)
         for (int64_t b = 0; b < k / core_ttype_block_elems(type); b++) {
             unsigned char *blk = w + (size_t)j * row_bytes + (size_t)b * bb;
-            put_half(blk, exact ? 0.0625f : (float)(core_rng_normal(r) * 0.05));
+            put_half(blk + (q6 ? 208 : 0), exact ? 0.0625f : (float)(core_rng_normal(r) * 0.05));
             if (type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q5_1)
                 put_half(blk + 2, exact ? 0.0625f * (float)((int)(core_rng_u64(r) % 33) - 16)
                                         : (float)(core_rng_normal(r) * 0.05));
-            if (type == CORE_TTYPE_Q4_K) {
+            if (type == CORE_TTYPE_Q4_K || type == CORE_TTYPE_Q5_K) {
                 put_half(blk + 2, exact ? 0.0625f : (float)(core_rng_normal(r) * 0.01));
                 for (int e = 0; e < 12 && exact; e++)
                     blk[4 + e] &= e < 8 ? 0x03 : 0x33;
             }
+            for (int e = 0; e < 16 && q6 && exact; e++)
+                blk[192 + e] = (unsigned char)(int8_t)((int)(core_rng_u64(r) % 5) - 2);
         }
 }
 
@@ -132,20 +136,39 @@ static void k_scale_min(int j, const unsigned char *q, int *sc, int *mn)
 }
 
 /* Block b (of 32 values) of a weight row: scale d_w, offset m_w and the 32
- * stored quants u (nibbles 0..15, 0..31 for Q5, or int8), as the kernels see
- * them. */
+ * integer weights u (nibbles 0..15, 0..31 for Q5, int8, or for Q6_K the
+ * 6-bit quant minus 32 times its 16 values' int8 scale), as the kernels see
+ * them. Written from core/tensor.c's dequantizers, independently of the
+ * kernels; E below is checked against core_dot_ref too. */
 static void block_parts(int type, const unsigned char *row, int64_t b, float *dw, float *mw,
                         int *u)
 {
-    if (type == CORE_TTYPE_Q4_K) {
-        const unsigned char *sb = row + (size_t)(b / 8) * 144;
-        const int i = (int)(b % 8);
+    const int sub = (int)(b % 8);  /* block in its super-block */
+    if (type == CORE_TTYPE_Q6_K) { /* ql[128] qh[64] scales[16] d */
+        const unsigned char *sb = row + (size_t)(b / 8) * 210;
+        const int half = sub / 4, quarter = sub % 4; /* 128-value half, 32-value quarter */
+        for (int e = 0; e < 32; e++) {
+            const unsigned char l = sb[64 * half + 32 * (quarter & 1) + e];
+            const int lo = (quarter < 2 ? l : l >> 4) & 0x0f;
+            const int hi = (sb[128 + 32 * half + e] >> (2 * quarter)) & 3;
+            const int sc = (int8_t)sb[192 + 8 * half + 2 * quarter + e / 16];
+            u[e] = sc * ((lo | hi << 4) - 32);
+        }
+        *dw = get_half(sb + 208);
+        *mw = 0.0f;
+        return;
+    }
+    if (type == CORE_TTYPE_Q4_K || type == CORE_TTYPE_Q5_K) {
+        const int q5 = type == CORE_TTYPE_Q5_K;
+        const unsigned char *sb = row + (size_t)(b / 8) * (q5 ? 176 : 144);
+        const unsigned char *qs = sb + (q5 ? 48 : 16) + 32 * (sub / 2);
         int sc, mn;
-        k_scale_min(i, sb + 4, &sc, &mn);
+        k_scale_min(sub, sb + 4, &sc, &mn);
         *dw = get_half(sb) * (float)sc;
         *mw = -(get_half(sb + 2) * (float)mn);
         for (int e = 0; e < 32; e++)
-            u[e] = (i % 2 ? sb[16 + 32 * (i / 2) + e] >> 4 : sb[16 + 32 * (i / 2) + e]) & 0x0f;
+            u[e] =
+                ((sub % 2 ? qs[e] >> 4 : qs[e]) & 0x0f) | (q5 ? ((sb[16 + e] >> sub) & 1) << 4 : 0);
         return;
     }
     const unsigned char *blk = row + (size_t)b * core_ttype_block_bytes(type);
@@ -478,7 +501,10 @@ TEST(force_isa_and_bad_arguments)
     CHECK(core_q8_supported(CORE_TTYPE_Q5_0));
     CHECK(core_q8_supported(CORE_TTYPE_Q5_1));
     CHECK(core_q8_supported(CORE_TTYPE_Q4_K));
-    CHECK(!core_q8_supported(CORE_TTYPE_Q6_K));
+    CHECK(core_q8_supported(CORE_TTYPE_Q5_K));
+    CHECK(core_q8_supported(CORE_TTYPE_Q6_K));
+    CHECK(!core_q8_supported(CORE_TTYPE_Q3_K));
+    CHECK(!core_q8_supported(CORE_TTYPE_F16));
     CHECK(!core_q8_supported(CORE_TTYPE_F32));
     CHECK(core_qdot_isa() == core_qdot_best_isa());
     CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_GENERIC), 0);
@@ -501,11 +527,15 @@ TEST(force_isa_and_bad_arguments)
     CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_1, &qa, 0, 1, w, 20, 0.0f, c, 1),
                  CORE_EINVAL);
     core_q8_act_init(&qa, buf, 1, 32);
-    CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q6_K, &qa, 0, 1, w, 210, 0.0f, c, 1),
-                 CORE_EINVAL);
-    /* k = 32 is no multiple of Q4_K's 256 */
+    CHECK_INT_EQ(
+        core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q3_K, &qa, 0, 1, w, 110, 0.0f, c, 1),
+        CORE_EINVAL);
+    /* k = 32 is no multiple of the K-quants' 256 */
     CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_K, &qa, 0, 1, w, 144, 0.0f, c, 1),
                  CORE_EINVAL);
+    CHECK_INT_EQ(
+        core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q6_K, &qa, 0, 1, w, 210, 0.0f, c, 1),
+        CORE_EINVAL);
     CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q4_1, &qa, 1, 0, w, 20, 0.0f, c, 1),
                  CORE_EINVAL);
     CHECK_INT_EQ(core_q8_matmul_isa((core_qdot_isa_t)9, CORE_TTYPE_Q4_1, &qa, 0, 1, w, 20, 0.0f, c, 1),
