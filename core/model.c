@@ -827,16 +827,27 @@ typedef struct wop {
  * thread: on the pool, its workers' polling after each run took the cores
  * OpenBLAS was about to use (prefill 272-295 against 337-375 tokens/s,
  * `make bench`, side by side). */
-static void gemm_tiles(core_model_t *m, int64_t n, const float *a, int64_t lda, const wmat_t *w,
-                       float beta, float *c, int64_t ldc)
+/* Every prompt sequence of more than MODEL_TILE_MIN_ROWS rows (rows pre_n[g]
+ * from row Td on, as in matmuls) times w, on dequantized tiles: each tile is
+ * dequantized once for all of them, then each sequence is its own sgemm on
+ * it, the same call as when it is alone (so the same bits). */
+static void gemm_tiles(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n_pre,
+                       const float *a, int64_t lda, const wmat_t *w, float beta, float *c,
+                       int64_t ldc)
 {
     const int64_t k = w->k, tile = (int64_t)m->wtile_n / k;
-    for (int64_t j0 = 0; j0 < w->rows; j0 += tile) {
+    int any = 0;
+    for (int64_t g = 0; g < n_pre; g++)
+        any |= pre_n[g] > MODEL_TILE_MIN_ROWS;
+    for (int64_t j0 = 0; any && j0 < w->rows; j0 += tile) {
         const int64_t nj = w->rows - j0 < tile ? w->rows - j0 : tile;
         /* rows are contiguous whole blocks: one call for the tile */
         core_qdot_dequant(w->type, (const unsigned char *)w->data + (size_t)j0 * w->row_bytes,
                           m->wtile, nj * k);
-        core_gemm_nt(n, nj, k, 1.0f, a, lda, m->wtile, k, beta, c + j0, ldc);
+        for (int64_t g = 0, r0 = Td; g < n_pre; r0 += pre_n[g], g++)
+            if (pre_n[g] > MODEL_TILE_MIN_ROWS)
+                core_gemm_nt(pre_n[g], nj, k, 1.0f, a + r0 * lda, lda, m->wtile, k, beta,
+                             c + r0 * ldc + j0, ldc);
     }
 }
 
@@ -846,7 +857,8 @@ static void gemm_tiles(core_model_t *m, int64_t n, const float *a, int64_t lda, 
  * blocks in place (quantized to 8 bits once, for every op with an integer
  * kernel). A prompt sequence's rows read them in place too when there are at
  * most MODEL_TILE_MIN_ROWS (f32 activations); more rows amortize the
- * dequantization and go to sgemm on dequantized tiles (gemm_tiles). Weights without a qdot
+ * dequantization and go to sgemm on dequantized tiles (gemm_tiles: each tile
+ * once for all such sequences of the call). Weights without a qdot
  * kernel (F32, F16, BF16) are f32 (w32) on every path. One call per sequence, not one over all
  * rows: sgemm's rounding depends on the number of rows, and a sequence's
  * numbers must not depend on what else shares the batch (the 8-bit rounding
@@ -903,10 +915,8 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
                              o->c + r0 * o->ldc, o->ldc);
                 continue;
             }
-            if (n > MODEL_TILE_MIN_ROWS) {
-                gemm_tiles(m, n, a + r0 * lda, lda, qw, o->beta, o->c + r0 * o->ldc, o->ldc);
-                continue;
-            }
+            if (n > MODEL_TILE_MIN_ROWS)
+                continue; /* gemm_tiles below, with the other long ones */
             core_qdot_job_t *jb = &jobs[nj++];
             *jb = base;
             jb->c = o->c + r0 * o->ldc;
@@ -915,6 +925,8 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
             jb->k = k;
             jb->lda = lda;
         }
+        if (qw->qdot)
+            gemm_tiles(m, Td, pre_n, n_pre, a, lda, qw, o->beta, o->c, o->ldc);
     }
     if (nj > 0)
         core_qdot_run_jobs(m->pool, jobs, nj);

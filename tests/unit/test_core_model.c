@@ -203,8 +203,9 @@ static void batched_check(core_model_t *mdl)
 {
     enum { B = 5, STEPS = 3 };
     const int64_t prefix[B] = {0, 30, 12, 3, 70};
-    /* tokens per step per sequence */
-    const int64_t n_new[STEPS][B] = {{17, 1, 5, 1, 100}, {1, 1, 9, 1, 1}, {1, 80, 1, 2, 1}};
+    /* tokens per step per sequence; more than 32 (MODEL_TILE_MIN_ROWS) go to
+     * dequantized weight tiles, shared by the sequences of a step */
+    const int64_t n_new[STEPS][B] = {{40, 1, 5, 1, 100}, {1, 1, 9, 1, 1}, {1, 80, 1, 2, 1}};
     const int mode[B] = {CORE_LOGITS_ALL, CORE_LOGITS_LAST, CORE_LOGITS_ALL, CORE_LOGITS_LAST,
                          CORE_LOGITS_NONE};
     core_rng_t r;
@@ -269,6 +270,21 @@ static void batched_check(core_model_t *mdl)
 TEST(batched_matches_alone)
 {
     batched_check(tiny);
+}
+
+/* The same with weight tiles much smaller than a matrix: every tile is
+ * dequantized once and shared by the long prompt sequences of a step. */
+TEST(batched_matches_alone_small_tiles)
+{
+    core_model_opts_t o = {.tile_floats = 7 * 64 + 5};
+    core_model_t *small = NULL;
+    core_error_t err = {0};
+    CHECK_MSG(core_model_load(getenv("DARKSERVE_TINY_MODEL"), &o, &small, &err) == 0, "%s",
+              err.msg);
+    if (!small)
+        return;
+    batched_check(small);
+    core_model_free(small);
 }
 
 /* The tiny model with a DARKFormer adapter (M = I, 16 features, W = 8) that
@@ -736,6 +752,7 @@ int main(void)
     RUN(weight_tiles_match_one_tile);
     RUN(last_mode_equals_last_row_of_all);
     RUN(batched_matches_alone);
+    RUN(batched_matches_alone_small_tiles);
     RUN(batched_matches_alone_with_lora);
     RUN(state_digest_covers_the_lora);
     RUN(overflow_in_batch_leaves_every_state_untouched);
