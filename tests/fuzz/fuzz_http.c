@@ -6,7 +6,10 @@
  * handler, deferred and streamed answers, the access line.
  *
  * The server is started once: the tiny fixture model ($DARKSERVE_TINY_MODEL,
- * or build/fixtures/tiny.gguf) with Performer attention, a session directory
+ * or build/fixtures/tiny.gguf) with DARKFormer v2 attention as the default
+ * configuration runs it (an adapter written at startup: identity M, 16
+ * features, window 4, 2 sinks, features before RoPE, decays, mixing weights
+ * and a rank-2 LoRA), a session directory
  * in a fresh temp directory, two API keys ("fuzz-user", and "fuzz-admin"
  * marked admin), and small limits so that one input costs milliseconds
  * (max_tokens at most 8, 4 sessions in memory, 16 on disk).
@@ -27,6 +30,7 @@
  * object with an "error" member. FUZZ_HTTP_VERBOSE=1 in the
  * environment prints every request's status and the start of its answer.
  */
+#include "core/features.h"
 #include "server/api.h"
 #include "server/config.h"
 #include "server/http.h"
@@ -75,15 +79,63 @@ static void fh_wait(srv_http_result_t *r)
     }
 }
 
+/* A DARKFormer v2 adapter for the tiny model at path (fh_start's
+ * configuration: every part of the default's attention, small). */
+static void fh_write_adapter(const char *path)
+{
+    core_model_t *m = fuzz_load_tiny(CORE_ATTN_PERFORMER, 4, NULL);
+    const core_model_info_t *in = core_model_info(m);
+    const int L = in->n_layer, Hkv = in->n_head_kv, H = in->n_head, hd = in->head_dim, r = 2;
+    const int64_t D = in->n_embd, qd = (int64_t)H * hd, kvd = (int64_t)Hkv * hd;
+    const int64_t size[8] = {r * D, qd * r, r * D, kvd * r, r * D, kvd * r, r * qd, D * r};
+    float *mat = calloc((size_t)L * Hkv * hd * hd, sizeof *mat);
+    float *decay = malloc((size_t)L * Hkv * sizeof *decay), *mix = malloc((size_t)L * H * sizeof *mix);
+    float *lora[8];
+    FUZZ_REQUIRE(mat && decay && mix);
+    for (int i = 0; i < L * Hkv; i++) {
+        decay[i] = 0.99f;
+        for (int d = 0; d < hd; d++)
+            mat[((size_t)i * hd + d) * hd + d] = 1.0f;
+    }
+    for (int i = 0; i < L * H; i++)
+        mix[i] = -1.0f;
+    for (int p = 0; p < 8; p++) {
+        lora[p] = malloc((size_t)L * (size_t)size[p] * sizeof(float));
+        FUZZ_REQUIRE(lora[p] != NULL);
+        for (int64_t i = 0; i < L * size[p]; i++)
+            lora[p][i] = (float)((i * 7919 + p * 104729) % 201 - 100) * 1e-3f;
+    }
+    core_features_adapter_desc_t d = {.kind = CORE_ATTN_DARKFORMER, .n_layer = L, .n_head = H,
+                                      .n_head_kv = Hkv, .head_dim = hd, .n_features = 16,
+                                      .window = 4, .sinks = 2, .prerope = 1, .seed = 7,
+                                      .base_fingerprint = in->fingerprint, .mat = mat,
+                                      .decay = decay, .mix = mix, .lora_rank = r,
+                                      .n_embd = (int)D};
+    memcpy(d.lora, lora, sizeof d.lora);
+    core_error_t err = {0};
+    if (core_features_adapter_write(&d, path, &err) < 0) {
+        fprintf(stderr, "fuzz_http setup: adapter: %s\n", err.msg);
+        abort();
+    }
+    for (int p = 0; p < 8; p++)
+        free(lora[p]);
+    free(mat);
+    free(decay);
+    free(mix);
+    core_model_free(m);
+}
+
 static void fh_start(void)
 {
     fh_server_t *S = calloc(1, sizeof *S);
     FUZZ_REQUIRE(S != NULL);
     snprintf(S->dir, sizeof S->dir, "/tmp/darkserve-fuzz-http-XXXXXX");
     FUZZ_REQUIRE(mkdtemp(S->dir) != NULL);
-    char keys[128], sessions[128];
+    char keys[128], sessions[128], adapter[128];
     snprintf(keys, sizeof keys, "%s/keys", S->dir);
     snprintf(sessions, sizeof sessions, "%s/sessions", S->dir);
+    snprintf(adapter, sizeof adapter, "%s/tiny.darkformer.gguf", S->dir);
+    fh_write_adapter(adapter);
     FILE *f = fopen(keys, "w");
     FUZZ_REQUIRE(f != NULL);
     fputs("fuzz-user\nfuzz-admin admin\n", f);
@@ -91,11 +143,9 @@ static void fh_start(void)
     char *argv[] = {"--model",
                     (char *)fuzz_tiny_path(),
                     "--attn",
-                    "performer",
-                    "--features",
-                    "16",
-                    "--window",
-                    "4",
+                    "darkformer",
+                    "--adapter",
+                    adapter,
                     "--threads",
                     "1",
                     "--session-dir",
