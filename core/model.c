@@ -2,21 +2,22 @@
  *
  * Loading reads the llama.* hyperparameters and checks every tensor's
  * presence, type and shape against them (the error names the tensor). The
- * weight matrices stay in the file's mapping in their GGUF type, with no f32
- * copies: the model's resident memory is its file plus scratch. Only the
- * norm vectors, and matrices of a type without a core/qdot kernel (F16,
- * BF16), are held as f32.
+ * weight matrices stay in the file's mapping in their GGUF type (F16 and
+ * BF16 included), with no f32 copies: the model's resident memory is its
+ * file plus scratch. Only the norm vectors (and an F32 matrix the file does
+ * not align to 4 bytes) are held as f32.
  *
  * Decode rows (every sequence that brings one token to the forward; they are
- * placed first) read the quantized weights in place through core/qdot, 4-6x
- * fewer bytes per token: for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K weights they are
- * quantized to 8 bits once per input (one quantization serves q, k and v;
- * another gate and up) and multiplied in integers; other block types take
- * them as f32. A prompt sequence of at most MODEL_TILE_MIN_ROWS rows reads
- * them in place too (f32 activations); a longer one multiplies each matrix
- * tile by tile: MODEL_TILE_FLOATS of its rows dequantized (exactly) into a
- * scratch tile, then sgemm, so the f32 values are made
- * once per forward and stay in cache. Which path a row takes depends only on
+ * placed first) read the weights in place through core/qdot, 4-6x fewer
+ * bytes per token than f32 for the block types: for Q4_0/Q4_1/Q5_0/Q5_1/
+ * Q8_0/Q4_K/Q5_K/Q6_K weights they are quantized to 8 bits once per input
+ * (one quantization serves q, k and v; another gate and up) and multiplied in
+ * integers; the other types (F16, BF16, Q2_K, Q3_K) take the rows as f32. A
+ * prompt sequence of at most MODEL_TILE_MIN_ROWS rows reads them in place
+ * too (f32 activations); a longer one multiplies each matrix tile by tile:
+ * MODEL_TILE_FLOATS of its rows dequantized (exactly) into a scratch tile,
+ * then sgemm, so the f32 values are made once per forward and stay in
+ * cache. Which path a row takes depends only on
  * its own sequence, so a sequence computes the same (up to float rounding)
  * whatever else shares the batch. The core/qdot products run on the model's
  * thread pool (core/pool.h), their weight rows shared out among the threads:
@@ -75,10 +76,10 @@ enum {
 
 /* A weight matrix of rows × k values in the file's mapping (data, borrowed
  * from core_model.g), row j at data + j·row_bytes. qdot: core/qdot has a
- * kernel for the type (block types): decode rows read it in place, prompt
- * rows through dequantized tiles. Otherwise w32 is an f32 view of the whole
- * matrix for every path: the mapping itself for F32 (when aligned), else
- * own, an f32 copy made at load (F16, BF16). */
+ * kernel for the type (block types, F16, BF16): decode rows read it in
+ * place, prompt rows through dequantized tiles. Otherwise (F32) w32 is an
+ * f32 view of the whole matrix for every path: the mapping itself when
+ * aligned, else own, an f32 copy made at load. */
 typedef struct wmat {
     const void *data;
     int type;
@@ -858,9 +859,9 @@ static void gemm_tiles(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_
  * kernel). A prompt sequence's rows read them in place too when there are at
  * most MODEL_TILE_MIN_ROWS (f32 activations); more rows amortize the
  * dequantization and go to sgemm on dequantized tiles (gemm_tiles: each tile
- * once for all such sequences of the call). Weights without a qdot
- * kernel (F32, F16, BF16) are f32 (w32) on every path. One call per sequence, not one over all
- * rows: sgemm's rounding depends on the number of rows, and a sequence's
+ * once for all such sequences of the call). F32 weights (no qdot kernel)
+ * are read as f32 (w32) on every path. One call per sequence, not one over
+ * all rows: sgemm's rounding depends on the number of rows, and a sequence's
  * numbers must not depend on what else shares the batch (the 8-bit rounding
  * of the next decode step would amplify a last-bit difference). All
  * core/qdot products of the call are one pool run. */

@@ -1,12 +1,15 @@
-/* core/qdot.c — products of f32 activation rows with quantized weight rows.
+/* core/qdot.c — products of f32 activation rows with quantized (or F16,
+ * BF16) weight rows.
  *
- * Every weight block is dequantized once (in registers for Q4_0/Q4_1/Q8_0,
- * into a one-block buffer for the other types) and multiplied with all m
- * activation rows of the current chunk, so a weight byte is read once per
- * call. With several rows the dequantized values are formed with the same
- * operations as core/tensor.c (product, then sum; no FMA there); with one row
- * (decode) the block scale is factored out of the block's sum instead, which
- * saves the per-value multiply and add on the busiest execution ports.
+ * Every weight block is dequantized once (in registers for Q4_0/Q4_1/Q8_0
+ * and for runs of 32 F16/BF16 values, into a one-block buffer for the other
+ * types) and multiplied with all m activation rows of the current chunk, so
+ * a weight byte is read once per call. With several rows the dequantized
+ * values are formed with the same operations as core/tensor.c (product, then
+ * sum; no FMA there); with one row (decode) the block scale is factored out
+ * of the block's sum instead, which saves the per-value multiply and add on
+ * the busiest execution ports (F16/BF16 have no scale: their values convert
+ * exactly, F16 with F16C, BF16 with a 16-bit shift).
  *
  * AVX2 is opt-in per function (the build targets x86-64-v2) and picked at run
  * time with __builtin_cpu_supports. The integer path is in core/qdot_q8.c;
@@ -32,17 +35,27 @@ enum {
     QDOT_SX_MAX = 1024   /* blocks per row (k <= 32768) the one-row kernel keeps sums for */
 };
 
+/* F16 and BF16: "blocks" of one value, read in runs of 32 (64 bytes) by the
+ * SIMD kernels, any k. */
+static inline int is_half(int type)
+{
+    return type == CORE_TTYPE_F16 || type == CORE_TTYPE_BF16;
+}
+
 int core_qdot_supported(int type)
 {
-    if (type == CORE_TTYPE_F32 || !core_ttype_supported(type))
+    if (is_half(type))
+        return 1;
+    if (!core_ttype_supported(type))
         return 0;
-    const int64_t b = core_ttype_block_elems(type);
+    const int64_t b = core_ttype_block_elems(type); /* F32: 1 */
     return b == 32 || b == QDOT_MAX_BLCK;
 }
 
 int core_qdot_has_fast_kernel(int type)
 {
-    return type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q8_0;
+    return type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 || type == CORE_TTYPE_Q8_0 ||
+           is_half(type);
 }
 
 static inline void put(float *c, float v, float beta)
@@ -57,23 +70,21 @@ static void qmm_generic(int type, int64_t m, int64_t n, int64_t k, const float *
 {
     const int64_t blck = core_ttype_block_elems(type);
     const size_t bb = core_ttype_block_bytes(type);
-    float y[QDOT_MAX_BLCK]; /* one block, [blck] */
+    /* values dequantized at a time: a block, or up to 256 F16/BF16 values */
+    const int64_t run = blck == 1 ? QDOT_MAX_BLCK : blck;
+    float y[QDOT_MAX_BLCK]; /* one run, [run] */
     for (int64_t j = 0; j < n; j++) {
         const unsigned char *row = w + (size_t)j * row_bytes;
         for (int64_t r0 = 0; r0 < m; r0 += QDOT_MR) {
             const int mr = m - r0 < QDOT_MR ? (int)(m - r0) : QDOT_MR;
             float s[QDOT_MR][4] = {{0}};
-            const unsigned char *blk = row;
-            for (int64_t i = 0; i < k; i += blck, blk += bb) {
-                (void)core_dequantize(type, blk, y, blck, NULL);
+            for (int64_t i = 0; i < k; i += run) {
+                const int64_t len = k - i < run ? k - i : run;
+                (void)core_dequantize(type, row + (size_t)(i / blck) * bb, y, len, NULL);
                 for (int r = 0; r < mr; r++) {
                     const float *x = a + (r0 + r) * lda + i;
-                    for (int64_t e = 0; e < blck; e += 4) {
-                        s[r][0] += y[e] * x[e];
-                        s[r][1] += y[e + 1] * x[e + 1];
-                        s[r][2] += y[e + 2] * x[e + 2];
-                        s[r][3] += y[e + 3] * x[e + 3];
-                    }
+                    for (int64_t e = 0; e < len; e++) /* sum e % 4 of the row (run % 4 == 0) */
+                        s[r][e & 3] += y[e] * x[e];
                 }
             }
             for (int r = 0; r < mr; r++)
@@ -85,8 +96,8 @@ static void qmm_generic(int type, int64_t m, int64_t n, int64_t k, const float *
 /* ---- AVX2 / FMA ---- */
 
 #ifdef QDOT_X86
-#define AVX2_FN __attribute__((target("avx2,fma")))
-#define AVX2_INL static inline __attribute__((target("avx2,fma"), always_inline))
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
 AVX2_INL float hsum8(__m256 s)
 {
@@ -114,11 +125,34 @@ AVX2_INL float half_tab(const unsigned char *p)
     return h2f[h];
 }
 
-/* The 32 values of one block as four vectors in element order (written out:
- * loops over small arrays here end up spilled to the stack). */
+/* 8 F16 (F16C) or BF16 (a shift) values at p as floats: both exact. */
+AVX2_INL __m256 half8(int type, const unsigned char *p)
+{
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (type == CORE_TTYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Bytes of the 32 values deq_block reads: a block, or 32 F16/BF16 values. */
+static inline size_t grp_bytes(int type)
+{
+    return is_half(type) ? 64 : core_ttype_block_bytes(type);
+}
+
+/* The 32 values of one block (or 32 F16/BF16 values) as four vectors in
+ * element order (written out: loops over small arrays here end up spilled
+ * to the stack). */
 AVX2_INL void deq_block(int type, const unsigned char *b, __m256 *w0, __m256 *w1, __m256 *w2,
                         __m256 *w3)
 {
+    if (is_half(type)) {
+        *w0 = half8(type, b);
+        *w1 = half8(type, b + 16);
+        *w2 = half8(type, b + 32);
+        *w3 = half8(type, b + 48);
+        return;
+    }
     const __m256 d = _mm256_set1_ps(half_tab(b));
     if (type == CORE_TTYPE_Q8_0) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));
@@ -205,10 +239,21 @@ AVX2_INL void row1_factored(int type, const float *x, const float *sx, const uns
     put(c, hsum8(acc) + ms, beta);
 }
 
-/* One weight row against MR (2..8, a literal at every call site) activation
- * rows, one accumulator each: the rows are the independent chains. */
+/* The 32 products of w0..w3 (one block) with x[0..32), as 8 lane sums. */
+AVX2_INL __m256 dot32(__m256 w0, __m256 w1, __m256 w2, __m256 w3, const float *x)
+{
+    __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(x));
+    t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), t);
+    t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), t);
+    return _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), t);
+}
+
+/* One weight row against MR (1..8, a literal at every call site) activation
+ * rows, one accumulator each: the rows are the independent chains. tail:
+ * the values past the nb groups of 32 (F16/BF16 rows only), zero-padded to
+ * one more group. */
 AVX2_INL void row_fast(int type, int MR, const float *a, int64_t lda, const unsigned char *row,
-                       int64_t nb, size_t bb, float beta, float *c, int64_t ldc)
+                       int64_t nb, size_t bb, int tail, float beta, float *c, int64_t ldc)
 {
     __m256 acc[QDOT_MR];
 #pragma GCC unroll 8
@@ -218,13 +263,18 @@ AVX2_INL void row_fast(int type, int MR, const float *a, int64_t lda, const unsi
         __m256 w0, w1, w2, w3;
         deq_block(type, row + (size_t)b * bb, &w0, &w1, &w2, &w3);
 #pragma GCC unroll 8
+        for (int r = 0; r < MR; r++)
+            acc[r] = _mm256_add_ps(acc[r], dot32(w0, w1, w2, w3, a + r * lda + b * 32));
+    }
+    if (tail > 0) {
+        unsigned char wt[64] = {0}; /* [32] F16/BF16 values */
+        memcpy(wt, row + (size_t)nb * bb, (size_t)tail * 2);
+        __m256 w0, w1, w2, w3;
+        deq_block(type, wt, &w0, &w1, &w2, &w3);
         for (int r = 0; r < MR; r++) {
-            const float *x = a + r * lda + b * 32;
-            __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(x));
-            t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), t);
-            t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + 16), t);
-            t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), t);
-            acc[r] = _mm256_add_ps(acc[r], t);
+            float xt[32] = {0};
+            memcpy(xt, a + r * lda + nb * 32, (size_t)tail * sizeof(float));
+            acc[r] = _mm256_add_ps(acc[r], dot32(w0, w1, w2, w3, xt));
         }
     }
 #pragma GCC unroll 8
@@ -236,13 +286,14 @@ AVX2_INL void qmm_fast(int type, int64_t m, int64_t n, int64_t k, const float *a
                        const unsigned char *w, size_t row_bytes, float beta, float *c, int64_t ldc)
 {
     const int64_t nb = k / 32;
-    const size_t bb = core_ttype_block_bytes(type);
+    const size_t bb = grp_bytes(type);
+    const int tail = is_half(type) ? (int)(k % 32) : 0;
     float sx[QDOT_SX_MAX]; /* [nb] per-block sums of the single activation row */
     for (int64_t r0 = 0; r0 < m; r0 += QDOT_MR) {
         const int64_t mr = m - r0 < QDOT_MR ? m - r0 : QDOT_MR;
         const float *ar = a + r0 * lda;
         float *cr = c + r0 * ldc;
-        if (mr == 1 && nb <= QDOT_SX_MAX) {
+        if (mr == 1 && nb <= QDOT_SX_MAX && !is_half(type)) { /* no scale to factor out */
             if (type == CORE_TTYPE_Q4_1) {
                 for (int64_t b = 0; b < nb; b++) {
                     const float *x = ar + b * 32;
@@ -258,40 +309,33 @@ AVX2_INL void qmm_fast(int type, int64_t m, int64_t n, int64_t k, const float *a
         for (int64_t j = 0; j < n; j++) {
             const unsigned char *row = w + (size_t)j * row_bytes;
             switch (mr) {
-            case 1: row_fast(type, 1, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
-            case 2: row_fast(type, 2, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
-            case 3: row_fast(type, 3, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
-            case 4: row_fast(type, 4, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
-            case 5: row_fast(type, 5, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
-            case 6: row_fast(type, 6, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
-            case 7: row_fast(type, 7, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
-            default: row_fast(type, 8, ar, lda, row, nb, bb, beta, cr + j, ldc); break;
+            case 1: row_fast(type, 1, ar, lda, row, nb, bb, tail, beta, cr + j, ldc); break;
+            case 2: row_fast(type, 2, ar, lda, row, nb, bb, tail, beta, cr + j, ldc); break;
+            case 3: row_fast(type, 3, ar, lda, row, nb, bb, tail, beta, cr + j, ldc); break;
+            case 4: row_fast(type, 4, ar, lda, row, nb, bb, tail, beta, cr + j, ldc); break;
+            case 5: row_fast(type, 5, ar, lda, row, nb, bb, tail, beta, cr + j, ldc); break;
+            case 6: row_fast(type, 6, ar, lda, row, nb, bb, tail, beta, cr + j, ldc); break;
+            case 7: row_fast(type, 7, ar, lda, row, nb, bb, tail, beta, cr + j, ldc); break;
+            default: row_fast(type, 8, ar, lda, row, nb, bb, tail, beta, cr + j, ldc); break;
             }
         }
     }
 }
 
 /* Separate instantiations so each type's dequantization is branch-free. */
-AVX2_FN static void qmm_q4_0_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                                  const unsigned char *w, size_t row_bytes, float beta, float *c,
-                                  int64_t ldc)
-{
-    qmm_fast(CORE_TTYPE_Q4_0, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
-}
+#define QMM_INSTANCE(suffix, TYPE)                                                                 \
+    AVX2_FN static void qmm_##suffix##_avx2(int64_t m, int64_t n, int64_t k, const float *a,       \
+                                            int64_t lda, const unsigned char *w, size_t row_bytes, \
+                                            float beta, float *c, int64_t ldc)                     \
+    {                                                                                              \
+        qmm_fast(TYPE, m, n, k, a, lda, w, row_bytes, beta, c, ldc);                               \
+    }
 
-AVX2_FN static void qmm_q4_1_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                                  const unsigned char *w, size_t row_bytes, float beta, float *c,
-                                  int64_t ldc)
-{
-    qmm_fast(CORE_TTYPE_Q4_1, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
-}
-
-AVX2_FN static void qmm_q8_0_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                                  const unsigned char *w, size_t row_bytes, float beta, float *c,
-                                  int64_t ldc)
-{
-    qmm_fast(CORE_TTYPE_Q8_0, m, n, k, a, lda, w, row_bytes, beta, c, ldc);
-}
+QMM_INSTANCE(q4_0, CORE_TTYPE_Q4_0)
+QMM_INSTANCE(q4_1, CORE_TTYPE_Q4_1)
+QMM_INSTANCE(q8_0, CORE_TTYPE_Q8_0)
+QMM_INSTANCE(f16, CORE_TTYPE_F16)
+QMM_INSTANCE(bf16, CORE_TTYPE_BF16)
 
 /* Other block types: dequantize one block with core/tensor.c, FMA it with
  * every row of the chunk. */
@@ -382,9 +426,12 @@ const char *core_qdot_isa_name(core_qdot_isa_t isa)
 }
 
 #ifdef QDOT_X86
-AVX2_FN static void dequant_avx2(int type, const unsigned char *src, float *dst, int64_t nb)
+/* n values in groups of 32 (deq_block); an F16/BF16 rest of n % 32 values
+ * through core_dequantize. */
+AVX2_FN static void dequant_avx2(int type, const unsigned char *src, float *dst, int64_t n)
 {
-    const size_t bb = core_ttype_block_bytes(type);
+    const size_t bb = grp_bytes(type);
+    const int64_t nb = n / 32;
     for (int64_t b = 0; b < nb; b++) {
         __m256 w0, w1, w2, w3;
         deq_block(type, src + (size_t)b * bb, &w0, &w1, &w2, &w3);
@@ -394,18 +441,19 @@ AVX2_FN static void dequant_avx2(int type, const unsigned char *src, float *dst,
         _mm256_storeu_ps(y + 16, w2);
         _mm256_storeu_ps(y + 24, w3);
     }
+    if (n > nb * 32)
+        (void)core_dequantize(type, src + (size_t)nb * bb, dst + nb * 32, n - nb * 32, NULL);
 }
 #endif
 
 static int dequant(core_qdot_isa_t isa, int type, const void *src, float *dst, int64_t n)
 {
 #ifdef QDOT_X86
-    if (isa >= CORE_QDOT_AVX2 && (type == CORE_TTYPE_Q4_0 || type == CORE_TTYPE_Q4_1 ||
-                                  type == CORE_TTYPE_Q8_0)) {
-        if (n < 0 || n % 32 != 0)
+    if (isa >= CORE_QDOT_AVX2 && core_qdot_has_fast_kernel(type)) {
+        if (n < 0 || n % core_ttype_block_elems(type) != 0)
             return CORE_EINVAL;
         (void)pthread_once(&h2f_once, h2f_init);
-        dequant_avx2(type, src, dst, n / 32);
+        dequant_avx2(type, src, dst, n);
         return 0;
     }
 #else
@@ -437,6 +485,8 @@ static void qmm(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k, 
         case CORE_TTYPE_Q4_0: qmm_q4_0_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q4_1: qmm_q4_1_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
         case CORE_TTYPE_Q8_0: qmm_q8_0_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_F16: qmm_f16_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
+        case CORE_TTYPE_BF16: qmm_bf16_avx2(m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
         default: qmm_block_avx2(type, m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
         }
     }

@@ -1,15 +1,20 @@
-/* core/qdot.h — matrix products against quantized weight rows, read in place.
+/* core/qdot.h — matrix products against quantized (or F16, BF16) weight rows,
+ * read in place.
  *
  * Decode multiplies a few activation rows by every weight matrix, so it is
  * bound by reading the weights. These kernels read the GGUF blocks directly
- * (Q4_1 is ~5 bits per weight instead of 32) and dequantize in registers.
+ * (Q4_1 is ~5 bits per weight instead of 32, F16 16) and dequantize in
+ * registers.
  *
  * Error contract (what tests/unit/test_core_qdot.c checks against
  * core_dot_ref): every output is within gamma(k/4 + 8) * S of the exact sum,
  * gamma(n) = n u / (1 - n u), u = 2^-24, S = sum_i |y_i x_i| with y the
  * values core_dequantize gives; for types with a block offset (Q4_1: y = d q +
  * m) the one-row kernel factors d and m out of the block sums, so there S =
- * sum_i (|y_i| + 2 |m_b|) |x_i| (>= sum_i (|d q_i| + |m_b|) |x_i|).
+ * sum_i (|y_i| + 2 |m_b|) |x_i| (>= sum_i (|d q_i| + |m_b|) |x_i|). F16 and
+ * BF16 have no scale or offset and every value converts to f32 exactly, so
+ * for them the bound is gamma(k/4 + 8) * sum_i |y_i x_i| for any k (the
+ * kernels keep at most k/4 + 8 operations in any value's chain).
  *
  * Integer path (core_q8_*, the decode path of core/model.c): activation rows
  * are quantized once per product to 8 bits per block of 32 (core_q8_act_t),
@@ -58,10 +63,12 @@ typedef enum core_qdot_isa {
 } core_qdot_isa_t;
 
 /* 1 when core_qmatmul_nt accepts weights of this type: the dequantizable
- * block types (block of 32 or 256 values); 0 for F32/F16/BF16 and unknown. */
+ * block types (block of 32 or 256 values), F16 and BF16; 0 for F32 (sgemm
+ * reads it as it is) and unknown types. */
 int core_qdot_supported(int type);
-/* 1 when this type has a dedicated SIMD kernel (Q4_0, Q4_1, Q8_0); the other
- * supported types go through a dequantize-one-block-then-FMA path. */
+/* 1 when this type has a dedicated SIMD kernel (Q4_0, Q4_1, Q8_0, F16,
+ * BF16); the other supported types go through a dequantize-one-block-then-FMA
+ * path. */
 int core_qdot_has_fast_kernel(int type);
 /* The best ISA this CPU runs (CPUID, and the OS saves the registers). */
 core_qdot_isa_t core_qdot_best_isa(void);
@@ -81,8 +88,8 @@ const char *core_qdot_isa_name(core_qdot_isa_t isa);
  * core_ttype_row_bytes(type, k)). a (borrowed, [m][lda] floats), w
  * (borrowed), c (caller-owned, [m][ldc] floats). beta == 0 overwrites C (NaN
  * in C does not propagate). Preconditions (caller's, not checked in the hot
- * path): core_qdot_supported(type), k a multiple of the type's block, m, n >=
- * 0. Best ISA of this CPU. */
+ * path): core_qdot_supported(type), k a multiple of the type's block (any k
+ * for F16, BF16), m, n >= 0. Best ISA of this CPU. */
 void core_qmatmul_nt(int type, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                      const void *w, size_t row_bytes, float beta, float *c, int64_t ldc);
 /* Same with an explicit ISA (for tests comparing paths). Returns 0, or
@@ -95,9 +102,11 @@ int core_qmatmul_nt_isa(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int
 
 /* dst[0..n) = the n values of type at src, exactly what core_dequantize
  * gives (n a multiple of the type's block, src whole blocks), with SIMD for
- * Q4_0, Q4_1 and Q8_0 where the CPU has AVX2: for prompt products that
- * dequantize weight tiles (core/model.c). Preconditions as
- * core_qmatmul_nt's (core_qdot_supported(type)); not checked. */
+ * Q4_0, Q4_1, Q8_0, F16 and BF16 where the CPU has AVX2: for prompt products
+ * that dequantize weight tiles (core/model.c). One exception to "exactly":
+ * an F16 signaling NaN comes out of F16C as a quiet NaN (core_dequantize
+ * keeps the pattern); still a NaN. Preconditions as core_qmatmul_nt's
+ * (core_qdot_supported(type)); not checked. */
 void core_qdot_dequant(int type, const void *src, float *dst, int64_t n);
 /* The same on an explicit ISA; CORE_EUNSUPPORTED when this CPU cannot run
  * it, CORE_EINVAL for a type or n core_dequantize refuses. */

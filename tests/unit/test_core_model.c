@@ -13,6 +13,7 @@
 #include "core/model.h"
 #include "core/rng.h"
 #include "core/state.h"
+#include "core/tensor.h"
 
 static core_model_t *tiny;     /* loaded once, default options */
 static core_model_t *tiny_32;  /* the same with max_ctx = 32 */
@@ -502,6 +503,9 @@ typedef struct synth {
     int tied;                /* omit output.weight */
     const char *extra_key;   /* an extra uint32 key set to 8 */
     int rope_freqs;          /* add a rope_freqs.weight tensor */
+    int half;                /* F16 or BF16: every value rounded to that type, */
+    int half_mats;           /* and the matrices stored in it (else F32) */
+    int64_t tile_floats;     /* load option (0: the default) */
 } synth_t;
 
 enum { S_D = 32, S_H = 2, S_HD = 16, S_FF = 64, S_V = 40 };
@@ -516,11 +520,20 @@ static int add_f32(core_gguf_writer_t *w, const synth_t *o, const char *name, in
     int64_t ne[2] = {ne0, ne1 > 0 ? ne1 : 1};
     size_t n = (size_t)(ne[0] * ne[1]);
     float *data = malloc(n * sizeof *data);
-    for (size_t i = 0; i < n; i++)
+    uint16_t *h = malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) {
         data[i] = (float)(0.2 * core_rng_normal(r));
-    int rc = core_gguf_writer_add_tensor(w, name, 0 /* F32 */, ne1 > 0 ? 2 : 1, ne, data,
-                                         n * sizeof *data);
+        if (o->half == CORE_TTYPE_F16)
+            data[i] = core_fp16_to_fp32(h[i] = core_fp32_to_fp16(data[i]));
+        else if (o->half == CORE_TTYPE_BF16)
+            data[i] = core_bf16_to_fp32(h[i] = core_fp32_to_bf16(data[i]));
+    }
+    int rc = o->half_mats && ne1 > 0
+                 ? core_gguf_writer_add_tensor(w, name, o->half, 2, ne, h, n * sizeof *h)
+                 : core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, ne1 > 0 ? 2 : 1, ne, data,
+                                               n * sizeof *data);
     free(data);
+    free(h);
     return rc;
 }
 
@@ -584,8 +597,9 @@ static int load_synth(const synth_t *o, core_model_t **out, core_error_t *err)
         return -100;
     close(fd);
     int rc = write_synth(path, o);
+    core_model_opts_t opts = {.tile_floats = o->tile_floats};
     if (rc == 0)
-        rc = core_model_load(path, NULL, out, err);
+        rc = core_model_load(path, &opts, out, err);
     else
         rc = -100;
     unlink(path);
@@ -622,6 +636,61 @@ TEST(loader_accepts_valid_synthetic)
     core_model_free(m);
     core_model_free(mt);
     core_model_free(NULL);
+}
+
+/* F16 and BF16 matrices are read in place (core/qdot), not copied to f32:
+ * a model whose matrices are stored in F16 (BF16) gives the logits of the
+ * same model stored in F32 with the same values, on every path: a prompt of
+ * more than 32 rows (dequantized weight tiles of 3 rows, many per matrix,
+ * the last partial), one of at most 32 (read in place, f32 activations) and
+ * decode rows (read in place). Up to float rounding: the products sum in
+ * other orders. */
+TEST(half_matrices_match_f32)
+{
+    const int halves[] = {CORE_TTYPE_F16, CORE_TTYPE_BF16};
+    enum { N = 45 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)((i * 7 + 3) % S_V);
+    for (int h = 0; h < 2; h++) {
+        core_model_t *m[2] = {NULL, NULL}; /* values as F32, the same as F16/BF16 */
+        for (int k = 0; k < 2; k++) {
+            synth_t o = {
+                .arch = "llama", .half = halves[h], .half_mats = k, .tile_floats = 3 * S_D};
+            core_error_t err = {0};
+            CHECK_MSG(load_synth(&o, &m[k], &err) == 0, "%s", err.msg);
+        }
+        if (!m[0] || !m[1])
+            goto next;
+        const int64_t chunks[] = {0, 20, 1}; /* one call (tiles), in place, decode */
+        for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+            float lg[2][N * S_V];
+            for (int k = 0; k < 2; k++) {
+                core_attn_state_t *s = new_state(m[k]);
+                const int64_t step = chunks[c] ? chunks[c] : N;
+                for (int64_t i = 0; i < N; i += step) {
+                    core_batch_seq_t sq = {.state = s,
+                                           .tokens = tok + i,
+                                           .n_tokens = N - i < step ? N - i : step,
+                                           .logits_mode = CORE_LOGITS_ALL,
+                                           .logits = lg[k] + i * S_V};
+                    CHECK_INT_EQ(core_model_forward(m[k], &sq, 1, NULL), 0);
+                }
+                core_attn_state_free(s);
+            }
+            int finite = 1; /* rel_diff passes NaN over */
+            for (int i = 0; i < N * S_V; i++)
+                finite &= isfinite(lg[0][i]) && isfinite(lg[1][i]);
+            CHECK(finite);
+            const double d = rel_diff(lg[1], lg[0], N, S_V);
+            CHECK_MSG(d <= 1e-5, "%s chunk %lld: rel diff %.3g", h ? "BF16" : "F16",
+                      (long long)chunks[c], d);
+            CHECK(rel_diff(lg[0], lg[0] + S_V, 1, S_V) > 1e-2); /* not degenerate */
+        }
+    next:
+        core_model_free(m[0]);
+        core_model_free(m[1]);
+    }
 }
 
 static void expect_reject(const synth_t *o, int code, const char *needle)
@@ -759,6 +828,7 @@ int main(void)
     RUN(bad_batches_are_refused);
     RUN(fork_continues_like_the_original);
     RUN(loader_accepts_valid_synthetic);
+    RUN(half_matrices_match_f32);
     RUN(loader_rejects_bad_models);
     RUN(adapter_of_another_model_is_refused);
     core_model_free(tiny);

@@ -1,6 +1,7 @@
 /* Tests for core/qdot: quantized-row matrix products against core_dot_ref
- * (double sums over core_dequantize's values), for every supported type,
- * both ISAs, many shapes, strides and beta.
+ * (double sums over core_dequantize's values), for every supported type
+ * (the block types, F16 and BF16), every ISA this CPU runs, many shapes
+ * (F16/BF16: any k, m = 1..17, n = 1..33), strides and beta.
  *
  * Tolerance: the header's error contract. The kernels use the integer quants
  * and scales exactly (a one-hot activation reads back core_dequantize's value
@@ -25,9 +26,11 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/unit/check.h"
+#include "tests/unit/qdot_check.h"
 
 /* Offsets of a block's f16 scale fields (d, m, dmin), rewritten to finite
- * values after random filling so that random bytes do not make NaN/Inf. */
+ * values after random filling so that random bytes do not make NaN/Inf.
+ * F16/BF16 (n_half 0): every value is drawn finite instead. */
 typedef struct {
     int type;
     int n_half;
@@ -38,8 +41,13 @@ static const halves_t halves[] = {
     {CORE_TTYPE_Q4_0, 1, {0, 0}},   {CORE_TTYPE_Q4_1, 2, {0, 2}}, {CORE_TTYPE_Q5_0, 1, {0, 0}},
     {CORE_TTYPE_Q5_1, 2, {0, 2}},   {CORE_TTYPE_Q8_0, 1, {0, 0}}, {CORE_TTYPE_Q2_K, 2, {80, 82}},
     {CORE_TTYPE_Q3_K, 1, {108, 0}}, {CORE_TTYPE_Q4_K, 2, {0, 2}}, {CORE_TTYPE_Q5_K, 2, {0, 2}},
-    {CORE_TTYPE_Q6_K, 1, {208, 0}},
+    {CORE_TTYPE_Q6_K, 1, {208, 0}}, {CORE_TTYPE_F16, 0, {0, 0}},  {CORE_TTYPE_BF16, 0, {0, 0}},
 };
+
+static int is_half(int type)
+{
+    return type == CORE_TTYPE_F16 || type == CORE_TTYPE_BF16;
+}
 
 static const halves_t *halves_of(int type)
 {
@@ -47,12 +55,6 @@ static const halves_t *halves_of(int type)
         if (halves[i].type == type)
             return &halves[i];
     return NULL;
-}
-
-static void put_half(unsigned char *p, float v)
-{
-    uint16_t h = core_fp32_to_fp16(v);
-    memcpy(p, &h, sizeof h);
 }
 
 /* n rows of k values, each row row_bytes apart (padding bytes random). */
@@ -69,6 +71,12 @@ static void fill_rows(core_rng_t *r, int type, int64_t n, int64_t k, size_t row_
             unsigned char *blk = w + (size_t)j * row_bytes + (size_t)b * bb;
             for (int h = 0; h < hv->n_half; h++)
                 put_half(blk + hv->off[h], (float)(core_rng_normal(r) * 0.05));
+            if (is_half(type)) {
+                const float v = (float)core_rng_normal(r);
+                const uint16_t h =
+                    type == CORE_TTYPE_F16 ? core_fp32_to_fp16(v) : core_fp32_to_bf16(v);
+                memcpy(blk, &h, sizeof h);
+            }
         }
 }
 
@@ -76,32 +84,6 @@ static void fill_f(core_rng_t *r, float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         x[i] = (float)core_rng_normal(r);
-}
-
-/* Bitwise equality (NaN padding must survive untouched, bit for bit). */
-static int same_bits(float a, float b)
-{
-    uint32_t x, y;
-    memcpy(&x, &a, sizeof x);
-    memcpy(&y, &b, sizeof y);
-    return x == y;
-}
-
-static double gamma_n(double n)
-{
-    const double u = ldexp(1.0, -24);
-    return n * u / (1.0 - n * u);
-}
-
-static int isa_list(core_qdot_isa_t *isas)
-{
-    int n = 0;
-    isas[n++] = CORE_QDOT_GENERIC;
-    if (core_qdot_best_isa() >= CORE_QDOT_AVX2) /* AVX-512 CPUs run the AVX2 f32 kernels */
-        isas[n++] = CORE_QDOT_AVX2;
-    else
-        printf("  note: CPU without AVX2/FMA, only the generic path is tested\n");
-    return n;
 }
 
 /* One product under each ISA the CPU runs, every output checked against
@@ -118,9 +100,10 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
     float *c0 = malloc((size_t)(m * ldc) * sizeof *c0);
     float *c = malloc((size_t)(m * ldc) * sizeof *c);
     float *cg = malloc((size_t)(m * ldc) * sizeof *cg);
+    float *c1 = malloc((size_t)(m * ldc) * sizeof *c1); /* the AVX2 result */
     float *y = malloc((size_t)k * sizeof *y);
     double *tolv = malloc((size_t)(m * ldc) * sizeof *tolv); /* [m][ldc] bound per output */
-    if (!w || !a || !c0 || !c || !cg || !y || !tolv) {
+    if (!w || !a || !c0 || !c || !cg || !c1 || !y || !tolv) {
         CHECK(!"out of memory");
         goto out;
     }
@@ -129,10 +112,10 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
     for (int64_t i = 0; i < m * ldc; i++)
         c0[i] = beta == 0.0f ? NAN : (float)core_rng_normal(r);
 
-    core_qdot_isa_t isas[2];
+    core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
     const int ni = isa_list(isas);
     for (int s = 0; s < ni; s++) {
-        float *out = s == 0 ? cg : c;
+        float *out = s == 0 ? cg : s == 1 ? c1 : c;
         memcpy(out, c0, (size_t)(m * ldc) * sizeof *out);
         int rc = core_qmatmul_nt_isa(isas[s], type, m, n, k, a, lda, w, row_bytes, beta, out, ldc);
         CHECK_INT_EQ(rc, 0);
@@ -171,12 +154,14 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
                 }
             }
         }
-        if (s == 1) {
+        if (s >= 1) {
             for (int64_t i = 0; i < m; i++)
                 for (int64_t j = 0; j < n; j++)
                     CHECK(fabs((double)cg[i * ldc + j] - out[i * ldc + j]) <=
                           2 * tolv[i * ldc + j]);
         }
+        if (s == 2) /* the f32 kernels of AVX-512 CPUs are the AVX2 ones */
+            CHECK(memcmp(out, c1, (size_t)(m * ldc) * sizeof *out) == 0);
         /* padding columns of C are not touched */
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = n; j < ldc; j++) {
@@ -190,6 +175,7 @@ out:
     free(c0);
     free(c);
     free(cg);
+    free(c1);
     free(y);
     free(tolv);
 }
@@ -209,11 +195,13 @@ TEST(every_supported_type_has_test_data)
     CHECK(core_qdot_supported(CORE_TTYPE_Q4_K));
     CHECK(core_qdot_supported(CORE_TTYPE_Q5_K));
     CHECK(core_qdot_supported(CORE_TTYPE_Q6_K));
+    CHECK(core_qdot_supported(CORE_TTYPE_F16));
+    CHECK(core_qdot_supported(CORE_TTYPE_BF16));
     CHECK(!core_qdot_supported(CORE_TTYPE_F32));
-    CHECK(!core_qdot_supported(CORE_TTYPE_F16));
+    CHECK(!core_qdot_supported(CORE_TTYPE_Q8_1)); /* known size, no dequantizer */
     CHECK(!core_qdot_supported(-1));
     CHECK(!core_qdot_supported(39));
-    CHECK(n >= 6);
+    CHECK(n >= 8);
 }
 
 TEST(matches_reference_all_types_shapes)
@@ -225,8 +213,10 @@ TEST(matches_reference_all_types_shapes)
         if (!core_qdot_supported(t) || !halves_of(t))
             continue;
         const int64_t blck = core_ttype_block_elems(t);
-        const int64_t ks[] = {blck, 2 * blck, 3 * blck, blck == 32 ? 576 : 512, 1536};
-        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+        const int64_t ks_block[] = {blck, 2 * blck, 3 * blck, blck == 32 ? 576 : 512, 1536};
+        const int64_t ks_half[] = {1, 7, 33, 100, 577}; /* F16/BF16: any k */
+        const int64_t *ks = blck == 1 ? ks_half : ks_block;
+        for (size_t ki = 0; ki < sizeof ks_block / sizeof ks_block[0]; ki++)
             for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
                 const int64_t n = 1 + (int64_t)((mi * 7 + ki * 3) % 11);
                 check_case(&r, t, ms[mi], n, ks[ki], (mi + ki) % 3 == 0 ? 0 : 5,
@@ -244,12 +234,12 @@ TEST(dequantized_values_bit_identical)
 {
     core_rng_t r;
     core_rng_seed(&r, 12);
-    core_qdot_isa_t isas[2];
+    core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
     const int ni = isa_list(isas);
     for (int t = 0; t < CORE_TTYPE_COUNT_; t++) {
         if (!core_qdot_supported(t) || !halves_of(t))
             continue;
-        const int64_t k = 2 * core_ttype_block_elems(t);
+        const int64_t k = is_half(t) ? 37 : 2 * core_ttype_block_elems(t); /* F16/BF16: a tail */
         size_t rb = 0;
         CHECK(core_ttype_row_bytes(t, k, &rb) == 0);
         unsigned char w[2 * 210];
@@ -272,18 +262,18 @@ TEST(dequantized_values_bit_identical)
 }
 
 /* core_qdot_dequant gives core_dequantize's values bit for bit, on every
- * ISA and every supported type (SIMD for Q4_0, Q4_1, Q8_0), for a run of
- * several blocks. */
+ * ISA and every supported type (SIMD for Q4_0, Q4_1, Q8_0, F16, BF16), for a
+ * run of several blocks (F16/BF16: two groups of 32 and a rest of 26). */
 TEST(dequant_entry_equals_core_dequantize)
 {
     core_rng_t r;
     core_rng_seed(&r, 14);
-    core_qdot_isa_t isas[2];
+    core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
     const int ni = isa_list(isas);
     for (int t = 0; t < CORE_TTYPE_COUNT_; t++) {
         if (!core_qdot_supported(t) || !halves_of(t))
             continue;
-        const int64_t k = 3 * core_ttype_block_elems(t);
+        const int64_t k = is_half(t) ? 45 : 3 * core_ttype_block_elems(t);
         size_t rb = 0;
         CHECK(core_ttype_row_bytes(t, k, &rb) == 0);
         unsigned char w[3 * 2 * 210];
@@ -305,6 +295,63 @@ TEST(dequant_entry_equals_core_dequantize)
     CHECK_INT_EQ(core_qdot_dequant_isa(CORE_QDOT_ISA_COUNT_, CORE_TTYPE_Q8_0, b, y, 32),
                  CORE_EUNSUPPORTED);
     CHECK_INT_EQ(core_qdot_dequant_isa(CORE_QDOT_GENERIC, CORE_TTYPE_Q8_0, b, y, 31), CORE_EINVAL);
+}
+
+/* F16 and BF16 weights, read in place: every ISA against core_dot_ref for
+ * m = 1..17 and n = 1..33, k not a multiple of 8 or 32 (the SIMD kernels'
+ * tails) as well as multiples. */
+TEST(half_types_odd_shapes)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 15);
+    const int types[] = {CORE_TTYPE_F16, CORE_TTYPE_BF16};
+    const int64_t ks[] = {1, 31, 32, 65, 200, 576, 1000};
+    for (int t = 0; t < 2; t++) {
+        for (int64_t m = 1; m <= 17; m++)
+            check_case(&r, types[t], m, 1 + (m * 11) % 33, ks[m % 7], m % 3 ? 0 : 2,
+                       m % 2 ? 1.0f : 0.0f);
+        for (int64_t n = 1; n <= 33; n++)
+            check_case(&r, types[t], 1 + n % 3, n, ks[(n + 3) % 7], 1, n % 4 ? 0.0f : -0.5f);
+    }
+}
+
+/* Every one of the 65536 F16 and BF16 bit patterns through core_qdot_dequant
+ * on every ISA: core_dequantize's value bit for bit, except that F16C makes
+ * a signaling NaN quiet (the header's exception; both are NaN). */
+TEST(half_dequant_every_bit_pattern)
+{
+    enum { N = 1 << 16 };
+    uint16_t *h = malloc(N * sizeof *h);
+    float *want = malloc(N * sizeof *want), *got = malloc(N * sizeof *got);
+    if (!h || !want || !got) {
+        CHECK(!"out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < N; i++)
+        h[i] = (uint16_t)i;
+    core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
+    const int ni = isa_list(isas);
+    const int types[] = {CORE_TTYPE_F16, CORE_TTYPE_BF16};
+    for (int t = 0; t < 2; t++) {
+        CHECK(core_dequantize(types[t], h, want, N, NULL) == 0);
+        for (int s = 0; s < ni; s++) {
+            CHECK_INT_EQ(core_qdot_dequant_isa(isas[s], types[t], h, got, N), 0);
+            int bad = 0;
+            for (uint32_t i = 0; i < N && !bad; i++) {
+                const int snan = types[t] == CORE_TTYPE_F16 && isnan(want[i]) && !(i & 0x200);
+                if (same_bits(got[i], want[i]) || (snan && isnan(got[i])))
+                    continue;
+                bad = 1;
+                CHECK_MSG(0, "%s %s 0x%04x: %.9g vs %.9g", core_ttype_name(types[t]),
+                          core_qdot_isa_name(isas[s]), (unsigned)i, (double)got[i],
+                          (double)want[i]);
+            }
+        }
+    }
+out:
+    free(h);
+    free(want);
+    free(got);
 }
 
 TEST(default_entry_equals_best_isa)
@@ -344,6 +391,8 @@ TEST(rejects_bad_arguments)
                                      0.0f, c, 1),
                  CORE_EUNSUPPORTED);
     CHECK(core_qdot_has_fast_kernel(CORE_TTYPE_Q4_1));
+    CHECK(core_qdot_has_fast_kernel(CORE_TTYPE_F16));
+    CHECK(core_qdot_has_fast_kernel(CORE_TTYPE_BF16));
     CHECK(!core_qdot_has_fast_kernel(CORE_TTYPE_Q6_K));
 }
 
@@ -353,6 +402,8 @@ int main(void)
     RUN(matches_reference_all_types_shapes);
     RUN(dequantized_values_bit_identical);
     RUN(dequant_entry_equals_core_dequantize);
+    RUN(half_types_odd_shapes);
+    RUN(half_dequant_every_bit_pattern);
     RUN(default_entry_equals_best_isa);
     RUN(rejects_bad_arguments);
     return CHECK_DONE();

@@ -30,6 +30,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/unit/check.h"
+#include "tests/unit/qdot_check.h"
 
 static const int types[] = {CORE_TTYPE_Q4_0, CORE_TTYPE_Q4_1, CORE_TTYPE_Q5_0, CORE_TTYPE_Q5_1,
                             CORE_TTYPE_Q8_0, CORE_TTYPE_Q4_K, CORE_TTYPE_Q5_K, CORE_TTYPE_Q6_K};
@@ -40,38 +41,6 @@ static int64_t k_for(int type, int64_t k)
 {
     const int64_t b = core_ttype_block_elems(type);
     return k % b == 0 ? k : (k / b + 1) * b;
-}
-
-static int same_bits(float a, float b)
-{
-    uint32_t x, y;
-    memcpy(&x, &a, sizeof x);
-    memcpy(&y, &b, sizeof y);
-    return x == y;
-}
-
-static double gamma_n(double n)
-{
-    const double u = ldexp(1.0, -24);
-    return n * u / (1.0 - n * u);
-}
-
-static int isa_list(core_qdot_isa_t *isas)
-{
-    int n = 0;
-    for (int i = 0; i < CORE_QDOT_ISA_COUNT_; i++)
-        if ((core_qdot_isa_t)i <= core_qdot_best_isa())
-            isas[n++] = (core_qdot_isa_t)i;
-    if (n < CORE_QDOT_ISA_COUNT_)
-        printf("  note: this CPU runs %d of %d ISA variants; the others are not tested here\n", n,
-               (int)CORE_QDOT_ISA_COUNT_);
-    return n;
-}
-
-static void put_half(unsigned char *p, float v)
-{
-    uint16_t h = core_fp32_to_fp16(v);
-    memcpy(p, &h, sizeof h);
 }
 
 static float get_half(const unsigned char *p)
