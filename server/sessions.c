@@ -1156,13 +1156,15 @@ static int bring_in(srv_store_t *st, srv_session_t *s)
     return 0;
 }
 
-int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out)
+/* srv_store_acquire (from_disk = 1) and srv_store_acquire_in_memory. */
+static int acquire(srv_store_t *st, const char *id, int from_disk, srv_session_t **out)
 {
     *out = NULL;
     if (!srv_session_id_valid(id))
         return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
     pthread_mutex_lock(&st->mu);
-    srv_session_t *s = find_settled(st, id);
+    /* waiting out a write (find_settled) is waiting for the disk too */
+    srv_session_t *s = from_disk ? find_settled(st, id) : tab_find(st, id);
     int rc = 0;
     if (!s) {
         rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
@@ -1170,6 +1172,11 @@ int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out)
     }
     if (s->busy) {
         rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
+        goto out;
+    }
+    if (!from_disk && (s->io || !s->ctx.state)) {
+        rc = STORE_FAIL(SRV_STORE_EEVICTED, "session %s is %s", id,
+                        s->io ? "being written to disk" : "on disk, not in memory");
         goto out;
     }
     s->busy = 1;
@@ -1183,6 +1190,16 @@ int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out)
 out:
     pthread_mutex_unlock(&st->mu);
     return rc;
+}
+
+int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out)
+{
+    return acquire(st, id, 1, out);
+}
+
+int srv_store_acquire_in_memory(srv_store_t *st, const char *id, srv_session_t **out)
+{
+    return acquire(st, id, 0, out);
 }
 
 int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)

@@ -80,8 +80,9 @@
     X(SRV_STORE_EBUSY, -4, "session busy")                                                       \
     X(SRV_STORE_EFULL, -5, "session store full")                                                 \
     X(SRV_STORE_EIO, -6, "session storage I/O error")                                            \
-    X(SRV_STORE_EMISMATCH, -7, "state does not fit this server")                                \
-    X(SRV_STORE_ENOSPACE, -8, "session storage full or read-only")
+    X(SRV_STORE_EMISMATCH, -7, "state does not fit this server")                                 \
+    X(SRV_STORE_ENOSPACE, -8, "session storage full or read-only")                               \
+    X(SRV_STORE_EEVICTED, -9, "session on disk, not in memory")
 
 enum srv_store_errno {
 #define SRV_STORE_ERR_ENUM_(name, val, desc) name = val,
@@ -149,6 +150,13 @@ int srv_store_create(srv_store_t *st, srv_session_t **out);
  * SRV_STORE_EBUSY, SRV_STORE_EFULL, SRV_STORE_EIO (unreadable or damaged
  * file: the message says which and why). */
 int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out);
+/* Same, but never touches the disk nor waits for it: a session that is not
+ * in memory, or is being written to its file at that moment (and may be
+ * dropped from memory after), is SRV_STORE_EEVICTED, and nothing changes
+ * (its file is not opened, nothing is evicted). For the no-I/O thread
+ * (srv_store_no_io_here): it has such a session read back by
+ * srv_store_acquire on another thread, then tries again. */
+int srv_store_acquire_in_memory(srv_store_t *st, const char *id, srv_session_t **out);
 /* Gives a held session back. persist = 1: first writes it atomically; on a
  * write error the previous file stays as it was and SRV_STORE_EIO or
  * SRV_STORE_ENOSPACE is returned (message: file and errno). The session is
@@ -217,8 +225,11 @@ int srv_store_trim(srv_store_t *st, size_t max_bytes);
  * delete no file for the directory's budgets; what else the bounds need is
  * left for srv_store_settle on another thread, so the bounds can be
  * exceeded until it runs (srv_store_needs_settle says when). Reading an
- * evicted session back (srv_store_acquire) still reads its file: callers
- * that care acquire it once on another thread first. */
+ * evicted session back (srv_store_acquire) still reads its file, on any
+ * thread: the no-I/O thread uses srv_store_acquire_in_memory instead and
+ * has another thread read the session when that says SRV_STORE_EEVICTED
+ * (between a check that it is in memory and an acquire, another thread may
+ * have evicted it). */
 void srv_store_no_io_here(srv_store_t *st);
 /* 1 when the no-I/O thread left the bounds exceeded (any thread). */
 int srv_store_needs_settle(srv_store_t *st);

@@ -1138,6 +1138,132 @@ out:
     free(dir);
 }
 
+/* A write that waits until the test lets it go (or 10 s pass). */
+typedef struct gate {
+    atomic_int entered, open;
+} gate_t;
+
+static ssize_t gate_write(int fd, const void *buf, size_t n, void *ud)
+{
+    gate_t *g = ud;
+    atomic_store(&g->entered, 1);
+    for (int i = 0; i < 1000 && !atomic_load(&g->open); i++)
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    return write(fd, buf, n);
+}
+
+static void *trim_thread(void *st)
+{
+    return (void *)(intptr_t)srv_store_trim(st, 0);
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* srv_store_acquire_in_memory never touches the disk nor waits for it: an
+ * evicted session is SRV_STORE_EEVICTED with its file unopened and nothing
+ * in memory changed, and so is one whose eviction is writing it right now;
+ * srv_store_acquire still reads it back. */
+TEST(acquire_in_memory_never_reads)
+{
+    char *dir = mkdir_tmp();
+    unsigned char *f0 = NULL;
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    CHECK_STR_EQ(srv_store_strerror(SRV_STORE_EEVICTED), "session on disk, not in memory");
+    char a[33], b[33];
+    make_session(st, model, 90, 1, a);
+    make_session(st, model, 91, 1, b);
+    srv_session_t *s = NULL, *held = NULL;
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &held), 0); /* in memory: held */
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &s), SRV_STORE_EBUSY);
+    CHECK(s == NULL);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s), SRV_STORE_EBUSY);
+    if (held)
+        CHECK_INT_EQ(srv_store_release(st, held, 0), 0);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, "0123456789abcdef0123456789abcdef", &s),
+                 SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, "not-an-id", &s), SRV_STORE_EINVAL);
+
+    /* a on disk only: refused, the file not opened, nothing moves */
+    CHECK_INT_EQ(srv_store_trim(st, 0), 0);
+    size_t mem0 = 9, bytes0 = 9, l0 = 0, l1 = 0;
+    srv_store_stats(st, &mem0, NULL, &bytes0);
+    CHECK_INT_EQ(mem0, 0);
+    f0 = read_all(dir, a, &l0);
+    atomic_int ops = 0;
+    srv_store_set_fault_fn(st, count_op, &ops);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &s), SRV_STORE_EEVICTED);
+    CHECK(s == NULL);
+    CHECK_MSG(strstr(srv_store_last_error(), a) && strstr(srv_store_last_error(), "on disk"),
+              "message: %s", srv_store_last_error());
+    CHECK_INT_EQ(atomic_load(&ops), 0);
+    size_t mem = 9, bytes = 9;
+    srv_store_stats(st, &mem, NULL, &bytes);
+    CHECK_INT_EQ(mem, mem0);
+    CHECK_INT_EQ(bytes, bytes0);
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK(!in.in_memory && in.on_disk && !in.busy);
+    unsigned char *f1 = read_all(dir, a, &l1);
+    CHECK(f0 && f1 && l1 == l0 && memcmp(f0, f1, l0) == 0);
+    free(f1);
+
+    /* the ordinary acquire reads it (one operation: the read); then it is
+     * in memory for the other */
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    CHECK_INT_EQ(atomic_load(&ops), 1);
+    if (s)
+        CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &s), 0);
+    if (s)
+        CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    srv_store_set_fault_fn(st, NULL, NULL);
+
+    /* b changed since its write: evicting it writes it first, under the io
+     * mark; meanwhile the in-memory acquire answers at once (the ordinary
+     * one would wait for the write, then read the file back) */
+    CHECK_INT_EQ(srv_store_acquire(st, b, &s), 0);
+    if (s) {
+        advance(model, srv_session_ctx(s), 5, 92);
+        srv_session_touch(s);
+        CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    }
+    CHECK_INT_EQ(srv_store_acquire(st, a, &held), 0); /* a busy: b is the only victim */
+    gate_t g = {0};
+    srv_store_set_write_fn(st, gate_write, &g);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, trim_thread, st) == 0);
+    for (int i = 0; i < 10000 && !atomic_load(&g.entered); i++)
+        nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+    CHECK(atomic_load(&g.entered));
+    double t0 = now_s();
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, b, &s), SRV_STORE_EEVICTED);
+    CHECK(now_s() - t0 < 1.0);
+    CHECK_MSG(strstr(srv_store_last_error(), "being written") != NULL, "message: %s",
+              srv_store_last_error());
+    atomic_store(&g.open, 1);
+    void *rc = NULL;
+    pthread_join(t, &rc);
+    CHECK_INT_EQ((int)(intptr_t)rc, 0);
+    srv_store_set_write_fn(st, NULL, NULL);
+    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+    CHECK(!in.in_memory && in.on_disk);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, b, &s), SRV_STORE_EEVICTED);
+    if (held)
+        CHECK_INT_EQ(srv_store_release(st, held, 0), 0);
+    srv_store_free(st);
+out:
+    free(f0);
+    rm_rf(dir);
+    free(dir);
+}
+
 TEST(crash_leftovers_at_startup)
 {
     char *dir = mkdir_tmp();
@@ -1327,6 +1453,7 @@ int main(void)
     RUN(export_import);
     RUN(write_failures_keep_the_previous_file);
     RUN(no_io_thread_leaves_disk_work_to_settle);
+    RUN(acquire_in_memory_never_reads);
     RUN(crash_leftovers_at_startup);
     RUN(threads);
     core_model_free(model);
