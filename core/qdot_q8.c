@@ -349,7 +349,7 @@ static void ref_block(int type, const unsigned char *row, int64_t b, int *u, flo
     *dw = core_fp16_to_fp32(rd16(blk));
     if (type == CORE_TTYPE_Q8_0) {
         for (int e = 0; e < QB; e++)
-            u[e] = (int8_t)blk[2 + e];
+            u[e] = (blk[2 + e] ^ 0x80) - 128; /* the int8 of the byte */
         return;
     }
     const unsigned char *qs = blk + qs_off(type);
