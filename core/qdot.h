@@ -22,8 +22,9 @@
  * q_a,i is exact, u_i the block's integer weights (the stored quants; for
  * Q6_K, whose 16-value halves have their own int8 scale sc, sc * (q - 32)),
  * then scaled by d_w * d_a (plus m_w * (d_a * sum_i q_a,i) for the offset
- * types: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K). Kernels: a scalar reference (CORE_QDOT_GENERIC), AVX2
- * (u8 x s8 with maddubs) and AVX-512 VNNI (dpbusd, two blocks per vector).
+ * types: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K). Kernels: a scalar reference
+ * (CORE_QDOT_GENERIC), AVX2 (u8 x s8 with maddubs) and AVX-512 VNNI
+ * (dpbusd, two blocks per vector).
  * Error contract, what tests/unit/test_core_qdot_q8.c checks:
  *  - every variant computes the same per-block integer sums as the scalar
  *    reference (checked bit for bit with power-of-two scales, where every
@@ -149,7 +150,8 @@ int core_q8_quantize_isa(core_qdot_isa_t isa, core_q8_act_t *qa, const float *a,
  * [j0, j1): W rows of qa->k values of the given type, row j at (const char
  * *)w + j * row_bytes; c points at C[0][0] ([qa->m][ldc], caller-owned).
  * beta == 0 overwrites C. Preconditions (not checked): core_q8_supported(type),
- * qa->k a multiple of the type's block (32, or 256 for the K-quants), 0 <= j0 <= j1. */
+ * qa->k a multiple of the type's block (32, or 256 for the K-quants),
+ * 0 <= j0 <= j1. */
 void core_q8_matmul(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1, const void *w,
                     size_t row_bytes, float beta, float *c, int64_t ldc);
 /* Same with an explicit ISA. 0, CORE_EUNSUPPORTED (CPU) or CORE_EINVAL (type,
