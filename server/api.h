@@ -26,9 +26,13 @@
  * notify/on_done callbacks (scheduler thread), which only queue the request
  * on app->ready and wake the loop (api_gen.c), and the work functions of
  * api_io_t items (I/O thread), which only call the store and build answers.
- * Still on the loop thread: srv_store_acquire of a session that must be
- * read back from its file, and the evictions that srv_store_create and a
- * release without persist may write.
+ * While the I/O thread runs, the loop thread reads no session file: it
+ * acquires sessions with srv_store_acquire_in_memory and has the I/O
+ * thread read an evicted one back (api_session_acquire); and it writes
+ * none to make room: store calls made on it evict only sessions whose file
+ * is current, leaving the rest to srv_store_settle (srv_store_no_io_here).
+ * Without the thread (before it starts, after it stops) its work, reads
+ * included, runs on the loop.
  */
 #ifndef DARKSERVE_SERVER_API_H
 #define DARKSERVE_SERVER_API_H
@@ -165,22 +169,29 @@ int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, con
 /* Installs the session store's test faults when DARKSERVE_TEST_FAULT_FILE
  * is set (store_fault.c says how); no-op otherwise. */
 void api_store_fault_install(srv_store_t *st);
-/* I/O thread, right after api_session_bring_in's read: the test mode
+/* I/O thread, right after api_session_acquire's read: the test mode
  * evict-after-read moves the idle sessions, that one included, back to
  * disk (store_fault.c); no-op otherwise. */
 void api_store_fault_after_read(srv_store_t *st);
+/* Loop thread, right before api_session_acquire's acquire: the test modes
+ * evict-before-acquire(-stall) drop the idle sessions whose file is current
+ * from memory, as if the I/O thread had evicted them that instant
+ * (store_fault.c); no-op otherwise. */
+void api_store_fault_before_acquire(srv_store_t *st);
 
-/* Before a handler acquires session id (after api_session_check): an
- * evicted session (on disk only) is admitted against --max-state-memory
- * (429 state_memory_full when its state does not fit now) and read back on
- * the I/O thread, then the handler runs again (srv_stream_rerun) and finds
- * it in memory. When it was evicted again before that, it goes round
- * again, up to 3 reads; then 503 session_store_busy with Retry-After (the
- * loop thread never reads it while the I/O thread runs). Returns 1 when
- * req was answered or will run again (the handler returns at once), 0 when
- * the handler goes on (the session is in memory, busy or gone: the acquire
- * says so). */
-int api_session_bring_in(api_app_t *app, srv_req_t *req, const char *id);
+/* Holds session id for a handler on the loop thread (after
+ * api_session_check). In memory: 0 and *out (held: the handler releases
+ * it). Else 1 and the handler returns at once: req was answered (the
+ * store's error, e.g. 404 or 409 busy), or the session is on disk and is
+ * admitted against --max-state-memory (429 state_memory_full when its
+ * state does not fit now), read back on the I/O thread, and the handler
+ * runs again (srv_stream_rerun). A session evicted again before that
+ * rerun (or between any check and the acquire: the acquire itself says
+ * where the session is, srv_store_acquire_in_memory) goes round again, up
+ * to 3 reads; then 503 session_store_busy with Retry-After. The loop never
+ * reads a session file while the I/O thread runs; without it (stopping)
+ * the acquire reads it here. */
+int api_session_acquire(api_app_t *app, srv_req_t *req, const char *id, srv_session_t **out);
 
 /* ---- the I/O thread (api_io.c); loop thread ---- */
 

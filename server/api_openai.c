@@ -401,15 +401,8 @@ static int take_session(api_app_t *app, srv_req_t *req, const char *id, srv_sess
         return 0;
     api_caller_t who;
     api_caller(app, req, &who);
-    if (api_session_check(app, req, &who, id) < 0)
-        return -1;
-    if (api_session_bring_in(app, req, id))
+    if (api_session_check(app, req, &who, id) < 0 || api_session_acquire(app, req, id, out))
         return -1; /* answered, or runs again once the session is read */
-    int rc = srv_store_acquire(app->store, id, out);
-    if (rc < 0) {
-        api_reply_store(req, rc, id, NULL);
-        return -1;
-    }
     return 0;
 }
 

@@ -250,19 +250,27 @@ static void bring_done(api_io_t *io)
  * read on the loop, which would stall every other connection. */
 #define BRING_IN_RUNS 4
 
-int api_session_bring_in(api_app_t *app, srv_req_t *req, const char *id)
+/* 1 (req answered 429) when session id is on disk and its state does not
+ * fit --max-state-memory now; 0 otherwise. */
+static int refuse_evicted(api_app_t *app, srv_req_t *req, const char *id)
 {
     srv_session_info_t si;
-    if (srv_store_info(app->store, id, &si) < 0 || si.in_memory || si.busy)
-        return 0;
     proto_error_t e;
-    if (api_state_admit(app, api_state_bound(app, si.tokens), &e) < 0) {
-        api_reply_admit(req, &e);
-        return 1;
-    }
-    if (!app->io_running) /* no I/O thread: the acquire reads it here */
+    if (srv_store_info(app->store, id, &si) < 0 || si.in_memory || si.busy ||
+        api_state_admit(app, api_state_bound(app, si.tokens), &e) == 0)
         return 0;
+    api_reply_admit(req, &e);
+    return 1;
+}
+
+/* Session id is not in memory: reads it on the I/O thread, then runs req's
+ * handler again. Always 1 (req answered, or it runs again). */
+static int bring_in(api_app_t *app, srv_req_t *req, const char *id)
+{
+    if (refuse_evicted(app, req, id))
+        return 1;
     if (srv_req_runs(req) >= BRING_IN_RUNS) {
+        proto_error_t e;
         proto_error_set(&e, PROTO_ERR_UNAVAILABLE, NULL,
                         "session '%s' was moved back to disk %d times before this request could "
                         "use it (other sessions need the memory); retry later",
@@ -287,6 +295,29 @@ int api_session_bring_in(api_app_t *app, srv_req_t *req, const char *id)
     snprintf(w->id, sizeof w->id, "%s", id);
     api_io_submit(app, &w->io);
     return 1;
+}
+
+int api_session_acquire(api_app_t *app, srv_req_t *req, const char *id, srv_session_t **out)
+{
+    *out = NULL;
+    int rc;
+    if (app->io_running) {
+        /* one step, no check before it: the I/O thread may evict the
+         * session between a check and an acquire */
+        api_store_fault_before_acquire(app->store);
+        rc = srv_store_acquire_in_memory(app->store, id, out);
+        if (rc == SRV_STORE_EEVICTED)
+            return bring_in(app, req, id);
+    } else { /* no I/O thread: reading it here is the only way */
+        if (refuse_evicted(app, req, id))
+            return 1;
+        rc = srv_store_acquire(app->store, id, out);
+    }
+    if (rc < 0) {
+        api_reply_store(req, rc, id, NULL);
+        return 1;
+    }
+    return 0;
 }
 
 /* Reserves for g the growth of session s's state by `more` tokens (the
@@ -565,22 +596,16 @@ static void h_append(srv_req_t *req, void *ud)
     }
     api_caller_t who;
     api_caller(app, req, &who);
-    if (api_session_check(app, req, &who, id) < 0 || api_session_bring_in(app, req, id)) {
-        proto_session_append_free(&ar);
-        return;
-    }
     srv_session_t *s = NULL;
-    int rc = srv_store_acquire(app->store, id, &s);
-    if (rc < 0) {
-        api_reply_store(req, rc, id, NULL);
+    if (api_session_check(app, req, &who, id) < 0 || api_session_acquire(app, req, id, &s)) {
         proto_session_append_free(&ar);
         return;
     }
     int32_t *ids = NULL;
     size_t n = 0;
     int chat = 0;
-    rc = session_input(app, req, s, ar.text, ar.text_len, ar.messages, ar.n_messages, 0,
-                       ar.parse_special, &ids, &n, &chat);
+    int rc = session_input(app, req, s, ar.text, ar.text_len, ar.messages, ar.n_messages, 0,
+                           ar.parse_special, &ids, &n, &chat);
     proto_session_append_free(&ar);
     if (rc < 0) {
         srv_store_release(app->store, s, 0);
@@ -744,14 +769,8 @@ static void h_generate(srv_req_t *req, void *ud)
     }
     api_caller_t who;
     api_caller(app, req, &who);
-    if (api_session_check(app, req, &who, id) < 0 || api_session_bring_in(app, req, id)) {
-        proto_generate_free(&gr);
-        return;
-    }
     srv_session_t *s = NULL;
-    int rc = srv_store_acquire(app->store, id, &s);
-    if (rc < 0) {
-        api_reply_store(req, rc, id, NULL);
+    if (api_session_check(app, req, &who, id) < 0 || api_session_acquire(app, req, id, &s)) {
         proto_generate_free(&gr);
         return;
     }
@@ -806,7 +825,7 @@ static void h_generate(srv_req_t *req, void *ud)
     spec.stops = (const char *const *)gr.p.stop;
     spec.n_stops = gr.p.n_stop;
     char err[512];
-    rc = api_gen_submit(g, 0, &spec, err, sizeof err);
+    int rc = api_gen_submit(g, 0, &spec, err, sizeof err);
     free(ids);
     if (rc < 0) {
         api_gen_abort(g);

@@ -14,10 +14,23 @@
  *            reading a session file back waits likewise before it starts
  *   evict-after-read
  *            each time the I/O thread has read an evicted session back for
- *            a request (api_session_bring_in), every idle session in memory
+ *            a request (api_session_acquire), every idle session in memory
  *            goes back to disk at once (srv_store_trim to 0 bytes), as if
  *            other requests had pushed it out again before the handler ran
  *            a second time: the request must not then read it on the loop
+ *   evict-before-acquire
+ *            each time a handler is about to acquire its session on the
+ *            loop thread (api_session_acquire), every idle session in
+ *            memory whose file is current is dropped from memory (a trim to
+ *            0 bytes on the loop, which writes nothing there), as if the
+ *            I/O thread had evicted it in the instant after the handler
+ *            found it in memory: the request must go round through the I/O
+ *            thread, not read the file on the loop (here every time, so it
+ *            ends 503 session_store_busy)
+ *   evict-before-acquire-stall
+ *            the same, and reading a session file back waits while the
+ *            file still says so (as with stall): a test sees which thread
+ *            reads (the loop must keep answering), then lets it through
  *   anything else, or no file: normal operation.
  * Reading a small file per operation costs microseconds next to the fsync
  * that follows; without the variable nothing is installed.
@@ -56,7 +69,8 @@ static int fault_op(const char *op, void *ud)
         return ENOSPC;
     if (strcmp(mode, "erofs") == 0 && strcmp(op, "write") != 0 && strcmp(op, "read") != 0)
         return EROFS;
-    while (strcmp(op, "read") == 0 && strcmp(mode, "stall") == 0) {
+    while (strcmp(op, "read") == 0 &&
+           (strcmp(mode, "stall") == 0 || strcmp(mode, "evict-before-acquire-stall") == 0)) {
         nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
         fault_mode(mode);
     }
@@ -90,12 +104,24 @@ void api_store_fault_install(srv_store_t *st)
             fault_path);
 }
 
-void api_store_fault_after_read(srv_store_t *st)
+/* Every idle session out of memory (srv_store_trim to 0 bytes) when the
+ * mode begins with word. */
+static void evict_in_mode(srv_store_t *st, const char *word)
 {
     if (!fault_path[0])
         return;
     char mode[32];
     fault_mode(mode);
-    if (strcmp(mode, "evict-after-read") == 0)
+    if (strncmp(mode, word, strlen(word)) == 0)
         srv_store_trim(st, 0);
+}
+
+void api_store_fault_after_read(srv_store_t *st)
+{
+    evict_in_mode(st, "evict-after-read");
+}
+
+void api_store_fault_before_acquire(srv_store_t *st)
+{
+    evict_in_mode(st, "evict-before-acquire"); /* and evict-before-acquire-stall */
 }
