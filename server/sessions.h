@@ -19,7 +19,8 @@
  * import work on it. Another acquire, delete, fork, export or import of a
  * busy session fails with SRV_STORE_EBUSY (HTTP 409). The store's own
  * maintenance (eviction, flush) never makes a session busy: a caller that
- * meets it waits for that one write to finish.
+ * meets it waits for that one write to finish (srv_store_acquire_in_memory
+ * does not wait: see there).
  *
  * ## Memory
  * max_sessions bounds the sessions held in memory, max_bytes their memory
@@ -51,8 +52,10 @@
  *
  * ## Threads
  * Every function is thread-safe (one mutex; disk I/O runs outside it, on a
- * session made busy or marked for I/O) and may block on disk I/O. The
- * accessors srv_session_* are for the caller holding the session busy.
+ * session made busy or marked for I/O) and may block on disk I/O, except
+ * srv_store_acquire_in_memory and those that only read the table (info,
+ * list, stats). The accessors srv_session_* are for the caller holding the
+ * session busy.
  *
  * ## Errors
  * A write or delete that the file system refuses for want of room (ENOSPC,
