@@ -37,8 +37,9 @@ enum {
     OFF_SAMPLER = 120,
     OFF_PENDING = 124,
     OFF_OWNER = 128,
-    OFF_RESERVED2 = 132,
-    CRC_BYTES = 4
+    OFF_CKPT = 132, /* version 2: checkpoints; version 1: reserved, 0 */
+    CRC_BYTES = 4,
+    CKPT_LEN_BYTES = 8 /* the length before each checkpoint */
 };
 
 _Static_assert(CORE_STATE_HEADER_BYTES == 136, "header layout");
@@ -213,6 +214,9 @@ typedef struct hdr {
     size_t off_pending, off_sampler, off_attn;
 } hdr_t;
 
+/* Smallest checkpoint entry: its length and a blob with empty sections. */
+#define CKPT_MIN_ENTRY ((uint64_t)CKPT_LEN_BYTES + CORE_STATE_HEADER_BYTES + CRC_BYTES)
+
 /* Magic, version and the blob's extent: the checks that need only the first
  * 16 bytes, so that a damaged blob says what it is before its checksum does.
  * whole = 1: buf must hold exactly the blob. */
@@ -221,10 +225,11 @@ static int parse_frame(const unsigned char *b, size_t len, int whole, uint64_t *
 {
     if (len >= 4 && memcmp(b + OFF_MAGIC, state_magic, sizeof state_magic) != 0)
         return STATE_FAIL(err, CORE_EFORMAT, "not a darkserve state blob (bad magic)");
-    if (len >= 8 && get_u32(b + OFF_VERSION) != CORE_STATE_VERSION)
+    const uint32_t v = len >= 8 ? get_u32(b + OFF_VERSION) : 1u;
+    if (v < 1 || v > CORE_STATE_VERSION)
         return STATE_FAIL(err, CORE_EUNSUPPORTED,
-                              "state blob version %u is not supported (this server reads %u)",
-                              get_u32(b + OFF_VERSION), CORE_STATE_VERSION);
+                              "state blob version %u is not supported (this server reads 1 to %u)",
+                              v, CORE_STATE_VERSION);
     uint64_t t = len >= 16 ? get_u64(b + OFF_TOTAL) : 0;
     if (len < CORE_STATE_HEADER_BYTES || (whole && len < t))
         return STATE_FAIL(err, CORE_EFORMAT, "truncated: %zu bytes, need %llu", len,
@@ -267,8 +272,12 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
         if (f[i] > (uint32_t)INT32_MAX || (i <= 4 && f[i] == 0))
             return STATE_FAIL(err, CORE_EFORMAT,
                                   "state blob header: attention field %d is %u", i, f[i]);
-    if (get_u32(b + OFF_RESERVED2))
+    uint32_t n_ckpt = get_u32(b + OFF_CKPT);
+    if (in->version == 1 && n_ckpt)
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: reserved field is not 0");
+    if (n_ckpt > CORE_STATE_MAX_CHECKPOINTS)
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: %u checkpoints (limit %d)",
+                              n_ckpt, CORE_STATE_MAX_CHECKPOINTS);
     uint32_t sinks = get_u32(b + OFF_SINKS);
     if (sinks > CORE_FEATURES_MAX_SINKS || (sinks && f[0] == (uint32_t)CORE_ATTN_EXACT))
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: %u sinks", sinks);
@@ -294,12 +303,19 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: %u pending tokens or %u owner "
                               "bytes over the limits (%zu, %zu)", np, own, CORE_STATE_MAX_PENDING,
                               CORE_STATE_MAX_OWNER);
-    /* Every term but attn is bounded far below 2^40, so this cannot wrap. */
+    /* Every term but attn is bounded far below 2^40, so this cannot wrap;
+     * total >= fixed is checked before it is subtracted. In version 2 the
+     * checkpoint section takes what is left. */
     uint64_t fixed = CORE_STATE_HEADER_BYTES + (uint64_t)own + 4 * (uint64_t)np + smp + CRC_BYTES;
-    if (attn > total || fixed + attn != total)
+    uint64_t ckpt = fixed <= total && attn <= total - fixed ? total - fixed - attn : 0;
+    if (fixed > total || attn > total - fixed || (n_ckpt == 0 && ckpt != 0))
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: sections (%llu + %llu) do not "
                               "add up to the total of %llu bytes", (unsigned long long)fixed,
                               (unsigned long long)attn, (unsigned long long)total);
+    if (ckpt < (uint64_t)n_ckpt * CKPT_MIN_ENTRY)
+        return STATE_FAIL(err, CORE_EFORMAT, "state blob header: %u checkpoints cannot fit in "
+                              "the %llu bytes the sections leave", n_ckpt,
+                              (unsigned long long)ckpt);
     in->attn_bytes = (size_t)attn;
     in->has_sampler = smp != 0;
     in->n_pending = np;
@@ -309,7 +325,34 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
     h->off_pending = CORE_STATE_HEADER_BYTES + (size_t)own;
     h->off_sampler = h->off_pending + 4 * (size_t)np;
     h->off_attn = h->off_sampler + smp;
+    in->n_checkpoints = n_ckpt;
+    in->checkpoints_off = h->off_attn + (size_t)attn;
+    in->checkpoints_bytes = (size_t)ckpt;
     return 0;
+}
+
+/* Entry i of the checkpoint section of a blob whose header h was parsed
+ * (b holds the whole blob): its bytes at b + *off, *n of them. Bounds only;
+ * no checksum. */
+static int ckpt_entry(const unsigned char *b, const hdr_t *h, size_t i, size_t *off, size_t *n,
+                      core_error_t *err)
+{
+    size_t p = h->in.checkpoints_off, end = p + h->in.checkpoints_bytes;
+    for (size_t k = 0;; k++) {
+        if (end - p < CKPT_LEN_BYTES)
+            return STATE_FAIL(err, CORE_EFORMAT, "checkpoint %zu: truncated length field", k);
+        uint64_t l = get_u64(b + p);
+        p += CKPT_LEN_BYTES;
+        if (l > end - p)
+            return STATE_FAIL(err, CORE_EFORMAT, "checkpoint %zu: length %llu runs past the "
+                                  "section's %zu bytes", k, (unsigned long long)l, end - p);
+        if (k == i) {
+            *off = p;
+            *n = (size_t)l;
+            return 0;
+        }
+        p += (size_t)l;
+    }
 }
 
 /* Is this blob for this model and this attention? (After the checksum.) */
@@ -350,9 +393,12 @@ static int check_compat(const hdr_t *h, const char *fingerprint, const core_attn
     return 0;
 }
 
-/* Frame, checksum, fields, compatibility: everything but the payload. */
-static int check_blob(const void *buf, size_t len, const char *fingerprint, const core_attn_t *a,
-                      hdr_t *h, core_error_t *err)
+/* Frame, checksum, fields, compatibility, and those of the checkpoints:
+ * everything but the payloads. nested: buf is a checkpoint, which may not
+ * have checkpoints of its own (checked before they are walked, so nesting
+ * never recurses deeper than one level). */
+static int check_blob_in(const void *buf, size_t len, const char *fingerprint,
+                         const core_attn_t *a, int nested, hdr_t *h, core_error_t *err)
 {
     const unsigned char *b = buf;
     uint64_t total = 0;
@@ -368,7 +414,33 @@ static int check_blob(const void *buf, size_t len, const char *fingerprint, cons
                               stored, got);
     if ((rc = parse_fields(b, total, h, err)) < 0)
         return rc;
-    return check_compat(h, fingerprint, a, err);
+    if (nested && h->in.n_checkpoints)
+        return STATE_FAIL(err, CORE_EFORMAT, "has checkpoints of its own");
+    if ((rc = check_compat(h, fingerprint, a, err)) < 0)
+        return rc;
+    /* Every checkpoint is a blob for this model and attention, without
+     * checkpoints of its own, and they fill the section exactly. */
+    size_t end = h->in.checkpoints_off;
+    for (size_t i = 0; i < h->in.n_checkpoints; i++) {
+        size_t off = 0, n = 0;
+        if ((rc = ckpt_entry(b, h, i, &off, &n, err)) < 0)
+            return rc;
+        hdr_t sub;
+        core_error_t se = {0};
+        if ((rc = check_blob_in(b + off, n, fingerprint, a, 1, &sub, &se)) < 0)
+            return STATE_FAIL(err, rc, "checkpoint %zu: %s", i, se.msg);
+        end = off + n;
+    }
+    if (end != h->in.checkpoints_off + h->in.checkpoints_bytes)
+        return STATE_FAIL(err, CORE_EFORMAT, "checkpoint section: %zu bytes after the last "
+                              "checkpoint", h->in.checkpoints_off + h->in.checkpoints_bytes - end);
+    return 0;
+}
+
+static int check_blob(const void *buf, size_t len, const char *fingerprint, const core_attn_t *a,
+                      hdr_t *h, core_error_t *err)
+{
+    return check_blob_in(buf, len, fingerprint, a, 0, h, err);
 }
 
 /* ---- public ---- */
@@ -384,6 +456,36 @@ size_t core_state_size(const core_attn_state_t *s, const core_sampler_t *smp, si
     if (attn > SIZE_MAX - fixed)
         return 0;
     return fixed + attn;
+}
+
+/* Bytes of the checkpoint section for d's checkpoints; 0 with *ok = 0 when
+ * it overflows. */
+static size_t ckpt_bytes(const core_state_desc_t *d, int *ok)
+{
+    size_t n = 0;
+    *ok = 1;
+    for (size_t i = 0; i < d->n_checkpoints; i++) {
+        size_t l = d->checkpoints[i].len;
+        if (l > SIZE_MAX - CKPT_LEN_BYTES || n > SIZE_MAX - CKPT_LEN_BYTES - l) {
+            *ok = 0;
+            return 0;
+        }
+        n += CKPT_LEN_BYTES + l;
+    }
+    return n;
+}
+
+size_t core_state_desc_size(const core_state_desc_t *d)
+{
+    if (!d || d->n_checkpoints > CORE_STATE_MAX_CHECKPOINTS ||
+        (d->n_checkpoints && !d->checkpoints))
+        return 0;
+    size_t base = core_state_size(d->state, d->sampler, d->n_pending, d->owner_len);
+    int ok;
+    size_t ck = ckpt_bytes(d, &ok);
+    if (base == 0 || !ok || ck > SIZE_MAX - base)
+        return 0;
+    return base + ck;
 }
 
 int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *len,
@@ -404,22 +506,41 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
         if (d->pending[i] < 0)
             return STATE_FAIL(err, CORE_EINVAL, "state save: pending token %zu has id %d", i,
                                   (int)d->pending[i]);
+    if (d->n_checkpoints > CORE_STATE_MAX_CHECKPOINTS || (d->n_checkpoints && !d->checkpoints))
+        return STATE_FAIL(err, CORE_EINVAL, "state save: %zu checkpoints (limit %d)",
+                              d->n_checkpoints, CORE_STATE_MAX_CHECKPOINTS);
+    for (size_t i = 0; i < d->n_checkpoints; i++) {
+        /* the frame and the header's sections; the checksum is the part's
+         * own business (checked when the blob is loaded) */
+        const core_state_part_t *pt = &d->checkpoints[i];
+        uint64_t t = 0;
+        hdr_t ph;
+        core_error_t pe = {0};
+        if (!pt->blob || parse_frame(pt->blob, pt->len, 1, &t, &pe) < 0 ||
+            parse_fields(pt->blob, t, &ph, &pe) < 0 || ph.in.n_checkpoints)
+            return STATE_FAIL(err, CORE_EINVAL, "state save: checkpoint %zu is not a state blob "
+                                  "without checkpoints (%s)", i,
+                                  pe.msg[0] ? pe.msg : "it has checkpoints");
+    }
     const core_attn_state_t *s = d->state;
     const core_attn_t *a = s->a;
     const core_attn_cfg_t *c = &a->cfg;
-    size_t total = core_state_size(s, d->sampler, d->n_pending, d->owner_len);
+    size_t base = core_state_size(s, d->sampler, d->n_pending, d->owner_len);
+    size_t total = core_state_desc_size(d);
     if (total == 0)
         return STATE_FAIL(err, CORE_ERANGE, "state save: blob size overflows");
     if (!buf || cap < total)
         return STATE_FAIL(err, CORE_ERANGE, "state save needs %zu bytes, buffer has %zu", total,
                               buf ? cap : (size_t)0);
     size_t smp = d->sampler ? core_sampler_state_size() : 0;
-    size_t attn = total - CORE_STATE_HEADER_BYTES - d->owner_len - 4 * d->n_pending - smp -
+    size_t attn = base - CORE_STATE_HEADER_BYTES - d->owner_len - 4 * d->n_pending - smp -
                   CRC_BYTES;
     unsigned char *b = buf;
     memset(b, 0, CORE_STATE_HEADER_BYTES);
     memcpy(b, state_magic, sizeof state_magic);
-    put_u32(b + OFF_VERSION, CORE_STATE_VERSION);
+    /* version 1 unless there are checkpoints: such blobs stay readable by
+     * servers that know only version 1 */
+    put_u32(b + OFF_VERSION, d->n_checkpoints ? CORE_STATE_VERSION : 1u);
     put_u64(b + OFF_TOTAL, total);
     memcpy(b + OFF_FP, d->fingerprint, strlen(d->fingerprint));
     const uint32_t f[7] = {(uint32_t)c->kind,      (uint32_t)c->n_layer,    (uint32_t)c->n_head,
@@ -436,6 +557,7 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
     put_u32(b + OFF_SAMPLER, (uint32_t)smp);
     put_u32(b + OFF_PENDING, (uint32_t)d->n_pending);
     put_u32(b + OFF_OWNER, (uint32_t)d->owner_len);
+    put_u32(b + OFF_CKPT, (uint32_t)d->n_checkpoints);
     unsigned char *p = b + CORE_STATE_HEADER_BYTES;
     if (d->owner_len)
         memcpy(p, d->owner, d->owner_len);
@@ -449,6 +571,11 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
     if ((rc = a->vt->state_save(s, p, attn, err)) < 0)
         return rc;
     p += attn;
+    for (size_t i = 0; i < d->n_checkpoints; i++) {
+        put_u64(p, d->checkpoints[i].len);
+        memcpy(p + CKPT_LEN_BYTES, d->checkpoints[i].blob, d->checkpoints[i].len);
+        p += CKPT_LEN_BYTES + d->checkpoints[i].len;
+    }
     put_u32(p, core_state_crc32(0, b, total - CRC_BYTES));
     *len = total;
     return 0;
@@ -526,6 +653,27 @@ int core_state_peek(const void *buf, size_t len, core_state_info_t *out, core_er
     if ((rc = parse_fields(buf, total, &h, err)) < 0)
         return rc;
     *out = h.in;
+    return 0;
+}
+
+int core_state_checkpoint(const void *buf, size_t len, size_t i, const void **part,
+                          size_t *part_len, core_error_t *err)
+{
+    uint64_t total = 0;
+    hdr_t h;
+    if (!buf || !part || !part_len)
+        return STATE_FAIL(err, CORE_EINVAL, "state checkpoint: no blob or output");
+    int rc = parse_frame(buf, len, 1, &total, err);
+    if (rc < 0 || (rc = parse_fields(buf, total, &h, err)) < 0)
+        return rc;
+    if (i >= h.in.n_checkpoints)
+        return STATE_FAIL(err, CORE_ERANGE, "the blob has %zu checkpoints, not %zu",
+                              h.in.n_checkpoints, i + 1);
+    size_t off = 0, n = 0;
+    if ((rc = ckpt_entry(buf, &h, i, &off, &n, err)) < 0)
+        return rc;
+    *part = (const unsigned char *)buf + off;
+    *part_len = n;
     return 0;
 }
 

@@ -464,7 +464,7 @@ flips_done:
     memcpy(b, blob, len);
     put32(b + 4, CORE_STATE_VERSION + 1);
     reseal(b, len);
-    snprintf(want, sizeof want, "state blob version %u is not supported (this server reads %u)",
+    snprintf(want, sizeof want, "state blob version %u is not supported (this server reads 1 to %u)",
              CORE_STATE_VERSION + 1, CORE_STATE_VERSION);
     refuse(&v, b, len, NULL, CORE_EUNSUPPORTED, want, "future version");
     /* A position past 2^48 (the hardening issue's 2^63 - 1: a ring slot from
@@ -845,6 +845,235 @@ TEST(sampler_pending_owner_round_trip)
     core_model_free(m);
 }
 
+/* ---- checkpoints (version 2) ---- */
+
+/* Saves s with parts[n] as its checkpoints. */
+static unsigned char *save_ckpt(core_model_t *m, const core_attn_state_t *s, const char *owner,
+                                const core_state_part_t *parts, size_t n, size_t *len)
+{
+    core_state_desc_t d = {.fingerprint = core_model_info(m)->fingerprint, .state = s,
+                           .owner = owner, .owner_len = owner ? strlen(owner) : 0,
+                           .checkpoints = parts, .n_checkpoints = n};
+    size_t cap = core_state_desc_size(&d);
+    unsigned char *buf = malloc(cap ? cap : 1);
+    core_error_t err = {0};
+    *len = 0;
+    int rc = core_state_save(&d, buf, cap, len, &err);
+    CHECK_MSG(rc == 0, "save with checkpoints: %s", err.msg);
+    CHECK_INT_EQ(*len, cap);
+    return buf;
+}
+
+/* A version 2 blob built by hand from a version 1 blob and raw entries
+ * (what core_state_save would refuse to write), resealed. */
+static unsigned char *raw_v2(const unsigned char *v1, size_t v1_len, const core_state_part_t *p,
+                             size_t n, size_t *len)
+{
+    size_t total = v1_len;
+    for (size_t i = 0; i < n; i++)
+        total += 8 + p[i].len;
+    unsigned char *b = malloc(total);
+    memcpy(b, v1, v1_len - 4);
+    size_t off = v1_len - 4;
+    for (size_t i = 0; i < n; i++) {
+        put32(b + off, (uint32_t)p[i].len);
+        put32(b + off + 4, 0);
+        memcpy(b + off + 8, p[i].blob, p[i].len);
+        off += 8 + p[i].len;
+    }
+    put32(b + 4, 2);
+    put32(b + 8, (uint32_t)total);
+    put32(b + 132, (uint32_t)n);
+    reseal(b, total);
+    *len = total;
+    return b;
+}
+
+TEST(checkpoints_round_trip_and_refusals)
+{
+    core_model_t *m = load_kind(CORE_ATTN_PERFORMER, 4);
+    if (!m)
+        return;
+    const core_model_info_t *in = core_model_info(m);
+    core_attn_state_t *s = new_state(m);
+    int32_t t[40];
+    rand_tokens(21, t, 40, in->n_vocab);
+    size_t l1 = 0, l2 = 0, len = 0;
+    feed(m, s, t, 10, NULL);
+    unsigned char *c1 = save(m, s, NULL, NULL, 0, "turn 1", &l1);
+    feed(m, s, t + 10, 10, NULL);
+    unsigned char *c2 = save(m, s, NULL, NULL, 0, "turn 2", &l2);
+    feed(m, s, t + 20, 20, NULL);
+    core_state_part_t parts[2] = {{c1, l1}, {c2, l2}};
+    unsigned char *blob = save_ckpt(m, s, "now", parts, 2, &len);
+    CHECK_INT_EQ(c1[4], 1); /* no checkpoints: version 1, as before */
+    CHECK_INT_EQ(blob[4], 2);
+
+    core_state_info_t info;
+    CHECK_INT_EQ(core_state_peek(blob, len, &info, NULL), 0);
+    CHECK_INT_EQ(info.version, 2);
+    CHECK_INT_EQ(info.n_checkpoints, 2);
+    CHECK_INT_EQ(info.checkpoints_bytes, 16 + l1 + l2);
+    CHECK_INT_EQ(info.checkpoints_off + info.checkpoints_bytes + 4, len);
+    core_error_t err = {0};
+    victim_t v;
+    victim_init(&v, m);
+    const void *own = NULL;
+    size_t ol = 0;
+    CHECK_INT_EQ(core_state_load(blob, len, in->fingerprint, v.s, NULL, NULL, NULL, &own, &ol,
+                                 &err), 0);
+    CHECK_INT_EQ(core_attn_state_pos(v.s), 40);
+    CHECK(ol == 3 && memcmp(own, "now", 3) == 0);
+    CHECK_INT_EQ(core_state_verify(blob, len, in->fingerprint, core_model_attn(m), &err), 0);
+    for (size_t i = 0; i < 2; i++) {
+        const void *pp = NULL;
+        size_t pl = 0;
+        CHECK_INT_EQ(core_state_checkpoint(blob, len, i, &pp, &pl, &err), 0);
+        CHECK(pl == parts[i].len && memcmp(pp, parts[i].blob, pl) == 0);
+        core_attn_state_t *cs = new_state(m);
+        CHECK_INT_EQ(core_state_load(pp, pl, in->fingerprint, cs, NULL, NULL, NULL, &own, &ol,
+                                     &err), 0);
+        CHECK_INT_EQ(core_attn_state_pos(cs), 10 * (int64_t)(i + 1));
+        CHECK(ol == 6 && memcmp(own, i ? "turn 2" : "turn 1", 6) == 0);
+        core_attn_state_free(cs);
+    }
+    const void *pp = NULL;
+    size_t pl = 0;
+    CHECK_INT_EQ(core_state_checkpoint(blob, len, 2, &pp, &pl, &err), CORE_ERANGE);
+    CHECK_INT_EQ(core_state_checkpoint(c1, l1, 0, &pp, &pl, &err), CORE_ERANGE);
+    CHECK_INT_EQ(core_state_checkpoint(blob, len - 1, 0, &pp, &pl, &err), CORE_EFORMAT);
+    victim_free(&v);
+    victim_init(&v, m);
+
+    /* What save refuses: a part that is not a blob, one with checkpoints
+     * of its own, too many parts. */
+    core_state_desc_t d = {.fingerprint = in->fingerprint, .state = s};
+    size_t wl = 0;
+    unsigned char *out = malloc(len * 2);
+    core_state_part_t bad[1] = {{"DSSTxxxx", 8}};
+    d.checkpoints = bad;
+    d.n_checkpoints = 1;
+    CHECK_INT_EQ(core_state_save(&d, out, len * 2, &wl, &err), CORE_EINVAL);
+    CHECK(strstr(err.msg, "checkpoint 0 is not a state blob") != NULL);
+    core_state_part_t nested[1] = {{blob, len}};
+    d.checkpoints = nested;
+    CHECK_INT_EQ(core_state_save(&d, out, len * 2, &wl, &err), CORE_EINVAL);
+    CHECK(strstr(err.msg, "checkpoint 0 is not a state blob without checkpoints") != NULL);
+    d.n_checkpoints = CORE_STATE_MAX_CHECKPOINTS + 1;
+    CHECK_INT_EQ(core_state_desc_size(&d), 0);
+    CHECK_INT_EQ(core_state_save(&d, out, len * 2, &wl, &err), CORE_EINVAL);
+    free(out);
+
+    /* What load refuses, resealed (the checksum is no authentication). */
+    char want[160], ctx[64];
+    unsigned char *b = malloc(len);
+    memcpy(b, blob, len);
+    put32(b + 132, 3); /* one more than the section holds */
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 2: truncated length field", "count + 1");
+    memcpy(b, blob, len);
+    put32(b + 132, 1); /* one fewer */
+    reseal(b, len);
+    snprintf(want, sizeof want, "checkpoint section: %zu bytes after the last checkpoint",
+             8 + l2);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, want, "count - 1");
+    memcpy(b, blob, len);
+    put32(b + 132, 0);
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "do not add up", "no count, a section");
+    memcpy(b, blob, len);
+    put32(b + 132, CORE_STATE_MAX_CHECKPOINTS + 1);
+    reseal(b, len);
+    snprintf(want, sizeof want, "%d checkpoints (limit %d)", CORE_STATE_MAX_CHECKPOINTS + 1,
+             CORE_STATE_MAX_CHECKPOINTS);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, want, "count over the limit");
+    memcpy(b, blob, len);
+    put32(b + 132, 1000); /* entries that cannot fit the section */
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoints (limit", "count huge");
+    memcpy(b, blob, len);
+    put32(b + 4, 1); /* version 1 with the count set */
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "reserved field is not 0", "version 1 with a count");
+    size_t off0 = info.checkpoints_off;
+    memcpy(b, blob, len);
+    put32(b + off0 + 4, 1); /* entry 0's length past 2^32 */
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 0: length", "length huge");
+    memcpy(b, blob, len);
+    put32(b + off0, (uint32_t)(l1 - 1)); /* one byte short: its frame says otherwise */
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 0: truncated", "length short");
+    memcpy(b, blob, len);
+    put32(b + off0, (uint32_t)(l1 + 1)); /* one byte long */
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 0: trailing bytes", "length long");
+    memcpy(b, blob, len);
+    put32(b + off0, 10);
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 0: truncated", "length tiny");
+    memcpy(b, blob, len);
+    b[off0 + 8 + 8 + l2 + 200] ^= 1; /* inside checkpoint 1; the blob resealed */
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_ECHECKSUM, "checkpoint 1: checksum mismatch", "flip in 1");
+    memcpy(b, blob, len);
+    b[off0 + 8] = 'X';
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 0: not a darkserve state blob", "magic");
+    /* Truncations through the section: each a frame error, never a read
+     * past the end. */
+    for (size_t n = off0; n < len; n += 37) {
+        snprintf(ctx, sizeof ctx, "truncated to %zu", n);
+        refuse(&v, blob, n, NULL, CORE_EFORMAT, "truncated", ctx);
+    }
+    free(b);
+
+    /* Hand-built: a nested checkpoint, one for another model, one of
+     * another attention. */
+    size_t vl = 0, nl = 0;
+    unsigned char *v1 = save(m, s, NULL, NULL, 0, NULL, &vl);
+    core_state_part_t np1[1] = {{blob, len}};
+    unsigned char *nb = raw_v2(v1, vl, np1, 1, &nl);
+    refuse(&v, nb, nl, NULL, CORE_EFORMAT, "checkpoint 0: has checkpoints of its own", "nested");
+    free(nb);
+    unsigned char *other = malloc(l1);
+    memcpy(other, c1, l1);
+    memcpy(other + 16, "0123456789abcdef", 17);
+    reseal(other, l1);
+    core_state_part_t op[1] = {{other, l1}};
+    nb = raw_v2(v1, vl, op, 1, &nl);
+    snprintf(want, sizeof want, "checkpoint 0: blob is for model 0123456789abcdef, this server "
+             "runs %s", in->fingerprint);
+    refuse(&v, nb, nl, NULL, CORE_EMISMATCH, want, "other model");
+    free(nb);
+    core_model_t *em = load(CORE_ATTN_EXACT, 0, NULL, 0);
+    if (em) {
+        core_attn_state_t *es = new_state(em);
+        size_t el = 0;
+        unsigned char *eb = save(em, es, NULL, NULL, 0, NULL, &el);
+        core_state_part_t ep[1] = {{eb, el}};
+        nb = raw_v2(v1, vl, ep, 1, &nl);
+        refuse(&v, nb, nl, NULL, CORE_EMISMATCH, "checkpoint 0: blob has attention exact", "exact");
+        free(nb);
+        free(eb);
+        core_attn_state_free(es);
+        core_model_free(em);
+    }
+    /* Zero checkpoints in a version 2 blob: read as it says. */
+    nb = raw_v2(v1, vl, NULL, 0, &nl);
+    CHECK_INT_EQ(core_state_load(nb, nl, in->fingerprint, v.s, NULL, NULL, NULL, NULL, NULL, &err),
+                 0);
+    free(nb);
+    free(other);
+    free(v1);
+    victim_free(&v);
+    free(blob);
+    free(c1);
+    free(c2);
+    core_attn_state_free(s);
+    core_model_free(m);
+}
+
 /* ---- checksum ---- */
 
 static uint32_t crc_bitwise(const unsigned char *p, size_t n)
@@ -902,6 +1131,7 @@ int main(void)
         RUN(refusals_framing);
         RUN(refusals_attention_config);
         RUN(sampler_pending_owner_round_trip);
+        RUN(checkpoints_round_trip_and_refusals);
     }
     unlink(adapter_a);
     unlink(adapter_b);
