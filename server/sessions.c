@@ -10,6 +10,10 @@
  * Files are named by the session id and created through a directory fd, so
  * no path is ever built from input other than an id validated as 32 hex
  * chars. A write goes to "<id>.tmp" first; startup deletes such leftovers.
+ * A checkpoint is the file "<id>.<turns>" (sessions.h "Turns and
+ * checkpoints"), never written in place: it is the session's previous file,
+ * hard-linked before the new one is renamed over it, or a whole file an
+ * import writes; a rollback renames it back over "<id>".
  */
 #include "server/sessions.h"
 
@@ -37,12 +41,29 @@
 #define PROBE_NAME ".write-probe"
 /* Owner section of a session blob: u32 version, u32 flags (bit 0 turn_open,
  * bit 1 has_chat), i64 created, i64 last_used; version 2 adds the owner tag:
- * 32 lowercase hex chars, or 32 zero bytes for none. Version 1 (24 bytes,
- * no owner) is still read. */
+ * 32 lowercase hex chars, or 32 zero bytes for none; version 3 adds the
+ * turns: u64 turns so far, u32 the last turn's SRV_TURN_* flags (bit 2: its
+ * input was kept), u32 n, i32 its input[n] (n <= SRV_TURN_INPUT_MAX).
+ * Versions 1 (24 bytes, no owner) and 2 (56 bytes, no turns) are still
+ * read. */
 #define OWNER_BYTES_V1 24
-#define OWNER_BYTES 56
-#define OWNER_VERSION 2u
+#define OWNER_BYTES_V2 56
+#define OWNER_BYTES_V3 72 /* without the input */
+#define OWNER_VERSION 3u
 #define OWNER_LEN SRV_SESSION_OWNER_LEN
+#define TURN_KEPT 4u /* last-turn flag: its input is in the record */
+#define CKPT_NAME_MAX (ID_LEN + 1 + 20 + 1) /* "<id>.<turns>" and its NUL */
+
+_Static_assert(OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX <= CORE_STATE_MAX_OWNER,
+               "the last turn's input fits the owner section");
+_Static_assert(SRV_STORE_MAX_CHECKPOINTS <= CORE_STATE_MAX_CHECKPOINTS, "export carries them");
+
+/* A checkpoint file of a session (in the directory). */
+typedef struct ckpt {
+    int64_t turn;   /* the state after this many turns */
+    int64_t tokens; /* its history length */
+    size_t bytes;   /* its file's size, counted in st->disk_bytes */
+} ckpt_t;
 
 struct srv_session {
     srv_store_t *st;
@@ -56,6 +77,28 @@ struct srv_session {
     size_t mem_bytes;    /* counted in st->mem_bytes while in memory */
     size_t disk_bytes;   /* size of its file, counted in st->disk_bytes while on_disk */
     int busy, io, on_disk, dirty, turn_open, has_chat;
+    int dirty0;          /* dirty before a turn or a redo began (an abort restores it) */
+    int64_t turns;       /* turns so far (in its file) */
+    ckpt_t *ckpt;        /* [n_ckpt] its checkpoint files, oldest first, each turn < turns */
+    size_t n_ckpt, cap_ckpt;
+    /* the last turn (for a redo): in memory with the context, in the file */
+    unsigned last_flags; /* SRV_TURN_* | TURN_KEPT */
+    int32_t *last_in;    /* [n_last_in] when TURN_KEPT */
+    size_t n_last_in;
+    /* the turn in progress (srv_store_turn_begin .. release) */
+    int in_turn;
+    int turn_link;       /* its release links the file (the state before it) as a checkpoint */
+    int64_t turns0, tokens0;
+    size_t bytes0;
+    unsigned prev_flags; /* the last turn before it (srv_store_turn_abort) */
+    int32_t *prev_in;
+    size_t n_prev_in;
+    /* a redo: the checkpoint read back (prep, for prep_turns turns), then
+     * the context it replaced until the release (aside) */
+    srv_seq_ctx_t prep, aside;
+    int64_t prep_turns;
+    int prep_turn_open, prep_has_chat, aside_turn_open, aside_has_chat;
+    int redo;
 };
 
 struct srv_store {
@@ -66,12 +109,14 @@ struct srv_store {
     int lockfd;
     size_t max_sessions, max_bytes;
     size_t max_disk_files, max_disk_bytes;
+    size_t max_ckpt;     /* checkpoints kept per session (0 without a directory) */
+    size_t n_ckpt_files; /* checkpoint files, counted with max_disk_files */
     int64_t ttl_s;
     core_model_t *model;
     core_attn_t *attn;
     char fp[CORE_STATE_FINGERPRINT_MAX + 1];
     int n_vocab;
-    size_t max_blob;
+    size_t max_blob, max_export;
     srv_session_t **tab; /* [n] sorted by id */
     size_t n, cap;
     size_t n_mem;        /* in memory, plus loads in progress */
@@ -270,10 +315,28 @@ static int ctx_new(srv_store_t *st, srv_seq_ctx_t *c)
     return 0;
 }
 
-static size_t ctx_mem(const srv_seq_ctx_t *c)
+static size_t ctx_bytes(const srv_seq_ctx_t *c)
 {
-    return sizeof(srv_session_t) + core_attn_state_bytes(c->state) + core_sampler_state_size() +
+    if (!c->state)
+        return 0;
+    return core_attn_state_bytes(c->state) + core_sampler_state_size() +
            c->n_pending * sizeof(int32_t);
+}
+
+/* Memory of a session in memory: its context, a redo's second context, the
+ * last turn's input. */
+static size_t session_mem(const srv_session_t *s)
+{
+    return sizeof(srv_session_t) + ctx_bytes(&s->ctx) + ctx_bytes(&s->prep) +
+           ctx_bytes(&s->aside) + (s->n_last_in + s->n_prev_in) * sizeof(int32_t);
+}
+
+static void last_clear(srv_session_t *s)
+{
+    free(s->last_in);
+    s->last_in = NULL;
+    s->n_last_in = 0;
+    s->last_flags = 0;
 }
 
 static int64_t ctx_tokens(const srv_seq_ctx_t *c)
@@ -286,11 +349,12 @@ static void refresh(srv_store_t *st, srv_session_t *s)
 {
     if (!s->ctx.state)
         return;
-    size_t m = ctx_mem(&s->ctx);
+    size_t m = session_mem(s);
     st->mem_bytes = st->mem_bytes - s->mem_bytes + m;
     s->mem_bytes = m;
     s->tokens = ctx_tokens(&s->ctx);
-    s->state_bytes = core_state_size(s->ctx.state, s->ctx.sampler, s->ctx.n_pending, OWNER_BYTES);
+    s->state_bytes = core_state_size(s->ctx.state, s->ctx.sampler, s->ctx.n_pending,
+                                     OWNER_BYTES_V3 + 4 * s->n_last_in);
 }
 
 /* Caller holds mu. Frees a session's context and its accounting (not n_mem
@@ -303,6 +367,12 @@ static void drop_memory(srv_store_t *st, srv_session_t *s)
     st->n_mem--;
     s->mem_bytes = 0;
     ctx_free(&s->ctx);
+    ctx_free(&s->prep);
+    ctx_free(&s->aside);
+    last_clear(s);
+    free(s->prev_in);
+    s->prev_in = NULL;
+    s->n_prev_in = 0;
 }
 
 /* Caller holds mu: writing s failed. The client was told that its change
@@ -376,6 +446,10 @@ typedef struct owner {
     int64_t created, last_used;
     int turn_open, has_chat;
     char owner[OWNER_LEN + 1];
+    int64_t turns;
+    unsigned last_flags;      /* SRV_TURN_* | TURN_KEPT */
+    const unsigned char *in;  /* [4 * n_in] the last turn's input (little-endian), borrowed */
+    size_t n_in;
 } owner_t;
 
 /* 1 if s is "" or OWNER_LEN lowercase hex chars. */
@@ -390,14 +464,30 @@ static int owner_parse(const void *p, size_t n, owner_t *o)
     if (!p || n < OWNER_BYTES_V1 || get_u32(b + 4) > 3)
         return -1;
     uint32_t v = get_u32(b);
-    if (!(v == 1u && n == OWNER_BYTES_V1) && !(v == OWNER_VERSION && n == OWNER_BYTES))
+    if (!(v == 1u && n == OWNER_BYTES_V1) && !(v == 2u && n == OWNER_BYTES_V2) &&
+        !(v == OWNER_VERSION && n >= OWNER_BYTES_V3))
         return -1;
     char tag[OWNER_LEN + 1] = "";
-    if (v == OWNER_VERSION && b[OWNER_BYTES_V1] != 0) {
+    if (v >= 2u && b[OWNER_BYTES_V1] != 0) {
         memcpy(tag, b + OWNER_BYTES_V1, OWNER_LEN);
         tag[OWNER_LEN] = '\0';
         if (!srv_session_id_valid(tag))
             return -1;
+    }
+    int64_t turns = 0;
+    unsigned lf = 0;
+    size_t n_in = 0;
+    if (v == OWNER_VERSION) {
+        turns = get_i64(b + OWNER_BYTES_V2);
+        lf = get_u32(b + OWNER_BYTES_V2 + 8);
+        n_in = get_u32(b + OWNER_BYTES_V2 + 12);
+        if (turns < 0 || lf > (SRV_TURN_REPLY | SRV_TURN_CHAT | TURN_KEPT) ||
+            n_in > SRV_TURN_INPUT_MAX || (n_in && !(lf & TURN_KEPT)) ||
+            n != OWNER_BYTES_V3 + 4 * n_in)
+            return -1;
+        for (size_t i = 0; i < n_in; i++)
+            if (get_u32(b + OWNER_BYTES_V3 + 4 * i) > (uint32_t)INT32_MAX)
+                return -1;
     }
     uint32_t f = get_u32(b + 4);
     o->turn_open = (int)(f & 1u);
@@ -405,6 +495,65 @@ static int owner_parse(const void *p, size_t n, owner_t *o)
     o->created = get_i64(b + 8);
     o->last_used = get_i64(b + 16);
     memcpy(o->owner, tag, sizeof tag);
+    o->turns = turns;
+    o->last_flags = lf;
+    o->in = n_in ? b + OWNER_BYTES_V3 : NULL;
+    o->n_in = n_in;
+    return 0;
+}
+
+/* The metadata of session s as its file holds it (borrowing s's input). */
+static owner_t owner_of(const srv_session_t *s)
+{
+    owner_t o = {.created = s->created, .last_used = s->last_used, .turn_open = s->turn_open,
+                 .has_chat = s->has_chat, .turns = s->turns, .last_flags = s->last_flags};
+    memcpy(o.owner, s->owner, sizeof o.owner);
+    return o;
+}
+
+/* The blob of context c with metadata o (new malloc'd *out); in[n_in] is the
+ * last turn's input (o->in is not used), parts[n_parts] its checkpoints
+ * (an export). id names the session in messages. */
+static int serialize_meta(const srv_store_t *st, const char *id, const owner_t *o,
+                          const int32_t *in, size_t n_in, const srv_seq_ctx_t *c,
+                          const core_state_part_t *parts, size_t n_parts, unsigned char **out,
+                          size_t *len)
+{
+    size_t ol = OWNER_BYTES_V3 + 4 * n_in;
+    unsigned char *own = malloc(ol);
+    if (!own)
+        return STORE_FAIL(SRV_STORE_ENOMEM, "session %s: out of memory", id);
+    put_u32(own, OWNER_VERSION);
+    put_u32(own + 4, (uint32_t)(o->turn_open ? 1 : 0) | (uint32_t)(o->has_chat ? 2 : 0));
+    put_i64(own + 8, o->created);
+    put_i64(own + 16, o->last_used);
+    memset(own + OWNER_BYTES_V1, 0, OWNER_LEN);
+    memcpy(own + OWNER_BYTES_V1, o->owner, strlen(o->owner));
+    put_i64(own + OWNER_BYTES_V2, o->turns);
+    put_u32(own + OWNER_BYTES_V2 + 8, o->last_flags);
+    put_u32(own + OWNER_BYTES_V2 + 12, (uint32_t)n_in);
+    for (size_t i = 0; i < n_in; i++)
+        put_u32(own + OWNER_BYTES_V3 + 4 * i, (uint32_t)in[i]);
+    core_state_desc_t d = {.fingerprint = st->fp, .state = c->state, .sampler = c->sampler,
+                           .pending = c->pending, .n_pending = c->n_pending, .owner = own,
+                           .owner_len = ol, .checkpoints = parts, .n_checkpoints = n_parts};
+    size_t n = core_state_desc_size(&d);
+    unsigned char *buf = n ? malloc(n) : NULL;
+    int rc = 0;
+    core_error_t e = {0};
+    if (n == 0)
+        rc = STORE_FAIL(SRV_STORE_EINVAL, "session %s: state too large to save (%zu pending "
+                        "tokens)", id, c->n_pending);
+    else if (!buf)
+        rc = STORE_FAIL(SRV_STORE_ENOMEM, "session %s: out of memory for a %zu-byte state", id, n);
+    else if (core_state_save(&d, buf, n, len, &e) < 0)
+        rc = STORE_FAIL(SRV_STORE_EINVAL, "session %s: %s", id, e.msg);
+    free(own);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
     return 0;
 }
 
@@ -413,36 +562,29 @@ static int owner_parse(const void *p, size_t n, owner_t *o)
 static int serialize_ctx(const srv_store_t *st, const srv_session_t *s, const srv_seq_ctx_t *c,
                          unsigned char **out, size_t *len)
 {
-    unsigned char own[OWNER_BYTES];
-    put_u32(own, OWNER_VERSION);
-    put_u32(own + 4, (uint32_t)(s->turn_open ? 1 : 0) | (uint32_t)(s->has_chat ? 2 : 0));
-    put_i64(own + 8, s->created);
-    put_i64(own + 16, s->last_used);
-    memset(own + OWNER_BYTES_V1, 0, OWNER_LEN);
-    memcpy(own + OWNER_BYTES_V1, s->owner, strlen(s->owner));
-    size_t n = core_state_size(c->state, c->sampler, c->n_pending, OWNER_BYTES);
-    if (n == 0)
-        return STORE_FAIL(SRV_STORE_EINVAL, "session %s: state too large to save (%zu pending tokens)",
-                    s->id, c->n_pending);
-    unsigned char *buf = malloc(n);
-    if (!buf)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "session %s: out of memory for a %zu-byte state", s->id, n);
-    core_state_desc_t d = {.fingerprint = st->fp, .state = c->state, .sampler = c->sampler,
-                           .pending = c->pending, .n_pending = c->n_pending, .owner = own,
-                           .owner_len = OWNER_BYTES};
-    core_error_t e = {0};
-    if (core_state_save(&d, buf, n, len, &e) < 0) {
-        free(buf);
-        return STORE_FAIL(SRV_STORE_EINVAL, "session %s: %s", s->id, e.msg);
-    }
-    *out = buf;
-    return 0;
+    owner_t o = owner_of(s);
+    return serialize_meta(st, s->id, &o, s->last_in, s->n_last_in, c, NULL, 0, out, len);
 }
 
 static int serialize(const srv_store_t *st, const srv_session_t *s, unsigned char **out,
                      size_t *len)
 {
     return serialize_ctx(st, s, &s->ctx, out, len);
+}
+
+/* A malloc'd copy of the input ids o->in (NULL when there are none). */
+static int owner_input(const owner_t *o, int32_t **out)
+{
+    *out = NULL;
+    if (!o->n_in)
+        return 0;
+    int32_t *v = malloc(o->n_in * sizeof *v);
+    if (!v)
+        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a turn's input");
+    for (size_t i = 0; i < o->n_in; i++)
+        v[i] = (int32_t)get_u32(o->in + 4 * i);
+    *out = v;
+    return 0;
 }
 
 /* Restores blob into c (a session's context, or a fresh one): on error c is
@@ -479,10 +621,26 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
     free(c->pending);
     c->pending = pend;
     c->n_pending = np;
-    if (owner_parse(own, ol, o) == 0)
+    if (owner_parse(own, ol, o) == 0) {
         *have_owner = 1;
+        /* a turn's input that this vocabulary cannot feed is not kept */
+        for (size_t i = 0; i < o->n_in; i++)
+            if (get_u32(o->in + 4 * i) >= (uint32_t)st->n_vocab) {
+                o->last_flags &= ~TURN_KEPT;
+                o->in = NULL;
+                o->n_in = 0;
+                break;
+            }
+    }
     return 0;
 }
+
+/* A session file's metadata with a copy of its last turn's input. */
+typedef struct meta {
+    owner_t o;   /* o.in is not valid */
+    int have;    /* the file had a readable owner section */
+    int32_t *in; /* malloc'd [o.n_in], NULL if none */
+} meta_t;
 
 /* ---- files ---- */
 
@@ -509,9 +667,15 @@ static int io_code(int e)
     return e == ENOSPC || e == EDQUOT || e == EROFS ? SRV_STORE_ENOSPACE : SRV_STORE_EIO;
 }
 
-/* Atomic replace of file id: tmp, fsync, rename, fsync of the directory. On
- * failure the previous file is untouched and the temp file removed. */
-static int write_file(srv_store_t *st, const char *id, const unsigned char *buf, size_t len)
+/* Atomic replace of file id (a session's, or a checkpoint's name): tmp,
+ * fsync, rename, fsync of the directory. On failure the previous file is
+ * untouched and the temp file removed. link_as (NULL = none): before the
+ * rename, the previous file is hard-linked under that name too (a stale
+ * file of that name is replaced), so it survives the rename: *linked = 1
+ * when it was (a link that fails only means no link); a failed rename
+ * removes the link again. */
+static int write_file_link(srv_store_t *st, const char *id, const unsigned char *buf, size_t len,
+                           const char *link_as, int *linked)
 {
     char tmp[ID_LEN + sizeof TMP_SUFFIX], eb[128];
     snprintf(tmp, sizeof tmp, "%s" TMP_SUFFIX, id);
@@ -546,8 +710,19 @@ static int write_file(srv_store_t *st, const char *id, const unsigned char *buf,
     if (cr < 0)
         goto fail;
     what = "renaming";
-    if (fault(st, "rename") || renameat(st->dirfd, tmp, st->dirfd, id) < 0)
+    if (link_as) {
+        unlinkat(st->dirfd, link_as, 0);
+        *linked = !fault(st, "link") && linkat(st->dirfd, id, st->dirfd, link_as, 0) == 0;
+    }
+    if (fault(st, "rename") || renameat(st->dirfd, tmp, st->dirfd, id) < 0) {
+        if (link_as && *linked) {
+            int e = errno;
+            unlinkat(st->dirfd, link_as, 0);
+            *linked = 0;
+            errno = e;
+        }
         goto fail;
+    }
     if (fsync(st->dirfd) < 0)
         return STORE_FAIL(SRV_STORE_EIO, "syncing directory %s after writing %s: %s", st->dir, id,
                     errstr(errno, eb, sizeof eb));
@@ -559,6 +734,11 @@ fail:;
     unlinkat(st->dirfd, tmp, 0);
     return STORE_FAIL(io_code(e), "%s %s/%s: %s (the previous file is kept)", what, st->dir, tmp,
                       errstr(e, eb, sizeof eb));
+}
+
+static int write_file(srv_store_t *st, const char *id, const unsigned char *buf, size_t len)
+{
+    return write_file_link(st, id, buf, len, NULL, NULL);
 }
 
 /* Whole file id (new malloc'd *out). ENOTFOUND if it is gone, EIO else. */
@@ -610,12 +790,15 @@ static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_
     return 0;
 }
 
-/* Loads session file id into a fresh context *c. */
-static int load_file(srv_store_t *st, const char *id, srv_seq_ctx_t *c)
+/* Loads session file name (a session's, or a checkpoint's) into a fresh
+ * context *c; its metadata into *m (may be NULL; free m->in). */
+static int load_file(srv_store_t *st, const char *name, srv_seq_ctx_t *c, meta_t *m)
 {
     unsigned char *buf = NULL;
     size_t len = 0;
-    int rc = read_file(st, id, &buf, &len);
+    if (m)
+        memset(m, 0, sizeof *m);
+    int rc = read_file(st, name, &buf, &len);
     if (rc < 0)
         return rc;
     if ((rc = ctx_new(st, c)) == 0) {
@@ -627,12 +810,107 @@ static int load_file(srv_store_t *st, const char *id, srv_seq_ctx_t *c)
             if (rc != SRV_STORE_ENOMEM) {
                 char msg[sizeof tl_err];
                 snprintf(msg, sizeof msg, "%s", tl_err);
-                rc = STORE_FAIL(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, id, msg);
+                rc = STORE_FAIL(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, name, msg);
             }
+        } else if (m && have) {
+            m->have = 1;
+            m->o = o;
+            m->o.in = NULL;
+            if ((rc = owner_input(&o, &m->in)) < 0)
+                ctx_free(c);
         }
     }
     free(buf);
     return rc;
+}
+
+/* ---- checkpoint files (caller holds mu) ---- */
+
+static void ckpt_name(char out[CKPT_NAME_MAX], const char *id, int64_t turn)
+{
+    snprintf(out, CKPT_NAME_MAX, "%s.%lld", id, (long long)turn);
+}
+
+/* s's checkpoint file for `turn` turns exists (after every one it has). */
+static int ckpt_add(srv_store_t *st, srv_session_t *s, int64_t turn, int64_t tokens, size_t bytes)
+{
+    if (s->n_ckpt == s->cap_ckpt) {
+        size_t cap = s->cap_ckpt ? 2 * s->cap_ckpt : 8;
+        ckpt_t *c = realloc(s->ckpt, cap * sizeof *c);
+        if (!c)
+            return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a checkpoint");
+        s->ckpt = c;
+        s->cap_ckpt = cap;
+    }
+    s->ckpt[s->n_ckpt++] = (ckpt_t){.turn = turn, .tokens = tokens, .bytes = bytes};
+    st->disk_bytes += bytes;
+    st->n_ckpt_files++;
+    return 0;
+}
+
+/* s's checkpoint k is no longer its (the file is gone or became another). */
+static void ckpt_forget(srv_store_t *st, srv_session_t *s, size_t k)
+{
+    st->disk_bytes -= s->ckpt[k].bytes;
+    st->n_ckpt_files--;
+    memmove(s->ckpt + k, s->ckpt + k + 1, (s->n_ckpt - k - 1) * sizeof *s->ckpt);
+    s->n_ckpt--;
+}
+
+/* Deletes s's checkpoint k (its file, then the entry); a file already
+ * gone is fine. On an error the entry stays. */
+static int ckpt_delete(srv_store_t *st, srv_session_t *s, size_t k)
+{
+    char name[CKPT_NAME_MAX];
+    ckpt_name(name, s->id, s->ckpt[k].turn);
+    if ((fault(st, "unlink") || unlinkat(st->dirfd, name, 0) < 0) && errno != ENOENT) {
+        char eb[128];
+        int e = errno;
+        return STORE_FAIL(io_code(e), "deleting %s/%s: %s", st->dir, name,
+                          errstr(e, eb, sizeof eb));
+    }
+    ckpt_forget(st, s, k);
+    return 0;
+}
+
+/* Deletes s's checkpoints from index k on (best effort: a file that cannot
+ * be deleted is forgotten all the same, and startup deletes it as one past
+ * the session's turns). */
+static void ckpt_drop_from(srv_store_t *st, srv_session_t *s, size_t k)
+{
+    while (s->n_ckpt > k)
+        if (ckpt_delete(st, s, s->n_ckpt - 1) < 0)
+            ckpt_forget(st, s, s->n_ckpt - 1);
+}
+
+/* Deletes s's oldest checkpoints past the newest max_ckpt (best effort). */
+static void ckpt_prune(srv_store_t *st, srv_session_t *s)
+{
+    while (s->n_ckpt > st->max_ckpt)
+        if (ckpt_delete(st, s, 0) < 0)
+            ckpt_forget(st, s, 0);
+}
+
+/* Index of s's checkpoint for `turn` turns, or -1. */
+static ssize_t ckpt_find(const srv_session_t *s, int64_t turn)
+{
+    for (size_t k = 0; k < s->n_ckpt; k++)
+        if (s->ckpt[k].turn == turn)
+            return (ssize_t)k;
+    return -1;
+}
+
+/* "after turns a..b" of s's checkpoints, for messages. */
+static const char *ckpt_range(const srv_session_t *s, char *buf, size_t n)
+{
+    if (s->n_ckpt == 0)
+        snprintf(buf, n, "it keeps none");
+    else if (s->n_ckpt == 1)
+        snprintf(buf, n, "it keeps one, after %lld turns", (long long)s->ckpt[0].turn);
+    else
+        snprintf(buf, n, "it keeps them after %lld to %lld turns", (long long)s->ckpt[0].turn,
+                 (long long)s->ckpt[s->n_ckpt - 1].turn);
+    return buf;
 }
 
 /* ---- eviction (caller holds mu; released around the I/O) ---- */
@@ -766,16 +1044,19 @@ static int older(const srv_session_t *a, const srv_session_t *b)
     return a->last_used != b->last_used ? a->last_used < b->last_used : a->tick < b->tick;
 }
 
-/* Deletes the least recently used idle sessions with a file (file and
- * memory) until the directory's budgets hold (max_disk_files files,
- * max_disk_bytes bytes). keep (may be NULL) is the session whose write
- * called this: never its own victim. Busy sessions and sessions under I/O
- * stay, so the budget can be exceeded while they are. Caller holds mu.
- * Returns 0 or the first deletion error (then it stops). */
+/* Deletes, until the directory's budgets hold (max_disk_files files,
+ * checkpoints included, and max_disk_bytes bytes): first the oldest
+ * checkpoint of the least recently used idle session that has one, then,
+ * when no idle session has any left, the least recently used idle sessions
+ * with a file (file and memory). keep (may be NULL) is the session whose
+ * write called this: its checkpoints may go, never itself. Busy sessions
+ * and sessions under I/O stay, so the budget can be exceeded while they
+ * are. Caller holds mu. Returns 0 or the first deletion error (then it
+ * stops). */
 static int trim_disk(srv_store_t *st, const srv_session_t *keep)
 {
     for (;;) {
-        int over_n = st->max_disk_files && st->n_disk > st->max_disk_files;
+        int over_n = st->max_disk_files && st->n_disk + st->n_ckpt_files > st->max_disk_files;
         int over_b = st->max_disk_bytes && st->disk_bytes > st->max_disk_bytes;
         if (!over_n && !over_b)
             return 0;
@@ -783,18 +1064,28 @@ static int trim_disk(srv_store_t *st, const srv_session_t *keep)
             atomic_store(&st->unsettled, 1);
             return 0;
         }
-        srv_session_t *v = NULL;
+        srv_session_t *v = NULL, *c = NULL;
         for (size_t i = 0; i < st->n; i++) {
             srv_session_t *s = st->tab[i];
-            if (s->on_disk && !s->busy && !s->io && s != keep && (!v || older(s, v)))
+            if (s->busy || s->io)
+                continue;
+            if (s->n_ckpt && (!c || older(s, c)))
+                c = s;
+            if (s->on_disk && s != keep && (!v || older(s, v)))
                 v = s;
         }
-        if (!v)
+        int rc;
+        if (c) {
+            rc = ckpt_delete(st, c, 0);
+        } else if (v) {
+            rc = remove_session(st, v);
+            if (rc == 0)
+                st->disk_evicted++;
+        } else {
             return 0;
-        int rc = remove_session(st, v);
+        }
         if (rc < 0)
             return rc;
-        st->disk_evicted++;
     }
 }
 
@@ -864,10 +1155,86 @@ static int cfg_compatible(const core_attn_cfg_t *b, const core_attn_cfg_t *c)
            (b->n_features == c->n_features && b->window == c->window && b->seed == c->seed);
 }
 
-/* Registers the session files found in the directory; deletes crash
- * leftovers. Files that are not ours, or are for another model or attention
- * configuration, are left alone: not listed, never swept (the server may be
- * restarted with the configuration they belong to). */
+static int cmp_session(const void *a, const void *b)
+{
+    const srv_session_t *x = *(const srv_session_t *const *)a, *y = *(const srv_session_t *const *)b;
+    return strcmp(x->id, y->id);
+}
+
+/* A checkpoint file found at startup. */
+typedef struct found_ckpt {
+    char id[ID_LEN + 1];
+    int64_t turn;
+    int64_t tokens;
+    size_t bytes;
+    int ok; /* a whole blob for this model and attention (by its header) */
+} found_ckpt_t;
+
+/* The turns of checkpoint file name "<id>.<turns>" (id into id[]), or -1. */
+static int64_t ckpt_parse_name(const char *name, char id[ID_LEN + 1])
+{
+    size_t nl = strlen(name);
+    if (nl < ID_LEN + 2 || nl > ID_LEN + 20 || name[ID_LEN] != '.')
+        return -1;
+    memcpy(id, name, ID_LEN);
+    id[ID_LEN] = '\0';
+    if (!srv_session_id_valid(id))
+        return -1;
+    const char *d = name + ID_LEN + 1;
+    if (d[0] == '0' && d[1] != '\0')
+        return -1; /* one spelling per number */
+    int64_t t = 0;
+    for (; *d; d++) {
+        if (*d < '0' || *d > '9' || t > (INT64_MAX - 9) / 10)
+            return -1;
+        t = t * 10 + (*d - '0');
+    }
+    return t;
+}
+
+static int cmp_found(const void *a, const void *b)
+{
+    const found_ckpt_t *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    return c ? c : (x->turn > y->turn) - (x->turn < y->turn);
+}
+
+/* Gives the checkpoint files found to their sessions (the table sorted):
+ * those a session's file does not reach (turns at or past its count,
+ * damaged, or for another configuration) and those of no session are
+ * deleted, except checkpoints of a session file for another model, left
+ * alone with it; then each session keeps its newest max_ckpt. */
+static int attach_found(srv_store_t *st, found_ckpt_t *f, size_t n)
+{
+    if (n > 1)
+        qsort(f, n, sizeof *f, cmp_found);
+    for (size_t i = 0; i < n; i++) {
+        srv_session_t *s = tab_find(st, f[i].id);
+        char name[CKPT_NAME_MAX];
+        ckpt_name(name, f[i].id, f[i].turn);
+        if (!s) {
+            if (faccessat(st->dirfd, f[i].id, F_OK, AT_SYMLINK_NOFOLLOW) != 0)
+                unlinkat(st->dirfd, name, 0); /* orphan */
+            continue;
+        }
+        if (!f[i].ok || f[i].turn >= s->turns) {
+            unlinkat(st->dirfd, name, 0);
+            continue;
+        }
+        int rc = ckpt_add(st, s, f[i].turn, f[i].tokens, f[i].bytes);
+        if (rc < 0)
+            return rc;
+    }
+    for (size_t i = 0; i < st->n; i++)
+        ckpt_prune(st, st->tab[i]);
+    return 0;
+}
+
+/* Registers the session files found in the directory, and their
+ * checkpoints; deletes crash leftovers. Files that are not ours, or are for
+ * another model or attention configuration, are left alone: not listed,
+ * never swept (the server may be restarted with the configuration they
+ * belong to). */
 static int scan_dir(srv_store_t *st)
 {
     char eb[128];
@@ -881,20 +1248,27 @@ static int scan_dir(srv_store_t *st)
     }
     size_t head_cap = CORE_STATE_HEADER_BYTES + CORE_STATE_MAX_OWNER;
     unsigned char *head = malloc(head_cap);
+    found_ckpt_t *found = NULL;
+    size_t n_found = 0, cap_found = 0;
     int rc = head ? 0 : STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
     struct dirent *de;
     while (rc == 0 && (de = readdir(d)) != NULL) {
         const char *name = de->d_name;
         size_t nl = strlen(name);
         char id[ID_LEN + 1];
-        if (nl == ID_LEN + strlen(TMP_SUFFIX) && strcmp(name + ID_LEN, TMP_SUFFIX) == 0) {
-            memcpy(id, name, ID_LEN);
-            id[ID_LEN] = '\0';
-            if (srv_session_id_valid(id))
-                unlinkat(st->dirfd, name, 0); /* a write that never reached its rename */
+        if (nl > ID_LEN && strcmp(name + nl - strlen(TMP_SUFFIX), TMP_SUFFIX) == 0) {
+            char base[CKPT_NAME_MAX];
+            size_t bl = nl - strlen(TMP_SUFFIX);
+            if (bl < sizeof base) {
+                memcpy(base, name, bl);
+                base[bl] = '\0';
+                if (srv_session_id_valid(base) || ckpt_parse_name(base, id) >= 0)
+                    unlinkat(st->dirfd, name, 0); /* a write that never reached its rename */
+            }
             continue;
         }
-        if (!srv_session_id_valid(name))
+        int64_t turn = ckpt_parse_name(name, id);
+        if (turn < 0 && !srv_session_id_valid(name))
             continue;
         int fd = openat(st->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         struct stat sb;
@@ -915,11 +1289,31 @@ static int scan_dir(srv_store_t *st)
         }
         close(fd);
         core_state_info_t in;
+        int ours = core_state_peek(head, got, &in, NULL) == 0 &&
+                   strcmp(in.fingerprint, st->fp) == 0 && cfg_compatible(&in.cfg, cfg);
+        if (turn >= 0) {
+            if (n_found == cap_found) {
+                size_t cap = cap_found ? 2 * cap_found : 64;
+                found_ckpt_t *nf = realloc(found, cap * sizeof *nf);
+                if (!nf) {
+                    rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
+                    break;
+                }
+                found = nf;
+                cap_found = cap;
+            }
+            found_ckpt_t *fc = &found[n_found++];
+            memcpy(fc->id, id, sizeof fc->id);
+            fc->turn = turn;
+            fc->ok = ours && in.total == (uint64_t)sb.st_size && in.n_checkpoints == 0;
+            fc->tokens = fc->ok ? in.pos + (int64_t)in.n_pending : 0;
+            fc->bytes = (size_t)sb.st_size;
+            continue;
+        }
         /* A file for this model whose size disagrees with its header was cut
          * short (or grew) behind our back: it is listed all the same, so that
          * using it answers with what is wrong ("truncated") instead of 404. */
-        if (core_state_peek(head, got, &in, NULL) < 0 || strcmp(in.fingerprint, st->fp) != 0 ||
-            !cfg_compatible(&in.cfg, cfg))
+        if (!ours)
             continue;
         in.total = (size_t)sb.st_size;
         owner_t o = {.created = (int64_t)sb.st_mtime, .last_used = (int64_t)sb.st_mtime,
@@ -938,6 +1332,7 @@ static int scan_dir(srv_store_t *st)
         s->last_used = o.last_used;
         s->turn_open = o.turn_open;
         s->has_chat = o.has_chat;
+        s->turns = o.turns;
         memcpy(s->owner, o.owner, sizeof s->owner);
         s->tokens = in.pos + (int64_t)in.n_pending;
         s->state_bytes = in.total;
@@ -946,13 +1341,12 @@ static int scan_dir(srv_store_t *st)
     }
     free(head);
     closedir(d);
+    if (rc == 0 && st->n > 1)
+        qsort(st->tab, st->n, sizeof(srv_session_t *), cmp_session);
+    if (rc == 0)
+        rc = attach_found(st, found, n_found);
+    free(found);
     return rc;
-}
-
-static int cmp_session(const void *a, const void *b)
-{
-    const srv_session_t *x = *(const srv_session_t *const *)a, *y = *(const srv_session_t *const *)b;
-    return strcmp(x->id, y->id);
 }
 
 static int open_dir(srv_store_t *st)
@@ -987,8 +1381,6 @@ static int open_dir(srv_store_t *st)
     unlinkat(st->dirfd, PROBE_NAME, 0);
     if ((rc = scan_dir(st)) < 0)
         return rc;
-    if (st->n > 1)
-        qsort(st->tab, st->n, sizeof(srv_session_t *), cmp_session);
     /* a smaller budget than last time: the oldest go now */
     return trim_disk(st, NULL);
 }
@@ -1004,9 +1396,11 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
         goto fail;
     }
     const char *fp = o->fingerprint ? o->fingerprint : core_model_info(o->model)->fingerprint;
-    if (strlen(fp) > CORE_STATE_FINGERPRINT_MAX || o->ttl_s < 0) {
-        rc = STORE_FAIL(SRV_STORE_EINVAL, "session store: fingerprint over %d chars or negative TTL",
-                  CORE_STATE_FINGERPRINT_MAX);
+    if (strlen(fp) > CORE_STATE_FINGERPRINT_MAX || o->ttl_s < 0 ||
+        o->max_checkpoints > SRV_STORE_MAX_CHECKPOINTS) {
+        rc = STORE_FAIL(SRV_STORE_EINVAL, "session store: fingerprint over %d chars, negative "
+                        "TTL or more than %d checkpoints", CORE_STATE_FINGERPRINT_MAX,
+                        SRV_STORE_MAX_CHECKPOINTS);
         goto fail;
     }
     st = calloc(1, sizeof *st);
@@ -1027,6 +1421,8 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     st->max_disk_bytes = o->max_disk_bytes;
     st->ttl_s = o->ttl_s;
     st->max_blob = max_blob_bytes(core_attn_config(st->attn));
+    st->max_ckpt = o->dir && o->dir[0] ? o->max_checkpoints : 0;
+    st->max_export = sat_add(st->max_blob, sat_mul(st->max_ckpt, sat_add(st->max_blob, 8)));
     if (o->dir && o->dir[0]) {
         st->dir = strdup(o->dir);
         if (!st->dir) {
@@ -1050,8 +1446,14 @@ void srv_store_free(srv_store_t *st)
     if (!st)
         return;
     for (size_t i = 0; i < st->n; i++) {
-        ctx_free(&st->tab[i]->ctx);
-        free(st->tab[i]);
+        srv_session_t *s = st->tab[i];
+        ctx_free(&s->ctx);
+        ctx_free(&s->prep);
+        ctx_free(&s->aside);
+        free(s->last_in);
+        free(s->prev_in);
+        free(s->ckpt);
+        free(s);
     }
     free(st->tab);
     if (st->lockfd >= 0)
@@ -1085,6 +1487,11 @@ size_t srv_store_max_blob(const srv_store_t *st)
     return st->max_blob;
 }
 
+size_t srv_store_max_export(const srv_store_t *st)
+{
+    return st->max_export;
+}
+
 /* ---- sessions ---- */
 
 int srv_store_create(srv_store_t *st, srv_session_t **out)
@@ -1112,11 +1519,11 @@ int srv_store_create(srv_store_t *st, srv_session_t **out)
     if ((rc = tab_insert(st, s)) < 0)
         goto fail;
     s->tick = ++st->tick;
-    s->mem_bytes = ctx_mem(&s->ctx);
+    s->mem_bytes = session_mem(s);
     st->mem_bytes += s->mem_bytes;
     st->n_mem++;
     s->tokens = 0;
-    s->state_bytes = core_state_size(s->ctx.state, s->ctx.sampler, 0, OWNER_BYTES);
+    s->state_bytes = core_state_size(s->ctx.state, s->ctx.sampler, 0, OWNER_BYTES_V3);
     pthread_mutex_unlock(&st->mu);
     *out = s;
     return 0;
@@ -1137,20 +1544,33 @@ static int bring_in(srv_store_t *st, srv_session_t *s)
     st->n_mem++; /* reserved while loading */
     pthread_mutex_unlock(&st->mu);
     srv_seq_ctx_t c;
+    meta_t m;
     char id[ID_LEN + 1];
     memcpy(id, s->id, sizeof id);
-    rc = load_file(st, id, &c);
+    rc = load_file(st, id, &c, &m);
     pthread_mutex_lock(&st->mu);
     if (rc < 0) {
         st->n_mem--;
         if (rc == SRV_STORE_ENOTFOUND) {
+            ckpt_drop_from(st, s, 0);
             tab_remove(st, s);
             disk_gone(st, s);
+            free(s->ckpt);
             free(s);
         }
         return rc;
     }
     s->ctx = c;
+    if (m.have) { /* the file is the truth (after a write that failed, too) */
+        s->turn_open = m.o.turn_open;
+        s->has_chat = m.o.has_chat;
+        s->turns = m.o.turns;
+        while (s->n_ckpt && s->ckpt[s->n_ckpt - 1].turn >= s->turns)
+            ckpt_drop_from(st, s, s->n_ckpt - 1);
+    }
+    s->last_flags = m.o.last_flags;
+    s->last_in = m.in;
+    s->n_last_in = m.o.n_in;
     s->mem_bytes = 0;
     refresh(st, s);
     return 0;
@@ -1202,6 +1622,49 @@ int srv_store_acquire_in_memory(srv_store_t *st, const char *id, srv_session_t *
     return acquire(st, id, 0, out);
 }
 
+/* Caller holds mu: the turn s opened is over; abort = 1 undoes it (its
+ * count and last-turn record go back). */
+static void turn_end(srv_store_t *st, srv_session_t *s, int abort)
+{
+    if (!s->in_turn)
+        return;
+    if (abort) {
+        s->turns = s->turns0;
+        free(s->last_in);
+        s->last_in = s->prev_in;
+        s->n_last_in = s->n_prev_in;
+        s->last_flags = s->prev_flags;
+        s->dirty = s->dirty0;
+    } else {
+        free(s->prev_in);
+    }
+    s->prev_in = NULL;
+    s->n_prev_in = 0;
+    s->in_turn = 0;
+    s->turn_link = 0;
+    refresh(st, s);
+}
+
+/* Caller holds mu: a redo ends; undo = 1 puts back the state it replaced,
+ * else that state is dropped (the redo was written, or reverted to the
+ * file). */
+static void redo_end(srv_store_t *st, srv_session_t *s, int undo)
+{
+    if (!s->redo)
+        return;
+    if (undo && s->aside.state) {
+        ctx_free(&s->ctx);
+        s->ctx = s->aside;
+        memset(&s->aside, 0, sizeof s->aside);
+        s->turn_open = s->aside_turn_open;
+        s->has_chat = s->aside_has_chat;
+        s->dirty = s->dirty0;
+    }
+    ctx_free(&s->aside);
+    s->redo = 0;
+    refresh(st, s);
+}
+
 int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
 {
     if (!st || !s || !s->busy)
@@ -1210,24 +1673,46 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
     unsigned char *buf = NULL;
     size_t len = 0;
     int write = persist && st->dirfd >= 0;
+    if (!persist) { /* nothing of a turn or redo to keep */
+        pthread_mutex_lock(&st->mu);
+        turn_end(st, s, 1);
+        redo_end(st, s, 1);
+        pthread_mutex_unlock(&st->mu);
+    }
+    /* the state before the turn is the file being replaced: kept as the
+     * turn's checkpoint by a link */
+    char link_as[CKPT_NAME_MAX];
+    int want_link = write && s->in_turn && s->turn_link, linked = 0;
+    if (want_link)
+        ckpt_name(link_as, s->id, s->turns0);
     if (write) {
         rc = serialize(st, s, &buf, &len);
         if (rc == 0)
-            rc = write_file(st, s->id, buf, len);
+            rc = write_file_link(st, s->id, buf, len, want_link ? link_as : NULL, &linked);
         free(buf);
     }
     pthread_mutex_lock(&st->mu);
     int64_t tokens0 = s->tokens;
-    size_t bytes0 = s->state_bytes;
+    size_t bytes0 = s->state_bytes, file0 = s->disk_bytes;
     refresh(st, s);
     if (write) {
         if (rc == 0) {
             disk_written(st, s, len);
             s->dirty = 0;
+            if (linked && ckpt_add(st, s, s->turns0, s->tokens0, file0) < 0)
+                unlinkat(st->dirfd, link_as, 0);
+            ckpt_prune(st, s);
         } else {
+            if (s->on_disk && s->in_turn)
+                s->turns = s->turns0; /* the file's count */
             revert(st, s, tokens0, bytes0);
         }
     }
+    turn_end(st, s, 0);
+    redo_end(st, s, 0);
+    if (persist)
+        ctx_free(&s->prep); /* the session changed: what was prepared is stale */
+    refresh(st, s);
     s->busy = 0;
     s->tick = ++st->tick;
     /* Another session failing to spill is the sweep's error to report, not
@@ -1251,8 +1736,10 @@ static int remove_session(srv_store_t *st, srv_session_t *s)
                           errstr(e, eb, sizeof eb));
     }
     disk_gone(st, s);
+    ckpt_drop_from(st, s, 0);
     drop_memory(st, s);
     tab_remove(st, s);
+    free(s->ckpt);
     free(s);
     return 0;
 }
@@ -1286,6 +1773,12 @@ static void fill_info(const srv_session_t *s, srv_session_info_t *o)
     o->on_disk = s->on_disk;
     o->in_memory = s->ctx.state != NULL;
     o->busy = s->busy;
+    o->turns = s->turns;
+    o->n_checkpoints = s->n_ckpt < SRV_STORE_MAX_CHECKPOINTS ? s->n_ckpt
+                                                               : SRV_STORE_MAX_CHECKPOINTS;
+    for (size_t i = 0; i < o->n_checkpoints; i++)
+        o->checkpoints[i] = (srv_checkpoint_t){.turn = s->ckpt[i].turn,
+                                               .tokens = s->ckpt[i].tokens};
 }
 
 int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out)
@@ -1432,7 +1925,7 @@ int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
     pthread_mutex_unlock(&st->mu);
 
     srv_seq_ctx_t c;
-    rc = src->ctx.state ? ctx_copy(st, &src->ctx, &c) : load_file(st, src->id, &c);
+    rc = src->ctx.state ? ctx_copy(st, &src->ctx, &c) : load_file(st, src->id, &c, NULL);
     unsigned char *buf = NULL;
     size_t len = 0;
     if (rc == 0 && st->dirfd >= 0) {
@@ -1474,6 +1967,36 @@ fail_locked:
     return rc;
 }
 
+/* The checkpoint files of s (held) read back as blobs for an export:
+ * parts[*n] (each blob malloc'd; free with parts_free). A file that is
+ * gone or damaged is left out: it is no state of the session's. */
+static int export_parts(srv_store_t *st, srv_session_t *s, core_state_part_t *parts, size_t *n)
+{
+    *n = 0;
+    for (size_t k = 0; k < s->n_ckpt; k++) {
+        char name[CKPT_NAME_MAX];
+        ckpt_name(name, s->id, s->ckpt[k].turn);
+        unsigned char *b = NULL;
+        size_t l = 0;
+        int rc = read_file(st, name, &b, &l);
+        if (rc == SRV_STORE_ENOMEM)
+            return rc;
+        core_error_t e = {0};
+        if (rc < 0 || core_state_verify(b, l, st->fp, st->attn, &e) < 0) {
+            free(b);
+            continue;
+        }
+        parts[(*n)++] = (core_state_part_t){.blob = b, .len = l};
+    }
+    return 0;
+}
+
+static void parts_free(core_state_part_t *parts, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free((void *)(uintptr_t)parts[i].blob);
+}
+
 int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
 {
     *blob = NULL;
@@ -1487,8 +2010,33 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
     if (rc < 0)
         return rc;
     unsigned char *buf = NULL;
-    size_t n = 0;
-    if (s->ctx.state) {
+    size_t n = 0, np = 0;
+    core_state_part_t parts[SRV_STORE_MAX_CHECKPOINTS];
+    if (s->n_ckpt)
+        rc = export_parts(st, s, parts, &np);
+    if (rc < 0) {
+        /* out of memory */
+    } else if (np) {
+        /* the state and its checkpoints in one version 2 blob */
+        srv_seq_ctx_t c = {0};
+        meta_t m = {0};
+        if (!s->ctx.state)
+            rc = load_file(st, s->id, &c, &m);
+        if (rc == 0) {
+            owner_t o = owner_of(s);
+            const int32_t *in = s->last_in;
+            size_t n_in = s->n_last_in;
+            if (!s->ctx.state) {
+                o.last_flags = m.o.last_flags;
+                in = m.in;
+                n_in = m.o.n_in;
+            }
+            rc = serialize_meta(st, s->id, &o, in, n_in, s->ctx.state ? &s->ctx : &c, parts, np,
+                                &buf, &n);
+        }
+        ctx_free(&c);
+        free(m.in);
+    } else if (s->ctx.state) {
         rc = serialize(st, s, &buf, &n);
     } else if ((rc = read_file(st, s->id, &buf, &n)) == 0) {
         core_error_t e = {0};
@@ -1498,6 +2046,7 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
             rc = STORE_FAIL(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, s->id, e.msg);
         }
     }
+    parts_free(parts, np);
     pthread_mutex_lock(&st->mu);
     give_back(st, s);
     pthread_mutex_unlock(&st->mu);
@@ -1508,19 +2057,110 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
     return 0;
 }
 
+/* The metadata of the owner section at b's head (a blob core_state_load
+ * accepted): 0 and *o, or -1 when it has none this store reads. */
+static int blob_owner(const unsigned char *b, size_t len, owner_t *o)
+{
+    core_state_info_t in;
+    if (core_state_peek(b, len, &in, NULL) < 0)
+        return -1;
+    return owner_parse(b + in.owner_off, in.owner_len, o);
+}
+
+/* Checks the checkpoints of an imported blob (which core_state_verify
+ * accepted) before anything changes: each loads (payload and pending
+ * tokens checked) into scratch, names its turn count, the counts rise and
+ * stay below the blob's own (turns). *first = the first of the newest
+ * max_ckpt, which are kept. EMISMATCH with the reason. */
+static int import_check(srv_store_t *st, const unsigned char *blob, size_t len, int64_t turns,
+                        srv_seq_ctx_t *scratch, size_t *first)
+{
+    core_state_info_t in;
+    *first = 0;
+    if (core_state_peek(blob, len, &in, NULL) < 0 || in.n_checkpoints == 0)
+        return 0;
+    int64_t prev = -1;
+    for (size_t i = 0; i < in.n_checkpoints; i++) {
+        const void *p = NULL;
+        size_t pl = 0;
+        core_error_t e = {0};
+        owner_t o;
+        int have = 0;
+        if (core_state_checkpoint(blob, len, i, &p, &pl, &e) < 0)
+            return STORE_FAIL(SRV_STORE_EMISMATCH, "checkpoint %zu: %s", i, e.msg);
+        int rc = restore(st, p, pl, scratch, &o, &have);
+        if (rc < 0) {
+            char msg[sizeof tl_err];
+            snprintf(msg, sizeof msg, "%s", tl_err);
+            return rc == SRV_STORE_ENOMEM ? rc
+                                          : STORE_FAIL(rc, "checkpoint %zu: %s", i, msg);
+        }
+        if (!have || o.turns <= prev || o.turns >= turns)
+            return STORE_FAIL(SRV_STORE_EMISMATCH, "checkpoint %zu: its turn count (%lld) must "
+                              "rise from one checkpoint to the next and stay below the "
+                              "session's (%lld)", i, have ? (long long)o.turns : -1LL,
+                              (long long)turns);
+        prev = o.turns;
+    }
+    if (in.n_checkpoints > st->max_ckpt)
+        *first = in.n_checkpoints - st->max_ckpt;
+    return 0;
+}
+
+/* Writes the imported blob's checkpoints from index first on as s's
+ * checkpoint files, with s's owner tag and creation time (s held, its old
+ * checkpoints gone). A checkpoint that cannot be written is left out, with
+ * the ones after it. */
+static void import_write(srv_store_t *st, srv_session_t *s, const unsigned char *blob, size_t len,
+                         size_t first, srv_seq_ctx_t *scratch)
+{
+    core_state_info_t in;
+    if (core_state_peek(blob, len, &in, NULL) < 0)
+        return;
+    for (size_t i = first; i < in.n_checkpoints; i++) {
+        const void *p = NULL;
+        size_t pl = 0, wl = 0;
+        owner_t o;
+        int have = 0;
+        unsigned char *buf = NULL;
+        int32_t *ids = NULL;
+        if (core_state_checkpoint(blob, len, i, &p, &pl, NULL) < 0 ||
+            restore(st, p, pl, scratch, &o, &have) < 0 || !have || owner_input(&o, &ids) < 0)
+            return;
+        memcpy(o.owner, s->owner, sizeof o.owner);
+        o.created = s->created;
+        char name[CKPT_NAME_MAX];
+        ckpt_name(name, s->id, o.turns);
+        int rc = serialize_meta(st, s->id, &o, ids, o.n_in, scratch, NULL, 0, &buf, &wl);
+        free(ids);
+        if (rc == 0)
+            rc = write_file(st, name, buf, wl);
+        free(buf);
+        pthread_mutex_lock(&st->mu);
+        if (rc == 0 && ckpt_add(st, s, o.turns, ctx_tokens(scratch), wl) < 0) {
+            unlinkat(st->dirfd, name, 0);
+            rc = -1;
+        }
+        pthread_mutex_unlock(&st->mu);
+        if (rc < 0)
+            return;
+    }
+}
+
 int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t len, char *err,
                      size_t errlen)
 {
     int rc;
     srv_session_t *s = NULL;
     int reserved = 0;
+    srv_seq_ctx_t scratch = {0};
     if (!srv_session_id_valid(id)) {
         rc = STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
         goto out;
     }
-    if (!blob || len > st->max_blob) {
+    if (!blob || len > st->max_export) {
         rc = STORE_FAIL(SRV_STORE_EMISMATCH, "state blob of %zu bytes is larger than any state of this "
-                  "server (%zu)", len, st->max_blob);
+                  "server (%zu)", len, st->max_export);
         goto out;
     }
     pthread_mutex_lock(&st->mu);
@@ -1543,18 +2183,42 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     srv_seq_ctx_t fresh = {0}, *c = &s->ctx;
     owner_t o = {0};
     int have = 0, written = 0;
+    size_t first = 0;
+    const int64_t turns0 = s->turns;
+    int32_t *in = NULL;
+    core_error_t ve = {0};
+    /* the whole blob, checkpoints included, is checked before anything
+     * changes */
+    if (core_state_verify(blob, len, st->fp, st->attn, &ve) < 0) {
+        rc = STORE_FAIL(SRV_STORE_EMISMATCH, "%s", ve.msg);
+        goto done;
+    }
+    have = blob_owner(blob, len, &o) == 0;
+    if ((rc = ctx_new(st, &scratch)) < 0 ||
+        (rc = import_check(st, blob, len, have ? o.turns : 0, &scratch, &first)) < 0)
+        goto done;
     if (reserved) {
         if ((rc = ctx_new(st, &fresh)) < 0)
             goto done;
         c = &fresh;
     }
-    if ((rc = restore(st, blob, len, c, &o, &have)) < 0) {
+    if ((rc = restore(st, blob, len, c, &o, &have)) < 0 || (rc = owner_input(&o, &in)) < 0) {
         ctx_free(&fresh);
         goto done;
     }
     pthread_mutex_lock(&st->mu);
+    /* the session's checkpoints belong to the state it leaves; deleted
+     * first, so that no crash can pair them with the new one */
+    ckpt_drop_from(st, s, 0);
     s->turn_open = have ? o.turn_open : 0;
     s->has_chat = have ? o.has_chat : 0;
+    s->turns = have ? o.turns : 0;
+    free(s->last_in);
+    s->last_in = in;
+    s->n_last_in = have ? o.n_in : 0;
+    s->last_flags = have ? o.last_flags : 0;
+    in = NULL;
+    ctx_free(&s->prep);
     s->last_used = (int64_t)time(NULL);
     pthread_mutex_unlock(&st->mu);
     size_t wlen = 0;
@@ -1575,12 +2239,19 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     }
     pthread_mutex_lock(&st->mu);
     s->dirty = !written;
-    if (written)
+    if (written) {
         disk_written(st, s, wlen);
-    else if (st->dirfd >= 0)
+    } else if (st->dirfd >= 0) {
+        if (s->on_disk)
+            s->turns = turns0; /* the file's */
         revert(st, s, tokens0, bytes0);
+    }
     pthread_mutex_unlock(&st->mu);
+    if (written && st->max_ckpt)
+        import_write(st, s, blob, len, first, &scratch);
 done:
+    free(in);
+    ctx_free(&scratch);
     pthread_mutex_lock(&st->mu);
     if (reserved)
         st->n_mem--;
@@ -1691,6 +2362,228 @@ void srv_store_stats(srv_store_t *st, size_t *in_memory, size_t *on_disk, size_t
     pthread_mutex_unlock(&st->mu);
 }
 
+/* ---- turns, rollback, redo ---- */
+
+int srv_store_turn_begin(srv_store_t *st, srv_session_t *s, const int32_t *input, size_t n,
+                         unsigned flags)
+{
+    if (!s || !s->busy || s->in_turn || (n && !input))
+        return STORE_FAIL(SRV_STORE_EINVAL, "turn begin: session not held, or a turn is open");
+    const int keep = n <= SRV_TURN_INPUT_MAX;
+    int32_t *in = NULL;
+    if (keep && n) {
+        in = malloc(n * sizeof *in);
+        if (!in)
+            return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a turn's input");
+        memcpy(in, input, n * sizeof *in);
+    }
+    pthread_mutex_lock(&st->mu);
+    s->in_turn = 1;
+    s->turns0 = s->turns;
+    s->tokens0 = ctx_tokens(&s->ctx);
+    s->dirty0 = s->dirty;
+    /* the file holds the state as it is now: the turn's checkpoint */
+    s->turn_link = st->max_ckpt > 0 && s->on_disk && !s->dirty && !s->redo;
+    s->prev_flags = s->last_flags;
+    s->prev_in = s->last_in;
+    s->n_prev_in = s->n_last_in;
+    s->last_in = in;
+    s->n_last_in = keep ? n : 0;
+    s->last_flags = (flags & (SRV_TURN_REPLY | SRV_TURN_CHAT)) | (keep ? TURN_KEPT : 0u);
+    s->turns++;
+    s->dirty = 1;
+    ctx_free(&s->prep);
+    refresh(st, s);
+    pthread_mutex_unlock(&st->mu);
+    return 0;
+}
+
+void srv_store_turn_abort(srv_store_t *st, srv_session_t *s)
+{
+    pthread_mutex_lock(&st->mu);
+    turn_end(st, s, 1);
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* Caller holds mu and s: the checkpoint of s for `turn` turns (index *k),
+ * or ENOCKPT saying why not; what names the request in the message. */
+static int ckpt_for(const srv_session_t *s, int64_t turn, const char *what, ssize_t *k)
+{
+    char r[96];
+    if (turn < 0)
+        return STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has had %lld turns: %s cannot go "
+                          "back further (%s)", s->id, (long long)s->turns, what,
+                          ckpt_range(s, r, sizeof r));
+    *k = ckpt_find(s, turn);
+    if (*k < 0)
+        return STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has no checkpoint after %lld turns "
+                          "for %s (%s)", s->id, (long long)turn, what,
+                          ckpt_range(s, r, sizeof r));
+    return 0;
+}
+
+int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_info_t *info)
+{
+    if (!srv_session_id_valid(id))
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    if (n < 1)
+        return STORE_FAIL(SRV_STORE_EINVAL, "a rollback goes back at least one turn");
+    srv_session_t *s = NULL;
+    ssize_t k = -1;
+    pthread_mutex_lock(&st->mu);
+    int rc = take(st, id, &s);
+    if (rc == 0 && (rc = ckpt_for(s, n > s->turns ? -1 : s->turns - n, "a rollback", &k)) < 0)
+        give_back(st, s);
+    pthread_mutex_unlock(&st->mu);
+    if (rc < 0)
+        return rc;
+    const ckpt_t ck = s->ckpt[k];
+    const int in_mem = s->ctx.state != NULL;
+    char name[CKPT_NAME_MAX], eb[128];
+    ckpt_name(name, id, ck.turn);
+    /* read and checked whole before anything changes */
+    srv_seq_ctx_t c;
+    meta_t m;
+    rc = load_file(st, name, &c, &m);
+    if (rc == 0 && (fault(st, "rename") || renameat(st->dirfd, name, st->dirfd, id) < 0)) {
+        int e = errno;
+        rc = STORE_FAIL(io_code(e), "renaming %s/%s to %s: %s (the session is as it was)",
+                        st->dir, name, id, errstr(e, eb, sizeof eb));
+        ctx_free(&c);
+        free(m.in);
+    }
+    if (rc == 0)
+        (void)fsync(st->dirfd); /* the rename is done; its durability is the disk's */
+    srv_seq_ctx_t old = {0};
+    int32_t *old_in = NULL;
+    pthread_mutex_lock(&st->mu);
+    if (rc == SRV_STORE_ENOTFOUND) { /* the file went behind our back */
+        ckpt_forget(st, s, (size_t)k);
+        rc = STORE_FAIL(SRV_STORE_ENOCKPT, "the checkpoint file %s/%s is gone", st->dir, name);
+    }
+    if (rc == 0) {
+        /* the checkpoint's file is the session's now */
+        ckpt_forget(st, s, (size_t)k);
+        disk_written(st, s, ck.bytes);
+        ckpt_drop_from(st, s, (size_t)k);
+        s->turns = ck.turn;
+        s->turn_open = m.have ? m.o.turn_open : 0;
+        s->has_chat = m.have ? m.o.has_chat : 0;
+        s->tokens = ck.tokens;
+        s->state_bytes = ck.bytes;
+        s->dirty = 0;
+        s->last_used = (int64_t)time(NULL); /* in memory; the file keeps the checkpoint's */
+        ctx_free(&s->prep);
+        if (in_mem) {
+            old = s->ctx;
+            s->ctx = c;
+            old_in = s->last_in;
+            s->last_in = m.in;
+            s->n_last_in = m.o.n_in;
+            s->last_flags = m.have ? m.o.last_flags : 0;
+            refresh(st, s);
+        } else {
+            ctx_free(&c);
+            free(m.in);
+        }
+        if (info)
+            fill_info(s, info);
+    }
+    s->tick = ++st->tick;
+    give_back(st, s);
+    pthread_mutex_unlock(&st->mu);
+    ctx_free(&old);
+    free(old_in);
+    return rc;
+}
+
+int srv_store_redo_prepare(srv_store_t *st, const char *id)
+{
+    if (!srv_session_id_valid(id))
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    srv_session_t *s = NULL;
+    ssize_t k = -1;
+    pthread_mutex_lock(&st->mu);
+    int rc = take(st, id, &s);
+    if (rc == 0) {
+        if (!s->ctx.state)
+            rc = STORE_FAIL(SRV_STORE_EEVICTED, "session %s is on disk, not in memory", id);
+        else if (s->turns == 0)
+            rc = STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has no turn to regenerate", id);
+        else if (!(s->last_flags & SRV_TURN_REPLY))
+            rc = STORE_FAIL(SRV_STORE_ENOCKPT, "the last turn of session %s generated no reply "
+                            "to regenerate (it only added input)", id);
+        else if (!(s->last_flags & TURN_KEPT))
+            rc = STORE_FAIL(SRV_STORE_ENOCKPT, "the last turn of session %s had more than %d "
+                            "input tokens, which are not kept for a regenerate; roll it back "
+                            "and send it again", id, SRV_TURN_INPUT_MAX);
+        else
+            rc = ckpt_for(s, s->turns - 1, "a regenerate", &k);
+        if (rc < 0)
+            give_back(st, s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (rc < 0)
+        return rc;
+    char name[CKPT_NAME_MAX];
+    ckpt_name(name, id, s->ckpt[k].turn);
+    srv_seq_ctx_t c;
+    meta_t m;
+    rc = load_file(st, name, &c, &m);
+    free(m.in);
+    pthread_mutex_lock(&st->mu);
+    if (rc == SRV_STORE_ENOTFOUND) {
+        ckpt_forget(st, s, (size_t)k);
+        rc = STORE_FAIL(SRV_STORE_ENOCKPT, "the checkpoint file %s/%s is gone", st->dir, name);
+    }
+    if (rc == 0) {
+        ctx_free(&s->prep);
+        s->prep = c;
+        s->prep_turns = s->turns;
+        s->prep_turn_open = m.have ? m.o.turn_open : 0;
+        s->prep_has_chat = m.have ? m.o.has_chat : 0;
+        refresh(st, s);
+    }
+    s->tick = ++st->tick;
+    give_back(st, s);
+    make_room(st, 0);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+int srv_store_redo_begin(srv_store_t *st, srv_session_t *s)
+{
+    pthread_mutex_lock(&st->mu);
+    int rc = 0;
+    if (!s->busy || s->in_turn || s->redo)
+        rc = STORE_FAIL(SRV_STORE_EINVAL, "redo: session not held, or a turn is open");
+    else if (!s->prep.state || s->prep_turns != s->turns)
+        rc = STORE_FAIL(SRV_STORE_EEVICTED, "session %s: the checkpoint to regenerate from is "
+                        "not in memory", s->id);
+    if (rc == 0) {
+        s->aside = s->ctx;
+        s->aside_turn_open = s->turn_open;
+        s->aside_has_chat = s->has_chat;
+        s->ctx = s->prep;
+        memset(&s->prep, 0, sizeof s->prep);
+        s->turn_open = s->prep_turn_open;
+        s->has_chat = s->prep_has_chat;
+        s->dirty0 = s->dirty;
+        s->dirty = 1;
+        s->redo = 1;
+        refresh(st, s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+void srv_store_redo_abort(srv_store_t *st, srv_session_t *s)
+{
+    pthread_mutex_lock(&st->mu);
+    redo_end(st, s, 1);
+    pthread_mutex_unlock(&st->mu);
+}
+
 /* ---- accessors ---- */
 
 const char *srv_session_id(const srv_session_t *s)
@@ -1755,6 +2648,20 @@ int srv_session_set_owner(srv_session_t *s, const char *owner)
 int64_t srv_session_tokens(const srv_session_t *s)
 {
     return s->ctx.state ? ctx_tokens(&s->ctx) : s->tokens;
+}
+
+int64_t srv_session_turns(const srv_session_t *s)
+{
+    return s->turns;
+}
+
+int srv_session_last_turn(const srv_session_t *s, unsigned *flags, const int32_t **input,
+                          size_t *n)
+{
+    *flags = s->last_flags & (SRV_TURN_REPLY | SRV_TURN_CHAT);
+    *input = s->n_last_in ? s->last_in : NULL;
+    *n = s->n_last_in;
+    return (s->last_flags & TURN_KEPT) != 0;
 }
 
 void srv_session_touch(srv_session_t *s)

@@ -42,6 +42,32 @@
  * disk count from the next of those points. Sessions only in memory have no
  * file and do not count until they are written.
  *
+ * ## Turns and checkpoints
+ * A *turn* is one request that adds to a session's history: the caller
+ * opens it with srv_store_turn_begin on the held session before the engine
+ * job that ingests or generates, and the release that writes the session
+ * closes it (srv_store_turn_abort undoes it when no job ran). The session
+ * counts its turns (kept in its file) and remembers the last turn's input
+ * (up to SRV_TURN_INPUT_MAX tokens) and whether it generated a reply, so
+ * that the reply can be generated again (srv_store_redo_*).
+ * A *checkpoint* is the session's state after some number of turns, kept so
+ * that the session can go back to it (srv_store_rollback) without re-reading
+ * any history. With a directory and max_checkpoints > 0, the state before
+ * each turn is kept: it is the session's file as written at the end of the
+ * previous turn, so when the turn's release writes the new file, the old
+ * one is hard-linked as "<id>.<t>" (t = the turns it holds) before the new
+ * one is renamed into place: a checkpoint costs no copy and no write, only
+ * its file's bytes on disk (a state's size each), and no memory. Only the
+ * newest max_checkpoints are kept; they count in the directory's budgets,
+ * which delete the least recently used idle sessions' oldest checkpoints
+ * before deleting any session. A turn that starts while the session's file
+ * does not hold its state (a write failed) gets no checkpoint. Memory-only
+ * stores keep no checkpoints. A fork starts with none; an export carries
+ * them (core/state.h version 2) and an import replaces the session's with
+ * the blob's. After a crash, the files of checkpoints the session's file
+ * does not reach (turns at or past its count, or older than the newest
+ * max_checkpoints) are deleted at startup.
+ *
  * ## Owners
  * A session may carry an owner tag: "" (none) or 32 lowercase hex chars
  * that the caller derives (server/api_sessions.c: from the API key that
@@ -85,7 +111,8 @@
     X(SRV_STORE_EIO, -6, "session storage I/O error")                                            \
     X(SRV_STORE_EMISMATCH, -7, "state does not fit this server")                                 \
     X(SRV_STORE_ENOSPACE, -8, "session storage full or read-only")                               \
-    X(SRV_STORE_EEVICTED, -9, "session on disk, not in memory")
+    X(SRV_STORE_EEVICTED, -9, "session on disk, not in memory")                                  \
+    X(SRV_STORE_ENOCKPT, -10, "no such checkpoint")
 
 enum srv_store_errno {
 #define SRV_STORE_ERR_ENUM_(name, val, desc) name = val,
@@ -101,9 +128,17 @@ const char *srv_store_last_error(void);
 
 #define SRV_SESSION_ID_LEN 32 /* lowercase hex chars of an id (128 random bits) */
 #define SRV_SESSION_OWNER_LEN 32 /* lowercase hex chars of an owner tag */
+#define SRV_STORE_MAX_CHECKPOINTS 64 /* max_checkpoints at most (CORE_STATE_MAX_CHECKPOINTS) */
+#define SRV_TURN_INPUT_MAX 8192      /* input tokens of the last turn kept for a redo */
 
 typedef struct srv_session srv_session_t; /* opaque */
 typedef struct srv_store srv_store_t;     /* opaque */
+
+/* A checkpoint: the session's state after `turn` turns. */
+typedef struct srv_checkpoint {
+    int64_t turn;
+    int64_t tokens; /* its history length */
+} srv_checkpoint_t;
 
 typedef struct srv_session_info {
     char id[SRV_SESSION_ID_LEN + 1];
@@ -116,6 +151,9 @@ typedef struct srv_session_info {
     int on_disk;        /* has a file in the directory */
     int in_memory;      /* held in memory now */
     int busy;
+    int64_t turns;      /* turns so far (see "Turns and checkpoints") */
+    size_t n_checkpoints;
+    srv_checkpoint_t checkpoints[SRV_STORE_MAX_CHECKPOINTS]; /* oldest first */
 } srv_session_info_t;
 
 typedef struct srv_store_opts {
@@ -126,6 +164,8 @@ typedef struct srv_store_opts {
     size_t max_disk_files;   /* session files in dir; 0 = no bound (see "Disk") */
     size_t max_disk_bytes;   /* bytes of session files in dir; 0 = no bound */
     int64_t ttl_s;           /* srv_store_sweep deletes sessions unused this long; 0 = never */
+    size_t max_checkpoints;  /* checkpoints kept per session, <= SRV_STORE_MAX_CHECKPOINTS;
+                                0 = none (see "Turns and checkpoints") */
     core_model_t *model;     /* borrowed, must outlive the store: states come from its attention */
     const char *fingerprint; /* copied; NULL = core_model_info(model)->fingerprint */
 } srv_store_opts_t;
@@ -241,8 +281,57 @@ int srv_store_needs_settle(srv_store_t *st);
  * the first error. */
 int srv_store_settle(srv_store_t *st);
 /* Largest state blob this store's model and attention can produce (for
- * bounding an import body and file reads). */
+ * bounding file reads), and the largest an export can be (its checkpoints
+ * included: for bounding an import body). */
 size_t srv_store_max_blob(const srv_store_t *st);
+size_t srv_store_max_export(const srv_store_t *st);
+
+/* ---- turns and checkpoints (see "Turns and checkpoints") ---- */
+
+/* Flags of a turn. */
+#define SRV_TURN_REPLY 1u /* it generates a reply (a redo can replace it) */
+#define SRV_TURN_CHAT 2u  /* its input is a chat render (the flags it leaves: has_chat, and
+                             turn_open when it generates) */
+
+/* Opens a turn on held session s: the turn count goes up, input[n]
+ * (borrowed; the request's new tokens) and flags become the last turn's
+ * (the input only when n <= SRV_TURN_INPUT_MAX), and the state as it is
+ * now becomes the turn's checkpoint when its release writes the session.
+ * No I/O. SRV_STORE_EINVAL when a turn is already open. */
+int srv_store_turn_begin(srv_store_t *st, srv_session_t *s, const int32_t *input, size_t n,
+                         unsigned flags);
+/* Undoes srv_store_turn_begin (the turn's job was never submitted). */
+void srv_store_turn_abort(srv_store_t *st, srv_session_t *s);
+/* Takes session id back `n` turns (n >= 1) to its checkpoint after
+ * turns - n turns: that checkpoint's file becomes the session's file
+ * (renamed: nothing is written) and, when the session is in memory, its
+ * state, sampler, pending tokens and flags replace the session's; the turn
+ * count becomes turns - n, and every later checkpoint is deleted. The
+ * session must not be busy (EBUSY). SRV_STORE_ENOCKPT (the message says
+ * which checkpoints there are) when there is no such checkpoint, EIO when
+ * its file cannot be read or is damaged (then nothing changed), ENOSPACE /
+ * EIO when the rename fails. On success *info (may be NULL) describes the
+ * session as it is now. */
+int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_info_t *info);
+/* A redo replaces the last turn's reply: the session goes back to its
+ * checkpoint before the last turn and the caller runs the last turn's input
+ * again (srv_session_last_turn). Reading that checkpoint is disk I/O, so it
+ * happens first, on a session that is not busy: srv_store_redo_prepare reads
+ * it into memory beside the session (counted in the store's bytes) and
+ * checks that a redo is possible: SRV_STORE_ENOCKPT when the session has no
+ * turn, its last turn generated no reply, its input was longer than
+ * SRV_TURN_INPUT_MAX, or the checkpoint before it is gone (message says
+ * which); EBUSY, ENOTFOUND, EIO. Then srv_store_redo_begin on the held
+ * session (no I/O) swaps the prepared checkpoint in and keeps the state
+ * it replaced until the release: release with persist commits the redo
+ * (the new reply's state is written; the checkpoint before the turn stays),
+ * release without persist or srv_store_redo_abort puts the previous state
+ * back. srv_store_redo_begin is SRV_STORE_EEVICTED when nothing is prepared
+ * (or what was prepared is stale: the session changed or was evicted
+ * meanwhile): prepare again. */
+int srv_store_redo_prepare(srv_store_t *st, const char *id);
+int srv_store_redo_begin(srv_store_t *st, srv_session_t *s);
+void srv_store_redo_abort(srv_store_t *st, srv_session_t *s);
 
 /* 1 if id is a well-formed session id (32 lowercase hex chars). */
 int srv_session_id_valid(const char *id);
@@ -256,6 +345,12 @@ void srv_session_set_turn_open(srv_session_t *s, int open);
 int srv_session_has_chat(const srv_session_t *s);         /* conversation started with a chat render */
 void srv_session_set_has_chat(srv_session_t *s, int v);
 int64_t srv_session_tokens(const srv_session_t *s);       /* state position + pending */
+int64_t srv_session_turns(const srv_session_t *s);        /* turns so far */
+/* The last turn's flags (SRV_TURN_*) and its input (*input borrowed, valid
+ * while held; NULL and 0 when it was not kept). Returns 1 when the input
+ * was kept, else 0. */
+int srv_session_last_turn(const srv_session_t *s, unsigned *flags, const int32_t **input,
+                          size_t *n);
 const char *srv_session_owner(const srv_session_t *s);    /* borrowed; "" = none */
 /* Sets the owner tag (copied; "" or 32 lowercase hex chars, else EINVAL) and
  * marks the session changed. */

@@ -1424,6 +1424,380 @@ out:
     free(dir);
 }
 
+/* ---- turns and checkpoints ---- */
+
+static srv_store_t *open_ckpt_store(const char *dir, size_t k, size_t max_disk_bytes)
+{
+    srv_store_opts_t o = {.dir = dir, .model = model, .max_checkpoints = k,
+                          .max_disk_bytes = max_disk_bytes};
+    srv_store_t *st = NULL;
+    char err[512] = "";
+    int rc = srv_store_new(&o, &st, err, sizeof err);
+    CHECK_MSG(rc == 0, "store: %s", err);
+    return st;
+}
+
+/* One turn on session id: opens it with input {tag, tag + 1}, advances the
+ * state, writes it. A copy of the state before the turn into before (may
+ * be NULL). */
+static void one_turn(srv_store_t *st, const char *id, int tag, unsigned flags,
+                     srv_seq_ctx_t *before)
+{
+    srv_session_t *s = NULL;
+    int rc = srv_store_acquire(st, id, &s);
+    CHECK_MSG(rc == 0, "acquire: %s", srv_store_last_error());
+    if (rc)
+        return;
+    if (before)
+        *before = copy_ctx(model, srv_session_ctx(s));
+    const int32_t in[2] = {tag, tag + 1};
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, in, 2, flags), 0);
+    advance(model, srv_session_ctx(s), 5 + tag % 7, 1000 + (uint64_t)tag);
+    srv_session_touch(s);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+}
+
+/* The checkpoint turns of session id are exactly want[n]. */
+static void check_ckpts(srv_store_t *st, const char *dir, const char *id, int64_t turns,
+                        const int64_t *want, size_t n, const char *what)
+{
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK_MSG(in.turns == turns, "%s: %lld turns (want %lld)", what, (long long)in.turns,
+              (long long)turns);
+    int same = in.n_checkpoints == n;
+    for (size_t i = 0; same && i < n; i++)
+        same = in.checkpoints[i].turn == want[i] && in.checkpoints[i].tokens > 0;
+    CHECK_MSG(same, "%s: %zu checkpoints, first %lld", what, in.n_checkpoints,
+              in.n_checkpoints ? (long long)in.checkpoints[0].turn : -1LL);
+    for (int64_t t = 0; t < turns + 3; t++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.%lld", id, (long long)t);
+        int listed = 0;
+        for (size_t i = 0; i < n; i++)
+            listed |= want[i] == t;
+        CHECK_MSG(file_exists(dir, name) == listed, "%s: file %s exists %d, listed %d", what,
+                  name, file_exists(dir, name), listed);
+    }
+}
+
+/* The state before each turn is kept (a link of the file it replaces), the
+ * newest K; a rollback renames one back and deletes the later ones; a
+ * restart finds them, and deletes files a crash left past the count. */
+TEST(turn_checkpoints_and_rollback)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_ckpt_store(dir, 3, 0);
+    if (!st)
+        goto out;
+    char id[33];
+    make_session(st, model, 300, 1, id);
+    srv_seq_ctx_t before[6] = {{0}};
+    for (int t = 1; t <= 5; t++) {
+        one_turn(st, id, t, SRV_TURN_REPLY | SRV_TURN_CHAT, &before[t]);
+        if (t == 2) {
+            const int64_t w[] = {0, 1};
+            check_ckpts(st, dir, id, 2, w, 2, "after 2 turns");
+        }
+    }
+    const int64_t w5[] = {2, 3, 4};
+    check_ckpts(st, dir, id, 5, w5, 3, "after 5 turns");
+    /* a checkpoint shares its file's inode with the state it was: no copy */
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    size_t dbytes = 0;
+    srv_store_disk_stats(st, &dbytes, NULL);
+    CHECK(dbytes >= 4 * in.state_bytes - 256 && dbytes <= 4 * in.state_bytes + 256);
+
+    /* what is not there */
+    CHECK_INT_EQ(srv_store_rollback(st, id, 4, NULL), SRV_STORE_ENOCKPT);
+    CHECK(strstr(srv_store_last_error(), "no checkpoint after 1 turns") != NULL);
+    CHECK(strstr(srv_store_last_error(), "after 2 to 4 turns") != NULL);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 6, NULL), SRV_STORE_ENOCKPT);
+    CHECK(strstr(srv_store_last_error(), "has had 5 turns") != NULL);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 0, NULL), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_store_rollback(st, "nope", 1, NULL), SRV_STORE_EINVAL);
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 1, NULL), SRV_STORE_EBUSY);
+    /* a turn opened and undone, twice (abort, and a release without persist) */
+    const int32_t x[1] = {7};
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 1, SRV_TURN_REPLY), 0);
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 1, SRV_TURN_REPLY), SRV_STORE_EINVAL);
+    srv_store_turn_abort(st, s);
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 1, SRV_TURN_REPLY), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    check_ckpts(st, dir, id, 5, w5, 3, "after undone turns");
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    unsigned fl = 0;
+    const int32_t *li = NULL;
+    size_t nl = 0;
+    CHECK_INT_EQ(srv_session_last_turn(s, &fl, &li, &nl), 1);
+    CHECK(fl == (SRV_TURN_REPLY | SRV_TURN_CHAT) && nl == 2 && li && li[0] == 5 && li[1] == 6);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+
+    /* back 2 turns: the state after 3 turns, as it was before turn 4 */
+    CHECK_INT_EQ(srv_store_rollback(st, id, 2, &in), 0);
+    CHECK_INT_EQ(in.turns, 3);
+    const int64_t w3[] = {2};
+    check_ckpts(st, dir, id, 3, w3, 1, "after the rollback");
+    srv_seq_ctx_t ref = copy_ctx(model, &before[4]);
+    check_same(st, model, id, &ref, "rolled back");
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_session_last_turn(s, &fl, &li, &nl), 1);
+    CHECK(nl == 2 && li && li[0] == 3); /* the last turn is turn 3 again */
+    CHECK_INT_EQ(srv_session_turns(s), 3);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    /* a new turn after it: its checkpoint is the rolled-back state */
+    one_turn(st, id, 40, SRV_TURN_REPLY, NULL);
+    const int64_t w4[] = {2, 3};
+    check_ckpts(st, dir, id, 4, w4, 2, "a turn after the rollback");
+
+    /* a restart finds them; files a crash left past the count, and an
+     * orphan, are deleted; a file of another name is left alone */
+    srv_store_free(st);
+    char p1[512], p2[512], p3[512], p4[512];
+    snprintf(p1, sizeof p1, "%s/%s.2", dir, id);
+    snprintf(p2, sizeof p2, "%s/%s.4", dir, id);
+    snprintf(p3, sizeof p3, "%s/0123456789abcdef0123456789abcdef.1", dir);
+    snprintf(p4, sizeof p4, "%s/%s.04", dir, id);
+    CHECK(link(p1, p2) == 0 && link(p1, p3) == 0 && link(p1, p4) == 0);
+    st = open_ckpt_store(dir, 3, 0);
+    if (!st)
+        goto out;
+    check_ckpts(st, dir, id, 4, w4, 2, "after a restart");
+    CHECK(access(p3, F_OK) != 0);
+    CHECK(access(p4, F_OK) == 0);
+    ref = copy_ctx(model, &before[4]);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 1, &in), 0);
+    check_same(st, model, id, &ref, "rolled back after a restart");
+    /* fewer checkpoints than last time: the oldest go at startup */
+    srv_store_free(st);
+    st = open_ckpt_store(dir, 0, 0);
+    if (!st)
+        goto out;
+    check_ckpts(st, dir, id, 3, NULL, 0, "reopened with K = 0");
+    srv_store_free(st);
+out:
+    for (int t = 0; t < 6; t++)
+        if (before[t].state)
+            free_ctx(&before[t]);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* A redo reads the checkpoint before the last turn into memory beside the
+ * session, swaps it in; the release commits it (the checkpoint stays) or
+ * puts the previous state back. */
+TEST(redo_replaces_the_last_turn)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_ckpt_store(dir, 4, 0);
+    if (!st)
+        goto out;
+    char id[33];
+    make_session(st, model, 310, 1, id);
+    srv_seq_ctx_t b1 = {0}, b2 = {0};
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id), SRV_STORE_ENOCKPT); /* no turn yet */
+    CHECK(strstr(srv_store_last_error(), "no turn to regenerate") != NULL);
+    one_turn(st, id, 1, 0, &b1); /* input only */
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id), SRV_STORE_ENOCKPT);
+    CHECK(strstr(srv_store_last_error(), "generated no reply") != NULL);
+    one_turn(st, id, 2, SRV_TURN_REPLY, &b2);
+    srv_seq_ctx_t now = snapshot(st, model, id);
+    srv_session_t *s = NULL;
+    /* not prepared: nothing to swap in */
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    /* prepared, begun, undone: the session is as it was */
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id), 0);
+    size_t m0 = 0, m1 = 0;
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    srv_store_stats(st, NULL, NULL, &m0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s), 0);
+    srv_store_stats(st, NULL, NULL, &m1);
+    CHECK(m1 == m0); /* the prepared state moved in, the old one aside */
+    srv_seq_ctx_t got = copy_ctx(model, srv_session_ctx(s));
+    srv_seq_ctx_t want = copy_ctx(model, &b2);
+    CHECK_MSG(same_continuation(model, &got, &want), "redo: not the checkpoint's state");
+    free_ctx(&got);
+    free_ctx(&want);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    srv_seq_ctx_t r = copy_ctx(model, &now);
+    check_same(st, model, id, &r, "redo undone");
+    /* a prepared redo goes stale when the session changes */
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    srv_session_touch(s);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    /* committed: a new reply, same turn count and checkpoints */
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s), 0);
+    advance(model, srv_session_ctx(s), 9, 4242);
+    srv_seq_ctx_t redone = copy_ctx(model, srv_session_ctx(s));
+    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    const int64_t w[] = {0, 1};
+    check_ckpts(st, dir, id, 2, w, 2, "after a redo");
+    check_same(st, model, id, &redone, "redone");
+    /* and the redo is what a restart finds */
+    srv_store_free(st);
+    st = open_ckpt_store(dir, 4, 0);
+    if (!st)
+        goto out;
+    check_ckpts(st, dir, id, 2, w, 2, "redo after a restart");
+    CHECK_INT_EQ(srv_store_rollback(st, id, 1, NULL), 0);
+    r = copy_ctx(model, &b2);
+    check_same(st, model, id, &r, "rollback after a redo");
+    srv_store_free(st);
+out:
+    free_ctx(&b1);
+    free_ctx(&b2);
+    free_ctx(&now);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* An export carries the checkpoints (a version 2 blob); an import writes
+ * them with the importing session's owner tag; a blob with bad checkpoint
+ * metadata is refused whole. */
+TEST(checkpoints_export_import)
+{
+    static const char tb[] = "0123456789abcdef0123456789abcdef";
+    char *dir = mkdir_tmp(), *dir2 = mkdir_tmp();
+    srv_store_t *st = open_ckpt_store(dir, 8, 0), *st2 = open_ckpt_store(dir2, 2, 0);
+    if (!st || !st2)
+        goto out;
+    char id[33], id2[33];
+    make_session(st, model, 320, 1, id);
+    srv_seq_ctx_t before[4] = {{0}};
+    for (int t = 1; t <= 3; t++)
+        one_turn(st, id, 10 * t, SRV_TURN_REPLY, &before[t]);
+    void *blob = NULL;
+    size_t len = 0;
+    CHECK_INT_EQ(srv_store_export(st, id, &blob, &len), 0);
+    core_state_info_t bi;
+    CHECK_INT_EQ(core_state_peek(blob, len, &bi, NULL), 0);
+    CHECK_INT_EQ(bi.version, 2);
+    CHECK_INT_EQ(bi.n_checkpoints, 3);
+    /* evicted, the export is the same */
+    CHECK_INT_EQ(srv_store_trim(st, 0), 0);
+    void *blob_e = NULL;
+    size_t len_e = 0;
+    CHECK_INT_EQ(srv_store_export(st, id, &blob_e, &len_e), 0);
+    CHECK(len_e == len && blob_e && memcmp(blob_e, blob, len) == 0);
+    free(blob_e);
+
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_create(st2, &s), 0);
+    if (!s)
+        goto out;
+    CHECK_INT_EQ(srv_session_set_owner(s, tb), 0);
+    memcpy(id2, srv_session_id(s), 33);
+    CHECK_INT_EQ(srv_store_release(st2, s, 1), 0);
+    char err[512] = "";
+    CHECK_MSG(srv_store_import(st2, id2, blob, len, err, sizeof err) == 0, "import: %s", err);
+    const int64_t w[] = {1, 2}; /* st2 keeps 2 */
+    check_ckpts(st2, dir2, id2, 3, w, 2, "imported");
+    CHECK_INT_EQ(srv_store_rollback(st2, id2, 1, NULL), 0);
+    srv_seq_ctx_t r = copy_ctx(model, &before[3]);
+    check_same(st2, model, id2, &r, "imported checkpoint");
+    srv_store_free(st2);
+    st2 = open_ckpt_store(dir2, 2, 0);
+    if (!st2)
+        goto out;
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st2, id2, &in), 0);
+    CHECK_STR_EQ(in.owner, tb); /* the rolled-back file carries the session's tag */
+    CHECK_INT_EQ(in.turns, 2);
+
+    /* resealed blobs with bad checkpoints are refused, nothing changes */
+    core_state_info_t ci;
+    const void *part = NULL;
+    size_t pl = 0;
+    CHECK_INT_EQ(core_state_checkpoint(blob, len, 1, &part, &pl, NULL), 0);
+    size_t off = (size_t)((const unsigned char *)part - (const unsigned char *)blob);
+    CHECK_INT_EQ(core_state_peek(part, pl, &ci, NULL), 0);
+    unsigned char *b = malloc(len);
+    memcpy(b, blob, len);
+    b[off + ci.owner_off + 56] = 9; /* checkpoint 1 claims 9 turns (the session has 3) */
+    put32(b + off + pl - 4, core_state_crc32(0, b + off, pl - 4));
+    put32(b + len - 4, core_state_crc32(0, b, len - 4));
+    err[0] = 0;
+    CHECK_INT_EQ(srv_store_import(st2, id2, b, len, err, sizeof err), SRV_STORE_EMISMATCH);
+    CHECK_MSG(strstr(err, "checkpoint 1: its turn count (9)") != NULL, "got: %s", err);
+    memcpy(b, blob, len);
+    b[off + pl - 100] ^= 1; /* a flip inside checkpoint 1, the outer blob resealed */
+    put32(b + len - 4, core_state_crc32(0, b, len - 4));
+    CHECK_INT_EQ(srv_store_import(st2, id2, b, len, err, sizeof err), SRV_STORE_EMISMATCH);
+    CHECK_MSG(strstr(err, "checkpoint 1: checksum mismatch") != NULL, "got: %s", err);
+    const int64_t w2[] = {1};
+    check_ckpts(st2, dir2, id2, 2, w2, 1, "after refused imports");
+    /* a version 1 blob (no checkpoints) leaves none */
+    void *b1 = NULL;
+    size_t l1 = 0;
+    char plain[33];
+    make_session(st, model, 330, 1, plain);
+    CHECK_INT_EQ(srv_store_export(st, plain, &b1, &l1), 0);
+    CHECK_INT_EQ(((unsigned char *)b1)[4], 1);
+    CHECK_MSG(srv_store_import(st2, id2, b1, l1, err, sizeof err) == 0, "import: %s", err);
+    check_ckpts(st2, dir2, id2, 0, NULL, 0, "after a version 1 import");
+    free(b1);
+    free(b);
+out:
+    for (int t = 0; t < 4; t++)
+        if (before[t].state)
+            free_ctx(&before[t]);
+    free(blob);
+    srv_store_free(st);
+    srv_store_free(st2);
+    rm_rf(dir);
+    rm_rf(dir2);
+    free(dir);
+    free(dir2);
+}
+
+/* The directory's budgets take checkpoints (oldest first, of the least
+ * recently used sessions) before any session. */
+TEST(disk_budget_takes_checkpoints_first)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_ckpt_store(dir, 8, 0);
+    char a[33], b[33];
+    if (!st)
+        goto out;
+    make_session(st, model, 340, 1, a);
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    const size_t one = in.state_bytes + 8; /* and a turn's input */
+    srv_store_free(st);
+    /* room for 5 files: once b's turns need more, a (least recently used)
+     * loses its checkpoints, oldest first, and no session goes */
+    st = open_ckpt_store(dir, 8, 5 * one + one / 2);
+    if (!st)
+        goto out;
+    for (int t = 1; t <= 3; t++)
+        one_turn(st, a, t, SRV_TURN_REPLY, NULL);
+    make_session(st, model, 341, 1, b);
+    const int64_t wa[] = {0, 1, 2};
+    check_ckpts(st, dir, a, 3, wa, 3, "a before b's turns");
+    for (int t = 1; t <= 3; t++)
+        one_turn(st, b, t, SRV_TURN_REPLY, NULL);
+    check_ckpts(st, dir, a, 3, NULL, 0, "a");
+    check_ckpts(st, dir, b, 3, wa, 3, "b");
+    uint64_t evicted = 0;
+    srv_store_disk_stats(st, NULL, &evicted);
+    CHECK_INT_EQ(evicted, 0);
+    srv_store_free(st);
+out:
+    rm_rf(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const char *tiny = getenv("DARKSERVE_TINY_MODEL");
@@ -1456,6 +1830,10 @@ int main(void)
     RUN(acquire_in_memory_never_reads);
     RUN(crash_leftovers_at_startup);
     RUN(threads);
+    RUN(turn_checkpoints_and_rollback);
+    RUN(redo_replaces_the_last_turn);
+    RUN(checkpoints_export_import);
+    RUN(disk_budget_takes_checkpoints_first);
     core_model_free(model);
     core_model_free(model_x);
     return CHECK_DONE();
