@@ -280,6 +280,25 @@ int proto_generate_parse(const char *body, size_t len, const proto_limits_t *lim
                          proto_generate_req_t *out, proto_error_t *err);
 void proto_generate_free(proto_generate_req_t *r);
 
+/* POST /v1/sessions/{id}/regenerate: the generation options of generate
+ * (same defaults); "text" and "messages" are refused (400 naming the
+ * field): a regenerate runs the last turn's input again. text/messages of
+ * *out stay NULL; free with proto_generate_free. */
+int proto_regenerate_parse(const char *body, size_t len, const proto_limits_t *lim,
+                           proto_generate_req_t *out, proto_error_t *err);
+
+#define PROTO_MAX_ROLLBACK_TURNS 1000000000 /* "turns" of a rollback at most */
+
+/* POST /v1/sessions/{id}/rollback: {"turns": n}, an integer 1..
+ * PROTO_MAX_ROLLBACK_TURNS, default 1 (an empty body or {} goes back one
+ * turn). */
+typedef struct proto_rollback_req {
+    int64_t turns;
+} proto_rollback_req_t;
+
+int proto_rollback_parse(const char *body, size_t len, proto_rollback_req_t *out,
+                         proto_error_t *err);
+
 /* GET /v1/sessions?limit=&after= : the server passes the decoded query pairs. */
 typedef struct proto_kv {
     const char *key;   /* borrowed, NUL-terminated */
@@ -386,6 +405,12 @@ char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choic
 char *proto_chat_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t *choice,
                             int with_role, const proto_usage_t *usage);
 
+/* A session's checkpoint: its state after `turn` turns. */
+typedef struct proto_checkpoint {
+    int64_t turn;
+    int64_t tokens; /* history length then */
+} proto_checkpoint_t;
+
 typedef struct proto_session_info {
     const char *id;
     int64_t tokens;         /* tokens ingested so far */
@@ -395,10 +420,14 @@ typedef struct proto_session_info {
     const char *attn_kind;  /* "exact", "performer", "darkformer", ... (full form) */
     int64_t attn_features;  /* M */
     int64_t attn_window;    /* W */
+    int64_t turns;          /* turns so far */
+    const proto_checkpoint_t *checkpoints; /* borrowed [n_checkpoints], oldest first (full form) */
+    size_t n_checkpoints;
 } proto_session_info_t;
 
-/* full = 0: {"id","tokens","state_bytes"}; full = 1 adds "created","last_used",
- * "attention":{"kind","features","window"}. */
+/* full = 0: {"id","tokens","state_bytes","turns"}; full = 1 adds "created",
+ * "last_used", "attention":{"kind","features","window"} and
+ * "checkpoints":[{"turn","tokens"}]. */
 char *proto_session_json(const proto_session_info_t *s, int full);
 
 /* {"object":"list","data":[full session objects],"has_more","last_id"|null} */
@@ -426,6 +455,11 @@ char *proto_generate_token_json(const proto_gen_token_t *t);
  * "generation_tokens_per_second"}} */
 char *proto_generate_done_json(const char *finish_reason, const proto_usage_t *usage,
                                const proto_timings_t *timings);
+/* The same with "session": the full session object after the request
+ * (session generate and regenerate); session NULL = as above. */
+char *proto_generate_done_session_json(const char *finish_reason, const proto_usage_t *usage,
+                                       const proto_timings_t *timings,
+                                       const proto_session_info_t *session);
 
 /* Non-stream generate: {"id","text","tokens":[ids],"finish_reason","usage",
  * "timings"} plus "logprobs":[{"token","id","logprob","bytes","top_logprobs"}]
@@ -434,6 +468,12 @@ char *proto_generate_json(const char *id, const char *text, size_t text_len,
                           const int32_t *tokens, size_t n_tokens,
                           const proto_token_logprob_t *lps, const char *finish_reason,
                           const proto_usage_t *usage, const proto_timings_t *timings);
+/* The same with "session" (see proto_generate_done_session_json). */
+char *proto_generate_session_json(const char *id, const char *text, size_t text_len,
+                                  const int32_t *tokens, size_t n_tokens,
+                                  const proto_token_logprob_t *lps, const char *finish_reason,
+                                  const proto_usage_t *usage, const proto_timings_t *timings,
+                                  const proto_session_info_t *session);
 
 typedef struct proto_model_entry {
     const char *id;

@@ -257,6 +257,7 @@ static json_t *session_obj(const proto_session_info_t *s, int full)
     bad |= json_object_set_new(o, "id", px_cstr_or_null(s->id ? s->id : ""));
     bad |= json_object_set_new(o, "tokens", json_integer(s->tokens));
     bad |= json_object_set_new(o, "state_bytes", json_integer(s->state_bytes));
+    bad |= json_object_set_new(o, "turns", json_integer(s->turns));
     if (full) {
         bad |= json_object_set_new(o, "created", json_integer(s->created));
         bad |= json_object_set_new(o, "last_used", json_integer(s->last_used));
@@ -265,6 +266,14 @@ static json_t *session_obj(const proto_session_info_t *s, int full)
         bad |= json_object_set_new(a, "features", json_integer(s->attn_features));
         bad |= json_object_set_new(a, "window", json_integer(s->attn_window));
         bad |= json_object_set_new(o, "attention", a);
+        json_t *cs = json_array();
+        for (size_t i = 0; s->checkpoints && i < s->n_checkpoints; i++) {
+            json_t *c = json_object();
+            bad |= json_object_set_new(c, "turn", json_integer(s->checkpoints[i].turn));
+            bad |= json_object_set_new(c, "tokens", json_integer(s->checkpoints[i].tokens));
+            bad |= json_array_append_new(cs, c);
+        }
+        bad |= json_object_set_new(o, "checkpoints", cs);
     }
     return bad ? fail_tree(o) : o;
 }
@@ -347,8 +356,9 @@ char *proto_generate_token_json(const proto_gen_token_t *t)
     return bad ? (json_decref(o), NULL) : px_dump(o);
 }
 
-char *proto_generate_done_json(const char *finish_reason, const proto_usage_t *usage,
-                               const proto_timings_t *timings)
+char *proto_generate_done_session_json(const char *finish_reason, const proto_usage_t *usage,
+                                       const proto_timings_t *timings,
+                                       const proto_session_info_t *session)
 {
     proto_usage_t zero = {0, 0};
     json_t *o = json_object();
@@ -357,13 +367,31 @@ char *proto_generate_done_json(const char *finish_reason, const proto_usage_t *u
     bad |= json_object_set_new(o, "finish_reason", px_cstr_or_null(finish_reason));
     bad |= json_object_set_new(o, "usage", px_usage(usage ? usage : &zero, 0));
     bad |= json_object_set_new(o, "timings", px_timings(timings, usage));
+    if (session)
+        bad |= json_object_set_new(o, "session", session_obj(session, 1));
     return bad ? (json_decref(o), NULL) : px_dump(o);
+}
+
+char *proto_generate_done_json(const char *finish_reason, const proto_usage_t *usage,
+                               const proto_timings_t *timings)
+{
+    return proto_generate_done_session_json(finish_reason, usage, timings, NULL);
 }
 
 char *proto_generate_json(const char *id, const char *text, size_t text_len,
                           const int32_t *tokens, size_t n_tokens,
                           const proto_token_logprob_t *lps, const char *finish_reason,
                           const proto_usage_t *usage, const proto_timings_t *timings)
+{
+    return proto_generate_session_json(id, text, text_len, tokens, n_tokens, lps, finish_reason,
+                                       usage, timings, NULL);
+}
+
+char *proto_generate_session_json(const char *id, const char *text, size_t text_len,
+                                  const int32_t *tokens, size_t n_tokens,
+                                  const proto_token_logprob_t *lps, const char *finish_reason,
+                                  const proto_usage_t *usage, const proto_timings_t *timings,
+                                  const proto_session_info_t *session)
 {
     proto_usage_t zero = {0, 0};
     json_t *o = json_object(), *ids = json_array();
@@ -390,6 +418,8 @@ char *proto_generate_json(const char *id, const char *text, size_t text_len,
         }
         bad |= json_object_set_new(o, "logprobs", arr);
     }
+    if (session)
+        bad |= json_object_set_new(o, "session", session_obj(session, 1));
     return bad ? (json_decref(o), NULL) : px_dump(o);
 }
 

@@ -165,6 +165,45 @@ fail:
     return rc;
 }
 
+/* -------------------------------------- POST /v1/sessions/{id}/regenerate */
+
+int proto_regenerate_parse(const char *body, size_t len, const proto_limits_t *lim_in,
+                           proto_generate_req_t *out, proto_error_t *err)
+{
+    int rc = proto_generate_parse(body, len, lim_in, out, err);
+    if (rc < 0)
+        return rc;
+    const char *f = out->text ? "text" : out->messages ? "messages" : NULL;
+    if (f) {
+        proto_generate_free(out);
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, f,
+                               "'%s' is not accepted by regenerate: it runs the last turn's "
+                               "input again (to add input, use /generate)",
+                               f);
+    }
+    return 0;
+}
+
+/* ---------------------------------------- POST /v1/sessions/{id}/rollback */
+
+int proto_rollback_parse(const char *body, size_t len, proto_rollback_req_t *out,
+                         proto_error_t *err)
+{
+    int rc = 0;
+    int64_t turns = 1;
+    memset(out, 0, sizeof *out);
+    json_t *root = px_load_object(body, len, 1, err, &rc);
+    if (!root)
+        return rc;
+    rc = px_read_int(root, "turns", 1, PROTO_MAX_ROLLBACK_TURNS, "between 1 and 1000000000",
+                     &turns, err);
+    json_decref(root);
+    if (rc < 0)
+        return rc;
+    out->turns = turns;
+    return 0;
+}
+
 /* ------------------------------------------------------ GET /v1/sessions */
 
 int proto_session_list_parse(const proto_kv_t *kv, size_t n, proto_session_list_req_t *out,

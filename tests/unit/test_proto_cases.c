@@ -198,6 +198,25 @@ static json_t *run_parser(const char *endpoint, json_t *c, const char *body, siz
             CHECK(all_zero(&r, sizeof r));
         }
         proto_generate_free(&r);
+    } else if (!strcmp(endpoint, "session_regenerate")) {
+        proto_generate_req_t r;
+        *rc = proto_regenerate_parse(body, len, lim, &r, err);
+        if (*rc == 0) {
+            view = gen_view(&r.p);
+            CHECK(!r.text && !r.messages);
+            json_object_set_new(view, "format",
+                                json_string(r.format == PROTO_STREAM_SSE ? "sse" : "ndjson"));
+        } else {
+            CHECK(all_zero(&r, sizeof r));
+        }
+        proto_generate_free(&r);
+    } else if (!strcmp(endpoint, "session_rollback")) {
+        proto_rollback_req_t r;
+        *rc = proto_rollback_parse(body, len, &r, err);
+        if (*rc == 0)
+            view = json_pack("{s:I}", "turns", (json_int_t)r.turns);
+        else
+            CHECK(all_zero(&r, sizeof r));
     } else if (!strcmp(endpoint, "session_list")) {
         json_t *q = json_object_get(c, "query");
         size_t n = json_array_size(q);

@@ -280,7 +280,9 @@ static int op_builders(void)
     proto_choice_t ch = {0, "a\xe2\x82", 3, "stop", 1, lps, 2};
     proto_usage_t u = {1, 2};
     proto_timings_t tm = {1, 2, 3};
-    proto_session_info_t si = {"0123456789abcdef0123456789abcdef", 1, 2, 3, 4, "exact", 0, 0};
+    const proto_checkpoint_t ck = {1, 2};
+    proto_session_info_t si = {"0123456789abcdef0123456789abcdef", 1, 2, 3, 4, "exact", 0, 0,
+                               2, &ck, 1};
     proto_model_entry_t me = {"m", 1, "o"};
     proto_health_t h = {"ok", "m", 1, 2, 3.0};
     proto_gen_token_t gt = {"a", 1, 1, &lps[0]};
@@ -298,8 +300,8 @@ static int op_builders(void)
     outs[n++] = proto_session_json(&si, 1);
     outs[n++] = proto_session_list_json(&si, 1, 1);
     outs[n++] = proto_generate_token_json(&gt);
-    outs[n++] = proto_generate_done_json("stop", &u, &tm);
-    outs[n++] = proto_generate_json("id", "ab", 2, ids, 2, lps, "stop", &u, &tm);
+    outs[n++] = proto_generate_done_session_json("stop", &u, &tm, &si);
+    outs[n++] = proto_generate_session_json("id", "ab", 2, ids, 2, lps, "stop", &u, &tm, &si);
     outs[n++] = proto_models_json(&me, 1);
     outs[n++] = proto_tokenize_json(ids, 2, pieces, plens);
     outs[n++] = proto_detokenize_json("ab", 2);

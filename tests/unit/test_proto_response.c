@@ -382,20 +382,41 @@ TEST(chat_chunk_sequence)
 
 TEST(session_objects)
 {
+    const proto_checkpoint_t cks[2] = {{3, 90}, {4, 101}};
     proto_session_info_t s1 = {"0123456789abcdef0123456789abcdef", 120, 4718592, 1700000000,
-                               1700000100, "darkformer", 128, 64};
+                               1700000100, "darkformer", 128, 64, 5, cks, 2};
     char *s = proto_session_json(&s1, 0);
     CHECK_STR_EQ(s, "{\"id\":\"0123456789abcdef0123456789abcdef\",\"tokens\":120,"
-                    "\"state_bytes\":4718592}");
+                    "\"state_bytes\":4718592,\"turns\":5}");
     proto_free(s);
     s = proto_session_json(&s1, 1);
     json_t *j = parse(s);
-    check_shape(j, "session", "id:s", "tokens:i", "state_bytes:i", "created:i", "last_used:i",
-                "attention:o", NULL);
+    check_shape(j, "session", "id:s", "tokens:i", "state_bytes:i", "turns:i", "created:i",
+                "last_used:i", "attention:o", "checkpoints:a", NULL);
     check_shape(json_object_get(j, "attention"), "attention", "kind:s", "features:i",
                 "window:i", NULL);
     CHECK_STR_EQ(sget(json_object_get(j, "attention"), "kind"), "darkformer");
     CHECK_INT_EQ(iget(json_object_get(j, "attention"), "window"), 64);
+    json_t *ca = json_object_get(j, "checkpoints");
+    CHECK_INT_EQ(json_array_size(ca), 2);
+    check_shape(json_array_get(ca, 1), "checkpoint", "turn:i", "tokens:i", NULL);
+    CHECK_INT_EQ(iget(json_array_get(ca, 1), "turn"), 4);
+    CHECK_INT_EQ(iget(json_array_get(ca, 1), "tokens"), 101);
+    json_decref(j);
+    proto_free(s);
+    /* the session object in a generate's last line and answer */
+    proto_usage_t gu = {5, 3};
+    s = proto_generate_done_session_json("stop", &gu, NULL, &s1);
+    j = parse(s);
+    check_shape(j, "done", "done:b", "finish_reason:s", "usage:o", "timings:o", "session:o",
+                NULL);
+    CHECK_INT_EQ(iget(json_object_get(j, "session"), "turns"), 5);
+    json_decref(j);
+    proto_free(s);
+    s = proto_generate_session_json("x", "hi", 2, NULL, 0, NULL, "length", &gu, NULL, &s1);
+    j = parse(s);
+    check_shape(j, "generate", "id:s", "text:s", "tokens:a", "finish_reason:s", "usage:o",
+                "timings:o", "session:o", NULL);
     json_decref(j);
     proto_free(s);
 
@@ -409,7 +430,8 @@ TEST(session_objects)
     CHECK_STR_EQ(sget(j, "last_id"), "ffffffffffffffffffffffffffffffff");
     CHECK_INT_EQ(json_array_size(json_object_get(j, "data")), 2);
     check_shape(json_array_get(json_object_get(j, "data"), 0), "item", "id:s", "tokens:i",
-                "state_bytes:i", "created:i", "last_used:i", "attention:o", NULL);
+                "state_bytes:i", "turns:i", "created:i", "last_used:i", "attention:o",
+                "checkpoints:a", NULL);
     json_decref(j);
     proto_free(s);
 
