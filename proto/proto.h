@@ -409,6 +409,7 @@ char *proto_chat_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t 
 typedef struct proto_checkpoint {
     int64_t turn;
     int64_t tokens; /* history length then */
+    int64_t bytes;  /* its serialized size */
 } proto_checkpoint_t;
 
 typedef struct proto_session_info {
@@ -427,7 +428,7 @@ typedef struct proto_session_info {
 
 /* full = 0: {"id","tokens","state_bytes","turns"}; full = 1 adds "created",
  * "last_used", "attention":{"kind","features","window"} and
- * "checkpoints":[{"turn","tokens"}]. */
+ * "checkpoints":[{"turn","tokens","bytes"}]. */
 char *proto_session_json(const proto_session_info_t *s, int full);
 
 /* {"object":"list","data":[full session objects],"has_more","last_id"|null} */

@@ -271,6 +271,7 @@ static json_t *session_obj(const proto_session_info_t *s, int full)
             json_t *c = json_object();
             bad |= json_object_set_new(c, "turn", json_integer(s->checkpoints[i].turn));
             bad |= json_object_set_new(c, "tokens", json_integer(s->checkpoints[i].tokens));
+            bad |= json_object_set_new(c, "bytes", json_integer(s->checkpoints[i].bytes));
             bad |= json_array_append_new(cs, c);
         }
         bad |= json_object_set_new(o, "checkpoints", cs);

@@ -10,6 +10,14 @@
  *   POST   /v1/sessions/{id}/fork        copy into a new session
  *   GET    /v1/sessions/{id}/state       export the binary state
  *   PUT    /v1/sessions/{id}/state       import a binary state
+ *   POST   /v1/sessions/{id}/rollback    back to the state before the last n turns
+ *   POST   /v1/sessions/{id}/regenerate  the last turn's reply again
+ *
+ * Every append or generate (and a completion with "session") is a turn
+ * (server/sessions.h "Turns and checkpoints"): opened on the held session
+ * right before its engine job is submitted, so that a request that fails
+ * before that leaves no turn behind (its release without persist undoes
+ * it).
  *
  * Ingesting (create, append) keeps the last token of the new text pending:
  * the engine would otherwise absorb all of it, and a later /generate with no
@@ -92,11 +100,16 @@ int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, con
 
 /* ---- helpers ---- */
 
-static void session_info_json(api_app_t *app, const srv_session_info_t *si, int full,
-                              proto_session_info_t *out)
+/* The proto view of si; its checkpoints go into ck[SRV_STORE_MAX_CHECKPOINTS]
+ * (borrowed by *out). */
+static void session_info_json(api_app_t *app, const srv_session_info_t *si,
+                              proto_session_info_t *out, proto_checkpoint_t *ck)
 {
     const core_attn_cfg_t *ac = core_attn_config(core_model_attn(app->model));
     const int linear = ac->kind != CORE_ATTN_EXACT;
+    for (size_t i = 0; i < si->n_checkpoints; i++)
+        ck[i] = (proto_checkpoint_t){si->checkpoints[i].turn, si->checkpoints[i].tokens,
+                                     (int64_t)si->checkpoints[i].bytes};
     *out = (proto_session_info_t){
         .id = si->id,
         .tokens = si->tokens,
@@ -106,8 +119,19 @@ static void session_info_json(api_app_t *app, const srv_session_info_t *si, int 
         .attn_kind = core_attn_kind_name(ac->kind),
         .attn_features = linear ? ac->n_features : 0,
         .attn_window = linear ? ac->window : 0,
+        .turns = si->turns,
+        .checkpoints = ck,
+        .n_checkpoints = si->n_checkpoints,
     };
-    (void)full;
+}
+
+/* The session object of si (full or short); NULL when out of memory. */
+static char *info_json(api_app_t *app, const srv_session_info_t *si, int full)
+{
+    proto_session_info_t pi;
+    proto_checkpoint_t ck[SRV_STORE_MAX_CHECKPOINTS];
+    session_info_json(app, si, &pi, ck);
+    return proto_session_json(&pi, full);
 }
 
 /* Builds the session object of id (full or short); NULL + *code on error. */
@@ -117,9 +141,7 @@ static char *session_json(api_app_t *app, const char *id, int full, int *code)
     *code = srv_store_info(app->store, id, &si);
     if (*code < 0)
         return NULL;
-    proto_session_info_t pi;
-    session_info_json(app, &si, full, &pi);
-    char *j = proto_session_json(&pi, full);
+    char *j = info_json(app, &si, full);
     if (!j)
         *code = SRV_STORE_ENOMEM;
     return j;
@@ -217,6 +239,7 @@ typedef struct bring_io {
     api_app_t *app;
     srv_stream_t *stream;
     char id[PROTO_SESSION_ID_LEN + 1];
+    int redo; /* read the checkpoint a regenerate starts from (else the session) */
     int rc;
     proto_error_t e;
 } bring_io_t;
@@ -225,11 +248,18 @@ static void bring_work(api_io_t *io)
 {
     bring_io_t *w = (bring_io_t *)io;
     srv_session_t *s = NULL;
-    w->rc = srv_store_acquire(w->app->store, w->id, &s);
-    if (w->rc == 0) {
-        srv_store_release(w->app->store, s, 0); /* now in memory, most recently used */
-        api_store_fault_after_read(w->app->store);
-    } else /* the store's detail is this thread's */
+    if (w->redo) {
+        w->rc = srv_store_redo_prepare(w->app->store, w->id);
+        if (w->rc == SRV_STORE_EEVICTED)
+            w->rc = 0; /* the handler's acquire reads it back first */
+    } else {
+        w->rc = srv_store_acquire(w->app->store, w->id, &s);
+        if (w->rc == 0) {
+            srv_store_release(w->app->store, s, 0); /* now in memory, most recently used */
+            api_store_fault_after_read(w->app->store);
+        }
+    }
+    if (w->rc < 0) /* the store's detail is this thread's */
         api_store_error(w->rc, w->id, NULL, &w->e);
 }
 
@@ -263,14 +293,23 @@ static int refuse_evicted(api_app_t *app, srv_req_t *req, const char *id)
     return 1;
 }
 
-/* Session id is not in memory: reads it on the I/O thread, then runs req's
+/* Reads session id (redo = 0: it is not in memory) or the checkpoint a
+ * regenerate starts from (redo = 1) on the I/O thread, then runs req's
  * handler again. Always 1 (req answered, or it runs again). */
-static int bring_in(api_app_t *app, srv_req_t *req, const char *id)
+static int bring_in_kind(api_app_t *app, srv_req_t *req, const char *id, int redo)
 {
-    if (refuse_evicted(app, req, id))
+    proto_error_t e;
+    srv_session_info_t si;
+    if (redo) { /* the checkpoint is a second state beside the session's */
+        if (srv_store_info(app->store, id, &si) == 0 &&
+            api_state_admit(app, api_state_bound(app, si.tokens), &e) < 0) {
+            api_reply_admit(req, &e);
+            return 1;
+        }
+    } else if (refuse_evicted(app, req, id)) {
         return 1;
-    if (srv_req_runs(req) >= BRING_IN_RUNS) {
-        proto_error_t e;
+    }
+    if (srv_req_runs(req) >= BRING_IN_RUNS + redo) {
         proto_error_set(&e, PROTO_ERR_UNAVAILABLE, NULL,
                         "session '%s' was moved back to disk %d times before this request could "
                         "use it (other sessions need the memory); retry later",
@@ -292,9 +331,15 @@ static int bring_in(api_app_t *app, srv_req_t *req, const char *id)
     w->io.work = bring_work;
     w->io.done = bring_done;
     w->app = app;
+    w->redo = redo;
     snprintf(w->id, sizeof w->id, "%s", id);
     api_io_submit(app, &w->io);
     return 1;
+}
+
+static int bring_in(api_app_t *app, srv_req_t *req, const char *id)
+{
+    return bring_in_kind(app, req, id, 0);
 }
 
 int api_session_acquire(api_app_t *app, srv_req_t *req, const char *id, srv_session_t **out)
@@ -464,13 +509,31 @@ static void ingest_io_done(api_io_t *io)
     free(w);
 }
 
+/* Opens the turn of a request on held session s (input[n] its new tokens,
+ * flags SRV_TURN_*). 0, or -1 after answering req (s still held). */
+static int turn_begin(api_app_t *app, srv_req_t *req, srv_session_t *s, const int32_t *input,
+                      size_t n, unsigned flags)
+{
+    if (srv_store_turn_begin(app->store, s, input, n, flags) == 0)
+        return 0;
+    api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "session turn: %s", srv_store_last_error());
+    return -1;
+}
+
 /* Ingests ids[n] (owned, freed here) into s (held) and answers req with the
- * short session object. */
+ * short session object. An append of tokens is a turn; a create is not
+ * (its state is the one after 0 turns). */
 static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *ids, size_t n,
                    int status, int set_chat)
 {
     ingest_t k = {.status = status, .set_chat = set_chat};
     snprintf(k.id, sizeof k.id, "%s", srv_session_id(s));
+    if (status != 201 && n > 0 &&
+        turn_begin(app, req, s, ids, n, set_chat ? SRV_TURN_CHAT : 0u) < 0) {
+        free(ids);
+        srv_store_release(app->store, s, 0);
+        return;
+    }
     if (n > 0) {
         k.has_last = 1;
         k.last = ids[n - 1];
@@ -715,12 +778,21 @@ static void sgen_done(api_gen_t *g)
     const char *fin = api_finish_reason(k->finish);
     if (!fin)
         fin = "length";
+    /* the session as the request left it (its turns, its checkpoints) */
+    srv_session_info_t si;
+    proto_session_info_t pinfo;
+    proto_checkpoint_t ck[SRV_STORE_MAX_CHECKPOINTS];
+    const proto_session_info_t *sp = NULL;
+    if (!failed && srv_store_info(g->app->store, k->id, &si) == 0) {
+        session_info_json(g->app, &si, &pinfo, ck);
+        sp = &pinfo;
+    }
     if (k->stream) {
         if (failed) {
             api_gen_write_error(g, &e);
             return;
         }
-        char *j = proto_generate_done_json(fin, &u, &tm);
+        char *j = proto_generate_done_session_json(fin, &u, &tm, sp);
         api_gen_write_json(g, j);
         proto_free(j);
         if (g->fmt == PROTO_STREAM_SSE)
@@ -740,8 +812,9 @@ static void sgen_done(api_gen_t *g)
     if (ids && (k->logprobs < 0 || api_acc_logprobs(&k->acc, g->app->tok, &lps, &tops) == 0)) {
         for (size_t i = 0; i < k->acc.n_toks; i++)
             ids[i] = k->acc.toks[i].id;
-        j = proto_generate_json(k->id, k->acc.text ? k->acc.text : "", k->acc.len, ids,
-                                k->acc.n_toks, k->logprobs >= 0 ? lps : NULL, fin, &u, &tm);
+        j = proto_generate_session_json(k->id, k->acc.text ? k->acc.text : "", k->acc.len, ids,
+                                        k->acc.n_toks, k->logprobs >= 0 ? lps : NULL, fin, &u,
+                                        &tm, sp);
     }
     api_gen_reply_json(g, 200, j);
     proto_free(j);
@@ -752,6 +825,61 @@ static void sgen_done(api_gen_t *g)
 
 static const api_gen_ops_t sgen_ops = {
     .event = sgen_event, .prepare = sgen_prepare, .done = sgen_done, .free = sgen_free};
+
+/* Generates on held session s from ids[n] (owned, freed here) with the
+ * options of gr, and answers req. set_chat: the input is a chat render.
+ * redo: a regenerate, on the checkpoint srv_store_redo_begin swapped in
+ * (the last turn again, not a new one). */
+static void sgen_run(api_app_t *app, srv_req_t *req, srv_session_t *s,
+                     const proto_generate_req_t *gr, int32_t *ids, size_t n, int set_chat,
+                     int redo)
+{
+    sgen_t *k = calloc(1, sizeof *k);
+    api_gen_t *g = k ? api_gen_new(app, req, &sgen_ops, k, 1) : NULL;
+    if (!g) {
+        free(ids);
+        srv_store_release(app->store, s, 0);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    k->stream = gr->p.stream;
+    k->logprobs = gr->p.logprobs;
+    k->set_chat = set_chat;
+    snprintf(k->id, sizeof k->id, "%s", srv_session_id(s));
+    g->session = s;
+    g->jobs[0].ctx = srv_session_ctx(s);
+    proto_error_t ae;
+    if (session_reserve(g, s, (int64_t)n + gr->p.max_tokens, &ae) < 0) {
+        free(ids);
+        api_gen_abort(g);
+        api_reply_admit(req, &ae);
+        return;
+    }
+    const unsigned flags = SRV_TURN_REPLY | (set_chat ? SRV_TURN_CHAT : 0u);
+    if (!redo && turn_begin(app, req, s, ids, n, flags) < 0) {
+        free(ids);
+        api_gen_abort(g);
+        return;
+    }
+    srv_job_spec_t spec;
+    srv_job_spec_init(&spec);
+    spec.prompt = ids;
+    spec.n_prompt = n;
+    spec.max_tokens = gr->p.max_tokens;
+    api_sample_params(&gr->p, &spec.params);
+    spec.reseed = 1;
+    spec.stops = (const char *const *)gr->p.stop;
+    spec.n_stops = gr->p.n_stop;
+    char err[512];
+    int rc = api_gen_submit(g, 0, &spec, err, sizeof err);
+    free(ids);
+    if (rc < 0) { /* the release that follows undoes the turn or the redo */
+        api_gen_abort(g);
+        api_reply_engine(req, rc, err);
+        return;
+    }
+    api_gen_start(g, req, gr->p.stream, gr->format);
+}
 
 static void h_generate(srv_req_t *req, void *ud)
 {
@@ -792,48 +920,63 @@ static void h_generate(srv_req_t *req, void *ud)
                        "to generate from");
         return;
     }
-    sgen_t *k = calloc(1, sizeof *k);
-    api_gen_t *g = k ? api_gen_new(app, req, &sgen_ops, k, 1) : NULL;
-    if (!g) {
-        free(ids);
+    sgen_run(app, req, s, &gr, ids, n, chat, 0);
+    proto_generate_free(&gr);
+}
+
+/* ---- regenerate ---- */
+
+/* POST /v1/sessions/{id}/regenerate: the last turn's reply replaced by a
+ * new one. The checkpoint before the last turn is read on the I/O thread
+ * first (srv_store_redo_prepare: it also says when there is nothing to
+ * regenerate), then this handler runs again, swaps it in and feeds the
+ * last turn's input again: the history is never re-read. */
+static void h_regenerate(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = path_id(req);
+    if (!id)
+        return;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_generate_req_t gr;
+    proto_error_t e;
+    if (proto_regenerate_parse(body, len, &app->limits, &gr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    api_caller_t who;
+    api_caller(app, req, &who);
+    srv_session_t *s = NULL;
+    if (api_session_check(app, req, &who, id) < 0 || api_session_acquire(app, req, id, &s)) {
+        proto_generate_free(&gr);
+        return;
+    }
+    int rc = srv_store_redo_begin(app->store, s);
+    if (rc == SRV_STORE_EEVICTED) { /* not read yet: on the I/O thread, then again */
         srv_store_release(app->store, s, 0);
-        proto_generate_free(&gr);
-        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
-        return;
-    }
-    k->stream = gr.p.stream;
-    k->logprobs = gr.p.logprobs;
-    k->set_chat = chat;
-    snprintf(k->id, sizeof k->id, "%s", id);
-    g->session = s;
-    g->jobs[0].ctx = srv_session_ctx(s);
-    proto_error_t ae;
-    if (session_reserve(g, s, (int64_t)n + gr.p.max_tokens, &ae) < 0) {
-        free(ids);
-        api_gen_abort(g);
-        api_reply_admit(req, &ae);
+        bring_in_kind(app, req, id, 1);
         proto_generate_free(&gr);
         return;
     }
-    srv_job_spec_t spec;
-    srv_job_spec_init(&spec);
-    spec.prompt = ids;
-    spec.n_prompt = n;
-    spec.max_tokens = gr.p.max_tokens;
-    api_sample_params(&gr.p, &spec.params);
-    spec.reseed = 1;
-    spec.stops = (const char *const *)gr.p.stop;
-    spec.n_stops = gr.p.n_stop;
-    char err[512];
-    int rc = api_gen_submit(g, 0, &spec, err, sizeof err);
-    free(ids);
-    if (rc < 0) {
-        api_gen_abort(g);
-        api_reply_engine(req, rc, err);
+    unsigned flags = 0;
+    const int32_t *in = NULL;
+    size_t n = 0;
+    int32_t *ids = NULL;
+    if (rc == 0 && srv_session_last_turn(s, &flags, &in, &n) && n)
+        ids = malloc(n * sizeof *ids);
+    if (rc < 0 || (n && !ids)) {
+        srv_store_release(app->store, s, 0);
+        if (rc < 0)
+            api_reply_store(req, rc, id, NULL);
+        else
+            api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         proto_generate_free(&gr);
         return;
     }
-    api_gen_start(g, req, gr.p.stream, gr.format);
+    if (n)
+        memcpy(ids, in, n * sizeof *ids);
+    sgen_run(app, req, s, &gr, ids, n, (flags & SRV_TURN_CHAT) != 0, 1);
     proto_generate_free(&gr);
 }
 
@@ -858,9 +1001,10 @@ static void h_list(srv_req_t *req, void *ud)
     }
     srv_session_info_t *si = calloc((size_t)lr.limit, sizeof *si);
     proto_session_info_t *pi = calloc((size_t)lr.limit, sizeof *pi);
+    proto_checkpoint_t *ck = calloc((size_t)lr.limit * SRV_STORE_MAX_CHECKPOINTS, sizeof *ck);
     size_t n = 0;
     int more = 0;
-    if (!si || !pi) {
+    if (!si || !pi || !ck) {
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto out;
     }
@@ -873,7 +1017,7 @@ static void h_list(srv_req_t *req, void *ud)
         goto out;
     }
     for (size_t i = 0; i < n; i++)
-        session_info_json(app, &si[i], 1, &pi[i]);
+        session_info_json(app, &si[i], &pi[i], ck + i * SRV_STORE_MAX_CHECKPOINTS);
     char *j = proto_session_list_json(pi, n, more);
     if (!j) {
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
@@ -884,6 +1028,7 @@ static void h_list(srv_req_t *req, void *ud)
 out:
     free(si);
     free(pi);
+    free(ck);
 }
 
 static void h_get(srv_req_t *req, void *ud)
@@ -907,11 +1052,11 @@ static void h_get(srv_req_t *req, void *ud)
 }
 
 /* ---- operations that read or write a whole state (I/O thread) ----
- * delete, fork, export and import run on the I/O thread (api_io.c); the
- * handler checks what it can, defers the answer, and the completion
- * answers. */
+ * delete, fork, export, import and rollback run on the I/O thread
+ * (api_io.c); the handler checks what it can, defers the answer, and the
+ * completion answers. */
 
-enum sop_kind { SOP_DELETE, SOP_FORK, SOP_EXPORT, SOP_IMPORT };
+enum sop_kind { SOP_DELETE, SOP_FORK, SOP_EXPORT, SOP_IMPORT, SOP_ROLLBACK };
 
 typedef struct sop {
     api_io_t io; /* first: the item is the struct */
@@ -924,6 +1069,7 @@ typedef struct sop {
     size_t in_len;
     void *blob;     /* export: the state (owned), answered as it is */
     size_t blob_len;
+    int64_t turns;  /* rollback: how many */
     int status;
     char *json;     /* the answer otherwise (proto_free), or small; neither = out of memory */
     char small[128];
@@ -967,11 +1113,22 @@ static void sop_work(api_io_t *io)
             o->json = session_json(app, o->id, 0, &rc);
         }
         break;
+    case SOP_ROLLBACK: {
+        srv_session_info_t si;
+        rc = srv_store_rollback(app->store, o->id, o->turns, &si);
+        if (rc == 0) {
+            o->status = 200;
+            o->json = info_json(app, &si, 1);
+        }
+        break;
+    }
     }
     if (rc < 0 && rc != SRV_STORE_ENOMEM) {
         /* here: the store's detail is this thread's */
         proto_error_t e;
         api_store_error(rc, eid, err[0] ? err : NULL, &e);
+        if (rc == SRV_STORE_ENOCKPT)
+            snprintf(e.param, sizeof e.param, "turns");
         proto_free(o->json);
         o->json = proto_error_json(&e);
         o->status = e.status;
@@ -1124,6 +1281,30 @@ static void h_import(srv_req_t *req, void *ud)
     sop_submit(app, req, o);
 }
 
+/* POST /v1/sessions/{id}/rollback {"turns": n}: the checkpoint's file
+ * becomes the session's (a rename on the I/O thread; the state is read
+ * back only when the session is in memory). */
+static void h_rollback(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_rollback_req_t rr;
+    proto_error_t e;
+    if (!path_id(req))
+        return;
+    if (proto_rollback_parse(body, len, &rr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    api_caller_t who;
+    sop_t *o = sop_begin(app, req, SOP_ROLLBACK, &who);
+    if (!o)
+        return;
+    o->turns = rr.turns;
+    sop_submit(app, req, o);
+}
+
 int api_sessions_routes(api_app_t *app)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
@@ -1139,5 +1320,7 @@ int api_sessions_routes(api_app_t *app)
     rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/fork", h_fork, app, &json);
     rc |= srv_http_route(h, "GET", "/v1/sessions/{id}/state", h_export, app, NULL);
     rc |= srv_http_route(h, "PUT", "/v1/sessions/{id}/state", h_import, app, &blob);
+    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/rollback", h_rollback, app, &json);
+    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/regenerate", h_regenerate, app, &json);
     return rc ? -1 : 0;
 }

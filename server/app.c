@@ -442,6 +442,7 @@ static void load_after(uv_work_t *w, int status)
         .max_disk_files = (size_t)cfg->max_session_files,
         .max_disk_bytes = (size_t)cfg->max_session_disk,
         .ttl_s = cfg->session_ttl_s,
+        .max_checkpoints = (size_t)cfg->checkpoints,
         .model = app->model,
         .fingerprint = core_model_info(app->model)->fingerprint,
     };
@@ -451,10 +452,10 @@ static void load_after(uv_work_t *w, int status)
         return;
     }
     api_store_fault_install(app->store);
-    /* an imported state is at most the largest blob this model can make:
-     * from now on the http layer refuses a larger PUT from its
-     * Content-Length, and never buffers more of a chunked one */
-    app->state_blob_max = srv_store_max_blob(app->store) + 4096;
+    /* an imported state is at most the largest blob this model can make,
+     * with its checkpoints: from now on the http layer refuses a larger PUT
+     * from its Content-Length, and never buffers more of a chunked one */
+    app->state_blob_max = srv_store_max_export(app->store) + 4096;
     if (srv_http_route_set_max_body(app->http, "PUT", "/v1/sessions/{id}/state",
                                     app->state_blob_max) < 0) {
         srv_serve_fail(app->serve, "cannot bound the state import route");

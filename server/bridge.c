@@ -139,6 +139,10 @@ void api_store_error(int code, const char *id, const char *detail, proto_error_t
     case SRV_STORE_ENOSPACE:
         proto_error_set(e, PROTO_ERR_STORAGE, NULL, "session storage: %s", d);
         break;
+    case SRV_STORE_ENOCKPT:
+        proto_error_set(e, PROTO_ERR_CONFLICT, NULL, "%s", d);
+        e->code = "checkpoint_not_found";
+        break;
     default: proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "session store: %s", d); break;
     }
 }

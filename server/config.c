@@ -10,6 +10,7 @@
 #include "server/attn_select.h"
 #include "server/engine.h"
 #include "server/log.h"
+#include "server/sessions.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -177,6 +178,11 @@ static const opt_t opts[] = {
     {"session-ttl", "DARKSERVE_SESSION_TTL", OPT_DURATION, 0, O(session_ttl_s), "24h",
      0, 3650 * DAY, NULL, "DURATION",
      "sessions unused for this long are deleted; 0 = never"},
+    {"checkpoints", "DARKSERVE_CHECKPOINTS", OPT_INT, 0, O(checkpoints), "8",
+     0, SRV_STORE_MAX_CHECKPOINTS, NULL, "K",
+     "states kept per session at its last K turn boundaries, for rollback and regenerate "
+     "(each a file of one state's size in --session-dir, counted in --max-session-disk, "
+     "whose budget deletes checkpoints before sessions); 0 = none"},
     {"log-level", "DARKSERVE_LOG_LEVEL", OPT_ENUM, 0, O(log_level), "info",
      0, 0, level_choices, "LEVEL",
      "least severe level logged"},

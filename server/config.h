@@ -107,6 +107,7 @@ typedef struct srv_config {
     int64_t max_session_files; /* session files in session_dir; 0 = no bound */
     char *session_dir;         /* spill/persist directory */
     int64_t session_ttl_s;     /* idle sessions expire; 0 = never */
+    int64_t checkpoints;       /* turn checkpoints kept per session; 0 = none */
     /* logging */
     int log_level;             /* srv_cfg_log_level_t */
     int log_format;            /* srv_cfg_log_format_t */

@@ -53,6 +53,11 @@
 #define OWNER_LEN SRV_SESSION_OWNER_LEN
 #define TURN_KEPT 4u /* last-turn flag: its input is in the record */
 #define CKPT_NAME_MAX (ID_LEN + 1 + 20 + 1) /* "<id>.<turns>" and its NUL */
+/* Pending tokens of a checkpoint an export carries at most (a state left
+ * with more, by a prefill cut short, stays out of exports): so an import
+ * body is bounded by about (1 + K) states, not (1 + K) times the 2^24
+ * pending tokens a blob may hold. */
+#define CKPT_PENDING_MAX ((size_t)1 << 16)
 
 _Static_assert(OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX <= CORE_STATE_MAX_OWNER,
                "the last turn's input fits the owner section");
@@ -116,7 +121,9 @@ struct srv_store {
     core_attn_t *attn;
     char fp[CORE_STATE_FINGERPRINT_MAX + 1];
     int n_vocab;
-    size_t max_blob, max_export;
+    size_t max_blob;      /* any session file */
+    size_t max_ckpt_blob; /* a checkpoint an export carries */
+    size_t max_export;    /* an export: a session and max_ckpt checkpoints */
     srv_session_t **tab; /* [n] sorted by id */
     size_t n, cap;
     size_t n_mem;        /* in memory, plus loads in progress */
@@ -906,7 +913,8 @@ static const char *ckpt_range(const srv_session_t *s, char *buf, size_t n)
     if (s->n_ckpt == 0)
         snprintf(buf, n, "it keeps none");
     else if (s->n_ckpt == 1)
-        snprintf(buf, n, "it keeps one, after %lld turns", (long long)s->ckpt[0].turn);
+        snprintf(buf, n, "it keeps one, after %lld turn%s", (long long)s->ckpt[0].turn,
+                 s->ckpt[0].turn == 1 ? "" : "s");
     else
         snprintf(buf, n, "it keeps them after %lld to %lld turns", (long long)s->ckpt[0].turn,
                  (long long)s->ckpt[s->n_ckpt - 1].turn);
@@ -1127,7 +1135,9 @@ static size_t sat_add(size_t a, size_t b)
 }
 
 /* Upper bound of any blob of this configuration (payloads in attn_*.c). */
-static size_t max_blob_bytes(const core_attn_cfg_t *c)
+/* Upper bound of any blob of this configuration with at most `pending`
+ * pending tokens and `owner` owner bytes (payloads in attn_*.c). */
+static size_t max_blob_bytes(const core_attn_cfg_t *c, size_t pending, size_t owner)
 {
     size_t L = (size_t)c->n_layer, kv = sat_mul((size_t)c->n_head_kv, (size_t)c->head_dim);
     size_t payload;
@@ -1139,8 +1149,7 @@ static size_t max_blob_bytes(const core_attn_cfg_t *c)
         payload = sat_add(payload, sat_mul(sat_mul(2 * L, (size_t)c->window), sat_mul(kv, 4)));
         payload = sat_add(payload, 8);
     }
-    size_t fixed = CORE_STATE_HEADER_BYTES + CORE_STATE_MAX_OWNER + 4 * CORE_STATE_MAX_PENDING +
-                   core_sampler_state_size() + 4;
+    size_t fixed = CORE_STATE_HEADER_BYTES + owner + 4 * pending + core_sampler_state_size() + 4;
     return sat_add(fixed, payload);
 }
 
@@ -1420,9 +1429,12 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     st->max_disk_files = o->max_disk_files;
     st->max_disk_bytes = o->max_disk_bytes;
     st->ttl_s = o->ttl_s;
-    st->max_blob = max_blob_bytes(core_attn_config(st->attn));
+    st->max_blob = max_blob_bytes(core_attn_config(st->attn), CORE_STATE_MAX_PENDING,
+                                  CORE_STATE_MAX_OWNER);
     st->max_ckpt = o->dir && o->dir[0] ? o->max_checkpoints : 0;
-    st->max_export = sat_add(st->max_blob, sat_mul(st->max_ckpt, sat_add(st->max_blob, 8)));
+    st->max_ckpt_blob = max_blob_bytes(core_attn_config(st->attn), CKPT_PENDING_MAX,
+                                       OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX);
+    st->max_export = sat_add(st->max_blob, sat_mul(st->max_ckpt, sat_add(st->max_ckpt_blob, 8)));
     if (o->dir && o->dir[0]) {
         st->dir = strdup(o->dir);
         if (!st->dir) {
@@ -1778,7 +1790,8 @@ static void fill_info(const srv_session_t *s, srv_session_info_t *o)
                                                                : SRV_STORE_MAX_CHECKPOINTS;
     for (size_t i = 0; i < o->n_checkpoints; i++)
         o->checkpoints[i] = (srv_checkpoint_t){.turn = s->ckpt[i].turn,
-                                               .tokens = s->ckpt[i].tokens};
+                                               .tokens = s->ckpt[i].tokens,
+                                               .bytes = s->ckpt[i].bytes};
 }
 
 int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out)
@@ -1969,7 +1982,9 @@ fail_locked:
 
 /* The checkpoint files of s (held) read back as blobs for an export:
  * parts[*n] (each blob malloc'd; free with parts_free). A file that is
- * gone or damaged is left out: it is no state of the session's. */
+ * gone or damaged is left out (it is no state of the session's), and one
+ * over max_ckpt_blob (so that the export stays within what an import
+ * takes). */
 static int export_parts(srv_store_t *st, srv_session_t *s, core_state_part_t *parts, size_t *n)
 {
     *n = 0;
@@ -1982,7 +1997,7 @@ static int export_parts(srv_store_t *st, srv_session_t *s, core_state_part_t *pa
         if (rc == SRV_STORE_ENOMEM)
             return rc;
         core_error_t e = {0};
-        if (rc < 0 || core_state_verify(b, l, st->fp, st->attn, &e) < 0) {
+        if (rc < 0 || l > st->max_ckpt_blob || core_state_verify(b, l, st->fp, st->attn, &e) < 0) {
             free(b);
             continue;
         }
@@ -2411,13 +2426,13 @@ static int ckpt_for(const srv_session_t *s, int64_t turn, const char *what, ssiz
 {
     char r[96];
     if (turn < 0)
-        return STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has had %lld turns: %s cannot go "
-                          "back further (%s)", s->id, (long long)s->turns, what,
-                          ckpt_range(s, r, sizeof r));
+        return STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has had %lld turn%s: %s cannot go "
+                          "back further (%s)", s->id, (long long)s->turns,
+                          s->turns == 1 ? "" : "s", what, ckpt_range(s, r, sizeof r));
     *k = ckpt_find(s, turn);
     if (*k < 0)
-        return STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has no checkpoint after %lld turns "
-                          "for %s (%s)", s->id, (long long)turn, what,
+        return STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has no checkpoint after %lld turn%s "
+                          "for %s (%s)", s->id, (long long)turn, turn == 1 ? "" : "s", what,
                           ckpt_range(s, r, sizeof r));
     return 0;
 }

@@ -138,6 +138,7 @@ typedef struct srv_store srv_store_t;     /* opaque */
 typedef struct srv_checkpoint {
     int64_t turn;
     int64_t tokens; /* its history length */
+    size_t bytes;   /* its file's size (what it adds to an export, less 8) */
 } srv_checkpoint_t;
 
 typedef struct srv_session_info {

@@ -19,7 +19,7 @@ from ds_server import MODEL, wait_for
 def create(srv, body=None):
     st, r, _ = srv.post("/v1/sessions", body or {})
     assert st == 201, r
-    assert set(r) == {"id", "tokens", "state_bytes"}
+    assert set(r) == {"id", "tokens", "state_bytes", "turns"}
     return r
 
 
@@ -223,7 +223,8 @@ def test_export_import_into_a_new_server(servers, tmp_path):
     st, hd, blob = a.request("GET", f"/v1/sessions/{sid}/state")
     assert st == 200 and hd["content-type"] == "application/octet-stream"
     st, info, _ = a.json("GET", f"/v1/sessions/{sid}")
-    assert len(blob) == info["state_bytes"]
+    # the state, and its checkpoints (docs/API.md "Turns and checkpoints")
+    assert len(blob) == info["state_bytes"] + sum(8 + c["bytes"] for c in info["checkpoints"])
 
     b = servers(name="b", session_dir=str(tmp_path / "fresh"))
     tid = create(b)["id"]
@@ -407,13 +408,15 @@ def test_linear_attention_state_is_constant_size(servers):
     hybrid window is full, and export/import still continues exactly."""
     srv = servers(args=["--attn", "performer", "--features", "16", "--window", "4"])
     sid = create(srv, {"system": "sys"})["id"]
-    gen(srv, sid, text="A first turn of text", max_tokens=6)
+    g1 = gen(srv, sid, text="A first turn of text", max_tokens=6)
     st, a, _ = srv.json("GET", f"/v1/sessions/{sid}")
     assert a["attention"] == {"kind": "performer", "features": 16, "window": 4}
-    gen(srv, sid, text=" and a much longer second turn of text to read", max_tokens=20)
+    g2 = gen(srv, sid, text=" and a much longer second turn of text to read", max_tokens=20)
     st, b, _ = srv.json("GET", f"/v1/sessions/{sid}")
     assert b["tokens"] > a["tokens"] + 20
-    assert b["state_bytes"] == a["state_bytes"]
+    # the same but for the last turn's input, kept for a regenerate (4 bytes a token)
+    grown = 4 * (g2["usage"]["prompt_tokens"] - g1["usage"]["prompt_tokens"])
+    assert b["state_bytes"] - a["state_bytes"] == grown
     st, _, blob = srv.request("GET", f"/v1/sessions/{sid}/state")
     tid = create(srv)["id"]
     st, _, data = srv.request("PUT", f"/v1/sessions/{tid}/state", blob,

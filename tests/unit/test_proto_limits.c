@@ -280,7 +280,7 @@ static int op_builders(void)
     proto_choice_t ch = {0, "a\xe2\x82", 3, "stop", 1, lps, 2};
     proto_usage_t u = {1, 2};
     proto_timings_t tm = {1, 2, 3};
-    const proto_checkpoint_t ck = {1, 2};
+    const proto_checkpoint_t ck = {1, 2, 3};
     proto_session_info_t si = {"0123456789abcdef0123456789abcdef", 1, 2, 3, 4, "exact", 0, 0,
                                2, &ck, 1};
     proto_model_entry_t me = {"m", 1, "o"};

@@ -382,7 +382,7 @@ TEST(chat_chunk_sequence)
 
 TEST(session_objects)
 {
-    const proto_checkpoint_t cks[2] = {{3, 90}, {4, 101}};
+    const proto_checkpoint_t cks[2] = {{3, 90, 1000}, {4, 101, 1200}};
     proto_session_info_t s1 = {"0123456789abcdef0123456789abcdef", 120, 4718592, 1700000000,
                                1700000100, "darkformer", 128, 64, 5, cks, 2};
     char *s = proto_session_json(&s1, 0);
@@ -399,7 +399,7 @@ TEST(session_objects)
     CHECK_INT_EQ(iget(json_object_get(j, "attention"), "window"), 64);
     json_t *ca = json_object_get(j, "checkpoints");
     CHECK_INT_EQ(json_array_size(ca), 2);
-    check_shape(json_array_get(ca, 1), "checkpoint", "turn:i", "tokens:i", NULL);
+    check_shape(json_array_get(ca, 1), "checkpoint", "turn:i", "tokens:i", "bytes:i", NULL);
     CHECK_INT_EQ(iget(json_array_get(ca, 1), "turn"), 4);
     CHECK_INT_EQ(iget(json_array_get(ca, 1), "tokens"), 101);
     json_decref(j);

@@ -1511,7 +1511,7 @@ TEST(turn_checkpoints_and_rollback)
 
     /* what is not there */
     CHECK_INT_EQ(srv_store_rollback(st, id, 4, NULL), SRV_STORE_ENOCKPT);
-    CHECK(strstr(srv_store_last_error(), "no checkpoint after 1 turns") != NULL);
+    CHECK(strstr(srv_store_last_error(), "no checkpoint after 1 turn for") != NULL);
     CHECK(strstr(srv_store_last_error(), "after 2 to 4 turns") != NULL);
     CHECK_INT_EQ(srv_store_rollback(st, id, 6, NULL), SRV_STORE_ENOCKPT);
     CHECK(strstr(srv_store_last_error(), "has had 5 turns") != NULL);
