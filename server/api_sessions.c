@@ -881,27 +881,43 @@ static void sgen_run(api_app_t *app, srv_req_t *req, srv_session_t *s,
     api_gen_start(g, req, gr->p.stream, gr->format);
 }
 
-static void h_generate(srv_req_t *req, void *ud)
+typedef int (*gen_parse_fn)(const char *body, size_t len, const proto_limits_t *lim,
+                            proto_generate_req_t *out, proto_error_t *err);
+
+/* The start of generate and regenerate: the path id (*id), the body
+ * (parse into *gr), the caller's right to the session, the session held.
+ * NULL when req was answered or runs again (then *gr is freed). */
+static srv_session_t *gen_begin(api_app_t *app, srv_req_t *req, gen_parse_fn parse,
+                                proto_generate_req_t *gr, const char **id)
 {
-    api_app_t *app = ud;
-    const char *id = path_id(req);
-    if (!id)
-        return;
+    *id = path_id(req);
+    if (!*id)
+        return NULL;
     size_t len = 0;
     const char *body = srv_req_body(req, &len);
-    proto_generate_req_t gr;
     proto_error_t e;
-    if (proto_generate_parse(body, len, &app->limits, &gr, &e) < 0) {
+    if (parse(body, len, &app->limits, gr, &e) < 0) {
         api_reply_proto(req, &e);
-        return;
+        return NULL;
     }
     api_caller_t who;
     api_caller(app, req, &who);
     srv_session_t *s = NULL;
-    if (api_session_check(app, req, &who, id) < 0 || api_session_acquire(app, req, id, &s)) {
-        proto_generate_free(&gr);
-        return;
+    if (api_session_check(app, req, &who, *id) < 0 || api_session_acquire(app, req, *id, &s)) {
+        proto_generate_free(gr);
+        return NULL;
     }
+    return s;
+}
+
+static void h_generate(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = NULL;
+    proto_generate_req_t gr;
+    srv_session_t *s = gen_begin(app, req, proto_generate_parse, &gr, &id);
+    if (!s)
+        return;
     int32_t *ids = NULL;
     size_t n = 0;
     int chat = 0;
@@ -934,24 +950,11 @@ static void h_generate(srv_req_t *req, void *ud)
 static void h_regenerate(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
-    const char *id = path_id(req);
-    if (!id)
-        return;
-    size_t len = 0;
-    const char *body = srv_req_body(req, &len);
+    const char *id = NULL;
     proto_generate_req_t gr;
-    proto_error_t e;
-    if (proto_regenerate_parse(body, len, &app->limits, &gr, &e) < 0) {
-        api_reply_proto(req, &e);
+    srv_session_t *s = gen_begin(app, req, proto_regenerate_parse, &gr, &id);
+    if (!s)
         return;
-    }
-    api_caller_t who;
-    api_caller(app, req, &who);
-    srv_session_t *s = NULL;
-    if (api_session_check(app, req, &who, id) < 0 || api_session_acquire(app, req, id, &s)) {
-        proto_generate_free(&gr);
-        return;
-    }
     int rc = srv_store_redo_begin(app->store, s);
     if (rc == SRV_STORE_EEVICTED) { /* not read yet: on the I/O thread, then again */
         srv_store_release(app->store, s, 0);
