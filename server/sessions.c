@@ -93,8 +93,8 @@ struct srv_session {
     /* the turn in progress (srv_store_turn_begin .. release) */
     int in_turn;
     int turn_link;       /* its release links the file (the state before it) as a checkpoint */
-    int64_t turns0, tokens0;
-    size_t bytes0;
+    int64_t turns0, tokens0; /* at its start: the count, the history length */
+    size_t bytes0;           /* and the blob size (of the file when it is current) */
     unsigned prev_flags; /* the last turn before it (srv_store_turn_abort) */
     int32_t *prev_in;
     size_t n_prev_in;
@@ -1704,8 +1704,11 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
         free(buf);
     }
     pthread_mutex_lock(&st->mu);
-    int64_t tokens0 = s->tokens;
-    size_t bytes0 = s->state_bytes, file0 = s->disk_bytes;
+    /* what the file holds, for a failed write (a turn or a redo refreshed
+     * the cached values when it began) */
+    const int began = s->in_turn || s->redo;
+    int64_t tokens0 = began ? s->tokens0 : s->tokens;
+    size_t bytes0 = began ? s->bytes0 : s->state_bytes, file0 = s->disk_bytes;
     refresh(st, s);
     if (write) {
         if (rc == 0) {
@@ -2396,6 +2399,7 @@ int srv_store_turn_begin(srv_store_t *st, srv_session_t *s, const int32_t *input
     s->in_turn = 1;
     s->turns0 = s->turns;
     s->tokens0 = ctx_tokens(&s->ctx);
+    s->bytes0 = s->state_bytes;
     s->dirty0 = s->dirty;
     /* the file holds the state as it is now: the turn's checkpoint */
     s->turn_link = st->max_ckpt > 0 && s->on_disk && !s->dirty && !s->redo;
@@ -2583,6 +2587,8 @@ int srv_store_redo_begin(srv_store_t *st, srv_session_t *s)
         memset(&s->prep, 0, sizeof s->prep);
         s->turn_open = s->prep_turn_open;
         s->has_chat = s->prep_has_chat;
+        s->tokens0 = s->tokens;
+        s->bytes0 = s->state_bytes;
         s->dirty0 = s->dirty;
         s->dirty = 1;
         s->redo = 1;

@@ -306,3 +306,37 @@ def test_no_checkpoints(servers):
     e = error(rollback(srv, sid, 1, status=409), "checkpoint_not_found", "turns")
     assert "keeps none" in e["message"]
     error(regenerate(srv, sid, status=409), "checkpoint_not_found")
+
+
+def test_a_turn_the_disk_refuses_leaves_the_checkpoints_as_they_were(servers, tmp_path):
+    """A full or read-only disk (server/store_fault.c): the turn is 507 and
+    not in the session, its checkpoint is not made, a rollback that cannot
+    rename is 507 and changes nothing, a regenerate whose reply cannot be
+    saved leaves the previous reply; all works again when the disk does."""
+    fault = tmp_path / "fault"
+    fault.write_text("none")
+    srv = servers(name="f", session_dir=str(tmp_path / "sess"),
+                  env={"DARKSERVE_TEST_FAULT_FILE": str(fault)})
+    sid = create(srv, {"system": "sys"})
+    r = [turn(srv, sid, f"q{i}") for i in range(2)]
+    before = info(srv, sid)
+    for mode in ("enospc", "erofs"):
+        fault.write_text(mode)
+        st, e, _ = srv.post(f"/v1/sessions/{sid}/generate",
+                            {"messages": [{"role": "user", "content": "q2"}], "max_tokens": 4,
+                             "stream": False})
+        assert st == 507, e
+        error(e, "insufficient_storage")
+        fault.write_text("none")
+        assert info(srv, sid)["checkpoints"] == before["checkpoints"]
+        assert info(srv, sid)["turns"] == 2 and ckpt_files(srv, sid) == [0, 1]
+    fault.write_text("erofs")
+    error(rollback(srv, sid, 1, status=507), "insufficient_storage")
+    fault.write_text("enospc")
+    st, e, _ = srv.post(f"/v1/sessions/{sid}/regenerate", {"max_tokens": 6, "seed": 3,
+                                                           "temperature": 1.5, "stream": False})
+    assert st == 507, e
+    fault.write_text("none")
+    assert info(srv, sid) == dict(before, last_used=info(srv, sid)["last_used"])
+    assert regenerate(srv, sid, max_tokens=6, temperature=0)["tokens"] == r[1]["tokens"]
+    assert rollback(srv, sid, 1)["tokens"] == r[0]["session"]["tokens"]

@@ -1761,6 +1761,69 @@ out:
     free(dir2);
 }
 
+/* A turn or a redo whose write fails is not in the session: the count,
+ * the cached size and tokens, the checkpoints and the files are as before,
+ * and the store goes on from the file. */
+TEST(failed_writes_leave_turns_as_they_were)
+{
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_ckpt_store(dir, 4, 0);
+    srv_seq_ctx_t b2 = {0};
+    if (!st)
+        goto out;
+    char id[33];
+    make_session(st, model, 350, 1, id);
+    one_turn(st, id, 1, SRV_TURN_REPLY, NULL);
+    one_turn(st, id, 2, SRV_TURN_REPLY, &b2);
+    srv_session_info_t in0, in;
+    CHECK_INT_EQ(srv_store_info(st, id, &in0), 0);
+    hook_t h = {.budget = 0};
+    srv_store_set_write_fn(st, hook_write, &h);
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    const int32_t x[3] = {4, 5, 6};
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 3, SRV_TURN_REPLY), 0);
+    advance(model, srv_session_ctx(s), 9, 351);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_ENOSPACE);
+    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK(in.turns == in0.turns && in.tokens == in0.tokens &&
+          in.state_bytes == in0.state_bytes && in.n_checkpoints == in0.n_checkpoints);
+    const int64_t w[] = {0, 1};
+    check_ckpts(st, dir, id, 2, w, 2, "after a failed turn");
+    /* a redo whose reply cannot be saved (the failed write sent the
+     * session back to its file: read it first, as the API does) */
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s), 0);
+    advance(model, srv_session_ctx(s), 3, 352);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_ENOSPACE);
+    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK(in.turns == in0.turns && in.tokens == in0.tokens &&
+          in.state_bytes == in0.state_bytes);
+    check_ckpts(st, dir, id, 2, w, 2, "after a failed redo");
+    srv_store_set_write_fn(st, NULL, NULL);
+    /* the last turn is still the one the file holds */
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    unsigned fl = 0;
+    const int32_t *li = NULL;
+    size_t nl = 0;
+    CHECK_INT_EQ(srv_session_last_turn(s, &fl, &li, &nl), 1);
+    CHECK(nl == 2 && li && li[0] == 2);
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 1, NULL), 0);
+    srv_seq_ctx_t r = copy_ctx(model, &b2);
+    check_same(st, model, id, &r, "rollback after failed writes");
+    srv_store_free(st);
+out:
+    if (b2.state)
+        free_ctx(&b2);
+    rm_rf(dir);
+    free(dir);
+}
+
 /* The directory's budgets take checkpoints (oldest first, of the least
  * recently used sessions) before any session. */
 TEST(disk_budget_takes_checkpoints_first)
@@ -1834,6 +1897,7 @@ int main(void)
     RUN(redo_replaces_the_last_turn);
     RUN(checkpoints_export_import);
     RUN(disk_budget_takes_checkpoints_first);
+    RUN(failed_writes_leave_turns_as_they_were);
     core_model_free(model);
     core_model_free(model_x);
     return CHECK_DONE();
