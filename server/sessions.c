@@ -684,7 +684,7 @@ static int io_code(int e)
 static int write_file_link(srv_store_t *st, const char *id, const unsigned char *buf, size_t len,
                            const char *link_as, int *linked)
 {
-    char tmp[ID_LEN + sizeof TMP_SUFFIX], eb[128];
+    char tmp[CKPT_NAME_MAX + sizeof TMP_SUFFIX], eb[128]; /* a checkpoint's name, too */
     snprintf(tmp, sizeof tmp, "%s" TMP_SUFFIX, id);
     int fd = fault(st, "create")
                  ? -1

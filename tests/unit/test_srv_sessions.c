@@ -1481,6 +1481,29 @@ static void check_ckpts(srv_store_t *st, const char *dir, const char *id, int64_
     }
 }
 
+/* 1 if dir holds only ".lock", session files and checkpoint files
+ * ("<id>.<digits>"): no temp file or other name left behind. */
+static int dir_clean(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int ok = d != NULL;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        size_t l = strlen(n), i = 33;
+        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, ".lock") || l == 32)
+            continue;
+        int ckpt = l > 33 && n[32] == '.';
+        for (; ckpt && i < l; i++)
+            ckpt = n[i] >= '0' && n[i] <= '9';
+        CHECK_MSG(ckpt, "unexpected file %s/%s", dir, n);
+        ok &= ckpt;
+    }
+    if (d)
+        closedir(d);
+    return ok;
+}
+
 /* The state before each turn is kept (a link of the file it replaces), the
  * newest K; a rollback renames one back and deletes the later ones; a
  * restart finds them, and deletes files a crash left past the count. */
@@ -1502,6 +1525,7 @@ TEST(turn_checkpoints_and_rollback)
     }
     const int64_t w5[] = {2, 3, 4};
     check_ckpts(st, dir, id, 5, w5, 3, "after 5 turns");
+    CHECK(dir_clean(dir));
     /* a checkpoint shares its file's inode with the state it was: no copy */
     srv_session_info_t in;
     CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
@@ -1703,6 +1727,7 @@ TEST(checkpoints_export_import)
     CHECK_MSG(srv_store_import(st2, id2, blob, len, err, sizeof err) == 0, "import: %s", err);
     const int64_t w[] = {1, 2}; /* st2 keeps 2 */
     check_ckpts(st2, dir2, id2, 3, w, 2, "imported");
+    CHECK(dir_clean(dir2));
     CHECK_INT_EQ(srv_store_rollback(st2, id2, 1, NULL), 0);
     srv_seq_ctx_t r = copy_ctx(model, &before[3]);
     check_same(st2, model, id2, &r, "imported checkpoint");
