@@ -6,7 +6,9 @@
  *     $(pkg-config --libs openblas) -lpcre2-8 -lm -lpthread -o build/make_seeds
  *   build/make_seeds
  * State seeds: blobs of exact and Performer states of the tiny model after
- * 0, 3 and 40 tokens, with and without sampler, pending tokens and owner.
+ * 0, 3 and 40 tokens, with and without sampler, pending tokens and owner,
+ * and (version 2) the state after 40 tokens carrying those after 0 and 3 as
+ * its checkpoints.
  * Adapter seeds: v2 adapters for the tiny model's shape (DARKFormer with
  * decays and mixing weights, DARKFormer-IS with lambda). */
 #include <stdint.h>
@@ -37,6 +39,7 @@ static void state_seeds(core_attn_kind_t kind, int window, const char *tag)
     core_model_t *m = fuzz_load_tiny(kind, window, NULL);
     const char *fp = core_model_info(m)->fingerprint;
     static const int64_t lens[] = {0, 3, 40};
+    core_state_part_t parts[2] = {{NULL, 0}, {NULL, 0}};
     for (int li = 0; li < 3; li++) {
         core_attn_state_t *st = NULL;
         core_error_t err = {0};
@@ -67,11 +70,27 @@ static void state_seeds(core_attn_kind_t kind, int window, const char *tag)
             snprintf(name, sizeof name, "%s_pos%d%s.dsst", tag, (int)lens[li],
                      full ? "_full" : "");
             put("state", name, b, len);
+            if (full && li < 2) { /* kept: the checkpoints of the last seed */
+                parts[li] = (core_state_part_t){b, len};
+                continue;
+            }
+            if (full && li == 2) {
+                d.checkpoints = parts;
+                d.n_checkpoints = 2;
+                size_t cap2 = core_state_desc_size(&d);
+                void *b2 = malloc(cap2);
+                FUZZ_REQUIRE(b2 && core_state_save(&d, b2, cap2, &len, &err) == 0);
+                snprintf(name, sizeof name, "%s_pos40_checkpoints.dsst", tag);
+                put("state", name, b2, len);
+                free(b2);
+            }
             free(b);
         }
         core_sampler_free(smp);
         core_attn_state_free(st);
     }
+    free((void *)(uintptr_t)parts[0].blob);
+    free((void *)(uintptr_t)parts[1].blob);
     core_model_free(m);
 }
 
