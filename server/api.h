@@ -19,7 +19,8 @@
  *                   engine / store errors -> HTTP statuses (DESIGN.md §1)
  *
  *   api_io.c        the I/O thread: store work that reads or writes whole
- *                   states (fork, export, import, delete, the write at the
+ *                   states (fork, export, import, delete, rollback, the
+ *                   checkpoint a regenerate starts from, the write at the
  *                   end of a request, the sweep), off the loop
  *
  * Threads: everything here runs on the loop thread, except the engine's

@@ -5,7 +5,9 @@
  * state, sampler (RNG + penalty history) and pending tokens (server/engine.h,
  * srv_seq_ctx_t), plus a little metadata. Its file in the session directory
  * is the core/state.h blob named by the id, whose owner section holds
- * {created, last_used, turn_open, has_chat}; writes are atomic (temp file,
+ * {created, last_used, turn_open, has_chat, owner tag, turns, the last
+ * turn's flags and input} (and its checkpoints are files beside it, see
+ * "Turns and checkpoints"); writes are atomic (temp file,
  * fsync, rename, fsync of the directory), so a crash leaves either the old or
  * the new file, never a torn one. A restarted server finds its sessions in
  * the directory (files for another model are left alone and not listed; a
