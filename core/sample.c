@@ -68,6 +68,18 @@ int core_sample_params_validate(const core_sample_params_t *p, core_error_t *err
     if (p->n_logprobs < 0 || p->n_logprobs > CORE_SAMPLE_MAX_LOGPROBS)
         return core_error_set(err, CORE_EINVAL, "n_logprobs must be in [0, %d] (got %d)",
                               CORE_SAMPLE_MAX_LOGPROBS, (int)p->n_logprobs);
+    if (p->n_bias < 0 || p->n_bias > CORE_SAMPLE_MAX_BIAS)
+        return core_error_set(err, CORE_EINVAL, "n_bias must be in [0, %d] (got %d)",
+                              CORE_SAMPLE_MAX_BIAS, (int)p->n_bias);
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        float b = p->bias[i].bias;
+        if (p->bias[i].id < 0)
+            return core_error_set(err, CORE_EINVAL, "bias[%d]: token id %d is negative", (int)i,
+                                  (int)p->bias[i].id);
+        if (!isfinite(b) || !(b >= -CORE_SAMPLE_BIAS_LIMIT && b <= CORE_SAMPLE_BIAS_LIMIT))
+            return core_error_set(err, CORE_EINVAL, "bias[%d] must be in [-100, 100] (got %g)",
+                                  (int)i, (double)b);
+    }
     return 0;
 }
 
@@ -298,30 +310,19 @@ static void argmax(const float *z, int64_t V, float *zmax, int32_t *best)
     *best = b;
 }
 
-/* Step 1 on a copy of the logits, checking them and finding the argmax on the
- * way (lowest id on ties). */
-static int load_logits(const core_sampler_t *s, const float *logits, int64_t V, float *z,
-                       float *zmax, int32_t *best, core_error_t *err)
+/* A finite logit moved past the float range stays at its edge. */
+static float clamp_finite(double v)
 {
-    float m = -INFINITY;
-    int32_t b = 0;
-    for (int64_t i = 0; i < V; i++) {
-        float x = logits[i];
-        /* One test for NaN and +inf: both fail x < +inf. The constant is
-         * returned so that the analyzer sees *zmax is only read on success. */
-        if (!(x < INFINITY)) {
-            core_error_set(err, CORE_EINVAL, "logits[%lld] is %s", (long long)i,
-                           isnan(x) ? "NaN" : "+inf");
-            return CORE_EINVAL;
-        }
-        z[i] = x;
-        if (x > m) {
-            m = x;
-            b = (int32_t)i;
-        }
-    }
-    *zmax = m;
-    *best = b;
+    if (v > FLT_MAX)
+        return FLT_MAX;
+    if (v < -FLT_MAX && !isinf(v))
+        return -FLT_MAX;
+    return (float)v;
+}
+
+/* Step 1 on z[V]; 0 when it changed nothing. */
+static int apply_penalties(const core_sampler_t *s, float *z, int64_t V)
+{
     const core_sample_params_t *p = &s->p;
     if (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f)
         return 0;
@@ -351,14 +352,47 @@ static int load_logits(const core_sampler_t *s, const float *logits, int64_t V, 
             v *= p->repeat_penalty;
         v -= c * p->frequency_penalty + p->presence_penalty;
         /* A tiny repeat_penalty can push a finite logit past FLT_MAX. */
-        if (v > FLT_MAX)
-            v = FLT_MAX;
-        else if (v < -FLT_MAX && !isinf(v))
-            v = -FLT_MAX;
-        z[t] = (float)v;
+        z[t] = clamp_finite(v);
     }
-    /* Penalties can move the maximum either way. */
-    argmax(z, V, zmax, best);
+    return 1;
+}
+
+/* Steps 0 and 1 on a copy of the logits, checking them and finding the
+ * argmax on the way (lowest id on ties). */
+static int load_logits(const core_sampler_t *s, const float *logits, int64_t V,
+                       const uint64_t *allow, float *z, float *zmax, int32_t *best,
+                       core_error_t *err)
+{
+    float m = -INFINITY;
+    int32_t b = 0;
+    for (int64_t i = 0; i < V; i++) {
+        float x = logits[i];
+        /* One test for NaN and +inf: both fail x < +inf. The constant is
+         * returned so that the analyzer sees *zmax is only read on success. */
+        if (!(x < INFINITY)) {
+            core_error_set(err, CORE_EINVAL, "logits[%lld] is %s", (long long)i,
+                           isnan(x) ? "NaN" : "+inf");
+            return CORE_EINVAL;
+        }
+        if (allow && !((allow[i >> 6] >> (i & 63)) & 1u))
+            x = -INFINITY;
+        z[i] = x;
+        if (x > m) {
+            m = x;
+            b = (int32_t)i;
+        }
+    }
+    *zmax = m;
+    *best = b;
+    const core_sample_params_t *p = &s->p;
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        int32_t t = p->bias[i].id;
+        if ((int64_t)t < V && z[t] > -INFINITY)
+            z[t] = clamp_finite((double)z[t] + (double)p->bias[i].bias);
+    }
+    /* Bias and penalties can move the maximum either way. */
+    if (apply_penalties(s, z, V) || p->n_bias)
+        argmax(z, V, zmax, best);
     return 0;
 }
 
@@ -552,28 +586,36 @@ static int check_call(const float *logits, int64_t V, core_error_t *err)
     return 0;
 }
 
-/* Checks, reserves, applies step 1 and finds the argmax. */
+/* Checks, reserves, applies steps 0 and 1 and finds the argmax. */
 static int prepare(const core_sampler_t *s, core_sample_ws_t *ws, const float *logits, int64_t V,
-                   float *zmax, int32_t *best, core_error_t *err)
+                   const uint64_t *allow, float *zmax, int32_t *best, core_error_t *err)
 {
     int rc;
     if ((rc = check_call(logits, V, err)) != 0)
         return rc;
     if ((rc = ws_reserve(ws, V, err)) != 0)
         return rc;
-    if ((rc = load_logits(s, logits, V, ws->z, zmax, best, err)) != 0)
+    if ((rc = load_logits(s, logits, V, allow, ws->z, zmax, best, err)) != 0)
         return rc;
     if (!(*zmax > -INFINITY))
-        return core_error_set(err, CORE_EINVAL, "every logit is -inf");
+        return core_error_set(err, CORE_EINVAL, "%s",
+                              allow ? "no allowed token has a finite logit" : "every logit is -inf");
     return 0;
 }
 
 int core_sampler_sample(core_sampler_t *s, core_sample_ws_t *ws, const float *logits, int64_t V,
                         core_sample_result_t *res, core_error_t *err)
 {
+    return core_sampler_sample_masked(s, ws, logits, V, NULL, res, err);
+}
+
+int core_sampler_sample_masked(core_sampler_t *s, core_sample_ws_t *ws, const float *logits,
+                               int64_t V, const uint64_t *allow, core_sample_result_t *res,
+                               core_error_t *err)
+{
     float zmax;
     int32_t tok;
-    int rc = prepare(s, ws, logits, V, &zmax, &tok, err);
+    int rc = prepare(s, ws, logits, V, allow, &zmax, &tok, err);
     if (rc)
         return rc;
     const core_sample_params_t *p = &s->p;
@@ -627,9 +669,16 @@ int core_sampler_dist(const core_sampler_t *s, core_sample_ws_t *ws, const float
                       int64_t V, int32_t *ids, double *probs, size_t cap, size_t *n_out,
                       core_error_t *err)
 {
+    return core_sampler_dist_masked(s, ws, logits, V, NULL, ids, probs, cap, n_out, err);
+}
+
+int core_sampler_dist_masked(const core_sampler_t *s, core_sample_ws_t *ws, const float *logits,
+                             int64_t V, const uint64_t *allow, int32_t *ids, double *probs,
+                             size_t cap, size_t *n_out, core_error_t *err)
+{
     float zmax;
     int32_t best;
-    int rc = prepare(s, ws, logits, V, &zmax, &best, err);
+    int rc = prepare(s, ws, logits, V, allow, &zmax, &best, err);
     *n_out = 0;
     if (rc)
         return rc;

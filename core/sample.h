@@ -13,6 +13,10 @@
  *   core_stop_t       stop-string matcher over the decoded text stream.
  *
  * The sampling pipeline (llama.cpp's order), on V logits:
+ *   0. logit bias: z_t += bias for every (t, bias) of params.bias (ids >= V
+ *      are ignored); then, with a mask (core_sampler_sample_masked, e.g. a
+ *      grammar's), every token whose bit is 0 gets -inf, so it can never be
+ *      drawn whatever the later steps do.
  *   1. penalties over the last repeat_last_n tokens of the ring, per distinct
  *      token t seen c times there:
  *        repeat_penalty r (llama.cpp): z_t = z_t > 0 ? z_t / r : z_t * r
@@ -33,8 +37,8 @@
  *
  * Reported log-probabilities (core_sample_result_t): log-softmax of the
  * penalized logits divided by the temperature (1 when greedy), over the WHOLE
- * vocabulary — the distribution after penalties and temperature, before the
- * top-k / top-p / min-p truncation. This is what OpenAI-style `logprobs`
+ * vocabulary — the distribution after bias, mask, penalties and temperature,
+ * before the top-k / top-p / min-p truncation (a masked token has -inf). This is what OpenAI-style `logprobs`
  * report; the alternatives are the n_logprobs most likely tokens of that
  * distribution, whether or not the truncation kept them.
  */
@@ -49,6 +53,13 @@
 #define CORE_SAMPLE_HISTORY 256           /* ring size: tokens kept for penalties */
 #define CORE_SAMPLE_MAX_LOGPROBS 20       /* most alternatives one sample reports */
 #define CORE_SAMPLE_MAX_VOCAB (1 << 22)   /* largest V accepted (bounds the scratch) */
+#define CORE_SAMPLE_MAX_BIAS 1024         /* logit bias entries */
+#define CORE_SAMPLE_BIAS_LIMIT 100.0f     /* |bias| <= this (OpenAI's range) */
+
+typedef struct core_logit_bias {
+    int32_t id;  /* >= 0; an id >= V is ignored */
+    float bias;  /* [-100, 100], added to the token's logit */
+} core_logit_bias_t;
 
 typedef struct core_sample_params {
     float temperature;       /* >= 0; 0 = greedy (so is any T whose 1/T
@@ -63,10 +74,12 @@ typedef struct core_sample_params {
     float frequency_penalty; /* [-2, 2]; 0 = off */
     uint64_t seed;           /* RNG seed used by core_sampler_new / _seed */
     int32_t n_logprobs;      /* 0..CORE_SAMPLE_MAX_LOGPROBS alternatives to report */
+    int32_t n_bias;          /* 0..CORE_SAMPLE_MAX_BIAS entries of bias */
+    core_logit_bias_t bias[CORE_SAMPLE_MAX_BIAS]; /* step 0; an id listed twice adds twice */
 } core_sample_params_t;
 
 /* Neutral parameters: temperature 1, every filter and penalty off,
- * repeat_last_n 64, seed 0, no alternatives. */
+ * repeat_last_n 64, seed 0, no alternatives, no bias. */
 void core_sample_params_default(core_sample_params_t *p);
 
 /* 0, or CORE_EINVAL with a message that names the offending field. */
@@ -128,6 +141,13 @@ size_t core_sampler_history(const core_sampler_t *s, int32_t *out, size_t cap);
  * the history and fills *res (caller-owned). ws is used as scratch. */
 int core_sampler_sample(core_sampler_t *s, core_sample_ws_t *ws, const float *logits, int64_t V,
                         core_sample_result_t *res, core_error_t *err);
+/* The same with a mask: allow[(V + 63) / 64] (borrowed; bit t % 64 of word
+ * t / 64) says which tokens may be drawn; NULL allows all. Every other
+ * setting applies as without it, over the allowed tokens. When no allowed
+ * token has a finite logit: CORE_EINVAL, nothing drawn. */
+int core_sampler_sample_masked(core_sampler_t *s, core_sample_ws_t *ws, const float *logits,
+                               int64_t V, const uint64_t *allow, core_sample_result_t *res,
+                               core_error_t *err);
 
 /* The distribution step 7 would draw from, without drawing or touching the
  * history: the surviving token ids in ascending order and their normalized
@@ -137,6 +157,10 @@ int core_sampler_sample(core_sampler_t *s, core_sample_ws_t *ws, const float *lo
 int core_sampler_dist(const core_sampler_t *s, core_sample_ws_t *ws, const float *logits,
                       int64_t V, int32_t *ids, double *probs, size_t cap, size_t *n_out,
                       core_error_t *err);
+/* core_sampler_dist under a mask (as core_sampler_sample_masked). */
+int core_sampler_dist_masked(const core_sampler_t *s, core_sample_ws_t *ws, const float *logits,
+                             int64_t V, const uint64_t *allow, int32_t *ids, double *probs,
+                             size_t cap, size_t *n_out, core_error_t *err);
 
 /* ---- saved state: RNG position + history ring ----
  *

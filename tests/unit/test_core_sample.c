@@ -55,6 +55,10 @@ static void ref_penalize(const core_sample_params_t *p, const int32_t *hist, siz
             count[hist[i]]++;
     for (int64_t i = 0; i < V; i++) {
         double v = logits[i];
+        /* step 0: the bias, rounded to float like the logits it joins */
+        for (int32_t b = 0; b < p->n_bias; b++)
+            if (p->bias[b].id == i && !isinf(v))
+                v = (float)(v + (double)p->bias[b].bias);
         if (count[i] > 0) {
             if (v > 0)
                 v = v / p->repeat_penalty;
@@ -300,6 +304,8 @@ TEST(test_against_reference)
     core_rng_seed(&r, 12345);
     core_sample_ws_t *ws = core_sample_ws_new();
     float *logits = malloc(6000 * sizeof *logits);
+    float *mlogits = malloc(6000 * sizeof *mlogits);
+    char *masked = calloc(6000, 1);
     int32_t *ids = malloc(8192 * sizeof *ids);
     double *probs = malloc(8192 * sizeof *probs);
     double *lp = malloc(6000 * sizeof *lp);
@@ -332,12 +338,44 @@ TEST(test_against_reference)
             hist[i] = (int32_t)(core_rng_u64(&r) % (uint64_t)range);
             core_sampler_accept(s, hist[i], NULL);
         }
+        /* logit bias on some tokens (ids past V too), a mask on some trials */
+        int use_mask = core_rng_u64(&r) % 3 == 0;
+        if (core_rng_u64(&r) % 3 == 0) {
+            static const float biases[] = {-100.0f, 100.0f, -3.5f, 0.25f, 7.0f, -0.5f};
+            p.n_bias = 1 + (int32_t)(core_rng_u64(&r) % 20);
+            for (int32_t b = 0; b < p.n_bias; b++) {
+                p.bias[b].id = (int32_t)(core_rng_u64(&r) % (uint64_t)(V + 5));
+                p.bias[b].bias = biases[core_rng_u64(&r) % 6];
+            }
+            core_error_t e = {0};
+            CHECK(core_sampler_set_params(s, &p, &e) == 0);
+        }
         for (int step = 0; step < 3; step++) {
             random_logits(&r, logits, V, scale, step == 1);
-            ref_distribution(&p, hist, nh, logits, V, ref);
+            /* the mask keeps about 2/3 of the tokens and one finite logit at least; the
+             * reference sees the masked tokens as -inf */
+            uint64_t allow[(6000 + 63) / 64];
+            if (use_mask) {
+                memset(allow, 0, sizeof allow);
+                int64_t keep = (int64_t)(core_rng_u64(&r) % (uint64_t)V);
+                while (isinf(logits[keep]))
+                    keep = (keep + 1) % V;
+                for (int64_t i = 0; i < V; i++)
+                    if (i == keep || core_rng_u64(&r) % 3 != 0)
+                        allow[i / 64] |= 1ull << (i % 64);
+                    else
+                        masked[i] = 1;
+                for (int64_t i = 0; i < V; i++)
+                    mlogits[i] = masked[i] ? -INFINITY : logits[i];
+                memset(masked, 0, (size_t)V);
+            } else {
+                memcpy(mlogits, logits, (size_t)V * sizeof *logits);
+            }
+            const uint64_t *mask = use_mask ? allow : NULL;
+            ref_distribution(&p, hist, nh, mlogits, V, ref);
             size_t n = 0;
             core_error_t e = {0};
-            int rc = core_sampler_dist(s, ws, logits, V, ids, probs, 8192, &n, &e);
+            int rc = core_sampler_dist_masked(s, ws, logits, V, mask, ids, probs, 8192, &n, &e);
             CHECK_MSG(rc == 0, "dist: %s", e.msg);
             trials++;
             if (ref->margin < 1e-6) {
@@ -353,9 +391,11 @@ TEST(test_against_reference)
             /* The draw: the shadow RNG gives the same u the sampler uses. */
             double u = p.temperature > 0 ? core_rng_uniform(&shadow) : 0.0, dm = INFINITY;
             int32_t want = p.temperature > 0 ? ref_draw(ref, u, &dm) : ref->ids[0];
-            ref_logprobs(&p, hist, nh, logits, V, lp);
+            ref_logprobs(&p, hist, nh, mlogits, V, lp);
             core_sample_result_t res;
-            rc = core_sampler_sample(s, ws, logits, V, &res, &e);
+            rc = core_sampler_sample_masked(s, ws, logits, V, mask, &res, &e);
+            if (mask)
+                CHECK((mask[res.token / 64] >> (res.token % 64)) & 1);
             CHECK_MSG(rc == 0, "sample: %s", e.msg);
             if (ref->margin >= 1e-6 && dm >= 1e-6) {
                 compared_draw++;
@@ -398,10 +438,56 @@ TEST(test_against_reference)
     printf("  reference: %d cases, %d distributions and %d draws compared, %d skipped\n", trials,
            compared_dist, compared_draw, skipped);
     free(logits);
+    free(mlogits);
+    free(masked);
     free(ids);
     free(probs);
     free(lp);
     free(ref);
+    core_sample_ws_free(ws);
+}
+
+/* Bias and mask by hand: +100 forces a token, -100 bans it, a mask beats
+ * any bias, and no allowed finite logit is an error. */
+TEST(test_bias_and_mask)
+{
+    core_sample_params_t p;
+    core_sample_params_default(&p);
+    float logits[5] = {0.0f, 1.0f, 2.0f, 3.0f, -INFINITY};
+    core_sample_ws_t *ws = core_sample_ws_new();
+    core_error_t e = {0};
+    core_sample_result_t res;
+    p.n_bias = 2;
+    p.bias[0] = (core_logit_bias_t){0, 100.0f};
+    p.bias[1] = (core_logit_bias_t){4, 100.0f}; /* -inf stays -inf */
+    core_sampler_t *s = new_sampler(&p);
+    for (int i = 0; i < 50; i++) {
+        CHECK(core_sampler_sample(s, ws, logits, 5, &res, &e) == 0);
+        CHECK(res.token == 0);
+    }
+    uint64_t allow = (1u << 1) | (1u << 2);
+    for (int i = 0; i < 50; i++) {
+        CHECK(core_sampler_sample_masked(s, ws, logits, 5, &allow, &res, &e) == 0);
+        CHECK(res.token == 1 || res.token == 2);
+    }
+    p.temperature = 0.0f;
+    p.bias[0] = (core_logit_bias_t){3, -100.0f};
+    p.n_bias = 1;
+    CHECK(core_sampler_set_params(s, &p, &e) == 0);
+    CHECK(core_sampler_sample(s, ws, logits, 5, &res, &e) == 0 && res.token == 2);
+    allow = 1u << 4; /* only the -inf token */
+    CHECK(core_sampler_sample_masked(s, ws, logits, 5, &allow, &res, &e) == CORE_EINVAL);
+    CHECK(strstr(e.msg, "no allowed token") != NULL);
+    /* validation names the entry */
+    p.bias[0].bias = 100.5f;
+    CHECK(core_sampler_set_params(s, &p, &e) == CORE_EINVAL && strstr(e.msg, "bias[0]"));
+    p.bias[0] = (core_logit_bias_t){-1, 1.0f};
+    CHECK(core_sampler_set_params(s, &p, &e) == CORE_EINVAL);
+    p.bias[0] = (core_logit_bias_t){1, NAN};
+    CHECK(core_sampler_set_params(s, &p, &e) == CORE_EINVAL);
+    p.n_bias = CORE_SAMPLE_MAX_BIAS + 1;
+    CHECK(core_sampler_set_params(s, &p, &e) == CORE_EINVAL && strstr(e.msg, "n_bias"));
+    core_sampler_free(s);
     core_sample_ws_free(ws);
 }
 
@@ -1196,6 +1282,7 @@ int main(void)
     RUN(test_defaults_valid);
     RUN(test_validation_names_field);
     RUN(test_against_reference);
+    RUN(test_bias_and_mask);
     RUN(test_frequencies_match_softmax);
     RUN(test_greedy);
     RUN(test_top_k_1_is_greedy);
