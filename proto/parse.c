@@ -6,6 +6,7 @@
  * and states the accepted range, so a 400 is enough to fix the request.
  */
 #include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -401,6 +402,8 @@ void px_gen_params_free(proto_gen_params_t *p)
     px_free(p->model);
     for (size_t i = 0; i < p->n_stop; i++)
         px_free(p->stop[i]);
+    px_free(p->grammar);
+    px_free(p->logit_bias);
     memset(p, 0, sizeof *p);
 }
 
@@ -528,6 +531,61 @@ static int parse_logprobs(json_t *root, enum px_gen_kind kind, proto_gen_params_
     return 0;
 }
 
+/* "logit_bias": {"<token id>": bias, ...}, as OpenAI: ids as decimal strings
+ * (no sign, no leading zeros), each < n_vocab, biases in [-100, 100]. */
+static int parse_logit_bias(json_t *root, const proto_limits_t *lim, proto_gen_params_t *p,
+                            proto_error_t *err)
+{
+    json_t *v = px_get(root, "logit_bias");
+    if (!v)
+        return 0;
+    if (!json_is_object(v))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "logit_bias",
+                               "'logit_bias' must be an object mapping token ids to biases "
+                               "between -100 and 100");
+    size_t n = json_object_size(v);
+    if (n == 0)
+        return 0;
+    if (n > PROTO_MAX_LOGIT_BIAS)
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "logit_bias",
+                               "'logit_bias' has %zu entries; at most %d are allowed", n,
+                               PROTO_MAX_LOGIT_BIAS);
+    p->logit_bias = px_malloc(n * sizeof *p->logit_bias);
+    if (!p->logit_bias)
+        return proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    const int64_t vocab = lim->n_vocab > 0 ? lim->n_vocab : INT32_MAX;
+    const char *key;
+    json_t *b;
+    json_object_foreach(v, key, b)
+    {
+        char ep[PROTO_ERROR_PARAM_MAX];
+        px_paramf(ep, "logit_bias.%.40s", key);
+        size_t kl = strlen(key);
+        int64_t id = 0;
+        int ok = kl >= 1 && kl <= 10 && (key[0] != '0' || kl == 1);
+        for (size_t i = 0; ok && i < kl; i++) {
+            ok = key[i] >= '0' && key[i] <= '9';
+            id = id * 10 + (key[i] - '0');
+        }
+        if (!ok)
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, ep,
+                                   "'%s': the key is not a token id (a decimal integer without "
+                                   "sign or leading zeros)",
+                                   ep);
+        if (id >= vocab)
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, ep,
+                                   "'%s': token id %lld is not in the vocabulary (ids are 0 to "
+                                   "%lld)",
+                                   ep, (long long)id, (long long)vocab - 1);
+        double x = json_is_number(b) ? json_number_value(b) : NAN;
+        if (!(x >= -100.0 && x <= 100.0))
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, ep,
+                                   "'%s' must be a number between -100 and 100", ep);
+        p->logit_bias[p->n_logit_bias++] = (proto_logit_bias_t){(int32_t)id, (float)x};
+    }
+    return 0;
+}
+
 int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kind kind,
                         proto_gen_params_t *p, proto_error_t *err)
 {
@@ -588,9 +646,14 @@ int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kin
             p->session[PROTO_SESSION_ID_LEN] = '\0';
         }
     }
-    json_t *lb = px_get(root, "logit_bias");
-    if (lb && !(json_is_object(lb) && json_object_size(lb) == 0))
-        return proto_error_set(err, PROTO_ERR_UNSUPPORTED, "logit_bias",
-                               "'logit_bias' is not supported");
+    if ((rc = parse_logit_bias(root, lim, p, err)) < 0)
+        return rc;
+    if ((rc = px_read_string(root, "grammar", PROTO_MAX_GRAMMAR_BYTES, &p->grammar,
+                             &p->grammar_len, err)) < 0)
+        return rc;
+    if (p->grammar && p->grammar_len == 0) {
+        px_free(p->grammar);
+        p->grammar = NULL;
+    }
     return 0;
 }

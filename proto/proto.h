@@ -19,8 +19,8 @@
  *   - a field whose value is null is treated as absent;
  *   - integer fields must be JSON integers (16.0 is rejected);
  *   - fields whose meaning darkserve cannot honour (echo: true, tools,
- *     logit_bias, response_format other than text, ...) are rejected with 400
- *     rather than silently ignored.
+ *     response_format other than text, ...) are rejected with 400 rather
+ *     than silently ignored.
  *
  * Responses: each proto_*_json() builder returns a new NUL-terminated compact
  * JSON text (no newline inside) or NULL when out of memory. Release it with
@@ -57,6 +57,8 @@
 #define PROTO_MAX_NAME_BYTES 256     /* model, user */
 #define PROTO_SESSION_ID_LEN 32      /* lowercase hex characters, 128 bits */
 #define PROTO_MAX_LIST_LIMIT 1000    /* GET /v1/sessions?limit= */
+#define PROTO_MAX_GRAMMAR_BYTES (256 << 10) /* "grammar" (core's CORE_GRAMMAR_MAX_TEXT) */
+#define PROTO_MAX_LOGIT_BIAS 1024    /* "logit_bias" entries (core's CORE_SAMPLE_MAX_BIAS) */
 #define PROTO_DEFAULT_LIST_LIMIT 20
 
 /* Defaults used when a proto_limits_t field is 0 (or the pointer is NULL). */
@@ -173,6 +175,12 @@ typedef enum proto_stream_format {
     PROTO_STREAM_NDJSON = 1 /* application/x-ndjson: "<json>\n" */
 } proto_stream_format_t;
 
+/* One "logit_bias" entry: the key (a token id, < n_vocab) and its bias. */
+typedef struct proto_logit_bias {
+    int32_t id;
+    float bias; /* [-100, 100] */
+} proto_logit_bias_t;
+
 /* Generation options shared by completions, chat and session generate. */
 typedef struct proto_gen_params {
     char *model;           /* owned or NULL when absent */
@@ -185,6 +193,11 @@ typedef struct proto_gen_params {
     int stream;            /* 0/1 */
     int include_usage;     /* stream_options.include_usage */
     char session[PROTO_SESSION_ID_LEN + 1]; /* "" when absent */
+    char *grammar;         /* owned, or NULL when absent or "": grammar text (docs/GRAMMAR.md),
+                              at most PROTO_MAX_GRAMMAR_BYTES; the server compiles it */
+    size_t grammar_len;
+    proto_logit_bias_t *logit_bias; /* owned [n_logit_bias], NULL when absent or {} */
+    size_t n_logit_bias;            /* <= PROTO_MAX_LOGIT_BIAS */
 } proto_gen_params_t;
 
 /* ------------------------------------------------- POST /v1/completions */

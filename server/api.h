@@ -358,6 +358,8 @@ struct api_gen {
     char persist_err[256];
 
     size_t reserved; /* bytes of app->state_reserved held by g (given back at the end) */
+    core_grammar_t *grammar; /* the request's "grammar" (api_gen_grammar) or NULL; every job
+                                samples under it; freed with g, after every on_done */
 
     api_gen_t *next_ready; /* app->ready list (under app->mu) */
     int queued;            /* on app->ready (under app->mu) */
@@ -376,8 +378,13 @@ api_gen_t *api_gen_new(api_app_t *app, srv_req_t *req, const api_gen_ops_t *ops,
 /* Makes job slot ji a one-shot context: a fresh attention state and a
  * sampler with params. Returns 0 or a negative CORE_E* (ce). */
 int api_gen_oneshot(api_gen_t *g, size_t ji, const core_sample_params_t *params, core_error_t *ce);
-/* Submits spec for slot ji (notify/on_done/ud/ctx/req_id/deadline filled
- * here). Returns 0 or the engine's error (msg in err). */
+/* Compiles p->grammar, when the request has one, into g->grammar against
+ * the engine's vocabulary (and checks that generation can start under it).
+ * Returns 0, or -1 with e filled: 400 invalid_value, param "grammar", the
+ * message giving the line and column of the fault. */
+int api_gen_grammar(api_gen_t *g, const proto_gen_params_t *p, proto_error_t *e);
+/* Submits spec for slot ji (notify/on_done/ud/ctx/req_id/deadline/grammar
+ * filled here). Returns 0 or the engine's error (msg in err). */
 int api_gen_submit(api_gen_t *g, size_t ji, srv_job_spec_t *spec, char *err, size_t errlen);
 /* Starts the answer (after every job was submitted): streaming = 1 opens the
  * stream now (status 200, content type of fmt, SSE headers and pings);

@@ -37,6 +37,7 @@ static void gen_free_cb(uv_handle_t *h)
     api_app_t *app = g->app;
     if (g->ops && g->ops->free)
         g->ops->free(g->kd);
+    core_grammar_free(g->grammar);
     free(g->held);
     free(g);
     if (--app->handles_open == 0)
@@ -135,9 +136,35 @@ int api_gen_oneshot(api_gen_t *g, size_t ji, const core_sample_params_t *params,
     return 0;
 }
 
+int api_gen_grammar(api_gen_t *g, const proto_gen_params_t *p, proto_error_t *e)
+{
+    if (!p->grammar)
+        return 0;
+    core_error_t ce = {0};
+    core_grammar_state_t st;
+    int rc = core_grammar_new(p->grammar, p->grammar_len, srv_engine_grammar_vocab(g->app->engine),
+                              NULL, &g->grammar, &ce);
+    if (rc == 0) {
+        /* the start state too: a hostile grammar can fail before any text */
+        rc = core_grammar_state_init(&st, g->grammar, &ce);
+        core_grammar_state_clear(&st);
+    }
+    if (rc == CORE_ENOMEM) {
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory compiling 'grammar'");
+        return -1;
+    }
+    if (rc < 0) {
+        proto_error_set(e, PROTO_ERR_INVALID_VALUE, "grammar", "'grammar' is %s: %s",
+                        rc == CORE_ERANGE ? "over a limit" : "invalid", ce.msg);
+        return -1;
+    }
+    return 0;
+}
+
 int api_gen_submit(api_gen_t *g, size_t ji, srv_job_spec_t *spec, char *err, size_t errlen)
 {
     api_gen_job_t *j = &g->jobs[ji];
+    spec->grammar = g->grammar;
     spec->ctx = j->ctx;
     spec->req_id = g->rid;
     spec->notify = job_notify;

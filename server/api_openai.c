@@ -344,6 +344,12 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
         return;
     }
 
+    if (api_gen_grammar(g, p, &ae) < 0) {
+        api_gen_abort(g);
+        inputs_free(in, n_in);
+        api_reply_proto(req, &ae);
+        return;
+    }
     core_sample_params_t sp;
     api_sample_params(p, &sp);
     for (size_t i = 0; i < n_in; i++) {

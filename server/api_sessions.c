@@ -855,6 +855,12 @@ static void sgen_run(api_app_t *app, srv_req_t *req, srv_session_t *s,
         api_reply_admit(req, &ae);
         return;
     }
+    if (api_gen_grammar(g, &gr->p, &ae) < 0) {
+        free(ids);
+        api_gen_abort(g);
+        api_reply_proto(req, &ae);
+        return;
+    }
     const unsigned flags = SRV_TURN_REPLY | (set_chat ? SRV_TURN_CHAT : 0u);
     if (!redo && turn_begin(app, req, s, ids, n, flags) < 0) {
         free(ids);

@@ -55,6 +55,12 @@ void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out)
     out->frequency_penalty = (float)s->frequency_penalty;
     out->seed = s->has_seed ? (uint64_t)s->seed : random_u64();
     out->n_logprobs = p->logprobs > 0 ? p->logprobs : 0;
+    /* proto bounds the entries by PROTO_MAX_LOGIT_BIAS == CORE_SAMPLE_MAX_BIAS */
+    for (size_t i = 0; i < p->n_logit_bias && i < CORE_SAMPLE_MAX_BIAS; i++) {
+        out->bias[i].id = p->logit_bias[i].id;
+        out->bias[i].bias = p->logit_bias[i].bias;
+        out->n_bias = (int32_t)i + 1;
+    }
 }
 
 /* ---- errors ---- */

@@ -150,7 +150,8 @@ typedef struct seq {
     int32_t unfed; /* last sampled token not yet fed, -1 if none */
     int stop_matched;
     core_tok_stream_t ts;
-    core_stop_t *stop; /* owned */
+    core_stop_t *stop;      /* owned */
+    core_grammar_state_t gs; /* with job->grammar: this choice's place in it (owned) */
     int64_t n_gen;
     int64_t t_last_ns;
 } seq_t;
@@ -164,6 +165,7 @@ struct srv_job {
     int64_t max_tokens;
     int n_choices;
     core_sample_params_t params;
+    const core_grammar_t *grammar; /* borrowed until on_done, may be NULL */
     int reseed, ignore_eos;
     char **stops; /* [n_stops], owned */
     size_t n_stops;
@@ -239,6 +241,9 @@ struct srv_engine {
     int64_t running_seqs;
     srv_engine_stats_t st;
     core_sample_ws_t *ws;
+    core_grammar_vocab_t *gvocab; /* the tokenizer's, for grammars (immutable) */
+    core_grammar_ws_t *gws;
+    uint64_t *gmask; /* [CORE_GRAMMAR_MASK_WORDS(V)] */
     core_rng_t seed_rng;
     core_batch_seq_t *batch; /* [max_batch] */
     srv_job_t **bjob;        /* [max_batch] */
@@ -348,6 +353,7 @@ static int flush_tails(srv_engine_t *E, seq_t *s)
 
 static void seq_release(seq_t *s)
 {
+    core_grammar_state_clear(&s->gs);
     if (s->owned) {
         core_attn_state_free(s->state);
         core_sampler_free(s->sampler);
@@ -465,8 +471,24 @@ static void sample_choice(srv_engine_t *E, srv_job_t *j, int i, const float *log
 {
     core_sample_result_t r;
     core_error_t ce = {0};
-    if (core_sampler_sample(j->seqs[i].sampler, E->ws, logits, E->V, &r, &ce) < 0) {
-        set_error(j, ce.code, "sampling choice %d: %s", i, ce.msg);
+    seq_t *s = &j->seqs[i];
+    const uint64_t *allow = NULL;
+    if (j->grammar) {
+        if (core_grammar_mask(&s->gs, E->gws, E->gmask, E->V, &ce) < 0) {
+            set_error(j, ce.code, "grammar of choice %d: %s", i, ce.msg);
+            choice_end(E, j, i, SRV_FINISH_ERROR, 1);
+            return;
+        }
+        allow = E->gmask;
+    }
+    if (core_sampler_sample_masked(s->sampler, E->ws, logits, E->V, allow, &r, &ce) < 0) {
+        set_error(j, ce.code, "sampling choice %d: %s%s", i, ce.msg,
+                  allow ? " (under the grammar)" : "");
+        choice_end(E, j, i, SRV_FINISH_ERROR, 1);
+        return;
+    }
+    if (j->grammar && core_grammar_accept(&s->gs, E->gws, r.token, &ce) < 0) {
+        set_error(j, ce.code, "grammar of choice %d: %s", i, ce.msg);
         choice_end(E, j, i, SRV_FINISH_ERROR, 1);
         return;
     }
@@ -489,7 +511,8 @@ static void job_fork(srv_engine_t *E, srv_job_t *j, int64_t now)
             s->owned = 1;
             if (core_attn_state_new(E->attn, &s->state, &ce) < 0 ||
                 core_attn_state_copy(s->state, s0->state, &ce) < 0 ||
-                core_sampler_clone(s0->sampler, &s->sampler, &ce) < 0) {
+                core_sampler_clone(s0->sampler, &s->sampler, &ce) < 0 ||
+                (j->grammar && core_grammar_state_copy(&s->gs, &s0->gs, &ce) < 0)) {
                 set_error(j, ce.code ? ce.code : CORE_ENOMEM, "fork of choice %d: %s", i, ce.msg);
                 choice_end(E, j, i, SRV_FINISH_ERROR, 1);
                 continue;
@@ -556,6 +579,9 @@ static void job_start(srv_engine_t *E, srv_job_t *j)
         s0->logits = malloc((size_t)E->V * sizeof *s0->logits);
         if (!s0->logits) {
             set_error(j, SRV_ENGINE_ENOMEM, "out of memory for logits");
+            j->end_req = SRV_FINISH_ERROR;
+        } else if (j->grammar && core_grammar_state_init(&s0->gs, j->grammar, &ce) < 0) {
+            set_error(j, ce.code, "grammar: %s", ce.msg);
             j->end_req = SRV_FINISH_ERROR;
         }
     }
@@ -1156,8 +1182,16 @@ int srv_engine_new(core_model_t *model, const core_tokenizer_t *tok, const srv_e
     E->piece_cap = core_tok_stream_max_out(tok);
     E->piece = malloc(E->piece_cap);
     E->ws = core_sample_ws_new();
-    if (!E->running || !E->batch || !E->bjob || !E->bseq || !E->bfail || !E->piece || !E->ws) {
+    E->gws = core_grammar_ws_new();
+    E->gmask = malloc(CORE_GRAMMAR_MASK_WORDS(E->V) * sizeof *E->gmask);
+    if (!E->running || !E->batch || !E->bjob || !E->bseq || !E->bfail || !E->piece || !E->ws ||
+        !E->gws || !E->gmask) {
         rc = fail(err, errlen, SRV_ENGINE_ENOMEM, "out of memory");
+        goto fail;
+    }
+    core_error_t ce = {0};
+    if (core_grammar_vocab_from_tokenizer(tok, &E->gvocab, &ce) < 0) {
+        rc = fail(err, errlen, SRV_ENGINE_ENOMEM, "grammar vocabulary: %s", ce.msg);
         goto fail;
     }
     register_metrics(E);
@@ -1228,6 +1262,9 @@ void srv_engine_free(srv_engine_t *e)
     free(e->piece);
     free(e->txt);
     core_sample_ws_free(e->ws);
+    core_grammar_ws_free(e->gws);
+    core_grammar_vocab_free(e->gvocab);
+    free(e->gmask);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->stop_mu);
@@ -1243,6 +1280,11 @@ void srv_engine_stats(srv_engine_t *e, srv_engine_stats_t *out)
     out->jobs_rejected = e->sub_rejected;
     out->jobs_queue_full = e->sub_queue_full;
     pthread_mutex_unlock(&e->mu);
+}
+
+const core_grammar_vocab_t *srv_engine_grammar_vocab(const srv_engine_t *e)
+{
+    return e->gvocab;
 }
 
 /* ---- public: submit ---- */
@@ -1345,6 +1387,7 @@ int srv_engine_submit(srv_engine_t *e, const srv_job_spec_t *spec, srv_job_t **o
     j->max_tokens = spec->max_tokens;
     j->n_choices = spec->n_choices ? spec->n_choices : 1;
     j->params = spec->params;
+    j->grammar = spec->max_tokens > 0 ? spec->grammar : NULL;
     j->reseed = spec->reseed != 0;
     j->ignore_eos = spec->ignore_eos != 0;
     j->detok_flags = spec->detok_flags;

@@ -31,6 +31,16 @@
  * cache is full), cancellation ("cancelled"), the job's deadline ("timeout")
  * or an error ("error").
  *
+ * ## Grammars
+ * With spec.grammar every choice samples under the grammar: each keeps its
+ * own grammar state (choice i > 0 starts from a copy of choice 0's, made
+ * with the fork), each step masks the tokens that cannot continue it
+ * (core_grammar_mask, core_sampler_sample_masked) and advances it by the
+ * sampled token; end-of-generation tokens are allowed only where the text is
+ * complete. A grammar the sequence cannot follow (its bounds, or no allowed
+ * token with a finite logit) ends the choice with "error". The grammar
+ * state is not part of the context: it lives as long as the job.
+ *
  * ## Session semantics (the pending rule)
  * The session's history is the token sequence
  *     (tokens absorbed by ctx->state) ++ ctx->pending.
@@ -112,6 +122,7 @@
 #include <stdint.h>
 
 #include "core/attn.h"
+#include "core/grammar.h"
 #include "core/model.h"
 #include "core/sample.h"
 #include "core/tokenizer.h"
@@ -199,6 +210,9 @@ typedef struct srv_job_spec {
                                     must be 1 for ingest-only */
     core_sample_params_t params; /* validated by submit; n_logprobs alternatives
                                     are reported per token */
+    const core_grammar_t *grammar; /* NULL, or every choice follows it (see "Grammars");
+                                      compiled against srv_engine_grammar_vocab(e);
+                                      borrowed until on_done has run */
     int reseed;                  /* 1: choice i seeded params.seed + i; 0: see "Seeds" */
     int ignore_eos;              /* 1: end-of-generation tokens do not end a choice */
     const char *const *stops;    /* [n_stops] stop strings (NUL-terminated, copied) */
@@ -272,6 +286,10 @@ int64_t srv_engine_now_ns(void);
  * negative SRV_ENGINE_E* code with a message in err[errlen] (err may be NULL). */
 int srv_engine_new(core_model_t *model, const core_tokenizer_t *tok, const srv_engine_opts_t *opts,
                    srv_engine_t **out, char *err, size_t errlen);
+
+/* The vocabulary grammars for this engine's model are compiled against
+ * (built once, with the engine; immutable, any thread). */
+const core_grammar_vocab_t *srv_engine_grammar_vocab(const srv_engine_t *e);
 
 /* Any thread. Validates spec, copies what it needs and queues the job.
  * Returns 0 and *out (the caller's reference), or a negative code with a

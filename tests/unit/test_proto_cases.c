@@ -50,7 +50,13 @@ static json_t *gen_view(const proto_gen_params_t *p)
     json_t *stop = json_array();
     for (size_t i = 0; i < p->n_stop; i++)
         json_array_append_new(stop, json_string(p->stop[i]));
-    return json_pack("{s:o,s:I,s:i,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:o,s:o,s:i,s:b,s:b,s:o}",
+    json_t *bias = json_object();
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "%d", (int)p->logit_bias[i].id);
+        json_object_set_new(bias, k, json_real(p->logit_bias[i].bias));
+    }
+    return json_pack("{s:o,s:I,s:i,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:o,s:o,s:i,s:b,s:b,s:o,s:o,s:o}",
                      "model", str_or_null(p->model), "max_tokens", (json_int_t)p->max_tokens,
                      "n", p->n, "temperature", s->temperature, "top_p", s->top_p, "top_k",
                      (json_int_t)s->top_k, "min_p", s->min_p, "repeat_penalty",
@@ -59,7 +65,9 @@ static json_t *gen_view(const proto_gen_params_t *p)
                      s->has_seed ? json_integer(s->seed) : json_null(), "stop", stop,
                      "logprobs", p->logprobs, "stream", p->stream, "include_usage",
                      p->include_usage, "session",
-                     p->session[0] ? json_string(p->session) : json_null());
+                     p->session[0] ? json_string(p->session) : json_null(), "grammar",
+                     p->grammar ? json_stringn(p->grammar, p->grammar_len) : json_null(),
+                     "logit_bias", bias);
 }
 
 /* ------------------------------------------------------------ matching */

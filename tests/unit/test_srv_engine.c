@@ -1081,6 +1081,217 @@ TEST(stop_drains_then_cancels)
     }
 }
 
+/* ---- grammars ---- */
+
+/* A recognizer for the JSON-like grammar below, written by hand: returns the
+ * position after a value at s[i..n), -1 when the text is wrong, -2 when it
+ * ends before the value does (a valid prefix). */
+#define JSON_GRAMMAR                                                                               \
+    "root ::= value\n"                                                                             \
+    "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"               \
+    "object ::= \"{\" ( string \":\" value ( \",\" string \":\" value )* )? \"}\"\n"               \
+    "array ::= \"[\" ( value ( \",\" value )* )? \"]\"\n"                                          \
+    "string ::= \"\\\"\" [a-z ]{0,8} \"\\\"\"\n"                                                   \
+    "number ::= \"-\"? [0-9]{1,3}\n"
+
+static long j_value(const char *s, long i, long n);
+
+static long j_string(const char *s, long i, long n)
+{
+    if (i == n)
+        return -2;
+    if (s[i] != '"')
+        return -1;
+    for (int k = 0; k <= 8; k++) {
+        if (++i == n)
+            return -2;
+        if (s[i] == '"')
+            return i + 1;
+        if (k == 8 || !((s[i] >= 'a' && s[i] <= 'z') || s[i] == ' '))
+            return -1;
+    }
+    return -1;
+}
+
+/* elements of an object (pairs) or an array, after the opening bracket */
+static long j_items(const char *s, long i, long n, int pairs, char close)
+{
+    if (i == n)
+        return -2;
+    if (s[i] == close)
+        return i + 1;
+    for (;;) {
+        if (pairs) {
+            if ((i = j_string(s, i, n)) < 0)
+                return i;
+            if (i == n)
+                return -2;
+            if (s[i++] != ':')
+                return -1;
+        }
+        if ((i = j_value(s, i, n)) < 0)
+            return i;
+        if (i == n)
+            return -2;
+        if (s[i] == close)
+            return i + 1;
+        if (s[i++] != ',')
+            return -1;
+    }
+}
+
+static long j_value(const char *s, long i, long n)
+{
+    if (i == n)
+        return -2;
+    static const char *const words[] = {"true", "false", "null"};
+    switch (s[i]) {
+    case '{': return j_items(s, i + 1, n, 1, '}');
+    case '[': return j_items(s, i + 1, n, 0, ']');
+    case '"': return j_string(s, i, n);
+    default: break;
+    }
+    for (int w = 0; w < 3; w++)
+        if (s[i] == words[w][0]) {
+            for (long k = 0; words[w][k]; k++, i++) {
+                if (i == n)
+                    return -2;
+                if (s[i] != words[w][k])
+                    return -1;
+            }
+            return i;
+        }
+    if (s[i] == '-' && ++i == n)
+        return -2;
+    long d = 0;
+    while (i < n && s[i] >= '0' && s[i] <= '9' && d < 4)
+        i++, d++;
+    return d == 0 || d > 3 ? -1 : i;
+}
+
+/* 1: s is a whole value; 0: a proper prefix of one; -1: neither. */
+static int json_judge(const char *s)
+{
+    long n = (long)strlen(s), r = j_value(s, 0, n);
+    return r == n ? 1 : r == -2 ? 0 : -1;
+}
+
+/* Every choice of every seed, under every sampler setting and with logit
+ * bias, in one continuous batch: a stopped choice is a string of the
+ * grammar, a cut one (max_tokens) a prefix of one; choice i of an n-choice
+ * job equals a one-choice job seeded +i (the fork copies the grammar state). */
+TEST(grammar_every_choice_in_the_language)
+{
+    srv_engine_opts_t o = {.max_batch = 16};
+    srv_engine_t *e = engine(tiny_lin, &o);
+    if (!e)
+        return;
+    static const char *const grammars[] = {"root ::= \"yes\" | \"no\"", JSON_GRAMMAR};
+    core_rng_t r;
+    core_rng_seed(&r, 151);
+    int stopped[2] = {0, 0}, total[2] = {0, 0};
+    for (int gi = 0; gi < 2; gi++) {
+        core_grammar_t *g = NULL;
+        core_error_t ce = {0};
+        CHECK_MSG(core_grammar_new(grammars[gi], strlen(grammars[gi]),
+                                   srv_engine_grammar_vocab(e), NULL, &g, &ce) == 0,
+                  "%s", ce.msg);
+        if (!g)
+            continue;
+        for (int round = 0; round < 6; round++) {
+            enum { J = 4, L = 8 };
+            srv_job_t *jobs[J];
+            out_t *outs[J];
+            srv_seq_ctx_t cs[J];
+            int32_t p[J][L];
+            core_sample_params_t p0; /* job 0's */
+            core_sample_params_default(&p0);
+            srv_engine_hold(e, 1);
+            for (int i = 0; i < J; i++) {
+                rand_tokens(&r, p[i], L);
+                ctx_init(&cs[i], tiny_lin);
+                outs[i] = out_new();
+                srv_job_spec_t sp;
+                greedy_spec(&sp, &cs[i], p[i], L, gi == 0 ? 8 : 48);
+                sp.ignore_eos = 0;
+                sp.grammar = g;
+                sp.reseed = 1;
+                sp.n_choices = MAXC;
+                sp.params.temperature = 1.0f;
+                sp.params.seed = (uint64_t)(round * 100 + i * 10);
+                switch (i) {
+                case 1: sp.params.top_k = 40, sp.params.top_p = 0.9f; break;
+                case 2: sp.params.min_p = 0.05f, sp.params.repeat_penalty = 1.3f; break;
+                case 3:
+                    sp.params.presence_penalty = 1.0f, sp.params.frequency_penalty = 0.5f;
+                    sp.params.temperature = 1.7f;
+                    break;
+                default: break;
+                }
+                /* a bias pushing tokens the grammar may not allow */
+                sp.params.n_bias = 8;
+                for (int b = 0; b < 8; b++)
+                    sp.params.bias[b] = (core_logit_bias_t){
+                        (int32_t)(core_rng_u64(&r) % (uint64_t)V), b & 1 ? 100.0f : -5.0f};
+                if (i == 0)
+                    p0 = sp.params;
+                jobs[i] = submit(e, &sp);
+            }
+            srv_engine_hold(e, 0);
+            for (int i = 0; i < J; i++) {
+                CHECK(jobs[i] && collect(jobs[i], outs[i]));
+                srv_job_release(jobs[i]);
+                for (int c = 0; c < MAXC; c++) {
+                    const char *t = outs[i]->text[c];
+                    srv_finish_t f = outs[i]->finish[c];
+                    total[gi]++;
+                    CHECK_MSG(f == SRV_FINISH_STOP || f == SRV_FINISH_LENGTH,
+                              "grammar %d job %d choice %d: finish %d (%s)", gi, i, c, (int)f,
+                              outs[i]->res.error);
+                    int judged = gi == 0 ? (strcmp(t, "yes") == 0 || strcmp(t, "no") == 0 ? 1
+                                            : strncmp("yes", t, strlen(t)) == 0 ||
+                                                    strncmp("no", t, strlen(t)) == 0
+                                                ? 0
+                                                : -1)
+                                         : json_judge(t);
+                    CHECK_MSG(f == SRV_FINISH_STOP ? judged == 1 : judged >= 0,
+                              "grammar %d job %d choice %d (finish %d): '%s'", gi, i, c, (int)f,
+                              t);
+                    stopped[gi] += f == SRV_FINISH_STOP;
+                }
+            }
+            /* the fork: choice 2 of job 0 alone, seeded +2 */
+            {
+                srv_seq_ctx_t c;
+                ctx_init(&c, tiny_lin);
+                out_t *one = out_new();
+                srv_job_spec_t sp;
+                greedy_spec(&sp, &c, p[0], L, gi == 0 ? 8 : 48);
+                sp.ignore_eos = 0;
+                sp.grammar = g;
+                sp.reseed = 1;
+                sp.params = p0;
+                sp.params.seed += 2;
+                CHECK(run(e, &sp, one));
+                CHECK(same_tokens(one->tok[0], one->n[0], outs[0]->tok[2], outs[0]->n[2]));
+                ctx_fini(&c);
+                free(one);
+            }
+            for (int i = 0; i < J; i++) {
+                ctx_fini(&cs[i]);
+                free(outs[i]);
+            }
+        }
+        core_grammar_free(g);
+    }
+    printf("  yes/no: %d of %d choices stopped; json: %d of %d stopped (the rest cut by "
+           "max_tokens)\n",
+           stopped[0], total[0], stopped[1], total[1]);
+    CHECK_INT_EQ(stopped[0], total[0]);
+    CHECK(stopped[1] > 0);
+    srv_engine_free(e);
+}
+
 int main(void)
 {
     const char *path = getenv("DARKSERVE_TINY_MODEL");
@@ -1110,6 +1321,7 @@ int main(void)
     RUN(queue_full_and_bad_specs);
     RUN(timeout);
     RUN(stop_drains_then_cancels);
+    RUN(grammar_every_choice_in_the_language);
     core_tokenizer_free(tok);
     core_model_free(tiny);
     core_model_free(tiny_lin);
