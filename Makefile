@@ -149,7 +149,7 @@ format:
 # in the unit tests (tests/fuzz/README.md). The core targets link core built
 # with the same sanitizers; they load build/fixtures/tiny.gguf.
 FUZZ_SECONDS ?= 120
-FUZZ_TARGETS ?= gguf proto state adapter tokenizer chat http
+FUZZ_TARGETS ?= gguf proto state adapter tokenizer chat http grammar
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -I. $(OPENBLAS_CFLAGS) -fsanitize=fuzzer,address,undefined
 FUZZ_CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
 $(BUILD)/fuzz/obj/%.o: %.c
