@@ -453,6 +453,14 @@ static size_t utf8_check(const unsigned char *s, size_t n)
     return n;
 }
 
+/* A literal or class that starts at start and meets the end of the line
+ * (or of the text) before its closing character. */
+static int not_closed(parser_t *P, size_t start, const char *what, char close)
+{
+    return perr(P, start, CORE_EFORMAT, "the %s is not closed (expected '%c' before %s)", what,
+                close, at_end(P) ? "the end of the grammar" : "the end of the line");
+}
+
 /* ------------------------------------------------------------ classes */
 
 static int cr_add(parser_t *P, uint32_t lo, uint32_t hi)
@@ -676,9 +684,7 @@ static int parse_class(parser_t *P, gel_t *out)
     for (;;) {
         int c = peek(P);
         if (c < 0 || c == '\n')
-            return perr(P, start, CORE_EFORMAT,
-                        "the character class is not closed (expected ']' before %s)",
-                        c < 0 ? "the end of the grammar" : "the end of the line");
+            return not_closed(P, start, "character class", ']');
         if (c == ']')
             break;
         size_t at = P->pos;
@@ -730,9 +736,7 @@ static int parse_literal(parser_t *P, unit_t *u)
     for (;;) {
         int c = peek(P);
         if (c < 0 || c == '\n')
-            return perr(P, start, CORE_EFORMAT,
-                        "the literal is not closed (expected '\"' before %s)",
-                        c < 0 ? "the end of the grammar" : "the end of the line");
+            return not_closed(P, start, "literal", '"');
         if (c == '"')
             break;
         uint32_t cp;

@@ -94,32 +94,21 @@ static rnode_t *ref(int r)
     return x;
 }
 
-static rnode_t *many(int kind, int n, va_list ap)
+/* A sequence or alternation of n nodes. */
+static rnode_t *group(int kind, int n, ...)
 {
     rnode_t *x = node(kind);
+    va_list ap;
+    va_start(ap, n);
     for (int i = 0; i < n; i++)
         x->k[i] = va_arg(ap, rnode_t *);
+    va_end(ap);
     x->nk = n;
     return x;
 }
 
-static rnode_t *seq(int n, ...)
-{
-    va_list ap;
-    va_start(ap, n);
-    rnode_t *x = many(R_SEQ, n, ap);
-    va_end(ap);
-    return x;
-}
-
-static rnode_t *alt(int n, ...)
-{
-    va_list ap;
-    va_start(ap, n);
-    rnode_t *x = many(R_ALT, n, ap);
-    va_end(ap);
-    return x;
-}
+#define seq(...) group(R_SEQ, __VA_ARGS__)
+#define alt(...) group(R_ALT, __VA_ARGS__)
 
 static rnode_t *rep(rnode_t *c, int min, int max)
 {
