@@ -61,6 +61,19 @@ static int grow_to(void **p, size_t *cap, size_t need, size_t elem)
 
 #define GROW(ptr, cap, need) grow_to((void **)&(ptr), &(cap), (need), sizeof *(ptr))
 
+/* memcpy / memcmp of n frames; n may be 0 with NULL pointers (which the C
+ * library functions do not allow). */
+static void copy_words(uint32_t *dst, const uint32_t *src, size_t n)
+{
+    if (n)
+        memcpy(dst, src, n * sizeof *dst);
+}
+
+static int same_words(const uint32_t *a, const uint32_t *b, size_t n)
+{
+    return n == 0 || memcmp(a, b, n * sizeof *a) == 0;
+}
+
 static void set_bit(uint64_t *bits, int32_t id)
 {
     bits[(uint32_t)id >> 6] |= 1ull << ((uint32_t)id & 63);
@@ -527,7 +540,7 @@ static int emit(const core_grammar_t *g, core_grammar_ws_t *ws, const wbase_t *b
                 uint32_t n, wlist_t *l, core_error_t *err)
 {
     for (size_t o = 0; o < l->len; o += 2 + l->w[o + 1])
-        if (l->w[o] == nb && l->w[o + 1] == n && memcmp(l->w + o + 2, ws->cur, n * 4) == 0)
+        if (l->w[o] == nb && l->w[o + 1] == n && same_words(l->w + o + 2, ws->cur, n))
             return 0;
     if (l->n >= g->lim.max_stacks)
         return core_error_set(err, CORE_ERANGE,
@@ -537,7 +550,7 @@ static int emit(const core_grammar_t *g, core_grammar_ws_t *ws, const wbase_t *b
         return ws_nomem(err);
     l->w[l->len] = nb;
     l->w[l->len + 1] = n;
-    memcpy(l->w + l->len + 2, ws->cur, n * 4);
+    copy_words(l->w + l->len + 2, ws->cur, n);
     l->len += 2 + n;
     l->n++;
     uint32_t top = n ? ws->cur[n - 1] : b->f[nb - 1];
@@ -557,7 +570,7 @@ static int work_push(core_grammar_ws_t *ws, uint32_t nb, const uint32_t *f, uint
     uint32_t *w = ws->work + ws->work_len;
     w[0] = nb;
     w[1] = n + 1;
-    memcpy(w + 2, f, n * 4);
+    copy_words(w + 2, f, n);
     w[2 + n] = extra;
     ws->work_len += 3 + n;
     return 0;
@@ -588,7 +601,7 @@ static int closure(const core_grammar_t *g, core_grammar_ws_t *ws, const wbase_t
         uint32_t cnb = ws->work[o], cn = ws->work[o + 1];
         if (GROW(ws->cur, ws->cur_cap, (size_t)cn + 1) < 0)
             return ws_nomem(err);
-        memcpy(ws->cur, ws->work + o + 2, cn * 4);
+        copy_words(ws->cur, ws->work + o + 2, cn);
         ws->work_len = o;
         for (;;) {
             if (++ws->steps > CLOSE_STEPS)
@@ -658,7 +671,7 @@ static int advance(const core_grammar_t *g, core_grammar_ws_t *ws, const wbase_t
             /* own frames: the top moves on (closure copies them first) */
             if (GROW(ws->chain, ws->chain_cap, n) < 0)
                 return ws_nomem(err);
-            memcpy(ws->chain, w + o + 2, n * 4);
+            copy_words(ws->chain, w + o + 2, n);
             ws->chain[n - 1] = top + 1;
             rc = closure(g, ws, b, nb, ws->chain, n, l, err);
         } else {
@@ -756,7 +769,7 @@ static int intern(core_grammar_ws_t *ws, const wlist_t *l, uint32_t *id, core_er
             n->complete = l->complete;
             n->escaped = l->escaped;
             n->tops = l->tops;
-            memcpy(ws->arena + ws->arena_len, l->w, l->len * 4);
+            copy_words(ws->arena + ws->arena_len, l->w, l->len);
             ws->arena_len += l->len;
             *s = (slot_t){ws->gen, h, (uint32_t)ws->n_sets};
             ws->ih_used++;
@@ -767,7 +780,7 @@ static int intern(core_grammar_ws_t *ws, const wlist_t *l, uint32_t *id, core_er
             continue;
         const iset_t *c = &ws->sets[s->val];
         if (c->len == l->len && c->complete == l->complete && c->escaped == l->escaped &&
-            memcmp(ws->arena + c->off, l->w, l->len * 4) == 0) {
+            same_words(ws->arena + c->off, l->w, l->len)) {
             *id = s->val;
             return 0;
         }
@@ -921,7 +934,7 @@ static int cache_build(const core_grammar_t *g, core_grammar_ws_t *ws, uint32_t 
         if (!e->esc)
             rc = ws_nomem(err);
         else
-            memcpy(e->esc, ws->esc, ws->n_esc * sizeof *e->esc);
+            copy_words(e->esc, ws->esc, ws->n_esc);
         e->n_esc = (uint32_t)ws->n_esc;
     }
     if (rc) {
@@ -985,8 +998,7 @@ int core_grammar_state_copy(core_grammar_state_t *dst, const core_grammar_state_
     uint32_t *b = malloc((src->len ? src->len : 1) * sizeof *b);
     if (!b)
         return core_error_set(err, CORE_ENOMEM, "grammar state copy");
-    if (src->len)
-        memcpy(b, src->buf, src->len * sizeof *b);
+    copy_words(b, src->buf, src->len);
     free(dst->buf);
     dst->g = src->g;
     dst->buf = b;
@@ -1020,8 +1032,8 @@ static int acc_add(const core_grammar_t *g, core_grammar_ws_t *ws, const uint32_
 {
     uint32_t d = nb + n;
     for (size_t o = 0; o < ws->acc_len; o += 1 + ws->acc[o])
-        if (ws->acc[o] == d && memcmp(ws->acc + o + 1, base, nb * 4) == 0 &&
-            memcmp(ws->acc + o + 1 + nb, own, n * 4) == 0)
+        if (ws->acc[o] == d && same_words(ws->acc + o + 1, base, nb) &&
+            same_words(ws->acc + o + 1 + nb, own, n))
             return 0;
     if (*count >= g->lim.max_stacks)
         return core_error_set(err, CORE_ERANGE,
@@ -1030,8 +1042,8 @@ static int acc_add(const core_grammar_t *g, core_grammar_ws_t *ws, const uint32_
     if (GROW(ws->acc, ws->acc_cap, ws->acc_len + 1 + d) < 0)
         return ws_nomem(err);
     ws->acc[ws->acc_len] = d;
-    memcpy(ws->acc + ws->acc_len + 1, base, nb * 4);
-    memcpy(ws->acc + ws->acc_len + 1 + nb, own, n * 4);
+    copy_words(ws->acc + ws->acc_len + 1, base, nb);
+    copy_words(ws->acc + ws->acc_len + 1 + nb, own, n);
     ws->acc_len += 1 + d;
     (*count)++;
     return 0;
@@ -1048,7 +1060,7 @@ static int acc_commit(core_grammar_ws_t *ws, core_grammar_state_t *st, uint32_t 
         st->buf = b;
         st->cap = ws->acc_len ? ws->acc_len : 1;
     }
-    memcpy(st->buf, ws->acc, ws->acc_len * sizeof *st->buf);
+    copy_words(st->buf, ws->acc, ws->acc_len);
     st->len = ws->acc_len;
     st->n_stacks = count;
     return 0;
@@ -1186,7 +1198,7 @@ static int mask_stack(const core_grammar_t *g, core_grammar_ws_t *ws, const uint
     wbase_t b = {F, D, 0};
     uint32_t id;
     if (!e || e->d > D || (!e->escape && e->d != D) ||
-        memcmp(F + (D - e->d), e->chain, (size_t)e->d * 4) != 0) {
+        !same_words(F + (D - e->d), e->chain, e->d)) {
         /* no table (or a chain that does not fit): walk the whole trie */
         if ((rc = start_set(g, ws, &b, D, &id, err)) != 0)
             return rc;
