@@ -1288,9 +1288,11 @@ static int check(parser_t *P, core_grammar_t *g)
                     todo[nt++] = g->el[e].arg;
                 }
     }
+    /* A rule that can never end: with the start unproductive, follow
+     * unproductive references from it until one repeats (that rule needs
+     * itself; the others only need it); otherwise the first reachable one. */
+    uint32_t bad = NO_RULE;
     if (!productive[0]) {
-        /* Follow unproductive references from the start until one repeats:
-         * that rule needs itself (the others only need it). */
         uint8_t *seen = reach; /* reused */
         memset(seen, 0, g->n_rules);
         uint32_t r = 0;
@@ -1304,20 +1306,15 @@ static int check(parser_t *P, core_grammar_t *g)
                 }
             r = next;
         }
-        char lab[80];
-        rule_label(P, r, lab, sizeof lab);
-        rc = perr(P, P->rules[r].pos, CORE_EFORMAT,
-                  "%s can never produce a complete string: each of its alternatives needs "
-                  "itself (give it an alternative that ends)",
-                  lab);
-        goto out;
+        bad = r;
     }
-    for (uint32_t r = 0; r < g->n_rules; r++) {
-        if (!reach[r] || productive[r])
-            continue;
+    for (uint32_t r = 0; r < g->n_rules && bad == NO_RULE; r++)
+        if (reach[r] && !productive[r])
+            bad = r;
+    if (bad != NO_RULE) {
         char lab[80];
-        rule_label(P, r, lab, sizeof lab);
-        rc = perr(P, P->rules[r].pos, CORE_EFORMAT,
+        rule_label(P, bad, lab, sizeof lab);
+        rc = perr(P, P->rules[bad].pos, CORE_EFORMAT,
                   "%s can never produce a complete string: each of its alternatives needs "
                   "itself (give it an alternative that ends)",
                   lab);

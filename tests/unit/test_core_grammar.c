@@ -468,22 +468,23 @@ static int m_node(const rnode_t *x, size_t pos, const kont_t *k)
     return 0;
 }
 
-static int ref_prefix(const unsigned char *s, size_t n)
+static int ref_match(const unsigned char *s, size_t n, int prefix)
 {
     ref_steps = 0;
     in = s;
     in_len = n;
-    prefix_mode = 1;
+    prefix_mode = prefix;
     return m_node(rules[0], 0, NULL);
+}
+
+static int ref_prefix(const unsigned char *s, size_t n)
+{
+    return ref_match(s, n, 1);
 }
 
 static int ref_full(const unsigned char *s, size_t n)
 {
-    ref_steps = 0;
-    in = s;
-    in_len = n;
-    prefix_mode = 0;
-    return m_node(rules[0], 0, NULL);
+    return ref_match(s, n, 0);
 }
 
 /* ------------------------------------------------------------ random grammars */
