@@ -514,7 +514,8 @@ void core_grammar_ws_free(core_grammar_ws_t *ws)
 
 static int ws_nomem(core_error_t *err)
 {
-    return core_error_set(err, CORE_ENOMEM, "grammar workspace");
+    core_error_set(err, CORE_ENOMEM, "grammar workspace");
+    return CORE_ENOMEM; /* the constant: the analyzer sees the error is nonzero */
 }
 
 /* ------------------------------------------------------------ closing stacks */

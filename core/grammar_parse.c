@@ -18,6 +18,7 @@
  * every repetition repeats one element. The loops call themselves last
  * (tail calls), so they never grow a parse stack.
  */
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,12 +106,15 @@ static int perr(parser_t *P, size_t pos, int code, const char *fmt, ...)
     va_end(ap);
     int line, col;
     line_col(P, pos, &line, &col);
-    return core_error_set(P->err, code, "line %d, column %d: %s", line, col, msg);
+    core_error_set(P->err, code, "line %d, column %d: %s", line, col, msg);
+    /* code itself, so that the analyzer sees every error return is nonzero */
+    return code;
 }
 
 static int oom(parser_t *P)
 {
-    return core_error_set(P->err, CORE_ENOMEM, "out of memory compiling the grammar");
+    core_error_set(P->err, CORE_ENOMEM, "out of memory compiling the grammar");
+    return CORE_ENOMEM;
 }
 
 /* A short description of the text at pos, for "found ..." */
@@ -222,7 +226,7 @@ static int byte_el(parser_t *P, unsigned b, gel_t *e)
     if (!P->single[b]) {
         gset_t s = {{0, 0, 0, 0}};
         s.w[b >> 6] |= 1ull << (b & 63);
-        uint32_t idx;
+        uint32_t idx = 0;
         int rc = new_set(P, &s, &idx);
         if (rc)
             return rc;
@@ -326,6 +330,7 @@ static uint32_t decode_cp(parser_t *P)
 static int hex_digits(parser_t *P, int n, uint32_t *out, size_t esc_pos)
 {
     uint32_t v = 0;
+    *out = 0;
     for (int i = 0; i < n; i++) {
         int c = peek(P);
         int d = c >= '0' && c <= '9' ? c - '0'
@@ -602,7 +607,7 @@ static int utf8_split(uint32_t lo, uint32_t hi, u8out_t *o)
         }
     }
     u8seq_t s;
-    unsigned char a[4], b[4];
+    unsigned char a[4] = {0}, b[4] = {0};
     s.k = (int)utf8_encode(lo, a);
     utf8_encode(hi, b);
     for (int i = 0; i < s.k; i++) {
@@ -638,14 +643,14 @@ static int class_element(parser_t *P, size_t pos, gel_t *out)
             return oom(P);
         }
     }
-    uint32_t idx;
+    uint32_t idx = 0;
     if (o.n == 0) {
         if ((rc = new_set(P, &ascii, &idx)) == 0)
             *out = (gel_t){GEL_BYTES, idx};
         free(o.v);
         return rc;
     }
-    uint32_t r, ai;
+    uint32_t r = 0, ai = 0;
     if ((rc = new_rule(P, RK_CLASS, pos, &r)) != 0)
         goto done;
     if (has_ascii) {
@@ -688,7 +693,7 @@ static int parse_class(parser_t *P, gel_t *out)
         if (c == ']')
             break;
         size_t at = P->pos;
-        uint32_t lo, hi;
+        uint32_t lo = 0, hi = 0;
         if ((rc = read_char(P, &lo)) != 0)
             return rc;
         hi = lo;
@@ -739,7 +744,7 @@ static int parse_literal(parser_t *P, unit_t *u)
             return not_closed(P, start, "literal", '"');
         if (c == '"')
             break;
-        uint32_t cp;
+        uint32_t cp = 0;
         int rc = read_char(P, &cp);
         if (rc)
             return rc;
@@ -771,7 +776,7 @@ static int unit_element(parser_t *P, unit_t *u, size_t pos)
 {
     if (u->kind != 2)
         return 0;
-    uint32_t r, ai;
+    uint32_t r = 0, ai = 0;
     int rc;
     if ((rc = new_rule(P, RK_LITERAL, pos, &r)) != 0 || (rc = new_alt(P, r, pos, &ai)) != 0)
         return rc;
@@ -820,7 +825,7 @@ static int parse_braces(parser_t *P, uint32_t *min, uint32_t *max)
     size_t brace = P->pos;
     P->pos++;
     skip_ws(P, 0);
-    uint32_t a, b;
+    uint32_t a = 0, b = 0;
     int rc = parse_count(P, &a, brace);
     if (rc)
         return rc;
@@ -866,7 +871,7 @@ static int repeat(parser_t *P, uint32_t ai, unit_t *u, uint32_t min, uint32_t ma
     for (uint32_t i = 0; i < min; i++)
         if ((rc = push_el(P, ai, u->el, pos)) != 0)
             return rc;
-    uint32_t r, a1, a2;
+    uint32_t r = 0, a1 = 0, a2 = 0;
     if (max == INF_REPEAT) {
         /* S ::= u S | "" */
         if ((rc = new_rule(P, RK_REPEAT, pos, &r)) != 0 || (rc = new_alt(P, r, pos, &a1)) != 0 ||
@@ -915,7 +920,7 @@ static int parse_item(parser_t *P, uint32_t ai)
             return perr(P, start, CORE_ERANGE, "parentheses nested deeper than %u",
                         (unsigned)P->lim->max_nesting);
         P->pos++;
-        uint32_t r;
+        uint32_t r = 0;
         if ((rc = new_rule(P, RK_GROUP, start, &r)) != 0)
             return rc;
         P->nesting++;
@@ -939,7 +944,7 @@ static int parse_item(parser_t *P, uint32_t ai)
         size_t n0 = P->pos;
         while (is_name_char(peek(P)))
             P->pos++;
-        uint32_t r;
+        uint32_t r = 0;
         rc = named_rule(P, P->s + n0, (uint32_t)(P->pos - n0), n0, &r);
         u.kind = 1;
         u.el = (gel_t){GEL_REF, r};
@@ -1057,7 +1062,7 @@ static int parse_rule(parser_t *P)
                     (int)(nlen > 64 ? 64 : nlen), P->s + n0, what);
     }
     P->pos += 3;
-    uint32_t r;
+    uint32_t r = 0;
     int rc = named_rule(P, P->s + n0, nlen, n0, &r);
     if (rc)
         return rc;
@@ -1143,6 +1148,7 @@ static int flatten(parser_t *P, core_grammar_t *g)
     g->n_sets = P->n_sets;
     g->sets = P->sets;
     P->sets = NULL;
+    assert(P->n_rules > 0 && P->rules[0].n_alts > 0); /* the start rule, made first */
     g->start = g->alt_first[g->rule_alt[0]];
     return 0;
 }
@@ -1357,7 +1363,7 @@ int gram_parse(core_grammar_t *g, const char *text, size_t len, core_error_t *er
         return oom(&P);
     memset(P.names, 0xFF, (size_t)P.hcap * sizeof *P.names);
 
-    uint32_t start, ai;
+    uint32_t start = 0, ai = 0;
     if ((rc = new_rule(&P, RK_START, 0, &start)) != 0 || (rc = new_alt(&P, start, 0, &ai)) != 0)
         goto out;
     for (;;) {

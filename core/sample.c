@@ -283,6 +283,7 @@ static void heap_sift_down(cand_t *h, size_t n, size_t i)
  * elements are rejected by one comparison with the heap root. */
 static void select_top(const float *z, int64_t V, size_t k, cand_t *out)
 {
+    assert(k >= 1 && (int64_t)k <= V); /* out[0] is the heap's root */
     for (size_t i = 0; i < k; i++)
         out[i] = (cand_t){z[i], (int32_t)i};
     for (size_t i = k / 2; i-- > 0;)
@@ -365,6 +366,7 @@ static int load_logits(const core_sampler_t *s, const float *logits, int64_t V,
 {
     float m = -INFINITY;
     int32_t b = 0;
+    assert(V > 0); /* check_call; stated for the analyzer, which reads z[0] later */
     for (int64_t i = 0; i < V; i++) {
         float x = logits[i];
         /* One test for NaN and +inf: both fail x < +inf. The constant is
