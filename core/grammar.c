@@ -37,10 +37,10 @@
 
 #include "core/grammar_impl.h"
 
-#define CLOSE_STEPS (1u << 18)  /* closure steps in one advance (ambiguity bound) */
-#define WALK_SETS (1u << 16)    /* distinct stack sets one walk may intern */
-#define WALK_WORDS (1u << 22)   /* words of those sets */
-#define WALK_STEPS (1u << 25)   /* closure steps in one walk (time bound) */
+#define CLOSE_STEPS (1u << 18) /* closure steps in one advance (ambiguity bound) */
+#define WALK_SETS (1u << 16)   /* distinct stack sets one walk may intern */
+#define WALK_WORDS (1u << 22)  /* words of those sets */
+#define WALK_STEPS (1u << 25)  /* closure steps in one walk (time bound) */
 
 /* ------------------------------------------------------------ helpers */
 
@@ -82,18 +82,18 @@ static void set_bit(uint64_t *bits, int32_t id)
 /* ------------------------------------------------------------ vocabulary */
 
 struct core_grammar_vocab {
-    int32_t n;         /* tokens */
-    uint8_t *kind;     /* [n] core_grammar_tok_kind_t */
-    uint32_t *off;     /* [n + 1] token bytes: bytes[off[i] .. off[i + 1]) (TEXT only) */
+    int32_t n;     /* tokens */
+    uint8_t *kind; /* [n] core_grammar_tok_kind_t */
+    uint32_t *off; /* [n + 1] token bytes: bytes[off[i] .. off[i + 1]) (TEXT only) */
     char *bytes;
-    int32_t *ends;     /* [n_ends] END token ids */
+    int32_t *ends; /* [n_ends] END token ids */
     uint32_t n_ends;
     uint32_t n_nodes;
-    uint8_t *byte;     /* [n_nodes] byte leading into the node */
-    uint32_t *child;   /* [n_nodes + 1] node i's children: child[i] .. child[i + 1] */
-    uint32_t *tok;     /* [n_nodes + 1] tokens ending at node i: ids[tok[i] .. tok[i + 1]) */
+    uint8_t *byte;   /* [n_nodes] byte leading into the node */
+    uint32_t *child; /* [n_nodes + 1] node i's children: child[i] .. child[i + 1] */
+    uint32_t *tok;   /* [n_nodes + 1] tokens ending at node i: ids[tok[i] .. tok[i + 1]) */
     int32_t *ids;
-    uint32_t max_len;  /* longest TEXT token: the trie's depth */
+    uint32_t max_len; /* longest TEXT token: the trie's depth */
 };
 
 typedef struct vent {
@@ -225,9 +225,9 @@ int core_grammar_vocab_new(int32_t n, const char *const *pieces, const size_t *l
     for (int32_t i = 0; i < n; i++) {
         v->off[i] = (uint32_t)o;
         int text = kinds[i] == CORE_GRAMMAR_TOK_TEXT && lens[i] > 0;
-        v->kind[i] = text ? CORE_GRAMMAR_TOK_TEXT
-                          : kinds[i] == CORE_GRAMMAR_TOK_END ? CORE_GRAMMAR_TOK_END
-                                                             : CORE_GRAMMAR_TOK_NEVER;
+        v->kind[i] = text                               ? CORE_GRAMMAR_TOK_TEXT
+                     : kinds[i] == CORE_GRAMMAR_TOK_END ? CORE_GRAMMAR_TOK_END
+                                                        : CORE_GRAMMAR_TOK_NEVER;
         if (v->kind[i] == CORE_GRAMMAR_TOK_END)
             v->ends[v->n_ends++] = i;
         if (!text)
@@ -310,7 +310,7 @@ struct gcache {
     uint32_t *chain; /* [d] bottom first; chain[d - 1] is the position */
     uint64_t *bits;  /* [words] tokens accepted within the chain */
     uint32_t n_esc;
-    uint32_t *esc;   /* [n_esc] trie nodes where a path leaves the chain with bytes left */
+    uint32_t *esc; /* [n_esc] trie nodes where a path leaves the chain with bytes left */
 };
 
 static void cache_free(gcache_t *c)
@@ -1028,8 +1028,7 @@ int core_grammar_state_can_continue(const core_grammar_state_t *st)
 /* Appends the stack base[0..nb) ++ own[0..n) to ws->acc (state layout:
  * depth, frames) unless it is there. count: stacks in acc. */
 static int acc_add(const core_grammar_t *g, core_grammar_ws_t *ws, const uint32_t *base,
-                   uint32_t nb, const uint32_t *own, uint32_t n, uint32_t *count,
-                   core_error_t *err)
+                   uint32_t nb, const uint32_t *own, uint32_t n, uint32_t *count, core_error_t *err)
 {
     uint32_t d = nb + n;
     for (size_t o = 0; o < ws->acc_len; o += 1 + ws->acc[o])

@@ -148,7 +148,7 @@ int core_grammar_state_can_continue(const core_grammar_state_t *st);
 /* ---- scratch ---- */
 
 typedef struct core_grammar_ws core_grammar_ws_t;
-core_grammar_ws_t *core_grammar_ws_new(void); /* NULL when out of memory */
+core_grammar_ws_t *core_grammar_ws_new(void);     /* NULL when out of memory */
 void core_grammar_ws_free(core_grammar_ws_t *ws); /* NULL is a no-op */
 
 /* ---- decoding steps ---- */

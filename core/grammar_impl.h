@@ -63,10 +63,10 @@ struct core_grammar {
     uint32_t start; /* the start frame */
 
     /* position tables (grammar.c) */
-    pthread_mutex_t mu;           /* serializes filling */
-    _Atomic(gcache_t *) *cache;   /* [n_el] NULL until filled */
-    size_t cache_bytes;           /* under mu */
-    int cache_full;               /* under mu: max_cache reached, no more tables */
+    pthread_mutex_t mu;         /* serializes filling */
+    _Atomic(gcache_t *) *cache; /* [n_el] NULL until filled */
+    size_t cache_bytes;         /* under mu */
+    int cache_full;             /* under mu: max_cache reached, no more tables */
 };
 
 /* Parses text into g's el, el_rule, n_rules, rule_alt, alt_first, sets and

@@ -265,8 +265,7 @@ static int named_rule(parser_t *P, const char *s, uint32_t n, size_t pos, uint32
         return 0;
     }
     if (P->n_named >= P->lim->max_rules)
-        return perr(P, pos, CORE_ERANGE, "more than %u named rules",
-                    (unsigned)P->lim->max_rules);
+        return perr(P, pos, CORE_ERANGE, "more than %u named rules", (unsigned)P->lim->max_rules);
     int rc = new_rule(P, RK_NAMED, pos, id);
     if (rc)
         return rc;
@@ -292,8 +291,8 @@ static int peek(const parser_t *P)
 
 static int is_name_char(int c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
 }
 
 /* Skips spaces, tabs, CRs and comments; newlines too when nl. */
@@ -333,7 +332,7 @@ static int hex_digits(parser_t *P, int n, uint32_t *out, size_t esc_pos)
     *out = 0;
     for (int i = 0; i < n; i++) {
         int c = peek(P);
-        int d = c >= '0' && c <= '9' ? c - '0'
+        int d = c >= '0' && c <= '9'   ? c - '0'
                 : c >= 'a' && c <= 'f' ? c - 'a' + 10
                 : c >= 'A' && c <= 'F' ? c - 'A' + 10
                                        : -1;
@@ -363,9 +362,14 @@ static int read_char(parser_t *P, uint32_t *cp)
     case 'n': *cp = '\n'; return 0;
     case 'r': *cp = '\r'; return 0;
     case 't': *cp = '\t'; return 0;
-    case '\\': case '"': case '\'': case '[': case ']': case '-': case '^': case '/':
-        *cp = (uint32_t)c;
-        return 0;
+    case '\\':
+    case '"':
+    case '\'':
+    case '[':
+    case ']':
+    case '-':
+    case '^':
+    case '/': *cp = (uint32_t)c; return 0;
     case 'x': return hex_digits(P, 2, cp, start);
     case 'u':
     case 'U': {
@@ -850,8 +854,10 @@ static int parse_braces(parser_t *P, uint32_t *min, uint32_t *max)
     *min = a == INF_REPEAT ? 0 : a;
     *max = b;
     if (b != INF_REPEAT && b < *min)
-        return perr(P, brace, CORE_EFORMAT, "the repetition {%u,%u} has its maximum below its "
-                    "minimum", (unsigned)*min, (unsigned)b);
+        return perr(P, brace, CORE_EFORMAT,
+                    "the repetition {%u,%u} has its maximum below its "
+                    "minimum",
+                    (unsigned)*min, (unsigned)b);
     return 0;
 }
 
@@ -934,8 +940,8 @@ static int parse_item(parser_t *P, uint32_t ai)
             int line, col;
             line_col(P, start, &line, &col);
             return perr(P, P->pos, CORE_EFORMAT,
-                        "expected ')' to close the '(' of line %d, column %d, found %s", line,
-                        col, what);
+                        "expected ')' to close the '(' of line %d, column %d, found %s", line, col,
+                        what);
         }
         P->pos++;
         u.kind = 1;
@@ -1239,8 +1245,8 @@ static int check_left_recursion(parser_t *P, const core_grammar_t *g, const uint
         for (size_t i = k; i <= depth && used + 80 < sizeof msg; i++) {
             char lab[80];
             rule_label(P, i < depth ? path[i] : t, lab, sizeof lab);
-            used += (size_t)snprintf(msg + used, sizeof msg - used, "%s%s", i > k ? " -> " : "",
-                                     lab);
+            used +=
+                (size_t)snprintf(msg + used, sizeof msg - used, "%s%s", i > k ? " -> " : "", lab);
         }
         uint32_t named = t;
         for (size_t i = k; i < depth; i++)

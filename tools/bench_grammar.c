@@ -57,8 +57,8 @@ static void report(const char *what, double *v, size_t n)
     if (n == 0)
         return;
     qsort(v, n, sizeof *v, cmp_d);
-    printf("%-34s median %9.1f us   p90 %9.1f us   max %9.1f us   (%zu steps)\n", what,
-           v[n / 2], v[(n * 9) / 10], v[n - 1], n);
+    printf("%-34s median %9.1f us   p90 %9.1f us   max %9.1f us   (%zu steps)\n", what, v[n / 2],
+           v[(n * 9) / 10], v[n - 1], n);
 }
 
 static char *read_file(const char *path, size_t *len)
@@ -179,8 +179,8 @@ int main(int argc, char **argv)
     if (!sws || !gws || !logits || !allow || !toks || !t_fwd || !t_mask || !t_acc || !t_mask0 ||
         core_attn_state_new(core_model_attn(m), &st, &err) < 0 ||
         core_sampler_new(&sp, &smp, &err) < 0 ||
-        core_tokenizer_encode_alloc(tok, prompt, strlen(prompt), 0, 1 << 20, CORE_TOK_ADD_SPECIAL, &ids,
-                                    &n_ids, &err) < 0 ||
+        core_tokenizer_encode_alloc(tok, prompt, strlen(prompt), 0, 1 << 20, CORE_TOK_ADD_SPECIAL,
+                                    &ids, &n_ids, &err) < 0 ||
         n_ids == 0) {
         fprintf(stderr, "bench_grammar: setup: %s\n", err.msg[0] ? err.msg : "out of memory");
         return 1;
@@ -255,8 +255,7 @@ int main(int argc, char **argv)
 
     printf("model %s: V = %lld tokens, trie of %zu nodes built in %.1f ms; grammar compiled in "
            "%.2f ms\n",
-           model_path, (long long)V, core_grammar_vocab_nodes(gv), t_vocab / 1e3,
-           t_compile / 1e3);
+           model_path, (long long)V, core_grammar_vocab_nodes(gv), t_vocab / 1e3, t_compile / 1e3);
     printf("%ld steps, %d complete strings; position tables: %.1f MiB\n", n, restarts,
            (double)core_grammar_cache_bytes(g) / (1 << 20));
     char text[512];

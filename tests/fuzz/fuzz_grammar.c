@@ -29,10 +29,31 @@ static core_grammar_vocab_t *fz_vocab(void)
     if (v)
         return v;
     static char bytes[NV][8];
-    static const char *const multi[] = {"ab", "abc", "\"", "\",", "{\"", "}", "\xC3\xA9",
-                                        "\xC3", "\xA9", "\xE2\x82\xAC", "\xE2\x82", "\xAC\"",
-                                        "\xF0\x9F\x98\x80", "\xF0\x9F", "\x98\x80", "yes", "no",
-                                        "  ", "\n", "12", "-1", "true", "null", "[]", "{}"};
+    static const char *const multi[] = {"ab",
+                                        "abc",
+                                        "\"",
+                                        "\",",
+                                        "{\"",
+                                        "}",
+                                        "\xC3\xA9",
+                                        "\xC3",
+                                        "\xA9",
+                                        "\xE2\x82\xAC",
+                                        "\xE2\x82",
+                                        "\xAC\"",
+                                        "\xF0\x9F\x98\x80",
+                                        "\xF0\x9F",
+                                        "\x98\x80",
+                                        "yes",
+                                        "no",
+                                        "  ",
+                                        "\n",
+                                        "12",
+                                        "-1",
+                                        "true",
+                                        "null",
+                                        "[]",
+                                        "{}"};
     const char *p[NV];
     size_t l[NV];
     uint8_t k[NV];

@@ -283,7 +283,7 @@ static int prefix_mode; /* 1: is in[0..in_len) a prefix of a string of the langu
 
 typedef struct kont {
     const rnode_t *x;
-    int rep;      /* 1: the rest of repetition x, min..max more times; 0: match x */
+    int rep; /* 1: the rest of repetition x, min..max more times; 0: match x */
     int min, max;
     const struct kont *next;
 } kont_t;
@@ -534,8 +534,8 @@ static rnode_t *rand_lit(int allow_empty)
     return x;
 }
 
-static const uint32_t cps[] = {'a', 'b', 'c', 'x', 0x7F, 0x80, 0xE9, 0x7FF, 0x800, 0x20AC,
-                               0xD7FF, 0xE000, 0xFFFF, 0x10000, 0x1F600, 0x10FFFF};
+static const uint32_t cps[] = {'a',   'b',    'c',    'x',    0x7F,   0x80,    0xE9,    0x7FF,
+                               0x800, 0x20AC, 0xD7FF, 0xE000, 0xFFFF, 0x10000, 0x1F600, 0x10FFFF};
 #define N_CPS (int)(sizeof cps / sizeof cps[0])
 
 static rnode_t *rand_class(void)
@@ -597,7 +597,8 @@ static rnode_t *rand_item(int r, int depth, int *guarded, int non_empty, int bac
         break;
     }
     default: {
-        static const int forms[][2] = {{0, INF}, {1, INF}, {0, 1}, {2, 2}, {1, 3}, {0, 2}, {2, INF}};
+        static const int forms[][2] = {{0, INF}, {1, INF}, {0, 1},  {2, 2},
+                                       {1, 3},   {0, 2},   {2, INF}};
         int f = rnd(7);
         int unbounded = forms[f][1] == INF;
         int g = *guarded;
@@ -784,8 +785,8 @@ static int compare_walks(const char *text, core_grammar_vocab_t *gv, int walks, 
             compared++;
             for (int t = 0; t < tv.n && !bad; t++) {
                 if (bit(me, t) != bit(mr, t) || bit(m0, t) != bit(mr, t)) {
-                    CHECK_MSG(0, "token %d: engine %d, engine without tables %d, reference %d",
-                              t, bit(me, t), bit(m0, t), bit(mr, t));
+                    CHECK_MSG(0, "token %d: engine %d, engine without tables %d, reference %d", t,
+                              bit(me, t), bit(m0, t), bit(mr, t));
                     printf("  grammar:\n%s", text);
                     dump_text("text so far", text_so_far, n);
                     dump_text("token", tv.b[t], tv.len[t]);
@@ -861,37 +862,37 @@ TEST(random_grammars_match_reference)
 static void json_grammar(void)
 {
     grammar_reset();
-    static const char *names[] = {"root", "value", "object", "array", "string", "number", "ws",
-                                  "member"};
+    static const char *names[] = {"root",   "value",  "object", "array",
+                                  "string", "number", "ws",     "member"};
     n_rules = 8;
     for (int i = 0; i < n_rules; i++)
         rule_names[i] = names[i];
-    rnode_t *ws = rep(cls(0, 2, (uint32_t)' ', (uint32_t)' ', (uint32_t)'\n', (uint32_t)'\n'), 0,
-                      2);
+    rnode_t *ws =
+        rep(cls(0, 2, (uint32_t)' ', (uint32_t)' ', (uint32_t)'\n', (uint32_t)'\n'), 0, 2);
     rules[0] = seq(1, ref(1));
     rules[1] = alt(7, ref(2), ref(3), ref(4), ref(5), lit("true"), lit("false"), lit("null"));
     rules[7] = seq(5, ref(4), ref(6), lit(":"), ref(6), ref(1));
     rules[2] = seq(4, lit("{"), ref(6),
-                   rep(seq(2, ref(7), rep(seq(4, ref(6), lit(","), ref(6), ref(7)), 0, INF)), 0,
-                       1),
+                   rep(seq(2, ref(7), rep(seq(4, ref(6), lit(","), ref(6), ref(7)), 0, INF)), 0, 1),
                    lit("}"));
     rules[3] = seq(4, lit("["), ref(6),
-                   rep(seq(2, ref(1), rep(seq(4, ref(6), lit(","), ref(6), ref(1)), 0, INF)), 0,
-                       1),
+                   rep(seq(2, ref(1), rep(seq(4, ref(6), lit(","), ref(6), ref(1)), 0, INF)), 0, 1),
                    lit("]"));
-    rules[4] = seq(3, lit("\""),
-                   rep(alt(2, cls(1, 3, (uint32_t)'"', (uint32_t)'"', (uint32_t)'\\',
-                                  (uint32_t)'\\', 0u, 0x1Fu),
-                           seq(2, lit("\\"), cls(0, 4, (uint32_t)'"', (uint32_t)'"', (uint32_t)'\\',
-                                                 (uint32_t)'\\', (uint32_t)'n', (uint32_t)'n',
-                                                 (uint32_t)'t', (uint32_t)'t'))),
-                       0, INF),
-                   lit("\""));
-    rules[5] = seq(3, rep(lit("-"), 0, 1),
-                   alt(2, lit("0"), seq(2, cls(0, 1, (uint32_t)'1', (uint32_t)'9'),
-                                        rep(cls(0, 1, (uint32_t)'0', (uint32_t)'9'), 0, INF))),
-                   rep(seq(2, lit("."), rep(cls(0, 1, (uint32_t)'0', (uint32_t)'9'), 1, INF)), 0,
-                       1));
+    rules[4] = seq(
+        3, lit("\""),
+        rep(alt(2,
+                cls(1, 3, (uint32_t)'"', (uint32_t)'"', (uint32_t)'\\', (uint32_t)'\\', 0u, 0x1Fu),
+                seq(2, lit("\\"),
+                    cls(0, 4, (uint32_t)'"', (uint32_t)'"', (uint32_t)'\\', (uint32_t)'\\',
+                        (uint32_t)'n', (uint32_t)'n', (uint32_t)'t', (uint32_t)'t'))),
+            0, INF),
+        lit("\""));
+    rules[5] =
+        seq(3, rep(lit("-"), 0, 1),
+            alt(2, lit("0"),
+                seq(2, cls(0, 1, (uint32_t)'1', (uint32_t)'9'),
+                    rep(cls(0, 1, (uint32_t)'0', (uint32_t)'9'), 0, INF))),
+            rep(seq(2, lit("."), rep(cls(0, 1, (uint32_t)'0', (uint32_t)'9'), 1, INF)), 0, 1));
     rules[6] = ws;
 }
 
@@ -900,12 +901,14 @@ static void json_grammar(void)
 static void make_json_vocab(void)
 {
     static const char *const toks[] = {
-        "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "{\"", "\":", "\",", "\"}", "\"]", "},",
-        "],", ": ", ", ", "[{", "}]", "{}", "[]", "true", "false", "null", "tr", "ue", "nu",
-        "ll", "0", "1", "12", "-", "-1", ".", ".5", "0.", "3.14", "a", "ab", "abc", "key",
-        "\"a\"", "\\", "\\n", "\\\"", "\\t", "é", "\xC3", "\xA9", "€", "\xE2\x82", "\xAC\"",
-        "x\"", "a\":", "\"\"", " \"", "\n\"", "  ", "null,", "true]", "1,", "9}", ", \"",
-        "\":\"", "\": {", "\"b\": [", "😀", "\xF0\x9F", "\x98\x80", "\x7F", "\x01"};
+        "{",    "}",     "[",     "]",        "\"",   ":",        ",",        " ",      "\n",
+        "{\"",  "\":",   "\",",   "\"}",      "\"]",  "},",       "],",       ": ",     ", ",
+        "[{",   "}]",    "{}",    "[]",       "true", "false",    "null",     "tr",     "ue",
+        "nu",   "ll",    "0",     "1",        "12",   "-",        "-1",       ".",      ".5",
+        "0.",   "3.14",  "a",     "ab",       "abc",  "key",      "\"a\"",    "\\",     "\\n",
+        "\\\"", "\\t",   "é",     "\xC3",     "\xA9", "€",        "\xE2\x82", "\xAC\"", "x\"",
+        "a\":", "\"\"",  " \"",   "\n\"",     "  ",   "null,",    "true]",    "1,",     "9}",
+        ", \"", "\":\"", "\": {", "\"b\": [", "😀",    "\xF0\x9F", "\x98\x80", "\x7F",   "\x01"};
     memset(&tv, 0, sizeof tv);
     for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
         tv.len[tv.n] = strlen(toks[i]);
@@ -981,7 +984,12 @@ TEST(syntax_forms)
         {"root ::= (\"a\" | \"b\" \"c\")* \"d\"", "abcad", "abc", "ac"},
         {"root ::= \"\\x41\\u00e9\\U0001F600\\n\\t\\\\\\\"\"", "A\xC3\xA9\xF0\x9F\x98\x80\n\t\\\"",
          "A\xC3", "A\xC3\xA8"},
-        {"root ::= . .", "\xE2\x82\xAC" "a", "\xE2\x82", "\xE2\x82" "a"},
+        {"root ::= . .",
+         "\xE2\x82\xAC"
+         "a",
+         "\xE2\x82",
+         "\xE2\x82"
+         "a"},
         {"root ::= [\\]\\-\\^]+", "]-^", "", "a"},
         {"root ::= empty \"a\"\nempty ::=\nother ::= \"b\"", "a", "", "b"},
         {"root ::=\n  \"split\" (\n  \"a\" |\n  \"b\"\n)", "splitb", "spl", "splitc"},
