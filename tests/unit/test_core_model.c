@@ -140,14 +140,22 @@ TEST(chunked_prefill_matches_one_call)
  * (every matrix crosses many tile boundaries, the last tile partial) gives
  * the logits of the default one-tile products, and of the products that
  * read the blocks in place (a chunk of at most MODEL_TILE_MIN_ROWS rows). */
-TEST(weight_tiles_match_one_tile)
+/* The tiny model with 7-row weight tiles (7 * 64 + 5 floats); NULL, with a
+ * failed check, when it does not load. */
+static core_model_t *load_small_tiles(void)
 {
-    enum { N = 100 };
     core_model_opts_t o = {.tile_floats = 7 * 64 + 5};
     core_model_t *small = NULL;
     core_error_t err = {0};
     CHECK_MSG(core_model_load(getenv("DARKSERVE_TINY_MODEL"), &o, &small, &err) == 0, "%s",
               err.msg);
+    return small;
+}
+
+TEST(weight_tiles_match_one_tile)
+{
+    enum { N = 100 };
+    core_model_t *small = load_small_tiles();
     if (!small)
         return;
     core_rng_t r;
@@ -277,11 +285,7 @@ TEST(batched_matches_alone)
  * dequantized once and shared by the long prompt sequences of a step. */
 TEST(batched_matches_alone_small_tiles)
 {
-    core_model_opts_t o = {.tile_floats = 7 * 64 + 5};
-    core_model_t *small = NULL;
-    core_error_t err = {0};
-    CHECK_MSG(core_model_load(getenv("DARKSERVE_TINY_MODEL"), &o, &small, &err) == 0, "%s",
-              err.msg);
+    core_model_t *small = load_small_tiles();
     if (!small)
         return;
     batched_check(small);
