@@ -554,11 +554,20 @@ void api_gen_abort(api_gen_t *g)
 {
     g->cancelled = 1;
     g->aborted = 1;
+    int borrowed = 0;
     for (size_t i = 0; i < g->n_jobs; i++)
-        if (g->jobs[i].submitted)
+        if (g->jobs[i].submitted) {
             srv_engine_cancel(g->jobs[i].job);
+            borrowed = 1;
+        }
     /* The session's context may still be borrowed by a submitted job: its
-     * release waits for the end (done() of a cancelled g persists nothing). */
+     * release waits for the end (done() of a cancelled g persists nothing).
+     * With no job it goes back now, before the caller's refusal is sent: a
+     * client's next request must not find it busy. */
+    if (!borrowed && g->session) {
+        char e[256];
+        api_gen_release_session(g, 0, e, sizeof e);
+    }
     api_gen_wake(g->app, g);
 }
 

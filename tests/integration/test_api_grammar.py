@@ -139,6 +139,19 @@ def test_bad_grammar_400_names_the_position(tiny):
               "over a limit", "ambiguous")
 
 
+def test_refused_generate_leaves_the_session_free(tiny):
+    # a refusal answered after the session was taken must give it back
+    # before the answer goes out: the client's next request, sent at once,
+    # finds it free (400 again), never 409 session_busy
+    st, s, _ = tiny.post("/v1/sessions", {})
+    path = f"/v1/sessions/{s['id']}/generate"
+    for _ in range(100):
+        check_400(tiny.post(path, {"text": "x", "grammar": "x ::= \"a\""}), "grammar",
+                  "no rule named 'root'")
+    st, out, _ = tiny.post(path, {"text": "x", "max_tokens": 2, "stream": False})
+    assert st == 200, out
+
+
 def test_bad_logit_bias_400(tiny):
     base = {"prompt": "x", "max_tokens": 2}
     check_400(tiny.post("/v1/completions", dict(base, logit_bias={"5": 101})),
