@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "proto/proto_impl.h"
+#include "proto/schema.h"
 
 /* Ollama's sampling defaults (api.DefaultOptions). */
 #define OLLAMA_TEMPERATURE 0.8
@@ -173,6 +174,30 @@ static int refuse_unless_empty(json_t *root, const char *key, const char *why, p
         (json_is_object(v) && json_object_size(v) == 0))
         return 0;
     return proto_error_set(err, PROTO_ERR_UNSUPPORTED, key, "'%s' is not supported (%s)", key, why);
+}
+
+/* "format": "json" (any JSON object) or a JSON Schema object; "" is none.
+ * Either becomes the request's grammar (proto/schema.h). */
+static int parse_format(json_t *root, proto_gen_params_t *p, proto_error_t *err)
+{
+    json_t *v = px_get(root, "format");
+    int rc;
+    if (!v || (json_is_string(v) && json_string_length(v) == 0))
+        return 0;
+    if (json_is_string(v)) {
+        if (strcmp(json_string_value(v), "json") != 0)
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "format",
+                                   "'format' must be \"json\" or a JSON Schema object");
+        rc = proto_schema_object_grammar(&p->grammar, &p->grammar_len, err);
+    } else if (json_is_object(v)) {
+        rc = proto_schema_grammar(v, "format", "format", &p->grammar, &p->grammar_len, err);
+    } else {
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "format",
+                               "'format' must be \"json\" or a JSON Schema object");
+    }
+    if (rc == 0)
+        p->grammar_param = "format";
+    return rc;
 }
 
 static int parse_messages(json_t *root, const proto_limits_t *lim, proto_ollama_req_t *r,
@@ -350,7 +375,7 @@ int proto_ollama_parse(const char *body, size_t len, int chat, const proto_limit
                              "seconds");
         goto fail;
     }
-    if ((rc = refuse_unless_empty(root, "format", "no constrained output", err)) < 0)
+    if ((rc = parse_format(root, p, err)) < 0)
         goto fail;
     json_t *think = px_get(root, "think");
     if (think && !json_is_boolean(think) && !json_is_string(think)) {

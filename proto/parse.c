@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "proto/proto_impl.h"
+#include "proto/schema.h"
 
 /* jansson would recurse up to its compile-time limit (2048) before we could
  * look at the tree: count brackets outside strings first. */
@@ -586,6 +587,72 @@ static int parse_logit_bias(json_t *root, const proto_limits_t *lim, proto_gen_p
     return 0;
 }
 
+/* "response_format": {"type": "text"} (no constraint), {"type": "json_object"}
+ * (any JSON object) or {"type": "json_schema", "json_schema": {"name",
+ * "schema", "strict"}}: the last two become the request's grammar
+ * (proto/schema.h), so they cannot come with a "grammar" of their own. */
+static int parse_response_format(json_t *root, proto_gen_params_t *p, proto_error_t *err)
+{
+    json_t *v = px_get(root, "response_format");
+    if (!v)
+        return 0;
+    if (!json_is_object(v))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "response_format",
+                               "'response_format' must be an object like {\"type\": \"text\"}");
+    json_t *t = px_get(v, "type");
+    if (!json_is_string(t))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "response_format.type",
+                               "'response_format.type' must be a string");
+    const char *type = json_string_value(t);
+    if (!strcmp(type, "text"))
+        return 0;
+    int object = !strcmp(type, "json_object");
+    if (!object && strcmp(type, "json_schema") != 0)
+        return proto_error_set(err, PROTO_ERR_UNSUPPORTED, "response_format.type",
+                               "'response_format.type' '%.40s' is not supported; 'text', "
+                               "'json_object' and 'json_schema' are",
+                               type);
+    if (p->grammar)
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "grammar",
+                               "'grammar' and 'response_format' of type '%s' cannot be given "
+                               "together",
+                               type);
+    int rc;
+    if (object) {
+        rc = proto_schema_object_grammar(&p->grammar, &p->grammar_len, err);
+    } else {
+        json_t *js = px_get(v, "json_schema");
+        if (!js)
+            return proto_error_set(err, PROTO_ERR_MISSING, "response_format.json_schema",
+                                   "'response_format.json_schema' is required when the type "
+                                   "is 'json_schema'");
+        if (!json_is_object(js))
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "response_format.json_schema",
+                                   "'response_format.json_schema' must be an object with "
+                                   "'name' and 'schema'");
+        json_t *name = px_get(js, "name"), *strict = px_get(js, "strict");
+        if (name && (!json_is_string(name) || json_string_length(name) > 64))
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE,
+                                   "response_format.json_schema.name",
+                                   "'response_format.json_schema.name' must be a string of at "
+                                   "most 64 characters");
+        if (strict && !json_is_boolean(strict))
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE,
+                                   "response_format.json_schema.strict",
+                                   "'response_format.json_schema.strict' must be a boolean");
+        json_t *schema = px_get(js, "schema");
+        if (!schema)
+            return proto_error_set(err, PROTO_ERR_MISSING, "response_format.json_schema.schema",
+                                   "'response_format.json_schema.schema' is required");
+        rc = proto_schema_grammar(schema, "response_format.json_schema.schema",
+                                  "response_format.json_schema.schema", &p->grammar,
+                                  &p->grammar_len, err);
+    }
+    if (rc == 0)
+        p->grammar_param = "response_format";
+    return rc;
+}
+
 int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kind kind,
                         proto_gen_params_t *p, proto_error_t *err)
 {
@@ -655,5 +722,7 @@ int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kin
         px_free(p->grammar);
         p->grammar = NULL;
     }
-    return 0;
+    if (p->grammar)
+        p->grammar_param = "grammar";
+    return parse_response_format(root, p, err);
 }

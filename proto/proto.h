@@ -18,9 +18,9 @@
  *   - unknown fields are ignored (OpenAI clients send extra ones);
  *   - a field whose value is null is treated as absent;
  *   - integer fields must be JSON integers (16.0 is rejected);
- *   - fields whose meaning darkserve cannot honour (echo: true, tools,
- *     response_format other than text, ...) are rejected with 400 rather
- *     than silently ignored.
+ *   - fields whose meaning darkserve cannot honour (echo: true, tools, a
+ *     JSON Schema keyword the converter does not implement, ...) are
+ *     rejected with 400 rather than silently ignored.
  *
  * Responses: each proto_*_json() builder returns a new NUL-terminated compact
  * JSON text (no newline inside) or NULL when out of memory. Release it with
@@ -196,6 +196,10 @@ typedef struct proto_gen_params {
     char *grammar;         /* owned, or NULL when absent or "": grammar text (docs/GRAMMAR.md),
                               at most PROTO_MAX_GRAMMAR_BYTES; the server compiles it */
     size_t grammar_len;
+    const char *grammar_param; /* static: the field the grammar came from, for errors:
+                                  "grammar", "response_format" (its JSON Schema or
+                                  json_object, converted by proto/schema.h) or "format"
+                                  (Ollama); NULL when there is no grammar */
     proto_logit_bias_t *logit_bias; /* owned [n_logit_bias], NULL when absent or {} */
     size_t n_logit_bias;            /* <= PROTO_MAX_LOGIT_BIAS */
 } proto_gen_params_t;

@@ -162,21 +162,6 @@ void proto_chat_free(proto_chat_req_t *r)
 static int chat_unsupported(json_t *root, proto_error_t *err)
 {
     json_t *v;
-    if ((v = px_get(root, "response_format"))) {
-        if (!json_is_object(v))
-            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "response_format",
-                                   "'response_format' must be an object like "
-                                   "{\"type\": \"text\"}");
-        json_t *t = px_get(v, "type");
-        if (!json_is_string(t))
-            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "response_format.type",
-                                   "'response_format.type' must be a string");
-        if (strcmp(json_string_value(t), "text") != 0)
-            return proto_error_set(err, PROTO_ERR_UNSUPPORTED, "response_format.type",
-                                   "'response_format.type' '%.40s' is not supported; only "
-                                   "'text' is",
-                                   json_string_value(t));
-    }
     static const char *const tool_fields[] = {"tools", "functions"};
     for (size_t i = 0; i < sizeof tool_fields / sizeof tool_fields[0]; i++) {
         v = px_get(root, tool_fields[i]);

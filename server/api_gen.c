@@ -154,8 +154,18 @@ int api_gen_grammar(api_gen_t *g, const proto_gen_params_t *p, proto_error_t *e)
         return -1;
     }
     if (rc < 0) {
-        proto_error_set(e, PROTO_ERR_INVALID_VALUE, "grammar", "'grammar' is %s: %s",
-                        rc == CORE_ERANGE ? "over a limit" : "invalid", ce.msg);
+        /* a grammar converted from a JSON Schema (response_format, format)
+         * fails here only where the schema itself cannot be written out: a
+         * required property that recurses without end, a pattern whose
+         * repetition can match nothing, a bound of core's */
+        const char *from = p->grammar_param ? p->grammar_param : "grammar";
+        if (strcmp(from, "grammar") != 0)
+            proto_error_set(e, PROTO_ERR_INVALID_VALUE, from,
+                            "'%s': the grammar of its schema is %s: %s", from,
+                            rc == CORE_ERANGE ? "over a limit" : "invalid", ce.msg);
+        else
+            proto_error_set(e, PROTO_ERR_INVALID_VALUE, "grammar", "'grammar' is %s: %s",
+                            rc == CORE_ERANGE ? "over a limit" : "invalid", ce.msg);
         return -1;
     }
     return 0;

@@ -443,6 +443,11 @@ static void ol_handle(srv_req_t *req, api_app_t *app, int chat)
         reply_error(req, &e);
         goto out;
     }
+    if (api_gen_grammar(g, &r.p, &e) < 0) {
+        api_gen_abort(g);
+        reply_error(req, &e);
+        goto out;
+    }
     core_sample_params_t sp;
     api_sample_params(&r.p, &sp);
     sp.repeat_last_n = r.repeat_last_n;

@@ -56,7 +56,7 @@ static json_t *gen_view(const proto_gen_params_t *p)
         snprintf(k, sizeof k, "%d", (int)p->logit_bias[i].id);
         json_object_set_new(bias, k, json_real(p->logit_bias[i].bias));
     }
-    return json_pack("{s:o,s:I,s:i,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:o,s:o,s:i,s:b,s:b,s:o,s:o,s:o}",
+    json_t *v = json_pack("{s:o,s:I,s:i,s:f,s:f,s:I,s:f,s:f,s:f,s:f,s:o,s:o,s:i,s:b,s:b,s:o,s:o,s:o}",
                      "model", str_or_null(p->model), "max_tokens", (json_int_t)p->max_tokens,
                      "n", p->n, "temperature", s->temperature, "top_p", s->top_p, "top_k",
                      (json_int_t)s->top_k, "min_p", s->min_p, "repeat_penalty",
@@ -68,6 +68,8 @@ static json_t *gen_view(const proto_gen_params_t *p)
                      p->session[0] ? json_string(p->session) : json_null(), "grammar",
                      p->grammar ? json_stringn(p->grammar, p->grammar_len) : json_null(),
                      "logit_bias", bias);
+    json_object_set_new(v, "grammar_from", str_or_null(p->grammar_param));
+    return v;
 }
 
 /* ------------------------------------------------------------ matching */

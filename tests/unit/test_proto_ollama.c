@@ -107,7 +107,8 @@ TEST(errors_name_the_field)
         {"{\"model\":\"m\",\"context\":[1,100]}", 0, 400, "context[1]"},
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 1, 400,
          "messages[0].role"},
-        {"{\"model\":\"m\",\"format\":\"json\"}", 1, 400, "format"},
+        {"{\"model\":\"m\",\"format\":\"xml\"}", 1, 400, "format"},
+        {"{\"model\":\"m\",\"format\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}", 1, 400, "format"},
         {"{\"model\":\"m\",\"template\":\"t\"}", 0, 400, "template"},
         {"{\"model\":\"m\",", 0, 400, ""},
     };

@@ -1,0 +1,50 @@
+/* proto/schema.h — JSON Schema -> grammar text (the GBNF-like form of
+ * docs/GRAMMAR.md), for `response_format` (OpenAI) and `format` (Ollama).
+ *
+ * The grammar describes a subset of the instances the schema accepts: every
+ * string of the grammar is one JSON value that validates against the schema
+ * (docs/GRAMMAR.md "JSON Schema" lists what is exact and where the grammar is
+ * narrower than the schema: property order as declared, no undeclared
+ * properties, bounded whitespace and number lengths, ...). A keyword that
+ * constrains and that the converter cannot honour is refused with a 400
+ * naming it and its path, never ignored. Annotations (title, description,
+ * examples, default, $schema, $id, $comment, ...) and unknown keywords are
+ * ignored, as validators ignore them.
+ *
+ * Pure functions of proto/ (libc and jansson); the server compiles the text
+ * with core_grammar_new like a request's `grammar`.
+ */
+#ifndef DARKSERVE_PROTO_SCHEMA_H
+#define DARKSERVE_PROTO_SCHEMA_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "proto/proto.h"
+
+#define PROTO_SCHEMA_MAX_DEPTH 64    /* nesting of schemas inside schemas */
+#define PROTO_SCHEMA_MAX_RULES 800   /* rules of the grammar (core allows 1 024) */
+#define PROTO_SCHEMA_MAX_REFS 256    /* distinct $ref targets */
+#define PROTO_SCHEMA_ANY_DEPTH 6     /* nesting of an unconstrained value ({} or json_object) */
+#define PROTO_SCHEMA_INT_DIGITS 15   /* digits of an integer part without a bound */
+#define PROTO_SCHEMA_FRAC_DIGITS 6   /* digits after the decimal point */
+#define PROTO_SCHEMA_WS_MAX 16       /* spaces or tabs after a newline between tokens */
+
+/* Converts schema (borrowed) into grammar text. `path` names the schema in
+ * messages ("response_format.json_schema.schema"), `param` is the error's
+ * param ("response_format"); both borrowed. On success *out is a new
+ * NUL-terminated text of *out_len bytes (<= PROTO_MAX_GRAMMAR_BYTES;
+ * proto_free). On failure returns PROTO_EINVAL (err: 400 with a message
+ * "<path>: <what>") or PROTO_ENOMEM, and *out is NULL. */
+int proto_schema_grammar(json_t *schema, const char *path, const char *param, char **out,
+                         size_t *out_len, proto_error_t *err);
+
+/* The same for a schema given as JSON text text[0..len) (borrowed). */
+int proto_schema_grammar_text(const char *text, size_t len, const char *path, const char *param,
+                              char **out, size_t *out_len, proto_error_t *err);
+
+/* Grammar text of any JSON object (`{"type": "json_object"}`, Ollama's
+ * "json"), values nested at most PROTO_SCHEMA_ANY_DEPTH levels. */
+int proto_schema_object_grammar(char **out, size_t *out_len, proto_error_t *err);
+
+#endif

@@ -1,0 +1,202 @@
+/* test_proto_schema.c — proto/schema.h refuses what it cannot honour: every
+ * constraining keyword it does not implement, malformed schemas, patterns
+ * outside the subset and the size bounds give PROTO_EINVAL with a message
+ * that names the keyword and its path; annotations are ignored. (The
+ * grammars themselves are run by core in test_srv_schema.c.)
+ */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/schema.h"
+#include "tests/unit/check.h"
+
+/* The converter's answer for schema text s: 0 and the grammar in *g, or
+ * the error in *e. */
+static int convert(const char *s, char **g, proto_error_t *e)
+{
+    size_t n = 0;
+    *g = NULL;
+    memset(e, 0, sizeof *e);
+    return proto_schema_grammar_text(s, strlen(s), "S", "param", g, &n, e);
+}
+
+TEST(refusals_name_keyword_and_path)
+{
+    static const struct {
+        const char *schema, *msg;
+    } c[] = {
+        {"{\"not\":{}}", "S: 'not' is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"multipleOf\":5}}}",
+         "S.properties.age: 'multipleOf' is not supported"},
+        {"{\"if\":{},\"then\":{}}", "'if' is not supported"},
+        {"{\"type\":\"object\",\"patternProperties\":{\"^x\":{}}}",
+         "S: 'patternProperties' is not supported"},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"array\",\"uniqueItems\":true}}",
+         "S.items: 'uniqueItems': true is not supported"},
+        {"{\"type\":\"array\",\"contains\":{\"const\":1}}", "'contains' is not supported"},
+        {"{\"type\":\"object\",\"dependentRequired\":{\"a\":[\"b\"]}}",
+         "'dependentRequired' is not supported"},
+        {"{\"type\":\"object\",\"propertyNames\":{\"maxLength\":3}}",
+         "'propertyNames' is not supported"},
+        {"{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"integer\",\"not\":{\"const\":3}}]}",
+         "S.anyOf[1]: 'not' is not supported"},
+        {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}",
+         "'allOf' of more than one schema is not supported"},
+        {"{\"type\":\"string\",\"anyOf\":[{\"maxLength\":1}]}", "'type' beside 'anyOf'"},
+        {"{\"$ref\":\"#/$defs/a\",\"maxLength\":2,\"$defs\":{\"a\":{}}}",
+         "'maxLength' beside '$ref'"},
+        {"{\"$ref\":\"https://example.com/s.json\"}", "only local references"},
+        {"{\"$ref\":\"#/definitions/none\"}", "names nothing in the schema"},
+        {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},"
+         "\"$ref\":\"#/$defs/a\"}",
+         "refers back to itself"},
+        {"{\"type\":\"string\",\"format\":\"uri\"}", "'format' 'uri' is not supported"},
+        {"{\"type\":\"string\",\"format\":\"date\",\"maxLength\":5}",
+         "together with 'format' is not supported"},
+        {"{\"type\":\"string\",\"pattern\":\"(?=a)b\"}", "a lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"a\\\\bc\"}", "the escape '\\b'"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "the escape '\\1'"},
+        {"{\"type\":\"string\",\"pattern\":\"a^b\"}", "an anchor inside the pattern"},
+        {"{\"type\":\"string\",\"pattern\":\"a{2000}\"}", "a repetition count over 1000"},
+        {"{\"type\":\"string\",\"pattern\":\"[^\\\\d]\"}", "a shorthand class inside a negated"},
+        {"{\"type\":\"string\",\"pattern\":\"a++\"}", "a possessive or repeated quantifier"},
+        {"{\"type\":\"string\",\"pattern\":\"(ab\"}", "an unclosed group"},
+        {"{\"type\":\"string\",\"pattern\":\"ab)\"}", "an unbalanced ')'"},
+        {"{\"type\":\"string\",\"pattern\":\"[z-a]\"}", "a reversed range"},
+        {"{\"type\":\"string\",\"pattern\":\"*a\"}", "nothing to repeat"},
+        {"{\"type\":\"string\",\"minLength\":5000}", "'minLength' above 1000"},
+        {"{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", "less than 'minLength'"},
+        {"{\"type\":\"string\",\"maxLength\":-1}", "'maxLength' must be a non-negative integer"},
+        {"{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}", "no integer satisfies the bounds"},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":1,\"exclusiveMaximum\":1}",
+         "no number satisfies the bounds"},
+        {"{\"type\":\"number\",\"minimum\":\"3\"}", "'minimum' must be a number"},
+        {"{\"type\":\"array\",\"minItems\":3,\"maxItems\":1}", "less than 'minItems'"},
+        {"{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}",
+         "'minItems' needs more items than the tuple allows"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":false},\"required\":[\"a\"]}",
+         "S.properties.a: the property is required but its schema is false"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"minProperties\":1}",
+         "'minProperties' above the number of required"},
+        {"{\"type\":\"object\",\"additionalProperties\":{},\"minProperties\":2}",
+         "'minProperties' above 1 without declared properties"},
+        {"{\"type\":\"strnig\"}", "'type' 'strnig' is not a JSON Schema type"},
+        {"{\"type\":[\"string\",\"string\"]}", "'type' lists 'string' twice"},
+        {"{\"type\":[]}", "'type' must be a type name"},
+        {"{\"enum\":[1,2],\"type\":\"string\"}", "no value of 'enum' satisfies the schema"},
+        {"{\"enum\":\"a\"}", "'enum' must be an array"},
+        {"{\"anyOf\":[]}", "'anyOf' must be a non-empty array"},
+        {"false", "S: the schema is false"},
+        {"5", "a schema must be an object or a boolean"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":[5]}}}",
+         "S.properties.a.items[0]: a schema must be an object or a boolean"},
+        {"{\"type\":\"object\",\"required\":\"a\"}", "'required' must be an array of strings"},
+        {"{\"type\":\"object\",\"additionalProperties\":3}", "'additionalProperties' must be"},
+        {"{\"$defs\":{\"a\":{\"type\":\"string\",\"format\":\"hostname\"}},\"type\":\"array\","
+         "\"items\":{\"$ref\":\"#/$defs/a\"}}",
+         "S.items(#/$defs/a): 'format' 'hostname' is not supported"},
+        {"{\"type\":", "the schema is not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char *g;
+        proto_error_t e;
+        int rc = convert(c[i].schema, &g, &e);
+        CHECK_MSG(rc == PROTO_EINVAL && g == NULL, "%s: rc %d", c[i].schema, rc);
+        CHECK_INT_EQ(e.status, 400);
+        CHECK_STR_EQ(e.param, "param");
+        CHECK_MSG(strstr(e.message, c[i].msg) != NULL, "%s: message '%s', expected '%s'",
+                  c[i].schema, e.message, c[i].msg);
+        proto_free(g);
+    }
+}
+
+TEST(annotations_and_unknown_keywords_are_ignored)
+{
+    char *a, *b;
+    proto_error_t e;
+    CHECK(convert("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},"
+                  "\"required\":[\"x\"]}",
+                  &a, &e) == 0);
+    CHECK(convert("{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"$id\":\"u\","
+                  "\"title\":\"T\",\"description\":\"D\",\"$comment\":\"c\",\"x-vendor\":1,"
+                  "\"type\":\"object\",\"examples\":[{}],\"default\":{},\"properties\":{\"x\":"
+                  "{\"type\":\"integer\",\"title\":\"X\",\"default\":3,\"deprecated\":true}},"
+                  "\"required\":[\"x\"]}",
+                  &b, &e) == 0);
+    CHECK(a && b && !strcmp(a, b));
+    proto_free(a);
+    proto_free(b);
+}
+
+TEST(bounds)
+{
+    char *g;
+    proto_error_t e;
+    /* schemas nested past PROTO_SCHEMA_MAX_DEPTH */
+    char deep[4096] = "";
+    for (int i = 0; i < PROTO_SCHEMA_MAX_DEPTH + 2; i++)
+        strcat(deep, "{\"type\":\"array\",\"items\":");
+    strcat(deep, "{}");
+    for (int i = 0; i < PROTO_SCHEMA_MAX_DEPTH + 2; i++)
+        strcat(deep, "}");
+    CHECK(convert(deep, &g, &e) == PROTO_EINVAL);
+    CHECK_MSG(strstr(e.message, "nested more than 64 levels") != NULL, "%s", e.message);
+    /* more rules than PROTO_SCHEMA_MAX_RULES: 250 properties, each an object */
+    json_t *props = json_object();
+    for (int i = 0; i < 250; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "p%d", i);
+        json_object_set_new(props, k, json_pack("{s:{s:{s:s}}}", "properties", "v", "type", "null"));
+    }
+    json_t *s = json_pack("{s:s,s:o}", "type", "object", "properties", props);
+    size_t n;
+    CHECK(proto_schema_grammar(s, "S", "param", &g, &n, &e) == PROTO_EINVAL);
+    CHECK_MSG(strstr(e.message, "more than 800 grammar rules") != NULL, "%s", e.message);
+    json_decref(s);
+    /* grammar text past PROTO_MAX_GRAMMAR_BYTES: long enum strings */
+    json_t *en = json_array();
+    for (int i = 0; i < 300; i++) {
+        char v[1100];
+        memset(v, 'a' + i % 26, sizeof v - 1);
+        v[sizeof v - 1] = '\0';
+        snprintf(v, 8, "%06d", i);
+        v[6] = 'x';
+        json_array_append_new(en, json_string(v));
+    }
+    s = json_pack("{s:o}", "enum", en);
+    CHECK(proto_schema_grammar(s, "S", "param", &g, &n, &e) == PROTO_EINVAL);
+    CHECK_MSG(strstr(e.message, "grammar is over") != NULL, "%s", e.message);
+    json_decref(s);
+}
+
+TEST(grammar_shapes)
+{
+    char *g;
+    proto_error_t e;
+    /* the declared order of properties is kept, required first member */
+    CHECK(convert("{\"type\":\"object\",\"properties\":{\"zeta\":{\"type\":\"null\"},\"alpha\":"
+                  "{\"type\":\"null\"}},\"required\":[\"zeta\",\"alpha\"]}",
+                  &g, &e) == 0);
+    CHECK(g && strstr(g, "\"\\\"zeta\\\"\"") && strstr(g, "\"\\\"alpha\\\"\""));
+    CHECK(g && strstr(g, "root ::= ") && strstr(g, "ws ::= "));
+    proto_free(g);
+    /* whitespace is bounded: a newline and at most PROTO_SCHEMA_WS_MAX blanks */
+    CHECK(convert("{\"type\":\"array\"}", &g, &e) == 0);
+    CHECK(g && strstr(g, "ws ::= ( \" \" | \"\\n\" [ \\t]{0,16} )?\n"));
+    CHECK(g && strstr(g, "any6 ::= ") && !strstr(g, "any7"));
+    proto_free(g);
+    size_t n;
+    CHECK(proto_schema_object_grammar(&g, &n, &e) == 0 && g && strlen(g) == n);
+    CHECK(g && strstr(g, "\"{\" ws ( string ws \":\" ws any6"));
+    proto_free(g);
+}
+
+int main(void)
+{
+    RUN(refusals_name_keyword_and_path);
+    RUN(annotations_and_unknown_keywords_are_ignored);
+    RUN(bounds);
+    RUN(grammar_shapes);
+    return CHECK_DONE();
+}
