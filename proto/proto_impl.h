@@ -18,6 +18,20 @@ void *px_malloc(size_t n);               /* NULL for n == 0 or when out of memor
 void px_free(void *p);                   /* NULL is a no-op */
 char *px_strndup(const char *s, size_t n); /* copy + NUL; NULL when out of memory */
 
+/* A growing text buffer (px_dump, proto/schema.c). `failed` is sticky:
+ * jansson 2.14 ignores the result of writing an object key (dump.c,
+ * dump_string in both key loops), so after one failed append it would go
+ * on and produce JSON with a key missing; once an append fails, every later
+ * one fails too and the text is dropped. */
+typedef struct px_buf {
+    char *p; /* owned; NUL-terminated after each append */
+    size_t n, cap;
+    int failed;
+} px_buf_t;
+/* Appends bytes[0..size) to the px_buf_t `data` (a json_dump_callback_t).
+ * 0, or -1 when out of memory (the buffer is then failed). */
+int px_buf_append(const char *bytes, size_t size, void *data);
+
 /* ------------------------------------------------------------ UTF-8 */
 
 /* Decodes one scalar at s[i]: returns the bytes it spans (>= 1) and sets *state

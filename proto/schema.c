@@ -21,34 +21,11 @@
 
 /* ------------------------------------------------------------- text buffer */
 
-typedef struct sb {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sb_t;
+typedef px_buf_t sb_t;
 
 static void sb_put(sb_t *b, const char *s, size_t n)
 {
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1)
-            c *= 2;
-        char *q = px_malloc(c);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        if (b->n)
-            memcpy(q, b->p, b->n);
-        px_free(b->p);
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
+    px_buf_append(s, n, b);
 }
 
 static void sb_puts(sb_t *b, const char *s)
@@ -171,18 +148,28 @@ static int new_rule(sx_t *x)
 
 static int emit_rule(sx_t *x, int id, sb_t *body)
 {
-    if (body->oom)
+    if (body->failed)
         return oom(x);
     sb_printf(&x->out, "r%d ::= ", id);
     sb_put(&x->out, body->p ? body->p : "\"\"", body->p ? body->n : 2);
     sb_puts(&x->out, "\n");
-    if (x->out.oom)
+    if (x->out.failed)
         return oom(x);
     if (x->out.n > PROTO_MAX_GRAMMAR_BYTES)
         return fail(x, PROTO_ERR_INVALID_VALUE,
                     "the schema's grammar is over %d bytes; simplify it",
                     PROTO_MAX_GRAMMAR_BYTES);
     return 0;
+}
+
+/* A new rule of body (freed); its id, or < 0. */
+static int add_rule(sx_t *x, sb_t *body)
+{
+    int id = new_rule(x);
+    if (id >= 0 && emit_rule(x, id, body) < 0)
+        id = -1;
+    sb_free(body);
+    return id < 0 ? x->rc : id;
 }
 
 /* --------------------------------------------------------------- literals */
@@ -1347,13 +1334,8 @@ static int conv_array(sx_t *x, json_t *s, sb_t *b)
             else
                 sb_printf(&body, "{%lld,%lld} ", (long long)e_min, (long long)e_max);
         }
-        int id = new_rule(x);
-        if (id < 0 || emit_rule(x, id, &body) < 0) {
-            sb_free(&body);
+        if ((next = add_rule(x, &body)) < 0)
             return x->rc;
-        }
-        sb_free(&body);
-        next = id;
     }
     for (size_t i = k; i-- > 0;) {
         if (conv_at(x, json_array_get(prefix, i), prefix_key, (long)i, pn) < 0)
@@ -1365,13 +1347,8 @@ static int conv_array(sx_t *x, json_t *s, sb_t *b)
             sb_printf(&body, "ws \",\" ws %s r%d", pn, next);
         else
             sb_printf(&body, "( ws \",\" ws %s r%d )?", pn, next);
-        int id = new_rule(x);
-        if (id < 0 || emit_rule(x, id, &body) < 0) {
-            sb_free(&body);
+        if ((next = add_rule(x, &body)) < 0)
             return x->rc;
-        }
-        sb_free(&body);
-        next = id;
     }
     sb_printf(b, "\"[\" ws %sr%d ws %s\"]\" ", mn > 0 ? "" : "( ", next, mn > 0 ? "" : ")? ");
     return 0;
@@ -1709,7 +1686,7 @@ static int finish(sx_t *x, const char *root_name, char **out, size_t *out_len)
 {
     sb_printf(&x->out, "root ::= %s\n", root_name);
     emit_shared(x);
-    if (x->out.oom)
+    if (x->out.failed)
         return oom(x);
     if (x->out.n > PROTO_MAX_GRAMMAR_BYTES)
         return fail(x, PROTO_ERR_INVALID_VALUE, "the schema's grammar is over %d bytes",

@@ -181,19 +181,9 @@ json_t *px_real(double v, double fallback)
     return json_real(isfinite(v) ? v : fallback);
 }
 
-/* Output buffer of px_dump. `failed` is sticky: jansson 2.14 ignores the
- * result of writing an object key (dump.c, dump_string in both key loops), so
- * after one failed append it would go on and produce JSON with a key missing.
- * Once an append fails, every later one fails too and the text is dropped. */
-typedef struct dump_buf {
-    char *p;
-    size_t n, cap;
-    int failed;
-} dump_buf_t;
-
-static int dump_append(const char *bytes, size_t size, void *data)
+int px_buf_append(const char *bytes, size_t size, void *data)
 {
-    dump_buf_t *d = data;
+    px_buf_t *d = data;
     if (d->failed)
         return -1;
     if (size >= d->cap - d->n) {
@@ -218,6 +208,7 @@ static int dump_append(const char *bytes, size_t size, void *data)
     }
     memcpy(d->p + d->n, bytes, size);
     d->n += size;
+    d->p[d->n] = '\0';
     return 0;
 }
 
@@ -225,14 +216,13 @@ char *px_dump(json_t *root)
 {
     if (!root)
         return NULL;
-    dump_buf_t d = {NULL, 0, 0, 0};
+    px_buf_t d = {NULL, 0, 0, 0};
     /* 9 significant digits reproduce any float exactly (logprobs are floats). */
-    int rc = json_dump_callback(root, dump_append, &d, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    int rc = json_dump_callback(root, px_buf_append, &d, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_decref(root);
     if (rc != 0 || d.failed || !d.p) {
         px_free(d.p);
         return NULL;
     }
-    d.p[d.n] = '\0'; /* dump_append always leaves room for it */
     return d.p;
 }
