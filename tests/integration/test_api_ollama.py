@@ -292,7 +292,7 @@ BAD = [
     ("options", "stop", ["x"] * 17), ("options", "stop", ["y" * 257]),
     ("options", "presence_penalty", 3),
     ("top", "options", [1]), ("top", "stream", "yes"), ("top", "keep_alive", [1]),
-    ("top", "format", "json"), ("top", "format", {"type": "object"}), ("top", "think", True),
+    ("top", "format", "xml"), ("top", "format", {"not": {"type": "object"}}), ("top", "think", True),
     ("top", "think", 5), ("top", "logprobs", "yes"), ("top", "top_logprobs", 50),
     ("top", "top_logprobs", 3), ("top", "model", 5), ("top", "model", ""),
     ("top", "model", "m" * 300),
