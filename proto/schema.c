@@ -157,8 +157,7 @@ static int emit_rule(sx_t *x, int id, sb_t *body)
         return oom(x);
     if (x->out.n > PROTO_MAX_GRAMMAR_BYTES)
         return fail(x, PROTO_ERR_INVALID_VALUE,
-                    "the schema's grammar is over %d bytes; simplify it",
-                    PROTO_MAX_GRAMMAR_BYTES);
+                    "the schema's grammar is over %d bytes; simplify it", PROTO_MAX_GRAMMAR_BYTES);
     return 0;
 }
 
@@ -210,17 +209,32 @@ static int lit_json(sx_t *x, sb_t *b, json_t *v)
 
 /* Annotations: no effect on what validates. */
 static const char *const annotations[] = {
-    "title",    "description", "examples",        "default",     "$schema",
-    "$id",      "$comment",    "deprecated",      "readOnly",    "writeOnly",
-    "$anchor",  "$defs",       "definitions",     "discriminator", "contentEncoding",
-    "contentMediaType", "$vocabulary", "example", "strict",      NULL};
+    "title",       "description",   "examples",        "default",
+    "$schema",     "$id",           "$comment",        "deprecated",
+    "readOnly",    "writeOnly",     "$anchor",         "$defs",
+    "definitions", "discriminator", "contentEncoding", "contentMediaType",
+    "$vocabulary", "example",       "strict",          NULL};
 
 /* Keywords that constrain and that the converter does not implement. */
-static const char *const refused[] = {
-    "not",           "if",            "then",           "else",          "patternProperties",
-    "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
-    "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
-    "multipleOf",    "$dynamicRef",   "$recursiveRef",  "contentSchema", NULL};
+static const char *const refused[] = {"not",
+                                      "if",
+                                      "then",
+                                      "else",
+                                      "patternProperties",
+                                      "propertyNames",
+                                      "dependentRequired",
+                                      "dependentSchemas",
+                                      "dependencies",
+                                      "unevaluatedProperties",
+                                      "unevaluatedItems",
+                                      "contains",
+                                      "minContains",
+                                      "maxContains",
+                                      "multipleOf",
+                                      "$dynamicRef",
+                                      "$recursiveRef",
+                                      "contentSchema",
+                                      NULL};
 
 static int in_list(const char *const *l, const char *k)
 {
@@ -242,13 +256,34 @@ static const char *other_constraint(json_t *s, const char *const *allowed)
         if (in_list(refused, k))
             return k;
         /* a keyword this converter reads: constraining */
-        static const char *const known[] = {
-            "type",        "enum",        "const",       "properties",    "required",
-            "additionalProperties", "items", "prefixItems", "additionalItems", "minItems",
-            "maxItems",    "uniqueItems", "minLength",   "maxLength",     "pattern",
-            "format",      "minimum",     "maximum",     "exclusiveMinimum", "exclusiveMaximum",
-            "$ref",        "anyOf",       "oneOf",       "allOf",         "minProperties",
-            "maxProperties", "nullable",  NULL};
+        static const char *const known[] = {"type",
+                                            "enum",
+                                            "const",
+                                            "properties",
+                                            "required",
+                                            "additionalProperties",
+                                            "items",
+                                            "prefixItems",
+                                            "additionalItems",
+                                            "minItems",
+                                            "maxItems",
+                                            "uniqueItems",
+                                            "minLength",
+                                            "maxLength",
+                                            "pattern",
+                                            "format",
+                                            "minimum",
+                                            "maximum",
+                                            "exclusiveMinimum",
+                                            "exclusiveMaximum",
+                                            "$ref",
+                                            "anyOf",
+                                            "oneOf",
+                                            "allOf",
+                                            "minProperties",
+                                            "maxProperties",
+                                            "nullable",
+                                            NULL};
         if (in_list(known, k))
             return k;
     }
@@ -604,18 +639,14 @@ typedef struct rng {
 static size_t shorthand(char k, rng_t *out)
 {
     switch (k) {
-    case 'd':
-        out[0] = (rng_t){'0', '9'};
-        return 1;
+    case 'd': out[0] = (rng_t){'0', '9'}; return 1;
     case 'w':
         out[0] = (rng_t){'0', '9'};
         out[1] = (rng_t){'A', 'Z'};
         out[2] = (rng_t){'a', 'z'};
         out[3] = (rng_t){'_', '_'};
         return 4;
-    case 's':
-        out[0] = (rng_t){' ', ' '};
-        return 1;
+    case 's': out[0] = (rng_t){' ', ' '}; return 1;
     case 'D':
         out[0] = (rng_t){0x20, '0' - 1};
         out[1] = (rng_t){'9' + 1, 0x7E};
@@ -627,11 +658,8 @@ static size_t shorthand(char k, rng_t *out)
         out[3] = (rng_t){'_' + 1, 'a' - 1};
         out[4] = (rng_t){'z' + 1, 0x7E};
         return 5;
-    case 'S':
-        out[0] = (rng_t){0x21, 0x7E};
-        return 1;
-    default:
-        return 0;
+    case 'S': out[0] = (rng_t){0x21, 0x7E}; return 1;
+    default: return 0;
     }
 }
 
@@ -690,21 +718,11 @@ static int emit_ranges(rx_t *r, sb_t *b, const rng_t *rg, size_t n)
 static int rx_escape_char(rx_t *r, uint32_t e, uint32_t *out)
 {
     switch (e) {
-    case 'n':
-        *out = '\n';
-        return 0;
-    case 't':
-        *out = '\t';
-        return 0;
-    case 'r':
-        *out = '\r';
-        return 0;
-    case 'f':
-        *out = '\f';
-        return 0;
-    case 'v':
-        *out = '\v';
-        return 0;
+    case 'n': *out = '\n'; return 0;
+    case 't': *out = '\t'; return 0;
+    case 'r': *out = '\r'; return 0;
+    case 'f': *out = '\f'; return 0;
+    case 'v': *out = '\v'; return 0;
     case 'x':
     case 'u': {
         size_t nd = e == 'x' ? 2 : 4;
@@ -726,8 +744,8 @@ static int rx_escape_char(rx_t *r, uint32_t e, uint32_t *out)
         return 0;
     }
     default:
-        if (e < 0x80 && !((e >= '0' && e <= '9') || (e >= 'a' && e <= 'z') ||
-                          (e >= 'A' && e <= 'Z'))) {
+        if (e < 0x80 &&
+            !((e >= '0' && e <= '9') || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z'))) {
             *out = e; /* \. \\ \- \[ ... */
             return 0;
         }
@@ -760,7 +778,8 @@ static int rx_class(rx_t *r, sb_t *b)
         if (n + 8 > RX_MAX_RANGES)
             return rx_fail(r, "a class this large");
         uint32_t c = rx_next(r);
-        if (c == '[' && r->i < r->n && (r->s[r->i] == ':' || r->s[r->i] == '=' || r->s[r->i] == '.'))
+        if (c == '[' && r->i < r->n &&
+            (r->s[r->i] == ':' || r->s[r->i] == '=' || r->s[r->i] == '.'))
             return rx_fail(r, "a POSIX class");
         if (c == '\\') {
             if (r->i >= r->n)
@@ -1114,8 +1133,8 @@ static int conv_object(sx_t *x, json_t *s, sb_t *b)
             sb_puts(b, "\"{\" ws \"}\" ");
             return 0;
         }
-        sb_printf(b, "\"{\" ws ( string ws \":\" ws %s ( ws \",\" ws string ws \":\" ws %s )",
-                  vn, vn);
+        sb_printf(b, "\"{\" ws ( string ws \":\" ws %s ( ws \",\" ws string ws \":\" ws %s )", vn,
+                  vn);
         if (maxp > 0)
             sb_printf(b, "{0,%lld} ", (long long)maxp - 1);
         else
@@ -1387,7 +1406,8 @@ static int type_set(sx_t *x, json_t *s, const char *out[8])
         json_t *one[1] = {t};
         size_t cnt = json_is_array(t) ? json_array_size(t) : 1;
         if (cnt == 0 || cnt > 7)
-            return fail(x, PROTO_ERR_INVALID_VALUE, "'type' must be a type name or an array of them");
+            return fail(x, PROTO_ERR_INVALID_VALUE,
+                        "'type' must be a type name or an array of them");
         for (size_t i = 0; i < cnt; i++) {
             json_t *e = json_is_array(t) ? json_array_get(t, i) : one[0];
             const char *name = json_is_string(e) ? json_string_value(e) : "";
@@ -1411,7 +1431,8 @@ static int type_set(sx_t *x, json_t *s, const char *out[8])
         const char *const kw[6];
     } infer[] = {
         {"object",
-         {"properties", "required", "additionalProperties", "minProperties", "maxProperties", NULL}},
+         {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
+          NULL}},
         {"array", {"items", "prefixItems", "minItems", "maxItems", "additionalItems", NULL}},
         {"string", {"minLength", "maxLength", "pattern", "format", NULL}},
         {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL}},

@@ -22,13 +22,13 @@
 
 #include "proto/proto.h"
 
-#define PROTO_SCHEMA_MAX_DEPTH 64    /* nesting of schemas inside schemas */
-#define PROTO_SCHEMA_MAX_RULES 800   /* rules of the grammar (core allows 1 024) */
-#define PROTO_SCHEMA_MAX_REFS 256    /* distinct $ref targets */
-#define PROTO_SCHEMA_ANY_DEPTH 6     /* nesting of an unconstrained value ({} or json_object) */
-#define PROTO_SCHEMA_INT_DIGITS 15   /* digits of an integer part without a bound */
-#define PROTO_SCHEMA_FRAC_DIGITS 6   /* digits after the decimal point */
-#define PROTO_SCHEMA_WS_MAX 16       /* spaces or tabs after a newline between tokens */
+#define PROTO_SCHEMA_MAX_DEPTH 64  /* nesting of schemas inside schemas */
+#define PROTO_SCHEMA_MAX_RULES 800 /* rules of the grammar (core allows 1 024) */
+#define PROTO_SCHEMA_MAX_REFS 256  /* distinct $ref targets */
+#define PROTO_SCHEMA_ANY_DEPTH 6   /* nesting of an unconstrained value ({} or json_object) */
+#define PROTO_SCHEMA_INT_DIGITS 15 /* digits of an integer part without a bound */
+#define PROTO_SCHEMA_FRAC_DIGITS 6 /* digits after the decimal point */
+#define PROTO_SCHEMA_WS_MAX 16     /* spaces or tabs after a newline between tokens */
 
 /* Converts schema (borrowed) into grammar text. `path` names the schema in
  * messages ("response_format.json_schema.schema"), `param` is the error's

@@ -147,7 +147,8 @@ TEST(bounds)
     for (int i = 0; i < 250; i++) {
         char k[16];
         snprintf(k, sizeof k, "p%d", i);
-        json_object_set_new(props, k, json_pack("{s:{s:{s:s}}}", "properties", "v", "type", "null"));
+        json_object_set_new(props, k,
+                            json_pack("{s:{s:{s:s}}}", "properties", "v", "type", "null"));
     }
     json_t *s = json_pack("{s:s,s:o}", "type", "object", "properties", props);
     size_t n;
