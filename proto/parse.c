@@ -186,8 +186,16 @@ void px_messages_free(proto_message_t *m, size_t n)
 {
     if (!m)
         return;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         px_free(m[i].content);
+        px_free(m[i].tool_call_id);
+        for (size_t k = 0; k < m[i].n_tool_calls; k++) {
+            px_free(m[i].tool_calls[k].id);
+            px_free(m[i].tool_calls[k].name);
+            px_free(m[i].tool_calls[k].arguments);
+        }
+        px_free(m[i].tool_calls);
+    }
     px_free(m);
 }
 
@@ -212,14 +220,136 @@ static int parse_role(json_t *msg, const char *mp, proto_role_t *role, proto_err
             *role = PROTO_ROLE_ASSISTANT;
             return 0;
         }
-        if (!strcmp(s, "tool") || !strcmp(s, "function"))
+        if (!strcmp(s, "tool")) {
+            *role = PROTO_ROLE_TOOL;
+            return 0;
+        }
+        if (!strcmp(s, "function"))
             return proto_error_set(err, PROTO_ERR_UNSUPPORTED, param,
-                                   "'%s' '%s' is not supported (darkserve has no tool calling)",
-                                   param, s);
+                                   "'%s' 'function' (the legacy function-calling API) is not "
+                                   "supported; use 'tool' messages and 'tools'",
+                                   param);
     }
     return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param,
-                           "'%s' must be one of 'system', 'developer', 'user', 'assistant'",
+                           "'%s' must be one of 'system', 'developer', 'user', 'assistant', "
+                           "'tool'",
                            param);
+}
+
+int px_tool_name_valid(const char *s, size_t n)
+{
+    if (n < 1 || n > PROTO_MAX_TOOL_NAME)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* One entry of an assistant message's "tool_calls" at path tp. */
+static int parse_msg_tool_call(json_t *c, const char *tp, proto_msg_tool_call_t *out,
+                               proto_error_t *err)
+{
+    char fp[PROTO_ERROR_PARAM_MAX];
+    if (!json_is_object(c))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, tp,
+                               "'%s' must be an object {\"id\", \"type\": \"function\", "
+                               "\"function\": {\"name\", \"arguments\"}}",
+                               tp);
+    json_t *id = px_get(c, "id"), *type = px_get(c, "type"), *fn = px_get(c, "function");
+    px_paramf(fp, "%s.id", tp);
+    if (id && (!json_is_string(id) || json_string_length(id) > PROTO_MAX_TOOL_CALL_ID))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, fp,
+                               "'%s' must be a string of at most %d bytes", fp,
+                               PROTO_MAX_TOOL_CALL_ID);
+    px_paramf(fp, "%s.type", tp);
+    if (type && (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, fp, "'%s' must be 'function'", fp);
+    px_paramf(fp, "%s.function", tp);
+    if (!json_is_object(fn))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, fp,
+                               "'%s' must be an object with 'name' and 'arguments'", fp);
+    json_t *name = px_get(fn, "name"), *args = px_get(fn, "arguments");
+    px_paramf(fp, "%s.function.name", tp);
+    if (!json_is_string(name) ||
+        !px_tool_name_valid(json_string_value(name), json_string_length(name)))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, fp,
+                               "'%s' must be a function name of 1 to %d characters a-z, A-Z, "
+                               "0-9, '_' or '-'",
+                               fp, PROTO_MAX_TOOL_NAME);
+    px_paramf(fp, "%s.function.arguments", tp);
+    char *a = NULL;
+    size_t an = 0;
+    if (!args) {
+        a = px_strndup("{}", 2);
+        an = 2;
+    } else if (json_is_string(args)) {
+        an = json_string_length(args);
+        a = px_strndup(json_string_value(args), an);
+    } else if (json_is_object(args)) {
+        a = json_dumps(args, JSON_COMPACT); /* exact numbers, unlike px_dump */
+        an = a ? strlen(a) : 0;
+    } else {
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, fp,
+                               "'%s' must be a string (the arguments as JSON text)", fp);
+    }
+    out->id = px_strndup(id ? json_string_value(id) : "", id ? json_string_length(id) : 0);
+    out->name = px_strndup(json_string_value(name), json_string_length(name));
+    out->arguments = a;
+    out->arguments_len = an;
+    if (!out->id || !out->name || !a)
+        return proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    return 0;
+}
+
+/* "tool_calls" of message msg (role at *role) and "tool_call_id". */
+static int parse_msg_tools(json_t *msg, const char *mp, proto_message_t *m, proto_error_t *err)
+{
+    char tp[PROTO_ERROR_PARAM_MAX];
+    json_t *tc = px_get(msg, "tool_calls");
+    px_paramf(tp, "%s.tool_calls", mp);
+    if (tc && !json_is_array(tc))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, tp, "'%s' must be an array", tp);
+    size_t nc = tc ? json_array_size(tc) : 0;
+    if (nc && m->role != PROTO_ROLE_ASSISTANT)
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, tp,
+                               "'%s' is only allowed in 'assistant' messages", tp);
+    if (nc > PROTO_MAX_MSG_TOOL_CALLS)
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, tp,
+                               "'%s' has %zu calls; at most %d are allowed", tp, nc,
+                               PROTO_MAX_MSG_TOOL_CALLS);
+    if (nc) {
+        m->tool_calls = px_malloc(nc * sizeof *m->tool_calls);
+        if (!m->tool_calls)
+            return proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        memset(m->tool_calls, 0, nc * sizeof *m->tool_calls);
+        m->n_tool_calls = nc;
+        for (size_t k = 0; k < nc; k++) {
+            char cp[PROTO_ERROR_PARAM_MAX];
+            px_paramf(cp, "%s[%zu]", tp, k);
+            int rc = parse_msg_tool_call(json_array_get(tc, k), cp, &m->tool_calls[k], err);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    json_t *id = px_get(msg, "tool_call_id");
+    if (id) {
+        px_paramf(tp, "%s.tool_call_id", mp);
+        if (m->role != PROTO_ROLE_TOOL)
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, tp,
+                                   "'%s' is only allowed in 'tool' messages", tp);
+        if (!json_is_string(id) || json_string_length(id) > PROTO_MAX_TOOL_CALL_ID)
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, tp,
+                                   "'%s' must be a string of at most %d bytes", tp,
+                                   PROTO_MAX_TOOL_CALL_ID);
+        m->tool_call_id = px_strndup(json_string_value(id), json_string_length(id));
+        if (!m->tool_call_id)
+            return proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    }
+    return 0;
 }
 
 /* content: a string, or an array of {"type":"text","text":...} joined by "\n". */
@@ -329,16 +459,20 @@ int px_parse_messages(json_t *v, const char *param, int64_t max_text, proto_mess
         }
         if ((rc = parse_role(msg, mp, &m[i].role, err)) < 0)
             goto fail;
-        json_t *tc = px_get(msg, "tool_calls");
-        if (tc && !(json_is_array(tc) && json_array_size(tc) == 0)) {
-            char tp[PROTO_ERROR_PARAM_MAX];
-            px_paramf(tp, "%s.tool_calls", mp);
-            rc = proto_error_set(err, PROTO_ERR_UNSUPPORTED, tp,
-                                 "'%s' is not supported (darkserve has no tool calling)", tp);
+        if ((rc = parse_msg_tools(msg, mp, &m[i], err)) < 0)
+            goto fail;
+        if (m[i].n_tool_calls && !px_get(msg, "content")) {
+            /* an assistant turn of calls only: "content" null or absent */
+            if (!(m[i].content = px_strndup("", 0))) {
+                rc = proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+                goto fail;
+            }
+        } else if ((rc = parse_content(msg, mp, max_text, &m[i].content, &m[i].content_len,
+                                       err)) < 0) {
             goto fail;
         }
-        if ((rc = parse_content(msg, mp, max_text, &m[i].content, &m[i].content_len, err)) < 0)
-            goto fail;
+        for (size_t k = 0; k < m[i].n_tool_calls; k++)
+            total += (int64_t)m[i].tool_calls[k].arguments_len;
         total += (int64_t)m[i].content_len;
         if (total > max_text) {
             rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, param,

@@ -60,6 +60,12 @@
 #define PROTO_MAX_GRAMMAR_BYTES (256 << 10) /* "grammar" (core's CORE_GRAMMAR_MAX_TEXT) */
 #define PROTO_MAX_LOGIT_BIAS 1024    /* "logit_bias" entries (core's CORE_SAMPLE_MAX_BIAS) */
 #define PROTO_DEFAULT_LIST_LIMIT 20
+#define PROTO_MAX_TOOLS 128          /* "tools" entries */
+#define PROTO_MAX_TOOL_NAME 64       /* bytes of a function name, [a-zA-Z0-9_-] */
+#define PROTO_MAX_TOOLS_BYTES (256 << 10) /* the "tools" array as compact JSON */
+#define PROTO_MAX_TOOL_CALLS 8       /* calls of one forced answer (parallel_tool_calls) */
+#define PROTO_MAX_MSG_TOOL_CALLS 64  /* "tool_calls" of one assistant message */
+#define PROTO_MAX_TOOL_CALL_ID 256   /* bytes of a "tool_call_id" / tool_calls[].id */
 
 /* Defaults used when a proto_limits_t field is 0 (or the pointer is NULL). */
 #define PROTO_DEFAULT_MAX_TOKENS_LIMIT 32768
@@ -146,15 +152,30 @@ void proto_free(void *p);
 typedef enum proto_role {
     PROTO_ROLE_SYSTEM = 0, /* "system" and "developer" */
     PROTO_ROLE_USER = 1,
-    PROTO_ROLE_ASSISTANT = 2
+    PROTO_ROLE_ASSISTANT = 2,
+    PROTO_ROLE_TOOL = 3 /* a tool's result ("tool"), answering an assistant's tool call */
 } proto_role_t;
 
+/* One call of an assistant message's "tool_calls" in the history:
+ * {"id", "type": "function", "function": {"name", "arguments"}}. */
+typedef struct proto_msg_tool_call {
+    char *id;          /* owned, "" when absent */
+    char *name;        /* owned, 1..PROTO_MAX_TOOL_NAME bytes */
+    char *arguments;   /* owned text: the JSON string's value as given, or an object
+                          given directly, dumped compact; "{}" when absent */
+    size_t arguments_len;
+} proto_msg_tool_call_t;
+
 /* One chat message; content is the concatenation of its text parts joined by
- * "\n" when given as an array. */
+ * "\n" when given as an array. An assistant message with "tool_calls" may
+ * have "content": null (content is then ""). */
 typedef struct proto_message {
     proto_role_t role;
     char *content;      /* owned, NUL-terminated UTF-8 (never contains NUL) */
     size_t content_len; /* bytes, without the terminator */
+    char *tool_call_id; /* owned or NULL: role tool's "tool_call_id" */
+    proto_msg_tool_call_t *tool_calls; /* owned [n_tool_calls] (assistant), NULL when none */
+    size_t n_tool_calls;               /* <= PROTO_MAX_MSG_TOOL_CALLS */
 } proto_message_t;
 
 /* Sampling parameters with their defaults already applied. */
@@ -233,11 +254,40 @@ void proto_completion_free(proto_completion_req_t *r);
  * special tokens. By default contents are plain text, so a user cannot
  * forge the template's turn markers; only the template's own markers are
  * special. */
+/* One function of "tools": {"type": "function", "function": {"name",
+ * "description", "parameters", "strict"}}. */
+typedef struct proto_tool {
+    char *name;        /* owned, [a-zA-Z0-9_-]{1,64}, unique in the request */
+    char *description; /* owned or NULL */
+    char *parameters;  /* owned compact JSON text of the parameters schema, or NULL */
+    char *json;        /* owned: {"type":"function","function":{...}} compact, the line the
+                          generic format lists (proto/tools.h) */
+} proto_tool_t;
+
+/* "tool_choice". Default: AUTO with tools, NONE without. */
+typedef enum proto_tool_choice {
+    PROTO_TOOL_CHOICE_NONE = 0,     /* "none": tools not rendered, output is content */
+    PROTO_TOOL_CHOICE_AUTO = 1,     /* "auto": free text, parsed for calls afterwards */
+    PROTO_TOOL_CHOICE_REQUIRED = 2, /* "required": constrained to calls of any tool */
+    PROTO_TOOL_CHOICE_NAMED = 3     /* {"type":"function","function":{"name"}}: that one */
+} proto_tool_choice_t;
+
+/* With tools and a forced choice (REQUIRED, NAMED) the parser also writes the
+ * call grammar (proto_schema_tools_grammar) into p.grammar, grammar_param
+ * "tools"; such a choice cannot come with "grammar" or a JSON
+ * response_format. Every tool's parameters go through the JSON Schema
+ * converter whatever the choice: an unsupported keyword is a 400 naming
+ * tools[i].function.parameters. */
 typedef struct proto_chat_req {
     proto_gen_params_t p;       /* logprobs: -1 unless "logprobs": true, then top_logprobs */
     proto_message_t *messages;  /* owned [n_messages], 1..PROTO_MAX_MESSAGES */
     size_t n_messages;
     int parse_special;          /* see above */
+    proto_tool_t *tools;        /* owned [n_tools], NULL when absent or [] */
+    size_t n_tools;             /* <= PROTO_MAX_TOOLS */
+    proto_tool_choice_t tool_choice;
+    size_t tool_named;          /* NAMED: index into tools */
+    int parallel_tool_calls;    /* default 1 */
 } proto_chat_req_t;
 
 int proto_chat_parse(const char *body, size_t len, const proto_limits_t *lim,
@@ -374,6 +424,18 @@ typedef struct proto_token_logprob {
     size_t n_top;
 } proto_token_logprob_t;
 
+/* One tool call of a response. In a chat.completion message every field
+ * is set; in a chunk's delta the first chunk of a call carries id and name
+ * ("type": "function" with them) and arguments "", later ones id = name =
+ * NULL and a fragment of the arguments. */
+typedef struct proto_tool_call {
+    int index;             /* position among the choice's calls */
+    const char *id;        /* "call_..." or NULL (chunk: not the first of the call) */
+    const char *name;      /* NULL with id NULL */
+    const char *arguments; /* JSON text (or a fragment of it); NULL = "" */
+    size_t arguments_len;
+} proto_tool_call_t;
+
 typedef struct proto_choice {
     int index;
     const char *text;          /* completion text / chat content / delta; NULL = none */
@@ -382,6 +444,9 @@ typedef struct proto_choice {
     int has_logprobs;          /* 0: "logprobs": null */
     const proto_token_logprob_t *logprobs; /* [n_logprobs] */
     size_t n_logprobs;
+    const proto_tool_call_t *tool_calls; /* chat only: [n_tool_calls]; with calls a
+                                            message's empty text is "content": null */
+    size_t n_tool_calls;
 } proto_choice_t;
 
 typedef struct proto_usage {
@@ -411,13 +476,14 @@ char *proto_completion_chunk_json(const proto_resp_meta_t *meta, const proto_cho
                                   const proto_usage_t *usage);
 
 /* {"id","object":"chat.completion","created","model","choices":[{"index",
- * "message":{"role":"assistant","content"},"logprobs":{"content":[...]}|null,
+ * "message":{"role":"assistant","content","tool_calls"?},"logprobs":{"content":[...]}|null,
  * "finish_reason"}],"usage":{...}} */
 char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
                       size_t n_choices, const proto_usage_t *usage);
 
 /* "chat.completion.chunk": delta carries "role":"assistant" when with_role,
- * "content" when choice->text != NULL; choice NULL gives "choices": []; usage
+ * "content" when choice->text != NULL, "tool_calls" when n_tool_calls > 0
+ * (proto_tool_call_t says which fields); choice NULL gives "choices": []; usage
  * non-NULL adds "usage". */
 char *proto_chat_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t *choice,
                             int with_role, const proto_usage_t *usage);

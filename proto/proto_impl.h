@@ -82,6 +82,8 @@ int px_read_string(json_t *obj, const char *key, size_t max_bytes, char **out, s
 int px_parse_messages(json_t *v, const char *param, int64_t max_text, proto_message_t **out,
                       size_t *n, proto_error_t *err);
 void px_messages_free(proto_message_t *m, size_t n);
+/* 1 when s[0..n) is a function name: [a-zA-Z0-9_-]{1,PROTO_MAX_TOOL_NAME}. */
+int px_tool_name_valid(const char *s, size_t n);
 
 /* An array of token ids at `param` (caller checked json_is_array). */
 int px_parse_token_ids(json_t *arr, const char *param, int64_t max_count, int64_t n_vocab,
@@ -96,6 +98,12 @@ enum px_gen_kind { PX_GEN_COMPLETION, PX_GEN_CHAT, PX_GEN_GENERATE };
 int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kind kind,
                         proto_gen_params_t *p, proto_error_t *err);
 void px_gen_params_free(proto_gen_params_t *p);
+
+/* "tools", "tool_choice", "parallel_tool_calls" of a chat request into r
+ * (proto/tools.c); runs after px_parse_gen_params (a forced call sets
+ * r->p.grammar). */
+int px_parse_tools(json_t *root, proto_chat_req_t *r, proto_error_t *err);
+void px_tools_free(proto_tool_t *t, size_t n);
 
 /* ------------------------------------------------------ response parts */
 

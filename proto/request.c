@@ -156,19 +156,21 @@ void proto_chat_free(proto_chat_req_t *r)
         return;
     px_gen_params_free(&r->p);
     px_messages_free(r->messages, r->n_messages);
+    px_tools_free(r->tools, r->n_tools);
     memset(r, 0, sizeof *r);
 }
 
+/* The legacy function-calling fields: "tools" and "tool_choice" replace them. */
 static int chat_unsupported(json_t *root, proto_error_t *err)
 {
-    json_t *v;
-    static const char *const tool_fields[] = {"tools", "functions"};
-    for (size_t i = 0; i < sizeof tool_fields / sizeof tool_fields[0]; i++) {
-        v = px_get(root, tool_fields[i]);
+    static const char *const legacy[] = {"functions", "function_call"};
+    for (size_t i = 0; i < sizeof legacy / sizeof legacy[0]; i++) {
+        json_t *v = px_get(root, legacy[i]);
         if (v && !(json_is_array(v) && json_array_size(v) == 0))
-            return proto_error_set(err, PROTO_ERR_UNSUPPORTED, tool_fields[i],
-                                   "'%s' is not supported (darkserve has no tool calling)",
-                                   tool_fields[i]);
+            return proto_error_set(err, PROTO_ERR_UNSUPPORTED, legacy[i],
+                                   "'%s' (the legacy function-calling API) is not supported; "
+                                   "use 'tools' and 'tool_choice'",
+                                   legacy[i]);
     }
     return 0;
 }
@@ -196,6 +198,8 @@ int proto_chat_parse(const char *body, size_t len, const proto_limits_t *lim_in,
     if ((rc = px_read_bool(root, "parse_special", &out->parse_special, err)) < 0)
         goto fail;
     if ((rc = chat_unsupported(root, err)) < 0)
+        goto fail;
+    if ((rc = px_parse_tools(root, out, err)) < 0)
         goto fail;
     json_decref(root);
     return 0;

@@ -200,6 +200,32 @@ char *proto_completion_chunk_json(const proto_resp_meta_t *meta, const proto_cho
     return bad ? (json_decref(root), NULL) : px_dump(root);
 }
 
+/* [{"index"?, "id", "type": "function", "function": {"name", "arguments"}}]:
+ * with_index for chunks (deltas), whose later pieces of a call carry only
+ * index and function.arguments. */
+static json_t *tool_calls_json(const proto_choice_t *c, int with_index)
+{
+    json_t *a = json_array();
+    int bad = !a;
+    for (size_t i = 0; !bad && i < c->n_tool_calls; i++) {
+        const proto_tool_call_t *t = &c->tool_calls[i];
+        json_t *o = json_object(), *f = json_object();
+        bad |= !o || !f;
+        if (with_index)
+            bad |= json_object_set_new(o, "index", json_integer(t->index));
+        if (t->id) {
+            bad |= json_object_set_new(o, "id", px_str(t->id, strlen(t->id)));
+            bad |= json_object_set_new(o, "type", json_string("function"));
+            bad |= json_object_set_new(f, "name", px_str(t->name, t->name ? strlen(t->name) : 0));
+        }
+        bad |= json_object_set_new(f, "arguments",
+                                   px_str(t->arguments, t->arguments ? t->arguments_len : 0));
+        bad |= json_object_set_new(o, "function", f);
+        bad |= json_array_append_new(a, o);
+    }
+    return bad ? fail_tree(a) : a;
+}
+
 char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
                       size_t n_choices, const proto_usage_t *usage)
 {
@@ -210,7 +236,13 @@ char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choic
         const proto_choice_t *c = &choices[i];
         json_t *o = json_object(), *msg = json_object();
         bad |= json_object_set_new(msg, "role", json_string("assistant"));
-        bad |= json_object_set_new(msg, "content", px_str(c->text, c->text ? c->text_len : 0));
+        if (c->n_tool_calls && (!c->text || c->text_len == 0))
+            bad |= json_object_set_new(msg, "content", json_null());
+        else
+            bad |= json_object_set_new(msg, "content",
+                                       px_str(c->text, c->text ? c->text_len : 0));
+        if (c->n_tool_calls)
+            bad |= json_object_set_new(msg, "tool_calls", tool_calls_json(c, 0));
         bad |= json_object_set_new(o, "index", json_integer(c->index));
         bad |= json_object_set_new(o, "message", msg);
         bad |= json_object_set_new(o, "logprobs", c->has_logprobs ? chat_logprobs(c) : json_null());
@@ -235,6 +267,8 @@ char *proto_chat_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t 
             bad |= json_object_set_new(delta, "role", json_string("assistant"));
         if (choice->text)
             bad |= json_object_set_new(delta, "content", px_str(choice->text, choice->text_len));
+        if (choice->n_tool_calls)
+            bad |= json_object_set_new(delta, "tool_calls", tool_calls_json(choice, 1));
         bad |= json_object_set_new(o, "index", json_integer(choice->index));
         bad |= json_object_set_new(o, "delta", delta);
         bad |= json_object_set_new(o, "logprobs",

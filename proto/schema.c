@@ -1771,3 +1771,71 @@ int proto_schema_object_grammar(char **out, size_t *out_len, proto_error_t *err)
     json_decref(s);
     return rc;
 }
+
+/* The refs table names pointers inside one root: a new root starts it
+ * again (rule ids keep counting, so the rules of earlier roots stay apart). */
+static void refs_reset(sx_t *x)
+{
+    for (int i = 0; i < x->n_refs; i++)
+        px_free(x->refs[i].ptr);
+    x->n_refs = 0;
+}
+
+int proto_schema_tools_grammar(const proto_schema_fn_t *fns, size_t n, int max_calls, char **out,
+                               size_t *out_len, proto_error_t *err)
+{
+    *out = NULL;
+    *out_len = 0;
+    if (n == 0 || max_calls < 1 || max_calls > PROTO_MAX_TOOL_CALLS)
+        return proto_error_set(err, PROTO_ERR_INTERNAL, NULL,
+                               "tool grammar of %zu functions, %d calls", n, max_calls);
+    sx_t *x = px_malloc(sizeof *x);
+    if (!x)
+        return proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    memset(x, 0, sizeof *x);
+    x->err = err;
+    sb_t alts = {0};
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        refs_reset(x);
+        path_pop(x, 0);
+        path_push(x, "%s", fns[i].path);
+        x->param = fns[i].path;
+        x->root = fns[i].parameters;
+        char args[NAME_LEN] = "\"{}\"";
+        if (fns[i].parameters)
+            rc = conv(x, fns[i].parameters, args);
+        if (rc < 0)
+            break;
+        sb_t body = {0};
+        char head[PROTO_MAX_TOOL_NAME + 48];
+        int hn = snprintf(head, sizeof head,
+                          "{\"name\": \"%.*s\", \"arguments\": ", PROTO_MAX_TOOL_NAME, fns[i].name);
+        lit(&body, head, (size_t)hn);
+        sb_printf(&body, " %s \"}\"", args);
+        int id = add_rule(x, &body);
+        if (id < 0) {
+            rc = id;
+            break;
+        }
+        sb_printf(&alts, "%sr%d", i ? " | " : "", id);
+    }
+    if (rc == 0) {
+        sb_printf(&x->out, "call ::= \"<tool_call>\\n\" ( %s ) \"\\n</tool_call>\"\n",
+                  alts.p ? alts.p : "");
+        if (alts.failed)
+            rc = oom(x);
+    }
+    if (rc == 0) {
+        char root[64];
+        if (max_calls > 1)
+            snprintf(root, sizeof root, "call ( \"\\n\" call ){0,%d}", max_calls - 1);
+        else
+            snprintf(root, sizeof root, "call");
+        rc = finish(x, root, out, out_len);
+    }
+    sb_free(&alts);
+    sx_free(x);
+    px_free(x);
+    return rc;
+}

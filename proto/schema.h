@@ -47,4 +47,25 @@ int proto_schema_grammar_text(const char *text, size_t len, const char *path, co
  * "json"), values nested at most PROTO_SCHEMA_ANY_DEPTH levels. */
 int proto_schema_object_grammar(char **out, size_t *out_len, proto_error_t *err);
 
+/* One function of a tool-call grammar. */
+typedef struct proto_schema_fn {
+    const char *name;   /* borrowed: [a-zA-Z0-9_-]{1,64} (written as a literal) */
+    json_t *parameters; /* borrowed JSON Schema of the arguments; NULL = no
+                           parameters, the arguments are "{}" */
+    const char *path;   /* borrowed: its place for messages and the error's param
+                           ("tools[2].function.parameters") */
+} proto_schema_fn_t;
+
+/* Grammar of 1..max_calls tool calls (docs/API.md, "Tool calling"):
+ *   root ::= call ( "\n" call ){0,max_calls-1}
+ *   call ::= "<tool_call>\n" ( fn_0 | fn_1 | ... ) "\n</tool_call>"
+ *   fn_i ::= "{\"name\": \"<name_i>\", \"arguments\": " <parameters_i> "}"
+ * Each function's schema is converted against its own root ($ref "#/..."
+ * resolves inside its parameters), its rules numbered after the previous
+ * function's, so any number of schemas share one grammar. fns[n] borrowed,
+ * n >= 1, 1 <= max_calls <= PROTO_MAX_TOOL_CALLS. Errors as
+ * proto_schema_grammar, param = the function's path. */
+int proto_schema_tools_grammar(const proto_schema_fn_t *fns, size_t n, int max_calls, char **out,
+                               size_t *out_len, proto_error_t *err);
+
 #endif

@@ -20,7 +20,10 @@ static json_t *str_or_null(const char *s)
 
 static const char *role_name(proto_role_t r)
 {
-    return r == PROTO_ROLE_SYSTEM ? "system" : r == PROTO_ROLE_USER ? "user" : "assistant";
+    return r == PROTO_ROLE_SYSTEM ? "system"
+           : r == PROTO_ROLE_USER ? "user"
+           : r == PROTO_ROLE_TOOL ? "tool"
+                                  : "assistant";
 }
 
 static json_t *messages_view(const proto_message_t *m, size_t n)
@@ -30,8 +33,21 @@ static json_t *messages_view(const proto_message_t *m, size_t n)
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++) {
         CHECK(strlen(m[i].content) == m[i].content_len);
-        json_array_append_new(a, json_pack("{s:s,s:s%}", "role", role_name(m[i].role), "content",
-                                           m[i].content, m[i].content_len));
+        json_t *o = json_pack("{s:s,s:s%}", "role", role_name(m[i].role), "content",
+                              m[i].content, m[i].content_len);
+        if (m[i].tool_call_id)
+            json_object_set_new(o, "tool_call_id", json_string(m[i].tool_call_id));
+        if (m[i].n_tool_calls) {
+            json_t *tc = json_array();
+            for (size_t k = 0; k < m[i].n_tool_calls; k++) {
+                const proto_msg_tool_call_t *c = &m[i].tool_calls[k];
+                CHECK(strlen(c->arguments) == c->arguments_len);
+                json_array_append_new(tc, json_pack("{s:s,s:s,s:s}", "id", c->id, "name",
+                                                    c->name, "arguments", c->arguments));
+            }
+            json_object_set_new(o, "tool_calls", tc);
+        }
+        json_array_append_new(a, o);
     }
     return a;
 }
@@ -170,6 +186,19 @@ static json_t *run_parser(const char *endpoint, json_t *c, const char *body, siz
             view = gen_view(&r.p);
             json_object_set_new(view, "messages", messages_view(r.messages, r.n_messages));
             json_object_set_new(view, "parse_special", json_boolean(r.parse_special));
+            static const char *const choices[] = {"none", "auto", "required", "named"};
+            json_t *tools = json_array();
+            for (size_t i = 0; i < r.n_tools; i++)
+                json_array_append_new(
+                    tools, json_pack("{s:s,s:o,s:o,s:s}", "name", r.tools[i].name, "description",
+                                     str_or_null(r.tools[i].description), "parameters",
+                                     str_or_null(r.tools[i].parameters), "json",
+                                     r.tools[i].json));
+            json_object_set_new(view, "tools", tools);
+            json_object_set_new(view, "tool_choice", json_string(choices[r.tool_choice]));
+            if (r.tool_choice == PROTO_TOOL_CHOICE_NAMED)
+                json_object_set_new(view, "tool_named", json_integer((json_int_t)r.tool_named));
+            json_object_set_new(view, "parallel_tool_calls", json_boolean(r.parallel_tool_calls));
         } else {
             CHECK(all_zero(&r, sizeof r));
         }

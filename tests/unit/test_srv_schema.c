@@ -275,6 +275,72 @@ TEST(cycles_are_caught_before_core)
     proto_free(t);
 }
 
+/* The call grammar of several functions: each one's schema against its own
+ * root (the same $ref "#/$defs/p" means two different things), names as
+ * constants, 1..max_calls calls joined by "\n". */
+TEST(tool_call_grammar)
+{
+    json_t *a = json_loads("{\"$defs\":{\"p\":{\"type\":\"integer\",\"minimum\":1,"
+                           "\"maximum\":3}},\"type\":\"object\",\"properties\":{\"n\":"
+                           "{\"$ref\":\"#/$defs/p\"}},\"required\":[\"n\"]}",
+                           0, NULL);
+    json_t *b = json_loads("{\"$defs\":{\"p\":{\"type\":\"boolean\"}},\"type\":\"object\","
+                           "\"properties\":{\"ok\":{\"$ref\":\"#/$defs/p\"}},"
+                           "\"required\":[\"ok\"]}",
+                           0, NULL);
+    CHECK(a && b);
+    proto_schema_fn_t fns[3] = {{"num", a, "tools[0].function.parameters"},
+                                {"flag-2", b, "tools[1].function.parameters"},
+                                {"ping", NULL, "tools[2].function.parameters"}};
+    for (int max = 1; max <= 2; max++) {
+        char *t = NULL;
+        size_t n = 0;
+        proto_error_t e;
+        CHECK(proto_schema_tools_grammar(fns, 3, max, &t, &n, &e) == 0);
+        core_grammar_t *g = NULL;
+        core_error_t ce = {0};
+        CHECK_MSG(core_grammar_new(t, n, NULL, NULL, &g, &ce) == 0, "%s\n%s", ce.msg, t);
+        static const char *const valid[] = {
+            "<tool_call>\n{\"name\": \"num\", \"arguments\": {\"n\": 2}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"flag-2\", \"arguments\": {\"ok\": false}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>"};
+        static const char *const invalid[] = {
+            "<tool_call>\n{\"name\": \"num\", \"arguments\": {\"n\": 4}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"num\", \"arguments\": {\"n\": true}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"flag-2\", \"arguments\": {\"ok\": 1}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"pong\", \"arguments\": {}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"ping\", \"arguments\": {\"x\": 1}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"num\", \"arguments\": {\"n\": 2}}",
+            "{\"name\": \"num\", \"arguments\": {\"n\": 2}}",
+            ""};
+        for (size_t i = 0; g && i < 3; i++) {
+            CHECK_MSG(accepts(g, valid[i]) == 1, "%s", valid[i]);
+            char two[256];
+            snprintf(two, sizeof two, "%s\n%s", valid[i], valid[(i + 1) % 3]);
+            CHECK_MSG(accepts(g, two) == (max == 2), "max %d: %s", max, two);
+        }
+        for (size_t i = 0; g && i < sizeof invalid / sizeof invalid[0]; i++)
+            CHECK_MSG(accepts(g, invalid[i]) == 0, "%s", invalid[i]);
+        core_grammar_free(g);
+        proto_free(t);
+    }
+    /* an unsupported keyword names its function's path */
+    json_t *bad = json_loads("{\"type\":\"object\",\"properties\":{\"x\":{\"not\":{}}}}", 0, NULL);
+    proto_schema_fn_t fb[2] = {{"a", a, "tools[0].function.parameters"},
+                               {"b", bad, "tools[1].function.parameters"}};
+    char *t = NULL;
+    size_t n = 0;
+    proto_error_t e;
+    CHECK(proto_schema_tools_grammar(fb, 2, 1, &t, &n, &e) == PROTO_EINVAL && t == NULL);
+    CHECK_STR_EQ(e.param, "tools[1].function.parameters");
+    CHECK_MSG(strstr(e.message, "tools[1].function.parameters.properties.x: 'not'") != NULL, "%s",
+              e.message);
+    CHECK(proto_schema_tools_grammar(fb, 1, 9, &t, &n, &e) < 0);
+    json_decref(a);
+    json_decref(b);
+    json_decref(bad);
+}
+
 int main(void)
 {
     gws = core_grammar_ws_new();
@@ -282,6 +348,7 @@ int main(void)
     RUN(integer_bounds_are_exact);
     RUN(number_bounds_are_exact_for_integer_bounds);
     RUN(cycles_are_caught_before_core);
+    RUN(tool_call_grammar);
     core_grammar_ws_free(gws);
     return CHECK_DONE();
 }
