@@ -265,7 +265,14 @@ int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_spe
  * *ids is malloc'd (caller frees). Returns 0 or a negative CORE_E* (ce). */
 int api_chat_tokens(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont, int open,
                     int gen_prompt, int parse_special, int add_special, int32_t **ids,
-                    size_t *n_ids, core_error_t *ce);/* Random lowercase hex id of 2*nbytes characters into out (nbytes <= 32). */
+                    size_t *n_ids, core_error_t *ce);
+/* The same with tools[n_tools] (borrowed; none when 0) listed in the
+ * system prompt. Either way, role tool messages and assistant tool_calls
+ * are written in darkserve's generic tool format (proto/tools.h). */
+int api_chat_tokens_tools(const api_app_t *app, const proto_message_t *msgs, size_t n,
+                          const proto_tool_t *tools, size_t n_tools, int cont, int open,
+                          int gen_prompt, int parse_special, int add_special, int32_t **ids,
+                          size_t *n_ids, core_error_t *ce);/* Random lowercase hex id of 2*nbytes characters into out (nbytes <= 32). */
 void api_random_hex(char *out, size_t nbytes);
 
 /* ---- api_gen.c: per-choice accumulation (non-streamed answers) ---- */

@@ -367,8 +367,10 @@ static int ol_tokens(api_app_t *app, srv_req_t *req, const proto_ollama_req_t *r
         proto_message_t m[2];
         size_t nm = 0;
         if (r->system)
-            m[nm++] = (proto_message_t){PROTO_ROLE_SYSTEM, r->system, r->system_len};
-        m[nm++] = (proto_message_t){PROTO_ROLE_USER, r->prompt, r->prompt_len};
+            m[nm++] = (proto_message_t){
+                .role = PROTO_ROLE_SYSTEM, .content = r->system, .content_len = r->system_len};
+        m[nm++] = (proto_message_t){
+            .role = PROTO_ROLE_USER, .content = r->prompt, .content_len = r->prompt_len};
         /* after a context (which ends inside the assistant's reply, as we
          * returned it) the template continues the conversation: it closes
          * that reply's turn and opens the new ones */

@@ -11,6 +11,7 @@
  */
 #include "server/api.h"
 
+#include "proto/tools.h"
 #include "server/log.h"
 
 #include <inttypes.h>
@@ -19,10 +20,24 @@
 #include <string.h>
 #include <time.h>
 
+/* One tool call of a non-streamed answer. */
+typedef struct oa_call {
+    char id[32]; /* "call_" and 24 random alphanumerics */
+    char *name;  /* owned */
+    api_acc_t args;
+} oa_call_t;
+
 typedef struct oa_choice {
     api_acc_t acc;  /* non-streamed: text and (for logprobs) tokens */
     int64_t offset; /* streamed completions: bytes of pieces so far (text_offset) */
     srv_finish_t finish;
+    /* tool calling (chat with tools, tool_choice not "none") */
+    proto_tool_parser_t *tp; /* NULL: the text is all content */
+    oa_call_t *calls;        /* non-streamed: [n_calls] */
+    size_t n_calls;
+    int oom;
+    api_gen_t *g; /* for the parser's callback */
+    int index;    /* choice index */
 } oa_choice_t;
 
 typedef struct oa_req {
@@ -45,8 +60,16 @@ static void oa_free(void *kd)
     if (!r)
         return;
     if (r->choices)
-        for (size_t i = 0; i < r->n_choices; i++)
-            api_acc_free(&r->choices[i].acc);
+        for (size_t i = 0; i < r->n_choices; i++) {
+            oa_choice_t *c = &r->choices[i];
+            api_acc_free(&c->acc);
+            proto_tool_parser_free(c->tp);
+            for (size_t k = 0; k < c->n_calls; k++) {
+                free(c->calls[k].name);
+                api_acc_free(&c->calls[k].args);
+            }
+            free(c->calls);
+        }
     free(r->choices);
     free(r);
 }
@@ -76,6 +99,74 @@ static const char *shown_finish(srv_finish_t f)
     return api_finish_reason(f);
 }
 
+/* The parser's findings: content and calls, written as chunks (streamed)
+ * or kept for the answer. */
+static void oa_tool_ev(void *ud, const proto_tool_ev_t *tev)
+{
+    oa_choice_t *c = ud;
+    api_gen_t *g = c->g;
+    oa_req_t *r = g->kd;
+    char id[32] = "";
+    if (tev->kind == PROTO_TOOL_EV_CALL) {
+        char hex[25];
+        api_random_hex(hex, 12);
+        snprintf(id, sizeof id, "call_%s", hex);
+    }
+    if (!r->stream) {
+        if (tev->kind == PROTO_TOOL_EV_CONTENT) {
+            api_acc_text(&c->acc, tev->text, tev->len);
+        } else if (tev->kind == PROTO_TOOL_EV_CALL) {
+            oa_call_t *nc = realloc(c->calls, (c->n_calls + 1) * sizeof *nc);
+            char *name = malloc(tev->len + 1);
+            if (!nc || !name) {
+                free(nc == c->calls ? NULL : nc);
+                free(name);
+                if (nc)
+                    c->calls = nc;
+                c->oom = 1;
+                return;
+            }
+            c->calls = nc;
+            memcpy(name, tev->text, tev->len);
+            name[tev->len] = '\0';
+            oa_call_t *call = &c->calls[c->n_calls++];
+            memset(call, 0, sizeof *call);
+            snprintf(call->id, sizeof call->id, "%s", id);
+            call->name = name;
+        } else if (c->n_calls && (size_t)tev->index == c->n_calls - 1) {
+            api_acc_text(&c->calls[tev->index].args, tev->text, tev->len);
+        }
+        return;
+    }
+    proto_resp_meta_t meta = oa_meta(g, r);
+    proto_tool_call_t tc = {.index = tev->index, .arguments = tev->text, .arguments_len = tev->len};
+    proto_choice_t pc = {.index = c->index};
+    if (tev->kind == PROTO_TOOL_EV_CONTENT) {
+        pc.text = tev->text;
+        pc.text_len = tev->len;
+    } else {
+        if (tev->kind == PROTO_TOOL_EV_CALL) {
+            tc.id = id;
+            tc.name = tev->text;
+            tc.arguments = "";
+            tc.arguments_len = 0;
+        }
+        pc.tool_calls = &tc;
+        pc.n_tool_calls = 1;
+    }
+    char *j = proto_chat_chunk_json(&meta, &pc, 0, NULL);
+    api_gen_write_json(g, j);
+    proto_free(j);
+}
+
+/* finish_reason of choice c: "tool_calls" when it stopped after calls. */
+static const char *choice_finish(const oa_choice_t *c, srv_finish_t f)
+{
+    if (c->tp && f == SRV_FINISH_STOP && proto_tool_parser_calls(c->tp) > 0)
+        return "tool_calls";
+    return shown_finish(f);
+}
+
 static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
 {
     oa_req_t *r = g->kd;
@@ -89,7 +180,14 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
         c->finish = ev->finish;
 
     if (!r->stream) {
-        api_acc_text(&c->acc, ev->text, ev->len);
+        if (c->tp) {
+            if (proto_tool_parser_feed(c->tp, ev->text, ev->len) < 0)
+                c->oom = 1;
+            if (ev->finish != SRV_FINISH_NONE && proto_tool_parser_finish(c->tp) < 0)
+                c->oom = 1;
+        } else {
+            api_acc_text(&c->acc, ev->text, ev->len);
+        }
         if (with_lp)
             api_acc_token(&c->acc, ev);
         c->acc.finish = c->finish;
@@ -102,6 +200,28 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
     if (with_lp) {
         api_event_logprob(g->app->tok, ev, c->offset, &lp, top);
         c->offset += (int64_t)lp.piece_len;
+    }
+    if (c->tp) {
+        /* the text goes through the parser; logprobs in chunks of their own */
+        if (with_lp) {
+            proto_choice_t lc = {
+                .index = (int)ci, .has_logprobs = 1, .logprobs = &lp, .n_logprobs = 1};
+            char *j = proto_chat_chunk_json(&meta, &lc, 0, NULL);
+            api_gen_write_json(g, j);
+            proto_free(j);
+        }
+        proto_tool_parser_feed(c->tp, ev->text, ev->len);
+        if (ev->finish != SRV_FINISH_NONE) {
+            proto_tool_parser_finish(c->tp);
+            const char *tfin = choice_finish(c, ev->finish);
+            if (tfin) {
+                proto_choice_t end = {.index = (int)ci, .finish_reason = tfin};
+                char *j = proto_chat_chunk_json(&meta, &end, 0, NULL);
+                api_gen_write_json(g, j);
+                proto_free(j);
+            }
+        }
+        return;
     }
     const char *fin = ev->finish != SRV_FINISH_NONE ? shown_finish(ev->finish) : NULL;
     proto_choice_t pc = {.index = (int)ci,
@@ -216,17 +336,33 @@ static void oa_done(api_gen_t *g)
     proto_choice_t *pcs = calloc(nc, sizeof(proto_choice_t));
     proto_token_logprob_t **lps = calloc(nc, sizeof(proto_token_logprob_t *));
     proto_top_logprob_t **tops = calloc(nc, sizeof(proto_top_logprob_t *));
-    int oom = !pcs || !lps || !tops;
+    proto_tool_call_t **tcs = calloc(nc, sizeof(proto_tool_call_t *));
+    int oom = !pcs || !lps || !tops || !tcs;
     for (size_t i = 0; !oom && i < r->n_choices; i++) {
         oa_choice_t *c = &r->choices[i];
-        if (c->acc.oom) {
+        if (c->acc.oom || c->oom) {
             oom = 1;
             break;
         }
         pcs[i].index = (int)i;
         pcs[i].text = c->acc.text ? c->acc.text : "";
         pcs[i].text_len = c->acc.len;
-        pcs[i].finish_reason = shown_finish(c->finish);
+        pcs[i].finish_reason = choice_finish(c, c->finish);
+        if (c->n_calls) {
+            if (!(tcs[i] = calloc(c->n_calls, sizeof *tcs[i]))) {
+                oom = 1;
+                break;
+            }
+            for (size_t k = 0; k < c->n_calls; k++) {
+                if (c->calls[k].args.oom)
+                    oom = 1;
+                tcs[i][k] = (proto_tool_call_t){(int)k, c->calls[k].id, c->calls[k].name,
+                                                c->calls[k].args.text ? c->calls[k].args.text : "",
+                                                c->calls[k].args.len};
+            }
+            pcs[i].tool_calls = tcs[i];
+            pcs[i].n_tool_calls = c->n_calls;
+        }
         if (r->logprobs >= 0) {
             if (api_acc_logprobs(&c->acc, g->app->tok, &lps[i], &tops[i]) < 0) {
                 oom = 1;
@@ -245,10 +381,12 @@ static void oa_done(api_gen_t *g)
     }
     api_gen_reply_json(g, 200, j); /* NULL: 500 out of memory */
     proto_free(j);
-    for (size_t i = 0; lps && tops && i < r->n_choices; i++) {
+    for (size_t i = 0; lps && tops && tcs && i < r->n_choices; i++) {
         free(lps[i]);
         free(tops[i]);
+        free(tcs[i]);
     }
+    free(tcs);
     free(lps);
     free(tops);
     free(pcs);
@@ -273,10 +411,40 @@ static void inputs_free(oa_input_t *in, size_t n)
     free(in);
 }
 
+/* 1 when chat request cr has its output parsed for tool calls. */
+static int tools_on(const proto_chat_req_t *cr)
+{
+    return cr && cr->n_tools && cr->tool_choice != PROTO_TOOL_CHOICE_NONE;
+}
+
+/* A tool-call parser per choice of r (g's), for chat request cr. */
+static int tool_parsers(api_gen_t *g, oa_req_t *r, const proto_chat_req_t *cr)
+{
+    const int forced =
+        cr->tool_choice == PROTO_TOOL_CHOICE_REQUIRED || cr->tool_choice == PROTO_TOOL_CHOICE_NAMED;
+    const char *names[PROTO_MAX_TOOLS];
+    size_t nn = 0;
+    for (size_t i = 0; i < cr->n_tools; i++)
+        if (cr->tool_choice != PROTO_TOOL_CHOICE_NAMED || i == cr->tool_named)
+            names[nn++] = cr->tools[i].name;
+    const int max_calls = cr->parallel_tool_calls ? PROTO_MAX_TOOL_CALLS : 1;
+    for (size_t i = 0; i < r->n_choices; i++) {
+        oa_choice_t *c = &r->choices[i];
+        c->g = g;
+        c->index = (int)i;
+        c->tp = proto_tool_parser_new(names, nn, forced, max_calls, oa_tool_ev, c);
+        if (!c->tp)
+            return -1;
+    }
+    return 0;
+}
+
 /* The common tail of both endpoints: session (held or NULL), token inputs
- * [n_in] (owned, freed here), the parsed options. Answers req. */
+ * [n_in] (owned, freed here), the parsed options; cr: the chat request
+ * (tools), NULL for completions. Answers req. */
 static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_params_t *p,
-                   srv_session_t *sess, oa_input_t *in, size_t n_in, int session_chat)
+                   const proto_chat_req_t *cr, srv_session_t *sess, oa_input_t *in, size_t n_in,
+                   int session_chat)
 {
     char err[512];
     oa_req_t *r = calloc(1, sizeof *r);
@@ -313,6 +481,12 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
         return;
     }
     g->session = sess;
+    if (tools_on(cr) && tool_parsers(g, r, cr) < 0) {
+        api_gen_abort(g);
+        inputs_free(in, n_in);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
 
     /* the state memory this request may take, before anything is allocated:
      * per input, n states grown to the end of the answer, less the
@@ -471,7 +645,7 @@ static void h_completions(srv_req_t *req, void *ud)
             goto fail;
         }
     }
-    oa_run(app, req, 0, &cr.p, sess, in, cr.n_prompts, 0);
+    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0);
     proto_completion_free(&cr);
     return;
 fail:
@@ -504,14 +678,16 @@ static void h_chat(srv_req_t *req, void *ud)
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto fail;
     }
-    if (api_chat_tokens(app, cr.messages, cr.n_messages, !empty,
-                        sess ? srv_session_turn_open(sess) : 0, 1, cr.parse_special, empty,
-                        &in->ids, &in->n, &ce) < 0) {
+    /* tool_choice "none": the tools are not shown to the model at all */
+    if (api_chat_tokens_tools(app, cr.messages, cr.n_messages, cr.tools,
+                              tools_on(&cr) ? cr.n_tools : 0, !empty,
+                              sess ? srv_session_turn_open(sess) : 0, 1, cr.parse_special, empty,
+                              &in->ids, &in->n, &ce) < 0) {
         api_core_error(ce.code, "messages", ce.msg, &e);
         api_reply_proto(req, &e);
         goto fail;
     }
-    oa_run(app, req, 1, &cr.p, sess, in, 1, sess != NULL);
+    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL);
     proto_chat_free(&cr);
     return;
 fail:

@@ -4,6 +4,8 @@
  */
 #include "server/api.h"
 
+#include "proto/tools.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,32 +203,110 @@ static const char *role_name(proto_role_t r)
 {
     switch (r) {
     case PROTO_ROLE_SYSTEM: return "system";
-    case PROTO_ROLE_USER: return "user";
+    case PROTO_ROLE_USER:
+    case PROTO_ROLE_TOOL: return "user";
     default: return "assistant";
     }
+}
+
+/* The messages as the template sees them, in darkserve's generic tool
+ * format (proto/tools.h): the tools listed in the system prompt (the
+ * conversation's first system message, or the template's default one, or
+ * for a session's continuation a system message before the new ones), an
+ * assistant's tool_calls written after its content, consecutive tool
+ * results in one user turn. Texts made here go to owned[*n_owned]. */
+static int chat_view(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont,
+                     const proto_tool_t *tools, size_t n_tools, core_chat_msg_t *cm,
+                     size_t *n_cm, char **owned, size_t *n_owned, core_error_t *ce)
+{
+    size_t k = 0, i = 0;
+    *n_owned = 0;
+    if (n_tools) {
+        const char *base = "";
+        size_t base_len = 0;
+        if (!cont && n && msgs[0].role == PROTO_ROLE_SYSTEM) {
+            base = msgs[0].content;
+            base_len = msgs[0].content_len;
+            i = 1;
+        } else if (!cont) {
+            base = app->tmpl.default_system;
+            base_len = app->tmpl.default_system_len;
+        }
+        size_t len = 0;
+        char *t = proto_tools_system_text(tools, n_tools, base, base_len, &len);
+        if (!t)
+            return core_error_set(ce, CORE_ENOMEM, "out of memory listing %zu tools", n_tools);
+        owned[(*n_owned)++] = t;
+        cm[k++] = (core_chat_msg_t){"system", t};
+    }
+    while (i < n) {
+        const proto_message_t *m = &msgs[i];
+        size_t len = 0;
+        char *t = NULL;
+        size_t run = 1;
+        if (m->role == PROTO_ROLE_TOOL) {
+            while (i + run < n && msgs[i + run].role == PROTO_ROLE_TOOL)
+                run++;
+            t = proto_tools_results_text(m, run, &len);
+        } else if (m->n_tool_calls) {
+            t = proto_tools_assistant_text(m, &len);
+        } else {
+            cm[k++] = (core_chat_msg_t){role_name(m->role), m->content};
+            i++;
+            continue;
+        }
+        if (!t)
+            return core_error_set(ce, CORE_ENOMEM, "out of memory rendering tool messages");
+        owned[(*n_owned)++] = t;
+        cm[k++] = (core_chat_msg_t){role_name(m->role), t};
+        i += run;
+    }
+    *n_cm = k;
+    return 0;
 }
 
 int api_chat_tokens(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont, int open,
                     int gen_prompt, int parse_special, int add_special, int32_t **ids,
                     size_t *n_ids, core_error_t *ce)
 {
+    return api_chat_tokens_tools(app, msgs, n, NULL, 0, cont, open, gen_prompt, parse_special,
+                                 add_special, ids, n_ids, ce);
+}
+
+int api_chat_tokens_tools(const api_app_t *app, const proto_message_t *msgs, size_t n,
+                          const proto_tool_t *tools, size_t n_tools, int cont, int open,
+                          int gen_prompt, int parse_special, int add_special, int32_t **ids,
+                          size_t *n_ids, core_error_t *ce)
+{
     *ids = NULL;
     *n_ids = 0;
-    core_chat_msg_t *cm = calloc(n ? n : 1, sizeof *cm);
-    if (!cm)
+    core_chat_msg_t *cm = calloc(n + 1, sizeof *cm);
+    char **owned = calloc(n + 1, sizeof *owned);
+    size_t n_cm = 0, n_owned = 0;
+    if (!cm || !owned) {
+        free(cm);
+        free(owned);
         return core_error_set(ce, CORE_ENOMEM, "out of memory rendering %zu messages", n);
-    for (size_t i = 0; i < n; i++) {
-        cm[i].role = role_name(msgs[i].role);
-        cm[i].content = msgs[i].content;
+    }
+    int vrc = chat_view(app, msgs, n, cont, tools, n_tools, cm, &n_cm, owned, &n_owned, ce);
+    if (vrc < 0) {
+        for (size_t i = 0; i < n_owned; i++)
+            proto_free(owned[i]);
+        free(owned);
+        free(cm);
+        return vrc;
     }
     core_chat_opts_t o = {.add_generation_prompt = gen_prompt, .assistant_turn_open = open};
     size_t max = (size_t)app->limits.max_text_bytes * 2 + 65536;
     char *text = NULL;
     size_t len = 0, n_spans = 0;
     core_chat_span_t *spans = NULL;
-    int rc = core_chat_render_spans(&app->tmpl, cm, n, &o, cont, max, &text, &len, &spans,
+    int rc = core_chat_render_spans(&app->tmpl, cm, n_cm, &o, cont, max, &text, &len, &spans,
                                     &n_spans, ce);
     free(cm);
+    for (size_t i = 0; i < n_owned; i++)
+        proto_free(owned[i]);
+    free(owned);
     if (rc < 0)
         return rc;
     /* The template's markers are special tokens; the contents are plain text
