@@ -19,7 +19,7 @@ const char *srv_hc_strerror(int code)
 {
     switch (code) {
     case 0: return "success";
-#define SRV_HC_ERR_STR_(name, val, desc) \
+#define SRV_HC_ERR_STR_(name, val, desc)                                                           \
     case name: return desc;
         SRV_HC_ERRNO_MAP(SRV_HC_ERR_STR_)
 #undef SRV_HC_ERR_STR_
@@ -291,9 +291,10 @@ static int chunk_size_line(srv_hc_parser_t *p)
     size_t i = 0;
     for (; i < n; i++) {
         char c = p->line[i];
-        int d = c >= '0' && c <= '9' ? c - '0'
+        int d = c >= '0' && c <= '9'   ? c - '0'
                 : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0)
             break;
         if (i >= 15)
@@ -329,10 +330,8 @@ int64_t srv_hc_parser_feed(srv_hc_parser_t *p, const char *buf, size_t n)
     while (i < n) {
         int rc = 0;
         switch (p->state) {
-        case ST_FAILED:
-            return SRV_HC_EPROTO;
-        case ST_DONE:
-            return (int64_t)i;
+        case ST_FAILED: return SRV_HC_EPROTO;
+        case ST_DONE: return (int64_t)i;
         case ST_HEAD:
             rc = head_byte(p, buf[i++]);
             if (rc == 1)
@@ -400,8 +399,7 @@ int srv_hc_parser_eof(srv_hc_parser_t *p)
         if (p->head_len == 0 && p->status == 0)
             return fail(p, SRV_HC_EPROTO, "connection closed without an answer");
         return fail(p, SRV_HC_EPROTO, "connection closed inside the response head");
-    default:
-        return fail(p, SRV_HC_EPROTO, "connection closed before the end of the response body");
+    default: return fail(p, SRV_HC_EPROTO, "connection closed before the end of the response body");
     }
 }
 
@@ -675,8 +673,7 @@ static int connect_to(const srv_hc_url_t *u, int timeout_ms, volatile sig_atomic
     }
     int fd = -1, saved = 0, rc = SRV_HC_ECONNECT;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    ai->ai_protocol);
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
         if (fd < 0) {
             saved = errno;
             continue;
@@ -714,8 +711,7 @@ static int connect_to(const srv_hc_url_t *u, int timeout_ms, volatile sig_atomic
     return SRV_HC_ECONNECT;
 }
 
-static int send_all(int fd, const char *p, size_t n, int timeout_ms,
-                    volatile sig_atomic_t *cancel)
+static int send_all(int fd, const char *p, size_t n, int timeout_ms, volatile sig_atomic_t *cancel)
 {
     while (n) {
         ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
@@ -739,8 +735,8 @@ static int send_all(int fd, const char *p, size_t n, int timeout_ms,
 
 static char *request_head(const srv_hc_url_t *u, const srv_hc_request_t *rq, size_t *len)
 {
-    size_t cap = 512 + strlen(rq->method) + strlen(u->base) + strlen(rq->path) +
-                 strlen(u->host) + (rq->bearer ? strlen(rq->bearer) : 0) +
+    size_t cap = 512 + strlen(rq->method) + strlen(u->base) + strlen(rq->path) + strlen(u->host) +
+                 (rq->bearer ? strlen(rq->bearer) : 0) +
                  (rq->content_type ? strlen(rq->content_type) : 0);
     char *h = malloc(cap);
     if (!h)

@@ -32,15 +32,15 @@
 #include <stdint.h>
 
 /* X(name, value, description) */
-#define SRV_HC_ERRNO_MAP(X)                                                                     \
-    X(SRV_HC_EPROTO, -1, "malformed HTTP response")                                             \
-    X(SRV_HC_ETOOBIG, -2, "response over a size limit")                                         \
-    X(SRV_HC_ECONNECT, -3, "cannot connect")                                                    \
-    X(SRV_HC_EIO, -4, "connection error")                                                       \
-    X(SRV_HC_ETIMEDOUT, -5, "timed out")                                                        \
-    X(SRV_HC_ECANCELED, -6, "interrupted")                                                      \
-    X(SRV_HC_ENOMEM, -7, "out of memory")                                                       \
-    X(SRV_HC_EINVAL, -8, "invalid argument")                                                    \
+#define SRV_HC_ERRNO_MAP(X)                                                                        \
+    X(SRV_HC_EPROTO, -1, "malformed HTTP response")                                                \
+    X(SRV_HC_ETOOBIG, -2, "response over a size limit")                                            \
+    X(SRV_HC_ECONNECT, -3, "cannot connect")                                                       \
+    X(SRV_HC_EIO, -4, "connection error")                                                          \
+    X(SRV_HC_ETIMEDOUT, -5, "timed out")                                                           \
+    X(SRV_HC_ECANCELED, -6, "interrupted")                                                         \
+    X(SRV_HC_ENOMEM, -7, "out of memory")                                                          \
+    X(SRV_HC_EINVAL, -8, "invalid argument")                                                       \
     X(SRV_HC_ESTOP, -9, "stopped by the caller")
 
 enum srv_hc_errno {
@@ -153,15 +153,15 @@ typedef struct srv_hc_url {
 int srv_hc_url_parse(const char *url, srv_hc_url_t *u, char *err, size_t errlen);
 
 typedef struct srv_hc_request {
-    const char *method; /* "GET", "POST", … */
-    const char *path;   /* appended to the URL's base; starts with '/' */
-    const char *bearer; /* Authorization: Bearer value, or NULL */
+    const char *method;       /* "GET", "POST", … */
+    const char *path;         /* appended to the URL's base; starts with '/' */
+    const char *bearer;       /* Authorization: Bearer value, or NULL */
     const char *content_type; /* with a body; NULL = no Content-Type */
-    const void *body;   /* borrowed; body_len bytes, sent with Content-Length */
+    const void *body;         /* borrowed; body_len bytes, sent with Content-Length */
     size_t body_len;
-    int timeout_ms;     /* longest wait for the connection, one write or one read;
-                           <= 0: 30 s */
-    uint64_t body_max;  /* largest response body accepted */
+    int timeout_ms;    /* longest wait for the connection, one write or one read;
+                          <= 0: 30 s */
+    uint64_t body_max; /* largest response body accepted */
     /* when set (by a signal handler, say) the request stops with
      * SRV_HC_ECANCELED within ~100 ms; NULL = never */
     volatile sig_atomic_t *cancel;

@@ -128,8 +128,8 @@ TEST(test_chunked_every_split)
     CHECK(P.chunked);
     CHECK_STR_EQ(G.ctype, "text/event-stream");
     /* lower-case hex, LF-only line ends, no trailers */
-    CHECK_INT_EQ(parse_str("HTTP/1.1 200 OK\nTransfer-Encoding: Chunked\n\na\nabcdefghij\n0\n\n", 0),
-                 0);
+    CHECK_INT_EQ(
+        parse_str("HTTP/1.1 200 OK\nTransfer-Encoding: Chunked\n\na\nabcdefghij\n0\n\n", 0), 0);
     CHECK(srv_hc_parser_done(&P));
     CHECK_INT_EQ(G.len, 10);
 }
@@ -174,16 +174,15 @@ TEST(test_malformed)
     expect_err("HTTP/1.1 200 OK\r\nA: b\x01\r\n\r\n", 0, SRV_HC_EPROTO, "control character");
     expect_err("HTTP/1.1 200 OK\r\nContent-Length: 12a\r\n\r\n", 0, SRV_HC_EPROTO,
                "Content-Length");
-    expect_err("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", 0, SRV_HC_EPROTO,
+    expect_err("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", 0, SRV_HC_EPROTO, "Content-Length");
+    expect_err("HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n", 0, SRV_HC_EPROTO,
                "Content-Length");
-    expect_err("HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n", 0,
-               SRV_HC_EPROTO, "Content-Length");
     expect_err("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 0,
                SRV_HC_EPROTO, "two different");
     expect_err("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 0, SRV_HC_EPROTO,
                "Transfer-Encoding");
-    expect_err("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", 0,
-               SRV_HC_EPROTO, "Transfer-Encoding");
+    expect_err("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", 0, SRV_HC_EPROTO,
+               "Transfer-Encoding");
     expect_err("HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n\r\n", 0, SRV_HC_EPROTO,
                "Transfer-Encoding");
     const char *te = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
@@ -218,10 +217,13 @@ TEST(test_malformed)
 TEST(test_bounds)
 {
     /* body over body_max (64 in expect_err): announced, chunked, close-framed */
-    expect_err("HTTP/1.1 200 OK\r\nContent-Length: 65\r\n\r\n", 0, SRV_HC_ETOOBIG, "over the limit");
+    expect_err("HTTP/1.1 200 OK\r\nContent-Length: 65\r\n\r\n", 0, SRV_HC_ETOOBIG,
+               "over the limit");
     char buf[512];
-    snprintf(buf, sizeof buf, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                              "20\r\n%032d\r\n21\r\n", 0);
+    snprintf(buf, sizeof buf,
+             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+             "20\r\n%032d\r\n21\r\n",
+             0);
     expect_err(buf, 0, SRV_HC_ETOOBIG, "over the limit");
     snprintf(buf, sizeof buf, "HTTP/1.1 200 OK\r\n\r\n%065d", 0);
     expect_err(buf, 0, SRV_HC_ETOOBIG, "over the limit");
@@ -236,7 +238,8 @@ TEST(test_bounds)
         n += (size_t)snprintf(big + n, sizeof big - n, "X-Pad: 0123456789abcdef\r\n");
     CHECK_INT_EQ(parse(big, n, 1000, 0, 64, NULL), SRV_HC_ETOOBIG);
     CHECK(strstr(P.err, "head") != NULL);
-    n = (size_t)snprintf(big, sizeof big, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n");
+    n = (size_t)snprintf(big, sizeof big,
+                         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n");
     while (n < SRV_HC_MAX_HEAD + 100)
         n += (size_t)snprintf(big + n, sizeof big - n, "X-Pad: 0123456789abcdef\r\n");
     CHECK_INT_EQ(parse(big, n, 0, 0, 64, NULL), SRV_HC_ETOOBIG);
@@ -423,9 +426,9 @@ TEST(test_url_parse)
     CHECK(u.ipv6_literal);
     CHECK_STR_EQ(u.port, "9");
     CHECK_STR_EQ(u.base, "/x");
-    const char *bad[] = {"https://h", "h:80", "http://", "http://:80", "http://h:0",
-                         "http://h:65536", "http://h:x", "http://[::1", "http://h?q",
-                         "http://h/a b", "http://u@h/", "http://h:80x"};
+    const char *bad[] = {"https://h",  "h:80",           "http://",     "http://:80",
+                         "http://h:0", "http://h:65536", "http://h:x",  "http://[::1",
+                         "http://h?q", "http://h/a b",   "http://u@h/", "http://h:80x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = '\0';
         CHECK_MSG(srv_hc_url_parse(bad[i], &u, err, sizeof err) == SRV_HC_EINVAL, "%s", bad[i]);
@@ -457,7 +460,8 @@ static void *serve_one(void *arg)
         p->request[p->req_len] = '\0';
         char *end = strstr(p->request, "\r\n\r\n");
         const char *cl = strstr(p->request, "Content-Length: ");
-        if (end && (!cl || p->req_len >= (size_t)(end + 4 - p->request) + strtoul(cl + 16, NULL, 10)))
+        if (end &&
+            (!cl || p->req_len >= (size_t)(end + 4 - p->request) + strtoul(cl + 16, NULL, 10)))
             break;
     }
     size_t n = strlen(p->answer);
@@ -500,10 +504,17 @@ TEST(test_request_roundtrip)
     pthread_t th;
     pthread_create(&th, NULL, serve_one, &p);
     memset(&G, 0, sizeof G);
-    srv_hc_request_t rq = {.method = "POST", .path = "/v1/x", .bearer = "k1",
-                           .content_type = "application/json", .body = "{}", .body_len = 2,
-                           .timeout_ms = 10000, .body_max = 1 << 20, .on_head = on_head,
-                           .on_body = on_body, .ud = &G};
+    srv_hc_request_t rq = {.method = "POST",
+                           .path = "/v1/x",
+                           .bearer = "k1",
+                           .content_type = "application/json",
+                           .body = "{}",
+                           .body_len = 2,
+                           .timeout_ms = 10000,
+                           .body_max = 1 << 20,
+                           .on_head = on_head,
+                           .on_body = on_body,
+                           .ud = &G};
     char err[256] = "";
     int st = srv_hc_request(&u, &rq, err, sizeof err);
     pthread_join(th, NULL);
@@ -528,8 +539,12 @@ TEST(test_request_errors)
     CHECK(fd >= 0);
     close(fd);
     memset(&G, 0, sizeof G);
-    srv_hc_request_t rq = {.method = "GET", .path = "/health", .timeout_ms = 5000,
-                           .body_max = 1024, .on_body = on_body, .ud = &G};
+    srv_hc_request_t rq = {.method = "GET",
+                           .path = "/health",
+                           .timeout_ms = 5000,
+                           .body_max = 1024,
+                           .on_body = on_body,
+                           .ud = &G};
     CHECK_INT_EQ(srv_hc_request(&u, &rq, err, sizeof err), SRV_HC_ECONNECT);
     CHECK_MSG(strstr(err, "cannot connect to 127.0.0.1:") && strstr(err, "refused"), "%s", err);
     /* header injection is refused before connecting */
