@@ -8,5 +8,7 @@ int srv_cli_info(int argc, char **argv);
 int srv_cli_generate(int argc, char **argv);
 int srv_cli_perplexity(int argc, char **argv);
 int srv_cli_tokenize(int argc, char **argv);
+/* server/cli_chat.c: the interactive terminal client of a (started) server */
+int srv_cli_chat(int argc, char **argv);
 
 #endif

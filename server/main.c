@@ -20,6 +20,7 @@ static void usage(FILE *f)
             "usage: darkserve COMMAND [options]   (darkserve COMMAND --help for its options)\n\n"
             "commands:\n"
             "  serve       run the HTTP server\n"
+            "  chat        chat with a server in the terminal (starts one unless --url)\n"
             "  generate    generate text from a prompt on stdout\n"
             "  perplexity  score a text file\n"
             "  tokenize    show the tokens of a text\n"
@@ -76,6 +77,8 @@ int main(int argc, char **argv)
         return srv_cli_perplexity(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenize") == 0)
         return srv_cli_tokenize(argc - 2, argv + 2);
+    if (strcmp(cmd, "chat") == 0)
+        return srv_cli_chat(argc - 2, argv + 2);
     if (strcmp(cmd, "info") == 0)
         return srv_cli_info(argc - 2, argv + 2);
     fprintf(stderr, "darkserve: unknown command '%s'\n\n", cmd);
