@@ -152,8 +152,9 @@ void proto_free(void *p);
 typedef enum proto_role {
     PROTO_ROLE_SYSTEM = 0, /* "system" and "developer" */
     PROTO_ROLE_USER = 1,
-    PROTO_ROLE_ASSISTANT = 2,
-    PROTO_ROLE_TOOL = 3 /* a tool's result ("tool"), answering an assistant's tool call */
+    PROTO_ROLE_TOOL = 2,     /* a tool's result ("tool"), answering an assistant's tool call */
+    PROTO_ROLE_ASSISTANT = 3 /* the last value: role <= PROTO_ROLE_ASSISTANT is a valid role
+                                (tests/fuzz/fuzz_proto.c checks that) */
 } proto_role_t;
 
 /* One call of an assistant message's "tool_calls" in the history:
@@ -424,8 +425,8 @@ typedef struct proto_token_logprob {
     size_t n_top;
 } proto_token_logprob_t;
 
-/* One tool call of a response. In a chat.completion message every field
- * is set; in a chunk's delta the first chunk of a call carries id and name
+/* One tool call of a chat response. In a chat.completion message every
+ * field is set; in a chunk's delta the first chunk of a call carries id and name
  * ("type": "function" with them) and arguments "", later ones id = name =
  * NULL and a fragment of the arguments. */
 typedef struct proto_tool_call {
@@ -444,10 +445,13 @@ typedef struct proto_choice {
     int has_logprobs;          /* 0: "logprobs": null */
     const proto_token_logprob_t *logprobs; /* [n_logprobs] */
     size_t n_logprobs;
-    const proto_tool_call_t *tool_calls; /* chat only: [n_tool_calls]; with calls a
-                                            message's empty text is "content": null */
-    size_t n_tool_calls;
 } proto_choice_t;
+
+/* The tool calls of one chat choice (proto_chat_tools_json). */
+typedef struct proto_choice_tools {
+    const proto_tool_call_t *calls; /* [n_calls] */
+    size_t n_calls;
+} proto_choice_tools_t;
 
 typedef struct proto_usage {
     int64_t prompt_tokens;
@@ -476,17 +480,26 @@ char *proto_completion_chunk_json(const proto_resp_meta_t *meta, const proto_cho
                                   const proto_usage_t *usage);
 
 /* {"id","object":"chat.completion","created","model","choices":[{"index",
- * "message":{"role":"assistant","content","tool_calls"?},"logprobs":{"content":[...]}|null,
+ * "message":{"role":"assistant","content"},"logprobs":{"content":[...]}|null,
  * "finish_reason"}],"usage":{...}} */
 char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
                       size_t n_choices, const proto_usage_t *usage);
+/* The same with tools[n_choices] (NULL = none): a choice with calls gets
+ * "message.tool_calls" [{"id","type":"function","function":{"name",
+ * "arguments"}}], and "content": null when its text is empty. */
+char *proto_chat_tools_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
+                            const proto_choice_tools_t *tools, size_t n_choices,
+                            const proto_usage_t *usage);
 
 /* "chat.completion.chunk": delta carries "role":"assistant" when with_role,
- * "content" when choice->text != NULL, "tool_calls" when n_tool_calls > 0
- * (proto_tool_call_t says which fields); choice NULL gives "choices": []; usage
+ * "content" when choice->text != NULL; choice NULL gives "choices": []; usage
  * non-NULL adds "usage". */
 char *proto_chat_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t *choice,
                             int with_role, const proto_usage_t *usage);
+/* A chunk of choice `index` whose delta is {"tool_calls": [call]} (the
+ * fields proto_tool_call_t says), "logprobs": null, "finish_reason": null. */
+char *proto_chat_tool_chunk_json(const proto_resp_meta_t *meta, int index,
+                                 const proto_tool_call_t *call);
 
 /* A session's checkpoint: its state after `turn` turns. */
 typedef struct proto_checkpoint {

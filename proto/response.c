@@ -203,12 +203,12 @@ char *proto_completion_chunk_json(const proto_resp_meta_t *meta, const proto_cho
 /* [{"index"?, "id", "type": "function", "function": {"name", "arguments"}}]:
  * with_index for chunks (deltas), whose later pieces of a call carry only
  * index and function.arguments. */
-static json_t *tool_calls_json(const proto_choice_t *c, int with_index)
+static json_t *tool_calls_json(const proto_tool_call_t *calls, size_t n, int with_index)
 {
     json_t *a = json_array();
     int bad = !a;
-    for (size_t i = 0; !bad && i < c->n_tool_calls; i++) {
-        const proto_tool_call_t *t = &c->tool_calls[i];
+    for (size_t i = 0; !bad && i < n; i++) {
+        const proto_tool_call_t *t = &calls[i];
         json_t *o = json_object(), *f = json_object();
         bad |= !o || !f;
         if (with_index)
@@ -229,6 +229,13 @@ static json_t *tool_calls_json(const proto_choice_t *c, int with_index)
 char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
                       size_t n_choices, const proto_usage_t *usage)
 {
+    return proto_chat_tools_json(meta, choices, NULL, n_choices, usage);
+}
+
+char *proto_chat_tools_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
+                            const proto_choice_tools_t *tools, size_t n_choices,
+                            const proto_usage_t *usage)
+{
     json_t *root = resp_head(meta, "chat.completion");
     json_t *arr = json_array();
     int bad = 0;
@@ -236,13 +243,14 @@ char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choic
         const proto_choice_t *c = &choices[i];
         json_t *o = json_object(), *msg = json_object();
         bad |= json_object_set_new(msg, "role", json_string("assistant"));
-        if (c->n_tool_calls && (!c->text || c->text_len == 0))
+        const size_t nt = tools ? tools[i].n_calls : 0;
+        if (nt && (!c->text || c->text_len == 0))
             bad |= json_object_set_new(msg, "content", json_null());
         else
             bad |= json_object_set_new(msg, "content",
                                        px_str(c->text, c->text ? c->text_len : 0));
-        if (c->n_tool_calls)
-            bad |= json_object_set_new(msg, "tool_calls", tool_calls_json(c, 0));
+        if (nt)
+            bad |= json_object_set_new(msg, "tool_calls", tool_calls_json(tools[i].calls, nt, 0));
         bad |= json_object_set_new(o, "index", json_integer(c->index));
         bad |= json_object_set_new(o, "message", msg);
         bad |= json_object_set_new(o, "logprobs", c->has_logprobs ? chat_logprobs(c) : json_null());
@@ -267,8 +275,6 @@ char *proto_chat_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t 
             bad |= json_object_set_new(delta, "role", json_string("assistant"));
         if (choice->text)
             bad |= json_object_set_new(delta, "content", px_str(choice->text, choice->text_len));
-        if (choice->n_tool_calls)
-            bad |= json_object_set_new(delta, "tool_calls", tool_calls_json(choice, 1));
         bad |= json_object_set_new(o, "index", json_integer(choice->index));
         bad |= json_object_set_new(o, "delta", delta);
         bad |= json_object_set_new(o, "logprobs",
@@ -279,6 +285,22 @@ char *proto_chat_chunk_json(const proto_resp_meta_t *meta, const proto_choice_t 
     bad |= json_object_set_new(root, "choices", arr);
     if (usage)
         bad |= json_object_set_new(root, "usage", px_usage(usage, 1));
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+char *proto_chat_tool_chunk_json(const proto_resp_meta_t *meta, int index,
+                                 const proto_tool_call_t *call)
+{
+    json_t *root = resp_head(meta, "chat.completion.chunk");
+    json_t *arr = json_array(), *o = json_object(), *delta = json_object();
+    int bad = !arr || !o || !delta;
+    bad |= json_object_set_new(delta, "tool_calls", tool_calls_json(call, 1, 1));
+    bad |= json_object_set_new(o, "index", json_integer(index));
+    bad |= json_object_set_new(o, "delta", delta);
+    bad |= json_object_set_new(o, "logprobs", json_null());
+    bad |= json_object_set_new(o, "finish_reason", json_null());
+    bad |= json_array_append_new(arr, o);
+    bad |= json_object_set_new(root, "choices", arr);
     return bad ? (json_decref(root), NULL) : px_dump(root);
 }
 

@@ -139,22 +139,23 @@ static void oa_tool_ev(void *ud, const proto_tool_ev_t *tev)
         return;
     }
     proto_resp_meta_t meta = oa_meta(g, r);
-    proto_tool_call_t tc = {.index = tev->index, .arguments = tev->text, .arguments_len = tev->len};
-    proto_choice_t pc = {.index = c->index};
+    char *j;
     if (tev->kind == PROTO_TOOL_EV_CONTENT) {
-        pc.text = tev->text;
-        pc.text_len = tev->len;
+        proto_choice_t pc = {.index = c->index, .text = tev->text, .text_len = tev->len};
+        j = proto_chat_chunk_json(&meta, &pc, 0, NULL);
     } else {
-        if (tev->kind == PROTO_TOOL_EV_CALL) {
-            tc.id = id;
-            tc.name = tev->text;
-            tc.arguments = "";
-            tc.arguments_len = 0;
+        proto_tool_call_t tc = {
+            .index = tev->index, .arguments = tev->text, .arguments_len = tev->len};
+        if (tev->kind == PROTO_TOOL_EV_CALL)
+            tc = (proto_tool_call_t){tev->index, id, tev->text, "", 0};
+        /* a name is short; its text is the event's, valid for this call */
+        char name[PROTO_MAX_TOOL_NAME + 1];
+        if (tc.name) {
+            snprintf(name, sizeof name, "%.*s", (int)tev->len, tev->text);
+            tc.name = name;
         }
-        pc.tool_calls = &tc;
-        pc.n_tool_calls = 1;
+        j = proto_chat_tool_chunk_json(&meta, c->index, &tc);
     }
-    char *j = proto_chat_chunk_json(&meta, &pc, 0, NULL);
     api_gen_write_json(g, j);
     proto_free(j);
 }
@@ -337,7 +338,8 @@ static void oa_done(api_gen_t *g)
     proto_token_logprob_t **lps = calloc(nc, sizeof(proto_token_logprob_t *));
     proto_top_logprob_t **tops = calloc(nc, sizeof(proto_top_logprob_t *));
     proto_tool_call_t **tcs = calloc(nc, sizeof(proto_tool_call_t *));
-    int oom = !pcs || !lps || !tops || !tcs;
+    proto_choice_tools_t *cts = calloc(nc, sizeof(proto_choice_tools_t));
+    int oom = !pcs || !lps || !tops || !tcs || !cts;
     for (size_t i = 0; !oom && i < r->n_choices; i++) {
         oa_choice_t *c = &r->choices[i];
         if (c->acc.oom || c->oom) {
@@ -360,8 +362,7 @@ static void oa_done(api_gen_t *g)
                                                 c->calls[k].args.text ? c->calls[k].args.text : "",
                                                 c->calls[k].args.len};
             }
-            pcs[i].tool_calls = tcs[i];
-            pcs[i].n_tool_calls = c->n_calls;
+            cts[i] = (proto_choice_tools_t){tcs[i], c->n_calls};
         }
         if (r->logprobs >= 0) {
             if (api_acc_logprobs(&c->acc, g->app->tok, &lps[i], &tops[i]) < 0) {
@@ -376,7 +377,7 @@ static void oa_done(api_gen_t *g)
     char *j = NULL;
     if (!oom) {
         proto_resp_meta_t meta = oa_meta(g, r);
-        j = r->chat ? proto_chat_json(&meta, pcs, r->n_choices, &u)
+        j = r->chat ? proto_chat_tools_json(&meta, pcs, cts, r->n_choices, &u)
                     : proto_completion_json(&meta, pcs, r->n_choices, &u);
     }
     api_gen_reply_json(g, 200, j); /* NULL: 500 out of memory */
@@ -387,6 +388,7 @@ static void oa_done(api_gen_t *g)
         free(tcs[i]);
     }
     free(tcs);
+    free(cts);
     free(lps);
     free(tops);
     free(pcs);

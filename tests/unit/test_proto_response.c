@@ -192,8 +192,8 @@ TEST(completion_response_shape)
 {
     proto_resp_meta_t meta = {"cmpl-1", 1700000000, "smollm2", NULL};
     proto_choice_t ch[2] = {
-        {0, "Hello wor\xe2\x82", 11, "length", 1, lps0, 2, NULL, 0},
-        {1, "x", 1, "stop", 0, NULL, 0, NULL, 0},
+        {0, "Hello wor\xe2\x82", 11, "length", 1, lps0, 2},
+        {1, "x", 1, "stop", 0, NULL, 0},
     };
     proto_usage_t u = {7, 3};
     char *s = proto_completion_json(&meta, ch, 2, &u);
@@ -239,7 +239,7 @@ TEST(completion_logprob_keys_without_nul)
      * (jansson too): keys get U+FFFD instead; values keep the escape. */
     proto_top_logprob_t top = {"a\0b", 3, 1, -1.0};
     proto_token_logprob_t lp = {"a\0b", 3, 1, -1.0, 0, &top, 1};
-    proto_choice_t c = {0, "a\0b", 3, "stop", 1, &lp, 1, NULL, 0};
+    proto_choice_t c = {0, "a\0b", 3, "stop", 1, &lp, 1};
     proto_resp_meta_t meta = {"id", 1, "m", NULL};
     char *s = proto_completion_json(&meta, &c, 1, NULL);
     json_t *j = parse(s);
@@ -254,7 +254,7 @@ TEST(completion_logprob_keys_without_nul)
 TEST(completion_chunk_shape)
 {
     proto_resp_meta_t meta = {"cmpl-2", 5, "m", NULL};
-    proto_choice_t c = {0, " the", 4, NULL, 0, NULL, 0, NULL, 0};
+    proto_choice_t c = {0, " the", 4, NULL, 0, NULL, 0};
     char *s = proto_completion_chunk_json(&meta, &c, NULL);
     json_t *j = parse(s);
     check_shape(j, "chunk", "id:s", "object:s", "created:i", "model:s", "choices:a", NULL);
@@ -279,7 +279,7 @@ TEST(system_fingerprint_in_every_shape)
 {
     /* given: in whole responses and in every chunk; NULL: absent (above) */
     proto_resp_meta_t meta = {"x-1", 1, "m", "fp_0123456789abcdef"};
-    proto_choice_t c = {0, "a", 1, "stop", 0, NULL, 0, NULL, 0};
+    proto_choice_t c = {0, "a", 1, "stop", 0, NULL, 0};
     proto_usage_t u = {1, 1};
     char *s[5] = {proto_completion_json(&meta, &c, 1, &u),
                   proto_completion_chunk_json(&meta, &c, NULL),
@@ -298,7 +298,7 @@ TEST(system_fingerprint_in_every_shape)
 TEST(chat_response_shape)
 {
     proto_resp_meta_t meta = {"chatcmpl-1", 42, "smollm2", NULL};
-    proto_choice_t c = {0, "Hi!", 3, "stop", 1, lps0, 2, NULL, 0};
+    proto_choice_t c = {0, "Hi!", 3, "stop", 1, lps0, 2};
     proto_usage_t u = {10, 2};
     char *s = proto_chat_json(&meta, &c, 1, &u);
     json_t *j = parse(s);
@@ -334,8 +334,9 @@ TEST(chat_tool_calls_shape)
 {
     proto_resp_meta_t meta = {"chatcmpl-3", 42, "m", NULL};
     proto_tool_call_t calls[2] = {{0, "call_a", "f", "{\"a\":1}", 7}, {1, "call_b", "g", NULL, 0}};
-    proto_choice_t c = {0, "", 0, "tool_calls", 0, NULL, 0, calls, 2};
-    char *s = proto_chat_json(&meta, &c, 1, NULL);
+    proto_choice_t c = {0, "", 0, "tool_calls", 0, NULL, 0};
+    proto_choice_tools_t ct = {calls, 2};
+    char *s = proto_chat_tools_json(&meta, &c, &ct, 1, NULL);
     json_t *j = parse(s);
     json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
     CHECK_STR_EQ(sget(c0, "finish_reason"), "tool_calls");
@@ -354,7 +355,7 @@ TEST(chat_tool_calls_shape)
     /* content beside calls stays */
     c.text = "ok";
     c.text_len = 2;
-    s = proto_chat_json(&meta, &c, 1, NULL);
+    s = proto_chat_tools_json(&meta, &c, &ct, 1, NULL);
     j = parse(s);
     msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
     CHECK_STR_EQ(sget(msg, "content"), "ok");
@@ -363,10 +364,11 @@ TEST(chat_tool_calls_shape)
 
     /* chunks: the first of a call with id, type, name and ""; then fragments */
     proto_tool_call_t first = {1, "call_b", "g", "", 0};
-    proto_choice_t d = {0, NULL, 0, NULL, 0, NULL, 0, &first, 1};
-    s = proto_chat_chunk_json(&meta, &d, 0, NULL);
+    s = proto_chat_tool_chunk_json(&meta, 0, &first);
     j = parse(s);
-    json_t *delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+    json_t *ch0 = json_array_get(json_object_get(j, "choices"), 0);
+    check_shape(ch0, "choice", "index:i", "delta:o", "logprobs:z", "finish_reason:z", NULL);
+    json_t *delta = json_object_get(ch0, "delta");
     check_shape(delta, "delta", "tool_calls:a", NULL);
     t0 = json_array_get(json_object_get(delta, "tool_calls"), 0);
     check_shape(t0, "call", "index:i", "id:s", "type:s", "function:o", NULL);
@@ -375,8 +377,7 @@ TEST(chat_tool_calls_shape)
     json_decref(j);
     proto_free(s);
     proto_tool_call_t frag = {1, NULL, NULL, "{\"x\"", 4};
-    d.tool_calls = &frag;
-    s = proto_chat_chunk_json(&meta, &d, 0, NULL);
+    s = proto_chat_tool_chunk_json(&meta, 0, &frag);
     j = parse(s);
     delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
     t0 = json_array_get(json_object_get(delta, "tool_calls"), 0);
@@ -391,7 +392,7 @@ TEST(chat_chunk_sequence)
 {
     proto_resp_meta_t meta = {"chatcmpl-2", 42, "m", NULL};
     /* first chunk: role + empty content */
-    proto_choice_t c = {0, "", 0, NULL, 0, NULL, 0, NULL, 0};
+    proto_choice_t c = {0, "", 0, NULL, 0, NULL, 0};
     char *s = proto_chat_chunk_json(&meta, &c, 1, NULL);
     json_t *j = parse(s);
     check_shape(j, "chunk", "id:s", "object:s", "created:i", "model:s", "choices:a", NULL);
@@ -403,7 +404,7 @@ TEST(chat_chunk_sequence)
     proto_free(s);
 
     /* content chunk */
-    proto_choice_t c2 = {0, "Hel", 3, NULL, 1, lps0, 1, NULL, 0};
+    proto_choice_t c2 = {0, "Hel", 3, NULL, 1, lps0, 1};
     s = proto_chat_chunk_json(&meta, &c2, 0, NULL);
     j = parse(s);
     c0 = json_array_get(json_object_get(j, "choices"), 0);
@@ -413,7 +414,7 @@ TEST(chat_chunk_sequence)
     proto_free(s);
 
     /* final chunk: empty delta + finish_reason */
-    proto_choice_t c3 = {0, NULL, 0, "length", 0, NULL, 0, NULL, 0};
+    proto_choice_t c3 = {0, NULL, 0, "length", 0, NULL, 0};
     s = proto_chat_chunk_json(&meta, &c3, 0, NULL);
     j = parse(s);
     c0 = json_array_get(json_object_get(j, "choices"), 0);
