@@ -62,6 +62,7 @@ typedef struct chat {
     char sid[33];
     int64_t max_tokens; /* 0: the server's default */
     double temperature; /* NAN: the server's default */
+    json_t *options;    /* --options: more fields of every generate; owned */
     /* the last reply */
     int have_last;
     int64_t last_tokens;
@@ -257,10 +258,33 @@ static int reply_body(void *ud, const char *data, size_t len)
     return srv_hc_buf_append(&r->other, data, len);
 }
 
+/* Writes to the terminal with write(2), not stdio: a Ctrl-C that lands
+ * while a long reply blocks on a full terminal makes write() return early
+ * (EINTR, or a short count), which would leave stdio's stream in an error
+ * state and lose what follows ("[stopped]"). Here the rest is written. */
+static void out_write(const char *s, size_t n)
+{
+    fflush(stdout);
+    while (n) {
+        ssize_t w = write(1, s, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static void out_str(const char *s)
+{
+    out_write(s, strlen(s));
+}
+
 static void reply_newline(reply_t *r)
 {
     if (!r->at_line_start)
-        fputc('\n', stdout);
+        out_str("\n");
     r->at_line_start = 1;
 }
 
@@ -300,14 +324,13 @@ static int reply_event(void *ud, const char *data, size_t len)
         snprintf(c->last_finish, sizeof c->last_finish, "%s", fin ? fin : "?");
         if (fin && strcmp(fin, "timeout") == 0) {
             reply_newline(r);
-            printf("[the server's generation timeout ended the reply]\n");
+            out_str("[the server's generation timeout ended the reply]\n");
         }
         r->done = 1;
     } else if (json_is_string(text)) {
         size_t n = json_string_length(text);
         if (n) {
-            fwrite(json_string_value(text), 1, n, stdout);
-            fflush(stdout);
+            out_write(json_string_value(text), n);
             r->printed = 1;
             r->at_line_start = json_string_value(text)[n - 1] == '\n';
         }
@@ -318,7 +341,12 @@ static int reply_event(void *ud, const char *data, size_t len)
 
 static json_t *gen_body(const chat_t *c)
 {
-    json_t *o = json_pack("{s:b, s:s}", "stream", 1, "stream_format", "sse");
+    json_t *o = c->options ? json_deep_copy(c->options) : json_object();
+    if (o && (json_object_set_new(o, "stream", json_true()) != 0 ||
+              json_object_set_new(o, "stream_format", json_string("sse")) != 0)) {
+        json_decref(o);
+        o = NULL;
+    }
     if (o && c->max_tokens > 0)
         json_object_set_new(o, "max_tokens", json_integer(c->max_tokens));
     if (o && !isnan(c->temperature))
@@ -366,7 +394,7 @@ static int stream_reply(chat_t *c, const char *path, json_t *body)
     int rc = -1;
     if (st == SRV_HC_ECANCELED) {
         reply_newline(&r);
-        printf("[stopped]\n");
+        out_str("[stopped]\n");
     } else if (st < 0) {
         reply_newline(&r);
         if (r.ev.failed && !r.failed)
@@ -383,7 +411,6 @@ static int stream_reply(chat_t *c, const char *path, json_t *body)
         reply_newline(&r);
         rc = r.failed ? -1 : 0;
     }
-    fflush(stdout);
     srv_sse_free(&r.ev);
     srv_hc_buf_free(&r.other);
     free(text);
@@ -998,8 +1025,8 @@ static int repl(chat_t *c)
     }
     while (!g_quit) {
         g_interrupt = 0;
-        printf("> ");
-        fflush(stdout);
+        clearerr(stdout); /* a write that a signal cut short is no reason to stop */
+        out_str("> ");
         size_t used = 0;
         int64_t n = read_line(r, &used);
         if (n == -1) {
@@ -1038,6 +1065,7 @@ int srv_cli_chat(int argc, char **argv)
 {
     static const char usage[] = "[--url URL | --model MODEL.gguf] [options] [-- SERVE-OPTIONS]";
     const char *url = NULL, *model = NULL, *session = NULL, *system = NULL, *key = NULL;
+    const char *options = NULL;
     int64_t max_tokens = 0, timeout_s = 300, start_timeout_s = 300;
     double temperature = NAN;
     const srv_opt_t opts[] = {
@@ -1053,6 +1081,9 @@ int srv_cli_chat(int argc, char **argv)
          "longest reply in tokens (default: the server's, 256)"},
         {"temperature", SRV_OPT_FLOAT, &temperature, 0, 2,
          "sampling temperature, 0 = greedy (default: the server's, 1)"},
+        {"options", SRV_OPT_STR, &options, 0, 0,
+         "a JSON object of more fields for every reply, e.g. '{\"top_p\": 0.9, \"seed\": 7}' "
+         "(sampling parameters of docs/API.md)"},
         {"api-key", SRV_OPT_STR, &key, 0, 0,
          "API key of a server that needs one (default $DARKSERVE_API_KEY)"},
         {"timeout", SRV_OPT_INT, &timeout_s, 1, 86400,
@@ -1094,6 +1125,17 @@ int srv_cli_chat(int argc, char **argv)
     c->timeout_ms = (int)timeout_s * 1000;
     c->max_tokens = max_tokens;
     c->temperature = temperature;
+    if (options) {
+        json_error_t jerr;
+        c->options = json_loads(options, 0, &jerr);
+        if (!json_is_object(c->options)) {
+            fprintf(stderr, "darkserve chat: --options must be a JSON object%s%s\n",
+                    c->options ? "" : ": ", c->options ? "" : jerr.text);
+            json_decref(c->options);
+            free(c);
+            return 2;
+        }
+    }
     install_signals();
     rc = 1;
     if (url) {
@@ -1139,6 +1181,7 @@ int srv_cli_chat(int argc, char **argv)
                 c->url_text, c->sid);
 out:
     server_stop(c);
+    json_decref(c->options);
     free(c);
     return rc;
 }

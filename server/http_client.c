@@ -440,6 +440,8 @@ static int sse_room(char **buf, size_t *cap, size_t len, size_t n, size_t max)
         ncap *= 2;
     if (ncap > max + 1)
         ncap = max + 1;
+    if (ncap < need)
+        return SRV_HC_ETOOBIG;
     char *nb = realloc(*buf, ncap);
     if (!nb)
         return SRV_HC_ENOMEM;
@@ -770,7 +772,7 @@ int srv_hc_request(const srv_hc_url_t *u, const srv_hc_request_t *rq, char *err,
         return SRV_HC_ECANCELED;
     }
     int timeout = rq->timeout_ms > 0 ? rq->timeout_ms : 30000;
-    srv_hc_parser_t *p = malloc(sizeof *p);
+    srv_hc_parser_t *p = calloc(1, sizeof *p);
     size_t head_len = 0;
     char *head = request_head(u, rq, &head_len);
     char *buf = malloc(16384);

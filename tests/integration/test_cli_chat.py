@@ -199,7 +199,11 @@ def test_chat_ctrl_c_stops_a_reply(servers):
     """Ctrl-C while a (very long) reply streams closes that stream: the
     server cancels the generation, the chat prints [stopped] and goes on."""
     srv = servers(model=TINY, attn="performer", args=["--max-tokens-limit", "1000000"])
-    chat = Chat(["--url", srv.url(), "--max-tokens", "1000000", "--temperature", "0"])
+    # the end-of-sequence token banned (--options): the reply cannot end by itself
+    info = subprocess.run([BIN, "info", TINY], capture_output=True, check=True).stdout.decode()
+    eos = re.search(r"^eos id\s+(\d+)", info, re.M).group(1)
+    chat = Chat(["--url", srv.url(), "--max-tokens", "1000000", "--temperature", "0",
+                 "--options", json.dumps({"logit_bias": {eos: -100}})])
     try:
         chat.start()
         mark = len(chat.out)
@@ -213,11 +217,16 @@ def test_chat_ctrl_c_stops_a_reply(servers):
                   what="[stopped]")
         assert chat.proc.poll() is None
 
+        finished = {}
+
         def cancelled():
             text = srv.request("GET", "/metrics")[2].decode()
+            finished.clear()
+            finished.update({k: v for k, v in parse_metrics(text).items()
+                             if k.startswith("darkserve_engine_sequences_finished_total")})
             key = 'darkserve_engine_sequences_finished_total{reason="cancelled"}'
-            return parse_metrics(text).get(key, 0) >= 1
-        assert wait_for(cancelled, 30)
+            return finished.get(key, 0) >= 1
+        assert wait_for(cancelled, 60, 0.2), (finished, chat.out[-2000:], srv.log_text()[-3000:])
         # what was generated stays in the session, once the server saved it
         got = []
         assert wait_for(lambda: got.append(chat.stats()[0]) or got[-1] > 0, 60, 0.2), got

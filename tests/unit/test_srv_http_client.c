@@ -288,7 +288,7 @@ TEST(test_random_mutations)
     for (int iter = 0; iter < 20000; iter++) {
         const char *s = seeds[rnd() % 3];
         size_t n = strlen(s);
-        memcpy(buf, s, n);
+        memcpy(buf, s, n + 1);
         int muts = 1 + (int)(rnd() % 4);
         for (int m = 0; m < muts; m++) {
             size_t at = n ? rnd() % n : 0;
