@@ -1,5 +1,5 @@
-/* server/sha256.c — SHA-256 (FIPS 180-4), see sha256.h. A plain one-shot
- * implementation: keys are short, speed does not matter here. */
+/* server/sha256.c — SHA-256 (FIPS 180-4), see sha256.h. Plain and
+ * portable: keys and prompts are short next to a forward. */
 #include "server/sha256.h"
 
 #include <string.h>
@@ -56,31 +56,64 @@ static void block(uint32_t h[8], const uint8_t *p)
     h[7] += k;
 }
 
-void srv_sha256(const void *data, size_t n, uint8_t out[SRV_SHA256_BYTES])
+void srv_sha256_init(srv_sha256_ctx_t *c)
 {
-    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(c->h, h0, sizeof h0);
+    c->fill = 0;
+    c->n = 0;
+}
+
+void srv_sha256_update(srv_sha256_ctx_t *c, const void *data, size_t n)
+{
     const uint8_t *p = data;
-    size_t left = n;
-    for (; left >= 64; left -= 64, p += 64)
-        block(h, p);
-    /* the tail, 0x80, zeros, and the bit length (big-endian) in one or two blocks */
+    c->n += n;
+    if (c->fill) {
+        size_t take = 64 - c->fill < n ? 64 - c->fill : n;
+        memcpy(c->buf + c->fill, p, take);
+        c->fill += take;
+        p += take;
+        n -= take;
+        if (c->fill < 64)
+            return;
+        block(c->h, c->buf);
+        c->fill = 0;
+    }
+    for (; n >= 64; n -= 64, p += 64)
+        block(c->h, p);
+    if (n)
+        memcpy(c->buf, p, n);
+    c->fill = n;
+}
+
+void srv_sha256_final(srv_sha256_ctx_t *c, uint8_t out[SRV_SHA256_BYTES])
+{
+    /* 0x80, zeros, and the bit length (big-endian) in one or two blocks */
     uint8_t tail[128];
     memset(tail, 0, sizeof tail);
-    if (left)
-        memcpy(tail, p, left);
-    tail[left] = 0x80;
-    size_t tl = left + 1 + 8 <= 64 ? 64 : 128;
-    uint64_t bits = (uint64_t)n * 8;
+    if (c->fill)
+        memcpy(tail, c->buf, c->fill);
+    tail[c->fill] = 0x80;
+    size_t tl = c->fill + 1 + 8 <= 64 ? 64 : 128;
+    uint64_t bits = c->n * 8;
     for (int i = 0; i < 8; i++)
         tail[tl - 1 - i] = (uint8_t)(bits >> (8 * i));
-    block(h, tail);
+    block(c->h, tail);
     if (tl == 128)
-        block(h, tail + 64);
+        block(c->h, tail + 64);
     for (int i = 0; i < 8; i++) {
-        out[4 * i] = (uint8_t)(h[i] >> 24);
-        out[4 * i + 1] = (uint8_t)(h[i] >> 16);
-        out[4 * i + 2] = (uint8_t)(h[i] >> 8);
-        out[4 * i + 3] = (uint8_t)h[i];
+        out[4 * i] = (uint8_t)(c->h[i] >> 24);
+        out[4 * i + 1] = (uint8_t)(c->h[i] >> 16);
+        out[4 * i + 2] = (uint8_t)(c->h[i] >> 8);
+        out[4 * i + 3] = (uint8_t)c->h[i];
     }
+}
+
+void srv_sha256(const void *data, size_t n, uint8_t out[SRV_SHA256_BYTES])
+{
+    srv_sha256_ctx_t c;
+    srv_sha256_init(&c);
+    srv_sha256_update(&c, data, n);
+    srv_sha256_final(&c, out);
 }

@@ -1,5 +1,6 @@
 /* test_srv_sha256.c — SHA-256 against the FIPS 180-4 / NIST example vectors
- * and Python's hashlib for the padding boundaries (55, 56, 63, 64 bytes). */
+ * and Python's hashlib for the padding boundaries (55, 56, 63, 64 bytes),
+ * and the incremental form against the one-shot one. */
 #include "server/sha256.h"
 #include "tests/unit/check.h"
 
@@ -34,8 +35,36 @@ TEST(test_vectors)
     check_vec(a, 200, "c2a908d98f5df987ade41b5fce213067efbcc21ef2240212a41e54b5e7c28ae5");
 }
 
+/* The incremental form equals the one-shot one for every split of the
+ * input, and a copied context finishes a prefix while the original goes on. */
+TEST(test_incremental)
+{
+    uint8_t msg[300];
+    for (size_t i = 0; i < sizeof msg; i++)
+        msg[i] = (uint8_t)(i * 7 + 3);
+    for (size_t n = 0; n <= sizeof msg; n += 37) {
+        uint8_t want[SRV_SHA256_BYTES], got[SRV_SHA256_BYTES];
+        srv_sha256(msg, n, want);
+        for (size_t cut = 0; cut <= n; cut += 13) {
+            srv_sha256_ctx_t c;
+            srv_sha256_init(&c);
+            srv_sha256_update(&c, msg, cut);
+            srv_sha256_ctx_t fork = c;
+            srv_sha256_update(&c, msg + cut, n - cut);
+            srv_sha256_final(&c, got);
+            CHECK_MSG(memcmp(got, want, sizeof got) == 0, "n %zu cut %zu", n, cut);
+            uint8_t pre[SRV_SHA256_BYTES];
+            srv_sha256(msg, cut, want);
+            srv_sha256_final(&fork, pre);
+            CHECK_MSG(memcmp(pre, want, sizeof pre) == 0, "prefix %zu", cut);
+            srv_sha256(msg, n, want);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(test_vectors);
+    RUN(test_incremental);
     return CHECK_DONE();
 }
