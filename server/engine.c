@@ -171,6 +171,11 @@ struct srv_job {
     size_t n_stops;
     unsigned detok_flags;
     int64_t deadline_ns;
+    size_t n_cached;                           /* input tokens the state held at start */
+    size_t snap_at[SRV_ENGINE_MAX_SNAPS];      /* [n_snap] input positions to copy at */
+    core_attn_state_t *snaps[SRV_ENGINE_MAX_SNAPS]; /* [n_snap] the copies (scheduler
+                                                  thread until DONE, then the taker) */
+    size_t n_snap, next_snap;
     char req_id[72];
     void (*notify)(void *ud);
     void (*on_done)(srv_job_t *job, void *ud);
@@ -625,7 +630,8 @@ static void job_finalize(srv_engine_t *E, srv_job_t *j, int64_t now)
     r->n_choices = j->n_choices;
     r->prompt_tokens = (int64_t)j->n_prompt;
     r->input_tokens = (int64_t)j->n_input;
-    r->absorbed_tokens = (int64_t)j->absorbed;
+    r->absorbed_tokens = (int64_t)(j->absorbed - j->n_cached);
+    r->cached_tokens = (int64_t)j->n_cached;
     r->state_pos = core_attn_state_pos(c->state);
     r->n_pending = c->n_pending;
     r->queue_s = j->t_admit ? (double)(j->t_admit - j->t_submit) / 1e9 : -1;
@@ -633,7 +639,7 @@ static void job_finalize(srv_engine_t *E, srv_job_t *j, int64_t now)
     r->prefill_s = j->t_prefill_done ? (double)(j->t_prefill_done - j->t_admit) / 1e9 : -1;
     r->decode_s = j->t_first_tok ? (double)(j->t_last_tok - j->t_first_tok) / 1e9 : -1;
     r->total_s = (double)(now - j->t_submit) / 1e9;
-    r->prefill_tps = r->prefill_s > 0 ? (double)j->absorbed / r->prefill_s : -1;
+    r->prefill_tps = r->prefill_s > 0 ? (double)r->absorbed_tokens / r->prefill_s : -1;
     r->decode_tps =
         r->decode_s > 0 ? (double)(r->completion_total - with_tokens) / r->decode_s : -1;
     r->end_step = E->st.steps;
@@ -649,6 +655,24 @@ static void job_finalize(srv_engine_t *E, srv_job_t *j, int64_t now)
 }
 
 /* ---- one step ---- */
+
+/* Copies the state at every snapshot position the prefill just reached. A
+ * copy that fails is skipped (the cache misses it, nothing else changes). */
+static void take_snapshots(srv_engine_t *E, srv_job_t *j)
+{
+    while (j->next_snap < j->n_snap && j->snap_at[j->next_snap] == j->absorbed) {
+        core_error_t ce = {0};
+        core_attn_state_t *cp = NULL;
+        if (core_attn_state_new(E->attn, &cp, &ce) < 0 ||
+            core_attn_state_copy(cp, j->ctx->state, &ce) < 0) {
+            SRV_LOG(SRV_LOG_WARN, j->req_id, "engine: state snapshot at %zu tokens: %s",
+                    j->absorbed, ce.msg);
+            core_attn_state_free(cp);
+            cp = NULL;
+        }
+        j->snaps[j->next_snap++] = cp;
+    }
+}
 
 static int job_runnable(const srv_job_t *j)
 {
@@ -743,6 +767,9 @@ static void step(srv_engine_t *E, srv_job_t *ending, int64_t now)
             n = (size_t)E->o.prefill_chunk;
         if ((int64_t)n > E->o.max_step_tokens - rows)
             n = (size_t)(E->o.max_step_tokens - rows);
+        /* a snapshot position ends the chunk (snap_at > absorbed: n stays >= 1) */
+        if (j->next_snap < j->n_snap && j->absorbed + n > j->snap_at[j->next_snap])
+            n = j->snap_at[j->next_snap] - j->absorbed;
         const int last = j->absorbed + n == j->n_input;
         const int want = last && j->max_tokens > 0;
         E->batch[nb] = (core_batch_seq_t){.state = j->ctx->state,
@@ -790,6 +817,7 @@ static void step(srv_engine_t *E, srv_job_t *ending, int64_t now)
             continue;
         }
         j->absorbed += (size_t)E->batch[b].n_tokens;
+        take_snapshots(E, j);
         E->st.prompt_tokens += (uint64_t)E->batch[b].n_tokens;
         srv_series_add(E->m.prompt, (double)E->batch[b].n_tokens);
         if (j->absorbed < j->n_input)
@@ -805,6 +833,21 @@ static void step(srv_engine_t *E, srv_job_t *ending, int64_t now)
         if (!j->finalized && j->n_live == 0)
             job_finalize(E, j, t);
     }
+}
+
+core_attn_state_t *srv_job_take_snapshot(srv_job_t *job, size_t k)
+{
+    if (!job || k >= job->n_snap)
+        return NULL;
+    srv_engine_t *e = job->e;
+    pthread_mutex_lock(&e->mu);
+    const int done = job->done;
+    pthread_mutex_unlock(&e->mu);
+    if (!done)
+        return NULL;
+    core_attn_state_t *s = job->snaps[k];
+    job->snaps[k] = NULL;
+    return s;
 }
 
 /* ---- queues (under mu) ---- */
@@ -867,6 +910,8 @@ static void job_free(srv_job_t *j)
         free(j->stops[k]);
     free(j->stops);
     free(j->input);
+    for (size_t k = 0; k < j->n_snap; k++)
+        core_attn_state_free(j->snaps[k]);
     pthread_cond_destroy(&j->cv);
     free(j);
 }
@@ -1327,9 +1372,30 @@ static int validate(const srv_engine_t *E, const srv_job_spec_t *sp, char *err, 
     if (sp->deadline_ns < 0)
         return fail(err, errlen, SRV_ENGINE_EINVAL, "deadline: negative");
     const size_t n_input = c->n_pending + sp->n_prompt;
-    if (E->exact && (int64_t)n_input > E->max_ctx - core_attn_state_pos(c->state))
+    if ((sp->n_cached || sp->n_snap) &&
+        (c->n_pending || core_attn_state_pos(c->state) != (int64_t)sp->n_cached))
+        return fail(err, errlen, SRV_ENGINE_EINVAL,
+                    "n_cached: the context must hold exactly the state after the first %zu "
+                    "prompt tokens and nothing pending",
+                    sp->n_cached);
+    if (sp->n_cached > sp->n_prompt ||
+        (sp->max_tokens > 0 && sp->n_prompt && sp->n_cached >= sp->n_prompt))
+        return fail(err, errlen, SRV_ENGINE_EINVAL, "n_cached: %zu of %zu prompt tokens",
+                    sp->n_cached, sp->n_prompt);
+    if (sp->n_snap > SRV_ENGINE_MAX_SNAPS || (sp->n_snap && !sp->snap_at))
+        return fail(err, errlen, SRV_ENGINE_EINVAL, "snap_at: at most %d positions",
+                    SRV_ENGINE_MAX_SNAPS);
+    for (size_t k = 0; k < sp->n_snap; k++) {
+        size_t lo = k ? sp->snap_at[k - 1] : sp->n_cached;
+        if (sp->snap_at[k] <= lo || sp->snap_at[k] > n_input)
+            return fail(err, errlen, SRV_ENGINE_EINVAL,
+                        "snap_at[%zu]: %zu not increasing within (%zu, %zu]", k, sp->snap_at[k],
+                        sp->n_cached, n_input);
+    }
+    const size_t n_new = n_input - sp->n_cached;
+    if (E->exact && (int64_t)n_new > E->max_ctx - core_attn_state_pos(c->state))
         return fail(err, errlen, SRV_ENGINE_ECONTEXT,
-                    "%zu new tokens after %lld exceed the context of %lld tokens", n_input,
+                    "%zu new tokens after %lld exceed the context of %lld tokens", n_new,
                     (long long)core_attn_state_pos(c->state), (long long)E->max_ctx);
     if (sp->max_tokens == 0) {
         if (n != 1)
@@ -1392,6 +1458,11 @@ int srv_engine_submit(srv_engine_t *e, const srv_job_spec_t *spec, srv_job_t **o
     j->ignore_eos = spec->ignore_eos != 0;
     j->detok_flags = spec->detok_flags;
     j->deadline_ns = spec->deadline_ns;
+    j->n_cached = spec->n_cached;
+    j->absorbed = spec->n_cached;
+    j->n_snap = spec->n_snap;
+    if (spec->n_snap)
+        memcpy(j->snap_at, spec->snap_at, spec->n_snap * sizeof *j->snap_at);
     j->notify = spec->notify;
     j->on_done = spec->on_done;
     j->ud = spec->ud;

@@ -69,6 +69,22 @@
  * seed params.seed + i). With reseed = 0, choice 0 continues the context's RNG
  * stream and choices i > 0 get seeds from the engine's own generator.
  *
+ * ## Cached prefixes and snapshots (the prefix-state cache, server/prefix_cache.h)
+ * spec.n_cached = P > 0 says ctx->state already holds the state after
+ * prompt[0..P) (a copy from the cache, taken by the owner before submit):
+ * the context then has no pending tokens and its state's position is P.
+ * The job feeds only prompt[P..n_prompt); the sampler history still gets
+ * the whole prompt, and prompt_tokens counts it, so the job is the same as
+ * one that fed every token. A job that generates needs P < n_prompt (the
+ * logits of the last prompt token).
+ * spec.snap_at[k] asks for a copy of the state after input[0..snap_at[k])
+ * (input = pending ++ prompt): the prefill splits its chunk at that
+ * position (one shorter row count in that step; the batch is unchanged),
+ * copies the state, and goes on. Only for a context whose state is a
+ * function of the prompt alone (no pending tokens, position n_cached).
+ * After DONE, srv_job_take_snapshot hands each copy to the caller; a
+ * position the job never reached (cancelled, failed) gives NULL.
+ *
  * ## Events, per job
  *   SRV_EVENT_TOKEN  one sampled token of one choice: id, logprob, the top
  *                    alternatives, and the text that became safe to emit
@@ -153,6 +169,7 @@ const char *srv_engine_strerror(int code);
 #define SRV_ENGINE_MAX_QUEUE (1 << 20)          /* jobs waiting */
 #define SRV_ENGINE_MAX_CHOICES 16               /* n per job */
 #define SRV_ENGINE_MAX_PROMPT ((size_t)1 << 24) /* tokens of one job's input */
+#define SRV_ENGINE_MAX_SNAPS 8                  /* state snapshots of one job */
 
 typedef enum srv_finish {
     SRV_FINISH_NONE = 0,
@@ -221,6 +238,11 @@ typedef struct srv_job_spec {
                                     tokens render as nothing) */
     int64_t deadline_ns;         /* absolute srv_engine_now_ns() time; 0 = none */
     const char *req_id;          /* copied, for log lines; may be NULL */
+    size_t n_cached;             /* prompt tokens ctx->state already absorbed (see
+                                    "Cached prefixes"); 0 = none */
+    const size_t *snap_at;       /* [n_snap] strictly increasing, each in
+                                    (n_cached, n_input]; copied by submit */
+    size_t n_snap;               /* <= SRV_ENGINE_MAX_SNAPS */
     void (*notify)(void *ud);    /* may be NULL; see "Threads and callbacks" */
     void (*on_done)(srv_job_t *job, void *ud); /* may be NULL */
     void *ud;                                  /* borrowed until on_done has run */
@@ -260,7 +282,8 @@ typedef struct srv_job_result {
     int64_t completion_total; /* sum over choices */
     int64_t prompt_tokens;    /* spec.n_prompt */
     int64_t input_tokens;     /* n_pending at start + n_prompt */
-    int64_t absorbed_tokens;  /* of the input, fed through the model */
+    int64_t absorbed_tokens;  /* of the input, fed through the model (not the cached) */
+    int64_t cached_tokens;    /* spec.n_cached: prompt tokens taken from a cached state */
     int64_t state_pos;        /* core_attn_state_pos(ctx->state) at the end */
     size_t n_pending;         /* ctx->n_pending at the end */
     /* timings, seconds; -1 where it does not apply */
@@ -336,6 +359,11 @@ int srv_job_done(srv_job_t *job);
 /* The job's result; NULL before DONE. Borrowed from the job (valid until
  * the caller's reference is released). */
 const srv_job_result_t *srv_job_result(srv_job_t *job);
+/* After DONE: the state copy of spec.snap_at[k] (owned by the caller from
+ * now on; a second call gives NULL), or NULL when the job did not reach
+ * that position or the copy failed. Loop thread or any, not concurrently
+ * with another take on the same job. */
+core_attn_state_t *srv_job_take_snapshot(srv_job_t *job, size_t k);
 /* Drops the caller's reference. Events not yet popped are freed and later
  * ones dropped; the job itself runs on unless cancelled. NULL is a no-op. */
 void srv_job_release(srv_job_t *job);

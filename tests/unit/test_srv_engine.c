@@ -763,6 +763,100 @@ TEST(session_continuation_equals_full_history)
     srv_engine_free(e);
 }
 
+/* A job that snapshots its prefill at two positions, then jobs resumed from
+ * each snapshot (n_cached) with the whole prompt: the same greedy tokens,
+ * state position and sampler history as the cold job, on both an exact
+ * and a linear model; the snapshot position splits a prefill chunk. */
+static void snapshot_case(core_model_t *m, float repeat_penalty)
+{
+    enum { L = 300, G = 10 };
+    core_rng_t r;
+    core_rng_seed(&r, 23);
+    int32_t p[L];
+    rand_tokens(&r, p, L);
+    srv_engine_t *e = engine(m, NULL);
+    if (!e)
+        return;
+    out_t *cold = out_new(), *warm = out_new();
+    srv_seq_ctx_t a;
+    ctx_init(&a, m);
+    const size_t snaps[2] = {100, 257}; /* 257: inside the second 256-token chunk */
+    srv_job_spec_t sp;
+    greedy_spec(&sp, &a, p, L, G);
+    sp.params.repeat_penalty = repeat_penalty;
+    sp.snap_at = snaps;
+    sp.n_snap = 2;
+    srv_job_t *j = submit(e, &sp);
+    CHECK(j && collect(j, cold));
+    core_attn_state_t *st[2] = {NULL, NULL};
+    for (int k = 0; j && k < 2; k++) {
+        st[k] = srv_job_take_snapshot(j, (size_t)k);
+        CHECK(st[k] && core_attn_state_pos(st[k]) == (int64_t)snaps[k]);
+    }
+    CHECK(j && srv_job_take_snapshot(j, 0) == NULL); /* taken once */
+    srv_job_release(j);
+    int32_t hc[CORE_SAMPLE_HISTORY];
+    size_t nhc = core_sampler_history(a.sampler, hc, CORE_SAMPLE_HISTORY);
+    for (int k = 0; k < 2; k++) {
+        if (!st[k])
+            continue;
+        srv_seq_ctx_t b;
+        ctx_init(&b, m);
+        core_error_t ce = {0};
+        CHECK(core_attn_state_copy(b.state, st[k], &ce) == 0);
+        greedy_spec(&sp, &b, p, L, G);
+        sp.params.repeat_penalty = repeat_penalty;
+        sp.n_cached = snaps[k];
+        memset(warm, 0, sizeof *warm);
+        CHECK(run(e, &sp, warm));
+        CHECK_MSG(same_tokens(cold->tok[0], cold->n[0], warm->tok[0], warm->n[0]),
+                  "resumed at %zu differs from the cold prefill", snaps[k]);
+        CHECK_INT_EQ(warm->res.cached_tokens, (int64_t)snaps[k]);
+        CHECK_INT_EQ(warm->res.prompt_tokens, L);
+        CHECK_INT_EQ(warm->res.absorbed_tokens, (int64_t)(L - snaps[k]));
+        CHECK_INT_EQ(core_attn_state_pos(b.state), core_attn_state_pos(a.state));
+        int32_t hw[CORE_SAMPLE_HISTORY];
+        size_t nhw = core_sampler_history(b.sampler, hw, CORE_SAMPLE_HISTORY);
+        CHECK(nhw == nhc && memcmp(hw, hc, nhw * sizeof *hw) == 0);
+        ctx_fini(&b);
+        core_attn_state_free(st[k]);
+    }
+    /* bad specs: n_cached without the matching state, a generating job with
+     * nothing left to feed, snapshots out of order or past the input */
+    srv_seq_ctx_t c;
+    ctx_init(&c, m);
+    char err[256];
+    srv_job_t *bad = NULL;
+    greedy_spec(&sp, &c, p, L, G);
+    sp.n_cached = 10; /* the state is at 0 */
+    CHECK_INT_EQ(srv_engine_submit(e, &sp, &bad, err, sizeof err), SRV_ENGINE_EINVAL);
+    sp.n_cached = 0;
+    const size_t unordered[2] = {50, 40}, past[1] = {L + 1};
+    sp.snap_at = unordered;
+    sp.n_snap = 2;
+    CHECK_INT_EQ(srv_engine_submit(e, &sp, &bad, err, sizeof err), SRV_ENGINE_EINVAL);
+    sp.snap_at = past;
+    sp.n_snap = 1;
+    CHECK_INT_EQ(srv_engine_submit(e, &sp, &bad, err, sizeof err), SRV_ENGINE_EINVAL);
+    core_attn_advance(c.state, L); /* position L: as if all of p were cached */
+    greedy_spec(&sp, &c, p, L, G);
+    sp.n_cached = L;
+    CHECK_INT_EQ(srv_engine_submit(e, &sp, &bad, err, sizeof err), SRV_ENGINE_EINVAL);
+    CHECK(bad == NULL);
+    ctx_fini(&c);
+    ctx_fini(&a);
+    free(cold);
+    free(warm);
+    srv_engine_free(e);
+}
+
+TEST(snapshot_then_resume_equals_cold_prefill)
+{
+    snapshot_case(tiny, 1.0f);
+    snapshot_case(tiny, 1.3f);
+    snapshot_case(tiny_lin, 1.0f);
+}
+
 TEST(cancel_ends_within_one_step)
 {
     srv_engine_t *e = engine(tiny_lin, NULL);
@@ -1321,6 +1415,7 @@ int main(void)
     RUN(queue_full_and_bad_specs);
     RUN(timeout);
     RUN(stop_drains_then_cancels);
+    RUN(snapshot_then_resume_equals_cold_prefill);
     RUN(grammar_every_choice_in_the_language);
     core_tokenizer_free(tok);
     core_model_free(tiny);
