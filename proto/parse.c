@@ -846,6 +846,8 @@ int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kin
             memcpy(p->session, json_string_value(s), PROTO_SESSION_ID_LEN);
             p->session[PROTO_SESSION_ID_LEN] = '\0';
         }
+        if ((rc = px_read_prefix_id(root, p->prefix, err)) < 0)
+            return rc;
     }
     if ((rc = parse_logit_bias(root, lim, p, err)) < 0)
         return rc;

@@ -56,6 +56,7 @@
 #define PROTO_MAX_LOGPROBS 20        /* top alternatives per token */
 #define PROTO_MAX_NAME_BYTES 256     /* model, user */
 #define PROTO_SESSION_ID_LEN 32      /* lowercase hex characters, 128 bits */
+#define PROTO_PREFIX_ID_LEN 28       /* "pfx_" + 24 lowercase hex characters */
 #define PROTO_MAX_LIST_LIMIT 1000    /* GET /v1/sessions?limit= */
 #define PROTO_MAX_GRAMMAR_BYTES (256 << 10) /* "grammar" (core's CORE_GRAMMAR_MAX_TEXT) */
 #define PROTO_MAX_LOGIT_BIAS 1024    /* "logit_bias" entries (core's CORE_SAMPLE_MAX_BIAS) */
@@ -215,6 +216,8 @@ typedef struct proto_gen_params {
     int stream;            /* 0/1 */
     int include_usage;     /* stream_options.include_usage */
     char session[PROTO_SESSION_ID_LEN + 1]; /* "" when absent */
+    char prefix[PROTO_PREFIX_ID_LEN + 1];   /* "prefix": a cached prefix's id; "" when
+                                               absent (completions and chat only) */
     char *grammar;         /* owned, or NULL when absent or "": grammar text (docs/GRAMMAR.md),
                               at most PROTO_MAX_GRAMMAR_BYTES; the server compiles it */
     size_t grammar_len;
@@ -312,11 +315,15 @@ typedef struct proto_session_create_req {
     proto_message_t *messages;  /* owned or NULL */
     size_t n_messages;
     int parse_special;          /* for system / messages, as for chat */
+    char prefix[PROTO_PREFIX_ID_LEN + 1]; /* "prefix": a cached prefix's id, or "" */
 } proto_session_create_req_t;
 
 int proto_session_create_parse(const char *body, size_t len, const proto_limits_t *lim,
                                proto_session_create_req_t *out, proto_error_t *err);
 void proto_session_create_free(proto_session_create_req_t *r);
+
+/* 1 when s[0..len) is "pfx_" and 24 lowercase hex digits. */
+int proto_prefix_id_valid(const char *s, size_t len);
 
 /* POST /v1/sessions/{id}/append: {"text": string} xor {"messages": [...]}. */
 typedef struct proto_session_append_req {
@@ -329,6 +336,12 @@ typedef struct proto_session_append_req {
 
 int proto_session_append_parse(const char *body, size_t len, const proto_limits_t *lim,
                                proto_session_append_req_t *out, proto_error_t *err);
+
+/* POST /v1/prefixes: {"text": string} xor {"messages": [...]}, and
+ * "parse_special" — the body of an append. */
+typedef proto_session_append_req_t proto_prefix_create_req_t;
+int proto_prefix_create_parse(const char *body, size_t len, const proto_limits_t *lim,
+                              proto_prefix_create_req_t *out, proto_error_t *err);
 void proto_session_append_free(proto_session_append_req_t *r);
 
 /* POST /v1/sessions/{id}/generate: optional "text" xor "messages" to ingest
@@ -457,6 +470,9 @@ typedef struct proto_usage {
     int64_t prompt_tokens;
     int64_t completion_tokens;
 } proto_usage_t;
+/* (proto_usage_t and proto_resp_meta_t keep their fields: callers, the fuzz
+ * harness among them, initialize them by position. The cached-token count
+ * is added to a built response by proto_usage_cached_json.) */
 
 /* id ("cmpl-..."/"chatcmpl-..."), created (unix seconds) and model of a
  * response; system_fingerprint ("fp_..."), when not NULL, goes into every
@@ -530,6 +546,25 @@ char *proto_session_json(const proto_session_info_t *s, int full);
 /* {"object":"list","data":[full session objects],"has_more","last_id"|null} */
 char *proto_session_list_json(const proto_session_info_t *items, size_t n, int has_more);
 
+/* A cached prefix (POST/GET /v1/prefixes). */
+typedef struct proto_prefix_info {
+    const char *id;  /* "pfx_..." */
+    int64_t tokens;  /* tokens its state holds */
+    int64_t bytes;   /* memory its state takes */
+    int pinned;
+    int64_t hits;    /* requests it served */
+} proto_prefix_info_t;
+
+/* {"id","object":"prefix","tokens","bytes","pinned","hits"} */
+char *proto_prefix_json(const proto_prefix_info_t *p);
+/* {"object":"list","data":[prefix objects],"budget_bytes","bytes","pinned_bytes"} */
+char *proto_prefix_list_json(const proto_prefix_info_t *items, size_t n, int64_t budget_bytes,
+                             int64_t bytes, int64_t pinned_bytes);
+/* json (an object built here, borrowed) with the integer field key = v
+ * added at the top level. New string (proto_free) or NULL (out of memory,
+ * not an object). */
+char *proto_json_add_int(const char *json, const char *key, int64_t v);
+
 typedef struct proto_timings {
     double queue_ms;      /* waiting for the scheduler */
     double prompt_ms;     /* ingesting the new text */
@@ -546,6 +581,13 @@ typedef struct proto_gen_token {
 } proto_gen_token_t;
 
 char *proto_generate_token_json(const proto_gen_token_t *t);
+
+/* json (a response or chunk built here, borrowed) with
+ * "usage.prompt_tokens_details": {"cached_tokens": cached_tokens} added, as
+ * OpenAI reports prompt caching; a copy when json has no "usage" object.
+ * New string (proto_free) or NULL when out of memory or json is not an
+ * object. */
+char *proto_usage_cached_json(const char *json, int64_t cached_tokens);
 
 /* {"done":true,"finish_reason","usage":{"prompt_tokens","completion_tokens"},
  * "timings":{"queue_ms","prompt_ms","generation_ms","prompt_tokens_per_second",

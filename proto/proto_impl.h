@@ -73,6 +73,9 @@ int px_read_number(json_t *obj, const char *key, double lo, double hi, int lo_op
 int px_read_int(json_t *obj, const char *key, int64_t lo, int64_t hi, const char *range_text,
                 int64_t *out, proto_error_t *err);
 int px_read_bool(json_t *obj, const char *key, int *out, proto_error_t *err);
+/* "prefix" (a prefix id, proto_prefix_id_valid) into out[PROTO_PREFIX_ID_LEN + 1];
+ * "" when absent. */
+int px_read_prefix_id(json_t *obj, char *out, proto_error_t *err);
 /* A string of at most max_bytes bytes; *out is a new copy. */
 int px_read_string(json_t *obj, const char *key, size_t max_bytes, char **out, size_t *out_len,
                    proto_error_t *err);

@@ -29,6 +29,7 @@ json_t *px_usage(const proto_usage_t *u, int with_total)
     if (with_total)
         bad |= json_object_set_new(o, "total_tokens",
                                    json_integer(u->prompt_tokens + u->completion_tokens));
+
     return bad ? fail_tree(o) : o;
 }
 
@@ -355,6 +356,51 @@ char *proto_session_list_json(const proto_session_info_t *items, size_t n, int h
     return bad ? (json_decref(root), NULL) : px_dump(root);
 }
 
+/* ------------------------------------------------------------- prefixes */
+
+static json_t *prefix_obj(const proto_prefix_info_t *p)
+{
+    json_t *o = json_object();
+    int bad = 0;
+    bad |= json_object_set_new(o, "id", px_cstr_or_null(p->id));
+    bad |= json_object_set_new(o, "object", json_string("prefix"));
+    bad |= json_object_set_new(o, "tokens", json_integer(p->tokens));
+    bad |= json_object_set_new(o, "bytes", json_integer(p->bytes));
+    bad |= json_object_set_new(o, "pinned", json_boolean(p->pinned));
+    bad |= json_object_set_new(o, "hits", json_integer(p->hits));
+    return bad ? fail_tree(o) : o;
+}
+
+char *proto_prefix_json(const proto_prefix_info_t *p)
+{
+    return px_dump(prefix_obj(p));
+}
+
+char *proto_prefix_list_json(const proto_prefix_info_t *items, size_t n, int64_t budget_bytes,
+                             int64_t bytes, int64_t pinned_bytes)
+{
+    json_t *root = json_object(), *data = json_array();
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad |= json_array_append_new(data, prefix_obj(&items[i]));
+    bad |= json_object_set_new(root, "object", json_string("list"));
+    bad |= json_object_set_new(root, "data", data);
+    bad |= json_object_set_new(root, "budget_bytes", json_integer(budget_bytes));
+    bad |= json_object_set_new(root, "bytes", json_integer(bytes));
+    bad |= json_object_set_new(root, "pinned_bytes", json_integer(pinned_bytes));
+    return bad ? (json_decref(root), NULL) : px_dump(root);
+}
+
+char *proto_json_add_int(const char *json, const char *key, int64_t v)
+{
+    json_t *root = json ? json_loads(json, 0, NULL) : NULL;
+    if (!json_is_object(root) || json_object_set_new(root, key, json_integer(v)) < 0) {
+        json_decref(root);
+        return NULL;
+    }
+    return px_dump(root);
+}
+
 /* ------------------------------------------------------------- generate */
 
 static double per_second(int64_t tokens, double ms)
@@ -537,4 +583,23 @@ char *proto_health_json(const proto_health_t *h)
     bad |= json_object_set_new(o, "queue_depth", json_integer(h->queue_depth));
     bad |= json_object_set_new(o, "uptime_s", px_real(h->uptime_s, 0));
     return bad ? (json_decref(o), NULL) : px_dump(o);
+}
+
+char *proto_usage_cached_json(const char *json, int64_t cached_tokens)
+{
+    json_t *root = json ? json_loads(json, 0, NULL) : NULL;
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return NULL;
+    }
+    json_t *u = json_object_get(root, "usage");
+    if (json_is_object(u)) {
+        json_t *d = json_object();
+        if (json_object_set_new(d, "cached_tokens", json_integer(cached_tokens)) < 0 ||
+            json_object_set_new(u, "prompt_tokens_details", d) < 0) {
+            json_decref(root);
+            return NULL;
+        }
+    }
+    return px_dump(root);
 }

@@ -27,6 +27,33 @@ void proto_session_id_format(const uint8_t bytes[16], char out[PROTO_SESSION_ID_
     out[PROTO_SESSION_ID_LEN] = '\0';
 }
 
+int proto_prefix_id_valid(const char *s, size_t len)
+{
+    if (!s || len != PROTO_PREFIX_ID_LEN || memcmp(s, "pfx_", 4) != 0)
+        return 0;
+    for (size_t i = 4; i < len; i++) {
+        char c = s[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return 0;
+    }
+    return 1;
+}
+
+int px_read_prefix_id(json_t *obj, char *out, proto_error_t *err)
+{
+    out[0] = '\0';
+    json_t *s = px_get(obj, "prefix");
+    if (!s)
+        return 0;
+    if (!json_is_string(s) || !proto_prefix_id_valid(json_string_value(s), json_string_length(s)))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "prefix",
+                               "'prefix' must be a prefix id (\"pfx_\" and 24 lowercase hex "
+                               "characters, from POST /v1/prefixes)");
+    memcpy(out, json_string_value(s), PROTO_PREFIX_ID_LEN);
+    out[PROTO_PREFIX_ID_LEN] = '\0';
+    return 0;
+}
+
 /* "text" (or `text_key`) xor "messages"; required says whether one must be
  * present. */
 static int parse_text_xor_messages(json_t *root, const char *text_key, const proto_limits_t *lim,
@@ -74,6 +101,8 @@ int proto_session_create_parse(const char *body, size_t len, const proto_limits_
                                  &out->messages, &out->n_messages, err);
     if (rc >= 0)
         rc = px_read_bool(root, "parse_special", &out->parse_special, err);
+    if (rc >= 0)
+        rc = px_read_prefix_id(root, out->prefix, err);
     json_decref(root);
     if (rc < 0) {
         proto_session_create_free(out);
@@ -113,6 +142,14 @@ int proto_session_append_parse(const char *body, size_t len, const proto_limits_
         return rc;
     }
     return 0;
+}
+
+/* ------------------------------------------------------- POST /v1/prefixes */
+
+int proto_prefix_create_parse(const char *body, size_t len, const proto_limits_t *lim,
+                              proto_prefix_create_req_t *out, proto_error_t *err)
+{
+    return proto_session_append_parse(body, len, lim, out, err);
 }
 
 /* ----------------------------------------- POST /v1/sessions/{id}/generate */
