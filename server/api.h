@@ -15,6 +15,9 @@
  *   api_ollama.c    Ollama's API: /api/chat, /api/generate, /api/tags, ...
  *   api_sessions.c  /v1/sessions...
  *   api_misc.c      /tokenize, /detokenize
+ *   api_prefix.c    the prefix-state cache (server/prefix_cache.h) in the
+ *                   request flow: lookups and copies before a job, the
+ *                   engine's snapshots inserted after it, /v1/prefixes
  *   bridge.c        proto structs -> core/engine parameters, and core /
  *                   engine / store errors -> HTTP statuses (DESIGN.md §1)
  *
@@ -53,6 +56,7 @@
 #include "server/engine.h"
 #include "server/http.h"
 #include "server/metrics.h"
+#include "server/prefix_cache.h"
 #include "server/serve.h"
 #include "server/sessions.h"
 
@@ -141,6 +145,13 @@ typedef struct api_app {
     srv_series_t *m_persist_err;
     srv_metric_t *m_batch_steps; /* darkserve_engine_steps_by_batch_total{sequences} */
     uint64_t batch_seen[SRV_ENGINE_MAX_BATCH + 1];
+
+    /* the prefix-state cache (api_prefix.c; loop thread); NULL before the
+     * model is loaded and with --prefix-cache-mb 0 */
+    srv_prefix_cache_t *prefix;
+    srv_series_t *m_pfx_hits, *m_pfx_misses, *m_pfx_evictions, *m_pfx_inserts;
+    srv_series_t *m_pfx_bytes, *m_pfx_entries, *m_pfx_pinned;
+    srv_prefix_cache_stats_t pfx_seen; /* counters already added to the metrics */
 } api_app_t;
 
 /* ---- session owners (api_sessions.c) ----
@@ -213,11 +224,16 @@ int api_openai_routes(api_app_t *app);
 int api_ollama_routes(api_app_t *app);
 int api_sessions_routes(api_app_t *app);
 int api_misc_routes(api_app_t *app);
+int api_prefix_routes(api_app_t *app);
 
 /* "fp_<16 hex>" of the binary's build id, the model fingerprint and the
  * attention configuration (api_fp.c); borrowed from app. NULL before the
  * model is loaded. Loop thread. */
 const char *api_system_fingerprint(api_app_t *app);
+/* Every field of the attention configuration and the digest of its learned
+ * parameters as text into buf[len] (what api_system_fingerprint and the
+ * prefix cache's namespace hash); returns its length. */
+size_t api_attn_config_text(const api_app_t *app, char *buf, size_t len);
 
 /* ---- bridge.c: parameters and errors ---- */
 
@@ -308,8 +324,17 @@ void api_event_logprob(const core_tokenizer_t *tok, const srv_event_t *ev, int64
 
 /* ---- api_gen.c: a generation request in flight ---- */
 
+/* What the prefix-state cache does for one job (api_prefix.c). */
+typedef struct api_prefix_plan {
+    size_t cached;                        /* prompt tokens from the cache (spec.n_cached) */
+    size_t snap_at[SRV_ENGINE_MAX_SNAPS]; /* [n_snap] prefix lengths to insert (spec.snap_at) */
+    size_t n_snap;
+    int32_t *toks; /* owned [snap_at[n_snap - 1]]: the prompt the keys are cut from */
+} api_prefix_plan_t;
+
 typedef struct api_gen_job {
     srv_job_t *job;     /* caller's reference (released at the end) */
+    api_prefix_plan_t pfx;
     srv_seq_ctx_t own;  /* one-shot context (state and sampler owned here) */
     srv_seq_ctx_t *ctx; /* &own, or the session's (borrowed) */
     int done_ev;        /* its DONE event was popped */
@@ -418,6 +443,45 @@ void api_gen_reply_error(api_gen_t *g, const proto_error_t *e);
  * the session was already written on the I/O thread at the end of the
  * jobs: returns that write's result. */
 int api_gen_release_session(api_gen_t *g, int persist, char *err, size_t errlen);
+
+/* ---- the prefix-state cache (api_prefix.c; loop thread) ----
+ * An entry holds the state after its tokens, all of them absorbed. A job
+ * that generates needs the logits of its last prompt token, and an ingest
+ * keeps its last token pending (api_sessions.c), so a prompt of n tokens
+ * can use an entry of at most n - 1, and the prefixes inserted at a message
+ * boundary are the rendered text up to it less its last token: the same
+ * key for a chat request and a session created with the same messages. */
+
+#define API_PREFIX_MIN_TOKENS 16 /* shorter prefixes are not inserted */
+#define API_PREFIX_MAX_PINNED 64 /* POST /v1/prefixes entries at once */
+
+/* Creates app->prefix from --prefix-cache-mb (after the model is loaded;
+ * none with 0). Returns 0 or -1 (out of memory). */
+int api_prefix_init(api_app_t *app);
+void api_prefix_free(api_app_t *app);
+void api_prefix_register_metrics(api_app_t *app);
+/* Brings the prefix metrics up to date (at scrape time). */
+void api_prefix_refresh_metrics(api_app_t *app);
+/* Message boundaries of a chat prompt ids[n_ids] rendered from msgs[n]
+ * (with tools, as api_chat_tokens_tools renders them): the key lengths to
+ * insert, ascending, into out[SRV_ENGINE_MAX_SNAPS]; returns how many. The
+ * boundary after the first message and the last ones are kept. */
+size_t api_prefix_chat_bounds(const api_app_t *app, const proto_message_t *msgs, size_t n,
+                              const proto_tool_t *tools, size_t n_tools, int parse_special,
+                              const int32_t *ids, size_t n_ids, size_t *out);
+/* Plans job slot ji of g (its context fresh: position 0, nothing pending)
+ * for prompt toks[n] (borrowed): with prefix_id ("" = none) the request
+ * names a cached prefix, which must start the prompt; either way the
+ * longest cached prefix of at most max_cached tokens is copied into the
+ * context's state, and the lengths bounds[n_bounds] (ascending) not cached
+ * yet become snapshots to insert. Fills g->jobs[ji].pfx and the spec's
+ * n_cached / snap_at / n_snap. 0, or -1 with e (404 unknown prefix, 400
+ * a prompt that does not continue it, 500). */
+int api_prefix_plan(api_gen_t *g, size_t ji, srv_job_spec_t *spec, const int32_t *toks, size_t n,
+                    size_t max_cached, const char *prefix_id, const size_t *bounds,
+                    size_t n_bounds, proto_error_t *e);
+/* After job ji's DONE: inserts its snapshots. */
+void api_prefix_harvest(api_gen_t *g, size_t ji);
 
 /* ---- the state memory budget (api_gen.c; loop thread) ---- */
 

@@ -71,6 +71,21 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
     return h;
 }
 
+size_t api_attn_config_text(const api_app_t *app, char *buf, size_t len)
+{
+    const core_attn_cfg_t *c = core_attn_config(core_model_attn(app->model));
+    int n = snprintf(buf, len,
+                     "kind=%d L=%d H=%d Hkv=%d Hd=%d ctx=%lld M=%d W=%d seed=%llu sinks=%d "
+                     "prerope=%d decay_off=%d linear_off=%d n_rot=%d base=%.17g scale=%.17g "
+                     "params=%016llx",
+                     (int)c->kind, c->n_layer, c->n_head, c->n_head_kv, c->head_dim,
+                     (long long)c->max_ctx, c->n_features, c->window, (unsigned long long)c->seed,
+                     c->sinks, c->prerope, c->decay_off, c->linear_off, c->n_rot, c->rope_base,
+                     c->rope_scale,
+                     (unsigned long long)core_state_params_digest(core_model_attn(app->model)));
+    return n < 0 ? 0 : (size_t)n < len ? (size_t)n : len - 1;
+}
+
 const char *api_system_fingerprint(api_app_t *app)
 {
     if (app->system_fp[0] || !app->model)
@@ -85,18 +100,8 @@ const char *api_system_fingerprint(api_app_t *app)
     const char *mfp = core_model_info(app->model)->fingerprint;
     h = fnv1a(h, mfp, strlen(mfp) + 1);
     /* the fields as text: no struct padding in the hash */
-    const core_attn_cfg_t *c = core_attn_config(core_model_attn(app->model));
     char cfg[512];
-    int n = snprintf(cfg, sizeof cfg,
-                     "kind=%d L=%d H=%d Hkv=%d Hd=%d ctx=%lld M=%d W=%d seed=%llu sinks=%d "
-                     "prerope=%d decay_off=%d linear_off=%d n_rot=%d base=%.17g scale=%.17g",
-                     (int)c->kind, c->n_layer, c->n_head, c->n_head_kv, c->head_dim,
-                     (long long)c->max_ctx, c->n_features, c->window, (unsigned long long)c->seed,
-                     c->sinks, c->prerope, c->decay_off, c->linear_off, c->n_rot, c->rope_base,
-                     c->rope_scale);
-    h = fnv1a(h, cfg, n > 0 && (size_t)n < sizeof cfg ? (size_t)n : sizeof cfg);
-    const uint64_t pd = core_state_params_digest(core_model_attn(app->model));
-    h = fnv1a(h, &pd, sizeof pd);
+    h = fnv1a(h, cfg, api_attn_config_text(app, cfg, sizeof cfg));
     snprintf(app->system_fp, sizeof app->system_fp, "fp_%016llx", (unsigned long long)h);
     return app->system_fp;
 }

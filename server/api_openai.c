@@ -251,11 +251,13 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
     }
 }
 
-/* Sums the jobs' results; returns the first error message, if any. */
-static const char *oa_totals(api_gen_t *g, proto_usage_t *u, double *ttft_s)
+/* Sums the jobs' results (cached: prompt tokens from the prefix cache);
+ * returns the first error message, if any. */
+static const char *oa_totals(api_gen_t *g, proto_usage_t *u, int64_t *cached, double *ttft_s)
 {
     const char *err = NULL;
     u->prompt_tokens = u->completion_tokens = 0;
+    *cached = 0;
     *ttft_s = -1;
     for (size_t i = 0; i < g->n_jobs; i++) {
         if (!g->jobs[i].submitted)
@@ -265,6 +267,7 @@ static const char *oa_totals(api_gen_t *g, proto_usage_t *u, double *ttft_s)
             continue;
         u->prompt_tokens += res->prompt_tokens;
         u->completion_tokens += res->completion_total;
+        *cached += res->cached_tokens;
         if (res->ttft_s >= 0 && (*ttft_s < 0 || res->ttft_s < *ttft_s))
             *ttft_s = res->ttft_s;
         for (int c = 0; c < res->n_choices; c++)
@@ -290,7 +293,8 @@ static void oa_done(api_gen_t *g)
         return;
     proto_usage_t u;
     double ttft_s;
-    const char *gen_err = oa_totals(g, &u, &ttft_s);
+    int64_t cached;
+    const char *gen_err = oa_totals(g, &u, &cached, &ttft_s);
 
     /* the session was written before done(): its save can fail, and then
      * the answer says so */
@@ -323,7 +327,9 @@ static void oa_done(api_gen_t *g)
         if (r->include_usage) {
             char *j = r->chat ? proto_chat_chunk_json(&meta, NULL, 0, &u)
                               : proto_completion_chunk_json(&meta, NULL, &u);
-            api_gen_write_json(g, j);
+            char *jc = proto_usage_cached_json(j, cached);
+            api_gen_write_json(g, jc);
+            proto_free(jc);
             proto_free(j);
         }
         api_gen_write_raw(g, PROTO_SSE_DONE, strlen(PROTO_SSE_DONE));
@@ -380,7 +386,9 @@ static void oa_done(api_gen_t *g)
         j = r->chat ? proto_chat_tools_json(&meta, pcs, cts, r->n_choices, &u)
                     : proto_completion_json(&meta, pcs, r->n_choices, &u);
     }
-    api_gen_reply_json(g, 200, j); /* NULL: 500 out of memory */
+    char *jc = proto_usage_cached_json(j, cached);
+    api_gen_reply_json(g, 200, jc); /* NULL: 500 out of memory */
+    proto_free(jc);
     proto_free(j);
     for (size_t i = 0; lps && tops && tcs && i < r->n_choices; i++) {
         free(lps[i]);
@@ -443,10 +451,11 @@ static int tool_parsers(api_gen_t *g, oa_req_t *r, const proto_chat_req_t *cr)
 
 /* The common tail of both endpoints: session (held or NULL), token inputs
  * [n_in] (owned, freed here), the parsed options; cr: the chat request
- * (tools), NULL for completions. Answers req. */
+ * (tools), NULL for completions; bounds[n_bounds]: the prefix lengths of
+ * in[0] to insert into the prefix cache. Answers req. */
 static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_params_t *p,
                    const proto_chat_req_t *cr, srv_session_t *sess, oa_input_t *in, size_t n_in,
-                   int session_chat)
+                   int session_chat, const size_t *bounds, size_t n_bounds)
 {
     char err[512];
     oa_req_t *r = calloc(1, sizeof *r);
@@ -550,6 +559,15 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
         spec.reseed = 1;
         spec.stops = (const char *const *)p->stop;
         spec.n_stops = p->n_stop;
+        /* a one-shot context starts from the longest cached prefix */
+        if (!sess && api_prefix_plan(g, i, &spec, in[i].ids, in[i].n, in[i].n ? in[i].n - 1 : 0,
+                                     p->prefix, i == 0 ? bounds : NULL, i == 0 ? n_bounds : 0,
+                                     &ae) < 0) {
+            api_gen_abort(g);
+            inputs_free(in, n_in);
+            api_reply_proto(req, &ae);
+            return;
+        }
         int rc = api_gen_submit(g, i, &spec, err, sizeof err);
         if (rc < 0) {
             api_gen_abort(g);
@@ -597,6 +615,17 @@ static int take_session(api_app_t *app, srv_req_t *req, const char *id, srv_sess
     return 0;
 }
 
+/* 1 after answering 400 when p has both "prefix" and "session". */
+static int prefix_with_session(srv_req_t *req, const proto_gen_params_t *p)
+{
+    if (!p->session[0] || !p->prefix[0])
+        return 0;
+    api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "prefix",
+                   "'prefix' starts a new context from a cached state; it cannot be combined "
+                   "with 'session'");
+    return 1;
+}
+
 static void h_completions(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
@@ -606,6 +635,10 @@ static void h_completions(srv_req_t *req, void *ud)
     proto_error_t e;
     if (proto_completion_parse(body, len, &app->limits, &cr, &e) < 0) {
         api_reply_proto(req, &e);
+        return;
+    }
+    if (prefix_with_session(req, &cr.p)) {
+        proto_completion_free(&cr);
         return;
     }
     if (cr.p.session[0] && cr.n_prompts != 1) {
@@ -647,7 +680,7 @@ static void h_completions(srv_req_t *req, void *ud)
             goto fail;
         }
     }
-    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0);
+    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0, NULL, 0);
     proto_completion_free(&cr);
     return;
 fail:
@@ -666,6 +699,10 @@ static void h_chat(srv_req_t *req, void *ud)
     proto_error_t e;
     if (proto_chat_parse(body, len, &app->limits, &cr, &e) < 0) {
         api_reply_proto(req, &e);
+        return;
+    }
+    if (prefix_with_session(req, &cr.p)) {
+        proto_chat_free(&cr);
         return;
     }
     srv_session_t *sess = NULL;
@@ -689,7 +726,12 @@ static void h_chat(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         goto fail;
     }
-    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL);
+    size_t bounds[SRV_ENGINE_MAX_SNAPS];
+    size_t n_bounds = sess ? 0
+                           : api_prefix_chat_bounds(app, cr.messages, cr.n_messages, cr.tools,
+                                                    tools_on(&cr) ? cr.n_tools : 0,
+                                                    cr.parse_special, in->ids, in->n, bounds);
+    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL, bounds, n_bounds);
     proto_chat_free(&cr);
     return;
 fail:

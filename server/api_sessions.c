@@ -382,6 +382,7 @@ typedef struct ingest {
     int32_t last;
     int set_chat; /* messages were rendered: turn closed, chat started */
     int oom;      /* pending the last token failed */
+    size_t cached; /* create: tokens taken from the prefix cache */
     char id[PROTO_SESSION_ID_LEN + 1];
 } ingest_t;
 
@@ -425,6 +426,15 @@ static int ingest_answer(api_app_t *app, const ingest_t *k, const char *job_err,
     if (!*json) {
         api_store_error(rc, k->id, NULL, e);
         return -1;
+    }
+    if (k->status == 201) { /* a create says what the prefix cache gave it */
+        char *j = proto_json_add_int(*json, "cached_tokens", (int64_t)k->cached);
+        proto_free(*json);
+        *json = j;
+        if (!j) {
+            proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
+            return -1;
+        }
     }
     return 0;
 }
@@ -522,9 +532,11 @@ static int turn_begin(api_app_t *app, srv_req_t *req, srv_session_t *s, const in
 
 /* Ingests ids[n] (owned, freed here) into s (held) and answers req with the
  * short session object. An append of tokens is a turn; a create is not
- * (its state is the one after 0 turns). */
+ * (its state is the one after 0 turns). A create (prefix_id non-NULL, ""
+ * = none) starts from the longest cached prefix of the tokens it feeds
+ * and inserts them, all but the pending last one, into the cache. */
 static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *ids, size_t n,
-                   int status, int set_chat)
+                   int status, int set_chat, const char *prefix_id)
 {
     ingest_t k = {.status = status, .set_chat = set_chat};
     snprintf(k.id, sizeof k.id, "%s", srv_session_id(s));
@@ -540,6 +552,15 @@ static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *id
         n--;
     }
     srv_seq_ctx_t *ctx = srv_session_ctx(s);
+    if (n == 0 && prefix_id && prefix_id[0]) { /* nothing a prefix could start */
+        free(ids);
+        srv_store_release(app->store, s, 0);
+        srv_store_delete(app->store, k.id);
+        api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "prefix",
+                       "the session's text is too short to continue the prefix '%s'",
+                       prefix_id);
+        return;
+    }
     if (n == 0 && ctx->n_pending == 0) {
         free(ids);
         ingest_io_t *w = calloc(1, sizeof *w);
@@ -581,6 +602,18 @@ static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *id
     spec.prompt = ids;
     spec.n_prompt = n;
     spec.max_tokens = 0;
+    if (prefix_id) {
+        const size_t bound = n;
+        if (api_prefix_plan(g, 0, &spec, ids, n, n, prefix_id, &bound,
+                            n >= API_PREFIX_MIN_TOKENS ? 1 : 0, &ae) < 0) {
+            free(ids);
+            api_gen_abort(g);
+            srv_store_delete(app->store, k.id);
+            api_reply_proto(req, &ae);
+            return;
+        }
+        kd->cached = g->jobs[0].pfx.cached;
+    }
     char err[512];
     int rc = api_gen_submit(g, 0, &spec, err, sizeof err);
     free(ids);
@@ -639,8 +672,10 @@ static void h_create(srv_req_t *req, void *ud)
             return;
         }
     }
+    char prefix[PROTO_PREFIX_ID_LEN + 1];
+    memcpy(prefix, cr.prefix, sizeof prefix);
     proto_session_create_free(&cr);
-    ingest(app, req, s, ids, n, 201, chat);
+    ingest(app, req, s, ids, n, 201, chat, prefix);
 }
 
 static void h_append(srv_req_t *req, void *ud)
@@ -674,7 +709,7 @@ static void h_append(srv_req_t *req, void *ud)
         srv_store_release(app->store, s, 0);
         return;
     }
-    ingest(app, req, s, ids, n, 200, chat);
+    ingest(app, req, s, ids, n, 200, chat, NULL);
 }
 
 /* ---- generate ---- */

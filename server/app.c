@@ -169,6 +169,7 @@ static void h_health(srv_req_t *req, void *ud)
 /* Gauges that are read at scrape time rather than updated on every change. */
 static void refresh_metrics(api_app_t *app)
 {
+    api_prefix_refresh_metrics(app);
     size_t mem, disk, bytes;
     session_counts(app, &mem, &disk, &bytes);
     srv_series_set(app->m_sess_mem, (double)mem);
@@ -244,6 +245,7 @@ static void register_metrics(api_app_t *app)
         srv_metrics_counter(m, "darkserve_engine_steps_by_batch_total",
                             "Batched forwards by the exact number of sequences in them",
                             (const char *[]){"sequences", NULL});
+    api_prefix_register_metrics(app);
 }
 
 /* ---- start ---- */
@@ -362,6 +364,7 @@ static void app_free_parts(api_app_t *app)
 {
     srv_engine_free(app->engine);
     app->engine = NULL;
+    api_prefix_free(app);
     srv_store_free(app->store);
     app->store = NULL;
     core_tokenizer_free(app->tok);
@@ -434,6 +437,10 @@ static void load_after(uv_work_t *w, int status)
         }
         app->state_fixed_bytes = core_attn_state_bytes(st0);
         core_attn_state_free(st0);
+    }
+    if (api_prefix_init(app) < 0) {
+        srv_serve_fail(app->serve, "cannot make the prefix cache");
+        return;
     }
     srv_store_opts_t so = {
         .dir = cfg->session_dir,
@@ -513,7 +520,7 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
     if (srv_http_route(app->http, "GET", "/health", h_health, app, &health) < 0 ||
         srv_http_route(app->http, "GET", "/metrics", h_metrics, app, &metrics) < 0 ||
         api_openai_routes(app) < 0 || api_sessions_routes(app) < 0 || api_misc_routes(app) < 0 ||
-        api_ollama_routes(app) < 0) {
+        api_ollama_routes(app) < 0 || api_prefix_routes(app) < 0) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "cannot register the routes");
         pthread_mutex_destroy(&app->mu);
         free(app->key_owner);

@@ -108,6 +108,7 @@ typedef struct srv_config {
     char *session_dir;         /* spill/persist directory */
     int64_t session_ttl_s;     /* idle sessions expire; 0 = never */
     int64_t checkpoints;       /* turn checkpoints kept per session; 0 = none */
+    int64_t prefix_cache_mb;   /* MiB of the prefix-state cache; 0 = off */
     /* logging */
     int log_level;             /* srv_cfg_log_level_t */
     int log_format;            /* srv_cfg_log_format_t */

@@ -1,0 +1,500 @@
+/* server/api_prefix.c — the prefix-state cache in the request flow
+ * (docs/API.md "Prefix cache"):
+ *   - before a job on a fresh context: the longest cached prefix of its
+ *     prompt is copied into the context's state (the engine then feeds
+ *     only the rest: srv_job_spec_t.n_cached), and the prefix lengths to
+ *     insert become engine snapshots (srv_job_spec_t.snap_at);
+ *   - after the job: the snapshots go into the cache;
+ *   - POST /v1/prefixes pins a prefix (an ingest job whose state is kept),
+ *     GET /v1/prefixes lists the entries, DELETE /v1/prefixes/{id} unpins.
+ *
+ * The cache and every state in it belong to the loop thread: entries are
+ * copied into a context before the job is submitted and snapshots taken
+ * after its DONE, so the scheduler never sees a cached state. A copy is a
+ * memcpy of one state (a few MB for DARKFormer, the KV cache so far for
+ * exact attention). The key's namespace is the model fingerprint and the
+ * attention configuration with the digest of its learned parameters
+ * (api_attn_config_text): what makes two states incomparable.
+ */
+#include "server/api.h"
+
+#include "server/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Boundaries of one chat request that are kept at most: the first and the
+ * last ones (a shared system prompt; the conversation so far). */
+#define MAX_BOUNDS 4
+
+static void free_state(void *v)
+{
+    core_attn_state_free(v);
+}
+
+int api_prefix_init(api_app_t *app)
+{
+    if (app->cfg->prefix_cache_mb <= 0)
+        return 0;
+    char ns[1024];
+    const char *fp = core_model_info(app->model)->fingerprint;
+    int n = snprintf(ns, sizeof ns, "darkserve prefix state\nmodel=%s\n", fp);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof ns ? (size_t)n : sizeof ns - 1;
+    len += api_attn_config_text(app, ns + len, sizeof ns - len);
+    srv_prefix_cache_opts_t o = {.budget = (size_t)app->cfg->prefix_cache_mb << 20,
+                                 .max_pinned = API_PREFIX_MAX_PINNED,
+                                 .ns = ns,
+                                 .ns_len = len,
+                                 .free_value = free_state};
+    return srv_prefix_cache_new(&o, &app->prefix) < 0 ? -1 : 0;
+}
+
+void api_prefix_free(api_app_t *app)
+{
+    srv_prefix_cache_free(app->prefix);
+    app->prefix = NULL;
+}
+
+void api_prefix_register_metrics(api_app_t *app)
+{
+    srv_metrics_t *m = app->metrics;
+    if (!m)
+        return;
+    app->m_pfx_hits = srv_metric_series(
+        srv_metrics_counter(m, "darkserve_prefix_cache_hits_total",
+                            "Requests that started from a cached prefix state", NULL),
+        NULL);
+    app->m_pfx_misses = srv_metric_series(
+        srv_metrics_counter(m, "darkserve_prefix_cache_misses_total",
+                            "Requests on a fresh context that found no cached prefix", NULL),
+        NULL);
+    app->m_pfx_evictions = srv_metric_series(
+        srv_metrics_counter(m, "darkserve_prefix_cache_evictions_total",
+                            "Cached prefixes dropped to stay within --prefix-cache-mb", NULL),
+        NULL);
+    app->m_pfx_inserts = srv_metric_series(
+        srv_metrics_counter(m, "darkserve_prefix_cache_inserts_total",
+                            "Prefix states added to the cache", NULL),
+        NULL);
+    app->m_pfx_bytes = srv_metric_series(
+        srv_metrics_gauge(m, "darkserve_prefix_cache_bytes",
+                          "Bytes of attention state held by the prefix cache", NULL),
+        NULL);
+    app->m_pfx_entries = srv_metric_series(
+        srv_metrics_gauge(m, "darkserve_prefix_cache_entries", "Prefixes cached", NULL), NULL);
+    app->m_pfx_pinned = srv_metric_series(
+        srv_metrics_gauge(m, "darkserve_prefix_cache_pinned", "Prefixes pinned (never evicted)",
+                          NULL),
+        NULL);
+}
+
+void api_prefix_refresh_metrics(api_app_t *app)
+{
+    if (!app->prefix)
+        return;
+    srv_prefix_cache_stats_t st, *seen = &app->pfx_seen;
+    srv_prefix_cache_stats(app->prefix, &st);
+    srv_series_add(app->m_pfx_hits, (double)(st.hits - seen->hits));
+    srv_series_add(app->m_pfx_misses, (double)(st.misses - seen->misses));
+    srv_series_add(app->m_pfx_evictions, (double)(st.evictions - seen->evictions));
+    srv_series_add(app->m_pfx_inserts, (double)(st.inserts - seen->inserts));
+    srv_series_set(app->m_pfx_bytes, (double)st.bytes);
+    srv_series_set(app->m_pfx_entries, (double)st.entries);
+    srv_series_set(app->m_pfx_pinned, (double)st.pinned);
+    *seen = st;
+}
+
+/* ---- before and after a job ---- */
+
+size_t api_prefix_chat_bounds(const api_app_t *app, const proto_message_t *msgs, size_t n,
+                              const proto_tool_t *tools, size_t n_tools, int parse_special,
+                              const int32_t *ids, size_t n_ids, size_t *out)
+{
+    if (!app->prefix || n == 0)
+        return 0;
+    /* messages [0..k) for k = 1 and the last MAX_BOUNDS - 1 values up to n */
+    size_t ks[MAX_BOUNDS], nk = 0;
+    ks[nk++] = 1;
+    for (size_t k = n > MAX_BOUNDS - 1 ? n - (MAX_BOUNDS - 2) : 2; k <= n; k++)
+        ks[nk++] = k;
+    size_t nb = 0;
+    for (size_t i = 0; i < nk; i++) {
+        int32_t *t = NULL;
+        size_t nt = 0;
+        core_error_t ce = {0};
+        if (api_chat_tokens_tools(app, msgs, ks[i], tools, n_tools, 0, 0, 0, parse_special, 1, &t,
+                                  &nt, &ce) < 0) {
+            free(t);
+            continue;
+        }
+        /* the key: the rendered text up to the boundary less its last token,
+         * when the whole prompt starts with that text's tokens (a template
+         * or tokenization that does not keep prefixes gives no key) */
+        const int prefix = nt >= 1 && nt <= n_ids && memcmp(t, ids, nt * sizeof *t) == 0;
+        free(t);
+        if (!prefix || nt - 1 < API_PREFIX_MIN_TOKENS || (nb && out[nb - 1] >= nt - 1))
+            continue;
+        out[nb++] = nt - 1;
+    }
+    return nb;
+}
+
+/* 1 when toks[n] starts with key[nk]. */
+static int starts_with(const int32_t *toks, size_t n, const int32_t *key, size_t nk)
+{
+    return nk <= n && memcmp(toks, key, nk * sizeof *key) == 0;
+}
+
+int api_prefix_plan(api_gen_t *g, size_t ji, srv_job_spec_t *spec, const int32_t *toks, size_t n,
+                    size_t max_cached, const char *prefix_id, const size_t *bounds,
+                    size_t n_bounds, proto_error_t *e)
+{
+    api_app_t *app = g->app;
+    api_gen_job_t *j = &g->jobs[ji];
+    api_prefix_plan_t *pl = &j->pfx;
+    if (prefix_id && prefix_id[0]) {
+        srv_prefix_entry_t *want = app->prefix ? srv_prefix_cache_get(app->prefix, prefix_id)
+                                               : NULL;
+        if (!want) {
+            proto_error_set(e, PROTO_ERR_NOT_FOUND, "prefix", "prefix '%s' not found%s",
+                            prefix_id, app->prefix ? "" : " (the prefix cache is off)");
+            e->code = "prefix_not_found";
+            return -1;
+        }
+        size_t nk = 0;
+        const int32_t *key = srv_prefix_entry_tokens(want, &nk);
+        if (!starts_with(toks, n, key, nk) || nk > max_cached) {
+            proto_error_set(e, PROTO_ERR_INVALID_VALUE, "prefix",
+                            "the prompt (%zu tokens) does not %s the prefix '%s' (%zu tokens)", n,
+                            starts_with(toks, n, key, nk) ? "continue past" : "start with",
+                            prefix_id, nk);
+            return -1;
+        }
+    }
+    if (!app->prefix || n == 0)
+        return 0;
+    srv_seq_ctx_t *ctx = j->ctx;
+    if (ctx->n_pending || core_attn_state_pos(ctx->state) != 0)
+        return 0; /* a continued session: its state is no function of the prompt */
+    srv_prefix_entry_t *hit = srv_prefix_cache_lookup(app->prefix, toks, n, max_cached);
+    if (hit) {
+        core_error_t ce = {0};
+        if (core_attn_state_copy(ctx->state, srv_prefix_entry_value(hit), &ce) < 0) {
+            core_attn_state_reset(ctx->state);
+            api_core_error(ce.code, NULL, ce.msg, e);
+            return -1;
+        }
+        srv_prefix_entry_tokens(hit, &pl->cached);
+    }
+    for (size_t k = 0; k < n_bounds && pl->n_snap < SRV_ENGINE_MAX_SNAPS; k++) {
+        const size_t b = bounds[k];
+        if (b <= pl->cached || b > n || (pl->n_snap && b <= pl->snap_at[pl->n_snap - 1]) ||
+            srv_prefix_cache_find(app->prefix, toks, b))
+            continue;
+        pl->snap_at[pl->n_snap++] = b;
+    }
+    if (pl->n_snap) {
+        const size_t nt = pl->snap_at[pl->n_snap - 1];
+        pl->toks = malloc(nt * sizeof *pl->toks);
+        if (pl->toks)
+            memcpy(pl->toks, toks, nt * sizeof *pl->toks);
+        else
+            pl->n_snap = 0; /* nothing to insert; the request runs on */
+    }
+    spec->n_cached = pl->cached;
+    spec->snap_at = pl->snap_at;
+    spec->n_snap = pl->n_snap;
+    return 0;
+}
+
+/* Inserts state (owned; freed when the cache does not take it) under
+ * toks[n]; 0 or the cache's error. */
+static int insert_state(api_app_t *app, const int32_t *toks, size_t n, core_attn_state_t *st,
+                        int pinned, srv_prefix_entry_t **out)
+{
+    int rc = srv_prefix_cache_insert(app->prefix, toks, n, st, core_attn_state_bytes(st), pinned,
+                                     out);
+    if (rc < 0)
+        core_attn_state_free(st);
+    return rc;
+}
+
+void api_prefix_harvest(api_gen_t *g, size_t ji)
+{
+    api_gen_job_t *j = &g->jobs[ji];
+    api_prefix_plan_t *pl = &j->pfx;
+    for (size_t k = 0; k < pl->n_snap; k++) {
+        core_attn_state_t *st = srv_job_take_snapshot(j->job, k);
+        if (!st || !g->app->prefix)
+            continue;
+        int rc = insert_state(g->app, pl->toks, pl->snap_at[k], st, 0, NULL);
+        if (rc < 0 && rc != SRV_PREFIX_EEXIST && rc != SRV_PREFIX_ETOOBIG)
+            SRV_LOG(SRV_LOG_WARN, g->rid, "prefix cache: %s", srv_prefix_strerror(rc));
+    }
+    free(pl->toks);
+    pl->toks = NULL;
+    pl->n_snap = 0;
+}
+
+/* ---- /v1/prefixes ---- */
+
+static void entry_info(const srv_prefix_entry_t *e, proto_prefix_info_t *p)
+{
+    size_t n = 0;
+    srv_prefix_entry_tokens(e, &n);
+    *p = (proto_prefix_info_t){.id = srv_prefix_entry_id(e),
+                               .tokens = (int64_t)n,
+                               .bytes = (int64_t)srv_prefix_entry_bytes(e),
+                               .pinned = srv_prefix_entry_pinned(e),
+                               .hits = (int64_t)srv_prefix_entry_hits(e)};
+}
+
+static void reply_entry(srv_req_t *req, int status, const srv_prefix_entry_t *e)
+{
+    proto_prefix_info_t p;
+    entry_info(e, &p);
+    char *j = proto_prefix_json(&p);
+    if (!j) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    srv_reply_json(req, status, j);
+    proto_free(j);
+}
+
+/* The answer to a pin the cache refused (rc: its error). */
+static void pin_error(const api_app_t *app, int rc, size_t bytes, proto_error_t *e)
+{
+    srv_prefix_cache_stats_t st = {0};
+    if (app->prefix)
+        srv_prefix_cache_stats(app->prefix, &st);
+    if (rc == SRV_PREFIX_EPINNED) {
+        proto_error_set(e, PROTO_ERR_STORAGE, NULL,
+                        "%d prefixes are pinned already, the most this server keeps; "
+                        "DELETE /v1/prefixes/{id} one first",
+                        API_PREFIX_MAX_PINNED);
+    } else if (rc == SRV_PREFIX_ETOOBIG) {
+        proto_error_set(e, PROTO_ERR_STORAGE, NULL,
+                        "pinning this prefix (%zu bytes of state) would take the pinned prefixes "
+                        "to %zu bytes, over the prefix cache's %lld MiB (--prefix-cache-mb)",
+                        bytes, st.pinned_bytes + bytes, (long long)app->cfg->prefix_cache_mb);
+    } else {
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "prefix cache: %s", srv_prefix_strerror(rc));
+        return;
+    }
+    e->code = "prefix_cache_full";
+}
+
+typedef struct pin_kd {
+    int32_t *key; /* owned [n] */
+    size_t n;
+    size_t est; /* state bytes expected */
+} pin_kd_t;
+
+static void pin_kd_free(void *p)
+{
+    pin_kd_t *k = p;
+    if (k)
+        free(k->key);
+    free(k);
+}
+
+static void pin_done(api_gen_t *g)
+{
+    pin_kd_t *k = g->kd;
+    if (g->aborted || g->cancelled)
+        return;
+    const srv_job_result_t *res = srv_job_result(g->jobs[0].job);
+    proto_error_t e;
+    if (g->shutdown) {
+        api_engine_error(SRV_ENGINE_ESTOPPED, NULL, &e);
+        api_gen_reply_error(g, &e);
+        return;
+    }
+    if (!res || res->finish[0] == SRV_FINISH_ERROR) {
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "prefix ingest failed: %s",
+                        res && res->error[0] ? res->error : "error");
+        api_gen_reply_error(g, &e);
+        return;
+    }
+    api_app_t *app = g->app;
+    core_attn_state_t *st = g->jobs[0].own.state;
+    srv_prefix_entry_t *ent = NULL;
+    int rc = app->prefix ? srv_prefix_cache_insert(app->prefix, k->key, k->n, st,
+                                                   core_attn_state_bytes(st), 1, &ent)
+                         : SRV_PREFIX_ETOOBIG;
+    if (rc == 0)
+        g->jobs[0].own.state = NULL; /* the cache's now */
+    else if (rc == SRV_PREFIX_EEXIST) /* made meanwhile by another request */
+        rc = srv_prefix_cache_pin(app->prefix, ent);
+    if (rc < 0) {
+        pin_error(app, rc, core_attn_state_bytes(st), &e);
+        api_gen_reply_error(g, &e);
+        return;
+    }
+    proto_prefix_info_t p;
+    entry_info(ent, &p);
+    char *j = proto_prefix_json(&p);
+    api_gen_reply_json(g, 201, j); /* NULL: 500 out of memory */
+    proto_free(j);
+}
+
+static const api_gen_ops_t pin_ops = {.done = pin_done, .free = pin_kd_free};
+
+static void h_prefix_create(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_prefix_create_req_t pr;
+    proto_error_t e;
+    if (proto_prefix_create_parse(body, len, &app->limits, &pr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    core_error_t ce = {0};
+    const char *what = pr.messages ? "messages" : "text";
+    int rc = pr.messages ? api_chat_tokens(app, pr.messages, pr.n_messages, 0, 0, 0,
+                                           pr.parse_special, 1, &ids, &n, &ce)
+                         : api_tokenize(app, pr.text, pr.text_len, 1, &ids, &n, &ce);
+    proto_session_append_free(&pr);
+    if (rc < 0) {
+        api_core_error(ce.code, what, ce.msg, &e);
+        api_reply_proto(req, &e);
+        free(ids);
+        return;
+    }
+    /* the key: all but the last token, which every request using the
+     * prefix feeds itself (api.h "the prefix-state cache") */
+    if (n < 2) {
+        free(ids);
+        api_reply_kind(req, PROTO_ERR_INVALID_VALUE, what, "a prefix needs at least 2 tokens; this one has %zu", n);
+        return;
+    }
+    const size_t nk = n - 1;
+    srv_prefix_entry_t *ent = app->prefix ? srv_prefix_cache_find(app->prefix, ids, nk) : NULL;
+    if (ent) { /* cached already: pinned now (201), or pinned before (200) */
+        free(ids);
+        const int was = srv_prefix_entry_pinned(ent);
+        int prc = srv_prefix_cache_pin(app->prefix, ent);
+        if (prc < 0) {
+            pin_error(app, prc, srv_prefix_entry_bytes(ent), &e);
+            api_reply_proto(req, &e);
+            return;
+        }
+        srv_prefix_cache_touch(app->prefix, ent);
+        reply_entry(req, was ? 200 : 201, ent);
+        return;
+    }
+    /* refused before any work when it cannot be pinned */
+    const size_t est = api_state_bound(app, (int64_t)nk);
+    srv_prefix_cache_stats_t st = {0};
+    if (app->prefix)
+        srv_prefix_cache_stats(app->prefix, &st);
+    if (!app->prefix || st.pinned >= API_PREFIX_MAX_PINNED ||
+        st.pinned_bytes + est > (size_t)app->cfg->prefix_cache_mb << 20) {
+        free(ids);
+        pin_error(app, st.pinned >= API_PREFIX_MAX_PINNED ? SRV_PREFIX_EPINNED : SRV_PREFIX_ETOOBIG,
+                  est, &e);
+        api_reply_proto(req, &e);
+        return;
+    }
+    pin_kd_t *kd = calloc(1, sizeof *kd);
+    api_gen_t *g = kd ? api_gen_new(app, req, &pin_ops, kd, 1) : NULL;
+    if (!g) { /* api_gen_new freed kd */
+        free(ids);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    kd->key = ids;
+    kd->n = nk;
+    kd->est = est;
+    if (api_gen_reserve(g, est, &e) < 0) {
+        api_gen_abort(g);
+        api_reply_admit(req, &e);
+        return;
+    }
+    core_sample_params_t sp;
+    core_sample_params_default(&sp);
+    if (api_gen_oneshot(g, 0, &sp, &ce) < 0) {
+        api_core_error(ce.code, NULL, ce.msg, &e);
+        api_gen_abort(g);
+        api_reply_proto(req, &e);
+        return;
+    }
+    srv_job_spec_t spec;
+    srv_job_spec_init(&spec);
+    spec.prompt = ids;
+    spec.n_prompt = nk;
+    spec.max_tokens = 0;
+    /* a shorter cached prefix shortens this ingest too */
+    if (api_prefix_plan(g, 0, &spec, ids, nk, nk, NULL, NULL, 0, &e) < 0) {
+        api_gen_abort(g);
+        api_reply_proto(req, &e);
+        return;
+    }
+    char err[512];
+    rc = api_gen_submit(g, 0, &spec, err, sizeof err);
+    if (rc < 0) {
+        api_gen_abort(g);
+        api_reply_engine(req, rc, err);
+        return;
+    }
+    api_gen_start(g, req, 0, PROTO_STREAM_NDJSON);
+}
+
+static void h_prefix_list(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    srv_prefix_cache_stats_t st = {0};
+    if (app->prefix)
+        srv_prefix_cache_stats(app->prefix, &st);
+    proto_prefix_info_t *items = calloc(st.entries ? st.entries : 1, sizeof *items);
+    if (!items) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    size_t n = 0;
+    for (srv_prefix_entry_t *e = app->prefix ? srv_prefix_cache_next(app->prefix, NULL) : NULL;
+         e && n < st.entries; e = srv_prefix_cache_next(app->prefix, e))
+        entry_info(e, &items[n++]);
+    char *j = proto_prefix_list_json(items, n, app->cfg->prefix_cache_mb << 20, (int64_t)st.bytes,
+                                     (int64_t)st.pinned_bytes);
+    free(items);
+    if (!j) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    srv_reply_json(req, 200, j);
+    proto_free(j);
+}
+
+static void h_prefix_delete(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const char *id = srv_req_param(req, "id");
+    srv_prefix_entry_t *ent =
+        id && app->prefix ? srv_prefix_cache_get(app->prefix, id) : NULL;
+    if (!ent || !srv_prefix_entry_pinned(ent)) {
+        proto_error_t e;
+        proto_error_set(&e, PROTO_ERR_NOT_FOUND, NULL, "no pinned prefix '%.64s'", id ? id : "");
+        e.code = "prefix_not_found";
+        api_reply_proto(req, &e);
+        return;
+    }
+    srv_prefix_cache_unpin(app->prefix, ent);
+    reply_entry(req, 200, ent);
+}
+
+int api_prefix_routes(api_app_t *app)
+{
+    srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
+    int rc = 0;
+    rc |= srv_http_route(app->http, "POST", "/v1/prefixes", h_prefix_create, app, &json);
+    rc |= srv_http_route(app->http, "GET", "/v1/prefixes", h_prefix_list, app, NULL);
+    rc |= srv_http_route(app->http, "DELETE", "/v1/prefixes/{id}", h_prefix_delete, app, NULL);
+    return rc ? -1 : 0;
+}
