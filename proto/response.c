@@ -393,7 +393,7 @@ char *proto_prefix_list_json(const proto_prefix_info_t *items, size_t n, int64_t
 
 char *proto_json_add_int(const char *json, const char *key, int64_t v)
 {
-    json_t *root = json ? json_loads(json, 0, NULL) : NULL;
+    json_t *root = json ? json_loads(json, JSON_ALLOW_NUL, NULL) : NULL;
     if (!json_is_object(root) || json_object_set_new(root, key, json_integer(v)) < 0) {
         json_decref(root);
         return NULL;
@@ -587,7 +587,7 @@ char *proto_health_json(const proto_health_t *h)
 
 char *proto_usage_cached_json(const char *json, int64_t cached_tokens)
 {
-    json_t *root = json ? json_loads(json, 0, NULL) : NULL;
+    json_t *root = json ? json_loads(json, JSON_ALLOW_NUL, NULL) : NULL;
     if (!json_is_object(root)) {
         json_decref(root);
         return NULL;

@@ -19,7 +19,9 @@ from ds_server import MODEL, wait_for
 def create(srv, body=None):
     st, r, _ = srv.post("/v1/sessions", body or {})
     assert st == 201, r
-    assert set(r) == {"id", "tokens", "state_bytes", "turns"}
+    # cached_tokens: what the prefix-state cache gave the create
+    assert set(r) == {"id", "tokens", "state_bytes", "turns", "cached_tokens"}
+    assert 0 <= r["cached_tokens"] < max(r["tokens"], 1)
     return r
 
 
