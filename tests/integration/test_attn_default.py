@@ -34,13 +34,14 @@ def tiny_info():
     return dict(l.split(" ", 1) for l in p.stdout.splitlines() if " " in l)
 
 
-def write_adapter(path, fingerprint, window=8, sinks=2, scale=1.0):
+def write_adapter(path, fingerprint, window=8, sinks=2, scale=1.0, kind="darkformer"):
+    """kind "darkformer": M = scale·I; "darkformer-is": Λ = scale·I."""
     info = tiny_info()
     L, hkv, hd = int(info["n_layer"]), int(info["n_head_kv"]), int(info["head_dim"])
     os.makedirs(os.path.dirname(path), exist_ok=True)
     w = gguf.GGUFWriter(path, "darkformer-adapter")
     w.add_uint32("darkformer.format_version", 2)
-    w.add_string("darkformer.kind", "darkformer")
+    w.add_string("darkformer.kind", kind)
     w.add_uint32("darkformer.n_features", 16)
     w.add_uint32("darkformer.window", window)
     w.add_uint32("darkformer.sinks", sinks)
@@ -49,7 +50,8 @@ def write_adapter(path, fingerprint, window=8, sinks=2, scale=1.0):
     w.add_string("darkformer.base_fingerprint", fingerprint)
     eye = np.broadcast_to(np.float32(scale) * np.eye(hd, dtype=np.float32), (hkv, hd, hd)).copy()
     for l in range(L):
-        w.add_tensor(f"darkformer.blk.{l}.M", eye)  # GGUF ne [Hd, Hd, Hkv]
+        w.add_tensor(f"darkformer.blk.{l}.{'lambda' if kind == 'darkformer-is' else 'M'}",
+                     eye)  # GGUF ne [Hd, Hd, Hkv]
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

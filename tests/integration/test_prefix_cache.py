@@ -7,13 +7,10 @@ pin, list and unpin, with their errors; /metrics counts hits, misses,
 evictions, bytes and entries; and greedy outputs are the same token for token
 with and without the cache for every attention kind the server offers.
 
-Runs on the tiny fixture model; the DARKFormer kinds load an identity
-adapter written for it (test_attn_default.write_adapter)."""
+Runs on the tiny fixture model; the DARKFormer kinds load adapters written
+for it (test_attn_default.write_adapter: M = I, Λ = 0.1·I)."""
 import json
-import os
 
-import gguf
-import numpy as np
 import pytest
 
 from ds_server import TINY
@@ -132,36 +129,10 @@ def outputs(srv, with_session=True):
     return out
 
 
-def write_is_adapter(path):
-    """A DARKFormer-IS adapter for the tiny model: Λ = 0.1·I per layer and
-    KV head (docs/ADAPTER.md)."""
-    info = tiny_info()
-    L, hkv, hd = int(info["n_layer"]), int(info["n_head_kv"]), int(info["head_dim"])
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    w = gguf.GGUFWriter(path, "darkformer-adapter")
-    w.add_uint32("darkformer.format_version", 2)
-    w.add_string("darkformer.kind", "darkformer-is")
-    w.add_uint32("darkformer.n_features", 16)
-    w.add_uint32("darkformer.window", 8)
-    w.add_uint32("darkformer.sinks", 2)
-    w.add_uint32("darkformer.prerope", 0)
-    w.add_uint64("darkformer.seed", 5)
-    w.add_string("darkformer.base_fingerprint", info["fingerprint"])
-    lam = np.broadcast_to(np.float32(0.1) * np.eye(hd, dtype=np.float32), (hkv, hd, hd)).copy()
-    for l in range(L):
-        w.add_tensor(f"darkformer.blk.{l}.lambda", lam)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def kind_args(kind, tmp_path):
-    if kind == "darkformer-is":
-        return kind, ["--adapter", write_is_adapter(str(tmp_path / "is.gguf"))]
-    if kind == "darkformer":
-        adapter = write_adapter(str(tmp_path / f"{kind}.gguf"), tiny_info()["fingerprint"])
+    if kind in ("darkformer", "darkformer-is"):  # M = I; Λ = 0.1·I
+        adapter = write_adapter(str(tmp_path / f"{kind}.gguf"), tiny_info()["fingerprint"],
+                                scale=1.0 if kind == "darkformer" else 0.1, kind=kind)
         return kind, ["--adapter", adapter]
     if kind == "hybrid":  # performer with exact sinks + window
         return "performer", ["--window", "8", "--sinks", "2"]
