@@ -301,7 +301,7 @@ TEST(test_help_lists_every_option)
         "log-format",    "log-file",       "chat-template",  "max-connections",
         "generation-timeout", "sinks",    "decay",          "max-session-disk",
         "max-session-files", "header-timeout", "max-connections-per-address",
-        "max-state-memory", "checkpoints", NULL};
+        "max-state-memory", "checkpoints", "prefix-cache-mb", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];
