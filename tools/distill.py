@@ -34,7 +34,10 @@ its last val-seqs × LEN tokens, which are the validation set: its mean KL
 is evaluated every val-every steps and the best parameters are kept (early
 stopping). EPS.npy holds the feature draws ε of the adapter's seed
 (tools/record_qkv --draws m). Outputs PREFIX.{mat,decay,mix}.f32 (and with
---lora R PREFIX.lora.{q,k,v,o}_{a,b}.f32) for build/tools/write_adapter.
+--lora R PREFIX.lora.{q,k,v,o}_{a,b}.f32) for build/tools/write_adapter,
+from the best parameters by validation KL; --write-each also writes
+PREFIX.stepN.* at every validated step N (the shipped default was chosen
+among those by perplexity on a calibration slice, models/adapters/README.md).
 --lr-gate and --lr-draws are probes of two variants the C runtime does not
 implement (docs/QUALITY.md, "What was tried"): a data-dependent decay gate
 γ_t = 0.5 + 0.5 σ(θ + u·k_t/√Hd) from each token's pre-RoPE key (u per KV
@@ -278,6 +281,22 @@ def check(a, hp, cfg, init, weights):
     return 1 if bad else 0
 
 
+def write_params(out, p, lora, learn_gate, learn_draws):
+    """Writes parameters p as out.{mat,decay,mix}.f32 (and out.lora.*,
+    out.gate, out.draws) for build/tools/write_adapter; the decays as
+    0.5 + 0.5 σ(logit)."""
+    p[0].astype(np.float32).tofile(out + ".mat.f32")
+    gam = 0.5 + 0.5 / (1 + np.exp(-p[1].astype(np.float64)))
+    gam.astype(np.float32).tofile(out + ".decay.f32")
+    p[2].astype(np.float32).tofile(out + ".mix.f32")
+    for i, n in enumerate(LORA_NAMES if lora else ()):  # write_adapter --lora PREFIX.lora
+        p[3 + i].astype(np.float32).tofile("%s.lora.%s.f32" % (out, n))
+    if learn_gate:  # write_adapter --gate
+        p[3 + 8 * bool(lora)].astype(np.float32).tofile(out + ".gate.f32")
+    if learn_draws:  # write_adapter --draws
+        p[-1].astype(np.float32).tofile(out + ".draws.f32")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", required=True)
@@ -305,6 +324,8 @@ def main():
     p.add_argument("--val-seqs", type=int, default=4)
     p.add_argument("--val-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--write-each", action="store_true",
+                   help="also write PREFIX.stepN.* with the parameters of every validated step")
     a = p.parse_args()
 
     import jax.numpy as jnp
@@ -426,17 +447,11 @@ def main():
                 best_p = [np.asarray(x).copy() for x in params]
             print("distill: step %d val KL %.5f (best %.5f), nll exact %.4f, converted %.4f" % (
                 step, v[0], best, v[1], v[2]), flush=True)
+            if a.write_each:  # every validated point, for a selection on another measure
+                write_params("%s.step%d" % (a.out, step), [np.asarray(x) for x in params],
+                             a.lora, learn_gate, learn_draws)
             save(step)
-    best_p[0].astype(np.float32).tofile(a.out + ".mat.f32")
-    gam = 0.5 + 0.5 / (1 + np.exp(-best_p[1].astype(np.float64)))
-    gam.astype(np.float32).tofile(a.out + ".decay.f32")
-    best_p[2].astype(np.float32).tofile(a.out + ".mix.f32")
-    for i, n in enumerate(LORA_NAMES if a.lora else ()):  # write_adapter --lora PREFIX.lora
-        best_p[3 + i].astype(np.float32).tofile("%s.lora.%s.f32" % (a.out, n))
-    if learn_gate:  # write_adapter --gate
-        best_p[3 + 8 * bool(a.lora)].astype(np.float32).tofile(a.out + ".gate.f32")
-    if learn_draws:  # write_adapter --draws
-        best_p[-1].astype(np.float32).tofile(a.out + ".draws.f32")
+    write_params(a.out, best_p, a.lora, learn_gate, learn_draws)
     print("distill: wrote %s.{mat,decay,mix}.f32 (best val KL %.5f; %.0fs)" % (
         a.out, best, time.time() - t_start), flush=True)
 
