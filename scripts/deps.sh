@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what darkserve needs to build and test, and says what it does.
-#   Debian packages (apt-get) for the C libraries and tools,
+#   Debian packages (apt-get) for the C libraries and tools (and Chromium,
+#   for the browser tests of the web page),
 #   a project-local virtualenv (.venv) with tests/requirements.txt for the
 #   Python oracles and integration tests.
 # Idempotent: a second run with everything present prints one line.
@@ -23,6 +24,8 @@ check 'pkg-config --exists libpcre2-8'             libpcre2-dev      "PCRE2 head
 check 'command -v python3'                         python3           "python3"
 check 'python3 -c "import ensurepip, venv"'        python3-venv      "python3 venv module"
 check 'command -v curl'                            curl              "curl"
+check 'command -v chromium'                        chromium          "Chromium (browser tests of the web page)"
+check 'command -v chromedriver'                    chromium-driver   "chromedriver (browser tests of the web page)"
 
 if [ ${#need_debs[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null; then
