@@ -188,6 +188,8 @@ static const opt_t opts[] = {
      "memory for the prefix-state cache: the attention state after shared prompt prefixes "
      "(system prompts, documents), so a request starting with one prefills only the rest; "
      "least recently used entries are evicted, pinned ones (POST /v1/prefixes) never; 0 = off"},
+    {"ui", "DARKSERVE_UI", OPT_ENUM, 0, O(ui), "on", 0, 0, onoff_choices, "on|off",
+     "serve the web page (chat, sessions) at / and /ui/; off (or --no-ui) = / is 404"},
     {"log-level", "DARKSERVE_LOG_LEVEL", OPT_ENUM, 0, O(log_level), "info",
      0, 0, level_choices, "LEVEL",
      "least severe level logged"},
@@ -460,6 +462,16 @@ static const opt_t *find_opt(const char *name, size_t len)
     return NULL;
 }
 
+/* "--no-NAME" for an on|off option NAME means "--NAME off"; the option, or
+ * NULL when arg is not such a flag. */
+static const opt_t *negated_opt(const char *arg)
+{
+    if (strncmp(arg, "--no-", 5) != 0 || strchr(arg, '='))
+        return NULL;
+    const opt_t *o = find_opt(arg + 5, strlen(arg + 5));
+    return o && o->choices == onoff_choices ? o : NULL;
+}
+
 static const char *env_lookup(char *const *envp, const char *name)
 {
     size_t n = strlen(name);
@@ -628,6 +640,11 @@ int srv_config_parse(srv_config_t *cfg, int argc, char **argv, char *const *envp
     for (int a = 0; a < argc; a++) {
         if (strncmp(argv[a], "--", 2) != 0)
             continue;
+        const opt_t *neg = negated_opt(argv[a]);
+        if (neg) {
+            by_flag[neg - opts] = 1;
+            continue;
+        }
         const char *eq = strchr(argv[a] + 2, '=');
         const opt_t *o =
             find_opt(argv[a] + 2, eq ? (size_t)(eq - argv[a] - 2) : strlen(argv[a] + 2));
@@ -655,6 +672,15 @@ int srv_config_parse(srv_config_t *cfg, int argc, char **argv, char *const *envp
             (void)fail(err, errlen, "unexpected argument '%s' (options start with --; see --help)",
                  arg);
             goto fail;
+        }
+        const opt_t *neg = negated_opt(arg);
+        if (neg) {
+            size_t idx = (size_t)(neg - opts);
+            snprintf(who, sizeof who, "%s", arg);
+            if (set_value(cfg, neg, "off", who, 0, err, errlen))
+                goto fail;
+            cfg->source[idx] = SRV_CFG_SRC_FLAG;
+            continue;
         }
         const char *name = arg + 2;
         const char *eq = strchr(name, '=');
@@ -774,7 +800,10 @@ void srv_config_help(FILE *f)
                "(binary: 1M = 1048576 bytes); durations are seconds or take s/m/h/d.\n\n");
     for (size_t i = 0; i < N_OPTS; i++) {
         const opt_t *o = &opts[i];
-        fprintf(f, "  --%s %s   [env %s]\n", o->name, o->metavar, o->env);
+        if (o->choices == onoff_choices)
+            fprintf(f, "  --%s %s, --no-%s   [env %s]\n", o->name, o->metavar, o->name, o->env);
+        else
+            fprintf(f, "  --%s %s   [env %s]\n", o->name, o->metavar, o->env);
         wrap(f, o->help, 6);
         int len = 0;
         if (o->type == OPT_ENUM) {

@@ -20,6 +20,8 @@
  *   enum      one of the listed words
  *   list      comma-separated; the flag may also be repeated. Flags replace
  *             the environment's list rather than extending it.
+ * An on|off option NAME also takes the flag --no-NAME, the same as
+ * --NAME off.
  *
  * Not thread-safe; parse once at startup and treat the struct as read-only.
  */
@@ -109,6 +111,8 @@ typedef struct srv_config {
     int64_t session_ttl_s;     /* idle sessions expire; 0 = never */
     int64_t checkpoints;       /* turn checkpoints kept per session; 0 = none */
     int64_t prefix_cache_mb;   /* MiB of the prefix-state cache; 0 = off */
+    /* web page */
+    int ui;                    /* 1 on: GET / serves the page (server/ui.h), 0 off */
     /* logging */
     int log_level;             /* srv_cfg_log_level_t */
     int log_format;            /* srv_cfg_log_format_t */

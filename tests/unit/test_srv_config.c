@@ -301,7 +301,7 @@ TEST(test_help_lists_every_option)
         "log-format",    "log-file",       "chat-template",  "max-connections",
         "generation-timeout", "sinks",    "decay",          "max-session-disk",
         "max-session-files", "header-timeout", "max-connections-per-address",
-        "max-state-memory", "checkpoints", "prefix-cache-mb", NULL};
+        "max-state-memory", "checkpoints", "prefix-cache-mb", "ui", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];
@@ -362,6 +362,42 @@ TEST(test_engine_bounds)
     srv_config_free(&c);
 }
 
+/* --no-NAME is --NAME off for the on|off options (--no-ui, --no-decay), wins
+ * over the environment like any flag, and exists for no other option. */
+TEST(test_no_flags)
+{
+    srv_config_t c;
+    char err[256];
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, NULL), 0);
+    CHECK_INT_EQ(c.ui, 1);
+    CHECK_INT_EQ(c.decay, 1);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--no-ui", "--port", "9", NULL), 0);
+    CHECK_INT_EQ(c.ui, 0);
+    CHECK_INT_EQ(c.port, 9);
+    CHECK_INT_EQ(c.decay, 1);
+    srv_config_free(&c);
+    char *env[] = {"DARKSERVE_UI=on", "DARKSERVE_DECAY=bogus", NULL};
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, "--no-decay", "--no-ui", NULL), 0);
+    CHECK_INT_EQ(c.ui, 0);
+    CHECK_INT_EQ(c.decay, 0);
+    srv_config_free(&c);
+    char *env_off[] = {"DARKSERVE_UI=off", NULL};
+    CHECK_INT_EQ(parse(&c, env_off, err, sizeof err, NULL), 0);
+    CHECK_INT_EQ(c.ui, 0);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, env_off, err, sizeof err, "--ui", "on", NULL), 0);
+    CHECK_INT_EQ(c.ui, 1);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--no-port", NULL), -1);
+    CHECK(strstr(err, "--no-port"));
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--no-ui=1", NULL), -1);
+    CHECK(strstr(err, "--no-ui"));
+    char *help = capture(NULL, NULL, srv_config_help);
+    CHECK(help && strstr(help, "--no-ui"));
+    free(help);
+}
+
 int main(void)
 {
     RUN(test_defaults);
@@ -371,5 +407,6 @@ int main(void)
     RUN(test_api_keys);
     RUN(test_engine_bounds);
     RUN(test_help_lists_every_option);
+    RUN(test_no_flags);
     return CHECK_DONE();
 }
