@@ -36,7 +36,11 @@ PROTO_SRC  := $(wildcard proto/*.c)
 SERVER_SRC := $(wildcard server/*.c)
 CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
 PROTO_OBJ  := $(PROTO_SRC:%.c=$(BUILD)/%.o)
-SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
+# The web page (server/ui/*.html, *.css, *.js) is embedded into the binary
+# as C arrays written by a generator the build compiles first.
+UI_FILES   := $(sort $(wildcard server/ui/*.html server/ui/*.css server/ui/*.js))
+UI_OBJ     := $(BUILD)/gen/ui_files.o
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o) $(UI_OBJ)
 SERVER_LIB_OBJ := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJ))
 
 TEST_CORE_SRC  := $(wildcard tests/unit/test_core_*.c)
@@ -75,6 +79,14 @@ $(BUILD)/darkserve: $(SERVER_OBJ) $(BUILD)/libproto.a $(BUILD)/libcore.a
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/gen/embed: server/ui/embed.c
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -O2 -Wall -Wextra -o $@ $<
+$(BUILD)/gen/ui_files.c: $(BUILD)/gen/embed $(UI_FILES)
+	$(BUILD)/gen/embed $@ $(UI_FILES)
+$(UI_OBJ): $(BUILD)/gen/ui_files.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 $(BUILD)/tests/test_core_%: tests/unit/test_core_%.c tests/unit/check.h $(BUILD)/libcore.a
@@ -167,7 +179,11 @@ $(BUILD)/fuzz/fuzz_proto: tests/fuzz/fuzz_proto.c $(PROTO_SRC)
 	clang $(FUZZ_FLAGS) $^ -ljansson -lm -o $@
 # The HTTP target runs the whole server (minus main) on the tiny model.
 FUZZ_PROTO_OBJ := $(PROTO_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
-FUZZ_SERVER_OBJ := $(filter-out $(BUILD)/fuzz/obj/server/main.o,$(SERVER_SRC:%.c=$(BUILD)/fuzz/obj/%.o))
+FUZZ_SERVER_OBJ := $(filter-out $(BUILD)/fuzz/obj/server/main.o,$(SERVER_SRC:%.c=$(BUILD)/fuzz/obj/%.o)) \
+                   $(BUILD)/fuzz/obj/gen/ui_files.o
+$(BUILD)/fuzz/obj/gen/ui_files.o: $(BUILD)/gen/ui_files.c
+	@mkdir -p $(@D)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -c -o $@ $<
 $(BUILD)/fuzz/fuzz_http: tests/fuzz/fuzz_http.c tests/fuzz/fuzz_common.h $(FUZZ_SERVER_OBJ) \
   $(FUZZ_PROTO_OBJ) $(FUZZ_CORE_OBJ)
 	@mkdir -p $(@D)
