@@ -136,7 +136,7 @@ unit: $(TEST_BINS) $(TINY) $(BUILD)/darkserve
 	@$(TEST_ENV) scripts/run_unit.sh $(TEST_BINS)
 
 pytest: all $(TINY)
-	@$(TEST_ENV) $(PYTHON) -m pytest -q tests/reference tests/integration
+	@$(TEST_ENV) $(PYTHON) -m pytest -q -rs tests/reference tests/integration
 
 test: deps model
 	@$(MAKE) --no-print-directory all
