@@ -685,7 +685,8 @@
     return res;
   }
 
-  function finishTurn(res, turn, art) {
+  /* The reply's outcome into the turn (and the transcript t of session id). */
+  function finishTurn(res, turn, art, id, t) {
     turn.assistant = res.text;
     turn.stopped = res.stopped;
     turn.finish = res.finish;
@@ -693,6 +694,13 @@
     const [st, err] = turnStatus(turn);
     setMessageStatus(art, st, err);
     status(res.error ? 'Error: ' + res.error : res.stopped ? 'Stopped.' : 'Reply complete.', !!res.error);
+    saveTranscript(id, t);
+  }
+
+  /* The session as the reply left it, in the panels. */
+  async function showReplySession(res) {
+    if (res.session) { state.session = res.session; showSession(); } else await reloadSession();
+    refreshList();
   }
 
   async function ensureSession() {
@@ -739,11 +747,9 @@
       $('prompt').value = text;
       status('Not sent: ' + res.error, true);
     } else {
-      finishTurn(res, turn, art);
-      saveTranscript(s.id, t);
+      finishTurn(res, turn, art, s.id, t);
     }
-    if (res.session) { state.session = res.session; showSession(); } else await reloadSession();
-    refreshList();
+    await showReplySession(res);
     $('prompt').focus();
   }
 
@@ -770,11 +776,9 @@
       setMessageText(art, turn.assistant || '');
       status('Could not regenerate: ' + res.error, true);
     } else {
-      finishTurn(res, turn, art);
-      saveTranscript(s.id, t);
+      finishTurn(res, turn, art, s.id, t);
     }
-    if (res.session) { state.session = res.session; showSession(); } else await reloadSession();
-    refreshList();
+    await showReplySession(res);
   }
 
   async function rollback() {
