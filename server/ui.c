@@ -14,8 +14,8 @@
  * style, no eval, no plug-ins, no framing. Model output is put into the page
  * as text (app.js never parses it as HTML); this policy is the second line:
  * markup that got in anyway could not run a script. */
-#define UI_CSP                                                                                 \
-    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "            \
+#define UI_CSP                                                                                     \
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "                \
     "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 static const char *content_type(const char *name)

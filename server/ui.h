@@ -13,8 +13,9 @@
  * Every answer carries its Content-Type, a Content-Security-Policy that runs
  * scripts from this origin only (no inline script, so text injected into the
  * page cannot run), X-Content-Type-Options: nosniff, Cache-Control: no-cache
- * and an ETag (a hash of the bytes, computed by the generator): a request whose If-None-Match names it
- * gets 304 without a body. An unknown name is 404.
+ * and an ETag (a hash of the bytes, computed by the generator): a request
+ * whose If-None-Match names it gets 304 without a body. An unknown name is
+ * 404.
  */
 #ifndef DARKSERVE_SERVER_UI_H
 #define DARKSERVE_SERVER_UI_H
