@@ -327,6 +327,48 @@ def test_openai_client(tiny):
     assert "is not one of 'tools'" in str(e.value)
 
 
+def test_openai_client_automatic_call(tiny):
+    # tool_choice "auto" leaves the output free; the model's own text decides.
+    # A `grammar` (extra_body) makes this model write a call so that the
+    # parsing of a free answer is what is tested: tool_calls, not content,
+    # streamed and not, and a malformed call stays content.
+    c = openai.OpenAI(base_url=tiny.url("/v1"), api_key="unused", max_retries=0, timeout=300)
+    model = c.models.list().data[0].id
+    call_text = ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": -3}}\n</tool_call>')
+    gbnf = "root ::= " + json.dumps(call_text)
+    r = c.chat.completions.create(model=model, messages=USER, tools=TOOLS, tool_choice="auto",
+                                  max_tokens=200, extra_body={"grammar": gbnf})
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content is None
+    assert len(ch.message.tool_calls) == 1
+    assert check_call(ch.message.tool_calls[0].model_dump(), ["add"]) == ("add", {"a": 2, "b": -3})
+    calls, text, finish = {}, "", None
+    for chunk in c.chat.completions.create(model=model, messages=USER, tools=TOOLS,
+                                           max_tokens=200, stream=True,
+                                           extra_body={"grammar": gbnf}):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        text += d.content or ""
+        for tc in d.tool_calls or []:
+            e = calls.setdefault(tc.index, {"id": None, "type": "function",
+                                            "function": {"name": None, "arguments": ""}})
+            if tc.id:
+                e["id"] = tc.id
+                e["function"]["name"] = tc.function.name
+            e["function"]["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and text == "" and len(calls) == 1
+    assert check_call(calls[0], ["add"]) == ("add", {"a": 2, "b": -3})
+    # a call of a function that is not listed is no call: the text comes back as content
+    bad = call_text.replace('"add"', '"sub"')
+    r = c.chat.completions.create(model=model, messages=USER, tools=TOOLS, max_tokens=200,
+                                  extra_body={"grammar": "root ::= " + json.dumps(bad)})
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop" and not ch.message.tool_calls
+    assert ch.message.content == bad
+
+
 # ----------------------------------------------------------------- real model
 
 
