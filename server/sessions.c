@@ -43,13 +43,15 @@
  * bit 1 has_chat), i64 created, i64 last_used; version 2 adds the owner tag:
  * 32 lowercase hex chars, or 32 zero bytes for none; version 3 adds the
  * turns: u64 turns so far, u32 the last turn's SRV_TURN_* flags (bit 2: its
- * input was kept), u32 n, i32 its input[n] (n <= SRV_TURN_INPUT_MAX).
- * Versions 1 (24 bytes, no owner) and 2 (56 bytes, no turns) are still
- * read. */
+ * input was kept), u32 n, i32 its input[n] (n <= SRV_TURN_INPUT_MAX);
+ * version 4 adds the pending grammar (srv_session_pending_grammar): u32 t,
+ * u32 r, then its text[t] and its reply[r] (t = 0: none, and r = 0;
+ * t + r <= SRV_PENDING_GRAMMAR_MAX). Versions 1 (24 bytes, no owner), 2
+ * (56 bytes, no turns) and 3 (no pending grammar) are still read. */
 #define OWNER_BYTES_V1 24
 #define OWNER_BYTES_V2 56
 #define OWNER_BYTES_V3 72 /* without the input */
-#define OWNER_VERSION 3u
+#define OWNER_VERSION 4u
 #define OWNER_LEN SRV_SESSION_OWNER_LEN
 #define TURN_KEPT 4u /* last-turn flag: its input is in the record */
 #define CKPT_NAME_MAX (ID_LEN + 1 + 20 + 1) /* "<id>.<turns>" and its NUL */
@@ -61,6 +63,9 @@
 
 _Static_assert(OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX <= CORE_STATE_MAX_OWNER,
                "the last turn's input fits the owner section");
+_Static_assert(OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX + 8 + SRV_PENDING_GRAMMAR_MAX <=
+                   CORE_STATE_MAX_OWNER,
+               "the pending grammar fits the owner section beside the input");
 _Static_assert(SRV_STORE_MAX_CHECKPOINTS <= CORE_STATE_MAX_CHECKPOINTS, "export carries them");
 
 /* A checkpoint file of a session (in the directory). */
@@ -90,6 +95,10 @@ struct srv_session {
     unsigned last_flags; /* SRV_TURN_* | TURN_KEPT */
     int32_t *last_in;    /* [n_last_in] when TURN_KEPT */
     size_t n_last_in;
+    /* the pending grammar: its sizes (kept while evicted, for info), and
+     * text ++ reply in pg (in memory with the context; NULL when none) */
+    size_t pg_text, pg_reply;
+    unsigned char *pg;
     /* the turn in progress (srv_store_turn_begin .. release) */
     int in_turn;
     int turn_link;       /* its release links the file (the state before it) as a checkpoint */
@@ -334,8 +343,8 @@ static size_t ctx_bytes(const srv_seq_ctx_t *c)
  * last turn's input. */
 static size_t session_mem(const srv_session_t *s)
 {
-    return sizeof(srv_session_t) + ctx_bytes(&s->ctx) + ctx_bytes(&s->prep) +
-           ctx_bytes(&s->aside) + (s->n_last_in + s->n_prev_in) * sizeof(int32_t);
+    return sizeof(srv_session_t) + ctx_bytes(&s->ctx) + ctx_bytes(&s->prep) + ctx_bytes(&s->aside) +
+           (s->n_last_in + s->n_prev_in) * sizeof(int32_t) + (s->pg ? s->pg_text + s->pg_reply : 0);
 }
 
 static void last_clear(srv_session_t *s)
@@ -344,6 +353,18 @@ static void last_clear(srv_session_t *s)
     s->last_in = NULL;
     s->n_last_in = 0;
     s->last_flags = 0;
+    free(s->pg); /* its sizes stay: the file still has it */
+    s->pg = NULL;
+}
+
+/* s's pending grammar becomes pg (owned; text[t] ++ reply[r], NULL when
+ * none); the one it had is freed. */
+static void pg_set(srv_session_t *s, unsigned char *pg, size_t t, size_t r)
+{
+    free(s->pg);
+    s->pg = pg;
+    s->pg_text = pg ? t : 0;
+    s->pg_reply = pg ? r : 0;
 }
 
 static int64_t ctx_tokens(const srv_seq_ctx_t *c)
@@ -360,8 +381,9 @@ static void refresh(srv_store_t *st, srv_session_t *s)
     st->mem_bytes = st->mem_bytes - s->mem_bytes + m;
     s->mem_bytes = m;
     s->tokens = ctx_tokens(&s->ctx);
-    s->state_bytes = core_state_size(s->ctx.state, s->ctx.sampler, s->ctx.n_pending,
-                                     OWNER_BYTES_V3 + 4 * s->n_last_in);
+    s->state_bytes =
+        core_state_size(s->ctx.state, s->ctx.sampler, s->ctx.n_pending,
+                        OWNER_BYTES_V3 + 4 * s->n_last_in + 8 + s->pg_text + s->pg_reply);
 }
 
 /* Caller holds mu. Frees a session's context and its accounting (not n_mem
@@ -457,6 +479,8 @@ typedef struct owner {
     unsigned last_flags;      /* SRV_TURN_* | TURN_KEPT */
     const unsigned char *in;  /* [4 * n_in] the last turn's input (little-endian), borrowed */
     size_t n_in;
+    const unsigned char *pg; /* [pg_text + pg_reply] the pending grammar, borrowed; NULL: none */
+    size_t pg_text, pg_reply;
 } owner_t;
 
 /* 1 if s is "" or OWNER_LEN lowercase hex chars. */
@@ -472,7 +496,7 @@ static int owner_parse(const void *p, size_t n, owner_t *o)
         return -1;
     uint32_t v = get_u32(b);
     if (!(v == 1u && n == OWNER_BYTES_V1) && !(v == 2u && n == OWNER_BYTES_V2) &&
-        !(v == OWNER_VERSION && n >= OWNER_BYTES_V3))
+        !(v >= 3u && v <= OWNER_VERSION && n >= OWNER_BYTES_V3))
         return -1;
     char tag[OWNER_LEN + 1] = "";
     if (v >= 2u && b[OWNER_BYTES_V1] != 0) {
@@ -483,14 +507,26 @@ static int owner_parse(const void *p, size_t n, owner_t *o)
     }
     int64_t turns = 0;
     unsigned lf = 0;
-    size_t n_in = 0;
-    if (v == OWNER_VERSION) {
+    size_t n_in = 0, pg_t = 0, pg_r = 0;
+    if (v >= 3u) {
         turns = get_i64(b + OWNER_BYTES_V2);
         lf = get_u32(b + OWNER_BYTES_V2 + 8);
         n_in = get_u32(b + OWNER_BYTES_V2 + 12);
         if (turns < 0 || lf > (SRV_TURN_REPLY | SRV_TURN_CHAT | TURN_KEPT) ||
-            n_in > SRV_TURN_INPUT_MAX || (n_in && !(lf & TURN_KEPT)) ||
-            n != OWNER_BYTES_V3 + 4 * n_in)
+            n_in > SRV_TURN_INPUT_MAX || (n_in && !(lf & TURN_KEPT)))
+            return -1;
+        size_t end = OWNER_BYTES_V3 + 4 * n_in;
+        if (v >= 4u) {
+            if (n < end + 8)
+                return -1;
+            pg_t = get_u32(b + end);
+            pg_r = get_u32(b + end + 4);
+            if (pg_t > SRV_PENDING_GRAMMAR_MAX || pg_r > SRV_PENDING_GRAMMAR_MAX - pg_t ||
+                (!pg_t && pg_r))
+                return -1;
+            end += 8 + pg_t + pg_r;
+        }
+        if (n != end)
             return -1;
         for (size_t i = 0; i < n_in; i++)
             if (get_u32(b + OWNER_BYTES_V3 + 4 * i) > (uint32_t)INT32_MAX)
@@ -506,14 +542,24 @@ static int owner_parse(const void *p, size_t n, owner_t *o)
     o->last_flags = lf;
     o->in = n_in ? b + OWNER_BYTES_V3 : NULL;
     o->n_in = n_in;
+    o->pg = pg_t ? b + OWNER_BYTES_V3 + 4 * n_in + 8 : NULL;
+    o->pg_text = pg_t;
+    o->pg_reply = pg_r;
     return 0;
 }
 
 /* The metadata of session s as its file holds it (borrowing s's input). */
 static owner_t owner_of(const srv_session_t *s)
 {
-    owner_t o = {.created = s->created, .last_used = s->last_used, .turn_open = s->turn_open,
-                 .has_chat = s->has_chat, .turns = s->turns, .last_flags = s->last_flags};
+    owner_t o = {.created = s->created,
+                 .last_used = s->last_used,
+                 .turn_open = s->turn_open,
+                 .has_chat = s->has_chat,
+                 .turns = s->turns,
+                 .last_flags = s->last_flags,
+                 .pg = s->pg,
+                 .pg_text = s->pg ? s->pg_text : 0,
+                 .pg_reply = s->pg ? s->pg_reply : 0};
     memcpy(o.owner, s->owner, sizeof o.owner);
     return o;
 }
@@ -526,7 +572,8 @@ static int serialize_meta(const srv_store_t *st, const char *id, const owner_t *
                           const core_state_part_t *parts, size_t n_parts, unsigned char **out,
                           size_t *len)
 {
-    size_t ol = OWNER_BYTES_V3 + 4 * n_in;
+    const size_t pg_len = o->pg ? o->pg_text + o->pg_reply : 0;
+    size_t ol = OWNER_BYTES_V3 + 4 * n_in + 8 + pg_len;
     unsigned char *own = malloc(ol);
     if (!own)
         return STORE_FAIL(SRV_STORE_ENOMEM, "session %s: out of memory", id);
@@ -541,6 +588,11 @@ static int serialize_meta(const srv_store_t *st, const char *id, const owner_t *
     put_u32(own + OWNER_BYTES_V2 + 12, (uint32_t)n_in);
     for (size_t i = 0; i < n_in; i++)
         put_u32(own + OWNER_BYTES_V3 + 4 * i, (uint32_t)in[i]);
+    unsigned char *pgp = own + OWNER_BYTES_V3 + 4 * n_in;
+    put_u32(pgp, (uint32_t)(pg_len ? o->pg_text : 0));
+    put_u32(pgp + 4, (uint32_t)(pg_len ? o->pg_reply : 0));
+    if (pg_len)
+        memcpy(pgp + 8, o->pg, pg_len);
     core_state_desc_t d = {.fingerprint = st->fp, .state = c->state, .sampler = c->sampler,
                            .pending = c->pending, .n_pending = c->n_pending, .owner = own,
                            .owner_len = ol, .checkpoints = parts, .n_checkpoints = n_parts};
@@ -590,6 +642,20 @@ static int owner_input(const owner_t *o, int32_t **out)
         return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a turn's input");
     for (size_t i = 0; i < o->n_in; i++)
         v[i] = (int32_t)get_u32(o->in + 4 * i);
+    *out = v;
+    return 0;
+}
+
+/* A malloc'd copy of the pending grammar o->pg (NULL when there is none). */
+static int owner_pg(const owner_t *o, unsigned char **out)
+{
+    *out = NULL;
+    if (!o->pg)
+        return 0;
+    unsigned char *v = malloc(o->pg_text + o->pg_reply);
+    if (!v)
+        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a pending grammar");
+    memcpy(v, o->pg, o->pg_text + o->pg_reply);
     *out = v;
     return 0;
 }
@@ -644,10 +710,19 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
 
 /* A session file's metadata with a copy of its last turn's input. */
 typedef struct meta {
-    owner_t o;   /* o.in is not valid */
+    owner_t o;   /* o.in is not valid; o.pg is pg */
     int have;    /* the file had a readable owner section */
     int32_t *in; /* malloc'd [o.n_in], NULL if none */
+    unsigned char *pg; /* malloc'd pending grammar, NULL if none */
 } meta_t;
+
+static void meta_free(meta_t *m)
+{
+    free(m->in);
+    free(m->pg);
+    m->in = NULL;
+    m->pg = NULL;
+}
 
 /* ---- files ---- */
 
@@ -823,8 +898,11 @@ static int load_file(srv_store_t *st, const char *name, srv_seq_ctx_t *c, meta_t
             m->have = 1;
             m->o = o;
             m->o.in = NULL;
-            if ((rc = owner_input(&o, &m->in)) < 0)
+            if ((rc = owner_input(&o, &m->in)) < 0 || (rc = owner_pg(&o, &m->pg)) < 0) {
+                meta_free(m);
                 ctx_free(c);
+            }
+            m->o.pg = m->pg;
         }
     }
     free(buf);
@@ -1342,6 +1420,8 @@ static int scan_dir(srv_store_t *st)
         s->turn_open = o.turn_open;
         s->has_chat = o.has_chat;
         s->turns = o.turns;
+        s->pg_text = o.pg_text;
+        s->pg_reply = o.pg_reply;
         memcpy(s->owner, o.owner, sizeof s->owner);
         s->tokens = in.pos + (int64_t)in.n_pending;
         s->state_bytes = in.total;
@@ -1464,6 +1544,7 @@ void srv_store_free(srv_store_t *st)
         ctx_free(&s->aside);
         free(s->last_in);
         free(s->prev_in);
+        free(s->pg);
         free(s->ckpt);
         free(s);
     }
@@ -1583,6 +1664,7 @@ static int bring_in(srv_store_t *st, srv_session_t *s)
     s->last_flags = m.o.last_flags;
     s->last_in = m.in;
     s->n_last_in = m.o.n_in;
+    pg_set(s, m.pg, m.o.pg_text, m.o.pg_reply);
     s->mem_bytes = 0;
     refresh(st, s);
     return 0;
@@ -1789,6 +1871,7 @@ static void fill_info(const srv_session_t *s, srv_session_info_t *o)
     o->in_memory = s->ctx.state != NULL;
     o->busy = s->busy;
     o->turns = s->turns;
+    o->pending_grammar = s->pg_text ? (int64_t)s->pg_reply : -1;
     o->n_checkpoints = s->n_ckpt < SRV_STORE_MAX_CHECKPOINTS ? s->n_ckpt
                                                                : SRV_STORE_MAX_CHECKPOINTS;
     for (size_t i = 0; i < o->n_checkpoints; i++)
@@ -1941,7 +2024,23 @@ int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
     pthread_mutex_unlock(&st->mu);
 
     srv_seq_ctx_t c;
-    rc = src->ctx.state ? ctx_copy(st, &src->ctx, &c) : load_file(st, src->id, &c, NULL);
+    meta_t m = {0};
+    if (src->ctx.state) {
+        owner_t so = owner_of(src);
+        rc = ctx_copy(st, &src->ctx, &c);
+        if (rc == 0 && (rc = owner_pg(&so, &m.pg)) < 0)
+            ctx_free(&c);
+        m.o.pg_text = so.pg_text;
+        m.o.pg_reply = so.pg_reply;
+    } else {
+        rc = load_file(st, src->id, &c, &m);
+        free(m.in);
+        m.in = NULL;
+    }
+    if (rc == 0) /* the copy continues the reply the source left pending, too */
+        pg_set(ns, m.pg, m.o.pg_text, m.o.pg_reply);
+    else
+        meta_free(&m);
     unsigned char *buf = NULL;
     size_t len = 0;
     if (rc == 0 && st->dirfd >= 0) {
@@ -1958,6 +2057,7 @@ int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
     if (rc < 0) {
         st->n_mem--;
         tab_remove(st, ns);
+        free(ns->pg);
         free(ns);
         pthread_mutex_unlock(&st->mu);
         return rc;
@@ -2048,12 +2148,15 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
                 o.last_flags = m.o.last_flags;
                 in = m.in;
                 n_in = m.o.n_in;
+                o.pg = m.pg;
+                o.pg_text = m.o.pg_text;
+                o.pg_reply = m.o.pg_reply;
             }
             rc = serialize_meta(st, s->id, &o, in, n_in, s->ctx.state ? &s->ctx : &c, parts, np,
                                 &buf, &n);
         }
         ctx_free(&c);
-        free(m.in);
+        meta_free(&m);
     } else if (s->ctx.state) {
         rc = serialize(st, s, &buf, &n);
     } else if ((rc = read_file(st, s->id, &buf, &n)) == 0) {
@@ -2203,7 +2306,9 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     int have = 0, written = 0;
     size_t first = 0;
     const int64_t turns0 = s->turns;
+    const size_t pg_text0 = s->pg_text, pg_reply0 = s->pg_reply;
     int32_t *in = NULL;
+    unsigned char *pg = NULL;
     core_error_t ve = {0};
     /* the whole blob, checkpoints included, is checked before anything
      * changes */
@@ -2220,7 +2325,8 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
             goto done;
         c = &fresh;
     }
-    if ((rc = restore(st, blob, len, c, &o, &have)) < 0 || (rc = owner_input(&o, &in)) < 0) {
+    if ((rc = restore(st, blob, len, c, &o, &have)) < 0 || (rc = owner_input(&o, &in)) < 0 ||
+        (rc = owner_pg(&o, &pg)) < 0) {
         ctx_free(&fresh);
         goto done;
     }
@@ -2236,6 +2342,9 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     s->n_last_in = have ? o.n_in : 0;
     s->last_flags = have ? o.last_flags : 0;
     in = NULL;
+    pg_set(s, have ? pg : NULL, o.pg_text, o.pg_reply);
+    if (have)
+        pg = NULL;
     ctx_free(&s->prep);
     s->last_used = (int64_t)time(NULL);
     pthread_mutex_unlock(&st->mu);
@@ -2260,8 +2369,11 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     if (written) {
         disk_written(st, s, wlen);
     } else if (st->dirfd >= 0) {
-        if (s->on_disk)
-            s->turns = turns0; /* the file's */
+        if (s->on_disk) { /* the file's */
+            s->turns = turns0;
+            s->pg_text = pg_text0;
+            s->pg_reply = pg_reply0;
+        }
         revert(st, s, tokens0, bytes0);
     }
     pthread_mutex_unlock(&st->mu);
@@ -2269,6 +2381,7 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
         import_write(st, s, blob, len, first, &scratch);
 done:
     free(in);
+    free(pg);
     ctx_free(&scratch);
     pthread_mutex_lock(&st->mu);
     if (reserved)
@@ -2469,12 +2582,13 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
         rc = STORE_FAIL(io_code(e), "renaming %s/%s to %s: %s (the session is as it was)",
                         st->dir, name, id, errstr(e, eb, sizeof eb));
         ctx_free(&c);
-        free(m.in);
+        meta_free(&m);
     }
     if (rc == 0)
         (void)fsync(st->dirfd); /* the rename is done; its durability is the disk's */
     srv_seq_ctx_t old = {0};
     int32_t *old_in = NULL;
+    unsigned char *old_pg = NULL;
     pthread_mutex_lock(&st->mu);
     if (rc == SRV_STORE_ENOTFOUND) { /* the file went behind our back */
         ckpt_forget(st, s, (size_t)k);
@@ -2500,10 +2614,16 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
             s->last_in = m.in;
             s->n_last_in = m.o.n_in;
             s->last_flags = m.have ? m.o.last_flags : 0;
+            old_pg = s->pg;
+            s->pg = NULL;
+            pg_set(s, m.pg, m.o.pg_text, m.o.pg_reply);
             refresh(st, s);
         } else {
+            /* the file has it: only its sizes, for info */
+            s->pg_text = m.o.pg_text;
+            s->pg_reply = m.o.pg_reply;
             ctx_free(&c);
-            free(m.in);
+            meta_free(&m);
         }
         if (info)
             fill_info(s, info);
@@ -2513,6 +2633,7 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
     pthread_mutex_unlock(&st->mu);
     ctx_free(&old);
     free(old_in);
+    free(old_pg);
     return rc;
 }
 
@@ -2549,7 +2670,7 @@ int srv_store_redo_prepare(srv_store_t *st, const char *id)
     srv_seq_ctx_t c;
     meta_t m;
     rc = load_file(st, name, &c, &m);
-    free(m.in);
+    meta_free(&m);
     pthread_mutex_lock(&st->mu);
     if (rc == SRV_STORE_ENOTFOUND) {
         ckpt_forget(st, s, (size_t)k);
@@ -2683,6 +2804,48 @@ int srv_session_last_turn(const srv_session_t *s, unsigned *flags, const int32_t
     *input = s->n_last_in ? s->last_in : NULL;
     *n = s->n_last_in;
     return (s->last_flags & TURN_KEPT) != 0;
+}
+
+int srv_session_pending_grammar(const srv_session_t *s, const char **text, size_t *tlen,
+                                const char **reply, size_t *rlen)
+{
+    *text = *reply = NULL;
+    *tlen = *rlen = 0;
+    if (!s->pg)
+        return 0;
+    *text = (const char *)s->pg;
+    *tlen = s->pg_text;
+    *reply = (const char *)s->pg + s->pg_text;
+    *rlen = s->pg_reply;
+    return 1;
+}
+
+int srv_session_set_pending_grammar(srv_session_t *s, const char *text, size_t tlen,
+                                    const char *reply, size_t rlen)
+{
+    unsigned char *pg = NULL;
+    if (text) {
+        if (!tlen || tlen > SRV_PENDING_GRAMMAR_MAX || rlen > SRV_PENDING_GRAMMAR_MAX - tlen ||
+            (rlen && !reply))
+            return STORE_FAIL(SRV_STORE_EINVAL,
+                              "pending grammar of %zu + %zu bytes (at most "
+                              "%zu in all)",
+                              tlen, rlen, SRV_PENDING_GRAMMAR_MAX);
+        if (!(pg = malloc(tlen + rlen)))
+            return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a pending grammar");
+        memcpy(pg, text, tlen);
+        if (rlen)
+            memcpy(pg + tlen, reply, rlen);
+    }
+    srv_store_t *st = s->st;
+    pthread_mutex_lock(&st->mu);
+    if (pg || s->pg) {
+        pg_set(s, pg, tlen, rlen);
+        s->dirty = 1;
+        refresh(st, s);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return 0;
 }
 
 void srv_session_touch(srv_session_t *s)

@@ -6,7 +6,8 @@
  * srv_seq_ctx_t), plus a little metadata. Its file in the session directory
  * is the core/state.h blob named by the id, whose owner section holds
  * {created, last_used, turn_open, has_chat, owner tag, turns, the last
- * turn's flags and input} (and its checkpoints are files beside it, see
+ * turn's flags and input, the pending grammar} (and its checkpoints are
+ * files beside it, see
  * "Turns and checkpoints"); writes are atomic (temp file,
  * fsync, rename, fsync of the directory), so a crash leaves either the old or
  * the new file, never a torn one. A restarted server finds its sessions in
@@ -132,6 +133,9 @@ const char *srv_store_last_error(void);
 #define SRV_SESSION_OWNER_LEN 32 /* lowercase hex chars of an owner tag */
 #define SRV_STORE_MAX_CHECKPOINTS 64 /* max_checkpoints at most (CORE_STATE_MAX_CHECKPOINTS) */
 #define SRV_TURN_INPUT_MAX 8192      /* input tokens of the last turn kept for a redo */
+/* grammar text + reply bytes of a pending grammar at most (it shares the
+ * file's 64 KiB owner section with the last turn's input) */
+#define SRV_PENDING_GRAMMAR_MAX ((size_t)30 << 10)
 
 typedef struct srv_session srv_session_t; /* opaque */
 typedef struct srv_store srv_store_t;     /* opaque */
@@ -155,6 +159,7 @@ typedef struct srv_session_info {
     int in_memory;      /* held in memory now */
     int busy;
     int64_t turns;      /* turns so far (see "Turns and checkpoints") */
+    int64_t pending_grammar; /* reply bytes of its pending grammar; -1: none */
     size_t n_checkpoints;
     srv_checkpoint_t checkpoints[SRV_STORE_MAX_CHECKPOINTS]; /* oldest first */
 } srv_session_info_t;
@@ -358,6 +363,22 @@ const char *srv_session_owner(const srv_session_t *s);    /* borrowed; "" = none
 /* Sets the owner tag (copied; "" or 32 lowercase hex chars, else EINVAL) and
  * marks the session changed. */
 int srv_session_set_owner(srv_session_t *s, const char *owner);
+/* The pending grammar: a reply generated under a grammar that stopped
+ * before the grammar was complete (max_tokens, a stop string, a cancel),
+ * kept so that a later generate can finish it under the same grammar. It
+ * is the grammar's text and the bytes of the reply so far; it is kept in
+ * the session's file (so a checkpoint, a rollback to it, an export and a
+ * fork carry it) and cleared by the caller's next generate. Returns 1 and
+ * *text[*tlen], *reply[*rlen] (borrowed, valid while held and unchanged)
+ * when the session has one, else 0 (NULLs and 0s). */
+int srv_session_pending_grammar(const srv_session_t *s, const char **text, size_t *tlen,
+                                const char **reply, size_t *rlen);
+/* Sets it to copies of text[tlen] (tlen >= 1) and reply[rlen] (borrowed),
+ * or clears it (text NULL), and marks the session changed when it changed.
+ * EINVAL when tlen + rlen > SRV_PENDING_GRAMMAR_MAX (nothing changes),
+ * ENOMEM. */
+int srv_session_set_pending_grammar(srv_session_t *s, const char *text, size_t tlen,
+                                    const char *reply, size_t rlen);
 /* last_used = now, and marks the session changed (written on release with
  * persist, eviction or flush). */
 void srv_session_touch(srv_session_t *s);

@@ -976,6 +976,130 @@ out:
     free(dir2);
 }
 
+/* ---- pending grammar ---- */
+
+/* Checks that session id holds the pending grammar text ++ reply (text NULL:
+ * none) when acquired. */
+static void check_pending(srv_store_t *st, const char *id, const char *text, const char *reply,
+                          const char *what)
+{
+    srv_session_t *s = NULL;
+    int rc = srv_store_acquire(st, id, &s);
+    CHECK_MSG(rc == 0, "%s: acquire: %s", what, srv_store_last_error());
+    if (rc)
+        return;
+    const char *t = NULL, *r = NULL;
+    size_t tl = 9, rl = 9;
+    int have = srv_session_pending_grammar(s, &t, &tl, &r, &rl);
+    CHECK_MSG(have == (text != NULL), "%s: has %d", what, have);
+    if (text && have) {
+        CHECK_MSG(tl == strlen(text) && memcmp(t, text, tl) == 0, "%s: text", what);
+        CHECK_MSG(rl == strlen(reply) && memcmp(r, reply, rl) == 0, "%s: reply", what);
+    } else {
+        CHECK(!t && !r && tl == 0 && rl == 0);
+    }
+    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+}
+
+static int64_t pending_info(srv_store_t *st, const char *id)
+{
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    return in.pending_grammar;
+}
+
+TEST(pending_grammar_round_trip)
+{
+    static const char gram[] = "root ::= \"{\" [a-z]* \"}\"", rep[] = "{ab";
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    unsigned char *own = NULL, *blob3 = NULL;
+    if (!st)
+        goto out;
+    char a[33], b[33], f[33], f2[33];
+    make_session(st, model, 40, 1, a);
+    make_session(st, model, 41, 1, b);
+    CHECK_INT_EQ(pending_info(st, a), -1);
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    if (!s)
+        goto out;
+    /* refusals change nothing */
+    static char big[SRV_PENDING_GRAMMAR_MAX + 1];
+    memset(big, 'x', sizeof big);
+    CHECK_INT_EQ(srv_session_set_pending_grammar(s, gram, 0, NULL, 0), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_session_set_pending_grammar(s, big, sizeof big, NULL, 0), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(
+        srv_session_set_pending_grammar(s, gram, strlen(gram), big, SRV_PENDING_GRAMMAR_MAX),
+        SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_session_set_pending_grammar(s, gram, strlen(gram), rep, strlen(rep)), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(pending_info(st, a), 3);
+    check_pending(st, a, gram, rep, "set");
+    /* a fork of a session in memory */
+    CHECK_INT_EQ(srv_store_fork(st, a, f), 0);
+    CHECK_INT_EQ(pending_info(st, f), 3);
+    check_pending(st, f, gram, rep, "fork");
+    srv_store_free(st);
+
+    /* from the file: listed at startup, read back with the state, forked */
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    CHECK_INT_EQ(pending_info(st, a), 3);
+    CHECK_INT_EQ(pending_info(st, b), -1);
+    CHECK_INT_EQ(srv_store_fork(st, a, f2), 0);
+    check_pending(st, f2, gram, rep, "fork of an evicted session");
+    check_pending(st, a, gram, rep, "reopened");
+    /* export and import into another session */
+    void *blob = NULL;
+    size_t len = 0;
+    CHECK_INT_EQ(srv_store_export(st, a, &blob, &len), 0);
+    CHECK_INT_EQ(srv_store_import(st, b, blob, len, NULL, 0), 0);
+    free(blob);
+    CHECK_INT_EQ(pending_info(st, b), 3);
+    check_pending(st, b, gram, rep, "imported");
+    /* cleared, and so written */
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    if (s) {
+        CHECK_INT_EQ(srv_session_set_pending_grammar(s, NULL, 0, NULL, 0), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    }
+    CHECK_INT_EQ(pending_info(st, a), -1);
+    /* an owner section of version 3 (before pending grammars) still reads */
+    srv_seq_ctx_t c = snapshot(st, model, a);
+    own = calloc(1, 72);
+    if (!own || !c.state)
+        goto done;
+    put32(own, 3);
+    put32(own + 4, 1);  /* turn_open */
+    put32(own + 56, 5); /* turns */
+    core_state_desc_t d = {.fingerprint = core_model_info(model)->fingerprint,
+                           .state = c.state,
+                           .sampler = c.sampler,
+                           .pending = c.pending,
+                           .n_pending = c.n_pending,
+                           .owner = own,
+                           .owner_len = 72};
+    size_t n3 = core_state_desc_size(&d), l3 = 0;
+    blob3 = malloc(n3);
+    CHECK(blob3 && core_state_save(&d, blob3, n3, &l3, NULL) == 0);
+    char err[256] = "";
+    CHECK_MSG(srv_store_import(st, b, blob3, l3, err, sizeof err) == 0, "v3: %s", err);
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+    CHECK(in.turns == 5 && in.pending_grammar == -1);
+    check_pending(st, b, NULL, NULL, "version 3");
+done:
+    free_ctx(&c);
+out:
+    free(own);
+    free(blob3);
+    srv_store_free(st);
+    rm_rf(dir);
+    free(dir);
+}
+
 /* ---- failures ---- */
 
 typedef struct hook {
@@ -1913,6 +2037,7 @@ int main(void)
     RUN(owners_persist_and_filter);
     RUN(fork_is_an_independent_copy);
     RUN(export_import);
+    RUN(pending_grammar_round_trip);
     RUN(write_failures_keep_the_previous_file);
     RUN(no_io_thread_leaves_disk_work_to_settle);
     RUN(acquire_in_memory_never_reads);
