@@ -585,7 +585,8 @@ static void job_start(srv_engine_t *E, srv_job_t *j)
         if (!s0->logits) {
             set_error(j, SRV_ENGINE_ENOMEM, "out of memory for logits");
             j->end_req = SRV_FINISH_ERROR;
-        } else if (j->grammar && core_grammar_state_init(&s0->gs, j->grammar, &ce) < 0) {
+        } else if (j->grammar && !s0->gs.g && /* else from spec.grammar_start */
+                   core_grammar_state_init(&s0->gs, j->grammar, &ce) < 0) {
             set_error(j, ce.code, "grammar: %s", ce.msg);
             j->end_req = SRV_FINISH_ERROR;
         }
@@ -1480,6 +1481,15 @@ int srv_engine_submit(srv_engine_t *e, const srv_job_spec_t *spec, srv_job_t **o
     }
     for (int i = 0; i < j->n_choices; i++)
         j->seqs[i].unfed = -1;
+    if (j->grammar && spec->grammar_start) {
+        core_error_t ce = {0};
+        if (spec->grammar_start->g != j->grammar ||
+            core_grammar_state_copy(&j->seqs[0].gs, spec->grammar_start, &ce) < 0) {
+            rc = fail(err, errlen, ce.code == CORE_ENOMEM ? SRV_ENGINE_ENOMEM : SRV_ENGINE_EINVAL,
+                      "grammar_start: %s", ce.code ? ce.msg : "not a state of grammar");
+            goto rejected;
+        }
+    }
     if (j->stops) {
         for (size_t k = 0; k < spec->n_stops; k++) {
             j->stops[k] = strdup(spec->stops[k]);

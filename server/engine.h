@@ -39,7 +39,10 @@
  * sampled token; end-of-generation tokens are allowed only where the text is
  * complete. A grammar the sequence cannot follow (its bounds, or no allowed
  * token with a finite logit) ends the choice with "error". The grammar
- * state is not part of the context: it lives as long as the job.
+ * state is not part of the context: it lives as long as the job, and starts
+ * at the grammar's start, or at spec.grammar_start (the owner's record of a
+ * reply that stopped before the grammar was complete, see
+ * server/sessions.h srv_session_pending_grammar).
  *
  * ## Session semantics (the pending rule)
  * The session's history is the token sequence
@@ -230,6 +233,10 @@ typedef struct srv_job_spec {
     const core_grammar_t *grammar; /* NULL, or every choice follows it (see "Grammars");
                                       compiled against srv_engine_grammar_vocab(e);
                                       borrowed until on_done has run */
+    const core_grammar_state_t *grammar_start; /* NULL: choice 0 starts at the grammar's
+                                      start; else at a copy of this state of grammar (a
+                                      reply that continues text already under it);
+                                      borrowed for the submit call */
     int reseed;                  /* 1: choice i seeded params.seed + i; 0: see "Seeds" */
     int ignore_eos;              /* 1: end-of-generation tokens do not end a choice */
     const char *const *stops;    /* [n_stops] stop strings (NUL-terminated, copied) */
