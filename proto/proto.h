@@ -355,6 +355,9 @@ typedef struct proto_generate_req {
     size_t n_messages;
     proto_stream_format_t format;
     int parse_special;          /* for messages, as for chat ("text" is always raw) */
+    int continue_grammar;       /* "continue_grammar": finish the session's pending grammar
+                                   (never with text, messages, grammar or a JSON
+                                   response_format: 400 naming the field) */
 } proto_generate_req_t;
 
 int proto_generate_parse(const char *body, size_t len, const proto_limits_t *lim,
@@ -362,8 +365,8 @@ int proto_generate_parse(const char *body, size_t len, const proto_limits_t *lim
 void proto_generate_free(proto_generate_req_t *r);
 
 /* POST /v1/sessions/{id}/regenerate: the generation options of generate
- * (same defaults); "text" and "messages" are refused (400 naming the
- * field): a regenerate runs the last turn's input again. text/messages of
+ * (same defaults); "text", "messages" and "continue_grammar" are refused
+ * (400 naming the field): a regenerate runs the last turn's input again. text/messages of
  * *out stay NULL; free with proto_generate_free. */
 int proto_regenerate_parse(const char *body, size_t len, const proto_limits_t *lim,
                            proto_generate_req_t *out, proto_error_t *err);
@@ -536,11 +539,14 @@ typedef struct proto_session_info {
     int64_t turns;          /* turns so far */
     const proto_checkpoint_t *checkpoints; /* borrowed [n_checkpoints], oldest first (full form) */
     size_t n_checkpoints;
+    int has_pending_grammar;       /* a constrained reply left unfinished (full form) */
+    int64_t pending_grammar_bytes; /* its bytes so far */
 } proto_session_info_t;
 
 /* full = 0: {"id","tokens","state_bytes","turns"}; full = 1 adds "created",
- * "last_used", "attention":{"kind","features","window"} and
- * "checkpoints":[{"turn","tokens","bytes"}]. */
+ * "last_used", "attention":{"kind","features","window"},
+ * "checkpoints":[{"turn","tokens","bytes"}] and, only when
+ * has_pending_grammar, "pending_grammar":{"bytes"}. */
 char *proto_session_json(const proto_session_info_t *s, int full);
 
 /* {"object":"list","data":[full session objects],"has_more","last_id"|null} */

@@ -332,6 +332,11 @@ static json_t *session_obj(const proto_session_info_t *s, int full)
             bad |= json_array_append_new(cs, c);
         }
         bad |= json_object_set_new(o, "checkpoints", cs);
+        if (s->has_pending_grammar) {
+            json_t *pg = json_object();
+            bad |= json_object_set_new(pg, "bytes", json_integer(s->pending_grammar_bytes));
+            bad |= json_object_set_new(o, "pending_grammar", pg);
+        }
     }
     return bad ? fail_tree(o) : o;
 }

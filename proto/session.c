@@ -181,6 +181,19 @@ int proto_generate_parse(const char *body, size_t len, const proto_limits_t *lim
         goto fail;
     if ((rc = px_read_bool(root, "parse_special", &out->parse_special, err)) < 0)
         goto fail;
+    if ((rc = px_read_bool(root, "continue_grammar", &out->continue_grammar, err)) < 0)
+        goto fail;
+    if (out->continue_grammar) {
+        /* the reply goes on under the grammar it started with, from where it stopped */
+        const char *f = out->text ? "text" : out->messages ? "messages" : out->p.grammar_param;
+        if (f) {
+            rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, f,
+                                 "'continue_grammar' finishes the reply the session's last "
+                                 "generate left under its grammar; it cannot come with '%s'",
+                                 f);
+            goto fail;
+        }
+    }
     out->format = PROTO_STREAM_NDJSON;
     json_t *f = px_get(root, "stream_format");
     if (f) {
@@ -210,7 +223,10 @@ int proto_regenerate_parse(const char *body, size_t len, const proto_limits_t *l
     int rc = proto_generate_parse(body, len, lim_in, out, err);
     if (rc < 0)
         return rc;
-    const char *f = out->text ? "text" : out->messages ? "messages" : NULL;
+    const char *f = out->text               ? "text"
+                    : out->messages         ? "messages"
+                    : out->continue_grammar ? "continue_grammar"
+                                            : NULL;
     if (f) {
         proto_generate_free(out);
         return proto_error_set(err, PROTO_ERR_INVALID_VALUE, f,

@@ -442,7 +442,7 @@ TEST(session_objects)
 {
     const proto_checkpoint_t cks[2] = {{3, 90, 1000}, {4, 101, 1200}};
     proto_session_info_t s1 = {"0123456789abcdef0123456789abcdef", 120, 4718592, 1700000000,
-                               1700000100, "darkformer", 128, 64, 5, cks, 2};
+                               1700000100, "darkformer", 128, 64, 5, cks, 2, 0, 0};
     char *s = proto_session_json(&s1, 0);
     CHECK_STR_EQ(s, "{\"id\":\"0123456789abcdef0123456789abcdef\",\"tokens\":120,"
                     "\"state_bytes\":4718592,\"turns\":5}");
@@ -462,6 +462,19 @@ TEST(session_objects)
     CHECK_INT_EQ(iget(json_array_get(ca, 1), "tokens"), 101);
     json_decref(j);
     proto_free(s);
+    /* a pending grammar shows in the full form only */
+    s1.has_pending_grammar = 1;
+    s1.pending_grammar_bytes = 17;
+    s = proto_session_json(&s1, 0);
+    CHECK(strstr(s, "pending_grammar") == NULL);
+    proto_free(s);
+    s = proto_session_json(&s1, 1);
+    j = parse(s);
+    check_shape(json_object_get(j, "pending_grammar"), "pending_grammar", "bytes:i", NULL);
+    CHECK_INT_EQ(iget(json_object_get(j, "pending_grammar"), "bytes"), 17);
+    json_decref(j);
+    proto_free(s);
+    s1.has_pending_grammar = 0;
     /* the session object in a generate's last line and answer */
     proto_usage_t gu = {5, 3};
     s = proto_generate_done_session_json("stop", &gu, NULL, &s1);
