@@ -122,6 +122,8 @@ static void session_info_json(api_app_t *app, const srv_session_info_t *si,
         .turns = si->turns,
         .checkpoints = ck,
         .n_checkpoints = si->n_checkpoints,
+        .has_pending_grammar = si->pending_grammar >= 0,
+        .pending_grammar_bytes = si->pending_grammar,
     };
 }
 
@@ -721,6 +723,14 @@ typedef struct sgen {
     char id[PROTO_SESSION_ID_LEN + 1];
     api_acc_t acc; /* non-streamed: text, tokens */
     srv_finish_t finish;
+    /* under a grammar: what the session keeps when the reply stops before
+     * the grammar is complete (srv_session_pending_grammar) */
+    char *gtext; /* [gtext_len] the grammar's text (owned); NULL: no grammar */
+    size_t gtext_len;
+    api_acc_t reply; /* its text: the reply's bytes under it, a continued reply's
+                        earlier bytes, then every sampled token's piece */
+    int reply_over;  /* past SRV_PENDING_GRAMMAR_MAX: nothing is kept */
+    int complete;    /* an end-of-generation token ended it: the grammar is done */
 } sgen_t;
 
 static void sgen_free(void *kd)
@@ -729,7 +739,44 @@ static void sgen_free(void *kd)
     if (!k)
         return;
     api_acc_free(&k->acc);
+    free(k->gtext);
+    api_acc_free(&k->reply);
     free(k);
+}
+
+/* Appends p[n] to k's reply under the grammar; past the bound it is dropped. */
+static void sgen_reply_add(sgen_t *k, const char *p, size_t n)
+{
+    if (k->reply_over || !n)
+        return;
+    if (n > SRV_PENDING_GRAMMAR_MAX - k->gtext_len - k->reply.len) {
+        k->reply_over = 1;
+        return;
+    }
+    api_acc_text(&k->reply, p, n);
+    k->reply_over = k->reply.oom;
+}
+
+/* (Before the session is written.) The pending grammar the reply leaves on
+ * the held session: its grammar
+ * and bytes when it had a grammar and stopped before an end-of-generation
+ * token (max_tokens, a stop string, a cancel), else none. */
+static void sgen_pending(api_gen_t *g, const srv_job_result_t *res)
+{
+    sgen_t *k = g->kd;
+    const int keep = k->gtext && !k->complete && res && res->finish[0] != SRV_FINISH_ERROR;
+    if (keep && k->reply_over)
+        SRV_LOG(SRV_LOG_WARN, g->rid,
+                "session %s: the unfinished reply under its grammar is not kept: grammar and "
+                "reply are over %zu bytes",
+                k->id, SRV_PENDING_GRAMMAR_MAX);
+    int rc = keep && !k->reply_over
+                 ? srv_session_set_pending_grammar(g->session, k->gtext, k->gtext_len,
+                                                   k->reply.text, k->reply.len)
+                 : srv_session_set_pending_grammar(g->session, NULL, 0, NULL, 0);
+    if (rc < 0)
+        SRV_LOG(SRV_LOG_WARN, g->rid, "session %s: pending grammar not kept: %s", k->id,
+                srv_store_last_error());
 }
 
 static void sgen_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
@@ -738,6 +785,16 @@ static void sgen_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
     sgen_t *k = g->kd;
     if (ev->finish != SRV_FINISH_NONE)
         k->finish = ev->finish;
+    if (k->gtext && ev->kind == SRV_EVENT_TOKEN) {
+        /* the grammar advanced by every sampled token's bytes, also past a
+         * stop string (the session's history holds them) */
+        size_t pl = 0;
+        const char *piece = core_tokenizer_piece(g->app->tok, ev->token, &pl);
+        if (core_tokenizer_is_eog(g->app->tok, ev->token))
+            k->complete = 1;
+        else if (piece)
+            sgen_reply_add(k, piece, pl);
+    }
     if (!k->stream) {
         api_acc_text(&k->acc, ev->text, ev->len);
         if (ev->kind == SRV_EVENT_TOKEN)
@@ -774,6 +831,7 @@ static void sgen_prepare(api_gen_t *g)
         srv_session_set_turn_open(g->session, 1);
         srv_session_set_has_chat(g->session, 1);
     }
+    sgen_pending(g, g->jobs[0].submitted ? srv_job_result(g->jobs[0].job) : NULL);
 }
 
 static void sgen_done(api_gen_t *g)
@@ -861,13 +919,62 @@ static void sgen_done(api_gen_t *g)
 static const api_gen_ops_t sgen_ops = {
     .event = sgen_event, .prepare = sgen_prepare, .done = sgen_done, .free = sgen_free};
 
+/* A grammar the reply follows: the request's, or the session's pending one
+ * to continue (text, and the reply's bytes so far); all borrowed. */
+typedef struct sgen_grammar {
+    const char *text, *reply;
+    size_t text_len, reply_len;
+    int resume;
+} sgen_grammar_t;
+
+/* Compiles the reply's grammar into g->grammar and, for a continued reply,
+ * its state after the bytes so far into *st (cleared by the caller). */
+static int sgen_grammar(api_gen_t *g, const proto_generate_req_t *gr, const sgen_grammar_t *sg,
+                        core_grammar_state_t *st, proto_error_t *e)
+{
+    sgen_t *k = g->kd;
+    proto_gen_params_t p = gr->p;
+    if (sg->resume) {
+        p.grammar = (char *)(uintptr_t)sg->text;
+        p.grammar_len = sg->text_len;
+        p.grammar_param = "continue_grammar";
+    }
+    if (!p.grammar)
+        return 0;
+    if (api_gen_grammar(g, &p, e) < 0)
+        return -1;
+    k->gtext = malloc(p.grammar_len);
+    if (!k->gtext)
+        return proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    memcpy(k->gtext, p.grammar, p.grammar_len);
+    k->gtext_len = p.grammar_len;
+    if (p.grammar_len > SRV_PENDING_GRAMMAR_MAX)
+        k->reply_over = 1;
+    if (!sg->resume)
+        return 0;
+    sgen_reply_add(k, sg->reply, sg->reply_len);
+    core_error_t ce = {0};
+    core_grammar_ws_t *ws = core_grammar_ws_new();
+    int rc = ws ? core_grammar_state_init(st, g->grammar, &ce) : CORE_ENOMEM;
+    if (rc == 0)
+        rc = core_grammar_accept_bytes(st, ws, sg->reply, sg->reply_len, &ce);
+    core_grammar_ws_free(ws);
+    if (rc == CORE_ENOMEM || k->reply_over)
+        return proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    if (rc < 0)
+        return proto_error_set(e, PROTO_ERR_INTERNAL, NULL,
+                               "the session's pending reply does not follow its grammar: %s",
+                               ce.msg);
+    return 0;
+}
+
 /* Generates on held session s from ids[n] (owned, freed here) with the
- * options of gr, and answers req. set_chat: the input is a chat render.
- * redo: a regenerate, on the checkpoint srv_store_redo_begin swapped in
- * (the last turn again, not a new one). */
+ * options of gr under the grammar sg, and answers req. set_chat: the input
+ * is a chat render. redo: a regenerate, on the checkpoint
+ * srv_store_redo_begin swapped in (the last turn again, not a new one). */
 static void sgen_run(api_app_t *app, srv_req_t *req, srv_session_t *s,
-                     const proto_generate_req_t *gr, int32_t *ids, size_t n, int set_chat,
-                     int redo)
+                     const proto_generate_req_t *gr, const sgen_grammar_t *sg, int32_t *ids,
+                     size_t n, int set_chat, int redo)
 {
     sgen_t *k = calloc(1, sizeof *k);
     api_gen_t *g = k ? api_gen_new(app, req, &sgen_ops, k, 1) : NULL;
@@ -890,7 +997,9 @@ static void sgen_run(api_app_t *app, srv_req_t *req, srv_session_t *s,
         api_reply_admit(req, &ae);
         return;
     }
-    if (api_gen_grammar(g, &gr->p, &ae) < 0) {
+    core_grammar_state_t gst = {0};
+    if (sgen_grammar(g, gr, sg, &gst, &ae) < 0) {
+        core_grammar_state_clear(&gst);
         free(ids);
         api_gen_abort(g);
         api_reply_proto(req, &ae);
@@ -898,6 +1007,7 @@ static void sgen_run(api_app_t *app, srv_req_t *req, srv_session_t *s,
     }
     const unsigned flags = SRV_TURN_REPLY | (set_chat ? SRV_TURN_CHAT : 0u);
     if (!redo && turn_begin(app, req, s, ids, n, flags) < 0) {
+        core_grammar_state_clear(&gst);
         free(ids);
         api_gen_abort(g);
         return;
@@ -911,8 +1021,10 @@ static void sgen_run(api_app_t *app, srv_req_t *req, srv_session_t *s,
     spec.reseed = 1;
     spec.stops = (const char *const *)gr->p.stop;
     spec.n_stops = gr->p.n_stop;
+    spec.grammar_start = sg->resume ? &gst : NULL;
     char err[512];
     int rc = api_gen_submit(g, 0, &spec, err, sizeof err);
+    core_grammar_state_clear(&gst);
     free(ids);
     if (rc < 0) { /* the release that follows undoes the turn or the redo */
         api_gen_abort(g);
@@ -959,6 +1071,19 @@ static void h_generate(srv_req_t *req, void *ud)
     srv_session_t *s = gen_begin(app, req, proto_generate_parse, &gr, &id);
     if (!s)
         return;
+    sgen_grammar_t sg = {0};
+    if (gr.continue_grammar &&
+        !srv_session_pending_grammar(s, &sg.text, &sg.text_len, &sg.reply, &sg.reply_len)) {
+        srv_store_release(app->store, s, 0);
+        proto_generate_free(&gr);
+        api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "continue_grammar",
+                       "session %s has no pending grammar: only a generate under a grammar "
+                       "that stopped before the grammar was complete leaves one, until the "
+                       "session's next generate",
+                       id);
+        return;
+    }
+    sg.resume = gr.continue_grammar;
     int32_t *ids = NULL;
     size_t n = 0;
     int chat = 0;
@@ -977,7 +1102,7 @@ static void h_generate(srv_req_t *req, void *ud)
                        "to generate from");
         return;
     }
-    sgen_run(app, req, s, &gr, ids, n, chat, 0);
+    sgen_run(app, req, s, &gr, &sg, ids, n, chat, 0);
     proto_generate_free(&gr);
 }
 
@@ -1020,7 +1145,8 @@ static void h_regenerate(srv_req_t *req, void *ud)
     }
     if (n)
         memcpy(ids, in, n * sizeof *ids);
-    sgen_run(app, req, s, &gr, ids, n, (flags & SRV_TURN_CHAT) != 0, 1);
+    const sgen_grammar_t sg = {0};
+    sgen_run(app, req, s, &gr, &sg, ids, n, (flags & SRV_TURN_CHAT) != 0, 1);
     proto_generate_free(&gr);
 }
 
