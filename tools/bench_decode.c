@@ -3,7 +3,7 @@
  *
  *   bench_decode --model M [--attn K] [--features N] [--window W] [--sinks S]
  *                [--adapter A] --ctx P [--tokens N] [--runs R] [--threads T]
- *                [--isa generic|avx2|avx512vnni]
+ *                [--isa generic|avx2|avx512vnni] [--vs P2]
  *
  * Brings one session's attention state to position P, then times R runs of
  * N single-token decode steps (core_model_forward of one token with its last
@@ -21,6 +21,9 @@
  * (core/attn_impl.h: the payload is, per layer, K then V rows). The decoded
  * tokens themselves run through the full model.
  *
+ * --vs P2: a second state brought to P2 as well, and the R runs alternate
+ * between the two (P, then P2, ...), so that a shared machine's changing
+ * load falls on both alike; both medians and their ratio are printed.
  * --threads T: the model's compute threads (and BLAS's), 0 = one per CPU;
  * --isa forces the quantized kernels onto one variant (core_qdot_force_isa).
  */
@@ -62,10 +65,84 @@ static int cmp_d(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Brings state st to position ctx with random q, k, v (see the top). */
+static int fill(core_model_t *mdl, core_attn_kind_t kind, core_attn_state_t *st, int64_t ctx,
+                core_error_t *err)
+{
+    const core_model_info_t *in = core_model_info(mdl);
+    const int64_t chunk = 256, qd = (int64_t)in->n_head * in->head_dim,
+                  kvd = (int64_t)in->n_head_kv * in->head_dim;
+    core_attn_t *a = core_model_attn(mdl);
+    core_rng_t rng;
+    core_rng_seed(&rng, 1);
+    int rc = 0;
+    if (kind == CORE_ATTN_EXACT && ctx > 0) {
+        size_t nf = (size_t)ctx * (size_t)kvd * 2 * (size_t)in->n_layer;
+        float *payload = malloc(nf * sizeof *payload); /* [L][K, V][P][Hkv*Hd] */
+        if (!payload)
+            return core_error_set(err, CORE_ENOMEM, "out of memory for a %zu-float KV payload",
+                                  nf);
+        for (size_t i = 0; i < nf; i++)
+            payload[i] = (float)core_rng_normal(&rng);
+        rc = a->vt->state_load(st, ctx, payload, nf * sizeof *payload, err);
+        free(payload);
+        if (rc < 0)
+            return rc;
+        st->pos = ctx;
+        return 0;
+    }
+    float *q = malloc((size_t)(chunk * qd) * sizeof *q);
+    float *k = malloc((size_t)(chunk * kvd) * sizeof *k);
+    float *v = malloc((size_t)(chunk * kvd) * sizeof *v);
+    float *out = malloc((size_t)(chunk * qd) * sizeof *out);
+    if (!q || !k || !v || !out)
+        rc = core_error_set(err, CORE_ENOMEM, "out of memory");
+    for (int64_t p = 0; rc == 0 && p < ctx; p += chunk) {
+        int64_t n = ctx - p < chunk ? ctx - p : chunk;
+        if ((rc = core_attn_reserve(a, st, n, err)) < 0)
+            break;
+        for (int l = 0; rc == 0 && l < in->n_layer; l++) {
+            for (int64_t i = 0; i < n * qd; i++)
+                q[i] = (float)core_rng_normal(&rng);
+            for (int64_t i = 0; i < n * kvd; i++) {
+                k[i] = (float)core_rng_normal(&rng);
+                v[i] = (float)core_rng_normal(&rng);
+            }
+            rc = core_attn_forward(a, st, l, n, q, k, v, out, err);
+        }
+        if (rc == 0)
+            core_attn_advance(st, n);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    return rc < 0 ? rc : 0;
+}
+
+/* n single-token decode steps on st (what a server does per generated token). */
+static int decode(core_model_t *mdl, core_attn_state_t *st, int64_t n, int32_t *tok,
+                  core_error_t *err)
+{
+    const core_model_info_t *in = core_model_info(mdl);
+    float *logits = malloc((size_t)in->n_vocab * sizeof *logits);
+    if (!logits)
+        return core_error_set(err, CORE_ENOMEM, "out of memory");
+    int rc = 0;
+    for (int64_t i = 0; rc == 0 && i < n; i++) {
+        core_batch_seq_t sq = {.state = st, .tokens = tok, .n_tokens = 1,
+                               .logits_mode = CORE_LOGITS_LAST, .logits = logits};
+        rc = core_model_forward(mdl, &sq, 1, err);
+        *tok = (int32_t)((*tok * 7 + 13) % in->n_vocab); /* any token: the cost is the same */
+    }
+    free(logits);
+    return rc < 0 ? rc : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL;
-    int64_t m = 0, w = -1, sinks = -1, ctx = -1, n_tok = 32, runs = 5, threads = 0;
+    int64_t m = 0, w = -1, sinks = -1, ctx = -1, n_tok = 32, runs = 5, threads = 0, vs = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
@@ -87,6 +164,8 @@ int main(int argc, char **argv)
             bad = parse_i64(v, 0, (int64_t)1 << 30, &ctx);
         else if (!bad && !strcmp(a, "--tokens"))
             bad = parse_i64(v, 1, 100000, &n_tok);
+        else if (!bad && !strcmp(a, "--vs"))
+            bad = parse_i64(v, 0, (int64_t)1 << 30, &vs);
         else if (!bad && !strcmp(a, "--runs"))
             bad = parse_i64(v, 1, 1000, &runs);
         else if (!bad && !strcmp(a, "--threads"))
@@ -104,7 +183,7 @@ int main(int argc, char **argv)
     if (!model || ctx < 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
         fprintf(stderr, "usage: bench_decode --model M [--attn K] [--features N] [--window W] "
                         "[--sinks S] [--adapter A] --ctx P [--tokens N] [--runs R] [--threads T] "
-                        "[--isa NAME]\n");
+                        "[--isa NAME] [--vs P2]\n");
         return 2;
     }
     if (isa) {
@@ -142,96 +221,61 @@ int main(int argc, char **argv)
 
     int status = 1;
     core_model_t *mdl = NULL;
-    core_attn_state_t *st = NULL;
-    float *q = NULL, *k = NULL, *v = NULL, *out = NULL, *logits = NULL;
+    core_attn_state_t *st[2] = {NULL, NULL};
     double *tps = NULL;
-    if (core_model_load(model, &mo, &mdl, &err) < 0 ||
-        core_attn_state_new(core_model_attn(mdl), &st, &err) < 0) {
+    const int n_st = vs >= 0 ? 2 : 1;
+    const int64_t at[2] = {ctx, vs};
+    if (vs > ctx)
+        mo.max_ctx = vs + n_tok * runs + 8;
+    if (core_model_load(model, &mo, &mdl, &err) < 0) {
         fprintf(stderr, "bench_decode: %s\n", err.msg);
         goto done;
     }
-    const core_model_info_t *in = core_model_info(mdl);
-    const int64_t chunk = 256, qd = (int64_t)in->n_head * in->head_dim,
-                  kvd = (int64_t)in->n_head_kv * in->head_dim;
-    q = malloc((size_t)(chunk * qd) * sizeof *q);
-    k = malloc((size_t)(chunk * kvd) * sizeof *k);
-    v = malloc((size_t)(chunk * kvd) * sizeof *v);
-    out = malloc((size_t)(chunk * qd) * sizeof *out);
-    logits = malloc((size_t)in->n_vocab * sizeof *logits);
-    tps = malloc((size_t)runs * sizeof *tps);
-    if (!q || !k || !v || !out || !logits || !tps) {
+    tps = malloc((size_t)(2 * runs) * sizeof *tps);
+    if (!tps) {
         fprintf(stderr, "bench_decode: out of memory\n");
         goto done;
     }
-    core_rng_t rng;
-    core_rng_seed(&rng, 1);
-    core_attn_t *a = core_model_attn(mdl);
-    double t0 = now_s();
-    if (mo.attn_kind == CORE_ATTN_EXACT && ctx > 0) {
-        size_t nf = (size_t)ctx * (size_t)kvd * 2 * (size_t)in->n_layer;
-        float *payload = malloc(nf * sizeof *payload); /* [L][K, V][P][Hkv*Hd] */
-        if (!payload) {
-            fprintf(stderr, "bench_decode: out of memory for a %zu-float KV payload\n", nf);
-            goto done;
-        }
-        for (size_t i = 0; i < nf; i++)
-            payload[i] = (float)core_rng_normal(&rng);
-        int rc = a->vt->state_load(st, ctx, payload, nf * sizeof *payload, &err);
-        free(payload);
-        if (rc < 0)
+    double fill_s[2] = {0, 0};
+    for (int i = 0; i < n_st; i++) {
+        double t0 = now_s();
+        if (core_attn_state_new(core_model_attn(mdl), &st[i], &err) < 0 ||
+            fill(mdl, mo.attn_kind, st[i], at[i], &err) < 0)
             goto fail;
-        st->pos = ctx;
+        fill_s[i] = now_s() - t0;
     }
-    for (int64_t p = mo.attn_kind == CORE_ATTN_EXACT ? ctx : 0; p < ctx; p += chunk) {
-        int64_t n = ctx - p < chunk ? ctx - p : chunk;
-        if (core_attn_reserve(a, st, n, &err) < 0)
-            goto fail;
-        for (int l = 0; l < in->n_layer; l++) {
-            for (int64_t i = 0; i < n * qd; i++)
-                q[i] = (float)core_rng_normal(&rng);
-            for (int64_t i = 0; i < n * kvd; i++) {
-                k[i] = (float)core_rng_normal(&rng);
-                v[i] = (float)core_rng_normal(&rng);
-            }
-            if (core_attn_forward(a, st, l, n, q, k, v, out, &err) < 0)
-                goto fail;
-        }
-        core_attn_advance(st, n);
-    }
-    double t1 = now_s();
-    size_t bytes = core_attn_state_bytes(st);
-    int32_t tok = 1000;
-    for (int64_t r = 0; r < runs; r++) {
-        double s0 = now_s();
-        for (int64_t i = 0; i < n_tok; i++) {
-            core_batch_seq_t sq = {.state = st, .tokens = &tok, .n_tokens = 1,
-                                   .logits_mode = CORE_LOGITS_LAST, .logits = logits};
-            if (core_model_forward(mdl, &sq, 1, &err) < 0)
-                goto fail;
-            tok = (int32_t)((tok * 7 + 13) % in->n_vocab); /* any token: the cost is the same */
-        }
-        tps[r] = (double)n_tok / (now_s() - s0);
-    }
-    printf("attn %s M=%" PRId64 " W=%" PRId64 " ctx %" PRId64 " threads %d isa %s: state %zu bytes; "
-           "fill %.1f s; decode tokens/s:",
-           attn, m, w, ctx, core_model_threads(mdl), core_qdot_isa_name(core_qdot_isa()), bytes,
-           t1 - t0);
+    int32_t tok = core_model_info(mdl)->n_vocab > 1000 ? 1000 : 1;
     for (int64_t r = 0; r < runs; r++)
-        printf(" %.2f", tps[r]);
-    qsort(tps, (size_t)runs, sizeof *tps, cmp_d);
-    printf("; median %.2f\n", tps[runs / 2]);
+        for (int i = 0; i < n_st; i++) { /* alternating: the load falls on both alike */
+            double s0 = now_s();
+            if (decode(mdl, st[i], n_tok, &tok, &err) < 0)
+                goto fail;
+            tps[i * runs + r] = (double)n_tok / (now_s() - s0);
+        }
+    double med[2];
+    for (int i = 0; i < n_st; i++) {
+        double *t = tps + i * runs;
+        printf("attn %s M=%" PRId64 " W=%" PRId64 " ctx %" PRId64 " threads %d isa %s: state %zu "
+               "bytes; fill %.1f s; decode tokens/s:",
+               attn, m, w, at[i], core_model_threads(mdl), core_qdot_isa_name(core_qdot_isa()),
+               core_attn_state_bytes(st[i]), fill_s[i]);
+        for (int64_t r = 0; r < runs; r++)
+            printf(" %.2f", t[r]);
+        qsort(t, (size_t)runs, sizeof *t, cmp_d);
+        med[i] = t[runs / 2];
+        printf("; median %.2f\n", med[i]);
+    }
+    if (n_st == 2)
+        printf("ratio of the medians, ctx %" PRId64 " / ctx %" PRId64 ": %.3f (runs alternated)\n",
+               ctx, vs, med[0] / med[1]);
     status = 0;
     goto done;
 fail:
     fprintf(stderr, "bench_decode: %s\n", err.msg);
 done:
-    free(q);
-    free(k);
-    free(v);
-    free(out);
-    free(logits);
     free(tps);
-    core_attn_state_free(st);
+    core_attn_state_free(st[0]);
+    core_attn_state_free(st[1]);
     core_model_free(mdl);
     return status;
 }
