@@ -287,6 +287,27 @@ def test_bad_requests_400(tiny, extra, param, msg):
     assert msg in r["error"]["message"], r
 
 
+def client_stream(chunks):
+    """An openai client's streamed chat chunks reassembled: the tool calls by
+    index ({id, type, function: {name, arguments}}), the content text and
+    the finish reason."""
+    calls, text, finish = {}, "", None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        text += d.content or ""
+        for tc in d.tool_calls or []:
+            e = calls.setdefault(tc.index, {"id": None, "type": "function",
+                                            "function": {"name": None, "arguments": ""}})
+            if tc.id:
+                e["id"] = tc.id
+                e["function"]["name"] = tc.function.name
+            e["function"]["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return calls, text, finish
+
+
 def test_openai_client(tiny):
     c = openai.OpenAI(base_url=tiny.url("/v1"), api_key="unused", max_retries=0, timeout=300)
     model = c.models.list().data[0].id
@@ -299,22 +320,10 @@ def test_openai_client(tiny):
     # streamed: the client's chunks reassembled by index
     done = 0
     for seed in range(3):
-        calls, finish = {}, None
-        for chunk in c.chat.completions.create(model=model, messages=USER, tools=TOOLS,
-                                               tool_choice="required", seed=seed,
-                                               max_tokens=300, stream=True):
-            if not chunk.choices:
-                continue
-            d = chunk.choices[0].delta
-            assert not d.content
-            for tc in d.tool_calls or []:
-                e = calls.setdefault(tc.index, {"id": None, "type": "function",
-                                                "function": {"name": None, "arguments": ""}})
-                if tc.id:
-                    e["id"] = tc.id
-                    e["function"]["name"] = tc.function.name
-                e["function"]["arguments"] += tc.function.arguments or ""
-            finish = chunk.choices[0].finish_reason or finish
+        calls, text, finish = client_stream(c.chat.completions.create(
+            model=model, messages=USER, tools=TOOLS, tool_choice="required", seed=seed,
+            max_tokens=300, stream=True))
+        assert text == ""
         if finish == "tool_calls":
             done += 1
             assert calls
@@ -342,22 +351,9 @@ def test_openai_client_automatic_call(tiny):
     assert ch.finish_reason == "tool_calls" and ch.message.content is None
     assert len(ch.message.tool_calls) == 1
     assert check_call(ch.message.tool_calls[0].model_dump(), ["add"]) == ("add", {"a": 2, "b": -3})
-    calls, text, finish = {}, "", None
-    for chunk in c.chat.completions.create(model=model, messages=USER, tools=TOOLS,
-                                           max_tokens=200, stream=True,
-                                           extra_body={"grammar": gbnf}):
-        if not chunk.choices:
-            continue
-        d = chunk.choices[0].delta
-        text += d.content or ""
-        for tc in d.tool_calls or []:
-            e = calls.setdefault(tc.index, {"id": None, "type": "function",
-                                            "function": {"name": None, "arguments": ""}})
-            if tc.id:
-                e["id"] = tc.id
-                e["function"]["name"] = tc.function.name
-            e["function"]["arguments"] += tc.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
+    calls, text, finish = client_stream(c.chat.completions.create(
+        model=model, messages=USER, tools=TOOLS, max_tokens=200, stream=True,
+        extra_body={"grammar": gbnf}))
     assert finish == "tool_calls" and text == "" and len(calls) == 1
     assert check_call(calls[0], ["add"]) == ("add", {"a": 2, "b": -3})
     # a call of a function that is not listed is no call: the text comes back as content
