@@ -26,6 +26,7 @@ check 'python3 -c "import ensurepip, venv"'        python3-venv      "python3 ve
 check 'command -v curl'                            curl              "curl"
 check 'command -v chromium'                        chromium          "Chromium (browser tests of the web page)"
 check 'command -v chromedriver'                    chromium-driver   "chromedriver (browser tests of the web page)"
+check 'test -x /usr/sbin/nginx'                    nginx             "nginx (nginx -t over deploy/'s configurations)"
 
 if [ ${#need_debs[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null; then
