@@ -3,14 +3,15 @@
  * Owns the fields common to every kind (config, position counter, scratch);
  * everything kind-specific lives behind core_attn_vtbl_t (attn_impl.h):
  * attn_exact.c (KV cache) and attn_linear.c (Performer, DARKFormer,
- * DARKFormer-IS, each optionally hybrid with an exact window).
+ * DARKFormer-IS, Flexformer-s/-n, each optionally hybrid with an exact window).
  */
 #include "core/attn_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const kind_names[] = {"exact", "performer", "darkformer", "darkformer-is"};
+static const char *const kind_names[] = {"exact",        "performer",   "darkformer",
+                                         "darkformer-is", "flexformer-s", "flexformer-n"};
 
 const char *core_attn_kind_name(core_attn_kind_t kind)
 {
@@ -30,13 +31,20 @@ int core_attn_kind_parse(const char *name, core_attn_kind_t *out)
     return CORE_EINVAL;
 }
 
+int core_attn_kind_is_trig(core_attn_kind_t kind)
+{
+    return kind == CORE_ATTN_FLEXFORMER_S || kind == CORE_ATTN_FLEXFORMER_N;
+}
+
 static const core_attn_vtbl_t *vtbl_for(core_attn_kind_t kind)
 {
     switch (kind) {
     case CORE_ATTN_EXACT: return &core_attn_exact_vtbl;
     case CORE_ATTN_PERFORMER:
     case CORE_ATTN_DARKFORMER:
-    case CORE_ATTN_DARKFORMER_IS: return &core_attn_linear_vtbl;
+    case CORE_ATTN_DARKFORMER_IS:
+    case CORE_ATTN_FLEXFORMER_S:
+    case CORE_ATTN_FLEXFORMER_N: return &core_attn_linear_vtbl;
     }
     return NULL;
 }

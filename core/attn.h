@@ -34,7 +34,11 @@ typedef enum core_attn_kind {
     CORE_ATTN_EXACT = 0,
     CORE_ATTN_PERFORMER = 1,
     CORE_ATTN_DARKFORMER = 2,
-    CORE_ATTN_DARKFORMER_IS = 3
+    CORE_ATTN_DARKFORMER_IS = 3,
+    /* Flexformer (DESIGN.md §3): signed trigonometric features of learnable
+     * frequencies, stationary (-s) and non-stationary / Yaglom (-n). */
+    CORE_ATTN_FLEXFORMER_S = 4,
+    CORE_ATTN_FLEXFORMER_N = 5
 } core_attn_kind_t;
 
 typedef struct core_attn_cfg {
@@ -70,10 +74,13 @@ typedef struct core_attn_cfg {
 typedef struct core_attn core_attn_t;
 typedef struct core_attn_state core_attn_state_t;
 
-/* "exact", "performer", "darkformer", "darkformer-is". */
+/* "exact", "performer", "darkformer", "darkformer-is", "flexformer-s",
+ * "flexformer-n". */
 const char *core_attn_kind_name(core_attn_kind_t kind);
 /* Parses a kind name; CORE_EINVAL if unknown. */
 int core_attn_kind_parse(const char *name, core_attn_kind_t *out);
+/* 1 for the Flexformer kinds (signed trigonometric features), else 0. */
+int core_attn_kind_is_trig(core_attn_kind_t kind);
 
 /* New attention parameters for cfg. adapter (borrowed, may be NULL) is the
  * DARKFormer adapter GGUF for the kinds that need learned parameters. */

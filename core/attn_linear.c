@@ -1,5 +1,6 @@
 /* core/attn_linear.c — linear (random-feature) attention: Performer,
- * DARKFormer and DARKFormer-IS, each optionally hybrid with an exact window.
+ * DARKFormer, DARKFormer-IS and Flexformer-s/-n, each optionally hybrid with
+ * an exact window.
  *
  * The feature maps live in core/features.c; this file keeps the recurrent
  * state and runs the causal kernels. It knows nothing of the model around it.
@@ -59,6 +60,34 @@
  *
  * Accumulators: S and z are fp32 by default; core_attn_linear_set_opts can
  * make new states accumulate in double, to measure drift on long streams.
+ *
+ * Flexformer (signed trigonometric features, core/features.h): a vector's
+ * features are e^(ν|ŷ|²) times signed values in [−1/√(M/2), 1/√(M/2)], so
+ * a key's log-magnitude (ν|ŷ|² plus the decay to the chunk's end) takes the
+ * place of every one of its logits: the running scales c_i then all move
+ * together (one value repeated M times, so the state layout and its payload
+ * are the linear kinds'), the key that sets them contributes its values
+ * exactly, and S̃, z̃ stay bounded by the number of keys; the query's
+ * log-magnitude joins Lrow. Nothing is an exponential of a feature logit,
+ * so nothing underflows and the log-domain path is not needed.
+ *
+ * Signed denominators. φ(q)·φ(k) estimates e^(q̂·k̂) > 0 without bias but
+ * is itself signed, so the linear denominator D (the estimate of the older
+ * keys' mass) can be small or negative, and E + D with it (E, the exact
+ * mass of sinks and window, > 0). Nothing is added to or clamped in the
+ * features, z or D: the estimates of numerator and denominator stay
+ * unbiased, and E + D keeps full double precision (den is summed in
+ * double). A row is changed only when D < −E/2 (the estimate would remove
+ * more than half of the mass that is known exactly): then the row's linear
+ * numerator and denominator are both scaled by λ = (E/2)/|D| < 1, giving
+ * E + λD = E/2. The output stays a weighted combination of the exact
+ * part's values and the linear part's own ratio (never a division by a
+ * value near 0), and rows where the rule acts are counted
+ * (core_attn_linear_den_stats; measured on held-out text in docs/QUALITY.md).
+ * Pure linear attention (no window, no sinks) has no E: a row with D ≤ 0
+ * outputs zero (counted). An additive floor (D + ε) or |D| would bias every
+ * row; this touches only the counted ones. The training code (tools/convert.py,
+ * tools/distill.py) applies the same rule.
  */
 #include "core/attn_impl.h"
 
@@ -91,6 +120,8 @@ typedef struct lin_params {
     int fp64;              /* accumulator precision of states created next */
     float *fs;             /* float scratch, layout in lin_scratch_t */
     double *ds;            /* double scratch */
+    int trig;              /* Flexformer: signed features */
+    core_attn_den_stats_t den_stats; /* Flexformer's denominators, counted */
 } lin_params_t;
 
 typedef struct lin_state {
@@ -280,12 +311,18 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     if (cfg->kind == CORE_ATTN_DARKFORMER_IS && !adapter)
         return core_error_set(err, CORE_EINVAL, "attention kind 'darkformer-is' needs an adapter "
                               "GGUF with tensors darkformer.blk.N.lambda");
+    const int trig = core_attn_kind_is_trig(cfg->kind);
+    if (trig && cfg->n_features % 2)
+        return core_error_set(err, CORE_EINVAL, "%s needs an even n_features (M/2 frequencies, "
+                              "a cosine and a sine row each), got %d", kname, cfg->n_features);
 
     size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
     size_t n_maps = (size_t)cfg->n_layer * hkv;
     int rc;
     float *mat = NULL;  /* [Hd][Hd] one head's M or Λ */
     double *isa = NULL; /* [Hd][Hd] Σ*^(1/2) */
+    size_t nfq = (size_t)cfg->n_features / 2;
+    float *om1 = NULL, *om2 = NULL, *tau = NULL; /* Flexformer: [Hkv][M/2][Hd] x2, [Hkv] */
     lin_params_t *lp = calloc(1, sizeof *lp);
     size_t n_rope = cfg->prerope || cfg->sinks ? (size_t)cfg->n_rot / 2 : 1;
     if (lp) {
@@ -297,7 +334,13 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     }
     mat = malloc(hd * hd * sizeof *mat);
     isa = malloc(hd * hd * sizeof *isa);
-    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !lp->sink_cs || !mat || !isa) {
+    if (trig && adapter) {
+        om1 = malloc(hkv * nfq * hd * sizeof *om1);
+        om2 = malloc(hkv * nfq * hd * sizeof *om2);
+        tau = malloc(hkv * sizeof *tau);
+    }
+    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !lp->sink_cs || !mat || !isa ||
+        (trig && adapter && (!om1 || !om2 || !tau))) {
         rc = core_error_set(err, CORE_ENOMEM, "out of memory for %s parameters", kname);
         goto fail;
     }
@@ -311,7 +354,7 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     }
     for (int l = 0; l < cfg->n_layer; l++) {
         const core_gguf_tensor_t *t = NULL;
-        if (cfg->kind == CORE_ATTN_DARKFORMER) {
+        if (cfg->kind == CORE_ATTN_DARKFORMER || (trig && adapter)) {
             /* v2 parameters; absent (v1 adapters) = no decay, equal weights. */
             int found;
             rc = core_features_adapter_vector(adapter, "decay", l, cfg->n_head_kv,
@@ -332,7 +375,35 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
             if (rc)
                 goto fail;
         }
-        for (size_t h = 0; h < hkv; h++) {
+        if (trig && adapter) {
+            /* an adapter for a Flexformer kind carries its frequencies: the
+             * untrained kind (Performer's draws) is the one without adapter */
+            int found = 1;
+            rc = core_features_adapter_omega(adapter, "omega", l, cfg->n_head_kv, (int)nfq,
+                                             cfg->head_dim, om1, err);
+            if (rc == 0 && cfg->kind == CORE_ATTN_FLEXFORMER_N)
+                rc = core_features_adapter_omega(adapter, "omega2", l, cfg->n_head_kv, (int)nfq,
+                                                 cfg->head_dim, om2, err);
+            if (rc == 0 && cfg->kind == CORE_ATTN_FLEXFORMER_N)
+                rc = core_features_adapter_vector(adapter, "tau", l, cfg->n_head_kv, tau, &found,
+                                                  err);
+            if (rc == 0 && !found)
+                rc = core_error_set(err, CORE_ENOTFOUND, "adapter tensor 'darkformer.blk.%d.tau' "
+                                    "is missing", l);
+            if (rc)
+                goto fail;
+        }
+        for (size_t h = 0; trig && h < hkv; h++) {
+            uint64_t ss = core_features_stream_seed(cfg->seed, l, (int)h);
+            int nst = cfg->kind == CORE_ATTN_FLEXFORMER_N;
+            rc = core_features_init_trig(&lp->maps[(size_t)l * hkv + h], cfg->kind, cfg->head_dim,
+                                         cfg->n_features, ss, om1 ? om1 + h * nfq * hd : NULL,
+                                         om2 && nst ? om2 + h * nfq * hd : NULL,
+                                         tau && nst ? (double)tau[h] : 0.0, err);
+            if (rc)
+                goto fail;
+        }
+        for (size_t h = 0; !trig && h < hkv; h++) {
             uint64_t ss = core_features_stream_seed(cfg->seed, l, (int)h);
             core_features_t *f = &lp->maps[(size_t)l * hkv + h];
             double logdet = 0.0;
@@ -354,16 +425,23 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
         }
     }
     lp->fp64 = 0;
+    lp->trig = trig;
     rc = set_chunk(a, lp, LIN_DEFAULT_CHUNK, err);
     if (rc)
         goto fail;
     free(mat);
     free(isa);
+    free(om1);
+    free(om2);
+    free(tau);
     a->impl = lp;
     return 0;
 fail:
     free(mat);
     free(isa);
+    free(om1);
+    free(om2);
+    free(tau);
     free_params(lp, n_maps);
     return rc;
 }
@@ -504,6 +582,8 @@ typedef struct lin_ctx {
     int pre;                      /* features before RoPE */
     int n_rot;
     int lin_off;                  /* linear branch off */
+    int trig;                     /* Flexformer: signed features, one log-scale per vector */
+    core_attn_den_stats_t *dst;   /* Flexformer's denominator counters */
     int fp64;
     float *sf, *zf;   /* this head's S, z (fp32 states) */
     double *sd, *zd;  /* (fp64 states) */
@@ -630,6 +710,29 @@ static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni
     sc->lrow[r] = top;
 }
 
+/* Flexformer's factor on a hybrid row's linear part (the signed-denominator
+ * rule of the file comment): lw = log of the row's linear scale against its
+ * exact part (Lrow − s*), den its linear denominator at that scale, e ≥ 1 its
+ * exact mass, so D = e^lw·den. D < −E/2: λe^lw with λ = (E/2)/|D|, i.e.
+ * (E/2)/|den|, formed without e^lw (which may overflow). The comparisons run
+ * in the log domain for the same reason; counted in x->dst. */
+static double trig_weight(lin_ctx_t *x, double lw, double den, double e)
+{
+    if (!(lw > -INFINITY) || den == 0.0)
+        return 0.0;
+    x->dst->rows++;
+    if (den > 0.0) /* E + D > E: no rule; a linear part 1e300 times E is all there is */
+        return exp(lw < 690.0 ? lw : 690.0);
+    x->dst->neg++;
+    double ld = lw + log(-den); /* log |D| */
+    x->dst->below_tenth += ld > log(0.9 * e);
+    if (ld > log(0.5 * e)) {
+        x->dst->below_half++;
+        return 0.5 * e / -den;
+    }
+    return exp(lw);
+}
+
 /* Tokens [t0, t1) of this forward, one KV head.
  *
  * Decay (γ = e^lg per token): the state after token τ is γ·(state after
@@ -671,8 +774,20 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
             kin = sc->ku;
         }
         core_features_prepare(f, ni, kin, hd, sc->ky);
-        core_features_logits(f, ni, sc->ky, sc->kd, sc->khn);
-        for (int64_t j = 0; j < ni; j++) {
+        if (x->trig) {
+            /* kd holds the signed values, khn the key's log-magnitude
+             * (ν|ŷ|² and the decay to the chunk's end), shared by its rows */
+            core_features_trig(f, ni, sc->ky, sc->kd, sc->khn);
+            for (int64_t j = 0; j < ni; j++) {
+                sc->khn[j] += (double)(t1 - 1 - (ti0 + j)) * lg;
+                for (int64_t i = 0; i < m; i++)
+                    if (sc->khn[j] > cn[i])
+                        cn[i] = sc->khn[j];
+            }
+        } else {
+            core_features_logits(f, ni, sc->ky, sc->kd, sc->khn);
+        }
+        for (int64_t j = 0; j < ni && !x->trig; j++) {
             float *a = sc->kd + j * m;
             double dj = (double)(t1 - 1 - (ti0 + j)) * lg;
             for (int64_t i = 0; i < m; i++) {
@@ -699,18 +814,37 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
             qin = sc->qu;
         }
         core_features_prepare(f, nr, qin, hd, sc->qy);
-        core_features_logits(f, nr, sc->qy, sc->gd, sc->qhn);
+        if (x->trig) {
+            /* gd: signed values; qhn: minus the query's log-magnitude, so
+             * that Lrow = m − qhn below adds it */
+            core_features_trig(f, nr, sc->qy, sc->gd, sc->qhn);
+            for (int64_t r = 0; r < nr; r++)
+                sc->qhn[r] = -sc->qhn[r];
+        } else {
+            core_features_logits(f, nr, sc->qy, sc->gd, sc->qhn);
+        }
     }
     for (int64_t r = 0; r < nr && !x->lin_off; r++) {
         const float *g = sc->gd + r * m;
         float *p = sc->qp + r * m, *ps = sc->qs + r * m;
         double mx = -INFINITY;
-        for (int64_t i = 0; i < m; i++)
-            if (g[i] + cn[i] > mx)
-                mx = g[i] + cn[i];
+        if (x->trig) { /* the scales only: the values are bounded by 1/√(M/2) */
+            for (int64_t i = 0; i < m; i++)
+                if (cn[i] > mx)
+                    mx = cn[i];
+        } else {
+            for (int64_t i = 0; i < m; i++)
+                if (g[i] + cn[i] > mx)
+                    mx = g[i] + cn[i];
+        }
         sc->lrow[r] = mx;
         for (int64_t i = 0; i < m; i++) {
-            p[i] = mx > -INFINITY && cn[i] > -INFINITY ? expf((float)(g[i] + cn[i] - mx)) : 0.0f;
+            if (x->trig)
+                p[i] = mx > -INFINITY && cn[i] > -INFINITY ? expf((float)(cn[i] - mx)) * g[i]
+                                                           : 0.0f;
+            else
+                p[i] = mx > -INFINITY && cn[i] > -INFINITY ? expf((float)(g[i] + cn[i] - mx))
+                                                           : 0.0f;
             ps[i] = (float)(p[i] * al[i]);
         }
     }
@@ -743,9 +877,15 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
     }
     if (ni > 0) {
         for (int64_t j = 0; j < ni; j++)
-            for (int64_t i = 0; i < m; i++)
-                sc->kp[j * m + i] =
-                    cn[i] > -INFINITY ? expf((float)((double)sc->kd[j * m + i] - cn[i])) : 0.0f;
+            for (int64_t i = 0; i < m; i++) {
+                float *kp = &sc->kp[j * m + i];
+                if (!(cn[i] > -INFINITY))
+                    *kp = 0.0f;
+                else if (x->trig)
+                    *kp = expf((float)(sc->khn[j] - cn[i])) * sc->kd[j * m + i];
+                else
+                    *kp = expf((float)((double)sc->kd[j * m + i] - cn[i]));
+            }
         core_gemm_nt(nr, ni, m, 1.0f, sc->qp, m, sc->kp, m, 0.0f, sc->pp, ni);
         for (int64_t r = 0; r < nr; r++) {
             int64_t t = t0 + r / gs;
@@ -766,7 +906,9 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
             sc->lrow[r] = -INFINITY; /* nothing older than the window yet */
             continue;
         }
-        if (!(sc->den[r] >= LIN_DEN_MIN))
+        /* (Flexformer's values are signed and not exponentials of logits:
+         * nothing underflows, and its denominator is handled below.) */
+        if (!x->trig && !(sc->den[r] >= LIN_DEN_MIN))
             slow_row(x, r, t, ti0, ni, cdec);
         /* −inf stays −inf; decay from the chunk's end back to row t; mixing weight. */
         sc->lrow[r] += (double)(t - t1 + 1) * lg + (double)x->mix[x->h * gs + r % gs] - sc->qhn[r];
@@ -778,6 +920,16 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
             int64_t t = t0 + r / gs, g = r % gs;
             float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
             double inv = sc->lrow[r] > -INFINITY ? 1.0 / sc->den[r] : 0.0;
+            if (x->trig && sc->lrow[r] > -INFINITY) {
+                /* no exact mass to compare with: a non-positive estimate of
+                 * a positive mass gives the empty output, counted */
+                x->dst->rows++;
+                x->dst->neg += sc->den[r] < 0.0;
+                if (!(sc->den[r] > 0.0)) {
+                    x->dst->pure_zero++;
+                    inv = 0.0;
+                }
+            }
             for (int64_t c = 0; c < hd; c++)
                 o[c] = (float)(sc->num[r * hd + c] * inv);
         }
@@ -824,7 +976,11 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
             /* key at u is visible iff u ≤ τ and (u in the window or u a sink) */
             int64_t lo = w > 0 ? (tau - w + 1 > 0 ? tau - w + 1 : 0) : tau + 1;
             float *er = sc->e + r * nk;
-            double s = sc->lrow[r];
+            /* Flexformer's Lrow bounds the magnitude of its linear terms,
+             * not their signed sum (which can be far smaller): the exact
+             * scores alone stabilize its rows (the row's own key or a sink
+             * is always visible here, so E ≥ 1) */
+            double s = x->trig ? -INFINITY : sc->lrow[r];
             for (int64_t j = 0; j < nk; j++) {
                 int64_t u = j < ns ? j : pw0 + j - ns;
                 if (u > tau || (u < lo && u >= nsk))
@@ -838,14 +994,20 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
                 es += er[j];
             }
             sc->esum[r] = es;
-            /* From here on lrow holds the linear part's factor e^(Lrow − s*). */
-            sc->lrow[r] = sc->lrow[r] > -INFINITY ? exp(sc->lrow[r] - s) : 0.0;
+            /* From here on lrow holds the linear part's factor e^(Lrow − s*)
+             * (Flexformer: its log, Lrow − s*, which may exceed the double range). */
+            if (x->trig)
+                sc->lrow[r] = sc->lrow[r] - s;
+            else
+                sc->lrow[r] = sc->lrow[r] > -INFINITY ? exp(sc->lrow[r] - s) : 0.0;
         }
         core_gemm_nn(nr, hd, nk, 1.0f, sc->e, nk, sc->vw, hd, 0.0f, sc->ev, hd);
         for (int64_t r = 0; r < nr; r++) {
             int64_t t = t0 + r / gs, g = r % gs;
             float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
             double wl = sc->lrow[r];
+            if (x->trig)
+                wl = trig_weight(x, sc->lrow[r], sc->den[r], sc->esum[r]);
             double inv = 1.0 / (wl * sc->den[r] + sc->esum[r]);
             for (int64_t c = 0; c < hd; c++)
                 o[c] = (float)((wl * sc->num[r * hd + c] + sc->ev[r * hd + c]) * inv);
@@ -922,6 +1084,8 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
     x.pre = cfg->prerope;
     x.n_rot = cfg->n_rot;
     x.lin_off = cfg->linear_off;
+    x.trig = lp->trig;
+    x.dst = &lp->den_stats;
     x.fp64 = st->fp64;
     for (int64_t h = 0; h < hkv; h++) {
         size_t idx = (size_t)layer * (size_t)hkv + (size_t)h;
@@ -1153,13 +1317,14 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     p = kv_rows_get(p, st->ring_k, st->ring_v, cfg->n_layer, lw, z.n_ring);
     kv_rows_get(p, st->sink_k, st->sink_v, cfg->n_layer, ls, z.n_sink);
     /* A blob is input. The kernels rely on c being finite or −inf, on S
-     * and z being finite (z ≥ 0) and on the window and sink rows being
+     * and z being finite (z ≥ 0; Flexformer's is signed) and on the window and sink rows being
      * within ±CORE_ATTN_MAX_KV: anything else would turn every later
      * output into NaN or inf without an error. */
     size_t hd = (size_t)cfg->head_dim;
+    const int trig = core_attn_kind_is_trig(cfg->kind); /* its z̃ is signed */
     for (size_t i = 0; i < z.n_z; i++) {
         double zi = fp64 ? ((const double *)st->z)[i] : (double)((const float *)st->z)[i];
-        if (isnan(st->c[i]) || st->c[i] == INFINITY || !isfinite(zi) || zi < 0.0)
+        if (isnan(st->c[i]) || st->c[i] == INFINITY || !isfinite(zi) || (zi < 0.0 && !trig))
             return core_error_set(err, CORE_EFORMAT, "linear attention payload: bad scale or "
                                   "normalizer at entry %zu (c = %g, z = %g)", i, st->c[i], zi);
         for (size_t j = i * hd; j < (i + 1) * hd; j++) {
@@ -1234,6 +1399,17 @@ int core_attn_linear_state_scale(const core_attn_state_t *s, int layer, int kv_h
     size_t m = (size_t)s->a->cfg.n_features;
     memcpy(c, st->c + ((size_t)layer * (size_t)s->a->cfg.n_head_kv + (size_t)kv_head) * m,
            m * sizeof *c);
+    return 0;
+}
+
+int core_attn_linear_den_stats(core_attn_t *a, core_attn_den_stats_t *out, int reset)
+{
+    if (!a || a->vt != &core_attn_linear_vtbl)
+        return CORE_EINVAL;
+    lin_params_t *lp = a->impl;
+    *out = lp->den_stats;
+    if (reset)
+        memset(&lp->den_stats, 0, sizeof lp->den_stats);
     return 0;
 }
 

@@ -1,5 +1,6 @@
-/* core/features.c — random-feature draws, the three feature maps, and the
- * DARKFormer adapter GGUF (keys and per-layer tensors).
+/* core/features.c — random-feature draws, the feature maps (Performer,
+ * DARKFormer, DARKFormer-IS, Flexformer-s/-n), and the DARKFormer adapter
+ * GGUF (keys and per-layer tensors).
  *
  * Draws and proposals are computed in double and rounded once to the fp32
  * parameters the kernels use; core_features_phi recomputes φ in double from
@@ -162,6 +163,7 @@ void core_features_fini(core_features_t *f)
     if (!f)
         return;
     free(f->omega);
+    free(f->omega2);
     free(f->bias);
     free(f->mat);
     memset(f, 0, sizeof *f);
@@ -238,6 +240,138 @@ fail:
     return rc;
 }
 
+/* ---- Flexformer: signed trigonometric features ----
+ *
+ * The estimator. For ω ~ N(0, I), E[cos(ω·u)] = e^(−|u|²/2) (the
+ * characteristic function of a standard normal) and E[sin(ω·u)] = 0. With
+ * u = q̂ − k̂ and cos(a − b) = cos a cos b + sin a sin b:
+ *   E[cos(ω·q̂)cos(ω·k̂) + sin(ω·q̂)sin(ω·k̂)] = e^(−|q̂−k̂|²/2)
+ *                                             = e^(q̂·k̂) e^(−|q̂|²/2) e^(−|k̂|²/2),
+ * so with the norm factor e^(|x̂|²/2) = e^(|x|²/(2√Hd)) on both sides,
+ *   φ(x) = e^(|x̂|²/2) [cos(ω_i·x̂), sin(ω_i·x̂)]_{i<m} / √m
+ * gives E[φ(q)·φ(k)] = e^(q̂·k̂) = e^(q·k/√Hd): the softmax kernel, unbiased,
+ * for any ω_i that are each marginally N(0, I) — the block-orthogonal draws
+ * ε of Performer are. This is Performer's trigonometric estimator; the
+ * stationary kind (-s) keeps its form and learns the ω_i, so the untrained
+ * kind (ω = ε) *is* that estimator. Each product is bounded,
+ * |φ(q)·φ(k)| ≤ e^(|q̂|²/2 + |k̂|²/2), and signed.
+ *
+ * The non-stationary kind (-n, Yaglom): a kernel k(x, y) = E[e^(i(ω_1·x −
+ * ω_2·y))] over a joint law of frequency pairs need not depend on x − y
+ * only. Symmetrizing the pair law (each draw (ω_1, ω_2) also as (ω_2, ω_1),
+ * (ω_1, ω_1), (ω_2, ω_2)) makes the kernel real, symmetric and positive
+ * definite, and its Monte-Carlo estimate factorizes:
+ *   φ(x) = e^(ν|x̂|²) [cos(ω_1i·x̂) + cos(ω_2i·x̂), sin(ω_1i·x̂) + sin(ω_2i·x̂)]_i / (2√m)
+ *   φ(q)·φ(k) = e^(ν(|q̂|²+|k̂|²)) / (4m) Σ_i Σ_{a,b∈{1,2}} cos(ω_ai·q̂ − ω_bi·k̂),
+ * the cross terms a ≠ b being what no stationary kernel has. The norm factor
+ * e^(|x|²/τ) = e^(ν|x̂|²), ν = √Hd/τ, has a learned τ in place of 2√Hd
+ * (a positive function of x times its value at y keeps the kernel positive
+ * definite). At ω_2 = ω_1 and τ = 2√Hd every term is cos(ω_i·(q̂ − k̂)) and
+ * -n equals -s, hence Performer's estimator at the draws.
+ *
+ * Computation: the cosine half occupies rows [0, m) and the sine half rows
+ * [m, 2m) of the M = 2m state rows, so one GEMM per frequency set writes
+ * u_i = ω_i·ŷ in place and the transform reads u_i before it writes rows i
+ * and m + i. */
+int core_features_init_trig(core_features_t *f, core_attn_kind_t kind, int hd, int m,
+                            uint64_t stream_seed, const float *omega, const float *omega2,
+                            double tau, core_error_t *err)
+{
+    memset(f, 0, sizeof *f);
+    int rc = check_dims(hd, m, err);
+    if (rc)
+        return rc;
+    if (!core_attn_kind_is_trig(kind))
+        return core_error_set(err, CORE_EINVAL, "attention kind '%s' has no trigonometric "
+                              "feature map", core_attn_kind_name(kind));
+    if (m % 2)
+        return core_error_set(err, CORE_EINVAL, "%s needs an even feature count (cosine and sine "
+                              "rows), got %d", core_attn_kind_name(kind), m);
+    int nst = kind == CORE_ATTN_FLEXFORMER_N;
+    double t2 = 2.0 * sqrt((double)hd);
+    if (!nst || tau <= 0.0)
+        tau = t2;
+    if (!(tau >= CORE_FEATURES_TAU_MIN && tau <= CORE_FEATURES_TAU_MAX))
+        return core_error_set(err, CORE_EINVAL, "tau %g not in [%g, %g]", tau,
+                              CORE_FEATURES_TAU_MIN, CORE_FEATURES_TAU_MAX);
+    size_t n = (size_t)hd, mf = (size_t)m / 2;
+    double *eps = omega ? NULL : calloc(mf * n, sizeof *eps); /* [M/2][Hd] */
+    f->omega = malloc(mf * n * sizeof *f->omega);
+    f->bias = calloc((size_t)m, sizeof *f->bias);
+    if (nst)
+        f->omega2 = malloc(mf * n * sizeof *f->omega2);
+    if ((!omega && !eps) || !f->omega || !f->bias || (nst && !f->omega2)) {
+        rc = core_error_set(err, CORE_ENOMEM, "out of memory for a feature map");
+        goto fail;
+    }
+    if (omega) {
+        for (size_t i = 0; i < mf * n; i++) {
+            if (!isfinite(omega[i])) {
+                rc = core_error_set(err, CORE_EINVAL, "omega[%zu][%zu] is not finite", i / n,
+                                    i % n);
+                goto fail;
+            }
+            f->omega[i] = omega[i];
+        }
+    } else {
+        rc = core_features_draw(stream_seed, hd, (int)mf, eps, err);
+        if (rc)
+            goto fail;
+        for (size_t i = 0; i < mf * n; i++)
+            f->omega[i] = (float)eps[i];
+    }
+    for (size_t i = 0; nst && i < mf * n; i++) {
+        if (omega2 && !isfinite(omega2[i])) {
+            rc = core_error_set(err, CORE_EINVAL, "omega2[%zu][%zu] is not finite", i / n, i % n);
+            goto fail;
+        }
+        f->omega2[i] = omega2 ? omega2[i] : f->omega[i];
+    }
+    free(eps);
+    f->kind = kind;
+    f->head_dim = hd;
+    f->n_features = m;
+    f->tau = (float)tau;
+    /* ν from the fp32 τ the digest and the adapter see; exactly ½ at 2√Hd
+     * only up to rounding, so -s uses ½ itself */
+    f->norm_coef = nst ? sqrt((double)hd) / (double)f->tau : 0.5;
+    return 0;
+fail:
+    free(eps);
+    core_features_fini(f);
+    return rc;
+}
+
+void core_features_trig(const core_features_t *f, int64_t n, const float *y, float *vals,
+                        double *lognorm)
+{
+    int64_t hd = f->head_dim, m = f->n_features, mf = m / 2;
+    int nst = f->omega2 != NULL;
+    /* u_1 into the cosine half of every row, u_2 (-n) into the sine half */
+    core_gemm_nt(n, mf, hd, 1.0f, y, hd, f->omega, hd, 0.0f, vals, m);
+    if (nst)
+        core_gemm_nt(n, mf, hd, 1.0f, y, hd, f->omega2, hd, 0.0f, vals + mf, m);
+    float sc = (float)(nst ? 0.5 / sqrt((double)mf) : 1.0 / sqrt((double)mf));
+    for (int64_t r = 0; r < n; r++) {
+        float *v = vals + r * m;
+        for (int64_t i = 0; i < mf; i++) {
+            float a = v[i];
+            if (nst) {
+                float b = v[mf + i];
+                v[i] = (cosf(a) + cosf(b)) * sc;
+                v[mf + i] = (sinf(a) + sinf(b)) * sc;
+            } else {
+                v[i] = cosf(a) * sc;
+                v[mf + i] = sinf(a) * sc;
+            }
+        }
+        double ss = 0.0;
+        for (int64_t c = 0; c < hd; c++)
+            ss += (double)y[r * hd + c] * y[r * hd + c];
+        lognorm[r] = f->norm_coef * ss;
+    }
+}
+
 void core_features_prepare(const core_features_t *f, int64_t n, const float *x, int64_t ldx,
                            float *y)
 {
@@ -293,6 +427,24 @@ void core_features_phi(const core_features_t *f, int64_t n, const float *x, int6
                 y[i] = xh[i];
             }
             n2 += y[i] * y[i];
+        }
+        if (core_attn_kind_is_trig(f->kind)) {
+            size_t mf = m / 2;
+            double sc = f->omega2 ? 0.5 / sqrt((double)mf) : 1.0 / sqrt((double)mf);
+            double nf = exp(f->norm_coef * n2);
+            for (size_t i = 0; i < mf; i++) {
+                double a = 0.0, b = 0.0;
+                for (size_t c = 0; c < hd; c++) {
+                    a += (double)f->omega[i * hd + c] * y[c];
+                    if (f->omega2)
+                        b += (double)f->omega2[i * hd + c] * y[c];
+                }
+                double cs = cos(a) + (f->omega2 ? cos(b) : 0.0);
+                double sn = sin(a) + (f->omega2 ? sin(b) : 0.0);
+                phi[(size_t)r * m + i] = nf * sc * cs;
+                phi[(size_t)r * m + mf + i] = nf * sc * sn;
+            }
+            continue;
         }
         for (size_t i = 0; i < m; i++) {
             double acc = 0.0;
@@ -431,7 +583,10 @@ int core_features_adapter_vector(const core_gguf_t *g, const char *what, int lay
     const core_gguf_tensor_t *t = core_gguf_find_tensor(g, name);
     if (!t)
         return 0;
-    int is_decay = strcmp(what, "decay") == 0;
+    int is_decay = strcmp(what, "decay") == 0, is_tau = strcmp(what, "tau") == 0;
+    double lo = is_decay ? CORE_FEATURES_DECAY_MIN
+                : is_tau ? CORE_FEATURES_TAU_MIN : -CORE_FEATURES_MIX_MAX;
+    double hi = is_decay ? 1.0 : is_tau ? CORE_FEATURES_TAU_MAX : CORE_FEATURES_MIX_MAX;
     if (t->type != CORE_TTYPE_F32)
         return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has type %s, expected F32",
                               name, core_ttype_name(t->type));
@@ -439,16 +594,13 @@ int core_features_adapter_vector(const core_gguf_t *g, const char *what, int lay
         return core_error_set(err, CORE_EFORMAT,
                               "adapter tensor '%s' has shape [%" PRId64 ", %" PRId64
                               "], expected [%d] (%s)", name, t->ne[0], t->ne[1], n,
-                              is_decay ? "Hkv" : "H");
+                              is_decay || is_tau ? "Hkv" : "H");
     for (int i = 0; i < n; i++) {
         float x;
         memcpy(&x, (const unsigned char *)t->data + (size_t)i * sizeof x, sizeof x);
-        if (is_decay ? !(x >= CORE_FEATURES_DECAY_MIN && x <= 1.0f)
-                     : !(fabsf(x) <= (float)CORE_FEATURES_MIX_MAX))
+        if (!((double)x >= lo && (double)x <= hi))
             return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s': element %d is %g, "
-                                  "outside [%g, %g]", name, i, (double)x,
-                                  is_decay ? CORE_FEATURES_DECAY_MIN : -CORE_FEATURES_MIX_MAX,
-                                  is_decay ? 1.0 : CORE_FEATURES_MIX_MAX);
+                                  "outside [%g, %g]", name, i, (double)x, lo, hi);
         out[i] = x;
     }
     *found = 1;
@@ -490,6 +642,36 @@ int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int lay
     return 0;
 }
 
+int core_features_adapter_omega(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
+                                int n_freq, int head_dim, float *out, core_error_t *err)
+{
+    char name[96];
+    snprintf(name, sizeof name, "darkformer.blk.%d.%s", layer, what);
+    const core_gguf_tensor_t *t = core_gguf_find_tensor(g, name);
+    if (!t)
+        return core_error_set(err, CORE_ENOTFOUND, "adapter tensor '%s' is missing", name);
+    if (t->type != CORE_TTYPE_F32)
+        return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has type %s, expected F32",
+                              name, core_ttype_name(t->type));
+    if (t->n_dims > 3 || t->ne[0] != head_dim || t->ne[1] != n_freq || t->ne[2] != n_head_kv ||
+        t->ne[3] != 1)
+        return core_error_set(err, CORE_EFORMAT,
+                              "adapter tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64
+                              ", %" PRId64 "], expected [%d, %d, %d] (Hd, M/2, Hkv)",
+                              name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], head_dim, n_freq,
+                              n_head_kv);
+    size_t count = (size_t)n_head_kv * (size_t)n_freq * (size_t)head_dim;
+    if (t->nbytes != count * sizeof(float) || !t->data)
+        return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has %zu bytes, expected %zu",
+                              name, t->nbytes, count * sizeof(float));
+    memcpy(out, t->data, count * sizeof(float));
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(out[i]))
+            return core_error_set(err, CORE_EFORMAT,
+                                  "adapter tensor '%s': element %zu is not finite", name, i);
+    return 0;
+}
+
 int core_features_adapter_write(const core_features_adapter_desc_t *d, const char *path,
                                 core_error_t *err)
 {
@@ -499,7 +681,8 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
         d->head_dim > CORE_FEATURES_MAX_HEAD_DIM || d->n_features < 1 ||
         d->n_features > CORE_FEATURES_MAX_FEATURES || d->window < 0 ||
         d->window > CORE_FEATURES_MAX_WINDOW || d->seed > (uint64_t)INT64_MAX ||
-        d->lora_rank < 0 || (d->lora_rank > 0 && d->n_embd < 1))
+        d->lora_rank < 0 || (d->lora_rank > 0 && d->n_embd < 1) ||
+        ((d->omega || d->omega2) && d->n_features % 2))
         return core_error_set(err, CORE_EINVAL, "adapter description out of range");
     for (int i = 0; i < 8 && d->lora_rank > 0; i++)
         if (!d->lora[i])
@@ -537,7 +720,7 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
         /* per layer: M and Λ [Hkv][Hd][Hd], decay [Hkv], mix [H], the LoRA
          * (those given; ne in GGUF order, the fastest dimension first) */
         const int64_t r = d->lora_rank, D = d->n_embd, qd = (int64_t)d->n_head * d->head_dim,
-                      kvd = (int64_t)d->n_head_kv * d->head_dim;
+                      kvd = (int64_t)d->n_head_kv * d->head_dim, mf = d->n_features / 2;
         const int lr = r > 0;
         const struct {
             const char *what;
@@ -549,6 +732,9 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
             {"lambda", d->lambda, 3, {d->head_dim, d->head_dim, d->n_head_kv}},
             {"decay", d->decay, 1, {d->n_head_kv, 1, 1}},
             {"mix", d->mix, 1, {d->n_head, 1, 1}},
+            {"omega", d->omega, 3, {d->head_dim, mf, d->n_head_kv}},
+            {"omega2", d->omega2, 3, {d->head_dim, mf, d->n_head_kv}},
+            {"tau", d->tau, 1, {d->n_head_kv, 1, 1}},
             {"lora_q_a", lr ? d->lora[0] : NULL, 2, {D, r, 1}},
             {"lora_q_b", lr ? d->lora[1] : NULL, 2, {r, qd, 1}},
             {"lora_k_a", lr ? d->lora[2] : NULL, 2, {D, r, 1}},

@@ -15,6 +15,18 @@
  * In every kind φ_i(x) = exp(ω_i·ŷ − |ŷ|²/2 + b_i) with a per-feature log
  * weight b_i = −½ log M (+ ½ log w_i for IS), which is how they are stored.
  *
+ * Flexformer (signed trigonometric features; M = 2m state rows for m
+ * frequencies, rows [0, m) the cosine half, rows [m, 2m) the sine half):
+ *   -s  φ(x) = e^(|ŷ|²/2) · [cos(ω_i·ŷ), sin(ω_i·ŷ)]_i / √m,  ŷ = x̂
+ *   -n  φ(x) = e^(ν|ŷ|²) · [cos(ω_1i·ŷ) + cos(ω_2i·ŷ), sin(ω_1i·ŷ) + sin(ω_2i·ŷ)]_i / (2√m),
+ *       ν = √Hd/τ (so e^(ν|ŷ|²) = e^(|x|²/τ); τ = 2√Hd gives ν = ½)
+ * The ω are learned (adapter tensors omega, omega2, tau); without an adapter
+ * they are the Performer draws ε (first m rows), ω_2 = ω_1 and τ = 2√Hd, and
+ * both kinds are exactly Performer's trigonometric estimator of exp(q̂·k̂)
+ * (derivation in core/features.c). Here the log-norm ν|ŷ|² is the common
+ * log-magnitude of every feature of a vector and the rest is a signed value in
+ * [−1/√m, 1/√m]: core_features_trig returns the two apart.
+ *
  * ε are block-orthogonal standard draws: per block of Hd rows, an Hd×Hd
  * matrix G of N(0,1) (row-major, drawn in order), its QR with the sign fix
  * Q·sign(diag R) (Haar-distributed Q), then Hd norms s_j = |g_j| of fresh
@@ -62,13 +74,39 @@ int core_features_is_proposal(int hd, const float *lambda, double *a, double *lo
 /* ---- one feature map ---- */
 
 typedef struct core_features {
-    core_attn_kind_t kind; /* PERFORMER, DARKFORMER or DARKFORMER_IS */
+    core_attn_kind_t kind; /* PERFORMER, DARKFORMER, DARKFORMER_IS, FLEXFORMER_S or _N */
     int head_dim;          /* Hd */
-    int n_features;        /* M */
-    float *omega;          /* [M][Hd] ω (for IS already A·ε), owned */
-    float *bias;           /* [M] b_i, owned */
+    int n_features;        /* M (state rows; Flexformer: 2m for m frequencies) */
+    float *omega;          /* [M][Hd] ω (for IS already A·ε); Flexformer [M/2][Hd] ω_1; owned */
+    float *bias;           /* [M] b_i, owned (Flexformer: zeros, unused) */
     float *mat;            /* [Hd][Hd] DARKFormer's Mat (ŷ_r = Σ_c Mat[r][c] x̂_c), owned; NULL otherwise */
+    float *omega2;         /* [M/2][Hd] Flexformer-n's ω_2, owned; NULL otherwise */
+    float tau;             /* Flexformer: τ of the norm factor e^(|x|²/τ) (-s: 2√Hd) */
+    double norm_coef;      /* Flexformer: ν = √Hd/τ, the log-norm is ν|ŷ|² */
 } core_features_t;
+
+/* Flexformer's map of one (layer, KV head) into *f (arrays new; release
+ * with core_features_fini). kind FLEXFORMER_S or _N, m even (M/2
+ * frequencies). omega (borrowed, [M/2][Hd]) NULL: the first M/2 Performer
+ * draws of stream_seed. -n: omega2 (borrowed, [M/2][Hd]) NULL: ω_2 = ω_1;
+ * tau <= 0: 2√Hd. -s ignores omega2 and tau. Values must be finite and τ in
+ * [CORE_FEATURES_TAU_MIN, CORE_FEATURES_TAU_MAX].
+ * Returns 0, CORE_EINVAL, CORE_ENOMEM; *f is zeroed on failure. */
+int core_features_init_trig(core_features_t *f, core_attn_kind_t kind, int hd, int m,
+                            uint64_t stream_seed, const float *omega, const float *omega2,
+                            double tau, core_error_t *err);
+
+/* Flexformer features of prepared rows y [n][Hd] (ŷ = x̂): vals (out,
+ * [n][M]) the signed values (cosine half, then sine half, including the
+ * 1/√m or 1/(2√m)); lognorm (out, [n]) ν|ŷ|², accumulated in double. The
+ * feature is e^lognorm · vals. Only for the Flexformer kinds. */
+void core_features_trig(const core_features_t *f, int64_t n, const float *y, float *vals,
+                        double *lognorm);
+
+/* Bounds on Flexformer-n's τ (in units of the raw |x|²): below, e^(|x|²/τ)
+ * turns every key into its own scale; above, the norm factor is 1. */
+#define CORE_FEATURES_TAU_MIN 0.01
+#define CORE_FEATURES_TAU_MAX 1.0e6
 
 /* Builds the map of one (layer, KV head) into *f (caller-owned struct, its
  * arrays new; release with core_features_fini).
@@ -95,7 +133,8 @@ void core_features_logits(const core_features_t *f, int64_t n, const float *y, f
                           double *half_norm);
 
 /* φ of n raw vectors, computed independently of the fp32 kernels in double
- * (for tools and oracles): phi (out): [n][M] = exp(ω_i·ŷ − |ŷ|²/2 + b_i).
+ * (for tools and oracles): phi (out): [n][M] = exp(ω_i·ŷ − |ŷ|²/2 + b_i)
+ * (Flexformer: its signed trigonometric features, the norm factor included).
  * x (borrowed): n rows, stride ldx. May overflow to inf for absurd inputs. */
 void core_features_phi(const core_features_t *f, int64_t n, const float *x, int64_t ldx,
                        double *phi);
@@ -140,11 +179,19 @@ int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int lay
 
 /* Optional per-layer vector "darkformer.blk.<layer>.<what>" (v2): "decay",
  * F32 [Hkv], each γ in [CORE_FEATURES_DECAY_MIN, 1]; "mix", F32 [H], each
- * log-weight β with |β| <= CORE_FEATURES_MIX_MAX. Copies n values into out
+ * log-weight β with |β| <= CORE_FEATURES_MIX_MAX; "tau" (Flexformer-n), F32
+ * [Hkv], each τ in [CORE_FEATURES_TAU_MIN, CORE_FEATURES_TAU_MAX]. Copies n values into out
  * (caller-owned, [n]); *found = 0 and out untouched when absent. Wrong type,
  * shape or values: CORE_EFORMAT naming the tensor. */
 int core_features_adapter_vector(const core_gguf_t *g, const char *what, int layer, int n,
                                  float *out, int *found, core_error_t *err);
+
+/* Flexformer frequencies "darkformer.blk.<layer>.<what>" (what = "omega" or
+ * "omega2"): F32, shape ne = [Hd, M/2, Hkv], finite. Copied into out
+ * (caller-owned, [Hkv][M/2][Hd]). CORE_ENOTFOUND / CORE_EFORMAT naming the
+ * tensor. */
+int core_features_adapter_omega(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
+                                int n_freq, int head_dim, float *out, core_error_t *err);
 
 /* Defaults of the linear kinds when neither a flag nor an adapter says. */
 #define CORE_FEATURES_DEFAULT_M 128
@@ -181,6 +228,9 @@ typedef struct core_features_adapter_desc {
     const float *lambda;              /* borrowed [L][Hkv][Hd][Hd] or NULL */
     const float *decay;               /* borrowed [L][Hkv] γ or NULL */
     const float *mix;                 /* borrowed [L][H] β or NULL */
+    const float *omega;               /* borrowed [L][Hkv][M/2][Hd] Flexformer ω_1 or NULL */
+    const float *omega2;              /* borrowed [L][Hkv][M/2][Hd] Flexformer-n ω_2 or NULL */
+    const float *tau;                 /* borrowed [L][Hkv] Flexformer-n τ or NULL */
     int lora_rank, n_embd;            /* r (0: no LoRA) and the model width D */
     const float *lora[8];             /* borrowed, core/lora.h: q A [L][r][D], q B [L][H·Hd][r],
                                          k A, k B [L][Hkv·Hd][r], v A, v B, o A [L][r][H·Hd],
@@ -213,5 +263,18 @@ const core_features_t *core_attn_linear_features(const core_attn_t *a, int layer
  * Returns 0 or CORE_EINVAL. */
 int core_attn_linear_params(const core_attn_t *a, int layer, const float **gam, const float **mix);
 int core_attn_linear_state_scale(const core_attn_state_t *s, int layer, int kv_head, double *c);
+
+/* Flexformer's signed denominators, counted over every query row with a
+ * linear part since the last reset (core_attn_linear.c, "Signed
+ * denominators"): with E the row's exact mass (sinks + window) and D its
+ * linear estimate, both before the guard, rows counts the rows, neg those
+ * with D < 0, below_half those with E + D < E/2 (the guard shrank the
+ * linear branch), below_tenth those with E + D < E/10; pure_zero the pure
+ * linear rows (no exact part) whose D <= 0 (output 0). */
+typedef struct core_attn_den_stats {
+    uint64_t rows, neg, below_half, below_tenth, pure_zero;
+} core_attn_den_stats_t;
+/* Reads (and with reset, zeroes) the counters of a. CORE_EINVAL if a is not linear. */
+int core_attn_linear_den_stats(core_attn_t *a, core_attn_den_stats_t *out, int reset);
 
 #endif

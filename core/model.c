@@ -588,7 +588,8 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
     if ((rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0 ||
         (rc = core_pool_new(opts->n_threads, &m->pool, err)) < 0)
         goto fail;
-    if (m->adapter && opts->attn_kind == CORE_ATTN_DARKFORMER) {
+    if (m->adapter &&
+        (opts->attn_kind == CORE_ATTN_DARKFORMER || core_attn_kind_is_trig(opts->attn_kind))) {
         const int64_t qd = (int64_t)m->info.n_head * m->info.head_dim;
         if ((rc = core_lora_load(m->adapter, m->info.n_layer, m->info.n_embd, qd,
                                  (int64_t)m->info.n_head_kv * m->info.head_dim, &m->lora, err)) < 0)

@@ -139,6 +139,7 @@ static uint64_t mix_floats(uint64_t h, const float *x, size_t n)
 
 /* Hash of what an adapter contributes beyond (kind, M, W, seed), which the
  * header names already: DARKFormer's Mat exactly as read from the adapter,
+ * Flexformer's frequencies (and -n's τ),
  * DARKFormer-IS's per-feature weights (they depend on Λ through Σ*), the v2
  * decays and mixing weights, and the salt of parameters kept elsewhere (the
  * model's LoRA). Two adapters with the same settings but other parameters
@@ -156,7 +157,12 @@ uint64_t core_state_params_digest(const core_attn_t *a)
             const core_features_t *f = core_attn_linear_features(a, l, kv);
             if (!f)
                 continue;
-            if (c->kind == CORE_ATTN_DARKFORMER && f->mat)
+            size_t nw = (size_t)f->n_features / 2 * (size_t)f->head_dim;
+            if (core_attn_kind_is_trig(c->kind)) { /* the frequencies and τ as in use */
+                h = mix_floats(h, f->omega, nw);
+                if (f->omega2)
+                    h = mix_floats(mix_floats(h, f->omega2, nw), &f->tau, 1);
+            } else if (c->kind == CORE_ATTN_DARKFORMER && f->mat)
                 h = mix_floats(h, f->mat, (size_t)f->head_dim * (size_t)f->head_dim);
             else if (f->bias)
                 h = mix_floats(h, f->bias, (size_t)f->n_features);
@@ -194,7 +200,8 @@ uint64_t core_state_params_digest(const core_attn_t *a)
 
 static int is_linear(core_attn_kind_t k)
 {
-    return k == CORE_ATTN_PERFORMER || k == CORE_ATTN_DARKFORMER || k == CORE_ATTN_DARKFORMER_IS;
+    return k == CORE_ATTN_PERFORMER || k == CORE_ATTN_DARKFORMER || k == CORE_ATTN_DARKFORMER_IS ||
+           core_attn_kind_is_trig(k);
 }
 
 static void attn_desc(char *out, size_t n, const core_attn_cfg_t *c)
@@ -265,7 +272,7 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
     uint32_t f[7];
     for (int i = 0; i < 7; i++)
         f[i] = get_u32(b + OFF_KIND + 4 * i);
-    if (f[0] > (uint32_t)CORE_ATTN_DARKFORMER_IS)
+    if (f[0] > (uint32_t)CORE_ATTN_FLEXFORMER_N)
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: unknown attention kind %u",
                               f[0]);
     for (int i = 1; i < 7; i++)

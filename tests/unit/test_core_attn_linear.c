@@ -118,12 +118,25 @@ static core_gguf_t *make_adapter(const shape_t *s, double noise, double lam_top,
         dec[i] = (float)(0.6 + 0.38 * core_rng_uniform(&r));
     for (int i = 0; i < s->L * s->H; i++)
         mix[i] = (float)(2.0 * core_rng_uniform(&r) - 1.0);
+    /* Flexformer: frequencies N(0, 1), τ in [1.5, 3]·√Hd */
+    size_t nom = (size_t)s->L * s->Hkv * (s->M / 2) * hd;
+    float *om = malloc(nom * sizeof(float)), *om2 = malloc(nom * sizeof(float));
+    float *tau = malloc((size_t)s->L * s->Hkv * sizeof(float));
+    for (size_t i = 0; i < nom; i++) {
+        om[i] = (float)core_rng_normal(&r);
+        om2[i] = (float)core_rng_normal(&r);
+    }
+    for (int i = 0; i < s->L * s->Hkv; i++)
+        tau[i] = (float)((1.5 + 1.5 * core_rng_uniform(&r)) * sqrt((double)hd));
+    int trig = core_attn_kind_is_trig(s->kind);
     core_features_adapter_desc_t d = {.kind = s->kind, .n_layer = layers_present, .n_head = s->H,
                                       .n_head_kv = s->Hkv, .head_dim = hd, .n_features = s->M,
                                       .window = s->W, .sinks = s->S, .prerope = s->pre,
                                       .seed = s->seed, .base_fingerprint = "test",
                                       .mat = mat, .lambda = lam, .decay = s->v2 ? dec : NULL,
-                                      .mix = s->v2 ? mix : NULL};
+                                      .mix = s->v2 ? mix : NULL, .omega = trig ? om : NULL,
+                                      .omega2 = s->kind == CORE_ATTN_FLEXFORMER_N ? om2 : NULL,
+                                      .tau = s->kind == CORE_ATTN_FLEXFORMER_N ? tau : NULL};
     core_error_t err = {0};
     core_gguf_t *g = NULL;
     int rc = core_features_adapter_write(&d, adapter_path(), &err);
@@ -135,6 +148,9 @@ static core_gguf_t *make_adapter(const shape_t *s, double noise, double lam_top,
     free(lam);
     free(dec);
     free(mix);
+    free(om);
+    free(om2);
+    free(tau);
     return g;
 }
 
@@ -1162,6 +1178,397 @@ TEST(test_v2_adapter_errors)
     unlink(adapter_path());
 }
 
+/* ---- Flexformer: signed trigonometric features ---- */
+
+/* The double-precision oracle for the Flexformer kinds: φ from the map's
+ * parameters in double (core_features_phi), every visible key listed with
+ * its weight — e^β γ^(t−W−j) φ(q)·φ(k) for the keys older than the window
+ * (signed), e^(q·k/√Hd) for sinks and window — and the signed-denominator
+ * rule of core/attn_linear.c applied to the sums: D < −E/2 scales the
+ * linear part by (E/2)/|D|; pure linear rows with D ≤ 0 output 0. */
+static double *reference_trig(const core_attn_t *a, const shape_t *s, const inputs_t *in)
+{
+    int64_t n = in->n, nq = (int64_t)s->H * s->Hd, nk = (int64_t)s->Hkv * s->Hd;
+    int gs = s->H / s->Hkv, m = s->M, hd = s->Hd, w = s->W;
+    float xu[256];
+    double *out = calloc((size_t)s->L * n * nq, sizeof(double));
+    double *pk = malloc((size_t)n * m * sizeof(double)), *pq = malloc((size_t)m * sizeof(double));
+    double *lw = malloc((size_t)n * sizeof(double)), *lin = malloc((size_t)n * sizeof(double));
+    for (int l = 0; l < s->L; l++)
+        for (int h = 0; h < s->Hkv; h++) {
+            const core_features_t *f = core_attn_linear_features(a, l, h);
+            const float *gam, *mixw;
+            CHECK(f != NULL);
+            if (!f || core_attn_linear_params(a, l, &gam, &mixw) != 0)
+                goto done;
+            double lg = log((double)gam[h]);
+            const float *kk = in->k + l * n * nk, *vv = in->v + l * n * nk;
+            for (int64_t j = 0; j < n; j++) {
+                const float *kr = kk + j * nk + h * hd;
+                if (s->pre) {
+                    unrotate(s, kr, j, xu);
+                    kr = xu;
+                }
+                core_features_phi(f, 1, kr, hd, pk + j * m);
+            }
+            for (int g = 0; g < gs; g++)
+                for (int64_t t = 0; t < n; t++) {
+                    const float *qr = in->q + (l * n + t) * nq + (h * gs + g) * hd;
+                    if (s->pre)
+                        unrotate(s, qr, t, xu);
+                    core_features_phi(f, 1, s->pre ? xu : qr, hd, pq);
+                    double top = -INFINITY;
+                    int any_exact = 0;
+                    for (int64_t j = 0; j <= t; j++) {
+                        lw[j] = -INFINITY;
+                        lin[j] = 0.0;
+                        if (j <= t - w && j >= s->S) {
+                            double d = 0;
+                            for (int i = 0; i < m; i++)
+                                d += pq[i] * pk[j * m + i];
+                            lin[j] = s->lin_off ? 0.0
+                                                : d * exp((double)(t - w - j) * lg +
+                                                          (double)mixw[h * gs + g]);
+                            continue;
+                        }
+                        const float *kr = kk + j * nk + h * hd;
+                        float kt[256];
+                        if (j < s->S && t >= w + s->S - 1) {
+                            unrotate(s, kr, w + s->S - 1 - t, kt);
+                            kr = kt;
+                        }
+                        double d = 0;
+                        for (int c = 0; c < hd; c++)
+                            d += (double)qr[c] * kr[c];
+                        lw[j] = d / sqrt((double)hd);
+                        any_exact = 1;
+                        if (lw[j] > top)
+                            top = lw[j];
+                    }
+                    double E = 0, D = 0, *o = out + (l * n + t) * nq + (h * gs + g) * hd;
+                    double ne[256] = {0}, nl[256] = {0};
+                    for (int64_t j = 0; j <= t; j++) {
+                        double e = lw[j] == -INFINITY ? 0.0 : exp(lw[j] - top);
+                        double li = any_exact ? lin[j] * exp(-top) : lin[j];
+                        E += e;
+                        D += li;
+                        for (int c = 0; c < hd; c++) {
+                            ne[c] += e * vv[j * nk + h * hd + c];
+                            nl[c] += li * vv[j * nk + h * hd + c];
+                        }
+                    }
+                    double lam = 1.0;
+                    if (!any_exact && !(D > 0))
+                        continue; /* output 0 */
+                    if (any_exact && D < -0.5 * E)
+                        lam = 0.5 * E / -D;
+                    for (int c = 0; c < hd; c++)
+                        o[c] = (ne[c] + lam * nl[c]) / (E + lam * D);
+                }
+        }
+done:
+    free(pk);
+    free(pq);
+    free(lw);
+    free(lin);
+    return out;
+}
+
+static const shape_t TRIG_CASES[] = {
+    /* kind, L, H, Hkv, Hd, M, W, seed, S, pre, v2 */
+    {CORE_ATTN_FLEXFORMER_S, 1, 6, 2, 16, 32, 5, 21, 3, 1, 1, 0, 0},
+    {CORE_ATTN_FLEXFORMER_N, 1, 6, 2, 16, 32, 5, 21, 3, 1, 1, 0, 0},
+    {CORE_ATTN_FLEXFORMER_N, 2, 6, 2, 16, 32, 8, 21, 2, 0, 1, 0, 0},
+    {CORE_ATTN_FLEXFORMER_S, 1, 6, 2, 16, 32, 0, 21, 0, 1, 1, 0, 0}, /* pure linear */
+    {CORE_ATTN_FLEXFORMER_N, 1, 6, 2, 16, 32, 0, 21, 3, 0, 1, 0, 0}, /* sinks, no window */
+    {CORE_ATTN_FLEXFORMER_N, 1, 6, 2, 16, 32, 5, 21, 3, 1, 1, 1, 0}, /* decay off */
+};
+
+/* Against the float64 oracle, with adapters (learned ω, ω_2, τ, decays,
+ * mixing weights) over sinks, window, pre-RoPE; and chunked prefill in odd
+ * pieces against the token-by-token recurrence. Inputs are small enough
+ * (|x̂|² ≈ 2) that the guard acts on some rows but not most. */
+TEST(test_trig_matches_oracle)
+{
+    for (size_t ci = 0; ci < sizeof TRIG_CASES / sizeof TRIG_CASES[0]; ci++) {
+        shape_t s = TRIG_CASES[ci];
+        char d[128];
+        v2_desc(&s, d, sizeof d);
+        core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+        inputs_t in = make_inputs(&s, 200, 0.7, 0.7, 8);
+        core_attn_t *a = make_attn(&s, ad, 32, 0);
+        if (!a)
+            return;
+        core_attn_den_stats_t ds;
+        float *o = run(a, &s, &in, ALL, 1);
+        CHECK_INT_EQ(core_attn_linear_den_stats(a, &ds, 1), 0);
+        double *ref = reference_trig(a, &s, &in);
+        double e = rel_diff(o, ref, NULL, out_count(&s, in.n));
+        printf("  %s: vs oracle %.3g; rows %llu, D<0 %llu, guarded %llu, pure D<=0 %llu\n", d, e,
+               (unsigned long long)ds.rows, (unsigned long long)ds.neg,
+               (unsigned long long)ds.below_half, (unsigned long long)ds.pure_zero);
+        CHECK_MSG(e < 2e-4, "%s vs oracle %.3g", d, e);
+        CHECK(ds.rows > 0);
+        core_attn_t *a1 = make_attn(&s, ad, 16, 0);
+        float *o1 = run(a1, &s, &in, ONE, 1), *om = run(a1, &s, &in, MIXED, 7);
+        double e1 = rel_diff(om, NULL, o1, out_count(&s, in.n));
+        CHECK_MSG(e1 < 1e-5, "%s chunked vs recurrence %.3g", d, e1);
+        free(o1);
+        free(om);
+        core_attn_free(a1);
+        free(o);
+        free(ref);
+        core_attn_free(a);
+        core_gguf_close(ad);
+        inputs_free(&in);
+    }
+}
+
+/* Without an adapter both kinds are Performer's trigonometric estimator:
+ * ω = the first M/2 Performer draws of the same seed, -n's ω_2 = ω_1 and
+ * τ = 2√Hd, and -n's outputs equal -s's bit for bit; the oracle agrees. */
+TEST(test_trig_untrained_is_performer_trig)
+{
+    shape_t ss = {CORE_ATTN_FLEXFORMER_S, 1, 6, 2, 16, 32, 5, 21, 3, 1, 0, 0, 0};
+    shape_t sn = ss, sp = ss;
+    sn.kind = CORE_ATTN_FLEXFORMER_N;
+    sp.kind = CORE_ATTN_PERFORMER;
+    core_attn_t *as = make_attn(&ss, NULL, 32, 0), *an = make_attn(&sn, NULL, 32, 0);
+    core_attn_t *ap = make_attn(&sp, NULL, 32, 0);
+    if (!as || !an || !ap)
+        return;
+    const core_features_t *fs = core_attn_linear_features(as, 0, 1);
+    const core_features_t *fn = core_attn_linear_features(an, 0, 1);
+    const core_features_t *fp = core_attn_linear_features(ap, 0, 1);
+    CHECK(memcmp(fs->omega, fp->omega, 16 * 16 * sizeof(float)) == 0);
+    CHECK(memcmp(fn->omega, fp->omega, 16 * 16 * sizeof(float)) == 0);
+    CHECK(memcmp(fn->omega2, fp->omega, 16 * 16 * sizeof(float)) == 0);
+    CHECK(fn->norm_coef == 0.5 && fs->norm_coef == 0.5);
+    inputs_t in = make_inputs(&ss, 120, 0.7, 0.7, 12);
+    float *os = run(as, &ss, &in, MIXED, 7), *on = run(an, &sn, &in, MIXED, 7);
+    CHECK(memcmp(os, on, out_count(&ss, in.n) * sizeof(float)) == 0);
+    double *ref = reference_trig(as, &ss, &in);
+    double e = rel_diff(os, ref, NULL, out_count(&ss, in.n));
+    CHECK_MSG(e < 2e-4, "untrained vs oracle %.3g", e);
+    /* the estimator: mean over seeds of φ(q)·φ(k) → e^(q̂·k̂) */
+    enum { SEEDS = 400 };
+    double mean = 0, x[16], y[16];
+    float xf[16], yf[16];
+    core_rng_t r;
+    core_rng_seed(&r, 5);
+    double qk = 0;
+    for (int c = 0; c < 16; c++) {
+        x[c] = 0.5 * core_rng_normal(&r);
+        y[c] = 0.5 * core_rng_normal(&r);
+        xf[c] = (float)x[c];
+        yf[c] = (float)y[c];
+        qk += (double)xf[c] * yf[c] / 4.0; /* q·k/√Hd */
+    }
+    for (int t = 0; t < SEEDS; t++) {
+        core_features_t f;
+        core_error_t err = {0};
+        CHECK_INT_EQ(core_features_init_trig(&f, CORE_ATTN_FLEXFORMER_S, 16, 64, 1000 + t, NULL,
+                                             NULL, 0, &err), 0);
+        double pq[64], pk[64], d = 0;
+        core_features_phi(&f, 1, xf, 16, pq);
+        core_features_phi(&f, 1, yf, 16, pk);
+        for (int i = 0; i < 64; i++)
+            d += pq[i] * pk[i];
+        mean += d / SEEDS;
+        core_features_fini(&f);
+    }
+    printf("  mean over %d seeds of phi(q).phi(k) %.4f, exp(q.k/sqrt(Hd)) %.4f\n", SEEDS, mean,
+           exp(qk));
+    CHECK_MSG(fabs(mean / exp(qk) - 1) < 0.03, "estimator mean %.4f vs %.4f", mean, exp(qk));
+    free(os);
+    free(on);
+    free(ref);
+    inputs_free(&in);
+    core_attn_free(as);
+    core_attn_free(an);
+    core_attn_free(ap);
+}
+
+/* Export after 37 tokens, import, continue: bit-identical; a state made
+ * under one adapter's frequencies is refused under the untrained map. */
+TEST(test_trig_state_roundtrip)
+{
+    for (int kind = CORE_ATTN_FLEXFORMER_S; kind <= CORE_ATTN_FLEXFORMER_N; kind++) {
+        shape_t s = {(core_attn_kind_t)kind, 2, 6, 2, 16, 32, 5, 21, 3, 1, 1, 0, 0};
+        core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+        inputs_t in = make_inputs(&s, 90, 0.7, 0.7, 10);
+        core_attn_t *a = make_attn(&s, ad, 16, 0), *a0 = make_attn(&s, NULL, 16, 0);
+        if (!a || !a0)
+            return;
+        float *ref = calloc(out_count(&s, in.n), sizeof(float));
+        float *out = calloc(out_count(&s, in.n), sizeof(float));
+        core_attn_state_t *st = NULL, *st2 = NULL, *st0 = NULL;
+        core_error_t err = {0};
+        CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
+        CHECK_INT_EQ(core_attn_state_new(a, &st2, &err), 0);
+        CHECK_INT_EQ(core_attn_state_new(a0, &st0, &err), 0);
+        size_t bytes = core_attn_state_bytes(st);
+        feed(a, st, &s, &in, 0, 37, MIXED, 7, out);
+        memcpy(ref, out, out_count(&s, in.n) * sizeof(float));
+        core_state_desc_t d = {.fingerprint = "test", .state = st};
+        size_t cap = core_state_size(st, NULL, 0, 0), len = 0;
+        unsigned char *blob = malloc(cap);
+        CHECK_INT_EQ(core_state_save(&d, blob, cap, &len, &err), 0);
+        CHECK_INT_EQ(core_state_load(blob, len, "test", st2, NULL, NULL, NULL, NULL, NULL, &err),
+                     0);
+        CHECK_INT_EQ(core_attn_state_pos(st2), 37);
+        feed(a, st, &s, &in, 37, in.n, MIXED, 3, ref);
+        feed(a, st2, &s, &in, 37, in.n, MIXED, 3, out);
+        CHECK_MSG(memcmp(out, ref, out_count(&s, in.n) * sizeof(float)) == 0,
+                  "%s: continuation after import differs", core_attn_kind_name(s.kind));
+        CHECK_INT_EQ(core_attn_state_bytes(st), bytes);
+        CHECK_INT_EQ(core_state_load(blob, len, "test", st0, NULL, NULL, NULL, NULL, NULL, &err),
+                     CORE_EMISMATCH);
+        free(blob);
+        free(out);
+        free(ref);
+        core_attn_state_free(st);
+        core_attn_state_free(st2);
+        core_attn_state_free(st0);
+        core_attn_free(a);
+        core_attn_free(a0);
+        core_gguf_close(ad);
+        inputs_free(&in);
+    }
+}
+
+/* Adapters for the Flexformer kinds: wrong shapes, missing parts, τ out of
+ * range and an odd feature count are refused with the tensor's name. */
+TEST(test_trig_adapter_errors)
+{
+    core_error_t err = {0};
+    enum { HD = 16, M = 32, MF = M / 2, HKV = 2 };
+    static float om[HKV * MF * HD], tau[HKV] = {8.0f, 8.0f};
+    core_attn_cfg_t cfg = {.kind = CORE_ATTN_FLEXFORMER_N, .n_layer = 1, .n_head = 6,
+                           .n_head_kv = HKV, .head_dim = HD, .n_features = M, .window = 5,
+                           .seed = 21, .sinks = 3, .n_rot = HD, .rope_base = ROT_BASE,
+                           .rope_scale = 1.0};
+    core_attn_t *a = NULL;
+    struct {
+        const char *what[3];
+        int64_t ne[3][3];
+        int nd[3];
+        const char *msg;
+    } cases[] = {
+        {{"omega", "omega2", "tau"}, {{HD, MF + 1, HKV}, {HD, MF, HKV}, {HKV}}, {3, 3, 1},
+         "'darkformer.blk.0.omega' has shape [16, 17, 2, 1], expected [16, 16, 2] (Hd, M/2, Hkv)"},
+        {{"omega", "tau", NULL}, {{HD, MF, HKV}, {HKV}}, {3, 1}, "'darkformer.blk.0.omega2' is missing"},
+        {{"omega", "omega2", NULL}, {{HD, MF, HKV}, {HD, MF, HKV}}, {3, 3},
+         "'darkformer.blk.0.tau' is missing"},
+        {{"omega", "omega2", "tau"}, {{HD, MF, HKV}, {HD, MF, HKV}, {HKV + 1}}, {3, 3, 1},
+         "'darkformer.blk.0.tau' has shape [3, 1], expected [2] (Hkv)"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        core_gguf_writer_t *w = core_gguf_writer_new(0);
+        for (int i = 0; i < 3 && cases[c].what[i]; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "darkformer.blk.0.%s", cases[c].what[i]);
+            size_t cnt = (size_t)cases[c].ne[i][0] * (cases[c].nd[i] > 1 ? cases[c].ne[i][1] : 1) *
+                         (cases[c].nd[i] > 2 ? cases[c].ne[i][2] : 1);
+            float *buf = calloc(cnt, sizeof(float));
+            for (size_t j = 0; j < cnt; j++)
+                buf[j] = 8.0f;
+            core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, (uint32_t)cases[c].nd[i],
+                                        cases[c].ne[i], buf, cnt * sizeof(float));
+            free(buf);
+        }
+        CHECK_INT_EQ(core_gguf_writer_write(w, adapter_path(), &err), 0);
+        core_gguf_writer_free(w);
+        core_gguf_t *g = NULL;
+        CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
+        int rc = core_attn_new(&cfg, g, &a, &err);
+        CHECK_MSG(rc == CORE_EFORMAT || rc == CORE_ENOTFOUND, "case %zu: rc %d", c, rc);
+        CHECK_MSG(strstr(err.msg, cases[c].msg), "case %zu: %s", c, err.msg);
+        core_gguf_close(g);
+    }
+    /* τ out of range, through the writer */
+    tau[1] = 0.001f;
+    float mix[6] = {0};
+    core_features_adapter_desc_t d = {.kind = CORE_ATTN_FLEXFORMER_N, .n_layer = 1, .n_head = 6,
+                                      .n_head_kv = HKV, .head_dim = HD, .n_features = M,
+                                      .window = 5, .sinks = 3, .seed = 21, .mix = mix,
+                                      .omega = om, .omega2 = om, .tau = tau};
+    CHECK_INT_EQ(core_features_adapter_write(&d, adapter_path(), &err), 0);
+    core_gguf_t *g = NULL;
+    CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
+    CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), CORE_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "darkformer.blk.0.tau") && strstr(err.msg, "element 1"), "%s",
+              err.msg);
+    /* -s reads omega only: the same file loads */
+    cfg.kind = CORE_ATTN_FLEXFORMER_S;
+    CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), 0);
+    core_attn_free(a);
+    core_gguf_close(g);
+    /* an odd feature count */
+    cfg.n_features = 31;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+    CHECK_MSG(strstr(err.msg, "even"), "%s", err.msg);
+    unlink(adapter_path());
+}
+
+/* 10^6 tokens (DARKSERVE_TEN_MILLION=1: 10^7) through sinks + window + the
+ * decayed signed state: outputs finite, fp32 and fp64 states agree at the
+ * end, state bytes constant. */
+TEST(test_trig_long_stream)
+{
+    shape_t s = {CORE_ATTN_FLEXFORMER_N, 1, 2, 1, 16, 16, 4, 1, 2, 1, 1, 0, 0};
+    core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+    core_attn_t *a32 = make_attn(&s, ad, 64, 0), *a64 = make_attn(&s, ad, 64, 1);
+    if (!a32 || !a64)
+        return;
+    enum { POOL = 8192, STEP = 512 };
+    const char *ten = getenv("DARKSERVE_TEN_MILLION");
+    const int64_t total = ten && *ten == '1' ? 10000000 : 1000000;
+    inputs_t pool = make_inputs(&s, POOL, 0.7, 0.7, 2025);
+    core_attn_state_t *st[2] = {NULL, NULL};
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_attn_state_new(a32, &st[0], &err), 0);
+    CHECK_INT_EQ(core_attn_state_new(a64, &st[1], &err), 0);
+    size_t bytes0 = core_attn_state_bytes(st[0]);
+    float *out[2] = {malloc((size_t)STEP * s.H * s.Hd * sizeof(float)),
+                     malloc((size_t)STEP * s.H * s.Hd * sizeof(float))};
+    core_rng_t r;
+    core_rng_seed(&r, 3);
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t t = 0; t < total; t += STEP) {
+        int64_t c = total - t < STEP ? total - t : STEP;
+        int64_t off = (int64_t)(core_rng_uniform(&r) * (POOL - STEP));
+        for (int i = 0; i < 2; i++) {
+            core_attn_t *a = i ? a64 : a32;
+            CHECK_INT_EQ(core_attn_reserve(a, st[i], c, &err), 0);
+            core_attn_forward(a, st[i], 0, c, pool.q + off * s.H * s.Hd, pool.k + off * s.Hd,
+                              pool.v + off * s.Hd, out[i], &err);
+            core_attn_advance(st[i], c);
+        }
+        for (int64_t i = 0; i < c * s.H * s.Hd; i++)
+            bad += !isfinite(out[0][i]);
+        if (t + STEP >= total - 4 * STEP) {
+            double e = rel_diff(out[0], NULL, out[1], (size_t)(c * s.H * s.Hd));
+            if (e > worst)
+                worst = e;
+        }
+    }
+    printf("  %lld tokens (flexformer-n, S=2 W=4 decay, pre-RoPE): non-finite %lld, fp32 vs fp64 "
+           "state %.3g\n", (long long)total, (long long)bad, worst);
+    CHECK_INT_EQ(bad, 0);
+    CHECK_MSG(worst < 1e-4, "fp32 vs fp64 state at the end: %.3g", worst);
+    CHECK_INT_EQ(core_attn_state_bytes(st[0]), bytes0);
+    for (int i = 0; i < 2; i++) {
+        free(out[i]);
+        core_attn_state_free(st[i]);
+    }
+    core_attn_free(a32);
+    core_attn_free(a64);
+    core_gguf_close(ad);
+    inputs_free(&pool);
+}
+
 int main(void)
 {
     core_blas_set_threads(1); /* tiny GEMMs; threads only add contention */
@@ -1181,5 +1588,10 @@ int main(void)
     RUN(test_v2_state_roundtrip);
     RUN(test_v2_long_stream);
     RUN(test_v2_adapter_errors);
+    RUN(test_trig_matches_oracle);
+    RUN(test_trig_untrained_is_performer_trig);
+    RUN(test_trig_state_roundtrip);
+    RUN(test_trig_adapter_errors);
+    RUN(test_trig_long_stream);
     return CHECK_DONE();
 }

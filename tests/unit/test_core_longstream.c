@@ -4,7 +4,8 @@
  * (DARKFormer issue: "no NaN/Inf after 1,000,000 tokens streamed through the
  * tiny model"). Runs on Performer (no adapter needed; DARKFormer and IS share
  * the kernels and their recurrences, tested in test_core_attn_linear.c), pure
- * and hybrid (a fifth of the stream). DARKSERVE_LONGSTREAM_TOKENS overrides
+ * and hybrid (a fifth of the stream), and on Flexformer-n (signed features,
+ * sinks, window, pre-RoPE). DARKSERVE_LONGSTREAM_TOKENS overrides
  * the count (>= 100000; make asan uses 100000); make test uses the million. */
 #include <stdlib.h>
 
@@ -58,12 +59,12 @@ static int64_t stream(core_model_t *m, core_attn_state_t *st, int64_t n, int64_t
     return bad;
 }
 
-static void run_kind(int window, int64_t n)
+static void run_kind(core_attn_kind_t kind, int window, int sinks, int64_t n)
 {
     core_error_t err = {0};
     core_model_t *m = NULL;
-    core_model_opts_t o = {.attn_kind = CORE_ATTN_PERFORMER, .n_features = 32, .window = window,
-                           .seed = 7};
+    core_model_opts_t o = {.attn_kind = kind, .n_features = 32, .window = window,
+                           .seed = 7, .sinks = sinks, .prerope = sinks > 0};
     CHECK_MSG(core_model_load(tiny_path, &o, &m, &err) == 0, "%s", err.msg);
     if (!m)
         return;
@@ -90,14 +91,21 @@ static int64_t n_tokens(void)
 
 TEST(million_tokens_pure_linear)
 {
-    run_kind(0, n_tokens());
+    run_kind(CORE_ATTN_PERFORMER, 0, 0, n_tokens());
 }
 
 /* The window ring is the only extra state of the hybrid; a fifth of the
  * stream exercises it as well and keeps the suite's time down. */
 TEST(long_stream_hybrid_window)
 {
-    run_kind(16, n_tokens() / 5 > 100000 ? n_tokens() / 5 : 100000);
+    run_kind(CORE_ATTN_PERFORMER, 16, 0, n_tokens() / 5 > 100000 ? n_tokens() / 5 : 100000);
+}
+
+/* Flexformer's signed state (untrained: Performer's trigonometric features)
+ * with sinks, window and pre-RoPE features, over the whole stream. */
+TEST(million_tokens_flexformer)
+{
+    run_kind(CORE_ATTN_FLEXFORMER_N, 16, 4, n_tokens());
 }
 
 int main(void)
@@ -109,5 +117,6 @@ int main(void)
     }
     RUN(million_tokens_pure_linear);
     RUN(long_stream_hybrid_window);
+    RUN(million_tokens_flexformer);
     return CHECK_DONE();
 }
