@@ -23,7 +23,7 @@
 #include "core/model.h"
 
 /* Value of srv_attn_request_t.kind for "auto" (== SRV_CFG_ATTN_AUTO). */
-#define SRV_ATTN_AUTO 4
+#define SRV_ATTN_AUTO 6
 /* Window of the training-free fallback when --window is not given: the best
  * measured sinks + window configuration without an adapter (docs/QUALITY.md). */
 #define SRV_ATTN_FALLBACK_WINDOW 256
@@ -50,7 +50,8 @@ typedef struct srv_attn_choice {
     char note[CORE_ERROR_MSG_MAX + 160]; /* fallback: why and what to do, one sentence */
 } srv_attn_choice_t;
 
-/* "exact", "performer", "darkformer", "darkformer-is" or "auto" -> *kind;
+/* "exact", "performer", "darkformer", "darkformer-is", "flexformer-s",
+ * "flexformer-n" or "auto" -> *kind;
  * CORE_EINVAL otherwise. */
 int srv_attn_parse(const char *name, int *kind);
 

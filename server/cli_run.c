@@ -16,6 +16,7 @@
 
 #include "core/blas.h"
 #include "core/chat.h"
+#include "core/features.h"
 #include "core/model.h"
 #include "core/sample.h"
 #include "core/tokenizer.h"
@@ -34,7 +35,8 @@ typedef struct load_args {
 #define LOAD_OPTS(la)                                                                        \
     {"model", SRV_OPT_STR, &(la).model, 0, 0, "GGUF model file (default " DEFAULT_MODEL ")"}, \
     {"attn", SRV_OPT_STR, &(la).attn, 0, 0,                                                  \
-     "attention: auto | exact | performer | darkformer | darkformer-is (default auto: "      \
+     "attention: auto | exact | performer | darkformer | darkformer-is | flexformer-s | "    \
+     "flexformer-n (default auto: "                                                          \
      "darkformer with --adapter or the adapter found beside the model, else performer with " \
      "sinks + window only)"},                                                                \
     {"features", SRV_OPT_INT, &(la).features, 0, 4096,                                       \
@@ -84,8 +86,8 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
                              .linear = -1, .max_ctx = la->ctx};
     if (la->attn && srv_attn_parse(la->attn, &rq.kind) < 0) {
         fprintf(stderr,
-                "darkserve %s: --attn must be auto, exact, performer, darkformer or "
-                "darkformer-is, got '%s'\n",
+                "darkserve %s: --attn must be auto, exact, performer, darkformer, "
+                "darkformer-is, flexformer-s or flexformer-n, got '%s'\n",
                 cmd, la->attn);
         return 2;
     }
@@ -524,6 +526,14 @@ int srv_cli_perplexity(int argc, char **argv)
             goto done;
         }
     }
+    core_attn_den_stats_t ds;
+    if (core_attn_kind_is_trig(core_attn_config(core_model_attn(m))->kind) &&
+        core_attn_linear_den_stats(core_model_attn(m), &ds, 0) == 0 && ds.rows > 0)
+        fprintf(stderr, "signed denominators: %" PRIu64 " rows with a linear part, D < 0: %.4f%%, "
+                "E + D < E/2 (guarded): %.4f%%, E + D < E/10: %.4f%%, pure linear D <= 0: %"
+                PRIu64 "\n", ds.rows, 100.0 * (double)ds.neg / (double)ds.rows,
+                100.0 * (double)ds.below_half / (double)ds.rows,
+                100.0 * (double)ds.below_tenth / (double)ds.rows, ds.pure_zero);
     printf("perplexity: %.4f tokens: %" PRId64 "\n", exp(sum_nll / (double)n_scored), n_scored);
     status = 0;
     goto done;

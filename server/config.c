@@ -11,6 +11,7 @@
 #include "server/engine.h"
 #include "server/log.h"
 #include "server/sessions.h"
+#include "server/store.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -23,6 +24,8 @@ _Static_assert(SRV_CFG_ATTN_EXACT == (int)CORE_ATTN_EXACT, "attn enum drift");
 _Static_assert(SRV_CFG_ATTN_PERFORMER == (int)CORE_ATTN_PERFORMER, "attn enum drift");
 _Static_assert(SRV_CFG_ATTN_DARKFORMER == (int)CORE_ATTN_DARKFORMER, "attn enum drift");
 _Static_assert(SRV_CFG_ATTN_DARKFORMER_IS == (int)CORE_ATTN_DARKFORMER_IS, "attn enum drift");
+_Static_assert(SRV_CFG_ATTN_FLEXFORMER_S == (int)CORE_ATTN_FLEXFORMER_S, "attn enum drift");
+_Static_assert(SRV_CFG_ATTN_FLEXFORMER_N == (int)CORE_ATTN_FLEXFORMER_N, "attn enum drift");
 _Static_assert(SRV_CFG_ATTN_AUTO == SRV_ATTN_AUTO, "attn enum drift");
 _Static_assert(SRV_CFG_LOG_DEBUG == (int)SRV_LOG_DEBUG, "log level enum drift");
 _Static_assert(SRV_CFG_LOG_JSON == (int)SRV_LOG_FORMAT_JSON, "log format enum drift");
@@ -39,7 +42,8 @@ typedef enum opt_type {
 enum {
     OPT_SECRET = 1u,   /* masked by --print-config */
     OPT_NONEMPTY = 2u, /* "" is an error */
-    OPT_ORIGINS = 4u   /* each list item must be a CORS origin */
+    OPT_ORIGINS = 4u,  /* each list item must be a CORS origin */
+    OPT_URL = 8u       /* a URL whose password --print-config masks */
 };
 
 typedef struct opt {
@@ -56,8 +60,9 @@ typedef struct opt {
 } opt_t;
 
 static const char *const onoff_choices[] = {"off", "on", NULL};
-static const char *const attn_choices[] = {"exact", "performer", "darkformer", "darkformer-is",
-                                           "auto", NULL};
+static const char *const attn_choices[] = {"exact",        "performer",    "darkformer",
+                                           "darkformer-is", "flexformer-s", "flexformer-n",
+                                           "auto",         NULL};
 static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
 static const char *const format_choices[] = {"text", "json", NULL};
 
@@ -117,8 +122,8 @@ static const opt_t opts[] = {
     {"adapter", "DARKSERVE_ADAPTER", OPT_STR, 0, O(adapter), "", 0, 0, NULL, "PATH",
      "DARKFormer adapter GGUF (learned covariances, features, window); empty = none"},
     {"attn", "DARKSERVE_ATTN", OPT_ENUM, 0, O(attn), "auto", 0, 0, attn_choices, "KIND",
-     "attention: exact softmax (KV cache, bounded context), performer, darkformer or "
-     "darkformer-is (constant-size state); auto = darkformer with --adapter or the model's "
+     "attention: exact softmax (KV cache, bounded context), performer, darkformer, "
+     "darkformer-is, flexformer-s or flexformer-n (constant-size state); auto = darkformer with --adapter or the model's "
      "adapter found beside it (<model dir>/adapters/<name>.darkformer.gguf, then "
      "<model without .gguf>.darkformer.gguf), else performer with sinks + window only "
      "(training-free, window 256 unless --window), with a warning"},
@@ -175,6 +180,13 @@ static const opt_t opts[] = {
     {"session-dir", "DARKSERVE_SESSION_DIR", OPT_STR, OPT_NONEMPTY, O(session_dir), "./sessions",
      0, 0, NULL, "PATH",
      "directory where session states are persisted"},
+    {"session-store", "DARKSERVE_SESSION_STORE", OPT_STR, OPT_URL, O(session_store), "",
+     0, 0, NULL, "URL",
+     "where sessions are kept: empty = --session-dir (this process only); "
+     "redis://[[user]:password@]host[:port][/db] = a Redis server shared by replicas, so any "
+     "replica continues any session (--session-dir and --checkpoints are then unused: no "
+     "rollback or regenerate; while Redis cannot be reached, session requests get 503 and "
+     "/health says degraded)"},
     {"session-ttl", "DARKSERVE_SESSION_TTL", OPT_DURATION, 0, O(session_ttl_s), "24h",
      0, 3650 * DAY, NULL, "DURATION",
      "sessions unused for this long are deleted; 0 = never"},
@@ -584,6 +596,12 @@ static int validate(srv_config_t *cfg, char *err, size_t errlen)
     }
     if (*cfg->api_key_file && load_key_file(cfg, err, errlen))
         return -1;
+    if (*cfg->session_store) {
+        srv_store_redis_url_t u;
+        char why[400];
+        if (srv_store_redis_url_parse(cfg->session_store, &u, why, sizeof why) < 0)
+            return fail(err, errlen, "--session-store: %s", why);
+    }
     return 0;
 }
 
@@ -722,6 +740,8 @@ static void value_text(const srv_config_t *cfg, const opt_t *o, char *buf, size_
         const char *s = *(char *const *)p;
         if ((o->flags & OPT_SECRET) && s && *s)
             snprintf(buf, n, "<secret>");
+        else if ((o->flags & OPT_URL) && s && *s)
+            srv_store_redis_url_redact(s, buf, n);
         else
             snprintf(buf, n, "%s", s ? s : "");
         return;

@@ -39,7 +39,9 @@ typedef enum srv_cfg_attn {
     SRV_CFG_ATTN_PERFORMER = 1,
     SRV_CFG_ATTN_DARKFORMER = 2,
     SRV_CFG_ATTN_DARKFORMER_IS = 3,
-    SRV_CFG_ATTN_AUTO = 4
+    SRV_CFG_ATTN_FLEXFORMER_S = 4,
+    SRV_CFG_ATTN_FLEXFORMER_N = 5,
+    SRV_CFG_ATTN_AUTO = 6
 } srv_cfg_attn_t;
 
 /* Values of --log-level; equal to srv_log_level_t (server/log.h). */
@@ -108,6 +110,7 @@ typedef struct srv_config {
     int64_t max_session_disk;  /* bytes of session files in session_dir; 0 = no bound */
     int64_t max_session_files; /* session files in session_dir; 0 = no bound */
     char *session_dir;         /* spill/persist directory */
+    char *session_store;       /* "" = session_dir; redis://... = a shared store (server/store.h) */
     int64_t session_ttl_s;     /* idle sessions expire; 0 = never */
     int64_t checkpoints;       /* turn checkpoints kept per session; 0 = none */
     int64_t prefix_cache_mb;   /* MiB of the prefix-state cache; 0 = off */

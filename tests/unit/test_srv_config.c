@@ -199,7 +199,7 @@ TEST(test_errors_name_the_flag)
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--drain-timeout", "5ms", NULL), -1);
     CHECK(strstr(err, "--drain-timeout") && strstr(err, "duration"));
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--attn", "softmax", NULL), -1);
-    CHECK(strstr(err, "--attn") && strstr(err, "exact|performer|darkformer|darkformer-is|auto") &&
+    CHECK(strstr(err, "--attn") && strstr(err, "exact|performer|darkformer|darkformer-is|flexformer-s|flexformer-n|auto") &&
           strstr(err, "softmax"));
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--attn", "exact", NULL), 0);
     CHECK_INT_EQ(c.attn, SRV_CFG_ATTN_EXACT);
@@ -301,7 +301,7 @@ TEST(test_help_lists_every_option)
         "log-format",    "log-file",       "chat-template",  "max-connections",
         "generation-timeout", "sinks",    "decay",          "max-session-disk",
         "max-session-files", "header-timeout", "max-connections-per-address",
-        "max-state-memory", "checkpoints", "prefix-cache-mb", "ui", NULL};
+        "max-state-memory", "checkpoints", "prefix-cache-mb", "ui", "session-store", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];
@@ -335,6 +335,57 @@ TEST(test_help_lists_every_option)
 /* Values the engine refuses (server/engine.c resolve_opts) are refused here,
  * at startup, with a message that names the flag and the range; the largest
  * accepted values are the engine's own bounds. */
+/* --session-store: a redis:// URL or nothing; a bad one is refused at
+ * startup with what is wrong; --print-config hides its password. */
+TEST(test_session_store)
+{
+    srv_config_t c;
+    char err[512];
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, NULL), 0);
+    CHECK_STR_EQ(c.session_store, "");
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--session-store", "redis://127.0.0.1:6390/2",
+                       NULL), 0);
+    CHECK_STR_EQ(c.session_store, "redis://127.0.0.1:6390/2");
+    srv_config_free(&c);
+    char *env[] = {"DARKSERVE_SESSION_STORE=redis://redis:6379/0", NULL};
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, NULL), 0);
+    CHECK_STR_EQ(c.session_store, "redis://redis:6379/0");
+    srv_config_free(&c);
+    static const struct {
+        const char *url, *says;
+    } bad[] = {
+        {"http://h:1/0", "unknown session store"},
+        {"rediss://h/0", "TLS"},
+        {"redis://", "no host"},
+        {"redis://h:0/0", "port"},
+        {"redis://h:65536", "port"},
+        {"redis://h:x/0", "port"},
+        {"redis://h/abc", "database"},
+        {"redis://h/-1", "database"},
+        {"redis://h/0?x=1", "query"},
+        {"redis://secret@h/0", "credentials"},
+        {"redis://h o/0", "space"},
+        {"redis://[::1/0", "IPv6"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--session-store", bad[i].url, NULL), -1);
+        CHECK_MSG(strstr(err, "--session-store") && strstr(err, bad[i].says) &&
+                      strstr(err, "redis://") && !strstr(err, "secret"),
+                  "%s: %s", bad[i].url, err);
+    }
+    char *bad_env[] = {"DARKSERVE_SESSION_STORE=redis://h:99999", NULL};
+    CHECK_INT_EQ(parse(&c, bad_env, err, sizeof err, NULL), -1);
+    CHECK_MSG(strstr(err, "port"), "%s", err);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--session-store",
+                       "redis://user:s3cret@h:6380/1", NULL), 0);
+    char *dump = capture(srv_config_print, &c, NULL);
+    CHECK_MSG(dump && strstr(dump, "redis://user:***@h:6380/1") && !strstr(dump, "s3cret"), "%s",
+              dump ? dump : "");
+    free(dump);
+    srv_config_free(&c);
+}
+
 TEST(test_engine_bounds)
 {
     static const struct {
@@ -406,6 +457,7 @@ int main(void)
     RUN(test_errors_name_the_flag);
     RUN(test_api_keys);
     RUN(test_engine_bounds);
+    RUN(test_session_store);
     RUN(test_help_lists_every_option);
     RUN(test_no_flags);
     return CHECK_DONE();
