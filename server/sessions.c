@@ -16,6 +16,7 @@
  * import writes; a rollback renames it back over "<id>".
  */
 #include "server/sessions.h"
+#include "server/sessions_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -35,120 +36,9 @@
 #include "core/sample.h"
 #include "core/state.h"
 
-#define ID_LEN SRV_SESSION_ID_LEN
 #define TMP_SUFFIX ".tmp"
 #define LOCK_NAME ".lock"
 #define PROBE_NAME ".write-probe"
-/* Owner section of a session blob: u32 version, u32 flags (bit 0 turn_open,
- * bit 1 has_chat), i64 created, i64 last_used; version 2 adds the owner tag:
- * 32 lowercase hex chars, or 32 zero bytes for none; version 3 adds the
- * turns: u64 turns so far, u32 the last turn's SRV_TURN_* flags (bit 2: its
- * input was kept), u32 n, i32 its input[n] (n <= SRV_TURN_INPUT_MAX);
- * version 4 adds the pending grammar (srv_session_pending_grammar): u32 t,
- * u32 r, then its text[t] and its reply[r] (t = 0: none, and r = 0;
- * t + r <= SRV_PENDING_GRAMMAR_MAX). Versions 1 (24 bytes, no owner), 2
- * (56 bytes, no turns) and 3 (no pending grammar) are still read. */
-#define OWNER_BYTES_V1 24
-#define OWNER_BYTES_V2 56
-#define OWNER_BYTES_V3 72 /* without the input */
-#define OWNER_VERSION 4u
-#define OWNER_LEN SRV_SESSION_OWNER_LEN
-#define TURN_KEPT 4u /* last-turn flag: its input is in the record */
-#define CKPT_NAME_MAX (ID_LEN + 1 + 20 + 1) /* "<id>.<turns>" and its NUL */
-/* Pending tokens of a checkpoint an export carries at most (a state left
- * with more, by a prefill cut short, stays out of exports): so an import
- * body is bounded by about (1 + K) states, not (1 + K) times the 2^24
- * pending tokens a blob may hold. */
-#define CKPT_PENDING_MAX ((size_t)1 << 16)
-
-_Static_assert(OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX <= CORE_STATE_MAX_OWNER,
-               "the last turn's input fits the owner section");
-_Static_assert(OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX + 8 + SRV_PENDING_GRAMMAR_MAX <=
-                   CORE_STATE_MAX_OWNER,
-               "the pending grammar fits the owner section beside the input");
-_Static_assert(SRV_STORE_MAX_CHECKPOINTS <= CORE_STATE_MAX_CHECKPOINTS, "export carries them");
-
-/* A checkpoint file of a session (in the directory). */
-typedef struct ckpt {
-    int64_t turn;   /* the state after this many turns */
-    int64_t tokens; /* its history length */
-    size_t bytes;   /* its file's size, counted in st->disk_bytes */
-} ckpt_t;
-
-struct srv_session {
-    srv_store_t *st;
-    char id[ID_LEN + 1];
-    char owner[OWNER_LEN + 1]; /* "" = none */
-    srv_seq_ctx_t ctx;   /* ctx.state == NULL: not in memory */
-    int64_t created, last_used;
-    uint64_t tick;       /* LRU order: larger = used more recently */
-    int64_t tokens;      /* cached history length */
-    size_t state_bytes;  /* cached blob size */
-    size_t mem_bytes;    /* counted in st->mem_bytes while in memory */
-    size_t disk_bytes;   /* size of its file, counted in st->disk_bytes while on_disk */
-    int busy, io, on_disk, dirty, turn_open, has_chat;
-    int dirty0;          /* dirty before a turn or a redo began (an abort restores it) */
-    int64_t turns;       /* turns so far (in its file) */
-    ckpt_t *ckpt;        /* [n_ckpt] its checkpoint files, oldest first, each turn < turns */
-    size_t n_ckpt, cap_ckpt;
-    /* the last turn (for a redo): in memory with the context, in the file */
-    unsigned last_flags; /* SRV_TURN_* | TURN_KEPT */
-    int32_t *last_in;    /* [n_last_in] when TURN_KEPT */
-    size_t n_last_in;
-    /* the pending grammar: its sizes (kept while evicted, for info), and
-     * text ++ reply in pg (in memory with the context; NULL when none) */
-    size_t pg_text, pg_reply;
-    unsigned char *pg;
-    /* the turn in progress (srv_store_turn_begin .. release) */
-    int in_turn;
-    int turn_link;       /* its release links the file (the state before it) as a checkpoint */
-    int64_t turns0, tokens0; /* at its start: the count, the history length */
-    size_t bytes0;           /* and the blob size (of the file when it is current) */
-    unsigned prev_flags; /* the last turn before it (srv_store_turn_abort) */
-    int32_t *prev_in;
-    size_t n_prev_in;
-    /* a redo: the checkpoint read back (prep, for prep_turns turns), then
-     * the context it replaced until the release (aside) */
-    srv_seq_ctx_t prep, aside;
-    int64_t prep_turns;
-    int prep_turn_open, prep_has_chat, aside_turn_open, aside_has_chat;
-    int redo;
-};
-
-struct srv_store {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    char *dir;  /* NULL: memory only */
-    int dirfd;  /* -1 when memory only */
-    int lockfd;
-    size_t max_sessions, max_bytes;
-    size_t max_disk_files, max_disk_bytes;
-    size_t max_ckpt;     /* checkpoints kept per session (0 without a directory) */
-    size_t n_ckpt_files; /* checkpoint files, counted with max_disk_files */
-    int64_t ttl_s;
-    core_model_t *model;
-    core_attn_t *attn;
-    char fp[CORE_STATE_FINGERPRINT_MAX + 1];
-    int n_vocab;
-    size_t max_blob;      /* any session file */
-    size_t max_ckpt_blob; /* a checkpoint an export carries */
-    size_t max_export;    /* an export: a session and max_ckpt checkpoints */
-    srv_session_t **tab; /* [n] sorted by id */
-    size_t n, cap;
-    size_t n_mem;        /* in memory, plus loads in progress */
-    size_t n_disk;
-    size_t disk_bytes;   /* sum of the files' sizes */
-    uint64_t disk_evicted;
-    size_t mem_bytes;
-    uint64_t tick;
-    srv_store_write_fn write_fn;
-    void *write_ud;
-    srv_store_fault_fn fault_fn;
-    void *fault_ud;
-    pthread_t no_io_thread; /* srv_store_no_io_here */
-    int has_no_io;
-    atomic_int unsettled; /* bounds left exceeded on the no-I/O thread */
-};
 
 /* ---- errors ---- */
 
@@ -170,19 +60,13 @@ const char *srv_store_last_error(void)
     return tl_err;
 }
 
-static void set_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void set_err(const char *fmt, ...)
+void srv_store_set_last_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tl_err, sizeof tl_err, fmt, ap);
     va_end(ap);
 }
-
-/* Records the detail and yields code; spelled as an expression so static
- * analysis sees every failure path return nonzero. code is evaluated after
- * the message (which may clobber errno): pass a value, not errno. */
-#define STORE_FAIL(code, ...) (set_err(__VA_ARGS__), (code))
 
 static const char *errstr(int e, char *buf, size_t n)
 {
@@ -471,17 +355,6 @@ static int64_t get_i64(const unsigned char *p)
     return (int64_t)((uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32);
 }
 
-typedef struct owner {
-    int64_t created, last_used;
-    int turn_open, has_chat;
-    char owner[OWNER_LEN + 1];
-    int64_t turns;
-    unsigned last_flags;      /* SRV_TURN_* | TURN_KEPT */
-    const unsigned char *in;  /* [4 * n_in] the last turn's input (little-endian), borrowed */
-    size_t n_in;
-    const unsigned char *pg; /* [pg_text + pg_reply] the pending grammar, borrowed; NULL: none */
-    size_t pg_text, pg_reply;
-} owner_t;
 
 /* 1 if s is "" or OWNER_LEN lowercase hex chars. */
 static int owner_tag_valid(const char *s)
@@ -708,13 +581,6 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
     return 0;
 }
 
-/* A session file's metadata with a copy of its last turn's input. */
-typedef struct meta {
-    owner_t o;   /* o.in is not valid; o.pg is pg */
-    int have;    /* the file had a readable owner section */
-    int32_t *in; /* malloc'd [o.n_in], NULL if none */
-    unsigned char *pg; /* malloc'd pending grammar, NULL if none */
-} meta_t;
 
 static void meta_free(meta_t *m)
 {
@@ -872,6 +738,40 @@ static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_
     return 0;
 }
 
+/* Loads blob buf[len] into a fresh context *c; its metadata into *m (may
+ * be NULL; free with meta_free). what names the blob in messages ("session
+ * file DIR/NAME"). */
+static int load_blob(srv_store_t *st, const unsigned char *buf, size_t len, const char *what,
+                     srv_seq_ctx_t *c, meta_t *m)
+{
+    if (m)
+        memset(m, 0, sizeof *m);
+    int rc = ctx_new(st, c);
+    if (rc < 0)
+        return rc;
+    owner_t o;
+    int have;
+    rc = restore(st, buf, len, c, &o, &have);
+    if (rc < 0) {
+        ctx_free(c);
+        if (rc != SRV_STORE_ENOMEM) {
+            char msg[sizeof tl_err];
+            snprintf(msg, sizeof msg, "%s", tl_err);
+            rc = STORE_FAIL(SRV_STORE_EIO, "%s: %s", what, msg);
+        }
+    } else if (m && have) {
+        m->have = 1;
+        m->o = o;
+        m->o.in = NULL;
+        if ((rc = owner_input(&o, &m->in)) < 0 || (rc = owner_pg(&o, &m->pg)) < 0) {
+            meta_free(m);
+            ctx_free(c);
+        }
+        m->o.pg = m->pg;
+    }
+    return rc;
+}
+
 /* Loads session file name (a session's, or a checkpoint's) into a fresh
  * context *c; its metadata into *m (may be NULL; free m->in). */
 static int load_file(srv_store_t *st, const char *name, srv_seq_ctx_t *c, meta_t *m)
@@ -883,28 +783,9 @@ static int load_file(srv_store_t *st, const char *name, srv_seq_ctx_t *c, meta_t
     int rc = read_file(st, name, &buf, &len);
     if (rc < 0)
         return rc;
-    if ((rc = ctx_new(st, c)) == 0) {
-        owner_t o;
-        int have;
-        rc = restore(st, buf, len, c, &o, &have);
-        if (rc < 0) {
-            ctx_free(c);
-            if (rc != SRV_STORE_ENOMEM) {
-                char msg[sizeof tl_err];
-                snprintf(msg, sizeof msg, "%s", tl_err);
-                rc = STORE_FAIL(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, name, msg);
-            }
-        } else if (m && have) {
-            m->have = 1;
-            m->o = o;
-            m->o.in = NULL;
-            if ((rc = owner_input(&o, &m->in)) < 0 || (rc = owner_pg(&o, &m->pg)) < 0) {
-                meta_free(m);
-                ctx_free(c);
-            }
-            m->o.pg = m->pg;
-        }
-    }
+    char what[600];
+    snprintf(what, sizeof what, "session file %s/%s", st->dir, name);
+    rc = load_blob(st, buf, len, what, c, m);
     free(buf);
     return rc;
 }
@@ -988,7 +869,9 @@ static ssize_t ckpt_find(const srv_session_t *s, int64_t turn)
 /* "after turns a..b" of s's checkpoints, for messages. */
 static const char *ckpt_range(const srv_session_t *s, char *buf, size_t n)
 {
-    if (s->n_ckpt == 0)
+    if (s->n_ckpt == 0 && s->st->be)
+        snprintf(buf, n, "sessions in a shared store keep none");
+    else if (s->n_ckpt == 0)
         snprintf(buf, n, "it keeps none");
     else if (s->n_ckpt == 1)
         snprintf(buf, n, "it keeps one, after %lld turn%s", (long long)s->ckpt[0].turn,
@@ -1011,7 +894,9 @@ static int no_io_here(const srv_store_t *st)
  * only one whose file is current (dropping it writes nothing). */
 static srv_session_t *lru_victim(const srv_store_t *st)
 {
-    const int clean = no_io_here(st);
+    /* a shared store's copy in memory is dropped, never written: only one
+     * equal to the backend's goes */
+    const int clean = no_io_here(st) || st->be;
     srv_session_t *v = NULL;
     for (size_t i = 0; i < st->n; i++) {
         srv_session_t *s = st->tab[i];
@@ -1068,7 +953,7 @@ static int make_room(srv_store_t *st, size_t need)
         int over_b = st->max_bytes && st->mem_bytes > st->max_bytes;
         if (!over_n && !over_b)
             return 0;
-        srv_session_t *v = st->dirfd >= 0 ? lru_victim(st) : NULL;
+        srv_session_t *v = st->dirfd >= 0 || st->be ? lru_victim(st) : NULL;
         if (!v && no_io_here(st) && st->dirfd >= 0) {
             /* what is left to evict must be written first: on another
              * thread (srv_store_settle); the bounds wait until then */
@@ -1094,7 +979,7 @@ int srv_store_trim(srv_store_t *st, size_t max_bytes)
     pthread_mutex_lock(&st->mu);
     int rc = 0;
     while (rc == 0 && st->mem_bytes > max_bytes) {
-        srv_session_t *v = st->dirfd >= 0 ? lru_victim(st) : NULL;
+        srv_session_t *v = st->dirfd >= 0 || st->be ? lru_victim(st) : NULL;
         if (!v)
             break;
         rc = evict(st, v);
@@ -1109,9 +994,9 @@ void srv_store_mem_stats(srv_store_t *st, size_t *held, size_t *evictable)
 {
     pthread_mutex_lock(&st->mu);
     size_t e = 0;
-    for (size_t i = 0; st->dirfd >= 0 && i < st->n; i++) {
+    for (size_t i = 0; (st->dirfd >= 0 || st->be) && i < st->n; i++) {
         const srv_session_t *s = st->tab[i];
-        if (s->ctx.state && !s->busy && !s->io)
+        if (s->ctx.state && !s->busy && !s->io && (!st->be || (s->on_disk && !s->dirty)))
             e += s->mem_bytes;
     }
     if (e > st->mem_bytes)
@@ -1482,6 +1367,8 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
         *out = NULL;
     if (!o || !o->model || !out) {
         rc = STORE_FAIL(SRV_STORE_EINVAL, "session store: no options, model or output");
+        if (o && o->backend)
+            o->backend->ops->free(o->backend);
         goto fail;
     }
     const char *fp = o->fingerprint ? o->fingerprint : core_model_info(o->model)->fingerprint;
@@ -1490,13 +1377,18 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
         rc = STORE_FAIL(SRV_STORE_EINVAL, "session store: fingerprint over %d chars, negative "
                         "TTL or more than %d checkpoints", CORE_STATE_FINGERPRINT_MAX,
                         SRV_STORE_MAX_CHECKPOINTS);
+        if (o->backend)
+            o->backend->ops->free(o->backend);
         goto fail;
     }
     st = calloc(1, sizeof *st);
     if (!st) {
         rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for the session store");
+        if (o->backend)
+            o->backend->ops->free(o->backend);
         goto fail;
     }
+    st->be = o->backend; /* a shared store: no directory, no checkpoints */
     st->dirfd = st->lockfd = -1;
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->cv, NULL);
@@ -1508,14 +1400,17 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     st->max_bytes = o->max_bytes;
     st->max_disk_files = o->max_disk_files;
     st->max_disk_bytes = o->max_disk_bytes;
+    if (st->be) /* the backend's memory is its own business (and its TTL) */
+        st->max_disk_files = st->max_disk_bytes = 0;
     st->ttl_s = o->ttl_s;
     st->max_blob = max_blob_bytes(core_attn_config(st->attn), CORE_STATE_MAX_PENDING,
                                   CORE_STATE_MAX_OWNER);
-    st->max_ckpt = o->dir && o->dir[0] ? o->max_checkpoints : 0;
+    const int use_dir = o->dir && o->dir[0] && !st->be;
+    st->max_ckpt = use_dir ? o->max_checkpoints : 0;
     st->max_ckpt_blob = max_blob_bytes(core_attn_config(st->attn), CKPT_PENDING_MAX,
                                        OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX);
     st->max_export = sat_add(st->max_blob, sat_mul(st->max_ckpt, sat_add(st->max_ckpt_blob, 8)));
-    if (o->dir && o->dir[0]) {
+    if (use_dir) {
         st->dir = strdup(o->dir);
         if (!st->dir) {
             rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
@@ -1549,6 +1444,8 @@ void srv_store_free(srv_store_t *st)
         free(s);
     }
     free(st->tab);
+    if (st->be)
+        st->be->ops->free(st->be);
     if (st->lockfd >= 0)
         close(st->lockfd);
     if (st->dirfd >= 0)
@@ -1676,6 +1573,8 @@ static int acquire(srv_store_t *st, const char *id, int from_disk, srv_session_t
     *out = NULL;
     if (!srv_session_id_valid(id))
         return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    if (st->be)
+        return srv_sess_remote_acquire(st, id, from_disk, out);
     pthread_mutex_lock(&st->mu);
     /* waiting out a write (find_settled) is waiting for the disk too */
     srv_session_t *s = from_disk ? find_settled(st, id) : tab_find(st, id);
@@ -1766,7 +1665,7 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
     int rc = 0;
     unsigned char *buf = NULL;
     size_t len = 0;
-    int write = persist && st->dirfd >= 0;
+    int write = persist && (st->dirfd >= 0 || st->be);
     if (!persist) { /* nothing of a turn or redo to keep */
         pthread_mutex_lock(&st->mu);
         turn_end(st, s, 1);
@@ -1781,7 +1680,9 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
         ckpt_name(link_as, s->id, s->turns0);
     if (write) {
         rc = serialize(st, s, &buf, &len);
-        if (rc == 0)
+        if (rc == 0 && st->be)
+            rc = srv_sess_remote_save(st, s, buf, len);
+        else if (rc == 0)
             rc = write_file_link(st, s->id, buf, len, want_link ? link_as : NULL, &linked);
         free(buf);
     }
@@ -1809,6 +1710,8 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
     redo_end(st, s, 0);
     if (persist)
         ctx_free(&s->prep); /* the session changed: what was prepared is stale */
+    if (st->be)
+        srv_sess_remote_released(st, s, persist, write && rc == 0);
     refresh(st, s);
     s->busy = 0;
     s->tick = ++st->tick;
@@ -1845,6 +1748,8 @@ int srv_store_delete(srv_store_t *st, const char *id)
 {
     if (!srv_session_id_valid(id))
         return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    if (st->be)
+        return srv_sess_remote_delete(st, id);
     pthread_mutex_lock(&st->mu);
     srv_session_t *s = find_settled(st, id);
     int rc;
@@ -1905,6 +1810,8 @@ int srv_store_list_owned(srv_store_t *st, const char *owner, const char *after, 
     *has_more = 0;
     if (limit && !out)
         return STORE_FAIL(SRV_STORE_EINVAL, "list: no output array");
+    if (st->be)
+        return srv_sess_remote_list(st, owner, after, limit, out, n, has_more);
     pthread_mutex_lock(&st->mu);
     size_t i = after && after[0] ? tab_bound(st, after, 1) : 0;
     for (; i < st->n; i++) {
@@ -1994,6 +1901,8 @@ int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
         return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
     if (owner && !owner_tag_valid(owner))
         return STORE_FAIL(SRV_STORE_EINVAL, "malformed owner tag");
+    if (st->be)
+        return srv_sess_remote_fork(st, id, owner, out_id);
     srv_session_t *ns = calloc(1, sizeof *ns), *src = NULL;
     if (!ns)
         return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
@@ -2121,6 +2030,8 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
     *len = 0;
     if (!srv_session_id_valid(id))
         return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+    if (st->be)
+        return srv_sess_remote_export(st, id, blob, len);
     srv_session_t *s = NULL;
     pthread_mutex_lock(&st->mu);
     int rc = take(st, id, &s);
@@ -2284,6 +2195,10 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
                   "server (%zu)", len, st->max_export);
         goto out;
     }
+    if (st->be) {
+        rc = srv_sess_remote_import(st, id, blob, len);
+        goto out;
+    }
     pthread_mutex_lock(&st->mu);
     rc = take(st, id, &s);
     int64_t tokens0 = rc == 0 ? s->tokens : 0;
@@ -2402,6 +2317,12 @@ int srv_store_sweep(srv_store_t *st, int64_t now)
 {
     int first = 0;
     pthread_mutex_lock(&st->mu);
+    if (st->be) {
+        srv_sess_remote_sweep(st, now);
+        int rc = make_room(st, 0);
+        pthread_mutex_unlock(&st->mu);
+        return rc;
+    }
     if (st->ttl_s > 0) {
         size_t i = 0;
         while (i < st->n) {
@@ -2856,4 +2777,130 @@ void srv_session_touch(srv_session_t *s)
     s->dirty = 1;
     s->tick = ++st->tick;
     pthread_mutex_unlock(&st->mu);
+}
+
+/* ---- for sessions_remote.c (sessions_impl.h) ---- */
+
+int srv_sess_new_id(char id[ID_LEN + 1])
+{
+    return new_id(id);
+}
+
+srv_session_t *srv_sess_tab_find(const srv_store_t *st, const char *id)
+{
+    return tab_find(st, id);
+}
+
+int srv_sess_tab_insert(srv_store_t *st, srv_session_t *s)
+{
+    return tab_insert(st, s);
+}
+
+void srv_sess_tab_remove(srv_store_t *st, const srv_session_t *s)
+{
+    tab_remove(st, s);
+}
+
+srv_session_t *srv_sess_find_settled(srv_store_t *st, const char *id)
+{
+    return find_settled(st, id);
+}
+
+srv_session_t *srv_sess_tab_after(const srv_store_t *st, const char *id)
+{
+    size_t i = id && id[0] ? tab_bound(st, id, 1) : 0;
+    return i < st->n ? st->tab[i] : NULL;
+}
+
+int srv_sess_ctx_new(srv_store_t *st, srv_seq_ctx_t *c)
+{
+    return ctx_new(st, c);
+}
+
+void srv_sess_ctx_free(srv_seq_ctx_t *c)
+{
+    ctx_free(c);
+}
+
+int srv_sess_ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
+{
+    return ctx_copy(st, src, c);
+}
+
+int64_t srv_sess_ctx_tokens(const srv_seq_ctx_t *c)
+{
+    return ctx_tokens(c);
+}
+
+void srv_sess_refresh(srv_store_t *st, srv_session_t *s)
+{
+    refresh(st, s);
+}
+
+void srv_sess_drop_memory(srv_store_t *st, srv_session_t *s)
+{
+    drop_memory(st, s);
+}
+
+void srv_sess_disk_written(srv_store_t *st, srv_session_t *s, size_t len)
+{
+    disk_written(st, s, len);
+}
+
+void srv_sess_disk_gone(srv_store_t *st, srv_session_t *s)
+{
+    disk_gone(st, s);
+}
+
+int srv_sess_make_room(srv_store_t *st, size_t need)
+{
+    return make_room(st, need);
+}
+
+void srv_sess_give_back(srv_store_t *st, srv_session_t *s)
+{
+    give_back(st, s);
+}
+
+void srv_sess_forget(srv_store_t *st, srv_session_t *s)
+{
+    disk_gone(st, s);
+    drop_memory(st, s);
+    tab_remove(st, s);
+    free(s->ckpt);
+    free(s->pg);
+    free(s);
+    pthread_cond_broadcast(&st->cv);
+}
+
+void srv_sess_pg_set(srv_session_t *s, unsigned char *pg, size_t t, size_t r)
+{
+    pg_set(s, pg, t, r);
+}
+
+int srv_sess_serialize_ctx(const srv_store_t *st, const srv_session_t *s, const srv_seq_ctx_t *c,
+                           unsigned char **out, size_t *len)
+{
+    return serialize_ctx(st, s, c, out, len);
+}
+
+int srv_sess_load_blob(srv_store_t *st, const unsigned char *buf, size_t len, const char *what,
+                       srv_seq_ctx_t *c, meta_t *m)
+{
+    return load_blob(st, buf, len, what, c, m);
+}
+
+void srv_sess_meta_free(meta_t *m)
+{
+    meta_free(m);
+}
+
+void srv_sess_fill_info(const srv_session_t *s, srv_session_info_t *o)
+{
+    fill_info(s, o);
+}
+
+int srv_sess_owner_tag_valid(const char *s)
+{
+    return owner_tag_valid(s);
 }

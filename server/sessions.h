@@ -79,6 +79,35 @@
  * caller's business. An import keeps the session's own tag, whatever the
  * blob says.
  *
+ * ## Shared stores
+ * With a backend (srv_store_opts_t.backend, server/store.h: Redis), the
+ * sessions live there, shared by every replica that uses it, and memory is
+ * a cache in front of it: there is no directory, no checkpoint (rollback
+ * and regenerate answer SRV_STORE_ENOCKPT, as for a memory-only store) and
+ * nothing to flush. Then:
+ *  - srv_store_acquire takes the session's lease in the backend (another
+ *    replica holding it: SRV_STORE_EBUSY) and reads the session when the
+ *    backend's version is not the one in memory, so no replica serves a
+ *    state another one has moved on from; srv_store_release with persist
+ *    saves it under the version it read (SRV_STORE_ESTALE when the stored
+ *    one moved meanwhile: the change is dropped) and drops the lease; a
+ *    release without persist drops the lease, and the copy in memory too
+ *    when the caller changed it (it matches nothing saved).
+ *  - srv_store_acquire_in_memory never reaches the backend: it takes a
+ *    session that srv_store_fetch acquired on another thread for it (else
+ *    SRV_STORE_EEVICTED, or EBUSY while it is held here).
+ *  - srv_store_info reads the table: what this process has seen
+ *    (srv_store_refresh brings one session's metadata up to date);
+ *    srv_store_list_owned asks the backend (it blocks).
+ *  - delete, fork, export, import block on the backend (the I/O thread's
+ *    work, like the directory store's).
+ *  - a backend that cannot be reached makes those calls fail with
+ *    SRV_STORE_EUNAVAIL (srv_store_health says so without blocking); a
+ *    full one with SRV_STORE_ENOSPACE.
+ *  - the TTL is the backend's (a session expires ttl_s after its last
+ *    save or acquire); srv_store_sweep only drops idle copies from memory
+ *    and gives back fetched sessions no handler took.
+ *
  * ## Threads
  * Every function is thread-safe (one mutex; disk I/O runs outside it, on a
  * session made busy or marked for I/O) and may block on disk I/O, except
@@ -115,7 +144,9 @@
     X(SRV_STORE_EMISMATCH, -7, "state does not fit this server")                                 \
     X(SRV_STORE_ENOSPACE, -8, "session storage full or read-only")                               \
     X(SRV_STORE_EEVICTED, -9, "session on disk, not in memory")                                  \
-    X(SRV_STORE_ENOCKPT, -10, "no such checkpoint")
+    X(SRV_STORE_ENOCKPT, -10, "no such checkpoint")                                              \
+    X(SRV_STORE_EUNAVAIL, -11, "session store unavailable")                                      \
+    X(SRV_STORE_ESTALE, -12, "session changed elsewhere")
 
 enum srv_store_errno {
 #define SRV_STORE_ERR_ENUM_(name, val, desc) name = val,
@@ -128,6 +159,8 @@ const char *srv_store_strerror(int code);
 /* Detail of the last error a srv_store_* call returned on this thread ("" if
  * none yet). Thread-local, valid until this thread's next srv_store_* call. */
 const char *srv_store_last_error(void);
+/* Sets that detail (printf-style): for the store's backends (server/store.h). */
+void srv_store_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define SRV_SESSION_ID_LEN 32 /* lowercase hex chars of an id (128 random bits) */
 #define SRV_SESSION_OWNER_LEN 32 /* lowercase hex chars of an owner tag */
@@ -139,6 +172,7 @@ const char *srv_store_last_error(void);
 
 typedef struct srv_session srv_session_t; /* opaque */
 typedef struct srv_store srv_store_t;     /* opaque */
+typedef struct srv_store_backend srv_store_backend_t; /* server/store.h */
 
 /* A checkpoint: the session's state after `turn` turns. */
 typedef struct srv_checkpoint {
@@ -176,6 +210,10 @@ typedef struct srv_store_opts {
                                 0 = none (see "Turns and checkpoints") */
     core_model_t *model;     /* borrowed, must outlive the store: states come from its attention */
     const char *fingerprint; /* copied; NULL = core_model_info(model)->fingerprint */
+    srv_store_backend_t *backend; /* NULL: the directory (or memory only); else a shared
+                                     store (see "Shared stores"), owned by the store from
+                                     srv_store_new on (freed by it, also when that fails);
+                                     dir and max_checkpoints are then ignored */
 } srv_store_opts_t;
 
 /* Opens a store. With a directory: creates it if missing, refuses one it
@@ -340,6 +378,29 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
 int srv_store_redo_prepare(srv_store_t *st, const char *id);
 int srv_store_redo_begin(srv_store_t *st, srv_session_t *s);
 void srv_store_redo_abort(srv_store_t *st, srv_session_t *s);
+
+/* ---- shared stores (see "Shared stores") ---- */
+
+/* 1 when the store keeps its sessions in a backend shared with other
+ * processes (any thread). */
+int srv_store_remote(const srv_store_t *st);
+/* Acquires session id (srv_store_acquire: lease, read when stale) and
+ * keeps it held for the next srv_store_acquire_in_memory of id, which
+ * takes it without reaching the backend. Blocks (the I/O thread's).
+ * Remote stores only (else SRV_STORE_EINVAL). */
+int srv_store_fetch(srv_store_t *st, const char *id);
+/* Gives back a session fetched for a caller that never came to take it
+ * (its lease dropped). No-op when id is not waiting to be taken. */
+void srv_store_unfetch(srv_store_t *st, const char *id);
+/* Re-reads session id's metadata from the backend into the table (a copy
+ * in memory of another version is dropped), so that srv_store_info sees it
+ * as it is now. SRV_STORE_ENOTFOUND (and the table forgets it),
+ * EUNAVAIL. Blocks. A store without backend: 0 when the table has id,
+ * else ENOTFOUND. */
+int srv_store_refresh(srv_store_t *st, const char *id);
+/* 0 when the store can reach its sessions (always, without a backend);
+ * else SRV_STORE_EUNAVAIL with the reason in why[n]. Never blocks. */
+int srv_store_health(srv_store_t *st, char *why, size_t n);
 
 /* 1 if id is a well-formed session id (32 lowercase hex chars). */
 int srv_session_id_valid(const char *id);
