@@ -36,6 +36,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       gcc libc6-dev make pkg-config \
       libopenblas-dev libjansson-dev libmicrohttpd-dev libuv1-dev libpcre2-dev \
+      libhiredis-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # The context is a whitelist (.dockerignore): the Makefile, core/ proto/
@@ -96,7 +97,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 # speaks HTTP/1.0 over /dev/tcp.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      libopenblas0-pthread libjansson4 libmicrohttpd12 libuv1 libpcre2-8-0 \
+      libopenblas0-pthread libjansson4 libmicrohttpd12 libuv1 libpcre2-8-0 libhiredis0.14 \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && groupadd --gid 10001 darkserve \
  && useradd --uid 10001 --gid darkserve --no-create-home --home-dir /var/lib/darkserve \

@@ -27,9 +27,12 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -I. $(OPENBLAS_CFLAGS)
            -fno-strict-aliasing
 LDFLAGS ?=
 
+# hiredis: the Redis session store (server/store_redis.c includes <hiredis/hiredis.h>)
+HIREDIS_LIBS := $(shell pkg-config --libs hiredis 2>/dev/null || echo -lhiredis)
+
 CORE_LIBS   := $(OPENBLAS_LIBS) -lpcre2-8 -lm -lpthread
 PROTO_LIBS  := -ljansson
-SERVER_LIBS := -lmicrohttpd -luv $(PROTO_LIBS) $(CORE_LIBS)
+SERVER_LIBS := -lmicrohttpd -luv $(HIREDIS_LIBS) $(PROTO_LIBS) $(CORE_LIBS)
 
 CORE_SRC   := $(wildcard core/*.c)
 PROTO_SRC  := $(wildcard proto/*.c)

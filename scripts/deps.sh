@@ -21,12 +21,14 @@ check 'pkg-config --exists jansson'                libjansson-dev    "jansson he
 check 'pkg-config --exists libmicrohttpd'          libmicrohttpd-dev "libmicrohttpd headers"
 check 'pkg-config --exists libuv'                  libuv1-dev        "libuv headers"
 check 'pkg-config --exists libpcre2-8'             libpcre2-dev      "PCRE2 headers"
+check 'pkg-config --exists hiredis'                libhiredis-dev    "hiredis headers (the Redis session store)"
 check 'command -v python3'                         python3           "python3"
 check 'python3 -c "import ensurepip, venv"'        python3-venv      "python3 venv module"
 check 'command -v curl'                            curl              "curl"
 check 'command -v chromium'                        chromium          "Chromium (browser tests of the web page)"
 check 'command -v chromedriver'                    chromium-driver   "chromedriver (browser tests of the web page)"
-check 'test -x /usr/sbin/nginx'                    nginx             "nginx (nginx -t over deploy/'s configurations)"
+check 'command -v redis-server'                    redis-server      "redis-server (the scale-out test)"
+check 'test -x /usr/sbin/nginx'                    nginx             "nginx (nginx -t over deploy/'s configurations, the scale-out test)"
 
 if [ ${#need_debs[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null; then

@@ -1,0 +1,1182 @@
+/* server/store_redis.c — the Redis backend of a shared session store
+ * (server/store.h): --session-store redis://host:port/db.
+ *
+ * ## Keys (one namespace per model: "darkserve:<16 hex of its fingerprint>:")
+ *   <ns>s:<id>       hash: v (version), w (the id of the save that wrote it),
+ *                    blob (the core/state.h blob, as the directory store's
+ *                    session file), owner, created, last_used, tokens,
+ *                    turns, pg, bytes (srv_store_meta_t, for info and lists
+ *                    without the blob); expires --session-ttl after its last
+ *                    save or acquire
+ *   <ns>l:<id>       string: the lease's token, PX lease time
+ *   <ns>idx          sorted set (all scores 0): every id, for ordered lists
+ *   <ns>idx:<owner>  the same per owner tag ("-" for none)
+ * Expired sessions leave their ids in the indexes; a list drops them when it
+ * meets them. Redis Cluster is not supported (scripts name keys they build).
+ *
+ * ## Scripts
+ * Every change is one Lua script (EVAL), atomic in Redis: acquire takes the
+ * lease (SET PX) unless another token holds it and returns the blob only
+ * when the version differs from the caller's; save compares the version and
+ * the lease, then writes hash, expiry and indexes and drops the lease;
+ * release and renew compare the lease's token before they delete or extend
+ * it. Each is safe to run twice (a retry after a lost answer): acquire
+ * accepts its own token, and save recognises its own write by `w`.
+ *
+ * ## Threads: why blocking hiredis, not its libuv adapter
+ * The session table calls a backend only from threads that may block (the
+ * store's I/O thread, which already runs the directory store's file I/O in
+ * order, off the event loop), and its API is synchronous: a save's result
+ * decides what the client is told. So this backend uses hiredis's blocking
+ * API with connect and command timeouts on that thread, which keeps one
+ * code path and one failure model for both backends. The libuv adapter
+ * would put hiredis's buffering of every 15 MB state (the command built,
+ * the reply parsed) on the event loop, each costing milliseconds of every
+ * other connection's time, and still need the I/O thread to serialize and
+ * restore the state. The loop only reads health(), which never blocks.
+ *
+ * One thread of this file's own (the keeper), with its own connection,
+ * renews the leases held (every third of the lease time), runs the queued
+ * lease releases (release() never blocks: the loop thread calls it) and
+ * checks the server every second; when it cannot reach it, health() says
+ * so and the keeper reconnects after a backoff of 0.1 s doubling to 5 s.
+ * Meanwhile calls fail at once with SRV_STORE_EUNAVAIL instead of each
+ * waiting for a timeout. The I/O thread's connection is replaced after the
+ * keeper saw the server go away, and a command whose connection broke is
+ * tried once more on a new one (which the scripts make safe).
+ */
+#include "server/store.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "server/log.h"
+#include "server/sha256.h"
+
+#define DEFAULT_LEASE_MS 15000
+#define DEFAULT_TIMEOUT_MS 5000
+#define CONNECT_TIMEOUT_MS 1000
+#define PING_MS 1000
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 5000
+#define MAX_QUEUED 4096 /* queued releases; past it the oldest are dropped (they expire) */
+#define KEY_MAX 160
+#define OWNER_IDX_NONE "-"
+
+/* Records the detail (srv_store_last_error) and yields code. */
+#define STORE_FAIL(code, ...) (srv_store_set_last_error(__VA_ARGS__), (code))
+
+/* ---- pure parts (unit-tested without a server) ---- */
+
+static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t n, const char *fmt, ...)
+{
+    if (err && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, n, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* Percent-decodes s[0..n) into out[cap]; -1 on a bad escape or no room. */
+static int pct_decode(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        int c = (unsigned char)s[i];
+        if (c == '%') {
+            if (i + 2 >= n)
+                return -1;
+            int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
+            if (h < 0 || l < 0)
+                return -1;
+            c = h * 16 + l;
+            i += 2;
+        }
+        if (c == 0 || k + 1 >= cap)
+            return -1;
+        out[k++] = (char)c;
+    }
+    out[k] = '\0';
+    return 0;
+}
+
+static int all_digits(const char *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+    return 1;
+}
+
+int srv_store_redis_url_parse(const char *url, srv_store_redis_url_t *out, char *err,
+                              size_t errlen)
+{
+    static const char want[] = "expected redis://[[user]:password@]host[:port][/db]";
+    memset(out, 0, sizeof *out);
+    out->port = SRV_STORE_REDIS_PORT;
+    char shown[160]; /* the URL in messages, without its password */
+    srv_store_redis_url_redact(url ? url : "", shown, sizeof shown);
+    if (!url || !*url)
+        return fail(err, errlen, "empty session store URL (%s)", want);
+    if (strncmp(url, "rediss://", 9) == 0)
+        return fail(err, errlen, "'%s': TLS (rediss://) is not supported (%s)", shown, want);
+    if (strncmp(url, "redis://", 8) != 0)
+        return fail(err, errlen, "'%s': unknown session store (%s)", shown, want);
+    const char *p = url + 8;
+    if (strpbrk(p, "?#"))
+        return fail(err, errlen, "'%s': query parameters and fragments are not supported (%s)", shown, want);
+    for (const char *c = p; *c; c++)
+        if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
+            return fail(err, errlen, "'%s': a space or a non-ASCII character (%s)", shown, want);
+    const char *slash = strchr(p, '/');
+    const char *end = slash ? slash : p + strlen(p);
+    /* userinfo: up to the last '@' before the path */
+    const char *at = NULL;
+    for (const char *c = p; c < end; c++)
+        if (*c == '@')
+            at = c;
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (!colon)
+            return fail(err, errlen, "'%s': credentials must be user:password@ or :password@ "
+                        "(%s)", shown, want);
+        if (pct_decode(p, (size_t)(colon - p), out->user, sizeof out->user) < 0 ||
+            pct_decode(colon + 1, (size_t)(at - colon - 1), out->password,
+                       sizeof out->password) < 0)
+            return fail(err, errlen, "'%s': malformed or too long user or password (%s)", shown,
+                        want);
+        if (!out->password[0])
+            return fail(err, errlen, "'%s': empty password (%s)", shown, want);
+        p = at + 1;
+    }
+    /* host */
+    const char *hend;
+    if (*p == '[') {
+        const char *rb = memchr(p, ']', (size_t)(end - p));
+        if (!rb)
+            return fail(err, errlen, "'%s': unclosed '[' of an IPv6 address (%s)", shown, want);
+        for (const char *c = p + 1; c < rb; c++)
+            if (hexval(*c) < 0 && *c != ':' && *c != '.')
+                return fail(err, errlen, "'%s': malformed IPv6 address (%s)", shown, want);
+        if (rb == p + 1 || (size_t)(rb - p - 1) > SRV_STORE_REDIS_HOST_MAX)
+            return fail(err, errlen, "'%s': malformed IPv6 address (%s)", shown, want);
+        memcpy(out->host, p + 1, (size_t)(rb - p - 1));
+        hend = rb + 1;
+        if (hend < end && *hend != ':')
+            return fail(err, errlen, "'%s': unexpected text after the IPv6 address (%s)", shown,
+                        want);
+    } else {
+        hend = p;
+        while (hend < end && *hend != ':')
+            hend++;
+        if (hend == p)
+            return fail(err, errlen, "'%s': no host (%s)", shown, want);
+        if ((size_t)(hend - p) > SRV_STORE_REDIS_HOST_MAX)
+            return fail(err, errlen, "'%s': host name longer than %d characters", shown,
+                        SRV_STORE_REDIS_HOST_MAX);
+        for (const char *c = p; c < hend; c++)
+            if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                  *c == '.' || *c == '-' || *c == '_'))
+                return fail(err, errlen, "'%s': malformed host name (%s)", shown, want);
+        memcpy(out->host, p, (size_t)(hend - p));
+    }
+    /* port */
+    if (hend < end) { /* ':' */
+        const char *ps = hend + 1;
+        size_t pl = (size_t)(end - ps);
+        long v = 0;
+        if (!all_digits(ps, pl) || pl > 5 || (v = strtol(ps, NULL, 10)) < 1 || v > 65535)
+            return fail(err, errlen, "'%s': the port must be a number in [1, 65535] (%s)", shown,
+                        want);
+        out->port = (int)v;
+    }
+    /* db */
+    if (slash && slash[1]) {
+        const char *ds = slash + 1;
+        size_t dl = strlen(ds);
+        long v = -1;
+        if (!all_digits(ds, dl) || dl > 7 || (v = strtol(ds, NULL, 10)) > SRV_STORE_REDIS_DB_MAX)
+            return fail(err, errlen, "'%s': the database must be a number in [0, %d] (%s)", shown, SRV_STORE_REDIS_DB_MAX, want);
+        out->db = (int)v;
+    }
+    return 0;
+}
+
+void srv_store_redis_url_redact(const char *url, char *out, size_t n)
+{
+    if (!n)
+        return;
+    if (!url)
+        url = "";
+    const char *sep = strstr(url, "://");
+    const char *p = sep ? sep + 3 : url;
+    size_t alen = strcspn(p, "/?#");
+    const char *at = NULL;
+    for (const char *c = p; c < p + alen; c++)
+        if (*c == '@')
+            at = c;
+    if (!at) {
+        snprintf(out, n, "%s", url);
+        return;
+    }
+    const char *colon = memchr(p, ':', (size_t)(at - p));
+    if (colon) /* the user stays, the password goes */
+        snprintf(out, n, "%.*s:***%s", (int)(colon - url), url, at);
+    else
+        snprintf(out, n, "%.*s***%s", (int)(p - url), url, at);
+}
+
+int srv_store_redis_key(const char *ns, char kind, const char *id, char *out, size_t n)
+{
+    if (!srv_session_id_valid(id) || (kind != 's' && kind != 'l'))
+        return -1;
+    int w = snprintf(out, n, "%s%c:%s", ns, kind, id);
+    return w < 0 || (size_t)w >= n ? -1 : w;
+}
+
+void srv_store_redis_namespace(const char *fingerprint, char *out, size_t n)
+{
+    uint8_t d[SRV_SHA256_BYTES];
+    srv_sha256(fingerprint, strlen(fingerprint), d);
+    static const char hex[] = "0123456789abcdef";
+    char h[17];
+    for (int i = 0; i < 8; i++) {
+        h[2 * i] = hex[d[i] >> 4];
+        h[2 * i + 1] = hex[d[i] & 15];
+    }
+    h[16] = '\0';
+    snprintf(out, n, "darkserve:%s:", h);
+}
+
+const char *const srv_store_redis_meta_names[SRV_STORE_REDIS_META_FIELDS] = {
+    "owner", "created", "last_used", "tokens", "turns", "pg", "bytes"};
+
+void srv_store_redis_meta_encode(const srv_store_meta_t *m,
+                                 char buf[SRV_STORE_REDIS_META_FIELDS][32 + SRV_SESSION_OWNER_LEN])
+{
+    snprintf(buf[0], sizeof buf[0], "%s", m->owner);
+    snprintf(buf[1], sizeof buf[1], "%" PRId64, m->created);
+    snprintf(buf[2], sizeof buf[2], "%" PRId64, m->last_used);
+    snprintf(buf[3], sizeof buf[3], "%" PRId64, m->tokens);
+    snprintf(buf[4], sizeof buf[4], "%" PRId64, m->turns);
+    snprintf(buf[5], sizeof buf[5], "%" PRId64, m->pending_grammar);
+    snprintf(buf[6], sizeof buf[6], "%" PRIu64, m->state_bytes);
+}
+
+/* Decimal int64 of s[0..n) (an optional '-'), 0 and *out, else -1. */
+static int parse_i64(const char *s, size_t n, int64_t *out)
+{
+    if (!s || n == 0 || n > 20)
+        return -1;
+    char b[24];
+    memcpy(b, s, n);
+    b[n] = '\0';
+    size_t k = b[0] == '-' ? 1 : 0;
+    if (!all_digits(b + k, n - k))
+        return -1;
+    errno = 0;
+    long long v = strtoll(b, NULL, 10);
+    if (errno)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int srv_store_redis_meta_decode(const char *const *v, const size_t *len, srv_store_meta_t *m)
+{
+    memset(m, 0, sizeof *m);
+    if (!v[0] || len[0] > SRV_SESSION_OWNER_LEN)
+        return -1;
+    memcpy(m->owner, v[0], len[0]);
+    m->owner[len[0]] = '\0';
+    if (m->owner[0] && !srv_session_id_valid(m->owner)) /* an owner tag is shaped like an id */
+        return -1;
+    int64_t bytes = 0;
+    if (parse_i64(v[1], len[1], &m->created) < 0 || parse_i64(v[2], len[2], &m->last_used) < 0 ||
+        parse_i64(v[3], len[3], &m->tokens) < 0 || parse_i64(v[4], len[4], &m->turns) < 0 ||
+        parse_i64(v[5], len[5], &m->pending_grammar) < 0 || parse_i64(v[6], len[6], &bytes) < 0)
+        return -1;
+    if (m->tokens < 0 || m->turns < 0 || m->pending_grammar < -1 || bytes < 0)
+        return -1;
+    m->state_bytes = (uint64_t)bytes;
+    return 0;
+}
+
+int srv_store_redis_version_parse(const char *s, size_t len, uint64_t *out)
+{
+    int64_t v = 0;
+    if (parse_i64(s, len, &v) < 0 || v < 1)
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* ---- scripts ---- */
+
+/* KEYS: session, lease. ARGV: token, lease ms, version held, a token of
+ * ours whose release is queued ("" = none), ttl ms. -> {-1} busy, {0} not
+ * found, {1, v} current, {1, v, blob}. */
+static const char ACQUIRE_LUA[] =
+    "local cur = redis.call('GET', KEYS[2])\n"
+    "if cur and cur ~= ARGV[1] and cur ~= ARGV[4] then return {-1} end\n"
+    "local v = redis.call('HGET', KEYS[1], 'v')\n"
+    "if not v then\n"
+    "  if cur then redis.call('DEL', KEYS[2]) end\n"
+    "  return {0}\n"
+    "end\n"
+    "redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])\n"
+    "if tonumber(ARGV[5]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[5]) end\n"
+    "if v == ARGV[3] then return {1, v} end\n"
+    "return {1, v, redis.call('HGET', KEYS[1], 'blob')}\n";
+
+/* KEYS: session, lease, index, owner index. ARGV: token ("" = a new
+ * session), version expected, blob, ttl ms, write id, session id, then the
+ * metadata fields (srv_store_redis_meta_names order). -> {1, v} saved,
+ * {-1} another holder's lease, {-2, v} another version. */
+static const char SAVE_LUA[] =
+    "local cur = redis.call('GET', KEYS[2])\n"
+    "local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')\n"
+    "local want = tonumber(ARGV[2])\n"
+    "if v == want + 1 and redis.call('HGET', KEYS[1], 'w') == ARGV[5] then\n"
+    "  if cur and cur == ARGV[1] then redis.call('DEL', KEYS[2]) end\n"
+    "  return {1, v}\n"
+    "end\n"
+    "if cur and cur ~= ARGV[1] then return {-1} end\n"
+    "if v ~= want then return {-2, v} end\n"
+    "redis.call('HSET', KEYS[1], 'v', want + 1, 'w', ARGV[5], 'blob', ARGV[3],\n"
+    "  'owner', ARGV[7], 'created', ARGV[8], 'last_used', ARGV[9], 'tokens', ARGV[10],\n"
+    "  'turns', ARGV[11], 'pg', ARGV[12], 'bytes', ARGV[13])\n"
+    "if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[4])\n"
+    "else redis.call('PERSIST', KEYS[1]) end\n"
+    "redis.call('ZADD', KEYS[3], 0, ARGV[6])\n"
+    "redis.call('ZADD', KEYS[4], 0, ARGV[6])\n"
+    "if cur then redis.call('DEL', KEYS[2]) end\n"
+    "return {1, want + 1}\n";
+
+/* KEYS: lease. ARGV: token. */
+static const char RELEASE_LUA[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end\n"
+    "return 0\n";
+
+/* KEYS: lease. ARGV: token, lease ms. -> 1 renewed, 0 lost. */
+static const char RENEW_LUA[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
+    "  return redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
+    "end\n"
+    "return 0\n";
+
+/* KEYS: session, lease, index. ARGV: id, a token of ours whose release is
+ * queued, the owner indexes' prefix. -> -1 busy, 0 not found, 1 deleted. */
+static const char REMOVE_LUA[] =
+    "local cur = redis.call('GET', KEYS[2])\n"
+    "if cur and cur ~= ARGV[2] then return -1 end\n"
+    "local owner = redis.call('HGET', KEYS[1], 'owner')\n"
+    "local n = redis.call('DEL', KEYS[1])\n"
+    "if cur then redis.call('DEL', KEYS[2]) end\n"
+    "redis.call('ZREM', KEYS[3], ARGV[1])\n"
+    "if owner then\n"
+    "  if owner == '' then owner = '" OWNER_IDX_NONE "' end\n"
+    "  redis.call('ZREM', ARGV[3] .. owner, ARGV[1])\n"
+    "end\n"
+    "return n\n";
+
+/* KEYS: an index. ARGV: the session keys' prefix, after ("" = from the
+ * start), limit. -> flat {id, v, metadata fields...} for up to limit + 1
+ * sessions in id order; ids whose session expired leave the index. */
+static const char LIST_LUA[] =
+    "local out = {}\n"
+    "local want = (tonumber(ARGV[3]) + 1) * 9\n"
+    "local start = ARGV[2] == '' and '-' or ('(' .. ARGV[2])\n"
+    "while #out < want do\n"
+    "  local ids = redis.call('ZRANGEBYLEX', KEYS[1], start, '+', 'LIMIT', 0, tonumber(ARGV[3]) + 1)\n"
+    "  if #ids == 0 then break end\n"
+    "  for _, id in ipairs(ids) do\n"
+    "    local f = redis.call('HMGET', ARGV[1] .. id, 'v', 'owner', 'created', 'last_used',\n"
+    "                         'tokens', 'turns', 'pg', 'bytes')\n"
+    "    if f[1] then\n"
+    "      out[#out + 1] = id\n"
+    "      for i = 1, 8 do out[#out + 1] = f[i] or '' end\n"
+    "      if #out >= want then break end\n"
+    "    else\n"
+    "      redis.call('ZREM', KEYS[1], id)\n"
+    "    end\n"
+    "  end\n"
+    "  start = '(' .. ids[#ids]\n"
+    "end\n"
+    "return out\n";
+
+/* ---- the backend ---- */
+
+typedef struct lease {
+    char id[SRV_SESSION_ID_LEN + 1];
+    char token[SRV_STORE_TOKEN_MAX];
+} lease_t;
+
+typedef struct lease_list {
+    lease_t *v;
+    size_t n, cap;
+} lease_list_t;
+
+typedef struct redis_be {
+    srv_store_backend_t base;
+    srv_store_redis_url_t url;
+    char shown[600];    /* the URL without its password, for messages */
+    char ns[64];
+    int64_t ttl_ms, lease_ms, timeout_ms;
+    char replica[17];   /* random: this process's part of every token */
+    uint64_t counter;   /* under mu */
+
+    pthread_mutex_t cmd_mu; /* the command connection (the I/O thread's) */
+    redisContext *cmd;
+    uint64_t cmd_gen;       /* gen when it was made */
+
+    pthread_mutex_t mu;     /* everything below */
+    pthread_cond_t cv;
+    int state;              /* STATE_* */
+    char why[256];          /* the last failure */
+    int64_t down_since_ms;
+    int64_t backoff_ms;
+    uint64_t gen;           /* one more each time the server went away */
+    lease_list_t held;      /* leases to renew */
+    lease_list_t queued;    /* leases to release */
+    int quit;
+    pthread_t thread;
+    int thread_started;
+    redisContext *keep;     /* the keeper's connection (its thread only) */
+} redis_be_t;
+
+enum { STATE_UNKNOWN = 0, STATE_UP = 1, STATE_DOWN = 2 };
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct timeval tv_ms(int64_t ms)
+{
+    struct timeval tv = {.tv_sec = (time_t)(ms / 1000), .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+    return tv;
+}
+
+static int list_add(lease_list_t *l, const char *id, const char *token)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        lease_t *v = realloc(l->v, cap * sizeof *v);
+        if (!v)
+            return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    snprintf(l->v[l->n].id, sizeof l->v[l->n].id, "%s", id);
+    snprintf(l->v[l->n].token, sizeof l->v[l->n].token, "%s", token);
+    l->n++;
+    return 0;
+}
+
+static void list_del(lease_list_t *l, size_t i)
+{
+    l->v[i] = l->v[--l->n];
+}
+
+/* Index of id (and token when not NULL) in l, or -1. */
+static ssize_t list_find(const lease_list_t *l, const char *id, const char *token)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (strcmp(l->v[i].id, id) == 0 && (!token || strcmp(l->v[i].token, token) == 0))
+            return (ssize_t)i;
+    return -1;
+}
+
+/* Caller holds mu: the server cannot be reached (reason why). */
+static void mark_down(redis_be_t *r, const char *why)
+{
+    if (r->state != STATE_DOWN) {
+        SRV_LOG(SRV_LOG_WARN, NULL, "session store %s unreachable: %s; requests that need a "
+                "session get 503 until it is back", r->shown, why);
+        r->state = STATE_DOWN;
+        r->down_since_ms = now_ms();
+        r->backoff_ms = BACKOFF_MIN_MS;
+        r->gen++;
+    }
+    snprintf(r->why, sizeof r->why, "%s", why);
+    pthread_cond_broadcast(&r->cv);
+}
+
+/* A new connection (AUTH, SELECT done), or NULL with the reason in why. */
+static redisContext *connect_to(redis_be_t *r, char *why, size_t n)
+{
+    redisContext *c = redisConnectWithTimeout(r->url.host, r->url.port, tv_ms(CONNECT_TIMEOUT_MS));
+    if (!c || c->err) {
+        snprintf(why, n, "connecting to %.100s:%d: %.100s", r->url.host, r->url.port,
+                 c ? c->errstr : "out of memory");
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv_ms(r->timeout_ms));
+    redisEnableKeepAlive(c);
+    redisReply *rep = NULL;
+    if (r->url.password[0]) {
+        const char *av[3] = {"AUTH", r->url.user, r->url.password};
+        int ac = r->url.user[0] ? 3 : 2;
+        if (!r->url.user[0])
+            av[1] = r->url.password;
+        rep = redisCommandArgv(c, ac, av, NULL);
+        if (!rep || rep->type == REDIS_REPLY_ERROR) {
+            snprintf(why, n, "AUTH: %s", rep ? rep->str : c->errstr);
+            goto fail;
+        }
+        freeReplyObject(rep);
+    }
+    if (r->url.db) {
+        char db[16];
+        snprintf(db, sizeof db, "%d", r->url.db);
+        const char *av[2] = {"SELECT", db};
+        rep = redisCommandArgv(c, 2, av, NULL);
+        if (!rep || rep->type == REDIS_REPLY_ERROR) {
+            snprintf(why, n, "SELECT %s: %s", db, rep ? rep->str : c->errstr);
+            goto fail;
+        }
+        freeReplyObject(rep);
+    }
+    return c;
+fail:
+    if (rep)
+        freeReplyObject(rep);
+    redisFree(c);
+    return NULL;
+}
+
+/* What an error reply means for the caller: EUNAVAIL (the server is
+ * there but refuses for a while), ENOSPACE (out of memory), EIO. */
+static int reply_error(redis_be_t *r, const redisReply *rep, const char *what)
+{
+    const char *s = rep->str ? rep->str : "";
+    if (strncmp(s, "OOM", 3) == 0)
+        return STORE_FAIL(SRV_STORE_ENOSPACE, "session store %s is out of memory (%s): %s",
+                           r->shown, what, s);
+    if (strncmp(s, "LOADING", 7) == 0 || strncmp(s, "BUSY", 4) == 0 ||
+        strncmp(s, "READONLY", 8) == 0 || strncmp(s, "MISCONF", 7) == 0 ||
+        strncmp(s, "NOAUTH", 6) == 0 || strncmp(s, "WRONGPASS", 9) == 0 ||
+        strncmp(s, "MASTERDOWN", 10) == 0)
+        return STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s cannot take requests now (%s): %s",
+                           r->shown, what, s);
+    return STORE_FAIL(SRV_STORE_EIO, "session store %s (%s): %s", r->shown, what, s);
+}
+
+/* The health message while down (caller holds mu). */
+static void down_text(const redis_be_t *r, char *out, size_t n)
+{
+    int64_t s = (now_ms() - r->down_since_ms) / 1000;
+    snprintf(out, n, "session store %.200s unreachable for %" PRId64 " s (%.200s); reconnecting",
+             r->shown, s, r->why);
+}
+
+/* Runs one command on the I/O thread's connection: the reply (caller
+ * frees; may be an error reply), or NULL with *rc (EUNAVAIL, detail set).
+ * A broken connection is replaced and the command tried once more. */
+static redisReply *run(redis_be_t *r, int argc, const char **argv, const size_t *lens, int *rc,
+                       const char *what)
+{
+    redisReply *rep = NULL;
+    char why[256] = "";
+    pthread_mutex_lock(&r->cmd_mu);
+    for (int attempt = 0; attempt < 2 && !rep; attempt++) {
+        pthread_mutex_lock(&r->mu);
+        const int down = r->state == STATE_DOWN;
+        const uint64_t gen = r->gen;
+        char text[600];
+        if (down)
+            down_text(r, text, sizeof text);
+        pthread_mutex_unlock(&r->mu);
+        if (down) { /* the keeper reconnects; fail now rather than wait */
+            *rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "%s", text);
+            break;
+        }
+        if (r->cmd && r->cmd_gen != gen) { /* made before the server went away */
+            redisFree(r->cmd);
+            r->cmd = NULL;
+        }
+        if (!r->cmd) {
+            r->cmd = connect_to(r, why, sizeof why);
+            r->cmd_gen = gen;
+            if (!r->cmd) {
+                pthread_mutex_lock(&r->mu);
+                mark_down(r, why);
+                pthread_mutex_unlock(&r->mu);
+                *rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)",
+                                  r->shown, why);
+                break;
+            }
+        }
+        rep = redisCommandArgv(r->cmd, argc, argv, lens);
+        if (rep)
+            break;
+        const int timed_out = r->cmd->err == REDIS_ERR_IO &&
+                              (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT);
+        snprintf(why, sizeof why, "%s: %s", what, r->cmd->errstr[0] ? r->cmd->errstr : "error");
+        redisFree(r->cmd);
+        r->cmd = NULL;
+        if (timed_out || attempt == 1) {
+            pthread_mutex_lock(&r->mu);
+            mark_down(r, why);
+            pthread_mutex_unlock(&r->mu);
+            *rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)", r->shown,
+                              why);
+        }
+    }
+    pthread_mutex_unlock(&r->cmd_mu);
+    return rep;
+}
+
+static void token_new(redis_be_t *r, char *out, char kind)
+{
+    pthread_mutex_lock(&r->mu);
+    uint64_t c = ++r->counter;
+    pthread_mutex_unlock(&r->mu);
+    snprintf(out, SRV_STORE_TOKEN_MAX, "%s.%c%" PRIu64, r->replica, kind, c);
+}
+
+/* A queued release of id by this process, taken off the queue (so the
+ * keeper does not delete what is about to be taken over): its token in
+ * out, or "". */
+static void take_queued(redis_be_t *r, const char *id, char out[SRV_STORE_TOKEN_MAX])
+{
+    out[0] = '\0';
+    pthread_mutex_lock(&r->mu);
+    ssize_t i = list_find(&r->queued, id, NULL);
+    if (i >= 0) {
+        snprintf(out, SRV_STORE_TOKEN_MAX, "%s", r->queued.v[i].token);
+        list_del(&r->queued, (size_t)i);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int reply_int(const redisReply *e, long long *v)
+{
+    if (e->type == REDIS_REPLY_INTEGER) {
+        *v = e->integer;
+        return 0;
+    }
+    return -1;
+}
+
+static int r_acquire(srv_store_backend_t *be, const char *id, uint64_t have, char *token,
+                     uint64_t *version, unsigned char **blob, size_t *len)
+{
+    redis_be_t *r = (redis_be_t *)be;
+    *blob = NULL;
+    *len = 0;
+    char ks[KEY_MAX], kl[KEY_MAX], old[SRV_STORE_TOKEN_MAX], hv[24], lms[24], ttl[24];
+    if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0 ||
+        srv_store_redis_key(r->ns, 'l', id, kl, sizeof kl) < 0)
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
+    token_new(r, token, 'a');
+    take_queued(r, id, old);
+    snprintf(hv, sizeof hv, "%" PRIu64, have);
+    snprintf(lms, sizeof lms, "%" PRId64, r->lease_ms);
+    snprintf(ttl, sizeof ttl, "%" PRId64, r->ttl_ms);
+    const char *av[] = {"EVAL", ACQUIRE_LUA, "2", ks, kl, token, lms, hv, old, ttl};
+    int rc = 0;
+    redisReply *rep = run(r, 10, av, NULL, &rc, "acquire");
+    if (!rep) {
+        if (old[0]) /* what we took off the queue */
+            r->base.ops->release(be, id, old);
+        return rc;
+    }
+    long long code = 0;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        rc = reply_error(r, rep, "acquire");
+    } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
+               reply_int(rep->element[0], &code) < 0 || code < -1 || code > 1 ||
+               (code == 1 && rep->elements < 2)) {
+        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to acquire", r->shown);
+    } else if (code == -1) {
+        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy on another replica", id);
+    } else if (code == 0) {
+        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+    } else {
+        const redisReply *v = rep->element[1];
+        if (v->type != REDIS_REPLY_STRING ||
+            srv_store_redis_version_parse(v->str, v->len, version) < 0) {
+            rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: malformed version", id, r->shown);
+        } else if (rep->elements >= 3) {
+            const redisReply *b = rep->element[2];
+            if (b->type != REDIS_REPLY_STRING || b->len == 0) {
+                rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s has no state", id, r->shown);
+            } else if (!(*blob = malloc(b->len))) {
+                rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a %zu-byte state", b->len);
+            } else {
+                memcpy(*blob, b->str, b->len);
+                *len = b->len;
+            }
+        }
+        if (rc < 0) { /* the lease was taken: give it back */
+            freeReplyObject(rep);
+            r->base.ops->release(be, id, token);
+            return rc;
+        }
+        pthread_mutex_lock(&r->mu);
+        list_add(&r->held, id, token); /* out of memory: it just is not renewed */
+        pthread_mutex_unlock(&r->mu);
+    }
+    freeReplyObject(rep);
+    if (rc < 0 && old[0] && code != -1)
+        r->base.ops->release(be, id, old);
+    return rc;
+}
+
+static void unhold(redis_be_t *r, const char *id, const char *token)
+{
+    pthread_mutex_lock(&r->mu);
+    ssize_t i = list_find(&r->held, id, token);
+    if (i >= 0)
+        list_del(&r->held, (size_t)i);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int r_save(srv_store_backend_t *be, const char *id, const char *token, uint64_t expect,
+                  const unsigned char *blob, size_t len, const srv_store_meta_t *m,
+                  uint64_t *version)
+{
+    redis_be_t *r = (redis_be_t *)be;
+    char ks[KEY_MAX], kl[KEY_MAX], ki[KEY_MAX], ko[KEY_MAX], ex[24], ttl[24], wid[SRV_STORE_TOKEN_MAX];
+    if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0 ||
+        srv_store_redis_key(r->ns, 'l', id, kl, sizeof kl) < 0)
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
+    snprintf(ki, sizeof ki, "%sidx", r->ns);
+    snprintf(ko, sizeof ko, "%sidx:%s", r->ns, m->owner[0] ? m->owner : OWNER_IDX_NONE);
+    snprintf(ex, sizeof ex, "%" PRIu64, expect);
+    snprintf(ttl, sizeof ttl, "%" PRId64, r->ttl_ms);
+    token_new(r, wid, 'w');
+    char mv[SRV_STORE_REDIS_META_FIELDS][32 + SRV_SESSION_OWNER_LEN];
+    srv_store_redis_meta_encode(m, mv);
+    const char *av[20] = {"EVAL", SAVE_LUA, "4", ks, kl, ki, ko, token ? token : "", ex,
+                          (const char *)blob, ttl, wid, id};
+    size_t lens[20];
+    int ac = 13;
+    for (int i = 0; i < SRV_STORE_REDIS_META_FIELDS; i++)
+        av[ac++] = mv[i];
+    for (int i = 0; i < ac; i++)
+        lens[i] = strlen(av[i]);
+    lens[9] = len; /* the blob is binary */
+    int rc = 0;
+    redisReply *rep = run(r, ac, av, lens, &rc, "save");
+    if (!rep)
+        return rc;
+    long long code = 0, v = 0;
+    if (rep->type == REDIS_REPLY_ERROR)
+        rc = reply_error(r, rep, "save");
+    else if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
+             reply_int(rep->element[0], &code) < 0)
+        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to save", r->shown);
+    else if (code == -1)
+        rc = STORE_FAIL(SRV_STORE_ESTALE, "session %s is held by another replica (this one's "
+                         "lease ran out): this change was not saved", id);
+    else if (code == -2)
+        rc = STORE_FAIL(SRV_STORE_ESTALE, "session %s changed on another replica meanwhile "
+                         "(version %lld there, %" PRIu64 " here): this change was not saved", id,
+                         rep->elements > 1 && reply_int(rep->element[1], &v) == 0 ? v : -1LL,
+                         expect);
+    else if (code != 1 || rep->elements < 2 || reply_int(rep->element[1], &v) < 0 || v < 1)
+        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to save", r->shown);
+    else
+        *version = (uint64_t)v;
+    freeReplyObject(rep);
+    if (rc == 0 && token)
+        unhold(r, id, token);
+    return rc;
+}
+
+static void r_release(srv_store_backend_t *be, const char *id, const char *token)
+{
+    redis_be_t *r = (redis_be_t *)be;
+    pthread_mutex_lock(&r->mu);
+    ssize_t i = list_find(&r->held, id, token);
+    if (i >= 0)
+        list_del(&r->held, (size_t)i);
+    if (r->queued.n >= MAX_QUEUED)
+        list_del(&r->queued, 0); /* it expires by itself */
+    list_add(&r->queued, id, token);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int r_remove(srv_store_backend_t *be, const char *id)
+{
+    redis_be_t *r = (redis_be_t *)be;
+    char ks[KEY_MAX], kl[KEY_MAX], ki[KEY_MAX], ko[KEY_MAX], old[SRV_STORE_TOKEN_MAX];
+    if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0 ||
+        srv_store_redis_key(r->ns, 'l', id, kl, sizeof kl) < 0)
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
+    snprintf(ki, sizeof ki, "%sidx", r->ns);
+    snprintf(ko, sizeof ko, "%sidx:", r->ns);
+    take_queued(r, id, old);
+    const char *av[] = {"EVAL", REMOVE_LUA, "3", ks, kl, ki, id, old, ko};
+    int rc = 0;
+    redisReply *rep = run(r, 9, av, NULL, &rc, "delete");
+    if (!rep) {
+        if (old[0])
+            r_release(be, id, old);
+        return rc;
+    }
+    long long code = 0;
+    if (rep->type == REDIS_REPLY_ERROR)
+        rc = reply_error(r, rep, "delete");
+    else if (reply_int(rep, &code) < 0)
+        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to delete", r->shown);
+    else if (code < 0)
+        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy on another replica", id);
+    else if (code == 0)
+        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+    freeReplyObject(rep);
+    if (rc == SRV_STORE_EBUSY && old[0])
+        r_release(be, id, old);
+    return rc;
+}
+
+/* v[i], len[i] of array elements from first on (NULL for nil). */
+static void fields(const redisReply *rep, size_t first, size_t n, const char **v, size_t *len)
+{
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *e = rep->element[first + i];
+        const int s = e->type == REDIS_REPLY_STRING;
+        v[i] = s ? e->str : NULL;
+        len[i] = s ? e->len : 0;
+    }
+}
+
+static int r_peek(srv_store_backend_t *be, const char *id, uint64_t *version, srv_store_meta_t *m)
+{
+    redis_be_t *r = (redis_be_t *)be;
+    char ks[KEY_MAX];
+    if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0)
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
+    const char *av[3 + SRV_STORE_REDIS_META_FIELDS] = {"HMGET", ks, "v"};
+    for (int i = 0; i < SRV_STORE_REDIS_META_FIELDS; i++)
+        av[3 + i] = srv_store_redis_meta_names[i];
+    int rc = 0;
+    redisReply *rep = run(r, 3 + SRV_STORE_REDIS_META_FIELDS, av, NULL, &rc, "read");
+    if (!rep)
+        return rc;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        rc = reply_error(r, rep, "read");
+    } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 1 + SRV_STORE_REDIS_META_FIELDS) {
+        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to HMGET", r->shown);
+    } else if (rep->element[0]->type != REDIS_REPLY_STRING) {
+        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+    } else {
+        const char *v[SRV_STORE_REDIS_META_FIELDS];
+        size_t l[SRV_STORE_REDIS_META_FIELDS];
+        fields(rep, 1, SRV_STORE_REDIS_META_FIELDS, v, l);
+        if (srv_store_redis_version_parse(rep->element[0]->str, rep->element[0]->len, version) < 0 ||
+            srv_store_redis_meta_decode(v, l, m) < 0)
+            rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: malformed metadata", id, r->shown);
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int r_list(srv_store_backend_t *be, const char *owner, const char *after, size_t limit,
+                  srv_store_entry_t *out, size_t *n, int *has_more)
+{
+    redis_be_t *r = (redis_be_t *)be;
+    *n = 0;
+    *has_more = 0;
+    char ki[KEY_MAX], kp[KEY_MAX], lim[24];
+    if (owner)
+        snprintf(ki, sizeof ki, "%sidx:%s", r->ns, owner[0] ? owner : OWNER_IDX_NONE);
+    else
+        snprintf(ki, sizeof ki, "%sidx", r->ns);
+    snprintf(kp, sizeof kp, "%ss:", r->ns);
+    snprintf(lim, sizeof lim, "%zu", limit);
+    if (after && after[0] && !srv_session_id_valid(after))
+        after = ""; /* not an id: the ids sort after what it is not; start over */
+    const char *av[] = {"EVAL", LIST_LUA, "1", ki, kp, after ? after : "", lim};
+    int rc = 0;
+    redisReply *rep = run(r, 7, av, NULL, &rc, "list");
+    if (!rep)
+        return rc;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        rc = reply_error(r, rep, "list");
+    } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 9) {
+        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to list", r->shown);
+    } else {
+        for (size_t i = 0; i < rep->elements / 9 && rc == 0; i++) {
+            const redisReply *e = rep->element[9 * i];
+            if (*n == limit) {
+                *has_more = 1;
+                break;
+            }
+            srv_store_entry_t *o = &out[*n];
+            const char *v[SRV_STORE_REDIS_META_FIELDS];
+            size_t l[SRV_STORE_REDIS_META_FIELDS];
+            fields(rep, 9 * i + 2, SRV_STORE_REDIS_META_FIELDS, v, l);
+            const redisReply *ver = rep->element[9 * i + 1];
+            if (e->type != REDIS_REPLY_STRING || e->len != SRV_SESSION_ID_LEN ||
+                ver->type != REDIS_REPLY_STRING) {
+                rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: malformed list entry", r->shown);
+                break;
+            }
+            memcpy(o->id, e->str, SRV_SESSION_ID_LEN);
+            o->id[SRV_SESSION_ID_LEN] = '\0';
+            if (!srv_session_id_valid(o->id) ||
+                srv_store_redis_version_parse(ver->str, ver->len, &o->version) < 0 ||
+                srv_store_redis_meta_decode(v, l, &o->meta) < 0)
+                continue; /* not one of ours: left out */
+            (*n)++;
+        }
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int r_health(srv_store_backend_t *be, char *why, size_t n)
+{
+    redis_be_t *r = (redis_be_t *)be;
+    pthread_mutex_lock(&r->mu);
+    int rc = 0;
+    if (r->state == STATE_DOWN) {
+        down_text(r, why, n);
+        rc = SRV_STORE_EUNAVAIL;
+    } else if (n) {
+        why[0] = '\0';
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* ---- the keeper thread ---- */
+
+/* One command on the keeper's connection: 0 and *rep, or -1 (the
+ * connection is gone; the server marked down). */
+static int keep_cmd(redis_be_t *r, int argc, const char **argv, redisReply **rep)
+{
+    *rep = r->keep ? redisCommandArgv(r->keep, argc, argv, NULL) : NULL;
+    if (*rep)
+        return 0;
+    char why[256];
+    snprintf(why, sizeof why, "%s", r->keep && r->keep->errstr[0] ? r->keep->errstr : "no connection");
+    redisFree(r->keep);
+    r->keep = NULL;
+    pthread_mutex_lock(&r->mu);
+    mark_down(r, why);
+    pthread_mutex_unlock(&r->mu);
+    return -1;
+}
+
+/* Runs script on the lease of each of l[n]; renew: *lost[i] = 1 for those
+ * whose lease is no longer theirs. */
+static void keep_leases(redis_be_t *r, const lease_t *l, size_t n, const char *script,
+                        int renew, unsigned char *lost)
+{
+    char lms[24];
+    snprintf(lms, sizeof lms, "%" PRId64, r->lease_ms);
+    for (size_t i = 0; i < n; i++) {
+        char kl[KEY_MAX];
+        if (srv_store_redis_key(r->ns, 'l', l[i].id, kl, sizeof kl) < 0)
+            continue;
+        const char *av[] = {"EVAL", script, "1", kl, l[i].token, lms};
+        redisReply *rep = NULL;
+        if (keep_cmd(r, renew ? 6 : 5, av, &rep) < 0)
+            return;
+        if (renew && rep->type == REDIS_REPLY_INTEGER && rep->integer == 0)
+            lost[i] = 1;
+        freeReplyObject(rep);
+    }
+}
+
+static void *keeper(void *arg)
+{
+    redis_be_t *r = arg;
+    int64_t next_ping = 0, next_renew = now_ms() + r->lease_ms / 3, next_try = 0;
+    pthread_mutex_lock(&r->mu);
+    while (!r->quit) {
+        int64_t t = now_ms();
+        if (!r->keep || r->state != STATE_UP) {
+            if (t >= next_try) { /* (re)connect */
+                pthread_mutex_unlock(&r->mu);
+                char why[256] = "";
+                redisReply *rep = NULL;
+                if (!r->keep)
+                    r->keep = connect_to(r, why, sizeof why);
+                if (r->keep) {
+                    const char *av[] = {"PING"};
+                    if (keep_cmd(r, 1, av, &rep) == 0 && rep->type == REDIS_REPLY_ERROR) {
+                        snprintf(why, sizeof why, "PING: %s", rep->str);
+                        redisFree(r->keep);
+                        r->keep = NULL;
+                    }
+                    if (rep)
+                        freeReplyObject(rep);
+                }
+                pthread_mutex_lock(&r->mu);
+                if (r->keep) {
+                    if (r->state == STATE_DOWN)
+                        SRV_LOG(SRV_LOG_INFO, NULL, "session store %s reachable again after %" PRId64
+                                " s", r->shown, (now_ms() - r->down_since_ms) / 1000);
+                    r->state = STATE_UP;
+                    r->why[0] = '\0';
+                    next_ping = now_ms() + PING_MS;
+                } else {
+                    if (why[0])
+                        mark_down(r, why);
+                    next_try = now_ms() + r->backoff_ms;
+                    r->backoff_ms = r->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                                       : r->backoff_ms * 2;
+                }
+                continue;
+            }
+        } else if (r->queued.n) { /* releases first: others may wait for them */
+            lease_t batch[64];
+            size_t n = r->queued.n < 64 ? r->queued.n : 64;
+            memcpy(batch, r->queued.v, n * sizeof *batch);
+            memmove(r->queued.v, r->queued.v + n, (r->queued.n - n) * sizeof *batch);
+            r->queued.n -= n;
+            pthread_mutex_unlock(&r->mu);
+            keep_leases(r, batch, n, RELEASE_LUA, 0, NULL);
+            pthread_mutex_lock(&r->mu);
+            continue;
+        } else if (t >= next_renew) {
+            size_t n = r->held.n;
+            lease_t *copy = n ? malloc(n * sizeof *copy) : NULL;
+            unsigned char *lost = n ? calloc(n, 1) : NULL;
+            if (copy && lost)
+                memcpy(copy, r->held.v, n * sizeof *copy);
+            else
+                n = 0;
+            pthread_mutex_unlock(&r->mu);
+            keep_leases(r, copy, n, RENEW_LUA, 1, lost);
+            pthread_mutex_lock(&r->mu);
+            for (size_t i = 0; i < n; i++) {
+                if (!lost[i])
+                    continue;
+                ssize_t k = list_find(&r->held, copy[i].id, copy[i].token);
+                if (k >= 0) {
+                    SRV_LOG(SRV_LOG_WARN, NULL, "session %s: its lease in %s was lost (another "
+                            "replica may hold it now); its next save will be refused",
+                            copy[i].id, r->shown);
+                    list_del(&r->held, (size_t)k);
+                }
+            }
+            free(copy);
+            free(lost);
+            next_renew = now_ms() + r->lease_ms / 3;
+            continue;
+        } else if (t >= next_ping) {
+            pthread_mutex_unlock(&r->mu);
+            const char *av[] = {"PING"};
+            redisReply *rep = NULL;
+            if (keep_cmd(r, 1, av, &rep) == 0)
+                freeReplyObject(rep);
+            pthread_mutex_lock(&r->mu);
+            next_ping = now_ms() + PING_MS;
+            continue;
+        }
+        /* sleep until the next thing to do (or a release is queued) */
+        int64_t wake = r->state == STATE_UP ? (next_ping < next_renew ? next_ping : next_renew)
+                                            : next_try;
+        if (wake - t > 200)
+            wake = t + 200;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t ns = ts.tv_nsec + (wake - t) * 1000000;
+        ts.tv_sec += ns / 1000000000;
+        ts.tv_nsec = ns % 1000000000;
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static void r_free(srv_store_backend_t *be)
+{
+    redis_be_t *r = (redis_be_t *)be;
+    if (!r)
+        return;
+    if (r->thread_started) {
+        pthread_mutex_lock(&r->mu);
+        r->quit = 1;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->thread, NULL);
+    }
+    /* leases still queued for release: once, best effort (they expire) */
+    if (r->queued.n && r->state == STATE_UP && r->keep)
+        keep_leases(r, r->queued.v, r->queued.n, RELEASE_LUA, 0, NULL);
+    redisFree(r->keep);
+    redisFree(r->cmd);
+    free(r->held.v);
+    free(r->queued.v);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->cmd_mu);
+    free(r);
+}
+
+static const srv_store_backend_ops_t redis_ops = {
+    .acquire = r_acquire, .save = r_save, .release = r_release, .remove = r_remove,
+    .peek = r_peek, .list = r_list, .health = r_health, .free = r_free};
+
+int srv_store_redis_new(const srv_store_redis_opts_t *o, srv_store_backend_t **out, char *err,
+                        size_t errlen)
+{
+    *out = NULL;
+    srv_store_redis_url_t url;
+    if (srv_store_redis_url_parse(o->url, &url, err, errlen) < 0)
+        return -1;
+    if (!o->ns || !o->ns[0] || strlen(o->ns) > 48 || o->ttl_ms < 0 || o->lease_ms < 0 ||
+        o->timeout_ms < 0)
+        return fail(err, errlen, "redis store: bad options");
+    redis_be_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return fail(err, errlen, "out of memory");
+    r->base.ops = &redis_ops;
+    r->url = url;
+    srv_store_redis_url_redact(o->url, r->shown, sizeof r->shown);
+    snprintf(r->ns, sizeof r->ns, "%s", o->ns);
+    r->ttl_ms = o->ttl_ms;
+    r->lease_ms = o->lease_ms ? o->lease_ms : DEFAULT_LEASE_MS;
+    r->timeout_ms = o->timeout_ms ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
+    r->backoff_ms = BACKOFF_MIN_MS;
+    unsigned char rb[8];
+    if (getrandom(rb, sizeof rb, 0) != (ssize_t)sizeof rb) {
+        uint64_t x = (uint64_t)now_ms() ^ (uint64_t)(uintptr_t)r;
+        memcpy(rb, &x, sizeof rb);
+    }
+    for (int i = 0; i < 8; i++)
+        snprintf(r->replica + 2 * i, 3, "%02x", rb[i]);
+    pthread_mutex_init(&r->cmd_mu, NULL);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    if (pthread_create(&r->thread, NULL, keeper, r) != 0) {
+        r_free(&r->base);
+        return fail(err, errlen, "cannot start the session store's thread");
+    }
+    r->thread_started = 1;
+    *out = &r->base;
+    return 0;
+}
