@@ -638,14 +638,15 @@ char *proto_tokenize_json(const int32_t *tokens, size_t n, const char *const *pi
 char *proto_detokenize_json(const char *text, size_t len);
 
 typedef struct proto_health {
-    const char *status;  /* "ok", "loading", "draining" */
+    const char *status;  /* "ok", "degraded", "loading", "draining" */
     const char *model;   /* NULL = JSON null */
     int64_t sessions;    /* sessions held (memory + disk) */
     int64_t queue_depth; /* jobs waiting or running */
     double uptime_s;
+    const char *reason;  /* why it is degraded; NULL = no "reason" field (after "status") */
 } proto_health_t;
 
-/* {"status","model","sessions","queue_depth","uptime_s"} */
+/* {"status",["reason"],"model","sessions","queue_depth","uptime_s"} */
 char *proto_health_json(const proto_health_t *h);
 
 /* ------------------------------------------------------------ Ollama API */

@@ -583,6 +583,8 @@ char *proto_health_json(const proto_health_t *h)
     json_t *o = json_object();
     int bad = 0;
     bad |= json_object_set_new(o, "status", px_cstr_or_null(h->status ? h->status : "ok"));
+    if (h->reason)
+        bad |= json_object_set_new(o, "reason", px_cstr_or_null(h->reason));
     bad |= json_object_set_new(o, "model", px_cstr_or_null(h->model));
     bad |= json_object_set_new(o, "sessions", json_integer(h->sessions));
     bad |= json_object_set_new(o, "queue_depth", json_integer(h->queue_depth));

@@ -36,6 +36,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What the I/O thread reads before a handler runs again (bring_in_kind). */
+enum bring_kind {
+    BRING_SESSION, /* the session (a shared store: acquired and held for the handler) */
+    BRING_REDO,    /* the checkpoint a regenerate starts from */
+    BRING_META     /* a shared store: the session's metadata (owner, counts) */
+};
+
+static int bring_in_kind(api_app_t *app, srv_req_t *req, const char *id, enum bring_kind kind);
+
 /* ---- owners ---- */
 
 int api_owner_tags_init(api_app_t *app)
@@ -89,6 +98,12 @@ int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, con
 {
     srv_session_info_t si;
     int rc = srv_store_info(app->store, id, &si);
+    if (rc == SRV_STORE_ENOTFOUND && srv_store_remote(app->store) && app->io_running) {
+        /* a session of the shared store this replica has not seen yet:
+         * its metadata first (on the I/O thread), then the handler again */
+        bring_in_kind(app, req, id, BRING_META);
+        return -1;
+    }
     if (rc == 0 && !api_caller_may(c, si.owner))
         rc = SRV_STORE_ENOTFOUND;
     if (rc < 0) {
@@ -241,7 +256,8 @@ typedef struct bring_io {
     api_app_t *app;
     srv_stream_t *stream;
     char id[PROTO_SESSION_ID_LEN + 1];
-    int redo; /* read the checkpoint a regenerate starts from (else the session) */
+    enum bring_kind kind;
+    int fetched; /* held for the handler (srv_store_fetch) */
     int rc;
     proto_error_t e;
 } bring_io_t;
@@ -250,7 +266,14 @@ static void bring_work(api_io_t *io)
 {
     bring_io_t *w = (bring_io_t *)io;
     srv_session_t *s = NULL;
-    if (w->redo) {
+    if (w->kind == BRING_META) {
+        w->rc = srv_store_refresh(w->app->store, w->id);
+    } else if (w->kind == BRING_SESSION && srv_store_remote(w->app->store)) {
+        /* lease taken, read when another replica moved it on; held until
+         * the handler's srv_store_acquire_in_memory takes it */
+        w->rc = srv_store_fetch(w->app->store, w->id);
+        w->fetched = w->rc == 0;
+    } else if (w->kind == BRING_REDO) {
         w->rc = srv_store_redo_prepare(w->app->store, w->id);
         if (w->rc == SRV_STORE_EEVICTED)
             w->rc = 0; /* the handler's acquire reads it back first */
@@ -270,8 +293,8 @@ static void bring_done(api_io_t *io)
     bring_io_t *w = (bring_io_t *)io;
     if (w->rc < 0)
         defer_reply_error(w->stream, &w->e);
-    else
-        srv_stream_rerun(w->stream); /* the handler finds it in memory */
+    else if (srv_stream_rerun(w->stream) != 0 && w->fetched) /* the handler finds it in memory */
+        srv_store_unfetch(w->app->store, w->id); /* the client left: nobody comes for it */
     free(w);
 }
 
@@ -295,14 +318,18 @@ static int refuse_evicted(api_app_t *app, srv_req_t *req, const char *id)
     return 1;
 }
 
-/* Reads session id (redo = 0: it is not in memory) or the checkpoint a
- * regenerate starts from (redo = 1) on the I/O thread, then runs req's
- * handler again. Always 1 (req answered, or it runs again). */
-static int bring_in_kind(api_app_t *app, srv_req_t *req, const char *id, int redo)
+/* Reads session id (BRING_SESSION: it is not in memory), the checkpoint a
+ * regenerate starts from (BRING_REDO) or a shared store's metadata of it
+ * (BRING_META) on the I/O thread, then runs req's handler again. Always 1
+ * (req answered, or it runs again). */
+static int bring_in_kind(api_app_t *app, srv_req_t *req, const char *id, enum bring_kind kind)
 {
     proto_error_t e;
     srv_session_info_t si;
-    if (redo) { /* the checkpoint is a second state beside the session's */
+    const int redo = kind == BRING_REDO;
+    if (kind == BRING_META) {
+        /* nothing to admit: no state is read */
+    } else if (redo) { /* the checkpoint is a second state beside the session's */
         if (srv_store_info(app->store, id, &si) == 0 &&
             api_state_admit(app, api_state_bound(app, si.tokens), &e) < 0) {
             api_reply_admit(req, &e);
@@ -333,7 +360,7 @@ static int bring_in_kind(api_app_t *app, srv_req_t *req, const char *id, int red
     w->io.work = bring_work;
     w->io.done = bring_done;
     w->app = app;
-    w->redo = redo;
+    w->kind = kind;
     snprintf(w->id, sizeof w->id, "%s", id);
     api_io_submit(app, &w->io);
     return 1;
@@ -341,7 +368,7 @@ static int bring_in_kind(api_app_t *app, srv_req_t *req, const char *id, int red
 
 static int bring_in(api_app_t *app, srv_req_t *req, const char *id)
 {
-    return bring_in_kind(app, req, id, 0);
+    return bring_in_kind(app, req, id, BRING_SESSION);
 }
 
 int api_session_acquire(api_app_t *app, srv_req_t *req, const char *id, srv_session_t **out)
@@ -636,6 +663,14 @@ static void h_create(srv_req_t *req, void *ud)
     proto_error_t e;
     if (proto_session_create_parse(body, len, &app->limits, &cr, &e) < 0) {
         api_reply_proto(req, &e);
+        return;
+    }
+    char why[512];
+    if (srv_store_health(app->store, why, sizeof why) < 0) { /* it could not be saved */
+        proto_error_set(&e, PROTO_ERR_UNAVAILABLE, NULL, "%s", why);
+        e.code = "session_store_unavailable";
+        api_reply_admit(req, &e);
+        proto_session_create_free(&cr);
         return;
     }
     /* a new session is a new state: admitted like a request's (its ingest
@@ -1121,10 +1156,22 @@ static void h_regenerate(srv_req_t *req, void *ud)
     srv_session_t *s = gen_begin(app, req, proto_regenerate_parse, &gr, &id);
     if (!s)
         return;
+    if (srv_store_remote(app->store)) {
+        srv_store_release(app->store, s, 0);
+        proto_generate_free(&gr);
+        proto_error_t e;
+        proto_error_set(&e, PROTO_ERR_CONFLICT, NULL,
+                        "session %s is kept in a shared store (--session-store), which keeps no "
+                        "checkpoints: regenerate and rollback are not available",
+                        id);
+        e.code = "checkpoint_not_found";
+        api_reply_proto(req, &e);
+        return;
+    }
     int rc = srv_store_redo_begin(app->store, s);
     if (rc == SRV_STORE_EEVICTED) { /* not read yet: on the I/O thread, then again */
         srv_store_release(app->store, s, 0);
-        bring_in_kind(app, req, id, 1);
+        bring_in_kind(app, req, id, BRING_REDO);
         proto_generate_free(&gr);
         return;
     }
@@ -1152,6 +1199,72 @@ static void h_regenerate(srv_req_t *req, void *ud)
 
 /* ---- plain session operations ---- */
 
+/* The list answer (*json, proto_free) of the sessions owner may see (NULL
+ * = every one) after `after` ("" = from the start), or -1 with e. */
+static int list_json(api_app_t *app, const char *owner, const char *after, size_t limit,
+                     char **json, proto_error_t *e)
+{
+    *json = NULL;
+    srv_session_info_t *si = calloc(limit, sizeof *si);
+    proto_session_info_t *pi = calloc(limit, sizeof *pi);
+    proto_checkpoint_t *ck = calloc(limit * SRV_STORE_MAX_CHECKPOINTS, sizeof *ck);
+    size_t n = 0;
+    int more = 0, rc = -1;
+    if (!si || !pi || !ck) {
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto out;
+    }
+    int src = srv_store_list_owned(app->store, owner, after[0] ? after : NULL, limit, si, &n, &more);
+    if (src < 0) {
+        api_store_error(src, NULL, NULL, e);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        session_info_json(app, &si[i], &pi[i], ck + i * SRV_STORE_MAX_CHECKPOINTS);
+    *json = proto_session_list_json(pi, n, more);
+    if (!*json) {
+        proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto out;
+    }
+    rc = 0;
+out:
+    free(si);
+    free(pi);
+    free(ck);
+    return rc;
+}
+
+/* A list from a shared store: asked on the I/O thread. */
+typedef struct list_io {
+    api_io_t io; /* first: the item is the struct */
+    api_app_t *app;
+    srv_stream_t *stream;
+    char owner[SRV_SESSION_OWNER_LEN + 1];
+    int all;
+    char after[PROTO_SESSION_ID_LEN + 1];
+    size_t limit;
+    char *json;
+    proto_error_t e;
+    int rc;
+} list_io_t;
+
+static void list_work(api_io_t *io)
+{
+    list_io_t *w = (list_io_t *)io;
+    w->rc = list_json(w->app, w->all ? NULL : w->owner, w->after, w->limit, &w->json, &w->e);
+}
+
+static void list_done(api_io_t *io)
+{
+    list_io_t *w = (list_io_t *)io;
+    if (w->rc < 0)
+        defer_reply_error(w->stream, &w->e);
+    else
+        defer_reply_json(w->stream, 200, w->json);
+    proto_free(w->json);
+    free(w);
+}
+
 static void h_list(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
@@ -1169,36 +1282,32 @@ static void h_list(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         return;
     }
-    srv_session_info_t *si = calloc((size_t)lr.limit, sizeof *si);
-    proto_session_info_t *pi = calloc((size_t)lr.limit, sizeof *pi);
-    proto_checkpoint_t *ck = calloc((size_t)lr.limit * SRV_STORE_MAX_CHECKPOINTS, sizeof *ck);
-    size_t n = 0;
-    int more = 0;
-    if (!si || !pi || !ck) {
-        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
-        goto out;
-    }
     api_caller_t who;
     api_caller(app, req, &who);
-    int rc = srv_store_list_owned(app->store, who.all ? NULL : who.owner,
-                                  lr.after[0] ? lr.after : NULL, (size_t)lr.limit, si, &n, &more);
-    if (rc < 0) {
-        api_reply_store(req, rc, NULL, NULL);
-        goto out;
+    if (srv_store_remote(app->store) && app->io_running) {
+        list_io_t *w = calloc(1, sizeof *w);
+        if (!w) {
+            api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+            return;
+        }
+        *w = (list_io_t){.io = {.work = list_work, .done = list_done}, .app = app,
+                         .all = who.all, .limit = (size_t)lr.limit};
+        snprintf(w->owner, sizeof w->owner, "%s", who.owner);
+        snprintf(w->after, sizeof w->after, "%s", lr.after);
+        if (!(w->stream = srv_stream_defer(req, NULL))) { /* answered 500 */
+            free(w);
+            return;
+        }
+        api_io_submit(app, &w->io);
+        return;
     }
-    for (size_t i = 0; i < n; i++)
-        session_info_json(app, &si[i], &pi[i], ck + i * SRV_STORE_MAX_CHECKPOINTS);
-    char *j = proto_session_list_json(pi, n, more);
-    if (!j) {
-        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
-        goto out;
+    char *j = NULL;
+    if (list_json(app, who.all ? NULL : who.owner, lr.after, (size_t)lr.limit, &j, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
     }
     srv_reply_json(req, 200, j);
     proto_free(j);
-out:
-    free(si);
-    free(pi);
-    free(ck);
 }
 
 static void h_get(srv_req_t *req, void *ud)
@@ -1207,6 +1316,11 @@ static void h_get(srv_req_t *req, void *ud)
     const char *id = path_id(req);
     if (!id)
         return;
+    if (srv_store_remote(app->store) && app->io_running && srv_req_runs(req) == 1) {
+        /* another replica may have moved it on: as the shared store has it */
+        bring_in_kind(app, req, id, BRING_META);
+        return;
+    }
     api_caller_t who;
     api_caller(app, req, &who);
     if (api_session_check(app, req, &who, id) < 0)

@@ -16,6 +16,7 @@
 #include "core/gguf.h"
 #include "server/attn_select.h"
 #include "server/log.h"
+#include "server/store.h"
 #include "server/ui.h"
 
 #include <inttypes.h>
@@ -149,6 +150,14 @@ static void h_health(srv_req_t *req, void *ud)
                                   : app->ready ? "ok"
                                                : "loading",
                         .model = app->ready ? app->model_id : NULL};
+    /* a shared session store that cannot be reached: "degraded", still 200
+     * (this replica serves everything that needs no session; 503 is for a
+     * replica that can take no traffic: loading, draining) */
+    char why[512];
+    if (!draining && app->ready && app->store && srv_store_health(app->store, why, sizeof why) < 0) {
+        h.status = "degraded";
+        h.reason = why;
+    }
     size_t mem, disk, bytes;
     session_counts(app, &mem, &disk, &bytes);
     h.sessions = (int64_t)(disk > mem ? disk : mem);
@@ -443,7 +452,24 @@ static void load_after(uv_work_t *w, int status)
         srv_serve_fail(app->serve, "cannot make the prefix cache");
         return;
     }
+    srv_store_backend_t *be = NULL;
+    if (cfg->session_store[0]) {
+        char ns[64];
+        srv_store_redis_namespace(core_model_info(app->model)->fingerprint, ns, sizeof ns);
+        srv_store_redis_opts_t ro = {.url = cfg->session_store, .ns = ns,
+                                     .ttl_ms = cfg->session_ttl_s * 1000};
+        if (srv_store_redis_new(&ro, &be, err, sizeof err) < 0) {
+            SRV_LOG(SRV_LOG_ERROR, NULL, "--session-store: %s", err);
+            srv_serve_fail(app->serve, "cannot open the session store");
+            return;
+        }
+        char shown[512];
+        srv_store_redis_url_redact(cfg->session_store, shown, sizeof shown);
+        SRV_LOG(SRV_LOG_INFO, NULL, "sessions in %s (keys %s*), shared with the replicas that use "
+                "it; no checkpoints", shown, ns);
+    }
     srv_store_opts_t so = {
+        .backend = be, /* the store owns it from here on */
         .dir = cfg->session_dir,
         .max_sessions = (size_t)cfg->max_sessions,
         .max_bytes = sess_bytes,
@@ -455,7 +481,10 @@ static void load_after(uv_work_t *w, int status)
         .fingerprint = core_model_info(app->model)->fingerprint,
     };
     if (srv_store_new(&so, &app->store, err, sizeof err) < 0) {
-        SRV_LOG(SRV_LOG_ERROR, NULL, "--session-dir %s: %s", cfg->session_dir, err);
+        if (be)
+            SRV_LOG(SRV_LOG_ERROR, NULL, "--session-store: %s", err);
+        else
+            SRV_LOG(SRV_LOG_ERROR, NULL, "--session-dir %s: %s", cfg->session_dir, err);
         srv_serve_fail(app->serve, "cannot open the session store");
         return;
     }

@@ -151,20 +151,40 @@ void api_store_error(int code, const char *id, const char *detail, proto_error_t
         proto_error_set(e, PROTO_ERR_CONFLICT, NULL, "%s", d);
         e->code = "checkpoint_not_found";
         break;
+    case SRV_STORE_EUNAVAIL:
+        proto_error_set(e, PROTO_ERR_UNAVAILABLE, NULL, "%s", d);
+        e->code = "session_store_unavailable";
+        break;
+    case SRV_STORE_ESTALE:
+        proto_error_set(e, PROTO_ERR_CONFLICT, NULL, "%s", d);
+        e->code = "session_conflict";
+        break;
     default: proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "session store: %s", d); break;
     }
 }
 
 void api_persist_error(int rc, const char *msg, proto_error_t *e)
 {
-    proto_error_set(e, rc == SRV_STORE_ENOSPACE ? PROTO_ERR_STORAGE : PROTO_ERR_INTERNAL, NULL,
-                    "%s", msg);
+    switch (rc) {
+    case SRV_STORE_ENOSPACE: proto_error_set(e, PROTO_ERR_STORAGE, NULL, "%s", msg); break;
+    case SRV_STORE_EUNAVAIL: /* a shared store that could not take it: not acknowledged */
+        proto_error_set(e, PROTO_ERR_UNAVAILABLE, NULL, "%s", msg);
+        e->code = "session_store_unavailable";
+        break;
+    case SRV_STORE_ESTALE: /* another replica moved the session on meanwhile */
+        proto_error_set(e, PROTO_ERR_CONFLICT, NULL, "%s", msg);
+        e->code = "session_conflict";
+        break;
+    default: proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "%s", msg); break;
+    }
 }
 
 void api_reply_store(srv_req_t *req, int code, const char *id, const char *detail)
 {
     proto_error_t e;
     api_store_error(code, id, detail, &e);
+    if (e.status == 503)
+        srv_req_add_header(req, "Retry-After", "1");
     api_reply_proto(req, &e);
 }
 

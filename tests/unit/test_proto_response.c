@@ -646,18 +646,28 @@ TEST(operations_shapes)
     CHECK_STR_EQ(s, "{\"text\":\"caf\xc3\xa9 \\\"q\\\"\\n\"}");
     proto_free(s);
 
-    proto_health_t h = {"ok", "SmolLM2", 3, 1, 12.5};
+    proto_health_t h = {"ok", "SmolLM2", 3, 1, 12.5, NULL};
     s = proto_health_json(&h);
     json_t *j = parse(s);
     check_shape(j, "health", "status:s", "model:s", "sessions:i", "queue_depth:i", "uptime_s:n",
                 NULL);
     CHECK_NEAR(nget(j, "uptime_s"), 12.5, 0);
+    CHECK(!json_object_get(j, "reason"));
     json_decref(j);
     proto_free(s);
-    proto_health_t h2 = {"loading", NULL, 0, 0, 0};
+    proto_health_t h2 = {"loading", NULL, 0, 0, 0, NULL};
     s = proto_health_json(&h2);
     j = parse(s);
     CHECK(json_is_null(json_object_get(j, "model")));
+    json_decref(j);
+    proto_free(s);
+    /* a degraded server says why */
+    proto_health_t h3 = {"degraded", "SmolLM2", 3, 0, 1.0, "session store unreachable"};
+    s = proto_health_json(&h3);
+    j = parse(s);
+    check_shape(j, "health", "status:s", "reason:s", "model:s", "sessions:i", "queue_depth:i",
+                "uptime_s:n", NULL);
+    CHECK_STR_EQ(json_string_value(json_object_get(j, "reason")), "session store unreachable");
     json_decref(j);
     proto_free(s);
 }
