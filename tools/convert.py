@@ -9,6 +9,9 @@ DARKFormer (attention transfer), from recordings of tools/record_qkv.
 
 Outputs are raw little-endian float32 [L][Hkv][Hd][Hd], what
 build/tools/write_adapter reads (tools/convert.sh runs the whole pipeline).
+`train2 --kind flexformer-s|flexformer-n` trains Flexformer's frequencies
+(from the Performer draws, tools/flexfeat.py) in M's place and writes
+OUT.omega.f32 (-n: OUT.omega2.f32, OUT.tau.f32).
 
 Λ (DESIGN.md §3: q̂, k̂ ~ N(0, Λ)): per layer and KV head the *uncentered*
 second moment E[x̂ x̂ᵀ] pooled over the keys and the queries of the heads that
@@ -39,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dfeat  # noqa: E402
+import flexfeat  # noqa: E402
 
 
 def parse_layers(s, n):
@@ -228,6 +232,20 @@ def unrope(x, n_rot, base, pos0=0):
     return out.astype(np.float32)
 
 
+def write_trig(out, kind, om, rho, hd):
+    """Flexformer frequencies as write_adapter reads them: OUT.omega.f32
+    [L][Hkv][m][Hd], and for -n OUT.omega2.f32 the same and OUT.tau.f32
+    [L][Hkv] τ = 2√Hd·e^ρ."""
+    om = np.asarray(om, dtype=np.float32)
+    if kind == "flexformer-s":
+        om.tofile(out + ".omega.f32")
+        return
+    np.ascontiguousarray(om[:, :, 0]).tofile(out + ".omega.f32")
+    np.ascontiguousarray(om[:, :, 1]).tofile(out + ".omega2.f32")
+    (2 * np.sqrt(hd) * np.exp(np.asarray(rho, dtype=np.float64))).astype(np.float32).tofile(
+        out + ".tau.f32")
+
+
 def cmd_train2(a):
     """DARKFormer v2 stage 1: per layer, all KV heads at once, learn M (on
     q, k before RoPE with --prerope), the decay γ per KV head and the mixing
@@ -245,6 +263,10 @@ def cmd_train2(a):
     L, H, Hkv, Hd = meta["n_layer"], meta["n_head"], meta["n_head_kv"], meta["head_dim"]
     N, T = meta["n_seq"], meta["len"]
     gs, m, W, S = H // Hkv, a.features, a.window, a.sinks
+    trig, nst = flexfeat.is_trig(a.kind), a.kind == "flexformer-n"
+    if trig and (m % 2 or a.commute):
+        sys.exit("convert: %s needs an even --features and no --commute" % a.kind)
+    mf = m // 2 if trig else m  # frequencies (Flexformer: a cosine and a sine row each)
     n_val = a.val_seqs
     n_tr = N - n_val
     lo = W + S
@@ -278,6 +300,8 @@ def cmd_train2(a):
         Mt, th, beta = params
         if a.commute:
             Mt = rot_blocks(Mt)
+        if trig:
+            return head_trig(Mt, th, beta, qf, kf, q, k, v, qp, ks, tau)
         lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(th))
         aq = feat_logits(Mt, om, qf)
         ak = feat_logits(Mt, om, kf)
@@ -307,6 +331,38 @@ def cmd_train2(a):
         kl = jnp.mean(me * jnp.log(me / ml) + (1 - me) * jnp.log((1 - me) / (1 - ml)))
         return err + a.mass_weight * kl, err, kl
 
+    def head_trig(om, th, beta, qf, kf, q, k, v, qp, ks, tau):
+        """head() for the Flexformer kinds: om is the head's frequencies
+        (the parameter that is M for DARKFormer), th its decay logit (-n: and
+        ρ of τ = 2√Hd·e^ρ); the mixing is tools/flexfeat.py's, which follows
+        core/attn_linear.c (signed-denominator rule included)."""
+        thd, rho = (th[0], th[1]) if nst else (th, 0.0)
+        lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(thd))
+        vq, lnq = flexfeat.feats(jnp, a.kind, om, rho, qf, Hd)  # [B][P][gs][M], [B][P][gs]
+        vk, lnk = flexfeat.feats(jnp, a.kind, om, rho, kf, Hd)  # [B][T][M], [B][T]
+        dots = jnp.einsum("bpgi,bji->bpgj", vq, vk)
+        s_ex = jnp.einsum("bpgd,bjd->bpgj", q, k) / np.sqrt(Hd)
+        s = s_ex
+        if S > 0:
+            s = jnp.concatenate([jnp.einsum("bpgd,bjd->bpgj", qp, ks) / np.sqrt(Hd),
+                                 s_ex[..., S:]], axis=-1)
+        j = jnp.arange(k.shape[1])[None, :]
+        t = tau[:, None]
+        lin = ((j <= t - W) & (j >= S))[None, :, None, :]
+        exa = (((j > t - W) | (j < S)) & (j <= t))[None, :, None, :]
+        vis = (j <= t)[None, :, None, :]
+        dec = ((t - W - j) * lg)[None, :, None, :]
+        lmag = lnq[..., None] + lnk[:, None, None, :] + beta[None, None, :, None] + dec
+        pr, share = flexfeat.mix(jax, jnp, s, exa, lin, lmag, dots)
+        o = jnp.einsum("bpgj,bjd->bpgd", pr, v)
+        pe = jax.nn.softmax(jnp.where(vis, s_ex, NEG), axis=-1)
+        oe = jnp.einsum("bpgj,bjd->bpgd", pe, v)
+        err = jnp.sum((o - oe) ** 2) / jnp.sum(oe * oe)
+        me = jnp.clip(jnp.sum(jnp.where(lin, pe, 0.0), axis=-1), 1e-6, 1 - 1e-6)
+        ml = jnp.clip(share, 1e-6, 1 - 1e-6)
+        kl = jnp.mean(me * jnp.log(me / ml) + (1 - me) * jnp.log((1 - me) / (1 - ml)))
+        return err + a.mass_weight * kl, err, kl
+
     def all_heads(params, oms, qf, kf, q, k, v, qp, ks, tau):
         return jax.vmap(lambda p0, p1, p2, om, a0, a1, a2, a3, a4, a5, a6: head(
             (p0, p1, p2), om, a0, a1, a2, a3, a4, a5, a6, tau))(*params, oms, qf, kf, q, k, v,
@@ -319,7 +375,13 @@ def cmd_train2(a):
     eval_fn = jax.jit(all_heads)
 
     ck = dict(np.load(a.ckpt)) if a.ckpt and os.path.exists(a.ckpt) else {}
-    mats = ck.get("mat", np.tile(np.eye(Hd, dtype=np.float32), (L, Hkv, 1, 1)))
+    if trig:  # the frequencies take M's place, from the Performer draws
+        mats = ck.get("mat", np.stack([flexfeat.init_omega(eps_all[x], mf, a.kind,
+                                                           np.random.default_rng(100 + x))
+                                       for x in range(L)]))
+    else:
+        mats = ck.get("mat", np.tile(np.eye(Hd, dtype=np.float32), (L, Hkv, 1, 1)))
+    rho = ck.get("rho", np.zeros((L, Hkv), dtype=np.float32))
     if a.init and "mat" not in ck:
         mats = np.fromfile(a.init, dtype=np.float32).reshape(L, Hkv, Hd, Hd)
     gam = ck.get("decay", np.full((L, Hkv), a.gamma0, dtype=np.float32))
@@ -331,7 +393,8 @@ def cmd_train2(a):
         print("train2: resuming from %s, %d layers done" % (a.ckpt, len(done)), flush=True)
     if a.commute and (a.prerope or meta.get("n_rot", Hd) != Hd):
         sys.exit("convert: --commute 1 needs --prerope 0 and RoPE on every dimension")
-    log = {"rec": a.rec, "features": m, "window": W, "sinks": S, "prerope": a.prerope,
+    log = {"rec": a.rec, "kind": a.kind, "features": m, "window": W, "sinks": S,
+           "prerope": a.prerope,
            "commute": a.commute,
            "steps": a.steps, "lr": a.lr, "batch": a.batch, "queries": a.queries,
            "mass_weight": a.mass_weight, "train_seqs": n_tr, "val_seqs": n_val, "seq_len": T,
@@ -368,6 +431,8 @@ def cmd_train2(a):
         if a.commute:  # the blocks' (a, b) = (M[2i][2i], M[2i+1][2i])
             p0 = np.stack([np.stack([np.diagonal(x)[0::2], np.diagonal(x, -1)[0::2]], -1)
                            for x in p0])
+        if nst:  # ρ of τ = 2√Hd·e^ρ rides beside θ
+            th0 = np.stack([th0, rho[layer]], axis=-1).astype(np.float32)
         params = (jnp.asarray(p0), jnp.asarray(th0),
                   jnp.asarray(mix[layer].reshape(Hkv, gs)))
         tvj = jnp.asarray(tv)
@@ -409,7 +474,10 @@ def cmd_train2(a):
         vb = val(tuple(jnp.asarray(x) for x in best_p))
         mats[layer] = np.stack([np.asarray(rot_blocks(jnp.asarray(x))) for x in best_p[0]]) \
             if a.commute else best_p[0]
-        gam[layer] = (0.5 + 0.5 / (1 + np.exp(-best_p[1].astype(np.float64)))).astype(np.float32)
+        th_b = best_p[1][..., 0] if nst else best_p[1]
+        if nst:
+            rho[layer] = best_p[1][..., 1]
+        gam[layer] = (0.5 + 0.5 / (1 + np.exp(-th_b.astype(np.float64)))).astype(np.float32)
         mix[layer] = best_p[2].reshape(H)
         done.add(layer)
         ent = {"layer": layer, "val_loss_init": v0[0].tolist(), "val_err_init": v0[1].tolist(),
@@ -426,12 +494,15 @@ def cmd_train2(a):
             np.array2string(gam[layer], precision=4), time.time() - t0, eta), flush=True)
         if a.ckpt:
             tmp = a.ckpt + ".tmp.npz"
-            np.savez(tmp, mat=mats, decay=gam, mix=mix, done=np.array(sorted(done)))
+            np.savez(tmp, mat=mats, decay=gam, mix=mix, rho=rho, done=np.array(sorted(done)))
             os.replace(tmp, a.ckpt)
         if a.log:
             with open(a.log, "w") as f:
                 json.dump(log, f, indent=1)
-    mats.tofile(a.out + ".mat.f32")
+    if trig:  # write_adapter --omega [--omega2 --tau]
+        write_trig(a.out, a.kind, mats, rho, Hd)
+    else:
+        mats.tofile(a.out + ".mat.f32")
     gam.tofile(a.out + ".decay.f32")
     mix.tofile(a.out + ".mix.f32")
     print("train2: wrote %s.{mat,decay,mix}.f32 (%d of %d layers trained)" % (
@@ -463,6 +534,10 @@ def main():
     p2.add_argument("--rec", required=True)
     p2.add_argument("--features", type=int, required=True)
     p2.add_argument("--window", type=int, required=True)
+    p2.add_argument("--kind", default="darkformer",
+                    choices=("darkformer",) + flexfeat.KINDS,
+                    help="darkformer (M), or Flexformer (learned frequencies from the Performer "
+                         "draws; --features counts state rows, a cosine and a sine per frequency)")
     p2.add_argument("--sinks", type=int, default=4)
     p2.add_argument("--prerope", type=int, default=1)
     p2.add_argument("--commute", type=int, default=0,

@@ -45,6 +45,12 @@ head, from 0), and the feature draws ε trained as parameters; they write
 PREFIX.gate.f32 / PREFIX.draws.f32, which write_adapter does not take.
 Resumable: CKPT holds the parameters, Adam's moments, the best parameters
 and the step; a rerun continues from it.
+Flexformer (--adapter of kind flexformer-s or flexformer-n, written by
+write_adapter from convert.py train2 --kind): the same recipe with the
+learned frequencies ω (and -n's ω_2 and τ) in M's place, trained with
+--lr's step, and the student's mixing as core/attn_linear.c computes it for
+signed features (tools/flexfeat.py); outputs PREFIX.omega.f32 (-n: also
+PREFIX.omega2.f32, PREFIX.tau.f32) instead of PREFIX.mat.f32.
 Needs jax (tools/requirements-convert.txt).
 
     distill.py --model M.gguf --adapter A.gguf --eps EPS.npy --check IDS.npy \
@@ -62,6 +68,9 @@ import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flexfeat  # noqa: E402
 
 
 def field(reader, key, default=None):
@@ -99,16 +108,29 @@ def load_model(path):
 def load_adapter(path):
     import gguf
     r = gguf.GGUFReader(path)
-    if field(r, "darkformer.kind") != "darkformer" or int(field(r, "darkformer.format_version")) != 2:
-        sys.exit("distill: %s is not a format-2 DARKFormer adapter" % path)
+    kind = field(r, "darkformer.kind")
+    if kind not in ("darkformer",) + flexfeat.KINDS or int(field(r, "darkformer.format_version")) != 2:
+        sys.exit("distill: %s is not a format-2 DARKFormer or Flexformer adapter" % path)
     cfg = {x: int(field(r, "darkformer." + x, 0)) for x in
            ("n_features", "window", "sinks", "prerope", "seed")}
+    cfg["kind"] = kind
     if not cfg["prerope"]:
         sys.exit("distill: only pre-RoPE adapters are supported")
     cfg["fingerprint"] = field(r, "darkformer.base_fingerprint")
     t = {x.name: np.asarray(x.data, dtype=np.float32) for x in r.tensors}
     L = 1 + max(int(n.split(".")[2]) for n in t)
-    mats = np.stack([t["darkformer.blk.%d.M" % i] for i in range(L)])
+    if flexfeat.is_trig(kind):  # the frequencies take M's place (tools/flexfeat.py)
+        hd = t["darkformer.blk.0.omega"].shape[-1]
+        mats = np.stack([t["darkformer.blk.%d.omega" % i] for i in range(L)])
+        rho = np.zeros(mats.shape[:2], dtype=np.float32)
+        if kind == "flexformer-n":
+            mats = np.stack([mats, np.stack([t["darkformer.blk.%d.omega2" % i]
+                                             for i in range(L)])], axis=2)
+            rho = np.log(np.stack([t["darkformer.blk.%d.tau" % i] for i in range(L)])
+                         / (2 * np.sqrt(hd))).astype(np.float32)
+        cfg["rho"] = rho
+    else:
+        mats = np.stack([t["darkformer.blk.%d.M" % i] for i in range(L)])
     dec = np.stack([t["darkformer.blk.%d.decay" % i] for i in range(L)])
     mix = np.stack([t["darkformer.blk.%d.mix" % i] for i in range(L)])
     lora = None
@@ -205,6 +227,10 @@ def build(hp, cfg, T):
         y = jnp.einsum("...d,ed->...e", x * sc, Mt)
         return jnp.einsum("...e,me->...m", y, om) - 0.5 * jnp.sum(y * y, -1, keepdims=True) + bias
 
+    kind = cfg.get("kind", "darkformer")
+    trig, nst = flexfeat.is_trig(kind), kind == "flexformer-n"
+    tfeat = jax.vmap(lambda o, r, x: flexfeat.feats(jnp, kind, o, r, x, Hd))
+
     def hybrid_layer(x, lp):
         ly, Mt, th, beta, om, lo, gu = lp
         q, k, v = qkv(x, ly, lo)
@@ -213,6 +239,16 @@ def build(hp, cfg, T):
         if S > 0:
             ss = jnp.einsum("cgtd,csd->cgts", q, rope(k[:, :S], c_k, s_k)) / np.sqrt(Hd)
             s = jnp.concatenate([jnp.where(shifted, ss, s[..., :S]), s[..., S:]], axis=-1)
+        if trig:  # Mt: the frequencies; th: θ (and ρ of τ for -n)
+            thd, rho = (th[:, 0], th[:, 1]) if nst else (th, jnp.zeros_like(th))
+            lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(thd))  # [c]
+            vq, lnq = tfeat(Mt, rho, q)  # [c][g][T][M], [c][g][T]
+            vk, lnk = tfeat(Mt, rho, k)  # [c][T][M], [c][T]
+            dots = jnp.einsum("cgtm,csm->cgts", vq, vk)
+            lmag = (lnq[..., None] + lnk[:, None, None, :] + beta[:, :, None, None]
+                    + dist * lg[:, None, None, None])
+            pr, _ = flexfeat.mix(jax, jnp, s, vis & ~lin, lin, lmag, dots)
+            return rest(x, jnp.einsum("cgts,csd->cgtd", pr, v), ly, lo), None
         aq = jax.vmap(feat)(Mt, om, q)  # [c][g][T][m]
         ak = jax.vmap(feat)(Mt, om, k)  # [c][T][m]
         mq = jax.lax.stop_gradient(aq.max(axis=-1, keepdims=True))
@@ -281,12 +317,20 @@ def check(a, hp, cfg, init, weights):
     return 1 if bad else 0
 
 
-def write_params(out, p, lora, learn_gate, learn_draws):
+def write_params(out, p, lora, learn_gate, learn_draws, kind="darkformer"):
     """Writes parameters p as out.{mat,decay,mix}.f32 (and out.lora.*,
     out.gate, out.draws) for build/tools/write_adapter; the decays as
-    0.5 + 0.5 σ(logit)."""
-    p[0].astype(np.float32).tofile(out + ".mat.f32")
-    gam = 0.5 + 0.5 / (1 + np.exp(-p[1].astype(np.float64)))
+    0.5 + 0.5 σ(logit). Flexformer: out.omega.f32 (-n: out.omega2.f32,
+    out.tau.f32) in place of out.mat.f32."""
+    th = p[1]
+    if flexfeat.is_trig(kind):
+        import convert
+        rho = p[1][..., 1] if kind == "flexformer-n" else np.zeros(p[1].shape, np.float32)
+        th = p[1][..., 0] if kind == "flexformer-n" else p[1]
+        convert.write_trig(out, kind, p[0], rho, p[0].shape[-1])
+    else:
+        p[0].astype(np.float32).tofile(out + ".mat.f32")
+    gam = 0.5 + 0.5 / (1 + np.exp(-th.astype(np.float64)))
     gam.astype(np.float32).tofile(out + ".decay.f32")
     p[2].astype(np.float32).tofile(out + ".mix.f32")
     for i, n in enumerate(LORA_NAMES if lora else ()):  # write_adapter --lora PREFIX.lora
@@ -300,7 +344,10 @@ def write_params(out, p, lora, learn_gate, learn_draws):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", required=True)
-    p.add_argument("--adapter", required=True, help="starting adapter (format 2, pre-RoPE)")
+    p.add_argument("--adapter", required=True,
+                   help="starting adapter (format 2, pre-RoPE): darkformer, or flexformer-s/-n "
+                        "(the kind is the adapter's darkformer.kind; written by write_adapter "
+                        "from convert.py train2 --kind)")
     p.add_argument("--ids", help="calibration token ids (record_qkv --ids-out)")
     p.add_argument("--check", help="token ids of a text to check the forward passes on")
     p.add_argument("--nll-exact", help="--check: darkserve perplexity --nll-out, --attn exact")
@@ -335,7 +382,10 @@ def main():
     cfg, mats, dec, mix, lora0, gate0, draws0 = load_adapter(a.adapter)
     L, H, Hkv, Hd = hp["L"], hp["H"], hp["Hkv"], hp["Hd"]
     m, W, S, T = cfg["n_features"], cfg["window"], cfg["sinks"], a.len
-    if mats.shape != (L, Hkv, Hd, Hd) or mix.shape != (L, H) or dec.shape != (L, Hkv):
+    kind = cfg["kind"]
+    want = {"darkformer": (L, Hkv, Hd, Hd), "flexformer-s": (L, Hkv, m // 2, Hd),
+            "flexformer-n": (L, Hkv, 2, m // 2, Hd)}[kind]
+    if mats.shape != want or mix.shape != (L, H) or dec.shape != (L, Hkv):
         sys.exit("distill: adapter shapes do not match the model")
     if T <= W + S + 1:
         sys.exit("distill: --len must exceed window + sinks + 1")
@@ -344,7 +394,10 @@ def main():
         sys.exit("distill: %s has shape %s, need [%d][%d][>=%d][%d]" % (
             a.eps, eps.shape, L, Hkv, m, Hd))
     g0 = np.clip(dec.astype(np.float64), 0.5 + 1e-6, 1 - 1e-7)
-    init = [mats, np.log((2 * g0 - 1) / (2 - 2 * g0)).astype(np.float32), mix]
+    th0 = np.log((2 * g0 - 1) / (2 - 2 * g0)).astype(np.float32)
+    if kind == "flexformer-n":  # ρ of τ = 2√Hd·e^ρ rides beside θ
+        th0 = np.stack([th0, cfg["rho"]], axis=-1).astype(np.float32)
+    init = [mats, th0, mix]
     if lora0 is not None:  # the adapter's own LoRA, trained further
         if a.lora and a.lora != lora0[0].shape[1]:
             sys.exit("distill: the adapter's LoRA has rank %d, not %d" % (lora0[0].shape[1], a.lora))
@@ -449,9 +502,9 @@ def main():
                 step, v[0], best, v[1], v[2]), flush=True)
             if a.write_each:  # every validated point, for a selection on another measure
                 write_params("%s.step%d" % (a.out, step), [np.asarray(x) for x in params],
-                             a.lora, learn_gate, learn_draws)
+                             a.lora, learn_gate, learn_draws, kind)
             save(step)
-    write_params(a.out, best_p, a.lora, learn_gate, learn_draws)
+    write_params(a.out, best_p, a.lora, learn_gate, learn_draws, kind)
     print("distill: wrote %s.{mat,decay,mix}.f32 (best val KL %.5f; %.0fs)" % (
         a.out, best, time.time() - t_start), flush=True)
 

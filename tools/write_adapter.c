@@ -6,7 +6,12 @@
  *                 --window W [--seed S] [--mat MAT.f32] [--lambda LAMBDA.f32]
  *                 [--sinks S] [--prerope 0|1] [--decay DECAY.f32] [--mix MIX.f32]
  *                 [--lora PREFIX --lora-rank R] --out ADAPTER.gguf
+ *   write_adapter --model M --kind flexformer-s|flexformer-n --features N --window W
+ *                 --omega OMEGA.f32 [--omega2 OMEGA2.f32 --tau TAU.f32] [the options above]
  *
+ * OMEGA.f32 / OMEGA2.f32 (Flexformer, what tools/convert.py train2 --kind and
+ * tools/distill.py write): float32 [L][Hkv][N/2][Hd] frequencies; TAU.f32
+ * float32 [L][Hkv] τ; flexformer-n needs all three.
  * MAT.f32 / LAMBDA.f32: raw little-endian float32 [L][Hkv][Hd][Hd] (what
  * tools/convert.py writes); --kind darkformer needs --mat, darkformer-is
  * needs --lambda; both may be given (one file then serves both kinds).
@@ -31,10 +36,11 @@
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: write_adapter --model M --kind darkformer|darkformer-is --features N "
-                    "--window W [--seed S] [--mat MAT.f32] [--lambda LAMBDA.f32] [--sinks S] "
-                    "[--prerope 0|1] [--decay DECAY.f32] [--mix MIX.f32] "
-                    "[--lora PREFIX --lora-rank R] --out A.gguf\n");
+    fprintf(stderr, "usage: write_adapter --model M --kind darkformer|darkformer-is|flexformer-s|"
+                    "flexformer-n --features N --window W [--seed S] [--mat MAT.f32] "
+                    "[--lambda LAMBDA.f32] [--omega OMEGA.f32] [--omega2 OMEGA2.f32] "
+                    "[--tau TAU.f32] [--sinks S] [--prerope 0|1] [--decay DECAY.f32] "
+                    "[--mix MIX.f32] [--lora PREFIX --lora-rank R] --out A.gguf\n");
 }
 
 /* Reads exactly n floats from path into a new buffer. */
@@ -89,7 +95,8 @@ static int check_load(const char *model, const char *adapter, core_attn_kind_t k
 int main(int argc, char **argv)
 {
     const char *model = NULL, *kind_s = NULL, *mat_p = NULL, *lam_p = NULL, *out = NULL;
-    const char *dec_p = NULL, *mix_p = NULL, *lora_p = NULL;
+    const char *dec_p = NULL, *mix_p = NULL, *lora_p = NULL, *om_p = NULL, *om2_p = NULL;
+    const char *tau_p = NULL;
     int64_t m = 0, w = -1, seed = 0, sinks = 0, prerope = 0, rank = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -108,6 +115,12 @@ int main(int argc, char **argv)
             dec_p = v;
         else if (!bad && !strcmp(a, "--mix"))
             mix_p = v;
+        else if (!bad && !strcmp(a, "--omega"))
+            om_p = v;
+        else if (!bad && !strcmp(a, "--omega2"))
+            om2_p = v;
+        else if (!bad && !strcmp(a, "--tau"))
+            tau_p = v;
         else if (!bad && !strcmp(a, "--lora"))
             lora_p = v;
         else if (!bad && !strcmp(a, "--lora-rank"))
@@ -133,9 +146,11 @@ int main(int argc, char **argv)
     }
     core_attn_kind_t kind;
     if (!model || !kind_s || !out || m < 1 || w < 0 || core_attn_kind_parse(kind_s, &kind) < 0 ||
-        (kind != CORE_ATTN_DARKFORMER && kind != CORE_ATTN_DARKFORMER_IS) ||
+        (kind != CORE_ATTN_DARKFORMER && kind != CORE_ATTN_DARKFORMER_IS &&
+         !core_attn_kind_is_trig(kind)) ||
         (kind == CORE_ATTN_DARKFORMER && !mat_p) || (kind == CORE_ATTN_DARKFORMER_IS && !lam_p) ||
-        !lora_p != !rank) {
+        (core_attn_kind_is_trig(kind) && (!om_p || m % 2)) ||
+        (kind == CORE_ATTN_FLEXFORMER_N && (!om2_p || !tau_p)) || !lora_p != !rank) {
         usage();
         return 2;
     }
@@ -144,6 +159,7 @@ int main(int argc, char **argv)
     core_error_t err = {0};
     core_model_t *mdl = NULL;
     float *mat = NULL, *lam = NULL, *dec = NULL, *mix = NULL, *lora[8] = {0};
+    float *om = NULL, *om2 = NULL, *tau = NULL;
     if (core_model_load(model, NULL, &mdl, &err) < 0) {
         fprintf(stderr, "write_adapter: cannot load %s: %s\n", model, err.msg);
         return 1;
@@ -154,6 +170,11 @@ int main(int argc, char **argv)
     if ((mat_p && !(mat = read_f32(mat_p, n))) || (lam_p && !(lam = read_f32(lam_p, n))) ||
         (dec_p && !(dec = read_f32(dec_p, (size_t)in->n_layer * (size_t)in->n_head_kv))) ||
         (mix_p && !(mix = read_f32(mix_p, (size_t)in->n_layer * (size_t)in->n_head))))
+        goto done;
+    size_t n_om = (size_t)in->n_layer * (size_t)in->n_head_kv * (size_t)(m / 2) *
+                  (size_t)in->head_dim;
+    if ((om_p && !(om = read_f32(om_p, n_om))) || (om2_p && !(om2 = read_f32(om2_p, n_om))) ||
+        (tau_p && !(tau = read_f32(tau_p, (size_t)in->n_layer * (size_t)in->n_head_kv))))
         goto done;
     if (lora_p) {
         const size_t L = (size_t)in->n_layer, D = (size_t)in->n_embd,
@@ -173,7 +194,7 @@ int main(int argc, char **argv)
         .head_dim = in->head_dim, .n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
         .prerope = (int)prerope, .seed = (uint64_t)seed, .base_fingerprint = in->fingerprint,
         .mat = mat, .lambda = lam, .decay = dec, .mix = mix, .lora_rank = (int)rank,
-        .n_embd = in->n_embd};
+        .n_embd = in->n_embd, .omega = om, .omega2 = om2, .tau = tau};
     memcpy(d.lora, lora, sizeof lora);
     if (core_features_adapter_write(&d, out, &err) < 0) {
         fprintf(stderr, "write_adapter: cannot write %s: %s\n", out, err.msg);
@@ -182,19 +203,27 @@ int main(int argc, char **argv)
     if ((mat && check_load(model, out, CORE_ATTN_DARKFORMER, (int)m, (int)w, (uint64_t)seed,
                            (int)sinks, (int)prerope)) ||
         (lam && check_load(model, out, CORE_ATTN_DARKFORMER_IS, (int)m, (int)w, (uint64_t)seed,
-                           (int)sinks, (int)prerope))) {
+                           (int)sinks, (int)prerope)) ||
+        (om && check_load(model, out, kind == CORE_ATTN_FLEXFORMER_N ? kind
+                                                                     : CORE_ATTN_FLEXFORMER_S,
+                          (int)m, (int)w, (uint64_t)seed, (int)sinks, (int)prerope))) {
         remove(out);
         goto done;
     }
     printf("wrote %s: %s, M=%" PRId64 ", W=%" PRId64 ", seed %" PRId64 ", base %s%s%s%s\n", out,
            kind_s, m, w, seed, in->fingerprint, mat ? ", tensors M" : "",
            lam ? ", tensors lambda" : "", rank ? ", LoRA" : "");
+    if (om)
+        printf("  Flexformer frequencies%s\n", om2 ? ", omega2 and tau" : "");
     status = 0;
 done:
     free(mat);
     free(lam);
     free(dec);
     free(mix);
+    free(om);
+    free(om2);
+    free(tau);
     for (int i = 0; i < 8; i++)
         free(lora[i]);
     core_model_free(mdl);
