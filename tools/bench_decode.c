@@ -2,7 +2,7 @@
  * context length, for docs/QUALITY.md.
  *
  *   bench_decode --model M [--attn K] [--features N] [--window W] [--sinks S]
- *                [--adapter A] --ctx P [--tokens N] [--runs R] [--threads T]
+ *                [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] [--threads T]
  *                [--isa generic|avx2|avx512vnni] [--vs P2]
  *
  * Brings one session's attention state to position P, then times R runs of
@@ -24,6 +24,12 @@
  * --vs P2: a second state brought to P2 as well, and the R runs alternate
  * between the two (P, then P2, ...), so that a shared machine's changing
  * load falls on both alike; both medians and their ratio are printed.
+ * --ctx P1,P2,... (at most 8): one state per context, the runs alternating
+ * over all of them in that order (--vs P2 adds one more). Linear kinds fill
+ * one state through the contexts in increasing order and keep a copy at
+ * each (core_attn_state_copy), so 512,4096,16384,65536 costs one 64K fill,
+ * not 86K tokens of fills; each line's "fill" is then the time from the
+ * previous context to its own.
  * --threads T: the model's compute threads (and BLAS's), 0 = one per CPU;
  * --isa forces the quantized kernels onto one variant (core_qdot_force_isa).
  */
@@ -65,16 +71,16 @@ static int cmp_d(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Brings state st to position ctx with random q, k, v (see the top). */
+/* Brings state st from its position to ctx with random q, k, v drawn from
+ * rng (see the top). Exact attention: st must be at position 0. */
 static int fill(core_model_t *mdl, core_attn_kind_t kind, core_attn_state_t *st, int64_t ctx,
-                core_error_t *err)
+                core_rng_t *rngp, core_error_t *err)
 {
     const core_model_info_t *in = core_model_info(mdl);
     const int64_t chunk = 256, qd = (int64_t)in->n_head * in->head_dim,
                   kvd = (int64_t)in->n_head_kv * in->head_dim;
     core_attn_t *a = core_model_attn(mdl);
-    core_rng_t rng;
-    core_rng_seed(&rng, 1);
+    core_rng_t rng = *rngp;
     int rc = 0;
     if (kind == CORE_ATTN_EXACT && ctx > 0) {
         size_t nf = (size_t)ctx * (size_t)kvd * 2 * (size_t)in->n_layer;
@@ -97,7 +103,7 @@ static int fill(core_model_t *mdl, core_attn_kind_t kind, core_attn_state_t *st,
     float *out = malloc((size_t)(chunk * qd) * sizeof *out);
     if (!q || !k || !v || !out)
         rc = core_error_set(err, CORE_ENOMEM, "out of memory");
-    for (int64_t p = 0; rc == 0 && p < ctx; p += chunk) {
+    for (int64_t p = core_attn_state_pos(st); rc == 0 && p < ctx; p += chunk) {
         int64_t n = ctx - p < chunk ? ctx - p : chunk;
         if ((rc = core_attn_reserve(a, st, n, err)) < 0)
             break;
@@ -117,7 +123,26 @@ static int fill(core_model_t *mdl, core_attn_kind_t kind, core_attn_state_t *st,
     free(k);
     free(v);
     free(out);
+    *rngp = rng;
     return rc < 0 ? rc : 0;
+}
+
+#define MAX_CTX 8
+
+/* "P" or "P1,P2,..." -> at[0..*n), appended after the *n already there. */
+static int parse_ctx_list(const char *s, int64_t *at, int *n)
+{
+    char buf[256];
+    if (strlen(s) >= sizeof buf)
+        return -1;
+    strcpy(buf, s);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n >= MAX_CTX || parse_i64(t, 0, (int64_t)1 << 30, &at[*n]) < 0)
+            return -1;
+        (*n)++;
+    }
+    return *n > 0 ? 0 : -1;
 }
 
 /* n single-token decode steps on st (what a server does per generated token). */
@@ -142,7 +167,9 @@ static int decode(core_model_t *mdl, core_attn_state_t *st, int64_t n, int32_t *
 int main(int argc, char **argv)
 {
     const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL;
-    int64_t m = 0, w = -1, sinks = -1, ctx = -1, n_tok = 32, runs = 5, threads = 0, vs = -1;
+    int64_t m = 0, w = -1, sinks = -1, n_tok = 32, runs = 5, threads = 0, vs = -1;
+    int64_t at[MAX_CTX + 1];
+    int n_st = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
@@ -161,7 +188,7 @@ int main(int argc, char **argv)
         else if (!bad && !strcmp(a, "--sinks"))
             bad = parse_i64(v, 0, 1024, &sinks);
         else if (!bad && !strcmp(a, "--ctx"))
-            bad = parse_i64(v, 0, (int64_t)1 << 30, &ctx);
+            bad = n_st > 0 || parse_ctx_list(v, at, &n_st) < 0;
         else if (!bad && !strcmp(a, "--tokens"))
             bad = parse_i64(v, 1, 100000, &n_tok);
         else if (!bad && !strcmp(a, "--vs"))
@@ -180,10 +207,10 @@ int main(int argc, char **argv)
     }
     core_model_opts_t mo = {0};
     core_error_t err = {0};
-    if (!model || ctx < 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
+    if (!model || n_st == 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
         fprintf(stderr, "usage: bench_decode --model M [--attn K] [--features N] [--window W] "
-                        "[--sinks S] [--adapter A] --ctx P [--tokens N] [--runs R] [--threads T] "
-                        "[--isa NAME] [--vs P2]\n");
+                        "[--sinks S] [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] "
+                        "[--threads T] [--isa NAME] [--vs P2]\n");
         return 2;
     }
     if (isa) {
@@ -215,35 +242,65 @@ int main(int argc, char **argv)
     mo.prerope = mo.attn_kind != CORE_ATTN_EXACT ? fs.prerope : 0;
     mo.seed = fs.seed;
     mo.adapter_path = adapter;
-    mo.max_ctx = ctx + n_tok * runs + 8;
+    if (vs >= 0)
+        at[n_st++] = vs;
+    int64_t ctx_max = 0;
+    for (int i = 0; i < n_st; i++)
+        ctx_max = at[i] > ctx_max ? at[i] : ctx_max;
+    mo.max_ctx = ctx_max + n_tok * runs + 8;
     core_blas_set_threads((int)threads);
     mo.n_threads = (int)threads;
 
     int status = 1;
     core_model_t *mdl = NULL;
-    core_attn_state_t *st[2] = {NULL, NULL};
+    core_attn_state_t *st[MAX_CTX + 1] = {NULL}, *acc = NULL;
     double *tps = NULL;
-    const int n_st = vs >= 0 ? 2 : 1;
-    const int64_t at[2] = {ctx, vs};
-    if (vs > ctx)
-        mo.max_ctx = vs + n_tok * runs + 8;
     if (core_model_load(model, &mo, &mdl, &err) < 0) {
         fprintf(stderr, "bench_decode: %s\n", err.msg);
         goto done;
     }
-    tps = malloc((size_t)(2 * runs) * sizeof *tps);
+    tps = malloc((size_t)(n_st * runs) * sizeof *tps);
     if (!tps) {
         fprintf(stderr, "bench_decode: out of memory\n");
         goto done;
     }
-    double fill_s[2] = {0, 0};
-    for (int i = 0; i < n_st; i++) {
-        double t0 = now_s();
-        if (core_attn_state_new(core_model_attn(mdl), &st[i], &err) < 0 ||
-            fill(mdl, mo.attn_kind, st[i], at[i], &err) < 0)
+    double fill_s[MAX_CTX + 1] = {0};
+    /* The fill is not what is measured: its sgemm calls run on one BLAS
+     * thread, whose idle peers would otherwise spin in sched_yield on the
+     * cores the fill needs (on a shared 2-core machine, 3x slower fills). */
+    core_blas_set_threads(1);
+    core_rng_t rng;
+    core_rng_seed(&rng, 1);
+    if (mo.attn_kind == CORE_ATTN_EXACT) {
+        for (int i = 0; i < n_st; i++) { /* each its own KV cache, loaded whole */
+            double t0 = now_s();
+            core_rng_seed(&rng, 1);
+            if (core_attn_state_new(core_model_attn(mdl), &st[i], &err) < 0 ||
+                fill(mdl, mo.attn_kind, st[i], at[i], &rng, &err) < 0)
+                goto fail;
+            fill_s[i] = now_s() - t0;
+        }
+    } else { /* one state through the contexts in increasing order, a copy at each */
+        if (core_attn_state_new(core_model_attn(mdl), &acc, &err) < 0)
             goto fail;
-        fill_s[i] = now_s() - t0;
+        int done_mask[MAX_CTX + 1] = {0};
+        for (int k = 0; k < n_st; k++) {
+            int i = -1;
+            for (int j = 0; j < n_st; j++)
+                if (!done_mask[j] && (i < 0 || at[j] < at[i]))
+                    i = j;
+            done_mask[i] = 1;
+            double t0 = now_s();
+            if (fill(mdl, mo.attn_kind, acc, at[i], &rng, &err) < 0 ||
+                core_attn_state_new(core_model_attn(mdl), &st[i], &err) < 0 ||
+                core_attn_state_copy(st[i], acc, &err) < 0)
+                goto fail;
+            fill_s[i] = now_s() - t0;
+        }
+        core_attn_state_free(acc);
+        acc = NULL;
     }
+    core_blas_set_threads(threads > 0 ? (int)threads : core_model_threads(mdl));
     int32_t tok = core_model_info(mdl)->n_vocab > 1000 ? 1000 : 1;
     for (int64_t r = 0; r < runs; r++)
         for (int i = 0; i < n_st; i++) { /* alternating: the load falls on both alike */
@@ -252,7 +309,7 @@ int main(int argc, char **argv)
                 goto fail;
             tps[i * runs + r] = (double)n_tok / (now_s() - s0);
         }
-    double med[2];
+    double med[MAX_CTX + 1];
     for (int i = 0; i < n_st; i++) {
         double *t = tps + i * runs;
         printf("attn %s M=%" PRId64 " W=%" PRId64 " ctx %" PRId64 " threads %d isa %s: state %zu "
@@ -267,15 +324,16 @@ int main(int argc, char **argv)
     }
     if (n_st == 2)
         printf("ratio of the medians, ctx %" PRId64 " / ctx %" PRId64 ": %.3f (runs alternated)\n",
-               ctx, vs, med[0] / med[1]);
+               at[0], at[1], med[0] / med[1]);
     status = 0;
     goto done;
 fail:
     fprintf(stderr, "bench_decode: %s\n", err.msg);
 done:
     free(tps);
-    core_attn_state_free(st[0]);
-    core_attn_state_free(st[1]);
+    for (int i = 0; i < n_st; i++)
+        core_attn_state_free(st[i]);
+    core_attn_state_free(acc);
     core_model_free(mdl);
     return status;
 }
