@@ -111,10 +111,10 @@ enum op { OP_INIT, OP_READ, OP_COPY, OP_EXIT };
 typedef struct pool {
     pthread_mutex_t gate;
     pthread_barrier_t start, end;
-    int n;           /* workers */
-    enum op op;      /* written by the coordinator before `start` */
+    int n;      /* workers */
+    enum op op; /* written by the coordinator before `start` */
     unsigned char *buf;
-    size_t bytes;    /* OP_INIT / OP_READ span [0, bytes); OP_COPY: bytes/2 each way */
+    size_t bytes; /* OP_INIT / OP_READ span [0, bytes); OP_COPY: bytes/2 each way */
     read_fn read;
 } pool_t;
 
@@ -206,8 +206,8 @@ static int measure(const char *what, enum op op, unsigned char *buf, size_t byte
     if (started == n) {
         /* bytes moved per pass: read counts the buffer; copy counts the
          * bytes read and the bytes written */
-        double moved = op == OP_COPY ? 2.0 * (double)(bytes / 2 / SLICE_ALIGN * SLICE_ALIGN)
-                                     : (double)bytes;
+        double moved =
+            op == OP_COPY ? 2.0 * (double)(bytes / 2 / SLICE_ALIGN * SLICE_ALIGN) : (double)bytes;
         for (int i = -1; i < passes; i++) {
             pthread_barrier_wait(&p.start);
             double t0 = now_s();
@@ -301,7 +301,7 @@ static uint64_t model_bytes(const char *path)
     printf("weights per decode token: %" PRIu64 " bytes (matrices %" PRIu64 ", 1-D tensors %" PRIu64
            ", output head %" PRIu64 " %s)\n",
            total, mat, vec, have_head ? head : embd,
-           have_head ? "(output.weight; plus one token_embd row)"
+           have_head   ? "(output.weight; plus one token_embd row)"
            : have_embd ? "(token_embd.weight, tied)"
                        : "(none found)");
     return total;
@@ -327,8 +327,9 @@ int main(int argc, char **argv)
         else
             bad = 1;
         if (bad) {
-            fprintf(stderr, "bench_bw: bad option or value near '%s'\nusage: bench_bw [--mb N] "
-                            "[--passes P] [--threads T] [--kernel c|avx2|avx512] [--model M]\n",
+            fprintf(stderr,
+                    "bench_bw: bad option or value near '%s'\nusage: bench_bw [--mb N] "
+                    "[--passes P] [--threads T] [--kernel c|avx2|avx512] [--model M]\n",
                     a);
             return 2;
         }
@@ -360,7 +361,8 @@ int main(int argc, char **argv)
            bytes / MIB, llc / MIB, (int)passes, rd_name, core_qdot_isa_name(core_qdot_isa()),
            online, usable_cpus());
     fflush(stdout);
-    unsigned char *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *buf =
+        mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED) {
         fprintf(stderr, "bench_bw: cannot map %zu MiB: %s\n", bytes / MIB, strerror(errno));
         return 1;
