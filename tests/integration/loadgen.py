@@ -2,11 +2,25 @@
 """A small load client for darkserve (for measurements, not run by the tests).
 
   loadgen.py streams --url http://127.0.0.1:8080 --concurrency 1,4,16 --max-tokens 64
+             [--repeat R] [--min-streams N] [--pid PID]
       N concurrent streamed chat completions per level (each stream its own
       prompt, greedy, so every stream runs max_tokens unless it ends early);
-      per level: median and p90 time to first token (request sent -> first
-      content chunk), median per-stream decode rate (tokens after the first /
-      time after the first), aggregate rate (all completion tokens / wall time).
+      per level: median, p90 and p99 time to first token (request sent ->
+      first content chunk), median per-stream decode rate (tokens after the
+      first / time after the first), aggregate rate (all completion tokens /
+      wall time). Every request's prompt is new to the server (a serial
+      number in it), so the prefix cache serves at most the shared
+      system-prompt part, as it would for distinct users; cached_tokens
+      reports what it served.
+      Each level runs max(R, ceil(N / concurrency)) times (default once):
+      time-to-first-token percentiles are over every stream of every run, the
+      aggregate rate is the median over the runs (all of them listed).
+      With --pid (the server's process): the server's VmRSS after each level
+      and its VmHWM during the level (the peak is reset before the level
+      through /proc/PID/clear_refs; hwm_reset false means it could not be, and
+      the figure is the process's peak so far).
+      Last line: the aggregate of each level over that of one stream, when a
+      level of 1 ran ("aggregate_vs_1"; issue 8 goal 3 is the 16-stream one).
   loadgen.py sessions --url ... --n 100 --system "You are terse." [--pid PID]
       creates n sessions with a short system message; prints state bytes per
       session and, with --pid, the server's VmRSS / VmHWM from /proc.
@@ -15,7 +29,10 @@ Standard library only. Prints one JSON object per level / run.
 """
 import argparse
 import http.client
+import itertools
 import json
+import math
+import random
 import statistics
 import sys
 import threading
@@ -27,10 +44,31 @@ TOPICS = ["rivers", "mountains", "the moon", "bread", "old clocks", "bicycles", 
           "lighthouses", "deserts", "violins", "coral reefs", "maps"]
 
 
+# a tag per process and a number per request: no prompt repeats, within a run
+# or across runs against the same server
+_tag = f"{random.SystemRandom().randrange(16 ** 6):06x}"
+_serial = itertools.count(1)
+
+
+def percentile(xs, q):
+    """The q-th percentile (0..100) of xs with linear interpolation between
+    the two nearest ranks (numpy's default method): sorted xs at fractional
+    index (len - 1) * q / 100. None for no data."""
+    if not xs:
+        return None
+    v = sorted(xs)
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
 def one_stream(host, port, i, max_tokens, out, barrier):
+    serial = next(_serial)
     body = json.dumps({
         "messages": [{"role": "user",
-                      "content": f"Write a long essay about {TOPICS[i % len(TOPICS)]}."}],
+                      "content": f"Request {_tag}-{serial}. "
+                                 f"Write a long essay about {TOPICS[i % len(TOPICS)]}."}],
         "max_tokens": max_tokens, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True}}).encode()
     c = http.client.HTTPConnection(host, port, timeout=600)
@@ -65,38 +103,95 @@ def one_stream(host, port, i, max_tokens, out, barrier):
     t_end = time.monotonic()
     c.close()
     n = usage["completion_tokens"] if usage else 0
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
     out[i] = {"ttft_s": (t_first - t0) if t_first else None,
-              "tokens": n,
+              "tokens": n, "cached_tokens": cached,
               "decode_tps": (n - 1) / (t_last - t_first) if t_first and t_last > t_first
               else None,
               "t0": t0, "t_end": t_end}
 
 
-def run_streams(url, concurrency, max_tokens):
-    u = urllib.parse.urlparse(url)
+def one_run(host, port, concurrency, max_tokens):
+    """concurrency streams started together -> their results (None or a dict
+    with "error" for a failed one)."""
     out = [None] * concurrency
     barrier = threading.Barrier(concurrency)
     th = [threading.Thread(target=one_stream,
-                           args=(u.hostname, u.port, i, max_tokens, out, barrier))
+                           args=(host, port, i, max_tokens, out, barrier))
           for i in range(concurrency)]
     for t in th:
         t.start()
     for t in th:
         t.join()
-    errs = [o for o in out if not o or "error" in o]
-    ok = [o for o in out if o and "error" not in o]
+    return out
+
+
+def summarize(concurrency, max_tokens, runs):
+    """One level's figure from its runs (each a list of one_run results)."""
+    streams = [o for run in runs for o in run]
+    errs = [o for o in streams if not o or "error" in o]
+    ok = [o for o in streams if o and "error" not in o]
     ttft = sorted(o["ttft_s"] for o in ok if o["ttft_s"] is not None)
     dec = [o["decode_tps"] for o in ok if o["decode_tps"]]
-    wall = max(o["t_end"] for o in ok) - min(o["t0"] for o in ok) if ok else 0
-    total = sum(o["tokens"] for o in ok)
+    cached = [o["cached_tokens"] for o in ok if o.get("cached_tokens") is not None]
+    agg, walls, total = [], [], 0
+    for run in runs:
+        good = [o for o in run if o and "error" not in o]
+        if not good:
+            continue
+        wall = max(o["t_end"] for o in good) - min(o["t0"] for o in good)
+        tokens = sum(o["tokens"] for o in good)
+        total += tokens
+        walls.append(wall)
+        if wall > 0:
+            agg.append(tokens / wall)
+
+    def r3(x):
+        return round(x, 3) if x is not None else None
     return {
-        "concurrency": concurrency, "max_tokens": max_tokens, "errors": len(errs),
-        "ttft_median_s": round(statistics.median(ttft), 3) if ttft else None,
-        "ttft_p90_s": round(ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))], 3) if ttft else None,
+        "concurrency": concurrency, "max_tokens": max_tokens, "runs": len(runs),
+        "streams": len(streams), "errors": len(errs),
+        "ttft_median_s": r3(percentile(ttft, 50)),
+        "ttft_p50_s": r3(percentile(ttft, 50)),
+        "ttft_p90_s": r3(percentile(ttft, 90)),
+        "ttft_p99_s": r3(percentile(ttft, 99)),
         "stream_decode_tps_median": round(statistics.median(dec), 2) if dec else None,
-        "aggregate_tps": round(total / wall, 2) if wall > 0 else None,
-        "completion_tokens": total, "wall_s": round(wall, 2),
+        "aggregate_tps": round(statistics.median(agg), 2) if agg else None,
+        "aggregate_tps_runs": [round(a, 2) for a in agg],
+        "cached_tokens_median": statistics.median(cached) if cached else None,
+        "completion_tokens": total, "wall_s": round(sum(walls), 2),
     }
+
+
+def run_streams(url, concurrency, max_tokens, repeat=1, min_streams=0, pid=0):
+    """One level: max(repeat, ceil(min_streams / concurrency)) runs of
+    concurrency streams; with pid, the server's memory during and after."""
+    u = urllib.parse.urlparse(url)
+    n_runs = max(repeat, math.ceil(min_streams / concurrency))
+    hwm_reset = reset_hwm(pid) if pid else None
+    runs = [one_run(u.hostname, u.port, concurrency, max_tokens) for _ in range(n_runs)]
+    res = summarize(concurrency, max_tokens, runs)
+    if pid:
+        st = proc_status(pid)
+        res.update({"rss_kb": kb(st.get("VmRSS")), "hwm_kb": kb(st.get("VmHWM")),
+                    "hwm_reset": hwm_reset})
+    return res
+
+
+def kb(v):
+    """"123 kB" -> 123 (None stays None)."""
+    return int(v.split()[0]) if v else None
+
+
+def reset_hwm(pid):
+    """Resets the process's peak RSS (VmHWM) to its current RSS (Linux:
+    "5" into /proc/PID/clear_refs); False if not allowed."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def proc_status(pid):
@@ -149,6 +244,10 @@ def main(argv):
     a.add_argument("--url", default="http://127.0.0.1:8080")
     a.add_argument("--concurrency", default="1,4,16")
     a.add_argument("--max-tokens", type=int, default=64)
+    a.add_argument("--repeat", type=int, default=1, help="runs of each level at least")
+    a.add_argument("--min-streams", type=int, default=0,
+                   help="repeat a level until this many streams ran")
+    a.add_argument("--pid", type=int, default=0, help="the server's pid: RSS per level")
     b = sub.add_parser("sessions")
     b.add_argument("--url", default="http://127.0.0.1:8080")
     b.add_argument("--n", type=int, default=100)
@@ -156,8 +255,15 @@ def main(argv):
     b.add_argument("--pid", type=int, default=0)
     args = ap.parse_args(argv)
     if args.cmd == "streams":
+        agg = {}
         for c in (int(x) for x in args.concurrency.split(",")):
-            print(json.dumps(run_streams(args.url, c, args.max_tokens)), flush=True)
+            res = run_streams(args.url, c, args.max_tokens, args.repeat, args.min_streams,
+                              args.pid)
+            agg[c] = res["aggregate_tps"]
+            print(json.dumps(res), flush=True)
+        if agg.get(1):
+            print(json.dumps({"aggregate_vs_1": {str(c): round(a / agg[1], 2)
+                                                 for c, a in agg.items() if a}}), flush=True)
     else:
         print(json.dumps(run_sessions(args.url, args.n, args.system, args.pid)), flush=True)
 
