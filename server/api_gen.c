@@ -270,6 +270,8 @@ void api_gen_reply_json(api_gen_t *g, int status, const char *json)
                          strlen("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_"
                                 "error\",\"param\":null,\"code\":\"internal_error\"}}"));
     } else {
+        if (status == 429 || status == 503) /* as api_reply_admit says it */
+            srv_stream_add_header(g->stream, "Retry-After", "1");
         srv_stream_reply(g->stream, status, "application/json", json, strlen(json));
     }
     g->stream = NULL; /* reply releases the reference, also when the client is gone */

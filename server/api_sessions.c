@@ -236,10 +236,13 @@ static void defer_reply_json(srv_stream_t *st, int status, const char *json)
 {
     static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
                               "\"server_error\",\"param\":null,\"code\":\"internal_error\"}}";
-    if (!json)
+    if (!json) {
         srv_stream_reply(st, 500, "application/json", oom, sizeof oom - 1);
-    else
-        srv_stream_reply(st, status, "application/json", json, strlen(json));
+        return;
+    }
+    if (status == 429 || status == 503) /* as api_reply_admit says it */
+        srv_stream_add_header(st, "Retry-After", "1");
+    srv_stream_reply(st, status, "application/json", json, strlen(json));
 }
 
 static void defer_reply_error(srv_stream_t *st, const proto_error_t *e)

@@ -17,20 +17,28 @@
  */
 #include "server/sessions_impl.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "server/log.h"
+
 /* A fetched session nobody took (the client left before its handler ran
  * again) is given back by the sweep after this long. */
 #define FETCH_MAX_MS 30000
 
-static int64_t mono_ms(void)
+static int64_t mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t mono_ms(void)
+{
+    return mono_ns() / 1000000;
 }
 
 int srv_store_remote(const srv_store_t *st)
@@ -160,7 +168,9 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
     size_t len = 0;
     srv_seq_ctx_t c = {0};
     meta_t m = {0};
+    const int64_t t0 = mono_ns();
     int rc = st->be->ops->acquire(st->be, id, have, tok, &v, &blob, &len);
+    const int64_t t1 = mono_ns();
     const int loaded = rc == 0 && blob != NULL;
     if (loaded) {
         if (len > st->max_blob) {
@@ -196,6 +206,11 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
         pthread_mutex_unlock(&st->mu);
         return rc;
     }
+    if (loaded) /* another replica served it last (or it was not in memory here) */
+        SRV_LOG(SRV_LOG_INFO, NULL, "session %s read from the shared store: version %" PRIu64
+                ", %zu bytes, %.2f ms (%.2f ms to fetch, %.2f ms to load the state)", id, v, len,
+                (double)(mono_ns() - t0) / 1e6, (double)(t1 - t0) / 1e6,
+                (double)(mono_ns() - t1) / 1e6);
     memcpy(s->token, tok, sizeof s->token);
     s->leased = 1;
     s->tokens_held = srv_sess_ctx_tokens(&s->ctx);
