@@ -1,0 +1,557 @@
+#!/usr/bin/env python3
+"""make bench: darkserve's benchmark of record (issue 8, "Speed and memory").
+
+  scripts/bench.py [--build DIR] [--model M.gguf] [--adapter A.gguf] [--out FILE]
+  BENCH_QUICK=1 scripts/bench.py ...   (or --quick)
+
+One run measures, on the machine it runs on and in the same minutes:
+
+1. the machine: CPU, cores, the kernels chosen (quantized dot products, OpenBLAS
+   core type, the probe's read loop), last-level cache, load average at the
+   start and at the end, the commit (and the uncommitted files compiled in);
+2. memory bandwidth (build/tools/bench_bw: read on 1 thread and on every usable
+   CPU, copy for comparison) and the weight bytes a decode token reads (from the
+   model file); the decode bound = those bytes / the all-CPU read bandwidth;
+3. single stream: prefill tokens/s on a 512-token prompt (`darkserve generate`,
+   exact and default attention alternating, median of 5), decode tokens/s at
+   contexts 512 / 4K / 16K / 64K (build/tools/bench_decode; exact attention up
+   to 16K, the default configuration -- DARKFormer v2 with the adapter beside
+   the model, what `--attn auto` picks -- at all four), each the median of 5
+   runs alternating over the contexts in one process, with its ratio to the
+   bound;
+4. HTTP: `darkserve serve` (default model and configuration) on a free loopback
+   port, tests/integration/loadgen.py streams at 1, 4, 16 and 64 concurrent
+   streams of 64 tokens (time to first token p50 / p99, aggregate tokens/s, the
+   16-stream aggregate over the 1-stream one), and the server's RSS idle after
+   loading, peak during the 16-stream level and idle after the load.
+
+It prints a table on stdout and writes a markdown block (the same figures and
+issue 8's goals, met or not) to build/bench/report.md, to paste into
+docs/PERFORMANCE.md. Progress goes to stderr. BENCH_QUICK=1 skips the 16K and
+64K contexts and the 64-stream level (a few minutes instead of ~15).
+
+The figures are medians; a machine shared with other work gives lower and
+wider ones: the load averages printed with them say how busy it was. Exit
+status 1 if a step failed (the others still run and are reported).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+PREFILL_TOKENS = 512
+PREFILL_RUNS = 5
+DECODE_TOKENS, DECODE_RUNS = 32, 5
+# exact attention at 16K reads a 0.75 GB KV cache per token (~2 tokens/s on the
+# 2-core machine): fewer tokens per run there
+EXACT_LONG_TOKENS = 8
+MAX_TOKENS = 64
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, env=None, timeout=3600):
+    """-> (returncode, stdout, stderr) of cmd (text)."""
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+# ---------------------------------------------------------------- machine
+def machine(bin_path):
+    cpu = re.search(r"^model name\s*:\s*(.+)$", read("/proc/cpuinfo"), re.M)
+    mem = re.search(r"^MemTotal:\s*(\d+) kB", read("/proc/meminfo"), re.M)
+    rc, out, _ = run([bin_path, "version"])
+    coretype = re.search(r"^openblas: (\S+)", out, re.M) if rc == 0 else None
+    version = out.splitlines()[0] if rc == 0 and out else "?"
+    rc, commit, _ = run(["git", "rev-parse", "--short", "HEAD"])
+    rc2, dirty, _ = run(["git", "status", "--porcelain", "--untracked-files=no"])
+    dirty = [l[3:] for l in dirty.splitlines()] if rc2 == 0 else []
+    return {
+        "cpu": cpu.group(1).strip() if cpu else platform.processor() or "?",
+        "online": os.cpu_count(),
+        "usable": len(os.sched_getaffinity(0)),
+        "mem_gib": int(mem.group(1)) / 2**20 if mem else None,
+        "openblas": coretype.group(1) if coretype else "?",
+        "version": version,
+        "kernel": platform.release(),
+        "commit": commit.strip() if rc == 0 else "?",
+        "dirty": dirty,
+    }
+
+
+def tool_env(m):
+    """The tools are not darkserve: they do not re-execute themselves with the
+    OpenBLAS core type it picks, so give it to them (as make test does)."""
+    env = dict(os.environ)
+    if m["openblas"] != "?" and "OPENBLAS_CORETYPE" not in env:
+        env["OPENBLAS_CORETYPE"] = m["openblas"]
+    return env
+
+
+# ---------------------------------------------------------------- bandwidth
+RE_BW = re.compile(r"^(read|copy) (\d+) threads?(.*?): median ([\d.]+) GB/s "
+                   r"\(min ([\d.]+), max ([\d.]+)\)", re.M)
+
+
+def parse_bench_bw(out):
+    """bench_bw's output -> dict (see tools/bench_bw.c for the lines)."""
+    r = {"rows": []}
+    head = re.search(r"^bench_bw: buffer (\d+) MiB \(last-level cache (\d+) MiB\), (\d+) "
+                     r"passes, read kernel (\S+), qdot kernels (\S+);", out, re.M)
+    if head:
+        r.update(buffer_mib=int(head.group(1)), llc_mib=int(head.group(2)),
+                 passes=int(head.group(3)), read_kernel=head.group(4), qdot=head.group(5))
+    for m in RE_BW.finditer(out):
+        r["rows"].append({"op": m.group(1), "threads": int(m.group(2)),
+                          "note": m.group(3).strip(), "gbs": float(m.group(4)),
+                          "min": float(m.group(5)), "max": float(m.group(6))})
+    w = re.search(r"^weights per decode token: (\d+) bytes \((.*)\)$", out, re.M)
+    if w:
+        r["weight_bytes"], r["weight_detail"] = int(w.group(1)), w.group(2)
+    return r
+
+
+def bandwidth(build, model, env):
+    rc, out, err = run([os.path.join(build, "tools", "bench_bw"), "--model", model], env=env)
+    if rc != 0:
+        raise RuntimeError(f"bench_bw failed ({rc}): {err.strip()}")
+    r = parse_bench_bw(out)
+    big = [x for x in r["rows"] if x["op"] == "read" and not x["note"]]
+    if not big or "weight_bytes" not in r:
+        raise RuntimeError(f"bench_bw: unexpected output:\n{out}")
+    r["read_all"] = max(big, key=lambda x: x["threads"])
+    r["bound_tps"] = r["read_all"]["gbs"] * 1e9 / r["weight_bytes"]
+    return r
+
+
+# ---------------------------------------------------------------- prefill
+def n_tokens(bin_path, model, text):
+    rc, out, err = run([bin_path, "tokenize", "--model", model, "--ids", text])
+    if rc != 0:
+        raise RuntimeError(f"tokenize failed: {err.strip()}")
+    return len(out.split())
+
+
+def prompt_of(bin_path, model, n):
+    """The shortest prefix of tests/data/heldout.txt of n tokens (or, where a
+    merge skips n, of the nearest count below it) -> (text, tokens)."""
+    text = read(os.path.join(ROOT, "tests", "data", "heldout.txt"))
+    lo, hi = 1, len(text)
+    if n_tokens(bin_path, model, text) < n:
+        raise RuntimeError(f"tests/data/heldout.txt has fewer than {n} tokens")
+    while lo < hi:  # smallest length with >= n tokens
+        mid = (lo + hi) // 2
+        if n_tokens(bin_path, model, text[:mid]) >= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    for cut in range(lo, max(lo - 8, 0), -1):
+        k = n_tokens(bin_path, model, text[:cut])
+        if k <= n:
+            return text[:cut], k
+    return text[:lo], n_tokens(bin_path, model, text[:lo])
+
+
+RE_PREFILL = re.compile(r"^prompt: (\d+) tokens in [\d.]+ s \(([\d.]+) tokens/s\)", re.M)
+
+
+def prefill(bin_path, model):
+    prompt, k = prompt_of(bin_path, model, PREFILL_TOKENS)
+    res = {"tokens": k, "exact": [], "auto": []}
+    for _ in range(PREFILL_RUNS):
+        for attn in ("exact", "auto"):  # alternating: the load falls on both alike
+            rc, _, err = run([bin_path, "generate", "--model", model, "--attn", attn,
+                              "--temperature", "0", "--max-tokens", "1", "--prompt", prompt])
+            m = RE_PREFILL.search(err)
+            if rc != 0 or not m:
+                raise RuntimeError(f"generate --attn {attn} failed ({rc}): {err.strip()[-400:]}")
+            res[attn].append(float(m.group(2)))
+    return res
+
+
+# ---------------------------------------------------------------- decode
+RE_DECODE = re.compile(r"^attn (\S+) .*? ctx (\d+) threads (\d+) isa (\S+): state (\d+) bytes; "
+                       r"fill ([\d.]+) s; decode tokens/s:([\d. ]+); median ([\d.]+)$", re.M)
+
+
+def decode(build, model, env, attn, ctxs, tokens, adapter=None):
+    """One bench_decode process over ctxs -> list of per-context dicts."""
+    cmd = [os.path.join(build, "tools", "bench_decode"), "--model", model, "--attn", attn,
+           "--ctx", ",".join(str(c) for c in ctxs), "--tokens", str(tokens),
+           "--runs", str(DECODE_RUNS)]
+    if adapter:
+        cmd += ["--adapter", adapter]
+    t0 = time.monotonic()
+    rc, out, err = run(cmd, env=env)
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(cmd[1:])}: failed ({rc}): {err.strip()}")
+    rows = [{"attn": m.group(1), "ctx": int(m.group(2)), "threads": int(m.group(3)),
+             "isa": m.group(4), "state_bytes": int(m.group(5)), "fill_s": float(m.group(6)),
+             "runs": [float(x) for x in m.group(7).split()], "median": float(m.group(8)),
+             "tokens": tokens} for m in RE_DECODE.finditer(out)]
+    if len(rows) != len(ctxs):
+        raise RuntimeError(f"bench_decode: unexpected output:\n{out}")
+    log(f"  decode {attn} {ctxs}: {time.monotonic() - t0:.0f} s")
+    return rows
+
+
+# ---------------------------------------------------------------- HTTP
+def proc_kb(pid, key):
+    m = re.search(rf"^{key}:\s*(\d+) kB", read(f"/proc/{pid}/status"), re.M)
+    return int(m.group(1)) if m else None
+
+
+def http_streams(build, bin_path, model, quick, python):
+    sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+    os.environ["DARKSERVE_BIN"] = bin_path
+    from ds_server import Server  # noqa: E402  (reads DARKSERVE_BIN at import)
+    tmp = os.path.join(build, "bench", "serve")
+    shutil.rmtree(tmp, ignore_errors=True)  # last run's log and session directory
+    # attn None: no --attn flag, the default configuration (auto)
+    srv = Server(tmp, model=model, attn=None, name="bench")
+    res = {"levels": [], "port": srv.port}
+    try:
+        pid = srv.proc.pid
+        time.sleep(2)
+        res["rss_idle_kb"] = proc_kb(pid, "VmRSS")
+        res["hwm_start_kb"] = proc_kb(pid, "VmHWM")
+        loadgen = os.path.join(ROOT, "tests", "integration", "loadgen.py")
+        # 1-16 streams: at least 16 streams and 3 runs per level (TTFT
+        # percentiles over >= 16 values, aggregate the median of >= 3 runs);
+        # 64 streams once (64 TTFTs; it is past the batch of 16 and long)
+        batches = [("1,4,16", ["--repeat", "3", "--min-streams", "16"])]
+        if not quick:
+            batches.append(("64", ["--repeat", "1"]))
+        for levels, extra in batches:
+            cmd = [python, loadgen, "streams", "--url", srv.url(), "--concurrency", levels,
+                   "--max-tokens", str(MAX_TOKENS), "--pid", str(pid)] + extra
+            t0 = time.monotonic()
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+            if p.returncode != 0:
+                raise RuntimeError(f"loadgen failed ({p.returncode}): {p.stderr.strip()}")
+            for line in p.stdout.splitlines():
+                obj = json.loads(line)
+                if "concurrency" in obj:
+                    res["levels"].append(obj)
+            log(f"  streams {levels}: {time.monotonic() - t0:.0f} s")
+        time.sleep(2)
+        res["rss_after_kb"] = proc_kb(pid, "VmRSS")
+        res["server_alive"] = srv.proc.poll() is None
+    finally:
+        res["stop_rc"] = srv.stop(signal.SIGTERM, timeout=60)
+    return res
+
+
+# ---------------------------------------------------------------- report
+def fmt(x, nd=1):
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def table(header, rows, markdown):
+    """Rows of strings -> lines: a markdown table, or columns padded with
+    spaces for a terminal."""
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return out + ["| " + " | ".join(r) + " |" for r in rows]
+    w = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = lambda r: "  ".join(str(c).ljust(n) for c, n in zip(r, w)).rstrip()  # noqa: E731
+    return [line(header), line(["-" * n for n in w])] + [line(r) for r in rows]
+
+
+def ctx_name(c):
+    return f"{c // 1024}K" if c >= 1024 and c % 1024 == 0 else str(c)
+
+
+def goals(r):
+    """Issue 8's goals -> rows (goal, target, measured, verdict)."""
+    out = []
+    bw, dec = r.get("bw"), r.get("decode") or []
+    dflt = [d for d in dec if d["attn"] != "exact"]
+    if bw and dflt:
+        ratios = [d["median"] / bw["bound_tps"] for d in dflt]
+        out.append(("1. single-stream decode, default configuration", "≥ 50% of the bound",
+                    ", ".join(f"{ctx_name(d['ctx'])} {100 * q:.0f}%" for d, q in zip(dflt, ratios)),
+                    "met" if min(ratios) >= 0.5 else "not met"))
+    else:
+        out.append(("1. single-stream decode", "≥ 50% of the bound", "not measured", "—"))
+    pre = r.get("prefill")
+    if pre:
+        p = median(pre["auto"])
+        out.append((f"2. prefill, {pre['tokens']}-token prompt, default configuration",
+                    "≥ 400 tokens/s", f"{p:.0f} tokens/s", "met" if p >= 400 else "not met"))
+    else:
+        out.append(("2. prefill", "≥ 400 tokens/s", "not measured", "—"))
+    http = r.get("http")
+    lv = {x["concurrency"]: x for x in (http or {}).get("levels", [])}
+    if 1 in lv and 16 in lv and lv[1]["aggregate_tps"] and lv[16]["aggregate_tps"]:
+        q = lv[16]["aggregate_tps"] / lv[1]["aggregate_tps"]
+        out.append(("3. 16 HTTP streams, aggregate", "≥ 4× one stream", f"{q:.2f}×",
+                    "met" if q >= 4 else "not met"))
+    else:
+        out.append(("3. 16 HTTP streams", "≥ 4× one stream", "not measured", "—"))
+    if http and http.get("rss_idle_kb") and 16 in lv and lv[16].get("hwm_kb"):
+        idle, peak = http["rss_idle_kb"] * 1024 / 1e6, lv[16]["hwm_kb"] * 1024 / 1e6
+        out.append(("4. `serve` RSS (MB = 10⁶ bytes)", "idle ≤ 250 MB, 16 streams ≤ 400 MB",
+                    f"idle {idle:.0f} MB, 16 streams {peak:.0f} MB",
+                    "met" if idle <= 250 and peak <= 400 else "not met"))
+    else:
+        out.append(("4. `serve` RSS", "≤ 250 / ≤ 400 MB", "not measured", "—"))
+    return out
+
+
+def render(r, markdown):
+    m, L = r["machine"], []
+    md = markdown
+    b = (lambda s: f"**{s}**") if md else (lambda s: s)
+    start, end = r["load_start"], r.get("load_end") or (None, None, None)
+    dirty = m["dirty"]
+    tree = m["commit"] + (f" with {len(dirty)} uncommitted file(s) compiled in "
+                          f"({', '.join(dirty[:8])}{', …' if len(dirty) > 8 else ''})"
+                          if dirty else " (clean tree)")
+    bw = r.get("bw") or {}
+    if md:
+        L.append(f"## `make bench` on {m['commit']} ({r['date']})")
+        L.append("")
+    else:
+        L.append(f"make bench — {r['date']}, commit {tree}")
+    L.append(f"Machine: {m['cpu']}, {m['online']} online CPUs ({m['usable']} usable), "
+             f"{fmt(m['mem_gib'])} GiB, Linux {m['kernel']}; last-level cache "
+             f"{fmt(bw.get('llc_mib'))} MiB; kernels chosen: quantized dot products "
+             f"{bw.get('qdot', '?')}, OpenBLAS {m['openblas']}, bandwidth probe "
+             f"{bw.get('read_kernel', '?')}. Load average (1/5/15 min) at the start "
+             f"{' / '.join(f'{x:.2f}' for x in start)}, at the end "
+             f"{' / '.join(fmt(x, 2) for x in end)}. " +
+             (f"Tree: {tree}. " if md else "") +
+             f"{m['version']}; {'quick run (BENCH_QUICK=1)' if r['quick'] else 'full run'}, "
+             f"wall time {r.get('wall_s', 0) / 60:.1f} min.")
+    L.append("")
+
+    L.append(b("Memory bandwidth") + (" (build/tools/bench_bw)" if md else ""))
+    if bw.get("rows"):
+        rows = []
+        for x in bw["rows"]:
+            what = {"read": "read", "copy": "copy (read + write bytes counted)"}[x["op"]]
+            size = x["note"].replace("at ", "").strip() or f"{bw['buffer_mib']} MiB"
+            rows.append([what, str(x["threads"]), size, fmt(x["gbs"], 2),
+                         f"{x['min']:.2f}–{x['max']:.2f}"])
+        L.append("")
+        L += table(["", "threads", "buffer", f"GB/s, median of {bw['passes']}", "min–max"],
+                   rows, md)
+        L.append("")
+        L.append(f"Weights read per decode token: {bw['weight_bytes']:,} bytes "
+                 f"({bw['weight_detail']}). Decode bound = "
+                 f"{bw['read_all']['gbs']:.2f} GB/s ({bw['read_all']['threads']}-thread read, "
+                 f"{bw['buffer_mib']} MiB) ÷ {bw['weight_bytes'] / 1e6:.1f} MB = "
+                 + b(f"{bw['bound_tps']:.0f} tokens/s") + ".")
+    else:
+        L.append(f"not measured: {r['errors'].get('bw', '?')}")
+    L.append("")
+
+    L.append(b("Single stream"))
+    L.append("")
+    pre = r.get("prefill")
+    if pre:
+        runs = {k: ", ".join(f"{x:.1f}" for x in pre[k]) for k in ("exact", "auto")}
+        meds = {k: b(f"{median(pre[k]):.1f}") for k in ("exact", "auto")}
+        L.append(f"Prefill, a {pre['tokens']}-token prompt (`darkserve generate --max-tokens 1`, "
+                 f"exact and default alternating, median of {len(pre['exact'])}), tokens/s: "
+                 f"exact {meds['exact']} ({runs['exact']}); default {meds['auto']} "
+                 f"({runs['auto']}).")
+    else:
+        L.append(f"Prefill not measured: {r['errors'].get('prefill', '?')}")
+    L.append("")
+    dec = r.get("decode") or []
+    if dec:
+        bound = bw.get("bound_tps")
+        wb = bw.get("weight_bytes")
+        rows = []
+        for d in dec:
+            name = "exact" if d["attn"] == "exact" else "default (DARKFormer v2 + adapter)"
+            q1 = f"{100 * d['median'] / bound:.0f}%" if bound else "—"
+            q2 = (f"{100 * d['median'] / (bw['read_all']['gbs'] * 1e9 / (wb + d['state_bytes'])):.0f}%"
+                  if bound else "—")
+            rows.append([ctx_name(d["ctx"]), name, b(f"{d['median']:.1f}"),
+                         ", ".join(f"{x:.1f}" for x in d["runs"]), str(d["tokens"]),
+                         f"{d['state_bytes'] / 1e6:.1f}", q1, q2])
+        L.append(f"Decode (build/tools/bench_decode, {dec[0]['threads']} threads, "
+                 f"{DECODE_RUNS} runs per context alternating over the contexts of one "
+                 f"process; synthetic context, real decode steps):")
+        L.append("")
+        L += table(["context", "attention", "tokens/s, median", "runs", "tokens/run",
+                    "state MB", "of the bound", "of the bound with the state"], rows, md)
+        L.append("")
+        L.append("\"of the bound\": median ÷ (read bandwidth ÷ weight bytes), issue 8's "
+                 "measure; \"with the state\": the bytes of the whole attention state "
+                 "(core_attn_state_bytes) added to those a token reads, an upper estimate.")
+        L.append(r["skipped_note"])
+    if r["errors"].get("decode"):
+        L.append(f"Decode errors: {r['errors']['decode']}")
+    L.append("")
+
+    L.append(b("HTTP streams") + (" (tests/integration/loadgen.py against `darkserve serve`, "
+                                   "default model and configuration)" if md else ""))
+    L.append("")
+    http = r.get("http")
+    if http and http.get("levels"):
+        rows = []
+        for x in http["levels"]:
+            rows.append([str(x["concurrency"]), f"{x['runs']} ({x['streams']} streams)",
+                         fmt(x["ttft_p50_s"], 2), fmt(x["ttft_p99_s"], 2),
+                         fmt(x["stream_decode_tps_median"]),
+                         b(fmt(x["aggregate_tps"])),
+                         ", ".join(f"{a:.1f}" for a in x["aggregate_tps_runs"]),
+                         fmt(x.get("cached_tokens_median")),
+                         fmt(x["hwm_kb"] * 1024 / 1e6 if x.get("hwm_kb") else None, 0)
+                         + ("" if x.get("hwm_reset", True) else " (peak so far)"),
+                         str(x["errors"])])
+        L += table(["streams", "runs", "TTFT p50 s", "TTFT p99 s", "per-stream tokens/s",
+                    "aggregate tokens/s", "aggregate, runs", "cached prompt tokens",
+                    "serve peak RSS MB", "errors"], rows, md)
+        L.append("")
+        lv = {x["concurrency"]: x for x in http["levels"]}
+        if lv.get(1, {}).get("aggregate_tps"):
+            L.append("Aggregate over one stream: " + ", ".join(
+                f"{c} streams {x['aggregate_tps'] / lv[1]['aggregate_tps']:.2f}×"
+                for c, x in lv.items() if c != 1 and x["aggregate_tps"]) + ".")
+        L.append(f"`serve` RSS: idle after loading the model "
+                 f"{fmt((http.get('rss_idle_kb') or 0) * 1024 / 1e6, 0)} MB, idle after the "
+                 f"streams {fmt((http.get('rss_after_kb') or 0) * 1024 / 1e6, 0)} MB (MB = 10⁶ "
+                 f"bytes; peak = VmHWM, reset before each level). {MAX_TOKENS} tokens per "
+                 f"stream, greedy, every prompt new to the server.")
+    else:
+        L.append(f"not measured: {r['errors'].get('http', '?')}")
+    L.append("")
+
+    L.append(b("Issue 8 goals"))
+    L.append("")
+    L += table(["goal", "target", "measured", ""], [list(g) for g in goals(r)], md)
+    return "\n".join(L) + "\n"
+
+
+# ---------------------------------------------------------------- main
+def adapter_beside(model):
+    """Where `--attn auto` looks for the model's adapter (server --help)."""
+    base = os.path.basename(model)
+    stem = base[:-5] if base.endswith(".gguf") else base
+    for p in (os.path.join(os.path.dirname(model), "adapters", f"{stem}.darkformer.gguf"),
+              (model[:-5] if model.endswith(".gguf") else model) + ".darkformer.gguf"):
+        if os.path.exists(p):
+            return p
+    return None
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--adapter", default=None,
+                    help="default: the one `--attn auto` finds beside the model")
+    ap.add_argument("--out", default=None, help="default: BUILD/bench/report.md")
+    ap.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK") == "1")
+    args = ap.parse_args(argv)
+    build = os.path.abspath(args.build)
+    model = os.path.abspath(args.model)
+    bin_path = os.path.join(build, "darkserve")
+    out_path = args.out or os.path.join(build, "bench", "report.md")
+    adapter = args.adapter or adapter_beside(model)
+    for p in (bin_path, os.path.join(build, "tools", "bench_bw"),
+              os.path.join(build, "tools", "bench_decode"), model):
+        if not os.path.exists(p):
+            sys.exit(f"bench: {p} missing (make all; make model)")
+
+    t_start = time.monotonic()
+    r = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+         "load_start": os.getloadavg(), "quick": args.quick, "errors": {}}
+    r["machine"] = machine(bin_path)
+    env = tool_env(r["machine"])
+    log(f"{'quick' if args.quick else 'full'} run; load average {r['load_start'][0]:.2f}")
+
+    log("bandwidth probe")
+    try:
+        r["bw"] = bandwidth(build, model, env)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        r["errors"]["bw"] = str(e)
+
+    log(f"prefill: {PREFILL_TOKENS}-token prompt, exact and default, {PREFILL_RUNS} runs each")
+    try:
+        r["prefill"] = prefill(bin_path, model)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        r["errors"]["prefill"] = str(e)
+
+    short, long_ = [512, 4096], [16384, 65536]
+    r["decode"], errs = [], []
+    skipped = ["exact attention at 64K is not run: its KV cache is 3.0 GB of f32 (6 GB while "
+               "it is loaded), every token reads all of it (~0.5 tokens/s here: minutes per "
+               "median), and 64K is 8x the model's trained context of 8,192"]
+    if args.quick:
+        skipped.insert(0, "BENCH_QUICK=1: 16K and 64K contexts not run")
+    plan = [("exact", short, DECODE_TOKENS, None)]
+    if not args.quick:
+        plan.append(("exact", [16384], EXACT_LONG_TOKENS, None))
+    if adapter:
+        plan.append(("darkformer", short + ([] if args.quick else long_), DECODE_TOKENS,
+                     adapter))
+    else:
+        skipped.append(f"no adapter beside {args.model}: the default configuration "
+                       "(DARKFormer v2) could not be measured")
+    r["skipped_note"] = "Not run: " + "; ".join(skipped) + "."
+    for attn, ctxs, tokens, ad in plan:
+        log(f"decode {attn} at {', '.join(ctx_name(c) for c in ctxs)}")
+        try:
+            r["decode"] += decode(build, model, env, attn, ctxs, tokens, ad)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            errs.append(str(e))
+    if errs:
+        r["errors"]["decode"] = "; ".join(errs)
+
+    log("HTTP streams: serve + loadgen")
+    try:
+        r["http"] = http_streams(build, bin_path, model, args.quick, sys.executable)
+    except (RuntimeError, AssertionError, OSError, subprocess.TimeoutExpired) as e:
+        r["errors"]["http"] = str(e)
+
+    r["load_end"] = os.getloadavg()
+    r["wall_s"] = time.monotonic() - t_start
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w") as f:
+        f.write(render(r, markdown=True))
+    with open(os.path.splitext(out_path)[0] + ".json", "w") as f:
+        json.dump(r, f, indent=1, default=str)
+    sys.stdout.write(render(r, markdown=False))
+    print(f"\nmarkdown: {os.path.relpath(out_path, ROOT)} (and .json beside it)")
+    for k, v in r["errors"].items():
+        print(f"bench: {k} failed: {v}", file=sys.stderr)
+    return 1 if r["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

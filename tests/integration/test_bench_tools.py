@@ -1,0 +1,201 @@
+"""The pieces `make bench` is built from (scripts/bench.py), checked for what
+they print and compute, never for how fast anything is:
+
+- build/tools/bench_bw on a small buffer: the lines bench.py parses, positive
+  figures, and the weight bytes of a decode token equal to the sum the GGUF
+  file gives (untied output head: the tiny model; tied: SmolLM2);
+- build/tools/bench_decode with a list of contexts (one state per context;
+  linear kinds filled once through the list);
+- loadgen's percentile helper and per-level summary on known data;
+- bench.py's report: the goals of issue 8 met or not from given figures.
+"""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import gguf
+import pytest
+
+from ds_server import BIN, BUILD, MODEL, ROOT, TINY
+
+sys.path.insert(0, os.path.dirname(__file__))
+import loadgen  # noqa: E402
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "scripts",
+                                                                        "bench.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bench = load_bench()
+BENCH_BW = os.path.join(BUILD, "tools", "bench_bw")
+BENCH_DECODE = os.path.join(BUILD, "tools", "bench_decode")
+
+
+def tool(args, check=True):
+    assert os.access(args[0], os.X_OK), f"{args[0]} missing: build it first (make)"
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def expected_weight_bytes(path):
+    """What a decode step reads, from the gguf package's own reader: every
+    tensor but token_embd, plus token_embd whole when there is no output.weight
+    (tied) or one row of it when there is."""
+    r = gguf.GGUFReader(path)
+    t = {x.name: x for x in r.tensors}
+    rest = sum(int(x.n_bytes) for n, x in t.items() if n != "token_embd.weight")
+    embd = t["token_embd.weight"]
+    if "output.weight" in t:
+        return rest + int(embd.n_bytes) // int(embd.shape[1])
+    return rest + int(embd.n_bytes)
+
+
+@pytest.mark.parametrize("kernel", ["c", None])
+def test_bench_bw_small_buffer(kernel):
+    args = [BENCH_BW, "--mb", "8", "--passes", "3", "--threads", "2", "--model", TINY]
+    if kernel:
+        args += ["--kernel", kernel]
+    out = tool(args).stdout
+    r = bench.parse_bench_bw(out)
+    assert r["buffer_mib"] == 8 and r["passes"] == 3, out
+    if kernel:
+        assert r["read_kernel"] == kernel
+    got = {(x["op"], x["threads"], x["note"] != "") for x in r["rows"]}
+    assert got == {("read", 1, False), ("read", 2, False), ("copy", 1, False),
+                   ("copy", 2, False), ("read", 2, True)}, out
+    for x in r["rows"]:
+        assert 0 < x["min"] <= x["gbs"] <= x["max"], x
+    assert r["weight_bytes"] == expected_weight_bytes(TINY), out
+    assert "output.weight" in r["weight_detail"]
+
+
+def test_bench_bw_tied_head_counts_the_whole_table():
+    out = tool([BENCH_BW, "--mb", "2", "--passes", "1", "--threads", "1", "--model",
+                MODEL]).stdout
+    r = bench.parse_bench_bw(out)
+    assert r["weight_bytes"] == expected_weight_bytes(MODEL), out
+    assert "tied" in r["weight_detail"]
+    # the tied table is most of what is not a block matrix: a decode token
+    # reads far more than the matrices alone
+    assert r["weight_bytes"] > 90_000_000
+
+
+@pytest.mark.parametrize("args", [["--mb", "0"], ["--passes", "x"], ["--kernel", "sse9"],
+                                  ["--bogus", "1"], ["--mb"]])
+def test_bench_bw_refuses_bad_options(args):
+    p = tool([BENCH_BW] + args, check=False)
+    assert p.returncode == 2 and "bench_bw" in p.stderr
+
+
+def test_bench_bw_unreadable_model_fails():
+    p = tool([BENCH_BW, "--mb", "2", "--passes", "1", "--model", "/nonexistent.gguf"],
+             check=False)
+    assert p.returncode == 1 and "/nonexistent.gguf" in p.stderr
+
+
+@pytest.mark.parametrize("attn", ["exact", "performer"])
+def test_bench_decode_context_list(attn):
+    out = tool([BENCH_DECODE, "--model", TINY, "--attn", attn, "--ctx", "160,16",
+                "--vs", "64", "--tokens", "2", "--runs", "3", "--threads", "1"]).stdout
+    rows = list(bench.RE_DECODE.finditer(out))
+    assert [int(m.group(2)) for m in rows] == [160, 16, 64], out  # the order given
+    for m in rows:
+        assert m.group(1) == attn
+        assert len(m.group(7).split()) == 3 and float(m.group(8)) > 0
+    states = [int(m.group(5)) for m in rows]
+    if attn == "exact":
+        assert states[0] > states[2] > states[1], out  # a KV cache grows with the context
+    else:
+        assert len(set(states)) == 1, out  # a linear state does not
+    assert "ratio of the medians" not in out  # only for exactly two contexts
+
+
+def test_bench_decode_bad_context_list():
+    for ctx in ["", "1,,x", ",".join(["8"] * 9)]:
+        p = tool([BENCH_DECODE, "--model", TINY, "--ctx", ctx], check=False)
+        assert p.returncode == 2, (ctx, p.stdout)
+
+
+def test_percentile_known_data():
+    p = loadgen.percentile
+    assert p([], 50) is None
+    assert p([7.0], 50) == 7.0 and p([7.0], 99) == 7.0
+    assert p([4, 1, 3, 2], 50) == 2.5  # unsorted input
+    assert p([1, 2, 3, 4], 0) == 1 and p([1, 2, 3, 4], 100) == 4
+    assert p(list(range(1, 101)), 99) == pytest.approx(99.01)
+    assert p([10, 20], 90) == pytest.approx(19.0)
+
+
+def test_summarize_levels():
+    def stream(t0, ttft, tokens, t_end):
+        return {"ttft_s": ttft, "tokens": tokens, "decode_tps": 10.0, "cached_tokens": 0,
+                "t0": t0, "t_end": t_end}
+    runs = [[stream(0, 0.1, 64, 2.0), stream(0, 0.3, 64, 4.0)],      # 128 tokens / 4 s
+            [stream(10, 0.2, 64, 12.0), {"error": 429, "body": ""}],  # 64 / 2 s
+            [stream(20, 0.4, 32, 21.0), stream(20, 0.5, 32, 21.0)]]   # 64 / 1 s
+    s = loadgen.summarize(2, 64, runs)
+    assert (s["runs"], s["streams"], s["errors"]) == (3, 6, 1)
+    assert s["ttft_p50_s"] == 0.3 and s["ttft_median_s"] == 0.3
+    assert s["ttft_p99_s"] == pytest.approx(0.496)
+    assert s["aggregate_tps_runs"] == [32.0, 32.0, 64.0] and s["aggregate_tps"] == 32.0
+    assert s["completion_tokens"] == 256
+
+
+def fake_results(decode_tps, prefill_tps, agg1, agg16, idle_kb, hwm16_kb):
+    bw = {"rows": [{"op": "read", "threads": 2, "note": "", "gbs": 10.0, "min": 9.0,
+                    "max": 11.0}],
+          "buffer_mib": 1200, "llc_mib": 300, "passes": 9, "read_kernel": "avx512",
+          "qdot": "avx512vnni", "weight_bytes": 100_000_000, "weight_detail": "test"}
+    bw["read_all"] = bw["rows"][0]
+    bw["bound_tps"] = 100.0  # 10 GB/s over 100 MB
+    dec = [{"attn": a, "ctx": c, "threads": 2, "isa": "x", "state_bytes": 15_000_000,
+            "fill_s": 1.0, "runs": [t], "median": t, "tokens": 32}
+           for a, c, t in [("exact", 512, 40.0)] +
+           [("darkformer", c, t) for c, t in zip([512, 4096], decode_tps)]]
+    level = lambda c, a, hwm: {  # noqa: E731
+        "concurrency": c, "runs": 3, "streams": 3 * c, "errors": 0, "ttft_p50_s": 0.2,
+        "ttft_p99_s": 0.9, "stream_decode_tps_median": 30.0, "aggregate_tps": a,
+        "aggregate_tps_runs": [a], "cached_tokens_median": 0, "hwm_kb": hwm,
+        "hwm_reset": True}
+    return {"date": "2026-01-01 00:00 UTC", "load_start": (1.0, 1.0, 1.0),
+            "load_end": (2.0, 2.0, 2.0), "quick": True, "errors": {}, "wall_s": 60.0,
+            "machine": {"cpu": "test cpu", "online": 2, "usable": 2, "mem_gib": 1.0,
+                        "openblas": "X", "version": "v", "kernel": "k", "commit": "abc1234",
+                        "dirty": []},
+            "bw": bw, "prefill": {"tokens": 512, "exact": [500.0], "auto": [prefill_tps]},
+            "decode": dec, "skipped_note": "Not run: test.",
+            "http": {"levels": [level(1, agg1, 150_000), level(16, agg16, hwm16_kb)],
+                     "rss_idle_kb": idle_kb, "rss_after_kb": 200_000}}
+
+
+def verdicts(r):
+    return [g[3] for g in bench.goals(r)]
+
+
+def test_goals_met_and_not_met():
+    good = fake_results([60.0, 55.0], 450.0, 50.0, 220.0, 100_000, 300_000)
+    assert verdicts(good) == ["met"] * 4
+    bad = fake_results([60.0, 45.0], 399.0, 50.0, 190.0, 250_000, 300_000)
+    assert verdicts(bad) == ["not met"] * 4  # 45%, 399 tokens/s, 3.8x, idle 256 MB
+    assert verdicts(fake_results([60.0, 55.0], 450.0, 50.0, 220.0, 100_000, 400_000)) == \
+        ["met", "met", "met", "not met"]  # 409.6 MB during 16 streams
+
+
+def test_report_renders_every_figure():
+    r = fake_results([60.0, 55.0], 450.0, 50.0, 220.0, 100_000, 300_000)
+    md, text = bench.render(r, markdown=True), bench.render(r, markdown=False)
+    assert md.startswith("## `make bench` on abc1234 (2026-01-01 00:00 UTC)")
+    assert "**100 tokens/s**" in md  # the bound
+    assert re.search(r"\| 4K \| default .*\| \*\*55\.0\*\* \|.*\| 55% \|", md), md
+    assert "16 streams 4.40×" in md and "16 streams 4.40×" in text
+    assert "|" not in text.split("Issue 8 goals")[1]  # the terminal table has no pipes
+    for s in (md, text):
+        assert "test cpu" in s and "avx512vnni" in s and "2.00 / 2.00 / 2.00" in s
