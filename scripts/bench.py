@@ -260,6 +260,12 @@ def http_streams(build, bin_path, model, quick, python):
             log(f"  streams {levels}: {time.monotonic() - t0:.0f} s")
         time.sleep(2)
         res["rss_after_kb"] = proc_kb(pid, "VmRSS")
+        try:  # the prefix cache's share of that (it holds states of past prompts)
+            mt = srv.metrics()
+            res["prefix_cache_bytes"] = mt.get("darkserve_prefix_cache_bytes")
+            res["prefix_cache_entries"] = mt.get("darkserve_prefix_cache_entries")
+        except (AssertionError, OSError):
+            pass
         res["server_alive"] = srv.proc.poll() is None
     finally:
         res["stop_rc"] = srv.stop(signal.SIGTERM, timeout=60)
@@ -427,13 +433,14 @@ def render(r, markdown):
                          fmt(x["ttft_p50_s"], 2), fmt(x["ttft_p99_s"], 2),
                          fmt(x["stream_decode_tps_median"]),
                          b(fmt(x["aggregate_tps"])),
-                         ", ".join(f"{a:.1f}" for a in x["aggregate_tps_runs"]),
-                         fmt(x.get("cached_tokens_median")),
+                         (f"{min(x['aggregate_tps_runs']):.1f}–{max(x['aggregate_tps_runs']):.1f}"
+                          if x["aggregate_tps_runs"] else "—"),
+                         fmt(x.get("cached_tokens_median"), 0),
                          fmt(x["hwm_kb"] * 1024 / 1e6 if x.get("hwm_kb") else None, 0)
                          + ("" if x.get("hwm_reset", True) else " (peak so far)"),
                          str(x["errors"])])
         L += table(["streams", "runs", "TTFT p50 s", "TTFT p99 s", "per-stream tokens/s",
-                    "aggregate tokens/s", "aggregate, runs", "cached prompt tokens",
+                    "aggregate tokens/s", "aggregate min–max", "cached prompt tokens",
                     "serve peak RSS MB", "errors"], rows, md)
         L.append("")
         lv = {x["concurrency"]: x for x in http["levels"]}
@@ -444,8 +451,13 @@ def render(r, markdown):
         L.append(f"`serve` RSS: idle after loading the model "
                  f"{fmt((http.get('rss_idle_kb') or 0) * 1024 / 1e6, 0)} MB, idle after the "
                  f"streams {fmt((http.get('rss_after_kb') or 0) * 1024 / 1e6, 0)} MB (MB = 10⁶ "
-                 f"bytes; peak = VmHWM, reset before each level). {MAX_TOKENS} tokens per "
-                 f"stream, greedy, every prompt new to the server.")
+                 f"bytes; peak = VmHWM, reset before each level)" +
+                 (f"; the prefix cache held {http['prefix_cache_entries']:.0f} states, "
+                  f"{http['prefix_cache_bytes'] / 1e6:.0f} MB, after the streams"
+                  if http.get("prefix_cache_bytes") is not None else "") +
+                 f". {MAX_TOKENS} tokens per stream, greedy, every prompt new to the server; "
+                 f"TTFT percentiles over every stream of every run, aggregate the median of "
+                 f"the runs.")
     else:
         L.append(f"not measured: {r['errors'].get('http', '?')}")
     L.append("")

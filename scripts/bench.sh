@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# make bench: single-stream speed of darkserve on a model, as medians of
-# several runs (the machines are shared and noisy: compare medians, and
-# compare builds side by side, never single timings).
+# scripts/bench.sh BIN MODEL [generate args]: single-stream speed of one
+# darkserve binary on a model, as medians of several runs (the machines are
+# shared and noisy: compare medians, and compare builds side by side, never
+# single timings). `make bench` ran this until scripts/bench.py, the
+# benchmark of record, replaced it; it stays for quick A/B comparisons.
 #   one `darkserve generate` run: greedy, --max-tokens 64, prompt = the first
 #   1500 bytes of tests/data/heldout.txt (~350 tokens); its own stderr line
 #   gives prefill (prompt) and decode (generated) tokens/s
