@@ -11,6 +11,8 @@
 #include "core/blas.h"
 
 #include <cblas.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <strings.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -32,6 +34,10 @@ void core_gemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const float *a, 
 void core_gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
+    if (m <= CORE_GEMM_SMALL_M) {
+        core_gemm_nn_small(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,
                 alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
@@ -123,23 +129,109 @@ __attribute__((target("avx2,fma"))) static float dot_avx2(const float *x, const 
 }
 #endif
 
-typedef float (*dot_fn)(const float *, const float *, int64_t);
-
-static dot_fn pick_dot(void)
+/* C[m][n0 .. n0 + w) = alpha * sum over k of A[.][k] B[k][.] + beta * C, each
+ * element summed in k order (one fused multiply-add per term on AVX2). */
+static void axpy_rows_generic(int64_t m, int64_t n0, int64_t w, int64_t k, float alpha,
+                              const float *a, int64_t lda, const float *b, int64_t ldb,
+                              float beta, float *c, int64_t ldc)
 {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = n0; j < n0 + w; j++) {
+            float s = 0.0f;
+            for (int64_t t = 0; t < k; t++)
+                s += a[i * lda + t] * b[t * ldb + j];
+            float *cij = c + i * ldc + j;
+            *cij = beta == 0.0f ? alpha * s : alpha * s + beta * *cij;
+        }
+}
+
 #ifdef CORE_BLAS_X86
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return dot_avx2;
+/* Eight columns at a time: B's eight floats of row t loaded once for all m
+ * (<= CORE_GEMM_SMALL_M) rows of A, one accumulator per row. */
+__attribute__((target("avx2,fma"))) static void nn_small_avx2(int64_t m, int64_t n, int64_t k,
+                                                             float alpha, const float *a,
+                                                             int64_t lda, const float *b,
+                                                             int64_t ldb, float beta, float *c,
+                                                             int64_t ldc)
+{
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 acc[CORE_GEMM_SMALL_M];
+        for (int64_t i = 0; i < m; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < k; t++) {
+            const __m256 bt = _mm256_loadu_ps(b + t * ldb + j);
+            for (int64_t i = 0; i < m; i++)
+                acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + t), bt, acc[i]);
+        }
+        for (int64_t i = 0; i < m; i++) {
+            __m256 v = _mm256_mul_ps(_mm256_set1_ps(alpha), acc[i]);
+            float *ci = c + i * ldc + j;
+            if (beta != 0.0f)
+                v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(ci), v);
+            _mm256_storeu_ps(ci, v);
+        }
+    }
+    if (j < n)
+        axpy_rows_generic(m, j, n - j, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 #endif
-    return dot_generic;
+
+typedef float (*dot_fn)(const float *, const float *, int64_t);
+typedef void (*nn_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                      int64_t, float, float *, int64_t);
+
+static void nn_small_generic(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                             int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                             int64_t ldc)
+{
+    axpy_rows_generic(m, 0, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* The small kernels this CPU runs, chosen once (pthread_once: every thread
+ * that calls in before it is done waits, none reads a half-written choice). */
+static dot_fn small_dot;
+static nn_fn small_nn;
+static pthread_once_t small_once = PTHREAD_ONCE_INIT;
+static _Atomic int small_generic; /* core_gemm_small_force_generic */
+
+static void pick_small(void)
+{
+    small_dot = dot_generic;
+    small_nn = nn_small_generic;
+#ifdef CORE_BLAS_X86
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        small_dot = dot_avx2;
+        small_nn = nn_small_avx2;
+    }
+#endif
+}
+
+void core_gemm_nn_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    pthread_once(&small_once, pick_small);
+    if (m > CORE_GEMM_SMALL_M) { /* the kernels keep one accumulator per row */
+        core_gemm_nn_small(CORE_GEMM_SMALL_M, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        core_gemm_nn_small(m - CORE_GEMM_SMALL_M, n, k, alpha, a + CORE_GEMM_SMALL_M * lda, lda,
+                           b, ldb, beta, c + CORE_GEMM_SMALL_M * ldc, ldc);
+        return;
+    }
+    (atomic_load_explicit(&small_generic, memory_order_relaxed) ? nn_small_generic : small_nn)(
+        m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void core_gemm_small_force_generic(int on)
+{
+    atomic_store(&small_generic, on != 0);
 }
 
 void core_gemm_nt_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    static dot_fn dot; /* benign race: every thread computes the same value */
-    if (!dot)
-        dot = pick_dot();
+    pthread_once(&small_once, pick_small);
+    const dot_fn dot =
+        atomic_load_explicit(&small_generic, memory_order_relaxed) ? dot_generic : small_dot;
     for (int64_t j = 0; j < n; j++) {
         const float *bj = b + j * ldb;
         for (int64_t i = 0; i < m; i++) {

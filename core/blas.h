@@ -15,12 +15,20 @@ void core_gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, 
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 void core_gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
-/* Rows up to which core_gemm_nt uses core_gemm_nt_small instead of sgemm. */
+/* Rows up to which core_gemm_nt and core_gemm_nn use the small kernels below
+ * instead of sgemm (whose packing costs more than such products). */
 #define CORE_GEMM_SMALL_M 8
 /* core_gemm_nt without BLAS, for few rows of A (decode): each B row is read
  * once. beta == 0 overwrites C (NaN in C does not propagate). */
 void core_gemm_nt_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* core_gemm_nn without BLAS for few rows of A: each element summed in k
+ * order; beta == 0 overwrites C. Any m (taken CORE_GEMM_SMALL_M rows at a time). */
+void core_gemm_nn_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* Nonzero makes the small kernels take their portable C path, as on a CPU
+ * without AVX2 (tests use it to check both); 0 lets the CPU choose again. */
+void core_gemm_small_force_generic(int on);
 /* Name of the kernel set OpenBLAS chose ("Prescott", "SkylakeX", ...). */
 const char *core_blas_corename(void);
 /* When OpenBLAS fell back to a generic kernel set although the CPU has
