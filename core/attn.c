@@ -6,7 +6,9 @@
  * DARKFormer-IS, Flexformer-s/-n, each optionally hybrid with an exact window).
  */
 #include "core/attn_impl.h"
+#include "core/pool.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +70,7 @@ int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_a
         return core_error_set(err, CORE_ENOMEM, "out of memory for attention");
     a->cfg = *cfg;
     a->vt = vt;
+    a->workers = 1; /* every kind's init makes one slot of scratch */
     int rc = vt->init(a, adapter, err);
     if (rc < 0) {
         free(a);
@@ -187,4 +190,66 @@ int core_attn_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n
 void core_attn_advance(core_attn_state_t *s, int64_t n)
 {
     s->pos += n;
+}
+
+int core_attn_set_workers(core_attn_t *a, int n, core_error_t *err)
+{
+    if (n < 1 || n > CORE_POOL_MAX_THREADS)
+        return core_error_set(err, CORE_ERANGE, "attention workers %d not in [1, %d]", n,
+                              CORE_POOL_MAX_THREADS);
+    int rc = a->vt->set_workers ? a->vt->set_workers(a, n, err) : 0;
+    if (rc == 0)
+        a->workers = n;
+    return rc;
+}
+
+/* Units of all items, handed out from one counter: unit u of item i is task
+ * i * units + u. The worker's index is its scratch slot. */
+typedef struct batch_run {
+    core_attn_t *a;
+    const core_attn_item_t *items;
+    int layer, units, tasks;
+    _Atomic int next;
+} batch_run_t;
+
+static void batch_worker(void *ctx, int worker, int n_workers)
+{
+    (void)n_workers;
+    batch_run_t *br = ctx;
+    for (;;) {
+        int t = atomic_fetch_add_explicit(&br->next, 1, memory_order_relaxed);
+        if (t >= br->tasks)
+            return;
+        br->a->vt->forward_unit(br->a, &br->items[t / br->units], br->layer, t % br->units,
+                                worker);
+    }
+}
+
+int core_attn_forward_batch(core_attn_t *a, core_pool_t *pool, int layer, int n_items,
+                            const core_attn_item_t *items, core_error_t *err)
+{
+    if (layer < 0 || layer >= a->cfg.n_layer)
+        return core_error_set(err, CORE_EINVAL, "layer %d out of range [0,%d)", layer,
+                              a->cfg.n_layer);
+    for (int i = 0; i < n_items; i++)
+        if (items[i].n <= 0)
+            return core_error_set(err, CORE_EINVAL, "token count %lld must be positive",
+                                  (long long)items[i].n);
+    const core_attn_vtbl_t *vt = a->vt;
+    if (!vt->forward_unit || a->workers < core_pool_size(pool)) {
+        for (int i = 0; i < n_items; i++) {
+            const core_attn_item_t *it = &items[i];
+            int rc = vt->forward(a, it->state, layer, it->n, it->q, it->k, it->v, it->out, err);
+            if (rc < 0)
+                return rc;
+        }
+        return 0;
+    }
+    batch_run_t br = {.a = a, .items = items, .layer = layer, .units = vt->units(a)};
+    br.tasks = n_items * br.units;
+    atomic_init(&br.next, 0);
+    core_pool_run(pool, batch_worker, &br);
+    for (int i = 0; i < n_items; i++)
+        vt->forward_done(a, &items[i], layer);
+    return 0;
 }

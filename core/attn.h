@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "core/pool.h"
 #include "core/gguf.h"
 
 typedef enum core_attn_kind {
@@ -110,5 +111,27 @@ int core_attn_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_erro
 int core_attn_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n, const float *q,
                       const float *k, const float *v, float *out, core_error_t *err);
 void core_attn_advance(core_attn_state_t *s, int64_t n);
+
+/* One sequence's part of a batched forward: as core_attn_forward's arguments. */
+typedef struct core_attn_item {
+    core_attn_state_t *state;
+    int64_t n;
+    const float *q, *k, *v;
+    float *out;
+} core_attn_item_t;
+
+/* Scratch for up to n threads forwarding at once (core_attn_forward_batch on
+ * a pool of n); 1 is what every kind starts with. CORE_ENOMEM leaves the
+ * previous scratch in place. */
+int core_attn_set_workers(core_attn_t *a, int n, core_error_t *err);
+
+/* core_attn_forward of layer for each item (distinct states), the work shared
+ * out on pool's threads: the linear kinds split every sequence by KV head,
+ * the other kinds run one sequence after another on the calling thread.
+ * Every output is computed by the same operations as by core_attn_forward,
+ * whatever thread computes it, so the results are bit for bit the same on
+ * any number of threads. Stops at the first failing item (its error). */
+int core_attn_forward_batch(core_attn_t *a, core_pool_t *pool, int layer, int n_items,
+                            const core_attn_item_t *items, core_error_t *err);
 
 #endif

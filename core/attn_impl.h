@@ -20,6 +20,16 @@ typedef struct core_attn_vtbl {
     int (*reserve)(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err);
     int (*forward)(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n, const float *q,
                    const float *k, const float *v, float *out, core_error_t *err);
+    /* Optional (NULL: forward only, one sequence at a time). forward split
+     * into units (the KV heads) that may run at once on different threads,
+     * each with its own scratch slot (< the n of set_workers), then
+     * forward_done once all units of the item have run, on one thread. Units
+     * cannot fail: forward_unit validates nothing that forward would. */
+    int (*set_workers)(core_attn_t *a, int n, core_error_t *err);
+    int (*units)(const core_attn_t *a);
+    void (*forward_unit)(core_attn_t *a, const core_attn_item_t *it, int layer, int unit,
+                         int slot);
+    void (*forward_done)(core_attn_t *a, const core_attn_item_t *it, int layer);
     /* Serialized payload of a state (core/state.c frames it with the header,
      * the checksum and the position). Little-endian, self-contained given the
      * attention config; its size depends only on the config, s->pos and the
@@ -40,6 +50,7 @@ struct core_attn {
     core_attn_cfg_t cfg;
     const core_attn_vtbl_t *vt;
     void *impl;        /* kind-private parameters */
+    int workers;       /* scratch slots of forward_unit (core_attn_set_workers) */
     float *scratch;    /* kind-private scratch, grown on demand */
     size_t scratch_n;  /* floats in scratch */
     uint64_t params_salt; /* core_attn_set_params_salt, 0: none */

@@ -118,10 +118,11 @@ typedef struct lin_params {
     int chunk;             /* requested tokens per chunk */
     int cn;                /* effective tokens per chunk (budget-bounded) */
     int fp64;              /* accumulator precision of states created next */
-    float *fs;             /* float scratch, layout in lin_scratch_t */
-    double *ds;            /* double scratch */
+    int slots;             /* scratch slots, one per thread that may forward at once */
+    float **fs;            /* [slots] float scratch, layout in lin_scratch_t */
+    double **ds;           /* [slots] double scratch */
+    core_attn_den_stats_t *den; /* [slots] Flexformer's denominators, counted */
     int trig;              /* Flexformer: signed features */
-    core_attn_den_stats_t den_stats; /* Flexformer's denominators, counted */
 } lin_params_t;
 
 typedef struct lin_state {
@@ -152,8 +153,6 @@ typedef struct lin_scratch {
     float *vi;  /* [NI][Hd] their values */
     float *pp;  /* [R][NI] masked φ(Q)φ(K)ᵀ */
     float *num; /* [R][Hd] linear numerators */
-    float *kw;  /* [NK][Hd] exact keys: sinks older than the window span, then the span */
-    float *vw;  /* [NK][Hd] their values */
     float *qu;  /* [R][Hd] queries before RoPE (prerope) */
     float *ku;  /* [NI][Hd] keys before RoPE (prerope) */
     float *ks;  /* [S][Hd] sink keys moved next to the window (see chunk_forward) */
@@ -193,8 +192,8 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_qx = take(&f, r * hd), o_qy = take(&f, r * hd), o_gd = take(&f, r * m);
     size_t o_qp = take(&f, r * m), o_qs = take(&f, r * m), o_kx = take(&f, cn * hd), o_ky = take(&f, cn * hd);
     size_t o_kd = take(&f, cn * m), o_kp = take(&f, cn * m), o_vi = take(&f, cn * hd);
-    size_t o_pp = take(&f, r * cn), o_num = take(&f, r * hd), o_kw = take(&f, nk * hd);
-    size_t o_vw = take(&f, nk * hd), o_e = take(&f, r * nk), o_ev = take(&f, r * hd);
+    size_t o_pp = take(&f, r * cn), o_num = take(&f, r * hd);
+    size_t o_e = take(&f, r * nk), o_ev = take(&f, r * hd);
     size_t o_qu = take(&f, r * hd), o_ku = take(&f, cn * hd), o_ks = take(&f, sk * hd);
     size_t o_es = take(&f, r * sk);
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
@@ -213,8 +212,6 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->vi = fb + o_vi;
         sc->pp = fb + o_pp;
         sc->num = fb + o_num;
-        sc->kw = fb + o_kw;
-        sc->vw = fb + o_vw;
         sc->qu = fb + o_qu;
         sc->ku = fb + o_ku;
         sc->ks = fb + o_ks;
@@ -243,25 +240,59 @@ static int effective_chunk(const core_attn_cfg_t *cfg, int chunk)
     return (int)cn;
 }
 
-static int set_chunk(core_attn_t *a, lin_params_t *lp, int chunk, core_error_t *err)
+static void free_slots(float **fs, double **ds, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(fs ? fs[i] : NULL);
+        free(ds ? ds[i] : NULL);
+    }
+    free(fs);
+    free(ds);
+}
+
+/* Scratch for chunks of `chunk` tokens in `slots` slots, all new: on failure
+ * the previous scratch stays as it was. */
+static int set_scratch(core_attn_t *a, lin_params_t *lp, int chunk, int slots, core_error_t *err)
 {
     int cn = effective_chunk(&a->cfg, chunk);
     lin_sizes_t sz = scratch_layout(&a->cfg, (size_t)cn, NULL, NULL, NULL);
-    float *fs = malloc(sz.nf * sizeof *fs);
-    double *ds = malloc(sz.nd * sizeof *ds);
-    if (!fs || !ds) {
-        free(fs);
-        free(ds);
-        return core_error_set(err, CORE_ENOMEM, "out of memory for linear attention scratch "
-                              "(%zu floats, %zu doubles)", sz.nf, sz.nd);
+    float **fs = calloc((size_t)slots, sizeof *fs);
+    double **ds = calloc((size_t)slots, sizeof *ds);
+    core_attn_den_stats_t *den = calloc((size_t)slots, sizeof *den);
+    int ok = fs && ds && den;
+    for (int i = 0; ok && i < slots; i++) {
+        fs[i] = malloc(sz.nf * sizeof *fs[i]);
+        ds[i] = malloc(sz.nd * sizeof *ds[i]);
+        ok = fs[i] && ds[i];
     }
-    free(lp->fs);
-    free(lp->ds);
+    if (!ok) {
+        free_slots(fs, ds, fs && ds ? slots : 0);
+        free(den);
+        return core_error_set(err, CORE_ENOMEM, "out of memory for linear attention scratch "
+                              "(%d x %zu floats, %zu doubles)", slots, sz.nf, sz.nd);
+    }
+    /* the counters carry over into slot 0 */
+    for (int i = 0; i < lp->slots; i++) {
+        den[0].rows += lp->den[i].rows;
+        den[0].neg += lp->den[i].neg;
+        den[0].below_half += lp->den[i].below_half;
+        den[0].below_tenth += lp->den[i].below_tenth;
+        den[0].pure_zero += lp->den[i].pure_zero;
+    }
+    free_slots(lp->fs, lp->ds, lp->slots);
+    free(lp->den);
     lp->fs = fs;
     lp->ds = ds;
+    lp->den = den;
+    lp->slots = slots;
     lp->chunk = chunk;
     lp->cn = cn;
     return 0;
+}
+
+static int set_chunk(core_attn_t *a, lin_params_t *lp, int chunk, core_error_t *err)
+{
+    return set_scratch(a, lp, chunk, lp->slots > 0 ? lp->slots : 1, err);
 }
 
 static void free_params(lin_params_t *lp, size_t n_maps)
@@ -275,8 +306,8 @@ static void free_params(lin_params_t *lp, size_t n_maps)
     free(lp->mix);
     free(lp->rope_if);
     free(lp->sink_cs);
-    free(lp->fs);
-    free(lp->ds);
+    free_slots(lp->fs, lp->ds, lp->slots);
+    free(lp->den);
     free(lp);
 }
 
@@ -602,6 +633,24 @@ static const float *kv_row(const lin_ctx_t *x, const float *in, const float *rin
     if (pos < x->sinks)
         return sink + (pos * (x->nkv / x->hd) + x->h) * x->hd;
     return ring + ((pos % x->w) * (x->nkv / x->hd) + x->h) * x->hd;
+}
+
+/* kv_row of pos, and in *len how many positions from pos on (< end) follow
+ * it at a stride of nkv floats in the same array: a run the products can
+ * read in place. */
+static const float *kv_run(const lin_ctx_t *x, const float *in, const float *ring,
+                           const float *sink, int64_t pos, int64_t end, int64_t *len)
+{
+    int64_t stop = end;
+    if (pos < x->p0) {
+        int64_t lim = pos < x->sinks ? x->sinks : pos + x->w - pos % x->w;
+        if (lim > x->p0)
+            lim = x->p0;
+        if (lim < stop)
+            stop = lim;
+    }
+    *len = stop - pos;
+    return kv_row(x, in, ring, sink, pos);
 }
 
 /* Undoes RoPE on n rows of Hd (row i at position pos0 + i / per): the
@@ -940,15 +989,15 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         int64_t pw0 = x->p0 + t0 - back > 0 ? x->p0 + t0 - back : 0;
         int64_t ns = nsk < pw0 ? nsk : pw0;
         int64_t nk = ns + x->p0 + t1 - pw0;
-        for (int64_t j = 0; j < nk; j++) {
+        /* key j is at position j < ns ? j : pw0 + j − ns; the products read
+         * the sinks, the ring and this forward's rows where they lie */
+        const float scale = (float)(1.0 / sqrt((double)hd));
+        for (int64_t j = 0, len; j < nk; j += len) {
             int64_t pos = j < ns ? j : pw0 + j - ns;
-            memcpy(sc->kw + j * hd, kv_row(x, x->k, x->ring_k, x->sink_k, pos),
-                   (size_t)hd * sizeof(float));
-            memcpy(sc->vw + j * hd, kv_row(x, x->v, x->ring_v, x->sink_v, pos),
-                   (size_t)hd * sizeof(float));
+            const float *kr = kv_run(x, x->k, x->ring_k, x->sink_k, pos,
+                                     j < ns ? ns : x->p0 + t1, &len);
+            core_gemm_nt(nr, len, hd, scale, sc->qx, hd, kr, x->nkv, 0.0f, sc->e + j, nk);
         }
-        core_gemm_nt(nr, nk, hd, (float)(1.0 / sqrt((double)hd)), sc->qx, hd, sc->kw, hd, 0.0f,
-                     sc->e, nk);
         /* Sinks sit next to the window (StreamingLLM's positions): once a
          * query at τ is past τ = W + S − 1, sink j is scored as if it were at
          * position j + (τ − W + 1 − S), so the RoPE distance to the sinks
@@ -1001,7 +1050,13 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
             else
                 sc->lrow[r] = sc->lrow[r] > -INFINITY ? exp(sc->lrow[r] - s) : 0.0;
         }
-        core_gemm_nn(nr, hd, nk, 1.0f, sc->e, nk, sc->vw, hd, 0.0f, sc->ev, hd);
+        for (int64_t j = 0, len; j < nk; j += len) {
+            int64_t pos = j < ns ? j : pw0 + j - ns;
+            const float *vr = kv_run(x, x->v, x->ring_v, x->sink_v, pos,
+                                     j < ns ? ns : x->p0 + t1, &len);
+            core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, vr, x->nkv, j > 0 ? 1.0f : 0.0f, sc->ev,
+                         hd);
+        }
         for (int64_t r = 0; r < nr; r++) {
             int64_t t = t0 + r / gs, g = r % gs;
             float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
@@ -1051,74 +1106,123 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
     memcpy(x->c, cn, (size_t)m * sizeof *cn);
 }
 
+/* The parts of x common to every KV head of item it at layer, with the
+ * scratch of slot. */
+static void ctx_init(core_attn_t *a, const core_attn_item_t *it, int layer, int slot, lin_ctx_t *x)
+{
+    const core_attn_cfg_t *cfg = &a->cfg;
+    lin_params_t *lp = a->impl;
+    lin_state_t *st = it->state->impl;
+    int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = cfg->window;
+    *x = (lin_ctx_t){0};
+    scratch_layout(cfg, (size_t)lp->cn, lp->fs[slot], lp->ds[slot], &x->sc);
+    x->p0 = it->state->pos;
+    x->hd = hd;
+    x->m = cfg->n_features;
+    x->gs = cfg->n_head / cfg->n_head_kv;
+    x->nq = (int64_t)cfg->n_head * hd;
+    x->nkv = hkv * hd;
+    x->w = w;
+    x->q = it->q;
+    x->k = it->k;
+    x->v = it->v;
+    x->out = it->out;
+    x->ring_k = st->ring_k + (int64_t)layer * w * hkv * hd;
+    x->ring_v = st->ring_v + (int64_t)layer * w * hkv * hd;
+    x->sinks = cfg->sinks;
+    x->sink_k = st->sink_k + (int64_t)layer * cfg->sinks * hkv * hd;
+    x->sink_v = st->sink_v + (int64_t)layer * cfg->sinks * hkv * hd;
+    x->mix = lp->mix + (size_t)layer * (size_t)cfg->n_head;
+    x->rope_if = cfg->prerope || cfg->sinks ? lp->rope_if : NULL;
+    x->sink_cs = lp->sink_cs;
+    x->pre = cfg->prerope;
+    x->n_rot = cfg->n_rot;
+    x->lin_off = cfg->linear_off;
+    x->trig = lp->trig;
+    x->dst = &lp->den[slot];
+    x->fp64 = st->fp64;
+}
+
+/* Every chunk of KV head h: reads the state's sinks and ring, writes only
+ * this head's linear state and output columns, so the heads of an item (and
+ * of different items) may run at once. */
+static void head_forward(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                         int64_t h)
+{
+    lin_params_t *lp = a->impl;
+    lin_state_t *st = it->state->impl;
+    int64_t m = x->m, hd = x->hd;
+    size_t idx = (size_t)layer * (size_t)a->cfg.n_head_kv + (size_t)h;
+    x->h = h;
+    x->f = &lp->maps[idx];
+    x->lg = lp->gam[idx] < 1.0f ? log((double)lp->gam[idx]) : 0.0;
+    x->c = st->c + idx * (size_t)m;
+    if (st->fp64) {
+        x->sd = (double *)st->S + idx * (size_t)(m * hd);
+        x->zd = (double *)st->z + idx * (size_t)m;
+    } else {
+        x->sf = (float *)st->S + idx * (size_t)(m * hd);
+        x->zf = (float *)st->z + idx * (size_t)m;
+    }
+    for (int64_t t0 = 0; t0 < it->n; t0 += lp->cn)
+        chunk_forward(x, t0, t0 + lp->cn < it->n ? t0 + lp->cn : it->n);
+}
+
+/* After every head: the new keys and values join the sinks and the ring. */
+static void linear_forward_done(core_attn_t *a, const core_attn_item_t *it, int layer)
+{
+    const core_attn_cfg_t *cfg = &a->cfg;
+    lin_state_t *st = it->state->impl;
+    int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = cfg->window, n = it->n;
+    int64_t pos = it->state->pos;
+    /* The sinks are the first S positions, kept for good. */
+    for (int64_t t = 0; t < n && pos + t < cfg->sinks; t++) {
+        size_t row = (size_t)((int64_t)layer * cfg->sinks + pos + t) * (size_t)(hkv * hd);
+        memcpy(st->sink_k + row, it->k + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
+        memcpy(st->sink_v + row, it->v + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
+    }
+    /* Only now may the ring forget positions p0−W..: every chunk read them. */
+    if (w > 0) {
+        for (int64_t t = n - w > 0 ? n - w : 0; t < n; t++) {
+            int64_t slot = (pos + t) % w;
+            float *rk = st->ring_k + ((int64_t)layer * w + slot) * hkv * hd;
+            float *rv = st->ring_v + ((int64_t)layer * w + slot) * hkv * hd;
+            memcpy(rk, it->k + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
+            memcpy(rv, it->v + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
+        }
+    }
+}
+
+static void linear_forward_unit(core_attn_t *a, const core_attn_item_t *it, int layer, int unit,
+                                int slot)
+{
+    lin_ctx_t x;
+    ctx_init(a, it, layer, slot, &x);
+    head_forward(a, &x, it, layer, unit);
+}
+
+static int linear_units(const core_attn_t *a)
+{
+    return a->cfg.n_head_kv;
+}
+
+static int linear_set_workers(core_attn_t *a, int n, core_error_t *err)
+{
+    lin_params_t *lp = a->impl;
+    return n <= lp->slots ? 0 : set_scratch(a, lp, lp->chunk, n, err);
+}
+
 static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n,
                           const float *q, const float *k, const float *v, float *out,
                           core_error_t *err)
 {
     (void)err;
-    const core_attn_cfg_t *cfg = &a->cfg;
-    lin_params_t *lp = a->impl;
-    lin_state_t *st = s->impl;
-    int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, m = cfg->n_features, w = cfg->window;
-    lin_ctx_t x = {0};
-    scratch_layout(cfg, (size_t)lp->cn, lp->fs, lp->ds, &x.sc);
-    x.p0 = s->pos;
-    x.hd = hd;
-    x.m = m;
-    x.gs = cfg->n_head / cfg->n_head_kv;
-    x.nq = (int64_t)cfg->n_head * hd;
-    x.nkv = hkv * hd;
-    x.w = w;
-    x.q = q;
-    x.k = k;
-    x.v = v;
-    x.out = out;
-    x.ring_k = st->ring_k + (int64_t)layer * w * hkv * hd;
-    x.ring_v = st->ring_v + (int64_t)layer * w * hkv * hd;
-    x.sinks = cfg->sinks;
-    x.sink_k = st->sink_k + (int64_t)layer * cfg->sinks * hkv * hd;
-    x.sink_v = st->sink_v + (int64_t)layer * cfg->sinks * hkv * hd;
-    x.mix = lp->mix + (size_t)layer * (size_t)cfg->n_head;
-    x.rope_if = cfg->prerope || cfg->sinks ? lp->rope_if : NULL;
-    x.sink_cs = lp->sink_cs;
-    x.pre = cfg->prerope;
-    x.n_rot = cfg->n_rot;
-    x.lin_off = cfg->linear_off;
-    x.trig = lp->trig;
-    x.dst = &lp->den_stats;
-    x.fp64 = st->fp64;
-    for (int64_t h = 0; h < hkv; h++) {
-        size_t idx = (size_t)layer * (size_t)hkv + (size_t)h;
-        x.h = h;
-        x.f = &lp->maps[idx];
-        x.lg = lp->gam[idx] < 1.0f ? log((double)lp->gam[idx]) : 0.0;
-        x.c = st->c + idx * (size_t)m;
-        if (st->fp64) {
-            x.sd = (double *)st->S + idx * (size_t)(m * hd);
-            x.zd = (double *)st->z + idx * (size_t)m;
-        } else {
-            x.sf = (float *)st->S + idx * (size_t)(m * hd);
-            x.zf = (float *)st->z + idx * (size_t)m;
-        }
-        for (int64_t t0 = 0; t0 < n; t0 += lp->cn)
-            chunk_forward(&x, t0, t0 + lp->cn < n ? t0 + lp->cn : n);
-    }
-    /* The sinks are the first S positions, kept for good. */
-    for (int64_t t = 0; t < n && s->pos + t < cfg->sinks; t++) {
-        size_t row = (size_t)((int64_t)layer * cfg->sinks + s->pos + t) * (size_t)(hkv * hd);
-        memcpy(st->sink_k + row, k + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
-        memcpy(st->sink_v + row, v + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
-    }
-    /* Only now may the ring forget positions p0−W..: every chunk above read them. */
-    if (w > 0) {
-        for (int64_t t = n - w > 0 ? n - w : 0; t < n; t++) {
-            int64_t slot = (s->pos + t) % w;
-            float *rk = st->ring_k + ((int64_t)layer * w + slot) * hkv * hd;
-            float *rv = st->ring_v + ((int64_t)layer * w + slot) * hkv * hd;
-            memcpy(rk, k + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
-            memcpy(rv, v + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
-        }
-    }
+    const core_attn_item_t it = {s, n, q, k, v, out};
+    lin_ctx_t x;
+    ctx_init(a, &it, layer, 0, &x);
+    for (int64_t h = 0; h < a->cfg.n_head_kv; h++)
+        head_forward(a, &x, &it, layer, h);
+    linear_forward_done(a, &it, layer);
     return 0;
 }
 
@@ -1359,6 +1463,10 @@ const core_attn_vtbl_t core_attn_linear_vtbl = {
     .state_bytes = linear_state_bytes,
     .reserve = linear_reserve,
     .forward = linear_forward,
+    .set_workers = linear_set_workers,
+    .units = linear_units,
+    .forward_unit = linear_forward_unit,
+    .forward_done = linear_forward_done,
     .state_save_size = linear_state_save_size,
     .state_save = linear_state_save,
     .state_load = linear_state_load,
@@ -1407,9 +1515,16 @@ int core_attn_linear_den_stats(core_attn_t *a, core_attn_den_stats_t *out, int r
     if (!a || a->vt != &core_attn_linear_vtbl)
         return CORE_EINVAL;
     lin_params_t *lp = a->impl;
-    *out = lp->den_stats;
+    *out = (core_attn_den_stats_t){0};
+    for (int i = 0; i < lp->slots; i++) {
+        out->rows += lp->den[i].rows;
+        out->neg += lp->den[i].neg;
+        out->below_half += lp->den[i].below_half;
+        out->below_tenth += lp->den[i].below_tenth;
+        out->pure_zero += lp->den[i].pure_zero;
+    }
     if (reset)
-        memset(&lp->den_stats, 0, sizeof lp->den_stats);
+        memset(lp->den, 0, (size_t)lp->slots * sizeof *lp->den);
     return 0;
 }
 

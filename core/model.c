@@ -136,6 +136,7 @@ struct core_model {
     void *qbuf;            /* [core_q8_act_bytes(cap_rows, max(D, FF, H*Hd))] */
     core_q8_act_t qa;      /* the quantized decode rows of the current input, over qbuf */
     int64_t *seq_row;      /* [cap_rows] first row of each sequence of the forward */
+    core_attn_item_t *items; /* [cap_rows] each sequence's attention of a layer */
     int64_t *pre_n;        /* [cap_rows] rows of each prompt sequence, in row order */
     int64_t n_pre;         /* prompt sequences of the current input */
     core_qdot_job_t *jobs; /* [MODEL_MAX_OPS * (cap_rows + 1)] */
@@ -586,7 +587,8 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         .rope_scale = m->info.rope_scale,
     };
     if ((rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0 ||
-        (rc = core_pool_new(opts->n_threads, &m->pool, err)) < 0)
+        (rc = core_pool_new(opts->n_threads, &m->pool, err)) < 0 ||
+        (rc = core_attn_set_workers(m->attn, core_pool_size(m->pool), err)) < 0)
         goto fail;
     if (m->adapter &&
         (opts->attn_kind == CORE_ATTN_DARKFORMER || core_attn_kind_is_trig(opts->attn_kind))) {
@@ -644,6 +646,7 @@ void core_model_free(core_model_t *m)
     free(m->up);
     free(m->pos);
     free(m->seq_row);
+    free(m->items);
     free(m->pre_n);
     free(m->jobs);
     free(m->lrows);
@@ -719,6 +722,7 @@ static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
         grow((void **)&m->gate, t * FF * f) || grow((void **)&m->up, t * FF * f) ||
         grow((void **)&m->pos, t * sizeof *m->pos) ||
         grow((void **)&m->seq_row, t * sizeof *m->seq_row) ||
+        grow((void **)&m->items, t * sizeof *m->items) ||
         grow((void **)&m->pre_n, t * sizeof *m->pre_n) ||
         grow((void **)&m->jobs, (t + 1) * MODEL_MAX_OPS * sizeof *m->jobs))
         return core_error_set(err, CORE_ENOMEM, "out of memory for a forward of %lld rows",
@@ -1063,11 +1067,12 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
             if (m->tap)
                 m->tap(m->tap_ud, l, b, m->pos[off], seqs[b].n_tokens, m->q + off * qd,
                        m->k + off * kvd, m->v + off * kvd);
-            rc = core_attn_forward(m->attn, seqs[b].state, l, seqs[b].n_tokens, m->q + off * qd,
-                                   m->k + off * kvd, m->v + off * kvd, m->att + off * qd, err);
-            if (rc < 0)
-                return rc;
+            m->items[b] = (core_attn_item_t){seqs[b].state, seqs[b].n_tokens, m->q + off * qd,
+                                             m->k + off * kvd, m->v + off * kvd,
+                                             m->att + off * qd};
         }
+        if ((rc = core_attn_forward_batch(m->attn, m->pool, l, n_seqs, m->items, err)) < 0)
+            return rc;
         /* residual folded into the GEMM: x += att · Woᵀ */
         matmul(m, Td, qd, m->att, qd, &ly->wo, 1.0f, m->x, D);
         if (m->lora)
