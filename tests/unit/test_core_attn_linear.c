@@ -185,9 +185,12 @@ static void feed(core_attn_t *a, core_attn_state_t *st, const shape_t *s, const 
         int64_t c = sizes[i % nsizes];
         if (c > t1 - t)
             c = t1 - t;
-        CHECK_INT_EQ(core_attn_reserve(a, st, c, &err), 0);
+        int rc = core_attn_reserve(a, st, c, &err);
+        CHECK_MSG(rc == 0, "reserve: %s", err.msg);
+        if (rc)
+            return;
         for (int l = 0; l < s->L; l++) {
-            int rc = core_attn_forward(a, st, l, c, in->q + (l * n + t) * nq,
+            rc = core_attn_forward(a, st, l, c, in->q + (l * n + t) * nq,
                                        in->k + (l * n + t) * nk, in->v + (l * n + t) * nk,
                                        out + (l * n + t) * nq, &err);
             CHECK_MSG(rc == 0, "forward: %s", err.msg);
@@ -208,6 +211,26 @@ static float *run(core_attn_t *a, const shape_t *s, const inputs_t *in, const in
     feed(a, st, s, in, 0, in->n, sizes, nsizes, out);
     core_attn_state_free(st);
     return out;
+}
+
+/* One forward of c tokens of pool (from row off) on layer 0: reserve,
+ * forward, advance. out [c][H*Hd] is filled with NaN first, so rows that a
+ * forward leaves unwritten fail the callers' finiteness checks. Returns 0 or
+ * the first error code (err says why); the state does not advance on error. */
+static int step_layer0(core_attn_t *a, core_attn_state_t *st, const shape_t *s,
+                       const inputs_t *pool, int64_t off, int64_t c, float *out,
+                       core_error_t *err)
+{
+    for (int64_t i = 0; i < c * s->H * s->Hd; i++)
+        out[i] = NAN;
+    int rc = core_attn_reserve(a, st, c, err);
+    if (rc == 0)
+        rc = core_attn_forward(a, st, 0, c, pool->q + off * s->H * s->Hd,
+                               pool->k + off * s->Hkv * s->Hd, pool->v + off * s->Hkv * s->Hd,
+                               out, err);
+    if (rc == 0)
+        core_attn_advance(st, c);
+    return rc;
 }
 
 /* max |x − y| / max |y| */
@@ -435,12 +458,12 @@ TEST(test_fp64_state_agrees)
     /* states of different precision cannot be copied into each other */
     core_attn_state_t *x = NULL, *y = NULL;
     core_error_t err = {0};
-    core_attn_state_new(a64, &x, &err);
-    core_attn_state_new(a64, &y, &err);
+    CHECK_INT_EQ(core_attn_state_new(a64, &x, &err), 0);
+    CHECK_INT_EQ(core_attn_state_new(a64, &y, &err), 0);
     core_attn_linear_opts_t o = {64, 0};
-    core_attn_linear_set_opts(a64, &o, &err);
+    CHECK_INT_EQ(core_attn_linear_set_opts(a64, &o, &err), 0);
     core_attn_state_t *z = NULL;
-    core_attn_state_new(a64, &z, &err);
+    CHECK_INT_EQ(core_attn_state_new(a64, &z, &err), 0);
     CHECK_INT_EQ(core_attn_state_copy(x, y, &err), 0);
     CHECK_INT_EQ(core_attn_state_copy(x, z, &err), CORE_EMISMATCH);
     CHECK(core_attn_state_bytes(x) > core_attn_state_bytes(z));
@@ -646,7 +669,7 @@ TEST(test_running_scale_extreme_keys)
             /* running scale after prefixes == max over absorbed keys only */
             core_attn_state_t *st = NULL;
             core_error_t err = {0};
-            core_attn_state_new(a, &st, &err);
+            CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
             float *tmp = calloc(out_count(&s, n), sizeof(float));
             int64_t cut[] = {100, 121, 181, n};
             double c[32], want[32], lp[32];
@@ -745,7 +768,7 @@ TEST(test_million_token_stream)
     core_error_t err = {0};
     CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
     size_t bytes0 = core_attn_state_bytes(st);
-    float *out = malloc((size_t)STEP * s.H * s.Hd * sizeof(float));
+    float *out = calloc((size_t)STEP * s.H * s.Hd, sizeof(float));
     core_rng_t r;
     core_rng_seed(&r, 1);
     int64_t bad = 0;
@@ -753,16 +776,16 @@ TEST(test_million_token_stream)
     for (int64_t t = 0; t < total; t += STEP) {
         int64_t c = total - t < STEP ? total - t : STEP;
         int64_t off = (int64_t)(core_rng_uniform(&r) * (POOL - STEP));
-        core_attn_reserve(a, st, c, &err);
-        core_attn_forward(a, st, 0, c, pool.q + off * s.H * s.Hd, pool.k + off * s.Hd,
-                          pool.v + off * s.Hd, out, &err);
-        core_attn_advance(st, c);
+        int rc = step_layer0(a, st, &s, &pool, off, c, out, &err);
+        CHECK_MSG(rc == 0, "token %lld: %s", (long long)t, err.msg);
+        if (rc)
+            break;
         for (int64_t i = 0; i < c * s.H * s.Hd; i++)
             bad += !isfinite(out[i]);
     }
     double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
-    double c[16];
-    core_attn_linear_state_scale(st, 0, 0, c);
+    double c[16] = {0};
+    CHECK_INT_EQ(core_attn_linear_state_scale(st, 0, 0, c), 0);
     int cfin = 1;
     for (int i = 0; i < 16; i++)
         cfin &= isfinite(c[i]);
@@ -795,9 +818,9 @@ TEST(test_state_bytes_constant)
     inputs_t in = make_inputs(&s, 1000, 1.0, 1.0, 1);
     core_attn_state_t *st = NULL;
     core_error_t err = {0};
-    core_attn_state_new(a, &st, &err);
+    CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
     size_t b0 = core_attn_state_bytes(st);
-    float *out = malloc(out_count(&s, in.n) * sizeof(float));
+    float *out = calloc(out_count(&s, in.n), sizeof(float));
     feed(a, st, &s, &in, 0, in.n, ALL, 1, out);
     size_t b1 = core_attn_state_bytes(st);
     /* keep feeding the same 1000 tokens: positions keep advancing */
@@ -818,7 +841,7 @@ TEST(test_state_bytes_constant)
     a = make_attn(&big, NULL, 64, 0);
     if (!a)
         return;
-    core_attn_state_new(a, &st, &err);
+    CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
     b1 = core_attn_state_bytes(st);
     want = expected_bytes(&big);
     CHECK(b1 >= want && b1 < want + 256);
@@ -836,9 +859,9 @@ TEST(test_fork_and_reset)
     inputs_t in = make_inputs(&s, 120, 1.0, 1.0, 6);
     core_attn_state_t *x = NULL, *y = NULL, *fresh = NULL;
     core_error_t err = {0};
-    core_attn_state_new(a, &x, &err);
-    core_attn_state_new(a, &y, &err);
-    core_attn_state_new(a, &fresh, &err);
+    CHECK_INT_EQ(core_attn_state_new(a, &x, &err), 0);
+    CHECK_INT_EQ(core_attn_state_new(a, &y, &err), 0);
+    CHECK_INT_EQ(core_attn_state_new(a, &fresh, &err), 0);
     size_t n = out_count(&s, in.n);
     float *ox = calloc(n, sizeof(float)), *oy = calloc(n, sizeof(float));
     float *of = calloc(n, sizeof(float));
@@ -1087,21 +1110,20 @@ TEST(test_v2_long_stream)
     CHECK_INT_EQ(core_attn_state_new(a32, &st[0], &err), 0);
     CHECK_INT_EQ(core_attn_state_new(a64, &st[1], &err), 0);
     size_t bytes0 = core_attn_state_bytes(st[0]);
-    float *out[2] = {malloc((size_t)STEP * s.H * s.Hd * sizeof(float)),
-                     malloc((size_t)STEP * s.H * s.Hd * sizeof(float))};
+    float *out[2] = {calloc((size_t)STEP * s.H * s.Hd, sizeof(float)),
+                     calloc((size_t)STEP * s.H * s.Hd, sizeof(float))};
     core_rng_t r;
     core_rng_seed(&r, 3);
     int64_t bad = 0;
     double worst = 0;
-    for (int64_t t = 0; t < total; t += STEP) {
+    int failed = 0;
+    for (int64_t t = 0; t < total && !failed; t += STEP) {
         int64_t c = total - t < STEP ? total - t : STEP;
         int64_t off = (int64_t)(core_rng_uniform(&r) * (POOL - STEP));
-        for (int i = 0; i < 2; i++) {
-            core_attn_t *a = i ? a64 : a32;
-            CHECK_INT_EQ(core_attn_reserve(a, st[i], c, &err), 0);
-            core_attn_forward(a, st[i], 0, c, pool.q + off * s.H * s.Hd, pool.k + off * s.Hd,
-                              pool.v + off * s.Hd, out[i], &err);
-            core_attn_advance(st[i], c);
+        for (int i = 0; i < 2 && !failed; i++) {
+            int rc = step_layer0(i ? a64 : a32, st[i], &s, &pool, off, c, out[i], &err);
+            CHECK_MSG(rc == 0, "fp%d state, token %lld: %s", i ? 64 : 32, (long long)t, err.msg);
+            failed = rc != 0;
         }
         for (int64_t i = 0; i < c * s.H * s.Hd; i++)
             bad += !isfinite(out[0][i]);
@@ -1149,12 +1171,14 @@ TEST(test_v2_adapter_errors)
     core_gguf_close(g);
     /* a mixing vector of the wrong length (Hkv instead of H) */
     core_gguf_writer_t *w = core_gguf_writer_new(0);
-    int64_t ne = 2, nm = 16 * 16 * 2;
+    int64_t ne = 2;
     int64_t ne3[3] = {16, 16, 2};
-    (void)nm;
-    core_gguf_writer_add_tensor(w, "darkformer.blk.0.M", CORE_TTYPE_F32, 3, ne3, mat, sizeof mat);
-    core_gguf_writer_add_tensor(w, "darkformer.blk.0.mix", CORE_TTYPE_F32, 1, &ne, mix,
-                                2 * sizeof(float));
+    CHECK_INT_EQ(core_gguf_writer_add_tensor(w, "darkformer.blk.0.M", CORE_TTYPE_F32, 3, ne3, mat,
+                                             sizeof mat),
+                 0);
+    CHECK_INT_EQ(core_gguf_writer_add_tensor(w, "darkformer.blk.0.mix", CORE_TTYPE_F32, 1, &ne,
+                                             mix, 2 * sizeof(float)),
+                 0);
     CHECK_INT_EQ(core_gguf_writer_write(w, adapter_path(), &err), 0);
     core_gguf_writer_free(w);
     CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
@@ -1473,8 +1497,10 @@ TEST(test_trig_adapter_errors)
             float *buf = calloc(cnt, sizeof(float));
             for (size_t j = 0; j < cnt; j++)
                 buf[j] = 8.0f;
-            core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32, (uint32_t)cases[c].nd[i],
-                                        cases[c].ne[i], buf, cnt * sizeof(float));
+            CHECK_INT_EQ(core_gguf_writer_add_tensor(w, name, CORE_TTYPE_F32,
+                                                     (uint32_t)cases[c].nd[i], cases[c].ne[i], buf,
+                                                     cnt * sizeof(float)),
+                         0);
             free(buf);
         }
         CHECK_INT_EQ(core_gguf_writer_write(w, adapter_path(), &err), 0);
@@ -1530,21 +1556,20 @@ TEST(test_trig_long_stream)
     CHECK_INT_EQ(core_attn_state_new(a32, &st[0], &err), 0);
     CHECK_INT_EQ(core_attn_state_new(a64, &st[1], &err), 0);
     size_t bytes0 = core_attn_state_bytes(st[0]);
-    float *out[2] = {malloc((size_t)STEP * s.H * s.Hd * sizeof(float)),
-                     malloc((size_t)STEP * s.H * s.Hd * sizeof(float))};
+    float *out[2] = {calloc((size_t)STEP * s.H * s.Hd, sizeof(float)),
+                     calloc((size_t)STEP * s.H * s.Hd, sizeof(float))};
     core_rng_t r;
     core_rng_seed(&r, 3);
     int64_t bad = 0;
     double worst = 0;
-    for (int64_t t = 0; t < total; t += STEP) {
+    int failed = 0;
+    for (int64_t t = 0; t < total && !failed; t += STEP) {
         int64_t c = total - t < STEP ? total - t : STEP;
         int64_t off = (int64_t)(core_rng_uniform(&r) * (POOL - STEP));
-        for (int i = 0; i < 2; i++) {
-            core_attn_t *a = i ? a64 : a32;
-            CHECK_INT_EQ(core_attn_reserve(a, st[i], c, &err), 0);
-            core_attn_forward(a, st[i], 0, c, pool.q + off * s.H * s.Hd, pool.k + off * s.Hd,
-                              pool.v + off * s.Hd, out[i], &err);
-            core_attn_advance(st[i], c);
+        for (int i = 0; i < 2 && !failed; i++) {
+            int rc = step_layer0(i ? a64 : a32, st[i], &s, &pool, off, c, out[i], &err);
+            CHECK_MSG(rc == 0, "fp%d state, token %lld: %s", i ? 64 : 32, (long long)t, err.msg);
+            failed = rc != 0;
         }
         for (int64_t i = 0; i < c * s.H * s.Hd; i++)
             bad += !isfinite(out[0][i]);
