@@ -101,11 +101,21 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned ch
     return (uint64_t)_mm512_reduce_add_epi64(a);
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 enum op { OP_INIT, OP_READ, OP_COPY, OP_EXIT };
 
 /* Shared by the coordinating thread and the workers. Each pass: everyone
  * meets at `start`, the workers run op over their slice, everyone meets at
- * `end`; the coordinator times the span between the two. The workers wait
+ * `end`. A pass lasts from the first worker's start to the last worker's
+ * end, as the workers' own clocks say: the coordinator, woken from a
+ * barrier on a busy machine, may run late (its own timestamps made passes
+ * look up to 100x too short on 2 loaded cores). The workers wait
  * on `gate` first, so that the barriers are sized after every thread that
  * could be started is known. */
 typedef struct pool {
@@ -121,7 +131,8 @@ typedef struct pool {
 typedef struct worker {
     pool_t *pool;
     int id;
-    uint64_t sum; /* keeps the reads alive */
+    uint64_t sum;  /* keeps the reads alive */
+    double t0, t1; /* this pass's start and end on this worker */
 } worker_t;
 
 /* [lo, hi) of worker id's share of len bytes, in SLICE_ALIGN units. */
@@ -144,6 +155,7 @@ static void *worker_main(void *arg)
         if (op == OP_EXIT)
             return NULL;
         size_t lo, hi;
+        w->t0 = now_s();
         if (op == OP_COPY) {
             size_t half = p->bytes / 2 / SLICE_ALIGN * SLICE_ALIGN;
             slice(half, p->n, w->id, &lo, &hi);
@@ -156,15 +168,9 @@ static void *worker_main(void *arg)
             else
                 w->sum += p->read(p->buf + lo, hi - lo);
         }
+        w->t1 = now_s();
         pthread_barrier_wait(&p->end);
     }
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -210,9 +216,13 @@ static int measure(const char *what, enum op op, unsigned char *buf, size_t byte
             op == OP_COPY ? 2.0 * (double)(bytes / 2 / SLICE_ALIGN * SLICE_ALIGN) : (double)bytes;
         for (int i = -1; i < passes; i++) {
             pthread_barrier_wait(&p.start);
-            double t0 = now_s();
             pthread_barrier_wait(&p.end);
-            double dt = now_s() - t0;
+            double t0 = ws[0].t0, t1 = ws[0].t1;
+            for (int k = 1; k < n; k++) {
+                t0 = ws[k].t0 < t0 ? ws[k].t0 : t0;
+                t1 = ws[k].t1 > t1 ? ws[k].t1 : t1;
+            }
+            double dt = t1 - t0;
             if (i >= 0)
                 gbs[i] = moved / dt * 1e-9;
         }
