@@ -281,6 +281,11 @@ def fmt(x, nd=1):
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
+def pct(q):
+    """0.456 -> "46%", 0.0046 -> "0.5%"."""
+    return f"{100 * q:.0f}%" if q >= 0.1 else f"{100 * q:.1f}%"
+
+
 def table(header, rows, markdown):
     """Rows of strings -> lines: a markdown table, or columns padded with
     spaces for a terminal."""
@@ -401,8 +406,8 @@ def render(r, markdown):
         rows = []
         for d in dec:
             name = "exact" if d["attn"] == "exact" else "default (DARKFormer v2 + adapter)"
-            q1 = f"{100 * d['median'] / bound:.0f}%" if bound else "—"
-            q2 = (f"{100 * d['median'] / (bw['read_all']['gbs'] * 1e9 / (wb + d['state_bytes'])):.0f}%"
+            q1 = pct(d["median"] / bound) if bound else "—"
+            q2 = (pct(d["median"] / (bw["read_all"]["gbs"] * 1e9 / (wb + d["state_bytes"])))
                   if bound else "—")
             rows.append([ctx_name(d["ctx"]), name, b(f"{d['median']:.1f}"),
                          ", ".join(f"{x:.1f}" for x in d["runs"]), str(d["tokens"]),
