@@ -22,6 +22,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/unit/check.h"
+#include "tests/unit/helpers.h"
 
 /* ---- a little GGUF builder ---- */
 
@@ -630,24 +631,6 @@ static const char *model_path(void)
     return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-static uint8_t *read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    struct stat st;
-    uint8_t *p = NULL;
-    if (fstat(fileno(f), &st) == 0 && (p = malloc((size_t)st.st_size + 1)) != NULL) {
-        if (fread(p, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
-            free(p);
-            p = NULL;
-        } else {
-            *n = (size_t)st.st_size;
-        }
-    }
-    fclose(f);
-    return p;
-}
-
 static int write_file(const char *path, const void *p, size_t n)
 {
     FILE *f = fopen(path, "wb");
@@ -701,7 +684,7 @@ static size_t find_offset_field(const uint8_t *p, size_t n, const char *name, ui
 TEST(real_model_damaged_copies_are_rejected)
 {
     size_t n = 0;
-    uint8_t *img = read_file(model_path(), &n);
+    uint8_t *img = (uint8_t *)slurp(model_path(), &n);
     CHECK_MSG(img != NULL, "cannot read %s", model_path());
     if (!img) return;
     core_gguf_t *g = open_ok(img, n);
@@ -1051,7 +1034,7 @@ TEST(rewriting_the_real_model_reproduces_it)
     /* The model was written by llama.cpp's converter (gguf-py): same layout
      * rules as ours, so a faithful copy must be identical byte for byte. */
     size_t n = 0;
-    uint8_t *img = read_file(model_path(), &n);
+    uint8_t *img = (uint8_t *)slurp(model_path(), &n);
     CHECK_MSG(img != NULL, "cannot read %s", model_path());
     if (!img) return;
     core_gguf_t *g = open_ok(img, n);
@@ -1064,7 +1047,7 @@ TEST(rewriting_the_real_model_reproduces_it)
     core_error_t err = {0};
     if (w) CHECK_MSG(core_gguf_writer_write(w, path, &err) == 0, "%s", err.msg);
     size_t m = 0;
-    uint8_t *copy = w ? read_file(path, &m) : NULL;
+    uint8_t *copy = w ? (uint8_t *)slurp(path, &m) : NULL;
     CHECK(copy != NULL && m == n);
     if (copy && m == n) {
         size_t i = 0;
@@ -1131,7 +1114,7 @@ TEST(fuzz_corpus_replays)
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dirname, e->d_name);
         size_t n = 0;
-        uint8_t *p = read_file(path, &n);
+        uint8_t *p = (uint8_t *)slurp(path, &n);
         CHECK_MSG(p != NULL, "%s", path);
         if (!p) continue;
         uint8_t *exact = malloc(n ? n : 1); /* exactly sized, for ASan */

@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "core/sample.h"
 #include "tests/unit/check.h"
+#include "tests/unit/helpers.h"
 
 /* ------------------------------------------------------------ reference */
 
@@ -856,35 +857,6 @@ TEST(test_history_ring)
 }
 
 /* An independent table-driven CRC-32 (IEEE) to forge valid-checksum buffers. */
-static uint32_t test_crc32(const unsigned char *p, size_t n)
-{
-    static uint32_t table[256];
-    if (!table[1])
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int k = 0; k < 8; k++)
-                c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
-            table[i] = c;
-        }
-    uint32_t c = 0xffffffffu;
-    for (size_t i = 0; i < n; i++)
-        c = table[(c ^ p[i]) & 0xff] ^ (c >> 8);
-    return c ^ 0xffffffffu;
-}
-
-static void le32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16);
-    p[3] = (unsigned char)(v >> 24);
-}
-
-static void reseal(unsigned char *b, size_t sz)
-{
-    le32(b + sz - 4, test_crc32(b, sz - 4));
-}
-
 TEST(test_state_roundtrip_and_rejects)
 {
     core_sample_params_t p;
@@ -969,19 +941,19 @@ TEST(test_state_roundtrip_and_rejects)
     reseal(bad, sz);
     REJECT(sz, CORE_EFORMAT); /* magic */
     memcpy(bad, buf, sz);
-    le32(bad + 4, 2);
+    put_le32(bad + 4, 2);
     reseal(bad, sz);
     REJECT(sz, CORE_EUNSUPPORTED); /* version */
     memcpy(bad, buf, sz);
-    le32(bad + 8, 128);
+    put_le32(bad + 8, 128);
     reseal(bad, sz);
     REJECT(sz, CORE_EFORMAT); /* capacity */
     memcpy(bad, buf, sz);
-    le32(bad + 12, CORE_SAMPLE_HISTORY + 1);
+    put_le32(bad + 12, CORE_SAMPLE_HISTORY + 1);
     reseal(bad, sz);
     REJECT(sz, CORE_EFORMAT); /* count > capacity */
     memcpy(bad, buf, sz);
-    le32(bad + 48 + 4 * 10, 0x80000000u);
+    put_le32(bad + 48 + 4 * 10, 0x80000000u);
     reseal(bad, sz);
     REJECT(sz, CORE_EFORMAT); /* negative token id */
     memcpy(bad, buf, sz);
@@ -989,7 +961,7 @@ TEST(test_state_roundtrip_and_rejects)
     reseal(bad, sz);
     REJECT(sz, CORE_EFORMAT); /* all-zero RNG */
     core_sampler_state_save(c, bad, sz, NULL);
-    le32(bad + 48 + 4 * 5, 3);
+    put_le32(bad + 48 + 4 * 5, 3);
     reseal(bad, sz);
     REJECT(sz, CORE_EFORMAT); /* garbage in an unused slot */
     /* A corrupted buffer is refused with a checksum error, not loaded. */

@@ -9,13 +9,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "check.h"
 #include "core/attn.h"
 #include "core/features.h"
 #include "core/model.h"
 #include "core/rng.h"
 #include "core/sample.h"
 #include "core/state.h"
+#include "tests/unit/check.h"
+#include "tests/unit/helpers.h"
 
 #define M_FEAT 32
 #define SEED 7
@@ -397,17 +398,6 @@ static int refuse(victim_t *v, const void *buf, size_t len, const char *fp, int 
     return rc;
 }
 
-static void put32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void reseal(unsigned char *b, size_t len)
-{
-    put32(b + len - 4, core_state_crc32(0, b, len - 4));
-}
-
 /* A performer W=4 blob with every section: refused truncated at every length,
  * with bit flips, bad magic, a future version, another fingerprint. */
 TEST(refusals_framing)
@@ -462,7 +452,7 @@ flips_done:
     b[0] = 'X';
     refuse(&v, b, len, NULL, CORE_EFORMAT, "not a darkserve state blob (bad magic)", "magic");
     memcpy(b, blob, len);
-    put32(b + 4, CORE_STATE_VERSION + 1);
+    put_le32(b + 4, CORE_STATE_VERSION + 1);
     reseal(b, len);
     snprintf(want, sizeof want, "state blob version %u is not supported (this server reads 1 to %u)",
              CORE_STATE_VERSION + 1, CORE_STATE_VERSION);
@@ -472,18 +462,18 @@ flips_done:
     const int64_t bad_pos[] = {INT64_MAX, CORE_ATTN_MAX_POS + 1, -1};
     for (int i = 0; i < 3; i++) {
         memcpy(b, blob, len);
-        put32(b + 104, (uint32_t)((uint64_t)bad_pos[i] & 0xffffffffu));
-        put32(b + 108, (uint32_t)((uint64_t)bad_pos[i] >> 32));
+        put_le32(b + 104, (uint32_t)((uint64_t)bad_pos[i] & 0xffffffffu));
+        put_le32(b + 108, (uint32_t)((uint64_t)bad_pos[i] >> 32));
         reseal(b, len);
         snprintf(want, sizeof want, "position %lld outside [0, 2^48]", (long long)bad_pos[i]);
         refuse(&v, b, len, NULL, CORE_EFORMAT, want, "position out of range");
     }
     /* The total field claims another extent (frame fields precede the crc). */
     memcpy(b, blob, len);
-    put32(b + 8, (uint32_t)(len + 256));
+    put_le32(b + 8, (uint32_t)(len + 256));
     snprintf(want, sizeof want, "truncated: %zu bytes, need %zu", len, len + 256);
     refuse(&v, b, len, NULL, CORE_EFORMAT, want, "total field larger");
-    put32(b + 8, (uint32_t)(len - 256));
+    put_le32(b + 8, (uint32_t)(len - 256));
     snprintf(want, sizeof want, "trailing bytes: %zu bytes, the blob is %zu", len, len - 256);
     refuse(&v, b, len, NULL, CORE_EFORMAT, want, "total field smaller");
 
@@ -497,19 +487,19 @@ flips_done:
     CHECK_INT_EQ(core_state_peek(blob, len, &info, NULL), 0);
     size_t off_pend = info.owner_off + info.owner_len;
     memcpy(b, blob, len);
-    put32(b + off_pend + 4, 0x80000001u);
+    put_le32(b + off_pend + 4, 0x80000001u);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "pending token 1", "negative pending id");
     memcpy(b, blob, len);
-    put32(b + 124, 3); /* one more pending token than the sections hold */
+    put_le32(b + 124, 3); /* one more pending token than the sections hold */
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "do not add up", "section sizes");
     memcpy(b, blob, len);
-    put32(b + 120, 16);
+    put_le32(b + 120, 16);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "sampler section", "sampler size");
     memcpy(b, blob, len);
-    put32(b + 124, (uint32_t)CORE_STATE_MAX_PENDING + 1);
+    put_le32(b + 124, (uint32_t)CORE_STATE_MAX_PENDING + 1);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "over the limits", "pending limit");
     memcpy(b, blob, len);
@@ -538,11 +528,11 @@ flips_done:
     refuse(&v, b, len, NULL, CORE_EFORMAT, "non-finite or out-of-range window row in layer 0",
            "huge window key");
     memcpy(b, blob, len);
-    put32(b + off_attn, 5);
+    put_le32(b + off_attn, 5);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "accumulator size 5", "precision");
     memcpy(b, blob, len);
-    put32(b + off_attn + 4, 3);
+    put_le32(b + off_attn + 4, 3);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "3 window rows", "window rows");
     /* Sampler section: its own checks run under ours. */
@@ -876,14 +866,14 @@ static unsigned char *raw_v2(const unsigned char *v1, size_t v1_len, const core_
     memcpy(b, v1, v1_len - 4);
     size_t off = v1_len - 4;
     for (size_t i = 0; i < n; i++) {
-        put32(b + off, (uint32_t)p[i].len);
-        put32(b + off + 4, 0);
+        put_le32(b + off, (uint32_t)p[i].len);
+        put_le32(b + off + 4, 0);
         memcpy(b + off + 8, p[i].blob, p[i].len);
         off += 8 + p[i].len;
     }
-    put32(b + 4, 2);
-    put32(b + 8, (uint32_t)total);
-    put32(b + 132, (uint32_t)n);
+    put_le32(b + 4, 2);
+    put_le32(b + 8, (uint32_t)total);
+    put_le32(b + 132, (uint32_t)n);
     reseal(b, total);
     *len = total;
     return b;
@@ -968,48 +958,48 @@ TEST(checkpoints_round_trip_and_refusals)
     char want[160], ctx[64];
     unsigned char *b = malloc(len);
     memcpy(b, blob, len);
-    put32(b + 132, 3); /* one more than the section holds */
+    put_le32(b + 132, 3); /* one more than the section holds */
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 2: truncated length field", "count + 1");
     memcpy(b, blob, len);
-    put32(b + 132, 1); /* one fewer */
+    put_le32(b + 132, 1); /* one fewer */
     reseal(b, len);
     snprintf(want, sizeof want, "checkpoint section: %zu bytes after the last checkpoint",
              8 + l2);
     refuse(&v, b, len, NULL, CORE_EFORMAT, want, "count - 1");
     memcpy(b, blob, len);
-    put32(b + 132, 0);
+    put_le32(b + 132, 0);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "do not add up", "no count, a section");
     memcpy(b, blob, len);
-    put32(b + 132, CORE_STATE_MAX_CHECKPOINTS + 1);
+    put_le32(b + 132, CORE_STATE_MAX_CHECKPOINTS + 1);
     reseal(b, len);
     snprintf(want, sizeof want, "%d checkpoints (limit %d)", CORE_STATE_MAX_CHECKPOINTS + 1,
              CORE_STATE_MAX_CHECKPOINTS);
     refuse(&v, b, len, NULL, CORE_EFORMAT, want, "count over the limit");
     memcpy(b, blob, len);
-    put32(b + 132, 1000); /* entries that cannot fit the section */
+    put_le32(b + 132, 1000); /* entries that cannot fit the section */
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoints (limit", "count huge");
     memcpy(b, blob, len);
-    put32(b + 4, 1); /* version 1 with the count set */
+    put_le32(b + 4, 1); /* version 1 with the count set */
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "reserved field is not 0", "version 1 with a count");
     size_t off0 = info.checkpoints_off;
     memcpy(b, blob, len);
-    put32(b + off0 + 4, 1); /* entry 0's length past 2^32 */
+    put_le32(b + off0 + 4, 1); /* entry 0's length past 2^32 */
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 0: length", "length huge");
     memcpy(b, blob, len);
-    put32(b + off0, (uint32_t)(l1 - 1)); /* one byte short: its frame says otherwise */
+    put_le32(b + off0, (uint32_t)(l1 - 1)); /* one byte short: its frame says otherwise */
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 0: truncated", "length short");
     memcpy(b, blob, len);
-    put32(b + off0, (uint32_t)(l1 + 1)); /* one byte long */
+    put_le32(b + off0, (uint32_t)(l1 + 1)); /* one byte long */
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 0: trailing bytes", "length long");
     memcpy(b, blob, len);
-    put32(b + off0, 10);
+    put_le32(b + off0, 10);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "checkpoint 0: truncated", "length tiny");
     memcpy(b, blob, len);

@@ -9,24 +9,7 @@
 
 #include "tests/fuzz/fuzz_proto.c"
 #include "tests/unit/check.h"
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    size_t r;
-    while ((r = fread(b + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap)
-            b = realloc(b, cap *= 2);
-    }
-    fclose(f);
-    *len = n;
-    return b;
-}
+#include "tests/unit/helpers.h"
 
 TEST(replay_corpus)
 {
@@ -49,7 +32,7 @@ TEST(replay_corpus)
         char path[2048];
         size_t len = 0;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        char *b = read_all(path, &len);
+        char *b = slurp(path, &len);
         CHECK_MSG(b != NULL, "cannot read %s", path);
         if (!b)
             continue;

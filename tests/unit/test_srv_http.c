@@ -17,6 +17,7 @@
 #include "server/log.h"
 #include "server/metrics.h"
 #include "tests/unit/check.h"
+#include "tests/unit/helpers.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -32,25 +33,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WAIT_MS 10000
+#define WAIT_MS HTTP_WAIT_MS
 #define API_KEY "sekret-key-1"
 #define API_KEY2 "other-key-2"
 #define ORIGIN_OK "https://app.example"
 
 /* ---------------------------------------------------------------- helpers */
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static void abs_deadline(struct timespec *ts, int ms)
 {
@@ -61,232 +49,6 @@ static void abs_deadline(struct timespec *ts, int ms)
         ts->tv_sec++;
         ts->tv_nsec -= 1000000000L;
     }
-}
-
-typedef struct buf {
-    char *p;
-    size_t len, cap;
-} buf_t;
-
-static void buf_add(buf_t *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t ncap = b->cap ? b->cap * 2 : 4096;
-        while (ncap < b->len + n + 1)
-            ncap *= 2;
-        b->p = realloc(b->p, ncap);
-        b->cap = ncap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static int tcp_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int send_all(int fd, const char *s, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return -1;
-        s += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int send_str(int fd, const char *s)
-{
-    return send_all(fd, s, strlen(s));
-}
-
-/* Reads what arrives within timeout_ms. Returns bytes read (>0), 0 on EOF,
- * -1 on a connection error (reset), -2 on timeout. */
-static ssize_t recv_wait(int fd, buf_t *b, int timeout_ms)
-{
-    struct pollfd pfd = {fd, POLLIN, 0};
-    int pr = poll(&pfd, 1, timeout_ms);
-    if (pr == 0)
-        return -2;
-    char tmp[16384];
-    ssize_t r = recv(fd, tmp, sizeof tmp, 0);
-    if (r > 0)
-        buf_add(b, tmp, (size_t)r);
-    return r < 0 ? -1 : r;
-}
-
-/* Reads until the peer closes. Returns 0 on EOF/reset, -2 on timeout. */
-static int read_until_close(int fd, buf_t *b, int timeout_ms)
-{
-    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
-    for (;;) {
-        uint64_t now = mono_ms();
-        if (now >= end)
-            return -2;
-        ssize_t r = recv_wait(fd, b, (int)(end - now));
-        if (r == 0 || r == -1)
-            return 0;
-        if (r == -2)
-            return -2;
-    }
-}
-
-static int read_until_contains(int fd, buf_t *b, const char *needle, int timeout_ms)
-{
-    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
-    while (!(b->p && strstr(b->p, needle))) {
-        uint64_t now = mono_ms();
-        if (now >= end)
-            return -2;
-        ssize_t r = recv_wait(fd, b, (int)(end - now));
-        if (r <= 0 && r != -2)
-            return -1;
-    }
-    return 0;
-}
-
-typedef struct resp {
-    int status;
-    char head[8192];
-    char *body;
-    size_t body_len;
-    int chunked;
-    int chunked_complete;
-} resp_t;
-
-static void resp_free(resp_t *r)
-{
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
-
-/* Value of header name in r (case-insensitive), copied into out; NULL if absent. */
-static const char *resp_header(const resp_t *r, const char *name, char *out, size_t cap)
-{
-    size_t n = strlen(name);
-    const char *p = strstr(r->head, "\r\n");
-    while (p && p[2]) {
-        p += 2;
-        const char *eol = strstr(p, "\r\n");
-        if (!eol)
-            break;
-        if ((size_t)(eol - p) > n && strncasecmp(p, name, n) == 0 && p[n] == ':') {
-            const char *v = p + n + 1;
-            while (*v == ' ')
-                v++;
-            size_t vl = (size_t)(eol - v);
-            if (vl >= cap)
-                vl = cap - 1;
-            memcpy(out, v, vl);
-            out[vl] = '\0';
-            return out;
-        }
-        p = eol;
-    }
-    return NULL;
-}
-
-/* Parses one HTTP response from raw[0..len); de-chunks the body. */
-static int parse_resp(const char *raw, size_t len, resp_t *r)
-{
-    memset(r, 0, sizeof *r);
-    if (!raw)
-        return -1;
-    const char *he = strstr(raw, "\r\n\r\n");
-    if (!he || sscanf(raw, "HTTP/1.%*d %d", &r->status) != 1)
-        return -1;
-    size_t hl = (size_t)(he - raw) + 2;
-    if (hl >= sizeof r->head)
-        return -1;
-    memcpy(r->head, raw, hl);
-    r->head[hl] = '\0';
-    const char *b = he + 4;
-    size_t blen = len - (size_t)(b - raw);
-    char te[64];
-    buf_t body = {0};
-    buf_add(&body, "", 0);
-    if (resp_header(r, "Transfer-Encoding", te, sizeof te) && strcasestr(te, "chunked")) {
-        r->chunked = 1;
-        const char *p = b, *end = b + blen;
-        while (p < end) {
-            char *eol = NULL;
-            unsigned long sz = strtoul(p, &eol, 16);
-            if (!eol || eol + 2 > end || eol[0] != '\r')
-                break;
-            p = eol + 2;
-            if (sz == 0) {
-                r->chunked_complete = 1;
-                break;
-            }
-            if (p + sz > end) {
-                buf_add(&body, p, (size_t)(end - p));
-                break;
-            }
-            buf_add(&body, p, sz);
-            p += sz + 2;
-        }
-    } else {
-        buf_add(&body, b, blen);
-    }
-    r->body = body.p;
-    r->body_len = body.len;
-    return 0;
-}
-
-/* Sends req on a new connection, reads until the server closes, parses. */
-static int http_do(int port, const char *req, resp_t *r)
-{
-    memset(r, 0, sizeof *r);
-    int fd = tcp_connect(port);
-    if (fd < 0)
-        return -1;
-    buf_t b = {0};
-    int rc = send_str(fd, req) == 0 && read_until_close(fd, &b, WAIT_MS) == 0 ? 0 : -1;
-    close(fd);
-    if (rc == 0)
-        rc = parse_resp(b.p, b.len, r);
-    free(b.p);
-    return rc;
-}
-
-/* A GET with Connection: close and extra header lines (each ending \r\n). */
-static int http_get(int port, const char *path, const char *extra, resp_t *r)
-{
-    char req[2048];
-    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n%s\r\n", path,
-             extra ? extra : "");
-    return http_do(port, req, r);
-}
-
-static int http_post(int port, const char *path, const char *ctype, const char *body,
-                     const char *extra, resp_t *r)
-{
-    buf_t b = {0};
-    char head[2048];
-    snprintf(head, sizeof head,
-             "POST %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n%s%s%sContent-Length: %zu\r\n"
-             "%s\r\n",
-             path, ctype ? "Content-Type: " : "", ctype ? ctype : "", ctype ? "\r\n" : "",
-             strlen(body), extra ? extra : "");
-    buf_add(&b, head, strlen(head));
-    buf_add(&b, body, strlen(body));
-    int rc = http_do(port, b.p, r);
-    free(b.p);
-    return rc;
 }
 
 /* ---------------------------------------------------------------- server harness */

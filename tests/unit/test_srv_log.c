@@ -4,6 +4,7 @@
  */
 #include "server/log.h"
 #include "tests/unit/check.h"
+#include "tests/unit/helpers.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -13,31 +14,6 @@
 
 static char g_path[64];
 static char g_path2[80];
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    char tmp[4096];
-    size_t n;
-    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) {
-        if (len + n + 1 > cap) {
-            cap = (len + n + 1) * 2;
-            buf = realloc(buf, cap);
-        }
-        memcpy(buf + len, tmp, n);
-        len += n;
-    }
-    fclose(f);
-    if (!buf)
-        buf = calloc(1, 1);
-    else
-        buf[len] = '\0';
-    return buf;
-}
 
 static int count_lines(const char *s)
 {
@@ -60,7 +36,7 @@ TEST(test_text_lines)
     SRV_LOG(SRV_LOG_INFO, "rid-1", "hello %d", 42);
     SRV_LOG(SRV_LOG_WARN, NULL, "two\nlines \"quoted\" \x01");
     SRV_LOG(SRV_LOG_DEBUG, "rid-2", "dropped at info");
-    char *t = slurp(g_path);
+    char *t = slurp(g_path, NULL);
     CHECK_INT_EQ(count_lines(t), 2);
     CHECK(t && strstr(t, " info [rid-1] hello 42\n"));
     CHECK(t && strstr(t, " warn two\\nlines \"quoted\" \\x01\n"));
@@ -101,7 +77,7 @@ TEST(test_json_lines)
     memset(big, '"', sizeof big - 1); /* every byte doubles when escaped */
     big[sizeof big - 1] = '\0';
     SRV_LOG(SRV_LOG_ERROR, NULL, "%s", big);
-    char *t = slurp(g_path);
+    char *t = slurp(g_path, NULL);
     CHECK_INT_EQ(count_lines(t), 3);
     char *save = NULL;
     int i = 0;
@@ -144,7 +120,7 @@ TEST(test_access_text)
                                            .bytes_out = 15,
                                            .duration_ms = 0.25,
                                            .outcome = "ok"});
-    char *t = slurp(g_path);
+    char *t = slurp(g_path, NULL);
     CHECK(t && strstr(t, " info [id9] access method=GET path=\"/health\" status=200 bytes_in=0 "
                          "bytes_out=15 ms=0.250 outcome=ok\n"));
     free(t);
@@ -159,7 +135,7 @@ TEST(test_reopen)
     SRV_LOG(SRV_LOG_INFO, NULL, "still old file");
     CHECK_INT_EQ(srv_log_reopen(), 0);
     SRV_LOG(SRV_LOG_INFO, NULL, "after rotation");
-    char *old = slurp(g_path2), *cur = slurp(g_path);
+    char *old = slurp(g_path2, NULL), *cur = slurp(g_path, NULL);
     CHECK(old && strstr(old, "before rotation") && strstr(old, "still old file"));
     CHECK(old && !strstr(old, "after rotation"));
     CHECK(cur && strstr(cur, "after rotation") && count_lines(cur) == 1);
@@ -173,7 +149,7 @@ TEST(test_reopen)
                  -1);
     CHECK(strstr(err, "/nonexistent-dir/x.log") != NULL);
     SRV_LOG(SRV_LOG_INFO, NULL, "kept");
-    cur = slurp(g_path);
+    cur = slurp(g_path, NULL);
     CHECK(cur && strstr(cur, "kept"));
     free(cur);
 }
@@ -198,7 +174,7 @@ TEST(test_threads_do_not_interleave)
         pthread_create(&th[i], NULL, writer, (void *)(intptr_t)i);
     for (int i = 0; i < N_THREADS; i++)
         pthread_join(th[i], NULL);
-    char *t = slurp(g_path);
+    char *t = slurp(g_path, NULL);
     CHECK_INT_EQ(count_lines(t), N_THREADS * N_LINES);
     int bad = 0;
     char *save = NULL;

@@ -10,6 +10,7 @@
 #include "server/log.h"
 #include "server/serve.h"
 #include "tests/unit/check.h"
+#include "tests/unit/helpers.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,24 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WAIT_MS 10000
+#define WAIT_MS HTTP_WAIT_MS
 
 static char g_log[64];
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* ---- the test application ---- */
 
 static struct {
     pthread_mutex_t mu;
@@ -166,18 +152,6 @@ static void *serve_thread(void *arg)
     return NULL;
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
-
 /* Starts the daemon; returns the port from its "listening on" line, or -1. */
 static int serve_start(run_t *r, const char *drain_timeout)
 {
@@ -194,10 +168,12 @@ static int serve_start(run_t *r, const char *drain_timeout)
     pthread_create(&r->th, NULL, serve_thread, r);
     uint64_t end = mono_ms() + WAIT_MS;
     while (mono_ms() < end) {
-        const char *t = slurp(g_log);
+        char *t = slurp(g_log, NULL);
         const char *m = t ? strstr(t, "listening on http://127.0.0.1:") : NULL;
+        int port = m ? atoi(m + strlen("listening on http://127.0.0.1:")) : 0;
+        free(t);
         if (m)
-            return atoi(m + strlen("listening on http://127.0.0.1:"));
+            return port;
         pthread_mutex_lock(&r->mu);
         int done = r->done;
         pthread_mutex_unlock(&r->mu);
@@ -228,53 +204,6 @@ static int serve_wait(run_t *r)
     return rc;
 }
 
-static int tcp_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-/* Reads into buf until needle appears (or EOF if needle is NULL). */
-static int read_until(int fd, char *buf, size_t cap, const char *needle)
-{
-    size_t len = strlen(buf);
-    uint64_t end = mono_ms() + WAIT_MS;
-    while (mono_ms() < end) {
-        if (needle && strstr(buf, needle))
-            return 0;
-        struct pollfd p = {fd, POLLIN, 0};
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        ssize_t n = recv(fd, buf + len, cap - 1 - len, 0);
-        if (n <= 0)
-            return needle ? -1 : 0;
-        len += (size_t)n;
-        buf[len] = '\0';
-    }
-    return -2;
-}
-
-static int get_status(int port, const char *path)
-{
-    int fd = tcp_connect(port);
-    if (fd < 0)
-        return -1;
-    char req[256], buf[4096] = "";
-    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", path);
-    send(fd, req, strlen(req), MSG_NOSIGNAL);
-    read_until(fd, buf, sizeof buf, NULL);
-    close(fd);
-    int status = -1;
-    sscanf(buf, "HTTP/1.1 %d", &status);
-    return status;
-}
-
 /* ---- tests ---- */
 
 TEST(test_drain_waits_for_open_stream)
@@ -285,36 +214,38 @@ TEST(test_drain_waits_for_open_stream)
     CHECK(port > 0);
     if (port <= 0)
         return;
-    CHECK_INT_EQ(get_status(port, "/health"), 200);
+    CHECK_INT_EQ(http_status(port, "/health"), 200);
     int fd = tcp_connect(port);
-    char buf[8192] = "";
-    const char *req = "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n";
-    send(fd, req, strlen(req), MSG_NOSIGNAL);
-    CHECK(read_until(fd, buf, sizeof buf, "a\n") == 0);
+    buf_t buf = {0};
+    CHECK(send_str(fd, "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n") == 0);
+    CHECK(read_until_contains(fd, &buf, "a\n", WAIT_MS) == 0);
     raise(SIGTERM);
     /* the drain is visible from outside: /health says so, others get 503 */
     uint64_t end = mono_ms() + WAIT_MS;
-    while (get_status(port, "/health") != 503 && mono_ms() < end)
+    while (http_status(port, "/health") != 503 && mono_ms() < end)
         sleep_ms(10);
-    CHECK_INT_EQ(get_status(port, "/health"), 503);
-    CHECK_INT_EQ(get_status(port, "/hold"), 503);
+    CHECK_INT_EQ(http_status(port, "/health"), 503);
+    CHECK_INT_EQ(http_status(port, "/hold"), 503);
     pthread_mutex_lock(&app_st.mu);
     CHECK_INT_EQ(app_st.drained, 1);
     CHECK_INT_EQ(app_st.stopped, 0); /* still waiting for the open stream */
     app_st.release = 1;
     pthread_mutex_unlock(&app_st.mu);
-    CHECK(read_until(fd, buf, sizeof buf, NULL) == 0);
-    CHECK(strstr(buf, "\r\n\r\n") && strstr(strstr(buf, "\r\n\r\n"), "b\n"));
-    CHECK(strstr(buf, "\r\n0\r\n\r\n") != NULL); /* clean end of the chunked body */
+    CHECK(read_until_close(fd, &buf, WAIT_MS) == 0);
+    const char *body = buf.p ? strstr(buf.p, "\r\n\r\n") : NULL;
+    CHECK(body && strstr(body, "b\n"));
+    CHECK(body && strstr(body, "\r\n0\r\n\r\n") != NULL); /* clean end of the chunked body */
+    free(buf.p);
     close(fd);
     CHECK_INT_EQ(serve_wait(&r), 0);
     CHECK_INT_EQ(app_st.stopped, 1);
     CHECK_INT_EQ(app_st.order_ok, 1);
     CHECK_INT_EQ(app_st.saw_cancel, 0);
     CHECK_INT_EQ(app_st.stream_open_at_stop, 0);
-    const char *t = slurp(g_log);
+    char *t = slurp(g_log, NULL);
     CHECK(t && strstr(t, "draining") && strstr(t, "all requests finished") &&
           strstr(t, "stopped"));
+    free(t);
 }
 
 TEST(test_drain_deadline_cancels)
@@ -326,19 +257,20 @@ TEST(test_drain_deadline_cancels)
     if (port <= 0)
         return;
     int fd = tcp_connect(port);
-    char buf[8192] = "";
-    const char *req = "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n";
-    send(fd, req, strlen(req), MSG_NOSIGNAL);
-    CHECK(read_until(fd, buf, sizeof buf, "a\n") == 0);
+    buf_t buf = {0};
+    CHECK(send_str(fd, "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n") == 0);
+    CHECK(read_until_contains(fd, &buf, "a\n", WAIT_MS) == 0);
     raise(SIGTERM);
     CHECK_INT_EQ(serve_wait(&r), 0);
     CHECK_INT_EQ(app_st.stopped, 1);
     CHECK_INT_EQ(app_st.saw_cancel, 1);
-    CHECK(read_until(fd, buf, sizeof buf, NULL) == 0);
-    CHECK(strstr(buf, "\r\n0\r\n\r\n") == NULL); /* cut, not a clean end */
+    CHECK(read_until_close(fd, &buf, WAIT_MS) == 0);
+    CHECK(buf.p && strstr(buf.p, "\r\n0\r\n\r\n") == NULL); /* cut, not a clean end */
+    free(buf.p);
     close(fd);
-    const char *t = slurp(g_log);
+    char *t = slurp(g_log, NULL);
     CHECK(t && strstr(t, "drain: timeout") && strstr(t, "cancelling 1 request"));
+    free(t);
 }
 
 TEST(test_second_signal_stops_now)
@@ -350,10 +282,9 @@ TEST(test_second_signal_stops_now)
     if (port <= 0)
         return;
     int fd = tcp_connect(port);
-    char buf[8192] = "";
-    const char *req = "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n";
-    send(fd, req, strlen(req), MSG_NOSIGNAL);
-    CHECK(read_until(fd, buf, sizeof buf, "a\n") == 0);
+    buf_t buf = {0};
+    CHECK(send_str(fd, "GET /hold HTTP/1.1\r\nHost: t\r\n\r\n") == 0);
+    CHECK(read_until_contains(fd, &buf, "a\n", WAIT_MS) == 0);
     raise(SIGTERM);
     uint64_t end = mono_ms() + WAIT_MS;
     for (;;) {
@@ -367,6 +298,7 @@ TEST(test_second_signal_stops_now)
     raise(SIGINT);
     CHECK_INT_EQ(serve_wait(&r), 0);
     CHECK_INT_EQ(app_st.saw_cancel, 1);
+    free(buf.p);
     close(fd);
 }
 
