@@ -21,7 +21,13 @@ WARN    := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes \
 ifneq ($(CI),)
 WARN    += -Werror
 endif
-OPT     ?= -O2 -march=x86-64-v2 -g
+# x86-64-v2 (SSE4.2, POPCNT) is the floor on x86-64; the AVX2 / AVX-512
+# kernels are chosen at run time. Other machines (aarch64) build the portable
+# C kernels with the compiler's default target.
+ifneq ($(filter x86_64-%,$(shell $(CC) -dumpmachine)),)
+MARCH   ?= -march=x86-64-v2
+endif
+OPT     ?= -O2 $(MARCH) -g
 CFLAGS  ?=
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -I. $(OPENBLAS_CFLAGS) \
            -fno-strict-aliasing
@@ -60,12 +66,13 @@ HELPER_BINS := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
 
 
 .PHONY: adapter
-.PHONY: all deps model run test unit pytest asan lint format clean bench help fuzz container-test
+.PHONY: all deps model run test unit pytest asan lint format clean bench help fuzz container-test \
+        check-layers check-headers
 
 all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS) $(HELPER_BINS)
 
 help:
-	@echo "make run | test | asan | lint | format | model | bench | fuzz | container-test | clean  (BUILD=$(BUILD))"
+	@echo "make run | test | asan | lint | check-layers | check-headers | format | model | bench | fuzz | container-test | clean  (BUILD=$(BUILD))"
 
 deps:
 	@scripts/deps.sh
@@ -142,9 +149,26 @@ pytest: all $(TINY)
 	@$(TEST_ENV) $(PYTHON) -m pytest -q -rs tests/reference tests/integration
 
 test: deps model
+	@$(MAKE) --no-print-directory check-layers check-headers
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory pytest
+
+# core/ and proto/ include nothing from the layers above them
+# (scripts/check_layers.sh says what exactly).
+check-layers:
+	@scripts/check_layers.sh
+
+# Every header compiles on its own, and twice (its include guard works), with
+# the build's warnings as errors; the typedef keeps a macro-only header's
+# translation unit from being empty.
+HEADERS := $(sort $(wildcard core/*.h proto/*.h server/*.h))
+check-headers:
+	@fail=0; for h in $(HEADERS); do \
+	  printf '#include "%s"\n#include "%s"\ntypedef int check_headers_t;\n' $$h $$h | \
+	    $(CC) -std=c11 -D_GNU_SOURCE $(WARN) -Werror -I. $(OPENBLAS_CFLAGS) -x c -fsyntax-only - \
+	    || { echo "check-headers: $$h does not compile on its own"; fail=1; }; \
+	done; [ $$fail -eq 0 ] && echo "check-headers: ok ($(words $(HEADERS)) headers)"
 
 asan:
 	@DARKSERVE_LONGSTREAM_TOKENS=100000 $(MAKE) --no-print-directory BUILD=build-asan \
