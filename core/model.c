@@ -39,6 +39,7 @@
 #include "core/model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +64,12 @@ enum {
      * model (Q4_1, 2-core Xeon with AVX-512 VNNI, `perplexity --chunk C`):
      * CPU time for 480 tokens, tiles / in place: 12 rows 10.2-10.7 s /
      * 4.9-5.0 s, 24 rows 5.5-5.7 / 4.3-5.2, 48 rows 3.4-3.6 / 3.8-4.0. */
-    MODEL_TILE_MIN_ROWS = 32
+    MODEL_TILE_MIN_ROWS = 32,
+    /* Weight rows of a prompt tile (fewer when a tile of MODEL_TILE_FLOATS
+     * cannot hold them): small enough that a matrix makes several tiles for
+     * the pool's threads to share (an FFN matrix of the default model 6, its
+     * output head 192), large enough for sgemm. */
+    MODEL_TILE_ROWS = 256
 };
 
 /* Sanity bounds on hyperparameters from the file, before they size anything. */
@@ -129,8 +135,8 @@ struct core_model {
     int64_t *pos;  /* [T] RoPE position of each row */
     float *lrows;  /* [MODEL_LOGIT_ROWS][D] gathered final-norm rows */
     float *logits; /* [MODEL_LOGIT_ROWS][V] */
-    float *wtile;  /* [wtile_n] a dequantized weight tile */
-    size_t wtile_n; /* floats in wtile: max(the tile size asked for, the largest k) */
+    float *wtile;  /* [pool threads][wtile_n] a dequantized weight tile per thread */
+    size_t wtile_n; /* floats in one tile: max(the tile size asked for, the largest k) */
 
     core_pool_t *pool;     /* owned: threads of the quantized products */
     void *qbuf;            /* [core_q8_act_bytes(cap_rows, max(D, FF, H*Hd))] */
@@ -220,38 +226,47 @@ static void fnv_u64(fnv_t *f, uint64_t v)
 }
 
 /* Checks that name exists with the expected shape [ne0] or [ne1][ne0], a
- * supported type and a consistent byte size; returns it. */
-static int find_tensor(core_model_t *m, const char *name, int64_t ne0, int64_t ne1,
-                       const core_gguf_tensor_t **out, size_t *row_bytes_out, core_error_t *err)
+ * supported type and a consistent byte size. Returns the tensor (borrowed
+ * from the mapping) and its row size, or NULL with the negative code in *rc
+ * (err says why). Returning the pointer, not only a code, keeps a caller from
+ * reading an unset tensor whatever the code (clang-analyzer cannot see that
+ * core_error_set returns its negative code). */
+static const core_gguf_tensor_t *find_tensor(core_model_t *m, const char *name, int64_t ne0,
+                                             int64_t ne1, size_t *row_bytes_out, int *rc,
+                                             core_error_t *err)
 {
     const core_gguf_tensor_t *t = core_gguf_find_tensor(m->g, name);
-    if (!t)
-        return core_error_set(err, CORE_EFORMAT, "missing tensor %s", name);
     const int64_t want[CORE_GGUF_MAX_DIMS] = {ne0, ne1 > 0 ? ne1 : 1, 1, 1};
+    const int64_t rows = want[1];
+    size_t row_bytes = 0;
     int shape_ok = 1;
+    if (!t) {
+        *rc = core_error_set(err, CORE_EFORMAT, "missing tensor %s", name);
+        return NULL;
+    }
     for (int d = 0; d < CORE_GGUF_MAX_DIMS; d++)
         shape_ok &= t->ne[d] == want[d];
     if (!shape_ok)
-        return core_error_set(err, CORE_EFORMAT,
-                              "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
-                              name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                              (long long)t->ne[3], (long long)want[0], (long long)want[1]);
-    if (!core_ttype_supported(t->type))
-        return core_error_set(err, CORE_EUNSUPPORTED, "tensor %s has unsupported type %s (%d)",
-                              name, core_ttype_name(t->type), t->type);
-    size_t row_bytes;
-    if (core_ttype_row_bytes(t->type, ne0, &row_bytes) < 0)
-        return core_error_set(err, CORE_EFORMAT,
-                              "tensor %s: row length %lld is not a multiple of the %s block", name,
-                              (long long)ne0, core_ttype_name(t->type));
-    const int64_t rows = ne1 > 0 ? ne1 : 1;
-    if ((uint64_t)row_bytes * (uint64_t)rows != (uint64_t)t->nbytes)
-        return core_error_set(err, CORE_EFORMAT, "tensor %s: %zu data bytes, expected %llu", name,
-                              t->nbytes, (unsigned long long)row_bytes * (unsigned long long)rows);
-    m->info.n_params += (uint64_t)(ne0 * rows);
-    *out = t;
-    *row_bytes_out = row_bytes;
-    return 0;
+        *rc = core_error_set(err, CORE_EFORMAT,
+                             "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                             name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                             (long long)t->ne[3], (long long)want[0], (long long)want[1]);
+    else if (!core_ttype_supported(t->type))
+        *rc = core_error_set(err, CORE_EUNSUPPORTED, "tensor %s has unsupported type %s (%d)", name,
+                             core_ttype_name(t->type), t->type);
+    else if (core_ttype_row_bytes(t->type, ne0, &row_bytes) < 0)
+        *rc = core_error_set(err, CORE_EFORMAT,
+                             "tensor %s: row length %lld is not a multiple of the %s block", name,
+                             (long long)ne0, core_ttype_name(t->type));
+    else if ((uint64_t)row_bytes * (uint64_t)rows != (uint64_t)t->nbytes)
+        *rc = core_error_set(err, CORE_EFORMAT, "tensor %s: %zu data bytes, expected %llu", name,
+                             t->nbytes, (unsigned long long)row_bytes * (unsigned long long)rows);
+    else {
+        m->info.n_params += (uint64_t)(ne0 * rows);
+        *row_bytes_out = row_bytes;
+        return t;
+    }
+    return NULL;
 }
 
 /* Dequantizes n values of type from src into a new buffer. */
@@ -275,20 +290,20 @@ static int dequantized_copy(const char *name, int type, const void *src, int64_t
 static int load_vector(core_model_t *m, const char *name, int64_t ne0, float **out,
                        core_error_t *err)
 {
-    const core_gguf_tensor_t *t;
     size_t row_bytes;
-    int rc = find_tensor(m, name, ne0, 0, &t, &row_bytes, err);
-    return rc < 0 ? rc : dequantized_copy(name, t->type, t->data, ne0, out, err);
+    int rc;
+    const core_gguf_tensor_t *t = find_tensor(m, name, ne0, 0, &row_bytes, &rc, err);
+    return t ? dequantized_copy(name, t->type, t->data, ne0, out, err) : rc;
 }
 
 /* A matrix of ne1 rows of ne0 values, left in the mapping (wmat_t). */
 static int load_matrix(core_model_t *m, const char *name, int64_t ne0, int64_t ne1, wmat_t *w,
                        core_error_t *err)
 {
-    const core_gguf_tensor_t *t;
     size_t row_bytes;
-    int rc = find_tensor(m, name, ne0, ne1, &t, &row_bytes, err);
-    if (rc < 0)
+    int rc;
+    const core_gguf_tensor_t *t = find_tensor(m, name, ne0, ne1, &row_bytes, &rc, err);
+    if (!t)
         return rc;
     *w = (wmat_t){.data = t->data, .type = t->type, .row_bytes = row_bytes, .rows = ne1, .k = ne0,
                   .qdot = core_qdot_supported(t->type)};
@@ -586,6 +601,9 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         .rope_base = m->info.rope_base,
         .rope_scale = m->info.rope_scale,
     };
+    /* The pool is the only parallelism: sgemm runs inside its threads (prompt
+     * tiles, the attention's units) on one OpenBLAS thread each. */
+    core_blas_set_threads(1);
     if ((rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0 ||
         (rc = core_pool_new(opts->n_threads, &m->pool, err)) < 0 ||
         (rc = core_attn_set_workers(m->attn, core_pool_size(m->pool), err)) < 0)
@@ -707,7 +725,7 @@ static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
             m->wtile_n = (size_t)kmax;
         m->lrows = malloc((size_t)MODEL_LOGIT_ROWS * (size_t)in->n_embd * sizeof(float));
         m->logits = malloc((size_t)MODEL_LOGIT_ROWS * (size_t)in->n_vocab * sizeof(float));
-        m->wtile = malloc(m->wtile_n * sizeof(float));
+        m->wtile = malloc((size_t)core_pool_size(m->pool) * m->wtile_n * sizeof(float));
         if (!m->lrows || !m->logits || !m->wtile)
             return core_error_set(err, CORE_ENOMEM, "out of memory for the logits scratch");
     }
@@ -825,36 +843,70 @@ typedef struct wop {
 } wop_t;
 
 /* C[n][w->rows] = A[n][k] · Wᵀ + beta * C for a block-type w and a prompt
- * sequence's n rows: tile by tile, each tile the most rows of w that fit in
- * m->wtile, dequantized (exactly, as core_dequantize) and multiplied with
+ * sequence's n rows: tile by tile, a tile some rows of w dequantized
+ * (exactly, as core_dequantize) into a thread's buffer and multiplied with
  * sgemm. The f32 values live in cache for one tile instead of in memory for
  * the model's lifetime; the products are those of sgemm on the whole f32
- * matrix, split by output columns. The dequantization runs on the calling
- * thread: on the pool, its workers' polling after each run took the cores
- * OpenBLAS was about to use (prefill 272-295 against 337-375 tokens/s,
- * `make bench`, side by side). */
+ * matrix, split by output columns (test_core_model weight_tiles_match_one_tile).
+ * The tiles are shared out on the pool, each thread dequantizing its own and
+ * calling sgemm on it: OpenBLAS runs on one thread (core_model_load), the
+ * pool is the only parallelism, so nothing oversubscribes the cores and
+ * dequantizing is no longer serial. */
 /* Every prompt sequence of more than MODEL_TILE_MIN_ROWS rows (rows pre_n[g]
  * from row Td on, as in matmuls) times w, on dequantized tiles: each tile is
  * dequantized once for all of them, then each sequence is its own sgemm on
  * it, the same call as when it is alone (so the same bits). */
+typedef struct tiles_run {
+    core_model_t *m;
+    const wmat_t *w;
+    const int64_t *pre_n;
+    int64_t n_pre, Td, lda, ldc, tile;
+    const float *a;
+    float beta;
+    float *c;
+    _Atomic int64_t next; /* first row of the next tile to take */
+} tiles_run_t;
+
+static void tiles_worker(void *ctx, int worker, int n_workers)
+{
+    (void)n_workers;
+    tiles_run_t *t = ctx;
+    const wmat_t *w = t->w;
+    const int64_t k = w->k;
+    float *buf = t->m->wtile + (size_t)worker * t->m->wtile_n;
+    for (;;) {
+        const int64_t j0 = atomic_fetch_add_explicit(&t->next, t->tile, memory_order_relaxed);
+        if (j0 >= w->rows)
+            return;
+        const int64_t nj = w->rows - j0 < t->tile ? w->rows - j0 : t->tile;
+        /* rows are contiguous whole blocks: one call for the tile */
+        core_qdot_dequant(w->type, (const unsigned char *)w->data + (size_t)j0 * w->row_bytes,
+                          buf, nj * k);
+        for (int64_t g = 0, r0 = t->Td; g < t->n_pre; r0 += t->pre_n[g], g++)
+            if (t->pre_n[g] > MODEL_TILE_MIN_ROWS)
+                core_gemm_nt(t->pre_n[g], nj, k, 1.0f, t->a + r0 * t->lda, t->lda, buf, k,
+                             t->beta, t->c + r0 * t->ldc + j0, t->ldc);
+    }
+}
+
 static void gemm_tiles(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n_pre,
                        const float *a, int64_t lda, const wmat_t *w, float beta, float *c,
                        int64_t ldc)
 {
-    const int64_t k = w->k, tile = (int64_t)m->wtile_n / k;
     int any = 0;
     for (int64_t g = 0; g < n_pre; g++)
         any |= pre_n[g] > MODEL_TILE_MIN_ROWS;
-    for (int64_t j0 = 0; any && j0 < w->rows; j0 += tile) {
-        const int64_t nj = w->rows - j0 < tile ? w->rows - j0 : tile;
-        /* rows are contiguous whole blocks: one call for the tile */
-        core_qdot_dequant(w->type, (const unsigned char *)w->data + (size_t)j0 * w->row_bytes,
-                          m->wtile, nj * k);
-        for (int64_t g = 0, r0 = Td; g < n_pre; r0 += pre_n[g], g++)
-            if (pre_n[g] > MODEL_TILE_MIN_ROWS)
-                core_gemm_nt(pre_n[g], nj, k, 1.0f, a + r0 * lda, lda, m->wtile, k, beta,
-                             c + r0 * ldc + j0, ldc);
-    }
+    if (!any)
+        return;
+    /* The same tiles whatever the thread count: sgemm's rounding depends on
+     * how the columns are split (test_core_pool checks 1-4 threads). */
+    int64_t tile = MODEL_TILE_ROWS;
+    if (tile > (int64_t)m->wtile_n / w->k)
+        tile = (int64_t)m->wtile_n / w->k;
+    tiles_run_t t = {.m = m, .w = w, .pre_n = pre_n, .n_pre = n_pre, .Td = Td, .lda = lda,
+                     .ldc = ldc, .tile = tile, .a = a, .beta = beta, .c = c};
+    atomic_init(&t.next, 0);
+    core_pool_run(m->pool, tiles_worker, &t);
 }
 
 /* Applies every op to A[k] (lda), whose rows are grouped by sequence: first
