@@ -6,6 +6,7 @@
  * DARKFormer-IS, Flexformer-s/-n, each optionally hybrid with an exact window).
  */
 #include "core/attn_impl.h"
+#include "core/blas.h"
 #include "core/pool.h"
 
 #include <stdatomic.h>
@@ -236,14 +237,14 @@ int core_attn_forward_batch(core_attn_t *a, core_pool_t *pool, int layer, int n_
             return core_error_set(err, CORE_EINVAL, "token count %lld must be positive",
                                   (long long)items[i].n);
     const core_attn_vtbl_t *vt = a->vt;
-    /* Units run on the pool only while every item is a few rows (decode):
-     * longer ones call sgemm, which OpenBLAS threads itself, and two pool
+    /* Longer items call sgemm: when OpenBLAS threads it itself, two pool
      * threads inside a threaded OpenBLAS at once wait on each other (prefill
-     * on 2 threads took 1.5x as long). */
-    int small = 1;
-    for (int i = 0; i < n_items; i++)
-        small &= items[i].n <= CORE_ATTN_POOL_MAX_ROWS;
-    if (!vt->forward_unit || !small || a->workers < core_pool_size(pool)) {
+     * on 2 threads took 1.5x as long), so those run on the calling thread. */
+    int pooled = 1;
+    if (core_blas_threads() > 1)
+        for (int i = 0; i < n_items; i++)
+            pooled &= items[i].n <= CORE_ATTN_POOL_MAX_ROWS;
+    if (!vt->forward_unit || !pooled || a->workers < core_pool_size(pool)) {
         for (int i = 0; i < n_items; i++) {
             const core_attn_item_t *it = &items[i];
             int rc = vt->forward(a, it->state, layer, it->n, it->q, it->k, it->v, it->out, err);

@@ -125,14 +125,15 @@ typedef struct core_attn_item {
  * previous scratch in place. */
 int core_attn_set_workers(core_attn_t *a, int n, core_error_t *err);
 
-/* Rows per item up to which core_attn_forward_batch shares the work out. */
+/* Rows per item up to which core_attn_forward_batch shares the work out
+ * while BLAS runs on more than one thread (core/blas.h). */
 #define CORE_ATTN_POOL_MAX_ROWS 8
 
 /* core_attn_forward of layer for each item (distinct states), the work shared
- * out on pool's threads when every item has at most CORE_ATTN_POOL_MAX_ROWS
- * rows (decode steps): the linear kinds split every sequence by KV head; the
- * other kinds, and longer items, run one sequence after another on the
- * calling thread.
+ * out on pool's threads: the linear kinds split every sequence by KV head
+ * (when BLAS is threaded itself, only if every item has at most
+ * CORE_ATTN_POOL_MAX_ROWS rows); the other kinds run one sequence after
+ * another on the calling thread.
  * Every output is computed by the same operations as by core_attn_forward,
  * whatever thread computes it, so the results are bit for bit the same on
  * any number of threads. Stops at the first failing item (its error). */

@@ -56,6 +56,11 @@ void core_blas_set_threads(int n)
         openblas_set_num_threads(n);
 }
 
+int core_blas_threads(void)
+{
+    return openblas_get_num_threads();
+}
+
 const char *core_blas_corename(void)
 {
     const char *n = openblas_get_corename();

@@ -37,7 +37,10 @@ const char *core_blas_corename(void);
  * when it is loaded, so a program that wants it sets it and re-executes
  * itself (server/main.c does). */
 const char *core_blas_better_coretype(void);
-/* Number of BLAS threads (0 = leave the library default). */
+/* Number of BLAS threads (0 = leave the library default). core_model_load
+ * sets 1: the model's pool is its parallelism. */
 void core_blas_set_threads(int n);
+/* Threads a BLAS call may use now. */
+int core_blas_threads(void);
 
 #endif

@@ -136,7 +136,7 @@ TEST(idle_workers_sleep)
 
 /* Prefill of a prompt, then decode steps of three sequences in one batch (and
  * a fourth alone); all logits into out ([(1 + STEPS * 4)][V]). */
-enum { STEPS = 6, PROMPT = 12 };
+enum { STEPS = 6, PROMPT = 12, PROMPT_LONG = 40 }; /* > MODEL_TILE_MIN_ROWS: prompt tiles */
 
 static int run_model(const char *path, int kind, int threads, float *out, int V)
 {
@@ -156,11 +156,12 @@ static int run_model(const char *path, int kind, int threads, float *out, int V)
     core_attn_state_t *st[4] = {NULL};
     for (int b = 0; b < 4 && rc == 0; b++)
         rc = core_attn_state_new(core_model_attn(m), &st[b], &err);
-    int32_t prompt[PROMPT];
-    for (int i = 0; i < PROMPT; i++)
+    int32_t prompt[PROMPT_LONG];
+    for (int i = 0; i < PROMPT_LONG; i++)
         prompt[i] = (int32_t)((i * 37 + 11) % V);
     for (int b = 0; b < 4 && rc == 0; b++) {
-        core_batch_seq_t sq = {.state = st[b], .tokens = prompt + b, .n_tokens = PROMPT - b,
+        core_batch_seq_t sq = {.state = st[b], .tokens = prompt + b,
+                               .n_tokens = b == 0 ? PROMPT_LONG : PROMPT - b,
                                .logits_mode = CORE_LOGITS_LAST, .logits = out};
         rc = core_model_forward(m, &sq, 1, &err);
     }
