@@ -11,8 +11,10 @@
  * the busiest execution ports (F16/BF16 have no scale: their values convert
  * exactly, F16 with F16C, BF16 with a 16-bit shift).
  *
- * AVX2 is opt-in per function (the build targets x86-64-v2) and picked at run
- * time with __builtin_cpu_supports. The integer path is in core/qdot_q8.c;
+ * AVX2 is opt-in per function (the build targets x86-64-v2 on x86-64) and
+ * picked at run time, once, with __builtin_cpu_supports (F16C and AVX-512
+ * VNNI by their CPUID bits: clang 14 knows neither name). The integer path
+ * is in core/qdot_q8.c;
  * the pool runner for both is at the end of this file.
  */
 #include "core/qdot.h"
@@ -25,6 +27,7 @@
 #include "core/tensor.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define QDOT_X86 1
 #endif
@@ -376,42 +379,69 @@ AVX2_FN static void qmm_block_avx2(int type, int64_t m, int64_t n, int64_t k, co
 }
 #endif /* QDOT_X86 */
 
-core_qdot_isa_t core_qdot_best_isa(void)
-{
-    static int best = -1; /* benign race: every thread computes the same value */
-    if (best < 0) {
-        int b = CORE_QDOT_GENERIC;
 #ifdef QDOT_X86
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            __builtin_cpu_supports("f16c")) {
-            b = CORE_QDOT_AVX2;
-            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
-                b = CORE_QDOT_AVX512VNNI;
-        }
-#endif
-        best = b;
-    }
-    return (core_qdot_isa_t)best;
+/* F16C: CPUID.(EAX=1):ECX bit 29; AVX-512 VNNI: CPUID.(EAX=7, ECX=0):ECX
+ * bit 11. Each is asked only after __builtin_cpu_supports has found AVX2
+ * (resp. AVX-512F), which also checks that the OS saves those registers. */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
 }
 
-static int forced_isa = -1; /* core_qdot_force_isa; -1: none */
+static int cpu_has_avx512vnni(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11)) != 0;
+}
+#endif
+
+/* The probe runs once (pthread_once), so every thread reads the value it
+ * wrote after the once has returned. */
+static pthread_once_t best_once = PTHREAD_ONCE_INIT;
+static core_qdot_isa_t best_isa = CORE_QDOT_GENERIC;
+
+static void pick_best_isa(void)
+{
+    core_qdot_isa_t b = CORE_QDOT_GENERIC;
+#ifdef QDOT_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
+        b = CORE_QDOT_AVX2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && cpu_has_avx512vnni())
+            b = CORE_QDOT_AVX512VNNI;
+    }
+#endif
+    best_isa = b;
+}
+
+core_qdot_isa_t core_qdot_best_isa(void)
+{
+    (void)pthread_once(&best_once, pick_best_isa);
+    return best_isa;
+}
+
+/* core_qdot_force_isa's choice, -1 for none. Atomic so that a product running
+ * on another thread reads the old or the new ISA, never a torn value; which
+ * one is the caller's business (the header says: while no product runs). */
+static _Atomic int forced_isa = -1;
 
 core_qdot_isa_t core_qdot_isa(void)
 {
-    return forced_isa >= 0 ? (core_qdot_isa_t)forced_isa : core_qdot_best_isa();
+    const int f = atomic_load_explicit(&forced_isa, memory_order_relaxed);
+    return f >= 0 ? (core_qdot_isa_t)f : core_qdot_best_isa();
 }
 
 int core_qdot_force_isa(core_qdot_isa_t isa)
 {
     if (isa == CORE_QDOT_ISA_COUNT_) {
-        forced_isa = -1;
+        atomic_store_explicit(&forced_isa, -1, memory_order_relaxed);
         return 0;
     }
     if ((int)isa < 0 || isa > core_qdot_best_isa())
         return CORE_EUNSUPPORTED;
-    forced_isa = (int)isa;
+    atomic_store_explicit(&forced_isa, (int)isa, memory_order_relaxed);
     return 0;
 }
 

@@ -43,9 +43,10 @@
  * splitting rows across threads is bit-exact, and so is batching decode
  * rows (a row alone gives the bits it gets in a batch).
  *
- * No allocation, no I/O; global state is a cached CPU-feature probe, an ISA
- * override for tests, and a 256 KiB fp16->f32 table filled once
- * (pthread_once). Thread-safe except core_qdot_force_isa.
+ * No allocation, no I/O; global state is a CPU-feature probe and a 256 KiB
+ * fp16->f32 table, each filled once (pthread_once), and an ISA override for
+ * tests (an atomic). Thread-safe; core_qdot_force_isa is meant to be called
+ * while no product runs (a product already running may use either ISA).
  */
 #ifndef DARKSERVE_CORE_QDOT_H
 #define DARKSERVE_CORE_QDOT_H
