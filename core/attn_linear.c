@@ -30,11 +30,11 @@
  * One normalization for both parts. For a query row with query logits
  * g_i = ω_i·ŷ + b_i and half norm h = |ŷ|²/2 (true φ_i(q) = exp(g_i − h)),
  * and C_i the scale the key features were exponentiated under:
- *   true linear numerator   = exp(Lrow) · num,   Lrow = m − h,
- *   true linear denominator = exp(Lrow) · den,   m = max_i (g_i + C_i),
- * num = Σ_i exp(g_i + C_i − m) · (S̃ and chunk-key terms at scale C_i), den
- * likewise with z̃ (m is the per-query max shift; with the scales folded in,
- * den ≥ 1 whenever the feature reaching m has its maximal key visible). The
+ *   true linear numerator   = exp(Lrow) · num,   Lrow = mx − h,
+ *   true linear denominator = exp(Lrow) · den,   mx = max_i (g_i + C_i),
+ * num = Σ_i exp(g_i + C_i − mx) · (S̃ and chunk-key terms at scale C_i), den
+ * likewise with z̃ (mx is the per-query max shift; with the scales folded in,
+ * den ≥ 1 whenever the feature reaching mx has its maximal key visible). The
  * exact terms are exp(s_j), s_j = q̂·k̂_j. With the row stabilizer
  * s* = max(Lrow, max_j s_j):
  *   out = (e^(Lrow−s*)·num + Σ_j e^(s_j−s*) v_j) / (e^(Lrow−s*)·den + Σ_j e^(s_j−s*))
@@ -144,8 +144,8 @@ typedef struct lin_scratch {
     float *qx;  /* [R][Hd] raw query rows */
     float *qy;  /* [R][Hd] prepared ŷ */
     float *gd;  /* [R][M] query logits g (no norm term) */
-    float *qp;  /* [R][M] exp(g + C − m) */
-    float *qs;  /* [R][M] exp(g + c − m): the same for the carried state */
+    float *qp;  /* [R][M] exp(g + C − mx) */
+    float *qs;  /* [R][M] exp(g + c − mx): the same for the carried state */
     float *kx;  /* [NI][Hd] raw keys entering the state */
     float *ky;  /* [NI][Hd] prepared */
     float *kd;  /* [NI][M] full key logits a */
@@ -600,7 +600,9 @@ static int linear_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_
 typedef struct lin_ctx {
     const core_features_t *f;
     lin_scratch_t sc;
-    int64_t p0, hd, m, gs, nq, nkv, h, w; /* nq = H·Hd, nkv = Hkv·Hd row strides */
+    /* m = M features (everywhere in this file; the max shift is mx); nq =
+     * H·Hd, nkv = Hkv·Hd row strides */
+    int64_t p0, hd, m, gs, nq, nkv, h, w;
     const float *q, *k, *v;
     float *out;
     const float *ring_k, *ring_v; /* this layer's [W][Hkv][Hd] */
@@ -865,7 +867,7 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         core_features_prepare(f, nr, qin, hd, sc->qy);
         if (x->trig) {
             /* gd: signed values; qhn: minus the query's log-magnitude, so
-             * that Lrow = m − qhn below adds it */
+             * that Lrow = mx − qhn below adds it */
             core_features_trig(f, nr, sc->qy, sc->gd, sc->qhn);
             for (int64_t r = 0; r < nr; r++)
                 sc->qhn[r] = -sc->qhn[r];

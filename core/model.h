@@ -8,13 +8,16 @@
  * chunk (sequences of more tokens) is one f32 product of its own. A
  * sequence's logits are bit for bit those it gets alone: they depend on its
  * tokens and how its prompt was chunked, not on the rest of the batch.
- * Attention goes through core/attn.h, per sequence. Weights are dequantized
- * to f32 at load (for the prompt products).
+ * Attention goes through core/attn.h, per sequence. The weight matrices are
+ * not converted at load: they stay in the file's mapping in their GGUF type
+ * (core/model.c says how each product reads them) and only the norm vectors
+ * are held as f32; a long prompt chunk dequantizes one tile of a matrix at a
+ * time into scratch (opts.tile_floats).
  *
  * Threading: one forward at a time per model (it owns scratch buffers). The
  * model owns a pool of opts.n_threads - 1 worker threads (core/pool.h) that
- * the calling thread joins during the quantized products of a forward; they
- * sleep between forwards. Logits do not depend on the thread count.
+ * the calling thread joins during a forward's weight products and attention;
+ * they sleep between forwards. Logits do not depend on the thread count.
  */
 #ifndef DARKSERVE_CORE_MODEL_H
 #define DARKSERVE_CORE_MODEL_H
@@ -39,13 +42,14 @@ typedef struct core_model_opts {
     int prerope;                /* 1: linear features on q, k before RoPE */
     int decay_off;              /* 1: no learned decay (γ = 1) */
     int linear_off;             /* 1: linear branch off (sinks + window only) */
-    int n_threads;              /* threads of the decode products, the caller's
-                                   included (0 = the CPUs available;
+    int n_threads;              /* threads of a forward, the caller's included
+                                   (0 = the CPUs available;
                                    <= CORE_POOL_MAX_THREADS) */
-    int64_t tile_floats;        /* floats of the dequantized weight tile of prompt
-                                   products (0 = the default, 4 MiB; at least
-                                   one row is always held): tests make it small
-                                   to cross tile boundaries */
+    int64_t tile_floats;        /* floats of a dequantized weight tile of prompt
+                                   products, one per pool thread (0 = the
+                                   default, 4 MiB; at least one row is always
+                                   held): tests make it small to cross tile
+                                   boundaries */
 } core_model_opts_t;
 
 typedef struct core_model_info {
