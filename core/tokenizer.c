@@ -911,14 +911,6 @@ core_tok_type_t core_tokenizer_token_type(const core_tokenizer_t *t, int32_t id)
     return id >= 0 && id < t->n_vocab ? (core_tok_type_t)t->types[id] : CORE_TOK_TYPE_UNDEFINED;
 }
 
-const char *core_tokenizer_token_text(const core_tokenizer_t *t, int32_t id, size_t *len)
-{
-    if (id < 0 || id >= t->n_vocab)
-        return NULL;
-    *len = t->tok_len[id];
-    return tok_str(t, id);
-}
-
 int32_t core_tokenizer_find(const core_tokenizer_t *t, const char *text, size_t len)
 {
     return text || len == 0 ? core_tok_lookup(t, text ? text : "", len) : -1;

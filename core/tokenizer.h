@@ -135,9 +135,6 @@ int32_t core_tokenizer_eot(const core_tokenizer_t *t);
  * out of range). */
 int core_tokenizer_is_eog(const core_tokenizer_t *t, int32_t id);
 core_tok_type_t core_tokenizer_token_type(const core_tokenizer_t *t, int32_t id); /* UNDEFINED if out of range */
-/* The token's text as stored in the vocabulary (e.g. "Ġthe", "▁the",
- * "<0x0A>"); borrowed from t, not NUL-terminated; NULL if id out of range. */
-const char *core_tokenizer_token_text(const core_tokenizer_t *t, int32_t id, size_t *len);
 /* Token id of an exact vocabulary text, -1 if absent. */
 int32_t core_tokenizer_find(const core_tokenizer_t *t, const char *text, size_t len);
 /* Construction warnings, "; "-separated; "" when none. Borrowed from t. */

@@ -70,18 +70,6 @@
 /* MHD asks the reader for at most this many bytes at a time. */
 #define READER_BLOCK (16 * 1024)
 
-const char *srv_http_strerror(int code)
-{
-    switch (code) {
-    case 0: return "success";
-#define SRV_HTTP_ERR_STR_(name, val, desc) \
-    case name: return desc;
-        SRV_HTTP_ERRNO_MAP(SRV_HTTP_ERR_STR_)
-#undef SRV_HTTP_ERR_STR_
-    default: return "unknown error";
-    }
-}
-
 /* ---- small containers ---- */
 
 typedef struct header {
@@ -188,7 +176,6 @@ struct srv_stream {
     void *cb_ud;
     const char *probe; /* static; see srv_stream_opts_t */
     size_t max_buffered;
-    char req_id[REQ_ID_MAX + 1];
     /* guarded by hub->lock */
     int refs;
     pthread_cond_t cond;
@@ -999,11 +986,6 @@ const char *srv_req_id(const srv_req_t *req)
     return req->id;
 }
 
-const char *srv_req_peer(const srv_req_t *req)
-{
-    return req->peer;
-}
-
 int srv_req_key(const srv_req_t *req, int *admin)
 {
     if (admin)
@@ -1125,7 +1107,6 @@ static srv_stream_t *stream_new(srv_req_t *req, const srv_stream_opts_t *so)
         s->cb_ud = so->ud;
         s->probe = so->probe;
     }
-    snprintf(s->req_id, sizeof s->req_id, "%s", req->id);
     s->refs = 2; /* producer + request */
     s->req = req;
     pthread_mutex_lock(&h->hub->lock);
@@ -1325,11 +1306,6 @@ int srv_stream_cancelled(srv_stream_t *s)
     int c = stream_gone_locked(s);
     pthread_mutex_unlock(&s->hub->lock);
     return c;
-}
-
-const char *srv_stream_req_id(const srv_stream_t *s)
-{
-    return s->req_id;
 }
 
 /* Marks closed, waits out a running callback, drops the producer's

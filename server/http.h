@@ -149,9 +149,6 @@ enum srv_http_errno {
 #undef SRV_HTTP_ERR_ENUM_
 };
 
-/* Static description of a code; never NULL. */
-const char *srv_http_strerror(int code);
-
 typedef struct srv_http srv_http_t;
 typedef struct srv_req srv_req_t;
 typedef struct srv_stream srv_stream_t;
@@ -226,7 +223,6 @@ const char *srv_req_method(const srv_req_t *req);
 const char *srv_req_path(const srv_req_t *req);       /* decoded path, no query */
 const char *srv_req_route(const srv_req_t *req);      /* matched pattern */
 const char *srv_req_id(const srv_req_t *req);
-const char *srv_req_peer(const srv_req_t *req);       /* client address */
 const char *srv_req_param(const srv_req_t *req, const char *name);  /* {name}, NULL if none */
 const char *srv_req_query(const srv_req_t *req, const char *key);   /* NULL if absent */
 const char *srv_req_header(const srv_req_t *req, const char *name); /* case-insensitive */
@@ -339,10 +335,6 @@ int srv_stream_wait_writable(srv_stream_t *s, size_t need, int timeout_ms);
 
 /* Any thread. 1 once the client went away or the server is stopping. */
 int srv_stream_cancelled(srv_stream_t *s);
-
-/* The request id of the stream's request (copied into the stream; valid
- * until close). Any thread. */
-const char *srv_stream_req_id(const srv_stream_t *s);
 
 enum srv_stream_close_mode {
     SRV_STREAM_END = 0,  /* finish normally once the buffered bytes are sent */

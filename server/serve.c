@@ -271,8 +271,3 @@ out:
     free(S);
     return rc;
 }
-
-int srv_serve_main(int argc, char **argv)
-{
-    return srv_serve_run(argc, argv, NULL);
-}

@@ -65,7 +65,4 @@ typedef struct srv_app {
  * the arguments after "serve". Returns the process exit code. */
 int srv_serve_run(int argc, char **argv, const srv_app_t *app);
 
-/* srv_serve_run(argc, argv, NULL). */
-int srv_serve_main(int argc, char **argv);
-
 #endif
