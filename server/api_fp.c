@@ -101,7 +101,8 @@ const char *api_system_fingerprint(api_app_t *app)
     h = fnv1a(h, mfp, strlen(mfp) + 1);
     /* the fields as text: no struct padding in the hash */
     char cfg[512];
-    h = fnv1a(h, cfg, api_attn_config_text(app, cfg, sizeof cfg));
+    const size_t cfg_len = api_attn_config_text(app, cfg, sizeof cfg);
+    h = fnv1a(h, cfg, cfg_len);
     snprintf(app->system_fp, sizeof app->system_fp, "fp_%016llx", (unsigned long long)h);
     return app->system_fp;
 }
