@@ -334,45 +334,22 @@ int srv_store_redis_version_parse(const char *s, size_t len, uint64_t *out)
 
 /* ---- scripts ---- */
 
-/* KEYS: session, lease. ARGV: token, lease ms, version held, a token of
- * ours whose release is queued ("" = none), ttl ms. -> {-1} busy, {0} not
- * found, {1, v} current, {1, v, blob}. */
+/* KEYS: session, lease. ARGV: token, lease ms, a token of ours whose
+ * release is queued ("" = none), ttl ms. -> {-1} busy, {0} not found,
+ * {1, v}. The blob is read after it with a plain HMGET (under the lease
+ * nobody else can change it): a 15 MB value returned through Lua costs
+ * tens of milliseconds of copies in Redis. */
 static const char ACQUIRE_LUA[] =
     "local cur = redis.call('GET', KEYS[2])\n"
-    "if cur and cur ~= ARGV[1] and cur ~= ARGV[4] then return {-1} end\n"
+    "if cur and cur ~= ARGV[1] and cur ~= ARGV[3] then return {-1} end\n"
     "local v = redis.call('HGET', KEYS[1], 'v')\n"
     "if not v then\n"
     "  if cur then redis.call('DEL', KEYS[2]) end\n"
     "  return {0}\n"
     "end\n"
     "redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])\n"
-    "if tonumber(ARGV[5]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[5]) end\n"
-    "if v == ARGV[3] then return {1, v} end\n"
-    "return {1, v, redis.call('HGET', KEYS[1], 'blob')}\n";
-
-/* KEYS: session, lease, index, owner index. ARGV: token ("" = a new
- * session), version expected, blob, ttl ms, write id, session id, then the
- * metadata fields (srv_store_redis_meta_names order). -> {1, v} saved,
- * {-1} another holder's lease, {-2, v} another version. */
-static const char SAVE_LUA[] =
-    "local cur = redis.call('GET', KEYS[2])\n"
-    "local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')\n"
-    "local want = tonumber(ARGV[2])\n"
-    "if v == want + 1 and redis.call('HGET', KEYS[1], 'w') == ARGV[5] then\n"
-    "  if cur and cur == ARGV[1] then redis.call('DEL', KEYS[2]) end\n"
-    "  return {1, v}\n"
-    "end\n"
-    "if cur and cur ~= ARGV[1] then return {-1} end\n"
-    "if v ~= want then return {-2, v} end\n"
-    "redis.call('HSET', KEYS[1], 'v', want + 1, 'w', ARGV[5], 'blob', ARGV[3],\n"
-    "  'owner', ARGV[7], 'created', ARGV[8], 'last_used', ARGV[9], 'tokens', ARGV[10],\n"
-    "  'turns', ARGV[11], 'pg', ARGV[12], 'bytes', ARGV[13])\n"
-    "if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[4])\n"
-    "else redis.call('PERSIST', KEYS[1]) end\n"
-    "redis.call('ZADD', KEYS[3], 0, ARGV[6])\n"
-    "redis.call('ZADD', KEYS[4], 0, ARGV[6])\n"
-    "if cur then redis.call('DEL', KEYS[2]) end\n"
-    "return {1, want + 1}\n";
+    "if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end\n"
+    "return {1, v}\n";
 
 /* KEYS: lease. ARGV: token. */
 static const char RELEASE_LUA[] =
@@ -458,6 +435,7 @@ typedef struct redis_be {
     int64_t down_since_ms;
     int64_t backoff_ms;
     uint64_t gen;           /* one more each time the server went away */
+    int io_errno;           /* the errno of the I/O thread connection's last failure (cmd_mu) */
     lease_list_t held;      /* leases to renew */
     lease_list_t queued;    /* leases to release */
     int quit;
@@ -595,16 +573,26 @@ static void down_text(const redis_be_t *r, char *out, size_t n)
              r->shown, s, r->why);
 }
 
-/* Runs one command on the I/O thread's connection: the reply (caller
- * frees; may be an error reply), or NULL with *rc (EUNAVAIL, detail set).
- * A broken connection is replaced and the command tried once more. */
-static redisReply *run(redis_be_t *r, int argc, const char **argv, const size_t *lens, int *rc,
-                       const char *what)
+/* What a sequence's step returns when its connection broke: the whole
+ * sequence runs again on a new connection (every sequence is safe to run
+ * twice). */
+#define CONN_BROKEN 1
+
+/* A sequence of commands on the I/O thread's connection c: 0, a negative
+ * SRV_STORE_E* code, or CONN_BROKEN. */
+typedef int (*seq_fn)(redis_be_t *r, redisContext *c, void *arg);
+
+/* Runs fn with the I/O thread's connection (made when missing, replaced
+ * when the keeper saw the server go away since it was made); a connection
+ * that breaks is replaced and fn runs once more, unless it timed out (the
+ * server hangs: no second wait). While the server is known to be down,
+ * fails at once with SRV_STORE_EUNAVAIL. */
+static int with_conn(redis_be_t *r, seq_fn fn, void *arg, const char *what)
 {
-    redisReply *rep = NULL;
+    int rc = SRV_STORE_EUNAVAIL;
     char why[256] = "";
     pthread_mutex_lock(&r->cmd_mu);
-    for (int attempt = 0; attempt < 2 && !rep; attempt++) {
+    for (int attempt = 0; attempt < 2; attempt++) {
         pthread_mutex_lock(&r->mu);
         const int down = r->state == STATE_DOWN;
         const uint64_t gen = r->gen;
@@ -613,7 +601,7 @@ static redisReply *run(redis_be_t *r, int argc, const char **argv, const size_t 
             down_text(r, text, sizeof text);
         pthread_mutex_unlock(&r->mu);
         if (down) { /* the keeper reconnects; fail now rather than wait */
-            *rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "%s", text);
+            rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "%s", text);
             break;
         }
         if (r->cmd && r->cmd_gen != gen) { /* made before the server went away */
@@ -627,29 +615,85 @@ static redisReply *run(redis_be_t *r, int argc, const char **argv, const size_t 
                 pthread_mutex_lock(&r->mu);
                 mark_down(r, why);
                 pthread_mutex_unlock(&r->mu);
-                *rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)",
-                                  r->shown, why);
+                rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)", r->shown,
+                                why);
                 break;
             }
         }
-        rep = redisCommandArgv(r->cmd, argc, argv, lens);
-        if (rep)
+        r->io_errno = 0;
+        rc = fn(r, r->cmd, arg);
+        if (rc != CONN_BROKEN)
             break;
-        const int timed_out = r->cmd->err == REDIS_ERR_IO &&
-                              (errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT);
-        snprintf(why, sizeof why, "%s: %s", what, r->cmd->errstr[0] ? r->cmd->errstr : "error");
+        const int timed_out = r->io_errno == EAGAIN || r->io_errno == EWOULDBLOCK ||
+                              r->io_errno == ETIMEDOUT;
+        snprintf(why, sizeof why, "%s: %s", what,
+                 r->cmd->errstr[0] ? r->cmd->errstr : "connection lost");
         redisFree(r->cmd);
         r->cmd = NULL;
+        rc = SRV_STORE_EUNAVAIL;
         if (timed_out || attempt == 1) {
             pthread_mutex_lock(&r->mu);
             mark_down(r, why);
             pthread_mutex_unlock(&r->mu);
-            *rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)", r->shown,
-                              why);
+            rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)", r->shown,
+                            why);
+            break;
         }
     }
     pthread_mutex_unlock(&r->cmd_mu);
-    return rep;
+    return rc;
+}
+
+/* The next reply of c (after commands were appended): 0 and *rep (caller
+ * frees), or CONN_BROKEN (the errno of the failure kept). */
+static int next_reply(redis_be_t *r, redisContext *c, redisReply **rep)
+{
+    void *p = NULL;
+    if (redisGetReply(c, &p) != REDIS_OK || !p) {
+        r->io_errno = errno;
+        *rep = NULL;
+        return CONN_BROKEN;
+    }
+    *rep = p;
+    return 0;
+}
+
+/* One command and its reply (as next_reply). */
+static int cmd1(redis_be_t *r, redisContext *c, int argc, const char **argv, const size_t *lens,
+                redisReply **rep)
+{
+    if (redisAppendCommandArgv(c, argc, argv, lens) != REDIS_OK) {
+        r->io_errno = errno;
+        *rep = NULL;
+        return CONN_BROKEN;
+    }
+    return next_reply(r, c, rep);
+}
+
+typedef struct one_cmd {
+    int argc;
+    const char **argv;
+    const size_t *lens;
+    redisReply *rep;
+} one_cmd_t;
+
+static int one_fn(redis_be_t *r, redisContext *c, void *arg)
+{
+    one_cmd_t *o = arg;
+    return cmd1(r, c, o->argc, o->argv, o->lens, &o->rep);
+}
+
+/* Runs one command on the I/O thread's connection (with_conn): the reply
+ * (caller frees; may be an error reply), or NULL with *rc (EUNAVAIL,
+ * detail set). */
+static redisReply *run(redis_be_t *r, int argc, const char **argv, const size_t *lens, int *rc,
+                       const char *what)
+{
+    one_cmd_t o = {.argc = argc, .argv = argv, .lens = lens};
+    int e = with_conn(r, one_fn, &o, what);
+    if (e < 0)
+        *rc = e;
+    return e == 0 ? o.rep : NULL;
 }
 
 static void token_new(redis_be_t *r, char *out, char kind)
@@ -684,71 +728,6 @@ static int reply_int(const redisReply *e, long long *v)
     return -1;
 }
 
-static int r_acquire(srv_store_backend_t *be, const char *id, uint64_t have, char *token,
-                     uint64_t *version, unsigned char **blob, size_t *len)
-{
-    redis_be_t *r = (redis_be_t *)be;
-    *blob = NULL;
-    *len = 0;
-    char ks[KEY_MAX], kl[KEY_MAX], old[SRV_STORE_TOKEN_MAX], hv[24], lms[24], ttl[24];
-    if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0 ||
-        srv_store_redis_key(r->ns, 'l', id, kl, sizeof kl) < 0)
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
-    token_new(r, token, 'a');
-    take_queued(r, id, old);
-    snprintf(hv, sizeof hv, "%" PRIu64, have);
-    snprintf(lms, sizeof lms, "%" PRId64, r->lease_ms);
-    snprintf(ttl, sizeof ttl, "%" PRId64, r->ttl_ms);
-    const char *av[] = {"EVAL", ACQUIRE_LUA, "2", ks, kl, token, lms, hv, old, ttl};
-    int rc = 0;
-    redisReply *rep = run(r, 10, av, NULL, &rc, "acquire");
-    if (!rep) {
-        if (old[0]) /* what we took off the queue */
-            r->base.ops->release(be, id, old);
-        return rc;
-    }
-    long long code = 0;
-    if (rep->type == REDIS_REPLY_ERROR) {
-        rc = reply_error(r, rep, "acquire");
-    } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
-               reply_int(rep->element[0], &code) < 0 || code < -1 || code > 1 ||
-               (code == 1 && rep->elements < 2)) {
-        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to acquire", r->shown);
-    } else if (code == -1) {
-        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy on another replica", id);
-    } else if (code == 0) {
-        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
-    } else {
-        const redisReply *v = rep->element[1];
-        if (v->type != REDIS_REPLY_STRING ||
-            srv_store_redis_version_parse(v->str, v->len, version) < 0) {
-            rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: malformed version", id, r->shown);
-        } else if (rep->elements >= 3) {
-            const redisReply *b = rep->element[2];
-            if (b->type != REDIS_REPLY_STRING || b->len == 0) {
-                rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s has no state", id, r->shown);
-            } else if (!(*blob = malloc(b->len))) {
-                rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a %zu-byte state", b->len);
-            } else {
-                memcpy(*blob, b->str, b->len);
-                *len = b->len;
-            }
-        }
-        if (rc < 0) { /* the lease was taken: give it back */
-            freeReplyObject(rep);
-            r->base.ops->release(be, id, token);
-            return rc;
-        }
-        pthread_mutex_lock(&r->mu);
-        list_add(&r->held, id, token); /* out of memory: it just is not renewed */
-        pthread_mutex_unlock(&r->mu);
-    }
-    freeReplyObject(rep);
-    if (rc < 0 && old[0] && code != -1)
-        r->base.ops->release(be, id, old);
-    return rc;
-}
-
 static void unhold(redis_be_t *r, const char *id, const char *token)
 {
     pthread_mutex_lock(&r->mu);
@@ -758,56 +737,289 @@ static void unhold(redis_be_t *r, const char *id, const char *token)
     pthread_mutex_unlock(&r->mu);
 }
 
+typedef struct acq {
+    const char *id, *ks, *kl, *token, *old;
+    const char *lms, *ttl;
+    uint64_t have;
+    long long code;      /* the script's: -1 busy, 0 not found, 1 taken */
+    uint64_t version;
+    unsigned char *blob; /* malloc'd when read */
+    size_t len;
+} acq_t;
+
+/* The acquire script, then the blob when the caller's version is not the
+ * stored one. */
+static int acquire_seq(redis_be_t *r, redisContext *c, void *arg)
+{
+    acq_t *q = arg;
+    const char *av[] = {"EVAL", ACQUIRE_LUA, "2", q->ks, q->kl, q->token, q->lms, q->old, q->ttl};
+    redisReply *rep = NULL;
+    free(q->blob);
+    q->blob = NULL;
+    int rc = cmd1(r, c, 9, av, NULL, &rep);
+    if (rc)
+        return rc;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        rc = reply_error(r, rep, "acquire");
+    } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
+               reply_int(rep->element[0], &q->code) < 0 || q->code < -1 || q->code > 1 ||
+               (q->code == 1 && (rep->elements < 2 ||
+                                 rep->element[1]->type != REDIS_REPLY_STRING ||
+                                 srv_store_redis_version_parse(rep->element[1]->str,
+                                                               rep->element[1]->len,
+                                                               &q->version) < 0))) {
+        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to acquire", r->shown);
+    }
+    freeReplyObject(rep);
+    if (rc || q->code != 1 || q->version == q->have)
+        return rc;
+    const char *hv[] = {"HMGET", q->ks, "v", "blob"};
+    if ((rc = cmd1(r, c, 4, hv, NULL, &rep)))
+        return rc;
+    uint64_t v2 = 0;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        rc = reply_error(r, rep, "read");
+    } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
+        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to HMGET", r->shown);
+    } else if (rep->element[0]->type != REDIS_REPLY_STRING) { /* expired just now */
+        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", q->id);
+    } else if (srv_store_redis_version_parse(rep->element[0]->str, rep->element[0]->len, &v2) < 0 ||
+               v2 != q->version || rep->element[1]->type != REDIS_REPLY_STRING ||
+               rep->element[1]->len == 0) {
+        rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: no state, or another version than its "
+                        "lease was taken for", q->id, r->shown);
+    } else if (!(q->blob = malloc(rep->element[1]->len))) {
+        rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a %zu-byte state",
+                        rep->element[1]->len);
+    } else {
+        memcpy(q->blob, rep->element[1]->str, rep->element[1]->len);
+        q->len = rep->element[1]->len;
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int r_acquire(srv_store_backend_t *be, const char *id, uint64_t have, char *token,
+                     uint64_t *version, unsigned char **blob, size_t *len)
+{
+    redis_be_t *r = (redis_be_t *)be;
+    *blob = NULL;
+    *len = 0;
+    char ks[KEY_MAX], kl[KEY_MAX], old[SRV_STORE_TOKEN_MAX], lms[24], ttl[24];
+    if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0 ||
+        srv_store_redis_key(r->ns, 'l', id, kl, sizeof kl) < 0)
+        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
+    token_new(r, token, 'a');
+    take_queued(r, id, old);
+    snprintf(lms, sizeof lms, "%" PRId64, r->lease_ms);
+    snprintf(ttl, sizeof ttl, "%" PRId64, r->ttl_ms);
+    acq_t q = {.id = id, .ks = ks, .kl = kl, .token = token, .old = old, .lms = lms, .ttl = ttl,
+               .have = have};
+    int rc = with_conn(r, acquire_seq, &q, "acquire");
+    if (rc == 0 && q.code == -1)
+        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy on another replica", id);
+    else if (rc == 0 && q.code == 0)
+        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+    if (rc < 0) {
+        free(q.blob);
+        if (q.code == 1) /* the lease was taken: give it back */
+            r->base.ops->release(be, id, token);
+        else if (old[0] && q.code != -1) /* what we took off the queue */
+            r->base.ops->release(be, id, old);
+        return rc;
+    }
+    *version = q.version;
+    *blob = q.blob;
+    *len = q.len;
+    pthread_mutex_lock(&r->mu);
+    list_add(&r->held, id, token); /* out of memory: it just is not renewed */
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+typedef struct sav {
+    const char *id, *ks, *kl, *ki, *ko, *token, *wid, *ttl;
+    uint64_t expect;
+    const unsigned char *blob;
+    size_t len;
+    char mv[SRV_STORE_REDIS_META_FIELDS][32 + SRV_SESSION_OWNER_LEN];
+    uint64_t version;
+    int stale; /* 1 another holder's lease, 2 another version (stored_v) */
+    uint64_t stored_v;
+} sav_t;
+
+/* A save as a check-and-set: WATCH the session and its lease, read the
+ * version, its writer and the lease, decide here, then write everything in
+ * one MULTI/EXEC, which Redis refuses when either key changed after the
+ * WATCH (the keeper renewing the lease, another replica): then again. No
+ * Lua here: a 15 MB script argument costs Redis more copies than three
+ * round trips cost. A save that went through but whose answer was lost is
+ * recognised by its writer id (`w`) when it runs again. */
+static int save_seq(redis_be_t *r, redisContext *c, void *arg)
+{
+    sav_t *q = arg;
+    char next[24];
+    snprintf(next, sizeof next, "%" PRIu64, q->expect + 1);
+    for (int tries = 0; tries < 8; tries++) {
+        const char *wv[] = {"WATCH", q->ks, q->kl};
+        const char *hv[] = {"HMGET", q->ks, "v", "w"};
+        const char *gv[] = {"GET", q->kl};
+        redisReply *w = NULL, *h = NULL, *g = NULL;
+        if (redisAppendCommandArgv(c, 3, wv, NULL) != REDIS_OK ||
+            redisAppendCommandArgv(c, 4, hv, NULL) != REDIS_OK ||
+            redisAppendCommandArgv(c, 2, gv, NULL) != REDIS_OK) {
+            r->io_errno = errno;
+            return CONN_BROKEN;
+        }
+        if (next_reply(r, c, &w) || next_reply(r, c, &h) || next_reply(r, c, &g)) {
+            freeReplyObject(w);
+            freeReplyObject(h);
+            return CONN_BROKEN;
+        }
+        int rc = 0;
+        uint64_t v = 0;
+        const redisReply *err = w->type == REDIS_REPLY_ERROR ? w
+                                : h->type == REDIS_REPLY_ERROR ? h
+                                : g->type == REDIS_REPLY_ERROR ? g
+                                                               : NULL;
+        if (err)
+            rc = reply_error(r, err, "save");
+        else if (h->type != REDIS_REPLY_ARRAY || h->elements != 2 ||
+                 (h->element[0]->type == REDIS_REPLY_STRING &&
+                  srv_store_redis_version_parse(h->element[0]->str, h->element[0]->len, &v) < 0))
+            rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: malformed version", q->id, r->shown);
+        const int mine = rc == 0 && v == q->expect + 1 && h->element[1]->type == REDIS_REPLY_STRING &&
+                         strlen(q->wid) == h->element[1]->len &&
+                         memcmp(h->element[1]->str, q->wid, h->element[1]->len) == 0;
+        const int leased = rc == 0 && g->type == REDIS_REPLY_STRING;
+        const int ours = leased && q->token[0] && strlen(q->token) == g->len &&
+                         memcmp(g->str, q->token, g->len) == 0;
+        freeReplyObject(w);
+        freeReplyObject(h);
+        freeReplyObject(g);
+        if (rc || mine || (leased && !ours) || v != q->expect) {
+            /* decided without writing: end the WATCH (and drop our lease
+             * when an earlier run of this save went through) */
+            const char *uv[] = {"UNWATCH"};
+            redisReply *u = NULL;
+            if (cmd1(r, c, 1, uv, NULL, &u))
+                return CONN_BROKEN;
+            freeReplyObject(u);
+            if (rc)
+                return rc;
+            if (mine) {
+                if (ours) {
+                    const char *dv[] = {"DEL", q->kl};
+                    if (cmd1(r, c, 2, dv, NULL, &u))
+                        return CONN_BROKEN;
+                    freeReplyObject(u);
+                }
+                q->version = v;
+                return 0;
+            }
+            q->stale = leased && !ours ? 1 : 2;
+            q->stored_v = v;
+            return 0;
+        }
+        /* the writes, in one transaction */
+        const char *hs[6 + 2 + 2 * SRV_STORE_REDIS_META_FIELDS] = {
+            "HSET", q->ks, "v", next, "w", q->wid, "blob", (const char *)q->blob};
+        size_t hl[6 + 2 + 2 * SRV_STORE_REDIS_META_FIELDS];
+        int hn = 8;
+        for (int i = 0; i < SRV_STORE_REDIS_META_FIELDS; i++) {
+            hs[hn++] = srv_store_redis_meta_names[i];
+            hs[hn++] = q->mv[i];
+        }
+        for (int i = 0; i < hn; i++)
+            hl[i] = strlen(hs[i]);
+        hl[7] = q->len; /* the blob is binary */
+        const char *mu[] = {"MULTI"};
+        const char *ex[] = {"PEXPIRE", q->ks, q->ttl};
+        const char *pe[] = {"PERSIST", q->ks};
+        const char *z1[] = {"ZADD", q->ki, "0", q->id};
+        const char *z2[] = {"ZADD", q->ko, "0", q->id};
+        const char *dl[] = {"DEL", q->kl};
+        const char *xe[] = {"EXEC"};
+        const int ttl = strcmp(q->ttl, "0") != 0;
+        int n = 0;
+        int ok = redisAppendCommandArgv(c, 1, mu, NULL) == REDIS_OK && ++n &&
+                 redisAppendCommandArgv(c, hn, hs, hl) == REDIS_OK && ++n &&
+                 (ttl ? redisAppendCommandArgv(c, 3, ex, NULL) : redisAppendCommandArgv(c, 2, pe, NULL)) ==
+                     REDIS_OK && ++n &&
+                 redisAppendCommandArgv(c, 4, z1, NULL) == REDIS_OK && ++n &&
+                 redisAppendCommandArgv(c, 4, z2, NULL) == REDIS_OK && ++n &&
+                 (!leased || (redisAppendCommandArgv(c, 2, dl, NULL) == REDIS_OK && ++n)) &&
+                 redisAppendCommandArgv(c, 1, xe, NULL) == REDIS_OK && ++n;
+        if (!ok) {
+            r->io_errno = errno;
+            return CONN_BROKEN;
+        }
+        /* MULTI and the queued commands: +OK / +QUEUED, or an error (then
+         * EXEC answers EXECABORT) */
+        for (int i = 0; i < n - 1; i++) {
+            redisReply *x = NULL;
+            if (next_reply(r, c, &x))
+                return CONN_BROKEN;
+            if (x->type == REDIS_REPLY_ERROR && rc == 0)
+                rc = reply_error(r, x, "save");
+            freeReplyObject(x);
+        }
+        redisReply *x = NULL;
+        if (next_reply(r, c, &x))
+            return CONN_BROKEN;
+        if (rc == 0 && x->type == REDIS_REPLY_ERROR)
+            rc = reply_error(r, x, "save");
+        const int aborted = rc == 0 && x->type == REDIS_REPLY_NIL; /* a watched key changed */
+        if (rc == 0 && !aborted && x->type != REDIS_REPLY_ARRAY)
+            rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to EXEC", r->shown);
+        for (size_t i = 0; rc == 0 && !aborted && i < x->elements; i++)
+            if (x->element[i]->type == REDIS_REPLY_ERROR)
+                rc = reply_error(r, x->element[i], "save");
+        freeReplyObject(x);
+        if (rc)
+            return rc;
+        if (!aborted) {
+            q->version = q->expect + 1;
+            return 0;
+        }
+    }
+    return STORE_FAIL(SRV_STORE_ESTALE, "session %s kept changing while it was being saved; "
+                      "this change was not saved", q->id);
+}
+
 static int r_save(srv_store_backend_t *be, const char *id, const char *token, uint64_t expect,
                   const unsigned char *blob, size_t len, const srv_store_meta_t *m,
                   uint64_t *version)
 {
     redis_be_t *r = (redis_be_t *)be;
-    char ks[KEY_MAX], kl[KEY_MAX], ki[KEY_MAX], ko[KEY_MAX], ex[24], ttl[24], wid[SRV_STORE_TOKEN_MAX];
+    char ks[KEY_MAX], kl[KEY_MAX], ki[KEY_MAX], ko[KEY_MAX], ttl[24], wid[SRV_STORE_TOKEN_MAX];
     if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0 ||
         srv_store_redis_key(r->ns, 'l', id, kl, sizeof kl) < 0)
         return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
     snprintf(ki, sizeof ki, "%sidx", r->ns);
     snprintf(ko, sizeof ko, "%sidx:%s", r->ns, m->owner[0] ? m->owner : OWNER_IDX_NONE);
-    snprintf(ex, sizeof ex, "%" PRIu64, expect);
     snprintf(ttl, sizeof ttl, "%" PRId64, r->ttl_ms);
     token_new(r, wid, 'w');
-    char mv[SRV_STORE_REDIS_META_FIELDS][32 + SRV_SESSION_OWNER_LEN];
-    srv_store_redis_meta_encode(m, mv);
-    const char *av[20] = {"EVAL", SAVE_LUA, "4", ks, kl, ki, ko, token ? token : "", ex,
-                          (const char *)blob, ttl, wid, id};
-    size_t lens[20];
-    int ac = 13;
-    for (int i = 0; i < SRV_STORE_REDIS_META_FIELDS; i++)
-        av[ac++] = mv[i];
-    for (int i = 0; i < ac; i++)
-        lens[i] = strlen(av[i]);
-    lens[9] = len; /* the blob is binary */
-    int rc = 0;
-    redisReply *rep = run(r, ac, av, lens, &rc, "save");
-    if (!rep)
-        return rc;
-    long long code = 0, v = 0;
-    if (rep->type == REDIS_REPLY_ERROR)
-        rc = reply_error(r, rep, "save");
-    else if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
-             reply_int(rep->element[0], &code) < 0)
-        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to save", r->shown);
-    else if (code == -1)
+    sav_t *q = calloc(1, sizeof *q);
+    if (!q)
+        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
+    *q = (sav_t){.id = id, .ks = ks, .kl = kl, .ki = ki, .ko = ko, .token = token ? token : "",
+                 .wid = wid, .ttl = ttl, .expect = expect, .blob = blob, .len = len};
+    srv_store_redis_meta_encode(m, q->mv);
+    int rc = with_conn(r, save_seq, q, "save");
+    if (rc == 0 && q->stale == 1)
         rc = STORE_FAIL(SRV_STORE_ESTALE, "session %s is held by another replica (this one's "
-                         "lease ran out): this change was not saved", id);
-    else if (code == -2)
+                        "lease ran out): this change was not saved", id);
+    else if (rc == 0 && q->stale == 2)
         rc = STORE_FAIL(SRV_STORE_ESTALE, "session %s changed on another replica meanwhile "
-                         "(version %lld there, %" PRIu64 " here): this change was not saved", id,
-                         rep->elements > 1 && reply_int(rep->element[1], &v) == 0 ? v : -1LL,
-                         expect);
-    else if (code != 1 || rep->elements < 2 || reply_int(rep->element[1], &v) < 0 || v < 1)
-        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to save", r->shown);
-    else
-        *version = (uint64_t)v;
-    freeReplyObject(rep);
-    if (rc == 0 && token)
-        unhold(r, id, token);
+                        "(version %" PRIu64 " there, %" PRIu64 " here): this change was not "
+                        "saved", id, q->stored_v, expect);
+    if (rc == 0) {
+        *version = q->version;
+        if (token)
+            unhold(r, id, token);
+    }
+    free(q);
     return rc;
 }
 
