@@ -29,8 +29,7 @@ MARCH   ?= -march=x86-64-v2
 endif
 OPT     ?= -O2 $(MARCH) -g
 CFLAGS  ?=
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -I. $(OPENBLAS_CFLAGS) \
-           -fno-strict-aliasing
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -I. $(OPENBLAS_CFLAGS)
 LDFLAGS ?=
 
 # hiredis: the Redis session store (server/store_redis.c includes <hiredis/hiredis.h>)
