@@ -537,6 +537,18 @@ int core_gguf_open(const char *path, core_gguf_t **out, core_error_t *err)
     return 0;
 }
 
+void core_gguf_release(const core_gguf_t *g, const void *p, size_t n)
+{
+    if (!g || !g->mapped || n == 0)
+        return;
+    /* whole pages inside [p, p + n) of the mapping only */
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p, hi = lo + n;
+    const uintptr_t a = (lo + pg - 1) / pg * pg, b = hi / pg * pg;
+    if (lo < (uintptr_t)g->base || hi > (uintptr_t)g->base + g->size || b <= a)
+        return;
+    (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 void core_gguf_close(core_gguf_t *g)
 {
     if (!g) return;

@@ -68,6 +68,11 @@ int core_gguf_open(const char *path, core_gguf_t **out, core_error_t *err);
 /* Same over a caller-owned buffer that must outlive the reader (tests, fuzz). */
 int core_gguf_open_memory(const void *data, size_t size, core_gguf_t **out, core_error_t *err);
 void core_gguf_close(core_gguf_t *g); /* NULL is a no-op */
+/* Hands the pages of a mapped file inside [p, p + n) back to the kernel (a
+ * copy of them is kept elsewhere): they leave the process's resident set and
+ * are read from the file again if touched. A no-op for a file read into
+ * memory (core_gguf_open_memory) or a range outside the mapping. */
+void core_gguf_release(const core_gguf_t *g, const void *p, size_t n);
 
 uint32_t core_gguf_version(const core_gguf_t *g);
 uint32_t core_gguf_alignment(const core_gguf_t *g);

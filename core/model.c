@@ -94,6 +94,7 @@ typedef struct wmat {
     int qdot;
     const float *w32;
     float *own;
+    void *pk; /* owned: the weights packed for the decode kernel (core_q8_pack), or NULL */
 } wmat_t;
 
 typedef struct layer {
@@ -319,6 +320,24 @@ static int load_matrix(core_model_t *m, const char *name, int64_t ne0, int64_t n
     return 0;
 }
 
+/* The decode rows' copy of w in the packed layout, where this CPU's kernel
+ * reads one (AVX-512 VNNI; Q4_0, Q4_1, Q8_0): the same bytes again in
+ * anonymous memory, read instead of the mapping by every decode product. */
+static int pack_matrix(core_model_t *m, wmat_t *w, core_error_t *err)
+{
+    if (!core_q8_pack_supported(w->type) || w->k % CORE_Q8_BLOCK != 0)
+        return 0;
+    const size_t n = (core_q8_pack_bytes(w->type, w->rows, w->k) + 63) / 64 * 64;
+    if (!(w->pk = aligned_alloc(64, n)))
+        return core_error_set(err, CORE_ENOMEM, "out of memory for %zu bytes of packed weights",
+                              n);
+    core_q8_pack(w->type, w->data, w->row_bytes, w->rows, w->k, w->pk);
+    /* Decode no longer reads the file's pages of w: out of the resident set
+     * until a prompt tile reads them again. */
+    core_gguf_release(m->g, w->data, (size_t)w->rows * w->row_bytes);
+    return 0;
+}
+
 static int read_hparams(core_model_t *m, core_error_t *err)
 {
     const core_gguf_t *g = m->g;
@@ -480,11 +499,11 @@ static int load_weights(core_model_t *m, core_error_t *err)
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, spec[i].suffix);
             rc = spec[i].vec ? load_vector(m, name, spec[i].ne0, spec[i].vec, err)
                              : load_matrix(m, name, spec[i].ne0, spec[i].ne1, spec[i].w, err);
-            if (rc < 0)
+            if (rc < 0 || (spec[i].w && (rc = pack_matrix(m, spec[i].w, err)) < 0))
                 return rc;
         }
     }
-    return 0;
+    return pack_matrix(m, &m->output, err);
 }
 
 /* 64-bit FNV-1a over what identifies the network: the hyperparameters, every
@@ -644,11 +663,15 @@ void core_model_free(core_model_t *m)
             const wmat_t *ws[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo,
                                   &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            {
                 free(ws[i]->own);
+                free(ws[i]->pk);
+            }
         }
         free(m->layers);
     }
     free(m->output.own);
+    free(m->output.pk); /* tok_embd has none: it is packed only as the output */
     free(m->tok_embd.own);
     free(m->wtile);
     free(m->out_norm);
@@ -944,8 +967,9 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
     for (int i = 0; i < n_ops && i < MODEL_MAX_OPS; i++) {
         const wop_t *o = &ops[i];
         const wmat_t *qw = o->w;
-        const core_qdot_job_t base = {.type = qw->type, .w = qw->data, .row_bytes = qw->row_bytes,
-                                      .n = qw->rows, .beta = o->beta, .ldc = o->ldc};
+        const core_qdot_job_t base = {.type = qw->type, .w = qw->data, .pk = qw->pk,
+                                      .row_bytes = qw->row_bytes, .n = qw->rows,
+                                      .beta = o->beta, .ldc = o->ldc};
         if (Td > 0 && !qw->qdot) {
             core_gemm_nt_small(Td, qw->rows, k, 1.0f, a, lda, qw->w32, k, o->beta, o->c, o->ldc);
         } else if (Td > 0) {

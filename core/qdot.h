@@ -161,12 +161,38 @@ int core_q8_matmul_isa(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, i
                        int64_t j1, const void *w, size_t row_bytes, float beta, float *c,
                        int64_t ldc);
 
+/* ---- weights repacked for the AVX-512 VNNI decode kernel (core/qdot_pack.c) ----
+ * Q4_0, Q4_1 and Q8_0 matrices laid out CORE_Q8_PACK_ROWS rows to a block, so
+ * that one vector holds a block of 16 rows: no per-row float work or
+ * horizontal sums, and a block's unpacked weights serve every activation row
+ * (batched decode). The same integers and products as core_q8_matmul, summed
+ * in block order with fused multiply-adds: within the same bound of the
+ * reference, and a row's bits do not depend on the rows or activation rows
+ * that share a call. */
+#define CORE_Q8_PACK_ROWS 16
+/* 1 when type packs and this CPU's chosen ISA (core_qdot_isa) is AVX-512 VNNI. */
+int core_q8_pack_supported(int type);
+/* Bytes of rows x k weights packed (rows padded to whole groups of 16); 0
+ * when the type does not pack or k is not a positive multiple of 32. */
+size_t core_q8_pack_bytes(int type, int64_t rows, int64_t k);
+/* Packs rows x k weights (row j at (const char *)w + j * row_bytes) into dst
+ * (core_q8_pack_bytes bytes, 64-byte aligned for speed). */
+void core_q8_pack(int type, const void *w, size_t row_bytes, int64_t rows, int64_t k, void *dst);
+/* core_q8_matmul on packed weights pk (rows [j0, j1) of the matrix packed
+ * with qa->k values per row). 0, or CORE_EINVAL when the type does not pack
+ * here or the range is bad. */
+int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
+                          const void *pk, float beta, float *c, int64_t ldc);
+
 /* One product of a batch run on a pool: n weight rows against qa (integer
  * path) or, when qa is NULL, against the f32 rows a (core_qmatmul_nt's
- * path, any core_qdot_supported type). Everything borrowed. */
+ * path, any core_qdot_supported type). Everything borrowed. pk: the same
+ * weights packed (core_q8_pack), or NULL; used with qa when the ISA chosen
+ * for the run packs. */
 typedef struct core_qdot_job {
     int type;
     const void *w;
+    const void *pk;
     size_t row_bytes;
     int64_t n;
     const core_q8_act_t *qa; /* or NULL */

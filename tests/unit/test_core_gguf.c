@@ -668,6 +668,63 @@ TEST(real_model_reads)
     core_gguf_close(g);
 }
 
+/* core_gguf_release: a mapped tensor's pages go and come back with the same
+ * bytes; a GGUF in caller memory is never touched (MADV_DONTNEED on
+ * anonymous memory would zero it). */
+TEST(release_keeps_the_bytes)
+{
+    core_gguf_t *g = NULL;
+    core_error_t err = {0};
+    int rc = core_gguf_open(model_path(), &g, &err);
+    CHECK_MSG(rc == 0, "%s: %s", model_path(), err.msg);
+    if (rc) return;
+    const core_gguf_tensor_t *t = core_gguf_find_tensor(g, "token_embd.weight");
+    CHECK(t != NULL);
+    if (!t) {
+        core_gguf_close(g);
+        return;
+    }
+    unsigned char *before = malloc(t->nbytes);
+    CHECK(before != NULL);
+    if (before) {
+        memcpy(before, t->data, t->nbytes);
+        core_gguf_release(g, t->data, t->nbytes);
+        CHECK(memcmp(before, t->data, t->nbytes) == 0);
+        core_gguf_release(g, (const char *)t->data - 1, 2); /* no whole page: nothing */
+        core_gguf_release(g, before, t->nbytes);             /* not the mapping: nothing */
+        CHECK(memcmp(before, t->data, t->nbytes) == 0);
+    }
+    free(before);
+    core_gguf_close(g);
+
+    /* the same file read into memory: its tensor's whole pages stay */
+    FILE *f = fopen(model_path(), "rb");
+    CHECK(f != NULL);
+    if (!f) return;
+    fseek(f, 0, SEEK_END);
+    const size_t size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *img = NULL;
+    CHECK(posix_memalign((void **)&img, 4096, size) == 0);
+    if (img && fread(img, 1, size, f) == size &&
+        core_gguf_open_memory(img, size, &g, &err) == 0) {
+        t = core_gguf_find_tensor(g, "token_embd.weight");
+        unsigned char *copy = t ? malloc(t->nbytes) : NULL;
+        CHECK(copy != NULL);
+        if (copy) {
+            memcpy(copy, t->data, t->nbytes);
+            core_gguf_release(g, t->data, t->nbytes);
+            CHECK(memcmp(copy, t->data, t->nbytes) == 0);
+        }
+        free(copy);
+        core_gguf_close(g);
+    } else {
+        CHECK(!"cannot read the model into memory");
+    }
+    fclose(f);
+    free(img);
+}
+
 /* Position of tensor `name`'s offset field in a GGUF image, or 0. */
 static size_t find_offset_field(const uint8_t *p, size_t n, const char *name, uint32_t n_dims)
 {
@@ -1152,6 +1209,7 @@ int main(void)
     RUN(big_string_array_is_indexed);
     RUN(real_model_reads);
     RUN(real_model_damaged_copies_are_rejected);
+    RUN(release_keeps_the_bytes);
     RUN(writer_round_trip);
     RUN(writer_rejects_bad_input);
     RUN(rewriting_the_real_model_reproduces_it);

@@ -233,11 +233,20 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
 
     core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
     const int ni = isa_list(isas);
+    /* the last pass, s == ni: the packed kernel, where this CPU runs it */
+    void *pk = NULL;
+    if (core_q8_pack_supported(type) &&
+        (pk = aligned_alloc(64, (core_q8_pack_bytes(type, n, k) + 63) / 64 * 64)))
+        core_q8_pack(type, B.w, rb, n, k, pk);
     int bad = 0;
-    for (int s = 0; s < ni && !bad; s++) {
+    for (int s = 0; s < ni + (pk != NULL) && !bad; s++) {
         float *out = s == 0 ? B.cg : B.c;
         memcpy(out, B.c0, (size_t)(m * ldc) * sizeof(float));
-        CHECK_INT_EQ(core_q8_matmul_isa(isas[s], type, &qa, 0, n, B.w, rb, beta, out, ldc), 0);
+        if (s < ni)
+            CHECK_INT_EQ(core_q8_matmul_isa(isas[s], type, &qa, 0, n, B.w, rb, beta, out, ldc), 0);
+        else
+            CHECK_INT_EQ(core_q8_matmul_packed(type, &qa, 0, n, pk, beta, out, ldc), 0);
+        const char *vname = s < ni ? core_qdot_isa_name(isas[s]) : "packed";
         for (int64_t j = 0; j < n && !bad; j++) {
             const unsigned char *row = B.w + (size_t)j * rb;
             CHECK(core_dequantize(type, row, B.y, k, NULL) == 0);
@@ -252,7 +261,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
                     if (s == 0 ? got != (double)(float)(e + cin) : !same_bits(B.cg[i * ldc + j], (float)got)) {
                         bad = 1;
                         CHECK_MSG(0, "%s %s m=%lld n=%lld k=%lld [%lld][%lld]: %.9g vs %.9g",
-                                  core_ttype_name(type), core_qdot_isa_name(isas[s]),
+                                  core_ttype_name(type), vname,
                                   (long long)m, (long long)n, (long long)k, (long long)i,
                                   (long long)j, got, s == 0 ? e + cin : (double)B.cg[i * ldc + j]);
                     }
@@ -263,7 +272,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
                 if (!(fabs(got - (e + cin)) <= tol)) {
                     bad = 1;
                     CHECK_MSG(0, "%s %s m=%lld n=%lld k=%lld [%lld][%lld]: %.9g vs E %.9g (tol %.3g)",
-                              core_ttype_name(type), core_qdot_isa_name(isas[s]), (long long)m,
+                              core_ttype_name(type), vname, (long long)m,
                               (long long)n, (long long)k, (long long)i, (long long)j, got, e + cin,
                               tol);
                 }
@@ -287,6 +296,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
             for (int64_t j = n; j < ldc; j++)
                 CHECK(same_bits(out[i * ldc + j], B.c0[i * ldc + j]));
     }
+    free(pk);
     buf_free(&B);
 }
 
@@ -378,6 +388,63 @@ TEST(random_within_bound_every_isa)
 }
 
 /* Sub-ranges and the pool give the bits of one full call. */
+/* The packed kernel: sub-ranges that cut groups of 16 rows, each activation
+ * row alone, and jobs on 1..4 threads with a second job starting at a group
+ * give the bits of one full call. */
+static void check_packed_ranges(int type, const core_q8_act_t *qa, const float *a,
+                                const unsigned char *w, size_t rb, int64_t n, int64_t k,
+                                core_pool_t **pools, float *full, float *part)
+{
+    const int64_t m = qa->m, ldc = n, n1 = 5 * CORE_Q8_PACK_ROWS;
+    const size_t pb = core_q8_pack_bytes(type, n, k);
+    unsigned char *pk = aligned_alloc(64, (pb + 63) / 64 * 64);
+    void *onebuf = malloc(core_q8_act_bytes(1, k));
+    if (!pk || !onebuf) {
+        CHECK(!"out of memory");
+        free(pk);
+        free(onebuf);
+        return;
+    }
+    core_q8_pack(type, w, rb, n, k, pk);
+    CHECK_INT_EQ(core_q8_matmul_packed(type, qa, 0, n, pk, 0.0f, full, ldc), 0);
+    for (int64_t j0 = 0; j0 < n; j0 += 37)
+        CHECK_INT_EQ(core_q8_matmul_packed(type, qa, j0, j0 + 37 < n ? j0 + 37 : n, pk, 0.0f, part,
+                                           ldc),
+                     0);
+    int bad = 0;
+    for (int64_t i = 0; i < m * ldc; i++)
+        bad |= !same_bits(full[i], part[i]);
+    CHECK_MSG(!bad, "%s packed: ranges of 37 rows differ from one call", core_ttype_name(type));
+    memset(part, 0, (size_t)(m * ldc) * sizeof *part);
+    for (int64_t i = 0; i < m; i++) {
+        core_q8_act_t one;
+        core_q8_act_init(&one, onebuf, 1, k);
+        core_q8_quantize(&one, a + i * k, k);
+        CHECK_INT_EQ(core_q8_matmul_packed(type, &one, 0, n, pk, 0.0f, part + i * ldc, ldc), 0);
+    }
+    bad = 0;
+    for (int64_t i = 0; i < m * ldc; i++)
+        bad |= !same_bits(full[i], part[i]);
+    CHECK_MSG(!bad, "%s packed: rows alone differ from the batch", core_ttype_name(type));
+    const size_t gstride = core_q8_pack_bytes(type, CORE_Q8_PACK_ROWS, k);
+    const core_qdot_job_t jobs[2] = {
+        {.type = type, .w = w, .pk = pk, .row_bytes = rb, .n = n1, .qa = qa, .c = part,
+         .ldc = ldc},
+        {.type = type, .w = w + n1 * rb, .pk = pk + (size_t)(n1 / CORE_Q8_PACK_ROWS) * gstride,
+         .row_bytes = rb, .n = n - n1, .qa = qa, .c = part + n1, .ldc = ldc},
+    };
+    for (int p = 0; p < 4; p++) {
+        memset(part, 0, (size_t)(m * ldc) * sizeof *part);
+        core_qdot_run_jobs(pools[p], jobs, 2);
+        bad = 0;
+        for (int64_t i = 0; i < m * ldc; i++)
+            bad |= !same_bits(full[i], part[i]);
+        CHECK_MSG(!bad, "%s packed jobs on %d threads", core_ttype_name(type), p + 1);
+    }
+    free(pk);
+    free(onebuf);
+}
+
 TEST(ranges_and_pool_bit_exact)
 {
     core_rng_t r;
@@ -447,6 +514,9 @@ TEST(ranges_and_pool_bit_exact)
                           core_qdot_isa_name(isas[s]), p + 1);
             }
         }
+        CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
+        if (core_q8_pack_supported(types[t]))
+            check_packed_ranges(types[t], &qa, a, w, rb, n, k, pools, full, part);
     }
     CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
 out:
