@@ -14,14 +14,19 @@
  * Expired sessions leave their ids in the indexes; a list drops them when it
  * meets them. Redis Cluster is not supported (scripts name keys they build).
  *
- * ## Scripts
- * Every change is one Lua script (EVAL), atomic in Redis: acquire takes the
- * lease (SET PX) unless another token holds it and returns the blob only
- * when the version differs from the caller's; save compares the version and
- * the lease, then writes hash, expiry and indexes and drops the lease;
- * release and renew compare the lease's token before they delete or extend
- * it. Each is safe to run twice (a retry after a lost answer): acquire
- * accepts its own token, and save recognises its own write by `w`.
+ * ## Atomic steps
+ * acquire, release, renew, delete and list are Lua scripts (EVAL), atomic in
+ * Redis: acquire takes the lease (SET PX) unless another token holds it and
+ * returns the stored version; the blob is then read with a plain HMGET (under
+ * the lease nobody else changes it; a 15 MB value returned through Lua costs
+ * Redis tens of milliseconds of copies). release and renew compare the
+ * lease's token before they delete or extend it. A save is a check-and-set
+ * without Lua for the same reason: WATCH the session and its lease, read
+ * version, writer and lease, decide here, then MULTI/EXEC the hash, its
+ * expiry, the indexes and the lease's deletion (Redis refuses the EXEC when
+ * a watched key changed meanwhile; then again). Each is safe to run twice (a
+ * retry after a lost answer): acquire accepts its own token, and a save
+ * recognises its own write by `w`.
  *
  * ## Threads: why blocking hiredis, not its libuv adapter
  * The session table calls a backend only from threads that may block (the

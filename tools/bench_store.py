@@ -9,8 +9,9 @@ and measures:
 
   move   the time to move a session between replicas: a session is served
          alternately by the two replicas, so each turn starts with the
-         replica reading the state another one saved (Redis GET of the blob,
-         then the state loaded into memory); the replica logs both parts
+         replica reading the state another one saved (the lease script and
+         an HMGET of the blob, then the state loaded into memory); the
+         replica logs both parts
          ("read from the shared store ... ms to fetch, ... ms to load the
          state"), p50 / p99 over --moves reads;
   turn   the wall time of one turn as a client sees it (generate, max_tokens
@@ -225,7 +226,7 @@ def main():
     print()
     print(f"| move a session between replicas ({len(mv)} reads) | p50 | p99 |")
     print("|---|---|---|")
-    print(f"| Redis GET of the state (the lease taken in the same script) | "
+    print(f"| Redis: the lease (one script) and the state (HMGET) | "
           f"{pct(fetch, 50):.1f} ms | {pct(fetch, 99):.1f} ms |")
     print(f"| state load into memory | {pct(load, 50):.1f} ms | {pct(load, 99):.1f} ms |")
     print(f"| both (what the replica adds to the turn) | {pct(tot, 50):.1f} ms | "
