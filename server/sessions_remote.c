@@ -58,8 +58,7 @@ int srv_store_health(srv_store_t *st, char *why, size_t n)
 
 /* The metadata the backend keeps beside s's blob of len bytes, c being
  * the context it holds. */
-static void meta_of(const srv_session_t *s, const srv_seq_ctx_t *c, size_t len,
-                    srv_store_meta_t *m)
+static void meta_of(const srv_session_t *s, const srv_seq_ctx_t *c, size_t len, srv_store_meta_t *m)
 {
     memset(m, 0, sizeof *m);
     memcpy(m->owner, s->owner, sizeof m->owner);
@@ -174,8 +173,10 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
     const int loaded = rc == 0 && blob != NULL;
     if (loaded) {
         if (len > st->max_blob) {
-            rc = STORE_FAIL(SRV_STORE_EIO, "session %s in the shared store has %zu bytes, more "
-                            "than any state of this server (%zu)", id, len, st->max_blob);
+            rc = STORE_FAIL(SRV_STORE_EIO,
+                            "session %s in the shared store has %zu bytes, more "
+                            "than any state of this server (%zu)",
+                            id, len, st->max_blob);
         } else {
             char what[96];
             snprintf(what, sizeof what, "session %s in the shared store", id);
@@ -207,9 +208,10 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
         return rc;
     }
     if (loaded) /* another replica served it last (or it was not in memory here) */
-        SRV_LOG(SRV_LOG_INFO, NULL, "session %s read from the shared store: version %" PRIu64
-                ", %zu bytes, %.2f ms (%.2f ms to fetch, %.2f ms to load the state)", id, v, len,
-                (double)(mono_ns() - t0) / 1e6, (double)(t1 - t0) / 1e6,
+        SRV_LOG(SRV_LOG_INFO, NULL,
+                "session %s read from the shared store: version %" PRIu64
+                ", %zu bytes, %.2f ms (%.2f ms to fetch, %.2f ms to load the state)",
+                id, v, len, (double)(mono_ns() - t0) / 1e6, (double)(t1 - t0) / 1e6,
                 (double)(mono_ns() - t1) / 1e6);
     memcpy(s->token, tok, sizeof s->token);
     s->leased = 1;
@@ -220,8 +222,7 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
     return 0;
 }
 
-int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend,
-                            srv_session_t **out)
+int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend, srv_session_t **out)
 {
     *out = NULL;
     if (from_backend)
@@ -241,8 +242,10 @@ int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend,
         s->tokens_held = srv_sess_ctx_tokens(&s->ctx);
         *out = s;
     } else {
-        rc = STORE_FAIL(SRV_STORE_EEVICTED, "session %s must be read from the shared store "
-                        "first", id);
+        rc = STORE_FAIL(SRV_STORE_EEVICTED,
+                        "session %s must be read from the shared store "
+                        "first",
+                        id);
     }
     pthread_mutex_unlock(&st->mu);
     return rc;
@@ -251,7 +254,8 @@ int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend,
 int srv_store_fetch(srv_store_t *st, const char *id)
 {
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(SRV_STORE_EINVAL,
+                          "malformed session id (expected 32 lowercase hex chars)");
     if (!st->be)
         return STORE_FAIL(SRV_STORE_EINVAL, "fetch: the store has no backend");
     srv_session_t *s = NULL;
@@ -284,8 +288,8 @@ int srv_sess_remote_save(srv_store_t *st, srv_session_t *s, const unsigned char 
     srv_store_meta_t m;
     meta_of(s, &s->ctx, len, &m);
     uint64_t v = 0;
-    int rc = st->be->ops->save(st->be, s->id, s->leased ? s->token : NULL, s->version, buf, len,
-                               &m, &v);
+    int rc =
+        st->be->ops->save(st->be, s->id, s->leased ? s->token : NULL, s->version, buf, len, &m, &v);
     if (rc == 0) {
         pthread_mutex_lock(&st->mu);
         s->version = v;
@@ -523,7 +527,8 @@ int srv_sess_remote_list(srv_store_t *st, const char *owner, const char *after, 
 int srv_store_refresh(srv_store_t *st, const char *id)
 {
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(SRV_STORE_EINVAL,
+                          "malformed session id (expected 32 lowercase hex chars)");
     if (!st->be) {
         pthread_mutex_lock(&st->mu);
         const srv_session_t *s = srv_sess_tab_find(st, id);

@@ -61,8 +61,8 @@ typedef struct srv_store_meta {
     int64_t created, last_used;            /* unix seconds */
     int64_t tokens;                        /* history length */
     int64_t turns;
-    int64_t pending_grammar;               /* reply bytes of the pending grammar; -1: none */
-    uint64_t state_bytes;                  /* the blob's length */
+    int64_t pending_grammar; /* reply bytes of the pending grammar; -1: none */
+    uint64_t state_bytes;    /* the blob's length */
 } srv_store_meta_t;
 
 /* One session of a list. */
@@ -165,11 +165,11 @@ int srv_store_redis_meta_decode(const char *const *v, const size_t *len, srv_sto
 int srv_store_redis_version_parse(const char *s, size_t len, uint64_t *out);
 
 typedef struct srv_store_redis_opts {
-    const char *url;       /* borrowed: --session-store */
-    const char *ns;        /* borrowed: srv_store_redis_namespace */
-    int64_t ttl_ms;        /* sessions expire this long after their last save or acquire; 0 = never */
-    int64_t lease_ms;      /* lease time (renewed every third of it while held); 0 = 15 s */
-    int64_t timeout_ms;    /* connect and command timeout; 0 = 5 s */
+    const char *url;    /* borrowed: --session-store */
+    const char *ns;     /* borrowed: srv_store_redis_namespace */
+    int64_t ttl_ms;     /* sessions expire this long after their last save or acquire; 0 = never */
+    int64_t lease_ms;   /* lease time (renewed every third of it while held); 0 = 15 s */
+    int64_t timeout_ms; /* connect and command timeout; 0 = 5 s */
 } srv_store_redis_opts_t;
 
 /* A Redis backend: parses the URL, starts the backend's thread (lease

@@ -54,9 +54,9 @@
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
-#include <stdarg.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,7 +95,7 @@ static int fail(char *err, size_t n, const char *fmt, ...)
 
 static int hexval(char c)
 {
-    return c >= '0' && c <= '9' ? c - '0'
+    return c >= '0' && c <= '9'   ? c - '0'
            : c >= 'a' && c <= 'f' ? c - 'a' + 10
            : c >= 'A' && c <= 'F' ? c - 'A' + 10
                                   : -1;
@@ -134,8 +134,7 @@ static int all_digits(const char *s, size_t n)
     return 1;
 }
 
-int srv_store_redis_url_parse(const char *url, srv_store_redis_url_t *out, char *err,
-                              size_t errlen)
+int srv_store_redis_url_parse(const char *url, srv_store_redis_url_t *out, char *err, size_t errlen)
 {
     static const char want[] = "expected redis://[[user]:password@]host[:port][/db]";
     memset(out, 0, sizeof *out);
@@ -150,7 +149,8 @@ int srv_store_redis_url_parse(const char *url, srv_store_redis_url_t *out, char 
         return fail(err, errlen, "'%s': unknown session store (%s)", shown, want);
     const char *p = url + 8;
     if (strpbrk(p, "?#"))
-        return fail(err, errlen, "'%s': query parameters and fragments are not supported (%s)", shown, want);
+        return fail(err, errlen, "'%s': query parameters and fragments are not supported (%s)",
+                    shown, want);
     for (const char *c = p; *c; c++)
         if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f)
             return fail(err, errlen, "'%s': a space or a non-ASCII character (%s)", shown, want);
@@ -164,11 +164,13 @@ int srv_store_redis_url_parse(const char *url, srv_store_redis_url_t *out, char 
     if (at) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
         if (!colon)
-            return fail(err, errlen, "'%s': credentials must be user:password@ or :password@ "
-                        "(%s)", shown, want);
+            return fail(err, errlen,
+                        "'%s': credentials must be user:password@ or :password@ "
+                        "(%s)",
+                        shown, want);
         if (pct_decode(p, (size_t)(colon - p), out->user, sizeof out->user) < 0 ||
-            pct_decode(colon + 1, (size_t)(at - colon - 1), out->password,
-                       sizeof out->password) < 0)
+            pct_decode(colon + 1, (size_t)(at - colon - 1), out->password, sizeof out->password) <
+                0)
             return fail(err, errlen, "'%s': malformed or too long user or password (%s)", shown,
                         want);
         if (!out->password[0])
@@ -201,8 +203,8 @@ int srv_store_redis_url_parse(const char *url, srv_store_redis_url_t *out, char 
             return fail(err, errlen, "'%s': host name longer than %d characters", shown,
                         SRV_STORE_REDIS_HOST_MAX);
         for (const char *c = p; c < hend; c++)
-            if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-                  *c == '.' || *c == '-' || *c == '_'))
+            if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                  (*c >= '0' && *c <= '9') || *c == '.' || *c == '-' || *c == '_'))
                 return fail(err, errlen, "'%s': malformed host name (%s)", shown, want);
         memcpy(out->host, p, (size_t)(hend - p));
     }
@@ -222,7 +224,8 @@ int srv_store_redis_url_parse(const char *url, srv_store_redis_url_t *out, char 
         size_t dl = strlen(ds);
         long v = -1;
         if (!all_digits(ds, dl) || dl > 7 || (v = strtol(ds, NULL, 10)) > SRV_STORE_REDIS_DB_MAX)
-            return fail(err, errlen, "'%s': the database must be a number in [0, %d] (%s)", shown, SRV_STORE_REDIS_DB_MAX, want);
+            return fail(err, errlen, "'%s': the database must be a number in [0, %d] (%s)", shown,
+                        SRV_STORE_REDIS_DB_MAX, want);
         out->db = (int)v;
     }
     return 0;
@@ -362,26 +365,24 @@ static const char RELEASE_LUA[] =
     "return 0\n";
 
 /* KEYS: lease. ARGV: token, lease ms. -> 1 renewed, 0 lost. */
-static const char RENEW_LUA[] =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
-    "  return redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
-    "end\n"
-    "return 0\n";
+static const char RENEW_LUA[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
+                                "  return redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
+                                "end\n"
+                                "return 0\n";
 
 /* KEYS: session, lease, index. ARGV: id, a token of ours whose release is
  * queued, the owner indexes' prefix. -> -1 busy, 0 not found, 1 deleted. */
-static const char REMOVE_LUA[] =
-    "local cur = redis.call('GET', KEYS[2])\n"
-    "if cur and cur ~= ARGV[2] then return -1 end\n"
-    "local owner = redis.call('HGET', KEYS[1], 'owner')\n"
-    "local n = redis.call('DEL', KEYS[1])\n"
-    "if cur then redis.call('DEL', KEYS[2]) end\n"
-    "redis.call('ZREM', KEYS[3], ARGV[1])\n"
-    "if owner then\n"
-    "  if owner == '' then owner = '" OWNER_IDX_NONE "' end\n"
-    "  redis.call('ZREM', ARGV[3] .. owner, ARGV[1])\n"
-    "end\n"
-    "return n\n";
+static const char REMOVE_LUA[] = "local cur = redis.call('GET', KEYS[2])\n"
+                                 "if cur and cur ~= ARGV[2] then return -1 end\n"
+                                 "local owner = redis.call('HGET', KEYS[1], 'owner')\n"
+                                 "local n = redis.call('DEL', KEYS[1])\n"
+                                 "if cur then redis.call('DEL', KEYS[2]) end\n"
+                                 "redis.call('ZREM', KEYS[3], ARGV[1])\n"
+                                 "if owner then\n"
+                                 "  if owner == '' then owner = '" OWNER_IDX_NONE "' end\n"
+                                 "  redis.call('ZREM', ARGV[3] .. owner, ARGV[1])\n"
+                                 "end\n"
+                                 "return n\n";
 
 /* KEYS: an index. ARGV: the session keys' prefix, after ("" = from the
  * start), limit. -> flat {id, v, metadata fields...} for up to limit + 1
@@ -391,7 +392,8 @@ static const char LIST_LUA[] =
     "local want = (tonumber(ARGV[3]) + 1) * 9\n"
     "local start = ARGV[2] == '' and '-' or ('(' .. ARGV[2])\n"
     "while #out < want do\n"
-    "  local ids = redis.call('ZRANGEBYLEX', KEYS[1], start, '+', 'LIMIT', 0, tonumber(ARGV[3]) + 1)\n"
+    "  local ids = redis.call('ZRANGEBYLEX', KEYS[1], start, '+', 'LIMIT', 0, tonumber(ARGV[3]) + "
+    "1)\n"
     "  if #ids == 0 then break end\n"
     "  for _, id in ipairs(ids) do\n"
     "    local f = redis.call('HMGET', ARGV[1] .. id, 'v', 'owner', 'created', 'last_used',\n"
@@ -423,30 +425,30 @@ typedef struct lease_list {
 typedef struct redis_be {
     srv_store_backend_t base;
     srv_store_redis_url_t url;
-    char shown[600];    /* the URL without its password, for messages */
+    char shown[600]; /* the URL without its password, for messages */
     char ns[64];
     int64_t ttl_ms, lease_ms, timeout_ms;
-    char replica[17];   /* random: this process's part of every token */
-    uint64_t counter;   /* under mu */
+    char replica[17]; /* random: this process's part of every token */
+    uint64_t counter; /* under mu */
 
     pthread_mutex_t cmd_mu; /* the command connection (the I/O thread's) */
     redisContext *cmd;
-    uint64_t cmd_gen;       /* gen when it was made */
+    uint64_t cmd_gen; /* gen when it was made */
 
-    pthread_mutex_t mu;     /* everything below */
+    pthread_mutex_t mu; /* everything below */
     pthread_cond_t cv;
-    int state;              /* STATE_* */
-    char why[256];          /* the last failure */
+    int state;     /* STATE_* */
+    char why[256]; /* the last failure */
     int64_t down_since_ms;
     int64_t backoff_ms;
-    uint64_t gen;           /* one more each time the server went away */
-    int io_errno;           /* the errno of the I/O thread connection's last failure (cmd_mu) */
-    lease_list_t held;      /* leases to renew */
-    lease_list_t queued;    /* leases to release */
+    uint64_t gen;        /* one more each time the server went away */
+    int io_errno;        /* the errno of the I/O thread connection's last failure (cmd_mu) */
+    lease_list_t held;   /* leases to renew */
+    lease_list_t queued; /* leases to release */
     int quit;
     pthread_t thread;
     int thread_started;
-    redisContext *keep;     /* the keeper's connection (its thread only) */
+    redisContext *keep; /* the keeper's connection (its thread only) */
 } redis_be_t;
 
 enum { STATE_UNKNOWN = 0, STATE_UP = 1, STATE_DOWN = 2 };
@@ -498,8 +500,10 @@ static ssize_t list_find(const lease_list_t *l, const char *id, const char *toke
 static void mark_down(redis_be_t *r, const char *why)
 {
     if (r->state != STATE_DOWN) {
-        SRV_LOG(SRV_LOG_WARN, NULL, "session store %s unreachable: %s; requests that need a "
-                "session get 503 until it is back", r->shown, why);
+        SRV_LOG(SRV_LOG_WARN, NULL,
+                "session store %s unreachable: %s; requests that need a "
+                "session get 503 until it is back",
+                r->shown, why);
         r->state = STATE_DOWN;
         r->down_since_ms = now_ms();
         r->backoff_ms = BACKOFF_MIN_MS;
@@ -560,13 +564,13 @@ static int reply_error(redis_be_t *r, const redisReply *rep, const char *what)
     const char *s = rep->str ? rep->str : "";
     if (strncmp(s, "OOM", 3) == 0)
         return STORE_FAIL(SRV_STORE_ENOSPACE, "session store %s is out of memory (%s): %s",
-                           r->shown, what, s);
+                          r->shown, what, s);
     if (strncmp(s, "LOADING", 7) == 0 || strncmp(s, "BUSY", 4) == 0 ||
         strncmp(s, "READONLY", 8) == 0 || strncmp(s, "MISCONF", 7) == 0 ||
         strncmp(s, "NOAUTH", 6) == 0 || strncmp(s, "WRONGPASS", 9) == 0 ||
         strncmp(s, "MASTERDOWN", 10) == 0)
         return STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s cannot take requests now (%s): %s",
-                           r->shown, what, s);
+                          r->shown, what, s);
     return STORE_FAIL(SRV_STORE_EIO, "session store %s (%s): %s", r->shown, what, s);
 }
 
@@ -629,8 +633,8 @@ static int with_conn(redis_be_t *r, seq_fn fn, void *arg, const char *what)
         rc = fn(r, r->cmd, arg);
         if (rc != CONN_BROKEN)
             break;
-        const int timed_out = r->io_errno == EAGAIN || r->io_errno == EWOULDBLOCK ||
-                              r->io_errno == ETIMEDOUT;
+        const int timed_out =
+            r->io_errno == EAGAIN || r->io_errno == EWOULDBLOCK || r->io_errno == ETIMEDOUT;
         snprintf(why, sizeof why, "%s: %s", what,
                  r->cmd->errstr[0] ? r->cmd->errstr : "connection lost");
         redisFree(r->cmd);
@@ -640,8 +644,7 @@ static int with_conn(redis_be_t *r, seq_fn fn, void *arg, const char *what)
             pthread_mutex_lock(&r->mu);
             mark_down(r, why);
             pthread_mutex_unlock(&r->mu);
-            rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)", r->shown,
-                            why);
+            rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)", r->shown, why);
             break;
         }
     }
@@ -746,7 +749,7 @@ typedef struct acq {
     const char *id, *ks, *kl, *token, *old;
     const char *lms, *ttl;
     uint64_t have;
-    long long code;      /* the script's: -1 busy, 0 not found, 1 taken */
+    long long code; /* the script's: -1 busy, 0 not found, 1 taken */
     uint64_t version;
     unsigned char *blob; /* malloc'd when read */
     size_t len;
@@ -768,11 +771,10 @@ static int acquire_seq(redis_be_t *r, redisContext *c, void *arg)
         rc = reply_error(r, rep, "acquire");
     } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
                reply_int(rep->element[0], &q->code) < 0 || q->code < -1 || q->code > 1 ||
-               (q->code == 1 && (rep->elements < 2 ||
-                                 rep->element[1]->type != REDIS_REPLY_STRING ||
-                                 srv_store_redis_version_parse(rep->element[1]->str,
-                                                               rep->element[1]->len,
-                                                               &q->version) < 0))) {
+               (q->code == 1 &&
+                (rep->elements < 2 || rep->element[1]->type != REDIS_REPLY_STRING ||
+                 srv_store_redis_version_parse(rep->element[1]->str, rep->element[1]->len,
+                                               &q->version) < 0))) {
         rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to acquire", r->shown);
     }
     freeReplyObject(rep);
@@ -791,8 +793,10 @@ static int acquire_seq(redis_be_t *r, redisContext *c, void *arg)
     } else if (srv_store_redis_version_parse(rep->element[0]->str, rep->element[0]->len, &v2) < 0 ||
                v2 != q->version || rep->element[1]->type != REDIS_REPLY_STRING ||
                rep->element[1]->len == 0) {
-        rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: no state, or another version than its "
-                        "lease was taken for", q->id, r->shown);
+        rc = STORE_FAIL(SRV_STORE_EIO,
+                        "session %s in %s: no state, or another version than its "
+                        "lease was taken for",
+                        q->id, r->shown);
     } else if (!(q->blob = malloc(rep->element[1]->len))) {
         rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a %zu-byte state",
                         rep->element[1]->len);
@@ -818,7 +822,13 @@ static int r_acquire(srv_store_backend_t *be, const char *id, uint64_t have, cha
     take_queued(r, id, old);
     snprintf(lms, sizeof lms, "%" PRId64, r->lease_ms);
     snprintf(ttl, sizeof ttl, "%" PRId64, r->ttl_ms);
-    acq_t q = {.id = id, .ks = ks, .kl = kl, .token = token, .old = old, .lms = lms, .ttl = ttl,
+    acq_t q = {.id = id,
+               .ks = ks,
+               .kl = kl,
+               .token = token,
+               .old = old,
+               .lms = lms,
+               .ttl = ttl,
                .have = have};
     int rc = with_conn(r, acquire_seq, &q, "acquire");
     if (rc == 0 && q.code == -1)
@@ -883,7 +893,7 @@ static int save_seq(redis_be_t *r, redisContext *c, void *arg)
         }
         int rc = 0;
         uint64_t v = 0;
-        const redisReply *err = w->type == REDIS_REPLY_ERROR ? w
+        const redisReply *err = w->type == REDIS_REPLY_ERROR   ? w
                                 : h->type == REDIS_REPLY_ERROR ? h
                                 : g->type == REDIS_REPLY_ERROR ? g
                                                                : NULL;
@@ -893,7 +903,8 @@ static int save_seq(redis_be_t *r, redisContext *c, void *arg)
                  (h->element[0]->type == REDIS_REPLY_STRING &&
                   srv_store_redis_version_parse(h->element[0]->str, h->element[0]->len, &v) < 0))
             rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: malformed version", q->id, r->shown);
-        const int mine = rc == 0 && v == q->expect + 1 && h->element[1]->type == REDIS_REPLY_STRING &&
+        const int mine = rc == 0 && v == q->expect + 1 &&
+                         h->element[1]->type == REDIS_REPLY_STRING &&
                          strlen(q->wid) == h->element[1]->len &&
                          memcmp(h->element[1]->str, q->wid, h->element[1]->len) == 0;
         const int leased = rc == 0 && g->type == REDIS_REPLY_STRING;
@@ -949,9 +960,9 @@ static int save_seq(redis_be_t *r, redisContext *c, void *arg)
         int n = 0;
         int ok = redisAppendCommandArgv(c, 1, mu, NULL) == REDIS_OK && ++n &&
                  redisAppendCommandArgv(c, hn, hs, hl) == REDIS_OK && ++n &&
-                 (ttl ? redisAppendCommandArgv(c, 3, ex, NULL) : redisAppendCommandArgv(c, 2, pe, NULL)) ==
-                     REDIS_OK && ++n &&
-                 redisAppendCommandArgv(c, 4, z1, NULL) == REDIS_OK && ++n &&
+                 (ttl ? redisAppendCommandArgv(c, 3, ex, NULL)
+                      : redisAppendCommandArgv(c, 2, pe, NULL)) == REDIS_OK &&
+                 ++n && redisAppendCommandArgv(c, 4, z1, NULL) == REDIS_OK && ++n &&
                  redisAppendCommandArgv(c, 4, z2, NULL) == REDIS_OK && ++n &&
                  (!leased || (redisAppendCommandArgv(c, 2, dl, NULL) == REDIS_OK && ++n)) &&
                  redisAppendCommandArgv(c, 1, xe, NULL) == REDIS_OK && ++n;
@@ -988,8 +999,10 @@ static int save_seq(redis_be_t *r, redisContext *c, void *arg)
             return 0;
         }
     }
-    return STORE_FAIL(SRV_STORE_ESTALE, "session %s kept changing while it was being saved; "
-                      "this change was not saved", q->id);
+    return STORE_FAIL(SRV_STORE_ESTALE,
+                      "session %s kept changing while it was being saved; "
+                      "this change was not saved",
+                      q->id);
 }
 
 static int r_save(srv_store_backend_t *be, const char *id, const char *token, uint64_t expect,
@@ -1008,17 +1021,30 @@ static int r_save(srv_store_backend_t *be, const char *id, const char *token, ui
     sav_t *q = calloc(1, sizeof *q);
     if (!q)
         return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
-    *q = (sav_t){.id = id, .ks = ks, .kl = kl, .ki = ki, .ko = ko, .token = token ? token : "",
-                 .wid = wid, .ttl = ttl, .expect = expect, .blob = blob, .len = len};
+    *q = (sav_t){.id = id,
+                 .ks = ks,
+                 .kl = kl,
+                 .ki = ki,
+                 .ko = ko,
+                 .token = token ? token : "",
+                 .wid = wid,
+                 .ttl = ttl,
+                 .expect = expect,
+                 .blob = blob,
+                 .len = len};
     srv_store_redis_meta_encode(m, q->mv);
     int rc = with_conn(r, save_seq, q, "save");
     if (rc == 0 && q->stale == 1)
-        rc = STORE_FAIL(SRV_STORE_ESTALE, "session %s is held by another replica (this one's "
-                        "lease ran out): this change was not saved", id);
+        rc = STORE_FAIL(SRV_STORE_ESTALE,
+                        "session %s is held by another replica (this one's "
+                        "lease ran out): this change was not saved",
+                        id);
     else if (rc == 0 && q->stale == 2)
-        rc = STORE_FAIL(SRV_STORE_ESTALE, "session %s changed on another replica meanwhile "
+        rc = STORE_FAIL(SRV_STORE_ESTALE,
+                        "session %s changed on another replica meanwhile "
                         "(version %" PRIu64 " there, %" PRIu64 " here): this change was not "
-                        "saved", id, q->stored_v, expect);
+                        "saved",
+                        id, q->stored_v, expect);
     if (rc == 0) {
         *version = q->version;
         if (token)
@@ -1109,7 +1135,8 @@ static int r_peek(srv_store_backend_t *be, const char *id, uint64_t *version, sr
         const char *v[SRV_STORE_REDIS_META_FIELDS];
         size_t l[SRV_STORE_REDIS_META_FIELDS];
         fields(rep, 1, SRV_STORE_REDIS_META_FIELDS, v, l);
-        if (srv_store_redis_version_parse(rep->element[0]->str, rep->element[0]->len, version) < 0 ||
+        if (srv_store_redis_version_parse(rep->element[0]->str, rep->element[0]->len, version) <
+                0 ||
             srv_store_redis_meta_decode(v, l, m) < 0)
             rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: malformed metadata", id, r->shown);
     }
@@ -1196,7 +1223,8 @@ static int keep_cmd(redis_be_t *r, int argc, const char **argv, redisReply **rep
     if (*rep)
         return 0;
     char why[256];
-    snprintf(why, sizeof why, "%s", r->keep && r->keep->errstr[0] ? r->keep->errstr : "no connection");
+    snprintf(why, sizeof why, "%s",
+             r->keep && r->keep->errstr[0] ? r->keep->errstr : "no connection");
     redisFree(r->keep);
     r->keep = NULL;
     pthread_mutex_lock(&r->mu);
@@ -1207,8 +1235,8 @@ static int keep_cmd(redis_be_t *r, int argc, const char **argv, redisReply **rep
 
 /* Runs script on the lease of each of l[n]; renew: *lost[i] = 1 for those
  * whose lease is no longer theirs. */
-static void keep_leases(redis_be_t *r, const lease_t *l, size_t n, const char *script,
-                        int renew, unsigned char *lost)
+static void keep_leases(redis_be_t *r, const lease_t *l, size_t n, const char *script, int renew,
+                        unsigned char *lost)
 {
     char lms[24];
     snprintf(lms, sizeof lms, "%" PRId64, r->lease_ms);
@@ -1253,8 +1281,9 @@ static void *keeper(void *arg)
                 pthread_mutex_lock(&r->mu);
                 if (r->keep) {
                     if (r->state == STATE_DOWN)
-                        SRV_LOG(SRV_LOG_INFO, NULL, "session store %s reachable again after %" PRId64
-                                " s", r->shown, (now_ms() - r->down_since_ms) / 1000);
+                        SRV_LOG(SRV_LOG_INFO, NULL,
+                                "session store %s reachable again after %" PRId64 " s", r->shown,
+                                (now_ms() - r->down_since_ms) / 1000);
                     r->state = STATE_UP;
                     r->why[0] = '\0';
                     next_ping = now_ms() + PING_MS;
@@ -1262,8 +1291,8 @@ static void *keeper(void *arg)
                     if (why[0])
                         mark_down(r, why);
                     next_try = now_ms() + r->backoff_ms;
-                    r->backoff_ms = r->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
-                                                                       : r->backoff_ms * 2;
+                    r->backoff_ms =
+                        r->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : r->backoff_ms * 2;
                 }
                 continue;
             }
@@ -1293,7 +1322,8 @@ static void *keeper(void *arg)
                     continue;
                 ssize_t k = list_find(&r->held, copy[i].id, copy[i].token);
                 if (k >= 0) {
-                    SRV_LOG(SRV_LOG_WARN, NULL, "session %s: its lease in %s was lost (another "
+                    SRV_LOG(SRV_LOG_WARN, NULL,
+                            "session %s: its lease in %s was lost (another "
                             "replica may hold it now); its next save will be refused",
                             copy[i].id, r->shown);
                     list_del(&r->held, (size_t)k);
@@ -1314,8 +1344,8 @@ static void *keeper(void *arg)
             continue;
         }
         /* sleep until the next thing to do (or a release is queued) */
-        int64_t wake = r->state == STATE_UP ? (next_ping < next_renew ? next_ping : next_renew)
-                                            : next_try;
+        int64_t wake =
+            r->state == STATE_UP ? (next_ping < next_renew ? next_ping : next_renew) : next_try;
         if (wake - t > 200)
             wake = t + 200;
         struct timespec ts;
@@ -1354,9 +1384,14 @@ static void r_free(srv_store_backend_t *be)
     free(r);
 }
 
-static const srv_store_backend_ops_t redis_ops = {
-    .acquire = r_acquire, .save = r_save, .release = r_release, .remove = r_remove,
-    .peek = r_peek, .list = r_list, .health = r_health, .free = r_free};
+static const srv_store_backend_ops_t redis_ops = {.acquire = r_acquire,
+                                                  .save = r_save,
+                                                  .release = r_release,
+                                                  .remove = r_remove,
+                                                  .peek = r_peek,
+                                                  .list = r_list,
+                                                  .health = r_health,
+                                                  .free = r_free};
 
 int srv_store_redis_new(const srv_store_redis_opts_t *o, srv_store_backend_t **out, char *err,
                         size_t errlen)

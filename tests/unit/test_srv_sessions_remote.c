@@ -136,7 +136,10 @@ static int fake_remove(srv_store_backend_t *be, const char *id)
     fake_t *f = (fake_t *)be;
     pthread_mutex_lock(&f->mu);
     fake_entry_t *e = fake_find(f, id);
-    int rc = f->down ? SRV_STORE_EUNAVAIL : !e ? SRV_STORE_ENOTFOUND : e->lease[0] ? SRV_STORE_EBUSY : 0;
+    int rc = f->down       ? SRV_STORE_EUNAVAIL
+             : !e          ? SRV_STORE_ENOTFOUND
+             : e->lease[0] ? SRV_STORE_EBUSY
+                           : 0;
     if (rc == 0) {
         free(e->blob);
         *e = f->e[--f->n];
@@ -207,9 +210,14 @@ static void fake_free(srv_store_backend_t *be)
     ((fake_t *)be)->frees++; /* the fake outlives its stores */
 }
 
-static const srv_store_backend_ops_t fake_ops = {
-    .acquire = fake_acquire, .save = fake_save, .release = fake_release, .remove = fake_remove,
-    .peek = fake_peek, .list = fake_list, .health = fake_health, .free = fake_free};
+static const srv_store_backend_ops_t fake_ops = {.acquire = fake_acquire,
+                                                 .save = fake_save,
+                                                 .release = fake_release,
+                                                 .remove = fake_remove,
+                                                 .peek = fake_peek,
+                                                 .list = fake_list,
+                                                 .health = fake_health,
+                                                 .free = fake_free};
 
 static fake_t *fake_new(void)
 {
@@ -259,8 +267,11 @@ static uint64_t fake_version(fake_t *f, const char *id)
 
 static srv_store_t *replica(fake_t *f, size_t max_n)
 {
-    srv_store_opts_t o = {.dir = "/nonexistent/ignored", .max_sessions = max_n,
-                          .ttl_s = 3600, .max_checkpoints = 4, .model = model,
+    srv_store_opts_t o = {.dir = "/nonexistent/ignored",
+                          .max_sessions = max_n,
+                          .ttl_s = 3600,
+                          .max_checkpoints = 4,
+                          .model = model,
                           .backend = &f->base};
     srv_store_t *st = NULL;
     char err[512] = "";
@@ -271,7 +282,9 @@ static srv_store_t *replica(fake_t *f, size_t max_n)
 
 static void feed(core_attn_state_t *s, const int32_t *t, int64_t n, float *last)
 {
-    core_batch_seq_t sq = {.state = s, .tokens = t, .n_tokens = n,
+    core_batch_seq_t sq = {.state = s,
+                           .tokens = t,
+                           .n_tokens = n,
                            .logits_mode = last ? CORE_LOGITS_LAST : CORE_LOGITS_NONE,
                            .logits = last};
     core_error_t err = {0};
@@ -651,8 +664,8 @@ TEST(fork_export_import_list)
     CHECK_INT_EQ(srv_store_list_owned(b, NULL, NULL, 2, out, &n, &more), 0);
     CHECK_INT_EQ(n, 2);
     CHECK_INT_EQ(more, 1);
-    CHECK_INT_EQ(srv_store_list_owned(b, "0123456789abcdef0123456789abcdef", NULL, 8, out, &n,
-                                      &more), 0);
+    CHECK_INT_EQ(
+        srv_store_list_owned(b, "0123456789abcdef0123456789abcdef", NULL, 8, out, &n, &more), 0);
     CHECK_INT_EQ(n, 2); /* the session and its fork (which kept its owner) */
     srv_store_free(a);
     srv_store_free(b);
@@ -736,8 +749,8 @@ int main(void)
         printf("DARKSERVE_TINY_MODEL is not set\n");
         return 1;
     }
-    core_model_opts_t o = {.attn_kind = CORE_ATTN_PERFORMER, .n_features = 16, .window = 4,
-                           .seed = 5};
+    core_model_opts_t o = {
+        .attn_kind = CORE_ATTN_PERFORMER, .n_features = 16, .window = 4, .seed = 5};
     core_error_t err = {0};
     if (core_model_load(tiny, &o, &model, &err) < 0) {
         printf("load: %s\n", err.msg);

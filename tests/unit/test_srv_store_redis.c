@@ -189,8 +189,9 @@ TEST(meta_round_trip)
     static const struct {
         int field;
         const char *val;
-    } bad[] = {{0, "XYZ"}, {0, OWNER "0"}, {1, ""}, {1, "12a"}, {2, "1.5"}, {3, "-5"},
-               {4, "-1"}, {5, "-2"}, {6, "-1"}, {6, "99999999999999999999999"}, {3, " 1"}};
+    } bad[] = {{0, "XYZ"}, {0, OWNER "0"}, {1, ""},   {1, "12a"}, {2, "1.5"},
+               {3, "-5"},  {4, "-1"},      {5, "-2"}, {6, "-1"},  {6, "99999999999999999999999"},
+               {3, " 1"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         srv_store_redis_meta_encode(&m, buf);
         const char *vv[SRV_STORE_REDIS_META_FIELDS];
@@ -280,9 +281,8 @@ static int redis_start(void)
          * server loses nothing), never fsynced: on a shared machine an fsync
          * can stall Redis for seconds, longer than the leases these tests
          * time (test_scaleout runs the fsync-always setup) */
-        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--dir",
-               tmpdir, "--save", "", "--appendonly", "yes", "--appendfsync", "no",
-               (char *)NULL);
+        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--dir", tmpdir,
+               "--save", "", "--appendonly", "yes", "--appendfsync", "no", (char *)NULL);
         _exit(127);
     }
     if (p < 0)
@@ -317,8 +317,11 @@ static srv_store_backend_t *backend(int64_t ttl_ms, int64_t lease_ms)
 {
     char url[64], err[256] = "";
     snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", port);
-    srv_store_redis_opts_t o = {.url = url, .ns = "darkserve:test:", .ttl_ms = ttl_ms,
-                                .lease_ms = lease_ms, .timeout_ms = 2000};
+    srv_store_redis_opts_t o = {.url = url,
+                                .ns = "darkserve:test:",
+                                .ttl_ms = ttl_ms,
+                                .lease_ms = lease_ms,
+                                .timeout_ms = 2000};
     srv_store_backend_t *be = NULL;
     CHECK_MSG(srv_store_redis_new(&o, &be, err, sizeof err) == 0, "%s", err);
     return be;
@@ -347,14 +350,13 @@ static void flushall(void)
     redisFree(c);
 }
 
-#define LIVE()                                                                     \
-    do {                                                                           \
-        if (redis_pid < 0) {                                                       \
-            printf("skip %s: no redis-server (scripts/deps.sh installs it)\n",     \
-                   __func__);                                                      \
-            return;                                                                \
-        }                                                                          \
-        flushall();                                                                \
+#define LIVE()                                                                                     \
+    do {                                                                                           \
+        if (redis_pid < 0) {                                                                       \
+            printf("skip %s: no redis-server (scripts/deps.sh installs it)\n", __func__);          \
+            return;                                                                                \
+        }                                                                                          \
+        flushall();                                                                                \
     } while (0)
 
 /* The lease's remaining time in ms (PTTL: -2 gone, -1 no expiry). */
