@@ -1409,7 +1409,12 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     st->max_ckpt = use_dir ? o->max_checkpoints : 0;
     st->max_ckpt_blob = max_blob_bytes(core_attn_config(st->attn), CKPT_PENDING_MAX,
                                        OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX);
-    st->max_export = sat_add(st->max_blob, sat_mul(st->max_ckpt, sat_add(st->max_ckpt_blob, 8)));
+    /* a shared store keeps no checkpoints but takes the export of a
+     * directory store that has them (it keeps the state, not them) */
+    const size_t ck_bound = st->be && o->max_checkpoints <= SRV_STORE_MAX_CHECKPOINTS
+                                ? o->max_checkpoints
+                                : st->max_ckpt;
+    st->max_export = sat_add(st->max_blob, sat_mul(ck_bound, sat_add(st->max_ckpt_blob, 8)));
     if (use_dir) {
         st->dir = strdup(o->dir);
         if (!st->dir) {

@@ -280,6 +280,26 @@ def test_alternating_replicas_equal_one_server(servers, redis):
         assert st == 404 and r["error"]["code"] == "session_not_found", r
 
 
+def test_import_of_a_directory_store_export(servers, redis):
+    """A session exported from a one-server deployment (with its checkpoints)
+    moves into the shared store and continues on any replica."""
+    a, b = replicas(servers, redis)
+    ctl = servers(model=TINY, attn="performer", name="control")  # --checkpoints 8
+    cid = create(ctl, SYSTEM)
+    for text in TEXTS[:2]:
+        turn(ctl, cid, text)
+    assert len(info(ctl, cid)["checkpoints"]) == 2
+    st, _, blob = ctl.request("GET", f"/v1/sessions/{cid}/state")
+    assert st == 200
+    sid = create(a, "placeholder")
+    st, r, _ = a.json("PUT", f"/v1/sessions/{sid}/state", blob,
+                      headers={"Content-Type": "application/octet-stream"})
+    assert st == 200, r
+    got = info(b, sid)
+    assert got["turns"] == 2 and got["checkpoints"] == []  # the state, not its checkpoints
+    assert turn(b, sid, TEXTS[2])["tokens"] == turn(ctl, cid, TEXTS[2])["tokens"]
+
+
 def test_kill9_then_nginx_continues_on_the_other(servers, redis, proxies):
     a, b = replicas(servers, redis)
     ctl = servers(model=TINY, attn="performer", name="control")
