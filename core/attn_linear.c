@@ -98,6 +98,7 @@
 
 #include "core/blas.h"
 #include "core/features.h"
+#include "core/vexp.h"
 
 #define LIN_DEFAULT_CHUNK 64
 #define LIN_MAX_CHUNK 4096
@@ -1039,11 +1040,10 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
                 else if (er[j] > s)
                     s = er[j];
             }
+            core_exp_shifted(er, nk, s, er); /* -inf (masked) gives 0 */
             double es = 0.0;
-            for (int64_t j = 0; j < nk; j++) {
-                er[j] = er[j] == -INFINITY ? 0.0f : (float)exp((double)er[j] - s);
+            for (int64_t j = 0; j < nk; j++)
                 es += er[j];
-            }
             sc->esum[r] = es;
             /* From here on lrow holds the linear part's factor e^(Lrow − s*)
              * (Flexformer: its log, Lrow − s*, which may exceed the double range). */

@@ -1,0 +1,114 @@
+/* core/vexp.c — see core/vexp.h.
+ *
+ * e^y = 2^k e^r with k = round(y log2 e) and r = y - k ln 2 (ln 2 in two
+ * parts, so r is exact to ~1 ulp for |k| <= 126), |r| <= ln 2 / 2; e^r by a
+ * degree-6 polynomial (Taylor coefficients: the truncation error at |r| =
+ * 0.347 is below 2^-27), evaluated by Horner's rule with fused
+ * multiply-adds; 2^k by adding k to the exponent field (k in [-126, 127]
+ * once the argument is >= CORE_EXP_MIN_ARG and <= 0 + rounding; larger
+ * arguments, which a softmax shifted by its maximum never has, are clamped
+ * to e^88).
+ */
+#include "core/vexp.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define VEXP_X86 1
+#endif
+
+static const float LOG2E = 1.44269504088896341f;
+static const float LN2_HI = 0.693145751953125f;     /* 12 significant bits: k * LN2_HI exact */
+static const float LN2_LO = 1.428606765330187045e-06f;
+static const float MAX_ARG = 88.0f; /* k <= 127: 2^k stays a normal float */
+static const float C2 = 0.5f, C3 = 1.0f / 6, C4 = 1.0f / 24, C5 = 1.0f / 120, C6 = 1.0f / 720;
+
+static float exp_one(float y)
+{
+    if (!(y >= CORE_EXP_MIN_ARG)) /* -inf, NaN-free by contract, and tiny */
+        return 0.0f;
+    if (y > MAX_ARG)
+        y = MAX_ARG;
+    const float k = nearbyintf(y * LOG2E);
+    const float r = fmaf(-k, LN2_LO, fmaf(-k, LN2_HI, y));
+    float p = fmaf(C6, r, C5);
+    p = fmaf(p, r, C4);
+    p = fmaf(p, r, C3);
+    p = fmaf(p, r, C2);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    bits += (int32_t)k * (1 << 23);
+    memcpy(&p, &bits, sizeof p);
+    return p;
+}
+
+static void exp_generic(const float *x, int64_t n, double s, float *out)
+{
+    for (int64_t j = 0; j < n; j++)
+        out[j] = x[j] == -INFINITY ? 0.0f : exp_one((float)((double)x[j] - s));
+}
+
+#ifdef VEXP_X86
+#define VEXP_FN __attribute__((target("avx512f,avx512dq,avx512vl,fma")))
+
+/* 8 arguments: x - s in double, rounded to float; -inf stays -inf. */
+VEXP_FN static inline __m256 args8(const float *x, __mmask8 m, __m512d s)
+{
+    const __m256 v = _mm256_maskz_loadu_ps(m, x);
+    return _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_cvtps_pd(v), s));
+}
+
+VEXP_FN static void exp_avx512(const float *x, int64_t n, double s, float *out)
+{
+    const __m512d sv = _mm512_set1_pd(s);
+    for (int64_t j = 0; j < n; j += 16) {
+        const int64_t left = n - j;
+        const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        const __m512 y0 = _mm512_insertf32x8(
+            _mm512_castps256_ps512(args8(x + j, (__mmask8)m, sv)),
+            args8(x + j + 8, (__mmask8)(m >> 8), sv), 1);
+        const __mmask16 live = _mm512_cmp_ps_mask(y0, _mm512_set1_ps(CORE_EXP_MIN_ARG), _CMP_GE_OQ);
+        const __m512 y = _mm512_min_ps(y0, _mm512_set1_ps(MAX_ARG));
+        const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(LOG2E)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 r = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), k),
+                                         _mm512_set1_ps(LN2_LO),
+                                         _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), k),
+                                                         _mm512_set1_ps(LN2_HI), y));
+        __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(C6), r, _mm512_set1_ps(C5));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C4));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+        const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23);
+        const __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+        _mm512_mask_storeu_ps(out + j, m, _mm512_maskz_mov_ps(live, v));
+    }
+}
+#endif
+
+static _Atomic int force_generic;
+
+void core_exp_force_generic(int on)
+{
+    atomic_store(&force_generic, on != 0);
+}
+
+void core_exp_shifted(const float *x, int64_t n, double s, float *out)
+{
+#ifdef VEXP_X86
+    if (!atomic_load_explicit(&force_generic, memory_order_relaxed) &&
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl")) {
+        exp_avx512(x, n, s, out);
+        return;
+    }
+#endif
+    exp_generic(x, n, s, out);
+}

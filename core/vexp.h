@@ -1,0 +1,27 @@
+/* core/vexp.h — exponentials of many floats at once, for softmax weights.
+ *
+ * core_exp_shifted(x, n, s, out): out[j] = e^(x[j] - s) for the n floats x
+ * (x[j] - s formed in double, then rounded to float), 0 where x[j] is -inf or
+ * x[j] - s < CORE_EXP_MIN_ARG. One polynomial on every path: the AVX-512
+ * kernel and the portable one (C with fmaf) perform the same correctly
+ * rounded operations per element, so they give the same bits, whatever n and
+ * wherever an element sits. Relative error at most CORE_EXP_MAX_REL_ERR of
+ * the exact e^(rounded argument) (tests/unit/test_core_vexp.c checks both
+ * against libm's exp in double).
+ */
+#ifndef DARKSERVE_CORE_VEXP_H
+#define DARKSERVE_CORE_VEXP_H
+
+#include <stdint.h>
+
+/* Below this argument the result is 0 (e^-87 is ~1.6e-38, the smallest
+ * normal float's order: a softmax weight that small next to the largest, 1,
+ * is nothing). */
+#define CORE_EXP_MIN_ARG (-87.0f)
+#define CORE_EXP_MAX_REL_ERR 3e-7
+
+void core_exp_shifted(const float *x, int64_t n, double s, float *out);
+/* Tests: nonzero forces the portable path; 0 lets the CPU choose. */
+void core_exp_force_generic(int on);
+
+#endif
