@@ -11,7 +11,12 @@ Outputs are raw little-endian float32 [L][Hkv][Hd][Hd], what
 build/tools/write_adapter reads (tools/convert.sh runs the whole pipeline).
 `train2 --kind flexformer-s|flexformer-n` trains Flexformer's frequencies
 (from the Performer draws, tools/flexfeat.py) in M's place and writes
-OUT.omega.f32 (-n: OUT.omega2.f32, OUT.tau.f32).
+OUT.omega.f32 (-n: OUT.omega2.f32, OUT.tau.f32). `train2 --eval-only`
+trains nothing: it prints (and logs to --log) the loss terms, output error
+and mass KL per layer and KV head, of the parameters in --ckpt (all layers,
+done or not; without --ckpt the starting ones, e.g. Performer with
+--kind darkformer --gamma0 1) on every sequence of --rec, such as a
+recording of held-out text.
 
 Λ (DESIGN.md §3: q̂, k̂ ~ N(0, Λ)): per layer and KV head the *uncentered*
 second moment E[x̂ x̂ᵀ] pooled over the keys and the queries of the heads that
@@ -267,10 +272,10 @@ def cmd_train2(a):
     if trig and (m % 2 or a.commute):
         sys.exit("convert: %s needs an even --features and no --commute" % a.kind)
     mf = m // 2 if trig else m  # frequencies (Flexformer: a cosine and a sine row each)
-    n_val = a.val_seqs
+    n_val = N if a.eval_only else a.val_seqs
     n_tr = N - n_val
     lo = W + S
-    if n_tr < a.batch or n_val < 1 or lo >= T - a.queries:
+    if (n_tr < a.batch and not a.eval_only) or n_val < 1 or lo >= T - a.queries:
         sys.exit("convert: not enough recorded sequences, or W + S too large for the length")
     eps_all = dfeat.load_eps(a.rec)
     if eps_all.shape[2] < m:
@@ -388,8 +393,8 @@ def cmd_train2(a):
     mix = ck.get("mix", np.zeros((L, H), dtype=np.float32))
     done = set(int(x) for x in ck.get("done", []))
     rng = np.random.default_rng(a.seed)
-    layers = [x for x in parse_layers(a.layers, L) if x not in done]
-    if done:
+    layers = [x for x in parse_layers(a.layers, L) if a.eval_only or x not in done]
+    if done and not a.eval_only:
         print("train2: resuming from %s, %d layers done" % (a.ckpt, len(done)), flush=True)
     if a.commute and (a.prerope or meta.get("n_rot", Hd) != Hd):
         sys.exit("convert: --commute 1 needs --prerope 0 and RoPE on every dimension")
@@ -399,7 +404,7 @@ def cmd_train2(a):
            "steps": a.steps, "lr": a.lr, "batch": a.batch, "queries": a.queries,
            "mass_weight": a.mass_weight, "train_seqs": n_tr, "val_seqs": n_val, "seq_len": T,
            "layers": []}
-    if a.log and os.path.exists(a.log) and done:
+    if a.log and os.path.exists(a.log) and done and not a.eval_only:
         with open(a.log) as f:
             log["layers"] = [e for e in json.load(f).get("layers", []) if e["layer"] in done]
     tv = np.sort(rng.choice(np.arange(lo, T), size=min(2 * a.queries, T - lo), replace=False))
@@ -443,6 +448,14 @@ def cmd_train2(a):
             return [np.asarray(x) for x in r]
 
         v0 = val(params)
+        if a.eval_only:
+            ent = {"layer": layer, "err": v0[1].tolist(), "kl": v0[2].tolist(),
+                   "decay": gam[layer].tolist(), "trained": layer in done}
+            log["layers"].append(ent)
+            print("layer %2d: err %s, mass KL %s%s" % (
+                layer, np.array2string(v0[1], precision=4), np.array2string(v0[2], precision=3),
+                "" if layer in done else " (untrained)"), flush=True)
+            continue
         best = v0[0].copy()
         best_p = [np.asarray(x).copy() for x in params]
         mom = [jnp.zeros_like(x) for x in params]
@@ -499,6 +512,11 @@ def cmd_train2(a):
         if a.log:
             with open(a.log, "w") as f:
                 json.dump(log, f, indent=1)
+    if a.eval_only:
+        if a.log:
+            with open(a.log, "w") as f:
+                json.dump(log, f, indent=1)
+        return
     if trig:  # write_adapter --omega [--omega2 --tau]
         write_trig(a.out, a.kind, mats, rho, Hd)
     else:
@@ -558,6 +576,10 @@ def main():
     p2.add_argument("--queries", type=int, default=128)
     p2.add_argument("--layers", default="")
     p2.add_argument("--seed", type=int, default=1)
+    p2.add_argument("--eval-only", action="store_true",
+                    help="no training: the loss terms of the parameters in --ckpt (or the "
+                         "starting ones) on every sequence of --rec, e.g. a held-out recording; "
+                         "per layer to stdout and --log, the checkpoint untouched")
     a = p.parse_args()
     if a.cmd == "lambda":
         cmd_lambda(a)
