@@ -890,13 +890,15 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
                     mx = g[i] + cn[i];
         }
         sc->lrow[r] = mx;
+        /* p = e^(g + C − mx) (Flexformer: e^(C − mx) g), 0 where C or mx is −inf */
+        for (int64_t i = 0; i < m; i++)
+            p[i] = mx > -INFINITY && cn[i] > -INFINITY
+                       ? (float)((x->trig ? 0.0 : (double)g[i]) + cn[i] - mx)
+                       : -INFINITY;
+        core_exp_shifted(p, m, 0.0, p);
         for (int64_t i = 0; i < m; i++) {
             if (x->trig)
-                p[i] = mx > -INFINITY && cn[i] > -INFINITY ? expf((float)(cn[i] - mx)) * g[i]
-                                                           : 0.0f;
-            else
-                p[i] = mx > -INFINITY && cn[i] > -INFINITY ? expf((float)(g[i] + cn[i] - mx))
-                                                           : 0.0f;
+                p[i] *= g[i];
             ps[i] = (float)(p[i] * al[i]);
         }
     }
