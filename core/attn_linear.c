@@ -1042,19 +1042,13 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
              * scores alone stabilize its rows (the row's own key or a sink
              * is always visible here, so E ≥ 1) */
             double s = x->trig ? -INFINITY : sc->lrow[r];
-            /* Keys j < ns are sinks (u = j < S, all visible); key j >= ns is
-             * at u = pw0 + j − ns, hidden past τ and, unless a sink, before
-             * lo: two index ranges. */
-            const int64_t h0 = nsk - pw0 + ns > ns ? nsk - pw0 + ns : ns;
-            const int64_t h1 = lo - pw0 + ns < nk ? lo - pw0 + ns : nk;
-            const int64_t h2 = tau - pw0 + ns + 1 > ns ? tau - pw0 + ns + 1 : ns;
-            for (int64_t j = h0; j < h1; j++)
-                er[j] = -INFINITY;
-            for (int64_t j = h2; j < nk; j++)
-                er[j] = -INFINITY;
-            const float emax = core_max_f32(er, nk);
-            if (emax > s)
-                s = emax;
+            for (int64_t j = 0; j < nk; j++) {
+                int64_t u = j < ns ? j : pw0 + j - ns;
+                if (u > tau || (u < lo && u >= nsk))
+                    er[j] = -INFINITY;
+                else if (er[j] > s)
+                    s = er[j];
+            }
             core_exp_shifted(er, nk, s, er); /* -inf (masked) gives 0 */
             double es = 0.0;
             for (int64_t j = 0; j < nk; j++)
