@@ -182,6 +182,60 @@ __attribute__((target("avx2,fma"))) static void nn_small_avx2(int64_t m, int64_t
 }
 #endif
 
+/* The same on AVX-512 for up to 4 rows of A: 64 columns a pass (four
+ * vectors per row, up to 16 accumulators in registers: M is a constant in
+ * each instance), a row of B loaded once per pass. Every element is the same
+ * chain of fused multiply-adds in k order as in nn_small_avx2. */
+#define NN512_FN static inline __attribute__((target("avx512f,avx2,fma"), always_inline))
+NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t lda,
+                          const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    __m512 acc[4][4];
+    for (int i = 0; i < M; i++)
+        for (int v = 0; v < 4; v++)
+            acc[i][v] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < k; t++) {
+        const float *bt = b + t * ldb;
+        const __m512 b0 = _mm512_loadu_ps(bt), b1 = _mm512_loadu_ps(bt + 16);
+        const __m512 b2 = _mm512_loadu_ps(bt + 32), b3 = _mm512_loadu_ps(bt + 48);
+        for (int i = 0; i < M; i++) {
+            const __m512 ai = _mm512_set1_ps(a[i * lda + t]);
+            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+            acc[i][2] = _mm512_fmadd_ps(ai, b2, acc[i][2]);
+            acc[i][3] = _mm512_fmadd_ps(ai, b3, acc[i][3]);
+        }
+    }
+    for (int i = 0; i < M; i++)
+        for (int v = 0; v < 4; v++) {
+            float *ci = c + i * ldc + 16 * v;
+            __m512 r = _mm512_mul_ps(_mm512_set1_ps(alpha), acc[i][v]);
+            if (beta != 0.0f)
+                r = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(ci), r);
+            _mm512_storeu_ps(ci, r);
+        }
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static void nn_small_avx512(int64_t m, int64_t n,
+                                                                       int64_t k, float alpha,
+                                                                       const float *a, int64_t lda,
+                                                                       const float *b, int64_t ldb,
+                                                                       float beta, float *c,
+                                                                       int64_t ldc)
+{
+    int64_t j = 0;
+    for (; m <= 4 && j + 64 <= n; j += 64) {
+        switch (m) {
+        case 1: nn64_avx512(1, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc); break;
+        case 2: nn64_avx512(2, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc); break;
+        case 3: nn64_avx512(3, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc); break;
+        default: nn64_avx512(4, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc); break;
+        }
+    }
+    if (j < n)
+        nn_small_avx2(m, n - j, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc);
+}
+
 typedef float (*dot_fn)(const float *, const float *, int64_t);
 typedef void (*nn_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                       int64_t, float, float *, int64_t);
@@ -208,6 +262,8 @@ static void pick_small(void)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         small_dot = dot_avx2;
         small_nn = nn_small_avx2;
+        if (__builtin_cpu_supports("avx512f"))
+            small_nn = nn_small_avx512;
     }
 #endif
 }
