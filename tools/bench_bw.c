@@ -49,6 +49,7 @@
 
 #include "core/gguf.h"
 #include "core/qdot.h"
+#include "tools/tool_args.h"
 
 #define MIB ((size_t)1 << 20)
 #define SLICE_ALIGN ((size_t)4096) /* thread slices start on a page */
@@ -248,17 +249,6 @@ out:
     free(th);
     free(gbs);
     return rc;
-}
-
-static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 static size_t llc_bytes(void)

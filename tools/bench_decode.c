@@ -46,23 +46,13 @@
 #include "core/model.h"
 #include "core/qdot.h"
 #include "core/rng.h"
+#include "tools/tool_args.h"
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 static int cmp_d(const void *a, const void *b)

@@ -34,6 +34,7 @@
 #include "core/features.h"
 #include "core/model.h"
 #include "core/tokenizer.h"
+#include "tools/tool_args.h"
 
 #define MAX_TEXT_BYTES ((size_t)64 << 20)
 #define MAX_LEN 4096
@@ -158,17 +159,6 @@ done:
         rc = 1;
     free(eps);
     return rc;
-}
-
-static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 /* Writes ids [n] as an int32 .npy file. */

@@ -33,6 +33,7 @@
 #include "core/features.h"
 #include "core/lora.h"
 #include "core/model.h"
+#include "tools/tool_args.h"
 
 static void usage(void)
 {
@@ -62,17 +63,6 @@ static float *read_f32(const char *path, size_t n)
         return NULL;
     }
     return buf;
-}
-
-static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 static int check_load(const char *model, const char *adapter, core_attn_kind_t kind, int m, int w,

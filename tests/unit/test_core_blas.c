@@ -6,35 +6,19 @@
 #include "core/blas.h"
 #include "core/rng.h"
 
-/* C = alpha * A[m][k] · B[n][k]ᵀ + beta * C, in double */
-static void ref_nt(int64_t m, int64_t n, int64_t k, double alpha, const float *a, int64_t lda,
-                   const float *b, int64_t ldb, double beta, const float *c0, double *c,
-                   int64_t ldc, double *mag)
+/* C = alpha * A[m][k] · B + beta * C in double, B[n][k]ᵀ (nt) or B[k][n];
+ * mag: the sum of the terms' magnitudes, the scale of float rounding. */
+static void ref_gemm(int nt, int64_t m, int64_t n, int64_t k, double alpha, const float *a,
+                     int64_t lda, const float *b, int64_t ldb, double beta, const float *c0,
+                     double *c, int64_t ldc, double *mag)
 {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double s = 0, g = 0;
             for (int64_t p = 0; p < k; p++) {
-                s += (double)a[i * lda + p] * b[j * ldb + p];
-                g += fabs((double)a[i * lda + p] * b[j * ldb + p]);
-            }
-            double prev = beta == 0 ? 0 : beta * c0[i * ldc + j];
-            c[i * ldc + j] = alpha * s + prev;
-            mag[i * ldc + j] = fabs(alpha) * g + fabs(prev) + 1e-30;
-        }
-}
-
-/* The same for C = alpha * A[m][k] · B[k][n] + beta * C. */
-static void ref_nn(int64_t m, int64_t n, int64_t k, double alpha, const float *a, int64_t lda,
-                   const float *b, int64_t ldb, double beta, const float *c0, double *c,
-                   int64_t ldc, double *mag)
-{
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            double s = 0, g = 0;
-            for (int64_t p = 0; p < k; p++) {
-                s += (double)a[i * lda + p] * b[p * ldb + j];
-                g += fabs((double)a[i * lda + p] * b[p * ldb + j]);
+                const double t = (double)a[i * lda + p] * (nt ? b[j * ldb + p] : b[p * ldb + j]);
+                s += t;
+                g += fabs(t);
             }
             double prev = beta == 0 ? 0 : beta * c0[i * ldc + j];
             c[i * ldc + j] = alpha * s + prev;
@@ -68,7 +52,7 @@ static double run_case(int op, int64_t m, int64_t n, int64_t k, float alpha, flo
     fill(r, c0, (size_t)(m * ldc));
     for (int64_t i = 0; i < m * ldc; i++)
         c[i] = beta == 0.0f ? NAN : c0[i]; /* beta 0 must overwrite, even NaN */
-    (nn ? ref_nn : ref_nt)(m, n, k, alpha, a, lda, b, ldb, beta, c0, want, ldc, mag);
+    ref_gemm(!nn, m, n, k, alpha, a, lda, b, ldb, beta, c0, want, ldc, mag);
     if (op == OP_NT_SMALL)
         core_gemm_nt_small(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     else if (op == OP_NT)
