@@ -607,8 +607,11 @@ int core_features_adapter_vector(const core_gguf_t *g, const char *what, int lay
     return 0;
 }
 
-int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
-                                 int head_dim, const core_gguf_tensor_t **out, core_error_t *err)
+/* The F32 adapter tensor darkformer.blk.<layer>.<what> of shape [ne0, ne1,
+ * ne2] (dims names it in messages), every element finite. */
+static int adapter_f32(const core_gguf_t *g, const char *what, int layer, int ne0, int ne1,
+                       int ne2, const char *dims, const core_gguf_tensor_t **out,
+                       core_error_t *err)
 {
     char name[96];
     snprintf(name, sizeof name, "darkformer.blk.%d.%s", layer, what);
@@ -619,14 +622,12 @@ int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int lay
     if (t->type != CORE_TTYPE_F32)
         return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has type %s, expected F32",
                               name, core_ttype_name(t->type));
-    if (t->n_dims > 3 || t->ne[0] != head_dim || t->ne[1] != head_dim || t->ne[2] != n_head_kv ||
-        t->ne[3] != 1)
+    if (t->n_dims > 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2 || t->ne[3] != 1)
         return core_error_set(err, CORE_EFORMAT,
                               "adapter tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64
-                              ", %" PRId64 "], expected [%d, %d, %d] (Hd, Hd, Hkv)",
-                              name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], head_dim, head_dim,
-                              n_head_kv);
-    size_t count = (size_t)n_head_kv * (size_t)head_dim * (size_t)head_dim;
+                              ", %" PRId64 "], expected [%d, %d, %d] %s",
+                              name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], ne0, ne1, ne2, dims);
+    size_t count = (size_t)ne0 * (size_t)ne1 * (size_t)ne2;
     if (t->nbytes != count * sizeof(float) || !t->data)
         return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has %zu bytes, expected %zu",
                               name, t->nbytes, count * sizeof(float));
@@ -642,33 +643,20 @@ int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int lay
     return 0;
 }
 
+int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
+                                 int head_dim, const core_gguf_tensor_t **out, core_error_t *err)
+{
+    return adapter_f32(g, what, layer, head_dim, head_dim, n_head_kv, "(Hd, Hd, Hkv)", out, err);
+}
+
 int core_features_adapter_omega(const core_gguf_t *g, const char *what, int layer, int n_head_kv,
                                 int n_freq, int head_dim, float *out, core_error_t *err)
 {
-    char name[96];
-    snprintf(name, sizeof name, "darkformer.blk.%d.%s", layer, what);
-    const core_gguf_tensor_t *t = core_gguf_find_tensor(g, name);
-    if (!t)
-        return core_error_set(err, CORE_ENOTFOUND, "adapter tensor '%s' is missing", name);
-    if (t->type != CORE_TTYPE_F32)
-        return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has type %s, expected F32",
-                              name, core_ttype_name(t->type));
-    if (t->n_dims > 3 || t->ne[0] != head_dim || t->ne[1] != n_freq || t->ne[2] != n_head_kv ||
-        t->ne[3] != 1)
-        return core_error_set(err, CORE_EFORMAT,
-                              "adapter tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64
-                              ", %" PRId64 "], expected [%d, %d, %d] (Hd, M/2, Hkv)",
-                              name, t->ne[0], t->ne[1], t->ne[2], t->ne[3], head_dim, n_freq,
-                              n_head_kv);
-    size_t count = (size_t)n_head_kv * (size_t)n_freq * (size_t)head_dim;
-    if (t->nbytes != count * sizeof(float) || !t->data)
-        return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has %zu bytes, expected %zu",
-                              name, t->nbytes, count * sizeof(float));
-    memcpy(out, t->data, count * sizeof(float));
-    for (size_t i = 0; i < count; i++)
-        if (!isfinite(out[i]))
-            return core_error_set(err, CORE_EFORMAT,
-                                  "adapter tensor '%s': element %zu is not finite", name, i);
+    const core_gguf_tensor_t *t;
+    int rc = adapter_f32(g, what, layer, head_dim, n_freq, n_head_kv, "(Hd, M/2, Hkv)", &t, err);
+    if (rc < 0)
+        return rc;
+    memcpy(out, t->data, t->nbytes);
     return 0;
 }
 
