@@ -594,7 +594,7 @@ static void rx_char(sb_t *b, uint32_t c)
         sb_puts(b, "\"\\\\\\\"\" ");
     else if (c == '\\')
         sb_puts(b, "\"\\\\\\\\\" ");
-    else if (c < 0x20 && c < sizeof esc / sizeof esc[0] && esc[c])
+    else if (c < sizeof esc / sizeof esc[0] && esc[c])
         sb_printf(b, "\"\\\\%s\" ", esc[c]);
     else if (c < 0x20)
         sb_printf(b, "\"\\\\u00%02x\" ", (unsigned)c);
@@ -1397,7 +1397,9 @@ static int value_has_type(json_t *v, const char *t)
 }
 
 /* The type names of s: from "type" (a string or an array), else inferred from
- * the keywords present (none: every type, i.e. any value). Returns the count. */
+ * the keywords present (none: every type, i.e. any value). Returns the count,
+ * or -1 after fail() (a literal -1, not fail's code: clang-analyzer does not
+ * follow the variadic fail, and took its result for a count). */
 static int type_set(sx_t *x, json_t *s, const char *out[8])
 {
     json_t *t = json_object_get(s, "type");
@@ -1405,18 +1407,24 @@ static int type_set(sx_t *x, json_t *s, const char *out[8])
     if (t) {
         json_t *one[1] = {t};
         size_t cnt = json_is_array(t) ? json_array_size(t) : 1;
-        if (cnt == 0 || cnt > 7)
-            return fail(x, PROTO_ERR_INVALID_VALUE,
-                        "'type' must be a type name or an array of them");
+        if (cnt == 0 || cnt > 7) {
+            (void)fail(x, PROTO_ERR_INVALID_VALUE,
+                       "'type' must be a type name or an array of them");
+            return -1;
+        }
         for (size_t i = 0; i < cnt; i++) {
             json_t *e = json_is_array(t) ? json_array_get(t, i) : one[0];
             const char *name = json_is_string(e) ? json_string_value(e) : "";
-            if (!in_list(type_names, name))
-                return fail(x, PROTO_ERR_INVALID_VALUE, "'type' '%.40s' is not a JSON Schema type",
-                            name);
+            if (!in_list(type_names, name)) {
+                (void)fail(x, PROTO_ERR_INVALID_VALUE, "'type' '%.40s' is not a JSON Schema type",
+                           name);
+                return -1;
+            }
             for (int j = 0; j < n; j++)
-                if (!strcmp(out[j], name))
-                    return fail(x, PROTO_ERR_INVALID_VALUE, "'type' lists '%s' twice", name);
+                if (!strcmp(out[j], name)) {
+                    (void)fail(x, PROTO_ERR_INVALID_VALUE, "'type' lists '%s' twice", name);
+                    return -1;
+                }
             out[n++] = name;
         }
         int has_null = 0;
@@ -1567,7 +1575,7 @@ static int conv_ref(sx_t *x, json_t *s, char name[NAME_LEN])
     if (other)
         return fail(x, PROTO_ERR_UNSUPPORTED, "'%s' beside '$ref' is not supported", other);
     for (int i = 0; i < x->n_refs; i++) {
-        if (strcmp(x->refs[i].ptr, ref))
+        if (strcmp(x->refs[i].ptr, ref) != 0)
             continue;
         if (x->refs[i].busy && x->refs[i].guard == x->guard)
             return fail(x, PROTO_ERR_INVALID_VALUE,

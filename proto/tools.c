@@ -178,7 +178,8 @@ int px_parse_tools(json_t *root, proto_chat_req_t *r, proto_error_t *err)
                                    "'tools' is %zu bytes of JSON; at most %d are allowed", bytes,
                                    PROTO_MAX_TOOLS_BYTES);
         r->tools = px_malloc(n * sizeof *r->tools);
-        params = px_malloc(n * sizeof *params);
+        /* an array of pointers: sizeof *params is a pointer's size on purpose */
+        params = px_malloc(n * sizeof *params); /* NOLINT(bugprone-sizeof-expression) */
         fns = px_malloc(n * sizeof *fns);
         if (!r->tools || !params || !fns) {
             rc = proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");

@@ -154,7 +154,8 @@ static void maybe_grow(srv_prefix_cache_t *c)
     if (c->st.entries <= c->nb)
         return;
     size_t nb = 2 * c->nb;
-    srv_prefix_entry_t **b = calloc(nb, sizeof *b);
+    /* arrays of entry pointers: sizeof *b is a pointer's size on purpose */
+    srv_prefix_entry_t **b = calloc(nb, sizeof *b); /* NOLINT(bugprone-sizeof-expression) */
     if (!b)
         return;
     for (size_t i = 0; i < c->nb; i++) {
@@ -192,7 +193,7 @@ int srv_prefix_cache_new(const srv_prefix_cache_opts_t *opts, srv_prefix_cache_t
         return SRV_PREFIX_ENOMEM;
     c->o = *opts;
     c->nb = INITIAL_BUCKETS;
-    c->buckets = calloc(c->nb, sizeof *c->buckets);
+    c->buckets = calloc(c->nb, sizeof *c->buckets); /* NOLINT(bugprone-sizeof-expression) */
     c->ns = malloc(opts->ns_len ? opts->ns_len : 1);
     if (!c->buckets || !c->ns) {
         srv_prefix_cache_free(c);
