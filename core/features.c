@@ -654,8 +654,11 @@ int core_features_adapter_omega(const core_gguf_t *g, const char *what, int laye
 {
     const core_gguf_tensor_t *t;
     int rc = adapter_f32(g, what, layer, head_dim, n_freq, n_head_kv, "(Hd, M/2, Hkv)", &t, err);
-    if (rc < 0)
-        return rc;
+    /* t is set only on success: testing it, not only rc, keeps clang-analyzer
+     * (which cannot see that core_error_set returns its negative code) from
+     * reading a NULL t */
+    if (rc < 0 || !t)
+        return rc < 0 ? rc : CORE_EFORMAT;
     memcpy(out, t->data, t->nbytes);
     return 0;
 }
