@@ -28,6 +28,8 @@ check 'command -v curl'                            curl              "curl"
 check 'command -v chromium'                        chromium          "Chromium (browser tests of the web page)"
 check 'command -v chromedriver'                    chromium-driver   "chromedriver (browser tests of the web page)"
 check 'command -v redis-server'                    redis-server      "redis-server (the scale-out test)"
+check 'command -v cppcheck'                        cppcheck          "cppcheck (make lint)"
+check 'command -v clang-tidy'                      clang-tidy        "clang-tidy (make lint)"
 check 'test -x /usr/sbin/nginx'                    nginx             "nginx (nginx -t over deploy/'s configurations, the scale-out test)"
 
 if [ ${#need_debs[@]} -gt 0 ]; then
