@@ -35,7 +35,6 @@
  *   weights per decode token: N bytes (...)
  */
 #include <errno.h>
-#include <immintrin.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
@@ -72,6 +71,10 @@ static uint64_t read_c(const unsigned char *p, size_t n)
     return s0 + s1 + s2 + s3;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define BW_X86 1
+
 __attribute__((target("avx2"))) static uint64_t read_avx2(const unsigned char *p, size_t n)
 {
     const __m256i *v = (const __m256i *)(const void *)p;
@@ -101,6 +104,11 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned ch
     __m512i a = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
     return (uint64_t)_mm512_reduce_add_epi64(a);
 }
+#else
+/* other machines (aarch64) have the portable kernel only: never chosen */
+#define read_avx2 read_c
+#define read_avx512 read_c
+#endif
 
 static double now_s(void)
 {
@@ -337,7 +345,11 @@ int main(int argc, char **argv)
     }
     read_fn rd = read_c;
     const char *rd_name = "c";
+#ifdef BW_X86
     int avx2 = __builtin_cpu_supports("avx2"), avx512 = __builtin_cpu_supports("avx512f");
+#else
+    int avx2 = 0, avx512 = 0;
+#endif
     if (!kernel) {
         rd = avx512 ? read_avx512 : avx2 ? read_avx2 : read_c;
         rd_name = avx512 ? "avx512" : avx2 ? "avx2" : "c";
