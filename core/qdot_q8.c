@@ -109,10 +109,12 @@ static inline int has_off(int type)
 }
 
 /* 1 when the block's integer weights are signed (|w| x sign(w) q) */
+#ifdef Q8_X86 /* only the SIMD kernels move the weights' signs */
 static inline int is_signed(int type)
 {
     return type == CORE_TTYPE_Q8_0 || type == CORE_TTYPE_Q6_K;
 }
+#endif
 
 static void k_scale_min(int j, const unsigned char *q, int *sc, int *mn)
 {
