@@ -12,7 +12,6 @@
  */
 #include "server/api.h"
 
-#include "core/blas.h"
 #include "core/gguf.h"
 #include "server/attn_select.h"
 #include "server/log.h"
@@ -310,7 +309,6 @@ static int load(api_app_t *app)
     }
     ch->mo.n_threads = (int)cfg->threads;
     const core_model_opts_t *mo = &ch->mo;
-    core_blas_set_threads((int)cfg->threads);
     int64_t t0 = srv_engine_now_ns();
     int rc = core_model_load(cfg->model, mo, &app->model, &ce);
     if (rc < 0) {

@@ -14,7 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/blas.h"
 #include "core/chat.h"
 #include "core/features.h"
 #include "core/model.h"
@@ -111,7 +110,6 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
     }
     if (ch->fallback)
         fprintf(stderr, "darkserve: %s\n", ch->note);
-    core_blas_set_threads((int)la->threads);
     ch->mo.n_threads = (int)la->threads;
     int rc = core_model_load(path, &ch->mo, m, &err);
     if (rc < 0) {

@@ -41,7 +41,6 @@
 #include <time.h>
 
 #include "core/attn_impl.h"
-#include "core/blas.h"
 #include "core/features.h"
 #include "core/model.h"
 #include "core/qdot.h"
@@ -238,7 +237,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_st; i++)
         ctx_max = at[i] > ctx_max ? at[i] : ctx_max;
     mo.max_ctx = ctx_max + n_tok * runs + 8;
-    core_blas_set_threads((int)threads);
+    /* core_model_load puts BLAS on one thread: the pool is the parallelism */
     mo.n_threads = (int)threads;
 
     int status = 1;
@@ -255,10 +254,6 @@ int main(int argc, char **argv)
         goto done;
     }
     double fill_s[MAX_CTX + 1] = {0};
-    /* The fill is not what is measured: its sgemm calls run on one BLAS
-     * thread, whose idle peers would otherwise spin in sched_yield on the
-     * cores the fill needs (on a shared 2-core machine, 3x slower fills). */
-    core_blas_set_threads(1);
     core_rng_t rng;
     core_rng_seed(&rng, 1);
     if (mo.attn_kind == CORE_ATTN_EXACT) {
@@ -290,7 +285,6 @@ int main(int argc, char **argv)
         core_attn_state_free(acc);
         acc = NULL;
     }
-    core_blas_set_threads(threads > 0 ? (int)threads : core_model_threads(mdl));
     int32_t tok = core_model_info(mdl)->n_vocab > 1000 ? 1000 : 1;
     for (int64_t r = 0; r < runs; r++)
         for (int i = 0; i < n_st; i++) { /* alternating: the load falls on both alike */
