@@ -445,6 +445,7 @@ typedef struct redis_be {
     int io_errno;        /* the errno of the I/O thread connection's last failure (cmd_mu) */
     lease_list_t held;   /* leases to renew */
     lease_list_t queued; /* leases to release */
+    lease_list_t releasing; /* the keeper's batch being released now */
     int quit;
     pthread_t thread;
     int thread_started;
@@ -714,7 +715,10 @@ static void token_new(redis_be_t *r, char *out, char kind)
 
 /* A queued release of id by this process, taken off the queue (so the
  * keeper does not delete what is about to be taken over): its token in
- * out, or "". */
+ * out, or "". A release the keeper is running at this moment gives its
+ * token too, left in its batch: whichever of the two scripts runs first,
+ * the result is the same (the release compares tokens, so it cannot delete
+ * the lease the acquire put in its place). */
 static void take_queued(redis_be_t *r, const char *id, char out[SRV_STORE_TOKEN_MAX])
 {
     out[0] = '\0';
@@ -723,6 +727,8 @@ static void take_queued(redis_be_t *r, const char *id, char out[SRV_STORE_TOKEN_
     if (i >= 0) {
         snprintf(out, SRV_STORE_TOKEN_MAX, "%s", r->queued.v[i].token);
         list_del(&r->queued, (size_t)i);
+    } else if ((i = list_find(&r->releasing, id, NULL)) >= 0) {
+        snprintf(out, SRV_STORE_TOKEN_MAX, "%s", r->releasing.v[i].token);
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -1302,9 +1308,13 @@ static void *keeper(void *arg)
             memcpy(batch, r->queued.v, n * sizeof *batch);
             memmove(r->queued.v, r->queued.v + n, (r->queued.n - n) * sizeof *batch);
             r->queued.n -= n;
+            r->releasing.n = 0; /* still seen by take_queued while it runs */
+            for (size_t i = 0; i < n; i++)
+                list_add(&r->releasing, batch[i].id, batch[i].token);
             pthread_mutex_unlock(&r->mu);
             keep_leases(r, batch, n, RELEASE_LUA, 0, NULL);
             pthread_mutex_lock(&r->mu);
+            r->releasing.n = 0;
             continue;
         } else if (t >= next_renew) {
             size_t n = r->held.n;
@@ -1378,6 +1388,7 @@ static void r_free(srv_store_backend_t *be)
     redisFree(r->cmd);
     free(r->held.v);
     free(r->queued.v);
+    free(r->releasing.v);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->cmd_mu);

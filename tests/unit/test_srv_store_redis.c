@@ -439,6 +439,23 @@ TEST(versions_and_stale_saves)
     CHECK_INT_EQ(B->acquire(b, ID1, 2, tok, &v, &blob, &len), 0);
     B->release(b, ID1, tok);
     CHECK_INT_EQ(B->acquire(b, ID1, 2, tok2, &v, &blob, &len), 0);
+    /* also while the keeper is running that release (it takes its batch
+     * off the queue before it reaches Redis): many times, to meet it */
+    int busy = 0;
+    for (int i = 0; i < 1000; i++) {
+        char *hold = (i & 1) ? tok : tok2, *next = (i & 1) ? tok2 : tok;
+        B->release(b, ID1, hold);
+        if (i % 3 == 0)
+            sleep_ms(0); /* let the keeper start */
+        busy += B->acquire(b, ID1, 2, next, &v, &blob, &len) != 0;
+        free(blob);
+        blob = NULL;
+        if (busy)
+            break;
+    }
+    CHECK_INT_EQ(busy, 0);
+    B->release(b, ID1, tok2); /* the last one (i = 999) acquired into tok2 */
+    CHECK_INT_EQ(B->acquire(b, ID1, 2, tok2, &v, &blob, &len), 0);
     CHECK_INT_EQ(A->acquire(a, ID1, 2, tok, &v, &blob, &len), SRV_STORE_EBUSY);
     B->release(b, ID1, tok2);
     A->free(a);
