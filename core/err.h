@@ -3,6 +3,28 @@
  * Every core function that can fail returns 0 or a negative CORE_E* code and,
  * when given a non-NULL core_error_t, writes a human-readable message that says
  * what is wrong (which key, which tensor, which offset). core never logs.
+ *
+ * One error space. Each module numbers its codes in a range of its own, so
+ * a code names the module it came from and a switch on one module's codes
+ * cannot catch another's:
+ *      -1 ..  -99  CORE_E*        core/err.h            core_strerror
+ *    -101 .. -199  PROTO_E*       proto/proto.h         (detail in proto_error_t)
+ *    -201 .. -299  SRV_HTTP_E*    server/http.h
+ *    -301 .. -399  SRV_ENGINE_E*  server/engine.h       srv_engine_strerror
+ *    -401 .. -499  SRV_STORE_E*   server/sessions.h     srv_store_strerror
+ *    -501 .. -599  SRV_PREFIX_E*  server/prefix_cache.h srv_prefix_strerror
+ *    -601 .. -699  SRV_HC_E*      server/http_client.h  srv_hc_strerror
+ * Each table is an X-macro (name, value, description). A module returns its
+ * own codes only: a code from a module below it is translated, never passed
+ * up. tests/unit/test_srv_errors.c checks the ranges. Functions of modules
+ * without a table (config, log, option parsing) return -1 with the message
+ * in the caller's buffer.
+ *
+ * Detail travels in a buffer the caller owns: a core_error_t here (the most
+ * call sites), `char *err, size_t errlen` in server/ (proto: proto_error_t,
+ * which also carries the HTTP status). The one exception is the session
+ * store, whose detail is srv_store_last_error() (thread-local, server/
+ * sessions.h).
  */
 #ifndef DARKSERVE_CORE_ERR_H
 #define DARKSERVE_CORE_ERR_H

@@ -87,8 +87,8 @@ typedef struct proto_limits {
 /* ---------------------------------------------------------------- errors */
 
 /* Return codes of proto functions. */
-#define PROTO_EINVAL (-1) /* the request is invalid; err has a 4xx status */
-#define PROTO_ENOMEM (-2) /* out of memory; err has status 500 */
+#define PROTO_EINVAL (-101) /* the request is invalid; err has a 4xx status */
+#define PROTO_ENOMEM (-102) /* out of memory; err has status 500 */
 
 /* X(kind, HTTP status, OpenAI "type", default "code") */
 #define PROTO_ERRKIND_MAP(X)                                                        \
@@ -306,6 +306,9 @@ int proto_session_id_valid(const char *s, size_t len);
 /* Writes the 32-hex-digit id of 16 random bytes (caller supplies them) and a
  * NUL into out[33]. */
 void proto_session_id_format(const uint8_t bytes[16], char out[PROTO_SESSION_ID_LEN + 1]);
+
+/* Writes bytes[0..n) as 2n lowercase hex digits and a NUL into out[2n + 1]. */
+void proto_hex_format(const uint8_t *bytes, size_t n, char *out);
 
 /* POST /v1/sessions: {"system"?: string, "messages"?: [...]} — not both; an
  * empty body ({} or len 0) creates an empty session. */

@@ -149,12 +149,12 @@
 
 /* X(name, value, description) */
 #define SRV_ENGINE_ERRNO_MAP(X)                                                                    \
-    X(SRV_ENGINE_EINVAL, -1, "invalid argument")                                                   \
-    X(SRV_ENGINE_ENOMEM, -2, "out of memory")                                                      \
-    X(SRV_ENGINE_EQUEUE_FULL, -3, "queue full")                                                    \
-    X(SRV_ENGINE_ESTOPPED, -4, "engine is stopping")                                               \
-    X(SRV_ENGINE_ECONTEXT, -5, "context length exceeded")                                          \
-    X(SRV_ENGINE_ETHREAD, -6, "cannot start the scheduler thread")
+    X(SRV_ENGINE_EINVAL, -301, "invalid argument")                                                 \
+    X(SRV_ENGINE_ENOMEM, -302, "out of memory")                                                    \
+    X(SRV_ENGINE_EQUEUE_FULL, -303, "queue full")                                                  \
+    X(SRV_ENGINE_ESTOPPED, -304, "engine is stopping")                                             \
+    X(SRV_ENGINE_ECONTEXT, -305, "context length exceeded")                                        \
+    X(SRV_ENGINE_ETHREAD, -306, "cannot start the scheduler thread")
 
 enum srv_engine_errno {
 #define SRV_ENGINE_ERR_ENUM_(name, val, desc) name = val,

@@ -134,14 +134,14 @@
 
 /* X(name, value, description) */
 #define SRV_HTTP_ERRNO_MAP(X)                                                                  \
-    X(SRV_HTTP_EINVAL, -1, "invalid argument")                                                 \
-    X(SRV_HTTP_ENOMEM, -2, "out of memory")                                                    \
-    X(SRV_HTTP_ESTATE, -3, "not allowed in this state (already answered?)")                   \
-    X(SRV_HTTP_EAGAIN, -4, "stream buffer full, wait for on_writable")                         \
-    X(SRV_HTTP_ECANCELED, -5, "client gone or server stopping")                                \
-    X(SRV_HTTP_ETIMEDOUT, -6, "timed out")                                                     \
-    X(SRV_HTTP_ELISTEN, -7, "cannot listen")                                                   \
-    X(SRV_HTTP_EMHD, -8, "libmicrohttpd refused")
+    X(SRV_HTTP_EINVAL, -201, "invalid argument")                                               \
+    X(SRV_HTTP_ENOMEM, -202, "out of memory")                                                  \
+    X(SRV_HTTP_ESTATE, -203, "not allowed in this state (already answered?)")                  \
+    X(SRV_HTTP_EAGAIN, -204, "stream buffer full, wait for on_writable")                       \
+    X(SRV_HTTP_ECANCELED, -205, "client gone or server stopping")                              \
+    X(SRV_HTTP_ETIMEDOUT, -206, "timed out")                                                   \
+    X(SRV_HTTP_ELISTEN, -207, "cannot listen")                                                 \
+    X(SRV_HTTP_EMHD, -208, "libmicrohttpd refused")
 
 enum srv_http_errno {
 #define SRV_HTTP_ERR_ENUM_(name, val, desc) name = val,

@@ -33,15 +33,15 @@
 
 /* X(name, value, description) */
 #define SRV_HC_ERRNO_MAP(X)                                                                        \
-    X(SRV_HC_EPROTO, -1, "malformed HTTP response")                                                \
-    X(SRV_HC_ETOOBIG, -2, "response over a size limit")                                            \
-    X(SRV_HC_ECONNECT, -3, "cannot connect")                                                       \
-    X(SRV_HC_EIO, -4, "connection error")                                                          \
-    X(SRV_HC_ETIMEDOUT, -5, "timed out")                                                           \
-    X(SRV_HC_ECANCELED, -6, "interrupted")                                                         \
-    X(SRV_HC_ENOMEM, -7, "out of memory")                                                          \
-    X(SRV_HC_EINVAL, -8, "invalid argument")                                                       \
-    X(SRV_HC_ESTOP, -9, "stopped by the caller")
+    X(SRV_HC_EPROTO, -601, "malformed HTTP response")                                              \
+    X(SRV_HC_ETOOBIG, -602, "response over a size limit")                                          \
+    X(SRV_HC_ECONNECT, -603, "cannot connect")                                                     \
+    X(SRV_HC_EIO, -604, "connection error")                                                        \
+    X(SRV_HC_ETIMEDOUT, -605, "timed out")                                                         \
+    X(SRV_HC_ECANCELED, -606, "interrupted")                                                       \
+    X(SRV_HC_ENOMEM, -607, "out of memory")                                                        \
+    X(SRV_HC_EINVAL, -608, "invalid argument")                                                     \
+    X(SRV_HC_ESTOP, -609, "stopped by the caller")
 
 enum srv_hc_errno {
 #define SRV_HC_ERR_ENUM_(name, val, desc) name = val,

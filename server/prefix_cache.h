@@ -47,11 +47,11 @@
 
 /* X(name, value, description) */
 #define SRV_PREFIX_ERRNO_MAP(X)                                                                    \
-    X(SRV_PREFIX_EINVAL, -1, "invalid argument")                                                   \
-    X(SRV_PREFIX_ENOMEM, -2, "out of memory")                                                      \
-    X(SRV_PREFIX_EEXIST, -3, "the prefix is cached already")                                       \
-    X(SRV_PREFIX_ETOOBIG, -4, "the entry does not fit the cache's budget")                         \
-    X(SRV_PREFIX_EPINNED, -5, "too many pinned prefixes")
+    X(SRV_PREFIX_EINVAL, -501, "invalid argument")                                                 \
+    X(SRV_PREFIX_ENOMEM, -502, "out of memory")                                                    \
+    X(SRV_PREFIX_EEXIST, -503, "the prefix is cached already")                                     \
+    X(SRV_PREFIX_ETOOBIG, -504, "the entry does not fit the cache's budget")                       \
+    X(SRV_PREFIX_EPINNED, -505, "too many pinned prefixes")
 
 enum srv_prefix_errno {
 #define SRV_PREFIX_ERR_ENUM_(name, val, desc) name = val,

@@ -135,18 +135,18 @@
 
 /* X(name, value, description) */
 #define SRV_STORE_ERRNO_MAP(X)                                                                   \
-    X(SRV_STORE_EINVAL, -1, "invalid argument")                                                  \
-    X(SRV_STORE_ENOMEM, -2, "out of memory")                                                     \
-    X(SRV_STORE_ENOTFOUND, -3, "session not found")                                              \
-    X(SRV_STORE_EBUSY, -4, "session busy")                                                       \
-    X(SRV_STORE_EFULL, -5, "session store full")                                                 \
-    X(SRV_STORE_EIO, -6, "session storage I/O error")                                            \
-    X(SRV_STORE_EMISMATCH, -7, "state does not fit this server")                                 \
-    X(SRV_STORE_ENOSPACE, -8, "session storage full or read-only")                               \
-    X(SRV_STORE_EEVICTED, -9, "session on disk, not in memory")                                  \
-    X(SRV_STORE_ENOCKPT, -10, "no such checkpoint")                                              \
-    X(SRV_STORE_EUNAVAIL, -11, "session store unavailable")                                      \
-    X(SRV_STORE_ESTALE, -12, "session changed elsewhere")
+    X(SRV_STORE_EINVAL, -401, "invalid argument")                                                \
+    X(SRV_STORE_ENOMEM, -402, "out of memory")                                                   \
+    X(SRV_STORE_ENOTFOUND, -403, "session not found")                                            \
+    X(SRV_STORE_EBUSY, -404, "session busy")                                                     \
+    X(SRV_STORE_EFULL, -405, "session store full")                                               \
+    X(SRV_STORE_EIO, -406, "session storage I/O error")                                          \
+    X(SRV_STORE_EMISMATCH, -407, "state does not fit this server")                               \
+    X(SRV_STORE_ENOSPACE, -408, "session storage full or read-only")                             \
+    X(SRV_STORE_EEVICTED, -409, "session on disk, not in memory")                                \
+    X(SRV_STORE_ENOCKPT, -410, "no such checkpoint")                                             \
+    X(SRV_STORE_EUNAVAIL, -411, "session store unavailable")                                     \
+    X(SRV_STORE_ESTALE, -412, "session changed elsewhere")
 
 enum srv_store_errno {
 #define SRV_STORE_ERR_ENUM_(name, val, desc) name = val,
