@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/le.h"
 #include "core/rng.h"
 
 /* ---------------------------------------------------------------- params */
@@ -728,34 +729,6 @@ static uint32_t crc32_ieee(const unsigned char *p, size_t n)
     return ~c;
 }
 
-static void put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get_u64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 size_t core_sampler_state_size(void)
 {
     return STATE_SIZE;
@@ -769,16 +742,16 @@ int core_sampler_state_save(const core_sampler_t *s, void *buf, size_t cap, core
     unsigned char *b = buf;
     memset(b, 0, STATE_SIZE);
     memcpy(b, state_magic, sizeof state_magic);
-    put_u32(b + 4, STATE_VERSION);
-    put_u32(b + 8, CORE_SAMPLE_HISTORY);
-    put_u32(b + 12, s->count);
+    core_le_put_u32(b + 4, STATE_VERSION);
+    core_le_put_u32(b + 8, CORE_SAMPLE_HISTORY);
+    core_le_put_u32(b + 12, s->count);
     for (int i = 0; i < 4; i++)
-        put_u64(b + 16 + 8 * i, s->rng.s[i]);
+        core_le_put_u64(b + 16 + 8 * i, s->rng.s[i]);
     int32_t hist[CORE_SAMPLE_HISTORY];
     size_t n = core_sampler_history(s, hist, CORE_SAMPLE_HISTORY);
     for (size_t i = 0; i < n; i++)
-        put_u32(b + STATE_HDR + 4 * i, (uint32_t)hist[i]);
-    put_u32(b + STATE_SIZE - 4, crc32_ieee(b, STATE_SIZE - 4));
+        core_le_put_u32(b + STATE_HDR + 4 * i, (uint32_t)hist[i]);
+    core_le_put_u32(b + STATE_SIZE - 4, crc32_ieee(b, STATE_SIZE - 4));
     return 0;
 }
 
@@ -790,15 +763,15 @@ int core_sampler_state_load(core_sampler_t *s, const void *buf, size_t len, core
                               buf ? len : (size_t)0, STATE_SIZE);
     if (memcmp(b, state_magic, sizeof state_magic) != 0)
         return core_error_set(err, CORE_EFORMAT, "sampler state: bad magic");
-    uint32_t ver = get_u32(b + 4);
+    uint32_t ver = core_le_get_u32(b + 4);
     if (ver != STATE_VERSION)
         return core_error_set(err, CORE_EUNSUPPORTED, "sampler state version %u (supported: %u)",
                               ver, STATE_VERSION);
-    uint32_t crc = get_u32(b + STATE_SIZE - 4), want = crc32_ieee(b, STATE_SIZE - 4);
+    uint32_t crc = core_le_get_u32(b + STATE_SIZE - 4), want = crc32_ieee(b, STATE_SIZE - 4);
     if (crc != want)
         return core_error_set(err, CORE_ECHECKSUM, "sampler state: crc32 %08x, computed %08x",
                               crc, want);
-    uint32_t capacity = get_u32(b + 8), count = get_u32(b + 12);
+    uint32_t capacity = core_le_get_u32(b + 8), count = core_le_get_u32(b + 12);
     if (capacity != CORE_SAMPLE_HISTORY)
         return core_error_set(err, CORE_EFORMAT, "sampler state: history capacity %u, expected %d",
                               capacity, CORE_SAMPLE_HISTORY);
@@ -808,12 +781,12 @@ int core_sampler_state_load(core_sampler_t *s, const void *buf, size_t len, core
     core_rng_t rng;
     uint64_t any = 0;
     for (int i = 0; i < 4; i++)
-        any |= rng.s[i] = get_u64(b + 16 + 8 * i);
+        any |= rng.s[i] = core_le_get_u64(b + 16 + 8 * i);
     if (!any)
         return core_error_set(err, CORE_EFORMAT, "sampler state: RNG state is all zero");
     int32_t ring[CORE_SAMPLE_HISTORY];
     for (uint32_t i = 0; i < CORE_SAMPLE_HISTORY; i++) { /* == capacity, checked above */
-        uint32_t v = get_u32(b + STATE_HDR + 4 * i);
+        uint32_t v = core_le_get_u32(b + STATE_HDR + 4 * i);
         if (i < count && v > (uint32_t)INT32_MAX)
             return core_error_set(err, CORE_EFORMAT, "sampler state: token %u has id %u", i, v);
         if (i >= count && v != 0)

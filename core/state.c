@@ -20,6 +20,7 @@
 
 #include "core/attn_impl.h"
 #include "core/features.h"
+#include "core/le.h"
 
 enum {
     OFF_MAGIC = 0,
@@ -51,36 +52,6 @@ static const unsigned char state_magic[4] = {'D', 'S', 'S', 'T'};
 #define STATE_FAIL(err, code, ...) (core_error_set((err), (code), __VA_ARGS__), (code))
 _Static_assert(CORE_STATE_FINGERPRINT_MAX + 1 == FP_BYTES, "fingerprint field");
 
-/* ---- little-endian fields ---- */
-
-static void put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get_u64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* ---- CRC-32, slicing by 8: the checksum runs over tens of MB for a long
  * exact-attention session, where the bytewise loop would cost more than the
  * serialization itself. ---- */
@@ -107,7 +78,7 @@ uint32_t core_state_crc32(uint32_t crc, const void *buf, size_t n)
     const unsigned char *p = buf;
     uint32_t c = ~crc;
     while (n >= 8) {
-        uint32_t lo = c ^ get_u32(p), hi = get_u32(p + 4);
+        uint32_t lo = c ^ core_le_get_u32(p), hi = core_le_get_u32(p + 4);
         c = crc_tab[7][lo & 0xffu] ^ crc_tab[6][(lo >> 8) & 0xffu] ^
             crc_tab[5][(lo >> 16) & 0xffu] ^ crc_tab[4][lo >> 24] ^ crc_tab[3][hi & 0xffu] ^
             crc_tab[2][(hi >> 8) & 0xffu] ^ crc_tab[1][(hi >> 16) & 0xffu] ^ crc_tab[0][hi >> 24];
@@ -232,12 +203,12 @@ static int parse_frame(const unsigned char *b, size_t len, int whole, uint64_t *
 {
     if (len >= 4 && memcmp(b + OFF_MAGIC, state_magic, sizeof state_magic) != 0)
         return STATE_FAIL(err, CORE_EFORMAT, "not a darkserve state blob (bad magic)");
-    const uint32_t v = len >= 8 ? get_u32(b + OFF_VERSION) : 1u;
+    const uint32_t v = len >= 8 ? core_le_get_u32(b + OFF_VERSION) : 1u;
     if (v < 1 || v > CORE_STATE_VERSION)
         return STATE_FAIL(err, CORE_EUNSUPPORTED,
                               "state blob version %u is not supported (this server reads 1 to %u)",
                               v, CORE_STATE_VERSION);
-    uint64_t t = len >= 16 ? get_u64(b + OFF_TOTAL) : 0;
+    uint64_t t = len >= 16 ? core_le_get_u64(b + OFF_TOTAL) : 0;
     if (len < CORE_STATE_HEADER_BYTES || (whole && len < t))
         return STATE_FAIL(err, CORE_EFORMAT, "truncated: %zu bytes, need %llu", len,
                               (unsigned long long)(t > CORE_STATE_HEADER_BYTES
@@ -258,7 +229,7 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
 {
     memset(h, 0, sizeof *h);
     core_state_info_t *in = &h->in;
-    in->version = get_u32(b + OFF_VERSION);
+    in->version = core_le_get_u32(b + OFF_VERSION);
     in->total = (size_t)total;
     const unsigned char *fp = b + OFF_FP;
     const unsigned char *nul = memchr(fp, 0, FP_BYTES);
@@ -271,7 +242,7 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
 
     uint32_t f[7];
     for (int i = 0; i < 7; i++)
-        f[i] = get_u32(b + OFF_KIND + 4 * i);
+        f[i] = core_le_get_u32(b + OFF_KIND + 4 * i);
     if (f[0] > (uint32_t)CORE_ATTN_FLEXFORMER_N)
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: unknown attention kind %u",
                               f[0]);
@@ -279,30 +250,30 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
         if (f[i] > (uint32_t)INT32_MAX || (i <= 4 && f[i] == 0))
             return STATE_FAIL(err, CORE_EFORMAT,
                                   "state blob header: attention field %d is %u", i, f[i]);
-    uint32_t n_ckpt = get_u32(b + OFF_CKPT);
+    uint32_t n_ckpt = core_le_get_u32(b + OFF_CKPT);
     if (in->version == 1 && n_ckpt)
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: reserved field is not 0");
     if (n_ckpt > CORE_STATE_MAX_CHECKPOINTS)
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: %u checkpoints (limit %d)",
                               n_ckpt, CORE_STATE_MAX_CHECKPOINTS);
-    uint32_t sinks = get_u32(b + OFF_SINKS);
+    uint32_t sinks = core_le_get_u32(b + OFF_SINKS);
     if (sinks > CORE_FEATURES_MAX_SINKS || (sinks && f[0] == (uint32_t)CORE_ATTN_EXACT))
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: %u sinks", sinks);
     in->cfg = (core_attn_cfg_t){.kind = (core_attn_kind_t)f[0], .n_layer = (int)f[1],
                                 .n_head = (int)f[2], .n_head_kv = (int)f[3],
                                 .head_dim = (int)f[4], .n_features = (int)f[5],
-                                .window = (int)f[6], .seed = get_u64(b + OFF_SEED),
-                                .max_ctx = (int64_t)get_u64(b + OFF_MAX_CTX),
+                                .window = (int)f[6], .seed = core_le_get_u64(b + OFF_SEED),
+                                .max_ctx = (int64_t)core_le_get_u64(b + OFF_MAX_CTX),
                                 .sinks = (int)sinks};
-    in->params_digest = get_u64(b + OFF_DIGEST);
-    in->pos = (int64_t)get_u64(b + OFF_POS);
+    in->params_digest = core_le_get_u64(b + OFF_DIGEST);
+    in->pos = (int64_t)core_le_get_u64(b + OFF_POS);
     if (in->pos < 0 || in->pos > CORE_ATTN_MAX_POS || in->cfg.max_ctx < 0)
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: position %lld outside [0, "
                               "2^48] or negative context %lld", (long long)in->pos, (long long)in->cfg.max_ctx);
 
-    uint64_t attn = get_u64(b + OFF_ATTN);
-    uint32_t smp = get_u32(b + OFF_SAMPLER), np = get_u32(b + OFF_PENDING),
-             own = get_u32(b + OFF_OWNER);
+    uint64_t attn = core_le_get_u64(b + OFF_ATTN);
+    uint32_t smp = core_le_get_u32(b + OFF_SAMPLER), np = core_le_get_u32(b + OFF_PENDING),
+             own = core_le_get_u32(b + OFF_OWNER);
     if (smp != 0 && smp != core_sampler_state_size())
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: sampler section of %u bytes "
                               "(expected 0 or %zu)", smp, core_sampler_state_size());
@@ -348,7 +319,7 @@ static int ckpt_entry(const unsigned char *b, const hdr_t *h, size_t i, size_t *
     for (size_t k = 0;; k++) {
         if (end - p < CKPT_LEN_BYTES)
             return STATE_FAIL(err, CORE_EFORMAT, "checkpoint %zu: truncated length field", k);
-        uint64_t l = get_u64(b + p);
+        uint64_t l = core_le_get_u64(b + p);
         p += CKPT_LEN_BYTES;
         if (l > end - p)
             return STATE_FAIL(err, CORE_EFORMAT, "checkpoint %zu: length %llu runs past the "
@@ -414,7 +385,7 @@ static int check_blob_in(const void *buf, size_t len, const char *fingerprint,
     int rc = parse_frame(b, len, 1, &total, err);
     if (rc < 0)
         return rc;
-    uint32_t stored = get_u32(b + total - CRC_BYTES);
+    uint32_t stored = core_le_get_u32(b + total - CRC_BYTES);
     uint32_t got = core_state_crc32(0, b, (size_t)total - CRC_BYTES);
     if (stored != got)
         return STATE_FAIL(err, CORE_ECHECKSUM, "checksum mismatch (stored %08x, computed %08x)",
@@ -547,30 +518,30 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
     memcpy(b, state_magic, sizeof state_magic);
     /* version 1 unless there are checkpoints: such blobs stay readable by
      * servers that know only version 1 */
-    put_u32(b + OFF_VERSION, d->n_checkpoints ? CORE_STATE_VERSION : 1u);
-    put_u64(b + OFF_TOTAL, total);
+    core_le_put_u32(b + OFF_VERSION, d->n_checkpoints ? CORE_STATE_VERSION : 1u);
+    core_le_put_u64(b + OFF_TOTAL, total);
     memcpy(b + OFF_FP, d->fingerprint, strlen(d->fingerprint));
     const uint32_t f[7] = {(uint32_t)c->kind,      (uint32_t)c->n_layer,    (uint32_t)c->n_head,
                            (uint32_t)c->n_head_kv, (uint32_t)c->head_dim,   (uint32_t)c->n_features,
                            (uint32_t)c->window};
     for (int i = 0; i < 7; i++)
-        put_u32(b + OFF_KIND + 4 * i, f[i]);
-    put_u32(b + OFF_SINKS, c->kind == CORE_ATTN_EXACT ? 0u : (uint32_t)c->sinks);
-    put_u64(b + OFF_SEED, c->seed);
-    put_u64(b + OFF_MAX_CTX, (uint64_t)c->max_ctx);
-    put_u64(b + OFF_DIGEST, core_state_params_digest(a));
-    put_u64(b + OFF_POS, (uint64_t)s->pos);
-    put_u64(b + OFF_ATTN, attn);
-    put_u32(b + OFF_SAMPLER, (uint32_t)smp);
-    put_u32(b + OFF_PENDING, (uint32_t)d->n_pending);
-    put_u32(b + OFF_OWNER, (uint32_t)d->owner_len);
-    put_u32(b + OFF_CKPT, (uint32_t)d->n_checkpoints);
+        core_le_put_u32(b + OFF_KIND + 4 * i, f[i]);
+    core_le_put_u32(b + OFF_SINKS, c->kind == CORE_ATTN_EXACT ? 0u : (uint32_t)c->sinks);
+    core_le_put_u64(b + OFF_SEED, c->seed);
+    core_le_put_u64(b + OFF_MAX_CTX, (uint64_t)c->max_ctx);
+    core_le_put_u64(b + OFF_DIGEST, core_state_params_digest(a));
+    core_le_put_u64(b + OFF_POS, (uint64_t)s->pos);
+    core_le_put_u64(b + OFF_ATTN, attn);
+    core_le_put_u32(b + OFF_SAMPLER, (uint32_t)smp);
+    core_le_put_u32(b + OFF_PENDING, (uint32_t)d->n_pending);
+    core_le_put_u32(b + OFF_OWNER, (uint32_t)d->owner_len);
+    core_le_put_u32(b + OFF_CKPT, (uint32_t)d->n_checkpoints);
     unsigned char *p = b + CORE_STATE_HEADER_BYTES;
     if (d->owner_len)
         memcpy(p, d->owner, d->owner_len);
     p += d->owner_len;
     for (size_t i = 0; i < d->n_pending; i++, p += 4)
-        put_u32(p, (uint32_t)d->pending[i]);
+        core_le_put_u32(p, (uint32_t)d->pending[i]);
     int rc;
     if (smp && (rc = core_sampler_state_save(d->sampler, p, smp, err)) < 0)
         return rc;
@@ -579,11 +550,11 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
         return rc;
     p += attn;
     for (size_t i = 0; i < d->n_checkpoints; i++) {
-        put_u64(p, d->checkpoints[i].len);
+        core_le_put_u64(p, d->checkpoints[i].len);
         memcpy(p + CKPT_LEN_BYTES, d->checkpoints[i].blob, d->checkpoints[i].len);
         p += CKPT_LEN_BYTES + d->checkpoints[i].len;
     }
-    put_u32(p, core_state_crc32(0, b, total - CRC_BYTES));
+    core_le_put_u32(p, core_state_crc32(0, b, total - CRC_BYTES));
     *len = total;
     return 0;
 }
@@ -603,7 +574,7 @@ int core_state_load(const void *buf, size_t len, const char *fingerprint, core_a
     int32_t *pend = NULL;
     core_attn_state_t *tmp = NULL;
     for (size_t i = 0; i < h.in.n_pending; i++) {
-        uint32_t v = get_u32(b + h.off_pending + 4 * i);
+        uint32_t v = core_le_get_u32(b + h.off_pending + 4 * i);
         if (v > (uint32_t)INT32_MAX)
             return STATE_FAIL(err, CORE_EFORMAT, "state blob: pending token %zu has id %u", i,
                                   v);
@@ -614,7 +585,7 @@ int core_state_load(const void *buf, size_t len, const char *fingerprint, core_a
             return STATE_FAIL(err, CORE_ENOMEM, "out of memory for %zu pending tokens",
                                   h.in.n_pending);
         for (size_t i = 0; i < h.in.n_pending; i++)
-            pend[i] = (int32_t)get_u32(b + h.off_pending + 4 * i);
+            pend[i] = (int32_t)core_le_get_u32(b + h.off_pending + 4 * i);
     }
     if ((rc = core_attn_state_new(state->a, &tmp, err)) < 0)
         goto fail;

@@ -130,6 +130,21 @@ int px_read_int(json_t *obj, const char *key, int64_t lo, int64_t hi, const char
                            range_text);
 }
 
+int px_read_prefix_id(json_t *obj, char *out, proto_error_t *err)
+{
+    out[0] = '\0';
+    json_t *s = px_get(obj, "prefix");
+    if (!s)
+        return 0;
+    if (!json_is_string(s) || !proto_prefix_id_valid(json_string_value(s), json_string_length(s)))
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "prefix",
+                               "'prefix' must be a prefix id (\"pfx_\" and 24 lowercase hex "
+                               "characters, from POST /v1/prefixes)");
+    memcpy(out, json_string_value(s), PROTO_PREFIX_ID_LEN);
+    out[PROTO_PREFIX_ID_LEN] = '\0';
+    return 0;
+}
+
 int px_read_bool(json_t *obj, const char *key, int *out, proto_error_t *err)
 {
     json_t *v = px_get(obj, key);

@@ -1,58 +1,9 @@
 /* proto/session.c — the native sessions API (create, append, generate, list
- * paging), session ids, and POST /tokenize, /detokenize. */
+ * paging) and POST /tokenize, /detokenize. Ids: proto/ids.c. */
 #include <stdio.h>
 #include <string.h>
 
 #include "proto/proto_impl.h"
-
-int proto_session_id_valid(const char *s, size_t len)
-{
-    if (!s || len != PROTO_SESSION_ID_LEN)
-        return 0;
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-            return 0;
-    }
-    return 1;
-}
-
-void proto_session_id_format(const uint8_t bytes[16], char out[PROTO_SESSION_ID_LEN + 1])
-{
-    static const char hex[] = "0123456789abcdef";
-    for (int i = 0; i < 16; i++) {
-        out[2 * i] = hex[bytes[i] >> 4];
-        out[2 * i + 1] = hex[bytes[i] & 15];
-    }
-    out[PROTO_SESSION_ID_LEN] = '\0';
-}
-
-int proto_prefix_id_valid(const char *s, size_t len)
-{
-    if (!s || len != PROTO_PREFIX_ID_LEN || memcmp(s, "pfx_", 4) != 0)
-        return 0;
-    for (size_t i = 4; i < len; i++) {
-        char c = s[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-            return 0;
-    }
-    return 1;
-}
-
-int px_read_prefix_id(json_t *obj, char *out, proto_error_t *err)
-{
-    out[0] = '\0';
-    json_t *s = px_get(obj, "prefix");
-    if (!s)
-        return 0;
-    if (!json_is_string(s) || !proto_prefix_id_valid(json_string_value(s), json_string_length(s)))
-        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "prefix",
-                               "'prefix' must be a prefix id (\"pfx_\" and 24 lowercase hex "
-                               "characters, from POST /v1/prefixes)");
-    memcpy(out, json_string_value(s), PROTO_PREFIX_ID_LEN);
-    out[PROTO_PREFIX_ID_LEN] = '\0';
-    return 0;
-}
 
 /* "text" (or `text_key`) xor "messages"; required says whether one must be
  * present. */

@@ -288,9 +288,7 @@ int api_chat_tokens(const api_app_t *app, const proto_message_t *msgs, size_t n,
 int api_chat_tokens_tools(const api_app_t *app, const proto_message_t *msgs, size_t n,
                           const proto_tool_t *tools, size_t n_tools, int cont, int open,
                           int gen_prompt, int parse_special, int add_special, int32_t **ids,
-                          size_t *n_ids, core_error_t *ce);/* Random lowercase hex id of 2*nbytes characters into out (nbytes <= 32). */
-void api_random_hex(char *out, size_t nbytes);
-
+                          size_t *n_ids, core_error_t *ce);
 /* ---- api_gen.c: per-choice accumulation (non-streamed answers) ---- */
 
 typedef struct api_tokrec {

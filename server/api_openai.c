@@ -13,6 +13,7 @@
 
 #include "proto/tools.h"
 #include "server/log.h"
+#include "server/random.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -109,7 +110,7 @@ static void oa_tool_ev(void *ud, const proto_tool_ev_t *tev)
     char id[32] = "";
     if (tev->kind == PROTO_TOOL_EV_CALL) {
         char hex[25];
-        api_random_hex(hex, 12);
+        srv_random_hex(hex, 12);
         snprintf(id, sizeof id, "call_%s", hex);
     }
     if (!r->stream) {
@@ -478,7 +479,7 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     r->session_chat = session_chat;
     r->created = (int64_t)time(NULL);
     char hex[33];
-    api_random_hex(hex, 12);
+    srv_random_hex(hex, 12);
     snprintf(r->id, sizeof r->id, "%s-%s", chat ? "chatcmpl" : "cmpl", hex);
     if (sess)
         snprintf(r->session_id, sizeof r->session_id, "%s", srv_session_id(sess));

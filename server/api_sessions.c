@@ -56,7 +56,6 @@ int api_owner_tags_init(api_app_t *app)
     if (!app->key_owner)
         return -1;
     static const char prefix[] = "darkserve session owner\n";
-    static const char hex[] = "0123456789abcdef";
     for (size_t i = 0; i < keys->n; i++) {
         size_t kl = strlen(keys->v[i]), n = sizeof prefix - 1 + kl;
         char *buf = malloc(n);
@@ -67,11 +66,7 @@ int api_owner_tags_init(api_app_t *app)
         uint8_t d[SRV_SHA256_BYTES];
         srv_sha256(buf, n, d);
         free(buf);
-        for (size_t k = 0; k < SRV_SESSION_OWNER_LEN / 2; k++) {
-            app->key_owner[i][2 * k] = hex[d[k] >> 4];
-            app->key_owner[i][2 * k + 1] = hex[d[k] & 15];
-        }
-        app->key_owner[i][SRV_SESSION_OWNER_LEN] = '\0';
+        proto_hex_format(d, SRV_SESSION_OWNER_LEN / 2, app->key_owner[i]);
     }
     return 0;
 }

@@ -20,6 +20,7 @@
 
 #include "core/attn.h"
 #include "core/err.h"
+#include "core/features.h"
 #include "core/model.h"
 
 /* Value of srv_attn_request_t.kind for "auto" (== SRV_CFG_ATTN_AUTO). */
@@ -27,6 +28,11 @@
 /* Window of the training-free fallback when --window is not given: the best
  * measured sinks + window configuration without an adapter (docs/QUALITY.md). */
 #define SRV_ATTN_FALLBACK_WINDOW 256
+
+/* A number constant as text, for --help: serve's and the CLI's help print
+ * the defaults above and core's (CORE_FEATURES_DEFAULT_*) through it. */
+#define SRV_ATTN_STR_(x) #x
+#define SRV_ATTN_STR(x) SRV_ATTN_STR_(x)
 
 typedef struct srv_attn_request {
     int kind;            /* core_attn_kind_t, or SRV_ATTN_AUTO */

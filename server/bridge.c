@@ -5,44 +5,14 @@
 #include "server/api.h"
 
 #include "proto/tools.h"
+#include "server/random.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
 
 /* ---- parameters ---- */
-
-static uint64_t random_u64(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        v = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15u ^ (uint64_t)ts.tv_sec;
-    }
-    return v;
-}
-
-void api_random_hex(char *out, size_t nbytes)
-{
-    static const char hex[] = "0123456789abcdef";
-    unsigned char b[32] = {0};
-    if (nbytes > sizeof b)
-        nbytes = sizeof b;
-    for (size_t i = 0; i < nbytes; i += 8) {
-        uint64_t v = random_u64();
-        for (size_t k = 0; k < 8 && i + k < nbytes; k++)
-            b[i + k] = (unsigned char)(v >> (8 * k));
-    }
-    for (size_t i = 0; i < nbytes; i++) {
-        out[2 * i] = hex[b[i] >> 4];
-        out[2 * i + 1] = hex[b[i] & 15];
-    }
-    out[2 * nbytes] = '\0';
-}
 
 void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out)
 {
@@ -55,7 +25,7 @@ void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out)
     out->repeat_penalty = (float)s->repeat_penalty;
     out->presence_penalty = (float)s->presence_penalty;
     out->frequency_penalty = (float)s->frequency_penalty;
-    out->seed = s->has_seed ? (uint64_t)s->seed : random_u64();
+    out->seed = s->has_seed ? (uint64_t)s->seed : srv_random_u64();
     out->n_logprobs = p->logprobs > 0 ? p->logprobs : 0;
     /* proto bounds the entries by PROTO_MAX_LOGIT_BIAS == CORE_SAMPLE_MAX_BIAS */
     for (size_t i = 0; i < p->n_logit_bias && i < CORE_SAMPLE_MAX_BIAS; i++) {

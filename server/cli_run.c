@@ -38,14 +38,17 @@ typedef struct load_args {
      "flexformer-n (default auto: "                                                          \
      "darkformer with --adapter or the adapter found beside the model, else performer with " \
      "sinks + window only)"},                                                                \
-    {"features", SRV_OPT_INT, &(la).features, 0, 4096,                                       \
-     "random features M of linear kinds (0 = the adapter's, else 128)"},                     \
-    {"window", SRV_OPT_INT, &(la).window, -1, 65536,                                         \
-     "exact window W of hybrid attention (-1 = the adapter's, else 64; 256 for the auto "    \
-     "fallback)"},                                                                           \
+    {"features", SRV_OPT_INT, &(la).features, 0, CORE_FEATURES_MAX_FEATURES,                 \
+     "random features M of linear kinds (0 = the adapter's, else "                           \
+     SRV_ATTN_STR(CORE_FEATURES_DEFAULT_M) ")"},                                             \
+    {"window", SRV_OPT_INT, &(la).window, -1, CORE_FEATURES_MAX_WINDOW,                      \
+     "exact window W of hybrid attention (-1 = the adapter's, else "                         \
+     SRV_ATTN_STR(CORE_FEATURES_DEFAULT_WINDOW) "; " SRV_ATTN_STR(SRV_ATTN_FALLBACK_WINDOW)  \
+     " for the auto fallback)"},                                                             \
     {"adapter", SRV_OPT_STR, &(la).adapter, 0, 0, "DARKFormer adapter GGUF"},                \
-    {"sinks", SRV_OPT_INT, &(la).sinks, -1, 1024,                                            \
-     "exact sink tokens S of linear kinds (-1 = the adapter's, else 4)"},                    \
+    {"sinks", SRV_OPT_INT, &(la).sinks, -1, CORE_FEATURES_MAX_SINKS,                         \
+     "exact sink tokens S of linear kinds (-1 = the adapter's, else "                        \
+     SRV_ATTN_STR(CORE_FEATURES_DEFAULT_SINKS) ")"},                                         \
     {"prerope", SRV_OPT_INT, &(la).prerope, -1, 1,                                           \
      "1: linear features on q, k before RoPE (-1 = the adapter's, else 0)"},                 \
     {"decay", SRV_OPT_STR, &(la).decay, 0, 0, "on | off: the adapter's learned decay"},      \

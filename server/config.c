@@ -126,13 +126,18 @@ static const opt_t opts[] = {
      "darkformer-is, flexformer-s or flexformer-n (constant-size state); auto = darkformer with --adapter or the model's "
      "adapter found beside it (<model dir>/adapters/<name>.darkformer.gguf, then "
      "<model without .gguf>.darkformer.gguf), else performer with sinks + window only "
-     "(training-free, window 256 unless --window), with a warning"},
-    {"features", "DARKSERVE_FEATURES", OPT_INT, 0, O(features), "0", 0, 65536, NULL, "M",
+     "(training-free, window " SRV_ATTN_STR(SRV_ATTN_FALLBACK_WINDOW) " unless --window), with "
+     "a warning"},
+    {"features", "DARKSERVE_FEATURES", OPT_INT, 0, O(features), "0", 0,
+     CORE_FEATURES_MAX_FEATURES, NULL, "M",
      "random features per KV head; 0 = the adapter's value or the built-in default"},
-    {"window", "DARKSERVE_WINDOW", OPT_INT, 0, O(window), "-1", -1, 1 << 20, NULL, "W",
+    {"window", "DARKSERVE_WINDOW", OPT_INT, 0, O(window), "-1", -1, CORE_FEATURES_MAX_WINDOW,
+     NULL, "W",
      "exact-attention window of the hybrid (tokens); 0 = pure linear, -1 = the adapter's value "
-     "or the built-in default (64; 256 for the auto fallback)"},
-    {"sinks", "DARKSERVE_SINKS", OPT_INT, 0, O(sinks), "-1", -1, 1024, NULL, "S",
+     "or the built-in default (" SRV_ATTN_STR(CORE_FEATURES_DEFAULT_WINDOW) "; "
+     SRV_ATTN_STR(SRV_ATTN_FALLBACK_WINDOW) " for the auto fallback)"},
+    {"sinks", "DARKSERVE_SINKS", OPT_INT, 0, O(sinks), "-1", -1, CORE_FEATURES_MAX_SINKS, NULL,
+     "S",
      "first tokens of a session kept and attended exactly forever (linear kinds); -1 = the "
      "adapter's value or the built-in default"},
     {"decay", "DARKSERVE_DECAY", OPT_ENUM, 0, O(decay), "on", 0, 0, onoff_choices, "on|off",

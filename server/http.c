@@ -39,6 +39,7 @@
 #include "server/http.h"
 
 #include "server/log.h"
+#include "server/random.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -2464,7 +2465,7 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
     h->hub->refs = 1;
     h->hub->loop_thread = pthread_self();
     uint64_t seed = 0;
-    if (uv_random(NULL, NULL, &seed, sizeof seed, 0, NULL) != 0)
+    if (srv_random_bytes(&seed, sizeof seed) != 0)
         seed = uv_hrtime() ^ ((uint64_t)getpid() << 32);
     h->rid_state = seed;
     if (h->metrics)

@@ -28,13 +28,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "core/le.h"
 #include "core/sample.h"
 #include "core/state.h"
+#include "proto/proto.h"
+#include "server/random.h"
 
 #define TMP_SUFFIX ".tmp"
 #define LOCK_NAME ".lock"
@@ -77,31 +79,14 @@ static const char *errstr(int e, char *buf, size_t n)
 
 int srv_session_id_valid(const char *id)
 {
-    if (!id)
-        return 0;
-    for (int i = 0; i < ID_LEN; i++) {
-        char c = id[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-            return 0; /* also a NUL before 32 chars */
-    }
-    return id[ID_LEN] == '\0';
+    return id && proto_session_id_valid(id, strnlen(id, ID_LEN + 1));
 }
 
 static int random_bytes(void *buf, size_t n)
 {
-    unsigned char *p = buf;
-    while (n > 0) {
-        ssize_t r = getrandom(p, n, 0);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            char eb[128];
-            return STORE_FAIL(SRV_STORE_EIO, "getrandom: %s", errstr(errno, eb, sizeof eb));
-        }
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    int e = srv_random_bytes(buf, n);
+    char eb[128];
+    return e ? STORE_FAIL(SRV_STORE_EIO, "getrandom: %s", errstr(e, eb, sizeof eb)) : 0;
 }
 
 static int new_id(char id[ID_LEN + 1])
@@ -110,12 +95,7 @@ static int new_id(char id[ID_LEN + 1])
     int rc = random_bytes(r, sizeof r);
     if (rc < 0)
         return rc;
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < sizeof r; i++) {
-        id[2 * i] = hex[r[i] >> 4];
-        id[2 * i + 1] = hex[r[i] & 15];
-    }
-    id[ID_LEN] = '\0';
+    proto_session_id_format(r, id);
     return 0;
 }
 
@@ -330,32 +310,6 @@ static void disk_gone(srv_store_t *st, srv_session_t *s)
 
 /* ---- blobs ---- */
 
-static void put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static void put_i64(unsigned char *p, int64_t v)
-{
-    put_u32(p, (uint32_t)((uint64_t)v & 0xffffffffu));
-    put_u32(p + 4, (uint32_t)((uint64_t)v >> 32));
-}
-
-static int64_t get_i64(const unsigned char *p)
-{
-    return (int64_t)((uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32);
-}
-
-
 /* 1 if s is "" or OWNER_LEN lowercase hex chars. */
 static int owner_tag_valid(const char *s)
 {
@@ -365,9 +319,9 @@ static int owner_tag_valid(const char *s)
 static int owner_parse(const void *p, size_t n, owner_t *o)
 {
     const unsigned char *b = p;
-    if (!p || n < OWNER_BYTES_V1 || get_u32(b + 4) > 3)
+    if (!p || n < OWNER_BYTES_V1 || core_le_get_u32(b + 4) > 3)
         return -1;
-    uint32_t v = get_u32(b);
+    uint32_t v = core_le_get_u32(b);
     if (!(v == 1u && n == OWNER_BYTES_V1) && !(v == 2u && n == OWNER_BYTES_V2) &&
         !(v >= 3u && v <= OWNER_VERSION && n >= OWNER_BYTES_V3))
         return -1;
@@ -382,9 +336,9 @@ static int owner_parse(const void *p, size_t n, owner_t *o)
     unsigned lf = 0;
     size_t n_in = 0, pg_t = 0, pg_r = 0;
     if (v >= 3u) {
-        turns = get_i64(b + OWNER_BYTES_V2);
-        lf = get_u32(b + OWNER_BYTES_V2 + 8);
-        n_in = get_u32(b + OWNER_BYTES_V2 + 12);
+        turns = (int64_t)core_le_get_u64(b + OWNER_BYTES_V2);
+        lf = core_le_get_u32(b + OWNER_BYTES_V2 + 8);
+        n_in = core_le_get_u32(b + OWNER_BYTES_V2 + 12);
         if (turns < 0 || lf > (SRV_TURN_REPLY | SRV_TURN_CHAT | TURN_KEPT) ||
             n_in > SRV_TURN_INPUT_MAX || (n_in && !(lf & TURN_KEPT)))
             return -1;
@@ -392,8 +346,8 @@ static int owner_parse(const void *p, size_t n, owner_t *o)
         if (v >= 4u) {
             if (n < end + 8)
                 return -1;
-            pg_t = get_u32(b + end);
-            pg_r = get_u32(b + end + 4);
+            pg_t = core_le_get_u32(b + end);
+            pg_r = core_le_get_u32(b + end + 4);
             if (pg_t > SRV_PENDING_GRAMMAR_MAX || pg_r > SRV_PENDING_GRAMMAR_MAX - pg_t ||
                 (!pg_t && pg_r))
                 return -1;
@@ -402,14 +356,14 @@ static int owner_parse(const void *p, size_t n, owner_t *o)
         if (n != end)
             return -1;
         for (size_t i = 0; i < n_in; i++)
-            if (get_u32(b + OWNER_BYTES_V3 + 4 * i) > (uint32_t)INT32_MAX)
+            if (core_le_get_u32(b + OWNER_BYTES_V3 + 4 * i) > (uint32_t)INT32_MAX)
                 return -1;
     }
-    uint32_t f = get_u32(b + 4);
+    uint32_t f = core_le_get_u32(b + 4);
     o->turn_open = (int)(f & 1u);
     o->has_chat = (int)((f >> 1) & 1u);
-    o->created = get_i64(b + 8);
-    o->last_used = get_i64(b + 16);
+    o->created = (int64_t)core_le_get_u64(b + 8);
+    o->last_used = (int64_t)core_le_get_u64(b + 16);
     memcpy(o->owner, tag, sizeof tag);
     o->turns = turns;
     o->last_flags = lf;
@@ -450,20 +404,20 @@ static int serialize_meta(const srv_store_t *st, const char *id, const owner_t *
     unsigned char *own = malloc(ol);
     if (!own)
         return STORE_FAIL(SRV_STORE_ENOMEM, "session %s: out of memory", id);
-    put_u32(own, OWNER_VERSION);
-    put_u32(own + 4, (uint32_t)(o->turn_open ? 1 : 0) | (uint32_t)(o->has_chat ? 2 : 0));
-    put_i64(own + 8, o->created);
-    put_i64(own + 16, o->last_used);
+    core_le_put_u32(own, OWNER_VERSION);
+    core_le_put_u32(own + 4, (uint32_t)(o->turn_open ? 1 : 0) | (uint32_t)(o->has_chat ? 2 : 0));
+    core_le_put_u64(own + 8, (uint64_t)o->created);
+    core_le_put_u64(own + 16, (uint64_t)o->last_used);
     memset(own + OWNER_BYTES_V1, 0, OWNER_LEN);
     memcpy(own + OWNER_BYTES_V1, o->owner, strlen(o->owner));
-    put_i64(own + OWNER_BYTES_V2, o->turns);
-    put_u32(own + OWNER_BYTES_V2 + 8, o->last_flags);
-    put_u32(own + OWNER_BYTES_V2 + 12, (uint32_t)n_in);
+    core_le_put_u64(own + OWNER_BYTES_V2, (uint64_t)o->turns);
+    core_le_put_u32(own + OWNER_BYTES_V2 + 8, o->last_flags);
+    core_le_put_u32(own + OWNER_BYTES_V2 + 12, (uint32_t)n_in);
     for (size_t i = 0; i < n_in; i++)
-        put_u32(own + OWNER_BYTES_V3 + 4 * i, (uint32_t)in[i]);
+        core_le_put_u32(own + OWNER_BYTES_V3 + 4 * i, (uint32_t)in[i]);
     unsigned char *pgp = own + OWNER_BYTES_V3 + 4 * n_in;
-    put_u32(pgp, (uint32_t)(pg_len ? o->pg_text : 0));
-    put_u32(pgp + 4, (uint32_t)(pg_len ? o->pg_reply : 0));
+    core_le_put_u32(pgp, (uint32_t)(pg_len ? o->pg_text : 0));
+    core_le_put_u32(pgp + 4, (uint32_t)(pg_len ? o->pg_reply : 0));
     if (pg_len)
         memcpy(pgp + 8, o->pg, pg_len);
     core_state_desc_t d = {.fingerprint = st->fp, .state = c->state, .sampler = c->sampler,
@@ -514,7 +468,7 @@ static int owner_input(const owner_t *o, int32_t **out)
     if (!v)
         return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a turn's input");
     for (size_t i = 0; i < o->n_in; i++)
-        v[i] = (int32_t)get_u32(o->in + 4 * i);
+        v[i] = (int32_t)core_le_get_u32(o->in + 4 * i);
     *out = v;
     return 0;
 }
@@ -547,7 +501,7 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
     if (core_state_peek(b, len, &in, NULL) == 0 && in.total == len) {
         size_t off = in.owner_off + in.owner_len;
         for (size_t i = 0; i < in.n_pending; i++) {
-            uint32_t t = get_u32(b + off + 4 * i);
+            uint32_t t = core_le_get_u32(b + off + 4 * i);
             if (t >= (uint32_t)st->n_vocab) {
                 /* Damage or another model explains it better, if either applies. */
                 if (core_state_verify(b, len, st->fp, st->attn, &e) < 0)
@@ -571,7 +525,7 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
         *have_owner = 1;
         /* a turn's input that this vocabulary cannot feed is not kept */
         for (size_t i = 0; i < o->n_in; i++)
-            if (get_u32(o->in + 4 * i) >= (uint32_t)st->n_vocab) {
+            if (core_le_get_u32(o->in + 4 * i) >= (uint32_t)st->n_vocab) {
                 o->last_flags &= ~TURN_KEPT;
                 o->in = NULL;
                 o->n_in = 0;

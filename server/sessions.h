@@ -131,6 +131,7 @@
 #include <sys/types.h>
 
 #include "core/model.h"
+#include "proto/proto.h"
 #include "server/engine.h"
 
 /* X(name, value, description) */
@@ -162,7 +163,7 @@ const char *srv_store_last_error(void);
 /* Sets that detail (printf-style): for the store's backends (server/store.h). */
 void srv_store_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-#define SRV_SESSION_ID_LEN 32 /* lowercase hex chars of an id (128 random bits) */
+#define SRV_SESSION_ID_LEN PROTO_SESSION_ID_LEN /* 32 lowercase hex chars (proto/ids.c) */
 #define SRV_SESSION_OWNER_LEN 32 /* lowercase hex chars of an owner tag */
 #define SRV_STORE_MAX_CHECKPOINTS 64 /* max_checkpoints at most (CORE_STATE_MAX_CHECKPOINTS) */
 #define SRV_TURN_INPUT_MAX 8192      /* input tokens of the last turn kept for a redo */
@@ -402,7 +403,7 @@ int srv_store_refresh(srv_store_t *st, const char *id);
  * else SRV_STORE_EUNAVAIL with the reason in why[n]. Never blocks. */
 int srv_store_health(srv_store_t *st, char *why, size_t n);
 
-/* 1 if id is a well-formed session id (32 lowercase hex chars). */
+/* 1 if id is a well-formed session id, NUL-terminated (proto_session_id_valid). */
 int srv_session_id_valid(const char *id);
 
 /* ---- accessors for a session the caller holds (busy) ---- */
