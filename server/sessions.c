@@ -1431,11 +1431,6 @@ void srv_store_set_fault_fn(srv_store_t *st, srv_store_fault_fn fn, void *ud)
     pthread_mutex_unlock(&st->mu);
 }
 
-size_t srv_store_max_blob(const srv_store_t *st)
-{
-    return st->max_blob;
-}
-
 size_t srv_store_max_export(const srv_store_t *st)
 {
     return st->max_export;
@@ -1756,12 +1751,6 @@ int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out)
     return s ? 0 : STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
 }
 
-int srv_store_list(srv_store_t *st, const char *after, size_t limit, srv_session_info_t *out,
-                   size_t *n, int *has_more)
-{
-    return srv_store_list_owned(st, NULL, after, limit, out, n, has_more);
-}
-
 int srv_store_list_owned(srv_store_t *st, const char *owner, const char *after, size_t limit,
                          srv_session_info_t *out, size_t *n, int *has_more)
 {
@@ -1846,11 +1835,6 @@ static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
         c->n_pending = src->n_pending;
     }
     return 0;
-}
-
-int srv_store_fork(srv_store_t *st, const char *id, char out_id[SRV_SESSION_ID_LEN + 1])
-{
-    return srv_store_fork_owned(st, id, NULL, out_id);
 }
 
 int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
@@ -2599,13 +2583,6 @@ int srv_store_redo_begin(srv_store_t *st, srv_session_t *s)
     return rc;
 }
 
-void srv_store_redo_abort(srv_store_t *st, srv_session_t *s)
-{
-    pthread_mutex_lock(&st->mu);
-    redo_end(st, s, 1);
-    pthread_mutex_unlock(&st->mu);
-}
-
 /* ---- accessors ---- */
 
 const char *srv_session_id(const srv_session_t *s)
@@ -2765,17 +2742,6 @@ srv_session_t *srv_sess_find_settled(srv_store_t *st, const char *id)
     return find_settled(st, id);
 }
 
-srv_session_t *srv_sess_tab_after(const srv_store_t *st, const char *id)
-{
-    size_t i = id && id[0] ? tab_bound(st, id, 1) : 0;
-    return i < st->n ? st->tab[i] : NULL;
-}
-
-int srv_sess_ctx_new(srv_store_t *st, srv_seq_ctx_t *c)
-{
-    return ctx_new(st, c);
-}
-
 void srv_sess_ctx_free(srv_seq_ctx_t *c)
 {
     ctx_free(c);
@@ -2804,11 +2770,6 @@ void srv_sess_drop_memory(srv_store_t *st, srv_session_t *s)
 void srv_sess_disk_written(srv_store_t *st, srv_session_t *s, size_t len)
 {
     disk_written(st, s, len);
-}
-
-void srv_sess_disk_gone(srv_store_t *st, srv_session_t *s)
-{
-    disk_gone(st, s);
 }
 
 int srv_sess_make_room(srv_store_t *st, size_t need)
@@ -2852,14 +2813,4 @@ int srv_sess_load_blob(srv_store_t *st, const unsigned char *buf, size_t len, co
 void srv_sess_meta_free(meta_t *m)
 {
     meta_free(m);
-}
-
-void srv_sess_fill_info(const srv_session_t *s, srv_session_info_t *o)
-{
-    fill_info(s, o);
-}
-
-int srv_sess_owner_tag_valid(const char *s)
-{
-    return owner_tag_valid(s);
 }

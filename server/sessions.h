@@ -260,19 +260,16 @@ int srv_store_delete(srv_store_t *st, const char *id);
 /* *out (caller-owned) for id. ENOTFOUND, EINVAL. */
 int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out);
 /* Sessions ordered by id, those after `after` (exclusive; NULL or "" = from
- * the start): up to limit entries into out[] (caller-owned), their count in
- * *n, *has_more = 1 if more follow. */
-int srv_store_list(srv_store_t *st, const char *after, size_t limit, srv_session_info_t *out,
-                   size_t *n, int *has_more);
-/* Same, only sessions whose owner tag is owner (NULL = every session). */
+ * the start) whose owner tag is owner (NULL = every session): up to limit
+ * entries into out[] (caller-owned), their count in *n, *has_more = 1 if
+ * more follow. */
 int srv_store_list_owned(srv_store_t *st, const char *owner, const char *after, size_t limit,
                          srv_session_info_t *out, size_t *n, int *has_more);
 /* Copies session id into a new session (O(state); written at once when the
  * store has a directory), its id into new_id. The copy continues exactly
- * like the original. The source must not be busy (EBUSY). */
-int srv_store_fork(srv_store_t *st, const char *id, char new_id[SRV_SESSION_ID_LEN + 1]);
-/* Same; the copy's owner tag is owner (borrowed; "" = none; NULL = the
- * source's). EINVAL for a malformed tag. */
+ * like the original. The source must not be busy (EBUSY). The copy's owner
+ * tag is owner (borrowed; "" = none; NULL = the source's). EINVAL for a
+ * malformed tag. */
 int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
                          char new_id[SRV_SESSION_ID_LEN + 1]);
 /* The session's state blob (core/state.h; new malloc'd *blob, caller frees).
@@ -327,10 +324,8 @@ int srv_store_needs_settle(srv_store_t *st);
  * does without expiring anything. Not on the no-I/O thread. Returns 0 or
  * the first error. */
 int srv_store_settle(srv_store_t *st);
-/* Largest state blob this store's model and attention can produce (for
- * bounding file reads), and the largest an export can be (its checkpoints
- * included: for bounding an import body). */
-size_t srv_store_max_blob(const srv_store_t *st);
+/* The largest state blob an export can be (its checkpoints included: for
+ * bounding an import body). */
 size_t srv_store_max_export(const srv_store_t *st);
 
 /* ---- turns and checkpoints (see "Turns and checkpoints") ---- */
@@ -347,7 +342,9 @@ size_t srv_store_max_export(const srv_store_t *st);
  * No I/O. SRV_STORE_EINVAL when a turn is already open. */
 int srv_store_turn_begin(srv_store_t *st, srv_session_t *s, const int32_t *input, size_t n,
                          unsigned flags);
-/* Undoes srv_store_turn_begin (the turn's job was never submitted). */
+/* Undoes srv_store_turn_begin (the turn's job was never submitted). The
+ * server undoes a turn by releasing the session without persist instead;
+ * this is the undo that keeps the session held (tests use it). */
 void srv_store_turn_abort(srv_store_t *st, srv_session_t *s);
 /* Takes session id back `n` turns (n >= 1) to its checkpoint after
  * turns - n turns: that checkpoint's file becomes the session's file
@@ -372,13 +369,11 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
  * session (no I/O) swaps the prepared checkpoint in and keeps the state
  * it replaced until the release: release with persist commits the redo
  * (the new reply's state is written; the checkpoint before the turn stays),
- * release without persist or srv_store_redo_abort puts the previous state
- * back. srv_store_redo_begin is SRV_STORE_EEVICTED when nothing is prepared
+ * release without persist puts the previous state back. srv_store_redo_begin is SRV_STORE_EEVICTED when nothing is prepared
  * (or what was prepared is stale: the session changed or was evicted
  * meanwhile): prepare again. */
 int srv_store_redo_prepare(srv_store_t *st, const char *id);
 int srv_store_redo_begin(srv_store_t *st, srv_session_t *s);
-void srv_store_redo_abort(srv_store_t *st, srv_session_t *s);
 
 /* ---- shared stores (see "Shared stores") ---- */
 
@@ -406,7 +401,10 @@ int srv_store_health(srv_store_t *st, char *why, size_t n);
 /* 1 if id is a well-formed session id, NUL-terminated (proto_session_id_valid). */
 int srv_session_id_valid(const char *id);
 
-/* ---- accessors for a session the caller holds (busy) ---- */
+/* ---- accessors for a session the caller holds (busy) ----
+ * srv_session_has_chat, srv_session_turns and srv_session_owner have no
+ * caller in the server (srv_store_info gives turns and owner of a session
+ * not held); the unit tests read a held session through them. */
 
 const char *srv_session_id(const srv_session_t *s);      /* borrowed, NUL-terminated */
 srv_seq_ctx_t *srv_session_ctx(srv_session_t *s);        /* borrowed: state, sampler, pending */

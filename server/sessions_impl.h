@@ -176,11 +176,7 @@ int srv_sess_tab_insert(srv_store_t *st, srv_session_t *s);
 void srv_sess_tab_remove(srv_store_t *st, const srv_session_t *s);
 /* Waits while s is under store I/O (caller holds mu): s, or NULL. */
 srv_session_t *srv_sess_find_settled(srv_store_t *st, const char *id);
-/* The next session of the table strictly after id ("" = the first), or NULL. */
-srv_session_t *srv_sess_tab_after(const srv_store_t *st, const char *id);
-/* Contexts: fresh (state, default sampler with a random seed), freed
- * (zeroed), an independent copy. */
-int srv_sess_ctx_new(srv_store_t *st, srv_seq_ctx_t *c);
+/* Contexts: freed (zeroed), an independent copy. */
 void srv_sess_ctx_free(srv_seq_ctx_t *c);
 int srv_sess_ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c);
 int64_t srv_sess_ctx_tokens(const srv_seq_ctx_t *c);
@@ -188,9 +184,8 @@ int64_t srv_sess_ctx_tokens(const srv_seq_ctx_t *c);
 void srv_sess_refresh(srv_store_t *st, srv_session_t *s);
 /* Caller holds mu: frees s's context and its accounting. */
 void srv_sess_drop_memory(srv_store_t *st, srv_session_t *s);
-/* Caller holds mu: s's saved copy is now len bytes / gone. */
+/* Caller holds mu: s's saved copy is now len bytes. */
 void srv_sess_disk_written(srv_store_t *st, srv_session_t *s, size_t len);
-void srv_sess_disk_gone(srv_store_t *st, srv_session_t *s);
 /* Caller holds mu: evicts until `need` more sessions fit (EFULL else). */
 int srv_sess_make_room(srv_store_t *st, size_t need);
 /* Caller holds mu: s is no longer busy (waiters wake). */
@@ -209,10 +204,6 @@ int srv_sess_serialize_ctx(const srv_store_t *st, const srv_session_t *s, const 
 int srv_sess_load_blob(srv_store_t *st, const unsigned char *buf, size_t len, const char *what,
                        srv_seq_ctx_t *c, meta_t *m);
 void srv_sess_meta_free(meta_t *m);
-/* *o of the session's info (caller holds mu). */
-void srv_sess_fill_info(const srv_session_t *s, srv_session_info_t *o);
-/* 1 if s is "" or an owner tag (32 lowercase hex chars). */
-int srv_sess_owner_tag_valid(const char *s);
 
 /* ---- sessions_remote.c: the remote mode's side of the srv_store_* calls ---- */
 

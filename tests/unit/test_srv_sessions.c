@@ -249,7 +249,7 @@ TEST(create_acquire_release_delete)
     CHECK_INT_EQ(srv_store_acquire(st, id, &s2), SRV_STORE_EBUSY);
     CHECK_INT_EQ(srv_store_delete(st, id), SRV_STORE_EBUSY);
     char nid[33];
-    CHECK_INT_EQ(srv_store_fork(st, id, nid), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_fork_owned(st, id, NULL, nid), SRV_STORE_EBUSY);
     void *blob = NULL;
     size_t blen = 0;
     CHECK_INT_EQ(srv_store_export(st, id, &blob, &blen), SRV_STORE_EBUSY);
@@ -284,7 +284,7 @@ TEST(create_acquire_release_delete)
     char after[33] = "";
     char prev[33] = "";
     while (more) {
-        CHECK_INT_EQ(srv_store_list(st, after, 3, page, &n, &more), 0);
+        CHECK_INT_EQ(srv_store_list_owned(st, NULL, after, 3, page, &n, &more), 0);
         for (size_t i = 0; i < n; i++) {
             CHECK(strcmp(page[i].id, prev) > 0);
             memcpy(prev, page[i].id, 33);
@@ -357,7 +357,7 @@ TEST(ids_unique_and_validated)
         CHECK_INT_EQ(srv_store_acquire(st, bad[i], &s), SRV_STORE_EINVAL);
         CHECK_INT_EQ(srv_store_delete(st, bad[i]), SRV_STORE_EINVAL);
         CHECK_INT_EQ(srv_store_info(st, bad[i], &in), SRV_STORE_EINVAL);
-        CHECK_INT_EQ(srv_store_fork(st, bad[i], nid), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_fork_owned(st, bad[i], NULL, nid), SRV_STORE_EINVAL);
         CHECK_INT_EQ(srv_store_export(st, bad[i], &b, &bl), SRV_STORE_EINVAL);
         CHECK_INT_EQ(srv_store_import(st, bad[i], "x", 1, NULL, 0), SRV_STORE_EINVAL);
     }
@@ -680,7 +680,7 @@ TEST(disk_budget_by_count_and_bytes)
     CHECK(dbytes >= 3 * one - 64 && dbytes <= 3 * one + 64);
     /* a fork writes a file too: the least recently used idle one (id[2]) goes */
     char fork_id[33];
-    CHECK_INT_EQ(srv_store_fork(st, id[3], fork_id), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, id[3], NULL, fork_id), 0);
     CHECK_INT_EQ(srv_store_info(st, id[2], &in), SRV_STORE_ENOTFOUND);
     CHECK_INT_EQ(srv_store_info(st, id[0], &in), 0);
     CHECK_INT_EQ(srv_store_info(st, fork_id, &in), 0);
@@ -809,7 +809,7 @@ TEST(fork_is_an_independent_copy)
     char a[33], f[33], g[33];
     make_session(st, model, 60, 1, a);
     srv_seq_ctx_t ref = snapshot(st, model, a);
-    CHECK_INT_EQ(srv_store_fork(st, a, f), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, f), 0);
     CHECK(strcmp(a, f) != 0 && srv_session_id_valid(f));
     CHECK(file_exists(dir, f));
     srv_session_info_t ia, ifk;
@@ -827,7 +827,7 @@ TEST(fork_is_an_independent_copy)
     srv_seq_ctx_t ref2 = copy_ctx(model, &ref);
     check_same(st, model, a, &ref, "original after its fork moved on");
     /* The fork, before it moved, was the same: fork again and compare. */
-    CHECK_INT_EQ(srv_store_fork(st, a, g), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, g), 0);
     check_same(st, model, g, &ref2, "second fork");
 
     /* A session whose state accumulates in double (made under other linear
@@ -840,7 +840,7 @@ TEST(fork_is_an_independent_copy)
     lo.fp64_state = 0;
     CHECK_INT_EQ(core_attn_linear_set_opts(core_model_attn(model), &lo, &cerr), 0);
     srv_seq_ctx_t r64 = snapshot(st, model, d64);
-    CHECK_INT_EQ(srv_store_fork(st, d64, f64), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, d64, NULL, f64), 0);
     check_same(st, model, f64, &r64, "fork of a double-precision state");
     srv_store_free(st);
 
@@ -851,7 +851,7 @@ TEST(fork_is_an_independent_copy)
         srv_store_free(st);
         st = open_store(dir, model, 0, 0, 0, NULL);
         char h[33];
-        CHECK_INT_EQ(srv_store_fork(st, a, h), 0);
+        CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, h), 0);
         srv_session_info_t in;
         CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
         CHECK(!in.in_memory);
@@ -1037,7 +1037,7 @@ TEST(pending_grammar_round_trip)
     CHECK_INT_EQ(pending_info(st, a), 3);
     check_pending(st, a, gram, rep, "set");
     /* a fork of a session in memory */
-    CHECK_INT_EQ(srv_store_fork(st, a, f), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, f), 0);
     CHECK_INT_EQ(pending_info(st, f), 3);
     check_pending(st, f, gram, rep, "fork");
     srv_store_free(st);
@@ -1048,7 +1048,7 @@ TEST(pending_grammar_round_trip)
         goto out;
     CHECK_INT_EQ(pending_info(st, a), 3);
     CHECK_INT_EQ(pending_info(st, b), -1);
-    CHECK_INT_EQ(srv_store_fork(st, a, f2), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, f2), 0);
     check_pending(st, f2, gram, rep, "fork of an evicted session");
     check_pending(st, a, gram, rep, "reopened");
     /* export and import into another session */
@@ -1509,7 +1509,7 @@ static void *work(void *arg)
             srv_session_info_t in[4];
             size_t n;
             int more;
-            srv_store_list(w->st, NULL, 4, in, &n, &more);
+            srv_store_list_owned(w->st, NULL, NULL, 4, in, &n, &more);
         }
     }
     return NULL;
