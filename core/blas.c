@@ -187,6 +187,8 @@ __attribute__((target("avx2,fma"))) static void nn_small_avx2(int64_t m, int64_t
  * each instance), a row of B loaded once per pass. Every element is the same
  * chain of fused multiply-adds in k order as in nn_small_avx2. */
 #define NN512_FN static inline __attribute__((target("avx512f,avx2,fma"), always_inline))
+/* B rows fetched ahead by the AVX-512 small kernels (see nt4_avx512) */
+enum { NT_PF = 8 };
 NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t lda,
                           const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
@@ -196,6 +198,9 @@ NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t
             acc[i][v] = _mm512_setzero_ps();
     for (int64_t t = 0; t < k; t++) {
         const float *bt = b + t * ldb;
+        if (t + NT_PF < k) /* as in nt4_avx512: a strided stream of B rows */
+            for (int v = 0; v < 4; v++)
+                _mm_prefetch((const char *)(bt + NT_PF * ldb + 16 * v), _MM_HINT_T0);
         const __m512 b0 = _mm512_loadu_ps(bt), b1 = _mm512_loadu_ps(bt + 16);
         const __m512 b2 = _mm512_loadu_ps(bt + 32), b3 = _mm512_loadu_ps(bt + 48);
         for (int i = 0; i < M; i++) {
@@ -236,7 +241,95 @@ __attribute__((target("avx512f,avx2,fma"))) static void nn_small_avx512(int64_t 
         nn_small_avx2(m, n - j, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc);
 }
 
+/* core_gemm_nt_small on AVX-512 for up to 4 rows of A and k a multiple of
+ * 16 (attention's scores: the query rows of a KV head against its keys):
+ * four B rows a pass, each loaded once for all M rows, 4M accumulators of
+ * 16 lanes, then one transposing reduction per row gives its four sums in a
+ * 128-bit vector (the per-element horizontal sums of a dot product each cost
+ * as much as the products themselves at k = 64). Fewer than four B rows
+ * left: one at a time, the same lane order. */
+NN512_FN __m128 sum4_512(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
+{
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512 t = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))));
+    /* each 128-bit lane: [a0, a1, a2, a3] partial sums; add the four lanes */
+    const __m256 y = _mm256_add_ps(_mm512_castps512_ps256(t),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+}
+
+NN512_FN void nt4_avx512(int M, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *b0 = b + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+        /* B rows (attention's keys, a stride of every KV head's row apart)
+         * are fetched NT_PF rows ahead: a strided stream across pages, which
+         * the hardware prefetcher follows poorly */
+        if (j + NT_PF + 4 <= n)
+            for (int r = 0; r < 4; r++)
+                for (int64_t t = 0; t < k; t += 16)
+                    _mm_prefetch((const char *)(b0 + (NT_PF + r) * ldb + t), _MM_HINT_T0);
+        __m512 acc[4][4];
+        for (int i = 0; i < M; i++)
+            for (int v = 0; v < 4; v++)
+                acc[i][v] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < k; t += 16) {
+            const __m512 w0 = _mm512_loadu_ps(b0 + t), w1 = _mm512_loadu_ps(b1 + t);
+            const __m512 w2 = _mm512_loadu_ps(b2 + t), w3 = _mm512_loadu_ps(b3 + t);
+            for (int i = 0; i < M; i++) {
+                const __m512 ai = _mm512_loadu_ps(a + i * lda + t);
+                acc[i][0] = _mm512_fmadd_ps(ai, w0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(ai, w1, acc[i][1]);
+                acc[i][2] = _mm512_fmadd_ps(ai, w2, acc[i][2]);
+                acc[i][3] = _mm512_fmadd_ps(ai, w3, acc[i][3]);
+            }
+        }
+        for (int i = 0; i < M; i++) {
+            __m128 r = _mm_mul_ps(_mm_set1_ps(alpha),
+                                  sum4_512(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+            float *ci = c + i * ldc + j;
+            if (beta != 0.0f)
+                r = _mm_fmadd_ps(_mm_set1_ps(beta), _mm_loadu_ps(ci), r);
+            _mm_storeu_ps(ci, r);
+        }
+    }
+    for (; j < n; j++) {
+        const float *bj = b + j * ldb;
+        for (int i = 0; i < M; i++) {
+            __m512 s = _mm512_setzero_ps();
+            for (int64_t t = 0; t < k; t += 16)
+                s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i * lda + t), _mm512_loadu_ps(bj + t), s);
+            const __m512 z = _mm512_setzero_ps();
+            float v = alpha * _mm_cvtss_f32(sum4_512(s, z, z, z));
+            float *cij = c + i * ldc + j;
+            *cij = beta == 0.0f ? v : v + beta * *cij;
+        }
+    }
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static int nt_small_avx512(
+    int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+    int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m > 4 || k % 16 != 0)
+        return 0;
+    switch (m) {
+    case 1: nt4_avx512(1, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 2: nt4_avx512(2, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 3: nt4_avx512(3, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    default: nt4_avx512(4, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    }
+    return 1;
+}
+
 typedef float (*dot_fn)(const float *, const float *, int64_t);
+typedef int (*nt_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                     int64_t, float, float *, int64_t);
 typedef void (*nn_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                       int64_t, float, float *, int64_t);
 
@@ -251,6 +344,7 @@ static void nn_small_generic(int64_t m, int64_t n, int64_t k, float alpha, const
  * that calls in before it is done waits, none reads a half-written choice). */
 static dot_fn small_dot;
 static nn_fn small_nn;
+static nt_fn small_nt; /* NULL, or a kernel that takes some shapes (returns 1 when it did) */
 static pthread_once_t small_once = PTHREAD_ONCE_INIT;
 static _Atomic int small_generic; /* core_gemm_small_force_generic */
 
@@ -262,8 +356,10 @@ static void pick_small(void)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         small_dot = dot_avx2;
         small_nn = nn_small_avx2;
-        if (__builtin_cpu_supports("avx512f"))
+        if (__builtin_cpu_supports("avx512f")) {
             small_nn = nn_small_avx512;
+            small_nt = nt_small_avx512;
+        }
     }
 #endif
 }
@@ -291,8 +387,10 @@ void core_gemm_nt_small(int64_t m, int64_t n, int64_t k, float alpha, const floa
                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     pthread_once(&small_once, pick_small);
-    const dot_fn dot =
-        atomic_load_explicit(&small_generic, memory_order_relaxed) ? dot_generic : small_dot;
+    const int generic = atomic_load_explicit(&small_generic, memory_order_relaxed);
+    if (!generic && small_nt && small_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+        return;
+    const dot_fn dot = generic ? dot_generic : small_dot;
     for (int64_t j = 0; j < n; j++) {
         const float *bj = b + j * ldb;
         for (int64_t i = 0; i < m; i++) {

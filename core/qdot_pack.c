@@ -134,14 +134,17 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
                 7);
             for (int r = 0; r < R; r++) {
                 const int8_t *q = qa->q + ((ri + r) * nb + b) * QB;
-                __m512i is = _mm512_setzero_si512();
-#pragma GCC unroll 8
-                for (int t = 0; t < 8; t++) {
-                    int32_t a4;
+                __m512i is = _mm512_setzero_si512(), ih = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; t++) { /* two chains, as below */
+                    int32_t a4, b4;
                     memcpy(&a4, q + 4 * t, 4);
+                    memcpy(&b4, q + 16 + 4 * t, 4);
                     is = _mm512_dpbusd_epi32(is, _mm512_xor_si512(_mm512_set1_epi32(a4), sign), w[t]);
+                    ih = _mm512_dpbusd_epi32(ih, _mm512_xor_si512(_mm512_set1_epi32(b4), sign),
+                                             w[t + 4]);
                 }
-                is = _mm512_sub_epi32(is, corr);
+                is = _mm512_sub_epi32(_mm512_add_epi32(is, ih), corr);
                 const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(qa->d[(ri + r) * nb + b]));
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), s, acc[r]);
             }
@@ -160,15 +163,17 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
                 : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
         for (int r = 0; r < R; r++) {
             const int8_t *q = qa->q + ((ri + r) * nb + b) * QB;
-            __m512i is = _mm512_setzero_si512();
+            /* two chains (low and high nibbles): half the dpbusd latency */
+            __m512i is = _mm512_setzero_si512(), ih = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 int32_t a4l, a4h;
                 memcpy(&a4l, q + 4 * t, 4);
                 memcpy(&a4h, q + 16 + 4 * t, 4);
                 is = _mm512_dpbusd_epi32(is, lo[t], _mm512_set1_epi32(a4l));
-                is = _mm512_dpbusd_epi32(is, hi[t], _mm512_set1_epi32(a4h));
+                ih = _mm512_dpbusd_epi32(ih, hi[t], _mm512_set1_epi32(a4h));
             }
+            is = _mm512_add_epi32(is, ih);
             const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(qa->d[(ri + r) * nb + b]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), s, acc[r]);
             macc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(qa->ds[(ri + r) * nb + b]), macc[r]);

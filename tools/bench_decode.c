@@ -3,7 +3,7 @@
  *
  *   bench_decode --model M [--attn K] [--features N] [--window W] [--sinks S]
  *                [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] [--threads T]
- *                [--isa generic|avx2|avx512vnni] [--vs P2]
+ *                [--isa generic|avx2|avx512vnni] [--vs P2] [--batch B]
  *
  * Brings one session's attention state to position P, then times R runs of
  * N single-token decode steps (core_model_forward of one token with its last
@@ -32,6 +32,9 @@
  * previous context to its own.
  * --threads T: the model's compute threads (and BLAS's), 0 = one per CPU;
  * --isa forces the quantized kernels onto one variant (core_qdot_force_isa).
+ * --batch B: B sessions at each context (copies of the one state), every
+ * step one forward of B single-token sequences (batched decode, what the
+ * server's scheduler runs with B streams); tokens/s counts all B.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -134,19 +137,28 @@ static int parse_ctx_list(const char *s, int64_t *at, int *n)
     return *n > 0 ? 0 : -1;
 }
 
-/* n single-token decode steps on st (what a server does per generated token). */
-static int decode(core_model_t *mdl, core_attn_state_t *st, int64_t n, int32_t *tok,
+#define MAX_BATCH 64
+
+/* n single-token decode steps on the nb states st[] at once (what a server
+ * does per generated token of nb streams). */
+static int decode(core_model_t *mdl, core_attn_state_t **st, int nb, int64_t n, int32_t *tok,
                   core_error_t *err)
 {
     const core_model_info_t *in = core_model_info(mdl);
-    float *logits = malloc((size_t)in->n_vocab * sizeof *logits);
+    float *logits = malloc((size_t)nb * (size_t)in->n_vocab * sizeof *logits);
     if (!logits)
         return core_error_set(err, CORE_ENOMEM, "out of memory");
     int rc = 0;
+    int32_t toks[MAX_BATCH];
+    core_batch_seq_t sq[MAX_BATCH];
     for (int64_t i = 0; rc == 0 && i < n; i++) {
-        core_batch_seq_t sq = {.state = st, .tokens = tok, .n_tokens = 1,
-                               .logits_mode = CORE_LOGITS_LAST, .logits = logits};
-        rc = core_model_forward(mdl, &sq, 1, err);
+        for (int b = 0; b < nb; b++) {
+            toks[b] = (int32_t)((*tok + 31 * b) % in->n_vocab);
+            sq[b] = (core_batch_seq_t){.state = st[b], .tokens = &toks[b], .n_tokens = 1,
+                                       .logits_mode = CORE_LOGITS_LAST,
+                                       .logits = logits + (size_t)b * (size_t)in->n_vocab};
+        }
+        rc = core_model_forward(mdl, sq, nb, err);
         *tok = (int32_t)((*tok * 7 + 13) % in->n_vocab); /* any token: the cost is the same */
     }
     free(logits);
@@ -156,7 +168,7 @@ static int decode(core_model_t *mdl, core_attn_state_t *st, int64_t n, int32_t *
 int main(int argc, char **argv)
 {
     const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL;
-    int64_t m = 0, w = -1, sinks = -1, n_tok = 32, runs = 5, threads = 0, vs = -1;
+    int64_t m = 0, w = -1, sinks = -1, n_tok = 32, runs = 5, threads = 0, vs = -1, batch = 1;
     int64_t at[MAX_CTX + 1];
     int n_st = 0;
     for (int i = 1; i < argc; i++) {
@@ -186,6 +198,8 @@ int main(int argc, char **argv)
             bad = parse_i64(v, 1, 1000, &runs);
         else if (!bad && !strcmp(a, "--threads"))
             bad = parse_i64(v, 0, 256, &threads);
+        else if (!bad && !strcmp(a, "--batch"))
+            bad = parse_i64(v, 1, MAX_BATCH, &batch);
         else
             bad = 1;
         if (bad) {
@@ -199,7 +213,7 @@ int main(int argc, char **argv)
     if (!model || n_st == 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
         fprintf(stderr, "usage: bench_decode --model M [--attn K] [--features N] [--window W] "
                         "[--sinks S] [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] "
-                        "[--threads T] [--isa NAME] [--vs P2]\n");
+                        "[--threads T] [--isa NAME] [--vs P2] [--batch B]\n");
         return 2;
     }
     if (isa) {
@@ -242,7 +256,7 @@ int main(int argc, char **argv)
 
     int status = 1;
     core_model_t *mdl = NULL;
-    core_attn_state_t *st[MAX_CTX + 1] = {NULL}, *acc = NULL;
+    core_attn_state_t *st[MAX_CTX + 1][MAX_BATCH] = {{NULL}}, *acc = NULL;
     double *tps = NULL;
     if (core_model_load(model, &mo, &mdl, &err) < 0) {
         fprintf(stderr, "bench_decode: %s\n", err.msg);
@@ -260,8 +274,8 @@ int main(int argc, char **argv)
         for (int i = 0; i < n_st; i++) { /* each its own KV cache, loaded whole */
             double t0 = now_s();
             core_rng_seed(&rng, 1);
-            if (core_attn_state_new(core_model_attn(mdl), &st[i], &err) < 0 ||
-                fill(mdl, mo.attn_kind, st[i], at[i], &rng, &err) < 0)
+            if (core_attn_state_new(core_model_attn(mdl), &st[i][0], &err) < 0 ||
+                fill(mdl, mo.attn_kind, st[i][0], at[i], &rng, &err) < 0)
                 goto fail;
             fill_s[i] = now_s() - t0;
         }
@@ -277,21 +291,26 @@ int main(int argc, char **argv)
             done_mask[i] = 1;
             double t0 = now_s();
             if (fill(mdl, mo.attn_kind, acc, at[i], &rng, &err) < 0 ||
-                core_attn_state_new(core_model_attn(mdl), &st[i], &err) < 0 ||
-                core_attn_state_copy(st[i], acc, &err) < 0)
+                core_attn_state_new(core_model_attn(mdl), &st[i][0], &err) < 0 ||
+                core_attn_state_copy(st[i][0], acc, &err) < 0)
                 goto fail;
             fill_s[i] = now_s() - t0;
         }
         core_attn_state_free(acc);
         acc = NULL;
     }
+    for (int i = 0; i < n_st; i++) /* the batch: copies of each context's state */
+        for (int b = 1; b < batch; b++)
+            if (core_attn_state_new(core_model_attn(mdl), &st[i][b], &err) < 0 ||
+                core_attn_state_copy(st[i][b], st[i][0], &err) < 0)
+                goto fail;
     int32_t tok = core_model_info(mdl)->n_vocab > 1000 ? 1000 : 1;
     for (int64_t r = 0; r < runs; r++)
         for (int i = 0; i < n_st; i++) { /* alternating: the load falls on both alike */
             double s0 = now_s();
-            if (decode(mdl, st[i], n_tok, &tok, &err) < 0)
+            if (decode(mdl, st[i], (int)batch, n_tok, &tok, &err) < 0)
                 goto fail;
-            tps[i * runs + r] = (double)n_tok / (now_s() - s0);
+            tps[i * runs + r] = (double)(n_tok * batch) / (now_s() - s0);
         }
     double med[MAX_CTX + 1];
     for (int i = 0; i < n_st; i++) {
@@ -299,12 +318,15 @@ int main(int argc, char **argv)
         printf("attn %s M=%" PRId64 " W=%" PRId64 " ctx %" PRId64 " threads %d isa %s: state %zu "
                "bytes; fill %.1f s; decode tokens/s:",
                attn, m, w, at[i], core_model_threads(mdl), core_qdot_isa_name(core_qdot_isa()),
-               core_attn_state_bytes(st[i]), fill_s[i]);
+               core_attn_state_bytes(st[i][0]), fill_s[i]);
         for (int64_t r = 0; r < runs; r++)
             printf(" %.2f", t[r]);
         qsort(t, (size_t)runs, sizeof *t, cmp_d);
         med[i] = t[runs / 2];
-        printf("; median %.2f\n", med[i]);
+        printf("; median %.2f", med[i]);
+        if (batch > 1) /* after the median: scripts/bench.py reads lines up to it */
+            printf("; batch %" PRId64 " (tokens/s of all)", batch);
+        printf("\n");
     }
     if (n_st == 2)
         printf("ratio of the medians, ctx %" PRId64 " / ctx %" PRId64 ": %.3f (runs alternated)\n",
@@ -316,7 +338,8 @@ fail:
 done:
     free(tps);
     for (int i = 0; i < n_st; i++)
-        core_attn_state_free(st[i]);
+        for (int b = 0; b < batch; b++)
+            core_attn_state_free(st[i][b]);
     core_attn_state_free(acc);
     core_model_free(mdl);
     return status;

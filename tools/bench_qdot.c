@@ -3,7 +3,8 @@
  *   bench_qdot [--type Q4_1] [--n ROWS] [--k COLS] [--m M] [--reps R] [--threads T]
  *
  * Times core_qmatmul_nt (f32 activations) and the integer path (quantize +
- * core_qdot_run_jobs) for every ISA this CPU runs, on random weights of n x
+ * core_qdot_run_jobs) for every ISA this CPU runs, and the packed integer
+ * path (core_q8_pack's layout, "int8p") where the ISA packs the type, on random weights of n x
  * k (default 1536 x 576: one FFN matrix of the default model, which stays in
  * L2; pass --n 100000 for a matrix that must come from memory), m activation
  * rows. Prints, per variant, the medians over R repetitions of wall time and
@@ -94,24 +95,31 @@ int main(int argc, char **argv)
         uint16_t h = core_fp32_to_fp16(0.01f);
         memcpy(w + i, &h, 2);
     }
+    void *pk = NULL;
+    if (core_q8_pack_supported(type) && k % CORE_Q8_BLOCK == 0 &&
+        (pk = malloc(core_q8_pack_bytes(type, n, k))))
+        core_q8_pack(type, w, rb, n, k, pk);
     for (long i = 0; i < m * k; i++)
         a[i] = (float)core_rng_normal(&r);
     printf("%s n=%ld k=%ld m=%ld threads=%d: %.1f MB of weights\n", tname, n, k, m,
            core_pool_size(pool), (double)n * (double)rb / 1e6);
     for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
         (void)core_qdot_force_isa((core_qdot_isa_t)isa);
-        for (int path = 0; path < 2; path++) {
-            if (path == 1 && !core_q8_supported(type))
+        for (int path = 0; path < 3; path++) {
+            if (path >= 1 && !core_q8_supported(type))
+                continue;
+            if (path == 2 && (!pk || isa != (int)CORE_QDOT_AVX512VNNI))
                 continue;
             for (long i = 0; i < reps; i++) {
                 const double t0 = now_s(), c0 = cpu_s();
                 core_q8_act_t qa;
                 core_qdot_job_t jb = {.type = type, .w = w, .row_bytes = rb, .n = n, .c = c,
                                       .ldc = n};
-                if (path == 1) {
+                if (path >= 1) {
                     core_q8_act_init(&qa, qb, m, k);
                     core_q8_quantize(&qa, a, k);
                     jb.qa = &qa;
+                    jb.pk = path == 2 ? pk : NULL;
                 } else {
                     jb.a = a;
                     jb.m = m;
@@ -126,7 +134,8 @@ int main(int argc, char **argv)
             qsort(tc, (size_t)reps, sizeof *tc, cmp_d);
             printf("  %-10s %-5s wall median %9.1f us (%6.2f GB/s)  cpu median %9.1f us (%6.2f "
                    "GB/s per CPU-second)\n",
-                   core_qdot_isa_name((core_qdot_isa_t)isa), path ? "int8" : "f32",
+                   core_qdot_isa_name((core_qdot_isa_t)isa),
+                   path == 2 ? "int8p" : path ? "int8" : "f32",
                    t[reps / 2] * 1e6, (double)n * (double)rb / t[reps / 2] / 1e9, tc[reps / 2] * 1e6,
                    (double)n * (double)rb / tc[reps / 2] / 1e9);
         }
@@ -136,6 +145,7 @@ int main(int argc, char **argv)
     free(a);
     free(c);
     free(qb);
+    free(pk);
     free(t);
     free(tc);
     return 0;

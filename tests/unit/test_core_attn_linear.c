@@ -1336,7 +1336,11 @@ TEST(test_trig_matches_oracle)
         core_attn_t *a1 = make_attn(&s, ad, 16, 0);
         float *o1 = run(a1, &s, &in, ONE, 1), *om = run(a1, &s, &in, MIXED, 7);
         double e1 = rel_diff(om, NULL, o1, out_count(&s, in.n));
-        CHECK_MSG(e1 < 1e-5, "%s chunked vs recurrence %.3g", d, e1);
+        /* 3e-5, not the positive kinds' 1e-5: signed features cancel in
+         * the sums, which magnifies float rounding (measured worst case
+         * 8.6e-6 with dot-product scores, 1.05e-5 with the AVX-512 4-key
+         * kernel of core/blas.c; a chunking error is orders larger) */
+        CHECK_MSG(e1 < 3e-5, "%s chunked vs recurrence %.3g", d, e1);
         free(o1);
         free(om);
         core_attn_free(a1);
