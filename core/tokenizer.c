@@ -384,9 +384,9 @@ static int check_id(int32_t id, int32_t n, const char *what, core_error_t *err)
     return 0;
 }
 
-int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core_error_t *err)
+/* The spec's counts and arrays, before anything is allocated. */
+static int spec_check(const core_tok_spec_t *spec, core_error_t *err)
 {
-    *out = NULL;
     if (!spec || (spec->model != CORE_TOK_MODEL_BPE && spec->model != CORE_TOK_MODEL_SPM))
         return core_error_set(err, CORE_EINVAL, "tokenizer spec: unknown model kind");
     if (spec->n_tokens <= 0 || !spec->tokens)
@@ -401,35 +401,28 @@ int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core
     if (spec->model == CORE_TOK_MODEL_BPE && spec->n_merges > CORE_TOK_MAX_MERGES)
         return core_error_set(err, CORE_ERANGE, "tokenizer has %lld merges, limit %lld",
                               (long long)spec->n_merges, (long long)CORE_TOK_MAX_MERGES);
+    return 0;
+}
 
-    int32_t n = (int32_t)spec->n_tokens;
-    int rc = CORE_ENOMEM;
-    char *cat = NULL;
-    core_tokenizer_t *t = calloc(1, sizeof *t);
-    if (!t)
-        return core_error_set(err, CORE_ENOMEM, "out of memory for tokenizer");
-    t->model = spec->model;
-    t->n_vocab = n;
-
-    /* token texts: validate, then copy into one arena followed by the pieces */
+/* Token texts, types, the lookup hash and (SPM) scores: validated, then
+ * copied into one arena that the pieces follow; *off is where they start. */
+static int load_vocab(core_tokenizer_t *t, const core_tok_spec_t *spec, size_t *off,
+                      core_error_t *err)
+{
+    const int32_t n = t->n_vocab;
     size_t text_bytes = 0;
     for (int32_t i = 0; i < n; i++) {
         size_t l = spec_len(spec->tokens, spec->token_lens, i);
-        if (!spec->tokens[i] || l == 0) {
-            rc = core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.tokens[%d] is empty", (int)i);
-            goto fail;
-        }
-        if (l > CORE_TOK_MAX_TOKEN_LEN) {
-            rc = core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.tokens[%d] is %zu bytes, limit %d",
-                                (int)i, l, CORE_TOK_MAX_TOKEN_LEN);
-            goto fail;
-        }
+        if (!spec->tokens[i] || l == 0)
+            return core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.tokens[%d] is empty", (int)i);
+        if (l > CORE_TOK_MAX_TOKEN_LEN)
+            return core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.tokens[%d] is %zu bytes, limit %d",
+                                  (int)i, l, CORE_TOK_MAX_TOKEN_LEN);
         text_bytes += l;
-        if (spec->token_types && (spec->token_types[i] < 0 || spec->token_types[i] > 6)) {
-            rc = core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.token_type[%d] = %d is not a token type",
-                                (int)i, (int)spec->token_types[i]);
-            goto fail;
-        }
+        if (spec->token_types && (spec->token_types[i] < 0 || spec->token_types[i] > 6))
+            return core_error_set(err, CORE_EFORMAT,
+                                  "tokenizer.ggml.token_type[%d] = %d is not a token type", (int)i,
+                                  (int)spec->token_types[i]);
     }
     /* texts, then pieces, which are never longer than their text (make_piece) */
     t->text = malloc(text_bytes * 2 + 1);
@@ -442,19 +435,17 @@ int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core
     t->hash_mask = pow2_at_least((size_t)n * 2) - 1;
     t->hash = calloc(t->hash_mask + 1, sizeof *t->hash);
     if (!t->text || !t->tok_off || !t->tok_len || !t->piece_off || !t->piece_len || !t->types ||
-        !t->eog || !t->hash) {
-        rc = core_error_set(err, CORE_ENOMEM, "out of memory for a vocabulary of %d tokens", (int)n);
-        goto fail;
-    }
-    size_t off = 0;
+        !t->eog || !t->hash)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for a vocabulary of %d tokens", (int)n);
+    *off = 0;
     int n_dup = 0;
     int32_t first_dup = -1;
     for (int32_t i = 0; i < n; i++) {
         size_t l = spec_len(spec->tokens, spec->token_lens, i);
-        memcpy(t->text + off, spec->tokens[i], l);
-        t->tok_off[i] = off;
+        memcpy(t->text + *off, spec->tokens[i], l);
+        t->tok_off[i] = *off;
         t->tok_len[i] = (uint32_t)l;
-        off += l;
+        *off += l;
         t->types[i] = spec->token_types ? (uint8_t)spec->token_types[i] : CORE_TOK_TYPE_NORMAL;
         if (core_tok_lookup(t, tok_str(t, i), l) >= 0) {
             if (n_dup++ == 0)
@@ -472,20 +463,24 @@ int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core
 
     if (spec->model == CORE_TOK_MODEL_SPM) {
         t->scores = malloc((size_t)n * sizeof *t->scores);
-        if (!t->scores) {
-            rc = core_error_set(err, CORE_ENOMEM, "out of memory for scores");
-            goto fail;
-        }
+        if (!t->scores)
+            return core_error_set(err, CORE_ENOMEM, "out of memory for scores");
         memcpy(t->scores, spec->scores, (size_t)n * sizeof *t->scores);
     }
+    return 0;
+}
 
-    /* special ids and flags */
+/* Special ids, the add_* flags and the end-of-generation set. */
+static int set_specials(core_tokenizer_t *t, const core_tok_spec_t *spec, core_error_t *err)
+{
+    const int32_t n = t->n_vocab;
+    int rc;
     if ((rc = check_id(spec->bos_id, n, "bos_token_id", err)) ||
         (rc = check_id(spec->eos_id, n, "eos_token_id", err)) ||
         (rc = check_id(spec->eot_id, n, "eot_token_id", err)) ||
         (rc = check_id(spec->eom_id, n, "eom_token_id", err)) ||
         (rc = check_id(spec->unk_id, n, "unknown_token_id", err)))
-        goto fail;
+        return rc;
     t->bos = spec->bos_id;
     t->eos = spec->eos_id;
     t->eot = spec->eot_id;
@@ -494,14 +489,10 @@ int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core
     t->add_bos = spec->add_bos != 0;
     t->add_eos = spec->add_eos != 0;
     t->add_space_prefix = spec->add_space_prefix != 0;
-    if (t->add_bos && t->bos < 0) {
-        rc = core_error_set(err, CORE_EFORMAT, "add_bos_token is set but there is no bos_token_id");
-        goto fail;
-    }
-    if (t->add_eos && t->eos < 0) {
-        rc = core_error_set(err, CORE_EFORMAT, "add_eos_token is set but there is no eos_token_id");
-        goto fail;
-    }
+    if (t->add_bos && t->bos < 0)
+        return core_error_set(err, CORE_EFORMAT, "add_bos_token is set but there is no bos_token_id");
+    if (t->add_eos && t->eos < 0)
+        return core_error_set(err, CORE_EFORMAT, "add_eos_token is set but there is no eos_token_id");
     if (t->model == CORE_TOK_MODEL_BPE && t->add_space_prefix) {
         warn(t, "add_space_prefix is ignored for gpt2 (byte-level BPE) vocabularies");
         t->add_space_prefix = 0;
@@ -524,9 +515,14 @@ int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core
         t->eog[t->eot] = 1;
     if (t->eom >= 0)
         t->eog[t->eom] = 1;
+    return 0;
+}
 
-    /* byte tokens */
-    int16_t cp_to_byte[324];
+/* The token of each byte (-1: none) and the code point -> byte map of the
+ * byte-level BPE alphabet into cp_to_byte; warns about missing bytes. */
+static void find_byte_tokens(core_tokenizer_t *t, const core_tok_spec_t *spec,
+                             int16_t cp_to_byte[324])
+{
     gpt2_byte_map(t->byte_cp, cp_to_byte);
     int missing = 0;
     char missing_list[96] = "";
@@ -557,10 +553,102 @@ int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core
     else if (missing && missing < 256)
         warn(t, "%d bytes have no <0xXX> token (%s%s); characters needing them encode as unk",
              missing, missing_list, missing > 8 ? " ..." : "");
+}
 
-    /* pieces */
+/* The trie of special tokens (control, user-defined), matched before any
+ * other rule when encoding parses specials. */
+static int build_trie(core_tokenizer_t *t, core_error_t *err)
+{
+    int32_t trie_cap = 64;
+    t->trie = malloc((size_t)trie_cap * sizeof *t->trie);
+    if (!t->trie)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for special tokens");
+    t->n_trie = 1;
+    t->trie[0].child = t->trie[0].sibling = t->trie[0].id = -1;
+    t->trie[0].byte = 0;
+    for (int32_t i = 0; i < t->n_vocab; i++)
+        if (is_special_type(t->types[i]) && trie_add(t, i, &trie_cap) != 0)
+            return core_error_set(err, CORE_ENOMEM, "out of memory for special tokens");
+    return 0;
+}
+
+/* BPE: the merges table (each "left right" must name two tokens whose
+ * concatenation is a token). */
+static int load_merges(core_tokenizer_t *t, const core_tok_spec_t *spec, core_error_t *err)
+{
+    int rc = 0;
+    t->n_merges = spec->n_merges;
+    t->merge_mask = pow2_at_least((size_t)spec->n_merges * 2 + 1) - 1;
+    t->merges = malloc((t->merge_mask + 1) * sizeof *t->merges);
+    char *cat = malloc(2 * CORE_TOK_MAX_TOKEN_LEN + 1);
+    if (!t->merges || !cat) {
+        rc = core_error_set(err, CORE_ENOMEM, "out of memory for %lld merges", (long long)spec->n_merges);
+        goto out;
+    }
+    for (size_t i = 0; i <= t->merge_mask; i++)
+        t->merges[i].key = UINT64_MAX;
+    int n_dup_merges = 0;
+    for (int64_t i = 0; i < spec->n_merges; i++) {
+        const char *m = spec->merges[i];
+        size_t ml = spec_len(spec->merges, spec->merge_lens, i);
+        const char *sp = ml > 1 && m ? memchr(m + 1, ' ', ml - 1) : NULL;
+        if (!sp || sp + 1 == m + ml) {
+            rc = core_error_set(err, CORE_EFORMAT,
+                                "tokenizer.ggml.merges[%lld] \"%.*s\" is not two tokens separated by a space",
+                                (long long)i, (int)(ml < 64 ? ml : 64), m ? m : "");
+            goto out;
+        }
+        size_t ll = (size_t)(sp - m), rl = ml - ll - 1;
+        int32_t l = core_tok_lookup(t, m, ll);
+        int32_t r = core_tok_lookup(t, sp + 1, rl);
+        if (l < 0 || r < 0) {
+            rc = core_error_set(err, CORE_EFORMAT,
+                                "tokenizer.ggml.merges[%lld] \"%.*s\": %s part is not a token",
+                                (long long)i, (int)(ml < 64 ? ml : 64), m, l < 0 ? "left" : "right");
+            goto out;
+        }
+        if (ll + rl > 2 * CORE_TOK_MAX_TOKEN_LEN) {
+            rc = core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.merges[%lld] is too long", (long long)i);
+            goto out;
+        }
+        memcpy(cat, m, ll);
+        memcpy(cat + ll, sp + 1, rl);
+        int32_t id = core_tok_lookup(t, cat, ll + rl);
+        if (id < 0) {
+            rc = core_error_set(err, CORE_EFORMAT,
+                                "tokenizer.ggml.merges[%lld] \"%.*s\": the merged text is not a token",
+                                (long long)i, (int)(ml < 64 ? ml : 64), m);
+            goto out;
+        }
+        n_dup_merges += merge_put(t, l, r, (int32_t)i, id);
+    }
+    if (n_dup_merges)
+        warn(t, "%d merges repeat an earlier pair; the first rank is used", n_dup_merges);
+out:
+    free(cat);
+    return rc;
+}
+
+int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core_error_t *err)
+{
+    *out = NULL;
+    int rc = spec_check(spec, err);
+    if (rc)
+        return rc;
+    core_tokenizer_t *t = calloc(1, sizeof *t);
+    if (!t)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for tokenizer");
+    t->model = spec->model;
+    t->n_vocab = (int32_t)spec->n_tokens;
+    size_t off = 0;
+    int16_t cp_to_byte[324];
+    if ((rc = load_vocab(t, spec, &off, err)) || (rc = set_specials(t, spec, err)))
+        goto fail;
+    find_byte_tokens(t, spec, cp_to_byte);
+
+    /* pieces, after the texts in the arena */
     t->max_piece_len = 0;
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t pl = make_piece(t, i, cp_to_byte, t->text + off);
         t->piece_off[i] = off;
         t->piece_len[i] = (uint32_t)pl;
@@ -569,75 +657,11 @@ int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core
             t->max_piece_len = pl;
     }
 
-    /* special-token trie */
-    int32_t trie_cap = 64;
-    t->trie = malloc((size_t)trie_cap * sizeof *t->trie);
-    if (!t->trie) {
-        rc = core_error_set(err, CORE_ENOMEM, "out of memory for special tokens");
+    if ((rc = build_trie(t, err)))
         goto fail;
-    }
-    t->n_trie = 1;
-    t->trie[0].child = t->trie[0].sibling = t->trie[0].id = -1;
-    t->trie[0].byte = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (is_special_type(t->types[i]) && trie_add(t, i, &trie_cap) != 0) {
-            rc = core_error_set(err, CORE_ENOMEM, "out of memory for special tokens");
-            goto fail;
-        }
-    }
-
-    /* merges */
     if (t->model == CORE_TOK_MODEL_BPE) {
-        t->n_merges = spec->n_merges;
-        t->merge_mask = pow2_at_least((size_t)spec->n_merges * 2 + 1) - 1;
-        t->merges = malloc((t->merge_mask + 1) * sizeof *t->merges);
-        cat = malloc(2 * CORE_TOK_MAX_TOKEN_LEN + 1);
-        if (!t->merges || !cat) {
-            rc = core_error_set(err, CORE_ENOMEM, "out of memory for %lld merges", (long long)spec->n_merges);
-            goto fail;
-        }
-        for (size_t i = 0; i <= t->merge_mask; i++)
-            t->merges[i].key = UINT64_MAX;
-        int n_dup_merges = 0;
-        for (int64_t i = 0; i < spec->n_merges; i++) {
-            const char *m = spec->merges[i];
-            size_t ml = spec_len(spec->merges, spec->merge_lens, i);
-            const char *sp = ml > 1 && m ? memchr(m + 1, ' ', ml - 1) : NULL;
-            if (!sp || sp + 1 == m + ml) {
-                rc = core_error_set(err, CORE_EFORMAT,
-                                    "tokenizer.ggml.merges[%lld] \"%.*s\" is not two tokens separated by a space",
-                                    (long long)i, (int)(ml < 64 ? ml : 64), m ? m : "");
-                goto fail;
-            }
-            size_t ll = (size_t)(sp - m), rl = ml - ll - 1;
-            int32_t l = core_tok_lookup(t, m, ll);
-            int32_t r = core_tok_lookup(t, sp + 1, rl);
-            if (l < 0 || r < 0) {
-                rc = core_error_set(err, CORE_EFORMAT,
-                                    "tokenizer.ggml.merges[%lld] \"%.*s\": %s part is not a token",
-                                    (long long)i, (int)(ml < 64 ? ml : 64), m, l < 0 ? "left" : "right");
-                goto fail;
-            }
-            if (ll + rl > 2 * CORE_TOK_MAX_TOKEN_LEN) {
-                rc = core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.merges[%lld] is too long", (long long)i);
-                goto fail;
-            }
-            memcpy(cat, m, ll);
-            memcpy(cat + ll, sp + 1, rl);
-            int32_t id = core_tok_lookup(t, cat, ll + rl);
-            if (id < 0) {
-                rc = core_error_set(err, CORE_EFORMAT,
-                                    "tokenizer.ggml.merges[%lld] \"%.*s\": the merged text is not a token",
-                                    (long long)i, (int)(ml < 64 ? ml : 64), m);
-                goto fail;
-            }
-            n_dup_merges += merge_put(t, l, r, (int32_t)i, id);
-        }
-        if (n_dup_merges)
-            warn(t, "%d merges repeat an earlier pair; the first rank is used", n_dup_merges);
-        free(cat);
-        cat = NULL;
-        if ((rc = compile_pre(t, spec->pre ? spec->pre : "default", err)) != 0)
+        if ((rc = load_merges(t, spec, err)) ||
+            (rc = compile_pre(t, spec->pre ? spec->pre : "default", err)) != 0)
             goto fail;
     } else {
         t->pre_name = "spm";
@@ -646,7 +670,6 @@ int core_tokenizer_new(const core_tok_spec_t *spec, core_tokenizer_t **out, core
     *out = t;
     return 0;
 fail:
-    free(cat);
     core_tokenizer_free(t);
     return rc;
 }
@@ -695,22 +718,14 @@ static int read_str_array(const char *key, core_gguf_arr_t *arr,
     return 0;
 }
 
-int core_tokenizer_from_gguf_pre(const core_gguf_t *g, const char *pre, core_tokenizer_t **out,
-                                 core_error_t *err)
+/* tokenizer.ggml.model into spec->model and the pre-tokenizer name (pre,
+ * else tokenizer.ggml.pre copied into pre_name[64], else none). */
+static int gguf_model_kind(const core_gguf_t *g, const char *pre, core_tok_spec_t *spec,
+                           char pre_name[64], core_error_t *err)
 {
-    *out = NULL;
-    core_tok_spec_t spec;
-    core_tok_spec_init(&spec);
-    const char **tokens = NULL, **merges = NULL;
-    size_t *token_lens = NULL, *merge_lens = NULL;
-    float *scores = NULL;
-    int32_t *types = NULL;
-    char model[32], pre_name[64];
-    char note[256] = "";
+    char model[32];
     core_gguf_str_t s;
-    core_gguf_arr_t arr;
     int rc;
-
     rc = core_gguf_get_str(g, "tokenizer.ggml.model", &s, err);
     if (rc == CORE_ENOTFOUND)
         return core_error_set(err, CORE_EFORMAT, "missing tokenizer.ggml.model");
@@ -721,27 +736,156 @@ int core_tokenizer_from_gguf_pre(const core_gguf_t *g, const char *pre, core_tok
     memcpy(model, s.ptr, (size_t)s.len);
     model[s.len] = 0;
     if (strcmp(model, "gpt2") == 0)
-        spec.model = CORE_TOK_MODEL_BPE;
+        spec->model = CORE_TOK_MODEL_BPE;
     else if (strcmp(model, "llama") == 0)
-        spec.model = CORE_TOK_MODEL_SPM;
+        spec->model = CORE_TOK_MODEL_SPM;
     else
         return core_error_set(err, CORE_EUNSUPPORTED,
                               "tokenizer.ggml.model \"%s\" is not supported (gpt2, llama)", model);
 
     if (pre) {
-        spec.pre = pre;
+        spec->pre = pre;
     } else {
         rc = core_gguf_get_str(g, "tokenizer.ggml.pre", &s, err);
         if (rc && rc != CORE_ENOTFOUND)
             return rc;
         if (rc == 0) {
-            if (s.len >= sizeof pre_name)
-                s.len = sizeof pre_name - 1;
+            if (s.len >= 64)
+                s.len = 63;
             memcpy(pre_name, s.ptr, (size_t)s.len);
             pre_name[s.len] = 0;
-            spec.pre = pre_name;
+            spec->pre = pre_name;
         }
     }
+    return 0;
+}
+
+/* tokenizer.ggml.token_type, when present, into *types (new; the caller
+ * frees it) and spec->token_types. */
+static int gguf_token_types(const core_gguf_t *g, core_tok_spec_t *spec, int32_t **types,
+                            core_error_t *err)
+{
+    core_gguf_arr_t arr;
+    int rc = core_gguf_get_arr(g, "tokenizer.ggml.token_type", &arr, err);
+    if (rc == CORE_ENOTFOUND)
+        return 0;
+    if (rc)
+        return rc;
+    if (arr.n != (uint64_t)spec->n_tokens)
+        return core_error_set(err, CORE_EFORMAT,
+                              "tokenizer.ggml.token_type has %llu entries, tokenizer.ggml.tokens has %lld",
+                              (unsigned long long)arr.n, (long long)spec->n_tokens);
+    *types = malloc((size_t)arr.n * sizeof **types);
+    if (!*types)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for token types");
+    for (uint64_t i = 0; i < arr.n; i++) {
+        int64_t v;
+        if (core_gguf_arr_int(&arr, i, &v) != 0 || v < INT32_MIN || v > INT32_MAX)
+            return core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.token_type[%llu] is not an integer",
+                                  (unsigned long long)i);
+        (*types)[i] = (int32_t)v;
+    }
+    spec->token_types = *types;
+    return 0;
+}
+
+/* tokenizer.ggml.scores of a llama vocabulary into *scores (new; the caller
+ * frees it) and spec->scores; other vocabularies ignore them. */
+static int gguf_scores(const core_gguf_t *g, core_tok_spec_t *spec, float **scores,
+                       core_error_t *err)
+{
+    core_gguf_arr_t arr;
+    int rc = core_gguf_get_arr(g, "tokenizer.ggml.scores", &arr, err);
+    if (rc == CORE_ENOTFOUND)
+        return 0;
+    if (rc)
+        return rc;
+    if (spec->model != CORE_TOK_MODEL_SPM)
+        return 0;
+    if (arr.n != (uint64_t)spec->n_tokens)
+        return core_error_set(err, CORE_EFORMAT,
+                              "tokenizer.ggml.scores has %llu entries, tokenizer.ggml.tokens has %lld",
+                              (unsigned long long)arr.n, (long long)spec->n_tokens);
+    *scores = malloc((size_t)arr.n * sizeof **scores);
+    if (!*scores)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for scores");
+    for (uint64_t i = 0; i < arr.n; i++) {
+        double v;
+        if (core_gguf_arr_float(&arr, i, &v) != 0)
+            return core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.scores[%llu] is not a number",
+                                  (unsigned long long)i);
+        (*scores)[i] = (float)v;
+    }
+    spec->scores = *scores;
+    return 0;
+}
+
+/* The special ids and add_* flags: the vocabulary kind's defaults, then the
+ * file's keys; an id outside the vocabulary is dropped with a note in
+ * note[note_cap]. */
+static int gguf_special_ids(const core_gguf_t *g, core_tok_spec_t *spec, char *note,
+                            size_t note_cap, core_error_t *err)
+{
+    spec->add_bos = spec->model == CORE_TOK_MODEL_SPM;
+    spec->add_space_prefix = spec->model == CORE_TOK_MODEL_SPM;
+    if (spec->model == CORE_TOK_MODEL_SPM && spec->n_tokens > 2) {
+        spec->unk_id = 0;
+        spec->bos_id = 1;
+        spec->eos_id = 2;
+    }
+    static const struct {
+        const char *key;
+        size_t field;
+    } id_keys[] = {
+        {"tokenizer.ggml.bos_token_id", offsetof(core_tok_spec_t, bos_id)},
+        {"tokenizer.ggml.eos_token_id", offsetof(core_tok_spec_t, eos_id)},
+        {"tokenizer.ggml.eot_token_id", offsetof(core_tok_spec_t, eot_id)},
+        {"tokenizer.ggml.eom_token_id", offsetof(core_tok_spec_t, eom_id)},
+        {"tokenizer.ggml.unknown_token_id", offsetof(core_tok_spec_t, unk_id)},
+    };
+    for (size_t k = 0; k < sizeof id_keys / sizeof id_keys[0]; k++) {
+        int64_t v;
+        int present;
+        int rc = get_opt_int(g, id_keys[k].key, &v, &present, err);
+        if (rc)
+            return rc;
+        if (!present)
+            continue;
+        int32_t *field = (int32_t *)((char *)spec + id_keys[k].field);
+        if (v < 0 || v >= spec->n_tokens) {
+            size_t nl = strlen(note);
+            snprintf(note + nl, note_cap - nl, "%s%s = %lld ignored", nl ? "; " : "",
+                     id_keys[k].key + 15, (long long)v);
+            *field = -1;
+        } else {
+            *field = (int32_t)v;
+        }
+    }
+    int rc;
+    if ((rc = get_opt_bool(g, "tokenizer.ggml.add_bos_token", &spec->add_bos, err)) ||
+        (rc = get_opt_bool(g, "tokenizer.ggml.add_eos_token", &spec->add_eos, err)) ||
+        (rc = get_opt_bool(g, "tokenizer.ggml.add_space_prefix", &spec->add_space_prefix, err)))
+        return rc;
+    return 0;
+
+}
+
+int core_tokenizer_from_gguf_pre(const core_gguf_t *g, const char *pre, core_tokenizer_t **out,
+                                 core_error_t *err)
+{
+    *out = NULL;
+    core_tok_spec_t spec;
+    core_tok_spec_init(&spec);
+    const char **tokens = NULL, **merges = NULL;
+    size_t *token_lens = NULL, *merge_lens = NULL;
+    float *scores = NULL;
+    int32_t *types = NULL;
+    char pre_name[64];
+    char note[256] = "";
+    core_gguf_arr_t arr;
+    int rc = gguf_model_kind(g, pre, &spec, pre_name, err);
+    if (rc)
+        return rc;
 
     rc = core_gguf_get_arr(g, "tokenizer.ggml.tokens", &arr, err);
     if (rc == CORE_ENOTFOUND) {
@@ -761,59 +905,8 @@ int core_tokenizer_from_gguf_pre(const core_gguf_t *g, const char *pre, core_tok
     spec.tokens = tokens;
     spec.token_lens = token_lens;
 
-    rc = core_gguf_get_arr(g, "tokenizer.ggml.token_type", &arr, err);
-    if (rc && rc != CORE_ENOTFOUND)
+    if ((rc = gguf_token_types(g, &spec, &types, err)) || (rc = gguf_scores(g, &spec, &scores, err)))
         goto done;
-    if (rc == 0) {
-        if (arr.n != (uint64_t)spec.n_tokens) {
-            rc = core_error_set(err, CORE_EFORMAT,
-                                "tokenizer.ggml.token_type has %llu entries, tokenizer.ggml.tokens has %lld",
-                                (unsigned long long)arr.n, (long long)spec.n_tokens);
-            goto done;
-        }
-        types = malloc((size_t)arr.n * sizeof *types);
-        if (!types) {
-            rc = core_error_set(err, CORE_ENOMEM, "out of memory for token types");
-            goto done;
-        }
-        for (uint64_t i = 0; i < arr.n; i++) {
-            int64_t v;
-            if (core_gguf_arr_int(&arr, i, &v) != 0 || v < INT32_MIN || v > INT32_MAX) {
-                rc = core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.token_type[%llu] is not an integer",
-                                    (unsigned long long)i);
-                goto done;
-            }
-            types[i] = (int32_t)v;
-        }
-        spec.token_types = types;
-    }
-
-    rc = core_gguf_get_arr(g, "tokenizer.ggml.scores", &arr, err);
-    if (rc && rc != CORE_ENOTFOUND)
-        goto done;
-    if (rc == 0 && spec.model == CORE_TOK_MODEL_SPM) {
-        if (arr.n != (uint64_t)spec.n_tokens) {
-            rc = core_error_set(err, CORE_EFORMAT,
-                                "tokenizer.ggml.scores has %llu entries, tokenizer.ggml.tokens has %lld",
-                                (unsigned long long)arr.n, (long long)spec.n_tokens);
-            goto done;
-        }
-        scores = malloc((size_t)arr.n * sizeof *scores);
-        if (!scores) {
-            rc = core_error_set(err, CORE_ENOMEM, "out of memory for scores");
-            goto done;
-        }
-        for (uint64_t i = 0; i < arr.n; i++) {
-            double v;
-            if (core_gguf_arr_float(&arr, i, &v) != 0) {
-                rc = core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.scores[%llu] is not a number",
-                                    (unsigned long long)i);
-                goto done;
-            }
-            scores[i] = (float)v;
-        }
-        spec.scores = scores;
-    }
     if (spec.model == CORE_TOK_MODEL_SPM && !spec.scores) {
         rc = core_error_set(err, CORE_EFORMAT, "missing tokenizer.ggml.scores for a llama vocabulary");
         goto done;
@@ -834,43 +927,7 @@ int core_tokenizer_from_gguf_pre(const core_gguf_t *g, const char *pre, core_tok
         spec.merge_lens = merge_lens;
     }
 
-    spec.add_bos = spec.model == CORE_TOK_MODEL_SPM;
-    spec.add_space_prefix = spec.model == CORE_TOK_MODEL_SPM;
-    if (spec.model == CORE_TOK_MODEL_SPM && spec.n_tokens > 2) {
-        spec.unk_id = 0;
-        spec.bos_id = 1;
-        spec.eos_id = 2;
-    }
-    static const struct {
-        const char *key;
-        size_t field;
-    } id_keys[] = {
-        {"tokenizer.ggml.bos_token_id", offsetof(core_tok_spec_t, bos_id)},
-        {"tokenizer.ggml.eos_token_id", offsetof(core_tok_spec_t, eos_id)},
-        {"tokenizer.ggml.eot_token_id", offsetof(core_tok_spec_t, eot_id)},
-        {"tokenizer.ggml.eom_token_id", offsetof(core_tok_spec_t, eom_id)},
-        {"tokenizer.ggml.unknown_token_id", offsetof(core_tok_spec_t, unk_id)},
-    };
-    for (size_t k = 0; k < sizeof id_keys / sizeof id_keys[0]; k++) {
-        int64_t v;
-        int present;
-        if ((rc = get_opt_int(g, id_keys[k].key, &v, &present, err)))
-            goto done;
-        if (!present)
-            continue;
-        int32_t *field = (int32_t *)((char *)&spec + id_keys[k].field);
-        if (v < 0 || v >= spec.n_tokens) {
-            size_t nl = strlen(note);
-            snprintf(note + nl, sizeof note - nl, "%s%s = %lld ignored", nl ? "; " : "",
-                     id_keys[k].key + 15, (long long)v);
-            *field = -1;
-        } else {
-            *field = (int32_t)v;
-        }
-    }
-    if ((rc = get_opt_bool(g, "tokenizer.ggml.add_bos_token", &spec.add_bos, err)) ||
-        (rc = get_opt_bool(g, "tokenizer.ggml.add_eos_token", &spec.add_eos, err)) ||
-        (rc = get_opt_bool(g, "tokenizer.ggml.add_space_prefix", &spec.add_space_prefix, err)))
+    if ((rc = gguf_special_ids(g, &spec, note, sizeof note, err)))
         goto done;
 
     rc = core_tokenizer_new(&spec, out, err);
