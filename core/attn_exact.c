@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/blas.h"
+#include "core/le.h"
 
 enum {
     EXACT_GROW_CHUNK = 16,  /* tokens: the smallest step the cache grows by (it doubles
@@ -255,22 +256,6 @@ static int exact_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_
  * [pos][Hkv*Hd] little-endian floats each. Rows past pos are scratch and are
  * not saved, so a blob costs what the session has absorbed, not the capacity. */
 
-static void exact_le32(void *dst, const void *src, size_t n)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    const unsigned char *s = src;
-    unsigned char *d = dst;
-    for (size_t i = 0; i < n; i++, s += 4, d += 4) {
-        d[0] = s[3];
-        d[1] = s[2];
-        d[2] = s[1];
-        d[3] = s[0];
-    }
-#else
-    memcpy(dst, src, n * 4);
-#endif
-}
-
 /* Bytes of the payload of a state at pos tokens, 0 on overflow (pos > 0). */
 static size_t exact_payload_bytes(const core_attn_cfg_t *c, int64_t pos)
 {
@@ -304,9 +289,9 @@ static int exact_state_save(const core_attn_state_t *s, void *buf, size_t cap, c
     for (int l = 0; l < c->n_layer && n > 0; l++) {
         if (!es->k[l] || !es->v[l])
             return core_error_set(err, CORE_EINVAL, "exact attention: layer %d has no cache", l);
-        exact_le32(p, es->k[l], n);
+        core_le_copy32(p, es->k[l], n);
         p += n * sizeof(float);
-        exact_le32(p, es->v[l], n);
+        core_le_copy32(p, es->v[l], n);
         p += n * sizeof(float);
     }
     return 0;
@@ -338,9 +323,9 @@ static int exact_state_load(core_attn_state_t *s, int64_t pos, const void *buf, 
     for (int l = 0; l < c->n_layer; l++) {
         if (!es->k[l] || !es->v[l])
             return core_error_set(err, CORE_ENOMEM, "exact attention: layer %d has no cache", l);
-        exact_le32(es->k[l], p, n);
+        core_le_copy32(es->k[l], p, n);
         p += n * sizeof(float);
-        exact_le32(es->v[l], p, n);
+        core_le_copy32(es->v[l], p, n);
         p += n * sizeof(float);
         /* A blob is input: a NaN would poison every later softmax silently,
          * a huge finite value overflow the next forward. */

@@ -98,6 +98,7 @@
 
 #include "core/blas.h"
 #include "core/features.h"
+#include "core/le.h"
 #include "core/vexp.h"
 
 #define LIN_DEFAULT_CHUNK 64
@@ -1252,46 +1253,6 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
  * the precision it was saved in (a state's precision is its own, see
  * core_attn_linear_set_opts), so continuing it is bit-identical. */
 
-static void lin_le32(void *dst, const void *src, size_t n)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    const unsigned char *s = src;
-    unsigned char *d = dst;
-    for (size_t i = 0; i < n; i++, s += 4, d += 4)
-        for (int b = 0; b < 4; b++)
-            d[b] = s[3 - b];
-#else
-    memcpy(dst, src, n * 4);
-#endif
-}
-
-static void lin_le64(void *dst, const void *src, size_t n)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    const unsigned char *s = src;
-    unsigned char *d = dst;
-    for (size_t i = 0; i < n; i++, s += 8, d += 8)
-        for (int b = 0; b < 8; b++)
-            d[b] = s[7 - b];
-#else
-    memcpy(dst, src, n * 8);
-#endif
-}
-
-static void lin_put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t lin_get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
 /* Per layer, n valid floats of K then of V (layer l at k + l·stride):
  * written to or read from p, which is returned advanced. The window ring
  * and the sinks are laid out alike. */
@@ -1299,8 +1260,8 @@ static unsigned char *kv_rows_put(unsigned char *p, const float *k, const float 
                                   size_t stride, size_t n)
 {
     for (int l = 0; l < n_layer && n > 0; l++) {
-        lin_le32(p, k + (size_t)l * stride, n);
-        lin_le32(p + n * sizeof(float), v + (size_t)l * stride, n);
+        core_le_copy32(p, k + (size_t)l * stride, n);
+        core_le_copy32(p + n * sizeof(float), v + (size_t)l * stride, n);
         p += 2 * n * sizeof(float);
     }
     return p;
@@ -1310,8 +1271,8 @@ static const unsigned char *kv_rows_get(const unsigned char *p, float *k, float 
                                         size_t stride, size_t n)
 {
     for (int l = 0; l < n_layer && n > 0; l++) {
-        lin_le32(k + (size_t)l * stride, p, n);
-        lin_le32(v + (size_t)l * stride, p + n * sizeof(float), n);
+        core_le_copy32(k + (size_t)l * stride, p, n);
+        core_le_copy32(v + (size_t)l * stride, p + n * sizeof(float), n);
         p += 2 * n * sizeof(float);
     }
     return p;
@@ -1363,17 +1324,17 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
                               "buffer has %zu", z.bytes, cap);
     unsigned char *p = buf;
     size_t lw = (size_t)cfg->window * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
-    lin_put_u32(p, (uint32_t)z.es);
-    lin_put_u32(p + 4, (uint32_t)(z.n_ring / ((size_t)cfg->n_head_kv * (size_t)cfg->head_dim)));
+    core_le_put_u32(p, (uint32_t)z.es);
+    core_le_put_u32(p + 4, (uint32_t)(z.n_ring / ((size_t)cfg->n_head_kv * (size_t)cfg->head_dim)));
     p += 8;
-    lin_le64(p, st->c, z.n_z);
+    core_le_copy64(p, st->c, z.n_z);
     p += z.n_z * sizeof(double);
     if (st->fp64) {
-        lin_le64(p, st->S, z.n_s);
-        lin_le64(p + z.n_s * 8, st->z, z.n_z);
+        core_le_copy64(p, st->S, z.n_s);
+        core_le_copy64(p + z.n_s * 8, st->z, z.n_z);
     } else {
-        lin_le32(p, st->S, z.n_s);
-        lin_le32(p + z.n_s * 4, st->z, z.n_z);
+        core_le_copy32(p, st->S, z.n_s);
+        core_le_copy32(p + z.n_s * 4, st->z, z.n_z);
     }
     p += (z.n_s + z.n_z) * z.es;
     size_t ls = (size_t)cfg->sinks * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
@@ -1396,7 +1357,7 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     const unsigned char *p = buf;
     if (len < 8)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes", len);
-    uint32_t es = lin_get_u32(p), nv = lin_get_u32(p + 4);
+    uint32_t es = core_le_get_u32(p), nv = core_le_get_u32(p + 4);
     if (es != 4 && es != 8)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload: accumulator size %u "
                               "(expected 4 or 8)", es);
@@ -1417,14 +1378,14 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
             return rc;
     }
     p += 8;
-    lin_le64(st->c, p, z.n_z);
+    core_le_copy64(st->c, p, z.n_z);
     p += z.n_z * sizeof(double);
     if (fp64) {
-        lin_le64(st->S, p, z.n_s);
-        lin_le64(st->z, p + z.n_s * 8, z.n_z);
+        core_le_copy64(st->S, p, z.n_s);
+        core_le_copy64(st->z, p + z.n_s * 8, z.n_z);
     } else {
-        lin_le32(st->S, p, z.n_s);
-        lin_le32(st->z, p + z.n_s * 4, z.n_z);
+        core_le_copy32(st->S, p, z.n_s);
+        core_le_copy32(st->z, p + z.n_s * 4, z.n_z);
     }
     p += (z.n_s + z.n_z) * z.es;
     size_t lw = (size_t)cfg->window * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
