@@ -10,6 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* core_error_set returns its code; spelling the code out as the value lets
+ * static analysis see that every failure path returns nonzero. */
+#define TOK_FAIL(err, code, ...) (core_error_set((err), (code), __VA_ARGS__), (code))
+
 /* ---- pre-tokenizers ----
  *
  * The regexes are those of the HF tokenizer.json files, with one deliberate
@@ -388,19 +392,19 @@ static int check_id(int32_t id, int32_t n, const char *what, core_error_t *err)
 static int spec_check(const core_tok_spec_t *spec, core_error_t *err)
 {
     if (!spec || (spec->model != CORE_TOK_MODEL_BPE && spec->model != CORE_TOK_MODEL_SPM))
-        return core_error_set(err, CORE_EINVAL, "tokenizer spec: unknown model kind");
+        return TOK_FAIL(err, CORE_EINVAL, "tokenizer spec: unknown model kind");
     if (spec->n_tokens <= 0 || !spec->tokens)
-        return core_error_set(err, CORE_EFORMAT, "tokenizer has no tokens");
+        return TOK_FAIL(err, CORE_EFORMAT, "tokenizer has no tokens");
     if (spec->n_tokens > CORE_TOK_MAX_VOCAB)
-        return core_error_set(err, CORE_ERANGE, "tokenizer has %lld tokens, limit %lld",
-                              (long long)spec->n_tokens, (long long)CORE_TOK_MAX_VOCAB);
+        return TOK_FAIL(err, CORE_ERANGE, "tokenizer has %lld tokens, limit %lld",
+                        (long long)spec->n_tokens, (long long)CORE_TOK_MAX_VOCAB);
     if (spec->model == CORE_TOK_MODEL_SPM && !spec->scores)
-        return core_error_set(err, CORE_EFORMAT, "SentencePiece tokenizer without scores");
+        return TOK_FAIL(err, CORE_EFORMAT, "SentencePiece tokenizer without scores");
     if (spec->model == CORE_TOK_MODEL_BPE && (spec->n_merges < 0 || (spec->n_merges > 0 && !spec->merges)))
-        return core_error_set(err, CORE_EFORMAT, "BPE tokenizer without a merges array");
+        return TOK_FAIL(err, CORE_EFORMAT, "BPE tokenizer without a merges array");
     if (spec->model == CORE_TOK_MODEL_BPE && spec->n_merges > CORE_TOK_MAX_MERGES)
-        return core_error_set(err, CORE_ERANGE, "tokenizer has %lld merges, limit %lld",
-                              (long long)spec->n_merges, (long long)CORE_TOK_MAX_MERGES);
+        return TOK_FAIL(err, CORE_ERANGE, "tokenizer has %lld merges, limit %lld",
+                        (long long)spec->n_merges, (long long)CORE_TOK_MAX_MERGES);
     return 0;
 }
 
@@ -414,15 +418,15 @@ static int load_vocab(core_tokenizer_t *t, const core_tok_spec_t *spec, size_t *
     for (int32_t i = 0; i < n; i++) {
         size_t l = spec_len(spec->tokens, spec->token_lens, i);
         if (!spec->tokens[i] || l == 0)
-            return core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.tokens[%d] is empty", (int)i);
+            return TOK_FAIL(err, CORE_EFORMAT, "tokenizer.ggml.tokens[%d] is empty", (int)i);
         if (l > CORE_TOK_MAX_TOKEN_LEN)
-            return core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.tokens[%d] is %zu bytes, limit %d",
-                                  (int)i, l, CORE_TOK_MAX_TOKEN_LEN);
+            return TOK_FAIL(err, CORE_EFORMAT, "tokenizer.ggml.tokens[%d] is %zu bytes, limit %d",
+                            (int)i, l, CORE_TOK_MAX_TOKEN_LEN);
         text_bytes += l;
         if (spec->token_types && (spec->token_types[i] < 0 || spec->token_types[i] > 6))
-            return core_error_set(err, CORE_EFORMAT,
-                                  "tokenizer.ggml.token_type[%d] = %d is not a token type", (int)i,
-                                  (int)spec->token_types[i]);
+            return TOK_FAIL(err, CORE_EFORMAT,
+                            "tokenizer.ggml.token_type[%d] = %d is not a token type", (int)i,
+                            (int)spec->token_types[i]);
     }
     /* texts, then pieces, which are never longer than their text (make_piece) */
     t->text = malloc(text_bytes * 2 + 1);
@@ -436,7 +440,7 @@ static int load_vocab(core_tokenizer_t *t, const core_tok_spec_t *spec, size_t *
     t->hash = calloc(t->hash_mask + 1, sizeof *t->hash);
     if (!t->text || !t->tok_off || !t->tok_len || !t->piece_off || !t->piece_len || !t->types ||
         !t->eog || !t->hash)
-        return core_error_set(err, CORE_ENOMEM, "out of memory for a vocabulary of %d tokens", (int)n);
+        return TOK_FAIL(err, CORE_ENOMEM, "out of memory for a vocabulary of %d tokens", (int)n);
     *off = 0;
     int n_dup = 0;
     int32_t first_dup = -1;
@@ -464,7 +468,7 @@ static int load_vocab(core_tokenizer_t *t, const core_tok_spec_t *spec, size_t *
     if (spec->model == CORE_TOK_MODEL_SPM) {
         t->scores = malloc((size_t)n * sizeof *t->scores);
         if (!t->scores)
-            return core_error_set(err, CORE_ENOMEM, "out of memory for scores");
+            return TOK_FAIL(err, CORE_ENOMEM, "out of memory for scores");
         memcpy(t->scores, spec->scores, (size_t)n * sizeof *t->scores);
     }
     return 0;
@@ -490,9 +494,9 @@ static int set_specials(core_tokenizer_t *t, const core_tok_spec_t *spec, core_e
     t->add_eos = spec->add_eos != 0;
     t->add_space_prefix = spec->add_space_prefix != 0;
     if (t->add_bos && t->bos < 0)
-        return core_error_set(err, CORE_EFORMAT, "add_bos_token is set but there is no bos_token_id");
+        return TOK_FAIL(err, CORE_EFORMAT, "add_bos_token is set but there is no bos_token_id");
     if (t->add_eos && t->eos < 0)
-        return core_error_set(err, CORE_EFORMAT, "add_eos_token is set but there is no eos_token_id");
+        return TOK_FAIL(err, CORE_EFORMAT, "add_eos_token is set but there is no eos_token_id");
     if (t->model == CORE_TOK_MODEL_BPE && t->add_space_prefix) {
         warn(t, "add_space_prefix is ignored for gpt2 (byte-level BPE) vocabularies");
         t->add_space_prefix = 0;
@@ -562,13 +566,13 @@ static int build_trie(core_tokenizer_t *t, core_error_t *err)
     int32_t trie_cap = 64;
     t->trie = malloc((size_t)trie_cap * sizeof *t->trie);
     if (!t->trie)
-        return core_error_set(err, CORE_ENOMEM, "out of memory for special tokens");
+        return TOK_FAIL(err, CORE_ENOMEM, "out of memory for special tokens");
     t->n_trie = 1;
     t->trie[0].child = t->trie[0].sibling = t->trie[0].id = -1;
     t->trie[0].byte = 0;
     for (int32_t i = 0; i < t->n_vocab; i++)
         if (is_special_type(t->types[i]) && trie_add(t, i, &trie_cap) != 0)
-            return core_error_set(err, CORE_ENOMEM, "out of memory for special tokens");
+            return TOK_FAIL(err, CORE_ENOMEM, "out of memory for special tokens");
     return 0;
 }
 
@@ -728,7 +732,7 @@ static int gguf_model_kind(const core_gguf_t *g, const char *pre, core_tok_spec_
     int rc;
     rc = core_gguf_get_str(g, "tokenizer.ggml.model", &s, err);
     if (rc == CORE_ENOTFOUND)
-        return core_error_set(err, CORE_EFORMAT, "missing tokenizer.ggml.model");
+        return TOK_FAIL(err, CORE_EFORMAT, "missing tokenizer.ggml.model");
     if (rc)
         return rc;
     if (s.len >= sizeof model)
@@ -740,8 +744,8 @@ static int gguf_model_kind(const core_gguf_t *g, const char *pre, core_tok_spec_
     else if (strcmp(model, "llama") == 0)
         spec->model = CORE_TOK_MODEL_SPM;
     else
-        return core_error_set(err, CORE_EUNSUPPORTED,
-                              "tokenizer.ggml.model \"%s\" is not supported (gpt2, llama)", model);
+        return TOK_FAIL(err, CORE_EUNSUPPORTED,
+                        "tokenizer.ggml.model \"%s\" is not supported (gpt2, llama)", model);
 
     if (pre) {
         spec->pre = pre;
@@ -772,17 +776,17 @@ static int gguf_token_types(const core_gguf_t *g, core_tok_spec_t *spec, int32_t
     if (rc)
         return rc;
     if (arr.n != (uint64_t)spec->n_tokens)
-        return core_error_set(err, CORE_EFORMAT,
-                              "tokenizer.ggml.token_type has %llu entries, tokenizer.ggml.tokens has %lld",
-                              (unsigned long long)arr.n, (long long)spec->n_tokens);
+        return TOK_FAIL(err, CORE_EFORMAT,
+                        "tokenizer.ggml.token_type has %llu entries, tokenizer.ggml.tokens has %lld",
+                        (unsigned long long)arr.n, (long long)spec->n_tokens);
     *types = malloc((size_t)arr.n * sizeof **types);
     if (!*types)
-        return core_error_set(err, CORE_ENOMEM, "out of memory for token types");
+        return TOK_FAIL(err, CORE_ENOMEM, "out of memory for token types");
     for (uint64_t i = 0; i < arr.n; i++) {
         int64_t v;
         if (core_gguf_arr_int(&arr, i, &v) != 0 || v < INT32_MIN || v > INT32_MAX)
-            return core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.token_type[%llu] is not an integer",
-                                  (unsigned long long)i);
+            return TOK_FAIL(err, CORE_EFORMAT, "tokenizer.ggml.token_type[%llu] is not an integer",
+                            (unsigned long long)i);
         (*types)[i] = (int32_t)v;
     }
     spec->token_types = *types;
@@ -803,17 +807,17 @@ static int gguf_scores(const core_gguf_t *g, core_tok_spec_t *spec, float **scor
     if (spec->model != CORE_TOK_MODEL_SPM)
         return 0;
     if (arr.n != (uint64_t)spec->n_tokens)
-        return core_error_set(err, CORE_EFORMAT,
-                              "tokenizer.ggml.scores has %llu entries, tokenizer.ggml.tokens has %lld",
-                              (unsigned long long)arr.n, (long long)spec->n_tokens);
+        return TOK_FAIL(err, CORE_EFORMAT,
+                        "tokenizer.ggml.scores has %llu entries, tokenizer.ggml.tokens has %lld",
+                        (unsigned long long)arr.n, (long long)spec->n_tokens);
     *scores = malloc((size_t)arr.n * sizeof **scores);
     if (!*scores)
-        return core_error_set(err, CORE_ENOMEM, "out of memory for scores");
+        return TOK_FAIL(err, CORE_ENOMEM, "out of memory for scores");
     for (uint64_t i = 0; i < arr.n; i++) {
         double v;
         if (core_gguf_arr_float(&arr, i, &v) != 0)
-            return core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.scores[%llu] is not a number",
-                                  (unsigned long long)i);
+            return TOK_FAIL(err, CORE_EFORMAT, "tokenizer.ggml.scores[%llu] is not a number",
+                            (unsigned long long)i);
         (*scores)[i] = (float)v;
     }
     spec->scores = *scores;
