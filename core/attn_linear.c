@@ -97,6 +97,7 @@
 #include <string.h>
 
 #include "core/blas.h"
+#include "core/attn_linear.h"
 #include "core/features.h"
 #include "core/le.h"
 #include "core/vexp.h"

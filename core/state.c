@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "core/attn_impl.h"
+#include "core/attn_linear.h"
 #include "core/features.h"
 #include "core/le.h"
 

@@ -19,6 +19,7 @@
 
 #include "core/attn.h"
 #include "core/blas.h"
+#include "core/attn_linear.h"
 #include "core/features.h"
 #include "core/rng.h"
 #include "core/state.h"

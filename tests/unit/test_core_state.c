@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/attn.h"
+#include "core/attn_linear.h"
 #include "core/features.h"
 #include "core/model.h"
 #include "core/rng.h"

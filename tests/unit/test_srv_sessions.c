@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "core/attn_linear.h"
 #include "core/features.h"
 #include "core/model.h"
 #include "core/rng.h"
