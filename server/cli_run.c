@@ -15,7 +15,6 @@
 #include <time.h>
 
 #include "core/chat.h"
-#include "core/attn_linear.h"
 #include "core/features.h"
 #include "core/model.h"
 #include "core/sample.h"
@@ -199,6 +198,104 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* The prompt's token ids (new *ids): the prompt as it is, or with --chat
+ * rendered by the chat template (tmpl_name's, else the model's) as a user
+ * message after an optional system one. 0, or 1 after printing why not. */
+static int generate_prompt(core_model_t *m, core_tokenizer_t *tok, const char *prompt,
+                           const char *system, int chat, const char *tmpl_name, int32_t **ids,
+                           size_t *n_ids)
+{
+    core_error_t err = {0};
+    char *text = NULL;
+    size_t text_len = strlen(prompt);
+    unsigned flags = CORE_TOK_ADD_SPECIAL;
+    if (chat) {
+        core_chat_tmpl_t tmpl;
+        core_gguf_str_t tt = {NULL, 0};
+        char *tmpl_text = NULL;
+        if (core_gguf_get_str(core_model_gguf(m), "tokenizer.chat_template", &tt, NULL) == 0) {
+            tmpl_text = strndup(tt.ptr, (size_t)tt.len);
+            if (!tmpl_text) {
+                fprintf(stderr, "darkserve generate: out of memory\n");
+                return 1;
+            }
+        }
+        int rc = core_chat_tmpl_init(tmpl_name, tmpl_text, &tmpl, &err);
+        free(tmpl_text);
+        if (rc < 0) {
+            fprintf(stderr, "darkserve generate: chat template: %s\n", err.msg);
+            return 1;
+        }
+        core_chat_msg_t msgs[2];
+        size_t nm = 0;
+        if (system)
+            msgs[nm++] = (core_chat_msg_t){"system", system};
+        msgs[nm++] = (core_chat_msg_t){"user", prompt};
+        core_chat_opts_t co = {.add_generation_prompt = 1};
+        if (core_chat_render(&tmpl, msgs, nm, &co, CORE_CHAT_MAX_OUTPUT, &text, &text_len, &err) < 0) {
+            fprintf(stderr, "darkserve generate: %s\n", err.msg);
+            free(text);
+            return 1;
+        }
+        flags |= CORE_TOK_PARSE_SPECIAL;
+    }
+    int status = 1;
+    if (core_tokenizer_encode_alloc(tok, text ? text : prompt, text_len, 0, MAX_PROMPT_TOKENS, flags,
+                                    ids, n_ids, &err) < 0)
+        fprintf(stderr, "darkserve generate: cannot tokenize the prompt: %s\n", err.msg);
+    else if (*n_ids == 0)
+        fprintf(stderr, "darkserve generate: the prompt has no tokens\n");
+    else
+        status = 0;
+    free(text);
+    return status;
+}
+
+/* Samples up to max_tokens tokens from logits[V] (the prompt's last row)
+ * on, writing each piece to stdout as it comes; piece holds
+ * core_tok_stream_max_out(tok) bytes. *n_gen and *finish ("length",
+ * "stop") say how it ended. 0, or -1 with err set. */
+static int generate_tokens(core_model_t *m, core_tokenizer_t *tok, core_attn_state_t *st,
+                           core_sampler_t *smp, core_sample_ws_t *ws, float *logits, int64_t V,
+                           char *piece, int64_t max_tokens, int64_t *n_gen_out,
+                           const char **finish_out, core_error_t *err)
+{
+    core_tok_stream_t ts;
+    core_tok_stream_init(&ts, tok, 0);
+    int64_t n_gen = 0;
+    const char *finish = "length";
+    while (n_gen < max_tokens) {
+        core_sample_result_t res;
+        if (core_sampler_sample(smp, ws, logits, V, &res, err) < 0)
+            return -1;
+        n_gen++;
+        if (core_tokenizer_is_eog(tok, res.token)) {
+            finish = "stop";
+            break;
+        }
+        size_t n_out = 0;
+        if (core_tok_stream_push(&ts, res.token, piece, core_tok_stream_max_out(tok), &n_out, err) < 0)
+            return -1;
+        fwrite(piece, 1, n_out, stdout);
+        fflush(stdout);
+        if (n_gen == max_tokens)
+            break;
+        int32_t t = res.token;
+        core_batch_seq_t seq = {.state = st, .tokens = &t, .n_tokens = 1,
+                                .logits_mode = CORE_LOGITS_LAST, .logits = logits};
+        if (core_model_forward(m, &seq, 1, err) < 0)
+            return -1;
+    }
+    size_t n_out = 0;
+    core_tok_stream_flush(&ts, piece, core_tok_stream_max_out(tok), &n_out, NULL);
+    fwrite(piece, 1, n_out, stdout);
+    printf("\n");
+    fflush(stdout);
+    *n_gen_out = n_gen;
+    *finish_out = finish;
+    return 0;
+}
+
 int srv_cli_generate(int argc, char **argv)
 {
     load_args_t la = {.window = -1, .sinks = -1, .prerope = -1};
@@ -245,61 +342,24 @@ int srv_cli_generate(int argc, char **argv)
     core_attn_state_t *st = NULL;
     core_sampler_t *smp = NULL;
     core_sample_ws_t *ws = NULL;
-    char *text = NULL, *piece = NULL;
+    char *piece = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
     int status = 1;
 
     core_chat_tmpl_t tmpl;
-    if (chat) {
-        /* Validate the override before the (slow) model load. */
-        if (tmpl_name && core_chat_tmpl_from_name(tmpl_name, &tmpl, &err) < 0) {
-            fprintf(stderr, "darkserve generate: --chat-template: %s\n", err.msg);
-            return 2;
-        }
+    /* Validate the override before the (slow) model load. */
+    if (chat && tmpl_name && core_chat_tmpl_from_name(tmpl_name, &tmpl, &err) < 0) {
+        fprintf(stderr, "darkserve generate: --chat-template: %s\n", err.msg);
+        return 2;
     }
     rc = load_model("generate", &la, &m, &tok);
     if (rc != 0)
         return rc;
 
-    size_t text_len = strlen(prompt);
-    unsigned flags = CORE_TOK_ADD_SPECIAL;
-    if (chat) {
-        core_gguf_str_t tt = {NULL, 0};
-        char *tmpl_text = NULL;
-        if (core_gguf_get_str(core_model_gguf(m), "tokenizer.chat_template", &tt, NULL) == 0) {
-            tmpl_text = strndup(tt.ptr, (size_t)tt.len);
-            if (!tmpl_text)
-                goto oom;
-        }
-        rc = core_chat_tmpl_init(tmpl_name, tmpl_text, &tmpl, &err);
-        free(tmpl_text);
-        if (rc < 0) {
-            fprintf(stderr, "darkserve generate: chat template: %s\n", err.msg);
-            goto done;
-        }
-        core_chat_msg_t msgs[2];
-        size_t nm = 0;
-        if (system)
-            msgs[nm++] = (core_chat_msg_t){"system", system};
-        msgs[nm++] = (core_chat_msg_t){"user", prompt};
-        core_chat_opts_t co = {.add_generation_prompt = 1};
-        if (core_chat_render(&tmpl, msgs, nm, &co, CORE_CHAT_MAX_OUTPUT, &text, &text_len, &err) < 0) {
-            fprintf(stderr, "darkserve generate: %s\n", err.msg);
-            goto done;
-        }
-        flags |= CORE_TOK_PARSE_SPECIAL;
-    }
     size_t n_ids = 0;
-    if (core_tokenizer_encode_alloc(tok, text ? text : prompt, text_len, 0, MAX_PROMPT_TOKENS, flags,
-                                    &ids, &n_ids, &err) < 0) {
-        fprintf(stderr, "darkserve generate: cannot tokenize the prompt: %s\n", err.msg);
+    if (generate_prompt(m, tok, prompt, system, chat, tmpl_name, &ids, &n_ids) != 0)
         goto done;
-    }
-    if (n_ids == 0) {
-        fprintf(stderr, "darkserve generate: the prompt has no tokens\n");
-        goto done;
-    }
 
     const core_model_info_t *info = core_model_info(m);
     int64_t V = info->n_vocab;
@@ -329,37 +389,10 @@ int srv_cli_generate(int argc, char **argv)
         goto fail;
     double t1 = now_s();
 
-    core_tok_stream_t ts;
-    core_tok_stream_init(&ts, tok, 0);
     int64_t n_gen = 0;
     const char *finish = "length";
-    while (n_gen < max_tokens) {
-        core_sample_result_t res;
-        if (core_sampler_sample(smp, ws, logits, V, &res, &err) < 0)
-            goto fail;
-        n_gen++;
-        if (core_tokenizer_is_eog(tok, res.token)) {
-            finish = "stop";
-            break;
-        }
-        size_t n_out = 0;
-        if (core_tok_stream_push(&ts, res.token, piece, core_tok_stream_max_out(tok), &n_out, &err) < 0)
-            goto fail;
-        fwrite(piece, 1, n_out, stdout);
-        fflush(stdout);
-        if (n_gen == max_tokens)
-            break;
-        int32_t t = res.token;
-        core_batch_seq_t seq = {.state = st, .tokens = &t, .n_tokens = 1,
-                                .logits_mode = CORE_LOGITS_LAST, .logits = logits};
-        if (core_model_forward(m, &seq, 1, &err) < 0)
-            goto fail;
-    }
-    size_t n_out = 0;
-    core_tok_stream_flush(&ts, piece, core_tok_stream_max_out(tok), &n_out, NULL);
-    fwrite(piece, 1, n_out, stdout);
-    printf("\n");
-    fflush(stdout);
+    if (generate_tokens(m, tok, st, smp, ws, logits, V, piece, max_tokens, &n_gen, &finish, &err) < 0)
+        goto fail;
     double t2 = now_s();
     if (!no_stream_stats)
         fprintf(stderr,
@@ -381,7 +414,6 @@ done:
     free(logits);
     free(piece);
     free(ids);
-    free(text);
     core_tokenizer_free(tok);
     core_model_free(m);
     return status;
