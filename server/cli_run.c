@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "core/chat.h"
+#include "core/attn_linear.h"
 #include "core/features.h"
 #include "core/model.h"
 #include "core/sample.h"
