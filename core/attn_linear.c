@@ -805,15 +805,25 @@ static double trig_weight(lin_ctx_t *x, double lw, double den, double e)
  * running log-scales thus absorb the decay: the key that sets C_i still
  * contributes exactly 1 to z̃_i, so z̃ ≥ 1 and nothing underflows, however
  * long the stream. γ = 1 adds zeros: bit-identical to no decay. */
-static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
+/* One chunk of a KV head's rows, tokens [t0, t1), and what its steps
+ * (chunk_keys .. chunk_absorb, in that order) hand on to one another. */
+typedef struct lin_chunk {
+    int64_t t0, t1, nr; /* nr = (t1 − t0)·gs rows: the group's query heads per token */
+    int64_t ti0, ni;    /* the keys entering the linear state: those of tokens ti0..ti0+ni */
+    double cdec;        /* (t1 − t0)·log γ: the decay over the chunk */
+    int state_on;       /* the carried state holds keys */
+} lin_chunk_t;
+
+/* The keys entering the linear state with this chunk (their features and
+ * log-scales, in sc) and the state's new scales cn and rescale factors al. */
+static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
 {
     lin_scratch_t *sc = &x->sc;
     const core_features_t *f = x->f;
-    int64_t hd = x->hd, m = x->m, gs = x->gs, w = x->w, nsk = x->sinks;
-    int64_t nt = t1 - t0, nr = nt * gs;
+    int64_t hd = x->hd, m = x->m, w = x->w, nsk = x->sinks;
+    int64_t t0 = ck->t0, t1 = ck->t1;
     double *cn = sc->cn, *al = sc->al;
-    double lg = x->lg, cdec = (double)nt * lg;
-
+    double lg = x->lg, cdec = ck->cdec;
     /* Keys entering the linear state: token τ brings the key at τ−W, except
      * the sinks (positions < S), which stay exact forever. */
     int64_t tfirst = w + nsk - x->p0 > 0 ? w + nsk - x->p0 : 0;
@@ -864,7 +874,20 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         state_on |= x->c[i] > -INFINITY;
     }
     state_on &= !x->lin_off;
+    ck->ti0 = ti0;
+    ck->ni = ni;
+    ck->state_on = state_on;
+}
 
+/* The query rows' features: qp (for the chunk's own keys) and qs (the
+ * carried state's weights), with each row's log-scale lrow. */
+static void chunk_queries(lin_ctx_t *x, const lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    const core_features_t *f = x->f;
+    int64_t hd = x->hd, m = x->m, gs = x->gs;
+    int64_t t0 = ck->t0, t1 = ck->t1, nr = ck->nr;
+    double *cn = sc->cn, *al = sc->al;
     for (int64_t t = t0; t < t1; t++)
         memcpy(sc->qx + (t - t0) * gs * hd, x->q + t * x->nq + x->h * gs * hd,
                (size_t)(gs * hd) * sizeof(float));
@@ -911,7 +934,19 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
             ps[i] = (float)(p[i] * al[i]);
         }
     }
+}
 
+/* The linear part of every row: numerator num and denominator den from
+ * the carried state and the chunk's keys, and lrow its final log-weight. */
+static void chunk_linear(lin_ctx_t *x, const lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, m = x->m, gs = x->gs;
+    int64_t t0 = ck->t0, t1 = ck->t1, nr = ck->nr;
+    double *cn = sc->cn;
+    double lg = x->lg, cdec = ck->cdec;
+    int64_t ti0 = ck->ti0, ni = ck->ni;
+    int state_on = ck->state_on;
     /* Linear part, fast path: carried state (weights qs), chunk keys (qp·kpᵀ). */
     memset(sc->num, 0, (size_t)(nr * hd) * sizeof(float));
     for (int64_t r = 0; r < nr; r++)
@@ -976,112 +1011,134 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         /* −inf stays −inf; decay from the chunk's end back to row t; mixing weight. */
         sc->lrow[r] += (double)(t - t1 + 1) * lg + (double)x->mix[x->h * gs + r % gs] - sc->qhn[r];
     }
+}
 
-    /* Output rows: pure linear, or linear + exact sinks and window under one stabilizer. */
-    if (w == 0 && nsk == 0) {
-        for (int64_t r = 0; r < nr; r++) {
-            int64_t t = t0 + r / gs, g = r % gs;
-            float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
-            double inv = sc->lrow[r] > -INFINITY ? 1.0 / sc->den[r] : 0.0;
-            if (x->trig && sc->lrow[r] > -INFINITY) {
-                /* no exact mass to compare with: a non-positive estimate of
-                 * a positive mass gives the empty output, counted */
-                x->dst->rows++;
-                x->dst->neg += sc->den[r] < 0.0;
-                if (!(sc->den[r] > 0.0)) {
-                    x->dst->pure_zero++;
-                    inv = 0.0;
-                }
+/* Output rows with no exact keys (no window, no sinks): the linear part
+ * alone. */
+static void chunk_out_linear(lin_ctx_t *x, const lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, gs = x->gs;
+    int64_t t0 = ck->t0, nr = ck->nr;
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t t = t0 + r / gs, g = r % gs;
+        float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
+        double inv = sc->lrow[r] > -INFINITY ? 1.0 / sc->den[r] : 0.0;
+        if (x->trig && sc->lrow[r] > -INFINITY) {
+            /* no exact mass to compare with: a non-positive estimate of
+             * a positive mass gives the empty output, counted */
+            x->dst->rows++;
+            x->dst->neg += sc->den[r] < 0.0;
+            if (!(sc->den[r] > 0.0)) {
+                x->dst->pure_zero++;
+                inv = 0.0;
             }
-            for (int64_t c = 0; c < hd; c++)
-                o[c] = (float)(sc->num[r * hd + c] * inv);
         }
-    } else {
-        /* Exact keys: the sinks older than the span, then the span of every
-         * position some row's window reaches (for W = 0: the chunk's own). */
-        int64_t back = w > 0 ? w - 1 : 0;
-        int64_t pw0 = x->p0 + t0 - back > 0 ? x->p0 + t0 - back : 0;
-        int64_t ns = nsk < pw0 ? nsk : pw0;
-        int64_t nk = ns + x->p0 + t1 - pw0;
-        /* key j is at position j < ns ? j : pw0 + j − ns; the products read
-         * the sinks, the ring and this forward's rows where they lie */
-        const float scale = (float)(1.0 / sqrt((double)hd));
-        for (int64_t j = 0, len; j < nk; j += len) {
-            int64_t pos = j < ns ? j : pw0 + j - ns;
-            const float *kr = kv_run(x, x->k, x->ring_k, x->sink_k, pos,
-                                     j < ns ? ns : x->p0 + t1, &len);
-            core_gemm_nt(nr, len, hd, scale, sc->qx, hd, kr, x->nkv, 0.0f, sc->e + j, nk);
-        }
-        /* Sinks sit next to the window (StreamingLLM's positions): once a
-         * query at τ is past τ = W + S − 1, sink j is scored as if it were at
-         * position j + (τ − W + 1 − S), so the RoPE distance to the sinks
-         * stays W + S − 1 − j however long the stream — a model never saw
-         * RoPE distances past its training context. That relative rotation
-         * is the same for every such τ: with q̃ = q un-rotated by τ and
-         * k̃_j = k_j rotated by 1 − W − S (from its own j), the score is
-         * q̃·k̃_j. Before that τ every sink sits at its true position. */
-        int64_t tshift = w + nsk - 1; /* first τ with the shift */
-        int shifted = nsk > 0 && x->p0 + t1 - 1 >= tshift;
-        if (shifted) {
-            for (int64_t j = 0; j < nsk; j++) /* by tshift: the angles are precomputed */
-                rotate_back(x, x->sink_cs, kv_row(x, x->k, x->ring_k, x->sink_k, j),
-                            sc->ks + j * hd);
-            if (!x->pre)
-                unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
-            core_gemm_nt(nr, nsk, hd, (float)(1.0 / sqrt((double)hd)), sc->qu, hd, sc->ks, hd,
-                         0.0f, sc->es, nsk);
-        }
-        for (int64_t r = 0; r < nr; r++) {
-            int64_t tau = x->p0 + t0 + r / gs;
-            if (shifted && tau >= tshift)
-                for (int64_t j = 0; j < nsk; j++)
-                    sc->e[r * nk + (j < ns ? j : ns + j - pw0)] = sc->es[r * nsk + j];
-            /* key at u is visible iff u ≤ τ and (u in the window or u a sink) */
-            int64_t lo = w > 0 ? (tau - w + 1 > 0 ? tau - w + 1 : 0) : tau + 1;
-            float *er = sc->e + r * nk;
-            /* Flexformer's Lrow bounds the magnitude of its linear terms,
-             * not their signed sum (which can be far smaller): the exact
-             * scores alone stabilize its rows (the row's own key or a sink
-             * is always visible here, so E ≥ 1) */
-            double s = x->trig ? -INFINITY : sc->lrow[r];
-            for (int64_t j = 0; j < nk; j++) {
-                int64_t u = j < ns ? j : pw0 + j - ns;
-                if (u > tau || (u < lo && u >= nsk))
-                    er[j] = -INFINITY;
-                else if (er[j] > s)
-                    s = er[j];
-            }
-            core_exp_shifted(er, nk, s, er); /* -inf (masked) gives 0 */
-            double es = 0.0;
-            for (int64_t j = 0; j < nk; j++)
-                es += er[j];
-            sc->esum[r] = es;
-            /* From here on lrow holds the linear part's factor e^(Lrow − s*)
-             * (Flexformer: its log, Lrow − s*, which may exceed the double range). */
-            if (x->trig)
-                sc->lrow[r] = sc->lrow[r] - s;
-            else
-                sc->lrow[r] = sc->lrow[r] > -INFINITY ? exp(sc->lrow[r] - s) : 0.0;
-        }
-        for (int64_t j = 0, len; j < nk; j += len) {
-            int64_t pos = j < ns ? j : pw0 + j - ns;
-            const float *vr = kv_run(x, x->v, x->ring_v, x->sink_v, pos,
-                                     j < ns ? ns : x->p0 + t1, &len);
-            core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, vr, x->nkv, j > 0 ? 1.0f : 0.0f, sc->ev,
-                         hd);
-        }
-        for (int64_t r = 0; r < nr; r++) {
-            int64_t t = t0 + r / gs, g = r % gs;
-            float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
-            double wl = sc->lrow[r];
-            if (x->trig)
-                wl = trig_weight(x, sc->lrow[r], sc->den[r], sc->esum[r]);
-            double inv = 1.0 / (wl * sc->den[r] + sc->esum[r]);
-            for (int64_t c = 0; c < hd; c++)
-                o[c] = (float)((wl * sc->num[r * hd + c] + sc->ev[r * hd + c]) * inv);
-        }
+        for (int64_t c = 0; c < hd; c++)
+            o[c] = (float)(sc->num[r * hd + c] * inv);
     }
+}
 
+/* Output rows: the linear part and the exact sinks and window under one
+ * stabilizer. */
+static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, gs = x->gs, w = x->w, nsk = x->sinks;
+    int64_t t0 = ck->t0, t1 = ck->t1, nr = ck->nr;
+    /* Exact keys: the sinks older than the span, then the span of every
+     * position some row's window reaches (for W = 0: the chunk's own). */
+    int64_t back = w > 0 ? w - 1 : 0;
+    int64_t pw0 = x->p0 + t0 - back > 0 ? x->p0 + t0 - back : 0;
+    int64_t ns = nsk < pw0 ? nsk : pw0;
+    int64_t nk = ns + x->p0 + t1 - pw0;
+    /* key j is at position j < ns ? j : pw0 + j − ns; the products read
+     * the sinks, the ring and this forward's rows where they lie */
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    for (int64_t j = 0, len; j < nk; j += len) {
+        int64_t pos = j < ns ? j : pw0 + j - ns;
+        const float *kr = kv_run(x, x->k, x->ring_k, x->sink_k, pos,
+                                 j < ns ? ns : x->p0 + t1, &len);
+        core_gemm_nt(nr, len, hd, scale, sc->qx, hd, kr, x->nkv, 0.0f, sc->e + j, nk);
+    }
+    /* Sinks sit next to the window (StreamingLLM's positions): once a
+     * query at τ is past τ = W + S − 1, sink j is scored as if it were at
+     * position j + (τ − W + 1 − S), so the RoPE distance to the sinks
+     * stays W + S − 1 − j however long the stream — a model never saw
+     * RoPE distances past its training context. That relative rotation
+     * is the same for every such τ: with q̃ = q un-rotated by τ and
+     * k̃_j = k_j rotated by 1 − W − S (from its own j), the score is
+     * q̃·k̃_j. Before that τ every sink sits at its true position. */
+    int64_t tshift = w + nsk - 1; /* first τ with the shift */
+    int shifted = nsk > 0 && x->p0 + t1 - 1 >= tshift;
+    if (shifted) {
+        for (int64_t j = 0; j < nsk; j++) /* by tshift: the angles are precomputed */
+            rotate_back(x, x->sink_cs, kv_row(x, x->k, x->ring_k, x->sink_k, j),
+                        sc->ks + j * hd);
+        if (!x->pre)
+            unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+        core_gemm_nt(nr, nsk, hd, (float)(1.0 / sqrt((double)hd)), sc->qu, hd, sc->ks, hd,
+                     0.0f, sc->es, nsk);
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t tau = x->p0 + t0 + r / gs;
+        if (shifted && tau >= tshift)
+            for (int64_t j = 0; j < nsk; j++)
+                sc->e[r * nk + (j < ns ? j : ns + j - pw0)] = sc->es[r * nsk + j];
+        /* key at u is visible iff u ≤ τ and (u in the window or u a sink) */
+        int64_t lo = w > 0 ? (tau - w + 1 > 0 ? tau - w + 1 : 0) : tau + 1;
+        float *er = sc->e + r * nk;
+        /* Flexformer's Lrow bounds the magnitude of its linear terms,
+         * not their signed sum (which can be far smaller): the exact
+         * scores alone stabilize its rows (the row's own key or a sink
+         * is always visible here, so E ≥ 1) */
+        double s = x->trig ? -INFINITY : sc->lrow[r];
+        for (int64_t j = 0; j < nk; j++) {
+            int64_t u = j < ns ? j : pw0 + j - ns;
+            if (u > tau || (u < lo && u >= nsk))
+                er[j] = -INFINITY;
+            else if (er[j] > s)
+                s = er[j];
+        }
+        core_exp_shifted(er, nk, s, er); /* -inf (masked) gives 0 */
+        double es = 0.0;
+        for (int64_t j = 0; j < nk; j++)
+            es += er[j];
+        sc->esum[r] = es;
+        /* From here on lrow holds the linear part's factor e^(Lrow − s*)
+         * (Flexformer: its log, Lrow − s*, which may exceed the double range). */
+        if (x->trig)
+            sc->lrow[r] = sc->lrow[r] - s;
+        else
+            sc->lrow[r] = sc->lrow[r] > -INFINITY ? exp(sc->lrow[r] - s) : 0.0;
+    }
+    for (int64_t j = 0, len; j < nk; j += len) {
+        int64_t pos = j < ns ? j : pw0 + j - ns;
+        const float *vr = kv_run(x, x->v, x->ring_v, x->sink_v, pos,
+                                 j < ns ? ns : x->p0 + t1, &len);
+        core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, vr, x->nkv, j > 0 ? 1.0f : 0.0f, sc->ev,
+                     hd);
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t t = t0 + r / gs, g = r % gs;
+        float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
+        double wl = sc->lrow[r];
+        if (x->trig)
+            wl = trig_weight(x, sc->lrow[r], sc->den[r], sc->esum[r]);
+        double inv = 1.0 / (wl * sc->den[r] + sc->esum[r]);
+        for (int64_t c = 0; c < hd; c++)
+            o[c] = (float)((wl * sc->num[r * hd + c] + sc->ev[r * hd + c]) * inv);
+    }
+}
+
+/* Absorbs the chunk's keys into the state: rows rescaled to their new
+ * scales, then the keys added. */
+static void chunk_absorb(lin_ctx_t *x, const lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, m = x->m;
+    double *cn = sc->cn, *al = sc->al;
+    int64_t ni = ck->ni;
     /* Absorb this chunk's keys: rescale rows to their new scales, then add. */
     if (x->lin_off)
         return;
@@ -1117,6 +1174,20 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         }
     }
     memcpy(x->c, cn, (size_t)m * sizeof *cn);
+}
+
+static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
+{
+    lin_chunk_t ck = {.t0 = t0, .t1 = t1, .nr = (t1 - t0) * x->gs,
+                      .cdec = (double)(t1 - t0) * x->lg};
+    chunk_keys(x, &ck);
+    chunk_queries(x, &ck);
+    chunk_linear(x, &ck);
+    if (x->w == 0 && x->sinks == 0)
+        chunk_out_linear(x, &ck);
+    else
+        chunk_out_exact(x, &ck);
+    chunk_absorb(x, &ck);
 }
 
 /* The parts of x common to every KV head of item it at layer, with the
