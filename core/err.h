@@ -11,7 +11,7 @@
  *    -101 .. -199  PROTO_E*       proto/proto.h         (detail in proto_error_t)
  *    -201 .. -299  SRV_HTTP_E*    server/http.h
  *    -301 .. -399  SRV_ENGINE_E*  server/engine.h       srv_engine_strerror
- *    -401 .. -499  SRV_STORE_E*   server/sessions.h     srv_store_strerror
+ *    -401 .. -499  SRV_STORE_E*   server/store.h        srv_store_strerror
  *    -501 .. -599  SRV_PREFIX_E*  server/prefix_cache.h srv_prefix_strerror
  *    -601 .. -699  SRV_HC_E*      server/http_client.h  srv_hc_strerror
  * Each table is an X-macro (name, value, description). A module returns its
@@ -24,7 +24,7 @@
  * call sites), `char *err, size_t errlen` in server/ (proto: proto_error_t,
  * which also carries the HTTP status). The one exception is the session
  * store, whose detail is srv_store_last_error() (thread-local, server/
- * sessions.h).
+ * store.h).
  */
 #ifndef DARKSERVE_CORE_ERR_H
 #define DARKSERVE_CORE_ERR_H

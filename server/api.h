@@ -58,7 +58,7 @@
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
 #include "server/serve.h"
-#include "server/sessions.h"
+#include "server/store.h"
 
 /* The application: `serve` runs it (server/main.c). */
 extern const srv_app_t srv_darkserve_app;

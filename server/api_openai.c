@@ -520,7 +520,7 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
         api_reply_admit(req, &ae);
         return;
     }
-    /* a session continued is a turn (server/sessions.h); a failure before
+    /* a session continued is a turn (server/store.h); a failure before
      * the job is submitted undoes it (the release without persist) */
     if (sess && srv_store_turn_begin(app->store, sess, in[0].ids, in[0].n,
                                      SRV_TURN_REPLY | (session_chat ? SRV_TURN_CHAT : 0u)) < 0) {

@@ -14,7 +14,7 @@
  *   POST   /v1/sessions/{id}/regenerate  the last turn's reply again
  *
  * Every append or generate (and a completion with "session") is a turn
- * (server/sessions.h "Turns and checkpoints"): opened on the held session
+ * (server/store.h "Turns and checkpoints"): opened on the held session
  * right before its engine job is submitted, so that a request that fails
  * before that leaves no turn behind (its release without persist undoes
  * it).

@@ -15,7 +15,7 @@
 #include "core/gguf.h"
 #include "server/attn_select.h"
 #include "server/log.h"
-#include "server/store.h"
+#include "server/store_backend.h"
 #include "server/ui.h"
 
 #include <inttypes.h>

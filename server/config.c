@@ -10,8 +10,8 @@
 #include "server/attn_select.h"
 #include "server/engine.h"
 #include "server/log.h"
-#include "server/sessions.h"
 #include "server/store.h"
+#include "server/store_backend.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -110,7 +110,7 @@ typedef struct srv_config {
     int64_t max_session_disk;  /* bytes of session files in session_dir; 0 = no bound */
     int64_t max_session_files; /* session files in session_dir; 0 = no bound */
     char *session_dir;         /* spill/persist directory */
-    char *session_store;       /* "" = session_dir; redis://... = a shared store (server/store.h) */
+    char *session_store;       /* "" = session_dir; redis://... = a shared store (server/store_backend.h) */
     int64_t session_ttl_s;     /* idle sessions expire; 0 = never */
     int64_t checkpoints;       /* turn checkpoints kept per session; 0 = none */
     int64_t prefix_cache_mb;   /* MiB of the prefix-state cache; 0 = off */

@@ -42,7 +42,7 @@
  * state is not part of the context: it lives as long as the job, and starts
  * at the grammar's start, or at spec.grammar_start (the owner's record of a
  * reply that stopped before the grammar was complete, see
- * server/sessions.h srv_session_pending_grammar).
+ * server/store.h srv_session_pending_grammar).
  *
  * ## Session semantics (the pending rule)
  * The session's history is the token sequence

@@ -1,4 +1,4 @@
-/* server/sessions.c — the session store (server/sessions.h).
+/* server/store.c — the session store (server/store.h).
  *
  * One mutex guards the table (an array of sessions sorted by id) and every
  * session's bookkeeping; disk I/O and (de)serialization run outside it on a
@@ -10,13 +10,13 @@
  * Files are named by the session id and created through a directory fd, so
  * no path is ever built from input other than an id validated as 32 hex
  * chars. A write goes to "<id>.tmp" first; startup deletes such leftovers.
- * A checkpoint is the file "<id>.<turns>" (sessions.h "Turns and
+ * A checkpoint is the file "<id>.<turns>" (store.h "Turns and
  * checkpoints"), never written in place: it is the session's previous file,
  * hard-linked before the new one is renamed over it, or a whole file an
  * import writes; a rollback renames it back over "<id>".
  */
-#include "server/sessions.h"
-#include "server/sessions_impl.h"
+#include "server/store.h"
+#include "server/store_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -2715,7 +2715,7 @@ void srv_session_touch(srv_session_t *s)
     pthread_mutex_unlock(&st->mu);
 }
 
-/* ---- for sessions_remote.c (sessions_impl.h) ---- */
+/* ---- for store_remote.c (store_impl.h) ---- */
 
 int srv_sess_new_id(char id[ID_LEN + 1])
 {

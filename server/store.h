@@ -1,4 +1,4 @@
-/* server/sessions.h — the session store: every session's compute context,
+/* server/store.h — the session store: every session's compute context,
  * in memory (LRU bounded by count and bytes) and persisted in a directory.
  *
  * A session is a conversation the client continues by id: its attention
@@ -80,7 +80,7 @@
  * blob says.
  *
  * ## Shared stores
- * With a backend (srv_store_opts_t.backend, server/store.h: Redis), the
+ * With a backend (srv_store_opts_t.backend, server/store_backend.h: Redis), the
  * sessions live there, shared by every replica that uses it, and memory is
  * a cache in front of it: there is no directory, no checkpoint (rollback
  * and regenerate answer SRV_STORE_ENOCKPT, as for a memory-only store) and
@@ -123,8 +123,8 @@
  * gives the detail (which file, which errno, what the blob is for) of the
  * last error a srv_store_* function returned on the calling thread.
  */
-#ifndef DARKSERVE_SERVER_SESSIONS_H
-#define DARKSERVE_SERVER_SESSIONS_H
+#ifndef DARKSERVE_SERVER_STORE_H
+#define DARKSERVE_SERVER_STORE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -160,7 +160,7 @@ const char *srv_store_strerror(int code);
 /* Detail of the last error a srv_store_* call returned on this thread ("" if
  * none yet). Thread-local, valid until this thread's next srv_store_* call. */
 const char *srv_store_last_error(void);
-/* Sets that detail (printf-style): for the store's backends (server/store.h). */
+/* Sets that detail (printf-style): for the store's backends (server/store_backend.h). */
 void srv_store_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define SRV_SESSION_ID_LEN PROTO_SESSION_ID_LEN /* 32 lowercase hex chars (proto/ids.c) */
@@ -173,7 +173,7 @@ void srv_store_set_last_error(const char *fmt, ...) __attribute__((format(printf
 
 typedef struct srv_session srv_session_t; /* opaque */
 typedef struct srv_store srv_store_t;     /* opaque */
-typedef struct srv_store_backend srv_store_backend_t; /* server/store.h */
+typedef struct srv_store_backend srv_store_backend_t; /* server/store_backend.h */
 
 /* A checkpoint: the session's state after `turn` turns. */
 typedef struct srv_checkpoint {

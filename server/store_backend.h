@@ -1,12 +1,12 @@
-/* server/store.h — the backend interface of a shared session store: a place
+/* server/store_backend.h — the backend interface of a shared session store: a place
  * outside this process that holds every session's saved state, so that
  * several replicas of the server can continue each other's sessions
- * (server/store_redis.c: Redis; tests/unit/test_srv_sessions_remote.c: an
+ * (server/store_redis.c: Redis; tests/unit/test_srv_store_remote.c: an
  * in-process fake).
  *
- * The session table (server/sessions.h) keeps using memory as a cache in
+ * The session table (server/store.h) keeps using memory as a cache in
  * front of the backend; srv_store_opts_t.backend switches it from the
- * session directory to the backend ("remote mode", sessions.h "Shared
+ * session directory to the backend ("remote mode", store.h "Shared
  * stores"). The backend knows nothing of states or models: a session is an
  * opaque blob (the core/state.h blob the directory store writes as the
  * session's file) plus the small metadata below, under a version number.
@@ -44,13 +44,13 @@
  * ENOSPACE (the backend is out of memory), ENOMEM, EIO (a reply that makes
  * no sense).
  */
-#ifndef DARKSERVE_SERVER_STORE_H
-#define DARKSERVE_SERVER_STORE_H
+#ifndef DARKSERVE_SERVER_STORE_BACKEND_H
+#define DARKSERVE_SERVER_STORE_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/sessions.h"
+#include "server/store.h"
 
 #define SRV_STORE_TOKEN_MAX 48 /* a lease token and its NUL */
 

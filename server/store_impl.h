@@ -1,13 +1,13 @@
-/* server/sessions_impl.h — private to server/sessions.c and
- * server/sessions_remote.c: the session table's structures and the helpers
+/* server/store_impl.h — private to server/store.c and
+ * server/store_remote.c: the session table's structures and the helpers
  * both files use. Nothing else includes it.
  *
- * Locking as sessions.c says: st->mu guards the table and every session's
+ * Locking as store.c says: st->mu guards the table and every session's
  * bookkeeping; "caller holds mu" below means it. A session marked busy is
  * the holder's to read and change outside mu (its context, its blob).
  */
-#ifndef DARKSERVE_SERVER_SESSIONS_IMPL_H
-#define DARKSERVE_SERVER_SESSIONS_IMPL_H
+#ifndef DARKSERVE_SERVER_STORE_IMPL_H
+#define DARKSERVE_SERVER_STORE_IMPL_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,8 +15,8 @@
 #include <stdint.h>
 
 #include "core/state.h"
-#include "server/sessions.h"
 #include "server/store.h"
+#include "server/store_backend.h"
 
 #define ID_LEN SRV_SESSION_ID_LEN
 /* Owner section of a session blob: u32 version, u32 flags (bit 0 turn_open,
@@ -93,7 +93,7 @@ struct srv_session {
     int64_t prep_turns;
     int prep_turn_open, prep_has_chat, aside_turn_open, aside_has_chat;
     int redo;
-    /* shared stores (sessions_remote.c): on_disk means "saved in the
+    /* shared stores (store_remote.c): on_disk means "saved in the
      * backend", disk_bytes its blob's size */
     uint64_t version;    /* the backend's version the memory copy (or the metadata) is of */
     char token[SRV_STORE_TOKEN_MAX]; /* the lease held while busy (leased) */
@@ -166,7 +166,7 @@ typedef struct meta {
  * the message (which may clobber errno): pass a value, not errno. */
 #define STORE_FAIL(code, ...) (srv_store_set_last_error(__VA_ARGS__), (code))
 
-/* ---- helpers of sessions.c (see there) ---- */
+/* ---- helpers of store.c (see there) ---- */
 
 /* A fresh random id (128 bits). SRV_STORE_EIO without randomness. */
 int srv_sess_new_id(char id[ID_LEN + 1]);
@@ -205,7 +205,7 @@ int srv_sess_load_blob(srv_store_t *st, const unsigned char *buf, size_t len, co
                        srv_seq_ctx_t *c, meta_t *m);
 void srv_sess_meta_free(meta_t *m);
 
-/* ---- sessions_remote.c: the remote mode's side of the srv_store_* calls ---- */
+/* ---- store_remote.c: the remote mode's side of the srv_store_* calls ---- */
 
 /* srv_store_acquire (from_backend = 1) and srv_store_acquire_in_memory. */
 int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend,

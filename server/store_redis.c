@@ -1,5 +1,5 @@
 /* server/store_redis.c — the Redis backend of a shared session store
- * (server/store.h): --session-store redis://host:port/db.
+ * (server/store_backend.h): --session-store redis://host:port/db.
  *
  * ## Keys (one namespace per model: "darkserve:<16 hex of its fingerprint>:")
  *   <ns>s:<id>       hash: v (version), w (the id of the save that wrote it),
@@ -50,7 +50,7 @@
  * keeper saw the server go away, and a command whose connection broke is
  * tried once more on a new one (which the scripts make safe).
  */
-#include "server/store.h"
+#include "server/store_backend.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>

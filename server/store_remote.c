@@ -1,5 +1,5 @@
-/* server/sessions_remote.c — the session table in front of a shared
- * backend (server/store.h; server/sessions.h "Shared stores").
+/* server/store_remote.c — the session table in front of a shared
+ * backend (server/store_backend.h; server/store.h "Shared stores").
  *
  * Memory is a cache here. A session's copy in memory is of one backend
  * version (s->version) and is used only after an acquire found the backend
@@ -15,7 +15,7 @@
  * srv_store_acquire_in_memory never calls the backend: it takes a session
  * srv_store_fetch acquired for it on the I/O thread.
  */
-#include "server/sessions_impl.h"
+#include "server/store_impl.h"
 
 #include <inttypes.h>
 #include <stdio.h>

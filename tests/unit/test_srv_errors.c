@@ -7,7 +7,7 @@
 #include "server/http.h"
 #include "server/http_client.h"
 #include "server/prefix_cache.h"
-#include "server/sessions.h"
+#include "server/store.h"
 #include "tests/unit/check.h"
 
 typedef struct {

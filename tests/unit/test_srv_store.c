@@ -1,4 +1,4 @@
-/* server/sessions.c on the tiny fixture model (env DARKSERVE_TINY_MODEL):
+/* server/store.c on the tiny fixture model (env DARKSERVE_TINY_MODEL):
  * session lifecycle and busy rules, ids, persistence across a restart, LRU
  * eviction and reload, TTL, fork, export/import and their refusals, write
  * failures (injected, and a directory where the temp file goes) and crash
@@ -25,7 +25,7 @@
 #include "core/rng.h"
 #include "core/state.h"
 #include "server/engine.h"
-#include "server/sessions.h"
+#include "server/store.h"
 
 static core_model_t *model;   /* performer, W = 4 */
 static core_model_t *model_x; /* exact attention */

@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "server/sessions.h"
 #include "server/store.h"
+#include "server/store_backend.h"
 
 #define ID1 "0123456789abcdef0123456789abcdef"
 #define ID2 "1123456789abcdef0123456789abcdef"

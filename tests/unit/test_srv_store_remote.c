@@ -1,7 +1,7 @@
-/* server/sessions_remote.c on the tiny fixture model (env
+/* server/store_remote.c on the tiny fixture model (env
  * DARKSERVE_TINY_MODEL): the session table in front of a shared backend
- * (server/store.h), with two tables ("replicas") on one in-process fake
- * backend that keeps the store.h contract (versions, leases) — no Redis
+ * (server/store_backend.h), with two tables ("replicas") on one in-process fake
+ * backend that keeps the store_backend.h contract (versions, leases) — no Redis
  * needed; tests/unit/test_srv_store_redis.c checks the Redis backend
  * itself. Covered: a session continued alternately by two replicas is
  * the same state as on one (the strong way: identical logits over a
@@ -21,8 +21,8 @@
 #include "core/rng.h"
 #include "core/state.h"
 #include "server/engine.h"
-#include "server/sessions.h"
 #include "server/store.h"
+#include "server/store_backend.h"
 
 static core_model_t *model; /* performer, W = 4 */
 static int V;
