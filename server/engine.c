@@ -1,5 +1,8 @@
-/* server/engine.c — the scheduler thread, job submission and output queues
- * (see engine.h for the contract).
+/* server/engine.c — the scheduler thread: admission, the batched step,
+ * sampling and event delivery into the jobs' output queues, and the
+ * engine's life cycle (see engine.h for the contract). What other threads
+ * call on jobs (submit, cancel, pop, wait, release) is in engine_jobs.c;
+ * the objects both share are in engine_impl.h.
  *
  * Locking: one engine mutex guards what other threads touch: the waiting
  * FIFO, job flags (cancelled, attached, done), output queues, the published
@@ -12,6 +15,7 @@
 #include "server/engine.h"
 
 #include "core/rng.h"
+#include "server/engine_impl.h"
 #include "server/log.h"
 
 #include <errno.h>
@@ -23,17 +27,6 @@
 #include <time.h>
 #include <unistd.h>
 
-enum {
-    DEF_MAX_BATCH = 8,
-    DEF_PREFILL_CHUNK = 256,
-    DEF_STEP_TOKENS = SRV_ENGINE_DEFAULT_STEP_TOKENS,
-    DEF_MAX_QUEUE = 64,
-    MAX_QUEUE_LIMIT = SRV_ENGINE_MAX_QUEUE,
-    DEF_Q_EVENTS = 1024
-};
-#define DEF_Q_BYTES ((size_t)256 << 10)
-#define MAX_Q_EVENTS ((size_t)1 << 24)
-#define MAX_Q_BYTES ((size_t)1 << 30)
 
 const char *srv_engine_strerror(int code)
 {
@@ -65,9 +58,7 @@ int64_t srv_engine_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+int eng_fail(char *err, size_t errlen, int code, const char *fmt, ...)
 {
     if (err && errlen) {
         va_list ap;
@@ -118,7 +109,7 @@ void srv_event_free(srv_event_t *ev)
     free(ev);
 }
 
-static srv_event_t *ev_new(srv_event_kind_t kind, int choice, const char *text, size_t len)
+srv_event_t *eng_ev_new(srv_event_kind_t kind, int choice, const char *text, size_t len)
 {
     srv_event_t *ev = malloc(sizeof *ev + len + 1);
     if (!ev)
@@ -133,135 +124,6 @@ static srv_event_t *ev_new(srv_event_kind_t kind, int choice, const char *text, 
     ev->text[len] = '\0';
     return ev;
 }
-
-/* ---- objects ---- */
-
-typedef enum phase { PH_WAITING = 0, PH_PREFILL, PH_DECODE, PH_DONE } phase_t;
-
-/* One choice of a job. Choice 0 runs on the context's state and sampler;
- * the others on copies made when the prompt is absorbed (fork). */
-typedef struct seq {
-    int live; /* forked and decoding */
-    int ended;
-    int owned; /* state and sampler are this seq's copies */
-    core_attn_state_t *state;
-    core_sampler_t *sampler;
-    float *logits; /* [V], owned */
-    int32_t unfed; /* last sampled token not yet fed, -1 if none */
-    int stop_matched;
-    core_tok_stream_t ts;
-    core_stop_t *stop;      /* owned */
-    core_grammar_state_t gs; /* with job->grammar: this choice's place in it (owned) */
-    int64_t n_gen;
-    int64_t t_last_ns;
-} seq_t;
-
-struct srv_job {
-    srv_engine_t *e;
-    /* set by submit, then read-only */
-    srv_seq_ctx_t *ctx;
-    int32_t *input; /* [max(n_input, 1)]: pending ++ prompt */
-    size_t n_input, n_prompt;
-    int64_t max_tokens;
-    int n_choices;
-    core_sample_params_t params;
-    const core_grammar_t *grammar; /* borrowed until on_done, may be NULL */
-    int reseed, ignore_eos;
-    char **stops; /* [n_stops], owned */
-    size_t n_stops;
-    unsigned detok_flags;
-    int64_t deadline_ns;
-    size_t n_cached;                           /* input tokens the state held at start */
-    size_t snap_at[SRV_ENGINE_MAX_SNAPS];      /* [n_snap] input positions to copy at */
-    core_attn_state_t *snaps[SRV_ENGINE_MAX_SNAPS]; /* [n_snap] the copies (scheduler
-                                                  thread until DONE, then the taker) */
-    size_t n_snap, next_snap;
-    char req_id[72];
-    void (*notify)(void *ud);
-    void (*on_done)(srv_job_t *job, void *ud);
-    void *ud;
-    int64_t t_submit;
-
-    /* under e->mu */
-    int refs;
-    int attached; /* the caller still holds its reference */
-    int cancelled;
-    int done;
-    srv_event_t **q; /* ring [q_cap] */
-    size_t q_head, q_len, q_cap, q_bytes;
-    pthread_cond_t cv; /* srv_job_wait */
-    srv_job_t *next;   /* waiting FIFO */
-    int needs_start;   /* admitted or ended from the queue, not started */
-
-    /* scheduler thread only */
-    phase_t phase;
-    size_t absorbed;
-    seq_t *seqs;          /* [n_choices] */
-    int n_live;           /* choices not ended */
-    int slots;            /* sequence slots held */
-    srv_finish_t end_req; /* end requested for this step */
-    int paused;
-    srv_event_t **out; /* events made this step, delivered under the lock */
-    size_t n_out, cap_out;
-    srv_event_t *done_ev; /* preallocated: DONE always arrives */
-    int touched, finalized;
-    srv_job_t *tnext;
-    int64_t t_admit, t_prefill_done, t_first_tok, t_last_tok;
-    srv_job_result_t res;
-};
-
-typedef struct eng_metrics {
-    srv_series_t *steps, *batch_seqs, *batch_rows, *prompt, *gen, *queue, *running, *ttft, *itl,
-        *qwait;
-    srv_series_t *finished[SRV_FINISH_COUNT_];
-    srv_series_t *rej_full, *rej_stopped, *rej_invalid;
-} eng_metrics_t;
-
-struct srv_engine {
-    core_model_t *model;
-    const core_tokenizer_t *tok;
-    core_attn_t *attn;
-    int64_t V;
-    int exact;
-    int64_t max_ctx;
-    srv_engine_opts_t o;
-
-    pthread_t thread;
-    int thread_started, joined;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;       /* wakes the scheduler */
-    pthread_mutex_t stop_mu; /* serializes srv_engine_stop callers */
-
-    /* under mu */
-    srv_job_t *wait_head, *wait_tail;
-    int64_t n_waiting;
-    int draining, stopping, hold;
-    int64_t stop_deadline;
-    uint64_t sub_submitted, sub_rejected, sub_queue_full;
-    srv_engine_stats_t pub; /* published copy of st */
-
-    /* scheduler thread only */
-    srv_job_t **running; /* [max_batch], admission order */
-    int n_running;
-    int64_t running_seqs;
-    srv_engine_stats_t st;
-    core_sample_ws_t *ws;
-    core_grammar_vocab_t *gvocab; /* the tokenizer's, for grammars (immutable) */
-    core_grammar_ws_t *gws;
-    uint64_t *gmask; /* [CORE_GRAMMAR_MASK_WORDS(V)] */
-    core_rng_t seed_rng;
-    core_batch_seq_t *batch; /* [max_batch] */
-    srv_job_t **bjob;        /* [max_batch] */
-    seq_t **bseq;            /* [max_batch]: NULL for a prefill entry */
-    int *bfail;              /* [max_batch] */
-    char *piece;             /* [piece_cap] detokenizer output */
-    size_t piece_cap;
-    char *txt; /* growable text of the event being built */
-    size_t txt_len, txt_cap;
-    int txt_oom;
-    srv_job_t *touched;
-    eng_metrics_t m;
-};
 
 /* ---- small helpers (scheduler thread) ---- */
 
@@ -379,7 +241,7 @@ static void choice_end(srv_engine_t *E, srv_job_t *j, int i, srv_finish_t why, i
         txt_reset(E);
         if (s->live)
             flush_tails(E, s);
-        srv_event_t *ev = ev_new(SRV_EVENT_END, i, E->txt, E->txt_oom ? 0 : E->txt_len);
+        srv_event_t *ev = eng_ev_new(SRV_EVENT_END, i, E->txt, E->txt_oom ? 0 : E->txt_len);
         if (ev) {
             ev->finish = why;
             ev->n_completion = s->n_gen;
@@ -457,7 +319,7 @@ static void take_token(srv_engine_t *E, srv_job_t *j, int i, const core_sample_r
                                        (E->exact && core_attn_state_pos(s->state) >= E->max_ctx)))
             fin = flush_tails(E, s) ? SRV_FINISH_STOP : SRV_FINISH_LENGTH;
     }
-    srv_event_t *ev = ev_new(SRV_EVENT_TOKEN, i, E->txt, E->txt_oom ? 0 : E->txt_len);
+    srv_event_t *ev = eng_ev_new(SRV_EVENT_TOKEN, i, E->txt, E->txt_oom ? 0 : E->txt_len);
     if (ev) {
         ev->token = r->token;
         ev->logprob = r->logprob;
@@ -853,7 +715,7 @@ core_attn_state_t *srv_job_take_snapshot(srv_job_t *job, size_t k)
 
 /* ---- queues (under mu) ---- */
 
-static int over_bound(const srv_engine_t *E, const srv_job_t *j)
+int eng_over_bound(const srv_engine_t *E, const srv_job_t *j)
 {
     return j->attached &&
            (j->q_len >= E->o.max_queued_events || j->q_bytes >= E->o.max_queued_bytes);
@@ -879,7 +741,7 @@ static int q_push(srv_job_t *j, srv_event_t *ev)
     return 0;
 }
 
-static void q_clear(srv_job_t *j)
+void eng_q_clear(srv_job_t *j)
 {
     while (j->q_len) {
         free(j->q[j->q_head]);
@@ -889,11 +751,11 @@ static void q_clear(srv_job_t *j)
     j->q_bytes = 0;
 }
 
-static void job_free(srv_job_t *j)
+void eng_job_free(srv_job_t *j)
 {
     if (!j)
         return;
-    q_clear(j);
+    eng_q_clear(j);
     free(j->q);
     for (size_t k = 0; k < j->n_out; k++)
         free(j->out[k]);
@@ -919,7 +781,7 @@ static void job_free(srv_job_t *j)
 
 /* Drops one reference (under mu); returns the job when it must be freed
  * (outside the lock). */
-static srv_job_t *job_unref(srv_job_t *j)
+srv_job_t *eng_job_unref(srv_job_t *j)
 {
     return --j->refs == 0 ? j : NULL;
 }
@@ -942,7 +804,7 @@ static void publish(srv_engine_t *E)
     srv_series_set(E->m.queue, (double)E->n_waiting);
 }
 
-static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t until_ns)
+void eng_timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t until_ns)
 {
     if (until_ns <= 0) {
         pthread_cond_wait(cv, mu);
@@ -1019,7 +881,7 @@ static void *sched_main(void *arg)
         for (int r = 0; r < E->n_running; r++) {
             srv_job_t *j = E->running[r];
             j->end_req = end_reason(j, now, cut);
-            j->paused = j->end_req == SRV_FINISH_NONE && over_bound(E, j);
+            j->paused = j->end_req == SRV_FINISH_NONE && eng_over_bound(E, j);
             if (j->end_req != SRV_FINISH_NONE || !j->paused || j->needs_start)
                 work = 1;
         }
@@ -1027,7 +889,7 @@ static void *sched_main(void *arg)
             publish(E);
             if (E->stopping && !E->wait_head && E->n_running == 0)
                 break;
-            timed_wait(&E->cv, &E->mu, next_wakeup(E));
+            eng_timed_wait(&E->cv, &E->mu, next_wakeup(E));
             continue;
         }
         pthread_mutex_unlock(&E->mu);
@@ -1072,7 +934,7 @@ static void *sched_main(void *arg)
             nx = j->tnext;
             j->touched = 0;
             j->tnext = NULL;
-            if (j->finalized && job_unref(j)) {
+            if (j->finalized && eng_job_unref(j)) {
                 j->tnext = dead;
                 dead = j;
             }
@@ -1081,7 +943,7 @@ static void *sched_main(void *arg)
             pthread_mutex_unlock(&E->mu);
             for (srv_job_t *j = dead, *nx; j; j = nx) {
                 nx = j->tnext;
-                job_free(j);
+                eng_job_free(j);
             }
             pthread_mutex_lock(&E->mu);
         }
@@ -1166,19 +1028,19 @@ static int resolve_opts(srv_engine_opts_t *o, char *err, size_t errlen)
     if (o->max_queued_bytes == 0)
         o->max_queued_bytes = DEF_Q_BYTES;
     if (o->max_batch < 1 || o->max_batch > SRV_ENGINE_MAX_BATCH)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "max_batch %d outside 1..%d", o->max_batch,
+        return eng_fail(err, errlen, SRV_ENGINE_EINVAL, "max_batch %d outside 1..%d", o->max_batch,
                     SRV_ENGINE_MAX_BATCH);
     if (o->max_step_tokens < o->max_batch || o->max_step_tokens > SRV_ENGINE_MAX_STEP_TOKENS)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "max_step_tokens %d outside max_batch..%d",
+        return eng_fail(err, errlen, SRV_ENGINE_EINVAL, "max_step_tokens %d outside max_batch..%d",
                     o->max_step_tokens, SRV_ENGINE_MAX_STEP_TOKENS);
     if (o->prefill_chunk < 1 || o->prefill_chunk > o->max_step_tokens)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "prefill_chunk %d outside 1..max_step_tokens",
+        return eng_fail(err, errlen, SRV_ENGINE_EINVAL, "prefill_chunk %d outside 1..max_step_tokens",
                     o->prefill_chunk);
     if (o->max_queue < 1 || o->max_queue > MAX_QUEUE_LIMIT)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "max_queue %d outside 1..%d", o->max_queue,
+        return eng_fail(err, errlen, SRV_ENGINE_EINVAL, "max_queue %d outside 1..%d", o->max_queue,
                     MAX_QUEUE_LIMIT);
     if (o->max_queued_events > MAX_Q_EVENTS || o->max_queued_bytes > MAX_Q_BYTES)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "per-job output bound too large");
+        return eng_fail(err, errlen, SRV_ENGINE_EINVAL, "per-job output bound too large");
     return 0;
 }
 
@@ -1186,7 +1048,7 @@ int srv_engine_new(core_model_t *model, const core_tokenizer_t *tok, const srv_e
                    srv_engine_t **out, char *err, size_t errlen)
 {
     if (!model || !tok || !out)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "model, tokenizer and out are required");
+        return eng_fail(err, errlen, SRV_ENGINE_EINVAL, "model, tokenizer and out are required");
     *out = NULL;
     srv_engine_opts_t o = {0};
     if (opts)
@@ -1196,12 +1058,12 @@ int srv_engine_new(core_model_t *model, const core_tokenizer_t *tok, const srv_e
         return rc;
     const core_model_info_t *info = core_model_info(model);
     if (core_tokenizer_n_vocab(tok) > info->n_vocab)
-        return fail(err, errlen, SRV_ENGINE_EINVAL,
+        return eng_fail(err, errlen, SRV_ENGINE_EINVAL,
                     "tokenizer has %d tokens, the model only %d logits",
                     (int)core_tokenizer_n_vocab(tok), info->n_vocab);
     srv_engine_t *E = calloc(1, sizeof *E);
     if (!E)
-        return fail(err, errlen, SRV_ENGINE_ENOMEM, "out of memory");
+        return eng_fail(err, errlen, SRV_ENGINE_ENOMEM, "out of memory");
     E->model = model;
     E->tok = tok;
     E->attn = core_model_attn(model);
@@ -1232,17 +1094,17 @@ int srv_engine_new(core_model_t *model, const core_tokenizer_t *tok, const srv_e
     E->gmask = malloc(CORE_GRAMMAR_MASK_WORDS(E->V) * sizeof *E->gmask);
     if (!E->running || !E->batch || !E->bjob || !E->bseq || !E->bfail || !E->piece || !E->ws ||
         !E->gws || !E->gmask) {
-        rc = fail(err, errlen, SRV_ENGINE_ENOMEM, "out of memory");
+        rc = eng_fail(err, errlen, SRV_ENGINE_ENOMEM, "out of memory");
         goto fail;
     }
     core_error_t ce = {0};
     if (core_grammar_vocab_from_tokenizer(tok, &E->gvocab, &ce) < 0) {
-        rc = fail(err, errlen, SRV_ENGINE_ENOMEM, "grammar vocabulary: %s", ce.msg);
+        rc = eng_fail(err, errlen, SRV_ENGINE_ENOMEM, "grammar vocabulary: %s", ce.msg);
         goto fail;
     }
     register_metrics(E);
     if (pthread_create(&E->thread, NULL, sched_main, E) != 0) {
-        rc = fail(err, errlen, SRV_ENGINE_ETHREAD, "cannot start the scheduler thread: %s",
+        rc = eng_fail(err, errlen, SRV_ENGINE_ETHREAD, "cannot start the scheduler thread: %s",
                   strerror(errno));
         goto fail;
     }
@@ -1331,296 +1193,4 @@ void srv_engine_stats(srv_engine_t *e, srv_engine_stats_t *out)
 const core_grammar_vocab_t *srv_engine_grammar_vocab(const srv_engine_t *e)
 {
     return e->gvocab;
-}
-
-/* ---- public: submit ---- */
-
-static int check_tokens(const int32_t *t, size_t n, int64_t V, const char *what, char *err,
-                        size_t errlen)
-{
-    for (size_t k = 0; k < n; k++) {
-        if (t[k] < 0 || t[k] >= V)
-            return fail(err, errlen, SRV_ENGINE_EINVAL, "%s token %zu is %d, outside [0,%lld)",
-                        what, k, (int)t[k], (long long)V);
-    }
-    return 0;
-}
-
-static int validate(const srv_engine_t *E, const srv_job_spec_t *sp, char *err, size_t errlen)
-{
-    const srv_seq_ctx_t *c = sp->ctx;
-    if (!c || !c->state)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "ctx: a context with a state is required");
-    if (c->n_pending && !c->pending)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "ctx: n_pending without pending tokens");
-    if (sp->n_prompt && !sp->prompt)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "prompt: n_prompt without tokens");
-    if (sp->n_prompt > SRV_ENGINE_MAX_PROMPT || c->n_pending > SRV_ENGINE_MAX_PROMPT - sp->n_prompt)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "prompt: more than %zu tokens",
-                    SRV_ENGINE_MAX_PROMPT);
-    int rc;
-    if ((rc = check_tokens(c->pending, c->n_pending, E->V, "pending", err, errlen)) < 0 ||
-        (rc = check_tokens(sp->prompt, sp->n_prompt, E->V, "prompt", err, errlen)) < 0)
-        return rc;
-    if (sp->max_tokens < 0)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "max_tokens: %lld is negative",
-                    (long long)sp->max_tokens);
-    const int n = sp->n_choices ? sp->n_choices : 1;
-    if (n < 1 || n > SRV_ENGINE_MAX_CHOICES || n > E->o.max_batch)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "n: %d outside 1..%d", sp->n_choices,
-                    SRV_ENGINE_MAX_CHOICES < E->o.max_batch ? SRV_ENGINE_MAX_CHOICES
-                                                            : E->o.max_batch);
-    if (sp->deadline_ns < 0)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "deadline: negative");
-    const size_t n_input = c->n_pending + sp->n_prompt;
-    if ((sp->n_cached || sp->n_snap) &&
-        (c->n_pending || core_attn_state_pos(c->state) != (int64_t)sp->n_cached))
-        return fail(err, errlen, SRV_ENGINE_EINVAL,
-                    "n_cached: the context must hold exactly the state after the first %zu "
-                    "prompt tokens and nothing pending",
-                    sp->n_cached);
-    if (sp->n_cached > sp->n_prompt ||
-        (sp->max_tokens > 0 && sp->n_prompt && sp->n_cached >= sp->n_prompt))
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "n_cached: %zu of %zu prompt tokens",
-                    sp->n_cached, sp->n_prompt);
-    if (sp->n_snap > SRV_ENGINE_MAX_SNAPS || (sp->n_snap && !sp->snap_at))
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "snap_at: at most %d positions",
-                    SRV_ENGINE_MAX_SNAPS);
-    for (size_t k = 0; k < sp->n_snap; k++) {
-        size_t lo = k ? sp->snap_at[k - 1] : sp->n_cached;
-        if (sp->snap_at[k] <= lo || sp->snap_at[k] > n_input)
-            return fail(err, errlen, SRV_ENGINE_EINVAL,
-                        "snap_at[%zu]: %zu not increasing within (%zu, %zu]", k, sp->snap_at[k],
-                        sp->n_cached, n_input);
-    }
-    const size_t n_new = n_input - sp->n_cached;
-    if (E->exact && (int64_t)n_new > E->max_ctx - core_attn_state_pos(c->state))
-        return fail(err, errlen, SRV_ENGINE_ECONTEXT,
-                    "%zu new tokens after %lld exceed the context of %lld tokens", n_new,
-                    (long long)core_attn_state_pos(c->state), (long long)E->max_ctx);
-    if (sp->max_tokens == 0) {
-        if (n != 1)
-            return fail(err, errlen, SRV_ENGINE_EINVAL, "n: must be 1 without generation");
-        return 0;
-    }
-    if (!c->sampler)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "ctx: generation needs a sampler");
-    if (n_input == 0)
-        return fail(err, errlen, SRV_ENGINE_EINVAL,
-                    "prompt: empty, and the context has no pending token to continue from");
-    core_error_t ce = {0};
-    if (core_sample_params_validate(&sp->params, &ce) < 0)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "%s", ce.msg);
-    if (sp->n_stops > CORE_STOP_MAX)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "stop: more than %d strings", CORE_STOP_MAX);
-    if (sp->n_stops && !sp->stops)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "stop: n_stops without strings");
-    for (size_t k = 0; k < sp->n_stops; k++) {
-        if (!sp->stops[k])
-            return fail(err, errlen, SRV_ENGINE_EINVAL, "stop[%zu]: NULL", k);
-    }
-    core_stop_t *m = NULL;
-    if (core_stop_new(sp->stops, NULL, sp->n_stops, &m, &ce) < 0)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "stop: %s", ce.msg);
-    core_stop_free(m);
-    return 0;
-}
-
-int srv_engine_submit(srv_engine_t *e, const srv_job_spec_t *spec, srv_job_t **out, char *err,
-                      size_t errlen)
-{
-    if (!e || !spec || !out)
-        return fail(err, errlen, SRV_ENGINE_EINVAL, "engine, spec and out are required");
-    *out = NULL;
-    int rc = validate(e, spec, err, errlen);
-    srv_job_t *j = NULL;
-    if (rc < 0)
-        goto rejected;
-    j = calloc(1, sizeof *j);
-    if (!j) {
-        rc = fail(err, errlen, SRV_ENGINE_ENOMEM, "out of memory");
-        goto rejected;
-    }
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&j->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    const srv_seq_ctx_t *c = spec->ctx;
-    j->e = e;
-    j->ctx = spec->ctx;
-    j->n_prompt = spec->n_prompt;
-    j->n_input = c->n_pending + spec->n_prompt;
-    j->max_tokens = spec->max_tokens;
-    j->n_choices = spec->n_choices ? spec->n_choices : 1;
-    j->params = spec->params;
-    j->grammar = spec->max_tokens > 0 ? spec->grammar : NULL;
-    j->reseed = spec->reseed != 0;
-    j->ignore_eos = spec->ignore_eos != 0;
-    j->detok_flags = spec->detok_flags;
-    j->deadline_ns = spec->deadline_ns;
-    j->n_cached = spec->n_cached;
-    j->absorbed = spec->n_cached;
-    j->n_snap = spec->n_snap;
-    if (spec->n_snap)
-        memcpy(j->snap_at, spec->snap_at, spec->n_snap * sizeof *j->snap_at);
-    j->notify = spec->notify;
-    j->on_done = spec->on_done;
-    j->ud = spec->ud;
-    if (spec->req_id)
-        snprintf(j->req_id, sizeof j->req_id, "%s", spec->req_id);
-    j->input = malloc((j->n_input ? j->n_input : 1) * sizeof *j->input);
-    j->seqs = calloc((size_t)j->n_choices, sizeof *j->seqs);
-    j->done_ev = ev_new(SRV_EVENT_DONE, -1, NULL, 0);
-    if (spec->max_tokens > 0 && spec->n_stops)
-        j->stops = calloc(spec->n_stops, sizeof *j->stops);
-    if (!j->input || !j->seqs || !j->done_ev ||
-        (spec->max_tokens > 0 && spec->n_stops && !j->stops)) {
-        rc = fail(err, errlen, SRV_ENGINE_ENOMEM, "out of memory");
-        goto rejected;
-    }
-    for (int i = 0; i < j->n_choices; i++)
-        j->seqs[i].unfed = -1;
-    if (j->grammar && spec->grammar_start) {
-        core_error_t ce = {0};
-        if (spec->grammar_start->g != j->grammar ||
-            core_grammar_state_copy(&j->seqs[0].gs, spec->grammar_start, &ce) < 0) {
-            rc = fail(err, errlen, ce.code == CORE_ENOMEM ? SRV_ENGINE_ENOMEM : SRV_ENGINE_EINVAL,
-                      "grammar_start: %s", ce.code ? ce.msg : "not a state of grammar");
-            goto rejected;
-        }
-    }
-    if (j->stops) {
-        for (size_t k = 0; k < spec->n_stops; k++) {
-            j->stops[k] = strdup(spec->stops[k]);
-            if (!j->stops[k]) {
-                rc = fail(err, errlen, SRV_ENGINE_ENOMEM, "out of memory");
-                goto rejected;
-            }
-            j->n_stops = k + 1;
-        }
-    }
-    if (c->n_pending)
-        memcpy(j->input, c->pending, c->n_pending * sizeof *j->input);
-    if (spec->n_prompt)
-        memcpy(j->input + c->n_pending, spec->prompt, spec->n_prompt * sizeof *j->input);
-
-    pthread_mutex_lock(&e->mu);
-    if (e->draining) {
-        rc = fail(err, errlen, SRV_ENGINE_ESTOPPED, "the engine is shutting down");
-        srv_series_add(e->m.rej_stopped, 1);
-    } else if (e->n_waiting >= e->o.max_queue) {
-        rc = fail(err, errlen, SRV_ENGINE_EQUEUE_FULL, "%d jobs are already waiting",
-                  e->o.max_queue);
-        e->sub_queue_full++;
-        srv_series_add(e->m.rej_full, 1);
-    }
-    if (rc < 0) {
-        e->sub_rejected++;
-        pthread_mutex_unlock(&e->mu);
-        job_free(j);
-        return rc;
-    }
-    j->t_submit = srv_engine_now_ns();
-    j->refs = 2;
-    j->attached = 1;
-    if (e->wait_tail)
-        e->wait_tail->next = j;
-    else
-        e->wait_head = j;
-    e->wait_tail = j;
-    e->n_waiting++;
-    e->sub_submitted++;
-    srv_series_set(e->m.queue, (double)e->n_waiting);
-    pthread_cond_signal(&e->cv);
-    pthread_mutex_unlock(&e->mu);
-    *out = j;
-    return 0;
-
-rejected:
-    pthread_mutex_lock(&e->mu);
-    e->sub_rejected++;
-    pthread_mutex_unlock(&e->mu);
-    if (rc == SRV_ENGINE_EINVAL || rc == SRV_ENGINE_ECONTEXT)
-        srv_series_add(e->m.rej_invalid, 1);
-    job_free(j);
-    return rc;
-}
-
-/* ---- public: jobs ---- */
-
-void srv_engine_cancel(srv_job_t *job)
-{
-    if (!job)
-        return;
-    srv_engine_t *E = job->e;
-    pthread_mutex_lock(&E->mu);
-    if (!job->done) {
-        job->cancelled = 1;
-        pthread_cond_signal(&E->cv);
-    }
-    pthread_mutex_unlock(&E->mu);
-}
-
-int srv_job_pop(srv_job_t *job, srv_event_t **ev)
-{
-    srv_engine_t *E = job->e;
-    *ev = NULL;
-    pthread_mutex_lock(&E->mu);
-    if (job->q_len == 0) {
-        pthread_mutex_unlock(&E->mu);
-        return 0;
-    }
-    const int was_over = over_bound(E, job);
-    *ev = job->q[job->q_head];
-    job->q_head = (job->q_head + 1) % job->q_cap;
-    job->q_len--;
-    job->q_bytes -= (*ev)->len;
-    if (was_over && !over_bound(E, job))
-        pthread_cond_signal(&E->cv); /* the job's sequences may run again */
-    pthread_mutex_unlock(&E->mu);
-    return 1;
-}
-
-int srv_job_wait(srv_job_t *job, int64_t timeout_ms)
-{
-    srv_engine_t *E = job->e;
-    const int64_t until = timeout_ms < 0 ? 0 : srv_engine_now_ns() + timeout_ms * 1000000;
-    pthread_mutex_lock(&E->mu);
-    while (job->q_len == 0 && !job->done) {
-        if (until && srv_engine_now_ns() >= until)
-            break;
-        timed_wait(&job->cv, &E->mu, until);
-    }
-    const int ready = job->q_len > 0 || job->done;
-    pthread_mutex_unlock(&E->mu);
-    return ready;
-}
-
-int srv_job_done(srv_job_t *job)
-{
-    srv_engine_t *E = job->e;
-    pthread_mutex_lock(&E->mu);
-    const int d = job->done;
-    pthread_mutex_unlock(&E->mu);
-    return d;
-}
-
-const srv_job_result_t *srv_job_result(srv_job_t *job)
-{
-    return srv_job_done(job) ? &job->res : NULL;
-}
-
-void srv_job_release(srv_job_t *job)
-{
-    if (!job)
-        return;
-    srv_engine_t *E = job->e;
-    pthread_mutex_lock(&E->mu);
-    job->attached = 0;
-    q_clear(job);
-    pthread_cond_signal(&E->cv); /* a paused job runs on, dropping its events */
-    srv_job_t *dead = job_unref(job);
-    pthread_mutex_unlock(&E->mu);
-    job_free(dead);
 }
