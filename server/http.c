@@ -1,4 +1,6 @@
 /* server/http.c — libmicrohttpd on a libuv loop (see http.h for the API).
+ * The streams and their producer API are server/http_stream.c, the route
+ * table server/http_route.c; what they share is server/http_impl.h.
  *
  * How MHD is driven (libmicrohttpd 0.9.75, libuv 1.44):
  *   - MHD runs in "external epoll" mode: no thread of its own. Its epoll fd is
@@ -37,6 +39,7 @@
  * finds hub->async == NULL instead of a freed handle.
  */
 #include "server/http.h"
+#include "server/http_impl.h"
 
 #include "server/log.h"
 #include "server/random.h"
@@ -60,29 +63,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_MAX_BODY ((size_t)1 << 20)
-#define DEFAULT_STREAM_BUF ((size_t)256 << 10)
-#define DEFAULT_MAX_CONN 256u
-#define REQ_ID_MAX 64
-#define MAX_PARAMS 8
-#define MAX_SEGS 32
-#define LISTEN_BACKLOG 511
-#define SWEEP_MS 1000
-/* MHD asks the reader for at most this many bytes at a time. */
-#define READER_BLOCK (16 * 1024)
-
 /* ---- small containers ---- */
 
-typedef struct header {
-    char *name, *value;
-} header_t;
-
-typedef struct hdrlist {
-    header_t *v;
-    size_t n, cap;
-} hdrlist_t;
-
-static void hdrlist_clear(hdrlist_t *l)
+void srv_http_hdrlist_clear(hdrlist_t *l)
 {
     for (size_t i = 0; i < l->n; i++) {
         free(l->v[i].name);
@@ -110,7 +93,7 @@ static int valid_header(const char *name, const char *value)
     return 1;
 }
 
-static int hdrlist_add(hdrlist_t *l, const char *name, const char *value)
+int srv_http_hdrlist_add(hdrlist_t *l, const char *name, const char *value)
 {
     if (!valid_header(name, value))
         return SRV_HTTP_EINVAL;
@@ -134,174 +117,7 @@ static int hdrlist_add(hdrlist_t *l, const char *name, const char *value)
     return 0;
 }
 
-/* ---- types ---- */
-
-typedef struct seg {
-    char *text; /* literal, or the parameter name */
-    int param;
-} seg_t;
-
-typedef struct route {
-    char *method;
-    char *pattern;
-    seg_t segs[MAX_SEGS];
-    size_t nsegs;
-    srv_handler_fn fn;
-    void *ud;
-    unsigned flags;
-    size_t max_body;
-} route_t;
-
-typedef struct hub {
-    pthread_mutex_t lock;
-    int refs;                /* the server + every stream */
-    uv_async_t *async;       /* NULL once the server is closing */
-    srv_stream_t *dirty;     /* streams with news for the loop */
-    pthread_t loop_thread;
-} hub_t;
-
-enum stream_mode {
-    MODE_DEFERRED = 0, /* nothing sent, status not chosen */
-    MODE_STREAMING,    /* status chosen, body streams */
-    MODE_REPLY,        /* a complete answer is in buf */
-    MODE_RERUN         /* no answer: run the handler again (srv_stream_rerun) */
-};
-
-enum pending_flags { PEND_CANCEL = 1, PEND_WRITABLE = 2 };
-
-struct srv_stream {
-    hub_t *hub;
-    /* immutable after creation */
-    void (*on_cancel)(srv_stream_t *, void *);
-    void (*on_writable)(srv_stream_t *, void *);
-    void *cb_ud;
-    const char *probe; /* static; see srv_stream_opts_t */
-    size_t max_buffered;
-    /* guarded by hub->lock */
-    int refs;
-    pthread_cond_t cond;
-    int mode;
-    int status;
-    char *ctype;
-    hdrlist_t headers;
-    char *buf; /* bytes [off, len) are waiting */
-    size_t off, len, cap;
-    int closed, abort, cancelled, want_writable, in_cb;
-    int dirty;
-    srv_stream_t *dirty_next;
-    /* loop thread only */
-    srv_req_t *req;
-    unsigned pend;
-    srv_stream_t *pend_next;
-};
-
-typedef struct conn {
-    int fd;
-    uint64_t deadline_ms; /* 0 = not receiving a request */
-    uint64_t header_deadline_ms; /* first request's headers due; 0 = in, or no limit */
-    int cut;
-    int busy;             /* a request (headers seen) is in progress */
-    int served;           /* requests completed on this connection */
-    struct conn *prev, *next;
-} conn_t;
-
-enum req_phase {
-    PH_RECEIVING = 0, /* headers seen, body coming */
-    PH_HANDLER,       /* handler running */
-    PH_WAITING,       /* deferred: suspended until the producer answers */
-    PH_HELD,          /* an early answer waits for the end of the request */
-    PH_ANSWERED       /* a response is queued */
-};
-
-struct srv_req {
-    srv_http_t *h;
-    struct MHD_Connection *conn;
-    conn_t *cx;
-    srv_req_t *prev, *next;
-    const route_t *route;
-    char *method;
-    char *path;
-    char id[REQ_ID_MAX + 1];
-    char peer[64];
-    char *cors_origin; /* Access-Control-Allow-Origin value, NULL = none */
-    const char *pnames[MAX_PARAMS];
-    char *pvals[MAX_PARAMS];
-    size_t nparams;
-    char *body;
-    size_t body_len, body_cap, body_limit;
-    int too_large;
-    hdrlist_t headers;
-    int phase;
-    int status;
-    /* An answer decided from the headers of a request without a body is held
-     * until MHD has the whole request: queued earlier, MHD would close the
-     * keep-alive connection. */
-    int hold;
-    int held_status;
-    char *held_ctype;
-    char *held_body;
-    size_t held_len;
-    hdrlist_t held_extra;
-    uint64_t bytes_out;
-    uint64_t t_start_ns;
-    srv_stream_t *stream; /* the request's reference */
-    int suspended;
-    uv_poll_t *hup;
-    int fd;
-    int http11;   /* HTTP/1.1 request: 1xx interim answers and chunked bodies */
-    int key;      /* index of the API key it authenticated with, -1 = none */
-    int peer_eof; /* the client shut down its sending side (or closed) */
-    int client_gone;
-    int inflight;
-    int runs; /* handler calls so far (srv_stream_rerun runs it again) */
-    /* An injected request (srv_http_inject) has no connection (conn NULL):
-     * its headers and query come from these lists and its answer goes to
-     * *inj, the streamed body pulled by inject_run. */
-    srv_http_result_t *inj;
-    hdrlist_t inj_headers, inj_query;
-    int inj_end; /* 0 running; 1 answered whole; 2 cut */
-};
-
-enum close_stage { OPEN = 0, CLOSING, CLOSED };
-
-struct srv_http {
-    uv_loop_t *loop;
-    struct MHD_Daemon *d;
-    uv_poll_t mhd_poll;
-    uv_timer_t mhd_timer;
-    uv_timer_t sweep;
-    uv_async_t async;
-    int handles_open;
-    hub_t *hub;
-    route_t *routes;
-    size_t nroutes, rcap;
-    size_t max_body;
-    size_t stream_buf;
-    unsigned request_timeout_s;
-    unsigned header_timeout_s;
-    char **api_keys;
-    unsigned char *api_key_admin; /* [n_api_keys] */
-    size_t n_api_keys;
-    char **cors;
-    size_t n_cors;
-    int port;
-    int draining;
-    int not_ready;  /* srv_http_set_ready(h, 0): the application is loading */
-    int stage;
-    size_t inflight;
-    srv_req_t *reqs;
-    conn_t *conns;
-    srv_stream_t *pending;
-    int in_run, rerun;
-    uint64_t rid_state;
-    srv_metrics_t *metrics;
-    srv_metric_t *m_requests, *m_duration, *m_inflight, *m_cancels, *m_timeouts, *m_conns;
-    void (*done)(void *);
-    void *done_ud;
-};
-
 static void run_mhd(srv_http_t *h);
-static void process_pending(srv_http_t *h);
 
 /* ---- time, ids ---- */
 
@@ -327,127 +143,6 @@ static int valid_req_id(const char *s)
             return 0;
     }
     return n > 0;
-}
-
-/* ---- the hub and stream references ---- */
-
-static void hub_unref_locked(hub_t *hub, int *free_it)
-{
-    *free_it = --hub->refs == 0;
-}
-
-static void hub_free(hub_t *hub)
-{
-    pthread_mutex_destroy(&hub->lock);
-    free(hub);
-}
-
-static int on_loop_thread(const hub_t *hub)
-{
-    return pthread_equal(pthread_self(), hub->loop_thread);
-}
-
-/* Drops one stream reference; hub->lock held on entry, released on return. */
-static void stream_unref_unlock(srv_stream_t *s)
-{
-    hub_t *hub = s->hub;
-    int free_hub = 0;
-    if (--s->refs > 0) {
-        pthread_mutex_unlock(&hub->lock);
-        return;
-    }
-    hub_unref_locked(hub, &free_hub);
-    pthread_mutex_unlock(&hub->lock);
-    pthread_cond_destroy(&s->cond);
-    free(s->buf);
-    free(s->ctype);
-    hdrlist_clear(&s->headers);
-    free(s);
-    if (free_hub)
-        hub_free(hub);
-}
-
-static void stream_unref(srv_stream_t *s)
-{
-    pthread_mutex_lock(&s->hub->lock);
-    stream_unref_unlock(s);
-}
-
-/* Tells the loop about news on s (hub->lock held). */
-static void stream_mark_dirty_locked(srv_stream_t *s)
-{
-    hub_t *hub = s->hub;
-    if (!s->dirty && hub->async) {
-        s->dirty = 1;
-        s->refs++;
-        s->dirty_next = hub->dirty;
-        hub->dirty = s;
-        uv_async_send(hub->async);
-    }
-}
-
-/* Queues a callback for the loop to run outside MHD_run (loop thread). */
-static void pending_add(srv_http_t *h, srv_stream_t *s, unsigned flag)
-{
-    if (!s->pend) {
-        pthread_mutex_lock(&s->hub->lock);
-        s->refs++;
-        pthread_mutex_unlock(&s->hub->lock);
-        s->pend_next = h->pending;
-        h->pending = s;
-    }
-    s->pend |= flag;
-}
-
-/* Marks s cancelled (loop thread); the on_cancel callback follows. */
-static void stream_cancel(srv_http_t *h, srv_stream_t *s)
-{
-    int live = 0;
-    pthread_mutex_lock(&s->hub->lock);
-    if (!s->cancelled) {
-        s->cancelled = 1;
-        live = !s->closed;
-        pthread_cond_broadcast(&s->cond);
-    }
-    pthread_mutex_unlock(&s->hub->lock);
-    if (live && s->on_cancel)
-        pending_add(h, s, PEND_CANCEL);
-    if (live && h->m_cancels)
-        srv_metric_add(h->m_cancels, NULL, 1);
-}
-
-/* Runs one callback unless the producer closed the stream; close() waits for
- * a running callback, so ud stays valid for its duration. */
-static void stream_fire(srv_stream_t *s, void (*cb)(srv_stream_t *, void *))
-{
-    pthread_mutex_lock(&s->hub->lock);
-    if (s->closed || !cb) {
-        pthread_mutex_unlock(&s->hub->lock);
-        return;
-    }
-    s->in_cb++;
-    pthread_mutex_unlock(&s->hub->lock);
-    cb(s, s->cb_ud);
-    pthread_mutex_lock(&s->hub->lock);
-    if (--s->in_cb == 0)
-        pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->hub->lock);
-}
-
-static void process_pending(srv_http_t *h)
-{
-    while (h->pending) {
-        srv_stream_t *s = h->pending;
-        h->pending = s->pend_next;
-        unsigned pend = s->pend;
-        s->pend = 0;
-        s->pend_next = NULL;
-        if (pend & PEND_CANCEL)
-            stream_fire(s, s->on_cancel);
-        else if (pend & PEND_WRITABLE)
-            stream_fire(s, s->on_writable);
-        stream_unref(s);
-    }
 }
 
 /* ---- responses ---- */
@@ -592,7 +287,7 @@ static enum MHD_Result queue_buffer(srv_req_t *req, int status, const char *ctyp
         memcpy(req->held_body, body, len);
         req->held_len = len;
         for (size_t i = 0; extra && i < extra->n; i++)
-            if (hdrlist_add(&req->held_extra, extra->v[i].name, extra->v[i].value))
+            if (srv_http_hdrlist_add(&req->held_extra, extra->v[i].name, extra->v[i].value))
                 return MHD_NO;
         req->phase = PH_HELD;
         return MHD_YES;
@@ -627,7 +322,7 @@ static enum MHD_Result queue_buffer_owned(srv_req_t *req, int status, const char
     return r;
 }
 
-static enum MHD_Result queue_error(srv_req_t *req, int status, const char *type,
+enum MHD_Result srv_http_queue_error(srv_req_t *req, int status, const char *type,
                                    const char *code, const char *msg, const hdrlist_t *extra)
 {
     char emsg[512], body[800];
@@ -667,7 +362,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
         pthread_cond_broadcast(&s->cond);
         pthread_mutex_unlock(&hub->lock);
         if (writable && req)
-            pending_add(req->h, s, PEND_WRITABLE);
+            srv_http_pending_add(req->h, s, PEND_WRITABLE);
         if (req)
             req->bytes_out += n;
         return (ssize_t)n;
@@ -685,7 +380,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
     return 0;
 }
 
-static enum MHD_Result queue_stream(srv_req_t *req, srv_stream_t *s, int status,
+enum MHD_Result srv_http_queue_stream(srv_req_t *req, srv_stream_t *s, int status,
                                     const char *ctype, const hdrlist_t *extra)
 {
     if (req->inj) /* inject_run pulls the body through stream_reader */
@@ -780,7 +475,7 @@ static void on_hup(uv_poll_t *p, int status, int events)
     SRV_LOG(SRV_LOG_DEBUG, req->id, "client hung up while its request was waiting");
     req->client_gone = 1;
     if (req->stream)
-        stream_cancel(h, req->stream);
+        srv_http_stream_cancel(h, req->stream);
     req_resume(req);
     run_mhd(h);
 }
@@ -804,151 +499,6 @@ static void req_suspend(srv_req_t *req)
     }
     if (req->hup)
         uv_poll_start(req->hup, req->peer_eof ? UV_PRIORITIZED : UV_DISCONNECT, on_hup);
-}
-
-/* ---- routing ---- */
-
-static int parse_pattern(route_t *r, const char *pattern)
-{
-    if (pattern[0] != '/')
-        return SRV_HTTP_EINVAL;
-    const char *p = pattern + 1;
-    r->nsegs = 0;
-    if (!*p)
-        return 0; /* "/" */
-    for (;;) {
-        const char *end = strchr(p, '/');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        if (n == 0 || r->nsegs == MAX_SEGS)
-            return SRV_HTTP_EINVAL;
-        seg_t *sg = &r->segs[r->nsegs];
-        if (p[0] == '{') {
-            if (n < 3 || p[n - 1] != '}')
-                return SRV_HTTP_EINVAL;
-            sg->param = 1;
-            sg->text = strndup(p + 1, n - 2);
-        } else {
-            if (memchr(p, '{', n) || memchr(p, '}', n))
-                return SRV_HTTP_EINVAL;
-            sg->param = 0;
-            sg->text = strndup(p, n);
-        }
-        if (!sg->text)
-            return SRV_HTTP_ENOMEM;
-        r->nsegs++;
-        if (!end)
-            return 0;
-        p = end + 1;
-    }
-}
-
-static void route_clear(route_t *r)
-{
-    for (size_t i = 0; i < r->nsegs; i++)
-        free(r->segs[i].text);
-    free(r->method);
-    free(r->pattern);
-}
-
-/* Does path match r? On a match with req non-NULL, the parameters are copied
- * into req. */
-static int route_match(const route_t *r, const char *path, srv_req_t *req)
-{
-    const char *starts[MAX_SEGS];
-    size_t lens[MAX_SEGS];
-    if (path[0] != '/')
-        return 0;
-    const char *p = path + 1;
-    if (r->nsegs == 0)
-        return *p == '\0';
-    for (size_t i = 0; i < r->nsegs; i++) {
-        const char *end = strchr(p, '/');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        const seg_t *sg = &r->segs[i];
-        if (n == 0)
-            return 0;
-        if (!sg->param && (strlen(sg->text) != n || memcmp(sg->text, p, n) != 0))
-            return 0;
-        starts[i] = p;
-        lens[i] = n;
-        if (i + 1 < r->nsegs) {
-            if (!end)
-                return 0;
-            p = end + 1;
-        } else if (end) {
-            return 0;
-        }
-    }
-    if (!req)
-        return 1;
-    for (size_t i = 0; i < r->nsegs && req->nparams < MAX_PARAMS; i++) {
-        if (!r->segs[i].param)
-            continue;
-        char *v = strndup(starts[i], lens[i]);
-        if (!v)
-            return -1;
-        req->pnames[req->nparams] = r->segs[i].text;
-        req->pvals[req->nparams++] = v;
-    }
-    return 1;
-}
-
-int srv_http_route(srv_http_t *h, const char *method, const char *pattern, srv_handler_fn fn,
-                   void *ud, const srv_route_opts_t *ropts)
-{
-    if (!h || !method || !*method || !pattern || !fn)
-        return SRV_HTTP_EINVAL;
-    for (const char *m = method; *m; m++)
-        if (!isupper((unsigned char)*m))
-            return SRV_HTTP_EINVAL;
-    size_t nparams = 0;
-    if (h->nroutes == h->rcap) {
-        size_t ncap = h->rcap ? h->rcap * 2 : 16;
-        route_t *nr = realloc(h->routes, ncap * sizeof *nr);
-        if (!nr)
-            return SRV_HTTP_ENOMEM;
-        h->routes = nr;
-        h->rcap = ncap;
-    }
-    route_t *r = &h->routes[h->nroutes];
-    memset(r, 0, sizeof *r);
-    int rc = parse_pattern(r, pattern);
-    for (size_t i = 0; rc == 0 && i < r->nsegs; i++)
-        nparams += (size_t)r->segs[i].param;
-    if (rc == 0 && nparams > MAX_PARAMS)
-        rc = SRV_HTTP_EINVAL;
-    if (rc == 0) {
-        r->method = strdup(method);
-        r->pattern = strdup(pattern);
-        if (!r->method || !r->pattern)
-            rc = SRV_HTTP_ENOMEM;
-    }
-    if (rc) {
-        route_clear(r);
-        return rc;
-    }
-    r->fn = fn;
-    r->ud = ud;
-    r->flags = ropts ? ropts->flags : 0;
-    r->max_body = ropts && ropts->max_body ? ropts->max_body : h->max_body;
-    h->nroutes++;
-    return 0;
-}
-
-int srv_http_route_set_max_body(srv_http_t *h, const char *method, const char *pattern,
-                                size_t max_body)
-{
-    if (!h || !method || !pattern)
-        return SRV_HTTP_EINVAL;
-    int found = 0;
-    for (size_t i = 0; i < h->nroutes; i++) {
-        route_t *r = &h->routes[i];
-        if (strcmp(r->method, method) == 0 && strcmp(r->pattern, pattern) == 0) {
-            r->max_body = max_body ? max_body : h->max_body;
-            found = 1;
-        }
-    }
-    return found ? 0 : SRV_HTTP_EINVAL;
 }
 
 /* ---- request accessors ---- */
@@ -1042,17 +592,17 @@ int srv_req_add_header(srv_req_t *req, const char *name, const char *value)
 {
     if (req->phase == PH_ANSWERED)
         return SRV_HTTP_ESTATE;
-    return hdrlist_add(&req->headers, name, value);
+    return srv_http_hdrlist_add(&req->headers, name, value);
 }
 
-static int can_answer(const srv_req_t *req)
+int srv_http_can_answer(const srv_req_t *req)
 {
     return req->phase == PH_HANDLER && !req->stream;
 }
 
 int srv_reply(srv_req_t *req, int status, const char *content_type, const void *body, size_t len)
 {
-    if (!can_answer(req)) {
+    if (!srv_http_can_answer(req)) {
         SRV_LOG(SRV_LOG_ERROR, req->id, "handler answered twice (status %d)", status);
         return SRV_HTTP_ESTATE;
     }
@@ -1086,341 +636,6 @@ int srv_reply_error(srv_req_t *req, int status, const char *type, const char *pa
              emsg, etype, param ? "\"" : "", param ? eparam : "null", param ? "\"" : "",
              code ? "\"" : "", code ? ecode : "null", code ? "\"" : "");
     return srv_reply(req, status, "application/json", body, strlen(body));
-}
-
-/* ---- streams: the producer API ---- */
-
-static srv_stream_t *stream_new(srv_req_t *req, const srv_stream_opts_t *so)
-{
-    srv_http_t *h = req->h;
-    srv_stream_t *s = calloc(1, sizeof *s);
-    if (!s)
-        return NULL;
-    if (pthread_cond_init(&s->cond, NULL)) {
-        free(s);
-        return NULL;
-    }
-    s->hub = h->hub;
-    s->max_buffered = so && so->max_buffered ? so->max_buffered : h->stream_buf;
-    if (so) {
-        s->on_cancel = so->on_cancel;
-        s->on_writable = so->on_writable;
-        s->cb_ud = so->ud;
-        s->probe = so->probe;
-    }
-    s->refs = 2; /* producer + request */
-    s->req = req;
-    pthread_mutex_lock(&h->hub->lock);
-    h->hub->refs++;
-    pthread_mutex_unlock(&h->hub->lock);
-    req->stream = s;
-    if (!req->inflight) {
-        req->inflight = 1;
-        h->inflight++;
-        if (h->m_inflight)
-            srv_metric_set(h->m_inflight, NULL, (double)h->inflight);
-    }
-    return s;
-}
-
-srv_stream_t *srv_stream_open(srv_req_t *req, int status, const char *content_type,
-                              const srv_stream_opts_t *sopts)
-{
-    if (!can_answer(req)) {
-        SRV_LOG(SRV_LOG_ERROR, req->id, "stream opened on an answered request");
-        return NULL;
-    }
-    srv_stream_t *s = stream_new(req, sopts);
-    if (!s) {
-        queue_error(req, 500, "server_error", "internal", "out of memory", NULL);
-        return NULL;
-    }
-    s->mode = MODE_STREAMING;
-    s->status = status;
-    if (queue_stream(req, s, status, content_type, NULL) != MHD_YES) {
-        /* The request keeps its reference (released when it ends); the
-         * producer's is returned to nobody, so drop it here. */
-        pthread_mutex_lock(&s->hub->lock);
-        s->closed = 1;
-        s->abort = 1;
-        s->cancelled = 1;
-        stream_unref_unlock(s);
-        return NULL;
-    }
-    return s;
-}
-
-srv_stream_t *srv_stream_defer(srv_req_t *req, const srv_stream_opts_t *sopts)
-{
-    if (!can_answer(req)) {
-        SRV_LOG(SRV_LOG_ERROR, req->id, "answer deferred on an answered request");
-        return NULL;
-    }
-    srv_stream_t *s = stream_new(req, sopts);
-    if (!s) {
-        queue_error(req, 500, "server_error", "internal", "out of memory", NULL);
-        return NULL;
-    }
-    s->mode = MODE_DEFERRED;
-    return s;
-}
-
-int srv_stream_add_header(srv_stream_t *s, const char *name, const char *value)
-{
-    pthread_mutex_lock(&s->hub->lock);
-    int rc = s->mode != MODE_DEFERRED || s->closed ? SRV_HTTP_ESTATE
-                                                   : hdrlist_add(&s->headers, name, value);
-    pthread_mutex_unlock(&s->hub->lock);
-    return rc;
-}
-
-/* Copies data into the buffer (hub->lock held). */
-static int buf_append(srv_stream_t *s, const void *data, size_t len)
-{
-    if (s->off > 0 && s->len + len > s->cap) {
-        memmove(s->buf, s->buf + s->off, s->len - s->off);
-        s->len -= s->off;
-        s->off = 0;
-    }
-    if (s->len + len > s->cap) {
-        size_t ncap = s->cap ? s->cap : 4096;
-        while (ncap < s->len + len)
-            ncap *= 2;
-        char *nb = realloc(s->buf, ncap);
-        if (!nb)
-            return SRV_HTTP_ENOMEM;
-        s->buf = nb;
-        s->cap = ncap;
-    }
-    if (len)
-        memcpy(s->buf + s->len, data, len);
-    s->len += len;
-    return 0;
-}
-
-static int stream_gone_locked(const srv_stream_t *s)
-{
-    return s->cancelled || !s->hub->async;
-}
-
-int srv_stream_begin(srv_stream_t *s, int status, const char *content_type)
-{
-    if (status < 100 || status > 999)
-        return SRV_HTTP_EINVAL;
-    int rc = 0;
-    pthread_mutex_lock(&s->hub->lock);
-    if (s->closed || s->mode != MODE_DEFERRED) {
-        rc = SRV_HTTP_ESTATE;
-    } else if (stream_gone_locked(s)) {
-        rc = SRV_HTTP_ECANCELED;
-    } else {
-        char *ct = content_type ? strdup(content_type) : NULL;
-        if (content_type && !ct) {
-            rc = SRV_HTTP_ENOMEM;
-        } else {
-            s->ctype = ct;
-            s->status = status;
-            s->mode = MODE_STREAMING;
-            stream_mark_dirty_locked(s);
-        }
-    }
-    pthread_mutex_unlock(&s->hub->lock);
-    return rc;
-}
-
-int srv_stream_write(srv_stream_t *s, const void *data, size_t len)
-{
-    int rc = 0;
-    pthread_mutex_lock(&s->hub->lock);
-    if (s->closed || s->mode != MODE_STREAMING) {
-        rc = SRV_HTTP_ESTATE;
-    } else if (stream_gone_locked(s)) {
-        rc = SRV_HTTP_ECANCELED;
-    } else if (len == 0) {
-        rc = 0;
-    } else if (s->len - s->off > 0 && s->len - s->off + len > s->max_buffered) {
-        s->want_writable = 1;
-        rc = SRV_HTTP_EAGAIN;
-    } else {
-        rc = buf_append(s, data, len);
-        if (rc == 0)
-            stream_mark_dirty_locked(s);
-    }
-    pthread_mutex_unlock(&s->hub->lock);
-    return rc;
-}
-
-size_t srv_stream_space(srv_stream_t *s)
-{
-    pthread_mutex_lock(&s->hub->lock);
-    size_t used = s->len - s->off;
-    size_t space = used >= s->max_buffered ? 0 : s->max_buffered - used;
-    if (space == 0)
-        s->want_writable = 1; /* the caller will wait for on_writable */
-    pthread_mutex_unlock(&s->hub->lock);
-    return space;
-}
-
-static void deadline_after(struct timespec *ts, int ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
-int srv_stream_wait_writable(srv_stream_t *s, size_t need, int timeout_ms)
-{
-    struct timespec ts;
-    if (timeout_ms >= 0)
-        deadline_after(&ts, timeout_ms);
-    if (need > s->max_buffered)
-        need = s->max_buffered;
-    int rc = 0;
-    pthread_mutex_lock(&s->hub->lock);
-    for (;;) {
-        if (stream_gone_locked(s)) {
-            rc = SRV_HTTP_ECANCELED;
-            break;
-        }
-        size_t used = s->len - s->off;
-        size_t space = used < s->max_buffered ? s->max_buffered - used : 0;
-        if (used == 0 || space >= need)
-            break;
-        int w = timeout_ms >= 0 ? pthread_cond_timedwait(&s->cond, &s->hub->lock, &ts)
-                                : pthread_cond_wait(&s->cond, &s->hub->lock);
-        if (w == ETIMEDOUT) {
-            rc = SRV_HTTP_ETIMEDOUT;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&s->hub->lock);
-    return rc;
-}
-
-int srv_stream_cancelled(srv_stream_t *s)
-{
-    pthread_mutex_lock(&s->hub->lock);
-    int c = stream_gone_locked(s);
-    pthread_mutex_unlock(&s->hub->lock);
-    return c;
-}
-
-/* Marks closed, waits out a running callback, drops the producer's
- * reference. hub->lock held on entry, released on return. */
-static void stream_close_locked(srv_stream_t *s, int mode)
-{
-    s->closed = 1;
-    s->abort = mode == SRV_STREAM_ABORT;
-    stream_mark_dirty_locked(s);
-    pthread_cond_broadcast(&s->cond);
-    if (!on_loop_thread(s->hub))
-        while (s->in_cb > 0)
-            pthread_cond_wait(&s->cond, &s->hub->lock);
-    stream_unref_unlock(s);
-}
-
-void srv_stream_close(srv_stream_t *s, int mode)
-{
-    if (!s)
-        return;
-    pthread_mutex_lock(&s->hub->lock);
-    if (s->closed) {
-        /* A second close is a caller bug; the reference is already gone. */
-        pthread_mutex_unlock(&s->hub->lock);
-        return;
-    }
-    stream_close_locked(s, mode);
-}
-
-int srv_stream_reply_take(srv_stream_t *s, int status, const char *content_type, void *body,
-                          size_t len)
-{
-    int rc = 0;
-    pthread_mutex_lock(&s->hub->lock);
-    if (s->closed) {
-        pthread_mutex_unlock(&s->hub->lock);
-        free(body);
-        return SRV_HTTP_ESTATE;
-    }
-    if (s->mode != MODE_DEFERRED || status < 100 || status > 999) {
-        rc = SRV_HTTP_ESTATE;
-    } else if (stream_gone_locked(s)) {
-        rc = SRV_HTTP_ECANCELED;
-    } else {
-        char *ct = content_type ? strdup(content_type) : NULL;
-        if (content_type && !ct) {
-            rc = SRV_HTTP_ENOMEM;
-        } else {
-            /* the answer is body itself: answer_deferred hands it to MHD */
-            free(s->buf);
-            s->buf = body;
-            s->off = 0;
-            s->len = s->cap = body ? len : 0;
-            body = NULL;
-            s->ctype = ct;
-            s->status = status;
-            s->mode = MODE_REPLY;
-        }
-    }
-    free(body);
-    stream_close_locked(s, rc == 0 ? SRV_STREAM_END : SRV_STREAM_ABORT);
-    return rc;
-}
-
-int srv_stream_rerun(srv_stream_t *s)
-{
-    int rc = 0;
-    pthread_mutex_lock(&s->hub->lock);
-    if (s->closed) {
-        pthread_mutex_unlock(&s->hub->lock);
-        return SRV_HTTP_ESTATE;
-    }
-    if (s->mode != MODE_DEFERRED)
-        rc = SRV_HTTP_ESTATE;
-    else if (stream_gone_locked(s))
-        rc = SRV_HTTP_ECANCELED;
-    else
-        s->mode = MODE_RERUN;
-    stream_close_locked(s, rc == 0 ? SRV_STREAM_END : SRV_STREAM_ABORT);
-    return rc;
-}
-
-int srv_req_runs(const srv_req_t *req)
-{
-    return req->runs;
-}
-
-int srv_stream_reply(srv_stream_t *s, int status, const char *content_type, const void *body,
-                     size_t len)
-{
-    int rc = 0;
-    pthread_mutex_lock(&s->hub->lock);
-    if (s->closed) {
-        /* A second close is a caller bug; the reference is already gone. */
-        pthread_mutex_unlock(&s->hub->lock);
-        return SRV_HTTP_ESTATE;
-    }
-    if (s->mode != MODE_DEFERRED || status < 100 || status > 999) {
-        rc = SRV_HTTP_ESTATE;
-    } else if (stream_gone_locked(s)) {
-        rc = SRV_HTTP_ECANCELED;
-    } else {
-        char *ct = content_type ? strdup(content_type) : NULL;
-        if ((content_type && !ct) || buf_append(s, body, body ? len : 0)) {
-            free(ct);
-            rc = SRV_HTTP_ENOMEM;
-        } else {
-            s->ctype = ct;
-            s->status = status;
-            s->mode = MODE_REPLY;
-        }
-    }
-    stream_close_locked(s, rc == 0 ? SRV_STREAM_END : SRV_STREAM_ABORT);
-    return rc;
 }
 
 /* ---- API keys and CORS ---- */
@@ -1482,40 +697,6 @@ static const char *cors_allow(const srv_http_t *h, const char *origin)
 
 /* ---- the access handler ---- */
 
-static int method_matches(const route_t *r, const char *method)
-{
-    return strcmp(r->method, method) == 0 ||
-           (strcmp(method, "HEAD") == 0 && strcmp(r->method, "GET") == 0);
-}
-
-/* "GET, HEAD, POST, OPTIONS": methods of the routes matching path. */
-static void allowed_methods(const srv_http_t *h, const char *path, char *out, size_t cap)
-{
-    size_t n = 0;
-    out[0] = '\0';
-    const char *seen[64];
-    size_t nseen = 0;
-    for (size_t i = 0; i < h->nroutes; i++) {
-        const route_t *r = &h->routes[i];
-        if (route_match(r, path, NULL) != 1)
-            continue;
-        const char *ms[2] = {r->method, strcmp(r->method, "GET") == 0 ? "HEAD" : NULL};
-        for (int k = 0; k < 2 && ms[k]; k++) {
-            int dup = 0;
-            for (size_t j = 0; j < nseen; j++)
-                dup |= strcmp(seen[j], ms[k]) == 0;
-            if (dup || nseen == 64)
-                continue;
-            seen[nseen++] = ms[k];
-            int w = snprintf(out + n, cap - n, "%s%s", n ? ", " : "", ms[k]);
-            if (w > 0 && (size_t)w < cap - n)
-                n += (size_t)w;
-        }
-    }
-    int w = snprintf(out + n, cap - n, "%sOPTIONS", n ? ", " : "");
-    (void)w;
-}
-
 static int body_is_json(const char *ctype)
 {
     if (!ctype)
@@ -1553,10 +734,10 @@ static void req_free(srv_req_t *req)
 {
     for (size_t i = 0; i < req->nparams; i++)
         free(req->pvals[i]);
-    hdrlist_clear(&req->headers);
-    hdrlist_clear(&req->held_extra);
-    hdrlist_clear(&req->inj_headers);
-    hdrlist_clear(&req->inj_query);
+    srv_http_hdrlist_clear(&req->headers);
+    srv_http_hdrlist_clear(&req->held_extra);
+    srv_http_hdrlist_clear(&req->inj_headers);
+    srv_http_hdrlist_clear(&req->inj_query);
     free(req->held_ctype);
     free(req->held_body);
     free(req->cors_origin);
@@ -1639,11 +820,11 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req);
 static enum MHD_Result queue_unauthorized(srv_req_t *req)
 {
     hdrlist_t extra = {0};
-    hdrlist_add(&extra, "WWW-Authenticate", "Bearer");
+    srv_http_hdrlist_add(&extra, "WWW-Authenticate", "Bearer");
     enum MHD_Result r =
-        queue_error(req, 401, "authentication_error", "invalid_api_key",
+        srv_http_queue_error(req, 401, "authentication_error", "invalid_api_key",
                     "missing or wrong API key (Authorization: Bearer KEY or X-Api-Key)", &extra);
-    hdrlist_clear(&extra);
+    srv_http_hdrlist_clear(&extra);
     return r;
 }
 
@@ -1674,15 +855,15 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req)
     int path_known = 0, path_public = 0;
     for (size_t i = 0; i < h->nroutes; i++) {
         const route_t *r = &h->routes[i];
-        if (route_match(r, req->path, NULL) != 1)
+        if (srv_http_route_match(r, req->path, NULL) != 1)
             continue;
         path_known = 1;
         path_public |= (r->flags & SRV_ROUTE_PUBLIC) != 0;
-        if (!route && method_matches(r, method))
+        if (!route && srv_http_method_matches(r, method))
             route = r;
     }
     if (h->draining && !(route && (route->flags & SRV_ROUTE_DRAIN_OK)))
-        return queue_error(req, 503, "server_error", "draining",
+        return srv_http_queue_error(req, 503, "server_error", "draining",
                            "the server is shutting down; retry on another replica", NULL);
     /* The key is checked before 404/405, so a client without one learns
      * nothing about which paths and methods exist. Public paths (/health)
@@ -1692,52 +873,52 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req)
     if (!path_public && !preflight && !auth_ok(h, req, &req->key))
         return queue_unauthorized(req);
     if (h->not_ready && route && !(route->flags & SRV_ROUTE_DRAIN_OK))
-        return queue_error(req, 503, "server_error", "loading",
+        return srv_http_queue_error(req, 503, "server_error", "loading",
                            "the model is still loading; retry shortly", NULL);
     if (!path_known)
-        return queue_error(req, 404, "invalid_request_error", "not_found", "no such route",
+        return srv_http_queue_error(req, 404, "invalid_request_error", "not_found", "no such route",
                            NULL);
     if (strcmp(method, "OPTIONS") == 0 && !route) {
         char methods[256];
         hdrlist_t extra = {0};
-        allowed_methods(h, req->path, methods, sizeof methods);
-        hdrlist_add(&extra, "Allow", methods);
+        srv_http_allowed_methods(h, req->path, methods, sizeof methods);
+        srv_http_hdrlist_add(&extra, "Allow", methods);
         if (req->cors_origin &&
             req_lookup(req, MHD_HEADER_KIND, "Access-Control-Request-Method")) {
-            hdrlist_add(&extra, "Access-Control-Allow-Methods", methods);
-            hdrlist_add(&extra, "Access-Control-Allow-Headers",
+            srv_http_hdrlist_add(&extra, "Access-Control-Allow-Methods", methods);
+            srv_http_hdrlist_add(&extra, "Access-Control-Allow-Headers",
                         "Authorization, Content-Type, X-Api-Key, X-Request-Id");
-            hdrlist_add(&extra, "Access-Control-Max-Age", "600");
+            srv_http_hdrlist_add(&extra, "Access-Control-Max-Age", "600");
         }
         enum MHD_Result r = queue_buffer(req, 204, NULL, "", 0, &extra);
-        hdrlist_clear(&extra);
+        srv_http_hdrlist_clear(&extra);
         return r;
     }
     if (!route) {
         char methods[256];
         hdrlist_t extra = {0};
-        allowed_methods(h, req->path, methods, sizeof methods);
-        hdrlist_add(&extra, "Allow", methods);
+        srv_http_allowed_methods(h, req->path, methods, sizeof methods);
+        srv_http_hdrlist_add(&extra, "Allow", methods);
         char msg[320];
         snprintf(msg, sizeof msg, "method %s not allowed here; allowed: %s", method, methods);
-        enum MHD_Result r = queue_error(req, 405, "invalid_request_error", "method_not_allowed",
+        enum MHD_Result r = srv_http_queue_error(req, 405, "invalid_request_error", "method_not_allowed",
                                         msg, &extra);
-        hdrlist_clear(&extra);
+        srv_http_hdrlist_clear(&extra);
         return r;
     }
     req->route = route;
-    if (route_match(route, req->path, req) < 0)
+    if (srv_http_route_match(route, req->path, req) < 0)
         return MHD_NO;
     if ((route->flags & SRV_ROUTE_JSON) && body &&
         !body_is_json(req_lookup(req, MHD_HEADER_KIND, "Content-Type")))
-        return queue_error(req, 415, "invalid_request_error", "unsupported_media_type",
+        return srv_http_queue_error(req, 415, "invalid_request_error", "unsupported_media_type",
                            "the body must be JSON (Content-Type: application/json)", NULL);
     req->body_limit = route->max_body;
     if (clen_known && clen > req->body_limit) {
         char msg[128];
         snprintf(msg, sizeof msg, "request body of %llu bytes exceeds the limit of %zu bytes",
                  (unsigned long long)clen, req->body_limit);
-        return queue_error(req, 413, "invalid_request_error", "request_too_large", msg, NULL);
+        return srv_http_queue_error(req, 413, "invalid_request_error", "request_too_large", msg, NULL);
     }
     return MHD_YES;
 }
@@ -1807,20 +988,20 @@ static enum MHD_Result answer_deferred(srv_req_t *req)
     } else if (mode == MODE_REPLY)
         r = queue_buffer(req, status, ctype, "", 0, &extra);
     else if (mode == MODE_STREAMING)
-        r = queue_stream(req, s, status, ctype, &extra);
+        r = srv_http_queue_stream(req, s, status, ctype, &extra);
     else if (mode == MODE_RERUN) {
         /* the request as it was received, its handler again: the stream
          * and the headers added for the first answer go */
         pthread_mutex_lock(&s->hub->lock);
         s->req = NULL;
         pthread_mutex_unlock(&s->hub->lock);
-        stream_unref(s);
+        srv_http_stream_unref(s);
         req->stream = NULL;
-        hdrlist_clear(&req->headers);
+        srv_http_hdrlist_clear(&req->headers);
         r = run_handler(req);
     }
     else if (closed)
-        r = queue_error(req, 500, "server_error", "internal", "the request was dropped", NULL);
+        r = srv_http_queue_error(req, 500, "server_error", "internal", "the request was dropped", NULL);
     else {
         req->phase = PH_WAITING;
         req_suspend(req);
@@ -1828,7 +1009,7 @@ static enum MHD_Result answer_deferred(srv_req_t *req)
     }
     free(body);
     free(ctype);
-    hdrlist_clear(&extra);
+    srv_http_hdrlist_clear(&extra);
     return r;
 }
 
@@ -1839,7 +1020,7 @@ static enum MHD_Result run_handler(srv_req_t *req)
     if (req->too_large) {
         char msg[128];
         snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes", req->body_limit);
-        return queue_error(req, 413, "invalid_request_error", "request_too_large", msg, NULL);
+        return srv_http_queue_error(req, 413, "invalid_request_error", "request_too_large", msg, NULL);
     }
     req->phase = PH_HANDLER;
     req->runs++;
@@ -1850,7 +1031,7 @@ static enum MHD_Result run_handler(srv_req_t *req)
         return answer_deferred(req);
     SRV_LOG(SRV_LOG_ERROR, req->id, "handler for %s %s returned without answering",
             req->method, req->route->pattern);
-    return queue_error(req, 500, "server_error", "internal", "the handler did not answer",
+    return srv_http_queue_error(req, 500, "server_error", "internal", "the handler did not answer",
                        NULL);
 }
 
@@ -1942,8 +1123,8 @@ static void req_complete(srv_http_t *h, srv_req_t *req, enum MHD_RequestTerminat
         s->req = NULL;
         pthread_mutex_unlock(&s->hub->lock);
         if (!finished)
-            stream_cancel(h, s);
-        stream_unref(s);
+            srv_http_stream_cancel(h, s);
+        srv_http_stream_unref(s);
         req->stream = NULL;
     }
     if (req->inflight)
@@ -2119,7 +1300,7 @@ static int inject_query(srv_req_t *req, char *q)
         MHD_http_unescape(q);
         if (v)
             MHD_http_unescape(v);
-        if (*q && hdrlist_add(&req->inj_query, q, v ? v : "") == SRV_HTTP_ENOMEM)
+        if (*q && srv_http_hdrlist_add(&req->inj_query, q, v ? v : "") == SRV_HTTP_ENOMEM)
             return SRV_HTTP_ENOMEM;
         q = next;
     }
@@ -2146,7 +1327,7 @@ int srv_http_inject(srv_http_t *h, const srv_http_inject_t *in, srv_http_result_
     int rc = req ? inject_query(req, q) : SRV_HTTP_ENOMEM;
     free(url);
     for (size_t i = 0; rc == 0 && i < in->n_headers; i++)
-        rc = hdrlist_add(&req->inj_headers, in->headers[2 * i], in->headers[2 * i + 1]);
+        rc = srv_http_hdrlist_add(&req->inj_headers, in->headers[2 * i], in->headers[2 * i + 1]);
     if (rc) {
         if (req)
             req_free(req);
@@ -2263,7 +1444,7 @@ static void run_mhd(srv_http_t *h)
         h->rerun = 0;
         MHD_run(h->d);
         inject_run(h);
-        process_pending(h);
+        srv_http_process_pending(h);
     } while (h->rerun);
     h->in_run = 0;
     MHD_UNSIGNED_LONG_LONG t = 0;
@@ -2289,7 +1470,7 @@ static void on_async(uv_async_t *a)
         s->dirty_next = NULL;
         if (s->req)
             req_resume(s->req);
-        stream_unref(s);
+        srv_http_stream_unref(s);
     }
     if (h->stage != CLOSED)
         run_mhd(h);
@@ -2414,7 +1595,7 @@ static void free_strings(char **v, size_t n)
 static void http_free(srv_http_t *h)
 {
     for (size_t i = 0; i < h->nroutes; i++)
-        route_clear(&h->routes[i]);
+        srv_http_route_clear(&h->routes[i]);
     free(h->routes);
     free_strings(h->api_keys, h->n_api_keys);
     free(h->api_key_admin);
@@ -2422,10 +1603,10 @@ static void http_free(srv_http_t *h)
     if (h->hub) {
         int free_hub;
         pthread_mutex_lock(&h->hub->lock);
-        hub_unref_locked(h->hub, &free_hub);
+        srv_http_hub_unref_locked(h->hub, &free_hub);
         pthread_mutex_unlock(&h->hub->lock);
         if (free_hub)
-            hub_free(h->hub);
+            srv_http_hub_free(h->hub);
     }
     free(h);
 }
@@ -2575,7 +1756,7 @@ void srv_http_cancel_all(srv_http_t *h)
 {
     for (srv_req_t *req = h->reqs; req; req = req->next) {
         if (req->stream)
-            stream_cancel(h, req->stream);
+            srv_http_stream_cancel(h, req->stream);
         req_resume(req);
     }
     run_mhd(h);
@@ -2612,7 +1793,7 @@ void srv_http_close(srv_http_t *h, void (*done)(void *ud), void *ud)
             req_complete(h, req, MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN);
     }
     h->stage = CLOSED;
-    process_pending(h);
+    srv_http_process_pending(h);
     pthread_mutex_lock(&h->hub->lock);
     h->hub->async = NULL; /* producers now see every stream as cancelled */
     srv_stream_t *list = h->hub->dirty;
@@ -2624,7 +1805,7 @@ void srv_http_close(srv_http_t *h, void (*done)(void *ud), void *ud)
         pthread_mutex_lock(&s->hub->lock);
         s->dirty = 0;
         pthread_cond_broadcast(&s->cond);
-        stream_unref_unlock(s);
+        srv_http_stream_unref_unlock(s);
     }
     uv_close((uv_handle_t *)&h->mhd_poll, on_handle_closed);
     uv_close((uv_handle_t *)&h->mhd_timer, on_handle_closed);
