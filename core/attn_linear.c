@@ -135,10 +135,13 @@ typedef struct lin_state {
     double *c;           /* [L][Hkv][M] running log-scales */
     void *S;             /* [L][Hkv][M][Hd] float or double */
     void *z;             /* [L][Hkv][M] float or double */
-    float *ring_k;       /* [L][W][Hkv][Hd], slot = position % W */
-    float *ring_v;       /* [L][W][Hkv][Hd] */
-    float *sink_k;       /* [L][S][Hkv][Hd], row = position (< S) */
-    float *sink_v;       /* [L][S][Hkv][Hd] */
+    /* a KV head's window and sinks contiguous (the attention of one head
+     * streams them; the payload orders them [rows][Hkv][Hd], see
+     * kv_rows_put) */
+    float *ring_k;       /* [L][Hkv][W][Hd], slot = position % W */
+    float *ring_v;       /* [L][Hkv][W][Hd] */
+    float *sink_k;       /* [L][Hkv][S][Hd], row = position (< S) */
+    float *sink_v;       /* [L][Hkv][S][Hd] */
 } lin_state_t;
 
 /* Views into the scratch for one chunk of cn tokens, R = cn·(H/Hkv) query
@@ -608,8 +611,8 @@ typedef struct lin_ctx {
     int64_t p0, hd, m, gs, nq, nkv, h, w;
     const float *q, *k, *v;
     float *out;
-    const float *ring_k, *ring_v; /* this layer's [W][Hkv][Hd] */
-    const float *sink_k, *sink_v; /* this layer's [S][Hkv][Hd] */
+    const float *ring_k, *ring_v; /* this layer's [Hkv][W][Hd] */
+    const float *sink_k, *sink_v; /* this layer's [Hkv][S][Hd] */
     int64_t sinks;                /* S */
     double lg;                    /* log γ of this KV head (0: no decay) */
     const float *mix;             /* this layer's [H] β */
@@ -636,16 +639,17 @@ static const float *kv_row(const lin_ctx_t *x, const float *in, const float *rin
     if (pos >= x->p0)
         return in + (pos - x->p0) * x->nkv + x->h * x->hd;
     if (pos < x->sinks)
-        return sink + (pos * (x->nkv / x->hd) + x->h) * x->hd;
-    return ring + ((pos % x->w) * (x->nkv / x->hd) + x->h) * x->hd;
+        return sink + (x->h * x->sinks + pos) * x->hd;
+    return ring + (x->h * x->w + pos % x->w) * x->hd;
 }
 
 /* kv_row of pos, and in *len how many positions from pos on (< end) follow
- * it at a stride of nkv floats in the same array: a run the products can
- * read in place. */
+ * it in the same array, *ld floats apart (nkv in this forward's rows, Hd in
+ * the sinks and the ring): a run the products can read in place. */
 static const float *kv_run(const lin_ctx_t *x, const float *in, const float *ring,
-                           const float *sink, int64_t pos, int64_t end, int64_t *len)
+                           const float *sink, int64_t pos, int64_t end, int64_t *len, int64_t *ld)
 {
+    *ld = pos >= x->p0 ? x->nkv : x->hd;
     int64_t stop = end;
     if (pos < x->p0) {
         /* A position before this forward that is not a sink is in the ring,
@@ -1057,9 +1061,10 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
     const float scale = (float)(1.0 / sqrt((double)hd));
     for (int64_t j = 0, len; j < nk; j += len) {
         int64_t pos = j < ns ? j : pw0 + j - ns;
+        int64_t ld;
         const float *kr = kv_run(x, x->k, x->ring_k, x->sink_k, pos,
-                                 j < ns ? ns : x->p0 + t1, &len);
-        core_gemm_nt(nr, len, hd, scale, sc->qx, hd, kr, x->nkv, 0.0f, sc->e + j, nk);
+                                 j < ns ? ns : x->p0 + t1, &len, &ld);
+        core_gemm_nt(nr, len, hd, scale, sc->qx, hd, kr, ld, 0.0f, sc->e + j, nk);
     }
     /* Sinks sit next to the window (StreamingLLM's positions): once a
      * query at τ is past τ = W + S − 1, sink j is scored as if it were at
@@ -1114,10 +1119,10 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
     }
     for (int64_t j = 0, len; j < nk; j += len) {
         int64_t pos = j < ns ? j : pw0 + j - ns;
+        int64_t ld;
         const float *vr = kv_run(x, x->v, x->ring_v, x->sink_v, pos,
-                                 j < ns ? ns : x->p0 + t1, &len);
-        core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, vr, x->nkv, j > 0 ? 1.0f : 0.0f, sc->ev,
-                     hd);
+                                 j < ns ? ns : x->p0 + t1, &len, &ld);
+        core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, vr, ld, j > 0 ? 1.0f : 0.0f, sc->ev, hd);
     }
     for (int64_t r = 0; r < nr; r++) {
         int64_t t = t0 + r / gs, g = r % gs;
@@ -1259,21 +1264,22 @@ static void linear_forward_done(core_attn_t *a, const core_attn_item_t *it, int 
     lin_state_t *st = it->state->impl;
     int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = cfg->window, n = it->n;
     int64_t pos = it->state->pos;
+    const size_t row = (size_t)hd * sizeof(float);
     /* The sinks are the first S positions, kept for good. */
-    for (int64_t t = 0; t < n && pos + t < cfg->sinks; t++) {
-        size_t row = (size_t)((int64_t)layer * cfg->sinks + pos + t) * (size_t)(hkv * hd);
-        memcpy(st->sink_k + row, it->k + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
-        memcpy(st->sink_v + row, it->v + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
-    }
+    for (int64_t t = 0; t < n && pos + t < cfg->sinks; t++)
+        for (int64_t h = 0; h < hkv; h++) {
+            size_t at = (size_t)(((int64_t)layer * hkv + h) * cfg->sinks + pos + t) * (size_t)hd;
+            memcpy(st->sink_k + at, it->k + (t * hkv + h) * hd, row);
+            memcpy(st->sink_v + at, it->v + (t * hkv + h) * hd, row);
+        }
     /* Only now may the ring forget positions p0−W..: every chunk read them. */
     if (w > 0) {
-        for (int64_t t = n - w > 0 ? n - w : 0; t < n; t++) {
-            int64_t slot = (pos + t) % w;
-            float *rk = st->ring_k + ((int64_t)layer * w + slot) * hkv * hd;
-            float *rv = st->ring_v + ((int64_t)layer * w + slot) * hkv * hd;
-            memcpy(rk, it->k + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
-            memcpy(rv, it->v + t * hkv * hd, (size_t)(hkv * hd) * sizeof(float));
-        }
+        for (int64_t t = n - w > 0 ? n - w : 0; t < n; t++)
+            for (int64_t h = 0; h < hkv; h++) {
+                size_t at = (size_t)(((int64_t)layer * hkv + h) * w + (pos + t) % w) * (size_t)hd;
+                memcpy(st->ring_k + at, it->k + (t * hkv + h) * hd, row);
+                memcpy(st->ring_v + at, it->v + (t * hkv + h) * hd, row);
+            }
     }
 }
 
@@ -1325,30 +1331,44 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
  * the precision it was saved in (a state's precision is its own, see
  * core_attn_linear_set_opts), so continuing it is bit-identical. */
 
-/* Per layer, n valid floats of K then of V (layer l at k + l·stride):
- * written to or read from p, which is returned advanced. The window ring
- * and the sinks are laid out alike. */
-static unsigned char *kv_rows_put(unsigned char *p, const float *k, const float *v, int n_layer,
-                                  size_t stride, size_t n)
+/* The rows of the window ring or the sinks in the payload: per layer, the
+ * nv valid rows (slots or positions 0..nv-1) of K, then of V, each row
+ * [Hkv][Hd]; in the state a layer is [Hkv][cap][Hd] (cap = W or S). Written
+ * to (put) or read from (get) p, which is returned advanced. */
+typedef struct kv_shape {
+    int n_layer;
+    size_t hkv, cap, hd, nv;
+} kv_shape_t;
+
+static unsigned char *kv_rows_put(unsigned char *p, const float *k, const float *v,
+                                  const kv_shape_t *sh)
 {
-    for (int l = 0; l < n_layer && n > 0; l++) {
-        core_le_copy32(p, k + (size_t)l * stride, n);
-        core_le_copy32(p + n * sizeof(float), v + (size_t)l * stride, n);
-        p += 2 * n * sizeof(float);
-    }
+    for (int l = 0; l < sh->n_layer; l++)
+        for (int which = 0; which < 2; which++) {
+            const float *src = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
+            for (size_t r = 0; r < sh->nv; r++)
+                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * sizeof(float))
+                    core_le_copy32(p, src + (h * sh->cap + r) * sh->hd, sh->hd);
+        }
     return p;
 }
 
-static const unsigned char *kv_rows_get(const unsigned char *p, float *k, float *v, int n_layer,
-                                        size_t stride, size_t n)
+static const unsigned char *kv_rows_get(const unsigned char *p, float *k, float *v,
+                                        const kv_shape_t *sh)
 {
-    for (int l = 0; l < n_layer && n > 0; l++) {
-        core_le_copy32(k + (size_t)l * stride, p, n);
-        core_le_copy32(v + (size_t)l * stride, p + n * sizeof(float), n);
-        p += 2 * n * sizeof(float);
-    }
+    for (int l = 0; l < sh->n_layer; l++)
+        for (int which = 0; which < 2; which++) {
+            float *dst = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
+            for (size_t r = 0; r < sh->nv; r++)
+                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * sizeof(float))
+                    core_le_copy32(dst + (h * sh->cap + r) * sh->hd, p, sh->hd);
+        }
     return p;
 }
+
+/* Whether the nv valid rows of every layer (as kv_rows_get left them) are
+ * within ±CORE_ATTN_MAX_KV; the first bad layer in *bad. */
+static int kv_rows_in_range(const float *k, const float *v, const kv_shape_t *sh, int *bad);
 
 typedef struct lin_ser {
     size_t n_z, n_s, n_ring; /* elements: c and z, S, one layer's valid ring rows */
@@ -1377,6 +1397,15 @@ static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, lin_
     return 1;
 }
 
+/* The ring's and the sinks' shapes for kv_rows_*: their valid rows from z. */
+static void kv_shapes(const core_attn_cfg_t *cfg, const lin_ser_t *z, kv_shape_t *ring,
+                      kv_shape_t *sink)
+{
+    size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    *ring = (kv_shape_t){cfg->n_layer, hkv, (size_t)cfg->window, hd, z->n_ring / (hkv * hd)};
+    *sink = (kv_shape_t){cfg->n_layer, hkv, (size_t)cfg->sinks, hd, z->n_sink / (hkv * hd)};
+}
+
 static size_t linear_state_save_size(const core_attn_state_t *s)
 {
     const lin_state_t *st = s->impl;
@@ -1395,7 +1424,6 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
         return core_error_set(err, CORE_ERANGE, "linear attention payload needs %zu bytes, "
                               "buffer has %zu", z.bytes, cap);
     unsigned char *p = buf;
-    size_t lw = (size_t)cfg->window * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
     core_le_put_u32(p, (uint32_t)z.es);
     core_le_put_u32(p + 4, (uint32_t)(z.n_ring / ((size_t)cfg->n_head_kv * (size_t)cfg->head_dim)));
     p += 8;
@@ -1409,9 +1437,10 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
         core_le_copy32(p + z.n_s * 4, st->z, z.n_z);
     }
     p += (z.n_s + z.n_z) * z.es;
-    size_t ls = (size_t)cfg->sinks * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
-    p = kv_rows_put(p, st->ring_k, st->ring_v, cfg->n_layer, lw, z.n_ring);
-    kv_rows_put(p, st->sink_k, st->sink_v, cfg->n_layer, ls, z.n_sink);
+    kv_shape_t ring, sink;
+    kv_shapes(cfg, &z, &ring, &sink);
+    p = kv_rows_put(p, st->ring_k, st->ring_v, &ring);
+    kv_rows_put(p, st->sink_k, st->sink_v, &sink);
     return 0;
 }
 
@@ -1419,6 +1448,20 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
 static int kv_in_range(float k, float v)
 {
     return fabsf(k) <= CORE_ATTN_MAX_KV && fabsf(v) <= CORE_ATTN_MAX_KV;
+}
+
+static int kv_rows_in_range(const float *k, const float *v, const kv_shape_t *sh, int *bad)
+{
+    for (int l = 0; l < sh->n_layer; l++)
+        for (size_t h = 0; h < sh->hkv; h++) {
+            size_t at = ((size_t)l * sh->hkv + h) * sh->cap * sh->hd;
+            for (size_t i = at; i < at + sh->nv * sh->hd; i++)
+                if (!kv_in_range(k[i], v[i])) {
+                    *bad = l;
+                    return 0;
+                }
+        }
+    return 1;
 }
 
 static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf, size_t len,
@@ -1460,10 +1503,10 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
         core_le_copy32(st->z, p + z.n_s * 4, z.n_z);
     }
     p += (z.n_s + z.n_z) * z.es;
-    size_t lw = (size_t)cfg->window * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
-    size_t ls = (size_t)cfg->sinks * (size_t)cfg->n_head_kv * (size_t)cfg->head_dim;
-    p = kv_rows_get(p, st->ring_k, st->ring_v, cfg->n_layer, lw, z.n_ring);
-    kv_rows_get(p, st->sink_k, st->sink_v, cfg->n_layer, ls, z.n_sink);
+    kv_shape_t ring, sink;
+    kv_shapes(cfg, &z, &ring, &sink);
+    p = kv_rows_get(p, st->ring_k, st->ring_v, &ring);
+    kv_rows_get(p, st->sink_k, st->sink_v, &sink);
     /* A blob is input. The kernels rely on c being finite or −inf, on S
      * and z being finite (z ≥ 0; Flexformer's is signed) and on the window and sink rows being
      * within ±CORE_ATTN_MAX_KV: anything else would turn every later
@@ -1482,18 +1525,13 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
                                       "S at entry %zu", i);
         }
     }
-    for (int l = 0; l < cfg->n_layer; l++) {
-        for (size_t i = 0; i < z.n_ring; i++) {
-            if (!kv_in_range(st->ring_k[(size_t)l * lw + i], st->ring_v[(size_t)l * lw + i]))
-                return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
-                                      "or out-of-range window row in layer %d", l);
-        }
-        for (size_t i = 0; i < z.n_sink; i++) {
-            if (!kv_in_range(st->sink_k[(size_t)l * ls + i], st->sink_v[(size_t)l * ls + i]))
-                return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
-                                      "or out-of-range sink row in layer %d", l);
-        }
-    }
+    int l;
+    if (!kv_rows_in_range(st->ring_k, st->ring_v, &ring, &l))
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                              "or out-of-range window row in layer %d", l);
+    if (!kv_rows_in_range(st->sink_k, st->sink_v, &sink, &l))
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                              "or out-of-range sink row in layer %d", l);
     return 0;
 }
 
