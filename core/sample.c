@@ -746,7 +746,7 @@ int core_sampler_state_save(const core_sampler_t *s, void *buf, size_t cap, core
     core_le_put_u32(b + 8, CORE_SAMPLE_HISTORY);
     core_le_put_u32(b + 12, s->count);
     for (int i = 0; i < 4; i++)
-        core_le_put_u64(b + 16 + 8 * i, s->rng.s[i]);
+        core_le_put_u64(b + 16 + 8 * (size_t)i, s->rng.s[i]);
     int32_t hist[CORE_SAMPLE_HISTORY];
     size_t n = core_sampler_history(s, hist, CORE_SAMPLE_HISTORY);
     for (size_t i = 0; i < n; i++)
@@ -781,12 +781,12 @@ int core_sampler_state_load(core_sampler_t *s, const void *buf, size_t len, core
     core_rng_t rng;
     uint64_t any = 0;
     for (int i = 0; i < 4; i++)
-        any |= rng.s[i] = core_le_get_u64(b + 16 + 8 * i);
+        any |= rng.s[i] = core_le_get_u64(b + 16 + 8 * (size_t)i);
     if (!any)
         return core_error_set(err, CORE_EFORMAT, "sampler state: RNG state is all zero");
     int32_t ring[CORE_SAMPLE_HISTORY];
     for (uint32_t i = 0; i < CORE_SAMPLE_HISTORY; i++) { /* == capacity, checked above */
-        uint32_t v = core_le_get_u32(b + STATE_HDR + 4 * i);
+        uint32_t v = core_le_get_u32(b + STATE_HDR + 4 * (size_t)i);
         if (i < count && v > (uint32_t)INT32_MAX)
             return core_error_set(err, CORE_EFORMAT, "sampler state: token %u has id %u", i, v);
         if (i >= count && v != 0)

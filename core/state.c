@@ -243,7 +243,7 @@ static int parse_fields(const unsigned char *b, uint64_t total, hdr_t *h, core_e
 
     uint32_t f[7];
     for (int i = 0; i < 7; i++)
-        f[i] = core_le_get_u32(b + OFF_KIND + 4 * i);
+        f[i] = core_le_get_u32(b + OFF_KIND + 4 * (size_t)i);
     if (f[0] > (uint32_t)CORE_ATTN_FLEXFORMER_N)
         return STATE_FAIL(err, CORE_EFORMAT, "state blob header: unknown attention kind %u",
                               f[0]);
@@ -526,7 +526,7 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
                            (uint32_t)c->n_head_kv, (uint32_t)c->head_dim,   (uint32_t)c->n_features,
                            (uint32_t)c->window};
     for (int i = 0; i < 7; i++)
-        core_le_put_u32(b + OFF_KIND + 4 * i, f[i]);
+        core_le_put_u32(b + OFF_KIND + 4 * (size_t)i, f[i]);
     core_le_put_u32(b + OFF_SINKS, c->kind == CORE_ATTN_EXACT ? 0u : (uint32_t)c->sinks);
     core_le_put_u64(b + OFF_SEED, c->seed);
     core_le_put_u64(b + OFF_MAX_CTX, (uint64_t)c->max_ctx);

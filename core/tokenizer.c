@@ -611,7 +611,7 @@ static int load_merges(core_tokenizer_t *t, const core_tok_spec_t *spec, core_er
                                 (long long)i, (int)(ml < 64 ? ml : 64), m, l < 0 ? "left" : "right");
             goto out;
         }
-        if (ll + rl > 2 * CORE_TOK_MAX_TOKEN_LEN) {
+        if (ll + rl > 2 * (size_t)CORE_TOK_MAX_TOKEN_LEN) {
             rc = core_error_set(err, CORE_EFORMAT, "tokenizer.ggml.merges[%lld] is too long", (long long)i);
             goto out;
         }

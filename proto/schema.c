@@ -408,7 +408,7 @@ static void digits_same(sb_t *b, const char *lo, const char *hi, size_t n)
     hi += k;
     n -= k;
     int all0 = strspn(lo + 1, "0") >= n - 1, all9 = strspn(hi + 1, "9") >= n - 1;
-    char a = lo[0], z = all9 ? hi[0] : (char)(hi[0] - 1);
+    char a = lo[0], z = (char)(all9 ? hi[0] : hi[0] - 1);
     int first = 1;
     sb_puts(b, "( ");
     if (!all0) {

@@ -57,7 +57,7 @@ static char *frame_ndjson(const char *json, size_t len, size_t *out_len)
     if (!d)
         return NULL;
     for (size_t i = 0; i < len; i++)
-        d[i] = json[i] == '\n' || json[i] == '\r' ? ' ' : json[i];
+        d[i] = (char)(json[i] == '\n' || json[i] == '\r' ? ' ' : json[i]);
     d[len] = '\n';
     d[len + 1] = '\0';
     *out_len = len + 1;

@@ -201,7 +201,7 @@ static const opt_t opts[] = {
      "(each a file of one state's size in --session-dir, counted in --max-session-disk, "
      "whose budget deletes checkpoints before sessions); 0 = none"},
     {"prefix-cache-mb", "DARKSERVE_PREFIX_CACHE_MB", OPT_INT, 0, O(prefix_cache_mb), "256",
-     0, 1024 * 1024, NULL, "MIB",
+     0, INT64_C(1024) * 1024, NULL, "MIB",
      "memory for the prefix-state cache: the attention state after shared prompt prefixes "
      "(system prompts, documents), so a request starting with one prefills only the rest; "
      "least recently used entries are evicted, pinned ones (POST /v1/prefixes) never; 0 = off"},
@@ -222,7 +222,7 @@ static const opt_t opts[] = {
 _Static_assert(sizeof opts / sizeof opts[0] <= SRV_CFG_MAX_OPTS, "raise SRV_CFG_MAX_OPTS");
 
 /* Longest api-key file accepted; keys are short, this only bounds a mistake. */
-#define KEY_FILE_MAX (64 * 1024)
+#define KEY_FILE_MAX ((size_t)64 * 1024)
 
 /* Writes the message and evaluates to -1. A macro rather than a variadic
  * function: clang-analyzer misreads va_start in inlined variadic helpers. */
@@ -535,7 +535,7 @@ static int load_key_file(srv_config_t *cfg, char *err, size_t errlen)
         goto done;
     }
     if (n > KEY_FILE_MAX) {
-        rc = fail(err, errlen, "--api-key-file: '%s' is larger than %d bytes", path, KEY_FILE_MAX);
+        rc = fail(err, errlen, "--api-key-file: '%s' is larger than %zu bytes", path, KEY_FILE_MAX);
         goto done;
     }
     buf[n] = '\0';

@@ -29,7 +29,7 @@
 #define LISTEN_BACKLOG 511
 #define SWEEP_MS 1000
 /* MHD asks the reader for at most this many bytes at a time. */
-#define READER_BLOCK (16 * 1024)
+#define READER_BLOCK ((size_t)16 * 1024)
 
 /* ---- small containers ---- */
 

@@ -25,7 +25,7 @@ static uint32_t ror(uint32_t x, int n)
 static void block(uint32_t h[8], const uint8_t *p)
 {
     uint32_t w[64];
-    for (int i = 0; i < 16; i++)
+    for (size_t i = 0; i < 16; i++)
         w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
                (uint32_t)p[4 * i + 2] << 8 | (uint32_t)p[4 * i + 3];
     for (int i = 16; i < 64; i++) {
@@ -102,7 +102,7 @@ void srv_sha256_final(srv_sha256_ctx_t *c, uint8_t out[SRV_SHA256_BYTES])
     block(c->h, tail);
     if (tl == 128)
         block(c->h, tail + 64);
-    for (int i = 0; i < 8; i++) {
+    for (size_t i = 0; i < 8; i++) {
         out[4 * i] = (uint8_t)(c->h[i] >> 24);
         out[4 * i + 1] = (uint8_t)(c->h[i] >> 16);
         out[4 * i + 2] = (uint8_t)(c->h[i] >> 8);

@@ -71,7 +71,7 @@ static int fault_op(const char *op, void *ud)
         return EROFS;
     while (strcmp(op, "read") == 0 &&
            (strcmp(mode, "stall") == 0 || strcmp(mode, "evict-before-acquire-stall") == 0)) {
-        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+        nanosleep(&(struct timespec){0, 20L * 1000 * 1000}, NULL);
         fault_mode(mode);
     }
     return 0;
@@ -86,7 +86,7 @@ static ssize_t fault_write(int fd, const void *buf, size_t n, void *ud)
         return write(fd, buf, n);
     ssize_t w = write(fd, buf, n / 2);
     while (fault_mode(mode), strcmp(mode, "stall") == 0)
-        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+        nanosleep(&(struct timespec){0, 20L * 1000 * 1000}, NULL);
     return w;
 }
 

@@ -60,10 +60,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
+#include "proto/proto.h"
 #include "server/log.h"
+#include "server/random.h"
 #include "server/sha256.h"
 
 #define DEFAULT_LEASE_MS 15000
@@ -267,13 +268,8 @@ void srv_store_redis_namespace(const char *fingerprint, char *out, size_t n)
 {
     uint8_t d[SRV_SHA256_BYTES];
     srv_sha256(fingerprint, strlen(fingerprint), d);
-    static const char hex[] = "0123456789abcdef";
     char h[17];
-    for (int i = 0; i < 8; i++) {
-        h[2 * i] = hex[d[i] >> 4];
-        h[2 * i + 1] = hex[d[i] & 15];
-    }
-    h[16] = '\0';
+    proto_hex_format(d, 8, h);
     snprintf(out, n, "darkserve:%s:", h);
 }
 
@@ -1425,13 +1421,7 @@ int srv_store_redis_new(const srv_store_redis_opts_t *o, srv_store_backend_t **o
     r->lease_ms = o->lease_ms ? o->lease_ms : DEFAULT_LEASE_MS;
     r->timeout_ms = o->timeout_ms ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
     r->backoff_ms = BACKOFF_MIN_MS;
-    unsigned char rb[8];
-    if (getrandom(rb, sizeof rb, 0) != (ssize_t)sizeof rb) {
-        uint64_t x = (uint64_t)now_ms() ^ (uint64_t)(uintptr_t)r;
-        memcpy(rb, &x, sizeof rb);
-    }
-    for (int i = 0; i < 8; i++)
-        snprintf(r->replica + 2 * i, 3, "%02x", rb[i]);
+    srv_random_hex(r->replica, (sizeof r->replica - 1) / 2);
     pthread_mutex_init(&r->cmd_mu, NULL);
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
