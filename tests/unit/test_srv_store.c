@@ -26,6 +26,7 @@
 #include "core/state.h"
 #include "server/engine.h"
 #include "server/store.h"
+#include "tests/unit/ctx_helpers.h"
 
 static core_model_t *model;   /* performer, W = 4 */
 static core_model_t *model_x; /* exact attention */
@@ -99,34 +100,6 @@ static void advance(core_model_t *m, srv_seq_ctx_t *c, int n, uint64_t seed)
     for (int i = 0; i < n + 2; i++)
         core_sampler_accept(c->sampler, t[i], NULL);
     CHECK_INT_EQ(srv_seq_ctx_set_pending(c, t + n, 2), 0);
-}
-
-/* An independent copy of a context (state, sampler, pending). */
-static srv_seq_ctx_t copy_ctx(core_model_t *m, const srv_seq_ctx_t *c)
-{
-    srv_seq_ctx_t r = {0};
-    core_error_t err = {0};
-    CHECK_INT_EQ(core_attn_state_new(core_model_attn(m), &r.state, &err), 0);
-    if (core_attn_state_copy(r.state, c->state, &err) == CORE_EMISMATCH) {
-        /* Another accumulator precision: copy through a blob. */
-        const char *fp = core_model_info(m)->fingerprint;
-        size_t n = core_state_size(c->state, NULL, 0, 0), len = 0;
-        unsigned char *b = malloc(n);
-        core_state_desc_t d = {.fingerprint = fp, .state = c->state};
-        CHECK_INT_EQ(core_state_save(&d, b, n, &len, &err), 0);
-        CHECK_INT_EQ(core_state_load(b, len, fp, r.state, NULL, NULL, NULL, NULL, NULL, &err), 0);
-        free(b);
-    }
-    CHECK_INT_EQ(core_sampler_clone(c->sampler, &r.sampler, &err), 0);
-    CHECK_INT_EQ(srv_seq_ctx_set_pending(&r, c->pending, c->n_pending), 0);
-    return r;
-}
-
-static void free_ctx(srv_seq_ctx_t *c)
-{
-    core_attn_state_free(c->state);
-    core_sampler_free(c->sampler);
-    srv_seq_ctx_clear_pending(c);
 }
 
 /* Absorbs the pending tokens, then 12 greedy steps; all logits into out

@@ -23,6 +23,7 @@
 #include "server/engine.h"
 #include "server/store.h"
 #include "server/store_backend.h"
+#include "tests/unit/ctx_helpers.h"
 
 static core_model_t *model; /* performer, W = 4 */
 static int V;
@@ -310,31 +311,6 @@ static void advance(srv_seq_ctx_t *c, int n, uint64_t seed)
     CHECK_INT_EQ(srv_seq_ctx_set_pending(c, t + n, 2), 0);
 }
 
-/* An independent copy of a context (through a blob). */
-static srv_seq_ctx_t copy_ctx(const srv_seq_ctx_t *c)
-{
-    srv_seq_ctx_t r = {0};
-    core_error_t err = {0};
-    const char *fp = core_model_info(model)->fingerprint;
-    CHECK_INT_EQ(core_attn_state_new(core_model_attn(model), &r.state, &err), 0);
-    size_t n = core_state_size(c->state, NULL, 0, 0), len = 0;
-    unsigned char *b = malloc(n);
-    core_state_desc_t d = {.fingerprint = fp, .state = c->state};
-    CHECK_INT_EQ(core_state_save(&d, b, n, &len, &err), 0);
-    CHECK_INT_EQ(core_state_load(b, len, fp, r.state, NULL, NULL, NULL, NULL, NULL, &err), 0);
-    free(b);
-    CHECK_INT_EQ(core_sampler_clone(c->sampler, &r.sampler, &err), 0);
-    CHECK_INT_EQ(srv_seq_ctx_set_pending(&r, c->pending, c->n_pending), 0);
-    return r;
-}
-
-static void free_ctx(srv_seq_ctx_t *c)
-{
-    core_attn_state_free(c->state);
-    core_sampler_free(c->sampler);
-    srv_seq_ctx_clear_pending(c);
-}
-
 /* Absorbs the pending tokens, then 8 greedy steps; all logits into out
  * [9][V]. Mutates c. */
 static void continue_greedy(srv_seq_ctx_t *c, float *out)
@@ -392,7 +368,7 @@ static int turn(srv_store_t *st, const char *id, int n, uint64_t seed, srv_seq_c
     CHECK_INT_EQ(srv_store_turn_begin(st, s, NULL, 0, 0), 0);
     advance(srv_session_ctx(s), n, seed);
     if (after)
-        *after = copy_ctx(srv_session_ctx(s));
+        *after = copy_ctx(model, srv_session_ctx(s));
     return srv_store_release(st, s, 1);
 }
 
@@ -404,12 +380,36 @@ static srv_seq_ctx_t held_copy(srv_store_t *st, const char *id)
     CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
     if (!s)
         return c;
-    c = copy_ctx(srv_session_ctx(s));
+    c = copy_ctx(model, srv_session_ctx(s));
     CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
     return c;
 }
 
 /* ---- tests ---- */
+
+/* The setup most tests share: a fake backend, replica a and (n == 2)
+ * replica b on it, and session id (seed's tokens) saved through a. */
+typedef struct fixture {
+    fake_t *f;
+    srv_store_t *a, *b;
+    char id[SRV_SESSION_ID_LEN + 1];
+} fixture_t;
+
+static fixture_t fixture_new(int n, uint64_t seed)
+{
+    fixture_t x = {.f = fake_new()};
+    x.a = replica(x.f, 16);
+    x.b = n == 2 ? replica(x.f, 16) : NULL;
+    make_saved(x.a, seed, x.id);
+    return x;
+}
+
+static void fixture_free(fixture_t *x)
+{
+    srv_store_free(x->a);
+    srv_store_free(x->b);
+    fake_destroy(x->f);
+}
 
 TEST(alternating_replicas_equal_one)
 {
@@ -431,7 +431,7 @@ TEST(alternating_replicas_equal_one)
         CHECK(!fake_leased(f, id)); /* the save dropped the lease */
     }
     /* each replica reads the newest version, whatever it held */
-    srv_seq_ctx_t ca = held_copy(a, id), cb = held_copy(b, id), c2 = copy_ctx(&ctl);
+    srv_seq_ctx_t ca = held_copy(a, id), cb = held_copy(b, id), c2 = copy_ctx(model, &ctl);
     CHECK(same_continuation(&ca, &ctl));
     CHECK(same_continuation(&cb, &c2));
     srv_session_info_t ia, ib;
@@ -450,10 +450,10 @@ TEST(alternating_replicas_equal_one)
 
 TEST(lease_makes_the_other_replica_busy)
 {
-    fake_t *f = fake_new();
-    srv_store_t *a = replica(f, 16), *b = replica(f, 16);
-    char id[SRV_SESSION_ID_LEN + 1] = "";
-    make_saved(a, 2, id);
+    fixture_t x = fixture_new(2, 2);
+    fake_t *f = x.f;
+    srv_store_t *a = x.a, *b = x.b;
+    const char *id = x.id;
     srv_session_t *s = NULL, *s2 = NULL;
     CHECK_INT_EQ(srv_store_acquire(a, id, &s), 0);
     CHECK(fake_leased(f, id));
@@ -464,17 +464,15 @@ TEST(lease_makes_the_other_replica_busy)
     CHECK(!fake_leased(f, id));
     CHECK_INT_EQ(srv_store_acquire(b, id, &s2), 0);
     CHECK_INT_EQ(srv_store_release(b, s2, 0), 0);
-    srv_store_free(a);
-    srv_store_free(b);
-    fake_destroy(f);
+    fixture_free(&x);
 }
 
 TEST(stale_writer_is_refused)
 {
-    fake_t *f = fake_new();
-    srv_store_t *a = replica(f, 16), *b = replica(f, 16);
-    char id[SRV_SESSION_ID_LEN + 1] = "";
-    make_saved(a, 3, id);
+    fixture_t x = fixture_new(2, 3);
+    fake_t *f = x.f;
+    srv_store_t *a = x.a, *b = x.b;
+    const char *id = x.id;
     srv_seq_ctx_t v1 = held_copy(a, id);
     srv_session_t *s = NULL;
     CHECK_INT_EQ(srv_store_acquire(a, id, &s), 0);
@@ -505,17 +503,14 @@ TEST(stale_writer_is_refused)
     CHECK_INT_EQ(srv_store_release(a, s, 1), SRV_STORE_ESTALE);
     CHECK_INT_EQ(srv_store_release(b, sb, 0), 0);
     CHECK_INT_EQ(fake_version(f, id), 2);
-    srv_store_free(a);
-    srv_store_free(b);
-    fake_destroy(f);
+    fixture_free(&x);
 }
 
 TEST(release_without_persist_drops_a_changed_copy)
 {
-    fake_t *f = fake_new();
-    srv_store_t *a = replica(f, 16);
-    char id[SRV_SESSION_ID_LEN + 1] = "";
-    make_saved(a, 4, id);
+    fixture_t x = fixture_new(1, 4);
+    srv_store_t *a = x.a;
+    const char *id = x.id;
     srv_seq_ctx_t saved = held_copy(a, id);
     srv_session_info_t si;
     CHECK_INT_EQ(srv_store_info(a, id, &si), 0);
@@ -528,16 +523,15 @@ TEST(release_without_persist_drops_a_changed_copy)
     CHECK_INT_EQ(si.in_memory, 0);
     srv_seq_ctx_t again = held_copy(a, id);
     CHECK(same_continuation(&again, &saved));
-    srv_store_free(a);
-    fake_destroy(f);
+    fixture_free(&x);
 }
 
 TEST(fetch_hands_over_to_acquire_in_memory)
 {
-    fake_t *f = fake_new();
-    srv_store_t *a = replica(f, 16), *b = replica(f, 16);
-    char id[SRV_SESSION_ID_LEN + 1] = "";
-    make_saved(a, 5, id);
+    fixture_t x = fixture_new(2, 5);
+    fake_t *f = x.f;
+    srv_store_t *b = x.b; /* x.a saved the session */
+    const char *id = x.id;
     srv_session_t *s = NULL, *s2 = NULL;
     /* b has never seen it: the loop's acquire says "read it first" */
     CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s), SRV_STORE_EEVICTED);
@@ -567,17 +561,15 @@ TEST(fetch_hands_over_to_acquire_in_memory)
     CHECK_INT_EQ(srv_store_acquire_in_memory(b, nid, &s), 0);
     CHECK_INT_EQ(srv_store_release(b, s, 0), 0);
     CHECK_INT_EQ(srv_store_fetch(b, "nothex"), SRV_STORE_EINVAL);
-    srv_store_free(a);
-    srv_store_free(b);
-    fake_destroy(f);
+    fixture_free(&x);
 }
 
 TEST(refresh_and_delete)
 {
-    fake_t *f = fake_new();
-    srv_store_t *a = replica(f, 16), *b = replica(f, 16);
-    char id[SRV_SESSION_ID_LEN + 1] = "";
-    make_saved(a, 6, id);
+    fixture_t x = fixture_new(2, 6);
+    fake_t *f = x.f;
+    srv_store_t *a = x.a, *b = x.b;
+    const char *id = x.id;
     srv_session_info_t si;
     CHECK_INT_EQ(srv_store_info(b, id, &si), SRV_STORE_ENOTFOUND);
     CHECK_INT_EQ(srv_store_refresh(b, id), 0);
@@ -612,17 +604,16 @@ TEST(refresh_and_delete)
     CHECK_INT_EQ(srv_store_release(a, s, 0), 0);
     CHECK_INT_EQ(srv_store_delete(a, nid), 0);
     CHECK_INT_EQ(f->n, 0);
-    srv_store_free(a);
-    srv_store_free(b);
-    fake_destroy(f);
+    fixture_free(&x);
 }
 
 TEST(fork_export_import_list)
 {
-    fake_t *f = fake_new();
-    srv_store_t *a = replica(f, 16), *b = replica(f, 16);
-    char id[SRV_SESSION_ID_LEN + 1] = "", fid[SRV_SESSION_ID_LEN + 1] = "";
-    make_saved(a, 7, id);
+    fixture_t x = fixture_new(2, 7);
+    fake_t *f = x.f;
+    srv_store_t *a = x.a, *b = x.b;
+    const char *id = x.id;
+    char fid[SRV_SESSION_ID_LEN + 1] = "";
     srv_session_t *s = NULL;
     CHECK_INT_EQ(srv_store_acquire(a, id, &s), 0);
     CHECK_INT_EQ(srv_session_set_owner(s, "0123456789abcdef0123456789abcdef"), 0);
@@ -667,9 +658,7 @@ TEST(fork_export_import_list)
     CHECK_INT_EQ(
         srv_store_list_owned(b, "0123456789abcdef0123456789abcdef", NULL, 8, out, &n, &more), 0);
     CHECK_INT_EQ(n, 2); /* the session and its fork (which kept its owner) */
-    srv_store_free(a);
-    srv_store_free(b);
-    fake_destroy(f);
+    fixture_free(&x);
 }
 
 TEST(unreachable_backend)
