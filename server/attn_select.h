@@ -29,11 +29,6 @@
  * measured sinks + window configuration without an adapter (docs/QUALITY.md). */
 #define SRV_ATTN_FALLBACK_WINDOW 256
 
-/* A number constant as text, for --help: serve's and the CLI's help print
- * the defaults above and core's (CORE_FEATURES_DEFAULT_*) through it. */
-#define SRV_ATTN_STR_(x) #x
-#define SRV_ATTN_STR(x) SRV_ATTN_STR_(x)
-
 typedef struct srv_attn_request {
     int kind;            /* core_attn_kind_t, or SRV_ATTN_AUTO */
     const char *adapter; /* --adapter; NULL or "" = none (borrowed) */

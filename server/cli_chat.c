@@ -33,7 +33,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proto/proto.h"
 #include "server/cli_opts.h"
+#include "server/config.h"
 #include "server/http_client.h"
 
 #define LINE_MAX_BYTES 65536          /* one line typed */
@@ -59,7 +61,7 @@ typedef struct chat {
     char url_text[600];
     const char *api_key;
     int timeout_ms;
-    char sid[33];
+    char sid[PROTO_SESSION_ID_LEN + 1];
     int64_t max_tokens; /* 0: the server's default */
     double temperature; /* NAN: the server's default */
     json_t *options;    /* --options: more fields of every generate; owned */
@@ -207,11 +209,11 @@ static double jnum(const json_t *o, const char *key)
 static int take_session(chat_t *c, const json_t *j)
 {
     const char *id = json_string_value(json_object_get(j, "id"));
-    if (!id || strlen(id) != 32 || strspn(id, "0123456789abcdef") != 32) {
+    if (!id || !proto_session_id_valid(id, strlen(id))) {
         fprintf(stderr, "error: the answer has no valid session id\n");
         return -1;
     }
-    memcpy(c->sid, id, 33);
+    memcpy(c->sid, id, PROTO_SESSION_ID_LEN + 1);
     c->have_last = 0;
     return 0;
 }
@@ -1074,11 +1076,11 @@ int srv_cli_chat(int argc, char **argv)
          "free loopback port and stops it on exit"},
         {"model", SRV_OPT_STR, &model, 0, 0,
          "the model of the server chat starts (default: the server's default, "
-         "$DARKSERVE_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)"},
+         "$DARKSERVE_MODEL or " SRV_DEFAULT_MODEL ")"},
         {"session", SRV_OPT_STR, &session, 0, 0, "continue this session instead of a new one"},
         {"system", SRV_OPT_STR, &system, 0, 0, "system prompt of the first session"},
         {"max-tokens", SRV_OPT_INT, &max_tokens, 1, 1 << 30,
-         "longest reply in tokens (default: the server's, 256)"},
+         "longest reply in tokens (default: the server's, " SRV_STR(PROTO_DEFAULT_MAX_TOKENS) ")"},
         {"temperature", SRV_OPT_FLOAT, &temperature, 0, 2,
          "sampling temperature, 0 = greedy (default: the server's, 1)"},
         {"options", SRV_OPT_STR, &options, 0, 0,

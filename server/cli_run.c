@@ -22,8 +22,8 @@
 #include "core/tokenizer.h"
 #include "server/attn_select.h"
 #include "server/cli_opts.h"
+#include "server/config.h"
 
-#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define MAX_FILE_BYTES ((size_t)256 << 20)
 #define MAX_PROMPT_TOKENS 1000000
 
@@ -33,7 +33,8 @@ typedef struct load_args {
 } load_args_t;
 
 #define LOAD_OPTS(la)                                                                        \
-    {"model", SRV_OPT_STR, &(la).model, 0, 0, "GGUF model file (default " DEFAULT_MODEL ")"}, \
+    {"model", SRV_OPT_STR, &(la).model, 0, 0,                                                \
+     "GGUF model file (default " SRV_DEFAULT_MODEL ")"},                                     \
     {"attn", SRV_OPT_STR, &(la).attn, 0, 0,                                                  \
      "attention: auto | exact | performer | darkformer | darkformer-is | flexformer-s | "    \
      "flexformer-n (default auto: "                                                          \
@@ -41,15 +42,15 @@ typedef struct load_args {
      "sinks + window only)"},                                                                \
     {"features", SRV_OPT_INT, &(la).features, 0, CORE_FEATURES_MAX_FEATURES,                 \
      "random features M of linear kinds (0 = the adapter's, else "                           \
-     SRV_ATTN_STR(CORE_FEATURES_DEFAULT_M) ")"},                                             \
+     SRV_STR(CORE_FEATURES_DEFAULT_M) ")"},                                                  \
     {"window", SRV_OPT_INT, &(la).window, -1, CORE_FEATURES_MAX_WINDOW,                      \
      "exact window W of hybrid attention (-1 = the adapter's, else "                         \
-     SRV_ATTN_STR(CORE_FEATURES_DEFAULT_WINDOW) "; " SRV_ATTN_STR(SRV_ATTN_FALLBACK_WINDOW)  \
+     SRV_STR(CORE_FEATURES_DEFAULT_WINDOW) "; " SRV_STR(SRV_ATTN_FALLBACK_WINDOW)            \
      " for the auto fallback)"},                                                             \
     {"adapter", SRV_OPT_STR, &(la).adapter, 0, 0, "DARKFormer adapter GGUF"},                \
     {"sinks", SRV_OPT_INT, &(la).sinks, -1, CORE_FEATURES_MAX_SINKS,                         \
      "exact sink tokens S of linear kinds (-1 = the adapter's, else "                        \
-     SRV_ATTN_STR(CORE_FEATURES_DEFAULT_SINKS) ")"},                                         \
+     SRV_STR(CORE_FEATURES_DEFAULT_SINKS) ")"},                                              \
     {"prerope", SRV_OPT_INT, &(la).prerope, -1, 1,                                           \
      "1: linear features on q, k before RoPE (-1 = the adapter's, else 0)"},                 \
     {"decay", SRV_OPT_STR, &(la).decay, 0, 0, "on | off: the adapter's learned decay"},      \
@@ -101,7 +102,7 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
         return 2;
     }
     rq.decay_off = !decay_on;
-    const char *path = la->model ? la->model : DEFAULT_MODEL;
+    const char *path = la->model ? la->model : SRV_DEFAULT_MODEL;
     srv_attn_choice_t *ch = malloc(sizeof *ch);
     if (!ch) {
         fprintf(stderr, "darkserve %s: out of memory\n", cmd);
@@ -607,7 +608,7 @@ int srv_cli_tokenize(int argc, char **argv)
     const char *model = NULL;
     int no_special = 0, no_bos = 0, ids_only = 0;
     const srv_opt_t opts[] = {
-        {"model", SRV_OPT_STR, &model, 0, 0, "GGUF model file (default " DEFAULT_MODEL ")"},
+        {"model", SRV_OPT_STR, &model, 0, 0, "GGUF model file (default " SRV_DEFAULT_MODEL ")"},
         {"no-parse-special", SRV_OPT_FLAG, &no_special, 0, 0,
          "treat special-token texts like <|im_start|> as plain text"},
         {"no-bos", SRV_OPT_FLAG, &no_bos, 0, 0, "do not add BOS/EOS even if the model asks"},
@@ -630,7 +631,7 @@ int srv_cli_tokenize(int argc, char **argv)
     core_tokenizer_t *tok = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    const char *path = model ? model : DEFAULT_MODEL;
+    const char *path = model ? model : SRV_DEFAULT_MODEL;
     int status = 1;
     if (core_gguf_open(path, &g, &err) < 0 || core_tokenizer_from_gguf(g, &tok, &err) < 0) {
         fprintf(stderr, "darkserve tokenize: %s: %s\n", path, err.msg);

@@ -117,7 +117,7 @@ static const opt_t opts[] = {
      "browser origin allowed by CORS (scheme://host[:port], or * for any); repeat the flag or "
      "separate with commas; none by default"},
     {"model", "DARKSERVE_MODEL", OPT_STR, OPT_NONEMPTY, O(model),
-     "models/SmolLM2-135M-Instruct.Q4_1.gguf", 0, 0, NULL, "PATH",
+     SRV_DEFAULT_MODEL, 0, 0, NULL, "PATH",
      "model GGUF file (Llama architecture)"},
     {"adapter", "DARKSERVE_ADAPTER", OPT_STR, 0, O(adapter), "", 0, 0, NULL, "PATH",
      "DARKFormer adapter GGUF (learned covariances, features, window); empty = none"},
@@ -126,7 +126,7 @@ static const opt_t opts[] = {
      "darkformer-is, flexformer-s or flexformer-n (constant-size state); auto = darkformer with --adapter or the model's "
      "adapter found beside it (<model dir>/adapters/<name>.darkformer.gguf, then "
      "<model without .gguf>.darkformer.gguf), else performer with sinks + window only "
-     "(training-free, window " SRV_ATTN_STR(SRV_ATTN_FALLBACK_WINDOW) " unless --window), with "
+     "(training-free, window " SRV_STR(SRV_ATTN_FALLBACK_WINDOW) " unless --window), with "
      "a warning"},
     {"features", "DARKSERVE_FEATURES", OPT_INT, 0, O(features), "0", 0,
      CORE_FEATURES_MAX_FEATURES, NULL, "M",
@@ -134,8 +134,8 @@ static const opt_t opts[] = {
     {"window", "DARKSERVE_WINDOW", OPT_INT, 0, O(window), "-1", -1, CORE_FEATURES_MAX_WINDOW,
      NULL, "W",
      "exact-attention window of the hybrid (tokens); 0 = pure linear, -1 = the adapter's value "
-     "or the built-in default (" SRV_ATTN_STR(CORE_FEATURES_DEFAULT_WINDOW) "; "
-     SRV_ATTN_STR(SRV_ATTN_FALLBACK_WINDOW) " for the auto fallback)"},
+     "or the built-in default (" SRV_STR(CORE_FEATURES_DEFAULT_WINDOW) "; "
+     SRV_STR(SRV_ATTN_FALLBACK_WINDOW) " for the auto fallback)"},
     {"sinks", "DARKSERVE_SINKS", OPT_INT, 0, O(sinks), "-1", -1, CORE_FEATURES_MAX_SINKS, NULL,
      "S",
      "first tokens of a session kept and attended exactly forever (linear kinds); -1 = the "

@@ -62,6 +62,13 @@ typedef struct srv_strlist {
 } srv_strlist_t;
 
 /* Largest number of table entries (checked at compile time in config.c). */
+/* The model serve and the CLI commands load when none is given. */
+#define SRV_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+/* A number constant as text: help texts print defaults and bounds through
+ * it from the constants that hold them. */
+#define SRV_STR_(x) #x
+#define SRV_STR(x) SRV_STR_(x)
+
 #define SRV_CFG_MAX_OPTS 48
 
 /* Where an option's effective value came from. */
