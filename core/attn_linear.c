@@ -186,7 +186,8 @@ static size_t take(size_t *off, size_t n)
     return o;
 }
 
-/* Offsets of every scratch buffer for chunk cn; with bases, also the views. */
+/* Offsets of every scratch buffer for chunk cn; with sc, also the views
+ * over the bases fb and db (then both are the slot's scratch, never NULL). */
 static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *fb, double *db,
                                   lin_scratch_t *sc)
 {
@@ -205,7 +206,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + cn + hd);
-    if (fb && db && sc) {
+    if (sc) {
         sc->qx = fb + o_qx;
         sc->qy = fb + o_qy;
         sc->gd = fb + o_gd;
@@ -383,8 +384,8 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     }
     for (size_t i = 0; i < n_maps; i++)
         lp->gam[i] = 1.0f;
-    for (int i = 0; (cfg->prerope || cfg->sinks) && i < cfg->n_rot / 2; i++) {
-        lp->rope_if[i] = pow(cfg->rope_base, -2.0 * i / (double)cfg->n_rot) / cfg->rope_scale;
+    for (int64_t i = 0; (cfg->prerope || cfg->sinks) && i < cfg->n_rot / 2; i++) {
+        lp->rope_if[i] = pow(cfg->rope_base, -2.0 * (double)i / (double)cfg->n_rot) / cfg->rope_scale;
         double ang = (double)(cfg->window + cfg->sinks - 1) * lp->rope_if[i];
         lp->sink_cs[2 * i] = cos(ang);
         lp->sink_cs[2 * i + 1] = sin(ang);
@@ -671,7 +672,7 @@ static const float *kv_run(const lin_ctx_t *x, const float *in, const float *rin
  * gives the vector before RoPE to float rounding. */
 static void rotate_back(const lin_ctx_t *x, const double *cs, const float *a, float *o)
 {
-    for (int j = 0; j < x->n_rot / 2; j++) {
+    for (int64_t j = 0; j < x->n_rot / 2; j++) {
         /* unrope fills cs before its first row: pos0 ≥ 0 never equals its
          * initial at = −1 (clang-analyzer does not know pos0 ≥ 0) */
         /* NOLINTNEXTLINE(clang-analyzer-core.uninitialized.Assign) */
@@ -692,7 +693,7 @@ static void unrope(const lin_ctx_t *x, int64_t n, int64_t per, int64_t pos0, con
     for (int64_t i = 0; i < n; i++) {
         int64_t pos = pos0 + i / per;
         if (pos != at) { /* the rows of one position share their angles */
-            for (int j = 0; j < x->n_rot / 2; j++) {
+            for (int64_t j = 0; j < x->n_rot / 2; j++) {
                 double ang = (double)pos * x->rope_if[j];
                 cs[2 * j] = cos(ang);
                 cs[2 * j + 1] = sin(ang);

@@ -199,7 +199,7 @@ NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t
     for (int64_t t = 0; t < k; t++) {
         const float *bt = b + t * ldb;
         if (t + NT_PF < k) /* as in nt4_avx512: a strided stream of B rows */
-            for (int v = 0; v < 4; v++)
+            for (int64_t v = 0; v < 4; v++)
                 _mm_prefetch((const char *)(bt + NT_PF * ldb + 16 * v), _MM_HINT_T0);
         const __m512 b0 = _mm512_loadu_ps(bt), b1 = _mm512_loadu_ps(bt + 16);
         const __m512 b2 = _mm512_loadu_ps(bt + 32), b3 = _mm512_loadu_ps(bt + 48);
@@ -212,7 +212,7 @@ NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t
         }
     }
     for (int i = 0; i < M; i++)
-        for (int v = 0; v < 4; v++) {
+        for (int64_t v = 0; v < 4; v++) {
             float *ci = c + i * ldc + 16 * v;
             __m512 r = _mm512_mul_ps(_mm512_set1_ps(alpha), acc[i][v]);
             if (beta != 0.0f)

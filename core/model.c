@@ -394,7 +394,7 @@ static int read_hparams(core_model_t *m, core_error_t *err)
     if (vlen != Hd)
         return core_error_set(err, CORE_EUNSUPPORTED, "value_length %lld differs from key_length %lld",
                               (long long)vlen, (long long)Hd);
-    if (Hd * H > MODEL_MAX_DIM * 4 || (Hd % 2) != 0)
+    if (Hd * H > (int64_t)MODEL_MAX_DIM * 4 || (Hd % 2) != 0)
         return core_error_set(err, CORE_EFORMAT, "bad head dimension %lld", (long long)Hd);
     if ((rc = get_int_opt(g, "llama.rope.dimension_count", 2, Hd, Hd, &n_rot, err)) < 0)
         return rc;
@@ -797,14 +797,14 @@ static void rmsnorm(float *y, const float *x, const float *w, int64_t n, double 
 static void rope_row(float *x, int nh, int hd, int n_rot, const double *inv_freq, int64_t pos,
                      float *cs /* [n_rot] cos,sin pairs */)
 {
-    for (int i = 0; i < n_rot / 2; i++) {
+    for (int64_t i = 0; i < n_rot / 2; i++) {
         const double ang = (double)pos * inv_freq[i];
         cs[2 * i] = (float)cos(ang);
         cs[2 * i + 1] = (float)sin(ang);
     }
     for (int h = 0; h < nh; h++) {
         float *p = x + (int64_t)h * hd;
-        for (int i = 0; i < n_rot / 2; i++) {
+        for (int64_t i = 0; i < n_rot / 2; i++) {
             const float c = cs[2 * i], s = cs[2 * i + 1];
             const float a = p[2 * i], b = p[2 * i + 1];
             p[2 * i] = a * c - b * s;

@@ -363,7 +363,7 @@ AVX2_FN static void qmm_block_avx2(int type, int64_t m, int64_t n, int64_t k, co
                 for (int r = 0; r < mr; r++) {
                     const float *x = a + (r0 + r) * lda + i;
                     for (int64_t e = 0; e < blck; e += 32) {
-                        for (int u = 0; u < 4; u++)
+                        for (int64_t u = 0; u < 4; u++)
                             acc[r][u] = _mm256_fmadd_ps(_mm256_loadu_ps(y + e + 8 * u),
                                                         _mm256_loadu_ps(x + e + 8 * u), acc[r][u]);
                     }

@@ -83,7 +83,7 @@ void core_q8_pack(int type, const void *w, size_t row_bytes, int64_t rows, int64
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < nb; b++) {
             unsigned char *gp = out + (size_t)(g * nb + b) * gb;
-            for (int r = 0; r < PACK_ROWS && g * PACK_ROWS + r < rows; r++) {
+            for (int64_t r = 0; r < PACK_ROWS && g * PACK_ROWS + r < rows; r++) {
                 const unsigned char *blk =
                     (const unsigned char *)w + (size_t)(g * PACK_ROWS + r) * row_bytes +
                     (size_t)b * bb;
@@ -97,7 +97,7 @@ void core_q8_pack(int type, const void *w, size_t row_bytes, int64_t rows, int64
                         sum = (int16_t)(sum + (int8_t)qs[e]);
                     memcpy(gp + 32 + 2 * r, &sum, 2);
                 }
-                for (int t = 0; t < nt; t++)
+                for (int64_t t = 0; t < nt; t++)
                     memcpy(gp + 64 + 64 * t + 4 * r, qs + 4 * t, 4);
             }
         }
@@ -122,12 +122,12 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
         acc[r] = macc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, gp += gb) {
         _mm_prefetch((const char *)gp + PACK_PF, _MM_HINT_T0);
-        _mm_prefetch((const char *)gp + PACK_PF + 64 * 4, _MM_HINT_T0);
+        _mm_prefetch((const char *)gp + PACK_PF + 256, _MM_HINT_T0);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp));
         if (type == CORE_TTYPE_Q8_0) {
             __m512i w[8];
 #pragma GCC unroll 8
-            for (int t = 0; t < 8; t++)
+            for (int64_t t = 0; t < 8; t++)
                 w[t] = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
             const __m512i corr = _mm512_slli_epi32(
                 _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(gp + 32))),
@@ -136,7 +136,7 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
                 const int8_t *q = qa->q + ((ri + r) * nb + b) * QB;
                 __m512i is = _mm512_setzero_si512(), ih = _mm512_setzero_si512();
 #pragma GCC unroll 4
-                for (int t = 0; t < 4; t++) { /* two chains, as below */
+                for (int64_t t = 0; t < 4; t++) { /* two chains, as below */
                     int32_t a4, b4;
                     memcpy(&a4, q + 4 * t, 4);
                     memcpy(&b4, q + 16 + 4 * t, 4);
@@ -152,7 +152,7 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
         }
         __m512i lo[4], hi[4];
 #pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) {
+        for (int64_t t = 0; t < 4; t++) {
             const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
             lo[t] = _mm512_and_si512(v, m4);
             hi[t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
@@ -166,7 +166,7 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
             /* two chains (low and high nibbles): half the dpbusd latency */
             __m512i is = _mm512_setzero_si512(), ih = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
+            for (int64_t t = 0; t < 4; t++) {
                 int32_t a4l, a4h;
                 memcpy(&a4l, q + 4 * t, 4);
                 memcpy(&a4h, q + 16 + 4 * t, 4);

@@ -261,7 +261,7 @@ AVX2_FN static void quant_avx2(core_q8_act_t *qa, const float *a, int64_t lda)
         const float *x = a + r * lda;
         for (int64_t b = 0; b < full; b++, x += QB) {
             __m256 v[4];
-            for (int u = 0; u < 4; u++)
+            for (int64_t u = 0; u < 4; u++)
                 v[u] = _mm256_loadu_ps(x + 8 * u);
             __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absm), _mm256_and_ps(v[1], absm)),
                                       _mm256_max_ps(_mm256_and_ps(v[2], absm), _mm256_and_ps(v[3], absm)));
@@ -333,9 +333,9 @@ static void ref_block(int type, const unsigned char *row, int64_t b, int *u, flo
         const int i = (int)(b % 8);
         if (type == CORE_TTYPE_Q6_K) {
             const int j = i % 4;
-            const unsigned char *ql = sb + 64 * (i / 4) + 32 * (j % 2),
-                                *qh = sb + 128 + 32 * (i / 4);
-            const int8_t *sc = (const int8_t *)(const void *)(sb + Q6K_SC) + 2 * i;
+            const unsigned char *ql = sb + (size_t)(i / 4) * 64 + (size_t)(j % 2) * 32,
+                                *qh = sb + 128 + (size_t)(i / 4) * 32;
+            const int8_t *sc = (const int8_t *)(const void *)(sb + Q6K_SC) + (size_t)i * 2;
             for (int e = 0; e < QB; e++) {
                 const int v =
                     ((j < 2 ? ql[e] : ql[e] >> 4) & 0x0f) | (((qh[e] >> (2 * j)) & 3) << 4);
@@ -348,7 +348,7 @@ static void ref_block(int type, const unsigned char *row, int64_t b, int *u, flo
         k_scale_min(i, sb + 4, &sc, &mn);
         *dw = core_fp16_to_fp32(rd16(sb)) * (float)sc;
         *mw = -(core_fp16_to_fp32(rd16(sb + 2)) * (float)mn);
-        const unsigned char *qs = sb + kqs_off(type) + 32 * (i / 2);
+        const unsigned char *qs = sb + kqs_off(type) + (size_t)(i / 2) * 32;
         for (int e = 0; e < QB; e++) {
             u[e] = (i % 2 ? qs[e] >> 4 : qs[e]) & 0x0f;
             if (type == CORE_TTYPE_Q5_K)
@@ -469,7 +469,7 @@ AVX2_INL __m256i kbits5(const unsigned char *p, int i)
 AVX2_INL __m256i kquants256(int type, const unsigned char *sb, int i)
 {
     const __m256i v =
-        _mm256_loadu_si256((const __m256i *)(const void *)(sb + kqs_off(type) + 32 * (i / 2)));
+        _mm256_loadu_si256((const __m256i *)(const void *)(sb + kqs_off(type) + (size_t)(i / 2) * 32));
     const __m256i u = _mm256_and_si256(i % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
     return type == CORE_TTYPE_Q5_K ? _mm256_or_si256(u, kbits5(sb + 16, i)) : u;
 }
@@ -479,8 +479,8 @@ AVX2_INL __m256i q6quants256(const unsigned char *sb, int i)
 {
     const int j = i % 4;
     const __m256i l =
-        _mm256_loadu_si256((const __m256i *)(const void *)(sb + 64 * (i / 4) + 32 * (j % 2)));
-    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(sb + 128 + 32 * (i / 4)));
+        _mm256_loadu_si256((const __m256i *)(const void *)(sb + (size_t)(i / 4) * 64 + (size_t)(j % 2) * 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(sb + 128 + (size_t)(i / 4) * 32));
     const __m256i lo =
         _mm256_and_si256(j < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0x0f));
     /* two bits per byte shifted to bits 4-5: nothing crosses a byte */
@@ -494,7 +494,7 @@ AVX2_INL __m256i q6quants256(const unsigned char *sb, int i)
 AVX2_INL __m256i q6scales16(const unsigned char *sb, int i)
 {
     const int8_t *sc = (const int8_t *)(const void *)(sb + Q6K_SC);
-    return _mm256_set_m128i(_mm_set1_epi16(sc[2 * i + 1]), _mm_set1_epi16(sc[2 * i]));
+    return _mm256_set_m128i(_mm_set1_epi16(sc[(size_t)i * 2 + 1]), _mm_set1_epi16(sc[(size_t)i * 2]));
 }
 
 /* The f16 scales of 8 blocks bb bytes apart: d (offset 0) into *dw and, for
@@ -642,7 +642,7 @@ Q8_INSTANCE(q8_0_avx2, AVX2_FN, mm_avx2, CORE_TTYPE_Q8_0)
 VNNI_INL __m512i q6scales512(const unsigned char *sb, int i)
 {
     int32_t s4;
-    memcpy(&s4, sb + Q6K_SC + 2 * i, sizeof s4);
+    memcpy(&s4, sb + Q6K_SC + (size_t)i * 2, sizeof s4);
     const __m128i rep = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     return _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(s4), rep));
 }
@@ -698,7 +698,7 @@ VNNI_INL void row1_vnni(int type, const core_q8_act_t *qa, int64_t ri, const uns
                 qv = _mm512_mask_sub_epi8(qv, _mm512_movepi8_mask(sw), zero, qv);
             } else if (is_k(type)) { /* sub-blocks i, i + 1: one 32-byte load */
                 const __m256i v = _mm256_loadu_si256(
-                    (const __m256i *)(const void *)(sb + kqs_off(type) + 16 * i));
+                    (const __m256i *)(const void *)(sb + kqs_off(type) + (size_t)i * 16));
                 u = _mm512_and_si512(
                     _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
                 if (type == CORE_TTYPE_Q5_K)
