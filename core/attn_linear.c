@@ -318,9 +318,10 @@ static void free_params(lin_params_t *lp, size_t n_maps)
     free(lp);
 }
 
-static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t *err)
+/* The configuration a linear kind can run (and its adapter, where the kind
+ * needs one): 0 or CORE_EINVAL with the reason. */
+static int check_cfg(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_error_t *err)
 {
-    const core_attn_cfg_t *cfg = &a->cfg;
     const char *kname = core_attn_kind_name(cfg->kind);
     if (cfg->n_features < 1 || cfg->n_features > CORE_FEATURES_MAX_FEATURES)
         return core_error_set(err, CORE_EINVAL, "%s attention needs n_features in [1, %d], got %d",
@@ -353,14 +354,115 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     if (trig && cfg->n_features % 2)
         return core_error_set(err, CORE_EINVAL, "%s needs an even n_features (M/2 frequencies, "
                               "a cosine and a sine row each), got %d", kname, cfg->n_features);
+    return 0;
+}
+
+/* Work buffers of linear_init, one layer's worth (NULL where the kind has
+ * no use for them). */
+typedef struct lin_init_buf {
+    float *mat;               /* [Hd][Hd] one head's M or Λ */
+    double *isa;              /* [Hd][Hd] Σ*^(1/2) */
+    float *om1, *om2, *tau;   /* Flexformer: [Hkv][M/2][Hd] x2, [Hkv] */
+} lin_init_buf_t;
+
+/* Layer l's parameters from the adapter (or the seed's draws): its decays
+ * and mixing weights, and the feature map of every KV head. */
+static int load_layer(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, lin_params_t *lp,
+                      int l, const lin_init_buf_t *bf, core_error_t *err)
+{
+    const int trig = core_attn_kind_is_trig(cfg->kind);
+    size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    size_t nfq = (size_t)cfg->n_features / 2;
+    float *mat = bf->mat, *om1 = bf->om1, *om2 = bf->om2, *tau = bf->tau;
+    double *isa = bf->isa;
+    int rc;
+    const core_gguf_tensor_t *t = NULL;
+    if (cfg->kind == CORE_ATTN_DARKFORMER || (trig && adapter)) {
+        /* v2 parameters; absent (v1 adapters) = no decay, equal weights. */
+        int found;
+        rc = core_features_adapter_vector(adapter, "decay", l, cfg->n_head_kv,
+                                          lp->gam + (size_t)l * hkv, &found, err);
+        if (rc == 0)
+            rc = core_features_adapter_vector(adapter, "mix", l, cfg->n_head,
+                                              lp->mix + (size_t)l * (size_t)cfg->n_head,
+                                              &found, err);
+        if (rc)
+            return rc;
+        for (size_t h = 0; cfg->decay_off && h < hkv; h++)
+            lp->gam[(size_t)l * hkv + h] = 1.0f;
+    }
+    if (cfg->kind == CORE_ATTN_DARKFORMER || cfg->kind == CORE_ATTN_DARKFORMER_IS) {
+        const char *what = cfg->kind == CORE_ATTN_DARKFORMER ? "M" : "lambda";
+        rc = core_features_adapter_tensor(adapter, what, l, cfg->n_head_kv, cfg->head_dim, &t,
+                                          err);
+        if (rc)
+            return rc;
+    }
+    if (trig && adapter) {
+        /* an adapter for a Flexformer kind carries its frequencies: the
+         * untrained kind (Performer's draws) is the one without adapter */
+        int found = 1;
+        rc = core_features_adapter_omega(adapter, "omega", l, cfg->n_head_kv, (int)nfq,
+                                         cfg->head_dim, om1, err);
+        if (rc == 0 && cfg->kind == CORE_ATTN_FLEXFORMER_N)
+            rc = core_features_adapter_omega(adapter, "omega2", l, cfg->n_head_kv, (int)nfq,
+                                             cfg->head_dim, om2, err);
+        if (rc == 0 && cfg->kind == CORE_ATTN_FLEXFORMER_N)
+            rc = core_features_adapter_vector(adapter, "tau", l, cfg->n_head_kv, tau, &found,
+                                              err);
+        if (rc == 0 && !found)
+            rc = core_error_set(err, CORE_ENOTFOUND, "adapter tensor 'darkformer.blk.%d.tau' "
+                                "is missing", l);
+        if (rc)
+            return rc;
+    }
+    for (size_t h = 0; trig && h < hkv; h++) {
+        uint64_t ss = core_features_stream_seed(cfg->seed, l, (int)h);
+        int nst = cfg->kind == CORE_ATTN_FLEXFORMER_N;
+        rc = core_features_init_trig(&lp->maps[(size_t)l * hkv + h], cfg->kind, cfg->head_dim,
+                                     cfg->n_features, ss, om1 ? om1 + h * nfq * hd : NULL,
+                                     om2 && nst ? om2 + h * nfq * hd : NULL,
+                                     tau && nst ? (double)tau[h] : 0.0, err);
+        if (rc)
+            return rc;
+    }
+    for (size_t h = 0; !trig && h < hkv; h++) {
+        uint64_t ss = core_features_stream_seed(cfg->seed, l, (int)h);
+        core_features_t *f = &lp->maps[(size_t)l * hkv + h];
+        double logdet = 0.0;
+        if (t)
+            memcpy(mat, (const unsigned char *)t->data + h * hd * hd * sizeof(float),
+                   hd * hd * sizeof(float));
+        if (cfg->kind == CORE_ATTN_DARKFORMER_IS) {
+            rc = core_features_is_proposal(cfg->head_dim, mat, isa, &logdet, NULL, err);
+            if (rc) {
+                core_error_set(err, rc, "adapter tensor 'darkformer.blk.%d.lambda', KV head "
+                               "%zu: no IS proposal", l, h);
+                return rc;
+            }
+        }
+        rc = core_features_init(f, cfg->kind, cfg->head_dim, cfg->n_features, ss, mat, isa,
+                                logdet, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t *err)
+{
+    const core_attn_cfg_t *cfg = &a->cfg;
+    const char *kname = core_attn_kind_name(cfg->kind);
+    const int trig = core_attn_kind_is_trig(cfg->kind);
+    int rc = check_cfg(cfg, adapter, err);
+    if (rc)
+        return rc;
 
     size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
     size_t n_maps = (size_t)cfg->n_layer * hkv;
-    int rc;
-    float *mat = NULL;  /* [Hd][Hd] one head's M or Λ */
-    double *isa = NULL; /* [Hd][Hd] Σ*^(1/2) */
     size_t nfq = (size_t)cfg->n_features / 2;
-    float *om1 = NULL, *om2 = NULL, *tau = NULL; /* Flexformer: [Hkv][M/2][Hd] x2, [Hkv] */
+    float *mat = NULL, *om1 = NULL, *om2 = NULL, *tau = NULL; /* see lin_init_buf_t */
+    double *isa = NULL;
     lin_params_t *lp = calloc(1, sizeof *lp);
     size_t n_rope = cfg->prerope || cfg->sinks ? (size_t)cfg->n_rot / 2 : 1;
     if (lp) {
@@ -390,78 +492,10 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
         lp->sink_cs[2 * i] = cos(ang);
         lp->sink_cs[2 * i + 1] = sin(ang);
     }
-    for (int l = 0; l < cfg->n_layer; l++) {
-        const core_gguf_tensor_t *t = NULL;
-        if (cfg->kind == CORE_ATTN_DARKFORMER || (trig && adapter)) {
-            /* v2 parameters; absent (v1 adapters) = no decay, equal weights. */
-            int found;
-            rc = core_features_adapter_vector(adapter, "decay", l, cfg->n_head_kv,
-                                              lp->gam + (size_t)l * hkv, &found, err);
-            if (rc == 0)
-                rc = core_features_adapter_vector(adapter, "mix", l, cfg->n_head,
-                                                  lp->mix + (size_t)l * (size_t)cfg->n_head,
-                                                  &found, err);
-            if (rc)
-                goto fail;
-            for (size_t h = 0; cfg->decay_off && h < hkv; h++)
-                lp->gam[(size_t)l * hkv + h] = 1.0f;
-        }
-        if (cfg->kind == CORE_ATTN_DARKFORMER || cfg->kind == CORE_ATTN_DARKFORMER_IS) {
-            const char *what = cfg->kind == CORE_ATTN_DARKFORMER ? "M" : "lambda";
-            rc = core_features_adapter_tensor(adapter, what, l, cfg->n_head_kv, cfg->head_dim, &t,
-                                              err);
-            if (rc)
-                goto fail;
-        }
-        if (trig && adapter) {
-            /* an adapter for a Flexformer kind carries its frequencies: the
-             * untrained kind (Performer's draws) is the one without adapter */
-            int found = 1;
-            rc = core_features_adapter_omega(adapter, "omega", l, cfg->n_head_kv, (int)nfq,
-                                             cfg->head_dim, om1, err);
-            if (rc == 0 && cfg->kind == CORE_ATTN_FLEXFORMER_N)
-                rc = core_features_adapter_omega(adapter, "omega2", l, cfg->n_head_kv, (int)nfq,
-                                                 cfg->head_dim, om2, err);
-            if (rc == 0 && cfg->kind == CORE_ATTN_FLEXFORMER_N)
-                rc = core_features_adapter_vector(adapter, "tau", l, cfg->n_head_kv, tau, &found,
-                                                  err);
-            if (rc == 0 && !found)
-                rc = core_error_set(err, CORE_ENOTFOUND, "adapter tensor 'darkformer.blk.%d.tau' "
-                                    "is missing", l);
-            if (rc)
-                goto fail;
-        }
-        for (size_t h = 0; trig && h < hkv; h++) {
-            uint64_t ss = core_features_stream_seed(cfg->seed, l, (int)h);
-            int nst = cfg->kind == CORE_ATTN_FLEXFORMER_N;
-            rc = core_features_init_trig(&lp->maps[(size_t)l * hkv + h], cfg->kind, cfg->head_dim,
-                                         cfg->n_features, ss, om1 ? om1 + h * nfq * hd : NULL,
-                                         om2 && nst ? om2 + h * nfq * hd : NULL,
-                                         tau && nst ? (double)tau[h] : 0.0, err);
-            if (rc)
-                goto fail;
-        }
-        for (size_t h = 0; !trig && h < hkv; h++) {
-            uint64_t ss = core_features_stream_seed(cfg->seed, l, (int)h);
-            core_features_t *f = &lp->maps[(size_t)l * hkv + h];
-            double logdet = 0.0;
-            if (t)
-                memcpy(mat, (const unsigned char *)t->data + h * hd * hd * sizeof(float),
-                       hd * hd * sizeof(float));
-            if (cfg->kind == CORE_ATTN_DARKFORMER_IS) {
-                rc = core_features_is_proposal(cfg->head_dim, mat, isa, &logdet, NULL, err);
-                if (rc) {
-                    core_error_set(err, rc, "adapter tensor 'darkformer.blk.%d.lambda', KV head "
-                                   "%zu: no IS proposal", l, h);
-                    goto fail;
-                }
-            }
-            rc = core_features_init(f, cfg->kind, cfg->head_dim, cfg->n_features, ss, mat, isa,
-                                    logdet, err);
-            if (rc)
-                goto fail;
-        }
-    }
+    const lin_init_buf_t bf = {mat, isa, om1, om2, tau};
+    for (int l = 0; l < cfg->n_layer; l++)
+        if ((rc = load_layer(cfg, adapter, lp, l, &bf, err)))
+            goto fail;
     lp->fp64 = 0;
     lp->trig = trig;
     rc = set_chunk(a, lp, LIN_DEFAULT_CHUNK, err);
