@@ -323,10 +323,10 @@ int main(int argc, char **argv)
             printf(" %.2f", t[r]);
         qsort(t, (size_t)runs, sizeof *t, cmp_d);
         med[i] = t[runs / 2];
-        printf("; median %.2f", med[i]);
-        if (batch > 1) /* after the median: scripts/bench.py reads lines up to it */
-            printf("; batch %" PRId64 " (tokens/s of all)", batch);
-        printf("\n");
+        printf("; median %.2f\n", med[i]);
+        if (batch > 1) /* a line of its own: scripts/bench.py reads the one above whole */
+            printf("  batch %" PRId64 ": the tokens/s above count all %" PRId64 " sequences\n",
+                   batch, batch);
     }
     if (n_st == 2)
         printf("ratio of the medians, ctx %" PRId64 " / ctx %" PRId64 ": %.3f (runs alternated)\n",

@@ -118,6 +118,19 @@ def test_bench_decode_context_list(attn):
     assert "ratio of the medians" not in out  # only for exactly two contexts
 
 
+def test_bench_decode_batch():
+    """--batch B: B copies of each state decode in one forward per step;
+    the line keeps the format scripts/bench.py reads and says the batch."""
+    out = tool([BENCH_DECODE, "--model", TINY, "--attn", "performer", "--ctx", "40",
+                "--tokens", "2", "--runs", "2", "--threads", "1", "--batch", "3"]).stdout
+    rows = list(bench.RE_DECODE.finditer(out))
+    assert len(rows) == 1 and float(rows[0].group(8)) > 0, out
+    assert "batch 3: the tokens/s above count all 3 sequences" in out, out
+    for bad in ["0", "65", "x"]:
+        p = tool([BENCH_DECODE, "--model", TINY, "--ctx", "8", "--batch", bad], check=False)
+        assert p.returncode == 2, (bad, p.stdout)
+
+
 def test_bench_decode_bad_context_list():
     for ctx in ["", "1,,x", ",".join(["8"] * 9)]:
         p = tool([BENCH_DECODE, "--model", TINY, "--ctx", ctx], check=False)
