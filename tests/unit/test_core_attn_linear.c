@@ -1466,8 +1466,130 @@ TEST(test_trig_state_roundtrip)
     }
 }
 
-/* Adapters for the Flexformer kinds: wrong shapes, missing parts, τ out of
- * range and an odd feature count are refused with the tensor's name. */
+/* The adapter's Flexformer parameters reach the feature maps at the places
+ * docs/ADAPTER.md gives them (omega / omega2 [L][Hkv][M/2][Hd], tau [L][Hkv];
+ * -s reads omega only and keeps τ = 2√Hd), and the kernel φ(q)·φ(k) of
+ * both the fp32 features (core_features_prepare + core_features_trig, what
+ * the state absorbs) and the double ones (core_features_phi, the oracle's)
+ * equals its closed form computed here from the written arrays alone:
+ * -s: e^((|q|²+|k|²)/(2√Hd)) / m Σ_i cos(ω_i·(q̂ − k̂)),
+ * -n: e^((|q|²+|k|²)/τ) / (4m) Σ_i Σ_{a,b} cos(ω_ai·q̂ − ω_bi·k̂),
+ * x̂ = x/Hd^¼, m = M/2. The attention oracle takes φ from core_features_phi,
+ * so this is what ties both to the documented estimator with learned ω_2
+ * and τ (a wrong ν = √Hd/τ, a swapped ω_1/ω_2 or a layer/head offset in
+ * the loader would pass the oracle test but not this one). */
+TEST(test_trig_adapter_params_and_kernel)
+{
+    enum { L = 2, H = 6, HKV = 2, HD = 16, M = 32, MF = M / 2 };
+    static float om[L * HKV * MF * HD], om2[L * HKV * MF * HD], tau[L * HKV];
+    static float dec[L * HKV], mix[L * H];
+    core_rng_t r;
+    core_rng_seed(&r, 77);
+    for (size_t i = 0; i < sizeof om / sizeof om[0]; i++) {
+        om[i] = (float)(0.8 * core_rng_normal(&r));
+        om2[i] = (float)(om[i] + 0.5 * core_rng_normal(&r));
+    }
+    for (int i = 0; i < L * HKV; i++) {
+        tau[i] = (float)((0.6 + 1.2 * core_rng_uniform(&r)) * 2.0 * sqrt((double)HD));
+        dec[i] = (float)(0.9 + 0.09 * core_rng_uniform(&r));
+    }
+    for (int i = 0; i < L * H; i++)
+        mix[i] = (float)(core_rng_uniform(&r) - 0.5);
+    core_error_t err = {0};
+    core_features_adapter_desc_t d = {.kind = CORE_ATTN_FLEXFORMER_N, .n_layer = L, .n_head = H,
+                                      .n_head_kv = HKV, .head_dim = HD, .n_features = M,
+                                      .window = 5, .sinks = 3, .prerope = 1, .seed = 21,
+                                      .decay = dec, .mix = mix, .omega = om, .omega2 = om2,
+                                      .tau = tau};
+    CHECK_INT_EQ(core_features_adapter_write(&d, adapter_path(), &err), 0);
+    core_gguf_t *g = NULL;
+    CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
+    unlink(adapter_path());
+    if (!g)
+        return;
+    double worst32 = 0, worst64 = 0;
+    for (int kind = CORE_ATTN_FLEXFORMER_S; kind <= CORE_ATTN_FLEXFORMER_N; kind++) {
+        int nst = kind == CORE_ATTN_FLEXFORMER_N;
+        shape_t s = {(core_attn_kind_t)kind, L, H, HKV, HD, M, 5, 21, 3, 1, 1, 0, 0};
+        core_attn_t *a = make_attn(&s, g, 16, 0);
+        if (!a)
+            break;
+        for (int l = 0; l < L; l++) {
+            const float *gam, *mw;
+            CHECK_INT_EQ(core_attn_linear_params(a, l, &gam, &mw), 0);
+            CHECK(memcmp(gam, dec + l * HKV, sizeof(float) * HKV) == 0);
+            CHECK(memcmp(mw, mix + l * H, sizeof(float) * H) == 0);
+            for (int h = 0; h < HKV; h++) {
+                const core_features_t *f = core_attn_linear_features(a, l, h);
+                CHECK(f != NULL);
+                if (!f)
+                    continue;
+                size_t off = (size_t)(l * HKV + h) * MF * HD;
+                double t = nst ? (double)tau[l * HKV + h] : 2.0 * sqrt((double)HD);
+                CHECK_MSG(memcmp(f->omega, om + off, sizeof(float) * MF * HD) == 0,
+                          "%s layer %d head %d: omega", core_attn_kind_name(s.kind), l, h);
+                CHECK(nst ? f->omega2 && memcmp(f->omega2, om2 + off, sizeof(float) * MF * HD) == 0
+                          : f->omega2 == NULL);
+                CHECK_MSG(fabs(f->tau - t) <= 1e-6 * t, "%s layer %d head %d: tau %g, written %g",
+                          core_attn_kind_name(s.kind), l, h, (double)f->tau, t);
+                if (!f->omega || (nst && !f->omega2))
+                    continue;
+                for (int trial = 0; trial < 8; trial++) {
+                    float q[HD], k[HD], yq[HD], yk[HD], vq[M], vk[M];
+                    double pq[M], pk[M], lq, lk, n2 = 0, sum = 0, d32 = 0, d64 = 0;
+                    double qh[HD], kh[HD], sc = pow((double)HD, -0.25);
+                    double amp = 0.3 + 0.15 * trial; /* |q̂|² from ~0.4 to ~7 */
+                    for (int c = 0; c < HD; c++) {
+                        q[c] = (float)(amp * core_rng_normal(&r));
+                        k[c] = (float)(amp * core_rng_normal(&r));
+                        qh[c] = q[c] * sc;
+                        kh[c] = k[c] * sc;
+                        n2 += (double)q[c] * q[c] + (double)k[c] * k[c];
+                    }
+                    for (int i = 0; i < MF; i++) {
+                        const float *w[2] = {om + off + (size_t)i * HD, om2 + off + (size_t)i * HD};
+                        for (int ai = 0; ai <= nst; ai++)
+                            for (int bi = 0; bi <= nst; bi++) {
+                                double u = 0;
+                                for (int c = 0; c < HD; c++)
+                                    u += (double)w[ai][c] * qh[c] - (double)w[bi][c] * kh[c];
+                                sum += cos(u);
+                            }
+                    }
+                    double scale = exp(n2 / t), ker = scale * sum / (nst ? 4.0 * MF : (double)MF);
+                    core_features_prepare(f, 1, q, HD, yq);
+                    core_features_prepare(f, 1, k, HD, yk);
+                    core_features_trig(f, 1, yq, vq, &lq);
+                    core_features_trig(f, 1, yk, vk, &lk);
+                    core_features_phi(f, 1, q, HD, pq);
+                    core_features_phi(f, 1, k, HD, pk);
+                    for (int i = 0; i < M; i++) {
+                        d32 += (double)vq[i] * vk[i];
+                        d64 += pq[i] * pk[i];
+                    }
+                    d32 *= exp(lq + lk);
+                    /* relative to the kernel's magnitude bound e^((|q|²+|k|²)/τ) */
+                    double e32 = fabs(d32 - ker) / scale, e64 = fabs(d64 - ker) / scale;
+                    worst32 = e32 > worst32 ? e32 : worst32;
+                    worst64 = e64 > worst64 ? e64 : worst64;
+                    CHECK_MSG(e32 < 1e-5 && e64 < 1e-12,
+                              "%s layer %d head %d trial %d: kernel %.9g, fp32 features %.9g, "
+                              "double %.9g (bound %.3g)", core_attn_kind_name(s.kind), l, h,
+                              trial, ker, d32, d64, scale);
+                }
+            }
+        }
+        core_attn_free(a);
+    }
+    printf("  phi(q).phi(k) vs closed form, both kinds with an adapter: fp32 %.3g, double %.3g "
+           "(of e^((|q|^2+|k|^2)/tau))\n", worst32, worst64);
+    core_gguf_close(g);
+}
+
+/* Adapters for the Flexformer kinds: wrong shapes (omega, omega2, tau),
+ * missing parts (also a DARKFormer adapter, which has no omega, under -s),
+ * τ out of range and an odd feature count are refused with the tensor's
+ * name. */
 TEST(test_trig_adapter_errors)
 {
     core_error_t err = {0};
@@ -1483,14 +1605,28 @@ TEST(test_trig_adapter_errors)
         int64_t ne[3][3];
         int nd[3];
         const char *msg;
+        int stationary; /* 1: loaded as flexformer-s */
     } cases[] = {
         {{"omega", "omega2", "tau"}, {{HD, MF + 1, HKV}, {HD, MF, HKV}, {HKV}}, {3, 3, 1},
-         "'darkformer.blk.0.omega' has shape [16, 17, 2, 1], expected [16, 16, 2] (Hd, M/2, Hkv)"},
-        {{"omega", "tau", NULL}, {{HD, MF, HKV}, {HKV}}, {3, 1}, "'darkformer.blk.0.omega2' is missing"},
+         "'darkformer.blk.0.omega' has shape [16, 17, 2, 1], expected [16, 16, 2] (Hd, M/2, Hkv)",
+         0},
+        {{"omega", "tau", NULL}, {{HD, MF, HKV}, {HKV}}, {3, 1},
+         "'darkformer.blk.0.omega2' is missing", 0},
         {{"omega", "omega2", NULL}, {{HD, MF, HKV}, {HD, MF, HKV}}, {3, 3},
-         "'darkformer.blk.0.tau' is missing"},
+         "'darkformer.blk.0.tau' is missing", 0},
         {{"omega", "omega2", "tau"}, {{HD, MF, HKV}, {HD, MF, HKV}, {HKV + 1}}, {3, 3, 1},
-         "'darkformer.blk.0.tau' has shape [3, 1], expected [2] (Hkv)"},
+         "'darkformer.blk.0.tau' has shape [3, 1], expected [2] (Hkv)", 0},
+        {{"omega", "omega2", "tau"}, {{HD, MF, HKV}, {HD, MF, HKV + 1}, {HKV}}, {3, 3, 1},
+         "'darkformer.blk.0.omega2' has shape [16, 16, 3, 1], expected [16, 16, 2] (Hd, M/2, Hkv)",
+         0},
+        /* -s: omega is checked the same way, and is required */
+        {{"omega", NULL, NULL}, {{HD, MF + 1, HKV}}, {3},
+         "'darkformer.blk.0.omega' has shape [16, 17, 2, 1], expected [16, 16, 2] (Hd, M/2, Hkv)",
+         1},
+        {{"omega", NULL, NULL}, {{HD, MF, HKV + 1}}, {3},
+         "'darkformer.blk.0.omega' has shape [16, 16, 3, 1], expected [16, 16, 2] (Hd, M/2, Hkv)",
+         1},
+        {{"M", NULL, NULL}, {{HD, HD, HKV}}, {3}, "'darkformer.blk.0.omega' is missing", 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         core_gguf_writer_t *w = core_gguf_writer_new(0);
@@ -1512,12 +1648,14 @@ TEST(test_trig_adapter_errors)
         core_gguf_writer_free(w);
         core_gguf_t *g = NULL;
         CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
+        cfg.kind = cases[c].stationary ? CORE_ATTN_FLEXFORMER_S : CORE_ATTN_FLEXFORMER_N;
         int rc = core_attn_new(&cfg, g, &a, &err);
         CHECK_MSG(rc == CORE_EFORMAT || rc == CORE_ENOTFOUND, "case %zu: rc %d", c, rc);
         CHECK_MSG(strstr(err.msg, cases[c].msg), "case %zu: %s", c, err.msg);
         core_gguf_close(g);
     }
     /* τ out of range, through the writer */
+    cfg.kind = CORE_ATTN_FLEXFORMER_N;
     tau[1] = 0.001f;
     float mix[6] = {0};
     core_features_adapter_desc_t d = {.kind = CORE_ATTN_FLEXFORMER_N, .n_layer = 1, .n_head = 6,
@@ -1542,12 +1680,84 @@ TEST(test_trig_adapter_errors)
     unlink(adapter_path());
 }
 
-/* 10^6 tokens (DARKSERVE_TEN_MILLION=1: 10^7) through sinks + window + the
- * decayed signed state: outputs finite, fp32 and fp64 states agree at the
- * end, state bytes constant. */
-TEST(test_trig_long_stream)
+/* The float64 oracle of reference_trig for one query position t of a long
+ * stream through layer 0 whose rows came from pool in step-token slices
+ * (token j = pool row offs[j / step] + j % step): every visible key, O(t),
+ * exact for sinks and window, signed and decayed for the rest, the same
+ * guard (which is scale-free, so the sums need no running maximum here).
+ * o: [H][Hd]. */
+static void trig_oracle_row(const core_attn_t *a, const shape_t *s, const inputs_t *pool,
+                            const int64_t *offs, int64_t step, int64_t t, double *o)
 {
-    shape_t s = {CORE_ATTN_FLEXFORMER_N, 1, 2, 1, 16, 16, 4, 1, 2, 1, 1, 0, 0};
+    int64_t nq = (int64_t)s->H * s->Hd, nk = (int64_t)s->Hkv * s->Hd;
+    int gs = s->H / s->Hkv, m = s->M, hd = s->Hd, w = s->W;
+    enum { GMAX = 8 };
+    CHECK(gs <= GMAX && m <= 256 && hd <= 64);
+    for (int h = 0; h < s->Hkv && gs <= GMAX && m <= 256 && hd <= 64; h++) {
+        const core_features_t *f = core_attn_linear_features(a, 0, h);
+        const float *gam, *mixw;
+        CHECK(f != NULL);
+        if (!f || core_attn_linear_params(a, 0, &gam, &mixw) != 0)
+            return;
+        double lg = log((double)gam[h]), pq[GMAX][256], pk[256];
+        double E[GMAX] = {0}, D[GMAX] = {0}, ne[GMAX][64] = {{0}}, nl[GMAX][64] = {{0}};
+        const float *qr[GMAX];
+        float xu[64], kt[64];
+        int64_t rt = offs[t / step] + t % step;
+        for (int g = 0; g < gs; g++) {
+            qr[g] = pool->q + rt * nq + (h * gs + g) * hd;
+            if (s->pre)
+                unrotate(s, qr[g], t, xu);
+            core_features_phi(f, 1, s->pre ? xu : qr[g], hd, pq[g]);
+        }
+        for (int64_t j = 0; j <= t; j++) {
+            int64_t rj = offs[j / step] + j % step;
+            const float *kr = pool->k + rj * nk + h * hd, *vr = pool->v + rj * nk + h * hd;
+            if (j <= t - w && j >= s->S) {
+                if (s->pre)
+                    unrotate(s, kr, j, xu);
+                core_features_phi(f, 1, s->pre ? xu : kr, hd, pk);
+                for (int g = 0; g < gs; g++) {
+                    double d = 0;
+                    for (int i = 0; i < m; i++)
+                        d += pq[g][i] * pk[i];
+                    double li = d * exp((double)(t - w - j) * lg + (double)mixw[h * gs + g]);
+                    D[g] += li;
+                    for (int c = 0; c < hd; c++)
+                        nl[g][c] += li * vr[c];
+                }
+                continue;
+            }
+            if (j < s->S && t >= w + s->S - 1) {
+                unrotate(s, kr, w + s->S - 1 - t, kt);
+                kr = kt;
+            }
+            for (int g = 0; g < gs; g++) {
+                double d = 0;
+                for (int c = 0; c < hd; c++)
+                    d += (double)qr[g][c] * kr[c];
+                double e = exp(d / sqrt((double)hd));
+                E[g] += e;
+                for (int c = 0; c < hd; c++)
+                    ne[g][c] += e * vr[c];
+            }
+        }
+        for (int g = 0; g < gs; g++) {
+            double lam = D[g] < -0.5 * E[g] ? 0.5 * E[g] / -D[g] : 1.0;
+            for (int c = 0; c < hd; c++)
+                o[(h * gs + g) * hd + c] = (ne[g][c] + lam * nl[g][c]) / (E[g] + lam * D[g]);
+        }
+    }
+}
+
+/* 10^6 tokens (DARKSERVE_TEN_MILLION=1: 10^7) through sinks + window + the
+ * decayed signed state, both kinds with an adapter: outputs finite, fp32
+ * and fp64 states agree at the end, the last token of both matches the
+ * float64 oracle over the whole stream (trig_oracle_row), state bytes
+ * constant. */
+static void trig_long_stream(core_attn_kind_t kind)
+{
+    shape_t s = {kind, 1, 2, 1, 16, 16, 4, 1, 2, 1, 1, 0, 0};
     core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
     core_attn_t *a32 = make_attn(&s, ad, 64, 0), *a64 = make_attn(&s, ad, 64, 1);
     if (!a32 || !a64)
@@ -1563,14 +1773,16 @@ TEST(test_trig_long_stream)
     size_t bytes0 = core_attn_state_bytes(st[0]);
     float *out[2] = {calloc((size_t)STEP * s.H * s.Hd, sizeof(float)),
                      calloc((size_t)STEP * s.H * s.Hd, sizeof(float))};
+    int64_t *offs = malloc((size_t)(total / STEP + 1) * sizeof(int64_t));
     core_rng_t r;
     core_rng_seed(&r, 3);
-    int64_t bad = 0;
+    int64_t bad = 0, c = 0;
     double worst = 0;
-    int failed = 0;
+    int failed = !offs;
     for (int64_t t = 0; t < total && !failed; t += STEP) {
-        int64_t c = total - t < STEP ? total - t : STEP;
+        c = total - t < STEP ? total - t : STEP;
         int64_t off = (int64_t)(core_rng_uniform(&r) * (POOL - STEP));
+        offs[t / STEP] = off;
         for (int i = 0; i < 2 && !failed; i++) {
             int rc = step_layer0(i ? a64 : a32, st[i], &s, &pool, off, c, out[i], &err);
             CHECK_MSG(rc == 0, "fp%d state, token %lld: %s", i ? 64 : 32, (long long)t, err.msg);
@@ -1584,10 +1796,19 @@ TEST(test_trig_long_stream)
                 worst = e;
         }
     }
-    printf("  %lld tokens (flexformer-n, S=2 W=4 decay, pre-RoPE): non-finite %lld, fp32 vs fp64 "
-           "state %.3g\n", (long long)total, (long long)bad, worst);
+    double ref[64], o32 = INFINITY, o64 = INFINITY;
+    if (!failed && s.H * s.Hd <= 64) {
+        trig_oracle_row(a32, &s, &pool, offs, STEP, total - 1, ref);
+        o32 = rel_diff(out[0] + (c - 1) * s.H * s.Hd, ref, NULL, (size_t)(s.H * s.Hd));
+        o64 = rel_diff(out[1] + (c - 1) * s.H * s.Hd, ref, NULL, (size_t)(s.H * s.Hd));
+    }
+    printf("  %lld tokens (%s, S=2 W=4 decay, pre-RoPE): non-finite %lld, fp32 vs fp64 "
+           "state %.3g; last token vs float64 oracle: fp32 state %.3g, fp64 %.3g\n",
+           (long long)total, core_attn_kind_name(kind), (long long)bad, worst, o32, o64);
     CHECK_INT_EQ(bad, 0);
     CHECK_MSG(worst < 1e-4, "fp32 vs fp64 state at the end: %.3g", worst);
+    CHECK_MSG(o32 < 1e-5 && o64 < 1e-5, "last token vs oracle: fp32 %.3g, fp64 %.3g", o32, o64);
+    free(offs);
     CHECK_INT_EQ(core_attn_state_bytes(st[0]), bytes0);
     for (int i = 0; i < 2; i++) {
         free(out[i]);
@@ -1597,6 +1818,12 @@ TEST(test_trig_long_stream)
     core_attn_free(a64);
     core_gguf_close(ad);
     inputs_free(&pool);
+}
+
+TEST(test_trig_long_stream)
+{
+    trig_long_stream(CORE_ATTN_FLEXFORMER_S);
+    trig_long_stream(CORE_ATTN_FLEXFORMER_N);
 }
 
 int main(void)
@@ -1621,6 +1848,7 @@ int main(void)
     RUN(test_trig_matches_oracle);
     RUN(test_trig_untrained_is_performer_trig);
     RUN(test_trig_state_roundtrip);
+    RUN(test_trig_adapter_params_and_kernel);
     RUN(test_trig_adapter_errors);
     RUN(test_trig_long_stream);
     return CHECK_DONE();
