@@ -74,6 +74,13 @@
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
 #define MAX_QUEUED 4096 /* queued releases; past it the oldest are dropped (they expire) */
+/* How long an acquire waits for a lease held by another replica before it
+ * reports the session busy: a replica answers a request before its keeper
+ * has run the release, so a client that goes straight to another replica
+ * (a GET of the state on each, turns alternating behind a balancer) would
+ * otherwise meet a lease that is already on its way out. A session really
+ * in use (a turn running there) is still busy after it. */
+#define BUSY_WAIT_MS 100
 #define KEY_MAX 160
 #define OWNER_IDX_NONE "-"
 
@@ -824,15 +831,23 @@ static int r_acquire(srv_store_backend_t *be, const char *id, uint64_t have, cha
     take_queued(r, id, old);
     snprintf(lms, sizeof lms, "%" PRId64, r->lease_ms);
     snprintf(ttl, sizeof ttl, "%" PRId64, r->ttl_ms);
-    acq_t q = {.id = id,
-               .ks = ks,
-               .kl = kl,
-               .token = token,
-               .old = old,
-               .lms = lms,
-               .ttl = ttl,
-               .have = have};
-    int rc = with_conn(r, acquire_seq, &q, "acquire");
+    acq_t q;
+    int rc;
+    for (int64_t waited = 0, step = 5;; waited += step, step = step < 40 ? 2 * step : 50) {
+        q = (acq_t){.id = id,
+                    .ks = ks,
+                    .kl = kl,
+                    .token = token,
+                    .old = old,
+                    .lms = lms,
+                    .ttl = ttl,
+                    .have = have};
+        rc = with_conn(r, acquire_seq, &q, "acquire");
+        if (rc != 0 || q.code != -1 || waited >= BUSY_WAIT_MS)
+            break;
+        struct timespec ts = {0, (long)step * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     if (rc == 0 && q.code == -1)
         rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy on another replica", id);
     else if (rc == 0 && q.code == 0)
