@@ -52,7 +52,6 @@
 #include "core/tensor.h"
 
 enum {
-    MODEL_MAX_ROWS = 4096,   /* T bound per forward: bounds the scratch */
     MODEL_MAX_OPS = 3,       /* weight matrices applied to one input (q, k, v) */
     MODEL_LOGIT_ROWS = 256,  /* logits rows per output GEMM: bounds the [R][V] scratch (and each
                               * batch of rows dequantizes the output matrix once) */
@@ -123,7 +122,7 @@ struct core_model {
     double *rope_inv_freq; /* [n_rot/2]: base^(-2i/n_rot) / scale */
     float *rope_cs;        /* [n_rot/2][2] cos, sin of one row's angles */
 
-    /* scratch, grown to the largest T seen (<= MODEL_MAX_ROWS) */
+    /* scratch, grown to the largest T seen (<= CORE_MODEL_MAX_ROWS) */
     int64_t cap_rows;
     float *x;      /* [T][D] residual stream */
     float *xn;     /* [T][D] normalized rows */
@@ -833,11 +832,11 @@ static int check_batch(const core_model_t *m, const core_batch_seq_t *seqs, int 
                                   b);
         /* T >= 0 and n_tokens > 0 here: the sum in the message is taken
          * unsigned, where it cannot overflow even for n_tokens near INT64_MAX. */
-        if (sq->n_tokens > MODEL_MAX_ROWS - T)
+        if (sq->n_tokens > CORE_MODEL_MAX_ROWS - T)
             return core_error_set(err, CORE_ERANGE,
                                   "batch exceeds %d tokens per forward (sequence %d brings it to "
                                   "%llu); split the prompt into chunks",
-                                  MODEL_MAX_ROWS, b,
+                                  CORE_MODEL_MAX_ROWS, b,
                                   (unsigned long long)T + (unsigned long long)sq->n_tokens);
         for (int64_t i = 0; i < sq->n_tokens; i++) {
             if (sq->tokens[i] < 0 || sq->tokens[i] >= m->info.n_vocab)

@@ -107,6 +107,9 @@ void core_model_set_tap(core_model_t *m, core_model_tap_fn fn, void *ud);
 
 /* Longest path the discovery builds (bytes, with the NUL). */
 #define CORE_MODEL_PATH_MAX 4096
+/* Tokens one core_model_forward takes at most, all sequences together (it
+ * bounds the forward's scratch). */
+#define CORE_MODEL_MAX_ROWS 4096
 /* Places looked at, in order. */
 #define CORE_MODEL_ADAPTER_CANDIDATES 2
 

@@ -18,6 +18,7 @@
 
 #include "core/le.h"
 #include "core/rng.h"
+#include "core/state.h"
 
 /* ---------------------------------------------------------------- params */
 
@@ -718,17 +719,6 @@ int core_sampler_dist_masked(const core_sampler_t *s, core_sample_ws_t *ws, cons
 /* Bytes, not a string: the blob holds no terminating NUL. */
 static const unsigned char state_magic[4] = {'D', 'S', 'S', 'M'};
 
-static uint32_t crc32_ieee(const unsigned char *p, size_t n)
-{
-    uint32_t c = 0xffffffffu;
-    for (size_t i = 0; i < n; i++) {
-        c ^= p[i];
-        for (int b = 0; b < 8; b++)
-            c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
-    }
-    return ~c;
-}
-
 size_t core_sampler_state_size(void)
 {
     return STATE_SIZE;
@@ -751,7 +741,7 @@ int core_sampler_state_save(const core_sampler_t *s, void *buf, size_t cap, core
     size_t n = core_sampler_history(s, hist, CORE_SAMPLE_HISTORY);
     for (size_t i = 0; i < n; i++)
         core_le_put_u32(b + STATE_HDR + 4 * i, (uint32_t)hist[i]);
-    core_le_put_u32(b + STATE_SIZE - 4, crc32_ieee(b, STATE_SIZE - 4));
+    core_le_put_u32(b + STATE_SIZE - 4, core_state_crc32(0, b, STATE_SIZE - 4));
     return 0;
 }
 
@@ -767,7 +757,7 @@ int core_sampler_state_load(core_sampler_t *s, const void *buf, size_t len, core
     if (ver != STATE_VERSION)
         return core_error_set(err, CORE_EUNSUPPORTED, "sampler state version %u (supported: %u)",
                               ver, STATE_VERSION);
-    uint32_t crc = core_le_get_u32(b + STATE_SIZE - 4), want = crc32_ieee(b, STATE_SIZE - 4);
+    uint32_t crc = core_le_get_u32(b + STATE_SIZE - 4), want = core_state_crc32(0, b, STATE_SIZE - 4);
     if (crc != want)
         return core_error_set(err, CORE_ECHECKSUM, "sampler state: crc32 %08x, computed %08x",
                               crc, want);

@@ -319,7 +319,7 @@ int srv_cli_generate(int argc, char **argv)
         {"min-p", SRV_OPT_FLOAT, &min_p, 0, 1, "drop tokens below min-p x the top probability"},
         {"repeat-penalty", SRV_OPT_FLOAT, &repeat_penalty, 1e-6, 100, "repetition penalty (1 = off)"},
         {"seed", SRV_OPT_INT, &seed, -1, (double)INT64_MAX, "sampling seed (-1 = from the clock)"},
-        {"batch", SRV_OPT_INT, &batch, 1, 4096, "prompt tokens per forward"},
+        {"batch", SRV_OPT_INT, &batch, 1, CORE_MODEL_MAX_ROWS, "prompt tokens per forward"},
         {"quiet", SRV_OPT_FLAG, &no_stream_stats, 0, 0, "do not print speed to stderr"},
     };
     static const char usage[] = "--prompt TEXT [options]";
@@ -453,7 +453,7 @@ int srv_cli_perplexity(int argc, char **argv)
         {"file", SRV_OPT_STR, &file, 0, 0, "text file to score (required)"},
         {"chunk", SRV_OPT_INT, &chunk, 0, 1 << 24,
          "tokens per independently scored chunk (0 = the whole text as one stream)"},
-        {"batch", SRV_OPT_INT, &batch, 1, 4096, "tokens per forward"},
+        {"batch", SRV_OPT_INT, &batch, 1, CORE_MODEL_MAX_ROWS, "tokens per forward"},
         {"limit", SRV_OPT_INT, &limit, 0, 1 << 30, "score at most this many tokens (0 = all)"},
         {"buckets", SRV_OPT_FLAG, &buckets, 0, 0,
          "also print perplexity per position in the chunk: 0-1K 1-4K 4-8K 8-16K 16-32K 32-64K 64K+"},

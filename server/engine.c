@@ -181,13 +181,11 @@ static void emit(srv_engine_t *E, srv_job_t *j, srv_event_t *ev)
     j->out[j->n_out++] = ev;
 }
 
-static void set_error(srv_job_t *j, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_error(srv_job_t *j, int code, const char *fmt, ...)
+static void set_error(srv_job_t *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_error(srv_job_t *j, const char *fmt, ...)
 {
-    if (j->res.error_code)
+    if (j->res.error[0])
         return; /* the first error is the interesting one */
-    j->res.error_code = code;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(j->res.error, sizeof j->res.error, fmt, ap);
@@ -342,20 +340,20 @@ static void sample_choice(srv_engine_t *E, srv_job_t *j, int i, const float *log
     const uint64_t *allow = NULL;
     if (j->grammar) {
         if (core_grammar_mask(&s->gs, E->gws, E->gmask, E->V, &ce) < 0) {
-            set_error(j, ce.code, "grammar of choice %d: %s", i, ce.msg);
+            set_error(j, "grammar of choice %d: %s", i, ce.msg);
             choice_end(E, j, i, SRV_FINISH_ERROR, 1);
             return;
         }
         allow = E->gmask;
     }
     if (core_sampler_sample_masked(s->sampler, E->ws, logits, E->V, allow, &r, &ce) < 0) {
-        set_error(j, ce.code, "sampling choice %d: %s%s", i, ce.msg,
+        set_error(j, "sampling choice %d: %s%s", i, ce.msg,
                   allow ? " (under the grammar)" : "");
         choice_end(E, j, i, SRV_FINISH_ERROR, 1);
         return;
     }
     if (j->grammar && core_grammar_accept(&s->gs, E->gws, r.token, &ce) < 0) {
-        set_error(j, ce.code, "grammar of choice %d: %s", i, ce.msg);
+        set_error(j, "grammar of choice %d: %s", i, ce.msg);
         choice_end(E, j, i, SRV_FINISH_ERROR, 1);
         return;
     }
@@ -380,19 +378,19 @@ static void job_fork(srv_engine_t *E, srv_job_t *j, int64_t now)
                 core_attn_state_copy(s->state, s0->state, &ce) < 0 ||
                 core_sampler_clone(s0->sampler, &s->sampler, &ce) < 0 ||
                 (j->grammar && core_grammar_state_copy(&s->gs, &s0->gs, &ce) < 0)) {
-                set_error(j, ce.code ? ce.code : CORE_ENOMEM, "fork of choice %d: %s", i, ce.msg);
+                set_error(j, "fork of choice %d: %s", i, ce.msg);
                 choice_end(E, j, i, SRV_FINISH_ERROR, 1);
                 continue;
             }
             s->logits = malloc((size_t)E->V * sizeof *s->logits);
             if (!s->logits) {
-                set_error(j, SRV_ENGINE_ENOMEM, "fork of choice %d: out of memory", i);
+                set_error(j, "fork of choice %d: out of memory", i);
                 choice_end(E, j, i, SRV_FINISH_ERROR, 1);
                 continue;
             }
         }
         if (core_stop_new((const char *const *)j->stops, NULL, j->n_stops, &s->stop, &ce) < 0) {
-            set_error(j, ce.code, "stop strings: %s", ce.msg);
+            set_error(j, "stop strings: %s", ce.msg);
             choice_end(E, j, i, SRV_FINISH_ERROR, 1);
             continue;
         }
@@ -432,7 +430,7 @@ static void job_start(srv_engine_t *E, srv_job_t *j)
     s0->sampler = c->sampler;
     if (c->sampler) {
         if (j->max_tokens > 0 && core_sampler_set_params(c->sampler, &j->params, &ce) < 0) {
-            set_error(j, ce.code, "sampling parameters: %s", ce.msg);
+            set_error(j, "sampling parameters: %s", ce.msg);
             j->end_req = SRV_FINISH_ERROR;
             return;
         }
@@ -445,11 +443,11 @@ static void job_start(srv_engine_t *E, srv_job_t *j)
     if (j->max_tokens > 0) {
         s0->logits = malloc((size_t)E->V * sizeof *s0->logits);
         if (!s0->logits) {
-            set_error(j, SRV_ENGINE_ENOMEM, "out of memory for logits");
+            set_error(j, "out of memory for logits");
             j->end_req = SRV_FINISH_ERROR;
         } else if (j->grammar && !s0->gs.g && /* else from spec.grammar_start */
                    core_grammar_state_init(&s0->gs, j->grammar, &ce) < 0) {
-            set_error(j, ce.code, "grammar: %s", ce.msg);
+            set_error(j, "grammar: %s", ce.msg);
             j->end_req = SRV_FINISH_ERROR;
         }
     }
@@ -558,7 +556,7 @@ static void run_forward(srv_engine_t *E, int nb)
         core_error_t ce1 = {0};
         if (core_model_forward(E->model, &E->batch[b], 1, &ce1) < 0) {
             E->bfail[b] = 1;
-            set_error(E->bjob[b], ce1.code, "forward: %s", ce1.msg);
+            set_error(E->bjob[b], "forward: %s", ce1.msg);
         }
     }
 }

@@ -167,7 +167,7 @@ const char *srv_engine_strerror(int code);
 
 /* Hard limits (bounds on options and job specs). */
 #define SRV_ENGINE_MAX_BATCH 256                /* sequences per step */
-#define SRV_ENGINE_MAX_STEP_TOKENS 4096         /* rows per forward (core/model.c's bound) */
+#define SRV_ENGINE_MAX_STEP_TOKENS CORE_MODEL_MAX_ROWS /* rows per forward */
 #define SRV_ENGINE_DEFAULT_STEP_TOKENS 2048     /* rows per forward when opts leave it 0 */
 #define SRV_ENGINE_MAX_QUEUE (1 << 20)          /* jobs waiting */
 #define SRV_ENGINE_MAX_CHOICES 16               /* n per job */
@@ -302,8 +302,7 @@ typedef struct srv_job_result {
     double prefill_tps; /* absorbed_tokens / prefill_s */
     double decode_tps;  /* tokens after each choice's first / decode_s */
     uint64_t end_step;  /* the engine's step counter when the job ended */
-    int error_code;     /* CORE_E* / SRV_ENGINE_E* when a choice ended in error */
-    char error[256];    /* its message, "" if none */
+    char error[256];    /* the first error's message, "" if none */
 } srv_job_result_t;
 
 /* ---- engine ---- */

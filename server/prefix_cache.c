@@ -4,6 +4,7 @@
  * hashes a prompt at. */
 #include "server/prefix_cache.h"
 
+#include "proto/proto.h"
 #include "server/sha256.h"
 
 #include <stdlib.h>
@@ -339,13 +340,8 @@ int srv_prefix_cache_insert(srv_prefix_cache_t *c, const int32_t *toks, size_t n
         v = newer;
     }
     memcpy(e->key, key, sizeof e->key);
-    static const char hex[] = "0123456789abcdef";
-    memcpy(e->id, "pfx_", 4);
-    for (int i = 0; i < (SRV_PREFIX_ID_LEN - 4) / 2; i++) {
-        e->id[4 + 2 * i] = hex[full[i] >> 4];
-        e->id[5 + 2 * i] = hex[full[i] & 15];
-    }
-    e->id[SRV_PREFIX_ID_LEN] = '\0';
+    memcpy(e->id, "pfx_", 5);
+    proto_hex_format(full, (SRV_PREFIX_ID_LEN - 4) / 2, e->id + 4); /* over the NUL, and one */
     memcpy(e->toks, toks, n * sizeof *toks);
     e->n = n;
     e->value = value;

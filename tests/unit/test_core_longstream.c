@@ -19,7 +19,7 @@
 
 static const char *tiny_path;
 
-enum { CHUNK = 4096 }; /* rows per forward: core/model.c's bound */
+enum { CHUNK = CORE_MODEL_MAX_ROWS }; /* rows per forward at most */
 
 /* Feeds n random tokens in forwards of CHUNK rows, checking the last row's
  * logits of every forward; returns the number of non-finite logits seen and
