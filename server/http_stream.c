@@ -169,11 +169,13 @@ static srv_stream_t *stream_new(srv_req_t *req, const srv_stream_opts_t *so)
     return s;
 }
 
-srv_stream_t *srv_stream_open(srv_req_t *req, int status, const char *content_type,
-                              const srv_stream_opts_t *sopts)
+/* A new stream of req in mode, or NULL (logged as what, or a 500 queued
+ * when out of memory) when req cannot take one. */
+static srv_stream_t *stream_start(srv_req_t *req, const srv_stream_opts_t *sopts, int mode,
+                                  const char *what)
 {
     if (!srv_http_can_answer(req)) {
-        SRV_LOG(SRV_LOG_ERROR, req->id, "stream opened on an answered request");
+        SRV_LOG(SRV_LOG_ERROR, req->id, "%s on an answered request", what);
         return NULL;
     }
     srv_stream_t *s = stream_new(req, sopts);
@@ -181,7 +183,16 @@ srv_stream_t *srv_stream_open(srv_req_t *req, int status, const char *content_ty
         srv_http_queue_error(req, 500, "server_error", "internal", "out of memory", NULL);
         return NULL;
     }
-    s->mode = MODE_STREAMING;
+    s->mode = mode;
+    return s;
+}
+
+srv_stream_t *srv_stream_open(srv_req_t *req, int status, const char *content_type,
+                              const srv_stream_opts_t *sopts)
+{
+    srv_stream_t *s = stream_start(req, sopts, MODE_STREAMING, "stream opened");
+    if (!s)
+        return NULL;
     s->status = status;
     if (srv_http_queue_stream(req, s, status, content_type, NULL) != MHD_YES) {
         /* The request keeps its reference (released when it ends); the
@@ -198,17 +209,7 @@ srv_stream_t *srv_stream_open(srv_req_t *req, int status, const char *content_ty
 
 srv_stream_t *srv_stream_defer(srv_req_t *req, const srv_stream_opts_t *sopts)
 {
-    if (!srv_http_can_answer(req)) {
-        SRV_LOG(SRV_LOG_ERROR, req->id, "answer deferred on an answered request");
-        return NULL;
-    }
-    srv_stream_t *s = stream_new(req, sopts);
-    if (!s) {
-        srv_http_queue_error(req, 500, "server_error", "internal", "out of memory", NULL);
-        return NULL;
-    }
-    s->mode = MODE_DEFERRED;
-    return s;
+    return stream_start(req, sopts, MODE_DEFERRED, "answer deferred");
 }
 
 int srv_stream_add_header(srv_stream_t *s, const char *name, const char *value)

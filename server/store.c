@@ -1837,6 +1837,19 @@ static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
     return 0;
 }
 
+void srv_sess_fork_init(srv_store_t *st, srv_session_t *ns, const srv_session_t *src,
+                        const char *owner)
+{
+    ns->st = st;
+    ns->busy = 1;
+    ns->dirty = 1;
+    ns->created = ns->last_used = (int64_t)time(NULL);
+    ns->turn_open = src->turn_open;
+    ns->has_chat = src->has_chat;
+    const char *tag = owner ? owner : src->owner;
+    memcpy(ns->owner, tag, strlen(tag) + 1);
+}
+
 int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
                          char out_id[SRV_SESSION_ID_LEN + 1])
 {
@@ -1864,14 +1877,7 @@ int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
     } while (tab_find(st, ns->id));
     if ((rc = tab_insert(st, ns)) < 0)
         goto fail_locked;
-    ns->st = st;
-    ns->busy = 1;
-    ns->created = ns->last_used = (int64_t)time(NULL);
-    ns->turn_open = src->turn_open;
-    ns->has_chat = src->has_chat;
-    const char *tag = owner ? owner : src->owner;
-    memcpy(ns->owner, tag, strlen(tag) + 1);
-    ns->dirty = 1;
+    srv_sess_fork_init(st, ns, src, owner);
     st->n_mem++; /* reserved while copying */
     pthread_mutex_unlock(&st->mu);
 

@@ -194,6 +194,10 @@ void srv_sess_give_back(srv_store_t *st, srv_session_t *s);
  * (nothing else: no file, no backend); s is freed. */
 void srv_sess_forget(srv_store_t *st, srv_session_t *s);
 /* s's pending grammar becomes pg (owned; NULL: none). */
+/* A fork's session ns starts as src's copy: busy, dirty, new times, src's
+ * turn flags, and owner (NULL: src's). */
+void srv_sess_fork_init(srv_store_t *st, srv_session_t *ns, const srv_session_t *src,
+                        const char *owner);
 void srv_sess_pg_set(srv_session_t *s, unsigned char *pg, size_t t, size_t r);
 /* The blob of held session s with context c (new malloc'd *out). */
 int srv_sess_serialize_ctx(const srv_store_t *st, const srv_session_t *s, const srv_seq_ctx_t *c,

@@ -357,14 +357,7 @@ int srv_sess_remote_fork(srv_store_t *st, const char *id, const char *owner,
         rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
         goto done;
     }
-    ns->st = st;
-    ns->busy = 1;
-    ns->dirty = 1;
-    ns->created = ns->last_used = (int64_t)time(NULL);
-    ns->turn_open = src->turn_open;
-    ns->has_chat = src->has_chat;
-    const char *tag = owner ? owner : src->owner;
-    memcpy(ns->owner, tag, strlen(tag) + 1);
+    srv_sess_fork_init(st, ns, src, owner);
     if ((rc = srv_sess_ctx_copy(st, &src->ctx, &c)) < 0)
         goto done;
     if (src->pg) { /* the copy continues the reply the source left pending, too */
