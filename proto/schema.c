@@ -1079,115 +1079,140 @@ static int conv_at(sx_t *x, json_t *sub, const char *key, long idx, char name[NA
     return rc;
 }
 
-static int conv_object(sx_t *x, json_t *s, sb_t *b)
+/* The object keywords of a schema, read and checked. */
+typedef struct obj_kw {
+    json_t *props;      /* borrowed object; NULL when absent */
+    json_t *req;        /* borrowed array of strings; NULL when absent */
+    json_t *addl;       /* borrowed boolean or schema; NULL when absent */
+    int64_t minp, maxp; /* minProperties, maxProperties (-1: no bound) */
+} obj_kw_t;
+
+/* One member of an object's grammar. */
+typedef struct obj_member {
+    const char *key;     /* borrowed from the schema */
+    char rule[NAME_LEN]; /* the rule of its value */
+    int required;
+} obj_member_t;
+
+static int obj_read(sx_t *x, json_t *s, obj_kw_t *o)
 {
-    json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
-    json_t *addl = json_object_get(s, "additionalProperties");
-    if (props && !json_is_object(props))
+    o->props = json_object_get(s, "properties");
+    o->req = json_object_get(s, "required");
+    o->addl = json_object_get(s, "additionalProperties");
+    if (o->props && !json_is_object(o->props))
         return fail(x, PROTO_ERR_INVALID_VALUE, "'properties' must be an object");
-    if (req && !json_is_array(req))
+    if (o->req && !json_is_array(o->req))
         return fail(x, PROTO_ERR_INVALID_VALUE, "'required' must be an array of strings");
-    for (size_t i = 0; req && i < json_array_size(req); i++)
-        if (!json_is_string(json_array_get(req, i)))
+    for (size_t i = 0; o->req && i < json_array_size(o->req); i++)
+        if (!json_is_string(json_array_get(o->req, i)))
             return fail(x, PROTO_ERR_INVALID_VALUE, "'required' must be an array of strings");
-    if (addl && !json_is_boolean(addl) && !json_is_object(addl))
+    if (o->addl && !json_is_boolean(o->addl) && !json_is_object(o->addl))
         return fail(x, PROTO_ERR_INVALID_VALUE,
                     "'additionalProperties' must be a boolean or a schema");
-    int64_t minp = 0, maxp = -1;
-    if (read_count(x, s, "minProperties", &minp) < 0 ||
-        read_count(x, s, "maxProperties", &maxp) < 0)
+    o->minp = 0;
+    o->maxp = -1;
+    if (read_count(x, s, "minProperties", &o->minp) < 0 ||
+        read_count(x, s, "maxProperties", &o->maxp) < 0)
         return x->rc;
-    x->need |= NEED_WS;
+    return 0;
+}
 
-    /* members: the declared properties in order, then required names that
-     * are not declared (any value) */
-    size_t n_props = props ? json_object_size(props) : 0, n_extra = 0;
-    for (size_t i = 0; req && i < json_array_size(req); i++)
-        if (!props || !json_object_get(props, json_string_value(json_array_get(req, i))))
-            n_extra++;
-    if (n_props + n_extra > 256)
-        return fail(x, PROTO_ERR_INVALID_VALUE, "more than 256 properties are not supported");
+static int obj_is_required(const obj_kw_t *o, const char *key)
+{
+    for (size_t i = 0; o->req && i < json_array_size(o->req); i++)
+        if (!strcmp(json_string_value(json_array_get(o->req, i)), key))
+            return 1;
+    return 0;
+}
 
-    if (n_props + n_extra == 0) {
-        if (json_is_false(addl)) {
-            if (minp > 0)
-                return fail(x, PROTO_ERR_INVALID_VALUE, "no object satisfies 'minProperties'");
-            sb_puts(b, "\"{\" ws \"}\" ");
-            return 0;
-        }
-        /* a map: string keys, values of additionalProperties (any when absent) */
-        char vn[NAME_LEN];
-        if (json_is_object(addl)) {
-            if (conv_at(x, addl, "additionalProperties", -1, vn) < 0)
-                return x->rc;
-        } else {
-            any_name(x, vn);
-        }
-        if (minp > 1)
-            return fail(x, PROTO_ERR_UNSUPPORTED,
-                        "'minProperties' above 1 without declared properties is not supported");
-        if (maxp > 1001)
-            maxp = -1;
-        x->need |= NEED_STRING;
-        if (maxp == 0) {
-            sb_puts(b, "\"{\" ws \"}\" ");
-            return 0;
-        }
-        sb_printf(b, "\"{\" ws ( string ws \":\" ws %s ( ws \",\" ws string ws \":\" ws %s )", vn,
-                  vn);
-        if (maxp > 0)
-            sb_printf(b, "{0,%lld} ", (long long)maxp - 1);
-        else
-            sb_puts(b, "* ");
-        sb_printf(b, "ws )%s \"}\" ", minp ? "" : "?");
+/* Required names that are not declared properties, repeats counted. */
+static size_t obj_n_undeclared(const obj_kw_t *o)
+{
+    size_t n = 0;
+    for (size_t i = 0; o->req && i < json_array_size(o->req); i++)
+        if (!o->props || !json_object_get(o->props, json_string_value(json_array_get(o->req, i))))
+            n++;
+    return n;
+}
+
+/* An object without members: "{}" when additionalProperties is false, else
+ * a map of string keys to values of additionalProperties (any when absent). */
+static int conv_map(sx_t *x, const obj_kw_t *o, sb_t *b)
+{
+    int64_t minp = o->minp, maxp = o->maxp;
+    if (json_is_false(o->addl)) {
+        if (minp > 0)
+            return fail(x, PROTO_ERR_INVALID_VALUE, "no object satisfies 'minProperties'");
+        sb_puts(b, "\"{\" ws \"}\" ");
         return 0;
     }
+    char vn[NAME_LEN];
+    if (json_is_object(o->addl)) {
+        if (conv_at(x, o->addl, "additionalProperties", -1, vn) < 0)
+            return x->rc;
+    } else {
+        any_name(x, vn);
+    }
+    if (minp > 1)
+        return fail(x, PROTO_ERR_UNSUPPORTED,
+                    "'minProperties' above 1 without declared properties is not supported");
+    if (maxp > 1001)
+        maxp = -1;
+    x->need |= NEED_STRING;
+    if (maxp == 0) {
+        sb_puts(b, "\"{\" ws \"}\" ");
+        return 0;
+    }
+    sb_printf(b, "\"{\" ws ( string ws \":\" ws %s ( ws \",\" ws string ws \":\" ws %s )", vn, vn);
+    if (maxp > 0)
+        sb_printf(b, "{0,%lld} ", (long long)maxp - 1);
+    else
+        sb_puts(b, "* ");
+    sb_printf(b, "ws )%s \"}\" ", minp ? "" : "?");
+    return 0;
+}
 
-    size_t n = n_props + n_extra, n_req = 0;
-    typedef struct {
-        const char *key;
-        char rule[NAME_LEN];
-        int required;
-    } mem_t;
-    mem_t *m = px_malloc(n * sizeof *m);
-    if (!m)
-        return oom(x);
-    size_t k = 0;
-    int rc = 0;
+/* The members into m[] (room for every declared property and every
+ * undeclared required name): the declared properties in order, their
+ * values converted (a property whose schema is false may not appear and is
+ * never written), then the required names that are not declared (any
+ * value). Sets *n and *n_req (how many are required). */
+static int obj_members(sx_t *x, const obj_kw_t *o, obj_member_t *m, size_t *n, size_t *n_req)
+{
+    size_t n_props = o->props ? json_object_size(o->props) : 0, k = 0;
+    *n_req = 0;
     const char *key;
     json_t *v;
-    if (props) {
-        json_object_foreach(props, key, v)
+    if (o->props) {
+        json_object_foreach(o->props, key, v)
         {
-            int required = 0;
-            for (size_t i = 0; req && i < json_array_size(req); i++)
-                if (!strcmp(json_string_value(json_array_get(req, i)), key))
-                    required = 1;
+            int required = obj_is_required(o, key);
+            size_t old = path_push(x, ".properties.%s", key);
+            int rc = 0;
             if (json_is_false(v)) {
-                if (required) {
-                    size_t old = path_push(x, ".properties.%s", key);
+                if (required)
                     rc = fail(x, PROTO_ERR_INVALID_VALUE,
                               "the property is required but its schema is false");
-                    path_pop(x, old);
-                    goto out;
-                }
-                continue; /* may not appear: never written */
+            } else {
+                rc = conv(x, v, m[k].rule);
             }
-            size_t old = path_push(x, ".properties.%s", key);
-            rc = conv(x, v, m[k].rule);
             path_pop(x, old);
             if (rc < 0)
-                goto out;
+                return rc;
+            if (json_is_false(v))
+                continue;
             m[k].key = key;
             m[k].required = required;
-            n_req += (size_t)required;
+            *n_req += (size_t)required;
             k++;
         }
     }
-    for (size_t i = 0; req && i < json_array_size(req); i++) {
-        const char *rk = json_string_value(json_array_get(req, i));
-        if (props && json_object_get(props, rk))
+    for (size_t i = 0; o->req && i < json_array_size(o->req); i++) {
+        const char *rk = json_string_value(json_array_get(o->req, i));
+        if (o->props && json_object_get(o->props, rk))
             continue;
+        /* a name listed twice is written once; the search starts at n_props,
+         * past the declared ones even where some of those were false */
         int dup = 0;
         for (size_t j = n_props; j < k; j++)
             dup |= !strcmp(m[j].key, rk);
@@ -1196,69 +1221,74 @@ static int conv_object(sx_t *x, json_t *s, sb_t *b)
         m[k].key = rk;
         any_name(x, m[k].rule);
         m[k].required = 1;
-        n_req++;
+        (*n_req)++;
         k++;
     }
-    n = k;
-    if (minp > (int64_t)n_req)
-        rc = fail(x, PROTO_ERR_UNSUPPORTED,
-                  "'minProperties' above the number of required properties is not supported");
-    else if (maxp >= 0 && maxp < (int64_t)n)
-        rc = fail(x, PROTO_ERR_UNSUPPORTED,
-                  "'maxProperties' below the number of properties is not supported");
-    if (rc < 0)
-        goto out;
-    if (n == 0) {
-        sb_puts(b, "\"{\" ws \"}\" ");
-        goto out;
-    }
-    /* S_i: members i.. each after a comma; F_i: the first member present is
-     * at i or later. Rules from the end; S_n is empty. */
+    *n = k;
+    return 0;
+}
+
+/* Rule S_i (id) of member mi: mi after a comma, then S_{i+1} (s_next, < 0
+ * when none). mem is mi's `"key" ws ":" ws value` text. */
+static int obj_rule_s(sx_t *x, int id, const obj_member_t *mi, const sb_t *mem, int s_next)
+{
+    sb_t body = {0};
+    sb_puts(&body, mi->required ? "ws \",\" ws " : "( ws \",\" ws ");
+    sb_put(&body, mem->p, mem->n);
+    sb_puts(&body, mi->required ? "" : ")? ");
+    if (s_next >= 0)
+        sb_printf(&body, "r%d", s_next);
+    int rc = emit_rule(x, id, &body);
+    sb_free(&body);
+    return rc;
+}
+
+/* Rule F_i (id) of member mi: mi then S_{i+1}, or when mi is optional
+ * F_{i+1} (f_next, < 0 when none). */
+static int obj_rule_f(sx_t *x, int id, const obj_member_t *mi, const sb_t *mem, int s_next,
+                      int f_next)
+{
+    sb_t body = {0};
+    sb_put(&body, mem->p, mem->n);
+    if (s_next >= 0)
+        sb_printf(&body, "r%d ", s_next);
+    if (!mi->required && f_next >= 0)
+        sb_printf(&body, "| r%d", f_next);
+    int rc = emit_rule(x, id, &body);
+    sb_free(&body);
+    return rc;
+}
+
+/* The members m[0..n) (n >= 1) in declared order, each optional one
+ * possibly absent. S_i: members i.. each after a comma; F_i: the first
+ * member present is at i or later. Rules from the end; S_n is empty. */
+static int obj_rules(sx_t *x, const obj_member_t *m, size_t n, size_t n_req, sb_t *b)
+{
     int s_next = -1, f_next = -1;
     for (size_t i = n; i-- > 0;) {
-        sb_t mem = {0}, body = {0};
+        sb_t mem = {0};
         json_t *ks = json_string(m[i].key);
-        if (!ks) {
-            rc = oom(x);
-            goto out;
-        }
-        rc = lit_json(x, &mem, ks);
+        if (!ks)
+            return oom(x);
+        int rc = lit_json(x, &mem, ks);
         json_decref(ks);
         sb_printf(&mem, " ws \":\" ws %s ", m[i].rule);
         /* S_0 is never used; F_i only where every member before i is optional */
         int need_f = 1;
         for (size_t j = 0; j < i; j++)
             need_f &= !m[j].required;
-        int s_id = i > 0 ? new_rule(x) : -2;
-        int f_id = s_id == -1 ? -1 : need_f ? new_rule(x) : -2;
-        if (rc < 0 || f_id == -1) {
-            sb_free(&mem);
-            rc = x->rc;
-            goto out;
-        }
-        /* S_i */
-        if (i > 0) {
-            sb_puts(&body, m[i].required ? "ws \",\" ws " : "( ws \",\" ws ");
-            sb_put(&body, mem.p, mem.n);
-            sb_puts(&body, m[i].required ? "" : ")? ");
-            if (s_next >= 0)
-                sb_printf(&body, "r%d", s_next);
-            rc = emit_rule(x, s_id, &body);
-            sb_free(&body);
-        }
-        /* F_i */
-        if (rc == 0 && need_f) {
-            sb_put(&body, mem.p, mem.n);
-            if (s_next >= 0)
-                sb_printf(&body, "r%d ", s_next);
-            if (!m[i].required && f_next >= 0)
-                sb_printf(&body, "| r%d", f_next);
-            rc = emit_rule(x, f_id, &body);
-            sb_free(&body);
-        }
+        int s_id = -1, f_id = -1;
+        if (rc == 0 && i > 0 && (s_id = new_rule(x)) < 0)
+            rc = s_id;
+        if (rc == 0 && need_f && (f_id = new_rule(x)) < 0)
+            rc = f_id;
+        if (rc == 0 && i > 0)
+            rc = obj_rule_s(x, s_id, &m[i], &mem, s_next);
+        if (rc == 0 && need_f)
+            rc = obj_rule_f(x, f_id, &m[i], &mem, s_next, f_next);
         sb_free(&mem);
         if (rc < 0)
-            goto out;
+            return rc;
         s_next = s_id;
         /* a required member ends the choice: F_i drops F_{i+1} */
         if (need_f)
@@ -1268,7 +1298,37 @@ static int conv_object(sx_t *x, json_t *s, sb_t *b)
         sb_printf(b, "\"{\" ws r%d ws \"}\" ", f_next);
     else
         sb_printf(b, "\"{\" ws ( r%d ws )? \"}\" ", f_next);
-out:
+    return 0;
+}
+
+/* An object schema: its members (obj_members) in order, or a map when it
+ * declares none. */
+static int conv_object(sx_t *x, json_t *s, sb_t *b)
+{
+    obj_kw_t o;
+    if (obj_read(x, s, &o) < 0)
+        return x->rc;
+    x->need |= NEED_WS;
+    size_t n_max = (o.props ? json_object_size(o.props) : 0) + obj_n_undeclared(&o);
+    if (n_max > 256)
+        return fail(x, PROTO_ERR_INVALID_VALUE, "more than 256 properties are not supported");
+    if (n_max == 0)
+        return conv_map(x, &o, b);
+    obj_member_t *m = px_malloc(n_max * sizeof *m);
+    if (!m)
+        return oom(x);
+    size_t n = 0, n_req = 0;
+    int rc = obj_members(x, &o, m, &n, &n_req);
+    if (rc == 0 && o.minp > (int64_t)n_req)
+        rc = fail(x, PROTO_ERR_UNSUPPORTED,
+                  "'minProperties' above the number of required properties is not supported");
+    else if (rc == 0 && o.maxp >= 0 && o.maxp < (int64_t)n)
+        rc = fail(x, PROTO_ERR_UNSUPPORTED,
+                  "'maxProperties' below the number of properties is not supported");
+    if (rc == 0 && n == 0)
+        sb_puts(b, "\"{\" ws \"}\" ");
+    else if (rc == 0)
+        rc = obj_rules(x, m, n, n_req, b);
     px_free(m);
     return rc < 0 ? rc : 0;
 }
