@@ -1179,7 +1179,7 @@ static int conv_map(sx_t *x, const obj_kw_t *o, sb_t *b)
  * value). Sets *n and *n_req (how many are required). */
 static int obj_members(sx_t *x, const obj_kw_t *o, obj_member_t *m, size_t *n, size_t *n_req)
 {
-    size_t n_props = o->props ? json_object_size(o->props) : 0, k = 0;
+    size_t k = 0;
     *n_req = 0;
     const char *key;
     json_t *v;
@@ -1207,14 +1207,14 @@ static int obj_members(sx_t *x, const obj_kw_t *o, obj_member_t *m, size_t *n, s
             k++;
         }
     }
+    size_t n_decl = k; /* the undeclared ones follow */
     for (size_t i = 0; o->req && i < json_array_size(o->req); i++) {
         const char *rk = json_string_value(json_array_get(o->req, i));
         if (o->props && json_object_get(o->props, rk))
             continue;
-        /* a name listed twice is written once; the search starts at n_props,
-         * past the declared ones even where some of those were false */
+        /* a name listed twice is written once */
         int dup = 0;
-        for (size_t j = n_props; j < k; j++)
+        for (size_t j = n_decl; j < k; j++)
             dup |= !strcmp(m[j].key, rk);
         if (dup)
             continue;

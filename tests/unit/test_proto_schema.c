@@ -183,6 +183,13 @@ TEST(grammar_shapes)
     CHECK(g && strstr(g, "\"\\\"zeta\\\"\"") && strstr(g, "\"\\\"alpha\\\"\""));
     CHECK(g && strstr(g, "root ::= ") && strstr(g, "ws ::= "));
     proto_free(g);
+    /* a required name that is not declared is written once however often it
+     * is listed, also beside a property whose schema is false */
+    CHECK(convert("{\"type\":\"object\",\"properties\":{\"a\":false},\"required\":[\"z\",\"z\"]}",
+                  &g, &e) == 0);
+    const char *z = g ? strstr(g, "\"\\\"z\\\"\"") : NULL;
+    CHECK(z && !strstr(z + 1, "\"\\\"z\\\"\""));
+    proto_free(g);
     /* whitespace is bounded: a newline and at most PROTO_SCHEMA_WS_MAX blanks */
     CHECK(convert("{\"type\":\"array\"}", &g, &e) == 0);
     CHECK(g && strstr(g, "ws ::= ( \" \" | \"\\n\" [ \\t]{0,16} )?\n"));
