@@ -22,9 +22,8 @@
  *
  * Detail travels in a buffer the caller owns: a core_error_t here (the most
  * call sites), `char *err, size_t errlen` in server/ (proto: proto_error_t,
- * which also carries the HTTP status). The one exception is the session
- * store, whose detail is srv_store_last_error() (thread-local, server/
- * store.h).
+ * which also carries the HTTP status). No module keeps it in a global or
+ * thread-local of its own.
  */
 #ifndef DARKSERVE_CORE_ERR_H
 #define DARKSERVE_CORE_ERR_H

@@ -252,7 +252,9 @@ void api_reply_kind(srv_req_t *req, proto_errkind_t kind, const char *param, con
 int api_engine_error(int code, const char *msg, proto_error_t *e);
 /* Answers req for an engine submit error (adds Retry-After on 429). */
 void api_reply_engine(srv_req_t *req, int code, const char *msg);
-/* Fills e for a session store error (SRV_STORE_E*); id may be NULL. */
+/* Fills e for a session store error (SRV_STORE_E*); id may be NULL; detail
+ * (may be NULL or "": the code's description) is the err[] the store call
+ * filled. */
 void api_store_error(int code, const char *id, const char *detail, proto_error_t *e);
 void api_reply_store(srv_req_t *req, int code, const char *id, const char *detail);
 /* Fills e for a session save that failed with store code rc (msg: what

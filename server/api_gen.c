@@ -297,13 +297,13 @@ int api_gen_release_session(api_gen_t *g, int persist, char *err, size_t errlen)
     g->session = NULL;
     if (persist)
         srv_session_touch(s);
-    int rc = srv_store_release(g->app->store, s, persist);
+    char d[SRV_STORE_ERR_MAX] = "";
+    int rc = srv_store_release(g->app->store, s, persist, d, sizeof d);
     if (rc < 0) {
-        const char *d = srv_store_last_error();
         snprintf(err, errlen,
                  "session state could not be saved (%s); the session keeps its "
                  "previous state",
-                 d && *d ? d : srv_store_strerror(rc));
+                 *d ? d : srv_store_strerror(rc));
         srv_series_add(g->app->m_persist_err, 1);
         SRV_LOG(SRV_LOG_ERROR, g->rid, "%s", err);
     }
@@ -391,13 +391,13 @@ static void persist_work(api_io_t *io)
     api_gen_t *g = (api_gen_t *)((char *)io - offsetof(api_gen_t, persist_io));
     srv_session_t *s = g->persist_s;
     srv_session_touch(s);
-    g->persist_rc = srv_store_release(g->app->store, s, 1);
+    char d[SRV_STORE_ERR_MAX] = "";
+    g->persist_rc = srv_store_release(g->app->store, s, 1, d, sizeof d);
     if (g->persist_rc < 0) {
-        const char *d = srv_store_last_error();
         snprintf(g->persist_err, sizeof g->persist_err,
                  "session state could not be saved (%s); the session keeps its "
                  "previous state",
-                 d && *d ? d : srv_store_strerror(g->persist_rc));
+                 *d ? d : srv_store_strerror(g->persist_rc));
     }
 }
 
@@ -649,9 +649,7 @@ typedef struct trim_io {
 static void trim_work(api_io_t *io)
 {
     trim_io_t *w = (trim_io_t *)io;
-    w->rc = srv_store_trim(w->app->store, w->target);
-    if (w->rc < 0)
-        snprintf(w->err, sizeof w->err, "%s", srv_store_last_error());
+    w->rc = srv_store_trim(w->app->store, w->target, w->err, sizeof w->err);
 }
 
 static void trim_done(api_io_t *io)

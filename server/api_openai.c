@@ -466,7 +466,7 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
         oa_free(r);
         inputs_free(in, n_in);
         if (sess)
-            srv_store_release(app->store, sess, 0);
+            srv_store_release(app->store, sess, 0, NULL, 0);
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
@@ -488,7 +488,7 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     if (!g) {
         inputs_free(in, n_in);
         if (sess)
-            srv_store_release(app->store, sess, 0);
+            srv_store_release(app->store, sess, 0, NULL, 0);
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
@@ -522,11 +522,13 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     }
     /* a session continued is a turn (server/store.h); a failure before
      * the job is submitted undoes it (the release without persist) */
+    char terr[SRV_STORE_ERR_MAX] = "";
     if (sess && srv_store_turn_begin(app->store, sess, in[0].ids, in[0].n,
-                                     SRV_TURN_REPLY | (session_chat ? SRV_TURN_CHAT : 0u)) < 0) {
+                                     SRV_TURN_REPLY | (session_chat ? SRV_TURN_CHAT : 0u), terr,
+                                     sizeof terr) < 0) {
         api_gen_abort(g);
         inputs_free(in, n_in);
-        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "session turn: %s", srv_store_last_error());
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "session turn: %s", terr);
         return;
     }
 
@@ -687,7 +689,7 @@ static void h_completions(srv_req_t *req, void *ud)
 fail:
     inputs_free(in, cr.n_prompts);
     if (sess)
-        srv_store_release(app->store, sess, 0);
+        srv_store_release(app->store, sess, 0, NULL, 0);
     proto_completion_free(&cr);
 }
 
@@ -738,7 +740,7 @@ static void h_chat(srv_req_t *req, void *ud)
 fail:
     inputs_free(in, 1);
     if (sess)
-        srv_store_release(app->store, sess, 0);
+        srv_store_release(app->store, sess, 0, NULL, 0);
     proto_chat_free(&cr);
 }
 

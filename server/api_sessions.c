@@ -92,7 +92,8 @@ int api_caller_may(const api_caller_t *c, const char *owner)
 int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, const char *id)
 {
     srv_session_info_t si;
-    int rc = srv_store_info(app->store, id, &si);
+    char err[SRV_STORE_ERR_MAX] = "";
+    int rc = srv_store_info(app->store, id, &si, err, sizeof err);
     if (rc == SRV_STORE_ENOTFOUND && srv_store_remote(app->store) && app->io_running) {
         /* a session of the shared store this replica has not seen yet:
          * its metadata first (on the I/O thread), then the handler again */
@@ -102,7 +103,7 @@ int api_session_check(api_app_t *app, srv_req_t *req, const api_caller_t *c, con
     if (rc == 0 && !api_caller_may(c, si.owner))
         rc = SRV_STORE_ENOTFOUND;
     if (rc < 0) {
-        api_reply_store(req, rc, id, NULL);
+        api_reply_store(req, rc, id, err);
         return -1;
     }
     return 0;
@@ -146,11 +147,13 @@ static char *info_json(api_app_t *app, const srv_session_info_t *si, int full)
     return proto_session_json(&pi, full);
 }
 
-/* Builds the session object of id (full or short); NULL + *code on error. */
-static char *session_json(api_app_t *app, const char *id, int full, int *code)
+/* Builds the session object of id (full or short); NULL + *code (and the
+ * store's detail in err[errlen]) on error. */
+static char *session_json(api_app_t *app, const char *id, int full, int *code, char *err,
+                          size_t errlen)
 {
     srv_session_info_t si;
-    *code = srv_store_info(app->store, id, &si);
+    *code = srv_store_info(app->store, id, &si, err, errlen);
     if (*code < 0)
         return NULL;
     char *j = info_json(app, &si, full);
@@ -264,26 +267,27 @@ static void bring_work(api_io_t *io)
 {
     bring_io_t *w = (bring_io_t *)io;
     srv_session_t *s = NULL;
+    char err[SRV_STORE_ERR_MAX] = "";
     if (w->kind == BRING_META) {
-        w->rc = srv_store_refresh(w->app->store, w->id);
+        w->rc = srv_store_refresh(w->app->store, w->id, err, sizeof err);
     } else if (w->kind == BRING_SESSION && srv_store_remote(w->app->store)) {
         /* lease taken, read when another replica moved it on; held until
          * the handler's srv_store_acquire_in_memory takes it */
-        w->rc = srv_store_fetch(w->app->store, w->id);
+        w->rc = srv_store_fetch(w->app->store, w->id, err, sizeof err);
         w->fetched = w->rc == 0;
     } else if (w->kind == BRING_REDO) {
-        w->rc = srv_store_redo_prepare(w->app->store, w->id);
+        w->rc = srv_store_redo_prepare(w->app->store, w->id, err, sizeof err);
         if (w->rc == SRV_STORE_EEVICTED)
             w->rc = 0; /* the handler's acquire reads it back first */
     } else {
-        w->rc = srv_store_acquire(w->app->store, w->id, &s);
+        w->rc = srv_store_acquire(w->app->store, w->id, &s, err, sizeof err);
         if (w->rc == 0) {
-            srv_store_release(w->app->store, s, 0); /* now in memory, most recently used */
+            srv_store_release(w->app->store, s, 0, NULL, 0); /* now in memory, most recently used */
             api_store_fault_after_read(w->app->store);
         }
     }
-    if (w->rc < 0) /* the store's detail is this thread's */
-        api_store_error(w->rc, w->id, NULL, &w->e);
+    if (w->rc < 0)
+        api_store_error(w->rc, w->id, err, &w->e);
 }
 
 static void bring_done(api_io_t *io)
@@ -309,7 +313,7 @@ static int refuse_evicted(api_app_t *app, srv_req_t *req, const char *id)
 {
     srv_session_info_t si;
     proto_error_t e;
-    if (srv_store_info(app->store, id, &si) < 0 || si.in_memory || si.busy ||
+    if (srv_store_info(app->store, id, &si, NULL, 0) < 0 || si.in_memory || si.busy ||
         api_state_admit(app, api_state_bound(app, si.tokens), &e) == 0)
         return 0;
     api_reply_admit(req, &e);
@@ -328,7 +332,7 @@ static int bring_in_kind(api_app_t *app, srv_req_t *req, const char *id, enum br
     if (kind == BRING_META) {
         /* nothing to admit: no state is read */
     } else if (redo) { /* the checkpoint is a second state beside the session's */
-        if (srv_store_info(app->store, id, &si) == 0 &&
+        if (srv_store_info(app->store, id, &si, NULL, 0) == 0 &&
             api_state_admit(app, api_state_bound(app, si.tokens), &e) < 0) {
             api_reply_admit(req, &e);
             return 1;
@@ -373,20 +377,21 @@ int api_session_acquire(api_app_t *app, srv_req_t *req, const char *id, srv_sess
 {
     *out = NULL;
     int rc;
+    char err[SRV_STORE_ERR_MAX] = "";
     if (app->io_running) {
         /* one step, no check before it: the I/O thread may evict the
          * session between a check and an acquire */
         api_store_fault_before_acquire(app->store);
-        rc = srv_store_acquire_in_memory(app->store, id, out);
+        rc = srv_store_acquire_in_memory(app->store, id, out, err, sizeof err);
         if (rc == SRV_STORE_EEVICTED)
             return bring_in(app, req, id);
     } else { /* no I/O thread: reading it here is the only way */
         if (refuse_evicted(app, req, id))
             return 1;
-        rc = srv_store_acquire(app->store, id, out);
+        rc = srv_store_acquire(app->store, id, out, err, sizeof err);
     }
     if (rc < 0) {
-        api_reply_store(req, rc, id, NULL);
+        api_reply_store(req, rc, id, err);
         return 1;
     }
     return 0;
@@ -446,12 +451,13 @@ static int ingest_answer(api_app_t *app, const ingest_t *k, const char *job_err,
     if (rc < 0) {
         api_persist_error(rc, perr, e);
         if (k->status == 201) /* a create that was never acknowledged: not kept */
-            srv_store_delete(app->store, k->id);
+            srv_store_delete(app->store, k->id, NULL, 0);
         return -1;
     }
-    *json = session_json(app, k->id, 0, &rc);
+    char err[SRV_STORE_ERR_MAX] = "";
+    *json = session_json(app, k->id, 0, &rc, err, sizeof err);
     if (!*json) {
-        api_store_error(rc, k->id, NULL, e);
+        api_store_error(rc, k->id, err, e);
         return -1;
     }
     if (k->status == 201) { /* a create says what the prefix cache gave it */
@@ -519,13 +525,13 @@ static void ingest_io_work(api_io_t *io)
 {
     ingest_io_t *w = (ingest_io_t *)io;
     srv_session_touch(w->s);
-    w->rc = srv_store_release(w->app->store, w->s, 1);
+    char d[SRV_STORE_ERR_MAX] = "";
+    w->rc = srv_store_release(w->app->store, w->s, 1, d, sizeof d);
     if (w->rc < 0) {
-        const char *d = srv_store_last_error();
         snprintf(w->perr, sizeof w->perr,
                  "session state could not be saved (%s); the session keeps its previous "
                  "state",
-                 d && *d ? d : srv_store_strerror(w->rc));
+                 *d ? d : srv_store_strerror(w->rc));
     }
 }
 
@@ -551,9 +557,10 @@ static void ingest_io_done(api_io_t *io)
 static int turn_begin(api_app_t *app, srv_req_t *req, srv_session_t *s, const int32_t *input,
                       size_t n, unsigned flags)
 {
-    if (srv_store_turn_begin(app->store, s, input, n, flags) == 0)
+    char err[SRV_STORE_ERR_MAX] = "";
+    if (srv_store_turn_begin(app->store, s, input, n, flags, err, sizeof err) == 0)
         return 0;
-    api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "session turn: %s", srv_store_last_error());
+    api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "session turn: %s", err);
     return -1;
 }
 
@@ -570,7 +577,7 @@ static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *id
     if (status != 201 && n > 0 &&
         turn_begin(app, req, s, ids, n, set_chat ? SRV_TURN_CHAT : 0u) < 0) {
         free(ids);
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         return;
     }
     if (n > 0) {
@@ -581,8 +588,8 @@ static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *id
     srv_seq_ctx_t *ctx = srv_session_ctx(s);
     if (n == 0 && prefix_id && prefix_id[0]) { /* nothing a prefix could start */
         free(ids);
-        srv_store_release(app->store, s, 0);
-        srv_store_delete(app->store, k.id);
+        srv_store_release(app->store, s, 0, NULL, 0);
+        srv_store_delete(app->store, k.id, NULL, 0);
         api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "prefix",
                        "the session's text is too short to continue the prefix '%s'",
                        prefix_id);
@@ -594,7 +601,7 @@ static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *id
         srv_stream_t *st = w ? srv_stream_defer(req, NULL) : NULL;
         if (!st) { /* a failed defer answered 500 */
             free(w);
-            srv_store_release(app->store, s, 0);
+            srv_store_release(app->store, s, 0, NULL, 0);
             if (!w)
                 api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
             return;
@@ -610,7 +617,7 @@ static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *id
     api_gen_t *g = kd ? api_gen_new(app, req, &ingest_ops, kd, 1) : NULL;
     if (!g) { /* api_gen_new freed kd */
         free(ids);
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
@@ -635,7 +642,7 @@ static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *id
                             n >= API_PREFIX_MIN_TOKENS ? 1 : 0, &ae) < 0) {
             free(ids);
             api_gen_abort(g);
-            srv_store_delete(app->store, k.id);
+            srv_store_delete(app->store, k.id, NULL, 0);
             api_reply_proto(req, &ae);
             return;
         }
@@ -679,15 +686,16 @@ static void h_create(srv_req_t *req, void *ud)
         return;
     }
     srv_session_t *s = NULL;
-    int rc = srv_store_create(app->store, &s);
+    char err[SRV_STORE_ERR_MAX] = "";
+    int rc = srv_store_create(app->store, &s, err, sizeof err);
     if (rc < 0) {
-        api_reply_store(req, rc, NULL, NULL);
+        api_reply_store(req, rc, NULL, err);
         proto_session_create_free(&cr);
         return;
     }
     api_caller_t who;
     api_caller(app, req, &who);
-    srv_session_set_owner(s, who.owner); /* a tag from api_owner_tags_init: valid */
+    srv_session_set_owner(s, who.owner, NULL, 0); /* a tag from api_owner_tags_init: valid */
     int32_t *ids = NULL;
     size_t n = 0;
     int chat = 0;
@@ -701,8 +709,8 @@ static void h_create(srv_req_t *req, void *ud)
             /* a session that never held anything is not kept */
             char id[PROTO_SESSION_ID_LEN + 1];
             snprintf(id, sizeof id, "%s", srv_session_id(s));
-            srv_store_release(app->store, s, 0);
-            srv_store_delete(app->store, id);
+            srv_store_release(app->store, s, 0, NULL, 0);
+            srv_store_delete(app->store, id, NULL, 0);
             proto_session_create_free(&cr);
             return;
         }
@@ -741,7 +749,7 @@ static void h_append(srv_req_t *req, void *ud)
                            ar.parse_special, &ids, &n, &chat);
     proto_session_append_free(&ar);
     if (rc < 0) {
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         return;
     }
     ingest(app, req, s, ids, n, 200, chat, NULL);
@@ -803,13 +811,13 @@ static void sgen_pending(api_gen_t *g, const srv_job_result_t *res)
                 "session %s: the unfinished reply under its grammar is not kept: grammar and "
                 "reply are over %zu bytes",
                 k->id, SRV_PENDING_GRAMMAR_MAX);
+    char err[SRV_STORE_ERR_MAX] = "";
     int rc = keep && !k->reply_over
                  ? srv_session_set_pending_grammar(g->session, k->gtext, k->gtext_len,
-                                                   k->reply.text, k->reply.len)
-                 : srv_session_set_pending_grammar(g->session, NULL, 0, NULL, 0);
+                                                   k->reply.text, k->reply.len, err, sizeof err)
+                 : srv_session_set_pending_grammar(g->session, NULL, 0, NULL, 0, err, sizeof err);
     if (rc < 0)
-        SRV_LOG(SRV_LOG_WARN, g->rid, "session %s: pending grammar not kept: %s", k->id,
-                srv_store_last_error());
+        SRV_LOG(SRV_LOG_WARN, g->rid, "session %s: pending grammar not kept: %s", k->id, err);
 }
 
 static void sgen_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
@@ -909,7 +917,7 @@ static void sgen_done(api_gen_t *g)
     proto_session_info_t pinfo;
     proto_checkpoint_t ck[SRV_STORE_MAX_CHECKPOINTS];
     const proto_session_info_t *sp = NULL;
-    if (!failed && srv_store_info(g->app->store, k->id, &si) == 0) {
+    if (!failed && srv_store_info(g->app->store, k->id, &si, NULL, 0) == 0) {
         session_info_json(g->app, &si, &pinfo, ck);
         sp = &pinfo;
     }
@@ -1013,7 +1021,7 @@ static void sgen_run(api_app_t *app, srv_req_t *req, srv_session_t *s,
     api_gen_t *g = k ? api_gen_new(app, req, &sgen_ops, k, 1) : NULL;
     if (!g) {
         free(ids);
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
@@ -1107,7 +1115,7 @@ static void h_generate(srv_req_t *req, void *ud)
     sgen_grammar_t sg = {0};
     if (gr.continue_grammar &&
         !srv_session_pending_grammar(s, &sg.text, &sg.text_len, &sg.reply, &sg.reply_len)) {
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         proto_generate_free(&gr);
         api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "continue_grammar",
                        "session %s has no pending grammar: only a generate under a grammar "
@@ -1122,13 +1130,13 @@ static void h_generate(srv_req_t *req, void *ud)
     int chat = 0;
     if (session_input(app, req, s, gr.text, gr.text_len, gr.messages, gr.n_messages, 1,
                       gr.parse_special, &ids, &n, &chat) < 0) {
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         proto_generate_free(&gr);
         return;
     }
     if (n == 0 && srv_session_ctx(s)->n_pending == 0) {
         free(ids);
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         proto_generate_free(&gr);
         api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "text",
                        "the session is empty and the request brings no 'text' or 'messages' "
@@ -1155,7 +1163,7 @@ static void h_regenerate(srv_req_t *req, void *ud)
     if (!s)
         return;
     if (srv_store_remote(app->store)) {
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         proto_generate_free(&gr);
         proto_error_t e;
         proto_error_set(&e, PROTO_ERR_CONFLICT, NULL,
@@ -1166,9 +1174,10 @@ static void h_regenerate(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         return;
     }
-    int rc = srv_store_redo_begin(app->store, s);
+    char err[SRV_STORE_ERR_MAX] = "";
+    int rc = srv_store_redo_begin(app->store, s, err, sizeof err);
     if (rc == SRV_STORE_EEVICTED) { /* not read yet: on the I/O thread, then again */
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         bring_in_kind(app, req, id, BRING_REDO);
         proto_generate_free(&gr);
         return;
@@ -1180,9 +1189,9 @@ static void h_regenerate(srv_req_t *req, void *ud)
     if (rc == 0 && srv_session_last_turn(s, &flags, &in, &n) && n)
         ids = malloc(n * sizeof *ids);
     if (rc < 0 || (n && !ids)) {
-        srv_store_release(app->store, s, 0);
+        srv_store_release(app->store, s, 0, NULL, 0);
         if (rc < 0)
-            api_reply_store(req, rc, id, NULL);
+            api_reply_store(req, rc, id, err);
         else
             api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         proto_generate_free(&gr);
@@ -1212,9 +1221,11 @@ static int list_json(api_app_t *app, const char *owner, const char *after, size_
         proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto out;
     }
-    int src = srv_store_list_owned(app->store, owner, after[0] ? after : NULL, limit, si, &n, &more);
+    char err[SRV_STORE_ERR_MAX] = "";
+    int src = srv_store_list_owned(app->store, owner, after[0] ? after : NULL, limit, si, &n, &more,
+                                   err, sizeof err);
     if (src < 0) {
-        api_store_error(src, NULL, NULL, e);
+        api_store_error(src, NULL, err, e);
         goto out;
     }
     for (size_t i = 0; i < n; i++)
@@ -1324,9 +1335,10 @@ static void h_get(srv_req_t *req, void *ud)
     if (api_session_check(app, req, &who, id) < 0)
         return;
     int rc = 0;
-    char *j = session_json(app, id, 1, &rc);
+    char err[SRV_STORE_ERR_MAX] = "";
+    char *j = session_json(app, id, 1, &rc, err, sizeof err);
     if (!j) {
-        api_reply_store(req, rc, id, NULL);
+        api_reply_store(req, rc, id, err);
         return;
     }
     srv_reply_json(req, 200, j);
@@ -1361,13 +1373,13 @@ static void sop_work(api_io_t *io)
 {
     sop_t *o = (sop_t *)io;
     api_app_t *app = o->app;
-    char err[512] = "";
+    char err[SRV_STORE_ERR_MAX] = "";
     const char *eid = o->id;
     char nid[PROTO_SESSION_ID_LEN + 1] = "";
     int rc = 0;
     switch (o->kind) {
     case SOP_DELETE:
-        rc = srv_store_delete(app->store, o->id);
+        rc = srv_store_delete(app->store, o->id, err, sizeof err);
         if (rc == 0) {
             snprintf(o->small, sizeof o->small,
                      "{\"id\":\"%s\",\"object\":\"session.deleted\",\"deleted\":true}", o->id);
@@ -1375,15 +1387,15 @@ static void sop_work(api_io_t *io)
         }
         break;
     case SOP_FORK:
-        rc = srv_store_fork_owned(app->store, o->id, o->owner, nid);
+        rc = srv_store_fork_owned(app->store, o->id, o->owner, nid, err, sizeof err);
         if (rc == 0) {
             eid = nid;
             o->status = 201;
-            o->json = session_json(app, nid, 0, &rc);
+            o->json = session_json(app, nid, 0, &rc, err, sizeof err);
         }
         break;
     case SOP_EXPORT:
-        rc = srv_store_export(app->store, o->id, &o->blob, &o->blob_len);
+        rc = srv_store_export(app->store, o->id, &o->blob, &o->blob_len, err, sizeof err);
         o->status = 200;
         break;
     case SOP_IMPORT:
@@ -1392,12 +1404,12 @@ static void sop_work(api_io_t *io)
         o->in = NULL;
         if (rc == 0) {
             o->status = 200;
-            o->json = session_json(app, o->id, 0, &rc);
+            o->json = session_json(app, o->id, 0, &rc, err, sizeof err);
         }
         break;
     case SOP_ROLLBACK: {
         srv_session_info_t si;
-        rc = srv_store_rollback(app->store, o->id, o->turns, &si);
+        rc = srv_store_rollback(app->store, o->id, o->turns, &si, err, sizeof err);
         if (rc == 0) {
             o->status = 200;
             o->json = info_json(app, &si, 1);
@@ -1406,9 +1418,8 @@ static void sop_work(api_io_t *io)
     }
     }
     if (rc < 0 && rc != SRV_STORE_ENOMEM) {
-        /* here: the store's detail is this thread's */
         proto_error_t e;
-        api_store_error(rc, eid, err[0] ? err : NULL, &e);
+        api_store_error(rc, eid, err, &e);
         if (rc == SRV_STORE_ENOCKPT)
             snprintf(e.param, sizeof e.param, "turns");
         proto_free(o->json);
@@ -1503,7 +1514,7 @@ static void h_fork(srv_req_t *req, void *ud)
         return;
     /* the copy is a new state in memory */
     srv_session_info_t si;
-    if (srv_store_info(app->store, o->id, &si) == 0 &&
+    if (srv_store_info(app->store, o->id, &si, NULL, 0) == 0 &&
         sop_admit(app, req, o, api_state_bound(app, si.tokens)) < 0)
         return;
     snprintf(o->owner, sizeof o->owner, "%s", who.owner);
@@ -1546,7 +1557,8 @@ static void h_import(srv_req_t *req, void *ud)
     core_state_info_t bi;
     core_error_t ce = {0};
     srv_session_info_t si;
-    if (core_state_peek(blob, n, &bi, &ce) == 0 && srv_store_info(app->store, o->id, &si) == 0) {
+    if (core_state_peek(blob, n, &bi, &ce) == 0 &&
+        srv_store_info(app->store, o->id, &si, NULL, 0) == 0) {
         size_t need = api_state_bound(app, bi.pos + (int64_t)bi.n_pending);
         size_t have = si.in_memory ? api_state_bound(app, si.tokens) : 0;
         if (need > have && sop_admit(app, req, o, need - have) < 0)

@@ -54,9 +54,7 @@ typedef struct sweep_io {
 static void sweep_work(api_io_t *io)
 {
     sweep_io_t *w = (sweep_io_t *)io;
-    w->rc = srv_store_sweep(w->app->store, (int64_t)time(NULL));
-    if (w->rc < 0)
-        snprintf(w->err, sizeof w->err, "%s", srv_store_last_error());
+    w->rc = srv_store_sweep(w->app->store, (int64_t)time(NULL), w->err, sizeof w->err);
 }
 
 static void sweep_done(api_io_t *io)
@@ -90,9 +88,7 @@ static void on_sweep(uv_timer_t *t)
 static void settle_work(api_io_t *io)
 {
     sweep_io_t *w = (sweep_io_t *)io;
-    w->rc = srv_store_settle(w->app->store);
-    if (w->rc < 0)
-        snprintf(w->err, sizeof w->err, "%s", srv_store_last_error());
+    w->rc = srv_store_settle(w->app->store, w->err, sizeof w->err);
 }
 
 static void settle_done(api_io_t *io)
@@ -612,7 +608,7 @@ static void app_stop(void *state)
         srv_engine_stop(app->engine, srv_engine_now_ns());
     /* every on_done has run: finish every request, release sessions */
     api_gen_shutdown(app);
-    int rc = app->store ? srv_store_flush(app->store) : 0;
+    int rc = app->store ? srv_store_flush(app->store, NULL, 0) : 0;
     if (rc < 0)
         SRV_LOG(SRV_LOG_ERROR, NULL, "saving sessions at shutdown: %s", srv_store_strerror(rc));
     else

@@ -95,8 +95,7 @@ void api_reply_engine(srv_req_t *req, int code, const char *msg)
 
 void api_store_error(int code, const char *id, const char *detail, proto_error_t *e)
 {
-    const char *last = srv_store_last_error();
-    const char *d = detail && *detail ? detail : last && *last ? last : srv_store_strerror(code);
+    const char *d = detail && *detail ? detail : srv_store_strerror(code);
     switch (code) {
     case SRV_STORE_ENOTFOUND:
         proto_error_set(e, PROTO_ERR_SESSION_NOT_FOUND, NULL, "session '%s' not found",

@@ -44,8 +44,6 @@
 
 /* ---- errors ---- */
 
-static _Thread_local char tl_err[512];
-
 const char *srv_store_strerror(int code)
 {
     switch (code) {
@@ -57,16 +55,13 @@ const char *srv_store_strerror(int code)
     return code == 0 ? "success" : "unknown error";
 }
 
-const char *srv_store_last_error(void)
+void srv_store_errf(char *err, size_t errlen, const char *fmt, ...)
 {
-    return tl_err;
-}
-
-void srv_store_set_last_error(const char *fmt, ...)
-{
+    if (!err || !errlen)
+        return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tl_err, sizeof tl_err, fmt, ap);
+    vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
 }
 
@@ -82,17 +77,18 @@ int srv_session_id_valid(const char *id)
     return id && proto_session_id_valid(id, strnlen(id, ID_LEN + 1));
 }
 
-static int random_bytes(void *buf, size_t n)
+static int random_bytes(void *buf, size_t n, char *err, size_t errlen)
 {
     int e = srv_random_bytes(buf, n);
     char eb[128];
-    return e ? STORE_FAIL(SRV_STORE_EIO, "getrandom: %s", errstr(e, eb, sizeof eb)) : 0;
+    return e ? STORE_FAIL(err, errlen, SRV_STORE_EIO, "getrandom: %s", errstr(e, eb, sizeof eb))
+             : 0;
 }
 
-static int new_id(char id[ID_LEN + 1])
+static int new_id(char id[ID_LEN + 1], char *err, size_t errlen)
 {
     unsigned char r[ID_LEN / 2];
-    int rc = random_bytes(r, sizeof r);
+    int rc = random_bytes(r, sizeof r, err, errlen);
     if (rc < 0)
         return rc;
     proto_session_id_format(r, id);
@@ -122,22 +118,22 @@ static srv_session_t *tab_find(const srv_store_t *st, const char *id)
     return i < st->n && strcmp(st->tab[i]->id, id) == 0 ? st->tab[i] : NULL;
 }
 
-static int tab_reserve(srv_store_t *st)
+static int tab_reserve(srv_store_t *st, char *err, size_t errlen)
 {
     if (st->n < st->cap)
         return 0;
     size_t cap = st->cap ? st->cap * 2 : 64;
     srv_session_t **t = realloc(st->tab, cap * sizeof(srv_session_t *));
     if (!t)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for the session table");
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for the session table");
     st->tab = t;
     st->cap = cap;
     return 0;
 }
 
-static int tab_insert(srv_store_t *st, srv_session_t *s)
+static int tab_insert(srv_store_t *st, srv_session_t *s, char *err, size_t errlen)
 {
-    int rc = tab_reserve(st);
+    int rc = tab_reserve(st, err, errlen);
     if (rc < 0)
         return rc;
     size_t i = tab_bound(st, s->id, 0);
@@ -179,18 +175,18 @@ static void ctx_free(srv_seq_ctx_t *c)
 
 /* Fresh empty context: state of the model's attention, default sampler with
  * a random seed (sessions that never set a seed must not share one stream). */
-static int ctx_new(srv_store_t *st, srv_seq_ctx_t *c)
+static int ctx_new(srv_store_t *st, srv_seq_ctx_t *c, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
     core_error_t e = {0};
     core_sample_params_t p;
     core_sample_params_default(&p);
-    if (random_bytes(&p.seed, sizeof p.seed) < 0)
+    if (random_bytes(&p.seed, sizeof p.seed, NULL, 0) < 0)
         p.seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)c;
     if (core_attn_state_new(st->attn, &c->state, &e) < 0 ||
         core_sampler_new(&p, &c->sampler, &e) < 0) {
         ctx_free(c);
-        return STORE_FAIL(SRV_STORE_ENOMEM, "new session state: %s", e.msg);
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "new session state: %s", e.msg);
     }
     return 0;
 }
@@ -397,13 +393,13 @@ static owner_t owner_of(const srv_session_t *s)
 static int serialize_meta(const srv_store_t *st, const char *id, const owner_t *o,
                           const int32_t *in, size_t n_in, const srv_seq_ctx_t *c,
                           const core_state_part_t *parts, size_t n_parts, unsigned char **out,
-                          size_t *len)
+                          size_t *len, char *err, size_t errlen)
 {
     const size_t pg_len = o->pg ? o->pg_text + o->pg_reply : 0;
     size_t ol = OWNER_BYTES_V3 + 4 * n_in + 8 + pg_len;
     unsigned char *own = malloc(ol);
     if (!own)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "session %s: out of memory", id);
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "session %s: out of memory", id);
     core_le_put_u32(own, OWNER_VERSION);
     core_le_put_u32(own + 4, (uint32_t)(o->turn_open ? 1 : 0) | (uint32_t)(o->has_chat ? 2 : 0));
     core_le_put_u64(own + 8, (uint64_t)o->created);
@@ -428,12 +424,15 @@ static int serialize_meta(const srv_store_t *st, const char *id, const owner_t *
     int rc = 0;
     core_error_t e = {0};
     if (n == 0)
-        rc = STORE_FAIL(SRV_STORE_EINVAL, "session %s: state too large to save (%zu pending "
-                        "tokens)", id, c->n_pending);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                        "session %s: state too large to save (%zu pending "
+                        "tokens)",
+                        id, c->n_pending);
     else if (!buf)
-        rc = STORE_FAIL(SRV_STORE_ENOMEM, "session %s: out of memory for a %zu-byte state", id, n);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM,
+                        "session %s: out of memory for a %zu-byte state", id, n);
     else if (core_state_save(&d, buf, n, len, &e) < 0)
-        rc = STORE_FAIL(SRV_STORE_EINVAL, "session %s: %s", id, e.msg);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "session %s: %s", id, e.msg);
     free(own);
     if (rc < 0) {
         free(buf);
@@ -446,27 +445,28 @@ static int serialize_meta(const srv_store_t *st, const char *id, const owner_t *
 /* The blob of session s with context c (new malloc'd *out). s must be held
  * (busy or io); c is s->ctx or the context about to become it. */
 static int serialize_ctx(const srv_store_t *st, const srv_session_t *s, const srv_seq_ctx_t *c,
-                         unsigned char **out, size_t *len)
+                         unsigned char **out, size_t *len, char *err, size_t errlen)
 {
     owner_t o = owner_of(s);
-    return serialize_meta(st, s->id, &o, s->last_in, s->n_last_in, c, NULL, 0, out, len);
+    return serialize_meta(st, s->id, &o, s->last_in, s->n_last_in, c, NULL, 0, out, len, err,
+                          errlen);
 }
 
 static int serialize(const srv_store_t *st, const srv_session_t *s, unsigned char **out,
-                     size_t *len)
+                     size_t *len, char *err, size_t errlen)
 {
-    return serialize_ctx(st, s, &s->ctx, out, len);
+    return serialize_ctx(st, s, &s->ctx, out, len, err, errlen);
 }
 
 /* A malloc'd copy of the input ids o->in (NULL when there are none). */
-static int owner_input(const owner_t *o, int32_t **out)
+static int owner_input(const owner_t *o, int32_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     if (!o->n_in)
         return 0;
     int32_t *v = malloc(o->n_in * sizeof *v);
     if (!v)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a turn's input");
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a turn's input");
     for (size_t i = 0; i < o->n_in; i++)
         v[i] = (int32_t)core_le_get_u32(o->in + 4 * i);
     *out = v;
@@ -474,14 +474,14 @@ static int owner_input(const owner_t *o, int32_t **out)
 }
 
 /* A malloc'd copy of the pending grammar o->pg (NULL when there is none). */
-static int owner_pg(const owner_t *o, unsigned char **out)
+static int owner_pg(const owner_t *o, unsigned char **out, char *err, size_t errlen)
 {
     *out = NULL;
     if (!o->pg)
         return 0;
     unsigned char *v = malloc(o->pg_text + o->pg_reply);
     if (!v)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a pending grammar");
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a pending grammar");
     memcpy(v, o->pg, o->pg_text + o->pg_reply);
     *out = v;
     return 0;
@@ -493,7 +493,7 @@ static int owner_pg(const owner_t *o, unsigned char **out)
  * damaged; message from core), ENOMEM. *o gets the owner section if valid
  * (returns 1 then, else 0 with *o untouched). */
 static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_ctx_t *c,
-                   owner_t *o, int *have_owner)
+                   owner_t *o, int *have_owner, char *err, size_t errlen)
 {
     core_error_t e = {0};
     core_state_info_t in;
@@ -505,9 +505,11 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
             if (t >= (uint32_t)st->n_vocab) {
                 /* Damage or another model explains it better, if either applies. */
                 if (core_state_verify(b, len, st->fp, st->attn, &e) < 0)
-                    return STORE_FAIL(SRV_STORE_EMISMATCH, "%s", e.msg);
-                return STORE_FAIL(SRV_STORE_EMISMATCH, "pending token %zu has id %u, the vocabulary "
-                            "has %d", i, t, st->n_vocab);
+                    return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH, "%s", e.msg);
+                return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH,
+                                  "pending token %zu has id %u, the vocabulary "
+                                  "has %d",
+                                  i, t, st->n_vocab);
             }
         }
     }
@@ -516,8 +518,8 @@ static int restore(srv_store_t *st, const unsigned char *b, size_t len, srv_seq_
     const void *own = NULL;
     int rc = core_state_load(b, len, st->fp, c->state, c->sampler, &pend, &np, &own, &ol, &e);
     if (rc < 0)
-        return rc == CORE_ENOMEM ? STORE_FAIL(SRV_STORE_ENOMEM, "%s", e.msg)
-                                 : STORE_FAIL(SRV_STORE_EMISMATCH, "%s", e.msg);
+        return rc == CORE_ENOMEM ? STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "%s", e.msg)
+                                 : STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH, "%s", e.msg);
     free(c->pending);
     c->pending = pend;
     c->n_pending = np;
@@ -577,7 +579,7 @@ static int io_code(int e)
  * when it was (a link that fails only means no link); a failed rename
  * removes the link again. */
 static int write_file_link(srv_store_t *st, const char *id, const unsigned char *buf, size_t len,
-                           const char *link_as, int *linked)
+                           const char *link_as, int *linked, char *err, size_t errlen)
 {
     char tmp[CKPT_NAME_MAX + sizeof TMP_SUFFIX], eb[128]; /* a checkpoint's name, too */
     snprintf(tmp, sizeof tmp, "%s" TMP_SUFFIX, id);
@@ -587,7 +589,7 @@ static int write_file_link(srv_store_t *st, const char *id, const unsigned char 
                           0600);
     if (fd < 0) {
         int e = errno;
-        return STORE_FAIL(io_code(e), "cannot create %s/%s: %s", st->dir, tmp,
+        return STORE_FAIL(err, errlen, io_code(e), "cannot create %s/%s: %s", st->dir, tmp,
                           errstr(e, eb, sizeof eb));
     }
     const char *what = "writing";
@@ -626,52 +628,57 @@ static int write_file_link(srv_store_t *st, const char *id, const unsigned char 
         goto fail;
     }
     if (fsync(st->dirfd) < 0)
-        return STORE_FAIL(SRV_STORE_EIO, "syncing directory %s after writing %s: %s", st->dir, id,
-                    errstr(errno, eb, sizeof eb));
+        return STORE_FAIL(err, errlen, SRV_STORE_EIO, "syncing directory %s after writing %s: %s",
+                          st->dir, id, errstr(errno, eb, sizeof eb));
     return 0;
 fail:;
     int e = errno;
     if (fd >= 0)
         close(fd);
     unlinkat(st->dirfd, tmp, 0);
-    return STORE_FAIL(io_code(e), "%s %s/%s: %s (the previous file is kept)", what, st->dir, tmp,
-                      errstr(e, eb, sizeof eb));
+    return STORE_FAIL(err, errlen, io_code(e), "%s %s/%s: %s (the previous file is kept)", what,
+                      st->dir, tmp, errstr(e, eb, sizeof eb));
 }
 
-static int write_file(srv_store_t *st, const char *id, const unsigned char *buf, size_t len)
+static int write_file(srv_store_t *st, const char *id, const unsigned char *buf, size_t len,
+                      char *err, size_t errlen)
 {
-    return write_file_link(st, id, buf, len, NULL, NULL);
+    return write_file_link(st, id, buf, len, NULL, NULL, err, errlen);
 }
 
 /* Whole file id (new malloc'd *out). ENOTFOUND if it is gone, EIO else. */
-static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_t *len)
+static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_t *len, char *err,
+                     size_t errlen)
 {
     char eb[128];
     int fd = fault(st, "read") ? -1 : openat(st->dirfd, id, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         int e = errno;
-        return e == ENOENT ? STORE_FAIL(SRV_STORE_ENOTFOUND, "opening %s/%s: %s", st->dir, id,
-                                        errstr(e, eb, sizeof eb))
-                           : STORE_FAIL(SRV_STORE_EIO, "opening %s/%s: %s", st->dir, id,
-                                        errstr(e, eb, sizeof eb));
+        return e == ENOENT ? STORE_FAIL(err, errlen, SRV_STORE_ENOTFOUND, "opening %s/%s: %s",
+                                        st->dir, id, errstr(e, eb, sizeof eb))
+                           : STORE_FAIL(err, errlen, SRV_STORE_EIO, "opening %s/%s: %s", st->dir,
+                                        id, errstr(e, eb, sizeof eb));
     }
     struct stat sb;
     unsigned char *buf = NULL;
     if (fstat(fd, &sb) < 0) {
         int e = errno;
         close(fd);
-        return STORE_FAIL(SRV_STORE_EIO, "stat %s/%s: %s", st->dir, id, errstr(e, eb, sizeof eb));
+        return STORE_FAIL(err, errlen, SRV_STORE_EIO, "stat %s/%s: %s", st->dir, id,
+                          errstr(e, eb, sizeof eb));
     }
     if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > st->max_blob) {
         close(fd);
-        return STORE_FAIL(SRV_STORE_EIO, "%s/%s: not a regular file of at most %zu bytes", st->dir, id,
-                    st->max_blob);
+        return STORE_FAIL(err, errlen, SRV_STORE_EIO,
+                          "%s/%s: not a regular file of at most %zu bytes", st->dir, id,
+                          st->max_blob);
     }
     size_t n = (size_t)sb.st_size, off = 0;
     buf = malloc(n ? n : 1);
     if (!buf) {
         close(fd);
-        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory reading %zu bytes of %s/%s", n, st->dir, id);
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory reading %zu bytes of %s/%s",
+                          n, st->dir, id);
     }
     while (off < n) {
         ssize_t r = pread(fd, buf + off, n - off, (off_t)off);
@@ -681,8 +688,8 @@ static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_
             int e = r == 0 ? EIO : errno;
             close(fd);
             free(buf);
-            return STORE_FAIL(SRV_STORE_EIO, "reading %s/%s: %s", st->dir, id,
-                        r == 0 ? "file shrank while reading" : errstr(e, eb, sizeof eb));
+            return STORE_FAIL(err, errlen, SRV_STORE_EIO, "reading %s/%s: %s", st->dir, id,
+                              r == 0 ? "file shrank while reading" : errstr(e, eb, sizeof eb));
         }
         off += (size_t)r;
     }
@@ -696,28 +703,29 @@ static int read_file(srv_store_t *st, const char *id, unsigned char **out, size_
  * be NULL; free with meta_free). what names the blob in messages ("session
  * file DIR/NAME"). */
 static int load_blob(srv_store_t *st, const unsigned char *buf, size_t len, const char *what,
-                     srv_seq_ctx_t *c, meta_t *m)
+                     srv_seq_ctx_t *c, meta_t *m, char *err, size_t errlen)
 {
     if (m)
         memset(m, 0, sizeof *m);
-    int rc = ctx_new(st, c);
+    int rc = ctx_new(st, c, err, errlen);
     if (rc < 0)
         return rc;
     owner_t o;
     int have;
-    rc = restore(st, buf, len, c, &o, &have);
+    rc = restore(st, buf, len, c, &o, &have, err, errlen);
     if (rc < 0) {
         ctx_free(c);
         if (rc != SRV_STORE_ENOMEM) {
-            char msg[sizeof tl_err];
-            snprintf(msg, sizeof msg, "%s", tl_err);
-            rc = STORE_FAIL(SRV_STORE_EIO, "%s: %s", what, msg);
+            char msg[SRV_STORE_ERR_MAX];
+            snprintf(msg, sizeof msg, "%s", err && errlen ? err : "");
+            rc = STORE_FAIL(err, errlen, SRV_STORE_EIO, "%s: %s", what, msg);
         }
     } else if (m && have) {
         m->have = 1;
         m->o = o;
         m->o.in = NULL;
-        if ((rc = owner_input(&o, &m->in)) < 0 || (rc = owner_pg(&o, &m->pg)) < 0) {
+        if ((rc = owner_input(&o, &m->in, err, errlen)) < 0 ||
+            (rc = owner_pg(&o, &m->pg, err, errlen)) < 0) {
             meta_free(m);
             ctx_free(c);
         }
@@ -728,18 +736,19 @@ static int load_blob(srv_store_t *st, const unsigned char *buf, size_t len, cons
 
 /* Loads session file name (a session's, or a checkpoint's) into a fresh
  * context *c; its metadata into *m (may be NULL; free m->in). */
-static int load_file(srv_store_t *st, const char *name, srv_seq_ctx_t *c, meta_t *m)
+static int load_file(srv_store_t *st, const char *name, srv_seq_ctx_t *c, meta_t *m, char *err,
+                     size_t errlen)
 {
     unsigned char *buf = NULL;
     size_t len = 0;
     if (m)
         memset(m, 0, sizeof *m);
-    int rc = read_file(st, name, &buf, &len);
+    int rc = read_file(st, name, &buf, &len, err, errlen);
     if (rc < 0)
         return rc;
     char what[600];
     snprintf(what, sizeof what, "session file %s/%s", st->dir, name);
-    rc = load_blob(st, buf, len, what, c, m);
+    rc = load_blob(st, buf, len, what, c, m, err, errlen);
     free(buf);
     return rc;
 }
@@ -752,13 +761,14 @@ static void ckpt_name(char out[CKPT_NAME_MAX], const char *id, int64_t turn)
 }
 
 /* s's checkpoint file for `turn` turns exists (after every one it has). */
-static int ckpt_add(srv_store_t *st, srv_session_t *s, int64_t turn, int64_t tokens, size_t bytes)
+static int ckpt_add(srv_store_t *st, srv_session_t *s, int64_t turn, int64_t tokens, size_t bytes,
+                    char *err, size_t errlen)
 {
     if (s->n_ckpt == s->cap_ckpt) {
         size_t cap = s->cap_ckpt ? 2 * s->cap_ckpt : 8;
         ckpt_t *c = realloc(s->ckpt, cap * sizeof *c);
         if (!c)
-            return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a checkpoint");
+            return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a checkpoint");
         s->ckpt = c;
         s->cap_ckpt = cap;
     }
@@ -779,14 +789,14 @@ static void ckpt_forget(srv_store_t *st, srv_session_t *s, size_t k)
 
 /* Deletes s's checkpoint k (its file, then the entry); a file already
  * gone is fine. On an error the entry stays. */
-static int ckpt_delete(srv_store_t *st, srv_session_t *s, size_t k)
+static int ckpt_delete(srv_store_t *st, srv_session_t *s, size_t k, char *err, size_t errlen)
 {
     char name[CKPT_NAME_MAX];
     ckpt_name(name, s->id, s->ckpt[k].turn);
     if ((fault(st, "unlink") || unlinkat(st->dirfd, name, 0) < 0) && errno != ENOENT) {
         char eb[128];
         int e = errno;
-        return STORE_FAIL(io_code(e), "deleting %s/%s: %s", st->dir, name,
+        return STORE_FAIL(err, errlen, io_code(e), "deleting %s/%s: %s", st->dir, name,
                           errstr(e, eb, sizeof eb));
     }
     ckpt_forget(st, s, k);
@@ -799,7 +809,7 @@ static int ckpt_delete(srv_store_t *st, srv_session_t *s, size_t k)
 static void ckpt_drop_from(srv_store_t *st, srv_session_t *s, size_t k)
 {
     while (s->n_ckpt > k)
-        if (ckpt_delete(st, s, s->n_ckpt - 1) < 0)
+        if (ckpt_delete(st, s, s->n_ckpt - 1, NULL, 0) < 0)
             ckpt_forget(st, s, s->n_ckpt - 1);
 }
 
@@ -807,7 +817,7 @@ static void ckpt_drop_from(srv_store_t *st, srv_session_t *s, size_t k)
 static void ckpt_prune(srv_store_t *st, srv_session_t *s)
 {
     while (s->n_ckpt > st->max_ckpt)
-        if (ckpt_delete(st, s, 0) < 0)
+        if (ckpt_delete(st, s, 0, NULL, 0) < 0)
             ckpt_forget(st, s, 0);
 }
 
@@ -862,15 +872,15 @@ static srv_session_t *lru_victim(const srv_store_t *st)
 }
 
 /* Writes s if it changed (s idle, in memory), under the io mark. */
-static int write_marked(srv_store_t *st, srv_session_t *s)
+static int write_marked(srv_store_t *st, srv_session_t *s, char *err, size_t errlen)
 {
     unsigned char *buf = NULL;
     size_t len = 0;
     s->io = 1;
     pthread_mutex_unlock(&st->mu);
-    int rc = serialize(st, s, &buf, &len);
+    int rc = serialize(st, s, &buf, &len, err, errlen);
     if (rc == 0)
-        rc = write_file(st, s->id, buf, len);
+        rc = write_file(st, s->id, buf, len, err, errlen);
     free(buf);
     pthread_mutex_lock(&st->mu);
     if (rc == 0) {
@@ -883,10 +893,10 @@ static int write_marked(srv_store_t *st, srv_session_t *s)
     return rc;
 }
 
-static int evict(srv_store_t *st, srv_session_t *s)
+static int evict(srv_store_t *st, srv_session_t *s, char *err, size_t errlen)
 {
     if (s->dirty || !s->on_disk) {
-        int rc = write_marked(st, s);
+        int rc = write_marked(st, s, err, errlen);
         if (rc < 0)
             return rc;
         /* Someone may have acquired it after the write: then it stays. */
@@ -900,7 +910,7 @@ static int evict(srv_store_t *st, srv_session_t *s)
 /* Evicts least recently used idle sessions until the bounds hold with
  * `need` more sessions in memory. With need, failing to make room is
  * SRV_STORE_EFULL; the byte bound is a target (busy sessions stay). */
-static int make_room(srv_store_t *st, size_t need)
+static int make_room(srv_store_t *st, size_t need, char *err, size_t errlen)
 {
     for (;;) {
         int over_n = st->max_sessions && st->n_mem + need > st->max_sessions;
@@ -916,11 +926,13 @@ static int make_room(srv_store_t *st, size_t need)
         }
         if (!v) {
             if (over_n && need)
-                return STORE_FAIL(SRV_STORE_EFULL, "%zu sessions in memory (the maximum is %zu) and "
-                            "none can be moved to disk", st->n_mem, st->max_sessions);
+                return STORE_FAIL(err, errlen, SRV_STORE_EFULL,
+                                  "%zu sessions in memory (the maximum is %zu) and "
+                                  "none can be moved to disk",
+                                  st->n_mem, st->max_sessions);
             return 0;
         }
-        int rc = evict(st, v);
+        int rc = evict(st, v, err, errlen);
         if (rc < 0)
             return rc;
         if (v->ctx.state)
@@ -928,7 +940,7 @@ static int make_room(srv_store_t *st, size_t need)
     }
 }
 
-int srv_store_trim(srv_store_t *st, size_t max_bytes)
+int srv_store_trim(srv_store_t *st, size_t max_bytes, char *err, size_t errlen)
 {
     pthread_mutex_lock(&st->mu);
     int rc = 0;
@@ -936,7 +948,7 @@ int srv_store_trim(srv_store_t *st, size_t max_bytes)
         srv_session_t *v = st->dirfd >= 0 || st->be ? lru_victim(st) : NULL;
         if (!v)
             break;
-        rc = evict(st, v);
+        rc = evict(st, v, err, errlen);
         if (rc == 0 && v->ctx.state)
             break; /* taken meanwhile; do not spin on it */
     }
@@ -960,7 +972,7 @@ void srv_store_mem_stats(srv_store_t *st, size_t *held, size_t *evictable)
     pthread_mutex_unlock(&st->mu);
 }
 
-static int remove_session(srv_store_t *st, srv_session_t *s);
+static int remove_session(srv_store_t *st, srv_session_t *s, char *err, size_t errlen);
 
 /* Is a used less recently than b? (last_used, then the LRU tick; files
  * found at startup have tick 0.) */
@@ -978,7 +990,7 @@ static int older(const srv_session_t *a, const srv_session_t *b)
  * and sessions under I/O stay, so the budget can be exceeded while they
  * are. Caller holds mu. Returns 0 or the first deletion error (then it
  * stops). */
-static int trim_disk(srv_store_t *st, const srv_session_t *keep)
+static int trim_disk(srv_store_t *st, const srv_session_t *keep, char *err, size_t errlen)
 {
     for (;;) {
         int over_n = st->max_disk_files && st->n_disk + st->n_ckpt_files > st->max_disk_files;
@@ -1001,9 +1013,9 @@ static int trim_disk(srv_store_t *st, const srv_session_t *keep)
         }
         int rc;
         if (c) {
-            rc = ckpt_delete(st, c, 0);
+            rc = ckpt_delete(st, c, 0, err, errlen);
         } else if (v) {
-            rc = remove_session(st, v);
+            rc = remove_session(st, v, err, errlen);
             if (rc == 0)
                 st->disk_evicted++;
         } else {
@@ -1016,18 +1028,19 @@ static int trim_disk(srv_store_t *st, const srv_session_t *keep)
 
 /* ---- store ---- */
 
-static int mkdirs(const char *path, char *eb, size_t ebn)
+static int mkdirs(const char *path, char *err, size_t errlen)
 {
+    char eb[128];
     char *p = strdup(path);
     if (!p)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
     for (char *q = p + 1;; q++) {
         if (*q == '/' || *q == '\0') {
             char c = *q;
             *q = '\0';
             if (mkdir(p, 0700) < 0 && errno != EEXIST) {
-                int rc = STORE_FAIL(SRV_STORE_EIO, "cannot create directory %s: %s", p,
-                              errstr(errno, eb, ebn));
+                int rc = STORE_FAIL(err, errlen, SRV_STORE_EIO, "cannot create directory %s: %s", p,
+                                    errstr(errno, eb, sizeof eb));
                 free(p);
                 return rc;
             }
@@ -1130,7 +1143,7 @@ static int cmp_found(const void *a, const void *b)
  * damaged, or for another configuration) and those of no session are
  * deleted, except checkpoints of a session file for another model, left
  * alone with it; then each session keeps its newest max_ckpt. */
-static int attach_found(srv_store_t *st, found_ckpt_t *f, size_t n)
+static int attach_found(srv_store_t *st, found_ckpt_t *f, size_t n, char *err, size_t errlen)
 {
     if (n > 1)
         qsort(f, n, sizeof *f, cmp_found);
@@ -1147,7 +1160,7 @@ static int attach_found(srv_store_t *st, found_ckpt_t *f, size_t n)
             unlinkat(st->dirfd, name, 0);
             continue;
         }
-        int rc = ckpt_add(st, s, f[i].turn, f[i].tokens, f[i].bytes);
+        int rc = ckpt_add(st, s, f[i].turn, f[i].tokens, f[i].bytes, err, errlen);
         if (rc < 0)
             return rc;
     }
@@ -1161,7 +1174,7 @@ static int attach_found(srv_store_t *st, found_ckpt_t *f, size_t n)
  * another model or attention configuration, are left alone: not listed,
  * never swept (the server may be restarted with the configuration they
  * belong to). */
-static int scan_dir(srv_store_t *st)
+static int scan_dir(srv_store_t *st, char *err, size_t errlen)
 {
     char eb[128];
     const core_attn_cfg_t *cfg = core_attn_config(st->attn);
@@ -1170,13 +1183,14 @@ static int scan_dir(srv_store_t *st)
     if (!d) {
         if (fd2 >= 0)
             close(fd2);
-        return STORE_FAIL(SRV_STORE_EIO, "cannot list %s: %s", st->dir, errstr(errno, eb, sizeof eb));
+        return STORE_FAIL(err, errlen, SRV_STORE_EIO, "cannot list %s: %s", st->dir,
+                          errstr(errno, eb, sizeof eb));
     }
     size_t head_cap = CORE_STATE_HEADER_BYTES + CORE_STATE_MAX_OWNER;
     unsigned char *head = malloc(head_cap);
     found_ckpt_t *found = NULL;
     size_t n_found = 0, cap_found = 0;
-    int rc = head ? 0 : STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
+    int rc = head ? 0 : STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
     struct dirent *de;
     while (rc == 0 && (de = readdir(d)) != NULL) {
         const char *name = de->d_name;
@@ -1222,7 +1236,7 @@ static int scan_dir(srv_store_t *st)
                 size_t cap = cap_found ? 2 * cap_found : 64;
                 found_ckpt_t *nf = realloc(found, cap * sizeof *nf);
                 if (!nf) {
-                    rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
+                    rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
                     break;
                 }
                 found = nf;
@@ -1247,9 +1261,9 @@ static int scan_dir(srv_store_t *st)
         if (in.owner_off + in.owner_len <= got)
             owner_parse(head + in.owner_off, in.owner_len, &o);
         srv_session_t *s = calloc(1, sizeof *s);
-        if (!s || (rc = tab_reserve(st)) < 0) {
+        if (!s || (rc = tab_reserve(st, err, errlen)) < 0) {
             free(s);
-            rc = rc < 0 ? rc : STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
+            rc = rc < 0 ? rc : STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
             break;
         }
         s->st = st;
@@ -1272,28 +1286,29 @@ static int scan_dir(srv_store_t *st)
     if (rc == 0 && st->n > 1)
         qsort(st->tab, st->n, sizeof(srv_session_t *), cmp_session);
     if (rc == 0)
-        rc = attach_found(st, found, n_found);
+        rc = attach_found(st, found, n_found, err, errlen);
     free(found);
     return rc;
 }
 
-static int open_dir(srv_store_t *st)
+static int open_dir(srv_store_t *st, char *err, size_t errlen)
 {
     char eb[128];
-    int rc = mkdirs(st->dir, eb, sizeof eb);
+    int rc = mkdirs(st->dir, err, errlen);
     if (rc < 0)
         return rc;
     st->dirfd = open(st->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (st->dirfd < 0)
-        return STORE_FAIL(SRV_STORE_EIO, "cannot open session directory %s: %s", st->dir,
-                    errstr(errno, eb, sizeof eb));
+        return STORE_FAIL(err, errlen, SRV_STORE_EIO, "cannot open session directory %s: %s",
+                          st->dir, errstr(errno, eb, sizeof eb));
     st->lockfd = openat(st->dirfd, LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (st->lockfd < 0)
-        return STORE_FAIL(SRV_STORE_EIO, "cannot write in session directory %s: %s", st->dir,
-                    errstr(errno, eb, sizeof eb));
+        return STORE_FAIL(err, errlen, SRV_STORE_EIO, "cannot write in session directory %s: %s",
+                          st->dir, errstr(errno, eb, sizeof eb));
     if (flock(st->lockfd, LOCK_EX | LOCK_NB) < 0)
-        return STORE_FAIL(SRV_STORE_EIO, "session directory %s is in use by another process (%s)",
-                    st->dir, errstr(errno, eb, sizeof eb));
+        return STORE_FAIL(err, errlen, SRV_STORE_EIO,
+                          "session directory %s is in use by another process (%s)", st->dir,
+                          errstr(errno, eb, sizeof eb));
     /* Permissions alone do not tell (root, read-only mounts): try a write. */
     int pfd = openat(st->dirfd, PROBE_NAME, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
                      0600);
@@ -1302,15 +1317,15 @@ static int open_dir(srv_store_t *st)
         if (pfd >= 0)
             close(pfd);
         unlinkat(st->dirfd, PROBE_NAME, 0);
-        return STORE_FAIL(SRV_STORE_EIO, "cannot write in session directory %s: %s", st->dir,
-                    errstr(e, eb, sizeof eb));
+        return STORE_FAIL(err, errlen, SRV_STORE_EIO, "cannot write in session directory %s: %s",
+                          st->dir, errstr(e, eb, sizeof eb));
     }
     close(pfd);
     unlinkat(st->dirfd, PROBE_NAME, 0);
-    if ((rc = scan_dir(st)) < 0)
+    if ((rc = scan_dir(st, err, errlen)) < 0)
         return rc;
     /* a smaller budget than last time: the oldest go now */
-    return trim_disk(st, NULL);
+    return trim_disk(st, NULL, err, errlen);
 }
 
 int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_t errlen)
@@ -1320,7 +1335,8 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     if (out)
         *out = NULL;
     if (!o || !o->model || !out) {
-        rc = STORE_FAIL(SRV_STORE_EINVAL, "session store: no options, model or output");
+        rc =
+            STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "session store: no options, model or output");
         if (o && o->backend)
             o->backend->ops->free(o->backend);
         goto fail;
@@ -1328,16 +1344,17 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     const char *fp = o->fingerprint ? o->fingerprint : core_model_info(o->model)->fingerprint;
     if (strlen(fp) > CORE_STATE_FINGERPRINT_MAX || o->ttl_s < 0 ||
         o->max_checkpoints > SRV_STORE_MAX_CHECKPOINTS) {
-        rc = STORE_FAIL(SRV_STORE_EINVAL, "session store: fingerprint over %d chars, negative "
-                        "TTL or more than %d checkpoints", CORE_STATE_FINGERPRINT_MAX,
-                        SRV_STORE_MAX_CHECKPOINTS);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                        "session store: fingerprint over %d chars, negative "
+                        "TTL or more than %d checkpoints",
+                        CORE_STATE_FINGERPRINT_MAX, SRV_STORE_MAX_CHECKPOINTS);
         if (o->backend)
             o->backend->ops->free(o->backend);
         goto fail;
     }
     st = calloc(1, sizeof *st);
     if (!st) {
-        rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for the session store");
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for the session store");
         if (o->backend)
             o->backend->ops->free(o->backend);
         goto fail;
@@ -1372,17 +1389,15 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
     if (use_dir) {
         st->dir = strdup(o->dir);
         if (!st->dir) {
-            rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
+            rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
             goto fail;
         }
-        if ((rc = open_dir(st)) < 0)
+        if ((rc = open_dir(st, err, errlen)) < 0)
             goto fail;
     }
     *out = st;
     return 0;
 fail:
-    if (err && errlen)
-        snprintf(err, errlen, "%s", tl_err);
     srv_store_free(st);
     return rc;
 }
@@ -1438,13 +1453,13 @@ size_t srv_store_max_export(const srv_store_t *st)
 
 /* ---- sessions ---- */
 
-int srv_store_create(srv_store_t *st, srv_session_t **out)
+int srv_store_create(srv_store_t *st, srv_session_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     srv_session_t *s = calloc(1, sizeof *s);
     if (!s)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
-    int rc = ctx_new(st, &s->ctx);
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a session");
+    int rc = ctx_new(st, &s->ctx, err, errlen);
     if (rc < 0) {
         free(s);
         return rc;
@@ -1454,13 +1469,13 @@ int srv_store_create(srv_store_t *st, srv_session_t **out)
     s->busy = 1;
     s->dirty = 1;
     pthread_mutex_lock(&st->mu);
-    if ((rc = make_room(st, 1)) < 0)
+    if ((rc = make_room(st, 1, err, errlen)) < 0)
         goto fail;
     do {
-        if ((rc = new_id(s->id)) < 0)
+        if ((rc = new_id(s->id, err, errlen)) < 0)
             goto fail;
     } while (tab_find(st, s->id));
-    if ((rc = tab_insert(st, s)) < 0)
+    if ((rc = tab_insert(st, s, err, errlen)) < 0)
         goto fail;
     s->tick = ++st->tick;
     s->mem_bytes = session_mem(s);
@@ -1480,9 +1495,9 @@ fail:
 
 /* Caller holds mu and s busy, s not in memory: loads it (mu released around
  * the I/O). On ENOTFOUND (file gone) the entry is removed and freed. */
-static int bring_in(srv_store_t *st, srv_session_t *s)
+static int bring_in(srv_store_t *st, srv_session_t *s, char *err, size_t errlen)
 {
-    int rc = make_room(st, 1);
+    int rc = make_room(st, 1, err, errlen);
     if (rc < 0)
         return rc;
     st->n_mem++; /* reserved while loading */
@@ -1491,7 +1506,7 @@ static int bring_in(srv_store_t *st, srv_session_t *s)
     meta_t m;
     char id[ID_LEN + 1];
     memcpy(id, s->id, sizeof id);
-    rc = load_file(st, id, &c, &m);
+    rc = load_file(st, id, &c, &m, err, errlen);
     pthread_mutex_lock(&st->mu);
     if (rc < 0) {
         st->n_mem--;
@@ -1522,33 +1537,35 @@ static int bring_in(srv_store_t *st, srv_session_t *s)
 }
 
 /* srv_store_acquire (from_disk = 1) and srv_store_acquire_in_memory. */
-static int acquire(srv_store_t *st, const char *id, int from_disk, srv_session_t **out)
+static int acquire(srv_store_t *st, const char *id, int from_disk, srv_session_t **out, char *err,
+                   size_t errlen)
 {
     *out = NULL;
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                          "malformed session id (expected 32 lowercase hex chars)");
     if (st->be)
-        return srv_sess_remote_acquire(st, id, from_disk, out);
+        return srv_sess_remote_acquire(st, id, from_disk, out, err, errlen);
     pthread_mutex_lock(&st->mu);
     /* waiting out a write (find_settled) is waiting for the disk too */
     srv_session_t *s = from_disk ? find_settled(st, id) : tab_find(st, id);
     int rc = 0;
     if (!s) {
-        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOTFOUND, "session %s not found", id);
         goto out;
     }
     if (s->busy) {
-        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EBUSY, "session %s is busy", id);
         goto out;
     }
     if (!from_disk && (s->io || !s->ctx.state)) {
-        rc = STORE_FAIL(SRV_STORE_EEVICTED, "session %s is %s", id,
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EEVICTED, "session %s is %s", id,
                         s->io ? "being written to disk" : "on disk, not in memory");
         goto out;
     }
     s->busy = 1;
     s->tick = ++st->tick;
-    if (!s->ctx.state && (rc = bring_in(st, s)) < 0) {
+    if (!s->ctx.state && (rc = bring_in(st, s, err, errlen)) < 0) {
         if (rc != SRV_STORE_ENOTFOUND)
             s->busy = 0;
         goto out;
@@ -1559,14 +1576,16 @@ out:
     return rc;
 }
 
-int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out)
+int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out, char *err,
+                      size_t errlen)
 {
-    return acquire(st, id, 1, out);
+    return acquire(st, id, 1, out, err, errlen);
 }
 
-int srv_store_acquire_in_memory(srv_store_t *st, const char *id, srv_session_t **out)
+int srv_store_acquire_in_memory(srv_store_t *st, const char *id, srv_session_t **out, char *err,
+                                size_t errlen)
 {
-    return acquire(st, id, 0, out);
+    return acquire(st, id, 0, out, err, errlen);
 }
 
 /* Caller holds mu: the turn s opened is over; abort = 1 undoes it (its
@@ -1612,10 +1631,10 @@ static void redo_end(srv_store_t *st, srv_session_t *s, int undo)
     refresh(st, s);
 }
 
-int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
+int srv_store_release(srv_store_t *st, srv_session_t *s, int persist, char *err, size_t errlen)
 {
     if (!st || !s || !s->busy)
-        return STORE_FAIL(SRV_STORE_EINVAL, "release of a session that is not held");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "release of a session that is not held");
     int rc = 0;
     unsigned char *buf = NULL;
     size_t len = 0;
@@ -1633,11 +1652,12 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
     if (want_link)
         ckpt_name(link_as, s->id, s->turns0);
     if (write) {
-        rc = serialize(st, s, &buf, &len);
+        rc = serialize(st, s, &buf, &len, err, errlen);
         if (rc == 0 && st->be)
-            rc = srv_sess_remote_save(st, s, buf, len);
+            rc = srv_sess_remote_save(st, s, buf, len, err, errlen);
         else if (rc == 0)
-            rc = write_file_link(st, s->id, buf, len, want_link ? link_as : NULL, &linked);
+            rc = write_file_link(st, s->id, buf, len, want_link ? link_as : NULL, &linked, err,
+                                 errlen);
         free(buf);
     }
     pthread_mutex_lock(&st->mu);
@@ -1651,7 +1671,7 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
         if (rc == 0) {
             disk_written(st, s, len);
             s->dirty = 0;
-            if (linked && ckpt_add(st, s, s->turns0, s->tokens0, file0) < 0)
+            if (linked && ckpt_add(st, s, s->turns0, s->tokens0, file0, err, errlen) < 0)
                 unlinkat(st->dirfd, link_as, 0);
             ckpt_prune(st, s);
         } else {
@@ -1671,22 +1691,20 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist)
     s->tick = ++st->tick;
     /* Another session failing to spill is the sweep's error to report, not
      * this release's: this session's own write is what the caller asked. */
-    char keep[sizeof tl_err];
-    snprintf(keep, sizeof keep, "%s", tl_err);
-    if (make_room(st, 0) < 0 || trim_disk(st, s) < 0)
-        snprintf(tl_err, sizeof tl_err, "%s", keep);
+    if (make_room(st, 0, NULL, 0) == 0)
+        (void)trim_disk(st, s, NULL, 0);
     pthread_mutex_unlock(&st->mu);
     return rc;
 }
 
 /* Caller holds mu, s idle: removes s (file first, so a failure keeps it). */
-static int remove_session(srv_store_t *st, srv_session_t *s)
+static int remove_session(srv_store_t *st, srv_session_t *s, char *err, size_t errlen)
 {
     if (s->on_disk && (fault(st, "unlink") || unlinkat(st->dirfd, s->id, 0) < 0) &&
         errno != ENOENT) {
         char eb[128];
         int e = errno;
-        return STORE_FAIL(io_code(e), "deleting %s/%s: %s", st->dir, s->id,
+        return STORE_FAIL(err, errlen, io_code(e), "deleting %s/%s: %s", st->dir, s->id,
                           errstr(e, eb, sizeof eb));
     }
     disk_gone(st, s);
@@ -1698,21 +1716,22 @@ static int remove_session(srv_store_t *st, srv_session_t *s)
     return 0;
 }
 
-int srv_store_delete(srv_store_t *st, const char *id)
+int srv_store_delete(srv_store_t *st, const char *id, char *err, size_t errlen)
 {
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                          "malformed session id (expected 32 lowercase hex chars)");
     if (st->be)
-        return srv_sess_remote_delete(st, id);
+        return srv_sess_remote_delete(st, id, err, errlen);
     pthread_mutex_lock(&st->mu);
     srv_session_t *s = find_settled(st, id);
     int rc;
     if (!s)
-        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOTFOUND, "session %s not found", id);
     else if (s->busy)
-        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EBUSY, "session %s is busy", id);
     else
-        rc = remove_session(st, s);
+        rc = remove_session(st, s, err, errlen);
     pthread_mutex_unlock(&st->mu);
     return rc;
 }
@@ -1739,27 +1758,30 @@ static void fill_info(const srv_session_t *s, srv_session_info_t *o)
                                                .bytes = s->ckpt[i].bytes};
 }
 
-int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out)
+int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out, char *err,
+                   size_t errlen)
 {
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                          "malformed session id (expected 32 lowercase hex chars)");
     pthread_mutex_lock(&st->mu);
     srv_session_t *s = tab_find(st, id);
     if (s)
         fill_info(s, out);
     pthread_mutex_unlock(&st->mu);
-    return s ? 0 : STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+    return s ? 0 : STORE_FAIL(err, errlen, SRV_STORE_ENOTFOUND, "session %s not found", id);
 }
 
 int srv_store_list_owned(srv_store_t *st, const char *owner, const char *after, size_t limit,
-                         srv_session_info_t *out, size_t *n, int *has_more)
+                         srv_session_info_t *out, size_t *n, int *has_more, char *err,
+                         size_t errlen)
 {
     *n = 0;
     *has_more = 0;
     if (limit && !out)
-        return STORE_FAIL(SRV_STORE_EINVAL, "list: no output array");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "list: no output array");
     if (st->be)
-        return srv_sess_remote_list(st, owner, after, limit, out, n, has_more);
+        return srv_sess_remote_list(st, owner, after, limit, out, n, has_more, err, errlen);
     pthread_mutex_lock(&st->mu);
     size_t i = after && after[0] ? tab_bound(st, after, 1) : 0;
     for (; i < st->n; i++) {
@@ -1776,13 +1798,13 @@ int srv_store_list_owned(srv_store_t *st, const char *owner, const char *after, 
 }
 
 /* Caller holds mu: takes session id for a store operation (busy). */
-static int take(srv_store_t *st, const char *id, srv_session_t **out)
+static int take(srv_store_t *st, const char *id, srv_session_t **out, char *err, size_t errlen)
 {
     srv_session_t *s = find_settled(st, id);
     if (!s)
-        return STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOTFOUND, "session %s not found", id);
     if (s->busy)
-        return STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
+        return STORE_FAIL(err, errlen, SRV_STORE_EBUSY, "session %s is busy", id);
     s->busy = 1;
     *out = s;
     return 0;
@@ -1795,9 +1817,10 @@ static void give_back(srv_store_t *st, srv_session_t *s)
 }
 
 /* c = independent copy of the context of src (in memory). */
-static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
+static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c, char *err,
+                    size_t errlen)
 {
-    int rc = ctx_new(st, c);
+    int rc = ctx_new(st, c, err, errlen);
     if (rc < 0)
         return rc;
     core_error_t e = {0};
@@ -1814,12 +1837,12 @@ static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
         free(buf);
         if (rc2 < 0) {
             ctx_free(c);
-            return STORE_FAIL(SRV_STORE_ENOMEM, "copying a session: %s", e.msg);
+            return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "copying a session: %s", e.msg);
         }
     }
     if (src->sampler && core_sampler_clone(src->sampler, &smp, &e) < 0) {
         ctx_free(c);
-        return STORE_FAIL(SRV_STORE_ENOMEM, "copying a session: %s", e.msg);
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "copying a session: %s", e.msg);
     }
     if (smp) {
         core_sampler_free(c->sampler);
@@ -1829,7 +1852,8 @@ static int ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
         c->pending = malloc(src->n_pending * sizeof *c->pending);
         if (!c->pending) {
             ctx_free(c);
-            return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory copying pending tokens");
+            return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM,
+                              "out of memory copying pending tokens");
         }
         memcpy(c->pending, src->pending, src->n_pending * sizeof *c->pending);
         c->n_pending = src->n_pending;
@@ -1851,31 +1875,32 @@ void srv_sess_fork_init(srv_store_t *st, srv_session_t *ns, const srv_session_t 
 }
 
 int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
-                         char out_id[SRV_SESSION_ID_LEN + 1])
+                         char out_id[SRV_SESSION_ID_LEN + 1], char *err, size_t errlen)
 {
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                          "malformed session id (expected 32 lowercase hex chars)");
     if (owner && !owner_tag_valid(owner))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed owner tag");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "malformed owner tag");
     if (st->be)
-        return srv_sess_remote_fork(st, id, owner, out_id);
+        return srv_sess_remote_fork(st, id, owner, out_id, err, errlen);
     srv_session_t *ns = calloc(1, sizeof *ns), *src = NULL;
     if (!ns)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a session");
     pthread_mutex_lock(&st->mu);
-    int rc = take(st, id, &src);
+    int rc = take(st, id, &src, err, errlen);
     if (rc < 0) {
         pthread_mutex_unlock(&st->mu);
         free(ns);
         return rc;
     }
-    if ((rc = make_room(st, 1)) < 0)
+    if ((rc = make_room(st, 1, err, errlen)) < 0)
         goto fail_locked;
     do {
-        if ((rc = new_id(ns->id)) < 0)
+        if ((rc = new_id(ns->id, err, errlen)) < 0)
             goto fail_locked;
     } while (tab_find(st, ns->id));
-    if ((rc = tab_insert(st, ns)) < 0)
+    if ((rc = tab_insert(st, ns, err, errlen)) < 0)
         goto fail_locked;
     srv_sess_fork_init(st, ns, src, owner);
     st->n_mem++; /* reserved while copying */
@@ -1885,13 +1910,13 @@ int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
     meta_t m = {0};
     if (src->ctx.state) {
         owner_t so = owner_of(src);
-        rc = ctx_copy(st, &src->ctx, &c);
-        if (rc == 0 && (rc = owner_pg(&so, &m.pg)) < 0)
+        rc = ctx_copy(st, &src->ctx, &c, err, errlen);
+        if (rc == 0 && (rc = owner_pg(&so, &m.pg, err, errlen)) < 0)
             ctx_free(&c);
         m.o.pg_text = so.pg_text;
         m.o.pg_reply = so.pg_reply;
     } else {
-        rc = load_file(st, src->id, &c, &m);
+        rc = load_file(st, src->id, &c, &m, err, errlen);
         free(m.in);
         m.in = NULL;
     }
@@ -1902,9 +1927,9 @@ int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
     unsigned char *buf = NULL;
     size_t len = 0;
     if (rc == 0 && st->dirfd >= 0) {
-        rc = serialize_ctx(st, ns, &c, &buf, &len);
+        rc = serialize_ctx(st, ns, &c, &buf, &len, err, errlen);
         if (rc == 0)
-            rc = write_file(st, ns->id, buf, len);
+            rc = write_file(st, ns->id, buf, len, err, errlen);
         free(buf);
         if (rc < 0)
             ctx_free(&c);
@@ -1930,8 +1955,8 @@ int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
     ns->busy = 0;
     ns->tick = ++st->tick;
     memcpy(out_id, ns->id, ID_LEN + 1);
-    make_room(st, 0);
-    trim_disk(st, ns);
+    make_room(st, 0, NULL, 0);
+    trim_disk(st, ns, NULL, 0);
     pthread_mutex_unlock(&st->mu);
     return 0;
 fail_locked:
@@ -1946,7 +1971,8 @@ fail_locked:
  * gone or damaged is left out (it is no state of the session's), and one
  * over max_ckpt_blob (so that the export stays within what an import
  * takes). */
-static int export_parts(srv_store_t *st, srv_session_t *s, core_state_part_t *parts, size_t *n)
+static int export_parts(srv_store_t *st, srv_session_t *s, core_state_part_t *parts, size_t *n,
+                        char *err, size_t errlen)
 {
     *n = 0;
     for (size_t k = 0; k < s->n_ckpt; k++) {
@@ -1954,7 +1980,7 @@ static int export_parts(srv_store_t *st, srv_session_t *s, core_state_part_t *pa
         ckpt_name(name, s->id, s->ckpt[k].turn);
         unsigned char *b = NULL;
         size_t l = 0;
-        int rc = read_file(st, name, &b, &l);
+        int rc = read_file(st, name, &b, &l, err, errlen);
         if (rc == SRV_STORE_ENOMEM)
             return rc;
         core_error_t e = {0};
@@ -1973,17 +1999,19 @@ static void parts_free(core_state_part_t *parts, size_t n)
         free((void *)(uintptr_t)parts[i].blob);
 }
 
-int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
+int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len, char *err,
+                     size_t errlen)
 {
     *blob = NULL;
     *len = 0;
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                          "malformed session id (expected 32 lowercase hex chars)");
     if (st->be)
-        return srv_sess_remote_export(st, id, blob, len);
+        return srv_sess_remote_export(st, id, blob, len, err, errlen);
     srv_session_t *s = NULL;
     pthread_mutex_lock(&st->mu);
-    int rc = take(st, id, &s);
+    int rc = take(st, id, &s, err, errlen);
     pthread_mutex_unlock(&st->mu);
     if (rc < 0)
         return rc;
@@ -1991,7 +2019,7 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
     size_t n = 0, np = 0;
     core_state_part_t parts[SRV_STORE_MAX_CHECKPOINTS];
     if (s->n_ckpt)
-        rc = export_parts(st, s, parts, &np);
+        rc = export_parts(st, s, parts, &np, err, errlen);
     if (rc < 0) {
         /* out of memory */
     } else if (np) {
@@ -1999,7 +2027,7 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
         srv_seq_ctx_t c = {0};
         meta_t m = {0};
         if (!s->ctx.state)
-            rc = load_file(st, s->id, &c, &m);
+            rc = load_file(st, s->id, &c, &m, err, errlen);
         if (rc == 0) {
             owner_t o = owner_of(s);
             const int32_t *in = s->last_in;
@@ -2013,18 +2041,19 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len)
                 o.pg_reply = m.o.pg_reply;
             }
             rc = serialize_meta(st, s->id, &o, in, n_in, s->ctx.state ? &s->ctx : &c, parts, np,
-                                &buf, &n);
+                                &buf, &n, err, errlen);
         }
         ctx_free(&c);
         meta_free(&m);
     } else if (s->ctx.state) {
-        rc = serialize(st, s, &buf, &n);
-    } else if ((rc = read_file(st, s->id, &buf, &n)) == 0) {
+        rc = serialize(st, s, &buf, &n, err, errlen);
+    } else if ((rc = read_file(st, s->id, &buf, &n, err, errlen)) == 0) {
         core_error_t e = {0};
         if (core_state_verify(buf, n, st->fp, st->attn, &e) < 0) {
             free(buf);
             buf = NULL;
-            rc = STORE_FAIL(SRV_STORE_EIO, "session file %s/%s: %s", st->dir, s->id, e.msg);
+            rc = STORE_FAIL(err, errlen, SRV_STORE_EIO, "session file %s/%s: %s", st->dir, s->id,
+                            e.msg);
         }
     }
     parts_free(parts, np);
@@ -2054,7 +2083,7 @@ static int blob_owner(const unsigned char *b, size_t len, owner_t *o)
  * stay below the blob's own (turns). *first = the first of the newest
  * max_ckpt, which are kept. EMISMATCH with the reason. */
 static int import_check(srv_store_t *st, const unsigned char *blob, size_t len, int64_t turns,
-                        srv_seq_ctx_t *scratch, size_t *first)
+                        srv_seq_ctx_t *scratch, size_t *first, char *err, size_t errlen)
 {
     core_state_info_t in;
     *first = 0;
@@ -2068,19 +2097,21 @@ static int import_check(srv_store_t *st, const unsigned char *blob, size_t len, 
         owner_t o;
         int have = 0;
         if (core_state_checkpoint(blob, len, i, &p, &pl, &e) < 0)
-            return STORE_FAIL(SRV_STORE_EMISMATCH, "checkpoint %zu: %s", i, e.msg);
-        int rc = restore(st, p, pl, scratch, &o, &have);
+            return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH, "checkpoint %zu: %s", i, e.msg);
+        int rc = restore(st, p, pl, scratch, &o, &have, err, errlen);
         if (rc < 0) {
-            char msg[sizeof tl_err];
-            snprintf(msg, sizeof msg, "%s", tl_err);
-            return rc == SRV_STORE_ENOMEM ? rc
-                                          : STORE_FAIL(rc, "checkpoint %zu: %s", i, msg);
+            char msg[SRV_STORE_ERR_MAX];
+            snprintf(msg, sizeof msg, "%s", err && errlen ? err : "");
+            return rc == SRV_STORE_ENOMEM
+                       ? rc
+                       : STORE_FAIL(err, errlen, rc, "checkpoint %zu: %s", i, msg);
         }
         if (!have || o.turns <= prev || o.turns >= turns)
-            return STORE_FAIL(SRV_STORE_EMISMATCH, "checkpoint %zu: its turn count (%lld) must "
+            return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH,
+                              "checkpoint %zu: its turn count (%lld) must "
                               "rise from one checkpoint to the next and stay below the "
-                              "session's (%lld)", i, have ? (long long)o.turns : -1LL,
-                              (long long)turns);
+                              "session's (%lld)",
+                              i, have ? (long long)o.turns : -1LL, (long long)turns);
         prev = o.turns;
     }
     if (in.n_checkpoints > st->max_ckpt)
@@ -2106,19 +2137,20 @@ static void import_write(srv_store_t *st, srv_session_t *s, const unsigned char 
         unsigned char *buf = NULL;
         int32_t *ids = NULL;
         if (core_state_checkpoint(blob, len, i, &p, &pl, NULL) < 0 ||
-            restore(st, p, pl, scratch, &o, &have) < 0 || !have || owner_input(&o, &ids) < 0)
+            restore(st, p, pl, scratch, &o, &have, NULL, 0) < 0 || !have ||
+            owner_input(&o, &ids, NULL, 0) < 0)
             return;
         memcpy(o.owner, s->owner, sizeof o.owner);
         o.created = s->created;
         char name[CKPT_NAME_MAX];
         ckpt_name(name, s->id, o.turns);
-        int rc = serialize_meta(st, s->id, &o, ids, o.n_in, scratch, NULL, 0, &buf, &wl);
+        int rc = serialize_meta(st, s->id, &o, ids, o.n_in, scratch, NULL, 0, &buf, &wl, NULL, 0);
         free(ids);
         if (rc == 0)
-            rc = write_file(st, name, buf, wl);
+            rc = write_file(st, name, buf, wl, NULL, 0);
         free(buf);
         pthread_mutex_lock(&st->mu);
-        if (rc == 0 && ckpt_add(st, s, o.turns, ctx_tokens(scratch), wl) < 0) {
+        if (rc == 0 && ckpt_add(st, s, o.turns, ctx_tokens(scratch), wl, NULL, 0) < 0) {
             unlinkat(st->dirfd, name, 0);
             rc = -1;
         }
@@ -2136,25 +2168,28 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     int reserved = 0;
     srv_seq_ctx_t scratch = {0};
     if (!srv_session_id_valid(id)) {
-        rc = STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                        "malformed session id (expected 32 lowercase hex chars)");
         goto out;
     }
     if (!blob || len > st->max_export) {
-        rc = STORE_FAIL(SRV_STORE_EMISMATCH, "state blob of %zu bytes is larger than any state of this "
-                  "server (%zu)", len, st->max_export);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH,
+                        "state blob of %zu bytes is larger than any state of this "
+                        "server (%zu)",
+                        len, st->max_export);
         goto out;
     }
     if (st->be) {
-        rc = srv_sess_remote_import(st, id, blob, len);
+        rc = srv_sess_remote_import(st, id, blob, len, err, errlen);
         goto out;
     }
     pthread_mutex_lock(&st->mu);
-    rc = take(st, id, &s);
+    rc = take(st, id, &s, err, errlen);
     int64_t tokens0 = rc == 0 ? s->tokens : 0;
     size_t bytes0 = rc == 0 ? s->state_bytes : 0;
     if (rc == 0 && !s->ctx.state) {
         /* Evicted: the blob goes into a fresh context, swapped in below. */
-        if ((rc = make_room(st, 1)) < 0) {
+        if ((rc = make_room(st, 1, err, errlen)) < 0) {
             give_back(st, s);
         } else {
             reserved = 1;
@@ -2177,20 +2212,20 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     /* the whole blob, checkpoints included, is checked before anything
      * changes */
     if (core_state_verify(blob, len, st->fp, st->attn, &ve) < 0) {
-        rc = STORE_FAIL(SRV_STORE_EMISMATCH, "%s", ve.msg);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH, "%s", ve.msg);
         goto done;
     }
     have = blob_owner(blob, len, &o) == 0;
-    if ((rc = ctx_new(st, &scratch)) < 0 ||
-        (rc = import_check(st, blob, len, have ? o.turns : 0, &scratch, &first)) < 0)
+    if ((rc = ctx_new(st, &scratch, err, errlen)) < 0 ||
+        (rc = import_check(st, blob, len, have ? o.turns : 0, &scratch, &first, err, errlen)) < 0)
         goto done;
     if (reserved) {
-        if ((rc = ctx_new(st, &fresh)) < 0)
+        if ((rc = ctx_new(st, &fresh, err, errlen)) < 0)
             goto done;
         c = &fresh;
     }
-    if ((rc = restore(st, blob, len, c, &o, &have)) < 0 || (rc = owner_input(&o, &in)) < 0 ||
-        (rc = owner_pg(&o, &pg)) < 0) {
+    if ((rc = restore(st, blob, len, c, &o, &have, err, errlen)) < 0 ||
+        (rc = owner_input(&o, &in, err, errlen)) < 0 || (rc = owner_pg(&o, &pg, err, errlen)) < 0) {
         ctx_free(&fresh);
         goto done;
     }
@@ -2215,9 +2250,9 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     size_t wlen = 0;
     if (st->dirfd >= 0) {
         unsigned char *buf = NULL;
-        rc = serialize_ctx(st, s, c, &buf, &wlen);
+        rc = serialize_ctx(st, s, c, &buf, &wlen, err, errlen);
         if (rc == 0)
-            rc = write_file(st, s->id, buf, wlen);
+            rc = write_file(st, s->id, buf, wlen, err, errlen);
         free(buf);
         written = rc == 0;
     }
@@ -2253,22 +2288,20 @@ done:
     refresh(st, s);
     s->tick = ++st->tick;
     give_back(st, s);
-    make_room(st, 0);
-    trim_disk(st, s);
+    make_room(st, 0, NULL, 0);
+    trim_disk(st, s, NULL, 0);
     pthread_mutex_unlock(&st->mu);
 out:
-    if (rc < 0 && err && errlen)
-        snprintf(err, errlen, "%s", tl_err);
     return rc;
 }
 
-int srv_store_sweep(srv_store_t *st, int64_t now)
+int srv_store_sweep(srv_store_t *st, int64_t now, char *err, size_t errlen)
 {
     int first = 0;
     pthread_mutex_lock(&st->mu);
     if (st->be) {
         srv_sess_remote_sweep(st, now);
-        int rc = make_room(st, 0);
+        int rc = make_room(st, 0, err, errlen);
         pthread_mutex_unlock(&st->mu);
         return rc;
     }
@@ -2280,7 +2313,7 @@ int srv_store_sweep(srv_store_t *st, int64_t now)
                 i++;
                 continue;
             }
-            int rc = remove_session(st, s);
+            int rc = remove_session(st, s, err, errlen);
             if (rc < 0) {
                 if (!first)
                     first = rc;
@@ -2288,8 +2321,8 @@ int srv_store_sweep(srv_store_t *st, int64_t now)
             }
         }
     }
-    int rc = make_room(st, 0);
-    int rc2 = trim_disk(st, NULL);
+    int rc = make_room(st, 0, err, errlen);
+    int rc2 = trim_disk(st, NULL, err, errlen);
     pthread_mutex_unlock(&st->mu);
     return first ? first : rc < 0 ? rc : rc2;
 }
@@ -2307,17 +2340,17 @@ int srv_store_needs_settle(srv_store_t *st)
     return atomic_load(&st->unsettled);
 }
 
-int srv_store_settle(srv_store_t *st)
+int srv_store_settle(srv_store_t *st, char *err, size_t errlen)
 {
     pthread_mutex_lock(&st->mu);
     atomic_store(&st->unsettled, 0);
-    int rc = make_room(st, 0);
-    int rc2 = trim_disk(st, NULL);
+    int rc = make_room(st, 0, err, errlen);
+    int rc2 = trim_disk(st, NULL, err, errlen);
     pthread_mutex_unlock(&st->mu);
     return rc < 0 ? rc : rc2;
 }
 
-int srv_store_flush(srv_store_t *st)
+int srv_store_flush(srv_store_t *st, char *err, size_t errlen)
 {
     int first = 0;
     char cursor[ID_LEN + 1] = "";
@@ -2329,7 +2362,7 @@ int srv_store_flush(srv_store_t *st)
             memcpy(cursor, s->id, sizeof cursor);
             if (!s->ctx.state || s->busy || s->io || (!s->dirty && s->on_disk))
                 continue;
-            int rc = write_marked(st, s);
+            int rc = write_marked(st, s, err, errlen);
             if (rc < 0 && !first)
                 first = rc;
         }
@@ -2366,16 +2399,17 @@ void srv_store_stats(srv_store_t *st, size_t *in_memory, size_t *on_disk, size_t
 /* ---- turns, rollback, redo ---- */
 
 int srv_store_turn_begin(srv_store_t *st, srv_session_t *s, const int32_t *input, size_t n,
-                         unsigned flags)
+                         unsigned flags, char *err, size_t errlen)
 {
     if (!s || !s->busy || s->in_turn || (n && !input))
-        return STORE_FAIL(SRV_STORE_EINVAL, "turn begin: session not held, or a turn is open");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                          "turn begin: session not held, or a turn is open");
     const int keep = n <= SRV_TURN_INPUT_MAX;
     int32_t *in = NULL;
     if (keep && n) {
         in = malloc(n * sizeof *in);
         if (!in)
-            return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a turn's input");
+            return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a turn's input");
         memcpy(in, input, n * sizeof *in);
     }
     pthread_mutex_lock(&st->mu);
@@ -2409,32 +2443,40 @@ void srv_store_turn_abort(srv_store_t *st, srv_session_t *s)
 
 /* Caller holds mu and s: the checkpoint of s for `turn` turns (index *k),
  * or ENOCKPT saying why not; what names the request in the message. */
-static int ckpt_for(const srv_session_t *s, int64_t turn, const char *what, ssize_t *k)
+static int ckpt_for(const srv_session_t *s, int64_t turn, const char *what, ssize_t *k, char *err,
+                    size_t errlen)
 {
     char r[96];
     if (turn < 0)
-        return STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has had %lld turn%s: %s cannot go "
-                          "back further (%s)", s->id, (long long)s->turns,
-                          s->turns == 1 ? "" : "s", what, ckpt_range(s, r, sizeof r));
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOCKPT,
+                          "session %s has had %lld turn%s: %s cannot go "
+                          "back further (%s)",
+                          s->id, (long long)s->turns, s->turns == 1 ? "" : "s", what,
+                          ckpt_range(s, r, sizeof r));
     *k = ckpt_find(s, turn);
     if (*k < 0)
-        return STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has no checkpoint after %lld turn%s "
-                          "for %s (%s)", s->id, (long long)turn, turn == 1 ? "" : "s", what,
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOCKPT,
+                          "session %s has no checkpoint after %lld turn%s "
+                          "for %s (%s)",
+                          s->id, (long long)turn, turn == 1 ? "" : "s", what,
                           ckpt_range(s, r, sizeof r));
     return 0;
 }
 
-int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_info_t *info)
+int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_info_t *info,
+                       char *err, size_t errlen)
 {
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                          "malformed session id (expected 32 lowercase hex chars)");
     if (n < 1)
-        return STORE_FAIL(SRV_STORE_EINVAL, "a rollback goes back at least one turn");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "a rollback goes back at least one turn");
     srv_session_t *s = NULL;
     ssize_t k = -1;
     pthread_mutex_lock(&st->mu);
-    int rc = take(st, id, &s);
-    if (rc == 0 && (rc = ckpt_for(s, n > s->turns ? -1 : s->turns - n, "a rollback", &k)) < 0)
+    int rc = take(st, id, &s, err, errlen);
+    if (rc == 0 &&
+        (rc = ckpt_for(s, n > s->turns ? -1 : s->turns - n, "a rollback", &k, err, errlen)) < 0)
         give_back(st, s);
     pthread_mutex_unlock(&st->mu);
     if (rc < 0)
@@ -2446,11 +2488,12 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
     /* read and checked whole before anything changes */
     srv_seq_ctx_t c;
     meta_t m;
-    rc = load_file(st, name, &c, &m);
+    rc = load_file(st, name, &c, &m, err, errlen);
     if (rc == 0 && (fault(st, "rename") || renameat(st->dirfd, name, st->dirfd, id) < 0)) {
         int e = errno;
-        rc = STORE_FAIL(io_code(e), "renaming %s/%s to %s: %s (the session is as it was)",
-                        st->dir, name, id, errstr(e, eb, sizeof eb));
+        rc = STORE_FAIL(err, errlen, io_code(e),
+                        "renaming %s/%s to %s: %s (the session is as it was)", st->dir, name, id,
+                        errstr(e, eb, sizeof eb));
         ctx_free(&c);
         meta_free(&m);
     }
@@ -2462,7 +2505,8 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
     pthread_mutex_lock(&st->mu);
     if (rc == SRV_STORE_ENOTFOUND) { /* the file went behind our back */
         ckpt_forget(st, s, (size_t)k);
-        rc = STORE_FAIL(SRV_STORE_ENOCKPT, "the checkpoint file %s/%s is gone", st->dir, name);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOCKPT, "the checkpoint file %s/%s is gone",
+                        st->dir, name);
     }
     if (rc == 0) {
         /* the checkpoint's file is the session's now */
@@ -2507,28 +2551,35 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
     return rc;
 }
 
-int srv_store_redo_prepare(srv_store_t *st, const char *id)
+int srv_store_redo_prepare(srv_store_t *st, const char *id, char *err, size_t errlen)
 {
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id (expected 32 lowercase hex chars)");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
+                          "malformed session id (expected 32 lowercase hex chars)");
     srv_session_t *s = NULL;
     ssize_t k = -1;
     pthread_mutex_lock(&st->mu);
-    int rc = take(st, id, &s);
+    int rc = take(st, id, &s, err, errlen);
     if (rc == 0) {
         if (!s->ctx.state)
-            rc = STORE_FAIL(SRV_STORE_EEVICTED, "session %s is on disk, not in memory", id);
+            rc = STORE_FAIL(err, errlen, SRV_STORE_EEVICTED, "session %s is on disk, not in memory",
+                            id);
         else if (s->turns == 0)
-            rc = STORE_FAIL(SRV_STORE_ENOCKPT, "session %s has no turn to regenerate", id);
+            rc = STORE_FAIL(err, errlen, SRV_STORE_ENOCKPT, "session %s has no turn to regenerate",
+                            id);
         else if (!(s->last_flags & SRV_TURN_REPLY))
-            rc = STORE_FAIL(SRV_STORE_ENOCKPT, "the last turn of session %s generated no reply "
-                            "to regenerate (it only added input)", id);
+            rc = STORE_FAIL(err, errlen, SRV_STORE_ENOCKPT,
+                            "the last turn of session %s generated no reply "
+                            "to regenerate (it only added input)",
+                            id);
         else if (!(s->last_flags & TURN_KEPT))
-            rc = STORE_FAIL(SRV_STORE_ENOCKPT, "the last turn of session %s had more than %d "
+            rc = STORE_FAIL(err, errlen, SRV_STORE_ENOCKPT,
+                            "the last turn of session %s had more than %d "
                             "input tokens, which are not kept for a regenerate; roll it back "
-                            "and send it again", id, SRV_TURN_INPUT_MAX);
+                            "and send it again",
+                            id, SRV_TURN_INPUT_MAX);
         else
-            rc = ckpt_for(s, s->turns - 1, "a regenerate", &k);
+            rc = ckpt_for(s, s->turns - 1, "a regenerate", &k, err, errlen);
         if (rc < 0)
             give_back(st, s);
     }
@@ -2539,12 +2590,13 @@ int srv_store_redo_prepare(srv_store_t *st, const char *id)
     ckpt_name(name, id, s->ckpt[k].turn);
     srv_seq_ctx_t c;
     meta_t m;
-    rc = load_file(st, name, &c, &m);
+    rc = load_file(st, name, &c, &m, err, errlen);
     meta_free(&m);
     pthread_mutex_lock(&st->mu);
     if (rc == SRV_STORE_ENOTFOUND) {
         ckpt_forget(st, s, (size_t)k);
-        rc = STORE_FAIL(SRV_STORE_ENOCKPT, "the checkpoint file %s/%s is gone", st->dir, name);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOCKPT, "the checkpoint file %s/%s is gone",
+                        st->dir, name);
     }
     if (rc == 0) {
         ctx_free(&s->prep);
@@ -2556,20 +2608,22 @@ int srv_store_redo_prepare(srv_store_t *st, const char *id)
     }
     s->tick = ++st->tick;
     give_back(st, s);
-    make_room(st, 0);
+    make_room(st, 0, NULL, 0);
     pthread_mutex_unlock(&st->mu);
     return rc;
 }
 
-int srv_store_redo_begin(srv_store_t *st, srv_session_t *s)
+int srv_store_redo_begin(srv_store_t *st, srv_session_t *s, char *err, size_t errlen)
 {
     pthread_mutex_lock(&st->mu);
     int rc = 0;
     if (!s->busy || s->in_turn || s->redo)
-        rc = STORE_FAIL(SRV_STORE_EINVAL, "redo: session not held, or a turn is open");
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "redo: session not held, or a turn is open");
     else if (!s->prep.state || s->prep_turns != s->turns)
-        rc = STORE_FAIL(SRV_STORE_EEVICTED, "session %s: the checkpoint to regenerate from is "
-                        "not in memory", s->id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EEVICTED,
+                        "session %s: the checkpoint to regenerate from is "
+                        "not in memory",
+                        s->id);
     if (rc == 0) {
         s->aside = s->ctx;
         s->aside_turn_open = s->turn_open;
@@ -2637,10 +2691,10 @@ const char *srv_session_owner(const srv_session_t *s)
     return s->owner;
 }
 
-int srv_session_set_owner(srv_session_t *s, const char *owner)
+int srv_session_set_owner(srv_session_t *s, const char *owner, char *err, size_t errlen)
 {
     if (!owner || !owner_tag_valid(owner))
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed owner tag");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "malformed owner tag");
     pthread_mutex_lock(&s->st->mu);
     if (strcmp(s->owner, owner) != 0) {
         memcpy(s->owner, owner, strlen(owner) + 1);
@@ -2684,18 +2738,18 @@ int srv_session_pending_grammar(const srv_session_t *s, const char **text, size_
 }
 
 int srv_session_set_pending_grammar(srv_session_t *s, const char *text, size_t tlen,
-                                    const char *reply, size_t rlen)
+                                    const char *reply, size_t rlen, char *err, size_t errlen)
 {
     unsigned char *pg = NULL;
     if (text) {
         if (!tlen || tlen > SRV_PENDING_GRAMMAR_MAX || rlen > SRV_PENDING_GRAMMAR_MAX - tlen ||
             (rlen && !reply))
-            return STORE_FAIL(SRV_STORE_EINVAL,
+            return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
                               "pending grammar of %zu + %zu bytes (at most "
                               "%zu in all)",
                               tlen, rlen, SRV_PENDING_GRAMMAR_MAX);
         if (!(pg = malloc(tlen + rlen)))
-            return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a pending grammar");
+            return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a pending grammar");
         memcpy(pg, text, tlen);
         if (rlen)
             memcpy(pg + tlen, reply, rlen);
@@ -2723,9 +2777,9 @@ void srv_session_touch(srv_session_t *s)
 
 /* ---- for store_remote.c (store_impl.h) ---- */
 
-int srv_sess_new_id(char id[ID_LEN + 1])
+int srv_sess_new_id(char id[ID_LEN + 1], char *err, size_t errlen)
 {
-    return new_id(id);
+    return new_id(id, err, errlen);
 }
 
 srv_session_t *srv_sess_tab_find(const srv_store_t *st, const char *id)
@@ -2733,9 +2787,9 @@ srv_session_t *srv_sess_tab_find(const srv_store_t *st, const char *id)
     return tab_find(st, id);
 }
 
-int srv_sess_tab_insert(srv_store_t *st, srv_session_t *s)
+int srv_sess_tab_insert(srv_store_t *st, srv_session_t *s, char *err, size_t errlen)
 {
-    return tab_insert(st, s);
+    return tab_insert(st, s, err, errlen);
 }
 
 void srv_sess_tab_remove(srv_store_t *st, const srv_session_t *s)
@@ -2753,9 +2807,10 @@ void srv_sess_ctx_free(srv_seq_ctx_t *c)
     ctx_free(c);
 }
 
-int srv_sess_ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c)
+int srv_sess_ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c, char *err,
+                      size_t errlen)
 {
-    return ctx_copy(st, src, c);
+    return ctx_copy(st, src, c, err, errlen);
 }
 
 int64_t srv_sess_ctx_tokens(const srv_seq_ctx_t *c)
@@ -2778,9 +2833,9 @@ void srv_sess_disk_written(srv_store_t *st, srv_session_t *s, size_t len)
     disk_written(st, s, len);
 }
 
-int srv_sess_make_room(srv_store_t *st, size_t need)
+int srv_sess_make_room(srv_store_t *st, size_t need, char *err, size_t errlen)
 {
-    return make_room(st, need);
+    return make_room(st, need, err, errlen);
 }
 
 void srv_sess_give_back(srv_store_t *st, srv_session_t *s)
@@ -2805,15 +2860,15 @@ void srv_sess_pg_set(srv_session_t *s, unsigned char *pg, size_t t, size_t r)
 }
 
 int srv_sess_serialize_ctx(const srv_store_t *st, const srv_session_t *s, const srv_seq_ctx_t *c,
-                           unsigned char **out, size_t *len)
+                           unsigned char **out, size_t *len, char *err, size_t errlen)
 {
-    return serialize_ctx(st, s, c, out, len);
+    return serialize_ctx(st, s, c, out, len, err, errlen);
 }
 
 int srv_sess_load_blob(srv_store_t *st, const unsigned char *buf, size_t len, const char *what,
-                       srv_seq_ctx_t *c, meta_t *m)
+                       srv_seq_ctx_t *c, meta_t *m, char *err, size_t errlen)
 {
-    return load_blob(st, buf, len, what, c, m);
+    return load_blob(st, buf, len, what, c, m, err, errlen);
 }
 
 void srv_sess_meta_free(meta_t *m)

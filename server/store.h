@@ -119,9 +119,10 @@
  * A write or delete that the file system refuses for want of room (ENOSPC,
  * EDQUOT) or because it is read-only (EROFS) is SRV_STORE_ENOSPACE; other
  * I/O errors are SRV_STORE_EIO. Either way the previous file is kept.
- * Functions return 0 or a negative SRV_STORE_E* code; srv_store_last_error()
- * gives the detail (which file, which errno, what the blob is for) of the
- * last error a srv_store_* function returned on the calling thread.
+ * Functions return 0 or a negative SRV_STORE_E* code and, given a buffer
+ * err[errlen] (err may be NULL), write the detail into it (which file,
+ * which errno, what the blob is for) when they fail; what it holds after a
+ * success is unspecified. SRV_STORE_ERR_MAX bytes hold any message whole.
  */
 #ifndef DARKSERVE_SERVER_STORE_H
 #define DARKSERVE_SERVER_STORE_H
@@ -157,11 +158,8 @@ enum srv_store_errno {
 
 /* Static description of a code; never NULL. */
 const char *srv_store_strerror(int code);
-/* Detail of the last error a srv_store_* call returned on this thread ("" if
- * none yet). Thread-local, valid until this thread's next srv_store_* call. */
-const char *srv_store_last_error(void);
-/* Sets that detail (printf-style): for the store's backends (server/store_backend.h). */
-void srv_store_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#define SRV_STORE_ERR_MAX 512 /* a detail buffer (err[errlen]) that no message overflows */
 
 #define SRV_SESSION_ID_LEN PROTO_SESSION_ID_LEN /* 32 lowercase hex chars (proto/ids.c) */
 #define SRV_SESSION_OWNER_LEN 32 /* lowercase hex chars of an owner tag */
@@ -233,20 +231,22 @@ void srv_store_free(srv_store_t *st);
  * returned busy (*out borrowed from the store until released). Not written
  * until released with persist = 1 (or evicted / flushed).
  * SRV_STORE_EFULL, SRV_STORE_ENOMEM, SRV_STORE_EIO (no randomness). */
-int srv_store_create(srv_store_t *st, srv_session_t **out);
+int srv_store_create(srv_store_t *st, srv_session_t **out, char *err, size_t errlen);
 /* Holds session id: validates the id's format before anything else
  * (SRV_STORE_EINVAL), loads it from its file if evicted, marks it busy.
  * *out is borrowed until srv_store_release. SRV_STORE_ENOTFOUND,
  * SRV_STORE_EBUSY, SRV_STORE_EFULL, SRV_STORE_EIO (unreadable or damaged
  * file: the message says which and why). */
-int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out);
+int srv_store_acquire(srv_store_t *st, const char *id, srv_session_t **out, char *err,
+                      size_t errlen);
 /* Same, but never touches the disk nor waits for it: a session that is not
  * in memory, or is being written to its file at that moment (and may be
  * dropped from memory after), is SRV_STORE_EEVICTED, and nothing changes
  * (its file is not opened, nothing is evicted). For the no-I/O thread
  * (srv_store_no_io_here): it has such a session read back by
  * srv_store_acquire on another thread, then tries again. */
-int srv_store_acquire_in_memory(srv_store_t *st, const char *id, srv_session_t **out);
+int srv_store_acquire_in_memory(srv_store_t *st, const char *id, srv_session_t **out, char *err,
+                                size_t errlen);
 /* Gives a held session back. persist = 1: first writes it atomically; on a
  * write error the previous file stays as it was and SRV_STORE_EIO or
  * SRV_STORE_ENOSPACE is returned (message: file and errno). The session is
@@ -254,27 +254,30 @@ int srv_store_acquire_in_memory(srv_store_t *st, const char *id, srv_session_t *
  * (the change the caller could not save is dropped, so what a client was
  * told failed never reappears), or, without a file yet, stays in memory
  * to be written later. Then evicts whatever the bounds require. */
-int srv_store_release(srv_store_t *st, srv_session_t *s, int persist);
+int srv_store_release(srv_store_t *st, srv_session_t *s, int persist, char *err, size_t errlen);
 /* Deletes a session (memory and file). ENOTFOUND, EBUSY, EINVAL (bad id). */
-int srv_store_delete(srv_store_t *st, const char *id);
+int srv_store_delete(srv_store_t *st, const char *id, char *err, size_t errlen);
 /* *out (caller-owned) for id. ENOTFOUND, EINVAL. */
-int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out);
+int srv_store_info(srv_store_t *st, const char *id, srv_session_info_t *out, char *err,
+                   size_t errlen);
 /* Sessions ordered by id, those after `after` (exclusive; NULL or "" = from
  * the start) whose owner tag is owner (NULL = every session): up to limit
  * entries into out[] (caller-owned), their count in *n, *has_more = 1 if
  * more follow. */
 int srv_store_list_owned(srv_store_t *st, const char *owner, const char *after, size_t limit,
-                         srv_session_info_t *out, size_t *n, int *has_more);
+                         srv_session_info_t *out, size_t *n, int *has_more, char *err,
+                         size_t errlen);
 /* Copies session id into a new session (O(state); written at once when the
  * store has a directory), its id into new_id. The copy continues exactly
  * like the original. The source must not be busy (EBUSY). The copy's owner
  * tag is owner (borrowed; "" = none; NULL = the source's). EINVAL for a
  * malformed tag. */
 int srv_store_fork_owned(srv_store_t *st, const char *id, const char *owner,
-                         char new_id[SRV_SESSION_ID_LEN + 1]);
+                         char new_id[SRV_SESSION_ID_LEN + 1], char *err, size_t errlen);
 /* The session's state blob (core/state.h; new malloc'd *blob, caller frees).
  * EBUSY if busy; EIO if its file is unreadable or damaged. */
-int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len);
+int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len, char *err,
+                     size_t errlen);
 /* Replaces the state of existing session id (not busy) by blob (borrowed,
  * len bytes), validated by core_state_load (and its pending tokens against
  * the vocabulary): a blob for another model or attention configuration, or a
@@ -288,10 +291,10 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
  * (unix seconds), then evicts to the bounds (memory and disk). Busy sessions
  * are skipped.
  * Returns 0 or the first error (the sweep goes on after one). */
-int srv_store_sweep(srv_store_t *st, int64_t now);
+int srv_store_sweep(srv_store_t *st, int64_t now, char *err, size_t errlen);
 /* Writes every session in memory that changed since its last write (at
  * shutdown). Busy sessions are skipped. Returns 0 or the first error. */
-int srv_store_flush(srv_store_t *st);
+int srv_store_flush(srv_store_t *st, char *err, size_t errlen);
 /* Sessions in memory, sessions with a file, memory bytes of those in memory.
  * Any pointer may be NULL. */
 void srv_store_stats(srv_store_t *st, size_t *in_memory, size_t *on_disk, size_t *bytes);
@@ -305,7 +308,7 @@ void srv_store_mem_stats(srv_store_t *st, size_t *held, size_t *evictable);
 /* Evicts least recently used idle sessions (written first if they changed)
  * until the sessions in memory take at most max_bytes, or none is left to
  * evict (no directory, all busy). Returns 0 or the first write error. */
-int srv_store_trim(srv_store_t *st, size_t max_bytes);
+int srv_store_trim(srv_store_t *st, size_t max_bytes, char *err, size_t errlen);
 /* Marks the calling thread (the event loop's) as one that must not wait for
  * the disk to make room: from then on, store calls made on it evict only
  * idle sessions whose file is current (dropping them writes nothing) and
@@ -323,7 +326,7 @@ int srv_store_needs_settle(srv_store_t *st);
 /* Evicts (writing first) and trims the directory to the bounds, as a sweep
  * does without expiring anything. Not on the no-I/O thread. Returns 0 or
  * the first error. */
-int srv_store_settle(srv_store_t *st);
+int srv_store_settle(srv_store_t *st, char *err, size_t errlen);
 /* The largest state blob an export can be (its checkpoints included: for
  * bounding an import body). */
 size_t srv_store_max_export(const srv_store_t *st);
@@ -341,7 +344,7 @@ size_t srv_store_max_export(const srv_store_t *st);
  * now becomes the turn's checkpoint when its release writes the session.
  * No I/O. SRV_STORE_EINVAL when a turn is already open. */
 int srv_store_turn_begin(srv_store_t *st, srv_session_t *s, const int32_t *input, size_t n,
-                         unsigned flags);
+                         unsigned flags, char *err, size_t errlen);
 /* Undoes srv_store_turn_begin (the turn's job was never submitted). The
  * server undoes a turn by releasing the session without persist instead;
  * this is the undo that keeps the session held (tests use it). */
@@ -356,7 +359,8 @@ void srv_store_turn_abort(srv_store_t *st, srv_session_t *s);
  * its file cannot be read or is damaged (then nothing changed), ENOSPACE /
  * EIO when the rename fails. On success *info (may be NULL) describes the
  * session as it is now. */
-int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_info_t *info);
+int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_info_t *info,
+                       char *err, size_t errlen);
 /* A redo replaces the last turn's reply: the session goes back to its
  * checkpoint before the last turn and the caller runs the last turn's input
  * again (srv_session_last_turn). Reading that checkpoint is disk I/O, so it
@@ -372,8 +376,8 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
  * release without persist puts the previous state back. srv_store_redo_begin is SRV_STORE_EEVICTED when nothing is prepared
  * (or what was prepared is stale: the session changed or was evicted
  * meanwhile): prepare again. */
-int srv_store_redo_prepare(srv_store_t *st, const char *id);
-int srv_store_redo_begin(srv_store_t *st, srv_session_t *s);
+int srv_store_redo_prepare(srv_store_t *st, const char *id, char *err, size_t errlen);
+int srv_store_redo_begin(srv_store_t *st, srv_session_t *s, char *err, size_t errlen);
 
 /* ---- shared stores (see "Shared stores") ---- */
 
@@ -384,7 +388,7 @@ int srv_store_remote(const srv_store_t *st);
  * keeps it held for the next srv_store_acquire_in_memory of id, which
  * takes it without reaching the backend. Blocks (the I/O thread's).
  * Remote stores only (else SRV_STORE_EINVAL). */
-int srv_store_fetch(srv_store_t *st, const char *id);
+int srv_store_fetch(srv_store_t *st, const char *id, char *err, size_t errlen);
 /* Gives back a session fetched for a caller that never came to take it
  * (its lease dropped). No-op when id is not waiting to be taken. */
 void srv_store_unfetch(srv_store_t *st, const char *id);
@@ -393,7 +397,7 @@ void srv_store_unfetch(srv_store_t *st, const char *id);
  * as it is now. SRV_STORE_ENOTFOUND (and the table forgets it),
  * EUNAVAIL. Blocks. A store without backend: 0 when the table has id,
  * else ENOTFOUND. */
-int srv_store_refresh(srv_store_t *st, const char *id);
+int srv_store_refresh(srv_store_t *st, const char *id, char *err, size_t errlen);
 /* 0 when the store can reach its sessions (always, without a backend);
  * else SRV_STORE_EUNAVAIL with the reason in why[n]. Never blocks. */
 int srv_store_health(srv_store_t *st, char *why, size_t n);
@@ -422,7 +426,7 @@ int srv_session_last_turn(const srv_session_t *s, unsigned *flags, const int32_t
 const char *srv_session_owner(const srv_session_t *s);    /* borrowed; "" = none */
 /* Sets the owner tag (copied; "" or 32 lowercase hex chars, else EINVAL) and
  * marks the session changed. */
-int srv_session_set_owner(srv_session_t *s, const char *owner);
+int srv_session_set_owner(srv_session_t *s, const char *owner, char *err, size_t errlen);
 /* The pending grammar: a reply generated under a grammar that stopped
  * before the grammar was complete (max_tokens, a stop string, a cancel),
  * kept so that a later generate can finish it under the same grammar. It
@@ -438,7 +442,7 @@ int srv_session_pending_grammar(const srv_session_t *s, const char **text, size_
  * EINVAL when tlen + rlen > SRV_PENDING_GRAMMAR_MAX (nothing changes),
  * ENOMEM. */
 int srv_session_set_pending_grammar(srv_session_t *s, const char *text, size_t tlen,
-                                    const char *reply, size_t rlen);
+                                    const char *reply, size_t rlen, char *err, size_t errlen);
 /* last_used = now, and marks the session changed (written on release with
  * persist, eviction or flush). */
 void srv_session_touch(srv_session_t *s);

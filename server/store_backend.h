@@ -38,8 +38,8 @@
  * thread-safe.
  *
  * ## Errors
- * 0 or a negative SRV_STORE_E* code, the detail through
- * srv_store_set_last_error: ENOTFOUND, EBUSY, ESTALE, EUNAVAIL (the backend
+ * 0 or a negative SRV_STORE_E* code, the detail in the caller's err[errlen]
+ * (err may be NULL; written on the calling thread): ENOTFOUND, EBUSY, ESTALE, EUNAVAIL (the backend
  * cannot be reached, or refuses for a while: the caller answers 503),
  * ENOSPACE (the backend is out of memory), ENOMEM, EIO (a reply that makes
  * no sense).
@@ -79,7 +79,7 @@ typedef struct srv_store_backend_ops {
      * frees) and *len get the stored blob, else *blob = NULL. ENOTFOUND (no
      * lease is left behind), EBUSY, EUNAVAIL. Blocks. */
     int (*acquire)(srv_store_backend_t *be, const char *id, uint64_t have, char *token,
-                   uint64_t *version, unsigned char **blob, size_t *len);
+                   uint64_t *version, unsigned char **blob, size_t *len, char *err, size_t errlen);
     /* Stores blob[len] (borrowed) and m as version expect + 1 when the stored
      * version is expect (0: the session must not exist yet) and no other
      * token than `token` (NULL: none, a new session) holds the lease;
@@ -88,22 +88,23 @@ typedef struct srv_store_backend_ops {
      * ENOSPACE. A save that the backend applied but whose answer was lost is
      * reported as a success when it is retried. Blocks. */
     int (*save)(srv_store_backend_t *be, const char *id, const char *token, uint64_t expect,
-                const unsigned char *blob, size_t len, const srv_store_meta_t *m,
-                uint64_t *version);
+                const unsigned char *blob, size_t len, const srv_store_meta_t *m, uint64_t *version,
+                char *err, size_t errlen);
     /* Drops the lease `token` of id, if it still holds it. Never blocks
      * (queued); an acquire of id by this process meanwhile takes it over. */
     void (*release)(srv_store_backend_t *be, const char *id, const char *token);
     /* Deletes session id unless another process holds its lease (EBUSY).
      * ENOTFOUND, EUNAVAIL. Blocks. */
-    int (*remove)(srv_store_backend_t *be, const char *id);
+    int (*remove)(srv_store_backend_t *be, const char *id, char *err, size_t errlen);
     /* The stored version and metadata of id, without the blob. ENOTFOUND,
      * EUNAVAIL. Blocks. */
-    int (*peek)(srv_store_backend_t *be, const char *id, uint64_t *version, srv_store_meta_t *m);
+    int (*peek)(srv_store_backend_t *be, const char *id, uint64_t *version, srv_store_meta_t *m,
+                char *err, size_t errlen);
     /* Sessions ordered by id after `after` ("" = from the start) whose
      * owner tag is owner (NULL = any): up to limit into out[] (caller-owned),
      * their count in *n, *has_more = 1 if more follow. EUNAVAIL. Blocks. */
     int (*list)(srv_store_backend_t *be, const char *owner, const char *after, size_t limit,
-                srv_store_entry_t *out, size_t *n, int *has_more);
+                srv_store_entry_t *out, size_t *n, int *has_more, char *err, size_t errlen);
     /* 0 when the backend was reachable at its last check; else EUNAVAIL and
      * why[n] says what is wrong since when. Never blocks. */
     int (*health)(srv_store_backend_t *be, char *why, size_t n);

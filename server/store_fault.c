@@ -113,7 +113,7 @@ static void evict_in_mode(srv_store_t *st, const char *word)
     char mode[32];
     fault_mode(mode);
     if (strncmp(mode, word, strlen(word)) == 0)
-        srv_store_trim(st, 0);
+        srv_store_trim(st, 0, NULL, 0);
 }
 
 void api_store_fault_after_read(srv_store_t *st)

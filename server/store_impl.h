@@ -161,24 +161,29 @@ typedef struct meta {
     unsigned char *pg; /* malloc'd pending grammar, NULL if none */
 } meta_t;
 
-/* Records the detail and yields code; spelled as an expression so static
- * analysis sees every failure path return nonzero. code is evaluated after
- * the message (which may clobber errno): pass a value, not errno. */
-#define STORE_FAIL(code, ...) (srv_store_set_last_error(__VA_ARGS__), (code))
+/* printf-style detail into err[errlen] (err may be NULL). */
+void srv_store_errf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Writes the detail into err[errlen] and yields code; spelled as an
+ * expression so static analysis sees every failure path return nonzero.
+ * code is evaluated after the message (which may clobber errno): pass a
+ * value, not errno. */
+#define STORE_FAIL(err, errlen, code, ...) (srv_store_errf((err), (errlen), __VA_ARGS__), (code))
 
 /* ---- helpers of store.c (see there) ---- */
 
 /* A fresh random id (128 bits). SRV_STORE_EIO without randomness. */
-int srv_sess_new_id(char id[ID_LEN + 1]);
+int srv_sess_new_id(char id[ID_LEN + 1], char *err, size_t errlen);
 /* The table (caller holds mu). */
 srv_session_t *srv_sess_tab_find(const srv_store_t *st, const char *id);
-int srv_sess_tab_insert(srv_store_t *st, srv_session_t *s);
+int srv_sess_tab_insert(srv_store_t *st, srv_session_t *s, char *err, size_t errlen);
 void srv_sess_tab_remove(srv_store_t *st, const srv_session_t *s);
 /* Waits while s is under store I/O (caller holds mu): s, or NULL. */
 srv_session_t *srv_sess_find_settled(srv_store_t *st, const char *id);
 /* Contexts: freed (zeroed), an independent copy. */
 void srv_sess_ctx_free(srv_seq_ctx_t *c);
-int srv_sess_ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c);
+int srv_sess_ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c, char *err,
+                      size_t errlen);
 int64_t srv_sess_ctx_tokens(const srv_seq_ctx_t *c);
 /* Caller holds mu: re-reads the size and token count of s in memory. */
 void srv_sess_refresh(srv_store_t *st, srv_session_t *s);
@@ -187,7 +192,7 @@ void srv_sess_drop_memory(srv_store_t *st, srv_session_t *s);
 /* Caller holds mu: s's saved copy is now len bytes. */
 void srv_sess_disk_written(srv_store_t *st, srv_session_t *s, size_t len);
 /* Caller holds mu: evicts until `need` more sessions fit (EFULL else). */
-int srv_sess_make_room(srv_store_t *st, size_t need);
+int srv_sess_make_room(srv_store_t *st, size_t need, char *err, size_t errlen);
 /* Caller holds mu: s is no longer busy (waiters wake). */
 void srv_sess_give_back(srv_store_t *st, srv_session_t *s);
 /* Caller holds mu: the session's entry and memory are gone from the table
@@ -201,33 +206,37 @@ void srv_sess_fork_init(srv_store_t *st, srv_session_t *ns, const srv_session_t 
 void srv_sess_pg_set(srv_session_t *s, unsigned char *pg, size_t t, size_t r);
 /* The blob of held session s with context c (new malloc'd *out). */
 int srv_sess_serialize_ctx(const srv_store_t *st, const srv_session_t *s, const srv_seq_ctx_t *c,
-                           unsigned char **out, size_t *len);
+                           unsigned char **out, size_t *len, char *err, size_t errlen);
 /* A blob (borrowed) loaded into a fresh context *c and its metadata *m
  * (free with srv_sess_meta_free); what names it in messages. EIO for a
  * blob that does not load here (damaged, another model), ENOMEM. */
 int srv_sess_load_blob(srv_store_t *st, const unsigned char *buf, size_t len, const char *what,
-                       srv_seq_ctx_t *c, meta_t *m);
+                       srv_seq_ctx_t *c, meta_t *m, char *err, size_t errlen);
 void srv_sess_meta_free(meta_t *m);
 
 /* ---- store_remote.c: the remote mode's side of the srv_store_* calls ---- */
 
 /* srv_store_acquire (from_backend = 1) and srv_store_acquire_in_memory. */
-int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend,
-                            srv_session_t **out);
+int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend, srv_session_t **out,
+                            char *err, size_t errlen);
 /* srv_store_release's save of held session s (its blob buf[len]): 0, or
  * the backend's error. Not under mu. */
-int srv_sess_remote_save(srv_store_t *st, srv_session_t *s, const unsigned char *buf, size_t len);
+int srv_sess_remote_save(srv_store_t *st, srv_session_t *s, const unsigned char *buf, size_t len,
+                         char *err, size_t errlen);
 /* srv_store_release's end for s (caller holds mu, s still busy): drops the
  * lease unless the save dropped it, and the memory copy when it is not
  * what the backend holds (persist = 0 after a change). */
 void srv_sess_remote_released(srv_store_t *st, srv_session_t *s, int persist, int saved);
-int srv_sess_remote_delete(srv_store_t *st, const char *id);
+int srv_sess_remote_delete(srv_store_t *st, const char *id, char *err, size_t errlen);
 int srv_sess_remote_fork(srv_store_t *st, const char *id, const char *owner,
-                         char new_id[SRV_SESSION_ID_LEN + 1]);
-int srv_sess_remote_export(srv_store_t *st, const char *id, void **blob, size_t *len);
-int srv_sess_remote_import(srv_store_t *st, const char *id, const void *blob, size_t len);
+                         char new_id[SRV_SESSION_ID_LEN + 1], char *err, size_t errlen);
+int srv_sess_remote_export(srv_store_t *st, const char *id, void **blob, size_t *len, char *err,
+                           size_t errlen);
+int srv_sess_remote_import(srv_store_t *st, const char *id, const void *blob, size_t len, char *err,
+                           size_t errlen);
 int srv_sess_remote_list(srv_store_t *st, const char *owner, const char *after, size_t limit,
-                         srv_session_info_t *out, size_t *n, int *has_more);
+                         srv_session_info_t *out, size_t *n, int *has_more, char *err,
+                         size_t errlen);
 /* srv_store_sweep (caller holds mu): drops idle copies unused for ttl_s,
  * gives back fetched sessions nobody took. */
 void srv_sess_remote_sweep(srv_store_t *st, int64_t now);

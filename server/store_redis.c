@@ -84,8 +84,8 @@
 #define KEY_MAX 160
 #define OWNER_IDX_NONE "-"
 
-/* Records the detail (srv_store_last_error) and yields code. */
-#define STORE_FAIL(code, ...) (srv_store_set_last_error(__VA_ARGS__), (code))
+/* Writes the detail into err[errlen] (err may be NULL) and yields code. */
+#define STORE_FAIL(err, errlen, code, ...) (fail((err), (errlen), __VA_ARGS__), (code))
 
 /* ---- pure parts (unit-tested without a server) ---- */
 
@@ -563,19 +563,20 @@ fail:
 
 /* What an error reply means for the caller: EUNAVAIL (the server is
  * there but refuses for a while), ENOSPACE (out of memory), EIO. */
-static int reply_error(redis_be_t *r, const redisReply *rep, const char *what)
+static int reply_error(redis_be_t *r, const redisReply *rep, const char *what, char *err,
+                       size_t errlen)
 {
     const char *s = rep->str ? rep->str : "";
     if (strncmp(s, "OOM", 3) == 0)
-        return STORE_FAIL(SRV_STORE_ENOSPACE, "session store %s is out of memory (%s): %s",
-                          r->shown, what, s);
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOSPACE,
+                          "session store %s is out of memory (%s): %s", r->shown, what, s);
     if (strncmp(s, "LOADING", 7) == 0 || strncmp(s, "BUSY", 4) == 0 ||
         strncmp(s, "READONLY", 8) == 0 || strncmp(s, "MISCONF", 7) == 0 ||
         strncmp(s, "NOAUTH", 6) == 0 || strncmp(s, "WRONGPASS", 9) == 0 ||
         strncmp(s, "MASTERDOWN", 10) == 0)
-        return STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s cannot take requests now (%s): %s",
-                          r->shown, what, s);
-    return STORE_FAIL(SRV_STORE_EIO, "session store %s (%s): %s", r->shown, what, s);
+        return STORE_FAIL(err, errlen, SRV_STORE_EUNAVAIL,
+                          "session store %s cannot take requests now (%s): %s", r->shown, what, s);
+    return STORE_FAIL(err, errlen, SRV_STORE_EIO, "session store %s (%s): %s", r->shown, what, s);
 }
 
 /* The health message while down (caller holds mu). */
@@ -600,7 +601,8 @@ typedef int (*seq_fn)(redis_be_t *r, redisContext *c, void *arg);
  * that breaks is replaced and fn runs once more, unless it timed out (the
  * server hangs: no second wait). While the server is known to be down,
  * fails at once with SRV_STORE_EUNAVAIL. */
-static int with_conn(redis_be_t *r, seq_fn fn, void *arg, const char *what)
+static int with_conn(redis_be_t *r, seq_fn fn, void *arg, const char *what, char *err,
+                     size_t errlen)
 {
     int rc = SRV_STORE_EUNAVAIL;
     char why[256] = "";
@@ -614,7 +616,7 @@ static int with_conn(redis_be_t *r, seq_fn fn, void *arg, const char *what)
             down_text(r, text, sizeof text);
         pthread_mutex_unlock(&r->mu);
         if (down) { /* the keeper reconnects; fail now rather than wait */
-            rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "%s", text);
+            rc = STORE_FAIL(err, errlen, SRV_STORE_EUNAVAIL, "%s", text);
             break;
         }
         if (r->cmd && r->cmd_gen != gen) { /* made before the server went away */
@@ -628,8 +630,8 @@ static int with_conn(redis_be_t *r, seq_fn fn, void *arg, const char *what)
                 pthread_mutex_lock(&r->mu);
                 mark_down(r, why);
                 pthread_mutex_unlock(&r->mu);
-                rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)", r->shown,
-                                why);
+                rc = STORE_FAIL(err, errlen, SRV_STORE_EUNAVAIL,
+                                "session store %s unreachable (%s)", r->shown, why);
                 break;
             }
         }
@@ -648,7 +650,8 @@ static int with_conn(redis_be_t *r, seq_fn fn, void *arg, const char *what)
             pthread_mutex_lock(&r->mu);
             mark_down(r, why);
             pthread_mutex_unlock(&r->mu);
-            rc = STORE_FAIL(SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)", r->shown, why);
+            rc = STORE_FAIL(err, errlen, SRV_STORE_EUNAVAIL, "session store %s unreachable (%s)",
+                            r->shown, why);
             break;
         }
     }
@@ -699,10 +702,10 @@ static int one_fn(redis_be_t *r, redisContext *c, void *arg)
  * (caller frees; may be an error reply), or NULL with *rc (EUNAVAIL,
  * detail set). */
 static redisReply *run(redis_be_t *r, int argc, const char **argv, const size_t *lens, int *rc,
-                       const char *what)
+                       const char *what, char *err, size_t errlen)
 {
     one_cmd_t o = {.argc = argc, .argv = argv, .lens = lens};
-    int e = with_conn(r, one_fn, &o, what);
+    int e = with_conn(r, one_fn, &o, what, err, errlen);
     if (e < 0)
         *rc = e;
     return e == 0 ? o.rep : NULL;
@@ -762,6 +765,8 @@ typedef struct acq {
     uint64_t version;
     unsigned char *blob; /* malloc'd when read */
     size_t len;
+    char *err; /* the caller's detail buffer [errlen] (may be NULL) */
+    size_t errlen;
 } acq_t;
 
 /* The acquire script, then the blob when the caller's version is not the
@@ -777,14 +782,15 @@ static int acquire_seq(redis_be_t *r, redisContext *c, void *arg)
     if (rc)
         return rc;
     if (rep->type == REDIS_REPLY_ERROR) {
-        rc = reply_error(r, rep, "acquire");
+        rc = reply_error(r, rep, "acquire", q->err, q->errlen);
     } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
                reply_int(rep->element[0], &q->code) < 0 || q->code < -1 || q->code > 1 ||
                (q->code == 1 &&
                 (rep->elements < 2 || rep->element[1]->type != REDIS_REPLY_STRING ||
                  srv_store_redis_version_parse(rep->element[1]->str, rep->element[1]->len,
                                                &q->version) < 0))) {
-        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to acquire", r->shown);
+        rc = STORE_FAIL(q->err, q->errlen, SRV_STORE_EIO,
+                        "session store %s: unexpected answer to acquire", r->shown);
     }
     freeReplyObject(rep);
     if (rc || q->code != 1 || q->version == q->have)
@@ -794,20 +800,21 @@ static int acquire_seq(redis_be_t *r, redisContext *c, void *arg)
         return rc;
     uint64_t v2 = 0;
     if (rep->type == REDIS_REPLY_ERROR) {
-        rc = reply_error(r, rep, "read");
+        rc = reply_error(r, rep, "read", q->err, q->errlen);
     } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2) {
-        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to HMGET", r->shown);
+        rc = STORE_FAIL(q->err, q->errlen, SRV_STORE_EIO,
+                        "session store %s: unexpected answer to HMGET", r->shown);
     } else if (rep->element[0]->type != REDIS_REPLY_STRING) { /* expired just now */
-        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", q->id);
+        rc = STORE_FAIL(q->err, q->errlen, SRV_STORE_ENOTFOUND, "session %s not found", q->id);
     } else if (srv_store_redis_version_parse(rep->element[0]->str, rep->element[0]->len, &v2) < 0 ||
                v2 != q->version || rep->element[1]->type != REDIS_REPLY_STRING ||
                rep->element[1]->len == 0) {
-        rc = STORE_FAIL(SRV_STORE_EIO,
+        rc = STORE_FAIL(q->err, q->errlen, SRV_STORE_EIO,
                         "session %s in %s: no state, or another version than its "
                         "lease was taken for",
                         q->id, r->shown);
     } else if (!(q->blob = malloc(rep->element[1]->len))) {
-        rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a %zu-byte state",
+        rc = STORE_FAIL(q->err, q->errlen, SRV_STORE_ENOMEM, "out of memory for a %zu-byte state",
                         rep->element[1]->len);
     } else {
         memcpy(q->blob, rep->element[1]->str, rep->element[1]->len);
@@ -818,7 +825,7 @@ static int acquire_seq(redis_be_t *r, redisContext *c, void *arg)
 }
 
 static int r_acquire(srv_store_backend_t *be, const char *id, uint64_t have, char *token,
-                     uint64_t *version, unsigned char **blob, size_t *len)
+                     uint64_t *version, unsigned char **blob, size_t *len, char *err, size_t errlen)
 {
     redis_be_t *r = (redis_be_t *)be;
     *blob = NULL;
@@ -826,7 +833,7 @@ static int r_acquire(srv_store_backend_t *be, const char *id, uint64_t have, cha
     char ks[KEY_MAX], kl[KEY_MAX], old[SRV_STORE_TOKEN_MAX], lms[24], ttl[24];
     if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0 ||
         srv_store_redis_key(r->ns, 'l', id, kl, sizeof kl) < 0)
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "malformed session id");
     token_new(r, token, 'a');
     take_queued(r, id, old);
     snprintf(lms, sizeof lms, "%" PRId64, r->lease_ms);
@@ -841,17 +848,19 @@ static int r_acquire(srv_store_backend_t *be, const char *id, uint64_t have, cha
                     .old = old,
                     .lms = lms,
                     .ttl = ttl,
-                    .have = have};
-        rc = with_conn(r, acquire_seq, &q, "acquire");
+                    .have = have,
+                    .err = err,
+                    .errlen = errlen};
+        rc = with_conn(r, acquire_seq, &q, "acquire", err, errlen);
         if (rc != 0 || q.code != -1 || waited >= BUSY_WAIT_MS)
             break;
         struct timespec ts = {0, (long)step * 1000000L};
         nanosleep(&ts, NULL);
     }
     if (rc == 0 && q.code == -1)
-        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy on another replica", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EBUSY, "session %s is busy on another replica", id);
     else if (rc == 0 && q.code == 0)
-        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOTFOUND, "session %s not found", id);
     if (rc < 0) {
         free(q.blob);
         if (q.code == 1) /* the lease was taken: give it back */
@@ -878,6 +887,8 @@ typedef struct sav {
     uint64_t version;
     int stale; /* 1 another holder's lease, 2 another version (stored_v) */
     uint64_t stored_v;
+    char *err; /* the caller's detail buffer [errlen] (may be NULL) */
+    size_t errlen;
 } sav_t;
 
 /* A save as a check-and-set: WATCH the session and its lease, read the
@@ -915,11 +926,12 @@ static int save_seq(redis_be_t *r, redisContext *c, void *arg)
                                 : g->type == REDIS_REPLY_ERROR ? g
                                                                : NULL;
         if (err)
-            rc = reply_error(r, err, "save");
+            rc = reply_error(r, err, "save", q->err, q->errlen);
         else if (h->type != REDIS_REPLY_ARRAY || h->elements != 2 ||
                  (h->element[0]->type == REDIS_REPLY_STRING &&
                   srv_store_redis_version_parse(h->element[0]->str, h->element[0]->len, &v) < 0))
-            rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: malformed version", q->id, r->shown);
+            rc = STORE_FAIL(q->err, q->errlen, SRV_STORE_EIO, "session %s in %s: malformed version",
+                            q->id, r->shown);
         const int mine = rc == 0 && v == q->expect + 1 &&
                          h->element[1]->type == REDIS_REPLY_STRING &&
                          strlen(q->wid) == h->element[1]->len &&
@@ -994,20 +1006,21 @@ static int save_seq(redis_be_t *r, redisContext *c, void *arg)
             if (next_reply(r, c, &x))
                 return CONN_BROKEN;
             if (x->type == REDIS_REPLY_ERROR && rc == 0)
-                rc = reply_error(r, x, "save");
+                rc = reply_error(r, x, "save", q->err, q->errlen);
             freeReplyObject(x);
         }
         redisReply *x = NULL;
         if (next_reply(r, c, &x))
             return CONN_BROKEN;
         if (rc == 0 && x->type == REDIS_REPLY_ERROR)
-            rc = reply_error(r, x, "save");
+            rc = reply_error(r, x, "save", q->err, q->errlen);
         const int aborted = rc == 0 && x->type == REDIS_REPLY_NIL; /* a watched key changed */
         if (rc == 0 && !aborted && x->type != REDIS_REPLY_ARRAY)
-            rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to EXEC", r->shown);
+            rc = STORE_FAIL(q->err, q->errlen, SRV_STORE_EIO,
+                            "session store %s: unexpected answer to EXEC", r->shown);
         for (size_t i = 0; rc == 0 && !aborted && i < x->elements; i++)
             if (x->element[i]->type == REDIS_REPLY_ERROR)
-                rc = reply_error(r, x->element[i], "save");
+                rc = reply_error(r, x->element[i], "save", q->err, q->errlen);
         freeReplyObject(x);
         if (rc)
             return rc;
@@ -1016,7 +1029,7 @@ static int save_seq(redis_be_t *r, redisContext *c, void *arg)
             return 0;
         }
     }
-    return STORE_FAIL(SRV_STORE_ESTALE,
+    return STORE_FAIL(q->err, q->errlen, SRV_STORE_ESTALE,
                       "session %s kept changing while it was being saved; "
                       "this change was not saved",
                       q->id);
@@ -1024,20 +1037,20 @@ static int save_seq(redis_be_t *r, redisContext *c, void *arg)
 
 static int r_save(srv_store_backend_t *be, const char *id, const char *token, uint64_t expect,
                   const unsigned char *blob, size_t len, const srv_store_meta_t *m,
-                  uint64_t *version)
+                  uint64_t *version, char *err, size_t errlen)
 {
     redis_be_t *r = (redis_be_t *)be;
     char ks[KEY_MAX], kl[KEY_MAX], ki[KEY_MAX], ko[KEY_MAX], ttl[24], wid[SRV_STORE_TOKEN_MAX];
     if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0 ||
         srv_store_redis_key(r->ns, 'l', id, kl, sizeof kl) < 0)
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "malformed session id");
     snprintf(ki, sizeof ki, "%sidx", r->ns);
     snprintf(ko, sizeof ko, "%sidx:%s", r->ns, m->owner[0] ? m->owner : OWNER_IDX_NONE);
     snprintf(ttl, sizeof ttl, "%" PRId64, r->ttl_ms);
     token_new(r, wid, 'w');
     sav_t *q = calloc(1, sizeof *q);
     if (!q)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory");
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
     *q = (sav_t){.id = id,
                  .ks = ks,
                  .kl = kl,
@@ -1048,16 +1061,18 @@ static int r_save(srv_store_backend_t *be, const char *id, const char *token, ui
                  .ttl = ttl,
                  .expect = expect,
                  .blob = blob,
-                 .len = len};
+                 .len = len,
+                 .err = err,
+                 .errlen = errlen};
     srv_store_redis_meta_encode(m, q->mv);
-    int rc = with_conn(r, save_seq, q, "save");
+    int rc = with_conn(r, save_seq, q, "save", err, errlen);
     if (rc == 0 && q->stale == 1)
-        rc = STORE_FAIL(SRV_STORE_ESTALE,
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ESTALE,
                         "session %s is held by another replica (this one's "
                         "lease ran out): this change was not saved",
                         id);
     else if (rc == 0 && q->stale == 2)
-        rc = STORE_FAIL(SRV_STORE_ESTALE,
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ESTALE,
                         "session %s changed on another replica meanwhile "
                         "(version %" PRIu64 " there, %" PRIu64 " here): this change was not "
                         "saved",
@@ -1085,19 +1100,19 @@ static void r_release(srv_store_backend_t *be, const char *id, const char *token
     pthread_mutex_unlock(&r->mu);
 }
 
-static int r_remove(srv_store_backend_t *be, const char *id)
+static int r_remove(srv_store_backend_t *be, const char *id, char *err, size_t errlen)
 {
     redis_be_t *r = (redis_be_t *)be;
     char ks[KEY_MAX], kl[KEY_MAX], ki[KEY_MAX], ko[KEY_MAX], old[SRV_STORE_TOKEN_MAX];
     if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0 ||
         srv_store_redis_key(r->ns, 'l', id, kl, sizeof kl) < 0)
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "malformed session id");
     snprintf(ki, sizeof ki, "%sidx", r->ns);
     snprintf(ko, sizeof ko, "%sidx:", r->ns);
     take_queued(r, id, old);
     const char *av[] = {"EVAL", REMOVE_LUA, "3", ks, kl, ki, id, old, ko};
     int rc = 0;
-    redisReply *rep = run(r, 9, av, NULL, &rc, "delete");
+    redisReply *rep = run(r, 9, av, NULL, &rc, "delete", err, errlen);
     if (!rep) {
         if (old[0])
             r_release(be, id, old);
@@ -1105,13 +1120,14 @@ static int r_remove(srv_store_backend_t *be, const char *id)
     }
     long long code = 0;
     if (rep->type == REDIS_REPLY_ERROR)
-        rc = reply_error(r, rep, "delete");
+        rc = reply_error(r, rep, "delete", err, errlen);
     else if (reply_int(rep, &code) < 0)
-        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to delete", r->shown);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EIO, "session store %s: unexpected answer to delete",
+                        r->shown);
     else if (code < 0)
-        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy on another replica", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EBUSY, "session %s is busy on another replica", id);
     else if (code == 0)
-        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOTFOUND, "session %s not found", id);
     freeReplyObject(rep);
     if (rc == SRV_STORE_EBUSY && old[0])
         r_release(be, id, old);
@@ -1129,25 +1145,27 @@ static void fields(const redisReply *rep, size_t first, size_t n, const char **v
     }
 }
 
-static int r_peek(srv_store_backend_t *be, const char *id, uint64_t *version, srv_store_meta_t *m)
+static int r_peek(srv_store_backend_t *be, const char *id, uint64_t *version, srv_store_meta_t *m,
+                  char *err, size_t errlen)
 {
     redis_be_t *r = (redis_be_t *)be;
     char ks[KEY_MAX];
     if (srv_store_redis_key(r->ns, 's', id, ks, sizeof ks) < 0)
-        return STORE_FAIL(SRV_STORE_EINVAL, "malformed session id");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "malformed session id");
     const char *av[3 + SRV_STORE_REDIS_META_FIELDS] = {"HMGET", ks, "v"};
     for (int i = 0; i < SRV_STORE_REDIS_META_FIELDS; i++)
         av[3 + i] = srv_store_redis_meta_names[i];
     int rc = 0;
-    redisReply *rep = run(r, 3 + SRV_STORE_REDIS_META_FIELDS, av, NULL, &rc, "read");
+    redisReply *rep = run(r, 3 + SRV_STORE_REDIS_META_FIELDS, av, NULL, &rc, "read", err, errlen);
     if (!rep)
         return rc;
     if (rep->type == REDIS_REPLY_ERROR) {
-        rc = reply_error(r, rep, "read");
+        rc = reply_error(r, rep, "read", err, errlen);
     } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 1 + SRV_STORE_REDIS_META_FIELDS) {
-        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to HMGET", r->shown);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EIO, "session store %s: unexpected answer to HMGET",
+                        r->shown);
     } else if (rep->element[0]->type != REDIS_REPLY_STRING) {
-        rc = STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOTFOUND, "session %s not found", id);
     } else {
         const char *v[SRV_STORE_REDIS_META_FIELDS];
         size_t l[SRV_STORE_REDIS_META_FIELDS];
@@ -1155,14 +1173,15 @@ static int r_peek(srv_store_backend_t *be, const char *id, uint64_t *version, sr
         if (srv_store_redis_version_parse(rep->element[0]->str, rep->element[0]->len, version) <
                 0 ||
             srv_store_redis_meta_decode(v, l, m) < 0)
-            rc = STORE_FAIL(SRV_STORE_EIO, "session %s in %s: malformed metadata", id, r->shown);
+            rc = STORE_FAIL(err, errlen, SRV_STORE_EIO, "session %s in %s: malformed metadata", id,
+                            r->shown);
     }
     freeReplyObject(rep);
     return rc;
 }
 
 static int r_list(srv_store_backend_t *be, const char *owner, const char *after, size_t limit,
-                  srv_store_entry_t *out, size_t *n, int *has_more)
+                  srv_store_entry_t *out, size_t *n, int *has_more, char *err, size_t errlen)
 {
     redis_be_t *r = (redis_be_t *)be;
     *n = 0;
@@ -1178,13 +1197,14 @@ static int r_list(srv_store_backend_t *be, const char *owner, const char *after,
         after = ""; /* not an id: the ids sort after what it is not; start over */
     const char *av[] = {"EVAL", LIST_LUA, "1", ki, kp, after ? after : "", lim};
     int rc = 0;
-    redisReply *rep = run(r, 7, av, NULL, &rc, "list");
+    redisReply *rep = run(r, 7, av, NULL, &rc, "list", err, errlen);
     if (!rep)
         return rc;
     if (rep->type == REDIS_REPLY_ERROR) {
-        rc = reply_error(r, rep, "list");
+        rc = reply_error(r, rep, "list", err, errlen);
     } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements % 9) {
-        rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: unexpected answer to list", r->shown);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EIO, "session store %s: unexpected answer to list",
+                        r->shown);
     } else {
         for (size_t i = 0; i < rep->elements / 9 && rc == 0; i++) {
             const redisReply *e = rep->element[9 * i];
@@ -1199,7 +1219,8 @@ static int r_list(srv_store_backend_t *be, const char *owner, const char *after,
             const redisReply *ver = rep->element[9 * i + 1];
             if (e->type != REDIS_REPLY_STRING || e->len != SRV_SESSION_ID_LEN ||
                 ver->type != REDIS_REPLY_STRING) {
-                rc = STORE_FAIL(SRV_STORE_EIO, "session store %s: malformed list entry", r->shown);
+                rc = STORE_FAIL(err, errlen, SRV_STORE_EIO,
+                                "session store %s: malformed list entry", r->shown);
                 break;
             }
             memcpy(o->id, e->str, SRV_SESSION_ID_LEN);

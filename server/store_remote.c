@@ -126,7 +126,7 @@ static void adopt(srv_store_t *st, srv_session_t *s, srv_seq_ctx_t *c, meta_t *m
 /* Holds session id (busy) with its lease and its memory current with the
  * backend (read when the backend's version is not the one in memory). A
  * session created here and never saved is held without the backend. */
-static int take(srv_store_t *st, const char *id, srv_session_t **out)
+static int take(srv_store_t *st, const char *id, srv_session_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     pthread_mutex_lock(&st->mu);
@@ -134,7 +134,7 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
     int placeholder = 0;
     if (s && s->busy) {
         pthread_mutex_unlock(&st->mu);
-        return STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
+        return STORE_FAIL(err, errlen, SRV_STORE_EBUSY, "session %s is busy", id);
     }
     if (s && s->version == 0 && s->ctx.state) { /* only here so far */
         s->busy = 1;
@@ -150,10 +150,10 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
             s->st = st;
             memcpy(s->id, id, ID_LEN + 1);
         }
-        if (!s || srv_sess_tab_insert(st, s) < 0) {
+        if (!s || srv_sess_tab_insert(st, s, err, errlen) < 0) {
             free(s);
             pthread_mutex_unlock(&st->mu);
-            return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
+            return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a session");
         }
         placeholder = 1;
     }
@@ -168,19 +168,19 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
     srv_seq_ctx_t c = {0};
     meta_t m = {0};
     const int64_t t0 = mono_ns();
-    int rc = st->be->ops->acquire(st->be, id, have, tok, &v, &blob, &len);
+    int rc = st->be->ops->acquire(st->be, id, have, tok, &v, &blob, &len, err, errlen);
     const int64_t t1 = mono_ns();
     const int loaded = rc == 0 && blob != NULL;
     if (loaded) {
         if (len > st->max_blob) {
-            rc = STORE_FAIL(SRV_STORE_EIO,
+            rc = STORE_FAIL(err, errlen, SRV_STORE_EIO,
                             "session %s in the shared store has %zu bytes, more "
                             "than any state of this server (%zu)",
                             id, len, st->max_blob);
         } else {
             char what[96];
             snprintf(what, sizeof what, "session %s in the shared store", id);
-            rc = srv_sess_load_blob(st, blob, len, what, &c, &m);
+            rc = srv_sess_load_blob(st, blob, len, what, &c, &m, err, errlen);
         }
         free(blob);
         if (rc < 0)
@@ -190,7 +190,7 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
     if (rc == 0 && loaded) {
         if (s->ctx.state)
             srv_sess_drop_memory(st, s);
-        if ((rc = srv_sess_make_room(st, 1)) < 0) {
+        if ((rc = srv_sess_make_room(st, 1, err, errlen)) < 0) {
             st->be->ops->release(st->be, id, tok);
             srv_sess_ctx_free(&c);
             srv_sess_meta_free(&m);
@@ -222,11 +222,12 @@ static int take(srv_store_t *st, const char *id, srv_session_t **out)
     return 0;
 }
 
-int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend, srv_session_t **out)
+int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend, srv_session_t **out,
+                            char *err, size_t errlen)
 {
     *out = NULL;
     if (from_backend)
-        return take(st, id, out);
+        return take(st, id, out, err, errlen);
     pthread_mutex_lock(&st->mu);
     srv_session_t *s = srv_sess_tab_find(st, id);
     int rc = 0;
@@ -235,14 +236,14 @@ int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend, s
         s->tick = ++st->tick;
         *out = s;
     } else if (s && s->busy) {
-        rc = STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EBUSY, "session %s is busy", id);
     } else if (s && s->version == 0 && s->ctx.state) {
         s->busy = 1;
         s->tick = ++st->tick;
         s->tokens_held = srv_sess_ctx_tokens(&s->ctx);
         *out = s;
     } else {
-        rc = STORE_FAIL(SRV_STORE_EEVICTED,
+        rc = STORE_FAIL(err, errlen, SRV_STORE_EEVICTED,
                         "session %s must be read from the shared store "
                         "first",
                         id);
@@ -251,15 +252,15 @@ int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend, s
     return rc;
 }
 
-int srv_store_fetch(srv_store_t *st, const char *id)
+int srv_store_fetch(srv_store_t *st, const char *id, char *err, size_t errlen)
 {
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL,
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
                           "malformed session id (expected 32 lowercase hex chars)");
     if (!st->be)
-        return STORE_FAIL(SRV_STORE_EINVAL, "fetch: the store has no backend");
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL, "fetch: the store has no backend");
     srv_session_t *s = NULL;
-    int rc = take(st, id, &s);
+    int rc = take(st, id, &s, err, errlen);
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&st->mu);
@@ -280,16 +281,17 @@ void srv_store_unfetch(srv_store_t *st, const char *id)
         s->fetched = 0;
     pthread_mutex_unlock(&st->mu);
     if (give)
-        srv_store_release(st, s, 0);
+        srv_store_release(st, s, 0, NULL, 0);
 }
 
-int srv_sess_remote_save(srv_store_t *st, srv_session_t *s, const unsigned char *buf, size_t len)
+int srv_sess_remote_save(srv_store_t *st, srv_session_t *s, const unsigned char *buf, size_t len,
+                         char *err, size_t errlen)
 {
     srv_store_meta_t m;
     meta_of(s, &s->ctx, len, &m);
     uint64_t v = 0;
-    int rc =
-        st->be->ops->save(st->be, s->id, s->leased ? s->token : NULL, s->version, buf, len, &m, &v);
+    int rc = st->be->ops->save(st->be, s->id, s->leased ? s->token : NULL, s->version, buf, len, &m,
+                               &v, err, errlen);
     if (rc == 0) {
         pthread_mutex_lock(&st->mu);
         s->version = v;
@@ -315,13 +317,13 @@ void srv_sess_remote_released(srv_store_t *st, srv_session_t *s, int persist, in
     }
 }
 
-int srv_sess_remote_delete(srv_store_t *st, const char *id)
+int srv_sess_remote_delete(srv_store_t *st, const char *id, char *err, size_t errlen)
 {
     pthread_mutex_lock(&st->mu);
     srv_session_t *s = srv_sess_find_settled(st, id);
     if (s && s->busy) {
         pthread_mutex_unlock(&st->mu);
-        return STORE_FAIL(SRV_STORE_EBUSY, "session %s is busy", id);
+        return STORE_FAIL(err, errlen, SRV_STORE_EBUSY, "session %s is busy", id);
     }
     if (s && s->version == 0) { /* never saved: only here */
         srv_sess_forget(st, s);
@@ -331,7 +333,7 @@ int srv_sess_remote_delete(srv_store_t *st, const char *id)
     if (s)
         s->busy = 1;
     pthread_mutex_unlock(&st->mu);
-    int rc = st->be->ops->remove(st->be, id);
+    int rc = st->be->ops->remove(st->be, id, err, errlen);
     pthread_mutex_lock(&st->mu);
     if (s && (rc == 0 || rc == SRV_STORE_ENOTFOUND))
         srv_sess_forget(st, s);
@@ -342,10 +344,10 @@ int srv_sess_remote_delete(srv_store_t *st, const char *id)
 }
 
 int srv_sess_remote_fork(srv_store_t *st, const char *id, const char *owner,
-                         char out_id[SRV_SESSION_ID_LEN + 1])
+                         char out_id[SRV_SESSION_ID_LEN + 1], char *err, size_t errlen)
 {
     srv_session_t *src = NULL;
-    int rc = take(st, id, &src);
+    int rc = take(st, id, &src, err, errlen);
     if (rc < 0)
         return rc;
     srv_session_t *ns = calloc(1, sizeof *ns);
@@ -354,15 +356,15 @@ int srv_sess_remote_fork(srv_store_t *st, const char *id, const char *owner,
     size_t len = 0;
     int reserved = 0, inserted = 0;
     if (!ns) {
-        rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
+        rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a session");
         goto done;
     }
     srv_sess_fork_init(st, ns, src, owner);
-    if ((rc = srv_sess_ctx_copy(st, &src->ctx, &c)) < 0)
+    if ((rc = srv_sess_ctx_copy(st, &src->ctx, &c, err, errlen)) < 0)
         goto done;
     if (src->pg) { /* the copy continues the reply the source left pending, too */
         if (!(pg = malloc(src->pg_text + src->pg_reply))) {
-            rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a pending grammar");
+            rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a pending grammar");
             goto done;
         }
         memcpy(pg, src->pg, src->pg_text + src->pg_reply);
@@ -370,12 +372,12 @@ int srv_sess_remote_fork(srv_store_t *st, const char *id, const char *owner,
         pg = NULL;
     }
     pthread_mutex_lock(&st->mu);
-    if ((rc = srv_sess_make_room(st, 1)) == 0) {
+    if ((rc = srv_sess_make_room(st, 1, err, errlen)) == 0) {
         do {
-            rc = srv_sess_new_id(ns->id);
+            rc = srv_sess_new_id(ns->id, err, errlen);
         } while (rc == 0 && srv_sess_tab_find(st, ns->id));
     }
-    if (rc == 0 && (rc = srv_sess_tab_insert(st, ns)) == 0) {
+    if (rc == 0 && (rc = srv_sess_tab_insert(st, ns, err, errlen)) == 0) {
         inserted = 1;
         reserved = 1;
         st->n_mem++; /* reserved while it is written */
@@ -383,17 +385,17 @@ int srv_sess_remote_fork(srv_store_t *st, const char *id, const char *owner,
     pthread_mutex_unlock(&st->mu);
     if (rc < 0)
         goto done;
-    rc = srv_sess_serialize_ctx(st, ns, &c, &buf, &len);
+    rc = srv_sess_serialize_ctx(st, ns, &c, &buf, &len, err, errlen);
     if (rc == 0) {
         srv_store_meta_t m;
         meta_of(ns, &c, len, &m);
         uint64_t v = 0;
-        rc = st->be->ops->save(st->be, ns->id, NULL, 0, buf, len, &m, &v);
+        rc = st->be->ops->save(st->be, ns->id, NULL, 0, buf, len, &m, &v, err, errlen);
         ns->version = v;
     }
     free(buf);
 done:
-    srv_store_release(st, src, 0);
+    srv_store_release(st, src, 0, NULL, 0);
     pthread_mutex_lock(&st->mu);
     if (rc == 0) {
         ns->ctx = c;
@@ -404,7 +406,7 @@ done:
         ns->busy = 0;
         ns->tick = ++st->tick;
         memcpy(out_id, ns->id, ID_LEN + 1);
-        srv_sess_make_room(st, 0);
+        srv_sess_make_room(st, 0, NULL, 0);
     } else {
         if (reserved)
             st->n_mem--;
@@ -420,16 +422,17 @@ done:
     return rc;
 }
 
-int srv_sess_remote_export(srv_store_t *st, const char *id, void **blob, size_t *len)
+int srv_sess_remote_export(srv_store_t *st, const char *id, void **blob, size_t *len, char *err,
+                           size_t errlen)
 {
     srv_session_t *s = NULL;
-    int rc = take(st, id, &s);
+    int rc = take(st, id, &s, err, errlen);
     if (rc < 0)
         return rc;
     unsigned char *buf = NULL;
     size_t n = 0;
-    rc = srv_sess_serialize_ctx(st, s, &s->ctx, &buf, &n);
-    srv_store_release(st, s, 0);
+    rc = srv_sess_serialize_ctx(st, s, &s->ctx, &buf, &n, err, errlen);
+    srv_store_release(st, s, 0, NULL, 0);
     if (rc < 0)
         return rc;
     *blob = buf;
@@ -437,25 +440,26 @@ int srv_sess_remote_export(srv_store_t *st, const char *id, void **blob, size_t 
     return 0;
 }
 
-int srv_sess_remote_import(srv_store_t *st, const char *id, const void *blob, size_t len)
+int srv_sess_remote_import(srv_store_t *st, const char *id, const void *blob, size_t len, char *err,
+                           size_t errlen)
 {
     core_error_t ve = {0};
     if (core_state_verify(blob, len, st->fp, st->attn, &ve) < 0)
-        return STORE_FAIL(SRV_STORE_EMISMATCH, "%s", ve.msg);
+        return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH, "%s", ve.msg);
     srv_seq_ctx_t c = {0};
     meta_t m = {0};
     /* the blob's checkpoints (an export of a directory store) are not kept:
      * a shared store keeps none */
-    int rc = srv_sess_load_blob(st, blob, len, "the imported state", &c, &m);
+    int rc = srv_sess_load_blob(st, blob, len, "the imported state", &c, &m, err, errlen);
     if (rc < 0) {
         if (rc == SRV_STORE_ENOMEM)
             return rc;
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", srv_store_last_error());
-        return STORE_FAIL(SRV_STORE_EMISMATCH, "%s", msg);
+        char msg[SRV_STORE_ERR_MAX];
+        snprintf(msg, sizeof msg, "%s", err && errlen ? err : "");
+        return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH, "%s", msg);
     }
     srv_session_t *s = NULL;
-    if ((rc = take(st, id, &s)) < 0) {
+    if ((rc = take(st, id, &s, err, errlen)) < 0) {
         srv_sess_ctx_free(&c);
         srv_sess_meta_free(&m);
         return rc;
@@ -475,18 +479,19 @@ int srv_sess_remote_import(srv_store_t *st, const char *id, const void *blob, si
     srv_sess_meta_free(&m);
     pthread_mutex_unlock(&st->mu);
     /* saved (and on failure dropped from memory) like a turn */
-    return srv_store_release(st, s, 1);
+    return srv_store_release(st, s, 1, err, errlen);
 }
 
 int srv_sess_remote_list(srv_store_t *st, const char *owner, const char *after, size_t limit,
-                         srv_session_info_t *out, size_t *n, int *has_more)
+                         srv_session_info_t *out, size_t *n, int *has_more, char *err,
+                         size_t errlen)
 {
     srv_store_entry_t *e = limit ? calloc(limit, sizeof *e) : NULL;
     if (limit && !e)
-        return STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a list");
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a list");
     size_t k = 0;
     int more = 0;
-    int rc = st->be->ops->list(st->be, owner, after ? after : "", limit, e, &k, &more);
+    int rc = st->be->ops->list(st->be, owner, after ? after : "", limit, e, &k, &more, err, errlen);
     if (rc < 0) {
         free(e);
         return rc;
@@ -517,20 +522,20 @@ int srv_sess_remote_list(srv_store_t *st, const char *owner, const char *after, 
     return 0;
 }
 
-int srv_store_refresh(srv_store_t *st, const char *id)
+int srv_store_refresh(srv_store_t *st, const char *id, char *err, size_t errlen)
 {
     if (!srv_session_id_valid(id))
-        return STORE_FAIL(SRV_STORE_EINVAL,
+        return STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
                           "malformed session id (expected 32 lowercase hex chars)");
     if (!st->be) {
         pthread_mutex_lock(&st->mu);
         const srv_session_t *s = srv_sess_tab_find(st, id);
         pthread_mutex_unlock(&st->mu);
-        return s ? 0 : STORE_FAIL(SRV_STORE_ENOTFOUND, "session %s not found", id);
+        return s ? 0 : STORE_FAIL(err, errlen, SRV_STORE_ENOTFOUND, "session %s not found", id);
     }
     uint64_t v = 0;
     srv_store_meta_t m;
-    int rc = st->be->ops->peek(st->be, id, &v, &m);
+    int rc = st->be->ops->peek(st->be, id, &v, &m, err, errlen);
     pthread_mutex_lock(&st->mu);
     srv_session_t *s = srv_sess_tab_find(st, id);
     if (rc == SRV_STORE_ENOTFOUND && s && s->version == 0 && s->ctx.state)
@@ -540,11 +545,11 @@ int srv_store_refresh(srv_store_t *st, const char *id)
     else if (rc == 0 && !s) {
         s = calloc(1, sizeof *s);
         if (!s) {
-            rc = STORE_FAIL(SRV_STORE_ENOMEM, "out of memory for a session");
+            rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a session");
         } else {
             s->st = st;
             memcpy(s->id, id, ID_LEN + 1);
-            if ((rc = srv_sess_tab_insert(st, s)) < 0)
+            if ((rc = srv_sess_tab_insert(st, s, err, errlen)) < 0)
                 free(s);
             else
                 meta_apply(st, s, v, &m);

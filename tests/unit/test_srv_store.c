@@ -28,6 +28,11 @@
 #include "server/store.h"
 #include "tests/unit/ctx_helpers.h"
 
+/* The detail of the last store call that failed on the main thread (the
+ * threads a test starts pass their own buffer or none). */
+static char last_err[SRV_STORE_ERR_MAX];
+#define ERR last_err, sizeof last_err
+
 static core_model_t *model;   /* performer, W = 4 */
 static core_model_t *model_x; /* exact attention */
 static int V;
@@ -161,13 +166,13 @@ static unsigned char *read_all(const char *dir, const char *name, size_t *len)
 static void make_session(srv_store_t *st, core_model_t *m, uint64_t seed, int persist, char *id)
 {
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_create(st, &s), 0);
+    CHECK_INT_EQ(srv_store_create(st, &s, ERR), 0);
     if (!s)
         return;
     advance(m, srv_session_ctx(s), 20 + (int)(seed % 13), seed);
     srv_session_touch(s);
     memcpy(id, srv_session_id(s), 33);
-    CHECK_INT_EQ(srv_store_release(st, s, persist), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, persist, ERR), 0);
 }
 
 /* Copy of session id's context (acquires and releases it). */
@@ -175,12 +180,12 @@ static srv_seq_ctx_t snapshot(srv_store_t *st, core_model_t *m, const char *id)
 {
     srv_session_t *s = NULL;
     srv_seq_ctx_t r = {0};
-    int rc = srv_store_acquire(st, id, &s);
-    CHECK_MSG(rc == 0, "acquire %s: %s", id, srv_store_last_error());
+    int rc = srv_store_acquire(st, id, &s, ERR);
+    CHECK_MSG(rc == 0, "acquire %s: %s", id, last_err);
     if (rc)
         return r;
     r = copy_ctx(m, srv_session_ctx(s));
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     return r;
 }
 
@@ -189,14 +194,14 @@ static void check_same(srv_store_t *st, core_model_t *m, const char *id, srv_seq
                        const char *what)
 {
     srv_session_t *s = NULL;
-    int rc = srv_store_acquire(st, id, &s);
-    CHECK_MSG(rc == 0, "%s: acquire: %s", what, srv_store_last_error());
+    int rc = srv_store_acquire(st, id, &s, ERR);
+    CHECK_MSG(rc == 0, "%s: acquire: %s", what, last_err);
     if (rc) {
         free_ctx(ref);
         return;
     }
     srv_seq_ctx_t mine = copy_ctx(m, srv_session_ctx(s));
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     CHECK_MSG(same_continuation(m, &mine, ref), "%s: continuation differs", what);
     free_ctx(&mine);
     free_ctx(ref);
@@ -211,41 +216,41 @@ TEST(create_acquire_release_delete)
     if (!st)
         goto out;
     srv_session_t *s = NULL, *s2 = NULL;
-    CHECK_INT_EQ(srv_store_create(st, &s), 0);
+    CHECK_INT_EQ(srv_store_create(st, &s, ERR), 0);
     char id[33];
     memcpy(id, srv_session_id(s), 33);
     CHECK(srv_session_id_valid(id));
     CHECK_INT_EQ(srv_session_tokens(s), 0);
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, id, &in, ERR), 0);
     CHECK(in.busy == 1 && in.in_memory == 1 && in.on_disk == 0 && in.tokens == 0);
     CHECK(in.created > 0 && in.created <= (int64_t)time(NULL));
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s2), SRV_STORE_EBUSY);
-    CHECK_INT_EQ(srv_store_delete(st, id), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s2, ERR), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_delete(st, id, ERR), SRV_STORE_EBUSY);
     char nid[33];
-    CHECK_INT_EQ(srv_store_fork_owned(st, id, NULL, nid), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_fork_owned(st, id, NULL, nid, ERR), SRV_STORE_EBUSY);
     void *blob = NULL;
     size_t blen = 0;
-    CHECK_INT_EQ(srv_store_export(st, id, &blob, &blen), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_export(st, id, &blob, &blen, ERR), SRV_STORE_EBUSY);
     advance(model, srv_session_ctx(s), 10, 1);
     CHECK_INT_EQ(srv_session_tokens(s), 12);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_EINVAL); /* not held any more */
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), SRV_STORE_EINVAL); /* not held any more */
     CHECK(file_exists(dir, id));
-    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, id, &in, ERR), 0);
     CHECK(in.busy == 0 && in.on_disk == 1 && in.tokens == 12 && in.state_bytes > 0);
     size_t flen = 0;
     free(read_all(dir, id, &flen));
     CHECK_INT_EQ(in.state_bytes, flen);
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s2), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s2, ERR), 0);
     CHECK(s2 == s);
-    CHECK_INT_EQ(srv_store_release(st, s2, 0), 0);
-    CHECK_INT_EQ(srv_store_delete(st, id), 0);
+    CHECK_INT_EQ(srv_store_release(st, s2, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_delete(st, id, ERR), 0);
     CHECK(!file_exists(dir, id));
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s2), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(srv_store_delete(st, id), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(srv_store_info(st, id, &in), SRV_STORE_ENOTFOUND);
-    CHECK(strstr(srv_store_last_error(), id) != NULL);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s2, ERR), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_delete(st, id, ERR), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(st, id, &in, ERR), SRV_STORE_ENOTFOUND);
+    CHECK(strstr(last_err, id) != NULL);
     CHECK_STR_EQ(srv_store_strerror(SRV_STORE_EBUSY), "session busy");
 
     /* list: by id, paged */
@@ -258,7 +263,7 @@ TEST(create_acquire_release_delete)
     char after[33] = "";
     char prev[33] = "";
     while (more) {
-        CHECK_INT_EQ(srv_store_list_owned(st, NULL, after, 3, page, &n, &more), 0);
+        CHECK_INT_EQ(srv_store_list_owned(st, NULL, after, 3, page, &n, &more, ERR), 0);
         for (size_t i = 0; i < n; i++) {
             CHECK(strcmp(page[i].id, prev) > 0);
             memcpy(prev, page[i].id, 33);
@@ -296,16 +301,16 @@ TEST(ids_unique_and_validated)
     int valid = 1;
     for (int i = 0; i < N; i++) {
         srv_session_t *s = NULL;
-        if (srv_store_create(st, &s) != 0) {
-            CHECK_MSG(0, "create %d: %s", i, srv_store_last_error());
+        if (srv_store_create(st, &s, ERR) != 0) {
+            CHECK_MSG(0, "create %d: %s", i, last_err);
             break;
         }
         memcpy(ids[i], srv_session_id(s), 33);
         valid &= srv_session_id_valid(ids[i]) && strlen(ids[i]) == 32;
         for (int k = 0; k < 32; k++)
             valid &= (ids[i][k] >= '0' && ids[i][k] <= '9') || (ids[i][k] >= 'a' && ids[i][k] <= 'f');
-        srv_store_release(st, s, 0);
-        srv_store_delete(st, ids[i]);
+        srv_store_release(st, s, 0, ERR);
+        srv_store_delete(st, ids[i], ERR);
     }
     CHECK(valid);
     qsort(ids, N, 33, cmp_id);
@@ -328,11 +333,11 @@ TEST(ids_unique_and_validated)
         char nid[33];
         void *b = NULL;
         size_t bl = 0;
-        CHECK_INT_EQ(srv_store_acquire(st, bad[i], &s), SRV_STORE_EINVAL);
-        CHECK_INT_EQ(srv_store_delete(st, bad[i]), SRV_STORE_EINVAL);
-        CHECK_INT_EQ(srv_store_info(st, bad[i], &in), SRV_STORE_EINVAL);
-        CHECK_INT_EQ(srv_store_fork_owned(st, bad[i], NULL, nid), SRV_STORE_EINVAL);
-        CHECK_INT_EQ(srv_store_export(st, bad[i], &b, &bl), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_acquire(st, bad[i], &s, ERR), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_delete(st, bad[i], ERR), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_info(st, bad[i], &in, ERR), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_fork_owned(st, bad[i], NULL, nid, ERR), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_store_export(st, bad[i], &b, &bl, ERR), SRV_STORE_EINVAL);
         CHECK_INT_EQ(srv_store_import(st, bad[i], "x", 1, NULL, 0), SRV_STORE_EINVAL);
     }
     CHECK(!srv_session_id_valid(NULL));
@@ -349,19 +354,19 @@ TEST(persist_and_reopen)
     if (!st)
         goto out;
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_create(st, &s), 0);
+    CHECK_INT_EQ(srv_store_create(st, &s, ERR), 0);
     char a[33], b[33], c[33];
     memcpy(a, srv_session_id(s), 33);
     advance(model, srv_session_ctx(s), 40, 7);
     srv_session_set_turn_open(s, 1);
     srv_session_set_has_chat(s, 1);
     srv_session_touch(s);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     make_session(st, model, 8, 1, b);
     make_session(st, model, 9, 0, c); /* never written */
     srv_session_info_t ia, ib;
-    CHECK_INT_EQ(srv_store_info(st, a, &ia), 0);
-    CHECK_INT_EQ(srv_store_info(st, b, &ib), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &ia, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &ib, ERR), 0);
     srv_seq_ctx_t ra = snapshot(st, model, a), rb = snapshot(st, model, b);
     srv_store_free(st);
 
@@ -380,15 +385,15 @@ TEST(persist_and_reopen)
         CHECK_INT_EQ(mem, 0);
         CHECK_INT_EQ(disk, 2);
         srv_session_info_t ja, jb;
-        CHECK_INT_EQ(srv_store_info(st, a, &ja), 0);
-        CHECK_INT_EQ(srv_store_info(st, b, &jb), 0);
-        CHECK_INT_EQ(srv_store_info(st, c, &jb), SRV_STORE_ENOTFOUND);
-        CHECK_INT_EQ(srv_store_info(st, b, &jb), 0);
+        CHECK_INT_EQ(srv_store_info(st, a, &ja, ERR), 0);
+        CHECK_INT_EQ(srv_store_info(st, b, &jb, ERR), 0);
+        CHECK_INT_EQ(srv_store_info(st, c, &jb, ERR), SRV_STORE_ENOTFOUND);
+        CHECK_INT_EQ(srv_store_info(st, b, &jb, ERR), 0);
         CHECK(ja.on_disk == 1 && ja.in_memory == 0 && ja.tokens == ia.tokens &&
               ja.tokens == 42 && ja.created == ia.created && ja.last_used == ia.last_used &&
               ja.state_bytes == ia.state_bytes);
         CHECK(jb.tokens == ib.tokens);
-        CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+        CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
         if (s) {
             CHECK_INT_EQ(srv_session_turn_open(s), 1);
             CHECK_INT_EQ(srv_session_has_chat(s), 1);
@@ -396,7 +401,7 @@ TEST(persist_and_reopen)
             srv_seq_ctx_t *x = srv_session_ctx(s);
             CHECK(x->n_pending == 2 && ra.n_pending == 2 &&
                   memcmp(x->pending, ra.pending, 2 * sizeof(int32_t)) == 0);
-            CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+            CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
         }
         check_same(st, model, a, &ra, "reopened a");
         check_same(st, model, b, &rb, "reopened b");
@@ -407,8 +412,8 @@ TEST(persist_and_reopen)
             size_t ndisk = 9;
             srv_store_stats(st, NULL, &ndisk, NULL);
             CHECK_INT_EQ(ndisk, 0);
-            CHECK_INT_EQ(srv_store_info(st, a, &ja), SRV_STORE_ENOTFOUND);
-            CHECK_INT_EQ(srv_store_sweep(st, (int64_t)time(NULL) + 1000), 0);
+            CHECK_INT_EQ(srv_store_info(st, a, &ja, ERR), SRV_STORE_ENOTFOUND);
+            CHECK_INT_EQ(srv_store_sweep(st, (int64_t)time(NULL) + 1000, ERR), 0);
             CHECK(file_exists(dir, a) && file_exists(dir, b));
             srv_store_free(st);
         }
@@ -464,14 +469,14 @@ TEST(lru_eviction_by_count_and_bytes)
     CHECK_INT_EQ(disk, 2);
     srv_session_info_t in;
     for (int i = 0; i < 5; i++) {
-        CHECK_INT_EQ(srv_store_info(st, ids[i], &in), 0);
+        CHECK_INT_EQ(srv_store_info(st, ids[i], &in, ERR), 0);
         CHECK_MSG(in.in_memory == (i >= 2) && in.on_disk == (i < 2), "session %d: mem %d disk %d",
                   i, in.in_memory, in.on_disk);
         CHECK_INT_EQ(file_exists(dir, ids[i]), i < 2);
     }
     /* Evicted ones load back; acquiring 0 evicts the least recent (2). */
     check_same(st, model, ids[0], &refs[0], "evicted 0");
-    CHECK_INT_EQ(srv_store_info(st, ids[2], &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, ids[2], &in, ERR), 0);
     CHECK(!in.in_memory && in.on_disk);
     for (int i = 1; i < 5; i++)
         check_same(st, model, ids[i], &refs[i], "after eviction");
@@ -510,22 +515,22 @@ TEST(lru_eviction_by_count_and_bytes)
     if (!st)
         goto out;
     srv_session_t *h[3] = {NULL, NULL, NULL};
-    CHECK_INT_EQ(srv_store_create(st, &h[0]), 0);
-    CHECK_INT_EQ(srv_store_create(st, &h[1]), 0);
-    CHECK_INT_EQ(srv_store_create(st, &h[2]), SRV_STORE_EFULL);
-    CHECK(strstr(srv_store_last_error(), "2 sessions in memory") != NULL);
-    srv_store_release(st, h[0], 0);
-    CHECK_INT_EQ(srv_store_create(st, &h[2]), 0); /* h[0] spilled to disk */
-    srv_store_release(st, h[1], 0);
-    srv_store_release(st, h[2], 0);
+    CHECK_INT_EQ(srv_store_create(st, &h[0], ERR), 0);
+    CHECK_INT_EQ(srv_store_create(st, &h[1], ERR), 0);
+    CHECK_INT_EQ(srv_store_create(st, &h[2], ERR), SRV_STORE_EFULL);
+    CHECK(strstr(last_err, "2 sessions in memory") != NULL);
+    srv_store_release(st, h[0], 0, ERR);
+    CHECK_INT_EQ(srv_store_create(st, &h[2], ERR), 0); /* h[0] spilled to disk */
+    srv_store_release(st, h[1], 0, ERR);
+    srv_store_release(st, h[2], 0, ERR);
     srv_store_free(st);
 
     /* Memory only: nowhere to evict to. */
     st = open_store(NULL, model, 1, 0, 0, NULL);
     if (st) {
-        CHECK_INT_EQ(srv_store_create(st, &h[0]), 0);
-        CHECK_INT_EQ(srv_store_release(st, h[0], 1), 0); /* persist: nothing to write */
-        CHECK_INT_EQ(srv_store_create(st, &h[1]), SRV_STORE_EFULL);
+        CHECK_INT_EQ(srv_store_create(st, &h[0], ERR), 0);
+        CHECK_INT_EQ(srv_store_release(st, h[0], 1, ERR), 0); /* persist: nothing to write */
+        CHECK_INT_EQ(srv_store_create(st, &h[1], ERR), SRV_STORE_EFULL);
         srv_store_free(st);
     }
 out:
@@ -543,20 +548,20 @@ TEST(ttl_sweep)
     make_session(st, model, 50, 1, a);
     make_session(st, model, 51, 0, b);
     srv_session_t *held = NULL;
-    CHECK_INT_EQ(srv_store_create(st, &held), 0);
+    CHECK_INT_EQ(srv_store_create(st, &held, ERR), 0);
     int64_t now = (int64_t)time(NULL);
-    CHECK_INT_EQ(srv_store_sweep(st, now + 50), 0);
+    CHECK_INT_EQ(srv_store_sweep(st, now + 50, ERR), 0);
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
-    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
-    CHECK_INT_EQ(srv_store_sweep(st, now + 200), 0);
-    CHECK_INT_EQ(srv_store_info(st, a, &in), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(srv_store_info(st, b, &in), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &in, ERR), 0);
+    CHECK_INT_EQ(srv_store_sweep(st, now + 200, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(st, b, &in, ERR), SRV_STORE_ENOTFOUND);
     CHECK(!file_exists(dir, a));
-    CHECK_INT_EQ(srv_store_info(st, srv_session_id(held), &in), 0); /* busy: kept */
-    CHECK_INT_EQ(srv_store_release(st, held, 0), 0);
+    CHECK_INT_EQ(srv_store_info(st, srv_session_id(held), &in, ERR), 0); /* busy: kept */
+    CHECK_INT_EQ(srv_store_release(st, held, 0, ERR), 0);
     size_t mem = 9, disk = 9, bytes = 9;
-    CHECK_INT_EQ(srv_store_sweep(st, now + 400), 0);
+    CHECK_INT_EQ(srv_store_sweep(st, now + 400, ERR), 0);
     srv_store_stats(st, &mem, &disk, &bytes);
     CHECK(mem == 0 && disk == 0 && bytes == 0);
     srv_store_free(st);
@@ -578,7 +583,7 @@ TEST(mem_stats_and_trim)
     make_session(st, model, 60, 1, a);
     make_session(st, model, 61, 1, b);
     srv_session_t *held = NULL;
-    CHECK_INT_EQ(srv_store_create(st, &held), 0);
+    CHECK_INT_EQ(srv_store_create(st, &held, ERR), 0);
     size_t mem = 0, bytes = 0, h = 0, e = 0;
     srv_store_stats(st, &mem, NULL, &bytes);
     CHECK_INT_EQ(mem, 3);
@@ -586,19 +591,19 @@ TEST(mem_stats_and_trim)
     CHECK(h > 0 && e > 0 && h + e == bytes);
     CHECK(e > h); /* two idle sessions of the same size as the busy one */
     /* room for one idle session next to the busy one: the older goes */
-    CHECK_INT_EQ(srv_store_trim(st, h + e * 3 / 4), 0);
+    CHECK_INT_EQ(srv_store_trim(st, h + e * 3 / 4, ERR), 0);
     srv_session_info_t ia, ib;
-    CHECK_INT_EQ(srv_store_info(st, a, &ia), 0);
-    CHECK_INT_EQ(srv_store_info(st, b, &ib), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &ia, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &ib, ERR), 0);
     CHECK(!ia.in_memory && ia.on_disk);
     CHECK(ib.in_memory);
-    CHECK_INT_EQ(srv_store_trim(st, 0), 0);
+    CHECK_INT_EQ(srv_store_trim(st, 0, ERR), 0);
     srv_store_mem_stats(st, &h, &e);
     CHECK_INT_EQ(e, 0);
     CHECK(h > 0); /* the busy one stays */
-    CHECK_INT_EQ(srv_store_info(st, b, &ib), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &ib, ERR), 0);
     CHECK(!ib.in_memory && ib.on_disk);
-    CHECK_INT_EQ(srv_store_release(st, held, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, held, 0, ERR), 0);
     srv_store_free(st);
     /* without a directory nothing can be evicted: everything is held */
     st = open_store(NULL, model, 0, 0, 0, NULL);
@@ -607,7 +612,7 @@ TEST(mem_stats_and_trim)
     make_session(st, model, 62, 1, a);
     srv_store_mem_stats(st, &h, &e);
     CHECK(h > 0 && e == 0);
-    CHECK_INT_EQ(srv_store_trim(st, 0), 0);
+    CHECK_INT_EQ(srv_store_trim(st, 0, ERR), 0);
     srv_store_stats(st, &mem, NULL, NULL);
     CHECK_INT_EQ(mem, 1);
     srv_store_free(st);
@@ -634,16 +639,16 @@ TEST(disk_budget_by_count_and_bytes)
         make_session(st, model, 70 + (uint64_t)i, 1, id[i]);
     /* use the oldest again: it becomes the most recent */
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(st, id[0], &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id[0], &s, ERR), 0);
     if (s) {
         srv_session_touch(s);
-        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     }
     make_session(st, model, 73, 1, id[3]); /* a 4th file: id[1] is the least recently used */
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, id[1], &in), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(st, id[1], &in, ERR), SRV_STORE_ENOTFOUND);
     CHECK(!file_exists(dir, id[1]));
-    CHECK_INT_EQ(srv_store_info(st, id[0], &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, id[0], &in, ERR), 0);
     size_t disk = 0, dbytes = 0;
     uint64_t evicted = 0;
     srv_store_stats(st, NULL, &disk, NULL);
@@ -654,10 +659,10 @@ TEST(disk_budget_by_count_and_bytes)
     CHECK(dbytes >= 3 * one - 64 && dbytes <= 3 * one + 64);
     /* a fork writes a file too: the least recently used idle one (id[2]) goes */
     char fork_id[33];
-    CHECK_INT_EQ(srv_store_fork_owned(st, id[3], NULL, fork_id), 0);
-    CHECK_INT_EQ(srv_store_info(st, id[2], &in), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(srv_store_info(st, id[0], &in), 0);
-    CHECK_INT_EQ(srv_store_info(st, fork_id, &in), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, id[3], NULL, fork_id, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(st, id[2], &in, ERR), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(st, id[0], &in, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(st, fork_id, &in, ERR), 0);
     srv_store_free(st);
     st = NULL;
 
@@ -689,13 +694,13 @@ TEST(disk_budget_by_count_and_bytes)
     char a[33], b[33];
     make_session(st, model, 80, 1, a);
     s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0); /* a busy */
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0); /* a busy */
     make_session(st, model, 81, 1, b);              /* b written: a is busy, b is b */
     CHECK(file_exists(dir, a) && file_exists(dir, b));
     if (s)
-        CHECK_INT_EQ(srv_store_release(st, s, 1), 0); /* a written: b goes */
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0); /* a written: b goes */
     CHECK(file_exists(dir, a) && !file_exists(dir, b));
-    CHECK_INT_EQ(srv_store_info(st, b, &in), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(st, b, &in, ERR), SRV_STORE_ENOTFOUND);
     srv_store_free(st);
 out:
     rm_rf(dir);
@@ -714,27 +719,27 @@ TEST(owners_persist_and_filter)
         goto out;
     char a[33], b[33], f[33];
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_create(st, &s), 0);
+    CHECK_INT_EQ(srv_store_create(st, &s, ERR), 0);
     if (s) {
         CHECK_STR_EQ(srv_session_owner(s), "");
-        CHECK_INT_EQ(srv_session_set_owner(s, "not-a-tag"), SRV_STORE_EINVAL);
-        CHECK_INT_EQ(srv_session_set_owner(s, ta), 0);
+        CHECK_INT_EQ(srv_session_set_owner(s, "not-a-tag", ERR), SRV_STORE_EINVAL);
+        CHECK_INT_EQ(srv_session_set_owner(s, ta, ERR), 0);
         memcpy(a, srv_session_id(s), 33);
-        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     }
     make_session(st, model, 90, 1, b); /* no owner */
-    CHECK_INT_EQ(srv_store_fork_owned(st, a, tb, f), 0);
-    CHECK_INT_EQ(srv_store_fork_owned(st, a, "xyz", f + 0), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, tb, f, ERR), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, "xyz", f + 0, ERR), SRV_STORE_EINVAL);
     char g[33];
     srv_session_info_t gi;
-    CHECK_INT_EQ(srv_store_fork_owned(st, a, "", g), 0); /* "" is a tag too: nobody's */
-    CHECK_INT_EQ(srv_store_info(st, g, &gi), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, "", g, ERR), 0); /* "" is a tag too: nobody's */
+    CHECK_INT_EQ(srv_store_info(st, g, &gi, ERR), 0);
     CHECK_STR_EQ(gi.owner, "");
-    CHECK_INT_EQ(srv_store_delete(st, g), 0);
+    CHECK_INT_EQ(srv_store_delete(st, g, ERR), 0);
     /* an import keeps the session's own tag */
     void *blob = NULL;
     size_t len = 0;
-    CHECK_INT_EQ(srv_store_export(st, f, &blob, &len), 0);
+    CHECK_INT_EQ(srv_store_export(st, f, &blob, &len, ERR), 0);
     CHECK_INT_EQ(srv_store_import(st, b, blob, len, NULL, 0), 0);
     free(blob);
     srv_store_free(st);
@@ -745,25 +750,25 @@ TEST(owners_persist_and_filter)
     srv_session_info_t in[4];
     size_t n = 0;
     int more = 0;
-    CHECK_INT_EQ(srv_store_list_owned(st, ta, NULL, 4, in, &n, &more), 0);
+    CHECK_INT_EQ(srv_store_list_owned(st, ta, NULL, 4, in, &n, &more, ERR), 0);
     CHECK(n == 1 && !more && strcmp(in[0].id, a) == 0 && strcmp(in[0].owner, ta) == 0);
-    CHECK_INT_EQ(srv_store_list_owned(st, tb, NULL, 4, in, &n, &more), 0);
+    CHECK_INT_EQ(srv_store_list_owned(st, tb, NULL, 4, in, &n, &more, ERR), 0);
     CHECK(n == 1 && strcmp(in[0].id, f) == 0);
-    CHECK_INT_EQ(srv_store_list_owned(st, "", NULL, 4, in, &n, &more), 0);
+    CHECK_INT_EQ(srv_store_list_owned(st, "", NULL, 4, in, &n, &more, ERR), 0);
     CHECK(n == 1 && strcmp(in[0].id, b) == 0);
-    CHECK_INT_EQ(srv_store_list_owned(st, NULL, NULL, 2, in, &n, &more), 0);
+    CHECK_INT_EQ(srv_store_list_owned(st, NULL, NULL, 2, in, &n, &more, ERR), 0);
     CHECK(n == 2 && more);
     /* the tag survives loading the state back into memory and writing it */
-    CHECK_INT_EQ(srv_store_acquire(st, f, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, f, &s, ERR), 0);
     if (s) {
         CHECK_STR_EQ(srv_session_owner(s), tb);
         srv_session_touch(s);
-        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     }
     srv_store_free(st);
     st = open_store(dir, model, 0, 0, 0, NULL);
     if (st) {
-        CHECK_INT_EQ(srv_store_info(st, f, &in[0]), 0);
+        CHECK_INT_EQ(srv_store_info(st, f, &in[0], ERR), 0);
         CHECK_STR_EQ(in[0].owner, tb);
         srv_store_free(st);
     }
@@ -783,25 +788,25 @@ TEST(fork_is_an_independent_copy)
     char a[33], f[33], g[33];
     make_session(st, model, 60, 1, a);
     srv_seq_ctx_t ref = snapshot(st, model, a);
-    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, f), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, f, ERR), 0);
     CHECK(strcmp(a, f) != 0 && srv_session_id_valid(f));
     CHECK(file_exists(dir, f));
     srv_session_info_t ia, ifk;
-    CHECK_INT_EQ(srv_store_info(st, a, &ia), 0);
-    CHECK_INT_EQ(srv_store_info(st, f, &ifk), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &ia, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(st, f, &ifk, ERR), 0);
     CHECK_INT_EQ(ifk.tokens, ia.tokens);
     /* Advancing the fork leaves the original as it was. */
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(st, f, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, f, &s, ERR), 0);
     if (s) {
         advance(model, srv_session_ctx(s), 5, 61);
         srv_session_touch(s);
-        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     }
     srv_seq_ctx_t ref2 = copy_ctx(model, &ref);
     check_same(st, model, a, &ref, "original after its fork moved on");
     /* The fork, before it moved, was the same: fork again and compare. */
-    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, g), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, g, ERR), 0);
     check_same(st, model, g, &ref2, "second fork");
 
     /* A session whose state accumulates in double (made under other linear
@@ -814,7 +819,7 @@ TEST(fork_is_an_independent_copy)
     lo.fp64_state = 0;
     CHECK_INT_EQ(core_attn_linear_set_opts(core_model_attn(model), &lo, &cerr), 0);
     srv_seq_ctx_t r64 = snapshot(st, model, d64);
-    CHECK_INT_EQ(srv_store_fork_owned(st, d64, NULL, f64), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, d64, NULL, f64, ERR), 0);
     check_same(st, model, f64, &r64, "fork of a double-precision state");
     srv_store_free(st);
 
@@ -825,9 +830,9 @@ TEST(fork_is_an_independent_copy)
         srv_store_free(st);
         st = open_store(dir, model, 0, 0, 0, NULL);
         char h[33];
-        CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, h), 0);
+        CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, h, ERR), 0);
         srv_session_info_t in;
-        CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+        CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
         CHECK(!in.in_memory);
         check_same(st, model, h, &r3, "fork from disk");
         srv_store_free(st);
@@ -855,14 +860,14 @@ TEST(export_import)
     make_session(st, model, 71, 1, b);
     make_session(sx, model_x, 72, 1, x);
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
     srv_session_set_turn_open(s, 1);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     void *blob = NULL, *before = NULL, *after = NULL, *xb = NULL;
     size_t len = 0, blen = 0, alen = 0, xlen = 0;
-    CHECK_INT_EQ(srv_store_export(st, a, &blob, &len), 0);
-    CHECK_INT_EQ(srv_store_export(sx, x, &xb, &xlen), 0);
-    CHECK_INT_EQ(srv_store_export(st, b, &before, &blen), 0);
+    CHECK_INT_EQ(srv_store_export(st, a, &blob, &len, ERR), 0);
+    CHECK_INT_EQ(srv_store_export(sx, x, &xb, &xlen, ERR), 0);
+    CHECK_INT_EQ(srv_store_export(st, b, &before, &blen, ERR), 0);
     if (!blob || !xb || !before)
         goto out;
     char err[512];
@@ -885,23 +890,23 @@ TEST(export_import)
     CHECK_INT_EQ(srv_store_import(st, b, bad, len, err, sizeof err), SRV_STORE_EMISMATCH);
     CHECK(strstr(err, "vocabulary") != NULL);
     free(bad);
-    CHECK_INT_EQ(srv_store_export(st, b, &after, &alen), 0);
+    CHECK_INT_EQ(srv_store_export(st, b, &after, &alen, ERR), 0);
     CHECK(alen == blen && after && memcmp(before, after, blen) == 0);
     free(after);
     after = NULL;
     /* Busy and missing targets. */
-    CHECK_INT_EQ(srv_store_acquire(st, b, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, b, &s, ERR), 0);
     CHECK_INT_EQ(srv_store_import(st, b, blob, len, err, sizeof err), SRV_STORE_EBUSY);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     CHECK_INT_EQ(srv_store_import(st, "00000000000000000000000000000000", blob, len, err,
                                   sizeof err), SRV_STORE_ENOTFOUND);
 
     /* The good blob: b becomes a, and is written. */
     srv_seq_ctx_t ra = snapshot(st, model, a);
     CHECK_INT_EQ(srv_store_import(st, b, blob, len, err, sizeof err), 0);
-    CHECK_INT_EQ(srv_store_acquire(st, b, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, b, &s, ERR), 0);
     CHECK_INT_EQ(srv_session_turn_open(s), 1);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     check_same(st, model, b, &ra, "imported");
     /* Written at once: a new store sees the imported state. */
     srv_seq_ctx_t ra2 = snapshot(st, model, a);
@@ -917,12 +922,12 @@ TEST(export_import)
         if (sf) {
             /* Files of another model are not listed. */
             srv_session_info_t in;
-            CHECK_INT_EQ(srv_store_info(sf, a, &in), SRV_STORE_ENOTFOUND);
+            CHECK_INT_EQ(srv_store_info(sf, a, &in, ERR), SRV_STORE_ENOTFOUND);
             srv_session_t *n = NULL;
-            CHECK_INT_EQ(srv_store_create(sf, &n), 0);
+            CHECK_INT_EQ(srv_store_create(sf, &n, ERR), 0);
             char nid[33];
             memcpy(nid, srv_session_id(n), 33);
-            CHECK_INT_EQ(srv_store_release(sf, n, 1), 0);
+            CHECK_INT_EQ(srv_store_release(sf, n, 1, ERR), 0);
             CHECK_INT_EQ(srv_store_import(sf, nid, blob, len, err, sizeof err),
                          SRV_STORE_EMISMATCH);
             CHECK(strstr(err, "blob is for model") != NULL);
@@ -933,7 +938,7 @@ TEST(export_import)
         srv_store_free(st);
         st = open_store(dir, model, 0, 0, 0, NULL);
         srv_session_info_t in;
-        CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+        CHECK_INT_EQ(srv_store_info(st, b, &in, ERR), 0);
         CHECK(!in.in_memory);
         CHECK_INT_EQ(srv_store_import(st, b, blob, len, err, sizeof err), 0);
         check_same(st, model, b, &ra3, "imported into an evicted session");
@@ -958,8 +963,8 @@ static void check_pending(srv_store_t *st, const char *id, const char *text, con
                           const char *what)
 {
     srv_session_t *s = NULL;
-    int rc = srv_store_acquire(st, id, &s);
-    CHECK_MSG(rc == 0, "%s: acquire: %s", what, srv_store_last_error());
+    int rc = srv_store_acquire(st, id, &s, ERR);
+    CHECK_MSG(rc == 0, "%s: acquire: %s", what, last_err);
     if (rc)
         return;
     const char *t = NULL, *r = NULL;
@@ -972,13 +977,13 @@ static void check_pending(srv_store_t *st, const char *id, const char *text, con
     } else {
         CHECK(!t && !r && tl == 0 && rl == 0);
     }
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
 }
 
 static int64_t pending_info(srv_store_t *st, const char *id)
 {
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, id, &in, ERR), 0);
     return in.pending_grammar;
 }
 
@@ -995,23 +1000,24 @@ TEST(pending_grammar_round_trip)
     make_session(st, model, 41, 1, b);
     CHECK_INT_EQ(pending_info(st, a), -1);
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
     if (!s)
         goto out;
     /* refusals change nothing */
     static char big[SRV_PENDING_GRAMMAR_MAX + 1];
     memset(big, 'x', sizeof big);
-    CHECK_INT_EQ(srv_session_set_pending_grammar(s, gram, 0, NULL, 0), SRV_STORE_EINVAL);
-    CHECK_INT_EQ(srv_session_set_pending_grammar(s, big, sizeof big, NULL, 0), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_session_set_pending_grammar(s, gram, 0, NULL, 0, ERR), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_session_set_pending_grammar(s, big, sizeof big, NULL, 0, ERR),
+                 SRV_STORE_EINVAL);
     CHECK_INT_EQ(
-        srv_session_set_pending_grammar(s, gram, strlen(gram), big, SRV_PENDING_GRAMMAR_MAX),
+        srv_session_set_pending_grammar(s, gram, strlen(gram), big, SRV_PENDING_GRAMMAR_MAX, ERR),
         SRV_STORE_EINVAL);
-    CHECK_INT_EQ(srv_session_set_pending_grammar(s, gram, strlen(gram), rep, strlen(rep)), 0);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(srv_session_set_pending_grammar(s, gram, strlen(gram), rep, strlen(rep), ERR), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     CHECK_INT_EQ(pending_info(st, a), 3);
     check_pending(st, a, gram, rep, "set");
     /* a fork of a session in memory */
-    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, f), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, f, ERR), 0);
     CHECK_INT_EQ(pending_info(st, f), 3);
     check_pending(st, f, gram, rep, "fork");
     srv_store_free(st);
@@ -1022,22 +1028,22 @@ TEST(pending_grammar_round_trip)
         goto out;
     CHECK_INT_EQ(pending_info(st, a), 3);
     CHECK_INT_EQ(pending_info(st, b), -1);
-    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, f2), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(st, a, NULL, f2, ERR), 0);
     check_pending(st, f2, gram, rep, "fork of an evicted session");
     check_pending(st, a, gram, rep, "reopened");
     /* export and import into another session */
     void *blob = NULL;
     size_t len = 0;
-    CHECK_INT_EQ(srv_store_export(st, a, &blob, &len), 0);
+    CHECK_INT_EQ(srv_store_export(st, a, &blob, &len, ERR), 0);
     CHECK_INT_EQ(srv_store_import(st, b, blob, len, NULL, 0), 0);
     free(blob);
     CHECK_INT_EQ(pending_info(st, b), 3);
     check_pending(st, b, gram, rep, "imported");
     /* cleared, and so written */
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
     if (s) {
-        CHECK_INT_EQ(srv_session_set_pending_grammar(s, NULL, 0, NULL, 0), 0);
-        CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+        CHECK_INT_EQ(srv_session_set_pending_grammar(s, NULL, 0, NULL, 0, ERR), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     }
     CHECK_INT_EQ(pending_info(st, a), -1);
     /* an owner section of version 3 (before pending grammars) still reads */
@@ -1061,7 +1067,7 @@ TEST(pending_grammar_round_trip)
     char err[256] = "";
     CHECK_MSG(srv_store_import(st, b, blob3, l3, err, sizeof err) == 0, "v3: %s", err);
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &in, ERR), 0);
     CHECK(in.turns == 5 && in.pending_grammar == -1);
     check_pending(st, b, NULL, NULL, "version 3");
 done:
@@ -1115,22 +1121,22 @@ TEST(write_failures_keep_the_previous_file)
     /* Disk full half-way through the write: ENOSPACE, and the session goes
      * back to its file (the change that could not be saved is dropped). */
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
     const int64_t tokens0 = in.tokens;
     hook_t h = {.budget = l0 / 2};
     srv_store_set_write_fn(st, hook_write, &h);
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
     advance(model, srv_session_ctx(s), 7, 81);
     srv_session_touch(s);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_ENOSPACE);
-    const char *msg = srv_store_last_error();
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), SRV_STORE_ENOSPACE);
+    const char *msg = last_err;
     CHECK_MSG(strstr(msg, tmpname) && strstr(msg, "No space left on device"), "message: %s", msg);
     unsigned char *v1 = read_all(dir, a, &l1);
     CHECK(v1 && l1 == l0 && memcmp(v0, v1, l0) == 0);
     free(v1);
     CHECK(!file_exists(dir, tmpname));
-    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
     CHECK(!in.busy && !in.in_memory); /* released, back to its file */
     CHECK_INT_EQ(in.tokens, tokens0);
 
@@ -1139,25 +1145,25 @@ TEST(write_failures_keep_the_previous_file)
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, tmpname);
     CHECK(mkdir(p, 0700) == 0);
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
     CHECK_INT_EQ(srv_session_tokens(s), tokens0); /* read back from the file */
-    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_EIO);
-    CHECK(strstr(srv_store_last_error(), "cannot create") != NULL);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), SRV_STORE_EIO);
+    CHECK(strstr(last_err, "cannot create") != NULL);
     v1 = read_all(dir, a, &l1);
     CHECK(v1 && l1 == l0 && memcmp(v0, v1, l0) == 0);
     free(v1);
     /* Nothing unsaved is left for a flush: the failed changes were dropped. */
-    CHECK_INT_EQ(srv_store_flush(st), 0);
+    CHECK_INT_EQ(srv_store_flush(st, ERR), 0);
     rmdir(p);
 
     /* Short writes are completed; the new state reaches the disk. */
     h = (hook_t){.budget = SIZE_MAX, .chunk = 1000};
     srv_store_set_write_fn(st, hook_write, &h);
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
     advance(model, srv_session_ctx(s), 7, 81);
     srv_session_touch(s);
     srv_seq_ctx_t ref = copy_ctx(model, srv_session_ctx(s));
-    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     CHECK(h.calls > 1);
     srv_store_free(st);
     st = open_store(dir, model, 0, 0, 0, NULL);
@@ -1184,7 +1190,7 @@ static int count_op(const char *op, void *ud)
 
 static void *settle_thread(void *st)
 {
-    return (void *)(intptr_t)srv_store_settle(st);
+    return (void *)(intptr_t)srv_store_settle(st, NULL, 0);
 }
 
 TEST(no_io_thread_leaves_disk_work_to_settle)
@@ -1204,7 +1210,7 @@ TEST(no_io_thread_leaves_disk_work_to_settle)
     CHECK_INT_EQ(atomic_load(&ops), 0);
     CHECK_INT_EQ(srv_store_needs_settle(st), 1);
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
     CHECK(in.in_memory && !in.on_disk);
     pthread_t t;
     void *rc = NULL;
@@ -1213,21 +1219,21 @@ TEST(no_io_thread_leaves_disk_work_to_settle)
     CHECK_INT_EQ((int)(intptr_t)rc, 0);
     CHECK(atomic_load(&ops) > 0); /* written there */
     CHECK_INT_EQ(srv_store_needs_settle(st), 0);
-    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
     CHECK(!in.in_memory && in.on_disk);
     /* a clean session is dropped on this thread without any I/O */
-    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &in, ERR), 0);
     CHECK(in.in_memory);
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(st, b, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, b, &s, ERR), 0);
     if (s)
-        CHECK_INT_EQ(srv_store_release(st, s, 1), 0); /* b now has a current file */
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0); /* b now has a current file */
     atomic_store(&ops, 0);
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0); /* reading a (allowed) drops b */
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0); /* reading a (allowed) drops b */
     CHECK_INT_EQ(atomic_load(&ops), 1);            /* the read, nothing else */
     if (s)
-        CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
-    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &in, ERR), 0);
     CHECK(!in.in_memory && in.on_disk);
     CHECK_INT_EQ(srv_store_needs_settle(st), 0);
     srv_store_free(st);
@@ -1252,7 +1258,7 @@ static ssize_t gate_write(int fd, const void *buf, size_t n, void *ud)
 
 static void *trim_thread(void *st)
 {
-    return (void *)(intptr_t)srv_store_trim(st, 0);
+    return (void *)(intptr_t)srv_store_trim(st, 0, NULL, 0);
 }
 
 static double now_s(void)
@@ -1278,35 +1284,34 @@ TEST(acquire_in_memory_never_reads)
     make_session(st, model, 90, 1, a);
     make_session(st, model, 91, 1, b);
     srv_session_t *s = NULL, *held = NULL;
-    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &held), 0); /* in memory: held */
-    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &s), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &held, ERR), 0); /* in memory: held */
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &s, ERR), SRV_STORE_EBUSY);
     CHECK(s == NULL);
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), SRV_STORE_EBUSY);
     if (held)
-        CHECK_INT_EQ(srv_store_release(st, held, 0), 0);
-    CHECK_INT_EQ(srv_store_acquire_in_memory(st, "0123456789abcdef0123456789abcdef", &s),
+        CHECK_INT_EQ(srv_store_release(st, held, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, "0123456789abcdef0123456789abcdef", &s, ERR),
                  SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(srv_store_acquire_in_memory(st, "not-an-id", &s), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, "not-an-id", &s, ERR), SRV_STORE_EINVAL);
 
     /* a on disk only: refused, the file not opened, nothing moves */
-    CHECK_INT_EQ(srv_store_trim(st, 0), 0);
+    CHECK_INT_EQ(srv_store_trim(st, 0, ERR), 0);
     size_t mem0 = 9, bytes0 = 9, l0 = 0, l1 = 0;
     srv_store_stats(st, &mem0, NULL, &bytes0);
     CHECK_INT_EQ(mem0, 0);
     f0 = read_all(dir, a, &l0);
     atomic_int ops = 0;
     srv_store_set_fault_fn(st, count_op, &ops);
-    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &s), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &s, ERR), SRV_STORE_EEVICTED);
     CHECK(s == NULL);
-    CHECK_MSG(strstr(srv_store_last_error(), a) && strstr(srv_store_last_error(), "on disk"),
-              "message: %s", srv_store_last_error());
+    CHECK_MSG(strstr(last_err, a) && strstr(last_err, "on disk"), "message: %s", last_err);
     CHECK_INT_EQ(atomic_load(&ops), 0);
     size_t mem = 9, bytes = 9;
     srv_store_stats(st, &mem, NULL, &bytes);
     CHECK_INT_EQ(mem, mem0);
     CHECK_INT_EQ(bytes, bytes0);
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
     CHECK(!in.in_memory && in.on_disk && !in.busy);
     unsigned char *f1 = read_all(dir, a, &l1);
     CHECK(f0 && f1 && l1 == l0 && memcmp(f0, f1, l0) == 0);
@@ -1314,25 +1319,25 @@ TEST(acquire_in_memory_never_reads)
 
     /* the ordinary acquire reads it (one operation: the read); then it is
      * in memory for the other */
-    CHECK_INT_EQ(srv_store_acquire(st, a, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
     CHECK_INT_EQ(atomic_load(&ops), 1);
     if (s)
-        CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
-    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &s), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, a, &s, ERR), 0);
     if (s)
-        CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     srv_store_set_fault_fn(st, NULL, NULL);
 
     /* b changed since its write: evicting it writes it first, under the io
      * mark; meanwhile the in-memory acquire answers at once (the ordinary
      * one would wait for the write, then read the file back) */
-    CHECK_INT_EQ(srv_store_acquire(st, b, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, b, &s, ERR), 0);
     if (s) {
         advance(model, srv_session_ctx(s), 5, 92);
         srv_session_touch(s);
-        CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     }
-    CHECK_INT_EQ(srv_store_acquire(st, a, &held), 0); /* a busy: b is the only victim */
+    CHECK_INT_EQ(srv_store_acquire(st, a, &held, ERR), 0); /* a busy: b is the only victim */
     gate_t g = {0};
     srv_store_set_write_fn(st, gate_write, &g);
     pthread_t t;
@@ -1341,20 +1346,19 @@ TEST(acquire_in_memory_never_reads)
         nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
     CHECK(atomic_load(&g.entered));
     double t0 = now_s();
-    CHECK_INT_EQ(srv_store_acquire_in_memory(st, b, &s), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, b, &s, ERR), SRV_STORE_EEVICTED);
     CHECK(now_s() - t0 < 1.0);
-    CHECK_MSG(strstr(srv_store_last_error(), "being written") != NULL, "message: %s",
-              srv_store_last_error());
+    CHECK_MSG(strstr(last_err, "being written") != NULL, "message: %s", last_err);
     atomic_store(&g.open, 1);
     void *rc = NULL;
     pthread_join(t, &rc);
     CHECK_INT_EQ((int)(intptr_t)rc, 0);
     srv_store_set_write_fn(st, NULL, NULL);
-    CHECK_INT_EQ(srv_store_info(st, b, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, b, &in, ERR), 0);
     CHECK(!in.in_memory && in.on_disk);
-    CHECK_INT_EQ(srv_store_acquire_in_memory(st, b, &s), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(st, b, &s, ERR), SRV_STORE_EEVICTED);
     if (held)
-        CHECK_INT_EQ(srv_store_release(st, held, 0), 0);
+        CHECK_INT_EQ(srv_store_release(st, held, 0, ERR), 0);
     srv_store_free(st);
 out:
     free(f0);
@@ -1407,13 +1411,12 @@ TEST(crash_leftovers_at_startup)
         srv_session_info_t in;
         /* the torn file is listed, and using it says what is wrong (a
          * 404 would hide the damage) */
-        CHECK_INT_EQ(srv_store_info(st, torn, &in), 0);
+        CHECK_INT_EQ(srv_store_info(st, torn, &in, ERR), 0);
         srv_session_t *ts = NULL;
-        CHECK_INT_EQ(srv_store_acquire(st, torn, &ts), SRV_STORE_EIO);
-        CHECK_MSG(strstr(srv_store_last_error(), "truncated") &&
-                      strstr(srv_store_last_error(), torn),
-                  "torn file: %s", srv_store_last_error());
-        CHECK_INT_EQ(srv_store_info(st, ghost, &in), SRV_STORE_ENOTFOUND);
+        CHECK_INT_EQ(srv_store_acquire(st, torn, &ts, ERR), SRV_STORE_EIO);
+        CHECK_MSG(strstr(last_err, "truncated") && strstr(last_err, torn), "torn file: %s",
+                  last_err);
+        CHECK_INT_EQ(srv_store_info(st, ghost, &in, ERR), SRV_STORE_ENOTFOUND);
         size_t disk = 0;
         srv_store_stats(st, NULL, &disk, NULL);
         CHECK_INT_EQ(disk, 2);
@@ -1434,13 +1437,13 @@ TEST(crash_leftovers_at_startup)
         fclose(f);
         free(bad);
         srv_session_t *s = NULL;
-        CHECK_INT_EQ(srv_store_acquire(st, a, &s), SRV_STORE_EIO);
-        CHECK(strstr(srv_store_last_error(), a) && strstr(srv_store_last_error(), "checksum"));
+        CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), SRV_STORE_EIO);
+        CHECK(strstr(last_err, a) && strstr(last_err, "checksum"));
         void *b = NULL;
         size_t bl = 0;
-        CHECK_INT_EQ(srv_store_export(st, a, &b, &bl), SRV_STORE_EIO);
+        CHECK_INT_EQ(srv_store_export(st, a, &b, &bl, ERR), SRV_STORE_EIO);
         unlink(p);
-        CHECK_INT_EQ(srv_store_acquire(st, a, &s), SRV_STORE_ENOTFOUND);
+        CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), SRV_STORE_ENOTFOUND);
         srv_store_free(st);
     }
     free(v0);
@@ -1467,7 +1470,7 @@ static void *work(void *arg)
     for (int i = 0; i < 300; i++) {
         const char *id = w->ids[core_rng_u64(&r) % (uint64_t)w->n_ids];
         srv_session_t *s = NULL;
-        int rc = srv_store_acquire(w->st, id, &s);
+        int rc = srv_store_acquire(w->st, id, &s, NULL, 0);
         if (rc == SRV_STORE_EBUSY || rc == SRV_STORE_EFULL)
             continue;
         if (rc < 0) {
@@ -1476,14 +1479,14 @@ static void *work(void *arg)
         }
         srv_session_touch(s);
         srv_session_set_turn_open(s, (int)(core_rng_u64(&r) & 1));
-        if (srv_store_release(w->st, s, (int)(core_rng_u64(&r) & 1)) < 0)
+        if (srv_store_release(w->st, s, (int)(core_rng_u64(&r) & 1), NULL, 0) < 0)
             w->errors++;
         if (i % 50 == 0) {
-            srv_store_sweep(w->st, (int64_t)time(NULL));
+            srv_store_sweep(w->st, (int64_t)time(NULL), NULL, 0);
             srv_session_info_t in[4];
             size_t n;
             int more;
-            srv_store_list_owned(w->st, NULL, NULL, 4, in, &n, &more);
+            srv_store_list_owned(w->st, NULL, NULL, 4, in, &n, &more, NULL, 0);
         }
     }
     return NULL;
@@ -1542,17 +1545,17 @@ static void one_turn(srv_store_t *st, const char *id, int tag, unsigned flags,
                      srv_seq_ctx_t *before)
 {
     srv_session_t *s = NULL;
-    int rc = srv_store_acquire(st, id, &s);
-    CHECK_MSG(rc == 0, "acquire: %s", srv_store_last_error());
+    int rc = srv_store_acquire(st, id, &s, ERR);
+    CHECK_MSG(rc == 0, "acquire: %s", last_err);
     if (rc)
         return;
     if (before)
         *before = copy_ctx(model, srv_session_ctx(s));
     const int32_t in[2] = {tag, tag + 1};
-    CHECK_INT_EQ(srv_store_turn_begin(st, s, in, 2, flags), 0);
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, in, 2, flags, ERR), 0);
     advance(model, srv_session_ctx(s), 5 + tag % 7, 1000 + (uint64_t)tag);
     srv_session_touch(s);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
 }
 
 /* The checkpoint turns of session id are exactly want[n]. */
@@ -1560,7 +1563,7 @@ static void check_ckpts(srv_store_t *st, const char *dir, const char *id, int64_
                         const int64_t *want, size_t n, const char *what)
 {
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, id, &in, ERR), 0);
     CHECK_MSG(in.turns == turns, "%s: %lld turns (want %lld)", what, (long long)in.turns,
               (long long)turns);
     int same = in.n_checkpoints == n;
@@ -1626,50 +1629,50 @@ TEST(turn_checkpoints_and_rollback)
     CHECK(dir_clean(dir));
     /* a checkpoint shares its file's inode with the state it was: no copy */
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, id, &in, ERR), 0);
     size_t dbytes = 0;
     srv_store_disk_stats(st, &dbytes, NULL);
     CHECK(dbytes >= 4 * in.state_bytes - 256 && dbytes <= 4 * in.state_bytes + 256);
 
     /* what is not there */
-    CHECK_INT_EQ(srv_store_rollback(st, id, 4, NULL), SRV_STORE_ENOCKPT);
-    CHECK(strstr(srv_store_last_error(), "no checkpoint after 1 turn for") != NULL);
-    CHECK(strstr(srv_store_last_error(), "after 2 to 4 turns") != NULL);
-    CHECK_INT_EQ(srv_store_rollback(st, id, 6, NULL), SRV_STORE_ENOCKPT);
-    CHECK(strstr(srv_store_last_error(), "has had 5 turns") != NULL);
-    CHECK_INT_EQ(srv_store_rollback(st, id, 0, NULL), SRV_STORE_EINVAL);
-    CHECK_INT_EQ(srv_store_rollback(st, "nope", 1, NULL), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 4, NULL, ERR), SRV_STORE_ENOCKPT);
+    CHECK(strstr(last_err, "no checkpoint after 1 turn for") != NULL);
+    CHECK(strstr(last_err, "after 2 to 4 turns") != NULL);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 6, NULL, ERR), SRV_STORE_ENOCKPT);
+    CHECK(strstr(last_err, "has had 5 turns") != NULL);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 0, NULL, ERR), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_store_rollback(st, "nope", 1, NULL, ERR), SRV_STORE_EINVAL);
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
-    CHECK_INT_EQ(srv_store_rollback(st, id, 1, NULL), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 1, NULL, ERR), SRV_STORE_EBUSY);
     /* a turn opened and undone, twice (abort, and a release without persist) */
     const int32_t x[1] = {7};
-    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 1, SRV_TURN_REPLY), 0);
-    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 1, SRV_TURN_REPLY), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 1, SRV_TURN_REPLY, ERR), 0);
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 1, SRV_TURN_REPLY, ERR), SRV_STORE_EINVAL);
     srv_store_turn_abort(st, s);
-    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 1, SRV_TURN_REPLY), 0);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 1, SRV_TURN_REPLY, ERR), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     check_ckpts(st, dir, id, 5, w5, 3, "after undone turns");
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
     unsigned fl = 0;
     const int32_t *li = NULL;
     size_t nl = 0;
     CHECK_INT_EQ(srv_session_last_turn(s, &fl, &li, &nl), 1);
     CHECK(fl == (SRV_TURN_REPLY | SRV_TURN_CHAT) && nl == 2 && li && li[0] == 5 && li[1] == 6);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
 
     /* back 2 turns: the state after 3 turns, as it was before turn 4 */
-    CHECK_INT_EQ(srv_store_rollback(st, id, 2, &in), 0);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 2, &in, ERR), 0);
     CHECK_INT_EQ(in.turns, 3);
     const int64_t w3[] = {2};
     check_ckpts(st, dir, id, 3, w3, 1, "after the rollback");
     srv_seq_ctx_t ref = copy_ctx(model, &before[4]);
     check_same(st, model, id, &ref, "rolled back");
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
     CHECK_INT_EQ(srv_session_last_turn(s, &fl, &li, &nl), 1);
     CHECK(nl == 2 && li && li[0] == 3); /* the last turn is turn 3 again */
     CHECK_INT_EQ(srv_session_turns(s), 3);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     /* a new turn after it: its checkpoint is the rolled-back state */
     one_turn(st, id, 40, SRV_TURN_REPLY, NULL);
     const int64_t w4[] = {2, 3};
@@ -1691,7 +1694,7 @@ TEST(turn_checkpoints_and_rollback)
     CHECK(access(p3, F_OK) != 0);
     CHECK(access(p4, F_OK) == 0);
     ref = copy_ctx(model, &before[4]);
-    CHECK_INT_EQ(srv_store_rollback(st, id, 1, &in), 0);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 1, &in, ERR), 0);
     check_same(st, model, id, &ref, "rolled back after a restart");
     /* fewer checkpoints than last time: the oldest go at startup */
     srv_store_free(st);
@@ -1720,24 +1723,24 @@ TEST(redo_replaces_the_last_turn)
     char id[33];
     make_session(st, model, 310, 1, id);
     srv_seq_ctx_t b1 = {0}, b2 = {0};
-    CHECK_INT_EQ(srv_store_redo_prepare(st, id), SRV_STORE_ENOCKPT); /* no turn yet */
-    CHECK(strstr(srv_store_last_error(), "no turn to regenerate") != NULL);
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id, ERR), SRV_STORE_ENOCKPT); /* no turn yet */
+    CHECK(strstr(last_err, "no turn to regenerate") != NULL);
     one_turn(st, id, 1, 0, &b1); /* input only */
-    CHECK_INT_EQ(srv_store_redo_prepare(st, id), SRV_STORE_ENOCKPT);
-    CHECK(strstr(srv_store_last_error(), "generated no reply") != NULL);
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id, ERR), SRV_STORE_ENOCKPT);
+    CHECK(strstr(last_err, "generated no reply") != NULL);
     one_turn(st, id, 2, SRV_TURN_REPLY, &b2);
     srv_seq_ctx_t now = snapshot(st, model, id);
     srv_session_t *s = NULL;
     /* not prepared: nothing to swap in */
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
-    CHECK_INT_EQ(srv_store_redo_begin(st, s), SRV_STORE_EEVICTED);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s, ERR), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     /* prepared, begun, undone: the session is as it was */
-    CHECK_INT_EQ(srv_store_redo_prepare(st, id), 0);
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id, ERR), 0);
     size_t m0 = 0, m1 = 0;
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
     srv_store_stats(st, NULL, NULL, &m0);
-    CHECK_INT_EQ(srv_store_redo_begin(st, s), 0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s, ERR), 0);
     srv_store_stats(st, NULL, NULL, &m1);
     CHECK(m1 == m0); /* the prepared state moved in, the old one aside */
     srv_seq_ctx_t got = copy_ctx(model, srv_session_ctx(s));
@@ -1745,24 +1748,24 @@ TEST(redo_replaces_the_last_turn)
     CHECK_MSG(same_continuation(model, &got, &want), "redo: not the checkpoint's state");
     free_ctx(&got);
     free_ctx(&want);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     srv_seq_ctx_t r = copy_ctx(model, &now);
     check_same(st, model, id, &r, "redo undone");
     /* a prepared redo goes stale when the session changes */
-    CHECK_INT_EQ(srv_store_redo_prepare(st, id), 0);
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id, ERR), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
     srv_session_touch(s);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
-    CHECK_INT_EQ(srv_store_redo_begin(st, s), SRV_STORE_EEVICTED);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s, ERR), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     /* committed: a new reply, same turn count and checkpoints */
-    CHECK_INT_EQ(srv_store_redo_prepare(st, id), 0);
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
-    CHECK_INT_EQ(srv_store_redo_begin(st, s), 0);
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id, ERR), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s, ERR), 0);
     advance(model, srv_session_ctx(s), 9, 4242);
     srv_seq_ctx_t redone = copy_ctx(model, srv_session_ctx(s));
-    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
     const int64_t w[] = {0, 1};
     check_ckpts(st, dir, id, 2, w, 2, "after a redo");
     check_same(st, model, id, &redone, "redone");
@@ -1772,7 +1775,7 @@ TEST(redo_replaces_the_last_turn)
     if (!st)
         goto out;
     check_ckpts(st, dir, id, 2, w, 2, "redo after a restart");
-    CHECK_INT_EQ(srv_store_rollback(st, id, 1, NULL), 0);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 1, NULL, ERR), 0);
     r = copy_ctx(model, &b2);
     check_same(st, model, id, &r, "rollback after a redo");
     srv_store_free(st);
@@ -1801,32 +1804,32 @@ TEST(checkpoints_export_import)
         one_turn(st, id, 10 * t, SRV_TURN_REPLY, &before[t]);
     void *blob = NULL;
     size_t len = 0;
-    CHECK_INT_EQ(srv_store_export(st, id, &blob, &len), 0);
+    CHECK_INT_EQ(srv_store_export(st, id, &blob, &len, ERR), 0);
     core_state_info_t bi;
     CHECK_INT_EQ(core_state_peek(blob, len, &bi, NULL), 0);
     CHECK_INT_EQ(bi.version, 2);
     CHECK_INT_EQ(bi.n_checkpoints, 3);
     /* evicted, the export is the same */
-    CHECK_INT_EQ(srv_store_trim(st, 0), 0);
+    CHECK_INT_EQ(srv_store_trim(st, 0, ERR), 0);
     void *blob_e = NULL;
     size_t len_e = 0;
-    CHECK_INT_EQ(srv_store_export(st, id, &blob_e, &len_e), 0);
+    CHECK_INT_EQ(srv_store_export(st, id, &blob_e, &len_e, ERR), 0);
     CHECK(len_e == len && blob_e && memcmp(blob_e, blob, len) == 0);
     free(blob_e);
 
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_create(st2, &s), 0);
+    CHECK_INT_EQ(srv_store_create(st2, &s, ERR), 0);
     if (!s)
         goto out;
-    CHECK_INT_EQ(srv_session_set_owner(s, tb), 0);
+    CHECK_INT_EQ(srv_session_set_owner(s, tb, ERR), 0);
     memcpy(id2, srv_session_id(s), 33);
-    CHECK_INT_EQ(srv_store_release(st2, s, 1), 0);
+    CHECK_INT_EQ(srv_store_release(st2, s, 1, ERR), 0);
     char err[512] = "";
     CHECK_MSG(srv_store_import(st2, id2, blob, len, err, sizeof err) == 0, "import: %s", err);
     const int64_t w[] = {1, 2}; /* st2 keeps 2 */
     check_ckpts(st2, dir2, id2, 3, w, 2, "imported");
     CHECK(dir_clean(dir2));
-    CHECK_INT_EQ(srv_store_rollback(st2, id2, 1, NULL), 0);
+    CHECK_INT_EQ(srv_store_rollback(st2, id2, 1, NULL, ERR), 0);
     srv_seq_ctx_t r = copy_ctx(model, &before[3]);
     check_same(st2, model, id2, &r, "imported checkpoint");
     srv_store_free(st2);
@@ -1834,7 +1837,7 @@ TEST(checkpoints_export_import)
     if (!st2)
         goto out;
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st2, id2, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st2, id2, &in, ERR), 0);
     CHECK_STR_EQ(in.owner, tb); /* the rolled-back file carries the session's tag */
     CHECK_INT_EQ(in.turns, 2);
 
@@ -1865,7 +1868,7 @@ TEST(checkpoints_export_import)
     size_t l1 = 0;
     char plain[33];
     make_session(st, model, 330, 1, plain);
-    CHECK_INT_EQ(srv_store_export(st, plain, &b1, &l1), 0);
+    CHECK_INT_EQ(srv_store_export(st, plain, &b1, &l1, ERR), 0);
     CHECK_INT_EQ(((unsigned char *)b1)[4], 1);
     CHECK_MSG(srv_store_import(st2, id2, b1, l1, err, sizeof err) == 0, "import: %s", err);
     check_ckpts(st2, dir2, id2, 0, NULL, 0, "after a version 1 import");
@@ -1899,44 +1902,44 @@ TEST(failed_writes_leave_turns_as_they_were)
     one_turn(st, id, 1, SRV_TURN_REPLY, NULL);
     one_turn(st, id, 2, SRV_TURN_REPLY, &b2);
     srv_session_info_t in0, in;
-    CHECK_INT_EQ(srv_store_info(st, id, &in0), 0);
+    CHECK_INT_EQ(srv_store_info(st, id, &in0, ERR), 0);
     hook_t h = {.budget = 0};
     srv_store_set_write_fn(st, hook_write, &h);
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
     const int32_t x[3] = {4, 5, 6};
-    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 3, SRV_TURN_REPLY), 0);
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, x, 3, SRV_TURN_REPLY, ERR), 0);
     advance(model, srv_session_ctx(s), 9, 351);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_ENOSPACE);
-    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), SRV_STORE_ENOSPACE);
+    CHECK_INT_EQ(srv_store_info(st, id, &in, ERR), 0);
     CHECK(in.turns == in0.turns && in.tokens == in0.tokens &&
           in.state_bytes == in0.state_bytes && in.n_checkpoints == in0.n_checkpoints);
     const int64_t w[] = {0, 1};
     check_ckpts(st, dir, id, 2, w, 2, "after a failed turn");
     /* a redo whose reply cannot be saved (the failed write sent the
      * session back to its file: read it first, as the API does) */
-    CHECK_INT_EQ(srv_store_redo_prepare(st, id), SRV_STORE_EEVICTED);
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
-    CHECK_INT_EQ(srv_store_redo_prepare(st, id), 0);
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
-    CHECK_INT_EQ(srv_store_redo_begin(st, s), 0);
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id, ERR), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_redo_prepare(st, id, ERR), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_redo_begin(st, s, ERR), 0);
     advance(model, srv_session_ctx(s), 3, 352);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), SRV_STORE_ENOSPACE);
-    CHECK_INT_EQ(srv_store_info(st, id, &in), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), SRV_STORE_ENOSPACE);
+    CHECK_INT_EQ(srv_store_info(st, id, &in, ERR), 0);
     CHECK(in.turns == in0.turns && in.tokens == in0.tokens &&
           in.state_bytes == in0.state_bytes);
     check_ckpts(st, dir, id, 2, w, 2, "after a failed redo");
     srv_store_set_write_fn(st, NULL, NULL);
     /* the last turn is still the one the file holds */
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
     unsigned fl = 0;
     const int32_t *li = NULL;
     size_t nl = 0;
     CHECK_INT_EQ(srv_session_last_turn(s, &fl, &li, &nl), 1);
     CHECK(nl == 2 && li && li[0] == 2);
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
-    CHECK_INT_EQ(srv_store_rollback(st, id, 1, NULL), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_rollback(st, id, 1, NULL, ERR), 0);
     srv_seq_ctx_t r = copy_ctx(model, &b2);
     check_same(st, model, id, &r, "rollback after failed writes");
     srv_store_free(st);
@@ -1958,7 +1961,7 @@ TEST(disk_budget_takes_checkpoints_first)
         goto out;
     make_session(st, model, 340, 1, a);
     srv_session_info_t in;
-    CHECK_INT_EQ(srv_store_info(st, a, &in), 0);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
     const size_t one = in.state_bytes + 8; /* and a turn's input */
     srv_store_free(st);
     /* room for 5 files: once b's turns need more, a (least recently used)

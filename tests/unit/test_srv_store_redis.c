@@ -27,6 +27,11 @@
 #include "server/store.h"
 #include "server/store_backend.h"
 
+/* The detail of the last store call that failed on the main thread (the
+ * threads a test starts pass their own buffer or none). */
+static char last_err[SRV_STORE_ERR_MAX];
+#define ERR last_err, sizeof last_err
+
 #define ID1 "0123456789abcdef0123456789abcdef"
 #define ID2 "1123456789abcdef0123456789abcdef"
 #define ID3 "2123456789abcdef0123456789abcdef"
@@ -394,52 +399,52 @@ TEST(versions_and_stale_saves)
     unsigned char *blob = NULL;
     size_t len = 0;
     srv_store_meta_t m, got;
-    CHECK_INT_EQ(A->acquire(a, ID1, 0, tok, &v, &blob, &len), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(A->peek(a, ID1, &v, &got), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(A->acquire(a, ID1, 0, tok, &v, &blob, &len, ERR), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(A->peek(a, ID1, &v, &got, ERR), SRV_STORE_ENOTFOUND);
     /* binary blob with NULs */
     unsigned char data[1000];
     for (size_t i = 0; i < sizeof data; i++)
         data[i] = (unsigned char)(i * 7);
     meta(&m, OWNER, sizeof data);
-    CHECK_INT_EQ(A->save(a, ID1, NULL, 0, data, sizeof data, &m, &v), 0);
+    CHECK_INT_EQ(A->save(a, ID1, NULL, 0, data, sizeof data, &m, &v, ERR), 0);
     CHECK_INT_EQ(v, 1);
-    CHECK_INT_EQ(A->save(a, ID1, NULL, 0, data, sizeof data, &m, &v), SRV_STORE_ESTALE);
-    CHECK_INT_EQ(B->peek(b, ID1, &v, &got), 0);
+    CHECK_INT_EQ(A->save(a, ID1, NULL, 0, data, sizeof data, &m, &v, ERR), SRV_STORE_ESTALE);
+    CHECK_INT_EQ(B->peek(b, ID1, &v, &got, ERR), 0);
     CHECK_INT_EQ(v, 1);
     CHECK(memcmp(&m, &got, sizeof m) == 0);
     /* b reads it (it holds nothing), a cannot acquire while b holds it */
-    CHECK_INT_EQ(B->acquire(b, ID1, 0, tok, &v, &blob, &len), 0);
+    CHECK_INT_EQ(B->acquire(b, ID1, 0, tok, &v, &blob, &len, ERR), 0);
     CHECK_INT_EQ(v, 1);
     CHECK(blob && len == sizeof data && memcmp(blob, data, len) == 0);
     free(blob);
     blob = NULL;
-    CHECK_INT_EQ(A->acquire(a, ID1, 1, tok2, &v, &blob, &len), SRV_STORE_EBUSY);
-    CHECK_MSG(strstr(srv_store_last_error(), "another replica"), "%s", srv_store_last_error());
+    CHECK_INT_EQ(A->acquire(a, ID1, 1, tok2, &v, &blob, &len, ERR), SRV_STORE_EBUSY);
+    CHECK_MSG(strstr(last_err, "another replica"), "%s", last_err);
     /* a's save while b holds the lease, at the right version: refused */
-    CHECK_INT_EQ(A->save(a, ID1, NULL, 1, data, 10, &m, &v), SRV_STORE_ESTALE);
+    CHECK_INT_EQ(A->save(a, ID1, NULL, 1, data, 10, &m, &v, ERR), SRV_STORE_ESTALE);
     /* b saves version 2 (the lease goes with it) */
     data[0] = 0xee;
     m.turns = 4;
-    CHECK_INT_EQ(B->save(b, ID1, tok, 1, data, sizeof data, &m, &v), 0);
+    CHECK_INT_EQ(B->save(b, ID1, tok, 1, data, sizeof data, &m, &v, ERR), 0);
     CHECK_INT_EQ(v, 2);
     /* a held version 1: it gets the blob; holding 2 it would not */
-    CHECK_INT_EQ(A->acquire(a, ID1, 1, tok2, &v, &blob, &len), 0);
+    CHECK_INT_EQ(A->acquire(a, ID1, 1, tok2, &v, &blob, &len, ERR), 0);
     CHECK_INT_EQ(v, 2);
     CHECK(blob && blob[0] == 0xee);
     free(blob);
     blob = NULL;
     /* a stale writer (it read version 1): refused, and it says why */
-    CHECK_INT_EQ(A->save(a, ID1, tok2, 1, data, sizeof data, &m, &v), SRV_STORE_ESTALE);
-    CHECK_MSG(strstr(srv_store_last_error(), "version 2"), "%s", srv_store_last_error());
+    CHECK_INT_EQ(A->save(a, ID1, tok2, 1, data, sizeof data, &m, &v, ERR), SRV_STORE_ESTALE);
+    CHECK_MSG(strstr(last_err, "version 2"), "%s", last_err);
     A->release(a, ID1, tok2);
     CHECK(gone_soon("darkserve:test:l:" ID1)); /* the keeper runs the release */
-    CHECK_INT_EQ(B->acquire(b, ID1, 2, tok, &v, &blob, &len), 0);
+    CHECK_INT_EQ(B->acquire(b, ID1, 2, tok, &v, &blob, &len, ERR), 0);
     CHECK(blob == NULL); /* current */
     B->release(b, ID1, tok);
     /* an acquire right after this process's own release takes it over */
-    CHECK_INT_EQ(B->acquire(b, ID1, 2, tok, &v, &blob, &len), 0);
+    CHECK_INT_EQ(B->acquire(b, ID1, 2, tok, &v, &blob, &len, ERR), 0);
     B->release(b, ID1, tok);
-    CHECK_INT_EQ(B->acquire(b, ID1, 2, tok2, &v, &blob, &len), 0);
+    CHECK_INT_EQ(B->acquire(b, ID1, 2, tok2, &v, &blob, &len, ERR), 0);
     /* also while the keeper is running that release (it takes its batch
      * off the queue before it reaches Redis): many times, to meet it */
     int busy = 0;
@@ -448,7 +453,7 @@ TEST(versions_and_stale_saves)
         B->release(b, ID1, hold);
         if (i % 3 == 0)
             sleep_ms(0); /* let the keeper start */
-        busy += B->acquire(b, ID1, 2, next, &v, &blob, &len) != 0;
+        busy += B->acquire(b, ID1, 2, next, &v, &blob, &len, ERR) != 0;
         free(blob);
         blob = NULL;
         if (busy)
@@ -456,8 +461,8 @@ TEST(versions_and_stale_saves)
     }
     CHECK_INT_EQ(busy, 0);
     B->release(b, ID1, tok2); /* the last one (i = 999) acquired into tok2 */
-    CHECK_INT_EQ(B->acquire(b, ID1, 2, tok2, &v, &blob, &len), 0);
-    CHECK_INT_EQ(A->acquire(a, ID1, 2, tok, &v, &blob, &len), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(B->acquire(b, ID1, 2, tok2, &v, &blob, &len, ERR), 0);
+    CHECK_INT_EQ(A->acquire(a, ID1, 2, tok, &v, &blob, &len, ERR), SRV_STORE_EBUSY);
     B->release(b, ID1, tok2);
     A->free(a);
     B->free(b);
@@ -491,14 +496,14 @@ TEST(acquire_waits_for_a_release_under_way)
     size_t len = 0;
     srv_store_meta_t m;
     meta(&m, OWNER, sizeof data);
-    CHECK_INT_EQ(b->ops->save(b, ID1, NULL, 0, data, sizeof data, &m, &v), 0);
-    CHECK_INT_EQ(b->ops->acquire(b, ID1, 0, tok, &v, &blob, &len), 0);
+    CHECK_INT_EQ(b->ops->save(b, ID1, NULL, 0, data, sizeof data, &m, &v, ERR), 0);
+    CHECK_INT_EQ(b->ops->acquire(b, ID1, 0, tok, &v, &blob, &len, ERR), 0);
     free(blob);
     blob = NULL;
     late_release_t lr = {b, tok};
     pthread_t th;
     CHECK_INT_EQ(pthread_create(&th, NULL, release_later, &lr), 0);
-    CHECK_INT_EQ(a->ops->acquire(a, ID1, 0, tok2, &v, &blob, &len), 0);
+    CHECK_INT_EQ(a->ops->acquire(a, ID1, 0, tok2, &v, &blob, &len, ERR), 0);
     CHECK(blob && len == sizeof data && memcmp(blob, data, len) == 0);
     free(blob);
     pthread_join(th, NULL);
@@ -525,8 +530,9 @@ TEST(leases_renewed_and_expiring)
         size_t len = 0;
         srv_store_meta_t m;
         meta(&m, "", 3);
-        CHECK_INT_EQ(a->ops->save(a, ID1, NULL, 0, (const unsigned char *)"abc", 3, &m, &v), 0);
-        CHECK_INT_EQ(a->ops->acquire(a, ID1, 0, tok, &v, &blob, &len), 0);
+        CHECK_INT_EQ(a->ops->save(a, ID1, NULL, 0, (const unsigned char *)"abc", 3, &m, &v, ERR),
+                     0);
+        CHECK_INT_EQ(a->ops->acquire(a, ID1, 0, tok, &v, &blob, &len, ERR), 0);
         free(blob);
         blob = NULL;
         /* renewed: its TTL goes back up (every third of the lease time) */
@@ -545,7 +551,7 @@ TEST(leases_renewed_and_expiring)
             b->ops->free(b);
             continue;
         }
-        CHECK_INT_EQ(b->ops->acquire(b, ID1, 1, tok2, &v, &blob, &len), SRV_STORE_EBUSY);
+        CHECK_INT_EQ(b->ops->acquire(b, ID1, 1, tok2, &v, &blob, &len, ERR), SRV_STORE_EBUSY);
         /* a dies holding it (its keeper stops renewing): it expires */
         a->ops->free(a);
         expired = 0;
@@ -554,13 +560,14 @@ TEST(leases_renewed_and_expiring)
             expired = pttl(kl) == -2;
         }
         CHECK(expired);
-        CHECK_INT_EQ(b->ops->acquire(b, ID1, 1, tok2, &v, &blob, &len), 0);
+        CHECK_INT_EQ(b->ops->acquire(b, ID1, 1, tok2, &v, &blob, &len, ERR), 0);
         CHECK(blob == NULL);
         /* the dead holder's save is refused now (another lease) */
         srv_store_backend_t *a2 = backend(60000, 3000);
-        CHECK_INT_EQ(a2->ops->save(a2, ID1, tok, 1, (const unsigned char *)"xyz", 3, &m, &v),
+        CHECK_INT_EQ(a2->ops->save(a2, ID1, tok, 1, (const unsigned char *)"xyz", 3, &m, &v, ERR),
                      SRV_STORE_ESTALE);
-        CHECK_INT_EQ(b->ops->save(b, ID1, tok2, 1, (const unsigned char *)"def", 3, &m, &v), 0);
+        CHECK_INT_EQ(b->ops->save(b, ID1, tok2, 1, (const unsigned char *)"def", 3, &m, &v, ERR),
+                     0);
         CHECK_INT_EQ(v, 2);
         a2->ops->free(a2);
         b->ops->free(b);
@@ -582,12 +589,12 @@ TEST(delete_and_list)
     for (int i = 0; i < 3; i++) {
         meta(&m, i == 1 ? "" : OWNER, 2);
         m.tokens = 10 + i;
-        CHECK_INT_EQ(A->save(a, ids[i], NULL, 0, (const unsigned char *)"zz", 2, &m, &v), 0);
+        CHECK_INT_EQ(A->save(a, ids[i], NULL, 0, (const unsigned char *)"zz", 2, &m, &v, ERR), 0);
     }
     srv_store_entry_t e[4];
     size_t n = 0;
     int more = 0;
-    CHECK_INT_EQ(A->list(a, NULL, "", 4, e, &n, &more), 0);
+    CHECK_INT_EQ(A->list(a, NULL, "", 4, e, &n, &more, ERR), 0);
     CHECK_INT_EQ(n, 3);
     CHECK_INT_EQ(more, 0);
     CHECK_STR_EQ(e[0].id, ID1);
@@ -595,27 +602,27 @@ TEST(delete_and_list)
     CHECK_STR_EQ(e[2].id, ID3);
     CHECK_INT_EQ(e[0].meta.tokens, 11);
     CHECK_INT_EQ(e[0].version, 1);
-    CHECK_INT_EQ(A->list(a, NULL, "", 2, e, &n, &more), 0);
+    CHECK_INT_EQ(A->list(a, NULL, "", 2, e, &n, &more, ERR), 0);
     CHECK_INT_EQ(n, 2);
     CHECK_INT_EQ(more, 1);
-    CHECK_INT_EQ(A->list(a, NULL, ID2, 2, e, &n, &more), 0);
+    CHECK_INT_EQ(A->list(a, NULL, ID2, 2, e, &n, &more, ERR), 0);
     CHECK_INT_EQ(n, 1);
     CHECK_STR_EQ(e[0].id, ID3);
-    CHECK_INT_EQ(A->list(a, OWNER, "", 4, e, &n, &more), 0);
+    CHECK_INT_EQ(A->list(a, OWNER, "", 4, e, &n, &more, ERR), 0);
     CHECK_INT_EQ(n, 2);
     CHECK_STR_EQ(e[0].id, ID2);
-    CHECK_INT_EQ(A->list(a, "", "", 4, e, &n, &more), 0);
+    CHECK_INT_EQ(A->list(a, "", "", 4, e, &n, &more, ERR), 0);
     CHECK_INT_EQ(n, 1);
     CHECK_STR_EQ(e[0].id, ID1);
     /* delete: busy while leased, then gone from lists and the indexes */
-    CHECK_INT_EQ(A->acquire(a, ID2, 0, tok, &v, &blob, &len), 0);
+    CHECK_INT_EQ(A->acquire(a, ID2, 0, tok, &v, &blob, &len, ERR), 0);
     free(blob);
     srv_store_backend_t *b = backend(60000, 30000);
-    CHECK_INT_EQ(b->ops->remove(b, ID2), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(b->ops->remove(b, ID2, ERR), SRV_STORE_EBUSY);
     A->release(a, ID2, tok);
-    CHECK_INT_EQ(A->remove(a, ID2), 0); /* its queued release taken over */
-    CHECK_INT_EQ(A->remove(a, ID2), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(A->list(a, OWNER, "", 4, e, &n, &more), 0);
+    CHECK_INT_EQ(A->remove(a, ID2, ERR), 0); /* its queued release taken over */
+    CHECK_INT_EQ(A->remove(a, ID2, ERR), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(A->list(a, OWNER, "", 4, e, &n, &more, ERR), 0);
     CHECK_INT_EQ(n, 1);
     CHECK_STR_EQ(e[0].id, ID3);
     redisContext *c = raw();
@@ -626,7 +633,7 @@ TEST(delete_and_list)
     /* an expired session leaves the lists (and the index) */
     srv_store_backend_t *s = backend(300, 2000);
     meta(&m, "", 2);
-    CHECK_INT_EQ(s->ops->save(s, ID2, NULL, 0, (const unsigned char *)"zz", 2, &m, &v), 0);
+    CHECK_INT_EQ(s->ops->save(s, ID2, NULL, 0, (const unsigned char *)"zz", 2, &m, &v, ERR), 0);
     r = c ? redisCommand(c, "PTTL darkserve:test:s:" ID2) : NULL;
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer > 0 && r->integer <= 300);
     if (r)
@@ -636,7 +643,7 @@ TEST(delete_and_list)
     if (r)
         freeReplyObject(r);
     sleep_ms(500);
-    CHECK_INT_EQ(A->list(a, NULL, "", 4, e, &n, &more), 0);
+    CHECK_INT_EQ(A->list(a, NULL, "", 4, e, &n, &more, ERR), 0);
     CHECK_INT_EQ(n, 2);
     r = c ? redisCommand(c, "ZCARD darkserve:test:idx") : NULL;
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 2);
@@ -659,20 +666,20 @@ TEST(server_gone_and_back)
     size_t len = 0;
     srv_store_meta_t m;
     meta(&m, "", 2);
-    CHECK_INT_EQ(a->ops->save(a, ID1, NULL, 0, (const unsigned char *)"ok", 2, &m, &v), 0);
+    CHECK_INT_EQ(a->ops->save(a, ID1, NULL, 0, (const unsigned char *)"ok", 2, &m, &v, ERR), 0);
     sleep_ms(300);
     CHECK_INT_EQ(a->ops->health(a, why, sizeof why), 0);
     redis_stop();
     /* the first call finds out; the ones after fail at once */
-    CHECK_INT_EQ(a->ops->acquire(a, ID1, 0, tok, &v, &blob, &len), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(a->ops->acquire(a, ID1, 0, tok, &v, &blob, &len, ERR), SRV_STORE_EUNAVAIL);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    CHECK_INT_EQ(a->ops->peek(a, ID1, &v, &m), SRV_STORE_EUNAVAIL);
-    CHECK_INT_EQ(a->ops->save(a, ID2, NULL, 0, (const unsigned char *)"no", 2, &m, &v),
+    CHECK_INT_EQ(a->ops->peek(a, ID1, &v, &m, ERR), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(a->ops->save(a, ID2, NULL, 0, (const unsigned char *)"no", 2, &m, &v, ERR),
                  SRV_STORE_EUNAVAIL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     CHECK((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 < 200);
-    CHECK_MSG(strstr(srv_store_last_error(), "unreachable"), "%s", srv_store_last_error());
+    CHECK_MSG(strstr(last_err, "unreachable"), "%s", last_err);
     CHECK_INT_EQ(a->ops->health(a, why, sizeof why), SRV_STORE_EUNAVAIL);
     char hp[32];
     snprintf(hp, sizeof hp, "127.0.0.1:%d", port);
@@ -686,11 +693,11 @@ TEST(server_gone_and_back)
             sleep_ms(100);
     }
     CHECK_MSG(ok, "still down: %s", why);
-    CHECK_INT_EQ(a->ops->acquire(a, ID1, 0, tok, &v, &blob, &len), 0);
+    CHECK_INT_EQ(a->ops->acquire(a, ID1, 0, tok, &v, &blob, &len, ERR), 0);
     CHECK(blob && len == 2 && memcmp(blob, "ok", 2) == 0);
     free(blob);
     a->ops->release(a, ID1, tok);
-    CHECK_INT_EQ(a->ops->peek(a, ID2, &v, &m), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(a->ops->peek(a, ID2, &v, &m, ERR), SRV_STORE_ENOTFOUND);
     a->ops->free(a);
 }
 
@@ -710,12 +717,12 @@ TEST(server_full)
     srv_store_meta_t m;
     meta(&m, "", n);
     uint64_t v = 0;
-    CHECK_INT_EQ(a->ops->save(a, ID1, NULL, 0, big, n, &m, &v), SRV_STORE_ENOSPACE);
-    CHECK_MSG(strstr(srv_store_last_error(), "out of memory"), "%s", srv_store_last_error());
+    CHECK_INT_EQ(a->ops->save(a, ID1, NULL, 0, big, n, &m, &v, ERR), SRV_STORE_ENOSPACE);
+    CHECK_MSG(strstr(last_err, "out of memory"), "%s", last_err);
     r = c ? redisCommand(c, "CONFIG SET maxmemory 0") : NULL;
     if (r)
         freeReplyObject(r);
-    CHECK_INT_EQ(a->ops->save(a, ID1, NULL, 0, big, n, &m, &v), 0);
+    CHECK_INT_EQ(a->ops->save(a, ID1, NULL, 0, big, n, &m, &v, ERR), 0);
     free(big);
     redisFree(c);
     a->ops->free(a);

@@ -25,6 +25,11 @@
 #include "server/store_backend.h"
 #include "tests/unit/ctx_helpers.h"
 
+/* The detail of the last store call that failed on the main thread (the
+ * threads a test starts pass their own buffer or none). */
+static char last_err[SRV_STORE_ERR_MAX];
+#define ERR last_err, sizeof last_err
+
 static core_model_t *model; /* performer, W = 4 */
 static int V;
 
@@ -59,8 +64,11 @@ static fake_entry_t *fake_find(fake_t *f, const char *id)
 }
 
 static int fake_acquire(srv_store_backend_t *be, const char *id, uint64_t have, char *token,
-                        uint64_t *version, unsigned char **blob, size_t *len)
+                        uint64_t *version, unsigned char **blob, size_t *len, char *err,
+                        size_t errlen)
 {
+    (void)err;
+    (void)errlen;
     fake_t *f = (fake_t *)be;
     pthread_mutex_lock(&f->mu);
     fake_entry_t *e = fake_find(f, id);
@@ -88,7 +96,7 @@ static int fake_acquire(srv_store_backend_t *be, const char *id, uint64_t have, 
 
 static int fake_save(srv_store_backend_t *be, const char *id, const char *token, uint64_t expect,
                      const unsigned char *blob, size_t len, const srv_store_meta_t *m,
-                     uint64_t *version)
+                     uint64_t *version, char *err, size_t errlen)
 {
     fake_t *f = (fake_t *)be;
     pthread_mutex_lock(&f->mu);
@@ -117,8 +125,8 @@ static int fake_save(srv_store_backend_t *be, const char *id, const char *token,
         f->saves++;
     }
     pthread_mutex_unlock(&f->mu);
-    if (rc < 0)
-        srv_store_set_last_error("fake: %s", rc == SRV_STORE_ESTALE ? "stale" : "down");
+    if (rc < 0 && err && errlen)
+        snprintf(err, errlen, "fake: %s", rc == SRV_STORE_ESTALE ? "stale" : "down");
     return rc;
 }
 
@@ -132,8 +140,10 @@ static void fake_release(srv_store_backend_t *be, const char *id, const char *to
     pthread_mutex_unlock(&f->mu);
 }
 
-static int fake_remove(srv_store_backend_t *be, const char *id)
+static int fake_remove(srv_store_backend_t *be, const char *id, char *err, size_t errlen)
 {
+    (void)err;
+    (void)errlen;
     fake_t *f = (fake_t *)be;
     pthread_mutex_lock(&f->mu);
     fake_entry_t *e = fake_find(f, id);
@@ -150,8 +160,10 @@ static int fake_remove(srv_store_backend_t *be, const char *id)
 }
 
 static int fake_peek(srv_store_backend_t *be, const char *id, uint64_t *version,
-                     srv_store_meta_t *m)
+                     srv_store_meta_t *m, char *err, size_t errlen)
 {
+    (void)err;
+    (void)errlen;
     fake_t *f = (fake_t *)be;
     pthread_mutex_lock(&f->mu);
     fake_entry_t *e = fake_find(f, id);
@@ -165,8 +177,10 @@ static int fake_peek(srv_store_backend_t *be, const char *id, uint64_t *version,
 }
 
 static int fake_list(srv_store_backend_t *be, const char *owner, const char *after, size_t limit,
-                     srv_store_entry_t *out, size_t *n, int *has_more)
+                     srv_store_entry_t *out, size_t *n, int *has_more, char *err, size_t errlen)
 {
+    (void)err;
+    (void)errlen;
     fake_t *f = (fake_t *)be;
     pthread_mutex_lock(&f->mu);
     *n = 0;
@@ -348,13 +362,13 @@ static int same_continuation(srv_seq_ctx_t *a, srv_seq_ctx_t *b)
 static void make_saved(srv_store_t *st, uint64_t seed, char *id)
 {
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_create(st, &s), 0);
+    CHECK_INT_EQ(srv_store_create(st, &s, ERR), 0);
     if (!s)
         return;
     advance(srv_session_ctx(s), 10, seed);
     srv_session_touch(s);
     memcpy(id, srv_session_id(s), SRV_SESSION_ID_LEN + 1);
-    CHECK_INT_EQ(srv_store_release(st, s, 1), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
 }
 
 /* One turn on id at st: acquire, advance by n tokens, save. The context
@@ -362,14 +376,14 @@ static void make_saved(srv_store_t *st, uint64_t seed, char *id)
 static int turn(srv_store_t *st, const char *id, int n, uint64_t seed, srv_seq_ctx_t *after)
 {
     srv_session_t *s = NULL;
-    int rc = srv_store_acquire(st, id, &s);
+    int rc = srv_store_acquire(st, id, &s, ERR);
     if (rc < 0)
         return rc;
-    CHECK_INT_EQ(srv_store_turn_begin(st, s, NULL, 0, 0), 0);
+    CHECK_INT_EQ(srv_store_turn_begin(st, s, NULL, 0, 0, ERR), 0);
     advance(srv_session_ctx(s), n, seed);
     if (after)
         *after = copy_ctx(model, srv_session_ctx(s));
-    return srv_store_release(st, s, 1);
+    return srv_store_release(st, s, 1, ERR);
 }
 
 /* A copy of id's context as st holds it after an acquire. */
@@ -377,11 +391,11 @@ static srv_seq_ctx_t held_copy(srv_store_t *st, const char *id)
 {
     srv_session_t *s = NULL;
     srv_seq_ctx_t c = {0};
-    CHECK_INT_EQ(srv_store_acquire(st, id, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
     if (!s)
         return c;
     c = copy_ctx(model, srv_session_ctx(s));
-    CHECK_INT_EQ(srv_store_release(st, s, 0), 0);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
     return c;
 }
 
@@ -435,8 +449,8 @@ TEST(alternating_replicas_equal_one)
     CHECK(same_continuation(&ca, &ctl));
     CHECK(same_continuation(&cb, &c2));
     srv_session_info_t ia, ib;
-    CHECK_INT_EQ(srv_store_info(a, id, &ia), 0);
-    CHECK_INT_EQ(srv_store_info(b, id, &ib), 0);
+    CHECK_INT_EQ(srv_store_info(a, id, &ia, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(b, id, &ib, ERR), 0);
     CHECK_INT_EQ(ia.turns, 4);
     CHECK_INT_EQ(ib.turns, 4);
     CHECK_INT_EQ(ia.tokens, ib.tokens);
@@ -455,15 +469,15 @@ TEST(lease_makes_the_other_replica_busy)
     srv_store_t *a = x.a, *b = x.b;
     const char *id = x.id;
     srv_session_t *s = NULL, *s2 = NULL;
-    CHECK_INT_EQ(srv_store_acquire(a, id, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(a, id, &s, ERR), 0);
     CHECK(fake_leased(f, id));
-    CHECK_INT_EQ(srv_store_acquire(b, id, &s2), SRV_STORE_EBUSY);
-    CHECK_INT_EQ(srv_store_acquire(a, id, &s2), SRV_STORE_EBUSY); /* busy here too */
-    CHECK_INT_EQ(srv_store_delete(b, id), SRV_STORE_EBUSY);
-    CHECK_INT_EQ(srv_store_release(a, s, 0), 0);
+    CHECK_INT_EQ(srv_store_acquire(b, id, &s2, ERR), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_acquire(a, id, &s2, ERR), SRV_STORE_EBUSY); /* busy here too */
+    CHECK_INT_EQ(srv_store_delete(b, id, ERR), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_release(a, s, 0, ERR), 0);
     CHECK(!fake_leased(f, id));
-    CHECK_INT_EQ(srv_store_acquire(b, id, &s2), 0);
-    CHECK_INT_EQ(srv_store_release(b, s2, 0), 0);
+    CHECK_INT_EQ(srv_store_acquire(b, id, &s2, ERR), 0);
+    CHECK_INT_EQ(srv_store_release(b, s2, 0, ERR), 0);
     fixture_free(&x);
 }
 
@@ -475,8 +489,8 @@ TEST(stale_writer_is_refused)
     const char *id = x.id;
     srv_seq_ctx_t v1 = held_copy(a, id);
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(a, id, &s), 0);
-    CHECK_INT_EQ(srv_store_turn_begin(a, s, NULL, 0, 0), 0);
+    CHECK_INT_EQ(srv_store_acquire(a, id, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_turn_begin(a, s, NULL, 0, 0, ERR), 0);
     advance(srv_session_ctx(s), 7, 30);
     /* a's lease runs out (a stalled replica); b serves a turn meanwhile */
     fake_expire(f, id);
@@ -484,24 +498,24 @@ TEST(stale_writer_is_refused)
     CHECK_INT_EQ(turn(b, id, 4, 31, &bv), 0);
     CHECK_INT_EQ(fake_version(f, id), 2);
     /* a's save names version 1: refused, and a drops what it could not save */
-    CHECK_INT_EQ(srv_store_release(a, s, 1), SRV_STORE_ESTALE);
+    CHECK_INT_EQ(srv_store_release(a, s, 1, ERR), SRV_STORE_ESTALE);
     CHECK_INT_EQ(fake_version(f, id), 2);
     srv_session_info_t si;
-    CHECK_INT_EQ(srv_store_info(a, id, &si), 0);
+    CHECK_INT_EQ(srv_store_info(a, id, &si, ERR), 0);
     CHECK_INT_EQ(si.in_memory, 0);
     /* a reads b's turn next time */
     srv_seq_ctx_t ca = held_copy(a, id);
     CHECK(same_continuation(&ca, &bv));
     free_ctx(&v1);
     /* another holder's lease refuses a save too */
-    CHECK_INT_EQ(srv_store_acquire(a, id, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(a, id, &s, ERR), 0);
     advance(srv_session_ctx(s), 2, 32);
-    CHECK_INT_EQ(srv_store_turn_begin(a, s, NULL, 0, 0), 0);
+    CHECK_INT_EQ(srv_store_turn_begin(a, s, NULL, 0, 0, ERR), 0);
     fake_expire(f, id);
     srv_session_t *sb = NULL;
-    CHECK_INT_EQ(srv_store_acquire(b, id, &sb), 0); /* b now holds the lease */
-    CHECK_INT_EQ(srv_store_release(a, s, 1), SRV_STORE_ESTALE);
-    CHECK_INT_EQ(srv_store_release(b, sb, 0), 0);
+    CHECK_INT_EQ(srv_store_acquire(b, id, &sb, ERR), 0); /* b now holds the lease */
+    CHECK_INT_EQ(srv_store_release(a, s, 1, ERR), SRV_STORE_ESTALE);
+    CHECK_INT_EQ(srv_store_release(b, sb, 0, ERR), 0);
     CHECK_INT_EQ(fake_version(f, id), 2);
     fixture_free(&x);
 }
@@ -513,13 +527,13 @@ TEST(release_without_persist_drops_a_changed_copy)
     const char *id = x.id;
     srv_seq_ctx_t saved = held_copy(a, id);
     srv_session_info_t si;
-    CHECK_INT_EQ(srv_store_info(a, id, &si), 0);
+    CHECK_INT_EQ(srv_store_info(a, id, &si, ERR), 0);
     CHECK_INT_EQ(si.in_memory, 1); /* unchanged: kept */
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(a, id, &s), 0);
+    CHECK_INT_EQ(srv_store_acquire(a, id, &s, ERR), 0);
     advance(srv_session_ctx(s), 6, 40); /* a job that ran, then failed */
-    CHECK_INT_EQ(srv_store_release(a, s, 0), 0);
-    CHECK_INT_EQ(srv_store_info(a, id, &si), 0);
+    CHECK_INT_EQ(srv_store_release(a, s, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(a, id, &si, ERR), 0);
     CHECK_INT_EQ(si.in_memory, 0);
     srv_seq_ctx_t again = held_copy(a, id);
     CHECK(same_continuation(&again, &saved));
@@ -534,33 +548,33 @@ TEST(fetch_hands_over_to_acquire_in_memory)
     const char *id = x.id;
     srv_session_t *s = NULL, *s2 = NULL;
     /* b has never seen it: the loop's acquire says "read it first" */
-    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s, ERR), SRV_STORE_EEVICTED);
     /* in memory but not fetched: the same (its version must be checked) */
     srv_seq_ctx_t c = held_copy(b, id);
     free_ctx(&c);
-    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s), SRV_STORE_EEVICTED);
-    CHECK_INT_EQ(srv_store_fetch(b, id), 0);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s, ERR), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_fetch(b, id, ERR), 0);
     CHECK(fake_leased(f, id));
-    CHECK_INT_EQ(srv_store_fetch(b, id), SRV_STORE_EBUSY);
-    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s), 0);
+    CHECK_INT_EQ(srv_store_fetch(b, id, ERR), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s, ERR), 0);
     CHECK(s != NULL);
-    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s2), SRV_STORE_EBUSY);
-    CHECK_INT_EQ(srv_store_release(b, s, 0), 0);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s2, ERR), SRV_STORE_EBUSY);
+    CHECK_INT_EQ(srv_store_release(b, s, 0, ERR), 0);
     CHECK(!fake_leased(f, id));
     /* a fetch nobody takes is given back */
-    CHECK_INT_EQ(srv_store_fetch(b, id), 0);
+    CHECK_INT_EQ(srv_store_fetch(b, id, ERR), 0);
     srv_store_unfetch(b, id);
     CHECK(!fake_leased(f, id));
-    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s), SRV_STORE_EEVICTED);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(b, id, &s, ERR), SRV_STORE_EEVICTED);
     srv_store_unfetch(b, id); /* no-op */
     /* a session created here and never saved needs no backend */
-    CHECK_INT_EQ(srv_store_create(b, &s), 0);
+    CHECK_INT_EQ(srv_store_create(b, &s, ERR), 0);
     char nid[SRV_SESSION_ID_LEN + 1];
     memcpy(nid, srv_session_id(s), sizeof nid);
-    CHECK_INT_EQ(srv_store_release(b, s, 0), 0);
-    CHECK_INT_EQ(srv_store_acquire_in_memory(b, nid, &s), 0);
-    CHECK_INT_EQ(srv_store_release(b, s, 0), 0);
-    CHECK_INT_EQ(srv_store_fetch(b, "nothex"), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_store_release(b, s, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_acquire_in_memory(b, nid, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_release(b, s, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_fetch(b, "nothex", ERR), SRV_STORE_EINVAL);
     fixture_free(&x);
 }
 
@@ -571,11 +585,11 @@ TEST(refresh_and_delete)
     srv_store_t *a = x.a, *b = x.b;
     const char *id = x.id;
     srv_session_info_t si;
-    CHECK_INT_EQ(srv_store_info(b, id, &si), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(srv_store_refresh(b, id), 0);
-    CHECK_INT_EQ(srv_store_info(b, id, &si), 0);
+    CHECK_INT_EQ(srv_store_info(b, id, &si, ERR), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_refresh(b, id, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(b, id, &si, ERR), 0);
     srv_session_info_t ia;
-    CHECK_INT_EQ(srv_store_info(a, id, &ia), 0);
+    CHECK_INT_EQ(srv_store_info(a, id, &ia, ERR), 0);
     CHECK_INT_EQ(si.tokens, ia.tokens);
     CHECK_INT_EQ(si.created, ia.created);
     CHECK_INT_EQ((long long)si.state_bytes, (long long)ia.state_bytes);
@@ -584,25 +598,26 @@ TEST(refresh_and_delete)
     srv_seq_ctx_t c = held_copy(b, id);
     free_ctx(&c);
     CHECK_INT_EQ(turn(a, id, 3, 60, NULL), 0);
-    CHECK_INT_EQ(srv_store_refresh(b, id), 0);
-    CHECK_INT_EQ(srv_store_info(b, id, &si), 0);
+    CHECK_INT_EQ(srv_store_refresh(b, id, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(b, id, &si, ERR), 0);
     CHECK_INT_EQ(si.in_memory, 0);
     CHECK_INT_EQ(si.turns, 1);
-    CHECK_INT_EQ(srv_store_refresh(b, "0123456789abcdef0123456789abcdef"), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(srv_store_refresh(b, "xyz"), SRV_STORE_EINVAL);
+    CHECK_INT_EQ(srv_store_refresh(b, "0123456789abcdef0123456789abcdef", ERR),
+                 SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_refresh(b, "xyz", ERR), SRV_STORE_EINVAL);
     /* delete on a; b finds out at its next acquire (and forgets it) */
-    CHECK_INT_EQ(srv_store_delete(a, id), 0);
-    CHECK_INT_EQ(srv_store_info(a, id, &si), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_delete(a, id, ERR), 0);
+    CHECK_INT_EQ(srv_store_info(a, id, &si, ERR), SRV_STORE_ENOTFOUND);
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(b, id, &s), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(srv_store_info(b, id, &si), SRV_STORE_ENOTFOUND);
-    CHECK_INT_EQ(srv_store_delete(b, id), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_acquire(b, id, &s, ERR), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_info(b, id, &si, ERR), SRV_STORE_ENOTFOUND);
+    CHECK_INT_EQ(srv_store_delete(b, id, ERR), SRV_STORE_ENOTFOUND);
     /* a session never saved is deleted here only */
-    CHECK_INT_EQ(srv_store_create(a, &s), 0);
+    CHECK_INT_EQ(srv_store_create(a, &s, ERR), 0);
     char nid[SRV_SESSION_ID_LEN + 1];
     memcpy(nid, srv_session_id(s), sizeof nid);
-    CHECK_INT_EQ(srv_store_release(a, s, 0), 0);
-    CHECK_INT_EQ(srv_store_delete(a, nid), 0);
+    CHECK_INT_EQ(srv_store_release(a, s, 0, ERR), 0);
+    CHECK_INT_EQ(srv_store_delete(a, nid, ERR), 0);
     CHECK_INT_EQ(f->n, 0);
     fixture_free(&x);
 }
@@ -615,19 +630,19 @@ TEST(fork_export_import_list)
     const char *id = x.id;
     char fid[SRV_SESSION_ID_LEN + 1] = "";
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(a, id, &s), 0);
-    CHECK_INT_EQ(srv_session_set_owner(s, "0123456789abcdef0123456789abcdef"), 0);
-    CHECK_INT_EQ(srv_store_release(a, s, 1), 0);
+    CHECK_INT_EQ(srv_store_acquire(a, id, &s, ERR), 0);
+    CHECK_INT_EQ(srv_session_set_owner(s, "0123456789abcdef0123456789abcdef", ERR), 0);
+    CHECK_INT_EQ(srv_store_release(a, s, 1, ERR), 0);
     /* fork on b (it reads the source), the copy saved for everyone */
-    CHECK_INT_EQ(srv_store_fork_owned(b, id, NULL, fid), 0);
+    CHECK_INT_EQ(srv_store_fork_owned(b, id, NULL, fid, ERR), 0);
     CHECK_INT_EQ(fake_version(f, fid), 1);
     srv_seq_ctx_t c1 = held_copy(a, fid), c2 = held_copy(a, id);
     CHECK(same_continuation(&c1, &c2));
     /* export on b equals export on a; import of it on a new session */
     void *ba = NULL, *bb = NULL;
     size_t la = 0, lb = 0;
-    CHECK_INT_EQ(srv_store_export(a, id, &ba, &la), 0);
-    CHECK_INT_EQ(srv_store_export(b, id, &bb, &lb), 0);
+    CHECK_INT_EQ(srv_store_export(a, id, &ba, &la, ERR), 0);
+    CHECK_INT_EQ(srv_store_export(b, id, &bb, &lb, ERR), 0);
     CHECK(la == lb && la > 0 && memcmp(ba, bb, la) == 0);
     char nid[SRV_SESSION_ID_LEN + 1] = "";
     make_saved(b, 8, nid);
@@ -648,15 +663,16 @@ TEST(fork_export_import_list)
     srv_session_info_t out[8];
     size_t n = 0;
     int more = 0;
-    CHECK_INT_EQ(srv_store_list_owned(b, NULL, NULL, 8, out, &n, &more), 0);
+    CHECK_INT_EQ(srv_store_list_owned(b, NULL, NULL, 8, out, &n, &more, ERR), 0);
     CHECK_INT_EQ(n, 3);
     CHECK_INT_EQ(more, 0);
     CHECK(strcmp(out[0].id, out[1].id) < 0 && strcmp(out[1].id, out[2].id) < 0);
-    CHECK_INT_EQ(srv_store_list_owned(b, NULL, NULL, 2, out, &n, &more), 0);
+    CHECK_INT_EQ(srv_store_list_owned(b, NULL, NULL, 2, out, &n, &more, ERR), 0);
     CHECK_INT_EQ(n, 2);
     CHECK_INT_EQ(more, 1);
     CHECK_INT_EQ(
-        srv_store_list_owned(b, "0123456789abcdef0123456789abcdef", NULL, 8, out, &n, &more), 0);
+        srv_store_list_owned(b, "0123456789abcdef0123456789abcdef", NULL, 8, out, &n, &more, ERR),
+        0);
     CHECK_INT_EQ(n, 2); /* the session and its fork (which kept its owner) */
     fixture_free(&x);
 }
@@ -673,28 +689,28 @@ TEST(unreachable_backend)
     srv_seq_ctx_t acked = {0};
     CHECK_INT_EQ(turn(a, id, 3, 90, &acked), 0);
     srv_session_t *s = NULL;
-    CHECK_INT_EQ(srv_store_acquire(a, id, &s), 0);
-    CHECK_INT_EQ(srv_store_turn_begin(a, s, NULL, 0, 0), 0);
+    CHECK_INT_EQ(srv_store_acquire(a, id, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_turn_begin(a, s, NULL, 0, 0, ERR), 0);
     advance(srv_session_ctx(s), 4, 91);
     f->down = 1;
     CHECK_INT_EQ(srv_store_health(a, why, sizeof why), SRV_STORE_EUNAVAIL);
     CHECK_STR_EQ(why, "fake backend down");
     /* the turn in flight cannot be saved: not acknowledged, dropped */
-    CHECK_INT_EQ(srv_store_release(a, s, 1), SRV_STORE_EUNAVAIL);
-    CHECK_INT_EQ(srv_store_acquire(a, id, &s), SRV_STORE_EUNAVAIL);
-    CHECK_INT_EQ(srv_store_fetch(a, id), SRV_STORE_EUNAVAIL);
-    CHECK_INT_EQ(srv_store_refresh(a, id), SRV_STORE_EUNAVAIL);
-    CHECK_INT_EQ(srv_store_delete(a, id), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(srv_store_release(a, s, 1, ERR), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(srv_store_acquire(a, id, &s, ERR), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(srv_store_fetch(a, id, ERR), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(srv_store_refresh(a, id, ERR), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(srv_store_delete(a, id, ERR), SRV_STORE_EUNAVAIL);
     void *b = NULL;
     size_t bl = 0;
-    CHECK_INT_EQ(srv_store_export(a, id, &b, &bl), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(srv_store_export(a, id, &b, &bl, ERR), SRV_STORE_EUNAVAIL);
     srv_session_info_t out[2];
     size_t n = 0;
     int more = 0;
-    CHECK_INT_EQ(srv_store_list_owned(a, NULL, NULL, 2, out, &n, &more), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(srv_store_list_owned(a, NULL, NULL, 2, out, &n, &more, ERR), SRV_STORE_EUNAVAIL);
     /* a new session cannot be saved either */
-    CHECK_INT_EQ(srv_store_create(a, &s), 0);
-    CHECK_INT_EQ(srv_store_release(a, s, 1), SRV_STORE_EUNAVAIL);
+    CHECK_INT_EQ(srv_store_create(a, &s, ERR), 0);
+    CHECK_INT_EQ(srv_store_release(a, s, 1, ERR), SRV_STORE_EUNAVAIL);
     f->down = 0;
     fake_expire(f, id); /* the lease of the failed turn expires */
     /* what was acknowledged is what is there */
@@ -723,7 +739,7 @@ TEST(memory_bound_drops_clean_copies)
     }
     CHECK_INT_EQ(f->saves, 3);
     /* the sweep forgets copies unused for the TTL, not the sessions */
-    CHECK_INT_EQ(srv_store_sweep(a, (int64_t)time(NULL) + 7200), 0);
+    CHECK_INT_EQ(srv_store_sweep(a, (int64_t)time(NULL) + 7200, ERR), 0);
     srv_store_stats(a, &mem, &saved, NULL);
     CHECK_INT_EQ(mem, 0);
     CHECK_INT_EQ(f->n, 3);
