@@ -1099,6 +1099,8 @@ static int obj_read(sx_t *x, json_t *s, obj_kw_t *o)
     o->props = json_object_get(s, "properties");
     o->req = json_object_get(s, "required");
     o->addl = json_object_get(s, "additionalProperties");
+    o->minp = 0;
+    o->maxp = -1;
     if (o->props && !json_is_object(o->props))
         return fail(x, PROTO_ERR_INVALID_VALUE, "'properties' must be an object");
     if (o->req && !json_is_array(o->req))
@@ -1109,8 +1111,6 @@ static int obj_read(sx_t *x, json_t *s, obj_kw_t *o)
     if (o->addl && !json_is_boolean(o->addl) && !json_is_object(o->addl))
         return fail(x, PROTO_ERR_INVALID_VALUE,
                     "'additionalProperties' must be a boolean or a schema");
-    o->minp = 0;
-    o->maxp = -1;
     if (read_count(x, s, "minProperties", &o->minp) < 0 ||
         read_count(x, s, "maxProperties", &o->maxp) < 0)
         return x->rc;
