@@ -40,6 +40,7 @@
  */
 #include "server/http.h"
 #include "server/http_impl.h"
+#include "server/http_test.h"
 
 #include "server/log.h"
 #include "server/random.h"
@@ -515,11 +516,6 @@ static const char *req_lookup(const srv_req_t *req, enum MHD_ValueKind kind, con
                                     : strcmp(l->v[i].name, name) == 0)
             return l->v[i].value;
     return NULL;
-}
-
-const char *srv_req_method(const srv_req_t *req)
-{
-    return req->method;
 }
 
 const char *srv_req_path(const srv_req_t *req)

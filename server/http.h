@@ -39,8 +39,9 @@
  *      srv_stream_open                                start a streamed answer
  *                                                     (status and headers sent now);
  *      srv_stream_defer                               answer later from any thread
- *                                                     (srv_stream_reply, or
- *                                                     srv_stream_begin + writes).
+ *                                                     (srv_stream_reply,
+ *                                                     srv_stream_reply_take or
+ *                                                     srv_stream_rerun).
  *    Returning without any of them is a bug, answered with 500.
  * 5. When the request ends (response sent, client gone, timeout, shutdown) an
  *    access-log line is written and the metrics are updated
@@ -79,8 +80,7 @@
  * bound) and handed to the socket as it drains; while nothing is buffered the
  * connection is suspended and costs nothing. The producer learns that the
  * client went away (or that the server is stopping) in two ways:
- *   - srv_stream_cancelled(s) turns 1 and writes fail with SRV_HTTP_ECANCELED;
- *     check it at a safe point (the scheduler, once per step);
+ *   - writes fail with SRV_HTTP_ECANCELED;
  *   - opts.on_cancel runs once on the loop thread (optional); e.g. to mark a
  *     job cancelled so the scheduler drops it at its next step.
  * A suspended connection's socket is watched for hang-up, so a client that
@@ -97,13 +97,13 @@
  * when a write fails.
  *
  * Callbacks (on_cancel, on_writable) run on the loop thread and must not
- * block; they may call any srv_stream_* function except wait_writable.
+ * block; they may call any srv_stream_* function of this header.
  *
  * A typical token producer (the scheduler thread, once per step):
- *     if (srv_stream_cancelled(s)) { drop the job; srv_stream_close(s, SRV_STREAM_END); }
- *     else if (srv_stream_space(s) < room_for_one_event) skip the job this step
- *         (on_writable tells when to resume);
- *     else srv_stream_write(s, sse_bytes, n);
+ *     rc = srv_stream_write(s, sse_bytes, n);
+ *     SRV_HTTP_EAGAIN: keep the event and stop writing this job's events;
+ *         on_writable tells when to write it again;
+ *     SRV_HTTP_ECANCELED: stop writing (on_cancel drops the job);
  *   and at the end: write the final event ("data: [DONE]\n\n" or an error
  *   event), then srv_stream_close(s, SRV_STREAM_END).
  *
@@ -174,7 +174,8 @@ typedef struct srv_http_opts {
     size_t n_cors_origins;
     srv_metrics_t *metrics;      /* borrowed, may be NULL; must outlive the server */
     int no_listen;               /* 1: no listen socket; requests come only through
-                                    srv_http_inject (fuzzing, tests) */
+                                    srv_http_inject (server/http_test.h:
+                                    fuzzing, tests) */
 } srv_http_opts_t;
 
 /* Creates the server on loop (borrowed; must outlive it), binds and listens.
@@ -219,7 +220,6 @@ int srv_http_route_set_max_body(srv_http_t *h, const char *method, const char *p
  * Returned strings are owned by the request. Header and query values are
  * only valid during the handler call; copy what is needed later. The rest
  * lives until the request ends. */
-const char *srv_req_method(const srv_req_t *req);
 const char *srv_req_path(const srv_req_t *req);       /* decoded path, no query */
 const char *srv_req_route(const srv_req_t *req);      /* matched pattern */
 const char *srv_req_id(const srv_req_t *req);
@@ -283,8 +283,8 @@ srv_stream_t *srv_stream_open(srv_req_t *req, int status, const char *content_ty
                               const srv_stream_opts_t *sopts);
 
 /* Defers the answer (inside the handler): the connection waits, costing
- * nothing, until the producer calls srv_stream_reply (one complete response
- * with Content-Length) or srv_stream_begin (then writes, as a stream). */
+ * nothing, until the producer calls srv_stream_reply or srv_stream_reply_take
+ * (one complete response with Content-Length) or srv_stream_rerun. */
 srv_stream_t *srv_stream_defer(srv_req_t *req, const srv_stream_opts_t *sopts);
 
 /* Any thread. Deferred streams only, before anything was sent. */
@@ -312,29 +312,13 @@ int srv_stream_rerun(srv_stream_t *s);
 /* Loop thread, in the handler: how many times the handler has been called
  * for req (1, then 2 after one srv_stream_rerun, ...). */
 int srv_req_runs(const srv_req_t *req);
-/* Any thread. Turns a deferred stream into a streamed response with this
- * status; then srv_stream_write as usual. */
-int srv_stream_begin(srv_stream_t *s, int status, const char *content_type);
-
 /* Any thread. Queues data[0..len) (copied) for the client. All or nothing:
  * returns 0; SRV_HTTP_EAGAIN when the buffered bytes would exceed
  * max_buffered (a write larger than the bound is accepted only into an empty
  * buffer), nothing queued, on_writable follows; SRV_HTTP_ECANCELED when the
- * client is gone; SRV_HTTP_ESTATE before srv_stream_begin on a deferred
- * stream or after close; SRV_HTTP_ENOMEM. */
+ * client is gone; SRV_HTTP_ESTATE on a deferred stream (until
+ * srv_stream_begin, server/http_test.h) or after close; SRV_HTTP_ENOMEM. */
 int srv_stream_write(srv_stream_t *s, const void *data, size_t len);
-
-/* Any thread. Bytes that can be written now without SRV_HTTP_EAGAIN. */
-size_t srv_stream_space(srv_stream_t *s);
-
-/* Any thread. Blocks (never on the loop thread!) until at least `need`
- * bytes can be written, the stream is cancelled, or timeout_ms passes
- * (< 0 = no timeout). Returns 0, SRV_HTTP_ECANCELED or SRV_HTTP_ETIMEDOUT.
- * For simple producers; the scheduler should poll srv_stream_space instead. */
-int srv_stream_wait_writable(srv_stream_t *s, size_t need, int timeout_ms);
-
-/* Any thread. 1 once the client went away or the server is stopping. */
-int srv_stream_cancelled(srv_stream_t *s);
 
 enum srv_stream_close_mode {
     SRV_STREAM_END = 0,  /* finish normally once the buffered bytes are sent */
@@ -346,49 +330,6 @@ enum srv_stream_close_mode {
  * closed before any answer is answered with 500. Waits for a running
  * on_cancel/on_writable callback to return (unless called from it). */
 void srv_stream_close(srv_stream_t *s, int mode);
-
-/* ---- requests without a connection (fuzzing, tests) ----
- * srv_http_inject runs one request through exactly what a connection's
- * request goes through (request id, the checks of "How a request is
- * processed", the route table, the handler, deferred and streamed answers,
- * the access line and metrics), with no socket: the answer is collected in
- * a srv_http_result_t. The url is as on the wire (path percent-encoded,
- * optional ?query); headers are used as given (Content-Length and
- * Transfer-Encoding decide whether the request has a body, as for a
- * connection: keep them consistent with body_len; the body is delivered
- * whole). What a connection adds is absent: no peer address ("inject"), no
- * timeouts, no hang-up, HTTP/1.1. */
-
-typedef struct srv_http_inject {
-    const char *method;          /* "GET", ... */
-    const char *url;             /* "/v1/sessions?limit=2" */
-    const char *const *headers;  /* [2 * n_headers]: name, value, name, value... (borrowed) */
-    size_t n_headers;
-    const void *body;            /* [body_len] (borrowed), NULL when body_len is 0 */
-    size_t body_len;
-} srv_http_inject_t;
-
-typedef struct srv_http_result {
-    int done;           /* the request ended (the fields below are final) */
-    int cut;            /* it ended without a whole answer (stream aborted, cancelled) */
-    int status;         /* 0 until answered */
-    char *content_type; /* owned, NULL = none */
-    char *headers;      /* owned "Name: value\n" lines of the answer, NULL = none */
-    char *body;         /* owned [body_len] + NUL, NULL when empty */
-    size_t body_len;
-    int oom;            /* part of the answer was lost to an allocation failure */
-} srv_http_result_t;
-
-/* Starts an injected request (loop thread; not from inside a handler or a
- * stream callback). *out (caller-owned) must stay valid until out->done:
- * an immediate answer completes before this returns, a deferred or
- * streamed one as the loop runs (uv_run), and srv_http_close completes
- * whatever is left (cut). Returns 0, or SRV_HTTP_EINVAL (a header name that
- * is not a token, a value with CR/LF, a closing server) / SRV_HTTP_ENOMEM,
- * when nothing was started. */
-int srv_http_inject(srv_http_t *h, const srv_http_inject_t *in, srv_http_result_t *out);
-/* Frees what a result owns (not r itself); r is zeroed. NULL is a no-op. */
-void srv_http_result_free(srv_http_result_t *r);
 
 /* ---- lifecycle (loop thread) ---- */
 

@@ -163,7 +163,7 @@ struct srv_req {
     /* An injected request (srv_http_inject) has no connection (conn NULL):
      * its headers and query come from these lists and its answer goes to
      * *inj, the streamed body pulled by inject_run. */
-    srv_http_result_t *inj;
+    struct srv_http_result *inj; /* server/http_test.h */
     hdrlist_t inj_headers, inj_query;
     int inj_end; /* 0 running; 1 answered whole; 2 cut */
 };

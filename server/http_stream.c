@@ -1,10 +1,12 @@
 /* server/http_stream.c — the hub and the streams of the HTTP server
  * (server/http_impl.h): stream references, the dirty list that producers
  * fill and the loop drains, the loop's pending callbacks, and the producer
- * API (srv_stream_*, server/http.h) that any thread calls.
+ * API (srv_stream_*, server/http.h; the test-only ones in
+ * server/http_test.h) that any thread calls.
  */
 #include "server/http.h"
 #include "server/http_impl.h"
+#include "server/http_test.h"
 
 #include "server/log.h"
 

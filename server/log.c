@@ -26,29 +26,16 @@ static char *log_path;             /* guarded by log_lock; NULL = stderr */
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
-const char *srv_log_level_name(srv_log_level_t level)
+static const char *level_name(srv_log_level_t level)
 {
     if ((int)level < 0 || (int)level > SRV_LOG_DEBUG)
         return "?";
     return level_names[level];
 }
 
-int srv_log_level_parse(const char *name)
-{
-    for (int i = 0; i <= SRV_LOG_DEBUG; i++)
-        if (name && strcmp(name, level_names[i]) == 0)
-            return i;
-    return -1;
-}
-
 srv_log_level_t srv_log_level(void)
 {
     return (srv_log_level_t)atomic_load_explicit(&log_level_v, memory_order_relaxed);
-}
-
-void srv_log_set_level(srv_log_level_t level)
-{
-    atomic_store(&log_level_v, (int)level);
 }
 
 static int open_log_file(const char *path, char *err, size_t errlen)
@@ -257,7 +244,7 @@ static void line_begin(line_t *l, srv_log_level_t level, const char *req_id, int
         put_str(l, "{\"ts\":\"");
         put_timestamp(l);
         put_str(l, "\",\"level\":\"");
-        put_str(l, srv_log_level_name(level));
+        put_str(l, level_name(level));
         put_str(l, "\"");
         if (req_id && *req_id) {
             put_str(l, ",\"rid\":\"");
@@ -267,7 +254,7 @@ static void line_begin(line_t *l, srv_log_level_t level, const char *req_id, int
     } else {
         put_timestamp(l);
         put_str(l, " ");
-        put_str(l, srv_log_level_name(level));
+        put_str(l, level_name(level));
         if (req_id && *req_id) {
             put_str(l, " [");
             put_escaped(l, req_id, ESC_TEXT);

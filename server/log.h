@@ -55,13 +55,9 @@ int srv_log_reopen(void);
 /* Closes the log file and returns to stderr. */
 void srv_log_shutdown(void);
 
-/* Current threshold; lines with level > threshold are dropped. */
+/* Current threshold (set by srv_log_init); lines with level > threshold are
+ * dropped. */
 srv_log_level_t srv_log_level(void);
-void srv_log_set_level(srv_log_level_t level);
-
-/* Name of a level ("error" ...); parse returns -1 for an unknown name. */
-const char *srv_log_level_name(srv_log_level_t level);
-int srv_log_level_parse(const char *name);
 
 /* The formatter behind SRV_LOG; call the macro instead. req_id may be NULL. */
 void srv_log_write(srv_log_level_t level, const char *req_id, const char *fmt, ...)

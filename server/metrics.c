@@ -322,19 +322,6 @@ void srv_metric_observe(srv_metric_t *m, const char *const *values, double v)
     srv_series_observe(srv_metric_series(m, values), v);
 }
 
-double srv_series_value(const srv_series_t *s)
-{
-    if (!s)
-        return 0;
-    if (s->metric->kind == KIND_HISTOGRAM) {
-        uint64_t n = 0;
-        for (size_t i = 0; i <= s->metric->nbounds; i++)
-            n += atomic_load_explicit(&s->counts[i], memory_order_relaxed);
-        return (double)n;
-    }
-    return bitsd(atomic_load_explicit(&s->bits, memory_order_relaxed));
-}
-
 /* ---- rendering ---- */
 
 typedef struct buf {

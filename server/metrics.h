@@ -79,10 +79,6 @@ void srv_metric_add(srv_metric_t *m, const char *const *values, double v);
 void srv_metric_set(srv_metric_t *m, const char *const *values, double v);
 void srv_metric_observe(srv_metric_t *m, const char *const *values, double v);
 
-/* Current value of a counter/gauge series (histograms: the observation
- * count). 0 for NULL. */
-double srv_series_value(const srv_series_t *s);
-
 /* Renders every metric in registration order, series in creation order.
  * Returns a NUL-terminated string owned by the caller (free()), its length in
  * *len when len is non-NULL, or NULL when out of memory. */

@@ -34,6 +34,7 @@
 #include "server/api.h"
 #include "server/config.h"
 #include "server/http.h"
+#include "server/http_test.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/serve.h"

@@ -1394,7 +1394,7 @@ int main(void)
         printf("DARKSERVE_TINY_MODEL is not set (run through make unit)\n");
         return 1;
     }
-    srv_log_set_level(SRV_LOG_ERROR);
+    srv_log_init(SRV_LOG_ERROR, SRV_LOG_FORMAT_TEXT, NULL, NULL, 0);
     core_model_opts_t lin = {.attn_kind = CORE_ATTN_PERFORMER};
     if (core_model_load(path, NULL, &tiny, &err) < 0 ||
         core_model_load(path, &lin, &tiny_lin, &err) < 0 ||

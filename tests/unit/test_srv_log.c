@@ -54,9 +54,6 @@ TEST(test_level_check_skips_arguments)
     CHECK_INT_EQ(evaluated, 0);
     SRV_LOG(SRV_LOG_ERROR, NULL, "%d", ++evaluated);
     CHECK_INT_EQ(evaluated, 1);
-    CHECK_INT_EQ(srv_log_level_parse("debug"), SRV_LOG_DEBUG);
-    CHECK_INT_EQ(srv_log_level_parse("loud"), -1);
-    CHECK_STR_EQ(srv_log_level_name(SRV_LOG_WARN), "warn");
 }
 
 TEST(test_json_lines)

@@ -7,6 +7,7 @@
  * Every wait is bounded (WAIT_MS); the drain timeouts used (20 s, 60 s)
  * exceed WAIT_MS so a test passes only through the behaviour it checks.
  */
+#include "server/http_test.h"
 #include "server/log.h"
 #include "server/serve.h"
 #include "tests/unit/check.h"
