@@ -6,7 +6,8 @@
 #           tokenizer;
 #   proto/  includes no core/ or server/ header, nor BLAS, PCRE2, libuv,
 #           libmicrohttpd or hiredis;
-# and no file reaches another layer through a relative "../" include.
+# no file reaches another layer through a relative "../" include; and a
+# test-support header (*_test.h) is included only where it is implemented.
 # The static libraries catch a wrong call at link time; this catches a wrong
 # include even when only a type or a macro is used. Prints each offending
 # line as file:line: text and exits 1 when there is one.
@@ -36,6 +37,13 @@ check proto 'cblas\.h|openblas|pcre2\.h|microhttpd\.h|uv\.h|uv/|hiredis/' \
     'proto uses libc and jansson only'
 for d in core proto server; do
     check "$d" '\.\./' 'no relative include across layers'
+done
+# A *_test.h header declares what only tests and fuzz targets call: in the
+# layers, only the files that implement it include it.
+check server '([a-z]+/)?[a-z_]*_test\.h' 'a *_test.h header is for tests only' \
+    'server/http\.c|server/http_stream\.c'
+for d in core proto; do
+    check "$d" '([a-z]+/)?[a-z_]*_test\.h' 'a *_test.h header is for tests only'
 done
 
 if [ $bad -ne 0 ]; then
