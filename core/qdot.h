@@ -178,17 +178,31 @@ size_t core_q8_pack_bytes(int type, int64_t rows, int64_t k);
 /* Packs rows x k weights (row j at (const char *)w + j * row_bytes) into dst
  * (core_q8_pack_bytes bytes, 64-byte aligned for speed). */
 void core_q8_pack(int type, const void *w, size_t row_bytes, int64_t rows, int64_t k, void *dst);
+/* Rows [j0, j0 + n) of a matrix of k values per row packed by core_q8_pack,
+ * written to dst in the type's own block layout (k / 32 blocks a row, rows
+ * one after the other): the bytes core_q8_pack read, so that a packed copy
+ * can stand in for the original weights (prompt tiles dequantize from it). */
+void core_q8_unpack(int type, const void *pk, int64_t k, int64_t j0, int64_t n, void *dst);
 /* core_q8_matmul on packed weights pk (rows [j0, j1) of the matrix packed
  * with qa->k values per row). 0, or CORE_EINVAL when the type does not pack
  * here or the range is bad. */
 int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
                           const void *pk, float beta, float *c, int64_t ldc);
 
+/* core_qmatmul_nt's product (f32 activation rows a[m][lda]) on packed
+ * weights pk, output columns [j0, j1): C[i][j] = A[i] . W[j] + beta C[i][j].
+ * Within the same bound of core_dot_ref as core_qmatmul_nt (every partial
+ * sum at most 11 + k / 32 operations deep), and a row's bits do not depend on
+ * the rows or activation rows that share a call. 0, or CORE_EINVAL when the
+ * type does not pack here or the arguments are bad. */
+int core_qmatmul_packed(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
+                        int64_t lda, const void *pk, float beta, float *c, int64_t ldc);
+
 /* One product of a batch run on a pool: n weight rows against qa (integer
  * path) or, when qa is NULL, against the f32 rows a (core_qmatmul_nt's
  * path, any core_qdot_supported type). Everything borrowed. pk: the same
- * weights packed (core_q8_pack), or NULL; used with qa when the ISA chosen
- * for the run packs. */
+ * weights packed (core_q8_pack), or NULL; used (with qa or a) when the ISA
+ * chosen for the run packs. */
 typedef struct core_qdot_job {
     int type;
     const void *w;

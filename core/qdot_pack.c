@@ -103,6 +103,26 @@ void core_q8_pack(int type, const void *w, size_t row_bytes, int64_t rows, int64
         }
 }
 
+void core_q8_unpack(int type, const void *pk, int64_t k, int64_t j0, int64_t n, void *dst)
+{
+    const int64_t nb = k / QB;
+    const size_t gb = group_block_bytes(type), bb = core_ttype_block_bytes(type);
+    const int q8 = type == CORE_TTYPE_Q8_0, nt = q8 ? 8 : 4;
+    const size_t qoff = type == CORE_TTYPE_Q4_1 ? 4 : 2; /* qs within a block */
+    unsigned char *out = dst;
+    for (int64_t j = j0; j < j0 + n; j++) {
+        const int64_t g = j / PACK_ROWS, r = j % PACK_ROWS;
+        const unsigned char *gp = (const unsigned char *)pk + (size_t)(g * nb) * gb;
+        for (int64_t b = 0; b < nb; b++, gp += gb, out += bb) {
+            memcpy(out, gp + 2 * r, 2); /* d */
+            if (type == CORE_TTYPE_Q4_1)
+                memcpy(out + 2, gp + 32 + 2 * r, 2); /* m */
+            for (int64_t t = 0; t < nt; t++)
+                memcpy(out + qoff + 4 * t, gp + 64 + 64 * t + 4 * r, 4);
+        }
+    }
+}
+
 #ifdef PACK_X86
 #define PACK_FN                                                                                  \
     static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"),  \
@@ -207,6 +227,106 @@ PACK_FN void packed_vnni(int type, const core_q8_act_t *qa, int64_t j0, int64_t 
     }
 }
 
+/* f32 activation rows (prompt products of a few rows) against the 16 rows
+ * of group g: per block, the weights' integers of all 16 rows become float
+ * vectors once (value e of every row in one vector) and serve R activation
+ * rows; S = sum_e a_e q_e is summed in four chains of 8 fused multiply-adds
+ * (values e = 4t + j and 16 + 4t + j in chain j; Q8_0: 4t + j, t < 8) and
+ * folded as (S0 + S1) + (S2 + S3), then acc = fma(S, d_w, acc) and, for the
+ * offset types, macc = fma(m_w, sum_e a_e, macc). A lane's and a row's
+ * operations depend on nothing else in the call. */
+PACK_FN void group_rows_f32(int type, int R, const float *a, int64_t lda, int64_t nb,
+                            const unsigned char *gp, int l0, int l1, float beta, float *c,
+                            int64_t ldc)
+{
+    const size_t gb = group_block_bytes(type);
+    const int q8 = type == CORE_TTYPE_Q8_0;
+    const __m512i m4 = _mm512_set1_epi32(0x0f);
+    __m512 acc[PACK_ACTS], macc[PACK_ACTS];
+    for (int r = 0; r < R; r++)
+        acc[r] = macc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, gp += gb) {
+        _mm_prefetch((const char *)gp + PACK_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)gp + PACK_PF + 256, _MM_HINT_T0);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp));
+        __m512 wv[QB]; /* wv[e]: value e of the 16 rows */
+        if (q8) {
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    wv[4 * t + j] = _mm512_cvtepi32_ps(
+                        _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24));
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    wv[4 * t + j] =
+                        _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), m4));
+                    wv[16 + 4 * t + j] =
+                        _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4), m4));
+                }
+            }
+        }
+        const __m512 mw =
+            type == CORE_TTYPE_Q4_1
+                ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(gp + 32)))
+                : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+        for (int r = 0; r < R; r++) {
+            const float *x = a + r * lda + b * QB;
+            __m512 s[4];
+            for (int j = 0; j < 4; j++)
+                s[j] = _mm512_setzero_ps();
+            /* chain j: values 4t + j (t < 8), i.e. 4t + j and 16 + 4t + j of a Q4 block */
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++)
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    s[j] = _mm512_fmadd_ps(_mm512_set1_ps(x[4 * t + j]), wv[4 * t + j], s[j]);
+            const __m512 sum = _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]));
+            acc[r] = _mm512_fmadd_ps(sum, dw, acc[r]);
+            if (!q8) {
+                const float xs =
+                    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)));
+                macc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), macc[r]);
+            }
+        }
+    }
+    const __mmask16 keep = (__mmask16)(((1u << l1) - 1u) & ~((1u << l0) - 1u));
+    for (int r = 0; r < R; r++) {
+        float *cr = c + r * ldc;
+        __m512 v = _mm512_add_ps(acc[r], macc[r]);
+        if (beta != 0.0f)
+            v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(keep, cr), v);
+        _mm512_mask_storeu_ps(cr, keep, v);
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
+packed_f32(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a, int64_t lda,
+           const unsigned char *pk, float beta, float *c, int64_t ldc)
+{
+    const int64_t nb = k / QB;
+    const size_t gstride = (size_t)nb * group_block_bytes(type);
+    for (int64_t g = j0 / PACK_ROWS; g * PACK_ROWS < j1; g++) {
+        const int64_t base = g * PACK_ROWS;
+        const int l0 = (int)(j0 > base ? j0 - base : 0);
+        const int l1 = (int)(j1 - base < PACK_ROWS ? j1 - base : PACK_ROWS);
+        const unsigned char *gp = pk + (size_t)g * gstride;
+        float *cg = c + base; /* lane l is column base + l */
+        int64_t r = 0;
+        for (; r + PACK_ACTS <= m; r += PACK_ACTS)
+            group_rows_f32(type, PACK_ACTS, a + r * lda, lda, nb, gp, l0, l1, beta, cg + r * ldc,
+                           ldc);
+        for (; r < m; r++)
+            group_rows_f32(type, 1, a + r * lda, lda, nb, gp, l0, l1, beta, cg + r * ldc, ldc);
+    }
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
 packed_q4_0(const core_q8_act_t *qa, int64_t j0, int64_t j1, const unsigned char *pk, float beta,
             float *c, int64_t ldc)
@@ -245,6 +365,25 @@ int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t
     return 0;
 #else
     (void)qa;
+    (void)pk;
+    (void)beta;
+    (void)c;
+    (void)ldc;
+    return CORE_EINVAL;
+#endif
+}
+
+int core_qmatmul_packed(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
+                        int64_t lda, const void *pk, float beta, float *c, int64_t ldc)
+{
+    if (!core_q8_pack_supported(type) || j0 < 0 || j1 < j0 || m < 0 || k <= 0 || k % QB != 0)
+        return CORE_EINVAL;
+#ifdef PACK_X86
+    packed_f32(type, m, j0, j1, k, a, lda, pk, beta, c, ldc);
+    return 0;
+#else
+    (void)a;
+    (void)lda;
     (void)pk;
     (void)beta;
     (void)c;

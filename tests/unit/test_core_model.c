@@ -4,6 +4,7 @@
  * the numpy oracle's job (tests/reference/test_model_oracle.py). The loader's
  * validation runs on small models written here with the core GGUF writer. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include "check.h"
 #include "core/features.h"
 #include "core/model.h"
+#include "core/qdot.h"
 #include "core/rng.h"
 #include "core/state.h"
 #include "core/tensor.h"
@@ -804,6 +806,69 @@ TEST(adapter_of_another_model_is_refused)
     rmdir(dir);
 }
 
+/* Whole pages of [p, p + n) mapped into this process now (/proc/self/pagemap,
+ * bit 63); -1 when it cannot be read. */
+static long present_pages(const void *p, size_t n)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)p + pg - 1) / pg, b = ((uintptr_t)p + n) / pg;
+    FILE *f = fopen("/proc/self/pagemap", "rb");
+    if (!f)
+        return -1;
+    long count = 0;
+    for (uintptr_t i = a; i < b; i++) {
+        uint64_t e = 0;
+        if (fseeko(f, (off_t)(i * sizeof e), SEEK_SET) != 0 || fread(&e, sizeof e, 1, f) != 1) {
+            count = -1;
+            break;
+        }
+        count += (long)(e >> 63);
+    }
+    fclose(f);
+    return count;
+}
+
+/* Where the decode kernel reads a packed copy of the weights, nothing reads
+ * the file's pages of those matrices after the load: not the prompt rows
+ * (tiles of 40 rows, 10 rows in place), not the embedding lookups (tied
+ * output), not decode. Their pages stay out of the resident set, so the
+ * weights are not resident twice. */
+TEST(packed_weights_leave_the_file_unread)
+{
+    if (!core_q8_pack_supported(CORE_TTYPE_Q4_1) || !core_q8_pack_supported(CORE_TTYPE_Q8_0)) {
+        printf("  (skipped: this CPU's kernels do not pack)\n");
+        return;
+    }
+    core_model_t *m = NULL;
+    core_error_t err = {0};
+    CHECK_MSG(core_model_load(tiny_path, NULL, &m, &err) == 0, "%s", err.msg);
+    if (!m)
+        return;
+    core_rng_t r;
+    core_rng_seed(&r, 12);
+    int32_t tok[51];
+    rand_tokens(&r, tok, 51);
+    core_attn_state_t *s = new_state(m);
+    CHECK_INT_EQ(feed(m, s, tok, 40, 0, NULL), 0);
+    CHECK_INT_EQ(feed(m, s, tok + 40, 10, 0, NULL), 0);
+    CHECK_INT_EQ(feed(m, s, tok + 50, 1, 0, NULL), 0);
+    const core_gguf_t *g = core_model_gguf(m);
+    int checked = 0;
+    for (int64_t i = 0; i < core_gguf_n_tensors(g); i++) {
+        const core_gguf_tensor_t *t = core_gguf_tensor(g, i);
+        if (t->n_dims != 2 || !core_q8_pack_supported(t->type) || t->ne[0] % CORE_Q8_BLOCK)
+            continue;
+        if (!strcmp(t->name, "token_embd.weight") && !core_model_info(m)->tied_output)
+            continue; /* packed only as the output, and only when it is one */
+        const long n = present_pages(t->data, t->nbytes);
+        CHECK_MSG(n == 0, "%s: %ld pages of the file mapped", t->name, n);
+        checked++;
+    }
+    CHECK(checked > 0);
+    core_attn_state_free(s);
+    core_model_free(m);
+}
+
 int main(void)
 {
     const char *path = getenv("DARKSERVE_TINY_MODEL");
@@ -835,6 +900,7 @@ int main(void)
     RUN(half_matrices_match_f32);
     RUN(loader_rejects_bad_models);
     RUN(adapter_of_another_model_is_refused);
+    RUN(packed_weights_leave_the_file_unread);
     core_model_free(tiny);
     core_model_free(tiny_32);
     return CHECK_DONE();

@@ -103,6 +103,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
     float *c1 = malloc((size_t)(m * ldc) * sizeof *c1); /* the AVX2 result */
     float *y = malloc((size_t)k * sizeof *y);
     double *tolv = malloc((size_t)(m * ldc) * sizeof *tolv); /* [m][ldc] bound per output */
+    unsigned char *pk = NULL;                                /* w packed, where this CPU packs */
     if (!w || !a || !c0 || !c || !cg || !c1 || !y || !tolv) {
         CHECK(!"out of memory");
         goto out;
@@ -114,10 +115,16 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
 
     core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
     const int ni = isa_list(isas);
-    for (int s = 0; s < ni; s++) {
+    /* the last pass, s == ni: the packed weights' kernel, where this CPU runs it */
+    if (core_q8_pack_supported(type) && k % CORE_Q8_BLOCK == 0 && k > 0 &&
+        (pk = aligned_alloc(64, (core_q8_pack_bytes(type, n, k) + 63) / 64 * 64)))
+        core_q8_pack(type, w, row_bytes, n, k, pk);
+    for (int s = 0; s < ni + (pk != NULL); s++) {
         float *out = s == 0 ? cg : s == 1 ? c1 : c;
         memcpy(out, c0, (size_t)(m * ldc) * sizeof *out);
-        int rc = core_qmatmul_nt_isa(isas[s], type, m, n, k, a, lda, w, row_bytes, beta, out, ldc);
+        int rc = s < ni ? core_qmatmul_nt_isa(isas[s], type, m, n, k, a, lda, w, row_bytes, beta,
+                                              out, ldc)
+                        : core_qmatmul_packed(type, m, 0, n, k, a, lda, pk, beta, out, ldc);
         CHECK_INT_EQ(rc, 0);
         int bad = 0;
         for (int64_t j = 0; j < n; j++) {
@@ -148,9 +155,9 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
                     CHECK_MSG(0,
                               "%s isa %d m=%lld n=%lld k=%lld beta=%g [%lld][%lld]: %.9g vs %.9g "
                               "(tol %.3g)",
-                              core_ttype_name(type), (int)isas[s], (long long)m, (long long)n,
-                              (long long)k, (double)beta, (long long)i, (long long)j, got, ref,
-                              tol);
+                              core_ttype_name(type), s < ni ? (int)isas[s] : -1, (long long)m,
+                              (long long)n, (long long)k, (double)beta, (long long)i, (long long)j,
+                              got, ref, tol);
                 }
             }
         }
@@ -160,7 +167,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
                     CHECK(fabs((double)cg[i * ldc + j] - out[i * ldc + j]) <=
                           2 * tolv[i * ldc + j]);
         }
-        if (s == 2) /* the f32 kernels of AVX-512 CPUs are the AVX2 ones */
+        if (s == 2 && s < ni) /* the f32 kernels of AVX-512 CPUs are the AVX2 ones */
             CHECK(memcmp(out, c1, (size_t)(m * ldc) * sizeof *out) == 0);
         /* padding columns of C are not touched */
         for (int64_t i = 0; i < m; i++)
@@ -170,6 +177,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
             }
     }
 out:
+    free(pk);
     free(w);
     free(a);
     free(c0);

@@ -441,6 +441,48 @@ static void check_packed_ranges(int type, const core_q8_act_t *qa, const float *
             bad |= !same_bits(full[i], part[i]);
         CHECK_MSG(!bad, "%s packed jobs on %d threads", core_ttype_name(type), p + 1);
     }
+    /* the f32 rows' kernel on the same packed weights: ranges, rows alone and
+     * jobs on 1..4 threads give the bits of one full call */
+    float *f32full = malloc((size_t)(m * ldc) * sizeof *f32full);
+    if (!f32full) {
+        CHECK(!"out of memory");
+    } else {
+        CHECK_INT_EQ(core_qmatmul_packed(type, m, 0, n, k, a, k, pk, 0.0f, f32full, ldc), 0);
+        memset(part, 0, (size_t)(m * ldc) * sizeof *part);
+        for (int64_t j0 = 0; j0 < n; j0 += 37)
+            CHECK_INT_EQ(core_qmatmul_packed(type, m, j0, j0 + 37 < n ? j0 + 37 : n, k, a, k, pk,
+                                             0.0f, part, ldc),
+                         0);
+        bad = 0;
+        for (int64_t i = 0; i < m * ldc; i++)
+            bad |= !same_bits(f32full[i], part[i]);
+        CHECK_MSG(!bad, "%s packed f32: ranges of 37 rows differ", core_ttype_name(type));
+        memset(part, 0, (size_t)(m * ldc) * sizeof *part);
+        for (int64_t i = 0; i < m; i++)
+            CHECK_INT_EQ(core_qmatmul_packed(type, 1, 0, n, k, a + i * k, k, pk, 0.0f,
+                                             part + i * ldc, ldc),
+                         0);
+        bad = 0;
+        for (int64_t i = 0; i < m * ldc; i++)
+            bad |= !same_bits(f32full[i], part[i]);
+        CHECK_MSG(!bad, "%s packed f32: rows alone differ", core_ttype_name(type));
+        const core_qdot_job_t fj[2] = {
+            {.type = type, .w = w, .pk = pk, .row_bytes = rb, .n = n1, .a = a, .m = m, .k = k,
+             .lda = k, .c = part, .ldc = ldc},
+            {.type = type, .w = w + n1 * rb, .pk = pk + (size_t)(n1 / CORE_Q8_PACK_ROWS) * gstride,
+             .row_bytes = rb, .n = n - n1, .a = a, .m = m, .k = k, .lda = k, .c = part + n1,
+             .ldc = ldc},
+        };
+        for (int p = 0; p < 4; p++) {
+            memset(part, 0, (size_t)(m * ldc) * sizeof *part);
+            core_qdot_run_jobs(pools[p], fj, 2);
+            bad = 0;
+            for (int64_t i = 0; i < m * ldc; i++)
+                bad |= !same_bits(f32full[i], part[i]);
+            CHECK_MSG(!bad, "%s packed f32 jobs on %d threads", core_ttype_name(type), p + 1);
+        }
+    }
+    free(f32full);
     free(pk);
     free(onebuf);
 }
@@ -582,6 +624,42 @@ TEST(force_isa_and_bad_arguments)
     CHECK_INT_EQ(core_q8_quantize_isa((core_qdot_isa_t)9, &qa, a, 32), CORE_EUNSUPPORTED);
 }
 
+/* A packed copy gives back the original block bytes of any row range
+ * (prompt tiles dequantize from it): ranges that start, end and stop inside
+ * groups of 16 rows, and the padded last group. Pure C, so checked on every
+ * host whether or not it runs the packed kernel. */
+TEST(unpack_gives_the_packed_bytes)
+{
+    const int ptypes[] = {CORE_TTYPE_Q4_0, CORE_TTYPE_Q4_1, CORE_TTYPE_Q8_0};
+    const int64_t n = 37, k = 96, ranges[][2] = {{0, 37}, {5, 16}, {16, 1}, {15, 2}, {33, 4}};
+    core_rng_t r;
+    core_rng_seed(&r, 11);
+    for (size_t t = 0; t < sizeof ptypes / sizeof *ptypes; t++) {
+        const size_t rb = (size_t)(k / CORE_Q8_BLOCK) * core_ttype_block_bytes(ptypes[t]);
+        unsigned char *w = malloc((size_t)n * rb), *back = malloc((size_t)(n + 1) * rb);
+        unsigned char *pk = aligned_alloc(64, (core_q8_pack_bytes(ptypes[t], n, k) + 63) / 64 * 64);
+        if (!w || !back || !pk) {
+            CHECK(!"out of memory");
+        } else {
+            for (size_t i = 0; i < (size_t)n * rb; i++)
+                w[i] = (unsigned char)core_rng_u64(&r);
+            core_q8_pack(ptypes[t], w, rb, n, k, pk);
+            for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
+                memset(back, 0xa5, (size_t)(n + 1) * rb);
+                core_q8_unpack(ptypes[t], pk, k, ranges[i][0], ranges[i][1], back);
+                CHECK_MSG(!memcmp(back, w + (size_t)ranges[i][0] * rb, (size_t)ranges[i][1] * rb),
+                          "%s rows %lld+%lld", core_ttype_name(ptypes[t]), (long long)ranges[i][0],
+                          (long long)ranges[i][1]);
+                CHECK_MSG(back[(size_t)ranges[i][1] * rb] == 0xa5, "%s wrote past the range",
+                          core_ttype_name(ptypes[t]));
+            }
+        }
+        free(w);
+        free(back);
+        free(pk);
+    }
+}
+
 int main(void)
 {
     printf("  best ISA: %s\n", core_qdot_isa_name(core_qdot_best_isa()));
@@ -590,5 +668,6 @@ int main(void)
     RUN(random_within_bound_every_isa);
     RUN(ranges_and_pool_bit_exact);
     RUN(force_isa_and_bad_arguments);
+    RUN(unpack_gives_the_packed_bytes);
     return CHECK_DONE();
 }
