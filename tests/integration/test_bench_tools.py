@@ -212,3 +212,19 @@ def test_report_renders_every_figure():
     assert "|" not in text.split("Issue 8 goals")[1]  # the terminal table has no pipes
     for s in (md, text):
         assert "test cpu" in s and "avx512vnni" in s and "2.00 / 2.00 / 2.00" in s
+
+
+def test_side_by_side_ratio_is_its_own_goal_row():
+    r = fake_results([60.0, 55.0], 450.0, 50.0, 220.0, 100_000, 300_000)
+    rounds = [{"gbs": g, "bound_tps": g * 10.0, "decode_tps": t, "ratio": t / (g * 10.0)}
+              for g, t in [(10.0, 60.0), (20.0, 80.0), (12.0, 48.0)]]  # 60%, 40%, 40%
+    r["side"] = {"ctx": 1024, "rounds": rounds, "ratio": bench.median([x["ratio"]
+                                                                      for x in rounds])}
+    g = bench.goals(r)
+    assert g[0][0].startswith("1. single-stream decode, default configuration at 1K, side")
+    assert g[0][3] == "not met" and "40% (median of 3 rounds: 60%, 40%, 40%)" in g[0][2]
+    assert [x[3] for x in g[1:]] == ["met"] * 4  # the separate-runs row and goals 2-4
+    md = bench.render(r, markdown=True)
+    assert "60.0 / 100 = 60%; 80.0 / 200 = 40%; 48.0 / 120 = 40%; median **40%**" in md
+    r["side"]["rounds"][1]["ratio"] = r["side"]["ratio"] = 0.6
+    assert bench.goals(r)[0][3] == "met"
