@@ -1,6 +1,7 @@
-/* server/store_impl.h — private to server/store.c and
- * server/store_remote.c: the session table's structures and the helpers
- * both files use. Nothing else includes it.
+/* server/store_impl.h — private to the session store's files
+ * (server/store.c, store_blob.c, store_dir.c, store_turns.c,
+ * store_remote.c): the session table's structures and the helpers they
+ * share. Nothing else includes it.
  *
  * Locking as store.c says: st->mu guards the table and every session's
  * bookkeeping; "caller holds mu" below means it. A session marked busy is
@@ -33,7 +34,7 @@
 #define OWNER_BYTES_V3 72 /* without the input */
 #define OWNER_VERSION 4u
 #define OWNER_LEN SRV_SESSION_OWNER_LEN
-#define TURN_KEPT 4u /* last-turn flag: its input is in the record */
+#define TURN_KEPT 4u                        /* last-turn flag: its input is in the record */
 #define CKPT_NAME_MAX (ID_LEN + 1 + 20 + 1) /* "<id>.<turns>" and its NUL */
 /* Pending tokens of a checkpoint an export carries at most (a state left
  * with more, by a prefill cut short, stays out of exports): so an import
@@ -59,17 +60,17 @@ struct srv_session {
     srv_store_t *st;
     char id[ID_LEN + 1];
     char owner[OWNER_LEN + 1]; /* "" = none */
-    srv_seq_ctx_t ctx;   /* ctx.state == NULL: not in memory */
+    srv_seq_ctx_t ctx;         /* ctx.state == NULL: not in memory */
     int64_t created, last_used;
-    uint64_t tick;       /* LRU order: larger = used more recently */
-    int64_t tokens;      /* cached history length */
-    size_t state_bytes;  /* cached blob size */
-    size_t mem_bytes;    /* counted in st->mem_bytes while in memory */
-    size_t disk_bytes;   /* size of its file, counted in st->disk_bytes while on_disk */
+    uint64_t tick;      /* LRU order: larger = used more recently */
+    int64_t tokens;     /* cached history length */
+    size_t state_bytes; /* cached blob size */
+    size_t mem_bytes;   /* counted in st->mem_bytes while in memory */
+    size_t disk_bytes;  /* size of its file, counted in st->disk_bytes while on_disk */
     int busy, io, on_disk, dirty, turn_open, has_chat;
-    int dirty0;          /* dirty before a turn or a redo began (an abort restores it) */
-    int64_t turns;       /* turns so far (in its file) */
-    ckpt_t *ckpt;        /* [n_ckpt] its checkpoint files, oldest first, each turn < turns */
+    int dirty0;    /* dirty before a turn or a redo began (an abort restores it) */
+    int64_t turns; /* turns so far (in its file) */
+    ckpt_t *ckpt;  /* [n_ckpt] its checkpoint files, oldest first, each turn < turns */
     size_t n_ckpt, cap_ckpt;
     /* the last turn (for a redo): in memory with the context, in the file */
     unsigned last_flags; /* SRV_TURN_* | TURN_KEPT */
@@ -81,10 +82,10 @@ struct srv_session {
     unsigned char *pg;
     /* the turn in progress (srv_store_turn_begin .. release) */
     int in_turn;
-    int turn_link;       /* its release links the file (the state before it) as a checkpoint */
+    int turn_link;           /* its release links the file (the state before it) as a checkpoint */
     int64_t turns0, tokens0; /* at its start: the count, the history length */
     size_t bytes0;           /* and the blob size (of the file when it is current) */
-    unsigned prev_flags; /* the last turn before it (srv_store_turn_abort) */
+    unsigned prev_flags;     /* the last turn before it (srv_store_turn_abort) */
     int32_t *prev_in;
     size_t n_prev_in;
     /* a redo: the checkpoint read back (prep, for prep_turns turns), then
@@ -95,7 +96,7 @@ struct srv_session {
     int redo;
     /* shared stores (store_remote.c): on_disk means "saved in the
      * backend", disk_bytes its blob's size */
-    uint64_t version;    /* the backend's version the memory copy (or the metadata) is of */
+    uint64_t version; /* the backend's version the memory copy (or the metadata) is of */
     char token[SRV_STORE_TOKEN_MAX]; /* the lease held while busy (leased) */
     int leased;
     int fetched;         /* held by srv_store_fetch until an acquire_in_memory takes it */
@@ -107,8 +108,8 @@ struct srv_session {
 struct srv_store {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char *dir;  /* NULL: memory only */
-    int dirfd;  /* -1 when memory only */
+    char *dir; /* NULL: memory only */
+    int dirfd; /* -1 when memory only */
     int lockfd;
     size_t max_sessions, max_bytes;
     size_t max_disk_files, max_disk_bytes;
@@ -122,11 +123,11 @@ struct srv_store {
     size_t max_blob;      /* any session file */
     size_t max_ckpt_blob; /* a checkpoint an export carries */
     size_t max_export;    /* an export: a session and max_ckpt checkpoints */
-    srv_session_t **tab; /* [n] sorted by id */
+    srv_session_t **tab;  /* [n] sorted by id */
     size_t n, cap;
-    size_t n_mem;        /* in memory, plus loads in progress */
+    size_t n_mem; /* in memory, plus loads in progress */
     size_t n_disk;
-    size_t disk_bytes;   /* sum of the files' sizes */
+    size_t disk_bytes; /* sum of the files' sizes */
     uint64_t disk_evicted;
     size_t mem_bytes;
     uint64_t tick;
@@ -136,18 +137,17 @@ struct srv_store {
     void *fault_ud;
     pthread_t no_io_thread; /* srv_store_no_io_here */
     int has_no_io;
-    atomic_int unsettled; /* bounds left exceeded on the no-I/O thread */
+    atomic_int unsettled;    /* bounds left exceeded on the no-I/O thread */
     srv_store_backend_t *be; /* a shared store (owned); NULL: directory or memory */
 };
-
 
 typedef struct owner {
     int64_t created, last_used;
     int turn_open, has_chat;
     char owner[OWNER_LEN + 1];
     int64_t turns;
-    unsigned last_flags;      /* SRV_TURN_* | TURN_KEPT */
-    const unsigned char *in;  /* [4 * n_in] the last turn's input (little-endian), borrowed */
+    unsigned last_flags;     /* SRV_TURN_* | TURN_KEPT */
+    const unsigned char *in; /* [4 * n_in] the last turn's input (little-endian), borrowed */
     size_t n_in;
     const unsigned char *pg; /* [pg_text + pg_reply] the pending grammar, borrowed; NULL: none */
     size_t pg_text, pg_reply;
@@ -155,9 +155,9 @@ typedef struct owner {
 
 /* A session file's metadata with a copy of its last turn's input. */
 typedef struct meta {
-    owner_t o;   /* o.in is not valid; o.pg is pg */
-    int have;    /* the file had a readable owner section */
-    int32_t *in; /* malloc'd [o.n_in], NULL if none */
+    owner_t o;         /* o.in is not valid; o.pg is pg */
+    int have;          /* the file had a readable owner section */
+    int32_t *in;       /* malloc'd [o.n_in], NULL if none */
     unsigned char *pg; /* malloc'd pending grammar, NULL if none */
 } meta_t;
 
@@ -170,49 +170,121 @@ void srv_store_errf(char *err, size_t errlen, const char *fmt, ...)
  * value, not errno. */
 #define STORE_FAIL(err, errlen, code, ...) (srv_store_errf((err), (errlen), __VA_ARGS__), (code))
 
-/* ---- helpers of store.c (see there) ---- */
+/* ---- store.c: the table, memory, sessions (see there) ---- */
 
+/* strerror_r's message for errno e (in buf[n] or static). */
+const char *srv_sess_errstr(int e, char *buf, size_t n);
 /* A fresh random id (128 bits). SRV_STORE_EIO without randomness. */
 int srv_sess_new_id(char id[ID_LEN + 1], char *err, size_t errlen);
-/* The table (caller holds mu). */
+/* The table (caller holds mu): find, room for one more, insert, remove. */
 srv_session_t *srv_sess_tab_find(const srv_store_t *st, const char *id);
+int srv_sess_tab_reserve(srv_store_t *st, char *err, size_t errlen);
 int srv_sess_tab_insert(srv_store_t *st, srv_session_t *s, char *err, size_t errlen);
 void srv_sess_tab_remove(srv_store_t *st, const srv_session_t *s);
 /* Waits while s is under store I/O (caller holds mu): s, or NULL. */
 srv_session_t *srv_sess_find_settled(srv_store_t *st, const char *id);
-/* Contexts: freed (zeroed), an independent copy. */
+/* Contexts: freed (zeroed), a fresh empty one, an independent copy, the
+ * history length. */
 void srv_sess_ctx_free(srv_seq_ctx_t *c);
+int srv_sess_ctx_new(srv_store_t *st, srv_seq_ctx_t *c, char *err, size_t errlen);
 int srv_sess_ctx_copy(srv_store_t *st, const srv_seq_ctx_t *src, srv_seq_ctx_t *c, char *err,
                       size_t errlen);
 int64_t srv_sess_ctx_tokens(const srv_seq_ctx_t *c);
+/* s's pending grammar becomes pg (owned; text[t] ++ reply[r]; NULL: none). */
+void srv_sess_pg_set(srv_session_t *s, unsigned char *pg, size_t t, size_t r);
 /* Caller holds mu: re-reads the size and token count of s in memory. */
 void srv_sess_refresh(srv_store_t *st, srv_session_t *s);
 /* Caller holds mu: frees s's context and its accounting. */
 void srv_sess_drop_memory(srv_store_t *st, srv_session_t *s);
-/* Caller holds mu: s's saved copy is now len bytes. */
+/* Caller holds mu: writing s failed; back to its file (tokens and size as
+ * they were), or kept in memory to be written later when it has none. */
+void srv_sess_revert(srv_store_t *st, srv_session_t *s, int64_t tokens, size_t state_bytes);
+/* Caller holds mu: s's saved copy is now len bytes; s's file is gone. */
 void srv_sess_disk_written(srv_store_t *st, srv_session_t *s, size_t len);
+void srv_sess_disk_gone(srv_store_t *st, srv_session_t *s);
+/* Is the caller the thread that must not wait for the disk? */
+int srv_sess_no_io_here(const srv_store_t *st);
 /* Caller holds mu: evicts until `need` more sessions fit (EFULL else). */
 int srv_sess_make_room(srv_store_t *st, size_t need, char *err, size_t errlen);
-/* Caller holds mu: s is no longer busy (waiters wake). */
+/* s as srv_store_info describes it (caller holds mu). */
+void srv_sess_fill_info(const srv_session_t *s, srv_session_info_t *o);
+/* Caller holds mu: takes session id for a store operation (busy);
+ * srv_sess_give_back: s is no longer busy (waiters wake). */
+int srv_sess_take(srv_store_t *st, const char *id, srv_session_t **out, char *err, size_t errlen);
 void srv_sess_give_back(srv_store_t *st, srv_session_t *s);
 /* Caller holds mu: the session's entry and memory are gone from the table
  * (nothing else: no file, no backend); s is freed. */
 void srv_sess_forget(srv_store_t *st, srv_session_t *s);
-/* s's pending grammar becomes pg (owned; NULL: none). */
 /* A fork's session ns starts as src's copy: busy, dirty, new times, src's
  * turn flags, and owner (NULL: src's). */
 void srv_sess_fork_init(srv_store_t *st, srv_session_t *ns, const srv_session_t *src,
                         const char *owner);
-void srv_sess_pg_set(srv_session_t *s, unsigned char *pg, size_t t, size_t r);
-/* The blob of held session s with context c (new malloc'd *out). */
+
+/* ---- store_blob.c: the owner section, (de)serialization (see there) ---- */
+
+/* 1 if s is "" or OWNER_LEN lowercase hex chars. */
+int srv_sess_owner_tag_valid(const char *s);
+/* The owner section p[n] parsed into *o (o->in, o->pg borrow p): 0, or -1. */
+int srv_sess_owner_parse(const void *p, size_t n, owner_t *o);
+/* The metadata of session s as its file holds it (borrowing s's input). */
+owner_t srv_sess_owner_of(const srv_session_t *s);
+/* The blob of held session s with context c (s->ctx: srv_sess_serialize;
+ * new malloc'd *out). */
 int srv_sess_serialize_ctx(const srv_store_t *st, const srv_session_t *s, const srv_seq_ctx_t *c,
                            unsigned char **out, size_t *len, char *err, size_t errlen);
+int srv_sess_serialize(const srv_store_t *st, const srv_session_t *s, unsigned char **out,
+                       size_t *len, char *err, size_t errlen);
+/* A malloc'd copy of the pending grammar o->pg (NULL when there is none). */
+int srv_sess_owner_pg(const owner_t *o, unsigned char **out, char *err, size_t errlen);
 /* A blob (borrowed) loaded into a fresh context *c and its metadata *m
- * (free with srv_sess_meta_free); what names it in messages. EIO for a
- * blob that does not load here (damaged, another model), ENOMEM. */
+ * (may be NULL; free with srv_sess_meta_free); what names it in messages.
+ * EIO for a blob that does not load here (damaged, another model), ENOMEM. */
 int srv_sess_load_blob(srv_store_t *st, const unsigned char *buf, size_t len, const char *what,
                        srv_seq_ctx_t *c, meta_t *m, char *err, size_t errlen);
 void srv_sess_meta_free(meta_t *m);
+
+/* ---- store_dir.c: the session directory (see there) ---- */
+
+/* 0, or the errno an injected fault makes op fail with (errno set too). */
+int srv_sess_fault(const srv_store_t *st, const char *op);
+/* SRV_STORE_ENOSPACE for a full or read-only file system (errno e), else EIO. */
+int srv_sess_io_code(int e);
+/* Atomic replace of file id (a session's or a checkpoint's name); link_as
+ * (NULL: none) hard-links the previous file under that name first. */
+int srv_sess_write_file_link(srv_store_t *st, const char *id, const unsigned char *buf, size_t len,
+                             const char *link_as, int *linked, char *err, size_t errlen);
+int srv_sess_write_file(srv_store_t *st, const char *id, const unsigned char *buf, size_t len,
+                        char *err, size_t errlen);
+/* Whole file id (new malloc'd *out). ENOTFOUND if it is gone, EIO else. */
+int srv_sess_read_file(srv_store_t *st, const char *id, unsigned char **out, size_t *len, char *err,
+                       size_t errlen);
+/* Session file name loaded into a fresh context *c, its metadata into *m. */
+int srv_sess_load_file(srv_store_t *st, const char *name, srv_seq_ctx_t *c, meta_t *m, char *err,
+                       size_t errlen);
+/* Caller holds mu, s idle: removes s (file first, so a failure keeps it). */
+int srv_sess_remove_session(srv_store_t *st, srv_session_t *s, char *err, size_t errlen);
+/* Caller holds mu: deletes until the directory's budgets hold (keep: the
+ * session whose write called this, never deleted itself). */
+int srv_sess_trim_disk(srv_store_t *st, const srv_session_t *keep, char *err, size_t errlen);
+/* Opens st->dir: creates it, locks it, lists what it holds, trims it. */
+int srv_sess_open_dir(srv_store_t *st, char *err, size_t errlen);
+
+/* ---- store_turns.c: turns and checkpoints (see there) ---- */
+
+/* "<id>.<turn>", the name of a checkpoint file. */
+void srv_sess_ckpt_name(char out[CKPT_NAME_MAX], const char *id, int64_t turn);
+/* Caller holds mu: s's checkpoint file for `turn` turns exists / is to be
+ * deleted (index k) / every one from index k on, best effort / the oldest
+ * past max_ckpt, best effort. */
+int srv_sess_ckpt_add(srv_store_t *st, srv_session_t *s, int64_t turn, int64_t tokens, size_t bytes,
+                      char *err, size_t errlen);
+int srv_sess_ckpt_delete(srv_store_t *st, srv_session_t *s, size_t k, char *err, size_t errlen);
+void srv_sess_ckpt_drop_from(srv_store_t *st, srv_session_t *s, size_t k);
+void srv_sess_ckpt_prune(srv_store_t *st, srv_session_t *s);
+/* Caller holds mu: the turn s opened is over (abort = 1 undoes it); a
+ * redo ends (undo = 1 puts back the state it replaced). */
+void srv_sess_turn_end(srv_store_t *st, srv_session_t *s, int abort);
+void srv_sess_redo_end(srv_store_t *st, srv_session_t *s, int undo);
 
 /* ---- store_remote.c: the remote mode's side of the srv_store_* calls ---- */
 
