@@ -394,10 +394,13 @@ static void persist_work(api_io_t *io)
     char d[SRV_STORE_ERR_MAX] = "";
     g->persist_rc = srv_store_release(g->app->store, s, 1, d, sizeof d);
     if (g->persist_rc < 0) {
-        snprintf(g->persist_err, sizeof g->persist_err,
-                 "session state could not be saved (%s); the session keeps its "
-                 "previous state",
-                 *d ? d : srv_store_strerror(g->persist_rc));
+        /* a detail too long for persist_err is cut short (the result is tested, so
+         * GCC's -Wformat-truncation takes the cut as meant) */
+        if (snprintf(g->persist_err, sizeof g->persist_err,
+                     "session state could not be saved (%s); the session keeps its "
+                     "previous state",
+                     *d ? d : srv_store_strerror(g->persist_rc)) < 0)
+            g->persist_err[0] = '\0';
     }
 }
 

@@ -528,10 +528,13 @@ static void ingest_io_work(api_io_t *io)
     char d[SRV_STORE_ERR_MAX] = "";
     w->rc = srv_store_release(w->app->store, w->s, 1, d, sizeof d);
     if (w->rc < 0) {
-        snprintf(w->perr, sizeof w->perr,
-                 "session state could not be saved (%s); the session keeps its previous "
-                 "state",
-                 *d ? d : srv_store_strerror(w->rc));
+        /* a detail too long for perr is cut short (the result is tested, so
+         * GCC's -Wformat-truncation takes the cut as meant) */
+        if (snprintf(w->perr, sizeof w->perr,
+                     "session state could not be saved (%s); the session keeps its previous "
+                     "state",
+                     *d ? d : srv_store_strerror(w->rc)) < 0)
+            w->perr[0] = '\0';
     }
 }
 
