@@ -1,8 +1,8 @@
 /* core/gguf_write.c — GGUF v3 writer (core/gguf.h).
  *
  * Everything is serialized in memory by the setters, laid out on write, and
- * published with temp file + fsync + rename (+ fsync of the directory) so a
- * crash never leaves a half-written model behind.
+ * published with temp file + fsync + rename (+ fsync of the directory,
+ * core/atomic_file.h) so a crash never leaves a half-written model behind.
  *
  * Little-endian host assumed, as GGUF files are little-endian in practice.
  */
@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "core/tensor.h"
 
 typedef struct buf {
@@ -329,27 +330,13 @@ int core_gguf_writer_add_tensor(core_gguf_writer_t *w, const char *name, int typ
 
 static size_t pad_to(size_t x, size_t a) { return (a - x % a) % a; }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *q = p;
-    while (n > 0) {
-        ssize_t k = write(fd, q, n);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        q += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int write_zeros(int fd, size_t n)
+static int write_zeros(core_afile_t *af, size_t n)
 {
     static const uint8_t zeros[64];
     while (n > 0) {
         size_t k = n < sizeof zeros ? n : sizeof zeros;
-        if (write_all(fd, zeros, k)) return -1;
+        if (core_afile_write(af, zeros, k))
+            return -1;
         n -= k;
     }
     return 0;
@@ -360,7 +347,8 @@ int core_gguf_writer_write(const core_gguf_writer_t *w, const char *path, core_e
     if (!w || !path) return GGUF_FAIL(err, CORE_EINVAL, "gguf writer: invalid argument");
     buf_t head = {0};
     char *tmp = NULL;
-    int fd = -1, rc = 0;
+    core_afile_t af;
+    int rc = 0;
 
     /* Header, metadata and tensor infos in memory; data is streamed after. */
     rc = buf_put(&head, GGUF_MAGIC, 4);
@@ -391,60 +379,37 @@ int core_gguf_writer_write(const core_gguf_writer_t *w, const char *path, core_e
     }
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-    fd = mkstemp(tmp);
-    if (fd < 0) {
+    /* temp file, fsync, rename, fsync of the directory (core/atomic_file.h) */
+    if (core_afile_open(&af, AT_FDCWD, path, tmp, 0600) != 0) {
         rc = GGUF_FAIL(err, CORE_EIO, "gguf writer: cannot create temp file for '%s': %s", path,
-                            strerror(errno));
-        free(tmp);
-        tmp = NULL;
+                       strerror(af.errnum));
         goto fail;
     }
-    if (fchmod(fd, 0644) != 0 || write_all(fd, head.p, head.len) != 0 ||
-        (w->n_tensors > 0 && write_zeros(fd, pad_to(head.len, w->alignment)) != 0))
+    if (fchmod(af.fd, 0644) != 0) {
+        af.errnum = errno;
+        core_afile_abort(&af);
+        goto io_fail;
+    }
+    if (core_afile_write(&af, head.p, head.len) != 0 ||
+        (w->n_tensors > 0 && write_zeros(&af, pad_to(head.len, w->alignment)) != 0))
         goto io_fail;
     for (int64_t i = 0; i < w->n_tensors; i++) {
         const wtensor_t *t = &w->tensors[i];
-        if (write_all(fd, t->data, t->nbytes) != 0 || write_zeros(fd, pad_to(t->nbytes, w->alignment)) != 0)
+        if (core_afile_write(&af, t->data, t->nbytes) != 0 ||
+            write_zeros(&af, pad_to(t->nbytes, w->alignment)) != 0)
             goto io_fail;
     }
-    if (fsync(fd) != 0) goto io_fail;
-    if (close(fd) != 0) {
-        fd = -1;
+    /* a failed fsync of the directory is no error here: the file is in place */
+    if (core_afile_commit(&af) != 0 && !af.renamed)
         goto io_fail;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0) goto io_fail;
     free(tmp);
-    tmp = NULL;
-    {
-        /* Make the rename itself durable. */
-        char *dir = strdup(path);
-        if (dir) {
-            char *slash = strrchr(dir, '/');
-            const char *d = ".";
-            if (slash) {
-                *(slash == dir ? slash + 1 : slash) = '\0';
-                d = dir;
-            }
-            int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-            if (dfd >= 0) {
-                (void)fsync(dfd);
-                close(dfd);
-            }
-            free(dir);
-        }
-    }
     free(head.p);
     return 0;
 
 io_fail:
-    rc = GGUF_FAIL(err, CORE_EIO, "gguf writer: writing '%s': %s", path, strerror(errno));
+    rc = GGUF_FAIL(err, CORE_EIO, "gguf writer: writing '%s': %s", path, strerror(af.errnum));
 fail:
-    if (fd >= 0) close(fd);
-    if (tmp) {
-        unlink(tmp);
-        free(tmp);
-    }
+    free(tmp);
     free(head.p);
     return rc;
 }

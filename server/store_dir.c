@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "core/state.h"
 
 #define TMP_SUFFIX ".tmp"
@@ -44,8 +45,11 @@ int srv_sess_fault(const srv_store_t *st, const char *op)
     return e;
 }
 
-static ssize_t do_write(srv_store_t *st, int fd, const void *p, size_t n)
+/* write(2) for session files, behind the injected faults and the test's
+ * write function (core_afile_write_fn). */
+static ssize_t do_write(int fd, const void *p, size_t n, void *ud)
 {
+    srv_store_t *st = ud;
     if (srv_sess_fault(st, "write"))
         return -1;
     return st->write_fn ? st->write_fn(fd, p, n, st->write_ud) : write(fd, p, n);
@@ -58,73 +62,61 @@ int srv_sess_io_code(int e)
     return e == ENOSPC || e == EDQUOT || e == EROFS ? SRV_STORE_ENOSPACE : SRV_STORE_EIO;
 }
 
+/* What happens right before the rename of a write (core_afile_hook_fn):
+ * the hard link of the previous file, then the injected fault. */
+typedef struct link_hook {
+    srv_store_t *st;
+    const char *id, *link_as; /* link_as NULL: no link */
+    int *linked;
+} link_hook_t;
+
+static int before_rename(void *ud)
+{
+    link_hook_t *h = ud;
+    if (h->link_as) {
+        unlinkat(h->st->dirfd, h->link_as, 0);
+        *h->linked = !srv_sess_fault(h->st, "link") &&
+                     linkat(h->st->dirfd, h->id, h->st->dirfd, h->link_as, 0) == 0;
+    }
+    return srv_sess_fault(h->st, "rename");
+}
+
 /* Atomic replace of file id (a session's, or a checkpoint's name): tmp,
- * fsync, rename, fsync of the directory. On failure the previous file is
- * untouched and the temp file removed. link_as (NULL = none): before the
- * rename, the previous file is hard-linked under that name too (a stale
- * file of that name is replaced), so it survives the rename: *linked = 1
- * when it was (a link that fails only means no link); a failed rename
- * removes the link again. */
+ * fsync, rename, fsync of the directory (core/atomic_file.h). On failure
+ * the previous file is untouched and the temp file removed. link_as (NULL =
+ * none): before the rename, the previous file is hard-linked under that
+ * name too (a stale file of that name is replaced), so it survives the
+ * rename: *linked = 1 when it was (a link that fails only means no link); a
+ * failed rename removes the link again. */
 int srv_sess_write_file_link(srv_store_t *st, const char *id, const unsigned char *buf, size_t len,
                              const char *link_as, int *linked, char *err, size_t errlen)
 {
     char tmp[CKPT_NAME_MAX + sizeof TMP_SUFFIX], eb[128]; /* a checkpoint's name, too */
     snprintf(tmp, sizeof tmp, "%s" TMP_SUFFIX, id);
-    int fd =
-        srv_sess_fault(st, "create")
-            ? -1
-            : openat(st->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) {
-        int e = errno;
+    core_afile_t af;
+    int e = srv_sess_fault(st, "create");
+    if (!e && core_afile_open(&af, st->dirfd, id, tmp, 0600) < 0)
+        e = af.errnum;
+    if (e)
         return STORE_FAIL(err, errlen, srv_sess_io_code(e), "cannot create %s/%s: %s", st->dir, tmp,
                           srv_sess_errstr(e, eb, sizeof eb));
-    }
-    const char *what = "writing";
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = do_write(st, fd, buf + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            if (w == 0)
-                errno = ENOSPC;
-            goto fail;
-        }
-        off += (size_t)w;
-    }
-    what = "syncing";
-    if (fsync(fd) < 0)
-        goto fail;
-    what = "closing";
-    int cr = close(fd);
-    fd = -1;
-    if (cr < 0)
-        goto fail;
-    what = "renaming";
-    if (link_as) {
-        unlinkat(st->dirfd, link_as, 0);
-        *linked = !srv_sess_fault(st, "link") && linkat(st->dirfd, id, st->dirfd, link_as, 0) == 0;
-    }
-    if (srv_sess_fault(st, "rename") || renameat(st->dirfd, tmp, st->dirfd, id) < 0) {
-        if (link_as && *linked) {
-            int e = errno;
-            unlinkat(st->dirfd, link_as, 0);
-            *linked = 0;
-            errno = e;
-        }
-        goto fail;
-    }
-    if (fsync(st->dirfd) < 0)
+    link_hook_t hook = {.st = st, .id = id, .link_as = link_as, .linked = linked};
+    af.write_fn = do_write;
+    af.write_ud = st;
+    af.before_rename = before_rename;
+    af.hook_ud = &hook;
+    if (core_afile_write(&af, buf, len) == 0 && core_afile_commit(&af) == 0)
+        return 0;
+    if (af.renamed) /* the new file is in place; its name may not be durable */
         return STORE_FAIL(err, errlen, SRV_STORE_EIO, "syncing directory %s after writing %s: %s",
-                          st->dir, id, srv_sess_errstr(errno, eb, sizeof eb));
-    return 0;
-fail:;
-    int e = errno;
-    if (fd >= 0)
-        close(fd);
-    unlinkat(st->dirfd, tmp, 0);
-    return STORE_FAIL(err, errlen, srv_sess_io_code(e), "%s %s/%s: %s (the previous file is kept)",
-                      what, st->dir, tmp, srv_sess_errstr(e, eb, sizeof eb));
+                          st->dir, id, srv_sess_errstr(af.errnum, eb, sizeof eb));
+    if (link_as && *linked) { /* the rename failed: the link goes too */
+        unlinkat(st->dirfd, link_as, 0);
+        *linked = 0;
+    }
+    return STORE_FAIL(err, errlen, srv_sess_io_code(af.errnum),
+                      "%s %s/%s: %s (the previous file is kept)", af.step, st->dir, tmp,
+                      srv_sess_errstr(af.errnum, eb, sizeof eb));
 }
 
 int srv_sess_write_file(srv_store_t *st, const char *id, const unsigned char *buf, size_t len,
