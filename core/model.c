@@ -12,9 +12,14 @@
  * bytes per token than f32 for the block types: for Q4_0/Q4_1/Q5_0/Q5_1/
  * Q8_0/Q4_K/Q5_K/Q6_K weights they are quantized to 8 bits once per input
  * (one quantization serves q, k and v; another gate and up) and multiplied in
- * integers; the other types (F16, BF16, Q2_K, Q3_K) take the rows as f32. A
- * prompt sequence of at most MODEL_TILE_MIN_ROWS rows reads them in place
- * too (f32 activations); a longer one multiplies each matrix tile by tile:
+ * integers; the other types (F16, BF16, Q2_K, Q3_K) take the rows as f32.
+ * Where the decode weights are packed (AVX-512 VNNI; Q4_0, Q4_1, Q8_0), all
+ * prompt rows of the forward, every sequence's, go through one product on
+ * panels dequantized from the packed copy (core_qmatmul_packed): each output
+ * one fused multiply-add chain, so a row's bits do not depend on the rows
+ * beside it. Elsewhere a prompt sequence of at most MODEL_TILE_MIN_ROWS
+ * rows reads the weights in place (f32 activations); a longer one
+ * multiplies each matrix tile by tile:
  * MODEL_TILE_FLOATS of its rows dequantized (exactly) into a scratch tile,
  * then sgemm, so the f32 values are made once per forward and stay in
  * cache. Which path a row takes depends only on
@@ -139,6 +144,8 @@ struct core_model {
     size_t wtile_n; /* floats in one tile: max(the tile size asked for, the largest k) */
     unsigned char *wbytes; /* [pool threads][wbytes_n] rows unpacked from a packed copy */
     size_t wbytes_n;       /* bytes: CORE_Q8_PACK_ROWS rows of the widest packed matrix */
+    float *panel;          /* [pool threads][panel_n] 64-byte aligned: core_qmatmul_packed's */
+    size_t panel_n;        /* floats: core_q8_panel_floats(the largest k) */
 
     core_pool_t *pool;     /* owned: threads of the quantized products */
     void *qbuf;            /* [core_q8_act_bytes(cap_rows, max(D, FF, H*Hd))] */
@@ -694,6 +701,7 @@ void core_model_free(core_model_t *m)
     free(m->tok_embd.own);
     free(m->wtile);
     free(m->wbytes);
+    free(m->panel);
     free(m->out_norm);
     free(m->rope_inv_freq);
     free(m->rope_cs);
@@ -757,11 +765,12 @@ static int grow(void **p, size_t bytes)
 static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
 {
     const core_model_info_t *in = &m->info;
-    if (!m->lrows || !m->logits || !m->wtile || !m->wbytes) {
+    if (!m->lrows || !m->logits || !m->wtile || !m->wbytes || !m->panel) {
         free(m->lrows);
         free(m->logits);
         free(m->wtile);
         free(m->wbytes);
+        free(m->panel);
         int64_t kmax = in->n_embd > in->n_ff ? in->n_embd : in->n_ff;
         if ((int64_t)in->n_head * in->head_dim > kmax)
             kmax = (int64_t)in->n_head * in->head_dim;
@@ -774,7 +783,9 @@ static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
         m->logits = malloc((size_t)MODEL_LOGIT_ROWS * (size_t)in->n_vocab * sizeof(float));
         m->wtile = malloc(threads * m->wtile_n * sizeof(float));
         m->wbytes = malloc(threads * m->wbytes_n);
-        if (!m->lrows || !m->logits || !m->wtile || !m->wbytes)
+        m->panel_n = core_q8_panel_floats(kmax); /* a multiple of 16 floats: 64 bytes */
+        m->panel = aligned_alloc(64, threads * m->panel_n * sizeof(float));
+        if (!m->lrows || !m->logits || !m->wtile || !m->wbytes || !m->panel)
             return core_error_set(err, CORE_ENOMEM, "out of memory for the logits scratch");
     }
     if (T <= m->cap_rows)
@@ -966,14 +977,67 @@ static void gemm_tiles(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_
     core_pool_run(m->pool, tiles_worker, &t);
 }
 
+/* The prompt rows (n from row Td on, every prompt sequence's) times each
+ * packed op's weights through core_qmatmul_packed: one pool run for all ops,
+ * shared out in column chunks of up to CORE_Q8_PANEL_ROWS weight rows, each
+ * dequantized once into the thread's panel for all the rows. A row's bits do
+ * not depend on the rows beside it, so every sequence gets the numbers it
+ * has alone, however the batch and its chunks fall. */
+typedef struct panels_run {
+    core_model_t *m;
+    const wop_t *const *ops;
+    int n_ops;
+    int64_t k, n, lda, chunk;
+    const float *a; /* the first prompt row */
+    int64_t r0;     /* its row in the forward: ops' c rows from here */
+    _Atomic int64_t next; /* next chunk over the ops' concatenated columns */
+} panels_run_t;
+
+static void panels_worker(void *ctx, int worker, int n_workers)
+{
+    (void)n_workers;
+    panels_run_t *t = ctx;
+    float *panel = t->m->panel + (size_t)worker * t->m->panel_n;
+    for (;;) {
+        int64_t j0 = atomic_fetch_add_explicit(&t->next, t->chunk, memory_order_relaxed);
+        int i = 0;
+        while (i < t->n_ops && j0 >= t->ops[i]->w->rows) /* ops are chunk-aligned: see below */
+            j0 -= (t->ops[i]->w->rows + t->chunk - 1) / t->chunk * t->chunk, i++;
+        if (i == t->n_ops)
+            return;
+        const wop_t *o = t->ops[i];
+        const int64_t j1 = o->w->rows - j0 < t->chunk ? o->w->rows : j0 + t->chunk;
+        (void)core_qmatmul_packed(o->w->type, t->n, j0, j1, t->k, t->a, t->lda, o->w->pk, panel,
+                                  o->beta, o->c + t->r0 * o->ldc, o->ldc);
+    }
+}
+
+static void gemm_panels(core_model_t *m, int64_t Td, int64_t n, int64_t k, const float *a,
+                        int64_t lda, const wop_t *const *ops, int n_ops)
+{
+    int64_t cols = 0;
+    for (int i = 0; i < n_ops; i++)
+        cols += ops[i]->w->rows;
+    /* the largest chunk that still gives every thread a few to take */
+    int64_t chunk = CORE_Q8_PANEL_ROWS;
+    while (chunk > CORE_Q8_PACK_ROWS && cols / chunk < 4 * (int64_t)core_pool_size(m->pool))
+        chunk /= 2;
+    panels_run_t t = {.m = m, .ops = ops, .n_ops = n_ops, .k = k, .n = n, .lda = lda,
+                      .chunk = chunk, .a = a + Td * lda, .r0 = Td};
+    atomic_init(&t.next, 0);
+    core_pool_run(m->pool, panels_worker, &t);
+}
+
 /* Applies every op to A[k] (lda), whose rows are grouped by sequence: first
  * the Td decode rows, then the rows of each prompt sequence (pre_n[n_pre]).
  * Decode rows are bound by reading the weights, so they read the ~5-bit
  * blocks in place (quantized to 8 bits once, for every op with an integer
- * kernel). A prompt sequence's rows read them in place too when there are at
- * most MODEL_TILE_MIN_ROWS (f32 activations); more rows amortize the
- * dequantization and go to sgemm on dequantized tiles (gemm_tiles: each tile
- * once for all such sequences of the call). F32 weights (no qdot kernel)
+ * kernel). Prompt rows of a packed matrix: all in one product on panels
+ * (gemm_panels). Otherwise a prompt sequence's rows read the weights in
+ * place when there are at most MODEL_TILE_MIN_ROWS (f32 activations); more
+ * rows amortize the dequantization and go to sgemm on dequantized tiles
+ * (gemm_tiles: each tile once for all such sequences of the call). F32
+ * weights (no qdot kernel)
  * are read as f32 (w32) on every path. One call per sequence, not one over
  * all rows: sgemm's rounding depends on the number of rows, and a sequence's
  * numbers must not depend on what else shares the batch (the 8-bit rounding
@@ -997,10 +1061,16 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
                     const float *a, int64_t lda, const wop_t *ops, int n_ops)
 {
     core_qdot_job_t *jobs = m->jobs; /* [MODEL_MAX_OPS * (1 + n_pre)] */
-    int nj = 0, quantized = 0;
+    const wop_t *panel_ops[MODEL_MAX_OPS];
+    int nj = 0, quantized = 0, n_panel = 0;
+    int64_t n_prompt = 0;
+    for (int64_t g = 0; g < n_pre; g++)
+        n_prompt += pre_n[g];
     for (int i = 0; i < n_ops && i < MODEL_MAX_OPS; i++) {
         const wop_t *o = &ops[i];
         const wmat_t *qw = o->w;
+        /* where the packed kernel runs, every prompt row goes through panels */
+        const int panels = qw->pk && core_qdot_isa() == CORE_QDOT_AVX512VNNI;
         const core_qdot_job_t base = {.type = qw->type, .w = qw->data, .pk = qw->pk,
                                       .row_bytes = qw->row_bytes, .n = qw->rows,
                                       .beta = o->beta, .ldc = o->ldc};
@@ -1024,6 +1094,11 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
                 jb->lda = lda;
             }
         }
+        if (panels) {
+            if (n_prompt > 0)
+                panel_ops[n_panel++] = o;
+            continue;
+        }
         for (int64_t g = 0, r0 = Td; g < n_pre; r0 += pre_n[g], g++) {
             const int64_t n = pre_n[g];
             if (!qw->qdot) {
@@ -1046,6 +1121,8 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
     }
     if (nj > 0)
         core_qdot_run_jobs(m->pool, jobs, nj);
+    if (n_panel > 0)
+        gemm_panels(m, Td, n_prompt, k, a, lda, panel_ops, n_panel);
 }
 
 /* One op on the forward's rows (m->pre_n groups). */

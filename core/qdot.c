@@ -563,11 +563,6 @@ static void job_rows(const jobs_run_t *r, const core_qdot_job_t *jb, int64_t j0,
         (void)core_q8_matmul_packed(jb->type, jb->qa, j0, j1, jb->pk, jb->beta, jb->c, jb->ldc);
         return;
     }
-    if (!jb->qa && jb->pk && r->isa == CORE_QDOT_AVX512VNNI) {
-        (void)core_qmatmul_packed(jb->type, jb->m, j0, j1, jb->k, jb->a, jb->lda, jb->pk,
-                                  jb->beta, jb->c, jb->ldc);
-        return;
-    }
     if (jb->qa) {
         (void)core_q8_matmul_isa(r->isa, jb->type, jb->qa, j0, j1, jb->w, jb->row_bytes, jb->beta,
                                  jb->c, jb->ldc);

@@ -189,20 +189,27 @@ void core_q8_unpack(int type, const void *pk, int64_t k, int64_t j0, int64_t n, 
 int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
                           const void *pk, float beta, float *c, int64_t ldc);
 
-/* core_qmatmul_nt's product (f32 activation rows a[m][lda]) on packed
- * weights pk, output columns [j0, j1): C[i][j] = A[i] . W[j] + beta C[i][j].
- * Within the same bound of core_dot_ref as core_qmatmul_nt (every partial
- * sum at most 11 + k / 32 operations deep), and a row's bits do not depend on
- * the rows or activation rows that share a call. 0, or CORE_EINVAL when the
- * type does not pack here or the arguments are bad. */
+/* core_qmatmul_nt's product (f32 activation rows a[m][lda], prompts) on
+ * packed weights pk, output columns [j0, j1) (j0 a multiple of 16):
+ * C[i][j] = A[i] . W[j] + beta C[i][j]. CORE_Q8_PANEL_ROWS weight rows at a
+ * time are dequantized (core_dequantize's floats) into panel, scratch of
+ * core_q8_panel_floats(k) floats, 64-byte aligned; each output is then one
+ * chain of k fused multiply-adds in order, so |C - exact| <= gamma(k) *
+ * sum_e |a_e w_e| (plus the beta term's rounding) and a row's bits depend on
+ * nothing but its own values: not on m, the rows beside it, the columns
+ * asked for or the thread. 0, or CORE_EINVAL when the type does not pack
+ * here or the arguments are bad. */
+#define CORE_Q8_PANEL_ROWS 64
+#define core_q8_panel_floats(k) ((size_t)CORE_Q8_PANEL_ROWS * (size_t)(k))
 int core_qmatmul_packed(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
-                        int64_t lda, const void *pk, float beta, float *c, int64_t ldc);
+                        int64_t lda, const void *pk, float *panel, float beta, float *c,
+                        int64_t ldc);
 
 /* One product of a batch run on a pool: n weight rows against qa (integer
  * path) or, when qa is NULL, against the f32 rows a (core_qmatmul_nt's
  * path, any core_qdot_supported type). Everything borrowed. pk: the same
- * weights packed (core_q8_pack), or NULL; used (with qa or a) when the ISA
- * chosen for the run packs. */
+ * weights packed (core_q8_pack), or NULL; used with qa when the ISA chosen
+ * for the run packs. */
 typedef struct core_qdot_job {
     int type;
     const void *w;

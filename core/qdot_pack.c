@@ -31,6 +31,7 @@
  * on the activation rows that share the call or on the range of rows asked
  * for, so a row's bits are the same alone, in a batch or on any thread.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "core/qdot.h"
@@ -227,103 +228,128 @@ PACK_FN void packed_vnni(int type, const core_q8_act_t *qa, int64_t j0, int64_t 
     }
 }
 
-/* f32 activation rows (prompt products of a few rows) against the 16 rows
- * of group g: per block, the weights' integers of all 16 rows become float
- * vectors once (value e of every row in one vector) and serve R activation
- * rows; S = sum_e a_e q_e is summed in four chains of 8 fused multiply-adds
- * (values e = 4t + j and 16 + 4t + j in chain j; Q8_0: 4t + j, t < 8) and
- * folded as (S0 + S1) + (S2 + S3), then acc = fma(S, d_w, acc) and, for the
- * offset types, macc = fma(m_w, sum_e a_e, macc). A lane's and a row's
- * operations depend on nothing else in the call. */
-PACK_FN void group_rows_f32(int type, int R, const float *a, int64_t lda, int64_t nb,
-                            const unsigned char *gp, int l0, int l1, float beta, float *c,
-                            int64_t ldc)
+/* ---- f32 activation rows (prompts) against packed weights: panels ----
+ * Up to PANEL_GROUPS groups of 16 weight rows are dequantized into a panel,
+ * [group][k][16] floats (value e of the group's 16 rows in one vector), with
+ * core_dequantize's arithmetic (Q4_1 d q + m as a product then a sum, Q4_0
+ * d (q - 8), Q8_0 d q: the same floats). Every activation row then runs
+ * against the panel: C[i][j] = sum_e a[i][e] w[j][e] as one chain of fused
+ * multiply-adds in e order from 0. A row's bits therefore depend on its own
+ * values and the weights only, not on the rows that share the call, how
+ * they are grouped or which thread computes them. */
+enum { PANEL_GROUPS = CORE_Q8_PANEL_ROWS / PACK_ROWS, PANEL_R = 6 };
+
+PACK_FN void panel_fill(int type, const unsigned char *gp, int64_t nb, float *panel)
 {
     const size_t gb = group_block_bytes(type);
-    const int q8 = type == CORE_TTYPE_Q8_0;
-    const __m512i m4 = _mm512_set1_epi32(0x0f);
-    __m512 acc[PACK_ACTS], macc[PACK_ACTS];
-    for (int r = 0; r < R; r++)
-        acc[r] = macc[r] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi32(0x0f), eight = _mm512_set1_epi32(8);
     for (int64_t b = 0; b < nb; b++, gp += gb) {
-        _mm_prefetch((const char *)gp + PACK_PF, _MM_HINT_T0);
-        _mm_prefetch((const char *)gp + PACK_PF + 256, _MM_HINT_T0);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp));
-        __m512 wv[QB]; /* wv[e]: value e of the 16 rows */
-        if (q8) {
-#pragma GCC unroll 8
+        float *out = panel + b * QB * PACK_ROWS;
+        if (type == CORE_TTYPE_Q8_0) {
             for (int t = 0; t < 8; t++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++)
-                    wv[4 * t + j] = _mm512_cvtepi32_ps(
-                        _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24));
-            }
-        } else {
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
-#pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) {
-                    wv[4 * t + j] =
-                        _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), m4));
-                    wv[16 + 4 * t + j] =
-                        _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4), m4));
+                    const __m512i q = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24);
+                    _mm512_store_ps(out + (4 * t + j) * PACK_ROWS,
+                                    _mm512_mul_ps(dw, _mm512_cvtepi32_ps(q)));
                 }
             }
+            continue;
         }
         const __m512 mw =
-            type == CORE_TTYPE_Q4_1
-                ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(gp + 32)))
-                : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
-        for (int r = 0; r < R; r++) {
-            const float *x = a + r * lda + b * QB;
-            __m512 s[4];
-            for (int j = 0; j < 4; j++)
-                s[j] = _mm512_setzero_ps();
-            /* chain j: values 4t + j (t < 8), i.e. 4t + j and 16 + 4t + j of a Q4 block */
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++)
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++)
-                    s[j] = _mm512_fmadd_ps(_mm512_set1_ps(x[4 * t + j]), wv[4 * t + j], s[j]);
-            const __m512 sum = _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]));
-            acc[r] = _mm512_fmadd_ps(sum, dw, acc[r]);
-            if (!q8) {
-                const float xs =
-                    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)));
-                macc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), macc[r]);
-            }
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(gp + 32)));
+        for (int t = 0; t < 4; t++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
+            for (int h = 0; h < 2; h++) /* low nibbles: values 4t + j; high: 16 + 4t + j */
+                for (int j = 0; j < 4; j++) {
+                    const __m512i q =
+                        _mm512_and_si512(_mm512_srli_epi32(v, (unsigned)(8 * j + 4 * h)), m4);
+                    const __m512 y =
+                        type == CORE_TTYPE_Q4_1
+                            ? _mm512_add_ps(_mm512_mul_ps(dw, _mm512_cvtepi32_ps(q)), mw)
+                            : _mm512_mul_ps(dw, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, eight)));
+                    _mm512_store_ps(out + (16 * h + 4 * t + j) * PACK_ROWS, y);
+                }
         }
-    }
-    const __mmask16 keep = (__mmask16)(((1u << l1) - 1u) & ~((1u << l0) - 1u));
-    for (int r = 0; r < R; r++) {
-        float *cr = c + r * ldc;
-        __m512 v = _mm512_add_ps(acc[r], macc[r]);
-        if (beta != 0.0f)
-            v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(keep, cr), v);
-        _mm512_mask_storeu_ps(cr, keep, v);
     }
 }
 
+/* R activation rows from a against G panels of k values: lanes [l0, l1) of
+ * group g stored at c + g * 16 (row r at + r * ldc). */
+PACK_FN void panel_rows(int R, int G, const float *a, int64_t lda, int64_t k,
+                        const float *panel, int l1_last, float beta, float *c, int64_t ldc)
+{
+    /* G and R are constants here (panel_dispatch): the loops unroll and the
+     * G x R accumulators stay in registers */
+    __m512 acc[PANEL_GROUPS][PANEL_R];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++)
+            acc[g][r] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < k; e++) {
+        __m512 w[PANEL_GROUPS];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+            w[g] = _mm512_load_ps(panel + ((size_t)g * (size_t)k + (size_t)e) * PACK_ROWS);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m512 x = _mm512_set1_ps(a[r * lda + e]);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                acc[g][r] = _mm512_fmadd_ps(x, w[g], acc[g][r]);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const int l1 = g == G - 1 ? l1_last : PACK_ROWS;
+        const __mmask16 keep = (__mmask16)((1u << l1) - 1u);
+        for (int r = 0; r < R; r++) {
+            float *cr = c + r * ldc + g * PACK_ROWS;
+            __m512 v = acc[g][r];
+            if (beta != 0.0f)
+                v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(keep, cr), v);
+            _mm512_mask_storeu_ps(cr, keep, v);
+        }
+    }
+}
+
+/* The register tiles the compiler keeps in registers: G and R constant. */
+#define PANEL_CASE(RR, GG)                                                                       \
+    case RR * 8 + GG: panel_rows(RR, GG, a, lda, k, panel, l1, beta, c, ldc); break;
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
+panel_dispatch(int R, int G, const float *a, int64_t lda, int64_t k, const float *panel, int l1,
+               float beta, float *c, int64_t ldc)
+{
+    switch (R * 8 + G) {
+        PANEL_CASE(6, 4) PANEL_CASE(5, 4) PANEL_CASE(4, 4) PANEL_CASE(3, 4) PANEL_CASE(2, 4)
+        PANEL_CASE(1, 4) PANEL_CASE(6, 3) PANEL_CASE(5, 3) PANEL_CASE(4, 3) PANEL_CASE(3, 3)
+        PANEL_CASE(2, 3) PANEL_CASE(1, 3) PANEL_CASE(6, 2) PANEL_CASE(5, 2) PANEL_CASE(4, 2)
+        PANEL_CASE(3, 2) PANEL_CASE(2, 2) PANEL_CASE(1, 2) PANEL_CASE(6, 1) PANEL_CASE(5, 1)
+        PANEL_CASE(4, 1) PANEL_CASE(3, 1) PANEL_CASE(2, 1) PANEL_CASE(1, 1)
+    default: break;
+    }
+}
+#undef PANEL_CASE
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
 packed_f32(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a, int64_t lda,
-           const unsigned char *pk, float beta, float *c, int64_t ldc)
+           const unsigned char *pk, float *panel, float beta, float *c, int64_t ldc)
 {
     const int64_t nb = k / QB;
     const size_t gstride = (size_t)nb * group_block_bytes(type);
-    for (int64_t g = j0 / PACK_ROWS; g * PACK_ROWS < j1; g++) {
-        const int64_t base = g * PACK_ROWS;
-        const int l0 = (int)(j0 > base ? j0 - base : 0);
-        const int l1 = (int)(j1 - base < PACK_ROWS ? j1 - base : PACK_ROWS);
-        const unsigned char *gp = pk + (size_t)g * gstride;
-        float *cg = c + base; /* lane l is column base + l */
-        int64_t r = 0;
-        for (; r + PACK_ACTS <= m; r += PACK_ACTS)
-            group_rows_f32(type, PACK_ACTS, a + r * lda, lda, nb, gp, l0, l1, beta, cg + r * ldc,
-                           ldc);
-        for (; r < m; r++)
-            group_rows_f32(type, 1, a + r * lda, lda, nb, gp, l0, l1, beta, cg + r * ldc, ldc);
+    for (int64_t c0 = j0; c0 < j1; c0 += CORE_Q8_PANEL_ROWS) {
+        const int64_t c1 = j1 - c0 < CORE_Q8_PANEL_ROWS ? j1 - c0 : CORE_Q8_PANEL_ROWS;
+        const int G = (int)((c1 + PACK_ROWS - 1) / PACK_ROWS);
+        const int l1 = (int)(c1 - (G - 1) * PACK_ROWS);
+        for (int g = 0; g < G; g++)
+            panel_fill(type, pk + (size_t)(c0 / PACK_ROWS + g) * gstride, nb,
+                       panel + (size_t)g * (size_t)k * PACK_ROWS);
+        for (int64_t i = 0; i < m; i += PANEL_R) {
+            const int R = (int)(m - i < PANEL_R ? m - i : PANEL_R);
+            panel_dispatch(R, G, a + i * lda, lda, k, panel, l1, beta, c + i * ldc + c0, ldc);
+        }
     }
 }
 
@@ -374,12 +400,14 @@ int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t
 }
 
 int core_qmatmul_packed(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
-                        int64_t lda, const void *pk, float beta, float *c, int64_t ldc)
+                        int64_t lda, const void *pk, float *panel, float beta, float *c,
+                        int64_t ldc)
 {
-    if (!core_q8_pack_supported(type) || j0 < 0 || j1 < j0 || m < 0 || k <= 0 || k % QB != 0)
+    if (!core_q8_pack_supported(type) || j0 < 0 || j1 < j0 || j0 % PACK_ROWS != 0 || m < 0 ||
+        k <= 0 || k % QB != 0 || (uintptr_t)panel % 64 != 0)
         return CORE_EINVAL;
 #ifdef PACK_X86
-    packed_f32(type, m, j0, j1, k, a, lda, pk, beta, c, ldc);
+    packed_f32(type, m, j0, j1, k, a, lda, pk, panel, beta, c, ldc);
     return 0;
 #else
     (void)a;

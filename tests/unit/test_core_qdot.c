@@ -104,6 +104,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
     float *y = malloc((size_t)k * sizeof *y);
     double *tolv = malloc((size_t)(m * ldc) * sizeof *tolv); /* [m][ldc] bound per output */
     unsigned char *pk = NULL;                                /* w packed, where this CPU packs */
+    float *panel = NULL;                                     /* its scratch */
     if (!w || !a || !c0 || !c || !cg || !c1 || !y || !tolv) {
         CHECK(!"out of memory");
         goto out;
@@ -117,14 +118,20 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
     const int ni = isa_list(isas);
     /* the last pass, s == ni: the packed weights' kernel, where this CPU runs it */
     if (core_q8_pack_supported(type) && k % CORE_Q8_BLOCK == 0 && k > 0 &&
-        (pk = aligned_alloc(64, (core_q8_pack_bytes(type, n, k) + 63) / 64 * 64)))
+        (pk = aligned_alloc(64, (core_q8_pack_bytes(type, n, k) + 63) / 64 * 64)) &&
+        (panel = aligned_alloc(64, core_q8_panel_floats(k) * sizeof *panel)))
         core_q8_pack(type, w, row_bytes, n, k, pk);
+    else {
+        free(pk);
+        pk = NULL;
+    }
     for (int s = 0; s < ni + (pk != NULL); s++) {
         float *out = s == 0 ? cg : s == 1 ? c1 : c;
         memcpy(out, c0, (size_t)(m * ldc) * sizeof *out);
         int rc = s < ni ? core_qmatmul_nt_isa(isas[s], type, m, n, k, a, lda, w, row_bytes, beta,
                                               out, ldc)
-                        : core_qmatmul_packed(type, m, 0, n, k, a, lda, pk, beta, out, ldc);
+                        : core_qmatmul_packed(type, m, 0, n, k, a, lda, pk, panel, beta, out,
+                                              ldc);
         CHECK_INT_EQ(rc, 0);
         int bad = 0;
         for (int64_t j = 0; j < n; j++) {
@@ -146,7 +153,9 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
                 const double cin = beta == 0.0f ? 0.0 : (double)beta * c0[i * ldc + j];
                 const double ref = dot + cin;
                 const double u = ldexp(1.0, -24);
-                const double tol = gamma_n((double)k / 4 + 8) * sabs +
+                /* the panels' chains are k deep (core/qdot.h) */
+                const double depth = s < ni ? (double)k / 4 + 8 : (double)k;
+                const double tol = gamma_n(depth) * sabs +
                                    2 * u * (fabs(dot) + fabs(cin) + fabs(ref)) + 1e-30;
                 const double got = out[i * ldc + j];
                 tolv[i * ldc + j] = tol;
@@ -178,6 +187,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
     }
 out:
     free(pk);
+    free(panel);
     free(w);
     free(a);
     free(c0);
@@ -266,6 +276,28 @@ TEST(dequantized_values_bit_identical)
                               (int)isas[s], (long long)e, (double)out, (double)y[e]);
                 }
             }
+        if (!core_q8_pack_supported(t))
+            continue;
+        /* the panels of the packed weights hold the same floats */
+        unsigned char *pk = aligned_alloc(64, (core_q8_pack_bytes(t, 1, k) + 63) / 64 * 64);
+        float *panel = aligned_alloc(64, core_q8_panel_floats(k) * sizeof *panel);
+        if (!pk || !panel) {
+            CHECK(!"out of memory");
+        } else {
+            core_q8_pack(t, w, rb, 1, k, pk);
+            for (int64_t e = 0; e < k && !bad; e++) {
+                memset(x, 0, sizeof x);
+                x[e] = 1.0f;
+                CHECK(core_qmatmul_packed(t, 1, 0, 1, k, x, k, pk, panel, 0.0f, &out, 1) == 0);
+                if (!same_bits(out, y[e]) && !(out == 0.0f && y[e] == 0.0f)) {
+                    bad = 1;
+                    CHECK_MSG(0, "%s packed value %lld: %.9g vs %.9g", core_ttype_name(t),
+                              (long long)e, (double)out, (double)y[e]);
+                }
+            }
+        }
+        free(pk);
+        free(panel);
     }
 }
 

@@ -441,47 +441,44 @@ static void check_packed_ranges(int type, const core_q8_act_t *qa, const float *
             bad |= !same_bits(full[i], part[i]);
         CHECK_MSG(!bad, "%s packed jobs on %d threads", core_ttype_name(type), p + 1);
     }
-    /* the f32 rows' kernel on the same packed weights: ranges, rows alone and
-     * jobs on 1..4 threads give the bits of one full call */
+    /* the f32 rows' kernel on the same packed weights (prompts): column
+     * ranges starting at groups of 16 (ending anywhere), each row alone, and
+     * m rows split in two calls give the bits of one full call */
     float *f32full = malloc((size_t)(m * ldc) * sizeof *f32full);
-    if (!f32full) {
+    float *panel = aligned_alloc(64, core_q8_panel_floats(k) * sizeof *panel);
+    if (!f32full || !panel) {
         CHECK(!"out of memory");
     } else {
-        CHECK_INT_EQ(core_qmatmul_packed(type, m, 0, n, k, a, k, pk, 0.0f, f32full, ldc), 0);
+        CHECK_INT_EQ(core_qmatmul_packed(type, m, 0, n, k, a, k, pk, panel, 0.0f, f32full, ldc),
+                     0);
         memset(part, 0, (size_t)(m * ldc) * sizeof *part);
-        for (int64_t j0 = 0; j0 < n; j0 += 37)
+        for (int64_t j0 = 0; j0 < n; j0 += 48)
             CHECK_INT_EQ(core_qmatmul_packed(type, m, j0, j0 + 37 < n ? j0 + 37 : n, k, a, k, pk,
-                                             0.0f, part, ldc),
+                                             panel, 0.0f, part, ldc) |
+                             (j0 + 37 < n ? core_qmatmul_packed(type, m, j0 + 32,
+                                                                j0 + 48 < n ? j0 + 48 : n, k, a, k,
+                                                                pk, panel, 0.0f, part, ldc)
+                                          : 0),
                          0);
         bad = 0;
         for (int64_t i = 0; i < m * ldc; i++)
             bad |= !same_bits(f32full[i], part[i]);
-        CHECK_MSG(!bad, "%s packed f32: ranges of 37 rows differ", core_ttype_name(type));
+        CHECK_MSG(!bad, "%s packed f32: column ranges differ", core_ttype_name(type));
         memset(part, 0, (size_t)(m * ldc) * sizeof *part);
         for (int64_t i = 0; i < m; i++)
-            CHECK_INT_EQ(core_qmatmul_packed(type, 1, 0, n, k, a + i * k, k, pk, 0.0f,
+            CHECK_INT_EQ(core_qmatmul_packed(type, 1, 0, n, k, a + i * k, k, pk, panel, 0.0f,
                                              part + i * ldc, ldc),
                          0);
         bad = 0;
         for (int64_t i = 0; i < m * ldc; i++)
             bad |= !same_bits(f32full[i], part[i]);
         CHECK_MSG(!bad, "%s packed f32: rows alone differ", core_ttype_name(type));
-        const core_qdot_job_t fj[2] = {
-            {.type = type, .w = w, .pk = pk, .row_bytes = rb, .n = n1, .a = a, .m = m, .k = k,
-             .lda = k, .c = part, .ldc = ldc},
-            {.type = type, .w = w + n1 * rb, .pk = pk + (size_t)(n1 / CORE_Q8_PACK_ROWS) * gstride,
-             .row_bytes = rb, .n = n - n1, .a = a, .m = m, .k = k, .lda = k, .c = part + n1,
-             .ldc = ldc},
-        };
-        for (int p = 0; p < 4; p++) {
-            memset(part, 0, (size_t)(m * ldc) * sizeof *part);
-            core_qdot_run_jobs(pools[p], fj, 2);
-            bad = 0;
-            for (int64_t i = 0; i < m * ldc; i++)
-                bad |= !same_bits(f32full[i], part[i]);
-            CHECK_MSG(!bad, "%s packed f32 jobs on %d threads", core_ttype_name(type), p + 1);
-        }
+        CHECK_INT_EQ(core_qmatmul_packed(type, 1, 8, n, k, a, k, pk, panel, 0.0f, part, ldc),
+                     CORE_EINVAL); /* j0 inside a group */
+        CHECK_INT_EQ(core_qmatmul_packed(type, 1, 0, n, k, a, k, pk, panel + 1, 0.0f, part, ldc),
+                     CORE_EINVAL); /* a misaligned panel */
     }
+    free(panel);
     free(f32full);
     free(pk);
     free(onebuf);
