@@ -125,7 +125,7 @@ struct core_model {
     wmat_t output;         /* [V][D]; a copy of tok_embd's view when tied */
     layer_t *layers;       /* [L] */
     double *rope_inv_freq; /* [n_rot/2]: base^(-2i/n_rot) / scale */
-    float *rope_cs;        /* [n_rot/2][2] cos, sin of one row's angles */
+    float *rope_cs;        /* [rows][n_rot/2][2] cos, sin of each row's angles (a forward's) */
 
     /* scratch, grown to the largest T seen (<= CORE_MODEL_MAX_ROWS) */
     int64_t cap_rows;
@@ -614,8 +614,7 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         goto fail;
 
     m->rope_inv_freq = malloc((size_t)(m->n_rot / 2) * sizeof *m->rope_inv_freq);
-    m->rope_cs = malloc((size_t)m->n_rot * sizeof *m->rope_cs);
-    if (!m->rope_inv_freq || !m->rope_cs) {
+    if (!m->rope_inv_freq) {
         rc = core_error_set(err, CORE_ENOMEM, "out of memory for RoPE frequencies");
         goto fail;
     }
@@ -798,6 +797,7 @@ static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
         grow((void **)&m->v, t * kvd * f) || grow((void **)&m->att, t * qd * f) ||
         grow((void **)&m->gate, t * FF * f) || grow((void **)&m->up, t * FF * f) ||
         grow((void **)&m->pos, t * sizeof *m->pos) ||
+        grow((void **)&m->rope_cs, t * (size_t)m->n_rot * f) ||
         grow((void **)&m->seq_row, t * sizeof *m->seq_row) ||
         grow((void **)&m->items, t * sizeof *m->items) ||
         grow((void **)&m->pre_n, t * sizeof *m->pre_n) ||
@@ -827,17 +827,23 @@ static void rmsnorm(float *y, const float *x, const float *w, int64_t n, double 
         y[i] = x[i] * r * w[i];
 }
 
-/* Rotates consecutive pairs of the first n_rot dims of each of nh heads of one
- * row. Angles in double: pos * freq loses the fraction in float once pos is in
- * the millions. */
-static void rope_row(float *x, int nh, int hd, int n_rot, const double *inv_freq, int64_t pos,
-                     float *cs /* [n_rot] cos,sin pairs */)
+/* The cos, sin pairs of position pos's RoPE angles, once per row and forward
+ * (every layer's q and k rows use them). Angles in double: pos * freq loses
+ * the fraction in float once pos is in the millions. */
+static void rope_angles(int n_rot, const double *inv_freq, int64_t pos,
+                        float *cs /* [n_rot] cos,sin pairs */)
 {
     for (int64_t i = 0; i < n_rot / 2; i++) {
         const double ang = (double)pos * inv_freq[i];
         cs[2 * i] = (float)cos(ang);
         cs[2 * i + 1] = (float)sin(ang);
     }
+}
+
+/* Rotates consecutive pairs of the first n_rot dims of each of nh heads of one
+ * row by the angles cs (rope_angles). */
+static void rope_row(float *x, int nh, int hd, int n_rot, const float *cs)
+{
     for (int h = 0; h < nh; h++) {
         float *p = x + (int64_t)h * hd;
         for (int64_t i = 0; i < n_rot / 2; i++) {
@@ -1235,6 +1241,7 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         for (int64_t i = 0; i < seqs[b].n_tokens; i++) {
             const int64_t t = m->seq_row[b] + i;
             m->pos[t] = p0 + i;
+            rope_angles(m->n_rot, m->rope_inv_freq, m->pos[t], m->rope_cs + t * m->n_rot);
             embed_row(m, seqs[b].tokens[i], m->x + t * D);
         }
     }
@@ -1253,9 +1260,8 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
             lora_rows(m, l, CORE_LORA_V, Td, m->xn, D, m->v, kvd);
         }
         for (int64_t t = 0; t < T; t++) {
-            rope_row(m->q + t * qd, (int)H, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t], m->rope_cs);
-            rope_row(m->k + t * kvd, (int)Hkv, (int)Hd, m->n_rot, m->rope_inv_freq, m->pos[t],
-                     m->rope_cs);
+            rope_row(m->q + t * qd, (int)H, (int)Hd, m->n_rot, m->rope_cs + t * m->n_rot);
+            rope_row(m->k + t * kvd, (int)Hkv, (int)Hd, m->n_rot, m->rope_cs + t * m->n_rot);
         }
         for (int b = 0; b < n_seqs; b++) {
             const int64_t off = m->seq_row[b];
