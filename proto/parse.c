@@ -95,8 +95,10 @@ json_t *px_get(json_t *obj, const char *key)
     return v && !json_is_null(v) ? v : NULL;
 }
 
-int px_read_number(json_t *obj, const char *key, double lo, double hi, int lo_open,
-                   const char *range_text, double *out, proto_error_t *err)
+/* A number field in [lo, hi] (lo excluded when lo_open): 0 when read, 1 when
+ * absent (out untouched), <0 on error (err set, naming key and range_text). */
+static int px_read_number(json_t *obj, const char *key, double lo, double hi, int lo_open,
+                          const char *range_text, double *out, proto_error_t *err)
 {
     json_t *v = px_get(obj, key);
     if (!v)

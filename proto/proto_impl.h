@@ -34,11 +34,6 @@ int px_buf_append(const char *bytes, size_t size, void *data);
 
 /* ------------------------------------------------------------ UTF-8 */
 
-/* Decodes one scalar at s[i]: returns the bytes it spans (>= 1) and sets *state
- * to 1 (well-formed), 0 (ill-formed: replace those bytes by one U+FFFD) or 2
- * (a well-formed prefix cut by the end of the buffer). */
-size_t px_utf8_step(const unsigned char *s, size_t len, size_t i, int *state);
-
 /* ---------------------------------------------------------- building */
 
 /* A JSON string of s[0..len) made valid UTF-8 (NULL s -> ""). New reference or
@@ -68,8 +63,6 @@ json_t *px_get(json_t *obj, const char *key);
 
 /* Field readers: return 0 when read, 1 when absent (out untouched), <0 on error
  * (err set, naming `key`). */
-int px_read_number(json_t *obj, const char *key, double lo, double hi, int lo_open,
-                   const char *range_text, double *out, proto_error_t *err);
 int px_read_int(json_t *obj, const char *key, int64_t lo, int64_t hi, const char *range_text,
                 int64_t *out, proto_error_t *err);
 int px_read_bool(json_t *obj, const char *key, int *out, proto_error_t *err);
@@ -110,9 +103,6 @@ void px_tools_free(proto_tool_t *t, size_t n);
 
 /* ------------------------------------------------------ response parts */
 
-json_t *px_usage(const proto_usage_t *u, int with_total);
-json_t *px_completion_logprobs(const proto_choice_t *c);
 json_t *px_chat_logprob_entry(const proto_token_logprob_t *t);
-json_t *px_timings(const proto_timings_t *t, const proto_usage_t *u);
 
 #endif

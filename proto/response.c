@@ -20,7 +20,7 @@ static json_t *fail_tree(json_t *root)
     return NULL;
 }
 
-json_t *px_usage(const proto_usage_t *u, int with_total)
+static json_t *px_usage(const proto_usage_t *u, int with_total)
 {
     json_t *o = json_object();
     int bad = 0;
@@ -68,7 +68,7 @@ static json_t *piece_key(const char *s, size_t len)
 }
 
 /* The legacy completions shape: parallel arrays over the choice's tokens. */
-json_t *px_completion_logprobs(const proto_choice_t *c)
+static json_t *px_completion_logprobs(const proto_choice_t *c)
 {
     json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
            *offs = json_array();
@@ -413,7 +413,7 @@ static double per_second(int64_t tokens, double ms)
     return ms > 0 && isfinite(ms) ? (double)tokens * 1000.0 / ms : 0.0;
 }
 
-json_t *px_timings(const proto_timings_t *t, const proto_usage_t *u)
+static json_t *px_timings(const proto_timings_t *t, const proto_usage_t *u)
 {
     proto_timings_t zt = {0, 0, 0};
     proto_usage_t zu = {0, 0};

@@ -43,9 +43,12 @@ char *px_strndup(const char *s, size_t n)
     return d;
 }
 
-/* Unicode Table 3-7 (well-formed UTF-8): the lead byte fixes the length and
+/* Decodes one scalar at s[i]: returns the bytes it spans (>= 1) and sets *state
+ * to 1 (well-formed), 0 (ill-formed: replace those bytes by one U+FFFD) or 2
+ * (a well-formed prefix cut by the end of the buffer).
+ * Unicode Table 3-7 (well-formed UTF-8): the lead byte fixes the length and
  * the allowed range of the second byte; later bytes are always 80..BF. */
-size_t px_utf8_step(const unsigned char *s, size_t len, size_t i, int *state)
+static size_t px_utf8_step(const unsigned char *s, size_t len, size_t i, int *state)
 {
     unsigned char b = s[i];
     size_t need;

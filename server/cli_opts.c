@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-void srv_opts_help(const char *cmd, const char *usage, const srv_opt_t *opts, size_t n)
+/* The --help text of a subcommand, to stdout. */
+static void srv_opts_help(const char *cmd, const char *usage, const srv_opt_t *opts, size_t n)
 {
     printf("usage: darkserve %s %s\n\noptions:\n", cmd, usage);
     for (size_t i = 0; i < n; i++) {

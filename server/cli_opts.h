@@ -32,6 +32,5 @@ typedef struct srv_opt {
  * (help already printed to stdout), or -1 after printing an error to stderr. */
 int srv_opts_parse(const char *cmd, const char *usage, const srv_opt_t *opts, size_t n, int argc,
                    char **argv, const char **pos, int max_pos, int *n_pos);
-void srv_opts_help(const char *cmd, const char *usage, const srv_opt_t *opts, size_t n);
 
 #endif

@@ -610,7 +610,8 @@ static int validate(srv_config_t *cfg, char *err, size_t errlen)
     return 0;
 }
 
-void srv_config_init(srv_config_t *cfg)
+/* Zeroes cfg (no allocation). srv_config_free on a zeroed struct is a no-op. */
+static void srv_config_init(srv_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
 }

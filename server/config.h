@@ -137,9 +137,6 @@ typedef struct srv_config {
     unsigned char source[SRV_CFG_MAX_OPTS]; /* srv_cfg_source_t per table entry */
 } srv_config_t;
 
-/* Zeroes cfg (no allocation). srv_config_free on a zeroed struct is a no-op. */
-void srv_config_init(srv_config_t *cfg);
-
 /* Fills cfg from defaults, then the environment, then argv[0..argc) (the
  * arguments after the subcommand name; argv[0] is an option, not a program
  * name), then validates. envp: NULL-terminated "NAME=value" array, or NULL
