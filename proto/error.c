@@ -24,24 +24,6 @@ static const errkind_row_t *errkind_row(proto_errkind_t kind)
     return &errkind_rows[kind];
 }
 
-int proto_errkind_status(proto_errkind_t kind)
-{
-    const errkind_row_t *r = errkind_row(kind);
-    return r ? r->status : 500;
-}
-
-const char *proto_errkind_type(proto_errkind_t kind)
-{
-    const errkind_row_t *r = errkind_row(kind);
-    return r ? r->type : NULL;
-}
-
-const char *proto_errkind_code(proto_errkind_t kind)
-{
-    const errkind_row_t *r = errkind_row(kind);
-    return r ? r->code : NULL;
-}
-
 int proto_error_set(proto_error_t *err, proto_errkind_t kind, const char *param,
                     const char *fmt, ...)
 {

@@ -136,11 +136,6 @@ typedef struct proto_error {
 int proto_error_set(proto_error_t *err, proto_errkind_t kind, const char *param,
                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-/* Static row of the table; NULL for an out-of-range kind. */
-int proto_errkind_status(proto_errkind_t kind);
-const char *proto_errkind_type(proto_errkind_t kind);
-const char *proto_errkind_code(proto_errkind_t kind);
-
 /* {"error":{"message":...,"type":...,"param":...|null,"code":...|null}}.
  * err is borrowed. Returns new text (proto_free) or NULL (out of memory). */
 char *proto_error_json(const proto_error_t *err);
@@ -503,12 +498,10 @@ char *proto_completion_chunk_json(const proto_resp_meta_t *meta, const proto_cho
 
 /* {"id","object":"chat.completion","created","model","choices":[{"index",
  * "message":{"role":"assistant","content"},"logprobs":{"content":[...]}|null,
- * "finish_reason"}],"usage":{...}} */
-char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
-                      size_t n_choices, const proto_usage_t *usage);
-/* The same with tools[n_choices] (NULL = none): a choice with calls gets
- * "message.tool_calls" [{"id","type":"function","function":{"name",
- * "arguments"}}], and "content": null when its text is empty. */
+ * "finish_reason"}],"usage":{...}}. With tools[n_choices] (NULL = none) a
+ * choice with calls gets "message.tool_calls" [{"id","type":"function",
+ * "function":{"name","arguments"}}], and "content": null when its text is
+ * empty. */
 char *proto_chat_tools_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
                             const proto_choice_tools_t *tools, size_t n_choices,
                             const proto_usage_t *usage);
@@ -600,23 +593,18 @@ char *proto_usage_cached_json(const char *json, int64_t cached_tokens);
 
 /* {"done":true,"finish_reason","usage":{"prompt_tokens","completion_tokens"},
  * "timings":{"queue_ms","prompt_ms","generation_ms","prompt_tokens_per_second",
- * "generation_tokens_per_second"}} */
-char *proto_generate_done_json(const char *finish_reason, const proto_usage_t *usage,
-                               const proto_timings_t *timings);
-/* The same with "session": the full session object after the request
- * (session generate and regenerate); session NULL = as above. */
+ * "generation_tokens_per_second"}}, plus "session": the full session object
+ * after the request (session generate and regenerate) when session is not
+ * NULL. */
 char *proto_generate_done_session_json(const char *finish_reason, const proto_usage_t *usage,
                                        const proto_timings_t *timings,
                                        const proto_session_info_t *session);
 
 /* Non-stream generate: {"id","text","tokens":[ids],"finish_reason","usage",
  * "timings"} plus "logprobs":[{"token","id","logprob","bytes","top_logprobs"}]
- * when lps != NULL. id is the session id; tokens[n_tokens], lps[n_tokens]. */
-char *proto_generate_json(const char *id, const char *text, size_t text_len,
-                          const int32_t *tokens, size_t n_tokens,
-                          const proto_token_logprob_t *lps, const char *finish_reason,
-                          const proto_usage_t *usage, const proto_timings_t *timings);
-/* The same with "session" (see proto_generate_done_session_json). */
+ * when lps != NULL, and "session" when session is not NULL (see
+ * proto_generate_done_session_json). id is the session id;
+ * tokens[n_tokens], lps[n_tokens]. */
 char *proto_generate_session_json(const char *id, const char *text, size_t text_len,
                                   const int32_t *tokens, size_t n_tokens,
                                   const proto_token_logprob_t *lps, const char *finish_reason,

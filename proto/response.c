@@ -227,12 +227,6 @@ static json_t *tool_calls_json(const proto_tool_call_t *calls, size_t n, int wit
     return bad ? fail_tree(a) : a;
 }
 
-char *proto_chat_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
-                      size_t n_choices, const proto_usage_t *usage)
-{
-    return proto_chat_tools_json(meta, choices, NULL, n_choices, usage);
-}
-
 char *proto_chat_tools_json(const proto_resp_meta_t *meta, const proto_choice_t *choices,
                             const proto_choice_tools_t *tools, size_t n_choices,
                             const proto_usage_t *usage)
@@ -478,21 +472,6 @@ char *proto_generate_done_session_json(const char *finish_reason, const proto_us
     if (session)
         bad |= json_object_set_new(o, "session", session_obj(session, 1));
     return bad ? (json_decref(o), NULL) : px_dump(o);
-}
-
-char *proto_generate_done_json(const char *finish_reason, const proto_usage_t *usage,
-                               const proto_timings_t *timings)
-{
-    return proto_generate_done_session_json(finish_reason, usage, timings, NULL);
-}
-
-char *proto_generate_json(const char *id, const char *text, size_t text_len,
-                          const int32_t *tokens, size_t n_tokens,
-                          const proto_token_logprob_t *lps, const char *finish_reason,
-                          const proto_usage_t *usage, const proto_timings_t *timings)
-{
-    return proto_generate_session_json(id, text, text_len, tokens, n_tokens, lps, finish_reason,
-                                       usage, timings, NULL);
 }
 
 char *proto_generate_session_json(const char *id, const char *text, size_t text_len,

@@ -1815,21 +1815,6 @@ int proto_schema_grammar(json_t *schema, const char *path, const char *param, ch
     return rc;
 }
 
-int proto_schema_grammar_text(const char *text, size_t len, const char *path, const char *param,
-                              char **out, size_t *out_len, proto_error_t *err)
-{
-    json_error_t je;
-    *out = NULL;
-    *out_len = 0;
-    json_t *s = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
-    if (!s)
-        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param,
-                               "%s: the schema is not valid JSON: %s", path, je.text);
-    int rc = proto_schema_grammar(s, path, param, out, out_len, err);
-    json_decref(s);
-    return rc;
-}
-
 int proto_schema_object_grammar(char **out, size_t *out_len, proto_error_t *err)
 {
     json_t *s = json_pack("{s:s}", "type", "object");

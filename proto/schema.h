@@ -39,10 +39,6 @@
 int proto_schema_grammar(json_t *schema, const char *path, const char *param, char **out,
                          size_t *out_len, proto_error_t *err);
 
-/* The same for a schema given as JSON text text[0..len) (borrowed). */
-int proto_schema_grammar_text(const char *text, size_t len, const char *path, const char *param,
-                              char **out, size_t *out_len, proto_error_t *err);
-
 /* Grammar text of any JSON object (`{"type": "json_object"}`, Ollama's
  * "json"), values nested at most PROTO_SCHEMA_ANY_DEPTH levels. */
 int proto_schema_object_grammar(char **out, size_t *out_len, proto_error_t *err);

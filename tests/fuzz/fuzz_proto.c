@@ -83,10 +83,10 @@ static void build_with_text(const char *text, size_t len)
     proto_gen_token_t t = {text, len, 1, &lp};
     int32_t id = 1;
     require_json(proto_completion_json(&meta, &c, 1, &u));
-    require_json(proto_chat_json(&meta, &c, 1, &u));
+    require_json(proto_chat_tools_json(&meta, &c, NULL, 1, &u));
     require_json(proto_chat_chunk_json(&meta, &c, 1, NULL));
     require_json(proto_generate_token_json(&t));
-    require_json(proto_generate_json("id", text, len, &id, 1, &lp, "stop", &u, NULL));
+    require_json(proto_generate_session_json("id", text, len, &id, 1, &lp, "stop", &u, NULL, NULL));
     require_json(proto_tokenize_json(&id, 1, &text, &len));
     require_json(proto_detokenize_json(text, len));
 }

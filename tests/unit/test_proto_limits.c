@@ -295,7 +295,7 @@ static int op_builders(void)
     size_t n = 0, fl;
     outs[n++] = proto_completion_json(&meta, &ch, 1, &u);
     outs[n++] = proto_completion_chunk_json(&meta, &ch, &u);
-    outs[n++] = proto_chat_json(&meta, &ch, 1, &u);
+    outs[n++] = proto_chat_tools_json(&meta, &ch, NULL, 1, &u);
     outs[n++] = proto_chat_chunk_json(&meta, &ch, 1, &u);
     outs[n++] = proto_session_json(&si, 1);
     outs[n++] = proto_session_list_json(&si, 1, 1);

@@ -116,11 +116,13 @@ TEST(error_table_matches_contract)
         CHECK_INT_EQ(e.status, want[i].status);
         CHECK_STR_EQ(e.type, want[i].type);
         CHECK_STR_EQ(e.code, want[i].code);
-        CHECK_INT_EQ(proto_errkind_status(want[i].kind), want[i].status);
-        CHECK_STR_EQ(proto_errkind_type(want[i].kind), want[i].type);
-        CHECK_STR_EQ(proto_errkind_code(want[i].kind), want[i].code);
     }
-    CHECK(proto_errkind_type((proto_errkind_t)999) == NULL);
+    /* a kind outside the table is the internal error's row */
+    proto_error_t ex;
+    CHECK_INT_EQ(proto_error_set(&ex, (proto_errkind_t)999, NULL, "x"), PROTO_ENOMEM);
+    CHECK_INT_EQ(ex.status, 500);
+    CHECK_STR_EQ(ex.type, "server_error");
+    CHECK_STR_EQ(ex.code, "internal_error");
     CHECK_INT_EQ(proto_error_set(NULL, PROTO_ERR_NOT_FOUND, "x", "y"), PROTO_EINVAL);
 }
 
@@ -283,7 +285,8 @@ TEST(system_fingerprint_in_every_shape)
     proto_usage_t u = {1, 1};
     char *s[5] = {proto_completion_json(&meta, &c, 1, &u),
                   proto_completion_chunk_json(&meta, &c, NULL),
-                  proto_chat_json(&meta, &c, 1, &u), proto_chat_chunk_json(&meta, &c, 1, NULL),
+                  proto_chat_tools_json(&meta, &c, NULL, 1, &u),
+                  proto_chat_chunk_json(&meta, &c, 1, NULL),
                   proto_chat_chunk_json(&meta, NULL, 0, &u)};
     for (int i = 0; i < 5; i++) {
         json_t *j = parse(s[i]);
@@ -300,7 +303,7 @@ TEST(chat_response_shape)
     proto_resp_meta_t meta = {"chatcmpl-1", 42, "smollm2", NULL};
     proto_choice_t c = {0, "Hi!", 3, "stop", 1, lps0, 2};
     proto_usage_t u = {10, 2};
-    char *s = proto_chat_json(&meta, &c, 1, &u);
+    char *s = proto_chat_tools_json(&meta, &c, NULL, 1, &u);
     json_t *j = parse(s);
     check_shape(j, "chat", "id:s", "object:s", "created:i", "model:s", "choices:a", "usage:o",
                 NULL);
@@ -566,7 +569,7 @@ TEST(generate_lines)
 
     proto_usage_t u = {10, 20};
     proto_timings_t tm = {1.5, 100.0, 400.0};
-    s = proto_generate_done_json("stop", &u, &tm);
+    s = proto_generate_done_session_json("stop", &u, &tm, NULL);
     j = parse(s);
     check_shape(j, "done", "done:b", "finish_reason:s", "usage:o", "timings:o", NULL);
     CHECK(json_is_true(json_object_get(j, "done")));
@@ -582,7 +585,7 @@ TEST(generate_lines)
 
     /* zero durations and NaN: rates are 0, never inf/NaN */
     proto_timings_t tz = {NAN, 0, 0};
-    s = proto_generate_done_json(NULL, &u, &tz);
+    s = proto_generate_done_session_json(NULL, &u, &tz, NULL);
     j = parse(s);
     CHECK(json_is_null(json_object_get(j, "finish_reason")));
     CHECK_NEAR(nget(json_object_get(j, "timings"), "queue_ms"), 0, 0);
@@ -596,8 +599,8 @@ TEST(generate_nonstream)
     int32_t ids[2] = {100, 200};
     proto_usage_t u = {5, 2};
     proto_timings_t tm = {0, 10, 20};
-    char *s = proto_generate_json("0123456789abcdef0123456789abcdef", "Hello wor\xe2\x82", 11, ids,
-                                  2, NULL, "length", &u, &tm);
+    char *s = proto_generate_session_json("0123456789abcdef0123456789abcdef", "Hello wor\xe2\x82",
+                                          11, ids, 2, NULL, "length", &u, &tm, NULL);
     json_t *j = parse(s);
     check_shape(j, "generate", "id:s", "text:s", "tokens:a", "finish_reason:s", "usage:o",
                 "timings:o", NULL);
@@ -606,7 +609,7 @@ TEST(generate_nonstream)
     json_decref(j);
     proto_free(s);
 
-    s = proto_generate_json("id", "x", 1, ids, 2, lps0, "stop", &u, &tm);
+    s = proto_generate_session_json("id", "x", 1, ids, 2, lps0, "stop", &u, &tm, NULL);
     j = parse(s);
     check_shape(j, "generate+lp", "id:s", "text:s", "tokens:a", "finish_reason:s", "usage:o",
                 "timings:o", "logprobs:a", NULL);

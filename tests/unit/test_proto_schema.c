@@ -11,14 +11,21 @@
 #include "proto/schema.h"
 #include "tests/unit/check.h"
 
-/* The converter's answer for schema text s: 0 and the grammar in *g, or
- * the error in *e. */
+/* The converter's answer for schema text s (JSON; the server hands over the
+ * value it parsed from the request): 0 and the grammar in *g, or the error
+ * in *e. */
 static int convert(const char *s, char **g, proto_error_t *e)
 {
     size_t n = 0;
     *g = NULL;
     memset(e, 0, sizeof *e);
-    return proto_schema_grammar_text(s, strlen(s), "S", "param", g, &n, e);
+    json_t *schema = json_loads(s, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, NULL);
+    CHECK_MSG(schema != NULL, "the test's schema is not JSON: %s", s);
+    if (!schema)
+        return -1;
+    int rc = proto_schema_grammar(schema, "S", "param", g, &n, e);
+    json_decref(schema);
+    return rc;
 }
 
 TEST(refusals_name_keyword_and_path)
@@ -96,7 +103,6 @@ TEST(refusals_name_keyword_and_path)
         {"{\"$defs\":{\"a\":{\"type\":\"string\",\"format\":\"hostname\"}},\"type\":\"array\","
          "\"items\":{\"$ref\":\"#/$defs/a\"}}",
          "S.items(#/$defs/a): 'format' 'hostname' is not supported"},
-        {"{\"type\":", "the schema is not valid JSON"},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         char *g;
