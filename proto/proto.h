@@ -763,17 +763,9 @@ char *proto_frame_error(proto_stream_format_t fmt, const proto_error_t *err, siz
 
 /* ------------------------------------------------------------ UTF-8 */
 
-/* 1 when s[0..len) is well-formed UTF-8 (NUL bytes allowed). */
-int proto_utf8_valid(const char *s, size_t len);
-
 /* New copy of s[0..len) with every ill-formed sequence replaced by U+FFFD
  * (maximal subparts, as Unicode §3.9 recommends) and a NUL terminator;
  * *out_len gets the length. NULL when out of memory. */
 char *proto_utf8_sanitize(const char *s, size_t len, size_t *out_len);
-
-/* Length of the longest prefix of s[0..len) that does not end inside an
- * incomplete (but so far valid) multibyte sequence: a streamer emits that
- * much and keeps the rest for the next token. */
-size_t proto_utf8_complete_prefix(const char *s, size_t len);
 
 #endif

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "proto/proto_impl.h"
+#include "proto/proto_test.h"
 
 void *px_malloc(size_t n)
 {

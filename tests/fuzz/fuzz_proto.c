@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "proto/proto.h"
+#include "proto/proto_test.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "proto/proto.h"
+#include "proto/proto_test.h"
 #include "tests/unit/check.h"
 
 /* ------------------------------------------------------- views of structs */
