@@ -16,6 +16,7 @@
 
 #include "core/rng.h"
 #include "server/engine_impl.h"
+#include "server/engine_test.h"
 #include "server/log.h"
 
 #include <errno.h>

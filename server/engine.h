@@ -109,8 +109,8 @@
  * Both run for every accepted job, also after srv_job_release, so ud must
  * stay valid until on_done has run. They must not block (a blocking callback
  * stalls every sequence: persist state on another thread, e.g. the loop
- * thread seeing DONE) and may call only srv_job_pop, srv_job_done,
- * srv_job_result, srv_job_release and srv_engine_cancel (never stop/free).
+ * thread seeing DONE) and may call only srv_job_pop, srv_job_result,
+ * srv_job_release and srv_engine_cancel (never stop/free).
  * uv_async_send is the intended body of notify. During srv_engine_stop the
  * callbacks run while the stopping thread waits in the join, so they must
  * not wait for that thread either.
@@ -341,11 +341,6 @@ void srv_engine_cancel(srv_job_t *job);
 
 /* Any thread, non-blocking: stop accepting jobs (see "Shutdown"). */
 void srv_engine_drain(srv_engine_t *e);
-/* Any thread. hold = 1: jobs are still accepted but none is admitted to run
- * (running ones continue) until hold = 0. Admin "pause"; tests use it to
- * make several jobs start in the same step. Deadlines and cancellation still
- * apply to held jobs; stop() releases the hold. */
-void srv_engine_hold(srv_engine_t *e, int hold);
 /* Blocking; see "Shutdown". Not from the scheduler thread (a callback). */
 void srv_engine_stop(srv_engine_t *e, int64_t deadline_ns);
 /* NULL is a no-op. */
@@ -356,14 +351,9 @@ void srv_engine_free(srv_engine_t *e);
 /* Pops the oldest event: returns 1 and *ev (owned by the caller), or 0 when
  * the queue is empty. Never blocks. */
 int srv_job_pop(srv_job_t *job, srv_event_t **ev);
-/* Blocks until the job has an event to pop or timeout_ms passes (< 0 = no
- * limit). Returns 1 if an event is ready, 0 on timeout. For threads that may
- * block (tests, the CLI); the loop thread uses notify. */
-int srv_job_wait(srv_job_t *job, int64_t timeout_ms);
-/* 1 once DONE was queued (the context is back with its owner). */
-int srv_job_done(srv_job_t *job);
-/* The job's result; NULL before DONE. Borrowed from the job (valid until
- * the caller's reference is released). */
+/* The job's result; NULL before DONE (non-NULL once DONE was queued: the
+ * context is back with its owner). Borrowed from the job (valid until the
+ * caller's reference is released). */
 const srv_job_result_t *srv_job_result(srv_job_t *job);
 /* After DONE: the state copy of spec.snap_at[k] (owned by the caller from
  * now on; a second call gives NULL), or NULL when the job did not reach

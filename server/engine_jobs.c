@@ -7,6 +7,7 @@
 #include "server/engine.h"
 
 #include "server/engine_impl.h"
+#include "server/engine_test.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -279,7 +280,8 @@ int srv_job_wait(srv_job_t *job, int64_t timeout_ms)
     return ready;
 }
 
-int srv_job_done(srv_job_t *job)
+/* 1 once DONE was queued (the context is back with its owner). */
+static int srv_job_done(srv_job_t *job)
 {
     srv_engine_t *E = job->e;
     pthread_mutex_lock(&E->mu);
