@@ -296,7 +296,9 @@ static int parse_scaled(const char *s, const unit_t *units, int64_t *out)
     return 0;
 }
 
-int srv_config_parse_size(const char *s, int64_t *out)
+/* Size and duration values of the table (SIZE, DURATION): 0 and *out, or -1
+ * on a syntax error or overflow. */
+static int srv_config_parse_size(const char *s, int64_t *out)
 {
     static const unit_t units[] = {
         {"b", 1},      {"k", KIB},      {"kb", KIB}, {"kib", KIB}, {"m", MIB},
@@ -306,7 +308,7 @@ int srv_config_parse_size(const char *s, int64_t *out)
     return parse_scaled(s, units, out);
 }
 
-int srv_config_parse_duration(const char *s, int64_t *out)
+static int srv_config_parse_duration(const char *s, int64_t *out)
 {
     static const unit_t units[] = {
         {"s", 1}, {"m", 60}, {"h", 3600}, {"d", DAY}, {NULL, 0},

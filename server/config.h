@@ -156,9 +156,4 @@ void srv_config_help(FILE *f);
  * option; secrets are masked. */
 void srv_config_print(const srv_config_t *cfg, FILE *f);
 
-/* Size/duration parsers used by the table (exposed for tests and reuse).
- * Return 0 and *out, or -1 on syntax error or overflow. */
-int srv_config_parse_size(const char *s, int64_t *out);
-int srv_config_parse_duration(const char *s, int64_t *out);
-
 #endif

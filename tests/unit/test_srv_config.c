@@ -132,38 +132,55 @@ TEST(test_flags_and_env)
     srv_config_free(&c);
 }
 
+/* What the option table makes of s as the value of flag: --max-state-memory
+ * (a size in [0, 1024T]) or --session-ttl (a duration in [0, 3650d]). 0 and
+ * the option's value in *v, or -1 when s was refused as no size / duration
+ * (syntax or overflow, not the option's range). */
+static int scaled(const char *flag, const char *s, int64_t *v)
+{
+    srv_config_t c;
+    char err[256];
+    if (parse(&c, no_env, err, sizeof err, (char *)flag, (char *)s, NULL) == 0) {
+        *v = strcmp(flag, "--session-ttl") == 0 ? c.session_ttl_s : c.max_state_memory;
+        srv_config_free(&c);
+        return 0;
+    }
+    CHECK_MSG(strstr(err, " expects a ") != NULL, "%s '%s': %s", flag, s, err);
+    return -1;
+}
+
 TEST(test_sizes_and_durations)
 {
     int64_t v = 0;
-    CHECK_INT_EQ(srv_config_parse_size("512K", &v), 0);
+    CHECK_INT_EQ(scaled("--max-state-memory", "512K", &v), 0);
     CHECK_INT_EQ(v, 524288);
-    CHECK_INT_EQ(srv_config_parse_size("1M", &v), 0);
+    CHECK_INT_EQ(scaled("--max-state-memory", "1M", &v), 0);
     CHECK_INT_EQ(v, 1048576);
-    CHECK_INT_EQ(srv_config_parse_size("2mb", &v), 0);
+    CHECK_INT_EQ(scaled("--max-state-memory", "2mb", &v), 0);
     CHECK_INT_EQ(v, 2097152);
-    CHECK_INT_EQ(srv_config_parse_size("3GiB", &v), 0);
+    CHECK_INT_EQ(scaled("--max-state-memory", "3GiB", &v), 0);
     CHECK_INT_EQ(v, INT64_C(3221225472));
-    CHECK_INT_EQ(srv_config_parse_size("100", &v), 0);
+    CHECK_INT_EQ(scaled("--max-state-memory", "100", &v), 0);
     CHECK_INT_EQ(v, 100);
-    CHECK_INT_EQ(srv_config_parse_size("1X", &v), -1);
-    CHECK_INT_EQ(srv_config_parse_size("-1", &v), -1);
-    CHECK_INT_EQ(srv_config_parse_size("", &v), -1);
-    CHECK_INT_EQ(srv_config_parse_size(" 1", &v), -1);
-    CHECK_INT_EQ(srv_config_parse_size("1.5M", &v), -1);
-    CHECK_INT_EQ(srv_config_parse_size("9000000000T", &v), -1); /* overflow */
-    CHECK_INT_EQ(srv_config_parse_size("99999999999999999999", &v), -1);
-    CHECK_INT_EQ(srv_config_parse_duration("30", &v), 0);
+    CHECK_INT_EQ(scaled("--max-state-memory", "1X", &v), -1);
+    CHECK_INT_EQ(scaled("--max-state-memory", "-1", &v), -1);
+    CHECK_INT_EQ(scaled("--max-state-memory", "", &v), -1);
+    CHECK_INT_EQ(scaled("--max-state-memory", " 1", &v), -1);
+    CHECK_INT_EQ(scaled("--max-state-memory", "1.5M", &v), -1);
+    CHECK_INT_EQ(scaled("--max-state-memory", "9000000000T", &v), -1); /* overflow */
+    CHECK_INT_EQ(scaled("--max-state-memory", "99999999999999999999", &v), -1);
+    CHECK_INT_EQ(scaled("--session-ttl", "30", &v), 0);
     CHECK_INT_EQ(v, 30);
-    CHECK_INT_EQ(srv_config_parse_duration("30s", &v), 0);
+    CHECK_INT_EQ(scaled("--session-ttl", "30s", &v), 0);
     CHECK_INT_EQ(v, 30);
-    CHECK_INT_EQ(srv_config_parse_duration("5m", &v), 0);
+    CHECK_INT_EQ(scaled("--session-ttl", "5m", &v), 0);
     CHECK_INT_EQ(v, 300);
-    CHECK_INT_EQ(srv_config_parse_duration("2h", &v), 0);
+    CHECK_INT_EQ(scaled("--session-ttl", "2h", &v), 0);
     CHECK_INT_EQ(v, 7200);
-    CHECK_INT_EQ(srv_config_parse_duration("1d", &v), 0);
+    CHECK_INT_EQ(scaled("--session-ttl", "1d", &v), 0);
     CHECK_INT_EQ(v, 86400);
-    CHECK_INT_EQ(srv_config_parse_duration("5ms", &v), -1);
-    CHECK_INT_EQ(srv_config_parse_duration("1w", &v), -1);
+    CHECK_INT_EQ(scaled("--session-ttl", "5ms", &v), -1);
+    CHECK_INT_EQ(scaled("--session-ttl", "1w", &v), -1);
 
     srv_config_t c;
     char err[256];
