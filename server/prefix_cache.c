@@ -3,6 +3,7 @@
  * use order for eviction, and the sorted set of key lengths the lookup
  * hashes a prompt at. */
 #include "server/prefix_cache.h"
+#include "server/prefix_cache_test.h"
 
 #include "proto/proto.h"
 #include "server/sha256.h"

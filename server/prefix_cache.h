@@ -121,8 +121,6 @@ int srv_prefix_cache_insert(srv_prefix_cache_t *c, const int32_t *toks, size_t n
 int srv_prefix_cache_pin(srv_prefix_cache_t *c, srv_prefix_entry_t *e);
 /* Unpins e (it stays, now evictable, as the most recently used). */
 void srv_prefix_cache_unpin(srv_prefix_cache_t *c, srv_prefix_entry_t *e);
-/* Drops e and frees its value. */
-void srv_prefix_cache_remove(srv_prefix_cache_t *c, srv_prefix_entry_t *e);
 
 void srv_prefix_cache_stats(const srv_prefix_cache_t *c, srv_prefix_cache_stats_t *out);
 /* Iteration, most recently used first: next(c, NULL) is the first entry,

@@ -3,6 +3,7 @@
  * bound, pinning and its bounds, and keys that collide in the digest
  * (hash_bits cut to a few bits) told apart by their full token lists. */
 #include "server/prefix_cache.h"
+#include "server/prefix_cache_test.h"
 #include "tests/unit/check.h"
 
 #include <stdlib.h>
