@@ -16,6 +16,7 @@
  */
 #include "server/store.h"
 #include "server/store_impl.h"
+#include "server/store_test.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -1147,11 +1148,6 @@ void srv_session_set_has_chat(srv_session_t *s, int v)
     set_flag(s, &s->has_chat, v);
 }
 
-const char *srv_session_owner(const srv_session_t *s)
-{
-    return s->owner;
-}
-
 int srv_session_set_owner(srv_session_t *s, const char *owner, char *err, size_t errlen)
 {
     if (!owner || !srv_sess_owner_tag_valid(owner))
@@ -1168,11 +1164,6 @@ int srv_session_set_owner(srv_session_t *s, const char *owner, char *err, size_t
 int64_t srv_session_tokens(const srv_session_t *s)
 {
     return s->ctx.state ? srv_sess_ctx_tokens(&s->ctx) : s->tokens;
-}
-
-int64_t srv_session_turns(const srv_session_t *s)
-{
-    return s->turns;
 }
 
 int srv_session_last_turn(const srv_session_t *s, unsigned *flags, const int32_t **input, size_t *n)

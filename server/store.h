@@ -49,7 +49,7 @@
  * A *turn* is one request that adds to a session's history: the caller
  * opens it with srv_store_turn_begin on the held session before the engine
  * job that ingests or generates, and the release that writes the session
- * closes it (srv_store_turn_abort undoes it when no job ran). The session
+ * closes it (a release without persist undoes it when no job ran). The session
  * counts its turns (kept in its file) and remembers the last turn's input
  * (up to SRV_TURN_INPUT_MAX tokens) and whether it generated a reply, so
  * that the reply can be generated again (srv_store_redo_*).
@@ -345,10 +345,6 @@ size_t srv_store_max_export(const srv_store_t *st);
  * No I/O. SRV_STORE_EINVAL when a turn is already open. */
 int srv_store_turn_begin(srv_store_t *st, srv_session_t *s, const int32_t *input, size_t n,
                          unsigned flags, char *err, size_t errlen);
-/* Undoes srv_store_turn_begin (the turn's job was never submitted). The
- * server undoes a turn by releasing the session without persist instead;
- * this is the undo that keeps the session held (tests use it). */
-void srv_store_turn_abort(srv_store_t *st, srv_session_t *s);
 /* Takes session id back `n` turns (n >= 1) to its checkpoint after
  * turns - n turns: that checkpoint's file becomes the session's file
  * (renamed: nothing is written) and, when the session is in memory, its
@@ -406,24 +402,19 @@ int srv_store_health(srv_store_t *st, char *why, size_t n);
 int srv_session_id_valid(const char *id);
 
 /* ---- accessors for a session the caller holds (busy) ----
- * srv_session_has_chat, srv_session_turns and srv_session_owner have no
- * caller in the server (srv_store_info gives turns and owner of a session
- * not held); the unit tests read a held session through them. */
+ * (srv_store_info gives its turns and owner, held or not.) */
 
 const char *srv_session_id(const srv_session_t *s);      /* borrowed, NUL-terminated */
 srv_seq_ctx_t *srv_session_ctx(srv_session_t *s);        /* borrowed: state, sampler, pending */
 int srv_session_turn_open(const srv_session_t *s);        /* assistant turn open (chat continuation) */
 void srv_session_set_turn_open(srv_session_t *s, int open);
-int srv_session_has_chat(const srv_session_t *s);         /* conversation started with a chat render */
-void srv_session_set_has_chat(srv_session_t *s, int v);
+void srv_session_set_has_chat(srv_session_t *s, int v); /* conversation started with a chat render */
 int64_t srv_session_tokens(const srv_session_t *s);       /* state position + pending */
-int64_t srv_session_turns(const srv_session_t *s);        /* turns so far */
 /* The last turn's flags (SRV_TURN_*) and its input (*input borrowed, valid
  * while held; NULL and 0 when it was not kept). Returns 1 when the input
  * was kept, else 0. */
 int srv_session_last_turn(const srv_session_t *s, unsigned *flags, const int32_t **input,
                           size_t *n);
-const char *srv_session_owner(const srv_session_t *s);    /* borrowed; "" = none */
 /* Sets the owner tag (copied; "" or 32 lowercase hex chars, else EINVAL) and
  * marks the session changed. */
 int srv_session_set_owner(srv_session_t *s, const char *owner, char *err, size_t errlen);

@@ -85,7 +85,7 @@ struct srv_session {
     int turn_link;           /* its release links the file (the state before it) as a checkpoint */
     int64_t turns0, tokens0; /* at its start: the count, the history length */
     size_t bytes0;           /* and the blob size (of the file when it is current) */
-    unsigned prev_flags;     /* the last turn before it (srv_store_turn_abort) */
+    unsigned prev_flags;     /* the last turn before it (put back when it is undone) */
     int32_t *prev_in;
     size_t n_prev_in;
     /* a redo: the checkpoint read back (prep, for prep_turns turns), then

@@ -187,13 +187,6 @@ int srv_store_turn_begin(srv_store_t *st, srv_session_t *s, const int32_t *input
     return 0;
 }
 
-void srv_store_turn_abort(srv_store_t *st, srv_session_t *s)
-{
-    pthread_mutex_lock(&st->mu);
-    srv_sess_turn_end(st, s, 1);
-    pthread_mutex_unlock(&st->mu);
-}
-
 /* ---- rollback ---- */
 
 /* Caller holds mu and s: the checkpoint of s for `turn` turns (index *k),
