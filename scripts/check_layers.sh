@@ -40,10 +40,11 @@ for d in core proto server; do
 done
 # A *_test.h header declares what only tests and fuzz targets call: in the
 # layers, only the files that implement it include it.
-check server '([a-z]+/)?[a-z_]*_test\.h' 'a *_test.h header is for tests only' \
-    'server/http\.c|server/http_stream\.c|server/engine\.c|server/engine_jobs\.c|server/prefix_cache\.c|server/store\.c'
-check proto '([a-z]+/)?[a-z_]*_test\.h' 'a *_test.h header is for tests only' 'proto/util\.c'
-check core '([a-z]+/)?[a-z_]*_test\.h' 'a *_test.h header is for tests only'
+test_h='([a-z]+/)?[a-z_]*_test\.h'
+check server "$test_h" 'a *_test.h header is for tests only' \
+    'server/(http|http_stream|engine|engine_jobs|prefix_cache|store|store_redis)\.c'
+check proto "$test_h" 'a *_test.h header is for tests only' 'proto/util\.c'
+check core "$test_h" 'a *_test.h header is for tests only'
 
 if [ $bad -ne 0 ]; then
     echo "check-layers: FAILED"

@@ -141,29 +141,9 @@ int srv_store_redis_url_parse(const char *url, srv_store_redis_url_t *out, char 
  * --print-config). */
 void srv_store_redis_url_redact(const char *url, char *out, size_t n);
 
-/* The Redis keys of session id under namespace ns (the prefix every key of
- * one deployment shares: "darkserve:<16 hex of the model fingerprint>:"),
- * into out[n]: kind 's' the session's hash (blob and metadata), 'l' its
- * lease. Returns the length, or -1 when it does not fit. */
-int srv_store_redis_key(const char *ns, char kind, const char *id, char *out, size_t n);
 /* "darkserve:<first 16 hex of SHA-256 of fingerprint>:" into out[n]
  * (n >= 29): sessions of another model are another namespace. */
 void srv_store_redis_namespace(const char *fingerprint, char *out, size_t n);
-
-/* The metadata fields of a session hash, in the order the scripts and
- * srv_store_redis_meta_decode use them. */
-#define SRV_STORE_REDIS_META_FIELDS 7
-extern const char *const srv_store_redis_meta_names[SRV_STORE_REDIS_META_FIELDS];
-/* m as the decimal / text values of those fields into buf (caller-owned
- * [SRV_STORE_REDIS_META_FIELDS][32 + SRV_SESSION_OWNER_LEN]). */
-void srv_store_redis_meta_encode(const srv_store_meta_t *m,
-                                 char buf[SRV_STORE_REDIS_META_FIELDS][32 + SRV_SESSION_OWNER_LEN]);
-/* The fields' values v[i] (len[i] bytes; NULL = missing) back into *m.
- * Returns 0, or -1 when one is missing or malformed. */
-int srv_store_redis_meta_decode(const char *const *v, const size_t *len, srv_store_meta_t *m);
-/* A version as Redis holds it (decimal text of len bytes): 0 and *out, or
- * -1 (malformed, or 0). */
-int srv_store_redis_version_parse(const char *s, size_t len, uint64_t *out);
 
 typedef struct srv_store_redis_opts {
     const char *url;    /* borrowed: --session-store */

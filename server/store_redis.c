@@ -51,6 +51,7 @@
  * tried once more on a new one (which the scripts make safe).
  */
 #include "server/store_backend.h"
+#include "server/store_redis_test.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>

@@ -26,6 +26,7 @@
 #include "check.h"
 #include "server/store.h"
 #include "server/store_backend.h"
+#include "server/store_redis_test.h"
 
 /* The detail of the last store call that failed on the main thread (the
  * threads a test starts pass their own buffer or none). */
