@@ -9,6 +9,7 @@
  *                    encoding, or the end of the connection; interim 1xx
  *                    answers are skipped. Body bytes go to a callback as
  *                    they arrive (no buffering), so streams work.
+ *                    srv_hc_request reads every answer through it.
  *   srv_sse_*        a push parser for a text/event-stream body: "data:"
  *                    lines joined into one event per blank line; comments
  *                    (": ping") and other fields ignored.

@@ -235,7 +235,8 @@ void srv_http_process_pending(srv_http_t *h);
 /* server/http_route.c */
 /* Splits pattern ("/v1/sessions/{id}") into r's segments: 0, EINVAL for a
  * malformed pattern, ENOMEM; what was split is freed by
- * srv_http_route_clear either way. */
+ * srv_http_route_clear either way. srv_http_route registers a route
+ * through it; test_srv_http_route calls it directly. */
 int srv_http_route_parse(route_t *r, const char *pattern);
 /* Frees what route r owns (method, pattern, segment texts). */
 void srv_http_route_clear(route_t *r);
