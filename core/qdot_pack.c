@@ -48,7 +48,7 @@ enum {
     GB_Q4 = 320, /* bytes of one block of a group */
     GB_Q8 = 576,
     PACK_ACTS = 4, /* activation rows a pass over a block's weights serves */
-    PACK_PF = 4096 /* bytes prefetched ahead, as core/qdot_q8.c */
+    PACK_PF = 8192 /* bytes prefetched ahead (into L2) */
 };
 
 static int packs(int type)
@@ -142,8 +142,11 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
     for (int r = 0; r < R; r++)
         acc[r] = macc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, gp += gb) {
-        _mm_prefetch((const char *)gp + PACK_PF, _MM_HINT_T0);
-        _mm_prefetch((const char *)gp + PACK_PF + 256, _MM_HINT_T0);
+        /* every line of the block PACK_PF ahead, into L2: one thread alone
+         * then streams ~30% faster than with two lines into L1 (the line
+         * fill buffers stay free for the loads); with two threads the same */
+        for (size_t o = 0; o < gb; o += 64)
+            _mm_prefetch((const char *)gp + PACK_PF + o, _MM_HINT_T1);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp));
         if (type == CORE_TTYPE_Q8_0) {
             __m512i w[8];
