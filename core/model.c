@@ -55,6 +55,7 @@
 #include "core/pool.h"
 #include "core/qdot.h"
 #include "core/tensor.h"
+#include "core/vexp.h"
 
 enum {
     MODEL_MAX_OPS = 3,       /* weight matrices applied to one input (q, k, v) */
@@ -1207,6 +1208,50 @@ static void embed_row(core_model_t *m, int32_t id, float *dst)
     }
 }
 
+/* SwiGLU's product g = silu(g) * u = g / (1 + e^-g) * u over n floats, in
+ * chunks of MODEL_SILU_CHUNK on the pool when there are several (a prompt's
+ * rows; one decode row's 1,536 run on the caller). e^-g by core_exp_shifted,
+ * whose bits do not depend on where an element sits, so neither does g. */
+enum { MODEL_SILU_CHUNK = 2048 };
+typedef struct silu_run {
+    float *g;
+    const float *u;
+    int64_t n;
+    _Atomic int64_t next;
+} silu_run_t;
+
+static void silu_worker(void *ctx, int worker, int n_workers)
+{
+    (void)worker;
+    (void)n_workers;
+    silu_run_t *t = ctx;
+    float e[MODEL_SILU_CHUNK];
+    for (;;) {
+        const int64_t i0 = atomic_fetch_add_explicit(&t->next, MODEL_SILU_CHUNK,
+                                                     memory_order_relaxed);
+        if (i0 >= t->n)
+            return;
+        const int64_t len = t->n - i0 < MODEL_SILU_CHUNK ? t->n - i0 : MODEL_SILU_CHUNK;
+        float *g = t->g + i0;
+        const float *u = t->u + i0;
+        for (int64_t j = 0; j < len; j++)
+            e[j] = -g[j];
+        core_exp_shifted(e, len, 0.0, e);
+        for (int64_t j = 0; j < len; j++)
+            g[j] = g[j] / (1.0f + e[j]) * u[j];
+    }
+}
+
+static void swiglu(core_model_t *m, float *g, const float *u, int64_t n)
+{
+    silu_run_t t = {.g = g, .u = u, .n = n};
+    atomic_init(&t.next, 0);
+    if (n <= MODEL_SILU_CHUNK)
+        silu_worker(&t, 0, 1);
+    else
+        core_pool_run(m->pool, silu_worker, &t);
+}
+
 int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core_error_t *err)
 {
     int64_t T = 0;
@@ -1284,11 +1329,7 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         const wop_t gate_up[2] = {{&ly->w_gate, 0.0f, m->gate, FF},
                                   {&ly->w_up, 0.0f, m->up, FF}};
         matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, gate_up, 2);
-        const int64_t n = T * FF;
-        for (int64_t i = 0; i < n; i++) {
-            const float g = m->gate[i];
-            m->gate[i] = g / (1.0f + expf(-g)) * m->up[i];
-        }
+        swiglu(m, m->gate, m->up, T * FF);
         matmul(m, Td, FF, m->gate, FF, &ly->w_down, 1.0f, m->x, D);
     }
 
