@@ -139,8 +139,9 @@ def parse_bench_bw(out):
     return r
 
 
-def bandwidth(build, model, env):
-    rc, out, err = run([os.path.join(build, "tools", "bench_bw"), "--model", model], env=env)
+def bandwidth(build, model, env, extra=()):
+    rc, out, err = run([os.path.join(build, "tools", "bench_bw"), "--model", model] + list(extra),
+                       env=env)
     if rc != 0:
         raise RuntimeError(f"bench_bw failed ({rc}): {err.strip()}")
     r = parse_bench_bw(out)
@@ -228,19 +229,10 @@ def side_by_side(build, model, env, adapter):
     round's decode over its own probe's bound -> dict with the rounds."""
     rounds = []
     for _ in range(SIDE_ROUNDS):
-        rc, out, err = run([os.path.join(build, "tools", "bench_bw"), "--passes", "5",
-                            "--model", model], env=env)
-        if rc != 0:
-            raise RuntimeError(f"bench_bw failed ({rc}): {err.strip()}")
-        bw = parse_bench_bw(out)
-        big = [x for x in bw["rows"] if x["op"] == "read" and not x["note"]]
-        if not big or "weight_bytes" not in bw:
-            raise RuntimeError(f"bench_bw: unexpected output:\n{out}")
-        gbs = max(big, key=lambda x: x["threads"])["gbs"]
+        bw = bandwidth(build, model, env, ["--passes", "5"])
         d = decode(build, model, env, "darkformer", [SIDE_CTX], DECODE_TOKENS, adapter)[0]
-        bound = gbs * 1e9 / bw["weight_bytes"]
-        rounds.append({"gbs": gbs, "bound_tps": bound, "decode_tps": d["median"],
-                       "ratio": d["median"] / bound})
+        rounds.append({"gbs": bw["read_all"]["gbs"], "bound_tps": bw["bound_tps"],
+                       "decode_tps": d["median"], "ratio": d["median"] / bw["bound_tps"]})
     return {"ctx": SIDE_CTX, "rounds": rounds,
             "ratio": median([x["ratio"] for x in rounds])}
 
