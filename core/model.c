@@ -521,7 +521,7 @@ static int load_weights(core_model_t *m, core_error_t *err)
         const wmat_t *ws[] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv,
                               &m->layers[l].wo, &m->layers[l].w_gate, &m->layers[l].w_up,
                               &m->layers[l].w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->pk)
                 core_gguf_release(m->g, ws[i]->data, (size_t)ws[i]->rows * ws[i]->row_bytes);
     }

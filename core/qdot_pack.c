@@ -250,10 +250,10 @@ PACK_FN void panel_fill(int type, const unsigned char *gp, int64_t nb, float *pa
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp));
         float *out = panel + b * QB * PACK_ROWS;
         if (type == CORE_TTYPE_Q8_0) {
-            for (int t = 0; t < 8; t++) {
+            for (int64_t t = 0; t < 8; t++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
-                for (int j = 0; j < 4; j++) {
-                    const __m512i q = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24);
+                for (int64_t j = 0; j < 4; j++) {
+                    const __m512i q = _mm512_srai_epi32(_mm512_slli_epi32(v, (unsigned)(24 - 8 * j)), 24);
                     _mm512_store_ps(out + (4 * t + j) * PACK_ROWS,
                                     _mm512_mul_ps(dw, _mm512_cvtepi32_ps(q)));
                 }
@@ -262,10 +262,10 @@ PACK_FN void panel_fill(int type, const unsigned char *gp, int64_t nb, float *pa
         }
         const __m512 mw =
             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(gp + 32)));
-        for (int t = 0; t < 4; t++) {
+        for (int64_t t = 0; t < 4; t++) {
             const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
-            for (int h = 0; h < 2; h++) /* low nibbles: values 4t + j; high: 16 + 4t + j */
-                for (int j = 0; j < 4; j++) {
+            for (int64_t h = 0; h < 2; h++) /* low nibbles: values 4t + j; high: 16 + 4t + j */
+                for (int64_t j = 0; j < 4; j++) {
                     const __m512i q =
                         _mm512_and_si512(_mm512_srli_epi32(v, (unsigned)(8 * j + 4 * h)), m4);
                     const __m512 y =
@@ -308,7 +308,7 @@ PACK_FN void panel_rows(int R, int G, const float *a, int64_t lda, int64_t k,
         const int l1 = g == G - 1 ? l1_last : PACK_ROWS;
         const __mmask16 keep = (__mmask16)((1u << l1) - 1u);
         for (int r = 0; r < R; r++) {
-            float *cr = c + r * ldc + g * PACK_ROWS;
+            float *cr = c + r * ldc + (int64_t)g * PACK_ROWS;
             __m512 v = acc[g][r];
             if (beta != 0.0f)
                 v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(keep, cr), v);
@@ -319,7 +319,7 @@ PACK_FN void panel_rows(int R, int G, const float *a, int64_t lda, int64_t k,
 
 /* The register tiles the compiler keeps in registers: G and R constant. */
 #define PANEL_CASE(RR, GG)                                                                       \
-    case RR * 8 + GG: panel_rows(RR, GG, a, lda, k, panel, l1, beta, c, ldc); break;
+    case (RR) * 8 + (GG): panel_rows(RR, GG, a, lda, k, panel, l1, beta, c, ldc); break;
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
 panel_dispatch(int R, int G, const float *a, int64_t lda, int64_t k, const float *panel, int l1,
@@ -345,7 +345,7 @@ packed_f32(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *
     for (int64_t c0 = j0; c0 < j1; c0 += CORE_Q8_PANEL_ROWS) {
         const int64_t c1 = j1 - c0 < CORE_Q8_PANEL_ROWS ? j1 - c0 : CORE_Q8_PANEL_ROWS;
         const int G = (int)((c1 + PACK_ROWS - 1) / PACK_ROWS);
-        const int l1 = (int)(c1 - (G - 1) * PACK_ROWS);
+        const int l1 = (int)(c1 - (int64_t)(G - 1) * PACK_ROWS);
         for (int g = 0; g < G; g++)
             panel_fill(type, pk + (size_t)(c0 / PACK_ROWS + g) * gstride, nb,
                        panel + (size_t)g * (size_t)k * PACK_ROWS);
