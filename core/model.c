@@ -143,8 +143,7 @@ struct core_model {
     float *logits; /* [MODEL_LOGIT_ROWS][V] */
     float *wtile;  /* [pool threads][wtile_n] a dequantized weight tile per thread */
     size_t wtile_n; /* floats in one tile: max(the tile size asked for, the largest k) */
-    unsigned char *wbytes; /* [pool threads][wbytes_n] rows unpacked from a packed copy */
-    size_t wbytes_n;       /* bytes: CORE_Q8_PACK_ROWS rows of the widest packed matrix */
+    unsigned char *erow;   /* [tok_embd.row_bytes] an embedding row unpacked from output.pk */
     float *panel;          /* [pool threads][panel_n] 64-byte aligned: core_qmatmul_packed's */
     size_t panel_n;        /* floats: core_q8_panel_floats(the largest k) */
 
@@ -341,8 +340,10 @@ static int pack_matrix(core_model_t *m, wmat_t *w, core_error_t *err)
         return core_error_set(err, CORE_ENOMEM, "out of memory for %zu bytes of packed weights",
                               n);
     core_q8_pack(w->type, w->data, w->row_bytes, w->rows, w->k, w->pk);
-    /* Decode no longer reads the file's pages of w: out of the resident set
-     * until a prompt tile reads them again. */
+    /* Nothing reads the file's pages of w from now on (decode and prompts
+     * read pk, embeddings of a tied output too; compute_fingerprint ran
+     * before): out of the resident set. Only a product run with a forced
+     * lower ISA (tests) maps them in again. */
     core_gguf_release(m->g, w->data, (size_t)w->rows * w->row_bytes);
     return 0;
 }
@@ -514,19 +515,6 @@ static int load_weights(core_model_t *m, core_error_t *err)
     }
     if ((rc = pack_matrix(m, &m->output, err)) < 0)
         return rc;
-    /* Once more for all: reading one matrix maps its neighbours' pages in
-     * the file too (the kernel's fault-around), which may have been packed
-     * and released already (the file's order is not this one). */
-    for (int l = 0; l < in->n_layer; l++) {
-        const wmat_t *ws[] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv,
-                              &m->layers[l].wo, &m->layers[l].w_gate, &m->layers[l].w_up,
-                              &m->layers[l].w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            if (ws[i]->pk)
-                core_gguf_release(m->g, ws[i]->data, (size_t)ws[i]->rows * ws[i]->row_bytes);
-    }
-    if (m->output.pk)
-        core_gguf_release(m->g, m->output.data, (size_t)m->output.rows * m->output.row_bytes);
     return 0;
 }
 
@@ -700,7 +688,7 @@ void core_model_free(core_model_t *m)
     free(m->output.pk); /* tok_embd has none: it is packed only as the output */
     free(m->tok_embd.own);
     free(m->wtile);
-    free(m->wbytes);
+    free(m->erow);
     free(m->panel);
     free(m->out_norm);
     free(m->rope_inv_freq);
@@ -765,27 +753,25 @@ static int grow(void **p, size_t bytes)
 static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
 {
     const core_model_info_t *in = &m->info;
-    if (!m->lrows || !m->logits || !m->wtile || !m->wbytes || !m->panel) {
+    if (!m->lrows || !m->logits || !m->wtile || !m->erow || !m->panel) {
         free(m->lrows);
         free(m->logits);
         free(m->wtile);
-        free(m->wbytes);
+        free(m->erow);
         free(m->panel);
         int64_t kmax = in->n_embd > in->n_ff ? in->n_embd : in->n_ff;
         if ((int64_t)in->n_head * in->head_dim > kmax)
             kmax = (int64_t)in->n_head * in->head_dim;
         if ((int64_t)m->wtile_n < kmax)
             m->wtile_n = (size_t)kmax;
-        /* the widest block of a packing type is Q8_0's: 34 bytes for 32 values */
-        m->wbytes_n = (size_t)CORE_Q8_PACK_ROWS * ((size_t)kmax / CORE_Q8_BLOCK + 1) * 34;
         const size_t threads = (size_t)core_pool_size(m->pool);
         m->lrows = malloc((size_t)MODEL_LOGIT_ROWS * (size_t)in->n_embd * sizeof(float));
         m->logits = malloc((size_t)MODEL_LOGIT_ROWS * (size_t)in->n_vocab * sizeof(float));
         m->wtile = malloc(threads * m->wtile_n * sizeof(float));
-        m->wbytes = malloc(threads * m->wbytes_n);
+        m->erow = malloc(m->tok_embd.row_bytes ? m->tok_embd.row_bytes : 1);
         m->panel_n = core_q8_panel_floats(kmax); /* a multiple of 16 floats: 64 bytes */
         m->panel = aligned_alloc(64, threads * m->panel_n * sizeof(float));
-        if (!m->lrows || !m->logits || !m->wtile || !m->wbytes || !m->panel)
+        if (!m->lrows || !m->logits || !m->wtile || !m->erow || !m->panel)
             return core_error_set(err, CORE_ENOMEM, "out of memory for the logits scratch");
     }
     if (T <= m->cap_rows)
@@ -945,18 +931,9 @@ static void tiles_worker(void *ctx, int worker, int n_workers)
         if (j0 >= w->rows)
             return;
         const int64_t nj = w->rows - j0 < t->tile ? w->rows - j0 : t->tile;
-        if (w->pk)
-            /* the packed copy's bytes, not the file's: prompts then leave the
-             * mapping's pages unread (out of the resident set, pack_matrix) */
-            for (int64_t r = 0; r < nj; r += CORE_Q8_PACK_ROWS) {
-                const int64_t nr = nj - r < CORE_Q8_PACK_ROWS ? nj - r : CORE_Q8_PACK_ROWS;
-                unsigned char *bytes = t->m->wbytes + (size_t)worker * t->m->wbytes_n;
-                core_q8_unpack(w->type, w->pk, k, j0 + r, nr, bytes);
-                core_qdot_dequant(w->type, bytes, buf + r * k, nr * k);
-            }
-        else /* rows are contiguous whole blocks: one call for the tile */
-            core_qdot_dequant(w->type, (const unsigned char *)w->data + (size_t)j0 * w->row_bytes,
-                              buf, nj * k);
+        /* rows are contiguous whole blocks: one call for the tile */
+        core_qdot_dequant(w->type, (const unsigned char *)w->data + (size_t)j0 * w->row_bytes,
+                          buf, nj * k);
         for (int64_t g = 0, r0 = t->Td; g < t->n_pre; r0 += t->pre_n[g], g++)
             if (t->pre_n[g] > MODEL_TILE_MIN_ROWS)
                 core_gemm_nt(t->pre_n[g], nj, k, 1.0f, t->a + r0 * t->lda, t->lda, buf, k,
@@ -1193,15 +1170,15 @@ static void compute_logits(core_model_t *m, core_batch_seq_t *seqs, int n_seqs)
 /* Row id of the embedding matrix as f32 into dst. When the output shares
  * tok_embd and has a packed copy, the row's bytes come from that copy (the
  * file's pages of the matrix stay out of the resident set, pack_matrix);
- * m->wbytes is free here, outside any pool run. */
+ * m->erow holds the unpacked bytes. */
 static void embed_row(core_model_t *m, int32_t id, float *dst)
 {
     const wmat_t *e = &m->tok_embd;
     if (e->w32) {
         memcpy(dst, e->w32 + (int64_t)id * e->k, (size_t)e->k * sizeof(float));
     } else if (m->info.tied_output && m->output.pk) {
-        core_q8_unpack(e->type, m->output.pk, e->k, id, 1, m->wbytes);
-        core_dequantize(e->type, m->wbytes, dst, e->k, NULL);
+        core_q8_unpack(e->type, m->output.pk, e->k, id, 1, m->erow);
+        core_dequantize(e->type, m->erow, dst, e->k, NULL);
     } else {
         core_dequantize(e->type, (const unsigned char *)e->data + (size_t)id * e->row_bytes, dst,
                         e->k, NULL);
