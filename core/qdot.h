@@ -181,7 +181,7 @@ void core_q8_pack(int type, const void *w, size_t row_bytes, int64_t rows, int64
 /* Rows [j0, j0 + n) of a matrix of k values per row packed by core_q8_pack,
  * written to dst in the type's own block layout (k / 32 blocks a row, rows
  * one after the other): the bytes core_q8_pack read, so that a packed copy
- * can stand in for the original weights (prompt tiles dequantize from it). */
+ * can stand in for the original weights (core/model.c's embedding rows). */
 void core_q8_unpack(int type, const void *pk, int64_t k, int64_t j0, int64_t n, void *dst);
 /* core_q8_matmul on packed weights pk (rows [j0, j1) of the matrix packed
  * with qa->k values per row). 0, or CORE_EINVAL when the type does not pack

@@ -260,8 +260,9 @@ PACK_FN void panel_fill(int type, const unsigned char *gp, int64_t nb, float *pa
             }
             continue;
         }
-        const __m512 mw =
-            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(gp + 32)));
+        const __m512 mw = type == CORE_TTYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                        (const __m256i *)(const void *)(gp + 32)))
+                                                  : _mm512_setzero_ps(); /* Q4_0: unused */
         for (int64_t t = 0; t < 4; t++) {
             const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
             for (int64_t h = 0; h < 2; h++) /* low nibbles: values 4t + j; high: 16 + 4t + j */
