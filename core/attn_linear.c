@@ -99,6 +99,7 @@
 #include "core/blas.h"
 #include "core/attn_linear.h"
 #include "core/features.h"
+#include "core/half.h"
 #include "core/le.h"
 #include "core/vexp.h"
 
@@ -137,11 +138,11 @@ typedef struct lin_state {
     void *z;             /* [L][Hkv][M] float or double */
     /* a KV head's window and sinks contiguous (the attention of one head
      * streams them; the payload orders them [rows][Hkv][Hd], see
-     * kv_rows_put) */
-    float *ring_k;       /* [L][Hkv][W][Hd], slot = position % W */
-    float *ring_v;       /* [L][Hkv][W][Hd] */
-    float *sink_k;       /* [L][Hkv][S][Hd], row = position (< S) */
-    float *sink_v;       /* [L][Hkv][S][Hd] */
+     * kv_rows_put), in half precision (core/half.h; kv_rows) */
+    uint16_t *ring_k;    /* [L][Hkv][W][Hd], slot = position % W */
+    uint16_t *ring_v;    /* [L][Hkv][W][Hd] */
+    uint16_t *sink_k;    /* [L][Hkv][S][Hd], row = position (< S) */
+    uint16_t *sink_v;    /* [L][Hkv][S][Hd] */
 } lin_state_t;
 
 /* Views into the scratch for one chunk of cn tokens, R = cn·(H/Hkv) query
@@ -163,6 +164,7 @@ typedef struct lin_scratch {
     float *ku;  /* [NI][Hd] keys before RoPE (prerope) */
     float *ks;  /* [S][Hd] sink keys moved next to the window (see chunk_forward) */
     float *es;  /* [R][S] their scores */
+    float *kvg; /* [NK][Hd] the exact keys, then their values, as floats */
     float *e;   /* [R][NK] exact weights */
     float *ev;  /* [R][Hd] exact numerators */
     double *qhn;  /* [R] |ŷ|²/2 of queries */
@@ -202,7 +204,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_pp = take(&f, r * cn), o_num = take(&f, r * hd);
     size_t o_e = take(&f, r * nk), o_ev = take(&f, r * hd);
     size_t o_qu = take(&f, r * hd), o_ku = take(&f, cn * hd), o_ks = take(&f, sk * hd);
-    size_t o_es = take(&f, r * sk);
+    size_t o_es = take(&f, r * sk), o_kvg = take(&f, nk * hd);
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + cn + hd);
@@ -223,6 +225,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->ku = fb + o_ku;
         sc->ks = fb + o_ks;
         sc->es = fb + o_es;
+        sc->kvg = fb + o_kvg;
         sc->e = fb + o_e;
         sc->ev = fb + o_ev;
         sc->qhn = db + o_qhn;
@@ -555,7 +558,8 @@ static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int f
         !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->window, &n_ring) ||
         !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->sinks, &n_sink) ||
         !mul_ok(n_s, es, &b_s) || !mul_ok(n_z, es, &b_z) ||
-        !mul_ok(n_ring, 2 * sizeof(float), &b_r) || !mul_ok(n_sink, 2 * sizeof(float), &b_k) ||
+        !mul_ok(n_ring, 2 * sizeof(uint16_t), &b_r) ||
+        !mul_ok(n_sink, 2 * sizeof(uint16_t), &b_k) ||
         b_s > SIZE_MAX / 8 || b_r > SIZE_MAX / 8 || b_k > SIZE_MAX / 8)
         return core_error_set(err, CORE_ERANGE, "linear attention state size overflows");
     size_t b_c = n_z * sizeof(double), total = b_c + b_s + b_z + b_r + b_k;
@@ -570,7 +574,7 @@ static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int f
     st->c = (double *)(void *)blob;
     st->S = blob + b_c;
     st->z = blob + b_c + b_s;
-    st->ring_k = (float *)(void *)(blob + b_c + b_s + b_z);
+    st->ring_k = (uint16_t *)(void *)(blob + b_c + b_s + b_z);
     st->ring_v = st->ring_k + n_ring;
     st->sink_k = st->ring_v + n_ring;
     st->sink_v = st->sink_k + n_sink;
@@ -646,8 +650,8 @@ typedef struct lin_ctx {
     int64_t p0, hd, m, gs, nq, nkv, h, w;
     const float *q, *k, *v;
     float *out;
-    const float *ring_k, *ring_v; /* this layer's [Hkv][W][Hd] */
-    const float *sink_k, *sink_v; /* this layer's [Hkv][S][Hd] */
+    const uint16_t *ring_k, *ring_v; /* this layer's [Hkv][W][Hd] */
+    const uint16_t *sink_k, *sink_v; /* this layer's [Hkv][S][Hd] */
     int64_t sinks;                /* S */
     double lg;                    /* log γ of this KV head (0: no decay) */
     const float *mix;             /* this layer's [H] β */
@@ -664,41 +668,52 @@ typedef struct lin_ctx {
     double *c;        /* this head's [M] scales */
 } lin_ctx_t;
 
-/* Key (or value) row of KV head h at absolute position pos: from this
- * forward's input when pos ≥ p0, else from the sinks (pos < S) or the ring
- * (which still holds positions p0−W..p0−1: both are updated only after the
- * whole forward). */
-static const float *kv_row(const lin_ctx_t *x, const float *in, const float *ring,
-                           const float *sink, int64_t pos)
+/* Where the keys (val 0) or values (val 1) of KV head h from position pos
+ * (< end) lie as halves: in the sinks (pos < S) or the ring (which still
+ * holds positions p0−W..p0−1: both are updated only after the whole
+ * forward), rows Hd apart, with *len the positions that follow pos there;
+ * NULL for this forward's input (pos ≥ p0: floats, not rounded yet), *len
+ * the rest up to end. */
+static const uint16_t *kv_half_run(const lin_ctx_t *x, int val, int64_t pos, int64_t end,
+                                   int64_t *len)
 {
-    if (pos >= x->p0)
-        return in + (pos - x->p0) * x->nkv + x->h * x->hd;
-    if (pos < x->sinks)
-        return sink + (x->h * x->sinks + pos) * x->hd;
-    return ring + (x->h * x->w + pos % x->w) * x->hd;
+    if (pos >= x->p0) {
+        *len = end - pos;
+        return NULL;
+    }
+    /* A position before this forward that is not a sink is in the ring,
+     * so W > 0 there (with W = 0 the exact span starts at p0 + t0 ≥ p0);
+     * clang-analyzer does not know that positions are not negative. */
+    const int sk = pos < x->sinks;
+    /* NOLINTNEXTLINE(clang-analyzer-core.DivideZero) */
+    int64_t lim = sk ? x->sinks : pos + x->w - pos % x->w;
+    if (lim > x->p0)
+        lim = x->p0;
+    if (lim > end)
+        lim = end;
+    *len = lim - pos;
+    if (sk)
+        return (val ? x->sink_v : x->sink_k) + (x->h * x->sinks + pos) * x->hd;
+    return (val ? x->ring_v : x->ring_k) + (x->h * x->w + pos % x->w) * x->hd;
 }
 
-/* kv_row of pos, and in *len how many positions from pos on (< end) follow
- * it in the same array, *ld floats apart (nkv in this forward's rows, Hd in
- * the sinks and the ring): a run the products can read in place. */
-static const float *kv_run(const lin_ctx_t *x, const float *in, const float *ring,
-                           const float *sink, int64_t pos, int64_t end, int64_t *len, int64_t *ld)
+/* The keys (val 0) or values (val 1) of KV head h at the n positions from
+ * pos, into dst [n][Hd] as floats; this forward's input rounded to half as
+ * linear_forward_done will store it. Every key and value is read through
+ * here or kv_half_run, so each is the same number whether it came in this
+ * forward or an earlier one: chunking never changes it. */
+static void kv_rows(const lin_ctx_t *x, int val, int64_t pos, int64_t n, float *dst)
 {
-    *ld = pos >= x->p0 ? x->nkv : x->hd;
-    int64_t stop = end;
-    if (pos < x->p0) {
-        /* A position before this forward that is not a sink is in the ring,
-         * so W > 0 here (with W = 0 the exact span starts at p0 + t0 ≥ p0);
-         * clang-analyzer does not know that positions are not negative. */
-        /* NOLINTNEXTLINE(clang-analyzer-core.DivideZero) */
-        int64_t lim = pos < x->sinks ? x->sinks : pos + x->w - pos % x->w;
-        if (lim > x->p0)
-            lim = x->p0;
-        if (lim < stop)
-            stop = lim;
+    const float *in = val ? x->v : x->k;
+    const int64_t hd = x->hd, end = pos + n;
+    for (int64_t len; pos < end; pos += len, dst += len * hd) {
+        const uint16_t *h = kv_half_run(x, val, pos, end, &len);
+        if (h)
+            core_half_unpack(h, dst, len * hd);
+        else
+            for (int64_t i = 0; i < len; i++)
+                core_half_round(in + (pos + i - x->p0) * x->nkv + x->h * hd, dst + i * hd, hd);
     }
-    *len = stop - pos;
-    return kv_row(x, in, ring, sink, pos);
 }
 
 /* Undoes RoPE on n rows of Hd (row i at position pos0 + i / per): the
@@ -868,13 +883,8 @@ static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
     int64_t tfirst = w + nsk - x->p0 > 0 ? w + nsk - x->p0 : 0;
     int64_t ti0 = t0 > tfirst ? t0 : tfirst;
     int64_t ni = t1 > ti0 && !x->lin_off ? t1 - ti0 : 0;
-    for (int64_t j = 0; j < ni; j++) {
-        int64_t pos = x->p0 + ti0 + j - w;
-        memcpy(sc->kx + j * hd, kv_row(x, x->k, x->ring_k, x->sink_k, pos),
-               (size_t)hd * sizeof(float));
-        memcpy(sc->vi + j * hd, kv_row(x, x->v, x->ring_v, x->sink_v, pos),
-               (size_t)hd * sizeof(float));
-    }
+    kv_rows(x, 0, x->p0 + ti0 - w, ni, sc->kx);
+    kv_rows(x, 1, x->p0 + ti0 - w, ni, sc->vi);
     for (int64_t i = 0; i < m; i++)
         cn[i] = x->c[i] + cdec; /* −inf stays −inf */
     if (ni > 0) {
@@ -1092,14 +1102,17 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
     int64_t ns = nsk < pw0 ? nsk : pw0;
     int64_t nk = ns + x->p0 + t1 - pw0;
     /* key j is at position j < ns ? j : pw0 + j − ns; the products read
-     * the sinks, the ring and this forward's rows where they lie */
+     * the sinks' and the ring's halves in place where a kernel takes them
+     * (decode), else rows gathered as floats */
     const float scale = (float)(1.0 / sqrt((double)hd));
     for (int64_t j = 0, len; j < nk; j += len) {
         int64_t pos = j < ns ? j : pw0 + j - ns;
-        int64_t ld;
-        const float *kr = kv_run(x, x->k, x->ring_k, x->sink_k, pos,
-                                 j < ns ? ns : x->p0 + t1, &len, &ld);
-        core_gemm_nt(nr, len, hd, scale, sc->qx, hd, kr, ld, 0.0f, sc->e + j, nk);
+        const uint16_t *h = kv_half_run(x, 0, pos, j < ns ? ns : x->p0 + t1, &len);
+        if (!h || !core_gemm_nt_half_small(nr, len, hd, scale, sc->qx, hd, h, hd, 0.0f, sc->e + j,
+                                           nk)) {
+            kv_rows(x, 0, pos, len, sc->kvg + j * hd);
+            core_gemm_nt(nr, len, hd, scale, sc->qx, hd, sc->kvg + j * hd, hd, 0.0f, sc->e + j, nk);
+        }
     }
     /* Sinks sit next to the window (StreamingLLM's positions): once a
      * query at τ is past τ = W + S − 1, sink j is scored as if it were at
@@ -1112,9 +1125,9 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
     int64_t tshift = w + nsk - 1; /* first τ with the shift */
     int shifted = nsk > 0 && x->p0 + t1 - 1 >= tshift;
     if (shifted) {
+        kv_rows(x, 0, 0, nsk, sc->ks);
         for (int64_t j = 0; j < nsk; j++) /* by tshift: the angles are precomputed */
-            rotate_back(x, x->sink_cs, kv_row(x, x->k, x->ring_k, x->sink_k, j),
-                        sc->ks + j * hd);
+            rotate_back(x, x->sink_cs, sc->ks + j * hd, sc->ks + j * hd);
         if (!x->pre)
             unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
         core_gemm_nt(nr, nsk, hd, (float)(1.0 / sqrt((double)hd)), sc->qu, hd, sc->ks, hd,
@@ -1154,10 +1167,13 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
     }
     for (int64_t j = 0, len; j < nk; j += len) {
         int64_t pos = j < ns ? j : pw0 + j - ns;
-        int64_t ld;
-        const float *vr = kv_run(x, x->v, x->ring_v, x->sink_v, pos,
-                                 j < ns ? ns : x->p0 + t1, &len, &ld);
-        core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, vr, ld, j > 0 ? 1.0f : 0.0f, sc->ev, hd);
+        const float beta = j > 0 ? 1.0f : 0.0f;
+        const uint16_t *h = kv_half_run(x, 1, pos, j < ns ? ns : x->p0 + t1, &len);
+        if (!h || !core_gemm_nn_half_small(nr, hd, len, 1.0f, sc->e + j, nk, h, hd, beta, sc->ev,
+                                           hd)) {
+            kv_rows(x, 1, pos, len, sc->kvg + j * hd);
+            core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, sc->kvg + j * hd, hd, beta, sc->ev, hd);
+        }
     }
     for (int64_t r = 0; r < nr; r++) {
         int64_t t = t0 + r / gs, g = r % gs;
@@ -1299,21 +1315,21 @@ static void linear_forward_done(core_attn_t *a, const core_attn_item_t *it, int 
     lin_state_t *st = it->state->impl;
     int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = cfg->window, n = it->n;
     int64_t pos = it->state->pos;
-    const size_t row = (size_t)hd * sizeof(float);
-    /* The sinks are the first S positions, kept for good. */
+    /* The sinks are the first S positions, kept for good; both in half
+     * precision, as kv_rows rounded them for this forward's reads. */
     for (int64_t t = 0; t < n && pos + t < cfg->sinks; t++)
         for (int64_t h = 0; h < hkv; h++) {
             size_t at = (size_t)(((int64_t)layer * hkv + h) * cfg->sinks + pos + t) * (size_t)hd;
-            memcpy(st->sink_k + at, it->k + (t * hkv + h) * hd, row);
-            memcpy(st->sink_v + at, it->v + (t * hkv + h) * hd, row);
+            core_half_pack(it->k + (t * hkv + h) * hd, st->sink_k + at, hd);
+            core_half_pack(it->v + (t * hkv + h) * hd, st->sink_v + at, hd);
         }
     /* Only now may the ring forget positions p0−W..: every chunk read them. */
     if (w > 0) {
         for (int64_t t = n - w > 0 ? n - w : 0; t < n; t++)
             for (int64_t h = 0; h < hkv; h++) {
                 size_t at = (size_t)(((int64_t)layer * hkv + h) * w + (pos + t) % w) * (size_t)hd;
-                memcpy(st->ring_k + at, it->k + (t * hkv + h) * hd, row);
-                memcpy(st->ring_v + at, it->v + (t * hkv + h) * hd, row);
+                core_half_pack(it->k + (t * hkv + h) * hd, st->ring_k + at, hd);
+                core_half_pack(it->v + (t * hkv + h) * hd, st->ring_v + at, hd);
             }
     }
 }
@@ -1354,17 +1370,21 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
 /* ---- serialization (core/state.c frames the payload) ----
  *
  * Payload, little-endian:
- *   u32 accumulator bytes (4: float S and z, 8: double)
+ *   u32 accumulator bytes (4: float S and z, 8: double), plus LIN_HALF_ROWS
+ *       when the window and sink rows are halves (every payload written
+ *       since the state kept them so; without it they are f32, read and
+ *       rounded to half as they would have been on entry)
  *   u32 window rows saved per layer, nv = min(pos, W)
  *   c [L][Hkv][M] f64, S [L][Hkv][M][Hd], z [L][Hkv][M] (f32 or f64)
- *   per layer: ring K slots 0..nv-1 [nv][Hkv][Hd] f32, then ring V the same
- *   per layer: sink K rows 0..ns-1 [ns][Hkv][Hd] f32, then sink V the same,
+ *   per layer: ring K slots 0..nv-1 [nv][Hkv][Hd], then ring V the same
+ *   per layer: sink K rows 0..ns-1 [ns][Hkv][Hd], then sink V the same,
  *   ns = min(pos, S) (nothing without sinks: the v1 payload)
  * Slot = position % W, so slots 0..nv-1 are exactly the valid ones whether
  * or not the ring has wrapped. The size depends on the config, the precision
  * and min(pos, W), never on how many tokens came before. A state is loaded in
  * the precision it was saved in (a state's precision is its own, see
  * core_attn_linear_set_opts), so continuing it is bit-identical. */
+#define LIN_HALF_ROWS 0x100u
 
 /* The rows of the window ring or the sinks in the payload: per layer, the
  * nv valid rows (slots or positions 0..nv-1) of K, then of V, each row
@@ -1375,45 +1395,80 @@ typedef struct kv_shape {
     size_t hkv, cap, hd, nv;
 } kv_shape_t;
 
-static unsigned char *kv_rows_put(unsigned char *p, const float *k, const float *v,
+static unsigned char *kv_rows_put(unsigned char *p, const uint16_t *k, const uint16_t *v,
                                   const kv_shape_t *sh)
 {
     for (int l = 0; l < sh->n_layer; l++)
         for (int which = 0; which < 2; which++) {
-            const float *src = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
+            const uint16_t *src = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
             for (size_t r = 0; r < sh->nv; r++)
-                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * sizeof(float))
-                    core_le_copy32(p, src + (h * sh->cap + r) * sh->hd, sh->hd);
+                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * sizeof(uint16_t))
+                    core_le_copy16(p, src + (h * sh->cap + r) * sh->hd, sh->hd);
         }
     return p;
 }
 
-static const unsigned char *kv_rows_get(const unsigned char *p, float *k, float *v,
-                                        const kv_shape_t *sh)
+/* A key or value row read from a blob is finite and within ±CORE_ATTN_MAX_KV
+ * (f32 rows; the largest finite half is that bound, so a half row need only
+ * be finite): the kernels rely on it, anything else would turn every later
+ * output into NaN or inf without an error. */
+static int row_in_range(const float *x, size_t n)
 {
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(x[i]) <= CORE_ATTN_MAX_KV))
+            return 0;
+    return 1;
+}
+
+static int half_row_finite(const uint16_t *h, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((h[i] & 0x7c00u) == 0x7c00u)
+            return 0;
+    return 1;
+}
+
+/* kv_rows_put's inverse for rows of rb bytes (2: halves, 4: f32 rounded to
+ * half). NULL, with the layer in *bad, at the first row out of range. */
+static const unsigned char *kv_rows_get(const unsigned char *p, size_t rb, uint16_t *k,
+                                        uint16_t *v, const kv_shape_t *sh, int *bad)
+{
+    float row[CORE_FEATURES_MAX_HEAD_DIM];
     for (int l = 0; l < sh->n_layer; l++)
         for (int which = 0; which < 2; which++) {
-            float *dst = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
+            uint16_t *dst = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
             for (size_t r = 0; r < sh->nv; r++)
-                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * sizeof(float))
-                    core_le_copy32(dst + (h * sh->cap + r) * sh->hd, p, sh->hd);
+                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * rb) {
+                    uint16_t *d = dst + (h * sh->cap + r) * sh->hd;
+                    int ok;
+                    if (rb == sizeof(uint16_t)) {
+                        core_le_copy16(d, p, sh->hd);
+                        ok = half_row_finite(d, sh->hd);
+                    } else {
+                        core_le_copy32(row, p, sh->hd);
+                        ok = row_in_range(row, sh->hd);
+                        core_half_pack(row, d, (int64_t)sh->hd);
+                    }
+                    if (!ok) {
+                        *bad = l;
+                        return NULL;
+                    }
+                }
         }
     return p;
 }
-
-/* Whether the nv valid rows of every layer (as kv_rows_get left them) are
- * within ±CORE_ATTN_MAX_KV; the first bad layer in *bad. */
-static int kv_rows_in_range(const float *k, const float *v, const kv_shape_t *sh, int *bad);
 
 typedef struct lin_ser {
     size_t n_z, n_s, n_ring; /* elements: c and z, S, one layer's valid ring rows */
     size_t n_sink;           /* elements: one layer's valid sink rows */
     size_t es;               /* accumulator bytes */
+    size_t rb;               /* bytes of a window or sink element: 2 (halves) or 4 */
     size_t bytes;            /* the whole payload */
 } lin_ser_t;
 
 /* Sizes of a payload; 0 if they overflow (never for a state that exists). */
-static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, lin_ser_t *z)
+static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int half, int64_t pos,
+                         lin_ser_t *z)
 {
     size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
     size_t nv = pos < (int64_t)cfg->window ? (size_t)pos : (size_t)cfg->window;
@@ -1421,14 +1476,15 @@ static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, lin_
     size_t b_c, b_s, b_z, b_r, n_rl;
     z->n_sink = nsk * (size_t)cfg->n_head_kv * hd; /* ≤ 1024 · (small shape): no overflow */
     z->es = fp64 ? sizeof(double) : sizeof(float);
+    z->rb = half ? sizeof(uint16_t) : sizeof(float);
     if (pos < 0 || !mul_ok(nh, (size_t)cfg->n_features, &z->n_z) ||
         !mul_ok(z->n_z, hd, &z->n_s) || !mul_ok(nv, (size_t)cfg->n_head_kv * hd, &z->n_ring) ||
         !mul_ok(z->n_z, sizeof(double), &b_c) || !mul_ok(z->n_s, z->es, &b_s) ||
-        !mul_ok(z->n_z, z->es, &b_z) || !mul_ok(z->n_ring, 2 * sizeof(float), &n_rl) ||
+        !mul_ok(z->n_z, z->es, &b_z) || !mul_ok(z->n_ring, 2 * z->rb, &n_rl) ||
         !mul_ok(n_rl, (size_t)cfg->n_layer, &b_r) || b_c > SIZE_MAX / 8 || b_s > SIZE_MAX / 8 ||
         b_z > SIZE_MAX / 8 || b_r > SIZE_MAX / 8)
         return 0;
-    z->bytes = 8 + b_c + b_s + b_z + b_r + 2 * z->n_sink * sizeof(float) * (size_t)cfg->n_layer;
+    z->bytes = 8 + b_c + b_s + b_z + b_r + 2 * z->n_sink * z->rb * (size_t)cfg->n_layer;
     return 1;
 }
 
@@ -1445,7 +1501,7 @@ static size_t linear_state_save_size(const core_attn_state_t *s)
 {
     const lin_state_t *st = s->impl;
     lin_ser_t z;
-    return lin_ser_sizes(&s->a->cfg, st->fp64, s->pos, &z) ? z.bytes : 0;
+    return lin_ser_sizes(&s->a->cfg, st->fp64, 1, s->pos, &z) ? z.bytes : 0;
 }
 
 static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, core_error_t *err)
@@ -1453,13 +1509,13 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
     const core_attn_cfg_t *cfg = &s->a->cfg;
     const lin_state_t *st = s->impl;
     lin_ser_t z;
-    if (!lin_ser_sizes(cfg, st->fp64, s->pos, &z))
+    if (!lin_ser_sizes(cfg, st->fp64, 1, s->pos, &z))
         return core_error_set(err, CORE_ERANGE, "linear attention payload size overflows");
     if (cap < z.bytes)
         return core_error_set(err, CORE_ERANGE, "linear attention payload needs %zu bytes, "
                               "buffer has %zu", z.bytes, cap);
     unsigned char *p = buf;
-    core_le_put_u32(p, (uint32_t)z.es);
+    core_le_put_u32(p, (uint32_t)z.es | LIN_HALF_ROWS);
     core_le_put_u32(p + 4, (uint32_t)(z.n_ring / ((size_t)cfg->n_head_kv * (size_t)cfg->head_dim)));
     p += 8;
     core_le_copy64(p, st->c, z.n_z);
@@ -1479,26 +1535,6 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
     return 0;
 }
 
-/* A key and a value read from a blob: finite and within ±CORE_ATTN_MAX_KV. */
-static int kv_in_range(float k, float v)
-{
-    return fabsf(k) <= CORE_ATTN_MAX_KV && fabsf(v) <= CORE_ATTN_MAX_KV;
-}
-
-static int kv_rows_in_range(const float *k, const float *v, const kv_shape_t *sh, int *bad)
-{
-    for (int l = 0; l < sh->n_layer; l++)
-        for (size_t h = 0; h < sh->hkv; h++) {
-            size_t at = ((size_t)l * sh->hkv + h) * sh->cap * sh->hd;
-            for (size_t i = at; i < at + sh->nv * sh->hd; i++)
-                if (!kv_in_range(k[i], v[i])) {
-                    *bad = l;
-                    return 0;
-                }
-        }
-    return 1;
-}
-
 static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf, size_t len,
                              core_error_t *err)
 {
@@ -1507,7 +1543,8 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     const unsigned char *p = buf;
     if (len < 8)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes", len);
-    uint32_t es = core_le_get_u32(p), nv = core_le_get_u32(p + 4);
+    uint32_t w0 = core_le_get_u32(p), nv = core_le_get_u32(p + 4);
+    uint32_t es = w0 & ~LIN_HALF_ROWS;
     if (es != 4 && es != 8)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload: accumulator size %u "
                               "(expected 4 or 8)", es);
@@ -1517,7 +1554,7 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
                               "position %lld (window %d)", nv, (long long)pos, cfg->window);
     lin_ser_t z;
     int fp64 = es == 8;
-    if (!lin_ser_sizes(cfg, fp64, pos, &z))
+    if (!lin_ser_sizes(cfg, fp64, (w0 & LIN_HALF_ROWS) != 0, pos, &z))
         return core_error_set(err, CORE_EFORMAT, "linear attention payload size overflows");
     if (len != z.bytes)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes, "
@@ -1540,12 +1577,17 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     p += (z.n_s + z.n_z) * z.es;
     kv_shape_t ring, sink;
     kv_shapes(cfg, &z, &ring, &sink);
-    p = kv_rows_get(p, st->ring_k, st->ring_v, &ring);
-    kv_rows_get(p, st->sink_k, st->sink_v, &sink);
+    int l;
+    if (!(p = kv_rows_get(p, z.rb, st->ring_k, st->ring_v, &ring, &l)))
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                              "or out-of-range window row in layer %d", l);
+    if (!kv_rows_get(p, z.rb, st->sink_k, st->sink_v, &sink, &l))
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                              "or out-of-range sink row in layer %d", l);
     /* A blob is input. The kernels rely on c being finite or −inf, on S
-     * and z being finite (z ≥ 0; Flexformer's is signed) and on the window and sink rows being
-     * within ±CORE_ATTN_MAX_KV: anything else would turn every later
-     * output into NaN or inf without an error. */
+     * and z being finite (z ≥ 0; Flexformer's is signed) and on the window
+     * and sink rows being finite (checked above): anything else would turn
+     * every later output into NaN or inf without an error. */
     size_t hd = (size_t)cfg->head_dim;
     const int trig = core_attn_kind_is_trig(cfg->kind); /* its z̃ is signed */
     for (size_t i = 0; i < z.n_z; i++) {
@@ -1560,13 +1602,6 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
                                       "S at entry %zu", i);
         }
     }
-    int l;
-    if (!kv_rows_in_range(st->ring_k, st->ring_v, &ring, &l))
-        return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
-                              "or out-of-range window row in layer %d", l);
-    if (!kv_rows_in_range(st->sink_k, st->sink_v, &sink, &l))
-        return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
-                              "or out-of-range sink row in layer %d", l);
     return 0;
 }
 

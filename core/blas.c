@@ -16,9 +16,20 @@
 #include <strings.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define CORE_BLAS_X86 1
 #endif
+
+typedef void (*nn_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                      int64_t, float, float *, int64_t);
+static void pick_small(void);
+static pthread_once_t small_once = PTHREAD_ONCE_INIT;
+static _Atomic int small_generic; /* core_gemm_small_force_generic */
+static nn_fn small_tn;            /* core_gemm_tn's rank-1 updates */
+static void tn_small_generic(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                             int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                             int64_t ldc);
 
 void core_gemm_nt(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
@@ -42,10 +53,18 @@ void core_gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, 
                 alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
-/* C[m][n] = alpha * A[k][m]ᵀ · B[k][n] + beta * C */
+/* C[m][n] = alpha * A[k][m]ᵀ · B[k][n] + beta * C. A few rank-1 updates
+ * (k ≤ CORE_GEMM_SMALL_K: a decode step adds one key to the linear state)
+ * run here: sgemm's packing costs more than such products. */
 void core_gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
+    if (k <= CORE_GEMM_SMALL_K) {
+        pthread_once(&small_once, pick_small);
+        const int generic = atomic_load_explicit(&small_generic, memory_order_relaxed);
+        (generic ? tn_small_generic : small_tn)(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, alpha,
                 a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
@@ -189,20 +208,37 @@ __attribute__((target("avx2,fma"))) static void nn_small_avx2(int64_t m, int64_t
 #define NN512_FN static inline __attribute__((target("avx512f,avx2,fma"), always_inline))
 /* B rows fetched ahead by the AVX-512 small kernels (see nt4_avx512) */
 enum { NT_PF = 8 };
+/* 16 elements of B from element off: floats, or halves (hb: core/half.h)
+ * converted exactly. The kernels below take hb as a constant, so each
+ * instance has one kind of load, and a product's terms are the same fused
+ * multiply-adds in the same order either way. */
+NN512_FN __m512 ld16(const void *b, int64_t off, int hb)
+{
+    return hb ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)b + off)))
+              : _mm512_loadu_ps((const float *)b + off);
+}
+
+/* Fetches the cache lines of B's n elements from element off into L1. */
+NN512_FN void pf_row(const void *b, int64_t off, int64_t n, int hb)
+{
+    const char *p = (const char *)b + off * (hb ? 2 : 4);
+    for (int64_t at = 0; at < n * (hb ? 2 : 4); at += 64)
+        _mm_prefetch(p + at, _MM_HINT_T0);
+}
+
 NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t lda,
-                          const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+                          const void *b, int hb, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     __m512 acc[4][4];
     for (int i = 0; i < M; i++)
         for (int v = 0; v < 4; v++)
             acc[i][v] = _mm512_setzero_ps();
     for (int64_t t = 0; t < k; t++) {
-        const float *bt = b + t * ldb;
+        const int64_t bt = t * ldb;
         if (t + NT_PF < k) /* as in nt4_avx512: a strided stream of B rows */
-            for (int64_t v = 0; v < 4; v++)
-                _mm_prefetch((const char *)(bt + NT_PF * ldb + 16 * v), _MM_HINT_T0);
-        const __m512 b0 = _mm512_loadu_ps(bt), b1 = _mm512_loadu_ps(bt + 16);
-        const __m512 b2 = _mm512_loadu_ps(bt + 32), b3 = _mm512_loadu_ps(bt + 48);
+            pf_row(b, bt + NT_PF * ldb, 64, hb);
+        const __m512 b0 = ld16(b, bt, hb), b1 = ld16(b, bt + 16, hb);
+        const __m512 b2 = ld16(b, bt + 32, hb), b3 = ld16(b, bt + 48, hb);
         for (int i = 0; i < M; i++) {
             const __m512 ai = _mm512_set1_ps(a[i * lda + t]);
             acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
@@ -231,10 +267,10 @@ __attribute__((target("avx512f,avx2,fma"))) static void nn_small_avx512(int64_t 
     int64_t j = 0;
     for (; m <= 4 && j + 64 <= n; j += 64) {
         switch (m) {
-        case 1: nn64_avx512(1, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc); break;
-        case 2: nn64_avx512(2, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc); break;
-        case 3: nn64_avx512(3, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc); break;
-        default: nn64_avx512(4, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc); break;
+        case 1: nn64_avx512(1, k, alpha, a, lda, b + j, 0, ldb, beta, c + j, ldc); break;
+        case 2: nn64_avx512(2, k, alpha, a, lda, b + j, 0, ldb, beta, c + j, ldc); break;
+        case 3: nn64_avx512(3, k, alpha, a, lda, b + j, 0, ldb, beta, c + j, ldc); break;
+        default: nn64_avx512(4, k, alpha, a, lda, b + j, 0, ldb, beta, c + j, ldc); break;
         }
     }
     if (j < n)
@@ -262,25 +298,23 @@ NN512_FN __m128 sum4_512(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
 }
 
 NN512_FN void nt4_avx512(int M, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+                         const void *b, int hb, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
-        const float *b0 = b + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
-        /* B rows (attention's keys, a stride of every KV head's row apart)
-         * are fetched NT_PF rows ahead: a strided stream across pages, which
-         * the hardware prefetcher follows poorly */
+        const int64_t b0 = j * ldb, b1 = b0 + ldb, b2 = b1 + ldb, b3 = b2 + ldb;
+        /* B rows (attention's keys) are fetched NT_PF rows ahead: a stream
+         * the hardware prefetcher follows poorly when rows are strided */
         if (j + NT_PF + 4 <= n)
             for (int r = 0; r < 4; r++)
-                for (int64_t t = 0; t < k; t += 16)
-                    _mm_prefetch((const char *)(b0 + (NT_PF + r) * ldb + t), _MM_HINT_T0);
+                pf_row(b, b0 + (NT_PF + r) * ldb, k, hb);
         __m512 acc[4][4];
         for (int i = 0; i < M; i++)
             for (int v = 0; v < 4; v++)
                 acc[i][v] = _mm512_setzero_ps();
         for (int64_t t = 0; t < k; t += 16) {
-            const __m512 w0 = _mm512_loadu_ps(b0 + t), w1 = _mm512_loadu_ps(b1 + t);
-            const __m512 w2 = _mm512_loadu_ps(b2 + t), w3 = _mm512_loadu_ps(b3 + t);
+            const __m512 w0 = ld16(b, b0 + t, hb), w1 = ld16(b, b1 + t, hb);
+            const __m512 w2 = ld16(b, b2 + t, hb), w3 = ld16(b, b3 + t, hb);
             for (int i = 0; i < M; i++) {
                 const __m512 ai = _mm512_loadu_ps(a + i * lda + t);
                 acc[i][0] = _mm512_fmadd_ps(ai, w0, acc[i][0]);
@@ -299,11 +333,11 @@ NN512_FN void nt4_avx512(int M, int64_t n, int64_t k, float alpha, const float *
         }
     }
     for (; j < n; j++) {
-        const float *bj = b + j * ldb;
+        const int64_t bj = j * ldb;
         for (int i = 0; i < M; i++) {
             __m512 s = _mm512_setzero_ps();
             for (int64_t t = 0; t < k; t += 16)
-                s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i * lda + t), _mm512_loadu_ps(bj + t), s);
+                s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i * lda + t), ld16(b, bj + t, hb), s);
             const __m512 z = _mm512_setzero_ps();
             float v = alpha * _mm_cvtss_f32(sum4_512(s, z, z, z));
             float *cij = c + i * ldc + j;
@@ -312,17 +346,48 @@ NN512_FN void nt4_avx512(int M, int64_t n, int64_t k, float alpha, const float *
     }
 }
 
+/* One instance per (M, kind of B): M and hb are constants in each. */
+#define NT4_CASES(HB, B)                                                                       \
+    switch (m) {                                                                               \
+    case 1: nt4_avx512(1, n, k, alpha, a, lda, B, HB, ldb, beta, c, ldc); break;              \
+    case 2: nt4_avx512(2, n, k, alpha, a, lda, B, HB, ldb, beta, c, ldc); break;              \
+    case 3: nt4_avx512(3, n, k, alpha, a, lda, B, HB, ldb, beta, c, ldc); break;              \
+    default: nt4_avx512(4, n, k, alpha, a, lda, B, HB, ldb, beta, c, ldc); break;             \
+    }
+
 __attribute__((target("avx512f,avx2,fma"))) static int nt_small_avx512(
     int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b,
     int64_t ldb, float beta, float *c, int64_t ldc)
 {
     if (m > 4 || k % 16 != 0)
         return 0;
-    switch (m) {
-    case 1: nt4_avx512(1, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 2: nt4_avx512(2, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 3: nt4_avx512(3, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    default: nt4_avx512(4, n, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    NT4_CASES(0, b)
+    return 1;
+}
+
+__attribute__((target("avx512f,avx2,fma,f16c"))) static int nt_half_avx512(
+    int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const uint16_t *b,
+    int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m > 4 || k % 16 != 0)
+        return 0;
+    NT4_CASES(1, b)
+    return 1;
+}
+
+__attribute__((target("avx512f,avx2,fma,f16c"))) static int nn_half_avx512(
+    int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const uint16_t *b,
+    int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m > 4 || n % 64 != 0)
+        return 0;
+    for (int64_t j = 0; j < n; j += 64) {
+        switch (m) {
+        case 1: nn64_avx512(1, k, alpha, a, lda, b + j, 1, ldb, beta, c + j, ldc); break;
+        case 2: nn64_avx512(2, k, alpha, a, lda, b + j, 1, ldb, beta, c + j, ldc); break;
+        case 3: nn64_avx512(3, k, alpha, a, lda, b + j, 1, ldb, beta, c + j, ldc); break;
+        default: nn64_avx512(4, k, alpha, a, lda, b + j, 1, ldb, beta, c + j, ldc); break;
+        }
     }
     return 1;
 }
@@ -330,8 +395,51 @@ __attribute__((target("avx512f,avx2,fma"))) static int nt_small_avx512(
 typedef float (*dot_fn)(const float *, const float *, int64_t);
 typedef int (*nt_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                      int64_t, float, float *, int64_t);
-typedef void (*nn_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
-                      int64_t, float, float *, int64_t);
+
+/* core_gemm_tn for small k: row i of C is beta·C_i plus, in t order, the
+ * products alpha·A[t][i]·B[t] (a fused multiply-add each on AVX-512). */
+static void tn_small_generic(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                             int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                             int64_t ldc)
+{
+    for (int64_t i = 0; i < m; i++) {
+        float *ci = c + i * ldc;
+        for (int64_t j = 0; j < n; j++)
+            ci[j] = beta == 0.0f ? 0.0f : beta * ci[j];
+        for (int64_t t = 0; t < k; t++) {
+            const float at = alpha * a[t * lda + i];
+            const float *bt = b + t * ldb;
+            for (int64_t j = 0; j < n; j++)
+                ci[j] += at * bt[j];
+        }
+    }
+}
+
+#ifdef CORE_BLAS_X86
+__attribute__((target("avx512f,avx2,fma"))) static void tn_small_avx512(
+    int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+    int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    const int64_t n16 = n - n % 16;
+    for (int64_t i = 0; i < m; i++) {
+        float *ci = c + i * ldc;
+        for (int64_t j = 0; j < n16; j += 16) {
+            __m512 v = beta == 0.0f ? _mm512_setzero_ps()
+                                    : _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(ci + j));
+            for (int64_t t = 0; t < k; t++)
+                v = _mm512_fmadd_ps(_mm512_set1_ps(alpha * a[t * lda + i]),
+                                    _mm512_loadu_ps(b + t * ldb + j), v);
+            _mm512_storeu_ps(ci + j, v);
+        }
+        for (int64_t j = n16; j < n; j++) {
+            float v = beta == 0.0f ? 0.0f : beta * ci[j];
+            for (int64_t t = 0; t < k; t++)
+                v += alpha * a[t * lda + i] * b[t * ldb + j];
+            ci[j] = v;
+        }
+    }
+}
+#endif
 
 static void nn_small_generic(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                              int64_t lda, const float *b, int64_t ldb, float beta, float *c,
@@ -345,20 +453,36 @@ static void nn_small_generic(int64_t m, int64_t n, int64_t k, float alpha, const
 static dot_fn small_dot;
 static nn_fn small_nn;
 static nt_fn small_nt; /* NULL, or a kernel that takes some shapes (returns 1 when it did) */
-static pthread_once_t small_once = PTHREAD_ONCE_INIT;
-static _Atomic int small_generic; /* core_gemm_small_force_generic */
+typedef int (*half_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const uint16_t *,
+                       int64_t, float, float *, int64_t);
+static half_fn half_nt, half_nn; /* likewise, B in halves */
+
+#ifdef CORE_BLAS_X86
+/* F16C: CPUID.(EAX=1):ECX bit 29 (asked after AVX-512F was found). */
+static int cpu_has_f16c(void)
+{
+    unsigned ea, eb, ec, ed;
+    return __get_cpuid(1, &ea, &eb, &ec, &ed) && (ec & (1u << 29)) != 0;
+}
+#endif
 
 static void pick_small(void)
 {
     small_dot = dot_generic;
     small_nn = nn_small_generic;
+    small_tn = tn_small_generic;
 #ifdef CORE_BLAS_X86
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         small_dot = dot_avx2;
         small_nn = nn_small_avx2;
         if (__builtin_cpu_supports("avx512f")) {
+            small_tn = tn_small_avx512;
             small_nn = nn_small_avx512;
             small_nt = nt_small_avx512;
+            if (cpu_has_f16c()) {
+                half_nt = nt_half_avx512;
+                half_nn = nn_half_avx512;
+            }
         }
     }
 #endif
@@ -399,4 +523,22 @@ void core_gemm_nt_small(int64_t m, int64_t n, int64_t k, float alpha, const floa
             *cij = beta == 0.0f ? v : v + beta * *cij;
         }
     }
+}
+
+int core_gemm_nt_half_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                            int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
+                            int64_t ldc)
+{
+    pthread_once(&small_once, pick_small);
+    return !atomic_load_explicit(&small_generic, memory_order_relaxed) && half_nt &&
+           half_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+int core_gemm_nn_half_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                            int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
+                            int64_t ldc)
+{
+    pthread_once(&small_once, pick_small);
+    return !atomic_load_explicit(&small_generic, memory_order_relaxed) && half_nn &&
+           half_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }

@@ -15,6 +15,8 @@ void core_gemm_nn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, 
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 void core_gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* Depth up to which core_gemm_tn adds rank-1 updates itself (no sgemm). */
+#define CORE_GEMM_SMALL_K 4
 /* Rows up to which core_gemm_nt and core_gemm_nn use the small kernels below
  * instead of sgemm (whose packing costs more than such products). */
 #define CORE_GEMM_SMALL_M 8
@@ -26,6 +28,19 @@ void core_gemm_nt_small(int64_t m, int64_t n, int64_t k, float alpha, const floa
  * order; beta == 0 overwrites C. Any m (taken CORE_GEMM_SMALL_M rows at a time). */
 void core_gemm_nn_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* Attention's decode products with B in half precision (core/half.h): for
+ * up to 4 rows of A on a CPU with AVX-512F and F16C (nt: k a multiple of
+ * 16; nn: n a multiple of 64), bit for bit what core_gemm_nt_small /
+ * core_gemm_nn_small give on B converted to floats (core_half_unpack),
+ * reading half the bytes. 1 when they ran; 0, with nothing written, for
+ * another shape or CPU or under core_gemm_small_force_generic: the caller
+ * converts B and calls the float entries. */
+int core_gemm_nt_half_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                            int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
+                            int64_t ldc);
+int core_gemm_nn_half_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                            int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
+                            int64_t ldc);
 /* Nonzero makes the small kernels take their portable C path, as on a CPU
  * without AVX2 (tests use it to check both); 0 lets the CPU choose again. */
 void core_gemm_small_force_generic(int on);

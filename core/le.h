@@ -40,7 +40,7 @@ static inline uint64_t core_le_get_u64(const unsigned char *p)
     return v;
 }
 
-/* n 4-byte (core_le_copy32) or 8-byte (core_le_copy64) values between host
+/* n 2-, 4- or 8-byte values (core_le_copy16, 32, 64) between host
  * order and little-endian, either way (the same swap): a memcpy on
  * little-endian hosts. dst and src do not overlap. */
 static inline void core_le_copy_n(void *dst, const void *src, size_t n, int width)
@@ -54,6 +54,11 @@ static inline void core_le_copy_n(void *dst, const void *src, size_t n, int widt
 #else
     memcpy(dst, src, n * (size_t)width);
 #endif
+}
+
+static inline void core_le_copy16(void *dst, const void *src, size_t n)
+{
+    core_le_copy_n(dst, src, n, 2);
 }
 
 static inline void core_le_copy32(void *dst, const void *src, size_t n)

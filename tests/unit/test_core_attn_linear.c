@@ -54,6 +54,25 @@ static void inputs_free(inputs_t *in)
     free(in->v);
 }
 
+/* x rounded to half precision (core/tensor.c's scalar converter). The
+ * linear kinds keep keys and values as halves and round what comes in
+ * (test_kv_rounded_to_half): inputs the oracles compare against are made
+ * exactly representable, so that the comparisons measure the kernels. */
+static float half_exact(float x)
+{
+    return core_fp16_to_fp32(core_fp32_to_fp16(x));
+}
+
+/* Every key and value of in made exactly representable as a half. */
+static void round_kv(const shape_t *s, inputs_t *in)
+{
+    size_t nk = (size_t)s->L * (size_t)in->n * (size_t)s->Hkv * (size_t)s->Hd;
+    for (size_t i = 0; i < nk; i++) {
+        in->k[i] = half_exact(in->k[i]);
+        in->v[i] = half_exact(in->v[i]);
+    }
+}
+
 static inputs_t make_inputs(const shape_t *s, int64_t n, double qscale, double kscale,
                             uint64_t seed)
 {
@@ -70,6 +89,7 @@ static inputs_t make_inputs(const shape_t *s, int64_t n, double qscale, double k
         in.k[i] = (float)(kscale * core_rng_normal(&r));
         in.v[i] = (float)core_rng_normal(&r);
     }
+    round_kv(s, &in);
     return in;
 }
 
@@ -654,6 +674,7 @@ TEST(test_running_scale_extreme_keys)
                     for (int c = 0; c < s.Hd; c++)
                         q[c] = (float)(f->omega[best * s.Hd + c] * up * 0.5);
             }
+            round_kv(&s, &in);
             if (ki == 1)
                 CHECK_MSG(bestv > 100, "IS logits should exceed fp32 exp range, got %.1f", bestv);
             float *o = run(a, &s, &in, ALL, 1);
@@ -737,6 +758,7 @@ TEST(test_chunk_underflow_guard)
                 in.q[t * s.Hd + c] += (float)(8.0 * u * up);
                 in.k[t * s.Hd + c] += (float)((t == n - 1 - w ? f->omega[best * s.Hd + c] : -6.0 * u) * up);
             }
+        round_kv(&s, &in);
         float *o = run(a, &s, &in, ALL, 1), *rec = run(a, &s, &in, ONE, 1);
         double *ref = reference(a, &s, &in);
         int finite = 1;
@@ -806,7 +828,7 @@ TEST(test_million_token_stream)
 static size_t expected_bytes(const shape_t *s)
 {
     return (size_t)s->L * s->Hkv * ((size_t)s->M * s->Hd * 4 + (size_t)s->M * 4 + (size_t)s->M * 8) +
-           (size_t)2 * s->L * s->W * s->Hkv * s->Hd * 4;
+           (size_t)2 * s->L * s->W * s->Hkv * s->Hd * 2; /* the window's K and V as halves */
 }
 
 TEST(test_state_bytes_constant)
@@ -996,6 +1018,60 @@ TEST(test_v2_matches_oracle)
         core_attn_free(a);
         core_gguf_close(ad);
         inputs_free(&in);
+    }
+}
+
+/* Keys and values are kept as halves, rounded on entry: inputs that are not
+ * representable give, bit for bit, what their rounded values give, in one
+ * forward, token by token and in odd pieces (a key read from this forward's
+ * input and the same key read back from the window are the same number),
+ * and a saved state holds the halves (its window rows take 2 bytes each). */
+TEST(test_kv_rounded_to_half)
+{
+    /* sinks and a window, and pre-RoPE features (keys un-rotated after rounding) */
+    const shape_t cases[] = {V2_CASES[2], V2_CASES[3], V2_CASES[4]};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        shape_t s = cases[ci];
+        char d[128];
+        v2_desc(&s, d, sizeof d);
+        core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+        inputs_t raw = make_inputs(&s, 150, 1.5, 1.5, 12), rnd = make_inputs(&s, 150, 1.5, 1.5, 12);
+        size_t nk = (size_t)s.L * (size_t)raw.n * (size_t)s.Hkv * (size_t)s.Hd, moved = 0;
+        for (size_t i = 0; i < nk; i++) { /* off the half grid, by less than half a step */
+            raw.k[i] = rnd.k[i] * (1.0f + 0x1p-13f);
+            raw.v[i] = rnd.v[i] * (1.0f - 0x1p-13f);
+            moved += raw.k[i] != rnd.k[i];
+        }
+        CHECK(moved > nk / 2);
+        core_attn_t *a = make_attn(&s, ad, 16, 0);
+        if (!a)
+            return;
+        const int *sizes[3] = {ALL, ONE, MIXED};
+        const int nsz[3] = {1, 1, 7};
+        for (int m = 0; m < 3; m++) {
+            float *o = run(a, &s, &raw, sizes[m], nsz[m]), *r = run(a, &s, &rnd, sizes[m], nsz[m]);
+            CHECK_MSG(memcmp(o, r, out_count(&s, raw.n) * sizeof(float)) == 0,
+                      "%s pieces %d: unrounded inputs give other outputs", d, m);
+            free(o);
+            free(r);
+        }
+        core_attn_state_t *st = NULL;
+        core_error_t err = {0};
+        CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
+        const size_t empty = core_state_size(st, NULL, 0, 0);
+        float *out = calloc(out_count(&s, raw.n), sizeof(float));
+        feed(a, st, &s, &raw, 0, raw.n, ALL, 1, out);
+        /* all W + S rows are valid now; the state's own payload had none */
+        size_t rows = (size_t)s.L * 2 * ((size_t)s.W + (size_t)s.S) * s.Hkv * s.Hd;
+        CHECK_MSG(core_state_size(st, NULL, 0, 0) - empty == rows * 2,
+                  "%s: the window and sinks take %zu bytes in a saved state, want %zu", d,
+                  core_state_size(st, NULL, 0, 0) - empty, rows * 2);
+        free(out);
+        core_attn_state_free(st);
+        core_attn_free(a);
+        core_gguf_close(ad);
+        inputs_free(&raw);
+        inputs_free(&rnd);
     }
 }
 
@@ -1841,6 +1917,7 @@ int main(void)
     RUN(test_fork_and_reset);
     RUN(test_adapter_errors);
     RUN(test_v2_matches_oracle);
+    RUN(test_kv_rounded_to_half);
     RUN(test_v2_parts_matter);
     RUN(test_v2_state_roundtrip);
     RUN(test_v2_long_stream);

@@ -1,9 +1,13 @@
 /* Unit tests of core/blas.c: the small-m GEMM kernel (decode path) and the
  * BLAS-backed path, both against a naive double-precision reference. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "core/blas.h"
+#include "core/half.h"
 #include "core/rng.h"
 
 /* C = alpha * A[m][k] · B + beta * C in double, B[n][k]ᵀ (nt) or B[k][n];
@@ -170,6 +174,89 @@ TEST(nn_and_tn_match_reference)
         }
 }
 
+/* core_gemm_tn at every depth around CORE_GEMM_SMALL_K (its own rank-1
+ * updates below, sgemm above), with alpha and beta, against double sums. */
+TEST(tn_small_depths)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 12);
+    enum { M = 9, N = 70, KMAX = CORE_GEMM_SMALL_K + 3 };
+    float at[KMAX * M], b[KMAX * N], c[M * N], c0[M * N];
+    fill(&r, at, KMAX * M);
+    fill(&r, b, KMAX * N);
+    fill(&r, c0, M * N);
+    const float betas[2] = {0.0f, 0.75f};
+    for (int gen = 0; gen < 2; gen++) /* the CPU's kernel, then the portable one */
+    for (int k = 1; k <= KMAX; k++)
+        for (int bi = 0; bi < 2; bi++) {
+            memcpy(c, c0, sizeof c);
+            core_gemm_small_force_generic(gen);
+            core_gemm_tn(M, N, k, 1.5f, at, M, b, N, betas[bi], c, N);
+            core_gemm_small_force_generic(0);
+            double worst = 0;
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double s = 0;
+                    for (int p = 0; p < k; p++)
+                        s += (double)at[p * M + i] * b[p * N + j];
+                    double want = 1.5 * s + (double)betas[bi] * c0[i * N + j];
+                    double e = fabs(c[i * N + j] - want);
+                    worst = e > worst ? e : worst;
+                }
+            CHECK_MSG(worst < 1e-5, "generic %d k %d beta %g: error %g", gen, k, (double)betas[bi],
+                      worst);
+        }
+}
+
+/* The half-B products: where they run (AVX-512 F16C, m ≤ 4), bit for bit the
+ * float small kernels on B converted (core_half_unpack); elsewhere they
+ * decline and write nothing. */
+TEST(half_kernels_match_float)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 13);
+    enum { KD = 64, NR = 37, NC = 128 };
+    float a[5 * KD], bf[NR * NC], c1[5 * NC], c2[5 * NC], dummy[1];
+    uint16_t bh[NR * NC];
+    fill(&r, a, 5 * KD);
+    fill(&r, bf, NR * NC);
+    core_half_pack(bf, bh, NR * NC);
+    core_half_unpack(bh, bf, NR * NC);
+    const int avail = core_gemm_nt_half_small(1, 1, 16, 1.0f, a, 16, bh, 16, 0.0f, dummy, 1);
+    int ran = 0;
+    for (int64_t m = 1; m <= 5; m++)
+        for (int beta = 0; beta < 2; beta++) {
+            /* scores: A [m][KD] against NR rows of KD halves, C row stride NR */
+            for (int i = 0; i < 5 * NC; i++)
+                c1[i] = c2[i] = 0.5f * (float)i;
+            core_gemm_nt_small(m, NR, KD, 0.125f, a, KD, bf, KD, (float)beta, c1, NR);
+            int took = core_gemm_nt_half_small(m, NR, KD, 0.125f, a, KD, bh, KD, (float)beta, c2, NR);
+            CHECK_MSG(took ? memcmp(c1, c2, sizeof c1) == 0 : 1, "nt m %lld beta %d differs",
+                      (long long)m, beta);
+            CHECK_MSG(took == (m <= 4 && avail), "nt m %lld: ran %d", (long long)m, took);
+            ran += took;
+            /* values: A [m][NR] times NR rows of NC halves */
+            for (int i = 0; i < 5 * NC; i++)
+                c1[i] = c2[i] = 0.25f * (float)i;
+            core_gemm_nn_small(m, NC, NR, 1.0f, a, NR, bf, NC, (float)beta, c1, NC);
+            took = core_gemm_nn_half_small(m, NC, NR, 1.0f, a, NR, bh, NC, (float)beta, c2, NC);
+            CHECK_MSG(took == (m <= 4 && avail), "nn m %lld: ran %d", (long long)m, took);
+            if (!took)
+                for (int i = 0; i < 5 * NC; i++)
+                    CHECK_MSG(c2[i] == 0.25f * (float)i, "nn m %lld: declined but wrote", (long long)m);
+            else
+                CHECK_MSG(memcmp(c1, c2, sizeof c1) == 0, "nn m %lld beta %d differs", (long long)m, beta);
+            ran += took;
+        }
+    /* n not a multiple of 64, k not of 16: declined */
+    CHECK(!core_gemm_nn_half_small(1, 48, NR, 1.0f, a, NR, bh, 48, 0.0f, c2, 48));
+    CHECK(!core_gemm_nt_half_small(1, 4, 40, 1.0f, a, 40, bh, 40, 0.0f, c2, 4));
+    core_gemm_small_force_generic(1);
+    CHECK(!core_gemm_nt_half_small(1, NR, KD, 1.0f, a, KD, bh, KD, 0.0f, c2, NR));
+    core_gemm_small_force_generic(0);
+    printf("  half kernels ran in %d of 20 cases (0 on a CPU without AVX-512 and F16C)\n", ran);
+}
+
 int main(void)
 {
     RUN(small_kernels_match_reference);
@@ -177,5 +264,7 @@ int main(void)
     RUN(small_nn_paths_agree);
     RUN(dispatch_both_paths);
     RUN(nn_and_tn_match_reference);
+    RUN(tn_small_depths);
+    RUN(half_kernels_match_float);
     return CHECK_DONE();
 }

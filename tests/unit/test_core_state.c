@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "core/sample.h"
 #include "core/state.h"
+#include "core/tensor.h"
 #include "tests/unit/check.h"
 #include "tests/unit/helpers.h"
 
@@ -324,10 +325,11 @@ TEST(linear_size_independent_of_tokens)
             CHECK_MSG(s1 == s5 && s1 > 0, "%s W=%d: %zu bytes after 1000 tokens, %zu after 5000",
                       core_attn_kind_name(kinds[k]), W, s1, s5);
             /* Independent count of what the blob must hold: header, crc, the
-             * payload's two u32, c (f64), S and z (f32), W window rows. */
+             * payload's two u32, c (f64), S and z (f32), W window rows of
+             * keys and values as halves. */
             size_t nh = (size_t)in->n_layer * in->n_head_kv, hd = (size_t)in->head_dim;
             size_t want = CORE_STATE_HEADER_BYTES + 4 + 8 + nh * M_FEAT * 8 +
-                          nh * M_FEAT * hd * 4 + nh * M_FEAT * 4 + 2 * nh * (size_t)W * hd * 4;
+                          nh * M_FEAT * hd * 4 + nh * M_FEAT * 4 + 2 * nh * (size_t)W * hd * 2;
             CHECK_INT_EQ(s1, want);
             core_model_free(m);
         }
@@ -401,6 +403,33 @@ static int refuse(victim_t *v, const void *buf, size_t len, const char *fp, int 
 
 /* A performer W=4 blob with every section: refused truncated at every length,
  * with bit flips, bad magic, a future version, another fingerprint. */
+/* blob (len bytes, no checkpoints) with its linear payload's window and
+ * sink rows (every half after the payload's first acc bytes, at off_attn)
+ * written as f32 and the half-rows flag cleared, as payloads were before the
+ * rows became halves: llen bytes, header sizes and checksum to match. */
+static unsigned char *f32_rows_blob(const unsigned char *blob, size_t len, size_t off_attn,
+                                    size_t acc, size_t llen)
+{
+    unsigned char *b = calloc(llen, 1);
+    memcpy(b, blob, off_attn + acc);
+    b[off_attn + 1] = 0; /* word 0 = accumulator bytes | 0x100 */
+    size_t nrow = (len - 4 - off_attn - acc) / 2;
+    for (size_t i = 0; i < nrow; i++) {
+        uint16_t h = (uint16_t)(blob[off_attn + acc + 2 * i] | blob[off_attn + acc + 2 * i + 1] << 8);
+        float f = core_fp16_to_fp32(h);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        put_le32(b + off_attn + acc + 4 * i, u);
+    }
+    uint64_t total = llen, attn = llen - 4 - off_attn;
+    for (int i = 0; i < 8; i++) {
+        b[8 + i] = (unsigned char)(total >> (8 * i));
+        b[112 + i] = (unsigned char)(attn >> (8 * i));
+    }
+    reseal(b, llen);
+    return b;
+}
+
 TEST(refusals_framing)
 {
     core_model_t *m = load_kind(CORE_ATTN_PERFORMER, 4);
@@ -520,14 +549,44 @@ flips_done:
     memcpy(b + off_attn + 8 + nz * 8 + 40, &fnan, 4);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "non-finite S", "NaN in S");
-    /* The first window row's key past half precision's range (c, S, z come
-     * before the window rows). */
+    /* The first window row's key an infinite half (c, S, z come before
+     * the window rows), then a NaN one. */
+    const size_t off_rows = off_attn + 8 + nz * 8 + nz * (size_t)in->head_dim * 4 + nz * 4;
+    const unsigned char half_inf[2] = {0x00, 0x7c}, half_nan[2] = {0x01, 0xfe};
     memcpy(b, blob, len);
-    const float huge = 1e30f;
-    memcpy(b + off_attn + 8 + nz * 8 + nz * (size_t)in->head_dim * 4 + nz * 4, &huge, 4);
+    memcpy(b + off_rows, half_inf, 2);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "non-finite or out-of-range window row in layer 0",
-           "huge window key");
+           "infinite window key");
+    memcpy(b, blob, len);
+    memcpy(b + off_rows + 6, half_nan, 2);
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "non-finite or out-of-range window row in layer 0",
+           "NaN window key");
+    /* The same state with f32 window rows (payloads written before the
+     * rows were halves) loads, and saves again as the original blob; a key
+     * past half precision's range there is refused. */
+    size_t acc = 8 + nz * 8 + nz * (size_t)in->head_dim * 4 + nz * 4;
+    size_t nrow = (len - 4 - off_attn - acc) / 2, llen = len + 2 * nrow;
+    unsigned char *lb = f32_rows_blob(blob, len, off_attn, acc, llen);
+    core_attn_state_t *ls = new_state(m);
+    core_sampler_t *lsmp = new_sampler(2);
+    core_error_t lerr = {0};
+    int lrc = core_state_load(lb, llen, NULL, ls, lsmp, NULL, NULL, NULL, NULL, &lerr);
+    CHECK_MSG(lrc == 0, "f32 window rows: %s", lerr.msg);
+    size_t rlen = 0;
+    unsigned char *again = lrc == 0 ? save(m, ls, lsmp, pend, 2, "meta", &rlen) : NULL;
+    CHECK_MSG(again && rlen == len && memcmp(again, blob, len) == 0,
+              "f32 window rows: saved again, %zu bytes, not the original %zu", rlen, len);
+    free(again);
+    core_attn_state_free(ls);
+    core_sampler_free(lsmp);
+    const float huge = 1e30f;
+    memcpy(lb + off_attn + acc + 4 * 5, &huge, 4);
+    reseal(lb, llen);
+    refuse(&v, lb, llen, NULL, CORE_EFORMAT, "non-finite or out-of-range window row in layer 0",
+           "huge f32 window key");
+    free(lb);
     memcpy(b, blob, len);
     put_le32(b + off_attn, 5);
     reseal(b, len);
