@@ -465,7 +465,9 @@ void api_prefix_refresh_metrics(api_app_t *app);
 /* Message boundaries of a chat prompt ids[n_ids] rendered from msgs[n]
  * (with tools, as api_chat_tokens_tools renders them): the key lengths to
  * insert, ascending, into out[SRV_ENGINE_MAX_SNAPS]; returns how many. The
- * boundary after the first message and the last ones are kept. */
+ * boundary after the first message and the last ones are kept, and before
+ * them the end of the template's default system prompt when the
+ * conversation does not open with a system message. */
 size_t api_prefix_chat_bounds(const api_app_t *app, const proto_message_t *msgs, size_t n,
                               const proto_tool_t *tools, size_t n_tools, int parse_special,
                               const int32_t *ids, size_t n_ids, size_t *out);

@@ -113,8 +113,20 @@ size_t api_prefix_chat_bounds(const api_app_t *app, const proto_message_t *msgs,
 {
     if (!app->prefix || n == 0)
         return 0;
+    /* A conversation that does not open with a system message gets the
+     * template's default one, the same for every such request (SmolLM2's:
+     * 21 of a short question's ~45 tokens): its end is a boundary too, the
+     * first, rendered as that system message alone (k = 0 below). */
+    const size_t dsl = app->tmpl.default_system_len;
+    const int dflt = msgs[0].role != PROTO_ROLE_SYSTEM && dsl > 0;
+    char dsys[CORE_CHAT_DEFAULT_SYSTEM_MAX + 1];
+    memcpy(dsys, app->tmpl.default_system, dflt ? dsl : 0);
+    dsys[dflt ? dsl : 0] = '\0';
+    const proto_message_t sysm = {.role = PROTO_ROLE_SYSTEM, .content = dsys, .content_len = dsl};
     /* messages [0..k) for k = 1 and the last MAX_BOUNDS - 1 values up to n */
-    size_t ks[MAX_BOUNDS], nk = 0;
+    size_t ks[MAX_BOUNDS + 1], nk = 0;
+    if (dflt)
+        ks[nk++] = 0;
     ks[nk++] = 1;
     for (size_t k = n > MAX_BOUNDS - 1 ? n - (MAX_BOUNDS - 2) : 2; k <= n; k++)
         ks[nk++] = k;
@@ -123,8 +135,8 @@ size_t api_prefix_chat_bounds(const api_app_t *app, const proto_message_t *msgs,
         int32_t *t = NULL;
         size_t nt = 0;
         core_error_t ce = {0};
-        if (api_chat_tokens_tools(app, msgs, ks[i], tools, n_tools, 0, 0, 0, parse_special, 1, &t,
-                                  &nt, &ce) < 0) {
+        if (api_chat_tokens_tools(app, ks[i] ? msgs : &sysm, ks[i] ? ks[i] : 1, tools, n_tools, 0,
+                                  0, 0, parse_special, 1, &t, &nt, &ce) < 0) {
             free(t);
             continue;
         }

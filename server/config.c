@@ -200,7 +200,7 @@ static const opt_t opts[] = {
      "states kept per session at its last K turn boundaries, for rollback and regenerate "
      "(each a file of one state's size in --session-dir, counted in --max-session-disk, "
      "whose budget deletes checkpoints before sessions); 0 = none"},
-    {"prefix-cache-mb", "DARKSERVE_PREFIX_CACHE_MB", OPT_INT, 0, O(prefix_cache_mb), "256",
+    {"prefix-cache-mb", "DARKSERVE_PREFIX_CACHE_MB", OPT_INT, 0, O(prefix_cache_mb), "64",
      0, INT64_C(1024) * 1024, NULL, "MIB",
      "memory for the prefix-state cache: the attention state after shared prompt prefixes "
      "(system prompts, documents), so a request starting with one prefills only the rest; "

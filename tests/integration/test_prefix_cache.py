@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from ds_server import TINY
+from ds_server import MODEL, TINY
 from test_attn_default import tiny_info, write_adapter
 
 SYSTEM = "You are a careful assistant who answers briefly. " * 6
@@ -300,3 +300,32 @@ def test_streamed_usage_reports_cached_tokens(servers):
               if l.startswith("data: {")]
     usage = [c["usage"] for c in chunks if c.get("usage")]
     assert len(usage) == 1 and usage[0]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def test_default_system_prompt_is_shared(servers):
+    """A chat without a system message is rendered with the template's
+    default one (the real model's: SmolLM2's), the same for every such
+    request: its end is a boundary, so another conversation starts from it
+    (that block's tokens less the last). The prefill of a cold request ends
+    a chunk at the same boundary, so its reply and logprobs are, bit for
+    bit, those of the same request served from the cache."""
+    srv = servers(model=MODEL, name="real-warm")
+    cold = servers(model=MODEL, name="real-cold")
+    first = chat(srv, [{"role": "user", "content": "What is 2+2?"}])
+    assert cached(first) == 0
+    st, tk, _ = srv.json("POST", "/tokenize", {
+        "text": f"<|im_start|>system\n{SMOLLM2_DEFAULT_SYSTEM}<|im_end|>\n"})
+    assert st == 200, tk
+    block = len(tk["tokens"])
+    assert block >= 16, tk
+    msgs = [{"role": "user", "content": "Say hello."}]
+    r, c = chat(srv, msgs, max_tokens=16), chat(cold, msgs, max_tokens=16)
+    assert cached(r) == block - 1 and cached(c) == 0, (r["usage"], c["usage"], block)
+    assert r["choices"][0]["logprobs"] == c["choices"][0]["logprobs"]
+    assert cached(chat(cold, [{"role": "user", "content": "Name a color."}])) == block - 1
+    # a conversation with its own system message does not start with it
+    r = chat(srv, sys_user("You are terse.", "Name a color."))
+    assert cached(r) == 0, r["usage"]
