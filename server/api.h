@@ -150,8 +150,12 @@ typedef struct api_app {
      * model is loaded and with --prefix-cache-mb 0 */
     srv_prefix_cache_t *prefix;
     srv_series_t *m_pfx_hits, *m_pfx_misses, *m_pfx_evictions, *m_pfx_inserts;
-    srv_series_t *m_pfx_bytes, *m_pfx_entries, *m_pfx_pinned;
+    srv_series_t *m_pfx_bytes, *m_pfx_entries, *m_pfx_pinned, *m_pfx_reserved;
     srv_prefix_cache_stats_t pfx_seen; /* counters already added to the metrics */
+    /* snapshots planned and not yet inserted, by key (api_prefix.c): a
+     * prefix some request in flight will insert is not copied again */
+    struct api_pfx_pending *pfx_pending; /* [n_pfx_pending], owned */
+    size_t n_pfx_pending, cap_pfx_pending;
 } api_app_t;
 
 /* ---- session owners (api_sessions.c) ----
@@ -328,6 +332,8 @@ void api_event_logprob(const core_tokenizer_t *tok, const srv_event_t *ev, int64
 typedef struct api_prefix_plan {
     size_t cached;                        /* prompt tokens from the cache (spec.n_cached) */
     size_t snap_at[SRV_ENGINE_MAX_SNAPS]; /* [n_snap] prefix lengths to insert (spec.snap_at) */
+    size_t est[SRV_ENGINE_MAX_SNAPS];     /* [n_snap] bytes reserved in the cache for each */
+    uint64_t key[SRV_ENGINE_MAX_SNAPS];   /* [n_snap] their keys in app->pfx_pending */
     size_t n_snap;
     int32_t *toks; /* owned [snap_at[n_snap - 1]]: the prompt the keys are cut from */
 } api_prefix_plan_t;
@@ -482,8 +488,12 @@ size_t api_prefix_chat_bounds(const api_app_t *app, const proto_message_t *msgs,
 int api_prefix_plan(api_gen_t *g, size_t ji, srv_job_spec_t *spec, const int32_t *toks, size_t n,
                     size_t max_cached, const char *prefix_id, const size_t *bounds,
                     size_t n_bounds, proto_error_t *e);
-/* After job ji's DONE: inserts its snapshots. */
+/* Inserts job ji's snapshots once its prefill is over (called with every
+ * event of the job, and at its DONE; a no-op before and after). */
 void api_prefix_harvest(api_gen_t *g, size_t ji);
+/* Gives back what a plan holds (reservations, pending keys, tokens): after
+ * the harvest, or for a job that will not run. */
+void api_prefix_drop(api_app_t *app, api_prefix_plan_t *pl);
 
 /* ---- the state memory budget (api_gen.c; loop thread) ---- */
 

@@ -339,8 +339,7 @@ static void gen_destroy(api_gen_t *g)
         api_gen_job_t *j = &g->jobs[i];
         srv_job_release(j->job);
         j->job = NULL;
-        free(j->pfx.toks);
-        j->pfx.toks = NULL;
+        api_prefix_drop(g->app, &j->pfx);
         core_attn_state_free(j->own.state);
         core_sampler_free(j->own.sampler);
         srv_seq_ctx_clear_pending(&j->own);
@@ -454,9 +453,9 @@ static void gen_pump(api_gen_t *g)
             srv_event_t *ev = NULL;
             while ((g->held_len == 0 || g->cancelled) && srv_job_pop(j->job, &ev)) {
                 progress = 1;
+                api_prefix_harvest(g, i); /* the snapshots, as soon as the prefill is over */
                 if (ev->kind == SRV_EVENT_DONE) {
                     j->done_ev = 1;
-                    api_prefix_harvest(g, i);
                 } else if (g->ops->event)
                     g->ops->event(g, i, ev);
                 srv_event_free(ev);

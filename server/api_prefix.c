@@ -4,13 +4,19 @@
  *     prompt is copied into the context's state (the engine then feeds
  *     only the rest: srv_job_spec_t.n_cached), and the prefix lengths to
  *     insert become engine snapshots (srv_job_spec_t.snap_at);
- *   - after the job: the snapshots go into the cache;
+ *   - once the job's prefill is over: the snapshots go into the cache;
  *   - POST /v1/prefixes pins a prefix (an ingest job whose state is kept),
  *     GET /v1/prefixes lists the entries, DELETE /v1/prefixes/{id} unpins.
  *
  * The cache and every state in it belong to the loop thread: entries are
  * copied into a context before the job is submitted and snapshots taken
- * after its DONE, so the scheduler never sees a cached state. A copy is a
+ * once the scheduler is done with them, so it never sees a cached state.
+ *
+ * Snapshots in flight are memory too: each one planned reserves its
+ * estimated bytes in the cache (which evicts to make room), so the cache
+ * and the copies on their way into it stay within --prefix-cache-mb, and
+ * a key some request in flight will insert already (every chat without a
+ * system message shares the default one) is not planned again. A copy is a
  * memcpy of one state (a few MB for DARKFormer, the KV cache so far for
  * exact attention). The key's namespace is the model fingerprint and the
  * attention configuration with the digest of its learned parameters
@@ -54,6 +60,76 @@ void api_prefix_free(api_app_t *app)
 {
     srv_prefix_cache_free(app->prefix);
     app->prefix = NULL;
+    free(app->pfx_pending);
+    app->pfx_pending = NULL;
+    app->n_pfx_pending = app->cap_pfx_pending = 0;
+}
+
+/* ---- snapshots in flight ---- */
+
+struct api_pfx_pending {
+    uint64_t key; /* pending_key of the prefix */
+    size_t refs;
+    size_t wanted; /* plans that skipped it because it was on its way */
+};
+
+/* FNV-1a of a prefix's tokens and length: two requests planning the same
+ * prefix get the same key (a collision only skips one insert). */
+static uint64_t pending_key(const int32_t *toks, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325u ^ (uint64_t)n;
+    for (size_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) {
+            h ^= (uint64_t)(((uint32_t)toks[i] >> (8 * b)) & 0xffu);
+            h *= 0x100000001b3u;
+        }
+    return h;
+}
+
+static struct api_pfx_pending *pending_find(api_app_t *app, uint64_t key)
+{
+    for (size_t i = 0; i < app->n_pfx_pending; i++)
+        if (app->pfx_pending[i].key == key)
+            return &app->pfx_pending[i];
+    return NULL;
+}
+
+/* 0, or -1 when out of memory (the snapshot is then not planned). */
+static int pending_add(api_app_t *app, uint64_t key)
+{
+    struct api_pfx_pending *p = pending_find(app, key);
+    if (p) {
+        p->refs++;
+        return 0;
+    }
+    if (app->n_pfx_pending == app->cap_pfx_pending) {
+        size_t cap = app->cap_pfx_pending ? 2 * app->cap_pfx_pending : 16;
+        struct api_pfx_pending *np = realloc(app->pfx_pending, cap * sizeof *np);
+        if (!np)
+            return -1;
+        app->pfx_pending = np;
+        app->cap_pfx_pending = cap;
+    }
+    app->pfx_pending[app->n_pfx_pending++] = (struct api_pfx_pending){key, 1, 0};
+    return 0;
+}
+
+static void pending_remove(api_app_t *app, uint64_t key)
+{
+    struct api_pfx_pending *p = pending_find(app, key);
+    if (p && --p->refs == 0)
+        *p = app->pfx_pending[--app->n_pfx_pending];
+}
+
+void api_prefix_drop(api_app_t *app, api_prefix_plan_t *pl)
+{
+    for (size_t k = 0; k < pl->n_snap; k++) {
+        srv_prefix_cache_release(app->prefix, pl->est[k]);
+        pending_remove(app, pl->key[k]);
+    }
+    pl->n_snap = 0;
+    free(pl->toks);
+    pl->toks = NULL;
 }
 
 void api_prefix_register_metrics(api_app_t *app)
@@ -87,6 +163,10 @@ void api_prefix_register_metrics(api_app_t *app)
         srv_metrics_gauge(m, "darkserve_prefix_cache_pinned", "Prefixes pinned (never evicted)",
                           NULL),
         NULL);
+    app->m_pfx_reserved = srv_metric_series(
+        srv_metrics_gauge(m, "darkserve_prefix_cache_reserved_bytes",
+                          "Bytes reserved for state snapshots on their way into the cache", NULL),
+        NULL);
 }
 
 void api_prefix_refresh_metrics(api_app_t *app)
@@ -102,6 +182,7 @@ void api_prefix_refresh_metrics(api_app_t *app)
     srv_series_set(app->m_pfx_bytes, (double)st.bytes);
     srv_series_set(app->m_pfx_entries, (double)st.entries);
     srv_series_set(app->m_pfx_pinned, (double)st.pinned);
+    srv_series_set(app->m_pfx_reserved, (double)st.reserved);
     *seen = st;
 }
 
@@ -204,6 +285,21 @@ int api_prefix_plan(api_gen_t *g, size_t ji, srv_job_spec_t *spec, const int32_t
         if (b <= pl->cached || b > n || (pl->n_snap && b <= pl->snap_at[pl->n_snap - 1]) ||
             srv_prefix_cache_find(app->prefix, toks, b))
             continue;
+        /* not when a request in flight will insert it, nor when the cache
+         * cannot make room for the copy */
+        const uint64_t key = pending_key(toks, b);
+        const size_t est = api_state_bound(app, (int64_t)b);
+        struct api_pfx_pending *on_way = pending_find(app, key);
+        if (on_way)
+            on_way->wanted++; /* shared: the entry will be kept like a hit one */
+        if (on_way || srv_prefix_cache_reserve(app->prefix, est) < 0)
+            continue;
+        if (pending_add(app, key) < 0) {
+            srv_prefix_cache_release(app->prefix, est);
+            continue;
+        }
+        pl->key[pl->n_snap] = key;
+        pl->est[pl->n_snap] = est;
         pl->snap_at[pl->n_snap++] = b;
     }
     if (pl->n_snap) {
@@ -212,7 +308,7 @@ int api_prefix_plan(api_gen_t *g, size_t ji, srv_job_spec_t *spec, const int32_t
         if (pl->toks)
             memcpy(pl->toks, toks, nt * sizeof *pl->toks);
         else
-            pl->n_snap = 0; /* nothing to insert; the request runs on */
+            api_prefix_drop(app, pl); /* nothing to insert; the request runs on */
     }
     spec->n_cached = pl->cached;
     spec->snap_at = pl->snap_at;
@@ -236,17 +332,24 @@ void api_prefix_harvest(api_gen_t *g, size_t ji)
 {
     api_gen_job_t *j = &g->jobs[ji];
     api_prefix_plan_t *pl = &j->pfx;
+    if (pl->n_snap == 0 || !srv_job_snapshots_ready(j->job))
+        return;
     for (size_t k = 0; k < pl->n_snap; k++) {
+        /* its reservation becomes the entry */
+        srv_prefix_cache_release(g->app->prefix, pl->est[k]);
+        pl->est[k] = 0;
         core_attn_state_t *st = srv_job_take_snapshot(j->job, k);
         if (!st || !g->app->prefix)
             continue;
-        int rc = insert_state(g->app, pl->toks, pl->snap_at[k], st, 0, NULL);
+        srv_prefix_entry_t *ent = NULL;
+        int rc = insert_state(g->app, pl->toks, pl->snap_at[k], st, 0, &ent);
+        const struct api_pfx_pending *p = pending_find(g->app, pl->key[k]);
+        if (ent && p && p->wanted)
+            srv_prefix_cache_note_reuse(g->app->prefix, ent);
         if (rc < 0 && rc != SRV_PREFIX_EEXIST && rc != SRV_PREFIX_ETOOBIG)
             SRV_LOG(SRV_LOG_WARN, g->rid, "prefix cache: %s", srv_prefix_strerror(rc));
     }
-    free(pl->toks);
-    pl->toks = NULL;
-    pl->n_snap = 0;
+    api_prefix_drop(g->app, pl);
 }
 
 /* ---- /v1/prefixes ---- */

@@ -685,6 +685,9 @@ static void step(srv_engine_t *E, srv_job_t *ending, int64_t now)
         if (j->absorbed < j->n_input)
             continue;
         j->t_prefill_done = t;
+        pthread_mutex_lock(&E->mu);
+        j->snaps_ready = 1;
+        pthread_mutex_unlock(&E->mu);
         if (j->max_tokens == 0)
             choice_end(E, j, 0, SRV_FINISH_LENGTH, 0);
         else
@@ -697,18 +700,28 @@ static void step(srv_engine_t *E, srv_job_t *ending, int64_t now)
     }
 }
 
+int srv_job_snapshots_ready(srv_job_t *job)
+{
+    if (!job)
+        return 0;
+    pthread_mutex_lock(&job->e->mu);
+    const int r = job->done || job->snaps_ready;
+    pthread_mutex_unlock(&job->e->mu);
+    return r;
+}
+
 core_attn_state_t *srv_job_take_snapshot(srv_job_t *job, size_t k)
 {
     if (!job || k >= job->n_snap)
         return NULL;
     srv_engine_t *e = job->e;
+    core_attn_state_t *s = NULL;
     pthread_mutex_lock(&e->mu);
-    const int done = job->done;
+    if (job->done || job->snaps_ready) { /* the scheduler writes snaps no more */
+        s = job->snaps[k];
+        job->snaps[k] = NULL;
+    }
     pthread_mutex_unlock(&e->mu);
-    if (!done)
-        return NULL;
-    core_attn_state_t *s = job->snaps[k];
-    job->snaps[k] = NULL;
     return s;
 }
 

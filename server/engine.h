@@ -85,7 +85,7 @@
  * position (one shorter row count in that step; the batch is unchanged),
  * copies the state, and goes on. Only for a context whose state is a
  * function of the prompt alone (no pending tokens, position n_cached).
- * After DONE, srv_job_take_snapshot hands each copy to the caller; a
+ * Once the prefill is over, srv_job_take_snapshot hands each copy to the caller; a
  * position the job never reached (cancelled, failed) gives NULL.
  *
  * ## Events, per job
@@ -355,11 +355,14 @@ int srv_job_pop(srv_job_t *job, srv_event_t **ev);
  * context is back with its owner). Borrowed from the job (valid until the
  * caller's reference is released). */
 const srv_job_result_t *srv_job_result(srv_job_t *job);
-/* After DONE: the state copy of spec.snap_at[k] (owned by the caller from
- * now on; a second call gives NULL), or NULL when the job did not reach
- * that position or the copy failed. Loop thread or any, not concurrently
- * with another take on the same job. */
+/* Once the job's prefill is over (srv_job_snapshots_ready) or it is DONE:
+ * the state copy of spec.snap_at[k] (owned by the caller from now on; a
+ * second call gives NULL), or NULL when the job did not reach that position
+ * or the copy failed, and NULL before. Any thread. */
 core_attn_state_t *srv_job_take_snapshot(srv_job_t *job, size_t k);
+/* 1 once every snapshot the job will take is taken (its prompt is absorbed,
+ * or the job is over), so they can go to the cache while it decodes. */
+int srv_job_snapshots_ready(srv_job_t *job);
 /* Drops the caller's reference. Events not yet popped are freed and later
  * ones dropped; the job itself runs on unless cancelled. NULL is a no-op. */
 void srv_job_release(srv_job_t *job);

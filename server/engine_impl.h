@@ -64,8 +64,9 @@ struct srv_job {
     int64_t deadline_ns;
     size_t n_cached;                           /* input tokens the state held at start */
     size_t snap_at[SRV_ENGINE_MAX_SNAPS];      /* [n_snap] input positions to copy at */
+    int snaps_ready; /* the prefill is over: snaps are the loop's to take (under mu) */
     core_attn_state_t *snaps[SRV_ENGINE_MAX_SNAPS]; /* [n_snap] the copies (scheduler
-                                                  thread until DONE, then the taker) */
+                                                  thread until snaps_ready, then the taker) */
     size_t n_snap, next_snap;
     char req_id[72];
     void (*notify)(void *ud);

@@ -31,6 +31,7 @@ struct srv_prefix_entry {
     size_t bytes;
     int pinned;
     uint64_t hits;
+    int reused; /* srv_prefix_cache_note_reuse: evicted with the hit ones */
     srv_prefix_entry_t *newer, *older; /* use order; c->head is the newest */
     srv_prefix_entry_t *chain;         /* bucket */
 };
@@ -49,7 +50,7 @@ struct srv_prefix_cache {
     srv_prefix_entry_t *head, *tail;
     len_count_t *lens; /* [n_lens] ascending by len */
     size_t n_lens, cap_lens;
-    srv_prefix_cache_stats_t st;
+    srv_prefix_cache_stats_t st; /* st.reserved: srv_prefix_cache_reserve's */
 };
 
 enum { INITIAL_BUCKETS = 64 };
@@ -299,6 +300,34 @@ void srv_prefix_cache_remove(srv_prefix_cache_t *c, srv_prefix_entry_t *e)
     entry_free(c, e);
 }
 
+/* Evicts unpinned entries until the entries, the reservations and bytes
+ * more fit the budget, or only pinned ones are left (the callers have
+ * checked that the pinned ones, the reservations and bytes fit): first
+ * those never hit, oldest first, then the others, oldest first. A prefix
+ * that was reused (a shared system prompt) thus outlives any number of
+ * one-off conversations passing through. */
+static int reused(const srv_prefix_entry_t *e)
+{
+    return e->hits > 0 || e->reused;
+}
+
+/* passes: 1 evicts only entries never hit, 2 the others after them. */
+static void evict_for(srv_prefix_cache_t *c, size_t bytes, int passes)
+{
+    for (int pass = 0; pass < passes; pass++) {
+        srv_prefix_entry_t *v = c->tail;
+        while (v && (c->st.bytes + c->st.reserved > c->o.budget ||
+                     c->st.bytes + c->st.reserved > c->o.budget - bytes)) {
+            srv_prefix_entry_t *newer = v->newer;
+            if (!v->pinned && (pass == 1 || !reused(v))) {
+                srv_prefix_cache_remove(c, v);
+                c->st.evictions++;
+            }
+            v = newer;
+        }
+    }
+}
+
 int srv_prefix_cache_insert(srv_prefix_cache_t *c, const int32_t *toks, size_t n, void *value,
                             size_t bytes, int pinned, srv_prefix_entry_t **out)
 {
@@ -329,17 +358,7 @@ int srv_prefix_cache_insert(srv_prefix_cache_t *c, const int32_t *toks, size_t n
         free(e);
         return SRV_PREFIX_ENOMEM;
     }
-    /* room: the oldest unpinned entries go (the check above says enough of
-     * them exist) */
-    srv_prefix_entry_t *v = c->tail;
-    while (c->st.bytes > c->o.budget - bytes && v) {
-        srv_prefix_entry_t *newer = v->newer;
-        if (!v->pinned) {
-            srv_prefix_cache_remove(c, v);
-            c->st.evictions++;
-        }
-        v = newer;
-    }
+    evict_for(c, bytes, 2);
     memcpy(e->key, key, sizeof e->key);
     memcpy(e->id, "pfx_", 5);
     proto_hex_format(full, (SRV_PREFIX_ID_LEN - 4) / 2, e->id + 4); /* over the NUL, and one */
@@ -363,6 +382,34 @@ int srv_prefix_cache_insert(srv_prefix_cache_t *c, const int32_t *toks, size_t n
     if (out)
         *out = e;
     return 0;
+}
+
+void srv_prefix_cache_note_reuse(srv_prefix_cache_t *c, srv_prefix_entry_t *e)
+{
+    (void)c;
+    e->reused = 1;
+}
+
+int srv_prefix_cache_reserve(srv_prefix_cache_t *c, size_t bytes)
+{
+    if (!c || bytes > c->o.budget)
+        return SRV_PREFIX_ETOOBIG;
+    /* only what no request has used may go for a copy not made yet */
+    size_t kept = c->st.reserved;
+    for (const srv_prefix_entry_t *v = c->head; v; v = v->older)
+        if (v->pinned || reused(v))
+            kept += v->bytes;
+    if (kept > c->o.budget - bytes)
+        return SRV_PREFIX_ETOOBIG;
+    evict_for(c, bytes, 1);
+    c->st.reserved += bytes;
+    return 0;
+}
+
+void srv_prefix_cache_release(srv_prefix_cache_t *c, size_t bytes)
+{
+    if (c)
+        c->st.reserved -= bytes < c->st.reserved ? bytes : c->st.reserved;
 }
 
 int srv_prefix_cache_pin(srv_prefix_cache_t *c, srv_prefix_entry_t *e)

@@ -28,8 +28,10 @@
  *
  * ## Budget and pinning
  * Every entry counts its bytes against opts.budget; unpinned entries are
- * evicted least recently used first (a lookup hit or an insert makes an
- * entry the most recent) to make room. Pinned entries are never evicted;
+ * evicted to make room, those never hit by a lookup first, least recently
+ * used first within each class (a lookup hit or an insert makes an entry
+ * the most recent; srv_prefix_cache_note_reuse counts as a hit here): a
+ * reused prefix outlives one-off ones. Pinned entries are never evicted;
  * their bytes, and their number (opts.max_pinned), are bounded, so a pin
  * that would pass either is refused. A budget of 0 refuses every insert.
  *
@@ -83,6 +85,7 @@ typedef struct srv_prefix_cache_stats {
     uint64_t hits, misses;       /* srv_prefix_cache_lookup results */
     uint64_t evictions;          /* entries dropped to make room */
     uint64_t inserts;            /* entries added */
+    size_t reserved;             /* bytes reserved (srv_prefix_cache_reserve) */
 } srv_prefix_cache_stats_t;
 
 /* New empty cache (owned by the caller). 0 or SRV_PREFIX_ENOMEM /
@@ -116,6 +119,21 @@ void srv_prefix_cache_touch(srv_prefix_cache_t *c, srv_prefix_entry_t *e);
  *   SRV_PREFIX_ENOMEM, SRV_PREFIX_EINVAL */
 int srv_prefix_cache_insert(srv_prefix_cache_t *c, const int32_t *toks, size_t n, void *value,
                             size_t bytes, int pinned, srv_prefix_entry_t **out);
+/* Marks e as wanted by more than its inserter (requests that would have hit
+ * it had it been there): evicted with the entries that were hit. */
+void srv_prefix_cache_note_reuse(srv_prefix_cache_t *c, srv_prefix_entry_t *e);
+/* Reserves bytes of the budget for a value that will be inserted later
+ * (the server's state snapshots, taken while a prompt is prefilled):
+ * entries never hit (nor marked reused) are evicted, least recently used
+ * first, until the entries and every reservation fit, so the values in
+ * flight and the cache together stay within the budget. 0, or
+ * SRV_PREFIX_ETOOBIG (nothing evicted) when the pinned and the reused
+ * entries and the reservations leave no room: a speculative copy never
+ * displaces a prefix that was reused. Later inserts evict to keep room for
+ * the reservations too. */
+int srv_prefix_cache_reserve(srv_prefix_cache_t *c, size_t bytes);
+/* Gives back bytes reserved (before inserting the value they were for). */
+void srv_prefix_cache_release(srv_prefix_cache_t *c, size_t bytes);
 /* Pins e: 0 (also when it was pinned), SRV_PREFIX_EPINNED, or
  * SRV_PREFIX_ETOOBIG when the pinned bytes would pass the budget. */
 int srv_prefix_cache_pin(srv_prefix_cache_t *c, srv_prefix_entry_t *e);

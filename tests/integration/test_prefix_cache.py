@@ -329,3 +329,51 @@ def test_default_system_prompt_is_shared(servers):
     # a conversation with its own system message does not start with it
     r = chat(srv, sys_user("You are terse.", "Name a color."))
     assert cached(r) == 0, r["usage"]
+
+
+def wait_for(pred, timeout=30.0):
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+def test_snapshots_in_flight_are_bounded_and_given_back(servers):
+    """Snapshots reserve their size in the cache while in flight and give it
+    back when they go in; eight requests at once sharing a system prompt
+    copy it once (one insert, the others hit it afterwards); a client that
+    disconnects mid-prompt gives its reservation back too."""
+    import socket
+    import threading
+    srv = servers(model=TINY)
+    out = [None] * 8
+
+    def one(i):
+        out[i] = chat(srv, sys_user(SYSTEM, f"question number {i} " * 3))
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert all(out)
+    m = pfx_metrics(srv)
+    assert m["reserved_bytes"] == 0, m
+    # the shared system boundary went in once; each request's whole prompt too
+    sys_only = srv.json("POST", "/v1/chat/completions", {
+        "messages": sys_user(SYSTEM, "another question"), "max_tokens": 1})[1]
+    assert cached(sys_only) > 0
+    assert m["inserts_total"] <= 1 + 8, m
+    # a client gone before its prompt is absorbed: nothing stays reserved
+    body = json.dumps({"messages": sys_user(OTHER, "x " * 1500), "max_tokens": 4,
+                       "stream": True}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    s.close()
+    assert wait_for(lambda: pfx_metrics(srv)["reserved_bytes"] == 0), pfx_metrics(srv)
+    r = chat(srv, sys_user(OTHER, "y"))
+    assert r["choices"][0]["message"]["content"] is not None

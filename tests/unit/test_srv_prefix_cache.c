@@ -162,6 +162,100 @@ TEST(test_lru_and_budget)
     CHECK_INT_EQ(live_values, 0);
 }
 
+/* Reservations count against the budget: reserving evicts the least
+ * recently used unpinned entries, inserts keep room for what is reserved,
+ * a reservation the pinned entries leave no room for is refused with
+ * nothing evicted, and release gives the room back. */
+/* An entry that was hit (or marked reused) outlives newer entries never hit. */
+TEST(test_hit_entries_evicted_last)
+{
+    srv_prefix_cache_t *c = cache(100, 4, 0);
+    int32_t a[4], b[4], d[4], e4[4];
+    seq(a, 4, 10);
+    seq(b, 4, 20);
+    seq(d, 4, 30);
+    seq(e4, 4, 40);
+    CHECK_INT_EQ(insert(c, a, 4, 40, 0), 0);
+    CHECK(srv_prefix_cache_lookup(c, a, 4, 4) != NULL); /* a: one hit */
+    CHECK_INT_EQ(insert(c, b, 4, 40, 0), 0);
+    CHECK_INT_EQ(insert(c, d, 4, 40, 0), 0); /* b (never hit) goes, not a (older) */
+    CHECK(srv_prefix_cache_find(c, a, 4) != NULL);
+    CHECK(srv_prefix_cache_find(c, b, 4) == NULL);
+    CHECK_INT_EQ(insert(c, e4, 4, 40, 0), 0); /* d goes */
+    CHECK(srv_prefix_cache_find(c, a, 4) != NULL);
+    CHECK(srv_prefix_cache_find(c, d, 4) == NULL);
+    /* when only hit entries are left, the oldest of them goes; an entry
+     * marked reused (wanted by requests in flight) counts as hit */
+    srv_prefix_entry_t *ee = srv_prefix_cache_find(c, e4, 4);
+    CHECK(ee != NULL);
+    if (ee)
+        srv_prefix_cache_note_reuse(c, ee);
+    CHECK_INT_EQ(insert(c, b, 4, 40, 0), 0);
+    CHECK(srv_prefix_cache_find(c, a, 4) == NULL);
+    CHECK(srv_prefix_cache_find(c, e4, 4) != NULL);
+    srv_prefix_cache_free(c);
+    CHECK_INT_EQ(live_values, 0);
+}
+
+TEST(test_reservations)
+{
+    srv_prefix_cache_t *c = cache(100, 4, 0);
+    int32_t a[4], b[4], d[4], p[4];
+    seq(a, 4, 10);
+    seq(b, 4, 20);
+    seq(d, 4, 30);
+    seq(p, 4, 50);
+    CHECK_INT_EQ(insert(c, a, 4, 30, 0), 0);
+    CHECK_INT_EQ(insert(c, b, 4, 30, 0), 0);
+    CHECK_INT_EQ(srv_prefix_cache_reserve(c, 30), 0); /* 90: nothing goes */
+    srv_prefix_cache_stats_t st;
+    srv_prefix_cache_stats(c, &st);
+    CHECK_INT_EQ(st.reserved, 30);
+    CHECK_INT_EQ(st.entries, 2);
+    CHECK_INT_EQ(srv_prefix_cache_reserve(c, 30), 0); /* 120: a, the oldest, goes */
+    CHECK(srv_prefix_cache_find(c, a, 4) == NULL);
+    CHECK(srv_prefix_cache_find(c, b, 4) != NULL);
+    /* an insert keeps room for the 60 reserved: b goes */
+    CHECK_INT_EQ(insert(c, d, 4, 30, 0), 0);
+    CHECK(srv_prefix_cache_find(c, b, 4) == NULL);
+    srv_prefix_cache_stats(c, &st);
+    CHECK_INT_EQ(st.bytes, 30);
+    CHECK_INT_EQ(st.evictions, 2);
+    /* released, a reservation's insert fits beside d */
+    srv_prefix_cache_release(c, 30);
+    CHECK_INT_EQ(insert(c, a, 4, 30, 0), 0);
+    CHECK(srv_prefix_cache_find(c, d, 4) != NULL);
+    /* pinned 30 + reserved 30 + 50 > 100: refused, nothing evicted */
+    srv_prefix_entry_t *pe = NULL;
+    void *v = value();
+    CHECK_INT_EQ(srv_prefix_cache_insert(c, p, 4, v, 30, 1, &pe), 0);
+    srv_prefix_cache_stats(c, &st);
+    const uint64_t ev = st.evictions;
+    CHECK_INT_EQ(srv_prefix_cache_reserve(c, 50), SRV_PREFIX_ETOOBIG);
+    srv_prefix_cache_stats(c, &st);
+    CHECK_INT_EQ(st.evictions, ev);
+    CHECK_INT_EQ(st.reserved, 30);
+    /* 40 fits once the unpinned go: a and d */
+    CHECK_INT_EQ(srv_prefix_cache_reserve(c, 40), 0);
+    srv_prefix_cache_stats(c, &st);
+    CHECK_INT_EQ(st.entries, 1);
+    CHECK_INT_EQ(st.reserved, 70);
+    /* releasing more than is reserved leaves 0 */
+    srv_prefix_cache_release(c, 1000);
+    srv_prefix_cache_stats(c, &st);
+    CHECK_INT_EQ(st.reserved, 0);
+    CHECK_INT_EQ(srv_prefix_cache_reserve(c, 101), SRV_PREFIX_ETOOBIG);
+    /* a reservation never evicts an entry that was hit: pinned p 30, hit a
+     * 30, 50 more does not fit without a: refused, a stays */
+    CHECK_INT_EQ(insert(c, a, 4, 30, 0), 0);
+    CHECK(srv_prefix_cache_lookup(c, a, 4, 4) != NULL);
+    CHECK_INT_EQ(srv_prefix_cache_reserve(c, 50), SRV_PREFIX_ETOOBIG);
+    CHECK(srv_prefix_cache_find(c, a, 4) != NULL);
+    CHECK_INT_EQ(srv_prefix_cache_reserve(c, 40), 0);
+    srv_prefix_cache_free(c);
+    CHECK_INT_EQ(live_values, 0);
+}
+
 TEST(test_pinning)
 {
     srv_prefix_cache_t *c = cache(100, 2, 0);
@@ -297,6 +391,8 @@ int main(void)
     RUN(test_longest_prefix);
     RUN(test_namespace);
     RUN(test_lru_and_budget);
+    RUN(test_hit_entries_evicted_last);
+    RUN(test_reservations);
     RUN(test_pinning);
     RUN(test_zero_budget);
     RUN(test_collisions);
