@@ -320,12 +320,14 @@ def test_kill9_then_nginx_continues_on_the_other(servers, redis, proxies):
 
 def test_one_session_on_both_replicas_at_once(servers, redis):
     # the real model (DARKFormer, the default attention): a generation long
-    # enough to overlap, and a 15.6 MB state through Redis
+    # enough to overlap the four requests below (up to 400 tokens: ~2 s
+    # here, more than 40 now that a token takes ~5 ms), and a 9.4 MB state
+    # through Redis
     a, b = replicas(servers, redis, model=MODEL, attn=None)
     sid = create(a, "You are a storyteller.")
     # one replica generates; the other (and the same one) refuse meanwhile
     c, resp = a.open_stream(f"/v1/sessions/{sid}/generate",
-                            {"text": "Once upon a time", "max_tokens": 40, "temperature": 0})
+                            {"text": "Once upon a time", "max_tokens": 400, "temperature": 0})
     try:
         assert resp.status == 200
         assert "token" in json.loads(resp.readline())

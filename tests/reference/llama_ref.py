@@ -93,8 +93,10 @@ class LlamaRef:
     def new_cache(self):
         return {"pos": 0, "k": [None] * self.n_layer, "v": [None] * self.n_layer}
 
-    def forward(self, tokens, cache=None, all_logits=True):
-        """Runs tokens after what cache holds; returns logits [T][V] (or [V])."""
+    def forward(self, tokens, cache=None, all_logits=True, kv_half=False):
+        """Runs tokens after what cache holds; returns logits [T][V] (or [V]).
+        kv_half: keys (after RoPE) and values rounded to IEEE half precision,
+        as darkserve's linear attention kinds keep their window and sinks."""
         if cache is None:
             cache = self.new_cache()
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -111,6 +113,9 @@ class LlamaRef:
             v = (xn @ ly["attn_v"].T).reshape(T, Hkv, Hd)
             q = self._rope(q, pos)
             k = self._rope(k, pos)
+            if kv_half:  # float32 first, as the C model holds them, then half
+                k = k.astype(np.float32).astype(np.float16).astype(np.float64)
+                v = v.astype(np.float32).astype(np.float16).astype(np.float64)
             if cache["k"][l] is None:
                 K, V = k, v
             else:

@@ -2,10 +2,11 @@
 numpy oracle.
 
 On the tiny model, DARKFormer attention whose exact window is longer than
-the prompt is exact attention (test_core_attn_linear checks that
-equivalence), so logits_dump with an adapter carrying a random rank-3 LoRA
-must give the logits of llama_ref.LlamaRef for the network whose q, k, v
-and o weights are W + B·A. The same adapter without the LoRA must not (so
+the prompt is exact attention on keys and values rounded to half precision
+(test_core_attn_linear checks that equivalence; the oracle rounds them the
+same way: LlamaRef.forward(kv_half=True)), so logits_dump with an adapter
+carrying a random rank-3 LoRA must give the logits of llama_ref.LlamaRef for
+the network whose q, k, v and o weights are W + B·A. The same adapter without the LoRA must not (so
 the comparison could not pass with the update ignored). Needs
 build/tools/write_adapter and build/tests/helpers/logits_dump.
 """
@@ -73,14 +74,14 @@ def test_lora_matches_merged_weights(tmp_path):
     with_lora = write_adapter(ref, tmp_path, lora)
     plain = write_adapter(ref, tmp_path, None)
 
-    base = ref.forward(ids)
+    base = ref.forward(ids, kv_half=True)
     for n in PARTS:
         a, b = lora[n]
         key = "attn_" + ("output" if n == "o" else n)
         for l in range(L):
             ref.layers[l][key] = ref.layers[l][key] + b[l].astype(np.float32).astype(np.float64) \
                 @ a[l].astype(np.float32).astype(np.float64)
-    merged = ref.forward(ids)
+    merged = ref.forward(ids, kv_half=True)
     assert np.abs(merged - base).max() > 0.05 * np.abs(base).max(), "the LoRA changes too little"
 
     compare(dump(with_lora, ids, tmp_path), merged, "LoRA prefill vs merged oracle")
