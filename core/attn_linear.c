@@ -1213,11 +1213,17 @@ static void chunk_absorb(lin_ctx_t *x, const lin_chunk_t *ck)
         }
     } else {
         for (int64_t i = 0; i < m; i++) {
-            if (al[i] == 1.0)
+            /* a row at its scale (the decay only moves c), or one no key has
+             * reached yet and none reaches now (c and C −inf: it holds nothing
+             * any query weighs, and the key that first reaches it multiplies
+             * it by 0 here) stays as it is: a decode step with the window
+             * not full yet rescaled every row of every head by 0 */
+            if (al[i] == 1.0 || !(cn[i] > -INFINITY))
                 continue;
             float fa = (float)al[i];
+            float *si = x->sf + i * hd;
             for (int64_t c = 0; c < hd; c++)
-                x->sf[i * hd + c] *= fa;
+                si[c] *= fa;
             x->zf[i] *= fa;
         }
         if (ni > 0)
