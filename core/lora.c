@@ -16,7 +16,10 @@ struct core_lora {
     int rank, n_layer;
     int64_t in[CORE_LORA_N], out[CORE_LORA_N];
     float *a[CORE_LORA_N]; /* [L][r][in] */
-    float *b[CORE_LORA_N]; /* [L][out][r] */
+    float *b[CORE_LORA_N]; /* [L][r][out]: the file's [out][r] transposed, so that
+                              the second product runs along out (a rank-long dot
+                              product per output cost more than the multiply) */
+    uint64_t digest;       /* core_lora_digest, of the file's order */
 };
 
 void core_lora_free(core_lora_t *lo)
@@ -37,9 +40,14 @@ int core_lora_rank(const core_lora_t *lo)
 
 uint64_t core_lora_digest(const core_lora_t *lo)
 {
-    if (!lo)
-        return 0;
-    uint64_t h = 0xcbf29ce484222325u ^ (uint64_t)lo->rank; /* FNV-1a over 32-bit words */
+    return lo ? lo->digest : 0;
+}
+
+/* FNV-1a over the 32-bit words of every A and B as the file holds them
+ * (B [out][r]: taken before the transposition). */
+static uint64_t lora_digest(const core_lora_t *lo)
+{
+    uint64_t h = 0xcbf29ce484222325u ^ (uint64_t)lo->rank;
     for (int w = 0; w < CORE_LORA_N; w++) {
         const float *part[2] = {lo->a[w], lo->b[w]};
         for (int j = 0; j < 2; j++) {
@@ -52,6 +60,18 @@ uint64_t core_lora_digest(const core_lora_t *lo)
         }
     }
     return h ? h : 1;
+}
+
+/* Every layer's B [out][r] into [r][out], in place through tmp [out * r]. */
+static void transpose_b(float *b, int n_layer, int64_t out, int64_t r, float *tmp)
+{
+    for (int l = 0; l < n_layer; l++) {
+        float *bl = b + (int64_t)l * out * r;
+        memcpy(tmp, bl, (size_t)(out * r) * sizeof *tmp);
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t k = 0; k < r; k++)
+                bl[k * out + o] = tmp[o * r + k];
+    }
 }
 
 /* Copies tensor name, expected [rows][cols] (GGUF ne0 = cols, ne1 = rows),
@@ -122,6 +142,18 @@ int core_lora_load(const core_gguf_t *g, int n_layer, int64_t d, int64_t qd, int
         }
     }
     if (rc == 0) {
+        lo->digest = lora_digest(lo);
+        int64_t most = 0;
+        for (int w = 0; w < CORE_LORA_N; w++)
+            most = o[w] > most ? o[w] : most;
+        float *tmp = malloc((size_t)(most * rank) * sizeof *tmp);
+        if (!tmp) {
+            rc = core_error_set(err, CORE_ENOMEM, "out of memory for the adapter's LoRA");
+            goto fail;
+        }
+        for (int w = 0; w < CORE_LORA_N; w++)
+            transpose_b(lo->b[w], n_layer, o[w], rank, tmp);
+        free(tmp);
         *out = lo;
         return 0;
     }
@@ -137,5 +169,5 @@ void core_lora_add(const core_lora_t *lo, int layer, int which, int64_t n, const
     const float *a = lo->a[which] + (int64_t)layer * r * in;
     const float *b = lo->b[which] + (int64_t)layer * out * r;
     core_gemm_nt(n, r, in, 1.0f, x, ldx, a, in, 0.0f, scratch, r);
-    core_gemm_nt(n, out, r, 1.0f, scratch, r, b, r, 1.0f, y, ldy);
+    core_gemm_nn(n, out, r, 1.0f, scratch, r, b, out, 1.0f, y, ldy);
 }
