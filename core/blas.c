@@ -257,6 +257,15 @@ NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t
         }
 }
 
+/* One instance per (M, kind of B), as NT4_CASES below. */
+#define NN64_CASES(HB, B)                                                                      \
+    switch (m) {                                                                               \
+    case 1: nn64_avx512(1, k, alpha, a, lda, B, HB, ldb, beta, c + j, ldc); break;            \
+    case 2: nn64_avx512(2, k, alpha, a, lda, B, HB, ldb, beta, c + j, ldc); break;            \
+    case 3: nn64_avx512(3, k, alpha, a, lda, B, HB, ldb, beta, c + j, ldc); break;            \
+    default: nn64_avx512(4, k, alpha, a, lda, B, HB, ldb, beta, c + j, ldc); break;           \
+    }
+
 __attribute__((target("avx512f,avx2,fma"))) static void nn_small_avx512(int64_t m, int64_t n,
                                                                        int64_t k, float alpha,
                                                                        const float *a, int64_t lda,
@@ -265,14 +274,8 @@ __attribute__((target("avx512f,avx2,fma"))) static void nn_small_avx512(int64_t 
                                                                        int64_t ldc)
 {
     int64_t j = 0;
-    for (; m <= 4 && j + 64 <= n; j += 64) {
-        switch (m) {
-        case 1: nn64_avx512(1, k, alpha, a, lda, b + j, 0, ldb, beta, c + j, ldc); break;
-        case 2: nn64_avx512(2, k, alpha, a, lda, b + j, 0, ldb, beta, c + j, ldc); break;
-        case 3: nn64_avx512(3, k, alpha, a, lda, b + j, 0, ldb, beta, c + j, ldc); break;
-        default: nn64_avx512(4, k, alpha, a, lda, b + j, 0, ldb, beta, c + j, ldc); break;
-        }
-    }
+    for (; m <= 4 && j + 64 <= n; j += 64)
+        NN64_CASES(0, b + j)
     if (j < n)
         nn_small_avx2(m, n - j, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc);
 }
@@ -381,14 +384,8 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) static int nn_half_avx512(
 {
     if (m > 4 || n % 64 != 0)
         return 0;
-    for (int64_t j = 0; j < n; j += 64) {
-        switch (m) {
-        case 1: nn64_avx512(1, k, alpha, a, lda, b + j, 1, ldb, beta, c + j, ldc); break;
-        case 2: nn64_avx512(2, k, alpha, a, lda, b + j, 1, ldb, beta, c + j, ldc); break;
-        case 3: nn64_avx512(3, k, alpha, a, lda, b + j, 1, ldb, beta, c + j, ldc); break;
-        default: nn64_avx512(4, k, alpha, a, lda, b + j, 1, ldb, beta, c + j, ldc); break;
-        }
-    }
+    for (int64_t j = 0; j < n; j += 64)
+        NN64_CASES(1, b + j)
     return 1;
 }
 
