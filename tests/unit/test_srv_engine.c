@@ -858,6 +858,49 @@ TEST(snapshot_then_resume_equals_cold_prefill)
     snapshot_case(tiny_lin, 1.0f);
 }
 
+/* Snapshots are handed over once the prompt is absorbed: after the first
+ * token (the job has 200 more to go), srv_job_snapshots_ready is 1 and take
+ * gives the copies at their positions, once each; the generation then goes
+ * on to its end (and frees what was not taken: nothing here). */
+TEST(snapshots_ready_before_done)
+{
+    enum { L = 120, G = 200 };
+    srv_engine_t *e = engine(tiny_lin, NULL);
+    if (!e)
+        return;
+    core_rng_t r;
+    core_rng_seed(&r, 29);
+    int32_t p[L];
+    rand_tokens(&r, p, L);
+    srv_seq_ctx_t a;
+    ctx_init(&a, tiny_lin);
+    const size_t snaps[2] = {40, 119};
+    srv_job_spec_t sp;
+    greedy_spec(&sp, &a, p, L, G);
+    sp.snap_at = snaps;
+    sp.n_snap = 2;
+    out_t *o = out_new();
+    srv_job_t *j = submit(e, &sp);
+    CHECK(j != NULL);
+    if (j) {
+        CHECK(collect_tokens(j, o, 1));
+        CHECK(srv_job_snapshots_ready(j));
+        for (int k = 0; k < 2; k++) {
+            core_attn_state_t *st = srv_job_take_snapshot(j, (size_t)k);
+            CHECK(st && core_attn_state_pos(st) == (int64_t)snaps[k]);
+            core_attn_state_free(st);
+        }
+        CHECK(srv_job_take_snapshot(j, 1) == NULL);
+        CHECK(collect(j, o));
+        CHECK_INT_EQ(o->n[0], G);
+        srv_job_release(j);
+    }
+    CHECK(!srv_job_snapshots_ready(NULL));
+    free(o);
+    ctx_fini(&a);
+    srv_engine_free(e);
+}
+
 TEST(cancel_ends_within_one_step)
 {
     srv_engine_t *e = engine(tiny_lin, NULL);
@@ -1417,6 +1460,7 @@ int main(void)
     RUN(timeout);
     RUN(stop_drains_then_cancels);
     RUN(snapshot_then_resume_equals_cold_prefill);
+    RUN(snapshots_ready_before_done);
     RUN(grammar_every_choice_in_the_language);
     core_tokenizer_free(tok);
     core_model_free(tiny);
