@@ -10,13 +10,14 @@
  */
 #include "core/blas.h"
 
+#include "core/qdot.h"
+
 #include <cblas.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <strings.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define CORE_BLAS_X86 1
 #endif
@@ -454,15 +455,6 @@ typedef int (*half_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t,
                        int64_t, float, float *, int64_t);
 static half_fn half_nt, half_nn; /* likewise, B in halves */
 
-#ifdef CORE_BLAS_X86
-/* F16C: CPUID.(EAX=1):ECX bit 29 (asked after AVX-512F was found). */
-static int cpu_has_f16c(void)
-{
-    unsigned ea, eb, ec, ed;
-    return __get_cpuid(1, &ea, &eb, &ec, &ed) && (ec & (1u << 29)) != 0;
-}
-#endif
-
 static void pick_small(void)
 {
     small_dot = dot_generic;
@@ -476,7 +468,7 @@ static void pick_small(void)
             small_tn = tn_small_avx512;
             small_nn = nn_small_avx512;
             small_nt = nt_small_avx512;
-            if (cpu_has_f16c()) {
+            if (core_qdot_best_isa() >= CORE_QDOT_AVX2) { /* that ISA includes F16C */
                 half_nt = nt_half_avx512;
                 half_nn = nn_half_avx512;
             }

@@ -24,12 +24,6 @@ static void pack_c(const float *x, uint16_t *h, int64_t n)
         h[i] = core_fp32_to_fp16(saturate(x[i]));
 }
 
-static void unpack_c(const uint16_t *h, float *x, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        x[i] = core_fp16_to_fp32(h[i]);
-}
-
 static void round_c(const float *x, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
@@ -58,14 +52,6 @@ F16C_FN static void pack_f16c(const float *x, uint16_t *h, int64_t n)
         _mm_storeu_si128((__m128i *)(void *)(h + i),
                          _mm256_cvtps_ph(saturate8(_mm256_loadu_ps(x + i)), _MM_FROUND_TO_NEAREST_INT));
     pack_c(x + i, h + i, n - i);
-}
-
-F16C_FN static void unpack_f16c(const uint16_t *h, float *x, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(h + i))));
-    unpack_c(h + i, x + i, n - i);
 }
 
 F16C_FN static void round_f16c(const float *x, float *y, int64_t n)
@@ -100,13 +86,8 @@ void core_half_pack(const float *x, uint16_t *h, int64_t n)
 
 void core_half_unpack(const uint16_t *h, float *x, int64_t n)
 {
-#ifdef HALF_X86
-    if (use_f16c()) {
-        unpack_f16c(h, x, n);
-        return;
-    }
-#endif
-    unpack_c(h, x, n);
+    /* the F16 weights' dequantizer: F16C in groups of 32, the rest in C */
+    core_qdot_dequant(CORE_TTYPE_F16, h, x, n);
 }
 
 void core_half_round(const float *x, float *y, int64_t n)

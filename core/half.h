@@ -10,7 +10,8 @@
  * Conversions run with F16C when core_qdot_isa() is AVX2 or higher (that
  * ISA requires F16C), else in portable C (core_fp32_to_fp16 and
  * core_fp16_to_fp32, core/tensor.h); both give the same bits for every
- * non-NaN input. Pointers are borrowed; n ≥ 0.
+ * non-NaN input. Unpacking is core_qdot_dequant of F16 values. Pointers
+ * are borrowed; n ≥ 0.
  */
 #ifndef DARKSERVE_CORE_HALF_H
 #define DARKSERVE_CORE_HALF_H

@@ -67,9 +67,10 @@ void api_prefix_free(api_app_t *app)
 
 /* ---- snapshots in flight ---- */
 
+/* One per key in flight: a key on its way is never planned a second time,
+ * so its one plan owns the entry. */
 struct api_pfx_pending {
-    uint64_t key; /* pending_key of the prefix */
-    size_t refs;
+    uint64_t key;  /* pending_key of the prefix */
     size_t wanted; /* plans that skipped it because it was on its way */
 };
 
@@ -94,14 +95,10 @@ static struct api_pfx_pending *pending_find(api_app_t *app, uint64_t key)
     return NULL;
 }
 
-/* 0, or -1 when out of memory (the snapshot is then not planned). */
+/* Adds key (not in flight yet): 0, or -1 when out of memory (the snapshot
+ * is then not planned). */
 static int pending_add(api_app_t *app, uint64_t key)
 {
-    struct api_pfx_pending *p = pending_find(app, key);
-    if (p) {
-        p->refs++;
-        return 0;
-    }
     if (app->n_pfx_pending == app->cap_pfx_pending) {
         size_t cap = app->cap_pfx_pending ? 2 * app->cap_pfx_pending : 16;
         struct api_pfx_pending *np = realloc(app->pfx_pending, cap * sizeof *np);
@@ -110,14 +107,14 @@ static int pending_add(api_app_t *app, uint64_t key)
         app->pfx_pending = np;
         app->cap_pfx_pending = cap;
     }
-    app->pfx_pending[app->n_pfx_pending++] = (struct api_pfx_pending){key, 1, 0};
+    app->pfx_pending[app->n_pfx_pending++] = (struct api_pfx_pending){key, 0};
     return 0;
 }
 
 static void pending_remove(api_app_t *app, uint64_t key)
 {
     struct api_pfx_pending *p = pending_find(app, key);
-    if (p && --p->refs == 0)
+    if (p)
         *p = app->pfx_pending[--app->n_pfx_pending];
 }
 
