@@ -231,7 +231,9 @@ NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t
                           const void *b, int hb, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     __m512 acc[4][4];
+    #pragma GCC unroll 4
     for (int i = 0; i < M; i++)
+        #pragma GCC unroll 4
         for (int v = 0; v < 4; v++)
             acc[i][v] = _mm512_setzero_ps();
     for (int64_t t = 0; t < k; t++) {
@@ -240,6 +242,7 @@ NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t
             pf_row(b, bt + NT_PF * ldb, 64, hb);
         const __m512 b0 = ld16(b, bt, hb), b1 = ld16(b, bt + 16, hb);
         const __m512 b2 = ld16(b, bt + 32, hb), b3 = ld16(b, bt + 48, hb);
+        #pragma GCC unroll 4
         for (int i = 0; i < M; i++) {
             const __m512 ai = _mm512_set1_ps(a[i * lda + t]);
             acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
@@ -248,7 +251,9 @@ NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t
             acc[i][3] = _mm512_fmadd_ps(ai, b3, acc[i][3]);
         }
     }
+    #pragma GCC unroll 4
     for (int i = 0; i < M; i++)
+        #pragma GCC unroll 4
         for (int64_t v = 0; v < 4; v++) {
             float *ci = c + i * ldc + 16 * v;
             __m512 r = _mm512_mul_ps(_mm512_set1_ps(alpha), acc[i][v]);
@@ -313,12 +318,15 @@ NN512_FN void nt4_avx512(int M, int64_t n, int64_t k, float alpha, const float *
             for (int r = 0; r < 4; r++)
                 pf_row(b, b0 + (NT_PF + r) * ldb, k, hb);
         __m512 acc[4][4];
+        #pragma GCC unroll 4
         for (int i = 0; i < M; i++)
+            #pragma GCC unroll 4
             for (int v = 0; v < 4; v++)
                 acc[i][v] = _mm512_setzero_ps();
         for (int64_t t = 0; t < k; t += 16) {
             const __m512 w0 = ld16(b, b0 + t, hb), w1 = ld16(b, b1 + t, hb);
             const __m512 w2 = ld16(b, b2 + t, hb), w3 = ld16(b, b3 + t, hb);
+            #pragma GCC unroll 4
             for (int i = 0; i < M; i++) {
                 const __m512 ai = _mm512_loadu_ps(a + i * lda + t);
                 acc[i][0] = _mm512_fmadd_ps(ai, w0, acc[i][0]);
@@ -327,6 +335,7 @@ NN512_FN void nt4_avx512(int M, int64_t n, int64_t k, float alpha, const float *
                 acc[i][3] = _mm512_fmadd_ps(ai, w3, acc[i][3]);
             }
         }
+        #pragma GCC unroll 4
         for (int i = 0; i < M; i++) {
             __m128 r = _mm_mul_ps(_mm_set1_ps(alpha),
                                   sum4_512(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
@@ -338,6 +347,7 @@ NN512_FN void nt4_avx512(int M, int64_t n, int64_t k, float alpha, const float *
     }
     for (; j < n; j++) {
         const int64_t bj = j * ldb;
+        #pragma GCC unroll 4
         for (int i = 0; i < M; i++) {
             __m512 s = _mm512_setzero_ps();
             for (int64_t t = 0; t < k; t += 16)
