@@ -139,6 +139,7 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
     const size_t gb = group_block_bytes(type);
     const __m512i m4 = _mm512_set1_epi8(0x0f), sign = _mm512_set1_epi8((char)0x80);
     __m512 acc[PACK_ACTS], macc[PACK_ACTS];
+    #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         acc[r] = macc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, gp += gb) {
@@ -156,6 +157,7 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
             const __m512i corr = _mm512_slli_epi32(
                 _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(gp + 32))),
                 7);
+            #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const int8_t *q = qa->q + ((ri + r) * nb + b) * QB;
                 __m512i is = _mm512_setzero_si512(), ih = _mm512_setzero_si512();
@@ -185,6 +187,7 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
             type == CORE_TTYPE_Q4_1
                 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(gp + 32)))
                 : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+        #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const int8_t *q = qa->q + ((ri + r) * nb + b) * QB;
             /* two chains (low and high nibbles): half the dpbusd latency */
@@ -204,6 +207,7 @@ PACK_FN void group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
         }
     }
     const __mmask16 keep = (__mmask16)(((1u << l1) - 1u) & ~((1u << l0) - 1u));
+    #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         float *cr = c + (ri + r) * ldc;
         __m512 v = _mm512_add_ps(acc[r], macc[r]);
