@@ -668,6 +668,69 @@ typedef struct lin_ctx {
     double *c;        /* this head's [M] scales */
 } lin_ctx_t;
 
+/* Reductions of a decode row's few hundred terms in four independent
+ * chains: one chain waits on every addition's (or comparison's) latency,
+ * and these loops were a tenth of a batched decode step. NaN terms are
+ * skipped by the maxima (v > m is false), as by the loops they replace. */
+static double max_f32(const float *v, int64_t n, double m0)
+{
+    float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int l = 0; l < 4; l++)
+            m[l] = v[j + l] > m[l] ? v[j + l] : m[l];
+    for (; j < n; j++)
+        m[0] = v[j] > m[0] ? v[j] : m[0];
+    for (int l = 0; l < 4; l++)
+        m0 = (double)m[l] > m0 ? (double)m[l] : m0;
+    return m0;
+}
+
+/* Σ v[j] in double. */
+static double sum_f32(const float *v, int64_t n)
+{
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int l = 0; l < 4; l++)
+            s[l] += (double)v[j + l];
+    for (; j < n; j++)
+        s[0] += (double)v[j];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+/* Σ a[i]·b[i] in double. */
+static double dot_f32(const float *a, const float *b, int64_t n)
+{
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int l = 0; l < 4; l++)
+            s[l] += (double)a[i + l] * b[i + l];
+    for (; i < n; i++)
+        s[0] += (double)a[i] * b[i];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+/* max_i (g[i] + c[i]) in double, or max_i c[i] for g NULL; −inf for m = 0. */
+static double max_shifted(const float *g, const double *c, int64_t m)
+{
+    double mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    for (int64_t i = 0; i < m; i++) {
+        const double v = g ? (double)g[i] + c[i] : c[i];
+        mx[i & 3] = v > mx[i & 3] ? v : mx[i & 3];
+    }
+    const double a = mx[0] > mx[1] ? mx[0] : mx[1], b = mx[2] > mx[3] ? mx[2] : mx[3];
+    return a > b ? a : b;
+}
+
+/* e[j] = −inf for j in [j0, j1) ∩ [0, n). */
+static void mask_span(float *e, int64_t n, int64_t j0, int64_t j1)
+{
+    for (int64_t j = j0 > 0 ? j0 : 0; j < j1 && j < n; j++)
+        e[j] = -INFINITY;
+}
+
 /* Where the keys (val 0) or values (val 1) of KV head h from position pos
  * (< end) lie as halves: in the sinks (pos < S) or the ring (which still
  * holds positions p0−W..p0−1: both are updated only after the whole
@@ -919,7 +982,10 @@ static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
     }
     int state_on = 0;
     for (int64_t i = 0; i < m; i++) {
-        al[i] = x->c[i] > -INFINITY ? exp(x->c[i] + cdec - cn[i]) : 0.0;
+        /* e^0 = 1 exactly: most steps raise no scale, and exp was most
+         * of this loop */
+        const double e = x->c[i] + cdec - cn[i];
+        al[i] = x->c[i] > -INFINITY ? (e == 0.0 ? 1.0 : exp(e)) : 0.0;
         state_on |= x->c[i] > -INFINITY;
     }
     state_on &= !x->lin_off;
@@ -960,28 +1026,21 @@ static void chunk_queries(lin_ctx_t *x, const lin_chunk_t *ck)
     for (int64_t r = 0; r < nr && !x->lin_off; r++) {
         const float *g = sc->gd + r * m;
         float *p = sc->qp + r * m, *ps = sc->qs + r * m;
-        double mx = -INFINITY;
-        if (x->trig) { /* the scales only: the values are bounded by 1/√(M/2) */
-            for (int64_t i = 0; i < m; i++)
-                if (cn[i] > mx)
-                    mx = cn[i];
-        } else {
-            for (int64_t i = 0; i < m; i++)
-                if (g[i] + cn[i] > mx)
-                    mx = g[i] + cn[i];
-        }
+        /* Flexformer: the scales only (its values are bounded by 1/√(M/2)) */
+        const double mx = max_shifted(x->trig ? NULL : g, cn, m);
         sc->lrow[r] = mx;
         /* p = e^(g + C − mx) (Flexformer: e^(C − mx) g), 0 where C or mx is −inf */
         for (int64_t i = 0; i < m; i++)
-            p[i] = mx > -INFINITY && cn[i] > -INFINITY
-                       ? (float)((x->trig ? 0.0 : (double)g[i]) + cn[i] - mx)
-                       : -INFINITY;
+            p[i] = -INFINITY;
+        for (int64_t i = 0; i < m && mx > -INFINITY; i++)
+            if (cn[i] > -INFINITY)
+                p[i] = (float)((x->trig ? 0.0 : (double)g[i]) + cn[i] - mx);
         core_exp_shifted(p, m, 0.0, p);
-        for (int64_t i = 0; i < m; i++) {
-            if (x->trig)
+        if (x->trig)
+            for (int64_t i = 0; i < m; i++)
                 p[i] *= g[i];
+        for (int64_t i = 0; i < m; i++)
             ps[i] = (float)(p[i] * al[i]);
-        }
     }
 }
 
@@ -1014,8 +1073,7 @@ static void chunk_linear(lin_ctx_t *x, const lin_chunk_t *ck)
                     sc->num[r * hd + c] = (float)s;
                 }
             } else {
-                for (int64_t i = 0; i < m; i++)
-                    dz += (double)ps[i] * x->zf[i];
+                dz = dot_f32(ps, x->zf, m);
             }
             sc->den[r] = dz;
         }
@@ -1023,16 +1081,20 @@ static void chunk_linear(lin_ctx_t *x, const lin_chunk_t *ck)
             core_gemm_nn(nr, hd, m, 1.0f, sc->qs, m, x->sf, hd, 0.0f, sc->num, hd);
     }
     if (ni > 0) {
-        for (int64_t j = 0; j < ni; j++)
-            for (int64_t i = 0; i < m; i++) {
-                float *kp = &sc->kp[j * m + i];
-                if (!(cn[i] > -INFINITY))
-                    *kp = 0.0f;
-                else if (x->trig)
-                    *kp = expf((float)(sc->khn[j] - cn[i])) * sc->kd[j * m + i];
-                else
-                    *kp = expf((float)((double)sc->kd[j * m + i] - cn[i]));
-            }
+        /* kp = e^(a − C) (Flexformer: e^(|k| − C) times its signed value),
+         * 0 where C is −inf */
+        for (int64_t j = 0; j < ni; j++) {
+            float *kp = sc->kp + j * m;
+            const float *kd = sc->kd + j * m;
+            for (int64_t i = 0; i < m; i++)
+                kp[i] = !(cn[i] > -INFINITY) ? -INFINITY
+                        : x->trig            ? (float)(sc->khn[j] - cn[i])
+                                             : (float)((double)kd[i] - cn[i]);
+            core_exp_shifted(kp, m, 0.0, kp);
+            if (x->trig)
+                for (int64_t i = 0; i < m; i++)
+                    kp[i] *= kd[i];
+        }
         core_gemm_nt(nr, ni, m, 1.0f, sc->qp, m, sc->kp, m, 0.0f, sc->pp, ni);
         for (int64_t r = 0; r < nr; r++) {
             int64_t t = t0 + r / gs;
@@ -1145,19 +1207,14 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
          * not their signed sum (which can be far smaller): the exact
          * scores alone stabilize its rows (the row's own key or a sink
          * is always visible here, so E ≥ 1) */
-        double s = x->trig ? -INFINITY : sc->lrow[r];
-        for (int64_t j = 0; j < nk; j++) {
-            int64_t u = j < ns ? j : pw0 + j - ns;
-            if (u > tau || (u < lo && u >= nsk))
-                er[j] = -INFINITY;
-            else if (er[j] > s)
-                s = er[j];
-        }
+        /* masked: the sinks' part past τ (j < ns, at u = j); the window
+         * part (u = pw0 + j − ns) past τ, and below lo unless a sink */
+        mask_span(er, ns, tau + 1, ns);
+        mask_span(er, nk, tau + 1 - pw0 + ns, nk);
+        mask_span(er, nk, (nsk > pw0 ? nsk : pw0) - pw0 + ns, lo - pw0 + ns);
+        double s = max_f32(er, nk, x->trig ? -INFINITY : sc->lrow[r]);
         core_exp_shifted(er, nk, s, er); /* -inf (masked) gives 0 */
-        double es = 0.0;
-        for (int64_t j = 0; j < nk; j++)
-            es += er[j];
-        sc->esum[r] = es;
+        sc->esum[r] = sum_f32(er, nk);
         /* From here on lrow holds the linear part's factor e^(Lrow − s*)
          * (Flexformer: its log, Lrow − s*, which may exceed the double range). */
         if (x->trig)
