@@ -110,6 +110,9 @@
  * features [rows][M] each fit these many floats. */
 #define LIN_SCORE_BUDGET ((size_t)1 << 22)
 #define LIN_FEATURE_BUDGET ((size_t)1 << 24)
+/* Positions whose RoPE angles a scratch slot keeps (unrope): a decode
+ * step's query and entering key recur for every layer and KV head. */
+#define LIN_ROPE_CACHE 64
 /* Fast-path denominators below this take the exact log-domain path. */
 #define LIN_DEN_MIN 0x1p-60
 
@@ -149,7 +152,7 @@ typedef struct lin_state {
  * rows, NI ≤ cn keys entering the state, NK ≤ W + cn window keys. */
 typedef struct lin_scratch {
     float *qx;  /* [R][Hd] raw query rows */
-    float *qy;  /* [R][Hd] prepared ŷ */
+    float *qy;  /* [R][Hd] prepared ŷ; then, in chunk_out_exact, the rows turned to the sinks' frame */
     float *gd;  /* [R][M] query logits g (no norm term) */
     float *qp;  /* [R][M] exp(g + C − mx) */
     float *qs;  /* [R][M] exp(g + c − mx): the same for the carried state */
@@ -175,6 +178,9 @@ typedef struct lin_scratch {
     double *cn;   /* [M] scales C after this chunk */
     double *al;   /* [M] exp(c − C) */
     double *tmp;  /* [M + NI + Hd] slow path */
+    /* [LIN_ROPE_CACHE][1 + n_rot]: a position (−1: none) and its cos, sin
+     * pairs, at slot position % LIN_ROPE_CACHE; kept from call to call */
+    double *rc;
 } lin_scratch_t;
 
 typedef struct lin_sizes {
@@ -208,6 +214,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + cn + hd);
+    size_t o_rc = take(&d, LIN_ROPE_CACHE * (1 + (size_t)cfg->n_rot));
     if (sc) {
         sc->qx = fb + o_qx;
         sc->qy = fb + o_qy;
@@ -236,6 +243,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->cn = db + o_cn;
         sc->al = db + o_al;
         sc->tmp = db + o_tmp;
+        sc->rc = db + o_rc;
     }
     return (lin_sizes_t){f, d};
 }
@@ -274,6 +282,12 @@ static int set_scratch(core_attn_t *a, lin_params_t *lp, int chunk, int slots, c
         fs[i] = malloc(sz.nf * sizeof *fs[i]);
         ds[i] = malloc(sz.nd * sizeof *ds[i]);
         ok = fs[i] && ds[i];
+        if (ok) {
+            lin_scratch_t sc;
+            (void)scratch_layout(&a->cfg, (size_t)cn, fs[i], ds[i], &sc);
+            for (int e = 0; e < LIN_ROPE_CACHE; e++)
+                sc.rc[e * (1 + a->cfg.n_rot)] = -1.0;
+        }
     }
     if (!ok) {
         free_slots(fs, ds, fs && ds ? slots : 0);
@@ -785,8 +799,8 @@ static void kv_rows(const lin_ctx_t *x, int val, int64_t pos, int64_t n, float *
 static void rotate_back(const lin_ctx_t *x, const double *cs, const float *a, float *o)
 {
     for (int64_t j = 0; j < x->n_rot / 2; j++) {
-        /* unrope fills cs before its first row: pos0 ≥ 0 never equals its
-         * initial at = −1 (clang-analyzer does not know pos0 ≥ 0) */
+        /* rope_cs fills an entry before it is read (clang-analyzer does
+         * not follow the cache's position tags) */
         /* NOLINTNEXTLINE(clang-analyzer-core.uninitialized.Assign) */
         double c = cs[2 * j], sn = cs[2 * j + 1];
         double u = a[2 * j], w = a[2 * j + 1];
@@ -797,23 +811,40 @@ static void rotate_back(const lin_ctx_t *x, const double *cs, const float *a, fl
         o[j] = a[j];
 }
 
+/* The inverse of rotate_back: a turned forward by the angles cs. */
+static void rotate_fwd(const lin_ctx_t *x, const double *cs, const float *a, float *o)
+{
+    for (int64_t j = 0; j < x->n_rot / 2; j++) {
+        double c = cs[2 * j], sn = cs[2 * j + 1];
+        double u = a[2 * j], w = a[2 * j + 1];
+        o[2 * j] = (float)(u * c - w * sn);
+        o[2 * j + 1] = (float)(w * c + u * sn);
+    }
+    for (int64_t j = x->n_rot; j < x->hd; j++)
+        o[j] = a[j];
+}
+
+/* cos, sin of pos·θ_j for j < n_rot/2, from the slot's cache (computed
+ * there first if another position holds its entry). */
+static const double *rope_cs(const lin_ctx_t *x, int64_t pos)
+{
+    double *e = x->sc.rc + (pos % LIN_ROPE_CACHE) * (1 + x->n_rot);
+    if (e[0] != (double)pos) {
+        for (int64_t j = 0; j < x->n_rot / 2; j++) {
+            double ang = (double)pos * x->rope_if[j];
+            e[1 + 2 * j] = cos(ang);
+            e[2 + 2 * j] = sin(ang);
+        }
+        e[0] = (double)pos;
+    }
+    return e + 1;
+}
+
 static void unrope(const lin_ctx_t *x, int64_t n, int64_t per, int64_t pos0, const float *in,
                    float *out)
 {
-    double cs[CORE_FEATURES_MAX_HEAD_DIM]; /* n_rot ≤ Hd */
-    int64_t at = -1;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t pos = pos0 + i / per;
-        if (pos != at) { /* the rows of one position share their angles */
-            for (int64_t j = 0; j < x->n_rot / 2; j++) {
-                double ang = (double)pos * x->rope_if[j];
-                cs[2 * j] = cos(ang);
-                cs[2 * j + 1] = sin(ang);
-            }
-            at = pos;
-        }
-        rotate_back(x, cs, in + i * x->hd, out + i * x->hd);
-    }
+    for (int64_t i = 0; i < n; i++)
+        rotate_back(x, rope_cs(x, pos0 + i / per), in + i * x->hd, out + i * x->hd);
 }
 
 /* Exact log-domain evaluation of one row's linear part (the underflow guard):
@@ -1187,13 +1218,20 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
     int64_t tshift = w + nsk - 1; /* first τ with the shift */
     int shifted = nsk > 0 && x->p0 + t1 - 1 >= tshift;
     if (shifted) {
-        kv_rows(x, 0, 0, nsk, sc->ks);
-        for (int64_t j = 0; j < nsk; j++) /* by tshift: the angles are precomputed */
-            rotate_back(x, x->sink_cs, sc->ks + j * hd, sc->ks + j * hd);
+        /* q̃·R(−δ)k_j = R(δ)q̃·k_j (δ = W + S − 1, angles precomputed):
+         * the few query rows turn instead of the S keys, which the
+         * product then reads as stored */
         if (!x->pre)
             unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
-        core_gemm_nt(nr, nsk, hd, (float)(1.0 / sqrt((double)hd)), sc->qu, hd, sc->ks, hd,
-                     0.0f, sc->es, nsk);
+        for (int64_t r = 0; r < nr; r++)
+            rotate_fwd(x, x->sink_cs, sc->qu + r * hd, sc->qy + r * hd);
+        int64_t len;
+        const uint16_t *h = kv_half_run(x, 0, 0, nsk, &len);
+        if (!h || len < nsk ||
+            !core_gemm_nt_half_small(nr, nsk, hd, scale, sc->qy, hd, h, hd, 0.0f, sc->es, nsk)) {
+            kv_rows(x, 0, 0, nsk, sc->ks);
+            core_gemm_nt(nr, nsk, hd, scale, sc->qy, hd, sc->ks, hd, 0.0f, sc->es, nsk);
+        }
     }
     for (int64_t r = 0; r < nr; r++) {
         int64_t tau = x->p0 + t0 + r / gs;
