@@ -110,9 +110,11 @@
  * features [rows][M] each fit these many floats. */
 #define LIN_SCORE_BUDGET ((size_t)1 << 22)
 #define LIN_FEATURE_BUDGET ((size_t)1 << 24)
-/* Positions whose RoPE angles a scratch slot keeps (unrope): a decode
- * step's query and entering key recur for every layer and KV head. */
-#define LIN_ROPE_CACHE 64
+/* Positions whose RoPE angles a scratch slot keeps (unrope), for queries
+ * and for entering keys apart: a decode step's query and key recur for
+ * every layer and KV head. Prime, so that a power-of-two window never puts
+ * them on one entry. */
+#define LIN_ROPE_CACHE 67
 /* Fast-path denominators below this take the exact log-domain path. */
 #define LIN_DEN_MIN 0x1p-60
 
@@ -178,8 +180,9 @@ typedef struct lin_scratch {
     double *cn;   /* [M] scales C after this chunk */
     double *al;   /* [M] exp(c − C) */
     double *tmp;  /* [M + NI + Hd] slow path */
-    /* [LIN_ROPE_CACHE][1 + n_rot]: a position (−1: none) and its cos, sin
-     * pairs, at slot position % LIN_ROPE_CACHE; kept from call to call */
+    /* [2][LIN_ROPE_CACHE][1 + n_rot], queries' then keys': a position (−1:
+     * none) and its cos, sin pairs at entry position % LIN_ROPE_CACHE;
+     * kept from call to call */
     double *rc;
 } lin_scratch_t;
 
@@ -214,7 +217,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + cn + hd);
-    size_t o_rc = take(&d, LIN_ROPE_CACHE * (1 + (size_t)cfg->n_rot));
+    size_t o_rc = take(&d, 2 * LIN_ROPE_CACHE * (1 + (size_t)cfg->n_rot));
     if (sc) {
         sc->qx = fb + o_qx;
         sc->qy = fb + o_qy;
@@ -285,7 +288,7 @@ static int set_scratch(core_attn_t *a, lin_params_t *lp, int chunk, int slots, c
         if (ok) {
             lin_scratch_t sc;
             (void)scratch_layout(&a->cfg, (size_t)cn, fs[i], ds[i], &sc);
-            for (int e = 0; e < LIN_ROPE_CACHE; e++)
+            for (int e = 0; e < 2 * LIN_ROPE_CACHE; e++)
                 sc.rc[e * (1 + a->cfg.n_rot)] = -1.0;
         }
     }
@@ -824,11 +827,11 @@ static void rotate_fwd(const lin_ctx_t *x, const double *cs, const float *a, flo
         o[j] = a[j];
 }
 
-/* cos, sin of pos·θ_j for j < n_rot/2, from the slot's cache (computed
- * there first if another position holds its entry). */
-static const double *rope_cs(const lin_ctx_t *x, int64_t pos)
+/* cos, sin of pos·θ_j for j < n_rot/2, from the slot's query (key 0) or
+ * key cache (computed there first if another position holds its entry). */
+static const double *rope_cs(const lin_ctx_t *x, int64_t pos, int key)
 {
-    double *e = x->sc.rc + (pos % LIN_ROPE_CACHE) * (1 + x->n_rot);
+    double *e = x->sc.rc + (key * LIN_ROPE_CACHE + pos % LIN_ROPE_CACHE) * (1 + x->n_rot);
     if (e[0] != (double)pos) {
         for (int64_t j = 0; j < x->n_rot / 2; j++) {
             double ang = (double)pos * x->rope_if[j];
@@ -840,11 +843,11 @@ static const double *rope_cs(const lin_ctx_t *x, int64_t pos)
     return e + 1;
 }
 
-static void unrope(const lin_ctx_t *x, int64_t n, int64_t per, int64_t pos0, const float *in,
-                   float *out)
+static void unrope(const lin_ctx_t *x, int key, int64_t n, int64_t per, int64_t pos0,
+                   const float *in, float *out)
 {
     for (int64_t i = 0; i < n; i++)
-        rotate_back(x, rope_cs(x, pos0 + i / per), in + i * x->hd, out + i * x->hd);
+        rotate_back(x, rope_cs(x, pos0 + i / per, key), in + i * x->hd, out + i * x->hd);
 }
 
 /* Exact log-domain evaluation of one row's linear part (the underflow guard):
@@ -984,7 +987,7 @@ static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
     if (ni > 0) {
         const float *kin = sc->kx;
         if (x->pre) {
-            unrope(x, ni, 1, x->p0 + ti0 - w, sc->kx, sc->ku);
+            unrope(x, 1, ni, 1, x->p0 + ti0 - w, sc->kx, sc->ku);
             kin = sc->ku;
         }
         core_features_prepare(f, ni, kin, hd, sc->ky);
@@ -1040,7 +1043,7 @@ static void chunk_queries(lin_ctx_t *x, const lin_chunk_t *ck)
     if (!x->lin_off) {
         const float *qin = sc->qx;
         if (x->pre) {
-            unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+            unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
             qin = sc->qu;
         }
         core_features_prepare(f, nr, qin, hd, sc->qy);
@@ -1222,7 +1225,7 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
          * the few query rows turn instead of the S keys, which the
          * product then reads as stored */
         if (!x->pre)
-            unrope(x, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+            unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
         for (int64_t r = 0; r < nr; r++)
             rotate_fwd(x, x->sink_cs, sc->qu + r * hd, sc->qy + r * hd);
         int64_t len;
