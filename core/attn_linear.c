@@ -148,7 +148,16 @@ typedef struct lin_state {
     uint16_t *ring_v;    /* [L][Hkv][W][Hd] */
     uint16_t *sink_k;    /* [L][Hkv][S][Hd], row = position (< S) */
     uint16_t *sink_v;    /* [L][Hkv][S][Hd] */
+    /* Not part of the state's data (never copied, saved or counted): a
+     * decode step's two halves per query row, [Hkv][H/Hkv][LIN_MG_ROW],
+     * from the units that computed them to linear_forward_done's merge. */
+    double *mg;
 } lin_state_t;
+
+/* A merge row: lrow, den, the exact stabilizer, the exact sum, then the
+ * linear numerator [Hd] and the exact values' sum [Hd]. */
+#define LIN_MG_HEAD 4
+#define LIN_MG_ROW(hd) (LIN_MG_HEAD + 2 * (hd))
 
 /* Views into the scratch for one chunk of cn tokens, R = cn·(H/Hkv) query
  * rows, NI ≤ cn keys entering the state, NK ≤ W + cn window keys. */
@@ -177,6 +186,7 @@ typedef struct lin_scratch {
     double *lrow; /* [R] Lrow, −inf when the row has no linear part */
     double *den;  /* [R] linear denominators */
     double *esum; /* [R] exact denominators */
+    double *sx;   /* [R] the exact part's stabilizer (decode's exact unit) */
     double *cn;   /* [M] scales C after this chunk */
     double *al;   /* [M] exp(c − C) */
     double *tmp;  /* [M + NI + Hd] slow path */
@@ -215,7 +225,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_qu = take(&f, r * hd), o_ku = take(&f, cn * hd), o_ks = take(&f, sk * hd);
     size_t o_es = take(&f, r * sk), o_kvg = take(&f, nk * hd);
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
-    size_t o_esum = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
+    size_t o_esum = take(&d, r), o_sx = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + cn + hd);
     size_t o_rc = take(&d, 2 * LIN_ROPE_CACHE * (1 + (size_t)cfg->n_rot));
     if (sc) {
@@ -243,6 +253,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->lrow = db + o_lrow;
         sc->den = db + o_den;
         sc->esum = db + o_esum;
+        sc->sx = db + o_sx;
         sc->cn = db + o_cn;
         sc->al = db + o_al;
         sc->tmp = db + o_tmp;
@@ -610,6 +621,13 @@ static int linear_state_init(core_attn_state_t *s, core_error_t *err)
         free(st);
         return rc;
     }
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    st->mg = malloc((size_t)cfg->n_head * LIN_MG_ROW((size_t)cfg->head_dim) * sizeof *st->mg);
+    if (!st->mg) {
+        free(st->blob);
+        free(st);
+        return core_error_set(err, CORE_ENOMEM, "out of memory for attention state");
+    }
     s->impl = st;
     return 0;
 }
@@ -620,6 +638,7 @@ static void linear_state_fini(core_attn_state_t *s)
     if (!st)
         return;
     free(st->blob);
+    free(st->mg);
     free(st);
     s->impl = NULL;
 }
@@ -1185,8 +1204,10 @@ static void chunk_out_linear(lin_ctx_t *x, const lin_chunk_t *ck)
 }
 
 /* Output rows: the linear part and the exact sinks and window under one
- * stabilizer. */
-static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
+ * stabilizer. alone: the exact part only (a decode step's exact unit,
+ * head_exact): each row stabilized by its own scores (kept in sx), esum and
+ * ev at that stabilizer, no output. */
+static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
 {
     lin_scratch_t *sc = &x->sc;
     int64_t hd = x->hd, gs = x->gs, w = x->w, nsk = x->sinks;
@@ -1224,7 +1245,7 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
         /* q̃·R(−δ)k_j = R(δ)q̃·k_j (δ = W + S − 1, angles precomputed):
          * the few query rows turn instead of the S keys, which the
          * product then reads as stored */
-        if (!x->pre)
+        if (!x->pre || alone) /* else chunk_queries did */
             unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
         for (int64_t r = 0; r < nr; r++)
             rotate_fwd(x, x->sink_cs, sc->qu + r * hd, sc->qy + r * hd);
@@ -1244,18 +1265,22 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
         /* key at u is visible iff u ≤ τ and (u in the window or u a sink) */
         int64_t lo = w > 0 ? (tau - w + 1 > 0 ? tau - w + 1 : 0) : tau + 1;
         float *er = sc->e + r * nk;
-        /* Flexformer's Lrow bounds the magnitude of its linear terms,
-         * not their signed sum (which can be far smaller): the exact
-         * scores alone stabilize its rows (the row's own key or a sink
-         * is always visible here, so E ≥ 1) */
         /* masked: the sinks' part past τ (j < ns, at u = j); the window
          * part (u = pw0 + j − ns) past τ, and below lo unless a sink */
         mask_span(er, ns, tau + 1, ns);
         mask_span(er, nk, tau + 1 - pw0 + ns, nk);
         mask_span(er, nk, (nsk > pw0 ? nsk : pw0) - pw0 + ns, lo - pw0 + ns);
-        double s = max_f32(er, nk, x->trig ? -INFINITY : sc->lrow[r]);
+        /* Flexformer's Lrow bounds the magnitude of its linear terms,
+         * not their signed sum (which can be far smaller): the exact
+         * scores alone stabilize its rows (the row's own key or a sink
+         * is always visible here, so E ≥ 1) */
+        double s = max_f32(er, nk, alone || x->trig ? -INFINITY : sc->lrow[r]);
         core_exp_shifted(er, nk, s, er); /* -inf (masked) gives 0 */
         sc->esum[r] = sum_f32(er, nk);
+        if (alone) {
+            sc->sx[r] = s;
+            continue;
+        }
         /* From here on lrow holds the linear part's factor e^(Lrow − s*)
          * (Flexformer: its log, Lrow − s*, which may exceed the double range). */
         if (x->trig)
@@ -1273,7 +1298,7 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck)
             core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, sc->kvg + j * hd, hd, beta, sc->ev, hd);
         }
     }
-    for (int64_t r = 0; r < nr; r++) {
+    for (int64_t r = 0; r < nr && !alone; r++) {
         int64_t t = t0 + r / gs, g = r % gs;
         float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
         double wl = sc->lrow[r];
@@ -1346,7 +1371,7 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
     if (x->w == 0 && x->sinks == 0)
         chunk_out_linear(x, &ck);
     else
-        chunk_out_exact(x, &ck);
+        chunk_out_exact(x, &ck, 0);
     chunk_absorb(x, &ck);
 }
 
@@ -1387,11 +1412,9 @@ static void ctx_init(core_attn_t *a, const core_attn_item_t *it, int layer, int 
     x->fp64 = st->fp64;
 }
 
-/* Every chunk of KV head h: reads the state's sinks and ring, writes only
- * this head's linear state and output columns, so the heads of an item (and
- * of different items) may run at once. */
-static void head_forward(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
-                         int64_t h)
+/* x's fields for KV head h of item it at layer. */
+static void head_set(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                     int64_t h)
 {
     lin_params_t *lp = a->impl;
     lin_state_t *st = it->state->impl;
@@ -1408,14 +1431,109 @@ static void head_forward(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *i
         x->sf = (float *)st->S + idx * (size_t)(m * hd);
         x->zf = (float *)st->z + idx * (size_t)m;
     }
+}
+
+/* Every chunk of KV head h: reads the state's sinks and ring, writes only
+ * this head's linear state and output columns, so the heads of an item (and
+ * of different items) may run at once. */
+static void head_forward(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                         int64_t h)
+{
+    lin_params_t *lp = a->impl;
+    head_set(a, x, it, layer, h);
     for (int64_t t0 = 0; t0 < it->n; t0 += lp->cn)
         chunk_forward(x, t0, t0 + lp->cn < it->n ? t0 + lp->cn : it->n);
+}
+
+/* A decode step (one token) of a kind with exact keys is two units per KV
+ * head that may run at once: the linear part and its state update
+ * (head_linear) and the sinks and window (head_exact), each stabilized on
+ * its own; linear_forward_done merges the two for every query row. With
+ * three KV heads on two threads, whole heads left one thread idle a third
+ * of the attention. */
+static int split_decode(const core_attn_cfg_t *cfg, const core_attn_item_t *it)
+{
+    return it->n == 1 && (cfg->window > 0 || cfg->sinks > 0);
+}
+
+static double *mg_row(const core_attn_t *a, const core_attn_item_t *it, int64_t h, int64_t g)
+{
+    const lin_state_t *st = it->state->impl;
+    const int64_t gs = a->cfg.n_head / a->cfg.n_head_kv;
+    return st->mg + (h * gs + g) * LIN_MG_ROW(a->cfg.head_dim);
+}
+
+static void head_linear(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                        int64_t h)
+{
+    lin_scratch_t *sc = &x->sc;
+    head_set(a, x, it, layer, h);
+    lin_chunk_t ck = {.t0 = 0, .t1 = 1, .nr = x->gs, .cdec = x->lg};
+    chunk_keys(x, &ck);
+    chunk_queries(x, &ck);
+    chunk_linear(x, &ck);
+    for (int64_t g = 0; g < x->gs; g++) {
+        double *row = mg_row(a, it, h, g);
+        row[0] = sc->lrow[g];
+        row[1] = sc->den[g];
+        for (int64_t c = 0; c < x->hd; c++)
+            row[LIN_MG_HEAD + c] = sc->num[g * x->hd + c];
+    }
+    chunk_absorb(x, &ck);
+}
+
+static void head_exact(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                       int64_t h)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, gs = x->gs;
+    head_set(a, x, it, layer, h);
+    memcpy(sc->qx, x->q + h * gs * hd, (size_t)(gs * hd) * sizeof(float));
+    lin_chunk_t ck = {.t0 = 0, .t1 = 1, .nr = gs};
+    chunk_out_exact(x, &ck, 1);
+    for (int64_t g = 0; g < gs; g++) {
+        double *row = mg_row(a, it, h, g);
+        row[2] = sc->sx[g];
+        row[3] = sc->esum[g];
+        for (int64_t c = 0; c < hd; c++)
+            row[LIN_MG_HEAD + hd + c] = sc->ev[g * hd + c];
+    }
+}
+
+/* The output rows of a split decode step, as chunk_out_exact forms them
+ * from the two halves: under the stabilizer s* = max(Lrow, s_exact), or the
+ * exact scores' alone for Flexformer (then the exact half is taken as it
+ * is). */
+static void merge_decode(core_attn_t *a, const core_attn_item_t *it, int layer)
+{
+    lin_ctx_t x;
+    ctx_init(a, it, layer, 0, &x); /* one thread: slot 0's counters */
+    int64_t hd = x.hd, gs = x.gs;
+    for (int64_t h = 0; h < a->cfg.n_head_kv; h++)
+        for (int64_t g = 0; g < gs; g++) {
+            const double *row = mg_row(a, it, h, g);
+            const double lrow = row[0], den = row[1], se = row[2], esum = row[3];
+            double wl, we = 1.0;
+            if (x.trig) {
+                wl = trig_weight(&x, lrow - se, den, esum);
+            } else {
+                const double st = lrow > se ? lrow : se;
+                wl = lrow > -INFINITY ? exp(lrow - st) : 0.0;
+                we = exp(se - st);
+            }
+            const double inv = 1.0 / (wl * den + we * esum);
+            float *o = x.out + (h * gs + g) * hd;
+            for (int64_t c = 0; c < hd; c++)
+                o[c] = (float)((wl * row[LIN_MG_HEAD + c] + we * row[LIN_MG_HEAD + hd + c]) * inv);
+        }
 }
 
 /* After every head: the new keys and values join the sinks and the ring. */
 static void linear_forward_done(core_attn_t *a, const core_attn_item_t *it, int layer)
 {
     const core_attn_cfg_t *cfg = &a->cfg;
+    if (split_decode(cfg, it))
+        merge_decode(a, it, layer);
     lin_state_t *st = it->state->impl;
     int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = cfg->window, n = it->n;
     int64_t pos = it->state->pos;
@@ -1438,17 +1556,30 @@ static void linear_forward_done(core_attn_t *a, const core_attn_item_t *it, int 
     }
 }
 
+/* Units [0, Hkv): head unit's linear part of a split decode step, else
+ * all of it; [Hkv, 2·Hkv) (kinds with exact keys): the exact part of head
+ * unit − Hkv of a split decode step, else nothing. */
 static void linear_forward_unit(core_attn_t *a, const core_attn_item_t *it, int layer, int unit,
                                 int slot)
 {
+    const int64_t hkv = a->cfg.n_head_kv;
+    const int split = split_decode(&a->cfg, it);
+    if (unit >= hkv && !split)
+        return;
     lin_ctx_t x;
     ctx_init(a, it, layer, slot, &x);
-    head_forward(a, &x, it, layer, unit);
+    if (unit >= hkv)
+        head_exact(a, &x, it, layer, unit - hkv);
+    else if (split)
+        head_linear(a, &x, it, layer, unit);
+    else
+        head_forward(a, &x, it, layer, unit);
 }
 
 static int linear_units(const core_attn_t *a)
 {
-    return a->cfg.n_head_kv;
+    const core_attn_cfg_t *cfg = &a->cfg;
+    return cfg->window > 0 || cfg->sinks > 0 ? 2 * cfg->n_head_kv : cfg->n_head_kv;
 }
 
 static int linear_set_workers(core_attn_t *a, int n, core_error_t *err)
@@ -1463,10 +1594,8 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
 {
     (void)err;
     const core_attn_item_t it = {s, n, q, k, v, out};
-    lin_ctx_t x;
-    ctx_init(a, &it, layer, 0, &x);
-    for (int64_t h = 0; h < a->cfg.n_head_kv; h++)
-        head_forward(a, &x, &it, layer, h);
+    for (int u = 0; u < linear_units(a); u++) /* as a batch of one runs them */
+        linear_forward_unit(a, &it, layer, u, 0);
     linear_forward_done(a, &it, layer);
     return 0;
 }
