@@ -705,9 +705,10 @@ typedef struct lin_ctx {
 } lin_ctx_t;
 
 /* Reductions of a decode row's few hundred terms in four independent
- * chains: one chain waits on every addition's (or comparison's) latency,
- * and these loops were a tenth of a batched decode step. NaN terms are
- * skipped by the maxima (v > m is false), as by the loops they replace. */
+ * chains (as core_sum_f32): one chain waits on every addition's (or
+ * comparison's) latency, and these loops were a tenth of a batched decode
+ * step. NaN terms are skipped by the maxima (v > m is false), as by the
+ * loops they replace. */
 static double max_f32(const float *v, int64_t n, double m0)
 {
     float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -720,19 +721,6 @@ static double max_f32(const float *v, int64_t n, double m0)
     for (int l = 0; l < 4; l++)
         m0 = (double)m[l] > m0 ? (double)m[l] : m0;
     return m0;
-}
-
-/* Σ v[j] in double. */
-static double sum_f32(const float *v, int64_t n)
-{
-    double s[4] = {0.0, 0.0, 0.0, 0.0};
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4)
-        for (int l = 0; l < 4; l++)
-            s[l] += (double)v[j + l];
-    for (; j < n; j++)
-        s[0] += (double)v[j];
-    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 /* Σ a[i]·b[i] in double. */
@@ -1276,7 +1264,7 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
          * is always visible here, so E ≥ 1) */
         double s = max_f32(er, nk, alone || x->trig ? -INFINITY : sc->lrow[r]);
         core_exp_shifted(er, nk, s, er); /* -inf (masked) gives 0 */
-        sc->esum[r] = sum_f32(er, nk);
+        sc->esum[r] = core_sum_f32(er, nk);
         if (alone) {
             sc->sx[r] = s;
             continue;

@@ -401,7 +401,6 @@ static int load_logits(const core_sampler_t *s, const float *logits, int64_t V,
     return 0;
 }
 
-/* sum_i exp((z_i - zmax) * inv_t) over z[V], accumulated in double. */
 /* sum_V exp((z - zmax) * inv_t): the log-normalizer of every reported
  * logprob, one pass over the vocabulary per sampled token, through the
  * vectorized exponential (core/vexp.h; within 3e-7 of expf's). */
@@ -415,8 +414,7 @@ static double sum_exp(const float *z, int64_t V, float zmax, float inv_t)
         for (int64_t j = 0; j < n; j++)
             y[j] = (z[i0 + j] - zmax) * inv_t;
         core_exp_shifted(y, n, 0.0, y);
-        for (int64_t j = 0; j < n; j++)
-            s += (double)y[j];
+        s += core_sum_f32(y, n);
     }
     return s;
 }

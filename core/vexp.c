@@ -112,3 +112,15 @@ void core_exp_shifted(const float *x, int64_t n, double s, float *out)
 #endif
     exp_generic(x, n, s, out);
 }
+
+double core_sum_f32(const float *x, int64_t n)
+{
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int l = 0; l < 4; l++)
+            s[l] += (double)x[j + l];
+    for (; j < n; j++)
+        s[0] += (double)x[j];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}

@@ -21,6 +21,10 @@
 #define CORE_EXP_MAX_REL_ERR 3e-7
 
 void core_exp_shifted(const float *x, int64_t n, double s, float *out);
+/* Σ x[j] in double over n floats (softmax weights' denominators), in four
+ * independent chains: a single chain waits on every addition's latency.
+ * The order is fixed by n alone, so the bits do not depend on the CPU. */
+double core_sum_f32(const float *x, int64_t n);
 /* Tests: nonzero forces the portable path; 0 lets the CPU choose. */
 void core_exp_force_generic(int on);
 
