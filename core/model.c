@@ -1031,11 +1031,16 @@ static void gemm_panels(core_model_t *m, int64_t Td, int64_t n, int64_t k, const
  * grouped like matmuls (each decode row alone, each prompt sequence as one
  * product) so a sequence's result does not depend on the batch it is in.
  * m->gate is free until the FFN: the [rows][r] scratch. */
+enum { MODEL_LORA_ROWS = 4 };
 static void lora_rows(core_model_t *m, int l, int which, int64_t Td, const float *x, int64_t ldx,
                       float *y, int64_t ldy)
 {
-    for (int64_t t = 0; t < Td; t++)
-        core_lora_add(m->lora, l, which, 1, x + t * ldx, ldx, y + t * ldy, ldy, m->gate);
+    /* decode rows four at a time: the small kernels give a row of up to
+     * four the bits it gets alone, and read A and B once for the four */
+    for (int64_t t = 0; t < Td; t += MODEL_LORA_ROWS) {
+        const int64_t n = Td - t < MODEL_LORA_ROWS ? Td - t : MODEL_LORA_ROWS;
+        core_lora_add(m->lora, l, which, n, x + t * ldx, ldx, y + t * ldy, ldy, m->gate);
+    }
     for (int64_t g = 0, r0 = Td; g < m->n_pre; r0 += m->pre_n[g], g++)
         core_lora_add(m->lora, l, which, m->pre_n[g], x + r0 * ldx, ldx, y + r0 * ldy, ldy,
                       m->gate);
