@@ -222,7 +222,7 @@ static void batch_worker(void *ctx, int worker, int n_workers)
         if (t >= br->tasks)
             return;
         br->a->vt->forward_unit(br->a, &br->items[t / br->units], br->layer, t % br->units,
-                                worker);
+                                br->units, worker);
     }
 }
 
@@ -253,7 +253,7 @@ int core_attn_forward_batch(core_attn_t *a, core_pool_t *pool, int layer, int n_
         }
         return 0;
     }
-    batch_run_t br = {.a = a, .items = items, .layer = layer, .units = vt->units(a)};
+    batch_run_t br = {.a = a, .items = items, .layer = layer, .units = vt->units(a, n_items, core_pool_size(pool))};
     br.tasks = n_items * br.units;
     atomic_init(&br.next, 0);
     core_pool_run(pool, batch_worker, &br);

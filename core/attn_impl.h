@@ -21,14 +21,17 @@ typedef struct core_attn_vtbl {
     int (*forward)(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n, const float *q,
                    const float *k, const float *v, float *out, core_error_t *err);
     /* Optional (NULL: forward only, one sequence at a time). forward split
-     * into units (the KV heads) that may run at once on different threads,
-     * each with its own scratch slot (< the n of set_workers), then
-     * forward_done once all units of the item have run, on one thread. Units
-     * cannot fail: forward_unit validates nothing that forward would. */
+     * into units (the KV heads, or finer) that may run at once on different
+     * threads, each with its own scratch slot (< the n of set_workers), then
+     * forward_done once all units of the item have run, on one thread.
+     * units: how many per item for a batch of n_items on n_threads (the
+     * kind may split finer when there are few items; an item's results must
+     * not depend on the split); forward_unit gets that count. Units cannot
+     * fail: forward_unit validates nothing that forward would. */
     int (*set_workers)(core_attn_t *a, int n, core_error_t *err);
-    int (*units)(const core_attn_t *a);
+    int (*units)(const core_attn_t *a, int n_items, int n_threads);
     void (*forward_unit)(core_attn_t *a, const core_attn_item_t *it, int layer, int unit,
-                         int slot);
+                         int n_units, int slot);
     void (*forward_done)(core_attn_t *a, const core_attn_item_t *it, int layer);
     /* Serialized payload of a state (core/state.c frames it with the header,
      * the checksum and the position). Little-endian, self-contained given the

@@ -1433,12 +1433,13 @@ static void head_forward(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *i
         chunk_forward(x, t0, t0 + lp->cn < it->n ? t0 + lp->cn : it->n);
 }
 
-/* A decode step (one token) of a kind with exact keys is two units per KV
- * head that may run at once: the linear part and its state update
- * (head_linear) and the sinks and window (head_exact), each stabilized on
- * its own; linear_forward_done merges the two for every query row. With
- * three KV heads on two threads, whole heads left one thread idle a third
- * of the attention. */
+/* A decode step (one token) of a kind with exact keys is two halves per KV
+ * head: the linear part and its state update (head_linear) and the sinks
+ * and window (head_exact), each stabilized on its own; linear_forward_done
+ * merges the two for every query row. With few items in a batch each half
+ * is a unit of its own (three KV heads on two threads left one thread idle
+ * a third of the attention); else one unit runs both, on the same numbers,
+ * so an item's results do not depend on the split. */
 static int split_decode(const core_attn_cfg_t *cfg, const core_attn_item_t *it)
 {
     return it->n == 1 && (cfg->window > 0 || cfg->sinks > 0);
@@ -1501,14 +1502,13 @@ static void merge_decode(core_attn_t *a, const core_attn_item_t *it, int layer)
         for (int64_t g = 0; g < gs; g++) {
             const double *row = mg_row(a, it, h, g);
             const double lrow = row[0], den = row[1], se = row[2], esum = row[3];
-            double wl, we = 1.0;
-            if (x.trig) {
+            double wl = 1.0, we = 1.0; /* the larger side's factor is e^0 */
+            if (x.trig)
                 wl = trig_weight(&x, lrow - se, den, esum);
-            } else {
-                const double st = lrow > se ? lrow : se;
-                wl = lrow > -INFINITY ? exp(lrow - st) : 0.0;
-                we = exp(se - st);
-            }
+            else if (lrow > se)
+                we = exp(se - lrow);
+            else
+                wl = lrow > -INFINITY ? exp(lrow - se) : 0.0;
             const double inv = 1.0 / (wl * den + we * esum);
             float *o = x.out + (h * gs + g) * hd;
             for (int64_t c = 0; c < hd; c++)
@@ -1544,11 +1544,11 @@ static void linear_forward_done(core_attn_t *a, const core_attn_item_t *it, int 
     }
 }
 
-/* Units [0, Hkv): head unit's linear part of a split decode step, else
- * all of it; [Hkv, 2·Hkv) (kinds with exact keys): the exact part of head
- * unit − Hkv of a split decode step, else nothing. */
+/* Unit u < Hkv: head u (both halves of a decode step; with 2·Hkv units,
+ * its linear half only); u ≥ Hkv (2·Hkv units): the exact half of head
+ * u − Hkv of a decode step, nothing for other items. */
 static void linear_forward_unit(core_attn_t *a, const core_attn_item_t *it, int layer, int unit,
-                                int slot)
+                                int n_units, int slot)
 {
     const int64_t hkv = a->cfg.n_head_kv;
     const int split = split_decode(&a->cfg, it);
@@ -1556,18 +1556,26 @@ static void linear_forward_unit(core_attn_t *a, const core_attn_item_t *it, int 
         return;
     lin_ctx_t x;
     ctx_init(a, it, layer, slot, &x);
-    if (unit >= hkv)
+    if (unit >= hkv) {
         head_exact(a, &x, it, layer, unit - hkv);
-    else if (split)
+    } else if (split) {
         head_linear(a, &x, it, layer, unit);
-    else
+        if (n_units == hkv)
+            head_exact(a, &x, it, layer, unit);
+    } else {
         head_forward(a, &x, it, layer, unit);
+    }
 }
 
-static int linear_units(const core_attn_t *a)
+/* The halves apart while the heads alone give a thread fewer than two
+ * units: one item on two threads (3 → 6 units), not a batch of 16. */
+static int linear_units(const core_attn_t *a, int n_items, int n_threads)
 {
     const core_attn_cfg_t *cfg = &a->cfg;
-    return cfg->window > 0 || cfg->sinks > 0 ? 2 * cfg->n_head_kv : cfg->n_head_kv;
+    const int exact = cfg->window > 0 || cfg->sinks > 0;
+    return exact && (int64_t)n_items * cfg->n_head_kv < 2 * (int64_t)n_threads
+               ? 2 * cfg->n_head_kv
+               : cfg->n_head_kv;
 }
 
 static int linear_set_workers(core_attn_t *a, int n, core_error_t *err)
@@ -1582,8 +1590,9 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
 {
     (void)err;
     const core_attn_item_t it = {s, n, q, k, v, out};
-    for (int u = 0; u < linear_units(a); u++) /* as a batch of one runs them */
-        linear_forward_unit(a, &it, layer, u, 0);
+    const int n_units = linear_units(a, 1, 1);
+    for (int u = 0; u < n_units; u++)
+        linear_forward_unit(a, &it, layer, u, n_units, 0);
     linear_forward_done(a, &it, layer);
     return 0;
 }

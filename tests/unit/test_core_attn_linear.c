@@ -21,6 +21,7 @@
 #include "core/blas.h"
 #include "core/attn_linear.h"
 #include "core/features.h"
+#include "core/pool.h"
 #include "core/rng.h"
 #include "core/state.h"
 #include "core/tensor.h"
@@ -1902,6 +1903,69 @@ TEST(test_trig_long_stream)
     trig_long_stream(CORE_ATTN_FLEXFORMER_N);
 }
 
+/* A decode step of one item on two threads runs each KV head's linear and
+ * exact halves as units of their own (core_attn_forward_batch); alone, or in
+ * a batch with enough heads, one unit runs both: the outputs must agree bit
+ * for bit, step after step (window, sinks, pure-exact-keys and Flexformer
+ * cases; a prefix first, then 24 decode steps on four copies: alone, a
+ * batch of one, a batch of two). */
+TEST(test_decode_split_equals_whole)
+{
+    const shape_t cases[] = {V2_CASES[2], V2_CASES[3], V2_CASES[7], TRIG_CASES[0]};
+    core_pool_t *pool = NULL;
+    CHECK_INT_EQ(core_pool_new(2, &pool, NULL), 0);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        shape_t s = cases[ci];
+        core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+        inputs_t in = make_inputs(&s, 64, 1.5, 1.5, 8);
+        core_attn_t *a = make_attn(&s, ad, 16, 0);
+        if (!a || !pool)
+            return;
+        CHECK_INT_EQ(core_attn_set_workers(a, 2, NULL), 0);
+        enum { PRE = 40, COPIES = 4 };
+        const int sizes[] = {7};
+        int64_t nq = (int64_t)s.H * s.Hd, nk = (int64_t)s.Hkv * s.Hd, n = in.n;
+        size_t outn = (size_t)s.L * (size_t)n * (size_t)nq;
+        float *o[COPIES];
+        core_attn_state_t *st[COPIES];
+        for (int i = 0; i < COPIES; i++) {
+            o[i] = calloc(outn, sizeof(float));
+            CHECK_INT_EQ(core_attn_state_new(a, &st[i], NULL), 0);
+            feed(a, st[i], &s, &in, 0, PRE, sizes, 1, o[i]);
+        }
+        for (int64_t t = PRE; t < n; t++) {
+            for (int i = 0; i < COPIES; i++)
+                CHECK_INT_EQ(core_attn_reserve(a, st[i], 1, NULL), 0);
+            for (int l = 0; l < s.L; l++) {
+                const int64_t at = l * n + t;
+                core_attn_item_t it[COPIES];
+                for (int i = 0; i < COPIES; i++)
+                    it[i] = (core_attn_item_t){st[i], 1, in.q + at * nq, in.k + at * nk,
+                                               in.v + at * nk, o[i] + at * nq};
+                CHECK_INT_EQ(core_attn_forward(a, st[0], l, 1, it[0].q, it[0].k, it[0].v,
+                                               it[0].out, NULL),
+                             0);
+                /* one item: 2·Hkv units; two: Hkv each (2·Hkv ≥ two threads) */
+                CHECK_INT_EQ(core_attn_forward_batch(a, pool, l, 1, &it[1], NULL), 0);
+                CHECK_INT_EQ(core_attn_forward_batch(a, pool, l, 2, &it[2], NULL), 0);
+            }
+            for (int i = 0; i < COPIES; i++)
+                core_attn_advance(st[i], 1);
+        }
+        for (int i = 1; i < COPIES; i++)
+            CHECK_MSG(memcmp(o[0], o[i], outn * sizeof(float)) == 0, "case %zu: copy %d differs",
+                      ci, i);
+        for (int i = 0; i < COPIES; i++) {
+            core_attn_state_free(st[i]);
+            free(o[i]);
+        }
+        core_attn_free(a);
+        core_gguf_close(ad);
+        inputs_free(&in);
+    }
+    core_pool_free(pool);
+}
+
 int main(void)
 {
     core_blas_set_threads(1); /* tiny GEMMs; threads only add contention */
@@ -1928,5 +1992,6 @@ int main(void)
     RUN(test_trig_adapter_params_and_kernel);
     RUN(test_trig_adapter_errors);
     RUN(test_trig_long_stream);
+    RUN(test_decode_split_equals_whole);
     return CHECK_DONE();
 }
