@@ -547,7 +547,12 @@ int core_qmatmul_nt_isa(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int
 
 /* ---- jobs on a pool ---- */
 
-enum { QDOT_CHUNK_ROWS = 32 }; /* weight rows a thread takes at a time */
+/* Weight rows a thread takes at a time: a share of what is left (guided
+ * scheduling: big chunks first, QDOT_CHUNK_MIN at the end, so that the
+ * threads finish within a small chunk of one another; with fixed chunks of
+ * 32 the caller waited ~5% of a single-stream token on the last ones),
+ * a multiple of the packed kernel's 16-row groups, at most QDOT_CHUNK_MAX. */
+enum { QDOT_CHUNK_MIN = 16, QDOT_CHUNK_MAX = 512, QDOT_CHUNK_SHARE = 3 };
 
 typedef struct jobs_run {
     const core_qdot_job_t *jobs;
@@ -575,17 +580,36 @@ static void job_rows(const jobs_run_t *r, const core_qdot_job_t *jb, int64_t j0,
 
 /* Chunks are taken dynamically (a core that another process holds takes
  * fewer); which thread computes a row does not change its result. */
+/* The next chunk [*g0, return) of rows for a pool of n_workers, or -1 when
+ * none is left. */
+static int64_t take_rows(jobs_run_t *r, int n_workers, int64_t *g0)
+{
+    int64_t at = atomic_load_explicit(&r->next, memory_order_relaxed);
+    for (;;) {
+        const int64_t left = r->total - at;
+        if (left <= 0)
+            return -1;
+        int64_t n = left / ((int64_t)QDOT_CHUNK_SHARE * n_workers);
+        n = (n + QDOT_CHUNK_MIN - 1) / QDOT_CHUNK_MIN * QDOT_CHUNK_MIN;
+        n = n < QDOT_CHUNK_MIN ? QDOT_CHUNK_MIN : n > QDOT_CHUNK_MAX ? QDOT_CHUNK_MAX : n;
+        n = n < left ? n : left;
+        if (atomic_compare_exchange_weak_explicit(&r->next, &at, at + n, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *g0 = at;
+            return at + n;
+        }
+    }
+}
+
 static void jobs_worker(void *ctx, int worker, int n_workers)
 {
     (void)worker;
-    (void)n_workers;
     jobs_run_t *r = ctx;
     for (;;) {
-        const int64_t g0 = atomic_fetch_add_explicit(&r->next, QDOT_CHUNK_ROWS,
-                                                     memory_order_relaxed);
-        if (g0 >= r->total)
+        int64_t g0;
+        const int64_t g1 = take_rows(r, n_workers, &g0);
+        if (g1 < 0)
             return;
-        const int64_t g1 = g0 + QDOT_CHUNK_ROWS < r->total ? g0 + QDOT_CHUNK_ROWS : r->total;
         int64_t base = 0;
         for (int i = 0; i < r->n_jobs && base < g1; base += r->jobs[i].n, i++) {
             const int64_t lo = g0 > base ? g0 - base : 0;
@@ -604,7 +628,7 @@ void core_qdot_run_jobs(core_pool_t *pool, const core_qdot_job_t *jobs, int n_jo
     atomic_init(&r.next, 0);
     if (r.total == 0)
         return;
-    if (core_pool_size(pool) == 1 || r.total <= QDOT_CHUNK_ROWS)
+    if (core_pool_size(pool) == 1 || r.total <= QDOT_CHUNK_MIN)
         jobs_worker(&r, 0, 1);
     else
         core_pool_run(pool, jobs_worker, &r);
