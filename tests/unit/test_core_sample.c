@@ -611,6 +611,26 @@ TEST(test_greedy)
     CHECK_INT_EQ(res.top[0].id, 1);
     CHECK_INT_EQ(res.top[1].id, 3);
     CHECK_INT_EQ(res.top[2].id, 4);
+    /* Ties at every position of the four-lane maximum, and past it */
+    for (int at = 0; at < 9; at++) {
+        float t9[11];
+        for (int i = 0; i < 11; i++)
+            t9[i] = (float)i * 0.1f;
+        t9[at] = t9[at + 2] = 5.0f;
+        CHECK_INT_EQ(core_sampler_sample(s, ws, t9, 11, &res, NULL), 0);
+        CHECK_MSG(res.token == at, "tie at %d: token %d", at, res.token);
+    }
+    /* Non-finite logits are refused, naming the first one */
+    float bad[9] = {0, 1, 2, 3, 4, NAN, 6, 7, INFINITY};
+    core_error_t e = {0};
+    CHECK_INT_EQ(core_sampler_sample(s, ws, bad, 9, &res, &e), CORE_EINVAL);
+    CHECK_MSG(strstr(e.msg, "logits[5] is NaN") != NULL, "%s", e.msg);
+    bad[5] = 5.0f;
+    CHECK_INT_EQ(core_sampler_sample(s, ws, bad, 9, &res, &e), CORE_EINVAL);
+    CHECK_MSG(strstr(e.msg, "logits[8] is +inf") != NULL, "%s", e.msg);
+    float none[5] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    CHECK_INT_EQ(core_sampler_sample(s, ws, none, 5, &res, &e), CORE_EINVAL);
+    CHECK_MSG(strstr(e.msg, "every logit is -inf") != NULL, "%s", e.msg);
     /* A temperature whose inverse overflows is greedy, not NaN. */
     core_sample_params_t tiny = p;
     tiny.temperature = 1e-45f;
