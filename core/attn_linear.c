@@ -723,19 +723,6 @@ static double max_f32(const float *v, int64_t n, double m0)
     return m0;
 }
 
-/* Σ a[i]·b[i] in double. */
-static double dot_f32(const float *a, const float *b, int64_t n)
-{
-    double s[4] = {0.0, 0.0, 0.0, 0.0};
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4)
-        for (int l = 0; l < 4; l++)
-            s[l] += (double)a[i + l] * b[i + l];
-    for (; i < n; i++)
-        s[0] += (double)a[i] * b[i];
-    return (s[0] + s[1]) + (s[2] + s[3]);
-}
-
 /* max_i (g[i] + c[i]) in double, or max_i c[i] for g NULL; −inf for m = 0. */
 static double max_shifted(const float *g, const double *c, int64_t m)
 {
@@ -1114,7 +1101,7 @@ static void chunk_linear(lin_ctx_t *x, const lin_chunk_t *ck)
                     sc->num[r * hd + c] = (float)s;
                 }
             } else {
-                dz = dot_f32(ps, x->zf, m);
+                dz = core_dot_f32(ps, x->zf, m);
             }
             sc->den[r] = dz;
         }

@@ -843,16 +843,8 @@ static void rmsnorm(float *y, const float *x, const float *w, int64_t n, double 
 {
     /* the sum of squares in four chains: one waited on every addition
      * (~2,300 cycles a row of 576, 61 rows a token) */
-    double ss[4] = {0.0, 0.0, 0.0, 0.0};
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4)
-        for (int l = 0; l < 4; l++)
-            ss[l] += (double)x[i + l] * x[i + l];
-    for (; i < n; i++)
-        ss[0] += (double)x[i] * x[i];
-    const double sum = (ss[0] + ss[1]) + (ss[2] + ss[3]);
-    const float r = (float)(1.0 / sqrt(sum / (double)n + eps));
-    for (i = 0; i < n; i++)
+    const float r = (float)(1.0 / sqrt(core_dot_f32(x, x, n) / (double)n + eps));
+    for (int64_t i = 0; i < n; i++)
         y[i] = x[i] * r * w[i];
 }
 

@@ -124,3 +124,15 @@ double core_sum_f32(const float *x, int64_t n)
         s[0] += (double)x[j];
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
+
+double core_dot_f32(const float *a, const float *b, int64_t n)
+{
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int l = 0; l < 4; l++)
+            s[l] += (double)a[j + l] * b[j + l];
+    for (; j < n; j++)
+        s[0] += (double)a[j] * b[j];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}

@@ -1,4 +1,5 @@
-/* core/vexp.h — exponentials of many floats at once, for softmax weights.
+/* core/vexp.h — exponentials of many floats at once, for softmax weights,
+ * and the sums in double around them.
  *
  * core_exp_shifted(x, n, s, out): out[j] = e^(x[j] - s) for the n floats x
  * (x[j] - s formed in double, then rounded to float), 0 where x[j] is -inf or
@@ -25,6 +26,9 @@ void core_exp_shifted(const float *x, int64_t n, double s, float *out);
  * independent chains: a single chain waits on every addition's latency.
  * The order is fixed by n alone, so the bits do not depend on the CPU. */
 double core_sum_f32(const float *x, int64_t n);
+/* Σ a[j]·b[j] in double (a norm's sum of squares, a denominator's dot
+ * product), in four chains likewise. */
+double core_dot_f32(const float *a, const float *b, int64_t n);
 /* Tests: nonzero forces the portable path; 0 lets the CPU choose. */
 void core_exp_force_generic(int on);
 

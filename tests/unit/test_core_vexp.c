@@ -93,10 +93,11 @@ TEST(lengths_and_positions)
         }
 }
 
-/* core_sum_f32 against a long double sum of the same floats: every length
- * around its four chains, within n·2^-52 of Σ|x|; integers (every partial
- * sum exact in double) bit for bit; only x[0..n) read. */
-TEST(sum_matches_reference)
+/* core_sum_f32 and core_dot_f32 against long double sums of the same
+ * floats: every length around their four chains, within n·2^-52 of the sum
+ * of magnitudes; integers (every partial sum exact in double) bit for bit;
+ * only x[0..n) read. */
+TEST(sums_match_reference)
 {
     enum { N = 300 };
     float x[N + 4];
@@ -123,12 +124,31 @@ TEST(sum_matches_reference)
     CHECK(core_sum_f32(k, N) == want);
     x[3] = NAN; /* past n: never read */
     CHECK(isfinite(core_sum_f32(x, 3)));
+    /* the dot product likewise: against long double at every length, and
+     * small integers (every partial sum exact) bit for bit */
+    x[3] = 0.25f;
+    float y[N];
+    for (int j = 0; j < N; j++)
+        y[j] = x[N - 1 - j];
+    for (int n = 0; n <= N; n += n < 40 ? 1 : 37) {
+        long double ref = 0.0L, mag = 0.0L;
+        for (int j = 0; j < n; j++) {
+            ref += (long double)x[j] * y[j];
+            mag += fabsl((long double)x[j] * y[j]);
+        }
+        double got = core_dot_f32(x, y, n);
+        CHECK_MSG(fabsl((long double)got - ref) <= mag * (n + 2) * 0x1p-52L, "dot n %d", n);
+    }
+    double sq = 0.0;
+    for (int j = 0; j < N; j++)
+        sq += (double)k[j] * k[j];
+    CHECK(core_dot_f32(k, k, N) == sq);
 }
 
 int main(void)
 {
     RUN(matches_libm_both_paths);
     RUN(lengths_and_positions);
-    RUN(sum_matches_reference);
+    RUN(sums_match_reference);
     return CHECK_DONE();
 }
