@@ -1220,7 +1220,9 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
         /* q̃·R(−δ)k_j = R(δ)q̃·k_j (δ = W + S − 1, angles precomputed):
          * the few query rows turn instead of the S keys, which the
          * product then reads as stored */
-        if (!x->pre || alone) /* else chunk_queries did */
+        /* chunk_queries un-rotated them for the features (pre-RoPE, a
+         * linear branch, not the exact unit alone) */
+        if (!x->pre || x->lin_off || alone)
             unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
         for (int64_t r = 0; r < nr; r++)
             rotate_fwd(x, x->sink_cs, sc->qu + r * hd, sc->qy + r * hd);

@@ -977,6 +977,7 @@ static const shape_t V2_CASES[] = {
     {CORE_ATTN_PERFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 1, 0, 0, 0},
     {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 1, 1, 1, 0}, /* decay off */
     {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 0, 1, 0, 1}, /* linear off */
+    {CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 5, 21, 3, 1, 1, 0, 1}, /* linear off, pre-RoPE */
 };
 
 static void v2_desc(const shape_t *s, char *buf, size_t n)
