@@ -547,19 +547,29 @@ int core_qmatmul_nt_isa(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int
 
 /* ---- jobs on a pool ---- */
 
-/* Weight rows a thread takes at a time: a share of what is left (guided
- * scheduling: big chunks first, QDOT_CHUNK_MIN at the end, so that the
- * threads finish within a small chunk of one another; with fixed chunks of
- * 32 the caller waited ~5% of a single-stream token on the last ones),
- * a multiple of the packed kernel's 16-row groups, at most QDOT_CHUNK_MAX. */
-enum { QDOT_CHUNK_MIN = 16, QDOT_CHUNK_MAX = 512, QDOT_CHUNK_SHARE = 3 };
+/* Rows (over the concatenated jobs) are shared out as one contiguous range
+ * per thread, which its owner takes from the front QDOT_CHUNK_OWN rows at
+ * a time: one sequential stream per thread, which the hardware prefetchers
+ * and the kernel's own prefetch follow (chunks handed out in turn from one
+ * counter made every thread jump at every chunk). A thread whose range is
+ * empty steals the back half of the largest remainder, so the threads
+ * finish within a small piece of one another, and a thread not scheduled
+ * in time has its range taken by the others. Ranges start at multiples of
+ * the packed kernel's 16-row groups. */
+enum { QDOT_CHUNK_OWN = 64, QDOT_CHUNK_MIN = 16, QDOT_MAX_RANGES = 64 };
+
+typedef struct qdot_range {
+    _Atomic uint64_t v; /* lo | hi << 32: rows [lo, hi) not taken yet */
+    char pad[64 - sizeof(uint64_t)];
+} qdot_range_t;
 
 typedef struct jobs_run {
     const core_qdot_job_t *jobs;
     int n_jobs;
-    int64_t total;        /* sum of the jobs' n */
-    core_qdot_isa_t isa;  /* one for all threads */
-    _Atomic int64_t next; /* first row (over the concatenated jobs) not yet taken */
+    int64_t total;       /* sum of the jobs' n (< 2^32) */
+    core_qdot_isa_t isa; /* one for all threads */
+    int n_ranges;
+    qdot_range_t range[QDOT_MAX_RANGES];
 } jobs_run_t;
 
 static void job_rows(const jobs_run_t *r, const core_qdot_job_t *jb, int64_t j0, int64_t j1)
@@ -580,34 +590,54 @@ static void job_rows(const jobs_run_t *r, const core_qdot_job_t *jb, int64_t j0,
 
 /* Chunks are taken dynamically (a core that another process holds takes
  * fewer); which thread computes a row does not change its result. */
-/* The next chunk [*g0, return) of rows for a pool of n_workers, or -1 when
- * none is left. */
-static int64_t take_rows(jobs_run_t *r, int n_workers, int64_t *g0)
+/* The next rows [*g0, return) for thread worker, or -1 when none is left. */
+static int64_t take_rows(jobs_run_t *r, int worker, int64_t *g0)
 {
-    int64_t at = atomic_load_explicit(&r->next, memory_order_relaxed);
+    _Atomic uint64_t *own = &r->range[worker % r->n_ranges].v;
+    uint64_t v = atomic_load_explicit(own, memory_order_relaxed);
     for (;;) {
-        const int64_t left = r->total - at;
-        if (left <= 0)
+        const uint64_t lo = v & 0xffffffffu, hi = v >> 32;
+        if (lo >= hi)
+            break;
+        const uint64_t n = hi - lo < QDOT_CHUNK_OWN ? hi - lo : QDOT_CHUNK_OWN;
+        if (atomic_compare_exchange_weak_explicit(own, &v, (lo + n) | hi << 32,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            *g0 = (int64_t)lo;
+            return (int64_t)(lo + n);
+        }
+    }
+    for (;;) { /* steal the back half of the largest remainder */
+        int best = -1;
+        uint64_t bv = 0, bleft = 0;
+        for (int i = 0; i < r->n_ranges; i++) {
+            const uint64_t w = atomic_load_explicit(&r->range[i].v, memory_order_relaxed);
+            const uint64_t lo = w & 0xffffffffu, hi = w >> 32;
+            if (hi > lo && hi - lo > bleft) {
+                best = i;
+                bv = w;
+                bleft = hi - lo;
+            }
+        }
+        if (best < 0)
             return -1;
-        int64_t n = left / ((int64_t)QDOT_CHUNK_SHARE * n_workers);
-        n = (n + QDOT_CHUNK_MIN - 1) / QDOT_CHUNK_MIN * QDOT_CHUNK_MIN;
-        n = n < QDOT_CHUNK_MIN ? QDOT_CHUNK_MIN : n > QDOT_CHUNK_MAX ? QDOT_CHUNK_MAX : n;
-        n = n < left ? n : left;
-        if (atomic_compare_exchange_weak_explicit(&r->next, &at, at + n, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-            *g0 = at;
-            return at + n;
+        const uint64_t lo = bv & 0xffffffffu, hi = bv >> 32;
+        uint64_t n = (bleft / 2 + QDOT_CHUNK_MIN - 1) / QDOT_CHUNK_MIN * QDOT_CHUNK_MIN;
+        n = n < bleft ? n : bleft;
+        if (atomic_compare_exchange_strong_explicit(&r->range[best].v, &bv, lo | (hi - n) << 32,
+                                                    memory_order_relaxed, memory_order_relaxed)) {
+            *g0 = (int64_t)(hi - n);
+            return (int64_t)hi;
         }
     }
 }
 
 static void jobs_worker(void *ctx, int worker, int n_workers)
 {
-    (void)worker;
+    (void)n_workers;
     jobs_run_t *r = ctx;
     for (;;) {
         int64_t g0;
-        const int64_t g1 = take_rows(r, n_workers, &g0);
+        const int64_t g1 = take_rows(r, worker, &g0);
         if (g1 < 0)
             return;
         int64_t base = 0;
@@ -625,10 +655,18 @@ void core_qdot_run_jobs(core_pool_t *pool, const core_qdot_job_t *jobs, int n_jo
     jobs_run_t r = {.jobs = jobs, .n_jobs = n_jobs, .isa = core_qdot_isa()};
     for (int i = 0; i < n_jobs; i++)
         r.total += jobs[i].n;
-    atomic_init(&r.next, 0);
     if (r.total == 0)
         return;
-    if (core_pool_size(pool) == 1 || r.total <= QDOT_CHUNK_MIN)
+    const int threads = r.total <= QDOT_CHUNK_MIN ? 1 : core_pool_size(pool);
+    r.n_ranges = threads < QDOT_MAX_RANGES ? threads : QDOT_MAX_RANGES;
+    for (int i = 0; i < r.n_ranges; i++) {
+        const int64_t lo = r.total * i / r.n_ranges / QDOT_CHUNK_MIN * QDOT_CHUNK_MIN;
+        const int64_t hi = i + 1 == r.n_ranges
+                               ? r.total
+                               : r.total * (i + 1) / r.n_ranges / QDOT_CHUNK_MIN * QDOT_CHUNK_MIN;
+        atomic_init(&r.range[i].v, (uint64_t)lo | (uint64_t)hi << 32);
+    }
+    if (threads == 1)
         jobs_worker(&r, 0, 1);
     else
         core_pool_run(pool, jobs_worker, &r);
