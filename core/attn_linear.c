@@ -227,7 +227,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_sx = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + cn + hd);
-    size_t o_rc = take(&d, 2 * LIN_ROPE_CACHE * (1 + (size_t)cfg->n_rot));
+    size_t o_rc = take(&d, (size_t)2 * LIN_ROPE_CACHE * (1 + (size_t)cfg->n_rot));
     if (sc) {
         sc->qx = fb + o_qx;
         sc->qy = fb + o_qy;
@@ -300,7 +300,7 @@ static int set_scratch(core_attn_t *a, lin_params_t *lp, int chunk, int slots, c
             lin_scratch_t sc;
             (void)scratch_layout(&a->cfg, (size_t)cn, fs[i], ds[i], &sc);
             for (int e = 0; e < 2 * LIN_ROPE_CACHE; e++)
-                sc.rc[e * (1 + a->cfg.n_rot)] = -1.0;
+                sc.rc[(size_t)e * (size_t)(1 + a->cfg.n_rot)] = -1.0;
         }
     }
     if (!ok) {
@@ -825,7 +825,7 @@ static void rotate_fwd(const lin_ctx_t *x, const double *cs, const float *a, flo
  * key cache (computed there first if another position holds its entry). */
 static const double *rope_cs(const lin_ctx_t *x, int64_t pos, int key)
 {
-    double *e = x->sc.rc + (key * LIN_ROPE_CACHE + pos % LIN_ROPE_CACHE) * (1 + x->n_rot);
+    double *e = x->sc.rc + ((int64_t)key * LIN_ROPE_CACHE + pos % LIN_ROPE_CACHE) * (1 + x->n_rot);
     if (e[0] != (double)pos) {
         for (int64_t j = 0; j < x->n_rot / 2; j++) {
             double ang = (double)pos * x->rope_if[j];

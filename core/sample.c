@@ -313,9 +313,11 @@ static void argmax(const float *z, int64_t V, float *zmax, int32_t *best)
     const float ma = mx[0] > mx[1] ? mx[0] : mx[1], mb = mx[2] > mx[3] ? mx[2] : mx[3];
     const float m = ma > mb ? ma : mb;
     int32_t b = 0;
-    if (m > -INFINITY)
-        while (z[b] != m)
-            b++;
+    for (int64_t i = 0; i < V && m > -INFINITY; i++)
+        if (z[i] == m) {
+            b = (int32_t)i;
+            break;
+        }
     *zmax = m;
     *best = b;
 }
@@ -383,7 +385,7 @@ static int load_logits(const core_sampler_t *s, const float *logits, int64_t V,
     }
     if (bad) {
         int64_t i = 0;
-        while (logits[i] < INFINITY)
+        while (i + 1 < V && logits[i] < INFINITY)
             i++;
         /* The constant is returned so that the analyzer sees *zmax is only
          * read on success. */
