@@ -704,26 +704,9 @@ typedef struct lin_ctx {
     double *c;        /* this head's [M] scales */
 } lin_ctx_t;
 
-/* Reductions of a decode row's few hundred terms in four independent
- * chains (as core_sum_f32): one chain waits on every addition's (or
- * comparison's) latency, and these loops were a tenth of a batched decode
- * step. NaN terms are skipped by the maxima (v > m is false), as by the
- * loops they replace. */
-static double max_f32(const float *v, int64_t n, double m0)
-{
-    float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4)
-        for (int l = 0; l < 4; l++)
-            m[l] = v[j + l] > m[l] ? v[j + l] : m[l];
-    for (; j < n; j++)
-        m[0] = v[j] > m[0] ? v[j] : m[0];
-    for (int l = 0; l < 4; l++)
-        m0 = (double)m[l] > m0 ? (double)m[l] : m0;
-    return m0;
-}
-
-/* max_i (g[i] + c[i]) in double, or max_i c[i] for g NULL; −inf for m = 0. */
+/* max_i (g[i] + c[i]) in double (four chains, as core_max_f32: one chain
+ * waited on every comparison, and such loops were a tenth of a batched
+ * decode step), or max_i c[i] for g NULL; −inf for m = 0. */
 static double max_shifted(const float *g, const double *c, int64_t m)
 {
     double mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -790,29 +773,16 @@ static void kv_rows(const lin_ctx_t *x, int val, int64_t pos, int64_t n, float *
     }
 }
 
-/* Undoes RoPE on n rows of Hd (row i at position pos0 + i / per): the
- * model rotates pairs (2j, 2j+1) by pos·θ_j; rotating back by −pos·θ_j
- * gives the vector before RoPE to float rounding. */
-static void rotate_back(const lin_ctx_t *x, const double *cs, const float *a, float *o)
+/* a turned by the angles cs (n_rot/2 cos, sin pairs): back (un-rotated,
+ * fwd 0) or forward (fwd 1, the inverse); the dimensions past n_rot are
+ * copied. */
+static void rotate(const lin_ctx_t *x, const double *cs, int fwd, const float *a, float *o)
 {
     for (int64_t j = 0; j < x->n_rot / 2; j++) {
         /* rope_cs fills an entry before it is read (clang-analyzer does
          * not follow the cache's position tags) */
         /* NOLINTNEXTLINE(clang-analyzer-core.uninitialized.Assign) */
-        double c = cs[2 * j], sn = cs[2 * j + 1];
-        double u = a[2 * j], w = a[2 * j + 1];
-        o[2 * j] = (float)(u * c + w * sn);
-        o[2 * j + 1] = (float)(w * c - u * sn);
-    }
-    for (int64_t j = x->n_rot; j < x->hd; j++)
-        o[j] = a[j];
-}
-
-/* The inverse of rotate_back: a turned forward by the angles cs. */
-static void rotate_fwd(const lin_ctx_t *x, const double *cs, const float *a, float *o)
-{
-    for (int64_t j = 0; j < x->n_rot / 2; j++) {
-        double c = cs[2 * j], sn = cs[2 * j + 1];
+        double c = cs[2 * j], sn = fwd ? cs[2 * j + 1] : -cs[2 * j + 1];
         double u = a[2 * j], w = a[2 * j + 1];
         o[2 * j] = (float)(u * c - w * sn);
         o[2 * j + 1] = (float)(w * c + u * sn);
@@ -837,11 +807,14 @@ static const double *rope_cs(const lin_ctx_t *x, int64_t pos, int key)
     return e + 1;
 }
 
+/* Undoes RoPE on n rows (angles from the query or key cache, key) of Hd (row i at position pos0 + i / per): the
+ * model rotates pairs (2j, 2j+1) by pos·θ_j; rotating back by −pos·θ_j
+ * gives the vector before RoPE to float rounding. */
 static void unrope(const lin_ctx_t *x, int key, int64_t n, int64_t per, int64_t pos0,
                    const float *in, float *out)
 {
     for (int64_t i = 0; i < n; i++)
-        rotate_back(x, rope_cs(x, pos0 + i / per, key), in + i * x->hd, out + i * x->hd);
+        rotate(x, rope_cs(x, pos0 + i / per, key), 0, in + i * x->hd, out + i * x->hd);
 }
 
 /* Exact log-domain evaluation of one row's linear part (the underflow guard):
@@ -1022,6 +995,14 @@ static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
     ck->state_on = state_on;
 }
 
+/* Head x->h's query rows of tokens [t0, t1) into sc->qx. */
+static void load_queries(lin_ctx_t *x, int64_t t0, int64_t t1)
+{
+    const int64_t w = x->gs * x->hd;
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(x->sc.qx + (t - t0) * w, x->q + t * x->nq + x->h * w, (size_t)w * sizeof(float));
+}
+
 /* The query rows' features: qp (for the chunk's own keys) and qs (the
  * carried state's weights), with each row's log-scale lrow. */
 static void chunk_queries(lin_ctx_t *x, const lin_chunk_t *ck)
@@ -1031,9 +1012,7 @@ static void chunk_queries(lin_ctx_t *x, const lin_chunk_t *ck)
     int64_t hd = x->hd, m = x->m, gs = x->gs;
     int64_t t0 = ck->t0, t1 = ck->t1, nr = ck->nr;
     double *cn = sc->cn, *al = sc->al;
-    for (int64_t t = t0; t < t1; t++)
-        memcpy(sc->qx + (t - t0) * gs * hd, x->q + t * x->nq + x->h * gs * hd,
-               (size_t)(gs * hd) * sizeof(float));
+    load_queries(x, t0, t1);
     if (!x->lin_off) {
         const float *qin = sc->qx;
         if (x->pre) {
@@ -1225,7 +1204,7 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
         if (!x->pre || x->lin_off || alone)
             unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
         for (int64_t r = 0; r < nr; r++)
-            rotate_fwd(x, x->sink_cs, sc->qu + r * hd, sc->qy + r * hd);
+            rotate(x, x->sink_cs, 1, sc->qu + r * hd, sc->qy + r * hd);
         int64_t len;
         const uint16_t *h = kv_half_run(x, 0, 0, nsk, &len);
         if (!h || len < nsk ||
@@ -1251,7 +1230,8 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
          * not their signed sum (which can be far smaller): the exact
          * scores alone stabilize its rows (the row's own key or a sink
          * is always visible here, so E ≥ 1) */
-        double s = max_f32(er, nk, alone || x->trig ? -INFINITY : sc->lrow[r]);
+        const double s0 = alone || x->trig ? -INFINITY : sc->lrow[r], se = core_max_f32(er, nk);
+        const double s = se > s0 ? se : s0;
         core_exp_shifted(er, nk, s, er); /* -inf (masked) gives 0 */
         sc->esum[r] = core_sum_f32(er, nk);
         if (alone) {
@@ -1429,9 +1409,16 @@ static void head_forward(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *i
  * is a unit of its own (three KV heads on two threads left one thread idle
  * a third of the attention); else one unit runs both, on the same numbers,
  * so an item's results do not depend on the split. */
+/* The configuration keeps exact keys (a window or sinks) beside the linear
+ * state. */
+static int exact_keys(const core_attn_cfg_t *cfg)
+{
+    return cfg->window > 0 || cfg->sinks > 0;
+}
+
 static int split_decode(const core_attn_cfg_t *cfg, const core_attn_item_t *it)
 {
-    return it->n == 1 && (cfg->window > 0 || cfg->sinks > 0);
+    return it->n == 1 && exact_keys(cfg);
 }
 
 static double *mg_row(const core_attn_t *a, const core_attn_item_t *it, int64_t h, int64_t g)
@@ -1466,7 +1453,7 @@ static void head_exact(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it,
     lin_scratch_t *sc = &x->sc;
     int64_t hd = x->hd, gs = x->gs;
     head_set(a, x, it, layer, h);
-    memcpy(sc->qx, x->q + h * gs * hd, (size_t)(gs * hd) * sizeof(float));
+    load_queries(x, 0, 1);
     lin_chunk_t ck = {.t0 = 0, .t1 = 1, .nr = gs};
     chunk_out_exact(x, &ck, 1);
     for (int64_t g = 0; g < gs; g++) {
@@ -1561,8 +1548,7 @@ static void linear_forward_unit(core_attn_t *a, const core_attn_item_t *it, int 
 static int linear_units(const core_attn_t *a, int n_items, int n_threads)
 {
     const core_attn_cfg_t *cfg = &a->cfg;
-    const int exact = cfg->window > 0 || cfg->sinks > 0;
-    return exact && (int64_t)n_items * cfg->n_head_kv < 2 * (int64_t)n_threads
+    return exact_keys(cfg) && (int64_t)n_items * cfg->n_head_kv < 2 * (int64_t)n_threads
                ? 2 * cfg->n_head_kv
                : cfg->n_head_kv;
 }

@@ -588,9 +588,15 @@ static void job_rows(const jobs_run_t *r, const core_qdot_job_t *jb, int64_t j0,
         jb->c + j0, jb->ldc);
 }
 
-/* Chunks are taken dynamically (a core that another process holds takes
- * fewer); which thread computes a row does not change its result. */
-/* The next rows [*g0, return) for thread worker, or -1 when none is left. */
+/* Where range i starts (i = n_ranges: the end): a multiple of 16 rows. */
+static int64_t range_edge(const jobs_run_t *r, int i)
+{
+    return i == r->n_ranges ? r->total
+                            : r->total * i / r->n_ranges / QDOT_CHUNK_MIN * QDOT_CHUNK_MIN;
+}
+
+/* The next rows [*g0, return) for thread worker, or -1 when none is left.
+ * Which thread computes a row does not change its result. */
 static int64_t take_rows(jobs_run_t *r, int worker, int64_t *g0)
 {
     _Atomic uint64_t *own = &r->range[worker % r->n_ranges].v;
@@ -659,13 +665,8 @@ void core_qdot_run_jobs(core_pool_t *pool, const core_qdot_job_t *jobs, int n_jo
         return;
     const int threads = r.total <= QDOT_CHUNK_MIN ? 1 : core_pool_size(pool);
     r.n_ranges = threads < QDOT_MAX_RANGES ? threads : QDOT_MAX_RANGES;
-    for (int i = 0; i < r.n_ranges; i++) {
-        const int64_t lo = r.total * i / r.n_ranges / QDOT_CHUNK_MIN * QDOT_CHUNK_MIN;
-        const int64_t hi = i + 1 == r.n_ranges
-                               ? r.total
-                               : r.total * (i + 1) / r.n_ranges / QDOT_CHUNK_MIN * QDOT_CHUNK_MIN;
-        atomic_init(&r.range[i].v, (uint64_t)lo | (uint64_t)hi << 32);
-    }
+    for (int i = 0; i < r.n_ranges; i++)
+        atomic_init(&r.range[i].v, (uint64_t)range_edge(&r, i) | (uint64_t)range_edge(&r, i + 1) << 32);
     if (threads == 1)
         jobs_worker(&r, 0, 1);
     else

@@ -302,16 +302,12 @@ static void select_top(const float *z, int64_t V, size_t k, cand_t *out)
 }
 
 /* The maximum of z[V] and the lowest id holding it (0 when all are -inf):
- * the maximum in four independent chains (one running maximum waited on
- * every comparison: ~60 us over a 49,152-token vocabulary), then the first
- * index equal to it. */
+ * the maximum by core_max_f32 (one running maximum waited on every
+ * comparison: ~60 us over a 49,152-token vocabulary), then the first index
+ * equal to it. */
 static void argmax(const float *z, int64_t V, float *zmax, int32_t *best)
 {
-    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    for (int64_t i = 0; i < V; i++)
-        mx[i & 3] = z[i] > mx[i & 3] ? z[i] : mx[i & 3];
-    const float ma = mx[0] > mx[1] ? mx[0] : mx[1], mb = mx[2] > mx[3] ? mx[2] : mx[3];
-    const float m = ma > mb ? ma : mb;
+    const float m = core_max_f32(z, V);
     int32_t b = 0;
     for (int64_t i = 0; i < V && m > -INFINITY; i++)
         if (z[i] == m) {
@@ -322,6 +318,7 @@ static void argmax(const float *z, int64_t V, float *zmax, int32_t *best)
     *best = b;
 }
 
+/* A finite logit moved past the float range stays at its edge. */
 static float clamp_finite(double v)
 {
     if (v > FLT_MAX)

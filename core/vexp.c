@@ -136,3 +136,16 @@ double core_dot_f32(const float *a, const float *b, int64_t n)
         s[0] += (double)a[j] * b[j];
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
+
+float core_max_f32(const float *x, int64_t n)
+{
+    float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int l = 0; l < 4; l++)
+            m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+    for (; j < n; j++)
+        m[0] = x[j] > m[0] ? x[j] : m[0];
+    const float a = m[0] > m[1] ? m[0] : m[1], b = m[2] > m[3] ? m[2] : m[3];
+    return a > b ? a : b;
+}

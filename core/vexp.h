@@ -26,6 +26,9 @@ void core_exp_shifted(const float *x, int64_t n, double s, float *out);
  * independent chains: a single chain waits on every addition's latency.
  * The order is fixed by n alone, so the bits do not depend on the CPU. */
 double core_sum_f32(const float *x, int64_t n);
+/* The largest of n floats (−inf for n = 0; NaN terms skipped), in four
+ * chains likewise. */
+float core_max_f32(const float *x, int64_t n);
 /* Σ a[j]·b[j] in double (a norm's sum of squares, a denominator's dot
  * product), in four chains likewise. */
 double core_dot_f32(const float *a, const float *b, int64_t n);

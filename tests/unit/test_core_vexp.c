@@ -93,7 +93,7 @@ TEST(lengths_and_positions)
         }
 }
 
-/* core_sum_f32 and core_dot_f32 against long double sums of the same
+/* core_sum_f32 and core_dot_f32 against long double sums (and core_max_f32) of the same
  * floats: every length around their four chains, within n·2^-52 of the sum
  * of magnitudes; integers (every partial sum exact in double) bit for bit;
  * only x[0..n) read. */
@@ -143,6 +143,19 @@ TEST(sums_match_reference)
     for (int j = 0; j < N; j++)
         sq += (double)k[j] * k[j];
     CHECK(core_dot_f32(k, k, N) == sq);
+    /* the maximum: at every lane position and length, NaN skipped, -inf
+     * for none */
+    CHECK(core_max_f32(x, 0) == -INFINITY);
+    for (int n = 1; n <= 12; n++)
+        for (int at = 0; at < n; at++) {
+            float v[12];
+            for (int j = 0; j < n; j++)
+                v[j] = (float)-j;
+            v[at] = 5.0f;
+            if (at + 1 < n)
+                v[at + 1] = NAN;
+            CHECK_MSG(core_max_f32(v, n) == 5.0f, "max n %d at %d", n, at);
+        }
 }
 
 int main(void)
