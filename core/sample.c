@@ -372,23 +372,21 @@ static int load_logits(const core_sampler_t *s, const float *logits, int64_t V,
                        core_error_t *err)
 {
     assert(V > 0); /* check_call; stated for the analyzer, which reads z[0] later */
-    int bad = 0;
-    for (int64_t i = 0; i < V; i++) {
-        float x = logits[i];
-        bad |= !(x < INFINITY); /* one test for NaN and +inf: both fail x < +inf */
-        if (allow && !((allow[i >> 6] >> (i & 63)) & 1u))
-            x = -INFINITY;
-        z[i] = x;
-    }
-    if (bad) {
-        int64_t i = 0;
-        while (i + 1 < V && logits[i] < INFINITY)
-            i++;
+    /* one vector pass for NaN and +inf (a scalar test per logit was most of
+     * a greedy token's sampling), then a copy */
+    const int64_t bad = core_first_unbounded_f32(logits, V);
+    if (bad < V) {
         /* The constant is returned so that the analyzer sees *zmax is only
          * read on success. */
-        core_error_set(err, CORE_EINVAL, "logits[%lld] is %s", (long long)i,
-                       isnan(logits[i]) ? "NaN" : "+inf");
+        core_error_set(err, CORE_EINVAL, "logits[%lld] is %s", (long long)bad,
+                       isnan(logits[bad]) ? "NaN" : "+inf");
         return CORE_EINVAL;
+    }
+    if (!allow) {
+        memcpy(z, logits, (size_t)V * sizeof *z);
+    } else {
+        for (int64_t i = 0; i < V; i++)
+            z[i] = (allow[i >> 6] >> (i & 63)) & 1u ? logits[i] : -INFINITY;
     }
     argmax(z, V, zmax, best);
     const core_sample_params_t *p = &s->p;

@@ -149,3 +149,35 @@ float core_max_f32(const float *x, int64_t n)
     const float a = m[0] > m[1] ? m[0] : m[1], b = m[2] > m[3] ? m[2] : m[3];
     return a > b ? a : b;
 }
+
+#ifdef VEXP_X86
+VEXP_FN static int64_t unbounded_avx512(const float *x, int64_t n)
+{
+    const __m512 inf = _mm512_set1_ps(INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        /* not less than +inf, unordered: NaN or +inf */
+        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), inf, _CMP_NLT_UQ);
+        if (k)
+            return j + __builtin_ctz((unsigned)k);
+    }
+    for (; j < n; j++)
+        if (!(x[j] < INFINITY))
+            return j;
+    return n;
+}
+#endif
+
+int64_t core_first_unbounded_f32(const float *x, int64_t n)
+{
+#ifdef VEXP_X86
+    if (!atomic_load_explicit(&force_generic, memory_order_relaxed) &&
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl"))
+        return unbounded_avx512(x, n);
+#endif
+    for (int64_t j = 0; j < n; j++)
+        if (!(x[j] < INFINITY))
+            return j;
+    return n;
+}

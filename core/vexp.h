@@ -29,6 +29,10 @@ double core_sum_f32(const float *x, int64_t n);
 /* The largest of n floats (−inf for n = 0; NaN terms skipped), in four
  * chains likewise. */
 float core_max_f32(const float *x, int64_t n);
+/* The index of the first x[j] that is NaN or +inf (both fail x < +inf), n
+ * when there is none (logits a sampler must refuse: a whole vocabulary per
+ * token, 16 lanes a compare on AVX-512). */
+int64_t core_first_unbounded_f32(const float *x, int64_t n);
 /* Σ a[j]·b[j] in double (a norm's sum of squares, a denominator's dot
  * product), in four chains likewise. */
 double core_dot_f32(const float *a, const float *b, int64_t n);

@@ -1,6 +1,7 @@
 /* Tests of core/vexp.c: core_exp_shifted against libm's exp in double, the
  * AVX-512 and portable paths bit for bit, -inf and tiny arguments, every
  * length and position (the masked tail). */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,9 +159,42 @@ TEST(sums_match_reference)
         }
 }
 
+/* core_first_unbounded_f32 on both paths: NaN and +inf found at every
+ * position of every length up to 40 (across the 16-lane blocks and the
+ * tail), the first of two, -inf and huge finite values passed over, n for
+ * none. */
+TEST(first_unbounded_both_paths)
+{
+    const float bads[2] = {NAN, INFINITY};
+    for (int path = 0; path < 2; path++) {
+        core_exp_force_generic(path);
+        float v[40];
+        CHECK(core_first_unbounded_f32(v, 0) == 0);
+        for (int n = 1; n <= 40; n++) {
+            for (int j = 0; j < n; j++)
+                v[j] = j % 3 == 0 ? -INFINITY : j % 3 == 1 ? FLT_MAX : -(float)j;
+            CHECK_MSG(core_first_unbounded_f32(v, n) == n, "path %d n %d: none", path, n);
+            for (int at = 0; at < n; at++)
+                for (int b = 0; b < 2; b++) {
+                    const float keep = v[at];
+                    v[at] = bads[b];
+                    if (at + 1 < n)
+                        v[n - 1] = bads[1 - b]; /* a later one does not count */
+                    CHECK_MSG(core_first_unbounded_f32(v, n) == at, "path %d n %d at %d", path,
+                              n, at);
+                    v[at] = keep;
+                    v[n - 1] = (n - 1) % 3 == 0 ? -INFINITY : (n - 1) % 3 == 1 ? FLT_MAX
+                                                                             : -(float)(n - 1);
+                }
+        }
+    }
+    core_exp_force_generic(0);
+}
+
 int main(void)
 {
     RUN(matches_libm_both_paths);
+    RUN(first_unbounded_both_paths);
     RUN(lengths_and_positions);
     RUN(sums_match_reference);
     return CHECK_DONE();
