@@ -1061,31 +1061,27 @@ static void gemm_panels(core_model_t *m, int64_t Td, int64_t n, int64_t k, const
  * numbers must not depend on what else shares the batch (the 8-bit rounding
  * of the next decode step would amplify a last-bit difference). All
  * core/qdot products of the call are one pool run. */
-/* The adapter's LoRA update of projection which over this forward's rows,
- * grouped like matmuls (each decode row alone, each prompt sequence as one
- * product) so a sequence's result does not depend on the batch it is in.
- * m->gate is free until the FFN: the [rows][r] scratch. */
+/* The adapter's LoRA update of projection which over this forward's prompt
+ * rows, one product per prompt sequence so a sequence's result does not
+ * depend on the batch it is in (the decode rows': layer_rows, four at a
+ * time). m->gate is free until the FFN: the [rows][r] scratch. */
 enum { MODEL_LORA_ROWS = 4 };
-static void lora_rows(core_model_t *m, int l, int which, int64_t Td, const float *x, int64_t ldx,
-                      float *y, int64_t ldy)
+static void lora_prompts(core_model_t *m, int l, int which, int64_t Td, const float *x,
+                         int64_t ldx, float *y, int64_t ldy)
 {
-    /* decode rows four at a time: the small kernels give a row of up to
-     * four the bits it gets alone, and read A and B once for the four */
-    for (int64_t t = 0; t < Td; t += MODEL_LORA_ROWS) {
-        const int64_t n = Td - t < MODEL_LORA_ROWS ? Td - t : MODEL_LORA_ROWS;
-        core_lora_add(m->lora, l, which, n, x + t * ldx, ldx, y + t * ldy, ldy, m->gate);
-    }
     for (int64_t g = 0, r0 = Td; g < m->n_pre; r0 += m->pre_n[g], g++)
         core_lora_add(m->lora, l, which, m->pre_n[g], x + r0 * ldx, ldx, y + r0 * ldy, ldy,
                       m->gate);
 }
 
+/* qa_ready: m->qa already holds the Td decode rows of a in 8 bits
+ * (layer_rows). */
 static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n_pre, int64_t k,
-                    const float *a, int64_t lda, const wop_t *ops, int n_ops)
+                    const float *a, int64_t lda, const wop_t *ops, int n_ops, int qa_ready)
 {
     core_qdot_job_t *jobs = m->jobs; /* [MODEL_MAX_OPS * (1 + n_pre)] */
     const wop_t *panel_ops[MODEL_MAX_OPS];
-    int nj = 0, quantized = 0, n_panel = 0;
+    int nj = 0, quantized = qa_ready, n_panel = 0;
     int64_t n_prompt = 0;
     for (int64_t g = 0; g < n_pre; g++)
         n_prompt += pre_n[g];
@@ -1153,7 +1149,7 @@ static void matmul(core_model_t *m, int64_t Td, int64_t k, const float *a, int64
                    const wmat_t *w, float beta, float *c, int64_t ldc)
 {
     const wop_t op = {w, beta, c, ldc};
-    matmuls(m, Td, m->pre_n, m->n_pre, k, a, lda, &op, 1);
+    matmuls(m, Td, m->pre_n, m->n_pre, k, a, lda, &op, 1, 0);
 }
 
 /* The nr gathered rows: decode rows (decode != 0), or the rows of ng prompt
@@ -1163,7 +1159,7 @@ static void flush_logits(core_model_t *m, float *const *dst, int nr, int decode,
 {
     const int64_t D = m->info.n_embd, V = m->info.n_vocab;
     const wop_t op = {&m->output, 0.0f, m->logits, V};
-    matmuls(m, decode ? nr : 0, gn, decode ? 0 : ng, D, m->lrows, D, &op, 1);
+    matmuls(m, decode ? nr : 0, gn, decode ? 0 : ng, D, m->lrows, D, &op, 1, 0);
     for (int i = 0; i < nr; i++)
         memcpy(dst[i], m->logits + (int64_t)i * V, (size_t)V * sizeof(float));
 }
@@ -1268,6 +1264,102 @@ static void swiglu(core_model_t *m, float *g, const float *u, int64_t n)
         core_pool_run(m->pool, silu_worker, &t);
 }
 
+/* A layer's per-row work between its products, which would otherwise run on
+ * the calling thread alone while the pool waits: the decode rows' LoRA
+ * updates (MODEL_LORA_ROWS rows a call, as lora_rows), RoPE, RMSNorm and
+ * the 8-bit quantization of the next product's decode rows. Units of
+ * MODEL_LORA_ROWS rows from row 0 taken from a counter; a row's result does
+ * not depend on the unit or the thread, so the forward's bits are those of
+ * doing it all on one thread. The prompt sequences' LoRA (one product per
+ * sequence) stays with the caller, before the run. */
+enum { ROWS_ATTN_NORM, ROWS_ROPE, ROWS_FFN_NORM };
+typedef struct rows_run {
+    core_model_t *m;
+    const layer_t *ly;
+    int stage, l, quant; /* quant: the decode rows go to m->qa */
+    int64_t T, Td;
+    _Atomic int64_t next;
+} rows_run_t;
+
+/* Rows [r0, r0 + n) of qa as an activation of their own (the layout is row
+ * by row in each of its arrays). */
+static core_q8_act_t act_rows(const core_q8_act_t *qa, int64_t r0, int64_t n)
+{
+    return (core_q8_act_t){.m = n, .k = qa->k, .nb = qa->nb, .q = qa->q + r0 * qa->nb * CORE_Q8_BLOCK,
+                           .d = qa->d + r0 * qa->nb, .s = qa->s + r0 * qa->nb,
+                           .ds = qa->ds + r0 * qa->nb};
+}
+
+static void rows_worker(void *ctx, int worker, int n_workers)
+{
+    (void)worker;
+    (void)n_workers;
+    rows_run_t *t = ctx;
+    core_model_t *m = t->m;
+    const core_model_info_t *in = &m->info;
+    const int64_t D = in->n_embd, H = in->n_head, Hkv = in->n_head_kv, Hd = in->head_dim;
+    const int64_t qd = H * Hd, kvd = Hkv * Hd, r = m->lora ? core_lora_rank(m->lora) : 0;
+    for (;;) {
+        const int64_t t0 = atomic_fetch_add_explicit(&t->next, MODEL_LORA_ROWS,
+                                                     memory_order_relaxed);
+        if (t0 >= t->T)
+            return;
+        const int64_t t1 = t->T - t0 < MODEL_LORA_ROWS ? t->T : t0 + MODEL_LORA_ROWS;
+        const int64_t nd = t->Td > t1 ? t1 - t0 : t->Td > t0 ? t->Td - t0 : 0; /* decode rows */
+        float *scratch = m->gate + t0 * r; /* [nd][r]: this unit's part of gate's rows */
+        if (t->stage == ROWS_ROPE) {
+            if (m->lora && nd > 0) {
+                core_lora_add(m->lora, t->l, CORE_LORA_Q, nd, m->xn + t0 * D, D, m->q + t0 * qd,
+                              qd, scratch);
+                core_lora_add(m->lora, t->l, CORE_LORA_K, nd, m->xn + t0 * D, D, m->k + t0 * kvd,
+                              kvd, scratch);
+                core_lora_add(m->lora, t->l, CORE_LORA_V, nd, m->xn + t0 * D, D, m->v + t0 * kvd,
+                              kvd, scratch);
+            }
+            for (int64_t i = t0; i < t1; i++) {
+                rope_row(m->q + i * qd, (int)H, (int)Hd, m->n_rot, m->rope_cs + i * m->n_rot);
+                rope_row(m->k + i * kvd, (int)Hkv, (int)Hd, m->n_rot, m->rope_cs + i * m->n_rot);
+            }
+            continue;
+        }
+        if (t->stage == ROWS_FFN_NORM && m->lora && nd > 0)
+            core_lora_add(m->lora, t->l, CORE_LORA_O, nd, m->att + t0 * qd, qd, m->x + t0 * D, D,
+                          scratch);
+        const float *w = t->stage == ROWS_ATTN_NORM ? t->ly->attn_norm : t->ly->ffn_norm;
+        for (int64_t i = t0; i < t1; i++)
+            rmsnorm(m->xn + i * D, m->x + i * D, w, D, in->rms_eps);
+        if (t->quant && nd > 0) {
+            core_q8_act_t part = act_rows(&m->qa, t0, nd);
+            core_q8_quantize(&part, m->xn + t0 * D, D);
+        }
+    }
+}
+
+/* 1 when a product of the rows of xn (k = n_embd) by w quantizes its decode
+ * rows to 8 bits (matmuls). */
+static int takes_q8(const core_model_t *m, const wmat_t *w)
+{
+    return w->qdot && core_q8_supported(w->type) && m->info.n_embd % CORE_Q8_BLOCK == 0;
+}
+
+/* One stage of rows_worker over the forward's T rows: on the pool when
+ * there are two units or more. Returns whether m->qa now holds the decode
+ * rows (quantized for the product that follows). */
+static int layer_rows(core_model_t *m, int stage, int l, int64_t T, int64_t Td, const wmat_t *next)
+{
+    const int quant = stage != ROWS_ROPE && Td > 0 && next && takes_q8(m, next);
+    if (quant)
+        core_q8_act_init(&m->qa, m->qbuf, Td, m->info.n_embd);
+    rows_run_t t = {.m = m, .ly = &m->layers[l], .stage = stage, .l = l, .quant = quant,
+                    .T = T, .Td = Td};
+    atomic_init(&t.next, 0);
+    if (T > MODEL_LORA_ROWS)
+        core_pool_run(m->pool, rows_worker, &t);
+    else
+        rows_worker(&t, 0, 1);
+    return quant;
+}
+
 int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core_error_t *err)
 {
     int64_t T = 0;
@@ -1309,21 +1401,17 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
 
     for (int l = 0; l < in->n_layer; l++) {
         const layer_t *ly = &m->layers[l];
-        for (int64_t t = 0; t < T; t++)
-            rmsnorm(m->xn + t * D, m->x + t * D, ly->attn_norm, D, in->rms_eps);
+        int ready = layer_rows(m, ROWS_ATTN_NORM, l, T, Td, &ly->wq);
         const wop_t qkv[3] = {{&ly->wq, 0.0f, m->q, qd},
                               {&ly->wk, 0.0f, m->k, kvd},
                               {&ly->wv, 0.0f, m->v, kvd}};
-        matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, qkv, 3);
-        if (m->lora) {
-            lora_rows(m, l, CORE_LORA_Q, Td, m->xn, D, m->q, qd);
-            lora_rows(m, l, CORE_LORA_K, Td, m->xn, D, m->k, kvd);
-            lora_rows(m, l, CORE_LORA_V, Td, m->xn, D, m->v, kvd);
+        matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, qkv, 3, ready);
+        if (m->lora) { /* the prompt rows' here, the decode rows' in layer_rows */
+            lora_prompts(m, l, CORE_LORA_Q, Td, m->xn, D, m->q, qd);
+            lora_prompts(m, l, CORE_LORA_K, Td, m->xn, D, m->k, kvd);
+            lora_prompts(m, l, CORE_LORA_V, Td, m->xn, D, m->v, kvd);
         }
-        for (int64_t t = 0; t < T; t++) {
-            rope_row(m->q + t * qd, (int)H, (int)Hd, m->n_rot, m->rope_cs + t * m->n_rot);
-            rope_row(m->k + t * kvd, (int)Hkv, (int)Hd, m->n_rot, m->rope_cs + t * m->n_rot);
-        }
+        (void)layer_rows(m, ROWS_ROPE, l, T, Td, NULL);
         for (int b = 0; b < n_seqs; b++) {
             const int64_t off = m->seq_row[b];
             if (m->tap)
@@ -1338,13 +1426,11 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         /* residual folded into the GEMM: x += att · Woᵀ */
         matmul(m, Td, qd, m->att, qd, &ly->wo, 1.0f, m->x, D);
         if (m->lora)
-            lora_rows(m, l, CORE_LORA_O, Td, m->att, qd, m->x, D);
-
-        for (int64_t t = 0; t < T; t++)
-            rmsnorm(m->xn + t * D, m->x + t * D, ly->ffn_norm, D, in->rms_eps);
+            lora_prompts(m, l, CORE_LORA_O, Td, m->att, qd, m->x, D);
+        ready = layer_rows(m, ROWS_FFN_NORM, l, T, Td, &ly->w_gate);
         const wop_t gate_up[2] = {{&ly->w_gate, 0.0f, m->gate, FF},
                                   {&ly->w_up, 0.0f, m->up, FF}};
-        matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, gate_up, 2);
+        matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, gate_up, 2, ready);
         swiglu(m, m->gate, m->up, T * FF);
         matmul(m, Td, FF, m->gate, FF, &ly->w_down, 1.0f, m->x, D);
     }

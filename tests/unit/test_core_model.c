@@ -212,13 +212,16 @@ TEST(last_mode_equals_last_row_of_all)
  * every sequence the logits it gets alone, bit for bit, on model mdl. */
 static void batched_check(core_model_t *mdl)
 {
-    enum { B = 5, STEPS = 3 };
-    const int64_t prefix[B] = {0, 30, 12, 3, 70};
+    enum { B = 7, STEPS = 3 };
+    const int64_t prefix[B] = {0, 30, 12, 3, 70, 5, 9};
     /* tokens per step per sequence; more than 32 (MODEL_TILE_MIN_ROWS) go to
-     * dequantized weight tiles, shared by the sequences of a step */
-    const int64_t n_new[STEPS][B] = {{40, 1, 5, 1, 100}, {1, 1, 9, 1, 1}, {1, 80, 1, 2, 1}};
+     * dequantized weight tiles, shared by the sequences of a step; six
+     * decode rows in step 1 fill two of the per-row units the pool shares
+     * out (core/model.c's layer_rows: LoRA, RoPE, RMSNorm, quantization) */
+    const int64_t n_new[STEPS][B] = {
+        {40, 1, 5, 1, 100, 1, 1}, {1, 1, 9, 1, 1, 1, 1}, {1, 80, 1, 2, 1, 1, 3}};
     const int mode[B] = {CORE_LOGITS_ALL, CORE_LOGITS_LAST, CORE_LOGITS_ALL, CORE_LOGITS_LAST,
-                         CORE_LOGITS_NONE};
+                         CORE_LOGITS_NONE, CORE_LOGITS_LAST, CORE_LOGITS_ALL};
     core_rng_t r;
     core_rng_seed(&r, 3);
     core_attn_state_t *sb[B], *sa[B];
