@@ -1220,50 +1220,11 @@ static void embed_row(core_model_t *m, int32_t id, float *dst)
     }
 }
 
-/* SwiGLU's product g = silu(g) * u = g / (1 + e^-g) * u over n floats, in
- * chunks of MODEL_SILU_CHUNK on the pool when there are several (a prompt's
- * rows; one decode row's 1,536 run on the caller). e^-g by core_exp_shifted,
- * whose bits do not depend on where an element sits, so neither does g. */
+/* SwiGLU's product g = silu(g) * u = g / (1 + e^-g) * u, a row at a time
+ * (MODEL_SILU_CHUNK values a pass), rows shared out on the pool. e^-g by
+ * core_exp_shifted, whose bits do not depend on where an element sits, so
+ * neither does g. */
 enum { MODEL_SILU_CHUNK = 2048 };
-typedef struct silu_run {
-    float *g;
-    const float *u;
-    int64_t n;
-    _Atomic int64_t next;
-} silu_run_t;
-
-static void silu_worker(void *ctx, int worker, int n_workers)
-{
-    (void)worker;
-    (void)n_workers;
-    silu_run_t *t = ctx;
-    float e[MODEL_SILU_CHUNK];
-    for (;;) {
-        const int64_t i0 = atomic_fetch_add_explicit(&t->next, MODEL_SILU_CHUNK,
-                                                     memory_order_relaxed);
-        if (i0 >= t->n)
-            return;
-        const int64_t len = t->n - i0 < MODEL_SILU_CHUNK ? t->n - i0 : MODEL_SILU_CHUNK;
-        float *g = t->g + i0;
-        const float *u = t->u + i0;
-        for (int64_t j = 0; j < len; j++)
-            e[j] = -g[j];
-        core_exp_shifted(e, len, 0.0, e);
-        for (int64_t j = 0; j < len; j++)
-            g[j] = g[j] / (1.0f + e[j]) * u[j];
-    }
-}
-
-static void swiglu(core_model_t *m, float *g, const float *u, int64_t n)
-{
-    silu_run_t t = {.g = g, .u = u, .n = n};
-    atomic_init(&t.next, 0);
-    if (n <= MODEL_SILU_CHUNK)
-        silu_worker(&t, 0, 1);
-    else
-        core_pool_run(m->pool, silu_worker, &t);
-}
-
 /* A layer's per-row work between its products, which would otherwise run on
  * the calling thread alone while the pool waits: the decode rows' LoRA
  * updates (MODEL_LORA_ROWS rows a call, as lora_rows), RoPE, RMSNorm and
@@ -1335,11 +1296,11 @@ static void rows_worker(void *ctx, int worker, int n_workers)
     }
 }
 
-/* 1 when a product of the rows of xn (k = n_embd) by w quantizes its decode
- * rows to 8 bits (matmuls). */
-static int takes_q8(const core_model_t *m, const wmat_t *w)
+/* 1 when a product of rows of k values by w quantizes its decode rows to
+ * 8 bits (matmuls). */
+static int takes_q8(const wmat_t *w, int64_t k)
 {
-    return w->qdot && core_q8_supported(w->type) && m->info.n_embd % CORE_Q8_BLOCK == 0;
+    return w->qdot && core_q8_supported(w->type) && k % CORE_Q8_BLOCK == 0;
 }
 
 /* One stage of rows_worker over the forward's T rows: on the pool when
@@ -1347,7 +1308,7 @@ static int takes_q8(const core_model_t *m, const wmat_t *w)
  * rows (quantized for the product that follows). */
 static int layer_rows(core_model_t *m, int stage, int l, int64_t T, int64_t Td, const wmat_t *next)
 {
-    const int quant = stage != ROWS_ROPE && Td > 0 && next && takes_q8(m, next);
+    const int quant = stage != ROWS_ROPE && Td > 0 && next && takes_q8(next, m->info.n_embd);
     if (quant)
         core_q8_act_init(&m->qa, m->qbuf, Td, m->info.n_embd);
     rows_run_t t = {.m = m, .ly = &m->layers[l], .stage = stage, .l = l, .quant = quant,
@@ -1357,6 +1318,62 @@ static int layer_rows(core_model_t *m, int stage, int l, int64_t T, int64_t Td, 
         core_pool_run(m->pool, rows_worker, &t);
     else
         rows_worker(&t, 0, 1);
+    return quant;
+}
+
+typedef struct silu_run {
+    core_model_t *m;
+    float *g;
+    const float *u;
+    int64_t rows, len, Td; /* rows of len values; the first Td are decode rows */
+    int quant;             /* the decode rows go to m->qa (8 bits) for w_down */
+    _Atomic int64_t next;
+} silu_run_t;
+
+static void silu_worker(void *ctx, int worker, int n_workers)
+{
+    (void)worker;
+    (void)n_workers;
+    silu_run_t *t = ctx;
+    float e[MODEL_SILU_CHUNK];
+    for (;;) {
+        const int64_t i = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (i >= t->rows)
+            return;
+        for (int64_t j0 = 0; j0 < t->len; j0 += MODEL_SILU_CHUNK) {
+            const int64_t len = t->len - j0 < MODEL_SILU_CHUNK ? t->len - j0 : MODEL_SILU_CHUNK;
+            float *g = t->g + i * t->len + j0;
+            const float *u = t->u + i * t->len + j0;
+            for (int64_t j = 0; j < len; j++)
+                e[j] = -g[j];
+            core_exp_shifted(e, len, 0.0, e);
+            for (int64_t j = 0; j < len; j++)
+                g[j] = g[j] / (1.0f + e[j]) * u[j];
+        }
+        if (t->quant && i < t->Td) {
+            core_q8_act_t part = act_rows(&t->m->qa, i, 1);
+            core_q8_quantize(&part, t->g + i * t->len, t->len);
+        }
+    }
+}
+
+/* g = silu(g) * u over the forward's T rows of FF values, a row a unit
+ * (on the pool for more than one row), each decode row then quantized to 8
+ * bits for the down projection when it takes them. Returns whether m->qa
+ * holds them. */
+static int swiglu(core_model_t *m, const layer_t *ly, int64_t T, int64_t Td)
+{
+    const int64_t FF = m->info.n_ff;
+    const int quant = Td > 0 && takes_q8(&ly->w_down, FF);
+    if (quant)
+        core_q8_act_init(&m->qa, m->qbuf, Td, FF);
+    silu_run_t t = {.m = m, .g = m->gate, .u = m->up, .rows = T, .len = FF, .Td = Td,
+                    .quant = quant};
+    atomic_init(&t.next, 0);
+    if (T == 1)
+        silu_worker(&t, 0, 1);
+    else
+        core_pool_run(m->pool, silu_worker, &t);
     return quant;
 }
 
@@ -1431,8 +1448,9 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         const wop_t gate_up[2] = {{&ly->w_gate, 0.0f, m->gate, FF},
                                   {&ly->w_up, 0.0f, m->up, FF}};
         matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, gate_up, 2, ready);
-        swiglu(m, m->gate, m->up, T * FF);
-        matmul(m, Td, FF, m->gate, FF, &ly->w_down, 1.0f, m->x, D);
+        ready = swiglu(m, ly, T, Td);
+        const wop_t down = {&ly->w_down, 1.0f, m->x, D};
+        matmuls(m, Td, m->pre_n, m->n_pre, FF, m->gate, FF, &down, 1, ready);
     }
 
     compute_logits(m, seqs, n_seqs);
