@@ -1220,19 +1220,15 @@ static void embed_row(core_model_t *m, int32_t id, float *dst)
     }
 }
 
-/* SwiGLU's product g = silu(g) * u = g / (1 + e^-g) * u, a row at a time
- * (MODEL_SILU_CHUNK values a pass), rows shared out on the pool. e^-g by
- * core_exp_shifted, whose bits do not depend on where an element sits, so
- * neither does g. */
-enum { MODEL_SILU_CHUNK = 2048 };
 /* A layer's per-row work between its products, which would otherwise run on
  * the calling thread alone while the pool waits: the decode rows' LoRA
- * updates (MODEL_LORA_ROWS rows a call, as lora_rows), RoPE, RMSNorm and
- * the 8-bit quantization of the next product's decode rows. Units of
- * MODEL_LORA_ROWS rows from row 0 taken from a counter; a row's result does
- * not depend on the unit or the thread, so the forward's bits are those of
- * doing it all on one thread. The prompt sequences' LoRA (one product per
- * sequence) stays with the caller, before the run. */
+ * updates (MODEL_LORA_ROWS rows a call: the small kernels give a row of up
+ * to four the bits it gets alone, and read A and B once for the four),
+ * RoPE, RMSNorm and the 8-bit quantization of the next product's decode
+ * rows. Units of MODEL_LORA_ROWS rows from row 0 taken from a counter; a
+ * row's result does not depend on the unit or the thread, so the forward's
+ * bits are those of doing it all on one thread. The prompt sequences' LoRA
+ * (one product per sequence) stays with the caller, before the run. */
 enum { ROWS_ATTN_NORM, ROWS_ROPE, ROWS_FFN_NORM };
 typedef struct rows_run {
     core_model_t *m;
@@ -1246,8 +1242,12 @@ typedef struct rows_run {
  * by row in each of its arrays). */
 static core_q8_act_t act_rows(const core_q8_act_t *qa, int64_t r0, int64_t n)
 {
-    return (core_q8_act_t){.m = n, .k = qa->k, .nb = qa->nb, .q = qa->q + r0 * qa->nb * CORE_Q8_BLOCK,
-                           .d = qa->d + r0 * qa->nb, .s = qa->s + r0 * qa->nb,
+    return (core_q8_act_t){.m = n,
+                           .k = qa->k,
+                           .nb = qa->nb,
+                           .q = qa->q + r0 * qa->nb * CORE_Q8_BLOCK,
+                           .d = qa->d + r0 * qa->nb,
+                           .s = qa->s + r0 * qa->nb,
                            .ds = qa->ds + r0 * qa->nb};
 }
 
@@ -1321,6 +1321,11 @@ static int layer_rows(core_model_t *m, int stage, int l, int64_t T, int64_t Td, 
     return quant;
 }
 
+/* SwiGLU's product g = silu(g) * u = g / (1 + e^-g) * u, a row at a time
+ * (MODEL_SILU_CHUNK values a pass), rows shared out on the pool. e^-g by
+ * core_exp_shifted, whose bits do not depend on where an element sits, so
+ * neither does g. */
+enum { MODEL_SILU_CHUNK = 2048 };
 typedef struct silu_run {
     core_model_t *m;
     float *g;
