@@ -254,8 +254,10 @@ PACK_FN void panel_fill(int type, const unsigned char *gp, int64_t nb, float *pa
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp));
         float *out = panel + b * QB * PACK_ROWS;
         if (type == CORE_TTYPE_Q8_0) {
+#pragma GCC unroll 8
             for (int64_t t = 0; t < 8; t++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
+#pragma GCC unroll 4
                 for (int64_t j = 0; j < 4; j++) {
                     const __m512i q = _mm512_srai_epi32(_mm512_slli_epi32(v, (unsigned)(24 - 8 * j)), 24);
                     _mm512_store_ps(out + (4 * t + j) * PACK_ROWS,
@@ -267,9 +269,12 @@ PACK_FN void panel_fill(int type, const unsigned char *gp, int64_t nb, float *pa
         const __m512 mw = type == CORE_TTYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(
                                                         (const __m256i *)(const void *)(gp + 32)))
                                                   : _mm512_setzero_ps(); /* Q4_0: unused */
+#pragma GCC unroll 4
         for (int64_t t = 0; t < 4; t++) {
             const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
+#pragma GCC unroll 2
             for (int64_t h = 0; h < 2; h++) /* low nibbles: values 4t + j; high: 16 + 4t + j */
+#pragma GCC unroll 4
                 for (int64_t j = 0; j < 4; j++) {
                     const __m512i q =
                         _mm512_and_si512(_mm512_srli_epi32(v, (unsigned)(8 * j + 4 * h)), m4);
@@ -341,9 +346,9 @@ panel_dispatch(int R, int G, const float *a, int64_t lda, int64_t k, const float
 }
 #undef PANEL_CASE
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
-packed_f32(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a, int64_t lda,
-           const unsigned char *pk, float *panel, float beta, float *c, int64_t ldc)
+PACK_FN void packed_f32_body(int type, int64_t m, int64_t j0, int64_t j1, int64_t k,
+                             const float *a, int64_t lda, const unsigned char *pk, float *panel,
+                             float beta, float *c, int64_t ldc)
 {
     const int64_t nb = k / QB;
     const size_t gstride = (size_t)nb * group_block_bytes(type);
@@ -359,6 +364,19 @@ packed_f32(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *
             panel_dispatch(R, G, a + i * lda, lda, k, panel, l1, beta, c + i * ldc + c0, ldc);
         }
     }
+}
+
+/* One instance per type: the panel fill's type tests fold away. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
+packed_f32(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a, int64_t lda,
+           const unsigned char *pk, float *panel, float beta, float *c, int64_t ldc)
+{
+    if (type == CORE_TTYPE_Q4_1)
+        packed_f32_body(CORE_TTYPE_Q4_1, m, j0, j1, k, a, lda, pk, panel, beta, c, ldc);
+    else if (type == CORE_TTYPE_Q4_0)
+        packed_f32_body(CORE_TTYPE_Q4_0, m, j0, j1, k, a, lda, pk, panel, beta, c, ldc);
+    else
+        packed_f32_body(CORE_TTYPE_Q8_0, m, j0, j1, k, a, lda, pk, panel, beta, c, ldc);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
