@@ -100,12 +100,23 @@ void core_exp_force_generic(int on)
     atomic_store(&force_generic, on != 0);
 }
 
+/* The AVX-512 paths run: the CPU has them and tests do not force the
+ * portable ones. */
+static int use_avx512(void)
+{
+#ifdef VEXP_X86
+    return !atomic_load_explicit(&force_generic, memory_order_relaxed) &&
+           __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
+
 void core_exp_shifted(const float *x, int64_t n, double s, float *out)
 {
 #ifdef VEXP_X86
-    if (!atomic_load_explicit(&force_generic, memory_order_relaxed) &&
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vl")) {
+    if (use_avx512()) {
         exp_avx512(x, n, s, out);
         return;
     }
@@ -171,9 +182,7 @@ VEXP_FN static int64_t unbounded_avx512(const float *x, int64_t n)
 int64_t core_first_unbounded_f32(const float *x, int64_t n)
 {
 #ifdef VEXP_X86
-    if (!atomic_load_explicit(&force_generic, memory_order_relaxed) &&
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vl"))
+    if (use_avx512())
         return unbounded_avx512(x, n);
 #endif
     for (int64_t j = 0; j < n; j++)
