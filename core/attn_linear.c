@@ -807,9 +807,10 @@ static const double *rope_cs(const lin_ctx_t *x, int64_t pos, int key)
     return e + 1;
 }
 
-/* Undoes RoPE on n rows (angles from the query or key cache, key) of Hd (row i at position pos0 + i / per): the
- * model rotates pairs (2j, 2j+1) by pos·θ_j; rotating back by −pos·θ_j
- * gives the vector before RoPE to float rounding. */
+/* Undoes RoPE on n rows of Hd (row i at position pos0 + i / per; angles
+ * from the query or the key cache, key): the model rotates pairs (2j, 2j+1)
+ * by pos·θ_j; rotating back by −pos·θ_j gives the vector before RoPE to
+ * float rounding. */
 static void unrope(const lin_ctx_t *x, int key, int64_t n, int64_t per, int64_t pos0,
                    const float *in, float *out)
 {

@@ -666,7 +666,8 @@ void core_qdot_run_jobs(core_pool_t *pool, const core_qdot_job_t *jobs, int n_jo
     const int threads = r.total <= QDOT_CHUNK_MIN ? 1 : core_pool_size(pool);
     r.n_ranges = threads < QDOT_MAX_RANGES ? threads : QDOT_MAX_RANGES;
     for (int i = 0; i < r.n_ranges; i++)
-        atomic_init(&r.range[i].v, (uint64_t)range_edge(&r, i) | (uint64_t)range_edge(&r, i + 1) << 32);
+        atomic_init(&r.range[i].v,
+                    (uint64_t)range_edge(&r, i) | (uint64_t)range_edge(&r, i + 1) << 32);
     if (threads == 1)
         jobs_worker(&r, 0, 1);
     else

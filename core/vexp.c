@@ -161,6 +161,15 @@ float core_max_f32(const float *x, int64_t n)
     return a > b ? a : b;
 }
 
+/* core_first_unbounded_f32 from element j on, one at a time. */
+static int64_t unbounded_from(const float *x, int64_t j, int64_t n)
+{
+    for (; j < n; j++)
+        if (!(x[j] < INFINITY))
+            return j;
+    return n;
+}
+
 #ifdef VEXP_X86
 VEXP_FN static int64_t unbounded_avx512(const float *x, int64_t n)
 {
@@ -172,10 +181,7 @@ VEXP_FN static int64_t unbounded_avx512(const float *x, int64_t n)
         if (k)
             return j + __builtin_ctz((unsigned)k);
     }
-    for (; j < n; j++)
-        if (!(x[j] < INFINITY))
-            return j;
-    return n;
+    return unbounded_from(x, j, n);
 }
 #endif
 
@@ -185,8 +191,5 @@ int64_t core_first_unbounded_f32(const float *x, int64_t n)
     if (use_avx512())
         return unbounded_avx512(x, n);
 #endif
-    for (int64_t j = 0; j < n; j++)
-        if (!(x[j] < INFINITY))
-            return j;
-    return n;
+    return unbounded_from(x, 0, n);
 }
