@@ -931,6 +931,7 @@ typedef struct lin_chunk {
     int64_t ti0, ni;    /* the keys entering the linear state: those of tokens ti0..ti0+ni */
     double cdec;        /* (t1 − t0)·log γ: the decay over the chunk */
     int state_on;       /* the carried state holds keys */
+    int unroped;        /* chunk_queries un-rotated the query rows into sc->qu */
 } lin_chunk_t;
 
 /* The keys entering the linear state with this chunk (their features and
@@ -1005,8 +1006,12 @@ static void load_queries(lin_ctx_t *x, int64_t t0, int64_t t1)
 }
 
 /* The query rows' features: qp (for the chunk's own keys) and qs (the
- * carried state's weights), with each row's log-scale lrow. */
-static void chunk_queries(lin_ctx_t *x, const lin_chunk_t *ck)
+ * carried state's weights), with each row's log-scale lrow. A chunk with
+ * nothing older than the window yet (an empty state and no key entering
+ * it: every token of a context up to W + S) has no linear part, and its
+ * rows' lrow is −inf without them: computing the features anyway was a
+ * tenth of a batched decode step at short contexts. */
+static void chunk_queries(lin_ctx_t *x, lin_chunk_t *ck)
 {
     lin_scratch_t *sc = &x->sc;
     const core_features_t *f = x->f;
@@ -1014,24 +1019,28 @@ static void chunk_queries(lin_ctx_t *x, const lin_chunk_t *ck)
     int64_t t0 = ck->t0, t1 = ck->t1, nr = ck->nr;
     double *cn = sc->cn, *al = sc->al;
     load_queries(x, t0, t1);
-    if (!x->lin_off) {
-        const float *qin = sc->qx;
-        if (x->pre) {
-            unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
-            qin = sc->qu;
-        }
-        core_features_prepare(f, nr, qin, hd, sc->qy);
-        if (x->trig) {
-            /* gd: signed values; qhn: minus the query's log-magnitude, so
-             * that Lrow = mx − qhn below adds it */
-            core_features_trig(f, nr, sc->qy, sc->gd, sc->qhn);
-            for (int64_t r = 0; r < nr; r++)
-                sc->qhn[r] = -sc->qhn[r];
-        } else {
-            core_features_logits(f, nr, sc->qy, sc->gd, sc->qhn);
-        }
+    if (x->lin_off || !(ck->state_on || ck->ni > 0)) {
+        for (int64_t r = 0; r < nr; r++)
+            sc->lrow[r] = -INFINITY;
+        return;
     }
-    for (int64_t r = 0; r < nr && !x->lin_off; r++) {
+    const float *qin = sc->qx;
+    if (x->pre) {
+        unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+        qin = sc->qu;
+        ck->unroped = 1;
+    }
+    core_features_prepare(f, nr, qin, hd, sc->qy);
+    if (x->trig) {
+        /* gd: signed values; qhn: minus the query's log-magnitude, so
+         * that Lrow = mx − qhn below adds it */
+        core_features_trig(f, nr, sc->qy, sc->gd, sc->qhn);
+        for (int64_t r = 0; r < nr; r++)
+            sc->qhn[r] = -sc->qhn[r];
+    } else {
+        core_features_logits(f, nr, sc->qy, sc->gd, sc->qhn);
+    }
+    for (int64_t r = 0; r < nr; r++) {
         const float *g = sc->gd + r * m;
         float *p = sc->qp + r * m, *ps = sc->qs + r * m;
         /* Flexformer: the scales only (its values are bounded by 1/√(M/2)) */
@@ -1200,9 +1209,8 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
         /* q̃·R(−δ)k_j = R(δ)q̃·k_j (δ = W + S − 1, angles precomputed):
          * the few query rows turn instead of the S keys, which the
          * product then reads as stored */
-        /* chunk_queries un-rotated them for the features (pre-RoPE, a
-         * linear branch, not the exact unit alone) */
-        if (!x->pre || x->lin_off || alone)
+        /* unless chunk_queries un-rotated them for the features */
+        if (!ck->unroped)
             unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
         for (int64_t r = 0; r < nr; r++)
             rotate(x, x->sink_cs, 1, sc->qu + r * hd, sc->qy + r * hd);

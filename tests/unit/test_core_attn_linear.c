@@ -1012,6 +1012,16 @@ TEST(test_v2_matches_oracle)
         float *o1 = run(a1, &s, &in, ONE, 1), *om = run(a1, &s, &in, MIXED, 7);
         double e1 = rel_diff(om, NULL, o1, out_count(&s, in.n));
         CHECK_MSG(e1 < 1e-5, "%s chunked vs recurrence %.3g", d, e1);
+        /* a forward of several tokens whose last is at W + S − 1 (the first
+         * query that scores the sinks shifted) while the linear state is
+         * still empty: its rows have no linear part, yet the shifted sinks
+         * need the query rows un-rotated all the same */
+        int edge = s.W + s.S > 4 ? s.W + s.S - 4 : 1;
+        const int pieces[] = {edge, s.W + s.S - edge > 0 ? s.W + s.S - edge : 1, 1};
+        float *oe = run(a1, &s, &in, pieces, 3);
+        double ee = rel_diff(oe, NULL, o1, out_count(&s, in.n));
+        CHECK_MSG(ee < 1e-5, "%s pieces %d, %d vs recurrence %.3g", d, pieces[0], pieces[1], ee);
+        free(oe);
         free(o1);
         free(om);
         core_attn_free(a1);
