@@ -134,6 +134,16 @@ typedef struct lin_params {
     int trig;              /* Flexformer: signed features */
 } lin_params_t;
 
+/* What a state holds is known without clearing it all: a new or reset
+ * state sets only c to −inf. A KV head whose c are all −inf (no key has
+ * reached its linear state) has S̃ and z̃ of no defined value, and nothing
+ * reads them (chunk_linear and slow_row weigh them only through finite
+ * scales); chunk_absorb zeroes them when the first keys arrive. Of the
+ * window and the sinks only positions below pos are ever read. So a state
+ * that serves a short chat never touches most of its ~9 MB, and copying one
+ * (a fork, a prefix-cache snapshot or its restore) copies what is valid:
+ * clearing and copying whole states were most of a 16-stream run's page
+ * faults and of the loop thread's time. */
 typedef struct lin_state {
     int fp64;
     size_t blob_bytes;
@@ -567,7 +577,6 @@ static int mul_ok(size_t a, size_t b, size_t *out)
 
 static void state_clear(lin_state_t *st, const core_attn_cfg_t *cfg)
 {
-    memset(st->blob, 0, st->blob_bytes);
     size_t nc = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv * (size_t)cfg->n_features;
     for (size_t i = 0; i < nc; i++)
         st->c[i] = -INFINITY;
@@ -648,15 +657,45 @@ static void linear_state_reset(core_attn_state_t *s)
     state_clear(s->impl, &s->a->cfg);
 }
 
+/* KV head h's linear state (of nh = L·Hkv) holds keys: a finite scale. */
+static int head_holds(const lin_state_t *st, const core_attn_cfg_t *cfg, size_t h)
+{
+    const size_t m = (size_t)cfg->n_features;
+    for (size_t i = 0; i < m; i++)
+        if (st->c[h * m + i] > -INFINITY)
+            return 1;
+    return 0;
+}
+
+/* Copies what src holds at position pos (lin_state_t): the scales, the
+ * accumulators of the heads that hold keys, the valid window slots and
+ * sink rows. */
 static int linear_state_copy(core_attn_state_t *dst, const core_attn_state_t *src,
                              core_error_t *err)
 {
     lin_state_t *d = dst->impl;
     const lin_state_t *sr = src->impl;
+    const core_attn_cfg_t *cfg = &src->a->cfg;
     if (d->fp64 != sr->fp64 || d->blob_bytes != sr->blob_bytes)
         return core_error_set(err, CORE_EMISMATCH,
                               "attention states differ in accumulator precision");
-    memcpy(d->blob, sr->blob, sr->blob_bytes);
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, m = (size_t)cfg->n_features,
+                 hd = (size_t)cfg->head_dim, es = sr->fp64 ? sizeof(double) : sizeof(float);
+    memcpy(d->c, sr->c, nh * m * sizeof(double));
+    for (size_t h = 0; h < nh; h++)
+        if (head_holds(sr, cfg, h)) {
+            memcpy((char *)d->S + h * m * hd * es, (const char *)sr->S + h * m * hd * es,
+                   m * hd * es);
+            memcpy((char *)d->z + h * m * es, (const char *)sr->z + h * m * es, m * es);
+        }
+    const size_t w = (size_t)cfg->window, nsk = (size_t)cfg->sinks, pos = (size_t)src->pos;
+    const size_t nv = pos < w ? pos : w, ns = pos < nsk ? pos : nsk;
+    for (size_t h = 0; h < nh; h++) {
+        memcpy(d->ring_k + h * w * hd, sr->ring_k + h * w * hd, nv * hd * sizeof(uint16_t));
+        memcpy(d->ring_v + h * w * hd, sr->ring_v + h * w * hd, nv * hd * sizeof(uint16_t));
+        memcpy(d->sink_k + h * nsk * hd, sr->sink_k + h * nsk * hd, ns * hd * sizeof(uint16_t));
+        memcpy(d->sink_v + h * nsk * hd, sr->sink_v + h * nsk * hd, ns * hd * sizeof(uint16_t));
+    }
     return 0;
 }
 
@@ -832,9 +871,9 @@ static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni
     double *acc = sc->tmp + m + ni; /* [Hd] */
     double top = -INFINITY;
     for (int64_t i = 0; i < m; i++) {
-        double zi = x->fp64 ? x->zd[i] : (double)x->zf[i];
-        lw[i] = x->c[i] > -INFINITY && zi > 0.0 ? (double)g[i] + x->c[i] + cdec + log(zi)
-                                                 : -INFINITY;
+        /* S̃, z̃ are read only under a finite scale (see lin_state_t) */
+        double zi = !(x->c[i] > -INFINITY) ? 0.0 : x->fp64 ? x->zd[i] : (double)x->zf[i];
+        lw[i] = zi > 0.0 ? (double)g[i] + x->c[i] + cdec + log(zi) : -INFINITY;
         if (lw[i] > top)
             top = lw[i];
     }
@@ -1287,6 +1326,11 @@ static void chunk_absorb(lin_ctx_t *x, const lin_chunk_t *ck)
     /* Absorb this chunk's keys: rescale rows to their new scales, then add. */
     if (x->lin_off)
         return;
+    if (!ck->state_on && ni > 0) { /* the first keys: S̃, z̃ had no value (lin_state_t) */
+        const size_t es = x->fp64 ? sizeof(double) : sizeof(float);
+        memset(x->fp64 ? (void *)x->sd : (void *)x->sf, 0, (size_t)(m * hd) * es);
+        memset(x->fp64 ? (void *)x->zd : (void *)x->zf, 0, (size_t)m * es);
+    }
     if (x->fp64) {
         for (int64_t i = 0; i < m; i++) {
             double *si = x->sd + i * hd, zi = x->zd[i] * al[i];
@@ -1734,12 +1778,21 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
     p += 8;
     core_le_copy64(p, st->c, z.n_z);
     p += z.n_z * sizeof(double);
-    if (st->fp64) {
-        core_le_copy64(p, st->S, z.n_s);
-        core_le_copy64(p + z.n_s * 8, st->z, z.n_z);
-    } else {
-        core_le_copy32(p, st->S, z.n_s);
-        core_le_copy32(p + z.n_s * 4, st->z, z.n_z);
+    /* a head that holds no keys is saved as zeros (its S̃, z̃ have no value) */
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, m = z.n_z / nh,
+                 ns = m * (size_t)cfg->head_dim;
+    for (size_t h = 0; h < nh; h++) {
+        unsigned char *ps = p + h * ns * z.es, *pz = p + (z.n_s + h * m) * z.es;
+        if (!head_holds(st, cfg, h)) {
+            memset(ps, 0, ns * z.es);
+            memset(pz, 0, m * z.es);
+        } else if (st->fp64) {
+            core_le_copy64(ps, (const double *)st->S + h * ns, ns);
+            core_le_copy64(pz, (const double *)st->z + h * m, m);
+        } else {
+            core_le_copy32(ps, (const float *)st->S + h * ns, ns);
+            core_le_copy32(pz, (const float *)st->z + h * m, m);
+        }
     }
     p += (z.n_s + z.n_z) * z.es;
     kv_shape_t ring, sink;

@@ -1180,6 +1180,92 @@ TEST(test_v2_state_roundtrip)
     inputs_free(&in);
 }
 
+/* A state is never cleared whole (attn_linear.c, lin_state_t): a reset one
+ * keeps its old accumulators, window and sinks, and a copy fills only what
+ * the source holds. Into states that held 90 tokens (every head's linear
+ * state filled): a reset, and a copy of a young state (6 tokens, nothing
+ * absorbed yet) continued past W + S, answer bit for bit as fresh ones, and
+ * their payloads are the fresh ones' byte for byte, at 6 tokens and at 60
+ * (fp32 and fp64 accumulators). */
+static unsigned char *saved(core_attn_state_t *st, size_t *len)
+{
+    core_error_t err = {0};
+    core_state_desc_t d = {.fingerprint = "test", .state = st};
+    size_t cap = core_state_size(st, NULL, 0, 0);
+    unsigned char *blob = malloc(cap);
+    CHECK_INT_EQ(core_state_save(&d, blob, cap, len, &err), 0);
+    return blob;
+}
+
+static void check_same_payload(core_attn_state_t *x, core_attn_state_t *y, const char *what)
+{
+    size_t lx = 0, ly = 0;
+    unsigned char *bx = saved(x, &lx), *by = saved(y, &ly);
+    CHECK_MSG(lx == ly && memcmp(bx, by, lx) == 0, "%s: payloads differ (%zu, %zu bytes)", what,
+              lx, ly);
+    free(bx);
+    free(by);
+}
+
+TEST(test_used_states_answer_as_fresh)
+{
+    shape_t s = {CORE_ATTN_DARKFORMER, 2, 6, 2, 16, 32, 5, 21, 3, 1, 1, 0, 0};
+    core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+    inputs_t in = make_inputs(&s, 90, 1.5, 1.5, 10);
+    for (int fp64 = 0; fp64 < 2; fp64++) {
+        core_attn_t *a = make_attn(&s, ad, 16, fp64);
+        if (!a)
+            return;
+        size_t n = out_count(&s, in.n), row = (size_t)s.H * s.Hd;
+        float *of = calloc(n, sizeof(float)), *or = calloc(n, sizeof(float));
+        float *oc = calloc(n, sizeof(float));
+        core_attn_state_t *fresh = NULL, *used = NULL, *young = NULL, *dst = NULL;
+        core_error_t err = {0};
+        CHECK_INT_EQ(core_attn_state_new(a, &fresh, &err), 0);
+        CHECK_INT_EQ(core_attn_state_new(a, &used, &err), 0);
+        CHECK_INT_EQ(core_attn_state_new(a, &young, &err), 0);
+        CHECK_INT_EQ(core_attn_state_new(a, &dst, &err), 0);
+        feed(a, used, &s, &in, 0, 90, MIXED, 7, or);
+        feed(a, dst, &s, &in, 0, 90, ALL, 1, oc);
+        for (int l = 0; l < s.L; l++)
+            for (int h = 0; h < s.Hkv; h++) {
+                double c[32];
+                int held = 0;
+                CHECK_INT_EQ(core_attn_linear_state_scale(used, l, h, c), 0);
+                for (int i = 0; i < s.M; i++)
+                    held |= c[i] > -INFINITY;
+                CHECK_MSG(held, "layer %d head %d holds no keys after 90 tokens", l, h);
+            }
+        core_attn_state_reset(used);
+        feed(a, fresh, &s, &in, 0, 6, ONE, 1, of);
+        feed(a, used, &s, &in, 0, 6, ONE, 1, or);
+        feed(a, young, &s, &in, 0, 6, ONE, 1, oc);
+        CHECK_INT_EQ(core_attn_state_copy(dst, young, &err), 0);
+        check_same_payload(used, fresh, "reset, 6 tokens");
+        check_same_payload(dst, fresh, "copied, 6 tokens");
+        feed(a, fresh, &s, &in, 6, 60, MIXED, 7, of);
+        feed(a, used, &s, &in, 6, 60, MIXED, 7, or);
+        feed(a, dst, &s, &in, 6, 60, MIXED, 7, oc);
+        for (int l = 0; l < s.L; l++) { /* rows 0..59 of each layer ([L][n][H·Hd]) */
+            const size_t at = (size_t)l * (size_t)in.n * row, len = 60 * row * sizeof(float);
+            CHECK_MSG(memcmp(or + at, of + at, len) == 0, "fp64 %d: reset state differs", fp64);
+            CHECK_MSG(memcmp(oc + at, of + at, len) == 0, "fp64 %d: copied state differs", fp64);
+        }
+        check_same_payload(used, fresh, "reset, 60 tokens");
+        check_same_payload(dst, fresh, "copied, 60 tokens");
+        core_attn_state_free(fresh);
+        core_attn_state_free(used);
+        core_attn_state_free(young);
+        core_attn_state_free(dst);
+        free(of);
+        free(or);
+        free(oc);
+        core_attn_free(a);
+    }
+    core_gguf_close(ad);
+    inputs_free(&in);
+}
+
 /* 10^6 tokens (DARKSERVE_TEN_MILLION=1: 10^7) through sinks + window + decayed linear state (pre-RoPE
  * features at positions up to 10^7): outputs stay finite and the fp32 state
  * agrees with an fp64 one on the last tokens. */
@@ -1995,6 +2081,7 @@ int main(void)
     RUN(test_kv_rounded_to_half);
     RUN(test_v2_parts_matter);
     RUN(test_v2_state_roundtrip);
+    RUN(test_used_states_answer_as_fresh);
     RUN(test_v2_long_stream);
     RUN(test_v2_adapter_errors);
     RUN(test_trig_matches_oracle);
