@@ -758,6 +758,11 @@ int core_model_threads(const core_model_t *m)
     return core_pool_size(m->pool);
 }
 
+void core_model_run(core_model_t *m, core_pool_fn fn, void *ctx)
+{
+    core_pool_run(m->pool, fn, ctx);
+}
+
 const core_gguf_t *core_model_gguf(const core_model_t *m)
 {
     return m->g;

@@ -28,6 +28,7 @@
 #include "core/attn.h"
 #include "core/err.h"
 #include "core/gguf.h"
+#include "core/pool.h"
 
 typedef struct core_model core_model_t;
 
@@ -87,6 +88,12 @@ const core_model_info_t *core_model_info(const core_model_t *m);
 const core_gguf_t *core_model_gguf(const core_model_t *m); /* borrowed: tokenizer metadata */
 int core_model_threads(const core_model_t *m);             /* compute threads, caller included */
 core_attn_t *core_model_attn(core_model_t *m);             /* borrowed: make states from it */
+
+/* Runs fn on the model's threads (core_pool_run: the caller is worker 0 of
+ * core_model_threads), for work between forwards that would leave them idle
+ * (a batch's sampling); only from the thread that calls core_model_forward,
+ * never during one. */
+void core_model_run(core_model_t *m, core_pool_fn fn, void *ctx);
 
 /* Runs the batch. On error no state has been advanced. */
 int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core_error_t *err);

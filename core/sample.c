@@ -36,6 +36,7 @@ void core_sample_params_default(core_sample_params_t *p)
     p->frequency_penalty = 0.0f;
     p->seed = 0;
     p->n_logprobs = 0;
+    p->no_logprob = 0;
 }
 
 int core_sample_params_validate(const core_sample_params_t *p, core_error_t *err)
@@ -71,6 +72,12 @@ int core_sample_params_validate(const core_sample_params_t *p, core_error_t *err
     if (p->n_logprobs < 0 || p->n_logprobs > CORE_SAMPLE_MAX_LOGPROBS)
         return core_error_set(err, CORE_EINVAL, "n_logprobs must be in [0, %d] (got %d)",
                               CORE_SAMPLE_MAX_LOGPROBS, (int)p->n_logprobs);
+    if (p->no_logprob != 0 && p->no_logprob != 1)
+        return core_error_set(err, CORE_EINVAL, "no_logprob must be 0 or 1 (got %d)",
+                              (int)p->no_logprob);
+    if (p->no_logprob && p->n_logprobs)
+        return core_error_set(err, CORE_EINVAL, "no_logprob with %d alternatives asked for",
+                              (int)p->n_logprobs);
     if (p->n_bias < 0 || p->n_bias > CORE_SAMPLE_MAX_BIAS)
         return core_error_set(err, CORE_EINVAL, "n_bias must be in [0, %d] (got %d)",
                               CORE_SAMPLE_MAX_BIAS, (int)p->n_bias);
@@ -665,6 +672,12 @@ int core_sampler_sample_masked(core_sampler_t *s, core_sample_ws_t *ws, const fl
     double log_norm = log(norm_t);
     res->token = tok;
     res->logprob = (float)((double)((ws->z[tok] - zmax) * inv_t) - log_norm);
+    if (p->no_logprob) {
+        res->token = tok;
+        res->logprob = NAN;
+        res->n_top = 0;
+        return core_sampler_accept(s, tok, err);
+    }
     size_t nt = (size_t)p->n_logprobs;
     if ((int64_t)nt > V)
         nt = (size_t)V;

@@ -74,6 +74,9 @@ typedef struct core_sample_params {
     float frequency_penalty; /* [-2, 2]; 0 = off */
     uint64_t seed;           /* RNG seed used by core_sampler_new / _seed */
     int32_t n_logprobs;      /* 0..CORE_SAMPLE_MAX_LOGPROBS alternatives to report */
+    int32_t no_logprob;      /* 0 or 1: nothing is reported (n_logprobs 0, the
+                                result's logprob NaN), so a greedy token costs no
+                                pass of exponentials over the vocabulary */
     int32_t n_bias;          /* 0..CORE_SAMPLE_MAX_BIAS entries of bias */
     core_logit_bias_t bias[CORE_SAMPLE_MAX_BIAS]; /* step 0; an id listed twice adds twice */
 } core_sample_params_t;

@@ -27,6 +27,7 @@ void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out)
     out->frequency_penalty = (float)s->frequency_penalty;
     out->seed = s->has_seed ? (uint64_t)s->seed : srv_random_u64();
     out->n_logprobs = p->logprobs > 0 ? p->logprobs : 0;
+    out->no_logprob = p->logprobs < 0; /* none asked for: none computed */
     /* proto bounds the entries by PROTO_MAX_LOGIT_BIAS == CORE_SAMPLE_MAX_BIAS */
     for (size_t i = 0; i < p->n_logit_bias && i < CORE_SAMPLE_MAX_BIAS; i++) {
         out->bias[i].id = p->logit_bias[i].id;

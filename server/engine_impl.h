@@ -146,6 +146,14 @@ struct srv_engine {
     srv_job_t **bjob;        /* [max_batch] */
     seq_t **bseq;            /* [max_batch]: NULL for a prefill entry */
     int *bfail;              /* [max_batch] */
+    /* decode entries sampled together on the model's threads (sample_batch):
+     * whether entry b was, its result and its error */
+    int *bsampled;               /* [max_batch] */
+    core_sample_result_t *bres;  /* [max_batch] */
+    int *brc;                    /* [max_batch] */
+    core_error_t *berr;          /* [max_batch] */
+    core_sample_ws_t **wss;      /* [model threads]: one workspace per sampling thread */
+    int n_wss;
     char *piece;             /* [piece_cap] detokenizer output */
     size_t piece_cap;
     char *txt; /* growable text of the event being built */

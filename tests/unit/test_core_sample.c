@@ -235,6 +235,8 @@ BAD(freq_high, p->frequency_penalty = 3.0f)
 BAD(freq_nan, p->frequency_penalty = NAN)
 BAD(lp_big, p->n_logprobs = 21)
 BAD(lp_neg, p->n_logprobs = -1)
+BAD(nolp_two, p->no_logprob = 2)
+BAD(nolp_with_top, (p->no_logprob = 1, p->n_logprobs = 2))
 #undef BAD
 
 TEST(test_validation_names_field)
@@ -253,6 +255,7 @@ TEST(test_validation_names_field)
         {"presence_penalty", pres_high}, {"presence_penalty", pres_nan},
         {"frequency_penalty", freq_low}, {"frequency_penalty", freq_high},
         {"frequency_penalty", freq_nan}, {"n_logprobs", lp_big},   {"n_logprobs", lp_neg},
+        {"no_logprob", nolp_two},   {"no_logprob", nolp_with_top},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         core_sample_params_t p;
@@ -743,6 +746,41 @@ TEST(test_seed_determinism_and_fork)
     core_sampler_free(d);
     core_sampler_free(f);
     core_sample_ws_free(ws);
+}
+
+/* no_logprob: the same tokens, greedy and sampled, penalties and bias on
+ * (the normalizer it skips only ever reported), and nothing reported. */
+TEST(test_no_logprob_same_tokens)
+{
+    for (int greedy = 0; greedy < 2; greedy++) {
+        core_sample_params_t p;
+        core_sample_params_default(&p);
+        p.temperature = greedy ? 0.0f : 0.8f;
+        p.top_k = greedy ? 0 : 40;
+        p.frequency_penalty = 0.3f;
+        p.n_bias = 1;
+        p.bias[0] = (core_logit_bias_t){.id = 7, .bias = 2.0f};
+        p.seed = 99;
+        core_sample_ws_t *ws = core_sample_ws_new();
+        core_sampler_t *a = new_sampler(&p);
+        p.no_logprob = 1;
+        core_sampler_t *b = new_sampler(&p);
+        core_rng_t r;
+        core_rng_seed(&r, 5);
+        float x[2000];
+        for (int i = 0; i < 150; i++) {
+            random_logits(&r, x, 2000, 1.5, 0);
+            core_sample_result_t ra, rb;
+            CHECK_INT_EQ(core_sampler_sample(a, ws, x, 2000, &ra, NULL), 0);
+            CHECK_INT_EQ(core_sampler_sample(b, ws, x, 2000, &rb, NULL), 0);
+            CHECK_MSG(ra.token == rb.token, "greedy %d token %d: %d vs %d", greedy, i,
+                      (int)ra.token, (int)rb.token);
+            CHECK(isfinite(ra.logprob) && isnan(rb.logprob) && rb.n_top == 0);
+        }
+        core_sampler_free(a);
+        core_sampler_free(b);
+        core_sample_ws_free(ws);
+    }
 }
 
 /* Hand-computed penalties, read back through the T=1 distribution. */
@@ -1287,5 +1325,6 @@ int main(void)
     RUN(test_stop_overlaps_and_multiple);
     RUN(test_stop_split_invariance_random);
     RUN(test_stop_validation);
+    RUN(test_no_logprob_same_tokens);
     return CHECK_DONE();
 }
