@@ -1327,10 +1327,8 @@ static int layer_rows(core_model_t *m, int stage, int l, int64_t T, int64_t Td, 
 }
 
 /* SwiGLU's product g = silu(g) * u = g / (1 + e^-g) * u, a row at a time
- * (MODEL_SILU_CHUNK values a pass), rows shared out on the pool. e^-g by
- * core_exp_shifted, whose bits do not depend on where an element sits, so
- * neither does g. */
-enum { MODEL_SILU_CHUNK = 2048 };
+ * (core_silu_mul_f32: one vector pass, whose bits do not depend on where an
+ * element sits, so neither does g), rows shared out on the pool. */
 typedef struct silu_run {
     core_model_t *m;
     float *g;
@@ -1345,21 +1343,11 @@ static void silu_worker(void *ctx, int worker, int n_workers)
     (void)worker;
     (void)n_workers;
     silu_run_t *t = ctx;
-    float e[MODEL_SILU_CHUNK];
     for (;;) {
         const int64_t i = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (i >= t->rows)
             return;
-        for (int64_t j0 = 0; j0 < t->len; j0 += MODEL_SILU_CHUNK) {
-            const int64_t len = t->len - j0 < MODEL_SILU_CHUNK ? t->len - j0 : MODEL_SILU_CHUNK;
-            float *g = t->g + i * t->len + j0;
-            const float *u = t->u + i * t->len + j0;
-            for (int64_t j = 0; j < len; j++)
-                e[j] = -g[j];
-            core_exp_shifted(e, len, 0.0, e);
-            for (int64_t j = 0; j < len; j++)
-                g[j] = g[j] / (1.0f + e[j]) * u[j];
-        }
+        core_silu_mul_f32(t->g + i * t->len, t->u + i * t->len, t->len);
         if (t->quant && i < t->Td) {
             core_q8_act_t part = act_rows(&t->m->qa, i, 1);
             core_q8_quantize(&part, t->g + i * t->len, t->len);

@@ -63,35 +63,68 @@ VEXP_FN static inline __m256 args8(const float *x, __mmask8 m, __m512d s)
     return _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_cvtps_pd(v), s));
 }
 
+/* exp_one on 16 arguments (0 below CORE_EXP_MIN_ARG and for -inf). */
+VEXP_FN static inline __m512 exp16(__m512 y0)
+{
+    const __mmask16 live = _mm512_cmp_ps_mask(y0, _mm512_set1_ps(CORE_EXP_MIN_ARG), _CMP_GE_OQ);
+    const __m512 y = _mm512_min_ps(y0, _mm512_set1_ps(MAX_ARG));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), k),
+                                     _mm512_set1_ps(LN2_LO),
+                                     _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), k),
+                                                     _mm512_set1_ps(LN2_HI), y));
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(C6), r, _mm512_set1_ps(C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23);
+    const __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+    return _mm512_maskz_mov_ps(live, v);
+}
+
+static inline __mmask16 first_lanes(int64_t left)
+{
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+}
+
 VEXP_FN static void exp_avx512(const float *x, int64_t n, double s, float *out)
 {
     const __m512d sv = _mm512_set1_pd(s);
     for (int64_t j = 0; j < n; j += 16) {
-        const int64_t left = n - j;
-        const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        const __mmask16 m = first_lanes(n - j);
         const __m512 y0 = _mm512_insertf32x8(
             _mm512_castps256_ps512(args8(x + j, (__mmask8)m, sv)),
             args8(x + j + 8, (__mmask8)(m >> 8), sv), 1);
-        const __mmask16 live = _mm512_cmp_ps_mask(y0, _mm512_set1_ps(CORE_EXP_MIN_ARG), _CMP_GE_OQ);
-        const __m512 y = _mm512_min_ps(y0, _mm512_set1_ps(MAX_ARG));
-        const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(LOG2E)),
-                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512 r = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), k),
-                                         _mm512_set1_ps(LN2_LO),
-                                         _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), k),
-                                                         _mm512_set1_ps(LN2_HI), y));
-        __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(C6), r, _mm512_set1_ps(C5));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C4));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C3));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C2));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-        const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23);
-        const __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
-        _mm512_mask_storeu_ps(out + j, m, _mm512_maskz_mov_ps(live, v));
+        _mm512_mask_storeu_ps(out + j, m, exp16(y0));
+    }
+}
+
+/* silu_generic's arithmetic 16 lanes at a time: the same exponential
+ * (exp16 is exp_one), then the division and product, each correctly
+ * rounded in either. */
+VEXP_FN static void silu_avx512(float *g, const float *u, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = first_lanes(n - j);
+        const __m512 gv = _mm512_maskz_loadu_ps(m, g + j);
+        const __m512 e = exp16(_mm512_xor_ps(gv, sign));
+        const __m512 v = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
+                                       _mm512_maskz_loadu_ps(m, u + j));
+        _mm512_mask_storeu_ps(g + j, m, v);
     }
 }
 #endif
+
+static void silu_generic(float *g, const float *u, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) {
+        g[j] = g[j] / (1.0f + exp_one(-g[j])) * u[j];
+    }
+}
 
 static _Atomic int force_generic;
 
@@ -122,6 +155,17 @@ void core_exp_shifted(const float *x, int64_t n, double s, float *out)
     }
 #endif
     exp_generic(x, n, s, out);
+}
+
+void core_silu_mul_f32(float *g, const float *u, int64_t n)
+{
+#ifdef VEXP_X86
+    if (use_avx512()) {
+        silu_avx512(g, u, n);
+        return;
+    }
+#endif
+    silu_generic(g, u, n);
 }
 
 double core_sum_f32(const float *x, int64_t n)

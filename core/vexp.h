@@ -25,6 +25,10 @@ void core_exp_shifted(const float *x, int64_t n, double s, float *out);
 /* Σ x[j] in double over n floats (softmax weights' denominators), in four
  * independent chains: a single chain waits on every addition's latency.
  * The order is fixed by n alone, so the bits do not depend on the CPU. */
+/* g[j] = silu(g[j]) · u[j] = g[j] / (1 + e^(−g[j])) · u[j] for n floats
+ * (SwiGLU), the exponential core_exp_shifted's; the same bits on every
+ * path. */
+void core_silu_mul_f32(float *g, const float *u, int64_t n);
 double core_sum_f32(const float *x, int64_t n);
 /* The largest of n floats (−inf for n = 0; NaN terms skipped), in four
  * chains likewise. */

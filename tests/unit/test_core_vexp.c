@@ -191,8 +191,49 @@ TEST(first_unbounded_both_paths)
     core_exp_force_generic(0);
 }
 
+/* SwiGLU's silu(g)·u: the vector path gives the portable one's bits at every
+ * length 0..70 (tails), and both agree with a double evaluation (the
+ * exponential's 3e-7, the division and product's rounding); g from -120 to
+ * 120 (e^-g clamped at e^88 and flushed below CORE_EXP_MIN_ARG), zeros of
+ * both signs, u of both signs. */
+TEST(silu_mul_both_paths)
+{
+    enum { N = 70 };
+    float g0[N], u[N], got[2][N];
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    for (int rep = 0; rep < 40; rep++) {
+        for (int j = 0; j < N; j++) {
+            x = x * 6364136223846793005u + 1442695040888963407u;
+            const double r = (double)(x >> 11) / 9007199254740992.0; /* [0, 1) */
+            g0[j] = rep < 20 ? (float)(8.0 * (r - 0.5)) : (float)(240.0 * (r - 0.5));
+            u[j] = (float)(3.0 * (((double)((x >> 7) & 0xffff) / 65536.0) - 0.5));
+        }
+        g0[0] = 0.0f;
+        g0[1] = -0.0f;
+        for (int n = 0; n <= N; n += rep < 2 ? 1 : N) {
+            for (int path = 0; path < 2; path++) {
+                core_exp_force_generic(path);
+                memcpy(got[path], g0, sizeof g0);
+                core_silu_mul_f32(got[path], u, n);
+                for (int j = n; j < N; j++) /* nothing past n is written */
+                    CHECK(memcmp(&got[path][j], &g0[j], sizeof(float)) == 0);
+            }
+            CHECK_MSG(memcmp(got[0], got[1], (size_t)n * sizeof(float)) == 0,
+                      "rep %d n %d: paths differ", rep, n);
+            for (int j = 0; j < n; j++) {
+                const double want = (double)g0[j] / (1.0 + exp(-(double)g0[j])) * (double)u[j];
+                CHECK_MSG(fabs((double)got[1][j] - want) <= 1e-6 * fabs(want) + 1e-30,
+                          "g %g u %g: %g vs %g", (double)g0[j], (double)u[j],
+                          (double)got[1][j], want);
+            }
+        }
+    }
+    core_exp_force_generic(0);
+}
+
 int main(void)
 {
+    RUN(silu_mul_both_paths);
     RUN(matches_libm_both_paths);
     RUN(first_unbounded_both_paths);
     RUN(lengths_and_positions);
