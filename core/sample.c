@@ -667,17 +667,16 @@ int core_sampler_sample_masked(core_sampler_t *s, core_sample_ws_t *ws, const fl
         tok = ws->ids[pick];
     }
 
-    if (!(norm_t >= 1.0))
-        norm_t = sum_exp(ws->z, V, zmax, inv_t);
-    double log_norm = log(norm_t);
     res->token = tok;
-    res->logprob = (float)((double)((ws->z[tok] - zmax) * inv_t) - log_norm);
-    if (p->no_logprob) {
-        res->token = tok;
+    if (p->no_logprob) { /* nothing reported: no normalizer */
         res->logprob = NAN;
         res->n_top = 0;
         return core_sampler_accept(s, tok, err);
     }
+    if (!(norm_t >= 1.0))
+        norm_t = sum_exp(ws->z, V, zmax, inv_t);
+    double log_norm = log(norm_t);
+    res->logprob = (float)((double)((ws->z[tok] - zmax) * inv_t) - log_norm);
     size_t nt = (size_t)p->n_logprobs;
     if ((int64_t)nt > V)
         nt = (size_t)V;
