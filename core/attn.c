@@ -258,6 +258,6 @@ int core_attn_forward_batch(core_attn_t *a, core_pool_t *pool, int layer, int n_
     atomic_init(&br.next, 0);
     core_pool_run(pool, batch_worker, &br);
     for (int i = 0; i < n_items; i++)
-        vt->forward_done(a, &items[i], layer);
+        vt->forward_done(a, &items[i], layer, br.units);
     return 0;
 }

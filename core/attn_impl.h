@@ -23,7 +23,8 @@ typedef struct core_attn_vtbl {
     /* Optional (NULL: forward only, one sequence at a time). forward split
      * into units (the KV heads, or finer) that may run at once on different
      * threads, each with its own scratch slot (< the n of set_workers), then
-     * forward_done once all units of the item have run, on one thread.
+     * forward_done once all units of the item have run, on one thread (with
+     * the same count: what is left for it may depend on the split).
      * units: how many per item for a batch of n_items on n_threads (the
      * kind may split finer when there are few items; an item's results must
      * not depend on the split); forward_unit gets that count. Units cannot
@@ -32,7 +33,7 @@ typedef struct core_attn_vtbl {
     int (*units)(const core_attn_t *a, int n_items, int n_threads);
     void (*forward_unit)(core_attn_t *a, const core_attn_item_t *it, int layer, int unit,
                          int n_units, int slot);
-    void (*forward_done)(core_attn_t *a, const core_attn_item_t *it, int layer);
+    void (*forward_done)(core_attn_t *a, const core_attn_item_t *it, int layer, int n_units);
     /* Serialized payload of a state (core/state.c frames it with the header,
      * the checksum and the position). Little-endian, self-contained given the
      * attention config; its size depends only on the config, s->pos and the

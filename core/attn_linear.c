@@ -1522,55 +1522,72 @@ static void head_exact(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it,
  * from the two halves: under the stabilizer s* = max(Lrow, s_exact), or the
  * exact scores' alone for Flexformer (then the exact half is taken as it
  * is). */
-static void merge_decode(core_attn_t *a, const core_attn_item_t *it, int layer)
+static void merge_decode(const core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it,
+                         int64_t h)
 {
-    lin_ctx_t x;
-    ctx_init(a, it, layer, 0, &x); /* one thread: slot 0's counters */
-    int64_t hd = x.hd, gs = x.gs;
-    for (int64_t h = 0; h < a->cfg.n_head_kv; h++)
-        for (int64_t g = 0; g < gs; g++) {
-            const double *row = mg_row(a, it, h, g);
-            const double lrow = row[0], den = row[1], se = row[2], esum = row[3];
-            double wl = 1.0, we = 1.0; /* the larger side's factor is e^0 */
-            if (x.trig)
-                wl = trig_weight(&x, lrow - se, den, esum);
-            else if (lrow > se)
-                we = exp(se - lrow);
-            else
-                wl = lrow > -INFINITY ? exp(lrow - se) : 0.0;
-            const double inv = 1.0 / (wl * den + we * esum);
-            float *o = x.out + (h * gs + g) * hd;
-            for (int64_t c = 0; c < hd; c++)
-                o[c] = (float)((wl * row[LIN_MG_HEAD + c] + we * row[LIN_MG_HEAD + hd + c]) * inv);
-        }
+    int64_t hd = x->hd, gs = x->gs;
+    for (int64_t g = 0; g < gs; g++) {
+        const double *row = mg_row(a, it, h, g);
+        const double lrow = row[0], den = row[1], se = row[2], esum = row[3];
+        double wl = 1.0, we = 1.0; /* the larger side's factor is e^0 */
+        if (x->trig)
+            wl = trig_weight(x, lrow - se, den, esum);
+        else if (lrow > se)
+            we = exp(se - lrow);
+        else
+            wl = lrow > -INFINITY ? exp(lrow - se) : 0.0;
+        const double inv = 1.0 / (wl * den + we * esum);
+        float *o = x->out + (h * gs + g) * hd;
+        for (int64_t c = 0; c < hd; c++)
+            o[c] = (float)((wl * row[LIN_MG_HEAD + c] + we * row[LIN_MG_HEAD + hd + c]) * inv);
+    }
 }
 
-/* After every head: the new keys and values join the sinks and the ring. */
-static void linear_forward_done(core_attn_t *a, const core_attn_item_t *it, int layer)
+/* After both halves of KV head h: a split decode step's rows merged, and
+ * the new keys and values join the head's sinks and ring (regions of its
+ * own: no other head reads them). */
+static void head_done(const core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                      int64_t h)
 {
     const core_attn_cfg_t *cfg = &a->cfg;
     if (split_decode(cfg, it))
-        merge_decode(a, it, layer);
+        merge_decode(a, x, it, h);
     lin_state_t *st = it->state->impl;
     int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = cfg->window, n = it->n;
     int64_t pos = it->state->pos;
     /* The sinks are the first S positions, kept for good; both in half
      * precision, as kv_rows rounded them for this forward's reads. */
-    for (int64_t t = 0; t < n && pos + t < cfg->sinks; t++)
-        for (int64_t h = 0; h < hkv; h++) {
-            size_t at = (size_t)(((int64_t)layer * hkv + h) * cfg->sinks + pos + t) * (size_t)hd;
-            core_half_pack(it->k + (t * hkv + h) * hd, st->sink_k + at, hd);
-            core_half_pack(it->v + (t * hkv + h) * hd, st->sink_v + at, hd);
-        }
-    /* Only now may the ring forget positions p0−W..: every chunk read them. */
-    if (w > 0) {
-        for (int64_t t = n - w > 0 ? n - w : 0; t < n; t++)
-            for (int64_t h = 0; h < hkv; h++) {
-                size_t at = (size_t)(((int64_t)layer * hkv + h) * w + (pos + t) % w) * (size_t)hd;
-                core_half_pack(it->k + (t * hkv + h) * hd, st->ring_k + at, hd);
-                core_half_pack(it->v + (t * hkv + h) * hd, st->ring_v + at, hd);
-            }
+    for (int64_t t = 0; t < n && pos + t < cfg->sinks; t++) {
+        size_t at = (size_t)(((int64_t)layer * hkv + h) * cfg->sinks + pos + t) * (size_t)hd;
+        core_half_pack(it->k + (t * hkv + h) * hd, st->sink_k + at, hd);
+        core_half_pack(it->v + (t * hkv + h) * hd, st->sink_v + at, hd);
     }
+    /* Only now may the ring forget positions p0−W..: every chunk read them. */
+    for (int64_t t = n - w > 0 ? n - w : 0; w > 0 && t < n; t++) {
+        size_t at = (size_t)(((int64_t)layer * hkv + h) * w + (pos + t) % w) * (size_t)hd;
+        core_half_pack(it->k + (t * hkv + h) * hd, st->ring_k + at, hd);
+        core_half_pack(it->v + (t * hkv + h) * hd, st->ring_v + at, hd);
+    }
+}
+
+/* A head's work is all in unit h unless a split decode step's halves ran
+ * as units of their own (2·Hkv): the linear half reads the ring slot the
+ * new key takes, so the exact half's unit could not write it. */
+static int done_in_unit(const core_attn_t *a, const core_attn_item_t *it, int n_units)
+{
+    return n_units == a->cfg.n_head_kv || !split_decode(&a->cfg, it);
+}
+
+/* What the units left: every head's head_done when the halves ran apart
+ * (on one thread: slot 0's counters). */
+static void linear_forward_done(core_attn_t *a, const core_attn_item_t *it, int layer, int n_units)
+{
+    if (done_in_unit(a, it, n_units))
+        return;
+    lin_ctx_t x;
+    ctx_init(a, it, layer, 0, &x);
+    for (int64_t h = 0; h < a->cfg.n_head_kv; h++)
+        head_done(a, &x, it, layer, h);
 }
 
 /* Unit u < Hkv: head u (both halves of a decode step; with 2·Hkv units,
@@ -1594,6 +1611,8 @@ static void linear_forward_unit(core_attn_t *a, const core_attn_item_t *it, int 
     } else {
         head_forward(a, &x, it, layer, unit);
     }
+    if (unit < hkv && done_in_unit(a, it, n_units))
+        head_done(a, &x, it, layer, unit);
 }
 
 /* The halves apart while the heads alone give a thread fewer than two
@@ -1621,7 +1640,7 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
     const int n_units = linear_units(a, 1, 1);
     for (int u = 0; u < n_units; u++)
         linear_forward_unit(a, &it, layer, u, n_units, 0);
-    linear_forward_done(a, &it, layer);
+    linear_forward_done(a, &it, layer, n_units);
     return 0;
 }
 
