@@ -657,14 +657,13 @@ static void linear_state_reset(core_attn_state_t *s)
     state_clear(s->impl, &s->a->cfg);
 }
 
-/* KV head h's linear state (of nh = L·Hkv) holds keys: a finite scale. */
+/* KV head h's linear state (of nh = L·Hkv) holds keys. A head's scales are
+ * all −inf or all finite (a key's logits are finite on every feature, so
+ * the first keys make every c_i finite and nothing makes one −inf again;
+ * linear_state_load refuses a head that mixes them): its first tells. */
 static int head_holds(const lin_state_t *st, const core_attn_cfg_t *cfg, size_t h)
 {
-    const size_t m = (size_t)cfg->n_features;
-    for (size_t i = 0; i < m; i++)
-        if (st->c[h * m + i] > -INFINITY)
-            return 1;
-    return 0;
+    return st->c[h * (size_t)cfg->n_features] > -INFINITY;
 }
 
 /* Copies what src holds at position pos (lin_state_t): the scales, the
@@ -988,6 +987,15 @@ static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
     int64_t tfirst = w + nsk - x->p0 > 0 ? w + nsk - x->p0 : 0;
     int64_t ti0 = t0 > tfirst ? t0 : tfirst;
     int64_t ni = t1 > ti0 && !x->lin_off ? t1 - ti0 : 0;
+    ck->ti0 = ti0;
+    ck->ni = ni;
+    if (ni == 0 && !(x->c[0] > -INFINITY)) {
+        /* an empty head (head_holds) and no key entering: no linear part,
+         * nothing to absorb, the scales stay −inf (every decode step of a
+         * context up to W + S) */
+        ck->state_on = 0;
+        return;
+    }
     kv_rows(x, 0, x->p0 + ti0 - w, ni, sc->kx);
     kv_rows(x, 1, x->p0 + ti0 - w, ni, sc->vi);
     for (int64_t i = 0; i < m; i++)
@@ -1031,8 +1039,6 @@ static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
         state_on |= x->c[i] > -INFINITY;
     }
     state_on &= !x->lin_off;
-    ck->ti0 = ti0;
-    ck->ni = ni;
     ck->state_on = state_on;
 }
 
@@ -1324,7 +1330,7 @@ static void chunk_absorb(lin_ctx_t *x, const lin_chunk_t *ck)
     double *cn = sc->cn, *al = sc->al;
     int64_t ni = ck->ni;
     /* Absorb this chunk's keys: rescale rows to their new scales, then add. */
-    if (x->lin_off)
+    if (x->lin_off || (!ck->state_on && ni == 0)) /* (chunk_keys left cn, al unset) */
         return;
     if (!ck->state_on && ni > 0) { /* the first keys: S̃, z̃ had no value (lin_state_t) */
         const size_t es = x->fp64 ? sizeof(double) : sizeof(float);
@@ -1888,6 +1894,12 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
                                       "S at entry %zu", i);
         }
     }
+    /* a head holds keys on every feature or on none (head_holds) */
+    const size_t m = (size_t)cfg->n_features;
+    for (size_t i = 0; i < z.n_z; i++)
+        if ((st->c[i] > -INFINITY) != (st->c[i - i % m] > -INFINITY))
+            return core_error_set(err, CORE_EFORMAT, "linear attention payload: head %zu has "
+                                  "scales both -inf and finite (entry %zu)", i / m, i);
     return 0;
 }
 

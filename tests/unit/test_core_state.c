@@ -543,6 +543,16 @@ flips_done:
     memcpy(b + off_attn + 8, &pinf, 8);
     reseal(b, len);
     refuse(&v, b, len, NULL, CORE_EFORMAT, "bad scale", "+inf scale");
+    /* a head's first scale made the odd one out (finite among -inf, or
+     * -inf among finite): a head holds keys on all features or on none */
+    memcpy(b, blob, len);
+    double c0;
+    memcpy(&c0, b + off_attn + 8, 8);
+    const double odd = c0 > -INFINITY ? -INFINITY : 0.0;
+    memcpy(b + off_attn + 8, &odd, 8);
+    reseal(b, len);
+    refuse(&v, b, len, NULL, CORE_EFORMAT, "head 0 has scales both -inf and finite",
+           "mixed scales");
     size_t nz = (size_t)in->n_layer * in->n_head_kv * M_FEAT;
     memcpy(b, blob, len);
     const float fnan = NAN;
