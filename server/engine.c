@@ -1167,7 +1167,7 @@ int srv_engine_new(core_model_t *model, const core_tokenizer_t *tok, const srv_e
     E->brc = calloc(nb, sizeof *E->brc);
     E->berr = calloc(nb, sizeof *E->berr);
     E->n_wss = core_model_threads(model);
-    E->wss = calloc((size_t)E->n_wss, sizeof *E->wss);
+    E->wss = calloc((size_t)E->n_wss, sizeof(core_sample_ws_t *));
     int wss_ok = E->wss != NULL;
     for (int w = 0; E->wss && w < E->n_wss; w++)
         wss_ok &= (E->wss[w] = core_sample_ws_new()) != NULL;
