@@ -158,9 +158,10 @@ typedef struct lin_state {
     uint16_t *ring_v;    /* [L][Hkv][W][Hd] */
     uint16_t *sink_k;    /* [L][Hkv][S][Hd], row = position (< S) */
     uint16_t *sink_v;    /* [L][Hkv][S][Hd] */
-    /* Not part of the state's data (never copied, saved or counted): a
-     * decode step's two halves per query row, [Hkv][H/Hkv][LIN_MG_ROW],
-     * from the units that computed them to linear_forward_done's merge. */
+    /* Not part of the state's data (never copied or saved; counted in its
+     * bytes): a decode step's two halves per query row,
+     * [Hkv][H/Hkv][LIN_MG_ROW], from the units that computed them to the
+     * merge (head_done). */
     double *mg;
 } lin_state_t;
 
@@ -701,7 +702,9 @@ static int linear_state_copy(core_attn_state_t *dst, const core_attn_state_t *sr
 static size_t linear_state_bytes(const core_attn_state_t *s)
 {
     const lin_state_t *st = s->impl;
-    return sizeof *s + sizeof *st + st->blob_bytes;
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    return sizeof *s + sizeof *st + st->blob_bytes +
+           (size_t)cfg->n_head * LIN_MG_ROW((size_t)cfg->head_dim) * sizeof *st->mg;
 }
 
 static int linear_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err)

@@ -829,7 +829,8 @@ TEST(test_million_token_stream)
 static size_t expected_bytes(const shape_t *s)
 {
     return (size_t)s->L * s->Hkv * ((size_t)s->M * s->Hd * 4 + (size_t)s->M * 4 + (size_t)s->M * 8) +
-           (size_t)2 * s->L * s->W * s->Hkv * s->Hd * 2; /* the window's K and V as halves */
+           (size_t)2 * s->L * s->W * s->Hkv * s->Hd * 2 + /* the window's K and V as halves */
+           (size_t)s->H * (4 + 2 * (size_t)s->Hd) * 8; /* a decode step's merge rows */
 }
 
 TEST(test_state_bytes_constant)
