@@ -144,6 +144,8 @@ struct core_model {
     float *logits; /* [MODEL_LOGIT_ROWS][V] */
     float *wtile;  /* [pool threads][wtile_n] a dequantized weight tile per thread */
     unsigned char *pk_arena; /* owned: every matrix's packed copy (pack_matrices) */
+    int all_packed;  /* every matrix (layers' and output) has a packed copy */
+    int prompt_int8; /* opts.prompt_int8: prompt rows in 8 bits where all_packed */
     size_t wtile_n; /* floats in one tile: max(the tile size asked for, the largest k) */
     unsigned char *erow;   /* [tok_embd.row_bytes] an embedding row unpacked from output.pk */
     float *panel;          /* [pool threads][panel_n] 64-byte aligned: core_qmatmul_packed's */
@@ -359,8 +361,12 @@ static int pack_matrices(core_model_t *m, core_error_t *err)
 {
     const int n = 7 * m->info.n_layer + 1;
     size_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += packed_bytes(matrix_at(m, i));
+    m->all_packed = 1;
+    for (int i = 0; i < n; i++) {
+        const size_t b = packed_bytes(matrix_at(m, i));
+        total += b;
+        m->all_packed &= b > 0;
+    }
     if (total == 0)
         return 0;
     const size_t huge = (size_t)2 << 20, cap = (total + huge - 1) / huge * huge;
@@ -629,6 +635,7 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
     core_model_t *m = calloc(1, sizeof *m);
     if (!m)
         return core_error_set(err, CORE_ENOMEM, "out of memory for the model");
+    m->prompt_int8 = opts->prompt_int8 != 0;
     m->wtile_n = opts->tile_floats ? (size_t)opts->tile_floats : (size_t)MODEL_TILE_FLOATS;
     int rc = core_gguf_open(path, &m->g, err);
     if (rc < 0)
@@ -1149,12 +1156,33 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
         gemm_panels(m, Td, n_prompt, k, a, lda, panel_ops, n_panel);
 }
 
-/* One op on the forward's rows (m->pre_n groups). */
-static void matmul(core_model_t *m, int64_t Td, int64_t k, const float *a, int64_t lda,
-                   const wmat_t *w, float beta, float *c, int64_t ldc)
+/* One op on the forward's rows: Tq in 8 bits, then n_pre prompt sequences
+ * (m->pre_n). */
+static void matmul(core_model_t *m, int64_t Tq, int64_t n_pre, int64_t k, const float *a,
+                   int64_t lda, const wmat_t *w, float beta, float *c, int64_t ldc)
 {
     const wop_t op = {w, beta, c, ldc};
-    matmuls(m, Td, m->pre_n, m->n_pre, k, a, lda, &op, 1, 0);
+    matmuls(m, Tq, m->pre_n, n_pre, k, a, lda, &op, 1, 0);
+}
+
+/* 1 when every row of a forward, prompt rows too, is quantized to 8 bits
+ * for the products, as decode rows are (opts.prompt_int8), where every
+ * matrix runs on the packed integer kernel. A prompt then costs ~0.6x its
+ * f32 panels' time, and a row's products still do not depend on the rows
+ * beside it (each is quantized by itself). The price, why it is not the
+ * default: prompt rows round their activations to 8 bits as decode rows
+ * do (perplexity +0.2-0.4%), and a prompt prefilled in other pieces (a
+ * prefix-cache hit, a session's turns) then differs from the same prompt
+ * prefilled whole by 8-bit steps rather than by float rounding, enough to
+ * change greedy replies (docs/PERFORMANCE.md). */
+static int all_rows_q8(const core_model_t *m)
+{
+    return m->prompt_int8 && m->all_packed && core_qdot_isa() == CORE_QDOT_AVX512VNNI;
+}
+
+int core_model_prompt_int8(const core_model_t *m)
+{
+    return all_rows_q8(m);
 }
 
 /* The nr gathered rows: decode rows (decode != 0), or the rows of ng prompt
@@ -1164,7 +1192,8 @@ static void flush_logits(core_model_t *m, float *const *dst, int nr, int decode,
 {
     const int64_t D = m->info.n_embd, V = m->info.n_vocab;
     const wop_t op = {&m->output, 0.0f, m->logits, V};
-    matmuls(m, decode ? nr : 0, gn, decode ? 0 : ng, D, m->lrows, D, &op, 1, 0);
+    const int q8 = decode || all_rows_q8(m);
+    matmuls(m, q8 ? nr : 0, gn, q8 ? 0 : ng, D, m->lrows, D, &op, 1, 0);
     for (int i = 0; i < nr; i++)
         memcpy(dst[i], m->logits + (int64_t)i * V, (size_t)V * sizeof(float));
 }
@@ -1238,8 +1267,8 @@ enum { ROWS_ATTN_NORM, ROWS_ROPE, ROWS_FFN_NORM };
 typedef struct rows_run {
     core_model_t *m;
     const layer_t *ly;
-    int stage, l, quant; /* quant: the decode rows go to m->qa */
-    int64_t T, Td;
+    int stage, l, quant; /* quant: the first Tq rows go to m->qa */
+    int64_t T, Td, Tq;
     _Atomic int64_t next;
 } rows_run_t;
 
@@ -1272,6 +1301,7 @@ static void rows_worker(void *ctx, int worker, int n_workers)
             return;
         const int64_t t1 = t->T - t0 < MODEL_LORA_ROWS ? t->T : t0 + MODEL_LORA_ROWS;
         const int64_t nd = t->Td > t1 ? t1 - t0 : t->Td > t0 ? t->Td - t0 : 0; /* decode rows */
+        const int64_t nq = t->Tq > t1 ? t1 - t0 : t->Tq > t0 ? t->Tq - t0 : 0; /* 8-bit rows */
         float *scratch = m->gate + t0 * r; /* [nd][r]: this unit's part of gate's rows */
         if (t->stage == ROWS_ROPE) {
             if (m->lora && nd > 0) {
@@ -1294,8 +1324,8 @@ static void rows_worker(void *ctx, int worker, int n_workers)
         const float *w = t->stage == ROWS_ATTN_NORM ? t->ly->attn_norm : t->ly->ffn_norm;
         for (int64_t i = t0; i < t1; i++)
             rmsnorm(m->xn + i * D, m->x + i * D, w, D, in->rms_eps);
-        if (t->quant && nd > 0) {
-            core_q8_act_t part = act_rows(&m->qa, t0, nd);
+        if (t->quant && nq > 0) {
+            core_q8_act_t part = act_rows(&m->qa, t0, nq);
             core_q8_quantize(&part, m->xn + t0 * D, D);
         }
     }
@@ -1308,16 +1338,18 @@ static int takes_q8(const wmat_t *w, int64_t k)
     return w->qdot && core_q8_supported(w->type) && k % CORE_Q8_BLOCK == 0;
 }
 
-/* One stage of rows_worker over the forward's T rows: on the pool when
- * there are two units or more. Returns whether m->qa now holds the decode
- * rows (quantized for the product that follows). */
-static int layer_rows(core_model_t *m, int stage, int l, int64_t T, int64_t Td, const wmat_t *next)
+/* One stage of rows_worker over the forward's T rows (the first Td decode
+ * rows, the first Tq in 8 bits): on the pool when there are two units or
+ * more. Returns whether m->qa now holds the Tq rows (quantized for the
+ * product that follows). */
+static int layer_rows(core_model_t *m, int stage, int l, int64_t T, int64_t Td, int64_t Tq,
+                      const wmat_t *next)
 {
-    const int quant = stage != ROWS_ROPE && Td > 0 && next && takes_q8(next, m->info.n_embd);
+    const int quant = stage != ROWS_ROPE && Tq > 0 && next && takes_q8(next, m->info.n_embd);
     if (quant)
-        core_q8_act_init(&m->qa, m->qbuf, Td, m->info.n_embd);
+        core_q8_act_init(&m->qa, m->qbuf, Tq, m->info.n_embd);
     rows_run_t t = {.m = m, .ly = &m->layers[l], .stage = stage, .l = l, .quant = quant,
-                    .T = T, .Td = Td};
+                    .T = T, .Td = Td, .Tq = Tq};
     atomic_init(&t.next, 0);
     if (T > MODEL_LORA_ROWS)
         core_pool_run(m->pool, rows_worker, &t);
@@ -1333,8 +1365,8 @@ typedef struct silu_run {
     core_model_t *m;
     float *g;
     const float *u;
-    int64_t rows, len, Td; /* rows of len values; the first Td are decode rows */
-    int quant;             /* the decode rows go to m->qa (8 bits) for w_down */
+    int64_t rows, len, Tq; /* rows of len values; the first Tq go to 8 bits */
+    int quant;             /* the Tq rows go to m->qa (8 bits) for w_down */
     _Atomic int64_t next;
 } silu_run_t;
 
@@ -1348,7 +1380,7 @@ static void silu_worker(void *ctx, int worker, int n_workers)
         if (i >= t->rows)
             return;
         core_silu_mul_f32(t->g + i * t->len, t->u + i * t->len, t->len);
-        if (t->quant && i < t->Td) {
+        if (t->quant && i < t->Tq) {
             core_q8_act_t part = act_rows(&t->m->qa, i, 1);
             core_q8_quantize(&part, t->g + i * t->len, t->len);
         }
@@ -1356,16 +1388,16 @@ static void silu_worker(void *ctx, int worker, int n_workers)
 }
 
 /* g = silu(g) * u over the forward's T rows of FF values, a row a unit
- * (on the pool for more than one row), each decode row then quantized to 8
- * bits for the down projection when it takes them. Returns whether m->qa
- * holds them. */
-static int swiglu(core_model_t *m, const layer_t *ly, int64_t T, int64_t Td)
+ * (on the pool for more than one row), each of the first Tq rows then
+ * quantized to 8 bits for the down projection when it takes them. Returns
+ * whether m->qa holds them. */
+static int swiglu(core_model_t *m, const layer_t *ly, int64_t T, int64_t Tq)
 {
     const int64_t FF = m->info.n_ff;
-    const int quant = Td > 0 && takes_q8(&ly->w_down, FF);
+    const int quant = Tq > 0 && takes_q8(&ly->w_down, FF);
     if (quant)
-        core_q8_act_init(&m->qa, m->qbuf, Td, FF);
-    silu_run_t t = {.m = m, .g = m->gate, .u = m->up, .rows = T, .len = FF, .Td = Td,
+        core_q8_act_init(&m->qa, m->qbuf, Tq, FF);
+    silu_run_t t = {.m = m, .g = m->gate, .u = m->up, .rows = T, .len = FF, .Tq = Tq,
                     .quant = quant};
     atomic_init(&t.next, 0);
     if (T == 1)
@@ -1414,19 +1446,22 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         }
     }
 
+    /* the rows in 8 bits for the products (all_rows_q8: every row, then no
+     * prompt sequences for matmuls) */
+    const int64_t Tq = all_rows_q8(m) ? T : Td, npq = Tq == T ? 0 : m->n_pre;
     for (int l = 0; l < in->n_layer; l++) {
         const layer_t *ly = &m->layers[l];
-        int ready = layer_rows(m, ROWS_ATTN_NORM, l, T, Td, &ly->wq);
+        int ready = layer_rows(m, ROWS_ATTN_NORM, l, T, Td, Tq, &ly->wq);
         const wop_t qkv[3] = {{&ly->wq, 0.0f, m->q, qd},
                               {&ly->wk, 0.0f, m->k, kvd},
                               {&ly->wv, 0.0f, m->v, kvd}};
-        matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, qkv, 3, ready);
+        matmuls(m, Tq, m->pre_n, npq, D, m->xn, D, qkv, 3, ready);
         if (m->lora) { /* the prompt rows' here, the decode rows' in layer_rows */
             lora_prompts(m, l, CORE_LORA_Q, Td, m->xn, D, m->q, qd);
             lora_prompts(m, l, CORE_LORA_K, Td, m->xn, D, m->k, kvd);
             lora_prompts(m, l, CORE_LORA_V, Td, m->xn, D, m->v, kvd);
         }
-        (void)layer_rows(m, ROWS_ROPE, l, T, Td, NULL);
+        (void)layer_rows(m, ROWS_ROPE, l, T, Td, Tq, NULL);
         for (int b = 0; b < n_seqs; b++) {
             const int64_t off = m->seq_row[b];
             if (m->tap)
@@ -1439,16 +1474,16 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         if ((rc = core_attn_forward_batch(m->attn, m->pool, l, n_seqs, m->items, err)) < 0)
             return rc;
         /* residual folded into the GEMM: x += att · Woᵀ */
-        matmul(m, Td, qd, m->att, qd, &ly->wo, 1.0f, m->x, D);
+        matmul(m, Tq, npq, qd, m->att, qd, &ly->wo, 1.0f, m->x, D);
         if (m->lora)
             lora_prompts(m, l, CORE_LORA_O, Td, m->att, qd, m->x, D);
-        ready = layer_rows(m, ROWS_FFN_NORM, l, T, Td, &ly->w_gate);
+        ready = layer_rows(m, ROWS_FFN_NORM, l, T, Td, Tq, &ly->w_gate);
         const wop_t gate_up[2] = {{&ly->w_gate, 0.0f, m->gate, FF},
                                   {&ly->w_up, 0.0f, m->up, FF}};
-        matmuls(m, Td, m->pre_n, m->n_pre, D, m->xn, D, gate_up, 2, ready);
-        ready = swiglu(m, ly, T, Td);
+        matmuls(m, Tq, m->pre_n, npq, D, m->xn, D, gate_up, 2, ready);
+        ready = swiglu(m, ly, T, Tq);
         const wop_t down = {&ly->w_down, 1.0f, m->x, D};
-        matmuls(m, Td, m->pre_n, m->n_pre, FF, m->gate, FF, &down, 1, ready);
+        matmuls(m, Tq, m->pre_n, npq, FF, m->gate, FF, &down, 1, ready);
     }
 
     compute_logits(m, seqs, n_seqs);

@@ -46,6 +46,11 @@ typedef struct core_model_opts {
     int n_threads;              /* threads of a forward, the caller's included
                                    (0 = the CPUs available;
                                    <= CORE_POOL_MAX_THREADS) */
+    int prompt_int8;            /* 0 (default): prompt rows multiply in f32
+                                   against dequantized weights; 1: where
+                                   every matrix has the packed integer kernel
+                                   (AVX-512 VNNI; Q4_0, Q4_1, Q8_0), they are
+                                   quantized to 8 bits like decode rows */
     int64_t tile_floats;        /* floats of a dequantized weight tile of prompt
                                    products, one per pool thread (0 = the
                                    default, 4 MiB; at least one row is always
@@ -87,6 +92,10 @@ void core_model_free(core_model_t *m); /* NULL is a no-op */
 const core_model_info_t *core_model_info(const core_model_t *m);
 const core_gguf_t *core_model_gguf(const core_model_t *m); /* borrowed: tokenizer metadata */
 int core_model_threads(const core_model_t *m);             /* compute threads, caller included */
+/* 1 when prompt rows are quantized to 8 bits for the weight products, as
+ * decode rows are (opts.prompt_int8, and every matrix runs on the packed
+ * integer kernel on this CPU with the kernels as now chosen). */
+int core_model_prompt_int8(const core_model_t *m);
 core_attn_t *core_model_attn(core_model_t *m);             /* borrowed: make states from it */
 
 /* Runs fn on the model's threads (core_pool_run: the caller is worker 0 of

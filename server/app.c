@@ -304,6 +304,7 @@ static int load(api_app_t *app)
         return -1;
     }
     ch->mo.n_threads = (int)cfg->threads;
+    ch->mo.prompt_int8 = cfg->prompt_int8;
     const core_model_opts_t *mo = &ch->mo;
     int64_t t0 = srv_engine_now_ns();
     int rc = core_model_load(cfg->model, mo, &app->model, &ce);

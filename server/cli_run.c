@@ -28,7 +28,7 @@
 #define MAX_PROMPT_TOKENS 1000000
 
 typedef struct load_args {
-    const char *model, *attn, *adapter, *decay, *linear;
+    const char *model, *attn, *adapter, *decay, *linear, *precision;
     int64_t features, window, sinks, prerope, ctx, threads;
 } load_args_t;
 
@@ -59,7 +59,9 @@ typedef struct load_args {
      "auto fallback)"},                                                                      \
     {"ctx", SRV_OPT_INT, &(la).ctx, 0, 1 << 24,                                              \
      "exact attention KV capacity in tokens (0 = the model's context length)"},              \
-    {"threads", SRV_OPT_INT, &(la).threads, 0, 256, "compute threads (0 = one per CPU)"}
+    {"threads", SRV_OPT_INT, &(la).threads, 0, 256, "compute threads (0 = one per CPU)"},    \
+    {"prompt-precision", SRV_OPT_STR, &(la).precision, 0, 0,                                 \
+     "f32 | int8: prompt activations in the weight products (default f32; serve --help)"}
 
 /* "on" / "off" -> 1 / 0; -1 otherwise. */
 static int srv_cli_onoff(const char *s, int *out)
@@ -102,6 +104,15 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
         return 2;
     }
     rq.decay_off = !decay_on;
+    int prompt_int8 = 0;
+    if (la->precision && strcmp(la->precision, "f32") != 0) {
+        if (strcmp(la->precision, "int8") != 0) {
+            fprintf(stderr, "darkserve %s: --prompt-precision takes f32 or int8, got '%s'\n", cmd,
+                    la->precision);
+            return 2;
+        }
+        prompt_int8 = 1;
+    }
     const char *path = la->model ? la->model : SRV_DEFAULT_MODEL;
     srv_attn_choice_t *ch = malloc(sizeof *ch);
     if (!ch) {
@@ -116,6 +127,7 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
     if (ch->fallback)
         fprintf(stderr, "darkserve: %s\n", ch->note);
     ch->mo.n_threads = (int)la->threads;
+    ch->mo.prompt_int8 = prompt_int8;
     int rc = core_model_load(path, &ch->mo, m, &err);
     if (rc < 0) {
         fprintf(stderr, "darkserve %s: cannot load %s: %s\n", cmd, path, err.msg);

@@ -102,6 +102,7 @@ typedef struct srv_config {
     int64_t window;            /* exact window W; -1 = from adapter/default */
     int64_t sinks;             /* exact sink tokens S; -1 = from adapter/default */
     int decay;                 /* 1 on (the adapter's learned decay), 0 off */
+    int prompt_int8;           /* --prompt-precision: 0 f32, 1 int8 */
     char *chat_template;       /* "" = the model's own template */
     /* scheduling */
     int64_t threads;           /* compute threads; 0 = all CPUs */

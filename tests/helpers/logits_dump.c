@@ -17,6 +17,8 @@
  *                           avx512vnni (default: the best this CPU runs)
  * --adapter A               DARKFormer attention with adapter A and its
  *                           settings (default: exact attention)
+ * --prompt-int8             prompt rows in 8 bits (core_model_opts.prompt_int8);
+ *                           stdout's "prompt: int8|f32" line says which ran
  * --info                    prints the model info fields
  * --time                    prints prefill / decode wall and CPU time, peak RSS
  *
@@ -135,7 +137,7 @@ int main(int argc, char **argv)
     const char *model_path = argv[1], *logits_path = NULL, *adapter = NULL;
     int32_t *ids = NULL;
     int64_t n_ids = 0, cap_ids = 0, n_greedy = 0, chunk = 0, max_ctx = 0, threads = 0;
-    int info = 0, timing = 0, rc = 1;
+    int info = 0, timing = 0, prompt_int8 = 0, rc = 1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -143,6 +145,8 @@ int main(int argc, char **argv)
             info = 1;
         } else if (strcmp(a, "--time") == 0) {
             timing = 1;
+        } else if (strcmp(a, "--prompt-int8") == 0) {
+            prompt_int8 = 1;
         } else if (!val) {
             fprintf(stderr, "logits_dump: %s needs a value\n", a);
             return 1;
@@ -205,7 +209,7 @@ int main(int argc, char **argv)
         return 1;
     }
     core_model_opts_t opts = {.attn_kind = CORE_ATTN_EXACT, .max_ctx = max_ctx,
-                              .n_threads = (int)threads};
+                              .n_threads = (int)threads, .prompt_int8 = prompt_int8};
     if (adapter) {
         core_features_settings_t fs = {.window = -1, .sinks = -1, .prerope = -1};
         if (core_features_resolve(adapter, &fs, &err) < 0) {
@@ -247,6 +251,7 @@ int main(int argc, char **argv)
         goto done;
     }
     /* [T][V] with --logits, else [1][V] */
+    printf("prompt: %s\n", core_model_prompt_int8(m) ? "int8" : "f32");
     const int mode = logits_path ? CORE_LOGITS_ALL : CORE_LOGITS_LAST;
     logits = malloc((size_t)(logits_path ? n_ids : 1) * (size_t)V * sizeof *logits);
     if (!logits) {

@@ -318,7 +318,8 @@ TEST(test_help_lists_every_option)
         "log-format",    "log-file",       "chat-template",  "max-connections",
         "generation-timeout", "sinks",    "decay",          "max-session-disk",
         "max-session-files", "header-timeout", "max-connections-per-address",
-        "max-state-memory", "checkpoints", "prefix-cache-mb", "ui", "session-store", NULL};
+        "max-state-memory", "checkpoints", "prefix-cache-mb", "ui", "session-store",
+        "prompt-precision", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];
@@ -466,6 +467,30 @@ TEST(test_no_flags)
     free(help);
 }
 
+/* --prompt-precision: f32 by default, int8 by flag or environment, any
+ * other word refused with the choices named. */
+TEST(test_prompt_precision)
+{
+    srv_config_t c;
+    char err[256];
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, NULL), 0);
+    CHECK_INT_EQ(c.prompt_int8, 0);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--prompt-precision", "int8", NULL), 0);
+    CHECK_INT_EQ(c.prompt_int8, 1);
+    srv_config_free(&c);
+    char *env[] = {"DARKSERVE_PROMPT_PRECISION=int8", NULL};
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, NULL), 0);
+    CHECK_INT_EQ(c.prompt_int8, 1);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, "--prompt-precision", "f32", NULL), 0);
+    CHECK_INT_EQ(c.prompt_int8, 0);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--prompt-precision", "f16", NULL), -1);
+    CHECK_MSG(strstr(err, "--prompt-precision") && strstr(err, "int8") && strstr(err, "f16"),
+              "%s", err);
+}
+
 int main(void)
 {
     RUN(test_defaults);
@@ -477,5 +502,6 @@ int main(void)
     RUN(test_session_store);
     RUN(test_help_lists_every_option);
     RUN(test_no_flags);
+    RUN(test_prompt_precision);
     return CHECK_DONE();
 }
