@@ -362,6 +362,11 @@ static int load(api_app_t *app)
             app->model_id, info->arch, info->n_layer, info->n_params, info->fingerprint,
             (double)(srv_engine_now_ns() - t0) / 1e9, attn_desc,
             core_chat_kind_name(app->tmpl.kind));
+    if (core_model_prompt_int8(app->model))
+        SRV_LOG(SRV_LOG_INFO, NULL, "prompt rows in 8 bits (--prompt-precision int8)");
+    else if (app->cfg->prompt_int8)
+        SRV_LOG(SRV_LOG_WARN, NULL, "--prompt-precision int8: prompt rows stay f32 (it needs "
+                "AVX-512 VNNI and Q4_0, Q4_1 or Q8_0 weights throughout)");
     return 0;
 }
 
