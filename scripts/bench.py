@@ -26,7 +26,10 @@ One run measures, on the machine it runs on and in the same minutes:
    port, tests/integration/loadgen.py streams at 1, 4, 16 and 64 concurrent
    streams of 64 tokens (time to first token p50 / p99, aggregate tokens/s, the
    16-stream aggregate over the 1-stream one), and the server's RSS idle after
-   loading, peak during the 16-stream level and idle after the load.
+   loading, peak during the 16-stream level and idle after the load;
+5. the same with `--prompt-precision int8` (prompt rows in 8 bits, not the
+   default; docs/PERFORMANCE.md): prefill in the alternation of 3., and a
+   second server at 1 and 16 streams with its 16 ÷ 1 ratio.
 
 It prints a table on stdout and writes a markdown block (the same figures and
 issue 8's goals, met or not) to build/bench/report.md, to paste into
@@ -186,15 +189,20 @@ RE_PREFILL = re.compile(r"^prompt: (\d+) tokens in [\d.]+ s \(([\d.]+) tokens/s\
 
 def prefill(bin_path, model):
     prompt, k = prompt_of(bin_path, model, PREFILL_TOKENS)
-    res = {"tokens": k, "exact": [], "auto": []}
+    res = {"tokens": k, "exact": [], "auto": [], "int8": []}
     for _ in range(PREFILL_RUNS):
-        for attn in ("exact", "auto"):  # alternating: the load falls on both alike
-            rc, _, err = run([bin_path, "generate", "--model", model, "--attn", attn,
-                              "--temperature", "0", "--max-tokens", "1", "--prompt", prompt])
+        # alternating: the load falls on all alike; "int8": the default
+        # attention with --prompt-precision int8
+        for name in ("exact", "auto", "int8"):
+            extra = (["--attn", "auto", "--prompt-precision", "int8"] if name == "int8"
+                     else ["--attn", name])
+            rc, _, err = run([bin_path, "generate", "--model", model] + extra +
+                             ["--temperature", "0", "--max-tokens", "1", "--prompt", prompt])
             m = RE_PREFILL.search(err)
             if rc != 0 or not m:
-                raise RuntimeError(f"generate --attn {attn} failed ({rc}): {err.strip()[-400:]}")
-            res[attn].append(float(m.group(2)))
+                raise RuntimeError(f"generate {' '.join(extra)} failed ({rc}): "
+                                   f"{err.strip()[-400:]}")
+            res[name].append(float(m.group(2)))
     return res
 
 
@@ -243,14 +251,16 @@ def proc_kb(pid, key):
     return int(m.group(1)) if m else None
 
 
-def http_streams(build, bin_path, model, quick, python):
+def http_streams(build, bin_path, model, quick, python, args=(), levels_only=None):
+    """serve with args; loadgen at 1, 4, 16 (and 64 unless quick), or at
+    levels_only (a "1,16" string) alone."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
     os.environ["DARKSERVE_BIN"] = bin_path
     from ds_server import Server  # noqa: E402  (reads DARKSERVE_BIN at import)
     tmp = os.path.join(build, "bench", "serve")
     shutil.rmtree(tmp, ignore_errors=True)  # last run's log and session directory
     # attn None: no --attn flag, the default configuration (auto)
-    srv = Server(tmp, model=model, attn=None, name="bench")
+    srv = Server(tmp, model=model, attn=None, name="bench", args=list(args))
     res = {"levels": [], "port": srv.port}
     try:
         pid = srv.proc.pid
@@ -261,8 +271,8 @@ def http_streams(build, bin_path, model, quick, python):
         # 1-16 streams: at least 16 streams and 3 runs per level (TTFT
         # percentiles over >= 16 values, aggregate the median of >= 3 runs);
         # 64 streams once (64 TTFTs; it is past the batch of 16 and long)
-        batches = [("1,4,16", ["--repeat", "3", "--min-streams", "16"])]
-        if not quick:
+        batches = [(levels_only or "1,4,16", ["--repeat", "3", "--min-streams", "16"])]
+        if not quick and not levels_only:
             batches.append(("64", ["--repeat", "1"]))
         for levels, extra in batches:
             cmd = [python, loadgen, "streams", "--url", srv.url(), "--concurrency", levels,
@@ -355,6 +365,11 @@ def goals(r):
                     "met" if q >= 4 else "not met"))
     else:
         out.append(("3. 16 HTTP streams", "≥ 4× one stream", "not measured", "—"))
+    lv8 = {x["concurrency"]: x for x in (r.get("http_int8") or {}).get("levels", [])}
+    if 1 in lv8 and 16 in lv8 and lv8[1]["aggregate_tps"] and lv8[16]["aggregate_tps"]:
+        q = lv8[16]["aggregate_tps"] / lv8[1]["aggregate_tps"]
+        out.append(("3. the same, `--prompt-precision int8` (not the default)",
+                    "≥ 4× one stream", f"{q:.2f}×", "met" if q >= 4 else "not met"))
     if http and http.get("rss_idle_kb") and 16 in lv and lv[16].get("hwm_kb"):
         idle, peak = http["rss_idle_kb"] * 1024 / 1e6, lv[16]["hwm_kb"] * 1024 / 1e6
         out.append(("4. `serve` RSS (MB = 10⁶ bytes)", "idle ≤ 250 MB, 16 streams ≤ 400 MB",
@@ -417,12 +432,14 @@ def render(r, markdown):
     L.append("")
     pre = r.get("prefill")
     if pre:
-        runs = {k: ", ".join(f"{x:.1f}" for x in pre[k]) for k in ("exact", "auto")}
-        meds = {k: b(f"{median(pre[k]):.1f}") for k in ("exact", "auto")}
+        names = [k for k in ("exact", "auto", "int8") if pre.get(k)]
+        runs = {k: ", ".join(f"{x:.1f}" for x in pre[k]) for k in names}
+        meds = {k: b(f"{median(pre[k]):.1f}") for k in names}
+        label = {"exact": "exact", "auto": "default", "int8": "default with --prompt-precision int8"}
         L.append(f"Prefill, a {pre['tokens']}-token prompt (`darkserve generate --max-tokens 1`, "
-                 f"exact and default alternating, median of {len(pre['exact'])}), tokens/s: "
-                 f"exact {meds['exact']} ({runs['exact']}); default {meds['auto']} "
-                 f"({runs['auto']}).")
+                 f"{', '.join(label[k] for k in names)} alternating, median of "
+                 f"{len(pre['exact'])}), tokens/s: " +
+                 "; ".join(f"{label[k]} {meds[k]} ({runs[k]})" for k in names) + ".")
     else:
         L.append(f"Prefill not measured: {r['errors'].get('prefill', '?')}")
     L.append("")
@@ -505,6 +522,23 @@ def render(r, markdown):
         L.append(f"not measured: {r['errors'].get('http', '?')}")
     L.append("")
 
+    h8 = r.get("http_int8")
+    if h8 and h8.get("levels"):
+        lv8 = {x["concurrency"]: x for x in h8["levels"]}
+        L.append(b("HTTP streams, `serve --prompt-precision int8`") + ": " + "; ".join(
+            f"{c} stream{'s' if c > 1 else ''}: aggregate {fmt(x['aggregate_tps'])} tokens/s "
+            f"(runs {', '.join(f'{v:.1f}' for v in x['aggregate_tps_runs'])}), TTFT p50 "
+            f"{fmt(x['ttft_p50_s'], 2)} s, p99 {fmt(x['ttft_p99_s'], 2)} s"
+            for c, x in lv8.items()) +
+            (f"; 16 ÷ 1: {lv8[16]['aggregate_tps'] / lv8[1]['aggregate_tps']:.2f}×"
+             if lv8.get(1, {}).get("aggregate_tps") and lv8.get(16, {}).get("aggregate_tps")
+             else "") + ".")
+        L.append("")
+    elif r["errors"].get("http_int8"):
+        L.append(f"HTTP streams with --prompt-precision int8 not measured: "
+                 f"{r['errors']['http_int8']}")
+        L.append("")
+
     L.append(b("Issue 8 goals"))
     L.append("")
     L += table(["goal", "target", "measured", ""], [list(g) for g in goals(r)], md)
@@ -556,7 +590,8 @@ def main(argv):
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         r["errors"]["bw"] = str(e)
 
-    log(f"prefill: {PREFILL_TOKENS}-token prompt, exact and default, {PREFILL_RUNS} runs each")
+    log(f"prefill: {PREFILL_TOKENS}-token prompt, exact, default and int8 prompts, "
+        f"{PREFILL_RUNS} runs each")
     try:
         r["prefill"] = prefill(bin_path, model)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -601,6 +636,12 @@ def main(argv):
         r["http"] = http_streams(build, bin_path, model, args.quick, sys.executable)
     except (RuntimeError, AssertionError, OSError, subprocess.TimeoutExpired) as e:
         r["errors"]["http"] = str(e)
+    log("HTTP streams: serve --prompt-precision int8 + loadgen at 1 and 16")
+    try:
+        r["http_int8"] = http_streams(build, bin_path, model, True, sys.executable,
+                                      args=["--prompt-precision", "int8"], levels_only="1,16")
+    except (RuntimeError, AssertionError, OSError, subprocess.TimeoutExpired) as e:
+        r["errors"]["http_int8"] = str(e)
 
     r["load_end"] = os.getloadavg()
     r["wall_s"] = time.monotonic() - t_start

@@ -228,3 +228,25 @@ def test_side_by_side_ratio_is_its_own_goal_row():
     assert "60.0 / 100 = 60%; 80.0 / 200 = 40%; 48.0 / 120 = 40%; median **40%**" in md
     r["side"]["rounds"][1]["ratio"] = r["side"]["ratio"] = 0.6
     assert bench.goals(r)[0][3] == "met"
+
+
+def test_int8_prompt_figures_are_their_own_rows():
+    """The --prompt-precision int8 server's 16 ÷ 1 is a goal row of its own
+    (labelled not the default), its prefill joins the prefill line, and a
+    report without them renders as before."""
+    r = fake_results([60.0, 55.0], 450.0, 50.0, 190.0, 100_000, 300_000)  # default 3.8x
+    assert len(bench.goals(r)) == 4
+    r["prefill"]["int8"] = [777.0]
+    level = lambda c, a: {"concurrency": c, "runs": 3, "streams": 3 * c, "errors": 0,  # noqa
+                          "ttft_p50_s": 0.25, "ttft_p99_s": 0.5, "aggregate_tps": a,
+                          "aggregate_tps_runs": [a, a + 1.0]}
+    r["http_int8"] = {"levels": [level(1, 50.0), level(16, 205.0)]}
+    g = bench.goals(r)
+    assert [x[3] for x in g if x[0].startswith("3.")] == ["not met", "met"]
+    assert "--prompt-precision int8" in g[3][0] and "not the default" in g[3][0]
+    assert g[3][2] == "4.10×"
+    md = bench.render(r, markdown=True)
+    assert "default with --prompt-precision int8 **777.0** (777.0)" in md, md
+    assert "16 ÷ 1: 4.10×" in md and "16 streams: aggregate 205.0 tokens/s" in md
+    r["http_int8"]["levels"][1]["aggregate_tps"] = 150.0
+    assert bench.goals(r)[3][3] == "not met"
