@@ -1100,7 +1100,9 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
     for (int i = 0; i < n_ops && i < MODEL_MAX_OPS; i++) {
         const wop_t *o = &ops[i];
         const wmat_t *qw = o->w;
-        /* where the packed kernel runs, every prompt row goes through panels */
+        /* clang-analyzer takes &ly->wq for NULL when it cannot rule out a
+         * NULL m->layers (a loaded model has its layers) */
+        /* NOLINTNEXTLINE(clang-analyzer-core.NullDereference) */
         const int panels = qw->pk && core_qdot_isa() == CORE_QDOT_AVX512VNNI;
         const core_qdot_job_t base = {.type = qw->type, .w = qw->data, .pk = qw->pk,
                                       .row_bytes = qw->row_bytes, .n = qw->rows,
