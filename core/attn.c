@@ -164,6 +164,16 @@ size_t core_attn_state_bytes(const core_attn_state_t *s)
     return s->a->vt->state_bytes(s);
 }
 
+size_t core_attn_state_bytes_held(const core_attn_state_t *s)
+{
+    return s->a->vt->state_bytes_held ? s->a->vt->state_bytes_held(s) : s->a->vt->state_bytes(s);
+}
+
+size_t core_attn_bytes_held_at(const core_attn_t *a, int64_t pos)
+{
+    return a->vt->bytes_held_at && pos >= 0 ? a->vt->bytes_held_at(a, pos) : 0;
+}
+
 int core_attn_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err)
 {
     if (n < 0)

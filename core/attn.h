@@ -105,6 +105,18 @@ int core_attn_state_copy(core_attn_state_t *dst, const core_attn_state_t *src, c
 int64_t core_attn_state_pos(const core_attn_state_t *s);
 /* Bytes of memory the state holds now (exact: grows with the cache). */
 size_t core_attn_state_bytes(const core_attn_state_t *s);
+/* Bytes of that memory written so far: an upper estimate of the pages the
+ * state has resident (the server allocates states in mappings of their own,
+ * whose untouched pages take no memory). Kinds that write their state whole
+ * return core_attn_state_bytes; a linear state built by forwards, or copied
+ * (core_attn_state_copy writes only what the source holds), has written its
+ * scales, its valid window and sink rows and the accumulators of the heads
+ * that hold keys: a short chat's DARKFormer state ~2.5 of its 9.4 MB. A
+ * state filled by core_attn_state_load has written all of it. */
+size_t core_attn_state_bytes_held(const core_attn_state_t *s);
+/* The same for a copy of a state at position pos (a prefix-cache snapshot,
+ * planned before it exists); 0 when the kind cannot say. */
+size_t core_attn_bytes_held_at(const core_attn_t *a, int64_t pos);
 
 int core_attn_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err);
 /* q: [n][H*Hd], k, v: [n][Hkv*Hd] (borrowed); out: [n][H*Hd] (caller-owned). */

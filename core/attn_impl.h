@@ -17,6 +17,11 @@ typedef struct core_attn_vtbl {
     void (*state_reset)(core_attn_state_t *s);
     int (*state_copy)(core_attn_state_t *dst, const core_attn_state_t *src, core_error_t *err);
     size_t (*state_bytes)(const core_attn_state_t *s);
+    /* Optional (NULL: state_bytes, and 0 from bytes_held_at): the bytes of
+     * the state's memory written so far, and those of a copy of a state at
+     * pos (core_attn_state_bytes_held, core_attn_bytes_held_at). */
+    size_t (*state_bytes_held)(const core_attn_state_t *s);
+    size_t (*bytes_held_at)(const core_attn_t *a, int64_t pos);
     int (*reserve)(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err);
     int (*forward)(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n, const float *q,
                    const float *k, const float *v, float *out, core_error_t *err);

@@ -707,6 +707,66 @@ static size_t linear_state_bytes(const core_attn_state_t *s)
            (size_t)cfg->n_head * LIN_MG_ROW((size_t)cfg->head_dim) * sizeof *st->mg;
 }
 
+/* Whole pages n bytes can span at any alignment (0 for none). */
+static size_t span_pages(size_t n)
+{
+    enum { PAGE = 4096 };
+    return n ? (n + PAGE - 1) / PAGE + 1 : 0;
+}
+
+/* The bytes of a state at pos with n_hold heads holding keys that have been
+ * written (lin_state_relayout's layout, core_attn_state_bytes_held): the
+ * scales (state_clear writes them all), each holding head's accumulators,
+ * every head's valid window rows (the first min(pos, W) slots, as
+ * linear_state_copy counts them) and sink rows, each region counted at the
+ * pages it can span; the merge rows; never more than the whole state. */
+static size_t held_bytes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, size_t n_hold,
+                         size_t whole)
+{
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, m = (size_t)cfg->n_features,
+                 hd = (size_t)cfg->head_dim, es = fp64 ? sizeof(double) : sizeof(float),
+                 w = (size_t)cfg->window, nsk = (size_t)cfg->sinks, p = (size_t)pos,
+                 hb = hd * sizeof(uint16_t); /* one K or V row */
+    const size_t nv = p < w ? p : w, ns = p < nsk ? p : nsk;
+    size_t pages = span_pages(nh * m * sizeof(double));
+    pages += n_hold * (span_pages(m * hd * es) + span_pages(m * es));
+    pages += 2 * nh * span_pages(nv * hb);
+    pages += 2 * (ns == nsk ? span_pages(nh * nsk * hb) : nh * span_pages(ns * hb));
+    const size_t b = sizeof(core_attn_state_t) + sizeof(lin_state_t) + pages * 4096 +
+                     (size_t)cfg->n_head * LIN_MG_ROW(hd) * sizeof(double);
+    return b < whole ? b : whole;
+}
+
+static size_t linear_state_bytes_held(const core_attn_state_t *s)
+{
+    const lin_state_t *st = s->impl;
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv;
+    size_t n_hold = 0;
+    for (size_t h = 0; h < nh; h++)
+        n_hold += (size_t)head_holds(st, cfg, h);
+    return held_bytes(cfg, st->fp64, s->pos, n_hold, linear_state_bytes(s));
+}
+
+/* A copy at pos: its heads hold keys once one has left the window and the
+ * sinks (pos > W + S), all of them alike. */
+static size_t linear_bytes_held_at(const core_attn_t *a, int64_t pos)
+{
+    const lin_params_t *lp = a->impl;
+    const core_attn_cfg_t *cfg = &a->cfg;
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv;
+    const int holds = pos > (int64_t)cfg->window + (int64_t)cfg->sinks;
+    /* the whole state: as linear_state_bytes computes it for one of a's */
+    const size_t es = lp->fp64 ? sizeof(double) : sizeof(float),
+                 m = (size_t)cfg->n_features, hd = (size_t)cfg->head_dim;
+    const size_t whole = sizeof(core_attn_state_t) + sizeof(lin_state_t) +
+                         nh * m * (sizeof(double) + es * (hd + 1)) +
+                         nh * hd * 2 * sizeof(uint16_t) *
+                             ((size_t)cfg->window + (size_t)cfg->sinks) +
+                         (size_t)cfg->n_head * LIN_MG_ROW(hd) * sizeof(double);
+    return held_bytes(cfg, lp->fp64, pos, holds ? nh : 0, whole);
+}
+
 static int linear_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err)
 {
     /* Constant-size state and chunk-bounded scratch: no context limit. */
@@ -1914,6 +1974,8 @@ const core_attn_vtbl_t core_attn_linear_vtbl = {
     .state_reset = linear_state_reset,
     .state_copy = linear_state_copy,
     .state_bytes = linear_state_bytes,
+    .state_bytes_held = linear_state_bytes_held,
+    .bytes_held_at = linear_bytes_held_at,
     .reserve = linear_reserve,
     .forward = linear_forward,
     .set_workers = linear_set_workers,

@@ -30,6 +30,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What the cache counts an entry at: the bytes its state has written
+ * (core_attn_state_bytes_held), not its capacity. Entries never grow (a
+ * hit copies one into the request's own state), and a short chat's
+ * DARKFormer snapshot has written ~2.5 of its 9.4 MB: counted at capacity,
+ * the default 64 MiB held 7 of them. */
+static size_t entry_bytes(const core_attn_state_t *st)
+{
+    return core_attn_state_bytes_held(st);
+}
+
+/* An entry's bytes before its state exists: a snapshot (or a pinned
+ * prefix's state) at tokens positions. */
+static size_t entry_estimate(const api_app_t *app, int64_t tokens)
+{
+    const size_t b = core_attn_bytes_held_at(core_model_attn(app->model), tokens);
+    return b ? b : api_state_bound(app, tokens);
+}
+
 /* Boundaries of one chat request that are kept at most: the first and the
  * last ones (a shared system prompt; the conversation so far). */
 #define MAX_BOUNDS 4
@@ -285,7 +303,7 @@ int api_prefix_plan(api_gen_t *g, size_t ji, srv_job_spec_t *spec, const int32_t
         /* not when a request in flight will insert it, nor when the cache
          * cannot make room for the copy */
         const uint64_t key = pending_key(toks, b);
-        const size_t est = api_state_bound(app, (int64_t)b);
+        const size_t est = entry_estimate(app, (int64_t)b);
         struct api_pfx_pending *on_way = pending_find(app, key);
         if (on_way)
             on_way->wanted++; /* shared: the entry will be kept like a hit one */
@@ -318,8 +336,7 @@ int api_prefix_plan(api_gen_t *g, size_t ji, srv_job_spec_t *spec, const int32_t
 static int insert_state(api_app_t *app, const int32_t *toks, size_t n, core_attn_state_t *st,
                         int pinned, srv_prefix_entry_t **out)
 {
-    int rc = srv_prefix_cache_insert(app->prefix, toks, n, st, core_attn_state_bytes(st), pinned,
-                                     out);
+    int rc = srv_prefix_cache_insert(app->prefix, toks, n, st, entry_bytes(st), pinned, out);
     if (rc < 0)
         core_attn_state_free(st);
     return rc;
@@ -434,14 +451,14 @@ static void pin_done(api_gen_t *g)
     core_attn_state_t *st = g->jobs[0].own.state;
     srv_prefix_entry_t *ent = NULL;
     int rc = app->prefix ? srv_prefix_cache_insert(app->prefix, k->key, k->n, st,
-                                                   core_attn_state_bytes(st), 1, &ent)
+                                                   entry_bytes(st), 1, &ent)
                          : SRV_PREFIX_ETOOBIG;
     if (rc == 0)
         g->jobs[0].own.state = NULL; /* the cache's now */
     else if (rc == SRV_PREFIX_EEXIST) /* made meanwhile by another request */
         rc = srv_prefix_cache_pin(app->prefix, ent);
     if (rc < 0) {
-        pin_error(app, rc, core_attn_state_bytes(st), &e);
+        pin_error(app, rc, entry_bytes(st), &e);
         api_gen_reply_error(g, &e);
         return;
     }
@@ -502,7 +519,7 @@ static void h_prefix_create(srv_req_t *req, void *ud)
         return;
     }
     /* refused before any work when it cannot be pinned */
-    const size_t est = api_state_bound(app, (int64_t)nk);
+    const size_t est = entry_estimate(app, (int64_t)nk);
     srv_prefix_cache_stats_t st = {0};
     if (app->prefix)
         srv_prefix_cache_stats(app->prefix, &st);

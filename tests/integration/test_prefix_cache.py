@@ -377,3 +377,26 @@ def test_snapshots_in_flight_are_bounded_and_given_back(servers):
     assert wait_for(lambda: pfx_metrics(srv)["reserved_bytes"] == 0), pfx_metrics(srv)
     r = chat(srv, sys_user(OTHER, "y"))
     assert r["choices"][0]["message"]["content"] is not None
+
+
+def test_entries_count_the_bytes_their_states_hold(servers):
+    """The cache counts an entry at the bytes its state has written
+    (core_attn_state_bytes_held), not at the state's capacity: with the
+    default model and attention, a short chat's system-prompt snapshot holds
+    ~2 of its 9.4 MB, so the default 64 MiB keeps over 20 of them where it
+    kept 7 at capacity, and never more bytes than its budget."""
+    srv = servers(model=MODEL, attn=None)
+    for i in range(40):
+        chat(srv, sys_user(f"You are assistant number {i}. Answer briefly.", "Hi."),
+             max_tokens=2)
+    st, lst, _ = srv.json("GET", "/v1/prefixes")
+    assert st == 200, lst
+    sizes = [e["bytes"] for e in lst["data"]]
+    budget = lst["budget_bytes"]
+    assert budget == 64 << 20 and sum(sizes) == lst["bytes"] <= budget, lst
+    # the whole state is ~9.4 MB; a ~20-token snapshot holds under 4 MB
+    assert sizes and max(sizes) < 4_000_000, sizes
+    m = pfx_metrics(srv)
+    assert m["evictions_total"] > 0, m  # 40 snapshots: the budget binds
+    assert len(sizes) > 20, (len(sizes), sizes)
+    assert m["entries"] == len(sizes) and m["bytes"] == lst["bytes"], m

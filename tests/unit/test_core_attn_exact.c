@@ -264,6 +264,10 @@ TEST(memory_grows_lazily)
     size_t b2 = core_attn_state_bytes(s);
     CHECK(b2 >= 503 * per_token);
     CHECK(b2 <= b0 + 1024 * per_token + 1024);
+    /* the exact kind writes its cache as it grows: held is its size, and
+     * it cannot say before a state exists (the server then uses its bound) */
+    CHECK_INT_EQ(core_attn_state_bytes_held(s), b2);
+    CHECK_INT_EQ(core_attn_bytes_held_at(a, 503), 0);
     core_attn_state_reset(s);
     CHECK_INT_EQ(core_attn_state_pos(s), 0);
     CHECK_INT_EQ(core_attn_state_bytes(s), b0);

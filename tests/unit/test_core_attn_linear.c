@@ -9,6 +9,7 @@
  * a 1,000,000-token stream, constant state size, fork/reset, and adapter
  * loading errors.
  */
+#include <malloc.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -873,6 +874,68 @@ TEST(test_state_bytes_constant)
     printf("  state bytes, L=30 Hkv=3 Hd=64 M=128 W=32: %zu (constant in tokens)\n", b1);
     core_attn_state_free(st);
     core_attn_free(a);
+}
+
+/* The process's resident bytes (/proc/self/statm), 0 if unreadable. */
+static size_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, res = 0;
+    if (!f)
+        return 0;
+    int n = fscanf(f, "%lu %lu", &size, &res);
+    fclose(f);
+    return n == 2 ? (size_t)res * (size_t)sysconf(_SC_PAGESIZE) : 0;
+}
+
+/* core_attn_state_bytes_held: what a state built by forwards, or copied,
+ * has written — its valid window and sink rows, its scales, the
+ * accumulators of heads holding keys — is what core_attn_bytes_held_at
+ * says for its position, far below the whole state while the window is
+ * filling, growing with it, never above the whole; and a copy's mapping
+ * (its own, as the server allocates large blocks) gains at most that many
+ * resident bytes, and at least half of them. The default model's shape. */
+TEST(test_state_bytes_held)
+{
+    mallopt(M_MMAP_THRESHOLD, 1 << 20); /* as server/main.c: a state's own mapping */
+    shape_t s = {CORE_ATTN_PERFORMER, 30, 9, 3, 64, 128, 256, 1, 16, 0, 0, 0, 0};
+    core_attn_t *a = make_attn(&s, NULL, 64, 0);
+    if (!a)
+        return;
+    inputs_t in = make_inputs(&s, 300, 1.0, 1.0, 3);
+    float *out = calloc(out_count(&s, in.n), sizeof(float));
+    core_attn_state_t *x = NULL, *y = NULL;
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_attn_state_new(a, &x, &err), 0);
+    const size_t whole = core_attn_state_bytes(x);
+    CHECK_INT_EQ(core_attn_state_bytes_held(x), core_attn_bytes_held_at(a, 0));
+    CHECK(core_attn_state_bytes_held(x) < whole / 20);
+    feed(a, x, &s, &in, 0, 48, ALL, 1, out);
+    const size_t h48 = core_attn_state_bytes_held(x);
+    CHECK_INT_EQ(h48, core_attn_bytes_held_at(a, 48));
+    CHECK_MSG(h48 > core_attn_bytes_held_at(a, 0) && h48 < whole / 3, "%zu of %zu", h48, whole);
+    /* a copy writes what x holds, no more: measured as resident pages */
+    CHECK_INT_EQ(core_attn_state_new(a, &y, &err), 0);
+    const size_t r0 = rss_bytes();
+    CHECK_INT_EQ(core_attn_state_copy(y, x, &err), 0);
+    const size_t r1 = rss_bytes();
+    CHECK_INT_EQ(core_attn_state_bytes_held(y), h48);
+    CHECK_MSG(r0 > 0 && r1 >= r0 && r1 - r0 <= h48 && r1 - r0 >= h48 / 2,
+              "the copy made %zd bytes resident; held says %zu", (ssize_t)(r1 - r0), h48);
+    printf("  state at 48 tokens: %zu bytes held of %zu; a copy made %zu resident\n", h48,
+           whole, r1 - r0);
+    /* past the window and the sinks every head holds keys */
+    feed(a, x, &s, &in, 48, 300, ALL, 1, out);
+    const size_t h300 = core_attn_state_bytes_held(x);
+    CHECK_INT_EQ(h300, core_attn_bytes_held_at(a, 300));
+    CHECK(h300 > h48 && h300 <= whole);
+    CHECK(core_attn_bytes_held_at(a, 1 << 30) <= whole);
+    CHECK_INT_EQ(core_attn_bytes_held_at(a, -1), 0);
+    free(out);
+    core_attn_state_free(x);
+    core_attn_state_free(y);
+    core_attn_free(a);
+    inputs_free(&in);
 }
 
 TEST(test_fork_and_reset)
@@ -2076,6 +2139,7 @@ int main(void)
     RUN(test_chunk_underflow_guard);
     RUN(test_million_token_stream);
     RUN(test_state_bytes_constant);
+    RUN(test_state_bytes_held);
     RUN(test_fork_and_reset);
     RUN(test_adapter_errors);
     RUN(test_v2_matches_oracle);
