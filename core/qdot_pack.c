@@ -237,7 +237,12 @@ PACK_FN void packed_vnni(int type, const core_q8_act_t *qa, int64_t j0, int64_t 
         int64_t r = 0;
         for (; r + PACK_ACTS <= qa->m; r += PACK_ACTS)
             group_rows(type, PACK_ACTS, qa, r, gp, l0, l1, beta, cg, ldc);
-        for (; r < qa->m; r++)
+        /* the last 1-3 rows in one pass (R a constant in each call) */
+        if (qa->m - r == 3)
+            group_rows(type, 3, qa, r, gp, l0, l1, beta, cg, ldc);
+        else if (qa->m - r == 2)
+            group_rows(type, 2, qa, r, gp, l0, l1, beta, cg, ldc);
+        else if (qa->m - r == 1)
             group_rows(type, 1, qa, r, gp, l0, l1, beta, cg, ldc);
     }
 }
