@@ -399,6 +399,29 @@ static int ol_tokens(api_app_t *app, srv_req_t *req, const proto_ollama_req_t *r
     return 0;
 }
 
+/* The prefix-cache boundaries of the prompt ids[n] (api_prefix_chat_bounds),
+ * the messages rendered as ol_tokens renders them: /api/chat's, or
+ * /api/generate's system and prompt when it starts a conversation (no
+ * context, not raw). The OpenAI route plans the same ones for the same
+ * messages, so both prefill a conversation in the same pieces (and get the
+ * same numbers, bit for bit) and share the cache's entries. */
+static size_t ol_bounds(const api_app_t *app, const proto_ollama_req_t *r, const int32_t *ids,
+                        size_t n, size_t *out)
+{
+    if (r->chat)
+        return api_prefix_chat_bounds(app, r->messages, r->n_messages, NULL, 0, 0, ids, n, out);
+    if (r->raw || r->n_context > 0)
+        return 0;
+    proto_message_t m[2];
+    size_t nm = 0;
+    if (r->system)
+        m[nm++] = (proto_message_t){
+            .role = PROTO_ROLE_SYSTEM, .content = r->system, .content_len = r->system_len};
+    m[nm++] = (proto_message_t){
+        .role = PROTO_ROLE_USER, .content = r->prompt, .content_len = r->prompt_len};
+    return api_prefix_chat_bounds(app, m, nm, NULL, 0, 0, ids, n, out);
+}
+
 static void ol_handle(srv_req_t *req, api_app_t *app, int chat)
 {
     size_t len = 0;
@@ -470,6 +493,15 @@ static void ol_handle(srv_req_t *req, api_app_t *app, int chat)
     spec.reseed = 1;
     spec.stops = (const char *const *)r.p.stop;
     spec.n_stops = r.p.n_stop;
+    /* the context starts from the longest cached prefix, as on the OpenAI
+     * route, and inserts the conversation's boundaries */
+    size_t bounds[SRV_ENGINE_MAX_SNAPS];
+    const size_t n_bounds = ol_bounds(app, &r, ids, n, bounds);
+    if (api_prefix_plan(g, 0, &spec, ids, n, n ? n - 1 : 0, "", bounds, n_bounds, &e) < 0) {
+        api_gen_abort(g);
+        reply_error(req, &e);
+        goto out;
+    }
     char err[512];
     int rc = api_gen_submit(g, 0, &spec, err, sizeof err);
     if (rc < 0) {

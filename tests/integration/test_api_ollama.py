@@ -14,7 +14,7 @@ from datetime import datetime
 import ollama
 import pytest
 
-from ds_server import BIN, TINY
+from ds_server import BIN, MODEL, TINY
 
 MAX_CONTEXT = 65536  # PROTO_OLLAMA_MAX_CONTEXT
 
@@ -380,3 +380,49 @@ def test_real_model_chat_matches_openai(real):
     assert "".join(p.message.content for p in parts) == want
     s = c.show(name)
     assert s.details.quantization_level == "Q4_1" and s.details.parameter_size.endswith("M")
+
+
+def _pfx_hits(srv):
+    return srv.metrics().get("darkserve_prefix_cache_hits_total", 0)
+
+
+def test_ollama_routes_use_the_prefix_cache(servers):
+    """/api/chat and /api/generate plan the conversation's boundaries as the
+    OpenAI route does: they insert them, hit them, and share them with
+    /v1/chat/completions (same messages, same keys)."""
+    srv = servers(model=TINY)
+    c = client(srv)
+    name = c.list().models[0].model
+    system = "You are a careful assistant who answers briefly. " * 4
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Hello."}]
+    opts = {"temperature": 0, "num_predict": 4}
+    h0 = _pfx_hits(srv)
+    a = c.chat(model=name, messages=msgs, options=opts)
+    assert _pfx_hits(srv) == h0  # the first one inserts
+    b = c.chat(model=name, messages=msgs, options=opts)
+    assert _pfx_hits(srv) == h0 + 1 and b.message.content == a.message.content
+    st, r, _ = srv.post("/v1/chat/completions",
+                        {"messages": msgs, "max_tokens": 4, "temperature": 0})
+    assert st == 200 and r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, r
+    # /api/generate with a system prompt renders the same conversation
+    g = c.generate(model=name, system=system, prompt="Hello.", options=opts)
+    assert _pfx_hits(srv) == h0 + 3 and g.response == a.message.content
+    # raw prompts and continued contexts have no boundaries; they still
+    # start from a cached prefix when one matches (here none does)
+    c.generate(model=name, prompt="plain text", raw=True, options=opts)
+    assert _pfx_hits(srv) == h0 + 3
+
+
+def test_real_model_int8_prompts_agree_across_routes(servers):
+    """With --prompt-precision int8, where prompt rows are 8-bit and a last-bit
+    difference can change a greedy token, the two routes still answer alike:
+    both prefill the conversation in the same pieces (exact attention, whose
+    reply to this question was the case that differed before)."""
+    srv = servers(model=MODEL, attn="exact", args=["--prompt-precision", "int8"])
+    c = client(srv)
+    name = c.list().models[0].model
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    r = c.chat(model=name, messages=msgs,
+               options={"temperature": 0, "seed": 1, "num_predict": 24, "repeat_penalty": 1.0})
+    want = openai_chat(srv, msgs, max_tokens=24, temperature=0, seed=1)
+    assert r.message.content == want and len(want.split()) >= 3, (r.message.content, want)
