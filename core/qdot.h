@@ -189,6 +189,24 @@ void core_q8_unpack(int type, const void *pk, int64_t k, int64_t j0, int64_t n, 
 int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
                           const void *pk, float beta, float *c, int64_t ldc);
 
+/* Where the CPU has Intel AMX (AMX-TILE, AMX-INT8) and the OS grants its tile
+ * state, core_q8_matmul_packed runs batches of CORE_Q8_AMX_MIN_ROWS or more
+ * activation rows on tiles: the same integer sums from tile multiplies, the
+ * same float work in the same order, so the same bits as the VNNI kernel
+ * (tested); faster once a block's weights serve several rows. */
+#define CORE_Q8_AMX_MIN_ROWS 8
+#define CORE_Q8_AMX_MAX_BLOCKS 256 /* k <= 8192 (longer rows: the VNNI kernel) */
+enum { CORE_Q8_AMX_AUTO = -1, CORE_Q8_AMX_OFF = 0, CORE_Q8_AMX_ON = 1 };
+/* 1 when this CPU and OS run the tiles (probed once). */
+int core_q8_amx_available(void);
+/* Tests and benchmarks: CORE_Q8_AMX_AUTO (the default: tiles from
+ * CORE_Q8_AMX_MIN_ROWS rows on), _OFF (never), _ON (for any row count).
+ * Process-wide, meant for when no product runs. 0, CORE_EUNSUPPORTED (_ON
+ * where the tiles are not available) or CORE_EINVAL. */
+int core_q8_force_amx(int mode);
+/* 1 when core_q8_matmul_packed takes m activation rows onto the tiles. */
+int core_q8_amx_used(int64_t m);
+
 /* core_qmatmul_nt's product (f32 activation rows a[m][lda], prompts) on
  * packed weights pk, output columns [j0, j1) (j0 a multiple of 16):
  * C[i][j] = A[i] . W[j] + beta C[i][j]. CORE_Q8_PANEL_ROWS weight rows at a

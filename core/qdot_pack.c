@@ -31,6 +31,8 @@
  * on the activation rows that share the call or on the range of rows asked
  * for, so a row's bits are the same alone, in a batch or on any thread.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -40,6 +42,14 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define PACK_X86 1
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define PACK_AMX 1
+#define AMX_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for an XSAVE feature */
+#define AMX_XTILEDATA 18          /* the tile data state component */
 #endif
 
 enum {
@@ -247,6 +257,241 @@ PACK_FN void packed_vnni(int type, const core_q8_act_t *qa, int64_t j0, int64_t 
     }
 }
 
+/* ---- the same product on Intel AMX tiles (batches of activation rows) ----
+ * One tile multiply takes R <= 16 activation rows' block b (an R x 32 tile
+ * of signed bytes, read in place: row stride nb * 32) and block b of a group
+ * (an 8 x 64 tile: line t holds values 4t .. 4t + 3 of each of the 16 weight
+ * rows, the packed layout's order; Q4 nibbles are first split into bytes, low
+ * ones as lines 0-3, high ones as lines 4-7) and leaves in an R x 16 tile of
+ * int32 the block's exact integer sum I of every (activation row, weight
+ * row): TDPBSUD (signed by unsigned) for the Q4 types, TDPBSSD for Q8_0,
+ * whose signed weights then need no offset correction. The float work per
+ * block and lane is group_rows' in the same order: acc = fma(I, d_w * d_a,
+ * acc) over the blocks, macc = fma(m_w, ds, macc) over the blocks, the
+ * output acc + macc (+ beta c): every output has the VNNI kernel's bits
+ * (tested). The tiles take the integer work off the vector units, where the
+ * VNNI kernel spends 8 dpbusd and 8 broadcasts per block, row and group. */
+enum { AMX_MAX_R = 16 /* activation rows a tile holds */ };
+
+#define AMX_FN                                                                                   \
+    static inline __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni," \
+                                        "avx2,fma,f16c"),                                        \
+                                 always_inline))
+
+typedef struct amx_cfg { /* the LDTILECFG operand, palette 1 */
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg_t;
+
+/* Tiles 0-3 hold the sums of four blocks (R x 16 int32 each); 4 and 6 the
+ * activations (R x 32 bytes), 5 and 7 the weights (8 x 64 bytes), two pairs
+ * so that a block's loads need not wait for the multiply before. The loop
+ * multiplies four blocks, stores their sums together, then does their float
+ * work: a load that follows a tile store waits until the store is done
+ * (~25 cycles), so one wait per four blocks instead of one per block. */
+AMX_FN void amx_config(int R)
+{
+    amx_cfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 4; t++) {
+        cfg.rows[t] = (uint8_t)R;
+        cfg.colsb[t] = 64;
+    }
+    for (int t = 4; t < 8; t += 2) {
+        cfg.rows[t] = (uint8_t)R;
+        cfg.colsb[t] = QB;
+        cfg.rows[t + 1] = 8;
+        cfg.colsb[t + 1] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* Block b's weights as a tile: Q8_0's packed bytes are one; the Q4 types'
+ * nibbles are split into bytes in slot b % AMX_SLOTS of wt (512 bytes each,
+ * 64-byte aligned) one batch of AMX_BATCH blocks before their tile loads: a
+ * tile load of bytes the vector unit has just stored waits until they reach
+ * the cache. */
+enum { AMX_BATCH = 4, AMX_SLOTS = 2 * AMX_BATCH };
+
+AMX_FN void amx_split(int type, const unsigned char *gp, int64_t b, unsigned char *wt)
+{
+    if (type == CORE_TTYPE_Q8_0)
+        return;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    unsigned char *out = wt + (size_t)(b % AMX_SLOTS) * 512;
+#pragma GCC unroll 4
+    for (size_t t = 0; t < 4; t++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(gp + 64 + 64 * t));
+        _mm512_store_si512((void *)(out + 64 * t), _mm512_and_si512(v, m4));
+        _mm512_store_si512((void *)(out + 256 + 64 * t),
+                           _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+    }
+}
+
+AMX_FN const unsigned char *amx_weights(int type, const unsigned char *gp, int64_t b,
+                                        const unsigned char *wt)
+{
+    return type == CORE_TTYPE_Q8_0 ? gp + 64 : wt + (size_t)(b % AMX_SLOTS) * 512;
+}
+
+/* The tile work of block b into sums tile C, with the activation and weight
+ * tiles A, B (literal tile numbers: the intrinsics paste them into the
+ * instruction). */
+#define AMX_BLOCK(C, A, B, b)                                                                    \
+    do {                                                                                         \
+        _tile_zero(C);                                                                           \
+        _tile_loadd(A, qrows + (b) * QB, stride);                                                \
+        _tile_loadd(B, amx_weights(type, gp + (size_t)(b) * gb, b, wt), 64);                    \
+        if (q8)                                                                                  \
+            _tile_dpbssd(C, A, B);                                                               \
+        else                                                                                     \
+            _tile_dpbsud(C, A, B);                                                               \
+    } while (0)
+
+/* Block b's float work for R rows from its sums at cb. */
+#define AMX_SCALE(R, gpb, b, cb)                                                                 \
+    do {                                                                                         \
+        const __m512 dw_ =                                                                       \
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(gpb)));          \
+        _Pragma("GCC unroll 16") for (int r = 0; r < (R); r++)                                   \
+        {                                                                                        \
+            const __m512 s_ = _mm512_mul_ps(dw_, _mm512_set1_ps(da[(b) * AMX_MAX_R + r]));      \
+            acc[r] = _mm512_fmadd_ps(                                                            \
+                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)((cb) + (size_t)16 * r))), s_,       \
+                acc[r]);                                                                         \
+        }                                                                                        \
+    } while (0)
+
+/* group_rows on tiles: R (a constant in each instance) activation rows from
+ * ri against the 16 rows of the group at gp. wt: AMX_SLOTS x 512 bytes, cb: AMX_BATCH x R x
+ * 16 int32, accs: R x 16 floats, all 64-byte aligned scratch. */
+AMX_FN void amx_group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
+                           const unsigned char *gp, int l0, int l1, float beta, float *c,
+                           int64_t ldc, const float *da, const float *ds, unsigned char *wt,
+                           int32_t *cb, float *accs)
+{
+    const int64_t nb = qa->nb, stride = nb * QB;
+    const size_t gb = group_block_bytes(type);
+    const int q8 = type == CORE_TTYPE_Q8_0;
+    const int8_t *qrows = qa->q + ri * nb * QB;
+    __m512 acc[AMX_MAX_R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < AMX_BATCH && b < nb; b++)
+        amx_split(type, gp + (size_t)b * gb, b, wt);
+    for (int64_t b0 = 0; b0 < nb; b0 += AMX_BATCH) {
+        const int64_t nt = nb - b0 < AMX_BATCH ? nb - b0 : AMX_BATCH;
+        for (int64_t b = b0 + AMX_BATCH; b < b0 + 2 * (int64_t)AMX_BATCH && b < nb; b++) {
+            prefetch_ahead(gp + (size_t)b * gb, gb);
+            amx_split(type, gp + (size_t)b * gb, b, wt);
+        }
+        AMX_BLOCK(0, 4, 5, b0);
+        if (nt > 1)
+            AMX_BLOCK(1, 6, 7, b0 + 1);
+        if (nt > 2)
+            AMX_BLOCK(2, 4, 5, b0 + 2);
+        if (nt > 3)
+            AMX_BLOCK(3, 6, 7, b0 + 3);
+        _tile_stored(0, cb, 64);
+        if (nt > 1)
+            _tile_stored(1, cb + (size_t)AMX_MAX_R * 16, 64);
+        if (nt > 2)
+            _tile_stored(2, cb + (size_t)2 * AMX_MAX_R * 16, 64);
+        if (nt > 3)
+            _tile_stored(3, cb + (size_t)3 * AMX_MAX_R * 16, 64);
+        for (int64_t q = 0; q < nt; q++)
+            AMX_SCALE(R, gp + (size_t)(b0 + q) * gb, b0 + q, cb + (size_t)q * AMX_MAX_R * 16);
+    }
+    /* the offsets' sums, block by block as group_rows adds them (zero for
+     * Q8_0, whose output is still acc + 0 there) */
+    __m512 macc[AMX_MAX_R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) {
+        _mm512_store_ps(accs + (size_t)16 * r, acc[r]);
+        macc[r] = _mm512_setzero_ps();
+    }
+    if (type != CORE_TTYPE_Q8_0) {
+        for (int64_t b = 0; b < nb; b++, gp += gb) {
+            const __m512 dw =
+                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp));
+            const __m512 mw =
+                type == CORE_TTYPE_Q4_1
+                    ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(gp + 32)))
+                    : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++)
+                macc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ds[b * AMX_MAX_R + r]), macc[r]);
+        }
+    }
+    const __mmask16 keep = (__mmask16)(((1u << l1) - 1u) & ~((1u << l0) - 1u));
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) {
+        float *cr = c + (ri + r) * ldc;
+        __m512 v = _mm512_add_ps(_mm512_load_ps(accs + (size_t)16 * r), macc[r]);
+        if (beta != 0.0f)
+            v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(keep, cr), v);
+        _mm512_mask_storeu_ps(cr, keep, v);
+    }
+}
+
+#define AMX_CASE(RR)                                                                             \
+    case RR:                                                                                     \
+        amx_group_rows(type, RR, qa, ri, gp, l0, l1, beta, c, ldc, da, ds, wt, cb, accs);        \
+        break;
+
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
+amx_dispatch(int type, int R, const core_q8_act_t *qa, int64_t ri, const unsigned char *gp,
+             int l0, int l1, float beta, float *c, int64_t ldc, const float *da, const float *ds,
+             unsigned char *wt, int32_t *cb, float *accs)
+{
+    switch (R) {
+        AMX_CASE(1) AMX_CASE(2) AMX_CASE(3) AMX_CASE(4) AMX_CASE(5) AMX_CASE(6) AMX_CASE(7)
+        AMX_CASE(8) AMX_CASE(9) AMX_CASE(10) AMX_CASE(11) AMX_CASE(12) AMX_CASE(13)
+        AMX_CASE(14) AMX_CASE(15) AMX_CASE(16)
+    default: break;
+    }
+}
+#undef AMX_CASE
+
+/* packed_vnni's loop on tiles: activation rows 16 at a time, then the rest;
+ * the tile configuration follows the row count, and the tiles are released
+ * at the end (the OS then need not save them when the thread sleeps). */
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
+packed_amx(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1, const unsigned char *pk,
+           float beta, float *c, int64_t ldc)
+{
+    _Alignas(64) unsigned char wt[AMX_SLOTS * 512];
+    _Alignas(64) int32_t cb[AMX_BATCH * AMX_MAX_R * 16];
+    _Alignas(64) float accs[AMX_MAX_R * 16];
+    _Alignas(64) float da[CORE_Q8_AMX_MAX_BLOCKS * AMX_MAX_R];
+    _Alignas(64) float ds[CORE_Q8_AMX_MAX_BLOCKS * AMX_MAX_R];
+    const int64_t nb = qa->nb;
+    const size_t gstride = (size_t)nb * group_block_bytes(type);
+    int cfg_r = 0;
+    for (int64_t ri = 0; ri < qa->m; ri += AMX_MAX_R) {
+        const int R = (int)(qa->m - ri < AMX_MAX_R ? qa->m - ri : AMX_MAX_R);
+        if (R != cfg_r)
+            amx_config(cfg_r = R);
+        for (int64_t b = 0; b < nb; b++) /* block b's scales of the R rows side by side */
+            for (int r = 0; r < R; r++) {
+                da[b * AMX_MAX_R + r] = qa->d[(ri + r) * nb + b];
+                ds[b * AMX_MAX_R + r] = qa->ds[(ri + r) * nb + b];
+            }
+        for (int64_t g = j0 / PACK_ROWS; g * PACK_ROWS < j1; g++) {
+            const int64_t base = g * PACK_ROWS;
+            const int l0 = (int)(j0 > base ? j0 - base : 0);
+            const int l1 = (int)(j1 - base < PACK_ROWS ? j1 - base : PACK_ROWS);
+            amx_dispatch(type, R, qa, ri, pk + (size_t)g * gstride, l0, l1, beta, c + base, ldc,
+                         da, ds, wt, cb, accs);
+        }
+    }
+    if (cfg_r)
+        _tile_release();
+}
+
 /* ---- f32 activation rows (prompts) against packed weights: panels ----
  * Up to PANEL_GROUPS groups of 16 weight rows are dequantized into a panel,
  * [group][k][16] floats (value e of the group's 16 rows in one vector), with
@@ -415,6 +660,48 @@ packed_q8_0(const core_q8_act_t *qa, int64_t j0, int64_t j1, const unsigned char
 }
 #endif
 
+/* The tiles run only where the CPU has them and Linux let this process use
+ * them (tile data is an XSAVE component a process must ask for). The probe
+ * runs once (pthread_once), so every thread reads what it wrote. */
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static int amx_ok;
+static _Atomic int amx_mode = CORE_Q8_AMX_AUTO;
+
+static void amx_probe(void)
+{
+#ifdef PACK_AMX
+    /* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 */
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    amx_ok = core_qdot_best_isa() == CORE_QDOT_AVX512VNNI &&
+             __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 3u) == 3u &&
+             syscall(SYS_arch_prctl, AMX_REQ_XCOMP_PERM, AMX_XTILEDATA) == 0;
+#endif
+}
+
+int core_q8_amx_available(void)
+{
+    (void)pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+
+int core_q8_force_amx(int mode)
+{
+    if (mode != CORE_Q8_AMX_AUTO && mode != CORE_Q8_AMX_OFF && mode != CORE_Q8_AMX_ON)
+        return CORE_EINVAL;
+    if (mode == CORE_Q8_AMX_ON && !core_q8_amx_available())
+        return CORE_EUNSUPPORTED;
+    atomic_store_explicit(&amx_mode, mode, memory_order_relaxed);
+    return 0;
+}
+
+int core_q8_amx_used(int64_t m)
+{
+    const int mode = atomic_load_explicit(&amx_mode, memory_order_relaxed);
+    if (mode == CORE_Q8_AMX_OFF || m < 1 || !core_q8_amx_available())
+        return 0;
+    return mode == CORE_Q8_AMX_ON || m >= CORE_Q8_AMX_MIN_ROWS;
+}
+
 int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
                           const void *pk, float beta, float *c, int64_t ldc)
 {
@@ -422,7 +709,9 @@ int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t
         return CORE_EINVAL;
 #ifdef PACK_X86
     const unsigned char *p = pk;
-    if (type == CORE_TTYPE_Q4_0)
+    if (core_q8_amx_used(qa->m) && qa->nb <= CORE_Q8_AMX_MAX_BLOCKS)
+        packed_amx(type, qa, j0, j1, p, beta, c, ldc);
+    else if (type == CORE_TTYPE_Q4_0)
         packed_q4_0(qa, j0, j1, p, beta, c, ldc);
     else if (type == CORE_TTYPE_Q4_1)
         packed_q4_1(qa, j0, j1, p, beta, c, ldc);

@@ -13,6 +13,7 @@
 #include "server/api.h"
 
 #include "core/gguf.h"
+#include "core/qdot.h"
 #include "server/attn_select.h"
 #include "server/log.h"
 #include "server/store_backend.h"
@@ -362,6 +363,10 @@ static int load(api_app_t *app)
             app->model_id, info->arch, info->n_layer, info->n_params, info->fingerprint,
             (double)(srv_engine_now_ns() - t0) / 1e9, attn_desc,
             core_chat_kind_name(app->tmpl.kind));
+    if (core_q8_amx_available())
+        SRV_LOG(SRV_LOG_INFO, NULL,
+                "batches of %d or more 8-bit rows on Intel AMX tiles (the vector kernels' bits)",
+                CORE_Q8_AMX_MIN_ROWS);
     if (core_model_prompt_int8(app->model))
         SRV_LOG(SRV_LOG_INFO, NULL, "prompt rows in 8 bits (--prompt-precision int8)");
     else if (app->cfg->prompt_int8)

@@ -3,7 +3,7 @@
  *
  *   bench_decode --model M [--attn K] [--features N] [--window W] [--sinks S]
  *                [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] [--threads T]
- *                [--isa generic|avx2|avx512vnni] [--vs P2] [--batch B]
+ *                [--isa generic|avx2|avx512vnni] [--amx auto|on|off] [--vs P2] [--batch B]
  *
  * Brings one session's attention state to position P, then times R runs of
  * N single-token decode steps (core_model_forward of one token with its last
@@ -31,7 +31,9 @@
  * not 86K tokens of fills; each line's "fill" is then the time from the
  * previous context to its own.
  * --threads T: the model's compute threads (and BLAS's), 0 = one per CPU;
- * --isa forces the quantized kernels onto one variant (core_qdot_force_isa).
+ * --isa forces the quantized kernels onto one variant (core_qdot_force_isa);
+ * --amx the packed kernel's batches onto Intel AMX tiles or off them
+ * (core_q8_force_amx; auto, the default, as darkserve runs).
  * --batch B: B sessions at each context (copies of the one state), every
  * step one forward of B single-token sequences (batched decode, what the
  * server's scheduler runs with B streams); tokens/s counts all B.
@@ -167,7 +169,7 @@ static int decode(core_model_t *mdl, core_attn_state_t **st, int nb, int64_t n, 
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL;
+    const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL, *amx = NULL;
     int64_t m = 0, w = -1, sinks = -1, n_tok = 32, runs = 5, threads = 0, vs = -1, batch = 1;
     int64_t at[MAX_CTX + 1];
     int n_st = 0;
@@ -182,6 +184,8 @@ int main(int argc, char **argv)
             adapter = v;
         else if (!bad && !strcmp(a, "--isa"))
             isa = v;
+        else if (!bad && !strcmp(a, "--amx"))
+            amx = v;
         else if (!bad && !strcmp(a, "--features"))
             bad = parse_i64(v, 0, 65536, &m);
         else if (!bad && !strcmp(a, "--window"))
@@ -213,8 +217,18 @@ int main(int argc, char **argv)
     if (!model || n_st == 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
         fprintf(stderr, "usage: bench_decode --model M [--attn K] [--features N] [--window W] "
                         "[--sinks S] [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] "
-                        "[--threads T] [--isa NAME] [--vs P2] [--batch B]\n");
+                        "[--threads T] [--isa NAME] [--amx auto|on|off] [--vs P2] [--batch B]\n");
         return 2;
+    }
+    if (amx) {
+        const int mode = !strcmp(amx, "on") ? CORE_Q8_AMX_ON : !strcmp(amx, "off") ? CORE_Q8_AMX_OFF
+                         : !strcmp(amx, "auto")                             ? CORE_Q8_AMX_AUTO
+                                                                            : -2;
+        if (mode == -2 || core_q8_force_amx(mode) < 0) {
+            fprintf(stderr, "bench_decode: --amx %s: unknown, or this CPU or OS cannot run it\n",
+                    amx);
+            return 2;
+        }
     }
     if (isa) {
         int found = 0;
@@ -315,9 +329,10 @@ int main(int argc, char **argv)
     double med[MAX_CTX + 1];
     for (int i = 0; i < n_st; i++) {
         double *t = tps + i * runs;
-        printf("attn %s M=%" PRId64 " W=%" PRId64 " ctx %" PRId64 " threads %d isa %s: state %zu "
+        printf("attn %s M=%" PRId64 " W=%" PRId64 " ctx %" PRId64 " threads %d isa %s%s: state %zu "
                "bytes; fill %.1f s; decode tokens/s:",
                attn, m, w, at[i], core_model_threads(mdl), core_qdot_isa_name(core_qdot_isa()),
+               core_q8_amx_used(batch) ? "+amx" : "",
                core_attn_state_bytes(st[i][0]), fill_s[i]);
         for (int64_t r = 0; r < runs; r++)
             printf(" %.2f", t[r]);

@@ -105,11 +105,14 @@ int main(int argc, char **argv)
            core_pool_size(pool), (double)n * (double)rb / 1e6);
     for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
         (void)core_qdot_force_isa((core_qdot_isa_t)isa);
-        for (int path = 0; path < 3; path++) {
+        for (int path = 0; path < 4; path++) { /* f32, int8, int8p, int8p on AMX tiles */
             if (path >= 1 && !core_q8_supported(type))
                 continue;
-            if (path == 2 && (!pk || isa != (int)CORE_QDOT_AVX512VNNI))
+            if (path >= 2 && (!pk || isa != (int)CORE_QDOT_AVX512VNNI))
                 continue;
+            if (path == 3 && !core_q8_amx_available())
+                continue;
+            (void)core_q8_force_amx(path == 3 ? CORE_Q8_AMX_ON : CORE_Q8_AMX_OFF);
             for (long i = 0; i < reps; i++) {
                 const double t0 = now_s(), c0 = cpu_s();
                 core_q8_act_t qa;
@@ -119,7 +122,7 @@ int main(int argc, char **argv)
                     core_q8_act_init(&qa, qb, m, k);
                     core_q8_quantize(&qa, a, k);
                     jb.qa = &qa;
-                    jb.pk = path == 2 ? pk : NULL;
+                    jb.pk = path >= 2 ? pk : NULL;
                 } else {
                     jb.a = a;
                     jb.m = m;
@@ -135,11 +138,12 @@ int main(int argc, char **argv)
             printf("  %-10s %-5s wall median %9.1f us (%6.2f GB/s)  cpu median %9.1f us (%6.2f "
                    "GB/s per CPU-second)\n",
                    core_qdot_isa_name((core_qdot_isa_t)isa),
-                   path == 2 ? "int8p" : path ? "int8" : "f32",
+                   path == 3 ? "amx" : path == 2 ? "int8p" : path ? "int8" : "f32",
                    t[reps / 2] * 1e6, (double)n * (double)rb / t[reps / 2] / 1e9, tc[reps / 2] * 1e6,
                    (double)n * (double)rb / tc[reps / 2] / 1e9);
         }
     }
+    (void)core_q8_force_amx(CORE_Q8_AMX_AUTO);
     core_pool_free(pool);
     free(w);
     free(a);

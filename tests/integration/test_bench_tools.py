@@ -131,6 +131,27 @@ def test_bench_decode_batch():
         assert p.returncode == 2, (bad, p.stdout)
 
 
+def test_bench_decode_amx_switch():
+    """--amx on|off|auto puts the packed kernel's batches on Intel AMX tiles
+    or off them; the line's isa says "+amx" when this batch runs on them.
+    Where the CPU or OS has no tiles, "on" is refused (exit 2, a message)."""
+    args = [BENCH_DECODE, "--model", TINY, "--attn", "performer", "--ctx", "40", "--tokens",
+            "2", "--runs", "1", "--threads", "1", "--batch", "9"]
+    off = tool(args + ["--amx", "off"]).stdout
+    rows = list(bench.RE_DECODE.finditer(off))
+    assert len(rows) == 1 and not rows[0].group(4).endswith("+amx"), off
+    on = tool(args + ["--amx", "on"], check=False)
+    if on.returncode == 2:
+        assert "cannot run" in on.stderr, on.stderr
+    else:
+        assert on.returncode == 0, on.stderr
+        rows = list(bench.RE_DECODE.finditer(on.stdout))
+        assert len(rows) == 1 and rows[0].group(4).endswith("+amx"), on.stdout
+    for bad in ["yes", ""]:
+        p = tool(args + ["--amx", bad], check=False)
+        assert p.returncode == 2 and "--amx" in p.stderr, (bad, p.stderr)
+
+
 def test_bench_decode_bad_context_list():
     for ctx in ["", "1,,x", ",".join(["8"] * 9)]:
         p = tool([BENCH_DECODE, "--model", TINY, "--ctx", ctx], check=False)

@@ -346,6 +346,55 @@ TEST(batched_matches_alone_with_lora)
     core_model_free(m);
 }
 
+/* Where the CPU and OS run Intel AMX tiles: a decode step of
+ * CORE_Q8_AMX_MIN_ROWS + 1 sequences (its packed products on the tiles, as
+ * the server runs such a batch) gives the logits of the same step with the
+ * tiles off, bit for bit; and a mixed batch with the tiles forced for every
+ * row count still gives each sequence its logits alone. */
+TEST(amx_tiles_match_vector_units)
+{
+    if (!core_q8_amx_available()) {
+        printf("  (skipped: no AMX tiles on this CPU or OS)\n");
+        return;
+    }
+    enum { B = CORE_Q8_AMX_MIN_ROWS + 1 };
+    core_rng_t r;
+    core_rng_seed(&r, 31);
+    core_attn_state_t *st[2][B];
+    int32_t pre[8], tok[B];
+    float *lg[2];
+    lg[0] = malloc((size_t)B * (size_t)V * sizeof(float));
+    lg[1] = malloc((size_t)B * (size_t)V * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        st[0][b] = new_state(tiny);
+        st[1][b] = new_state(tiny);
+        rand_tokens(&r, pre, 3 + b % 5);
+        CHECK_INT_EQ(feed(tiny, st[0][b], pre, 3 + b % 5, 0, NULL), 0);
+        CHECK_INT_EQ(core_attn_state_copy(st[1][b], st[0][b], NULL), 0);
+    }
+    rand_tokens(&r, tok, B);
+    for (int off = 0; off < 2; off++) { /* tiles (AUTO), then the vector units */
+        CHECK_INT_EQ(core_q8_force_amx(off ? CORE_Q8_AMX_OFF : CORE_Q8_AMX_AUTO), 0);
+        core_batch_seq_t seqs[B];
+        for (int b = 0; b < B; b++)
+            seqs[b] = (core_batch_seq_t){.state = st[off][b], .tokens = tok + b, .n_tokens = 1,
+                                         .logits_mode = CORE_LOGITS_LAST,
+                                         .logits = lg[off] + (size_t)b * V};
+        CHECK_INT_EQ(core_model_forward(tiny, seqs, B, NULL), 0);
+    }
+    CHECK_MSG(memcmp(lg[0], lg[1], (size_t)B * (size_t)V * sizeof(float)) == 0,
+              "a decode step of %d rows differs on the tiles", (int)B);
+    CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_ON), 0);
+    batched_check(tiny);
+    CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_AUTO), 0);
+    for (int b = 0; b < B; b++) {
+        core_attn_state_free(st[0][b]);
+        core_attn_state_free(st[1][b]);
+    }
+    free(lg[0]);
+    free(lg[1]);
+}
+
 /* The LoRA shapes the keys and values a state holds, so it is part of the
  * parameter digest: a state made under one LoRA is refused under another or
  * under none, and accepted under the same one. */
@@ -895,6 +944,7 @@ int main(void)
     RUN(batched_matches_alone);
     RUN(batched_matches_alone_small_tiles);
     RUN(batched_matches_alone_with_lora);
+    RUN(amx_tiles_match_vector_units);
     RUN(state_digest_covers_the_lora);
     RUN(overflow_in_batch_leaves_every_state_untouched);
     RUN(bad_batches_are_refused);

@@ -233,20 +233,43 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
 
     core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
     const int ni = isa_list(isas);
-    /* the last pass, s == ni: the packed kernel, where this CPU runs it */
+    /* the last passes, s == ni: the packed kernel, where this CPU runs it;
+     * s == ni + 1: the packed kernel on AMX tiles for every m, where the CPU
+     * and OS run them, which must give the VNNI kernel's bits (kept in pv) */
     void *pk = NULL;
+    float *pv = NULL;
     if (core_q8_pack_supported(type) &&
         (pk = aligned_alloc(64, (core_q8_pack_bytes(type, n, k) + 63) / 64 * 64)))
         core_q8_pack(type, B.w, rb, n, k, pk);
+    const int passes = ni + (pk != NULL) + (pk != NULL && core_q8_amx_available());
+    if (passes > ni + 1 && !(pv = malloc((size_t)(m * ldc) * sizeof *pv))) {
+        CHECK(!"out of memory");
+        free(pk);
+        buf_free(&B);
+        return;
+    }
     int bad = 0;
-    for (int s = 0; s < ni + (pk != NULL) && !bad; s++) {
+    for (int s = 0; s < passes && !bad; s++) {
         float *out = s == 0 ? B.cg : B.c;
         memcpy(out, B.c0, (size_t)(m * ldc) * sizeof(float));
-        if (s < ni)
+        if (s < ni) {
             CHECK_INT_EQ(core_q8_matmul_isa(isas[s], type, &qa, 0, n, B.w, rb, beta, out, ldc), 0);
-        else
+        } else {
+            CHECK_INT_EQ(core_q8_force_amx(s == ni ? CORE_Q8_AMX_OFF : CORE_Q8_AMX_ON), 0);
             CHECK_INT_EQ(core_q8_matmul_packed(type, &qa, 0, n, pk, beta, out, ldc), 0);
-        const char *vname = s < ni ? core_qdot_isa_name(isas[s]) : "packed";
+            CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_AUTO), 0);
+            if (s == ni && pv)
+                memcpy(pv, out, (size_t)(m * ldc) * sizeof *pv);
+            for (int64_t i = 0; s > ni && i < m * ldc && !bad; i++)
+                if (!same_bits(out[i], pv[i])) {
+                    bad = 1;
+                    CHECK_MSG(0, "%s amx m=%lld n=%lld k=%lld [%lld][%lld]: %.9g vs vnni %.9g",
+                              core_ttype_name(type), (long long)m, (long long)n, (long long)k,
+                              (long long)(i / ldc), (long long)(i % ldc), (double)out[i],
+                              (double)pv[i]);
+                }
+        }
+        const char *vname = s < ni ? core_qdot_isa_name(isas[s]) : s == ni ? "packed" : "amx";
         for (int64_t j = 0; j < n && !bad; j++) {
             const unsigned char *row = B.w + (size_t)j * rb;
             CHECK(core_dequantize(type, row, B.y, k, NULL) == 0);
@@ -297,6 +320,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
                 CHECK(same_bits(out[i * ldc + j], B.c0[i * ldc + j]));
     }
     free(pk);
+    free(pv);
     buf_free(&B);
 }
 
@@ -554,8 +578,14 @@ TEST(ranges_and_pool_bit_exact)
             }
         }
         CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
-        if (core_q8_pack_supported(types[t]))
-            check_packed_ranges(types[t], &qa, a, w, rb, n, k, pools, full, part);
+        /* the packed kernel on the vector units, then (where they run) on
+         * AMX tiles for every row count */
+        for (int amx = 0; amx < 1 + core_q8_amx_available(); amx++) {
+            CHECK_INT_EQ(core_q8_force_amx(amx ? CORE_Q8_AMX_ON : CORE_Q8_AMX_OFF), 0);
+            if (core_q8_pack_supported(types[t]))
+                check_packed_ranges(types[t], &qa, a, w, rb, n, k, pools, full, part);
+        }
+        CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_AUTO), 0);
     }
     CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
 out:
@@ -621,6 +651,63 @@ TEST(force_isa_and_bad_arguments)
     CHECK_INT_EQ(core_q8_quantize_isa((core_qdot_isa_t)9, &qa, a, 32), CORE_EUNSUPPORTED);
 }
 
+/* Who runs a packed product: the VNNI kernel, or AMX tiles from
+ * CORE_Q8_AMX_MIN_ROWS rows on where the CPU and OS run them (forced either
+ * way for tests); rows too long for the tiles' scratch (more than
+ * CORE_Q8_AMX_MAX_BLOCKS blocks) stay on the vector units with the same
+ * bits. */
+TEST(amx_choice)
+{
+    const int avail = core_q8_amx_available();
+    CHECK_INT_EQ(core_q8_force_amx(7), CORE_EINVAL);
+    CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_ON), avail ? 0 : CORE_EUNSUPPORTED);
+    CHECK_INT_EQ(core_q8_amx_used(1), avail);
+    CHECK_INT_EQ(core_q8_amx_used(0), 0);
+    CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_OFF), 0);
+    CHECK_INT_EQ(core_q8_amx_used(1), 0);
+    CHECK_INT_EQ(core_q8_amx_used(64), 0);
+    CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_AUTO), 0);
+    CHECK_INT_EQ(core_q8_amx_used(CORE_Q8_AMX_MIN_ROWS - 1), 0);
+    CHECK_INT_EQ(core_q8_amx_used(CORE_Q8_AMX_MIN_ROWS), avail);
+    if (!core_q8_pack_supported(CORE_TTYPE_Q8_0))
+        return;
+    const int64_t m = CORE_Q8_AMX_MIN_ROWS, n = 20, k = 32 * (CORE_Q8_AMX_MAX_BLOCKS + 1);
+    size_t rb = 0;
+    CHECK(core_ttype_row_bytes(CORE_TTYPE_Q8_0, k, &rb) == 0);
+    core_rng_t r;
+    core_rng_seed(&r, 12);
+    unsigned char *w = malloc((size_t)n * rb);
+    float *a = malloc((size_t)(m * k) * sizeof *a), *c0 = malloc((size_t)(m * n) * sizeof *c0),
+          *c1 = malloc((size_t)(m * n) * sizeof *c1);
+    void *qb = malloc(core_q8_act_bytes(m, k));
+    void *pk = aligned_alloc(64, (core_q8_pack_bytes(CORE_TTYPE_Q8_0, n, k) + 63) / 64 * 64);
+    if (w && a && c0 && c1 && qb && pk) {
+        fill_w(&r, CORE_TTYPE_Q8_0, n, k, rb, w, 0);
+        fill_a(&r, a, m, k, k, 0);
+        core_q8_pack(CORE_TTYPE_Q8_0, w, rb, n, k, pk);
+        core_q8_act_t qa;
+        core_q8_act_init(&qa, qb, m, k);
+        core_q8_quantize(&qa, a, k);
+        CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_OFF), 0);
+        CHECK_INT_EQ(core_q8_matmul_packed(CORE_TTYPE_Q8_0, &qa, 0, n, pk, 0.0f, c0, n), 0);
+        (void)core_q8_force_amx(CORE_Q8_AMX_ON);
+        CHECK_INT_EQ(core_q8_matmul_packed(CORE_TTYPE_Q8_0, &qa, 0, n, pk, 0.0f, c1, n), 0);
+        int bad = 0;
+        for (int64_t i = 0; i < m * n; i++)
+            bad |= !same_bits(c0[i], c1[i]);
+        CHECK_MSG(!bad, "rows of %lld blocks differ with the tiles asked for", (long long)(k / 32));
+    } else {
+        CHECK(!"out of memory");
+    }
+    CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_AUTO), 0);
+    free(w);
+    free(a);
+    free(c0);
+    free(c1);
+    free(qb);
+    free(pk);
+}
+
 /* A packed copy gives back the original block bytes of any row range
  * (prompt tiles dequantize from it): ranges that start, end and stop inside
  * groups of 16 rows, and the padded last group. Pure C, so checked on every
@@ -665,6 +752,7 @@ int main(void)
     RUN(random_within_bound_every_isa);
     RUN(ranges_and_pool_bit_exact);
     RUN(force_isa_and_bad_arguments);
+    RUN(amx_choice);
     RUN(unpack_gives_the_packed_bytes);
     return CHECK_DONE();
 }
