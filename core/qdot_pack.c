@@ -475,11 +475,19 @@ packed_amx(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1, const unsi
         const int R = (int)(qa->m - ri < AMX_MAX_R ? qa->m - ri : AMX_MAX_R);
         if (R != cfg_r)
             amx_config(cfg_r = R);
-        for (int64_t b = 0; b < nb; b++) /* block b's scales of the R rows side by side */
-            for (int r = 0; r < R; r++) {
-                da[b * AMX_MAX_R + r] = qa->d[(ri + r) * nb + b];
-                ds[b * AMX_MAX_R + r] = qa->ds[(ri + r) * nb + b];
-            }
+        /* block b's scales of the R rows side by side (gathered: nb * R
+         * scalar moves were ~3% of a batched decode step) */
+        const __mmask16 rows = (__mmask16)((1u << R) - 1u);
+        const __m512i idx = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32((int)nb));
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t at = ri * nb + b;
+            _mm512_store_ps(da + b * AMX_MAX_R,
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows, idx, qa->d + at, 4));
+            _mm512_store_ps(ds + b * AMX_MAX_R,
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows, idx, qa->ds + at, 4));
+        }
         for (int64_t g = j0 / PACK_ROWS; g * PACK_ROWS < j1; g++) {
             const int64_t base = g * PACK_ROWS;
             const int l0 = (int)(j0 > base ? j0 - base : 0);
