@@ -398,7 +398,9 @@ def render(r, markdown):
     L.append(f"Machine: {m['cpu']}, {m['online']} online CPUs ({m['usable']} usable), "
              f"{fmt(m['mem_gib'])} GiB, Linux {m['kernel']}; last-level cache "
              f"{fmt(bw.get('llc_mib'))} MiB; kernels chosen: quantized dot products "
-             f"{bw.get('qdot', '?')}, OpenBLAS {m['openblas']}, bandwidth probe "
+             f"{bw.get('qdot', '?')}"
+             f"{' (batches of 8+ rows on Intel AMX tiles)' if bw.get('qdot', '').endswith('+amx') else ''}"
+             f", OpenBLAS {m['openblas']}, bandwidth probe "
              f"{bw.get('read_kernel', '?')}. Load average (1/5/15 min) at the start "
              f"{' / '.join(f'{x:.2f}' for x in start)}, at the end "
              f"{' / '.join(fmt(x, 2) for x in end)}. " +

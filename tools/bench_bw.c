@@ -369,9 +369,9 @@ int main(int argc, char **argv)
     long online = sysconf(_SC_NPROCESSORS_ONLN);
 
     printf("bench_bw: buffer %zu MiB (last-level cache %zu MiB), %d passes, read kernel %s, "
-           "qdot kernels %s; %ld online CPUs, %d usable\n",
+           "qdot kernels %s%s; %ld online CPUs, %d usable\n",
            bytes / MIB, llc / MIB, (int)passes, rd_name, core_qdot_isa_name(core_qdot_isa()),
-           online, usable_cpus());
+           core_q8_amx_available() ? "+amx" : "", online, usable_cpus());
     fflush(stdout);
     unsigned char *buf =
         mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
