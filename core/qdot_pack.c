@@ -336,33 +336,35 @@ AMX_FN const unsigned char *amx_weights(int type, const unsigned char *gp, int64
     return type == CORE_TTYPE_Q8_0 ? gp + 64 : wt + (size_t)(b % AMX_SLOTS) * 512;
 }
 
-/* The tile work of block b into sums tile C, with the activation and weight
- * tiles A, B (literal tile numbers: the intrinsics paste them into the
- * instruction). */
-#define AMX_BLOCK(C, A, B, b)                                                                    \
+/* One block's tile work into sums tile C, with activation and weight tiles
+ * A and B (literal tile numbers: the intrinsics paste them into the
+ * instruction): the activation rows' block at arow (row stride bytes), the
+ * weights' at wtile (64 bytes a line). */
+#define AMX_BLOCK(C, A, B, q8, arow, stride, wtile)                                              \
     do {                                                                                         \
         _tile_zero(C);                                                                           \
-        _tile_loadd(A, qrows + (b) * QB, stride);                                                \
-        _tile_loadd(B, amx_weights(type, gp + (size_t)(b) * gb, b, wt), 64);                    \
+        _tile_loadd(A, arow, stride);                                                            \
+        _tile_loadd(B, wtile, 64);                                                               \
         if (q8)                                                                                  \
             _tile_dpbssd(C, A, B);                                                               \
         else                                                                                     \
             _tile_dpbsud(C, A, B);                                                               \
     } while (0)
 
-/* Block b's float work for R rows from its sums at cb. */
-#define AMX_SCALE(R, gpb, b, cb)                                                                 \
-    do {                                                                                         \
-        const __m512 dw_ =                                                                       \
-            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(gpb)));          \
-        _Pragma("GCC unroll 16") for (int r = 0; r < (R); r++)                                   \
-        {                                                                                        \
-            const __m512 s_ = _mm512_mul_ps(dw_, _mm512_set1_ps(da[(b) * AMX_MAX_R + r]));      \
-            acc[r] = _mm512_fmadd_ps(                                                            \
-                _mm512_cvtepi32_ps(_mm512_load_si512((const void *)((cb) + (size_t)16 * r))), s_,       \
-                acc[r]);                                                                         \
-        }                                                                                        \
-    } while (0)
+/* A block's float work for R rows (a constant once inlined) from its sums at
+ * cb: acc[r] = fma(I, d_w * d_a, acc[r]), group_rows' operations. gpb: the
+ * group's block (its d_w first), da_b: the rows' activation scales. */
+AMX_FN void amx_scale(int R, const unsigned char *gpb, const float *da_b, const int32_t *cb,
+                      __m512 *acc)
+{
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gpb));
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) {
+        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(da_b[r]));
+        const __m512i sums = _mm512_load_si512((const void *)(cb + (size_t)16 * r));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), s, acc[r]);
+    }
+}
 
 /* group_rows on tiles: R (a constant in each instance) activation rows from
  * ri against the 16 rows of the group at gp. wt: AMX_SLOTS x 512 bytes, cb: AMX_BATCH x R x
@@ -388,13 +390,17 @@ AMX_FN void amx_group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
             prefetch_ahead(gp + (size_t)b * gb, gb);
             amx_split(type, gp + (size_t)b * gb, b, wt);
         }
-        AMX_BLOCK(0, 4, 5, b0);
+#define AMX_BLOCK_AT(C, A, B, b)                                                                 \
+    AMX_BLOCK(C, A, B, q8, qrows + (b) * QB, stride,                                             \
+              amx_weights(type, gp + (size_t)(b) * gb, b, wt))
+        AMX_BLOCK_AT(0, 4, 5, b0);
         if (nt > 1)
-            AMX_BLOCK(1, 6, 7, b0 + 1);
+            AMX_BLOCK_AT(1, 6, 7, b0 + 1);
         if (nt > 2)
-            AMX_BLOCK(2, 4, 5, b0 + 2);
+            AMX_BLOCK_AT(2, 4, 5, b0 + 2);
         if (nt > 3)
-            AMX_BLOCK(3, 6, 7, b0 + 3);
+            AMX_BLOCK_AT(3, 6, 7, b0 + 3);
+#undef AMX_BLOCK_AT
         _tile_stored(0, cb, 64);
         if (nt > 1)
             _tile_stored(1, cb + (size_t)AMX_MAX_R * 16, 64);
@@ -403,7 +409,8 @@ AMX_FN void amx_group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
         if (nt > 3)
             _tile_stored(3, cb + (size_t)3 * AMX_MAX_R * 16, 64);
         for (int64_t q = 0; q < nt; q++)
-            AMX_SCALE(R, gp + (size_t)(b0 + q) * gb, b0 + q, cb + (size_t)q * AMX_MAX_R * 16);
+            amx_scale(R, gp + (size_t)(b0 + q) * gb, da + (b0 + q) * AMX_MAX_R,
+                      cb + (size_t)q * AMX_MAX_R * 16, acc);
     }
     /* the offsets' sums, block by block as group_rows adds them (zero for
      * Q8_0, whose output is still acc + 0 there) */
