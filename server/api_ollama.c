@@ -348,6 +348,19 @@ static void reply_load(srv_req_t *req, const proto_ollama_req_t *r)
     proto_free(j);
 }
 
+/* /api/generate's system and prompt as the messages of a chat (into m[2],
+ * borrowing r's strings); returns their count. */
+static size_t ol_generate_messages(const proto_ollama_req_t *r, proto_message_t m[2])
+{
+    size_t nm = 0;
+    if (r->system)
+        m[nm++] = (proto_message_t){
+            .role = PROTO_ROLE_SYSTEM, .content = r->system, .content_len = r->system_len};
+    m[nm++] = (proto_message_t){
+        .role = PROTO_ROLE_USER, .content = r->prompt, .content_len = r->prompt_len};
+    return nm;
+}
+
 /* The tokens to feed: see docs/API.md ("context"). Returns 0, or answers
  * req and returns -1. */
 static int ol_tokens(api_app_t *app, srv_req_t *req, const proto_ollama_req_t *r, int32_t **ids,
@@ -365,12 +378,7 @@ static int ol_tokens(api_app_t *app, srv_req_t *req, const proto_ollama_req_t *r
         rc = api_tokenize(app, r->prompt, r->prompt_len, r->n_context == 0, &tail, &n_tail, &ce);
     } else {
         proto_message_t m[2];
-        size_t nm = 0;
-        if (r->system)
-            m[nm++] = (proto_message_t){
-                .role = PROTO_ROLE_SYSTEM, .content = r->system, .content_len = r->system_len};
-        m[nm++] = (proto_message_t){
-            .role = PROTO_ROLE_USER, .content = r->prompt, .content_len = r->prompt_len};
+        const size_t nm = ol_generate_messages(r, m);
         /* after a context (which ends inside the assistant's reply, as we
          * returned it) the template continues the conversation: it closes
          * that reply's turn and opens the new ones */
@@ -413,12 +421,7 @@ static size_t ol_bounds(const api_app_t *app, const proto_ollama_req_t *r, const
     if (r->raw || r->n_context > 0)
         return 0;
     proto_message_t m[2];
-    size_t nm = 0;
-    if (r->system)
-        m[nm++] = (proto_message_t){
-            .role = PROTO_ROLE_SYSTEM, .content = r->system, .content_len = r->system_len};
-    m[nm++] = (proto_message_t){
-        .role = PROTO_ROLE_USER, .content = r->prompt, .content_len = r->prompt_len};
+    const size_t nm = ol_generate_messages(r, m);
     return api_prefix_chat_bounds(app, m, nm, NULL, 0, 0, ids, n, out);
 }
 
