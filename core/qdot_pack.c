@@ -305,7 +305,11 @@ AMX_FN void amx_config(int R)
         cfg.rows[t + 1] = 8;
         cfg.colsb[t + 1] = 64;
     }
-    _tile_loadconfig(&cfg);
+    /* LDTILECFG through asm with the whole struct as its operand: gcc 12's
+     * _tile_loadconfig does not tell the compiler it reads all 64 bytes,
+     * and a test build of the same code had the rows and column stores
+     * dropped (the tile instructions then fault) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
 /* Block b's weights as a tile: Q8_0's packed bytes are one; the Q4 types'
@@ -339,9 +343,12 @@ AMX_FN const unsigned char *amx_weights(int type, const unsigned char *gp, int64
 /* One block's tile work into sums tile C, with activation and weight tiles
  * A and B (literal tile numbers: the intrinsics paste them into the
  * instruction): the activation rows' block at arow (row stride bytes), the
- * weights' at wtile (64 bytes a line). */
+ * weights' at wtile (64 bytes a line). gcc 12's _tile_loadd is an asm that
+ * does not say it reads memory, so a compiler barrier first keeps the
+ * split's stores (and any other) before the tile loads. */
 #define AMX_BLOCK(C, A, B, q8, arow, stride, wtile)                                              \
     do {                                                                                         \
+        __asm__ volatile("" ::: "memory");                                                       \
         _tile_zero(C);                                                                           \
         _tile_loadd(A, arow, stride);                                                            \
         _tile_loadd(B, wtile, 64);                                                               \
