@@ -196,14 +196,18 @@ int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t
  * (tested); faster once a block's weights serve several rows. */
 #define CORE_Q8_AMX_MIN_ROWS 8
 #define CORE_Q8_AMX_MAX_BLOCKS 256 /* k <= 8192 (longer rows: the VNNI kernel) */
-enum { CORE_Q8_AMX_AUTO = -1, CORE_Q8_AMX_OFF = 0, CORE_Q8_AMX_ON = 1 };
+typedef enum core_q8_amx_mode {
+    CORE_Q8_AMX_AUTO = -1,
+    CORE_Q8_AMX_OFF = 0,
+    CORE_Q8_AMX_ON = 1
+} core_q8_amx_mode_t;
 /* 1 when this CPU and OS run the tiles (probed once). */
 int core_q8_amx_available(void);
 /* Tests and benchmarks: CORE_Q8_AMX_AUTO (the default: tiles from
  * CORE_Q8_AMX_MIN_ROWS rows on), _OFF (never), _ON (for any row count).
  * Process-wide, meant for when no product runs. 0, CORE_EUNSUPPORTED (_ON
  * where the tiles are not available) or CORE_EINVAL. */
-int core_q8_force_amx(int mode);
+int core_q8_force_amx(core_q8_amx_mode_t mode);
 /* 1 when core_q8_matmul_packed takes m activation rows onto the tiles. */
 int core_q8_amx_used(int64_t m);
 

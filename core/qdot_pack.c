@@ -273,10 +273,9 @@ PACK_FN void packed_vnni(int type, const core_q8_act_t *qa, int64_t j0, int64_t 
  * VNNI kernel spends 8 dpbusd and 8 broadcasts per block, row and group. */
 enum { AMX_MAX_R = 16 /* activation rows a tile holds */ };
 
-#define AMX_FN                                                                                   \
-    static inline __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni," \
-                                        "avx2,fma,f16c"),                                        \
-                                 always_inline))
+#define AMX_TARGET                                                                               \
+    target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#define AMX_FN static inline __attribute__((AMX_TARGET, always_inline))
 
 typedef struct amx_cfg { /* the LDTILECFG operand, palette 1 */
     uint8_t palette, start_row, reserved[14];
@@ -456,7 +455,7 @@ AMX_FN void amx_group_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
         amx_group_rows(type, RR, qa, ri, gp, l0, l1, beta, c, ldc, da, ds, wt, cb, accs);        \
         break;
 
-__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
+__attribute__((AMX_TARGET)) static void
 amx_dispatch(int type, int R, const core_q8_act_t *qa, int64_t ri, const unsigned char *gp,
              int l0, int l1, float beta, float *c, int64_t ldc, const float *da, const float *ds,
              unsigned char *wt, int32_t *cb, float *accs)
@@ -473,7 +472,7 @@ amx_dispatch(int type, int R, const core_q8_act_t *qa, int64_t ri, const unsigne
 /* packed_vnni's loop on tiles: activation rows 16 at a time, then the rest;
  * the tile configuration follows the row count, and the tiles are released
  * at the end (the OS then need not save them when the thread sleeps). */
-__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
+__attribute__((AMX_TARGET)) static void
 packed_amx(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1, const unsigned char *pk,
            float beta, float *c, int64_t ldc)
 {
@@ -706,7 +705,7 @@ int core_q8_amx_available(void)
     return amx_ok;
 }
 
-int core_q8_force_amx(int mode)
+int core_q8_force_amx(core_q8_amx_mode_t mode)
 {
     if (mode != CORE_Q8_AMX_AUTO && mode != CORE_Q8_AMX_OFF && mode != CORE_Q8_AMX_ON)
         return CORE_EINVAL;

@@ -221,10 +221,12 @@ int main(int argc, char **argv)
         return 2;
     }
     if (amx) {
-        const int mode = !strcmp(amx, "on") ? CORE_Q8_AMX_ON : !strcmp(amx, "off") ? CORE_Q8_AMX_OFF
-                         : !strcmp(amx, "auto")                             ? CORE_Q8_AMX_AUTO
-                                                                            : -2;
-        if (mode == -2 || core_q8_force_amx(mode) < 0) {
+        static const char *const names[] = {"auto", "off", "on"}; /* modes -1, 0, 1 */
+        int mode = 2; /* none of them */
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(amx, names[i]))
+                mode = i - 1;
+        if (mode == 2 || core_q8_force_amx((core_q8_amx_mode_t)mode) < 0) {
             fprintf(stderr, "bench_decode: --amx %s: unknown, or this CPU or OS cannot run it\n",
                     amx);
             return 2;

@@ -659,7 +659,7 @@ TEST(force_isa_and_bad_arguments)
 TEST(amx_choice)
 {
     const int avail = core_q8_amx_available();
-    CHECK_INT_EQ(core_q8_force_amx(7), CORE_EINVAL);
+    CHECK_INT_EQ(core_q8_force_amx((core_q8_amx_mode_t)7), CORE_EINVAL);
     CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_ON), avail ? 0 : CORE_EUNSUPPORTED);
     CHECK_INT_EQ(core_q8_amx_used(1), avail);
     CHECK_INT_EQ(core_q8_amx_used(0), 0);
