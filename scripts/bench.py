@@ -285,6 +285,8 @@ def http_streams(build, bin_path, model, quick, python, args=(), levels_only=Non
                 obj = json.loads(line)
                 if "concurrency" in obj:
                     res["levels"].append(obj)
+                elif obj.get("decomposition"):
+                    res["decomposition"] = obj["decomposition"]
             log(f"  streams {levels}: {time.monotonic() - t0:.0f} s")
         time.sleep(2)
         res["rss_after_kb"] = proc_kb(pid, "VmRSS")
@@ -327,6 +329,21 @@ def table(header, rows, markdown):
 
 def ctx_name(c):
     return f"{c // 1024}K" if c >= 1024 and c % 1024 == 0 else str(c)
+
+
+def decomposition_line(d, one):
+    """loadgen's decomposition of the 16-stream level (d) as a sentence;
+    one: the 1-stream level's summary."""
+    need = d.get("step_ms_for_target")
+    return (f"Where 16 streams' time goes (loadgen.py's decomposition): the first tokens "
+            f"after {d['ttft_s']:.2f} s, {d['ttft_vs_1']:.1f}× one stream's "
+            f"{one['ttft_p50_s']:.3f} s (the prompts are prefilled together, and one "
+            f"stream's prompt already keeps the cores busy), then a decode step every "
+            f"{d['step_ms']:.1f} ms, {d['step_vs_1']:.1f}× one stream's; TTFT + "
+            f"{MAX_TOKENS - 1} steps predict {d['model_tps']:.0f} tokens/s. 4× one stream "
+            + (f"would need a step of at most {need:.1f} ms with those first tokens."
+               if need is not None else
+               "cannot be had with those first tokens, whatever the step."))
 
 
 def goals(r):
@@ -510,6 +527,9 @@ def render(r, markdown):
             L.append("Aggregate over one stream: " + ", ".join(
                 f"{c} streams {x['aggregate_tps'] / lv[1]['aggregate_tps']:.2f}×"
                 for c, x in lv.items() if c != 1 and x["aggregate_tps"]) + ".")
+        dec16 = (http.get("decomposition") or {}).get("16")
+        if dec16 and lv.get(1):
+            L.append(decomposition_line(dec16, lv[1]))
         L.append(f"`serve` RSS: idle after loading the model "
                  f"{fmt((http.get('rss_idle_kb') or 0) * 1024 / 1e6, 0)} MB, idle after the "
                  f"streams {fmt((http.get('rss_after_kb') or 0) * 1024 / 1e6, 0)} MB (MB = 10⁶ "
@@ -535,6 +555,9 @@ def render(r, markdown):
             (f"; 16 ÷ 1: {lv8[16]['aggregate_tps'] / lv8[1]['aggregate_tps']:.2f}×"
              if lv8.get(1, {}).get("aggregate_tps") and lv8.get(16, {}).get("aggregate_tps")
              else "") + ".")
+        dec8 = (h8.get("decomposition") or {}).get("16")
+        if dec8 and lv8.get(1):
+            L.append("With int8 prompts: " + decomposition_line(dec8, lv8[1]))
         L.append("")
     elif r["errors"].get("http_int8"):
         L.append(f"HTTP streams with --prompt-precision int8 not measured: "

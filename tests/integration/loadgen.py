@@ -20,7 +20,10 @@
       through /proc/PID/clear_refs; hwm_reset false means it could not be, and
       the figure is the process's peak so far).
       Last line: the aggregate of each level over that of one stream, when a
-      level of 1 ran ("aggregate_vs_1"; issue 8 goal 3 is the 16-stream one).
+      level of 1 ran ("aggregate_vs_1"; issue 8 goal 3 is the 16-stream one),
+      and its decomposition ("decomposition", see decompose()): each level's
+      first-token time and decode step against one stream's, and the step
+      that would give --target times one stream's aggregate (default 4).
   loadgen.py sessions --url ... --n 100 --system "You are terse." [--pid PID]
       creates n sessions with a short system message; prints state bytes per
       session and, with --pid, the server's VmRSS / VmHWM from /proc.
@@ -163,6 +166,40 @@ def summarize(concurrency, max_tokens, runs):
     }
 
 
+def decompose(levels, max_tokens, target=4.0):
+    """Where each level's aggregate goes, against one stream's. levels:
+    {concurrency: summary} (summarize()'s dicts), with a level of 1.
+
+    A stream of level c takes about ttft_c + (T - 1) * step_c, T = max_tokens
+    and step_c = 1 / its median decode rate, and the c streams run together,
+    so the aggregate is about c T / (ttft_c + (T - 1) step_c) ("model_tps",
+    beside the measured one). It reaches target times one stream's measured
+    aggregate a_1 when step_c <= (c T / (target a_1) - ttft_c) / (T - 1)
+    ("step_ms_for_target"); None when the first tokens alone take longer
+    than that whole budget (no step would do). Per level c != 1:
+    {"ttft_s", "ttft_vs_1", "step_ms", "step_vs_1", "model_tps",
+    "step_ms_for_target"}; {} when a level lacks the figures."""
+    one = levels.get(1) or {}
+    a1, t1, r1 = one.get("aggregate_tps"), one.get("ttft_p50_s"), \
+        one.get("stream_decode_tps_median")
+    T = max_tokens
+    out = {}
+    if not (a1 and t1 and r1) or T < 2:
+        return out
+    for c, x in sorted(levels.items()):
+        tc, rc = x.get("ttft_p50_s"), x.get("stream_decode_tps_median")
+        if c == 1 or not (tc and rc):
+            continue
+        step = 1.0 / rc
+        budget = c * T / (target * a1) - tc
+        out[str(c)] = {"ttft_s": tc, "ttft_vs_1": round(tc / t1, 2),
+                       "step_ms": round(1e3 * step, 2), "step_vs_1": round(r1 / rc, 2),
+                       "model_tps": round(c * T / (tc + (T - 1) * step), 1),
+                       "step_ms_for_target": round(1e3 * budget / (T - 1), 2)
+                       if budget > 0 else None}
+    return out
+
+
 def run_streams(url, concurrency, max_tokens, repeat=1, min_streams=0, pid=0):
     """One level: max(repeat, ceil(min_streams / concurrency)) runs of
     concurrency streams; with pid, the server's memory during and after."""
@@ -248,6 +285,8 @@ def main(argv):
     a.add_argument("--min-streams", type=int, default=0,
                    help="repeat a level until this many streams ran")
     a.add_argument("--pid", type=int, default=0, help="the server's pid: RSS per level")
+    a.add_argument("--target", type=float, default=4.0,
+                   help="the ratio to one stream the decomposition's step is for")
     b = sub.add_parser("sessions")
     b.add_argument("--url", default="http://127.0.0.1:8080")
     b.add_argument("--n", type=int, default=100)
@@ -255,15 +294,19 @@ def main(argv):
     b.add_argument("--pid", type=int, default=0)
     args = ap.parse_args(argv)
     if args.cmd == "streams":
-        agg = {}
+        levels = {}
         for c in (int(x) for x in args.concurrency.split(",")):
             res = run_streams(args.url, c, args.max_tokens, args.repeat, args.min_streams,
                               args.pid)
-            agg[c] = res["aggregate_tps"]
+            levels[c] = res
             print(json.dumps(res), flush=True)
+        agg = {c: x["aggregate_tps"] for c, x in levels.items()}
         if agg.get(1):
             print(json.dumps({"aggregate_vs_1": {str(c): round(a / agg[1], 2)
-                                                 for c, a in agg.items() if a}}), flush=True)
+                                                 for c, a in agg.items() if a},
+                              "target": args.target,
+                              "decomposition": decompose(levels, args.max_tokens,
+                                                         args.target)}), flush=True)
     else:
         print(json.dumps(run_sessions(args.url, args.n, args.system, args.pid)), flush=True)
 

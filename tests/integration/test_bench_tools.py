@@ -183,6 +183,41 @@ def test_summarize_levels():
     assert s["completion_tokens"] == 256
 
 
+def test_decompose_levels():
+    """decompose on known levels: one stream 64 tokens at 0.05 s + 63 steps
+    of 4 ms (aggregate 200); 16 streams 0.5 s + 63 steps of 16 ms."""
+    lv = {1: {"aggregate_tps": 200.0, "ttft_p50_s": 0.05, "stream_decode_tps_median": 250.0},
+          16: {"aggregate_tps": 680.0, "ttft_p50_s": 0.5, "stream_decode_tps_median": 62.5},
+          4: {"aggregate_tps": 400.0, "ttft_p50_s": 0.1, "stream_decode_tps_median": None}}
+    d = loadgen.decompose(lv, 64)
+    assert list(d) == ["16"]  # level 4 lacks a decode rate, level 1 is the reference
+    x = d["16"]
+    assert (x["ttft_s"], x["ttft_vs_1"], x["step_ms"], x["step_vs_1"]) == (0.5, 10.0, 16.0, 4.0)
+    assert x["model_tps"] == pytest.approx(16 * 64 / (0.5 + 63 * 0.016), abs=0.05)
+    # 4x 200 = 800 tokens/s: 1024 tokens in 1.28 s, 0.78 s for 63 steps
+    assert x["step_ms_for_target"] == pytest.approx(1e3 * (1.28 - 0.5) / 63, abs=0.005)
+    assert loadgen.decompose(lv, 64, target=2.0)["16"]["step_ms_for_target"] == \
+        pytest.approx(1e3 * (2.56 - 0.5) / 63, abs=0.005)
+    lv[16]["ttft_p50_s"] = 1.5  # the first tokens alone past the 1.28 s budget
+    assert loadgen.decompose(lv, 64)["16"]["step_ms_for_target"] is None
+    assert loadgen.decompose({16: lv[16]}, 64) == {}  # no level of 1
+    assert loadgen.decompose(lv, 1) == {}  # no steps to speak of
+
+
+def test_decomposition_line_renders():
+    d = {"ttft_s": 0.5, "ttft_vs_1": 10.0, "step_ms": 16.0, "step_vs_1": 4.0,
+         "model_tps": 677.2, "step_ms_for_target": 12.38}
+    line = bench.decomposition_line(d, {"ttft_p50_s": 0.05})
+    assert "after 0.50 s, 10.0× one stream's 0.050 s" in line and "every 16.0 ms, 4.0×" in line
+    assert "predict 677 tokens/s" in line and "a step of at most 12.4 ms" in line
+    d["step_ms_for_target"] = None
+    assert "cannot be had" in bench.decomposition_line(d, {"ttft_p50_s": 0.05})
+    r = fake_results([60.0, 55.0], 450.0, 50.0, 190.0, 100_000, 300_000)
+    assert "decomposition" not in bench.render(r, markdown=True)  # none measured: no line
+    r["http"]["decomposition"] = {"16": dict(d, step_ms_for_target=9.9)}
+    assert "a step of at most 9.9 ms" in bench.render(r, markdown=True)
+
+
 def fake_results(decode_tps, prefill_tps, agg1, agg16, idle_kb, hwm16_kb):
     bw = {"rows": [{"op": "read", "threads": 2, "note": "", "gbs": 10.0, "min": 9.0,
                     "max": 11.0}],
