@@ -146,9 +146,12 @@ struct core_model {
     unsigned char *pk_arena; /* owned: every matrix's packed copy (pack_matrices) */
     int all_packed;  /* every matrix (layers' and output) has a packed copy */
     int prompt_int8; /* opts.prompt_int8: prompt rows in 8 bits where all_packed */
+    int prompt_f32;  /* opts.prompt_f32: prompt rows never on the AMX-BF16 tiles */
     size_t wtile_n; /* floats in one tile: max(the tile size asked for, the largest k) */
     unsigned char *erow;   /* [tok_embd.row_bytes] an embedding row unpacked from output.pk */
     float *panel;          /* [pool threads][panel_n] 64-byte aligned: core_qmatmul_packed's */
+    uint16_t *bsplit;      /* [cap_rows][2 kmax] 64-byte aligned, where the AMX-BF16 panels
+                            * run: the prompt rows split (core_q8_amx_split) */
     size_t panel_n;        /* floats: core_q8_panel_floats(the largest k) */
 
     core_pool_t *pool;     /* owned: threads of the quantized products */
@@ -636,6 +639,7 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
     if (!m)
         return core_error_set(err, CORE_ENOMEM, "out of memory for the model");
     m->prompt_int8 = opts->prompt_int8 != 0;
+    m->prompt_f32 = opts->prompt_f32 != 0;
     m->wtile_n = opts->tile_floats ? (size_t)opts->tile_floats : (size_t)MODEL_TILE_FLOATS;
     int rc = core_gguf_open(path, &m->g, err);
     if (rc < 0)
@@ -732,6 +736,7 @@ void core_model_free(core_model_t *m)
     free(m->wtile);
     free(m->erow);
     free(m->panel);
+    free(m->bsplit);
     free(m->out_norm);
     free(m->rope_inv_freq);
     free(m->rope_cs);
@@ -846,6 +851,14 @@ static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
     if (grow(&m->qbuf, core_q8_act_bytes(qrows, kmax)))
         return core_error_set(err, CORE_ENOMEM, "out of memory for a forward of %lld rows",
                               (long long)T);
+    if (!m->prompt_f32 && core_q8_amx_panels_available()) { /* contents need not survive */
+        free(m->bsplit);
+        const size_t bytes = core_q8_amx_split_words(T, kmax) * sizeof(uint16_t);
+        m->bsplit = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!m->bsplit)
+            return core_error_set(err, CORE_ENOMEM, "out of memory for a forward of %lld rows",
+                                  (long long)T);
+    }
     m->cap_rows = T;
     return 0;
 }
@@ -1019,6 +1032,7 @@ typedef struct panels_run {
     int n_ops;
     int64_t k, n, lda, chunk;
     const float *a; /* the first prompt row */
+    const uint16_t *as; /* the prompt rows split, or NULL: the f32 panels */
     int64_t r0;     /* its row in the forward: ops' c rows from here */
     _Atomic int64_t next; /* next chunk over the ops' concatenated columns */
 } panels_run_t;
@@ -1037,8 +1051,12 @@ static void panels_worker(void *ctx, int worker, int n_workers)
             return;
         const wop_t *o = t->ops[i];
         const int64_t j1 = o->w->rows - j0 < t->chunk ? o->w->rows : j0 + t->chunk;
-        (void)core_qmatmul_packed(o->w->type, t->n, j0, j1, t->k, t->a, t->lda, o->w->pk, panel,
-                                  o->beta, o->c + t->r0 * o->ldc, o->ldc);
+        if (t->as)
+            (void)core_qmatmul_packed_amx(o->w->type, t->n, j0, j1, t->k, t->as, o->w->pk, panel,
+                                          o->beta, o->c + t->r0 * o->ldc, o->ldc);
+        else
+            (void)core_qmatmul_packed(o->w->type, t->n, j0, j1, t->k, t->a, t->lda, o->w->pk,
+                                      panel, o->beta, o->c + t->r0 * o->ldc, o->ldc);
     }
 }
 
@@ -1054,6 +1072,10 @@ static void gemm_panels(core_model_t *m, int64_t Td, int64_t n, int64_t k, const
         chunk /= 2;
     panels_run_t t = {.m = m, .ops = ops, .n_ops = n_ops, .k = k, .n = n, .lda = lda,
                       .chunk = chunk, .a = a + Td * lda, .r0 = Td};
+    /* on AMX-BF16 tiles: the rows split once for every op and chunk */
+    if (m->bsplit && !m->prompt_f32 && core_q8_amx_panels_used() &&
+        core_q8_amx_split(t.a, lda, n, k, m->bsplit) == 0)
+        t.as = m->bsplit;
     atomic_init(&t.next, 0);
     core_pool_run(m->pool, panels_worker, &t);
 }
@@ -1185,6 +1207,12 @@ static int all_rows_q8(const core_model_t *m)
 int core_model_prompt_int8(const core_model_t *m)
 {
     return all_rows_q8(m);
+}
+
+int core_model_prompt_amx(const core_model_t *m)
+{
+    return !m->prompt_f32 && !all_rows_q8(m) && m->pk_arena && core_q8_amx_panels_used() &&
+           core_qdot_isa() == CORE_QDOT_AVX512VNNI;
 }
 
 /* The nr gathered rows: decode rows (decode != 0), or the rows of ng prompt

@@ -51,6 +51,11 @@ typedef struct core_model_opts {
                                    every matrix has the packed integer kernel
                                    (AVX-512 VNNI; Q4_0, Q4_1, Q8_0), they are
                                    quantized to 8 bits like decode rows */
+    int prompt_f32;             /* 1: prompt rows on the f32 panels even
+                                   where the CPU has AMX-BF16 tiles; 0
+                                   (default): on the tiles there, three bf16
+                                   products within 2^-16 of f32
+                                   (core_qmatmul_packed_amx) */
     int64_t tile_floats;        /* floats of a dequantized weight tile of prompt
                                    products, one per pool thread (0 = the
                                    default, 4 MiB; at least one row is always
@@ -96,6 +101,10 @@ int core_model_threads(const core_model_t *m);             /* compute threads, c
  * decode rows are (opts.prompt_int8, and every matrix runs on the packed
  * integer kernel on this CPU with the kernels as now chosen). */
 int core_model_prompt_int8(const core_model_t *m);
+/* 1 when prompt rows multiply the packed matrices on AMX-BF16 tiles (not
+ * opts.prompt_f32, the CPU has them, prompt rows are not in 8 bits, some
+ * matrix is packed). */
+int core_model_prompt_amx(const core_model_t *m);
 core_attn_t *core_model_attn(core_model_t *m);             /* borrowed: make states from it */
 
 /* Runs fn on the model's threads (core_pool_run: the caller is worker 0 of

@@ -227,6 +227,35 @@ int core_qmatmul_packed(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, 
                         int64_t lda, const void *pk, float *panel, float beta, float *c,
                         int64_t ldc);
 
+/* The same product on Intel AMX-BF16 tiles, where the CPU has them
+ * (core_q8_amx_panels_available: AMX-BF16 and AVX512-BF16 besides the
+ * tiles). core_q8_amx_split first splits each f32 value v of the m rows of a
+ * into hi = bf16(v) and lo = bf16(v - hi) (nearest even both; hi + lo holds
+ * 16 bits of v's 24) at out: row r's k hi values at out + 2 k r, its k lo
+ * values right after (core_q8_amx_split_words(m, k) uint16_t, 64-byte
+ * aligned). core_qmatmul_packed_amx then takes those rows (as) instead of a:
+ * the weights split the same way into the panel, per block of 32 values the
+ * tile products a_hi w_hi, a_lo w_hi, a_hi w_lo (bf16 pairs, each product
+ * exact in f32) added to one f32 sum per output, blocks in order. So |C -
+ * exact| <= (2^-15 + k 2^-24) sum_e |a_e w_e| (the dropped a_lo w_lo and the
+ * splits' remainders, then the f32 additions), and a row's bits again depend
+ * on its own values only. ~2-4x the f32 panels' speed from ~32 rows on
+ * (the split of the weights is the fixed cost). Both return 0, or
+ * CORE_EINVAL where the tiles are missing or the arguments are bad (k a
+ * multiple of 32, j0 of 16, pointers 64-byte aligned).
+ * core_q8_force_amx_panels / core_q8_amx_panels_used: the model's choice
+ * (CORE_Q8_AMX_AUTO, the default: the tiles where available; _OFF: the f32
+ * panels; _ON: CORE_EUNSUPPORTED where not available), process-wide, for
+ * tests and benchmarks. */
+#define core_q8_amx_split_words(m, k) ((size_t)2 * (size_t)(m) * (size_t)(k))
+int core_q8_amx_panels_available(void);
+int core_q8_force_amx_panels(core_q8_amx_mode_t mode);
+int core_q8_amx_panels_used(void);
+int core_q8_amx_split(const float *a, int64_t lda, int64_t m, int64_t k, uint16_t *out);
+int core_qmatmul_packed_amx(int type, int64_t m, int64_t j0, int64_t j1, int64_t k,
+                            const uint16_t *as, const void *pk, float *panel, float beta,
+                            float *c, int64_t ldc);
+
 /* One product of a batch run on a pool: n weight rows against qa (integer
  * path) or, when qa is NULL, against the f32 rows a (core_qmatmul_nt's
  * path, any core_qdot_supported type). Everything borrowed. pk: the same

@@ -646,6 +646,231 @@ PACK_FN void packed_f32_body(int type, int64_t m, int64_t j0, int64_t j1, int64_
     }
 }
 
+/* ---- f32 prompt rows on Intel AMX-BF16 tiles: three bf16 products ----
+ * Where the CPU has AMX-BF16 (and AVX512-BF16 for the conversions), the
+ * prompt rows' product runs on tiles instead of the f32 panels. Every f32
+ * value v is split into hi = bf16(v) and lo = bf16(v - hi) (round to
+ * nearest even both; v - hi is exact), so hi + lo carries 16 bits of v's
+ * 24. A tile multiply TDPBF16PS adds products of bf16 pairs, each exact in
+ * f32, to f32 sums; per block of 32 values three of them, a_hi w_hi, a_lo
+ * w_hi and a_hi w_lo (in that order), go into one f32 sum per (row,
+ * output) over the whole row, blocks in order. The dropped a_lo w_lo and
+ * the two splits' remainders are below 2^-16 of each |a_e w_e|: |C - exact|
+ * <= (2^-15 + k 2^-24) sum_e |a_e w_e| (the k 2^-24: the f32 additions).
+ * A row's bits depend on its own values and the weights only, as with the
+ * panels. About 4x the panels' speed: 3 tile multiplies of 16 x 16 x 32
+ * (~48 cycles) against 16 x 16 x 32 fused multiply-adds on two 512-bit
+ * ports (256 cycles).
+ *
+ * The weights: the panel's groups (up to PANEL_GROUPS of 16 rows), block b
+ * of group g as two 16 x 64-byte tiles, hi then lo, line i holding for
+ * output lane n the pair (w[n][32b + 2i], w[n][32b + 2i + 1]) (the layout
+ * TDPBF16PS reads its second operand in), core_dequantize's floats split.
+ * The activations: per 16 rows and block, two R x 64-byte tiles (hi, lo)
+ * split as they are used, into two alternating buffers. */
+#define BX_TARGET                                                                                \
+    target("amx-tile,amx-bf16,avx512bf16,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#define BX_FN static inline __attribute__((BX_TARGET, always_inline))
+
+enum { BX_TILE = 512 /* bf16 values of one 16 x 64-byte tile */ };
+
+/* hi and lo of 32 floats (v0 the first 16, v1 the next) as two tile lines
+ * of 32 bf16 each in value order. */
+BX_FN void bx_split32(__m512 v0, __m512 v1, uint16_t *hi, uint16_t *lo)
+{
+    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(v1, v0); /* v0's 16, then v1's */
+    const __m512 h0 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+    const __m512 h1 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+    const __m512i l =
+        (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0));
+    _mm512_store_si512((void *)hi, h);
+    _mm512_store_si512((void *)lo, l);
+}
+
+/* The bf16 panel of one group (see above) from its nb packed blocks at gp. */
+BX_FN void bx_fill(int type, const unsigned char *gp, int64_t nb, uint16_t *out)
+{
+    const size_t gb = group_block_bytes(type);
+    _Alignas(64) float y[QB * PACK_ROWS]; /* value e of the 16 rows at y + 16 e */
+    _Alignas(64) uint16_t t[2 * 32];
+    /* word 2n of a line: value 2i of row n; 2n + 1: value 2i + 1 */
+    const __m512i pair = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                          16, 0);
+    for (int64_t b = 0; b < nb; b++, gp += gb, out += (size_t)2 * BX_TILE) {
+        panel_fill(type, gp, 1, y);
+        for (int64_t i = 0; i < QB / 2; i++) {
+            bx_split32(_mm512_load_ps(y + 2 * i * PACK_ROWS),
+                       _mm512_load_ps(y + (2 * i + 1) * PACK_ROWS), t, t + 32);
+            _mm512_store_si512((void *)(out + 32 * i),
+                               _mm512_permutexvar_epi16(pair, _mm512_load_si512((void *)t)));
+            _mm512_store_si512((void *)(out + BX_TILE + 32 * i),
+                               _mm512_permutexvar_epi16(pair, _mm512_load_si512((void *)(t + 32))));
+        }
+    }
+}
+
+/* Tiles 0..G-1: the G groups' sums (R x 16 f32); 4, 5: the rows' block, hi
+ * and lo (R x 32 bf16); 6, 7: a group's block, hi and lo (16 x 32 bf16). */
+BX_FN void bx_config(int R)
+{
+    amx_cfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 6; t++) {
+        cfg.rows[t] = (uint8_t)R;
+        cfg.colsb[t] = 64;
+    }
+    for (int t = 6; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg)); /* as amx_config */
+}
+
+/* Two groups' block b (C, C + 1; the second only when G > C + 1) into
+ * their sums: consecutive tile multiplies go to different sums, each sum
+ * adding a_hi w_hi, a_lo w_hi, a_hi w_lo in that order. */
+#define BX_PAIR(G_, C, D)                                                                        \
+    do {                                                                                         \
+        const uint16_t *w0 = panel + ((size_t)(C) * (size_t)nb + (size_t)b) * 2 * BX_TILE;      \
+        const uint16_t *w1 = w0 + (size_t)nb * 2 * BX_TILE;                                      \
+        if ((G_) > (D)) {                                                                        \
+            _tile_loadd(6, w0, 64);                                                              \
+            _tile_loadd(7, w1, 64);                                                              \
+            _tile_dpbf16ps(C, 4, 6);                                                             \
+            _tile_dpbf16ps(D, 4, 7);                                                             \
+            _tile_dpbf16ps(C, 5, 6);                                                             \
+            _tile_dpbf16ps(D, 5, 7);                                                             \
+            _tile_loadd(6, w0 + BX_TILE, 64);                                                    \
+            _tile_loadd(7, w1 + BX_TILE, 64);                                                    \
+            _tile_dpbf16ps(C, 4, 6);                                                             \
+            _tile_dpbf16ps(D, 4, 7);                                                             \
+        } else if ((G_) > (C)) {                                                                 \
+            _tile_loadd(6, w0, 64);                                                              \
+            _tile_loadd(7, w0 + BX_TILE, 64);                                                    \
+            _tile_dpbf16ps(C, 4, 6);                                                             \
+            _tile_dpbf16ps(C, 5, 6);                                                             \
+            _tile_dpbf16ps(C, 4, 7);                                                             \
+        }                                                                                        \
+    } while (0)
+
+/* R split rows (the tiles configured for R; row r's hi values at as + r *
+ * 2k, its lo values k further) against the G groups of the bf16 panel:
+ * lanes [0, l1_last) of the last group, all of the others. Where every
+ * group is whole and beta is 0 or 1 the sums go from the tiles straight to
+ * c (for beta 1 they start from c's values, loaded into the tiles): a
+ * vector load after a tile store waits for it, ~15% of the time here. */
+BX_FN void bx_rows(int R, int G, const uint16_t *as, int64_t k, const uint16_t *panel,
+                   int l1_last, float beta, float *c, int64_t ldc)
+{
+    const int64_t nb = k / QB, stride = 4 * k; /* bytes from a row to the next */
+    const int direct = l1_last == PACK_ROWS && (beta == 0.0f || beta == 1.0f);
+    const int64_t cstride = ldc * (int64_t)sizeof(float);
+    if (direct && beta == 1.0f) {
+        _tile_loadd(0, c, cstride);
+        if (G > 1)
+            _tile_loadd(1, c + (int64_t)PACK_ROWS, cstride);
+        if (G > 2)
+            _tile_loadd(2, c + (int64_t)2 * PACK_ROWS, cstride);
+        if (G > 3)
+            _tile_loadd(3, c + (int64_t)3 * PACK_ROWS, cstride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        _tile_loadd(4, as + b * QB, stride);
+        _tile_loadd(5, as + k + b * QB, stride);
+        BX_PAIR(G, 0, 1);
+        BX_PAIR(G, 2, 3);
+    }
+    if (direct) {
+        _tile_stored(0, c, cstride);
+        if (G > 1)
+            _tile_stored(1, c + (int64_t)PACK_ROWS, cstride);
+        if (G > 2)
+            _tile_stored(2, c + (int64_t)2 * PACK_ROWS, cstride);
+        if (G > 3)
+            _tile_stored(3, c + (int64_t)3 * PACK_ROWS, cstride);
+        __asm__ volatile("" ::: "memory"); /* _tile_stored does not say it writes c */
+        return;
+    }
+    _Alignas(64) float cs[16 * 16];
+    for (int g = 0; g < G; g++) {
+        switch (g) {
+        case 0: _tile_stored(0, cs, 64); break;
+        case 1: _tile_stored(1, cs, 64); break;
+        case 2: _tile_stored(2, cs, 64); break;
+        default: _tile_stored(3, cs, 64); break;
+        }
+        __asm__ volatile("" ::: "memory"); /* _tile_stored does not say it writes cs */
+        const int l1 = g == G - 1 ? l1_last : PACK_ROWS;
+        const __mmask16 keep = (__mmask16)((1u << l1) - 1u);
+        for (int r = 0; r < R; r++) {
+            float *cr = c + r * ldc + (int64_t)g * PACK_ROWS;
+            __m512 v = _mm512_load_ps(cs + (int64_t)16 * r);
+            if (beta != 0.0f)
+                v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(keep, cr), v);
+            _mm512_mask_storeu_ps(cr, keep, v);
+        }
+    }
+}
+#undef BX_PAIR
+
+BX_FN void packed_bx_body(int type, int64_t m, int64_t j0, int64_t j1, int64_t k,
+                          const uint16_t *as, const unsigned char *pk, float *panel, float beta,
+                          float *c, int64_t ldc)
+{
+    const int64_t nb = k / QB;
+    const size_t gstride = (size_t)nb * group_block_bytes(type);
+    uint16_t *bp = (uint16_t *)(void *)panel; /* 4 bytes a weight: the f32 panel's size */
+    int cfg_r = 0;
+    for (int64_t c0 = j0; c0 < j1; c0 += CORE_Q8_PANEL_ROWS) {
+        const int64_t c1 = j1 - c0 < CORE_Q8_PANEL_ROWS ? j1 - c0 : CORE_Q8_PANEL_ROWS;
+        const int G = (int)((c1 + PACK_ROWS - 1) / PACK_ROWS);
+        const int l1 = (int)(c1 - (int64_t)(G - 1) * PACK_ROWS);
+        for (int g = 0; g < G; g++)
+            bx_fill(type, pk + (size_t)(c0 / PACK_ROWS + g) * gstride, nb,
+                    bp + (size_t)g * (size_t)nb * 2 * BX_TILE);
+        __asm__ volatile("" ::: "memory"); /* the fill's stores before the tile loads */
+        for (int64_t i = 0; i < m; i += AMX_MAX_R) {
+            const int R = (int)(m - i < AMX_MAX_R ? m - i : AMX_MAX_R);
+            if (R != cfg_r)
+                bx_config(cfg_r = R);
+            bx_rows(R, G, as + i * 2 * k, k, bp, l1, beta, c + i * ldc + c0, ldc);
+        }
+    }
+    if (cfg_r)
+        _tile_release();
+}
+
+__attribute__((BX_TARGET)) static void packed_bx(int type, int64_t m, int64_t j0, int64_t j1,
+                                                 int64_t k, const uint16_t *as,
+                                                 const unsigned char *pk, float *panel,
+                                                 float beta, float *c, int64_t ldc)
+{
+    if (type == CORE_TTYPE_Q4_1)
+        packed_bx_body(CORE_TTYPE_Q4_1, m, j0, j1, k, as, pk, panel, beta, c, ldc);
+    else if (type == CORE_TTYPE_Q4_0)
+        packed_bx_body(CORE_TTYPE_Q4_0, m, j0, j1, k, as, pk, panel, beta, c, ldc);
+    else
+        packed_bx_body(CORE_TTYPE_Q8_0, m, j0, j1, k, as, pk, panel, beta, c, ldc);
+}
+
+__attribute__((BX_TARGET)) static void bx_split_rows(const float *a, int64_t lda, int64_t m,
+                                                     int64_t k, uint16_t *out)
+{
+    for (int64_t r = 0; r < m; r++, out += 2 * k)
+        for (int64_t e = 0; e < k; e += QB)
+            bx_split32(_mm512_loadu_ps(a + r * lda + e), _mm512_loadu_ps(a + r * lda + e + 16),
+                       out + e, out + k + e);
+}
+
 /* One instance per type: the panel fill's type tests fold away. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
 packed_f32(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a, int64_t lda,
@@ -703,6 +928,43 @@ int core_q8_amx_available(void)
 {
     (void)pthread_once(&amx_once, amx_probe);
     return amx_ok;
+}
+
+/* AMX-BF16 (CPUID leaf 7 EDX bit 22) and AVX512-BF16 (leaf 7 subleaf 1 EAX
+ * bit 5) on top of the tiles: the prompt rows' bf16 products. */
+static pthread_once_t bx_once = PTHREAD_ONCE_INIT;
+static int bx_ok;
+static _Atomic int bx_mode = CORE_Q8_AMX_AUTO;
+
+static void bx_probe(void)
+{
+#ifdef PACK_AMX
+    unsigned a = 0, b = 0, c = 0, d = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    bx_ok = core_q8_amx_available() && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+            (d >> 22 & 1u) && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 >> 5 & 1u);
+#endif
+}
+
+int core_q8_amx_panels_available(void)
+{
+    (void)pthread_once(&bx_once, bx_probe);
+    return bx_ok;
+}
+
+int core_q8_force_amx_panels(core_q8_amx_mode_t mode)
+{
+    if (mode != CORE_Q8_AMX_AUTO && mode != CORE_Q8_AMX_OFF && mode != CORE_Q8_AMX_ON)
+        return CORE_EINVAL;
+    if (mode == CORE_Q8_AMX_ON && !core_q8_amx_panels_available())
+        return CORE_EUNSUPPORTED;
+    atomic_store_explicit(&bx_mode, mode, memory_order_relaxed);
+    return 0;
+}
+
+int core_q8_amx_panels_used(void)
+{
+    return atomic_load_explicit(&bx_mode, memory_order_relaxed) != CORE_Q8_AMX_OFF &&
+           core_q8_amx_panels_available();
 }
 
 int core_q8_force_amx(core_q8_amx_mode_t mode)
@@ -766,6 +1028,35 @@ int core_qmatmul_packed(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, 
     (void)beta;
     (void)c;
     (void)ldc;
+    return CORE_EINVAL;
+#endif
+}
+
+int core_q8_amx_split(const float *a, int64_t lda, int64_t m, int64_t k, uint16_t *out)
+{
+    if (!core_q8_amx_panels_available() || m < 0 || k <= 0 || k % QB != 0 || lda < k ||
+        (uintptr_t)out % 64 != 0)
+        return CORE_EINVAL;
+#ifdef PACK_AMX
+    bx_split_rows(a, lda, m, k, out);
+    return 0;
+#else
+    return CORE_EINVAL;
+#endif
+}
+
+int core_qmatmul_packed_amx(int type, int64_t m, int64_t j0, int64_t j1, int64_t k,
+                            const uint16_t *as, const void *pk, float *panel, float beta,
+                            float *c, int64_t ldc)
+{
+    if (!core_q8_amx_panels_available() || !core_q8_pack_supported(type) || j0 < 0 || j1 < j0 ||
+        j0 % PACK_ROWS != 0 || m < 0 || k <= 0 || k % QB != 0 || (uintptr_t)panel % 64 != 0 ||
+        (uintptr_t)as % 64 != 0)
+        return CORE_EINVAL;
+#ifdef PACK_AMX
+    packed_bx(type, m, j0, j1, k, as, pk, panel, beta, c, ldc);
+    return 0;
+#else
     return CORE_EINVAL;
 #endif
 }

@@ -305,7 +305,8 @@ static int load(api_app_t *app)
         return -1;
     }
     ch->mo.n_threads = (int)cfg->threads;
-    ch->mo.prompt_int8 = cfg->prompt_int8;
+    ch->mo.prompt_int8 = cfg->prompt_precision == SRV_PRECISION_INT8;
+    ch->mo.prompt_f32 = cfg->prompt_precision == SRV_PRECISION_F32;
     const core_model_opts_t *mo = &ch->mo;
     int64_t t0 = srv_engine_now_ns();
     int rc = core_model_load(cfg->model, mo, &app->model, &ce);
@@ -369,7 +370,10 @@ static int load(api_app_t *app)
                 CORE_Q8_AMX_MIN_ROWS);
     if (core_model_prompt_int8(app->model))
         SRV_LOG(SRV_LOG_INFO, NULL, "prompt rows in 8 bits (--prompt-precision int8)");
-    else if (app->cfg->prompt_int8)
+    else if (core_model_prompt_amx(app->model))
+        SRV_LOG(SRV_LOG_INFO, NULL, "prompt rows on Intel AMX-BF16 tiles (two bf16 parts a "
+                "value, within 2^-16 of f32; --prompt-precision f32 for the f32 products)");
+    if (!core_model_prompt_int8(app->model) && app->cfg->prompt_precision == SRV_PRECISION_INT8)
         SRV_LOG(SRV_LOG_WARN, NULL, "--prompt-precision int8: prompt rows stay f32 (it needs "
                 "AVX-512 VNNI and Q4_0, Q4_1 or Q8_0 weights throughout)");
     return 0;

@@ -61,7 +61,8 @@ typedef struct load_args {
      "exact attention KV capacity in tokens (0 = the model's context length)"},              \
     {"threads", SRV_OPT_INT, &(la).threads, 0, 256, "compute threads (0 = one per CPU)"},    \
     {"prompt-precision", SRV_OPT_STR, &(la).precision, 0, 0,                                 \
-     "f32 | int8: prompt activations in the weight products (default f32; serve --help)"}
+     "auto | f32 | int8: prompt activations in the weight products (default auto: AMX-BF16 "   \
+     "tiles where the CPU has them, else f32; serve --help)"}
 
 /* "on" / "off" -> 1 / 0; -1 otherwise. */
 static int srv_cli_onoff(const char *s, int *out)
@@ -104,14 +105,15 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
         return 2;
     }
     rq.decay_off = !decay_on;
-    int prompt_int8 = 0;
-    if (la->precision && strcmp(la->precision, "f32") != 0) {
-        if (strcmp(la->precision, "int8") != 0) {
-            fprintf(stderr, "darkserve %s: --prompt-precision takes f32 or int8, got '%s'\n", cmd,
-                    la->precision);
+    int prompt_int8 = 0, prompt_f32 = 0;
+    if (la->precision && strcmp(la->precision, "auto") != 0) {
+        prompt_int8 = strcmp(la->precision, "int8") == 0;
+        prompt_f32 = strcmp(la->precision, "f32") == 0;
+        if (!prompt_int8 && !prompt_f32) {
+            fprintf(stderr, "darkserve %s: --prompt-precision takes auto, f32 or int8, got '%s'\n",
+                    cmd, la->precision);
             return 2;
         }
-        prompt_int8 = 1;
     }
     const char *path = la->model ? la->model : SRV_DEFAULT_MODEL;
     srv_attn_choice_t *ch = malloc(sizeof *ch);
@@ -128,6 +130,7 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
         fprintf(stderr, "darkserve: %s\n", ch->note);
     ch->mo.n_threads = (int)la->threads;
     ch->mo.prompt_int8 = prompt_int8;
+    ch->mo.prompt_f32 = prompt_f32;
     int rc = core_model_load(path, &ch->mo, m, &err);
     if (rc < 0) {
         fprintf(stderr, "darkserve %s: cannot load %s: %s\n", cmd, path, err.msg);
@@ -143,7 +146,11 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
     fprintf(stderr, "darkserve %s: attention %s\n", cmd, desc);
     if (core_model_prompt_int8(*m))
         fprintf(stderr, "darkserve %s: prompt rows in 8 bits (--prompt-precision int8)\n", cmd);
-    else if (prompt_int8)
+    else if (core_model_prompt_amx(*m))
+        fprintf(stderr, "darkserve %s: prompt rows on Intel AMX-BF16 tiles (within 2^-16 of f32; "
+                        "--prompt-precision f32 for the f32 products)\n",
+                cmd);
+    if (!core_model_prompt_int8(*m) && prompt_int8)
         fprintf(stderr, "darkserve %s: --prompt-precision int8: prompt rows stay f32 (it needs "
                         "AVX-512 VNNI and Q4_0, Q4_1 or Q8_0 weights throughout)\n", cmd);
     free(ch);

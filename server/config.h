@@ -44,6 +44,9 @@ typedef enum srv_cfg_attn {
     SRV_CFG_ATTN_AUTO = 6
 } srv_cfg_attn_t;
 
+/* --prompt-precision, in its choices' order */
+typedef enum { SRV_PRECISION_F32, SRV_PRECISION_INT8, SRV_PRECISION_AUTO } srv_cfg_precision_t;
+
 /* Values of --log-level; equal to srv_log_level_t (server/log.h). */
 typedef enum srv_cfg_log_level {
     SRV_CFG_LOG_ERROR = 0,
@@ -102,7 +105,7 @@ typedef struct srv_config {
     int64_t window;            /* exact window W; -1 = from adapter/default */
     int64_t sinks;             /* exact sink tokens S; -1 = from adapter/default */
     int decay;                 /* 1 on (the adapter's learned decay), 0 off */
-    int prompt_int8;           /* --prompt-precision: 0 f32, 1 int8 */
+    int prompt_precision;      /* --prompt-precision: srv_cfg_precision_t */
     char *chat_template;       /* "" = the model's own template */
     /* scheduling */
     int64_t threads;           /* compute threads; 0 = all CPUs */

@@ -708,6 +708,144 @@ TEST(amx_choice)
     free(pk);
 }
 
+/* The prompt rows on AMX-BF16 tiles (core_qmatmul_packed_amx): within the
+ * stated bound of the exact product of the dequantized weights (one dropped
+ * or misplaced bf16 part costs ~2^-9 of a term, far past it), a row's bits
+ * the same alone, in a batch and in column ranges; bad arguments refused.
+ * Skipped, and said, where the CPU lacks the tiles. */
+static void check_amx_panels(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k, float beta)
+{
+    size_t rb = 0;
+    CHECK(core_ttype_row_bytes(type, k, &rb) == 0);
+    const size_t pb = (core_q8_pack_bytes(type, n, k) + 63) / 64 * 64;
+    const size_t sb = (core_q8_amx_split_words(m, k) * sizeof(uint16_t) + 63) / 64 * 64;
+    unsigned char *w = malloc((size_t)n * rb), *pk = aligned_alloc(64, pb);
+    float *a = malloc((size_t)(m * k) * sizeof *a), *wd = malloc((size_t)(n * k) * sizeof *wd);
+    float *c0 = malloc((size_t)(m * n) * sizeof *c0), *c = malloc((size_t)(m * n) * sizeof *c);
+    float *part = malloc((size_t)(m * n) * sizeof *part);
+    float *panel = aligned_alloc(64, core_q8_panel_floats(k) * sizeof *panel);
+    uint16_t *as = aligned_alloc(64, sb);
+    if (!w || !pk || !a || !wd || !c0 || !c || !part || !panel || !as) {
+        CHECK(!"out of memory");
+        goto out;
+    }
+    fill_w(r, type, n, k, rb, w, 0);
+    fill_a(r, a, m, k, k, 0);
+    CHECK(core_dequantize(type, w, wd, n * k, NULL) == 0);
+    core_q8_pack(type, w, rb, n, k, pk);
+    for (int64_t i = 0; i < m * n; i++)
+        c0[i] = c[i] = (float)core_rng_normal(r);
+    CHECK_INT_EQ(core_q8_amx_split(a, k, m, k, as), 0);
+    CHECK_INT_EQ(core_qmatmul_packed_amx(type, m, 0, n, k, as, pk, panel, beta, c, n), 0);
+    const double bound = ldexp(1.0, -15) + (double)k * ldexp(1.0, -24);
+    int bad = 0;
+    for (int64_t i = 0; i < m && !bad; i++)
+        for (int64_t j = 0; j < n && !bad; j++) {
+            double ex = beta * (double)c0[i * n + j], mag = 0;
+            for (int64_t e = 0; e < k; e++) {
+                ex += (double)a[i * k + e] * wd[j * k + e];
+                mag += fabs((double)a[i * k + e] * wd[j * k + e]);
+            }
+            const double err = fabs(c[i * n + j] - ex);
+            if (err > bound * mag + ldexp(fabs(beta * (double)c0[i * n + j]), -22) + 1e-30) {
+                CHECK_MSG(0, "%s m %lld n %lld k %lld: C[%lld][%lld] off by %.3g (bound %.3g)",
+                          core_ttype_name(type), (long long)m, (long long)n, (long long)k,
+                          (long long)i, (long long)j, err, bound * mag);
+                bad = 1;
+            }
+        }
+    /* each row alone, and column ranges from groups of 16 */
+    if (beta == 0.0f) {
+        for (int64_t i = 0; i < m; i++)
+            CHECK_INT_EQ(core_qmatmul_packed_amx(type, 1, 0, n, k, as + i * 2 * k, pk, panel, 0.0f,
+                                                 part + i * n, n),
+                         0);
+        bad = 0;
+        for (int64_t i = 0; i < m * n; i++)
+            bad |= !same_bits(c[i], part[i]);
+        CHECK_MSG(!bad, "%s amx panels: rows alone differ", core_ttype_name(type));
+        for (int64_t j0 = 0; j0 < n; j0 += 48)
+            CHECK_INT_EQ(core_qmatmul_packed_amx(type, m, j0, j0 + 48 < n ? j0 + 48 : n, k, as,
+                                                 pk, panel, 0.0f, part, n),
+                         0);
+        bad = 0;
+        for (int64_t i = 0; i < m * n; i++)
+            bad |= !same_bits(c[i], part[i]);
+        CHECK_MSG(!bad, "%s amx panels: column ranges differ", core_ttype_name(type));
+    }
+out:
+    free(w);
+    free(pk);
+    free(a);
+    free(wd);
+    free(c0);
+    free(c);
+    free(part);
+    free(panel);
+    free(as);
+}
+
+TEST(amx_panels_within_bound)
+{
+    const int avail = core_q8_amx_panels_available();
+    CHECK_INT_EQ(core_q8_force_amx_panels((core_q8_amx_mode_t)7), CORE_EINVAL);
+    CHECK_INT_EQ(core_q8_force_amx_panels(CORE_Q8_AMX_ON), avail ? 0 : CORE_EUNSUPPORTED);
+    CHECK_INT_EQ(core_q8_amx_panels_used(), avail);
+    CHECK_INT_EQ(core_q8_force_amx_panels(CORE_Q8_AMX_OFF), 0);
+    CHECK_INT_EQ(core_q8_amx_panels_used(), 0);
+    CHECK_INT_EQ(core_q8_force_amx_panels(CORE_Q8_AMX_AUTO), 0);
+    CHECK_INT_EQ(core_q8_amx_panels_used(), avail);
+    if (!avail) {
+        printf("  (no AMX-BF16 here: the prompt tiles are not tested)\n");
+        float a[32] = {0};
+        _Alignas(64) uint16_t as[64];
+        CHECK_INT_EQ(core_q8_amx_split(a, 32, 1, 32, as), CORE_EINVAL);
+        return;
+    }
+    core_rng_t r;
+    core_rng_seed(&r, 31);
+    const int pt[] = {CORE_TTYPE_Q4_0, CORE_TTYPE_Q4_1, CORE_TTYPE_Q8_0};
+    const int64_t ms[] = {1, 5, 16, 17, 33}, ns[] = {16, 37, 100, 129}, ks[] = {32, 64, 576, 1536};
+    for (int t = 0; t < 3; t++)
+        for (int i = 0; i < 5; i++)
+            check_amx_panels(&r, pt[t], ms[i], ns[(i + t) % 4], ks[(i + 2 * t) % 4],
+                             i == 3 ? 0.5f : 0.0f);
+    /* bad arguments */
+    const int64_t k = 64, n = 16;
+    size_t rb = 0;
+    CHECK(core_ttype_row_bytes(CORE_TTYPE_Q4_1, k, &rb) == 0);
+    unsigned char *w = calloc(n, rb), *pk = aligned_alloc(64, core_q8_pack_bytes(CORE_TTYPE_Q4_1, n, k));
+    float *a = calloc(2 * k, sizeof *a), *c = calloc(n, sizeof *c);
+    float *panel = aligned_alloc(64, core_q8_panel_floats(k) * sizeof *panel);
+    uint16_t *as = aligned_alloc(64, 4 * k * sizeof *as);
+    if (w && pk && a && c && panel && as) {
+        core_q8_pack(CORE_TTYPE_Q4_1, w, rb, n, k, pk);
+        CHECK_INT_EQ(core_q8_amx_split(a, k, 1, k, as), 0);
+        CHECK_INT_EQ(core_q8_amx_split(a, k, 1, 48, as), CORE_EINVAL);     /* k not 32s */
+        CHECK_INT_EQ(core_q8_amx_split(a, 16, 1, 32, as), CORE_EINVAL);    /* lda < k */
+        CHECK_INT_EQ(core_q8_amx_split(a, k, 1, k, as + 1), CORE_EINVAL);  /* misaligned */
+        CHECK_INT_EQ(core_qmatmul_packed_amx(CORE_TTYPE_Q4_1, 1, 0, n, k, as, pk, panel, 0.0f, c, n), 0);
+        CHECK_INT_EQ(core_qmatmul_packed_amx(CORE_TTYPE_Q4_1, 1, 8, n, k, as, pk, panel, 0.0f, c, n),
+                     CORE_EINVAL); /* j0 inside a group */
+        CHECK_INT_EQ(core_qmatmul_packed_amx(CORE_TTYPE_Q4_1, 1, 0, n, k, as + 1, pk, panel, 0.0f, c,
+                                             n),
+                     CORE_EINVAL);
+        CHECK_INT_EQ(core_qmatmul_packed_amx(CORE_TTYPE_Q4_1, 1, 0, n, k, as, pk, panel + 1, 0.0f, c,
+                                             n),
+                     CORE_EINVAL);
+        CHECK_INT_EQ(core_qmatmul_packed_amx(CORE_TTYPE_Q5_0, 1, 0, n, k, as, pk, panel, 0.0f, c, n),
+                     CORE_EINVAL); /* a type that does not pack */
+    } else {
+        CHECK(!"out of memory");
+    }
+    free(w);
+    free(pk);
+    free(a);
+    free(c);
+    free(panel);
+    free(as);
+}
+
 /* A packed copy gives back the original block bytes of any row range
  * (prompt tiles dequantize from it): ranges that start, end and stop inside
  * groups of 16 rows, and the padded last group. Pure C, so checked on every
@@ -753,6 +891,7 @@ int main(void)
     RUN(ranges_and_pool_bit_exact);
     RUN(force_isa_and_bad_arguments);
     RUN(amx_choice);
+    RUN(amx_panels_within_bound);
     RUN(unpack_gives_the_packed_bytes);
     return CHECK_DONE();
 }

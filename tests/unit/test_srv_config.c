@@ -467,27 +467,31 @@ TEST(test_no_flags)
     free(help);
 }
 
-/* --prompt-precision: f32 by default, int8 by flag or environment, any
- * other word refused with the choices named. */
+/* --prompt-precision: auto by default, f32 or int8 by flag or environment,
+ * any other word refused with the choices named. */
 TEST(test_prompt_precision)
 {
     srv_config_t c;
     char err[256];
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, NULL), 0);
-    CHECK_INT_EQ(c.prompt_int8, 0);
+    CHECK_INT_EQ(c.prompt_precision, SRV_PRECISION_AUTO);
     srv_config_free(&c);
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--prompt-precision", "int8", NULL), 0);
-    CHECK_INT_EQ(c.prompt_int8, 1);
+    CHECK_INT_EQ(c.prompt_precision, SRV_PRECISION_INT8);
     srv_config_free(&c);
     char *env[] = {"DARKSERVE_PROMPT_PRECISION=int8", NULL};
     CHECK_INT_EQ(parse(&c, env, err, sizeof err, NULL), 0);
-    CHECK_INT_EQ(c.prompt_int8, 1);
+    CHECK_INT_EQ(c.prompt_precision, SRV_PRECISION_INT8);
     srv_config_free(&c);
     CHECK_INT_EQ(parse(&c, env, err, sizeof err, "--prompt-precision", "f32", NULL), 0);
-    CHECK_INT_EQ(c.prompt_int8, 0);
+    CHECK_INT_EQ(c.prompt_precision, SRV_PRECISION_F32);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, "--prompt-precision", "auto", NULL), 0);
+    CHECK_INT_EQ(c.prompt_precision, SRV_PRECISION_AUTO);
     srv_config_free(&c);
     CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--prompt-precision", "f16", NULL), -1);
-    CHECK_MSG(strstr(err, "--prompt-precision") && strstr(err, "int8") && strstr(err, "f16"),
+    CHECK_MSG(strstr(err, "--prompt-precision") && strstr(err, "int8") && strstr(err, "auto") &&
+                  strstr(err, "f16"),
               "%s", err);
 }
 
