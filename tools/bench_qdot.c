@@ -7,7 +7,11 @@
  * path (core_q8_pack's layout, "int8p") where the ISA packs the type, on random weights of n x
  * k (default 1536 x 576: one FFN matrix of the default model, which stays in
  * L2; pass --n 100000 for a matrix that must come from memory), m activation
- * rows. Prints, per variant, the medians over R repetitions of wall time and
+ * rows; then the prompt rows' kernels on the packed copy, on the calling
+ * thread: "prompt panel" (the f32 panels, core_qmatmul_packed) and, where
+ * the CPU has AMX-BF16, "prompt bf16t" (core_q8_amx_split of the rows, then
+ * core_qmatmul_packed_amx). Prints, per variant, the medians over R
+ * repetitions of wall time and
  * of process CPU time, with the weight bytes read per second of each. A
  * benchmark program, not a test.
  */
@@ -144,6 +148,37 @@ int main(int argc, char **argv)
         }
     }
     (void)core_q8_force_amx(CORE_Q8_AMX_AUTO);
+    (void)core_qdot_force_isa(core_qdot_best_isa());
+    /* prompt rows (f32) against the packed weights on the calling thread:
+     * the f32 panels, and where the CPU has AMX-BF16 the tiles (the split
+     * of the rows included) */
+    if (pk && core_qdot_best_isa() == CORE_QDOT_AVX512VNNI) {
+        float *panel = aligned_alloc(64, core_q8_panel_floats(k) * sizeof *panel);
+        const size_t sb = (core_q8_amx_split_words(m, k) * sizeof(uint16_t) + 63) / 64 * 64;
+        uint16_t *as = core_q8_amx_panels_available() ? aligned_alloc(64, sb) : NULL;
+        for (int path = 0; path < 2 && panel; path++) {
+            if (path == 1 && !as)
+                break;
+            for (long i = 0; i < reps; i++) {
+                const double t0 = now_s(), c0 = cpu_s();
+                if (path == 0)
+                    (void)core_qmatmul_packed(type, m, 0, n, k, a, k, pk, panel, 0.0f, c, n);
+                else if (core_q8_amx_split(a, k, m, k, as) == 0)
+                    (void)core_qmatmul_packed_amx(type, m, 0, n, k, as, pk, panel, 0.0f, c, n);
+                t[i] = now_s() - t0;
+                tc[i] = cpu_s() - c0;
+            }
+            qsort(t, (size_t)reps, sizeof *t, cmp_d);
+            qsort(tc, (size_t)reps, sizeof *tc, cmp_d);
+            printf("  %-10s %-5s wall median %9.1f us (%6.2f GB/s)  cpu median %9.1f us (%6.2f "
+                   "GB/s per CPU-second)\n",
+                   "prompt", path ? "bf16t" : "panel", t[reps / 2] * 1e6,
+                   (double)n * (double)rb / t[reps / 2] / 1e9, tc[reps / 2] * 1e6,
+                   (double)n * (double)rb / tc[reps / 2] / 1e9);
+        }
+        free(panel);
+        free(as);
+    }
     core_pool_free(pool);
     free(w);
     free(a);
