@@ -17,8 +17,10 @@
  *                           avx512vnni (default: the best this CPU runs)
  * --adapter A               DARKFormer attention with adapter A and its
  *                           settings (default: exact attention)
- * --prompt-int8             prompt rows in 8 bits (core_model_opts.prompt_int8);
- *                           stdout's "prompt: int8|f32" line says which ran
+ * --prompt-int8             prompt rows in 8 bits (core_model_opts.prompt_int8)
+ * --prompt-f32              prompt rows in f32 even where the CPU has AMX-BF16
+ *                           tiles (core_model_opts.prompt_f32); stdout's
+ *                           "prompt: int8|bf16t|f32" line says which ran
  * --info                    prints the model info fields
  * --time                    prints prefill / decode wall and CPU time, peak RSS
  *
@@ -131,13 +133,14 @@ int main(int argc, char **argv)
     if (argc < 2) {
         fprintf(stderr, "usage: logits_dump MODEL [--tokens ids | --tokens-file F] [--logits OUT] "
                         "[--greedy N] [--chunk K] [--max-ctx N] [--threads N] [--isa NAME] [--adapter A] "
+                        "[--prompt-int8] [--prompt-f32] "
                         "[--info] [--time]\n");
         return 1;
     }
     const char *model_path = argv[1], *logits_path = NULL, *adapter = NULL;
     int32_t *ids = NULL;
     int64_t n_ids = 0, cap_ids = 0, n_greedy = 0, chunk = 0, max_ctx = 0, threads = 0;
-    int info = 0, timing = 0, prompt_int8 = 0, rc = 1;
+    int info = 0, timing = 0, prompt_int8 = 0, prompt_f32 = 0, rc = 1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -147,6 +150,8 @@ int main(int argc, char **argv)
             timing = 1;
         } else if (strcmp(a, "--prompt-int8") == 0) {
             prompt_int8 = 1;
+        } else if (strcmp(a, "--prompt-f32") == 0) {
+            prompt_f32 = 1;
         } else if (!val) {
             fprintf(stderr, "logits_dump: %s needs a value\n", a);
             return 1;
@@ -209,7 +214,8 @@ int main(int argc, char **argv)
         return 1;
     }
     core_model_opts_t opts = {.attn_kind = CORE_ATTN_EXACT, .max_ctx = max_ctx,
-                              .n_threads = (int)threads, .prompt_int8 = prompt_int8};
+                              .n_threads = (int)threads, .prompt_int8 = prompt_int8,
+                              .prompt_f32 = prompt_f32};
     if (adapter) {
         core_features_settings_t fs = {.window = -1, .sinks = -1, .prerope = -1};
         if (core_features_resolve(adapter, &fs, &err) < 0) {
@@ -251,7 +257,9 @@ int main(int argc, char **argv)
         goto done;
     }
     /* [T][V] with --logits, else [1][V] */
-    printf("prompt: %s\n", core_model_prompt_int8(m) ? "int8" : "f32");
+    printf("prompt: %s\n", core_model_prompt_int8(m)  ? "int8"
+                            : core_model_prompt_amx(m) ? "bf16t"
+                                                       : "f32");
     const int mode = logits_path ? CORE_LOGITS_ALL : CORE_LOGITS_LAST;
     logits = malloc((size_t)(logits_path ? n_ids : 1) * (size_t)V * sizeof *logits);
     if (!logits) {

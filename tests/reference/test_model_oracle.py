@@ -17,7 +17,14 @@ variant), so those positions get REL_TOL_Q8 = 8e-2. Prompt rows (a sequence
 bringing more than one token) multiply f32 activations: REL_TOL = 1e-3;
 with --prompt-int8 (serve --prompt-precision int8), where every matrix has
 the packed AVX-512 VNNI kernel (logits_dump then prints "prompt: int8"),
-they are 8-bit rows too: measured up to 7.6e-2, REL_TOL_Q8. The same rounding decides near-ties during greedy
+they are 8-bit rows too: measured up to 7.6e-2, REL_TOL_Q8. By default,
+where the CPU has AMX-BF16 tiles, prompt rows run there (each value split
+into two bf16 parts, within 2^-16 of f32 a product; logits_dump prints
+"prompt: bf16t"): REL_TOL holds (measured 3-4e-5), and at those positions
+the argmax may take a near-tie of the oracle's within the tolerance's own
+reach, 2 REL_TOL (a random-weight model's flat logits have such ties; the
+LoRA test met one); --prompt-f32 keeps the f32 panels, argmax exact, and
+every real-model prompt runs both ways. The same rounding decides near-ties during greedy
 decoding, so the continuation is checked by teacher forcing:
 at every step the C token must be the oracle's argmax for the C prefix, or
 within GREEDY_TOL of it (measured worst 2.0e-2, on the tiny random-weight
@@ -62,9 +69,9 @@ def require(path, what):
     assert os.path.exists(path), f"{what} not found at {path} (build it first)"
 
 
-def run_c(model, ids, tmp_path, greedy=0, chunk=0, prompt_int8=False):
-    """Runs logits_dump; returns (logits [T][V] float32, greedy ids, whether
-    prompt rows ran in 8 bits)."""
+def run_c(model, ids, tmp_path, greedy=0, chunk=0, prompt_int8=False, prompt_f32=False):
+    """Runs logits_dump; returns (logits [T][V] float32, greedy ids, how
+    prompt rows ran: "int8", "bf16t" or "f32")."""
     require(HELPER, "logits_dump helper")
     ids_file = tmp_path / "ids.txt"
     ids_file.write_text(" ".join(str(i) for i in ids))
@@ -78,18 +85,21 @@ def run_c(model, ids, tmp_path, greedy=0, chunk=0, prompt_int8=False):
         cmd += ["--isa", ISA]
     if prompt_int8:
         cmd += ["--prompt-int8"]
+    if prompt_f32:
+        cmd += ["--prompt-f32"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"logits_dump failed: {p.stderr}"
     logits = np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
-    gen, int8 = [], None
+    gen, mode = [], None
     for line in p.stdout.splitlines():
         if line.startswith("greedy:"):
             gen = [int(t) for t in line.split()[1:]]
         elif line.startswith("prompt: "):
-            int8 = line.split()[1] == "int8"
-    assert int8 is not None, f"logits_dump printed no prompt line: {p.stdout[:200]}"
-    assert prompt_int8 or not int8, "prompt rows in 8 bits without --prompt-int8"
-    return logits, gen, int8
+            mode = line.split()[1]
+    assert mode in ("int8", "bf16t", "f32"), f"logits_dump's prompt line: {p.stdout[:200]}"
+    assert prompt_int8 or mode != "int8", "prompt rows in 8 bits without --prompt-int8"
+    assert not prompt_f32 or mode == "f32", "prompt rows on the tiles with --prompt-f32"
+    return logits, gen, mode
 
 
 def vnni_cpu():
@@ -112,9 +122,11 @@ def q8_positions(n, chunk, int8_prompts=False):
     return mask
 
 
-def compare(c_logits, ref_logits, label, q8=None):
+def compare(c_logits, ref_logits, label, q8=None, tiles=False):
     """Max over positions of max|c - ref| / max|ref|; asserts the tolerance
-    (REL_TOL_Q8 where q8 is set) and the argmax."""
+    (REL_TOL_Q8 where q8 is set) and the argmax (tiles: prompt rows ran on
+    the AMX-BF16 tiles, whose positions may take a near-tie within 2
+    REL_TOL)."""
     assert c_logits.shape == ref_logits.shape, (c_logits.shape, ref_logits.shape)
     err = np.abs(c_logits.astype(np.float64) - ref_logits).max(axis=1)
     scale = np.abs(ref_logits).max(axis=1)
@@ -136,7 +148,13 @@ def compare(c_logits, ref_logits, label, q8=None):
     if len(ties):
         print(f"{label}: 8-bit positions taking a near-tie: {len(ties)} "
               f"(largest gap {gap[ties].max():.2e})")
-    bad = np.nonzero((c_arg != r_arg) & ~((q8 if q8 is not None else False) & (gap <= GREEDY_TOL)))[0]
+    q8m = q8 if q8 is not None else np.zeros(len(c_arg), dtype=bool)
+    tie_ok = (q8m & (gap <= GREEDY_TOL)) | (tiles & ~q8m & (gap <= 2 * REL_TOL))
+    tt = np.nonzero((c_arg != r_arg) & tiles & ~q8m & tie_ok)[0]
+    if len(tt):
+        print(f"{label}: tile positions taking a near-tie: {tt.tolist()} "
+              f"(gaps {np.round(gap[tt], 6).tolist()})")
+    bad = np.nonzero((c_arg != r_arg) & ~tie_ok)[0]
     assert len(bad) == 0, f"{label}: argmax differs at positions {bad[:10].tolist()}"
     return worst
 
@@ -194,17 +212,21 @@ def prompts(tok):
     }
 
 
+@pytest.mark.parametrize("path", ["default", "f32"])
 @pytest.mark.parametrize("which", ["short", "long", "chat"])
-def test_real_model_matches_oracle(real, which, tmp_path):
+def test_real_model_matches_oracle(real, which, path, tmp_path):
+    """The default (the AMX-BF16 tiles for prompt rows where the CPU has
+    them) and --prompt-f32 (the f32 panels)."""
     ref, tok = real
     ids = prompts(tok)[which]
     # The long prompt is prefilled in uneven chunks: chunked prefill must match
     # the oracle's single pass too.
     chunk = 47 if which == "long" else 0
-    c_logits, c_gen, int8 = run_c(MODEL, ids, tmp_path, greedy=N_GREEDY, chunk=chunk)
-    compare(c_logits, oracle_logits(ref, which, ids), f"real/{which}",
-            q8_positions(len(ids), chunk, int8))
-    check_greedy(ref, ids, c_gen, f"real/{which}")
+    c_logits, c_gen, mode = run_c(MODEL, ids, tmp_path, greedy=N_GREEDY, chunk=chunk,
+                                  prompt_f32=path == "f32")
+    compare(c_logits, oracle_logits(ref, which, ids), f"real/{which}/{mode}",
+            q8_positions(len(ids), chunk, mode == "int8"), tiles=mode == "bf16t")
+    check_greedy(ref, ids, c_gen, f"real/{which}/{mode}")
     if which == "short":
         text = tok.decode(c_gen)
         print(f"greedy after 'The capital of France is': {text!r}")
@@ -220,12 +242,13 @@ def test_real_model_int8_prompts_match_oracle(real, which, tmp_path):
     ref, tok = real
     ids = prompts(tok)[which]
     chunk = 47 if which == "long" else 0
-    c_logits, c_gen, int8 = run_c(MODEL, ids, tmp_path, greedy=N_GREEDY, chunk=chunk,
+    c_logits, c_gen, mode = run_c(MODEL, ids, tmp_path, greedy=N_GREEDY, chunk=chunk,
                                   prompt_int8=True)
+    int8 = mode == "int8"
     # the default model is Q4_1 and Q8_0 throughout: packed wherever VNNI runs
-    assert int8 == (vnni_cpu() and ISA in (None, "avx512vnni")), int8
+    assert int8 == (vnni_cpu() and ISA in (None, "avx512vnni")), mode
     compare(c_logits, oracle_logits(ref, which, ids), f"real/{which}/int8",
-            q8_positions(len(ids), chunk, int8))
+            q8_positions(len(ids), chunk, int8), tiles=mode == "bf16t")
     check_greedy(ref, ids, c_gen, f"real/{which}/int8")
 
 
@@ -270,6 +293,7 @@ def test_tiny_model_matches_oracle(tiny, which, tmp_path):
     ref, tok = tiny
     ids = prompts(tok)[which]
     chunk = 13 if which == "long" else 0
-    c_logits, c_gen, int8 = run_c(TINY, ids, tmp_path, greedy=N_GREEDY, chunk=chunk)
-    compare(c_logits, ref.forward(ids), f"tiny/{which}", q8_positions(len(ids), chunk, int8))
+    c_logits, c_gen, mode = run_c(TINY, ids, tmp_path, greedy=N_GREEDY, chunk=chunk)
+    compare(c_logits, ref.forward(ids), f"tiny/{which}",
+            q8_positions(len(ids), chunk, mode == "int8"), tiles=mode == "bf16t")
     check_greedy(ref, ids, c_gen, f"tiny/{which}")
