@@ -557,7 +557,8 @@ def render(r, markdown):
              else "") + ".")
         dec8 = (h8.get("decomposition") or {}).get("16")
         if dec8 and lv8.get(1):
-            L.append("With int8 prompts: " + decomposition_line(dec8, lv8[1]))
+            line = decomposition_line(dec8, lv8[1])
+            L.append("With int8 prompts, w" + line[1:])
         L.append("")
     elif r["errors"].get("http_int8"):
         L.append(f"HTTP streams with --prompt-precision int8 not measured: "
