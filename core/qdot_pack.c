@@ -289,26 +289,30 @@ typedef struct amx_cfg { /* the LDTILECFG operand, palette 1 */
  * multiplies four blocks, stores their sums together, then does their float
  * work: a load that follows a tile store waits until the store is done
  * (~25 cycles), so one wait per four blocks instead of one per block. */
-AMX_FN void amx_config(int R)
+/* LDTILECFG of palette 1 with tiles 0..7 of rows[t] rows of colsb[t] bytes.
+ * Through asm with the whole struct as its operand: gcc 12's
+ * _tile_loadconfig does not tell the compiler it reads all 64 bytes, and a
+ * test build of the same code had the rows and column stores dropped (the
+ * tile instructions then fault). */
+static inline __attribute__((always_inline)) void tile_config(const uint8_t rows[8],
+                                                              const uint16_t colsb[8])
 {
     amx_cfg_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t < 4; t++) {
-        cfg.rows[t] = (uint8_t)R;
-        cfg.colsb[t] = 64;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = rows[t];
+        cfg.colsb[t] = colsb[t];
     }
-    for (int t = 4; t < 8; t += 2) {
-        cfg.rows[t] = (uint8_t)R;
-        cfg.colsb[t] = QB;
-        cfg.rows[t + 1] = 8;
-        cfg.colsb[t + 1] = 64;
-    }
-    /* LDTILECFG through asm with the whole struct as its operand: gcc 12's
-     * _tile_loadconfig does not tell the compiler it reads all 64 bytes,
-     * and a test build of the same code had the rows and column stores
-     * dropped (the tile instructions then fault) */
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+AMX_FN void amx_config(int R)
+{
+    const uint8_t r = (uint8_t)R;
+    const uint8_t rows[8] = {r, r, r, r, r, 8, r, 8};
+    const uint16_t colsb[8] = {64, 64, 64, 64, QB, 64, QB, 64};
+    tile_config(rows, colsb);
 }
 
 /* Block b's weights as a tile: Q8_0's packed bytes are one; the Q4 types'
@@ -716,18 +720,10 @@ BX_FN void bx_fill(int type, const unsigned char *gp, int64_t nb, uint16_t *out)
  * and lo (R x 32 bf16); 6, 7: a group's block, hi and lo (16 x 32 bf16). */
 BX_FN void bx_config(int R)
 {
-    amx_cfg_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 6; t++) {
-        cfg.rows[t] = (uint8_t)R;
-        cfg.colsb[t] = 64;
-    }
-    for (int t = 6; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    __asm__ volatile("ldtilecfg %0" : : "m"(cfg)); /* as amx_config */
+    const uint8_t r = (uint8_t)R;
+    const uint8_t rows[8] = {r, r, r, r, r, r, 16, 16};
+    const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    tile_config(rows, colsb);
 }
 
 /* Two groups' block b (C, C + 1; the second only when G > C + 1) into
@@ -757,6 +753,19 @@ BX_FN void bx_config(int R)
         }                                                                                        \
     } while (0)
 
+/* OP (a tile load or store) of sums tile g and group g's 16 columns of c,
+ * g < G (the tile numbers must be literals). */
+#define BX_SUMS(G_, OP, c_, stride_)                                                             \
+    do {                                                                                         \
+        OP(0, (c_), (stride_));                                                                  \
+        if ((G_) > 1)                                                                            \
+            OP(1, (c_) + (int64_t)PACK_ROWS, (stride_));                                         \
+        if ((G_) > 2)                                                                            \
+            OP(2, (c_) + (int64_t)2 * PACK_ROWS, (stride_));                                     \
+        if ((G_) > 3)                                                                            \
+            OP(3, (c_) + (int64_t)3 * PACK_ROWS, (stride_));                                     \
+    } while (0)
+
 /* R split rows (the tiles configured for R; row r's hi values at as + r *
  * 2k, its lo values k further) against the G groups of the bf16 panel:
  * lanes [0, l1_last) of the last group, all of the others. Where every
@@ -770,13 +779,7 @@ BX_FN void bx_rows(int R, int G, const uint16_t *as, int64_t k, const uint16_t *
     const int direct = l1_last == PACK_ROWS && (beta == 0.0f || beta == 1.0f);
     const int64_t cstride = ldc * (int64_t)sizeof(float);
     if (direct && beta == 1.0f) {
-        _tile_loadd(0, c, cstride);
-        if (G > 1)
-            _tile_loadd(1, c + (int64_t)PACK_ROWS, cstride);
-        if (G > 2)
-            _tile_loadd(2, c + (int64_t)2 * PACK_ROWS, cstride);
-        if (G > 3)
-            _tile_loadd(3, c + (int64_t)3 * PACK_ROWS, cstride);
+        BX_SUMS(G, _tile_loadd, c, cstride);
     } else {
         _tile_zero(0);
         _tile_zero(1);
@@ -790,13 +793,7 @@ BX_FN void bx_rows(int R, int G, const uint16_t *as, int64_t k, const uint16_t *
         BX_PAIR(G, 2, 3);
     }
     if (direct) {
-        _tile_stored(0, c, cstride);
-        if (G > 1)
-            _tile_stored(1, c + (int64_t)PACK_ROWS, cstride);
-        if (G > 2)
-            _tile_stored(2, c + (int64_t)2 * PACK_ROWS, cstride);
-        if (G > 3)
-            _tile_stored(3, c + (int64_t)3 * PACK_ROWS, cstride);
+        BX_SUMS(G, _tile_stored, c, cstride);
         __asm__ volatile("" ::: "memory"); /* _tile_stored does not say it writes c */
         return;
     }
@@ -821,6 +818,7 @@ BX_FN void bx_rows(int R, int G, const uint16_t *as, int64_t k, const uint16_t *
     }
 }
 #undef BX_PAIR
+#undef BX_SUMS
 
 BX_FN void packed_bx_body(int type, int64_t m, int64_t j0, int64_t j1, int64_t k,
                           const uint16_t *as, const unsigned char *pk, float *panel, float beta,
@@ -951,14 +949,20 @@ int core_q8_amx_panels_available(void)
     return bx_ok;
 }
 
-int core_q8_force_amx_panels(core_q8_amx_mode_t mode)
+/* A forcing mode into slot: ON only where the unit is available. */
+static int force_mode(_Atomic int *slot, core_q8_amx_mode_t mode, int available)
 {
     if (mode != CORE_Q8_AMX_AUTO && mode != CORE_Q8_AMX_OFF && mode != CORE_Q8_AMX_ON)
         return CORE_EINVAL;
-    if (mode == CORE_Q8_AMX_ON && !core_q8_amx_panels_available())
+    if (mode == CORE_Q8_AMX_ON && !available)
         return CORE_EUNSUPPORTED;
-    atomic_store_explicit(&bx_mode, mode, memory_order_relaxed);
+    atomic_store_explicit(slot, mode, memory_order_relaxed);
     return 0;
+}
+
+int core_q8_force_amx_panels(core_q8_amx_mode_t mode)
+{
+    return force_mode(&bx_mode, mode, core_q8_amx_panels_available());
 }
 
 int core_q8_amx_panels_used(void)
@@ -969,12 +973,7 @@ int core_q8_amx_panels_used(void)
 
 int core_q8_force_amx(core_q8_amx_mode_t mode)
 {
-    if (mode != CORE_Q8_AMX_AUTO && mode != CORE_Q8_AMX_OFF && mode != CORE_Q8_AMX_ON)
-        return CORE_EINVAL;
-    if (mode == CORE_Q8_AMX_ON && !core_q8_amx_available())
-        return CORE_EUNSUPPORTED;
-    atomic_store_explicit(&amx_mode, mode, memory_order_relaxed);
-    return 0;
+    return force_mode(&amx_mode, mode, core_q8_amx_available());
 }
 
 int core_q8_amx_used(int64_t m)

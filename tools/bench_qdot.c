@@ -47,6 +47,19 @@ static int cmp_d(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* One variant's line: the medians of its reps wall (t) and CPU (tc) times,
+ * sorted here, and the weight bytes read per second of each. */
+static void report(const char *isa, const char *path, double *t, double *tc, long reps,
+                   double bytes)
+{
+    qsort(t, (size_t)reps, sizeof *t, cmp_d);
+    qsort(tc, (size_t)reps, sizeof *tc, cmp_d);
+    printf("  %-10s %-5s wall median %9.1f us (%6.2f GB/s)  cpu median %9.1f us (%6.2f "
+           "GB/s per CPU-second)\n",
+           isa, path, t[reps / 2] * 1e6, bytes / t[reps / 2] / 1e9, tc[reps / 2] * 1e6,
+           bytes / tc[reps / 2] / 1e9);
+}
+
 int main(int argc, char **argv)
 {
     const char *tname = "Q4_1";
@@ -137,14 +150,9 @@ int main(int argc, char **argv)
                 t[i] = now_s() - t0;
                 tc[i] = cpu_s() - c0;
             }
-            qsort(t, (size_t)reps, sizeof *t, cmp_d);
-            qsort(tc, (size_t)reps, sizeof *tc, cmp_d);
-            printf("  %-10s %-5s wall median %9.1f us (%6.2f GB/s)  cpu median %9.1f us (%6.2f "
-                   "GB/s per CPU-second)\n",
-                   core_qdot_isa_name((core_qdot_isa_t)isa),
-                   path == 3 ? "amx" : path == 2 ? "int8p" : path ? "int8" : "f32",
-                   t[reps / 2] * 1e6, (double)n * (double)rb / t[reps / 2] / 1e9, tc[reps / 2] * 1e6,
-                   (double)n * (double)rb / tc[reps / 2] / 1e9);
+            report(core_qdot_isa_name((core_qdot_isa_t)isa),
+                   path == 3 ? "amx" : path == 2 ? "int8p" : path ? "int8" : "f32", t, tc, reps,
+                   (double)n * (double)rb);
         }
     }
     (void)core_q8_force_amx(CORE_Q8_AMX_AUTO);
@@ -168,13 +176,7 @@ int main(int argc, char **argv)
                 t[i] = now_s() - t0;
                 tc[i] = cpu_s() - c0;
             }
-            qsort(t, (size_t)reps, sizeof *t, cmp_d);
-            qsort(tc, (size_t)reps, sizeof *tc, cmp_d);
-            printf("  %-10s %-5s wall median %9.1f us (%6.2f GB/s)  cpu median %9.1f us (%6.2f "
-                   "GB/s per CPU-second)\n",
-                   "prompt", path ? "bf16t" : "panel", t[reps / 2] * 1e6,
-                   (double)n * (double)rb / t[reps / 2] / 1e9, tc[reps / 2] * 1e6,
-                   (double)n * (double)rb / tc[reps / 2] / 1e9);
+            report("prompt", path ? "bf16t" : "panel", t, tc, reps, (double)n * (double)rb);
         }
         free(panel);
         free(as);

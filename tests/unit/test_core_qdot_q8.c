@@ -809,7 +809,7 @@ TEST(amx_panels_within_bound)
     for (int t = 0; t < 3; t++)
         for (int i = 0; i < 5; i++)
             check_amx_panels(&r, pt[t], ms[i], ns[(i + t) % 4], ks[(i + 2 * t) % 4],
-                             i == 3 ? 0.5f : 0.0f);
+                             i == 3 ? 0.5f : i == 4 ? 1.0f : 0.0f); /* 1: the sums start from c */
     /* bad arguments */
     const int64_t k = 64, n = 16;
     size_t rb = 0;
