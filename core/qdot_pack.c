@@ -283,12 +283,6 @@ typedef struct amx_cfg { /* the LDTILECFG operand, palette 1 */
     uint8_t rows[16];
 } amx_cfg_t;
 
-/* Tiles 0-3 hold the sums of four blocks (R x 16 int32 each); 4 and 6 the
- * activations (R x 32 bytes), 5 and 7 the weights (8 x 64 bytes), two pairs
- * so that a block's loads need not wait for the multiply before. The loop
- * multiplies four blocks, stores their sums together, then does their float
- * work: a load that follows a tile store waits until the store is done
- * (~25 cycles), so one wait per four blocks instead of one per block. */
 /* LDTILECFG of palette 1 with tiles 0..7 of rows[t] rows of colsb[t] bytes.
  * Through asm with the whole struct as its operand: gcc 12's
  * _tile_loadconfig does not tell the compiler it reads all 64 bytes, and a
@@ -307,6 +301,12 @@ static inline __attribute__((always_inline)) void tile_config(const uint8_t rows
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
+/* Tiles 0-3 hold the sums of four blocks (R x 16 int32 each); 4 and 6 the
+ * activations (R x 32 bytes), 5 and 7 the weights (8 x 64 bytes), two pairs
+ * so that a block's loads need not wait for the multiply before. The loop
+ * multiplies four blocks, stores their sums together, then does their float
+ * work: a load that follows a tile store waits until the store is done
+ * (~25 cycles), so one wait per four blocks instead of one per block. */
 AMX_FN void amx_config(int R)
 {
     const uint8_t r = (uint8_t)R;
@@ -662,35 +662,34 @@ PACK_FN void packed_f32_body(int type, int64_t m, int64_t j0, int64_t j1, int64_
  * the two splits' remainders are below 2^-16 of each |a_e w_e|: |C - exact|
  * <= (2^-15 + k 2^-24) sum_e |a_e w_e| (the k 2^-24: the f32 additions).
  * A row's bits depend on its own values and the weights only, as with the
- * panels. About 4x the panels' speed: 3 tile multiplies of 16 x 16 x 32
- * (~48 cycles) against 16 x 16 x 32 fused multiply-adds on two 512-bit
- * ports (256 cycles).
+ * panels. 3 tile multiplies of 16 x 16 x 32 take ~48 cycles at the unit's
+ * rate against 256 for the same fused multiply-adds on two 512-bit ports;
+ * measured, with the weights' split and the tile loads, 1.4x the panels at
+ * 28 rows and 2.3-2.5x at 448 (docs/PERFORMANCE.md).
  *
  * The weights: the panel's groups (up to PANEL_GROUPS of 16 rows), block b
  * of group g as two 16 x 64-byte tiles, hi then lo, line i holding for
  * output lane n the pair (w[n][32b + 2i], w[n][32b + 2i + 1]) (the layout
  * TDPBF16PS reads its second operand in), core_dequantize's floats split.
- * The activations: per 16 rows and block, two R x 64-byte tiles (hi, lo)
- * split as they are used, into two alternating buffers. */
+ * The activations: split once per product by core_q8_amx_split (row r's k
+ * hi values, then its k lo values), read as R x 64-byte tiles. */
 #define BX_TARGET                                                                                \
     target("amx-tile,amx-bf16,avx512bf16,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #define BX_FN static inline __attribute__((BX_TARGET, always_inline))
 
 enum { BX_TILE = 512 /* bf16 values of one 16 x 64-byte tile */ };
 
-/* hi and lo of 32 floats (v0 the first 16, v1 the next) as two tile lines
- * of 32 bf16 each in value order. */
-BX_FN void bx_split32(__m512 v0, __m512 v1, uint16_t *hi, uint16_t *lo)
+/* hi and lo of 32 floats (v0 the first 16, v1 the next), 32 bf16 each in
+ * value order. */
+BX_FN void bx_split32(__m512 v0, __m512 v1, __m512i *hi, __m512i *lo)
 {
     const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(v1, v0); /* v0's 16, then v1's */
     const __m512 h0 = _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
     const __m512 h1 = _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
-    const __m512i l =
-        (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0));
-    _mm512_store_si512((void *)hi, h);
-    _mm512_store_si512((void *)lo, l);
+    *hi = h;
+    *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0));
 }
 
 /* The bf16 panel of one group (see above) from its nb packed blocks at gp. */
@@ -698,7 +697,6 @@ BX_FN void bx_fill(int type, const unsigned char *gp, int64_t nb, uint16_t *out)
 {
     const size_t gb = group_block_bytes(type);
     _Alignas(64) float y[QB * PACK_ROWS]; /* value e of the 16 rows at y + 16 e */
-    _Alignas(64) uint16_t t[2 * 32];
     /* word 2n of a line: value 2i of row n; 2n + 1: value 2i + 1 */
     const __m512i pair = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                           24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
@@ -706,12 +704,11 @@ BX_FN void bx_fill(int type, const unsigned char *gp, int64_t nb, uint16_t *out)
     for (int64_t b = 0; b < nb; b++, gp += gb, out += (size_t)2 * BX_TILE) {
         panel_fill(type, gp, 1, y);
         for (int64_t i = 0; i < QB / 2; i++) {
+            __m512i h, l;
             bx_split32(_mm512_load_ps(y + 2 * i * PACK_ROWS),
-                       _mm512_load_ps(y + (2 * i + 1) * PACK_ROWS), t, t + 32);
-            _mm512_store_si512((void *)(out + 32 * i),
-                               _mm512_permutexvar_epi16(pair, _mm512_load_si512((void *)t)));
-            _mm512_store_si512((void *)(out + BX_TILE + 32 * i),
-                               _mm512_permutexvar_epi16(pair, _mm512_load_si512((void *)(t + 32))));
+                       _mm512_load_ps(y + (2 * i + 1) * PACK_ROWS), &h, &l);
+            _mm512_store_si512((void *)(out + 32 * i), _mm512_permutexvar_epi16(pair, h));
+            _mm512_store_si512((void *)(out + BX_TILE + 32 * i), _mm512_permutexvar_epi16(pair, l));
         }
     }
 }
@@ -864,9 +861,13 @@ __attribute__((BX_TARGET)) static void bx_split_rows(const float *a, int64_t lda
                                                      int64_t k, uint16_t *out)
 {
     for (int64_t r = 0; r < m; r++, out += 2 * k)
-        for (int64_t e = 0; e < k; e += QB)
+        for (int64_t e = 0; e < k; e += QB) {
+            __m512i h, l;
             bx_split32(_mm512_loadu_ps(a + r * lda + e), _mm512_loadu_ps(a + r * lda + e + 16),
-                       out + e, out + k + e);
+                       &h, &l);
+            _mm512_store_si512((void *)(out + e), h);
+            _mm512_store_si512((void *)(out + k + e), l);
+        }
 }
 
 /* One instance per type: the panel fill's type tests fold away. */

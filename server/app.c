@@ -368,14 +368,11 @@ static int load(api_app_t *app)
         SRV_LOG(SRV_LOG_INFO, NULL,
                 "batches of %d or more 8-bit rows on Intel AMX tiles (the vector kernels' bits)",
                 CORE_Q8_AMX_MIN_ROWS);
-    if (core_model_prompt_int8(app->model))
-        SRV_LOG(SRV_LOG_INFO, NULL, "prompt rows in 8 bits (--prompt-precision int8)");
-    else if (core_model_prompt_amx(app->model))
-        SRV_LOG(SRV_LOG_INFO, NULL, "prompt rows on Intel AMX-BF16 tiles (two bf16 parts a "
-                "value, within 2^-16 of f32; --prompt-precision f32 for the f32 products)");
-    if (!core_model_prompt_int8(app->model) && app->cfg->prompt_precision == SRV_PRECISION_INT8)
-        SRV_LOG(SRV_LOG_WARN, NULL, "--prompt-precision int8: prompt rows stay f32 (it needs "
-                "AVX-512 VNNI and Q4_0, Q4_1 or Q8_0 weights throughout)");
+    int warn = 0;
+    const char *rows = srv_prompt_rows_note(
+        app->model, app->cfg->prompt_precision == SRV_PRECISION_INT8, &warn);
+    if (rows)
+        SRV_LOG(warn ? SRV_LOG_WARN : SRV_LOG_INFO, NULL, "%s", rows);
     return 0;
 }
 

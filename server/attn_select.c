@@ -84,6 +84,22 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
     return 0;
 }
 
+const char *srv_prompt_rows_note(const core_model_t *m, int asked_int8, int *warn)
+{
+    *warn = 0;
+    if (core_model_prompt_int8(m))
+        return "prompt rows in 8 bits (--prompt-precision int8)";
+    *warn = asked_int8;
+    if (core_model_prompt_amx(m))
+        return asked_int8 ? "--prompt-precision int8 needs every matrix packed (Q4_0, Q4_1, "
+                            "Q8_0) for AVX-512 VNNI: prompt rows stay on the Intel AMX-BF16 tiles"
+                          : "prompt rows on Intel AMX-BF16 tiles (two bf16 parts a value, within "
+                            "2^-16 of f32; --prompt-precision f32 for the f32 products)";
+    return asked_int8 ? "--prompt-precision int8: prompt rows stay f32 (it needs AVX-512 VNNI "
+                        "and Q4_0, Q4_1 or Q8_0 weights throughout)"
+                      : NULL;
+}
+
 void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf, size_t cap)
 {
     const char *ad = adapter && adapter[0] ? adapter : "none";

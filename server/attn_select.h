@@ -68,4 +68,10 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
  * "" = none) into buf[cap]. */
 void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf, size_t cap);
 
+/* What the prompt rows of m multiply in, for the startup line of `serve`
+ * and the CLI commands (asked_int8: --prompt-precision int8 was given):
+ * a static string, or NULL when they run as always (f32, no tiles).
+ * *warn is set when int8 was asked for and cannot run here. */
+const char *srv_prompt_rows_note(const core_model_t *m, int asked_int8, int *warn);
+
 #endif

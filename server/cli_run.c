@@ -144,15 +144,10 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
     char desc[CORE_MODEL_PATH_MAX + 256];
     srv_attn_describe(core_attn_config(core_model_attn(*m)), ch->adapter, desc, sizeof desc);
     fprintf(stderr, "darkserve %s: attention %s\n", cmd, desc);
-    if (core_model_prompt_int8(*m))
-        fprintf(stderr, "darkserve %s: prompt rows in 8 bits (--prompt-precision int8)\n", cmd);
-    else if (core_model_prompt_amx(*m))
-        fprintf(stderr, "darkserve %s: prompt rows on Intel AMX-BF16 tiles (within 2^-16 of f32; "
-                        "--prompt-precision f32 for the f32 products)\n",
-                cmd);
-    if (!core_model_prompt_int8(*m) && prompt_int8)
-        fprintf(stderr, "darkserve %s: --prompt-precision int8: prompt rows stay f32 (it needs "
-                        "AVX-512 VNNI and Q4_0, Q4_1 or Q8_0 weights throughout)\n", cmd);
+    int warn = 0;
+    const char *rows = srv_prompt_rows_note(*m, prompt_int8, &warn);
+    if (rows)
+        fprintf(stderr, "darkserve %s: %s\n", cmd, rows);
     free(ch);
     if (core_tokenizer_from_gguf(core_model_gguf(*m), tok, &err) < 0) {
         fprintf(stderr, "darkserve %s: tokenizer of %s: %s\n", cmd, path, err.msg);
