@@ -7,7 +7,10 @@ they print and compute, never for how fast anything is:
 - build/tools/bench_decode with a list of contexts (one state per context;
   linear kinds filled once through the list);
 - loadgen's percentile helper and per-level summary on known data;
-- bench.py's report: the goals of issue 8 met or not from given figures.
+- bench.py's report: the goals of issue 8 met or not from given figures;
+- build/tools/bench_amx_overlap: its lines and its overlap arithmetic;
+  tools/goal3_ablation.sh --check: its patches still fit the kernels they
+  cut (and fail loudly when they do not).
 """
 import importlib.util
 import os
@@ -35,6 +38,8 @@ def load_bench():
 bench = load_bench()
 BENCH_BW = os.path.join(BUILD, "tools", "bench_bw")
 BENCH_DECODE = os.path.join(BUILD, "tools", "bench_decode")
+BENCH_OVERLAP = os.path.join(BUILD, "tools", "bench_amx_overlap")
+ABLATION = os.path.join(ROOT, "tools", "goal3_ablation.sh")
 
 
 def tool(args, check=True):
@@ -306,3 +311,65 @@ def test_int8_prompt_figures_are_their_own_rows():
     assert "16 ÷ 1: 4.10×" in md and "16 streams: aggregate 205.0 tokens/s" in md
     r["http_int8"]["levels"][1]["aggregate_tps"] = 150.0
     assert bench.goals(r)[3][3] == "not met"
+
+
+RE_OVERLAP = re.compile(r"^(tiles|float zmm|tiles\+float zmm|float ymm|tiles\+float ymm)\s+"
+                        r"([0-9.]+) ns a block$", re.M)
+
+
+def test_bench_amx_overlap_lines_and_arithmetic():
+    """Where the tiles run: five timings, each positive, and each overlap
+    line equal to (tiles + float - both) / min(tiles, float) of the printed
+    figures; elsewhere the one line that says there is nothing to measure."""
+    out = tool([BENCH_OVERLAP, "--reps", "2", "--groups", "3"]).stdout
+    if "no AMX tiles" in out:
+        assert out.strip() == "no AMX tiles on this CPU or OS: nothing to measure", out
+        return
+    t = {m.group(1): float(m.group(2)) for m in RE_OVERLAP.finditer(out)}
+    assert sorted(t) == sorted(["tiles", "float zmm", "tiles+float zmm", "float ymm",
+                                "tiles+float ymm"]), out
+    assert all(v > 0 for v in t.values()), out
+    assert "3 groups x 18 blocks, fastest of 2 passes" in out, out
+    for isa in ["zmm", "ymm"]:
+        m = re.search(rf"^overlap {isa}\s+(-?[0-9.]+) ", out, re.M)
+        assert m, out
+        f, b = t[f"float {isa}"], t[f"tiles+float {isa}"]
+        want = (t["tiles"] + f - b) / min(t["tiles"], f)
+        # the printed ns have two decimals: allow their rounding
+        slack = 0.015 / min(t["tiles"], f) + 0.006
+        assert abs(float(m.group(1)) - want) <= slack, (isa, m.group(1), want, out)
+
+
+@pytest.mark.parametrize("args", [["--reps", "0"], ["--reps", "x"], ["--groups", "0"],
+                                  ["--groups", "5000"], ["--bogus"], ["--reps"]])
+def test_bench_amx_overlap_refuses_bad_options(args):
+    p = tool([BENCH_OVERLAP] + args, check=False)
+    assert p.returncode == 2 and "usage: bench_amx_overlap" in p.stderr, (args, p.stderr)
+
+
+def test_goal3_ablation_patches_fit():
+    p = subprocess.run([ABLATION, "--check"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    for v in ["no-float", "no-tiles", "no-window", "half-window", "kv8"]:
+        assert f"goal3_ablation: {v}: the patch fits" in p.stdout, p.stdout
+    bad = subprocess.run([ABLATION, "x"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_goal3_ablation_fails_when_a_kernel_changed(tmp_path):
+    """A patch whose code is gone stops the script with the file and the
+    text it looked for, so the ablation never silently measures nothing."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "core").mkdir()
+    script = tmp_path / "tools" / "goal3_ablation.sh"
+    script.write_text(open(ABLATION).read())
+    script.chmod(0o755)
+    src = open(os.path.join(ROOT, "core", "qdot_pack.c")).read()
+    assert "amx_scale(R, gp" in src
+    (tmp_path / "core" / "qdot_pack.c").write_text(src.replace("amx_scale(R, gp",
+                                                               "amx_scale2(R, gp"))
+    for name in ["blas.c", "attn_linear.c"]:
+        (tmp_path / "core" / name).write_text(open(os.path.join(ROOT, "core", name)).read())
+    p = subprocess.run([str(script), "--check"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "no-float: core/qdot_pack.c no longer has" in p.stderr, p.stderr
