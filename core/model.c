@@ -1072,8 +1072,9 @@ static void gemm_panels(core_model_t *m, int64_t Td, int64_t n, int64_t k, const
         chunk /= 2;
     panels_run_t t = {.m = m, .ops = ops, .n_ops = n_ops, .k = k, .n = n, .lda = lda,
                       .chunk = chunk, .a = a + Td * lda, .r0 = Td};
-    /* on AMX-BF16 tiles: the rows split once for every op and chunk */
-    if (m->bsplit && !m->prompt_f32 && core_q8_amx_panels_used() &&
+    /* on AMX-BF16 tiles (bsplit exists unless opts.prompt_f32 or the CPU
+     * has none): the rows split once for every op and chunk */
+    if (m->bsplit && core_q8_amx_panels_used() &&
         core_q8_amx_split(t.a, lda, n, k, m->bsplit) == 0)
         t.as = m->bsplit;
     atomic_init(&t.next, 0);

@@ -306,7 +306,12 @@ static inline __attribute__((always_inline)) void tile_config(const uint8_t rows
  * so that a block's loads need not wait for the multiply before. The loop
  * multiplies four blocks, stores their sums together, then does their float
  * work: a load that follows a tile store waits until the store is done
- * (~25 cycles), so one wait per four blocks instead of one per block. */
+ * (~25 cycles), so one wait per four blocks instead of one per block.
+ * Reordering cannot hide the float work behind the tile work: on the Intel
+ * Xeon measured the tile unit and the vector units take turns
+ * (build/tools/bench_amx_overlap: overlap ~0.1), so the kernel costs the
+ * sum of its two halves, and two software-pipelined orders were slower
+ * (docs/PERFORMANCE.md, "Goal 3: the ceiling on two cores"). */
 AMX_FN void amx_config(int R)
 {
     const uint8_t r = (uint8_t)R;

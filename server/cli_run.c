@@ -105,16 +105,15 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
         return 2;
     }
     rq.decay_off = !decay_on;
-    int prompt_int8 = 0, prompt_f32 = 0;
-    if (la->precision && strcmp(la->precision, "auto") != 0) {
-        prompt_int8 = strcmp(la->precision, "int8") == 0;
-        prompt_f32 = strcmp(la->precision, "f32") == 0;
-        if (!prompt_int8 && !prompt_f32) {
-            fprintf(stderr, "darkserve %s: --prompt-precision takes auto, f32 or int8, got '%s'\n",
-                    cmd, la->precision);
-            return 2;
-        }
+    const int precision =
+        la->precision ? srv_cfg_precision_parse(la->precision) : SRV_PRECISION_AUTO;
+    if (precision < 0) {
+        fprintf(stderr, "darkserve %s: --prompt-precision takes auto, f32 or int8, got '%s'\n", cmd,
+                la->precision);
+        return 2;
     }
+    const int prompt_int8 = precision == SRV_PRECISION_INT8;
+    const int prompt_f32 = precision == SRV_PRECISION_F32;
     const char *path = la->model ? la->model : SRV_DEFAULT_MODEL;
     srv_attn_choice_t *ch = malloc(sizeof *ch);
     if (!ch) {

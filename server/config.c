@@ -67,6 +67,14 @@ static const char *const precision_choices[] = {"f32", "int8", "auto", NULL};
 static const char *const level_choices[] = {"error", "warn", "info", "debug", NULL};
 static const char *const format_choices[] = {"text", "json", NULL};
 
+int srv_cfg_precision_parse(const char *s)
+{
+    for (int i = 0; s && precision_choices[i]; i++)
+        if (!strcmp(s, precision_choices[i]))
+            return i;
+    return -1;
+}
+
 #define KIB ((int64_t)1024)
 #define MIB (KIB * 1024)
 #define GIB (MIB * 1024)

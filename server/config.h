@@ -46,6 +46,9 @@ typedef enum srv_cfg_attn {
 
 /* --prompt-precision, in its choices' order */
 typedef enum { SRV_PRECISION_F32, SRV_PRECISION_INT8, SRV_PRECISION_AUTO } srv_cfg_precision_t;
+/* A --prompt-precision word ("auto", "f32", "int8") as its srv_cfg_precision_t,
+ * or -1: the one list serve's option and the CLI commands both read. */
+int srv_cfg_precision_parse(const char *s);
 
 /* Values of --log-level; equal to srv_log_level_t (server/log.h). */
 typedef enum srv_cfg_log_level {

@@ -493,6 +493,14 @@ TEST(test_prompt_precision)
     CHECK_MSG(strstr(err, "--prompt-precision") && strstr(err, "int8") && strstr(err, "auto") &&
                   strstr(err, "f16"),
               "%s", err);
+    /* the CLI commands' parser: the same words, nothing else */
+    CHECK_INT_EQ(srv_cfg_precision_parse("auto"), SRV_PRECISION_AUTO);
+    CHECK_INT_EQ(srv_cfg_precision_parse("f32"), SRV_PRECISION_F32);
+    CHECK_INT_EQ(srv_cfg_precision_parse("int8"), SRV_PRECISION_INT8);
+    CHECK_INT_EQ(srv_cfg_precision_parse("INT8"), -1);
+    CHECK_INT_EQ(srv_cfg_precision_parse(""), -1);
+    CHECK_INT_EQ(srv_cfg_precision_parse("f32 "), -1);
+    CHECK_INT_EQ(srv_cfg_precision_parse(NULL), -1);
 }
 
 int main(void)
