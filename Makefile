@@ -1,7 +1,7 @@
 # darkserve — plain Makefile, out-of-tree build (BUILD=dir), -MMD -MP deps.
 #
-# Layout: core/*.c -> $(BUILD)/libcore.a, proto/*.c -> $(BUILD)/libproto.a,
-# server/*.c -> $(BUILD)/darkserve. Unit tests are globbed by prefix:
+# Layout: core/**.c -> $(BUILD)/libcore.a, proto/*.c -> $(BUILD)/libproto.a,
+# server/**.c -> $(BUILD)/darkserve. Unit tests are globbed by prefix:
 #   tests/unit/test_core_*.c   link libcore only (+ BLAS, PCRE2, libm)
 #   tests/unit/test_proto_*.c  link libproto only (+ jansson)
 #   tests/unit/test_srv_*.c    link server objects (minus main) + both libs
@@ -32,16 +32,18 @@ CFLAGS  ?=
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) $(WARN) -MMD -MP -I. $(OPENBLAS_CFLAGS)
 LDFLAGS ?=
 
-# hiredis: the Redis session store (server/store_redis.c includes <hiredis/hiredis.h>)
+# hiredis: the Redis session store (server/store/store_redis.c includes <hiredis/hiredis.h>)
 HIREDIS_LIBS := $(shell pkg-config --libs hiredis 2>/dev/null || echo -lhiredis)
 
 CORE_LIBS   := $(OPENBLAS_LIBS) -lpcre2-8 -lm -lpthread
 PROTO_LIBS  := -ljansson
 SERVER_LIBS := -lmicrohttpd -luv $(HIREDIS_LIBS) $(PROTO_LIBS) $(CORE_LIBS)
 
-CORE_SRC   := $(wildcard core/*.c)
-PROTO_SRC  := $(wildcard proto/*.c)
-SERVER_SRC := $(wildcard server/*.c)
+# Each layer's modules are its sub-folders (docs/DESIGN.md §1); the UI's
+# generator (server/ui/embed.c) is a build tool, not part of the binary.
+CORE_SRC   := $(sort $(shell find core -name '*.c'))
+PROTO_SRC  := $(sort $(wildcard proto/*.c))
+SERVER_SRC := $(sort $(filter-out server/ui/embed.c,$(shell find server -name '*.c')))
 CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
 PROTO_OBJ  := $(PROTO_SRC:%.c=$(BUILD)/%.o)
 # The web page (server/ui/*.html, *.css, *.js) is embedded into the binary
@@ -66,12 +68,12 @@ HELPER_BINS := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
 
 .PHONY: adapter
 .PHONY: all deps model run test unit pytest asan lint format clean bench help fuzz container-test \
-        check-layers check-headers
+        check-layers check-cycles check-headers
 
 all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS) $(HELPER_BINS)
 
 help:
-	@echo "make run | test | asan | lint | check-layers | check-headers | format | model | bench | fuzz | container-test | clean  (BUILD=$(BUILD))"
+	@echo "make run | test | asan | lint | check-layers | check-cycles | check-headers | format | model | bench | fuzz | container-test | clean  (BUILD=$(BUILD))"
 
 deps:
 	@scripts/deps.sh
@@ -150,6 +152,7 @@ pytest: all $(TINY)
 test: deps model
 	@$(MAKE) --no-print-directory check-layers check-headers
 	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory check-cycles
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory pytest
 
@@ -158,10 +161,16 @@ test: deps model
 check-layers:
 	@scripts/check_layers.sh
 
+# No circle of calls between .c files of different modules, none inside one
+# but those scripts/check_cycles.py lists with their reason (from the built
+# objects' symbol tables and the files' #includes).
+check-cycles: $(CORE_OBJ) $(PROTO_OBJ) $(SERVER_OBJ)
+	@python3 scripts/check_cycles.py --build $(BUILD)
+
 # Every header compiles on its own, and twice (its include guard works), with
 # the build's warnings as errors; the typedef keeps a macro-only header's
 # translation unit from being empty.
-HEADERS := $(sort $(wildcard core/*.h proto/*.h server/*.h))
+HEADERS := $(sort $(shell find core proto server -name '*.h'))
 check-headers:
 	@fail=0; for h in $(HEADERS); do \
 	  printf '#include "%s"\n#include "%s"\ntypedef int check_headers_t;\n' $$h $$h | \
@@ -189,7 +198,7 @@ lint:
 	@echo "lint: ok ($(words $(LINT_SRC)) files)"
 
 format:
-	clang-format -i $(CORE_SRC) $(PROTO_SRC) $(SERVER_SRC) $(wildcard core/*.h proto/*.h server/*.h tests/unit/*.c tests/unit/*.h tools/*.c)
+	clang-format -i $(CORE_SRC) $(PROTO_SRC) $(SERVER_SRC) $(HEADERS) $(wildcard tests/unit/*.c tests/unit/*.h tools/*.c)
 
 # libFuzzer harnesses (clang): FUZZ_SECONDS per target, new inputs kept in
 # $(BUILD)/fuzz-corpus/<target>; the seed corpora in tests/fuzz/corpus replay

@@ -4,7 +4,7 @@
  * torn one; an error also removes the temp file.
  *
  * The steps are separate calls so that a caller can stream the contents in
- * pieces (core/gguf_write.c) and hook into the sequence (server/store_dir.c:
+ * pieces (core/gguf_write.c) and hook into the sequence (server/store/store_dir.c:
  * failure injection around write(2) and the rename, a hard link of the old
  * file taken just before it is replaced). Names are relative to a directory
  * fd (AT_FDCWD: the working directory, or absolute paths).

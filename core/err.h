@@ -9,11 +9,11 @@
  * cannot catch another's:
  *      -1 ..  -99  CORE_E*        core/err.h            core_strerror
  *    -101 .. -199  PROTO_E*       proto/proto.h         (detail in proto_error_t)
- *    -201 .. -299  SRV_HTTP_E*    server/http.h
- *    -301 .. -399  SRV_ENGINE_E*  server/engine.h       srv_engine_strerror
- *    -401 .. -499  SRV_STORE_E*   server/store.h        srv_store_strerror
- *    -501 .. -599  SRV_PREFIX_E*  server/prefix_cache.h srv_prefix_strerror
- *    -601 .. -699  SRV_HC_E*      server/http_client.h  srv_hc_strerror
+ *    -201 .. -299  SRV_HTTP_E*    server/http/http.h
+ *    -301 .. -399  SRV_ENGINE_E*  server/engine/engine.h       srv_engine_strerror
+ *    -401 .. -499  SRV_STORE_E*   server/store/store.h        srv_store_strerror
+ *    -501 .. -599  SRV_PREFIX_E*  server/store/prefix_cache.h srv_prefix_strerror
+ *    -601 .. -699  SRV_HC_E*      server/cli/http_client.h  srv_hc_strerror
  * Each table is an X-macro (name, value, description). A module returns its
  * own codes only: a code from a module below it is translated, never passed
  * up. tests/unit/test_srv_errors.c checks the ranges. Functions of modules

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/blas.h"
+#include "core/kernels/blas.h"
 #include "core/tensor.h"
 
 static const char *const lora_names[CORE_LORA_N] = {"q", "k", "v", "o"};

@@ -25,12 +25,12 @@
  * cache. Which path a row takes depends only on
  * its own sequence, so a sequence computes the same (up to float rounding)
  * whatever else shares the batch. The core/qdot products run on the model's
- * thread pool (core/pool.h), their weight rows shared out among the threads:
+ * thread pool (core/kernels/pool.h), their weight rows shared out among the threads:
  * the result does not depend on the number of threads.
  *
  * Forward of B sequences: their new tokens are concatenated into T rows; every
  * projection is one GEMM over the T rows; RoPE uses each row's own position;
- * attention runs per sequence through core/attn.h. Attention capacity is
+ * attention runs per sequence through core/attn/attn.h. Attention capacity is
  * reserved for every sequence before any layer runs, so a context overflow
  * fails before anything was computed, and positions only advance once every
  * layer of every sequence has succeeded.
@@ -50,13 +50,13 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "core/blas.h"
-#include "core/features.h"
+#include "core/kernels/blas.h"
+#include "core/attn/features.h"
 #include "core/lora.h"
-#include "core/pool.h"
-#include "core/qdot.h"
+#include "core/kernels/pool.h"
+#include "core/kernels/qdot.h"
 #include "core/tensor.h"
-#include "core/vexp.h"
+#include "core/kernels/vexp.h"
 
 enum {
     MODEL_MAX_OPS = 3,       /* weight matrices applied to one input (q, k, v) */

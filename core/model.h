@@ -3,19 +3,19 @@
  * One core_model_forward() call runs B sequences, each with its own state
  * (position) and its own number of new tokens. The decode rows (sequences of
  * one token) of all sequences are multiplied together, reading each weight
- * once, in 8-bit integer products (core/qdot.h; logits within a few percent
+ * once, in 8-bit integer products (core/kernels/qdot.h; logits within a few percent
  * of the f32 ones, see tests/reference/test_model_oracle.py); each prompt
  * chunk (sequences of more tokens) is one f32 product of its own. A
  * sequence's logits are bit for bit those it gets alone: they depend on its
  * tokens and how its prompt was chunked, not on the rest of the batch.
- * Attention goes through core/attn.h, per sequence. The weight matrices are
+ * Attention goes through core/attn/attn.h, per sequence. The weight matrices are
  * not converted at load: they stay in the file's mapping in their GGUF type
  * (core/model.c says how each product reads them) and only the norm vectors
  * are held as f32; a long prompt chunk dequantizes one tile of a matrix at a
  * time into scratch (opts.tile_floats).
  *
  * Threading: one forward at a time per model (it owns scratch buffers). The
- * model owns a pool of opts.n_threads - 1 worker threads (core/pool.h) that
+ * model owns a pool of opts.n_threads - 1 worker threads (core/kernels/pool.h) that
  * the calling thread joins during a forward's weight products and attention;
  * they sleep between forwards. Logits do not depend on the thread count.
  */
@@ -25,10 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/attn.h"
+#include "core/attn/attn.h"
 #include "core/err.h"
 #include "core/gguf.h"
-#include "core/pool.h"
+#include "core/kernels/pool.h"
 
 typedef struct core_model core_model_t;
 

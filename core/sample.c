@@ -18,8 +18,8 @@
 
 #include "core/le.h"
 #include "core/rng.h"
-#include "core/state.h"
-#include "core/vexp.h"
+#include "core/crc32.h"
+#include "core/kernels/vexp.h"
 
 /* ---------------------------------------------------------------- params */
 
@@ -410,7 +410,7 @@ static int load_logits(const core_sampler_t *s, const float *logits, int64_t V,
 
 /* sum_V exp((z - zmax) * inv_t): the log-normalizer of every reported
  * logprob, one pass over the vocabulary per sampled token, through the
- * vectorized exponential (core/vexp.h; within 3e-7 of expf's). */
+ * vectorized exponential (core/kernels/vexp.h; within 3e-7 of expf's). */
 static double sum_exp(const float *z, int64_t V, float zmax, float inv_t)
 {
     enum { BLOCK = 1024 };
@@ -764,7 +764,7 @@ int core_sampler_state_save(const core_sampler_t *s, void *buf, size_t cap, core
     size_t n = core_sampler_history(s, hist, CORE_SAMPLE_HISTORY);
     for (size_t i = 0; i < n; i++)
         core_le_put_u32(b + STATE_HDR + 4 * i, (uint32_t)hist[i]);
-    core_le_put_u32(b + STATE_SIZE - 4, core_state_crc32(0, b, STATE_SIZE - 4));
+    core_le_put_u32(b + STATE_SIZE - 4, core_crc32(0, b, STATE_SIZE - 4));
     return 0;
 }
 
@@ -780,7 +780,7 @@ int core_sampler_state_load(core_sampler_t *s, const void *buf, size_t len, core
     if (ver != STATE_VERSION)
         return core_error_set(err, CORE_EUNSUPPORTED, "sampler state version %u (supported: %u)",
                               ver, STATE_VERSION);
-    uint32_t crc = core_le_get_u32(b + STATE_SIZE - 4), want = core_state_crc32(0, b, STATE_SIZE - 4);
+    uint32_t crc = core_le_get_u32(b + STATE_SIZE - 4), want = core_crc32(0, b, STATE_SIZE - 4);
     if (crc != want)
         return core_error_set(err, CORE_ECHECKSUM, "sampler state: crc32 %08x, computed %08x",
                               crc, want);

@@ -2,7 +2,7 @@
  *
  * This file owns the header, the sections around the attention payload and
  * the checksum; what an attention kind keeps is serialized by the kind itself
- * (vtable entries in core/attn_impl.h), so a new kind never touches this file.
+ * (vtable entries in core/attn/attn_impl.h), so a new kind never touches this file.
  *
  * Load validates the whole blob before it changes anything: the attention
  * payload goes into a fresh state of the same configuration, which is swapped
@@ -12,15 +12,16 @@
  * the kind).
  */
 #include "core/state.h"
+#include "core/crc32.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/attn_impl.h"
-#include "core/attn_linear.h"
-#include "core/features.h"
+#include "core/attn/attn_impl.h"
+#include "core/attn/attn_linear.h"
+#include "core/attn/features.h"
 #include "core/le.h"
 
 enum {
@@ -52,44 +53,6 @@ static const unsigned char state_magic[4] = {'D', 'S', 'S', 'T'};
  * static analysis see that every failure path returns nonzero. */
 #define STATE_FAIL(err, code, ...) (core_error_set((err), (code), __VA_ARGS__), (code))
 _Static_assert(CORE_STATE_FINGERPRINT_MAX + 1 == FP_BYTES, "fingerprint field");
-
-/* ---- CRC-32, slicing by 8: the checksum runs over tens of MB for a long
- * exact-attention session, where the bytewise loop would cost more than the
- * serialization itself. ---- */
-
-static uint32_t crc_tab[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int b = 0; b < 8; b++)
-            c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
-        crc_tab[0][i] = c;
-    }
-    for (int t = 1; t < 8; t++)
-        for (int i = 0; i < 256; i++)
-            crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xffu];
-}
-
-uint32_t core_state_crc32(uint32_t crc, const void *buf, size_t n)
-{
-    pthread_once(&crc_once, crc_init);
-    const unsigned char *p = buf;
-    uint32_t c = ~crc;
-    while (n >= 8) {
-        uint32_t lo = c ^ core_le_get_u32(p), hi = core_le_get_u32(p + 4);
-        c = crc_tab[7][lo & 0xffu] ^ crc_tab[6][(lo >> 8) & 0xffu] ^
-            crc_tab[5][(lo >> 16) & 0xffu] ^ crc_tab[4][lo >> 24] ^ crc_tab[3][hi & 0xffu] ^
-            crc_tab[2][(hi >> 8) & 0xffu] ^ crc_tab[1][(hi >> 16) & 0xffu] ^ crc_tab[0][hi >> 24];
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        c = (c >> 8) ^ crc_tab[0][(c ^ *p++) & 0xffu];
-    return ~c;
-}
 
 /* ---- the learned attention parameters ---- */
 
@@ -387,7 +350,7 @@ static int check_blob_in(const void *buf, size_t len, const char *fingerprint,
     if (rc < 0)
         return rc;
     uint32_t stored = core_le_get_u32(b + total - CRC_BYTES);
-    uint32_t got = core_state_crc32(0, b, (size_t)total - CRC_BYTES);
+    uint32_t got = core_crc32(0, b, (size_t)total - CRC_BYTES);
     if (stored != got)
         return STATE_FAIL(err, CORE_ECHECKSUM, "checksum mismatch (stored %08x, computed %08x)",
                               stored, got);
@@ -555,7 +518,7 @@ int core_state_save(const core_state_desc_t *d, void *buf, size_t cap, size_t *l
         memcpy(p + CKPT_LEN_BYTES, d->checkpoints[i].blob, d->checkpoints[i].len);
         p += CKPT_LEN_BYTES + d->checkpoints[i].len;
     }
-    core_le_put_u32(p, core_state_crc32(0, b, total - CRC_BYTES));
+    core_le_put_u32(p, core_crc32(0, b, total - CRC_BYTES));
     *len = total;
     return 0;
 }

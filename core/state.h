@@ -5,7 +5,7 @@
  * the running log-scales c per layer and KV head and the hybrid window), its
  * position, optionally the sampler's RNG and penalty history
  * (core_sampler_state_save), the pending tokens (absorbed into the history
- * but not yet fed through the model, see server/engine.h) and an opaque owner
+ * but not yet fed through the model, see server/engine/engine.h) and an opaque owner
  * section (the session store's metadata). Loading a blob into a fresh state
  * and continuing is bit-identical to continuing the state it was saved from.
  *
@@ -55,7 +55,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/attn.h"
+#include "core/attn/attn.h"
 #include "core/err.h"
 #include "core/sample.h"
 
@@ -180,9 +180,5 @@ int core_state_checkpoint(const void *buf, size_t len, size_t i, const void **pa
  * params salt (core_attn_set_params_salt: the model's LoRA). 0 for exact
  * attention and a plain Performer. */
 uint64_t core_state_params_digest(const core_attn_t *a);
-
-/* CRC-32 (IEEE 802.3, as zlib's crc32) of n bytes, continuing from crc
- * (start with 0). */
-uint32_t core_state_crc32(uint32_t crc, const void *buf, size_t n);
 
 #endif

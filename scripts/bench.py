@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make bench: darkserve's benchmark of record (issue 8, "Speed and memory").
+"""make bench: darkserve's benchmark of record (the speed and memory targets).
 
   scripts/bench.py [--build DIR] [--model M.gguf] [--adapter A.gguf] [--out FILE]
   BENCH_QUICK=1 scripts/bench.py ...   (or --quick)
@@ -32,7 +32,7 @@ One run measures, on the machine it runs on and in the same minutes:
    second server at 1 and 16 streams with its 16 ÷ 1 ratio.
 
 It prints a table on stdout and writes a markdown block (the same figures and
-issue 8's goals, met or not) to build/bench/report.md, to paste into
+the speed and memory targets, met or not) to build/bench/report.md, to paste into
 docs/PERFORMANCE.md. Progress goes to stderr. BENCH_QUICK=1 skips the 16K and
 64K contexts and the 64-stream level (a few minutes instead of ~15).
 
@@ -347,7 +347,7 @@ def decomposition_line(d, one):
 
 
 def goals(r):
-    """Issue 8's goals -> rows (goal, target, measured, verdict)."""
+    """The speed and memory targets -> rows (goal, target, measured, verdict)."""
     out = []
     bw, dec = r.get("bw"), r.get("decode") or []
     dflt = [d for d in dec if d["attn"] != "exact"]
@@ -482,7 +482,7 @@ def render(r, markdown):
         L += table(["context", "attention", "tokens/s, median", "runs", "tokens/run",
                     "state MB", "of the bound", "of the bound with the state"], rows, md)
         L.append("")
-        L.append("\"of the bound\": median ÷ (read bandwidth ÷ weight bytes), issue 8's "
+        L.append("\"of the bound\": median ÷ (read bandwidth ÷ weight bytes), the targets' "
                  "measure; \"with the state\": the bytes of the whole attention state "
                  "(core_attn_state_bytes) added to those a token reads, an upper estimate.")
         L.append(r["skipped_note"])
@@ -565,7 +565,7 @@ def render(r, markdown):
                  f"{r['errors']['http_int8']}")
         L.append("")
 
-    L.append(b("Issue 8 goals"))
+    L.append(b("Speed and memory targets"))
     L.append("")
     L += table(["goal", "target", "measured", ""], [list(g) for g in goals(r)], md)
     return "\n".join(L) + "\n"

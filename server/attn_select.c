@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/features.h"
+#include "core/attn/features.h"
 
 int srv_attn_parse(const char *name, int *kind)
 {

@@ -18,9 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/attn.h"
+#include "core/attn/attn.h"
 #include "core/err.h"
-#include "core/features.h"
+#include "core/attn/features.h"
 #include "core/model.h"
 
 /* Value of srv_attn_request_t.kind for "auto" (== SRV_CFG_ATTN_AUTO). */

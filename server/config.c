@@ -6,12 +6,12 @@
  */
 #include "server/config.h"
 
-#include "core/attn.h"
+#include "core/attn/attn.h"
 #include "server/attn_select.h"
-#include "server/engine.h"
-#include "server/log.h"
-#include "server/store.h"
-#include "server/store_backend.h"
+#include "server/engine/engine.h"
+#include "server/base/log.h"
+#include "server/store/store.h"
+#include "server/store/store_backend.h"
 
 #include <ctype.h>
 #include <errno.h>

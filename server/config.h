@@ -32,7 +32,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Values of --attn; equal to core_attn_kind_t (core/attn.h), and AUTO to
+/* Values of --attn; equal to core_attn_kind_t (core/attn/attn.h), and AUTO to
  * SRV_ATTN_AUTO (server/attn_select.h), checked in config.c. */
 typedef enum srv_cfg_attn {
     SRV_CFG_ATTN_EXACT = 0,
@@ -50,7 +50,7 @@ typedef enum { SRV_PRECISION_F32, SRV_PRECISION_INT8, SRV_PRECISION_AUTO } srv_c
  * or -1: the one list serve's option and the CLI commands both read. */
 int srv_cfg_precision_parse(const char *s);
 
-/* Values of --log-level; equal to srv_log_level_t (server/log.h). */
+/* Values of --log-level; equal to srv_log_level_t (server/base/log.h). */
 typedef enum srv_cfg_log_level {
     SRV_CFG_LOG_ERROR = 0,
     SRV_CFG_LOG_WARN = 1,
@@ -124,12 +124,12 @@ typedef struct srv_config {
     int64_t max_session_disk;  /* bytes of session files in session_dir; 0 = no bound */
     int64_t max_session_files; /* session files in session_dir; 0 = no bound */
     char *session_dir;         /* spill/persist directory */
-    char *session_store;       /* "" = session_dir; redis://... = a shared store (server/store_backend.h) */
+    char *session_store;       /* "" = session_dir; redis://... = a shared store (server/store/store_backend.h) */
     int64_t session_ttl_s;     /* idle sessions expire; 0 = never */
     int64_t checkpoints;       /* turn checkpoints kept per session; 0 = none */
     int64_t prefix_cache_mb;   /* MiB of the prefix-state cache; 0 = off */
     /* web page */
-    int ui;                    /* 1 on: GET / serves the page (server/ui.h), 0 off */
+    int ui;                    /* 1 on: GET / serves the page (server/ui/ui.h), 0 off */
     /* logging */
     int log_level;             /* srv_cfg_log_level_t */
     int log_format;            /* srv_cfg_log_format_t */

@@ -5,13 +5,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/blas.h"
-#include "server/cli.h"
-#include "server/version.h"
+#include "core/kernels/blas.h"
+#include "server/cli/cli.h"
+#include "server/base/version.h"
 
-#include "server/serve.h"
+#include "server/daemon.h"
 
-extern const srv_app_t srv_darkserve_app; /* server/app.c */
+extern const srv_app_t srv_darkserve_app; /* server/api/api_app.c */
 
 static void usage(FILE *f)
 {
@@ -47,7 +47,7 @@ static void pick_blas_kernels(char **argv)
  * requests. glibc raises its mmap threshold each time such a block, mmap'd,
  * is freed (up to 32 MB), so the next ones come from the heap, where one
  * live block above freed ones pins them all: after a soak the RSS stayed
- * 1 GB above the live state (issue 9). A fixed threshold (which also stops
+ * 1 GB above the live state. A fixed threshold (which also stops
  * the dynamic one) keeps every block from 1 MiB up in its own mapping,
  * returned to the system when freed. */
 #define LARGE_BLOCK_MMAP (1u << 20)

@@ -1,9 +1,9 @@
 /* tools/bench_amx_overlap.c — does the AMX tile unit run beside the vector
- * units? (issue 8, goal 3: the batched decode kernel's two halves)
+ * units? (the 16-stream batching target: the batched decode kernel's two halves)
  *
  *   bench_amx_overlap [--reps R] [--groups G]
  *
- * The batched decode kernel (core/qdot_pack.c, amx_group_rows) does two
+ * The batched decode kernel (core/kernels/qdot_pack.c, amx_group_rows) does two
  * kinds of work per block of 32 values, 16 activation rows and 16 weight
  * rows: tile work (zero a sums tile, load the activations' and the weights'
  * tiles, one TDPBSUD, store the 16 x 16 int32 sums) and float work (per
@@ -30,7 +30,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/qdot.h"
+#include "core/kernels/qdot.h"
 #include "tools/tool_args.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

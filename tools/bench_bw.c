@@ -1,4 +1,4 @@
-/* tools/bench_bw.c — memory bandwidth probe for `make bench` (issue 8, goal 1).
+/* tools/bench_bw.c — memory bandwidth probe for `make bench` (the decode-bandwidth target).
  *
  *   bench_bw [--mb N] [--passes P] [--threads T] [--kernel c|avx2|avx512]
  *            [--model M.gguf]
@@ -47,7 +47,7 @@
 #include <unistd.h>
 
 #include "core/gguf.h"
-#include "core/qdot.h"
+#include "core/kernels/qdot.h"
 #include "tools/tool_args.h"
 
 #define MIB ((size_t)1 << 20)
@@ -346,7 +346,7 @@ int main(int argc, char **argv)
     read_fn rd = read_c;
     const char *rd_name = "c";
 #ifdef BW_X86
-    int avx2 = __builtin_cpu_supports("avx2"), avx512 = __builtin_cpu_supports("avx512f");
+    int avx2 = core_cpu_has(CORE_CPU_AVX2), avx512 = core_cpu_has(CORE_CPU_AVX512F);
 #else
     int avx2 = 0, avx512 = 0;
 #endif

@@ -18,7 +18,7 @@
  * / core_attn_advance) with random q, k, v rows of unit-variance entries, in
  * chunks of 256. Exact attention would cost O(P²) that way, so its KV cache
  * is loaded with P random rows through the kind's state_load entry
- * (core/attn_impl.h: the payload is, per layer, K then V rows). The decoded
+ * (core/attn/attn_impl.h: the payload is, per layer, K then V rows). The decoded
  * tokens themselves run through the full model.
  *
  * --vs P2: a second state brought to P2 as well, and the R runs alternate
@@ -45,10 +45,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/attn_impl.h"
-#include "core/features.h"
+#include "core/attn/attn_impl.h"
+#include "core/attn/features.h"
 #include "core/model.h"
-#include "core/qdot.h"
+#include "core/kernels/qdot.h"
 #include "core/rng.h"
 #include "tools/tool_args.h"
 

@@ -23,10 +23,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/grammar.h"
+#include "core/text/grammar.h"
 #include "core/model.h"
 #include "core/sample.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 
 static const char json_grammar[] =
     "root   ::= object\n"

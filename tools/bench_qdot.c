@@ -20,8 +20,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/pool.h"
-#include "core/qdot.h"
+#include "core/kernels/pool.h"
+#include "core/kernels/qdot.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 

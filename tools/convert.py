@@ -223,7 +223,7 @@ def cmd_train(a):
 def unrope(x, n_rot, base, pos0=0):
     """x [N][T][..][Hd] rotated by RoPE at positions pos0 + t (pairs 2i, 2i+1
     of the first n_rot dims by pos·base^(-2i/n_rot)) -> x before RoPE, as
-    core/attn_linear.c's unrope does in double."""
+    core/attn/attn_linear.c's unrope does in double."""
     x = np.asarray(x, dtype=np.float64)
     T = x.shape[1]
     inv = base ** (-2.0 * np.arange(n_rot // 2) / n_rot)
@@ -256,7 +256,7 @@ def cmd_train2(a):
     q, k before RoPE with --prerope), the decay γ per KV head and the mixing
     log-weight β per query head, against exact softmax attention on long
     recorded sequences, with S sinks and the exact window W, the way
-    core/attn_linear.c combines them. Loss per head: relative squared error
+    core/attn/attn_linear.c combines them. Loss per head: relative squared error
     of the output plus KL between the exact and the converted attention mass
     on the keys older than the window (so the linear branch cannot be
     switched off to fit the window alone). Resumable: every finished layer is
@@ -300,7 +300,7 @@ def cmd_train2(a):
         """One KV head. qf, q [B][P][gs][Hd] (features' input, raw); kf, k, v
         [B][T][Hd]; qp [B][P][gs][Hd] q before RoPE; ks [B][S][Hd] the sinks'
         keys rotated by 1 - W - S (every query here is past W + S - 1, so
-        each sink sits just before the window, as core/attn_linear.c
+        each sink sits just before the window, as core/attn/attn_linear.c
         places it); tau [P]. Returns (loss, rel. sq. error, mass KL)."""
         Mt, th, beta = params
         if a.commute:
@@ -340,7 +340,7 @@ def cmd_train2(a):
         """head() for the Flexformer kinds: om is the head's frequencies
         (the parameter that is M for DARKFormer), th its decay logit (-n: and
         ρ of τ = 2√Hd·e^ρ); the mixing is tools/flexfeat.py's, which follows
-        core/attn_linear.c (signed-denominator rule included)."""
+        core/attn/attn_linear.c (signed-denominator rule included)."""
         thd, rho = (th[0], th[1]) if nst else (th, 0.0)
         lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(thd))
         vq, lnq = flexfeat.feats(jnp, a.kind, om, rho, qf, Hd)  # [B][P][gs][M], [B][P][gs]

@@ -1,6 +1,6 @@
 """Shared numpy code of the conversion tools (tools/convert.py,
 tools/attn_error.py): loading recordings of tools/record_qkv, the exact
-attention they came from, the three feature maps of core/features.h and the
+attention they came from, the three feature maps of core/attn/features.h and the
 (hybrid) linear attention output, evaluated in float64 in the log domain.
 
 Notation as in DESIGN.md §3: Hd head dim, x̂ = x·Hd^(-1/4), M features,
@@ -51,7 +51,7 @@ def exact_out(qh, kh, vh):
     return out
 
 
-# ---- feature maps (float64 mirrors of core/features.c) ----
+# ---- feature maps (float64 mirrors of core/attn/features.c) ----
 
 class FeatureMap:
     """φ_i(x) = exp(ω_i·ŷ − |ŷ|²/2 + b_i), ŷ = mat·x̂ (mat None: ŷ = x̂)."""
@@ -113,7 +113,7 @@ def lse_pair(aq, ak):
 def linear_out(fm, qh, kh, vh, window):
     """(Hybrid) linear attention output of one query group [N][T][gs][Hd]: the
     query at τ weighs keys j ≤ τ−W by κ̂ = φ(q)·φ(k) and keys τ−W < j ≤ τ by
-    exp(q̂·k̂), one normalization (core/attn_linear.c)."""
+    exp(q̂·k̂), one normalization (core/attn/attn_linear.c)."""
     n, t, gs, hd = qh.shape
     out = np.empty_like(qh)
     tau = np.arange(t)[:, None]

@@ -12,7 +12,7 @@ Stage 1 (convert.py train2) fits every layer alone to the exact layer's
 output on recorded q, k, v. Errors then compound through 30 layers, and a
 small output error in one head can matter more for the next token than a
 large one elsewhere. Stage 2 runs the whole model: the student is the model
-with the converted attention exactly as core/attn_linear.c computes it
+with the converted attention exactly as core/attn/attn_linear.c computes it
 (the first S tokens exact as sinks, moved next to the window once t ≥
 W + S − 1; the last W keys exact; the older keys through the positive
 random features of M applied to q and k before RoPE, decayed by γ per KV
@@ -48,7 +48,7 @@ and the step; a rerun continues from it.
 Flexformer (--adapter of kind flexformer-s or flexformer-n, written by
 write_adapter from convert.py train2 --kind): the same recipe with the
 learned frequencies ω (and -n's ω_2 and τ) in M's place, trained with
---lr's step, and the student's mixing as core/attn_linear.c computes it for
+--lr's step, and the student's mixing as core/attn/attn_linear.c computes it for
 signed features (tools/flexfeat.py); outputs PREFIX.omega.f32 (-n: also
 PREFIX.omega2.f32, PREFIX.tau.f32) instead of PREFIX.mat.f32.
 Needs jax (tools/requirements-convert.txt).
@@ -223,7 +223,7 @@ def build(hp, cfg, T):
         return rest(x, jnp.einsum("cgts,csd->cgtd", p, v), ly), None
 
     def feat(Mt, om, x):
-        """Feature log-weights, as core/features.c: ŷ = Hd^-1/4 M x."""
+        """Feature log-weights, as core/attn/features.c: ŷ = Hd^-1/4 M x."""
         y = jnp.einsum("...d,ed->...e", x * sc, Mt)
         return jnp.einsum("...e,me->...m", y, om) - 0.5 * jnp.sum(y * y, -1, keepdims=True) + bias
 

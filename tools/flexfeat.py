@@ -1,8 +1,8 @@
 """Flexformer in jax for the training tools (tools/convert.py train2 --kind,
-tools/distill.py): the signed trigonometric features of core/features.c and
-the hybrid mixing of core/attn_linear.c with its signed-denominator rule.
+tools/distill.py): the signed trigonometric features of core/attn/features.c and
+the hybrid mixing of core/attn/attn_linear.c with its signed-denominator rule.
 
-Notation as in DESIGN.md §3 and core/features.h: x̂ = x·Hd^(-1/4), m = M/2
+Notation as in DESIGN.md §3 and core/attn/features.h: x̂ = x·Hd^(-1/4), m = M/2
 frequencies, M state rows (cosine half, then sine half).
 
   flexformer-s: φ(x) = e^(|x̂|²/2) [cos(ω_i·x̂), sin(ω_i·x̂)] / √m
@@ -55,7 +55,7 @@ def feats(jnp, kind, om, rho, x, hd):
 
 
 def mix(jax, jnp, s, exa, lin, lmag, dots, neg=-1e30):
-    """One normalization over exact and linear terms, as core/attn_linear.c
+    """One normalization over exact and linear terms, as core/attn/attn_linear.c
     computes a Flexformer row: the exact scores s (visible where exa) give
     E = Σ e^(s − s*), s* their max; the linear terms (where lin) weigh
     e^(lmag − s*)·dots, D their sum; where D < −E/2 both the linear weights

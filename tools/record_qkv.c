@@ -31,9 +31,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/features.h"
+#include "core/attn/features.h"
 #include "core/model.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "tools/tool_args.h"
 
 #define MAX_TEXT_BYTES ((size_t)64 << 20)

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/features.h"
+#include "core/attn/features.h"
 #include "core/lora.h"
 #include "core/model.h"
 #include "tools/tool_args.h"

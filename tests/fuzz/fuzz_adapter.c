@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/attn.h"
-#include "core/features.h"
+#include "core/attn/attn.h"
+#include "core/attn/features.h"
 #include "core/gguf.h"
 #include "tests/fuzz/fuzz_common.h"
 

@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_chat.c — libFuzzer target for the chat templates
- * (core/chat.c): the input picks a template and options (first byte) and
+ * (core/text/chat.c): the input picks a template and options (first byte) and
  * is split into messages at 0x1e bytes, each starting with its role (s, u,
  * a, or anything else: an unknown role); the conversation is rendered whole
  * and as a continuation, with the spans of message contents. The input as
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/chat.h"
+#include "core/text/chat.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

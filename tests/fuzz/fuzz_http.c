@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz_http.c — libFuzzer target: the HTTP request path of the
  * real application (srv_darkserve_app: every route of server/api_*.c behind
- * the checks of server/http.c), with no socket. Requests go in through
- * srv_http_inject (server/http.h), which runs what a connection's request
+ * the checks of server/http/http.c), with no socket. Requests go in through
+ * srv_http_inject (server/http/http.h), which runs what a connection's request
  * runs: request id, drain/auth/route/method/media-type/size checks, the
  * handler, deferred and streamed answers, the access line.
  *
@@ -30,14 +30,14 @@
  * object with an "error" member. FUZZ_HTTP_VERBOSE=1 in the
  * environment prints every request's status and the start of its answer.
  */
-#include "core/features.h"
-#include "server/api.h"
+#include "core/attn/features.h"
+#include "server/api/api.h"
 #include "server/config.h"
-#include "server/http.h"
-#include "server/http_test.h"
-#include "server/log.h"
-#include "server/metrics.h"
-#include "server/serve.h"
+#include "server/http/http.h"
+#include "server/http/http_test.h"
+#include "server/base/log.h"
+#include "server/base/metrics.h"
+#include "server/daemon.h"
 #include "tests/fuzz/fuzz_common.h"
 
 #include <ftw.h>

@@ -14,6 +14,7 @@
 
 #include "core/sample.h"
 #include "core/state.h"
+#include "core/crc32.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -102,7 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!b)
         return 0;
     memcpy(b, data, size);
-    uint32_t crc = core_state_crc32(0, b, size - 4);
+    uint32_t crc = core_crc32(0, b, size - 4);
     for (int k = 0; k < 4; k++)
         b[size - 4 + k] = (uint8_t)(crc >> (8 * k));
     for (int i = 0; i < 2; i++)

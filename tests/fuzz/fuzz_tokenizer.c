@@ -6,7 +6,7 @@
  * token by token through the stream decoder. Invariants: ids in range;
  * without specials, valid UTF-8 decodes back to the input bytes (bytes the
  * vocabulary has no symbol for are dropped, as documented in
- * core/tokenizer.h: such inputs are not compared); the stream decoder takes every id (its output is
+ * core/text/tokenizer.h: such inputs are not compared); the stream decoder takes every id (its output is
  * valid UTF-8, so it may differ from the raw decode).
  *
  * Build and run: make fuzz FUZZ_TARGETS=tokenizer (tests/fuzz/README.md).
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "core/gguf.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/features.h"
+#include "core/attn/features.h"
 #include "core/rng.h"
 #include "core/sample.h"
 #include "core/state.h"

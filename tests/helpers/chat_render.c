@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/chat.h"
+#include "core/text/chat.h"
 
 #define MAX_INPUT (4u << 20)
 #define MAX_MSGS 4096

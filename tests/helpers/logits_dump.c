@@ -34,9 +34,9 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "core/features.h"
+#include "core/attn/features.h"
 #include "core/model.h"
-#include "core/qdot.h"
+#include "core/kernels/qdot.h"
 
 static double now_s(void)
 {

@@ -23,7 +23,7 @@
 #include <time.h>
 
 #include "core/gguf.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 
 static int hexv(int c)
 {

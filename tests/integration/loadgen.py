@@ -20,7 +20,7 @@
       through /proc/PID/clear_refs; hwm_reset false means it could not be, and
       the figure is the process's peak so far).
       Last line: the aggregate of each level over that of one stream, when a
-      level of 1 ran ("aggregate_vs_1"; issue 8 goal 3 is the 16-stream one),
+      level of 1 ran ("aggregate_vs_1"; the batching target is the 16-stream one),
       and its decomposition ("decomposition", see decompose()): each level's
       first-token time and decode step against one stream's, and the step
       that would give --target times one stream's aggregate (default 4).

@@ -260,7 +260,7 @@ def test_one_address_cannot_starve_the_server(servers):
     not keep /health (from another address) waiting: past
     --max-connections-per-address the server closes that address's new
     connections at once, and --header-timeout cuts the ones it holds
-    (issue 9)."""
+   ."""
     srv = servers(args=["--request-timeout", "300s", "--idle-timeout", "300s",
                         "--header-timeout", "2s"])
     before = srv.metrics().get("darkserve_http_request_timeouts_total", 0)

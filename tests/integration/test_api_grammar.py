@@ -1,4 +1,4 @@
-"""`grammar` and `logit_bias` on the generation routes (issue 15), against
+"""`grammar` and `logit_bias` on the generation routes, against
 the real server on the tiny model: every answer under a grammar is a string
 of its language (n choices, streamed and not, chat, completions, session
 generate, the official openai client through extra_body), logit_bias forces

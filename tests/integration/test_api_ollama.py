@@ -1,4 +1,4 @@
-"""Ollama's API (issue 16) against a real `darkserve serve`, through the
+"""Ollama's API against a real `darkserve serve`, through the
 official `ollama` Python client where it can go, and raw HTTP for the shapes
 and errors the client hides.
 

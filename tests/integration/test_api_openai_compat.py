@@ -1,5 +1,5 @@
 """OpenAI compatibility details that clients of other servers rely on
-(issue 16): the routes without the /v1 prefix, and system_fingerprint.
+: the routes without the /v1 prefix, and system_fingerprint.
 
 The official `openai` client is pointed at a base URL without /v1; answers
 on the aliases are compared with the /v1 routes' answers for the same seed.

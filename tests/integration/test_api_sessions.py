@@ -261,7 +261,7 @@ def peak_rss_kib(pid):
 def test_state_import_body_is_bounded_by_the_model(servers):
     """PUT .../state: a body larger than any state this model makes is
     refused from its Content-Length before a byte of it is read, and a
-    chunked one is never buffered past that bound (issue 9)."""
+    chunked one is never buffered past that bound."""
     srv = servers(args=["--request-timeout", "30s"])
     sid = create(srv)["id"]
     st, _, blob = srv.request("GET", f"/v1/sessions/{sid}/state")
@@ -437,7 +437,7 @@ def session_files(srv):
 def test_session_directory_budget(servers):
     """--max-session-files / --max-session-disk bound the session directory:
     past them the least recently used idle sessions are deleted (404
-    afterwards), also at startup with a smaller budget (issue 9)."""
+    afterwards), also at startup with a smaller budget."""
     srv = servers(args=["--max-session-files", "3"])
     ids = [create(srv)["id"] for _ in range(3)]
     gen(srv, ids[0], text="used again", max_tokens=2)  # ids[0] is now the most recent
@@ -465,7 +465,7 @@ def test_session_directory_budget(servers):
 def test_sessions_belong_to_their_api_key(servers, tmp_path):
     """With --api-key-file, a session belongs to the key that created it:
     other keys get 404 for it (every route) and do not list it; a key marked
-    'admin' sees all; the owner survives a restart (issue 9)."""
+    'admin' sees all; the owner survives a restart."""
     keys = tmp_path / "keys"
     keys.write_text("# tenants\nkey-a\nkey-b\nkey-root  admin\n")
     srv = servers(args=["--api-key-file", str(keys)])

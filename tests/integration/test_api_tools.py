@@ -1,4 +1,4 @@
-"""Tool calling on /v1/chat/completions (issue 15, part 3): `tools`,
+"""Tool calling on /v1/chat/completions: `tools`,
 `tool_choice`, `parallel_tool_calls`. A forced call (tool_choice "required"
 or a named function) is grammar-constrained to `<tool_call>` + {"name",
 "arguments"} + `</tool_call>` (docs/API.md, "Tool calling"), so every

@@ -7,9 +7,9 @@ they print and compute, never for how fast anything is:
 - build/tools/bench_decode with a list of contexts (one state per context;
   linear kinds filled once through the list);
 - loadgen's percentile helper and per-level summary on known data;
-- bench.py's report: the goals of issue 8 met or not from given figures;
+- bench.py's report: the speed and memory targets met or not from given figures;
 - build/tools/bench_amx_overlap: its lines and its overlap arithmetic;
-  tools/goal3_ablation.sh --check: its patches still fit the kernels they
+  tools/batch_ablation.sh --check: its patches still fit the kernels they
   cut (and fail loudly when they do not).
 """
 import importlib.util
@@ -39,7 +39,7 @@ bench = load_bench()
 BENCH_BW = os.path.join(BUILD, "tools", "bench_bw")
 BENCH_DECODE = os.path.join(BUILD, "tools", "bench_decode")
 BENCH_OVERLAP = os.path.join(BUILD, "tools", "bench_amx_overlap")
-ABLATION = os.path.join(ROOT, "tools", "goal3_ablation.sh")
+ABLATION = os.path.join(ROOT, "tools", "batch_ablation.sh")
 
 
 def tool(args, check=True):
@@ -270,7 +270,7 @@ def test_report_renders_every_figure():
     assert "**100 tokens/s**" in md  # the bound
     assert re.search(r"\| 4K \| default .*\| \*\*55\.0\*\* \|.*\| 55% \|", md), md
     assert "16 streams 4.40×" in md and "16 streams 4.40×" in text
-    assert "|" not in text.split("Issue 8 goals")[1]  # the terminal table has no pipes
+    assert "|" not in text.split("Speed and memory targets")[1]  # the terminal table has no pipes
     for s in (md, text):
         assert "test cpu" in s and "avx512vnni" in s and "2.00 / 2.00 / 2.00" in s
 
@@ -347,29 +347,30 @@ def test_bench_amx_overlap_refuses_bad_options(args):
     assert p.returncode == 2 and "usage: bench_amx_overlap" in p.stderr, (args, p.stderr)
 
 
-def test_goal3_ablation_patches_fit():
+def test_batch_ablation_patches_fit():
     p = subprocess.run([ABLATION, "--check"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     for v in ["no-float", "no-tiles", "no-window", "half-window", "kv8"]:
-        assert f"goal3_ablation: {v}: the patch fits" in p.stdout, p.stdout
+        assert f"batch_ablation: {v}: the patch fits" in p.stdout, p.stdout
     bad = subprocess.run([ABLATION, "x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
-def test_goal3_ablation_fails_when_a_kernel_changed(tmp_path):
+def test_batch_ablation_fails_when_a_kernel_changed(tmp_path):
     """A patch whose code is gone stops the script with the file and the
     text it looked for, so the ablation never silently measures nothing."""
     (tmp_path / "tools").mkdir()
-    (tmp_path / "core").mkdir()
-    script = tmp_path / "tools" / "goal3_ablation.sh"
+    (tmp_path / "core" / "kernels").mkdir(parents=True)
+    (tmp_path / "core" / "attn").mkdir()
+    script = tmp_path / "tools" / "batch_ablation.sh"
     script.write_text(open(ABLATION).read())
     script.chmod(0o755)
-    src = open(os.path.join(ROOT, "core", "qdot_pack.c")).read()
+    src = open(os.path.join(ROOT, "core", "kernels", "qdot_pack.c")).read()
     assert "amx_scale(R, gp" in src
-    (tmp_path / "core" / "qdot_pack.c").write_text(src.replace("amx_scale(R, gp",
-                                                               "amx_scale2(R, gp"))
-    for name in ["blas.c", "attn_linear.c"]:
+    (tmp_path / "core" / "kernels" / "qdot_pack.c").write_text(
+        src.replace("amx_scale(R, gp", "amx_scale2(R, gp"))
+    for name in ["kernels/blas.c", "attn/attn_linear.c"]:
         (tmp_path / "core" / name).write_text(open(os.path.join(ROOT, "core", name)).read())
     p = subprocess.run([str(script), "--check"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, (p.stdout, p.stderr)
-    assert "no-float: core/qdot_pack.c no longer has" in p.stderr, p.stderr
+    assert "no-float: core/kernels/qdot_pack.c no longer has" in p.stderr, p.stderr

@@ -1,4 +1,4 @@
-"""`darkserve chat` (server/cli_chat.c, docs/CLI.md) driven through a
+"""`darkserve chat` (server/cli/cli_chat.c, docs/CLI.md) driven through a
 pseudo-terminal, as a person would use it: a turn streams the reply the
 server gives, /stats reports the session growing, /rollback and /regenerate
 act on the server's checkpoints, /save then /load round-trips the state into

@@ -398,7 +398,7 @@ def serve_options():
     return flags, envs
 
 
-# The Redis session store's option (issue 10, point 1), which deploy/ uses
+# The Redis session store's option, which deploy/ uses
 # and which is being added to the binary at the same time as these files:
 # while the binary has neither name, the checks below leave them out and
 # end in xfail, so the rest is still checked; once the binary has them this

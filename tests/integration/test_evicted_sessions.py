@@ -1,4 +1,4 @@
-"""Evicted sessions (issue 9): reading a session back from disk happens on
+"""Evicted sessions: reading a session back from disk happens on
 the store's I/O thread, never on the event loop, and the state it brings
 back (like an imported or forked one) is admitted against
 --max-state-memory first: 429 state_memory_full with Retry-After when it
@@ -9,7 +9,7 @@ evicted between the moment its handler could have seen it in memory and its
 acquire (the loop acquires without reading, and goes round on "not in
 memory").
 
-The disk is made slow with the server's fault seam (server/store_fault.c,
+The disk is made slow with the server's fault seam (server/api/api_faults.c,
 DARKSERVE_TEST_FAULT_FILE): "stall" holds every session-file read before it
 starts, and every write half way, until the word changes; "evict-after-read"
 moves a session back to disk right after the I/O thread read it;

@@ -1,4 +1,4 @@
-"""Fault injection (issue 9): damaged session files and a truncated model.
+"""Fault injection: damaged session files and a truncated model.
 
 A session file that was bit-flipped or truncated behind the server's back
 gives a clear JSON error for that session only, never a crash, and the other

@@ -1,7 +1,7 @@
-"""Fault injection (issue 9): a full disk, a read-only session directory and
+"""Fault injection: a full disk, a read-only session directory and
 kill -9 in the middle of a state write.
 
-The faults come from the server's test seam (server/store_fault.c): with
+The faults come from the server's test seam (server/api/api_faults.c): with
 DARKSERVE_TEST_FAULT_FILE=PATH, the word in PATH makes the session store's
 writes fail with ENOSPC ("enospc"), its creates, renames and deletes fail
 with EROFS ("erofs"), or each write stop half way until the word changes

@@ -1,4 +1,4 @@
-"""RSS follows the live attention state (issue 9, finding 6).
+"""RSS follows the live attention state.
 
 After a soak the RSS stayed 1 GB above what was live, also after every
 session was deleted: not a leak but glibc's dynamic mmap threshold, which
@@ -30,7 +30,7 @@ def _rss(pid):
     raise AssertionError("no RssAnon")
 
 
-# A state's memory becomes resident as it is used (core/attn_linear.c,
+# A state's memory becomes resident as it is used (core/attn/attn_linear.c,
 # lin_state_t): a system message past the window and the sinks (~300 tokens,
 # W + S = 272) fills each one; the prefix cache makes the 29 after the first
 # a copy of the shared part rather than a prefill.

@@ -309,7 +309,7 @@ def test_no_checkpoints(servers):
 
 
 def test_a_turn_the_disk_refuses_leaves_the_checkpoints_as_they_were(servers, tmp_path):
-    """A full or read-only disk (server/store_fault.c): the turn is 507 and
+    """A full or read-only disk (server/api/api_faults.c): the turn is 507 and
     not in the session, its checkpoint is not made, a rollback that cannot
     rename is 507 and changes nothing, a regenerate whose reply cannot be
     saved leaves the previous reply; all works again when the disk does."""

@@ -1,4 +1,4 @@
-"""One byte budget for all attention state (--max-state-memory, issue 9).
+"""One byte budget for all attention state (--max-state-memory).
 
 Sessions in memory and the states requests in flight may grow to (n copies
 for n choices) share the budget; a request that does not fit is refused

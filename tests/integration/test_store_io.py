@@ -1,4 +1,4 @@
-"""Session store I/O runs off the event loop (issue 9, finding 5).
+"""Session store I/O runs off the event loop.
 
 Forks, exports, imports and the writes at the end of a request serialize,
 write and fsync whole states; on the loop thread they stopped every other
@@ -91,7 +91,7 @@ def _proc_bytes(pid, key):
 def test_export_makes_no_copy_of_the_state(servers):
     """GET .../state answers with the serialized blob itself: the server's
     peak memory grows by one state, not by two or three copies of it
-    (issue 9). The peak is reset through /proc/PID/clear_refs before each
+   . The peak is reset through /proc/PID/clear_refs before each
     export."""
     s = servers(model=MODEL, attn="exact")
     st, obj, _ = s.post("/v1/sessions", {"system": TEXT})

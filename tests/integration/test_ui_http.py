@@ -1,4 +1,4 @@
-"""The web page's routes over HTTP (server/ui.c): GET / and /ui/{name} serve
+"""The web page's routes over HTTP (server/ui/ui.c): GET / and /ui/{name} serve
 exactly the files of server/ui/ that the build embedded (so the generator
 cannot drift from the sources), with their content types, a
 Content-Security-Policy that runs scripts from the server's origin only,

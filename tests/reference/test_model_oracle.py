@@ -11,7 +11,7 @@ the GGUF vocabulary (llama_ref.hf_tokenizer), not from the C tokenizer.
 
 Tolerances. Decode rows (a sequence bringing one token: greedy steps, and a
 prompt fed one token at a time) quantize the activations to 8 bits per block
-of 32 for the integer kernels (core/qdot.h): measured up to 4.8e-2 of the
+of 32 for the integer kernels (core/kernels/qdot.h): measured up to 4.8e-2 of the
 largest |logit| (real model, short prompt fed token by token, every ISA
 variant), so those positions get REL_TOL_Q8 = 8e-2. Prompt rows (a sequence
 bringing more than one token) multiply f32 activations: REL_TOL = 1e-3;

@@ -1,4 +1,4 @@
-"""core/tokenizer.c against HF `tokenizers`, built from the same vocabulary.
+"""core/text/tokenizer.c against HF `tokenizers`, built from the same vocabulary.
 
 Drives tests/helpers/tokenize_dump over tests/data/tokenizer_corpus.jsonl.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soak test (issue 9): many concurrent clients against one real server on
+"""Soak test: many concurrent clients against one real server on
 loopback, for a bounded time, mixing every kind of request and client
 disconnects; reports requests served, errors by status, RSS and open fds at
 the start and the end. Not part of `make test` (it takes minutes).

@@ -2,7 +2,7 @@
  * sampler, pending tokens) for the store tests (test_srv_store.c,
  * test_srv_store_remote.c), which compare what the store kept with a copy
  * taken before. Include after check.h, core/model.h, core/state.h and
- * server/engine.h. */
+ * server/engine/engine.h. */
 #ifndef DARKSERVE_TESTS_CTX_HELPERS_H
 #define DARKSERVE_TESTS_CTX_HELPERS_H
 

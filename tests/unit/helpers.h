@@ -5,7 +5,7 @@
  * Header-only (static inline), so a test includes it without a link rule and
  * pays nothing for what it does not call. It depends on libc and POSIX
  * sockets only, never on core/, proto/ or server/: the CRC-32 here is
- * written independently of core_state_crc32, so a test that reseals a blob
+ * written independently of core_crc32, so a test that reseals a blob
  * does not trust the code under test to compute its checksum.
  *
  * The HTTP client is deliberately dumb (one request per connection,

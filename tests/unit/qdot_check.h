@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/qdot.h"
+#include "core/kernels/qdot.h"
 #include "core/tensor.h"
 
 /* Every ISA variant this CPU runs into isas ([CORE_QDOT_ISA_COUNT_]), best

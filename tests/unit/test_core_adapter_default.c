@@ -18,9 +18,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/features.h"
+#include "core/attn/features.h"
 #include "core/model.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 
 static const char *model_path;
 static char adapter_path[4096];

@@ -1,10 +1,10 @@
-/* Exact attention (core/attn_exact.c) against a naive reference written here:
+/* Exact attention (core/attn/attn_exact.c) against a naive reference written here:
  * plain loops, double precision, the whole history kept by the test. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
-#include "core/attn.h"
+#include "core/attn/attn.h"
 #include "core/rng.h"
 
 typedef struct hist {

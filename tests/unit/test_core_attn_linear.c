@@ -1,4 +1,4 @@
-/* Unit tests for core/attn_linear.c through the core/attn.h interface.
+/* Unit tests for core/attn/attn_linear.c through the core/attn/attn.h interface.
  *
  * The oracle is a naive double-precision attention written here: for every
  * query it lists every visible key with its log-weight — log Σ_i φ_i(q)φ_i(k)
@@ -18,13 +18,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/attn.h"
-#include "core/blas.h"
-#include "core/attn_linear.h"
-#include "core/features.h"
-#include "core/pool.h"
+#include "core/attn/attn.h"
+#include "core/kernels/blas.h"
+#include "core/attn/attn_linear.h"
+#include "core/attn/features.h"
+#include "core/kernels/pool.h"
 #include "core/rng.h"
 #include "core/state.h"
+#include "core/crc32.h"
 #include "core/tensor.h"
 #include "tests/unit/check.h"
 
@@ -1215,7 +1216,7 @@ TEST(test_v2_state_roundtrip)
      * (a position near 2^63 once made the window ring index negative) */
     for (int i = 0; i < 8; i++)
         blob[104 + i] = (unsigned char)((uint64_t)CORE_ATTN_MAX_POS >> (8 * i));
-    uint32_t crc = core_state_crc32(0, blob, len - 4);
+    uint32_t crc = core_crc32(0, blob, len - 4);
     for (int i = 0; i < 4; i++)
         blob[len - 4 + i] = (unsigned char)(crc >> (8 * i));
     core_attn_state_reset(st2);
@@ -1447,7 +1448,7 @@ TEST(test_v2_adapter_errors)
  * parameters in double (core_features_phi), every visible key listed with
  * its weight — e^β γ^(t−W−j) φ(q)·φ(k) for the keys older than the window
  * (signed), e^(q·k/√Hd) for sinks and window — and the signed-denominator
- * rule of core/attn_linear.c applied to the sums: D < −E/2 scales the
+ * rule of core/attn/attn_linear.c applied to the sums: D < −E/2 scales the
  * linear part by (E/2)/|D|; pure linear rows with D ≤ 0 output 0. */
 static double *reference_trig(const core_attn_t *a, const shape_t *s, const inputs_t *in)
 {
@@ -1578,7 +1579,7 @@ TEST(test_trig_matches_oracle)
         /* 3e-5, not the positive kinds' 1e-5: signed features cancel in
          * the sums, which magnifies float rounding (measured worst case
          * 8.6e-6 with dot-product scores, 1.05e-5 with the AVX-512 4-key
-         * kernel of core/blas.c; a chunking error is orders larger) */
+         * kernel of core/kernels/blas.c; a chunking error is orders larger) */
         CHECK_MSG(e1 < 3e-5, "%s chunked vs recurrence %.3g", d, e1);
         free(o1);
         free(om);

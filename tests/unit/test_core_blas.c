@@ -1,4 +1,4 @@
-/* Unit tests of core/blas.c: the small-m GEMM kernel (decode path) and the
+/* Unit tests of core/kernels/blas.c: the small-m GEMM kernel (decode path) and the
  * BLAS-backed path, both against a naive double-precision reference. */
 #include <math.h>
 #include <stdio.h>
@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/blas.h"
-#include "core/half.h"
+#include "core/kernels/blas.h"
+#include "core/kernels/half.h"
 #include "core/rng.h"
 
 /* C = alpha * A[m][k] · B + beta * C in double, B[n][k]ᵀ (nt) or B[k][n];

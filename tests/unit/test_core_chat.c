@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/chat.h"
+#include "core/text/chat.h"
 #include "core/rng.h"
 #include "tests/unit/check.h"
 

@@ -1,4 +1,4 @@
-/* Unit tests for core/linalg.c and core/features.c: QR and Jacobi against
+/* Unit tests for core/kernels/linalg.c and core/attn/features.c: QR and Jacobi against
  * their defining identities, block-orthogonal draws, the three estimators'
  * unbiasedness over many independent draws, the identities between kinds,
  * the IS variance claim on anisotropic data, and the adapter GGUF. */
@@ -9,8 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/features.h"
-#include "core/linalg.h"
+#include "core/attn/features.h"
+#include "core/kernels/linalg.h"
 #include "core/rng.h"
 #include "tests/unit/check.h"
 

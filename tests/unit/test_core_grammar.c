@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/grammar.h"
+#include "core/text/grammar.h"
 #include "core/rng.h"
 #include "tests/unit/check.h"
 

@@ -1,4 +1,4 @@
-/* Tests of core/half.c: every half unpacks to the value its bits mean;
+/* Tests of core/kernels/half.c: every half unpacks to the value its bits mean;
  * packing rounds to nearest with ties to even, checked at every midpoint
  * between neighbouring positive halves (computed here in double, not with
  * core/tensor.c's converter); saturation, infinities and NaN; the portable
@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "core/half.h"
-#include "core/qdot.h"
+#include "core/kernels/half.h"
+#include "core/kernels/qdot.h"
 #include "core/rng.h"
 
 /* The value of half bits h from its fields, in double. */

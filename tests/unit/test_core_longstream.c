@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/features.h"
+#include "core/attn/features.h"
 #include "core/model.h"
 #include "core/rng.h"
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/features.h"
+#include "core/attn/features.h"
 #include "core/gguf.h"
 #include "core/lora.h"
 #include "core/tensor.h"

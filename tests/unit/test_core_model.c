@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/features.h"
+#include "core/attn/features.h"
 #include "core/model.h"
-#include "core/qdot.h"
+#include "core/kernels/qdot.h"
 #include "core/rng.h"
 #include "core/state.h"
 #include "core/tensor.h"
@@ -105,7 +105,7 @@ TEST(tiny_info)
 }
 
 /* The prompt rows' products on the f32 panels (off) or, where the CPU has
- * them, the AMX-BF16 tiles (on; core/qdot.h): the tolerance each is held
+ * them, the AMX-BF16 tiles (on; core/kernels/qdot.h): the tolerance each is held
  * to when a prompt is fed in other pieces. The pieces change the attention
  * sums by float rounding; the panels carry that through as it is, the
  * tiles' bf16 split of every activation can turn a last-bit change into one
@@ -145,7 +145,7 @@ TEST(chunked_prefill_matches_one_call)
             memset(got, 0, (size_t)N * (size_t)V * sizeof *got);
             CHECK_INT_EQ(feed(tiny, s, tok, N, chunks[c], got), 0);
             /* A call of one token is a decode step: 8-bit activations
-             * (core/qdot.h), measured up to 7.2e-2 of the largest |logit|
+             * (core/kernels/qdot.h), measured up to 7.2e-2 of the largest |logit|
              * on this random-weight model; the other rows differ by float
              * rounding (prompt_modes). */
             for (int64_t i = 0; i < N; i++) {

@@ -1,4 +1,4 @@
-/* core/pool.c and its use by core/model.c: every chunk of a dynamically
+/* core/kernels/pool.c and its use by core/model.c: every chunk of a dynamically
  * shared run is done exactly once whatever the pool size; late workers skip
  * a run; idle workers sleep (no thread left running); the model's logits do
  * not depend on its thread count, bit for bit (tiny fixture model, and the
@@ -15,7 +15,7 @@
 
 #include "check.h"
 #include "core/model.h"
-#include "core/pool.h"
+#include "core/kernels/pool.h"
 
 enum { N_CHUNKS = 257 };
 

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "core/err.h"
-#include "core/qdot.h"
+#include "core/kernels/qdot.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/unit/check.h"
@@ -153,7 +153,7 @@ static void check_case(core_rng_t *r, int type, int64_t m, int64_t n, int64_t k,
                 const double cin = beta == 0.0f ? 0.0 : (double)beta * c0[i * ldc + j];
                 const double ref = dot + cin;
                 const double u = ldexp(1.0, -24);
-                /* the panels' chains are k deep (core/qdot.h) */
+                /* the panels' chains are k deep (core/kernels/qdot.h) */
                 const double depth = s < ni ? (double)k / 4 + 8 : (double)k;
                 const double tol = gamma_n(depth) * sabs +
                                    2 * u * (fabs(dot) + fabs(cin) + fabs(ref)) + 1e-30;

@@ -2,7 +2,7 @@
  * quantization, and every weight type x every ISA this CPU runs against the
  * scalar reference kernel (CORE_QDOT_GENERIC), plus the pool runner.
  *
- * What is checked (the contract in core/qdot.h):
+ * What is checked (the contract in core/kernels/qdot.h):
  *  - quantization: every ISA writes the same bytes; x - d q within d / 2
  *    (plus float rounding); s = sum q; zero padding past k (k = 1..100);
  *  - integer sums exactly: with power-of-two scales (weights d_w = 2^-4 and
@@ -25,8 +25,8 @@
 #include <string.h>
 
 #include "core/err.h"
-#include "core/pool.h"
-#include "core/qdot.h"
+#include "core/kernels/pool.h"
+#include "core/kernels/qdot.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/unit/check.h"

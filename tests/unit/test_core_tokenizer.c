@@ -15,7 +15,7 @@
 
 #include "core/gguf.h"
 #include "core/rng.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "tests/unit/check.h"
 
 #define SP "\xE2\x96\x81" /* U+2581, SentencePiece's space */

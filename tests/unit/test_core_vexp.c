@@ -1,4 +1,4 @@
-/* Tests of core/vexp.c: core_exp_shifted against libm's exp in double, the
+/* Tests of core/kernels/vexp.c: core_exp_shifted against libm's exp in double, the
  * AVX-512 and portable paths bit for bit, -inf and tiny arguments, every
  * length and position (the masked tail). */
 #include <float.h>
@@ -8,7 +8,7 @@
 
 #include "check.h"
 #include "core/rng.h"
-#include "core/vexp.h"
+#include "core/kernels/vexp.h"
 
 static int same_bits(float a, float b)
 {

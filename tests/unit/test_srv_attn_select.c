@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/features.h"
+#include "core/attn/features.h"
 
 static char dir[64], model[128], beside[160], other[160];
 

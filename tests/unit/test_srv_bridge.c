@@ -1,10 +1,10 @@
-/* test_srv_bridge.c — server/bridge.c's chat prompts on the tiny model
+/* test_srv_bridge.c — server/api/api_bridge.c's chat prompts on the tiny model
  * (DARKSERVE_TINY_MODEL: ChatML, <|im_start|> and <|im_end|> are control
  * tokens): message contents are plain text unless parse_special, so a user
  * message cannot forge a turn marker; the template's own markers stay
  * special tokens.
  */
-#include "server/api.h"
+#include "server/api/api.h"
 #include "tests/unit/check.h"
 
 #include <stdlib.h>

@@ -2,7 +2,7 @@
  * precedence, value syntax, validation messages, --help and --print-config.
  */
 #include "server/config.h"
-#include "server/engine.h"
+#include "server/engine/engine.h"
 #include "tests/unit/check.h"
 
 #include <fcntl.h>
@@ -350,7 +350,7 @@ TEST(test_help_lists_every_option)
     srv_config_free(&c);
 }
 
-/* Values the engine refuses (server/engine.c resolve_opts) are refused here,
+/* Values the engine refuses (server/engine/engine.c resolve_opts) are refused here,
  * at startup, with a message that names the flag and the range; the largest
  * accepted values are the engine's own bounds. */
 /* --session-store: a redis:// URL or nothing; a bad one is refused at

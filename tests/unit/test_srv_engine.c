@@ -1,4 +1,4 @@
-/* test_srv_engine.c — the scheduler (server/engine.c) on the tiny model (env
+/* test_srv_engine.c — the scheduler (server/engine/engine.c) on the tiny model (env
  * DARKSERVE_TINY_MODEL).
  *
  * Every expected token sequence comes from the engine running the same
@@ -9,10 +9,10 @@
  * srv_engine_hold (several jobs start in the same step), never with sleeps;
  * every wait is bounded by WAIT_MS.
  */
-#include "server/engine.h"
-#include "server/engine_test.h"
-#include "server/log.h"
-#include "server/metrics.h"
+#include "server/engine/engine.h"
+#include "server/engine/engine_test.h"
+#include "server/base/log.h"
+#include "server/base/metrics.h"
 #include "tests/unit/check.h"
 
 #include "core/rng.h"

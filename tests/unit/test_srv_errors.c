@@ -3,11 +3,11 @@
  * module's *_strerror knows all of its codes. */
 #include "core/err.h"
 #include "proto/proto.h"
-#include "server/engine.h"
-#include "server/http.h"
-#include "server/http_client.h"
-#include "server/prefix_cache.h"
-#include "server/store.h"
+#include "server/engine/engine.h"
+#include "server/http/http.h"
+#include "server/cli/http_client.h"
+#include "server/store/prefix_cache.h"
+#include "server/store/store.h"
 #include "tests/unit/check.h"
 
 typedef struct {

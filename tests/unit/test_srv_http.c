@@ -13,10 +13,10 @@
  * so its connection is suspended and only the hang-up watch can notice the
  * client leaving.
  */
-#include "server/http.h"
-#include "server/http_test.h"
-#include "server/log.h"
-#include "server/metrics.h"
+#include "server/http/http.h"
+#include "server/http/http_test.h"
+#include "server/base/log.h"
+#include "server/base/metrics.h"
 #include "tests/unit/check.h"
 #include "tests/unit/helpers.h"
 
@@ -540,7 +540,7 @@ static int cancel_cb_seen(void)
 
 /* /deferred-hold: never answers until the client is gone. It also waits for
  * on_cancel: the loop runs that callback after marking the stream cancelled
- * and skips it once the producer has closed the stream (server/http.h), so a
+ * and skips it once the producer has closed the stream (server/http/http.h), so a
  * producer that replied as soon as it saw the flag would race it. */
 static void *prod_deferred_hold(void *arg)
 {

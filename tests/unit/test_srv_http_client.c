@@ -1,11 +1,11 @@
 /* test_srv_http_client.c — the command-line tools' HTTP client
- * (server/http_client.h): the response parser on Content-Length, chunked and
+ * (server/cli/http_client.h): the response parser on Content-Length, chunked and
  * close-framed bodies fed whole, byte by byte and split at every position;
  * malformed responses and bodies over their bounds give errors; the SSE
  * parser on every line ending, split anywhere; seeded random mutations of
  * valid responses never crash (run under ASan by make asan); URL parsing;
  * and whole requests against a loopback socket served by a thread. */
-#include "server/http_client.h"
+#include "server/cli/http_client.h"
 #include "tests/unit/check.h"
 
 #include <arpa/inet.h>

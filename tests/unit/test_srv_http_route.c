@@ -1,7 +1,7 @@
 /* test_srv_http_route.c — the HTTP server's route table
- * (server/http_route.c) without a server or a socket: patterns, matching
+ * (server/http/http_route.c) without a server or a socket: patterns, matching
  * with and without parameters, and the methods a route answers. */
-#include "server/http_impl.h"
+#include "server/http/http_impl.h"
 #include "tests/unit/check.h"
 
 #include <stdlib.h>

@@ -2,7 +2,7 @@
  * line, JSON lines parse), level filtering, truncation, reopen after a
  * rename (logrotate), and lines from many threads never interleaving.
  */
-#include "server/log.h"
+#include "server/base/log.h"
 #include "tests/unit/check.h"
 #include "tests/unit/helpers.h"
 

@@ -5,7 +5,7 @@
  * ending in +Inf, _sum and _count), with observations chosen as exact binary
  * fractions so the sums have one right spelling.
  */
-#include "server/metrics.h"
+#include "server/base/metrics.h"
 #include "tests/unit/check.h"
 
 #include <pthread.h>

@@ -1,9 +1,9 @@
 /* test_srv_prefix_cache.c — the prefix-state cache structure
- * (server/prefix_cache.h): longest-prefix lookup, LRU order and the byte
+ * (server/store/prefix_cache.h): longest-prefix lookup, LRU order and the byte
  * bound, pinning and its bounds, and keys that collide in the digest
  * (hash_bits cut to a few bits) told apart by their full token lists. */
-#include "server/prefix_cache.h"
-#include "server/prefix_cache_test.h"
+#include "server/store/prefix_cache.h"
+#include "server/store/prefix_cache_test.h"
 #include "tests/unit/check.h"
 
 #include <stdlib.h>

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/grammar.h"
+#include "core/text/grammar.h"
 #include "proto/schema.h"
 #include "tests/unit/check.h"
 

@@ -7,9 +7,9 @@
  * Every wait is bounded (WAIT_MS); the drain timeouts used (20 s, 60 s)
  * exceed WAIT_MS so a test passes only through the behaviour it checks.
  */
-#include "server/http_test.h"
-#include "server/log.h"
-#include "server/serve.h"
+#include "server/http/http_test.h"
+#include "server/base/log.h"
+#include "server/daemon.h"
 #include "tests/unit/check.h"
 #include "tests/unit/helpers.h"
 

@@ -1,7 +1,7 @@
 /* test_srv_sha256.c — SHA-256 against the FIPS 180-4 / NIST example vectors
  * and Python's hashlib for the padding boundaries (55, 56, 63, 64 bytes),
  * and the incremental form against the one-shot one. */
-#include "server/sha256.h"
+#include "server/base/sha256.h"
 #include "tests/unit/check.h"
 
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* server/store.c on the tiny fixture model (env DARKSERVE_TINY_MODEL):
+/* server/store/store.c on the tiny fixture model (env DARKSERVE_TINY_MODEL):
  * session lifecycle and busy rules, ids, persistence across a restart, LRU
  * eviction and reload, TTL, fork, export/import and their refusals, write
  * failures (injected, and a directory where the temp file goes) and crash
@@ -19,14 +19,15 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "core/attn_linear.h"
-#include "core/features.h"
+#include "core/attn/attn_linear.h"
+#include "core/attn/features.h"
 #include "core/model.h"
 #include "core/rng.h"
 #include "core/state.h"
-#include "server/engine.h"
-#include "server/store.h"
-#include "server/store_test.h"
+#include "core/crc32.h"
+#include "server/engine/engine.h"
+#include "server/store/store.h"
+#include "server/store/store_test.h"
 #include "tests/unit/ctx_helpers.h"
 
 /* The detail of the last store call that failed on the main thread (the
@@ -891,7 +892,7 @@ TEST(export_import)
     CHECK_INT_EQ(core_state_peek(blob, len, &info, NULL), 0);
     memcpy(bad, blob, len);
     put32(bad + info.owner_off + info.owner_len, (uint32_t)V);
-    put32(bad + len - 4, core_state_crc32(0, bad, len - 4));
+    put32(bad + len - 4, core_crc32(0, bad, len - 4));
     CHECK_INT_EQ(srv_store_import(st, b, bad, len, err, sizeof err), SRV_STORE_EMISMATCH);
     CHECK(strstr(err, "vocabulary") != NULL);
     free(bad);
@@ -1858,14 +1859,14 @@ TEST(checkpoints_export_import)
     unsigned char *b = malloc(len);
     memcpy(b, blob, len);
     b[off + ci.owner_off + 56] = 9; /* checkpoint 1 claims 9 turns (the session has 3) */
-    put32(b + off + pl - 4, core_state_crc32(0, b + off, pl - 4));
-    put32(b + len - 4, core_state_crc32(0, b, len - 4));
+    put32(b + off + pl - 4, core_crc32(0, b + off, pl - 4));
+    put32(b + len - 4, core_crc32(0, b, len - 4));
     err[0] = 0;
     CHECK_INT_EQ(srv_store_import(st2, id2, b, len, err, sizeof err), SRV_STORE_EMISMATCH);
     CHECK_MSG(strstr(err, "checkpoint 1: its turn count (9)") != NULL, "got: %s", err);
     memcpy(b, blob, len);
     b[off + pl - 100] ^= 1; /* a flip inside checkpoint 1, the outer blob resealed */
-    put32(b + len - 4, core_state_crc32(0, b, len - 4));
+    put32(b + len - 4, core_crc32(0, b, len - 4));
     CHECK_INT_EQ(srv_store_import(st2, id2, b, len, err, sizeof err), SRV_STORE_EMISMATCH);
     CHECK_MSG(strstr(err, "checkpoint 1: checksum mismatch") != NULL, "got: %s", err);
     const int64_t w2[] = {1};

@@ -1,4 +1,4 @@
-/* server/store_redis.c: the pure parts (the --session-store URL and its
+/* server/store/store_redis.c: the pure parts (the --session-store URL and its
  * redaction, key names, the metadata fields, versions) always; the backend
  * against a real redis-server on a loopback port when one is installed
  * (Debian's redis-server, scripts/deps.sh; without it those tests say they
@@ -24,9 +24,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "server/store.h"
-#include "server/store_backend.h"
-#include "server/store_redis_test.h"
+#include "server/store/store.h"
+#include "server/store/store_backend.h"
+#include "server/store/store_redis_test.h"
 
 /* The detail of the last store call that failed on the main thread (the
  * threads a test starts pass their own buffer or none). */

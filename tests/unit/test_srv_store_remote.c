@@ -1,6 +1,6 @@
-/* server/store_remote.c on the tiny fixture model (env
+/* server/store/store_remote.c on the tiny fixture model (env
  * DARKSERVE_TINY_MODEL): the session table in front of a shared backend
- * (server/store_backend.h), with two tables ("replicas") on one in-process fake
+ * (server/store/store_backend.h), with two tables ("replicas") on one in-process fake
  * backend that keeps the store_backend.h contract (versions, leases) — no Redis
  * needed; tests/unit/test_srv_store_redis.c checks the Redis backend
  * itself. Covered: a session continued alternately by two replicas is
@@ -20,9 +20,9 @@
 #include "core/model.h"
 #include "core/rng.h"
 #include "core/state.h"
-#include "server/engine.h"
-#include "server/store.h"
-#include "server/store_backend.h"
+#include "server/engine/engine.h"
+#include "server/store/store.h"
+#include "server/store/store_backend.h"
 #include "tests/unit/ctx_helpers.h"
 
 /* The detail of the last store call that failed on the main thread (the

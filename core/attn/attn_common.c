@@ -1,0 +1,49 @@
+/* core/attn/attn_common.c — what every attention kind shares and calls: the
+ * kinds' names and the growable scratch of core_attn_t (attn_impl.h). Below
+ * attn.c's dispatch and the kinds' files (attn_exact.c, attn_linear.c,
+ * features.c); calls nothing above it.
+ */
+#include "core/attn/attn_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const kind_names[] = {"exact",        "performer",   "darkformer",
+                                         "darkformer-is", "flexformer-s", "flexformer-n"};
+
+const char *core_attn_kind_name(core_attn_kind_t kind)
+{
+    if ((unsigned)kind < sizeof kind_names / sizeof kind_names[0])
+        return kind_names[kind];
+    return "unknown";
+}
+
+int core_attn_kind_parse(const char *name, core_attn_kind_t *out)
+{
+    for (size_t i = 0; name && i < sizeof kind_names / sizeof kind_names[0]; i++) {
+        if (strcmp(name, kind_names[i]) == 0) {
+            *out = (core_attn_kind_t)i;
+            return 0;
+        }
+    }
+    return CORE_EINVAL;
+}
+
+int core_attn_kind_is_trig(core_attn_kind_t kind)
+{
+    return kind == CORE_ATTN_FLEXFORMER_S || kind == CORE_ATTN_FLEXFORMER_N;
+}
+
+float *core_attn_scratch(core_attn_t *a, size_t n, core_error_t *err)
+{
+    if (n <= a->scratch_n)
+        return a->scratch;
+    float *p = realloc(a->scratch, n * sizeof *p);
+    if (!p) {
+        core_error_set(err, CORE_ENOMEM, "out of memory for %zu attention scratch floats", n);
+        return NULL;
+    }
+    a->scratch = p;
+    a->scratch_n = n;
+    return p;
+}

@@ -1,0 +1,2054 @@
+/* core/attn/attn_linear.c — linear (random-feature) attention: Performer,
+ * DARKFormer, DARKFormer-IS and Flexformer-s/-n, each optionally hybrid with
+ * an exact window.
+ *
+ * The feature maps live in core/attn/features.c; this file keeps the recurrent
+ * state and runs the causal kernels. It knows nothing of the model around it.
+ *
+ * Per layer and KV head a state holds S̃ [M][Hd], z̃ [M] and a running
+ * log-scale per feature c [M]: S̃_i = Σ_t exp(a_i(k_t) − c_i) v_t and
+ * z̃_i = Σ_t exp(a_i(k_t) − c_i), where a_i(k) is the full fp32 feature logit
+ * of key k (core_features.h) and c_i the max of a_i over the keys absorbed so
+ * far (−inf while empty). When a key raises c_i, row i of S̃ and z̃ is first
+ * multiplied by exp(c_i,old − c_i,new); c is never a max over keys that have
+ * not been absorbed. This is DESIGN §3's running log-scale kept per feature
+ * rather than one scalar per state: a query weighs all keys of one feature by
+ * the same exp(g_i), so flushing terms far below that feature's own maximum
+ * loses nothing that matters, whereas one shared scalar lets a key that is
+ * large on one feature (a late key with a big norm along a wide IS
+ * direction: logits > 200 happen) flush every other feature to zero.
+ * 1 ≤ z̃_i ≤ keys absorbed (the maximal key contributes exactly 1, every
+ * other key at most 1) and |S̃_i| ≤ z̃_i·max|v|, so nothing overflows and
+ * the recurrence's denominator never underflows.
+ *
+ * Hybrid window W: the query at position τ attends exactly (softmax of
+ * q̂·k̂) to the keys at positions max(0, τ−W+1)..τ, kept in a per-layer ring
+ * buffer of the last W keys/values, and linearly to every older key: the key
+ * at position τ−W is absorbed into (S, z) when token τ arrives. W = 0 is pure
+ * linear attention, where each token's own key is absorbed before its query.
+ *
+ * One normalization for both parts. For a query row with query logits
+ * g_i = ω_i·ŷ + b_i and half norm h = |ŷ|²/2 (true φ_i(q) = exp(g_i − h)),
+ * and C_i the scale the key features were exponentiated under:
+ *   true linear numerator   = exp(Lrow) · num,   Lrow = mx − h,
+ *   true linear denominator = exp(Lrow) · den,   mx = max_i (g_i + C_i),
+ * num = Σ_i exp(g_i + C_i − mx) · (S̃ and chunk-key terms at scale C_i), den
+ * likewise with z̃ (mx is the per-query max shift; with the scales folded in,
+ * den ≥ 1 whenever the feature reaching mx has its maximal key visible). The
+ * exact terms are exp(s_j), s_j = q̂·k̂_j. With the row stabilizer
+ * s* = max(Lrow, max_j s_j):
+ *   out = (e^(Lrow−s*)·num + Σ_j e^(s_j−s*) v_j) / (e^(Lrow−s*)·den + Σ_j e^(s_j−s*))
+ * Each sum is finite and the largest exact term is 1 (or the linear scale
+ * factor is 1), so the ratio neither overflows nor loses its denominator. In
+ * pure linear mode exp(Lrow) cancels and out = num/den.
+ *
+ * Chunked prefill: tokens are processed in chunks (default 64). Within a
+ * chunk the keys that enter the linear state get features exp(a_i − C_i)
+ * with C_i = max(c_i, their logits) — the running scales after the chunk,
+ * which token-by-token updates reach at the chunk's end — and the masked
+ * product φ(Q)·φ(K)ᵀ (key u visible to token t iff u ≤ t) gives the
+ * intra-chunk part; the carried state, still at its scales c_i, enters with
+ * the factors exp(c_i − C_i). Earlier rows thus see their keys at scales
+ * C_i ≥ their own running max; this is exact except where entries underflow.
+ * Flushed entries cost at most ~M·(chunk + keys absorbed)·FLT_MIN in the
+ * units of den, so a row whose den ≥ 2^-60 is accurate to ~1e-8 relative
+ * even after 10^9 tokens (~1e-15 for the chunk's own keys). A row below that
+ * (the maximum of its best feature comes from a later key of the chunk) is
+ * recomputed exactly in double in the log domain from the logits and the
+ * unscaled state (slow_row). That guard is unbiased: it changes how the same
+ * sums are evaluated, never what is summed.
+ *
+ * Accumulators: S and z are fp32 by default; core_attn_linear_set_opts can
+ * make new states accumulate in double, to measure drift on long streams.
+ *
+ * Flexformer (signed trigonometric features, core/attn/features.h): a vector's
+ * features are e^(ν|ŷ|²) times signed values in [−1/√(M/2), 1/√(M/2)], so
+ * a key's log-magnitude (ν|ŷ|² plus the decay to the chunk's end) takes the
+ * place of every one of its logits: the running scales c_i then all move
+ * together (one value repeated M times, so the state layout and its payload
+ * are the linear kinds'), the key that sets them contributes its values
+ * exactly, and S̃, z̃ stay bounded by the number of keys; the query's
+ * log-magnitude joins Lrow. Nothing is an exponential of a feature logit,
+ * so nothing underflows and the log-domain path is not needed.
+ *
+ * Signed denominators. φ(q)·φ(k) estimates e^(q̂·k̂) > 0 without bias but
+ * is itself signed, so the linear denominator D (the estimate of the older
+ * keys' mass) can be small or negative, and E + D with it (E, the exact
+ * mass of sinks and window, > 0). Nothing is added to or clamped in the
+ * features, z or D: the estimates of numerator and denominator stay
+ * unbiased, and E + D keeps full double precision (den is summed in
+ * double). A row is changed only when D < −E/2 (the estimate would remove
+ * more than half of the mass that is known exactly): then the row's linear
+ * numerator and denominator are both scaled by λ = (E/2)/|D| < 1, giving
+ * E + λD = E/2. The output stays a weighted combination of the exact
+ * part's values and the linear part's own ratio (never a division by a
+ * value near 0), and rows where the rule acts are counted
+ * (core_attn_linear_den_stats; measured on held-out text in docs/QUALITY.md).
+ * Pure linear attention (no window, no sinks) has no E: a row with D ≤ 0
+ * outputs zero (counted). An additive floor (D + ε) or |D| would bias every
+ * row; this touches only the counted ones. The training code (tools/convert.py,
+ * tools/distill.py) applies the same rule.
+ */
+#include "core/attn/attn_impl.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/kernels/blas.h"
+#include "core/attn/attn_linear.h"
+#include "core/attn/features.h"
+#include "core/kernels/half.h"
+#include "core/le.h"
+#include "core/kernels/vexp.h"
+
+#define LIN_DEFAULT_CHUNK 64
+#define LIN_MAX_CHUNK 4096
+#define LIN_MAX_HEADS 4096
+/* Chunks shrink until one chunk's exact scores [rows][W + chunk] and query
+ * features [rows][M] each fit these many floats. */
+#define LIN_SCORE_BUDGET ((size_t)1 << 22)
+#define LIN_FEATURE_BUDGET ((size_t)1 << 24)
+/* Positions whose RoPE angles a scratch slot keeps (unrope), for queries
+ * and for entering keys apart: a decode step's query and key recur for
+ * every layer and KV head. Prime, so that a power-of-two window never puts
+ * them on one entry. */
+#define LIN_ROPE_CACHE 67
+/* Fast-path denominators below this take the exact log-domain path. */
+#define LIN_DEN_MIN 0x1p-60
+
+typedef struct lin_params {
+    core_features_t *maps; /* [L][Hkv] */
+    float *gam;            /* [L][Hkv] decay γ (1 = none) */
+    float *mix;            /* [L][H] log-weight β of the linear part against the exact part */
+    double *rope_if;       /* [n_rot/2] RoPE inverse frequencies (prerope or sinks) */
+    double *sink_cs;       /* [n_rot/2][2] cos, sin of (W + S − 1)·θ_i: the sinks' fixed shift */
+    int chunk;             /* requested tokens per chunk */
+    int cn;                /* effective tokens per chunk (budget-bounded) */
+    int fp64;              /* accumulator precision of states created next */
+    int slots;             /* scratch slots, one per thread that may forward at once */
+    float **fs;            /* [slots] float scratch, layout in lin_scratch_t */
+    double **ds;           /* [slots] double scratch */
+    core_attn_den_stats_t *den; /* [slots] Flexformer's denominators, counted */
+    int trig;              /* Flexformer: signed features */
+} lin_params_t;
+
+/* What a state holds is known without clearing it all: a new or reset
+ * state sets only c to −inf. A KV head whose c are all −inf (no key has
+ * reached its linear state) has S̃ and z̃ of no defined value, and nothing
+ * reads them (chunk_linear and slow_row weigh them only through finite
+ * scales); chunk_absorb zeroes them when the first keys arrive. Of the
+ * window and the sinks only positions below pos are ever read. So a state
+ * that serves a short chat never touches most of its ~9 MB, and copying one
+ * (a fork, a prefix-cache snapshot or its restore) copies what is valid:
+ * clearing and copying whole states were most of a 16-stream run's page
+ * faults and of the loop thread's time. */
+typedef struct lin_state {
+    int fp64;
+    size_t blob_bytes;
+    unsigned char *blob; /* everything below, one allocation */
+    double *c;           /* [L][Hkv][M] running log-scales */
+    void *S;             /* [L][Hkv][M][Hd] float or double */
+    void *z;             /* [L][Hkv][M] float or double */
+    /* a KV head's window and sinks contiguous (the attention of one head
+     * streams them; the payload orders them [rows][Hkv][Hd], see
+     * kv_rows_put), in half precision (core/kernels/half.h; kv_rows) */
+    uint16_t *ring_k;    /* [L][Hkv][W][Hd], slot = position % W */
+    uint16_t *ring_v;    /* [L][Hkv][W][Hd] */
+    uint16_t *sink_k;    /* [L][Hkv][S][Hd], row = position (< S) */
+    uint16_t *sink_v;    /* [L][Hkv][S][Hd] */
+    /* Not part of the state's data (never copied or saved; counted in its
+     * bytes): a decode step's two halves per query row,
+     * [Hkv][H/Hkv][LIN_MG_ROW], from the units that computed them to the
+     * merge (head_done). */
+    double *mg;
+} lin_state_t;
+
+/* A merge row: lrow, den, the exact stabilizer, the exact sum, then the
+ * linear numerator [Hd] and the exact values' sum [Hd]. */
+#define LIN_MG_HEAD 4
+#define LIN_MG_ROW(hd) (LIN_MG_HEAD + 2 * (hd))
+
+/* Views into the scratch for one chunk of cn tokens, R = cn·(H/Hkv) query
+ * rows, NI ≤ cn keys entering the state, NK ≤ W + cn window keys. */
+typedef struct lin_scratch {
+    float *qx;  /* [R][Hd] raw query rows */
+    float *qy;  /* [R][Hd] prepared ŷ; then, in chunk_out_exact, the rows turned to the sinks' frame */
+    float *gd;  /* [R][M] query logits g (no norm term) */
+    float *qp;  /* [R][M] exp(g + C − mx) */
+    float *qs;  /* [R][M] exp(g + c − mx): the same for the carried state */
+    float *kx;  /* [NI][Hd] raw keys entering the state */
+    float *ky;  /* [NI][Hd] prepared */
+    float *kd;  /* [NI][M] full key logits a */
+    float *kp;  /* [NI][M] exp(a − C) */
+    float *vi;  /* [NI][Hd] their values */
+    float *pp;  /* [R][NI] masked φ(Q)φ(K)ᵀ */
+    float *num; /* [R][Hd] linear numerators */
+    float *qu;  /* [R][Hd] queries before RoPE (prerope) */
+    float *ku;  /* [NI][Hd] keys before RoPE (prerope) */
+    float *ks;  /* [S][Hd] sink keys moved next to the window (see chunk_forward) */
+    float *es;  /* [R][S] their scores */
+    float *kvg; /* [NK][Hd] the exact keys, then their values, as floats */
+    float *e;   /* [R][NK] exact weights */
+    float *ev;  /* [R][Hd] exact numerators */
+    double *qhn;  /* [R] |ŷ|²/2 of queries */
+    double *khn;  /* [NI] |ŷ|²/2 of keys */
+    double *lrow; /* [R] Lrow, −inf when the row has no linear part */
+    double *den;  /* [R] linear denominators */
+    double *esum; /* [R] exact denominators */
+    double *sx;   /* [R] the exact part's stabilizer (decode's exact unit) */
+    double *cn;   /* [M] scales C after this chunk */
+    double *al;   /* [M] exp(c − C) */
+    double *tmp;  /* [M + NI + Hd] slow path */
+    /* [2][LIN_ROPE_CACHE][1 + n_rot], queries' then keys': a position (−1:
+     * none) and its cos, sin pairs at entry position % LIN_ROPE_CACHE;
+     * kept from call to call */
+    double *rc;
+} lin_scratch_t;
+
+typedef struct lin_sizes {
+    size_t nf, nd; /* floats, doubles */
+} lin_sizes_t;
+
+static size_t take(size_t *off, size_t n)
+{
+    size_t o = *off;
+    *off += n;
+    return o;
+}
+
+/* Offsets of every scratch buffer for chunk cn; with sc, also the views
+ * over the bases fb and db (then both are the slot's scratch, never NULL). */
+static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *fb, double *db,
+                                  lin_scratch_t *sc)
+{
+    size_t gs = (size_t)(cfg->n_head / cfg->n_head_kv), hd = (size_t)cfg->head_dim;
+    size_t m = (size_t)cfg->n_features, w = (size_t)cfg->window;
+    size_t sk = (size_t)cfg->sinks;
+    size_t r = cn * gs, nk = w > 0 || sk > 0 ? sk + w + cn : 0;
+    size_t f = 0, d = 0;
+    size_t o_qx = take(&f, r * hd), o_qy = take(&f, r * hd), o_gd = take(&f, r * m);
+    size_t o_qp = take(&f, r * m), o_qs = take(&f, r * m), o_kx = take(&f, cn * hd), o_ky = take(&f, cn * hd);
+    size_t o_kd = take(&f, cn * m), o_kp = take(&f, cn * m), o_vi = take(&f, cn * hd);
+    size_t o_pp = take(&f, r * cn), o_num = take(&f, r * hd);
+    size_t o_e = take(&f, r * nk), o_ev = take(&f, r * hd);
+    size_t o_qu = take(&f, r * hd), o_ku = take(&f, cn * hd), o_ks = take(&f, sk * hd);
+    size_t o_es = take(&f, r * sk), o_kvg = take(&f, nk * hd);
+    size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
+    size_t o_esum = take(&d, r), o_sx = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
+    size_t o_tmp = take(&d, m + cn + hd);
+    size_t o_rc = take(&d, (size_t)2 * LIN_ROPE_CACHE * (1 + (size_t)cfg->n_rot));
+    if (sc) {
+        sc->qx = fb + o_qx;
+        sc->qy = fb + o_qy;
+        sc->gd = fb + o_gd;
+        sc->qp = fb + o_qp;
+        sc->qs = fb + o_qs;
+        sc->kx = fb + o_kx;
+        sc->ky = fb + o_ky;
+        sc->kd = fb + o_kd;
+        sc->kp = fb + o_kp;
+        sc->vi = fb + o_vi;
+        sc->pp = fb + o_pp;
+        sc->num = fb + o_num;
+        sc->qu = fb + o_qu;
+        sc->ku = fb + o_ku;
+        sc->ks = fb + o_ks;
+        sc->es = fb + o_es;
+        sc->kvg = fb + o_kvg;
+        sc->e = fb + o_e;
+        sc->ev = fb + o_ev;
+        sc->qhn = db + o_qhn;
+        sc->khn = db + o_khn;
+        sc->lrow = db + o_lrow;
+        sc->den = db + o_den;
+        sc->esum = db + o_esum;
+        sc->sx = db + o_sx;
+        sc->cn = db + o_cn;
+        sc->al = db + o_al;
+        sc->tmp = db + o_tmp;
+        sc->rc = db + o_rc;
+    }
+    return (lin_sizes_t){f, d};
+}
+
+static int effective_chunk(const core_attn_cfg_t *cfg, int chunk)
+{
+    size_t gs = (size_t)(cfg->n_head / cfg->n_head_kv), cn = (size_t)chunk;
+    while (cn > 1 && gs * cn * ((size_t)cfg->window + (size_t)cfg->sinks + cn) > LIN_SCORE_BUDGET)
+        cn /= 2;
+    while (cn > 1 && gs * cn * (size_t)cfg->n_features > LIN_FEATURE_BUDGET)
+        cn /= 2;
+    return (int)cn;
+}
+
+static void free_slots(float **fs, double **ds, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(fs ? fs[i] : NULL);
+        free(ds ? ds[i] : NULL);
+    }
+    free(fs);
+    free(ds);
+}
+
+/* Scratch for chunks of `chunk` tokens in `slots` slots, all new: on failure
+ * the previous scratch stays as it was. */
+static int set_scratch(core_attn_t *a, lin_params_t *lp, int chunk, int slots, core_error_t *err)
+{
+    int cn = effective_chunk(&a->cfg, chunk);
+    lin_sizes_t sz = scratch_layout(&a->cfg, (size_t)cn, NULL, NULL, NULL);
+    float **fs = calloc((size_t)slots, sizeof *fs);
+    double **ds = calloc((size_t)slots, sizeof *ds);
+    core_attn_den_stats_t *den = calloc((size_t)slots, sizeof *den);
+    int ok = fs && ds && den;
+    for (int i = 0; ok && i < slots; i++) {
+        fs[i] = malloc(sz.nf * sizeof *fs[i]);
+        ds[i] = malloc(sz.nd * sizeof *ds[i]);
+        ok = fs[i] && ds[i];
+        if (ok) {
+            lin_scratch_t sc;
+            (void)scratch_layout(&a->cfg, (size_t)cn, fs[i], ds[i], &sc);
+            for (int e = 0; e < 2 * LIN_ROPE_CACHE; e++)
+                sc.rc[(size_t)e * (size_t)(1 + a->cfg.n_rot)] = -1.0;
+        }
+    }
+    if (!ok) {
+        free_slots(fs, ds, fs && ds ? slots : 0);
+        free(den);
+        return core_error_set(err, CORE_ENOMEM, "out of memory for linear attention scratch "
+                              "(%d x %zu floats, %zu doubles)", slots, sz.nf, sz.nd);
+    }
+    /* the counters carry over into slot 0 */
+    for (int i = 0; i < lp->slots; i++) {
+        den[0].rows += lp->den[i].rows;
+        den[0].neg += lp->den[i].neg;
+        den[0].below_half += lp->den[i].below_half;
+        den[0].below_tenth += lp->den[i].below_tenth;
+        den[0].pure_zero += lp->den[i].pure_zero;
+    }
+    free_slots(lp->fs, lp->ds, lp->slots);
+    free(lp->den);
+    lp->fs = fs;
+    lp->ds = ds;
+    lp->den = den;
+    lp->slots = slots;
+    lp->chunk = chunk;
+    lp->cn = cn;
+    return 0;
+}
+
+static int set_chunk(core_attn_t *a, lin_params_t *lp, int chunk, core_error_t *err)
+{
+    return set_scratch(a, lp, chunk, lp->slots > 0 ? lp->slots : 1, err);
+}
+
+static void free_params(lin_params_t *lp, size_t n_maps)
+{
+    if (!lp)
+        return;
+    for (size_t i = 0; lp->maps && i < n_maps; i++)
+        core_features_fini(&lp->maps[i]);
+    free(lp->maps);
+    free(lp->gam);
+    free(lp->mix);
+    free(lp->rope_if);
+    free(lp->sink_cs);
+    free_slots(lp->fs, lp->ds, lp->slots);
+    free(lp->den);
+    free(lp);
+}
+
+/* The configuration a linear kind can run (and its adapter, where the kind
+ * needs one): 0 or CORE_EINVAL with the reason. */
+static int check_cfg(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_error_t *err)
+{
+    const char *kname = core_attn_kind_name(cfg->kind);
+    if (cfg->n_features < 1 || cfg->n_features > CORE_FEATURES_MAX_FEATURES)
+        return core_error_set(err, CORE_EINVAL, "%s attention needs n_features in [1, %d], got %d",
+                              kname, CORE_FEATURES_MAX_FEATURES, cfg->n_features);
+    if (cfg->head_dim > CORE_FEATURES_MAX_HEAD_DIM || cfg->n_head > LIN_MAX_HEADS)
+        return core_error_set(err, CORE_EINVAL, "%s attention supports head dim <= %d and <= %d "
+                              "heads, got %d and %d", kname, CORE_FEATURES_MAX_HEAD_DIM,
+                              LIN_MAX_HEADS, cfg->head_dim, cfg->n_head);
+    if (cfg->window > CORE_FEATURES_MAX_WINDOW)
+        return core_error_set(err, CORE_EINVAL, "window %d exceeds %d", cfg->window,
+                              CORE_FEATURES_MAX_WINDOW);
+    if (cfg->sinks < 0 || cfg->sinks > CORE_FEATURES_MAX_SINKS)
+        return core_error_set(err, CORE_EINVAL, "sinks %d not in [0, %d]", cfg->sinks,
+                              CORE_FEATURES_MAX_SINKS);
+    if ((cfg->prerope || cfg->sinks) &&
+        (cfg->n_rot < 2 || cfg->n_rot % 2 || cfg->n_rot > cfg->head_dim ||
+         !(cfg->rope_base > 0.0) || !(cfg->rope_scale > 0.0)))
+        return core_error_set(err, CORE_EINVAL, "pre-RoPE features and sinks need the model's RoPE "
+                              "(n_rot %d, base %g, scale %g)", cfg->n_rot, cfg->rope_base,
+                              cfg->rope_scale);
+    if (cfg->linear_off && cfg->window == 0 && cfg->sinks == 0)
+        return core_error_set(err, CORE_EINVAL, "linear branch off needs a window or sinks");
+    if (cfg->kind == CORE_ATTN_DARKFORMER && !adapter)
+        return core_error_set(err, CORE_EINVAL, "attention kind 'darkformer' needs an adapter "
+                              "GGUF with tensors darkformer.blk.N.M");
+    if (cfg->kind == CORE_ATTN_DARKFORMER_IS && !adapter)
+        return core_error_set(err, CORE_EINVAL, "attention kind 'darkformer-is' needs an adapter "
+                              "GGUF with tensors darkformer.blk.N.lambda");
+    const int trig = core_attn_kind_is_trig(cfg->kind);
+    if (trig && cfg->n_features % 2)
+        return core_error_set(err, CORE_EINVAL, "%s needs an even n_features (M/2 frequencies, "
+                              "a cosine and a sine row each), got %d", kname, cfg->n_features);
+    return 0;
+}
+
+/* Work buffers of linear_init, one layer's worth (NULL where the kind has
+ * no use for them). */
+typedef struct lin_init_buf {
+    float *mat;               /* [Hd][Hd] one head's M or Λ */
+    double *isa;              /* [Hd][Hd] Σ*^(1/2) */
+    float *om1, *om2, *tau;   /* Flexformer: [Hkv][M/2][Hd] x2, [Hkv] */
+} lin_init_buf_t;
+
+/* Layer l's parameters from the adapter (or the seed's draws): its decays
+ * and mixing weights, and the feature map of every KV head. */
+static int load_layer(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, lin_params_t *lp,
+                      int l, const lin_init_buf_t *bf, core_error_t *err)
+{
+    const int trig = core_attn_kind_is_trig(cfg->kind);
+    size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    size_t nfq = (size_t)cfg->n_features / 2;
+    float *mat = bf->mat, *om1 = bf->om1, *om2 = bf->om2, *tau = bf->tau;
+    double *isa = bf->isa;
+    int rc;
+    const core_gguf_tensor_t *t = NULL;
+    if (cfg->kind == CORE_ATTN_DARKFORMER || (trig && adapter)) {
+        /* v2 parameters; absent (v1 adapters) = no decay, equal weights. */
+        int found;
+        rc = core_features_adapter_vector(adapter, "decay", l, cfg->n_head_kv,
+                                          lp->gam + (size_t)l * hkv, &found, err);
+        if (rc == 0)
+            rc = core_features_adapter_vector(adapter, "mix", l, cfg->n_head,
+                                              lp->mix + (size_t)l * (size_t)cfg->n_head,
+                                              &found, err);
+        if (rc)
+            return rc;
+        for (size_t h = 0; cfg->decay_off && h < hkv; h++)
+            lp->gam[(size_t)l * hkv + h] = 1.0f;
+    }
+    if (cfg->kind == CORE_ATTN_DARKFORMER || cfg->kind == CORE_ATTN_DARKFORMER_IS) {
+        const char *what = cfg->kind == CORE_ATTN_DARKFORMER ? "M" : "lambda";
+        rc = core_features_adapter_tensor(adapter, what, l, cfg->n_head_kv, cfg->head_dim, &t,
+                                          err);
+        if (rc)
+            return rc;
+    }
+    if (trig && adapter) {
+        /* an adapter for a Flexformer kind carries its frequencies: the
+         * untrained kind (Performer's draws) is the one without adapter */
+        int found = 1;
+        rc = core_features_adapter_omega(adapter, "omega", l, cfg->n_head_kv, (int)nfq,
+                                         cfg->head_dim, om1, err);
+        if (rc == 0 && cfg->kind == CORE_ATTN_FLEXFORMER_N)
+            rc = core_features_adapter_omega(adapter, "omega2", l, cfg->n_head_kv, (int)nfq,
+                                             cfg->head_dim, om2, err);
+        if (rc == 0 && cfg->kind == CORE_ATTN_FLEXFORMER_N)
+            rc = core_features_adapter_vector(adapter, "tau", l, cfg->n_head_kv, tau, &found,
+                                              err);
+        if (rc == 0 && !found)
+            rc = core_error_set(err, CORE_ENOTFOUND, "adapter tensor 'darkformer.blk.%d.tau' "
+                                "is missing", l);
+        if (rc)
+            return rc;
+    }
+    for (size_t h = 0; trig && h < hkv; h++) {
+        uint64_t ss = core_features_stream_seed(cfg->seed, l, (int)h);
+        int nst = cfg->kind == CORE_ATTN_FLEXFORMER_N;
+        rc = core_features_init_trig(&lp->maps[(size_t)l * hkv + h], cfg->kind, cfg->head_dim,
+                                     cfg->n_features, ss, om1 ? om1 + h * nfq * hd : NULL,
+                                     om2 && nst ? om2 + h * nfq * hd : NULL,
+                                     tau && nst ? (double)tau[h] : 0.0, err);
+        if (rc)
+            return rc;
+    }
+    for (size_t h = 0; !trig && h < hkv; h++) {
+        uint64_t ss = core_features_stream_seed(cfg->seed, l, (int)h);
+        core_features_t *f = &lp->maps[(size_t)l * hkv + h];
+        double logdet = 0.0;
+        if (t)
+            memcpy(mat, (const unsigned char *)t->data + h * hd * hd * sizeof(float),
+                   hd * hd * sizeof(float));
+        if (cfg->kind == CORE_ATTN_DARKFORMER_IS) {
+            rc = core_features_is_proposal(cfg->head_dim, mat, isa, &logdet, NULL, err);
+            if (rc) {
+                core_error_set(err, rc, "adapter tensor 'darkformer.blk.%d.lambda', KV head "
+                               "%zu: no IS proposal", l, h);
+                return rc;
+            }
+        }
+        rc = core_features_init(f, cfg->kind, cfg->head_dim, cfg->n_features, ss, mat, isa,
+                                logdet, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t *err)
+{
+    const core_attn_cfg_t *cfg = &a->cfg;
+    const char *kname = core_attn_kind_name(cfg->kind);
+    const int trig = core_attn_kind_is_trig(cfg->kind);
+    int rc = check_cfg(cfg, adapter, err);
+    if (rc)
+        return rc;
+
+    size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    size_t n_maps = (size_t)cfg->n_layer * hkv;
+    size_t nfq = (size_t)cfg->n_features / 2;
+    float *mat = NULL, *om1 = NULL, *om2 = NULL, *tau = NULL; /* see lin_init_buf_t */
+    double *isa = NULL;
+    lin_params_t *lp = calloc(1, sizeof *lp);
+    size_t n_rope = cfg->prerope || cfg->sinks ? (size_t)cfg->n_rot / 2 : 1;
+    if (lp) {
+        lp->maps = calloc(n_maps, sizeof *lp->maps);
+        lp->gam = malloc(n_maps * sizeof *lp->gam);
+        lp->mix = calloc((size_t)cfg->n_layer * (size_t)cfg->n_head, sizeof *lp->mix);
+        lp->rope_if = calloc(n_rope, sizeof *lp->rope_if);
+        lp->sink_cs = calloc(2 * n_rope, sizeof *lp->sink_cs);
+    }
+    mat = malloc(hd * hd * sizeof *mat);
+    isa = malloc(hd * hd * sizeof *isa);
+    if (trig && adapter) {
+        om1 = malloc(hkv * nfq * hd * sizeof *om1);
+        om2 = malloc(hkv * nfq * hd * sizeof *om2);
+        tau = malloc(hkv * sizeof *tau);
+    }
+    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !lp->sink_cs || !mat || !isa ||
+        (trig && adapter && (!om1 || !om2 || !tau))) {
+        rc = core_error_set(err, CORE_ENOMEM, "out of memory for %s parameters", kname);
+        goto fail;
+    }
+    for (size_t i = 0; i < n_maps; i++)
+        lp->gam[i] = 1.0f;
+    for (int64_t i = 0; (cfg->prerope || cfg->sinks) && i < cfg->n_rot / 2; i++) {
+        lp->rope_if[i] = pow(cfg->rope_base, -2.0 * (double)i / (double)cfg->n_rot) / cfg->rope_scale;
+        double ang = (double)(cfg->window + cfg->sinks - 1) * lp->rope_if[i];
+        lp->sink_cs[2 * i] = cos(ang);
+        lp->sink_cs[2 * i + 1] = sin(ang);
+    }
+    const lin_init_buf_t bf = {mat, isa, om1, om2, tau};
+    for (int l = 0; l < cfg->n_layer; l++)
+        if ((rc = load_layer(cfg, adapter, lp, l, &bf, err)))
+            goto fail;
+    lp->fp64 = 0;
+    lp->trig = trig;
+    rc = set_chunk(a, lp, LIN_DEFAULT_CHUNK, err);
+    if (rc)
+        goto fail;
+    free(mat);
+    free(isa);
+    free(om1);
+    free(om2);
+    free(tau);
+    a->impl = lp;
+    return 0;
+fail:
+    free(mat);
+    free(isa);
+    free(om1);
+    free(om2);
+    free(tau);
+    free_params(lp, n_maps);
+    return rc;
+}
+
+static void linear_fini(core_attn_t *a)
+{
+    free_params(a->impl, (size_t)a->cfg.n_layer * (size_t)a->cfg.n_head_kv);
+    a->impl = NULL;
+}
+
+/* ---- state ---- */
+
+static int mul_ok(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > SIZE_MAX / a)
+        return 0;
+    *out = a * b;
+    return 1;
+}
+
+static void state_clear(lin_state_t *st, const core_attn_cfg_t *cfg)
+{
+    size_t nc = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv * (size_t)cfg->n_features;
+    for (size_t i = 0; i < nc; i++)
+        st->c[i] = -INFINITY;
+}
+
+/* Lays st out in precision fp64, cleared: one allocation, doubles first so
+ * every part stays 8-byte aligned. */
+static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int fp64,
+                              core_error_t *err)
+{
+    size_t es = fp64 ? sizeof(double) : sizeof(float);
+    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, n_s, n_z, n_ring, n_sink, b_s, b_z,
+           b_r, b_k;
+    if (!mul_ok(nh, (size_t)cfg->n_features, &n_z) ||
+        !mul_ok(n_z, (size_t)cfg->head_dim, &n_s) ||
+        !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->window, &n_ring) ||
+        !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->sinks, &n_sink) ||
+        !mul_ok(n_s, es, &b_s) || !mul_ok(n_z, es, &b_z) ||
+        !mul_ok(n_ring, 2 * sizeof(uint16_t), &b_r) ||
+        !mul_ok(n_sink, 2 * sizeof(uint16_t), &b_k) ||
+        b_s > SIZE_MAX / 8 || b_r > SIZE_MAX / 8 || b_k > SIZE_MAX / 8)
+        return core_error_set(err, CORE_ERANGE, "linear attention state size overflows");
+    size_t b_c = n_z * sizeof(double), total = b_c + b_s + b_z + b_r + b_k;
+    unsigned char *blob = malloc(total ? total : 1);
+    if (!blob)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for a %zu-byte attention state",
+                              total);
+    free(st->blob);
+    st->fp64 = fp64;
+    st->blob = blob;
+    st->blob_bytes = total;
+    st->c = (double *)(void *)blob;
+    st->S = blob + b_c;
+    st->z = blob + b_c + b_s;
+    st->ring_k = (uint16_t *)(void *)(blob + b_c + b_s + b_z);
+    st->ring_v = st->ring_k + n_ring;
+    st->sink_k = st->ring_v + n_ring;
+    st->sink_v = st->sink_k + n_sink;
+    state_clear(st, cfg);
+    return 0;
+}
+
+static int linear_state_init(core_attn_state_t *s, core_error_t *err)
+{
+    const lin_params_t *lp = s->a->impl;
+    lin_state_t *st = calloc(1, sizeof *st);
+    if (!st)
+        return core_error_set(err, CORE_ENOMEM, "out of memory for attention state");
+    int rc = lin_state_relayout(st, &s->a->cfg, lp->fp64, err);
+    if (rc < 0) {
+        free(st);
+        return rc;
+    }
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    st->mg = malloc((size_t)cfg->n_head * LIN_MG_ROW((size_t)cfg->head_dim) * sizeof *st->mg);
+    if (!st->mg) {
+        free(st->blob);
+        free(st);
+        return core_error_set(err, CORE_ENOMEM, "out of memory for attention state");
+    }
+    s->impl = st;
+    return 0;
+}
+
+static void linear_state_fini(core_attn_state_t *s)
+{
+    lin_state_t *st = s->impl;
+    if (!st)
+        return;
+    free(st->blob);
+    free(st->mg);
+    free(st);
+    s->impl = NULL;
+}
+
+static void linear_state_reset(core_attn_state_t *s)
+{
+    state_clear(s->impl, &s->a->cfg);
+}
+
+/* KV head h's linear state (of nh = L·Hkv) holds keys. A head's scales are
+ * all −inf or all finite (a key's logits are finite on every feature, so
+ * the first keys make every c_i finite and nothing makes one −inf again;
+ * linear_state_load refuses a head that mixes them): its first tells. */
+static int head_holds(const lin_state_t *st, const core_attn_cfg_t *cfg, size_t h)
+{
+    return st->c[h * (size_t)cfg->n_features] > -INFINITY;
+}
+
+/* Copies what src holds at position pos (lin_state_t): the scales, the
+ * accumulators of the heads that hold keys, the valid window slots and
+ * sink rows. */
+static int linear_state_copy(core_attn_state_t *dst, const core_attn_state_t *src,
+                             core_error_t *err)
+{
+    lin_state_t *d = dst->impl;
+    const lin_state_t *sr = src->impl;
+    const core_attn_cfg_t *cfg = &src->a->cfg;
+    if (d->fp64 != sr->fp64 || d->blob_bytes != sr->blob_bytes)
+        return core_error_set(err, CORE_EMISMATCH,
+                              "attention states differ in accumulator precision");
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, m = (size_t)cfg->n_features,
+                 hd = (size_t)cfg->head_dim, es = sr->fp64 ? sizeof(double) : sizeof(float);
+    memcpy(d->c, sr->c, nh * m * sizeof(double));
+    for (size_t h = 0; h < nh; h++)
+        if (head_holds(sr, cfg, h)) {
+            memcpy((char *)d->S + h * m * hd * es, (const char *)sr->S + h * m * hd * es,
+                   m * hd * es);
+            memcpy((char *)d->z + h * m * es, (const char *)sr->z + h * m * es, m * es);
+        }
+    const size_t w = (size_t)cfg->window, nsk = (size_t)cfg->sinks, pos = (size_t)src->pos;
+    const size_t nv = pos < w ? pos : w, ns = pos < nsk ? pos : nsk;
+    for (size_t h = 0; h < nh; h++) {
+        memcpy(d->ring_k + h * w * hd, sr->ring_k + h * w * hd, nv * hd * sizeof(uint16_t));
+        memcpy(d->ring_v + h * w * hd, sr->ring_v + h * w * hd, nv * hd * sizeof(uint16_t));
+        memcpy(d->sink_k + h * nsk * hd, sr->sink_k + h * nsk * hd, ns * hd * sizeof(uint16_t));
+        memcpy(d->sink_v + h * nsk * hd, sr->sink_v + h * nsk * hd, ns * hd * sizeof(uint16_t));
+    }
+    return 0;
+}
+
+static size_t linear_state_bytes(const core_attn_state_t *s)
+{
+    const lin_state_t *st = s->impl;
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    return sizeof *s + sizeof *st + st->blob_bytes +
+           (size_t)cfg->n_head * LIN_MG_ROW((size_t)cfg->head_dim) * sizeof *st->mg;
+}
+
+/* Whole pages n bytes can span at any alignment (0 for none). */
+static size_t span_pages(size_t n)
+{
+    enum { PAGE = 4096 };
+    return n ? (n + PAGE - 1) / PAGE + 1 : 0;
+}
+
+/* The bytes of a state at pos with n_hold heads holding keys that have been
+ * written (lin_state_relayout's layout, core_attn_state_bytes_held): the
+ * scales (state_clear writes them all), each holding head's accumulators,
+ * every head's valid window rows (the first min(pos, W) slots, as
+ * linear_state_copy counts them) and sink rows, each region counted at the
+ * pages it can span; the merge rows; never more than the whole state. */
+static size_t held_bytes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, size_t n_hold,
+                         size_t whole)
+{
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, m = (size_t)cfg->n_features,
+                 hd = (size_t)cfg->head_dim, es = fp64 ? sizeof(double) : sizeof(float),
+                 w = (size_t)cfg->window, nsk = (size_t)cfg->sinks, p = (size_t)pos,
+                 hb = hd * sizeof(uint16_t); /* one K or V row */
+    const size_t nv = p < w ? p : w, ns = p < nsk ? p : nsk;
+    size_t pages = span_pages(nh * m * sizeof(double));
+    pages += n_hold * (span_pages(m * hd * es) + span_pages(m * es));
+    pages += 2 * nh * span_pages(nv * hb);
+    pages += 2 * (ns == nsk ? span_pages(nh * nsk * hb) : nh * span_pages(ns * hb));
+    const size_t b = sizeof(core_attn_state_t) + sizeof(lin_state_t) + pages * 4096 +
+                     (size_t)cfg->n_head * LIN_MG_ROW(hd) * sizeof(double);
+    return b < whole ? b : whole;
+}
+
+static size_t linear_state_bytes_held(const core_attn_state_t *s)
+{
+    const lin_state_t *st = s->impl;
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv;
+    size_t n_hold = 0;
+    for (size_t h = 0; h < nh; h++)
+        n_hold += (size_t)head_holds(st, cfg, h);
+    return held_bytes(cfg, st->fp64, s->pos, n_hold, linear_state_bytes(s));
+}
+
+/* A copy at pos: its heads hold keys once one has left the window and the
+ * sinks (pos > W + S), all of them alike. */
+static size_t linear_bytes_held_at(const core_attn_t *a, int64_t pos)
+{
+    const lin_params_t *lp = a->impl;
+    const core_attn_cfg_t *cfg = &a->cfg;
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv;
+    const int holds = pos > (int64_t)cfg->window + (int64_t)cfg->sinks;
+    /* the whole state: as linear_state_bytes computes it for one of a's */
+    const size_t es = lp->fp64 ? sizeof(double) : sizeof(float),
+                 m = (size_t)cfg->n_features, hd = (size_t)cfg->head_dim;
+    const size_t whole = sizeof(core_attn_state_t) + sizeof(lin_state_t) +
+                         nh * m * (sizeof(double) + es * (hd + 1)) +
+                         nh * hd * 2 * sizeof(uint16_t) *
+                             ((size_t)cfg->window + (size_t)cfg->sinks) +
+                         (size_t)cfg->n_head * LIN_MG_ROW(hd) * sizeof(double);
+    return held_bytes(cfg, lp->fp64, pos, holds ? nh : 0, whole);
+}
+
+static int linear_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_error_t *err)
+{
+    /* Constant-size state and chunk-bounded scratch: no context limit. */
+    (void)a;
+    (void)s;
+    (void)n;
+    (void)err;
+    return 0;
+}
+
+/* ---- forward ---- */
+
+typedef struct lin_ctx {
+    const core_features_t *f;
+    lin_scratch_t sc;
+    /* m = M features (everywhere in this file; the max shift is mx); nq =
+     * H·Hd, nkv = Hkv·Hd row strides */
+    int64_t p0, hd, m, gs, nq, nkv, h, w;
+    const float *q, *k, *v;
+    float *out;
+    const uint16_t *ring_k, *ring_v; /* this layer's [Hkv][W][Hd] */
+    const uint16_t *sink_k, *sink_v; /* this layer's [Hkv][S][Hd] */
+    int64_t sinks;                /* S */
+    double lg;                    /* log γ of this KV head (0: no decay) */
+    const float *mix;             /* this layer's [H] β */
+    const double *rope_if;        /* [n_rot/2] (prerope or sinks), else NULL */
+    const double *sink_cs;        /* lin_params_t.sink_cs */
+    int pre;                      /* features before RoPE */
+    int n_rot;
+    int lin_off;                  /* linear branch off */
+    int trig;                     /* Flexformer: signed features, one log-scale per vector */
+    core_attn_den_stats_t *dst;   /* Flexformer's denominator counters */
+    int fp64;
+    float *sf, *zf;   /* this head's S, z (fp32 states) */
+    double *sd, *zd;  /* (fp64 states) */
+    double *c;        /* this head's [M] scales */
+} lin_ctx_t;
+
+/* max_i (g[i] + c[i]) in double (four chains, as core_max_f32: one chain
+ * waited on every comparison, and such loops were a tenth of a batched
+ * decode step), or max_i c[i] for g NULL; −inf for m = 0. */
+static double max_shifted(const float *g, const double *c, int64_t m)
+{
+    double mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    for (int64_t i = 0; i < m; i++) {
+        const double v = g ? (double)g[i] + c[i] : c[i];
+        mx[i & 3] = v > mx[i & 3] ? v : mx[i & 3];
+    }
+    const double a = mx[0] > mx[1] ? mx[0] : mx[1], b = mx[2] > mx[3] ? mx[2] : mx[3];
+    return a > b ? a : b;
+}
+
+/* e[j] = −inf for j in [j0, j1) ∩ [0, n). */
+static void mask_span(float *e, int64_t n, int64_t j0, int64_t j1)
+{
+    for (int64_t j = j0 > 0 ? j0 : 0; j < j1 && j < n; j++)
+        e[j] = -INFINITY;
+}
+
+/* Where the keys (val 0) or values (val 1) of KV head h from position pos
+ * (< end) lie as halves: in the sinks (pos < S) or the ring (which still
+ * holds positions p0−W..p0−1: both are updated only after the whole
+ * forward), rows Hd apart, with *len the positions that follow pos there;
+ * NULL for this forward's input (pos ≥ p0: floats, not rounded yet), *len
+ * the rest up to end. */
+static const uint16_t *kv_half_run(const lin_ctx_t *x, int val, int64_t pos, int64_t end,
+                                   int64_t *len)
+{
+    if (pos >= x->p0) {
+        *len = end - pos;
+        return NULL;
+    }
+    /* A position before this forward that is not a sink is in the ring,
+     * so W > 0 there (with W = 0 the exact span starts at p0 + t0 ≥ p0);
+     * clang-analyzer does not know that positions are not negative. */
+    const int sk = pos < x->sinks;
+    /* NOLINTNEXTLINE(clang-analyzer-core.DivideZero) */
+    int64_t lim = sk ? x->sinks : pos + x->w - pos % x->w;
+    if (lim > x->p0)
+        lim = x->p0;
+    if (lim > end)
+        lim = end;
+    *len = lim - pos;
+    if (sk)
+        return (val ? x->sink_v : x->sink_k) + (x->h * x->sinks + pos) * x->hd;
+    return (val ? x->ring_v : x->ring_k) + (x->h * x->w + pos % x->w) * x->hd;
+}
+
+/* The keys (val 0) or values (val 1) of KV head h at the n positions from
+ * pos, into dst [n][Hd] as floats; this forward's input rounded to half as
+ * linear_forward_done will store it. Every key and value is read through
+ * here or kv_half_run, so each is the same number whether it came in this
+ * forward or an earlier one: chunking never changes it. */
+static void kv_rows(const lin_ctx_t *x, int val, int64_t pos, int64_t n, float *dst)
+{
+    const float *in = val ? x->v : x->k;
+    const int64_t hd = x->hd, end = pos + n;
+    for (int64_t len; pos < end; pos += len, dst += len * hd) {
+        const uint16_t *h = kv_half_run(x, val, pos, end, &len);
+        if (h)
+            core_half_unpack(h, dst, len * hd);
+        else
+            for (int64_t i = 0; i < len; i++)
+                core_half_round(in + (pos + i - x->p0) * x->nkv + x->h * hd, dst + i * hd, hd);
+    }
+}
+
+/* a turned by the angles cs (n_rot/2 cos, sin pairs): back (un-rotated,
+ * fwd 0) or forward (fwd 1, the inverse); the dimensions past n_rot are
+ * copied. */
+static void rotate(const lin_ctx_t *x, const double *cs, int fwd, const float *a, float *o)
+{
+    for (int64_t j = 0; j < x->n_rot / 2; j++) {
+        /* rope_cs fills an entry before it is read (clang-analyzer does
+         * not follow the cache's position tags) */
+        /* NOLINTNEXTLINE(clang-analyzer-core.uninitialized.Assign) */
+        double c = cs[2 * j], sn = fwd ? cs[2 * j + 1] : -cs[2 * j + 1];
+        double u = a[2 * j], w = a[2 * j + 1];
+        o[2 * j] = (float)(u * c - w * sn);
+        o[2 * j + 1] = (float)(w * c + u * sn);
+    }
+    for (int64_t j = x->n_rot; j < x->hd; j++)
+        o[j] = a[j];
+}
+
+/* cos, sin of pos·θ_j for j < n_rot/2, from the slot's query (key 0) or
+ * key cache (computed there first if another position holds its entry). */
+static const double *rope_cs(const lin_ctx_t *x, int64_t pos, int key)
+{
+    double *e = x->sc.rc + ((int64_t)key * LIN_ROPE_CACHE + pos % LIN_ROPE_CACHE) * (1 + x->n_rot);
+    if (e[0] != (double)pos) {
+        for (int64_t j = 0; j < x->n_rot / 2; j++) {
+            double ang = (double)pos * x->rope_if[j];
+            e[1 + 2 * j] = cos(ang);
+            e[2 + 2 * j] = sin(ang);
+        }
+        e[0] = (double)pos;
+    }
+    return e + 1;
+}
+
+/* Undoes RoPE on n rows of Hd (row i at position pos0 + i / per; angles
+ * from the query or the key cache, key): the model rotates pairs (2j, 2j+1)
+ * by pos·θ_j; rotating back by −pos·θ_j gives the vector before RoPE to
+ * float rounding. */
+static void unrope(const lin_ctx_t *x, int key, int64_t n, int64_t per, int64_t pos0,
+                   const float *in, float *out)
+{
+    for (int64_t i = 0; i < n; i++)
+        rotate(x, rope_cs(x, pos0 + i / per, key), 0, in + i * x->hd, out + i * x->hd);
+}
+
+/* Exact log-domain evaluation of one row's linear part (the underflow guard):
+ * every term's log-weight is formed in double from the logits and the state
+ * at its own scales, then one max shift. Sets num/den for row r and lrow to
+ * that shift (the caller subtracts the query's half norm, as for the fast
+ * path), or lrow = −inf when the row has no mass at all. */
+static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni, double cdec)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t m = x->m, hd = x->hd;
+    const float *g = sc->gd + r * m;
+    double *lw = sc->tmp;           /* [M] state terms, then [NI] key terms */
+    double *acc = sc->tmp + m + ni; /* [Hd] */
+    double top = -INFINITY;
+    for (int64_t i = 0; i < m; i++) {
+        /* S̃, z̃ are read only under a finite scale (see lin_state_t) */
+        double zi = !(x->c[i] > -INFINITY) ? 0.0 : x->fp64 ? x->zd[i] : (double)x->zf[i];
+        lw[i] = zi > 0.0 ? (double)g[i] + x->c[i] + cdec + log(zi) : -INFINITY;
+        if (lw[i] > top)
+            top = lw[i];
+    }
+    for (int64_t j = 0; j < ni; j++) {
+        double *lj = &lw[m + j];
+        *lj = -INFINITY;
+        if (ti0 + j > t)
+            continue;
+        const float *a = sc->kd + j * m;
+        double mx = -INFINITY;
+        for (int64_t i = 0; i < m; i++)
+            if ((double)g[i] + a[i] > mx)
+                mx = (double)g[i] + a[i];
+        if (!(mx > -INFINITY))
+            continue;
+        double s = 0.0;
+        for (int64_t i = 0; i < m; i++)
+            s += exp((double)g[i] + a[i] - mx);
+        /* s >= 1: the term that attains mx contributes exp(0). */
+        // cppcheck-suppress invalidFunctionArg
+        *lj = mx + log(s);
+        if (*lj > top)
+            top = *lj;
+    }
+    if (!(top > -INFINITY)) {
+        sc->lrow[r] = -INFINITY;
+        return;
+    }
+    double den = 0.0;
+    for (int64_t c = 0; c < hd; c++)
+        acc[c] = 0.0;
+    for (int64_t i = 0; i < m; i++) {
+        if (lw[i] == -INFINITY)
+            continue;
+        double e = exp(lw[i] - top);
+        den += e;
+        double zi = x->fp64 ? x->zd[i] : (double)x->zf[i];
+        double wgt = e / zi; /* S̃_i / z̃_i is a weighted mean of values */
+        for (int64_t c = 0; c < hd; c++)
+            acc[c] += wgt * (x->fp64 ? x->sd[i * hd + c] : (double)x->sf[i * hd + c]);
+    }
+    for (int64_t j = 0; j < ni; j++) {
+        if (lw[m + j] == -INFINITY)
+            continue;
+        double e = exp(lw[m + j] - top);
+        den += e;
+        for (int64_t c = 0; c < hd; c++)
+            acc[c] += e * sc->vi[j * hd + c];
+    }
+    for (int64_t c = 0; c < hd; c++)
+        sc->num[r * hd + c] = (float)acc[c];
+    sc->den[r] = den;
+    sc->lrow[r] = top;
+}
+
+/* Flexformer's factor on a hybrid row's linear part (the signed-denominator
+ * rule of the file comment): lw = log of the row's linear scale against its
+ * exact part (Lrow − s*), den its linear denominator at that scale, e ≥ 1 its
+ * exact mass, so D = e^lw·den. D < −E/2: λe^lw with λ = (E/2)/|D|, i.e.
+ * (E/2)/|den|, formed without e^lw (which may overflow). The comparisons run
+ * in the log domain for the same reason; counted in x->dst. */
+static double trig_weight(lin_ctx_t *x, double lw, double den, double e)
+{
+    if (!(lw > -INFINITY) || den == 0.0)
+        return 0.0;
+    x->dst->rows++;
+    if (den > 0.0) /* E + D > E: no rule; a linear part 1e300 times E is all there is */
+        return exp(lw < 690.0 ? lw : 690.0);
+    x->dst->neg++;
+    double ld = lw + log(-den); /* log |D| */
+    x->dst->below_tenth += ld > log(0.9 * e);
+    if (ld > log(0.5 * e)) {
+        x->dst->below_half++;
+        return 0.5 * e / -den;
+    }
+    return exp(lw);
+}
+
+/* Tokens [t0, t1) of this forward, one KV head.
+ *
+ * Decay (γ = e^lg per token): the state after token τ is γ·(state after
+ * τ−1) + the key that token brings, so a query at τ weighs a key absorbed at
+ * τ' by γ^(τ−τ'). Everything linear is first evaluated at the chunk's end
+ * (key logits a' = a + (t1−1−t)·lg, the carried state at c + nt·lg), which
+ * is also the scale the state is left at; row t then multiplies its linear
+ * part by γ^(t−t1+1) = e^((t−t1+1)·lg), added to its log-scale Lrow. The
+ * running log-scales thus absorb the decay: the key that sets C_i still
+ * contributes exactly 1 to z̃_i, so z̃ ≥ 1 and nothing underflows, however
+ * long the stream. γ = 1 adds zeros: bit-identical to no decay. */
+/* One chunk of a KV head's rows, tokens [t0, t1), and what its steps
+ * (chunk_keys .. chunk_absorb, in that order) hand on to one another. */
+typedef struct lin_chunk {
+    int64_t t0, t1, nr; /* nr = (t1 − t0)·gs rows: the group's query heads per token */
+    int64_t ti0, ni;    /* the keys entering the linear state: those of tokens ti0..ti0+ni */
+    double cdec;        /* (t1 − t0)·log γ: the decay over the chunk */
+    int state_on;       /* the carried state holds keys */
+    int unroped;        /* chunk_queries un-rotated the query rows into sc->qu */
+} lin_chunk_t;
+
+/* The keys entering the linear state with this chunk (their features and
+ * log-scales, in sc) and the state's new scales cn and rescale factors al. */
+static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    const core_features_t *f = x->f;
+    int64_t hd = x->hd, m = x->m, w = x->w, nsk = x->sinks;
+    int64_t t0 = ck->t0, t1 = ck->t1;
+    double *cn = sc->cn, *al = sc->al;
+    double lg = x->lg, cdec = ck->cdec;
+    /* Keys entering the linear state: token τ brings the key at τ−W, except
+     * the sinks (positions < S), which stay exact forever. */
+    int64_t tfirst = w + nsk - x->p0 > 0 ? w + nsk - x->p0 : 0;
+    int64_t ti0 = t0 > tfirst ? t0 : tfirst;
+    int64_t ni = t1 > ti0 && !x->lin_off ? t1 - ti0 : 0;
+    ck->ti0 = ti0;
+    ck->ni = ni;
+    if (ni == 0 && !(x->c[0] > -INFINITY)) {
+        /* an empty head (head_holds) and no key entering: no linear part,
+         * nothing to absorb, the scales stay −inf (every decode step of a
+         * context up to W + S) */
+        ck->state_on = 0;
+        return;
+    }
+    kv_rows(x, 0, x->p0 + ti0 - w, ni, sc->kx);
+    kv_rows(x, 1, x->p0 + ti0 - w, ni, sc->vi);
+    for (int64_t i = 0; i < m; i++)
+        cn[i] = x->c[i] + cdec; /* −inf stays −inf */
+    if (ni > 0) {
+        const float *kin = sc->kx;
+        if (x->pre) {
+            unrope(x, 1, ni, 1, x->p0 + ti0 - w, sc->kx, sc->ku);
+            kin = sc->ku;
+        }
+        core_features_prepare(f, ni, kin, hd, sc->ky);
+        if (x->trig) {
+            /* kd holds the signed values, khn the key's log-magnitude
+             * (ν|ŷ|² and the decay to the chunk's end), shared by its rows */
+            core_features_trig(f, ni, sc->ky, sc->kd, sc->khn);
+            for (int64_t j = 0; j < ni; j++) {
+                sc->khn[j] += (double)(t1 - 1 - (ti0 + j)) * lg;
+                for (int64_t i = 0; i < m; i++)
+                    if (sc->khn[j] > cn[i])
+                        cn[i] = sc->khn[j];
+            }
+        } else {
+            core_features_logits(f, ni, sc->ky, sc->kd, sc->khn);
+        }
+        for (int64_t j = 0; j < ni && !x->trig; j++) {
+            float *a = sc->kd + j * m;
+            double dj = (double)(t1 - 1 - (ti0 + j)) * lg;
+            for (int64_t i = 0; i < m; i++) {
+                a[i] = (float)((double)a[i] - sc->khn[j] + dj);
+                if (a[i] > cn[i])
+                    cn[i] = a[i];
+            }
+        }
+    }
+    int state_on = 0;
+    for (int64_t i = 0; i < m; i++) {
+        /* e^0 = 1 exactly: most steps raise no scale, and exp was most
+         * of this loop */
+        const double e = x->c[i] + cdec - cn[i];
+        al[i] = x->c[i] > -INFINITY ? (e == 0.0 ? 1.0 : exp(e)) : 0.0;
+        state_on |= x->c[i] > -INFINITY;
+    }
+    state_on &= !x->lin_off;
+    ck->state_on = state_on;
+}
+
+/* Head x->h's query rows of tokens [t0, t1) into sc->qx. */
+static void load_queries(lin_ctx_t *x, int64_t t0, int64_t t1)
+{
+    const int64_t w = x->gs * x->hd;
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(x->sc.qx + (t - t0) * w, x->q + t * x->nq + x->h * w, (size_t)w * sizeof(float));
+}
+
+/* The query rows' features: qp (for the chunk's own keys) and qs (the
+ * carried state's weights), with each row's log-scale lrow. A chunk with
+ * nothing older than the window yet (an empty state and no key entering
+ * it: every token of a context up to W + S) has no linear part, and its
+ * rows' lrow is −inf without them: computing the features anyway was a
+ * tenth of a batched decode step at short contexts. */
+static void chunk_queries(lin_ctx_t *x, lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    const core_features_t *f = x->f;
+    int64_t hd = x->hd, m = x->m, gs = x->gs;
+    int64_t t0 = ck->t0, t1 = ck->t1, nr = ck->nr;
+    double *cn = sc->cn, *al = sc->al;
+    load_queries(x, t0, t1);
+    if (x->lin_off || !(ck->state_on || ck->ni > 0)) {
+        for (int64_t r = 0; r < nr; r++)
+            sc->lrow[r] = -INFINITY;
+        return;
+    }
+    const float *qin = sc->qx;
+    if (x->pre) {
+        unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+        qin = sc->qu;
+        ck->unroped = 1;
+    }
+    core_features_prepare(f, nr, qin, hd, sc->qy);
+    if (x->trig) {
+        /* gd: signed values; qhn: minus the query's log-magnitude, so
+         * that Lrow = mx − qhn below adds it */
+        core_features_trig(f, nr, sc->qy, sc->gd, sc->qhn);
+        for (int64_t r = 0; r < nr; r++)
+            sc->qhn[r] = -sc->qhn[r];
+    } else {
+        core_features_logits(f, nr, sc->qy, sc->gd, sc->qhn);
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        const float *g = sc->gd + r * m;
+        float *p = sc->qp + r * m, *ps = sc->qs + r * m;
+        /* Flexformer: the scales only (its values are bounded by 1/√(M/2)) */
+        const double mx = max_shifted(x->trig ? NULL : g, cn, m);
+        sc->lrow[r] = mx;
+        /* p = e^(g + C − mx) (Flexformer: e^(C − mx) g), 0 where C or mx is −inf */
+        for (int64_t i = 0; i < m; i++)
+            p[i] = -INFINITY;
+        for (int64_t i = 0; i < m && mx > -INFINITY; i++)
+            if (cn[i] > -INFINITY)
+                p[i] = (float)((x->trig ? 0.0 : (double)g[i]) + cn[i] - mx);
+        core_exp_shifted(p, m, 0.0, p);
+        if (x->trig)
+            for (int64_t i = 0; i < m; i++)
+                p[i] *= g[i];
+        for (int64_t i = 0; i < m; i++)
+            ps[i] = (float)(p[i] * al[i]);
+    }
+}
+
+/* The linear part of every row: numerator num and denominator den from
+ * the carried state and the chunk's keys, and lrow its final log-weight. */
+static void chunk_linear(lin_ctx_t *x, const lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, m = x->m, gs = x->gs;
+    int64_t t0 = ck->t0, t1 = ck->t1, nr = ck->nr;
+    double *cn = sc->cn;
+    double lg = x->lg, cdec = ck->cdec;
+    int64_t ti0 = ck->ti0, ni = ck->ni;
+    int state_on = ck->state_on;
+    /* Linear part, fast path: carried state (weights qs), chunk keys (qp·kpᵀ). */
+    memset(sc->num, 0, (size_t)(nr * hd) * sizeof(float));
+    for (int64_t r = 0; r < nr; r++)
+        sc->den[r] = 0.0;
+    if (state_on) {
+        for (int64_t r = 0; r < nr; r++) {
+            const float *ps = sc->qs + r * m;
+            double dz = 0.0;
+            if (x->fp64) {
+                for (int64_t i = 0; i < m; i++)
+                    dz += (double)ps[i] * x->zd[i];
+                for (int64_t c = 0; c < hd; c++) {
+                    double s = 0.0;
+                    for (int64_t i = 0; i < m; i++)
+                        s += (double)ps[i] * x->sd[i * hd + c];
+                    sc->num[r * hd + c] = (float)s;
+                }
+            } else {
+                dz = core_dot_f32(ps, x->zf, m);
+            }
+            sc->den[r] = dz;
+        }
+        if (!x->fp64)
+            core_gemm_nn(nr, hd, m, 1.0f, sc->qs, m, x->sf, hd, 0.0f, sc->num, hd);
+    }
+    if (ni > 0) {
+        /* kp = e^(a − C) (Flexformer: e^(|k| − C) times its signed value),
+         * 0 where C is −inf */
+        for (int64_t j = 0; j < ni; j++) {
+            float *kp = sc->kp + j * m;
+            const float *kd = sc->kd + j * m;
+            for (int64_t i = 0; i < m; i++)
+                kp[i] = !(cn[i] > -INFINITY) ? -INFINITY
+                        : x->trig            ? (float)(sc->khn[j] - cn[i])
+                                             : (float)((double)kd[i] - cn[i]);
+            core_exp_shifted(kp, m, 0.0, kp);
+            if (x->trig)
+                for (int64_t i = 0; i < m; i++)
+                    kp[i] *= kd[i];
+        }
+        core_gemm_nt(nr, ni, m, 1.0f, sc->qp, m, sc->kp, m, 0.0f, sc->pp, ni);
+        for (int64_t r = 0; r < nr; r++) {
+            int64_t t = t0 + r / gs;
+            float *pr = sc->pp + r * ni;
+            double s = 0.0;
+            for (int64_t j = 0; j < ni; j++) {
+                if (ti0 + j > t)
+                    pr[j] = 0.0f;
+                s += pr[j];
+            }
+            sc->den[r] += s;
+        }
+        core_gemm_nn(nr, hd, ni, 1.0f, sc->pp, ni, sc->vi, hd, 1.0f, sc->num, hd);
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t t = t0 + r / gs;
+        if (x->lin_off || !(sc->lrow[r] > -INFINITY) || !(state_on || (ni > 0 && t >= ti0))) {
+            sc->lrow[r] = -INFINITY; /* nothing older than the window yet */
+            continue;
+        }
+        /* (Flexformer's values are signed and not exponentials of logits:
+         * nothing underflows, and its denominator is handled below.) */
+        if (!x->trig && !(sc->den[r] >= LIN_DEN_MIN))
+            slow_row(x, r, t, ti0, ni, cdec);
+        /* −inf stays −inf; decay from the chunk's end back to row t; mixing weight. */
+        sc->lrow[r] += (double)(t - t1 + 1) * lg + (double)x->mix[x->h * gs + r % gs] - sc->qhn[r];
+    }
+}
+
+/* Output rows with no exact keys (no window, no sinks): the linear part
+ * alone. */
+static void chunk_out_linear(lin_ctx_t *x, const lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, gs = x->gs;
+    int64_t t0 = ck->t0, nr = ck->nr;
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t t = t0 + r / gs, g = r % gs;
+        float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
+        double inv = sc->lrow[r] > -INFINITY ? 1.0 / sc->den[r] : 0.0;
+        if (x->trig && sc->lrow[r] > -INFINITY) {
+            /* no exact mass to compare with: a non-positive estimate of
+             * a positive mass gives the empty output, counted */
+            x->dst->rows++;
+            x->dst->neg += sc->den[r] < 0.0;
+            if (!(sc->den[r] > 0.0)) {
+                x->dst->pure_zero++;
+                inv = 0.0;
+            }
+        }
+        for (int64_t c = 0; c < hd; c++)
+            o[c] = (float)(sc->num[r * hd + c] * inv);
+    }
+}
+
+/* Output rows: the linear part and the exact sinks and window under one
+ * stabilizer. alone: the exact part only (a decode step's exact unit,
+ * head_exact): each row stabilized by its own scores (kept in sx), esum and
+ * ev at that stabilizer, no output. */
+static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, gs = x->gs, w = x->w, nsk = x->sinks;
+    int64_t t0 = ck->t0, t1 = ck->t1, nr = ck->nr;
+    /* Exact keys: the sinks older than the span, then the span of every
+     * position some row's window reaches (for W = 0: the chunk's own). */
+    int64_t back = w > 0 ? w - 1 : 0;
+    int64_t pw0 = x->p0 + t0 - back > 0 ? x->p0 + t0 - back : 0;
+    int64_t ns = nsk < pw0 ? nsk : pw0;
+    int64_t nk = ns + x->p0 + t1 - pw0;
+    /* key j is at position j < ns ? j : pw0 + j − ns; the products read
+     * the sinks' and the ring's halves in place where a kernel takes them
+     * (decode), else rows gathered as floats */
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    for (int64_t j = 0, len; j < nk; j += len) {
+        int64_t pos = j < ns ? j : pw0 + j - ns;
+        const uint16_t *h = kv_half_run(x, 0, pos, j < ns ? ns : x->p0 + t1, &len);
+        if (!h || !core_gemm_nt_half_small(nr, len, hd, scale, sc->qx, hd, h, hd, 0.0f, sc->e + j,
+                                           nk)) {
+            kv_rows(x, 0, pos, len, sc->kvg + j * hd);
+            core_gemm_nt(nr, len, hd, scale, sc->qx, hd, sc->kvg + j * hd, hd, 0.0f, sc->e + j, nk);
+        }
+    }
+    /* Sinks sit next to the window (StreamingLLM's positions): once a
+     * query at τ is past τ = W + S − 1, sink j is scored as if it were at
+     * position j + (τ − W + 1 − S), so the RoPE distance to the sinks
+     * stays W + S − 1 − j however long the stream — a model never saw
+     * RoPE distances past its training context. That relative rotation
+     * is the same for every such τ: with q̃ = q un-rotated by τ and
+     * k̃_j = k_j rotated by 1 − W − S (from its own j), the score is
+     * q̃·k̃_j. Before that τ every sink sits at its true position. */
+    int64_t tshift = w + nsk - 1; /* first τ with the shift */
+    int shifted = nsk > 0 && x->p0 + t1 - 1 >= tshift;
+    if (shifted) {
+        /* q̃·R(−δ)k_j = R(δ)q̃·k_j (δ = W + S − 1, angles precomputed):
+         * the few query rows turn instead of the S keys, which the
+         * product then reads as stored */
+        /* unless chunk_queries un-rotated them for the features */
+        if (!ck->unroped)
+            unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+        for (int64_t r = 0; r < nr; r++)
+            rotate(x, x->sink_cs, 1, sc->qu + r * hd, sc->qy + r * hd);
+        int64_t len;
+        const uint16_t *h = kv_half_run(x, 0, 0, nsk, &len);
+        if (!h || len < nsk ||
+            !core_gemm_nt_half_small(nr, nsk, hd, scale, sc->qy, hd, h, hd, 0.0f, sc->es, nsk)) {
+            kv_rows(x, 0, 0, nsk, sc->ks);
+            core_gemm_nt(nr, nsk, hd, scale, sc->qy, hd, sc->ks, hd, 0.0f, sc->es, nsk);
+        }
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t tau = x->p0 + t0 + r / gs;
+        if (shifted && tau >= tshift)
+            for (int64_t j = 0; j < nsk; j++)
+                sc->e[r * nk + (j < ns ? j : ns + j - pw0)] = sc->es[r * nsk + j];
+        /* key at u is visible iff u ≤ τ and (u in the window or u a sink) */
+        int64_t lo = w > 0 ? (tau - w + 1 > 0 ? tau - w + 1 : 0) : tau + 1;
+        float *er = sc->e + r * nk;
+        /* masked: the sinks' part past τ (j < ns, at u = j); the window
+         * part (u = pw0 + j − ns) past τ, and below lo unless a sink */
+        mask_span(er, ns, tau + 1, ns);
+        mask_span(er, nk, tau + 1 - pw0 + ns, nk);
+        mask_span(er, nk, (nsk > pw0 ? nsk : pw0) - pw0 + ns, lo - pw0 + ns);
+        /* Flexformer's Lrow bounds the magnitude of its linear terms,
+         * not their signed sum (which can be far smaller): the exact
+         * scores alone stabilize its rows (the row's own key or a sink
+         * is always visible here, so E ≥ 1) */
+        const double s0 = alone || x->trig ? -INFINITY : sc->lrow[r], se = core_max_f32(er, nk);
+        const double s = se > s0 ? se : s0;
+        core_exp_shifted(er, nk, s, er); /* -inf (masked) gives 0 */
+        sc->esum[r] = core_sum_f32(er, nk);
+        if (alone) {
+            sc->sx[r] = s;
+            continue;
+        }
+        /* From here on lrow holds the linear part's factor e^(Lrow − s*)
+         * (Flexformer: its log, Lrow − s*, which may exceed the double range). */
+        if (x->trig)
+            sc->lrow[r] = sc->lrow[r] - s;
+        else
+            sc->lrow[r] = sc->lrow[r] > -INFINITY ? exp(sc->lrow[r] - s) : 0.0;
+    }
+    for (int64_t j = 0, len; j < nk; j += len) {
+        int64_t pos = j < ns ? j : pw0 + j - ns;
+        const float beta = j > 0 ? 1.0f : 0.0f;
+        const uint16_t *h = kv_half_run(x, 1, pos, j < ns ? ns : x->p0 + t1, &len);
+        if (!h || !core_gemm_nn_half_small(nr, hd, len, 1.0f, sc->e + j, nk, h, hd, beta, sc->ev,
+                                           hd)) {
+            kv_rows(x, 1, pos, len, sc->kvg + j * hd);
+            core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, sc->kvg + j * hd, hd, beta, sc->ev, hd);
+        }
+    }
+    for (int64_t r = 0; r < nr && !alone; r++) {
+        int64_t t = t0 + r / gs, g = r % gs;
+        float *o = x->out + t * x->nq + (x->h * gs + g) * hd;
+        double wl = sc->lrow[r];
+        if (x->trig)
+            wl = trig_weight(x, sc->lrow[r], sc->den[r], sc->esum[r]);
+        double inv = 1.0 / (wl * sc->den[r] + sc->esum[r]);
+        for (int64_t c = 0; c < hd; c++)
+            o[c] = (float)((wl * sc->num[r * hd + c] + sc->ev[r * hd + c]) * inv);
+    }
+}
+
+/* Absorbs the chunk's keys into the state: rows rescaled to their new
+ * scales, then the keys added. */
+static void chunk_absorb(lin_ctx_t *x, const lin_chunk_t *ck)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, m = x->m;
+    double *cn = sc->cn, *al = sc->al;
+    int64_t ni = ck->ni;
+    /* Absorb this chunk's keys: rescale rows to their new scales, then add. */
+    if (x->lin_off || (!ck->state_on && ni == 0)) /* (chunk_keys left cn, al unset) */
+        return;
+    if (!ck->state_on && ni > 0) { /* the first keys: S̃, z̃ had no value (lin_state_t) */
+        const size_t es = x->fp64 ? sizeof(double) : sizeof(float);
+        memset(x->fp64 ? (void *)x->sd : (void *)x->sf, 0, (size_t)(m * hd) * es);
+        memset(x->fp64 ? (void *)x->zd : (void *)x->zf, 0, (size_t)m * es);
+    }
+    if (x->fp64) {
+        for (int64_t i = 0; i < m; i++) {
+            double *si = x->sd + i * hd, zi = x->zd[i] * al[i];
+            for (int64_t c = 0; c < hd; c++)
+                si[c] *= al[i];
+            for (int64_t j = 0; j < ni; j++) {
+                double kv = sc->kp[j * m + i];
+                zi += kv;
+                for (int64_t c = 0; c < hd; c++)
+                    si[c] += kv * sc->vi[j * hd + c];
+            }
+            x->zd[i] = zi;
+        }
+    } else {
+        for (int64_t i = 0; i < m; i++) {
+            /* a row at its scale (the decay only moves c), or one no key has
+             * reached yet and none reaches now (c and C −inf: it holds nothing
+             * any query weighs, and the key that first reaches it multiplies
+             * it by 0 here) stays as it is: a decode step with the window
+             * not full yet rescaled every row of every head by 0 */
+            if (al[i] == 1.0 || !(cn[i] > -INFINITY))
+                continue;
+            float fa = (float)al[i];
+            float *si = x->sf + i * hd;
+            for (int64_t c = 0; c < hd; c++)
+                si[c] *= fa;
+            x->zf[i] *= fa;
+        }
+        if (ni > 0)
+            core_gemm_tn(m, hd, ni, 1.0f, sc->kp, m, sc->vi, hd, 1.0f, x->sf, hd);
+        for (int64_t i = 0; i < m && ni > 0; i++) {
+            double s = 0.0;
+            for (int64_t j = 0; j < ni; j++)
+                s += sc->kp[j * m + i];
+            x->zf[i] += (float)s;
+        }
+    }
+    memcpy(x->c, cn, (size_t)m * sizeof *cn);
+}
+
+static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
+{
+    lin_chunk_t ck = {.t0 = t0, .t1 = t1, .nr = (t1 - t0) * x->gs,
+                      .cdec = (double)(t1 - t0) * x->lg};
+    chunk_keys(x, &ck);
+    chunk_queries(x, &ck);
+    chunk_linear(x, &ck);
+    if (x->w == 0 && x->sinks == 0)
+        chunk_out_linear(x, &ck);
+    else
+        chunk_out_exact(x, &ck, 0);
+    chunk_absorb(x, &ck);
+}
+
+/* The parts of x common to every KV head of item it at layer, with the
+ * scratch of slot. */
+static void ctx_init(core_attn_t *a, const core_attn_item_t *it, int layer, int slot, lin_ctx_t *x)
+{
+    const core_attn_cfg_t *cfg = &a->cfg;
+    lin_params_t *lp = a->impl;
+    lin_state_t *st = it->state->impl;
+    int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = cfg->window;
+    *x = (lin_ctx_t){0};
+    scratch_layout(cfg, (size_t)lp->cn, lp->fs[slot], lp->ds[slot], &x->sc);
+    x->p0 = it->state->pos;
+    x->hd = hd;
+    x->m = cfg->n_features;
+    x->gs = cfg->n_head / cfg->n_head_kv;
+    x->nq = (int64_t)cfg->n_head * hd;
+    x->nkv = hkv * hd;
+    x->w = w;
+    x->q = it->q;
+    x->k = it->k;
+    x->v = it->v;
+    x->out = it->out;
+    x->ring_k = st->ring_k + (int64_t)layer * w * hkv * hd;
+    x->ring_v = st->ring_v + (int64_t)layer * w * hkv * hd;
+    x->sinks = cfg->sinks;
+    x->sink_k = st->sink_k + (int64_t)layer * cfg->sinks * hkv * hd;
+    x->sink_v = st->sink_v + (int64_t)layer * cfg->sinks * hkv * hd;
+    x->mix = lp->mix + (size_t)layer * (size_t)cfg->n_head;
+    x->rope_if = cfg->prerope || cfg->sinks ? lp->rope_if : NULL;
+    x->sink_cs = lp->sink_cs;
+    x->pre = cfg->prerope;
+    x->n_rot = cfg->n_rot;
+    x->lin_off = cfg->linear_off;
+    x->trig = lp->trig;
+    x->dst = &lp->den[slot];
+    x->fp64 = st->fp64;
+}
+
+/* x's fields for KV head h of item it at layer. */
+static void head_set(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                     int64_t h)
+{
+    lin_params_t *lp = a->impl;
+    lin_state_t *st = it->state->impl;
+    int64_t m = x->m, hd = x->hd;
+    size_t idx = (size_t)layer * (size_t)a->cfg.n_head_kv + (size_t)h;
+    x->h = h;
+    x->f = &lp->maps[idx];
+    x->lg = lp->gam[idx] < 1.0f ? log((double)lp->gam[idx]) : 0.0;
+    x->c = st->c + idx * (size_t)m;
+    if (st->fp64) {
+        x->sd = (double *)st->S + idx * (size_t)(m * hd);
+        x->zd = (double *)st->z + idx * (size_t)m;
+    } else {
+        x->sf = (float *)st->S + idx * (size_t)(m * hd);
+        x->zf = (float *)st->z + idx * (size_t)m;
+    }
+}
+
+/* Every chunk of KV head h: reads the state's sinks and ring, writes only
+ * this head's linear state and output columns, so the heads of an item (and
+ * of different items) may run at once. */
+static void head_forward(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                         int64_t h)
+{
+    lin_params_t *lp = a->impl;
+    head_set(a, x, it, layer, h);
+    for (int64_t t0 = 0; t0 < it->n; t0 += lp->cn)
+        chunk_forward(x, t0, t0 + lp->cn < it->n ? t0 + lp->cn : it->n);
+}
+
+/* A decode step (one token) of a kind with exact keys is two halves per KV
+ * head: the linear part and its state update (head_linear) and the sinks
+ * and window (head_exact), each stabilized on its own; linear_forward_done
+ * merges the two for every query row. With few items in a batch each half
+ * is a unit of its own (three KV heads on two threads left one thread idle
+ * a third of the attention); else one unit runs both, on the same numbers,
+ * so an item's results do not depend on the split. */
+/* The configuration keeps exact keys (a window or sinks) beside the linear
+ * state. */
+static int exact_keys(const core_attn_cfg_t *cfg)
+{
+    return cfg->window > 0 || cfg->sinks > 0;
+}
+
+static int split_decode(const core_attn_cfg_t *cfg, const core_attn_item_t *it)
+{
+    return it->n == 1 && exact_keys(cfg);
+}
+
+static double *mg_row(const core_attn_t *a, const core_attn_item_t *it, int64_t h, int64_t g)
+{
+    const lin_state_t *st = it->state->impl;
+    const int64_t gs = a->cfg.n_head / a->cfg.n_head_kv;
+    return st->mg + (h * gs + g) * LIN_MG_ROW(a->cfg.head_dim);
+}
+
+static void head_linear(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                        int64_t h)
+{
+    lin_scratch_t *sc = &x->sc;
+    head_set(a, x, it, layer, h);
+    lin_chunk_t ck = {.t0 = 0, .t1 = 1, .nr = x->gs, .cdec = x->lg};
+    chunk_keys(x, &ck);
+    chunk_queries(x, &ck);
+    chunk_linear(x, &ck);
+    for (int64_t g = 0; g < x->gs; g++) {
+        double *row = mg_row(a, it, h, g);
+        row[0] = sc->lrow[g];
+        row[1] = sc->den[g];
+        for (int64_t c = 0; c < x->hd; c++)
+            row[LIN_MG_HEAD + c] = sc->num[g * x->hd + c];
+    }
+    chunk_absorb(x, &ck);
+}
+
+static void head_exact(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                       int64_t h)
+{
+    lin_scratch_t *sc = &x->sc;
+    int64_t hd = x->hd, gs = x->gs;
+    head_set(a, x, it, layer, h);
+    load_queries(x, 0, 1);
+    lin_chunk_t ck = {.t0 = 0, .t1 = 1, .nr = gs};
+    chunk_out_exact(x, &ck, 1);
+    for (int64_t g = 0; g < gs; g++) {
+        double *row = mg_row(a, it, h, g);
+        row[2] = sc->sx[g];
+        row[3] = sc->esum[g];
+        for (int64_t c = 0; c < hd; c++)
+            row[LIN_MG_HEAD + hd + c] = sc->ev[g * hd + c];
+    }
+}
+
+/* The output rows of a split decode step, as chunk_out_exact forms them
+ * from the two halves: under the stabilizer s* = max(Lrow, s_exact), or the
+ * exact scores' alone for Flexformer (then the exact half is taken as it
+ * is). */
+static void merge_decode(const core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it,
+                         int64_t h)
+{
+    int64_t hd = x->hd, gs = x->gs;
+    for (int64_t g = 0; g < gs; g++) {
+        const double *row = mg_row(a, it, h, g);
+        const double lrow = row[0], den = row[1], se = row[2], esum = row[3];
+        double wl = 1.0, we = 1.0; /* the larger side's factor is e^0 */
+        if (x->trig)
+            wl = trig_weight(x, lrow - se, den, esum);
+        else if (lrow > se)
+            we = exp(se - lrow);
+        else
+            wl = lrow > -INFINITY ? exp(lrow - se) : 0.0;
+        const double inv = 1.0 / (wl * den + we * esum);
+        float *o = x->out + (h * gs + g) * hd;
+        for (int64_t c = 0; c < hd; c++)
+            o[c] = (float)((wl * row[LIN_MG_HEAD + c] + we * row[LIN_MG_HEAD + hd + c]) * inv);
+    }
+}
+
+/* After both halves of KV head h: a split decode step's rows merged, and
+ * the new keys and values join the head's sinks and ring (regions of its
+ * own: no other head reads them). */
+static void head_done(const core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
+                      int64_t h)
+{
+    const core_attn_cfg_t *cfg = &a->cfg;
+    if (split_decode(cfg, it))
+        merge_decode(a, x, it, h);
+    lin_state_t *st = it->state->impl;
+    int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = cfg->window, n = it->n;
+    int64_t pos = it->state->pos;
+    /* The sinks are the first S positions, kept for good; both in half
+     * precision, as kv_rows rounded them for this forward's reads. */
+    for (int64_t t = 0; t < n && pos + t < cfg->sinks; t++) {
+        size_t at = (size_t)(((int64_t)layer * hkv + h) * cfg->sinks + pos + t) * (size_t)hd;
+        core_half_pack(it->k + (t * hkv + h) * hd, st->sink_k + at, hd);
+        core_half_pack(it->v + (t * hkv + h) * hd, st->sink_v + at, hd);
+    }
+    /* Only now may the ring forget positions p0−W..: every chunk read them. */
+    for (int64_t t = n - w > 0 ? n - w : 0; w > 0 && t < n; t++) {
+        size_t at = (size_t)(((int64_t)layer * hkv + h) * w + (pos + t) % w) * (size_t)hd;
+        core_half_pack(it->k + (t * hkv + h) * hd, st->ring_k + at, hd);
+        core_half_pack(it->v + (t * hkv + h) * hd, st->ring_v + at, hd);
+    }
+}
+
+/* A head's work is all in unit h unless a split decode step's halves ran
+ * as units of their own (2·Hkv): the linear half reads the ring slot the
+ * new key takes, so the exact half's unit could not write it. */
+static int done_in_unit(const core_attn_t *a, const core_attn_item_t *it, int n_units)
+{
+    return n_units == a->cfg.n_head_kv || !split_decode(&a->cfg, it);
+}
+
+/* What the units left: every head's head_done when the halves ran apart
+ * (on one thread: slot 0's counters). */
+static void linear_forward_done(core_attn_t *a, const core_attn_item_t *it, int layer, int n_units)
+{
+    if (done_in_unit(a, it, n_units))
+        return;
+    lin_ctx_t x;
+    ctx_init(a, it, layer, 0, &x);
+    for (int64_t h = 0; h < a->cfg.n_head_kv; h++)
+        head_done(a, &x, it, layer, h);
+}
+
+/* Unit u < Hkv: head u (both halves of a decode step; with 2·Hkv units,
+ * its linear half only); u ≥ Hkv (2·Hkv units): the exact half of head
+ * u − Hkv of a decode step, nothing for other items. */
+static void linear_forward_unit(core_attn_t *a, const core_attn_item_t *it, int layer, int unit,
+                                int n_units, int slot)
+{
+    const int64_t hkv = a->cfg.n_head_kv;
+    const int split = split_decode(&a->cfg, it);
+    if (unit >= hkv && !split)
+        return;
+    lin_ctx_t x;
+    ctx_init(a, it, layer, slot, &x);
+    if (unit >= hkv) {
+        head_exact(a, &x, it, layer, unit - hkv);
+    } else if (split) {
+        head_linear(a, &x, it, layer, unit);
+        if (n_units == hkv)
+            head_exact(a, &x, it, layer, unit);
+    } else {
+        head_forward(a, &x, it, layer, unit);
+    }
+    if (unit < hkv && done_in_unit(a, it, n_units))
+        head_done(a, &x, it, layer, unit);
+}
+
+/* The halves apart while the heads alone give a thread fewer than two
+ * units: one item on two threads (3 → 6 units), not a batch of 16. */
+static int linear_units(const core_attn_t *a, int n_items, int n_threads)
+{
+    const core_attn_cfg_t *cfg = &a->cfg;
+    return exact_keys(cfg) && (int64_t)n_items * cfg->n_head_kv < 2 * (int64_t)n_threads
+               ? 2 * cfg->n_head_kv
+               : cfg->n_head_kv;
+}
+
+static int linear_set_workers(core_attn_t *a, int n, core_error_t *err)
+{
+    lin_params_t *lp = a->impl;
+    return n <= lp->slots ? 0 : set_scratch(a, lp, lp->chunk, n, err);
+}
+
+static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n,
+                          const float *q, const float *k, const float *v, float *out,
+                          core_error_t *err)
+{
+    (void)err;
+    const core_attn_item_t it = {s, n, q, k, v, out};
+    const int n_units = linear_units(a, 1, 1);
+    for (int u = 0; u < n_units; u++)
+        linear_forward_unit(a, &it, layer, u, n_units, 0);
+    linear_forward_done(a, &it, layer, n_units);
+    return 0;
+}
+
+/* ---- serialization (core/state.c frames the payload) ----
+ *
+ * Payload, little-endian:
+ *   u32 accumulator bytes (4: float S and z, 8: double), plus LIN_HALF_ROWS
+ *       when the window and sink rows are halves (every payload written
+ *       since the state kept them so; without it they are f32, read and
+ *       rounded to half as they would have been on entry)
+ *   u32 window rows saved per layer, nv = min(pos, W)
+ *   c [L][Hkv][M] f64, S [L][Hkv][M][Hd], z [L][Hkv][M] (f32 or f64)
+ *   per layer: ring K slots 0..nv-1 [nv][Hkv][Hd], then ring V the same
+ *   per layer: sink K rows 0..ns-1 [ns][Hkv][Hd], then sink V the same,
+ *   ns = min(pos, S) (nothing without sinks: the v1 payload)
+ * Slot = position % W, so slots 0..nv-1 are exactly the valid ones whether
+ * or not the ring has wrapped. The size depends on the config, the precision
+ * and min(pos, W), never on how many tokens came before. A state is loaded in
+ * the precision it was saved in (a state's precision is its own, see
+ * core_attn_linear_set_opts), so continuing it is bit-identical. */
+#define LIN_HALF_ROWS 0x100u
+
+/* The rows of the window ring or the sinks in the payload: per layer, the
+ * nv valid rows (slots or positions 0..nv-1) of K, then of V, each row
+ * [Hkv][Hd]; in the state a layer is [Hkv][cap][Hd] (cap = W or S). Written
+ * to (put) or read from (get) p, which is returned advanced. */
+typedef struct kv_shape {
+    int n_layer;
+    size_t hkv, cap, hd, nv;
+} kv_shape_t;
+
+static unsigned char *kv_rows_put(unsigned char *p, const uint16_t *k, const uint16_t *v,
+                                  const kv_shape_t *sh)
+{
+    for (int l = 0; l < sh->n_layer; l++)
+        for (int which = 0; which < 2; which++) {
+            const uint16_t *src = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
+            for (size_t r = 0; r < sh->nv; r++)
+                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * sizeof(uint16_t))
+                    core_le_copy16(p, src + (h * sh->cap + r) * sh->hd, sh->hd);
+        }
+    return p;
+}
+
+/* A key or value row read from a blob is finite and within ±CORE_ATTN_MAX_KV
+ * (f32 rows; the largest finite half is that bound, so a half row need only
+ * be finite): the kernels rely on it, anything else would turn every later
+ * output into NaN or inf without an error. */
+static int row_in_range(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(x[i]) <= CORE_ATTN_MAX_KV))
+            return 0;
+    return 1;
+}
+
+static int half_row_finite(const uint16_t *h, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((h[i] & 0x7c00u) == 0x7c00u)
+            return 0;
+    return 1;
+}
+
+/* kv_rows_put's inverse for rows of rb bytes (2: halves, 4: f32 rounded to
+ * half). NULL, with the layer in *bad, at the first row out of range. */
+static const unsigned char *kv_rows_get(const unsigned char *p, size_t rb, uint16_t *k,
+                                        uint16_t *v, const kv_shape_t *sh, int *bad)
+{
+    float row[CORE_FEATURES_MAX_HEAD_DIM];
+    for (int l = 0; l < sh->n_layer; l++)
+        for (int which = 0; which < 2; which++) {
+            uint16_t *dst = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
+            for (size_t r = 0; r < sh->nv; r++)
+                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * rb) {
+                    uint16_t *d = dst + (h * sh->cap + r) * sh->hd;
+                    int ok;
+                    if (rb == sizeof(uint16_t)) {
+                        core_le_copy16(d, p, sh->hd);
+                        ok = half_row_finite(d, sh->hd);
+                    } else {
+                        core_le_copy32(row, p, sh->hd);
+                        ok = row_in_range(row, sh->hd);
+                        core_half_pack(row, d, (int64_t)sh->hd);
+                    }
+                    if (!ok) {
+                        *bad = l;
+                        return NULL;
+                    }
+                }
+        }
+    return p;
+}
+
+typedef struct lin_ser {
+    size_t n_z, n_s, n_ring; /* elements: c and z, S, one layer's valid ring rows */
+    size_t n_sink;           /* elements: one layer's valid sink rows */
+    size_t es;               /* accumulator bytes */
+    size_t rb;               /* bytes of a window or sink element: 2 (halves) or 4 */
+    size_t bytes;            /* the whole payload */
+} lin_ser_t;
+
+/* Sizes of a payload; 0 if they overflow (never for a state that exists). */
+static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int half, int64_t pos,
+                         lin_ser_t *z)
+{
+    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    size_t nv = pos < (int64_t)cfg->window ? (size_t)pos : (size_t)cfg->window;
+    size_t nsk = pos < (int64_t)cfg->sinks ? (size_t)pos : (size_t)cfg->sinks;
+    size_t b_c, b_s, b_z, b_r, n_rl;
+    z->n_sink = nsk * (size_t)cfg->n_head_kv * hd; /* ≤ 1024 · (small shape): no overflow */
+    z->es = fp64 ? sizeof(double) : sizeof(float);
+    z->rb = half ? sizeof(uint16_t) : sizeof(float);
+    if (pos < 0 || !mul_ok(nh, (size_t)cfg->n_features, &z->n_z) ||
+        !mul_ok(z->n_z, hd, &z->n_s) || !mul_ok(nv, (size_t)cfg->n_head_kv * hd, &z->n_ring) ||
+        !mul_ok(z->n_z, sizeof(double), &b_c) || !mul_ok(z->n_s, z->es, &b_s) ||
+        !mul_ok(z->n_z, z->es, &b_z) || !mul_ok(z->n_ring, 2 * z->rb, &n_rl) ||
+        !mul_ok(n_rl, (size_t)cfg->n_layer, &b_r) || b_c > SIZE_MAX / 8 || b_s > SIZE_MAX / 8 ||
+        b_z > SIZE_MAX / 8 || b_r > SIZE_MAX / 8)
+        return 0;
+    z->bytes = 8 + b_c + b_s + b_z + b_r + 2 * z->n_sink * z->rb * (size_t)cfg->n_layer;
+    return 1;
+}
+
+/* The ring's and the sinks' shapes for kv_rows_*: their valid rows from z. */
+static void kv_shapes(const core_attn_cfg_t *cfg, const lin_ser_t *z, kv_shape_t *ring,
+                      kv_shape_t *sink)
+{
+    size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    *ring = (kv_shape_t){cfg->n_layer, hkv, (size_t)cfg->window, hd, z->n_ring / (hkv * hd)};
+    *sink = (kv_shape_t){cfg->n_layer, hkv, (size_t)cfg->sinks, hd, z->n_sink / (hkv * hd)};
+}
+
+static size_t linear_state_save_size(const core_attn_state_t *s)
+{
+    const lin_state_t *st = s->impl;
+    lin_ser_t z;
+    return lin_ser_sizes(&s->a->cfg, st->fp64, 1, s->pos, &z) ? z.bytes : 0;
+}
+
+static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, core_error_t *err)
+{
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    const lin_state_t *st = s->impl;
+    lin_ser_t z;
+    if (!lin_ser_sizes(cfg, st->fp64, 1, s->pos, &z))
+        return core_error_set(err, CORE_ERANGE, "linear attention payload size overflows");
+    if (cap < z.bytes)
+        return core_error_set(err, CORE_ERANGE, "linear attention payload needs %zu bytes, "
+                              "buffer has %zu", z.bytes, cap);
+    unsigned char *p = buf;
+    core_le_put_u32(p, (uint32_t)z.es | LIN_HALF_ROWS);
+    core_le_put_u32(p + 4, (uint32_t)(z.n_ring / ((size_t)cfg->n_head_kv * (size_t)cfg->head_dim)));
+    p += 8;
+    core_le_copy64(p, st->c, z.n_z);
+    p += z.n_z * sizeof(double);
+    /* a head that holds no keys is saved as zeros (its S̃, z̃ have no value) */
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, m = z.n_z / nh,
+                 ns = m * (size_t)cfg->head_dim;
+    for (size_t h = 0; h < nh; h++) {
+        unsigned char *ps = p + h * ns * z.es, *pz = p + (z.n_s + h * m) * z.es;
+        if (!head_holds(st, cfg, h)) {
+            memset(ps, 0, ns * z.es);
+            memset(pz, 0, m * z.es);
+        } else if (st->fp64) {
+            core_le_copy64(ps, (const double *)st->S + h * ns, ns);
+            core_le_copy64(pz, (const double *)st->z + h * m, m);
+        } else {
+            core_le_copy32(ps, (const float *)st->S + h * ns, ns);
+            core_le_copy32(pz, (const float *)st->z + h * m, m);
+        }
+    }
+    p += (z.n_s + z.n_z) * z.es;
+    kv_shape_t ring, sink;
+    kv_shapes(cfg, &z, &ring, &sink);
+    p = kv_rows_put(p, st->ring_k, st->ring_v, &ring);
+    kv_rows_put(p, st->sink_k, st->sink_v, &sink);
+    return 0;
+}
+
+static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf, size_t len,
+                             core_error_t *err)
+{
+    const core_attn_cfg_t *cfg = &s->a->cfg;
+    lin_state_t *st = s->impl;
+    const unsigned char *p = buf;
+    if (len < 8)
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes", len);
+    uint32_t w0 = core_le_get_u32(p), nv = core_le_get_u32(p + 4);
+    uint32_t es = w0 & ~LIN_HALF_ROWS;
+    if (es != 4 && es != 8)
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: accumulator size %u "
+                              "(expected 4 or 8)", es);
+    int64_t want_nv = pos < (int64_t)cfg->window ? pos : (int64_t)cfg->window;
+    if (pos < 0 || (int64_t)nv != want_nv)
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: %u window rows at "
+                              "position %lld (window %d)", nv, (long long)pos, cfg->window);
+    lin_ser_t z;
+    int fp64 = es == 8;
+    if (!lin_ser_sizes(cfg, fp64, (w0 & LIN_HALF_ROWS) != 0, pos, &z))
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload size overflows");
+    if (len != z.bytes)
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes, "
+                              "expected %zu", len, z.bytes);
+    if (fp64 != st->fp64) {
+        int rc = lin_state_relayout(st, cfg, fp64, err);
+        if (rc < 0)
+            return rc;
+    }
+    p += 8;
+    core_le_copy64(st->c, p, z.n_z);
+    p += z.n_z * sizeof(double);
+    if (fp64) {
+        core_le_copy64(st->S, p, z.n_s);
+        core_le_copy64(st->z, p + z.n_s * 8, z.n_z);
+    } else {
+        core_le_copy32(st->S, p, z.n_s);
+        core_le_copy32(st->z, p + z.n_s * 4, z.n_z);
+    }
+    p += (z.n_s + z.n_z) * z.es;
+    kv_shape_t ring, sink;
+    kv_shapes(cfg, &z, &ring, &sink);
+    int l;
+    if (!(p = kv_rows_get(p, z.rb, st->ring_k, st->ring_v, &ring, &l)))
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                              "or out-of-range window row in layer %d", l);
+    if (!kv_rows_get(p, z.rb, st->sink_k, st->sink_v, &sink, &l))
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                              "or out-of-range sink row in layer %d", l);
+    /* A blob is input. The kernels rely on c being finite or −inf, on S
+     * and z being finite (z ≥ 0; Flexformer's is signed) and on the window
+     * and sink rows being finite (checked above): anything else would turn
+     * every later output into NaN or inf without an error. */
+    size_t hd = (size_t)cfg->head_dim;
+    const int trig = core_attn_kind_is_trig(cfg->kind); /* its z̃ is signed */
+    for (size_t i = 0; i < z.n_z; i++) {
+        double zi = fp64 ? ((const double *)st->z)[i] : (double)((const float *)st->z)[i];
+        if (isnan(st->c[i]) || st->c[i] == INFINITY || !isfinite(zi) || (zi < 0.0 && !trig))
+            return core_error_set(err, CORE_EFORMAT, "linear attention payload: bad scale or "
+                                  "normalizer at entry %zu (c = %g, z = %g)", i, st->c[i], zi);
+        for (size_t j = i * hd; j < (i + 1) * hd; j++) {
+            double v = fp64 ? ((const double *)st->S)[j] : (double)((const float *)st->S)[j];
+            if (!isfinite(v))
+                return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                                      "S at entry %zu", i);
+        }
+    }
+    /* a head holds keys on every feature or on none (head_holds) */
+    const size_t m = (size_t)cfg->n_features;
+    for (size_t i = 0; i < z.n_z; i++)
+        if ((st->c[i] > -INFINITY) != (st->c[i - i % m] > -INFINITY))
+            return core_error_set(err, CORE_EFORMAT, "linear attention payload: head %zu has "
+                                  "scales both -inf and finite (entry %zu)", i / m, i);
+    return 0;
+}
+
+const core_attn_vtbl_t core_attn_linear_vtbl = {
+    .init = linear_init,
+    .fini = linear_fini,
+    .state_init = linear_state_init,
+    .state_fini = linear_state_fini,
+    .state_reset = linear_state_reset,
+    .state_copy = linear_state_copy,
+    .state_bytes = linear_state_bytes,
+    .state_bytes_held = linear_state_bytes_held,
+    .bytes_held_at = linear_bytes_held_at,
+    .reserve = linear_reserve,
+    .forward = linear_forward,
+    .set_workers = linear_set_workers,
+    .units = linear_units,
+    .forward_unit = linear_forward_unit,
+    .forward_done = linear_forward_done,
+    .state_save_size = linear_state_save_size,
+    .state_save = linear_state_save,
+    .state_load = linear_state_load,
+};
+
+/* ---- tuning and inspection (core/attn/features.h) ---- */
+
+int core_attn_linear_set_opts(core_attn_t *a, const core_attn_linear_opts_t *o, core_error_t *err)
+{
+    if (!a || a->vt != &core_attn_linear_vtbl)
+        return core_error_set(err, CORE_EINVAL, "not a linear attention configuration");
+    if (o->chunk < 1 || o->chunk > LIN_MAX_CHUNK || (o->fp64_state != 0 && o->fp64_state != 1))
+        return core_error_set(err, CORE_EINVAL, "chunk %d not in [1, %d] or fp64_state %d not 0/1",
+                              o->chunk, LIN_MAX_CHUNK, o->fp64_state);
+    lin_params_t *lp = a->impl;
+    int rc = set_chunk(a, lp, o->chunk, err);
+    if (rc)
+        return rc;
+    lp->fp64 = o->fp64_state;
+    return 0;
+}
+
+const core_features_t *core_attn_linear_features(const core_attn_t *a, int layer, int kv_head)
+{
+    if (!a || a->vt != &core_attn_linear_vtbl || layer < 0 || layer >= a->cfg.n_layer ||
+        kv_head < 0 || kv_head >= a->cfg.n_head_kv)
+        return NULL;
+    const lin_params_t *lp = a->impl;
+    return &lp->maps[(size_t)layer * (size_t)a->cfg.n_head_kv + (size_t)kv_head];
+}
+
+int core_attn_linear_state_scale(const core_attn_state_t *s, int layer, int kv_head, double *c)
+{
+    if (!s || s->a->vt != &core_attn_linear_vtbl || layer < 0 || layer >= s->a->cfg.n_layer ||
+        kv_head < 0 || kv_head >= s->a->cfg.n_head_kv)
+        return CORE_EINVAL;
+    const lin_state_t *st = s->impl;
+    size_t m = (size_t)s->a->cfg.n_features;
+    memcpy(c, st->c + ((size_t)layer * (size_t)s->a->cfg.n_head_kv + (size_t)kv_head) * m,
+           m * sizeof *c);
+    return 0;
+}
+
+int core_attn_linear_den_stats(core_attn_t *a, core_attn_den_stats_t *out, int reset)
+{
+    if (!a || a->vt != &core_attn_linear_vtbl)
+        return CORE_EINVAL;
+    lin_params_t *lp = a->impl;
+    *out = (core_attn_den_stats_t){0};
+    for (int i = 0; i < lp->slots; i++) {
+        out->rows += lp->den[i].rows;
+        out->neg += lp->den[i].neg;
+        out->below_half += lp->den[i].below_half;
+        out->below_tenth += lp->den[i].below_tenth;
+        out->pure_zero += lp->den[i].pure_zero;
+    }
+    if (reset)
+        memset(lp->den, 0, (size_t)lp->slots * sizeof *lp->den);
+    return 0;
+}
+
+int core_attn_linear_params(const core_attn_t *a, int layer, const float **gam, const float **mix)
+{
+    if (!a || a->vt != &core_attn_linear_vtbl || layer < 0 || layer >= a->cfg.n_layer)
+        return CORE_EINVAL;
+    const lin_params_t *lp = a->impl;
+    *gam = lp->gam + (size_t)layer * (size_t)a->cfg.n_head_kv;
+    *mix = lp->mix + (size_t)layer * (size_t)a->cfg.n_head;
+    return 0;
+}

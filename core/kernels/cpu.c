@@ -1,0 +1,127 @@
+/* core/kernels/cpu.c — the CPU-feature probe and the ISA path choice (see
+ * cpu.h).
+ *
+ * __builtin_cpu_supports answers for the extensions it knows and checks that
+ * the OS saves their registers; CPUID is read directly for the rest, each
+ * only after the family it belongs to was found (F16C after AVX2, VNNI and
+ * BF16 after AVX-512F, the AMX units after the OS granted the tile state).
+ */
+#include "core/kernels/cpu.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/err.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define CPU_X86 1
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define CPU_AMX 1
+#define AMX_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for an XSAVE feature */
+#define AMX_XTILEDATA 18          /* the tile data state component */
+#endif
+
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static unsigned features;
+
+static void probe(void)
+{
+    unsigned f = 0;
+#ifdef CPU_X86
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2"))
+        f |= CORE_CPU_AVX2;
+    if (__builtin_cpu_supports("fma"))
+        f |= CORE_CPU_FMA;
+    /* F16C: CPUID.(EAX=1):ECX bit 29 (its registers are AVX's) */
+    if ((f & CORE_CPU_AVX2) && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u))
+        f |= CORE_CPU_F16C;
+    if (__builtin_cpu_supports("avx512f")) {
+        f |= CORE_CPU_AVX512F;
+        if (__builtin_cpu_supports("avx512bw"))
+            f |= CORE_CPU_AVX512BW;
+        if (__builtin_cpu_supports("avx512vl"))
+            f |= CORE_CPU_AVX512VL;
+        if (__builtin_cpu_supports("avx512dq"))
+            f |= CORE_CPU_AVX512DQ;
+        /* CPUID.(EAX=7, ECX=0):ECX bit 11 AVX-512 VNNI; (EAX=7, ECX=1):EAX
+         * bit 5 AVX512-BF16 */
+        if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 11 & 1u))
+            f |= CORE_CPU_AVX512VNNI;
+        if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1u))
+            f |= CORE_CPU_AVX512BF16;
+    }
+#endif
+#ifdef CPU_AMX
+    /* CPUID.(EAX=7, ECX=0):EDX bit 24 AMX-TILE, 25 AMX-INT8, 22 AMX-BF16; the
+     * tile data is an XSAVE component a process must ask Linux for. */
+    if ((f & CORE_CPU_AVX512F) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1u) &&
+        syscall(SYS_arch_prctl, AMX_REQ_XCOMP_PERM, AMX_XTILEDATA) == 0) {
+        f |= CORE_CPU_AMX_TILE;
+        if (d >> 25 & 1u)
+            f |= CORE_CPU_AMX_INT8;
+        if (d >> 22 & 1u)
+            f |= CORE_CPU_AMX_BF16;
+    }
+#endif
+    features = f;
+}
+
+unsigned core_cpu_features(void)
+{
+    (void)pthread_once(&probe_once, probe);
+    return features;
+}
+
+int core_cpu_has(unsigned mask)
+{
+    return (core_cpu_features() & mask) == mask;
+}
+
+core_qdot_isa_t core_qdot_best_isa(void)
+{
+    if (!core_cpu_has(CORE_CPU_AVX2 | CORE_CPU_FMA | CORE_CPU_F16C))
+        return CORE_QDOT_GENERIC;
+    if (core_cpu_has(CORE_CPU_AVX512F | CORE_CPU_AVX512BW | CORE_CPU_AVX512VL |
+                     CORE_CPU_AVX512VNNI))
+        return CORE_QDOT_AVX512VNNI;
+    return CORE_QDOT_AVX2;
+}
+
+/* core_qdot_force_isa's choice, -1 for none. Atomic so that a product running
+ * on another thread reads the old or the new ISA, never a torn value; which
+ * one is the caller's business (the header says: while no product runs). */
+static _Atomic int forced_isa = -1;
+
+core_qdot_isa_t core_qdot_isa(void)
+{
+    const int f = atomic_load_explicit(&forced_isa, memory_order_relaxed);
+    return f >= 0 ? (core_qdot_isa_t)f : core_qdot_best_isa();
+}
+
+int core_qdot_force_isa(core_qdot_isa_t isa)
+{
+    if (isa == CORE_QDOT_ISA_COUNT_) {
+        atomic_store_explicit(&forced_isa, -1, memory_order_relaxed);
+        return 0;
+    }
+    if ((int)isa < 0 || isa > core_qdot_best_isa())
+        return CORE_EUNSUPPORTED;
+    atomic_store_explicit(&forced_isa, (int)isa, memory_order_relaxed);
+    return 0;
+}
+
+const char *core_qdot_isa_name(core_qdot_isa_t isa)
+{
+    switch (isa) {
+    case CORE_QDOT_GENERIC: return "generic";
+    case CORE_QDOT_AVX2: return "avx2";
+    case CORE_QDOT_AVX512VNNI: return "avx512vnni";
+    default: return NULL;
+    }
+}

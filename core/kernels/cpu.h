@@ -1,0 +1,60 @@
+/* core/kernels/cpu.h — what this CPU can run: the one place that asks CPUID
+ * (and the OS) for instruction-set extensions, and the choice of kernel set
+ * (ISA path) every product in core/kernels/ dispatches on, with the override
+ * tests and benchmarks use to force a path.
+ *
+ * Every kernel file asks here instead of probing for itself, so the paths a
+ * test forces are the paths the product runs, and a new path (ARM) is added
+ * in one place. The probe runs once (pthread_once); its results never change
+ * afterwards. Thread-safe; core_qdot_force_isa is meant to be called while no
+ * product runs (a product already running may use either path).
+ */
+#ifndef DARKSERVE_CORE_CPU_H
+#define DARKSERVE_CORE_CPU_H
+
+/* One bit per extension; set only where the CPU has it and the OS saves its
+ * registers (AVX, AVX-512 state through XGETBV, AMX tile data through
+ * Linux's arch_prctl permission, asked for once by the probe). */
+typedef enum core_cpu_feature {
+    CORE_CPU_AVX2 = 1u << 0,
+    CORE_CPU_FMA = 1u << 1,
+    CORE_CPU_F16C = 1u << 2,
+    CORE_CPU_AVX512F = 1u << 3,
+    CORE_CPU_AVX512BW = 1u << 4,
+    CORE_CPU_AVX512VL = 1u << 5,
+    CORE_CPU_AVX512DQ = 1u << 6,
+    CORE_CPU_AVX512VNNI = 1u << 7,
+    CORE_CPU_AVX512BF16 = 1u << 8,
+    CORE_CPU_AMX_TILE = 1u << 9, /* with the OS's permission to use the tiles */
+    CORE_CPU_AMX_INT8 = 1u << 10,
+    CORE_CPU_AMX_BF16 = 1u << 11,
+} core_cpu_feature_t;
+
+/* The bits of core_cpu_feature_t this CPU has (0 on a non-x86 machine). */
+unsigned core_cpu_features(void);
+/* 1 when this CPU has every feature in mask, else 0. */
+int core_cpu_has(unsigned mask);
+
+/* Kernel sets of the quantized products, ordered: a CPU that runs one runs
+ * every lower one. */
+typedef enum core_qdot_isa {
+    CORE_QDOT_GENERIC = 0,    /* portable C (the reference kernels) */
+    CORE_QDOT_AVX2 = 1,       /* AVX2 + FMA + F16C, chosen at run time */
+    CORE_QDOT_AVX512VNNI = 2, /* AVX-512 F/BW/VL + VNNI (integer path; f32 path = AVX2) */
+    CORE_QDOT_ISA_COUNT_
+} core_qdot_isa_t;
+
+/* The best ISA this CPU runs. */
+core_qdot_isa_t core_qdot_best_isa(void);
+/* The ISA the default entries (core_qmatmul_nt, core_q8_*) use: the forced
+ * one if any, else the best. */
+core_qdot_isa_t core_qdot_isa(void);
+/* Forces the default entries onto isa (tests, benchmarks: the whole model on
+ * one kernel set); CORE_QDOT_ISA_COUNT_ goes back to the best. Returns 0, or
+ * CORE_EUNSUPPORTED when this CPU cannot run isa. Process-wide and not
+ * synchronized: call it while no product runs. */
+int core_qdot_force_isa(core_qdot_isa_t isa);
+/* "generic", "avx2", "avx512vnni"; NULL for another value. */
+const char *core_qdot_isa_name(core_qdot_isa_t isa);
+
+#endif

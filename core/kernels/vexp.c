@@ -1,0 +1,240 @@
+/* core/kernels/vexp.c — see core/kernels/vexp.h.
+ *
+ * e^y = 2^k e^r with k = round(y log2 e) and r = y - k ln 2 (ln 2 in two
+ * parts, so r is exact to ~1 ulp for |k| <= 126), |r| <= ln 2 / 2; e^r by a
+ * degree-6 polynomial (Taylor coefficients: the truncation error at |r| =
+ * 0.347 is below 2^-27), evaluated by Horner's rule with fused
+ * multiply-adds; 2^k by adding k to the exponent field (k in [-126, 127]
+ * once the argument is >= CORE_EXP_MIN_ARG and <= 0 + rounding; larger
+ * arguments, which a softmax shifted by its maximum never has, are clamped
+ * to e^88).
+ */
+#include "core/kernels/vexp.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "core/kernels/cpu.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define VEXP_X86 1
+#endif
+
+static const float LOG2E = 1.44269504088896341f;
+static const float LN2_HI = 0.693145751953125f;     /* 12 significant bits: k * LN2_HI exact */
+static const float LN2_LO = 1.428606765330187045e-06f;
+static const float MAX_ARG = 88.0f; /* k <= 127: 2^k stays a normal float */
+static const float C2 = 0.5f, C3 = 1.0f / 6, C4 = 1.0f / 24, C5 = 1.0f / 120, C6 = 1.0f / 720;
+
+static float exp_one(float y)
+{
+    if (!(y >= CORE_EXP_MIN_ARG)) /* -inf, NaN-free by contract, and tiny */
+        return 0.0f;
+    if (y > MAX_ARG)
+        y = MAX_ARG;
+    const float k = nearbyintf(y * LOG2E);
+    const float r = fmaf(-k, LN2_LO, fmaf(-k, LN2_HI, y));
+    float p = fmaf(C6, r, C5);
+    p = fmaf(p, r, C4);
+    p = fmaf(p, r, C3);
+    p = fmaf(p, r, C2);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    bits += (int32_t)k * (1 << 23);
+    memcpy(&p, &bits, sizeof p);
+    return p;
+}
+
+static void exp_generic(const float *x, int64_t n, double s, float *out)
+{
+    for (int64_t j = 0; j < n; j++)
+        out[j] = x[j] == -INFINITY ? 0.0f : exp_one((float)((double)x[j] - s));
+}
+
+#ifdef VEXP_X86
+#define VEXP_FN __attribute__((target("avx512f,avx512dq,avx512vl,fma")))
+
+/* 8 arguments: x - s in double, rounded to float; -inf stays -inf. */
+VEXP_FN static inline __m256 args8(const float *x, __mmask8 m, __m512d s)
+{
+    const __m256 v = _mm256_maskz_loadu_ps(m, x);
+    return _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_cvtps_pd(v), s));
+}
+
+/* exp_one on 16 arguments (0 below CORE_EXP_MIN_ARG and for -inf). */
+VEXP_FN static inline __m512 exp16(__m512 y0)
+{
+    const __mmask16 live = _mm512_cmp_ps_mask(y0, _mm512_set1_ps(CORE_EXP_MIN_ARG), _CMP_GE_OQ);
+    const __m512 y = _mm512_min_ps(y0, _mm512_set1_ps(MAX_ARG));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), k),
+                                     _mm512_set1_ps(LN2_LO),
+                                     _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), k),
+                                                     _mm512_set1_ps(LN2_HI), y));
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(C6), r, _mm512_set1_ps(C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(k), 23);
+    const __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+    return _mm512_maskz_mov_ps(live, v);
+}
+
+static inline __mmask16 first_lanes(int64_t left)
+{
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+}
+
+VEXP_FN static void exp_avx512(const float *x, int64_t n, double s, float *out)
+{
+    const __m512d sv = _mm512_set1_pd(s);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = first_lanes(n - j);
+        const __m512 y0 = _mm512_insertf32x8(
+            _mm512_castps256_ps512(args8(x + j, (__mmask8)m, sv)),
+            args8(x + j + 8, (__mmask8)(m >> 8), sv), 1);
+        _mm512_mask_storeu_ps(out + j, m, exp16(y0));
+    }
+}
+
+/* silu_generic's arithmetic 16 lanes at a time: the same exponential
+ * (exp16 is exp_one), then the division and product, each correctly
+ * rounded in either. */
+VEXP_FN static void silu_avx512(float *g, const float *u, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = first_lanes(n - j);
+        const __m512 gv = _mm512_maskz_loadu_ps(m, g + j);
+        const __m512 e = exp16(_mm512_xor_ps(gv, sign));
+        const __m512 v = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
+                                       _mm512_maskz_loadu_ps(m, u + j));
+        _mm512_mask_storeu_ps(g + j, m, v);
+    }
+}
+#endif
+
+static void silu_generic(float *g, const float *u, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) {
+        g[j] = g[j] / (1.0f + exp_one(-g[j])) * u[j];
+    }
+}
+
+static _Atomic int force_generic;
+
+void core_exp_force_generic(int on)
+{
+    atomic_store(&force_generic, on != 0);
+}
+
+/* The AVX-512 paths run: the CPU has them and tests do not force the
+ * portable ones. */
+static int use_avx512(void)
+{
+#ifdef VEXP_X86
+    return !atomic_load_explicit(&force_generic, memory_order_relaxed) &&
+           core_cpu_has(CORE_CPU_AVX512F | CORE_CPU_AVX512DQ | CORE_CPU_AVX512VL);
+#else
+    return 0;
+#endif
+}
+
+void core_exp_shifted(const float *x, int64_t n, double s, float *out)
+{
+#ifdef VEXP_X86
+    if (use_avx512()) {
+        exp_avx512(x, n, s, out);
+        return;
+    }
+#endif
+    exp_generic(x, n, s, out);
+}
+
+void core_silu_mul_f32(float *g, const float *u, int64_t n)
+{
+#ifdef VEXP_X86
+    if (use_avx512()) {
+        silu_avx512(g, u, n);
+        return;
+    }
+#endif
+    silu_generic(g, u, n);
+}
+
+double core_sum_f32(const float *x, int64_t n)
+{
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int l = 0; l < 4; l++)
+            s[l] += (double)x[j + l];
+    for (; j < n; j++)
+        s[0] += (double)x[j];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+double core_dot_f32(const float *a, const float *b, int64_t n)
+{
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int l = 0; l < 4; l++)
+            s[l] += (double)a[j + l] * b[j + l];
+    for (; j < n; j++)
+        s[0] += (double)a[j] * b[j];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+float core_max_f32(const float *x, int64_t n)
+{
+    float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int l = 0; l < 4; l++)
+            m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+    for (; j < n; j++)
+        m[0] = x[j] > m[0] ? x[j] : m[0];
+    const float a = m[0] > m[1] ? m[0] : m[1], b = m[2] > m[3] ? m[2] : m[3];
+    return a > b ? a : b;
+}
+
+/* core_first_unbounded_f32 from element j on, one at a time. */
+static int64_t unbounded_from(const float *x, int64_t j, int64_t n)
+{
+    for (; j < n; j++)
+        if (!(x[j] < INFINITY))
+            return j;
+    return n;
+}
+
+#ifdef VEXP_X86
+VEXP_FN static int64_t unbounded_avx512(const float *x, int64_t n)
+{
+    const __m512 inf = _mm512_set1_ps(INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        /* not less than +inf, unordered: NaN or +inf */
+        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), inf, _CMP_NLT_UQ);
+        if (k)
+            return j + __builtin_ctz((unsigned)k);
+    }
+    return unbounded_from(x, j, n);
+}
+#endif
+
+int64_t core_first_unbounded_f32(const float *x, int64_t n)
+{
+#ifdef VEXP_X86
+    if (use_avx512())
+        return unbounded_avx512(x, n);
+#endif
+    return unbounded_from(x, 0, n);
+}

@@ -1,0 +1,771 @@
+/* server/api/api_openai.c — the OpenAI-compatible endpoints:
+ *   POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+ * also without the /v1 prefix (/completions, /chat/completions, /models:
+ * clients written for llama.cpp's server call those), same handlers.
+ *
+ * One engine job per prompt (completions take up to 16), each with n choices;
+ * choice index = prompt * n + sample, as OpenAI numbers them. Without
+ * "session" every job runs on a fresh one-shot context; with it, the single
+ * prompt (or the new messages) continues that session's state and the
+ * session is saved when the job is done.
+ */
+#include "server/api/api.h"
+
+#include "proto/tools.h"
+#include "server/base/log.h"
+#include "server/base/random.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* One tool call of a non-streamed answer. */
+typedef struct oa_call {
+    char id[32]; /* "call_" and 24 random alphanumerics */
+    char *name;  /* owned */
+    api_acc_t args;
+} oa_call_t;
+
+typedef struct oa_choice {
+    api_acc_t acc;  /* non-streamed: text and (for logprobs) tokens */
+    int64_t offset; /* streamed completions: bytes of pieces so far (text_offset) */
+    srv_finish_t finish;
+    /* tool calling (chat with tools, tool_choice not "none") */
+    proto_tool_parser_t *tp; /* NULL: the text is all content */
+    oa_call_t *calls;        /* non-streamed: [n_calls] */
+    size_t n_calls;
+    int oom;
+    api_gen_t *g; /* for the parser's callback */
+    int index;    /* choice index */
+} oa_choice_t;
+
+typedef struct oa_req {
+    int chat;
+    int n;            /* choices per prompt */
+    size_t n_choices; /* n_prompts * n */
+    int logprobs;     /* -1 none, else alternatives */
+    int include_usage;
+    int stream;
+    int session_chat; /* the session continued with a chat render */
+    char id[48];
+    int64_t created;
+    char session_id[PROTO_SESSION_ID_LEN + 1];
+    oa_choice_t *choices; /* [n_choices] */
+} oa_req_t;
+
+static void oa_free(void *kd)
+{
+    oa_req_t *r = kd;
+    if (!r)
+        return;
+    if (r->choices)
+        for (size_t i = 0; i < r->n_choices; i++) {
+            oa_choice_t *c = &r->choices[i];
+            api_acc_free(&c->acc);
+            proto_tool_parser_free(c->tp);
+            for (size_t k = 0; k < c->n_calls; k++) {
+                free(c->calls[k].name);
+                api_acc_free(&c->calls[k].args);
+            }
+            free(c->calls);
+        }
+    free(r->choices);
+    free(r);
+}
+
+static proto_resp_meta_t oa_meta(const api_gen_t *g, const oa_req_t *r)
+{
+    return (proto_resp_meta_t){.id = r->id,
+                               .created = r->created,
+                               .model = g->app->model_id,
+                               .system_fingerprint = api_system_fingerprint(g->app)};
+}
+
+/* An end-of-generation token ends its choice and is no text: it is counted
+ * in usage but not listed in logprobs (what OpenAI does). */
+static int is_eog_event(const api_gen_t *g, const srv_event_t *ev)
+{
+    return ev->kind == SRV_EVENT_TOKEN && ev->finish == SRV_FINISH_STOP &&
+           core_tokenizer_is_eog(g->app->tok, ev->token);
+}
+
+/* finish_reason to show in a chunk/choice: cancellations and errors are
+ * reported by the end of the request instead. */
+static const char *shown_finish(srv_finish_t f)
+{
+    if (f == SRV_FINISH_CANCELLED || f == SRV_FINISH_ERROR)
+        return NULL;
+    return api_finish_reason(f);
+}
+
+/* The parser's findings: content and calls, written as chunks (streamed)
+ * or kept for the answer. */
+static void oa_tool_ev(void *ud, const proto_tool_ev_t *tev)
+{
+    oa_choice_t *c = ud;
+    api_gen_t *g = c->g;
+    oa_req_t *r = g->kd;
+    char id[32] = "";
+    if (tev->kind == PROTO_TOOL_EV_CALL) {
+        char hex[25];
+        srv_random_hex(hex, 12);
+        snprintf(id, sizeof id, "call_%s", hex);
+    }
+    if (!r->stream) {
+        if (tev->kind == PROTO_TOOL_EV_CONTENT) {
+            api_acc_text(&c->acc, tev->text, tev->len);
+        } else if (tev->kind == PROTO_TOOL_EV_CALL) {
+            oa_call_t *nc = realloc(c->calls, (c->n_calls + 1) * sizeof *nc);
+            char *name = malloc(tev->len + 1);
+            if (!nc || !name) {
+                free(nc == c->calls ? NULL : nc);
+                free(name);
+                if (nc)
+                    c->calls = nc;
+                c->oom = 1;
+                return;
+            }
+            c->calls = nc;
+            memcpy(name, tev->text, tev->len);
+            name[tev->len] = '\0';
+            oa_call_t *call = &c->calls[c->n_calls++];
+            memset(call, 0, sizeof *call);
+            snprintf(call->id, sizeof call->id, "%s", id);
+            call->name = name;
+        } else if (c->n_calls && (size_t)tev->index == c->n_calls - 1) {
+            api_acc_text(&c->calls[tev->index].args, tev->text, tev->len);
+        }
+        return;
+    }
+    proto_resp_meta_t meta = oa_meta(g, r);
+    char *j;
+    if (tev->kind == PROTO_TOOL_EV_CONTENT) {
+        proto_choice_t pc = {.index = c->index, .text = tev->text, .text_len = tev->len};
+        j = proto_chat_chunk_json(&meta, &pc, 0, NULL);
+    } else {
+        proto_tool_call_t tc = {
+            .index = tev->index, .arguments = tev->text, .arguments_len = tev->len};
+        if (tev->kind == PROTO_TOOL_EV_CALL)
+            tc = (proto_tool_call_t){tev->index, id, tev->text, "", 0};
+        /* a name is short; its text is the event's, valid for this call */
+        char name[PROTO_MAX_TOOL_NAME + 1];
+        if (tc.name) {
+            snprintf(name, sizeof name, "%.*s", (int)tev->len, tev->text);
+            tc.name = name;
+        }
+        j = proto_chat_tool_chunk_json(&meta, c->index, &tc);
+    }
+    api_gen_write_json(g, j);
+    proto_free(j);
+}
+
+/* finish_reason of choice c: "tool_calls" when it stopped after calls. */
+static const char *choice_finish(const oa_choice_t *c, srv_finish_t f)
+{
+    if (c->tp && f == SRV_FINISH_STOP && proto_tool_parser_calls(c->tp) > 0)
+        return "tool_calls";
+    return shown_finish(f);
+}
+
+static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
+{
+    oa_req_t *r = g->kd;
+    size_t ci = ji * (size_t)r->n + (size_t)(ev->choice < 0 ? 0 : ev->choice);
+    if (ci >= r->n_choices)
+        return;
+    oa_choice_t *c = &r->choices[ci];
+    const int eog = is_eog_event(g, ev);
+    const int with_lp = r->logprobs >= 0 && ev->kind == SRV_EVENT_TOKEN && !eog;
+    if (ev->finish != SRV_FINISH_NONE)
+        c->finish = ev->finish;
+
+    if (!r->stream) {
+        if (c->tp) {
+            if (proto_tool_parser_feed(c->tp, ev->text, ev->len) < 0)
+                c->oom = 1;
+            if (ev->finish != SRV_FINISH_NONE && proto_tool_parser_finish(c->tp) < 0)
+                c->oom = 1;
+        } else {
+            api_acc_text(&c->acc, ev->text, ev->len);
+        }
+        if (with_lp)
+            api_acc_token(&c->acc, ev);
+        c->acc.finish = c->finish;
+        return;
+    }
+
+    proto_resp_meta_t meta = oa_meta(g, r);
+    proto_token_logprob_t lp;
+    proto_top_logprob_t top[CORE_SAMPLE_MAX_LOGPROBS];
+    if (with_lp) {
+        api_event_logprob(g->app->tok, ev, c->offset, &lp, top);
+        c->offset += (int64_t)lp.piece_len;
+    }
+    if (c->tp) {
+        /* the text goes through the parser; logprobs in chunks of their own */
+        if (with_lp) {
+            proto_choice_t lc = {
+                .index = (int)ci, .has_logprobs = 1, .logprobs = &lp, .n_logprobs = 1};
+            char *j = proto_chat_chunk_json(&meta, &lc, 0, NULL);
+            api_gen_write_json(g, j);
+            proto_free(j);
+        }
+        proto_tool_parser_feed(c->tp, ev->text, ev->len);
+        if (ev->finish != SRV_FINISH_NONE) {
+            proto_tool_parser_finish(c->tp);
+            const char *tfin = choice_finish(c, ev->finish);
+            if (tfin) {
+                proto_choice_t end = {.index = (int)ci, .finish_reason = tfin};
+                char *j = proto_chat_chunk_json(&meta, &end, 0, NULL);
+                api_gen_write_json(g, j);
+                proto_free(j);
+            }
+        }
+        return;
+    }
+    const char *fin = ev->finish != SRV_FINISH_NONE ? shown_finish(ev->finish) : NULL;
+    proto_choice_t pc = {.index = (int)ci,
+                         .text = ev->text,
+                         .text_len = ev->len,
+                         .has_logprobs = with_lp,
+                         .logprobs = with_lp ? &lp : NULL,
+                         .n_logprobs = with_lp ? 1u : 0u};
+    if (r->chat) {
+        if (ev->len > 0 || with_lp) {
+            char *j = proto_chat_chunk_json(&meta, &pc, 0, NULL);
+            api_gen_write_json(g, j);
+            proto_free(j);
+        }
+        if (fin) {
+            proto_choice_t end = {.index = (int)ci, .finish_reason = fin};
+            char *j = proto_chat_chunk_json(&meta, &end, 0, NULL);
+            api_gen_write_json(g, j);
+            proto_free(j);
+        }
+    } else if (ev->len > 0 || with_lp || fin) {
+        pc.finish_reason = fin;
+        char *j = proto_completion_chunk_json(&meta, &pc, NULL);
+        api_gen_write_json(g, j);
+        proto_free(j);
+    }
+}
+
+/* Sums the jobs' results (cached: prompt tokens from the prefix cache);
+ * returns the first error message, if any. */
+static const char *oa_totals(api_gen_t *g, proto_usage_t *u, int64_t *cached, double *ttft_s)
+{
+    const char *err = NULL;
+    u->prompt_tokens = u->completion_tokens = 0;
+    *cached = 0;
+    *ttft_s = -1;
+    for (size_t i = 0; i < g->n_jobs; i++) {
+        if (!g->jobs[i].submitted)
+            continue;
+        const srv_job_result_t *res = srv_job_result(g->jobs[i].job);
+        if (!res)
+            continue;
+        u->prompt_tokens += res->prompt_tokens;
+        u->completion_tokens += res->completion_total;
+        *cached += res->cached_tokens;
+        if (res->ttft_s >= 0 && (*ttft_s < 0 || res->ttft_s < *ttft_s))
+            *ttft_s = res->ttft_s;
+        for (int c = 0; c < res->n_choices; c++)
+            if (res->finish[c] == SRV_FINISH_ERROR && !err)
+                err = res->error[0] ? res->error : "generation failed";
+    }
+    return err;
+}
+
+static void oa_prepare(api_gen_t *g)
+{
+    oa_req_t *r = g->kd;
+    if (r->session_chat) {
+        srv_session_set_turn_open(g->session, 1);
+        srv_session_set_has_chat(g->session, 1);
+    }
+}
+
+static void oa_done(api_gen_t *g)
+{
+    oa_req_t *r = g->kd;
+    if (g->aborted)
+        return;
+    proto_usage_t u;
+    double ttft_s;
+    int64_t cached;
+    const char *gen_err = oa_totals(g, &u, &cached, &ttft_s);
+
+    /* the session was written before done(): its save can fail, and then
+     * the answer says so */
+    char perr[256] = "";
+    int persist_rc = api_gen_release_session(g, 1, perr, sizeof perr);
+
+    const char *fin0 = r->n_choices ? api_finish_reason(r->choices[0].finish) : NULL;
+    api_gen_log_done(g, r->session_id[0] ? r->session_id : NULL, u.prompt_tokens,
+                     u.completion_tokens, ttft_s, fin0);
+
+    if (g->cancelled)
+        return;
+    proto_error_t e;
+    int failed = 1;
+    if (g->shutdown)
+        api_engine_error(SRV_ENGINE_ESTOPPED, NULL, &e);
+    else if (gen_err)
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "generation failed: %s", gen_err);
+    else if (persist_rc < 0)
+        api_persist_error(persist_rc, perr, &e);
+    else
+        failed = 0;
+
+    if (r->stream) {
+        if (failed) {
+            api_gen_write_error(g, &e);
+            return;
+        }
+        proto_resp_meta_t meta = oa_meta(g, r);
+        if (r->include_usage) {
+            char *j = r->chat ? proto_chat_chunk_json(&meta, NULL, 0, &u)
+                              : proto_completion_chunk_json(&meta, NULL, &u);
+            char *jc = proto_usage_cached_json(j, cached);
+            api_gen_write_json(g, jc);
+            proto_free(jc);
+            proto_free(j);
+        }
+        api_gen_write_raw(g, PROTO_SSE_DONE, strlen(PROTO_SSE_DONE));
+        return;
+    }
+    if (failed) {
+        api_gen_reply_error(g, &e);
+        return;
+    }
+    const size_t nc = r->n_choices ? r->n_choices : 1;
+    proto_choice_t *pcs = calloc(nc, sizeof(proto_choice_t));
+    proto_token_logprob_t **lps = calloc(nc, sizeof(proto_token_logprob_t *));
+    proto_top_logprob_t **tops = calloc(nc, sizeof(proto_top_logprob_t *));
+    proto_tool_call_t **tcs = calloc(nc, sizeof(proto_tool_call_t *));
+    proto_choice_tools_t *cts = calloc(nc, sizeof(proto_choice_tools_t));
+    int oom = !pcs || !lps || !tops || !tcs || !cts;
+    for (size_t i = 0; !oom && i < r->n_choices; i++) {
+        oa_choice_t *c = &r->choices[i];
+        if (c->acc.oom || c->oom) {
+            oom = 1;
+            break;
+        }
+        pcs[i].index = (int)i;
+        pcs[i].text = c->acc.text ? c->acc.text : "";
+        pcs[i].text_len = c->acc.len;
+        pcs[i].finish_reason = choice_finish(c, c->finish);
+        if (c->n_calls) {
+            if (!(tcs[i] = calloc(c->n_calls, sizeof *tcs[i]))) {
+                oom = 1;
+                break;
+            }
+            for (size_t k = 0; k < c->n_calls; k++) {
+                if (c->calls[k].args.oom)
+                    oom = 1;
+                tcs[i][k] = (proto_tool_call_t){(int)k, c->calls[k].id, c->calls[k].name,
+                                                c->calls[k].args.text ? c->calls[k].args.text : "",
+                                                c->calls[k].args.len};
+            }
+            cts[i] = (proto_choice_tools_t){tcs[i], c->n_calls};
+        }
+        if (r->logprobs >= 0) {
+            if (api_acc_logprobs(&c->acc, g->app->tok, &lps[i], &tops[i]) < 0) {
+                oom = 1;
+                break;
+            }
+            pcs[i].has_logprobs = 1;
+            pcs[i].logprobs = lps[i];
+            pcs[i].n_logprobs = c->acc.n_toks;
+        }
+    }
+    char *j = NULL;
+    if (!oom) {
+        proto_resp_meta_t meta = oa_meta(g, r);
+        j = r->chat ? proto_chat_tools_json(&meta, pcs, cts, r->n_choices, &u)
+                    : proto_completion_json(&meta, pcs, r->n_choices, &u);
+    }
+    char *jc = proto_usage_cached_json(j, cached);
+    api_gen_reply_json(g, 200, jc); /* NULL: 500 out of memory */
+    proto_free(jc);
+    proto_free(j);
+    for (size_t i = 0; lps && tops && tcs && i < r->n_choices; i++) {
+        free(lps[i]);
+        free(tops[i]);
+        free(tcs[i]);
+    }
+    free(tcs);
+    free(cts);
+    free(lps);
+    free(tops);
+    free(pcs);
+}
+
+static const api_gen_ops_t oa_ops = {
+    .event = oa_event, .prepare = oa_prepare, .done = oa_done, .free = oa_free};
+
+/* ---- handlers ---- */
+
+typedef struct oa_input {
+    int32_t *ids;
+    size_t n;
+} oa_input_t;
+
+static void inputs_free(oa_input_t *in, size_t n)
+{
+    if (!in)
+        return;
+    for (size_t i = 0; i < n; i++)
+        free(in[i].ids);
+    free(in);
+}
+
+/* 1 when chat request cr has its output parsed for tool calls. */
+static int tools_on(const proto_chat_req_t *cr)
+{
+    return cr && cr->n_tools && cr->tool_choice != PROTO_TOOL_CHOICE_NONE;
+}
+
+/* A tool-call parser per choice of r (g's), for chat request cr. */
+static int tool_parsers(api_gen_t *g, oa_req_t *r, const proto_chat_req_t *cr)
+{
+    const int forced =
+        cr->tool_choice == PROTO_TOOL_CHOICE_REQUIRED || cr->tool_choice == PROTO_TOOL_CHOICE_NAMED;
+    const char *names[PROTO_MAX_TOOLS];
+    size_t nn = 0;
+    for (size_t i = 0; i < cr->n_tools; i++)
+        if (cr->tool_choice != PROTO_TOOL_CHOICE_NAMED || i == cr->tool_named)
+            names[nn++] = cr->tools[i].name;
+    const int max_calls = cr->parallel_tool_calls ? PROTO_MAX_TOOL_CALLS : 1;
+    for (size_t i = 0; i < r->n_choices; i++) {
+        oa_choice_t *c = &r->choices[i];
+        c->g = g;
+        c->index = (int)i;
+        c->tp = proto_tool_parser_new(names, nn, forced, max_calls, oa_tool_ev, c);
+        if (!c->tp)
+            return -1;
+    }
+    return 0;
+}
+
+/* The common tail of both endpoints: session (held or NULL), token inputs
+ * [n_in] (owned, freed here), the parsed options; cr: the chat request
+ * (tools), NULL for completions; bounds[n_bounds]: the prefix lengths of
+ * in[0] to insert into the prefix cache. Answers req. */
+static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_params_t *p,
+                   const proto_chat_req_t *cr, srv_session_t *sess, oa_input_t *in, size_t n_in,
+                   int session_chat, const size_t *bounds, size_t n_bounds)
+{
+    char err[512];
+    oa_req_t *r = calloc(1, sizeof *r);
+    if (r)
+        r->choices = calloc(n_in * (size_t)p->n, sizeof *r->choices);
+    if (!r || !r->choices) {
+        oa_free(r);
+        inputs_free(in, n_in);
+        if (sess)
+            srv_store_release(app->store, sess, 0, NULL, 0);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    r->chat = chat;
+    r->n = p->n;
+    r->n_choices = n_in * (size_t)p->n;
+    r->logprobs = p->logprobs;
+    r->include_usage = p->stream && p->include_usage;
+    r->stream = p->stream;
+    r->session_chat = session_chat;
+    r->created = (int64_t)time(NULL);
+    char hex[33];
+    srv_random_hex(hex, 12);
+    snprintf(r->id, sizeof r->id, "%s-%s", chat ? "chatcmpl" : "cmpl", hex);
+    if (sess)
+        snprintf(r->session_id, sizeof r->session_id, "%s", srv_session_id(sess));
+
+    api_gen_t *g = api_gen_new(app, req, &oa_ops, r, n_in);
+    if (!g) {
+        inputs_free(in, n_in);
+        if (sess)
+            srv_store_release(app->store, sess, 0, NULL, 0);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    g->session = sess;
+    if (tools_on(cr) && tool_parsers(g, r, cr) < 0) {
+        api_gen_abort(g);
+        inputs_free(in, n_in);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+
+    /* the state memory this request may take, before anything is allocated:
+     * per input, n states grown to the end of the answer, less the
+     * session's own state, which the store counts already */
+    size_t need = 0;
+    {
+        int64_t t0 = sess ? srv_session_tokens(sess) : 0;
+        size_t have = sess ? core_attn_state_bytes(srv_session_ctx(sess)->state) : 0;
+        for (size_t i = 0; i < n_in; i++) {
+            size_t one = api_state_bound(app, t0 + (int64_t)in[i].n + p->max_tokens);
+            need += one * (size_t)p->n;
+        }
+        need = need > have ? need - have : 0;
+    }
+    proto_error_t ae;
+    if (api_gen_reserve(g, need, &ae) < 0) {
+        api_gen_abort(g);
+        inputs_free(in, n_in);
+        api_reply_admit(req, &ae);
+        return;
+    }
+    /* a session continued is a turn (server/store/store.h); a failure before
+     * the job is submitted undoes it (the release without persist) */
+    char terr[SRV_STORE_ERR_MAX] = "";
+    if (sess && srv_store_turn_begin(app->store, sess, in[0].ids, in[0].n,
+                                     SRV_TURN_REPLY | (session_chat ? SRV_TURN_CHAT : 0u), terr,
+                                     sizeof terr) < 0) {
+        api_gen_abort(g);
+        inputs_free(in, n_in);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "session turn: %s", terr);
+        return;
+    }
+
+    if (api_gen_grammar(g, p, &ae) < 0) {
+        api_gen_abort(g);
+        inputs_free(in, n_in);
+        api_reply_proto(req, &ae);
+        return;
+    }
+    core_sample_params_t sp;
+    api_sample_params(p, &sp);
+    for (size_t i = 0; i < n_in; i++) {
+        core_error_t ce = {0};
+        if (sess) {
+            g->jobs[i].ctx = srv_session_ctx(sess);
+        } else if (api_gen_oneshot(g, i, &sp, &ce) < 0) {
+            proto_error_t e;
+            api_core_error(ce.code, NULL, ce.msg, &e);
+            api_gen_abort(g);
+            inputs_free(in, n_in);
+            api_reply_proto(req, &e);
+            return;
+        }
+        srv_job_spec_t spec;
+        srv_job_spec_init(&spec);
+        spec.prompt = in[i].ids;
+        spec.n_prompt = in[i].n;
+        spec.max_tokens = p->max_tokens;
+        spec.n_choices = p->n;
+        spec.params = sp;
+        spec.reseed = 1;
+        spec.stops = (const char *const *)p->stop;
+        spec.n_stops = p->n_stop;
+        /* a one-shot context starts from the longest cached prefix */
+        if (!sess && api_prefix_plan(g, i, &spec, in[i].ids, in[i].n, in[i].n ? in[i].n - 1 : 0,
+                                     p->prefix, i == 0 ? bounds : NULL, i == 0 ? n_bounds : 0,
+                                     &ae) < 0) {
+            api_gen_abort(g);
+            inputs_free(in, n_in);
+            api_reply_proto(req, &ae);
+            return;
+        }
+        int rc = api_gen_submit(g, i, &spec, err, sizeof err);
+        if (rc < 0) {
+            api_gen_abort(g);
+            inputs_free(in, n_in);
+            if (rc == SRV_ENGINE_EINVAL && strstr(err, "n_choices")) {
+                api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "n",
+                               "'n' must be at most %lld on this server (--max-batch)",
+                               (long long)app->cfg->max_batch);
+                return;
+            }
+            if (rc == SRV_ENGINE_EINVAL && strstr(err, "nothing to sample")) {
+                api_reply_kind(req, PROTO_ERR_INVALID_VALUE, chat ? "messages" : "prompt",
+                               "'%s' is empty and there is nothing to continue from",
+                               chat ? "messages" : "prompt");
+                return;
+            }
+            api_reply_engine(req, rc, err);
+            return;
+        }
+    }
+    inputs_free(in, n_in);
+    api_gen_start(g, req, p->stream, PROTO_STREAM_SSE);
+    if (p->stream && chat) {
+        /* every choice opens with the assistant role, as OpenAI streams do */
+        proto_resp_meta_t meta = oa_meta(g, r);
+        for (size_t i = 0; i < r->n_choices; i++) {
+            proto_choice_t pc = {.index = (int)i, .text = "", .text_len = 0};
+            char *j = proto_chat_chunk_json(&meta, &pc, 1, NULL);
+            api_gen_write_json(g, j);
+            proto_free(j);
+        }
+    }
+}
+
+/* Acquires the request's session, or answers req and returns -1. */
+static int take_session(api_app_t *app, srv_req_t *req, const char *id, srv_session_t **out)
+{
+    *out = NULL;
+    if (!id[0])
+        return 0;
+    api_caller_t who;
+    api_caller(app, req, &who);
+    if (api_session_check(app, req, &who, id) < 0 || api_session_acquire(app, req, id, out))
+        return -1; /* answered, or runs again once the session is read */
+    return 0;
+}
+
+/* 1 after answering 400 when p has both "prefix" and "session". */
+static int prefix_with_session(srv_req_t *req, const proto_gen_params_t *p)
+{
+    if (!p->session[0] || !p->prefix[0])
+        return 0;
+    api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "prefix",
+                   "'prefix' starts a new context from a cached state; it cannot be combined "
+                   "with 'session'");
+    return 1;
+}
+
+static void h_completions(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_completion_req_t cr;
+    proto_error_t e;
+    if (proto_completion_parse(body, len, &app->limits, &cr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    if (prefix_with_session(req, &cr.p)) {
+        proto_completion_free(&cr);
+        return;
+    }
+    if (cr.p.session[0] && cr.n_prompts != 1) {
+        api_reply_kind(req, PROTO_ERR_INVALID_VALUE, "session",
+                       "'session' continues one prompt; got %zu prompts", cr.n_prompts);
+        proto_completion_free(&cr);
+        return;
+    }
+    srv_session_t *sess = NULL;
+    if (take_session(app, req, cr.p.session, &sess) < 0) {
+        proto_completion_free(&cr);
+        return;
+    }
+    oa_input_t *in = calloc(cr.n_prompts, sizeof *in);
+    if (!in) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < cr.n_prompts; i++) {
+        const proto_prompt_t *pr = &cr.prompts[i];
+        if (pr->tokens) {
+            in[i].ids = malloc((pr->n_tokens ? pr->n_tokens : 1) * sizeof *in[i].ids);
+            if (!in[i].ids) {
+                api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+                goto fail;
+            }
+            memcpy(in[i].ids, pr->tokens, pr->n_tokens * sizeof *in[i].ids);
+            in[i].n = pr->n_tokens;
+            continue;
+        }
+        core_error_t ce = {0};
+        int first = !sess || srv_session_tokens(sess) == 0;
+        if (api_tokenize(app, pr->text ? pr->text : "", pr->text_len, first, &in[i].ids, &in[i].n,
+                         &ce) < 0) {
+            char param[32];
+            snprintf(param, sizeof param, cr.n_prompts > 1 ? "prompt[%zu]" : "prompt", i);
+            api_core_error(ce.code, param, ce.msg, &e);
+            api_reply_proto(req, &e);
+            goto fail;
+        }
+    }
+    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0, NULL, 0);
+    proto_completion_free(&cr);
+    return;
+fail:
+    inputs_free(in, cr.n_prompts);
+    if (sess)
+        srv_store_release(app->store, sess, 0, NULL, 0);
+    proto_completion_free(&cr);
+}
+
+static void h_chat(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_chat_req_t cr;
+    proto_error_t e;
+    if (proto_chat_parse(body, len, &app->limits, &cr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    if (prefix_with_session(req, &cr.p)) {
+        proto_chat_free(&cr);
+        return;
+    }
+    srv_session_t *sess = NULL;
+    if (take_session(app, req, cr.p.session, &sess) < 0) {
+        proto_chat_free(&cr);
+        return;
+    }
+    core_error_t ce = {0};
+    int empty = !sess || srv_session_tokens(sess) == 0;
+    oa_input_t *in = calloc(1, sizeof *in);
+    if (!in) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto fail;
+    }
+    /* tool_choice "none": the tools are not shown to the model at all */
+    if (api_chat_tokens_tools(app, cr.messages, cr.n_messages, cr.tools,
+                              tools_on(&cr) ? cr.n_tools : 0, !empty,
+                              sess ? srv_session_turn_open(sess) : 0, 1, cr.parse_special, empty,
+                              &in->ids, &in->n, &ce) < 0) {
+        api_core_error(ce.code, "messages", ce.msg, &e);
+        api_reply_proto(req, &e);
+        goto fail;
+    }
+    size_t bounds[SRV_ENGINE_MAX_SNAPS];
+    size_t n_bounds = sess ? 0
+                           : api_prefix_chat_bounds(app, cr.messages, cr.n_messages, cr.tools,
+                                                    tools_on(&cr) ? cr.n_tools : 0,
+                                                    cr.parse_special, in->ids, in->n, bounds);
+    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL, bounds, n_bounds);
+    proto_chat_free(&cr);
+    return;
+fail:
+    inputs_free(in, 1);
+    if (sess)
+        srv_store_release(app->store, sess, 0, NULL, 0);
+    proto_chat_free(&cr);
+}
+
+static void h_models(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    proto_model_entry_t m = {.id = app->model_id, .created = app->created, .owned_by = "darkserve"};
+    char *j = proto_models_json(&m, 1);
+    if (!j) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    srv_reply_json(req, 200, j);
+    proto_free(j);
+}
+
+int api_openai_routes(api_app_t *app)
+{
+    srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
+    int rc = 0;
+    rc |= srv_http_route(app->http, "POST", "/v1/completions", h_completions, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/v1/chat/completions", h_chat, app, &json);
+    rc |= srv_http_route(app->http, "GET", "/v1/models", h_models, app, NULL);
+    rc |= srv_http_route(app->http, "POST", "/completions", h_completions, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/chat/completions", h_chat, app, &json);
+    rc |= srv_http_route(app->http, "GET", "/models", h_models, app, NULL);
+    return rc ? -1 : 0;
+}
