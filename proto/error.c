@@ -37,12 +37,18 @@ int proto_error_set(proto_error_t *err, proto_errkind_t kind, const char *param,
     err->type = r->type;
     err->code = r->code;
     err->param[0] = '\0';
-    if (param)
+    /* Both are fixed-size fields; a text too long for one ends with "..."
+     * so that a reader sees it was cut (never silently). */
+    if (param && strlen(param) >= sizeof err->param)
+        snprintf(err->param, sizeof err->param, "%.*s...", (int)sizeof err->param - 4, param);
+    else if (param)
         snprintf(err->param, sizeof err->param, "%s", param);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    int n = vsnprintf(err->message, sizeof err->message, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof err->message)
+        memcpy(err->message + sizeof err->message - 4, "...", 4);
     return rc;
 }
 

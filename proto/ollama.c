@@ -37,29 +37,26 @@ void proto_ollama_free(proto_ollama_req_t *r)
 
 /* ---------------------------------------------------------------- options */
 
+/* The list is for a log line: a name longer than 64 bytes is shown by its
+ * start and "...", and a list that does not fit ends with "..."; a cut is
+ * always marked. */
 static void note_ignored(proto_ollama_req_t *r, const char *key)
 {
     size_t have = strlen(r->ignored);
-    int n = snprintf(r->ignored + have, sizeof r->ignored - have, "%s%.64s", have ? "," : "", key);
-    if (n < 0 || (size_t)n >= sizeof r->ignored - have) /* truncated: end with "..." */
+    size_t kl = strlen(key);
+    int n = snprintf(r->ignored + have, sizeof r->ignored - have, "%s%.*s%s", have ? "," : "",
+                     kl > 64 ? 61 : (int)kl, key, kl > 64 ? "..." : "");
+    if (n < 0 || (size_t)n >= sizeof r->ignored - have)
         memcpy(r->ignored + sizeof r->ignored - 4, "...", 4);
 }
 
-/* options.<key> as a number in [lo, hi] (lo excluded when lo_open). */
+/* options.<key> as a sampler number in [lo, hi] (lo excluded when lo_open). */
 static int opt_number(json_t *v, const char *key, double lo, double hi, int lo_open,
                       const char *range, double *out, proto_error_t *err)
 {
-    if (json_is_number(v)) {
-        double d = json_number_value(v);
-        if ((lo_open ? d > lo : d >= lo) && d <= hi) {
-            *out = d;
-            return 0;
-        }
-    }
     char param[PROTO_ERROR_PARAM_MAX];
     px_paramf(param, "options.%s", key);
-    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param, "'%s' must be a number %s", param,
-                           range);
+    return px_sampler_number(v, param, lo, hi, lo_open, range, out, err);
 }
 
 static int opt_int(json_t *v, const char *key, int64_t lo, int64_t hi, const char *range,
@@ -69,10 +66,11 @@ static int opt_int(json_t *v, const char *key, int64_t lo, int64_t hi, const cha
         *out = json_integer_value(v);
         return 0;
     }
-    char param[PROTO_ERROR_PARAM_MAX];
+    char param[PROTO_ERROR_PARAM_MAX], got[PX_VALUE_TEXT_MAX];
     px_paramf(param, "options.%s", key);
-    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param, "'%s' must be an integer %s", param,
-                           range);
+    px_value_text(v, got);
+    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param,
+                           "'%s' must be an integer %s (got %s)", param, range, got);
 }
 
 static int opt_stop(json_t *v, proto_gen_params_t *p, proto_error_t *err)
@@ -128,7 +126,8 @@ static int parse_options(json_t *root, const proto_limits_t *lim, proto_ollama_r
         } else if (!strcmp(key, "min_p")) {
             rc = opt_number(v, key, 0, 1, 0, "between 0 and 1", &s->min_p, err);
         } else if (!strcmp(key, "repeat_penalty")) {
-            rc = opt_number(v, key, 0, DBL_MAX, 1, "greater than 0", &s->repeat_penalty, err);
+            rc = opt_number(v, key, 0, FLT_MAX, 1, PX_REPEAT_PENALTY_RANGE, &s->repeat_penalty,
+                            err);
         } else if (!strcmp(key, "presence_penalty")) {
             rc = opt_number(v, key, -2, 2, 0, "between -2 and 2", &s->presence_penalty, err);
         } else if (!strcmp(key, "frequency_penalty")) {
@@ -173,7 +172,10 @@ static int refuse_unless_empty(json_t *root, const char *key, const char *why, p
         (json_is_array(v) && json_array_size(v) == 0) ||
         (json_is_object(v) && json_object_size(v) == 0))
         return 0;
-    return proto_error_set(err, PROTO_ERR_UNSUPPORTED, key, "'%s' is not supported (%s)", key, why);
+    char got[PX_VALUE_TEXT_MAX];
+    px_value_text(v, got);
+    return proto_error_set(err, PROTO_ERR_UNSUPPORTED, key, "'%s' is not supported (%s; got %s)",
+                           key, why, got);
 }
 
 /* "format": "json" (any JSON object) or a JSON Schema object; "" is none.
@@ -387,10 +389,12 @@ int proto_ollama_parse(const char *body, size_t len, int chat, const proto_limit
         goto fail;
     if ((rc = parse_logprobs(root, out, err)) < 0)
         goto fail;
+    /* on both routes: /api/generate has no tools either, and a field
+     * darkserve cannot honour is refused, never ignored */
+    if ((rc = refuse_unless_empty(root, "tools", "darkserve has no tool calling", err)) < 0)
+        goto fail;
     if (chat) {
         if ((rc = parse_messages(root, &lim, out, err)) < 0)
-            goto fail;
-        if ((rc = refuse_unless_empty(root, "tools", "darkserve has no tool calling", err)) < 0)
             goto fail;
     } else if ((rc = parse_generate(root, &lim, out, err)) < 0) {
         goto fail;
@@ -526,7 +530,7 @@ char *proto_ollama_show_json(const proto_ollama_model_t *m, const proto_ollama_i
 {
     json_t *root = json_object(), *mi = json_object(), *caps = json_array();
     int bad = 0;
-    char key[160];
+    px_buf_t key = {0}; /* "<arch>.<name>": as long as the model's architecture name */
     const char *arch = in->arch ? in->arch : "";
     bad |= json_object_set_new(mi, "general.architecture", px_cstr_or_null(arch));
     bad |= json_object_set_new(mi, "general.name", px_cstr_or_null(in->name ? in->name : ""));
@@ -537,11 +541,14 @@ char *proto_ollama_show_json(const proto_ollama_model_t *m, const proto_ollama_i
     const int64_t vals[] = {in->n_ctx_train, in->n_embd,    in->n_ff,   in->n_layer,
                             in->n_head,      in->n_head_kv, in->n_vocab};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        snprintf(key, sizeof key, "%.64s.%s", arch, keys[i]);
-        bad |= json_object_set_new(mi, key, json_integer(vals[i]));
+        key.n = 0;
+        bad |= px_buf_printf(&key, "%s.%s", arch, keys[i]) < 0;
+        bad |= bad || json_object_set_new(mi, key.p, json_integer(vals[i]));
     }
-    snprintf(key, sizeof key, "%.64s.rope.freq_base", arch);
-    bad |= json_object_set_new(mi, key, px_real(in->rope_base, 0));
+    key.n = 0;
+    bad |= px_buf_printf(&key, "%s.rope.freq_base", arch) < 0;
+    bad |= bad || json_object_set_new(mi, key.p, px_real(in->rope_base, 0));
+    px_free(key.p);
     bad |= json_object_set_new(mi, "darkserve.attention",
                                px_cstr_or_null(in->attention ? in->attention : ""));
     if (in->system_fingerprint)

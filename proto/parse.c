@@ -85,8 +85,10 @@ void px_paramf(char *out, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(out, PROTO_ERROR_PARAM_MAX, fmt, ap);
+    int n = vsnprintf(out, PROTO_ERROR_PARAM_MAX, fmt, ap);
     va_end(ap);
+    if (n >= PROTO_ERROR_PARAM_MAX) /* cut: say so */
+        memcpy(out + PROTO_ERROR_PARAM_MAX - 4, "...", 4);
 }
 
 json_t *px_get(json_t *obj, const char *key)
@@ -95,24 +97,39 @@ json_t *px_get(json_t *obj, const char *key)
     return v && !json_is_null(v) ? v : NULL;
 }
 
-/* A number field in [lo, hi] (lo excluded when lo_open): 0 when read, 1 when
- * absent (out untouched), <0 on error (err set, naming key and range_text). */
+int px_sampler_number(json_t *v, const char *param, double lo, double hi, int lo_open,
+                      const char *range_text, double *out, proto_error_t *err)
+{
+    char got[PX_VALUE_TEXT_MAX];
+    px_value_text(v, got);
+    if (json_is_number(v)) {
+        double d = json_number_value(v);
+        float f = (float)d;
+        int lo_ok = lo_open ? d > lo : d >= lo;
+        int f_ok = isfinite(f) && (lo_open ? f > lo : f >= lo) && f <= hi;
+        if (lo_ok && d <= hi && f_ok) {
+            *out = d;
+            return 0;
+        }
+        if (lo_ok && d <= hi)
+            return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param,
+                                   "'%s' must be a number %s (got %s, which is %g as the "
+                                   "sampler's 32-bit float)",
+                                   param, range_text, got, (double)f);
+    }
+    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, param,
+                           "'%s' must be a number %s (got %s)", param, range_text, got);
+}
+
+/* A sampler number field: 0 when read, 1 when absent (out untouched), <0 on
+ * error (px_sampler_number). */
 static int px_read_number(json_t *obj, const char *key, double lo, double hi, int lo_open,
                           const char *range_text, double *out, proto_error_t *err)
 {
     json_t *v = px_get(obj, key);
     if (!v)
         return 1;
-    if (json_is_number(v)) {
-        double d = json_number_value(v);
-        int lo_ok = lo_open ? d > lo : d >= lo;
-        if (lo_ok && d <= hi) {
-            *out = d;
-            return 0;
-        }
-    }
-    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, key, "'%s' must be a number %s", key,
-                           range_text);
+    return px_sampler_number(v, key, lo, hi, lo_open, range_text, out, err);
 }
 
 int px_read_int(json_t *obj, const char *key, int64_t lo, int64_t hi, const char *range_text,
@@ -128,8 +145,10 @@ int px_read_int(json_t *obj, const char *key, int64_t lo, int64_t hi, const char
             return 0;
         }
     }
-    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, key, "'%s' must be an integer %s", key,
-                           range_text);
+    char got[PX_VALUE_TEXT_MAX];
+    px_value_text(v, got);
+    return proto_error_set(err, PROTO_ERR_INVALID_VALUE, key,
+                           "'%s' must be an integer %s (got %s)", key, range_text, got);
 }
 
 int px_read_prefix_id(json_t *obj, char *out, proto_error_t *err)
@@ -152,9 +171,12 @@ int px_read_bool(json_t *obj, const char *key, int *out, proto_error_t *err)
     json_t *v = px_get(obj, key);
     if (!v)
         return 1;
-    if (!json_is_boolean(v))
-        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, key, "'%s' must be a boolean",
-                               key);
+    if (!json_is_boolean(v)) {
+        char got[PX_VALUE_TEXT_MAX];
+        px_value_text(v, got);
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, key,
+                               "'%s' must be a boolean (got %s)", key, got);
+    }
     *out = json_is_true(v);
     return 0;
 }
@@ -630,7 +652,7 @@ static int parse_sampling(json_t *root, proto_sampling_t *s, proto_error_t *err)
         return rc;
     if ((rc = px_read_number(root, "min_p", 0, 1, 0, "between 0 and 1", &s->min_p, err)) < 0)
         return rc;
-    if ((rc = px_read_number(root, "repeat_penalty", 0, DBL_MAX, 1, "greater than 0",
+    if ((rc = px_read_number(root, "repeat_penalty", 0, FLT_MAX, 1, PX_REPEAT_PENALTY_RANGE,
                              &s->repeat_penalty, err)) < 0)
         return rc;
     if ((rc = px_read_number(root, "presence_penalty", -2, 2, 0, "between -2 and 2",

@@ -7,6 +7,7 @@
 #define DARKSERVE_PROTO_PROTO_IMPL_H
 
 #include <jansson.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,6 +32,11 @@ typedef struct px_buf {
 /* Appends bytes[0..size) to the px_buf_t `data` (a json_dump_callback_t).
  * 0, or -1 when out of memory (the buffer is then failed). */
 int px_buf_append(const char *bytes, size_t size, void *data);
+/* Appends the formatted text to b, whatever its length (the buffer grows;
+ * nothing is ever cut). 0, or -1 when out of memory or the format fails
+ * (the buffer is then failed). */
+int px_buf_printf(px_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int px_buf_vprintf(px_buf_t *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 /* ------------------------------------------------------------ UTF-8 */
 
@@ -49,8 +55,22 @@ char *px_dump(json_t *root);
 /* ----------------------------------------------------------- parsing */
 
 /* Formats a field path ("messages[3].content") into out[PROTO_ERROR_PARAM_MAX],
- * truncating silently: the path is for people, and real ones are far shorter. */
+ * a text too long ends with "..." (a cut is always marked; real paths are far shorter). */
 void px_paramf(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A client's value as error messages quote it ("(got 1e-300)"): compact
+ * JSON, a real in its shortest exact form, a text longer than the buffer
+ * cut and ending with "...". */
+#define PX_VALUE_TEXT_MAX 64
+void px_value_text(json_t *v, char out[PX_VALUE_TEXT_MAX]);
+
+/* v (non-NULL) as a number the sampler takes: in [lo, hi] (lo excluded
+ * when lo_open), checked on the value as a 32-bit float too (the sampler's
+ * type: 1e-300 is a double greater than 0 but a float 0, 1e300 a float
+ * infinity). 0 and *out, or 400 naming param and quoting the value given. */
+int px_sampler_number(json_t *v, const char *param, double lo, double hi, int lo_open,
+                      const char *range_text, double *out, proto_error_t *err);
+#define PX_REPEAT_PENALTY_RANGE "greater than 0 and at most 3.4e38"
 
 /* Loads body as one JSON object after checking depth. len == 0 gives an empty
  * object when allow_empty, else 400. Returns a new reference or NULL with err set

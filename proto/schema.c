@@ -33,18 +33,10 @@ static void sb_puts(sb_t *b, const char *s)
     sb_put(b, s, strlen(s));
 }
 
-/* Short formatted pieces only (names, numbers): longer output is a bug. */
-static void sb_printf(sb_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sb_t *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (k > 0)
-        sb_put(b, tmp, (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1);
-}
+/* Formatted text of any length (a tool grammar's list of alternatives
+ * grows with the tools): the buffer grows, or fails (sticky) and the
+ * conversion reports out of memory; nothing is ever cut. */
+#define sb_printf px_buf_printf
 
 static void sb_free(sb_t *b)
 {
@@ -82,8 +74,7 @@ typedef struct sx {
     json_t *root;
     sb_t out; /* the rules written so far */
     int n_rules;
-    char path[384];
-    size_t plen;
+    sb_t path; /* where the conversion is ("response_format.json_schema.schema.items") */
     const char *param;
     proto_error_t *err;
     int rc; /* the first error (0 = none) */
@@ -95,6 +86,7 @@ typedef struct sx {
 } sx_t;
 
 #define NAME_LEN 32
+#define PATH_SHOWN 200 /* bytes of a schema path a message shows (its end) */
 
 static int fail(sx_t *x, proto_errkind_t kind, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -105,9 +97,20 @@ static int fail(sx_t *x, proto_errkind_t kind, const char *fmt, ...)
     char msg[PROTO_ERROR_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (vsnprintf(msg, sizeof msg, fmt, ap) >= (int)sizeof msg)
+        memcpy(msg + sizeof msg - 4, "...", 4); /* a cut is marked */
     va_end(ap);
-    x->rc = proto_error_set(x->err, kind, x->param, "%s: %s", x->path, msg);
+    /* A path longer than a message can hold (long property names, deep
+     * nesting) is shown by its end, the part that names the place, and
+     * says that its start is left out. */
+    const char *path = x->path.p && !x->path.failed ? x->path.p : "";
+    size_t plen = strlen(path);
+    const char *cut = "";
+    if (plen > PATH_SHOWN) {
+        path += plen - PATH_SHOWN;
+        cut = "...";
+    }
+    x->rc = proto_error_set(x->err, kind, x->param, "%s%s: %s", cut, path, msg);
     return x->rc;
 }
 
@@ -118,23 +121,26 @@ static int oom(sx_t *x)
     return x->rc;
 }
 
+/* The path grows with the schema; a failed append (out of memory) fails
+ * the path (sticky), and fail() then shows none rather than a wrong one. */
 static size_t path_push(sx_t *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static size_t path_push(sx_t *x, const char *fmt, ...)
 {
-    size_t old = x->plen;
+    size_t old = x->path.n;
     va_list ap;
     va_start(ap, fmt);
-    int k = vsnprintf(x->path + x->plen, sizeof x->path - x->plen, fmt, ap);
+    px_buf_vprintf(&x->path, fmt, ap);
     va_end(ap);
-    if (k > 0)
-        x->plen += (size_t)k < sizeof x->path - x->plen ? (size_t)k : sizeof x->path - x->plen - 1;
     return old;
 }
 
 static void path_pop(sx_t *x, size_t old)
 {
-    x->plen = old;
-    x->path[old] = '\0';
+    if (x->path.failed || old > x->path.n)
+        return;
+    x->path.n = old;
+    if (x->path.p)
+        x->path.p[old] = '\0';
 }
 
 static int new_rule(sx_t *x)
@@ -1049,7 +1055,8 @@ static int conv_string(sx_t *x, json_t *s, sb_t *b)
     if (mx >= 0 && mx < mn)
         return fail(x, PROTO_ERR_INVALID_VALUE, "'maxLength' is less than 'minLength'");
     if (mn > 1000)
-        return fail(x, PROTO_ERR_UNSUPPORTED, "'minLength' above 1000 is not supported");
+        return fail(x, PROTO_ERR_UNSUPPORTED, "'minLength' is %lld; above 1000 is not supported",
+                    (long long)mn);
     if (mx > 1000)
         mx = 1000; /* a subset: at most 1000 characters */
     if (mx >= 0)
@@ -1156,8 +1163,8 @@ static int conv_map(sx_t *x, const obj_kw_t *o, sb_t *b)
     if (minp > 1)
         return fail(x, PROTO_ERR_UNSUPPORTED,
                     "'minProperties' above 1 without declared properties is not supported");
-    if (maxp > 1001)
-        maxp = -1;
+    if (maxp > PROTO_SCHEMA_MAX_COUNT)
+        maxp = PROTO_SCHEMA_MAX_COUNT; /* a subset: at most 1000 entries */
     x->need |= NEED_STRING;
     if (maxp == 0) {
         sb_puts(b, "\"{\" ws \"}\" ");
@@ -1359,6 +1366,11 @@ static int conv_array(sx_t *x, json_t *s, sb_t *b)
         return x->rc;
     if (mx >= 0 && mx < mn)
         return fail(x, PROTO_ERR_INVALID_VALUE, "'maxItems' is less than 'minItems'");
+    /* counts are written as grammar repetitions, whose bound is 1000 */
+    if (mn > PROTO_SCHEMA_MAX_COUNT || mx > PROTO_SCHEMA_MAX_COUNT)
+        return fail(x, PROTO_ERR_UNSUPPORTED, "'%s' is %lld; above %d is not supported",
+                    mn > PROTO_SCHEMA_MAX_COUNT ? "minItems" : "maxItems",
+                    (long long)(mn > PROTO_SCHEMA_MAX_COUNT ? mn : mx), PROTO_SCHEMA_MAX_COUNT);
     size_t k = prefix ? json_array_size(prefix) : 0;
     if (k > 64)
         return fail(x, PROTO_ERR_UNSUPPORTED, "more than 64 'prefixItems' are not supported");
@@ -1384,8 +1396,6 @@ static int conv_array(sx_t *x, json_t *s, sb_t *b)
             any_name(x, en);
         }
     }
-    if (e_min > 1001 || e_max > 1001)
-        return fail(x, PROTO_ERR_UNSUPPORTED, "'minItems'/'maxItems' above 1000 are not supported");
     if (k == 0) {
         if (e_max == 0) {
             sb_puts(b, "\"[\" ws \"]\" ");
@@ -1587,40 +1597,42 @@ static json_t *resolve(json_t *root, const char *ref)
         return NULL;
     json_t *cur = root;
     const char *p = ref + 1;
-    char tok[256];
-    while (*p) {
-        if (*p != '/')
-            return NULL;
+    sb_t tok = {0}; /* one segment, unescaped: as long as the name it spells */
+    while (cur && *p) {
+        if (*p != '/') {
+            cur = NULL;
+            break;
+        }
         p++;
-        size_t n = 0;
+        tok.n = 0;
+        sb_put(&tok, "", 0); /* an empty segment is the key "" */
         while (*p && *p != '/') {
             char c = *p++;
             if (c == '~') {
-                if (*p == '0')
-                    c = '~';
-                else if (*p == '1')
-                    c = '/';
-                else
-                    return NULL;
+                if (*p != '0' && *p != '1') {
+                    tok.failed = 1;
+                    break;
+                }
+                c = *p == '0' ? '~' : '/';
                 p++;
             }
-            if (n + 1 >= sizeof tok)
-                return NULL;
-            tok[n++] = c;
+            sb_put(&tok, &c, 1);
         }
-        tok[n] = '\0';
+        if (tok.failed) { /* a bad escape, or out of memory */
+            cur = NULL;
+            break;
+        }
         if (json_is_object(cur)) {
-            cur = json_object_get(cur, tok);
+            cur = json_object_getn(cur, tok.p, tok.n);
         } else if (json_is_array(cur)) {
             char *end;
-            long i = strtol(tok, &end, 10);
-            cur = (*end || n == 0 || i < 0) ? NULL : json_array_get(cur, (size_t)i);
+            long i = strtol(tok.p, &end, 10);
+            cur = (*end || tok.n == 0 || i < 0) ? NULL : json_array_get(cur, (size_t)i);
         } else {
-            return NULL;
+            cur = NULL;
         }
-        if (!cur)
-            return NULL;
     }
+    sb_free(&tok);
     return cur;
 }
 
@@ -1668,7 +1680,7 @@ static int conv_ref(sx_t *x, json_t *s, char name[NAME_LEN])
     x->refs[me].guard = x->guard;
     char tn[NAME_LEN];
     /* messages inside the target name the reference they came through */
-    size_t old = path_push(x, "(%.100s)", ref);
+    size_t old = path_push(x, "(%s)", ref);
     int rc = conv(x, target, tn);
     path_pop(x, old);
     x->refs[me].busy = 0;
@@ -1789,6 +1801,7 @@ static int finish(sx_t *x, const char *root_name, char **out, size_t *out_len)
 static void sx_free(sx_t *x)
 {
     sb_free(&x->out);
+    sb_free(&x->path);
     for (int i = 0; i < x->n_refs; i++)
         px_free(x->refs[i].ptr);
 }
@@ -1860,11 +1873,15 @@ int proto_schema_tools_grammar(const proto_schema_fn_t *fns, size_t n, int max_c
             rc = conv(x, fns[i].parameters, args);
         if (rc < 0)
             break;
-        sb_t body = {0};
-        char head[PROTO_MAX_TOOL_NAME + 48];
-        int hn = snprintf(head, sizeof head,
-                          "{\"name\": \"%.*s\", \"arguments\": ", PROTO_MAX_TOOL_NAME, fns[i].name);
-        lit(&body, head, (size_t)hn);
+        sb_t body = {0}, head = {0};
+        sb_printf(&head, "{\"name\": \"%s\", \"arguments\": ", fns[i].name);
+        if (head.failed) {
+            sb_free(&head);
+            rc = oom(x);
+            break;
+        }
+        lit(&body, head.p, head.n);
+        sb_free(&head);
         sb_printf(&body, " %s \"}\"", args);
         int id = add_rule(x, &body);
         if (id < 0) {
@@ -1880,12 +1897,13 @@ int proto_schema_tools_grammar(const proto_schema_fn_t *fns, size_t n, int max_c
             rc = oom(x);
     }
     if (rc == 0) {
-        char root[64];
+        sb_t root = {0};
         if (max_calls > 1)
-            snprintf(root, sizeof root, "call ( \"\\n\" call ){0,%d}", max_calls - 1);
+            sb_printf(&root, "call ( \"\\n\" call ){0,%d}", max_calls - 1);
         else
-            snprintf(root, sizeof root, "call");
-        rc = finish(x, root, out, out_len);
+            sb_puts(&root, "call");
+        rc = root.failed ? oom(x) : finish(x, root.p, out, out_len);
+        sb_free(&root);
     }
     sb_free(&alts);
     sx_free(x);

@@ -29,6 +29,8 @@
 #define PROTO_SCHEMA_INT_DIGITS 15 /* digits of an integer part without a bound */
 #define PROTO_SCHEMA_FRAC_DIGITS 6 /* digits after the decimal point */
 #define PROTO_SCHEMA_WS_MAX 16     /* spaces or tabs after a newline between tokens */
+/* minItems, maxItems (above: 400); maxProperties of a map (above: taken as 1000) */
+#define PROTO_SCHEMA_MAX_COUNT 1000
 
 /* Converts schema (borrowed) into grammar text. `path` names the schema in
  * messages ("response_format.json_schema.schema"), `param` is the error's

@@ -209,6 +209,8 @@ int px_parse_tools(json_t *root, proto_chat_req_t *r, proto_error_t *err)
         goto done;
     /* every schema through the converter, whatever the choice: one that
      * cannot be honoured is refused even when no call is forced now */
+    /* "tools[127].function.parameters" is 30 bytes: n <= PROTO_MAX_TOOLS fits */
+    _Static_assert(PROTO_MAX_TOOLS < 1000000, "tool paths fit 48 bytes");
     char(*pth)[48] = px_malloc(n * sizeof *pth);
     if (!pth) {
         rc = proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
@@ -230,13 +232,32 @@ int px_parse_tools(json_t *root, proto_chat_req_t *r, proto_error_t *err)
         px_free(pth);
         goto done;
     }
+    /* Each function alone, so that a refusal names the function it is
+     * about and so that tools which are not forced are not bounded by the
+     * size of a grammar of all of them together (never built for them). */
     char *g = NULL;
     size_t gl = 0;
-    rc = proto_schema_tools_grammar(fns, n, max_calls, &g, &gl, err);
-    if (rc == 0 && r->tool_choice == PROTO_TOOL_CHOICE_NAMED) {
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        rc = proto_schema_tools_grammar(&fns[i], 1, 1, &g, &gl, err);
         px_free(g);
         g = NULL;
-        rc = proto_schema_tools_grammar(&fns[r->tool_named], 1, max_calls, &g, &gl, err);
+    }
+    if (rc == 0 && forced) {
+        const size_t first = r->tool_choice == PROTO_TOOL_CHOICE_NAMED ? r->tool_named : 0;
+        const size_t count = r->tool_choice == PROTO_TOOL_CHOICE_NAMED ? 1 : n;
+        rc = proto_schema_tools_grammar(&fns[first], count, max_calls, &g, &gl, err);
+        if (rc == PROTO_EINVAL && count > 1) {
+            /* every function fits alone: the bound met is that of all
+             * of them in one grammar */
+            char what[PROTO_ERROR_MSG_MAX];
+            snprintf(what, sizeof what, "%s", err->message);
+            rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, "tools",
+                                 "'tool_choice' 'required' constrains the answer to calls of "
+                                 "any of the %zu tools, and the grammar of all of them together "
+                                 "is over a bound (%s); use fewer or smaller tools, or name one "
+                                 "function in 'tool_choice'",
+                                 n, what);
+        }
     }
     px_free(pth);
     if (rc == 0 && forced) {

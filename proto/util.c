@@ -1,6 +1,9 @@
 /* proto/util.c — memory through jansson's allocator, UTF-8 validation and
  * repair, and the small JSON-building helpers every response builder uses. */
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "proto/proto_impl.h"
@@ -214,6 +217,66 @@ int px_buf_append(const char *bytes, size_t size, void *data)
     d->n += size;
     d->p[d->n] = '\0';
     return 0;
+}
+
+int px_buf_vprintf(px_buf_t *b, const char *fmt, va_list ap)
+{
+    char small[256];
+    va_list again;
+    va_copy(again, ap);
+    int k = vsnprintf(small, sizeof small, fmt, ap);
+    int rc = -1;
+    if (k >= 0 && !b->failed) {
+        if ((size_t)k < sizeof small) {
+            rc = px_buf_append(small, (size_t)k, b);
+        } else {
+            /* longer than the stack buffer: format again into memory of its size */
+            char *big = px_malloc((size_t)k + 1);
+            if (big && vsnprintf(big, (size_t)k + 1, fmt, again) == k)
+                rc = px_buf_append(big, (size_t)k, b);
+            px_free(big);
+        }
+    }
+    va_end(again);
+    if (rc < 0)
+        b->failed = 1;
+    return rc;
+}
+
+int px_buf_printf(px_buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = px_buf_vprintf(b, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+void px_value_text(json_t *v, char out[PX_VALUE_TEXT_MAX])
+{
+    if (json_is_real(v)) {
+        /* the shortest form that reads back as the same double: 1e-300,
+         * not 1.0000000000000001e-300 */
+        double d = json_real_value(v);
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(out, PX_VALUE_TEXT_MAX, "%.*g", prec, d);
+            if (strtod(out, NULL) == d)
+                return;
+        }
+        return;
+    }
+    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!t) {
+        snprintf(out, PX_VALUE_TEXT_MAX, "%s", "(a value)");
+        return;
+    }
+    size_t n = strlen(t);
+    if (n < PX_VALUE_TEXT_MAX)
+        memcpy(out, t, n + 1);
+    else /* a long value is shown by its start, and says so */
+        snprintf(out, PX_VALUE_TEXT_MAX, "%.*s...", PX_VALUE_TEXT_MAX - 4, t);
+    /* jansson's allocator: json_dumps' text is freed like its other memory */
+    px_free(t);
 }
 
 char *px_dump(json_t *root)

@@ -5,6 +5,7 @@
  * grammars themselves are run by core in test_srv_schema.c.)
  */
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,7 +73,7 @@ TEST(refusals_name_keyword_and_path)
         {"{\"type\":\"string\",\"pattern\":\"ab)\"}", "an unbalanced ')'"},
         {"{\"type\":\"string\",\"pattern\":\"[z-a]\"}", "a reversed range"},
         {"{\"type\":\"string\",\"pattern\":\"*a\"}", "nothing to repeat"},
-        {"{\"type\":\"string\",\"minLength\":5000}", "'minLength' above 1000"},
+        {"{\"type\":\"string\",\"minLength\":5000}", "'minLength' is 5000; above 1000"},
         {"{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", "less than 'minLength'"},
         {"{\"type\":\"string\",\"maxLength\":-1}", "'maxLength' must be a non-negative integer"},
         {"{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}", "no integer satisfies the bounds"},
@@ -207,11 +208,103 @@ TEST(grammar_shapes)
     proto_free(g);
 }
 
+/* Counts of items are written as grammar repetitions (at most 1000): a
+ * count above is refused with the keyword and the value given, 1000 itself
+ * is written. maxProperties of a map above 1000 writes at most 1000. */
+TEST(item_counts_are_bounded_exactly)
+{
+    char *g;
+    proto_error_t e;
+    static const struct {
+        const char *schema, *msg;
+    } c[] = {
+        {"{\"type\":\"array\",\"maxItems\":1001}", "S: 'maxItems' is 1001; above 1000"},
+        {"{\"type\":\"array\",\"minItems\":1001}", "S: 'minItems' is 1001; above 1000"},
+        {"{\"type\":\"array\",\"prefixItems\":[{}],\"maxItems\":1001}", "'maxItems' is 1001"},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"array\",\"minItems\":5000}}",
+         "S.items: 'minItems' is 5000"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        CHECK_MSG(convert(c[i].schema, &g, &e) == PROTO_EINVAL, "%s", c[i].schema);
+        CHECK_MSG(strstr(e.message, c[i].msg) != NULL, "%s: %s", c[i].schema, e.message);
+        CHECK_INT_EQ(e.status, 400);
+        CHECK_STR_EQ(e.param, "param");
+    }
+    CHECK(convert("{\"type\":\"array\",\"minItems\":1000,\"maxItems\":1000}", &g, &e) == 0);
+    CHECK(g && strstr(g, "{999,999}"));
+    proto_free(g);
+    CHECK(convert("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"null\"},"
+                  "\"maxProperties\":5000}",
+                  &g, &e) == 0);
+    CHECK(g && strstr(g, "{0,999}"));
+    proto_free(g);
+}
+
+/* Every text the converter formats grows with its input: a tool grammar's
+ * list of alternatives (once cut at 256 bytes, so 37 tools made a broken
+ * line), a long property name in a message's path, a $ref to a long name. */
+TEST(formatting_never_cuts)
+{
+    enum { N = 128 }; /* PROTO_MAX_TOOLS */
+    proto_schema_fn_t fns[N];
+    char names[N][16];
+    json_t *params = json_pack("{s:s,s:{s:{s:s}}}", "type", "object", "properties", "a", "type",
+                               "string");
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "fn_%d", i);
+        fns[i] = (proto_schema_fn_t){names[i], params, "tools"};
+    }
+    char *g = NULL;
+    size_t n = 0;
+    proto_error_t e;
+    CHECK(proto_schema_tools_grammar(fns, N, 1, &g, &n, &e) == 0);
+    /* each line is one rule: a name, " ::= ", its body */
+    int lines = 0, ok = 1;
+    for (const char *l = g; l && *l; lines++) {
+        const char *nl = strchr(l, '\n');
+        const char *def = strstr(l, " ::= ");
+        ok &= nl && def && def < nl;
+        l = nl ? nl + 1 : l + strlen(l);
+    }
+    CHECK_MSG(ok && lines > N, "%d lines", lines);
+    /* the call rule names every function's rule */
+    const char *call = g ? strstr(g, "call ::= ") : NULL;
+    const char *end = call ? strchr(call, '\n') : NULL;
+    int alts = 0;
+    for (const char *p = call; p && p < end; p++)
+        alts += *p == '|';
+    CHECK_INT_EQ(alts, N - 1);
+    proto_free(g);
+    json_decref(params);
+
+    /* a path of a long property name: its end is shown, marked as cut */
+    char name[1200];
+    memset(name, 'k', sizeof name - 1);
+    name[sizeof name - 1] = '\0';
+    json_t *s = json_pack("{s:s,s:{s:{s:i}}}", "type", "object", "properties", name,
+                          "multipleOf", 2);
+    CHECK(proto_schema_grammar(s, "S", "param", &g, &n, &e) == PROTO_EINVAL);
+    CHECK_MSG(strncmp(e.message, "...", 3) == 0 && strstr(e.message, "kkk: 'multipleOf'"),
+              "%s", e.message);
+    json_decref(s);
+    /* a $ref to a name longer than any fixed buffer resolves */
+    s = json_pack("{s:{s:{s:s}}}", "$defs", name, "type", "null");
+    char ref[1300];
+    snprintf(ref, sizeof ref, "#/$defs/%s", name);
+    json_object_set_new(s, "$ref", json_string(ref));
+    CHECK_MSG(proto_schema_grammar(s, "S", "param", &g, &n, &e) == 0, "%s", e.message);
+    CHECK(g && strstr(g, "\"null\""));
+    proto_free(g);
+    json_decref(s);
+}
+
 int main(void)
 {
     RUN(refusals_name_keyword_and_path);
     RUN(annotations_and_unknown_keywords_are_ignored);
     RUN(bounds);
     RUN(grammar_shapes);
+    RUN(item_counts_are_bounded_exactly);
+    RUN(formatting_never_cuts);
     return CHECK_DONE();
 }
