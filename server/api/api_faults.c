@@ -31,6 +31,14 @@
  *            the same, and reading a session file back waits while the
  *            file still says so (as with stall): a test sees which thread
  *            reads (the loop must keep answering), then lets it through
+ *   kill-at N
+ *            the process kills itself (SIGKILL, as kill -9 would) right
+ *            before the Nth operation that changes the session directory
+ *            (each create, write, link, rename and unlink the store's fault
+ *            points see, counted from the first one in this mode; reads do
+ *            not count), after logging which one: a test crashes a store
+ *            change at each of its steps in turn and checks what a restart
+ *            finds (tests/integration/test_store_crash.py)
  *   anything else, or no file: normal operation.
  * Reading a small file per operation costs microseconds next to the fsync
  * that follows; without the variable nothing is installed.
@@ -40,6 +48,8 @@
 #include "server/base/log.h"
 
 #include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,24 +57,51 @@
 #include <unistd.h>
 
 static char fault_path[1024];
+static atomic_long kill_points; /* operations counted in kill-at mode so far */
 
-/* The file's first word into mode[32] ("" when none). */
-static void fault_mode(char mode[32])
+/* The file's first word into mode[32] ("" when none), and the number after
+ * it into *arg when arg is not NULL (0 when none). */
+static void fault_mode_arg(char mode[32], long *arg)
 {
     mode[0] = '\0';
+    if (arg)
+        *arg = 0;
     FILE *f = fopen(fault_path, "r");
     if (!f)
         return;
+    char num[32];
     if (fscanf(f, "%31s", mode) != 1)
         mode[0] = '\0';
+    else if (arg && fscanf(f, "%31s", num) == 1)
+        *arg = strtol(num, NULL, 10);
     fclose(f);
+}
+
+static void fault_mode(char mode[32])
+{
+    fault_mode_arg(mode, NULL);
+}
+
+/* kill-at N: the Nth counted operation does not happen, nor anything after
+ * it. The log line is written whole before the signal (one write(2)). */
+static void kill_at(const char *op, long n)
+{
+    long k = atomic_fetch_add(&kill_points, 1) + 1;
+    if (n > 0 && k >= n) {
+        SRV_LOG(SRV_LOG_WARN, NULL, "kill-at %ld: killing the process before store operation %ld (%s)",
+                n, k, op);
+        raise(SIGKILL);
+    }
 }
 
 static int fault_op(const char *op, void *ud)
 {
     (void)ud;
     char mode[32];
-    fault_mode(mode);
+    long arg = 0;
+    fault_mode_arg(mode, &arg);
+    if (strcmp(mode, "kill-at") == 0 && strcmp(op, "read") != 0)
+        kill_at(op, arg);
     if (strcmp(mode, "enospc") == 0 && strcmp(op, "write") == 0)
         return ENOSPC;
     if (strcmp(mode, "erofs") == 0 && strcmp(op, "write") != 0 && strcmp(op, "read") != 0)

@@ -234,7 +234,7 @@ void srv_sess_refresh(srv_store_t *st, srv_session_t *s)
     s->tokens = srv_sess_ctx_tokens(&s->ctx);
     s->state_bytes =
         core_state_size(s->ctx.state, s->ctx.sampler, s->ctx.n_pending,
-                        OWNER_BYTES_V3 + 4 * s->n_last_in + 8 + s->pg_text + s->pg_reply);
+                        srv_sess_owner_bytes(s->n_last_in, s->pg_text + s->pg_reply, s->gen));
 }
 
 /* Caller holds mu. Frees a session's context and its accounting (not n_mem
@@ -503,8 +503,9 @@ int srv_store_new(const srv_store_opts_t *o, srv_store_t **out, char *err, size_
         max_blob_bytes(core_attn_config(st->attn), CORE_STATE_MAX_PENDING, CORE_STATE_MAX_OWNER);
     const int use_dir = o->dir && o->dir[0] && !st->be;
     st->max_ckpt = use_dir ? o->max_checkpoints : 0;
-    st->max_ckpt_blob = max_blob_bytes(core_attn_config(st->attn), CKPT_PENDING_MAX,
-                                       OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX);
+    st->max_ckpt_blob =
+        max_blob_bytes(core_attn_config(st->attn), CKPT_PENDING_MAX,
+                       srv_sess_owner_bytes(SRV_TURN_INPUT_MAX, SRV_PENDING_GRAMMAR_MAX, 1));
     /* a shared store keeps no checkpoints but takes the export of a
      * directory store that has them (it keeps the state, not them) */
     const size_t ck_bound = st->be && o->max_checkpoints <= SRV_STORE_MAX_CHECKPOINTS
@@ -591,7 +592,7 @@ int srv_store_create(srv_store_t *st, srv_session_t **out, char *err, size_t err
     st->mem_bytes += s->mem_bytes;
     st->n_mem++;
     s->tokens = 0;
-    s->state_bytes = core_state_size(s->ctx.state, s->ctx.sampler, 0, OWNER_BYTES_V3);
+    s->state_bytes = core_state_size(s->ctx.state, s->ctx.sampler, 0, srv_sess_owner_bytes(0, 0, 0));
     pthread_mutex_unlock(&st->mu);
     *out = s;
     return 0;
@@ -633,8 +634,13 @@ static int bring_in(srv_store_t *st, srv_session_t *s, char *err, size_t errlen)
         s->turn_open = m.o.turn_open;
         s->has_chat = m.o.has_chat;
         s->turns = m.o.turns;
-        while (s->n_ckpt && s->ckpt[s->n_ckpt - 1].turn >= s->turns)
-            srv_sess_ckpt_drop_from(st, s, s->n_ckpt - 1);
+        s->gen = m.o.gen;
+        if (s->gen > s->gen_used)
+            s->gen_used = s->gen;
+        /* checkpoints the file does not reach, as at startup */
+        for (size_t k = s->n_ckpt; k-- > 0;)
+            if (s->ckpt[k].turn >= s->turns || s->ckpt[k].gen != s->gen)
+                srv_sess_ckpt_drop_from(st, s, k);
     }
     s->last_flags = m.o.last_flags;
     s->last_in = m.in;
@@ -716,7 +722,7 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist, char *err,
     char link_as[CKPT_NAME_MAX];
     int want_link = write && s->in_turn && s->turn_link, linked = 0;
     if (want_link)
-        srv_sess_ckpt_name(link_as, s->id, s->turns0);
+        srv_sess_ckpt_name(link_as, s->id, s->turns0, s->gen);
     if (write) {
         rc = srv_sess_serialize(st, s, &buf, &len, err, errlen);
         if (rc == 0 && st->be)
@@ -737,7 +743,7 @@ int srv_store_release(srv_store_t *st, srv_session_t *s, int persist, char *err,
         if (rc == 0) {
             srv_sess_disk_written(st, s, len);
             s->dirty = 0;
-            if (linked && srv_sess_ckpt_add(st, s, s->turns0, s->tokens0, file0, err, errlen) < 0)
+            if (linked && srv_sess_ckpt_add(st, s, s->turns0, s->tokens0, file0, s->gen, err, errlen) < 0)
                 unlinkat(st->dirfd, link_as, 0);
             srv_sess_ckpt_prune(st, s);
         } else {

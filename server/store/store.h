@@ -67,9 +67,23 @@
  * does not hold its state (a write failed) gets no checkpoint. Memory-only
  * stores keep no checkpoints. A fork starts with none; an export carries
  * them (core/state.h version 2) and an import replaces the session's with
- * the blob's. After a crash, the files of checkpoints the session's file
- * does not reach (turns at or past its count, or older than the newest
- * max_checkpoints) are deleted at startup.
+ * the blob's.
+ *
+ * ## Crashes
+ * Every change is atomic across a crash (kill -9 included): after a
+ * restart a session is as it was before the change or as the change left
+ * it, its checkpoints included. A change writes everything new under names
+ * no current file has, then one rename makes it the session's (a turn: the
+ * new file over the old one, which a link kept as the turn's checkpoint; a
+ * rollback: the checkpoint over the session file; a fork: the new
+ * session's file), and what the old state leaves behind is deleted after
+ * that rename. An import replaces the whole set of checkpoints: it writes
+ * the blob's under a new checkpoint generation ("<id>.<turns>.<generation>"
+ * instead of "<id>.<turns>"; the session file names its generation), then
+ * renames the new session file into place. At startup the files a crash
+ * left are deleted: temp files, checkpoints of no session, of another
+ * generation than their session file's, at or past its turn count, or
+ * older than the newest max_checkpoints.
  *
  * ## Owners
  * A session may carry an owner tag: "" (none) or 32 lowercase hex chars
@@ -280,11 +294,15 @@ int srv_store_export(srv_store_t *st, const char *id, void **blob, size_t *len, 
                      size_t errlen);
 /* Replaces the state of existing session id (not busy) by blob (borrowed,
  * len bytes), validated by core_state_load (and its pending tokens against
- * the vocabulary): a blob for another model or attention configuration, or a
- * damaged one, is SRV_STORE_EMISMATCH with the reason in err[errlen] (err
- * may be NULL) and the session keeps its previous state. turn_open/has_chat
- * come from the blob, created stays. Then written (EIO / ENOSPACE on a write
- * error: the session keeps its previous state, its file). */
+ * the vocabulary, its pending grammar and reply against each other, and
+ * likewise each checkpoint it carries): a blob for another model or
+ * attention configuration, or a damaged one, is SRV_STORE_EMISMATCH with the
+ * reason in err[errlen] (err may be NULL) and the session keeps its previous
+ * state. turn_open/has_chat come from the blob, created and the owner tag
+ * stay. The blob's checkpoints (the newest max_checkpoints) replace the
+ * session's, atomically with the state (see "Crashes"). Then written (EIO /
+ * ENOSPACE on a write error, of the state or of any checkpoint: the session
+ * keeps its previous state, its file and its checkpoints). */
 int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t len, char *err,
                      size_t errlen);
 /* Deletes sessions (memory and file) not used for ttl_s seconds before now

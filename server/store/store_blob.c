@@ -19,6 +19,7 @@
 
 #include "core/le.h"
 #include "core/state.h"
+#include "core/text/grammar.h"
 
 /* ---- the owner section ---- */
 
@@ -47,6 +48,7 @@ int srv_sess_owner_parse(const void *p, size_t n, owner_t *o)
     int64_t turns = 0;
     unsigned lf = 0;
     size_t n_in = 0, pg_t = 0, pg_r = 0;
+    uint64_t gen = 0;
     if (v >= 3u) {
         turns = (int64_t)core_le_get_u64(b + OWNER_BYTES_V2);
         lf = core_le_get_u32(b + OWNER_BYTES_V2 + 8);
@@ -64,6 +66,12 @@ int srv_sess_owner_parse(const void *p, size_t n, owner_t *o)
                 (!pg_t && pg_r))
                 return -1;
             end += 8 + pg_t + pg_r;
+        }
+        if (v >= 5u) {
+            if (n < end + 8)
+                return -1;
+            gen = core_le_get_u64(b + end);
+            end += 8;
         }
         if (n != end)
             return -1;
@@ -84,7 +92,13 @@ int srv_sess_owner_parse(const void *p, size_t n, owner_t *o)
     o->pg = pg_t ? b + OWNER_BYTES_V3 + 4 * n_in + 8 : NULL;
     o->pg_text = pg_t;
     o->pg_reply = pg_r;
+    o->gen = gen;
     return 0;
+}
+
+size_t srv_sess_owner_bytes(size_t n_in, size_t pg_len, uint64_t gen)
+{
+    return OWNER_BYTES_V3 + 4 * n_in + 8 + pg_len + (gen ? 8 : 0);
 }
 
 /* The metadata of session s as its file holds it (borrowing s's input). */
@@ -98,7 +112,8 @@ owner_t srv_sess_owner_of(const srv_session_t *s)
                  .last_flags = s->last_flags,
                  .pg = s->pg,
                  .pg_text = s->pg ? s->pg_text : 0,
-                 .pg_reply = s->pg ? s->pg_reply : 0};
+                 .pg_reply = s->pg ? s->pg_reply : 0,
+                 .gen = s->gen};
     memcpy(o.owner, s->owner, sizeof o.owner);
     return o;
 }
@@ -114,11 +129,12 @@ static int serialize_meta(const srv_store_t *st, const char *id, const owner_t *
                           size_t *len, char *err, size_t errlen)
 {
     const size_t pg_len = o->pg ? o->pg_text + o->pg_reply : 0;
-    size_t ol = OWNER_BYTES_V3 + 4 * n_in + 8 + pg_len;
+    size_t ol = srv_sess_owner_bytes(n_in, pg_len, o->gen);
     unsigned char *own = malloc(ol);
     if (!own)
         return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "session %s: out of memory", id);
-    core_le_put_u32(own, OWNER_VERSION);
+    /* generation 0 is a version 4 section, as servers before generations wrote */
+    core_le_put_u32(own, o->gen ? OWNER_VERSION : 4u);
     core_le_put_u32(own + 4, (uint32_t)(o->turn_open ? 1 : 0) | (uint32_t)(o->has_chat ? 2 : 0));
     core_le_put_u64(own + 8, (uint64_t)o->created);
     core_le_put_u64(own + 16, (uint64_t)o->last_used);
@@ -134,6 +150,8 @@ static int serialize_meta(const srv_store_t *st, const char *id, const owner_t *
     core_le_put_u32(pgp + 4, (uint32_t)(pg_len ? o->pg_reply : 0));
     if (pg_len)
         memcpy(pgp + 8, o->pg, pg_len);
+    if (o->gen)
+        core_le_put_u64(pgp + 8 + pg_len, o->gen);
     core_state_desc_t d = {.fingerprint = st->fp,
                            .state = c->state,
                            .sampler = c->sampler,
@@ -317,7 +335,7 @@ static int export_parts(srv_store_t *st, srv_session_t *s, core_state_part_t *pa
     *n = 0;
     for (size_t k = 0; k < s->n_ckpt; k++) {
         char name[CKPT_NAME_MAX];
-        srv_sess_ckpt_name(name, s->id, s->ckpt[k].turn);
+        srv_sess_ckpt_name(name, s->id, s->ckpt[k].turn, s->ckpt[k].gen);
         unsigned char *b = NULL;
         size_t l = 0;
         int rc = srv_sess_read_file(st, name, &b, &l, err, errlen);
@@ -419,11 +437,51 @@ static int blob_owner(const unsigned char *b, size_t len, owner_t *o)
     return srv_sess_owner_parse(b + in.owner_off, in.owner_len, o);
 }
 
+/* Checks a pending grammar that a client's blob carries: it compiles, and
+ * its reply so far follows it, as a later generate with continue_grammar
+ * needs (that request would fail with an internal error otherwise). No
+ * vocabulary: only the text is checked here, as the generate checks it.
+ * EMISMATCH saying which, ENOMEM. */
+int srv_sess_owner_pg_check(const owner_t *o, char *err, size_t errlen)
+{
+    if (!o->pg)
+        return 0;
+    core_error_t e = {0};
+    core_grammar_t *g = NULL;
+    core_grammar_state_t gs = {0};
+    core_grammar_ws_t *ws = NULL;
+    int compiled = 0;
+    int rc = core_grammar_new((const char *)o->pg, o->pg_text, NULL, NULL, &g, &e);
+    if (rc == 0)
+        rc = core_grammar_state_init(&gs, g, &e);
+    if (rc == 0) {
+        compiled = 1;
+        ws = core_grammar_ws_new();
+        rc = ws ? core_grammar_accept_bytes(&gs, ws, o->pg + o->pg_text, o->pg_reply, &e)
+                : CORE_ENOMEM;
+    }
+    core_grammar_ws_free(ws);
+    core_grammar_state_clear(&gs);
+    core_grammar_free(g);
+    if (rc == CORE_ENOMEM)
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory checking a pending grammar");
+    if (rc < 0 && !compiled)
+        return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH,
+                          "the pending grammar (%zu bytes) is not a valid grammar: %s",
+                          o->pg_text, e.msg);
+    if (rc < 0)
+        return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH,
+                          "the pending reply (%zu bytes) does not follow the pending grammar: %s",
+                          o->pg_reply, e.msg);
+    return 0;
+}
+
 /* Checks the checkpoints of an imported blob (which core_state_verify
  * accepted) before anything changes: each loads (payload and pending
  * tokens checked) into scratch, names its turn count, the counts rise and
- * stay below the blob's own (turns). *first = the first of the newest
- * max_ckpt, which are kept. EMISMATCH with the reason. */
+ * stay below the blob's own (turns), and a pending grammar follows its
+ * grammar. *first = the first of the newest max_ckpt, which are kept.
+ * EMISMATCH with the reason. */
 static int import_check(srv_store_t *st, const unsigned char *blob, size_t len, int64_t turns,
                         srv_seq_ctx_t *scratch, size_t *first, char *err, size_t errlen)
 {
@@ -441,6 +499,8 @@ static int import_check(srv_store_t *st, const unsigned char *blob, size_t len, 
         if (core_state_checkpoint(blob, len, i, &p, &pl, &e) < 0)
             return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH, "checkpoint %zu: %s", i, e.msg);
         int rc = restore(st, p, pl, scratch, &o, &have, err, errlen);
+        if (rc == 0 && have)
+            rc = srv_sess_owner_pg_check(&o, err, errlen);
         if (rc < 0) {
             char msg[SRV_STORE_ERR_MAX];
             snprintf(msg, sizeof msg, "%s", err && errlen ? err : "");
@@ -461,55 +521,91 @@ static int import_check(srv_store_t *st, const unsigned char *blob, size_t len, 
     return 0;
 }
 
-/* Writes the imported blob's checkpoints from index first on as s's
- * checkpoint files, with s's owner tag and creation time (s held, its old
- * checkpoints gone). A checkpoint that cannot be written is left out, with
- * the ones after it. */
-static void import_write(srv_store_t *st, srv_session_t *s, const unsigned char *blob, size_t len,
-                         size_t first, srv_seq_ctx_t *scratch)
+/* A checkpoint file an import wrote. */
+typedef struct staged {
+    int64_t turn, tokens;
+    size_t bytes;
+} staged_t;
+
+/* Deletes the checkpoint files an import wrote, out[n] of generation gen:
+ * the import did not happen. Best effort: a file left behind is of a
+ * generation no session file has, which startup deletes. */
+static void import_unstage(srv_store_t *st, const char *id, const staged_t *out, size_t n,
+                           uint64_t gen)
+{
+    for (size_t i = 0; i < n; i++) {
+        char name[CKPT_NAME_MAX];
+        srv_sess_ckpt_name(name, id, out[i].turn, gen);
+        unlinkat(st->dirfd, name, 0);
+    }
+}
+
+/* Writes the imported blob's checkpoints from index first on as files of
+ * session s (held) under generation gen, whose names no file of s's has,
+ * with s's owner tag and creation time: out[*n] (caller-owned, room for
+ * every checkpoint) lists them. On an error the files written so far are
+ * deleted again and the error is returned: the import is all or nothing. */
+static int import_stage(srv_store_t *st, const srv_session_t *s, const unsigned char *blob,
+                        size_t len, size_t first, uint64_t gen, srv_seq_ctx_t *scratch,
+                        staged_t *out, size_t *n, char *err, size_t errlen)
 {
     core_state_info_t in;
+    *n = 0;
     if (core_state_peek(blob, len, &in, NULL) < 0)
-        return;
-    for (size_t i = first; i < in.n_checkpoints; i++) {
+        return STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH, "the state blob is damaged");
+    int rc = 0;
+    for (size_t i = first; rc == 0 && i < in.n_checkpoints; i++) {
         const void *p = NULL;
         size_t pl = 0, wl = 0;
         owner_t o;
         int have = 0;
         unsigned char *buf = NULL;
         int32_t *ids = NULL;
+        /* import_check loaded each of them already: only memory can fail here */
         if (core_state_checkpoint(blob, len, i, &p, &pl, NULL) < 0 ||
-            restore(st, p, pl, scratch, &o, &have, NULL, 0) < 0 || !have ||
-            owner_input(&o, &ids, NULL, 0) < 0)
-            return;
+            (rc = restore(st, p, pl, scratch, &o, &have, err, errlen)) < 0 || !have ||
+            (rc = owner_input(&o, &ids, err, errlen)) < 0) {
+            rc = rc < 0 ? rc : STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH,
+                                          "checkpoint %zu of the state blob is damaged", i);
+            break;
+        }
         memcpy(o.owner, s->owner, sizeof o.owner);
         o.created = s->created;
+        o.gen = gen;
         char name[CKPT_NAME_MAX];
-        srv_sess_ckpt_name(name, s->id, o.turns);
-        int rc = serialize_meta(st, s->id, &o, ids, o.n_in, scratch, NULL, 0, &buf, &wl, NULL, 0);
+        srv_sess_ckpt_name(name, s->id, o.turns, gen);
+        rc = serialize_meta(st, s->id, &o, ids, o.n_in, scratch, NULL, 0, &buf, &wl, err, errlen);
         free(ids);
         if (rc == 0)
-            rc = srv_sess_write_file(st, name, buf, wl, NULL, 0);
+            rc = srv_sess_write_file(st, name, buf, wl, err, errlen);
         free(buf);
-        pthread_mutex_lock(&st->mu);
-        if (rc == 0 &&
-            srv_sess_ckpt_add(st, s, o.turns, srv_sess_ctx_tokens(scratch), wl, NULL, 0) < 0) {
-            unlinkat(st->dirfd, name, 0);
-            rc = -1;
-        }
-        pthread_mutex_unlock(&st->mu);
-        if (rc < 0)
-            return;
+        if (rc == 0)
+            out[(*n)++] = (staged_t){
+                .turn = o.turns, .tokens = srv_sess_ctx_tokens(scratch), .bytes = wl};
     }
+    if (rc < 0) {
+        import_unstage(st, s->id, out, *n, gen);
+        *n = 0;
+    }
+    return rc;
 }
 
+/* An import replaces the session's state and its whole set of checkpoints
+ * at once, atomic across a crash (store_impl.h "Generations"): the blob's
+ * checkpoints are written under a generation that no file of the session
+ * has, then the new session file, naming that generation, is renamed over
+ * the old one. That rename is the commit: before it the old file and the
+ * old set are untouched, after it the old set is deleted (startup deletes
+ * what a crash left of either). */
 int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t len, char *err,
                      size_t errlen)
 {
     int rc;
     srv_session_t *s = NULL;
     int reserved = 0;
-    srv_seq_ctx_t scratch = {0};
+    srv_seq_ctx_t scratch = {0}, c = {0}, old = {0};
+    staged_t *staged = NULL;
+    size_t n_staged = 0;
     if (!srv_session_id_valid(id)) {
         rc = STORE_FAIL(err, errlen, SRV_STORE_EINVAL,
                         "malformed session id (expected 32 lowercase hex chars)");
@@ -528,10 +624,8 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     }
     pthread_mutex_lock(&st->mu);
     rc = srv_sess_take(st, id, &s, err, errlen);
-    int64_t tokens0 = rc == 0 ? s->tokens : 0;
-    size_t bytes0 = rc == 0 ? s->state_bytes : 0;
     if (rc == 0 && !s->ctx.state) {
-        /* Evicted: the blob goes into a fresh context, swapped in below. */
+        /* Evicted: the blob's context is swapped in below. */
         if ((rc = srv_sess_make_room(st, 1, err, errlen)) < 0) {
             srv_sess_give_back(st, s);
         } else {
@@ -543,88 +637,106 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     if (rc < 0)
         goto out;
 
-    srv_seq_ctx_t fresh = {0}, *c = &s->ctx;
     owner_t o = {0};
-    int have = 0, written = 0;
-    size_t first = 0;
-    const int64_t turns0 = s->turns;
-    const size_t pg_text0 = s->pg_text, pg_reply0 = s->pg_reply;
+    int have = 0;
+    size_t first = 0, wlen = 0;
     int32_t *in = NULL;
-    unsigned char *pg = NULL;
+    unsigned char *pg = NULL, *buf = NULL;
     core_error_t ve = {0};
+    core_state_info_t bi;
     /* the whole blob, checkpoints included, is checked before anything
      * changes */
-    if (core_state_verify(blob, len, st->fp, st->attn, &ve) < 0) {
+    if (core_state_verify(blob, len, st->fp, st->attn, &ve) < 0 ||
+        core_state_peek(blob, len, &bi, &ve) < 0) {
         rc = STORE_FAIL(err, errlen, SRV_STORE_EMISMATCH, "%s", ve.msg);
         goto done;
     }
     have = blob_owner(blob, len, &o) == 0;
     if ((rc = srv_sess_ctx_new(st, &scratch, err, errlen)) < 0 ||
-        (rc = import_check(st, blob, len, have ? o.turns : 0, &scratch, &first, err, errlen)) < 0)
+        (rc = import_check(st, blob, len, have ? o.turns : 0, &scratch, &first, err, errlen)) < 0 ||
+        (rc = srv_sess_ctx_new(st, &c, err, errlen)) < 0 ||
+        (rc = restore(st, blob, len, &c, &o, &have, err, errlen)) < 0)
         goto done;
-    if (reserved) {
-        if ((rc = srv_sess_ctx_new(st, &fresh, err, errlen)) < 0)
-            goto done;
-        c = &fresh;
-    }
-    if ((rc = restore(st, blob, len, c, &o, &have, err, errlen)) < 0 ||
-        (rc = owner_input(&o, &in, err, errlen)) < 0 ||
-        (rc = srv_sess_owner_pg(&o, &pg, err, errlen)) < 0) {
-        srv_sess_ctx_free(&fresh);
+    if (have && (rc = srv_sess_owner_pg_check(&o, err, errlen)) < 0)
         goto done;
-    }
-    pthread_mutex_lock(&st->mu);
-    /* the session's checkpoints belong to the state it leaves; deleted
-     * first, so that no crash can pair them with the new one */
-    srv_sess_ckpt_drop_from(st, s, 0);
-    s->turn_open = have ? o.turn_open : 0;
-    s->has_chat = have ? o.has_chat : 0;
-    s->turns = have ? o.turns : 0;
-    free(s->last_in);
-    s->last_in = in;
-    s->n_last_in = have ? o.n_in : 0;
-    s->last_flags = have ? o.last_flags : 0;
-    in = NULL;
-    srv_sess_pg_set(s, have ? pg : NULL, o.pg_text, o.pg_reply);
-    if (have)
-        pg = NULL;
-    srv_sess_ctx_free(&s->prep);
-    s->last_used = (int64_t)time(NULL);
-    pthread_mutex_unlock(&st->mu);
-    size_t wlen = 0;
+    if (!have) /* a blob without the store's section: a session with no turn yet */
+        o = (owner_t){0};
+    if ((rc = owner_input(&o, &in, err, errlen)) < 0 ||
+        (rc = srv_sess_owner_pg(&o, &pg, err, errlen)) < 0)
+        goto done;
+    /* the session's own owner tag and creation time stay */
+    memcpy(o.owner, s->owner, sizeof o.owner);
+    o.created = s->created;
+    o.last_used = (int64_t)time(NULL);
+    o.pg = pg;
+    o.gen = 0; /* not the blob's: the generation is this directory's business */
     if (st->dirfd >= 0) {
-        unsigned char *buf = NULL;
-        rc = srv_sess_serialize_ctx(st, s, c, &buf, &wlen, err, errlen);
-        if (rc == 0)
+        pthread_mutex_lock(&st->mu);
+        /* above any generation whose files a failed import may have left */
+        o.gen = (s->gen > s->gen_used ? s->gen : s->gen_used) + 1;
+        s->gen_used = o.gen;
+        pthread_mutex_unlock(&st->mu);
+        if (st->max_ckpt && bi.n_checkpoints > first &&
+            !(staged = calloc(bi.n_checkpoints - first, sizeof *staged))) {
+            rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for an import");
+            goto done;
+        }
+        if (staged && (rc = import_stage(st, s, blob, len, first, o.gen, &scratch, staged,
+                                         &n_staged, err, errlen)) < 0)
+            goto done;
+        rc = serialize_meta(st, s->id, &o, in, o.n_in, &c, NULL, 0, &buf, &wlen, err, errlen);
+        if (rc == 0) /* the commit */
             rc = srv_sess_write_file(st, s->id, buf, wlen, err, errlen);
         free(buf);
-        written = rc == 0;
+        if (rc < 0) {
+            import_unstage(st, s->id, staged, n_staged, o.gen);
+            goto done;
+        }
     }
+
+    pthread_mutex_lock(&st->mu);
+    /* the old set belongs to the state the session left: deleted after the
+     * commit (what cannot be deleted now, startup deletes) */
+    srv_sess_ckpt_drop_from(st, s, 0);
+    for (size_t i = 0; i < n_staged; i++)
+        if (srv_sess_ckpt_add(st, s, staged[i].turn, staged[i].tokens, staged[i].bytes, o.gen,
+                              NULL, 0) < 0) {
+            import_unstage(st, s->id, staged + i, n_staged - i, o.gen);
+            break;
+        }
+    s->turn_open = o.turn_open;
+    s->has_chat = o.has_chat;
+    s->turns = o.turns;
+    s->gen = o.gen;
+    free(s->last_in);
+    s->last_in = in;
+    s->n_last_in = o.n_in;
+    s->last_flags = o.last_flags;
+    in = NULL;
+    srv_sess_pg_set(s, pg, o.pg_text, o.pg_reply);
+    pg = NULL;
+    s->last_used = o.last_used;
+    srv_sess_ctx_free(&s->prep);
+    old = s->ctx;
+    s->ctx = c;
+    memset(&c, 0, sizeof c);
     if (reserved) {
-        pthread_mutex_lock(&st->mu);
-        s->ctx = fresh;
         s->mem_bytes = 0;
-        pthread_mutex_unlock(&st->mu);
         reserved = 0; /* the reservation became the session's */
     }
-    pthread_mutex_lock(&st->mu);
-    s->dirty = !written;
-    if (written) {
+    if (st->dirfd >= 0) {
         srv_sess_disk_written(st, s, wlen);
-    } else if (st->dirfd >= 0) {
-        if (s->on_disk) { /* the file's */
-            s->turns = turns0;
-            s->pg_text = pg_text0;
-            s->pg_reply = pg_reply0;
-        }
-        srv_sess_revert(st, s, tokens0, bytes0);
+        s->dirty = 0;
+    } else {
+        s->dirty = 1;
     }
     pthread_mutex_unlock(&st->mu);
-    if (written && st->max_ckpt)
-        import_write(st, s, blob, len, first, &scratch);
 done:
     free(in);
     free(pg);
+    free(staged);
+    srv_sess_ctx_free(&c);
+    srv_sess_ctx_free(&old);
     srv_sess_ctx_free(&scratch);
     pthread_mutex_lock(&st->mu);
     if (reserved)

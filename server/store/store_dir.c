@@ -5,10 +5,11 @@
  * Files are named by the session id and created through a directory fd, so
  * no path is ever built from input other than an id validated as 32 hex
  * chars. A write goes to "<id>.tmp" first; startup deletes such leftovers.
- * A checkpoint is the file "<id>.<turns>" (store.h "Turns and
- * checkpoints"), never written in place: it is the session's previous file,
- * hard-linked before the new one is renamed over it, or a whole file an
- * import writes; a rollback renames it back over "<id>".
+ * A checkpoint is the file "<id>.<turns>", or "<id>.<turns>.<generation>"
+ * after an import (store.h "Turns and checkpoints", "Crashes"), never
+ * written in place: it is the session's previous file, hard-linked before
+ * the new one is renamed over it, or a whole file an import writes; a
+ * rollback renames it back over "<id>".
  */
 #include "server/store/store.h"
 #include "server/store/store_impl.h"
@@ -321,30 +322,53 @@ static int cmp_session(const void *a, const void *b)
 typedef struct found_ckpt {
     char id[ID_LEN + 1];
     int64_t turn;
+    uint64_t gen; /* the generation its name carries */
     int64_t tokens;
     size_t bytes;
     int ok; /* a whole blob for this model and attention (by its header) */
 } found_ckpt_t;
 
-/* The turns of checkpoint file name "<id>.<turns>" (id into id[]), or -1. */
-static int64_t ckpt_parse_name(const char *name, char id[ID_LEN + 1])
+/* The decimal number at *pd up to the next '.' or the end (*pd moved
+ * there), at most max; -1 when there is none, it has a leading zero (one
+ * spelling per number) or it is over max. */
+static int64_t parse_num(const char **pd, int64_t max)
+{
+    const char *d = *pd;
+    if (*d < '0' || *d > '9' || (d[0] == '0' && d[1] != '\0' && d[1] != '.'))
+        return -1;
+    int64_t v = 0;
+    for (; *d && *d != '.'; d++) {
+        if (*d < '0' || *d > '9' || v > (max - (*d - '0')) / 10)
+            return -1;
+        v = v * 10 + (*d - '0');
+    }
+    *pd = d;
+    return v;
+}
+
+/* The turns of checkpoint file name "<id>.<turns>" or "<id>.<turns>.<gen>"
+ * (id into id[], the generation into *gen, 0 when the name has none), or
+ * -1. A generation is never 0 in a name. */
+static int64_t ckpt_parse_name(const char *name, char id[ID_LEN + 1], uint64_t *gen)
 {
     size_t nl = strlen(name);
-    if (nl < ID_LEN + 2 || nl > ID_LEN + 20 || name[ID_LEN] != '.')
+    if (nl < ID_LEN + 2 || nl >= CKPT_NAME_MAX || name[ID_LEN] != '.')
         return -1;
     memcpy(id, name, ID_LEN);
     id[ID_LEN] = '\0';
     if (!srv_session_id_valid(id))
         return -1;
     const char *d = name + ID_LEN + 1;
-    if (d[0] == '0' && d[1] != '\0')
-        return -1; /* one spelling per number */
-    int64_t t = 0;
-    for (; *d; d++) {
-        if (*d < '0' || *d > '9' || t > (INT64_MAX - 9) / 10)
+    int64_t t = parse_num(&d, INT64_MAX), g = 0;
+    if (t >= 0 && *d == '.') {
+        d++;
+        g = parse_num(&d, INT64_MAX);
+        if (g <= 0)
             return -1;
-        t = t * 10 + (*d - '0');
     }
+    if (t < 0 || *d != '\0')
+        return -1;
+    *gen = (uint64_t)g;
     return t;
 }
 
@@ -367,17 +391,21 @@ static int attach_found(srv_store_t *st, found_ckpt_t *f, size_t n, char *err, s
     for (size_t i = 0; i < n; i++) {
         srv_session_t *s = srv_sess_tab_find(st, f[i].id);
         char name[CKPT_NAME_MAX];
-        srv_sess_ckpt_name(name, f[i].id, f[i].turn);
+        srv_sess_ckpt_name(name, f[i].id, f[i].turn, f[i].gen);
         if (!s) {
             if (faccessat(st->dirfd, f[i].id, F_OK, AT_SYMLINK_NOFOLLOW) != 0)
                 unlinkat(st->dirfd, name, 0); /* orphan */
             continue;
         }
-        if (!f[i].ok || f[i].turn >= s->turns) {
+        /* another generation's file is what a crash left of an import:
+         * the old set after the new session file was renamed into place,
+         * the new set before */
+        if (!f[i].ok || f[i].turn >= s->turns || f[i].gen != s->gen) {
             unlinkat(st->dirfd, name, 0);
             continue;
         }
-        int rc = srv_sess_ckpt_add(st, s, f[i].turn, f[i].tokens, f[i].bytes, err, errlen);
+        int rc =
+            srv_sess_ckpt_add(st, s, f[i].turn, f[i].tokens, f[i].bytes, f[i].gen, err, errlen);
         if (rc < 0)
             return rc;
     }
@@ -419,12 +447,14 @@ static int scan_dir(srv_store_t *st, char *err, size_t errlen)
             if (bl < sizeof base) {
                 memcpy(base, name, bl);
                 base[bl] = '\0';
-                if (srv_session_id_valid(base) || ckpt_parse_name(base, id) >= 0)
+                uint64_t g;
+                if (srv_session_id_valid(base) || ckpt_parse_name(base, id, &g) >= 0)
                     unlinkat(st->dirfd, name, 0); /* a write that never reached its rename */
             }
             continue;
         }
-        int64_t turn = ckpt_parse_name(name, id);
+        uint64_t gen = 0;
+        int64_t turn = ckpt_parse_name(name, id, &gen);
         if (turn < 0 && !srv_session_id_valid(name))
             continue;
         int fd = openat(st->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -462,6 +492,7 @@ static int scan_dir(srv_store_t *st, char *err, size_t errlen)
             found_ckpt_t *fc = &found[n_found++];
             memcpy(fc->id, id, sizeof fc->id);
             fc->turn = turn;
+            fc->gen = gen;
             fc->ok = ours && in.total == (uint64_t)sb.st_size && in.n_checkpoints == 0;
             fc->tokens = fc->ok ? in.pos + (int64_t)in.n_pending : 0;
             fc->bytes = (size_t)sb.st_size;
@@ -490,6 +521,7 @@ static int scan_dir(srv_store_t *st, char *err, size_t errlen)
         s->turn_open = o.turn_open;
         s->has_chat = o.has_chat;
         s->turns = o.turns;
+        s->gen = s->gen_used = o.gen;
         s->pg_text = o.pg_text;
         s->pg_reply = o.pg_reply;
         memcpy(s->owner, o.owner, sizeof s->owner);

@@ -27,15 +27,28 @@
  * input was kept), u32 n, i32 its input[n] (n <= SRV_TURN_INPUT_MAX);
  * version 4 adds the pending grammar (srv_session_pending_grammar): u32 t,
  * u32 r, then its text[t] and its reply[r] (t = 0: none, and r = 0;
- * t + r <= SRV_PENDING_GRAMMAR_MAX). Versions 1 (24 bytes, no owner), 2
- * (56 bytes, no turns) and 3 (no pending grammar) are still read. */
+ * t + r <= SRV_PENDING_GRAMMAR_MAX); version 5 adds u64 the checkpoint
+ * generation (see "Generations" below), written only when it is not 0, so
+ * a session that was never imported keeps a version 4 section, byte for
+ * byte. Versions 1 (24 bytes, no owner), 2 (56 bytes, no turns), 3 (no
+ * pending grammar) and 4 (generation 0) are still read.
+ *
+ * Generations: the checkpoint files that belong to a session file are those
+ * whose name carries the generation its owner section holds: "<id>.<t>" for
+ * generation 0, "<id>.<t>.<g>" for g > 0. An import, the one change that
+ * replaces a session's whole set of checkpoints, writes the new set under a
+ * new generation's names (nothing of the old set is touched), then renames
+ * the new session file into place: that rename is the commit, and startup
+ * deletes the files of any other generation than their session file's, so
+ * a crash at any step leaves the old set or the new one, never a mix. */
 #define OWNER_BYTES_V1 24
 #define OWNER_BYTES_V2 56
 #define OWNER_BYTES_V3 72 /* without the input */
-#define OWNER_VERSION 4u
+#define OWNER_VERSION 5u
 #define OWNER_LEN SRV_SESSION_OWNER_LEN
-#define TURN_KEPT 4u                        /* last-turn flag: its input is in the record */
-#define CKPT_NAME_MAX (ID_LEN + 1 + 20 + 1) /* "<id>.<turns>" and its NUL */
+#define TURN_KEPT 4u /* last-turn flag: its input is in the record */
+/* "<id>.<turns>.<generation>" and its NUL */
+#define CKPT_NAME_MAX (ID_LEN + 1 + 20 + 1 + 20 + 1)
 /* Pending tokens of a checkpoint an export carries at most (a state left
  * with more, by a prefill cut short, stays out of exports): so an import
  * body is bounded by about (1 + K) states, not (1 + K) times the 2^24
@@ -44,9 +57,9 @@
 
 _Static_assert(OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX <= CORE_STATE_MAX_OWNER,
                "the last turn's input fits the owner section");
-_Static_assert(OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX + 8 + SRV_PENDING_GRAMMAR_MAX <=
+_Static_assert(OWNER_BYTES_V3 + 4 * (size_t)SRV_TURN_INPUT_MAX + 8 + SRV_PENDING_GRAMMAR_MAX + 8 <=
                    CORE_STATE_MAX_OWNER,
-               "the pending grammar fits the owner section beside the input");
+               "the pending grammar and the generation fit the owner section beside the input");
 _Static_assert(SRV_STORE_MAX_CHECKPOINTS <= CORE_STATE_MAX_CHECKPOINTS, "export carries them");
 
 /* A checkpoint file of a session (in the directory). */
@@ -54,6 +67,7 @@ typedef struct ckpt {
     int64_t turn;   /* the state after this many turns */
     int64_t tokens; /* its history length */
     size_t bytes;   /* its file's size, counted in st->disk_bytes */
+    uint64_t gen;   /* the generation its name carries */
 } ckpt_t;
 
 struct srv_session {
@@ -70,6 +84,8 @@ struct srv_session {
     int busy, io, on_disk, dirty, turn_open, has_chat;
     int dirty0;    /* dirty before a turn or a redo began (an abort restores it) */
     int64_t turns; /* turns so far (in its file) */
+    uint64_t gen;  /* its checkpoints' generation (in its file) */
+    uint64_t gen_used; /* the highest generation an import began to write */
     ckpt_t *ckpt;  /* [n_ckpt] its checkpoint files, oldest first, each turn < turns */
     size_t n_ckpt, cap_ckpt;
     /* the last turn (for a redo): in memory with the context, in the file */
@@ -151,6 +167,7 @@ typedef struct owner {
     size_t n_in;
     const unsigned char *pg; /* [pg_text + pg_reply] the pending grammar, borrowed; NULL: none */
     size_t pg_text, pg_reply;
+    uint64_t gen; /* the checkpoint generation */
 } owner_t;
 
 /* A session file's metadata with a copy of its last turn's input. */
@@ -226,6 +243,9 @@ void srv_sess_fork_init(srv_store_t *st, srv_session_t *ns, const srv_session_t 
 int srv_sess_owner_tag_valid(const char *s);
 /* The owner section p[n] parsed into *o (o->in, o->pg borrow p): 0, or -1. */
 int srv_sess_owner_parse(const void *p, size_t n, owner_t *o);
+/* Bytes of the owner section with n_in input tokens, a pending grammar of
+ * pg_len bytes and generation gen. */
+size_t srv_sess_owner_bytes(size_t n_in, size_t pg_len, uint64_t gen);
 /* The metadata of session s as its file holds it (borrowing s's input). */
 owner_t srv_sess_owner_of(const srv_session_t *s);
 /* The blob of held session s with context c (s->ctx: srv_sess_serialize;
@@ -236,6 +256,9 @@ int srv_sess_serialize(const srv_store_t *st, const srv_session_t *s, unsigned c
                        size_t *len, char *err, size_t errlen);
 /* A malloc'd copy of the pending grammar o->pg (NULL when there is none). */
 int srv_sess_owner_pg(const owner_t *o, unsigned char **out, char *err, size_t errlen);
+/* 0 when o has no pending grammar, or one that compiles and whose reply
+ * follows it; else EMISMATCH ("the pending ...: why"), ENOMEM. */
+int srv_sess_owner_pg_check(const owner_t *o, char *err, size_t errlen);
 /* A blob (borrowed) loaded into a fresh context *c and its metadata *m
  * (may be NULL; free with srv_sess_meta_free); what names it in messages.
  * EIO for a blob that does not load here (damaged, another model), ENOMEM. */
@@ -271,13 +294,14 @@ int srv_sess_open_dir(srv_store_t *st, char *err, size_t errlen);
 
 /* ---- store_turns.c: turns and checkpoints (see there) ---- */
 
-/* "<id>.<turn>", the name of a checkpoint file. */
-void srv_sess_ckpt_name(char out[CKPT_NAME_MAX], const char *id, int64_t turn);
+/* "<id>.<turn>" (generation 0) or "<id>.<turn>.<gen>", the name of a
+ * checkpoint file. */
+void srv_sess_ckpt_name(char out[CKPT_NAME_MAX], const char *id, int64_t turn, uint64_t gen);
 /* Caller holds mu: s's checkpoint file for `turn` turns exists / is to be
  * deleted (index k) / every one from index k on, best effort / the oldest
  * past max_ckpt, best effort. */
 int srv_sess_ckpt_add(srv_store_t *st, srv_session_t *s, int64_t turn, int64_t tokens, size_t bytes,
-                      char *err, size_t errlen);
+                      uint64_t gen, char *err, size_t errlen);
 int srv_sess_ckpt_delete(srv_store_t *st, srv_session_t *s, size_t k, char *err, size_t errlen);
 void srv_sess_ckpt_drop_from(srv_store_t *st, srv_session_t *s, size_t k);
 void srv_sess_ckpt_prune(srv_store_t *st, srv_session_t *s);

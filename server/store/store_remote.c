@@ -451,6 +451,10 @@ int srv_sess_remote_import(srv_store_t *st, const char *id, const void *blob, si
     /* the blob's checkpoints (an export of a directory store) are not kept:
      * a shared store keeps none */
     int rc = srv_sess_load_blob(st, blob, len, "the imported state", &c, &m, err, errlen);
+    if (rc == 0 && m.have && (rc = srv_sess_owner_pg_check(&m.o, err, errlen)) < 0) {
+        srv_sess_ctx_free(&c);
+        srv_sess_meta_free(&m);
+    }
     if (rc < 0) {
         if (rc == SRV_STORE_ENOMEM)
             return rc;

@@ -15,14 +15,17 @@
 
 /* ---- checkpoint files (caller holds mu) ---- */
 
-void srv_sess_ckpt_name(char out[CKPT_NAME_MAX], const char *id, int64_t turn)
+void srv_sess_ckpt_name(char out[CKPT_NAME_MAX], const char *id, int64_t turn, uint64_t gen)
 {
-    snprintf(out, CKPT_NAME_MAX, "%s.%lld", id, (long long)turn);
+    if (gen)
+        snprintf(out, CKPT_NAME_MAX, "%s.%lld.%llu", id, (long long)turn, (unsigned long long)gen);
+    else
+        snprintf(out, CKPT_NAME_MAX, "%s.%lld", id, (long long)turn);
 }
 
 /* s's checkpoint file for `turn` turns exists (after every one it has). */
 int srv_sess_ckpt_add(srv_store_t *st, srv_session_t *s, int64_t turn, int64_t tokens, size_t bytes,
-                      char *err, size_t errlen)
+                      uint64_t gen, char *err, size_t errlen)
 {
     if (s->n_ckpt == s->cap_ckpt) {
         size_t cap = s->cap_ckpt ? 2 * s->cap_ckpt : 8;
@@ -32,7 +35,7 @@ int srv_sess_ckpt_add(srv_store_t *st, srv_session_t *s, int64_t turn, int64_t t
         s->ckpt = c;
         s->cap_ckpt = cap;
     }
-    s->ckpt[s->n_ckpt++] = (ckpt_t){.turn = turn, .tokens = tokens, .bytes = bytes};
+    s->ckpt[s->n_ckpt++] = (ckpt_t){.turn = turn, .tokens = tokens, .bytes = bytes, .gen = gen};
     st->disk_bytes += bytes;
     st->n_ckpt_files++;
     return 0;
@@ -52,7 +55,7 @@ static void ckpt_forget(srv_store_t *st, srv_session_t *s, size_t k)
 int srv_sess_ckpt_delete(srv_store_t *st, srv_session_t *s, size_t k, char *err, size_t errlen)
 {
     char name[CKPT_NAME_MAX];
-    srv_sess_ckpt_name(name, s->id, s->ckpt[k].turn);
+    srv_sess_ckpt_name(name, s->id, s->ckpt[k].turn, s->ckpt[k].gen);
     if ((srv_sess_fault(st, "unlink") || unlinkat(st->dirfd, name, 0) < 0) && errno != ENOENT) {
         char eb[128];
         int e = errno;
@@ -232,7 +235,7 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
     const ckpt_t ck = s->ckpt[k];
     const int in_mem = s->ctx.state != NULL;
     char name[CKPT_NAME_MAX], eb[128];
-    srv_sess_ckpt_name(name, id, ck.turn);
+    srv_sess_ckpt_name(name, id, ck.turn, ck.gen);
     /* read and checked whole before anything changes */
     srv_seq_ctx_t c;
     meta_t m;
@@ -337,7 +340,7 @@ int srv_store_redo_prepare(srv_store_t *st, const char *id, char *err, size_t er
     if (rc < 0)
         return rc;
     char name[CKPT_NAME_MAX];
-    srv_sess_ckpt_name(name, id, s->ckpt[k].turn);
+    srv_sess_ckpt_name(name, id, s->ckpt[k].turn, s->ckpt[k].gen);
     srv_seq_ctx_t c;
     meta_t m;
     rc = srv_sess_load_file(st, name, &c, &m, err, errlen);

@@ -1086,6 +1086,61 @@ out:
     free(dir);
 }
 
+/* An import refuses a blob whose pending grammar does not compile or whose
+ * reply does not follow it (a later continue_grammar could not go on from
+ * it); the session keeps what it had. */
+TEST(import_checks_the_pending_grammar)
+{
+    static const char gram[] = "root ::= \"{\" [a-z]* \"}\"", rep[] = "{ab", bad_rep[] = "x{";
+    char *dir = mkdir_tmp();
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char a[33], b[33];
+    make_session(st, model, 42, 1, a);
+    make_session(st, model, 43, 1, b);
+    const struct {
+        const char *text, *reply, *why;
+    } cases[] = {{gram, bad_rep, "pending reply (2 bytes) does not follow the pending grammar"},
+                 {"root ::= (", "", "pending grammar (10 bytes) is not a valid grammar"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        srv_session_t *s = NULL;
+        CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+        if (!s)
+            break;
+        CHECK_INT_EQ(srv_session_set_pending_grammar(s, cases[i].text, strlen(cases[i].text),
+                                                     cases[i].reply, strlen(cases[i].reply), ERR),
+                     0);
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
+        void *blob = NULL;
+        size_t len = 0;
+        CHECK_INT_EQ(srv_store_export(st, a, &blob, &len, ERR), 0);
+        char err[SRV_STORE_ERR_MAX] = "";
+        CHECK_INT_EQ(srv_store_import(st, b, blob, len, err, sizeof err), SRV_STORE_EMISMATCH);
+        CHECK_MSG(strstr(err, cases[i].why) != NULL, "case %zu: %s", i, err);
+        CHECK_INT_EQ(pending_info(st, b), -1);
+        free(blob);
+    }
+    /* a reply that follows it imports */
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+    if (s) {
+        CHECK_INT_EQ(srv_session_set_pending_grammar(s, gram, strlen(gram), rep, strlen(rep), ERR),
+                     0);
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
+    }
+    void *blob = NULL;
+    size_t len = 0;
+    CHECK_INT_EQ(srv_store_export(st, a, &blob, &len, ERR), 0);
+    CHECK_INT_EQ(srv_store_import(st, b, blob, len, ERR), 0);
+    check_pending(st, b, gram, rep, "imported");
+    free(blob);
+out:
+    srv_store_free(st);
+    rm_rf(dir);
+    free(dir);
+}
+
 /* ---- failures ---- */
 
 typedef struct hook {
@@ -1565,6 +1620,36 @@ static void one_turn(srv_store_t *st, const char *id, int tag, unsigned flags,
 }
 
 /* The checkpoint turns of session id are exactly want[n]. */
+/* 1 when s is one or more decimal digits. */
+static int all_digits(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+    return n > 0;
+}
+
+/* How many checkpoint files of session id for `turn` turns dir holds:
+ * "<id>.<turn>" or "<id>.<turn>.<generation>" (after an import). */
+static int ckpt_files_for(const char *dir, const char *id, int64_t turn)
+{
+    char pre[64];
+    snprintf(pre, sizeof pre, "%s.%lld", id, (long long)turn);
+    size_t pl = strlen(pre);
+    DIR *d = opendir(dir);
+    int k = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        if (strncmp(n, pre, pl) == 0 &&
+            (n[pl] == '\0' || (n[pl] == '.' && all_digits(n + pl + 1, strlen(n + pl + 1)))))
+            k++;
+    }
+    if (d)
+        closedir(d);
+    return k;
+}
+
 static void check_ckpts(srv_store_t *st, const char *dir, const char *id, int64_t turns,
                         const int64_t *want, size_t n, const char *what)
 {
@@ -1578,18 +1663,18 @@ static void check_ckpts(srv_store_t *st, const char *dir, const char *id, int64_
     CHECK_MSG(same, "%s: %zu checkpoints, first %lld", what, in.n_checkpoints,
               in.n_checkpoints ? (long long)in.checkpoints[0].turn : -1LL);
     for (int64_t t = 0; t < turns + 3; t++) {
-        char name[64];
-        snprintf(name, sizeof name, "%s.%lld", id, (long long)t);
         int listed = 0;
         for (size_t i = 0; i < n; i++)
             listed |= want[i] == t;
-        CHECK_MSG(file_exists(dir, name) == listed, "%s: file %s exists %d, listed %d", what,
-                  name, file_exists(dir, name), listed);
+        const int files = ckpt_files_for(dir, id, t);
+        CHECK_MSG(files == listed, "%s: %d files for turn %lld, listed %d", what, files,
+                  (long long)t, listed);
     }
 }
 
 /* 1 if dir holds only ".lock", session files and checkpoint files
- * ("<id>.<digits>"): no temp file or other name left behind. */
+ * ("<id>.<digits>" or "<id>.<digits>.<digits>"): no temp file or other name
+ * left behind. */
 static int dir_clean(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -1600,9 +1685,10 @@ static int dir_clean(const char *dir)
         size_t l = strlen(n), i = 33;
         if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, ".lock") || l == 32)
             continue;
-        int ckpt = l > 33 && n[32] == '.';
-        for (; ckpt && i < l; i++)
-            ckpt = n[i] >= '0' && n[i] <= '9';
+        const char *dot = l > 33 ? strchr(n + 33, '.') : NULL;
+        int ckpt = l > 33 && n[32] == '.' &&
+                   (dot ? all_digits(n + i, (size_t)(dot - n) - i) && all_digits(dot + 1, strlen(dot + 1))
+                        : all_digits(n + i, l - i));
         CHECK_MSG(ckpt, "unexpected file %s/%s", dir, n);
         ok &= ckpt;
     }
@@ -2023,6 +2109,7 @@ int main(void)
     RUN(fork_is_an_independent_copy);
     RUN(export_import);
     RUN(pending_grammar_round_trip);
+    RUN(import_checks_the_pending_grammar);
     RUN(write_failures_keep_the_previous_file);
     RUN(no_io_thread_leaves_disk_work_to_settle);
     RUN(acquire_in_memory_never_reads);

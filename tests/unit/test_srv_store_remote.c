@@ -659,6 +659,19 @@ TEST(fork_export_import_list)
     CHECK_INT_EQ(fake_version(f, nid), 2);
     free(ba);
     free(bb);
+    /* a pending reply that does not follow its grammar is refused */
+    static const char gram[] = "root ::= \"{\" [a-z]* \"}\"";
+    CHECK_INT_EQ(srv_store_acquire(a, id, &s, ERR), 0);
+    if (s) {
+        CHECK_INT_EQ(srv_session_set_pending_grammar(s, gram, strlen(gram), "x{", 2, ERR), 0);
+        CHECK_INT_EQ(srv_store_release(a, s, 1, ERR), 0);
+    }
+    CHECK_INT_EQ(srv_store_export(a, id, &ba, &la, ERR), 0);
+    err[0] = '\0';
+    CHECK_INT_EQ(srv_store_import(a, nid, ba, la, err, sizeof err), SRV_STORE_EMISMATCH);
+    CHECK_MSG(strstr(err, "does not follow the pending grammar") != NULL, "got: %s", err);
+    CHECK_INT_EQ(fake_version(f, nid), 2);
+    free(ba);
     /* list from either replica: everything, ordered; by owner */
     srv_session_info_t out[8];
     size_t n = 0;
