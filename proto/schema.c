@@ -1235,71 +1235,57 @@ static int obj_members(sx_t *x, const obj_kw_t *o, obj_member_t *m, size_t *n, s
     return 0;
 }
 
-/* Rule S_i (id) of member mi: mi after a comma, then S_{i+1} (s_next, < 0
- * when none). mem is mi's `"key" ws ":" ws value` text. */
-static int obj_rule_s(sx_t *x, int id, const obj_member_t *mi, const sb_t *mem, int s_next)
-{
-    sb_t body = {0};
-    sb_puts(&body, mi->required ? "ws \",\" ws " : "( ws \",\" ws ");
-    sb_put(&body, mem->p, mem->n);
-    sb_puts(&body, mi->required ? "" : ")? ");
-    if (s_next >= 0)
-        sb_printf(&body, "r%d", s_next);
-    int rc = emit_rule(x, id, &body);
-    sb_free(&body);
-    return rc;
-}
-
-/* Rule F_i (id) of member mi: mi then S_{i+1}, or when mi is optional
- * F_{i+1} (f_next, < 0 when none). */
-static int obj_rule_f(sx_t *x, int id, const obj_member_t *mi, const sb_t *mem, int s_next,
-                      int f_next)
-{
-    sb_t body = {0};
-    sb_put(&body, mem->p, mem->n);
-    if (s_next >= 0)
-        sb_printf(&body, "r%d ", s_next);
-    if (!mi->required && f_next >= 0)
-        sb_printf(&body, "| r%d", f_next);
-    int rc = emit_rule(x, id, &body);
-    sb_free(&body);
-    return rc;
-}
-
 /* The members m[0..n) (n >= 1) in declared order, each optional one
- * possibly absent. S_i: members i.. each after a comma; F_i: the first
- * member present is at i or later. Rules from the end; S_n is empty. */
+ * possibly absent. F_i: the next member written is i or, skipping optional
+ * ones, a later one: mem_i S_{i+1}, or also F_{i+1} when mem_i is
+ * optional. S_i: the rest after a member before i: nothing (unless one of
+ * i.. is required), or a comma and F_i. The comma is read once, before the
+ * key chooses the member, so the text after a value keeps a few parse
+ * stacks rather than a few per optional member left, and after "{" or a
+ * comma there is one per member that can come next (the documented 256
+ * fit the stack bound). F_i is a rule of its own where something refers
+ * to it by name (F_0, F_{i-1} of an optional member) or it has two
+ * alternatives; elsewhere it is written into S_i. Rules from the end. */
 static int obj_rules(sx_t *x, const obj_member_t *m, size_t n, size_t n_req, sb_t *b)
 {
-    int s_next = -1, f_next = -1;
+    int s_next = -1, f_next = -1, required_left = 0;
     for (size_t i = n; i-- > 0;) {
-        sb_t mem = {0};
+        sb_t f = {0}; /* F_i's body */
         json_t *ks = json_string(m[i].key);
         if (!ks)
             return oom(x);
-        int rc = lit_json(x, &mem, ks);
+        int rc = lit_json(x, &f, ks);
         json_decref(ks);
-        sb_printf(&mem, " ws \":\" ws %s ", m[i].rule);
-        /* S_0 is never used; F_i only where every member before i is optional */
-        int need_f = 1;
-        for (size_t j = 0; j < i; j++)
-            need_f &= !m[j].required;
+        sb_printf(&f, " ws \":\" ws %s ", m[i].rule);
+        if (s_next >= 0)
+            sb_printf(&f, "r%d ", s_next);
+        if (!m[i].required && f_next >= 0)
+            sb_printf(&f, "| r%d", f_next);
+        required_left |= m[i].required;
+        const int f_rule = i == 0 || !m[i - 1].required || (!m[i].required && i + 1 < n);
         int s_id = -1, f_id = -1;
+        if (rc == 0 && f_rule && (f_id = new_rule(x)) < 0)
+            rc = f_id;
         if (rc == 0 && i > 0 && (s_id = new_rule(x)) < 0)
             rc = s_id;
-        if (rc == 0 && need_f && (f_id = new_rule(x)) < 0)
-            rc = f_id;
-        if (rc == 0 && i > 0)
-            rc = obj_rule_s(x, s_id, &m[i], &mem, s_next);
-        if (rc == 0 && need_f)
-            rc = obj_rule_f(x, f_id, &m[i], &mem, s_next, f_next);
-        sb_free(&mem);
+        if (rc == 0 && f_rule)
+            rc = emit_rule(x, f_id, &f);
+        if (rc == 0 && i > 0) {
+            sb_t sb = {0};
+            sb_puts(&sb, required_left ? "ws \",\" ws " : "( ws \",\" ws ");
+            if (f_rule)
+                sb_printf(&sb, "r%d", f_id);
+            else
+                sb_put(&sb, f.p, f.n);
+            sb_puts(&sb, required_left ? "" : " )?");
+            rc = emit_rule(x, s_id, &sb);
+            sb_free(&sb);
+        }
+        sb_free(&f);
         if (rc < 0)
             return rc;
         s_next = s_id;
-        /* a required member ends the choice: F_i drops F_{i+1} */
-        if (need_f)
-            f_next = f_id;
+        f_next = f_id;
     }
     if (n_req)
         sb_printf(b, "\"{\" ws r%d ws \"}\" ", f_next);

@@ -32,6 +32,7 @@
  */
 #include "core/text/grammar.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,8 @@
 #define WALK_SETS (1u << 16)   /* distinct stack sets one walk may intern */
 #define WALK_WORDS (1u << 22)  /* words of those sets */
 #define WALK_STEPS (1u << 25)  /* closure steps in one walk (time bound) */
+#define PROBE_EFFORT (1u << 20) /* closure steps and stack comparisons of one compile's probe */
+#define PROBE_WORDS (1u << 22)  /* words of the states one probe keeps (16 MiB) */
 
 /* ------------------------------------------------------------ helpers */
 
@@ -361,35 +364,59 @@ static void limits_resolve(const core_grammar_limits_t *in, core_grammar_limits_
     o->max_repeat = clamp_u32(in->max_repeat, CORE_GRAMMAR_MAX_REPEAT);
     o->max_stacks = clamp_u32(in->max_stacks, CORE_GRAMMAR_MAX_STACKS);
     o->max_depth = clamp_u32(in->max_depth, CORE_GRAMMAR_MAX_DEPTH);
+    o->max_probe = clamp_u32(in->max_probe, CORE_GRAMMAR_MAX_PROBE);
     o->max_cache = in->max_cache == 0 || in->max_cache > CORE_GRAMMAR_MAX_CACHE
                        ? CORE_GRAMMAR_MAX_CACHE
                        : in->max_cache;
 }
 
+static int probe(const core_grammar_t *g, core_error_t *err);
+
 /* cont[R]: the positions that can lie directly below a frame of rule R
  * (module comment), as a join over the lattice NONE < one position <
- * MULTI, to a fixpoint. A REF at s pushes s + 1 unless s + 1 is END (tail
- * call: the caller's own below is inherited). */
-static void compute_cont(core_grammar_t *g)
+ * MULTI. A REF at s pushes s + 1 unless s + 1 is END (tail call: the
+ * caller's own below is inherited). A worklist of rules whose value
+ * changed: each changes at most twice, so this is linear in the grammar
+ * (a pass over every element until nothing changes took a pass per link
+ * of a long chain of tail calls, as {0,1000} makes: seconds). */
+static int compute_cont(core_grammar_t *g, core_error_t *err)
 {
+    uint32_t *todo = malloc(((size_t)g->n_rules + 1) * sizeof *todo);
+    uint8_t *queued = calloc(g->n_rules ? g->n_rules : 1, 1);
+    if (!todo || !queued) {
+        free(todo);
+        free(queued);
+        return core_error_set(err, CORE_ENOMEM, "grammar");
+    }
     for (uint32_t r = 0; r < g->n_rules; r++)
         g->cont[r] = GCONT_NONE;
     g->cont[0] = GCONT_BOTTOM;
-    int changed = 1;
-    while (changed) {
-        changed = 0;
-        for (uint32_t s = 0; s < g->n_el; s++) {
-            if (g->el[s].kind != GEL_REF || g->cont[g->el_rule[s]] == GCONT_NONE)
-                continue;
-            uint32_t v = g->el[s + 1].kind != GEL_END ? s + 1 : g->cont[g->el_rule[s]];
-            uint32_t *c = &g->cont[g->el[s].arg];
-            uint32_t nv = *c == GCONT_NONE ? v : *c == v ? v : GCONT_MULTI;
-            if (nv != *c) {
-                *c = nv;
-                changed = 1;
+    size_t nt = 0;
+    todo[nt++] = 0;
+    queued[0] = 1;
+    while (nt) {
+        uint32_t r = todo[--nt];
+        queued[r] = 0;
+        for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+            for (uint32_t s = g->alt_first[a]; g->el[s].kind != GEL_END; s++) {
+                if (g->el[s].kind != GEL_REF)
+                    continue;
+                uint32_t v = g->el[s + 1].kind != GEL_END ? s + 1 : g->cont[r];
+                uint32_t t = g->el[s].arg, *c = &g->cont[t];
+                uint32_t nv = *c == GCONT_NONE ? v : *c == v ? v : GCONT_MULTI;
+                if (nv != *c) {
+                    *c = nv;
+                    if (!queued[t]) {
+                        queued[t] = 1;
+                        todo[nt++] = t;
+                    }
+                }
             }
         }
     }
+    free(todo);
+    free(queued);
+    return 0;
 }
 
 int core_grammar_new(const char *text, size_t len, const core_grammar_vocab_t *vocab,
@@ -415,7 +442,10 @@ int core_grammar_new(const char *text, size_t len, const core_grammar_vocab_t *v
         return core_error_set(err, CORE_ENOMEM, "grammar");
     }
     pthread_mutex_init(&g->mu, NULL);
-    compute_cont(g);
+    if ((rc = compute_cont(g, err)) != 0 || (rc = probe(g, err)) != 0) {
+        core_grammar_free(g);
+        return rc;
+    }
     *out = g;
     return 0;
 }
@@ -461,6 +491,7 @@ struct core_grammar_ws {
     size_t cur_cap;
     uint32_t steps;      /* closure steps of this advance */
     uint32_t walk_steps; /* closure steps of this walk */
+    uint64_t effort;     /* closure steps and stack comparisons ever (the probe's budget) */
     wlist_t a, b;
     iset_t *sets;
     size_t n_sets, cap_sets;
@@ -540,6 +571,7 @@ static void wlist_reset(wlist_t *l)
 static int emit(const core_grammar_t *g, core_grammar_ws_t *ws, const wbase_t *b, uint32_t nb,
                 uint32_t n, wlist_t *l, core_error_t *err)
 {
+    ws->effort += (uint64_t)l->n * (1 + (nb + n) / 32); /* a comparison reads up to a stack */
     for (size_t o = 0; o < l->len; o += 2 + l->w[o + 1])
         if (l->w[o] == nb && l->w[o + 1] == n && same_words(l->w + o + 2, ws->cur, n))
             return 0;
@@ -605,6 +637,7 @@ static int closure(const core_grammar_t *g, core_grammar_ws_t *ws, const wbase_t
         copy_words(ws->cur, ws->work + o + 2, cn);
         ws->work_len = o;
         for (;;) {
+            ws->effort++;
             if (++ws->steps > CLOSE_STEPS)
                 return core_error_set(err, CORE_ERANGE,
                                       "the grammar is too ambiguous: one byte opens more than "
@@ -1031,6 +1064,7 @@ static int acc_add(const core_grammar_t *g, core_grammar_ws_t *ws, const uint32_
                    uint32_t nb, const uint32_t *own, uint32_t n, uint32_t *count, core_error_t *err)
 {
     uint32_t d = nb + n;
+    ws->effort += (uint64_t)*count * (1 + d / 32);
     for (size_t o = 0; o < ws->acc_len; o += 1 + ws->acc[o])
         if (ws->acc[o] == d && same_words(ws->acc + o + 1, base, nb) &&
             same_words(ws->acc + o + 1 + nb, own, n))
@@ -1183,6 +1217,230 @@ int core_grammar_accept(core_grammar_state_t *st, core_grammar_ws_t *ws, int32_t
         return core_error_set(err, CORE_EINVAL, "token %d is never allowed under a grammar",
                               (int)token);
     }
+}
+
+/* ------------------------------------------------------------ the probe */
+
+/* A state the probe reached: its stacks in the probe's arena, and the byte
+ * and state it came from (to quote the text in a message). */
+typedef struct pnode {
+    size_t off, len;
+    uint32_t n_stacks, hash;
+    uint32_t parent; /* PNODE_NONE for the start */
+    unsigned char byte;
+} pnode_t;
+
+#define PNODE_NONE 0xFFFFFFFFu
+#define PROBE_QUOTE 32 /* bytes of text a probe's message quotes (the last ones) */
+
+typedef struct probe {
+    pnode_t *nodes;
+    size_t n_nodes, cap_nodes;
+    uint32_t *arena;
+    size_t arena_len, arena_cap;
+    uint32_t *ht; /* node index + 1, 0 = empty; [ht_cap], a power of two */
+    size_t ht_cap;
+} probe_t;
+
+static void probe_free(probe_t *p)
+{
+    free(p->nodes);
+    free(p->arena);
+    free(p->ht);
+}
+
+/* Adds the state st as reached from parent by byte unless the probe has it;
+ * *added tells which. */
+static int probe_add(probe_t *p, const core_grammar_state_t *st, uint32_t parent, unsigned byte,
+                     int *added, core_error_t *err)
+{
+    *added = 0;
+    uint32_t h = hash_words(st->buf, st->len, st->n_stacks);
+    if (2 * (p->n_nodes + 1) > p->ht_cap) {
+        size_t nc = p->ht_cap ? 2 * p->ht_cap : 1024;
+        uint32_t *t = calloc(nc, sizeof *t);
+        if (!t)
+            return core_error_set(err, CORE_ENOMEM, "grammar probe");
+        for (size_t i = 0; i < p->n_nodes; i++) {
+            size_t k = p->nodes[i].hash & (nc - 1);
+            while (t[k])
+                k = (k + 1) & (nc - 1);
+            t[k] = (uint32_t)i + 1;
+        }
+        free(p->ht);
+        p->ht = t;
+        p->ht_cap = nc;
+    }
+    size_t k = h & (p->ht_cap - 1);
+    for (; p->ht[k]; k = (k + 1) & (p->ht_cap - 1)) {
+        const pnode_t *o = &p->nodes[p->ht[k] - 1];
+        if (o->hash == h && o->len == st->len && o->n_stacks == st->n_stacks &&
+            same_words(p->arena + o->off, st->buf, st->len))
+            return 0;
+    }
+    if (GROW(p->nodes, p->cap_nodes, p->n_nodes + 1) < 0 ||
+        GROW(p->arena, p->arena_cap, p->arena_len + st->len + 1) < 0)
+        return core_error_set(err, CORE_ENOMEM, "grammar probe");
+    copy_words(p->arena + p->arena_len, st->buf, st->len);
+    p->nodes[p->n_nodes] = (pnode_t){p->arena_len, st->len, st->n_stacks, h, parent,
+                                     (unsigned char)byte};
+    p->arena_len += st->len;
+    p->ht[k] = (uint32_t)++p->n_nodes;
+    *added = 1;
+    return 0;
+}
+
+/* Appends to msg[cap] (holding a message) where the probe met it: the text
+ * that leads there, its last PROBE_QUOTE bytes quoted. A message too long
+ * for msg is cut by snprintf (core_error_t's buffer: its messages are short). */
+static void probe_where(const probe_t *p, uint32_t node, int last, char *msg, size_t cap)
+{
+    unsigned char text[PROBE_QUOTE];
+    size_t n = 0, total = 0;
+    if (last >= 0) {
+        text[n++] = (unsigned char)last;
+        total++;
+    }
+    for (uint32_t i = node; i != PNODE_NONE && p->nodes[i].parent != PNODE_NONE;
+         i = p->nodes[i].parent) {
+        if (n < PROBE_QUOTE)
+            text[n++] = p->nodes[i].byte;
+        total++;
+    }
+    size_t len = strnlen(msg, cap);
+    if (len + 1 >= cap)
+        return;
+    if (total == 0) {
+        snprintf(msg + len, cap - len, " (at the start of the text)");
+        return;
+    }
+    char q[PROBE_QUOTE * 4 + 4]; /* each byte at most 4 characters: \xHH */
+    size_t k = 0;
+    for (size_t i = n; i-- > 0;) {
+        unsigned c = text[i];
+        if (c == '"' || c == '\\') {
+            q[k++] = '\\';
+            q[k++] = (char)c;
+        } else if (c >= 0x20 && c < 0x7f) {
+            q[k++] = (char)c;
+        } else {
+            static const char hex[] = "0123456789abcdef";
+            q[k++] = '\\';
+            q[k++] = 'x';
+            q[k++] = hex[c >> 4];
+            q[k++] = hex[c & 15];
+        }
+    }
+    q[k] = '\0';
+    snprintf(msg + len, cap - len, " (after the text \"%s%s\")", total > n ? "..." : "", q);
+}
+
+/* The bytes some stack of st can read next, split into classes that the
+ * same stacks accept (bytes of a class lead to the same state). */
+static uint32_t byte_classes(const core_grammar_t *g, const core_grammar_state_t *st,
+                             gset_t cls[256])
+{
+    uint32_t n = 0;
+    for (size_t o = 0; o < st->len; o += 1 + st->buf[o]) {
+        uint32_t D = st->buf[o];
+        if (D == 0)
+            continue;
+        const gset_t *s = &g->sets[g->el[st->buf[o + D]].arg];
+        gset_t rest = *s; /* the bytes of s in no class yet */
+        for (uint32_t c = 0, n0 = n; c < n0; c++) {
+            gset_t in, out;
+            int any_in = 0, any_out = 0;
+            for (int w = 0; w < 4; w++) {
+                in.w[w] = cls[c].w[w] & s->w[w];
+                out.w[w] = cls[c].w[w] & ~s->w[w];
+                rest.w[w] &= ~cls[c].w[w];
+                any_in |= in.w[w] != 0;
+                any_out |= out.w[w] != 0;
+            }
+            if (any_in && any_out) { /* split */
+                cls[c] = in;
+                cls[n++] = out;
+            }
+        }
+        if (rest.w[0] | rest.w[1] | rest.w[2] | rest.w[3])
+            cls[n++] = rest;
+    }
+    return n;
+}
+
+static unsigned lowest_byte(const gset_t *s)
+{
+    for (unsigned w = 0; w < 4; w++)
+        if (s->w[w])
+            return w * 64 + (unsigned)__builtin_ctzll(s->w[w]);
+    return 0;
+}
+
+/* Explores the states the grammar's texts reach, breadth first from the
+ * start, each distinct state once, every class of bytes from each, until
+ * lim.max_probe states or PROBE_EFFORT of work: a bound the texts meet
+ * (too many stacks, too deep, one byte opening too many paths) is found
+ * here, when the grammar is compiled, with the text that meets it, rather
+ * than while generating. What lies beyond the budget is not known; the
+ * bounds still hold there and fail that generation. */
+static int probe(const core_grammar_t *g, core_error_t *err)
+{
+    probe_t p = {0};
+    core_grammar_ws_t *ws = core_grammar_ws_new();
+    core_grammar_state_t st = {0}, next = {0};
+    gset_t *cls = malloc(256 * sizeof *cls);
+    int rc = 0;
+    if (!ws || !cls) {
+        rc = core_error_set(err, CORE_ENOMEM, "grammar probe");
+        goto out;
+    }
+    int added;
+    if ((rc = core_grammar_state_init(&st, g, err)) != 0) {
+        if (rc == CORE_ERANGE)
+            probe_where(&p, PNODE_NONE, -1, err->msg, sizeof err->msg);
+        goto out;
+    }
+    if ((rc = probe_add(&p, &st, PNODE_NONE, 0, &added, err)) != 0)
+        goto out;
+    for (size_t i = 0; i < p.n_nodes && p.n_nodes < g->lim.max_probe &&
+                       ws->effort < PROBE_EFFORT && p.arena_len < PROBE_WORDS;
+         i++) {
+        const pnode_t nd = p.nodes[i];
+        core_grammar_state_clear(&st);
+        st.g = g;
+        st.buf = malloc((nd.len ? nd.len : 1) * sizeof *st.buf);
+        if (!st.buf) {
+            rc = core_error_set(err, CORE_ENOMEM, "grammar probe");
+            goto out;
+        }
+        copy_words(st.buf, p.arena + nd.off, nd.len);
+        st.len = st.cap = nd.len;
+        st.n_stacks = nd.n_stacks;
+        uint32_t nc = byte_classes(g, &st, cls);
+        for (uint32_t c = 0; c < nc && p.n_nodes < g->lim.max_probe; c++) {
+            unsigned char b = (unsigned char)lowest_byte(&cls[c]);
+            if ((rc = core_grammar_state_copy(&next, &st, err)) != 0)
+                goto out;
+            rc = core_grammar_accept_bytes(&next, ws, &b, 1, err);
+            if (rc == CORE_ERANGE) {
+                probe_where(&p, (uint32_t)i, b, err->msg, sizeof err->msg);
+                goto out;
+            }
+            if (rc == CORE_EINVAL) { /* cannot happen: b is read by some stack */
+                rc = 0;
+                continue;
+            }
+            if (rc || (rc = probe_add(&p, &next, (uint32_t)i, b, &added, err)) != 0)
+                goto out;
+        }
+    }
+out:
+    core_grammar_state_clear(&st);
+    core_grammar_state_clear(&next);
+    core_grammar_ws_free(ws);
+    free(cls);
+    probe_free(&p);
+    return rc;
 }
 
 /* ------------------------------------------------------------ masks */

@@ -39,7 +39,10 @@
  * never end are compile errors. While generating, the number of parse stacks
  * alive at once (an ambiguous grammar), the depth of a stack and the memory
  * of the position tables are bounded: past a bound a call fails with
- * CORE_ERANGE and a message, never with unbounded memory or time.
+ * CORE_ERANGE and a message, never with unbounded memory or time. Compiling
+ * also runs the texts' first states against those bounds (the probe, see
+ * core_grammar_new), so that most grammars that would meet one while
+ * generating are refused before any text.
  *
  * Knows nothing of HTTP, JSON or requests.
  */
@@ -58,9 +61,10 @@
 #define CORE_GRAMMAR_MAX_ELEMENTS (1u << 18)      /* elements after expansion */
 #define CORE_GRAMMAR_MAX_NESTING 64               /* depth of ( ) */
 #define CORE_GRAMMAR_MAX_REPEAT 1000              /* m and n of {m,n} */
-#define CORE_GRAMMAR_MAX_STACKS 256               /* parse stacks alive at once */
+#define CORE_GRAMMAR_MAX_STACKS 512               /* parse stacks alive at once */
 #define CORE_GRAMMAR_MAX_DEPTH 4096               /* frames in one stack */
 #define CORE_GRAMMAR_MAX_CACHE ((size_t)64 << 20) /* bytes of position tables per grammar */
+#define CORE_GRAMMAR_MAX_PROBE 4096               /* states explored when compiling */
 
 /* Limits of one grammar. Zero-initialize and set what you need: a 0 field
  * takes the default above; a larger value is clamped to it. */
@@ -73,6 +77,7 @@ typedef struct core_grammar_limits {
     uint32_t max_stacks;
     uint32_t max_depth;
     size_t max_cache; /* 1 = cache nothing: every mask walks the trie (tests) */
+    uint32_t max_probe; /* states the compile-time probe explores (see core_grammar_new) */
 } core_grammar_limits_t;
 
 /* ---- vocabulary ---- */
@@ -112,7 +117,15 @@ typedef struct core_grammar core_grammar_t;
  * (core_grammar_free). lim may be NULL (defaults). An invalid grammar is
  * CORE_EFORMAT with a message "line L, column C: <what is wrong or what
  * was expected>" (columns count characters from 1); a grammar over a bound
- * is CORE_ERANGE with the same kind of message. */
+ * is CORE_ERANGE with the same kind of message.
+ * The probe: the states the grammar's texts reach are explored breadth
+ * first from the start, each distinct state once and each class of bytes
+ * that leads somewhere else from it, up to lim->max_probe states and a
+ * fixed budget of parser work (a few ms of CPU, docs/GRAMMAR.md); a state
+ * over a bound of generation (stacks, depth, paths one byte opens) is
+ * CORE_ERANGE with that bound's message and the text that reaches it
+ * appended, as in: ... at once (after the text "xxxxxxxx"). Beyond the
+ * budget the bounds still hold while generating. */
 int core_grammar_new(const char *text, size_t len, const core_grammar_vocab_t *vocab,
                      const core_grammar_limits_t *lim, core_grammar_t **out, core_error_t *err);
 void core_grammar_free(core_grammar_t *g); /* NULL is a no-op */

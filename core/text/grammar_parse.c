@@ -1161,25 +1161,73 @@ static int flatten(parser_t *P, core_grammar_t *g)
 
 /* Fixpoint of "some alternative has only elements for which ok()":
  * nullable (BYTES never) and productive (BYTES always). */
-static void fixpoint(const core_grammar_t *g, uint8_t *flag, int bytes_ok)
+static int fixpoint(const core_grammar_t *g, uint8_t *flag, int bytes_ok)
 {
-    int changed = 1;
-    while (changed) {
-        changed = 0;
-        for (uint32_t r = 0; r < g->n_rules; r++) {
-            if (flag[r])
+    /* Linear (a pass over every rule until nothing changes took a pass
+     * per link of a chain of rules defined in the wrong order): each
+     * alternative counts the references it still waits for; a rule that
+     * gets its flag lowers the count of every alternative that refers to
+     * it, and an alternative at 0 flags its rule. */
+    uint32_t n_alts = g->rule_alt[g->n_rules];
+    uint32_t *need = malloc(((size_t)n_alts + 1) * sizeof *need);
+    uint32_t *alt_rule = malloc(((size_t)n_alts + 1) * sizeof *alt_rule);
+    uint32_t *first = calloc((size_t)g->n_rules + 1, sizeof *first); /* CSR: rule -> alts */
+    uint32_t *users = malloc(((size_t)g->n_el + 1) * sizeof *users);
+    uint32_t *todo = malloc(((size_t)g->n_rules + 1) * sizeof *todo);
+    int rc = -1;
+    if (!need || !alt_rule || !first || !users || !todo)
+        goto out;
+    for (uint32_t r = 0; r < g->n_rules; r++)
+        for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+            alt_rule[a] = r;
+            need[a] = 0;
+            for (uint32_t e = g->alt_first[a]; !bytes_ok && g->el[e].kind != GEL_END; e++)
+                if (g->el[e].kind == GEL_BYTES)
+                    need[a] = UINT32_MAX; /* never: it reads a byte */
+            if (need[a] == UINT32_MAX)
                 continue;
-            for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1] && !flag[r]; a++) {
-                int ok = 1;
-                for (uint32_t e = g->alt_first[a]; ok && g->el[e].kind != GEL_END; e++)
-                    ok = g->el[e].kind == GEL_BYTES ? bytes_ok : flag[g->el[e].arg];
-                if (ok) {
-                    flag[r] = 1;
-                    changed = 1;
+            for (uint32_t e = g->alt_first[a]; g->el[e].kind != GEL_END; e++)
+                if (g->el[e].kind == GEL_REF) {
+                    need[a]++;
+                    first[g->el[e].arg + 1]++;
                 }
+        }
+    for (uint32_t r = 0; r < g->n_rules; r++)
+        first[r + 1] += first[r];
+    for (uint32_t a = 0; a < n_alts; a++) {
+        if (need[a] == UINT32_MAX)
+            continue;
+        for (uint32_t e = g->alt_first[a]; g->el[e].kind != GEL_END; e++)
+            if (g->el[e].kind == GEL_REF)
+                users[first[g->el[e].arg]++] = a;
+    }
+    for (uint32_t r = g->n_rules; r > 0; r--) /* back to the starts */
+        first[r] = first[r - 1];
+    first[0] = 0;
+    size_t nt = 0;
+    for (uint32_t a = 0; a < n_alts; a++)
+        if (need[a] == 0 && !flag[alt_rule[a]]) {
+            flag[alt_rule[a]] = 1;
+            todo[nt++] = alt_rule[a];
+        }
+    while (nt) {
+        uint32_t t = todo[--nt];
+        for (uint32_t k = first[t]; k < first[t + 1]; k++) {
+            uint32_t a = users[k];
+            if (--need[a] == 0 && !flag[alt_rule[a]]) {
+                flag[alt_rule[a]] = 1;
+                todo[nt++] = alt_rule[a];
             }
         }
     }
+    rc = 0;
+out:
+    free(need);
+    free(alt_rule);
+    free(first);
+    free(users);
+    free(todo);
+    return rc;
 }
 
 /* Left recursion: an edge r -> t when some alternative of r reaches REF t
@@ -1286,8 +1334,10 @@ static int check(parser_t *P, core_grammar_t *g)
         rc = oom(P);
         goto out;
     }
-    fixpoint(g, nullable, 0);
-    fixpoint(g, productive, 1);
+    if (fixpoint(g, nullable, 0) < 0 || fixpoint(g, productive, 1) < 0) {
+        rc = oom(P);
+        goto out;
+    }
     size_t nt = 0;
     reach[0] = 1;
     todo[nt++] = 0;
