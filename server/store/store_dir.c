@@ -1,6 +1,6 @@
-/* server/store/store_dir.c — the session directory (server/store/store.h "Disk"):
- * writing and reading session files, deleting them, the directory's
- * budgets, and opening it (the lock, the scan at startup).
+/* server/store/store_dir.c — the session directory (server/store/store.h "Disk",
+ * "Crashes"): writing, reading, renaming and deleting its files, the names
+ * of checkpoint files, and opening it (the lock, the scan at startup).
  *
  * Files are named by the session id and created through a directory fd, so
  * no path is ever built from input other than an id validated as 32 hex
@@ -10,6 +10,10 @@
  * written in place: it is the session's previous file, hard-linked before
  * the new one is renamed over it, or a whole file an import writes; a
  * rollback renames it back over "<id>".
+ *
+ * It knows files, not sessions: the scan returns what it found, and the
+ * table (store_table.c) decides what belongs to whom. It calls only
+ * store_base.c and store_codec.c (store_impl.h says who calls whom).
  */
 #include "server/store/store.h"
 #include "server/store/store_impl.h"
@@ -18,7 +22,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,133 +203,59 @@ int srv_sess_load_file(srv_store_t *st, const char *name, srv_seq_ctx_t *c, meta
     return rc;
 }
 
-/* Caller holds mu, s idle: removes s (file first, so a failure keeps it). */
-int srv_sess_remove_session(srv_store_t *st, srv_session_t *s, char *err, size_t errlen)
+/* Deletes file name of the directory (a session's or a checkpoint's) behind
+ * the "unlink" fault point: 0, also when it was gone already; else
+ * ENOSPACE / EIO naming the file and the errno (the file stays). */
+int srv_sess_dir_unlink(srv_store_t *st, const char *name, char *err, size_t errlen)
 {
-    if (s->on_disk && (srv_sess_fault(st, "unlink") || unlinkat(st->dirfd, s->id, 0) < 0) &&
-        errno != ENOENT) {
+    if ((srv_sess_fault(st, "unlink") || unlinkat(st->dirfd, name, 0) < 0) && errno != ENOENT) {
         char eb[128];
         int e = errno;
-        return STORE_FAIL(err, errlen, srv_sess_io_code(e), "deleting %s/%s: %s", st->dir, s->id,
+        return STORE_FAIL(err, errlen, srv_sess_io_code(e), "deleting %s/%s: %s", st->dir, name,
                           srv_sess_errstr(e, eb, sizeof eb));
     }
-    srv_sess_disk_gone(st, s);
-    srv_sess_ckpt_drop_from(st, s, 0);
-    srv_sess_drop_memory(st, s);
-    srv_sess_tab_remove(st, s);
-    free(s->ckpt);
-    free(s);
     return 0;
 }
 
-/* ---- the directory's budgets (caller holds mu) ---- */
-
-/* Is a used less recently than b? (last_used, then the LRU tick; files
- * found at startup have tick 0.) */
-static int older(const srv_session_t *a, const srv_session_t *b)
+/* Deletes file name, best effort and without a fault point: the clean-up
+ * of a file nothing refers to (startup deletes what is left). */
+void srv_sess_dir_remove(srv_store_t *st, const char *name)
 {
-    return a->last_used != b->last_used ? a->last_used < b->last_used : a->tick < b->tick;
+    unlinkat(st->dirfd, name, 0);
 }
 
-/* Deletes, until the directory's budgets hold (max_disk_files files,
- * checkpoints included, and max_disk_bytes bytes): first the oldest
- * checkpoint of the least recently used idle session that has one, then,
- * when no idle session has any left, the least recently used idle sessions
- * with a file (file and memory). keep (may be NULL) is the session whose
- * write called this: its checkpoints may go, never itself. Busy sessions
- * and sessions under I/O stay, so the budget can be exceeded while they
- * are. Caller holds mu. Returns 0 or the first deletion error (then it
- * stops). */
-int srv_sess_trim_disk(srv_store_t *st, const srv_session_t *keep, char *err, size_t errlen)
+/* Renames file from over file to behind the "rename" fault point, then
+ * syncs the directory (a failed sync is the disk's business: the rename is
+ * done). ENOTFOUND when from is gone, else ENOSPACE / EIO; either way
+ * nothing was renamed. */
+int srv_sess_dir_rename(srv_store_t *st, const char *from, const char *to, char *err, size_t errlen)
 {
-    for (;;) {
-        int over_n = st->max_disk_files && st->n_disk + st->n_ckpt_files > st->max_disk_files;
-        int over_b = st->max_disk_bytes && st->disk_bytes > st->max_disk_bytes;
-        if (!over_n && !over_b)
-            return 0;
-        if (srv_sess_no_io_here(st)) { /* deleting files waits for srv_store_settle */
-            atomic_store(&st->unsettled, 1);
-            return 0;
-        }
-        srv_session_t *v = NULL, *c = NULL;
-        for (size_t i = 0; i < st->n; i++) {
-            srv_session_t *s = st->tab[i];
-            if (s->busy || s->io)
-                continue;
-            if (s->n_ckpt && (!c || older(s, c)))
-                c = s;
-            if (s->on_disk && s != keep && (!v || older(s, v)))
-                v = s;
-        }
-        int rc;
-        if (c) {
-            rc = srv_sess_ckpt_delete(st, c, 0, err, errlen);
-        } else if (v) {
-            rc = srv_sess_remove_session(st, v, err, errlen);
-            if (rc == 0)
-                st->disk_evicted++;
-        } else {
-            return 0;
-        }
-        if (rc < 0)
-            return rc;
+    if (srv_sess_fault(st, "rename") || renameat(st->dirfd, from, st->dirfd, to) < 0) {
+        char eb[128];
+        int e = errno;
+        return STORE_FAIL(err, errlen, e == ENOENT ? SRV_STORE_ENOTFOUND : srv_sess_io_code(e),
+                          "renaming %s/%s to %s: %s (nothing was renamed)", st->dir, from, to,
+                          srv_sess_errstr(e, eb, sizeof eb));
     }
-}
-
-/* ---- opening the directory ---- */
-
-static int mkdirs(const char *path, char *err, size_t errlen)
-{
-    char eb[128];
-    char *p = strdup(path);
-    if (!p)
-        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
-    for (char *q = p + 1;; q++) {
-        if (*q == '/' || *q == '\0') {
-            char c = *q;
-            *q = '\0';
-            if (mkdir(p, 0700) < 0 && errno != EEXIST) {
-                int rc = STORE_FAIL(err, errlen, SRV_STORE_EIO, "cannot create directory %s: %s", p,
-                                    srv_sess_errstr(errno, eb, sizeof eb));
-                free(p);
-                return rc;
-            }
-            *q = c;
-            if (c == '\0')
-                break;
-        }
-    }
-    free(p);
+    (void)fsync(st->dirfd);
     return 0;
 }
 
-/* Could a blob with attention config b load here (header fields only; the
- * learned parameters and an exact state's length are checked on load)? */
-static int cfg_compatible(const core_attn_cfg_t *b, const core_attn_cfg_t *c)
+/* 1 when the directory has a file (of any kind) called name. */
+int srv_sess_dir_exists(const srv_store_t *st, const char *name)
 {
-    if (b->kind != c->kind || b->n_layer != c->n_layer || b->n_head != c->n_head ||
-        b->n_head_kv != c->n_head_kv || b->head_dim != c->head_dim)
-        return 0;
-    return c->kind == CORE_ATTN_EXACT ||
-           (b->n_features == c->n_features && b->window == c->window && b->seed == c->seed);
+    return faccessat(st->dirfd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
-static int cmp_session(const void *a, const void *b)
-{
-    const srv_session_t *x = *(const srv_session_t *const *)a,
-                        *y = *(const srv_session_t *const *)b;
-    return strcmp(x->id, y->id);
-}
+/* ---- names ---- */
 
-/* A checkpoint file found at startup. */
-typedef struct found_ckpt {
-    char id[ID_LEN + 1];
-    int64_t turn;
-    uint64_t gen; /* the generation its name carries */
-    int64_t tokens;
-    size_t bytes;
-    int ok; /* a whole blob for this model and attention (by its header) */
-} found_ckpt_t;
+void srv_sess_ckpt_name(char out[CKPT_NAME_MAX], const char *id, int64_t turn, uint64_t gen)
+{
+    if (gen)
+        snprintf(out, CKPT_NAME_MAX, "%s.%lld.%llu", id, (long long)turn, (unsigned long long)gen);
+    else
+        snprintf(out, CKPT_NAME_MAX, "%s.%lld", id, (long long)turn);
+}
 
 /* The decimal number at *pd up to the next '.' or the end (*pd moved
  * there), at most max; -1 when there is none, it has a leading zero (one
@@ -372,69 +301,84 @@ static int64_t ckpt_parse_name(const char *name, char id[ID_LEN + 1], uint64_t *
     return t;
 }
 
-static int cmp_found(const void *a, const void *b)
-{
-    const found_ckpt_t *x = a, *y = b;
-    int c = strcmp(x->id, y->id);
-    return c ? c : (x->turn > y->turn) - (x->turn < y->turn);
-}
+/* ---- opening the directory ---- */
 
-/* Gives the checkpoint files found to their sessions (the table sorted):
- * those a session's file does not reach (turns at or past its count,
- * damaged, or for another configuration) and those of no session are
- * deleted, except checkpoints of a session file for another model, left
- * alone with it; then each session keeps its newest max_ckpt. */
-static int attach_found(srv_store_t *st, found_ckpt_t *f, size_t n, char *err, size_t errlen)
+static int mkdirs(const char *path, char *err, size_t errlen)
 {
-    if (n > 1)
-        qsort(f, n, sizeof *f, cmp_found);
-    for (size_t i = 0; i < n; i++) {
-        srv_session_t *s = srv_sess_tab_find(st, f[i].id);
-        char name[CKPT_NAME_MAX];
-        srv_sess_ckpt_name(name, f[i].id, f[i].turn, f[i].gen);
-        if (!s) {
-            if (faccessat(st->dirfd, f[i].id, F_OK, AT_SYMLINK_NOFOLLOW) != 0)
-                unlinkat(st->dirfd, name, 0); /* orphan */
-            continue;
+    char eb[128];
+    char *p = strdup(path);
+    if (!p)
+        return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
+    for (char *q = p + 1;; q++) {
+        if (*q == '/' || *q == '\0') {
+            char c = *q;
+            *q = '\0';
+            if (mkdir(p, 0700) < 0 && errno != EEXIST) {
+                int rc = STORE_FAIL(err, errlen, SRV_STORE_EIO, "cannot create directory %s: %s", p,
+                                    srv_sess_errstr(errno, eb, sizeof eb));
+                free(p);
+                return rc;
+            }
+            *q = c;
+            if (c == '\0')
+                break;
         }
-        /* another generation's file is what a crash left of an import:
-         * the old set after the new session file was renamed into place,
-         * the new set before */
-        if (!f[i].ok || f[i].turn >= s->turns || f[i].gen != s->gen) {
-            unlinkat(st->dirfd, name, 0);
-            continue;
-        }
-        int rc =
-            srv_sess_ckpt_add(st, s, f[i].turn, f[i].tokens, f[i].bytes, f[i].gen, err, errlen);
-        if (rc < 0)
-            return rc;
     }
-    for (size_t i = 0; i < st->n; i++)
-        srv_sess_ckpt_prune(st, st->tab[i]);
+    free(p);
     return 0;
 }
 
-/* Registers the session files found in the directory, and their
- * checkpoints; deletes crash leftovers. Files that are not ours, or are for
- * another model or attention configuration, are left alone: not listed,
- * never swept (the server may be restarted with the configuration they
- * belong to). */
-static int scan_dir(srv_store_t *st, char *err, size_t errlen)
+/* Could a blob with attention config b load here (header fields only; the
+ * learned parameters and an exact state's length are checked on load)? */
+static int cfg_compatible(const core_attn_cfg_t *b, const core_attn_cfg_t *c)
+{
+    if (b->kind != c->kind || b->n_layer != c->n_layer || b->n_head != c->n_head ||
+        b->n_head_kv != c->n_head_kv || b->head_dim != c->head_dim)
+        return 0;
+    return c->kind == CORE_ATTN_EXACT ||
+           (b->n_features == c->n_features && b->window == c->window && b->seed == c->seed);
+}
+
+/* Appends a zeroed entry to *f (*n used, *cap allocated): NULL when out of
+ * memory. */
+static srv_found_t *found_push(srv_found_t **f, size_t *n, size_t *cap)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 64;
+        srv_found_t *nf = realloc(*f, c * sizeof *nf);
+        if (!nf)
+            return NULL;
+        *f = nf;
+        *cap = c;
+    }
+    srv_found_t *e = &(*f)[(*n)++];
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+/* Lists the session files and checkpoint files of this model in the
+ * directory (their headers only) into *found[*n] (malloc'd), and deletes
+ * temp files a crash left. Files that are not ours, or are for another
+ * model or attention configuration, are left alone and not listed (the
+ * server may be restarted with the configuration they belong to). Which
+ * checkpoint belongs to which session is the table's to decide
+ * (srv_sess_table_load). */
+static int scan_dir(srv_store_t *st, srv_found_t **found, size_t *n_found, char *err, size_t errlen)
 {
     char eb[128];
     const core_attn_cfg_t *cfg = core_attn_config(st->attn);
     int fd2 = dup(st->dirfd);
     DIR *d = fd2 >= 0 ? fdopendir(fd2) : NULL;
+    *found = NULL;
+    *n_found = 0;
     if (!d) {
         if (fd2 >= 0)
             close(fd2);
         return STORE_FAIL(err, errlen, SRV_STORE_EIO, "cannot list %s: %s", st->dir,
                           srv_sess_errstr(errno, eb, sizeof eb));
     }
-    size_t head_cap = CORE_STATE_HEADER_BYTES + CORE_STATE_MAX_OWNER;
+    size_t head_cap = CORE_STATE_HEADER_BYTES + CORE_STATE_MAX_OWNER, cap_found = 0;
     unsigned char *head = malloc(head_cap);
-    found_ckpt_t *found = NULL;
-    size_t n_found = 0, cap_found = 0;
     int rc = head ? 0 : STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
     struct dirent *de;
     while (rc == 0 && (de = readdir(d)) != NULL) {
@@ -478,71 +422,49 @@ static int scan_dir(srv_store_t *st, char *err, size_t errlen)
         core_state_info_t in;
         int ours = core_state_peek(head, got, &in, NULL) == 0 &&
                    strcmp(in.fingerprint, st->fp) == 0 && cfg_compatible(&in.cfg, cfg);
-        if (turn >= 0) {
-            if (n_found == cap_found) {
-                size_t cap = cap_found ? 2 * cap_found : 64;
-                found_ckpt_t *nf = realloc(found, cap * sizeof *nf);
-                if (!nf) {
-                    rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
-                    break;
-                }
-                found = nf;
-                cap_found = cap;
-            }
-            found_ckpt_t *fc = &found[n_found++];
-            memcpy(fc->id, id, sizeof fc->id);
-            fc->turn = turn;
-            fc->gen = gen;
-            fc->ok = ours && in.total == (uint64_t)sb.st_size && in.n_checkpoints == 0;
-            fc->tokens = fc->ok ? in.pos + (int64_t)in.n_pending : 0;
-            fc->bytes = (size_t)sb.st_size;
+        /* A session file for this model whose size disagrees with its header
+         * was cut short (or grew) behind our back: it is listed all the
+         * same, so that using it answers with what is wrong ("truncated")
+         * instead of 404. A checkpoint file is listed to be kept or deleted. */
+        if (turn < 0 && !ours)
             continue;
-        }
-        /* A file for this model whose size disagrees with its header was cut
-         * short (or grew) behind our back: it is listed all the same, so that
-         * using it answers with what is wrong ("truncated") instead of 404. */
-        if (!ours)
-            continue;
-        in.total = (size_t)sb.st_size;
-        owner_t o = {
-            .created = (int64_t)sb.st_mtime, .last_used = (int64_t)sb.st_mtime, .owner = ""};
-        if (in.owner_off + in.owner_len <= got)
-            srv_sess_owner_parse(head + in.owner_off, in.owner_len, &o);
-        srv_session_t *s = calloc(1, sizeof *s);
-        if (!s || (rc = srv_sess_tab_reserve(st, err, errlen)) < 0) {
-            free(s);
-            rc = rc < 0 ? rc : STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
+        srv_found_t *e = found_push(found, n_found, &cap_found);
+        if (!e) {
+            rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory");
             break;
         }
-        s->st = st;
-        memcpy(s->id, name, ID_LEN + 1);
-        s->created = o.created;
-        s->last_used = o.last_used;
-        s->turn_open = o.turn_open;
-        s->has_chat = o.has_chat;
-        s->turns = o.turns;
-        s->gen = s->gen_used = o.gen;
-        s->pg_text = o.pg_text;
-        s->pg_reply = o.pg_reply;
-        memcpy(s->owner, o.owner, sizeof s->owner);
-        s->tokens = in.pos + (int64_t)in.n_pending;
-        s->state_bytes = in.total;
-        st->tab[st->n++] = s;
-        srv_sess_disk_written(st, s, in.total);
+        memcpy(e->id, turn >= 0 ? id : name, ID_LEN + 1);
+        e->turn = turn;
+        e->bytes = (size_t)sb.st_size;
+        if (turn >= 0) {
+            e->gen = gen;
+            e->ok = ours && in.total == (uint64_t)sb.st_size && in.n_checkpoints == 0;
+            e->tokens = e->ok ? in.pos + (int64_t)in.n_pending : 0;
+            continue;
+        }
+        e->tokens = in.pos + (int64_t)in.n_pending;
+        e->o = (owner_t){
+            .created = (int64_t)sb.st_mtime, .last_used = (int64_t)sb.st_mtime, .owner = ""};
+        if (in.owner_off + in.owner_len <= got)
+            srv_sess_owner_parse(head + in.owner_off, in.owner_len, &e->o);
+        e->o.in = NULL; /* they pointed into head */
+        e->o.pg = NULL;
     }
     free(head);
     closedir(d);
-    if (rc == 0 && st->n > 1)
-        qsort(st->tab, st->n, sizeof(srv_session_t *), cmp_session);
-    if (rc == 0)
-        rc = attach_found(st, found, n_found, err, errlen);
-    free(found);
+    if (rc < 0) {
+        free(*found);
+        *found = NULL;
+        *n_found = 0;
+    }
     return rc;
 }
 
-int srv_sess_open_dir(srv_store_t *st, char *err, size_t errlen)
+int srv_sess_open_dir(srv_store_t *st, srv_found_t **found, size_t *n, char *err, size_t errlen)
 {
     char eb[128];
+    *found = NULL;
+    *n = 0;
     int rc = mkdirs(st->dir, err, errlen);
     if (rc < 0)
         return rc;
@@ -571,13 +493,10 @@ int srv_sess_open_dir(srv_store_t *st, char *err, size_t errlen)
     }
     close(pfd);
     unlinkat(st->dirfd, PROBE_NAME, 0);
-    if ((rc = scan_dir(st, err, errlen)) < 0)
-        return rc;
-    /* a smaller budget than last time: the oldest go now */
-    return srv_sess_trim_disk(st, NULL, err, errlen);
+    return scan_dir(st, found, n, err, errlen);
 }
 
-/* ---- failure injection, stats ---- */
+/* ---- failure injection ---- */
 
 void srv_store_set_write_fn(srv_store_t *st, srv_store_write_fn fn, void *ud)
 {
@@ -592,15 +511,5 @@ void srv_store_set_fault_fn(srv_store_t *st, srv_store_fault_fn fn, void *ud)
     pthread_mutex_lock(&st->mu);
     st->fault_fn = fn;
     st->fault_ud = ud;
-    pthread_mutex_unlock(&st->mu);
-}
-
-void srv_store_disk_stats(srv_store_t *st, size_t *bytes, uint64_t *evicted)
-{
-    pthread_mutex_lock(&st->mu);
-    if (bytes)
-        *bytes = st->disk_bytes;
-    if (evicted)
-        *evicted = st->disk_evicted;
     pthread_mutex_unlock(&st->mu);
 }

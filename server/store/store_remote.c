@@ -14,10 +14,14 @@
  * I/O; they are made on the store's I/O thread. The loop thread's
  * srv_store_acquire_in_memory never calls the backend: it takes a session
  * srv_store_fetch acquired for it on the I/O thread.
+ *
+ * It calls the table and the codec below it, never the public calls of
+ * store.c, which call it (store_impl.h says who calls whom).
  */
 #include "server/store/store_impl.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,6 +256,43 @@ int srv_sess_remote_acquire(srv_store_t *st, const char *id, int from_backend, s
     return rc;
 }
 
+/* Gives back session s that take() held for an operation of this file
+ * (never in a turn or a redo), as srv_store_release would (which sits
+ * above this file): persist = 1 saves it first, under the version it read,
+ * and a save that fails drops the copy in memory, so a change the client
+ * was told failed never reappears; then the lease goes. */
+static int give_back(srv_store_t *st, srv_session_t *s, int persist, char *err, size_t errlen)
+{
+    int rc = 0;
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    if (persist) {
+        rc = srv_sess_serialize(st, s, &buf, &len, err, errlen);
+        if (rc == 0)
+            rc = srv_sess_remote_save(st, s, buf, len, err, errlen);
+        free(buf);
+    }
+    pthread_mutex_lock(&st->mu);
+    const int64_t tokens0 = s->tokens;
+    const size_t bytes0 = s->state_bytes;
+    srv_sess_refresh(st, s);
+    if (persist && rc == 0) {
+        srv_sess_disk_written(st, s, len);
+        s->dirty = 0;
+    } else if (persist) {
+        srv_sess_revert(st, s, tokens0, bytes0);
+    }
+    if (persist)
+        srv_sess_ctx_free(&s->prep);
+    srv_sess_remote_released(st, s, persist, persist && rc == 0);
+    srv_sess_refresh(st, s);
+    s->busy = 0;
+    s->tick = ++st->tick;
+    srv_sess_make_room(st, 0, NULL, 0);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
 int srv_store_fetch(srv_store_t *st, const char *id, char *err, size_t errlen)
 {
     if (!srv_session_id_valid(id))
@@ -281,7 +322,7 @@ void srv_store_unfetch(srv_store_t *st, const char *id)
         s->fetched = 0;
     pthread_mutex_unlock(&st->mu);
     if (give)
-        srv_store_release(st, s, 0, NULL, 0);
+        give_back(st, s, 0, NULL, 0);
 }
 
 int srv_sess_remote_save(srv_store_t *st, srv_session_t *s, const unsigned char *buf, size_t len,
@@ -395,7 +436,7 @@ int srv_sess_remote_fork(srv_store_t *st, const char *id, const char *owner,
     }
     free(buf);
 done:
-    srv_store_release(st, src, 0, NULL, 0);
+    give_back(st, src, 0, NULL, 0);
     pthread_mutex_lock(&st->mu);
     if (rc == 0) {
         ns->ctx = c;
@@ -432,7 +473,7 @@ int srv_sess_remote_export(srv_store_t *st, const char *id, void **blob, size_t 
     unsigned char *buf = NULL;
     size_t n = 0;
     rc = srv_sess_serialize_ctx(st, s, &s->ctx, &buf, &n, err, errlen);
-    srv_store_release(st, s, 0, NULL, 0);
+    give_back(st, s, 0, NULL, 0);
     if (rc < 0)
         return rc;
     *blob = buf;
@@ -483,7 +524,7 @@ int srv_sess_remote_import(srv_store_t *st, const char *id, const void *blob, si
     srv_sess_meta_free(&m);
     pthread_mutex_unlock(&st->mu);
     /* saved (and on failure dropped from memory) like a turn */
-    return srv_store_release(st, s, 1, err, errlen);
+    return give_back(st, s, 1, err, errlen);
 }
 
 int srv_sess_remote_list(srv_store_t *st, const char *owner, const char *after, size_t limit,

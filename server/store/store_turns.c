@@ -1,88 +1,21 @@
 /* server/store/store_turns.c — turns and checkpoints (server/store/store.h "Turns
- * and checkpoints"): a session's checkpoint files and their bookkeeping,
- * opening and ending a turn, rollback, and redo (regenerate).
+ * and checkpoints"): opening and ending a turn, rollback, and redo
+ * (regenerate).
+ *
+ * It calls the table, the directory and the codec below it, never the
+ * public calls of store.c (store_impl.h says who calls whom).
  */
 #include "server/store/store.h"
 #include "server/store/store_impl.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <time.h>
-#include <unistd.h>
 
-/* ---- checkpoint files (caller holds mu) ---- */
-
-void srv_sess_ckpt_name(char out[CKPT_NAME_MAX], const char *id, int64_t turn, uint64_t gen)
-{
-    if (gen)
-        snprintf(out, CKPT_NAME_MAX, "%s.%lld.%llu", id, (long long)turn, (unsigned long long)gen);
-    else
-        snprintf(out, CKPT_NAME_MAX, "%s.%lld", id, (long long)turn);
-}
-
-/* s's checkpoint file for `turn` turns exists (after every one it has). */
-int srv_sess_ckpt_add(srv_store_t *st, srv_session_t *s, int64_t turn, int64_t tokens, size_t bytes,
-                      uint64_t gen, char *err, size_t errlen)
-{
-    if (s->n_ckpt == s->cap_ckpt) {
-        size_t cap = s->cap_ckpt ? 2 * s->cap_ckpt : 8;
-        ckpt_t *c = realloc(s->ckpt, cap * sizeof *c);
-        if (!c)
-            return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for a checkpoint");
-        s->ckpt = c;
-        s->cap_ckpt = cap;
-    }
-    s->ckpt[s->n_ckpt++] = (ckpt_t){.turn = turn, .tokens = tokens, .bytes = bytes, .gen = gen};
-    st->disk_bytes += bytes;
-    st->n_ckpt_files++;
-    return 0;
-}
-
-/* s's checkpoint k is no longer its (the file is gone or became another). */
-static void ckpt_forget(srv_store_t *st, srv_session_t *s, size_t k)
-{
-    st->disk_bytes -= s->ckpt[k].bytes;
-    st->n_ckpt_files--;
-    memmove(s->ckpt + k, s->ckpt + k + 1, (s->n_ckpt - k - 1) * sizeof *s->ckpt);
-    s->n_ckpt--;
-}
-
-/* Deletes s's checkpoint k (its file, then the entry); a file already
- * gone is fine. On an error the entry stays. */
-int srv_sess_ckpt_delete(srv_store_t *st, srv_session_t *s, size_t k, char *err, size_t errlen)
-{
-    char name[CKPT_NAME_MAX];
-    srv_sess_ckpt_name(name, s->id, s->ckpt[k].turn, s->ckpt[k].gen);
-    if ((srv_sess_fault(st, "unlink") || unlinkat(st->dirfd, name, 0) < 0) && errno != ENOENT) {
-        char eb[128];
-        int e = errno;
-        return STORE_FAIL(err, errlen, srv_sess_io_code(e), "deleting %s/%s: %s", st->dir, name,
-                          srv_sess_errstr(e, eb, sizeof eb));
-    }
-    ckpt_forget(st, s, k);
-    return 0;
-}
-
-/* Deletes s's checkpoints from index k on (best effort: a file that cannot
- * be deleted is forgotten all the same, and startup deletes it as one past
- * the session's turns). */
-void srv_sess_ckpt_drop_from(srv_store_t *st, srv_session_t *s, size_t k)
-{
-    while (s->n_ckpt > k)
-        if (srv_sess_ckpt_delete(st, s, s->n_ckpt - 1, NULL, 0) < 0)
-            ckpt_forget(st, s, s->n_ckpt - 1);
-}
-
-/* Deletes s's oldest checkpoints past the newest max_ckpt (best effort). */
-void srv_sess_ckpt_prune(srv_store_t *st, srv_session_t *s)
-{
-    while (s->n_ckpt > st->max_ckpt)
-        if (srv_sess_ckpt_delete(st, s, 0, NULL, 0) < 0)
-            ckpt_forget(st, s, 0);
-}
+/* ---- checkpoints ---- */
 
 /* Index of s's checkpoint for `turn` turns, or -1. */
 static ssize_t ckpt_find(const srv_session_t *s, int64_t turn)
@@ -234,34 +167,29 @@ int srv_store_rollback(srv_store_t *st, const char *id, int64_t n, srv_session_i
         return rc;
     const ckpt_t ck = s->ckpt[k];
     const int in_mem = s->ctx.state != NULL;
-    char name[CKPT_NAME_MAX], eb[128];
+    char name[CKPT_NAME_MAX];
     srv_sess_ckpt_name(name, id, ck.turn, ck.gen);
     /* read and checked whole before anything changes */
     srv_seq_ctx_t c;
     meta_t m;
     rc = srv_sess_load_file(st, name, &c, &m, err, errlen);
-    if (rc == 0 && (srv_sess_fault(st, "rename") || renameat(st->dirfd, name, st->dirfd, id) < 0)) {
-        int e = errno;
-        rc = STORE_FAIL(err, errlen, srv_sess_io_code(e),
-                        "renaming %s/%s to %s: %s (the session is as it was)", st->dir, name, id,
-                        srv_sess_errstr(e, eb, sizeof eb));
+    /* the commit: the checkpoint's file becomes the session's */
+    if (rc == 0 && (rc = srv_sess_dir_rename(st, name, id, err, errlen)) < 0) {
         srv_sess_ctx_free(&c);
         srv_sess_meta_free(&m);
     }
-    if (rc == 0)
-        (void)fsync(st->dirfd); /* the rename is done; its durability is the disk's */
     srv_seq_ctx_t old = {0};
     int32_t *old_in = NULL;
     unsigned char *old_pg = NULL;
     pthread_mutex_lock(&st->mu);
     if (rc == SRV_STORE_ENOTFOUND) { /* the file went behind our back */
-        ckpt_forget(st, s, (size_t)k);
+        srv_sess_ckpt_forget(st, s, (size_t)k);
         rc = STORE_FAIL(err, errlen, SRV_STORE_ENOCKPT, "the checkpoint file %s/%s is gone",
                         st->dir, name);
     }
     if (rc == 0) {
         /* the checkpoint's file is the session's now */
-        ckpt_forget(st, s, (size_t)k);
+        srv_sess_ckpt_forget(st, s, (size_t)k);
         srv_sess_disk_written(st, s, ck.bytes);
         srv_sess_ckpt_drop_from(st, s, (size_t)k);
         s->turns = ck.turn;
@@ -347,7 +275,7 @@ int srv_store_redo_prepare(srv_store_t *st, const char *id, char *err, size_t er
     srv_sess_meta_free(&m);
     pthread_mutex_lock(&st->mu);
     if (rc == SRV_STORE_ENOTFOUND) {
-        ckpt_forget(st, s, (size_t)k);
+        srv_sess_ckpt_forget(st, s, (size_t)k);
         rc = STORE_FAIL(err, errlen, SRV_STORE_ENOCKPT, "the checkpoint file %s/%s is gone",
                         st->dir, name);
     }

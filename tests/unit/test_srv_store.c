@@ -1,4 +1,4 @@
-/* server/store/store.c on the tiny fixture model (env DARKSERVE_TINY_MODEL):
+/* The session store (server/store/store.h) on the tiny fixture model (env DARKSERVE_TINY_MODEL):
  * session lifecycle and busy rules, ids, persistence across a restart, LRU
  * eviction and reload, TTL, fork, export/import and their refusals, write
  * failures (injected, and a directory where the temp file goes) and crash
@@ -1686,9 +1686,10 @@ static int dir_clean(const char *dir)
         if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, ".lock") || l == 32)
             continue;
         const char *dot = l > 33 ? strchr(n + 33, '.') : NULL;
-        int ckpt = l > 33 && n[32] == '.' &&
-                   (dot ? all_digits(n + i, (size_t)(dot - n) - i) && all_digits(dot + 1, strlen(dot + 1))
-                        : all_digits(n + i, l - i));
+        int ckpt =
+            l > 33 && n[32] == '.' &&
+            (dot ? all_digits(n + i, (size_t)(dot - n) - i) && all_digits(dot + 1, strlen(dot + 1))
+                 : all_digits(n + i, l - i));
         CHECK_MSG(ckpt, "unexpected file %s/%s", dir, n);
         ok &= ckpt;
     }
