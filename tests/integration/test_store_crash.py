@@ -14,6 +14,8 @@ owner sections without their timestamps and the directory's checkpoint
 generation), plus the files in the directory. Every run must read back
 exactly the sessions as they were before the change, or exactly as the
 completed change left them; no temp file or stray checkpoint may remain.
+A run that reads back the sessions as they were must also leave every file
+byte for byte as it was.
 
 The number of fault points per change and what each crash left are printed
 (pytest -s)."""
@@ -139,6 +141,16 @@ def op_delete(srv, t):
 CKPT_NAME = re.compile(r"^([0-9a-f]{32})\.(\d+)(?:\.(\d+))?$")
 
 
+def files_of(d):
+    """{name: bytes} of the session and checkpoint files in d."""
+    out = {}
+    for f in os.listdir(d):
+        if CKPT_NAME.match(f) or re.fullmatch(r"[0-9a-f]{32}", f):
+            with open(os.path.join(d, f), "rb") as fh:
+                out[f] = fh.read()
+    return out
+
+
 def snapshot(srv, t):
     """Every session as a restarted server reads it back, ids of sessions
     a change made replaced by "new"; and the directory holds nothing else."""
@@ -178,7 +190,7 @@ def run(t, label, op, kill_at):
     srv = Server(base, TINY, name="srv", args=ARGS, session_dir=sess, env={FAULT: str(fault)})
     try:
         if op is None:  # the sessions before any change
-            return None, None, snapshot(srv, t)
+            return None, None, (snapshot(srv, t), files_of(sess))
         if kill_at:
             fault.write_text(f"kill-at {kill_at}")
         try:
@@ -194,7 +206,8 @@ def run(t, label, op, kill_at):
         m = re.search(r"killing the process before store operation \d+ \((\w+)\)", srv.log_text())
         fault.write_text("none")
         srv.start()
-        return status is not None, m.group(1) if m else None, snapshot(srv, t)
+        snap = snapshot(srv, t)
+        return status is not None, m.group(1) if m else None, (snap, files_of(sess))
     finally:
         srv.kill()
 
@@ -203,20 +216,23 @@ def run(t, label, op, kill_at):
                                       ("rollback", op_rollback), ("turn", op_turn),
                                       ("delete", op_delete)])
 def test_a_crash_at_every_step_leaves_the_old_or_the_new_sessions(template, label, op):
-    _, _, old = run(template, label, None, 0)
+    _, _, (old, old_files) = run(template, label, None, 0)
+    assert old_files == files_of(template["dir"])
     crashed = []
     for n in range(1, MAX_POINTS + 1):
         answered, what, snap = run(template, label, op, n)
         if answered:
-            new = snap
+            new = snap[0]
             break
         crashed.append((n, what, snap))
     else:
         raise AssertionError(f"{label}: still crashing after {MAX_POINTS} fault points")
     assert new != old, f"{label}: the completed change changed nothing"
     outcome = []
-    for n, what, snap in crashed:
+    for n, what, (snap, files) in crashed:
         assert snap in (old, new), f"{label}: a crash at point {n} ({what}) left a mix"
+        if snap == old:
+            assert files == old_files, f"{label}: a crash at point {n} ({what}) changed a file"
         outcome.append(f"{n}:{what}->{'old' if snap == old else 'new'}")
     assert crashed, f"{label}: no fault point"
     print(f"\n{label}: {len(crashed)} fault points, 1 run each: {' '.join(outcome)}")

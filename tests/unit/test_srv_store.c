@@ -1982,6 +1982,91 @@ out:
     free(dir2);
 }
 
+/* Copies file from over file to in dir (a checkpoint a crash left). */
+static void copy_file(const char *dir, const char *from, const char *to)
+{
+    size_t l = 0;
+    unsigned char *b = read_all(dir, from, &l);
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, to);
+    FILE *f = b ? fopen(p, "wb") : NULL;
+    CHECK_MSG(f != NULL, "copy %s to %s", from, to);
+    if (f) {
+        CHECK(fwrite(b, 1, l, f) == l);
+        fclose(f);
+    }
+    free(b);
+}
+
+/* What a crash leaves of an import, whichever side of its commit (the
+ * rename of the new session file): the checkpoint files of the generation
+ * the session file does not name are deleted at startup, those it names
+ * stay; so the session has its old set or the new one, never a mix. */
+TEST(import_crash_leftovers)
+{
+    char *dir = mkdir_tmp(), *dir2 = mkdir_tmp();
+    srv_store_t *st = open_ckpt_store(dir, 3, 0), *src = open_ckpt_store(dir2, 3, 0);
+    void *blob = NULL;
+    if (!st || !src)
+        goto out;
+    char a[33], b[33], name[80], from[80];
+    make_session(src, model, 370, 1, a);
+    for (int t = 1; t <= 3; t++)
+        one_turn(src, a, 40 + t, SRV_TURN_REPLY, NULL);
+    size_t len = 0;
+    CHECK_INT_EQ(srv_store_export(src, a, &blob, &len, ERR), 0);
+    make_session(st, model, 371, 1, b);
+    for (int t = 1; t <= 2; t++)
+        one_turn(st, b, 50 + t, SRV_TURN_REPLY, NULL);
+    srv_store_free(st);
+    /* before the commit: the new set (generation 1) is written, the
+     * session file is still the old one (generation 0) */
+    for (int t = 0; t < 3; t++) {
+        snprintf(name, sizeof name, "%s.%d.1", b, t);
+        snprintf(from, sizeof from, "%s.%d", b, t < 2 ? t : 0);
+        copy_file(dir, from, name);
+    }
+    st = open_ckpt_store(dir, 3, 0);
+    if (!st)
+        goto out;
+    const int64_t old[] = {0, 1};
+    check_ckpts(st, dir, b, 2, old, 2, "a crash before the commit");
+    CHECK(dir_clean(dir));
+    /* after the commit: the session file names generation 1, the old set
+     * (generation 0) is still there */
+    char err[SRV_STORE_ERR_MAX] = "";
+    CHECK_MSG(srv_store_import(st, b, blob, len, err, sizeof err) == 0, "import: %s", err);
+    const int64_t neu[] = {0, 1, 2};
+    check_ckpts(st, dir, b, 3, neu, 3, "imported");
+    srv_store_free(st);
+    for (int t = 0; t < 2; t++) {
+        snprintf(name, sizeof name, "%s.%d", b, t);
+        snprintf(from, sizeof from, "%s.%d.1", b, t);
+        copy_file(dir, from, name);
+    }
+    st = open_ckpt_store(dir, 3, 0);
+    if (!st)
+        goto out;
+    check_ckpts(st, dir, b, 3, neu, 3, "a crash after the commit");
+    for (int t = 0; t < 2; t++) {
+        snprintf(name, sizeof name, "%s.%d", b, t);
+        CHECK_MSG(!file_exists(dir, name), "%s is left", name);
+    }
+    CHECK(dir_clean(dir));
+    /* the new set is the session's: back to the imported checkpoint 1 */
+    CHECK_INT_EQ(srv_store_rollback(st, b, 2, NULL, ERR), 0);
+    const int64_t back[] = {0};
+    check_ckpts(st, dir, b, 1, back, 1, "rolled back");
+out:
+    free(blob);
+    srv_store_free(st);
+    srv_store_free(src);
+    rm_rf(dir);
+    rm_rf(dir2);
+    free(dir);
+    free(dir2);
+}
+
 /* A turn or a redo whose write fails is not in the session: the count,
  * the cached size and tokens, the checkpoints and the files are as before,
  * and the store goes on from the file. */
@@ -2119,6 +2204,7 @@ int main(void)
     RUN(turn_checkpoints_and_rollback);
     RUN(redo_replaces_the_last_turn);
     RUN(checkpoints_export_import);
+    RUN(import_crash_leftovers);
     RUN(disk_budget_takes_checkpoints_first);
     RUN(failed_writes_leave_turns_as_they_were);
     core_model_free(model);
