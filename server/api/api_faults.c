@@ -88,8 +88,8 @@ static void kill_at(const char *op, long n)
 {
     long k = atomic_fetch_add(&kill_points, 1) + 1;
     if (n > 0 && k >= n) {
-        SRV_LOG(SRV_LOG_WARN, NULL, "kill-at %ld: killing the process before store operation %ld (%s)",
-                n, k, op);
+        SRV_LOG(SRV_LOG_WARN, NULL,
+                "kill-at %ld: killing the process before store operation %ld (%s)", n, k, op);
         raise(SIGKILL);
     }
 }
