@@ -183,6 +183,12 @@ static const opt_t opts[] = {
     {"max-tokens-limit", "DARKSERVE_MAX_TOKENS_LIMIT", OPT_INT, 0, O(max_tokens_limit), "4096",
      1, INT64_C(1) << 31, NULL, "N",
      "largest max_tokens a request may ask for"},
+    {"max-prompt-tokens", "DARKSERVE_MAX_PROMPT_TOKENS", OPT_INT, 0, O(max_prompt_tokens),
+     "131072", 1, INT64_C(1) << 24, NULL, "N",
+     "most tokens one request may give the model to read: its prompts together, or a "
+     "session's pending tokens and new text, or a prefix (about two minutes of prefill on one "
+     "core at the default); more is 400 context_length_exceeded before any work. Longer text "
+     "goes into a session in several appends"},
     {"max-sessions", "DARKSERVE_MAX_SESSIONS", OPT_INT, 0, O(max_sessions), "1024",
      1, 10000000, NULL, "N",
      "sessions kept in memory (least recently used spill to --session-dir)"},

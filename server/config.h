@@ -116,6 +116,7 @@ typedef struct srv_config {
     int64_t prefill_chunk;     /* prompt tokens per sequence per step */
     int64_t max_queue;         /* waiting jobs before 429 */
     int64_t max_tokens_limit;  /* upper bound on a request's max_tokens */
+    int64_t max_prompt_tokens; /* tokens one request may give the model to read (prefill) */
     int64_t generation_timeout_s; /* deadline of one generation request; 0 = none */
     /* sessions */
     int64_t max_sessions;      /* sessions kept in memory */

@@ -289,6 +289,12 @@ void api_reply_store(srv_req_t *req, int code, const char *id, const char *detai
 void api_persist_error(int rc, const char *msg, proto_error_t *e);
 /* Fills e for a core error (CORE_E*) met while preparing a request. */
 void api_core_error(int code, const char *param, const char *msg, proto_error_t *e);
+/* The prefill budget (--max-prompt-tokens): 0 when n tokens (what a request
+ * gives the model to read) fit it, else -1 with e filled: 400
+ * context_length_exceeded naming param and both counts. The engine checks
+ * the whole input of a job again at submit (a session's pending tokens
+ * included). */
+int api_input_budget(const api_app_t *app, size_t n, const char *param, proto_error_t *e);
 /* OpenAI finish_reason of an engine finish: "stop", "length", "timeout",
  * "cancelled", "error"; NULL for NONE. */
 const char *api_finish_reason(srv_finish_t f);
@@ -420,6 +426,8 @@ struct api_gen {
     size_t reserved; /* bytes of app->state_reserved held by g (given back at the end) */
     core_grammar_t *grammar; /* the request's "grammar" (api_gen_grammar) or NULL; every job
                                 samples under it; freed with g, after every on_done */
+    const char *grammar_param; /* the field the grammar came from ("grammar", "response_format",
+                                  "format", "tools"; static), for errors met while generating */
 
     api_gen_t *next_ready; /* app->ready list (under app->mu) */
     int queued;            /* on app->ready (under app->mu) */
@@ -443,6 +451,12 @@ int api_gen_oneshot(api_gen_t *g, size_t ji, const core_sample_params_t *params,
  * Returns 0, or -1 with e filled: 400 invalid_value, param "grammar", the
  * message giving the line and column of the fault. */
 int api_gen_grammar(api_gen_t *g, const proto_gen_params_t *p, proto_error_t *e);
+/* The error of a job that ended with finish "error" (res, msg its message):
+ * a bound the request's grammar met while generating (res->grammar_bound)
+ * is the request's fault, 400 invalid_value naming the grammar's field;
+ * anything else 500 "generation failed". */
+void api_gen_job_error(const api_gen_t *g, const srv_job_result_t *res, const char *msg,
+                       proto_error_t *e);
 /* Submits spec for slot ji (notify/on_done/ud/ctx/req_id/deadline/grammar
  * filled here). Returns 0 or the engine's error (msg in err). */
 int api_gen_submit(api_gen_t *g, size_t ji, srv_job_spec_t *spec, char *err, size_t errlen);

@@ -430,6 +430,7 @@ static void load_after(uv_work_t *w, int status)
     srv_engine_opts_t eo = {
         .max_batch = (int)cfg->max_batch,
         .prefill_chunk = (int)cfg->prefill_chunk,
+        .max_input = (size_t)cfg->max_prompt_tokens, /* the prefill budget, per job */
         .max_queue = (int)cfg->max_queue,
         .metrics = app->metrics,
     };

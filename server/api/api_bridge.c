@@ -174,6 +174,19 @@ void api_core_error(int code, const char *param, const char *msg, proto_error_t 
     }
 }
 
+int api_input_budget(const api_app_t *app, size_t n, const char *param, proto_error_t *e)
+{
+    const int64_t max = app->cfg->max_prompt_tokens;
+    if (max <= 0 || (int64_t)n <= max)
+        return 0;
+    proto_error_set(e, PROTO_ERR_CONTEXT_LENGTH, param,
+                    "'%s' is %zu tokens; a request may give the model at most %lld tokens to "
+                    "read (--max-prompt-tokens); send longer text to a session in several "
+                    "appends",
+                    param, n, (long long)max);
+    return -1;
+}
+
 const char *api_finish_reason(srv_finish_t f)
 {
     return srv_finish_name(f);

@@ -149,6 +149,7 @@ int api_gen_grammar(api_gen_t *g, const proto_gen_params_t *p, proto_error_t *e)
         rc = core_grammar_state_init(&st, g->grammar, &ce);
         core_grammar_state_clear(&st);
     }
+    g->grammar_param = p->grammar_param ? p->grammar_param : "grammar";
     if (rc == CORE_ENOMEM) {
         proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory compiling 'grammar'");
         return -1;
@@ -169,6 +170,21 @@ int api_gen_grammar(api_gen_t *g, const proto_gen_params_t *p, proto_error_t *e)
         return -1;
     }
     return 0;
+}
+
+void api_gen_job_error(const api_gen_t *g, const srv_job_result_t *res, const char *msg,
+                       proto_error_t *e)
+{
+    if (res && res->grammar_bound) {
+        /* the client's grammar, not the server, met the bound: compiling
+         * probes the first states (core_grammar_new), this one lay beyond */
+        const char *param = g->grammar_param ? g->grammar_param : "grammar";
+        proto_error_set(e, PROTO_ERR_INVALID_VALUE, param,
+                        "'%s': the text generated so far met a bound of its grammar: %s", param,
+                        msg);
+        return;
+    }
+    proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "generation failed: %s", msg);
 }
 
 int api_gen_submit(api_gen_t *g, size_t ji, srv_job_spec_t *spec, char *err, size_t errlen)

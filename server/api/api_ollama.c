@@ -259,7 +259,7 @@ static void ol_done(api_gen_t *g)
     if (g->shutdown)
         api_engine_error(SRV_ENGINE_ESTOPPED, NULL, &e);
     else if (job_err)
-        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "generation failed: %s", job_err);
+        api_gen_job_error(g, res, job_err, &e);
     else if (k->oom || k->acc.oom || !res)
         proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "out of memory");
     else
@@ -391,6 +391,11 @@ static int ol_tokens(api_app_t *app, srv_req_t *req, const proto_ollama_req_t *r
         return -1;
     }
     size_t total = r->n_context + n_tail;
+    if (api_input_budget(app, total, param, &e) < 0) {
+        free(tail);
+        reply_error(req, &e);
+        return -1;
+    }
     int32_t *all = malloc((total ? total : 1) * sizeof *all);
     if (!all) {
         free(tail);

@@ -253,10 +253,13 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
 }
 
 /* Sums the jobs' results (cached: prompt tokens from the prefix cache);
- * returns the first error message, if any. */
-static const char *oa_totals(api_gen_t *g, proto_usage_t *u, int64_t *cached, double *ttft_s)
+ * returns the first error message, if any, and the result it is from in
+ * *err_res. */
+static const char *oa_totals(api_gen_t *g, proto_usage_t *u, int64_t *cached, double *ttft_s,
+                             const srv_job_result_t **err_res)
 {
     const char *err = NULL;
+    *err_res = NULL;
     u->prompt_tokens = u->completion_tokens = 0;
     *cached = 0;
     *ttft_s = -1;
@@ -272,8 +275,10 @@ static const char *oa_totals(api_gen_t *g, proto_usage_t *u, int64_t *cached, do
         if (res->ttft_s >= 0 && (*ttft_s < 0 || res->ttft_s < *ttft_s))
             *ttft_s = res->ttft_s;
         for (int c = 0; c < res->n_choices; c++)
-            if (res->finish[c] == SRV_FINISH_ERROR && !err)
+            if (res->finish[c] == SRV_FINISH_ERROR && !err) {
                 err = res->error[0] ? res->error : "generation failed";
+                *err_res = res;
+            }
     }
     return err;
 }
@@ -295,7 +300,8 @@ static void oa_done(api_gen_t *g)
     proto_usage_t u;
     double ttft_s;
     int64_t cached;
-    const char *gen_err = oa_totals(g, &u, &cached, &ttft_s);
+    const srv_job_result_t *err_res;
+    const char *gen_err = oa_totals(g, &u, &cached, &ttft_s, &err_res);
 
     /* the session was written before done(): its save can fail, and then
      * the answer says so */
@@ -313,7 +319,7 @@ static void oa_done(api_gen_t *g)
     if (g->shutdown)
         api_engine_error(SRV_ENGINE_ESTOPPED, NULL, &e);
     else if (gen_err)
-        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "generation failed: %s", gen_err);
+        api_gen_job_error(g, err_res, gen_err, &e);
     else if (persist_rc < 0)
         api_persist_error(persist_rc, perr, &e);
     else
@@ -683,6 +689,14 @@ static void h_completions(srv_req_t *req, void *ud)
             goto fail;
         }
     }
+    /* the budget is the request's: its prompts together */
+    size_t total = 0;
+    for (size_t i = 0; i < cr.n_prompts; i++)
+        total += in[i].n;
+    if (api_input_budget(app, total, "prompt", &e) < 0) {
+        api_reply_proto(req, &e);
+        goto fail;
+    }
     oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0, NULL, 0);
     proto_completion_free(&cr);
     return;
@@ -726,6 +740,10 @@ static void h_chat(srv_req_t *req, void *ud)
                               sess ? srv_session_turn_open(sess) : 0, 1, cr.parse_special, empty,
                               &in->ids, &in->n, &ce) < 0) {
         api_core_error(ce.code, "messages", ce.msg, &e);
+        api_reply_proto(req, &e);
+        goto fail;
+    }
+    if (api_input_budget(app, in->n, "messages", &e) < 0) {
         api_reply_proto(req, &e);
         goto fail;
     }

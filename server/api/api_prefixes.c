@@ -140,6 +140,11 @@ static void h_prefix_create(srv_req_t *req, void *ud)
         free(ids);
         return;
     }
+    if (api_input_budget(app, n, what, &e) < 0) {
+        free(ids);
+        api_reply_proto(req, &e);
+        return;
+    }
     /* the key: all but the last token, which every request using the
      * prefix feeds itself (api.h "the prefix-state cache") */
     if (n < 2) {

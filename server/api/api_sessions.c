@@ -664,7 +664,7 @@ static void sgen_done(api_gen_t *g)
     if (g->shutdown)
         api_engine_error(SRV_ENGINE_ESTOPPED, NULL, &e);
     else if (job_err)
-        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "generation failed: %s", job_err);
+        api_gen_job_error(g, res, job_err, &e);
     else if (prc < 0)
         api_persist_error(prc, perr, &e);
     else

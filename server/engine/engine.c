@@ -195,6 +195,19 @@ static void set_error(srv_job_t *j, const char *fmt, ...)
     SRV_LOG(SRV_LOG_WARN, j->req_id[0] ? j->req_id : NULL, "engine: %s", j->res.error);
 }
 
+/* A grammar call of choice i failed (ce): the job's error, marked as the
+ * grammar's bound when it is one and the first error. */
+static void grammar_error(srv_job_t *j, int i, const core_error_t *ce)
+{
+    const int first = !j->res.error[0];
+    if (i >= 0)
+        set_error(j, "grammar of choice %d: %s", i, ce->msg);
+    else
+        set_error(j, "grammar: %s", ce->msg);
+    if (first && ce->code == CORE_ERANGE)
+        j->res.grammar_bound = 1;
+}
+
 /* The held-back text of a choice that ends: the detokenizer's incomplete
  * character, then the stop matcher's held text. 1 if that completed a stop
  * string. */
@@ -342,7 +355,7 @@ static void sample_choice(srv_engine_t *E, srv_job_t *j, int i, const float *log
     const uint64_t *allow = NULL;
     if (j->grammar) {
         if (core_grammar_mask(&s->gs, E->gws, E->gmask, E->V, &ce) < 0) {
-            set_error(j, "grammar of choice %d: %s", i, ce.msg);
+            grammar_error(j, i, &ce);
             choice_end(E, j, i, SRV_FINISH_ERROR, 1);
             return;
         }
@@ -355,7 +368,7 @@ static void sample_choice(srv_engine_t *E, srv_job_t *j, int i, const float *log
         return;
     }
     if (j->grammar && core_grammar_accept(&s->gs, E->gws, r.token, &ce) < 0) {
-        set_error(j, "grammar of choice %d: %s", i, ce.msg);
+        grammar_error(j, i, &ce);
         choice_end(E, j, i, SRV_FINISH_ERROR, 1);
         return;
     }
@@ -507,7 +520,7 @@ static void job_start(srv_engine_t *E, srv_job_t *j)
             j->end_req = SRV_FINISH_ERROR;
         } else if (j->grammar && !s0->gs.g && /* else from spec.grammar_start */
                    core_grammar_state_init(&s0->gs, j->grammar, &ce) < 0) {
-            set_error(j, "grammar: %s", ce.msg);
+            grammar_error(j, -1, &ce);
             j->end_req = SRV_FINISH_ERROR;
         }
     }
@@ -1116,6 +1129,8 @@ static int resolve_opts(srv_engine_opts_t *o, char *err, size_t errlen)
                     MAX_QUEUE_LIMIT);
     if (o->max_queued_events > MAX_Q_EVENTS || o->max_queued_bytes > MAX_Q_BYTES)
         return eng_fail(err, errlen, SRV_ENGINE_EINVAL, "per-job output bound too large");
+    if (o->max_input == 0 || o->max_input > SRV_ENGINE_MAX_PROMPT)
+        o->max_input = SRV_ENGINE_MAX_PROMPT;
     return 0;
 }
 

@@ -197,6 +197,9 @@ typedef struct srv_engine_opts {
     int max_queue;            /* jobs accepted but not yet running; 0 = 64 */
     size_t max_queued_events; /* per-job output bound (back-pressure); 0 = 1024 */
     size_t max_queued_bytes;  /* per-job output bound in text bytes; 0 = 256 KiB */
+    size_t max_input;         /* tokens one job may give the model to read (pending + prompt,
+                                 cached prefix included); more is refused at submit with
+                                 SRV_ENGINE_ECONTEXT; 0 = SRV_ENGINE_MAX_PROMPT */
     uint64_t seed;            /* engine seed generator for unseeded choices; 0 = from time */
     srv_metrics_t *metrics;   /* borrowed, may be NULL; must outlive the engine.
                                  The engine registers darkserve_engine_* metrics. */
@@ -303,6 +306,10 @@ typedef struct srv_job_result {
     double decode_tps;  /* tokens after each choice's first / decode_s */
     uint64_t end_step;  /* the engine's step counter when the job ended */
     char error[256];    /* the first error's message, "" if none */
+    int grammar_bound;  /* 1: that first error is a bound the request's grammar met while
+                           generating (CORE_ERANGE from a mask or an accept: too ambiguous,
+                           too deep, too complex for the vocabulary), a fault of the
+                           request rather than of the server */
 } srv_job_result_t;
 
 /* ---- engine ---- */
@@ -327,7 +334,8 @@ const core_grammar_vocab_t *srv_engine_grammar_vocab(const srv_engine_t *e);
  *   SRV_ENGINE_EINVAL       bad spec (the message names the field), or
  *                           nothing to sample from (max_tokens > 0 with no
  *                           prompt and nothing pending)
- *   SRV_ENGINE_ECONTEXT     exact attention: the input does not fit the cache
+ *   SRV_ENGINE_ECONTEXT     the input (pending + prompt) is over opts.max_input, or
+ *                           exact attention: the input does not fit the cache
  *   SRV_ENGINE_EQUEUE_FULL  max_queue jobs are waiting (HTTP 429)
  *   SRV_ENGINE_ESTOPPED     draining or stopped (HTTP 503)
  *   SRV_ENGINE_ENOMEM */

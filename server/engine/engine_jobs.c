@@ -76,6 +76,13 @@ static int validate(const srv_engine_t *E, const srv_job_spec_t *sp, char *err, 
                         "snap_at[%zu]: %zu not increasing within (%zu, %zu]", k, sp->snap_at[k],
                         sp->n_cached, n_input);
     }
+    /* the whole input, the cached prefix too: whether a request is taken
+     * must not depend on what the cache holds at the moment */
+    if (n_input > E->o.max_input)
+        return eng_fail(err, errlen, SRV_ENGINE_ECONTEXT,
+                        "the input is %zu tokens (%zu pending in the context, %zu new), over the "
+                        "%zu one request may give the model to read (--max-prompt-tokens)",
+                        n_input, c->n_pending, sp->n_prompt, E->o.max_input);
     const size_t n_new = n_input - sp->n_cached;
     if (E->exact && (int64_t)n_new > E->max_ctx - core_attn_state_pos(c->state))
         return eng_fail(err, errlen, SRV_ENGINE_ECONTEXT,

@@ -159,7 +159,8 @@ TEST(error_json_shape)
     json_decref(j);
     proto_free(s);
 
-    /* a message cut by the buffer inside a multibyte character */
+    /* a message cut by the buffer ends with "..." (the cut is said); a
+     * character it cuts in half is repaired to U+FFFD in the JSON */
     char big[700];
     memset(big, 'a', sizeof big);
     strcpy(big + PROTO_ERROR_MSG_MAX - 3, "\xe2\x82\xac tail");
@@ -168,8 +169,16 @@ TEST(error_json_shape)
     s = proto_error_json(&e);
     j = parse(s);
     const char *m = sget(json_object_get(j, "error"), "message");
-    CHECK(m && strlen(m) == PROTO_ERROR_MSG_MAX - 3 + 3); /* 509 'a' + U+FFFD */
-    CHECK(m && !strcmp(m + strlen(m) - 3, "\xEF\xBF\xBD"));
+    CHECK(m && strlen(m) == PROTO_ERROR_MSG_MAX - 1); /* 508 'a' + "..." */
+    CHECK(m && !strcmp(m + strlen(m) - 4, "a..."));
+    json_decref(j);
+    proto_free(s);
+    strcpy(big + PROTO_ERROR_MSG_MAX - 5, "\xe2\x82\xac tail"); /* the "..." cuts the euro */
+    proto_error_set(&e, PROTO_ERR_INVALID_VALUE, "p", "%s", big);
+    s = proto_error_json(&e);
+    j = parse(s);
+    m = sget(json_object_get(j, "error"), "message");
+    CHECK(m && !strcmp(m + strlen(m) - 6, "\xEF\xBF\xBD..."));
     json_decref(j);
     proto_free(s);
 
@@ -179,6 +188,7 @@ TEST(error_json_shape)
     longp[sizeof longp - 1] = '\0';
     proto_error_set(&e, PROTO_ERR_INVALID_VALUE, longp, "m");
     CHECK_INT_EQ(strlen(e.param), PROTO_ERROR_PARAM_MAX - 1);
+    CHECK(!strcmp(e.param + PROTO_ERROR_PARAM_MAX - 4, "...")); /* said to be cut */
 }
 
 /* -------------------------------------------------------- completions */

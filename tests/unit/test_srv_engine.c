@@ -1430,6 +1430,84 @@ TEST(grammar_every_choice_in_the_language)
     srv_engine_free(e);
 }
 
+/* opts.max_input bounds what one job gives the model to read, its context's
+ * pending tokens included: more is ECONTEXT before anything is queued (a
+ * 900 KB prefix once prefilled for minutes); as much is taken. */
+TEST(input_budget)
+{
+    srv_engine_opts_t o = {.max_input = 10};
+    srv_engine_t *e = engine(tiny_lin, &o);
+    if (!e)
+        return;
+    int32_t p[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    srv_seq_ctx_t c;
+    ctx_init(&c, tiny_lin);
+    CHECK_INT_EQ(srv_seq_ctx_set_pending(&c, p, 3), 0);
+    srv_job_spec_t sp;
+    greedy_spec(&sp, &c, p, 8, 2);
+    srv_job_t *x = NULL;
+    char err[256] = "";
+    CHECK_INT_EQ(srv_engine_submit(e, &sp, &x, err, sizeof err), SRV_ENGINE_ECONTEXT);
+    CHECK(x == NULL);
+    CHECK_MSG(strstr(err, "the input is 11 tokens (3 pending in the context, 8 new)") &&
+                  strstr(err, "over the 10"),
+              "%s", err);
+    CHECK_INT_EQ(c.n_pending, 3); /* untouched */
+    CHECK_INT_EQ(core_attn_state_pos(c.state), 0);
+    /* ingest-only jobs (a prefix, an append) too */
+    greedy_spec(&sp, &c, p, 8, 0);
+    CHECK_INT_EQ(srv_engine_submit(e, &sp, &x, err, sizeof err), SRV_ENGINE_ECONTEXT);
+    /* exactly the budget runs */
+    srv_seq_ctx_clear_pending(&c);
+    greedy_spec(&sp, &c, p, 10, 2);
+    out_t *ou = out_new();
+    CHECK(run(e, &sp, ou));
+    CHECK_INT_EQ(ou->n[0], 2);
+    free(ou);
+    ctx_fini(&c);
+    srv_engine_free(e);
+}
+
+/* A bound the grammar meets while generating (past what core's probe
+ * explored when compiling) ends the choice with "error" and marks the
+ * result: the request's grammar, not the server, failed (the API answers
+ * 400, not 500). */
+TEST(grammar_bound_is_marked)
+{
+    srv_engine_t *e = engine(tiny_lin, NULL);
+    if (!e)
+        return;
+    int32_t x_id = core_tokenizer_find(tok, "x", 1);
+    CHECK(x_id >= 0);
+    /* 2^n readings after n x's; max_probe 1 lets it compile */
+    const char *amb = "root ::= a\na ::= \"x\" a \"y\" | \"x\" a \"z\" | \"\"";
+    core_grammar_limits_t lim = {.max_probe = 1};
+    core_grammar_t *g = NULL;
+    core_error_t ce = {0};
+    CHECK(core_grammar_new(amb, strlen(amb), srv_engine_grammar_vocab(e), &lim, &g, &ce) == 0);
+    srv_seq_ctx_t c;
+    ctx_init(&c, tiny_lin);
+    int32_t p[2] = {5, 6};
+    srv_job_spec_t sp;
+    greedy_spec(&sp, &c, p, 2, 40);
+    sp.grammar = g;
+    sp.params.bias[0].id = x_id; /* x, x, x, ... */
+    sp.params.bias[0].bias = 100.0f;
+    sp.params.n_bias = 1;
+    srv_job_t *j = submit(e, &sp);
+    out_t *ou = out_new();
+    if (j)
+        CHECK(collect(j, ou));
+    const srv_job_result_t *res = j ? srv_job_result(j) : NULL;
+    CHECK(res && res->finish[0] == SRV_FINISH_ERROR && res->grammar_bound == 1);
+    CHECK_MSG(res && strstr(res->error, "too ambiguous"), "%s", res ? res->error : "");
+    srv_job_release(j);
+    free(ou);
+    ctx_fini(&c);
+    core_grammar_free(g);
+    srv_engine_free(e);
+}
+
 int main(void)
 {
     const char *path = getenv("DARKSERVE_TINY_MODEL");
@@ -1462,6 +1540,8 @@ int main(void)
     RUN(snapshot_then_resume_equals_cold_prefill);
     RUN(snapshots_ready_before_done);
     RUN(grammar_every_choice_in_the_language);
+    RUN(input_budget);
+    RUN(grammar_bound_is_marked);
     core_tokenizer_free(tok);
     core_model_free(tiny);
     core_model_free(tiny_lin);
