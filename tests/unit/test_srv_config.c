@@ -319,7 +319,7 @@ TEST(test_help_lists_every_option)
         "generation-timeout", "sinks",    "decay",          "max-session-disk",
         "max-session-files", "header-timeout", "max-connections-per-address",
         "max-state-memory", "checkpoints", "prefix-cache-mb", "ui", "session-store",
-        "prompt-precision", NULL};
+        "prompt-precision", "max-prompt-tokens", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];
