@@ -1274,8 +1274,9 @@ static int probe_add(probe_t *p, const core_grammar_state_t *st, uint32_t parent
     size_t k = h & (p->ht_cap - 1);
     for (; p->ht[k]; k = (k + 1) & (p->ht_cap - 1)) {
         const pnode_t *o = &p->nodes[p->ht[k] - 1];
+        /* a node exists only with its words in the arena */
         if (o->hash == h && o->len == st->len && o->n_stacks == st->n_stacks &&
-            same_words(p->arena + o->off, st->buf, st->len))
+            (st->len == 0 || (p->arena && same_words(p->arena + o->off, st->buf, st->len))))
             return 0;
     }
     if (GROW(p->nodes, p->cap_nodes, p->n_nodes + 1) < 0 ||

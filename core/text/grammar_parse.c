@@ -1169,10 +1169,10 @@ static int fixpoint(const core_grammar_t *g, uint8_t *flag, int bytes_ok)
      * gets its flag lowers the count of every alternative that refers to
      * it, and an alternative at 0 flags its rule. */
     uint32_t n_alts = g->rule_alt[g->n_rules];
-    uint32_t *need = malloc(((size_t)n_alts + 1) * sizeof *need);
-    uint32_t *alt_rule = malloc(((size_t)n_alts + 1) * sizeof *alt_rule);
+    uint32_t *need = calloc((size_t)n_alts + 1, sizeof *need);
+    uint32_t *alt_rule = calloc((size_t)n_alts + 1, sizeof *alt_rule);
     uint32_t *first = calloc((size_t)g->n_rules + 1, sizeof *first); /* CSR: rule -> alts */
-    uint32_t *users = malloc(((size_t)g->n_el + 1) * sizeof *users);
+    uint32_t *users = calloc((size_t)g->n_el + 1, sizeof *users);
     uint32_t *todo = malloc(((size_t)g->n_rules + 1) * sizeof *todo);
     int rc = -1;
     if (!need || !alt_rule || !first || !users || !todo)
