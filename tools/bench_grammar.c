@@ -16,6 +16,14 @@
  * trie) to show what the tables save. Prints medians, the 90th percentile
  * and the maximum (the first use of a position builds its table), and the
  * tables' memory.
+ *
+ *   bench_grammar --model M --grammar FILE --compile N [--text TEXT]
+ *
+ * measures the bounds of docs/GRAMMAR.md instead: compiling the grammar N
+ * times with core_grammar_new's probe and N times without it (max_probe 1),
+ * the medians of each in CPU time (the probe's cost is the difference);
+ * then, after the bytes of TEXT (default none), the parse stacks, the first
+ * mask (its positions' tables built) and a second one. No forward runs.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -90,15 +98,95 @@ static char *read_file(const char *path, size_t *len)
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_grammar --model M [--grammar FILE] [--steps N] [--seed S] "
-                    "[--threads T] [--prompt TEXT]\n");
+                    "[--threads T] [--prompt TEXT]\n"
+                    "       bench_grammar --model M [--grammar FILE] --compile N [--text TEXT]\n");
     return 2;
+}
+
+/* CPU time of this thread in microseconds: the --compile figures hold on
+ * a loaded machine, where wall time counts the other processes too. */
+static double cpu_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+/* --compile: compile cost with and without the probe, then one state's
+ * stacks and masks (see the header); CPU time. */
+static int bench_compile(const char *gtext, size_t glen, const core_grammar_vocab_t *gv, long n,
+                         const char *text, int64_t V)
+{
+    double *t_on = malloc((size_t)n * sizeof *t_on), *t_off = malloc((size_t)n * sizeof *t_off);
+    uint64_t *allow = malloc(CORE_GRAMMAR_MASK_WORDS(V) * sizeof *allow);
+    core_grammar_ws_t *ws = core_grammar_ws_new();
+    core_grammar_t *g = NULL;
+    core_grammar_state_t st = {0};
+    core_error_t err = {0};
+    core_grammar_limits_t off = {.max_probe = 1};
+    int rc = 0, status = 0;
+    if (!t_on || !t_off || !allow || !ws) {
+        fprintf(stderr, "bench_grammar: out of memory\n");
+        status = 1;
+        goto out;
+    }
+    for (long i = 0; i < n && rc == 0; i++) {
+        double t0 = cpu_us();
+        rc = core_grammar_new(gtext, glen, gv, &off, &g, &err);
+        t_off[i] = cpu_us() - t0;
+        core_grammar_free(g);
+        g = NULL;
+        if (rc < 0)
+            break;
+        t0 = cpu_us();
+        rc = core_grammar_new(gtext, glen, gv, NULL, &g, &err);
+        t_on[i] = cpu_us() - t0;
+        if (rc == 0 && i + 1 < n) {
+            core_grammar_free(g);
+            g = NULL;
+        }
+    }
+    if (rc < 0) {
+        printf("refused: %s\n", err.msg);
+        goto out;
+    }
+    report("compile, probe on (CPU)", t_on, (size_t)n);
+    report("compile, probe off (CPU)", t_off, (size_t)n);
+    if (core_grammar_state_init(&st, g, &err) < 0 ||
+        core_grammar_accept_bytes(&st, ws, text, strlen(text), &err) < 0) {
+        printf("after the text: %s\n", err.msg);
+        goto out;
+    }
+    double t0 = cpu_us();
+    rc = core_grammar_mask(&st, ws, allow, V, &err);
+    double t_first = cpu_us() - t0;
+    t0 = cpu_us();
+    if (rc == 0)
+        rc = core_grammar_mask(&st, ws, allow, V, &err);
+    double t_again = cpu_us() - t0;
+    if (rc < 0)
+        printf("mask: %s\n", err.msg);
+    else
+        printf("after %zu bytes: %u parse stacks; first mask %.1f us CPU (tables: %zu KiB), "
+               "again %.1f us\n",
+               strlen(text), (unsigned)st.n_stacks, t_first, core_grammar_cache_bytes(g) >> 10,
+               t_again);
+out:
+    core_grammar_state_clear(&st);
+    core_grammar_free(g);
+    core_grammar_ws_free(ws);
+    free(t_on);
+    free(t_off);
+    free(allow);
+    return status;
 }
 
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *gpath = NULL;
     const char *prompt = "Write a JSON object that describes a book, with nested fields:\n";
-    long steps = 200, seed = 1, threads = 0;
+    const char *after = ""; /* --text */
+    long steps = 200, seed = 1, threads = 0, compile_n = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -117,13 +205,18 @@ int main(int argc, char **argv)
             seed = strtol(v, &end, 10);
         else if (!strcmp(a, "--threads"))
             threads = strtol(v, &end, 10);
+        else if (!strcmp(a, "--compile"))
+            compile_n = strtol(v, &end, 10);
+        else if (!strcmp(a, "--text"))
+            after = v;
         else
             return usage();
         if (end && (*end || errno))
             return usage();
         i++;
     }
-    if (!model_path || steps < 1 || steps > 100000 || threads < 0 || threads > 64)
+    if (!model_path || steps < 1 || steps > 100000 || threads < 0 || threads > 64 ||
+        compile_n < 0 || compile_n > 100000)
         return usage();
 
     core_error_t err = {0};
@@ -150,6 +243,8 @@ int main(int argc, char **argv)
         return 1;
     }
     double t_vocab = now_us() - t0;
+    if (compile_n)
+        return bench_compile(gtext, glen, gv, compile_n, after, V);
     core_grammar_limits_t nocache = {.max_cache = 1};
     core_grammar_t *g = NULL, *g0 = NULL;
     t0 = now_us();

@@ -290,7 +290,8 @@ BAD = [
     ("options", "num_predict", "10"), ("options", "num_predict", -3),
     ("options", "num_predict", 10 ** 9), ("options", "stop", 5), ("options", "stop", [""]),
     ("options", "stop", ["x"] * 17), ("options", "stop", ["y" * 257]),
-    ("options", "presence_penalty", 3),
+    ("options", "presence_penalty", 3), ("options", "repeat_penalty", 1e-300),
+    ("options", "top_p", 1e-300),
     ("top", "options", [1]), ("top", "stream", "yes"), ("top", "keep_alive", [1]),
     ("top", "format", "xml"), ("top", "format", {"not": {"type": "object"}}), ("top", "think", True),
     ("top", "think", 5), ("top", "logprobs", "yes"), ("top", "top_logprobs", 50),
@@ -300,7 +301,8 @@ BAD = [
 GEN_BAD = [("prompt", 5), ("system", ["x"]), ("raw", 1), ("context", "abc"),
            ("context", [1, -1]), ("context", [1, "a"]), ("context", [10 ** 9]),
            ("context", {"a": 1}), ("suffix", "tail"), ("template", "{{ .Prompt }}"),
-           ("images", ["aGVsbG8="])]
+           ("images", ["aGVsbG8="]), ("tools", 42), ("tools", "x"), ("tools", True),
+           ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tools", {"a": 1})]
 CHAT_BAD = [("messages", "hi"), ("messages", [5]), ("messages", [{"content": "x"}]),
             ("messages", [{"role": "tool", "content": "x"}]),
             ("messages", [{"role": 5, "content": "x"}]),
@@ -426,3 +428,18 @@ def test_real_model_int8_prompts_agree_across_routes(servers):
                options={"temperature": 0, "seed": 1, "num_predict": 24, "repeat_penalty": 1.0})
     want = openai_chat(srv, msgs, max_tokens=24, temperature=0, seed=1)
     assert r.message.content == want and len(want.split()) >= 3, (r.message.content, want)
+
+
+@pytest.mark.parametrize("path", ["/api/generate", "/api/chat"])
+def test_refusals_show_the_value_given(tiny, model, path):
+    """A refused value is quoted in the message: 'tools' on /api/generate
+    (once 200: the field was not checked there), a sampler number that is
+    0 as a 32-bit float."""
+    body = _bad_body(model, path == "/api/chat", "top", "tools", 42)
+    st, r, _ = tiny.post(path, body)
+    assert is_ollama_error(st, r, 400) and "'tools' is not supported" in r["error"], r
+    assert "got 42" in r["error"], r
+    body = _bad_body(model, path == "/api/chat", "options", "repeat_penalty", 1e-300)
+    st, r, _ = tiny.post(path, body)
+    assert is_ollama_error(st, r, 400), r
+    assert "'options.repeat_penalty'" in r["error"] and "got 1e-300" in r["error"], r

@@ -369,3 +369,27 @@ def test_special_texts_in_messages_are_plain_text(tiny):
     assert s1["tokens"] >= s2["tokens"] + 2
     st, r, _ = tiny.post("/v1/chat/completions", dict(body, parse_special="yes"))
     assert st == 400 and r["error"]["param"] == "parse_special", r
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("field,value,says", [
+    # a double above 0 that the sampler's 32-bit float holds as 0 (once
+    # passed proto, then failed with param null and "(got 0)")
+    ("repeat_penalty", 1e-300, "(got 1e-300, which is 0 as the sampler's 32-bit float)"),
+    ("repeat_penalty", 1e300, "at most 3.4e38 (got 1e+300)"),
+    ("top_p", 1e-300, "(got 1e-300, which is 0"),
+    ("temperature", "0.5", "(got \"0.5\")"),
+    ("max_tokens", 2.5, "(got 2.5)"),
+    ("logprobs", "yes", "(got \"yes\")"),
+])
+def test_refusals_name_the_field_and_show_the_value(tiny, path, field, value, says):
+    body = {"max_tokens": 2, field: value}
+    if field == "logprobs" and "chat" not in path:
+        body[field] = -1
+        says = "(got -1)"
+    body.update({"messages": [{"role": "user", "content": "x"}]} if "chat" in path
+                else {"prompt": "x"})
+    st, r, _ = tiny.post(path, body)
+    assert st == 400, r
+    assert r["error"]["param"] == field, r
+    assert says in r["error"]["message"], r

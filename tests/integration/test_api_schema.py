@@ -200,6 +200,9 @@ UNSUPPORTED = [
     ({"allOf": [{"type": "string"}, {"maxLength": 2}]}, "'allOf' of more than one schema"),
     ({"$ref": "#/$defs/nope"}, "names nothing in the schema"),
     ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "refers back to itself"),
+    # counts above 1000 (1001 once passed: an off-by-one)
+    ({"type": "array", "maxItems": 1001}, "S: 'maxItems' is 1001; above 1000 is not supported"),
+    ({"type": "array", "minItems": 1001}, "S: 'minItems' is 1001; above 1000 is not supported"),
 ]
 
 
@@ -233,6 +236,43 @@ def test_other_refusals(tiny):
     st, r, _ = tiny.post("/v1/chat/completions", {"messages": m, "max_tokens": 3,
                                                   "response_format": {"type": "text"}})
     assert st == 200, r
+
+
+def test_many_optional_properties(tiny):
+    """256 optional properties, the documented bound: the grammar keeps a
+    parse stack per property that can come next (259 after "{"), within
+    the stack bound; it was refused while generating (500 'too
+    ambiguous')."""
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {f"p{i}": {"type": "integer"} for i in range(256)}}
+    for seed in range(3):
+        st, r, _ = tiny.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "JSON please"}],
+            "response_format": rf(schema), "seed": seed, "temperature": 1, "max_tokens": 60})
+        assert st == 200, r
+        c = r["choices"][0]
+        if c["finish_reason"] == "stop":
+            validate(c["message"]["content"], schema)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ambiguous_schema_refused_when_it_arrives(tiny, stream):
+    """A pattern whose repetition of a repetition reads every split of its
+    x's many ways: refused with 400 naming the ambiguity before any answer
+    starts (it was a 500 at generation, or an error inside a 200 stream)."""
+    schema = {"type": "string", "pattern": "^(x{0,1000}){0,1000}$"}
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        body = {"response_format": rf(schema), "max_tokens": 8, "stream": stream}
+        body.update({"messages": [{"role": "user", "content": "x"}]} if "chat" in path
+                    else {"prompt": "x"})
+        st, r, _ = tiny.post(path, body)
+        assert st == 400, r
+        e = r["error"]
+        assert e["param"] == "response_format" and e["code"] == "invalid_value", e
+        assert "too ambiguous" in e["message"] and "after the text" in e["message"], e
+    st, r, _ = tiny.post("/api/chat", {"model": "tiny", "stream": stream, "format": schema,
+                                       "messages": [{"role": "user", "content": "x"}]})
+    assert st == 400 and "too ambiguous" in r["error"], r
 
 
 # ----------------------------------------------------------------- real model

@@ -177,6 +177,30 @@ def test_parallel_tool_calls_false_gives_one_call(tiny):
             check_call(c["message"]["tool_calls"][0], list(SCHEMAS))
 
 
+DIGIT = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+         "required": ["a"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("n", [37, 128])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_forced_calls_over_many_tools(tiny, n, parallel):
+    """A forced call over 37 or more tools: the grammar's list of the
+    functions was cut at 256 bytes, so the grammar broke (400 'line 38');
+    128 is the most 'tools' takes."""
+    tools = [tool(f"fn_{i}", DIGIT) for i in range(n)]
+    st, r, _ = tiny.post("/v1/chat/completions", {
+        "messages": USER, "tools": tools, "tool_choice": "required", "seed": 3,
+        "parallel_tool_calls": parallel, "max_tokens": 120})
+    assert st == 200, r
+    c = r["choices"][0]
+    for call in c["message"].get("tool_calls") or []:
+        assert re.fullmatch(r"fn_\d+", call["function"]["name"]), call
+        if c["finish_reason"] == "tool_calls":
+            jsonschema.validate(json.loads(call["function"]["arguments"]), DIGIT)
+    if not parallel:
+        assert len(c["message"].get("tool_calls") or []) <= 1, c
+
+
 def test_auto_and_none_give_content(tiny):
     # the tiny model does not write <tool_call> of its own: its answer is content
     for choice in ("auto", "none", None):
