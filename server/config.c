@@ -99,6 +99,12 @@ static const opt_t opts[] = {
      "every client has the proxy's address: raise it to --max-connections or set 0 (no limit)"},
     {"max-body", "DARKSERVE_MAX_BODY", OPT_SIZE, 0, O(max_body), "1M", 1, GIB, NULL, "SIZE",
      "largest request body accepted; larger ones get 413"},
+    {"max-uploads", "DARKSERVE_MAX_UPLOADS", OPT_INT, 0, O(max_uploads), "2", 1, 1024, NULL, "N",
+     "request bodies over 1 MiB (state imports) received at once, each spooled to a file in "
+     "--upload-dir as it arrives; more get 429 with Retry-After"},
+    {"upload-dir", "DARKSERVE_UPLOAD_DIR", OPT_STR, 0, O(upload_dir), "", 0, 0, NULL, "DIR",
+     "where bodies over 1 MiB are spooled while they arrive (unnamed temporary files, checked "
+     "at startup); \"\" = $TMPDIR, else /tmp"},
     {"request-timeout", "DARKSERVE_REQUEST_TIMEOUT", OPT_DURATION, 0, O(request_timeout_s), "60s",
      0, DAY, NULL, "DURATION",
      "time a client has to send a whole request (headers and body), counted from the "

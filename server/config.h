@@ -92,6 +92,8 @@ typedef struct srv_config {
     int64_t port;              /* 0 = ephemeral (tests) */
     int64_t max_connections;   /* open connections, suspended ones included */
     int64_t max_body;          /* bytes of request body accepted, else 413 */
+    int64_t max_uploads;       /* bodies over 1 MiB received at once, else 429 */
+    char *upload_dir;          /* where those are spooled; "" = $TMPDIR or /tmp */
     int64_t max_conns_per_address; /* open connections of one client address; 0 = no limit */
     int64_t request_timeout_s; /* time to receive a whole request; 0 = none */
     int64_t header_timeout_s;  /* time to receive a new connection's first headers; 0 = none */

@@ -155,6 +155,8 @@ static int start_server(serve_t *S)
         .header_timeout_s = (unsigned)c->header_timeout_s,
         .max_connections = (unsigned)c->max_connections,
         .max_connections_per_address = (unsigned)c->max_conns_per_address,
+        .max_uploads = (unsigned)c->max_uploads,
+        .upload_dir = c->upload_dir,
         .api_keys = (const char *const *)c->api_keys.v,
         .api_key_admin = c->api_key_admin,
         .n_api_keys = c->api_keys.n,

@@ -26,10 +26,12 @@
  *     clients. A client that trickles bytes slowly never goes idle, so a
  *     second deadline (request timeout) is kept per connection and enforced
  *     by a 1 s sweep that shuts the socket down; MHD then sees the hang-up and
- *     closes the connection itself. A third, shorter one (header timeout)
- *     bounds the headers of a connection's first request, so connections
- *     that never finish their headers (slowloris) go long before the request
- *     timeout; MHD's per-address limit bounds how many one address holds.
+ *     closes the connection itself.
+ *   - MHD has no listen socket: the front door (server/http/http_gate.c)
+ *     accepts, holds each connection until its first request's head is in
+ *     and checked (the header timeout and the per-address bound are its),
+ *     and hands it on with MHD_add_connection; on_connection learns its
+ *     peer and start time from h->adding.
  *
  * Memory: requests (srv_req_t) belong to the loop and die in MHD's
  * "request completed" callback. Streams are reference-counted: the producer,
@@ -124,7 +126,7 @@ static size_t utf8_seq(const unsigned char *p)
 
 /* JSON string body of s into out[cap], cut to fit; invalid UTF-8 bytes (a
  * method or path echoed from a client) become '?' so the body stays JSON. */
-static void json_escape_into(char *out, size_t cap, const char *s)
+void srv_http_json_escape(char *out, size_t cap, const char *s)
 {
     size_t n = 0;
     const unsigned char *p = (const unsigned char *)s;
@@ -185,7 +187,7 @@ static void response_headers(srv_req_t *req, const char *ctype, const hdrlist_t 
         add(to, "Vary", "Origin");
         add(to, "Access-Control-Expose-Headers", "X-Request-Id");
     }
-    if (drain_conn_header(req->h) || peer_sent_eof(req))
+    if (drain_conn_header(req->h) || req->close_after || peer_sent_eof(req))
         add(to, MHD_HTTP_HEADER_CONNECTION, "close");
     for (size_t i = 0; i < req->headers.n; i++)
         add(to, req->headers.v[i].name, req->headers.v[i].value);
@@ -211,6 +213,11 @@ static enum MHD_Result queue_response(srv_req_t *req, int status, struct MHD_Res
         return MHD_NO;
     }
     response_headers(req, ctype, extra, add_mhd_header, resp);
+    /* An answer before the body was read: libmicrohttpd closes the
+     * connection after it, and the close lingers (on_connection) so the
+     * client reads it rather than a reset for its unread upload. */
+    if (req->phase == PH_RECEIVING && req->cx)
+        req->cx->linger = 1;
     enum MHD_Result r = MHD_queue_response(req->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     if (r != MHD_YES) {
@@ -273,7 +280,7 @@ static enum MHD_Result queue_error(srv_req_t *req, int status, const char *type,
                                    const char *code, const char *msg, const hdrlist_t *extra)
 {
     char emsg[512], body[800];
-    json_escape_into(emsg, sizeof emsg, msg);
+    srv_http_json_escape(emsg, sizeof emsg, msg);
     int n = snprintf(body, sizeof body,
                      "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
                      "\"code\":%s%s%s}}\n",
@@ -281,6 +288,38 @@ static enum MHD_Result queue_error(srv_req_t *req, int status, const char *type,
     if (n < 0 || (size_t)n >= sizeof body)
         n = (int)strlen(body);
     return queue_buffer(req, status, "application/json", body, (size_t)n, extra);
+}
+
+size_t srv_http_error_bytes(char *out, size_t cap, int status, const char *type,
+                            const char *code, const char *msg, const char *req_id,
+                            int retry_after)
+{
+    char emsg[512], body[800], retry[32] = "";
+    srv_http_json_escape(emsg, sizeof emsg, msg);
+    int bn = snprintf(body, sizeof body,
+                      "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
+                      "\"code\":\"%s\"}}\n",
+                      emsg, type, code);
+    if (bn < 0 || (size_t)bn >= sizeof body)
+        return 0;
+    if (retry_after > 0)
+        snprintf(retry, sizeof retry, "Retry-After: %d\r\n", retry_after);
+    const char *reason = MHD_get_reason_phrase_for((unsigned)status);
+    char date[64] = "";
+    time_t t = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&t, &tm))
+        strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    int n = snprintf(out, cap,
+                     "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: application/json\r\n"
+                     "X-Request-Id: %s\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n%s",
+                     status, reason && *reason ? reason : "Error", date, req_id, bn, retry, body);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+void srv_http_new_req_id(srv_http_t *h, char *id)
+{
+    snprintf(id, REQ_ID_MAX + 1, "%016llx", (unsigned long long)splitmix64(&h->rid_state));
 }
 
 /* ---- streams: the reader MHD calls ---- */
@@ -616,10 +655,10 @@ int srv_reply_error(srv_req_t *req, int status, const char *type, const char *pa
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    json_escape_into(emsg, sizeof emsg, msg);
-    json_escape_into(etype, sizeof etype, type ? type : "invalid_request_error");
-    json_escape_into(eparam, sizeof eparam, param ? param : "");
-    json_escape_into(ecode, sizeof ecode, code ? code : "");
+    srv_http_json_escape(emsg, sizeof emsg, msg);
+    srv_http_json_escape(etype, sizeof etype, type ? type : "invalid_request_error");
+    srv_http_json_escape(eparam, sizeof eparam, param ? param : "");
+    srv_http_json_escape(ecode, sizeof ecode, code ? code : "");
     snprintf(body, sizeof body,
              "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":%s%s%s,\"code\":%s%s%s}}\n",
              emsg, etype, param ? "\"" : "", param ? eparam : "null", param ? "\"" : "",
@@ -699,28 +738,49 @@ static int body_is_json(const char *ctype)
     return c == '\0' || c == ';' || c == ' ';
 }
 
-static int has_body(const srv_req_t *req, uint64_t *clen, int *clen_known)
+static enum MHD_Result frame_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   size_t key_size, const char *value, size_t value_size)
 {
-    const char *cl = req_lookup(req, MHD_HEADER_KIND, "Content-Length");
-    const char *te = req_lookup(req, MHD_HEADER_KIND, "Transfer-Encoding");
-    *clen_known = 0;
-    *clen = 0;
-    if (cl) {
-        char *end = NULL;
-        errno = 0;
-        unsigned long long v = strtoull(cl, &end, 10);
-        if (!errno && end != cl) {
-            *clen = v;
-            *clen_known = 1;
-        }
-    }
-    if (te && strcasestr(te, "chunked"))
-        return 1;
-    return *clen_known && *clen > 0;
+    (void)kind;
+    srv_http_frame_field(cls, key, key_size, value ? value : "", value ? value_size : 0);
+    return MHD_YES;
 }
+
+/* The framing verdict over the header list libmicrohttpd parsed (or the
+ * injected one). What libmicrohttpd 0.9.75 does not check itself is checked
+ * here, before any route or handler: Content-Length with
+ * Transfer-Encoding, conflicting Content-Length values, whitespace before a
+ * colon (it keeps it in the name), Host missing or twice on HTTP/1.1, CR
+ * or control bytes in a value, transfer codings other than chunked. What it
+ * hides from this list (a NUL it cut a value at, folded lines it joined, a
+ * Content-Length it could not parse and answered itself) only the front
+ * door sees, on a connection's first request (http_gate.c). */
+static void req_frame(srv_req_t *req, srv_http_frame_t *f)
+{
+    srv_http_frame_init(f, req->http11);
+    if (req->conn) {
+        MHD_get_connection_values_n(req->conn, MHD_HEADER_KIND, frame_field, f);
+    } else {
+        f->need_host = 0; /* an injected request has no connection to name */
+        for (size_t i = 0; i < req->inj_headers.n; i++)
+            srv_http_frame_field(f, req->inj_headers.v[i].name, strlen(req->inj_headers.v[i].name),
+                                 req->inj_headers.v[i].value,
+                                 strlen(req->inj_headers.v[i].value));
+    }
+    srv_http_frame_finish(f);
+    /* an injected body is whole: a Content-Length must say its length */
+    if (!f->status && !req->conn && f->n_cl && f->clen != req->inj_body_len) {
+        f->status = 400;
+        f->code = "malformed_request";
+        snprintf(f->msg, sizeof f->msg, "Content-Length does not match the body");
+    }
+}
+
+static void spool_free(srv_req_t *req);
 
 static void req_free(srv_req_t *req)
 {
+    spool_free(req);
     for (size_t i = 0; i < req->nparams; i++)
         free(req->pvals[i]);
     srv_http_hdrlist_clear(&req->headers);
@@ -745,6 +805,7 @@ static srv_req_t *req_alloc(srv_http_t *h, struct MHD_Connection *c, const char 
     req->h = h;
     req->conn = c;
     req->fd = -1;
+    req->spool_fd = -1;
     req->key = -1;
     req->t_start_ns = uv_hrtime();
     req->method = strdup(method);
@@ -781,7 +842,8 @@ static void req_start(srv_http_t *h, srv_req_t *req)
         req->cx = ci->socket_context;
     if (req->cx) {
         req->cx->busy = 1;
-        req->cx->header_deadline_ms = 0; /* headers are in */
+        req->bad_target = req->cx->bad_target;
+        req->cx->bad_target = 0;
     }
     ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     if (ci && ci->client_addr) {
@@ -828,13 +890,30 @@ static enum MHD_Result on_headers(srv_http_t *h, srv_req_t *req)
 static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req)
 {
     const char *method = req->method;
-    uint64_t clen = 0;
-    int clen_known = 0;
-    int body = has_body(req, &clen, &clen_known);
+    srv_http_frame_t f;
+    req_frame(req, &f);
+    if (f.status) {
+        /* The framing is in doubt, so nothing after this request on the
+         * connection can be trusted to start where it seems to: the answer
+         * goes out at once and closes (bytes already sent are dropped) */
+        req->hold = 0;
+        req->close_after = 1;
+        return queue_error(req, f.status,
+                           f.status >= 500 ? "server_error" : "invalid_request_error", f.code,
+                           f.msg, NULL);
+    }
+    const int body = f.has_body;
+    const uint64_t clen = f.n_cl ? f.clen : 0;
+    const int clen_known = f.n_cl > 0;
     /* Without a body, an early answer waits for MHD's last call so the
      * connection stays usable; with one, it goes out at once and MHD skips
      * the body. */
     req->hold = !body;
+    if (req->bad_target)
+        return queue_error(req, 400, "invalid_request_error", "malformed_request",
+                           "the request path holds a control character (%00..%1F, %7F) "
+                           "or an encoded slash (%2F), or the query an encoded NUL",
+                           NULL);
     const char *origin = req_lookup(req, MHD_HEADER_KIND, "Origin");
     const char *allow = cors_allow(h, origin);
     if (allow && !(req->cors_origin = strdup(allow)))
@@ -909,7 +988,122 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req)
                  (unsigned long long)clen, req->body_limit);
         return queue_error(req, 413, "invalid_request_error", "request_too_large", msg, NULL);
     }
+    /* A body that may be larger than SPOOL_MIN goes to a file as it comes
+     * and takes an upload slot, so neither memory nor the disk is spent on
+     * more than max_uploads of them at once. */
+    if (body && req->body_limit > SPOOL_MIN && (f.te_chunked || clen > SPOOL_MIN)) {
+        if (h->uploads >= h->max_uploads) {
+            char msg[160];
+            hdrlist_t extra = {0};
+            srv_http_hdrlist_add(&extra, "Retry-After", "1");
+            snprintf(msg, sizeof msg,
+                     "the server takes %u large upload(s) at once (--max-uploads) and has them; "
+                     "retry shortly",
+                     h->max_uploads);
+            enum MHD_Result r = queue_error(req, 429, "rate_limit_error", "too_many_uploads",
+                                            msg, &extra);
+            srv_http_hdrlist_clear(&extra);
+            return r;
+        }
+        h->uploads++;
+        req->upload_slot = 1;
+    }
     return MHD_YES;
+}
+
+/* ---- bodies: memory, then a temporary file ---- */
+
+/* A new unnamed file in the upload directory (O_TMPFILE: nothing to clean
+ * up after a crash; else a named one removed at once). -1 on failure. */
+static int spool_open(const srv_http_t *h)
+{
+    int fd = open(h->upload_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        return fd;
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/.darkserve-upload-XXXXXX", h->upload_dir) >=
+        (int)sizeof path)
+        return -1;
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0)
+        unlink(path);
+    return fd;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void spool_free(srv_req_t *req)
+{
+    if (req->spool_fd >= 0)
+        close(req->spool_fd);
+    req->spool_fd = -1;
+}
+
+/* The spooled body back in memory for the handler (srv_req_body's
+ * contract): one buffer of exactly its size. 0, or -1 (out of memory, a
+ * read error). */
+static int spool_load(srv_req_t *req)
+{
+    char *b = malloc(req->body_len + 1);
+    size_t got = 0;
+    while (b && got < req->body_len) {
+        ssize_t r = pread(req->spool_fd, b + got, req->body_len - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    spool_free(req);
+    if (!b || got != req->body_len) {
+        free(b);
+        return -1;
+    }
+    b[got] = '\0';
+    free(req->body);
+    req->body = b;
+    req->body_cap = got + 1;
+    return 0;
+}
+
+/* Answers an upload in the middle of its body and ends the connection.
+ * libmicrohttpd 0.9.75 cannot queue an answer while a body is arriving, and
+ * waiting for its end lets a client hold the server as long as it sends:
+ * the error is written straight to the socket (nothing else is writing to
+ * it while the request is received) and the connection is closed with a
+ * lingering close (on_connection), so the client reads the answer. */
+static enum MHD_Result abort_upload(srv_req_t *req, int status, const char *code,
+                                    const char *msg)
+{
+    char buf[1024];
+    size_t n = srv_http_error_bytes(buf, sizeof buf, status,
+                                    status >= 500 ? "server_error" : "invalid_request_error",
+                                    code, msg, req->id, 0);
+    if (n && req->fd >= 0)
+        (void)send(req->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    req->status = status;
+    req->phase = PH_ANSWERED;
+    req->outcome = status == 413 ? "too_large" : "upload_failed";
+    req->bytes_out += n;
+    if (req->cx)
+        req->cx->linger = 1;
+    spool_free(req);
+    free(req->body);
+    req->body = NULL;
+    req->body_cap = 0;
+    return MHD_NO; /* libmicrohttpd closes the connection */
 }
 
 static enum MHD_Result on_body(srv_req_t *req, const char *data, size_t n)
@@ -917,10 +1111,42 @@ static enum MHD_Result on_body(srv_req_t *req, const char *data, size_t n)
     if (req->too_large)
         return MHD_YES;
     if (n > req->body_limit - req->body_len) {
+        if (req->conn) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes",
+                     req->body_limit);
+            return abort_upload(req, 413, "request_too_large", msg);
+        }
+        /* an injected body is whole already: answered at its end */
         req->too_large = 1;
         free(req->body);
         req->body = NULL;
         req->body_len = req->body_cap = 0;
+        return MHD_YES;
+    }
+    if (req->spool_fd < 0 && req->upload_slot && req->body_len + n > SPOOL_MIN) {
+        int fd = spool_open(req->h);
+        if (fd < 0 || (req->body_len && write_all(fd, req->body, req->body_len) != 0)) {
+            if (fd >= 0)
+                close(fd);
+            SRV_LOG(SRV_LOG_ERROR, req->id, "cannot spool an upload in %s: %s",
+                    req->h->upload_dir, strerror(errno));
+            return abort_upload(req, 507, "insufficient_storage",
+                                "no room for the upload on the server (--upload-dir)");
+        }
+        req->spool_fd = fd;
+        free(req->body);
+        req->body = NULL;
+        req->body_cap = 0;
+    }
+    if (req->spool_fd >= 0) {
+        if (write_all(req->spool_fd, data, n) != 0) {
+            SRV_LOG(SRV_LOG_ERROR, req->id, "cannot spool an upload in %s: %s",
+                    req->h->upload_dir, strerror(errno));
+            return abort_upload(req, 507, "insufficient_storage",
+                                "no room for the upload on the server (--upload-dir)");
+        }
+        req->body_len += n;
         return MHD_YES;
     }
     if (req->body_len + n + 1 > req->body_cap) {
@@ -1011,6 +1237,17 @@ static enum MHD_Result run_handler(srv_req_t *req)
         snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes", req->body_limit);
         return queue_error(req, 413, "invalid_request_error", "request_too_large", msg, NULL);
     }
+    if (req->spool_fd >= 0 && spool_load(req) != 0) {
+        SRV_LOG(SRV_LOG_ERROR, req->id, "cannot read a spooled upload of %zu bytes back",
+                req->body_len);
+        hdrlist_t extra = {0};
+        srv_http_hdrlist_add(&extra, "Retry-After", "1");
+        enum MHD_Result r = queue_error(req, 503, "server_error", "service_unavailable",
+                                        "the server cannot hold the body now; retry shortly",
+                                        &extra);
+        srv_http_hdrlist_clear(&extra);
+        return r;
+    }
     req->phase = PH_HANDLER;
     req->runs++;
     req->route->fn(req, req->route->ud);
@@ -1044,13 +1281,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         if (req->phase != PH_RECEIVING)
             return MHD_YES; /* an early answer is queued: drop the rest */
-        /* Past the limit the rest of a chunked body is dropped as it comes
-         * (nothing more is buffered) and 413 follows at its end, or
-         * --request-timeout cuts the connection: MHD 0.9.75 refuses to queue
-         * a response while an upload is in progress (MHD_queue_response
-         * returns MHD_NO then; checked). */
-        enum MHD_Result r = on_body(req, upload_data, n);
-        return r;
+        /* Past the limit (or when the upload cannot be spooled) on_body
+         * answers at once and returns MHD_NO, which closes the connection
+         * (abort_upload says why it does not go through MHD). */
+        return on_body(req, upload_data, n);
     }
     switch (req->phase) {
     case PH_RECEIVING:
@@ -1118,9 +1352,14 @@ static void req_complete(srv_http_t *h, srv_req_t *req, enum MHD_RequestTerminat
     }
     if (req->inflight)
         h->inflight--;
+    if (req->upload_slot)
+        h->uploads--;
+    req->upload_slot = 0;
+    spool_free(req);
     if (req->cx) {
         req->cx->busy = 0;
         req->cx->served++;
+        req->cx->idle_since_ms = now_ms();
         req->cx->deadline_ms = h->request_timeout_s ? now_ms() + h->request_timeout_s * 1000ull
                                                     : 0;
         /* Draining: a keep-alive connection whose response was queued before
@@ -1129,7 +1368,7 @@ static void req_complete(srv_http_t *h, srv_req_t *req, enum MHD_RequestTerminat
         if (h->draining && req->cx->fd >= 0)
             shutdown(req->cx->fd, SHUT_RDWR);
     }
-    const char *outcome = outcome_name(toe, req);
+    const char *outcome = req->outcome ? req->outcome : outcome_name(toe, req);
     double ms = (double)(uv_hrtime() - req->t_start_ns) / 1e6;
     srv_log_access(&(srv_log_access_rec_t){
         .req_id = req->id,
@@ -1303,7 +1542,7 @@ int srv_http_inject(srv_http_t *h, const srv_http_inject_t *in, srv_http_result_
         (in->n_headers && !in->headers) || (in->body_len && !in->body))
         return SRV_HTTP_EINVAL;
     for (size_t i = 0; i < in->n_headers; i++)
-        if (!srv_http_header_valid(in->headers[2 * i], in->headers[2 * i + 1]))
+        if (!srv_http_header_received(in->headers[2 * i], in->headers[2 * i + 1]))
             return SRV_HTTP_EINVAL;
     char *url = strdup(in->url);
     if (!url)
@@ -1314,9 +1553,14 @@ int srv_http_inject(srv_http_t *h, const srv_http_inject_t *in, srv_http_result_
     MHD_http_unescape(url);
     srv_req_t *req = req_alloc(h, NULL, url, in->method);
     int rc = req ? inject_query(req, q) : SRV_HTTP_ENOMEM;
+    if (req) {
+        req->bad_target = srv_http_target_check(in->url, strlen(in->url)) != 0;
+        req->inj_body_len = in->body_len;
+    }
     free(url);
     for (size_t i = 0; rc == 0 && i < in->n_headers; i++)
-        rc = srv_http_hdrlist_add(&req->inj_headers, in->headers[2 * i], in->headers[2 * i + 1]);
+        rc = srv_http_hdrlist_add_received(&req->inj_headers, in->headers[2 * i],
+                                           in->headers[2 * i + 1]);
     if (rc) {
         if (req)
             req_free(req);
@@ -1354,15 +1598,23 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 {
     srv_http_t *h = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        h->n_mhd++;
+        /* the front door hands connections on from inside
+         * MHD_add_connection: their peer and start time come along */
+        gate_conn_t *from = h->adding;
+        uint64_t t0 = from ? from->t_accept_ms : now_ms();
         conn_t *cx = calloc(1, sizeof *cx);
         if (!cx)
-            return; /* this connection simply has no request timeout */
+            return; /* no request timeout; its peer stays counted by the door */
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         cx->fd = ci ? ci->connect_fd : -1;
-        cx->deadline_ms = h->request_timeout_s ? now_ms() + h->request_timeout_s * 1000ull : 0;
-        cx->header_deadline_ms =
-            h->header_timeout_s ? now_ms() + h->header_timeout_s * 1000ull : 0;
+        cx->deadline_ms = h->request_timeout_s ? t0 + h->request_timeout_s * 1000ull : 0;
+        cx->idle_since_ms = t0;
+        if (from) {
+            cx->peer = from->peer;
+            from->peer = NULL;
+        }
         cx->next = h->conns;
         if (h->conns)
             h->conns->prev = cx;
@@ -1371,9 +1623,28 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         if (h->m_conns)
             srv_metric_add(h->m_conns, NULL, 1);
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        if (h->n_mhd)
+            h->n_mhd--;
+        /* a slot is free: the door hands a waiting connection on after
+         * this MHD_run (not from inside it) */
+        h->gate_kick = 1;
+        h->rerun = 1;
         conn_t *cx = *socket_context;
         if (!cx)
             return;
+        if (cx->peer && !cx->uncounted)
+            srv_http_gate_release(h, cx->peer);
+        /* libmicrohttpd closes the socket after this call, having sent its
+         * FIN; a duplicate keeps it open to drain what the client still
+         * sends (an upload answered early), so the answer is not lost to a
+         * reset */
+        int unread = 0;
+        if (cx->fd >= 0 && h->stage == OPEN &&
+            (cx->linger || (ioctl(cx->fd, FIONREAD, &unread) == 0 && unread > 0))) {
+            int dupfd = fcntl(cx->fd, F_DUPFD_CLOEXEC, 0);
+            if (dupfd >= 0)
+                srv_http_gate_linger(h, dupfd);
+        }
         if (cx->prev)
             cx->prev->next = cx->next;
         else
@@ -1382,13 +1653,23 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             cx->next->prev = cx->prev;
         free(cx);
         *socket_context = NULL;
-        /* At the connection limit MHD took its listen socket out of epoll; it
-         * puts it back at the start of its next run, and a pending client
-         * would otherwise wait for unrelated activity. */
-        h->rerun = 1;
         if (h->m_conns)
             srv_metric_add(h->m_conns, NULL, -1);
     }
+}
+
+/* libmicrohttpd shows the request target here as sent, before it decodes
+ * it into the path the access handler gets (cut at a decoded NUL). The
+ * verdict waits on the connection for that request's first access call. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    (void)cls;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_t *cx = ci ? ci->socket_context : NULL;
+    if (cx && uri)
+        cx->bad_target = srv_http_target_check(uri, strlen(uri)) != 0;
+    return NULL; /* *con_cls stays NULL until the access handler's first call */
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
@@ -1407,6 +1688,11 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 }
 
 /* ---- the loop side ---- */
+
+void srv_http_run(srv_http_t *h)
+{
+    run_mhd(h);
+}
 
 static void on_mhd_timer(uv_timer_t *t)
 {
@@ -1434,6 +1720,8 @@ static void run_mhd(srv_http_t *h)
         MHD_run(h->d);
         inject_run(h);
         srv_http_process_pending(h);
+        if (h->gate_kick)
+            srv_http_gate_kick(h);
     } while (h->rerun);
     h->in_run = 0;
     MHD_UNSIGNED_LONG_LONG t = 0;
@@ -1470,28 +1758,21 @@ static void on_sweep(uv_timer_t *t)
     srv_http_t *h = t->data;
     uint64_t now = now_ms();
     for (conn_t *cx = h->conns; cx; cx = cx->next) {
-        if (cx->cut || cx->fd < 0)
-            continue;
-        const int req_late = cx->deadline_ms && now >= cx->deadline_ms;
-        const int hdr_late = cx->header_deadline_ms && now >= cx->header_deadline_ms;
-        if (!req_late && !hdr_late)
+        if (cx->cut || cx->fd < 0 || !cx->deadline_ms || now < cx->deadline_ms)
             continue;
         /* MHD owns the descriptor; shutting it down (not closing it) makes
          * the next read fail, and MHD closes the connection itself. */
         cx->cut = 1;
         shutdown(cx->fd, SHUT_RDWR);
-        if (req_late)
-            SRV_LOG(SRV_LOG_INFO, NULL,
-                    "request timeout: closing a connection that took over %us",
-                    h->request_timeout_s);
-        else
-            SRV_LOG(SRV_LOG_INFO, NULL,
-                    "header timeout: closing a connection whose first request headers took "
-                    "over %us",
-                    h->header_timeout_s);
+        srv_http_note(h, NOTE_TIMEOUT, "request timeout: closing a connection that took over %us",
+                      h->request_timeout_s);
         if (h->m_timeouts)
             srv_metric_add(h->m_timeouts, NULL, 1);
     }
+    /* the door's connections: header, request and idle timeouts, lingering */
+    srv_http_gate_sweep(h, now);
+    if (h->gate_kick)
+        run_mhd(h);
 }
 
 /* ---- construction ---- */
@@ -1556,6 +1837,12 @@ static void register_metrics(srv_http_t *h)
         "streamed or deferred answers cancelled (client gone, timeout, shutdown)", NULL);
     h->m_timeouts = srv_metrics_counter(m, "darkserve_http_request_timeouts_total",
                                         "connections cut by the request timeout", NULL);
+    h->m_refused = srv_metrics_counter(
+        m, "darkserve_http_connections_refused_total",
+        "connections refused or shed at the door: per_address (429, "
+        "--max-connections-per-address), overload (503, no slot), shed (408, the oldest "
+        "connection still without its headers, for a newcomer)",
+        (const char *[]){"reason", NULL});
 }
 
 static char **copy_strings(const char *const *v, size_t n)
@@ -1589,6 +1876,12 @@ static void http_free(srv_http_t *h)
     free_strings(h->api_keys, h->n_api_keys);
     free(h->api_key_admin);
     free_strings(h->cors, h->n_cors);
+    free(h->upload_dir);
+    while (h->peers) {
+        peer_t *p = h->peers;
+        h->peers = p->next;
+        free(p);
+    }
     if (h->hub) {
         int free_hub;
         pthread_mutex_lock(&h->hub->lock);
@@ -1614,7 +1907,14 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
     }
     int fd = -1;
     h->loop = loop;
+    h->listen_fd = -1;
     h->max_body = o->max_body ? o->max_body : DEFAULT_MAX_BODY;
+    h->max_conns = o->max_connections ? o->max_connections : DEFAULT_MAX_CONN;
+    h->max_per_addr = o->max_connections_per_address;
+    h->idle_timeout_s = o->idle_timeout_s;
+    h->max_uploads = o->max_uploads ? o->max_uploads : DEFAULT_MAX_UPLOADS;
+    const char *udir = o->upload_dir && *o->upload_dir ? o->upload_dir : getenv("TMPDIR");
+    h->upload_dir = strdup(udir && *udir ? udir : "/tmp");
     h->stream_buf = o->stream_max_buffered ? o->stream_max_buffered : DEFAULT_STREAM_BUF;
     h->request_timeout_s = o->request_timeout_s;
     h->header_timeout_s = o->header_timeout_s;
@@ -1627,7 +1927,7 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
         memcpy(h->api_key_admin, o->api_key_admin, o->n_api_keys);
     h->cors = copy_strings(o->cors_origins, o->n_cors_origins);
     h->hub = calloc(1, sizeof *h->hub);
-    if (!h->api_keys || !h->api_key_admin || !h->cors || !h->hub) {
+    if (!h->api_keys || !h->api_key_admin || !h->cors || !h->hub || !h->upload_dir) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -1641,6 +1941,15 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
     if (h->metrics)
         register_metrics(h);
 
+    /* an upload directory that cannot take a file fails now, not at the
+     * first large upload */
+    int probe = spool_open(h);
+    if (probe < 0) {
+        snprintf(err, errlen, "cannot create temporary files in the upload directory %s: %s",
+                 h->upload_dir, strerror(errno));
+        goto fail;
+    }
+    close(probe);
     int v6 = 0;
     if (!o->no_listen) {
         fd = listen_socket(o->host ? o->host : "127.0.0.1", o->port, &v6, err, errlen);
@@ -1653,23 +1962,19 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
             h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                      : ((struct sockaddr_in *)&ss)->sin_port);
     }
+    (void)v6; /* libmicrohttpd makes no socket: the family is the door's business */
+    /* libmicrohttpd listens on nothing: the front door (http_gate.c)
+     * accepts, and hands each connection on with MHD_add_connection once
+     * its first request's head is in and checked. Its per-address limit is
+     * the door's too (counting only open connections). */
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
-                     (v6 ? MHD_USE_IPv6 : 0) | (o->no_listen ? MHD_USE_NO_LISTEN_SOCKET : 0);
-    /* no_listen: MHD refuses MHD_OPTION_LISTEN_SOCKET with that flag */
-    struct MHD_OptionItem listen_opt[] = {
-        {fd >= 0 ? MHD_OPTION_LISTEN_SOCKET : MHD_OPTION_END, fd, NULL},
-        {MHD_OPTION_END, 0, NULL}};
+                     MHD_USE_NO_LISTEN_SOCKET;
     h->d = MHD_start_daemon(
-        flags, (uint16_t)h->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
-        on_mhd_log, h, MHD_OPTION_ARRAY, listen_opt,
-        MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : DEFAULT_MAX_CONN,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_address,
-        MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
-    /* MHD owns the socket from here on, and closes it in MHD_stop_daemon;
-     * its own failure path may already have closed it, so a failed start
-     * leaks rather than risks closing a descriptor reused by another thread. */
-    fd = -1;
+        flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
+        MHD_OPTION_CONNECTION_LIMIT, h->max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
+        o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_URI_LOG_CALLBACK, on_uri, h,
+        MHD_OPTION_END);
     if (!h->d) {
         snprintf(err, errlen, "libmicrohttpd failed to start (epoll mode)");
         goto fail;
@@ -1679,8 +1984,25 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
         snprintf(err, errlen, "libmicrohttpd has no epoll descriptor");
         goto fail;
     }
+    /* the listen socket's watch first: each failure below leaves no handle
+     * to close but this one */
+    if (fd >= 0) {
+        if (srv_http_gate_start(h, fd) != 0) {
+            snprintf(err, errlen, "cannot watch the listen socket");
+            goto fail;
+        }
+        fd = -1; /* the door's now (h->listen_fd) */
+    }
     if (uv_poll_init(loop, &h->mhd_poll, di->epoll_fd) != 0) {
         snprintf(err, errlen, "cannot watch libmicrohttpd's epoll descriptor");
+        if (h->listen_fd >= 0) {
+            /* the watch lives in h until the loop closes it: h is leaked
+             * rather than freed under it (this start fails anyway) */
+            uv_close((uv_handle_t *)&h->listen_poll, NULL);
+            close(h->listen_fd);
+            MHD_stop_daemon(h->d);
+            return NULL;
+        }
         goto fail;
     }
     h->mhd_poll.data = h;
@@ -1690,17 +2012,21 @@ srv_http_t *srv_http_new(uv_loop_t *loop, const srv_http_opts_t *o, char *err, s
     h->sweep.data = h;
     uv_async_init(loop, &h->async, on_async);
     h->async.data = h;
-    h->handles_open = 4;
+    h->handles_open += 4; /* and the listen socket's watch, if any */
     h->hub->async = &h->async;
+    if (h->listen_fd >= 0)
+        uv_poll_start(&h->listen_poll, UV_READABLE, srv_http_gate_on_listen);
     uv_poll_start(&h->mhd_poll, UV_READABLE, on_mhd_poll);
-    if (h->request_timeout_s || h->header_timeout_s)
-        uv_timer_start(&h->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+    /* timeouts and lingering closes */
+    uv_timer_start(&h->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
     /* Arms the timer and accepts anything already queued. */
     run_mhd(h);
     return h;
 fail:
     if (fd >= 0)
         close(fd);
+    if (h->listen_fd >= 0)
+        close(h->listen_fd);
     if (h->d)
         MHD_stop_daemon(h->d);
     http_free(h);
@@ -1770,6 +2096,8 @@ void srv_http_close(srv_http_t *h, void (*done)(void *ud), void *ud)
     h->stage = CLOSING;
     h->done = done;
     h->done_ud = ud;
+    /* no new connections; the ones at the door go */
+    srv_http_gate_close(h);
     /* MHD must not be stopped with suspended connections: resume them all,
      * cancelled, and let one MHD_run close them. */
     srv_http_cancel_all(h);
@@ -1795,6 +2123,11 @@ void srv_http_close(srv_http_t *h, void (*done)(void *ud), void *ud)
         s->dirty = 0;
         pthread_cond_broadcast(&s->cond);
         srv_http_stream_unref_unlock(s);
+    }
+    if (h->listen_fd >= 0) {
+        uv_close((uv_handle_t *)&h->listen_poll, on_handle_closed);
+        close(h->listen_fd);
+        h->listen_fd = -1;
     }
     uv_close((uv_handle_t *)&h->mhd_poll, on_handle_closed);
     uv_close((uv_handle_t *)&h->mhd_timer, on_handle_closed);

@@ -17,6 +17,15 @@
  *    about the request shows.
  * 2. Checks, in this order, each answering with a JSON error object
  *    {"error":{"message","type","param","code"}}:
+ *      framing (RFC 9112): Content-Length with Transfer-Encoding, two
+ *      different or malformed Content-Lengths, whitespace before a colon,
+ *      Host missing (HTTP/1.1) or twice, a control byte in a value
+ *                                        -> 400, Connection: close; a coding
+ *                                           other than chunked -> 501; a
+ *                                           Content-Length past 64 bits -> 413
+ *      a control byte in the path, raw or %-encoded, %2F in the path, or
+ *      %00 in the query
+ *                                        -> 400
  *      draining (srv_http_drain)         -> 503 (routes without SRV_ROUTE_DRAIN_OK)
  *      API key missing or wrong          -> 401 when keys are configured, before
  *                                           404/405 so that unauthenticated
@@ -29,11 +38,13 @@
  *      body whose Content-Type is not application/json on a SRV_ROUTE_JSON
  *      route                             -> 415
  *      Content-Length above the limit    -> 413 (before the body is read)
- * 3. The body is accumulated (bounded by the route's limit: the buffer never
- *    grows past it; a chunked body that grows past it is dropped as it
- *    arrives and answered with 413 at its end, since libmicrohttpd 0.9.75
- *    cannot answer in the middle of an upload) and the handler is called
- *    once, with the complete body.
+ *      a body that may pass 1 MiB while max_uploads such bodies arrive
+ *                                        -> 429 (Retry-After: 1)
+ * 3. The body is accumulated (bounded by the route's limit; past 1 MiB in a
+ *    temporary file in opts.upload_dir, read back into memory once whole)
+ *    and the handler is called once, with the complete body. A chunked body
+ *    that passes the limit is answered with 413 at once, in its middle, and
+ *    the connection closes.
  * 4. Before returning, the handler must do exactly one of:
  *      srv_reply / srv_reply_json / srv_reply_error   answer now;
  *      srv_stream_open                                start a streamed answer
@@ -48,20 +59,31 @@
  *    (darkserve_http_requests_total{method,route,code},
  *    darkserve_http_request_duration_seconds{route}, in-flight requests, open
  *    connections, stream cancels, request timeouts) when opts.metrics is set.
- * Responses that libmicrohttpd writes by itself (a malformed request line,
- * headers over its 32 KiB per-connection memory) carry no request id and
- * produce no access line.
+ * The first request of a connection is read by the server's front door
+ * before libmicrohttpd (server/http/http_gate.c): its head is judged on the
+ * raw bytes (a NUL in a value, a folded line, a Content-Length
+ * libmicrohttpd could not parse, a first chunk size past the route's limit,
+ * a head over 16 KiB -> 400/413/431) and answered there, with an access
+ * line. Responses that libmicrohttpd writes by itself (a malformed request
+ * line, a malformed Content-Length on a later request of a kept-alive
+ * connection, headers over its 32 KiB per-connection memory) carry no
+ * request id and produce no access line.
  *
  * Connections: keep-alive is kept for bodiless requests answered with an
  * error; after an early answer to a request *with* a body (413, 415, 401...)
- * the connection closes, since the unread body is still on the wire.
- * max_connections counts every open connection (suspended ones too); beyond
- * it new clients wait in the kernel's accept queue until one closes.
- * max_connections_per_address bounds one client address's share: its
- * connections past the bound are accepted and closed at once, so a single
- * address cannot fill max_connections. header_timeout_s bounds the time a
- * new connection may take to send its first request's headers (a client
- * that never finishes them holds its slot that long, not request_timeout_s).
+ * the connection closes, since the unread body is still on the wire, and
+ * lingers a moment (what still comes is read and dropped) so the client
+ * reads the answer rather than a reset. max_connections bounds the
+ * connections libmicrohttpd serves (suspended ones too) and, separately,
+ * those waiting at the door for their first request's head or for a slot:
+ * when that waiting room is full, the oldest connection without a head of
+ * the address holding most of them is closed (408). max_connections_per_address
+ * bounds one client address's open connections: at the bound its idle
+ * kept-alive connections are closed for a new one, and when none is idle
+ * the new one gets 429 (too_many_connections), so a single address cannot
+ * fill max_connections. Refusals are logged (rate-limited) and counted in
+ * darkserve_http_connections_refused_total{reason}. header_timeout_s bounds
+ * the time a new connection may take to send its first request's headers.
  * idle_timeout_s closes a connection with no I/O (a stalled client, an idle
  * keep-alive); request_timeout_s bounds the time to receive a whole request,
  * counted from the connection's start or the end of its previous response,
@@ -165,6 +187,10 @@ typedef struct srv_http_opts {
     unsigned max_connections_per_address; /* open connections of one client address; beyond
                                              it new ones are closed at once; 0 = no limit */
     size_t stream_max_buffered;  /* default per-stream bound; 0 = 256 KiB */
+    unsigned max_uploads;        /* bodies over 1 MiB being received at once (each spooled
+                                    to a file); beyond it 429; 0 = 2 */
+    const char *upload_dir;      /* where those bodies are spooled; NULL or "" = $TMPDIR,
+                                    else /tmp. Copied; must take files (checked here) */
     const char *const *api_keys; /* [n_api_keys], copied; none = no auth */
     const unsigned char *api_key_admin; /* [n_api_keys] or NULL, copied: 1 = an admin key
                                            (srv_req_key reports it; the http layer gives

@@ -1,7 +1,9 @@
 /* server/http/http_headers.c — header lists (hdrlist_t, http_impl.h): the
  * extra headers of an answer, a request's and an injected request's
  * headers. Validates what goes in (a token name, no CR or LF in the value),
- * so no header a handler adds can split an answer. Calls nothing of the
+ * so no header a handler adds can split an answer; an injected request's
+ * headers only as loosely as a connection's parser would pass them on, so
+ * the request hook's framing rules (http_frame.c) judge the rest. Calls nothing of the
  * server; whichever thread owns the list.
  */
 #include "server/http/http_impl.h"
@@ -38,10 +40,31 @@ int srv_http_header_valid(const char *name, const char *value)
     return 1;
 }
 
+int srv_http_header_received(const char *name, const char *value)
+{
+    if (!name || !*name || !value || strpbrk(name, ":\r\n") || strchr(value, '\n'))
+        return 0;
+    return 1;
+}
+
+static int hdrlist_put(hdrlist_t *l, const char *name, const char *value);
+
 int srv_http_hdrlist_add(hdrlist_t *l, const char *name, const char *value)
 {
     if (!srv_http_header_valid(name, value))
         return SRV_HTTP_EINVAL;
+    return hdrlist_put(l, name, value);
+}
+
+int srv_http_hdrlist_add_received(hdrlist_t *l, const char *name, const char *value)
+{
+    if (!srv_http_header_received(name, value))
+        return SRV_HTTP_EINVAL;
+    return hdrlist_put(l, name, value);
+}
+
+static int hdrlist_put(hdrlist_t *l, const char *name, const char *value)
+{
     if (l->n == l->cap) {
         size_t ncap = l->cap ? l->cap * 2 : 4;
         header_t *nv = realloc(l->v, ncap * sizeof *nv);

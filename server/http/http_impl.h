@@ -7,7 +7,12 @@
  *                         and pending lists, and the producer API
  *                         (srv_stream_*) that any thread calls;
  *   server/http/http_route.c   the route table: patterns, matching, methods;
- *   server/http/http_headers.c header lists.
+ *   server/http/http_headers.c header lists;
+ *   server/http/http_frame.c   the framing rules of RFC 9112 over bytes and
+ *                         header lists (no socket, no MHD);
+ *   server/http/http_gate.c    the front door: accepting, per-address
+ *                         accounting, the first request's head read before
+ *                         libmicrohttpd sees it, refusals, lingering closes.
  * The ownership and locking rules are those of server/http/http.c's comment.
  */
 #ifndef DARKSERVE_SERVER_HTTP_IMPL_H
@@ -16,6 +21,7 @@
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <sys/socket.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -31,6 +37,23 @@
 #define SWEEP_MS 1000
 /* MHD asks the reader for at most this many bytes at a time. */
 #define READER_BLOCK ((size_t)16 * 1024)
+/* The largest request head the front door reads (431 past it). Below
+ * libmicrohttpd's 32 KiB connection memory, which must hold the head again
+ * with its parsed header list. */
+#define HEAD_MAX ((size_t)16 * 1024)
+/* Bodies larger than this go to a temporary file as they arrive (on routes
+ * whose limit allows more), so memory holds at most this much of an upload
+ * until its handler runs; such uploads take one of max_uploads slots. */
+#define SPOOL_MIN ((size_t)1 << 20)
+#define DEFAULT_MAX_UPLOADS 2u
+/* A closing connection that may still have bytes coming (an upload answered
+ * early) is read and discarded for up to this long after the answer, so the
+ * client reads the answer instead of a reset; at most LINGER_MAX at once. */
+#define LINGER_MS 2000u
+#define LINGER_MAX 64u
+/* Refusals and cuts are logged at most once per this many ms per kind, with
+ * the number left unsaid. */
+#define NOTE_EVERY_MS 10000u
 
 /* ---- small containers ---- */
 
@@ -102,13 +125,115 @@ struct srv_stream {
     srv_stream_t *pend_next;
 };
 
+/* ---- framing (http_frame.c) ---- */
+
+/* What the header fields of one request say about its framing, and the
+ * verdict: status 0 = acceptable, else the answer due (400, 413, 431, 501,
+ * 505), code and message. */
+typedef struct srv_http_frame {
+    int http11;
+    int need_host;     /* HTTP/1.1 from a connection: exactly one Host */
+    unsigned n_cl, n_te, n_host;
+    uint64_t clen;     /* the Content-Length, when n_cl and it parsed */
+    int clen_bad, clen_huge, clen_conflict;
+    int te_chunked;    /* Transfer-Encoding is exactly "chunked" */
+    int te_bad;
+    char te_unknown[32]; /* the first coding that is not chunked */
+    int ws_name, bad_name, bad_value;
+    int has_body;      /* set by srv_http_frame_finish */
+    int status;
+    const char *code;  /* static */
+    char msg[160];
+} srv_http_frame_t;
+
+/* A raw request head as the front door read it. */
+typedef struct srv_http_head {
+    srv_http_frame_t frame;
+    size_t start;           /* offset of the request line (empty lines skipped) */
+    size_t head_len;        /* bytes up to and with the empty line */
+    char method[16];
+    size_t target_off, target_len; /* the request target in the buffer */
+    char req_id[REQ_ID_MAX + 1];   /* X-Request-Id as sent (unchecked), or "" */
+    int first_chunk_known;  /* chunked, and the first chunk's size line came with it */
+    uint64_t first_chunk;   /* that size (UINT64_MAX when beyond 64 bits) */
+} srv_http_head_t;
+
+/* Starts a verdict for a request of that version; need_host follows it. */
+void srv_http_frame_init(srv_http_frame_t *f, int http11);
+/* One header field as received: name[0..nlen), value[0..vlen) without the
+ * whitespace after the colon. */
+void srv_http_frame_field(srv_http_frame_t *f, const char *name, size_t nlen, const char *value,
+                          size_t vlen);
+/* The verdict once every field was seen (f->status, code, msg, has_body). */
+void srv_http_frame_finish(srv_http_frame_t *f);
+/* Scans buf[0..n), the start of a connection's bytes: 0 when the head is
+ * not complete yet; 1 when it is (or is malformed, or longer than max_head:
+ * hd->frame.status says). */
+int srv_http_head_scan(const char *buf, size_t n, size_t max_head, srv_http_head_t *hd);
+/* A request target (path and query as on the wire, t[0..n)): 0 when
+ * acceptable, -1 when it holds a control byte in the path or a NUL in the
+ * query, raw or percent-encoded, or an encoded slash (%2F) in the path. */
+int srv_http_target_check(const char *t, size_t n);
+
+/* ---- connections ---- */
+
+/* A client address with open connections (the front door's accounting);
+ * listed while it has one, freed with its last. */
+typedef struct peer {
+    struct peer *next;
+    int family;             /* AF_INET, AF_INET6 */
+    unsigned char addr[16];
+    unsigned open;          /* connections counted against the per-address bound */
+    unsigned waiting;       /* scratch: its connections without a head (make_room) */
+    char text[64];          /* for the log */
+} peer_t;
+
+enum gate_state {
+    GATE_HEAD = 0, /* accepted, its first request's head not complete */
+    GATE_READY,    /* head checked, waiting for a libmicrohttpd slot */
+    GATE_LINGER    /* answered and closing: reading what still comes */
+};
+
+/* A connection the front door holds (http_gate.c). */
+typedef struct gate_conn {
+    uv_poll_t poll;      /* first: its close callback frees the struct */
+    struct srv_http *h;
+    int fd;
+    int state;
+    struct sockaddr_storage sa;
+    unsigned salen;
+    peer_t *peer;        /* counted while HEAD or READY; NULL once handed on */
+    uint64_t t_accept_ms, last_io_ms, linger_end_ms;
+    size_t seen;         /* bytes of the head seen so far (idle timeout) */
+    struct gate_conn *prev, *next; /* its state's list, oldest first */
+} gate_conn_t;
+
+typedef struct gate_list {
+    gate_conn_t *first, *last;
+    size_t n;
+} gate_list_t;
+
+/* Rate-limited log of one kind of refusal or cut. */
+typedef struct note {
+    uint64_t last_ms;
+    unsigned unsaid;
+} note_t;
+
+enum note_kind { NOTE_PER_ADDRESS = 0, NOTE_SHED, NOTE_OVERLOAD, NOTE_TIMEOUT, NOTE_ACCEPT,
+                 NOTE_N };
+
 typedef struct conn {
     int fd;
     uint64_t deadline_ms; /* 0 = not receiving a request */
-    uint64_t header_deadline_ms; /* first request's headers due; 0 = in, or no limit */
     int cut;
     int busy;             /* a request (headers seen) is in progress */
     int served;           /* requests completed on this connection */
+    int bad_target;       /* the request line being parsed has a bad target */
+    int linger;           /* closing with an answer while a body may still come */
+    int uncounted;        /* closed by the client, or idle and closed for a newcomer of its
+                             address: no longer counted for its peer */
+    uint64_t idle_since_ms; /* the end of its last request (or its start) */
+    peer_t *peer;         /* the front door's record of its address, or NULL */
     struct conn *prev, *next;
 } conn_t;
 
@@ -137,6 +262,12 @@ struct srv_req {
     char *body;
     size_t body_len, body_cap, body_limit;
     int too_large;
+    int spool_fd;      /* the body so far in a temporary file (SPOOL_MIN), or -1 */
+    int upload_slot;   /* holds one of max_uploads */
+    int bad_target;    /* control byte in the path / NUL in the query */
+    int close_after;   /* the answer says Connection: close (framing error) */
+    const char *outcome; /* static; overrides the access line's outcome */
+    uint64_t inj_body_len; /* injected: the body's length, for Content-Length */
     hdrlist_t headers;
     int phase;
     int status;
@@ -203,6 +334,23 @@ struct srv_http {
     uint64_t rid_state;
     srv_metrics_t *metrics;
     srv_metric_t *m_requests, *m_duration, *m_inflight, *m_cancels, *m_timeouts, *m_conns;
+    srv_metric_t *m_refused;
+    /* the front door (http_gate.c) */
+    int listen_fd;           /* -1 without one */
+    uv_poll_t listen_poll;
+    int listen_paused;       /* out of descriptors: accepting resumes at the next sweep */
+    unsigned max_conns;      /* libmicrohttpd's connections, and the door's */
+    unsigned max_per_addr;   /* 0 = no bound */
+    unsigned idle_timeout_s;
+    gate_list_t heads, ready, lingers;
+    size_t n_mhd;            /* connections libmicrohttpd holds */
+    peer_t *peers;
+    gate_conn_t *adding;     /* being handed to libmicrohttpd right now */
+    int gate_kick;           /* a slot freed: hand READY connections on */
+    note_t notes[NOTE_N];
+    /* uploads */
+    unsigned uploads, max_uploads;
+    char *upload_dir;
     void (*done)(void *);
     void *done_ud;
 };
@@ -216,6 +364,12 @@ void srv_http_hdrlist_clear(hdrlist_t *l);
 /* Copies name: value into l (EINVAL for a name that is not a token or a
  * value with CR or LF, ENOMEM). */
 int srv_http_hdrlist_add(hdrlist_t *l, const char *name, const char *value);
+/* 1 when a header could have come off the wire as libmicrohttpd passes it
+ * on: a non-empty name without colon, CR or LF (whitespace or other bytes a
+ * token refuses are the framing rules' business), a value without LF. */
+int srv_http_header_received(const char *name, const char *value);
+/* srv_http_hdrlist_add with that looser check (an injected request). */
+int srv_http_hdrlist_add_received(hdrlist_t *l, const char *name, const char *value);
 
 /* server/http/http_stream.c (hub->lock as each definition says) */
 void srv_http_hub_unref_locked(hub_t *hub, int *free_it);
@@ -229,6 +383,44 @@ void srv_http_pending_add(srv_http_t *h, srv_stream_t *s, unsigned flag);
 void srv_http_stream_cancel(srv_http_t *h, srv_stream_t *s);
 /* Runs the loop's queued stream callbacks (loop thread, outside MHD_run). */
 void srv_http_process_pending(srv_http_t *h);
+
+/* server/http/http.c */
+/* JSON string body of s into out[cap], cut to fit; invalid UTF-8 becomes '?'. */
+void srv_http_json_escape(char *out, size_t cap, const char *s);
+/* A whole error answer (status line, headers with Connection: close, the
+ * JSON error body) into out[cap] for a socket nobody else writes to; its
+ * length, or 0 when it does not fit. retry_after > 0 adds Retry-After. */
+size_t srv_http_error_bytes(char *out, size_t cap, int status, const char *type,
+                            const char *code, const char *msg, const char *req_id,
+                            int retry_after);
+/* A fresh request id into id[REQ_ID_MAX + 1]. */
+void srv_http_new_req_id(srv_http_t *h, char *id);
+/* Runs libmicrohttpd (and what waits on it) now, or after the run in
+ * progress. */
+void srv_http_run(srv_http_t *h);
+
+/* server/http/http_gate.c (loop thread) */
+/* Takes listen_fd (owned from now on, even on failure) and makes
+ * h->listen_poll watch it (a handle counted in handles_open); 0 or -1.
+ * Accepting starts with uv_poll_start(.., srv_http_gate_on_listen). */
+int srv_http_gate_start(srv_http_t *h, int listen_fd);
+void srv_http_gate_on_listen(uv_poll_t *p, int status, int events);
+/* Stops accepting and closes every connection the door holds. */
+void srv_http_gate_close(srv_http_t *h);
+/* Timeouts and lingering ends; the sweep timer calls it every SWEEP_MS. */
+void srv_http_gate_sweep(srv_http_t *h, uint64_t now_ms);
+/* Hands waiting connections to libmicrohttpd while it has slots (outside
+ * MHD_run). */
+void srv_http_gate_kick(srv_http_t *h);
+/* Takes fd (a closing connection's duplicate) to read and discard what the
+ * client still sends, for LINGER_MS at most; closes it at once past
+ * LINGER_MAX. */
+void srv_http_gate_linger(srv_http_t *h, int fd);
+/* One connection of p is gone. */
+void srv_http_gate_release(srv_http_t *h, peer_t *p);
+/* Logs one refusal or cut of kind at most every NOTE_EVERY_MS. */
+void srv_http_note(srv_http_t *h, int kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* server/http/http_route.c */
 /* Splits pattern ("/v1/sessions/{id}") into r's segments: 0, EINVAL for a

@@ -46,8 +46,9 @@ int srv_stream_cancelled(srv_stream_t *s);
  * optional ?query); headers are used as given (Content-Length and
  * Transfer-Encoding decide whether the request has a body, as for a
  * connection: keep them consistent with body_len; the body is delivered
- * whole). What a connection adds is absent: no peer address ("inject"), no
- * timeouts, no hang-up, HTTP/1.1. A server made with opts.no_listen takes
+ * whole, as a chunked one would be once decoded). What a connection adds
+ * is absent: no peer address ("inject"), no timeouts, no hang-up, no front
+ * door (http_gate.c), HTTP/1.1. A server made with opts.no_listen takes
  * requests only this way. */
 
 typedef struct srv_http_inject {
@@ -75,8 +76,12 @@ typedef struct srv_http_result {
  * an immediate answer completes before this returns, a deferred or
  * streamed one as the loop runs (uv_run), and srv_http_close completes
  * whatever is left (cut). Returns 0, or SRV_HTTP_EINVAL (a header name that
- * is not a token, a value with CR/LF, a closing server) / SRV_HTTP_ENOMEM,
- * when nothing was started. */
+ * is empty or holds a colon, CR or LF, a value with LF, a closing server) /
+ * SRV_HTTP_ENOMEM, when nothing was started. A name that is not a token, a
+ * bare CR in a value, framing headers that disagree (a Content-Length other
+ * than body_len, one with Transfer-Encoding, two values...) reach the
+ * request hook's framing rules and are answered there, as on a connection;
+ * only the Host rule is left out (no connection to name). */
 int srv_http_inject(srv_http_t *h, const srv_http_inject_t *in, srv_http_result_t *out);
 /* Frees what a result owns (not r itself); r is zeroed. NULL is a no-op. */
 void srv_http_result_free(srv_http_result_t *r);

@@ -318,6 +318,7 @@ TEST(test_help_lists_every_option)
         "log-format",    "log-file",       "chat-template",  "max-connections",
         "generation-timeout", "sinks",    "decay",          "max-session-disk",
         "max-session-files", "header-timeout", "max-connections-per-address",
+        "max-uploads", "upload-dir",
         "max-state-memory", "checkpoints", "prefix-cache-mb", "ui", "session-store",
         "prompt-precision", "max-prompt-tokens", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
