@@ -19,9 +19,15 @@
  *     Name: value          (any number of header lines)
  *                          (empty line)
  *     body bytes
- * Content-Length comes from the body (an input's own is dropped); "$SID"
- * anywhere in the URL or body stands for the id of the last session this
- * input created, so sequences of session operations can be reached.
+ * Content-Length comes from the body, unless the request has Content-Length
+ * or Transfer-Encoding lines of its own: then those are sent as given and
+ * the body is delivered whole, so the request hook's framing rules judge
+ * them (a Content-Length other than the body's, two that differ, one with
+ * Transfer-Encoding: 400; a coding other than chunked: 501). Header names
+ * need not be tokens (whitespace before the colon reaches the hook as a
+ * connection's would). "$SID" anywhere in the URL or body stands for the id
+ * of the last session this input created, so sequences of session
+ * operations can be reached.
  *
  * Invariants checked on every answer: the request ends (within a bound), is
  * answered with a status in 100..599, never cut, never 500 (an internal
@@ -331,6 +337,7 @@ static void fh_one(const char *data, size_t n, char sid[SRV_SESSION_ID_LEN + 1])
     char hbuf[FH_MAX_HEADERS][2][512];
     const char *hv[2 * (FH_MAX_HEADERS + 1)];
     size_t nh = 0;
+    int framed = 0; /* the input frames its body itself */
     while (p < end) {
         nl = memchr(p, '\n', (size_t)(end - p));
         le = nl ? nl : end;
@@ -355,8 +362,9 @@ static void fh_one(const char *data, size_t n, char sid[SRV_SESSION_ID_LEN + 1])
         hbuf[nh][0][nlen] = '\0';
         memcpy(hbuf[nh][1], v, vlen);
         hbuf[nh][1][vlen] = '\0';
-        if (!fh_token(hbuf[nh][0]) || strcasecmp(hbuf[nh][0], "Content-Length") == 0)
-            continue;
+        if (strcasecmp(hbuf[nh][0], "Content-Length") == 0 ||
+            strcasecmp(hbuf[nh][0], "Transfer-Encoding") == 0)
+            framed = 1;
         hv[2 * nh] = hbuf[nh][0];
         hv[2 * nh + 1] = hbuf[nh][1];
         nh++;
@@ -364,7 +372,7 @@ static void fh_one(const char *data, size_t n, char sid[SRV_SESSION_ID_LEN + 1])
     size_t blen = 0;
     char *body = fh_subst(p, (size_t)(end - p), sid, &blen);
     char clen[32];
-    if (blen) {
+    if (blen && !framed) {
         snprintf(clen, sizeof clen, "%zu", blen);
         hv[2 * nh] = "Content-Length";
         hv[2 * nh + 1] = clen;
