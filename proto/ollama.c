@@ -116,7 +116,7 @@ static int parse_options(json_t *root, const proto_limits_t *lim, proto_ollama_r
     {
         int rc = 0;
         int64_t i64 = 0;
-        char range[96];
+        char range[PROTO_ERROR_PARAM_MAX]; /* px_paramf writes that much */
         if (json_is_null(v))
             continue; /* null = absent, as everywhere */
         if (!strcmp(key, "temperature")) {
@@ -324,7 +324,7 @@ static int parse_logprobs(json_t *root, proto_ollama_req_t *r, proto_error_t *er
 {
     int want = 0, rc;
     int64_t k = 0;
-    char range[32];
+    char range[PROTO_ERROR_PARAM_MAX]; /* px_paramf writes that much */
     px_paramf(range, "between 0 and %d", PROTO_MAX_LOGPROBS);
     if ((rc = px_read_bool(root, "logprobs", &want, err)) < 0)
         return rc;

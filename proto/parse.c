@@ -622,7 +622,7 @@ static int parse_stop(json_t *root, proto_gen_params_t *p, proto_error_t *err)
 static int parse_max_tokens(json_t *root, const proto_limits_t *lim, proto_gen_params_t *p,
                             proto_error_t *err)
 {
-    char range[64];
+    char range[PROTO_ERROR_PARAM_MAX]; /* px_paramf writes that much */
     int64_t a = 0, b = 0;
     px_paramf(range, "between 1 and %lld", (long long)lim->max_tokens_limit);
     int ra = px_read_int(root, "max_tokens", 1, lim->max_tokens_limit, range, &a, err);
@@ -681,7 +681,7 @@ static int parse_logprobs(json_t *root, enum px_gen_kind kind, proto_gen_params_
 {
     int rc;
     int64_t i64 = 0;
-    char range[32];
+    char range[PROTO_ERROR_PARAM_MAX]; /* px_paramf writes that much */
     px_paramf(range, "between 0 and %d", PROTO_MAX_LOGPROBS);
     if (kind != PX_GEN_CHAT) {
         rc = px_read_int(root, "logprobs", 0, PROTO_MAX_LOGPROBS, range, &i64, err);
