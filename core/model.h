@@ -43,6 +43,7 @@ typedef struct core_model_opts {
     int prerope;                /* 1: linear features on q, k before RoPE */
     int decay_off;              /* 1: no learned decay (γ = 1) */
     int linear_off;             /* 1: linear branch off (sinks + window only) */
+    int memory;                 /* λ exact memory rows per KV head (0 = off) */
     int n_threads;              /* threads of a forward, the caller's included
                                    (0 = the CPUs available;
                                    <= CORE_POOL_MAX_THREADS) */

@@ -537,6 +537,7 @@ typedef struct proto_session_info {
     size_t n_checkpoints;
     int has_pending_grammar;       /* a constrained reply left unfinished (full form) */
     int64_t pending_grammar_bytes; /* its bytes so far */
+    int64_t attn_memory; /* λ exact memory rows per KV head (0 = none; full form) */
 } proto_session_info_t;
 
 /* full = 0: {"id","tokens","state_bytes","turns"}; full = 1 adds "created",

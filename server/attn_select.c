@@ -38,7 +38,8 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
     const int have_adapter = rq->adapter && rq->adapter[0];
     int rc;
     core_features_settings_t fs = {.n_features = rq->n_features, .window = rq->window,
-                                   .sinks = rq->sinks, .prerope = rq->prerope};
+                                   .sinks = rq->sinks, .prerope = rq->prerope,
+                                   .memory = rq->memory};
     out->mo.max_ctx = rq->max_ctx;
     out->mo.decay_off = rq->decay_off;
     out->mo.linear_off = rq->linear == 0;
@@ -81,6 +82,13 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
     out->mo.sinks = out->mo.attn_kind == CORE_ATTN_EXACT ? 0 : fs.sinks;
     out->mo.prerope = fs.prerope;
     out->mo.seed = fs.seed;
+    /* the memory is a linear kind's, beside its window and linear state:
+     * exact attention, the training-free fallback (no linear branch) and
+     * Flexformer have none unless it was asked for (then the model's load
+     * refuses the combination with its reason) */
+    const int memoryless = out->mo.attn_kind == CORE_ATTN_EXACT || out->mo.linear_off ||
+                           core_attn_kind_is_trig(out->mo.attn_kind);
+    out->mo.memory = memoryless && rq->memory < 0 ? 0 : fs.memory;
     return 0;
 }
 
@@ -107,9 +115,13 @@ void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf
         snprintf(buf, cap, "exact (exact context %" PRId64 ", adapter %s)", ac->max_ctx, ad);
         return;
     }
+    char mem[32] = "";
+    if (ac->memory)
+        snprintf(mem, sizeof mem, ", memory %d", ac->memory);
     snprintf(buf, cap,
-             "%s (features %d, window %d, sinks %d%s%s%s, exact context %" PRId64 ", adapter %s)",
-             core_attn_kind_name(ac->kind), ac->n_features, ac->window, ac->sinks,
+             "%s (features %d, window %d, sinks %d%s%s%s%s, exact context %" PRId64
+             ", adapter %s)",
+             core_attn_kind_name(ac->kind), ac->n_features, ac->window, ac->sinks, mem,
              ac->prerope ? ", pre-RoPE" : "", ac->decay_off ? ", decay off" : "",
              ac->linear_off ? ", linear branch off" : "", ac->max_ctx, ad);
 }

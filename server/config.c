@@ -155,6 +155,12 @@ static const opt_t opts[] = {
      "S",
      "first tokens of a session kept and attended exactly forever (linear kinds); -1 = the "
      "adapter's value or the built-in default"},
+    {"memory", "DARKSERVE_MEMORY", OPT_INT, 0, O(memory), "-1", -1, CORE_ATTN_MAX_MEMORY, NULL,
+     "N",
+     "exact memory rows per KV head kept beside the linear state, chosen by how badly the "
+     "state would recall them (linear kinds with positive features; part of every session's "
+     "state); 0 = off, -1 = the adapter's value or the built-in default ("
+     SRV_STR(CORE_FEATURES_DEFAULT_MEMORY) ")"},
     {"decay", "DARKSERVE_DECAY", OPT_ENUM, 0, O(decay), "on", 0, 0, onoff_choices, "on|off",
      "the adapter's learned decay of the linear state; off = v1 behaviour (no decay)"},
     {"prompt-precision", "DARKSERVE_PROMPT_PRECISION", OPT_ENUM, 0, O(prompt_precision), "auto",

@@ -42,6 +42,9 @@ int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_a
                               cfg->n_layer, cfg->n_head, cfg->n_head_kv, cfg->head_dim);
     if (cfg->window < 0 || cfg->n_features < 0 || cfg->max_ctx < 0)
         return core_error_set(err, CORE_EINVAL, "negative window, feature count or context");
+    if (cfg->memory && cfg->kind == CORE_ATTN_EXACT)
+        return core_error_set(err, CORE_EINVAL, "an exact memory (%d rows) is for the linear "
+                              "kinds: exact attention keeps every key", cfg->memory);
     core_attn_t *a = calloc(1, sizeof *a);
     if (!a)
         return core_error_set(err, CORE_ENOMEM, "out of memory for attention");

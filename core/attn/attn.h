@@ -57,6 +57,11 @@ typedef struct core_attn_cfg {
     int prerope;      /* 1: the linear branch's features see q, k before RoPE */
     int decay_off;    /* 1: ignore the adapter's decays (γ = 1), keep its mixing weights */
     int linear_off;   /* 1: no linear branch at all (sinks + window only; ablations) */
+    /* Exact memory (linear, non-trigonometric kinds; DESIGN.md §3 "Exact
+     * memory"): λ key/value rows per KV head kept exact beside the linear
+     * state, chosen by self-recall error; 0 = off. With it, keys leave the
+     * exact span in blocks of CORE_ATTN_MEMORY_BLOCK positions. */
+    int memory;
     int n_rot;        /* RoPE: rotated dims (pairs 2i, 2i+1), needed when prerope */
     double rope_base; /* RoPE: θ_i = pos · base^(-2i/n_rot) / rope_scale */
     double rope_scale;
@@ -71,6 +76,11 @@ typedef struct core_attn_cfg {
  * caches are the common default). Finite but larger values would make the
  * next forward overflow to inf and the session unsaveable. */
 #define CORE_ATTN_MAX_KV 65504.0f
+
+/* The exact memory's block: keys leave the exact span (and compete for the
+ * memory) at positions that are multiples of it; and its largest λ. */
+#define CORE_ATTN_MEMORY_BLOCK 64
+#define CORE_ATTN_MAX_MEMORY 4096
 
 typedef struct core_attn core_attn_t;
 typedef struct core_attn_state core_attn_state_t;

@@ -117,6 +117,11 @@
 #define LIN_ROPE_CACHE 67
 /* Fast-path denominators below this take the exact log-domain path. */
 #define LIN_DEN_MIN 0x1p-60
+/* A memory row is scored at its true RoPE distance while its block is at
+ * most this many positions past it (so at most LIN_MEM_CAP + B − 1, inside
+ * the 8K a Llama-family model like SmolLM2 was trained on), and at this
+ * distance after that: never at one the model did not see. */
+#define LIN_MEM_CAP 4096
 
 typedef struct lin_params {
     core_features_t *maps; /* [L][Hkv] */
@@ -124,6 +129,8 @@ typedef struct lin_params {
     float *mix;            /* [L][H] log-weight β of the linear part against the exact part */
     double *rope_if;       /* [n_rot/2] RoPE inverse frequencies (prerope or sinks) */
     double *sink_cs;       /* [n_rot/2][2] cos, sin of (W + S − 1)·θ_i: the sinks' fixed shift */
+    double *mem_cs;        /* [n_rot/2][2] cos, sin of cap·θ_i: far memory rows' distance */
+    int64_t mem_cap;       /* the memory's distance cap (LIN_MEM_CAP; tests set less) */
     int chunk;             /* requested tokens per chunk */
     int cn;                /* effective tokens per chunk (budget-bounded) */
     int fp64;              /* accumulator precision of states created next */
@@ -158,6 +165,14 @@ typedef struct lin_state {
     uint16_t *ring_v;    /* [L][Hkv][W][Hd] */
     uint16_t *sink_k;    /* [L][Hkv][S][Hd], row = position (< S) */
     uint16_t *sink_v;    /* [L][Hkv][S][Hd] */
+    /* the exact memory (cfg->memory = λ > 0, else empty): per KV head its
+     * rows in position order; a row's key after RoPE while it is near,
+     * before RoPE once it is far (mem_far) */
+    int64_t *mem_pos;    /* [L][Hkv][λ] positions */
+    float *mem_score;    /* [L][Hkv][λ] the retention score each row kept */
+    int32_t *mem_n;      /* [L][Hkv] rows held */
+    uint16_t *mem_k;     /* [L][Hkv][λ][Hd] */
+    uint16_t *mem_v;     /* [L][Hkv][λ][Hd] */
     /* Not part of the state's data (never copied or saved; counted in its
      * bytes): a decode step's two halves per query row,
      * [Hkv][H/Hkv][LIN_MG_ROW], from the units that computed them to the
@@ -192,6 +207,9 @@ typedef struct lin_scratch {
     float *kvg; /* [NK][Hd] the exact keys, then their values, as floats */
     float *e;   /* [R][NK] exact weights */
     float *ev;  /* [R][Hd] exact numerators */
+    float *qm;  /* [R][Hd] query rows turned to the memory rows' distance (memory on) */
+    float *ak;  /* [B][Hd] keys a block boundary absorbs (feature input) */
+    float *av;  /* [B][Hd] their values */
     double *qhn;  /* [R] |ŷ|²/2 of queries */
     double *khn;  /* [NI] |ŷ|²/2 of keys */
     double *lrow; /* [R] Lrow, −inf when the row has no linear part */
@@ -201,6 +219,7 @@ typedef struct lin_scratch {
     double *cn;   /* [M] scales C after this chunk */
     double *al;   /* [M] exp(c − C) */
     double *tmp;  /* [M + NI + Hd] slow path */
+    double *ent;  /* [B + λ][3] a boundary's contestants: score, position, source */
     /* [2][LIN_ROPE_CACHE][1 + n_rot], queries' then keys': a position (−1:
      * none) and its cos, sin pairs at entry position % LIN_ROPE_CACHE;
      * kept from call to call */
@@ -225,19 +244,23 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
 {
     size_t gs = (size_t)(cfg->n_head / cfg->n_head_kv), hd = (size_t)cfg->head_dim;
     size_t m = (size_t)cfg->n_features, w = (size_t)cfg->window;
-    size_t sk = (size_t)cfg->sinks;
-    size_t r = cn * gs, nk = w > 0 || sk > 0 ? sk + w + cn : 0;
+    size_t sk = (size_t)cfg->sinks, lam = (size_t)cfg->memory;
+    /* with the memory, a chunk's exact keys are the sinks, up to W + B
+     * positions and λ rows; a boundary absorbs up to B keys (ni) */
+    size_t bl = lam ? (size_t)CORE_ATTN_MEMORY_BLOCK : 0, ni = cn > bl ? cn : bl;
+    size_t r = cn * gs, nk = lam ? sk + w + bl + lam : w > 0 || sk > 0 ? sk + w + cn : 0;
     size_t f = 0, d = 0;
     size_t o_qx = take(&f, r * hd), o_qy = take(&f, r * hd), o_gd = take(&f, r * m);
-    size_t o_qp = take(&f, r * m), o_qs = take(&f, r * m), o_kx = take(&f, cn * hd), o_ky = take(&f, cn * hd);
-    size_t o_kd = take(&f, cn * m), o_kp = take(&f, cn * m), o_vi = take(&f, cn * hd);
+    size_t o_qp = take(&f, r * m), o_qs = take(&f, r * m), o_kx = take(&f, ni * hd), o_ky = take(&f, ni * hd);
+    size_t o_kd = take(&f, ni * m), o_kp = take(&f, ni * m), o_vi = take(&f, ni * hd);
     size_t o_pp = take(&f, r * cn), o_num = take(&f, r * hd);
     size_t o_e = take(&f, r * nk), o_ev = take(&f, r * hd);
-    size_t o_qu = take(&f, r * hd), o_ku = take(&f, cn * hd), o_ks = take(&f, sk * hd);
+    size_t o_qu = take(&f, r * hd), o_ku = take(&f, ni * hd), o_ks = take(&f, sk * hd);
     size_t o_es = take(&f, r * sk), o_kvg = take(&f, nk * hd);
-    size_t o_qhn = take(&d, r), o_khn = take(&d, cn), o_lrow = take(&d, r), o_den = take(&d, r);
+    size_t o_qm = take(&f, lam ? r * hd : 0), o_ak = take(&f, bl * hd), o_av = take(&f, bl * hd);
+    size_t o_qhn = take(&d, r), o_khn = take(&d, ni), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_sx = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
-    size_t o_tmp = take(&d, m + cn + hd);
+    size_t o_tmp = take(&d, m + ni + hd), o_ent = take(&d, 3 * (bl + lam));
     size_t o_rc = take(&d, (size_t)2 * LIN_ROPE_CACHE * (1 + (size_t)cfg->n_rot));
     if (sc) {
         sc->qx = fb + o_qx;
@@ -259,6 +282,9 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->kvg = fb + o_kvg;
         sc->e = fb + o_e;
         sc->ev = fb + o_ev;
+        sc->qm = fb + o_qm;
+        sc->ak = fb + o_ak;
+        sc->av = fb + o_av;
         sc->qhn = db + o_qhn;
         sc->khn = db + o_khn;
         sc->lrow = db + o_lrow;
@@ -268,6 +294,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->cn = db + o_cn;
         sc->al = db + o_al;
         sc->tmp = db + o_tmp;
+        sc->ent = db + o_ent;
         sc->rc = db + o_rc;
     }
     return (lin_sizes_t){f, d};
@@ -276,7 +303,9 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
 static int effective_chunk(const core_attn_cfg_t *cfg, int chunk)
 {
     size_t gs = (size_t)(cfg->n_head / cfg->n_head_kv), cn = (size_t)chunk;
-    while (cn > 1 && gs * cn * ((size_t)cfg->window + (size_t)cfg->sinks + cn) > LIN_SCORE_BUDGET)
+    size_t extra = cfg->memory ? (size_t)CORE_ATTN_MEMORY_BLOCK + (size_t)cfg->memory : 0;
+    while (cn > 1 && gs * cn * ((size_t)cfg->window + (size_t)cfg->sinks + extra + cn) >
+                         LIN_SCORE_BUDGET)
         cn /= 2;
     while (cn > 1 && gs * cn * (size_t)cfg->n_features > LIN_FEATURE_BUDGET)
         cn /= 2;
@@ -355,6 +384,7 @@ static void free_params(lin_params_t *lp, size_t n_maps)
     free(lp->mix);
     free(lp->rope_if);
     free(lp->sink_cs);
+    free(lp->mem_cs);
     free_slots(lp->fs, lp->ds, lp->slots);
     free(lp->den);
     free(lp);
@@ -378,7 +408,14 @@ static int check_cfg(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, cor
     if (cfg->sinks < 0 || cfg->sinks > CORE_FEATURES_MAX_SINKS)
         return core_error_set(err, CORE_EINVAL, "sinks %d not in [0, %d]", cfg->sinks,
                               CORE_FEATURES_MAX_SINKS);
-    if ((cfg->prerope || cfg->sinks) &&
+    if (cfg->memory < 0 || cfg->memory > CORE_ATTN_MAX_MEMORY)
+        return core_error_set(err, CORE_EINVAL, "memory %d not in [0, %d]", cfg->memory,
+                              CORE_ATTN_MAX_MEMORY);
+    if (cfg->memory &&
+        (core_attn_kind_is_trig(cfg->kind) || cfg->window < 1 || cfg->linear_off))
+        return core_error_set(err, CORE_EINVAL, "an exact memory needs a window, the linear "
+                              "branch and a kind with positive features (not %s)", kname);
+    if ((cfg->prerope || cfg->sinks || cfg->memory) &&
         (cfg->n_rot < 2 || cfg->n_rot % 2 || cfg->n_rot > cfg->head_dim ||
          !(cfg->rope_base > 0.0) || !(cfg->rope_scale > 0.0)))
         return core_error_set(err, CORE_EINVAL, "pre-RoPE features and sinks need the model's RoPE "
@@ -491,6 +528,17 @@ static int load_layer(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, li
     return 0;
 }
 
+/* The memory's distance cap and its angles (after rope_if). */
+static void set_mem_cap(lin_params_t *lp, const core_attn_cfg_t *cfg, int64_t cap)
+{
+    lp->mem_cap = cap;
+    for (int64_t i = 0; cfg->memory && i < cfg->n_rot / 2; i++) {
+        const double ang = (double)cap * lp->rope_if[i];
+        lp->mem_cs[2 * i] = cos(ang);
+        lp->mem_cs[2 * i + 1] = sin(ang);
+    }
+}
+
 static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t *err)
 {
     const core_attn_cfg_t *cfg = &a->cfg;
@@ -506,13 +554,15 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
     float *mat = NULL, *om1 = NULL, *om2 = NULL, *tau = NULL; /* see lin_init_buf_t */
     double *isa = NULL;
     lin_params_t *lp = calloc(1, sizeof *lp);
-    size_t n_rope = cfg->prerope || cfg->sinks ? (size_t)cfg->n_rot / 2 : 1;
+    const int roped = cfg->prerope || cfg->sinks || cfg->memory;
+    size_t n_rope = roped ? (size_t)cfg->n_rot / 2 : 1;
     if (lp) {
         lp->maps = calloc(n_maps, sizeof *lp->maps);
         lp->gam = malloc(n_maps * sizeof *lp->gam);
         lp->mix = calloc((size_t)cfg->n_layer * (size_t)cfg->n_head, sizeof *lp->mix);
         lp->rope_if = calloc(n_rope, sizeof *lp->rope_if);
         lp->sink_cs = calloc(2 * n_rope, sizeof *lp->sink_cs);
+        lp->mem_cs = calloc(2 * n_rope, sizeof *lp->mem_cs);
     }
     mat = malloc(hd * hd * sizeof *mat);
     isa = malloc(hd * hd * sizeof *isa);
@@ -521,19 +571,21 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
         om2 = malloc(hkv * nfq * hd * sizeof *om2);
         tau = malloc(hkv * sizeof *tau);
     }
-    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !lp->sink_cs || !mat || !isa ||
+    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !lp->sink_cs || !lp->mem_cs ||
+        !mat || !isa ||
         (trig && adapter && (!om1 || !om2 || !tau))) {
         rc = core_error_set(err, CORE_ENOMEM, "out of memory for %s parameters", kname);
         goto fail;
     }
     for (size_t i = 0; i < n_maps; i++)
         lp->gam[i] = 1.0f;
-    for (int64_t i = 0; (cfg->prerope || cfg->sinks) && i < cfg->n_rot / 2; i++) {
+    for (int64_t i = 0; roped && i < cfg->n_rot / 2; i++) {
         lp->rope_if[i] = pow(cfg->rope_base, -2.0 * (double)i / (double)cfg->n_rot) / cfg->rope_scale;
         double ang = (double)(cfg->window + cfg->sinks - 1) * lp->rope_if[i];
         lp->sink_cs[2 * i] = cos(ang);
         lp->sink_cs[2 * i + 1] = sin(ang);
     }
+    set_mem_cap(lp, cfg, LIN_MEM_CAP);
     const lin_init_buf_t bf = {mat, isa, om1, om2, tau};
     for (int l = 0; l < cfg->n_layer; l++)
         if ((rc = load_layer(cfg, adapter, lp, l, &bf, err)))
@@ -576,11 +628,20 @@ static int mul_ok(size_t a, size_t b, size_t *out)
     return 1;
 }
 
+/* Rows of the window ring: W, or W + B with the memory (keys leave the
+ * exact span only at block boundaries, so up to W + B − 1 are exact). */
+static size_t ring_rows(const core_attn_cfg_t *cfg)
+{
+    return (size_t)cfg->window + (cfg->memory ? (size_t)CORE_ATTN_MEMORY_BLOCK : 0);
+}
+
 static void state_clear(lin_state_t *st, const core_attn_cfg_t *cfg)
 {
-    size_t nc = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv * (size_t)cfg->n_features;
+    size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, nc = nh * (size_t)cfg->n_features;
     for (size_t i = 0; i < nc; i++)
         st->c[i] = -INFINITY;
+    for (size_t h = 0; cfg->memory && h < nh; h++)
+        st->mem_n[h] = 0;
 }
 
 /* Lays st out in precision fp64, cleared: one allocation, doubles first so
@@ -591,16 +652,23 @@ static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int f
     size_t es = fp64 ? sizeof(double) : sizeof(float);
     size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, n_s, n_z, n_ring, n_sink, b_s, b_z,
            b_r, b_k;
+    /* the memory: positions (8 bytes), scores and counts (4), rows (2 + 2) */
+    const size_t lam = (size_t)cfg->memory, n_mem = nh * lam, n_mrow = n_mem * (size_t)cfg->head_dim;
+    const size_t b_mp = n_mem * sizeof(int64_t),
+                 b_ms = lam ? n_mem * sizeof(float) + nh * sizeof(int32_t) : 0,
+                 b_mr = n_mrow * 2 * sizeof(uint16_t);
     if (!mul_ok(nh, (size_t)cfg->n_features, &n_z) ||
         !mul_ok(n_z, (size_t)cfg->head_dim, &n_s) ||
-        !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->window, &n_ring) ||
+        !mul_ok(nh * (size_t)cfg->head_dim, ring_rows(cfg), &n_ring) ||
         !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->sinks, &n_sink) ||
         !mul_ok(n_s, es, &b_s) || !mul_ok(n_z, es, &b_z) ||
         !mul_ok(n_ring, 2 * sizeof(uint16_t), &b_r) ||
         !mul_ok(n_sink, 2 * sizeof(uint16_t), &b_k) ||
         b_s > SIZE_MAX / 8 || b_r > SIZE_MAX / 8 || b_k > SIZE_MAX / 8)
         return core_error_set(err, CORE_ERANGE, "linear attention state size overflows");
-    size_t b_c = n_z * sizeof(double), total = b_c + b_s + b_z + b_r + b_k;
+    /* doubles and 8-byte positions first, then 4-byte, then 2-byte parts:
+     * every part stays aligned */
+    size_t b_c = n_z * sizeof(double), total = b_c + b_mp + b_s + b_z + b_ms + b_r + b_k + b_mr;
     unsigned char *blob = malloc(total ? total : 1);
     if (!blob)
         return core_error_set(err, CORE_ENOMEM, "out of memory for a %zu-byte attention state",
@@ -609,13 +677,19 @@ static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int f
     st->fp64 = fp64;
     st->blob = blob;
     st->blob_bytes = total;
-    st->c = (double *)(void *)blob;
-    st->S = blob + b_c;
-    st->z = blob + b_c + b_s;
-    st->ring_k = (uint16_t *)(void *)(blob + b_c + b_s + b_z);
+    unsigned char *p = blob;
+    st->c = (double *)(void *)p;
+    st->mem_pos = (int64_t *)(void *)(p += b_c);
+    st->S = p += b_mp;
+    st->z = p += b_s;
+    st->mem_score = (float *)(void *)(p += b_z);
+    st->mem_n = (int32_t *)(void *)(p + n_mem * sizeof(float));
+    st->ring_k = (uint16_t *)(void *)(p += b_ms);
     st->ring_v = st->ring_k + n_ring;
     st->sink_k = st->ring_v + n_ring;
     st->sink_v = st->sink_k + n_sink;
+    st->mem_k = st->sink_v + n_sink;
+    st->mem_v = st->mem_k + n_mrow;
     state_clear(st, cfg);
     return 0;
 }
@@ -688,13 +762,21 @@ static int linear_state_copy(core_attn_state_t *dst, const core_attn_state_t *sr
                    m * hd * es);
             memcpy((char *)d->z + h * m * es, (const char *)sr->z + h * m * es, m * es);
         }
-    const size_t w = (size_t)cfg->window, nsk = (size_t)cfg->sinks, pos = (size_t)src->pos;
-    const size_t nv = pos < w ? pos : w, ns = pos < nsk ? pos : nsk;
+    const size_t w = ring_rows(cfg), nsk = (size_t)cfg->sinks, pos = (size_t)src->pos;
+    const size_t nv = pos < w ? pos : w, ns = pos < nsk ? pos : nsk, lam = (size_t)cfg->memory;
     for (size_t h = 0; h < nh; h++) {
         memcpy(d->ring_k + h * w * hd, sr->ring_k + h * w * hd, nv * hd * sizeof(uint16_t));
         memcpy(d->ring_v + h * w * hd, sr->ring_v + h * w * hd, nv * hd * sizeof(uint16_t));
         memcpy(d->sink_k + h * nsk * hd, sr->sink_k + h * nsk * hd, ns * hd * sizeof(uint16_t));
         memcpy(d->sink_v + h * nsk * hd, sr->sink_v + h * nsk * hd, ns * hd * sizeof(uint16_t));
+        if (!lam)
+            continue;
+        const size_t n = (size_t)sr->mem_n[h];
+        d->mem_n[h] = sr->mem_n[h];
+        memcpy(d->mem_pos + h * lam, sr->mem_pos + h * lam, n * sizeof(int64_t));
+        memcpy(d->mem_score + h * lam, sr->mem_score + h * lam, n * sizeof(float));
+        memcpy(d->mem_k + h * lam * hd, sr->mem_k + h * lam * hd, n * hd * sizeof(uint16_t));
+        memcpy(d->mem_v + h * lam * hd, sr->mem_v + h * lam * hd, n * hd * sizeof(uint16_t));
     }
     return 0;
 }
@@ -725,12 +807,18 @@ static size_t held_bytes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, size
 {
     const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, m = (size_t)cfg->n_features,
                  hd = (size_t)cfg->head_dim, es = fp64 ? sizeof(double) : sizeof(float),
-                 w = (size_t)cfg->window, nsk = (size_t)cfg->sinks, p = (size_t)pos,
-                 hb = hd * sizeof(uint16_t); /* one K or V row */
+                 w = ring_rows(cfg), nsk = (size_t)cfg->sinks, p = (size_t)pos,
+                 hb = hd * sizeof(uint16_t), /* one K or V row */
+                 lam = (size_t)cfg->memory;
     const size_t nv = p < w ? p : w, ns = p < nsk ? p : nsk;
     size_t pages = span_pages(nh * m * sizeof(double));
     pages += n_hold * (span_pages(m * hd * es) + span_pages(m * es));
     pages += 2 * nh * span_pages(nv * hb);
+    /* the memory's counts, positions and scores, and its rows once keys
+     * leave the window (counted whole: they fill within a few blocks) */
+    if (lam)
+        pages += span_pages(nh * (lam * (sizeof(int64_t) + sizeof(float)) + sizeof(int32_t))) +
+                 (n_hold ? 2 * span_pages(nh * lam * hb) : 0);
     pages += 2 * (ns == nsk ? span_pages(nh * nsk * hb) : nh * span_pages(ns * hb));
     const size_t b = sizeof(core_attn_state_t) + sizeof(lin_state_t) + pages * 4096 +
                      (size_t)cfg->n_head * LIN_MG_ROW(hd) * sizeof(double);
@@ -762,7 +850,9 @@ static size_t linear_bytes_held_at(const core_attn_t *a, int64_t pos)
     const size_t whole = sizeof(core_attn_state_t) + sizeof(lin_state_t) +
                          nh * m * (sizeof(double) + es * (hd + 1)) +
                          nh * hd * 2 * sizeof(uint16_t) *
-                             ((size_t)cfg->window + (size_t)cfg->sinks) +
+                             (ring_rows(cfg) + (size_t)cfg->sinks + (size_t)cfg->memory) +
+                         nh * (size_t)cfg->memory * (sizeof(int64_t) + sizeof(float)) +
+                         (cfg->memory ? nh * sizeof(int32_t) : 0) +
                          (size_t)cfg->n_head * LIN_MG_ROW(hd) * sizeof(double);
     return held_bytes(cfg, lp->fp64, pos, holds ? nh : 0, whole);
 }
@@ -785,6 +875,9 @@ typedef struct lin_ctx {
     /* m = M features (everywhere in this file; the max shift is mx); nq =
      * H·Hd, nkv = Hkv·Hd row strides */
     int64_t p0, hd, m, gs, nq, nkv, h, w;
+    int64_t ring_n;               /* ring rows: W, or W + B with the memory */
+    int64_t lam;                  /* λ memory rows per KV head, 0: off (no blocks) */
+    int64_t cap;                  /* the memory's distance cap (lin_params_t.mem_cap) */
     const float *q, *k, *v;
     float *out;
     const uint16_t *ring_k, *ring_v; /* this layer's [Hkv][W][Hd] */
@@ -794,6 +887,12 @@ typedef struct lin_ctx {
     const float *mix;             /* this layer's [H] β */
     const double *rope_if;        /* [n_rot/2] (prerope or sinks), else NULL */
     const double *sink_cs;        /* lin_params_t.sink_cs */
+    const double *mem_cs;         /* lin_params_t.mem_cs */
+    /* head h's memory (head_set) */
+    uint16_t *mem_k, *mem_v;      /* [λ][Hd] */
+    int64_t *mem_pos;             /* [λ] */
+    float *mem_score;             /* [λ] */
+    int32_t *mem_n;
     int pre;                      /* features before RoPE */
     int n_rot;
     int lin_off;                  /* linear branch off */
@@ -839,12 +938,13 @@ static const uint16_t *kv_half_run(const lin_ctx_t *x, int val, int64_t pos, int
         *len = end - pos;
         return NULL;
     }
-    /* A position before this forward that is not a sink is in the ring,
-     * so W > 0 there (with W = 0 the exact span starts at p0 + t0 ≥ p0);
+    /* A position before this forward that is not a sink is in the ring
+     * (which holds positions p0 − ring_n..p0 − 1), so W > 0 there (with
+     * W = 0 the exact span starts at p0 + t0 ≥ p0);
      * clang-analyzer does not know that positions are not negative. */
     const int sk = pos < x->sinks;
     /* NOLINTNEXTLINE(clang-analyzer-core.DivideZero) */
-    int64_t lim = sk ? x->sinks : pos + x->w - pos % x->w;
+    int64_t lim = sk ? x->sinks : pos + x->ring_n - pos % x->ring_n;
     if (lim > x->p0)
         lim = x->p0;
     if (lim > end)
@@ -852,7 +952,7 @@ static const uint16_t *kv_half_run(const lin_ctx_t *x, int val, int64_t pos, int
     *len = lim - pos;
     if (sk)
         return (val ? x->sink_v : x->sink_k) + (x->h * x->sinks + pos) * x->hd;
-    return (val ? x->ring_v : x->ring_k) + (x->h * x->w + pos % x->w) * x->hd;
+    return (val ? x->ring_v : x->ring_k) + (x->h * x->ring_n + pos % x->ring_n) * x->hd;
 }
 
 /* The keys (val 0) or values (val 1) of KV head h at the n positions from
@@ -1035,6 +1135,24 @@ typedef struct lin_chunk {
     int unroped;        /* chunk_queries un-rotated the query rows into sc->qu */
 } lin_chunk_t;
 
+/* The block (of CORE_ATTN_MEMORY_BLOCK positions) position pos is in. */
+static int64_t block_start(int64_t pos)
+{
+    return pos / CORE_ATTN_MEMORY_BLOCK * CORE_ATTN_MEMORY_BLOCK;
+}
+
+/* The rows of head x->h's memory that are far at block b (b − u ≥
+ * LIN_MEM_CAP): a prefix, the rows being in position order. Their keys are
+ * held before RoPE, the others' after. */
+static int64_t mem_far(const lin_ctx_t *x, int64_t b)
+{
+    const int64_t n = *x->mem_n;
+    int64_t f = 0;
+    while (f < n && b - x->mem_pos[f] >= x->cap)
+        f++;
+    return f;
+}
+
 /* The keys entering the linear state with this chunk (their features and
  * log-scales, in sc) and the state's new scales cn and rescale factors al. */
 static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
@@ -1044,12 +1162,19 @@ static void chunk_keys(lin_ctx_t *x, lin_chunk_t *ck)
     int64_t hd = x->hd, m = x->m, w = x->w, nsk = x->sinks;
     int64_t t0 = ck->t0, t1 = ck->t1;
     double *cn = sc->cn, *al = sc->al;
+    /* With the memory, keys join the linear state only at block boundaries
+     * (block_boundary, before the block's first rows): the state stays at
+     * the time b − 1 of its block's start b, so this chunk's rows weigh it
+     * by the decay from there to the chunk's end (and chunk_linear's
+     * (t − t1 + 1)·lg on to each row). */
+    if (x->lam)
+        ck->cdec = (double)(x->p0 + t1 - block_start(x->p0 + t0)) * x->lg;
     double lg = x->lg, cdec = ck->cdec;
     /* Keys entering the linear state: token τ brings the key at τ−W, except
      * the sinks (positions < S), which stay exact forever. */
     int64_t tfirst = w + nsk - x->p0 > 0 ? w + nsk - x->p0 : 0;
     int64_t ti0 = t0 > tfirst ? t0 : tfirst;
-    int64_t ni = t1 > ti0 && !x->lin_off ? t1 - ti0 : 0;
+    int64_t ni = t1 > ti0 && !x->lin_off && !x->lam ? t1 - ti0 : 0;
     ck->ti0 = ti0;
     ck->ni = ni;
     if (ni == 0 && !(x->c[0] > -INFINITY)) {
@@ -1288,13 +1413,18 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
      * position some row's window reaches (for W = 0: the chunk's own). */
     int64_t back = w > 0 ? w - 1 : 0;
     int64_t pw0 = x->p0 + t0 - back > 0 ? x->p0 + t0 - back : 0;
+    /* with the memory: every key from W before the block's start, then
+     * the memory's rows (columns nks..nk − 1) */
+    if (x->lam)
+        pw0 = block_start(x->p0 + t0) - w > 0 ? block_start(x->p0 + t0) - w : 0;
     int64_t ns = nsk < pw0 ? nsk : pw0;
-    int64_t nk = ns + x->p0 + t1 - pw0;
+    int64_t nks = ns + x->p0 + t1 - pw0, nm = x->lam ? *x->mem_n : 0, nk = nks + nm;
+    int have_qu = ck->unroped;
     /* key j is at position j < ns ? j : pw0 + j − ns; the products read
      * the sinks' and the ring's halves in place where a kernel takes them
      * (decode), else rows gathered as floats */
     const float scale = (float)(1.0 / sqrt((double)hd));
-    for (int64_t j = 0, len; j < nk; j += len) {
+    for (int64_t j = 0, len; j < nks; j += len) {
         int64_t pos = j < ns ? j : pw0 + j - ns;
         const uint16_t *h = kv_half_run(x, 0, pos, j < ns ? ns : x->p0 + t1, &len);
         if (!h || !core_gemm_nt_half_small(nr, len, hd, scale, sc->qx, hd, h, hd, 0.0f, sc->e + j,
@@ -1318,8 +1448,9 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
          * the few query rows turn instead of the S keys, which the
          * product then reads as stored */
         /* unless chunk_queries un-rotated them for the features */
-        if (!ck->unroped)
+        if (!have_qu)
             unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+        have_qu = 1;
         for (int64_t r = 0; r < nr; r++)
             rotate(x, x->sink_cs, 1, sc->qu + r * hd, sc->qy + r * hd);
         int64_t len;
@@ -1330,19 +1461,46 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
             core_gemm_nt(nr, nsk, hd, scale, sc->qy, hd, sc->ks, hd, 0.0f, sc->es, nsk);
         }
     }
+    /* The memory's rows: the near ones (keys after RoPE) at their true
+     * distance against the query rows as they are; the far ones (a prefix:
+     * keys before RoPE) all at distance LIN_MEM_CAP, R(cap)·q̃ against
+     * k̃_j, so a row kept from far back never meets a RoPE distance the
+     * model did not see (docs/DESIGN.md §3 "Exact memory"). */
+    if (nm > 0) {
+        const int64_t nf = mem_far(x, block_start(x->p0 + t0));
+        if (nf > 0) {
+            if (!have_qu)
+                unrope(x, 0, nr, gs, x->p0 + t0, sc->qx, sc->qu);
+            for (int64_t r = 0; r < nr; r++)
+                rotate(x, x->mem_cs, 1, sc->qu + r * hd, sc->qm + r * hd);
+        }
+        for (int part = 0; part < 2; part++) {
+            const int64_t j0 = part ? nf : 0, nj = part ? nm - nf : nf;
+            const float *qq = part ? sc->qx : sc->qm;
+            if (nj == 0)
+                continue;
+            if (!core_gemm_nt_half_small(nr, nj, hd, scale, qq, hd, x->mem_k + j0 * hd, hd, 0.0f,
+                                         sc->e + nks + j0, nk)) {
+                core_half_unpack(x->mem_k + j0 * hd, sc->kvg + (nks + j0) * hd, nj * hd);
+                core_gemm_nt(nr, nj, hd, scale, qq, hd, sc->kvg + (nks + j0) * hd, hd, 0.0f,
+                             sc->e + nks + j0, nk);
+            }
+        }
+    }
     for (int64_t r = 0; r < nr; r++) {
         int64_t tau = x->p0 + t0 + r / gs;
         if (shifted && tau >= tshift)
             for (int64_t j = 0; j < nsk; j++)
                 sc->e[r * nk + (j < ns ? j : ns + j - pw0)] = sc->es[r * nsk + j];
         /* key at u is visible iff u ≤ τ and (u in the window or u a sink) */
-        int64_t lo = w > 0 ? (tau - w + 1 > 0 ? tau - w + 1 : 0) : tau + 1;
+        int64_t lo = x->lam ? pw0 : w > 0 ? (tau - w + 1 > 0 ? tau - w + 1 : 0) : tau + 1;
         float *er = sc->e + r * nk;
         /* masked: the sinks' part past τ (j < ns, at u = j); the window
-         * part (u = pw0 + j − ns) past τ, and below lo unless a sink */
+         * part (u = pw0 + j − ns) past τ, and below lo unless a sink; the
+         * memory's rows are all older than the span, all visible */
         mask_span(er, ns, tau + 1, ns);
-        mask_span(er, nk, tau + 1 - pw0 + ns, nk);
-        mask_span(er, nk, (nsk > pw0 ? nsk : pw0) - pw0 + ns, lo - pw0 + ns);
+        mask_span(er, nks, tau + 1 - pw0 + ns, nks);
+        mask_span(er, nks, (nsk > pw0 ? nsk : pw0) - pw0 + ns, lo - pw0 + ns);
         /* Flexformer's Lrow bounds the magnitude of its linear terms,
          * not their signed sum (which can be far smaller): the exact
          * scores alone stabilize its rows (the row's own key or a sink
@@ -1362,7 +1520,7 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
         else
             sc->lrow[r] = sc->lrow[r] > -INFINITY ? exp(sc->lrow[r] - s) : 0.0;
     }
-    for (int64_t j = 0, len; j < nk; j += len) {
+    for (int64_t j = 0, len; j < nks; j += len) {
         int64_t pos = j < ns ? j : pw0 + j - ns;
         const float beta = j > 0 ? 1.0f : 0.0f;
         const uint16_t *h = kv_half_run(x, 1, pos, j < ns ? ns : x->p0 + t1, &len);
@@ -1371,6 +1529,12 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
             kv_rows(x, 1, pos, len, sc->kvg + j * hd);
             core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, sc->kvg + j * hd, hd, beta, sc->ev, hd);
         }
+    }
+    if (nm > 0 && !core_gemm_nn_half_small(nr, hd, nm, 1.0f, sc->e + nks, nk, x->mem_v, hd,
+                                           nks > 0 ? 1.0f : 0.0f, sc->ev, hd)) {
+        core_half_unpack(x->mem_v, sc->kvg + nks * hd, nm * hd);
+        core_gemm_nn(nr, hd, nm, 1.0f, sc->e + nks, nk, sc->kvg + nks * hd, hd,
+                     nks > 0 ? 1.0f : 0.0f, sc->ev, hd);
     }
     for (int64_t r = 0; r < nr && !alone; r++) {
         int64_t t = t0 + r / gs, g = r % gs;
@@ -1440,10 +1604,212 @@ static void chunk_absorb(lin_ctx_t *x, const lin_chunk_t *ck)
     memcpy(x->c, cn, (size_t)m * sizeof *cn);
 }
 
+/* ---- the exact memory (cfg->memory = λ > 0; docs/DESIGN.md §3 "Exact
+ * memory") ----
+ *
+ * Keys leave the exact span in blocks: at each boundary b (a multiple of B
+ * = CORE_ATTN_MEMORY_BLOCK), before the rows of the block [b, b + B), the
+ * keys at positions [b − W − B, b − W) (none below S: the sinks stay) and
+ * the memory's λ rows compete on their retention score; the λ best stay
+ * exact (the memory), the others join the linear state with the decay
+ * their age implies, γ^(t − W − u) at a row t as if they had joined when
+ * they left the window. A row of the block sees exactly the sinks, the
+ * memory and every key from b − W on (W + 1 to W + B of them), and
+ * linearly the state as it was at b. So the linear state changes only at
+ * boundaries, by the same operations on the same numbers however the
+ * tokens were chunked or batched: its bits, and so every choice made
+ * from them, do not depend on the chunking.
+ *
+ * The score is a key's self-recall error against the linear state at its
+ * boundary: ‖Σ_i φ_i(k) S̃_i / Σ_i φ_i(k) z̃_i − v‖², how badly the state
+ * would give back its value; a row keeps the score it entered with. Ties
+ * go to the older position. */
+
+/* Contestants [score, position, source] best first: the higher score,
+ * then the older position (a total order on what is stored). */
+static int ent_cmp(const void *pa, const void *pb)
+{
+    const double *a = pa, *b = pb;
+    if (a[0] != b[0])
+        return a[0] > b[0] ? -1 : 1;
+    return a[1] < b[1] ? -1 : a[1] > b[1];
+}
+
+/* The self-recall error of a key with feature logits g [M] (its norm term
+ * cancels in the ratio) and value v [Hd] against x's linear state: ‖v‖²
+ * when the state holds nothing (it gives nothing back). In double, from
+ * the stored numbers only. */
+static double recall_error(const lin_ctx_t *x, const float *g, const float *v)
+{
+    const int64_t m = x->m, hd = x->hd;
+    double *acc = x->sc.tmp; /* [Hd] */
+    double mx = -INFINITY, den = 0.0, err = 0.0;
+    for (int64_t i = 0; i < m; i++)
+        if (x->c[i] > -INFINITY && (double)g[i] + x->c[i] > mx)
+            mx = (double)g[i] + x->c[i];
+    for (int64_t c = 0; c < hd; c++)
+        acc[c] = 0.0;
+    for (int64_t i = 0; i < m && mx > -INFINITY; i++) {
+        if (!(x->c[i] > -INFINITY))
+            continue;
+        const double wi = exp((double)g[i] + x->c[i] - mx);
+        den += wi * (x->fp64 ? x->zd[i] : (double)x->zf[i]);
+        for (int64_t c = 0; c < hd; c++)
+            acc[c] += wi * (x->fp64 ? x->sd[i * hd + c] : (double)x->sf[i * hd + c]);
+    }
+    for (int64_t c = 0; c < hd; c++) {
+        const double d = (den > 0.0 ? acc[c] / den : 0.0) - (double)v[c];
+        err += d * d;
+    }
+    return err;
+}
+
+/* The boundary at b of KV head x->h: the contest, the memory rewritten in
+ * position order, the losers absorbed into the linear state at time b − 1
+ * (which also moves the state's time on by B). */
+static void block_boundary(lin_ctx_t *x, int64_t b)
+{
+    lin_scratch_t *sc = &x->sc;
+    const core_features_t *f = x->f;
+    const int64_t hd = x->hd, m = x->m, B = CORE_ATTN_MEMORY_BLOCK, lam = x->lam;
+    int64_t u0 = b - x->w - B;
+    const int64_t u1 = b - x->w;
+    if (u0 < x->sinks)
+        u0 = x->sinks;
+    const int64_t nu = u1 > u0 ? u1 - u0 : 0, nm = *x->mem_n;
+    /* the leaving keys: after RoPE (kx) and before (ku), values (vi), and
+     * their feature logits (kd) for the scores */
+    if (nu > 0) {
+        kv_rows(x, 0, u0, nu, sc->kx);
+        kv_rows(x, 1, u0, nu, sc->vi);
+        unrope(x, 1, nu, 1, u0, sc->kx, sc->ku);
+        core_features_prepare(f, nu, x->pre ? sc->ku : sc->kx, hd, sc->ky);
+        core_features_logits(f, nu, sc->ky, sc->kd, sc->khn);
+    }
+    double *ent = sc->ent;
+    for (int64_t i = 0; i < nm; i++) {
+        ent[3 * i] = (double)x->mem_score[i];
+        ent[3 * i + 1] = (double)x->mem_pos[i];
+        ent[3 * i + 2] = (double)i;
+    }
+    for (int64_t j = 0; j < nu; j++) {
+        /* stored as a float, compared as the float it is stored as */
+        const float s = (float)recall_error(x, sc->kd + j * m, sc->vi + j * hd);
+        sc->khn[j] = (double)s;
+        ent[3 * (nm + j)] = (double)s;
+        ent[3 * (nm + j) + 1] = (double)(u0 + j);
+        ent[3 * (nm + j) + 2] = (double)(nm + j);
+    }
+    const int64_t n = nm + nu, keep = n < lam ? n : lam;
+    qsort(ent, (size_t)n, 3 * sizeof(double), ent_cmp);
+    unsigned char kept[CORE_ATTN_MAX_MEMORY + CORE_ATTN_MEMORY_BLOCK];
+    memset(kept, 0, sizeof kept);
+    for (int64_t i = 0; i < keep; i++)
+        kept[(int64_t)ent[3 * i + 2]] = 1;
+    /* the losers in position order (memory rows are older than the
+     * leaving keys): keys as the features take them, values, positions;
+     * at most nu of them (the memory had at most λ) */
+    int64_t apos[CORE_ATTN_MEMORY_BLOCK], na = 0;
+    const int64_t nf = mem_far(x, b - B); /* rows held before RoPE until now */
+    for (int64_t i = 0; i < nm; i++) {
+        if (kept[i])
+            continue;
+        /* the features take the key before RoPE (pre) or at its position */
+        float *kk = sc->ak + na * hd, tmp[CORE_FEATURES_MAX_HEAD_DIM];
+        core_half_unpack(x->mem_k + i * hd, tmp, hd);
+        if ((i < nf) == (x->pre != 0))
+            memcpy(kk, tmp, (size_t)hd * sizeof *tmp);
+        else
+            rotate(x, rope_cs(x, x->mem_pos[i], 1), i < nf, tmp, kk);
+        core_half_unpack(x->mem_v + i * hd, sc->av + na * hd, hd);
+        apos[na++] = x->mem_pos[i];
+    }
+    for (int64_t j = 0; j < nu; j++) {
+        if (kept[nm + j])
+            continue;
+        memcpy(sc->ak + na * hd, (x->pre ? sc->ku : sc->kx) + j * hd, (size_t)hd * sizeof(float));
+        memcpy(sc->av + na * hd, sc->vi + j * hd, (size_t)hd * sizeof(float));
+        apos[na++] = u0 + j;
+    }
+    /* the memory: its kept rows moved down in order, then the new ones
+     * (near: keys after RoPE, as the ring holds them) */
+    int64_t k = 0;
+    for (int64_t i = 0; i < nm; i++) {
+        if (!kept[i])
+            continue;
+        if (k != i) {
+            memcpy(x->mem_k + k * hd, x->mem_k + i * hd, (size_t)hd * sizeof(uint16_t));
+            memcpy(x->mem_v + k * hd, x->mem_v + i * hd, (size_t)hd * sizeof(uint16_t));
+            x->mem_pos[k] = x->mem_pos[i];
+            x->mem_score[k] = x->mem_score[i];
+        }
+        k++;
+    }
+    for (int64_t j = 0; j < nu; j++) {
+        if (!kept[nm + j])
+            continue;
+        core_half_pack(sc->kx + j * hd, x->mem_k + k * hd, hd);
+        core_half_pack(sc->vi + j * hd, x->mem_v + k * hd, hd);
+        x->mem_pos[k] = u0 + j;
+        x->mem_score[k] = (float)sc->khn[j];
+        k++;
+    }
+    *x->mem_n = (int32_t)k;
+    /* rows that became far at this boundary: keys turned back before RoPE,
+     * once in their life */
+    for (int64_t i = 0; i < k && b - x->mem_pos[i] >= x->cap; i++) {
+        if (b - B - x->mem_pos[i] >= x->cap)
+            continue;
+        float ka[CORE_FEATURES_MAX_HEAD_DIM], kb[CORE_FEATURES_MAX_HEAD_DIM];
+        core_half_unpack(x->mem_k + i * hd, ka, hd);
+        rotate(x, rope_cs(x, x->mem_pos[i], 1), 0, ka, kb);
+        core_half_pack(kb, x->mem_k + i * hd, hd);
+    }
+    /* the losers join the linear state at time b − 1: key u weighs
+     * γ^(b − 1 − W − u) there, so γ^(t − W − u) at a row t; the state's
+     * rows move on by B steps of decay */
+    double *cn = sc->cn, *al = sc->al;
+    const double bdec = (double)B * x->lg;
+    if (na > 0) {
+        core_features_prepare(f, na, sc->ak, hd, sc->ky);
+        core_features_logits(f, na, sc->ky, sc->kd, sc->khn);
+    }
+    for (int64_t i = 0; i < m; i++)
+        cn[i] = x->c[i] + bdec; /* −inf stays −inf */
+    for (int64_t j = 0; j < na; j++) {
+        float *a = sc->kd + j * m;
+        const double dj = (double)(b - 1 - x->w - apos[j]) * x->lg;
+        for (int64_t i = 0; i < m; i++) {
+            a[i] = (float)((double)a[i] - sc->khn[j] + dj);
+            if (a[i] > cn[i])
+                cn[i] = a[i];
+        }
+    }
+    const int state_on = x->c[0] > -INFINITY;
+    for (int64_t i = 0; i < m; i++) {
+        const double e = x->c[i] + bdec - cn[i];
+        al[i] = x->c[i] > -INFINITY ? (e == 0.0 ? 1.0 : exp(e)) : 0.0;
+    }
+    for (int64_t j = 0; j < na; j++) {
+        float *kp = sc->kp + j * m;
+        const float *kd = sc->kd + j * m;
+        for (int64_t i = 0; i < m; i++)
+            kp[i] = !(cn[i] > -INFINITY) ? -INFINITY : (float)((double)kd[i] - cn[i]);
+        core_exp_shifted(kp, m, 0.0, kp);
+    }
+    if (na > 0)
+        memcpy(sc->vi, sc->av, (size_t)(na * hd) * sizeof(float));
+    const lin_chunk_t ck = {.ni = na, .state_on = state_on};
+    chunk_absorb(x, &ck);
+}
+
 static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
 {
     lin_chunk_t ck = {.t0 = t0, .t1 = t1, .nr = (t1 - t0) * x->gs,
                       .cdec = (double)(t1 - t0) * x->lg};
+    /* with the memory, chunks start at most at a boundary (head_forward) */
+    if (x->lam && x->p0 + t0 > 0 && (x->p0 + t0) % CORE_ATTN_MEMORY_BLOCK == 0)
+        block_boundary(x, x->p0 + t0);
     chunk_keys(x, &ck);
     chunk_queries(x, &ck);
     chunk_linear(x, &ck);
@@ -1451,7 +1817,8 @@ static void chunk_forward(lin_ctx_t *x, int64_t t0, int64_t t1)
         chunk_out_linear(x, &ck);
     else
         chunk_out_exact(x, &ck, 0);
-    chunk_absorb(x, &ck);
+    if (!x->lam)
+        chunk_absorb(x, &ck);
 }
 
 /* The parts of x common to every KV head of item it at layer, with the
@@ -1475,13 +1842,17 @@ static void ctx_init(core_attn_t *a, const core_attn_item_t *it, int layer, int 
     x->k = it->k;
     x->v = it->v;
     x->out = it->out;
-    x->ring_k = st->ring_k + (int64_t)layer * w * hkv * hd;
-    x->ring_v = st->ring_v + (int64_t)layer * w * hkv * hd;
+    x->ring_n = (int64_t)ring_rows(cfg);
+    x->lam = cfg->memory;
+    x->ring_k = st->ring_k + (int64_t)layer * x->ring_n * hkv * hd;
+    x->ring_v = st->ring_v + (int64_t)layer * x->ring_n * hkv * hd;
+    x->mem_cs = lp->mem_cs;
+    x->cap = lp->mem_cap;
     x->sinks = cfg->sinks;
     x->sink_k = st->sink_k + (int64_t)layer * cfg->sinks * hkv * hd;
     x->sink_v = st->sink_v + (int64_t)layer * cfg->sinks * hkv * hd;
     x->mix = lp->mix + (size_t)layer * (size_t)cfg->n_head;
-    x->rope_if = cfg->prerope || cfg->sinks ? lp->rope_if : NULL;
+    x->rope_if = cfg->prerope || cfg->sinks || cfg->memory ? lp->rope_if : NULL;
     x->sink_cs = lp->sink_cs;
     x->pre = cfg->prerope;
     x->n_rot = cfg->n_rot;
@@ -1499,6 +1870,13 @@ static void head_set(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, i
     lin_state_t *st = it->state->impl;
     int64_t m = x->m, hd = x->hd;
     size_t idx = (size_t)layer * (size_t)a->cfg.n_head_kv + (size_t)h;
+    if (x->lam) { /* head h's memory */
+        x->mem_pos = st->mem_pos + idx * (size_t)x->lam;
+        x->mem_score = st->mem_score + idx * (size_t)x->lam;
+        x->mem_n = st->mem_n + idx;
+        x->mem_k = st->mem_k + idx * (size_t)(x->lam * hd);
+        x->mem_v = st->mem_v + idx * (size_t)(x->lam * hd);
+    }
     x->h = h;
     x->f = &lp->maps[idx];
     x->lg = lp->gam[idx] < 1.0f ? log((double)lp->gam[idx]) : 0.0;
@@ -1520,8 +1898,14 @@ static void head_forward(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *i
 {
     lin_params_t *lp = a->impl;
     head_set(a, x, it, layer, h);
-    for (int64_t t0 = 0; t0 < it->n; t0 += lp->cn)
-        chunk_forward(x, t0, t0 + lp->cn < it->n ? t0 + lp->cn : it->n);
+    for (int64_t t0 = 0, t1; t0 < it->n; t0 = t1) {
+        t1 = t0 + lp->cn < it->n ? t0 + lp->cn : it->n;
+        if (x->lam) { /* no chunk crosses a block boundary */
+            const int64_t nb = block_start(x->p0 + t0) + CORE_ATTN_MEMORY_BLOCK - x->p0;
+            t1 = t1 < nb ? t1 : nb;
+        }
+        chunk_forward(x, t0, t1);
+    }
 }
 
 /* A decode step (one token) of a kind with exact keys is two halves per KV
@@ -1540,7 +1924,11 @@ static int exact_keys(const core_attn_cfg_t *cfg)
 
 static int split_decode(const core_attn_cfg_t *cfg, const core_attn_item_t *it)
 {
-    return it->n == 1 && exact_keys(cfg);
+    /* with the memory, a step at a block boundary first changes the state
+     * and the memory both halves read: it runs as one unit */
+    const int64_t pos = it->state->pos;
+    return it->n == 1 && exact_keys(cfg) &&
+           !(cfg->memory && pos > 0 && pos % CORE_ATTN_MEMORY_BLOCK == 0);
 }
 
 static double *mg_row(const core_attn_t *a, const core_attn_item_t *it, int64_t h, int64_t g)
@@ -1566,7 +1954,8 @@ static void head_linear(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it
         for (int64_t c = 0; c < x->hd; c++)
             row[LIN_MG_HEAD + c] = sc->num[g * x->hd + c];
     }
-    chunk_absorb(x, &ck);
+    if (!x->lam)
+        chunk_absorb(x, &ck);
 }
 
 static void head_exact(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, int layer,
@@ -1622,7 +2011,7 @@ static void head_done(const core_attn_t *a, lin_ctx_t *x, const core_attn_item_t
     if (split_decode(cfg, it))
         merge_decode(a, x, it, h);
     lin_state_t *st = it->state->impl;
-    int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = cfg->window, n = it->n;
+    int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = (int64_t)ring_rows(cfg), n = it->n;
     int64_t pos = it->state->pos;
     /* The sinks are the first S positions, kept for good; both in half
      * precision, as kv_rows rounded them for this forward's reads. */
@@ -1631,7 +2020,8 @@ static void head_done(const core_attn_t *a, lin_ctx_t *x, const core_attn_item_t
         core_half_pack(it->k + (t * hkv + h) * hd, st->sink_k + at, hd);
         core_half_pack(it->v + (t * hkv + h) * hd, st->sink_v + at, hd);
     }
-    /* Only now may the ring forget positions p0−W..: every chunk read them. */
+    /* Only now may the ring forget positions p0 − W.. (p0 − W − B.. with the
+     * memory): every chunk read them. */
     for (int64_t t = n - w > 0 ? n - w : 0; w > 0 && t < n; t++) {
         size_t at = (size_t)(((int64_t)layer * hkv + h) * w + (pos + t) % w) * (size_t)hd;
         core_half_pack(it->k + (t * hkv + h) * hd, st->ring_k + at, hd);
@@ -1725,12 +2115,18 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
  *   per layer: ring K slots 0..nv-1 [nv][Hkv][Hd], then ring V the same
  *   per layer: sink K rows 0..ns-1 [ns][Hkv][Hd], then sink V the same,
  *   ns = min(pos, S) (nothing without sinks: the v1 payload)
- * Slot = position % W, so slots 0..nv-1 are exactly the valid ones whether
- * or not the ring has wrapped. The size depends on the config, the precision
+ * With LIN_MEMORY in the first word (the exact memory, λ > 0), the ring has
+ * W + B rows (nv = min(pos, W + B)), a u32 λ follows the second word, and
+ * after the sinks, per layer and KV head: u32 n (rows held, ≤ λ), n × (i64
+ * position, f32 score), the n keys [n][Hd] (halves, before RoPE), then the
+ * n values; positions increasing, each older than the exact span.
+ * Slot = position % ring rows, so slots 0..nv-1 are exactly the valid ones
+ * whether or not the ring has wrapped. The size depends on the config, the precision
  * and min(pos, W), never on how many tokens came before. A state is loaded in
  * the precision it was saved in (a state's precision is its own, see
  * core_attn_linear_set_opts), so continuing it is bit-identical. */
 #define LIN_HALF_ROWS 0x100u
+#define LIN_MEMORY 0x200u
 
 /* The rows of the window ring or the sinks in the payload: per layer, the
  * nv valid rows (slots or positions 0..nv-1) of K, then of V, each row
@@ -1817,7 +2213,7 @@ static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int half, int64_t
                          lin_ser_t *z)
 {
     size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
-    size_t nv = pos < (int64_t)cfg->window ? (size_t)pos : (size_t)cfg->window;
+    size_t nv = pos < (int64_t)ring_rows(cfg) ? (size_t)pos : ring_rows(cfg);
     size_t nsk = pos < (int64_t)cfg->sinks ? (size_t)pos : (size_t)cfg->sinks;
     size_t b_c, b_s, b_z, b_r, n_rl;
     z->n_sink = nsk * (size_t)cfg->n_head_kv * hd; /* ≤ 1024 · (small shape): no overflow */
@@ -1831,7 +2227,20 @@ static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int half, int64_t
         b_z > SIZE_MAX / 8 || b_r > SIZE_MAX / 8)
         return 0;
     z->bytes = 8 + b_c + b_s + b_z + b_r + 2 * z->n_sink * z->rb * (size_t)cfg->n_layer;
+    /* the memory's λ word (its rows vary: mem_bytes) */
+    z->bytes += cfg->memory ? 4 : 0;
     return 1;
+}
+
+/* The bytes of the memory section of st's payload: per head a count, then
+ * per row a position, a score and a key and value row of halves. */
+static size_t mem_bytes(const core_attn_cfg_t *cfg, const lin_state_t *st)
+{
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    size_t b = 0;
+    for (size_t h = 0; cfg->memory && h < nh; h++)
+        b += 4 + (size_t)st->mem_n[h] * (8 + 4 + 2 * hd * sizeof(uint16_t));
+    return b;
 }
 
 /* The ring's and the sinks' shapes for kv_rows_*: their valid rows from z. */
@@ -1839,7 +2248,7 @@ static void kv_shapes(const core_attn_cfg_t *cfg, const lin_ser_t *z, kv_shape_t
                       kv_shape_t *sink)
 {
     size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
-    *ring = (kv_shape_t){cfg->n_layer, hkv, (size_t)cfg->window, hd, z->n_ring / (hkv * hd)};
+    *ring = (kv_shape_t){cfg->n_layer, hkv, ring_rows(cfg), hd, z->n_ring / (hkv * hd)};
     *sink = (kv_shape_t){cfg->n_layer, hkv, (size_t)cfg->sinks, hd, z->n_sink / (hkv * hd)};
 }
 
@@ -1847,7 +2256,9 @@ static size_t linear_state_save_size(const core_attn_state_t *s)
 {
     const lin_state_t *st = s->impl;
     lin_ser_t z;
-    return lin_ser_sizes(&s->a->cfg, st->fp64, 1, s->pos, &z) ? z.bytes : 0;
+    return lin_ser_sizes(&s->a->cfg, st->fp64, 1, s->pos, &z)
+               ? z.bytes + mem_bytes(&s->a->cfg, st)
+               : 0;
 }
 
 static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, core_error_t *err)
@@ -1857,13 +2268,18 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
     lin_ser_t z;
     if (!lin_ser_sizes(cfg, st->fp64, 1, s->pos, &z))
         return core_error_set(err, CORE_ERANGE, "linear attention payload size overflows");
-    if (cap < z.bytes)
+    const size_t mb = mem_bytes(cfg, st);
+    if (cap < z.bytes + mb)
         return core_error_set(err, CORE_ERANGE, "linear attention payload needs %zu bytes, "
-                              "buffer has %zu", z.bytes, cap);
+                              "buffer has %zu", z.bytes + mb, cap);
     unsigned char *p = buf;
-    core_le_put_u32(p, (uint32_t)z.es | LIN_HALF_ROWS);
+    core_le_put_u32(p, (uint32_t)z.es | LIN_HALF_ROWS | (cfg->memory ? LIN_MEMORY : 0u));
     core_le_put_u32(p + 4, (uint32_t)(z.n_ring / ((size_t)cfg->n_head_kv * (size_t)cfg->head_dim)));
     p += 8;
+    if (cfg->memory) {
+        core_le_put_u32(p, (uint32_t)cfg->memory);
+        p += 4;
+    }
     core_le_copy64(p, st->c, z.n_z);
     p += z.n_z * sizeof(double);
     /* a head that holds no keys is saved as zeros (its S̃, z̃ have no value) */
@@ -1886,7 +2302,74 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
     kv_shape_t ring, sink;
     kv_shapes(cfg, &z, &ring, &sink);
     p = kv_rows_put(p, st->ring_k, st->ring_v, &ring);
-    kv_rows_put(p, st->sink_k, st->sink_v, &sink);
+    p = kv_rows_put(p, st->sink_k, st->sink_v, &sink);
+    const size_t lam = (size_t)cfg->memory, hd = (size_t)cfg->head_dim;
+    for (size_t h = 0; lam && h < nh; h++) {
+        const size_t n = (size_t)st->mem_n[h];
+        core_le_put_u32(p, (uint32_t)n);
+        p += 4;
+        for (size_t i = 0; i < n; i++, p += 12) {
+            core_le_put_u64(p, (uint64_t)st->mem_pos[h * lam + i]);
+            core_le_copy32(p + 8, st->mem_score + h * lam + i, 1);
+        }
+        core_le_copy16(p, st->mem_k + h * lam * hd, n * hd);
+        p += n * hd * sizeof(uint16_t);
+        core_le_copy16(p, st->mem_v + h * lam * hd, n * hd);
+        p += n * hd * sizeof(uint16_t);
+    }
+    return 0;
+}
+
+/* Reads the memory section at p (len bytes to the payload's end) into st
+ * for a state at pos: NULL with err set when it is malformed (counts past
+ * λ, positions not increasing or not older than the exact span, scores or
+ * rows not finite) or does not end where the payload does. */
+static int mem_load(const core_attn_cfg_t *cfg, lin_state_t *st, int64_t pos,
+                    const unsigned char *p, size_t len, core_error_t *err)
+{
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim,
+                 lam = (size_t)cfg->memory;
+    /* every memory row left the exact span at an earlier boundary */
+    const int64_t older = pos / CORE_ATTN_MEMORY_BLOCK * CORE_ATTN_MEMORY_BLOCK - cfg->window;
+    for (size_t h = 0; h < nh; h++) {
+        if (len < 4)
+            return core_error_set(err, CORE_EFORMAT, "linear attention payload: memory of "
+                                  "head %zu cut short", h);
+        const uint32_t n = core_le_get_u32(p);
+        const size_t row = 12 + 2 * hd * sizeof(uint16_t);
+        p += 4;
+        len -= 4;
+        if (n > lam || (size_t)n * row > len)
+            return core_error_set(err, CORE_EFORMAT, "linear attention payload: memory of head "
+                                  "%zu holds %u rows (at most %zu, %zu bytes left)", h, n, lam,
+                                  len);
+        int64_t prev = (int64_t)cfg->sinks - 1;
+        for (size_t i = 0; i < n; i++, p += 12) {
+            const int64_t u = (int64_t)core_le_get_u64(p);
+            float s;
+            core_le_copy32(&s, p + 8, 1);
+            if (u <= prev || u >= older || !(s >= 0.0f) || !isfinite(s))
+                return core_error_set(err, CORE_EFORMAT, "linear attention payload: memory row "
+                                      "%zu of head %zu at position %lld (score %g) is out of "
+                                      "order or not older than the exact span", i, h,
+                                      (long long)u, (double)s);
+            st->mem_pos[h * lam + i] = prev = u;
+            st->mem_score[h * lam + i] = s;
+        }
+        uint16_t *k = st->mem_k + h * lam * hd, *v = st->mem_v + h * lam * hd;
+        core_le_copy16(k, p, n * hd);
+        p += (size_t)n * hd * sizeof(uint16_t);
+        core_le_copy16(v, p, n * hd);
+        p += (size_t)n * hd * sizeof(uint16_t);
+        len -= (size_t)n * row;
+        if (!half_row_finite(k, n * hd) || !half_row_finite(v, n * hd))
+            return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
+                                  "memory row in head %zu", h);
+        st->mem_n[h] = (int32_t)n;
+    }
+    if (len != 0)
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: %zu bytes after "
+                              "the memory", len);
     return 0;
 }
 
@@ -1899,11 +2382,16 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     if (len < 8)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes", len);
     uint32_t w0 = core_le_get_u32(p), nv = core_le_get_u32(p + 4);
-    uint32_t es = w0 & ~LIN_HALF_ROWS;
+    uint32_t es = w0 & ~(LIN_HALF_ROWS | LIN_MEMORY);
     if (es != 4 && es != 8)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload: accumulator size %u "
                               "(expected 4 or 8)", es);
-    int64_t want_nv = pos < (int64_t)cfg->window ? pos : (int64_t)cfg->window;
+    const uint32_t lam = (w0 & LIN_MEMORY) ? (len >= 12 ? core_le_get_u32(p + 8) : UINT32_MAX) : 0;
+    if (lam != (uint32_t)cfg->memory)
+        return core_error_set(err, CORE_EMISMATCH, "state has an exact memory of %d rows, this "
+                              "server runs %d (--memory)", lam == UINT32_MAX ? -1 : (int)lam,
+                              cfg->memory);
+    int64_t want_nv = pos < (int64_t)ring_rows(cfg) ? pos : (int64_t)ring_rows(cfg);
     if (pos < 0 || (int64_t)nv != want_nv)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload: %u window rows at "
                               "position %lld (window %d)", nv, (long long)pos, cfg->window);
@@ -1911,15 +2399,15 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     int fp64 = es == 8;
     if (!lin_ser_sizes(cfg, fp64, (w0 & LIN_HALF_ROWS) != 0, pos, &z))
         return core_error_set(err, CORE_EFORMAT, "linear attention payload size overflows");
-    if (len != z.bytes)
+    if (lam ? len < z.bytes : len != z.bytes)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes, "
-                              "expected %zu", len, z.bytes);
+                              "expected %s%zu", len, lam ? "at least " : "", z.bytes);
     if (fp64 != st->fp64) {
         int rc = lin_state_relayout(st, cfg, fp64, err);
         if (rc < 0)
             return rc;
     }
-    p += 8;
+    p += lam ? 12 : 8;
     core_le_copy64(st->c, p, z.n_z);
     p += z.n_z * sizeof(double);
     if (fp64) {
@@ -1936,9 +2424,14 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     if (!(p = kv_rows_get(p, z.rb, st->ring_k, st->ring_v, &ring, &l)))
         return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
                               "or out-of-range window row in layer %d", l);
-    if (!kv_rows_get(p, z.rb, st->sink_k, st->sink_v, &sink, &l))
+    if (!(p = kv_rows_get(p, z.rb, st->sink_k, st->sink_v, &sink, &l)))
         return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
                               "or out-of-range sink row in layer %d", l);
+    if (lam) {
+        int rc = mem_load(cfg, st, pos, p, len - (size_t)(p - (const unsigned char *)buf), err);
+        if (rc < 0)
+            return rc;
+    }
     /* A blob is input. The kernels rely on c being finite or −inf, on S
      * and z being finite (z ≥ 0; Flexformer's is signed) and on the window
      * and sink rows being finite (checked above): anything else would turn
@@ -1993,14 +2486,17 @@ int core_attn_linear_set_opts(core_attn_t *a, const core_attn_linear_opts_t *o, 
 {
     if (!a || a->vt != &core_attn_linear_vtbl)
         return core_error_set(err, CORE_EINVAL, "not a linear attention configuration");
-    if (o->chunk < 1 || o->chunk > LIN_MAX_CHUNK || (o->fp64_state != 0 && o->fp64_state != 1))
-        return core_error_set(err, CORE_EINVAL, "chunk %d not in [1, %d] or fp64_state %d not 0/1",
-                              o->chunk, LIN_MAX_CHUNK, o->fp64_state);
+    if (o->chunk < 1 || o->chunk > LIN_MAX_CHUNK || (o->fp64_state != 0 && o->fp64_state != 1) ||
+        o->memory_cap < 0 || o->memory_cap > LIN_MEM_CAP)
+        return core_error_set(err, CORE_EINVAL, "chunk %d not in [1, %d], fp64_state %d not 0/1 "
+                              "or memory_cap %d not in [0, %d]", o->chunk, LIN_MAX_CHUNK,
+                              o->fp64_state, o->memory_cap, LIN_MEM_CAP);
     lin_params_t *lp = a->impl;
     int rc = set_chunk(a, lp, o->chunk, err);
     if (rc)
         return rc;
     lp->fp64 = o->fp64_state;
+    set_mem_cap(lp, &a->cfg, o->memory_cap ? o->memory_cap : LIN_MEM_CAP);
     return 0;
 }
 

@@ -17,6 +17,8 @@
 typedef struct core_attn_linear_opts {
     int chunk;      /* prefill chunk in tokens, 1..4096 (default 64); results do not depend on it */
     int fp64_state; /* 1: S and z of states created from now on accumulate in double */
+    int memory_cap; /* 0: the default (4096); else the distance past which exact memory rows
+                       are scored at that distance (tests: set before any state exists) */
 } core_attn_linear_opts_t;
 
 /* CORE_EINVAL if a is not a linear kind or an option is out of range. */

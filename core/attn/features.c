@@ -532,6 +532,10 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
         return rc;
     if (found)
         info->prerope = (int)v;
+    if ((rc = adapter_int(g, "darkformer.memory", 0, CORE_ATTN_MAX_MEMORY, &v, &found, err)))
+        return rc;
+    if (found)
+        info->memory = (int)v;
     if ((rc = adapter_int(g, "darkformer.seed", 0, INT64_MAX, &v, &found, err)))
         return rc;
     if (found)
@@ -548,7 +552,8 @@ int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
                           core_error_t *err)
 {
     core_features_adapter_info_t ai = {.n_features = 0, .window = -1, .sinks = -1,
-                                       .prerope = -1, .seed = s->seed, .version = 0};
+                                       .prerope = -1, .memory = -1, .seed = s->seed,
+                                       .version = 0};
     if (adapter_path) {
         core_gguf_t *g = NULL;
         int rc = core_gguf_open(adapter_path, &g, err);
@@ -571,6 +576,8 @@ int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
         s->sinks = ai.sinks >= 0 ? ai.sinks : CORE_FEATURES_DEFAULT_SINKS;
     if (s->prerope < 0)
         s->prerope = ai.prerope >= 0 ? ai.prerope : 0;
+    if (s->memory < 0)
+        s->memory = ai.memory >= 0 ? ai.memory : CORE_FEATURES_DEFAULT_MEMORY;
     return 0;
 }
 

@@ -158,6 +158,7 @@ typedef struct core_features_adapter_info {
     int n_features;
     int window;
     int sinks;       /* darkformer.sinks */
+    int memory;      /* darkformer.memory (optional: λ the adapter was made for), -1 if absent */
     int prerope;     /* darkformer.prerope */
     uint64_t seed;
     char base_fingerprint[128];
@@ -197,6 +198,7 @@ int core_features_adapter_omega(const core_gguf_t *g, const char *what, int laye
 #define CORE_FEATURES_DEFAULT_M 128
 #define CORE_FEATURES_DEFAULT_WINDOW 64
 #define CORE_FEATURES_DEFAULT_SINKS 4
+#define CORE_FEATURES_DEFAULT_MEMORY 0
 
 /* Attention settings of the linear kinds before resolution: a field the
  * caller set (n_features > 0; window, sinks, prerope >= 0) wins. */
@@ -205,6 +207,8 @@ typedef struct core_features_settings {
     int window;
     int sinks;
     int prerope;
+    int memory; /* λ exact memory rows; -1: the adapter's darkformer.memory, else
+                   CORE_FEATURES_DEFAULT_MEMORY */
     uint64_t seed;
 } core_features_settings_t;
 

@@ -276,7 +276,8 @@ static int model_opts(const srv_config_t *cfg, srv_attn_choice_t *ch)
     srv_attn_request_t rq = {.kind = cfg->attn, .adapter = cfg->adapter,
                              .n_features = cfg->features > 0 ? (int)cfg->features : 0,
                              .window = cfg->window >= 0 ? (int)cfg->window : -1,
-                             .sinks = (int)cfg->sinks, .prerope = -1,
+                             .sinks = (int)cfg->sinks, .memory = (int)cfg->memory,
+                             .prerope = -1,
                              .decay_off = cfg->decay == 0, .linear = -1};
     core_error_t ce = {0};
     if (srv_attn_select(cfg->model, &rq, ch, &ce) < 0) {

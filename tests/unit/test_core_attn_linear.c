@@ -192,7 +192,7 @@ static core_attn_t *make_attn(const shape_t *s, const core_gguf_t *adapter, int 
     CHECK_MSG(rc == 0, "core_attn_new: %s", err.msg);
     if (rc)
         return NULL;
-    core_attn_linear_opts_t o = {chunk, fp64};
+    core_attn_linear_opts_t o = {chunk, fp64, 0};
     rc = core_attn_linear_set_opts(a, &o, &err);
     CHECK_MSG(rc == 0, "set_opts: %s", err.msg);
     return a;
@@ -484,7 +484,7 @@ TEST(test_fp64_state_agrees)
     core_error_t err = {0};
     CHECK_INT_EQ(core_attn_state_new(a64, &x, &err), 0);
     CHECK_INT_EQ(core_attn_state_new(a64, &y, &err), 0);
-    core_attn_linear_opts_t o = {64, 0};
+    core_attn_linear_opts_t o = {64, 0, 0};
     CHECK_INT_EQ(core_attn_linear_set_opts(a64, &o, &err), 0);
     core_attn_state_t *z = NULL;
     CHECK_INT_EQ(core_attn_state_new(a64, &z, &err), 0);
@@ -1014,7 +1014,7 @@ TEST(test_adapter_errors)
     CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
     cfg.n_features = 16;
     CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), 0);
-    core_attn_linear_opts_t o = {0, 0};
+    core_attn_linear_opts_t o = {0, 0, 0};
     CHECK_INT_EQ(core_attn_linear_set_opts(a, &o, &err), CORE_EINVAL);
     CHECK(core_attn_linear_features(a, 3, 0) == NULL);
     CHECK(core_attn_linear_features(a, 2, 1) != NULL);
@@ -2128,6 +2128,507 @@ TEST(test_decode_split_equals_whole)
     core_pool_free(pool);
 }
 
+/* ---- the exact memory (cfg->memory = λ; docs/DESIGN.md §3 "Exact memory") ---- */
+
+static core_attn_t *make_mem_attn(const shape_t *s, const core_gguf_t *adapter, int chunk,
+                                  int fp64, int lam, int cap)
+{
+    core_attn_cfg_t cfg = {.kind = s->kind, .n_layer = s->L, .n_head = s->H,
+                           .n_head_kv = s->Hkv, .head_dim = s->Hd, .max_ctx = 0,
+                           .n_features = s->M, .window = s->W, .seed = s->seed,
+                           .sinks = s->S, .prerope = s->pre, .decay_off = s->decay_off,
+                           .linear_off = s->lin_off, .memory = lam, .n_rot = rot_dims(s),
+                           .rope_base = ROT_BASE, .rope_scale = 1.0};
+    core_attn_t *a = NULL;
+    core_error_t err = {0};
+    int rc = core_attn_new(&cfg, adapter, &a, &err);
+    CHECK_MSG(rc == 0, "core_attn_new: %s", err.msg);
+    if (rc)
+        return NULL;
+    core_attn_linear_opts_t o = {chunk, fp64, cap};
+    rc = core_attn_linear_set_opts(a, &o, &err);
+    CHECK_MSG(rc == 0, "set_opts: %s", err.msg);
+    return a;
+}
+
+#define MB CORE_ATTN_MEMORY_BLOCK
+
+typedef struct mem_row {
+    int64_t pos;
+    float score;
+} mem_row_t;
+
+static int mem_row_cmp(const void *pa, const void *pb)
+{
+    const mem_row_t *a = pa, *b = pb;
+    if (a->score != b->score)
+        return a->score > b->score ? -1 : 1;
+    return a->pos < b->pos ? -1 : a->pos > b->pos;
+}
+
+/* The float64 oracle of the memory: per (layer, KV head) the contest at
+ * every boundary b (multiples of B below n), written from the definition —
+ * the keys leaving the exact span [b − W − B, b − W) (none below S) and the
+ * memory's rows ranked by self-recall error against every key absorbed
+ * before b, ‖Σ_j φ(k)·φ(k_j) γ^(−j) v_j / Σ_j φ(k)·φ(k_j) γ^(−j) − v‖², as a
+ * float, then the older position; the λ best kept, the rest absorbed at b.
+ * A row t of the block [b, b + B) attends exactly to the sinks (shifted as
+ * without the memory), every key from b − W on and the memory's rows (at
+ * their true distance while b − j < cap, else at distance cap), linearly
+ * (weights as reference()) to the rest. in_mem [L][Hkv][n] (may be NULL)
+ * gets 1 for the keys in the memory after the last boundary. */
+static double *reference_memory(const core_attn_t *a, const shape_t *s, const inputs_t *in,
+                                int lam, int64_t cap, unsigned char *in_mem)
+{
+    int64_t n = in->n, nq = (int64_t)s->H * s->Hd, nk = (int64_t)s->Hkv * s->Hd;
+    int gs = s->H / s->Hkv, m = s->M, hd = s->Hd, w = s->W;
+    float xu[256];
+    double *out = calloc((size_t)s->L * n * nq, sizeof(double));
+    double *lk = malloc((size_t)n * m * sizeof(double)), *lq = malloc((size_t)m * sizeof(double));
+    double *lw = malloc((size_t)n * sizeof(double));
+    int64_t *absorbed_at = malloc((size_t)n * sizeof(int64_t)); /* boundary, or INT64_MAX */
+    int64_t *mem_from = malloc((size_t)n * sizeof(int64_t)), *mem_to = malloc((size_t)n * sizeof(int64_t));
+    mem_row_t *rows = malloc((size_t)(lam + MB) * sizeof *rows);
+    for (int l = 0; l < s->L; l++)
+        for (int h = 0; h < s->Hkv; h++) {
+            const core_features_t *f = core_attn_linear_features(a, l, h);
+            const float *gam, *mixw;
+            CHECK_INT_EQ(core_attn_linear_params(a, l, &gam, &mixw), 0);
+            double lg = log((double)gam[h]);
+            const float *kk = in->k + l * n * nk, *vv = in->v + l * n * nk;
+            for (int64_t j = 0; j < n; j++) {
+                const float *kr = kk + j * nk + h * hd;
+                if (s->pre) {
+                    unrotate(s, kr, j, xu);
+                    kr = xu;
+                }
+                log_phi(f, kr, lk + j * m);
+                absorbed_at[j] = mem_from[j] = mem_to[j] = INT64_MAX;
+            }
+            int nrow = 0;
+            for (int64_t b = MB; b < n; b += MB) {
+                int64_t u0 = b - w - MB > s->S ? b - w - MB : s->S, u1 = b - w;
+                int cand = nrow;
+                for (int64_t u = u0; u < u1; u++) {
+                    double top = -INFINITY, den = 0, est[256] = {0}, err = 0;
+                    for (int64_t j = 0; j < n; j++)
+                        if (absorbed_at[j] < b) {
+                            lw[j] = lse2(lk + u * m, lk + j * m, m) - (double)j * lg;
+                            top = lw[j] > top ? lw[j] : top;
+                        }
+                    for (int64_t j = 0; j < n && top > -INFINITY; j++)
+                        if (absorbed_at[j] < b) {
+                            double e = exp(lw[j] - top);
+                            den += e;
+                            for (int c = 0; c < hd; c++)
+                                est[c] += e * vv[j * nk + h * hd + c];
+                        }
+                    for (int c = 0; c < hd; c++) {
+                        double d = (den > 0 ? est[c] / den : 0.0) - vv[u * nk + h * hd + c];
+                        err += d * d;
+                    }
+                    rows[cand++] = (mem_row_t){u, (float)err};
+                }
+                qsort(rows, (size_t)cand, sizeof *rows, mem_row_cmp);
+                int keep = cand < lam ? cand : lam;
+                for (int i = keep; i < cand; i++) {
+                    absorbed_at[rows[i].pos] = b;
+                    if (mem_from[rows[i].pos] != INT64_MAX)
+                        mem_to[rows[i].pos] = b;
+                }
+                for (int i = 0; i < keep; i++)
+                    if (mem_from[rows[i].pos] == INT64_MAX)
+                        mem_from[rows[i].pos] = b;
+                nrow = keep;
+            }
+            for (int64_t j = 0; in_mem && j < n; j++)
+                in_mem[((size_t)l * s->Hkv + h) * n + j] = mem_from[j] != INT64_MAX &&
+                                                           mem_to[j] == INT64_MAX;
+            for (int g = 0; g < gs; g++)
+                for (int64_t t = 0; t < n; t++) {
+                    const float *qr = in->q + (l * n + t) * nq + (h * gs + g) * hd;
+                    if (s->pre) {
+                        unrotate(s, qr, t, xu);
+                        log_phi(f, xu, lq);
+                    } else {
+                        log_phi(f, qr, lq);
+                    }
+                    const int64_t blk = t / MB * MB;
+                    double top = -INFINITY;
+                    for (int64_t j = 0; j <= t; j++) {
+                        const int memj = mem_from[j] <= blk && blk < mem_to[j];
+                        const float *kr = kk + j * nk + h * hd;
+                        float kt[256];
+                        if (j >= s->S && j < blk - w && !memj) {
+                            lw[j] = lse2(lq, lk + j * m, m) + (double)(t - w - j) * lg +
+                                    (double)mixw[h * gs + g];
+                        } else {
+                            if (j < s->S && t >= w + s->S - 1) {
+                                unrotate(s, kr, w + s->S - 1 - t, kt);
+                                kr = kt;
+                            } else if (j >= s->S && memj && blk - j >= cap) {
+                                unrotate(s, kr, j - (t - cap), kt); /* moved to t − cap */
+                                kr = kt;
+                            }
+                            double d = 0;
+                            for (int c = 0; c < hd; c++)
+                                d += (double)qr[c] * kr[c];
+                            lw[j] = d / sqrt((double)hd);
+                        }
+                        top = lw[j] > top ? lw[j] : top;
+                    }
+                    double den = 0, *o = out + (l * n + t) * nq + (h * gs + g) * hd;
+                    for (int64_t j = 0; j <= t; j++) {
+                        double e = exp(lw[j] - top);
+                        den += e;
+                        for (int c = 0; c < hd; c++)
+                            o[c] += e * vv[j * nk + h * hd + c];
+                    }
+                    for (int c = 0; c < hd; c++)
+                        o[c] /= den;
+                }
+        }
+    free(lk);
+    free(lq);
+    free(lw);
+    free(absorbed_at);
+    free(mem_from);
+    free(mem_to);
+    free(rows);
+    return out;
+}
+
+/* Chunked == recurrent == the float64 oracle, with the memory: decay,
+ * sinks, pre- and post-RoPE features, and rows past the distance cap. */
+TEST(test_memory_matches_oracle)
+{
+    const struct {
+        shape_t s;
+        int lam, cap;
+        int64_t n;
+        double tol;
+    } cases[] = {
+        {{CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 16, 21, 3, 1, 1, 0, 0}, 6, 0, 420, 2e-5},
+        {{CORE_ATTN_DARKFORMER, 2, 6, 2, 16, 32, 24, 21, 2, 0, 1, 0, 0}, 9, 0, 360, 2e-5},
+        {{CORE_ATTN_PERFORMER, 1, 4, 2, 16, 16, 8, 7, 0, 0, 0, 0, 0}, 3, 0, 300, 2e-5},
+        /* rows past a cap of 128: keys turned back before RoPE, as halves */
+        {{CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 16, 21, 3, 1, 1, 0, 0}, 6, 128, 520, 3e-3},
+        {{CORE_ATTN_DARKFORMER, 1, 6, 2, 16, 32, 16, 21, 3, 0, 1, 0, 0}, 6, 128, 520, 3e-3},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        shape_t s = cases[ci].s;
+        const int lam = cases[ci].lam;
+        core_gguf_t *ad = s.v2 ? make_adapter(&s, 0.2, 0.3, s.L, s.Hd) : NULL;
+        inputs_t in = make_inputs(&s, cases[ci].n, 1.5, 1.5, 31 + ci);
+        core_attn_t *a = make_mem_attn(&s, ad, 32, 1, lam, cases[ci].cap),
+                    *a32 = make_mem_attn(&s, ad, 32, 0, lam, cases[ci].cap);
+        if (!a || !a32)
+            return;
+        const int64_t cap = cases[ci].cap ? cases[ci].cap : 4096;
+        unsigned char *mem = calloc((size_t)s.L * s.Hkv * (size_t)in.n, 1);
+        double *ref = reference_memory(a, &s, &in, lam, cap, mem);
+        float *o = run(a, &s, &in, ALL, 1), *o1 = run(a, &s, &in, ONE, 1),
+              *om = run(a, &s, &in, MIXED, 7), *o32 = run(a32, &s, &in, MIXED, 7);
+        const size_t no = out_count(&s, in.n);
+        double e = rel_diff(o, ref, NULL, no), e1 = rel_diff(o1, ref, NULL, no),
+               em = rel_diff(om, ref, NULL, no), e32 = rel_diff(o32, ref, NULL, no);
+        CHECK_MSG(e < cases[ci].tol && e1 < cases[ci].tol && em < cases[ci].tol,
+                  "case %zu: fp64 state vs oracle %.3g (whole), %.3g (token by token), %.3g "
+                  "(mixed)", ci, e, e1, em);
+        CHECK_MSG(e32 < 50 * cases[ci].tol, "case %zu: fp32 state vs oracle %.3g", ci, e32);
+        /* the memory the kernels hold is the oracle's */
+        core_attn_state_t *st = NULL;
+        CHECK_INT_EQ(core_attn_state_new(a, &st, NULL), 0);
+        float *tmp = calloc(no, sizeof(float));
+        feed(a, st, &s, &in, 0, in.n, MIXED, 7, tmp);
+        size_t len = 0, held = 0;
+        unsigned char *blob = saved(st, &len);
+        for (size_t i = 0; i < (size_t)s.L * s.Hkv * (size_t)in.n; i++)
+            held += mem[i];
+        CHECK_MSG(held > 0 && held <= (size_t)(lam * s.L * s.Hkv), "case %zu: %zu rows", ci, held);
+        printf("  memory case %zu (lambda %d, cap %lld, %lld tokens): vs oracle %.2g, fp32 %.2g, "
+               "%zu rows held\n", ci, lam, (long long)cap, (long long)in.n, em, e32, held);
+        free(blob);
+        free(tmp);
+        core_attn_state_free(st);
+        free(o);
+        free(o1);
+        free(om);
+        free(o32);
+        free(ref);
+        free(mem);
+        core_attn_free(a);
+        core_attn_free(a32);
+        core_gguf_close(ad);
+        inputs_free(&in);
+    }
+}
+
+/* The linear state changes only at block boundaries, by the same
+ * operations on the same numbers: one forward, token by token, odd pieces
+ * and batches on two threads leave bit-identical states (every choice of
+ * the memory included), fp32 and fp64. */
+TEST(test_memory_state_independent_of_chunking)
+{
+    shape_t s = {CORE_ATTN_DARKFORMER, 2, 6, 2, 16, 32, 16, 21, 3, 1, 1, 0, 0};
+    core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+    inputs_t in = make_inputs(&s, 333, 1.5, 1.5, 77);
+    core_pool_t *pool = NULL;
+    CHECK_INT_EQ(core_pool_new(2, &pool, NULL), 0);
+    for (int fp64 = 0; fp64 < 2; fp64++) {
+        core_attn_t *a = make_mem_attn(&s, ad, 16, fp64, 5, 0),
+                    *b = make_mem_attn(&s, ad, 64, fp64, 5, 0);
+        if (!a || !b || !pool)
+            return;
+        CHECK_INT_EQ(core_attn_set_workers(a, 2, NULL), 0);
+        const size_t no = out_count(&s, in.n);
+        float *o = calloc(no, sizeof(float));
+        core_attn_state_t *st[4];
+        for (int i = 0; i < 4; i++)
+            CHECK_INT_EQ(core_attn_state_new(i == 1 ? b : a, &st[i], NULL), 0);
+        feed(a, st[0], &s, &in, 0, in.n, ONE, 1, o);
+        feed(b, st[1], &s, &in, 0, in.n, ALL, 1, o);
+        feed(a, st[2], &s, &in, 0, in.n, MIXED, 7, o);
+        /* st[3]: decode steps batched with another state on the pool */
+        core_attn_state_t *other = NULL;
+        CHECK_INT_EQ(core_attn_state_new(a, &other, NULL), 0);
+        const int64_t nq = (int64_t)s.H * s.Hd, nk = (int64_t)s.Hkv * s.Hd, n = in.n;
+        for (int64_t t = 0; t < n; t++) {
+            CHECK_INT_EQ(core_attn_reserve(a, st[3], 1, NULL), 0);
+            for (int l = 0; l < s.L; l++) {
+                const int64_t at = l * n + t;
+                core_attn_item_t it[2] = {
+                    {st[3], 1, in.q + at * nq, in.k + at * nk, in.v + at * nk, o + at * nq},
+                    {other, 1, in.q + at * nq, in.k + at * nk, in.v + at * nk, o + at * nq}};
+                CHECK_INT_EQ(core_attn_forward_batch(a, pool, l, 2, it, NULL), 0);
+            }
+            core_attn_advance(st[3], 1);
+            core_attn_advance(other, 1);
+        }
+        for (int i = 1; i < 4; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "fp%d: state %d against token by token", fp64 ? 64 : 32,
+                     i);
+            check_same_payload(st[0], st[i], what);
+        }
+        for (int i = 0; i < 4; i++)
+            core_attn_state_free(st[i]);
+        core_attn_state_free(other);
+        free(o);
+        core_attn_free(a);
+        core_attn_free(b);
+    }
+    core_pool_free(pool);
+    core_gguf_close(ad);
+    inputs_free(&in);
+}
+
+/* A key planted far outside the window, whose value the linear state
+ * cannot give back, is retrieved exactly with the memory on, not with it
+ * off: the query that matches it gets its value. */
+TEST(test_memory_recalls_planted_key)
+{
+    shape_t s = {CORE_ATTN_PERFORMER, 1, 2, 1, 16, 16, 8, 5, 2, 0, 0, 0, 0};
+    const int64_t n = 400, plant = 40;
+    inputs_t in = make_inputs(&s, n, 0.3, 0.3, 9);
+    /* the planted key: large along one direction, value a marker */
+    for (int c = 0; c < s.Hd; c++) {
+        in.k[plant * s.Hd + c] = half_exact(c == 3 ? 16.0f : 0.0f);
+        in.v[plant * s.Hd + c] = half_exact(c == 0 ? 5.0f : -5.0f);
+    }
+    /* the last query points at it (score 16·3/√16 = 12, e^12 against
+     * a few hundred terms near 1) */
+    for (int g = 0; g < s.H; g++)
+        for (int c = 0; c < s.Hd; c++)
+            in.q[((n - 1) * s.H + g) * s.Hd + c] = c == 3 ? 3.0f : 0.0f;
+    double err[2];
+    for (int on = 0; on < 2; on++) {
+        core_attn_t *a = make_mem_attn(&s, NULL, 64, 0, on ? 4 : 0, 0);
+        if (!a)
+            return;
+        float *o = run(a, &s, &in, MIXED, 7);
+        const float *last = o + (n - 1) * s.H * s.Hd;
+        double e = 0;
+        for (int c = 0; c < s.Hd; c++) {
+            const double d = last[c] - (c == 0 ? 5.0 : -5.0);
+            e += d * d;
+        }
+        err[on] = sqrt(e / s.Hd);
+        free(o);
+        core_attn_free(a);
+    }
+    printf("  planted key %lld tokens back: rms error off %.3f, on %.3f\n",
+           (long long)(n - 1 - plant), err[0], err[1]);
+    CHECK_MSG(err[1] < 0.05 && err[0] > 1.0, "memory on %.3f, off %.3f", err[1], err[0]);
+    inputs_free(&in);
+}
+
+/* Save, load, continue: bit-identical; a memory section that lies is
+ * refused; a state saved under another memory setting is refused as such. */
+TEST(test_memory_state_roundtrip)
+{
+    shape_t s = {CORE_ATTN_DARKFORMER, 2, 6, 2, 16, 32, 16, 21, 3, 1, 1, 0, 0};
+    core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+    inputs_t in = make_inputs(&s, 400, 1.5, 1.5, 5);
+    core_attn_t *a = make_mem_attn(&s, ad, 32, 0, 6, 0), *a0 = make_mem_attn(&s, ad, 32, 0, 0, 0),
+                *a9 = make_mem_attn(&s, ad, 32, 0, 9, 0);
+    if (!a || !a0 || !a9)
+        return;
+    const size_t no = out_count(&s, in.n);
+    float *o1 = calloc(no, sizeof(float)), *o2 = calloc(no, sizeof(float));
+    core_attn_state_t *x = NULL, *y = NULL, *z = NULL;
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_attn_state_new(a, &x, NULL), 0);
+    CHECK_INT_EQ(core_attn_state_new(a, &y, NULL), 0);
+    feed(a, x, &s, &in, 0, 250, MIXED, 7, o1);
+    size_t len = 0;
+    unsigned char *blob = saved(x, &len);
+    CHECK_INT_EQ(core_state_load(blob, len, "test", y, NULL, NULL, NULL, NULL, NULL, &err), 0);
+    feed(a, x, &s, &in, 250, in.n, ONE, 1, o1);
+    feed(a, y, &s, &in, 250, in.n, ONE, 1, o2);
+    const size_t nq = (size_t)s.H * s.Hd;
+    for (int l = 0; l < s.L; l++) {
+        const size_t at = ((size_t)l * (size_t)in.n + 250) * nq;
+        CHECK_MSG(memcmp(o1 + at, o2 + at, (size_t)(in.n - 250) * nq * sizeof(float)) == 0,
+                  "layer %d: continued outputs differ", l);
+    }
+    check_same_payload(x, y, "continued after a load");
+    /* a copy is the state */
+    CHECK_INT_EQ(core_attn_state_new(a, &z, NULL), 0);
+    CHECK_INT_EQ(core_attn_state_copy(z, x, &err), 0);
+    check_same_payload(x, z, "copy");
+    core_attn_state_free(z);
+    /* other memory settings refuse the blob (and a memory-off blob) */
+    core_attn_state_t *w0 = NULL, *w9 = NULL;
+    CHECK_INT_EQ(core_attn_state_new(a0, &w0, NULL), 0);
+    CHECK_INT_EQ(core_attn_state_new(a9, &w9, NULL), 0);
+    CHECK_INT_EQ(core_state_load(blob, len, "test", w0, NULL, NULL, NULL, NULL, NULL, &err), CORE_EMISMATCH);
+    CHECK_MSG(strstr(err.msg, "memory") != NULL, "%s", err.msg);
+    CHECK_INT_EQ(core_state_load(blob, len, "test", w9, NULL, NULL, NULL, NULL, NULL, &err), CORE_EMISMATCH);
+    feed(a0, w0, &s, &in, 0, 100, MIXED, 7, o2);
+    size_t len0 = 0;
+    unsigned char *blob0 = saved(w0, &len0);
+    CHECK_INT_EQ(core_state_load(blob0, len0, "test", y, NULL, NULL, NULL, NULL, NULL, &err), CORE_EMISMATCH);
+    /* the memory section, lying: find head 0's count (the first u32 equal
+     * to its row count after the sinks) by rebuilding it from the state */
+    const size_t tail = (size_t)s.L * s.Hkv * 4; /* at least the counts */
+    CHECK(len > tail);
+    unsigned char *bad = malloc(len);
+    int refused = 0, tried = 0;
+    for (size_t off = CORE_STATE_HEADER_BYTES; off + 4 <= len - 4; off++) {
+        /* every u32 that could be a count: make it λ + 1, reseal, load */
+        uint32_t v = (uint32_t)blob[off] | (uint32_t)blob[off + 1] << 8 |
+                     (uint32_t)blob[off + 2] << 16 | (uint32_t)blob[off + 3] << 24;
+        if (v != 6)
+            continue;
+        memcpy(bad, blob, len);
+        bad[off] = 7;
+        uint32_t crc = core_crc32(0, bad, len - 4);
+        for (int i = 0; i < 4; i++)
+            bad[len - 4 + i] = (unsigned char)(crc >> (8 * i));
+        tried++;
+        refused += core_state_load(bad, len, "test", y, NULL, NULL, NULL, NULL, NULL, &err) == CORE_EFORMAT;
+    }
+    CHECK_MSG(tried > 0 && refused > 0, "no altered count refused (%d tried)", tried);
+    free(bad);
+    free(blob0);
+    free(blob);
+    free(o1);
+    free(o2);
+    core_attn_state_free(x);
+    core_attn_state_free(y);
+    core_attn_state_free(w0);
+    core_attn_state_free(w9);
+    core_attn_free(a);
+    core_attn_free(a0);
+    core_attn_free(a9);
+    core_gguf_close(ad);
+    inputs_free(&in);
+}
+
+/* A million tokens with the memory: finite, fp32 and fp64 states agree at
+ * the end, constant size. */
+TEST(test_memory_long_stream)
+{
+    shape_t s = {CORE_ATTN_DARKFORMER, 1, 2, 1, 16, 16, 4, 1, 2, 1, 1, 0, 0};
+    core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+    core_attn_t *a32 = make_mem_attn(&s, ad, 64, 0, 8, 0), *a64 = make_mem_attn(&s, ad, 64, 1, 8, 0);
+    if (!a32 || !a64)
+        return;
+    enum { POOL = 8192, STEP = 512 };
+    const int64_t total = 1000000;
+    inputs_t pool = make_inputs(&s, POOL, 1.5, 1.5, 2026);
+    core_attn_state_t *st[2] = {NULL, NULL};
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_attn_state_new(a32, &st[0], &err), 0);
+    CHECK_INT_EQ(core_attn_state_new(a64, &st[1], &err), 0);
+    size_t bytes0 = core_attn_state_bytes(st[0]);
+    float *out[2] = {calloc((size_t)STEP * s.H * s.Hd, sizeof(float)),
+                     calloc((size_t)STEP * s.H * s.Hd, sizeof(float))};
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t t = 0; t < total; t += STEP) {
+        int64_t off = (t / STEP * 977) % (POOL - STEP);
+        for (int i = 0; i < 2; i++)
+            CHECK_INT_EQ(step_layer0(i ? a64 : a32, st[i], &s, &pool, off, STEP, out[i], &err), 0);
+        for (int64_t i = 0; i < STEP * s.H * s.Hd; i++)
+            bad += !isfinite(out[0][i]);
+        if (t + STEP >= total - 4 * STEP) {
+            double e = rel_diff(out[0], NULL, out[1], (size_t)(STEP * s.H * s.Hd));
+            worst = e > worst ? e : worst;
+        }
+    }
+    printf("  %lld tokens with an 8-row memory: non-finite %lld, fp32 vs fp64 state %.3g\n",
+           (long long)total, (long long)bad, worst);
+    CHECK_INT_EQ(bad, 0);
+    CHECK_MSG(worst < 1e-3, "fp32 vs fp64 state at the end: %.3g", worst);
+    CHECK_INT_EQ(core_attn_state_bytes(st[0]), bytes0);
+    for (int i = 0; i < 2; i++) {
+        free(out[i]);
+        core_attn_state_free(st[i]);
+    }
+    core_attn_free(a32);
+    core_attn_free(a64);
+    core_gguf_close(ad);
+    inputs_free(&pool);
+}
+
+/* Configurations the memory cannot run are refused with the reason. */
+TEST(test_memory_config_errors)
+{
+    const shape_t trig = {CORE_ATTN_FLEXFORMER_S, 1, 2, 1, 16, 16, 8, 1, 2, 1, 0, 0, 0};
+    const shape_t nowin = {CORE_ATTN_PERFORMER, 1, 2, 1, 16, 16, 0, 1, 2, 0, 0, 0, 0};
+    const shape_t linoff = {CORE_ATTN_PERFORMER, 1, 2, 1, 16, 16, 8, 1, 2, 0, 0, 0, 1};
+    const shape_t *bad[] = {&trig, &nowin, &linoff};
+    for (size_t i = 0; i < 3; i++) {
+        core_attn_cfg_t cfg = {.kind = bad[i]->kind, .n_layer = 1, .n_head = 2, .n_head_kv = 1,
+                               .head_dim = 16, .n_features = 16, .window = bad[i]->W,
+                               .sinks = 2, .linear_off = bad[i]->lin_off, .memory = 4,
+                               .n_rot = 14, .rope_base = ROT_BASE, .rope_scale = 1.0};
+        core_attn_t *a = NULL;
+        core_error_t err = {0};
+        CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+        CHECK_MSG(strstr(err.msg, "memory") != NULL, "case %zu: %s", i, err.msg);
+        core_attn_free(a);
+    }
+    core_attn_cfg_t ex = {.kind = CORE_ATTN_EXACT, .n_layer = 1, .n_head = 2, .n_head_kv = 1,
+                          .head_dim = 16, .max_ctx = 64, .memory = 4};
+    core_attn_t *e = NULL;
+    core_error_t eerr = {0};
+    CHECK_INT_EQ(core_attn_new(&ex, NULL, &e, &eerr), CORE_EINVAL);
+    CHECK_MSG(strstr(eerr.msg, "memory") != NULL, "%s", eerr.msg);
+    core_attn_cfg_t cfg = {.kind = CORE_ATTN_PERFORMER, .n_layer = 1, .n_head = 2, .n_head_kv = 1,
+                           .head_dim = 16, .n_features = 16, .window = 8, .memory = 5000,
+                           .n_rot = 14, .rope_base = ROT_BASE, .rope_scale = 1.0};
+    core_attn_t *a = NULL;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, NULL), CORE_EINVAL);
+    cfg.memory = 4;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, NULL), 0);
+    core_attn_linear_opts_t o = {64, 0, 5000};
+    CHECK_INT_EQ(core_attn_linear_set_opts(a, &o, NULL), CORE_EINVAL);
+    core_attn_free(a);
+}
+
 int main(void)
 {
     core_blas_set_threads(1); /* tiny GEMMs; threads only add contention */
@@ -2153,6 +2654,12 @@ int main(void)
     RUN(test_trig_matches_oracle);
     RUN(test_trig_untrained_is_performer_trig);
     RUN(test_trig_state_roundtrip);
+    RUN(test_memory_matches_oracle);
+    RUN(test_memory_state_independent_of_chunking);
+    RUN(test_memory_recalls_planted_key);
+    RUN(test_memory_state_roundtrip);
+    RUN(test_memory_long_stream);
+    RUN(test_memory_config_errors);
     RUN(test_trig_adapter_params_and_kernel);
     RUN(test_trig_adapter_errors);
     RUN(test_trig_long_stream);

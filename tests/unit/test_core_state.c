@@ -177,12 +177,12 @@ static void continue_case(core_model_t *m, int prompt_len, int fp64_src, int dir
     const char *what = core_attn_kind_name(cfg->kind);
     core_error_t err = {0};
     if (fp64_src) {
-        core_attn_linear_opts_t o = {64, 1};
+        core_attn_linear_opts_t o = {64, 1, 0};
         CHECK_INT_EQ(core_attn_linear_set_opts(a, &o, &err), 0);
     }
     core_attn_state_t *A = new_state(m);
     if (fp64_src) {
-        core_attn_linear_opts_t o = {64, 0};
+        core_attn_linear_opts_t o = {64, 0, 0};
         CHECK_INT_EQ(core_attn_linear_set_opts(a, &o, &err), 0);
     }
     core_attn_state_t *B = new_state(m);

@@ -817,7 +817,7 @@ TEST(fork_is_an_independent_copy)
 
     /* A session whose state accumulates in double (made under other linear
      * options) forks into a store whose fresh states are float. */
-    core_attn_linear_opts_t lo = {64, 1};
+    core_attn_linear_opts_t lo = {64, 1, 0};
     core_error_t cerr = {0};
     CHECK_INT_EQ(core_attn_linear_set_opts(core_model_attn(model), &lo, &cerr), 0);
     char d64[33], f64[33];

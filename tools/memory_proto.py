@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""A research model of the exact memory beside DARKFormer's linear state:
+the whole model in jax (as tools/distill.py's student), with λ exact key/value
+rows per KV head kept by a retention score, so that variants of the design
+can be compared on recall and perplexity before they are built in C.
+
+    memory_proto.py --model M.gguf --adapter A.gguf --eps EPS.npy --corpus TXT
+                    [--lengths 1024] [--depths 0.1,0.5,0.9] [--trials 10]
+                    [--mem 64] [--block 64] [--score recall|refresh|vnorm|random]
+                    [--pos true|fixed|cap] [--cap 1024] [--attn darkformer|exact]
+                    [--window W] [--seed 1] [--out RESULTS.json]
+
+The attention it models (docs/DESIGN.md §3, "Version 2", plus the memory):
+keys leave the exact span in blocks of B tokens at absolute positions b = B,
+2B, ...: a query at t in the block [b, b + B) sees exactly the sinks, the
+memory rows and every key from b − W on, and linearly the older keys, each
+decayed by γ^(t − W − j). At each boundary the keys leaving the exact span
+[b − B − W, b − W) compete with the memory's rows on the score; the top λ
+stay exact, the others go to the linear state with the decay their age
+implies. B = 1 is per-token selection with the plain window.
+
+Scores: recall = the self-recall error ‖φ(k)ᵀS / φ(k)ᵀz − v‖² against the
+linear state at the boundary (a row keeps the score it entered with);
+refresh = the same, every row rescored at each boundary; vnorm = ‖v‖²;
+random. Positions of memory rows: true (their RoPE distance), fixed (scored
+as if W + S tokens back, as the sinks are), cap (true up to --cap tokens,
+then fixed at that distance).
+
+Recall is measured teacher-forced: the chat prompt with a 5-digit key hidden
+at a depth of calibration-corpus filler, then "The pass key is " and the key;
+a trial is correct when every digit is the argmax given the ones before.
+Also prints the mean NLL of the filler's last quarter (a perplexity check).
+Research only: nothing in darkserve runs this file. Needs jax
+(tools/requirements-convert.txt) and build/darkserve for tokenizing.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import distill  # noqa: E402
+
+NEG = -1e30
+
+
+def tokenize(binary, model, text):
+    out = subprocess.run([binary, "tokenize", "--model", model, "--no-bos", "--ids", text],
+                         capture_output=True, text=True, check=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def make_trial(rng, corpus, binary, model, n_tokens, depth):
+    """Token ids of one passkey prompt, the answer's digit ids and where they start."""
+    key = int(rng.integers(10000, 100000))
+    off = int(rng.integers(0, len(corpus) - 8 * n_tokens))
+    filler = corpus[off:off + 6 * n_tokens]
+    filler = filler[filler.find(" ") + 1:]
+    head = ("<|im_start|>user\nThere is a pass key hidden in the text below. Find it and "
+            "remember it.\n\n")
+    needle = " The pass key is %d. Remember it: %d is the pass key. " % (key, key)
+    tail = "\n\nWhat is the pass key?<|im_end|>\n<|im_start|>assistant\nThe pass key is "
+    ids_f = tokenize(binary, model, filler)
+    budget = n_tokens - len(tokenize(binary, model, head + needle + tail)) - 6
+    ids_f = ids_f[:max(budget, 16)]
+    at = int(len(ids_f) * depth)
+    pre = tokenize(binary, model, head)
+    ids = pre + ids_f[:at] + tokenize(binary, model, needle) + ids_f[at:] + \
+        tokenize(binary, model, tail)
+    digits = tokenize(binary, model, str(key))
+    return {"key": key, "ids": ids + digits, "ans": len(ids), "digits": digits,
+            "filler": (len(pre), len(pre) + len(ids_f))}
+
+
+def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
+    import jax
+    import jax.numpy as jnp
+
+    L, H, Hkv, Hd, nr = hp["L"], hp["H"], hp["Hkv"], hp["Hd"], hp["n_rot"]
+    gs, m, W, S = H // Hkv, cfg["n_features"], args.window, cfg["sinks"]
+    inv = hp["base"] ** (-2.0 * np.arange(nr // 2) / nr)
+    sc, bias = Hd ** -0.25, -0.5 * np.log(m)
+
+    def cs(pos):
+        ang = np.asarray(pos, dtype=np.float64)[:, None] * inv[None, :]
+        return jnp.asarray(np.cos(ang), jnp.float32), jnp.asarray(np.sin(ang), jnp.float32)
+
+    def rope(x, c, s):
+        a, b = x[..., 0:nr:2], x[..., 1:nr:2]
+        y = jnp.stack([a * c - b * s, a * s + b * c], axis=-1).reshape(x.shape[:-1] + (nr,))
+        return jnp.concatenate([y, x[..., nr:]], axis=-1)
+
+    def rms(x, w):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + hp["eps"]) * w
+
+    def lo(x, lol, name):
+        if lol is None:
+            return 0.0
+        return (x @ lol[name + "_a"].T) @ lol[name + "_b"].T
+
+    def lora_of(l):
+        if lora is None:
+            return None
+        return {n: jnp.asarray(lora[i][l]) for i, n in enumerate(distill.LORA_NAMES)}
+
+    @jax.jit
+    def qkv(x, ly, l, use_lora):
+        xn = rms(x, ly["attn_norm"])
+        T = x.shape[0]
+        f = lambda n: lo(xn, l, n) * use_lora  # noqa: E731
+        q = (xn @ ly["attn_q"].T + f("q")).reshape(T, Hkv, gs, Hd).transpose(1, 2, 0, 3)
+        k = (xn @ ly["attn_k"].T + f("k")).reshape(T, Hkv, Hd).transpose(1, 0, 2)
+        v = (xn @ ly["attn_v"].T + f("v")).reshape(T, Hkv, Hd).transpose(1, 0, 2)
+        return q, k, v
+
+    @jax.jit
+    def rest(x, o, ly, l, use_lora):  # l: this layer's LoRA (lora_of)
+        T = x.shape[0]
+        o = o.transpose(2, 0, 1, 3).reshape(T, H * Hd)
+        x = x + o @ ly["attn_output"].T + lo(o, l, "o") * use_lora
+        xn = rms(x, ly["ffn_norm"])
+        return x + (jax.nn.silu(xn @ ly["ffn_gate"].T) * (xn @ ly["ffn_up"].T)) @ ly["ffn_down"].T
+
+    @jax.jit
+    def feats(Mt, om, x):
+        y = jnp.einsum("...d,ed->...e", x * sc, Mt)
+        return jnp.einsum("...e,me->...m", y, om) - 0.5 * jnp.sum(y * y, -1, keepdims=True) + bias
+
+    @jax.jit
+    def exact_attn(q, k, v):
+        T = q.shape[2]
+        c, s = cs(np.arange(T))
+        sc_ = jnp.einsum("cgtd,csd->cgts", rope(q, c, s), rope(k, c, s)) / np.sqrt(Hd)
+        vis = jnp.asarray(np.arange(T)[None, :] <= np.arange(T)[:, None])
+        p = jax.nn.softmax(jnp.where(vis, sc_, NEG), axis=-1)
+        return jnp.einsum("cgts,csd->cgtd", p, v)
+
+    @jax.jit
+    def hybrid_attn(q, k, v, aq, ak, beta, lg, exact_m, lin_m, mem_m, dist, sm_fixed_pos):
+        """exact_m [c][T][T] window+sinks, lin_m linear, mem_m memory (exact at its positions)."""
+        T = q.shape[2]
+        c, s = cs(np.arange(T))
+        qr, kr = rope(q, c, s), rope(k, c, s)
+        st = jnp.einsum("cgtd,csd->cgts", qr, kr) / np.sqrt(Hd)
+        tt = np.arange(T)[:, None]
+        if S > 0:
+            ck, sk = cs(np.arange(S) + 1 - W - S)
+            ss = jnp.einsum("cgtd,csd->cgts", q, rope(k[:, :S], ck, sk)) / np.sqrt(Hd)
+            shifted = jnp.asarray(tt >= W + S - 1)
+            st = jnp.concatenate([jnp.where(shifted, ss, st[..., :S]), st[..., S:]], axis=-1)
+        # memory rows scored at a fixed distance D (sm_fixed_pos[t][j] = D, or −1: true)
+        D = sm_fixed_pos
+        cf, sf = cs(np.zeros(1))
+        # q_pre · R(−D) k_pre  ==  rope(q, D) · k_pre  (one distance for all rows here)
+        sm = st
+        if args.pos != "true":
+            cd, sd = cs(np.array([args.cap if args.pos == "cap" else W + S]))
+            sfix = jnp.einsum("cgtd,csd->cgts", rope(q, cd, sd), k) / np.sqrt(Hd)
+            far = jnp.asarray((tt - np.arange(T)[None, :]) > (args.cap if args.pos == "cap" else 0))
+            sm = jnp.where(far, sfix, st)
+        mq = jax.lax.stop_gradient(aq.max(axis=-1, keepdims=True))
+        mk = jax.lax.stop_gradient(ak.max(axis=-1, keepdims=True))
+        p = jnp.einsum("cgtm,csm->cgts", jnp.exp(aq - mq), jnp.exp(ak - mk))
+        lk = jnp.log(jnp.maximum(p, 1e-30)) + mq + jnp.swapaxes(mk, 1, 2)[:, None]
+        lk = lk + beta[:, :, None, None] + dist[None, None] * lg[:, None, None, None]
+        logits = jnp.where(lin_m[:, None], lk,
+                           jnp.where(mem_m[:, None], sm, jnp.where(exact_m[:, None], st, NEG)))
+        pr = jax.nn.softmax(logits, axis=-1)
+        return jnp.einsum("cgts,csd->cgtd", pr, v)
+
+    def select(k, v, ak_np, lg, T):
+        """Memory membership [c][T][T] by the block-boundary competition."""
+        B, lam = args.block, args.mem
+        mem = np.zeros((Hkv, T, T), dtype=bool)
+        if lam == 0:
+            return mem
+        rs = np.random.default_rng(args.seed + 7)
+        for c in range(Hkv):
+            a = ak_np[c].astype(np.float64)  # [T][m] key logits
+            A = a.max()
+            w = np.exp(a - A)  # φ up to one constant
+            gam = np.exp(lg[c])
+            Sx = np.zeros((m, Hd))
+            z = np.zeros(m)
+            V = v[c].astype(np.float64)
+            rows, scores = [], []  # memory: positions and their scores
+            sb = 0  # boundary the state is at
+
+            def recall_err(u):
+                num = w[u] @ Sx
+                den = w[u] @ z
+                est = num / den if den > 1e-300 else np.zeros(Hd)
+                return float(np.sum((est - V[u]) ** 2))
+
+            def absorb(u, b):
+                # weight at boundary b: γ^(b − W − u) (queries multiply γ^(t − b))
+                f = gam ** (b - W - u)
+                Sx[:] += f * np.outer(w[u], V[u])
+                z[:] += f * w[u]
+
+            for b in range(B, T + B, B):
+                # advance the state's time to b
+                if sb:
+                    Sx *= gam ** (b - sb)
+                    z *= gam ** (b - sb)
+                sb = b
+                lo_, hi = max(S, b - B - W), min(b - W, T)
+                if hi <= lo_:
+                    continue
+                cand = list(range(lo_, hi))
+                if args.score in ("recall", "refresh"):
+                    cs_ = [recall_err(u) for u in cand]
+                    if args.score == "refresh":
+                        scores = [recall_err(u) for u in rows]
+                elif args.score == "vnorm":
+                    cs_ = [float(np.sum(V[u] ** 2)) for u in cand]
+                else:
+                    cs_ = list(rs.random(len(cand)))
+                allr = rows + cand
+                alls = scores + cs_
+                order = sorted(range(len(allr)), key=lambda i: (-alls[i], allr[i]))
+                keep = set(order[:lam])
+                nrows, nsc = [], []
+                for i, u in enumerate(allr):
+                    if i in keep:
+                        nrows.append(u)
+                        nsc.append(alls[i])
+                    else:
+                        absorb(u, b)
+                rows, scores = nrows, nsc
+                t1 = min(b + B, T)
+                if b < T:
+                    mem[c, b:t1][:, rows] = True
+        return mem
+
+    def forward(ids, attn):
+        import jax.numpy as jnp
+        T = len(ids)
+        x = jnp.asarray(emb)[jnp.asarray(ids)]
+        B = args.block
+        tt = np.arange(T)[:, None]
+        jj = np.arange(T)[None, :]
+        bt = (tt // B) * B  # each query's block start
+        vis = jj <= tt
+        lin_base = (jj < bt - W) & (jj >= S) & vis
+        dist = jnp.asarray(np.maximum(tt - W - jj, 0).astype(np.float32))
+        for l in range(L):
+            ly = {n: jnp.asarray(lw[n][l]) for n in lw}
+            lol = lora_of(l)
+            if attn == "exact":
+                q, k, v = qkv(x, ly, lol, 0.0)
+                o = exact_attn(q, k, v)
+                x = rest(x, o, ly, lol, 0.0)
+                continue
+            q, k, v = qkv(x, ly, lol, 1.0)
+            Mt = jnp.asarray(mats[l])
+            aq = jax.vmap(feats)(Mt, jnp.asarray(oms[l]), q)
+            ak = jax.vmap(feats)(Mt, jnp.asarray(oms[l]), k)
+            lg = np.log(dec[l].astype(np.float64))
+            mem = select(np.asarray(k), np.asarray(v), np.asarray(ak), lg, T)
+            lin = lin_base[None] & ~mem
+            exact = vis[None] & ~lin & ~mem
+            o = hybrid_attn(q, k, v, aq, ak, jnp.asarray(mix[l].reshape(Hkv, gs)),
+                            jnp.asarray(lg, jnp.float32), jnp.asarray(exact), jnp.asarray(lin),
+                            jnp.asarray(mem), dist, None)
+            x = rest(x, o, ly, lol, 1.0)
+        return np.asarray(jax.nn.log_softmax(rms(x, jnp.asarray(onorm)) @ jnp.asarray(emb).T, axis=-1))
+
+    return forward
+
+
+def wilson(k, n, z=1.96):
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--adapter", default="models/adapters/SmolLM2-135M-Instruct.Q4_1.darkformer.gguf")
+    ap.add_argument("--eps", default="build/memproto/eps.npy")
+    ap.add_argument("--corpus", default="build/memproto/calibration.txt")
+    ap.add_argument("--bin", default="build/darkserve")
+    ap.add_argument("--lengths", default="1024")
+    ap.add_argument("--depths", default="0.1,0.5,0.9")
+    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--mem", type=int, default=64)
+    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--score", default="recall", choices=["recall", "refresh", "vnorm", "random"])
+    ap.add_argument("--pos", default="fixed", choices=["true", "fixed", "cap"])
+    ap.add_argument("--cap", type=int, default=1024)
+    ap.add_argument("--window", type=int, default=-1)
+    ap.add_argument("--attn", default="darkformer", choices=["darkformer", "exact"])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out")
+    ap.add_argument("--nll-ids", help="score these token ids (int32 .npy or text ids) instead")
+    ap.add_argument("--nll-out", help="with --nll-ids: per-token NLL, float32 (NaN at 0)")
+    args = ap.parse_args()
+    hp, emb, onorm, lw = distill.load_model(args.model)
+    cfg, mats, dec, mix, lora, _, _ = distill.load_adapter(args.adapter)
+    if args.window < 0:
+        args.window = cfg["window"]
+    eps = np.load(args.eps)[:, :, :cfg["n_features"], :].astype(np.float32)
+    corpus = open(args.corpus, encoding="utf-8").read()
+    fwd = build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, eps, args)
+    if args.nll_ids:
+        ids = [int(v) for v in open(args.nll_ids).read().split()]
+        lp = fwd(ids, args.attn)
+        nll = np.full(len(ids), np.nan, dtype=np.float32)
+        for t_ in range(1, len(ids)):
+            nll[t_] = -lp[t_ - 1][ids[t_]]
+        print("mean NLL %.6f over %d tokens" % (np.nanmean(nll), len(ids) - 1))
+        if args.nll_out:
+            nll.tofile(args.nll_out)
+        return
+    rng = np.random.default_rng(args.seed)
+    res = []
+    for n in [int(x) for x in args.lengths.split(",")]:
+        for d in [float(x) for x in args.depths.split(",")]:
+            ok = 0
+            nll = []
+            t0 = time.time()
+            for i in range(args.trials):
+                tr = make_trial(rng, corpus, args.bin, args.model, n, d)
+                lp = fwd(tr["ids"], args.attn)
+                a = tr["ans"]
+                good = all(int(np.argmax(lp[a - 1 + j])) == tr["digits"][j]
+                           for j in range(len(tr["digits"])))
+                ok += good
+                f0, f1 = tr["filler"]
+                q0 = f0 + 3 * (f1 - f0) // 4
+                ids = tr["ids"]
+                nll.append(float(-np.mean([lp[t - 1][ids[t]] for t in range(q0, f1)])))
+                res.append({"len": n, "depth": d, "key": tr["key"], "correct": bool(good),
+                            "T": len(ids), "nll_tail": nll[-1]})
+            lo_, hi = wilson(ok, args.trials)
+            print(f"len {n} depth {d}: {ok}/{args.trials} [{lo_:.2f}, {hi:.2f}]  "
+                  f"tail NLL {np.mean(nll):.4f}  ({time.time() - t0:.0f} s)", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "trials": res}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
