@@ -427,13 +427,13 @@ static void hand_on(gate_conn_t *gc)
         srv_http_note(h, NOTE_OVERLOAD, "libmicrohttpd refused a connection from %s",
                       gc->peer ? gc->peer->text : "?");
     conn_forget(gc);
-    srv_http_run(h);
+    h->run(h);
 }
 
 void srv_http_gate_kick(srv_http_t *h)
 {
     h->gate_kick = 0;
-    /* hand_on runs libmicrohttpd only after this (srv_http_run from inside
+    /* hand_on runs libmicrohttpd only after this (h->run from inside
      * run_mhd defers), so the list changes only by what it unlists */
     for (gate_conn_t *gc = h->ready.first, *next;
          gc && h->n_mhd < h->max_conns && h->stage == OPEN; gc = next) {

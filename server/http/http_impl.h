@@ -305,6 +305,10 @@ enum close_stage { OPEN = 0, CLOSING, CLOSED };
 struct srv_http {
     uv_loop_t *loop;
     struct MHD_Daemon *d;
+    /* runs libmicrohttpd (and what waits on it) now, or after the run in
+     * progress: http.c's, called by the front door (http_gate.c sits below
+     * http.c and reaches it only through this) */
+    void (*run)(srv_http_t *h);
     uv_poll_t mhd_poll;
     uv_timer_t mhd_timer;
     uv_timer_t sweep;
@@ -384,7 +388,7 @@ void srv_http_stream_cancel(srv_http_t *h, srv_stream_t *s);
 /* Runs the loop's queued stream callbacks (loop thread, outside MHD_run). */
 void srv_http_process_pending(srv_http_t *h);
 
-/* server/http/http.c */
+/* server/http/http_wire.c */
 /* JSON string body of s into out[cap], cut to fit; invalid UTF-8 becomes '?'. */
 void srv_http_json_escape(char *out, size_t cap, const char *s);
 /* A whole error answer (status line, headers with Connection: close, the
@@ -395,9 +399,6 @@ size_t srv_http_error_bytes(char *out, size_t cap, int status, const char *type,
                             int retry_after);
 /* A fresh request id into id[REQ_ID_MAX + 1]. */
 void srv_http_new_req_id(srv_http_t *h, char *id);
-/* Runs libmicrohttpd (and what waits on it) now, or after the run in
- * progress. */
-void srv_http_run(srv_http_t *h);
 
 /* server/http/http_gate.c (loop thread) */
 /* Takes listen_fd (owned from now on, even on failure) and makes
