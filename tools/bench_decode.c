@@ -1,7 +1,7 @@
 /* tools/bench_decode.c — decode speed and session state size at a given
  * context length, for docs/QUALITY.md.
  *
- *   bench_decode --model M [--attn K] [--features N] [--window W] [--sinks S]
+ *   bench_decode --model M [--attn K] [--features N] [--window W] [--sinks S] [--memory N]
  *                [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] [--threads T]
  *                [--isa generic|avx2|avx512vnni] [--amx auto|on|off] [--vs P2] [--batch B]
  *
@@ -170,7 +170,7 @@ static int decode(core_model_t *mdl, core_attn_state_t **st, int nb, int64_t n, 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL, *amx = NULL;
-    int64_t m = 0, w = -1, sinks = -1, n_tok = 32, runs = 5, threads = 0, vs = -1, batch = 1;
+    int64_t m = 0, w = -1, sinks = -1, memory = -1, n_tok = 32, runs = 5, threads = 0, vs = -1, batch = 1;
     int64_t at[MAX_CTX + 1];
     int n_st = 0;
     for (int i = 1; i < argc; i++) {
@@ -192,6 +192,8 @@ int main(int argc, char **argv)
             bad = parse_i64(v, 0, 1 << 20, &w);
         else if (!bad && !strcmp(a, "--sinks"))
             bad = parse_i64(v, 0, 1024, &sinks);
+        else if (!bad && !strcmp(a, "--memory"))
+            bad = parse_i64(v, 0, CORE_ATTN_MAX_MEMORY, &memory);
         else if (!bad && !strcmp(a, "--ctx"))
             bad = n_st > 0 || parse_ctx_list(v, at, &n_st) < 0;
         else if (!bad && !strcmp(a, "--tokens"))
@@ -216,7 +218,7 @@ int main(int argc, char **argv)
     core_error_t err = {0};
     if (!model || n_st == 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
         fprintf(stderr, "usage: bench_decode --model M [--attn K] [--features N] [--window W] "
-                        "[--sinks S] [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] "
+                        "[--sinks S] [--memory N] [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] "
                         "[--threads T] [--isa NAME] [--amx auto|on|off] [--vs P2] [--batch B]\n");
         return 2;
     }
@@ -250,7 +252,7 @@ int main(int argc, char **argv)
     /* Linear kinds: flags, then the adapter's settings, then the defaults
      * (core_features_resolve), as darkserve itself does. */
     core_features_settings_t fs = {.n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
-                                   .prerope = -1};
+                                   .prerope = -1, .memory = (int)memory};
     if (mo.attn_kind != CORE_ATTN_EXACT && core_features_resolve(adapter, &fs, &err) < 0) {
         fprintf(stderr, "bench_decode: --adapter %s: %s\n", adapter, err.msg);
         return 1;
@@ -259,6 +261,7 @@ int main(int argc, char **argv)
     mo.window = mo.attn_kind != CORE_ATTN_EXACT ? fs.window : 0;
     mo.sinks = mo.attn_kind != CORE_ATTN_EXACT ? fs.sinks : 0;
     mo.prerope = mo.attn_kind != CORE_ATTN_EXACT ? fs.prerope : 0;
+    mo.memory = mo.attn_kind != CORE_ATTN_EXACT ? fs.memory : 0;
     mo.seed = fs.seed;
     mo.adapter_path = adapter;
     if (vs >= 0)
