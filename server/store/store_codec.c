@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/attn/attn.h"
 #include "core/le.h"
 #include "core/sample.h"
 #include "core/state.h"
@@ -431,9 +432,22 @@ static size_t max_blob_bytes(const core_attn_cfg_t *c, size_t pending, size_t ow
     if (c->kind == CORE_ATTN_EXACT) {
         payload = sat_mul(sat_mul(2 * L, (size_t)c->max_ctx), sat_mul(kv, sizeof(float)));
     } else {
-        size_t nz = sat_mul(sat_mul(L, (size_t)c->n_head_kv), (size_t)c->n_features);
+        /* per (layer, KV head, feature) c in f64 and z and an S row in f64
+         * at most; K and V rows in f32 at most of the ring (the window, one
+         * block more with exact memory) and of the sinks; exact memory's λ
+         * word and per head a count and λ rows of a position, a score and K
+         * and V halves (core/attn/attn_linear.c lin_ser_sizes, mem_bytes) */
+        const size_t heads = sat_mul(L, (size_t)c->n_head_kv), lambda = (size_t)c->memory;
+        const size_t nz = sat_mul(heads, (size_t)c->n_features);
+        const size_t rows =
+            (size_t)c->window + (size_t)c->sinks + (lambda ? (size_t)CORE_ATTN_MEMORY_BLOCK : 0);
         payload = sat_add(sat_mul(nz, 16), sat_mul(sat_mul(nz, (size_t)c->head_dim), 8));
-        payload = sat_add(payload, sat_mul(sat_mul(2 * L, (size_t)c->window), sat_mul(kv, 4)));
+        payload = sat_add(payload, sat_mul(sat_mul(2 * L, rows), sat_mul(kv, 4)));
+        if (lambda) {
+            const size_t row = 8 + 4 + 2 * sizeof(uint16_t) * (size_t)c->head_dim;
+            payload =
+                sat_add(payload, sat_add(4, sat_mul(heads, sat_add(4, sat_mul(lambda, row)))));
+        }
         payload = sat_add(payload, 8);
     }
     size_t fixed = CORE_STATE_HEADER_BYTES + owner + 4 * pending + core_sampler_state_size() + 4;

@@ -37,6 +37,7 @@ static char last_err[SRV_STORE_ERR_MAX];
 
 static core_model_t *model;   /* performer, W = 4 */
 static core_model_t *model_x; /* exact attention */
+static core_model_t *model_m; /* linear with exact memory rows */
 static int V;
 
 /* ---- helpers ---- */
@@ -1982,6 +1983,61 @@ out:
     free(dir2);
 }
 
+/* A linear state with exact memory rows (--memory) is larger than one
+ * without (a longer ring and the rows): an export still carries every
+ * checkpoint of such a session (one over the store's bound on a checkpoint
+ * would be left out) and imports whole, and its file reads back. */
+TEST(memory_rows_fit_the_bounds)
+{
+    char *dir = mkdir_tmp();
+    srv_store_opts_t o = {.dir = dir, .model = model_m, .max_checkpoints = 4};
+    srv_store_t *st = NULL;
+    char err[SRV_STORE_ERR_MAX] = "";
+    CHECK_MSG(srv_store_new(&o, &st, err, sizeof err) == 0, "store: %s", err);
+    void *blob = NULL;
+    if (!st)
+        goto out;
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_create(st, &s, ERR), 0);
+    if (!s)
+        goto out;
+    for (int k = 0; k < 6; k++) /* past the window, the block, and a full memory */
+        advance(model_m, srv_session_ctx(s), 250, 380 + (uint64_t)k);
+    char id[33], id2[33];
+    memcpy(id, srv_session_id(s), 33);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
+    for (int t = 1; t <= 2; t++) { /* two turns: checkpoints after 0 and 1 */
+        CHECK_INT_EQ(srv_store_acquire(st, id, &s, ERR), 0);
+        if (!s)
+            goto out;
+        const int32_t in[1] = {t};
+        CHECK_INT_EQ(srv_store_turn_begin(st, s, in, 1, SRV_TURN_REPLY, ERR), 0);
+        advance(model_m, srv_session_ctx(s), 9, 390 + (uint64_t)t);
+        CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
+    }
+    srv_seq_ctx_t ref = snapshot(st, model_m, id);
+    CHECK_INT_EQ(srv_store_trim(st, 0, ERR), 0); /* read back from its file */
+    check_same(st, model_m, id, &ref, "memory rows, from the file");
+    size_t len = 0;
+    core_state_info_t bi = {0};
+    CHECK_INT_EQ(srv_store_export(st, id, &blob, &len, ERR), 0);
+    CHECK(blob && core_state_peek(blob, len, &bi, NULL) == 0 && bi.n_checkpoints == 2);
+    CHECK_MSG(len <= srv_store_max_export(st), "export of %zu bytes, bound %zu", len,
+              srv_store_max_export(st));
+    make_session(st, model_m, 381, 1, id2);
+    CHECK_MSG(srv_store_import(st, id2, blob, len, err, sizeof err) == 0, "import: %s", err);
+    srv_session_info_t in;
+    CHECK_INT_EQ(srv_store_info(st, id2, &in, ERR), 0);
+    CHECK_INT_EQ(in.n_checkpoints, 2);
+    srv_seq_ctx_t ref2 = snapshot(st, model_m, id);
+    check_same(st, model_m, id2, &ref2, "memory rows, imported");
+out:
+    free(blob);
+    srv_store_free(st);
+    rm_rf(dir);
+    free(dir);
+}
+
 /* Copies file from over file to in dir (a checkpoint a crash left). */
 static void copy_file(const char *dir, const char *from, const char *to)
 {
@@ -2177,8 +2233,11 @@ int main(void)
     core_model_opts_t o = {.attn_kind = CORE_ATTN_PERFORMER, .n_features = 16, .window = 4,
                            .seed = 5};
     core_model_opts_t ox = {.attn_kind = CORE_ATTN_EXACT};
+    core_model_opts_t om = o;
+    om.memory = 1024;
     core_error_t err = {0};
-    if (core_model_load(tiny, &o, &model, &err) < 0 || core_model_load(tiny, &ox, &model_x, &err) < 0) {
+    if (core_model_load(tiny, &o, &model, &err) < 0 || core_model_load(tiny, &ox, &model_x, &err) < 0 ||
+        core_model_load(tiny, &om, &model_m, &err) < 0) {
         printf("load: %s\n", err.msg);
         return 1;
     }
@@ -2205,9 +2264,11 @@ int main(void)
     RUN(redo_replaces_the_last_turn);
     RUN(checkpoints_export_import);
     RUN(import_crash_leftovers);
+    RUN(memory_rows_fit_the_bounds);
     RUN(disk_budget_takes_checkpoints_first);
     RUN(failed_writes_leave_turns_as_they_were);
     core_model_free(model);
     core_model_free(model_x);
+    core_model_free(model_m);
     return CHECK_DONE();
 }
