@@ -176,7 +176,7 @@ void api_core_error(int code, const char *param, const char *msg, proto_error_t 
 
 int api_input_budget(const api_app_t *app, size_t n, const char *param, proto_error_t *e)
 {
-    const int64_t max = app->cfg->max_prompt_tokens;
+    const int64_t max = app->cfg ? app->cfg->max_prompt_tokens : 0; /* 0: no budget (tests) */
     if (max <= 0 || (int64_t)n <= max)
         return 0;
     proto_error_set(e, PROTO_ERR_CONTEXT_LENGTH, param,
