@@ -684,7 +684,7 @@ static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int f
     st->z = p += b_s;
     st->mem_score = (float *)(void *)(p += b_z);
     st->mem_n = (int32_t *)(void *)(p + n_mem * sizeof(float));
-    st->ring_k = (uint16_t *)(void *)(p += b_ms);
+    st->ring_k = (uint16_t *)(void *)(p + b_ms);
     st->ring_v = st->ring_k + n_ring;
     st->sink_k = st->ring_v + n_ring;
     st->sink_v = st->sink_k + n_sink;
