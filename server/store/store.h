@@ -79,8 +79,9 @@
  * session's file), and what the old state leaves behind is deleted after
  * that rename. An import replaces the whole set of checkpoints: it writes
  * the blob's under a new checkpoint generation ("<id>.<turns>.<generation>"
- * instead of "<id>.<turns>"; the session file names its generation), then
- * renames the new session file into place. At startup the files a crash
+ * instead of "<id>.<turns>"; the session file names its generation; a
+ * session with no checkpoint yet keeps its generation), then renames the
+ * new session file into place. At startup the files a crash
  * left are deleted: temp files, checkpoints of no session, of another
  * generation than their session file's, at or past its turn count, or
  * older than the newest max_checkpoints.

@@ -519,13 +519,17 @@ int srv_sess_owner_pg_check(const owner_t *o, char *err, size_t errlen)
  * accepted) before anything changes: each loads (payload and pending
  * tokens checked) into scratch, names its turn count, the counts rise and
  * stay below the blob's own (turns), and a pending grammar follows its
- * grammar. *first = the first of the newest max_ckpt, which are kept.
- * EMISMATCH with the reason. */
+ * grammar. *first = the first of the newest max_ckpt, which are kept, and
+ * *first_turn its turn count (INT64_MAX when none is kept). EMISMATCH
+ * with the reason. */
 int srv_sess_blob_check(srv_store_t *st, const unsigned char *blob, size_t len, int64_t turns,
-                        srv_seq_ctx_t *scratch, size_t *first, char *err, size_t errlen)
+                        srv_seq_ctx_t *scratch, size_t *first, int64_t *first_turn, char *err,
+                        size_t errlen)
 {
     core_state_info_t in;
+    int64_t turn_of[CORE_STATE_MAX_CHECKPOINTS];
     *first = 0;
+    *first_turn = INT64_MAX;
     if (core_state_peek(blob, len, &in, NULL) < 0 || in.n_checkpoints == 0)
         return 0;
     int64_t prev = -1;
@@ -553,9 +557,11 @@ int srv_sess_blob_check(srv_store_t *st, const unsigned char *blob, size_t len, 
                               "rise from one checkpoint to the next and stay below the "
                               "session's (%lld)",
                               i, have ? (long long)o.turns : -1LL, (long long)turns);
-        prev = o.turns;
+        prev = turn_of[i] = o.turns;
     }
     if (in.n_checkpoints > st->max_ckpt)
         *first = in.n_checkpoints - st->max_ckpt;
+    if (*first < in.n_checkpoints)
+        *first_turn = turn_of[*first];
     return 0;
 }

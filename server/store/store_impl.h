@@ -48,7 +48,11 @@
  * new generation's names (nothing of the old set is touched), then renames
  * the new session file into place: that rename is the commit, and startup
  * deletes the files of any other generation than their session file's, so
- * a crash at any step leaves the old set or the new one, never a mix. */
+ * a crash at any step leaves the old set or the new one, never a mix. An
+ * import into a session without checkpoints whose new ones are all at or
+ * past its turn count (a new session's) keeps the generation: no old file
+ * is left to delete, no name is taken, and startup deletes checkpoints at
+ * or past their session file's turn count. */
 #define OWNER_BYTES_V1 24
 #define OWNER_BYTES_V2 56
 #define OWNER_BYTES_V3 72 /* without the input */
@@ -264,9 +268,11 @@ int srv_sess_owner_pg_check(const owner_t *o, char *err, size_t errlen);
 /* The checkpoints of a client's blob (which core_state_verify accepted),
  * checked before an import changes anything; scratch a context to load
  * them into, turns the blob's own count; *first = the first of the newest
- * max_ckpt, which are kept. EMISMATCH with the reason, ENOMEM. */
+ * max_ckpt, which are kept, *first_turn its turn count (INT64_MAX: none is
+ * kept). EMISMATCH with the reason, ENOMEM. */
 int srv_sess_blob_check(srv_store_t *st, const unsigned char *blob, size_t len, int64_t turns,
-                        srv_seq_ctx_t *scratch, size_t *first, char *err, size_t errlen);
+                        srv_seq_ctx_t *scratch, size_t *first, int64_t *first_turn, char *err,
+                        size_t errlen);
 
 /* ---- store_dir.c: the session directory ---- */
 

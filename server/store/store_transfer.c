@@ -244,6 +244,7 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     owner_t o = {0};
     int have = 0;
     size_t first = 0, wlen = 0;
+    int64_t first_turn = INT64_MAX;
     int32_t *in = NULL;
     unsigned char *pg = NULL, *buf = NULL;
     core_error_t ve = {0};
@@ -257,8 +258,8 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     }
     have = srv_sess_blob_owner(blob, len, &o) == 0;
     if ((rc = srv_sess_ctx_new(st, &scratch, err, errlen)) < 0 ||
-        (rc = srv_sess_blob_check(st, blob, len, have ? o.turns : 0, &scratch, &first, err,
-                                  errlen)) < 0 ||
+        (rc = srv_sess_blob_check(st, blob, len, have ? o.turns : 0, &scratch, &first, &first_turn,
+                                  err, errlen)) < 0 ||
         (rc = srv_sess_ctx_new(st, &c, err, errlen)) < 0 ||
         (rc = srv_sess_restore(st, blob, len, &c, &o, &have, err, errlen)) < 0)
         goto done;
@@ -277,25 +278,40 @@ int srv_store_import(srv_store_t *st, const char *id, const void *blob, size_t l
     o.gen = 0; /* not the blob's: the generation is this directory's business */
     if (st->dirfd >= 0) {
         pthread_mutex_lock(&st->mu);
-        /* above any generation whose files a failed import may have left */
-        o.gen = (s->gen > s->gen_used ? s->gen : s->gen_used) + 1;
-        s->gen_used = o.gen;
+        if (s->n_ckpt == 0 && first_turn >= s->turns && s->gen_used == s->gen) {
+            /* no old set to delete after the commit, and the new one's
+             * names are free: the session file's generation stays (its
+             * size too), and before the commit the new files are past the
+             * old file's turn count, which startup deletes */
+            o.gen = s->gen;
+        } else {
+            /* above any generation whose files a failed import may have left */
+            o.gen = (s->gen > s->gen_used ? s->gen : s->gen_used) + 1;
+            s->gen_used = o.gen;
+        }
         pthread_mutex_unlock(&st->mu);
         if (st->max_ckpt && bi.n_checkpoints > first &&
             !(staged = calloc(bi.n_checkpoints - first, sizeof *staged))) {
             rc = STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "out of memory for an import");
             goto done;
         }
-        if (staged && (rc = import_stage(st, s, blob, len, first, o.gen, &scratch, staged,
-                                         &n_staged, err, errlen)) < 0)
-            goto done;
-        rc = srv_sess_serialize_meta(st, s->id, &o, in, o.n_in, &c, NULL, 0, &buf, &wlen, err,
-                                     errlen);
-        if (rc == 0) /* the commit */
-            rc = srv_sess_write_file(st, s->id, buf, wlen, err, errlen);
-        free(buf);
+        if (!staged || (rc = import_stage(st, s, blob, len, first, o.gen, &scratch, staged,
+                                          &n_staged, err, errlen)) == 0) {
+            rc = srv_sess_serialize_meta(st, s->id, &o, in, o.n_in, &c, NULL, 0, &buf, &wlen, err,
+                                         errlen);
+            if (rc == 0) /* the commit */
+                rc = srv_sess_write_file(st, s->id, buf, wlen, err, errlen);
+            free(buf);
+            if (rc < 0)
+                import_unstage(st, s->id, staged, n_staged, o.gen);
+        }
         if (rc < 0) {
-            import_unstage(st, s->id, staged, n_staged, o.gen);
+            /* files of this generation may be left (if deleting them
+             * failed): the next import takes another one */
+            pthread_mutex_lock(&st->mu);
+            if (s->gen_used < o.gen + 1)
+                s->gen_used = o.gen + 1;
+            pthread_mutex_unlock(&st->mu);
             goto done;
         }
     }

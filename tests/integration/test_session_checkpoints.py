@@ -217,11 +217,7 @@ def test_checkpoints_survive_export_import(servers):
     assert st == 200, data
     got = info(b, tid)
     want = info(a, sid)
-    # the same checkpoints; each file is 8 bytes larger: its owner section
-    # names the generation of checkpoint files the import wrote
-    assert got["turns"] == want["turns"]
-    assert [(c["turn"], c["tokens"], c["bytes"]) for c in got["checkpoints"]] == \
-        [(c["turn"], c["tokens"], c["bytes"] + 8) for c in want["checkpoints"]]
+    assert (got["turns"], got["checkpoints"]) == (want["turns"], want["checkpoints"])
     assert rollback(b, tid, 2)["tokens"] == replies[0]["session"]["tokens"]
     assert turn(b, tid, "q1")["tokens"] == replies[1]["tokens"]
     assert regenerate(b, tid, max_tokens=6, temperature=0)["tokens"] == replies[1]["tokens"]

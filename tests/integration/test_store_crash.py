@@ -1,8 +1,9 @@
 """A crash at any step of a session store change leaves the previous or the
 new session, checkpoints included, never a mix (docs/API.md "Persistence").
 
-Each change (import with checkpoints, fork, rollback, a turn that links a
-checkpoint and prunes the oldest, delete) runs on a copy of one prepared
+Each change (an import with checkpoints into a session that has its own,
+one into a new session, fork, rollback, a turn that links a checkpoint and
+prunes the oldest, delete) runs on a copy of one prepared
 session directory, with the fault seam (server/api/api_faults.c) set to
 "kill-at N": the server kills itself (SIGKILL) right before the Nth create,
 write, link, rename or unlink of the session directory. N goes 1, 2, ...
@@ -93,8 +94,8 @@ def gen_turn(srv, sid, text):
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
     """A session directory with a target session T (3 turns, so checkpoints
-    after 0, 1 and 2) and a source S whose export (3 checkpoints) is the
-    blob an import brings."""
+    after 0, 1 and 2), a source S whose export (3 checkpoints) is the blob an
+    import brings, and a new session N (no turn yet)."""
     tmp = tmp_path_factory.mktemp("crash")
     d = str(tmp / "template")
     srv = Server(tmp, TINY, name="prep", args=ARGS, session_dir=d)
@@ -106,16 +107,24 @@ def template(tmp_path_factory):
             ids[name] = r["id"]
             for w in words:
                 gen_turn(srv, r["id"], f" {w}")
+        st, r, _ = srv.post("/v1/sessions", {"system": "session N"})
+        assert st == 201, r
+        ids["N"] = r["id"]
         st, _, blob = srv.request("GET", f"/v1/sessions/{ids['S']}/state")
         assert st == 200 and _u32(blob, 132) == 3, st
         assert srv.stop() == 0
     finally:
         srv.kill()
-    return {"dir": d, "T": ids["T"], "S": ids["S"], "blob": blob, "tmp": tmp}
+    return dict(ids, dir=d, blob=blob, tmp=tmp)
 
 
 def op_import(srv, t):
     return srv.request("PUT", f"/v1/sessions/{t['T']}/state", t["blob"],
+                       {"Content-Type": "application/octet-stream"})[0], 200
+
+
+def op_import_new(srv, t):
+    return srv.request("PUT", f"/v1/sessions/{t['N']}/state", t["blob"],
                        {"Content-Type": "application/octet-stream"})[0], 200
 
 
@@ -163,7 +172,7 @@ def snapshot(srv, t):
         assert st == 200, inf
         st, _, blob = srv.request("GET", f"/v1/sessions/{sid}/state")
         assert st == 200, blob[:200]
-        name = sid if sid in (t["T"], t["S"]) else "new"
+        name = sid if sid in (t["T"], t["S"], t["N"]) else "new"
         out.append((name, norm_info(inf), norm_blob(blob)))
         want_files.add(sid)
         turns = {c["turn"] for c in inf["checkpoints"]}
@@ -212,7 +221,8 @@ def run(t, label, op, kill_at):
         srv.kill()
 
 
-@pytest.mark.parametrize("label,op", [("import", op_import), ("fork", op_fork),
+@pytest.mark.parametrize("label,op", [("import", op_import), ("import-new", op_import_new),
+                                      ("fork", op_fork),
                                       ("rollback", op_rollback), ("turn", op_turn),
                                       ("delete", op_delete)])
 def test_a_crash_at_every_step_leaves_the_old_or_the_new_sessions(template, label, op):
