@@ -20,7 +20,9 @@ stay exact, the others go to the linear state with the decay their age
 implies. B = 1 is per-token selection with the plain window.
 
 Scores: recall = the self-recall error ‖φ(k)ᵀS / φ(k)ᵀz − v‖² against the
-linear state at the boundary (a row keeps the score it entered with);
+linear state at the boundary (a row keeps the score it entered with); full
+= the same against the linear state plus the memory's rows taken as linear
+terms (so the first rows are not scored against an empty state);
 refresh = the same, every row rescored at each boundary; vnorm = ‖v‖²;
 random. Positions of memory rows: true (their RoPE distance), fixed (scored
 as if W + S tokens back, as the sinks are), cap (true up to --cap tokens,
@@ -190,9 +192,14 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
             rows, scores = [], []  # memory: positions and their scores
             sb = 0  # boundary the state is at
 
-            def recall_err(u):
+            def recall_err(u, with_rows=False):
                 num = w[u] @ Sx
                 den = w[u] @ z
+                if with_rows:  # the memory's rows counted as if linear too
+                    for r in rows:
+                        f = gam ** (sb - W - r) * (w[u] @ w[r])
+                        num = num + f * V[r]
+                        den = den + f
                 est = num / den if den > 1e-300 else np.zeros(Hd)
                 return float(np.sum((est - V[u]) ** 2))
 
@@ -212,7 +219,9 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
                 if hi <= lo_:
                     continue
                 cand = list(range(lo_, hi))
-                if args.score in ("recall", "refresh"):
+                if args.score == "full":
+                    cs_ = [recall_err(u, True) for u in cand]
+                elif args.score in ("recall", "refresh"):
                     cs_ = [recall_err(u) for u in cand]
                     if args.score == "refresh":
                         scores = [recall_err(u) for u in rows]
@@ -295,7 +304,8 @@ def main():
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--mem", type=int, default=64)
     ap.add_argument("--block", type=int, default=64)
-    ap.add_argument("--score", default="recall", choices=["recall", "refresh", "vnorm", "random"])
+    ap.add_argument("--score", default="recall",
+                    choices=["recall", "refresh", "full", "vnorm", "random"])
     ap.add_argument("--pos", default="fixed", choices=["true", "fixed", "cap"])
     ap.add_argument("--cap", type=int, default=1024)
     ap.add_argument("--window", type=int, default=-1)

@@ -220,6 +220,7 @@ typedef struct lin_scratch {
     double *al;   /* [M] exp(c − C) */
     double *tmp;  /* [M + NI + Hd] slow path */
     double *ent;  /* [B + λ][3] a boundary's contestants: score, position, source */
+    double *ws;   /* [M][Hd + 2] the state a boundary scores against: c, S, z (score_state) */
     /* [2][LIN_ROPE_CACHE][1 + n_rot], queries' then keys': a position (−1:
      * none) and its cos, sin pairs at entry position % LIN_ROPE_CACHE;
      * kept from call to call */
@@ -261,6 +262,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_qhn = take(&d, r), o_khn = take(&d, ni), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_sx = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + ni + hd), o_ent = take(&d, 3 * (bl + lam));
+    size_t o_ws = take(&d, lam ? m * (hd + 2) : 0);
     size_t o_rc = take(&d, (size_t)2 * LIN_ROPE_CACHE * (1 + (size_t)cfg->n_rot));
     if (sc) {
         sc->qx = fb + o_qx;
@@ -295,6 +297,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->al = db + o_al;
         sc->tmp = db + o_tmp;
         sc->ent = db + o_ent;
+        sc->ws = db + o_ws;
         sc->rc = db + o_rc;
     }
     return (lin_sizes_t){f, d};
@@ -1620,10 +1623,11 @@ static void chunk_absorb(lin_ctx_t *x, const lin_chunk_t *ck)
  * tokens were chunked or batched: its bits, and so every choice made
  * from them, do not depend on the chunking.
  *
- * The score is a key's self-recall error against the linear state at its
- * boundary: ‖Σ_i φ_i(k) S̃_i / Σ_i φ_i(k) z̃_i − v‖², how badly the state
- * would give back its value; a row keeps the score it entered with. Ties
- * go to the older position. */
+ * The score is a key's self-recall error at its boundary, ‖Σ_i φ_i(k) S_i /
+ * Σ_i φ_i(k) z_i − v‖², against the linear state with the memory's rows
+ * added as linear terms (score_state): how badly a state holding everything
+ * older would give back its value. A row keeps the score it entered with;
+ * ties go to the older position. */
 
 /* Contestants [score, position, source] best first: the higher score,
  * then the older position (a total order on what is stored). */
@@ -1635,27 +1639,83 @@ static int ent_cmp(const void *pa, const void *pb)
     return a[1] < b[1] ? -1 : a[1] > b[1];
 }
 
+/* The state a boundary b scores against, into sc->ws (double: c [M], S
+ * [M][Hd], z [M], at the state's time b − B − 1): the linear state with
+ * the memory's nm rows added as linear terms, each with the decay of its
+ * age. So a key is ranked by how badly a state that holds everything older
+ * than it would give it back, not against an empty state while the first
+ * rows fill the memory. Reads the memory in its storage form as of the
+ * boundary before (mem_far). */
+static void score_state(lin_ctx_t *x, int64_t b, int64_t nm)
+{
+    lin_scratch_t *sc = &x->sc;
+    const int64_t hd = x->hd, m = x->m, B = CORE_ATTN_MEMORY_BLOCK;
+    double *wc = sc->ws, *wS = sc->ws + m, *wz = sc->ws + m + m * hd;
+    for (int64_t i = 0; i < m; i++) {
+        const int on = x->c[i] > -INFINITY;
+        wc[i] = x->c[i];
+        wz[i] = on ? (x->fp64 ? x->zd[i] : (double)x->zf[i]) : 0.0;
+        for (int64_t c = 0; c < hd; c++)
+            wS[i * hd + c] = on ? (x->fp64 ? x->sd[i * hd + c] : (double)x->sf[i * hd + c]) : 0.0;
+    }
+    const int64_t nf = mem_far(x, b - B);
+    for (int64_t j0 = 0; j0 < nm; j0 += B) {
+        const int64_t n = nm - j0 < B ? nm - j0 : B;
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t i = j0 + r;
+            float tmp[CORE_FEATURES_MAX_HEAD_DIM], *kk = sc->ak + r * hd;
+            core_half_unpack(x->mem_k + i * hd, tmp, hd);
+            if ((i < nf) == (x->pre != 0))
+                memcpy(kk, tmp, (size_t)hd * sizeof *tmp);
+            else
+                rotate(x, rope_cs(x, x->mem_pos[i], 1), i < nf, tmp, kk);
+        }
+        core_features_prepare(x->f, n, sc->ak, hd, sc->ky);
+        core_features_logits(x->f, n, sc->ky, sc->kd, sc->khn);
+        for (int64_t r = 0; r < n; r++) {
+            float v[CORE_FEATURES_MAX_HEAD_DIM];
+            core_half_unpack(x->mem_v + (j0 + r) * hd, v, hd);
+            const double dj = (double)(b - B - 1 - x->w - x->mem_pos[j0 + r]) * x->lg;
+            for (int64_t i = 0; i < m; i++) {
+                const double a = (double)sc->kd[r * m + i] - sc->khn[r] + dj;
+                if (a > wc[i]) { /* a new scale for feature i */
+                    const double f = wc[i] > -INFINITY ? exp(wc[i] - a) : 0.0;
+                    wz[i] *= f;
+                    for (int64_t c = 0; c < hd; c++)
+                        wS[i * hd + c] *= f;
+                    wc[i] = a;
+                }
+                const double e = exp(a - wc[i]);
+                wz[i] += e;
+                for (int64_t c = 0; c < hd; c++)
+                    wS[i * hd + c] += e * (double)v[c];
+            }
+        }
+    }
+}
+
 /* The self-recall error of a key with feature logits g [M] (its norm term
- * cancels in the ratio) and value v [Hd] against x's linear state: ‖v‖²
- * when the state holds nothing (it gives nothing back). In double, from
- * the stored numbers only. */
+ * cancels in the ratio) and value v [Hd] against the scoring state
+ * (score_state): ‖v‖² when it holds nothing (it gives nothing back). In
+ * double, from the stored numbers only. */
 static double recall_error(const lin_ctx_t *x, const float *g, const float *v)
 {
     const int64_t m = x->m, hd = x->hd;
+    const double *wc = x->sc.ws, *wS = x->sc.ws + m, *wz = x->sc.ws + m + m * hd;
     double *acc = x->sc.tmp; /* [Hd] */
     double mx = -INFINITY, den = 0.0, err = 0.0;
     for (int64_t i = 0; i < m; i++)
-        if (x->c[i] > -INFINITY && (double)g[i] + x->c[i] > mx)
-            mx = (double)g[i] + x->c[i];
+        if (wc[i] > -INFINITY && (double)g[i] + wc[i] > mx)
+            mx = (double)g[i] + wc[i];
     for (int64_t c = 0; c < hd; c++)
         acc[c] = 0.0;
     for (int64_t i = 0; i < m && mx > -INFINITY; i++) {
-        if (!(x->c[i] > -INFINITY))
+        if (!(wc[i] > -INFINITY))
             continue;
-        const double wi = exp((double)g[i] + x->c[i] - mx);
-        den += wi * (x->fp64 ? x->zd[i] : (double)x->zf[i]);
+        const double wi = exp((double)g[i] + wc[i] - mx);
+        den += wi * wz[i];
         for (int64_t c = 0; c < hd; c++)
-            acc[c] += wi * (x->fp64 ? x->sd[i * hd + c] : (double)x->sf[i * hd + c]);
+            acc[c] += wi * wS[i * hd + c];
     }
     for (int64_t c = 0; c < hd; c++) {
         const double d = (den > 0.0 ? acc[c] / den : 0.0) - (double)v[c];
@@ -1677,6 +1737,8 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
     if (u0 < x->sinks)
         u0 = x->sinks;
     const int64_t nu = u1 > u0 ? u1 - u0 : 0, nm = *x->mem_n;
+    if (nu > 0)
+        score_state(x, b, nm);
     /* the leaving keys: after RoPE (kx) and before (ku), values (vi), and
      * their feature logits (kd) for the scores */
     if (nu > 0) {

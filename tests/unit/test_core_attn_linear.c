@@ -2170,7 +2170,8 @@ static int mem_row_cmp(const void *pa, const void *pb)
  * every boundary b (multiples of B below n), written from the definition —
  * the keys leaving the exact span [b − W − B, b − W) (none below S) and the
  * memory's rows ranked by self-recall error against every key absorbed
- * before b, ‖Σ_j φ(k)·φ(k_j) γ^(−j) v_j / Σ_j φ(k)·φ(k_j) γ^(−j) − v‖², as a
+ * before b and the memory's rows,
+ * ‖Σ_j φ(k)·φ(k_j) γ^(−j) v_j / Σ_j φ(k)·φ(k_j) γ^(−j) − v‖², as a
  * float, then the older position; the λ best kept, the rest absorbed at b.
  * A row t of the block [b, b + B) attends exactly to the sinks (shifted as
  * without the memory), every key from b − W on and the memory's rows (at
@@ -2189,6 +2190,7 @@ static double *reference_memory(const core_attn_t *a, const shape_t *s, const in
     int64_t *absorbed_at = malloc((size_t)n * sizeof(int64_t)); /* boundary, or INT64_MAX */
     int64_t *mem_from = malloc((size_t)n * sizeof(int64_t)), *mem_to = malloc((size_t)n * sizeof(int64_t));
     mem_row_t *rows = malloc((size_t)(lam + MB) * sizeof *rows);
+    unsigned char *lin_or_mem = malloc((size_t)n);
     for (int l = 0; l < s->L; l++)
         for (int h = 0; h < s->Hkv; h++) {
             const core_features_t *f = core_attn_linear_features(a, l, h);
@@ -2209,15 +2211,21 @@ static double *reference_memory(const core_attn_t *a, const shape_t *s, const in
             for (int64_t b = MB; b < n; b += MB) {
                 int64_t u0 = b - w - MB > s->S ? b - w - MB : s->S, u1 = b - w;
                 int cand = nrow;
+                /* scored against every key absorbed before b and the
+                 * memory's rows, all as linear terms */
+                for (int64_t j = 0; j < n; j++)
+                    lin_or_mem[j] = absorbed_at[j] < b;
+                for (int i = 0; i < nrow; i++)
+                    lin_or_mem[rows[i].pos] = 1;
                 for (int64_t u = u0; u < u1; u++) {
                     double top = -INFINITY, den = 0, est[256] = {0}, err = 0;
                     for (int64_t j = 0; j < n; j++)
-                        if (absorbed_at[j] < b) {
+                        if (lin_or_mem[j]) {
                             lw[j] = lse2(lk + u * m, lk + j * m, m) - (double)j * lg;
                             top = lw[j] > top ? lw[j] : top;
                         }
                     for (int64_t j = 0; j < n && top > -INFINITY; j++)
-                        if (absorbed_at[j] < b) {
+                        if (lin_or_mem[j]) {
                             double e = exp(lw[j] - top);
                             den += e;
                             for (int c = 0; c < hd; c++)
@@ -2295,6 +2303,7 @@ static double *reference_memory(const core_attn_t *a, const shape_t *s, const in
     free(mem_from);
     free(mem_to);
     free(rows);
+    free(lin_or_mem);
     return out;
 }
 
