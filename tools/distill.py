@@ -39,7 +39,7 @@ from the best parameters by validation KL; --write-each also writes
 PREFIX.stepN.* at every validated step N (the shipped default was chosen
 among those by perplexity on a calibration slice, models/adapters/README.md).
 --lr-gate and --lr-draws are probes of two variants the C runtime does not
-implement (docs/QUALITY.md, "What was tried"): a data-dependent decay gate
+implement (docs/journal/quality-log.md, "What was tried"): a data-dependent decay gate
 γ_t = 0.5 + 0.5 σ(θ + u·k_t/√Hd) from each token's pre-RoPE key (u per KV
 head, from 0), and the feature draws ε trained as parameters; they write
 PREFIX.gate.f32 / PREFIX.draws.f32, which write_adapter does not take.
