@@ -221,6 +221,8 @@ typedef struct lin_scratch {
     double *tmp;  /* [M + NI + Hd] slow path */
     double *ent;  /* [B + λ][3] a boundary's contestants: score, position, source */
     double *ws;   /* [M][Hd + 2] the state a boundary scores against: c, S, z (score_state) */
+    float *wf;    /* [M][Hd + 1] that state's S and z as floats at its scales (recall_errors) */
+    float *we;    /* [B][M + Hd + 1] candidates' weights, then their numerators and denominators */
     /* [2][LIN_ROPE_CACHE][1 + n_rot], queries' then keys': a position (−1:
      * none) and its cos, sin pairs at entry position % LIN_ROPE_CACHE;
      * kept from call to call */
@@ -259,6 +261,7 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
     size_t o_qu = take(&f, r * hd), o_ku = take(&f, ni * hd), o_ks = take(&f, sk * hd);
     size_t o_es = take(&f, r * sk), o_kvg = take(&f, nk * hd);
     size_t o_qm = take(&f, lam ? r * hd : 0), o_ak = take(&f, bl * hd), o_av = take(&f, bl * hd);
+    size_t o_wf = take(&f, lam ? m * (hd + 1) : 0), o_we = take(&f, bl * (m + hd + 1));
     size_t o_qhn = take(&d, r), o_khn = take(&d, ni), o_lrow = take(&d, r), o_den = take(&d, r);
     size_t o_esum = take(&d, r), o_sx = take(&d, r), o_cn = take(&d, m), o_al = take(&d, m);
     size_t o_tmp = take(&d, m + ni + hd), o_ent = take(&d, 3 * (bl + lam));
@@ -286,6 +289,8 @@ static lin_sizes_t scratch_layout(const core_attn_cfg_t *cfg, size_t cn, float *
         sc->ev = fb + o_ev;
         sc->qm = fb + o_qm;
         sc->ak = fb + o_ak;
+        sc->wf = fb + o_wf;
+        sc->we = fb + o_we;
         sc->av = fb + o_av;
         sc->qhn = db + o_qhn;
         sc->khn = db + o_khn;
@@ -1672,56 +1677,86 @@ static void score_state(lin_ctx_t *x, int64_t b, int64_t nm)
         }
         core_features_prepare(x->f, n, sc->ak, hd, sc->ky);
         core_features_logits(x->f, n, sc->ky, sc->kd, sc->khn);
+        /* the rows' logits at the state's time, the new scales, the old
+         * sums moved to them, then the rows added (one product) */
         for (int64_t r = 0; r < n; r++) {
-            float v[CORE_FEATURES_MAX_HEAD_DIM];
-            core_half_unpack(x->mem_v + (j0 + r) * hd, v, hd);
+            core_half_unpack(x->mem_v + (j0 + r) * hd, sc->av + r * hd, hd);
             const double dj = (double)(b - B - 1 - x->w - x->mem_pos[j0 + r]) * x->lg;
+            float *a = sc->kd + r * m;
             for (int64_t i = 0; i < m; i++) {
-                const double a = (double)sc->kd[r * m + i] - sc->khn[r] + dj;
-                if (a > wc[i]) { /* a new scale for feature i */
-                    const double f = wc[i] > -INFINITY ? exp(wc[i] - a) : 0.0;
-                    wz[i] *= f;
-                    for (int64_t c = 0; c < hd; c++)
-                        wS[i * hd + c] *= f;
-                    wc[i] = a;
-                }
-                const double e = exp(a - wc[i]);
-                wz[i] += e;
-                for (int64_t c = 0; c < hd; c++)
-                    wS[i * hd + c] += e * (double)v[c];
+                a[i] = (float)((double)a[i] - sc->khn[r] + dj);
+                if (a[i] > sc->cn[i] || r == 0)
+                    sc->cn[i] = r == 0 ? (a[i] > wc[i] ? a[i] : wc[i]) : a[i];
             }
+        }
+        for (int64_t i = 0; i < m; i++) {
+            const double f = wc[i] > -INFINITY ? exp(wc[i] - sc->cn[i]) : 0.0;
+            if (f != 1.0) {
+                wz[i] *= f;
+                for (int64_t c = 0; c < hd; c++)
+                    wS[i * hd + c] *= f;
+            }
+            wc[i] = sc->cn[i];
+        }
+        for (int64_t r = 0; r < n; r++) {
+            float *kp = sc->kp + r * m;
+            const float *a = sc->kd + r * m;
+            for (int64_t i = 0; i < m; i++)
+                kp[i] = (float)((double)a[i] - wc[i]);
+            core_exp_shifted(kp, m, 0.0, kp);
+        }
+        core_gemm_tn(m, hd, n, 1.0f, sc->kp, m, sc->av, hd, 0.0f, sc->wf, hd);
+        for (int64_t i = 0; i < m; i++) {
+            double s = 0.0;
+            for (int64_t r = 0; r < n; r++)
+                s += sc->kp[r * m + i];
+            wz[i] += s;
+            for (int64_t c = 0; c < hd; c++)
+                wS[i * hd + c] += sc->wf[i * hd + c];
         }
     }
 }
 
-/* The self-recall error of a key with feature logits g [M] (its norm term
- * cancels in the ratio) and value v [Hd] against the scoring state
- * (score_state): ‖v‖² when it holds nothing (it gives nothing back). In
- * double, from the stored numbers only. */
-static double recall_error(const lin_ctx_t *x, const float *g, const float *v)
+/* The self-recall errors of n keys with feature logits g [n][M] (their
+ * norm terms cancel in the ratio) and values v [n][Hd] against the scoring
+ * state (score_state), into err[n]: ‖v‖² for a key the state gives nothing
+ * back for. Products in float through the small GEMMs (the same operations
+ * on the same numbers whatever the chunking: a boundary's inputs are). */
+static void recall_errors(const lin_ctx_t *x, int64_t n, const float *g, const float *v,
+                          double *err)
 {
     const int64_t m = x->m, hd = x->hd;
     const double *wc = x->sc.ws, *wS = x->sc.ws + m, *wz = x->sc.ws + m + m * hd;
-    double *acc = x->sc.tmp; /* [Hd] */
-    double mx = -INFINITY, den = 0.0, err = 0.0;
-    for (int64_t i = 0; i < m; i++)
-        if (wc[i] > -INFINITY && (double)g[i] + wc[i] > mx)
-            mx = (double)g[i] + wc[i];
-    for (int64_t c = 0; c < hd; c++)
-        acc[c] = 0.0;
-    for (int64_t i = 0; i < m && mx > -INFINITY; i++) {
-        if (!(wc[i] > -INFINITY))
-            continue;
-        const double wi = exp((double)g[i] + wc[i] - mx);
-        den += wi * wz[i];
+    float *sf = x->sc.wf, *zf = x->sc.wf + m * hd; /* [M][Hd], [M] */
+    float *w = x->sc.we, *num = x->sc.we + n * m, *den = num + n * hd;
+    for (int64_t i = 0; i < m; i++) {
+        zf[i] = (float)wz[i];
         for (int64_t c = 0; c < hd; c++)
-            acc[c] += wi * wS[i * hd + c];
+            sf[i * hd + c] = (float)wS[i * hd + c];
     }
-    for (int64_t c = 0; c < hd; c++) {
-        const double d = (den > 0.0 ? acc[c] / den : 0.0) - (double)v[c];
-        err += d * d;
+    for (int64_t j = 0; j < n; j++) {
+        const float *gj = g + j * m;
+        float *wj = w + j * m;
+        double mx = -INFINITY;
+        for (int64_t i = 0; i < m; i++)
+            if (wc[i] > -INFINITY && (double)gj[i] + wc[i] > mx)
+                mx = (double)gj[i] + wc[i];
+        for (int64_t i = 0; i < m; i++)
+            wj[i] = wc[i] > -INFINITY && mx > -INFINITY ? (float)((double)gj[i] + wc[i] - mx)
+                                                          : -INFINITY;
+        core_exp_shifted(wj, m, 0.0, wj);
     }
-    return err;
+    core_gemm_nn(n, hd, m, 1.0f, w, m, sf, hd, 0.0f, num, hd);
+    core_gemm_nn(n, 1, m, 1.0f, w, m, zf, 1, 0.0f, den, 1);
+    for (int64_t j = 0; j < n; j++) {
+        double e = 0.0;
+        for (int64_t c = 0; c < hd; c++) {
+            const double d = (den[j] > 0.0f ? (double)num[j * hd + c] / (double)den[j] : 0.0) -
+                             (double)v[j * hd + c];
+            e += d * d;
+        }
+        err[j] = e;
+    }
 }
 
 /* The boundary at b of KV head x->h: the contest, the memory rewritten in
@@ -1754,9 +1789,11 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
         ent[3 * i + 1] = (double)x->mem_pos[i];
         ent[3 * i + 2] = (double)i;
     }
+    if (nu > 0)
+        recall_errors(x, nu, sc->kd, sc->vi, sc->khn);
     for (int64_t j = 0; j < nu; j++) {
         /* stored as a float, compared as the float it is stored as */
-        const float s = (float)recall_error(x, sc->kd + j * m, sc->vi + j * hd);
+        const float s = (float)sc->khn[j];
         sc->khn[j] = (double)s;
         ent[3 * (nm + j)] = (double)s;
         ent[3 * (nm + j) + 1] = (double)(u0 + j);
