@@ -1644,6 +1644,19 @@ static int ent_cmp(const void *pa, const void *pb)
     return a[1] < b[1] ? -1 : a[1] > b[1];
 }
 
+/* Memory row i's key as the features take it, into out [Hd]: before RoPE
+ * for pre-RoPE features, else at its own position; far says the row is
+ * held before RoPE (mem_far), so it is turned forward or back as needed. */
+static void mem_key_features_in(const lin_ctx_t *x, int64_t i, int far, float *out)
+{
+    float tmp[CORE_FEATURES_MAX_HEAD_DIM];
+    core_half_unpack(x->mem_k + i * x->hd, tmp, x->hd);
+    if (far == (x->pre != 0))
+        memcpy(out, tmp, (size_t)x->hd * sizeof *tmp);
+    else
+        rotate(x, rope_cs(x, x->mem_pos[i], 1), far, tmp, out);
+}
+
 /* The state a boundary b scores against, into sc->ws (double: c [M], S
  * [M][Hd], z [M], at the state's time b − B − 1): the linear state with
  * the memory's nm rows added as linear terms, each with the decay of its
@@ -1668,12 +1681,7 @@ static void score_state(lin_ctx_t *x, int64_t b, int64_t nm)
         const int64_t n = nm - j0 < B ? nm - j0 : B;
         for (int64_t r = 0; r < n; r++) {
             const int64_t i = j0 + r;
-            float tmp[CORE_FEATURES_MAX_HEAD_DIM], *kk = sc->ak + r * hd;
-            core_half_unpack(x->mem_k + i * hd, tmp, hd);
-            if ((i < nf) == (x->pre != 0))
-                memcpy(kk, tmp, (size_t)hd * sizeof *tmp);
-            else
-                rotate(x, rope_cs(x, x->mem_pos[i], 1), i < nf, tmp, kk);
+            mem_key_features_in(x, i, i < nf, sc->ak + r * hd);
         }
         core_features_prepare(x->f, n, sc->ak, hd, sc->ky);
         core_features_logits(x->f, n, sc->ky, sc->kd, sc->khn);
@@ -1813,13 +1821,7 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
     for (int64_t i = 0; i < nm; i++) {
         if (kept[i])
             continue;
-        /* the features take the key before RoPE (pre) or at its position */
-        float *kk = sc->ak + na * hd, tmp[CORE_FEATURES_MAX_HEAD_DIM];
-        core_half_unpack(x->mem_k + i * hd, tmp, hd);
-        if ((i < nf) == (x->pre != 0))
-            memcpy(kk, tmp, (size_t)hd * sizeof *tmp);
-        else
-            rotate(x, rope_cs(x, x->mem_pos[i], 1), i < nf, tmp, kk);
+        mem_key_features_in(x, i, i < nf, sc->ak + na * hd);
         core_half_unpack(x->mem_v + i * hd, sc->av + na * hd, hd);
         apos[na++] = x->mem_pos[i];
     }
