@@ -48,6 +48,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import distill  # noqa: E402
 
 NEG = -1e30
+FORCED = set()  # positions always kept by the memory (--force needle)
+PROBE_HOOK = None  # with --attn exact: called per layer (l, q, k, v, probs(), x) (memory_probe.py)
+KV = []  # per layer with --scores: (layer, k, v, key feature logits, log decay)
+DIAG = []  # per layer: (layer, probabilities of the last 8 rows, their memory membership)
 
 
 def tokenize(binary, model, text):
@@ -74,8 +78,10 @@ def make_trial(rng, corpus, binary, model, n_tokens, depth):
     ids = pre + ids_f[:at] + tokenize(binary, model, needle) + ids_f[at:] + \
         tokenize(binary, model, tail)
     digits = tokenize(binary, model, str(key))
+    n0 = len(pre) + at
     return {"key": key, "ids": ids + digits, "ans": len(ids), "digits": digits,
-            "filler": (len(pre), len(pre) + len(ids_f))}
+            "filler": (len(pre), len(pre) + len(ids_f)),
+            "needle": (n0, n0 + len(tokenize(binary, model, needle)))}
 
 
 def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
@@ -139,7 +145,15 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
         sc_ = jnp.einsum("cgtd,csd->cgts", rope(q, c, s), rope(k, c, s)) / np.sqrt(Hd)
         vis = jnp.asarray(np.arange(T)[None, :] <= np.arange(T)[:, None])
         p = jax.nn.softmax(jnp.where(vis, sc_, NEG), axis=-1)
-        return jnp.einsum("cgts,csd->cgtd", p, v)
+        return jnp.einsum("cgts,csd->cgtd", p, v), p[:, :, -8:, :]
+
+    @jax.jit
+    def exact_probs(q, k):
+        T = q.shape[2]
+        c, s = cs(np.arange(T))
+        sc_ = jnp.einsum("cgtd,csd->cgts", rope(q, c, s), rope(k, c, s)) / np.sqrt(Hd)
+        vis = jnp.asarray(np.arange(T)[None, :] <= np.arange(T)[:, None])
+        return jax.nn.softmax(jnp.where(vis, sc_, NEG), axis=-1)
 
     @jax.jit
     def hybrid_attn(q, k, v, aq, ak, beta, lg, exact_m, lin_m, mem_m, dist, sm_fixed_pos):
@@ -172,7 +186,7 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
         logits = jnp.where(lin_m[:, None], lk,
                            jnp.where(mem_m[:, None], sm, jnp.where(exact_m[:, None], st, NEG)))
         pr = jax.nn.softmax(logits, axis=-1)
-        return jnp.einsum("cgts,csd->cgtd", pr, v)
+        return jnp.einsum("cgts,csd->cgtd", pr, v), pr[:, :, -8:, :]
 
     def select(k, v, ak_np, lg, T):
         """Memory membership [c][T][T] by the block-boundary competition."""
@@ -229,6 +243,8 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
                     cs_ = [float(np.sum(V[u] ** 2)) for u in cand]
                 else:
                     cs_ = list(rs.random(len(cand)))
+                if args.force:
+                    cs_ = [1e300 if u in FORCED else e for u, e in zip(cand, cs_)]
                 allr = rows + cand
                 alls = scores + cs_
                 order = sorted(range(len(allr)), key=lambda i: (-alls[i], allr[i]))
@@ -262,7 +278,15 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
             lol = lora_of(l)
             if attn == "exact":
                 q, k, v = qkv(x, ly, lol, 0.0)
-                o = exact_attn(q, k, v)
+                o, pl = exact_attn(q, k, v)
+                DIAG.append((l, np.asarray(pl), None))
+                if PROBE_HOOK is not None:
+                    PROBE_HOOK(l, q, k, v, lambda: exact_probs(q, k), x)
+                if args.scores:
+                    Mt = jnp.asarray(mats[l])
+                    ak = jax.vmap(feats)(Mt, jnp.asarray(oms[l]), k)
+                    KV.append((l, np.asarray(k), np.asarray(v), np.asarray(ak),
+                               np.log(dec[l].astype(np.float64))))
                 x = rest(x, o, ly, lol, 0.0)
                 continue
             q, k, v = qkv(x, ly, lol, 1.0)
@@ -273,13 +297,84 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
             mem = select(np.asarray(k), np.asarray(v), np.asarray(ak), lg, T)
             lin = lin_base[None] & ~mem
             exact = vis[None] & ~lin & ~mem
-            o = hybrid_attn(q, k, v, aq, ak, jnp.asarray(mix[l].reshape(Hkv, gs)),
-                            jnp.asarray(lg, jnp.float32), jnp.asarray(exact), jnp.asarray(lin),
-                            jnp.asarray(mem), dist, None)
+            o, pl = hybrid_attn(q, k, v, aq, ak, jnp.asarray(mix[l].reshape(Hkv, gs)),
+                                jnp.asarray(lg, jnp.float32), jnp.asarray(exact), jnp.asarray(lin),
+                                jnp.asarray(mem), dist, None)
+            DIAG.append((l, np.asarray(pl), mem[:, -8:, :]))
             x = rest(x, o, ly, lol, 1.0)
         return np.asarray(jax.nn.log_softmax(rms(x, jnp.asarray(onorm)) @ jnp.asarray(emb).T, axis=-1))
 
     return forward
+
+
+def write_diag(path, tr, good, T):
+    """Answer rows (predicting the digits) against the needle's columns: per
+    layer and head the attention mass, and per layer and KV head how many of
+    the needle's rows the memory holds at the first answer row."""
+    a = tr["ans"]
+    n0, n1 = tr["needle"]
+    rows = [a - 1 + j - (T - 8) for j in range(len(tr["digits"]))]
+    out = {"key": tr["key"], "correct": bool(good), "needle": [n0, n1], "layers": []}
+    for l, p, mem in DIAG:
+        mass = p[:, :, rows, n0:n1].sum(-1).mean(-1)  # [Hkv][gs]
+        ent = {"l": l, "mass": np.round(mass, 4).tolist()}
+        if mem is not None:
+            ent["kept"] = mem[:, rows[0], n0:n1].sum(-1).tolist()
+        out["layers"].append(ent)
+    with open(path, "a") as f:
+        f.write(json.dumps(out) + "\n")
+
+
+def write_scores(path, tr, lp, W, S):
+    """Percentile ranks (1 = the top) of the needle's digit rows among the
+    rows old enough to have left the window, under several scores."""
+    ids = tr["ids"]
+    T = len(ids)
+    n0, n1 = tr["needle"]
+    dig = set(tr["digits"])
+    drows = [u for u in range(n0, n1) if ids[u] in dig]
+    hi = tr["ans"] - W  # rows that left the window before the answer
+    surpr = np.zeros(T)
+    for u in range(1, T):
+        surpr[u] = -lp[u - 1][ids[u]]
+    out = {"key": tr["key"], "T": T, "drows": drows, "layers": []}
+    a = tr["ans"]
+    rows = [a - 1 + j - (T - 8) for j in range(len(tr["digits"]))]
+    for (l, k, v, ak, lg), (_, p, _) in zip(KV, DIAG):
+        mass = p[:, :, rows][..., drows].sum(-1).mean(-1).max(-1)  # [Hkv]
+        ent = {"l": l, "mass": np.round(mass, 3).tolist(), "pct": {}}
+        for c in range(k.shape[0]):
+            A = ak[c].astype(np.float64)
+            w = np.exp(A - A.max())
+            V = v[c].astype(np.float64)
+            gam = np.exp(lg[c])
+            Sx = np.zeros((w.shape[1], V.shape[1]))
+            z = np.zeros(w.shape[1])
+            sc = {n: np.full(T, np.nan) for n in ("recall", "relrecall", "novelty", "vnorm",
+                                                   "knorm", "surprisal", "surprisal_prev")}
+            for u in range(S, hi):
+                den = w[u] @ z
+                if u > S and den > 0:
+                    est = (w[u] @ Sx) / den
+                    e = float(np.sum((est - V[u]) ** 2))
+                    sc["recall"][u] = e
+                    sc["relrecall"][u] = e / float(np.sum(V[u] ** 2))
+                    sc["novelty"][u] = -np.log(den) + np.log(np.sum(w[u]))
+                sc["vnorm"][u] = float(np.sum(V[u] ** 2))
+                sc["knorm"][u] = float(np.sum(k[c][u].astype(np.float64) ** 2))
+                sc["surprisal"][u] = surpr[u]
+                sc["surprisal_prev"][u] = surpr[u - 1] if u else 0.0
+                Sx = gam * Sx + np.outer(w[u], V[u])
+                z = gam * z + w[u]
+            pc = {}
+            for n, x in sc.items():
+                ok = ~np.isnan(x)
+                vals = x[ok]
+                pc[n] = [float(np.mean(vals >= x[u])) for u in drows if ok[u]]
+            ent["pct"][c] = pc
+        out["layers"].append(ent)
+    with open(path, "a") as f:
+        f.write(json.dumps(out) + "\n")
 
 
 def wilson(k, n, z=1.96):
@@ -311,14 +406,27 @@ def main():
     ap.add_argument("--window", type=int, default=-1)
     ap.add_argument("--attn", default="darkformer", choices=["darkformer", "exact"])
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--force", action="store_true",
+                    help="the needle's tokens always win the memory's contest (a diagnosis)")
+    ap.add_argument("--diag", help="per layer and head: the answer rows' attention mass on the "
+                    "needle and the needle rows kept, appended to this file as JSON lines")
+    ap.add_argument("--scores", help="with --attn exact: where the needle's digit rows rank "
+                    "under candidate retention scores, per layer and KV head, as JSON lines")
+    ap.add_argument("--beta", type=float, help="override the linear branch's log weight (diagnosis)")
+    ap.add_argument("--decay", type=float, help="override every head's decay (diagnosis)")
     ap.add_argument("--out")
     ap.add_argument("--nll-ids", help="score these token ids (int32 .npy or text ids) instead")
     ap.add_argument("--nll-out", help="with --nll-ids: per-token NLL, float32 (NaN at 0)")
     args = ap.parse_args()
     hp, emb, onorm, lw = distill.load_model(args.model)
     cfg, mats, dec, mix, lora, _, _ = distill.load_adapter(args.adapter)
+    if args.beta is not None:  # a diagnosis: the linear branch's log weight, every head
+        mix = np.full_like(np.asarray(mix), args.beta)
+    if args.decay is not None:  # a diagnosis: every head's decay per token
+        dec = np.full_like(np.asarray(dec), args.decay)
     if args.window < 0:
         args.window = cfg["window"]
+    args.sinks_ = cfg["sinks"]
     eps = np.load(args.eps)[:, :, :cfg["n_features"], :].astype(np.float32)
     corpus = open(args.corpus, encoding="utf-8").read()
     fwd = build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, eps, args)
@@ -341,7 +449,14 @@ def main():
             t0 = time.time()
             for i in range(args.trials):
                 tr = make_trial(rng, corpus, args.bin, args.model, n, d)
+                FORCED.clear()
+                if args.force:
+                    FORCED.update(range(*tr["needle"]))
+                DIAG.clear()
+                KV.clear()
                 lp = fwd(tr["ids"], args.attn)
+                if args.scores:
+                    write_scores(args.scores, tr, lp, args.window, args.sinks_)
                 a = tr["ans"]
                 good = all(int(np.argmax(lp[a - 1 + j])) == tr["digits"][j]
                            for j in range(len(tr["digits"])))
@@ -352,6 +467,8 @@ def main():
                 nll.append(float(-np.mean([lp[t - 1][ids[t]] for t in range(q0, f1)])))
                 res.append({"len": n, "depth": d, "key": tr["key"], "correct": bool(good),
                             "T": len(ids), "nll_tail": nll[-1]})
+                if args.diag:
+                    write_diag(args.diag, tr, good, len(ids))
             lo_, hi = wilson(ok, args.trials)
             print(f"len {n} depth {d}: {ok}/{args.trials} [{lo_:.2f}, {hi:.2f}]  "
                   f"tail NLL {np.mean(nll):.4f}  ({time.time() - t0:.0f} s)", flush=True)
