@@ -366,6 +366,18 @@ def write_scores(path, tr, lp, W, S):
                 sc["surprisal_prev"][u] = surpr[u - 1] if u else 0.0
                 Sx = gam * Sx + np.outer(w[u], V[u])
                 z = gam * z + w[u]
+            # how well the exact rows before it (all of them, or the window
+            # only) give back its value, the key as the query
+            K = k[c].astype(np.float64)
+            lgt = K @ K.T / np.sqrt(K.shape[1])
+            for name, lo_w in (("exactrecall", None), ("exactrecall_w", W)):
+                sc[name] = np.full(T, np.nan)
+                for u in range(S + 1, hi):
+                    j0 = S if lo_w is None else max(S, u - lo_w)
+                    z_ = lgt[u, j0:u]
+                    pz = np.exp(z_ - z_.max())
+                    est = pz @ V[j0:u] / pz.sum()
+                    sc[name][u] = float(np.sum((est - V[u]) ** 2))
             pc = {}
             for n, x in sc.items():
                 ok = ~np.isnan(x)
