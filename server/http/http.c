@@ -352,15 +352,21 @@ static void req_resume(srv_req_t *req)
  * with RST. So send something harmless: an interim "100 Continue" before
  * the response (HTTP/1.1 clients must skip 1xx answers), or the stream's
  * probe bytes as one chunk of a response under way (MHD has flushed what
- * it wrote before it asked the reader and was suspended). Returns -1 when
- * the client is certainly gone; 0 when it may still read (then an RST, if
- * it comes, shows up as an error on the socket; without a probe, a closed
- * client is noticed at the next write). Never writes a partial probe. */
+ * it wrote before it asked the reader and was suspended). HTTP/1.0 has no
+ * interim answers, so nothing harmless can be sent before its answer: its
+ * FIN then counts as leaving (as most servers and proxies take any
+ * client's), else a closed 1.0 client's prefill and generation would run
+ * to their end. Returns -1 when the client is taken as gone; 0 when it may
+ * still read (then an RST, if it comes, shows up as an error on the socket;
+ * without a probe, a closed client is noticed at the next write). Never
+ * writes a partial probe. */
 static int probe_peer(srv_req_t *req)
 {
     char buf[160];
     int n = 0;
-    if (req->phase == PH_WAITING && req->http11) {
+    if (req->phase == PH_WAITING && !req->http11) {
+        return -1;
+    } else if (req->phase == PH_WAITING) {
         n = snprintf(buf, sizeof buf, "HTTP/1.1 100 Continue\r\n\r\n");
     } else if (req->phase == PH_ANSWERED && req->stream && req->stream->probe &&
                strcmp(req->method, "HEAD") != 0) {

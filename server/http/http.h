@@ -113,8 +113,9 @@
  * socket answers with a reset: an interim "100 Continue" while nothing of
  * the answer was sent (HTTP/1.1), or the stream's probe bytes
  * (srv_stream_opts_t.probe) once it streams. A half-closed client gets its
- * whole answer, with Connection: close. Without a possible probe (HTTP/1.0
- * before the answer, a stream without probe bytes) a closed client is
+ * whole answer, with Connection: close. HTTP/1.0 has no harmless bytes
+ * before the answer: its FIN then counts as a hang-up. Without a possible
+ * probe after that (a stream without probe bytes) a closed client is
  * noticed at the next write. While bytes flow, a vanished client is noticed
  * when a write fails.
  *

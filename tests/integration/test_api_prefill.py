@@ -15,6 +15,7 @@ from ds_server import TINY, wait_for
 
 CANCELLED = 'darkserve_engine_sequences_finished_total{reason="cancelled"}'
 PROMPT_TOKENS = "darkserve_engine_prompt_tokens_total"
+GENERATED_TOKENS = "darkserve_engine_generated_tokens_total"
 BUDGET = 300
 
 
@@ -109,24 +110,28 @@ def test_default_budget(servers):
     assert srv.metrics().get(PROMPT_TOKENS, 0) == before
 
 
-def _post_and_leave(srv, path, body, started):
-    """Sends body, waits until started() (the prompt is being read), then
-    closes the socket without reading the answer."""
+def _post_and_leave(srv, path, body, started, version="1.1"):
+    """Sends body as an HTTP/`version` request, waits until started() (the
+    prompt is being read), then closes the socket without reading the
+    answer."""
     raw = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
     try:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        s.sendall(f"POST {path} HTTP/{version}\r\nHost: t\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
         assert wait_for(started, 120, 0.05), srv.log_text()[-2000:]
     finally:
         s.close()
 
 
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
 @pytest.mark.parametrize("route", ["prefixes", "append", "chat"])
-def test_client_that_leaves_cancels_the_prefill(servers, route):
+def test_client_that_leaves_cancels_the_prefill(servers, route, version):
     """One prompt token per step, so the prefill of ~60 000 tokens is long;
     the client leaves once it has begun, and the engine ends the job with
-    most of the prompt unread (no timing: the counts say it)."""
+    most of the prompt unread (no timing: the counts say it). An HTTP/1.0
+    client cannot be sent an interim answer to tell a close from a
+    half-close: its hang-up before the answer is taken as leaving."""
     srv = servers(model=TINY, attn="performer", args=["--prefill-chunk", "1"])
     text = "ab " * 20000
     path, body = {
@@ -139,7 +144,7 @@ def test_client_that_leaves_cancels_the_prefill(servers, route):
         path, body = f"/v1/sessions/{s['id']}/append", {"text": text}
     m0 = srv.metrics()
     c0, p0 = m0.get(CANCELLED, 0), m0.get(PROMPT_TOKENS, 0)
-    _post_and_leave(srv, path, body, lambda: srv.metrics().get(PROMPT_TOKENS, 0) > p0)
+    _post_and_leave(srv, path, body, lambda: srv.metrics().get(PROMPT_TOKENS, 0) > p0, version)
 
     def ended():
         m = srv.metrics()
@@ -149,3 +154,22 @@ def test_client_that_leaves_cancels_the_prefill(servers, route):
     if route == "prefixes":
         st, r, _ = srv.json("GET", "/v1/prefixes")
         assert st == 200 and not [e for e in r["data"] if e.get("pinned")], r
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_client_that_leaves_cancels_a_non_streamed_generation(servers, version):
+    """A non-streamed completion of 100 000 tokens (one per step, the end
+    of sequence banned): the client leaves once tokens are being generated,
+    and the engine ends the job long before max_tokens."""
+    srv = servers(model=TINY, attn="performer", args=["--max-tokens-limit", "100000"])
+    m0 = srv.metrics()
+    c0, g0 = m0.get(CANCELLED, 0), m0.get(GENERATED_TOKENS, 0)
+    body = {"prompt": "Once upon a time", "max_tokens": 100000, "logit_bias": {"2": -100}}
+    _post_and_leave(srv, "/v1/completions", body,
+                    lambda: srv.metrics().get(GENERATED_TOKENS, 0) > g0, version)
+
+    def ended():
+        m = srv.metrics()
+        return m.get(CANCELLED, 0) > c0 and m.get("darkserve_engine_running_sequences", 1) == 0
+    assert wait_for(ended, 120, 0.2), srv.log_text()[-3000:]
+    assert srv.metrics().get(GENERATED_TOKENS, 0) - g0 < 50000
