@@ -102,7 +102,7 @@ RUN apt-get update \
  && groupadd --gid 10001 darkserve \
  && useradd --uid 10001 --gid darkserve --no-create-home --home-dir /var/lib/darkserve \
       --shell /usr/sbin/nologin darkserve \
- && mkdir -p /var/lib/darkserve/sessions /models \
+ && mkdir -p /var/lib/darkserve/sessions /var/lib/darkserve/uploads /models \
  && chown -R darkserve:darkserve /var/lib/darkserve
 COPY --from=build /out/ /
 COPY --from=model /models/ /models/

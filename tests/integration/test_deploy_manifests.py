@@ -18,6 +18,10 @@ darkserve binary accepts, so the manifests cannot drift from the binary.
   host names a test can use, and the streaming directives of
   nginx-proxy.conf; its client_max_body_size must admit the largest state
   import the real server accepts (read from the 413 it answers);
+- where each container spools large bodies (--upload-dir, as --print-config
+  shows it with the definition's flags and environment) has room for
+  --max-uploads of those largest imports: a volume with a size at least
+  that, or one without a bound; never a read-only root file system;
 - every DARKSERVE_* name anywhere in deploy/ and the Dockerfile, and every
   flag of the commands there, must be in `darkserve serve --help`; each
   process definition (compose services, the Deployment with its ConfigMap,
@@ -370,17 +374,23 @@ def state_import_limit(srv):
     return int(m.group(1))
 
 
-def test_nginx_body_size_fits_state_imports(tmp_path):
-    """Default configuration of the real model (DARKFormer, directory store
-    with its checkpoints): the largest import it accepts must pass nginx."""
-    srv = Server(tmp_path, MODEL, attn=None, name="bound")
+@pytest.fixture(scope="module")
+def import_limit(tmp_path_factory):
+    """The state import limit of the real model at the default configuration
+    (DARKFormer, a directory store with its checkpoints; a Redis store takes
+    the same bound)."""
+    srv = Server(tmp_path_factory.mktemp("bound"), MODEL, attn=None, name="bound")
     try:
-        limit = state_import_limit(srv)
+        return state_import_limit(srv)
     finally:
         srv.kill()
+
+
+def test_nginx_body_size_fits_state_imports(import_limit):
+    """The largest import the server accepts must pass nginx."""
     (size,) = proxy_directives()["client_max_body_size"]
-    assert nginx_size(size) >= limit, \
-        f"client_max_body_size {size} < the server's state import limit {limit}"
+    assert nginx_size(size) >= import_limit, \
+        f"client_max_body_size {size} < the server's state import limit {import_limit}"
 
 
 # ---- flags and environment against the binary ---------------------------------
@@ -512,6 +522,28 @@ def test_flags_are_the_binarys():
     xfail_if(seen)
 
 
+def print_config(argv, env, tmp_path):
+    """`darkserve <argv> --print-config` with env and nothing else of
+    DARKSERVE_*; a mounted API key file is replaced by one in tmp_path."""
+    env = dict(env)
+    if "DARKSERVE_API_KEY_FILE" in env:  # a mounted secret there: read at startup
+        keys = tmp_path / "api_keys"
+        keys.write_text("sk-test-key\n")
+        env["DARKSERVE_API_KEY_FILE"] = str(keys)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DARKSERVE_")}
+    return run([BIN] + list(argv) + ["--print-config"], env=dict(clean, **env))
+
+
+def config_values(argv, env, tmp_path):
+    """-> {option: value as --print-config shows it (quotes removed)}."""
+    r = print_config(argv, env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    vals = {}
+    for m in re.finditer(r"^(\S+)\s+(.*?)\s+\(\w+\)$", r.stdout, re.M):
+        vals[m.group(1)] = m.group(2).strip('"')
+    return vals
+
+
 @pytest.mark.parametrize("where,argv,env", process_definitions(),
                          ids=[p[0] for p in process_definitions()])
 def test_settings_parse(where, argv, env, tmp_path):
@@ -524,12 +556,7 @@ def test_settings_parse(where, argv, env, tmp_path):
         if name in argv:
             del argv[argv.index(name):argv.index(name) + 2]
         env.pop(name, None)
-    if "DARKSERVE_API_KEY_FILE" in env:  # a mounted secret there: read at startup
-        keys = tmp_path / "api_keys"
-        keys.write_text("sk-test-key\n")
-        env["DARKSERVE_API_KEY_FILE"] = str(keys)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("DARKSERVE_")}
-    r = run([BIN] + argv + ["--print-config"], env=dict(clean, **env))
+    r = print_config(argv, env, tmp_path)
     assert r.returncode == 0, f"{where}: {r.stderr}"
     shown = dict(re.findall(r"^(\S+)\s+.*\((\w+)\)$", r.stdout, re.M))
     for name in env:
@@ -537,3 +564,108 @@ def test_settings_parse(where, argv, env, tmp_path):
             opt = name[len("DARKSERVE_"):].lower().replace("_", "-")
             assert shown.get(opt) in ("env", "flag"), f"{where}: {name} not taken: {r.stdout}"
     xfail_if(seen)
+
+
+# ---- room for spooled uploads ----------------------------------------------
+
+DOCKER_TMPFS_DEFAULT = 64 << 20  # a tmpfs without size= (docker, podman): 65536k
+
+
+def k8s_bytes(q):
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(q))
+    assert m, f"quantity {q!r}"
+    mult = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+            "k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12}[m.group(2)]
+    return int(m.group(1)) * mult
+
+
+def tmpfs_size(opts):
+    """A compose tmpfs entry's options ("size=480m,mode=1777") -> bytes."""
+    for o in opts.split(","):
+        if o.startswith("size="):
+            m = re.fullmatch(r"(\d+)([kmg]?)", o[5:].lower())
+            assert m, f"tmpfs {opts!r}"
+            return int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)]
+    return DOCKER_TMPFS_DEFAULT
+
+
+def under(path, mount):
+    return path == mount or path.startswith(mount.rstrip("/") + "/")
+
+
+def compose_upload_room(s, path):
+    """-> (bytes of room where a compose service writes path, None for a
+    volume without a bound; 0 for none), what backs it."""
+    mounts = []
+    for v in s.get("volumes", []):
+        parts = v.split(":")
+        mounts.append((parts[1], None, f"volume {parts[0]}"))
+    for t in s.get("tmpfs", []):
+        target, _, opts = t.partition(":")
+        mounts.append((target, tmpfs_size(opts), f"tmpfs {t}"))
+    mounts = [m for m in mounts if under(path, m[0])]
+    if not mounts:
+        return (0, "a read-only root file system") if s.get("read_only") \
+            else (None, "the container's writable layer")
+    target, room, what = max(mounts, key=lambda m: len(m[0]))
+    return room, what
+
+
+def k8s_upload_room(pod, c, path):
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = [m for m in c.get("volumeMounts", []) if under(path, m["mountPath"])]
+    if not mounts:
+        ro = c.get("securityContext", {}).get("readOnlyRootFilesystem")
+        return (0, "a read-only root file system") if ro \
+            else (None, "the container's writable layer")
+    m = max(mounts, key=lambda m: len(m["mountPath"]))
+    assert not m.get("readOnly"), f"{path} is on a read-only mount"
+    v = vols[m["name"]]
+    if "emptyDir" in v:
+        ed = v["emptyDir"] or {}
+        if "sizeLimit" in ed:
+            return k8s_bytes(ed["sizeLimit"]), f"emptyDir {m['name']} ({ed['sizeLimit']})"
+        assert ed.get("medium") != "Memory", f"emptyDir {m['name']}: memory without a bound"
+        return None, f"emptyDir {m['name']} (the node's disk)"
+    return None, f"volume {m['name']}"
+
+
+def container_definitions():
+    """-> [(where, argv, env, room(path) -> (bytes or None, what))] for every
+    container deploy/ defines (compose services, the Deployment)."""
+    out = []
+    defs = {w: (a, e) for w, a, e in process_definitions()}
+    for name in ("compose.yaml", "compose.scaleout.yaml"):
+        c = load(os.path.join(DEPLOY, name))
+        for sname, s in c["services"].items():
+            where = f"{name}: {sname}"
+            if where in defs:
+                out.append((where, *defs[where], lambda p, s=s: compose_upload_room(s, p)))
+    pod, c = container(k8s_objects(), "Deployment", "darkserve")
+    out.append(("k8s Deployment", *defs["k8s Deployment"],
+                lambda p: k8s_upload_room(pod, c, p)))
+    return out
+
+
+@pytest.mark.parametrize("where,argv,env,room", container_definitions(),
+                         ids=[d[0] for d in container_definitions()])
+def test_upload_dir_has_room(where, argv, env, room, import_limit, tmp_path):
+    """--max-uploads bodies of the largest import are spooled at once: the
+    upload directory of every container must hold them (a tmpfs or emptyDir
+    too small fails the import with 507, or gets the pod evicted)."""
+    missing = pending_missing(*serve_options())
+    argv = [a for a in argv if a not in missing]
+    env = {k: v for k, v in env.items() if k not in missing}
+    if "--session-store" in missing:
+        i = [j for j, a in enumerate(argv) if a.startswith("redis://")]
+        argv = [a for j, a in enumerate(argv) if j not in i]
+    cfg = config_values(argv, env, tmp_path)
+    # the import limit was measured at the default attention and checkpoints
+    assert (cfg["features"], cfg["window"], cfg["checkpoints"]) == ("0", "-1", "8"), \
+        f"{where}: measure the import limit with its --features/--window/--checkpoints"
+    path = cfg["upload-dir"] or env.get("TMPDIR") or "/tmp"
+    need = import_limit * int(cfg["max-uploads"])
+    have, what = room(path)
+    assert have is None or have >= need, \
+        f"{where}: --upload-dir {path} is on {what}: {have} bytes, " \
+        f"--max-uploads {cfg['max-uploads']} x the import limit {import_limit} = {need}"
