@@ -1120,8 +1120,7 @@ typedef struct sop {
     enum sop_kind kind;
     char id[PROTO_SESSION_ID_LEN + 1];
     char owner[SRV_SESSION_OWNER_LEN + 1]; /* fork: the copy's owner tag */
-    char *in;       /* import: the request body (owned) */
-    size_t in_len;
+    srv_body_t in;  /* import: the request body (owned) */
     void *blob;     /* export: the state (owned), answered as it is */
     size_t blob_len;
     int64_t turns;  /* rollback: how many */
@@ -1160,9 +1159,8 @@ static void sop_work(api_io_t *io)
         o->status = 200;
         break;
     case SOP_IMPORT:
-        rc = srv_store_import(app->store, o->id, o->in, o->in_len, err, sizeof err);
-        free(o->in);
-        o->in = NULL;
+        rc = srv_store_import(app->store, o->id, o->in.data, o->in.len, err, sizeof err);
+        srv_body_free(&o->in);
         if (rc == 0) {
             o->status = 200;
             o->json = session_json(app, o->id, 0, &rc, err, sizeof err);
@@ -1203,7 +1201,7 @@ static void sop_done(api_io_t *io)
         api_defer_reply_json(o->stream, o->status, o->json ? o->json : o->small[0] ? o->small : NULL);
     }
     free(o->blob);
-    free(o->in);
+    srv_body_free(&o->in);
     proto_free(o->json);
     free(o);
 }
@@ -1237,7 +1235,7 @@ static void sop_submit(api_app_t *app, srv_req_t *req, sop_t *o)
 {
     o->stream = srv_stream_defer(req, NULL);
     if (!o->stream) {
-        free(o->in);
+        srv_body_free(&o->in);
         free(o);
         return;
     }
@@ -1260,7 +1258,7 @@ static int sop_admit(api_app_t *app, srv_req_t *req, sop_t *o, size_t bytes)
     proto_error_t e;
     if (api_state_admit(app, bytes, &e) == 0)
         return 0;
-    free(o->in);
+    srv_body_free(&o->in);
     free(o);
     api_reply_admit(req, &e);
     return -1;
@@ -1327,8 +1325,7 @@ static void h_import(srv_req_t *req, void *ud)
     }
     /* the body moves to the I/O thread: the request may end (client gone)
      * before the import does */
-    o->in = srv_req_take_body(req, &o->in_len);
-    if (!o->in) {
+    if (srv_req_take_body(req, &o->in) < 0) {
         free(o);
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;

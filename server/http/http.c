@@ -62,6 +62,7 @@
 #include <string.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -511,18 +512,36 @@ const char *srv_req_body(const srv_req_t *req, size_t *len)
     return req->body ? req->body : "";
 }
 
-char *srv_req_take_body(srv_req_t *req, size_t *len)
+/* A body: a mapping of map_len bytes, or malloc'd (map_len 0). */
+static void body_release(const char *body, size_t map_len)
 {
-    char *b = req->body;
-    *len = req->body_len;
+    if (map_len)
+        munmap((void *)body, map_len);
+    else
+        free((void *)body);
+}
+
+int srv_req_take_body(srv_req_t *req, srv_body_t *out)
+{
+    *out = (srv_body_t){.data = req->body, .len = req->body_len, .map_len = req->body_map};
     req->body = NULL;
-    req->body_len = req->body_cap = 0;
-    if (!b) {
-        b = malloc(1);
-        if (b)
-            b[0] = '\0';
+    req->body_len = req->body_cap = req->body_map = 0;
+    if (!out->data) {
+        char *b = malloc(1);
+        if (!b)
+            return -1;
+        b[0] = '\0';
+        out->data = b;
     }
-    return b;
+    return 0;
+}
+
+void srv_body_free(srv_body_t *b)
+{
+    if (!b)
+        return;
+    body_release(b->data, b->map_len);
+    *b = (srv_body_t){0};
 }
 
 int srv_req_add_header(srv_req_t *req, const char *name, const char *value)
@@ -699,7 +718,7 @@ static void req_free(srv_req_t *req)
     free(req->held_ctype);
     free(req->held_body);
     free(req->cors_origin);
-    free(req->body);
+    body_release(req->body, req->body_map);
     free(req->method);
     free(req->path);
     free(req);
@@ -959,12 +978,28 @@ static void spool_free(srv_req_t *req)
     req->spool_fd = -1;
 }
 
-/* The spooled body back in memory for the handler (srv_req_body's
- * contract): one buffer of exactly its size. 0, or -1 (out of memory, a
- * read error). */
+/* The spooled body for the handler (srv_req_body's contract: its bytes and
+ * a NUL after them). The file is mapped read-only, a NUL written after the
+ * body first: its pages are those the page cache holds since they were
+ * written, so a large import costs no copy of itself in the heap (the
+ * unnamed file lives until the mapping goes). Where the file cannot be
+ * mapped it is read into one buffer of exactly its size. 0, or -1 (out of
+ * memory, a read error). */
 static int spool_load(srv_req_t *req)
 {
-    char *b = malloc(req->body_len + 1);
+    const size_t n = req->body_len + 1;
+    if (pwrite(req->spool_fd, "", 1, (off_t)req->body_len) == 1) {
+        void *m = mmap(NULL, n, PROT_READ, MAP_PRIVATE, req->spool_fd, 0);
+        if (m != MAP_FAILED) {
+            spool_free(req);
+            free(req->body);
+            req->body = m;
+            req->body_map = n;
+            req->body_cap = 0;
+            return 0;
+        }
+    }
+    char *b = malloc(n);
     size_t got = 0;
     while (b && got < req->body_len) {
         ssize_t r = pread(req->spool_fd, b + got, req->body_len - got, (off_t)got);

@@ -41,7 +41,8 @@
  *      a body that may pass 1 MiB while max_uploads such bodies arrive
  *                                        -> 429 (Retry-After: 1)
  * 3. The body is accumulated (bounded by the route's limit; past 1 MiB in a
- *    temporary file in opts.upload_dir, read back into memory once whole)
+ *    temporary file in opts.upload_dir, mapped read-only once whole: its
+ *    pages are the page cache's, not a copy in the heap)
  *    and the handler is called once, with the complete body. A chunked body
  *    that passes the limit is answered with 413 at once, in its middle, and
  *    the connection closes.
@@ -255,10 +256,21 @@ const char *srv_req_query(const srv_req_t *req, const char *key);   /* NULL if a
 const char *srv_req_header(const srv_req_t *req, const char *name); /* case-insensitive */
 /* The body, NUL-terminated (the NUL is not counted in *len); "" when empty. */
 const char *srv_req_body(const srv_req_t *req, size_t *len);
-/* Takes the body away from the request (no copy): the caller owns the
- * returned buffer (free()), *len bytes plus a NUL, and may keep it past the
- * request's end; srv_req_body says "" afterwards. NULL when out of memory. */
-char *srv_req_take_body(srv_req_t *req, size_t *len);
+/* A body taken away from its request: len bytes plus a NUL at data, read
+ * only. In memory, or (a spooled upload) the file it was spooled to mapped,
+ * which lives until srv_body_free. */
+typedef struct {
+    const char *data;
+    size_t len;
+    size_t map_len; /* > 0: a mapping of that many bytes; 0: malloc'd */
+} srv_body_t;
+/* Takes the body away from the request (no copy) into *out, which the
+ * caller owns from then on and may keep past the request's end (release it
+ * with srv_body_free); srv_req_body says "" afterwards. 0, or -1 when out
+ * of memory (*out then holds nothing). */
+int srv_req_take_body(srv_req_t *req, srv_body_t *out);
+/* Releases a taken body; NULL or an empty one: no-op. */
+void srv_body_free(srv_body_t *b);
 srv_http_t *srv_req_server(const srv_req_t *req);
 /* The API key the request authenticated with: its index in opts.api_keys,
  * or -1 when no keys are configured (or the path is public). *admin (may be
