@@ -4,31 +4,46 @@ loopback, for a bounded time, mixing every kind of request and client
 disconnects; reports requests served, errors by status, RSS and open fds at
 the start and the end. Not part of `make test` (it takes minutes).
 
-    .venv/bin/python tests/soak/soak.py [--clients 64] [--seconds 600]
+    .venv/bin/python tests/soak/soak.py [--clients 32] [--seconds 180]
         [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--attn auto]
+        [-- extra serve options]
 
 Starts `darkserve serve` (DARKSERVE_BIN, else build/darkserve) on a free
-loopback port with a fresh session directory, and stops it at the end.
-Exit status 1 when any 5xx was answered, the server died, or the RSS after
-the run (sessions deleted), less the prefix cache's states (bounded by
---prefix-cache-mb and kept by design: /metrics darkserve_prefix_cache_bytes),
-is more than 10% above the same before it, the open fds grew by more
-than 10%, or the prefix cache still has room reserved for snapshots. Mix per client iteration (weights): streamed
-and non-streamed completions and chat (n=1..2), session create / append /
-generate (NDJSON) / fork / export / import / delete, and a streamed request
-the client abandons after its first bytes.
+loopback port at its default limits (every client is 127.0.0.1, so the
+per-address connection share is exercised too), with a fresh session and
+upload directory, and stops it at the end. Mix per client iteration
+(weights): streamed and non-streamed completions and chat (n=1..2), session
+create / append / generate (NDJSON) / fork / export / import / delete, and a
+streamed request the client abandons after its first bytes.
+
+Exit status 1 when any request failed at the connection level or was
+answered with a 5xx, the server died, or, once every session is deleted:
+the open fds are not back at their start value, a session or spooled upload
+file is left on disk, the RSS (less the prefix cache's states, bounded by
+--prefix-cache-mb and kept by design: /metrics darkserve_prefix_cache_bytes)
+is more than 10% above the same at the warmed-up start, or the prefix cache
+still has room reserved for snapshots.
+
+--trim (needs gdb, and the right to attach to the server): the server is
+made to call malloc_trim(0) before the start's RSS is read and again after
+the run, and the RSS is reported both ways: what glibc keeps free in its
+arenas apart from memory in use. The trimmed figures must then agree within
+2% (less the prefix cache) instead of 10%.
 """
 import argparse
 import collections
+import http.client
 import json
 import os
 import random
+import re
+import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from ds_server import MODEL, Server  # noqa: E402
+from ds_server import MODEL, Server, wait_for  # noqa: E402
 
 
 def rss_mb(pid):
@@ -53,12 +68,15 @@ class Stats:
         self.lock = threading.Lock()
         self.by_status = collections.Counter()
         self.by_op = collections.Counter()
+        self.refusals = collections.Counter()
         self.errors = collections.Counter()
 
     def add(self, op, status):
         with self.lock:
             self.by_op[op] += 1
             self.by_status[status] += 1
+            if status >= 400:
+                self.refusals[(op, status)] += 1
             if status >= 500:
                 self.errors[(op, status)] += 1
 
@@ -111,7 +129,7 @@ def client(srv, stats, end, seed):
                 st = r.status
                 r.read(1)
                 c.close()
-        except OSError:
+        except (OSError, http.client.HTTPException):
             st = 0  # connection-level failure
         stats.add(op, st)
     for sid in mine:
@@ -121,19 +139,45 @@ def client(srv, stats, end, seed):
             pass
 
 
+def malloc_trim(pid):
+    """Has the process pid call malloc_trim(0) (through gdb) -> True when
+    the call ran."""
+    try:
+        r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "call (int)malloc_trim(0)"],
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return re.search(r"^\$1 = [01]$", r.stdout, re.M) is not None
+
+
+def files_in(d):
+    """Names of the files under d (recursively) but the store's lock file,
+    for the leftovers check."""
+    out = []
+    for root, _, names in os.walk(d):
+        out += [os.path.relpath(os.path.join(root, n), d) for n in names if n != ".lock"]
+    return sorted(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=180)
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--attn", default="auto")
-    ap.add_argument("--workdir", default="/tmp/darkserve-soak")
+    ap.add_argument("--workdir", default=None, help="default: a fresh temporary directory")
+    ap.add_argument("--trim", action="store_true",
+                    help="report the RSS again after malloc_trim(0) in the server (gdb)")
+    ap.add_argument("server_args", nargs="*", help="after --: extra `serve` options")
     a = ap.parse_args()
+    if a.workdir is None:
+        import tempfile
+        a.workdir = tempfile.mkdtemp(prefix="darkserve-soak-")
     os.makedirs(a.workdir, exist_ok=True)
-    # every client is 127.0.0.1: the per-address share must hold them all
-    conns = str(max(256, 4 * a.clients))
+    updir = os.path.join(a.workdir, f"uploads-{os.getpid()}")
+    os.makedirs(updir, exist_ok=True)
     srv = Server(a.workdir, a.model, name=f"soak-{os.getpid()}", attn=a.attn,
-                 args=["--max-connections", conns, "--max-connections-per-address", conns])
+                 args=["--upload-dir", updir] + a.server_args)
     try:
         pid = srv.proc.pid
         # warm up with a full batch (the engine's scratch for that many
@@ -147,6 +191,13 @@ def main():
             t.start()
         for t in warm:
             t.join()
+        time.sleep(1)
+        trim0 = None
+        if a.trim:
+            trim0 = rss_mb(pid)
+            if not malloc_trim(pid):
+                print("soak: malloc_trim(0) through gdb failed (--trim)")
+                return 1
         rss0, fd0, pfx0 = rss_mb(pid), n_fds(pid), prefix_mb(srv)
         stats = Stats()
         end = time.monotonic() + a.seconds
@@ -158,23 +209,43 @@ def main():
         for t in threads:
             t.join()
         wall = time.monotonic() - t0
-        time.sleep(1)
         alive = srv.proc.poll() is None
-        rss1, fd1 = (rss_mb(pid), n_fds(pid)) if alive else (0, 0)
-        pfx1 = prefix_mb(srv) if alive else 0.0
+        # connections the clients closed last are reaped within moments
+        fd1 = wait_for(lambda: n_fds(pid) <= fd0 and n_fds(pid), 10, 0.2) or n_fds(pid) \
+            if alive else 0
+        rss1 = rss_mb(pid) if alive else 0
+        m = srv.metrics() if alive else {}
+        pfx1 = m.get("darkserve_prefix_cache_bytes", 0.0) / 2 ** 20
         # snapshots on their way into the cache reserve its room: none left
-        reserved = srv.metrics().get("darkserve_prefix_cache_reserved_bytes", 0.0) if alive else 0
+        reserved = m.get("darkserve_prefix_cache_reserved_bytes", 0.0)
+        sessions_left = files_in(srv.session_dir)
+        uploads_left = files_in(updir)
         total = sum(stats.by_status.values())
         print(f"soak: {a.clients} clients, {wall:.0f} s, {total} requests "
               f"({total / wall:.1f}/s); server {'alive' if alive else 'DEAD'}")
         print("  by status: " + ", ".join(f"{k}: {v}" for k, v in sorted(stats.by_status.items())))
         print("  by op: " + ", ".join(f"{k}: {v}" for k, v in sorted(stats.by_op.items())))
-        if stats.errors:
-            print("  5xx: " + ", ".join(f"{k}: {v}" for k, v in stats.errors.items()))
-        print(f"  RSS {rss0:.0f} -> {rss1:.0f} MB (prefix cache {pfx0:.0f} -> {pfx1:.0f} MB "
+        if stats.refusals:
+            print("  4xx/5xx by op: " + ", ".join(f"{k}: {v}" for k, v in stats.refusals.items()))
+        print(f"  RSS {rss0:.1f} -> {rss1:.1f} MB (prefix cache {pfx0:.1f} -> {pfx1:.1f} MB "
               f"of it), open fds {fd0} -> {fd1}, prefix cache reserved {reserved:.0f} bytes")
+        rss2 = None
+        if a.trim and alive:
+            if malloc_trim(pid):
+                rss2 = rss_mb(pid)
+                print(f"  with malloc_trim(0): start {trim0:.1f} -> {rss0:.1f} MB, end "
+                      f"{rss1:.1f} -> {rss2:.1f} MB ({rss1 - rss2:.1f} MB was free memory kept "
+                      f"in glibc's arenas); end less the prefix cache "
+                      f"{rss2 - pfx1:.1f} MB vs start {rss0 - pfx0:.1f} MB")
+            else:
+                print("  malloc_trim(0) through gdb failed")
+        print(f"  left on disk: {len(sessions_left)} session file(s) {sessions_left[:5]}, "
+              f"{len(uploads_left)} spooled upload(s) {uploads_left[:5]}")
         ok = alive and not stats.errors and stats.by_status.get(0, 0) == 0 \
-            and rss1 - pfx1 <= (rss0 - pfx0) * 1.10 and fd1 <= fd0 * 1.10 + 1 and reserved == 0
+            and (rss1 - pfx1 <= (rss0 - pfx0) * 1.10 if not a.trim else
+                 rss2 is not None and rss2 - pfx1 <= (rss0 - pfx0) * 1.02) \
+            and fd1 <= fd0 and reserved == 0 \
+            and not sessions_left and not uploads_left
         print("soak: " + ("PASS" if ok else "FAIL"))
         return 0 if ok else 1
     finally:
