@@ -23,6 +23,9 @@ upload:  one chunked PUT /v1/sessions/{id}/state of --mb MB (past the
 uploads: --parallel slow chunked uploads at once: how many were refused
          with 429 (--max-uploads, 2 by default).
 
+The mixed-load soak (chats, streams, sessions, forks, export/import,
+cancels; fds and RSS after) is tests/soak/soak.py.
+
 Starts `darkserve serve` (DARKSERVE_BIN, else build/darkserve) on a free
 loopback port with the tiny model unless --model is given, and stops it.
 Exit status 1 when a goal is missed (flood: a poll over 1 s or failed;
