@@ -1120,7 +1120,7 @@ typedef struct sop {
     enum sop_kind kind;
     char id[PROTO_SESSION_ID_LEN + 1];
     char owner[SRV_SESSION_OWNER_LEN + 1]; /* fork: the copy's owner tag */
-    srv_body_t in;  /* import: the request body (owned) */
+    srv_body_t in;                         /* import: the request body (owned) */
     void *blob;     /* export: the state (owned), answered as it is */
     size_t blob_len;
     int64_t turns;  /* rollback: how many */

@@ -259,9 +259,9 @@ struct srv_req {
     const char *pnames[MAX_PARAMS];
     char *pvals[MAX_PARAMS];
     size_t nparams;
-    char *body;        /* malloc'd, or a read-only mapping of body_map bytes */
+    char *body; /* malloc'd, or a read-only mapping of body_map bytes */
     size_t body_len, body_cap, body_limit;
-    size_t body_map;   /* > 0: body maps the spooled file (body_len + its NUL) */
+    size_t body_map; /* > 0: body maps the spooled file (body_len + its NUL) */
     int too_large;
     int spool_fd;      /* the body so far in a temporary file (SPOOL_MIN), or -1 */
     int upload_slot;   /* holds one of max_uploads */

@@ -340,8 +340,8 @@ static void h_big(srv_req_t *req, void *ud)
         sum += (unsigned char)b.data[i] * (i % 7 + 1);
     char out[192];
     snprintf(out, sizeof out,
-             "{\"len\":%zu,\"sum\":%llu,\"same\":%s,\"nul\":%s,\"mapped\":%s,\"left\":%zu}",
-             b.len, sum, b.data == body && b.len == len ? "true" : "false",
+             "{\"len\":%zu,\"sum\":%llu,\"same\":%s,\"nul\":%s,\"mapped\":%s,\"left\":%zu}", b.len,
+             sum, b.data == body && b.len == len ? "true" : "false",
              b.data[b.len] == '\0' ? "true" : "false", b.map_len ? "true" : "false", left);
     srv_body_free(&b);
     srv_body_free(&b); /* released bodies are empty: a second free is a no-op */
@@ -963,8 +963,8 @@ TEST(test_large_bodies)
     /* n is a multiple of the page size: the NUL after it is on a page of
      * its own in the mapping */
     snprintf(want, sizeof want,
-             "{\"len\":%zu,\"sum\":%llu,\"same\":true,\"nul\":true,\"mapped\":true,\"left\":0}",
-             n, sum);
+             "{\"len\":%zu,\"sum\":%llu,\"same\":true,\"nul\":true,\"mapped\":true,\"left\":0}", n,
+             sum);
     resp_t r;
     for (int chunked = 0; chunked < 2; chunked++) {
         CHECK(big_post(A.port, n, chunked, 1, &r) == 0);
