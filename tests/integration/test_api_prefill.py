@@ -159,12 +159,14 @@ def test_client_that_leaves_cancels_the_prefill(servers, route, version):
 @pytest.mark.parametrize("version", ["1.1", "1.0"])
 def test_client_that_leaves_cancels_a_non_streamed_generation(servers, version):
     """A non-streamed completion of 100 000 tokens (one per step, the end
-    of sequence banned): the client leaves once tokens are being generated,
+    of generation banned): the client leaves once tokens are being generated,
     and the engine ends the job long before max_tokens."""
     srv = servers(model=TINY, attn="performer", args=["--max-tokens-limit", "100000"])
     m0 = srv.metrics()
     c0, g0 = m0.get(CANCELLED, 0), m0.get(GENERATED_TOKENS, 0)
-    body = {"prompt": "Once upon a time", "max_tokens": 100000, "logit_bias": {"2": -100}}
+    # the tiny model's three special tokens (ids 0-2) all end a generation
+    body = {"prompt": "Once upon a time", "max_tokens": 100000,
+            "logit_bias": {"0": -100, "1": -100, "2": -100}}
     _post_and_leave(srv, "/v1/completions", body,
                     lambda: srv.metrics().get(GENERATED_TOKENS, 0) > g0, version)
 
