@@ -175,3 +175,40 @@ def test_client_that_leaves_cancels_a_non_streamed_generation(servers, version):
         return m.get(CANCELLED, 0) > c0 and m.get("darkserve_engine_running_sequences", 1) == 0
     assert wait_for(ended, 120, 0.2), srv.log_text()[-3000:]
     assert srv.metrics().get(GENERATED_TOKENS, 0) - g0 < 50000
+
+
+def _half_closed_10(srv, body):
+    """An HTTP/1.0 request whose client shuts down its sending side after
+    it, then reads until the server closes -> the raw bytes."""
+    raw = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=120)
+    try:
+        s.sendall(f"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            part = s.recv(65536)
+            if not part:
+                return data
+            data += part
+    finally:
+        s.close()
+
+
+def test_half_closed_http10_client(servers):
+    """HTTP/1.0 has no interim answer to probe a FIN with: a half-closed 1.0
+    client is taken as gone before its answer (its generation cancelled,
+    nothing sent), but once its answer streams the SSE probe tells it apart
+    and it gets the whole stream (docs/API.md, Back-pressure and
+    disconnects)."""
+    srv = servers(model=TINY, attn="performer", args=["--max-tokens-limit", "100000"])
+    body = {"prompt": "Once upon a time", "max_tokens": 50, "stream": True}
+    data = _half_closed_10(srv, body)
+    assert data.startswith(b"HTTP/1.1 200 ") and data.rstrip().endswith(b"data: [DONE]"), data[-200:]
+    c0 = srv.metrics().get(CANCELLED, 0)
+    # long enough not to end before the FIN is seen
+    body = {"prompt": "Once upon a time", "max_tokens": 100000,
+            "logit_bias": {"0": -100, "1": -100, "2": -100}}
+    assert _half_closed_10(srv, body) == b""
+    assert wait_for(lambda: srv.metrics().get(CANCELLED, 0) > c0, 60, 0.1)
