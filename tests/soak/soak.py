@@ -26,9 +26,9 @@ still has room reserved for snapshots.
 
 --trim (needs gdb, and the right to attach to the server): the server is
 made to call malloc_trim(0) before the start's RSS is read and again after
-the run, and the RSS is reported both ways: what glibc keeps free in its
-arenas apart from memory in use. The trimmed figures must then agree within
-2% (less the prefix cache) instead of 10%.
+the run, and the RSS is reported both ways, which tells what glibc keeps
+free in its arenas apart from memory in use (a diagnosis: the pass rule
+stays the same).
 """
 import argparse
 import collections
@@ -229,7 +229,6 @@ def main():
             print("  4xx/5xx by op: " + ", ".join(f"{k}: {v}" for k, v in stats.refusals.items()))
         print(f"  RSS {rss0:.1f} -> {rss1:.1f} MB (prefix cache {pfx0:.1f} -> {pfx1:.1f} MB "
               f"of it), open fds {fd0} -> {fd1}, prefix cache reserved {reserved:.0f} bytes")
-        rss2 = None
         if a.trim and alive:
             if malloc_trim(pid):
                 rss2 = rss_mb(pid)
@@ -242,8 +241,7 @@ def main():
         print(f"  left on disk: {len(sessions_left)} session file(s) {sessions_left[:5]}, "
               f"{len(uploads_left)} spooled upload(s) {uploads_left[:5]}")
         ok = alive and not stats.errors and stats.by_status.get(0, 0) == 0 \
-            and (rss1 - pfx1 <= (rss0 - pfx0) * 1.10 if not a.trim else
-                 rss2 is not None and rss2 - pfx1 <= (rss0 - pfx0) * 1.02) \
+            and rss1 - pfx1 <= (rss0 - pfx0) * 1.10 \
             and fd1 <= fd0 and reserved == 0 \
             and not sessions_left and not uploads_left
         print("soak: " + ("PASS" if ok else "FAIL"))
