@@ -4,14 +4,16 @@ loopback, for a bounded time, mixing every kind of request and client
 disconnects; reports requests served, errors by status, RSS and open fds at
 the start and the end. Not part of `make test` (it takes minutes).
 
-    .venv/bin/python tests/soak/soak.py [--clients 32] [--seconds 180]
+    .venv/bin/python tests/soak/soak.py [--clients 32] [--seconds 180] [--warmup 20]
         [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--attn auto]
         [-- extra serve options]
 
 Starts `darkserve serve` (DARKSERVE_BIN, else build/darkserve) on a free
 loopback port at its default limits (every client is 127.0.0.1, so the
 per-address connection share is exercised too), with a fresh session and
-upload directory, and stops it at the end. Mix per client iteration
+upload directory, and stops it at the end. The start's RSS and fds are
+read after a warm-up: a full batch, then --warmup seconds of the mix with
+its sessions deleted. Mix per client iteration
 (weights): streamed and non-streamed completions and chat (n=1..2), session
 create / append / generate (NDJSON) / fork / export / import / delete, and a
 streamed request the client abandons after its first bytes.
@@ -166,6 +168,8 @@ def main():
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--attn", default="auto")
     ap.add_argument("--workdir", default=None, help="default: a fresh temporary directory")
+    ap.add_argument("--warmup", type=float, default=20,
+                    help="seconds of the same mix before the start's RSS is read")
     ap.add_argument("--trim", action="store_true",
                     help="report the RSS again after malloc_trim(0) in the server (gdb)")
     ap.add_argument("server_args", nargs="*", help="after --: extra `serve` options")
@@ -191,6 +195,17 @@ def main():
             t.start()
         for t in warm:
             t.join()
+        # then the mix itself for a while (its sessions deleted at the
+        # end): what the engine and the allocator keep after their first
+        # prefills of each kind belongs to the warmed-up start
+        if a.warmup > 0:
+            wend = time.monotonic() + a.warmup
+            warm = [threading.Thread(target=client, args=(srv, Stats(), wend, 1000 + i))
+                    for i in range(a.clients)]
+            for t in warm:
+                t.start()
+            for t in warm:
+                t.join()
         time.sleep(1)
         trim0 = None
         if a.trim:
