@@ -1127,7 +1127,7 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
         /* clang-analyzer takes &ly->wq for NULL when it cannot rule out a
          * NULL m->layers (a loaded model has its layers) */
         /* NOLINTNEXTLINE(clang-analyzer-core.NullDereference) */
-        const int panels = qw->pk && core_qdot_isa() == CORE_QDOT_AVX512VNNI;
+        const int panels = qw->pk && core_q8_pack_supported(qw->type);
         const core_qdot_job_t base = {.type = qw->type, .w = qw->data, .pk = qw->pk,
                                       .row_bytes = qw->row_bytes, .n = qw->rows,
                                       .beta = o->beta, .ldc = o->ldc};
@@ -1203,7 +1203,7 @@ static void matmul(core_model_t *m, int64_t Tq, int64_t n_pre, int64_t k, const 
  * change greedy replies (docs/PERFORMANCE.md). */
 static int all_rows_q8(const core_model_t *m)
 {
-    return m->prompt_int8 && m->all_packed && core_qdot_isa() == CORE_QDOT_AVX512VNNI;
+    return m->prompt_int8 && m->all_packed && core_q8_pack_supported(m->output.type);
 }
 
 int core_model_prompt_int8(const core_model_t *m)
