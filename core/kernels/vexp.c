@@ -135,12 +135,14 @@ void core_exp_force_generic(int on)
     atomic_store(&force_generic, on != 0);
 }
 
-/* The AVX-512 paths run: the CPU has them and tests do not force the
- * portable ones. */
+/* The AVX-512 paths run: the CPU has them, the kernel path chosen
+ * (core_qdot_isa: DARKSERVE_ISA, core_qdot_force_isa) is AVX-512, and tests
+ * do not force the portable ones. */
 static int use_avx512(void)
 {
 #ifdef VEXP_X86
     return !atomic_load_explicit(&force_generic, memory_order_relaxed) &&
+           core_qdot_isa() == CORE_QDOT_AVX512VNNI &&
            core_cpu_has(CORE_CPU_AVX512F | CORE_CPU_AVX512DQ | CORE_CPU_AVX512VL);
 #else
     return 0;
