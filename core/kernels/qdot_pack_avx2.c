@@ -8,9 +8,12 @@
  * each half is a group of 8 rows to this kernel, the lane layout the
  * AVX-512 kernel has with 8 lanes instead of 16. A half is multiplied over
  * all its blocks before the other: every weight byte still comes from
- * memory once (the second half's lines are in L1 or L2 by then), and
- * 2 x ACTS accumulators plus a block's unpacked weights fit the 16 ymm
- * registers.
+ * memory once (the second half's lines are in L1 or L2 by then), and the
+ * 16 ymm registers hold a half-block's unpacked weights (8) and the
+ * accumulators of a few activation rows. ACTS = 4 rows a pass spills a
+ * little and still beat 2 (a 16-row product of a 1536 x 576 Q4_1 matrix
+ * from L2: ~173 against ~204 us, build/tools/bench_qdot --m 16, AMD EPYC
+ * with AVX-512, AVX2 path).
  *
  * Integers (per block and lane, exact):
  *   Q4_0, Q4_1: maddubs of the unsigned nibbles (0..15) with the broadcast
@@ -42,7 +45,7 @@
 enum {
     QB = CORE_Q8_BLOCK,
     ROWS = CORE_Q8_PACK_ROWS,
-    ACTS = 2,      /* activation rows a pass over a half's blocks serves */
+    ACTS = 4,      /* activation rows a pass over a half's blocks serves (see the top) */
     PF = 8192,     /* bytes prefetched ahead (into L2), as the AVX-512 kernel */
     PANEL_R = 6,   /* prompt rows a pass over a panel serves */
     PANEL_G = CORE_Q8_PANEL_ROWS / ROWS
@@ -178,7 +181,11 @@ AVX2_FN void packed_body(int type, const core_q8_act_t *qa, int64_t j0, int64_t 
             int64_t r = 0;
             for (; r + ACTS <= qa->m; r += ACTS)
                 half_rows(type, ACTS, qa, r, gp, h, h == 0 && r == 0, mask, beta, cg, ldc);
-            if (r < qa->m) /* the last row (ACTS == 2) */
+            if (qa->m - r == 3)
+                half_rows(type, 3, qa, r, gp, h, h == 0 && r == 0, mask, beta, cg, ldc);
+            else if (qa->m - r == 2)
+                half_rows(type, 2, qa, r, gp, h, h == 0 && r == 0, mask, beta, cg, ldc);
+            else if (qa->m - r == 1)
                 half_rows(type, 1, qa, r, gp, h, h == 0 && r == 0, mask, beta, cg, ldc);
         }
     }
