@@ -292,11 +292,15 @@ AVX2_FN void panel_rows(int R, const float *a, int64_t lda, int64_t k, const flo
             acc[r][1] = _mm256_fmadd_ps(x, w1, acc[r][1]);
         }
     }
+    /* constant indices only (both loops unrolled): a variable index into
+     * acc made gcc keep it in memory and store it at every e */
+#pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
-        if (l1 <= 8 * h)
-            break;
         const __m256i mask = lane_mask(h, 0, l1);
+#pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
+            if (l1 <= 8 * h)
+                continue;
             float *cr = c + r * ldc + 8 * h;
             __m256 v = acc[r][h];
             if (beta != 0.0f)
