@@ -90,7 +90,7 @@ AVX2_FN __m256i bcast4(const int8_t *q)
 /* Half h of the group at gp against R activation rows from ri; the lanes
  * in mask stored at c + 8h (lane l at c[8h + l], row i at c + i * ldc). */
 AVX2_FN void half_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
-                       const unsigned char *gp, int h, int pf, __m256i mask, float beta, float *c,
+                       const unsigned char *gp, int64_t h, int pf, __m256i mask, float beta, float *c,
                        int64_t ldc)
 {
     const int64_t nb = qa->nb;
@@ -108,7 +108,7 @@ AVX2_FN void half_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
         if (type == CORE_TTYPE_Q8_0) {
             __m256i aw[8];
 #pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
+            for (int64_t t = 0; t < 8; t++) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(wq + 64 * t));
                 aw[t] = _mm256_sign_epi8(w, w);
             }
@@ -117,7 +117,7 @@ AVX2_FN void half_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
                 const int8_t *q = qa->q + ((ri + r) * nb + b) * QB;
                 __m256i is = _mm256_setzero_si256();
 #pragma GCC unroll 8
-                for (int t = 0; t < 8; t++) {
+                for (int64_t t = 0; t < 8; t++) {
                     const __m256i w =
                         _mm256_loadu_si256((const __m256i *)(const void *)(wq + 64 * t));
                     const __m256i p = _mm256_maddubs_epi16(aw[t], _mm256_sign_epi8(bcast4(q + 4 * t), w));
@@ -130,7 +130,7 @@ AVX2_FN void half_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
         }
         __m256i lo[4], hi[4];
 #pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) {
+        for (int64_t t = 0; t < 4; t++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(wq + 64 * t));
             lo[t] = _mm256_and_si256(v, m4);
             hi[t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
@@ -144,7 +144,7 @@ AVX2_FN void half_rows(int type, int R, const core_q8_act_t *qa, int64_t ri,
             __m256i s16 = _mm256_maddubs_epi16(lo[0], bcast4(q));
             s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[0], bcast4(q + 16)));
 #pragma GCC unroll 4
-            for (int t = 1; t < 4; t++) {
+            for (int64_t t = 1; t < 4; t++) {
                 s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[t], bcast4(q + 4 * t)));
                 s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[t], bcast4(q + 16 + 4 * t)));
             }
@@ -174,10 +174,10 @@ AVX2_FN void packed_body(int type, const core_q8_act_t *qa, int64_t j0, int64_t 
         const int l1 = (int)(j1 - base < ROWS ? j1 - base : ROWS);
         const unsigned char *gp = pk + (size_t)g * gstride;
         float *cg = c + base; /* lane l is column base + l */
-        for (int h = 0; h < 2; h++) {
+        for (int64_t h = 0; h < 2; h++) {
             if (l1 <= 8 * h || l0 >= 8 * h + 8)
                 continue;
-            const __m256i mask = lane_mask(h, l0, l1);
+            const __m256i mask = lane_mask((int)h, l0, l1);
             int64_t r = 0;
             for (; r + ACTS <= qa->m; r += ACTS)
                 half_rows(type, ACTS, qa, r, gp, h, h == 0 && r == 0, mask, beta, cg, ldc);
@@ -232,18 +232,18 @@ AVX2_FN void panel_fill(int type, const unsigned char *gp, int64_t nb, float *pa
     for (int64_t b = 0; b < nb; b++, gp += gb) {
         prefetch_ahead(gp, gb);
         float *out = panel + b * QB * ROWS;
-        for (int h = 0; h < 2; h++) {
+        for (int64_t h = 0; h < 2; h++) {
             const __m256 dw = half8(gp + 16 * h);
             const unsigned char *wq = gp + 64 + 32 * h;
             float *oh = out + 8 * h;
             if (type == CORE_TTYPE_Q8_0) {
 #pragma GCC unroll 8
-                for (int t = 0; t < 8; t++) {
+                for (int64_t t = 0; t < 8; t++) {
                     const __m256i v =
                         _mm256_loadu_si256((const __m256i *)(const void *)(wq + 64 * t));
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++) {
-                        const __m256i q = _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * j), 24);
+                    for (int64_t j = 0; j < 4; j++) {
+                        const __m256i q = _mm256_srai_epi32(_mm256_slli_epi32(v, (int)(24 - 8 * j)), 24);
                         _mm256_store_ps(oh + (4 * t + j) * ROWS,
                                         _mm256_mul_ps(dw, _mm256_cvtepi32_ps(q)));
                     }
@@ -253,14 +253,14 @@ AVX2_FN void panel_fill(int type, const unsigned char *gp, int64_t nb, float *pa
             const __m256 mw =
                 type == CORE_TTYPE_Q4_1 ? half8(gp + 32 + 16 * h) : _mm256_setzero_ps();
 #pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
+            for (int64_t t = 0; t < 4; t++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(wq + 64 * t));
 #pragma GCC unroll 2
-                for (int n = 0; n < 2; n++) /* low nibbles: values 4t + j; high: 16 + 4t + j */
+                for (int64_t n = 0; n < 2; n++) /* low nibbles: values 4t + j; high: 16 + 4t + j */
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++) {
+                    for (int64_t j = 0; j < 4; j++) {
                         const __m256i q =
-                            _mm256_and_si256(_mm256_srli_epi32(v, 8 * j + 4 * n), m4);
+                            _mm256_and_si256(_mm256_srli_epi32(v, (int)(8 * j + 4 * n)), m4);
                         const __m256 y =
                             type == CORE_TTYPE_Q4_1
                                 ? _mm256_add_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(q)), mw)
@@ -295,8 +295,8 @@ AVX2_FN void panel_rows(int R, const float *a, int64_t lda, int64_t k, const flo
     /* constant indices only (both loops unrolled): a variable index into
      * acc made gcc keep it in memory and store it at every e */
 #pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        const __m256i mask = lane_mask(h, 0, l1);
+    for (int64_t h = 0; h < 2; h++) {
+        const __m256i mask = lane_mask((int)h, 0, l1);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             if (l1 <= 8 * h)
