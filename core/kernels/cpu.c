@@ -32,7 +32,7 @@
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 static unsigned features;
-static int env_isa = -1;     /* DARKSERVE_ISA's path, -1 when unset or refused */
+static core_qdot_isa_t default_isa; /* DARKSERVE_ISA's path, else the best */
 static char env_error[160];  /* why DARKSERVE_ISA was refused, "" when it was not */
 
 static core_qdot_isa_t best_of(unsigned f);
@@ -79,10 +79,9 @@ static void probe(void)
     }
 #endif
     features = f;
-    core_qdot_isa_t isa;
-    if (core_qdot_isa_choose(getenv("DARKSERVE_ISA"), best_of(f), &isa, env_error,
-                             sizeof env_error) == 0)
-        env_isa = (int)isa;
+    /* on a refusal (env_error set) isa is the best */
+    (void)core_qdot_isa_choose(getenv("DARKSERVE_ISA"), best_of(f), &default_isa, env_error,
+                               sizeof env_error);
 }
 
 unsigned core_cpu_features(void)
@@ -139,7 +138,7 @@ int core_qdot_isa_choose(const char *name, core_qdot_isa_t best, core_qdot_isa_t
 core_qdot_isa_t core_qdot_default_isa(void)
 {
     (void)pthread_once(&probe_once, probe);
-    return env_isa >= 0 ? (core_qdot_isa_t)env_isa : core_qdot_best_isa();
+    return default_isa;
 }
 
 const char *core_qdot_env_error(void)

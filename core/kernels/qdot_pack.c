@@ -967,11 +967,12 @@ int core_q8_amx_used(int64_t m)
 int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
                           const void *pk, float beta, float *c, int64_t ldc)
 {
-    if (!core_q8_pack_supported(type) || j0 < 0 || j1 < j0)
+    const core_qdot_isa_t isa = core_qdot_isa(); /* once: a call per chunk of 64 rows */
+    if (!packs(type) || isa < CORE_QDOT_AVX2 || j0 < 0 || j1 < j0)
         return CORE_EINVAL;
 #ifdef PACK_X86
     const unsigned char *p = pk;
-    if (core_qdot_isa() == CORE_QDOT_AVX2)
+    if (isa == CORE_QDOT_AVX2)
         core_q8_matmul_packed_avx2(type, qa, j0, j1, p, beta, c, ldc);
     else if (core_q8_amx_used(qa->m) && qa->nb <= CORE_Q8_AMX_MAX_BLOCKS)
         packed_amx(type, qa, j0, j1, p, beta, c, ldc);
