@@ -142,9 +142,14 @@ TEST_ENV := OPENBLAS_CORETYPE=$$($(abspath $(BUILD)/darkserve) version | sed -n 
             DARKSERVE_TINY_MODEL=$(abspath $(BUILD)/fixtures/tiny.gguf) \
             DARKSERVE_MODEL=$(abspath $(MODEL)) DARKSERVE_DATA=$(abspath tests/data)
 
-# unit: every C test binary, each in its own process with a timeout.
+# unit: every C test binary, each in its own process with a timeout; then
+# the kernel and model tests again on every other kernel path this CPU runs
+# (DARKSERVE_ISA=generic, avx2, ...: scripts/run_unit_isa.sh).
+ISA_TEST_BINS := $(addprefix $(BUILD)/tests/test_core_,qdot qdot_q8 half vexp blas features \
+                   attn_exact model model_tap)
 unit: $(TEST_BINS) $(TINY) $(BUILD)/darkserve
 	@$(TEST_ENV) scripts/run_unit.sh $(TEST_BINS)
+	@$(TEST_ENV) scripts/run_unit_isa.sh $(ISA_TEST_BINS)
 
 pytest: all $(TINY)
 	@$(TEST_ENV) $(PYTHON) -m pytest -q -rs tests/reference tests/integration
@@ -247,11 +252,12 @@ container-test: $(BUILD)/darkserve
 # run"): memory bandwidth and the decode bound, prefill, decode at 512 / 4K /
 # 16K / 64K, HTTP streams at 1 / 4 / 16 / 64 with TTFT and RSS; a table on
 # stdout and build/bench/report.md. ~15 minutes; BENCH_QUICK=1 skips 16K, 64K
-# and 64 streams (a few minutes). scripts/bench.sh BIN MODEL [generate args]
+# and 64 streams (a few minutes); ISA=generic|avx2|avx512vnni runs it all on that
+# kernel path (DARKSERVE_ISA). scripts/bench.sh BIN MODEL [generate args]
 # stays for side-by-side comparisons of two binaries.
 BENCH_PY := $(if $(wildcard $(PYTHON)),$(PYTHON),python3)
 bench: $(BUILD)/darkserve $(BUILD)/tools/bench_bw $(BUILD)/tools/bench_decode
-	@$(BENCH_PY) scripts/bench.py --build $(BUILD) --model $(MODEL) $(if $(filter 1,$(BENCH_QUICK)),--quick)
+	@$(BENCH_PY) scripts/bench.py --build $(BUILD) --model $(MODEL) $(if $(filter 1,$(BENCH_QUICK)),--quick) $(if $(ISA),--isa $(ISA))
 
 clean:
 	rm -rf build build-asan

@@ -13,7 +13,7 @@
  * Q8_0/Q4_K/Q5_K/Q6_K weights they are quantized to 8 bits once per input
  * (one quantization serves q, k and v; another gate and up) and multiplied in
  * integers; the other types (F16, BF16, Q2_K, Q3_K) take the rows as f32.
- * Where the decode weights are packed (AVX-512 VNNI; Q4_0, Q4_1, Q8_0), all
+ * Where the decode weights are packed (AVX2, AVX-512 VNNI; Q4_0, Q4_1, Q8_0), all
  * prompt rows of the forward, every sequence's, go through one product on
  * panels dequantized from the packed copy (core_qmatmul_packed): each output
  * one fused multiply-add chain, so a row's bits do not depend on the rows
@@ -354,7 +354,7 @@ static size_t packed_bytes(const wmat_t *w)
 }
 
 /* The decode rows' copy of every matrix in the packed layout, where this
- * CPU's kernel reads one (AVX-512 VNNI; Q4_0, Q4_1, Q8_0): the same bytes
+ * CPU's kernel reads one (AVX2, AVX-512 VNNI; Q4_0, Q4_1, Q8_0): the same bytes
  * again in anonymous memory, read instead of the mapping by every decode
  * product, all in one arena in the order a step reads them, 2 MiB aligned
  * and offered to the kernel as transparent huge pages (with 4 KiB pages a
@@ -1127,7 +1127,7 @@ static void matmuls(core_model_t *m, int64_t Td, const int64_t *pre_n, int64_t n
         /* clang-analyzer takes &ly->wq for NULL when it cannot rule out a
          * NULL m->layers (a loaded model has its layers) */
         /* NOLINTNEXTLINE(clang-analyzer-core.NullDereference) */
-        const int panels = qw->pk && core_qdot_isa() == CORE_QDOT_AVX512VNNI;
+        const int panels = qw->pk && core_q8_pack_supported(qw->type);
         const core_qdot_job_t base = {.type = qw->type, .w = qw->data, .pk = qw->pk,
                                       .row_bytes = qw->row_bytes, .n = qw->rows,
                                       .beta = o->beta, .ldc = o->ldc};
@@ -1203,7 +1203,7 @@ static void matmul(core_model_t *m, int64_t Tq, int64_t n_pre, int64_t k, const 
  * change greedy replies (docs/PERFORMANCE.md). */
 static int all_rows_q8(const core_model_t *m)
 {
-    return m->prompt_int8 && m->all_packed && core_qdot_isa() == CORE_QDOT_AVX512VNNI;
+    return m->prompt_int8 && m->all_packed && core_q8_pack_supported(m->output.type);
 }
 
 int core_model_prompt_int8(const core_model_t *m)

@@ -2,7 +2,13 @@
 """make bench: darkserve's benchmark of record (the speed and memory targets).
 
   scripts/bench.py [--build DIR] [--model M.gguf] [--adapter A.gguf] [--out FILE]
+                   [--isa generic|avx2|avx512vnni]
   BENCH_QUICK=1 scripts/bench.py ...   (or --quick)
+
+--isa (make bench ISA=...) runs every step on that kernel path
+(DARKSERVE_ISA in the environment of every program it starts): an AVX-512
+host measures the AVX2 path so. Refused, before anything runs, where this CPU
+lacks the path. The report names the path that ran and whether it was forced.
 
 One run measures, on the machine it runs on and in the same minutes:
 
@@ -107,6 +113,7 @@ def machine(bin_path):
         "kernel": platform.release(),
         "commit": commit.strip() if rc == 0 else "?",
         "dirty": dirty,
+        "isa_forced": os.environ.get("DARKSERVE_ISA") or None,
     }
 
 
@@ -417,6 +424,7 @@ def render(r, markdown):
              f"{fmt(bw.get('llc_mib'))} MiB; kernels chosen: quantized dot products "
              f"{bw.get('qdot', '?')}"
              f"{' (batches of 8+ rows on Intel AMX tiles)' if bw.get('qdot', '').endswith('+amx') else ''}"
+             f"{' (forced: DARKSERVE_ISA=' + m['isa_forced'] + ')' if m.get('isa_forced') else ''}"
              f", OpenBLAS {m['openblas']}, bandwidth probe "
              f"{bw.get('read_kernel', '?')}. Load average (1/5/15 min) at the start "
              f"{' / '.join(f'{x:.2f}' for x in start)}, at the end "
@@ -592,7 +600,11 @@ def main(argv):
                     help="default: the one `--attn auto` finds beside the model")
     ap.add_argument("--out", default=None, help="default: BUILD/bench/report.md")
     ap.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK") == "1")
+    ap.add_argument("--isa", default=None,
+                    help="kernel path for every step (DARKSERVE_ISA); default: the CPU's best")
     args = ap.parse_args(argv)
+    if args.isa:
+        os.environ["DARKSERVE_ISA"] = args.isa
     build = os.path.abspath(args.build)
     model = os.path.abspath(args.model)
     bin_path = os.path.join(build, "darkserve")
@@ -602,6 +614,9 @@ def main(argv):
               os.path.join(build, "tools", "bench_decode"), model):
         if not os.path.exists(p):
             sys.exit(f"bench: {p} missing (make all; make model)")
+    rc, _, err = run([bin_path, "version"])
+    if rc != 0:  # an unknown DARKSERVE_ISA, or one this CPU does not run
+        sys.exit(f"bench: {err.strip()}")
 
     t_start = time.monotonic()
     r = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -100,11 +100,11 @@ const char *srv_prompt_rows_note(const core_model_t *m, int asked_int8, int *war
     *warn = asked_int8;
     if (core_model_prompt_amx(m))
         return asked_int8 ? "--prompt-precision int8 needs every matrix packed (Q4_0, Q4_1, "
-                            "Q8_0) for AVX-512 VNNI: prompt rows stay on the Intel AMX-BF16 tiles"
+                            "Q8_0): prompt rows stay on the Intel AMX-BF16 tiles"
                           : "prompt rows on Intel AMX-BF16 tiles (two bf16 parts a value, within "
                             "2^-16 of f32; --prompt-precision f32 for the f32 products)";
-    return asked_int8 ? "--prompt-precision int8: prompt rows stay f32 (it needs AVX-512 VNNI "
-                        "and Q4_0, Q4_1 or Q8_0 weights throughout)"
+    return asked_int8 ? "--prompt-precision int8: prompt rows stay f32 (it needs the AVX2 or "
+                        "AVX-512 VNNI kernels and Q4_0, Q4_1 or Q8_0 weights throughout)"
                       : NULL;
 }
 

@@ -170,7 +170,8 @@ static const opt_t opts[] = {
      "within 2^-16 of f32, ~1.4x the prefill speed) and in f32 elsewhere; f32 always against "
      "dequantized weights in f32; "
      "int8: quantized to 8 bits per block of 32 as generated tokens always are, where every "
-     "weight matrix has the packed AVX-512 VNNI kernel (Q4_0, Q4_1, Q8_0; elsewhere f32). "
+     "weight matrix has the packed kernel (Q4_0, Q4_1, Q8_0 on AVX2 or AVX-512 VNNI; elsewhere "
+     "f32). "
      "int8 prefills ~1.7x faster, at ~0.4% higher perplexity, and a prompt served from the "
      "prefix cache or a session's turns may then get another greedy reply than the same "
      "prompt sent whole"},

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "core/kernels/blas.h"
+#include "core/kernels/cpu.h"
 #include "server/cli/cli.h"
 #include "server/base/version.h"
 
@@ -61,12 +62,23 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
+    /* a path the user named that cannot run is refused, not replaced */
+    if (core_qdot_env_error()) {
+        fprintf(stderr, "darkserve: %s\n", core_qdot_env_error());
+        return 2;
+    }
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;
     }
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("darkserve %s\nopenblas: %s\n", DARKSERVE_VERSION, core_blas_corename());
+        printf("darkserve %s\nopenblas: %s\nqdot: %s\nqdot paths:", DARKSERVE_VERSION,
+               core_blas_corename(), core_qdot_isa_name(core_qdot_isa()));
+        for (int i = 0; i < CORE_QDOT_ISA_COUNT_; i++) /* every path this CPU runs */
+            if (core_qdot_force_isa((core_qdot_isa_t)i) == 0)
+                printf(" %s", core_qdot_isa_name((core_qdot_isa_t)i));
+        (void)core_qdot_force_isa(CORE_QDOT_ISA_COUNT_);
+        printf("\n");
         return 0;
     }
     if (strcmp(cmd, "serve") == 0)

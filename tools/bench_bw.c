@@ -319,6 +319,8 @@ int main(int argc, char **argv)
 {
     int64_t mb = 0, passes = 9, threads = 0;
     const char *kernel = NULL, *model = NULL;
+    if (tool_isa_env_ok("bench_bw") < 0)
+        return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
@@ -371,7 +373,8 @@ int main(int argc, char **argv)
     printf("bench_bw: buffer %zu MiB (last-level cache %zu MiB), %d passes, read kernel %s, "
            "qdot kernels %s%s; %ld online CPUs, %d usable\n",
            bytes / MIB, llc / MIB, (int)passes, rd_name, core_qdot_isa_name(core_qdot_isa()),
-           core_q8_amx_available() ? "+amx" : "", online, usable_cpus());
+           core_q8_amx_available() && core_qdot_isa() == CORE_QDOT_AVX512VNNI ? "+amx" : "",
+           online, usable_cpus());
     fflush(stdout);
     unsigned char *buf =
         mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

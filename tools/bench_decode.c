@@ -171,6 +171,8 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL, *amx = NULL;
     int64_t m = 0, w = -1, sinks = -1, memory = -1, n_tok = 32, runs = 5, threads = 0, vs = -1, batch = 1;
+    if (tool_isa_env_ok("bench_decode") < 0)
+        return 2;
     int64_t at[MAX_CTX + 1];
     int n_st = 0;
     for (int i = 1; i < argc; i++) {

@@ -8,9 +8,9 @@
  * k (default 1536 x 576: one FFN matrix of the default model, which stays in
  * L2; pass --n 100000 for a matrix that must come from memory), m activation
  * rows; then the prompt rows' kernels on the packed copy, on the calling
- * thread: "prompt panel" (the f32 panels, core_qmatmul_packed) and, where
- * the CPU has AMX-BF16, "prompt bf16t" (core_q8_amx_split of the rows, then
- * core_qmatmul_packed_amx). Prints, per variant, the medians over R
+ * thread, per ISA that packs: "panel" (the f32 panels, core_qmatmul_packed)
+ * and, where the CPU has AMX-BF16, "bf16t" (core_q8_amx_split of the rows,
+ * then core_qmatmul_packed_amx). Prints, per variant, the medians over R
  * repetitions of wall time and
  * of process CPU time, with the weight bytes read per second of each. A
  * benchmark program, not a test.
@@ -125,9 +125,9 @@ int main(int argc, char **argv)
         for (int path = 0; path < 4; path++) { /* f32, int8, int8p, int8p on AMX tiles */
             if (path >= 1 && !core_q8_supported(type))
                 continue;
-            if (path >= 2 && (!pk || isa != (int)CORE_QDOT_AVX512VNNI))
+            if (path >= 2 && (!pk || !core_q8_pack_supported(type)))
                 continue;
-            if (path == 3 && !core_q8_amx_available())
+            if (path == 3 && (!core_q8_amx_available() || isa != (int)CORE_QDOT_AVX512VNNI))
                 continue;
             (void)core_q8_force_amx(path == 3 ? CORE_Q8_AMX_ON : CORE_Q8_AMX_OFF);
             for (long i = 0; i < reps; i++) {
@@ -156,14 +156,16 @@ int main(int argc, char **argv)
         }
     }
     (void)core_q8_force_amx(CORE_Q8_AMX_AUTO);
-    (void)core_qdot_force_isa(core_qdot_best_isa());
     /* prompt rows (f32) against the packed weights on the calling thread:
-     * the f32 panels, and where the CPU has AMX-BF16 the tiles (the split
-     * of the rows included) */
-    if (pk && core_qdot_best_isa() == CORE_QDOT_AVX512VNNI) {
+     * the f32 panels on every ISA that packs, and where the CPU has
+     * AMX-BF16 the tiles (the split of the rows included) */
+    for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
+        (void)core_qdot_force_isa((core_qdot_isa_t)isa);
+        if (!pk || !core_q8_pack_supported(type))
+            continue;
         float *panel = aligned_alloc(64, core_q8_panel_floats(k) * sizeof *panel);
         const size_t sb = (core_q8_amx_split_words(m, k) * sizeof(uint16_t) + 63) / 64 * 64;
-        uint16_t *as = core_q8_amx_panels_available() ? aligned_alloc(64, sb) : NULL;
+        uint16_t *as = core_q8_amx_panels_used() ? aligned_alloc(64, sb) : NULL;
         for (int path = 0; path < 2 && panel; path++) {
             if (path == 1 && !as)
                 break;
@@ -176,11 +178,13 @@ int main(int argc, char **argv)
                 t[i] = now_s() - t0;
                 tc[i] = cpu_s() - c0;
             }
-            report("prompt", path ? "bf16t" : "panel", t, tc, reps, (double)n * (double)rb);
+            report(core_qdot_isa_name((core_qdot_isa_t)isa), path ? "bf16t" : "panel", t, tc, reps,
+                   (double)n * (double)rb);
         }
         free(panel);
         free(as);
     }
+    (void)core_qdot_force_isa(CORE_QDOT_ISA_COUNT_);
     core_pool_free(pool);
     free(w);
     free(a);

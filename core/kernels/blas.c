@@ -7,6 +7,8 @@
  * than the product itself (measured: 76% of decode time in
  * sgemm_incopy). The small-m kernel streams each B row once and dots it with
  * every A row while it is in L1, with AVX2/FMA when the CPU has them.
+ * A lower kernel path forced by DARKSERVE_ISA or core_qdot_force_isa
+ * (core/kernels/cpu.h) takes that path's small kernels (small_level).
  */
 #include "core/kernels/blas.h"
 
@@ -25,6 +27,7 @@
 typedef void (*nn_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                       int64_t, float, float *, int64_t);
 static void pick_small(void);
+static int small_level(void);
 static pthread_once_t small_once = PTHREAD_ONCE_INIT;
 static _Atomic int small_generic; /* core_gemm_small_force_generic */
 static nn_fn small_tn;            /* core_gemm_tn's rank-1 updates */
@@ -61,9 +64,9 @@ void core_gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, 
                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
     if (k <= CORE_GEMM_SMALL_K) {
-        pthread_once(&small_once, pick_small);
-        const int generic = atomic_load_explicit(&small_generic, memory_order_relaxed);
-        (generic ? tn_small_generic : small_tn)(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        /* no AVX2 kernel of its own: below the best, the portable one */
+        (small_level() == 0 ? small_tn : tn_small_generic)(m, n, k, alpha, a, lda, b, ldb, beta,
+                                                           c, ldc);
         return;
     }
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, alpha,
@@ -492,18 +495,43 @@ static void pick_small(void)
 #endif
 }
 
+/* Which small kernels run: 0, pick_small's (the CPU's best); or those of a
+ * lower kernel path forced by DARKSERVE_ISA or core_qdot_force_isa
+ * (SMALL_AVX2: the AVX2 + FMA kernels, no AVX-512 and no half kernels;
+ * SMALL_GENERIC: the portable ones, as core_gemm_small_force_generic), so
+ * that a forced path runs what a CPU of its class runs and is tested so. */
+enum { SMALL_AVX2 = 1, SMALL_GENERIC = 2 };
+static int small_level(void)
+{
+    pthread_once(&small_once, pick_small);
+    if (atomic_load_explicit(&small_generic, memory_order_relaxed))
+        return SMALL_GENERIC;
+    const core_qdot_isa_t isa = core_qdot_isa();
+    if (isa >= core_qdot_best_isa())
+        return 0;
+#ifdef CORE_BLAS_X86
+    return isa >= CORE_QDOT_AVX2 ? SMALL_AVX2 : SMALL_GENERIC;
+#else
+    return SMALL_GENERIC;
+#endif
+}
+
 void core_gemm_nn_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    pthread_once(&small_once, pick_small);
     if (m > CORE_GEMM_SMALL_M) { /* the kernels keep one accumulator per row */
         core_gemm_nn_small(CORE_GEMM_SMALL_M, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         core_gemm_nn_small(m - CORE_GEMM_SMALL_M, n, k, alpha, a + CORE_GEMM_SMALL_M * lda, lda,
                            b, ldb, beta, c + CORE_GEMM_SMALL_M * ldc, ldc);
         return;
     }
-    (atomic_load_explicit(&small_generic, memory_order_relaxed) ? nn_small_generic : small_nn)(
-        m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    const int level = small_level();
+    nn_fn nn = level == 0 ? small_nn : nn_small_generic;
+#ifdef CORE_BLAS_X86
+    if (level == SMALL_AVX2)
+        nn = nn_small_avx2;
+#endif
+    nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void core_gemm_small_force_generic(int on)
@@ -514,11 +542,14 @@ void core_gemm_small_force_generic(int on)
 void core_gemm_nt_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    pthread_once(&small_once, pick_small);
-    const int generic = atomic_load_explicit(&small_generic, memory_order_relaxed);
-    if (!generic && small_nt && small_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    const int level = small_level();
+    if (level == 0 && small_nt && small_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
         return;
-    const dot_fn dot = generic ? dot_generic : small_dot;
+    dot_fn dot = level == 0 ? small_dot : dot_generic;
+#ifdef CORE_BLAS_X86
+    if (level == SMALL_AVX2)
+        dot = dot_avx2;
+#endif
     for (int64_t j = 0; j < n; j++) {
         const float *bj = b + j * ldb;
         for (int64_t i = 0; i < m; i++) {
@@ -533,16 +564,12 @@ int core_gemm_nt_half_small(int64_t m, int64_t n, int64_t k, float alpha, const 
                             int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
                             int64_t ldc)
 {
-    pthread_once(&small_once, pick_small);
-    return !atomic_load_explicit(&small_generic, memory_order_relaxed) && half_nt &&
-           half_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return small_level() == 0 && half_nt && half_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 int core_gemm_nn_half_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                             int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
                             int64_t ldc)
 {
-    pthread_once(&small_once, pick_small);
-    return !atomic_load_explicit(&small_generic, memory_order_relaxed) && half_nn &&
-           half_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return small_level() == 0 && half_nn && half_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }

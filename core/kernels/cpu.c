@@ -5,11 +5,16 @@
  * the OS saves their registers; CPUID is read directly for the rest, each
  * only after the family it belongs to was found (F16C after AVX2, VNNI and
  * BF16 after AVX-512F, the AMX units after the OS granted the tile state).
+ * The probe also reads DARKSERVE_ISA, once: the environment of a process
+ * does not change what its kernels are.
  */
 #include "core/kernels/cpu.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/err.h"
 
@@ -27,6 +32,10 @@
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 static unsigned features;
+static core_qdot_isa_t default_isa; /* DARKSERVE_ISA's path, else the best */
+static char env_error[160];  /* why DARKSERVE_ISA was refused, "" when it was not */
+
+static core_qdot_isa_t best_of(unsigned f);
 
 static void probe(void)
 {
@@ -70,6 +79,9 @@ static void probe(void)
     }
 #endif
     features = f;
+    /* on a refusal (env_error set) isa is the best */
+    (void)core_qdot_isa_choose(getenv("DARKSERVE_ISA"), best_of(f), &default_isa, env_error,
+                               sizeof env_error);
 }
 
 unsigned core_cpu_features(void)
@@ -83,14 +95,56 @@ int core_cpu_has(unsigned mask)
     return (core_cpu_features() & mask) == mask;
 }
 
-core_qdot_isa_t core_qdot_best_isa(void)
+static core_qdot_isa_t best_of(unsigned f)
 {
-    if (!core_cpu_has(CORE_CPU_AVX2 | CORE_CPU_FMA | CORE_CPU_F16C))
+    const unsigned avx2 = CORE_CPU_AVX2 | CORE_CPU_FMA | CORE_CPU_F16C;
+    const unsigned avx512 =
+        CORE_CPU_AVX512F | CORE_CPU_AVX512BW | CORE_CPU_AVX512VL | CORE_CPU_AVX512VNNI;
+    if ((f & avx2) != avx2)
         return CORE_QDOT_GENERIC;
-    if (core_cpu_has(CORE_CPU_AVX512F | CORE_CPU_AVX512BW | CORE_CPU_AVX512VL |
-                     CORE_CPU_AVX512VNNI))
+    if ((f & avx512) == avx512)
         return CORE_QDOT_AVX512VNNI;
     return CORE_QDOT_AVX2;
+}
+
+core_qdot_isa_t core_qdot_best_isa(void)
+{
+    return best_of(core_cpu_features());
+}
+
+int core_qdot_isa_choose(const char *name, core_qdot_isa_t best, core_qdot_isa_t *isa, char *msg,
+                         size_t n)
+{
+    if (n > 0)
+        msg[0] = '\0';
+    *isa = best;
+    if (!name || !*name)
+        return 1;
+    for (int i = 0; i < CORE_QDOT_ISA_COUNT_; i++) {
+        if (strcmp(name, core_qdot_isa_name((core_qdot_isa_t)i)) != 0)
+            continue;
+        if (i > (int)best) {
+            snprintf(msg, n, "DARKSERVE_ISA=%s: this CPU does not run it (its best path is %s)",
+                     name, core_qdot_isa_name(best));
+            return CORE_EUNSUPPORTED;
+        }
+        *isa = (core_qdot_isa_t)i;
+        return 0;
+    }
+    snprintf(msg, n, "DARKSERVE_ISA=%.40s: unknown path (generic, avx2 or avx512vnni)", name);
+    return CORE_EINVAL;
+}
+
+core_qdot_isa_t core_qdot_default_isa(void)
+{
+    (void)pthread_once(&probe_once, probe);
+    return default_isa;
+}
+
+const char *core_qdot_env_error(void)
+{
+    (void)pthread_once(&probe_once, probe);
+    return env_error[0] ? env_error : NULL;
 }
 
 /* core_qdot_force_isa's choice, -1 for none. Atomic so that a product running
@@ -101,7 +155,7 @@ static _Atomic int forced_isa = -1;
 core_qdot_isa_t core_qdot_isa(void)
 {
     const int f = atomic_load_explicit(&forced_isa, memory_order_relaxed);
-    return f >= 0 ? (core_qdot_isa_t)f : core_qdot_best_isa();
+    return f >= 0 ? (core_qdot_isa_t)f : core_qdot_default_isa();
 }
 
 int core_qdot_force_isa(core_qdot_isa_t isa)

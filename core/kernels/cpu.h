@@ -8,9 +8,19 @@
  * in one place. The probe runs once (pthread_once); its results never change
  * afterwards. Thread-safe; core_qdot_force_isa is meant to be called while no
  * product runs (a product already running may use either path).
+ *
+ * DARKSERVE_ISA=generic|avx2|avx512vnni in the environment (read by the
+ * probe) puts a whole process on that path, as core_qdot_force_isa does from
+ * inside: `make unit` runs the kernel and model tests once per path the CPU
+ * has, and a benchmark or a server can be run on a lower path than the
+ * CPU's best. A name this CPU cannot run, or an unknown one, is not used
+ * (the best path runs) and core_qdot_env_error says why; darkserve and the
+ * tools refuse to start then.
  */
 #ifndef DARKSERVE_CORE_CPU_H
 #define DARKSERVE_CORE_CPU_H
+
+#include <stddef.h>
 
 /* One bit per extension; set only where the CPU has it and the OS saves its
  * registers (AVX, AVX-512 state through XGETBV, AMX tile data through
@@ -46,11 +56,23 @@ typedef enum core_qdot_isa {
 
 /* The best ISA this CPU runs. */
 core_qdot_isa_t core_qdot_best_isa(void);
+/* The ISA DARKSERVE_ISA names where this CPU runs it, else the best. */
+core_qdot_isa_t core_qdot_default_isa(void);
+/* Why DARKSERVE_ISA was not used (a sentence naming the value; static
+ * storage), or NULL when it is unset, empty or used. */
+const char *core_qdot_env_error(void);
+/* The choice DARKSERVE_ISA=name makes on a CPU whose best path is best
+ * (pure; the probe's rule): 0 and *isa the path name names; 1 when name is
+ * NULL or empty; CORE_EINVAL (unknown name) or CORE_EUNSUPPORTED (a path
+ * above best), with a sentence in msg (n bytes, n > 0). *isa is best
+ * except on 0. */
+int core_qdot_isa_choose(const char *name, core_qdot_isa_t best, core_qdot_isa_t *isa, char *msg,
+                         size_t n);
 /* The ISA the default entries (core_qmatmul_nt, core_q8_*) use: the forced
- * one if any, else the best. */
+ * one if any, else the default (DARKSERVE_ISA's, else the best). */
 core_qdot_isa_t core_qdot_isa(void);
 /* Forces the default entries onto isa (tests, benchmarks: the whole model on
- * one kernel set); CORE_QDOT_ISA_COUNT_ goes back to the best. Returns 0, or
+ * one kernel set); CORE_QDOT_ISA_COUNT_ goes back to the default. Returns 0, or
  * CORE_EUNSUPPORTED when this CPU cannot run isa. Process-wide and not
  * synchronized: call it while no product runs. */
 int core_qdot_force_isa(core_qdot_isa_t isa);

@@ -1,5 +1,6 @@
 /* core/kernels/qdot_pack.c — Q4_0, Q4_1 and Q8_0 weights repacked sixteen rows to a
- * block for the AVX-512 VNNI decode kernel (the API is in core/kernels/qdot.h).
+ * block for the AVX-512 VNNI decode kernel (the API is in core/kernels/qdot.h);
+ * on AVX2 the same layout goes to core/kernels/qdot_pack_avx2.c.
  *
  * The row kernels of core/kernels/qdot_q8.c put two blocks of one weight row in a
  * vector, so every block of every row needs its own float work (the scale
@@ -37,6 +38,7 @@
 #include <string.h>
 
 #include "core/kernels/qdot.h"
+#include "core/kernels/qdot_pack_impl.h"
 #include "core/tensor.h"
 
 #if defined(__x86_64__)
@@ -50,8 +52,8 @@
 enum {
     PACK_ROWS = CORE_Q8_PACK_ROWS,
     QB = CORE_Q8_BLOCK,
-    GB_Q4 = 320, /* bytes of one block of a group */
-    GB_Q8 = 576,
+    GB_Q4 = CORE_Q8_PACK_GB_Q4, /* bytes of one block of a group */
+    GB_Q8 = CORE_Q8_PACK_GB_Q8,
     PACK_ACTS = 4, /* activation rows a pass over a block's weights serves */
     PACK_PF = 8192 /* bytes prefetched ahead (into L2) */
 };
@@ -68,7 +70,7 @@ static size_t group_block_bytes(int type)
 
 int core_q8_pack_supported(int type)
 {
-    return packs(type) && core_qdot_isa() == CORE_QDOT_AVX512VNNI;
+    return packs(type) && core_qdot_isa() >= CORE_QDOT_AVX2;
 }
 
 size_t core_q8_pack_bytes(int type, int64_t rows, int64_t k)
@@ -945,7 +947,7 @@ int core_q8_force_amx_panels(core_q8_amx_mode_t mode)
 int core_q8_amx_panels_used(void)
 {
     return atomic_load_explicit(&bx_mode, memory_order_relaxed) != CORE_Q8_AMX_OFF &&
-           core_q8_amx_panels_available();
+           core_qdot_isa() == CORE_QDOT_AVX512VNNI && core_q8_amx_panels_available();
 }
 
 int core_q8_force_amx(core_q8_amx_mode_t mode)
@@ -956,7 +958,8 @@ int core_q8_force_amx(core_q8_amx_mode_t mode)
 int core_q8_amx_used(int64_t m)
 {
     const int mode = atomic_load_explicit(&amx_mode, memory_order_relaxed);
-    if (mode == CORE_Q8_AMX_OFF || m < 1 || !core_q8_amx_available())
+    if (mode == CORE_Q8_AMX_OFF || m < 1 || core_qdot_isa() != CORE_QDOT_AVX512VNNI ||
+        !core_q8_amx_available())
         return 0;
     return mode == CORE_Q8_AMX_ON || m >= CORE_Q8_AMX_MIN_ROWS;
 }
@@ -964,11 +967,14 @@ int core_q8_amx_used(int64_t m)
 int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
                           const void *pk, float beta, float *c, int64_t ldc)
 {
-    if (!core_q8_pack_supported(type) || j0 < 0 || j1 < j0)
+    const core_qdot_isa_t isa = core_qdot_isa(); /* once: a call per chunk of 64 rows */
+    if (!packs(type) || isa < CORE_QDOT_AVX2 || j0 < 0 || j1 < j0)
         return CORE_EINVAL;
 #ifdef PACK_X86
     const unsigned char *p = pk;
-    if (core_q8_amx_used(qa->m) && qa->nb <= CORE_Q8_AMX_MAX_BLOCKS)
+    if (isa == CORE_QDOT_AVX2)
+        core_q8_matmul_packed_avx2(type, qa, j0, j1, p, beta, c, ldc);
+    else if (core_q8_amx_used(qa->m) && qa->nb <= CORE_Q8_AMX_MAX_BLOCKS)
         packed_amx(type, qa, j0, j1, p, beta, c, ldc);
     else if (type == CORE_TTYPE_Q4_0)
         packed_q4_0(qa, j0, j1, p, beta, c, ldc);
@@ -995,7 +1001,10 @@ int core_qmatmul_packed(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, 
         k <= 0 || k % QB != 0 || (uintptr_t)panel % 64 != 0)
         return CORE_EINVAL;
 #ifdef PACK_X86
-    packed_f32(type, m, j0, j1, k, a, lda, pk, panel, beta, c, ldc);
+    if (core_qdot_isa() == CORE_QDOT_AVX2)
+        core_qmatmul_packed_avx2(type, m, j0, j1, k, a, lda, pk, panel, beta, c, ldc);
+    else
+        packed_f32(type, m, j0, j1, k, a, lda, pk, panel, beta, c, ldc);
     return 0;
 #else
     (void)a;

@@ -49,6 +49,8 @@ static float exp_one(float y)
     return p;
 }
 
+static void silu_generic(float *g, const float *u, int64_t n);
+
 static void exp_generic(const float *x, int64_t n, double s, float *out)
 {
     for (int64_t j = 0; j < n; j++)
@@ -119,6 +121,58 @@ VEXP_FN static void silu_avx512(float *g, const float *u, int64_t n)
         _mm512_mask_storeu_ps(g + j, m, v);
     }
 }
+
+/* ---- AVX2 + FMA: exp16's operations 8 lanes at a time (the same bits);
+ * the last n % 8 elements through exp_one, which is the same function. */
+#define VEXP2_FN __attribute__((target("avx2,fma")))
+
+VEXP2_FN static inline __m256 exp8(__m256 y0)
+{
+    const __m256 live = _mm256_cmp_ps(y0, _mm256_set1_ps(CORE_EXP_MIN_ARG), _CMP_GE_OQ);
+    const __m256 y = _mm256_min_ps(y0, _mm256_set1_ps(MAX_ARG));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 nk = _mm256_sub_ps(_mm256_setzero_ps(), k);
+    const __m256 r = _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_LO),
+                                     _mm256_fmadd_ps(nk, _mm256_set1_ps(LN2_HI), y));
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(C6), r, _mm256_set1_ps(C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23);
+    const __m256 v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    return _mm256_and_ps(v, live);
+}
+
+VEXP2_FN static void exp_avx2(const float *x, int64_t n, double s, float *out)
+{
+    const __m256d sv = _mm256_set1_pd(s);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        /* x - s in double, rounded to float (-inf stays -inf) */
+        const __m128 lo = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + j)), sv));
+        const __m128 hi =
+            _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + j + 4)), sv));
+        _mm256_storeu_ps(out + j, exp8(_mm256_set_m128(hi, lo)));
+    }
+    exp_generic(x + j, n - j, s, out + j);
+}
+
+VEXP2_FN static void silu_avx2(float *g, const float *u, int64_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + j);
+        const __m256 e = exp8(_mm256_xor_ps(gv, sign));
+        const __m256 v =
+            _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + j));
+        _mm256_storeu_ps(g + j, v);
+    }
+    silu_generic(g + j, u + j, n - j);
+}
 #endif
 
 static void silu_generic(float *g, const float *u, int64_t n)
@@ -135,12 +189,27 @@ void core_exp_force_generic(int on)
     atomic_store(&force_generic, on != 0);
 }
 
-/* The AVX-512 paths run: the CPU has them and tests do not force the
+/* The AVX2 paths run where the kernel path chosen is AVX2 (AVX2, FMA and
+ * F16C; the AVX-512 path prefers its own) and tests do not force the
  * portable ones. */
+static int use_avx2(void)
+{
+#ifdef VEXP_X86
+    return !atomic_load_explicit(&force_generic, memory_order_relaxed) &&
+           core_qdot_isa() == CORE_QDOT_AVX2;
+#else
+    return 0;
+#endif
+}
+
+/* The AVX-512 paths run: the CPU has them, the kernel path chosen
+ * (core_qdot_isa: DARKSERVE_ISA, core_qdot_force_isa) is AVX-512, and tests
+ * do not force the portable ones. */
 static int use_avx512(void)
 {
 #ifdef VEXP_X86
     return !atomic_load_explicit(&force_generic, memory_order_relaxed) &&
+           core_qdot_isa() == CORE_QDOT_AVX512VNNI &&
            core_cpu_has(CORE_CPU_AVX512F | CORE_CPU_AVX512DQ | CORE_CPU_AVX512VL);
 #else
     return 0;
@@ -154,6 +223,10 @@ void core_exp_shifted(const float *x, int64_t n, double s, float *out)
         exp_avx512(x, n, s, out);
         return;
     }
+    if (use_avx2()) {
+        exp_avx2(x, n, s, out);
+        return;
+    }
 #endif
     exp_generic(x, n, s, out);
 }
@@ -163,6 +236,10 @@ void core_silu_mul_f32(float *g, const float *u, int64_t n)
 #ifdef VEXP_X86
     if (use_avx512()) {
         silu_avx512(g, u, n);
+        return;
+    }
+    if (use_avx2()) {
+        silu_avx2(g, u, n);
         return;
     }
 #endif

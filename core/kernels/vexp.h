@@ -4,8 +4,9 @@
  * core_exp_shifted(x, n, s, out): out[j] = e^(x[j] - s) for the n floats x
  * (x[j] - s formed in double, then rounded to float), 0 where x[j] is -inf or
  * x[j] - s < CORE_EXP_MIN_ARG. One polynomial on every path: the AVX-512
- * kernel and the portable one (C with fmaf) perform the same correctly
- * rounded operations per element, so they give the same bits, whatever n and
+ * kernel, the AVX2 + FMA one (on the AVX2 kernel path, core_qdot_isa) and
+ * the portable one (C with fmaf) perform the same correctly rounded
+ * operations per element, so they give the same bits, whatever n and
  * wherever an element sits. Relative error at most CORE_EXP_MAX_REL_ERR of
  * the exact e^(rounded argument) (tests/unit/test_core_vexp.c checks both
  * against libm's exp in double).

@@ -2,7 +2,7 @@
 the default, multiplies prompt rows on Intel AMX-BF16 tiles where the CPU
 has them (two bf16 parts a value, within 2^-16 of f32) and says so, in f32
 elsewhere; f32 always multiplies them in f32; int8 quantizes them to 8 bits
-like decode rows where every matrix has the packed AVX-512 VNNI kernel (the
+like decode rows where every matrix has the packed kernel, AVX2 or AVX-512 VNNI (the
 default model, Q4_1 and Q8_0, on such a CPU), and says so; elsewhere it
 warns that prompts stay f32. Any other word is refused.
 """
@@ -23,6 +23,15 @@ def vnni_cpu():
     with open("/proc/cpuinfo") as f:
         flags = next((ln for ln in f if ln.startswith("flags")), "").split()
     return "avx512_vnni" in flags and "avx512bw" in flags and "avx512vl" in flags
+
+
+def packs():
+    """Whether darkserve runs the packed kernels here: AVX2 + FMA + F16C (or
+    more), and no DARKSERVE_ISA=generic in the environment it inherits."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((ln for ln in f if ln.startswith("flags")), "").split()
+    return ("avx2" in flags and "fma" in flags and "f16c" in flags
+            and os.environ.get("DARKSERVE_ISA") != "generic")
 
 
 def amx_bf16_cpu():
@@ -62,7 +71,7 @@ def test_cli_precisions():
         assert ppl(base) == ppl(f32)
     assert "prompt rows in 8 bits" not in base.stderr + f32.stderr
     i8 = perplexity(MODEL, "--prompt-precision", "int8")
-    if vnni_cpu():
+    if packs():
         assert "prompt rows in 8 bits" in i8.stderr, i8.stderr
         assert tiles not in i8.stderr, i8.stderr
         # other numbers, close ones (h1 at 1K chunks: +0.37%)
@@ -105,7 +114,7 @@ def test_serve_int8_answers_and_says_so(tmp_path):
                              "max_tokens": 8, "temperature": 0})
         assert st == 200, r
         assert r["usage"]["completion_tokens"] >= 1
-        want = "prompt rows in 8 bits" if vnni_cpu() else "prompt rows stay f32"
+        want = "prompt rows in 8 bits" if packs() else "prompt rows stay f32"
         assert wait_for(lambda: want in srv.log_text(), 10), srv.log_text()
         assert "AMX-BF16" not in srv.log_text()
     finally:

@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "core/kernels/blas.h"
+#include "core/kernels/cpu.h"
 #include "core/kernels/half.h"
 #include "core/rng.h"
 
@@ -103,6 +104,34 @@ TEST(small_kernels_match_reference)
                     }
     }
     core_gemm_small_force_generic(0);
+}
+
+/* The small kernels on every kernel path this CPU runs (core_qdot_force_isa,
+ * as DARKSERVE_ISA): each within the reference's bound, and below the CPU's
+ * best path no AVX-512 half kernel (a lower path runs what its CPUs have). */
+TEST(small_kernels_every_isa)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 17);
+    static const int64_t ks[] = {1, 7, 33, 64, 576};
+    const float a[16] = {0};
+    float c[1] = {0};
+    const uint16_t bh[16] = {0};
+    for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
+        CHECK_INT_EQ(core_qdot_force_isa((core_qdot_isa_t)isa), 0);
+        for (int op = OP_NT_SMALL; op <= OP_NN_SMALL; op += 2)
+            for (int64_t m = 1; m <= CORE_GEMM_SMALL_M; m += 3)
+                for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+                    const double e = run_case(op, m, 67, ks[ki], 0.5f, 1.0f, 1, &r);
+                    CHECK_MSG(e < 1e-6, "%s %s m %lld k %lld: error %g",
+                              core_qdot_isa_name((core_qdot_isa_t)isa),
+                              op == OP_NN_SMALL ? "nn" : "nt", (long long)m, (long long)ks[ki], e);
+                }
+        if (isa < (int)core_qdot_best_isa())
+            CHECK_MSG(core_gemm_nt_half_small(1, 1, 16, 1.0f, a, 16, bh, 16, 0.0f, c, 1) == 0,
+                      "%s: a half kernel ran", core_qdot_isa_name((core_qdot_isa_t)isa));
+    }
+    CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
 }
 
 TEST(small_kernels_alpha_beta)
@@ -260,6 +289,7 @@ TEST(half_kernels_match_float)
 int main(void)
 {
     RUN(small_kernels_match_reference);
+    RUN(small_kernels_every_isa);
     RUN(small_kernels_alpha_beta);
     RUN(small_nn_paths_agree);
     RUN(dispatch_both_paths);

@@ -614,13 +614,13 @@ TEST(force_isa_and_bad_arguments)
     CHECK(!core_q8_supported(CORE_TTYPE_Q3_K));
     CHECK(!core_q8_supported(CORE_TTYPE_F16));
     CHECK(!core_q8_supported(CORE_TTYPE_F32));
-    CHECK(core_qdot_isa() == core_qdot_best_isa());
+    CHECK(core_qdot_isa() == core_qdot_default_isa());
     CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_GENERIC), 0);
     CHECK(core_qdot_isa() == CORE_QDOT_GENERIC);
     CHECK_INT_EQ(core_qdot_force_isa((core_qdot_isa_t)-1), CORE_EUNSUPPORTED);
     CHECK(core_qdot_isa() == CORE_QDOT_GENERIC);
     CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
-    CHECK(core_qdot_isa() == core_qdot_best_isa());
+    CHECK(core_qdot_isa() == core_qdot_default_isa());
     CHECK(core_qdot_isa_name(CORE_QDOT_AVX512VNNI) != NULL);
     CHECK(core_qdot_isa_name(CORE_QDOT_ISA_COUNT_) == NULL);
 
@@ -656,6 +656,138 @@ TEST(force_isa_and_bad_arguments)
  * way for tests); rows too long for the tiles' scratch (more than
  * CORE_Q8_AMX_MAX_BLOCKS blocks) stay on the vector units with the same
  * bits. */
+/* DARKSERVE_ISA: the rule (every name against every best path), and this
+ * process's own environment honoured (make unit runs these tests once per
+ * path the CPU has, each with DARKSERVE_ISA set). */
+TEST(env_isa_choice)
+{
+    char msg[160];
+    core_qdot_isa_t isa;
+    for (int best = 0; best < CORE_QDOT_ISA_COUNT_; best++) {
+        CHECK_INT_EQ(core_qdot_isa_choose(NULL, (core_qdot_isa_t)best, &isa, msg, sizeof msg), 1);
+        CHECK(isa == (core_qdot_isa_t)best && msg[0] == '\0');
+        CHECK_INT_EQ(core_qdot_isa_choose("", (core_qdot_isa_t)best, &isa, msg, sizeof msg), 1);
+        for (int want = 0; want < CORE_QDOT_ISA_COUNT_; want++) {
+            const char *name = core_qdot_isa_name((core_qdot_isa_t)want);
+            const int rc = core_qdot_isa_choose(name, (core_qdot_isa_t)best, &isa, msg, sizeof msg);
+            if (want <= best) {
+                CHECK_INT_EQ(rc, 0);
+                CHECK(isa == (core_qdot_isa_t)want);
+            } else {
+                CHECK_INT_EQ(rc, CORE_EUNSUPPORTED);
+                CHECK(isa == (core_qdot_isa_t)best);
+                CHECK_MSG(strstr(msg, name) && strstr(msg, "does not run"), "%s", msg);
+            }
+        }
+        CHECK_INT_EQ(core_qdot_isa_choose("AVX2", (core_qdot_isa_t)best, &isa, msg, sizeof msg),
+                     CORE_EINVAL);
+        CHECK_MSG(strstr(msg, "unknown path") != NULL, "%s", msg);
+        CHECK_INT_EQ(core_qdot_isa_choose("avx512", (core_qdot_isa_t)best, &isa, msg, sizeof msg),
+                     CORE_EINVAL);
+    }
+    CHECK_MSG(core_qdot_env_error() == NULL, "%s", core_qdot_env_error());
+    const char *env = getenv("DARKSERVE_ISA");
+    if (env && *env) {
+        CHECK_MSG(!strcmp(core_qdot_isa_name(core_qdot_isa()), env), "DARKSERVE_ISA=%s runs %s",
+                  env, core_qdot_isa_name(core_qdot_isa()));
+        printf("  DARKSERVE_ISA=%s: the default entries run %s\n", env,
+               core_qdot_isa_name(core_qdot_isa()));
+    } else {
+        CHECK(core_qdot_default_isa() == core_qdot_best_isa());
+    }
+}
+
+/* The packed kernels on every ISA that packs (AVX2, AVX-512 VNNI; not the
+ * generic one) give the same bits: the decode product and the prompt
+ * panels, for each packed type, on ranges that cut groups of 16 (and the
+ * halves of 8 the AVX2 kernel works in), with and without beta. Each ISA's
+ * kernel is also checked against the reference (check_case, under
+ * DARKSERVE_ISA in make unit); here the paths meet each other. */
+TEST(packed_same_bits_every_isa)
+{
+    static const int ptypes[] = {CORE_TTYPE_Q4_0, CORE_TTYPE_Q4_1, CORE_TTYPE_Q8_0};
+    static const int64_t ms[] = {1, 2, 3, 5, 16};
+    static const int64_t ranges[][2] = {{0, 45}, {3, 45}, {9, 23}, {16, 24}, {17, 18}};
+    const int64_t n = 45, ks[] = {96, 576};
+    core_qdot_isa_t isas[CORE_QDOT_ISA_COUNT_];
+    const int ni = isa_list(isas);
+    core_rng_t r;
+    core_rng_seed(&r, 31);
+    CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_OFF), 0);
+    for (int t = 0; t < 3; t++)
+        for (int ki = 0; ki < 2; ki++) {
+            const int type = ptypes[t];
+            const int64_t k = ks[ki], m = ms[(t + ki) % 5], ldc = n + 2;
+            size_t rb = 0;
+            CHECK(core_ttype_row_bytes(type, k, &rb) == 0);
+            unsigned char *w = malloc((size_t)n * rb);
+            float *a = malloc((size_t)(16 * k) * sizeof *a);
+            void *qb = malloc(core_q8_act_bytes(16, k));
+            unsigned char *pk = aligned_alloc(64, (core_q8_pack_bytes(type, n, k) + 63) / 64 * 64);
+            float *panel = aligned_alloc(64, core_q8_panel_floats(k) * sizeof *panel);
+            float *ref = malloc((size_t)(2 * 16 * ldc) * sizeof *ref);
+            float *out = malloc((size_t)(2 * 16 * ldc) * sizeof *out);
+            float *c0 = malloc((size_t)(16 * ldc) * sizeof *c0);
+            if (!w || !a || !qb || !pk || !panel || !ref || !out || !c0) {
+                CHECK(!"out of memory");
+                goto next;
+            }
+            fill_w(&r, type, n, k, rb, w, 0);
+            for (int64_t i = 0; i < 16 * k; i++)
+                a[i] = (float)core_rng_normal(&r);
+            for (int64_t i = 0; i < 16 * ldc; i++)
+                c0[i] = (float)core_rng_normal(&r);
+            core_q8_pack(type, w, rb, n, k, pk);
+            core_q8_act_t qa;
+            core_q8_act_init(&qa, qb, m, k);
+            core_q8_quantize(&qa, a, k);
+            for (int s = 0; s < ni; s++) { /* the generic path does not pack */
+                CHECK_INT_EQ(core_qdot_force_isa(isas[s]), 0);
+                CHECK_INT_EQ(core_q8_pack_supported(type), isas[s] >= CORE_QDOT_AVX2);
+            }
+            for (int ri = 0; ri < 5; ri++) {
+                const int64_t j0 = ranges[ri][0], j1 = ranges[ri][1];
+                const float beta = ri % 2 ? 0.5f : 0.0f;
+                int first = 1;
+                for (int s = 0; s < ni; s++) {
+                    if (isas[s] < CORE_QDOT_AVX2)
+                        continue;
+                    CHECK_INT_EQ(core_qdot_force_isa(isas[s]), 0);
+                    float *o = first ? ref : out;
+                    memcpy(o, c0, (size_t)(16 * ldc) * sizeof *o);
+                    memcpy(o + 16 * ldc, c0, (size_t)(16 * ldc) * sizeof *o);
+                    CHECK_INT_EQ(core_q8_matmul_packed(type, &qa, j0, j1, pk, beta, o, ldc), 0);
+                    CHECK_INT_EQ(core_qmatmul_packed(type, m, j0 / 16 * 16, j1, k, a, k, pk, panel,
+                                                     beta, o + 16 * ldc, ldc),
+                                 0);
+                    int bad = 0;
+                    for (int64_t i = 0; !first && i < 2 * 16 * ldc && !bad; i++)
+                        if (!same_bits(o[i], ref[i])) {
+                            bad = 1;
+                            CHECK_MSG(0, "%s %s k=%lld m=%lld [%lld, %lld) %s [%lld][%lld]: %.9g vs %.9g",
+                                      core_ttype_name(type), core_qdot_isa_name(isas[s]),
+                                      (long long)k, (long long)m, (long long)j0, (long long)j1,
+                                      i < 16 * ldc ? "decode" : "panels",
+                                      (long long)(i % (16 * ldc) / ldc), (long long)(i % ldc),
+                                      (double)o[i], (double)ref[i]);
+                        }
+                    first = 0;
+                }
+            }
+        next:
+            free(w);
+            free(a);
+            free(qb);
+            free(pk);
+            free(panel);
+            free(ref);
+            free(out);
+            free(c0);
+        }
+    CHECK_INT_EQ(core_q8_force_amx(CORE_Q8_AMX_AUTO), 0);
+    CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
+}
+
 TEST(amx_choice)
 {
     const int avail = core_q8_amx_available();
@@ -890,6 +1022,8 @@ int main(void)
     RUN(random_within_bound_every_isa);
     RUN(ranges_and_pool_bit_exact);
     RUN(force_isa_and_bad_arguments);
+    RUN(env_isa_choice);
+    RUN(packed_same_bits_every_isa);
     RUN(amx_choice);
     RUN(amx_panels_within_bound);
     RUN(unpack_gives_the_packed_bytes);

@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "core/rng.h"
+#include "core/kernels/cpu.h"
 #include "core/kernels/vexp.h"
 
 static int same_bits(float a, float b)
@@ -231,8 +232,44 @@ TEST(silu_mul_both_paths)
     core_exp_force_generic(0);
 }
 
+/* The exponentials and SwiGLU on every kernel path this CPU runs
+ * (core_qdot_force_isa: portable C, AVX2, AVX-512) give the portable path's
+ * bits, full vectors and tails alike. */
+TEST(every_isa_same_bits)
+{
+    enum { N = 83 };
+    float x[N], u[N], ref[N], got[N], gref[N], ggot[N];
+    uint64_t v = 0x2545f4914f6cdd1du;
+    for (int j = 0; j < N; j++) {
+        v = v * 6364136223846793005u + 1442695040888963407u;
+        const double r = (double)(v >> 11) / 9007199254740992.0;
+        x[j] = (float)(200.0 * r - 150.0); /* below the floor, above the clamp */
+        u[j] = (float)(2.0 * r - 1.0);
+    }
+    x[5] = -INFINITY;
+    core_exp_force_generic(1);
+    core_exp_shifted(x, N, -3.5, ref);
+    memcpy(gref, x, sizeof x);
+    core_silu_mul_f32(gref, u, N);
+    core_exp_force_generic(0);
+    for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
+        CHECK_INT_EQ(core_qdot_force_isa((core_qdot_isa_t)isa), 0);
+        for (int n = N - 9; n <= N; n++) {
+            core_exp_shifted(x, n, -3.5, got);
+            memcpy(ggot, x, sizeof x);
+            core_silu_mul_f32(ggot, u, n);
+            CHECK_MSG(memcmp(got, ref, (size_t)n * sizeof *got) == 0 &&
+                          memcmp(ggot, gref, (size_t)n * sizeof *ggot) == 0,
+                      "%s n %d: not the portable bits", core_qdot_isa_name((core_qdot_isa_t)isa),
+                      n);
+        }
+    }
+    CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
+}
+
 int main(void)
 {
+    RUN(every_isa_same_bits);
     RUN(silu_mul_both_paths);
     RUN(matches_libm_both_paths);
     RUN(first_unbounded_both_paths);

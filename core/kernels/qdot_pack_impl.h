@@ -1,0 +1,30 @@
+/* core/kernels/qdot_pack_impl.h — private to the packed-weight kernels: the
+ * AVX2 kernels (core/kernels/qdot_pack_avx2.c) that core/kernels/qdot_pack.c
+ * dispatches to when the chosen ISA is CORE_QDOT_AVX2.
+ *
+ * They read the layout core_q8_pack writes (described at the top of
+ * qdot_pack.c) and do, lane by lane, the float operations of the AVX-512
+ * kernels in the same order, so every ISA that packs gives the same bits
+ * (tests/unit/test_core_qdot_q8.c checks it). Arguments are checked by the
+ * public entries; these take them as valid.
+ */
+#ifndef DARKSERVE_CORE_QDOT_PACK_IMPL_H
+#define DARKSERVE_CORE_QDOT_PACK_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/kernels/qdot.h"
+
+/* Bytes of one block of a group of CORE_Q8_PACK_ROWS rows (the layout). */
+enum { CORE_Q8_PACK_GB_Q4 = 320, CORE_Q8_PACK_GB_Q8 = 576 };
+
+/* core_q8_matmul_packed on AVX2: type Q4_0, Q4_1 or Q8_0; pk, c as there. */
+void core_q8_matmul_packed_avx2(int type, const core_q8_act_t *qa, int64_t j0, int64_t j1,
+                                const unsigned char *pk, float beta, float *c, int64_t ldc);
+/* core_qmatmul_packed on AVX2 (j0 a multiple of 16, panel 64-byte aligned). */
+void core_qmatmul_packed_avx2(int type, int64_t m, int64_t j0, int64_t j1, int64_t k,
+                              const float *a, int64_t lda, const unsigned char *pk, float *panel,
+                              float beta, float *c, int64_t ldc);
+
+#endif
