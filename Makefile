@@ -9,6 +9,9 @@
 
 BUILD    ?= build
 CC       ?= cc
+# the compiler of the build's own tools that run during the build (the web
+# page's generator): this machine's, also when CC cross-compiles
+HOSTCC   ?= cc
 PYTHON   ?= .venv/bin/python
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PORT     ?= 8080
@@ -21,11 +24,16 @@ WARN    := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes \
 ifneq ($(CI),)
 WARN    += -Werror
 endif
-# x86-64-v2 (SSE4.2, POPCNT) is the floor on x86-64; the AVX2 / AVX-512
-# kernels are chosen at run time. Other machines (aarch64) build the portable
-# C kernels with the compiler's default target.
-ifneq ($(filter x86_64-%,$(shell $(CC) -dumpmachine)),)
+# x86-64-v2 (SSE4.2, POPCNT) is the floor on x86-64, armv8-a (NEON) on
+# aarch64; the AVX2 / AVX-512 and dotprod kernels are chosen at run time
+# (their functions carry their own target attributes). Other machines build
+# the portable C kernels with the compiler's default target.
+TARGET_MACHINE := $(shell $(CC) -dumpmachine)
+ifneq ($(filter x86_64-%,$(TARGET_MACHINE)),)
 MARCH   ?= -march=x86-64-v2
+endif
+ifneq ($(filter aarch64-%,$(TARGET_MACHINE)),)
+MARCH   ?= -march=armv8-a
 endif
 OPT     ?= -O2 $(MARCH) -g
 CFLAGS  ?=
@@ -94,7 +102,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/gen/embed: server/ui/embed.c
 	@mkdir -p $(@D)
-	$(CC) -std=c11 -O2 -Wall -Wextra -o $@ $<
+	$(HOSTCC) -std=c11 -O2 -Wall -Wextra -o $@ $<
 $(BUILD)/gen/ui_files.c: $(BUILD)/gen/embed $(UI_FILES)
 	$(BUILD)/gen/embed $@ $(UI_FILES)
 $(UI_OBJ): $(BUILD)/gen/ui_files.c
