@@ -5,6 +5,10 @@
  * the OS saves their registers; CPUID is read directly for the rest, each
  * only after the family it belongs to was found (F16C after AVX2, VNNI and
  * BF16 after AVX-512F, the AMX units after the OS granted the tile state).
+ * On aarch64 Linux the kernel says what the cores have in the auxiliary
+ * vector's HWCAP bits (getauxval): ASIMD (NEON) and ASIMDDP (SDOT/UDOT). The
+ * binary is built for armv8-a, so it starts on any 64-bit ARM core, and
+ * the dotprod kernels run only where the bit is set.
  */
 #include "core/kernels/cpu.h"
 
@@ -23,6 +27,12 @@
 #define CPU_AMX 1
 #define AMX_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for an XSAVE feature */
 #define AMX_XTILEDATA 18          /* the tile data state component */
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#define CPU_ARM_LINUX 1
+#define ARM_HWCAP_ASIMD (1ul << 1)    /* Linux's HWCAP_ASIMD (asm/hwcap.h) */
+#define ARM_HWCAP_ASIMDDP (1ul << 20) /* Linux's HWCAP_ASIMDDP */
 #endif
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
@@ -69,6 +79,14 @@ static void probe(void)
             f |= CORE_CPU_AMX_BF16;
     }
 #endif
+#ifdef CPU_ARM_LINUX
+    const unsigned long hw = getauxval(AT_HWCAP);
+    if (hw & ARM_HWCAP_ASIMD) {
+        f |= CORE_CPU_NEON;
+        if (hw & ARM_HWCAP_ASIMDDP)
+            f |= CORE_CPU_DOTPROD;
+    }
+#endif
     features = f;
 }
 
@@ -85,12 +103,24 @@ int core_cpu_has(unsigned mask)
 
 core_qdot_isa_t core_qdot_best_isa(void)
 {
+    if (core_cpu_has(CORE_CPU_NEON))
+        return core_cpu_has(CORE_CPU_DOTPROD) ? CORE_QDOT_NEON_DOTPROD : CORE_QDOT_NEON;
     if (!core_cpu_has(CORE_CPU_AVX2 | CORE_CPU_FMA | CORE_CPU_F16C))
         return CORE_QDOT_GENERIC;
     if (core_cpu_has(CORE_CPU_AVX512F | CORE_CPU_AVX512BW | CORE_CPU_AVX512VL |
                      CORE_CPU_AVX512VNNI))
         return CORE_QDOT_AVX512VNNI;
     return CORE_QDOT_AVX2;
+}
+
+int core_qdot_isa_runs(core_qdot_isa_t isa)
+{
+    const core_qdot_isa_t best = core_qdot_best_isa();
+    if (isa == CORE_QDOT_GENERIC)
+        return 1;
+    if (best >= CORE_QDOT_NEON) /* aarch64 */
+        return isa >= CORE_QDOT_NEON && isa <= best;
+    return isa > CORE_QDOT_GENERIC && isa <= best;
 }
 
 /* core_qdot_force_isa's choice, -1 for none. Atomic so that a product running
@@ -110,7 +140,7 @@ int core_qdot_force_isa(core_qdot_isa_t isa)
         atomic_store_explicit(&forced_isa, -1, memory_order_relaxed);
         return 0;
     }
-    if ((int)isa < 0 || isa > core_qdot_best_isa())
+    if (!core_qdot_isa_runs(isa))
         return CORE_EUNSUPPORTED;
     atomic_store_explicit(&forced_isa, (int)isa, memory_order_relaxed);
     return 0;
@@ -122,6 +152,8 @@ const char *core_qdot_isa_name(core_qdot_isa_t isa)
     case CORE_QDOT_GENERIC: return "generic";
     case CORE_QDOT_AVX2: return "avx2";
     case CORE_QDOT_AVX512VNNI: return "avx512vnni";
+    case CORE_QDOT_NEON: return "neon";
+    case CORE_QDOT_NEON_DOTPROD: return "neon-dotprod";
     default: return NULL;
     }
 }

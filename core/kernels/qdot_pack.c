@@ -1017,6 +1017,7 @@ int core_q8_amx_split(const float *a, int64_t lda, int64_t m, int64_t k, uint16_
     bx_split_rows(a, lda, m, k, out);
     return 0;
 #else
+    (void)a;
     return CORE_EINVAL;
 #endif
 }
@@ -1033,6 +1034,10 @@ int core_qmatmul_packed_amx(int type, int64_t m, int64_t j0, int64_t j1, int64_t
     packed_bx(type, m, j0, j1, k, as, pk, panel, beta, c, ldc);
     return 0;
 #else
+    (void)pk;
+    (void)beta;
+    (void)c;
+    (void)ldc;
     return CORE_EINVAL;
 #endif
 }

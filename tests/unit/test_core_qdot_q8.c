@@ -651,6 +651,41 @@ TEST(force_isa_and_bad_arguments)
     CHECK_INT_EQ(core_q8_quantize_isa((core_qdot_isa_t)9, &qa, a, 32), CORE_EUNSUPPORTED);
 }
 
+/* Each ISA is forced exactly where this CPU runs it, and it runs only the
+ * paths of its own architecture: the x86 ones never on aarch64 (where they
+ * would silently run the reference), nor the NEON ones on x86. With
+ * DARKSERVE_EXPECT_BEST_ISA set (make cross-test: the emulated CPU with and
+ * without dotprod), the run-time detection must pick that path. */
+TEST(isa_paths_per_architecture)
+{
+    CHECK(core_qdot_isa_runs(CORE_QDOT_GENERIC));
+    CHECK(core_qdot_isa_runs(core_qdot_best_isa()));
+    CHECK(!core_qdot_isa_runs((core_qdot_isa_t)-1));
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_ISA_COUNT_));
+    for (int i = 0; i < CORE_QDOT_ISA_COUNT_; i++) {
+        const core_qdot_isa_t isa = (core_qdot_isa_t)i;
+        CHECK(core_qdot_isa_name(isa) != NULL);
+        for (int j = 0; j < i && core_qdot_isa_name(isa); j++)
+            CHECK(strcmp(core_qdot_isa_name(isa), core_qdot_isa_name((core_qdot_isa_t)j)) != 0);
+        CHECK_INT_EQ(core_qdot_force_isa(isa), core_qdot_isa_runs(isa) ? 0 : CORE_EUNSUPPORTED);
+        if (core_qdot_isa_runs(isa))
+            CHECK(core_qdot_isa() == isa);
+    }
+    CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
+#if defined(__aarch64__) && defined(__linux__)
+    CHECK(core_qdot_isa_runs(CORE_QDOT_NEON));
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_AVX2));
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_AVX512VNNI));
+    CHECK(core_qdot_isa_runs(CORE_QDOT_NEON_DOTPROD) == core_cpu_has(CORE_CPU_DOTPROD));
+#else
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_NEON));
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_NEON_DOTPROD));
+#endif
+    const char *want = getenv("DARKSERVE_EXPECT_BEST_ISA");
+    if (want && *want)
+        CHECK_STR_EQ(core_qdot_isa_name(core_qdot_best_isa()), want);
+}
+
 /* Who runs a packed product: the VNNI kernel, or AMX tiles from
  * CORE_Q8_AMX_MIN_ROWS rows on where the CPU and OS run them (forced either
  * way for tests); rows too long for the tiles' scratch (more than
@@ -890,6 +925,7 @@ int main(void)
     RUN(random_within_bound_every_isa);
     RUN(ranges_and_pool_bit_exact);
     RUN(force_isa_and_bad_arguments);
+    RUN(isa_paths_per_architecture);
     RUN(amx_choice);
     RUN(amx_panels_within_bound);
     RUN(unpack_gives_the_packed_bytes);
