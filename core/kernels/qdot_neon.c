@@ -1,6 +1,6 @@
-/* core/kernels/qdot_neon.c — the integer path (8-bit activations times Q4_0,
- * Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weight rows) on aarch64 with
- * NEON, in two variants: SDOT (the armv8.2-a dotprod extension, four int8
+/* core/kernels/qdot_neon.c — the quantized products on aarch64 with NEON.
+ * The integer path (8-bit activations times Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+ * Q4_K, Q5_K and Q6_K weight rows) comes in two variants: SDOT (the armv8.2-a dotprod extension, four int8
  * products summed into each 32-bit lane in one instruction) and, for cores
  * without it, widening multiplies (SMULL/SMLAL into 16 bits, pairwise
  * added into 32). The API and error contract are core/kernels/qdot.h's;
@@ -18,6 +18,13 @@
  * the same integers and products as the reference, summed in another order
  * (the contract's gamma(nb + 8) bound; bit for bit where every float
  * operation is exact, which tests/unit/test_core_qdot_q8.c checks).
+ *
+ * The f32 path (core_qmatmul_nt, core_qdot_dequant) has NEON kernels for
+ * the types with a fast kernel (Q4_0, Q4_1, Q8_0, F16, BF16; the others
+ * stay on qdot.c's portable code): a block dequantized in registers to
+ * core_dequantize's exact values, then fused multiply-adds with up to 8
+ * activation rows, two accumulators a row, so each lane's chain is k/8
+ * operations long (within the header's k/4 + 8).
  *
  * The build targets armv8-a; the dotprod functions carry their own target
  * attribute, and core/kernels/cpu.c says whether the CPU has the extension.
