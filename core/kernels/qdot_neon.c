@@ -38,8 +38,15 @@
 
 #include "core/tensor.h" /* CORE_TTYPE_* */
 
-#define DP_FN __attribute__((target("arch=armv8.2-a+dotprod")))
-#define DP_INL static inline __attribute__((target("arch=armv8.2-a+dotprod"), always_inline))
+/* gcc's arm_neon.h declares SDOT for armv8.2-a+dotprod, clang's for the
+ * feature alone. */
+#ifdef __clang__
+#define DP_TARGET "dotprod"
+#else
+#define DP_TARGET "arch=armv8.2-a+dotprod"
+#endif
+#define DP_FN __attribute__((target(DP_TARGET)))
+#define DP_INL static inline __attribute__((target(DP_TARGET), always_inline))
 #define NEON_INL static inline __attribute__((always_inline))
 
 enum { QB = CORE_Q8_BLOCK };
@@ -160,9 +167,9 @@ NEON_INL void block_quants(int type, const unsigned char *row, int64_t b, int8x1
             const int8x16_t k32 = vdupq_n_s8(32);
             *u0 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(h0, 4))), k32);
             *u1 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(hi, vshlq_n_u8(h1, 4))), k32);
-            const int8_t *sc = (const int8_t *)(const void *)(sb + Q6K_SC) + (size_t)i * 2;
-            *sc0 = sc[0];
-            *sc1 = sc[1];
+            const unsigned char *sc = sb + Q6K_SC + (size_t)i * 2; /* int8 scales */
+            *sc0 = (sc[0] ^ 0x80) - 128;
+            *sc1 = (sc[1] ^ 0x80) - 128;
             return;
         }
         const unsigned char *qs =
@@ -234,7 +241,15 @@ NEON_INL int32x4_t dot16_mull(int32x4_t acc, int8x16_t u, int8x16_t q)
 
 DP_INL int32x4_t dot16_sdot(int32x4_t acc, int8x16_t u, int8x16_t q)
 {
+#if defined(__clang__) && !defined(__ARM_FEATURE_DOTPROD)
+    /* clang's arm_neon.h (14 here) declares vdotq_s32 only where the whole
+     * file targets dotprod; the instruction assembles in a function that
+     * targets it */
+    __asm__("sdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(u), "w"(q));
+    return acc;
+#else
     return vdotq_s32(acc, u, q);
+#endif
 }
 
 /* One weight row against activation row ri, four blocks per step (their
@@ -373,7 +388,7 @@ NEON_INL void quant_block32(const float *x, int8_t *q, float *d, int32_t *s, flo
     float32x4_t v[8];
     float32x4_t mx = vdupq_n_f32(0.0f);
     for (int i = 0; i < 8; i++) {
-        v[i] = vld1q_f32(x + 4 * i);
+        v[i] = vld1q_f32(x + (size_t)4 * i);
         mx = vmaxnmq_f32(mx, vabsq_f32(v[i]));
     }
     const float amax = vmaxnmvq_f32(mx);
@@ -441,12 +456,13 @@ NEON_INL void deq32(int type, const unsigned char *b, float32x4_t *y)
 {
     if (type == CORE_TTYPE_F16) {
         for (int i = 0; i < 8; i++)
-            y[i] = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(b + 8 * i)));
+            y[i] = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(b + (size_t)8 * i)));
         return;
     }
     if (type == CORE_TTYPE_BF16) {
         for (int i = 0; i < 8; i++)
-            y[i] = vreinterpretq_f32_u32(vshll_n_u16(vreinterpret_u16_u8(vld1_u8(b + 8 * i)), 16));
+            y[i] = vreinterpretq_f32_u32(
+                vshll_n_u16(vreinterpret_u16_u8(vld1_u8(b + (size_t)8 * i)), 16));
         return;
     }
     const float d = half(b);
@@ -505,8 +521,8 @@ NEON_INL void row_f32(int type, int MR, const float *a, int64_t lda, const unsig
         }
         for (int r = 0; r < MR; r++)
             for (int i = 0; i < 8; i += 2) {
-                acc0[r] = vfmaq_f32(acc0[r], y[i], vld1q_f32(xb[r] + 4 * i));
-                acc1[r] = vfmaq_f32(acc1[r], y[i + 1], vld1q_f32(xb[r] + 4 * i + 4));
+                acc0[r] = vfmaq_f32(acc0[r], y[i], vld1q_f32(xb[r] + (size_t)4 * i));
+                acc1[r] = vfmaq_f32(acc1[r], y[i + 1], vld1q_f32(xb[r] + (size_t)4 * i + 4));
             }
     }
     for (int r = 0; r < MR; r++) {
@@ -580,7 +596,7 @@ int core_qdot_dequant_neon(int type, const void *src, float *dst, int64_t n)
         float32x4_t y[8];
         deq32(type, s8 + (size_t)b * bb, y);
         for (int i = 0; i < 8; i++)
-            vst1q_f32(dst + b * QB + 4 * i, y[i]);
+            vst1q_f32(dst + b * QB + (int64_t)4 * i, y[i]);
     }
     if (n > nb * QB) /* an F16/BF16 rest */
         (void)core_dequantize(type, s8 + (size_t)nb * bb, dst + nb * QB, n - nb * QB, NULL);
