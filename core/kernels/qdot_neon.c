@@ -1,9 +1,11 @@
 /* core/kernels/qdot_neon.c — the quantized products on aarch64 with NEON.
  * The integer path (8-bit activations times Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
- * Q4_K, Q5_K and Q6_K weight rows) comes in two variants: SDOT (the armv8.2-a dotprod extension, four int8
- * products summed into each 32-bit lane in one instruction) and, for cores
- * without it, widening multiplies (SMULL/SMLAL into 16 bits, pairwise
- * added into 32). The API and error contract are core/kernels/qdot.h's;
+ * Q4_K, Q5_K and Q6_K weight rows) comes in two variants: SDOT (the
+ * armv8.2-a dotprod extension, four int8 products summed into each 32-bit
+ * lane in one instruction) and, for cores without it, widening multiplies
+ * (SMULL into 16 bits, pairwise added into 32-bit lanes of four products
+ * each, SDOT's lanes: both variants give the same bits). The API and error
+ * contract are core/kernels/qdot.h's;
  * core/kernels/qdot_q8.c dispatches here and holds the scalar reference
  * (mm_generic, ref_block) that defines the integers formed below.
  *
@@ -12,7 +14,7 @@
  * 32), so both variants multiply signed by signed, no sign tricks: Q6_K's
  * per-16-value scales multiply the two halves' 32-bit lane sums. Per block
  * of 32 the four lanes hold partial sums whose total is the reference's
- * integer I exactly (SMLAL pairs at most 2 * 128 * 127 < 2^15); each block's
+ * integer I exactly (each product at most 128 * 127 < 2^15); each block's
  * lanes are converted to float and added, times d_w * d_a (the reference's
  * product), to four lane accumulators, and m_w * ds in steps of four blocks:
  * the same integers and products as the reference, summed in another order
@@ -232,11 +234,13 @@ NEON_INL void block_scales(int type, const unsigned char *row, int64_t b, float 
 
 /* ---- the two ways of summing 16 int8 products into four int32 lanes ---- */
 
+/* Lane l gets products 4l..4l+3, as SDOT's: the same lane sums, so the
+ * two variants give the same bits. */
 NEON_INL int32x4_t dot16_mull(int32x4_t acc, int8x16_t u, int8x16_t q)
 {
-    int16x8_t p = vmull_s8(vget_low_s8(u), vget_low_s8(q));
-    p = vmlal_high_s8(p, u, q); /* pairs at most 2 * 128 * 127 < 2^15 */
-    return vpadalq_s16(acc, p);
+    const int16x8_t lo = vmull_s8(vget_low_s8(u), vget_low_s8(q)); /* |u q| <= 128 * 127 */
+    const int16x8_t hi = vmull_high_s8(u, q);
+    return vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
 }
 
 DP_INL int32x4_t dot16_sdot(int32x4_t acc, int8x16_t u, int8x16_t q)

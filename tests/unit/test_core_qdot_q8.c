@@ -686,6 +686,53 @@ TEST(isa_paths_per_architecture)
         CHECK_STR_EQ(core_qdot_isa_name(core_qdot_best_isa()), want);
 }
 
+/* The two aarch64 variants form the same lane sums (SMULL pairs added as
+ * SDOT adds them), so on random data, where the float work rounds, they
+ * give the same bits: every type, several shapes. Runs where the CPU has
+ * dotprod (make cross-test's emulated core), a note elsewhere. */
+TEST(neon_variants_same_bits)
+{
+    if (!core_qdot_isa_runs(CORE_QDOT_NEON_DOTPROD)) {
+        printf("  note: no NEON dotprod here: the two NEON variants are not compared\n");
+        return;
+    }
+    core_rng_t r;
+    core_rng_seed(&r, 29);
+    for (int t = 0; t < N_TYPES; t++)
+        for (int s = 0; s < 3; s++) {
+            const int64_t m = 1 + s * 2, n = 7 + s * 9, k = k_for(types[t], 96 + 480 * s);
+            size_t rb = 0;
+            CHECK(core_ttype_row_bytes(types[t], k, &rb) == 0);
+            unsigned char *w = malloc((size_t)n * rb);
+            float *a = malloc((size_t)(m * k) * sizeof *a);
+            float *c0 = malloc((size_t)(m * n) * sizeof *c0), *c1 = malloc((size_t)(m * n) * sizeof *c1);
+            void *qb = malloc(core_q8_act_bytes(m, k));
+            if (!w || !a || !c0 || !c1 || !qb) {
+                CHECK(!"out of memory");
+            } else {
+                fill_w(&r, types[t], n, k, rb, w, 0);
+                fill_a(&r, a, m, k, k, 0);
+                core_q8_act_t qa;
+                core_q8_act_init(&qa, qb, m, k);
+                CHECK_INT_EQ(core_q8_quantize_isa(CORE_QDOT_NEON, &qa, a, k), 0);
+                CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_NEON, types[t], &qa, 0, n, w, rb, 0.0f,
+                                                c0, n), 0);
+                CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_NEON_DOTPROD, types[t], &qa, 0, n, w,
+                                                rb, 0.0f, c1, n), 0);
+                int same = 1;
+                for (int64_t i = 0; i < m * n; i++)
+                    same &= same_bits(c0[i], c1[i]);
+                CHECK_MSG(same, "%s m=%ld n=%ld k=%ld", core_ttype_name(types[t]), (long)m,
+                          (long)n, (long)k);
+            }
+            free(w);
+            free(a);
+            free(c0);
+            free(c1);
+            free(qb);
+        }
+}
+
 /* Who runs a packed product: the VNNI kernel, or AMX tiles from
  * CORE_Q8_AMX_MIN_ROWS rows on where the CPU and OS run them (forced either
  * way for tests); rows too long for the tiles' scratch (more than
@@ -926,6 +973,7 @@ int main(void)
     RUN(ranges_and_pool_bit_exact);
     RUN(force_isa_and_bad_arguments);
     RUN(isa_paths_per_architecture);
+    RUN(neon_variants_same_bits);
     RUN(amx_choice);
     RUN(amx_panels_within_bound);
     RUN(unpack_gives_the_packed_bytes);
