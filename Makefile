@@ -9,6 +9,9 @@
 
 BUILD    ?= build
 CC       ?= cc
+# the compiler of the build's own tools that run during the build (the web
+# page's generator): this machine's, also when CC cross-compiles
+HOSTCC   ?= cc
 PYTHON   ?= .venv/bin/python
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PORT     ?= 8080
@@ -21,11 +24,16 @@ WARN    := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes \
 ifneq ($(CI),)
 WARN    += -Werror
 endif
-# x86-64-v2 (SSE4.2, POPCNT) is the floor on x86-64; the AVX2 / AVX-512
-# kernels are chosen at run time. Other machines (aarch64) build the portable
-# C kernels with the compiler's default target.
-ifneq ($(filter x86_64-%,$(shell $(CC) -dumpmachine)),)
+# x86-64-v2 (SSE4.2, POPCNT) is the floor on x86-64, armv8-a (NEON) on
+# aarch64; the AVX2 / AVX-512 and dotprod kernels are chosen at run time
+# (their functions carry their own target attributes). Other machines build
+# the portable C kernels with the compiler's default target.
+TARGET_MACHINE := $(shell $(CC) -dumpmachine)
+ifneq ($(filter x86_64-%,$(TARGET_MACHINE)),)
 MARCH   ?= -march=x86-64-v2
+endif
+ifneq ($(filter aarch64-%,$(TARGET_MACHINE)),)
+MARCH   ?= -march=armv8-a
 endif
 OPT     ?= -O2 $(MARCH) -g
 CFLAGS  ?=
@@ -68,12 +76,12 @@ HELPER_BINS := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
 
 .PHONY: adapter
 .PHONY: all deps model run test unit pytest asan lint format clean bench help fuzz container-test \
-        check-layers check-cycles check-headers
+        check-layers check-cycles check-headers cross-aarch64 cross-test
 
 all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS) $(HELPER_BINS)
 
 help:
-	@echo "make run | test | asan | lint | check-layers | check-cycles | check-headers | format | model | bench | fuzz | container-test | clean  (BUILD=$(BUILD))"
+	@echo "make run | test | asan | lint | check-layers | check-cycles | check-headers | format | model | bench | fuzz | container-test | cross-aarch64 | cross-test | clean  (BUILD=$(BUILD))"
 
 deps:
 	@scripts/deps.sh
@@ -94,7 +102,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/gen/embed: server/ui/embed.c
 	@mkdir -p $(@D)
-	$(CC) -std=c11 -O2 -Wall -Wextra -o $@ $<
+	$(HOSTCC) -std=c11 -O2 -Wall -Wextra -o $@ $<
 $(BUILD)/gen/ui_files.c: $(BUILD)/gen/embed $(UI_FILES)
 	$(BUILD)/gen/embed $@ $(UI_FILES)
 $(UI_OBJ): $(BUILD)/gen/ui_files.c
@@ -183,6 +191,21 @@ check-headers:
 	    || { echo "check-headers: $$h does not compile on its own"; fail=1; }; \
 	done; [ $$fail -eq 0 ] && echo "check-headers: ok ($(words $(HEADERS)) headers)"
 
+# aarch64: the whole tree cross-compiled with Debian's gcc-aarch64-linux-gnu
+# against the arm64 libraries into $(CROSS_BUILD) (scripts/deps_cross.sh
+# installs them and qemu-user-static); cross-test runs its unit tests under
+# qemu-aarch64-static on emulated cores with and without dotprod
+# (scripts/cross_test.sh says what each run checks).
+CROSS_BUILD ?= build-aarch64
+CROSS_MAKE  := PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig \
+               $(MAKE) --no-print-directory BUILD=$(CROSS_BUILD) CC=aarch64-linux-gnu-gcc \
+               AR=aarch64-linux-gnu-ar MARCH=-march=armv8-a HOSTCC=$(HOSTCC)
+cross-aarch64:
+	@scripts/deps_cross.sh
+	@$(CROSS_MAKE) all
+cross-test: cross-aarch64 $(TINY)
+	@TINY=$(TINY) MODEL=$(MODEL) scripts/cross_test.sh $(CROSS_BUILD)
+
 asan:
 	@DARKSERVE_LONGSTREAM_TOKENS=100000 $(MAKE) --no-print-directory BUILD=build-asan \
 	  OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
@@ -260,6 +283,6 @@ bench: $(BUILD)/darkserve $(BUILD)/tools/bench_bw $(BUILD)/tools/bench_decode
 	@$(BENCH_PY) scripts/bench.py --build $(BUILD) --model $(MODEL) $(if $(filter 1,$(BENCH_QUICK)),--quick) $(if $(ISA),--isa $(ISA))
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan $(CROSS_BUILD)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -40,6 +40,7 @@
 
 enum { NB = 18, ROWS = 16, MAX_GROUPS = 4096 };
 
+#ifdef OVL_X86
 static double now_s(void)
 {
     struct timespec t;
@@ -47,7 +48,6 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-#ifdef OVL_X86
 #define OVL_FN                                                                                     \
     static __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma"), noinline))
 

@@ -3,7 +3,7 @@
  *
  *   bench_decode --model M [--attn K] [--features N] [--window W] [--sinks S] [--memory N]
  *                [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] [--threads T]
- *                [--isa generic|avx2|avx512vnni] [--amx auto|on|off] [--vs P2] [--batch B]
+ *                [--isa generic|avx2|avx512vnni|neon|neon-dotprod] [--amx auto|on|off] [--vs P2] [--batch B]
  *
  * Brings one session's attention state to position P, then times R runs of
  * N single-token decode steps (core_model_forward of one token with its last

@@ -120,8 +120,9 @@ int main(int argc, char **argv)
         a[i] = (float)core_rng_normal(&r);
     printf("%s n=%ld k=%ld m=%ld threads=%d: %.1f MB of weights\n", tname, n, k, m,
            core_pool_size(pool), (double)n * (double)rb / 1e6);
-    for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
-        (void)core_qdot_force_isa((core_qdot_isa_t)isa);
+    for (int isa = 0; isa < (int)CORE_QDOT_ISA_COUNT_; isa++) {
+        if (core_qdot_force_isa((core_qdot_isa_t)isa) != 0) /* not this CPU's */
+            continue;
         for (int path = 0; path < 4; path++) { /* f32, int8, int8p, int8p on AMX tiles */
             if (path >= 1 && !core_q8_supported(type))
                 continue;
@@ -160,6 +161,8 @@ int main(int argc, char **argv)
      * the f32 panels on every ISA that packs, and where the CPU has
      * AMX-BF16 the tiles (the split of the rows included) */
     for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
+        if (!core_qdot_isa_runs((core_qdot_isa_t)isa))
+            continue;
         (void)core_qdot_force_isa((core_qdot_isa_t)isa);
         if (!pk || !core_q8_pack_supported(type))
             continue;

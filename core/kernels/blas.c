@@ -204,6 +204,7 @@ __attribute__((target("avx2,fma"))) static void nn_small_avx2(int64_t m, int64_t
 }
 #endif
 
+#ifdef CORE_BLAS_X86
 /* The same on AVX-512 for up to 4 rows of A: 64 columns a pass (four
  * vectors per row, up to 16 accumulators in registers: M is a constant in
  * each instance), a row of B loaded once per pass. Every element is the same
@@ -407,6 +408,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) static int nn_half_avx512(
         NN64_CASES(1, b + j)
     return 1;
 }
+#endif /* CORE_BLAS_X86 */
 
 typedef float (*dot_fn)(const float *, const float *, int64_t);
 typedef int (*nt_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,

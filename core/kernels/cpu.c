@@ -7,6 +7,10 @@
  * BF16 after AVX-512F, the AMX units after the OS granted the tile state).
  * The probe also reads DARKSERVE_ISA, once: the environment of a process
  * does not change what its kernels are.
+ * On aarch64 Linux the kernel says what the cores have in the auxiliary
+ * vector's HWCAP bits (getauxval): ASIMD (NEON) and ASIMDDP (SDOT/UDOT). The
+ * binary is built for armv8-a, so it starts on any 64-bit ARM core, and
+ * the dotprod kernels run only where the bit is set.
  */
 #include "core/kernels/cpu.h"
 
@@ -28,6 +32,12 @@
 #define CPU_AMX 1
 #define AMX_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for an XSAVE feature */
 #define AMX_XTILEDATA 18          /* the tile data state component */
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#define CPU_ARM_LINUX 1
+#define ARM_HWCAP_ASIMD (1ul << 1)    /* Linux's HWCAP_ASIMD (asm/hwcap.h) */
+#define ARM_HWCAP_ASIMDDP (1ul << 20) /* Linux's HWCAP_ASIMDDP */
 #endif
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
@@ -78,6 +88,14 @@ static void probe(void)
             f |= CORE_CPU_AMX_BF16;
     }
 #endif
+#ifdef CPU_ARM_LINUX
+    const unsigned long hw = getauxval(AT_HWCAP);
+    if (hw & ARM_HWCAP_ASIMD) {
+        f |= CORE_CPU_NEON;
+        if (hw & ARM_HWCAP_ASIMDDP)
+            f |= CORE_CPU_DOTPROD;
+    }
+#endif
     features = f;
     /* on a refusal (env_error set) isa is the best */
     (void)core_qdot_isa_choose(getenv("DARKSERVE_ISA"), best_of(f), &default_isa, env_error,
@@ -97,6 +115,8 @@ int core_cpu_has(unsigned mask)
 
 static core_qdot_isa_t best_of(unsigned f)
 {
+    if (f & CORE_CPU_NEON)
+        return (f & CORE_CPU_DOTPROD) ? CORE_QDOT_NEON_DOTPROD : CORE_QDOT_NEON;
     const unsigned avx2 = CORE_CPU_AVX2 | CORE_CPU_FMA | CORE_CPU_F16C;
     const unsigned avx512 =
         CORE_CPU_AVX512F | CORE_CPU_AVX512BW | CORE_CPU_AVX512VL | CORE_CPU_AVX512VNNI;
@@ -105,6 +125,20 @@ static core_qdot_isa_t best_of(unsigned f)
     if ((f & avx512) == avx512)
         return CORE_QDOT_AVX512VNNI;
     return CORE_QDOT_AVX2;
+}
+
+int core_qdot_isa_runs_on(core_qdot_isa_t isa, core_qdot_isa_t best)
+{
+    if (isa == CORE_QDOT_GENERIC)
+        return 1;
+    if (best >= CORE_QDOT_NEON) /* aarch64 */
+        return isa >= CORE_QDOT_NEON && isa <= best;
+    return isa > CORE_QDOT_GENERIC && isa <= best;
+}
+
+int core_qdot_isa_runs(core_qdot_isa_t isa)
+{
+    return core_qdot_isa_runs_on(isa, core_qdot_best_isa());
 }
 
 core_qdot_isa_t core_qdot_best_isa(void)
@@ -123,7 +157,7 @@ int core_qdot_isa_choose(const char *name, core_qdot_isa_t best, core_qdot_isa_t
     for (int i = 0; i < CORE_QDOT_ISA_COUNT_; i++) {
         if (strcmp(name, core_qdot_isa_name((core_qdot_isa_t)i)) != 0)
             continue;
-        if (i > (int)best) {
+        if (!core_qdot_isa_runs_on((core_qdot_isa_t)i, best)) {
             snprintf(msg, n, "DARKSERVE_ISA=%s: this CPU does not run it (its best path is %s)",
                      name, core_qdot_isa_name(best));
             return CORE_EUNSUPPORTED;
@@ -131,7 +165,7 @@ int core_qdot_isa_choose(const char *name, core_qdot_isa_t best, core_qdot_isa_t
         *isa = (core_qdot_isa_t)i;
         return 0;
     }
-    snprintf(msg, n, "DARKSERVE_ISA=%.40s: unknown path (generic, avx2 or avx512vnni)", name);
+    snprintf(msg, n, "DARKSERVE_ISA=%.40s: unknown path (generic, avx2, avx512vnni, neon or neon-dotprod)", name);
     return CORE_EINVAL;
 }
 
@@ -164,7 +198,7 @@ int core_qdot_force_isa(core_qdot_isa_t isa)
         atomic_store_explicit(&forced_isa, -1, memory_order_relaxed);
         return 0;
     }
-    if ((int)isa < 0 || isa > core_qdot_best_isa())
+    if (!core_qdot_isa_runs(isa))
         return CORE_EUNSUPPORTED;
     atomic_store_explicit(&forced_isa, (int)isa, memory_order_relaxed);
     return 0;
@@ -176,6 +210,8 @@ const char *core_qdot_isa_name(core_qdot_isa_t isa)
     case CORE_QDOT_GENERIC: return "generic";
     case CORE_QDOT_AVX2: return "avx2";
     case CORE_QDOT_AVX512VNNI: return "avx512vnni";
+    case CORE_QDOT_NEON: return "neon";
+    case CORE_QDOT_NEON_DOTPROD: return "neon-dotprod";
     default: return NULL;
     }
 }

@@ -64,14 +64,12 @@ F16C_FN static void round_f16c(const float *x, float *y, int64_t n)
 }
 #endif
 
+#ifdef HALF_X86
 static int use_f16c(void)
 {
-#ifdef HALF_X86
-    return core_qdot_isa() >= CORE_QDOT_AVX2;
-#else
-    return 0;
-#endif
+    return core_qdot_isa() == CORE_QDOT_AVX2 || core_qdot_isa() == CORE_QDOT_AVX512VNNI;
 }
+#endif
 
 void core_half_pack(const float *x, uint16_t *h, int64_t n)
 {

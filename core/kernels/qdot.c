@@ -12,7 +12,8 @@
  * exactly, F16 with F16C, BF16 with a 16-bit shift).
  *
  * AVX2 is opt-in per function (the build targets x86-64-v2 on x86-64) and
- * picked at run time through core/kernels/cpu.h. The integer path
+ * picked at run time through core/kernels/cpu.h; the aarch64 NEON kernels of
+ * the fast types are in core/kernels/qdot_neon.c. The integer path
  * is in core/kernels/qdot_q8.c;
  * the pool runner for both is at the end of this file.
  */
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "core/err.h"
+#include "core/kernels/qdot_neon_impl.h"
 #include "core/tensor.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -408,6 +410,13 @@ static int dequant(core_qdot_isa_t isa, int type, const void *src, float *dst, i
         dequant_avx2(type, src, dst, n);
         return 0;
     }
+#elif defined(__aarch64__)
+    if (isa >= CORE_QDOT_NEON && core_qdot_has_fast_kernel(type)) { /* qdot_neon.c */
+        if (n < 0 || n % core_ttype_block_elems(type) != 0)
+            return CORE_EINVAL;
+        (void)core_qdot_dequant_neon(type, src, dst, n);
+        return 0;
+    }
 #else
     (void)isa;
 #endif
@@ -421,7 +430,7 @@ void core_qdot_dequant(int type, const void *src, float *dst, int64_t n)
 
 int core_qdot_dequant_isa(core_qdot_isa_t isa, int type, const void *src, float *dst, int64_t n)
 {
-    if ((int)isa < 0 || isa >= CORE_QDOT_ISA_COUNT_ || isa > core_qdot_best_isa())
+    if (!core_qdot_isa_runs(isa))
         return CORE_EUNSUPPORTED;
     return dequant(isa, type, src, dst, n);
 }
@@ -442,6 +451,10 @@ static void qmm(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int64_t k, 
         default: qmm_block_avx2(type, m, n, k, a, lda, wb, row_bytes, beta, c, ldc); return;
         }
     }
+#elif defined(__aarch64__)
+    if (isa >= CORE_QDOT_NEON && /* qdot_neon.c: the types with a fast kernel */
+        core_qmatmul_nt_neon(type, m, n, k, a, lda, wb, row_bytes, beta, c, ldc))
+        return;
 #else
     (void)isa;
 #endif
@@ -458,7 +471,7 @@ int core_qmatmul_nt_isa(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int
                         const float *a, int64_t lda, const void *w, size_t row_bytes, float beta,
                         float *c, int64_t ldc)
 {
-    if ((int)isa < 0 || isa >= CORE_QDOT_ISA_COUNT_ || isa > core_qdot_best_isa())
+    if (!core_qdot_isa_runs(isa))
         return CORE_EUNSUPPORTED;
     if (!core_qdot_supported(type) || k < 0 || k % core_ttype_block_elems(type) != 0 || m < 0 ||
         n < 0)
@@ -496,7 +509,7 @@ typedef struct jobs_run {
 
 static void job_rows(const jobs_run_t *r, const core_qdot_job_t *jb, int64_t j0, int64_t j1)
 {
-    if (jb->qa && jb->pk && r->isa >= CORE_QDOT_AVX2) {
+    if (jb->qa && jb->pk && r->isa >= CORE_QDOT_AVX2 && r->isa <= CORE_QDOT_AVX512VNNI) {
         (void)core_q8_matmul_packed(jb->type, jb->qa, j0, j1, jb->pk, jb->beta, jb->c, jb->ldc);
         return;
     }

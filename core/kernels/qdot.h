@@ -24,7 +24,8 @@
  * then scaled by d_w * d_a (plus m_w * (d_a * sum_i q_a,i) for the offset
  * types: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K). Kernels: a scalar reference
  * (CORE_QDOT_GENERIC), AVX2 (u8 x s8 with maddubs) and AVX-512 VNNI
- * (dpbusd, two blocks per vector).
+ * (dpbusd, two blocks per vector); on aarch64 NEON (s8 x s8 with SMULL)
+ * and NEON with SDOT, which form the same lane sums (the same bits).
  * Error contract, what tests/unit/test_core_qdot_q8.c checks:
  *  - every variant computes the same per-block integer sums as the scalar
  *    reference (checked bit for bit with power-of-two scales, where every
@@ -87,10 +88,10 @@ int core_qmatmul_nt_isa(core_qdot_isa_t isa, int type, int64_t m, int64_t n, int
 
 /* dst[0..n) = the n values of type at src, exactly what core_dequantize
  * gives (n a multiple of the type's block, src whole blocks), with SIMD for
- * Q4_0, Q4_1, Q8_0, F16 and BF16 where the CPU has AVX2: for prompt products
- * that dequantize weight tiles (core/model.c). One exception to "exactly":
- * an F16 signaling NaN comes out of F16C as a quiet NaN (core_dequantize
- * keeps the pattern); still a NaN. Preconditions as core_qmatmul_nt's
+ * Q4_0, Q4_1, Q8_0, F16 and BF16 where the CPU has AVX2 or NEON: for prompt
+ * products that dequantize weight tiles (core/model.c). One exception to
+ * "exactly": an F16 signaling NaN comes out of F16C or FCVTL as a quiet NaN
+ * (core_dequantize keeps the pattern); still a NaN. Preconditions as core_qmatmul_nt's
  * (core_qdot_supported(type)); not checked. */
 void core_qdot_dequant(int type, const void *src, float *dst, int64_t n);
 /* The same on an explicit ISA; CORE_EUNSUPPORTED when this CPU cannot run

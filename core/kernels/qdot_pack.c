@@ -70,7 +70,8 @@ static size_t group_block_bytes(int type)
 
 int core_q8_pack_supported(int type)
 {
-    return packs(type) && core_qdot_isa() >= CORE_QDOT_AVX2;
+    const core_qdot_isa_t isa = core_qdot_isa(); /* the x86 levels that pack */
+    return packs(type) && isa >= CORE_QDOT_AVX2 && isa <= CORE_QDOT_AVX512VNNI;
 }
 
 size_t core_q8_pack_bytes(int type, int64_t rows, int64_t k)
@@ -1026,6 +1027,7 @@ int core_q8_amx_split(const float *a, int64_t lda, int64_t m, int64_t k, uint16_
     bx_split_rows(a, lda, m, k, out);
     return 0;
 #else
+    (void)a;
     return CORE_EINVAL;
 #endif
 }
@@ -1042,6 +1044,10 @@ int core_qmatmul_packed_amx(int type, int64_t m, int64_t j0, int64_t j1, int64_t
     packed_bx(type, m, j0, j1, k, as, pk, panel, beta, c, ldc);
     return 0;
 #else
+    (void)pk;
+    (void)beta;
+    (void)c;
+    (void)ldc;
     return CORE_EINVAL;
 #endif
 }

@@ -31,13 +31,17 @@
  * Quantizing the activations is shared by all ISAs: max |x| (exact in any
  * order), d = max / 127, id = 127 / max, q = round_to_nearest_even(clamp(x *
  * id, +-127)); the AVX2 version does those same operations eight lanes at a
- * time, so every ISA writes the same bytes.
+ * time, the NEON one four, so every ISA writes the same bytes.
+ *
+ * The aarch64 kernels (NEON, NEON with SDOT) are in core/kernels/qdot_neon.c;
+ * mm() and core_q8_quantize_isa dispatch to them.
  */
 #include <math.h>
 #include <string.h>
 
 #include "core/err.h"
 #include "core/kernels/qdot.h"
+#include "core/kernels/qdot_neon_impl.h"
 #include "core/tensor.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -306,11 +310,17 @@ AVX2_FN static void quant_avx2(core_q8_act_t *qa, const float *a, int64_t lda)
 
 int core_q8_quantize_isa(core_qdot_isa_t isa, core_q8_act_t *qa, const float *a, int64_t lda)
 {
-    if ((int)isa < 0 || isa >= CORE_QDOT_ISA_COUNT_ || isa > core_qdot_best_isa())
+    if (!core_qdot_isa_runs(isa))
         return CORE_EUNSUPPORTED;
 #ifdef Q8_X86
     if (isa >= CORE_QDOT_AVX2) {
         quant_avx2(qa, a, lda);
+        return 0;
+    }
+#endif
+#ifdef __aarch64__
+    if (isa >= CORE_QDOT_NEON) {
+        core_q8_quantize_neon(qa, a, lda);
         return 0;
     }
 #endif
@@ -789,6 +799,12 @@ static void mm(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, int64_t j
         default: mm_q8_0_avx2(qa, j0, j1, wb, row_bytes, beta, c, ldc); return;
         }
     }
+#elif defined(__aarch64__)
+    if (isa >= CORE_QDOT_NEON) { /* core/kernels/qdot_neon.c */
+        core_q8_matmul_neon(isa == CORE_QDOT_NEON_DOTPROD, type, qa, j0, j1, wb, row_bytes, beta, c,
+                            ldc);
+        return;
+    }
 #else
     (void)isa;
 #endif
@@ -805,7 +821,7 @@ int core_q8_matmul_isa(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, i
                        int64_t j1, const void *w, size_t row_bytes, float beta, float *c,
                        int64_t ldc)
 {
-    if ((int)isa < 0 || isa >= CORE_QDOT_ISA_COUNT_ || isa > core_qdot_best_isa())
+    if (!core_qdot_isa_runs(isa))
         return CORE_EUNSUPPORTED;
     if (!core_q8_supported(type) || qa->k % core_ttype_block_elems(type) != 0 || j0 < 0 || j1 < j0)
         return CORE_EINVAL;

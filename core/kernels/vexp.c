@@ -189,17 +189,14 @@ void core_exp_force_generic(int on)
     atomic_store(&force_generic, on != 0);
 }
 
+#ifdef VEXP_X86
 /* The AVX2 paths run where the kernel path chosen is AVX2 (AVX2, FMA and
  * F16C; the AVX-512 path prefers its own) and tests do not force the
  * portable ones. */
 static int use_avx2(void)
 {
-#ifdef VEXP_X86
     return !atomic_load_explicit(&force_generic, memory_order_relaxed) &&
            core_qdot_isa() == CORE_QDOT_AVX2;
-#else
-    return 0;
-#endif
 }
 
 /* The AVX-512 paths run: the CPU has them, the kernel path chosen
@@ -207,14 +204,11 @@ static int use_avx2(void)
  * do not force the portable ones. */
 static int use_avx512(void)
 {
-#ifdef VEXP_X86
     return !atomic_load_explicit(&force_generic, memory_order_relaxed) &&
            core_qdot_isa() == CORE_QDOT_AVX512VNNI &&
            core_cpu_has(CORE_CPU_AVX512F | CORE_CPU_AVX512DQ | CORE_CPU_AVX512VL);
-#else
-    return 0;
-#endif
 }
+#endif
 
 void core_exp_shifted(const float *x, int64_t n, double s, float *out)
 {

@@ -13,8 +13,9 @@
  * --chunk K                 prefill in chunks of K tokens (default: one call)
  * --max-ctx N               exact attention capacity (default: the model's)
  * --threads N               compute threads (default 0: one per CPU)
- * --isa NAME                quantized kernels forced onto generic, avx2 or
- *                           avx512vnni (default: the best this CPU runs)
+ * --isa NAME                quantized kernels forced onto generic, avx2,
+ *                           avx512vnni, neon or neon-dotprod (default: the
+ *                           best this CPU runs)
  * --adapter A               DARKFormer attention with adapter A and its
  *                           settings (default: exact attention)
  * --prompt-int8             prompt rows in 8 bits (core_model_opts.prompt_int8)

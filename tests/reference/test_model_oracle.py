@@ -51,7 +51,8 @@ MODEL = os.environ.get("DARKSERVE_MODEL",
                        os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 TINY = os.environ.get("DARKSERVE_TINY_MODEL", os.path.join(BUILD, "fixtures", "tiny.gguf"))
 DATA = os.environ.get("DARKSERVE_DATA", os.path.join(ROOT, "tests", "data"))
-# generic | avx2 | avx512vnni: the quantized kernels forced onto one variant
+# generic | avx2 | avx512vnni | neon | neon-dotprod: the quantized kernels
+# forced onto one variant
 # (default: the best this CPU runs)
 ISA = os.environ.get("DARKSERVE_QDOT_ISA")
 

@@ -18,7 +18,7 @@ static inline int isa_list(core_qdot_isa_t *isas)
 {
     int n = 0;
     for (int i = 0; i < CORE_QDOT_ISA_COUNT_; i++)
-        if ((core_qdot_isa_t)i <= core_qdot_best_isa())
+        if (core_qdot_isa_runs((core_qdot_isa_t)i))
             isas[n++] = (core_qdot_isa_t)i;
     if (n < CORE_QDOT_ISA_COUNT_)
         printf("  note: this CPU runs %d of %d ISA variants; the others are not tested here\n", n,

@@ -118,6 +118,8 @@ TEST(small_kernels_every_isa)
     float c[1] = {0};
     const uint16_t bh[16] = {0};
     for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
+        if (!core_qdot_isa_runs((core_qdot_isa_t)isa))
+            continue;
         CHECK_INT_EQ(core_qdot_force_isa((core_qdot_isa_t)isa), 0);
         for (int op = OP_NT_SMALL; op <= OP_NN_SMALL; op += 2)
             for (int64_t m = 1; m <= CORE_GEMM_SMALL_M; m += 3)

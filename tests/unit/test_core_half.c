@@ -26,7 +26,7 @@ static double half_value(uint16_t h)
 /* The ISAs to run: generic, and AVX2 (F16C) where this CPU has it. */
 static int n_isas(void)
 {
-    return core_qdot_best_isa() >= CORE_QDOT_AVX2 ? 2 : 1;
+    return core_qdot_isa_runs(CORE_QDOT_AVX2) ? 2 : 1;
 }
 
 static void use_isa(int i)

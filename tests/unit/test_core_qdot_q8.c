@@ -651,6 +651,88 @@ TEST(force_isa_and_bad_arguments)
     CHECK_INT_EQ(core_q8_quantize_isa((core_qdot_isa_t)9, &qa, a, 32), CORE_EUNSUPPORTED);
 }
 
+/* Each ISA is forced exactly where this CPU runs it, and it runs only the
+ * paths of its own architecture: the x86 ones never on aarch64 (where they
+ * would silently run the reference), nor the NEON ones on x86. With
+ * DARKSERVE_EXPECT_BEST_ISA set (make cross-test: the emulated CPU with and
+ * without dotprod), the run-time detection must pick that path. */
+TEST(isa_paths_per_architecture)
+{
+    CHECK(core_qdot_isa_runs(CORE_QDOT_GENERIC));
+    CHECK(core_qdot_isa_runs(core_qdot_best_isa()));
+    CHECK(!core_qdot_isa_runs((core_qdot_isa_t)-1));
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_ISA_COUNT_));
+    for (int i = 0; i < CORE_QDOT_ISA_COUNT_; i++) {
+        const core_qdot_isa_t isa = (core_qdot_isa_t)i;
+        CHECK(core_qdot_isa_name(isa) != NULL);
+        for (int j = 0; j < i && core_qdot_isa_name(isa); j++)
+            CHECK(strcmp(core_qdot_isa_name(isa), core_qdot_isa_name((core_qdot_isa_t)j)) != 0);
+        CHECK_INT_EQ(core_qdot_force_isa(isa), core_qdot_isa_runs(isa) ? 0 : CORE_EUNSUPPORTED);
+        if (core_qdot_isa_runs(isa))
+            CHECK(core_qdot_isa() == isa);
+    }
+    CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
+#if defined(__aarch64__) && defined(__linux__)
+    CHECK(core_qdot_isa_runs(CORE_QDOT_NEON));
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_AVX2));
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_AVX512VNNI));
+    CHECK(core_qdot_isa_runs(CORE_QDOT_NEON_DOTPROD) == core_cpu_has(CORE_CPU_DOTPROD));
+#else
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_NEON));
+    CHECK(!core_qdot_isa_runs(CORE_QDOT_NEON_DOTPROD));
+#endif
+    const char *want = getenv("DARKSERVE_EXPECT_BEST_ISA");
+    if (want && *want)
+        CHECK_STR_EQ(core_qdot_isa_name(core_qdot_best_isa()), want);
+}
+
+/* The two aarch64 variants form the same lane sums (SMULL pairs added as
+ * SDOT adds them), so on random data, where the float work rounds, they
+ * give the same bits: every type, several shapes. Runs where the CPU has
+ * dotprod (make cross-test's emulated core), a note elsewhere. */
+TEST(neon_variants_same_bits)
+{
+    if (!core_qdot_isa_runs(CORE_QDOT_NEON_DOTPROD)) {
+        printf("  note: no NEON dotprod here: the two NEON variants are not compared\n");
+        return;
+    }
+    core_rng_t r;
+    core_rng_seed(&r, 29);
+    for (int t = 0; t < N_TYPES; t++)
+        for (int s = 0; s < 3; s++) {
+            const int64_t m = 1 + s * 2, n = 7 + s * 9, k = k_for(types[t], 96 + 480 * s);
+            size_t rb = 0;
+            CHECK(core_ttype_row_bytes(types[t], k, &rb) == 0);
+            unsigned char *w = malloc((size_t)n * rb);
+            float *a = malloc((size_t)(m * k) * sizeof *a);
+            float *c0 = malloc((size_t)(m * n) * sizeof *c0), *c1 = malloc((size_t)(m * n) * sizeof *c1);
+            void *qb = malloc(core_q8_act_bytes(m, k));
+            if (!w || !a || !c0 || !c1 || !qb) {
+                CHECK(!"out of memory");
+            } else {
+                fill_w(&r, types[t], n, k, rb, w, 0);
+                fill_a(&r, a, m, k, k, 0);
+                core_q8_act_t qa;
+                core_q8_act_init(&qa, qb, m, k);
+                CHECK_INT_EQ(core_q8_quantize_isa(CORE_QDOT_NEON, &qa, a, k), 0);
+                CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_NEON, types[t], &qa, 0, n, w, rb, 0.0f,
+                                                c0, n), 0);
+                CHECK_INT_EQ(core_q8_matmul_isa(CORE_QDOT_NEON_DOTPROD, types[t], &qa, 0, n, w,
+                                                rb, 0.0f, c1, n), 0);
+                int same = 1;
+                for (int64_t i = 0; i < m * n; i++)
+                    same &= same_bits(c0[i], c1[i]);
+                CHECK_MSG(same, "%s m=%ld n=%ld k=%ld", core_ttype_name(types[t]), (long)m,
+                          (long)n, (long)k);
+            }
+            free(w);
+            free(a);
+            free(c0);
+            free(c1);
+            free(qb);
+        }
+}
+
 /* Who runs a packed product: the VNNI kernel, or AMX tiles from
  * CORE_Q8_AMX_MIN_ROWS rows on where the CPU and OS run them (forced either
  * way for tests); rows too long for the tiles' scratch (more than
@@ -670,7 +752,7 @@ TEST(env_isa_choice)
         for (int want = 0; want < CORE_QDOT_ISA_COUNT_; want++) {
             const char *name = core_qdot_isa_name((core_qdot_isa_t)want);
             const int rc = core_qdot_isa_choose(name, (core_qdot_isa_t)best, &isa, msg, sizeof msg);
-            if (want <= best) {
+            if (core_qdot_isa_runs_on((core_qdot_isa_t)want, (core_qdot_isa_t)best)) {
                 CHECK_INT_EQ(rc, 0);
                 CHECK(isa == (core_qdot_isa_t)want);
             } else {
@@ -743,7 +825,8 @@ TEST(packed_same_bits_every_isa)
             core_q8_quantize(&qa, a, k);
             for (int s = 0; s < ni; s++) { /* the generic path does not pack */
                 CHECK_INT_EQ(core_qdot_force_isa(isas[s]), 0);
-                CHECK_INT_EQ(core_q8_pack_supported(type), isas[s] >= CORE_QDOT_AVX2);
+                CHECK_INT_EQ(core_q8_pack_supported(type),
+                             isas[s] >= CORE_QDOT_AVX2 && isas[s] <= CORE_QDOT_AVX512VNNI);
             }
             for (int ri = 0; ri < 5; ri++) {
                 const int64_t j0 = ranges[ri][0], j1 = ranges[ri][1];
@@ -1024,6 +1107,8 @@ int main(void)
     RUN(force_isa_and_bad_arguments);
     RUN(env_isa_choice);
     RUN(packed_same_bits_every_isa);
+    RUN(isa_paths_per_architecture);
+    RUN(neon_variants_same_bits);
     RUN(amx_choice);
     RUN(amx_panels_within_bound);
     RUN(unpack_gives_the_packed_bytes);
