@@ -33,7 +33,8 @@ def load(a):
     cfg, mats, dec, mix, lora, _, _ = distill.load_adapter(a.adapter)
     eps = np.load(a.eps)[:, :, :cfg["n_features"], :].astype(np.float32)
     pa = types.SimpleNamespace(window=cfg["window"], block=64, mem=0, score="full", pos="cap",
-                               cap=4096, seed=1, scores=None, force=False, sinks_=cfg["sinks"])
+                               cap=4096, seed=1, scores=None, force=False, relative=False,
+                               sinks_=cfg["sinks"])
     fwd = mp.build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, eps, pa)
     return hp, cfg, fwd
 

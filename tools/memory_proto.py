@@ -8,7 +8,8 @@ can be compared on recall and perplexity before they are built in C.
                     [--lengths 1024] [--depths 0.1,0.5,0.9] [--trials 10]
                     [--mem 64] [--block 64] [--score recall|refresh|vnorm|random]
                     [--pos true|fixed|cap] [--cap 1024] [--attn darkformer|exact]
-                    [--window W] [--seed 1] [--out RESULTS.json]
+                    [--window W] [--relative] [--seed 1] [--out RESULTS.json]
+                    [--force] [--diag F] [--scores F] [--beta B] [--decay G]
 
 The attention it models (docs/DESIGN.md §3, "Version 2", plus the memory):
 keys leave the exact span in blocks of B tokens at absolute positions b = B,
@@ -243,6 +244,9 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
                     cs_ = [float(np.sum(V[u] ** 2)) for u in cand]
                 else:
                     cs_ = list(rs.random(len(cand)))
+                if args.relative and cs_:  # over the block's median (the C rule)
+                    med = float(np.median(cs_))
+                    cs_ = [e / med if med > 0 else e for e in cs_]
                 if args.force:
                     cs_ = [1e300 if u in FORCED else e for u, e in zip(cand, cs_)]
                 allr = rows + cand
@@ -418,6 +422,9 @@ def main():
     ap.add_argument("--window", type=int, default=-1)
     ap.add_argument("--attn", default="darkformer", choices=["darkformer", "exact"])
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--relative", action="store_true",
+                    help="each block's scores over their median (darkserve's rule is --score "
+                    "full --relative --pos cap --cap 4096)")
     ap.add_argument("--force", action="store_true",
                     help="the needle's tokens always win the memory's contest (a diagnosis)")
     ap.add_argument("--diag", help="per layer and head: the answer rows' attention mass on the "

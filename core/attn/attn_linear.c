@@ -1631,8 +1631,9 @@ static void chunk_absorb(lin_ctx_t *x, const lin_chunk_t *ck)
  * The score is a key's self-recall error at its boundary, ‖Σ_i φ_i(k) S_i /
  * Σ_i φ_i(k) z_i − v‖², against the linear state with the memory's rows
  * added as linear terms (score_state): how badly a state holding everything
- * older would give back its value. A row keeps the score it entered with;
- * ties go to the older position. */
+ * older would give back its value, divided by the median of its block's
+ * errors (relative_errors). A row keeps the score it entered with; ties go
+ * to the older position. */
 
 /* Contestants [score, position, source] best first: the higher score,
  * then the older position (a total order on what is stored). */
@@ -1767,6 +1768,27 @@ static void recall_errors(const lin_ctx_t *x, int64_t n, const float *g, const f
     }
 }
 
+static int dbl_cmp(const void *pa, const void *pb)
+{
+    const double a = *(const double *)pa, b = *(const double *)pb;
+    return a < b ? -1 : a > b;
+}
+
+/* A block's errors err[n] (n ≤ B) divided by their median, so that a row's
+ * score says how far it stands out of its own block, not how full the state
+ * was when it was scored: raw errors fall as the state fills, and rows
+ * scored against the first, nearly empty states would hold the memory for
+ * good. A median of 0 leaves the errors as they are. */
+static void relative_errors(double *err, int64_t n)
+{
+    double tmp[CORE_ATTN_MEMORY_BLOCK];
+    memcpy(tmp, err, (size_t)n * sizeof *tmp);
+    qsort(tmp, (size_t)n, sizeof *tmp, dbl_cmp);
+    const double med = 0.5 * (tmp[(n - 1) / 2] + tmp[n / 2]);
+    for (int64_t j = 0; j < n && med > 0.0; j++)
+        err[j] /= med;
+}
+
 /* The boundary at b of KV head x->h: the contest, the memory rewritten in
  * position order, the losers absorbed into the linear state at time b − 1
  * (which also moves the state's time on by B). */
@@ -1797,8 +1819,10 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
         ent[3 * i + 1] = (double)x->mem_pos[i];
         ent[3 * i + 2] = (double)i;
     }
-    if (nu > 0)
+    if (nu > 0) {
         recall_errors(x, nu, sc->kd, sc->vi, sc->khn);
+        relative_errors(sc->khn, nu);
+    }
     for (int64_t j = 0; j < nu; j++) {
         /* stored as a float, compared as the float it is stored as */
         const float s = (float)sc->khn[j];

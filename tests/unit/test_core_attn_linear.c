@@ -2166,13 +2166,19 @@ static int mem_row_cmp(const void *pa, const void *pb)
     return a->pos < b->pos ? -1 : a->pos > b->pos;
 }
 
+static int dbl_cmp(const void *pa, const void *pb)
+{
+    const double a = *(const double *)pa, b = *(const double *)pb;
+    return a < b ? -1 : a > b;
+}
+
 /* The float64 oracle of the memory: per (layer, KV head) the contest at
  * every boundary b (multiples of B below n), written from the definition —
  * the keys leaving the exact span [b − W − B, b − W) (none below S) and the
  * memory's rows ranked by self-recall error against every key absorbed
  * before b and the memory's rows,
- * ‖Σ_j φ(k)·φ(k_j) γ^(−j) v_j / Σ_j φ(k)·φ(k_j) γ^(−j) − v‖², as a
- * float, then the older position; the λ best kept, the rest absorbed at b.
+ * ‖Σ_j φ(k)·φ(k_j) γ^(−j) v_j / Σ_j φ(k)·φ(k_j) γ^(−j) − v‖², over the
+ * median of the leaving keys' errors, as a float, then the older position; the λ best kept, the rest absorbed at b.
  * A row t of the block [b, b + B) attends exactly to the sinks (shifted as
  * without the memory), every key from b − W on and the memory's rows (at
  * their true distance while b − j < cap, else at distance cap), linearly
@@ -2208,6 +2214,7 @@ static double *reference_memory(const core_attn_t *a, const shape_t *s, const in
                 absorbed_at[j] = mem_from[j] = mem_to[j] = INT64_MAX;
             }
             int nrow = 0;
+            double blk_err[MB];
             for (int64_t b = MB; b < n; b += MB) {
                 int64_t u0 = b - w - MB > s->S ? b - w - MB : s->S, u1 = b - w;
                 int cand = nrow;
@@ -2235,8 +2242,19 @@ static double *reference_memory(const core_attn_t *a, const shape_t *s, const in
                         double d = (den > 0 ? est[c] / den : 0.0) - vv[u * nk + h * hd + c];
                         err += d * d;
                     }
-                    rows[cand++] = (mem_row_t){u, (float)err};
+                    blk_err[u - u0] = err;
                 }
+                /* each error over the median of its block's */
+                double med = 0;
+                if (u1 > u0) {
+                    double srt[MB];
+                    memcpy(srt, blk_err, (size_t)(u1 - u0) * sizeof *srt);
+                    qsort(srt, (size_t)(u1 - u0), sizeof *srt, dbl_cmp);
+                    med = 0.5 * (srt[(u1 - u0 - 1) / 2] + srt[(u1 - u0) / 2]);
+                }
+                for (int64_t u = u0; u < u1; u++)
+                    rows[cand++] = (mem_row_t){u, (float)(med > 0 ? blk_err[u - u0] / med
+                                                                  : blk_err[u - u0])};
                 qsort(rows, (size_t)cand, sizeof *rows, mem_row_cmp);
                 int keep = cand < lam ? cand : lam;
                 for (int i = keep; i < cand; i++) {
