@@ -641,6 +641,68 @@ typedef struct proto_health {
 /* {"status",["reason"],"model","sessions","queue_depth","uptime_s"} */
 char *proto_health_json(const proto_health_t *h);
 
+/* ------------------------------------------------------------ embeddings */
+
+/* Which API an embedding request came in (docs/API.md, "Embeddings"): the
+ * field names, defaults and answer shape follow it. */
+typedef enum proto_embed_api {
+    PROTO_EMBED_OPENAI = 0,   /* POST /v1/embeddings: "input" */
+    PROTO_EMBED_LLAMA = 1,    /* POST /embedding, /embeddings (llama.cpp): "content" or "input" */
+    PROTO_EMBED_OLLAMA = 2,   /* POST /api/embed: "model", "input" (strings) */
+    PROTO_EMBED_OLLAMA_V1 = 3 /* POST /api/embeddings: "model", "prompt" (one string) */
+} proto_embed_api_t;
+
+/* "pooling": how a text's token vectors become its embedding. */
+typedef enum proto_pooling {
+    PROTO_POOL_MEAN = 1, /* the mean of every token's (default) */
+    PROTO_POOL_LAST = 2, /* the last token's */
+    PROTO_POOL_NONE = 3  /* every token's (POST /embedding only) */
+} proto_pooling_t;
+
+#define PROTO_MAX_EMBED_INPUTS 64 /* inputs of one embedding request */
+#define PROTO_MAX_EMBED_NORM 64   /* the largest p of a p-norm "embd_normalize" */
+
+typedef struct proto_embed_req {
+    proto_embed_api_t api;
+    char *model;              /* owned or NULL (required by the Ollama APIs) */
+    proto_prompt_t *inputs;   /* owned [n_inputs], 1..PROTO_MAX_EMBED_INPUTS: text or ids */
+    size_t n_inputs;
+    proto_pooling_t pooling;
+    int normalize;            /* "embd_normalize": -1 none, 0 the largest magnitude to
+                                 32760, 1 taxicab, 2 Euclidean, p > 2 the p-norm; default
+                                 2, -1 for /api/embeddings */
+    int base64;               /* OpenAI "encoding_format": "base64" */
+    int64_t dimensions;       /* OpenAI and /api/embed "dimensions"; 0 when absent (the
+                                 server refuses any but the model's width) */
+} proto_embed_req_t;
+
+/* body/lim/err borrowed; *out owned by the caller (proto_embed_free). */
+int proto_embed_parse(const char *body, size_t len, proto_embed_api_t api,
+                      const proto_limits_t *lim, proto_embed_req_t *out, proto_error_t *err);
+void proto_embed_free(proto_embed_req_t *r);
+
+/* Divides v[n] by its norm of the given mode (proto_embed_req_t.normalize),
+ * computed in double; -1 and a zero vector leave it as it is. */
+void proto_embed_normalize(float *v, size_t n, int mode);
+
+typedef struct proto_embed_resp {
+    proto_embed_api_t api;
+    const char *model;
+    const float *const *vecs; /* [n]: input i's rows[i] vectors of dim floats, borrowed */
+    const size_t *rows;       /* [n]: 1, or its tokens with pooling "none" */
+    size_t n, dim;
+    int base64;               /* OpenAI: "embedding" as base64 of little-endian float32 */
+    int64_t prompt_tokens;    /* usage / prompt_eval_count */
+    int64_t total_duration_ns; /* Ollama's total_duration */
+} proto_embed_resp_t;
+
+/* The answer in r->api's shape (new text, proto_free; NULL when out of
+ * memory): OpenAI {"object":"list","data":[{"object":"embedding","index",
+ * "embedding"}],"model","usage"}; llama.cpp [{"index","embedding":[[...]]}];
+ * Ollama {"model","embeddings":[[...]],"total_duration","load_duration",
+ * "prompt_eval_count"}; /api/embeddings {"embedding":[...]}. */
+char *proto_embed_json(const proto_embed_resp_t *r);
+
 /* ------------------------------------------------------------ Ollama API */
 
 /* POST /api/generate and POST /api/chat with Ollama's field names and

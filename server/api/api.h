@@ -17,6 +17,8 @@
  *   api_access.c    getting at a session: owners, api_session_acquire, the
  *                   read-back of an evicted one on the I/O thread
  *   api_misc.c      /tokenize, /detokenize
+ *   api_embed.c     /v1/embeddings, /embedding(s), /api/embed(dings): the
+ *                   engine's pooled hidden states in each API's shape
  *   api_prefix.c    the prefix-state cache (server/store/prefix_cache.h) in the
  *                   request flow: lookups and copies before a job, the
  *                   engine's snapshots inserted after it
@@ -250,6 +252,7 @@ int api_openai_routes(api_app_t *app);
 int api_ollama_routes(api_app_t *app);
 int api_sessions_routes(api_app_t *app);
 int api_misc_routes(api_app_t *app);
+int api_embed_routes(api_app_t *app);
 int api_prefix_routes(api_app_t *app);
 
 /* "fp_<16 hex>" of the binary's build id, the model fingerprint and the
