@@ -626,7 +626,7 @@ char *proto_models_json(const proto_model_entry_t *models, size_t n);
 char *proto_tokenize_json(const int32_t *tokens, size_t n, const char *const *pieces,
                           const size_t *piece_lens);
 
-/* {"text": ...} */
+/* {"text": ..., "content": ...} (the same text; llama.cpp's name for it) */
 char *proto_detokenize_json(const char *text, size_t len);
 
 typedef struct proto_health {
