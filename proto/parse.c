@@ -792,14 +792,11 @@ static int parse_response_format(json_t *root, proto_gen_params_t *p, proto_erro
                                type);
     int rc;
     json_t *bare = px_get(v, "schema"); /* llama.cpp's form: the schema beside the type */
-    if (object && bare) {
+    if (bare && (object || !px_get(v, "json_schema"))) {
         rc = proto_schema_grammar(bare, "response_format.schema", "response_format.schema",
                                   &p->grammar, &p->grammar_len, err);
     } else if (object) {
         rc = proto_schema_object_grammar(&p->grammar, &p->grammar_len, err);
-    } else if (bare && !px_get(v, "json_schema")) {
-        rc = proto_schema_grammar(bare, "response_format.schema", "response_format.schema",
-                                  &p->grammar, &p->grammar_len, err);
     } else {
         json_t *js = px_get(v, "json_schema");
         if (!js)

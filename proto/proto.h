@@ -641,6 +641,62 @@ typedef struct proto_health {
 /* {"status",["reason"],"model","sessions","queue_depth","uptime_s"} */
 char *proto_health_json(const proto_health_t *h);
 
+/* ----------------------------------- POST /completion (llama.cpp's native API) */
+
+/* The OpenAI completions fields (one prompt, n = 1) and llama.cpp's own:
+ * "n_predict" (-1: the server's max_tokens limit; 0 refused), "n_probs"
+ * (the top alternatives of every token, as "logprobs"), "ignore_eos",
+ * "return_tokens", "cache_prompt" and "n_keep" (accepted: the prefix cache
+ * never changes an answer and nothing is ever dropped from the context),
+ * "id_slot" -1 or 0; the sampler fields darkserve lacks are refused unless
+ * they hold their off value (docs/API.md). "prompt" may mix strings and
+ * token ids in one array: then parts holds them in order and c.prompts[0]
+ * is empty. */
+typedef struct proto_llama_req {
+    proto_completion_req_t c;
+    proto_prompt_t *parts; /* owned [n_parts] of a mixed prompt, or NULL */
+    size_t n_parts;
+    int n_probs;           /* 0 = none */
+    int ignore_eos;
+    int return_tokens;
+} proto_llama_req_t;
+
+int proto_llama_parse(const char *body, size_t len, const proto_limits_t *lim,
+                      proto_llama_req_t *out, proto_error_t *err);
+void proto_llama_free(proto_llama_req_t *r);
+
+/* "generation_settings" of an answer: the request's settings, seed the one
+ * used. New text (proto_free) or NULL when out of memory. */
+char *proto_llama_settings_json(const proto_llama_req_t *r, int64_t seed);
+
+/* The native fields an answer or stream chunk carries beside OpenAI's. */
+typedef struct proto_llama_fields {
+    const char *content;      /* this chunk's text, or the whole answer's */
+    size_t content_len;
+    const int32_t *tokens;    /* [n_tokens] ids of the text ("tokens") */
+    size_t n_tokens;
+    int with_probs;           /* "completion_probabilities" of probs[n_probs] */
+    const proto_token_logprob_t *probs;
+    size_t n_probs;
+    int stop;                 /* 1: the end: the fields below are written too */
+    const char *stop_type;    /* "eos", "word", "limit", "none" */
+    const char *stopping_word;
+    const char *content_all;  /* the whole text (has_new_line) */
+    size_t content_all_len;
+    int64_t tokens_predicted, tokens_evaluated, tokens_cached;
+    double prompt_ms, predicted_ms;
+    const char *settings;     /* proto_llama_settings_json text, or NULL */
+} proto_llama_fields_t;
+
+/* json (an OpenAI completion or chunk object, borrowed) with f's fields
+ * added: "content", "tokens", "stop", "index", "id_slot", with probs
+ * "completion_probabilities" ([{"id","token","logprob","bytes",
+ * "top_logprobs":[{"id","token","logprob","bytes"}]}]); at the end
+ * "stop_type", "stopping_word", "tokens_predicted", "tokens_evaluated",
+ * "tokens_cached", "truncated", "has_new_line", "generation_settings",
+ * "timings". New text or NULL. */
+char *proto_llama_fields_json(const char *json, const proto_llama_fields_t *f);
+
 /* ------------------------------------------------------------ embeddings */
 
 /* Which API an embedding request came in (docs/API.md, "Embeddings"): the

@@ -9,8 +9,9 @@
  *                   submitted to the engine, their events carried to the
  *                   HTTP stream on the loop thread, back-pressure, pings,
  *                   cancellation, the end of the request
- *   api_openai.c    /v1/completions, /v1/chat/completions, /v1/models (and
- *                   the same without /v1)
+ *   api_openai.c    /v1/completions, /v1/chat/completions, /v1/models (the
+ *                   last two also without /v1), and llama.cpp's native
+ *                   /completion and /completions
  *   api_fp.c        the system fingerprint of OpenAI responses
  *   api_ollama.c    Ollama's API: /api/chat, /api/generate, /api/tags, ...
  *   api_sessions.c  /v1/sessions...

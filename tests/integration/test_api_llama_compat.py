@@ -11,7 +11,7 @@ import json
 
 import jsonschema
 
-from ds_server import TINY
+from ds_server import TINY, sse_json
 
 SCHEMA = {"type": "object", "properties": {"a": {"const": 1}, "b": {"type": "boolean"}},
           "required": ["a", "b"], "additionalProperties": False}
@@ -103,3 +103,123 @@ def test_detokenize_answers_content(tiny):
     assert "".join(p["piece"] for p in t["tokens"]) == "hello world"
     st, r, _ = tiny.post("/detokenize", {"tokens": ids})
     assert st == 200 and r["content"] == r["text"] == "hello world", r
+
+
+# ---------------------------------------- llama.cpp's native /completion
+
+
+def native(srv, body, path="/completion"):
+    st, r, _ = srv.post(path, body)
+    assert st == 200, r
+    return r
+
+
+def native_stream(srv, body, path="/completion"):
+    st, _, raw = srv.request("POST", path, dict(body, stream=True))
+    assert st == 200, raw
+    evs, done = sse_json(raw)
+    assert done
+    return evs
+
+
+def test_n_predict_bounds_the_tokens_and_content_is_the_text(tiny):
+    for n in (1, 8, 21):
+        r = native(tiny, {"prompt": "I believe the meaning of life is", "n_predict": n,
+                          "ignore_eos": True, "seed": 4})
+        assert r["tokens_predicted"] == n and r["usage"]["completion_tokens"] == n, r
+        assert r["stop"] is True and r["stop_type"] == "limit"
+        assert r["content"] == r["choices"][0]["text"]
+        assert r["tokens_evaluated"] == len(tokens_of(tiny, "I believe the meaning of life is"))
+        assert r["timings"]["predicted_n"] == n
+        assert r["generation_settings"]["n_predict"] == n
+        assert r["generation_settings"]["seed"] == 4
+    # the same text as /v1/completions with the same settings
+    body = {"prompt": "Once upon", "seed": 9, "temperature": 0.7}
+    a = native(tiny, dict(body, n_predict=12))
+    b = tiny.post("/v1/completions", dict(body, max_tokens=12))[1]
+    assert a["content"] == b["choices"][0]["text"]
+    # /completions is the same native endpoint
+    c = native(tiny, dict(body, n_predict=12), path="/completions")
+    assert c["content"] == a["content"] and c["object"] == "text_completion"
+
+
+def tokens_of(srv, text, special=True):
+    st, r, _ = srv.post("/tokenize", {"text": text, "add_special": special})
+    assert st == 200
+    return r["tokens"]
+
+
+def test_stream_concatenates_to_the_answer(tiny):
+    body = {"prompt": "The weather", "n_predict": 16, "seed": 11, "temperature": 0.9,
+            "return_tokens": True}
+    whole = native(tiny, body)
+    evs = native_stream(tiny, body)
+    assert all(e["stop"] is False for e in evs[:-1]) and evs[-1]["stop"] is True
+    assert "".join(e["content"] for e in evs) == whole["content"]
+    assert [t for e in evs[:-1] for t in e["tokens"]] == whole["tokens"]
+    last = evs[-1]
+    assert last["tokens_predicted"] == whole["tokens_predicted"]
+    assert last["stop_type"] == whole["stop_type"]
+    # token ids of the text are its ids
+    st, d, _ = tiny.post("/detokenize", {"tokens": whole["tokens"]})
+    assert d["content"] == whole["content"]
+
+
+def test_prompt_as_tokens_and_mixed(tiny):
+    body = {"n_predict": 10, "seed": 2}
+    text = native(tiny, dict(body, prompt="Hello there"))
+    ids = native(tiny, dict(body, prompt=tokens_of(tiny, "Hello there")))
+    assert ids["content"] == text["content"]
+    mid = tokens_of(tiny, " my", special=False)
+    mixed = native(tiny, dict(body, prompt=["Hello", *mid, " friend"]))
+    flat = tokens_of(tiny, "Hello") + mid + tokens_of(tiny, " friend", special=False)
+    assert mixed["tokens_evaluated"] == len(flat)
+    assert mixed["content"] == native(tiny, dict(body, prompt=flat))["content"]
+
+
+def test_n_probs_stop_and_grammar(tiny):
+    r = native(tiny, {"prompt": "a b c", "n_predict": 6, "n_probs": 3, "seed": 1,
+                      "ignore_eos": True})
+    probs = r["completion_probabilities"]
+    assert len(probs) == 6
+    for p in probs:
+        assert set(p) >= {"id", "token", "logprob", "bytes", "top_logprobs"}
+        assert len(p["top_logprobs"]) == 3
+        assert all("id" in t for t in p["top_logprobs"])
+    assert "".join(p["token"] for p in probs) == r["content"]
+    # a stop string ends the text before it
+    free = native(tiny, {"prompt": "a b c", "n_predict": 40, "seed": 5, "ignore_eos": True})
+    word = free["content"][5:8]
+    assert len(word) == 3
+    s = native(tiny, {"prompt": "a b c", "n_predict": 40, "seed": 5, "ignore_eos": True,
+                      "stop": [word]})
+    assert s["stop_type"] == "word" and s["stopping_word"] == word
+    assert s["content"] == free["content"][:free["content"].index(word)]
+    g = native(tiny, {"prompt": "x", "n_predict": 20, "grammar": 'root ::= "yes" | "no"'})
+    assert g["content"] in ("yes", "no")
+    j = native(tiny, {"prompt": "x", "n_predict": 64, "json_schema": SCHEMA})
+    jsonschema.validate(json.loads(j["content"]), SCHEMA)
+
+
+def test_native_refusals(tiny):
+    def refused(body, param, code="unsupported_parameter"):
+        st, r, _ = tiny.post("/completion", dict({"prompt": "x"}, **body))
+        assert st == 400, r
+        assert r["error"]["param"] == param and r["error"]["code"] == code, r
+    refused({"mirostat": 2}, "mirostat")
+    refused({"typical_p": 0.5}, "typical_p")
+    refused({"dry_multiplier": 0.8}, "dry_multiplier")
+    refused({"samplers": ["top_k"]}, "samplers")
+    refused({"n_predict": 0}, "n_predict")
+    refused({"n_predict": 4, "max_tokens": 5}, "n_predict", "invalid_value")
+    refused({"n_probs": 21}, "n_probs", "invalid_value")
+    refused({"n_probs": 2, "logprobs": 2}, "n_probs", "invalid_value")
+    refused({"id_slot": 3}, "id_slot", "invalid_value")
+    refused({"n": 2}, "n")
+    refused({"prompt": ["a", "b"]}, "prompt")
+    refused({"prompt": [1, "a", {}]}, "prompt[2]", "invalid_value")
+    # their off values are accepted
+    st, r, _ = tiny.post("/completion", {"prompt": "x", "n_predict": 2, "mirostat": 0,
+                                         "typical_p": 1.0, "cache_prompt": False,
+                                         "n_keep": -1, "id_slot": -1})
+    assert st == 200, r
