@@ -193,16 +193,12 @@ static int parse_native(json_t *root, const proto_limits_t *lim, proto_llama_req
     return 0;
 }
 
-int proto_llama_parse(const char *body, size_t len, const proto_limits_t *lim_in,
-                      proto_llama_req_t *out, proto_error_t *err)
+static int parse_root(json_t *root, const proto_limits_t *lim_in, proto_llama_req_t *out,
+                      proto_error_t *err)
 {
     proto_limits_t lim;
     int rc = 0;
-    memset(out, 0, sizeof *out);
     px_limits_resolve(lim_in, &lim);
-    json_t *root = px_load_object(body, len, 0, err, &rc);
-    if (!root)
-        return rc;
     if ((rc = px_parse_gen_params(root, &lim, PX_GEN_COMPLETION, &out->c.p, err)) < 0)
         goto fail;
     if ((rc = px_completion_unsupported(root, &out->c.p, err)) < 0)
@@ -219,12 +215,72 @@ int proto_llama_parse(const char *body, size_t len, const proto_limits_t *lim_in
                              "takes one (a string, token ids, or both mixed in one array)");
         goto fail;
     }
+    return 0;
+fail:
+    proto_llama_free(out);
+    return rc < 0 ? rc : PROTO_EINVAL;
+}
+
+int proto_llama_parse(const char *body, size_t len, const proto_limits_t *lim,
+                      proto_llama_req_t *out, proto_error_t *err)
+{
+    int rc = 0;
+    memset(out, 0, sizeof *out);
+    json_t *root = px_load_object(body, len, 0, err, &rc);
+    if (!root)
+        return rc;
+    rc = parse_root(root, lim, out, err);
+    json_decref(root);
+    return rc;
+}
+
+void proto_infill_free(proto_infill_req_t *r)
+{
+    if (!r)
+        return;
+    proto_llama_free(&r->l);
+    px_free(r->prefix);
+    px_free(r->suffix);
+    memset(r, 0, sizeof *r);
+}
+
+int proto_infill_parse(const char *body, size_t len, const proto_limits_t *lim_in,
+                       proto_infill_req_t *out, proto_error_t *err)
+{
+    proto_limits_t lim;
+    int rc = 0;
+    memset(out, 0, sizeof *out);
+    px_limits_resolve(lim_in, &lim);
+    json_t *root = px_load_object(body, len, 0, err, &rc);
+    if (!root)
+        return rc;
+    if ((rc = px_read_string(root, "input_prefix", (size_t)lim.max_text_bytes, &out->prefix,
+                             &out->prefix_len, err)) < 0 ||
+        (rc = px_read_string(root, "input_suffix", (size_t)lim.max_text_bytes, &out->suffix,
+                             &out->suffix_len, err)) < 0)
+        goto fail;
+    json_t *extra = px_get(root, "input_extra");
+    if (extra && !(json_is_array(extra) && json_array_size(extra) == 0)) {
+        rc = proto_error_set(err, PROTO_ERR_UNSUPPORTED, "input_extra",
+                             "'input_extra' (context from other files) is not supported");
+        goto fail;
+    }
+    /* the rest is /completion's; the prompt, the text after the prefix at
+     * the cursor, is optional here */
+    (void)json_object_del(root, "input_prefix"); /* -1: it was absent */
+    (void)json_object_del(root, "input_suffix");
+    if (!px_get(root, "prompt") && json_object_set_new(root, "prompt", json_string("")) < 0) {
+        rc = proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto fail;
+    }
+    if ((rc = parse_root(root, &lim, &out->l, err)) < 0)
+        goto fail;
     json_decref(root);
     return 0;
 fail:
     json_decref(root);
-    proto_llama_free(out);
-    return rc < 0 ? rc : PROTO_EINVAL;
+    proto_infill_free(out);
+    return rc;
 }
 
 /* ------------------------------------------------------------- answers */
@@ -336,4 +392,50 @@ char *proto_llama_fields_json(const char *json, const proto_llama_fields_t *f)
     }
     px_free(out);
     return b.p;
+}
+
+char *proto_llama_props_json(const proto_llama_props_t *p)
+{
+    json_t *o = json_object(), *dgs = json_object(), *par = json_object(), *mod = json_object();
+    int bad = !o || !dgs || !par || !mod;
+    bad |= json_object_set_new(par, "n_predict", json_integer(p->n_predict));
+    bad |= json_object_set_new(par, "temperature", px_real(1.0, 0));
+    bad |= json_object_set_new(par, "top_k", json_integer(0));
+    bad |= json_object_set_new(par, "top_p", px_real(1.0, 0));
+    bad |= json_object_set_new(par, "min_p", px_real(0.0, 0));
+    bad |= json_object_set_new(par, "repeat_penalty", px_real(1.0, 0));
+    bad |= json_object_set_new(par, "presence_penalty", px_real(0.0, 0));
+    bad |= json_object_set_new(par, "frequency_penalty", px_real(0.0, 0));
+    bad |= json_object_set_new(par, "n_probs", json_integer(0));
+    bad |= json_object_set_new(par, "ignore_eos", json_false());
+    bad |= json_object_set_new(par, "stream", json_false());
+    bad |= json_object_set_new(dgs, "id", json_integer(0));
+    bad |= json_object_set_new(dgs, "n_ctx", json_integer(p->n_ctx));
+    bad |= json_object_set_new(dgs, "params", par);
+    bad |= json_object_set_new(o, "default_generation_settings", dgs);
+    bad |= json_object_set_new(o, "total_slots", json_integer(p->total_slots));
+    bad |= json_object_set_new(o, "model_alias", px_cstr_or_null(p->model_alias));
+    bad |= json_object_set_new(o, "model_path", px_cstr_or_null(p->model_path));
+    bad |= json_object_set_new(mod, "vision", json_false());
+    bad |= json_object_set_new(mod, "audio", json_false());
+    bad |= json_object_set_new(o, "modalities", mod);
+    bad |= json_object_set_new(o, "chat_template",
+                               px_str(p->chat_template, p->chat_template ? p->chat_template_len
+                                                                         : 0));
+    bad |= json_object_set_new(o, "bos_token", px_cstr_or_null(p->bos_token));
+    bad |= json_object_set_new(o, "eos_token", px_cstr_or_null(p->eos_token));
+    bad |= json_object_set_new(o, "build_info", px_cstr_or_null(p->build_info));
+    bad |= json_object_set_new(o, "infill", json_boolean(p->infill));
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return px_dump(o);
+}
+
+char *proto_prompt_json(const char *text, size_t len)
+{
+    json_t *o = json_object();
+    int bad = json_object_set_new(o, "prompt", px_str(text, text ? len : 0));
+    return bad ? (json_decref(o), NULL) : px_dump(o);
 }

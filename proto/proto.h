@@ -697,6 +697,41 @@ typedef struct proto_llama_fields {
  * "timings". New text or NULL. */
 char *proto_llama_fields_json(const char *json, const proto_llama_fields_t *f);
 
+/* POST /infill (llama.cpp's): "input_prefix" and "input_suffix" (strings,
+ * default ""), the text between which the model writes; "prompt" (optional)
+ * is text already typed after the prefix; the rest is /completion's.
+ * "input_extra" (other files) is refused unless empty. */
+typedef struct proto_infill_req {
+    proto_llama_req_t l;
+    char *prefix, *suffix; /* owned or NULL */
+    size_t prefix_len, suffix_len;
+} proto_infill_req_t;
+
+int proto_infill_parse(const char *body, size_t len, const proto_limits_t *lim,
+                       proto_infill_req_t *out, proto_error_t *err);
+void proto_infill_free(proto_infill_req_t *r);
+
+/* GET /props (llama.cpp's): the model, the context, the chat template and
+ * the default settings. Strings borrowed; NULL ones become null. */
+typedef struct proto_llama_props {
+    const char *model_alias, *model_path, *build_info;
+    const char *chat_template; /* [chat_template_len], raw template text or NULL */
+    size_t chat_template_len;
+    const char *bos_token, *eos_token;
+    int64_t n_ctx;       /* tokens one request may give the model (see docs/API.md) */
+    int64_t n_predict;   /* the default max_tokens */
+    int64_t total_slots; /* sequences decoded at once (--max-batch) */
+    int infill;          /* the vocabulary has fill-in-the-middle tokens */
+} proto_llama_props_t;
+
+/* {"default_generation_settings":{"id","n_ctx","params":{...}},"total_slots",
+ * "model_alias","model_path","modalities","chat_template","bos_token",
+ * "eos_token","build_info","infill"} (new text or NULL) */
+char *proto_llama_props_json(const proto_llama_props_t *p);
+
+/* {"prompt": text} (POST /apply-template; new text or NULL) */
+char *proto_prompt_json(const char *text, size_t len);
+
 /* ------------------------------------------------------------ embeddings */
 
 /* Which API an embedding request came in (docs/API.md, "Embeddings"): the

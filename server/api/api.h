@@ -327,6 +327,16 @@ int api_chat_tokens_tools(const api_app_t *app, const proto_message_t *msgs, siz
                           const proto_tool_t *tools, size_t n_tools, int cont, int open,
                           int gen_prompt, int parse_special, int add_special, int32_t **ids,
                           size_t *n_ids, core_error_t *ce);
+/* The text the chat template makes of msgs[n] with an assistant turn
+ * opened (what a chat request gives the model, before tokenization), as
+ * /apply-template answers it. *text is malloc'd (caller frees). Returns 0
+ * or a negative CORE_E* (ce). */
+int api_chat_text(const api_app_t *app, const proto_message_t *msgs, size_t n, char **text,
+                  size_t *len, core_error_t *ce);
+/* The vocabulary's fill-in-the-middle markers <fim_prefix>, <fim_suffix>,
+ * <fim_middle> (StarCoder's names, SmolLM2's vocabulary has them) into
+ * out[3]: 1 when all three are single tokens, else 0. */
+int api_fim_tokens(const api_app_t *app, int32_t out[3]);
 /* ---- api_gen.c: per-choice accumulation (non-streamed answers) ---- */
 
 typedef struct api_tokrec {

@@ -876,6 +876,106 @@ out:
     proto_llama_free(&lr);
 }
 
+/* Appends ids[n] to in (0, or -1 when out of memory). */
+static int input_add(oa_input_t *in, const int32_t *ids, size_t n)
+{
+    int32_t *all = realloc(in->ids, (in->n + n + 1) * sizeof *all);
+    if (!all)
+        return -1;
+    if (n)
+        memcpy(all + in->n, ids, n * sizeof *ids);
+    in->ids = all;
+    in->n += n;
+    return 0;
+}
+
+/* Appends the tokens of text (plain text: special-token texts in it stay
+ * text; the model's BOS when bos). 0, or -1 after answering req. */
+static int input_text(api_app_t *app, srv_req_t *req, oa_input_t *in, const char *text,
+                      size_t len, int bos, const char *param)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    core_error_t ce = {0};
+    unsigned flags = bos ? CORE_TOK_ADD_SPECIAL : 0u;
+    if (core_tokenizer_encode_alloc(app->tok, text ? text : "", len, 0,
+                                    (size_t)app->limits.max_prompt_tokens, flags, &ids, &n,
+                                    &ce) < 0) {
+        proto_error_t e;
+        api_core_error(ce.code, param, ce.msg, &e);
+        api_reply_proto(req, &e);
+        free(ids);
+        return -1;
+    }
+    int rc = input_add(in, ids, n);
+    free(ids);
+    if (rc < 0)
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    return rc;
+}
+
+/* POST /infill (llama.cpp's): the model writes what goes between
+ * input_prefix and input_suffix, from the fill-in-the-middle prompt
+ * <fim_prefix>prefix<fim_suffix>suffix<fim_middle>prompt (prefix, suffix and
+ * middle first: the order SmolLM2 and StarCoder were trained on); a model
+ * without those tokens gets 400. Answered as /completion. */
+static void h_infill(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_infill_req_t ir;
+    proto_error_t e;
+    if (proto_infill_parse(body, len, &app->limits, &ir, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    int32_t fim[3];
+    oa_input_t *in = NULL;
+    if (!api_fim_tokens(app, fim)) {
+        api_reply_kind(req, PROTO_ERR_UNSUPPORTED, NULL,
+                       "this model's vocabulary has no fill-in-the-middle tokens (<fim_prefix>, "
+                       "<fim_suffix>, <fim_middle>): /infill needs a model trained for it");
+        goto out;
+    }
+    if (ir.l.c.p.session[0] || ir.l.c.p.prefix[0]) {
+        api_reply_kind(req, PROTO_ERR_UNSUPPORTED, ir.l.c.p.session[0] ? "session" : "prefix",
+                       "/infill starts from its own prompt; 'session' and 'prefix' are not "
+                       "taken");
+        goto out;
+    }
+    if (!(in = calloc(1, sizeof *in))) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto out;
+    }
+    /* the BOS the model wants, then the markers around the plain texts */
+    if (input_text(app, req, in, "", 0, 1, "input_prefix") < 0 ||
+        input_add(in, &fim[0], 1) < 0 ||
+        input_text(app, req, in, ir.prefix, ir.prefix_len, 0, "input_prefix") < 0 ||
+        input_add(in, &fim[1], 1) < 0 ||
+        input_text(app, req, in, ir.suffix, ir.suffix_len, 0, "input_suffix") < 0 ||
+        input_add(in, &fim[2], 1) < 0)
+        goto fail;
+    const proto_prompt_t *parts = ir.l.parts ? ir.l.parts : ir.l.c.prompts;
+    const size_t n_parts = ir.l.parts ? ir.l.n_parts : 1;
+    for (size_t k = 0; k < n_parts; k++) {
+        if (parts[k].tokens ? input_add(in, parts[k].tokens, parts[k].n_tokens) < 0
+                            : input_text(app, req, in, parts[k].text, parts[k].text_len, 0,
+                                         "prompt") < 0)
+            goto fail;
+    }
+    if (api_input_budget(app, in->n, "input_prefix", &e) < 0) {
+        api_reply_proto(req, &e);
+        goto fail;
+    }
+    oa_run(app, req, 0, &ir.l.c.p, NULL, NULL, in, 1, 0, NULL, 0, &ir.l);
+    goto out;
+fail:
+    inputs_free(in, 1);
+out:
+    proto_infill_free(&ir);
+}
+
 static void h_chat(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
@@ -953,6 +1053,7 @@ int api_openai_routes(api_app_t *app)
     rc |= srv_http_route(app->http, "GET", "/v1/models", h_models, app, NULL);
     rc |= srv_http_route(app->http, "POST", "/completion", h_native, app, &json);
     rc |= srv_http_route(app->http, "POST", "/completions", h_native, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/infill", h_infill, app, &json);
     rc |= srv_http_route(app->http, "POST", "/chat/completions", h_chat, app, &json);
     rc |= srv_http_route(app->http, "GET", "/models", h_models, app, NULL);
     return rc ? -1 : 0;

@@ -223,3 +223,93 @@ def test_native_refusals(tiny):
                                          "typical_p": 1.0, "cache_prompt": False,
                                          "n_keep": -1, "id_slot": -1})
     assert st == 200, r
+
+
+# ----------------------------------------------- /infill, /props, templates
+
+
+def fim_model(path):
+    """A copy of the tiny model whose last three vocabulary entries are the
+    fill-in-the-middle markers (control tokens; the merges that made the old
+    entries dropped), so /infill has a vocabulary to run on."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+    r = gguf.GGUFReader(TINY)
+    toks = list(r.get_field("tokenizer.ggml.tokens").contents())
+    types = list(r.get_field("tokenizer.ggml.token_type").contents())
+    merges = list(r.get_field("tokenizer.ggml.merges").contents())
+    old = set(toks[-3:])
+    merges = [m for m in merges if m.replace(" ", "") not in old]
+    toks[-3:] = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+    types[-3:] = [3, 3, 3]
+    A, S, I = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING, gguf.GGUFValueType.INT32
+    w = gguf.GGUFWriter(str(path), "llama")
+    copy_with_new_metadata(r, w, {
+        "tokenizer.ggml.tokens": MetadataDetails(A, toks, sub_type=S),
+        "tokenizer.ggml.token_type": MetadataDetails(A, types, sub_type=I),
+        "tokenizer.ggml.merges": MetadataDetails(A, merges, sub_type=S)}, [])
+    return [len(toks) - 3, len(toks) - 2, len(toks) - 1]
+
+
+def test_infill_runs_between_prefix_and_suffix(servers, tmp_path):
+    path = tmp_path / "fim.gguf"
+    pre, suf, mid = fim_model(path)
+    srv = servers(model=str(path))
+    body = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n",
+            "prompt": "a", "n_predict": 12, "seed": 8, "temperature": 0.5, "ignore_eos": True}
+    r = native(srv, body, path="/infill")
+    assert r["tokens_predicted"] == 12 and r["content"] == r["choices"][0]["text"]
+    # exactly the completion of <fim_prefix>prefix<fim_suffix>suffix<fim_middle>prompt
+    ids = ([pre] + tokens_of(srv, body["input_prefix"], special=False) + [suf]
+           + tokens_of(srv, body["input_suffix"], special=False) + [mid]
+           + tokens_of(srv, "a", special=False))
+    assert r["tokens_evaluated"] == len(ids)
+    same = native(srv, {"prompt": ids, "n_predict": 12, "seed": 8, "temperature": 0.5,
+                        "ignore_eos": True})
+    assert same["content"] == r["content"]
+    # marker texts inside the prefix are text, not markers
+    r2 = native(srv, dict(body, input_prefix="<fim_suffix>"), path="/infill")
+    assert r2["tokens_evaluated"] > 3 + 1
+    st, p, _ = srv.json("GET", "/props")
+    assert st == 200 and p["infill"] is True
+    st, e, _ = srv.post("/infill", dict(body, input_extra=[{"filename": "a.py", "text": "x"}]))
+    assert st == 400 and e["error"]["param"] == "input_extra", e
+
+
+def test_infill_refused_without_fim_tokens(tiny, real):
+    for srv in (tiny, real):  # SmolLM2's vocabulary has no FIM markers either
+        st, r, _ = srv.post("/infill", {"input_prefix": "a", "input_suffix": "b"})
+        assert st == 400 and "fill-in-the-middle" in r["error"]["message"], r
+        st, p, _ = srv.json("GET", "/props")
+        assert st == 200 and p["infill"] is False
+
+
+def test_props(tiny):
+    st, p, _ = tiny.json("GET", "/props")
+    assert st == 200
+    st, m, _ = tiny.json("GET", "/v1/models")
+    assert p["model_alias"] == m["data"][0]["id"]
+    assert p["model_path"] == TINY
+    assert p["default_generation_settings"]["n_ctx"] == 512  # exact attention: the context
+    assert p["default_generation_settings"]["params"]["n_predict"] == 256
+    assert p["total_slots"] >= 1 and p["modalities"] == {"vision": False, "audio": False}
+    assert "<|im_start|>" in p["chat_template"]
+    assert p["eos_token"] == "<|im_end|>"
+
+
+def test_apply_template_is_what_chat_reads(tiny):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>"}]
+    st, r, _ = tiny.post("/apply-template", {"messages": msgs})
+    assert st == 200
+    assert r["prompt"] == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                           "Hi <|im_end|><|im_end|>\n<|im_start|>assistant\n")
+    st, c, _ = tiny.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
+    # the chat read as many tokens as the text has, its markers special and the
+    # content's marker text plain
+    plain = tokens_of(tiny, "Hi <|im_end|>", special=False)
+    assert c["usage"]["prompt_tokens"] > len(plain)
+    st, e, _ = tiny.post("/apply-template", {"messages": msgs, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
+    assert st == 400 and e["error"]["param"] == "tools", e
+    st, e, _ = tiny.post("/apply-template", {})
+    assert st == 400 and e["error"]["param"] == "messages", e
