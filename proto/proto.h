@@ -732,6 +732,34 @@ char *proto_llama_props_json(const proto_llama_props_t *p);
 /* {"prompt": text} (POST /apply-template; new text or NULL) */
 char *proto_prompt_json(const char *text, size_t len);
 
+/* --------------------------------- POST /v1/messages (Anthropic's Messages API) */
+
+/* The Messages request (model, max_tokens, messages with text content or
+ * text blocks, system, stop_sequences, temperature 0..1, top_p, top_k,
+ * metadata) read into the chat request the OpenAI route runs; *out as from
+ * proto_chat_parse (proto_chat_free). Unknown fields are refused ("Extra
+ * inputs are not permitted", as Anthropic's API answers), and so are tools,
+ * tool_choice, thinking, non-text blocks and stream: true. */
+int proto_messages_parse(const char *body, size_t len, const proto_limits_t *lim,
+                         proto_chat_req_t *out, proto_error_t *err);
+
+typedef struct proto_messages_end {
+    const char *id;            /* "msg_..." */
+    const char *model;
+    const char *stop_reason;   /* "end_turn", "max_tokens", "stop_sequence" or NULL */
+    const char *stop_sequence; /* the one that matched, or NULL */
+} proto_messages_end_t;
+
+/* The chat answer chat_json (borrowed) as a Messages answer: {"id","type":
+ * "message","role":"assistant","model","content":[{"type":"text","text"}],
+ * "stop_reason","stop_sequence","usage":{"input_tokens","output_tokens"}}.
+ * New text or NULL. */
+char *proto_messages_json(const char *chat_json, const proto_messages_end_t *m);
+
+/* {"type":"error","error":{"type","message"}}: Anthropic's error shape, its
+ * type from e's status. New text or NULL. */
+char *proto_anthropic_error_json(const proto_error_t *e);
+
 /* ------------------------------------------------------------ embeddings */
 
 /* Which API an embedding request came in (docs/API.md, "Embeddings"): the

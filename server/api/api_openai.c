@@ -63,6 +63,7 @@ typedef struct oa_req {
     size_t n_stop;
     char stop_word[PROTO_MAX_STOP_BYTES + 1]; /* the one stop string, if one */
     char *settings;    /* "generation_settings" JSON, owned */
+    int anthropic;     /* /v1/messages: the answer and its errors in Anthropic's shape */
 } oa_req_t;
 
 static void oa_free(void *kd)
@@ -408,7 +409,13 @@ static void oa_done(api_gen_t *g)
         return;
     }
     if (failed) {
-        api_gen_reply_error(g, &e);
+        if (r->anthropic) {
+            char *ja = proto_anthropic_error_json(&e);
+            api_gen_reply_json(g, e.status, ja); /* NULL: 500 out of memory */
+            proto_free(ja);
+        } else {
+            api_gen_reply_error(g, &e);
+        }
         return;
     }
     const size_t nc = r->n_choices ? r->n_choices : 1;
@@ -476,6 +483,20 @@ static void oa_done(api_gen_t *g)
         free(ids);
         proto_free(jc);
         jc = jn;
+    }
+    if (r->anthropic && jc) {
+        const oa_choice_t *c0 = &r->choices[0];
+        const int word = c0->finish == SRV_FINISH_STOP && !c0->eog_end;
+        proto_messages_end_t me = {
+            .id = r->id,
+            .model = g->app->model_id,
+            .stop_reason = c0->finish == SRV_FINISH_STOP     ? (word ? "stop_sequence" : "end_turn")
+                           : c0->finish == SRV_FINISH_LENGTH ? "max_tokens"
+                                                             : NULL,
+            .stop_sequence = word && r->n_stop == 1 ? r->stop_word : NULL};
+        char *ja = proto_messages_json(jc, &me);
+        proto_free(jc);
+        jc = ja;
     }
     api_gen_reply_json(g, 200, jc); /* NULL: 500 out of memory */
     proto_free(jc);
@@ -546,7 +567,7 @@ static int tool_parsers(api_gen_t *g, oa_req_t *r, const proto_chat_req_t *cr)
 static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_params_t *p,
                    const proto_chat_req_t *cr, srv_session_t *sess, oa_input_t *in, size_t n_in,
                    int session_chat, const size_t *bounds, size_t n_bounds,
-                   const proto_llama_req_t *nat)
+                   const proto_llama_req_t *nat, int anthropic)
 {
     char err[512];
     oa_req_t *r = calloc(1, sizeof *r);
@@ -568,17 +589,18 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     r->stream = p->stream;
     r->session_chat = session_chat;
     r->created = (int64_t)time(NULL);
+    r->n_stop = p->n_stop;
+    if (p->n_stop == 1)
+        snprintf(r->stop_word, sizeof r->stop_word, "%s", p->stop[0]);
     if (nat) {
         r->native = 1;
         r->n_probs = nat->n_probs;
         r->return_tokens = nat->return_tokens;
-        r->n_stop = p->n_stop;
-        if (p->n_stop == 1)
-            snprintf(r->stop_word, sizeof r->stop_word, "%s", p->stop[0]);
     }
     char hex[33];
     srv_random_hex(hex, 12);
-    snprintf(r->id, sizeof r->id, "%s-%s", chat ? "chatcmpl" : "cmpl", hex);
+    snprintf(r->id, sizeof r->id, "%s%s", anthropic ? "msg_" : chat ? "chatcmpl-" : "cmpl-", hex);
+    r->anthropic = anthropic;
     if (sess)
         snprintf(r->session_id, sizeof r->session_id, "%s", srv_session_id(sess));
 
@@ -796,7 +818,7 @@ static void h_completions(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         goto fail;
     }
-    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0, NULL, 0, NULL);
+    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0, NULL, 0, NULL, 0);
     proto_completion_free(&cr);
     return;
 fail:
@@ -866,7 +888,7 @@ static void h_native(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         goto fail;
     }
-    oa_run(app, req, 0, &lr.c.p, NULL, sess, in, 1, 0, NULL, 0, &lr);
+    oa_run(app, req, 0, &lr.c.p, NULL, sess, in, 1, 0, NULL, 0, &lr, 0);
     goto out;
 fail:
     inputs_free(in, 1);
@@ -968,7 +990,7 @@ static void h_infill(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         goto fail;
     }
-    oa_run(app, req, 0, &ir.l.c.p, NULL, NULL, in, 1, 0, NULL, 0, &ir.l);
+    oa_run(app, req, 0, &ir.l.c.p, NULL, NULL, in, 1, 0, NULL, 0, &ir.l, 0);
     goto out;
 fail:
     inputs_free(in, 1);
@@ -1021,13 +1043,63 @@ static void h_chat(srv_req_t *req, void *ud)
                            : api_prefix_chat_bounds(app, cr.messages, cr.n_messages, cr.tools,
                                                     tools_on(&cr) ? cr.n_tools : 0,
                                                     cr.parse_special, in->ids, in->n, bounds);
-    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL, bounds, n_bounds, NULL);
+    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL, bounds, n_bounds, NULL, 0);
     proto_chat_free(&cr);
     return;
 fail:
     inputs_free(in, 1);
     if (sess)
         srv_store_release(app->store, sess, 0, NULL, 0);
+    proto_chat_free(&cr);
+}
+
+/* Answers an error in Anthropic's shape. */
+static void reply_anthropic(srv_req_t *req, const proto_error_t *e)
+{
+    char *j = proto_anthropic_error_json(e);
+    srv_reply_json(req, j ? e->status : 500,
+                   j ? j : "{\"type\":\"error\",\"error\":{\"type\":\"api_error\","
+                           "\"message\":\"out of memory\"}}");
+    proto_free(j);
+}
+
+/* POST /v1/messages: Anthropic's Messages API, the subset docs/API.md lists,
+ * run as the chat request it stands for. */
+static void h_messages(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_chat_req_t cr;
+    proto_error_t e;
+    if (proto_messages_parse(body, len, &app->limits, &cr, &e) < 0) {
+        reply_anthropic(req, &e);
+        return;
+    }
+    core_error_t ce = {0};
+    oa_input_t *in = calloc(1, sizeof *in);
+    if (!in) {
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        reply_anthropic(req, &e);
+        goto out;
+    }
+    if (api_chat_tokens(app, cr.messages, cr.n_messages, 0, 0, 1, 0, 1, &in->ids, &in->n,
+                        &ce) < 0) {
+        api_core_error(ce.code, "messages", ce.msg, &e);
+        reply_anthropic(req, &e);
+        inputs_free(in, 1);
+        goto out;
+    }
+    if (api_input_budget(app, in->n, "messages", &e) < 0) {
+        reply_anthropic(req, &e);
+        inputs_free(in, 1);
+        goto out;
+    }
+    size_t bounds[SRV_ENGINE_MAX_SNAPS];
+    size_t n_bounds = api_prefix_chat_bounds(app, cr.messages, cr.n_messages, NULL, 0, 0,
+                                             in->ids, in->n, bounds);
+    oa_run(app, req, 1, &cr.p, &cr, NULL, in, 1, 0, bounds, n_bounds, NULL, 1);
+out:
     proto_chat_free(&cr);
 }
 
@@ -1054,6 +1126,7 @@ int api_openai_routes(api_app_t *app)
     rc |= srv_http_route(app->http, "POST", "/completion", h_native, app, &json);
     rc |= srv_http_route(app->http, "POST", "/completions", h_native, app, &json);
     rc |= srv_http_route(app->http, "POST", "/infill", h_infill, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/v1/messages", h_messages, app, &json);
     rc |= srv_http_route(app->http, "POST", "/chat/completions", h_chat, app, &json);
     rc |= srv_http_route(app->http, "GET", "/models", h_models, app, NULL);
     return rc ? -1 : 0;
