@@ -9,10 +9,9 @@
 
 #include "proto/proto_impl.h"
 
-static const char *const known[] = {"model",       "max_tokens", "messages", "system",
-                                    "stop_sequences", "temperature", "top_p", "top_k",
-                                    "metadata",    "stream",     "tools",    "tool_choice",
-                                    "thinking",    "service_tier"};
+static const char *const known[] = {
+    "model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
+    "top_k", "metadata",   "stream",   "tools",  "tool_choice",    "thinking",    "service_tier"};
 static const char *const not_here[] = {"tools", "tool_choice", "thinking"};
 
 /* The text of content (a string, or an array of text blocks) into a new
@@ -49,8 +48,8 @@ static json_t *content_text(json_t *content, const char *param, proto_error_t *e
         }
         json_t *t = px_get(blk, "text");
         if (!json_is_string(t)) {
-            *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, bp,
-                                  "'%s.text' must be a string", bp);
+            *rc =
+                proto_error_set(err, PROTO_ERR_INVALID_VALUE, bp, "'%s.text' must be a string", bp);
             px_free(b.p);
             return NULL;
         }
@@ -83,8 +82,7 @@ static json_t *to_chat(json_t *root, proto_error_t *err, int *rc)
         v = px_get(root, not_here[i]);
         if (v && !(json_is_array(v) && json_array_size(v) == 0)) {
             *rc = proto_error_set(err, PROTO_ERR_UNSUPPORTED, not_here[i],
-                                  "'%s' is not supported by darkserve's /v1/messages",
-                                  not_here[i]);
+                                  "'%s' is not supported by darkserve's /v1/messages", not_here[i]);
             return NULL;
         }
     }
@@ -217,9 +215,9 @@ char *proto_messages_json(const char *chat_json, const proto_messages_end_t *m)
     bad |= json_object_set_new(o, "content", blocks);
     bad |= json_object_set_new(o, "stop_reason", px_cstr_or_null(m->stop_reason));
     bad |= json_object_set_new(o, "stop_sequence", px_cstr_or_null(m->stop_sequence));
-    bad |= json_object_set_new(u, "input_tokens",
-                               json_integer(json_integer_value(json_object_get(usage,
-                                                                               "prompt_tokens"))));
+    bad |= json_object_set_new(
+        u, "input_tokens",
+        json_integer(json_integer_value(json_object_get(usage, "prompt_tokens"))));
     bad |= json_object_set_new(
         u, "output_tokens",
         json_integer(json_integer_value(json_object_get(usage, "completion_tokens"))));

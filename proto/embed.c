@@ -59,8 +59,8 @@ static int parse_inputs(json_t *root, const char *key, int tokens_ok, int array_
     if (!v)
         return proto_error_set(err, PROTO_ERR_MISSING, key, "'%s' is required", key);
     int64_t left = lim->max_text_bytes;
-    int flat_ids = json_is_array(v) && json_array_size(v) > 0 &&
-                   json_is_integer(json_array_get(v, 0));
+    int flat_ids =
+        json_is_array(v) && json_array_size(v) > 0 && json_is_integer(json_array_get(v, 0));
     if (!json_is_array(v) || flat_ids || !array_ok) {
         if (flat_ids && !tokens_ok)
             return proto_error_set(err, PROTO_ERR_INVALID_VALUE, key,
@@ -74,8 +74,8 @@ static int parse_inputs(json_t *root, const char *key, int tokens_ok, int array_
     }
     size_t n = json_array_size(v);
     if (n == 0)
-        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, key,
-                               "'%s' must not be an empty array", key);
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, key, "'%s' must not be an empty array",
+                               key);
     if (n > PROTO_MAX_EMBED_INPUTS)
         return proto_error_set(err, PROTO_ERR_INVALID_VALUE, key,
                                "'%s' has %zu inputs; at most %d are taken in one request", key, n,
@@ -137,9 +137,7 @@ int proto_embed_parse(const char *body, size_t len, proto_embed_api_t api,
         goto fail;
     }
     switch (api) {
-    case PROTO_EMBED_OPENAI:
-        rc = parse_inputs(root, "input", 1, 1, &lim, out, err);
-        break;
+    case PROTO_EMBED_OPENAI: rc = parse_inputs(root, "input", 1, 1, &lim, out, err); break;
     case PROTO_EMBED_LLAMA: {
         const int has_in = px_get(root, "input") != NULL, has_c = px_get(root, "content") != NULL;
         if (has_in && has_c) {
@@ -150,12 +148,8 @@ int proto_embed_parse(const char *body, size_t len, proto_embed_api_t api,
         rc = parse_inputs(root, has_in ? "input" : "content", 1, 1, &lim, out, err);
         break;
     }
-    case PROTO_EMBED_OLLAMA:
-        rc = parse_inputs(root, "input", 0, 1, &lim, out, err);
-        break;
-    case PROTO_EMBED_OLLAMA_V1:
-        rc = parse_inputs(root, "prompt", 0, 0, &lim, out, err);
-        break;
+    case PROTO_EMBED_OLLAMA: rc = parse_inputs(root, "input", 0, 1, &lim, out, err); break;
+    case PROTO_EMBED_OLLAMA_V1: rc = parse_inputs(root, "prompt", 0, 0, &lim, out, err); break;
     default:
         rc = proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "unknown embedding API %d", (int)api);
     }
@@ -166,8 +160,8 @@ int proto_embed_parse(const char *body, size_t len, proto_embed_api_t api,
     /* Ollama's /api/embeddings answers the raw vector, the others a
      * Euclidean-normalized one, as each API does */
     int64_t norm = api == PROTO_EMBED_OLLAMA_V1 ? -1 : 2;
-    if ((rc = px_read_int(root, "embd_normalize", -1, PROTO_MAX_EMBED_NORM,
-                          "between -1 and 64", &norm, err)) < 0)
+    if ((rc = px_read_int(root, "embd_normalize", -1, PROTO_MAX_EMBED_NORM, "between -1 and 64",
+                          &norm, err)) < 0)
         goto fail;
     out->normalize = (int)norm;
     if (api == PROTO_EMBED_OPENAI) {
@@ -184,8 +178,8 @@ int proto_embed_parse(const char *body, size_t len, proto_embed_api_t api,
         }
     }
     if (api == PROTO_EMBED_OPENAI || api == PROTO_EMBED_OLLAMA) {
-        if ((rc = px_read_int(root, "dimensions", 1, INT32_MAX, "of at least 1",
-                              &out->dimensions, err)) < 0)
+        if ((rc = px_read_int(root, "dimensions", 1, INT32_MAX, "of at least 1", &out->dimensions,
+                              err)) < 0)
             goto fail;
     }
     if (api == PROTO_EMBED_OLLAMA) {
@@ -297,8 +291,8 @@ char *proto_embed_json(const proto_embed_resp_t *r)
     case PROTO_EMBED_OPENAI:
         rc = px_buf_printf(&b, "{\"object\":\"list\",\"data\":[");
         for (size_t i = 0; i < r->n && rc == 0; i++) {
-            rc = px_buf_printf(&b, "%s{\"object\":\"embedding\",\"index\":%zu,\"embedding\":",
-                               i ? "," : "", i);
+            rc = px_buf_printf(
+                &b, "%s{\"object\":\"embedding\",\"index\":%zu,\"embedding\":", i ? "," : "", i);
             if (rc == 0)
                 rc = r->base64 ? put_base64(&b, r->vecs[i], r->dim)
                                : put_vector(&b, r->vecs[i], r->dim);
@@ -310,8 +304,7 @@ char *proto_embed_json(const proto_embed_resp_t *r)
         if (rc == 0)
             rc = put_string(&b, r->model);
         if (rc == 0)
-            rc = px_buf_printf(&b,
-                               ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
+            rc = px_buf_printf(&b, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
                                (long long)r->prompt_tokens, (long long)r->prompt_tokens);
         break;
     case PROTO_EMBED_LLAMA:
@@ -355,8 +348,7 @@ char *proto_embed_json(const proto_embed_resp_t *r)
         if (rc == 0)
             rc = px_buf_printf(&b, "}");
         break;
-    default:
-        rc = -1;
+    default: rc = -1;
     }
     if (rc != 0 || b.failed) {
         px_free(b.p);

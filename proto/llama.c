@@ -124,8 +124,8 @@ static int parse_native(json_t *root, const proto_limits_t *lim, proto_llama_req
     int rc;
     int64_t np = 0;
     if ((rc = px_read_int(root, "n_predict", -1, lim->max_tokens_limit,
-                          "between -1 (the server's limit) and the max_tokens limit", &np,
-                          err)) < 0)
+                          "between -1 (the server's limit) and the max_tokens limit", &np, err)) <
+        0)
         return rc;
     if (rc == 0) {
         if (np == 0)
@@ -169,16 +169,25 @@ static int parse_native(json_t *root, const proto_limits_t *lim, proto_llama_req
     static const struct {
         const char *key;
         double off;
-    } off[] = {{"mirostat", 0},        {"typical_p", 1},        {"tfs_z", 1},
-               {"dynatemp_range", 0},  {"xtc_probability", 0},  {"dry_multiplier", 0},
-               {"top_n_sigma", -1},    {"n_indent", 0},         {"t_max_predict_ms", 0},
-               {"penalize_nl", 0},     {"post_sampling_probs", 0}, {"timings_per_token", 0},
+    } off[] = {{"mirostat", 0},
+               {"typical_p", 1},
+               {"tfs_z", 1},
+               {"dynatemp_range", 0},
+               {"xtc_probability", 0},
+               {"dry_multiplier", 0},
+               {"top_n_sigma", -1},
+               {"n_indent", 0},
+               {"t_max_predict_ms", 0},
+               {"penalize_nl", 0},
+               {"post_sampling_probs", 0},
+               {"timings_per_token", 0},
                {"n_cmpl", 1}};
     for (size_t i = 0; i < sizeof off / sizeof off[0]; i++)
         if ((rc = off_only(root, off[i].key, off[i].off, err)) < 0)
             return rc;
-    static const char *const never[] = {"samplers", "lora", "response_fields", "image_data",
-                                        "multimodal_data", "input_prefix", "input_suffix"};
+    static const char *const never[] = {
+        "samplers",        "lora",         "response_fields", "image_data",
+        "multimodal_data", "input_prefix", "input_suffix"};
     for (size_t i = 0; i < sizeof never / sizeof never[0]; i++) {
         json_t *v = px_get(root, never[i]);
         if (v && !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -301,8 +310,7 @@ char *proto_llama_settings_json(const proto_llama_req_t *r, int64_t seed)
     bad |= json_object_set_new(o, "min_p", px_real(p->sampling.min_p, 0));
     bad |= json_object_set_new(o, "repeat_penalty", px_real(p->sampling.repeat_penalty, 0));
     bad |= json_object_set_new(o, "presence_penalty", px_real(p->sampling.presence_penalty, 0));
-    bad |= json_object_set_new(o, "frequency_penalty",
-                               px_real(p->sampling.frequency_penalty, 0));
+    bad |= json_object_set_new(o, "frequency_penalty", px_real(p->sampling.frequency_penalty, 0));
     bad |= json_object_set_new(o, "n_probs", json_integer(r->n_probs));
     bad |= json_object_set_new(o, "ignore_eos", json_boolean(r->ignore_eos));
     bad |= json_object_set_new(o, "stream", json_boolean(p->stream));
@@ -352,9 +360,9 @@ char *proto_llama_fields_json(const char *json, const proto_llama_fields_t *f)
         bad |= json_object_set_new(root, "tokens_evaluated", json_integer(f->tokens_evaluated));
         bad |= json_object_set_new(root, "tokens_cached", json_integer(f->tokens_cached));
         bad |= json_object_set_new(root, "truncated", json_false());
-        bad |= json_object_set_new(root, "has_new_line",
-                                   json_boolean(f->content_all &&
-                                                memchr(f->content_all, '\n', f->content_all_len)));
+        bad |= json_object_set_new(
+            root, "has_new_line",
+            json_boolean(f->content_all && memchr(f->content_all, '\n', f->content_all_len)));
         json_t *t = json_object();
         const double pn = (double)f->tokens_evaluated - (double)f->tokens_cached;
         const double dn = (double)f->tokens_predicted;
@@ -368,9 +376,9 @@ char *proto_llama_fields_json(const char *json, const proto_llama_fields_t *f)
         bad |= json_object_set_new(t, "predicted_ms", px_real(f->predicted_ms, 0));
         bad |= json_object_set_new(t, "predicted_per_token_ms",
                                    px_real(dn > 0 ? f->predicted_ms / dn : 0, 0));
-        bad |= json_object_set_new(t, "predicted_per_second",
-                                   px_real(f->predicted_ms > 0 ? dn * 1e3 / f->predicted_ms : 0,
-                                           0));
+        bad |=
+            json_object_set_new(t, "predicted_per_second",
+                                px_real(f->predicted_ms > 0 ? dn * 1e3 / f->predicted_ms : 0, 0));
         bad |= json_object_set_new(root, "timings", t);
     }
     if (bad) {
@@ -419,9 +427,8 @@ char *proto_llama_props_json(const proto_llama_props_t *p)
     bad |= json_object_set_new(mod, "vision", json_false());
     bad |= json_object_set_new(mod, "audio", json_false());
     bad |= json_object_set_new(o, "modalities", mod);
-    bad |= json_object_set_new(o, "chat_template",
-                               px_str(p->chat_template, p->chat_template ? p->chat_template_len
-                                                                         : 0));
+    bad |= json_object_set_new(
+        o, "chat_template", px_str(p->chat_template, p->chat_template ? p->chat_template_len : 0));
     bad |= json_object_set_new(o, "bos_token", px_cstr_or_null(p->bos_token));
     bad |= json_object_set_new(o, "eos_token", px_cstr_or_null(p->eos_token));
     bad |= json_object_set_new(o, "build_info", px_cstr_or_null(p->build_info));

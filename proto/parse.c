@@ -839,10 +839,9 @@ static int parse_json_schema(json_t *root, proto_gen_params_t *p, proto_error_t 
         return 0;
     if (p->grammar)
         return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "json_schema",
-                               "'json_schema' and '%s' cannot be given together",
-                               p->grammar_param);
-    int rc = proto_schema_grammar(v, "json_schema", "json_schema", &p->grammar, &p->grammar_len,
-                                  err);
+                               "'json_schema' and '%s' cannot be given together", p->grammar_param);
+    int rc =
+        proto_schema_grammar(v, "json_schema", "json_schema", &p->grammar, &p->grammar_len, err);
     if (rc == 0)
         p->grammar_param = "json_schema";
     return rc;

@@ -656,7 +656,7 @@ typedef struct proto_llama_req {
     proto_completion_req_t c;
     proto_prompt_t *parts; /* owned [n_parts] of a mixed prompt, or NULL */
     size_t n_parts;
-    int n_probs;           /* 0 = none */
+    int n_probs; /* 0 = none */
     int ignore_eos;
     int return_tokens;
 } proto_llama_req_t;
@@ -671,21 +671,21 @@ char *proto_llama_settings_json(const proto_llama_req_t *r, int64_t seed);
 
 /* The native fields an answer or stream chunk carries beside OpenAI's. */
 typedef struct proto_llama_fields {
-    const char *content;      /* this chunk's text, or the whole answer's */
+    const char *content; /* this chunk's text, or the whole answer's */
     size_t content_len;
-    const int32_t *tokens;    /* [n_tokens] ids of the text ("tokens") */
+    const int32_t *tokens; /* [n_tokens] ids of the text ("tokens") */
     size_t n_tokens;
-    int with_probs;           /* "completion_probabilities" of probs[n_probs] */
+    int with_probs; /* "completion_probabilities" of probs[n_probs] */
     const proto_token_logprob_t *probs;
     size_t n_probs;
-    int stop;                 /* 1: the end: the fields below are written too */
-    const char *stop_type;    /* "eos", "word", "limit", "none" */
+    int stop;              /* 1: the end: the fields below are written too */
+    const char *stop_type; /* "eos", "word", "limit", "none" */
     const char *stopping_word;
-    const char *content_all;  /* the whole text (has_new_line) */
+    const char *content_all; /* the whole text (has_new_line) */
     size_t content_all_len;
     int64_t tokens_predicted, tokens_evaluated, tokens_cached;
     double prompt_ms, predicted_ms;
-    const char *settings;     /* proto_llama_settings_json text, or NULL */
+    const char *settings; /* proto_llama_settings_json text, or NULL */
 } proto_llama_fields_t;
 
 /* json (an OpenAI completion or chunk object, borrowed) with f's fields
@@ -744,7 +744,7 @@ int proto_messages_parse(const char *body, size_t len, const proto_limits_t *lim
                          proto_chat_req_t *out, proto_error_t *err);
 
 typedef struct proto_messages_end {
-    const char *id;            /* "msg_..." */
+    const char *id; /* "msg_..." */
     const char *model;
     const char *stop_reason;   /* "end_turn", "max_tokens", "stop_sequence" or NULL */
     const char *stop_sequence; /* the one that matched, or NULL */
@@ -783,16 +783,16 @@ typedef enum proto_pooling {
 
 typedef struct proto_embed_req {
     proto_embed_api_t api;
-    char *model;              /* owned or NULL (required by the Ollama APIs) */
-    proto_prompt_t *inputs;   /* owned [n_inputs], 1..PROTO_MAX_EMBED_INPUTS: text or ids */
+    char *model;            /* owned or NULL (required by the Ollama APIs) */
+    proto_prompt_t *inputs; /* owned [n_inputs], 1..PROTO_MAX_EMBED_INPUTS: text or ids */
     size_t n_inputs;
     proto_pooling_t pooling;
-    int normalize;            /* "embd_normalize": -1 none, 0 the largest magnitude to
-                                 32760, 1 taxicab, 2 Euclidean, p > 2 the p-norm; default
-                                 2, -1 for /api/embeddings */
-    int base64;               /* OpenAI "encoding_format": "base64" */
-    int64_t dimensions;       /* OpenAI and /api/embed "dimensions"; 0 when absent (the
-                                 server refuses any but the model's width) */
+    int normalize;      /* "embd_normalize": -1 none, 0 the largest magnitude to
+                           32760, 1 taxicab, 2 Euclidean, p > 2 the p-norm; default
+                           2, -1 for /api/embeddings */
+    int base64;         /* OpenAI "encoding_format": "base64" */
+    int64_t dimensions; /* OpenAI and /api/embed "dimensions"; 0 when absent (the
+                           server refuses any but the model's width) */
 } proto_embed_req_t;
 
 /* body/lim/err borrowed; *out owned by the caller (proto_embed_free). */
@@ -810,8 +810,8 @@ typedef struct proto_embed_resp {
     const float *const *vecs; /* [n]: input i's rows[i] vectors of dim floats, borrowed */
     const size_t *rows;       /* [n]: 1, or its tokens with pooling "none" */
     size_t n, dim;
-    int base64;               /* OpenAI: "embedding" as base64 of little-endian float32 */
-    int64_t prompt_tokens;    /* usage / prompt_eval_count */
+    int base64;                /* OpenAI: "embedding" as base64 of little-endian float32 */
+    int64_t prompt_tokens;     /* usage / prompt_eval_count */
     int64_t total_duration_ns; /* Ollama's total_duration */
 } proto_embed_resp_t;
 

@@ -40,7 +40,7 @@ static int prompt_text(json_t *s, const char *param, int64_t *left, proto_prompt
 }
 
 int px_parse_prompt(json_t *root, const proto_limits_t *lim, proto_completion_req_t *r,
-                        proto_error_t *err)
+                    proto_error_t *err)
 {
     json_t *v = px_get(root, "prompt");
     int64_t left = lim->max_text_bytes;

@@ -101,8 +101,7 @@ static void em_done(api_gen_t *g)
     int64_t prompt_tokens = 0;
     const srv_job_result_t *bad = NULL;
     for (size_t i = 0; i < g->n_jobs; i++) {
-        const srv_job_result_t *res =
-            g->jobs[i].submitted ? srv_job_result(g->jobs[i].job) : NULL;
+        const srv_job_result_t *res = g->jobs[i].submitted ? srv_job_result(g->jobs[i].job) : NULL;
         if (!res) {
             continue;
         }
@@ -124,8 +123,7 @@ static void em_done(api_gen_t *g)
         if (bad->finish[0] == SRV_FINISH_ERROR)
             api_gen_job_error(g, bad, bad->error[0] ? bad->error : "embedding failed", &e);
         else
-            proto_error_set(&e, PROTO_ERR_UNAVAILABLE, NULL,
-                            "the embedding did not finish (%s)",
+            proto_error_set(&e, PROTO_ERR_UNAVAILABLE, NULL, "the embedding did not finish (%s)",
                             api_finish_reason(bad->finish[0]));
         em_gen_error(g, &e);
         return;
@@ -162,13 +160,14 @@ static void em_done(api_gen_t *g)
     proto_free(j);
 }
 
-static const api_gen_ops_t em_ops = {.event = NULL, .prepare = NULL, .done = em_done,
-                                     .free = em_free};
+static const api_gen_ops_t em_ops = {
+    .event = NULL, .prepare = NULL, .done = em_done, .free = em_free};
 
 static srv_pool_t engine_pool(proto_pooling_t p)
 {
-    return p == PROTO_POOL_LAST ? SRV_POOL_LAST : p == PROTO_POOL_NONE ? SRV_POOL_TOKENS
-                                                                        : SRV_POOL_MEAN;
+    return p == PROTO_POOL_LAST   ? SRV_POOL_LAST
+           : p == PROTO_POOL_NONE ? SRV_POOL_TOKENS
+                                  : SRV_POOL_MEAN;
 }
 
 /* The served model answers to its id and to "<id>:latest", in any case. */
@@ -236,8 +235,8 @@ static void embed(srv_req_t *req, api_app_t *app, proto_embed_api_t api)
             n_ids[i] = p->n_tokens;
         } else {
             core_error_t ce = {0};
-            if (api_tokenize(app, p->text ? p->text : "", p->text_len, 1, &ids[i], &n_ids[i],
-                             &ce) < 0) {
+            if (api_tokenize(app, p->text ? p->text : "", p->text_len, 1, &ids[i], &n_ids[i], &ce) <
+                0) {
                 api_core_error(ce.code, param, ce.msg, &e);
                 em_reply_error(req, api, &e);
                 goto out;

@@ -124,8 +124,8 @@ static void h_props(srv_req_t *req, void *ud)
     api_app_t *app = ud;
     const core_attn_cfg_t *c = core_attn_config(core_model_attn(app->model));
     core_gguf_str_t tt = {NULL, 0};
-    int have_t = core_gguf_get_str(core_model_gguf(app->model), "tokenizer.chat_template", &tt,
-                                   NULL) == 0;
+    int have_t =
+        core_gguf_get_str(core_model_gguf(app->model), "tokenizer.chat_template", &tt, NULL) == 0;
     char bos[64], eos[64];
     int32_t fim[3];
     proto_llama_props_t p = {

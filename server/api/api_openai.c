@@ -62,8 +62,8 @@ typedef struct oa_req {
     int return_tokens; /* "tokens": the ids of the text */
     size_t n_stop;
     char stop_word[PROTO_MAX_STOP_BYTES + 1]; /* the one stop string, if one */
-    char *settings;    /* "generation_settings" JSON, owned */
-    int anthropic;     /* /v1/messages: the answer and its errors in Anthropic's shape */
+    char *settings;                           /* "generation_settings" JSON, owned */
+    int anthropic; /* /v1/messages: the answer and its errors in Anthropic's shape */
 } oa_req_t;
 
 static void oa_free(void *kd)
@@ -487,13 +487,13 @@ static void oa_done(api_gen_t *g)
     if (r->anthropic && jc) {
         const oa_choice_t *c0 = &r->choices[0];
         const int word = c0->finish == SRV_FINISH_STOP && !c0->eog_end;
-        proto_messages_end_t me = {
-            .id = r->id,
-            .model = g->app->model_id,
-            .stop_reason = c0->finish == SRV_FINISH_STOP     ? (word ? "stop_sequence" : "end_turn")
-                           : c0->finish == SRV_FINISH_LENGTH ? "max_tokens"
-                                                             : NULL,
-            .stop_sequence = word && r->n_stop == 1 ? r->stop_word : NULL};
+        proto_messages_end_t me = {.id = r->id,
+                                   .model = g->app->model_id,
+                                   .stop_reason = c0->finish == SRV_FINISH_STOP
+                                                      ? (word ? "stop_sequence" : "end_turn")
+                                                  : c0->finish == SRV_FINISH_LENGTH ? "max_tokens"
+                                                                                    : NULL,
+                                   .stop_sequence = word && r->n_stop == 1 ? r->stop_word : NULL};
         char *ja = proto_messages_json(jc, &me);
         proto_free(jc);
         jc = ja;
@@ -866,8 +866,8 @@ static void h_native(srv_req_t *req, void *ud)
                 memcpy(ids, pr->tokens, n * sizeof *ids);
         } else {
             core_error_t ce = {0};
-            if (api_tokenize(app, pr->text ? pr->text : "", pr->text_len, first && k == 0, &ids,
-                             &n, &ce) < 0) {
+            if (api_tokenize(app, pr->text ? pr->text : "", pr->text_len, first && k == 0, &ids, &n,
+                             &ce) < 0) {
                 api_core_error(ce.code, "prompt", ce.msg, &e);
                 api_reply_proto(req, &e);
                 goto fail;
@@ -913,8 +913,8 @@ static int input_add(oa_input_t *in, const int32_t *ids, size_t n)
 
 /* Appends the tokens of text (plain text: special-token texts in it stay
  * text; the model's BOS when bos). 0, or -1 after answering req. */
-static int input_text(api_app_t *app, srv_req_t *req, oa_input_t *in, const char *text,
-                      size_t len, int bos, const char *param)
+static int input_text(api_app_t *app, srv_req_t *req, oa_input_t *in, const char *text, size_t len,
+                      int bos, const char *param)
 {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -971,8 +971,7 @@ static void h_infill(srv_req_t *req, void *ud)
         goto out;
     }
     /* the BOS the model wants, then the markers around the plain texts */
-    if (input_text(app, req, in, "", 0, 1, "input_prefix") < 0 ||
-        input_add(in, &fim[0], 1) < 0 ||
+    if (input_text(app, req, in, "", 0, 1, "input_prefix") < 0 || input_add(in, &fim[0], 1) < 0 ||
         input_text(app, req, in, ir.prefix, ir.prefix_len, 0, "input_prefix") < 0 ||
         input_add(in, &fim[1], 1) < 0 ||
         input_text(app, req, in, ir.suffix, ir.suffix_len, 0, "input_suffix") < 0 ||
@@ -981,9 +980,9 @@ static void h_infill(srv_req_t *req, void *ud)
     const proto_prompt_t *parts = ir.l.parts ? ir.l.parts : ir.l.c.prompts;
     const size_t n_parts = ir.l.parts ? ir.l.n_parts : 1;
     for (size_t k = 0; k < n_parts; k++) {
-        if (parts[k].tokens ? input_add(in, parts[k].tokens, parts[k].n_tokens) < 0
-                            : input_text(app, req, in, parts[k].text, parts[k].text_len, 0,
-                                         "prompt") < 0)
+        if (parts[k].tokens
+                ? input_add(in, parts[k].tokens, parts[k].n_tokens) < 0
+                : input_text(app, req, in, parts[k].text, parts[k].text_len, 0, "prompt") < 0)
             goto fail;
     }
     if (api_input_budget(app, in->n, "input_prefix", &e) < 0) {
@@ -1058,8 +1057,9 @@ static void reply_anthropic(srv_req_t *req, const proto_error_t *e)
 {
     char *j = proto_anthropic_error_json(e);
     srv_reply_json(req, j ? e->status : 500,
-                   j ? j : "{\"type\":\"error\",\"error\":{\"type\":\"api_error\","
-                           "\"message\":\"out of memory\"}}");
+                   j ? j
+                     : "{\"type\":\"error\",\"error\":{\"type\":\"api_error\","
+                       "\"message\":\"out of memory\"}}");
     proto_free(j);
 }
 
@@ -1083,8 +1083,8 @@ static void h_messages(srv_req_t *req, void *ud)
         reply_anthropic(req, &e);
         goto out;
     }
-    if (api_chat_tokens(app, cr.messages, cr.n_messages, 0, 0, 1, 0, 1, &in->ids, &in->n,
-                        &ce) < 0) {
+    if (api_chat_tokens(app, cr.messages, cr.n_messages, 0, 0, 1, 0, 1, &in->ids, &in->n, &ce) <
+        0) {
         api_core_error(ce.code, "messages", ce.msg, &e);
         reply_anthropic(req, &e);
         inputs_free(in, 1);
@@ -1096,8 +1096,8 @@ static void h_messages(srv_req_t *req, void *ud)
         goto out;
     }
     size_t bounds[SRV_ENGINE_MAX_SNAPS];
-    size_t n_bounds = api_prefix_chat_bounds(app, cr.messages, cr.n_messages, NULL, 0, 0,
-                                             in->ids, in->n, bounds);
+    size_t n_bounds =
+        api_prefix_chat_bounds(app, cr.messages, cr.n_messages, NULL, 0, 0, in->ids, in->n, bounds);
     oa_run(app, req, 1, &cr.p, &cr, NULL, in, 1, 0, bounds, n_bounds, NULL, 1);
 out:
     proto_chat_free(&cr);

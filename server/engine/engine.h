@@ -239,10 +239,10 @@ int srv_seq_ctx_set_pending(srv_seq_ctx_t *ctx, const int32_t *toks, size_t n);
 
 /* How an embedding job pools its tokens' hidden states (see "Embeddings"). */
 typedef enum srv_pool {
-    SRV_POOL_OFF = 0,    /* not an embedding job */
-    SRV_POOL_MEAN = 1,   /* embed_out [D]: the mean over the input's tokens */
-    SRV_POOL_LAST = 2,   /* embed_out [D]: the last token's */
-    SRV_POOL_TOKENS = 3  /* embed_out [n_prompt][D]: every token's */
+    SRV_POOL_OFF = 0,   /* not an embedding job */
+    SRV_POOL_MEAN = 1,  /* embed_out [D]: the mean over the input's tokens */
+    SRV_POOL_LAST = 2,  /* embed_out [D]: the last token's */
+    SRV_POOL_TOKENS = 3 /* embed_out [n_prompt][D]: every token's */
 } srv_pool_t;
 
 typedef struct srv_job_spec {

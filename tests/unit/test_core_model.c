@@ -256,8 +256,12 @@ TEST(hidden_rows_give_the_logits)
         goto out;
     CHECK_INT_EQ(core_dequantize(t->type, t->data, w, (int64_t)V * D, NULL), 0);
     core_attn_state_t *s = new_state(tiny);
-    core_batch_seq_t sq = {.state = s, .tokens = tok, .n_tokens = N,
-                           .logits_mode = CORE_LOGITS_ALL, .logits = logits, .hidden = hid};
+    core_batch_seq_t sq = {.state = s,
+                           .tokens = tok,
+                           .n_tokens = N,
+                           .logits_mode = CORE_LOGITS_ALL,
+                           .logits = logits,
+                           .hidden = hid};
     CHECK_INT_EQ(core_model_forward(tiny, &sq, 1, NULL), 0);
     for (int64_t i = 0; i < N; i++)
         for (int64_t v = 0; v < V; v++) {
@@ -270,8 +274,8 @@ TEST(hidden_rows_give_the_logits)
     /* and they do not depend on the logits being asked for */
     float *hid2 = malloc((size_t)N * (size_t)D * sizeof *hid2);
     core_attn_state_reset(s);
-    core_batch_seq_t sq2 = {.state = s, .tokens = tok, .n_tokens = N,
-                            .logits_mode = CORE_LOGITS_NONE, .hidden = hid2};
+    core_batch_seq_t sq2 = {
+        .state = s, .tokens = tok, .n_tokens = N, .logits_mode = CORE_LOGITS_NONE, .hidden = hid2};
     CHECK_INT_EQ(core_model_forward(tiny, &sq2, 1, NULL), 0);
     CHECK(hid2 && memcmp(hid, hid2, (size_t)N * (size_t)D * sizeof *hid) == 0);
     free(hid2);

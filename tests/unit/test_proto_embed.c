@@ -67,23 +67,19 @@ TEST(errors_name_the_field)
         {PROTO_EMBED_OPENAI, "{\"input\":[1,100]}", "input[1]", "invalid_value"},
         {PROTO_EMBED_OPENAI, "{\"input\":\"a\",\"pooling\":\"none\"}", "pooling",
          "unsupported_parameter"},
-        {PROTO_EMBED_OPENAI, "{\"input\":\"a\",\"pooling\":1}", "pooling",
-         "invalid_value"},
+        {PROTO_EMBED_OPENAI, "{\"input\":\"a\",\"pooling\":1}", "pooling", "invalid_value"},
         {PROTO_EMBED_OPENAI, "{\"input\":\"a\",\"encoding_format\":\"x\"}", "encoding_format",
          "invalid_value"},
-        {PROTO_EMBED_OPENAI, "{\"input\":\"a\",\"dimensions\":0}", "dimensions",
-         "invalid_value"},
+        {PROTO_EMBED_OPENAI, "{\"input\":\"a\",\"dimensions\":0}", "dimensions", "invalid_value"},
         {PROTO_EMBED_OPENAI, "{\"input\":\"a\",\"embd_normalize\":-2}", "embd_normalize",
          "invalid_value"},
-        {PROTO_EMBED_LLAMA, "{\"input\":\"a\",\"content\":\"b\"}", "content",
-         "invalid_value"},
+        {PROTO_EMBED_LLAMA, "{\"input\":\"a\",\"content\":\"b\"}", "content", "invalid_value"},
         {PROTO_EMBED_LLAMA, "{}", "content", "missing_required_parameter"},
         {PROTO_EMBED_OLLAMA, "{\"input\":\"a\"}", "model", "missing_required_parameter"},
         {PROTO_EMBED_OLLAMA, "{\"model\":\"m\",\"input\":[1]}", "input", "invalid_value"},
         {PROTO_EMBED_OLLAMA, "{\"model\":\"m\",\"input\":\"a\",\"truncate\":1}", "truncate",
          "invalid_value"},
-        {PROTO_EMBED_OLLAMA_V1, "{\"model\":\"m\",\"prompt\":[\"a\"]}", "prompt",
-         "invalid_value"},
+        {PROTO_EMBED_OLLAMA_V1, "{\"model\":\"m\",\"prompt\":[\"a\"]}", "prompt", "invalid_value"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         proto_embed_req_t r;
@@ -144,8 +140,13 @@ TEST(answer_shapes)
     const float b[2] = {0.1f, 2.0f};
     const float *vecs[2] = {a, b};
     size_t rows[2] = {2, 1};
-    proto_embed_resp_t r = {.api = PROTO_EMBED_LLAMA, .model = "m", .vecs = vecs, .rows = rows,
-                            .n = 2, .dim = 2, .prompt_tokens = 3};
+    proto_embed_resp_t r = {.api = PROTO_EMBED_LLAMA,
+                            .model = "m",
+                            .vecs = vecs,
+                            .rows = rows,
+                            .n = 2,
+                            .dim = 2,
+                            .prompt_tokens = 3};
     char *s = proto_embed_json(&r);
     CHECK_STR_EQ(s, "[{\"index\":0,\"embedding\":[[1,-0.5],[0.25,3]]},"
                     "{\"index\":1,\"embedding\":[[0.100000001,2]]}]");
@@ -156,9 +157,8 @@ TEST(answer_shapes)
     json_t *j = json_loads(s, 0, NULL);
     CHECK(j != NULL);
     CHECK_STR_EQ(json_string_value(json_object_get(j, "object")), "list");
-    CHECK_INT_EQ((int)json_integer_value(
-                     json_object_get(json_object_get(j, "usage"), "total_tokens")),
-                 3);
+    CHECK_INT_EQ(
+        (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "total_tokens")), 3);
     json_t *d1 = json_array_get(json_object_get(j, "data"), 1);
     CHECK_INT_EQ((int)json_integer_value(json_object_get(d1, "index")), 1);
     CHECK((float)json_real_value(json_array_get(json_object_get(d1, "embedding"), 0)) == 0.1f);
@@ -207,8 +207,13 @@ static int op(void)
     const float *vecs[1] = {a};
     size_t rows[1] = {1};
     for (int api = PROTO_EMBED_OPENAI; api <= PROTO_EMBED_OLLAMA_V1; api++) {
-        proto_embed_resp_t o = {.api = (proto_embed_api_t)api, .model = "m", .vecs = vecs,
-                                .rows = rows, .n = 1, .dim = 3, .base64 = api == 0};
+        proto_embed_resp_t o = {.api = (proto_embed_api_t)api,
+                                .model = "m",
+                                .vecs = vecs,
+                                .rows = rows,
+                                .n = 1,
+                                .dim = 3,
+                                .base64 = api == 0};
         char *s = proto_embed_json(&o);
         ok &= s != NULL;
         proto_free(s);

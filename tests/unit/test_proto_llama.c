@@ -52,20 +52,32 @@ TEST(fields_added_to_an_openai_object)
 {
     const int32_t ids[2] = {4, 9};
     proto_top_logprob_t top = {.piece = "x", .piece_len = 1, .id = 3, .logprob = -1};
-    proto_token_logprob_t lp = {.piece = "ab", .piece_len = 2, .id = 4, .logprob = -0.5,
-                                .top = &top, .n_top = 1};
-    proto_llama_fields_t f = {.content = "ab\n", .content_len = 3, .tokens = ids, .n_tokens = 2,
-                              .with_probs = 1, .probs = &lp, .n_probs = 1, .stop = 1,
-                              .stop_type = "eos", .content_all = "ab\n", .content_all_len = 3,
-                              .tokens_predicted = 2, .tokens_evaluated = 5, .tokens_cached = 1,
-                              .prompt_ms = 8, .predicted_ms = 4,
+    proto_token_logprob_t lp = {
+        .piece = "ab", .piece_len = 2, .id = 4, .logprob = -0.5, .top = &top, .n_top = 1};
+    proto_llama_fields_t f = {.content = "ab\n",
+                              .content_len = 3,
+                              .tokens = ids,
+                              .n_tokens = 2,
+                              .with_probs = 1,
+                              .probs = &lp,
+                              .n_probs = 1,
+                              .stop = 1,
+                              .stop_type = "eos",
+                              .content_all = "ab\n",
+                              .content_all_len = 3,
+                              .tokens_predicted = 2,
+                              .tokens_evaluated = 5,
+                              .tokens_cached = 1,
+                              .prompt_ms = 8,
+                              .predicted_ms = 4,
                               .settings = "{\"n_predict\":2}"};
     char *s = proto_llama_fields_json("{\"object\":\"text_completion\"}", &f);
     json_t *j = json_loads(s, 0, NULL);
     CHECK(j != NULL);
     CHECK_STR_EQ(json_string_value(json_object_get(j, "object")), "text_completion");
     CHECK_STR_EQ(json_string_value(json_object_get(j, "content")), "ab\n");
-    CHECK(json_is_true(json_object_get(j, "stop")) && json_is_true(json_object_get(j, "has_new_line")));
+    CHECK(json_is_true(json_object_get(j, "stop")) &&
+          json_is_true(json_object_get(j, "has_new_line")));
     CHECK_INT_EQ((int)json_integer_value(json_array_get(json_object_get(j, "tokens"), 1)), 9);
     json_t *p0 = json_array_get(json_object_get(j, "completion_probabilities"), 0);
     CHECK_INT_EQ((int)json_integer_value(json_object_get(p0, "id")), 4);
@@ -107,8 +119,8 @@ static int op(void)
     char *s = ok ? proto_llama_settings_json(&r, 7) : NULL;
     ok &= s != NULL;
     proto_llama_free(&r);
-    proto_llama_fields_t f = {.content = "a", .content_len = 1, .stop = 1, .stop_type = "limit",
-                              .settings = s};
+    proto_llama_fields_t f = {
+        .content = "a", .content_len = 1, .stop = 1, .stop_type = "limit", .settings = s};
     char *j = proto_llama_fields_json("{\"a\":1}", &f);
     ok &= j != NULL;
     proto_free(j);

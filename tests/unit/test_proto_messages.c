@@ -62,7 +62,8 @@ TEST(refusals_name_the_field)
          "temperature"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"tool\",\"content\":\"a\"}]}",
          "messages[0]"},
-        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{"
+         "\"type\":"
          "\"tool_result\"}]}]}",
          "messages[0].content[0]"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\"}]}",
@@ -79,8 +80,8 @@ TEST(refusals_name_the_field)
 
 TEST(answer_and_error_shapes)
 {
-    proto_messages_end_t m = {.id = "msg_1", .model = "m", .stop_reason = "stop_sequence",
-                              .stop_sequence = "x"};
+    proto_messages_end_t m = {
+        .id = "msg_1", .model = "m", .stop_reason = "stop_sequence", .stop_sequence = "x"};
     char *s = proto_messages_json("{\"choices\":[{\"message\":{\"content\":\"hi\"}}],\"usage\":"
                                   "{\"prompt_tokens\":5,\"completion_tokens\":2}}",
                                   &m);

@@ -745,8 +745,10 @@ TEST(embedding_jobs_pool_the_hidden_rows)
     /* the model's rows, chunk by chunk as the engine feeds them */
     ctx_init(&c, tiny_lin);
     for (int64_t i = 0; i < N; i += CH) {
-        core_batch_seq_t b = {.state = c.state, .tokens = p + i,
-                              .n_tokens = N - i < CH ? N - i : CH, .hidden = ref + i * D};
+        core_batch_seq_t b = {.state = c.state,
+                              .tokens = p + i,
+                              .n_tokens = N - i < CH ? N - i : CH,
+                              .hidden = ref + i * D};
         CHECK_INT_EQ(core_model_forward(tiny_lin, &b, 1, NULL), 0);
     }
     ctx_fini(&c);
