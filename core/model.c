@@ -1268,6 +1268,21 @@ static void compute_logits(core_model_t *m, core_batch_seq_t *seqs, int n_seqs)
     }
 }
 
+/* The final-norm rows of the sequences that asked for them (seq.hidden):
+ * the same rmsnorm compute_logits gives the output head. */
+static void compute_hidden(core_model_t *m, core_batch_seq_t *seqs, int n_seqs)
+{
+    const int64_t D = m->info.n_embd;
+    for (int b = 0; b < n_seqs; b++) {
+        const core_batch_seq_t *sq = &seqs[b];
+        if (!sq->hidden)
+            continue;
+        for (int64_t r = 0; r < sq->n_tokens; r++)
+            rmsnorm(sq->hidden + r * D, m->x + (m->seq_row[b] + r) * D, m->out_norm, D,
+                    m->info.rms_eps);
+    }
+}
+
 /* Row id of the embedding matrix as f32 into dst. When the output shares
  * tok_embd and has a packed copy, the row's bytes come from that copy (the
  * file's pages of the matrix stay out of the resident set, pack_matrices);
@@ -1519,6 +1534,7 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
     }
 
     compute_logits(m, seqs, n_seqs);
+    compute_hidden(m, seqs, n_seqs);
     for (int b = 0; b < n_seqs; b++)
         core_attn_advance(seqs[b].state, seqs[b].n_tokens);
     return 0;

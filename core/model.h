@@ -85,6 +85,9 @@ typedef struct core_batch_seq {
     int64_t n_tokens;         /* >= 1 */
     int logits_mode;          /* enum core_logits_mode */
     float *logits;            /* caller-owned: [1][V] (LAST) or [n_tokens][V] (ALL) */
+    float *hidden;            /* caller-owned [n_tokens][D] or NULL: every token's final
+                                 hidden state, after the final norm (the rows the output
+                                 head multiplies), for embeddings; whatever logits_mode */
 } core_batch_seq_t;
 
 /* opts may be NULL (defaults). *out is new; free with core_model_free().

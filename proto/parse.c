@@ -791,7 +791,11 @@ static int parse_response_format(json_t *root, proto_gen_params_t *p, proto_erro
                                "together",
                                type);
     int rc;
-    if (object) {
+    json_t *bare = px_get(v, "schema"); /* llama.cpp's form: the schema beside the type */
+    if (bare && (object || !px_get(v, "json_schema"))) {
+        rc = proto_schema_grammar(bare, "response_format.schema", "response_format.schema",
+                                  &p->grammar, &p->grammar_len, err);
+    } else if (object) {
         rc = proto_schema_object_grammar(&p->grammar, &p->grammar_len, err);
     } else {
         json_t *js = px_get(v, "json_schema");
@@ -823,6 +827,23 @@ static int parse_response_format(json_t *root, proto_gen_params_t *p, proto_erro
     }
     if (rc == 0)
         p->grammar_param = "response_format";
+    return rc;
+}
+
+/* "json_schema" (llama.cpp's field): a JSON Schema the reply follows, as
+ * response_format's; it cannot come with another grammar. */
+static int parse_json_schema(json_t *root, proto_gen_params_t *p, proto_error_t *err)
+{
+    json_t *v = px_get(root, "json_schema");
+    if (!v)
+        return 0;
+    if (p->grammar)
+        return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "json_schema",
+                               "'json_schema' and '%s' cannot be given together", p->grammar_param);
+    int rc =
+        proto_schema_grammar(v, "json_schema", "json_schema", &p->grammar, &p->grammar_len, err);
+    if (rc == 0)
+        p->grammar_param = "json_schema";
     return rc;
 }
 
@@ -899,5 +920,7 @@ int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kin
     }
     if (p->grammar)
         p->grammar_param = "grammar";
-    return parse_response_format(root, p, err);
+    if ((rc = parse_response_format(root, p, err)) < 0)
+        return rc;
+    return parse_json_schema(root, p, err);
 }

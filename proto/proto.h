@@ -626,7 +626,7 @@ char *proto_models_json(const proto_model_entry_t *models, size_t n);
 char *proto_tokenize_json(const int32_t *tokens, size_t n, const char *const *pieces,
                           const size_t *piece_lens);
 
-/* {"text": ...} */
+/* {"text": ..., "content": ...} (the same text; llama.cpp's name for it) */
 char *proto_detokenize_json(const char *text, size_t len);
 
 typedef struct proto_health {
@@ -640,6 +640,187 @@ typedef struct proto_health {
 
 /* {"status",["reason"],"model","sessions","queue_depth","uptime_s"} */
 char *proto_health_json(const proto_health_t *h);
+
+/* ----------------------------------- POST /completion (llama.cpp's native API) */
+
+/* The OpenAI completions fields (one prompt, n = 1) and llama.cpp's own:
+ * "n_predict" (-1: the server's max_tokens limit; 0 refused), "n_probs"
+ * (the top alternatives of every token, as "logprobs"), "ignore_eos",
+ * "return_tokens", "cache_prompt" and "n_keep" (accepted: the prefix cache
+ * never changes an answer and nothing is ever dropped from the context),
+ * "id_slot" -1 or 0; the sampler fields darkserve lacks are refused unless
+ * they hold their off value (docs/API.md). "prompt" may mix strings and
+ * token ids in one array: then parts holds them in order and c.prompts[0]
+ * is empty. */
+typedef struct proto_llama_req {
+    proto_completion_req_t c;
+    proto_prompt_t *parts; /* owned [n_parts] of a mixed prompt, or NULL */
+    size_t n_parts;
+    int n_probs; /* 0 = none */
+    int ignore_eos;
+    int return_tokens;
+} proto_llama_req_t;
+
+int proto_llama_parse(const char *body, size_t len, const proto_limits_t *lim,
+                      proto_llama_req_t *out, proto_error_t *err);
+void proto_llama_free(proto_llama_req_t *r);
+
+/* "generation_settings" of an answer: the request's settings, seed the one
+ * used. New text (proto_free) or NULL when out of memory. */
+char *proto_llama_settings_json(const proto_llama_req_t *r, int64_t seed);
+
+/* The native fields an answer or stream chunk carries beside OpenAI's. */
+typedef struct proto_llama_fields {
+    const char *content; /* this chunk's text, or the whole answer's */
+    size_t content_len;
+    const int32_t *tokens; /* [n_tokens] ids of the text ("tokens") */
+    size_t n_tokens;
+    int with_probs; /* "completion_probabilities" of probs[n_probs] */
+    const proto_token_logprob_t *probs;
+    size_t n_probs;
+    int stop;              /* 1: the end: the fields below are written too */
+    const char *stop_type; /* "eos", "word", "limit", "none" */
+    const char *stopping_word;
+    const char *content_all; /* the whole text (has_new_line) */
+    size_t content_all_len;
+    int64_t tokens_predicted, tokens_evaluated, tokens_cached;
+    double prompt_ms, predicted_ms;
+    const char *settings; /* proto_llama_settings_json text, or NULL */
+} proto_llama_fields_t;
+
+/* json (an OpenAI completion or chunk object, borrowed) with f's fields
+ * added: "content", "tokens", "stop", "index", "id_slot", with probs
+ * "completion_probabilities" ([{"id","token","logprob","bytes",
+ * "top_logprobs":[{"id","token","logprob","bytes"}]}]); at the end
+ * "stop_type", "stopping_word", "tokens_predicted", "tokens_evaluated",
+ * "tokens_cached", "truncated", "has_new_line", "generation_settings",
+ * "timings". New text or NULL. */
+char *proto_llama_fields_json(const char *json, const proto_llama_fields_t *f);
+
+/* POST /infill (llama.cpp's): "input_prefix" and "input_suffix" (strings,
+ * default ""), the text between which the model writes; "prompt" (optional)
+ * is text already typed after the prefix; the rest is /completion's.
+ * "input_extra" (other files) is refused unless empty. */
+typedef struct proto_infill_req {
+    proto_llama_req_t l;
+    char *prefix, *suffix; /* owned or NULL */
+    size_t prefix_len, suffix_len;
+} proto_infill_req_t;
+
+int proto_infill_parse(const char *body, size_t len, const proto_limits_t *lim,
+                       proto_infill_req_t *out, proto_error_t *err);
+void proto_infill_free(proto_infill_req_t *r);
+
+/* GET /props (llama.cpp's): the model, the context, the chat template and
+ * the default settings. Strings borrowed; NULL ones become null. */
+typedef struct proto_llama_props {
+    const char *model_alias, *model_path, *build_info;
+    const char *chat_template; /* [chat_template_len], raw template text or NULL */
+    size_t chat_template_len;
+    const char *bos_token, *eos_token;
+    int64_t n_ctx;       /* tokens one request may give the model (see docs/API.md) */
+    int64_t n_predict;   /* the default max_tokens */
+    int64_t total_slots; /* sequences decoded at once (--max-batch) */
+    int infill;          /* the vocabulary has fill-in-the-middle tokens */
+} proto_llama_props_t;
+
+/* {"default_generation_settings":{"id","n_ctx","params":{...}},"total_slots",
+ * "model_alias","model_path","modalities","chat_template","bos_token",
+ * "eos_token","build_info","infill"} (new text or NULL) */
+char *proto_llama_props_json(const proto_llama_props_t *p);
+
+/* {"prompt": text} (POST /apply-template; new text or NULL) */
+char *proto_prompt_json(const char *text, size_t len);
+
+/* --------------------------------- POST /v1/messages (Anthropic's Messages API) */
+
+/* The Messages request (model, max_tokens, messages with text content or
+ * text blocks, system, stop_sequences, temperature 0..1, top_p, top_k,
+ * metadata) read into the chat request the OpenAI route runs; *out as from
+ * proto_chat_parse (proto_chat_free). Unknown fields are refused ("Extra
+ * inputs are not permitted", as Anthropic's API answers), and so are tools,
+ * tool_choice, thinking, non-text blocks and stream: true. */
+int proto_messages_parse(const char *body, size_t len, const proto_limits_t *lim,
+                         proto_chat_req_t *out, proto_error_t *err);
+
+typedef struct proto_messages_end {
+    const char *id; /* "msg_..." */
+    const char *model;
+    const char *stop_reason;   /* "end_turn", "max_tokens", "stop_sequence" or NULL */
+    const char *stop_sequence; /* the one that matched, or NULL */
+} proto_messages_end_t;
+
+/* The chat answer chat_json (borrowed) as a Messages answer: {"id","type":
+ * "message","role":"assistant","model","content":[{"type":"text","text"}],
+ * "stop_reason","stop_sequence","usage":{"input_tokens","output_tokens"}}.
+ * New text or NULL. */
+char *proto_messages_json(const char *chat_json, const proto_messages_end_t *m);
+
+/* {"type":"error","error":{"type","message"}}: Anthropic's error shape, its
+ * type from e's status. New text or NULL. */
+char *proto_anthropic_error_json(const proto_error_t *e);
+
+/* ------------------------------------------------------------ embeddings */
+
+/* Which API an embedding request came in (docs/API.md, "Embeddings"): the
+ * field names, defaults and answer shape follow it. */
+typedef enum proto_embed_api {
+    PROTO_EMBED_OPENAI = 0,   /* POST /v1/embeddings: "input" */
+    PROTO_EMBED_LLAMA = 1,    /* POST /embedding, /embeddings (llama.cpp): "content" or "input" */
+    PROTO_EMBED_OLLAMA = 2,   /* POST /api/embed: "model", "input" (strings) */
+    PROTO_EMBED_OLLAMA_V1 = 3 /* POST /api/embeddings: "model", "prompt" (one string) */
+} proto_embed_api_t;
+
+/* "pooling": how a text's token vectors become its embedding. */
+typedef enum proto_pooling {
+    PROTO_POOL_MEAN = 1, /* the mean of every token's (default) */
+    PROTO_POOL_LAST = 2, /* the last token's */
+    PROTO_POOL_NONE = 3  /* every token's (POST /embedding only) */
+} proto_pooling_t;
+
+#define PROTO_MAX_EMBED_INPUTS 64 /* inputs of one embedding request */
+#define PROTO_MAX_EMBED_NORM 64   /* the largest p of a p-norm "embd_normalize" */
+
+typedef struct proto_embed_req {
+    proto_embed_api_t api;
+    char *model;            /* owned or NULL (required by the Ollama APIs) */
+    proto_prompt_t *inputs; /* owned [n_inputs], 1..PROTO_MAX_EMBED_INPUTS: text or ids */
+    size_t n_inputs;
+    proto_pooling_t pooling;
+    int normalize;      /* "embd_normalize": -1 none, 0 the largest magnitude to
+                           32760, 1 taxicab, 2 Euclidean, p > 2 the p-norm; default
+                           2, -1 for /api/embeddings */
+    int base64;         /* OpenAI "encoding_format": "base64" */
+    int64_t dimensions; /* OpenAI and /api/embed "dimensions"; 0 when absent (the
+                           server refuses any but the model's width) */
+} proto_embed_req_t;
+
+/* body/lim/err borrowed; *out owned by the caller (proto_embed_free). */
+int proto_embed_parse(const char *body, size_t len, proto_embed_api_t api,
+                      const proto_limits_t *lim, proto_embed_req_t *out, proto_error_t *err);
+void proto_embed_free(proto_embed_req_t *r);
+
+/* Divides v[n] by its norm of the given mode (proto_embed_req_t.normalize),
+ * computed in double; -1 and a zero vector leave it as it is. */
+void proto_embed_normalize(float *v, size_t n, int mode);
+
+typedef struct proto_embed_resp {
+    proto_embed_api_t api;
+    const char *model;
+    const float *const *vecs; /* [n]: input i's rows[i] vectors of dim floats, borrowed */
+    const size_t *rows;       /* [n]: 1, or its tokens with pooling "none" */
+    size_t n, dim;
+    int base64;                /* OpenAI: "embedding" as base64 of little-endian float32 */
+    int64_t prompt_tokens;     /* usage / prompt_eval_count */
+    int64_t total_duration_ns; /* Ollama's total_duration */
+} proto_embed_resp_t;
+
+/* The answer in r->api's shape (new text, proto_free; NULL when out of
+ * memory): OpenAI {"object":"list","data":[{"object":"embedding","index",
+ * "embedding"}],"model","usage"}; llama.cpp [{"index","embedding":[[...]]}];
+ * Ollama {"model","embeddings":[[...]],"total_duration","load_duration",
+ * "prompt_eval_count"}; /api/embeddings {"embedding":[...]}. */
+char *proto_embed_json(const proto_embed_resp_t *r);
 
 /* ------------------------------------------------------------ Ollama API */
 

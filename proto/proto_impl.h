@@ -121,6 +121,12 @@ void px_gen_params_free(proto_gen_params_t *p);
 int px_parse_tools(json_t *root, proto_chat_req_t *r, proto_error_t *err);
 void px_tools_free(proto_tool_t *t, size_t n);
 
+/* "prompt" of a completions request into r->prompts (proto/request.c). */
+int px_parse_prompt(json_t *root, const proto_limits_t *lim, proto_completion_req_t *r,
+                    proto_error_t *err);
+/* The legacy completions fields darkserve refuses (echo, best_of, suffix). */
+int px_completion_unsupported(json_t *root, const proto_gen_params_t *p, proto_error_t *err);
+
 /* ------------------------------------------------------ response parts */
 
 json_t *px_chat_logprob_entry(const proto_token_logprob_t *t);

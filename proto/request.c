@@ -39,8 +39,8 @@ static int prompt_text(json_t *s, const char *param, int64_t *left, proto_prompt
     return 0;
 }
 
-static int parse_prompt(json_t *root, const proto_limits_t *lim, proto_completion_req_t *r,
-                        proto_error_t *err)
+int px_parse_prompt(json_t *root, const proto_limits_t *lim, proto_completion_req_t *r,
+                    proto_error_t *err)
 {
     json_t *v = px_get(root, "prompt");
     int64_t left = lim->max_text_bytes;
@@ -100,7 +100,7 @@ static int parse_prompt(json_t *root, const proto_limits_t *lim, proto_completio
 
 /* Fields of the legacy completions API that change the output in ways
  * darkserve does not implement: refuse them instead of ignoring them. */
-static int completion_unsupported(json_t *root, const proto_gen_params_t *p, proto_error_t *err)
+int px_completion_unsupported(json_t *root, const proto_gen_params_t *p, proto_error_t *err)
 {
     json_t *v;
     if ((v = px_get(root, "echo"))) {
@@ -136,9 +136,9 @@ int proto_completion_parse(const char *body, size_t len, const proto_limits_t *l
         return rc;
     if ((rc = px_parse_gen_params(root, &lim, PX_GEN_COMPLETION, &out->p, err)) < 0)
         goto fail;
-    if ((rc = completion_unsupported(root, &out->p, err)) < 0)
+    if ((rc = px_completion_unsupported(root, &out->p, err)) < 0)
         goto fail;
-    if ((rc = parse_prompt(root, &lim, out, err)) < 0)
+    if ((rc = px_parse_prompt(root, &lim, out, err)) < 0)
         goto fail;
     json_decref(root);
     return 0;

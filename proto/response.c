@@ -555,6 +555,8 @@ char *proto_detokenize_json(const char *text, size_t len)
 {
     json_t *root = json_object();
     int bad = json_object_set_new(root, "text", px_str(text, text ? len : 0));
+    /* llama.cpp's server names it "content" */
+    bad |= json_object_set_new(root, "content", px_str(text, text ? len : 0));
     return bad ? (json_decref(root), NULL) : px_dump(root);
 }
 

@@ -280,7 +280,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_grammar: setup: %s\n", err.msg[0] ? err.msg : "out of memory");
         return 1;
     }
-    core_batch_seq_t b = {st, ids, (int64_t)n_ids, CORE_LOGITS_LAST, logits};
+    core_batch_seq_t b = {st, ids, (int64_t)n_ids, CORE_LOGITS_LAST, logits, NULL};
     if (core_model_forward(m, &b, 1, &err) < 0) {
         fprintf(stderr, "bench_grammar: prefill: %s\n", err.msg);
         return 1;
@@ -318,7 +318,7 @@ int main(int argc, char **argv)
                 break;
             restarts++;
         }
-        b = (core_batch_seq_t){st, &toks[n], 1, CORE_LOGITS_LAST, logits};
+        b = (core_batch_seq_t){st, &toks[n], 1, CORE_LOGITS_LAST, logits, NULL};
         a = now_us();
         rc = core_model_forward(m, &b, 1, &err);
         t_fwd[n] = now_us() - a;

@@ -9,14 +9,17 @@
  *                   submitted to the engine, their events carried to the
  *                   HTTP stream on the loop thread, back-pressure, pings,
  *                   cancellation, the end of the request
- *   api_openai.c    /v1/completions, /v1/chat/completions, /v1/models (and
- *                   the same without /v1)
+ *   api_openai.c    /v1/completions, /v1/chat/completions, /v1/models (the
+ *                   last two also without /v1), and llama.cpp's native
+ *                   /completion and /completions
  *   api_fp.c        the system fingerprint of OpenAI responses
  *   api_ollama.c    Ollama's API: /api/chat, /api/generate, /api/tags, ...
  *   api_sessions.c  /v1/sessions...
  *   api_access.c    getting at a session: owners, api_session_acquire, the
  *                   read-back of an evicted one on the I/O thread
  *   api_misc.c      /tokenize, /detokenize
+ *   api_embed.c     /v1/embeddings, /embedding(s), /api/embed(dings): the
+ *                   engine's pooled hidden states in each API's shape
  *   api_prefix.c    the prefix-state cache (server/store/prefix_cache.h) in the
  *                   request flow: lookups and copies before a job, the
  *                   engine's snapshots inserted after it
@@ -250,6 +253,7 @@ int api_openai_routes(api_app_t *app);
 int api_ollama_routes(api_app_t *app);
 int api_sessions_routes(api_app_t *app);
 int api_misc_routes(api_app_t *app);
+int api_embed_routes(api_app_t *app);
 int api_prefix_routes(api_app_t *app);
 
 /* "fp_<16 hex>" of the binary's build id, the model fingerprint and the
@@ -323,6 +327,16 @@ int api_chat_tokens_tools(const api_app_t *app, const proto_message_t *msgs, siz
                           const proto_tool_t *tools, size_t n_tools, int cont, int open,
                           int gen_prompt, int parse_special, int add_special, int32_t **ids,
                           size_t *n_ids, core_error_t *ce);
+/* The text the chat template makes of msgs[n] with an assistant turn
+ * opened (what a chat request gives the model, before tokenization), as
+ * /apply-template answers it. *text is malloc'd (caller frees). Returns 0
+ * or a negative CORE_E* (ce). */
+int api_chat_text(const api_app_t *app, const proto_message_t *msgs, size_t n, char **text,
+                  size_t *len, core_error_t *ce);
+/* The vocabulary's fill-in-the-middle markers <fim_prefix>, <fim_suffix>,
+ * <fim_middle> (StarCoder's names, SmolLM2's vocabulary has them) into
+ * out[3]: 1 when all three are single tokens, else 0. */
+int api_fim_tokens(const api_app_t *app, int32_t out[3]);
 /* ---- api_gen.c: per-choice accumulation (non-streamed answers) ---- */
 
 typedef struct api_tokrec {

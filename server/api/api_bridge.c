@@ -335,3 +335,48 @@ int api_chat_tokens_tools(const api_app_t *app, const proto_message_t *msgs, siz
     free(text);
     return rc;
 }
+
+int api_chat_text(const api_app_t *app, const proto_message_t *msgs, size_t n, char **text,
+                  size_t *len, core_error_t *ce)
+{
+    *text = NULL;
+    *len = 0;
+    core_chat_msg_t *cm = calloc(n + 1, sizeof *cm);
+    char **owned = calloc(n + 1, sizeof *owned);
+    size_t n_cm = 0, n_owned = 0;
+    int rc = (!cm || !owned)
+                 ? core_error_set(ce, CORE_ENOMEM, "out of memory rendering %zu messages", n)
+                 : chat_view(app, msgs, n, 0, NULL, 0, cm, &n_cm, owned, &n_owned, ce);
+    if (rc == 0) {
+        core_chat_opts_t o = {.add_generation_prompt = 1};
+        size_t max = (size_t)app->limits.max_text_bytes * 2 + 65536;
+        rc = core_chat_render(&app->tmpl, cm, n_cm, &o, max, text, len, ce);
+    }
+    for (size_t i = 0; owned && i < n_owned; i++)
+        proto_free(owned[i]);
+    free(owned);
+    free(cm);
+    return rc;
+}
+
+int api_fim_tokens(const api_app_t *app, int32_t out[3])
+{
+    static const char *const names[3] = {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"};
+    for (int k = 0; k < 3; k++) {
+        int32_t *ids = NULL;
+        size_t n = 0, plen = 0;
+        core_error_t ce = {0};
+        if (api_tokenize(app, names[k], strlen(names[k]), 0, &ids, &n, &ce) < 0) {
+            free(ids);
+            return 0;
+        }
+        /* one token whose text is the marker: the vocabulary has it */
+        const char *piece = n == 1 ? core_tokenizer_piece(app->tok, ids[0], &plen) : NULL;
+        const int ok = piece && plen == strlen(names[k]) && memcmp(piece, names[k], plen) == 0;
+        out[k] = ok ? ids[0] : -1;
+        free(ids);
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}

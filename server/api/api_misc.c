@@ -1,8 +1,13 @@
 /* server/api/api_misc.c — POST /tokenize and POST /detokenize: the model's
  * tokenizer over HTTP (the same tokenization the generation endpoints use
- * for a prompt). Loop thread; the tokenizer is immutable and thread-safe.
+ * for a prompt); llama.cpp's GET /props (the model, its context, chat
+ * template and defaults) and POST /apply-template (the text a chat request
+ * gives the model). Loop thread; the tokenizer is immutable and
+ * thread-safe.
  */
 #include "server/api/api.h"
+
+#include "server/base/version.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -102,11 +107,90 @@ out:
     proto_detokenize_free(&dr);
 }
 
+/* A token's text, or NULL for -1 (borrowed from the tokenizer, or a copy
+ * into buf[cap] so that it ends with a NUL). */
+static const char *token_text(const api_app_t *app, int32_t id, char *buf, size_t cap)
+{
+    size_t len = 0;
+    const char *p = id >= 0 ? core_tokenizer_piece(app->tok, id, &len) : NULL;
+    if (!p)
+        return NULL;
+    snprintf(buf, cap, "%.*s", (int)len, p);
+    return buf;
+}
+
+static void h_props(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    const core_attn_cfg_t *c = core_attn_config(core_model_attn(app->model));
+    core_gguf_str_t tt = {NULL, 0};
+    int have_t =
+        core_gguf_get_str(core_model_gguf(app->model), "tokenizer.chat_template", &tt, NULL) == 0;
+    char bos[64], eos[64];
+    int32_t fim[3];
+    proto_llama_props_t p = {
+        .model_alias = app->model_id,
+        .model_path = app->cfg->model,
+        .build_info = "darkserve " DARKSERVE_VERSION,
+        .chat_template = have_t ? tt.ptr : core_chat_kind_name(app->tmpl.kind),
+        .chat_template_len = have_t ? (size_t)tt.len : strlen(core_chat_kind_name(app->tmpl.kind)),
+        .bos_token = token_text(app, core_tokenizer_bos(app->tok), bos, sizeof bos),
+        .eos_token = token_text(app, core_tokenizer_eos(app->tok), eos, sizeof eos),
+        /* exact attention: its cache; a linear kind: what one request may
+         * give the model to read */
+        .n_ctx = c->kind == CORE_ATTN_EXACT ? c->max_ctx : app->cfg->max_prompt_tokens,
+        .n_predict = app->limits.default_max_tokens,
+        .total_slots = app->cfg->max_batch,
+        .infill = api_fim_tokens(app, fim)};
+    char *j = proto_llama_props_json(&p);
+    if (!j) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
+    srv_reply_json(req, 200, j);
+    proto_free(j);
+}
+
+static void h_apply_template(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_chat_req_t cr;
+    proto_error_t e;
+    if (proto_chat_parse(body, len, &app->limits, &cr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    char *text = NULL;
+    size_t n = 0;
+    core_error_t ce = {0};
+    if (cr.n_tools) {
+        api_reply_kind(req, PROTO_ERR_UNSUPPORTED, "tools",
+                       "'tools' are not rendered by /apply-template; it shows the messages "
+                       "only");
+    } else if (api_chat_text(app, cr.messages, cr.n_messages, &text, &n, &ce) < 0) {
+        api_core_error(ce.code, "messages", ce.msg, &e);
+        api_reply_proto(req, &e);
+    } else {
+        char *j = proto_prompt_json(text, n);
+        if (j)
+            srv_reply_json(req, 200, j);
+        else
+            api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        proto_free(j);
+    }
+    free(text);
+    proto_chat_free(&cr);
+}
+
 int api_misc_routes(api_app_t *app)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
     int rc = 0;
     rc |= srv_http_route(app->http, "POST", "/tokenize", h_tokenize, app, &json);
     rc |= srv_http_route(app->http, "POST", "/detokenize", h_detokenize, app, &json);
+    rc |= srv_http_route(app->http, "GET", "/props", h_props, app, NULL);
+    rc |= srv_http_route(app->http, "POST", "/apply-template", h_apply_template, app, &json);
     return rc ? -1 : 0;
 }

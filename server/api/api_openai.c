@@ -1,7 +1,9 @@
 /* server/api/api_openai.c — the OpenAI-compatible endpoints:
  *   POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
- * also without the /v1 prefix (/completions, /chat/completions, /models:
- * clients written for llama.cpp's server call those), same handlers.
+ * the last two also without the /v1 prefix (/chat/completions, /models),
+ * and llama.cpp's native POST /completion and /completions: one prompt and
+ * one choice, answered with OpenAI's completion fields and llama.cpp's side
+ * by side (proto_llama_fields_json), through the same jobs and events.
  *
  * One engine job per prompt (completions take up to 16), each with n choices;
  * choice index = prompt * n + sample, as OpenAI numbers them. Without
@@ -39,6 +41,7 @@ typedef struct oa_choice {
     int oom;
     api_gen_t *g; /* for the parser's callback */
     int index;    /* choice index */
+    int eog_end;  /* it ended at an end-of-generation token */
 } oa_choice_t;
 
 typedef struct oa_req {
@@ -53,6 +56,14 @@ typedef struct oa_req {
     int64_t created;
     char session_id[PROTO_SESSION_ID_LEN + 1];
     oa_choice_t *choices; /* [n_choices] */
+    /* llama.cpp's native /completion: its fields beside OpenAI's */
+    int native;
+    int n_probs;       /* "completion_probabilities" of every token */
+    int return_tokens; /* "tokens": the ids of the text */
+    size_t n_stop;
+    char stop_word[PROTO_MAX_STOP_BYTES + 1]; /* the one stop string, if one */
+    char *settings;                           /* "generation_settings" JSON, owned */
+    int anthropic; /* /v1/messages: the answer and its errors in Anthropic's shape */
 } oa_req_t;
 
 static void oa_free(void *kd)
@@ -72,6 +83,7 @@ static void oa_free(void *kd)
             free(c->calls);
         }
     free(r->choices);
+    free(r->settings);
     free(r);
 }
 
@@ -178,8 +190,11 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
     oa_choice_t *c = &r->choices[ci];
     const int eog = is_eog_event(g, ev);
     const int with_lp = r->logprobs >= 0 && ev->kind == SRV_EVENT_TOKEN && !eog;
-    if (ev->finish != SRV_FINISH_NONE)
+    const int keep_id = r->native && r->return_tokens && ev->kind == SRV_EVENT_TOKEN && !eog;
+    if (ev->finish != SRV_FINISH_NONE) {
         c->finish = ev->finish;
+        c->eog_end = eog;
+    }
 
     if (!r->stream) {
         if (c->tp) {
@@ -190,11 +205,13 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
         } else {
             api_acc_text(&c->acc, ev->text, ev->len);
         }
-        if (with_lp)
+        if (with_lp || keep_id)
             api_acc_token(&c->acc, ev);
         c->acc.finish = c->finish;
         return;
     }
+    if (r->native) /* the whole text, for has_new_line at the end */
+        api_acc_text(&c->acc, ev->text, ev->len);
 
     proto_resp_meta_t meta = oa_meta(g, r);
     proto_token_logprob_t lp;
@@ -244,12 +261,53 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
             api_gen_write_json(g, j);
             proto_free(j);
         }
-    } else if (ev->len > 0 || with_lp || fin) {
+    } else if (ev->len > 0 || with_lp || fin || (r->native && ev->kind == SRV_EVENT_TOKEN)) {
         pc.finish_reason = fin;
         char *j = proto_completion_chunk_json(&meta, &pc, NULL);
+        if (r->native) {
+            const int32_t id = ev->token;
+            proto_llama_fields_t f = {.content = ev->text,
+                                      .content_len = ev->len,
+                                      .tokens = keep_id ? &id : NULL,
+                                      .n_tokens = keep_id ? 1u : 0u,
+                                      .with_probs = r->n_probs > 0 && with_lp,
+                                      .probs = with_lp ? &lp : NULL,
+                                      .n_probs = with_lp ? 1u : 0u};
+            char *jn = proto_llama_fields_json(j, &f);
+            proto_free(j);
+            j = jn;
+        }
         api_gen_write_json(g, j);
         proto_free(j);
     }
+}
+
+/* llama.cpp's stop_type of a finished choice. */
+static const char *native_stop_type(const oa_choice_t *c)
+{
+    if (c->finish == SRV_FINISH_STOP)
+        return c->eog_end ? "eos" : "word";
+    return c->finish == SRV_FINISH_LENGTH ? "limit" : "none";
+}
+
+/* The native fields of the end of the answer (choice 0, the only one). */
+static proto_llama_fields_t native_end(api_gen_t *g, const oa_req_t *r)
+{
+    const oa_choice_t *c = &r->choices[0];
+    const srv_job_result_t *res = g->jobs[0].submitted ? srv_job_result(g->jobs[0].job) : NULL;
+    const char *st = native_stop_type(c);
+    return (proto_llama_fields_t){
+        .stop = 1,
+        .stop_type = st,
+        .stopping_word = strcmp(st, "word") == 0 && r->n_stop == 1 ? r->stop_word : "",
+        .content_all = c->acc.text ? c->acc.text : "",
+        .content_all_len = c->acc.len,
+        .tokens_predicted = res ? res->completion_total : 0,
+        .tokens_evaluated = res ? res->prompt_tokens : 0,
+        .tokens_cached = res ? res->cached_tokens : 0,
+        .prompt_ms = res && res->prefill_s > 0 ? res->prefill_s * 1e3 : 0,
+        .predicted_ms = res && res->decode_s > 0 ? res->decode_s * 1e3 : 0,
+        .settings = r->settings};
 }
 
 /* Sums the jobs' results (cached: prompt tokens from the prefix cache);
@@ -331,7 +389,15 @@ static void oa_done(api_gen_t *g)
             return;
         }
         proto_resp_meta_t meta = oa_meta(g, r);
-        if (r->include_usage) {
+        if (r->native) {
+            char *j = proto_completion_chunk_json(&meta, NULL, &u);
+            proto_llama_fields_t f = native_end(g, r);
+            f.content = "";
+            char *jn = proto_llama_fields_json(j, &f);
+            api_gen_write_json(g, jn);
+            proto_free(jn);
+            proto_free(j);
+        } else if (r->include_usage) {
             char *j = r->chat ? proto_chat_chunk_json(&meta, NULL, 0, &u)
                               : proto_completion_chunk_json(&meta, NULL, &u);
             char *jc = proto_usage_cached_json(j, cached);
@@ -343,7 +409,13 @@ static void oa_done(api_gen_t *g)
         return;
     }
     if (failed) {
-        api_gen_reply_error(g, &e);
+        if (r->anthropic) {
+            char *ja = proto_anthropic_error_json(&e);
+            api_gen_reply_json(g, e.status, ja); /* NULL: 500 out of memory */
+            proto_free(ja);
+        } else {
+            api_gen_reply_error(g, &e);
+        }
         return;
     }
     const size_t nc = r->n_choices ? r->n_choices : 1;
@@ -394,6 +466,38 @@ static void oa_done(api_gen_t *g)
                     : proto_completion_json(&meta, pcs, r->n_choices, &u);
     }
     char *jc = proto_usage_cached_json(j, cached);
+    if (r->native && jc) {
+        const oa_choice_t *c0 = &r->choices[0];
+        int32_t *ids = r->return_tokens ? malloc((c0->acc.n_toks + 1) * sizeof *ids) : NULL;
+        for (size_t k = 0; ids && k < c0->acc.n_toks; k++)
+            ids[k] = c0->acc.toks[k].id;
+        proto_llama_fields_t f = native_end(g, r);
+        f.content = f.content_all;
+        f.content_len = f.content_all_len;
+        f.tokens = ids;
+        f.n_tokens = ids ? c0->acc.n_toks : 0;
+        f.with_probs = r->n_probs > 0;
+        f.probs = lps ? lps[0] : NULL;
+        f.n_probs = r->n_probs > 0 ? c0->acc.n_toks : 0;
+        char *jn = (r->return_tokens && !ids) ? NULL : proto_llama_fields_json(jc, &f);
+        free(ids);
+        proto_free(jc);
+        jc = jn;
+    }
+    if (r->anthropic && jc) {
+        const oa_choice_t *c0 = &r->choices[0];
+        const int word = c0->finish == SRV_FINISH_STOP && !c0->eog_end;
+        proto_messages_end_t me = {.id = r->id,
+                                   .model = g->app->model_id,
+                                   .stop_reason = c0->finish == SRV_FINISH_STOP
+                                                      ? (word ? "stop_sequence" : "end_turn")
+                                                  : c0->finish == SRV_FINISH_LENGTH ? "max_tokens"
+                                                                                    : NULL,
+                                   .stop_sequence = word && r->n_stop == 1 ? r->stop_word : NULL};
+        char *ja = proto_messages_json(jc, &me);
+        proto_free(jc);
+        jc = ja;
+    }
     api_gen_reply_json(g, 200, jc); /* NULL: 500 out of memory */
     proto_free(jc);
     proto_free(j);
@@ -462,7 +566,8 @@ static int tool_parsers(api_gen_t *g, oa_req_t *r, const proto_chat_req_t *cr)
  * in[0] to insert into the prefix cache. Answers req. */
 static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_params_t *p,
                    const proto_chat_req_t *cr, srv_session_t *sess, oa_input_t *in, size_t n_in,
-                   int session_chat, const size_t *bounds, size_t n_bounds)
+                   int session_chat, const size_t *bounds, size_t n_bounds,
+                   const proto_llama_req_t *nat, int anthropic)
 {
     char err[512];
     oa_req_t *r = calloc(1, sizeof *r);
@@ -484,9 +589,18 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     r->stream = p->stream;
     r->session_chat = session_chat;
     r->created = (int64_t)time(NULL);
+    r->n_stop = p->n_stop;
+    if (p->n_stop == 1)
+        snprintf(r->stop_word, sizeof r->stop_word, "%s", p->stop[0]);
+    if (nat) {
+        r->native = 1;
+        r->n_probs = nat->n_probs;
+        r->return_tokens = nat->return_tokens;
+    }
     char hex[33];
     srv_random_hex(hex, 12);
-    snprintf(r->id, sizeof r->id, "%s-%s", chat ? "chatcmpl" : "cmpl", hex);
+    snprintf(r->id, sizeof r->id, "%s%s", anthropic ? "msg_" : chat ? "chatcmpl-" : "cmpl-", hex);
+    r->anthropic = anthropic;
     if (sess)
         snprintf(r->session_id, sizeof r->session_id, "%s", srv_session_id(sess));
 
@@ -546,6 +660,12 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     }
     core_sample_params_t sp;
     api_sample_params(p, &sp);
+    if (nat && !(r->settings = proto_llama_settings_json(nat, (int64_t)sp.seed))) {
+        api_gen_abort(g);
+        inputs_free(in, n_in);
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return;
+    }
     for (size_t i = 0; i < n_in; i++) {
         core_error_t ce = {0};
         if (sess) {
@@ -568,6 +688,7 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
         spec.reseed = 1;
         spec.stops = (const char *const *)p->stop;
         spec.n_stops = p->n_stop;
+        spec.ignore_eos = nat && nat->ignore_eos;
         /* a one-shot context starts from the longest cached prefix */
         if (!sess && api_prefix_plan(g, i, &spec, in[i].ids, in[i].n, in[i].n ? in[i].n - 1 : 0,
                                      p->prefix, i == 0 ? bounds : NULL, i == 0 ? n_bounds : 0,
@@ -697,7 +818,7 @@ static void h_completions(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         goto fail;
     }
-    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0, NULL, 0);
+    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0, NULL, 0, NULL, 0);
     proto_completion_free(&cr);
     return;
 fail:
@@ -705,6 +826,175 @@ fail:
     if (sess)
         srv_store_release(app->store, sess, 0, NULL, 0);
     proto_completion_free(&cr);
+}
+
+/* POST /completion, /completions: llama.cpp's native API, answered with
+ * OpenAI's completion fields and llama.cpp's side by side (one prompt, one
+ * choice), so clients of either shape read it. */
+static void h_native(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_llama_req_t lr;
+    proto_error_t e;
+    if (proto_llama_parse(body, len, &app->limits, &lr, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    srv_session_t *sess = NULL;
+    oa_input_t *in = NULL;
+    if (prefix_with_session(req, &lr.c.p) || take_session(app, req, lr.c.p.session, &sess) < 0)
+        goto out;
+    in = calloc(1, sizeof *in);
+    if (!in) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto fail;
+    }
+    /* the prompt's parts in order (one part unless it mixes text and ids) */
+    const proto_prompt_t *parts = lr.parts ? lr.parts : lr.c.prompts;
+    const size_t n_parts = lr.parts ? lr.n_parts : 1;
+    const int first = !sess || srv_session_tokens(sess) == 0;
+    for (size_t k = 0; k < n_parts; k++) {
+        const proto_prompt_t *pr = &parts[k];
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (pr->tokens) {
+            n = pr->n_tokens;
+            ids = malloc((n ? n : 1) * sizeof *ids);
+            if (ids)
+                memcpy(ids, pr->tokens, n * sizeof *ids);
+        } else {
+            core_error_t ce = {0};
+            if (api_tokenize(app, pr->text ? pr->text : "", pr->text_len, first && k == 0, &ids, &n,
+                             &ce) < 0) {
+                api_core_error(ce.code, "prompt", ce.msg, &e);
+                api_reply_proto(req, &e);
+                goto fail;
+            }
+        }
+        int32_t *all = ids ? realloc(in->ids, (in->n + n + 1) * sizeof *all) : NULL;
+        if (!all) {
+            free(ids);
+            api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+            goto fail;
+        }
+        memcpy(all + in->n, ids, n * sizeof *ids);
+        free(ids);
+        in->ids = all;
+        in->n += n;
+    }
+    if (api_input_budget(app, in->n, "prompt", &e) < 0) {
+        api_reply_proto(req, &e);
+        goto fail;
+    }
+    oa_run(app, req, 0, &lr.c.p, NULL, sess, in, 1, 0, NULL, 0, &lr, 0);
+    goto out;
+fail:
+    inputs_free(in, 1);
+    if (sess)
+        srv_store_release(app->store, sess, 0, NULL, 0);
+out:
+    proto_llama_free(&lr);
+}
+
+/* Appends ids[n] to in (0, or -1 when out of memory). */
+static int input_add(oa_input_t *in, const int32_t *ids, size_t n)
+{
+    int32_t *all = realloc(in->ids, (in->n + n + 1) * sizeof *all);
+    if (!all)
+        return -1;
+    if (n)
+        memcpy(all + in->n, ids, n * sizeof *ids);
+    in->ids = all;
+    in->n += n;
+    return 0;
+}
+
+/* Appends the tokens of text (plain text: special-token texts in it stay
+ * text; the model's BOS when bos). 0, or -1 after answering req. */
+static int input_text(api_app_t *app, srv_req_t *req, oa_input_t *in, const char *text, size_t len,
+                      int bos, const char *param)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    core_error_t ce = {0};
+    unsigned flags = bos ? CORE_TOK_ADD_SPECIAL : 0u;
+    if (core_tokenizer_encode_alloc(app->tok, text ? text : "", len, 0,
+                                    (size_t)app->limits.max_prompt_tokens, flags, &ids, &n,
+                                    &ce) < 0) {
+        proto_error_t e;
+        api_core_error(ce.code, param, ce.msg, &e);
+        api_reply_proto(req, &e);
+        free(ids);
+        return -1;
+    }
+    int rc = input_add(in, ids, n);
+    free(ids);
+    if (rc < 0)
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    return rc;
+}
+
+/* POST /infill (llama.cpp's): the model writes what goes between
+ * input_prefix and input_suffix, from the fill-in-the-middle prompt
+ * <fim_prefix>prefix<fim_suffix>suffix<fim_middle>prompt (prefix, suffix and
+ * middle first: the order SmolLM2 and StarCoder were trained on); a model
+ * without those tokens gets 400. Answered as /completion. */
+static void h_infill(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_infill_req_t ir;
+    proto_error_t e;
+    if (proto_infill_parse(body, len, &app->limits, &ir, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    int32_t fim[3];
+    oa_input_t *in = NULL;
+    if (!api_fim_tokens(app, fim)) {
+        api_reply_kind(req, PROTO_ERR_UNSUPPORTED, NULL,
+                       "this model's vocabulary has no fill-in-the-middle tokens (<fim_prefix>, "
+                       "<fim_suffix>, <fim_middle>): /infill needs a model trained for it");
+        goto out;
+    }
+    if (ir.l.c.p.session[0] || ir.l.c.p.prefix[0]) {
+        api_reply_kind(req, PROTO_ERR_UNSUPPORTED, ir.l.c.p.session[0] ? "session" : "prefix",
+                       "/infill starts from its own prompt; 'session' and 'prefix' are not "
+                       "taken");
+        goto out;
+    }
+    if (!(in = calloc(1, sizeof *in))) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto out;
+    }
+    /* the BOS the model wants, then the markers around the plain texts */
+    if (input_text(app, req, in, "", 0, 1, "input_prefix") < 0 || input_add(in, &fim[0], 1) < 0 ||
+        input_text(app, req, in, ir.prefix, ir.prefix_len, 0, "input_prefix") < 0 ||
+        input_add(in, &fim[1], 1) < 0 ||
+        input_text(app, req, in, ir.suffix, ir.suffix_len, 0, "input_suffix") < 0 ||
+        input_add(in, &fim[2], 1) < 0)
+        goto fail;
+    const proto_prompt_t *parts = ir.l.parts ? ir.l.parts : ir.l.c.prompts;
+    const size_t n_parts = ir.l.parts ? ir.l.n_parts : 1;
+    for (size_t k = 0; k < n_parts; k++) {
+        if (parts[k].tokens
+                ? input_add(in, parts[k].tokens, parts[k].n_tokens) < 0
+                : input_text(app, req, in, parts[k].text, parts[k].text_len, 0, "prompt") < 0)
+            goto fail;
+    }
+    if (api_input_budget(app, in->n, "input_prefix", &e) < 0) {
+        api_reply_proto(req, &e);
+        goto fail;
+    }
+    oa_run(app, req, 0, &ir.l.c.p, NULL, NULL, in, 1, 0, NULL, 0, &ir.l, 0);
+    goto out;
+fail:
+    inputs_free(in, 1);
+out:
+    proto_infill_free(&ir);
 }
 
 static void h_chat(srv_req_t *req, void *ud)
@@ -752,13 +1042,64 @@ static void h_chat(srv_req_t *req, void *ud)
                            : api_prefix_chat_bounds(app, cr.messages, cr.n_messages, cr.tools,
                                                     tools_on(&cr) ? cr.n_tools : 0,
                                                     cr.parse_special, in->ids, in->n, bounds);
-    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL, bounds, n_bounds);
+    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL, bounds, n_bounds, NULL, 0);
     proto_chat_free(&cr);
     return;
 fail:
     inputs_free(in, 1);
     if (sess)
         srv_store_release(app->store, sess, 0, NULL, 0);
+    proto_chat_free(&cr);
+}
+
+/* Answers an error in Anthropic's shape. */
+static void reply_anthropic(srv_req_t *req, const proto_error_t *e)
+{
+    char *j = proto_anthropic_error_json(e);
+    srv_reply_json(req, j ? e->status : 500,
+                   j ? j
+                     : "{\"type\":\"error\",\"error\":{\"type\":\"api_error\","
+                       "\"message\":\"out of memory\"}}");
+    proto_free(j);
+}
+
+/* POST /v1/messages: Anthropic's Messages API, the subset docs/API.md lists,
+ * run as the chat request it stands for. */
+static void h_messages(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_chat_req_t cr;
+    proto_error_t e;
+    if (proto_messages_parse(body, len, &app->limits, &cr, &e) < 0) {
+        reply_anthropic(req, &e);
+        return;
+    }
+    core_error_t ce = {0};
+    oa_input_t *in = calloc(1, sizeof *in);
+    if (!in) {
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        reply_anthropic(req, &e);
+        goto out;
+    }
+    if (api_chat_tokens(app, cr.messages, cr.n_messages, 0, 0, 1, 0, 1, &in->ids, &in->n, &ce) <
+        0) {
+        api_core_error(ce.code, "messages", ce.msg, &e);
+        reply_anthropic(req, &e);
+        inputs_free(in, 1);
+        goto out;
+    }
+    if (api_input_budget(app, in->n, "messages", &e) < 0) {
+        reply_anthropic(req, &e);
+        inputs_free(in, 1);
+        goto out;
+    }
+    size_t bounds[SRV_ENGINE_MAX_SNAPS];
+    size_t n_bounds =
+        api_prefix_chat_bounds(app, cr.messages, cr.n_messages, NULL, 0, 0, in->ids, in->n, bounds);
+    oa_run(app, req, 1, &cr.p, &cr, NULL, in, 1, 0, bounds, n_bounds, NULL, 1);
+out:
     proto_chat_free(&cr);
 }
 
@@ -782,7 +1123,10 @@ int api_openai_routes(api_app_t *app)
     rc |= srv_http_route(app->http, "POST", "/v1/completions", h_completions, app, &json);
     rc |= srv_http_route(app->http, "POST", "/v1/chat/completions", h_chat, app, &json);
     rc |= srv_http_route(app->http, "GET", "/v1/models", h_models, app, NULL);
-    rc |= srv_http_route(app->http, "POST", "/completions", h_completions, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/completion", h_native, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/completions", h_native, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/infill", h_infill, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/v1/messages", h_messages, app, &json);
     rc |= srv_http_route(app->http, "POST", "/chat/completions", h_chat, app, &json);
     rc |= srv_http_route(app->http, "GET", "/models", h_models, app, NULL);
     return rc ? -1 : 0;

@@ -613,6 +613,25 @@ static int job_runnable(const srv_job_t *j)
     return !j->finalized && !j->paused && (j->phase == PH_PREFILL || j->phase == PH_DECODE);
 }
 
+/* An embedding job's chunk of n rows (in j->ehid) was fed and j->absorbed
+ * counts it: fold it into the pool, and write the pool's answer once the
+ * input is absorbed. Rows are summed in double, so a long input's mean does
+ * not lose its late tokens to rounding. */
+static void pool_rows(const srv_engine_t *E, srv_job_t *j, int64_t n)
+{
+    const int64_t D = E->D;
+    if (j->pool == SRV_POOL_MEAN) {
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t d = 0; d < D; d++)
+                j->esum[d] += (double)j->ehid[r * D + d];
+        if (j->absorbed == j->n_input)
+            for (int64_t d = 0; d < D; d++)
+                j->embed_out[d] = (float)(j->esum[d] / (double)j->n_input);
+    } else if (j->pool == SRV_POOL_LAST && j->absorbed == j->n_input) {
+        memcpy(j->embed_out, j->ehid + (n - 1) * D, (size_t)D * sizeof *j->embed_out);
+    }
+}
+
 /* Runs the batch; on failure, each entry alone, so one bad sequence does not
  * take the others down. */
 static void run_forward(srv_engine_t *E, int nb)
@@ -706,11 +725,17 @@ static void step(srv_engine_t *E, srv_job_t *ending, int64_t now)
             n = j->snap_at[j->next_snap] - j->absorbed;
         const int last = j->absorbed + n == j->n_input;
         const int want = last && j->max_tokens > 0;
+        float *hidden = NULL; /* an embedding job's rows of this chunk */
+        if (j->pool == SRV_POOL_TOKENS)
+            hidden = j->embed_out + j->absorbed * (size_t)E->D;
+        else if (j->pool != SRV_POOL_OFF)
+            hidden = j->ehid;
         E->batch[nb] = (core_batch_seq_t){.state = j->ctx->state,
                                           .tokens = j->input + j->absorbed,
                                           .n_tokens = (int64_t)n,
                                           .logits_mode = want ? CORE_LOGITS_LAST : CORE_LOGITS_NONE,
-                                          .logits = want ? j->seqs[0].logits : NULL};
+                                          .logits = want ? j->seqs[0].logits : NULL,
+                                          .hidden = hidden};
         E->bjob[nb] = j;
         E->bseq[nb] = NULL;
         nb++;
@@ -755,6 +780,8 @@ static void step(srv_engine_t *E, srv_job_t *ending, int64_t now)
             continue;
         }
         j->absorbed += (size_t)E->batch[b].n_tokens;
+        if (j->pool != SRV_POOL_OFF)
+            pool_rows(E, j, E->batch[b].n_tokens);
         take_snapshots(E, j);
         E->st.prompt_tokens += (uint64_t)E->batch[b].n_tokens;
         srv_series_add(E->m.prompt, (double)E->batch[b].n_tokens);
@@ -861,6 +888,8 @@ void eng_job_free(srv_job_t *j)
         free(j->stops[k]);
     free(j->stops);
     free(j->input);
+    free(j->ehid);
+    free(j->esum);
     for (size_t k = 0; k < j->n_snap; k++)
         core_attn_state_free(j->snaps[k]);
     pthread_cond_destroy(&j->cv);
@@ -1158,6 +1187,7 @@ int srv_engine_new(core_model_t *model, const core_tokenizer_t *tok, const srv_e
     E->tok = tok;
     E->attn = core_model_attn(model);
     E->V = info->n_vocab;
+    E->D = info->n_embd;
     const core_attn_cfg_t *ac = core_attn_config(E->attn);
     E->exact = ac->kind == CORE_ATTN_EXACT;
     E->max_ctx = ac->max_ctx;

@@ -101,6 +101,19 @@
  * So every choice's last event has finish != SRV_FINISH_NONE, then DONE
  * follows. An ingest-only job (max_tokens 0) has only DONE.
  *
+ * ## Embeddings
+ * An ingest-only job with spec.pool set also hands back the final hidden
+ * states of its input (core_batch_seq_t.hidden: after the final norm) into
+ * spec.embed_out, pooled as it goes: the mean of every token's, the last
+ * token's, or every token's row. The input is fed in prefill chunks through
+ * the context's state like any prompt, and a chunk's rows are folded into
+ * the pool before the next one runs, so what a mean or last pool holds
+ * beside the state is [D] whatever the input's length (with a linear
+ * attention kind the state too is of constant size). The context must be
+ * fresh (position 0, nothing pending, no cached prefix, no snapshots): the
+ * pool is over the input alone. embed_out is complete when the job's choice
+ * finished "length"; after any other finish its contents are unspecified.
+ *
  * ## Threads and callbacks
  * spec.notify(ud) runs on the scheduler thread, without engine locks, after
  * a step queued events for the job (at most once per step), and after DONE.
@@ -224,6 +237,14 @@ void srv_seq_ctx_clear_pending(srv_seq_ctx_t *ctx);
  * serialized session. */
 int srv_seq_ctx_set_pending(srv_seq_ctx_t *ctx, const int32_t *toks, size_t n);
 
+/* How an embedding job pools its tokens' hidden states (see "Embeddings"). */
+typedef enum srv_pool {
+    SRV_POOL_OFF = 0,   /* not an embedding job */
+    SRV_POOL_MEAN = 1,  /* embed_out [D]: the mean over the input's tokens */
+    SRV_POOL_LAST = 2,  /* embed_out [D]: the last token's */
+    SRV_POOL_TOKENS = 3 /* embed_out [n_prompt][D]: every token's */
+} srv_pool_t;
+
 typedef struct srv_job_spec {
     srv_seq_ctx_t *ctx;    /* borrowed from submit until DONE (see header) */
     const int32_t *prompt; /* [n_prompt], copied by submit; may be NULL if 0 */
@@ -253,6 +274,11 @@ typedef struct srv_job_spec {
     const size_t *snap_at;       /* [n_snap] strictly increasing, each in
                                     (n_cached, n_input]; copied by submit */
     size_t n_snap;               /* <= SRV_ENGINE_MAX_SNAPS */
+    srv_pool_t pool;             /* SRV_POOL_OFF, or an embedding job (see "Embeddings"):
+                                    max_tokens 0, a fresh context, n_prompt >= 1 */
+    float *embed_out;            /* with pool: caller-owned [D] (MEAN, LAST) or
+                                    [n_prompt][D] (TOKENS); written by the scheduler,
+                                    borrowed until DONE */
     void (*notify)(void *ud);    /* may be NULL; see "Threads and callbacks" */
     void (*on_done)(srv_job_t *job, void *ud); /* may be NULL */
     void *ud;                                  /* borrowed until on_done has run */

@@ -68,6 +68,10 @@ struct srv_job {
     core_attn_state_t *snaps[SRV_ENGINE_MAX_SNAPS]; /* [n_snap] the copies (scheduler
                                                   thread until snaps_ready, then the taker) */
     size_t n_snap, next_snap;
+    srv_pool_t pool;  /* embedding job: how its hidden states are pooled */
+    float *embed_out; /* borrowed from the spec until DONE */
+    float *ehid;      /* owned [prefill chunk][D]: a chunk's hidden rows (MEAN, LAST) */
+    double *esum;     /* owned [D]: the sum of the rows so far (MEAN) */
     char req_id[72];
     void (*notify)(void *ud);
     void (*on_done)(srv_job_t *job, void *ud);
@@ -114,6 +118,7 @@ struct srv_engine {
     const core_tokenizer_t *tok;
     core_attn_t *attn;
     int64_t V;
+    int64_t D; /* the model's width (embedding rows) */
     int exact;
     int64_t max_ctx;
     srv_engine_opts_t o;

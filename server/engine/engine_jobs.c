@@ -88,6 +88,18 @@ static int validate(const srv_engine_t *E, const srv_job_spec_t *sp, char *err, 
         return eng_fail(err, errlen, SRV_ENGINE_ECONTEXT,
                     "%zu new tokens after %lld exceed the context of %lld tokens", n_new,
                     (long long)core_attn_state_pos(c->state), (long long)E->max_ctx);
+    if (sp->pool != SRV_POOL_OFF) {
+        if (sp->pool != SRV_POOL_MEAN && sp->pool != SRV_POOL_LAST && sp->pool != SRV_POOL_TOKENS)
+            return eng_fail(err, errlen, SRV_ENGINE_EINVAL, "pool: %d is not a pooling",
+                            (int)sp->pool);
+        if (sp->max_tokens != 0 || n != 1 || !sp->embed_out || sp->n_prompt == 0)
+            return eng_fail(err, errlen, SRV_ENGINE_EINVAL,
+                            "pool: an embedding job has an output, one choice, a prompt and "
+                            "no generation");
+        if (c->n_pending || sp->n_cached || sp->n_snap || core_attn_state_pos(c->state) != 0)
+            return eng_fail(err, errlen, SRV_ENGINE_EINVAL,
+                            "pool: an embedding job needs a fresh context");
+    }
     if (sp->max_tokens == 0) {
         if (n != 1)
             return eng_fail(err, errlen, SRV_ENGINE_EINVAL, "n: must be 1 without generation");
@@ -154,6 +166,17 @@ int srv_engine_submit(srv_engine_t *e, const srv_job_spec_t *spec, srv_job_t **o
     j->n_snap = spec->n_snap;
     if (spec->n_snap)
         memcpy(j->snap_at, spec->snap_at, spec->n_snap * sizeof *j->snap_at);
+    j->pool = spec->pool;
+    j->embed_out = spec->embed_out;
+    if (j->pool == SRV_POOL_MEAN || j->pool == SRV_POOL_LAST) {
+        const size_t D = (size_t)e->D;
+        j->ehid = malloc((size_t)e->o.prefill_chunk * D * sizeof *j->ehid);
+        j->esum = calloc(D, sizeof *j->esum);
+        if (!j->ehid || !j->esum) {
+            rc = eng_fail(err, errlen, SRV_ENGINE_ENOMEM, "out of memory");
+            goto rejected;
+        }
+    }
     j->notify = spec->notify;
     j->on_done = spec->on_done;
     j->ud = spec->ud;

@@ -651,6 +651,45 @@ static const char *cors_allow(const srv_http_t *h, const char *origin)
     return NULL;
 }
 
+/* The headers a preflight allows: ours, then every name the browser asks
+ * for (Access-Control-Request-Headers; SDKs send their own, such as the
+ * OpenAI and Anthropic JavaScript clients' x-stainless-*), each once. A name
+ * that is not an RFC 9110 token, or one past the buffer, is left out (the
+ * browser then refuses the request, as it should). */
+#define CORS_ALLOW_HEADERS_MAX 1024
+static void cors_allow_headers(const char *asked, char out[CORS_ALLOW_HEADERS_MAX])
+{
+    static const char base[] = "Authorization, Content-Type, X-Api-Key, X-Request-Id";
+    size_t n = sizeof base - 1;
+    memcpy(out, base, sizeof base);
+    for (const char *p = asked; p && *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        size_t len = strcspn(p, ", \t");
+        const char *name = p;
+        p += len;
+        if (len == 0 || len > 64)
+            continue;
+        int token = 1;
+        for (size_t i = 0; i < len && token; i++)
+            token = isalnum((unsigned char)name[i]) || strchr("!#$%&'*+-.^_`|~", name[i]);
+        /* already listed: as a whole name, in any case */
+        int dup = 0;
+        for (const char *q = out; *q && !dup;) {
+            size_t ql = strcspn(q, ",");
+            dup = ql == len && strncasecmp(q, name, len) == 0;
+            q += ql;
+            q += strspn(q, ", ");
+        }
+        if (!token || dup || n + 2 + len + 1 > CORS_ALLOW_HEADERS_MAX)
+            continue;
+        memcpy(out + n, ", ", 2);
+        memcpy(out + n + 2, name, len);
+        n += 2 + len;
+        out[n] = '\0';
+    }
+}
+
 /* ---- the access handler ---- */
 
 static int body_is_json(const char *ctype)
@@ -871,8 +910,7 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req)
         return queue_error(req, 503, "server_error", "loading",
                            "the model is still loading; retry shortly", NULL);
     if (!path_known)
-        return queue_error(req, 404, "invalid_request_error", "not_found", "no such route",
-                           NULL);
+        return queue_error(req, 404, "not_found_error", "not_found", "no such route", NULL);
     if (strcmp(method, "OPTIONS") == 0 && !route) {
         char methods[256];
         hdrlist_t extra = {0};
@@ -881,8 +919,10 @@ static enum MHD_Result check_headers(srv_http_t *h, srv_req_t *req)
         if (req->cors_origin &&
             req_lookup(req, MHD_HEADER_KIND, "Access-Control-Request-Method")) {
             srv_http_hdrlist_add(&extra, "Access-Control-Allow-Methods", methods);
-            srv_http_hdrlist_add(&extra, "Access-Control-Allow-Headers",
-                        "Authorization, Content-Type, X-Api-Key, X-Request-Id");
+            char allow_h[CORS_ALLOW_HEADERS_MAX];
+            cors_allow_headers(req_lookup(req, MHD_HEADER_KIND, "Access-Control-Request-Headers"),
+                               allow_h);
+            srv_http_hdrlist_add(&extra, "Access-Control-Allow-Headers", allow_h);
             srv_http_hdrlist_add(&extra, "Access-Control-Max-Age", "600");
         }
         enum MHD_Result r = queue_buffer(req, 204, NULL, "", 0, &extra);

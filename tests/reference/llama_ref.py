@@ -93,10 +93,13 @@ class LlamaRef:
     def new_cache(self):
         return {"pos": 0, "k": [None] * self.n_layer, "v": [None] * self.n_layer}
 
-    def forward(self, tokens, cache=None, all_logits=True, kv_half=False):
+    def forward(self, tokens, cache=None, all_logits=True, kv_half=False, hidden=False):
         """Runs tokens after what cache holds; returns logits [T][V] (or [V]).
         kv_half: keys (after RoPE) and values rounded to IEEE half precision,
-        as darkserve's linear attention kinds keep their window and sinks."""
+        as darkserve's linear attention kinds keep their window and sinks.
+        hidden: returns every token's final hidden state instead, after the
+        final norm ([T][D], the rows the output head multiplies: what the
+        embedding endpoints pool)."""
         if cache is None:
             cache = self.new_cache()
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -139,6 +142,8 @@ class LlamaRef:
             u = xn @ ly["ffn_up"].T
             x = x + (g / (1.0 + np.exp(-g)) * u) @ ly["ffn_down"].T
         cache["pos"] = P + T
+        if hidden:
+            return self._rms(x, self.out_norm)
         xs = x if all_logits else x[-1:]
         logits = self._rms(xs, self.out_norm) @ self.output.T
         return logits if all_logits else logits[0]

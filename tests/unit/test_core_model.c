@@ -234,6 +234,59 @@ TEST(last_mode_equals_last_row_of_all)
     free(last);
 }
 
+/* The hidden rows (core_batch_seq_t.hidden) are the final-norm rows the
+ * output head reads: multiplied by the head's weights (dequantized here, a
+ * naive double dot) they give the logits of the same forward, at every
+ * position, within the f32 prompt path's rounding. */
+TEST(hidden_rows_give_the_logits)
+{
+    enum { N = 24 };
+    const int64_t D = core_model_info(tiny)->n_embd;
+    core_rng_t r;
+    core_rng_seed(&r, 5);
+    int32_t tok[N];
+    rand_tokens(&r, tok, N);
+    float *logits = malloc((size_t)N * (size_t)V * sizeof *logits);
+    float *hid = malloc((size_t)N * (size_t)D * sizeof *hid);
+    float *w = malloc((size_t)V * (size_t)D * sizeof *w);
+    float *ref = malloc((size_t)N * (size_t)V * sizeof *ref);
+    const core_gguf_tensor_t *t = core_gguf_find_tensor(core_model_gguf(tiny), "output.weight");
+    CHECK(t != NULL);
+    if (!t || !logits || !hid || !w || !ref)
+        goto out;
+    CHECK_INT_EQ(core_dequantize(t->type, t->data, w, (int64_t)V * D, NULL), 0);
+    core_attn_state_t *s = new_state(tiny);
+    core_batch_seq_t sq = {.state = s,
+                           .tokens = tok,
+                           .n_tokens = N,
+                           .logits_mode = CORE_LOGITS_ALL,
+                           .logits = logits,
+                           .hidden = hid};
+    CHECK_INT_EQ(core_model_forward(tiny, &sq, 1, NULL), 0);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t v = 0; v < V; v++) {
+            double acc = 0.0;
+            for (int64_t d = 0; d < D; d++)
+                acc += (double)hid[i * D + d] * (double)w[v * D + d];
+            ref[i * V + v] = (float)acc;
+        }
+    CHECK(rel_diff(logits, ref, N, V) <= 1e-4);
+    /* and they do not depend on the logits being asked for */
+    float *hid2 = malloc((size_t)N * (size_t)D * sizeof *hid2);
+    core_attn_state_reset(s);
+    core_batch_seq_t sq2 = {
+        .state = s, .tokens = tok, .n_tokens = N, .logits_mode = CORE_LOGITS_NONE, .hidden = hid2};
+    CHECK_INT_EQ(core_model_forward(tiny, &sq2, 1, NULL), 0);
+    CHECK(hid2 && memcmp(hid, hid2, (size_t)N * (size_t)D * sizeof *hid) == 0);
+    free(hid2);
+    core_attn_state_free(s);
+out:
+    free(logits);
+    free(hid);
+    free(w);
+    free(ref);
+}
+
 /* B sequences with different histories; one batched forward mixing prefill
  * chunks, single-token decode steps and every logits mode must equal running
  * each sequence alone, over several steps, bit for bit: core/model.c runs
@@ -972,6 +1025,7 @@ int main(void)
     RUN(chunked_prefill_matches_one_call);
     RUN(weight_tiles_match_one_tile);
     RUN(last_mode_equals_last_row_of_all);
+    RUN(hidden_rows_give_the_logits);
     RUN(batched_matches_alone);
     RUN(batched_matches_alone_small_tiles);
     RUN(batched_matches_alone_with_lora);

@@ -657,7 +657,8 @@ TEST(operations_shapes)
     proto_free(s);
 
     s = proto_detokenize_json("caf\xc3\xa9 \"q\"\n", 10);
-    CHECK_STR_EQ(s, "{\"text\":\"caf\xc3\xa9 \\\"q\\\"\\n\"}");
+    CHECK_STR_EQ(s, "{\"text\":\"caf\xc3\xa9 \\\"q\\\"\\n\","
+                    "\"content\":\"caf\xc3\xa9 \\\"q\\\"\\n\"}");
     proto_free(s);
 
     proto_health_t h = {"ok", "SmolLM2", 3, 1, 12.5, NULL};

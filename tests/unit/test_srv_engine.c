@@ -705,6 +705,87 @@ TEST(ingest_only_advances_by_the_input)
     srv_engine_free(e);
 }
 
+/* Embedding jobs: pooled in prefill chunks through the state (a linear kind,
+ * chunk 16, an input of 10 chunks and a bit), the mean and the last token's
+ * row equal what every token's rows (pool TOKENS) give, and those equal the
+ * model's own hidden rows fed in the same chunks; a context that is not
+ * fresh, or generation, is refused. */
+TEST(embedding_jobs_pool_the_hidden_rows)
+{
+    enum { N = 170, CH = 16 };
+    srv_engine_opts_t eo = {.prefill_chunk = CH};
+    srv_engine_t *e = engine(tiny_lin, &eo);
+    if (!e)
+        return;
+    const int64_t D = core_model_info(tiny_lin)->n_embd;
+    core_rng_t r;
+    core_rng_seed(&r, 41);
+    int32_t p[N];
+    rand_tokens(&r, p, N);
+    float *all = malloc((size_t)N * (size_t)D * sizeof *all);
+    float *ref = malloc((size_t)N * (size_t)D * sizeof *ref);
+    float *mean = malloc((size_t)D * sizeof *mean);
+    float *last = malloc((size_t)D * sizeof *last);
+    srv_seq_ctx_t c;
+    srv_job_spec_t sp;
+    out_t *o = out_new();
+    const srv_pool_t pools[3] = {SRV_POOL_TOKENS, SRV_POOL_MEAN, SRV_POOL_LAST};
+    float *outs[3] = {all, mean, last};
+    for (int k = 0; k < 3; k++) {
+        ctx_init(&c, tiny_lin);
+        greedy_spec(&sp, &c, p, N, 0);
+        sp.pool = pools[k];
+        sp.embed_out = outs[k];
+        memset(o, 0, sizeof *o);
+        CHECK(run(e, &sp, o));
+        CHECK_INT_EQ(o->res.finish[0], SRV_FINISH_LENGTH);
+        CHECK_INT_EQ(core_attn_state_pos(c.state), N);
+        ctx_fini(&c);
+    }
+    /* the model's rows, chunk by chunk as the engine feeds them */
+    ctx_init(&c, tiny_lin);
+    for (int64_t i = 0; i < N; i += CH) {
+        core_batch_seq_t b = {.state = c.state,
+                              .tokens = p + i,
+                              .n_tokens = N - i < CH ? N - i : CH,
+                              .hidden = ref + i * D};
+        CHECK_INT_EQ(core_model_forward(tiny_lin, &b, 1, NULL), 0);
+    }
+    ctx_fini(&c);
+    CHECK(memcmp(all, ref, (size_t)N * (size_t)D * sizeof *all) == 0);
+    CHECK(memcmp(last, all + (N - 1) * D, (size_t)D * sizeof *last) == 0);
+    for (int64_t d = 0; d < D; d++) {
+        double s = 0;
+        for (int i = 0; i < N; i++)
+            s += all[i * D + d];
+        CHECK_NEAR(mean[d], s / N, 1e-6);
+    }
+    /* refused: pending tokens, generation, no output */
+    srv_job_t *j = NULL;
+    char err[256];
+    ctx_init(&c, tiny_lin);
+    CHECK_INT_EQ(srv_seq_ctx_set_pending(&c, p, 1), 0);
+    greedy_spec(&sp, &c, p, 4, 0);
+    sp.pool = SRV_POOL_MEAN;
+    sp.embed_out = mean;
+    CHECK_INT_EQ(srv_engine_submit(e, &sp, &j, err, sizeof err), SRV_ENGINE_EINVAL);
+    CHECK(strstr(err, "fresh context") != NULL);
+    srv_seq_ctx_clear_pending(&c);
+    sp.max_tokens = 3;
+    CHECK_INT_EQ(srv_engine_submit(e, &sp, &j, err, sizeof err), SRV_ENGINE_EINVAL);
+    sp.max_tokens = 0;
+    sp.embed_out = NULL;
+    CHECK_INT_EQ(srv_engine_submit(e, &sp, &j, err, sizeof err), SRV_ENGINE_EINVAL);
+    CHECK(j == NULL);
+    ctx_fini(&c);
+    free(o);
+    free(all);
+    free(ref);
+    free(mean);
+    free(last);
+    srv_engine_free(e);
+}
+
 /* "continue a session with new text" == "a fresh context fed the full
  * history", greedy, with and without penalties (which read the history). */
 static void continuation_case(srv_engine_t *e, float repeat_penalty, float freq_penalty)
@@ -1531,6 +1612,7 @@ int main(void)
     RUN(stop_string_across_tokens);
     RUN(max_tokens_and_end_of_generation);
     RUN(ingest_only_advances_by_the_input);
+    RUN(embedding_jobs_pool_the_hidden_rows);
     RUN(session_continuation_equals_full_history);
     RUN(cancel_ends_within_one_step);
     RUN(back_pressure_pauses_one_job);

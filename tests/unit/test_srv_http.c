@@ -1120,6 +1120,19 @@ TEST(test_cors)
           strstr(v, "Authorization") && strstr(v, "Content-Type"));
     CHECK(resp_header(&r, "Access-Control-Max-Age", v, sizeof v) != NULL);
     resp_free(&r);
+    /* the headers an SDK asks for are allowed, each once; a name that is not
+     * a token is not */
+    CHECK(http_do(A.port,
+                  "OPTIONS /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\nOrigin: " ORIGIN_OK
+                  "\r\nAccess-Control-Request-Method: POST\r\n"
+                  "Access-Control-Request-Headers: authorization,content-type,x-stainless-os,"
+                  "x-stainless-lang, x-stainless-os,bad(name)\r\n\r\n",
+                  &r) == 0);
+    CHECK_INT_EQ(r.status, 204);
+    CHECK(resp_header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
+          strcmp(v, "Authorization, Content-Type, X-Api-Key, X-Request-Id, x-stainless-os, "
+                    "x-stainless-lang") == 0);
+    resp_free(&r);
     CHECK(http_do(A.port,
                   "OPTIONS /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\nOrigin: "
                   "https://evil.example\r\nAccess-Control-Request-Method: POST\r\n\r\n",
