@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "proto/proto.h"
+#include "tests/unit/alloc_fail.h"
 #include "tests/unit/check.h"
 
 static int parse(const char *body, proto_chat_req_t *r, proto_error_t *e)
@@ -98,16 +99,6 @@ TEST(answer_and_error_shapes)
     proto_free(s);
 }
 
-static long countdown = -1, calls;
-
-static void *failing_malloc(size_t n)
-{
-    calls++;
-    if (countdown >= 0 && countdown-- == 0)
-        return NULL;
-    return malloc(n);
-}
-
 static int op(void)
 {
     proto_chat_req_t r;
@@ -125,23 +116,7 @@ static int op(void)
 
 TEST(allocation_failures)
 {
-    json_malloc_t om;
-    json_free_t of;
-    json_get_alloc_funcs(&om, &of);
-    json_set_alloc_funcs(failing_malloc, free);
-    countdown = -1;
-    calls = 0;
-    CHECK(op());
-    long total = calls;
-    int failures = 0;
-    for (long k = 0; k < total; k++) {
-        countdown = k;
-        failures += !op();
-    }
-    countdown = -1;
-    CHECK(op());
-    json_set_alloc_funcs(om, of);
-    CHECK(total > 0 && failures > 0);
+    check_alloc_failures(op);
 }
 
 int main(void)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "proto/proto.h"
+#include "tests/unit/alloc_fail.h"
 #include "tests/unit/check.h"
 
 static int parse(const char *body, int chat, proto_ollama_req_t *r, proto_error_t *e)
@@ -108,7 +109,8 @@ TEST(errors_name_the_field)
         {"{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 1, 400,
          "messages[0].role"},
         {"{\"model\":\"m\",\"format\":\"xml\"}", 1, 400, "format"},
-        {"{\"model\":\"m\",\"format\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}", 1, 400, "format"},
+        {"{\"model\":\"m\",\"format\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}", 1, 400,
+         "format"},
         {"{\"model\":\"m\",\"template\":\"t\"}", 0, 400, "template"},
         {"{\"model\":\"m\",", 0, 400, ""},
     };
@@ -183,16 +185,6 @@ TEST(response_shapes)
 
 /* ---- allocation failures ---- */
 
-static long countdown = -1, calls;
-
-static void *failing_malloc(size_t n)
-{
-    calls++;
-    if (countdown >= 0 && countdown-- == 0)
-        return NULL;
-    return malloc(n);
-}
-
 static int op(void)
 {
     proto_ollama_req_t r;
@@ -228,23 +220,7 @@ static int op(void)
 
 TEST(allocation_failures)
 {
-    json_malloc_t om;
-    json_free_t of;
-    json_get_alloc_funcs(&om, &of);
-    json_set_alloc_funcs(failing_malloc, free);
-    countdown = -1;
-    calls = 0;
-    CHECK(op());
-    long total = calls;
-    int failures = 0;
-    for (long k = 0; k < total; k++) {
-        countdown = k;
-        failures += !op();
-    }
-    countdown = -1;
-    CHECK(op());
-    json_set_alloc_funcs(om, of);
-    CHECK(total > 0 && failures > 0);
+    check_alloc_failures(op);
 }
 
 int main(void)
