@@ -680,6 +680,7 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         .decay_off = opts->decay_off,
         .linear_off = opts->linear_off,
         .memory = opts->memory,
+        .kv_bits = opts->kv_bits,
         .n_rot = m->n_rot,
         .rope_base = m->info.rope_base,
         .rope_scale = m->info.rope_scale,

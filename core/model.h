@@ -44,6 +44,8 @@ typedef struct core_model_opts {
     int decay_off;              /* 1: no learned decay (γ = 1) */
     int linear_off;             /* 1: linear branch off (sinks + window only) */
     int memory;                 /* λ exact memory rows per KV head (0 = off) */
+    int kv_bits;                /* bits of the linear kinds' exact rows: 8 or 16
+                                   (0 = 16; core_attn_cfg_t.kv_bits) */
     int n_threads;              /* threads of a forward, the caller's included
                                    (0 = the CPUs available;
                                    <= CORE_POOL_MAX_THREADS) */

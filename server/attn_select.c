@@ -39,7 +39,7 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
     int rc;
     core_features_settings_t fs = {.n_features = rq->n_features, .window = rq->window,
                                    .sinks = rq->sinks, .prerope = rq->prerope,
-                                   .memory = rq->memory};
+                                   .memory = rq->memory, .kv_bits = rq->kv_bits};
     out->mo.max_ctx = rq->max_ctx;
     out->mo.decay_off = rq->decay_off;
     out->mo.linear_off = rq->linear == 0;
@@ -89,6 +89,9 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
     const int memoryless = out->mo.attn_kind == CORE_ATTN_EXACT || out->mo.linear_off ||
                            core_attn_kind_is_trig(out->mo.attn_kind);
     out->mo.memory = memoryless && rq->memory < 0 ? 0 : fs.memory;
+    /* 8-bit rows are the linear kinds' (exact attention refuses them when
+     * asked for: core_attn_new) */
+    out->mo.kv_bits = out->mo.attn_kind == CORE_ATTN_EXACT && rq->kv_bits <= 0 ? 16 : fs.kv_bits;
     return 0;
 }
 
@@ -118,6 +121,8 @@ void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf
     char mem[32] = "";
     if (ac->memory)
         snprintf(mem, sizeof mem, ", memory %d", ac->memory);
+    if (ac->kv_bits == 8)
+        snprintf(mem + strlen(mem), sizeof mem - strlen(mem), ", 8-bit rows");
     snprintf(buf, cap,
              "%s (features %d, window %d, sinks %d%s%s%s%s, exact context %" PRId64
              ", adapter %s)",

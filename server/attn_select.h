@@ -36,6 +36,7 @@ typedef struct srv_attn_request {
     int window;          /* -1 = the adapter's, else the default */
     int sinks;           /* -1 = the adapter's, else the default */
     int memory;          /* λ exact memory rows; -1 = the adapter's, else the default */
+    int kv_bits;         /* exact rows' bits (8, 16); -1 or 0 = the adapter's, else the default */
     int prerope;         /* -1 = the adapter's, else 0 */
     int decay_off;       /* 1: no learned decay */
     int linear;          /* -1 = unset (on, off for the fallback), 0 off, 1 on */

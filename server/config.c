@@ -161,6 +161,10 @@ static const opt_t opts[] = {
      "state would recall them (linear kinds with positive features; part of every session's "
      "state); 0 = off, -1 = the adapter's value or the built-in default ("
      SRV_STR(CORE_FEATURES_DEFAULT_MEMORY) ")"},
+    {"kv-bits", "DARKSERVE_KV_BITS", OPT_INT, 0, O(kv_bits), "-1", -1, 16, NULL, "8|16",
+     "bits of each element of the exact rows of the linear kinds (window, sinks, memory): 16 "
+     "halves, 8 bytes with a scale per row (about half a session's bytes); -1 = the adapter's "
+     "value or the built-in default (" SRV_STR(CORE_FEATURES_DEFAULT_KV_BITS) ")"},
     {"decay", "DARKSERVE_DECAY", OPT_ENUM, 0, O(decay), "on", 0, 0, onoff_choices, "on|off",
      "the adapter's learned decay of the linear state; off = v1 behaviour (no decay)"},
     {"prompt-precision", "DARKSERVE_PROMPT_PRECISION", OPT_ENUM, 0, O(prompt_precision), "auto",

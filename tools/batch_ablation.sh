@@ -4,9 +4,6 @@
 # "The 16-stream batching target: the ceiling on two cores").
 #
 #   tools/batch_ablation.sh [ROUNDS]
-#   tools/batch_ablation.sh --kv8-quality
-#                                       perplexity with the window's keys and
-#                                       values rounded as 8-bit rows (below)
 #   tools/batch_ablation.sh --check     only apply the patches (to copies of
 #                                       the three files) and say whether they fit
 #
@@ -23,29 +20,18 @@
 #   no-tiles   its tile work (multiplies and sums' stores): its float work
 #   no-window  the window's score and value products (core/kernels/blas.c's half
 #              kernels return at once)
-#   half-window  those products over half the keys: an upper bound on what
-#              window keys and values of half the bytes (8-bit) could give
+#   half-window  those products over half the keys
 #
 # Prints each variant's median tokens/s over the rounds and the step in ms
 # (16 sequences / tokens/s). Needs the model and adapter that `make bench`
 # uses (models/); env MODEL, ADAPTER override them.
-#
-# --kv8-quality: the other half of what 8-bit window rows would mean. Every
-# key and value row the window and the sinks keep (and a prompt chunk's own
-# rows, read the same way) is rounded to 8 bits with a scale of its largest
-# magnitude / 127 before its usual halves: the numbers an 8-bit store would
-# give, in the f16 storage (so no speed change). Builds darkserve so, then
-# runs tools/quality_v2.sh kv8 (env TEXTS, default "h1 h2 kjv"; OUT default
-# build/quality) for the comparison with the default in docs/QUALITY.md
-# and docs/PERFORMANCE.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=measure
 case "${1:-}" in
   --check) mode=check ;;
-  --kv8-quality) mode=kv8 ;;
   ''|[1-9]|[1-9][0-9]) ;;
-  *) echo "usage: tools/batch_ablation.sh [ROUNDS 1..99] | --check | --kv8-quality" >&2; exit 2 ;;
+  *) echo "usage: tools/batch_ablation.sh [ROUNDS 1..99] | --check" >&2; exit 2 ;;
 esac
 ROUNDS=${1:-3}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -59,8 +45,6 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/batch_ablation.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 variants="base no-float no-tiles no-window half-window"
-[ $mode != check ] || variants="$variants kv8"
-[ $mode != kv8 ] || variants=kv8
 for v in $variants; do
   mkdir -p "$tmp/$v"
   if [ $mode = check ]; then
@@ -101,45 +85,14 @@ elif v == "half-window":
     patch("core/kernels/blas.c", [
         ("    if (m > 4 || k % 16 != 0)\n        return 0;\n    NT4_CASES(1, b)",
          "    if (m > 4 || k % 16 != 0)\n        return 0;\n    n /= 2;\n    NT4_CASES(1, b)"),
-        ("    if (m > 4 || n % 64 != 0)\n        return 0;\n    for (int64_t j = 0; j < n; j += 64)\n        NN64_CASES(1, b + j)",
-         "    if (m > 4 || n % 64 != 0)\n        return 0;\n    k /= 2;\n    for (int64_t j = 0; j < n; j += 64)\n        NN64_CASES(1, b + j)")])
-elif v == "kv8":
-    helper = """/* batch_ablation kv8: a row rounded as 8 bits, scale max|x| / 127 */
-static void kv8_round(const float *x, float *y, int64_t n)
-{
-    float mx = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        mx = fabsf(x[i]) > mx ? fabsf(x[i]) : mx;
-    const float sc = mx / 127.0f;
-    for (int64_t i = 0; i < n; i++)
-        y[i] = sc > 0.0f ? nearbyintf(x[i] / sc) * sc : 0.0f;
-}
-
-static void kv8_pack(const float *x, uint16_t *h, int64_t n)
-{
-    float t[1024]; /* CORE_FEATURES_MAX_HEAD_DIM */
-    kv8_round(x, t, n);
-    core_half_pack(t, h, n);
-}
-
-static void kv_rows(const lin_ctx_t *x, int val, int64_t pos, int64_t n, float *dst)"""
-    pairs = [("static void kv_rows(const lin_ctx_t *x, int val, int64_t pos, int64_t n, float *dst)",
-              helper),
-             ("                core_half_round(in + (pos + i - x->p0) * x->nkv + x->h * hd, dst + i * hd, hd);",
-              "            {\n                float t[1024]; /* CORE_FEATURES_MAX_HEAD_DIM */\n"
-              "                kv8_round(in + (pos + i - x->p0) * x->nkv + x->h * hd, t, hd);\n"
-              "                core_half_round(t, dst + i * hd, hd);\n            }")]
-    for kv in ["k", "v"]:
-        for where in ["sink", "ring"]:
-            old = f"core_half_pack(it->{kv} + (t * hkv + h) * hd, st->{where}_{kv} + at, hd);"
-            pairs.append((old, old.replace("core_half_pack", "kv8_pack")))
-    patch("core/attn/attn_linear.c", pairs)
+        ("    if (m > 4 || n % 64 != 0)\n        return 0;\n    for (int64_t j = 0; j < n; j += 64)\n        NN64_CASES(1, b)",
+         "    if (m > 4 || n % 64 != 0)\n        return 0;\n    k /= 2;\n    for (int64_t j = 0; j < n; j += 64)\n        NN64_CASES(1, b)")])
 elif v == "no-window":
     patch("core/kernels/blas.c", [
         ("    if (m > 4 || k % 16 != 0)\n        return 0;\n    NT4_CASES(1, b)",
          "    if (m > 4 || k % 16 != 0)\n        return 0;\n    return 1;\n    NT4_CASES(1, b)"),
-        ("    if (m > 4 || n % 64 != 0)\n        return 0;\n    for (int64_t j = 0; j < n; j += 64)\n        NN64_CASES(1, b + j)",
-         "    if (m > 4 || n % 64 != 0)\n        return 0;\n    return 1;\n    for (int64_t j = 0; j < n; j += 64)\n        NN64_CASES(1, b + j)")])
+        ("    if (m > 4 || n % 64 != 0)\n        return 0;\n    for (int64_t j = 0; j < n; j += 64)\n        NN64_CASES(1, b)",
+         "    if (m > 4 || n % 64 != 0)\n        return 0;\n    return 1;\n    for (int64_t j = 0; j < n; j += 64)\n        NN64_CASES(1, b)")])
 PY
   if [ $mode = check ]; then
     if [ "$v" = base ]; then echo "batch_ablation: base: no patch"
@@ -147,12 +100,6 @@ PY
     continue
   fi
   echo "batch_ablation: building $v" >&2
-  if [ $mode = kv8 ]; then
-    make -s -C "$tmp/$v" -j2 build/darkserve WARN= >/dev/null
-    BIN="$tmp/$v/build/darkserve" OUT=${OUT:-build/quality} TEXTS=${TEXTS:-h1 h2 kjv} \
-      THREADS=${THREADS:-2} tools/quality_v2.sh kv8
-    exit 0
-  fi
   make -s -C "$tmp/$v" -j2 build/tools/bench_decode WARN= >/dev/null
 done
 [ $mode = measure ] || exit 0

@@ -170,7 +170,7 @@ static int decode(core_model_t *mdl, core_attn_state_t **st, int nb, int64_t n, 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL, *amx = NULL;
-    int64_t m = 0, w = -1, sinks = -1, memory = -1, n_tok = 32, runs = 5, threads = 0, vs = -1, batch = 1;
+    int64_t m = 0, w = -1, sinks = -1, memory = -1, kv_bits = -1, n_tok = 32, runs = 5, threads = 0, vs = -1, batch = 1;
     if (tool_isa_env_ok("bench_decode") < 0)
         return 2;
     int64_t at[MAX_CTX + 1];
@@ -196,6 +196,8 @@ int main(int argc, char **argv)
             bad = parse_i64(v, 0, 1024, &sinks);
         else if (!bad && !strcmp(a, "--memory"))
             bad = parse_i64(v, 0, CORE_ATTN_MAX_MEMORY, &memory);
+        else if (!bad && !strcmp(a, "--kv-bits"))
+            bad = parse_i64(v, 8, 16, &kv_bits) || (kv_bits != 8 && kv_bits != 16);
         else if (!bad && !strcmp(a, "--ctx"))
             bad = n_st > 0 || parse_ctx_list(v, at, &n_st) < 0;
         else if (!bad && !strcmp(a, "--tokens"))
@@ -220,7 +222,7 @@ int main(int argc, char **argv)
     core_error_t err = {0};
     if (!model || n_st == 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
         fprintf(stderr, "usage: bench_decode --model M [--attn K] [--features N] [--window W] "
-                        "[--sinks S] [--memory N] [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] "
+                        "[--sinks S] [--memory N] [--kv-bits 8|16] [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] "
                         "[--threads T] [--isa NAME] [--amx auto|on|off] [--vs P2] [--batch B]\n");
         return 2;
     }
@@ -254,7 +256,8 @@ int main(int argc, char **argv)
     /* Linear kinds: flags, then the adapter's settings, then the defaults
      * (core_features_resolve), as darkserve itself does. */
     core_features_settings_t fs = {.n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
-                                   .prerope = -1, .memory = (int)memory};
+                                   .prerope = -1, .memory = (int)memory,
+                                   .kv_bits = (int)kv_bits};
     if (mo.attn_kind != CORE_ATTN_EXACT && core_features_resolve(adapter, &fs, &err) < 0) {
         fprintf(stderr, "bench_decode: --adapter %s: %s\n", adapter, err.msg);
         return 1;
@@ -264,6 +267,7 @@ int main(int argc, char **argv)
     mo.sinks = mo.attn_kind != CORE_ATTN_EXACT ? fs.sinks : 0;
     mo.prerope = mo.attn_kind != CORE_ATTN_EXACT ? fs.prerope : 0;
     mo.memory = mo.attn_kind != CORE_ATTN_EXACT ? fs.memory : 0;
+    mo.kv_bits = mo.attn_kind != CORE_ATTN_EXACT ? fs.kv_bits : 0;
     mo.seed = fs.seed;
     mo.adapter_path = adapter;
     if (vs >= 0)

@@ -42,6 +42,11 @@ int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_a
                               cfg->n_layer, cfg->n_head, cfg->n_head_kv, cfg->head_dim);
     if (cfg->window < 0 || cfg->n_features < 0 || cfg->max_ctx < 0)
         return core_error_set(err, CORE_EINVAL, "negative window, feature count or context");
+    if (cfg->kv_bits != 0 && cfg->kv_bits != 8 && cfg->kv_bits != 16)
+        return core_error_set(err, CORE_EINVAL, "exact rows of %d bits (8 or 16)", cfg->kv_bits);
+    if (cfg->kv_bits == 8 && cfg->kind == CORE_ATTN_EXACT)
+        return core_error_set(err, CORE_EINVAL, "8-bit rows are the linear kinds' window, sinks "
+                              "and memory: exact attention keeps its cache in f32");
     if (cfg->memory && cfg->kind == CORE_ATTN_EXACT)
         return core_error_set(err, CORE_EINVAL, "an exact memory (%d rows) is for the linear "
                               "kinds: exact attention keeps every key", cfg->memory);

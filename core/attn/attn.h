@@ -62,6 +62,10 @@ typedef struct core_attn_cfg {
      * state, chosen by self-recall error; 0 = off. With it, keys leave the
      * exact span in blocks of CORE_ATTN_MEMORY_BLOCK positions. */
     int memory;
+    /* Bits of the exact rows (window, sinks, memory) of the linear kinds:
+     * 16 halves, 8 rows of 8 bits with a scale each (core/kernels/kvrow.h);
+     * 0 = 16. Exact attention keeps its own cache (0 or 16 only). */
+    int kv_bits;
     int n_rot;        /* RoPE: rotated dims (pairs 2i, 2i+1), needed when prerope */
     double rope_base; /* RoPE: θ_i = pos · base^(-2i/n_rot) / rope_scale */
     double rope_scale;

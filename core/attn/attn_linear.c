@@ -100,6 +100,7 @@
 #include "core/attn/attn_linear.h"
 #include "core/attn/features.h"
 #include "core/kernels/half.h"
+#include "core/kernels/kvrow.h"
 #include "core/le.h"
 #include "core/kernels/vexp.h"
 
@@ -159,20 +160,21 @@ typedef struct lin_state {
     void *S;             /* [L][Hkv][M][Hd] float or double */
     void *z;             /* [L][Hkv][M] float or double */
     /* a KV head's window and sinks contiguous (the attention of one head
-     * streams them; the payload orders them [rows][Hkv][Hd], see
-     * kv_rows_put), in half precision (core/kernels/half.h; kv_rows) */
-    uint16_t *ring_k;    /* [L][Hkv][W][Hd], slot = position % W */
-    uint16_t *ring_v;    /* [L][Hkv][W][Hd] */
-    uint16_t *sink_k;    /* [L][Hkv][S][Hd], row = position (< S) */
-    uint16_t *sink_v;    /* [L][Hkv][S][Hd] */
+     * streams them; the payload orders them [rows][Hkv], see kv_rows_put),
+     * rows of the config's format (core/kernels/kvrow.h: halves or 8 bits;
+     * kv_rows), row_bytes(cfg) each */
+    unsigned char *ring_k; /* [L][Hkv][W] rows, slot = position % W */
+    unsigned char *ring_v; /* [L][Hkv][W] */
+    unsigned char *sink_k; /* [L][Hkv][S] rows, row = position (< S) */
+    unsigned char *sink_v; /* [L][Hkv][S] */
     /* the exact memory (cfg->memory = λ > 0, else empty): per KV head its
      * rows in position order; a row's key after RoPE while it is near,
      * before RoPE once it is far (mem_far) */
     int64_t *mem_pos;    /* [L][Hkv][λ] positions */
     float *mem_score;    /* [L][Hkv][λ] the retention score each row kept */
     int32_t *mem_n;      /* [L][Hkv] rows held */
-    uint16_t *mem_k;     /* [L][Hkv][λ][Hd] */
-    uint16_t *mem_v;     /* [L][Hkv][λ][Hd] */
+    unsigned char *mem_k; /* [L][Hkv][λ] rows */
+    unsigned char *mem_v; /* [L][Hkv][λ] rows */
     /* Not part of the state's data (never copied or saved; counted in its
      * bytes): a decode step's two halves per query row,
      * [Hkv][H/Hkv][LIN_MG_ROW], from the units that computed them to the
@@ -643,6 +645,19 @@ static size_t ring_rows(const core_attn_cfg_t *cfg)
     return (size_t)cfg->window + (cfg->memory ? (size_t)CORE_ATTN_MEMORY_BLOCK : 0);
 }
 
+/* The format of the exact rows (window, sinks, memory) and a row's bytes:
+ * cfg->kv_bits 8 keeps them in 8 bits, else (16, or 0 in a config that
+ * does not say) in halves. */
+static core_kvrow_fmt_t row_fmt(const core_attn_cfg_t *cfg)
+{
+    return cfg->kv_bits == 8 ? CORE_KVROW_Q8 : CORE_KVROW_F16;
+}
+
+static size_t row_bytes(const core_attn_cfg_t *cfg)
+{
+    return core_kvrow_bytes(row_fmt(cfg), cfg->head_dim);
+}
+
 static void state_clear(lin_state_t *st, const core_attn_cfg_t *cfg)
 {
     size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, nc = nh * (size_t)cfg->n_features;
@@ -660,22 +675,24 @@ static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int f
     size_t es = fp64 ? sizeof(double) : sizeof(float);
     size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, n_s, n_z, n_ring, n_sink, b_s, b_z,
            b_r, b_k;
-    /* the memory: positions (8 bytes), scores and counts (4), rows (2 + 2) */
-    const size_t lam = (size_t)cfg->memory, n_mem = nh * lam, n_mrow = n_mem * (size_t)cfg->head_dim;
+    /* the memory: positions (8 bytes), scores and counts (4), rows */
+    const size_t lam = (size_t)cfg->memory, n_mem = nh * lam, rb = row_bytes(cfg),
+                 b_mrow = n_mem * rb;
     const size_t b_mp = n_mem * sizeof(int64_t),
                  b_ms = lam ? n_mem * sizeof(float) + nh * sizeof(int32_t) : 0,
-                 b_mr = n_mrow * 2 * sizeof(uint16_t);
+                 b_mr = b_mrow * 2;
     if (!mul_ok(nh, (size_t)cfg->n_features, &n_z) ||
         !mul_ok(n_z, (size_t)cfg->head_dim, &n_s) ||
-        !mul_ok(nh * (size_t)cfg->head_dim, ring_rows(cfg), &n_ring) ||
-        !mul_ok(nh * (size_t)cfg->head_dim, (size_t)cfg->sinks, &n_sink) ||
+        !mul_ok(nh * rb, ring_rows(cfg), &n_ring) ||
+        !mul_ok(nh * rb, (size_t)cfg->sinks, &n_sink) ||
         !mul_ok(n_s, es, &b_s) || !mul_ok(n_z, es, &b_z) ||
-        !mul_ok(n_ring, 2 * sizeof(uint16_t), &b_r) ||
-        !mul_ok(n_sink, 2 * sizeof(uint16_t), &b_k) ||
+        !mul_ok(n_ring, 2, &b_r) ||
+        !mul_ok(n_sink, 2, &b_k) ||
         b_s > SIZE_MAX / 8 || b_r > SIZE_MAX / 8 || b_k > SIZE_MAX / 8)
         return core_error_set(err, CORE_ERANGE, "linear attention state size overflows");
-    /* doubles and 8-byte positions first, then 4-byte, then 2-byte parts:
-     * every part stays aligned */
+    /* doubles and 8-byte positions first, then 4-byte parts, then the rows
+     * (halves, or 8-bit rows that start with a float, 4 + Hd bytes with Hd
+     * a multiple of 16): every part stays aligned */
     size_t b_c = n_z * sizeof(double), total = b_c + b_mp + b_s + b_z + b_ms + b_r + b_k + b_mr;
     unsigned char *blob = malloc(total ? total : 1);
     if (!blob)
@@ -692,12 +709,12 @@ static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int f
     st->z = p += b_s;
     st->mem_score = (float *)(void *)(p += b_z);
     st->mem_n = (int32_t *)(void *)(p + n_mem * sizeof(float));
-    st->ring_k = (uint16_t *)(void *)(p + b_ms);
+    st->ring_k = p + b_ms;
     st->ring_v = st->ring_k + n_ring;
     st->sink_k = st->ring_v + n_ring;
     st->sink_v = st->sink_k + n_sink;
     st->mem_k = st->sink_v + n_sink;
-    st->mem_v = st->mem_k + n_mrow;
+    st->mem_v = st->mem_k + b_mrow;
     state_clear(st, cfg);
     return 0;
 }
@@ -772,19 +789,20 @@ static int linear_state_copy(core_attn_state_t *dst, const core_attn_state_t *sr
         }
     const size_t w = ring_rows(cfg), nsk = (size_t)cfg->sinks, pos = (size_t)src->pos;
     const size_t nv = pos < w ? pos : w, ns = pos < nsk ? pos : nsk, lam = (size_t)cfg->memory;
+    const size_t rb = row_bytes(cfg);
     for (size_t h = 0; h < nh; h++) {
-        memcpy(d->ring_k + h * w * hd, sr->ring_k + h * w * hd, nv * hd * sizeof(uint16_t));
-        memcpy(d->ring_v + h * w * hd, sr->ring_v + h * w * hd, nv * hd * sizeof(uint16_t));
-        memcpy(d->sink_k + h * nsk * hd, sr->sink_k + h * nsk * hd, ns * hd * sizeof(uint16_t));
-        memcpy(d->sink_v + h * nsk * hd, sr->sink_v + h * nsk * hd, ns * hd * sizeof(uint16_t));
+        memcpy(d->ring_k + h * w * rb, sr->ring_k + h * w * rb, nv * rb);
+        memcpy(d->ring_v + h * w * rb, sr->ring_v + h * w * rb, nv * rb);
+        memcpy(d->sink_k + h * nsk * rb, sr->sink_k + h * nsk * rb, ns * rb);
+        memcpy(d->sink_v + h * nsk * rb, sr->sink_v + h * nsk * rb, ns * rb);
         if (!lam)
             continue;
         const size_t n = (size_t)sr->mem_n[h];
         d->mem_n[h] = sr->mem_n[h];
         memcpy(d->mem_pos + h * lam, sr->mem_pos + h * lam, n * sizeof(int64_t));
         memcpy(d->mem_score + h * lam, sr->mem_score + h * lam, n * sizeof(float));
-        memcpy(d->mem_k + h * lam * hd, sr->mem_k + h * lam * hd, n * hd * sizeof(uint16_t));
-        memcpy(d->mem_v + h * lam * hd, sr->mem_v + h * lam * hd, n * hd * sizeof(uint16_t));
+        memcpy(d->mem_k + h * lam * rb, sr->mem_k + h * lam * rb, n * rb);
+        memcpy(d->mem_v + h * lam * rb, sr->mem_v + h * lam * rb, n * rb);
     }
     return 0;
 }
@@ -816,7 +834,7 @@ static size_t held_bytes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, size
     const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, m = (size_t)cfg->n_features,
                  hd = (size_t)cfg->head_dim, es = fp64 ? sizeof(double) : sizeof(float),
                  w = ring_rows(cfg), nsk = (size_t)cfg->sinks, p = (size_t)pos,
-                 hb = hd * sizeof(uint16_t), /* one K or V row */
+                 hb = row_bytes(cfg), /* one K or V row */
                  lam = (size_t)cfg->memory;
     const size_t nv = p < w ? p : w, ns = p < nsk ? p : nsk;
     size_t pages = span_pages(nh * m * sizeof(double));
@@ -857,7 +875,7 @@ static size_t linear_bytes_held_at(const core_attn_t *a, int64_t pos)
                  m = (size_t)cfg->n_features, hd = (size_t)cfg->head_dim;
     const size_t whole = sizeof(core_attn_state_t) + sizeof(lin_state_t) +
                          nh * m * (sizeof(double) + es * (hd + 1)) +
-                         nh * hd * 2 * sizeof(uint16_t) *
+                         nh * 2 * row_bytes(cfg) *
                              (ring_rows(cfg) + (size_t)cfg->sinks + (size_t)cfg->memory) +
                          nh * (size_t)cfg->memory * (sizeof(int64_t) + sizeof(float)) +
                          (cfg->memory ? nh * sizeof(int32_t) : 0) +
@@ -888,8 +906,10 @@ typedef struct lin_ctx {
     int64_t cap;                  /* the memory's distance cap (lin_params_t.mem_cap) */
     const float *q, *k, *v;
     float *out;
-    const uint16_t *ring_k, *ring_v; /* this layer's [Hkv][W][Hd] */
-    const uint16_t *sink_k, *sink_v; /* this layer's [Hkv][S][Hd] */
+    const unsigned char *ring_k, *ring_v; /* this layer's [Hkv][W] rows */
+    const unsigned char *sink_k, *sink_v; /* this layer's [Hkv][S] rows */
+    core_kvrow_fmt_t rf;          /* their format (row_fmt) */
+    int64_t rb;                   /* a row's bytes */
     int64_t sinks;                /* S */
     double lg;                    /* log γ of this KV head (0: no decay) */
     const float *mix;             /* this layer's [H] β */
@@ -897,7 +917,7 @@ typedef struct lin_ctx {
     const double *sink_cs;        /* lin_params_t.sink_cs */
     const double *mem_cs;         /* lin_params_t.mem_cs */
     /* head h's memory (head_set) */
-    uint16_t *mem_k, *mem_v;      /* [λ][Hd] */
+    unsigned char *mem_k, *mem_v; /* [λ] rows */
     int64_t *mem_pos;             /* [λ] */
     float *mem_score;             /* [λ] */
     int32_t *mem_n;
@@ -934,13 +954,13 @@ static void mask_span(float *e, int64_t n, int64_t j0, int64_t j1)
 }
 
 /* Where the keys (val 0) or values (val 1) of KV head h from position pos
- * (< end) lie as halves: in the sinks (pos < S) or the ring (which still
+ * (< end) lie as stored rows: in the sinks (pos < S) or the ring (which still
  * holds positions p0−W..p0−1: both are updated only after the whole
  * forward), rows Hd apart, with *len the positions that follow pos there;
  * NULL for this forward's input (pos ≥ p0: floats, not rounded yet), *len
  * the rest up to end. */
-static const uint16_t *kv_half_run(const lin_ctx_t *x, int val, int64_t pos, int64_t end,
-                                   int64_t *len)
+static const unsigned char *kv_row_run(const lin_ctx_t *x, int val, int64_t pos, int64_t end,
+                                       int64_t *len)
 {
     if (pos >= x->p0) {
         *len = end - pos;
@@ -959,27 +979,50 @@ static const uint16_t *kv_half_run(const lin_ctx_t *x, int val, int64_t pos, int
         lim = end;
     *len = lim - pos;
     if (sk)
-        return (val ? x->sink_v : x->sink_k) + (x->h * x->sinks + pos) * x->hd;
-    return (val ? x->ring_v : x->ring_k) + (x->h * x->ring_n + pos % x->ring_n) * x->hd;
+        return (val ? x->sink_v : x->sink_k) + (x->h * x->sinks + pos) * x->rb;
+    return (val ? x->ring_v : x->ring_k) + (x->h * x->ring_n + pos % x->ring_n) * x->rb;
 }
 
 /* The keys (val 0) or values (val 1) of KV head h at the n positions from
- * pos, into dst [n][Hd] as floats; this forward's input rounded to half as
+ * pos, into dst [n][Hd] as floats; this forward's input rounded as
  * linear_forward_done will store it. Every key and value is read through
- * here or kv_half_run, so each is the same number whether it came in this
+ * here or kv_row_run, so each is the same number whether it came in this
  * forward or an earlier one: chunking never changes it. */
 static void kv_rows(const lin_ctx_t *x, int val, int64_t pos, int64_t n, float *dst)
 {
     const float *in = val ? x->v : x->k;
     const int64_t hd = x->hd, end = pos + n;
     for (int64_t len; pos < end; pos += len, dst += len * hd) {
-        const uint16_t *h = kv_half_run(x, val, pos, end, &len);
+        const unsigned char *h = kv_row_run(x, val, pos, end, &len);
         if (h)
-            core_half_unpack(h, dst, len * hd);
+            core_kvrow_unpack(x->rf, h, dst, len, hd);
         else
             for (int64_t i = 0; i < len; i++)
-                core_half_round(in + (pos + i - x->p0) * x->nkv + x->h * hd, dst + i * hd, hd);
+                core_kvrow_round(x->rf, in + (pos + i - x->p0) * x->nkv + x->h * hd, dst + i * hd,
+                                 hd);
     }
+}
+
+/* The decode products on stored rows b (core/kernels/blas.h), in their own
+ * format: scores c[m][n] = alpha·a[m][Hd]·(n key rows)ᵀ + beta·c (nt), and
+ * sums c[m][Hd] = a[m][n]·(n value rows) + beta·c (nn). 0 when no kernel
+ * takes the shape: the caller unpacks the rows and uses the float entries. */
+static int rows_nt(const lin_ctx_t *x, int64_t m, int64_t n, float alpha, const float *a,
+                   const unsigned char *b, float beta, float *c, int64_t ldc)
+{
+    if (x->rf == CORE_KVROW_Q8)
+        return core_gemm_nt_q8_small(m, n, x->hd, alpha, a, x->hd, b, x->rb, beta, c, ldc);
+    return core_gemm_nt_half_small(m, n, x->hd, alpha, a, x->hd, (const uint16_t *)(const void *)b,
+                                   x->hd, beta, c, ldc);
+}
+
+static int rows_nn(const lin_ctx_t *x, int64_t m, int64_t n, const float *a, int64_t lda,
+                   const unsigned char *b, float beta, float *c)
+{
+    if (x->rf == CORE_KVROW_Q8)
+        return core_gemm_nn_q8_small(m, x->hd, n, 1.0f, a, lda, b, x->rb, beta, c, x->hd);
+    return core_gemm_nn_half_small(m, x->hd, n, 1.0f, a, lda, (const uint16_t *)(const void *)b,
+                                   x->hd, beta, c, x->hd);
 }
 
 /* a turned by the angles cs (n_rot/2 cos, sin pairs): back (un-rotated,
@@ -1434,9 +1477,8 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
     const float scale = (float)(1.0 / sqrt((double)hd));
     for (int64_t j = 0, len; j < nks; j += len) {
         int64_t pos = j < ns ? j : pw0 + j - ns;
-        const uint16_t *h = kv_half_run(x, 0, pos, j < ns ? ns : x->p0 + t1, &len);
-        if (!h || !core_gemm_nt_half_small(nr, len, hd, scale, sc->qx, hd, h, hd, 0.0f, sc->e + j,
-                                           nk)) {
+        const unsigned char *h = kv_row_run(x, 0, pos, j < ns ? ns : x->p0 + t1, &len);
+        if (!h || !rows_nt(x, nr, len, scale, sc->qx, h, 0.0f, sc->e + j, nk)) {
             kv_rows(x, 0, pos, len, sc->kvg + j * hd);
             core_gemm_nt(nr, len, hd, scale, sc->qx, hd, sc->kvg + j * hd, hd, 0.0f, sc->e + j, nk);
         }
@@ -1462,9 +1504,8 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
         for (int64_t r = 0; r < nr; r++)
             rotate(x, x->sink_cs, 1, sc->qu + r * hd, sc->qy + r * hd);
         int64_t len;
-        const uint16_t *h = kv_half_run(x, 0, 0, nsk, &len);
-        if (!h || len < nsk ||
-            !core_gemm_nt_half_small(nr, nsk, hd, scale, sc->qy, hd, h, hd, 0.0f, sc->es, nsk)) {
+        const unsigned char *h = kv_row_run(x, 0, 0, nsk, &len);
+        if (!h || len < nsk || !rows_nt(x, nr, nsk, scale, sc->qy, h, 0.0f, sc->es, nsk)) {
             kv_rows(x, 0, 0, nsk, sc->ks);
             core_gemm_nt(nr, nsk, hd, scale, sc->qy, hd, sc->ks, hd, 0.0f, sc->es, nsk);
         }
@@ -1487,9 +1528,9 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
             const float *qq = part ? sc->qx : sc->qm;
             if (nj == 0)
                 continue;
-            if (!core_gemm_nt_half_small(nr, nj, hd, scale, qq, hd, x->mem_k + j0 * hd, hd, 0.0f,
-                                         sc->e + nks + j0, nk)) {
-                core_half_unpack(x->mem_k + j0 * hd, sc->kvg + (nks + j0) * hd, nj * hd);
+            if (!rows_nt(x, nr, nj, scale, qq, x->mem_k + j0 * x->rb, 0.0f, sc->e + nks + j0,
+                         nk)) {
+                core_kvrow_unpack(x->rf, x->mem_k + j0 * x->rb, sc->kvg + (nks + j0) * hd, nj, hd);
                 core_gemm_nt(nr, nj, hd, scale, qq, hd, sc->kvg + (nks + j0) * hd, hd, 0.0f,
                              sc->e + nks + j0, nk);
             }
@@ -1531,16 +1572,14 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
     for (int64_t j = 0, len; j < nks; j += len) {
         int64_t pos = j < ns ? j : pw0 + j - ns;
         const float beta = j > 0 ? 1.0f : 0.0f;
-        const uint16_t *h = kv_half_run(x, 1, pos, j < ns ? ns : x->p0 + t1, &len);
-        if (!h || !core_gemm_nn_half_small(nr, hd, len, 1.0f, sc->e + j, nk, h, hd, beta, sc->ev,
-                                           hd)) {
+        const unsigned char *h = kv_row_run(x, 1, pos, j < ns ? ns : x->p0 + t1, &len);
+        if (!h || !rows_nn(x, nr, len, sc->e + j, nk, h, beta, sc->ev)) {
             kv_rows(x, 1, pos, len, sc->kvg + j * hd);
             core_gemm_nn(nr, hd, len, 1.0f, sc->e + j, nk, sc->kvg + j * hd, hd, beta, sc->ev, hd);
         }
     }
-    if (nm > 0 && !core_gemm_nn_half_small(nr, hd, nm, 1.0f, sc->e + nks, nk, x->mem_v, hd,
-                                           nks > 0 ? 1.0f : 0.0f, sc->ev, hd)) {
-        core_half_unpack(x->mem_v, sc->kvg + nks * hd, nm * hd);
+    if (nm > 0 && !rows_nn(x, nr, nm, sc->e + nks, nk, x->mem_v, nks > 0 ? 1.0f : 0.0f, sc->ev)) {
+        core_kvrow_unpack(x->rf, x->mem_v, sc->kvg + nks * hd, nm, hd);
         core_gemm_nn(nr, hd, nm, 1.0f, sc->e + nks, nk, sc->kvg + nks * hd, hd,
                      nks > 0 ? 1.0f : 0.0f, sc->ev, hd);
     }
@@ -1651,7 +1690,7 @@ static int ent_cmp(const void *pa, const void *pb)
 static void mem_key_features_in(const lin_ctx_t *x, int64_t i, int far, float *out)
 {
     float tmp[CORE_FEATURES_MAX_HEAD_DIM];
-    core_half_unpack(x->mem_k + i * x->hd, tmp, x->hd);
+    core_kvrow_unpack(x->rf, x->mem_k + i * x->rb, tmp, 1, x->hd);
     if (far == (x->pre != 0))
         memcpy(out, tmp, (size_t)x->hd * sizeof *tmp);
     else
@@ -1689,7 +1728,7 @@ static void score_state(lin_ctx_t *x, int64_t b, int64_t nm)
         /* the rows' logits at the state's time, the new scales, the old
          * sums moved to them, then the rows added (one product) */
         for (int64_t r = 0; r < n; r++) {
-            core_half_unpack(x->mem_v + (j0 + r) * hd, sc->av + r * hd, hd);
+            core_kvrow_unpack(x->rf, x->mem_v + (j0 + r) * x->rb, sc->av + r * hd, 1, hd);
             const double dj = (double)(b - B - 1 - x->w - x->mem_pos[j0 + r]) * x->lg;
             float *a = sc->kd + r * m;
             for (int64_t i = 0; i < m; i++) {
@@ -1846,7 +1885,7 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
         if (kept[i])
             continue;
         mem_key_features_in(x, i, i < nf, sc->ak + na * hd);
-        core_half_unpack(x->mem_v + i * hd, sc->av + na * hd, hd);
+        core_kvrow_unpack(x->rf, x->mem_v + i * x->rb, sc->av + na * hd, 1, hd);
         apos[na++] = x->mem_pos[i];
     }
     for (int64_t j = 0; j < nu; j++) {
@@ -1863,8 +1902,8 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
         if (!kept[i])
             continue;
         if (k != i) {
-            memcpy(x->mem_k + k * hd, x->mem_k + i * hd, (size_t)hd * sizeof(uint16_t));
-            memcpy(x->mem_v + k * hd, x->mem_v + i * hd, (size_t)hd * sizeof(uint16_t));
+            memcpy(x->mem_k + k * x->rb, x->mem_k + i * x->rb, (size_t)x->rb);
+            memcpy(x->mem_v + k * x->rb, x->mem_v + i * x->rb, (size_t)x->rb);
             x->mem_pos[k] = x->mem_pos[i];
             x->mem_score[k] = x->mem_score[i];
         }
@@ -1873,8 +1912,8 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
     for (int64_t j = 0; j < nu; j++) {
         if (!kept[nm + j])
             continue;
-        core_half_pack(sc->kx + j * hd, x->mem_k + k * hd, hd);
-        core_half_pack(sc->vi + j * hd, x->mem_v + k * hd, hd);
+        core_kvrow_pack(x->rf, sc->kx + j * hd, x->mem_k + k * x->rb, 1, hd);
+        core_kvrow_pack(x->rf, sc->vi + j * hd, x->mem_v + k * x->rb, 1, hd);
         x->mem_pos[k] = u0 + j;
         x->mem_score[k] = (float)sc->khn[j];
         k++;
@@ -1886,9 +1925,9 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
         if (b - B - x->mem_pos[i] >= x->cap)
             continue;
         float ka[CORE_FEATURES_MAX_HEAD_DIM], kb[CORE_FEATURES_MAX_HEAD_DIM];
-        core_half_unpack(x->mem_k + i * hd, ka, hd);
+        core_kvrow_unpack(x->rf, x->mem_k + i * x->rb, ka, 1, hd);
         rotate(x, rope_cs(x, x->mem_pos[i], 1), 0, ka, kb);
-        core_half_pack(kb, x->mem_k + i * hd, hd);
+        core_kvrow_pack(x->rf, kb, x->mem_k + i * x->rb, 1, hd);
     }
     /* the losers join the linear state at time b − 1: key u weighs
      * γ^(b − 1 − W − u) there, so γ^(t − W − u) at a row t; the state's
@@ -1969,13 +2008,15 @@ static void ctx_init(core_attn_t *a, const core_attn_item_t *it, int layer, int 
     x->out = it->out;
     x->ring_n = (int64_t)ring_rows(cfg);
     x->lam = cfg->memory;
-    x->ring_k = st->ring_k + (int64_t)layer * x->ring_n * hkv * hd;
-    x->ring_v = st->ring_v + (int64_t)layer * x->ring_n * hkv * hd;
+    x->rf = row_fmt(cfg);
+    x->rb = (int64_t)row_bytes(cfg);
+    x->ring_k = st->ring_k + (int64_t)layer * x->ring_n * hkv * x->rb;
+    x->ring_v = st->ring_v + (int64_t)layer * x->ring_n * hkv * x->rb;
     x->mem_cs = lp->mem_cs;
     x->cap = lp->mem_cap;
     x->sinks = cfg->sinks;
-    x->sink_k = st->sink_k + (int64_t)layer * cfg->sinks * hkv * hd;
-    x->sink_v = st->sink_v + (int64_t)layer * cfg->sinks * hkv * hd;
+    x->sink_k = st->sink_k + (int64_t)layer * cfg->sinks * hkv * x->rb;
+    x->sink_v = st->sink_v + (int64_t)layer * cfg->sinks * hkv * x->rb;
     x->mix = lp->mix + (size_t)layer * (size_t)cfg->n_head;
     x->rope_if = cfg->prerope || cfg->sinks || cfg->memory ? lp->rope_if : NULL;
     x->sink_cs = lp->sink_cs;
@@ -1999,8 +2040,8 @@ static void head_set(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, i
         x->mem_pos = st->mem_pos + idx * (size_t)x->lam;
         x->mem_score = st->mem_score + idx * (size_t)x->lam;
         x->mem_n = st->mem_n + idx;
-        x->mem_k = st->mem_k + idx * (size_t)(x->lam * hd);
-        x->mem_v = st->mem_v + idx * (size_t)(x->lam * hd);
+        x->mem_k = st->mem_k + idx * (size_t)(x->lam * x->rb);
+        x->mem_v = st->mem_v + idx * (size_t)(x->lam * x->rb);
     }
     x->h = h;
     x->f = &lp->maps[idx];
@@ -2138,19 +2179,21 @@ static void head_done(const core_attn_t *a, lin_ctx_t *x, const core_attn_item_t
     lin_state_t *st = it->state->impl;
     int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = (int64_t)ring_rows(cfg), n = it->n;
     int64_t pos = it->state->pos;
-    /* The sinks are the first S positions, kept for good; both in half
-     * precision, as kv_rows rounded them for this forward's reads. */
+    /* The sinks are the first S positions, kept for good; both rounded to
+     * the rows' format, as kv_rows rounded them for this forward's reads. */
+    const core_kvrow_fmt_t rf = row_fmt(cfg);
+    const size_t rb = row_bytes(cfg);
     for (int64_t t = 0; t < n && pos + t < cfg->sinks; t++) {
-        size_t at = (size_t)(((int64_t)layer * hkv + h) * cfg->sinks + pos + t) * (size_t)hd;
-        core_half_pack(it->k + (t * hkv + h) * hd, st->sink_k + at, hd);
-        core_half_pack(it->v + (t * hkv + h) * hd, st->sink_v + at, hd);
+        size_t at = (size_t)(((int64_t)layer * hkv + h) * cfg->sinks + pos + t) * rb;
+        core_kvrow_pack(rf, it->k + (t * hkv + h) * hd, st->sink_k + at, 1, hd);
+        core_kvrow_pack(rf, it->v + (t * hkv + h) * hd, st->sink_v + at, 1, hd);
     }
     /* Only now may the ring forget positions p0 − W.. (p0 − W − B.. with the
      * memory): every chunk read them. */
     for (int64_t t = n - w > 0 ? n - w : 0; w > 0 && t < n; t++) {
-        size_t at = (size_t)(((int64_t)layer * hkv + h) * w + (pos + t) % w) * (size_t)hd;
-        core_half_pack(it->k + (t * hkv + h) * hd, st->ring_k + at, hd);
-        core_half_pack(it->v + (t * hkv + h) * hd, st->ring_v + at, hd);
+        size_t at = (size_t)(((int64_t)layer * hkv + h) * w + (pos + t) % w) * rb;
+        core_kvrow_pack(rf, it->k + (t * hkv + h) * hd, st->ring_k + at, 1, hd);
+        core_kvrow_pack(rf, it->v + (t * hkv + h) * hd, st->ring_v + at, 1, hd);
     }
 }
 
@@ -2231,10 +2274,14 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
 /* ---- serialization (core/state.c frames the payload) ----
  *
  * Payload, little-endian:
- *   u32 accumulator bytes (4: float S and z, 8: double), plus LIN_HALF_ROWS
- *       when the window and sink rows are halves (every payload written
- *       since the state kept them so; without it they are f32, read and
- *       rounded to half as they would have been on entry)
+ *   u32 accumulator bytes (4: float S and z, 8: double), plus the rows'
+ *       format: LIN_HALF_ROWS when the window, sink and memory rows are
+ *       halves, LIN_Q8_ROWS when they are 8-bit rows (core/kernels/kvrow.h:
+ *       f32 scale, then Hd signed bytes), neither in the oldest payloads,
+ *       whose rows are f32. A payload's rows are in the format of the state
+ *       that wrote it; a state of another format reads older formats by
+ *       rounding each row as it would have been rounded on entry (f32 or
+ *       halves into 8 bits), and refuses 8-bit rows when it keeps halves.
  *   u32 window rows saved per layer, nv = min(pos, W)
  *   c [L][Hkv][M] f64, S [L][Hkv][M][Hd], z [L][Hkv][M] (f32 or f64)
  *   per layer: ring K slots 0..nv-1 [nv][Hkv][Hd], then ring V the same
@@ -2243,8 +2290,8 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
  * With LIN_MEMORY in the first word (the exact memory, λ > 0), the ring has
  * W + B rows (nv = min(pos, W + B)), a u32 λ follows the second word, and
  * after the sinks, per layer and KV head: u32 n (rows held, ≤ λ), n × (i64
- * position, f32 score), the n keys [n][Hd] (halves, before RoPE), then the
- * n values; positions increasing, each older than the exact span.
+ * position, f32 score), the n keys (rows; after RoPE while near, before
+ * once far: mem_far), then the n values; positions increasing, each older than the exact span.
  * Slot = position % ring rows, so slots 0..nv-1 are exactly the valid ones
  * whether or not the ring has wrapped. The size depends on the config, the precision
  * and min(pos, W), never on how many tokens came before. A state is loaded in
@@ -2252,6 +2299,15 @@ static int linear_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64
  * core_attn_linear_set_opts), so continuing it is bit-identical. */
 #define LIN_HALF_ROWS 0x100u
 #define LIN_MEMORY 0x200u
+#define LIN_Q8_ROWS 0x400u
+
+/* A payload's row format: a state's (core_kvrow_fmt_t) or the oldest f32. */
+enum { PAY_F16 = CORE_KVROW_F16, PAY_Q8 = CORE_KVROW_Q8, PAY_F32 = 2 };
+
+static size_t pay_row_bytes(int pf, size_t hd)
+{
+    return pf == PAY_F32 ? 4 * hd : core_kvrow_bytes((core_kvrow_fmt_t)pf, (int64_t)hd);
+}
 
 /* The rows of the window ring or the sinks in the payload: per layer, the
  * nv valid rows (slots or positions 0..nv-1) of K, then of V, each row
@@ -2262,15 +2318,17 @@ typedef struct kv_shape {
     size_t hkv, cap, hd, nv;
 } kv_shape_t;
 
-static unsigned char *kv_rows_put(unsigned char *p, const uint16_t *k, const uint16_t *v,
+static unsigned char *kv_rows_put(unsigned char *p, const unsigned char *k,
+                                  const unsigned char *v, core_kvrow_fmt_t rf,
                                   const kv_shape_t *sh)
 {
+    const size_t rb = core_kvrow_bytes(rf, (int64_t)sh->hd);
     for (int l = 0; l < sh->n_layer; l++)
         for (int which = 0; which < 2; which++) {
-            const uint16_t *src = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
+            const unsigned char *src = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * rb;
             for (size_t r = 0; r < sh->nv; r++)
-                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * sizeof(uint16_t))
-                    core_le_copy16(p, src + (h * sh->cap + r) * sh->hd, sh->hd);
+                for (size_t h = 0; h < sh->hkv; h++, p += rb)
+                    core_kvrow_to_le(rf, src + (h * sh->cap + r) * rb, p, 1, (int64_t)sh->hd);
         }
     return p;
 }
@@ -2287,65 +2345,85 @@ static int row_in_range(const float *x, size_t n)
     return 1;
 }
 
-static int half_row_finite(const uint16_t *h, size_t n)
+/* n payload rows of format pf at p into n state rows of format rf at dst
+ * (rows rb apart there): copied when the formats agree, else each row
+ * rounded as it would have been on entry. 1, or 0 when a row is not one a
+ * state can hold (not finite or out of range, an 8-bit row no pack gives)
+ * or would be an 8-bit row made a half (linear_state_load refuses that
+ * first, as a mismatch). */
+static int rows_from_payload(int pf, core_kvrow_fmt_t rf, const unsigned char *p,
+                             unsigned char *dst, size_t n, size_t hd)
 {
-    for (size_t i = 0; i < n; i++)
-        if ((h[i] & 0x7c00u) == 0x7c00u)
-            return 0;
+    const size_t pb = pay_row_bytes(pf, hd), rb = core_kvrow_bytes(rf, (int64_t)hd);
+    if (pf == (int)rf) {
+        core_kvrow_from_le(rf, p, dst, (int64_t)n, (int64_t)hd);
+        return core_kvrow_valid(rf, dst, (int64_t)n, (int64_t)hd);
+    }
+    if (pf == PAY_Q8)
+        return 0;
+    float row[CORE_FEATURES_MAX_HEAD_DIM];
+    uint16_t hrow[CORE_FEATURES_MAX_HEAD_DIM];
+    for (size_t r = 0; r < n; r++, p += pb, dst += rb) {
+        if (pf == PAY_F32) {
+            core_le_copy32(row, p, hd);
+            if (!row_in_range(row, hd))
+                return 0;
+        } else {
+            core_le_copy16(hrow, p, hd);
+            if (!core_kvrow_valid(CORE_KVROW_F16, hrow, 1, (int64_t)hd))
+                return 0;
+            core_half_unpack(hrow, row, (int64_t)hd);
+        }
+        core_kvrow_pack(rf, row, dst, 1, (int64_t)hd);
+    }
     return 1;
 }
 
-/* kv_rows_put's inverse for rows of rb bytes (2: halves, 4: f32 rounded to
- * half). NULL, with the layer in *bad, at the first row out of range. */
-static const unsigned char *kv_rows_get(const unsigned char *p, size_t rb, uint16_t *k,
-                                        uint16_t *v, const kv_shape_t *sh, int *bad)
+/* kv_rows_put's inverse for payload rows of format pf into rows of format
+ * rf. NULL, with the layer in *bad, at the first row refused
+ * (rows_from_payload). */
+static const unsigned char *kv_rows_get(const unsigned char *p, int pf, core_kvrow_fmt_t rf,
+                                        unsigned char *k, unsigned char *v, const kv_shape_t *sh,
+                                        int *bad)
 {
-    float row[CORE_FEATURES_MAX_HEAD_DIM];
+    const size_t rb = core_kvrow_bytes(rf, (int64_t)sh->hd), pb = pay_row_bytes(pf, sh->hd);
     for (int l = 0; l < sh->n_layer; l++)
         for (int which = 0; which < 2; which++) {
-            uint16_t *dst = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * sh->hd;
+            unsigned char *dst = (which ? v : k) + (size_t)l * sh->hkv * sh->cap * rb;
             for (size_t r = 0; r < sh->nv; r++)
-                for (size_t h = 0; h < sh->hkv; h++, p += sh->hd * rb) {
-                    uint16_t *d = dst + (h * sh->cap + r) * sh->hd;
-                    int ok;
-                    if (rb == sizeof(uint16_t)) {
-                        core_le_copy16(d, p, sh->hd);
-                        ok = half_row_finite(d, sh->hd);
-                    } else {
-                        core_le_copy32(row, p, sh->hd);
-                        ok = row_in_range(row, sh->hd);
-                        core_half_pack(row, d, (int64_t)sh->hd);
-                    }
-                    if (!ok) {
+                for (size_t h = 0; h < sh->hkv; h++, p += pb)
+                    if (!rows_from_payload(pf, rf, p, dst + (h * sh->cap + r) * rb, 1,
+                                           sh->hd)) {
                         *bad = l;
                         return NULL;
                     }
-                }
         }
     return p;
 }
 
 typedef struct lin_ser {
-    size_t n_z, n_s, n_ring; /* elements: c and z, S, one layer's valid ring rows */
-    size_t n_sink;           /* elements: one layer's valid sink rows */
+    size_t n_z, n_s;         /* elements: c and z, S */
+    size_t n_ring, n_sink;   /* rows of one layer's valid ring (and sink) K rows */
     size_t es;               /* accumulator bytes */
-    size_t rb;               /* bytes of a window or sink element: 2 (halves) or 4 */
+    int pf;                  /* the rows' format (PAY_*) */
+    size_t rb;               /* bytes of a payload row (pay_row_bytes) */
     size_t bytes;            /* the whole payload */
 } lin_ser_t;
 
 /* Sizes of a payload; 0 if they overflow (never for a state that exists). */
-static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int half, int64_t pos,
+static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int pf, int64_t pos,
                          lin_ser_t *z)
 {
     size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
     size_t nv = pos < (int64_t)ring_rows(cfg) ? (size_t)pos : ring_rows(cfg);
     size_t nsk = pos < (int64_t)cfg->sinks ? (size_t)pos : (size_t)cfg->sinks;
     size_t b_c, b_s, b_z, b_r, n_rl;
-    z->n_sink = nsk * (size_t)cfg->n_head_kv * hd; /* ≤ 1024 · (small shape): no overflow */
+    z->n_sink = nsk * (size_t)cfg->n_head_kv; /* ≤ 1024 · (small shape): no overflow */
     z->es = fp64 ? sizeof(double) : sizeof(float);
-    z->rb = half ? sizeof(uint16_t) : sizeof(float);
+    z->pf = pf;
+    z->rb = pay_row_bytes(pf, hd);
     if (pos < 0 || !mul_ok(nh, (size_t)cfg->n_features, &z->n_z) ||
-        !mul_ok(z->n_z, hd, &z->n_s) || !mul_ok(nv, (size_t)cfg->n_head_kv * hd, &z->n_ring) ||
+        !mul_ok(z->n_z, hd, &z->n_s) || !mul_ok(nv, (size_t)cfg->n_head_kv, &z->n_ring) ||
         !mul_ok(z->n_z, sizeof(double), &b_c) || !mul_ok(z->n_s, z->es, &b_s) ||
         !mul_ok(z->n_z, z->es, &b_z) || !mul_ok(z->n_ring, 2 * z->rb, &n_rl) ||
         !mul_ok(n_rl, (size_t)cfg->n_layer, &b_r) || b_c > SIZE_MAX / 8 || b_s > SIZE_MAX / 8 ||
@@ -2358,13 +2436,13 @@ static int lin_ser_sizes(const core_attn_cfg_t *cfg, int fp64, int half, int64_t
 }
 
 /* The bytes of the memory section of st's payload: per head a count, then
- * per row a position, a score and a key and value row of halves. */
+ * per row a position, a score and a key and value row. */
 static size_t mem_bytes(const core_attn_cfg_t *cfg, const lin_state_t *st)
 {
-    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv;
     size_t b = 0;
     for (size_t h = 0; cfg->memory && h < nh; h++)
-        b += 4 + (size_t)st->mem_n[h] * (8 + 4 + 2 * hd * sizeof(uint16_t));
+        b += 4 + (size_t)st->mem_n[h] * (8 + 4 + 2 * row_bytes(cfg));
     return b;
 }
 
@@ -2373,15 +2451,15 @@ static void kv_shapes(const core_attn_cfg_t *cfg, const lin_ser_t *z, kv_shape_t
                       kv_shape_t *sink)
 {
     size_t hkv = (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim;
-    *ring = (kv_shape_t){cfg->n_layer, hkv, ring_rows(cfg), hd, z->n_ring / (hkv * hd)};
-    *sink = (kv_shape_t){cfg->n_layer, hkv, (size_t)cfg->sinks, hd, z->n_sink / (hkv * hd)};
+    *ring = (kv_shape_t){cfg->n_layer, hkv, ring_rows(cfg), hd, z->n_ring / hkv};
+    *sink = (kv_shape_t){cfg->n_layer, hkv, (size_t)cfg->sinks, hd, z->n_sink / hkv};
 }
 
 static size_t linear_state_save_size(const core_attn_state_t *s)
 {
     const lin_state_t *st = s->impl;
     lin_ser_t z;
-    return lin_ser_sizes(&s->a->cfg, st->fp64, 1, s->pos, &z)
+    return lin_ser_sizes(&s->a->cfg, st->fp64, (int)row_fmt(&s->a->cfg), s->pos, &z)
                ? z.bytes + mem_bytes(&s->a->cfg, st)
                : 0;
 }
@@ -2391,15 +2469,17 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
     const core_attn_cfg_t *cfg = &s->a->cfg;
     const lin_state_t *st = s->impl;
     lin_ser_t z;
-    if (!lin_ser_sizes(cfg, st->fp64, 1, s->pos, &z))
+    const core_kvrow_fmt_t rf = row_fmt(cfg);
+    if (!lin_ser_sizes(cfg, st->fp64, (int)rf, s->pos, &z))
         return core_error_set(err, CORE_ERANGE, "linear attention payload size overflows");
     const size_t mb = mem_bytes(cfg, st);
     if (cap < z.bytes + mb)
         return core_error_set(err, CORE_ERANGE, "linear attention payload needs %zu bytes, "
                               "buffer has %zu", z.bytes + mb, cap);
     unsigned char *p = buf;
-    core_le_put_u32(p, (uint32_t)z.es | LIN_HALF_ROWS | (cfg->memory ? LIN_MEMORY : 0u));
-    core_le_put_u32(p + 4, (uint32_t)(z.n_ring / ((size_t)cfg->n_head_kv * (size_t)cfg->head_dim)));
+    core_le_put_u32(p, (uint32_t)z.es | (rf == CORE_KVROW_Q8 ? LIN_Q8_ROWS : LIN_HALF_ROWS) |
+                           (cfg->memory ? LIN_MEMORY : 0u));
+    core_le_put_u32(p + 4, (uint32_t)(z.n_ring / (size_t)cfg->n_head_kv));
     p += 8;
     if (cfg->memory) {
         core_le_put_u32(p, (uint32_t)cfg->memory);
@@ -2426,9 +2506,9 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
     p += (z.n_s + z.n_z) * z.es;
     kv_shape_t ring, sink;
     kv_shapes(cfg, &z, &ring, &sink);
-    p = kv_rows_put(p, st->ring_k, st->ring_v, &ring);
-    p = kv_rows_put(p, st->sink_k, st->sink_v, &sink);
-    const size_t lam = (size_t)cfg->memory, hd = (size_t)cfg->head_dim;
+    p = kv_rows_put(p, st->ring_k, st->ring_v, rf, &ring);
+    p = kv_rows_put(p, st->sink_k, st->sink_v, rf, &sink);
+    const size_t lam = (size_t)cfg->memory, hd = (size_t)cfg->head_dim, rb = row_bytes(cfg);
     for (size_t h = 0; lam && h < nh; h++) {
         const size_t n = (size_t)st->mem_n[h];
         core_le_put_u32(p, (uint32_t)n);
@@ -2437,10 +2517,10 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
             core_le_put_u64(p, (uint64_t)st->mem_pos[h * lam + i]);
             core_le_copy32(p + 8, st->mem_score + h * lam + i, 1);
         }
-        core_le_copy16(p, st->mem_k + h * lam * hd, n * hd);
-        p += n * hd * sizeof(uint16_t);
-        core_le_copy16(p, st->mem_v + h * lam * hd, n * hd);
-        p += n * hd * sizeof(uint16_t);
+        core_kvrow_to_le(rf, st->mem_k + h * lam * rb, p, (int64_t)n, (int64_t)hd);
+        p += n * rb;
+        core_kvrow_to_le(rf, st->mem_v + h * lam * rb, p, (int64_t)n, (int64_t)hd);
+        p += n * rb;
     }
     return 0;
 }
@@ -2449,11 +2529,12 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
  * for a state at pos: NULL with err set when it is malformed (counts past
  * λ, positions not increasing or not older than the exact span, scores or
  * rows not finite) or does not end where the payload does. */
-static int mem_load(const core_attn_cfg_t *cfg, lin_state_t *st, int64_t pos,
+static int mem_load(const core_attn_cfg_t *cfg, lin_state_t *st, int64_t pos, int pf,
                     const unsigned char *p, size_t len, core_error_t *err)
 {
     const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim,
-                 lam = (size_t)cfg->memory;
+                 lam = (size_t)cfg->memory, pb = pay_row_bytes(pf, hd), rb = row_bytes(cfg);
+    const core_kvrow_fmt_t rf = row_fmt(cfg);
     /* every memory row left the exact span at an earlier boundary */
     const int64_t older = pos / CORE_ATTN_MEMORY_BLOCK * CORE_ATTN_MEMORY_BLOCK - cfg->window;
     for (size_t h = 0; h < nh; h++) {
@@ -2461,7 +2542,7 @@ static int mem_load(const core_attn_cfg_t *cfg, lin_state_t *st, int64_t pos,
             return core_error_set(err, CORE_EFORMAT, "linear attention payload: memory of "
                                   "head %zu cut short", h);
         const uint32_t n = core_le_get_u32(p);
-        const size_t row = 12 + 2 * hd * sizeof(uint16_t);
+        const size_t row = 12 + 2 * pb;
         p += 4;
         len -= 4;
         if (n > lam || (size_t)n * row > len)
@@ -2481,15 +2562,14 @@ static int mem_load(const core_attn_cfg_t *cfg, lin_state_t *st, int64_t pos,
             st->mem_pos[h * lam + i] = prev = u;
             st->mem_score[h * lam + i] = s;
         }
-        uint16_t *k = st->mem_k + h * lam * hd, *v = st->mem_v + h * lam * hd;
-        core_le_copy16(k, p, n * hd);
-        p += (size_t)n * hd * sizeof(uint16_t);
-        core_le_copy16(v, p, n * hd);
-        p += (size_t)n * hd * sizeof(uint16_t);
+        const int ok = rows_from_payload(pf, rf, p, st->mem_k + h * lam * rb, n, hd) &&
+                       rows_from_payload(pf, rf, p + (size_t)n * pb, st->mem_v + h * lam * rb, n,
+                                         hd);
+        p += 2 * (size_t)n * pb;
         len -= (size_t)n * row;
-        if (!half_row_finite(k, n * hd) || !half_row_finite(v, n * hd))
+        if (!ok)
             return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
-                                  "memory row in head %zu", h);
+                                  "or malformed memory row in head %zu", h);
         st->mem_n[h] = (int32_t)n;
     }
     if (len != 0)
@@ -2507,7 +2587,15 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     if (len < 8)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes", len);
     uint32_t w0 = core_le_get_u32(p), nv = core_le_get_u32(p + 4);
-    uint32_t es = w0 & ~(LIN_HALF_ROWS | LIN_MEMORY);
+    uint32_t es = w0 & ~(LIN_HALF_ROWS | LIN_MEMORY | LIN_Q8_ROWS);
+    if ((w0 & LIN_HALF_ROWS) && (w0 & LIN_Q8_ROWS))
+        return core_error_set(err, CORE_EFORMAT, "linear attention payload: rows both half and "
+                              "8-bit");
+    const int pf = (w0 & LIN_Q8_ROWS) ? PAY_Q8 : (w0 & LIN_HALF_ROWS) ? PAY_F16 : PAY_F32;
+    if (pf == PAY_Q8 && row_fmt(cfg) != CORE_KVROW_Q8)
+        return core_error_set(err, CORE_EMISMATCH, "state keeps its exact rows in 8 bits, this "
+                              "server keeps them in 16 (--kv-bits %d)", cfg->kv_bits ? cfg->kv_bits
+                                                                                     : 16);
     if (es != 4 && es != 8)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload: accumulator size %u "
                               "(expected 4 or 8)", es);
@@ -2522,7 +2610,7 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
                               "position %lld (window %d)", nv, (long long)pos, cfg->window);
     lin_ser_t z;
     int fp64 = es == 8;
-    if (!lin_ser_sizes(cfg, fp64, (w0 & LIN_HALF_ROWS) != 0, pos, &z))
+    if (!lin_ser_sizes(cfg, fp64, pf, pos, &z))
         return core_error_set(err, CORE_EFORMAT, "linear attention payload size overflows");
     if (lam ? len < z.bytes : len != z.bytes)
         return core_error_set(err, CORE_EFORMAT, "linear attention payload is %zu bytes, "
@@ -2546,14 +2634,16 @@ static int linear_state_load(core_attn_state_t *s, int64_t pos, const void *buf,
     kv_shape_t ring, sink;
     kv_shapes(cfg, &z, &ring, &sink);
     int l;
-    if (!(p = kv_rows_get(p, z.rb, st->ring_k, st->ring_v, &ring, &l)))
+    const core_kvrow_fmt_t rf = row_fmt(cfg);
+    if (!(p = kv_rows_get(p, pf, rf, st->ring_k, st->ring_v, &ring, &l)))
         return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
                               "or out-of-range window row in layer %d", l);
-    if (!(p = kv_rows_get(p, z.rb, st->sink_k, st->sink_v, &sink, &l)))
+    if (!(p = kv_rows_get(p, pf, rf, st->sink_k, st->sink_v, &sink, &l)))
         return core_error_set(err, CORE_EFORMAT, "linear attention payload: non-finite "
                               "or out-of-range sink row in layer %d", l);
     if (lam) {
-        int rc = mem_load(cfg, st, pos, p, len - (size_t)(p - (const unsigned char *)buf), err);
+        int rc = mem_load(cfg, st, pos, pf, p, len - (size_t)(p - (const unsigned char *)buf),
+                          err);
         if (rc < 0)
             return rc;
     }

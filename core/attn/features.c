@@ -536,6 +536,13 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
         return rc;
     if (found)
         info->memory = (int)v;
+    if ((rc = adapter_int(g, "darkformer.kv_bits", 8, 16, &v, &found, err)))
+        return rc;
+    if (found && v != 8 && v != 16)
+        return core_error_set(err, CORE_EFORMAT, "adapter key darkformer.kv_bits is %lld "
+                              "(8 or 16)", (long long)v);
+    if (found)
+        info->kv_bits = (int)v;
     if ((rc = adapter_int(g, "darkformer.seed", 0, INT64_MAX, &v, &found, err)))
         return rc;
     if (found)
@@ -552,7 +559,8 @@ int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
                           core_error_t *err)
 {
     core_features_adapter_info_t ai = {.n_features = 0, .window = -1, .sinks = -1,
-                                       .prerope = -1, .memory = -1, .seed = s->seed,
+                                       .prerope = -1, .memory = -1, .kv_bits = -1,
+                                       .seed = s->seed,
                                        .version = 0};
     if (adapter_path) {
         core_gguf_t *g = NULL;
@@ -578,6 +586,8 @@ int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
         s->prerope = ai.prerope >= 0 ? ai.prerope : 0;
     if (s->memory < 0)
         s->memory = ai.memory >= 0 ? ai.memory : CORE_FEATURES_DEFAULT_MEMORY;
+    if (s->kv_bits <= 0)
+        s->kv_bits = ai.kv_bits > 0 ? ai.kv_bits : CORE_FEATURES_DEFAULT_KV_BITS;
     return 0;
 }
 

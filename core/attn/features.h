@@ -159,6 +159,8 @@ typedef struct core_features_adapter_info {
     int window;
     int sinks;       /* darkformer.sinks */
     int memory;      /* darkformer.memory (optional: λ the adapter was made for), -1 if absent */
+    int kv_bits;     /* darkformer.kv_bits (optional: 8 or 16, the exact rows' bits the
+                        adapter is served with), -1 if absent */
     int prerope;     /* darkformer.prerope */
     uint64_t seed;
     char base_fingerprint[128];
@@ -199,6 +201,7 @@ int core_features_adapter_omega(const core_gguf_t *g, const char *what, int laye
 #define CORE_FEATURES_DEFAULT_WINDOW 64
 #define CORE_FEATURES_DEFAULT_SINKS 4
 #define CORE_FEATURES_DEFAULT_MEMORY 0
+#define CORE_FEATURES_DEFAULT_KV_BITS 16
 
 /* Attention settings of the linear kinds before resolution: a field the
  * caller set (n_features > 0; window, sinks, prerope >= 0) wins. */
@@ -209,6 +212,8 @@ typedef struct core_features_settings {
     int prerope;
     int memory; /* λ exact memory rows; -1: the adapter's darkformer.memory, else
                    CORE_FEATURES_DEFAULT_MEMORY */
+    int kv_bits; /* 8 or 16; -1 (or 0): the adapter's darkformer.kv_bits, else
+                    CORE_FEATURES_DEFAULT_KV_BITS */
     uint64_t seed;
 } core_features_settings_t;
 

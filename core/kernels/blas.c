@@ -17,6 +17,7 @@
 #include <cblas.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <strings.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -218,26 +219,40 @@ __attribute__((target("avx2,fma"))) static void nn_small_avx2(int64_t m, int64_t
  * 16 at context 512: 758 -> 874 and 806 -> 877 tokens/s alternating; one
  * stream unchanged, 310 -> 315). */
 enum { NT_PF = 32 };
-/* 16 elements of B from element off: floats, or halves (hb: core/kernels/half.h)
- * converted exactly. The kernels below take hb as a constant, so each
- * instance has one kind of load, and a product's terms are the same fused
- * multiply-adds in the same order either way. */
-NN512_FN __m512 ld16(const void *b, int64_t off, int hb)
+/* 16 elements of B: floats, halves (hb 1: core/kernels/half.h) or 8-bit
+ * rows (hb 2: core/kernels/kvrow.h), converted exactly. row is where a row
+ * of B starts (elements for hb 0 and 1; bytes for hb 2, where the row's
+ * scale comes first and each element is the float product q·d, as
+ * core_kvrow_unpack gives it), col + t the first element's column. The
+ * kernels below take hb as a constant, so each instance has one kind of
+ * load, and a product's terms are the same fused multiply-adds in the same
+ * order whatever B's kind. */
+NN512_FN __m512 ld16(const void *b, int64_t row, int64_t col, int hb)
 {
-    return hb ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)b + off)))
-              : _mm512_loadu_ps((const float *)b + off);
+    if (hb == 2) {
+        const unsigned char *r = (const unsigned char *)b + row;
+        float d;
+        memcpy(&d, r, sizeof d);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(r + sizeof d + col));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(d));
+    }
+    return hb ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                    (const __m256i *)(const void *)((const uint16_t *)b + row + col)))
+              : _mm512_loadu_ps((const float *)b + row + col);
 }
 
-/* Fetches the cache lines of B's n elements from element off into L1. */
-NN512_FN void pf_row(const void *b, int64_t off, int64_t n, int hb)
+/* Fetches the cache lines of n elements of the B row at row into L1. */
+NN512_FN void pf_row(const void *b, int64_t row, int64_t n, int hb)
 {
-    const char *p = (const char *)b + off * (hb ? 2 : 4);
-    for (int64_t at = 0; at < n * (hb ? 2 : 4); at += 64)
+    const int64_t es = hb == 2 ? 1 : hb ? 2 : 4;
+    const char *p = (const char *)b + row * (hb == 2 ? 1 : es);
+    for (int64_t at = 0; at < n * es + (hb == 2 ? 4 : 0); at += 64)
         _mm_prefetch(p + at, _MM_HINT_T0);
 }
 
 NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t lda,
-                          const void *b, int hb, int64_t ldb, float beta, float *c, int64_t ldc)
+                          const void *b, int64_t col, int hb, int64_t ldb, float beta, float *c,
+                          int64_t ldc)
 {
     __m512 acc[4][4];
     #pragma GCC unroll 4
@@ -248,9 +263,9 @@ NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t
     for (int64_t t = 0; t < k; t++) {
         const int64_t bt = t * ldb;
         if (t + NT_PF < k) /* as in nt4_avx512: a strided stream of B rows */
-            pf_row(b, bt + NT_PF * ldb, 64, hb);
-        const __m512 b0 = ld16(b, bt, hb), b1 = ld16(b, bt + 16, hb);
-        const __m512 b2 = ld16(b, bt + 32, hb), b3 = ld16(b, bt + 48, hb);
+            pf_row(b, bt + NT_PF * ldb + (hb == 2 ? 0 : col), 64, hb);
+        const __m512 b0 = ld16(b, bt, col, hb), b1 = ld16(b, bt, col + 16, hb);
+        const __m512 b2 = ld16(b, bt, col + 32, hb), b3 = ld16(b, bt, col + 48, hb);
         #pragma GCC unroll 4
         for (int i = 0; i < M; i++) {
             const __m512 ai = _mm512_set1_ps(a[i * lda + t]);
@@ -275,10 +290,10 @@ NN512_FN void nn64_avx512(int M, int64_t k, float alpha, const float *a, int64_t
 /* One instance per (M, kind of B), as NT4_CASES below. */
 #define NN64_CASES(HB, B)                                                                      \
     switch (m) {                                                                               \
-    case 1: nn64_avx512(1, k, alpha, a, lda, B, HB, ldb, beta, c + j, ldc); break;            \
-    case 2: nn64_avx512(2, k, alpha, a, lda, B, HB, ldb, beta, c + j, ldc); break;            \
-    case 3: nn64_avx512(3, k, alpha, a, lda, B, HB, ldb, beta, c + j, ldc); break;            \
-    default: nn64_avx512(4, k, alpha, a, lda, B, HB, ldb, beta, c + j, ldc); break;           \
+    case 1: nn64_avx512(1, k, alpha, a, lda, B, j, HB, ldb, beta, c + j, ldc); break;         \
+    case 2: nn64_avx512(2, k, alpha, a, lda, B, j, HB, ldb, beta, c + j, ldc); break;         \
+    case 3: nn64_avx512(3, k, alpha, a, lda, B, j, HB, ldb, beta, c + j, ldc); break;         \
+    default: nn64_avx512(4, k, alpha, a, lda, B, j, HB, ldb, beta, c + j, ldc); break;        \
     }
 
 __attribute__((target("avx512f,avx2,fma"))) static void nn_small_avx512(int64_t m, int64_t n,
@@ -290,7 +305,7 @@ __attribute__((target("avx512f,avx2,fma"))) static void nn_small_avx512(int64_t 
 {
     int64_t j = 0;
     for (; m <= 4 && j + 64 <= n; j += 64)
-        NN64_CASES(0, b + j)
+        NN64_CASES(0, b)
     if (j < n)
         nn_small_avx2(m, n - j, k, alpha, a, lda, b + j, ldb, beta, c + j, ldc);
 }
@@ -333,8 +348,8 @@ NN512_FN void nt4_avx512(int M, int64_t n, int64_t k, float alpha, const float *
             for (int v = 0; v < 4; v++)
                 acc[i][v] = _mm512_setzero_ps();
         for (int64_t t = 0; t < k; t += 16) {
-            const __m512 w0 = ld16(b, b0 + t, hb), w1 = ld16(b, b1 + t, hb);
-            const __m512 w2 = ld16(b, b2 + t, hb), w3 = ld16(b, b3 + t, hb);
+            const __m512 w0 = ld16(b, b0, t, hb), w1 = ld16(b, b1, t, hb);
+            const __m512 w2 = ld16(b, b2, t, hb), w3 = ld16(b, b3, t, hb);
             #pragma GCC unroll 4
             for (int i = 0; i < M; i++) {
                 const __m512 ai = _mm512_loadu_ps(a + i * lda + t);
@@ -360,7 +375,7 @@ NN512_FN void nt4_avx512(int M, int64_t n, int64_t k, float alpha, const float *
         for (int i = 0; i < M; i++) {
             __m512 s = _mm512_setzero_ps();
             for (int64_t t = 0; t < k; t += 16)
-                s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i * lda + t), ld16(b, bj + t, hb), s);
+                s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i * lda + t), ld16(b, bj, t, hb), s);
             const __m512 z = _mm512_setzero_ps();
             float v = alpha * _mm_cvtss_f32(sum4_512(s, z, z, z));
             float *cij = c + i * ldc + j;
@@ -405,7 +420,29 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) static int nn_half_avx512(
     if (m > 4 || n % 64 != 0)
         return 0;
     for (int64_t j = 0; j < n; j += 64)
-        NN64_CASES(1, b + j)
+        NN64_CASES(1, b)
+    return 1;
+}
+__attribute__((target("avx512f,avx2,fma"))) static int nt_q8_avx512(
+    int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const void *b,
+    int64_t rb, float beta, float *c, int64_t ldc)
+{
+    if (m > 4 || k % 16 != 0)
+        return 0;
+    const int64_t ldb = rb;
+    NT4_CASES(2, b)
+    return 1;
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static int nn_q8_avx512(
+    int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const void *b,
+    int64_t rb, float beta, float *c, int64_t ldc)
+{
+    if (m > 4 || n % 64 != 0)
+        return 0;
+    const int64_t ldb = rb;
+    for (int64_t j = 0; j < n; j += 64)
+        NN64_CASES(2, b)
     return 1;
 }
 #endif /* CORE_BLAS_X86 */
@@ -474,6 +511,9 @@ static nt_fn small_nt; /* NULL, or a kernel that takes some shapes (returns 1 wh
 typedef int (*half_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const uint16_t *,
                        int64_t, float, float *, int64_t);
 static half_fn half_nt, half_nn; /* likewise, B in halves */
+typedef int (*q8_fn)(int64_t, int64_t, int64_t, float, const float *, int64_t, const void *,
+                     int64_t, float, float *, int64_t);
+static q8_fn q8_nt, q8_nn; /* likewise, B in 8-bit rows */
 
 static void pick_small(void)
 {
@@ -488,6 +528,8 @@ static void pick_small(void)
             small_tn = tn_small_avx512;
             small_nn = nn_small_avx512;
             small_nt = nt_small_avx512;
+            q8_nt = nt_q8_avx512;
+            q8_nn = nn_q8_avx512;
             if (core_qdot_best_isa() >= CORE_QDOT_AVX2) { /* that ISA includes F16C */
                 half_nt = nt_half_avx512;
                 half_nn = nn_half_avx512;
@@ -574,4 +616,16 @@ int core_gemm_nn_half_small(int64_t m, int64_t n, int64_t k, float alpha, const 
                             int64_t ldc)
 {
     return small_level() == 0 && half_nn && half_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+int core_gemm_nt_q8_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                          int64_t lda, const void *b, int64_t rb, float beta, float *c, int64_t ldc)
+{
+    return small_level() == 0 && q8_nt && q8_nt(m, n, k, alpha, a, lda, b, rb, beta, c, ldc);
+}
+
+int core_gemm_nn_q8_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                          int64_t lda, const void *b, int64_t rb, float beta, float *c, int64_t ldc)
+{
+    return small_level() == 0 && q8_nn && q8_nn(m, n, k, alpha, a, lda, b, rb, beta, c, ldc);
 }

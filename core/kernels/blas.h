@@ -41,6 +41,17 @@ int core_gemm_nt_half_small(int64_t m, int64_t n, int64_t k, float alpha, const 
 int core_gemm_nn_half_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                             int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
                             int64_t ldc);
+/* The same with B in 8-bit rows (core/kernels/kvrow.h, CORE_KVROW_Q8) rb
+ * bytes apart: nt's B rows are the keys [n][k], nn's the values [k][n];
+ * bit for bit what the float entries give on B converted by
+ * core_kvrow_unpack, reading about a quarter of the bytes. Same shapes,
+ * CPUs and return values as the half entries. */
+int core_gemm_nt_q8_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                          int64_t lda, const void *b, int64_t rb, float beta, float *c,
+                          int64_t ldc);
+int core_gemm_nn_q8_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                          int64_t lda, const void *b, int64_t rb, float beta, float *c,
+                          int64_t ldc);
 /* Nonzero makes the small kernels take their portable C path, as on a CPU
  * without AVX2 (tests use it to check both); 0 lets the CPU choose again. */
 void core_gemm_small_force_generic(int on);

@@ -277,6 +277,7 @@ static int model_opts(const srv_config_t *cfg, srv_attn_choice_t *ch)
                              .n_features = cfg->features > 0 ? (int)cfg->features : 0,
                              .window = cfg->window >= 0 ? (int)cfg->window : -1,
                              .sinks = (int)cfg->sinks, .memory = (int)cfg->memory,
+                             .kv_bits = (int)cfg->kv_bits,
                              .prerope = -1,
                              .decay_off = cfg->decay == 0, .linear = -1};
     core_error_t ce = {0};

@@ -29,7 +29,7 @@
 
 typedef struct load_args {
     const char *model, *attn, *adapter, *decay, *linear, *precision;
-    int64_t features, window, sinks, memory, prerope, ctx, threads;
+    int64_t features, window, sinks, memory, kv_bits, prerope, ctx, threads;
 } load_args_t;
 
 #define LOAD_OPTS(la)                                                                        \
@@ -54,6 +54,9 @@ typedef struct load_args {
     {"memory", SRV_OPT_INT, &(la).memory, -1, CORE_ATTN_MAX_MEMORY,                          \
      "exact memory rows per KV head of linear kinds (0 = off, -1 = the adapter's, else "     \
      SRV_STR(CORE_FEATURES_DEFAULT_MEMORY) ")"},                                             \
+    {"kv-bits", SRV_OPT_INT, &(la).kv_bits, -1, 16,                                          \
+     "bits of the exact rows of linear kinds, 8 or 16 (-1 = the adapter's, else "            \
+     SRV_STR(CORE_FEATURES_DEFAULT_KV_BITS) ")"},                                            \
     {"prerope", SRV_OPT_INT, &(la).prerope, -1, 1,                                           \
      "1: linear features on q, k before RoPE (-1 = the adapter's, else 0)"},                 \
     {"decay", SRV_OPT_STR, &(la).decay, 0, 0, "on | off: the adapter's learned decay"},      \
@@ -93,7 +96,7 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
     srv_attn_request_t rq = {.kind = SRV_ATTN_AUTO, .adapter = la->adapter,
                              .n_features = (int)la->features, .window = (int)la->window,
                              .sinks = (int)la->sinks, .memory = (int)la->memory,
-                             .prerope = (int)la->prerope,
+                             .kv_bits = (int)la->kv_bits, .prerope = (int)la->prerope,
                              .linear = -1, .max_ctx = la->ctx};
     if (la->attn && srv_attn_parse(la->attn, &rq.kind) < 0) {
         fprintf(stderr,
@@ -322,7 +325,7 @@ static int generate_tokens(core_model_t *m, core_tokenizer_t *tok, core_attn_sta
 
 int srv_cli_generate(int argc, char **argv)
 {
-    load_args_t la = {.window = -1, .sinks = -1, .memory = -1, .prerope = -1};
+    load_args_t la = {.window = -1, .sinks = -1, .memory = -1, .kv_bits = -1, .prerope = -1};
     const char *prompt = NULL, *system = NULL, *tmpl_name = NULL;
     int chat = 0, no_stream_stats = 0;
     int64_t max_tokens = 128, top_k = 40, seed = -1, batch = 512;
@@ -459,7 +462,7 @@ static double nll(const float *logits, int64_t V, int32_t target)
 
 int srv_cli_perplexity(int argc, char **argv)
 {
-    load_args_t la = {.window = -1, .sinks = -1, .memory = -1, .prerope = -1};
+    load_args_t la = {.window = -1, .sinks = -1, .memory = -1, .kv_bits = -1, .prerope = -1};
     const char *file = NULL, *nll_out = NULL;
     int64_t chunk = 512, batch = 512, limit = 0;
     float *nlls = NULL; /* [n_ids] per predicted token, NaN where not scored */

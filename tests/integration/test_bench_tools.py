@@ -350,7 +350,7 @@ def test_bench_amx_overlap_refuses_bad_options(args):
 def test_batch_ablation_patches_fit():
     p = subprocess.run([ABLATION, "--check"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    for v in ["no-float", "no-tiles", "no-window", "half-window", "kv8"]:
+    for v in ["no-float", "no-tiles", "no-window", "half-window"]:
         assert f"batch_ablation: {v}: the patch fits" in p.stdout, p.stdout
     bad = subprocess.run([ABLATION, "x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage" in bad.stderr

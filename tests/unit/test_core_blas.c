@@ -9,6 +9,7 @@
 #include "core/kernels/blas.h"
 #include "core/kernels/cpu.h"
 #include "core/kernels/half.h"
+#include "core/kernels/kvrow.h"
 #include "core/rng.h"
 
 /* C = alpha * A[m][k] · B + beta * C in double, B[n][k]ᵀ (nt) or B[k][n];
@@ -130,8 +131,10 @@ TEST(small_kernels_every_isa)
                               op == OP_NN_SMALL ? "nn" : "nt", (long long)m, (long long)ks[ki], e);
                 }
         if (isa < (int)core_qdot_best_isa())
-            CHECK_MSG(core_gemm_nt_half_small(1, 1, 16, 1.0f, a, 16, bh, 16, 0.0f, c, 1) == 0,
-                      "%s: a half kernel ran", core_qdot_isa_name((core_qdot_isa_t)isa));
+            CHECK_MSG(core_gemm_nt_half_small(1, 1, 16, 1.0f, a, 16, bh, 16, 0.0f, c, 1) == 0 &&
+                          core_gemm_nt_q8_small(1, 1, 16, 1.0f, a, 16, bh, 20, 0.0f, c, 1) == 0,
+                      "%s: a half or 8-bit-row kernel ran",
+                      core_qdot_isa_name((core_qdot_isa_t)isa));
     }
     CHECK_INT_EQ(core_qdot_force_isa(CORE_QDOT_ISA_COUNT_), 0);
 }
@@ -288,6 +291,72 @@ TEST(half_kernels_match_float)
     printf("  half kernels ran in %d of 20 cases (0 on a CPU without AVX-512 and F16C)\n", ran);
 }
 
+/* The 8-bit-row products (core/kernels/kvrow.h): where they run (AVX-512,
+ * m ≤ 4), bit for bit the float small kernels on the rows unpacked, with a
+ * scale per row (the nn rows span two 64-column passes: each must take its
+ * own row's scale); elsewhere they decline and write nothing. */
+TEST(q8_kernels_match_float)
+{
+    core_rng_t r;
+    core_rng_seed(&r, 29);
+    enum { KD = 128, NR = 37, NC = 128 };
+    const size_t rb = core_kvrow_bytes(CORE_KVROW_Q8, KD); /* KD == NC: one row size */
+    float a[5 * NR + 5 * KD], bf[NR * NC], c1[5 * NC], c2[5 * NC], dummy[1];
+    unsigned char bq[NR * (4 + NC)];
+    fill(&r, a, 5 * NR + 5 * KD);
+    fill(&r, bf, NR * NC);
+    for (int j = 0; j < NR; j++) /* rows of very different scales */
+        for (int i = 0; i < NC; i++)
+            bf[j * NC + i] *= (float)(1 + j * j);
+    core_kvrow_pack(CORE_KVROW_Q8, bf, bq, NR, NC);
+    core_kvrow_unpack(CORE_KVROW_Q8, bq, bf, NR, NC);
+    const int avail = core_gemm_nt_q8_small(1, 1, 16, 1.0f, a, 16, bq, (int64_t)rb, 0.0f, dummy, 1);
+    int ran = 0;
+    for (int64_t kd = 64; kd <= KD; kd += 64)
+        for (int64_t m = 1; m <= 5; m++)
+            for (int beta = 0; beta < 2; beta++) {
+                /* scores: A [m][kd] against the first kd elements of NR rows */
+                for (int i = 0; i < 5 * NC; i++)
+                    c1[i] = c2[i] = 0.5f * (float)i;
+                core_gemm_nt_small(m, NR, kd, 0.125f, a, KD, bf, NC, (float)beta, c1, NR);
+                int took = core_gemm_nt_q8_small(m, NR, kd, 0.125f, a, KD, bq, (int64_t)rb,
+                                                 (float)beta, c2, NR);
+                CHECK_MSG(took ? memcmp(c1, c2, sizeof c1) == 0 : 1, "nt k %lld m %lld beta %d "
+                          "differs", (long long)kd, (long long)m, beta);
+                CHECK_MSG(took == (m <= 4 && avail), "nt m %lld: ran %d", (long long)m, took);
+                if (!took)
+                    for (int i = 0; i < 5 * NC; i++)
+                        CHECK_MSG(c2[i] == 0.5f * (float)i, "nt m %lld: declined but wrote",
+                                  (long long)m);
+                ran += took;
+            }
+    for (int64_t m = 1; m <= 5; m++)
+        for (int beta = 0; beta < 2; beta++) {
+            /* values: A [m][NR] times NR rows of NC */
+            for (int i = 0; i < 5 * NC; i++)
+                c1[i] = c2[i] = 0.25f * (float)i;
+            core_gemm_nn_small(m, NC, NR, 1.0f, a, NR, bf, NC, (float)beta, c1, NC);
+            int took = core_gemm_nn_q8_small(m, NC, NR, 1.0f, a, NR, bq, (int64_t)rb, (float)beta,
+                                             c2, NC);
+            CHECK_MSG(took == (m <= 4 && avail), "nn m %lld: ran %d", (long long)m, took);
+            if (!took)
+                for (int i = 0; i < 5 * NC; i++)
+                    CHECK_MSG(c2[i] == 0.25f * (float)i, "nn m %lld: declined but wrote",
+                              (long long)m);
+            else
+                CHECK_MSG(memcmp(c1, c2, sizeof c1) == 0, "nn m %lld beta %d differs",
+                          (long long)m, beta);
+            ran += took;
+        }
+    CHECK(!core_gemm_nn_q8_small(1, 48, NR, 1.0f, a, NR, bq, (int64_t)rb, 0.0f, c2, 48));
+    CHECK(!core_gemm_nt_q8_small(1, 4, 40, 1.0f, a, 40, bq, (int64_t)rb, 0.0f, c2, 4));
+    core_gemm_small_force_generic(1);
+    CHECK(!core_gemm_nt_q8_small(1, NR, 64, 1.0f, a, KD, bq, (int64_t)rb, 0.0f, c2, NR));
+    CHECK(!core_gemm_nn_q8_small(1, NC, NR, 1.0f, a, NR, bq, (int64_t)rb, 0.0f, c2, NC));
+    core_gemm_small_force_generic(0);
+    printf("  8-bit-row kernels ran in %d of 30 cases (0 on a CPU without AVX-512)\n", ran);
+}
+
 int main(void)
 {
     RUN(small_kernels_match_reference);
@@ -298,5 +367,6 @@ int main(void)
     RUN(nn_and_tn_match_reference);
     RUN(tn_small_depths);
     RUN(half_kernels_match_float);
+    RUN(q8_kernels_match_float);
     return CHECK_DONE();
 }

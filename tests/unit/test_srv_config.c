@@ -320,7 +320,7 @@ TEST(test_help_lists_every_option)
         "max-session-files", "header-timeout", "max-connections-per-address",
         "max-uploads", "upload-dir",
         "max-state-memory", "checkpoints", "prefix-cache-mb", "ui", "session-store",
-        "prompt-precision", "max-prompt-tokens", NULL};
+        "prompt-precision", "max-prompt-tokens", "kv-bits", NULL};
     char *help = capture(NULL, NULL, srv_config_help);
     srv_config_t c;
     char err[256];
