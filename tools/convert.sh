@@ -8,7 +8,7 @@
 #   tools/convert.sh --v2 [--features M] [--window W] [--sinks S] [--train-sinks S]
 #                    [--prerope 0|1]
 #                    [--steps N] [--seqs N] [--len T] [--distill-steps N]
-#                    [--lora R] [--out ADAPTER.gguf]
+#                    [--lora R] [--serve-window W] [--kv-bits 8|16] [--out ADAPTER.gguf]
 #     DARKFormer v2 (`make adapter MODEL=...` runs this): record N sequences
 #     of T tokens (default 12 x 2048) of the calibration corpus
 #     (models/corpus/calibration.txt.xz, never a held-out text), then
@@ -20,7 +20,11 @@
 #     --lora R, default 8, 0 for none) with --sinks sinks (default 16), the
 #     validated step with the lowest perplexity on a validation slice of the
 #     corpus written as the adapter (the shipped default's recipe,
-#     models/adapters/README.md). Each stage has a checkpoint under WORK, so an
+#     models/adapters/README.md), with the serving defaults it carries
+#     (darkformer.serve_window, default 1024, and darkformer.kv_bits,
+#     default 8: docs/QUALITY.md "The default window and 8-bit rows"; the
+#     selection above runs each step with its trained window). Each stage
+#     has a checkpoint under WORK, so an
 #     interrupted run resumes where it stopped. Prints how long each stage
 #     took.
 #
@@ -43,7 +47,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
-S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150 LORA=8
+S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150 LORA=8 SERVE_W=1024 KV_BITS=8
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -57,6 +61,8 @@ while [ $# -gt 0 ]; do
     --v2) V2=1; shift ;;
     --distill-steps) DSTEPS=$2; shift 2 ;;
     --lora) LORA=$2; shift 2 ;;
+    --serve-window) SERVE_W=$2; shift 2 ;;
+    --kv-bits) KV_BITS=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --init) INIT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -100,8 +106,13 @@ if [ "$V2" = 1 ]; then
       --sinks "$S" --prerope "$PRE" --seed 0 --mat "$1.mat.f32" --decay "$1.decay.f32" \
       --mix "$1.mix.f32" "${lora[@]}" --out "$2"
   }
+  serving() {  # IN OUT: the adapter with its serving defaults
+    "$BUILD/tools/write_adapter" --model "$MODEL" --from "$1" --serve-window "$SERVE_W" \
+      --kv-bits "$KV_BITS" --out "$2"
+  }
   if [ "$DSTEPS" = 0 ]; then
-    write "$WORK/$TAG" "$OUT"
+    write "$WORK/$TAG" "$WORK/$TAG.trained.gguf"
+    serving "$WORK/$TAG.trained.gguf" "$OUT"
     stage "done: $OUT"
     exit 0
   fi
@@ -133,7 +144,7 @@ if [ "$V2" = 1 ]; then
     fi
   done
   [ -n "$best" ] || { echo "convert: no stage-2 step could be scored" >&2; exit 1; }
-  cp "$best.gguf" "$OUT"
+  serving "$best.gguf" "$OUT"
   stage "done: $OUT (${best##*.s2.}, selection perplexity $best_ppl)"
   exit 0
 fi

@@ -8,6 +8,15 @@
  *                 [--lora PREFIX --lora-rank R] --out ADAPTER.gguf
  *   write_adapter --model M --kind flexformer-s|flexformer-n --features N --window W
  *                 --omega OMEGA.f32 [--omega2 OMEGA2.f32 --tau TAU.f32] [the options above]
+ *   write_adapter --model M --from ADAPTER.gguf [--serve-window W] [--kv-bits 8|16]
+ *                 --out ADAPTER2.gguf
+ *
+ * --serve-window W, --kv-bits B (any mode): the serving defaults the adapter
+ * carries (darkformer.serve_window, darkformer.kv_bits: the window and the
+ * exact rows' bits `darkserve` uses when no flag says; chosen by measurement,
+ * docs/QUALITY.md), beside the window it was trained with (--window).
+ * --from: a copy of ADAPTER.gguf, every key and tensor as it is, with those
+ * two keys set (replaced when present), checked to load like the others.
  *
  * OMEGA.f32 / OMEGA2.f32 (Flexformer, what tools/convert.py train2 --kind and
  * tools/distill.py write): float32 [L][Hkv][N/2][Hd] frequencies; TAU.f32
@@ -41,7 +50,10 @@ static void usage(void)
                     "flexformer-n --features N --window W [--seed S] [--mat MAT.f32] "
                     "[--lambda LAMBDA.f32] [--omega OMEGA.f32] [--omega2 OMEGA2.f32] "
                     "[--tau TAU.f32] [--sinks S] [--prerope 0|1] [--decay DECAY.f32] "
-                    "[--mix MIX.f32] [--lora PREFIX --lora-rank R] --out A.gguf\n");
+                    "[--mix MIX.f32] [--lora PREFIX --lora-rank R] [--serve-window W] "
+                    "[--kv-bits 8|16] --out A.gguf\n"
+                    "       write_adapter --model M --from A.gguf [--serve-window W] "
+                    "[--kv-bits 8|16] --out A2.gguf\n");
 }
 
 /* Reads exactly n floats from path into a new buffer. */
@@ -82,12 +94,83 @@ static int check_load(const char *model, const char *adapter, core_attn_kind_t k
     return 0;
 }
 
+/* Copies key i of g into w (adapters hold scalars and strings only). */
+static int copy_key(const core_gguf_t *g, int64_t i, core_gguf_writer_t *w, core_error_t *err)
+{
+    const char *key = core_gguf_kv_key(g, i);
+    const core_gguf_type_t t = core_gguf_kv_type(g, i);
+    int64_t iv;
+    double fv;
+    core_gguf_str_t sv;
+    switch (t) {
+    case CORE_GGUF_TYPE_STRING:
+        if (core_gguf_kv_str(g, i, &sv, err) < 0)
+            return -1;
+        return core_gguf_writer_set_str(w, key, sv.ptr, (size_t)sv.len);
+    case CORE_GGUF_TYPE_FLOAT32:
+    case CORE_GGUF_TYPE_FLOAT64:
+        if (core_gguf_kv_float(g, i, &fv, err) < 0)
+            return -1;
+        return core_gguf_writer_set_float(w, key, t, fv);
+    case CORE_GGUF_TYPE_BOOL:
+        if (core_gguf_kv_int(g, i, &iv, err) < 0)
+            return -1;
+        return core_gguf_writer_set_bool(w, key, iv != 0);
+    case CORE_GGUF_TYPE_ARRAY:
+        fprintf(stderr, "write_adapter: key %s is an array (an adapter holds none)\n", key);
+        return -1;
+    default:
+        if (core_gguf_kv_int(g, i, &iv, err) < 0)
+            return -1;
+        return core_gguf_writer_set_int(w, key, t, iv);
+    }
+}
+
+/* write_adapter --from: src's keys and tensors into out, with the serving
+ * keys set where given (> 0). */
+static int copy_with_serving(const char *src, int serve_window, int kv_bits, const char *out)
+{
+    core_gguf_t *g = NULL;
+    core_error_t err = {0};
+    if (core_gguf_open(src, &g, &err) < 0) {
+        fprintf(stderr, "write_adapter: cannot read %s: %s\n", src, err.msg);
+        return -1;
+    }
+    core_gguf_writer_t *w = core_gguf_writer_new(core_gguf_alignment(g));
+    int rc = w ? 0 : -1;
+    for (int64_t i = 0; !rc && i < core_gguf_n_kv(g); i++) {
+        const char *key = core_gguf_kv_key(g, i);
+        if ((serve_window > 0 && !strcmp(key, "darkformer.serve_window")) ||
+            (kv_bits > 0 && !strcmp(key, "darkformer.kv_bits")))
+            continue;
+        rc = copy_key(g, i, w, &err);
+    }
+    if (!rc && serve_window > 0)
+        rc = core_gguf_writer_set_int(w, "darkformer.serve_window", CORE_GGUF_TYPE_UINT32,
+                                      serve_window);
+    if (!rc && kv_bits > 0)
+        rc = core_gguf_writer_set_int(w, "darkformer.kv_bits", CORE_GGUF_TYPE_UINT32, kv_bits);
+    for (int64_t i = 0; !rc && i < core_gguf_n_tensors(g); i++) {
+        const core_gguf_tensor_t *t = core_gguf_tensor(g, i);
+        rc = core_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
+                                         t->nbytes);
+    }
+    if (!rc)
+        rc = core_gguf_writer_write(w, out, &err);
+    if (rc)
+        fprintf(stderr, "write_adapter: cannot copy %s to %s: %s\n", src, out,
+                err.msg[0] ? err.msg : "a key or tensor was refused");
+    core_gguf_writer_free(w);
+    core_gguf_close(g);
+    return rc ? -1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *kind_s = NULL, *mat_p = NULL, *lam_p = NULL, *out = NULL;
     const char *dec_p = NULL, *mix_p = NULL, *lora_p = NULL, *om_p = NULL, *om2_p = NULL;
-    const char *tau_p = NULL;
-    int64_t m = 0, w = -1, seed = 0, sinks = 0, prerope = 0, rank = 0;
+    const char *tau_p = NULL, *from = NULL;
+    int64_t m = 0, w = -1, seed = 0, sinks = 0, prerope = 0, rank = 0, serve_w = 0, kv_bits = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
@@ -125,6 +208,12 @@ int main(int argc, char **argv)
             bad = parse_i64(v, 0, CORE_FEATURES_MAX_WINDOW, &w);
         else if (!bad && !strcmp(a, "--seed"))
             bad = parse_i64(v, 0, INT64_MAX, &seed);
+        else if (!bad && !strcmp(a, "--from"))
+            from = v;
+        else if (!bad && !strcmp(a, "--serve-window"))
+            bad = parse_i64(v, 1, CORE_FEATURES_MAX_WINDOW, &serve_w);
+        else if (!bad && !strcmp(a, "--kv-bits"))
+            bad = parse_i64(v, 8, 16, &kv_bits) || (kv_bits != 8 && kv_bits != 16);
         else
             bad = 1;
         if (bad) {
@@ -133,6 +222,37 @@ int main(int argc, char **argv)
             return 2;
         }
         i++;
+    }
+    if (from) { /* the copy: nothing else but the serving keys */
+        if (!model || !out || kind_s || mat_p || lam_p || dec_p || mix_p || lora_p || om_p ||
+            om2_p || tau_p || m || w >= 0 || (!serve_w && !kv_bits)) {
+            usage();
+            return 2;
+        }
+        core_features_settings_t fs = {.window = -1, .sinks = -1, .prerope = -1, .memory = -1,
+                                       .kv_bits = -1};
+        core_error_t err = {0};
+        if (copy_with_serving(from, (int)serve_w, (int)kv_bits, out) < 0)
+            return 1;
+        if (core_features_resolve(out, &fs, &err) < 0) {
+            fprintf(stderr, "write_adapter: %s: %s\n", out, err.msg);
+            remove(out);
+            return 1;
+        }
+        core_model_opts_t mo = {.attn_kind = CORE_ATTN_DARKFORMER, .n_features = fs.n_features,
+                                .window = fs.window, .seed = fs.seed, .adapter_path = out,
+                                .max_ctx = 64, .sinks = fs.sinks, .prerope = fs.prerope,
+                                .kv_bits = fs.kv_bits};
+        core_model_t *mdl = NULL;
+        if (core_model_load(model, &mo, &mdl, &err) < 0) {
+            fprintf(stderr, "write_adapter: the model does not load with %s: %s\n", out, err.msg);
+            remove(out);
+            return 1;
+        }
+        core_model_free(mdl);
+        printf("wrote %s: %s with serve window %d, %d-bit rows\n", out, from, fs.window,
+               fs.kv_bits);
+        return 0;
     }
     core_attn_kind_t kind;
     if (!model || !kind_s || !out || m < 1 || w < 0 || core_attn_kind_parse(kind_s, &kind) < 0 ||
@@ -184,7 +304,8 @@ int main(int argc, char **argv)
         .head_dim = in->head_dim, .n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
         .prerope = (int)prerope, .seed = (uint64_t)seed, .base_fingerprint = in->fingerprint,
         .mat = mat, .lambda = lam, .decay = dec, .mix = mix, .lora_rank = (int)rank,
-        .n_embd = in->n_embd, .omega = om, .omega2 = om2, .tau = tau};
+        .n_embd = in->n_embd, .omega = om, .omega2 = om2, .tau = tau,
+        .serve_window = (int)serve_w, .kv_bits = (int)kv_bits};
     memcpy(d.lora, lora, sizeof lora);
     if (core_features_adapter_write(&d, out, &err) < 0) {
         fprintf(stderr, "write_adapter: cannot write %s: %s\n", out, err.msg);

@@ -536,6 +536,11 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
         return rc;
     if (found)
         info->memory = (int)v;
+    if ((rc = adapter_int(g, "darkformer.serve_window", 0, CORE_FEATURES_MAX_WINDOW, &v, &found,
+                          err)))
+        return rc;
+    if (found)
+        info->serve_window = (int)v;
     if ((rc = adapter_int(g, "darkformer.kv_bits", 8, 16, &v, &found, err)))
         return rc;
     if (found && v != 8 && v != 16)
@@ -560,6 +565,7 @@ int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
 {
     core_features_adapter_info_t ai = {.n_features = 0, .window = -1, .sinks = -1,
                                        .prerope = -1, .memory = -1, .kv_bits = -1,
+                                       .serve_window = -1,
                                        .seed = s->seed,
                                        .version = 0};
     if (adapter_path) {
@@ -579,7 +585,9 @@ int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
     if (s->n_features <= 0)
         s->n_features = ai.n_features > 0 ? ai.n_features : CORE_FEATURES_DEFAULT_M;
     if (s->window < 0)
-        s->window = ai.window >= 0 ? ai.window : CORE_FEATURES_DEFAULT_WINDOW;
+        s->window = ai.serve_window >= 0 ? ai.serve_window
+                    : ai.window >= 0     ? ai.window
+                                         : CORE_FEATURES_DEFAULT_WINDOW;
     if (s->sinks < 0)
         s->sinks = ai.sinks >= 0 ? ai.sinks : CORE_FEATURES_DEFAULT_SINKS;
     if (s->prerope < 0)
@@ -720,6 +728,11 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
                                       (int64_t)d->seed);
     if (!rc)
         rc = core_gguf_writer_set_str(w, "darkformer.base_fingerprint", fp, strlen(fp));
+    if (!rc && d->serve_window > 0)
+        rc = core_gguf_writer_set_int(w, "darkformer.serve_window", CORE_GGUF_TYPE_UINT32,
+                                      d->serve_window);
+    if (!rc && d->kv_bits > 0)
+        rc = core_gguf_writer_set_int(w, "darkformer.kv_bits", CORE_GGUF_TYPE_UINT32, d->kv_bits);
     if (rc) {
         core_error_set(err, rc, "writing adapter keys failed");
         goto done;

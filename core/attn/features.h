@@ -161,6 +161,9 @@ typedef struct core_features_adapter_info {
     int memory;      /* darkformer.memory (optional: λ the adapter was made for), -1 if absent */
     int kv_bits;     /* darkformer.kv_bits (optional: 8 or 16, the exact rows' bits the
                         adapter is served with), -1 if absent */
+    int serve_window; /* darkformer.serve_window (optional: the window the adapter is
+                         served with by default, chosen by measurement; window stays the
+                         one it was trained with), -1 if absent */
     int prerope;     /* darkformer.prerope */
     uint64_t seed;
     char base_fingerprint[128];
@@ -218,7 +221,8 @@ typedef struct core_features_settings {
 } core_features_settings_t;
 
 /* The one rule for attention settings, used by the server and the CLI:
- * what the caller set wins, then the adapter's darkformer.* values
+ * what the caller set wins, then the adapter's darkformer.* values (for
+ * the window: darkformer.serve_window, then darkformer.window)
  * (adapter_path may be NULL), then the defaults above (a v1 adapter, which
  * predates sinks, means 0 sinks and post-RoPE features). s->seed becomes the
  * adapter's darkformer.seed when it has one (the learned parameters belong
@@ -241,6 +245,8 @@ typedef struct core_features_adapter_desc {
     const float *omega2;              /* borrowed [L][Hkv][M/2][Hd] Flexformer-n ω_2 or NULL */
     const float *tau;                 /* borrowed [L][Hkv] Flexformer-n τ or NULL */
     int lora_rank, n_embd;            /* r (0: no LoRA) and the model width D */
+    int serve_window;                 /* darkformer.serve_window, written when > 0 */
+    int kv_bits;                      /* darkformer.kv_bits (8, 16), written when > 0 */
     const float *lora[8];             /* borrowed, core/lora.h: q A [L][r][D], q B [L][H·Hd][r],
                                          k A, k B [L][Hkv·Hd][r], v A, v B, o A [L][r][H·Hd],
                                          o B [L][D][r] */

@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "core/kernels/half.h"
-#include "core/le.h"
 
 size_t core_kvrow_bytes(core_kvrow_fmt_t f, int64_t hd)
 {
@@ -118,17 +117,38 @@ int core_kvrow_valid(core_kvrow_fmt_t f, const void *src, int64_t n, int64_t hd)
     return 1;
 }
 
+/* A 4-byte word and a half between host order and little-endian bytes
+ * (core/le.h is the core's; kernels keep to their own layer). */
+static void word_to_le(const unsigned char *host, unsigned char *le)
+{
+    uint32_t v;
+    memcpy(&v, host, 4);
+    for (int i = 0; i < 4; i++)
+        le[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void word_from_le(const unsigned char *le, unsigned char *host)
+{
+    const uint32_t v = (uint32_t)le[0] | (uint32_t)le[1] << 8 | (uint32_t)le[2] << 16 |
+                       (uint32_t)le[3] << 24;
+    memcpy(host, &v, 4);
+}
+
 void core_kvrow_to_le(core_kvrow_fmt_t f, const void *rows, unsigned char *le, int64_t n,
                       int64_t hd)
 {
     if (f == CORE_KVROW_F16) {
-        core_le_copy16(le, rows, (size_t)(n * hd));
+        const uint16_t *h = rows;
+        for (int64_t i = 0; i < n * hd; i++) {
+            le[2 * i] = (unsigned char)h[i];
+            le[2 * i + 1] = (unsigned char)(h[i] >> 8);
+        }
         return;
     }
     const size_t rb = core_kvrow_bytes(f, hd);
     for (int64_t r = 0; r < n; r++) {
         const unsigned char *s = (const unsigned char *)rows + (size_t)r * rb;
-        core_le_copy32(le + (size_t)r * rb, s, 1);
+        word_to_le(s, le + (size_t)r * rb);
         memcpy(le + (size_t)r * rb + sizeof(float), s + sizeof(float), (size_t)hd);
     }
 }
@@ -137,13 +157,15 @@ void core_kvrow_from_le(core_kvrow_fmt_t f, const unsigned char *le, void *rows,
                         int64_t hd)
 {
     if (f == CORE_KVROW_F16) {
-        core_le_copy16(rows, le, (size_t)(n * hd));
+        uint16_t *h = rows;
+        for (int64_t i = 0; i < n * hd; i++)
+            h[i] = (uint16_t)(le[2 * i] | le[2 * i + 1] << 8);
         return;
     }
     const size_t rb = core_kvrow_bytes(f, hd);
     for (int64_t r = 0; r < n; r++) {
         unsigned char *d = (unsigned char *)rows + (size_t)r * rb;
-        core_le_copy32(d, le + (size_t)r * rb, 1);
+        word_from_le(le + (size_t)r * rb, d);
         memcpy(d + sizeof(float), le + (size_t)r * rb + sizeof(float), (size_t)hd);
     }
 }

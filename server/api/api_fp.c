@@ -83,6 +83,12 @@ size_t api_attn_config_text(const api_app_t *app, char *buf, size_t len)
                      c->sinks, c->prerope, c->decay_off, c->linear_off, c->n_rot, c->rope_base,
                      c->rope_scale,
                      (unsigned long long)core_state_params_digest(core_model_attn(app->model)));
+    /* 8-bit rows hold other numbers than halves: their states are not
+     * interchangeable (16-bit configurations keep the text they had) */
+    if (n >= 0 && (size_t)n < len && c->kind != CORE_ATTN_EXACT && c->kv_bits == 8) {
+        const int m = snprintf(buf + n, len - (size_t)n, " kv_bits=8");
+        n = m < 0 ? n : n + m;
+    }
     return n < 0 ? 0 : (size_t)n < len ? (size_t)n : len - 1;
 }
 

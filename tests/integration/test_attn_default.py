@@ -167,7 +167,8 @@ def test_serve_defaults_to_darkformer_with_the_adapter(model_dir):
                             tiny_info()["fingerprint"])
     srv = Server(model_dir / "srv", str(model_dir / "m.gguf"), attn=None)
     try:
-        assert session_attention(srv) == {"kind": "darkformer", "features": 16, "window": 8, "memory": 0}
+        assert session_attention(srv) == {"kind": "darkformer", "features": 16, "window": 8, "memory": 0,
+                                          "kv_bits": 16}
         log = srv.log_text()
         assert re.search(r"attention darkformer \(features 16, window 8, sinks 2, .*adapter "
                          + re.escape(adapter) + r"\)", log), log
@@ -179,7 +180,8 @@ def test_serve_defaults_to_darkformer_with_the_adapter(model_dir):
 def test_serve_falls_back_with_a_warning(model_dir):
     srv = Server(model_dir / "srv", str(model_dir / "m.gguf"), attn=None)
     try:
-        assert session_attention(srv) == {"kind": "performer", "features": 128, "window": 256, "memory": 0}
+        assert session_attention(srv) == {"kind": "performer", "features": 128, "window": 256, "memory": 0,
+                                          "kv_bits": 16}
         log = srv.log_text()
         warn = [l for l in log.splitlines() if "no DARKFormer adapter for" in l]
         assert len(warn) == 1 and "WARN" in warn[0].upper(), log
@@ -226,3 +228,64 @@ def test_system_fingerprint_follows_the_adapter_weights(model_dir):
         finally:
             srv.kill()
     assert fps[0] != fps[1] and fps[0] == fps[2], fps
+
+
+def test_adapter_serving_defaults(model_dir):
+    """write_adapter --from adds the serving defaults (darkformer.serve_window,
+    darkformer.kv_bits) to a copy of an adapter: darkserve then runs that
+    window with 8-bit rows where no flag says otherwise, flags still win,
+    and the copy's tensors and other keys are the original's."""
+    tool = os.path.join(BUILD, "tools", "write_adapter")
+    assert os.access(tool, os.X_OK), f"{tool} missing: build it first (make)"
+    src = write_adapter(str(model_dir / "src.gguf"), tiny_info()["fingerprint"], window=8)
+    dst = model_dir / "m.darkformer.gguf"
+    p = subprocess.run([tool, "--model", str(model_dir / "m.gguf"), "--from", src,
+                        "--serve-window", "12", "--kv-bits", "8", "--out", str(dst)],
+                       capture_output=True, text=True, timeout=RUN_S)
+    assert p.returncode == 0, p.stderr
+    r = cli(model_dir)
+    assert r.returncode == 0, r.stderr
+    line = attention_line(r.stderr)
+    assert line.startswith("darkformer (features 16, window 12, sinks 2, 8-bit rows,"), line
+    r = cli(model_dir, "--window", "8", "--kv-bits", "16")
+    assert r.returncode == 0, r.stderr
+    line = attention_line(r.stderr)
+    assert line.startswith("darkformer (features 16, window 8, sinks 2,") and "8-bit" not in line
+    a, b = gguf.GGUFReader(src), gguf.GGUFReader(str(dst))
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    for ta, tb in zip(a.tensors, b.tensors):
+        assert np.array_equal(np.asarray(ta.data), np.asarray(tb.data)), ta.name
+    keys = {f.name for f in b.fields.values()}
+    assert {"darkformer.serve_window", "darkformer.kv_bits", "darkformer.window"} <= keys
+    # the same numbers as the flags on the original adapter
+    os.replace(dst, model_dir / "copy.gguf")
+    shutil.copy(src, model_dir / "m.darkformer.gguf")
+    flags = cli(model_dir, "--window", "12", "--kv-bits", "8")
+    os.replace(model_dir / "copy.gguf", model_dir / "m.darkformer.gguf")
+    keys_run = cli(model_dir)
+    ppl = lambda out: re.search(r"^perplexity: (\S+)", out, re.M).group(1)
+    assert ppl(flags.stdout) == ppl(keys_run.stdout), (flags.stdout, keys_run.stdout)
+
+
+@pytest.mark.parametrize("args", [
+    [],                                        # no serving key to set
+    ["--serve-window", "12", "--kind", "darkformer"],
+    ["--kv-bits", "12"],
+    ["--serve-window", "0"],
+])
+def test_write_adapter_from_refuses(model_dir, args):
+    tool = os.path.join(BUILD, "tools", "write_adapter")
+    src = write_adapter(str(model_dir / "src.gguf"), tiny_info()["fingerprint"])
+    p = subprocess.run([tool, "--model", str(model_dir / "m.gguf"), "--from", src,
+                        "--out", str(model_dir / "o.gguf")] + args,
+                       capture_output=True, text=True, timeout=RUN_S)
+    assert p.returncode == 2 and "usage" in p.stderr, (args, p.stderr)
+    assert not (model_dir / "o.gguf").exists()
+
+
+def test_kv_bits_refused_for_exact_and_bad_values(model_dir):
+    write_adapter(str(model_dir / "m.darkformer.gguf"), tiny_info()["fingerprint"])
+    r = cli(model_dir, "--attn", "exact", "--kv-bits", "8")
+    assert r.returncode != 0 and "8-bit rows" in r.stderr, r.stderr
+    r = cli(model_dir, "--kv-bits", "12")
+    assert r.returncode != 0 and "bits" in r.stderr, r.stderr

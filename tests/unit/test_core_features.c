@@ -583,6 +583,45 @@ TEST(test_adapter_roundtrip_and_errors)
     CHECK_INT_EQ(core_features_adapter_info(g, &info, &err), CORE_EFORMAT);
     CHECK(strstr(err.msg, "darkformer.kind") != NULL);
     core_gguf_close(g);
+
+    /* The serving defaults: darkformer.serve_window wins over the trained
+     * window, darkformer.kv_bits gives the rows' bits; flags win over both;
+     * absent, the trained window and 16 bits. Bad values are refused. */
+    mat[5] = 0.0f;
+    d.serve_window = 100;
+    d.kv_bits = 8;
+    CHECK_INT_EQ(core_features_adapter_write(&d, path, &err), 0);
+    core_features_settings_t fs = {.window = -1, .sinks = -1, .prerope = -1, .memory = -1,
+                                   .kv_bits = -1};
+    CHECK_INT_EQ(core_features_resolve(path, &fs, &err), 0);
+    CHECK_INT_EQ(fs.window, 100);
+    CHECK_INT_EQ(fs.kv_bits, 8);
+    fs = (core_features_settings_t){.window = 7, .sinks = -1, .prerope = -1, .memory = -1,
+                                    .kv_bits = 16};
+    CHECK_INT_EQ(core_features_resolve(path, &fs, &err), 0);
+    CHECK_INT_EQ(fs.window, 7);
+    CHECK_INT_EQ(fs.kv_bits, 16);
+    d.serve_window = 0;
+    d.kv_bits = 0;
+    CHECK_INT_EQ(core_features_adapter_write(&d, path, &err), 0);
+    fs = (core_features_settings_t){.window = -1, .sinks = -1, .prerope = -1, .memory = -1,
+                                    .kv_bits = -1};
+    CHECK_INT_EQ(core_features_resolve(path, &fs, &err), 0);
+    CHECK_INT_EQ(fs.window, 32);
+    CHECK_INT_EQ(fs.kv_bits, CORE_FEATURES_DEFAULT_KV_BITS);
+    static const char *const keys[] = {"darkformer.kv_bits", "darkformer.kv_bits",
+                                       "darkformer.serve_window"};
+    static const int64_t vals[] = {12, 32, (int64_t)CORE_FEATURES_MAX_WINDOW + 1};
+    for (int i = 0; i < 3; i++) {
+        w = core_gguf_writer_new(0);
+        core_gguf_writer_set_int(w, keys[i], CORE_GGUF_TYPE_UINT32, vals[i]);
+        CHECK_INT_EQ(core_gguf_writer_write(w, path, &err), 0);
+        core_gguf_writer_free(w);
+        CHECK_INT_EQ(core_gguf_open(path, &g, &err), 0);
+        CHECK_INT_EQ(core_features_adapter_info(g, &info, &err), CORE_EFORMAT);
+        CHECK_MSG(strstr(err.msg, keys[i]) != NULL, "%s", err.msg);
+        core_gguf_close(g);
+    }
     unlink(path);
 }
 
