@@ -433,16 +433,19 @@ static size_t max_blob_bytes(const core_attn_cfg_t *c, size_t pending, size_t ow
         payload = sat_mul(sat_mul(2 * L, (size_t)c->max_ctx), sat_mul(kv, sizeof(float)));
     } else {
         /* per (layer, KV head, feature) c in f64 and z and an S row in f64
-         * at most; K and V rows in f32 at most of the ring (the window, one
-         * block more with exact memory) and of the sinks; exact memory's λ
-         * word and per head a count and λ rows of a position, a score and K
-         * and V halves (core/attn/attn_linear.c lin_ser_sizes, mem_bytes) */
+         * at most; K and V rows in halves at most (the widest rows written
+         * since the window was kept in halves: 8-bit rows are smaller; the
+         * oldest payloads' f32 rows import while they fit) of the ring (the
+         * window, one block more with exact memory) and of the sinks; exact
+         * memory's λ word and per head a count and λ rows of a position, a
+         * score and K and V halves (core/attn/attn_linear.c lin_ser_sizes,
+         * mem_bytes) */
         const size_t heads = sat_mul(L, (size_t)c->n_head_kv), lambda = (size_t)c->memory;
         const size_t nz = sat_mul(heads, (size_t)c->n_features);
         const size_t rows =
             (size_t)c->window + (size_t)c->sinks + (lambda ? (size_t)CORE_ATTN_MEMORY_BLOCK : 0);
         payload = sat_add(sat_mul(nz, 16), sat_mul(sat_mul(nz, (size_t)c->head_dim), 8));
-        payload = sat_add(payload, sat_mul(sat_mul(2 * L, rows), sat_mul(kv, 4)));
+        payload = sat_add(payload, sat_mul(sat_mul(2 * L, rows), sat_mul(kv, 2)));
         if (lambda) {
             const size_t row = 8 + 4 + 2 * sizeof(uint16_t) * (size_t)c->head_dim;
             payload =
