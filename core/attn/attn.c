@@ -28,6 +28,13 @@ static const core_attn_vtbl_t *vtbl_for(core_attn_kind_t kind)
     return NULL;
 }
 
+int64_t core_attn_layer_window(const core_attn_cfg_t *cfg, int layer)
+{
+    if (cfg->swa_window <= 0 || cfg->swa_period < 1)
+        return 0;
+    return layer % cfg->swa_period == cfg->swa_period - 1 ? 0 : cfg->swa_window;
+}
+
 int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_attn_t **out,
                   core_error_t *err)
 {
@@ -42,6 +49,14 @@ int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_a
                               cfg->n_layer, cfg->n_head, cfg->n_head_kv, cfg->head_dim);
     if (cfg->window < 0 || cfg->n_features < 0 || cfg->max_ctx < 0)
         return core_error_set(err, CORE_EINVAL, "negative window, feature count or context");
+    if (cfg->swa_window < 0 || (cfg->swa_window > 0 && cfg->swa_period < 1))
+        return core_error_set(err, CORE_EINVAL, "bad sliding window %lld (period %d)",
+                              (long long)cfg->swa_window, cfg->swa_period);
+    if (cfg->swa_window > 0 && cfg->kind != CORE_ATTN_EXACT)
+        return core_error_set(err, CORE_EUNSUPPORTED,
+                              "attention kind %s has no sliding-window layers; this model "
+                              "needs exact attention (--attn exact)",
+                              core_attn_kind_name(cfg->kind));
     if (cfg->memory && cfg->kind == CORE_ATTN_EXACT)
         return core_error_set(err, CORE_EINVAL, "an exact memory (%d rows) is for the linear "
                               "kinds: exact attention keeps every key", cfg->memory);
