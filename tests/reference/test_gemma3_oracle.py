@@ -18,9 +18,11 @@ file's norm weights already hold Gemma's 1 + w (the other reading is far
 worse on held-out text), and the sliding window matters past 512 tokens
 (the same positions computed with every layer global differ).
 
-Token ids come from sentencepiece (gemma3_ref.SpmTokenizer). Needs the model
-($DARKSERVE_GEMMA_MODEL, default models/gemma-3-270m-q4_k_m.gguf,
-scripts/fetch_gemma.sh): skipped when it is absent.
+Token ids come from sentencepiece (gemma3_ref.SpmTokenizer). The real-model
+tests need the model ($DARKSERVE_GEMMA_MODEL, default
+models/gemma-3-270m-q4_k_m.gguf, scripts/fetch_gemma.sh) and are skipped
+when it is absent; the tiny fixture's test ($DARKSERVE_TINY_GEMMA, default
+build/fixtures/tiny_gemma3.gguf, made by `make unit`) always runs.
 """
 import os
 import sys
@@ -36,13 +38,36 @@ from test_model_oracle import (DATA, GREEDY_TOL, MAX_TIE_STEPS, REL_TOL, compare
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GEMMA = os.environ.get("DARKSERVE_GEMMA_MODEL",
                        os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
-pytestmark = pytest.mark.skipif(not os.path.isfile(GEMMA),
-                                reason=f"{GEMMA} absent (scripts/fetch_gemma.sh)")
+TINY_GEMMA = os.environ.get("DARKSERVE_TINY_GEMMA",
+                            os.path.join(os.environ.get("DARKSERVE_BUILD",
+                                                        os.path.join(ROOT, "build")),
+                                         "fixtures", "tiny_gemma3.gguf"))
+needs_gemma = pytest.mark.skipif(not os.path.isfile(GEMMA),
+                                 reason=f"{GEMMA} absent (scripts/fetch_gemma.sh)")
 
 N_GREEDY = 24
 LONG = 600
 CHAT = ("<start_of_turn>user\nWhat is the capital of France? Answer in one sentence."
         "<end_of_turn>\n<start_of_turn>model\n")
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma():
+    assert os.path.isfile(TINY_GEMMA), f"tiny gemma3 fixture not found at {TINY_GEMMA} (make unit)"
+    return Gemma3Ref(TINY_GEMMA)
+
+
+@pytest.mark.parametrize("chunk", [0, 13, 1])
+def test_tiny_gemma3_matches_oracle(tiny_gemma, chunk, tmp_path):
+    """The tiny random-weight gemma3 (tests/fixtures/make_tiny_gemma3.py: a
+    window of 8, seven layers) on 60 random tokens: one call, uneven chunks,
+    one token at a time (8-bit rows); every position compared."""
+    ref = tiny_gemma
+    ids = [2] + [int(t) for t in np.random.default_rng(7).integers(7, ref.n_vocab, 59)]
+    c_logits, gen, mode = run_c(TINY_GEMMA, ids, tmp_path, greedy=N_GREEDY, chunk=chunk)
+    compare(c_logits, ref.forward(ids), f"tiny-gemma3/chunk {chunk}",
+            q8_positions(len(ids), chunk, mode == "int8"), tiles=mode == "bf16t")
+    check_greedy(ref, ids, gen, f"tiny-gemma3/chunk {chunk}")
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +116,7 @@ def check_greedy(ref, ids, gen, label):
     assert len(ties) <= MAX_TIE_STEPS
 
 
+@needs_gemma
 @pytest.mark.parametrize("which", ["short", "chat", "long"])
 def test_gemma3_matches_oracle(gemma, which, tmp_path):
     ref, tok = gemma
@@ -110,6 +136,7 @@ def test_gemma3_matches_oracle(gemma, which, tmp_path):
         assert text.startswith(" the capital of the country of France."), text
 
 
+@needs_gemma
 def test_gemma3_decode_path_logits(gemma, tmp_path):
     """The short prompt one token at a time: every position a decode row."""
     ref, tok = gemma
@@ -127,6 +154,7 @@ def nll(logits, ids, rows):
     return -lp[np.nonzero(keep)[0], np.asarray(ids)[rows[keep] + 1]].mean()
 
 
+@needs_gemma
 def test_gemma3_norm_weights_hold_the_one(gemma):
     """Independent of the C code: the file's norm weights are Gemma's 1 + w
     already (llama.cpp's converter adds it); adding 1 again is far worse."""
@@ -143,6 +171,7 @@ def test_gemma3_norm_weights_hold_the_one(gemma):
     assert as_stored < 5.0 and as_stored < plus_one - 1.0
 
 
+@needs_gemma
 def test_gemma3_window_matters_past_512(gemma):
     """The long prompt's last positions change when the local layers see
     the whole context: the comparison above does see the sliding window."""
