@@ -165,7 +165,7 @@ TEST_ENV := OPENBLAS_CORETYPE=$$($(abspath $(BUILD)/darkserve) version | sed -n 
 # the kernel and model tests again on every other kernel path this CPU runs
 # (DARKSERVE_ISA=generic, avx2, ...: scripts/run_unit_isa.sh).
 ISA_TEST_BINS := $(addprefix $(BUILD)/tests/test_core_,qdot qdot_q8 half vexp blas features \
-                   attn_exact model model_tap)
+                   attn_exact model model_gemma3 model_tap)
 unit: $(TEST_BINS) $(TINY) $(TINY_GEMMA) $(BUILD)/darkserve
 	@$(TEST_ENV) scripts/run_unit.sh $(TEST_BINS)
 	@$(TEST_ENV) scripts/run_unit_isa.sh $(ISA_TEST_BINS)
