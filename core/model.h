@@ -1,4 +1,5 @@
-/* core/model.h — Llama-architecture decoder: load from GGUF, batched forward.
+/* core/model.h — Llama-family decoders (general.architecture llama or gemma3;
+ * core/model.c says how gemma3 differs): load from GGUF, batched forward.
  *
  * One core_model_forward() call runs B sequences, each with its own state
  * (position) and its own number of new tokens. The decode rows (sequences of
