@@ -866,6 +866,18 @@ fail:
     return rc;
 }
 
+int core_model_file_exact_only(const char *path)
+{
+    core_gguf_t *g = NULL;
+    core_gguf_str_t a;
+    if (!path || core_gguf_open(path, &g, NULL) < 0)
+        return 0;
+    const int yes = core_gguf_get_str(g, "general.architecture", &a, NULL) == 0 &&
+                    str_eq(a, "gemma3");
+    core_gguf_close(g);
+    return yes;
+}
+
 void core_model_free(core_model_t *m)
 {
     if (!m)

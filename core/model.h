@@ -133,6 +133,12 @@ typedef void (*core_model_tap_fn)(void *ud, int layer, int seq, int64_t pos0, in
 /* fn NULL removes the hook; ud is borrowed and passed through. */
 void core_model_set_tap(core_model_t *m, core_model_tap_fn fn, void *ud);
 
+/* 1 when the model file at path runs exact attention only (its
+ * general.architecture is gemma3: sliding-window layers, no DARKFormer
+ * conversion), 0 when it runs every kind or cannot be read as a GGUF (the
+ * load then says why). Opens the file's header only. */
+int core_model_file_exact_only(const char *path);
+
 /* ---- adapter discovery ---- */
 
 /* Longest path the discovery builds (bytes, with the NUL). */
