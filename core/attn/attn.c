@@ -28,13 +28,6 @@ static const core_attn_vtbl_t *vtbl_for(core_attn_kind_t kind)
     return NULL;
 }
 
-int64_t core_attn_layer_window(const core_attn_cfg_t *cfg, int layer)
-{
-    if (cfg->swa_window <= 0 || cfg->swa_period < 1)
-        return 0;
-    return layer % cfg->swa_period == cfg->swa_period - 1 ? 0 : cfg->swa_window;
-}
-
 int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_attn_t **out,
                   core_error_t *err)
 {
