@@ -70,7 +70,7 @@ typedef struct core_model_info {
     char name[128];
     int n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab;
     int64_t n_ctx_train;
-    double rope_base;      /* llama.rope.freq_base */
+    double rope_base;      /* <arch>.rope.freq_base (gemma3: its global layers') */
     double rope_scale;     /* linear scaling factor, 1 = none */
     double rms_eps;
     int tied_output;       /* output head shares token_embd */
