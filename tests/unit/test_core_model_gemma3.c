@@ -14,8 +14,8 @@
 
 #include "check.h"
 #include "core/gguf.h"
-#include "core/model.h"
 #include "core/kernels/qdot.h"
+#include "core/model.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -53,15 +53,17 @@ static core_attn_state_t *new_state(core_model_t *m)
 
 /* Runs tok[0..n) through s in chunks of `chunk` (0 = one call); the logits
  * [n][nv] of every position into out. */
-static int feed(core_model_t *m, core_attn_state_t *s, const int32_t *tok, int64_t n,
-                int64_t chunk, int nv, float *out)
+static int feed(core_model_t *m, core_attn_state_t *s, const int32_t *tok, int64_t n, int64_t chunk,
+                int nv, float *out)
 {
     if (chunk <= 0)
         chunk = n;
     for (int64_t i = 0; i < n; i += chunk) {
-        core_batch_seq_t sq = {.state = s, .tokens = tok + i,
+        core_batch_seq_t sq = {.state = s,
+                               .tokens = tok + i,
                                .n_tokens = n - i < chunk ? n - i : chunk,
-                               .logits_mode = CORE_LOGITS_ALL, .logits = out + i * nv};
+                               .logits_mode = CORE_LOGITS_ALL,
+                               .logits = out + i * nv};
         core_error_t err = {0};
         int rc = core_model_forward(m, &sq, 1, &err);
         if (rc < 0) {
@@ -197,7 +199,7 @@ typedef struct synth {
     const char *skip_key;    /* omit this key */
     const char *float_key;   /* set this float key to float_val */
     double float_val;
-    const char *int_key;     /* set (or override) this uint32 key to int_val */
+    const char *int_key; /* set (or override) this uint32 key to int_val */
     int64_t int_val;
 } synth_t;
 
@@ -260,12 +262,18 @@ static int write_synth(const char *path, const synth_t *o)
         struct {
             const char *suffix;
             int64_t ne0, ne1;
-        } t[] = {{"attn_norm", S_D, 0},         {"attn_q", S_D, S_H * S_HD},
-                 {"attn_k", S_D, S_HD},         {"attn_v", S_D, S_HD},
-                 {"attn_q_norm", S_HD, 0},      {"attn_k_norm", S_HD, 0},
-                 {"attn_output", S_H * S_HD, S_D}, {"post_attention_norm", S_D, 0},
-                 {"ffn_norm", S_D, 0},          {"ffn_gate", S_D, S_FF},
-                 {"ffn_up", S_D, S_FF},         {"ffn_down", S_FF, S_D},
+        } t[] = {{"attn_norm", S_D, 0},
+                 {"attn_q", S_D, S_H * S_HD},
+                 {"attn_k", S_D, S_HD},
+                 {"attn_v", S_D, S_HD},
+                 {"attn_q_norm", S_HD, 0},
+                 {"attn_k_norm", S_HD, 0},
+                 {"attn_output", S_H * S_HD, S_D},
+                 {"post_attention_norm", S_D, 0},
+                 {"ffn_norm", S_D, 0},
+                 {"ffn_gate", S_D, S_FF},
+                 {"ffn_up", S_D, S_FF},
+                 {"ffn_down", S_FF, S_D},
                  {"post_ffw_norm", S_D, 0}};
         for (size_t i = 0; rc == 0 && i < sizeof t / sizeof t[0]; i++) {
             char name[64];
@@ -341,9 +349,12 @@ TEST(loader_accepts_valid_synthetic)
 
 TEST(loader_rejects_bad_gemma3_models)
 {
-    const char *names[] = {"blk.0.attn_q_norm.weight", "blk.1.attn_k_norm.weight",
-                           "blk.0.post_attention_norm.weight", "blk.1.post_ffw_norm.weight",
-                           "blk.0.attn_q.weight", "blk.1.ffn_down.weight"};
+    const char *names[] = {"blk.0.attn_q_norm.weight",
+                           "blk.1.attn_k_norm.weight",
+                           "blk.0.post_attention_norm.weight",
+                           "blk.1.post_ffw_norm.weight",
+                           "blk.0.attn_q.weight",
+                           "blk.1.ffn_down.weight"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         synth_t miss = {.skip_tensor = names[i]};
         expect_reject(&miss, CORE_EFORMAT, names[i]);
