@@ -214,8 +214,8 @@ CROSS_MAKE  := PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share
 cross-aarch64:
 	@scripts/deps_cross.sh
 	@$(CROSS_MAKE) all
-cross-test: cross-aarch64 $(TINY)
-	@TINY=$(TINY) MODEL=$(MODEL) scripts/cross_test.sh $(CROSS_BUILD)
+cross-test: cross-aarch64 $(TINY) $(TINY_GEMMA)
+	@TINY=$(TINY) TINY_GEMMA=$(TINY_GEMMA) MODEL=$(MODEL) scripts/cross_test.sh $(CROSS_BUILD)
 
 asan:
 	@DARKSERVE_LONGSTREAM_TOKENS=100000 $(MAKE) --no-print-directory BUILD=build-asan \
