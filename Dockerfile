@@ -85,7 +85,8 @@ RUN mkdir -p /models \
          && apt-get install -y --no-install-recommends python3 python3-pip ca-certificates \
          && scripts/fetch_model.sh \
          && mv models/*.gguf /models/ \
-         && cd /models && grep -F '.gguf' /fetch/models/SHA256SUMS | sha256sum -c - ;; \
+         && cd /models && grep -F 'SmolLM2-135M-Instruct.Q4_1.gguf' /fetch/models/SHA256SUMS \
+            | sha256sum -c - ;; \
       *) echo "FETCH_MODEL must be 0 or 1, got '$FETCH_MODEL'" >&2; exit 1 ;; \
     esac
 

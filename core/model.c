@@ -1,6 +1,16 @@
-/* core/model.c — Llama-architecture decoder: GGUF loading and the batched forward.
+/* core/model.c — Llama-family decoders: GGUF loading and the batched forward.
  *
- * Loading reads the llama.* hyperparameters and checks every tensor's
+ * Two architectures share one model description and one forward, chosen by
+ * general.architecture: "llama" and "gemma3". Gemma 3 differs by fields of
+ * the description (read_hparams_gemma3 says which): embeddings scaled by
+ * sqrt(D), RMSNorm after attention and after the FFN as well as before, a
+ * per-head RMSNorm on q and k, GeGLU (tanh GELU) instead of SwiGLU, NeoX
+ * RoPE (halves), sliding-window layers with their own RoPE base
+ * (core_attn_layer_window), the attention scale from the file and optional
+ * final logit soft-capping. Its norm weights are used as stored: llama.cpp's
+ * converter has already added Gemma's 1 to them.
+ *
+ * Loading reads the <arch>.* hyperparameters and checks every tensor's
  * presence, type and shape against them (the error names the tensor). The
  * weight matrices stay in the file's mapping in their GGUF type (F16 and
  * BF16 included), with no f32 copies: the model's resident memory is its
@@ -38,6 +48,7 @@
  * RoPE convention: GGUF llama files carry Q/K weights permuted by the converter
  * so that the "normal" rotation applies, i.e. consecutive pairs
  * (x[2i], x[2i+1]) rotate by pos * base^(-2i/n_rot) (not the NeoX halves).
+ * gemma3 files are not permuted: pairs (x[i], x[i + n_rot/2]) rotate (NeoX).
  * tests/reference/test_model_oracle.py checks this against an independent
  * numpy implementation on the real model.
  */
@@ -113,7 +124,15 @@ typedef struct layer {
     wmat_t w_gate;    /* [FF][D] */
     wmat_t w_up;      /* [FF][D] */
     wmat_t w_down;    /* [D][FF] */
+    /* gemma3 only (NULL for llama): */
+    float *q_norm;         /* [Hd] RMSNorm of each query head */
+    float *k_norm;         /* [Hd] RMSNorm of each key head */
+    float *post_attn_norm; /* [D] RMSNorm of the attention output before the residual */
+    float *post_ffn_norm;  /* [D] RMSNorm of the FFN output before the residual */
+    int rope_set;          /* which of m->rope_inv_freq's sets rotates its q, k */
 } layer_t;
+
+typedef enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_GEMMA3 = 1 } model_arch_t;
 
 struct core_model {
     core_model_info_t info;
@@ -122,12 +141,25 @@ struct core_model {
     core_attn_t *attn;     /* owned */
     core_lora_t *lora;     /* owned, may be NULL: the adapter's q/k/v/o updates (darkformer) */
     int n_rot;             /* rotated dims per head (<= Hd, even) */
+    model_arch_t arch;
+    /* per-architecture fields of the forward (llama: 1, 0, 1, 0, 0, 1) */
+    float emb_scale;       /* embedding rows are multiplied by it (gemma3: sqrt(D)) */
+    int neox;              /* RoPE rotates halves (x[i], x[i + n_rot/2]), not pairs */
+    float q_mult;          /* q rows are multiplied by it: the file's attention scale
+                            * times sqrt(Hd), since attention scales by 1/sqrt(Hd) */
+    int gelu;              /* FFN: gelu_tanh(gate) * up, not silu(gate) * up */
+    double softcap;        /* final logits: c·tanh(logit/c) when > 0 */
+    int n_rope_sets;       /* 1, or 2 with sliding-window layers (0 global, 1 local) */
+    double rope_base_local; /* RoPE base of the local layers */
+    int64_t swa_window;    /* local layers' key window (0: none) */
+    int swa_period;        /* layer l is global when l % swa_period == swa_period - 1 */
     wmat_t tok_embd;       /* [V][D]: rows are dequantized as tokens come in */
     float *out_norm;       /* [D] */
     wmat_t output;         /* [V][D]; a copy of tok_embd's view when tied */
     layer_t *layers;       /* [L] */
-    double *rope_inv_freq; /* [n_rot/2]: base^(-2i/n_rot) / scale */
-    float *rope_cs;        /* [rows][n_rot/2][2] cos, sin of each row's angles (a forward's) */
+    double *rope_inv_freq; /* [n_rope_sets][n_rot/2]: base^(-2i/n_rot) / scale */
+    float *rope_cs;        /* [rows][n_rope_sets][n_rot/2][2] cos, sin of each row's angles
+                            * (a forward's) */
 
     /* scratch, grown to the largest T seen (<= CORE_MODEL_MAX_ROWS) */
     int64_t cap_rows;
@@ -397,6 +429,17 @@ static int pack_matrices(core_model_t *m, core_error_t *err)
     return 0;
 }
 
+/* The file's key <arch>.suffix, in buf (MODEL_NAME_MAX bytes). */
+static const char *arch_key(char *buf, const char *arch, const char *suffix)
+{
+    snprintf(buf, MODEL_NAME_MAX, "%s.%s", arch, suffix);
+    return buf;
+}
+#define KEY(suffix) arch_key(k1, a, suffix)
+#define KEY2(suffix) arch_key(k2, a, suffix)
+
+static int read_hparams_gemma3(core_model_t *m, const char *a, core_error_t *err);
+
 static int read_hparams(core_model_t *m, core_error_t *err)
 {
     const core_gguf_t *g = m->g;
@@ -407,30 +450,37 @@ static int read_hparams(core_model_t *m, core_error_t *err)
         return rc == CORE_ENOTFOUND
                    ? core_error_set(err, CORE_EFORMAT, "missing general.architecture")
                    : rc;
-    if (!str_eq(s, "llama")) {
+    if (str_eq(s, "llama")) {
+        m->arch = MODEL_ARCH_LLAMA;
+    } else if (str_eq(s, "gemma3")) {
+        m->arch = MODEL_ARCH_GEMMA3;
+    } else {
         char arch[64];
         copy_str(arch, sizeof arch, s);
         return core_error_set(err, CORE_EUNSUPPORTED,
-                              "unsupported architecture '%s' (only llama is supported)", arch);
+                              "unsupported architecture '%s' (llama and gemma3 are supported)",
+                              arch);
     }
-    snprintf(in->arch, sizeof in->arch, "llama");
+    const char *a = m->arch == MODEL_ARCH_GEMMA3 ? "gemma3" : "llama";
+    snprintf(in->arch, sizeof in->arch, "%s", a);
+    char k1[MODEL_NAME_MAX], k2[MODEL_NAME_MAX];
     if (core_gguf_get_str(g, "general.name", &s, NULL) == 0 ||
         core_gguf_get_str(g, "general.basename", &s, NULL) == 0)
         copy_str(in->name, sizeof in->name, s);
     else
-        snprintf(in->name, sizeof in->name, "llama");
+        snprintf(in->name, sizeof in->name, "%s", a);
 
     int64_t L, D, FF, H, Hkv, Hd, ctx, n_rot;
-    if ((rc = get_int_req(g, "llama.block_count", 1, MODEL_MAX_LAYERS, &L, err)) < 0 ||
-        (rc = get_int_req(g, "llama.embedding_length", 1, MODEL_MAX_DIM, &D, err)) < 0 ||
-        (rc = get_int_req(g, "llama.feed_forward_length", 1, MODEL_MAX_FF, &FF, err)) < 0 ||
-        (rc = get_int_req(g, "llama.attention.head_count", 1, MODEL_MAX_HEADS, &H, err)) < 0 ||
-        (rc = get_int_opt(g, "llama.attention.head_count_kv", 1, MODEL_MAX_HEADS, H, &Hkv, err)) <
+    if ((rc = get_int_req(g, KEY("block_count"), 1, MODEL_MAX_LAYERS, &L, err)) < 0 ||
+        (rc = get_int_req(g, KEY("embedding_length"), 1, MODEL_MAX_DIM, &D, err)) < 0 ||
+        (rc = get_int_req(g, KEY("feed_forward_length"), 1, MODEL_MAX_FF, &FF, err)) < 0 ||
+        (rc = get_int_req(g, KEY("attention.head_count"), 1, MODEL_MAX_HEADS, &H, err)) < 0 ||
+        (rc = get_int_opt(g, KEY("attention.head_count_kv"), 1, MODEL_MAX_HEADS, H, &Hkv, err)) <
             0 ||
-        (rc = get_int_req(g, "llama.context_length", 1, MODEL_MAX_CTX, &ctx, err)) < 0)
+        (rc = get_int_req(g, KEY("context_length"), 1, MODEL_MAX_CTX, &ctx, err)) < 0)
         return rc;
     int64_t n_expert;
-    if ((rc = get_int_opt(g, "llama.expert_count", 0, INT32_MAX, 0, &n_expert, err)) < 0)
+    if ((rc = get_int_opt(g, KEY("expert_count"), 0, INT32_MAX, 0, &n_expert, err)) < 0)
         return rc;
     if (n_expert > 0)
         return core_error_set(err, CORE_EUNSUPPORTED,
@@ -445,41 +495,42 @@ static int read_hparams(core_model_t *m, core_error_t *err)
     if (H % Hkv != 0)
         return core_error_set(err, CORE_EFORMAT, "head_count %lld is not a multiple of head_count_kv %lld",
                               (long long)H, (long long)Hkv);
-    if ((rc = get_int_opt(g, "llama.attention.key_length", 1, MODEL_MAX_DIM, D / H, &Hd, err)) < 0)
+    if ((rc = get_int_opt(g, KEY("attention.key_length"), 1, MODEL_MAX_DIM, D / H, &Hd, err)) < 0)
         return rc;
     int64_t vlen;
-    if ((rc = get_int_opt(g, "llama.attention.value_length", 1, MODEL_MAX_DIM, Hd, &vlen, err)) < 0)
+    if ((rc = get_int_opt(g, KEY("attention.value_length"), 1, MODEL_MAX_DIM, Hd, &vlen, err)) < 0)
         return rc;
     if (vlen != Hd)
         return core_error_set(err, CORE_EUNSUPPORTED, "value_length %lld differs from key_length %lld",
                               (long long)vlen, (long long)Hd);
     if (Hd * H > (int64_t)MODEL_MAX_DIM * 4 || (Hd % 2) != 0)
         return core_error_set(err, CORE_EFORMAT, "bad head dimension %lld", (long long)Hd);
-    if ((rc = get_int_opt(g, "llama.rope.dimension_count", 2, Hd, Hd, &n_rot, err)) < 0)
+    if ((rc = get_int_opt(g, KEY("rope.dimension_count"), 2, Hd, Hd, &n_rot, err)) < 0)
         return rc;
     if (n_rot % 2 != 0)
-        return core_error_set(err, CORE_EFORMAT, "llama.rope.dimension_count %lld is odd",
+        return core_error_set(err, CORE_EFORMAT, "%s = %lld is odd", KEY("rope.dimension_count"),
                               (long long)n_rot);
 
     double base, eps, scale = 1.0;
-    if ((rc = get_float_opt(g, "llama.rope.freq_base", 10000.0, &base, err)) < 0 ||
-        (rc = get_float_opt(g, "llama.attention.layer_norm_rms_epsilon", 1e-5, &eps, err)) < 0)
+    if ((rc = get_float_opt(g, KEY("rope.freq_base"), 10000.0, &base, err)) < 0 ||
+        (rc = get_float_opt(g, KEY("attention.layer_norm_rms_epsilon"),
+                            m->arch == MODEL_ARCH_GEMMA3 ? 1e-6 : 1e-5, &eps, err)) < 0)
         return rc;
     if (base <= 1.0 || eps < 0.0 || eps > 1.0)
         return core_error_set(err, CORE_ERANGE, "bad rope base %g or rms epsilon %g", base, eps);
-    if (core_gguf_get_str(g, "llama.rope.scaling.type", &s, NULL) == 0) {
+    if (core_gguf_get_str(g, KEY("rope.scaling.type"), &s, NULL) == 0) {
         if (str_eq(s, "linear")) {
-            if ((rc = get_float_opt(g, "llama.rope.scaling.factor", 1.0, &scale, err)) < 0)
+            if ((rc = get_float_opt(g, KEY("rope.scaling.factor"), 1.0, &scale, err)) < 0)
                 return rc;
         } else if (!str_eq(s, "none")) {
             char ty[32];
             copy_str(ty, sizeof ty, s);
-            return core_error_set(err, CORE_EUNSUPPORTED,
-                                  "unsupported llama.rope.scaling.type '%s' (linear, none)", ty);
+            return core_error_set(err, CORE_EUNSUPPORTED, "unsupported %s '%s' (linear, none)",
+                                  KEY2("rope.scaling.type"), ty);
         }
-    } else if (core_gguf_find_key(g, "llama.rope.scale_linear") >= 0) {
+    } else if (core_gguf_find_key(g, KEY("rope.scale_linear")) >= 0) {
         /* older converters wrote the linear factor under this key */
-        if ((rc = get_float_opt(g, "llama.rope.scale_linear", 1.0, &scale, err)) < 0)
+        if ((rc = get_float_opt(g, KEY("rope.scale_linear"), 1.0, &scale, err)) < 0)
             return rc;
     }
     if (scale == 0.0)
@@ -492,8 +543,8 @@ static int read_hparams(core_model_t *m, core_error_t *err)
     core_gguf_arr_t toks;
     if (core_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks, NULL) == 0) {
         V = (int64_t)toks.n;
-    } else if (core_gguf_find_key(g, "llama.vocab_size") >= 0) {
-        if ((rc = get_int_req(g, "llama.vocab_size", 1, MODEL_MAX_VOCAB, &V, err)) < 0)
+    } else if (core_gguf_find_key(g, KEY("vocab_size")) >= 0) {
+        if ((rc = get_int_req(g, KEY("vocab_size"), 1, MODEL_MAX_VOCAB, &V, err)) < 0)
             return rc;
     } else {
         const core_gguf_tensor_t *te = core_gguf_find_tensor(g, "token_embd.weight");
@@ -516,8 +567,67 @@ static int read_hparams(core_model_t *m, core_error_t *err)
     in->rope_scale = scale;
     in->rms_eps = eps;
     m->n_rot = (int)n_rot;
+    m->emb_scale = 1.0f;
+    m->q_mult = 1.0f;
+    m->n_rope_sets = 1;
+    return m->arch == MODEL_ARCH_GEMMA3 ? read_hparams_gemma3(m, a, err) : 0;
+}
+
+/* What gemma3 adds to the common keys, each checked: the sliding window
+ * (required: a Gemma 3 without one is not what this forward computes), the
+ * local layers' period (llama.cpp fixes 6 for gemma3 and writes no key; a
+ * file that has one is read), the local RoPE base (llama.cpp: 10000, key
+ * rope.freq_base_swa when written), the attention scale (attention.scale,
+ * default 1/sqrt(key_length): query_pre_attn_scalar = head dim, as for every
+ * released size but 27B, whose files carry the key), final logit
+ * soft-capping. Attention logit soft-capping (Gemma 2) is refused: exact
+ * attention has no such step. */
+static int read_hparams_gemma3(core_model_t *m, const char *a, core_error_t *err)
+{
+    const core_gguf_t *g = m->g;
+    const core_model_info_t *in = &m->info;
+    char k1[MODEL_NAME_MAX];
+    int64_t W, period;
+    double base_local, scale, softcap, attn_cap;
+    int rc;
+    if ((rc = get_int_req(g, KEY("attention.sliding_window"), 1, MODEL_MAX_CTX, &W, err)) < 0 ||
+        (rc = get_int_opt(g, KEY("attention.sliding_window_pattern"), 1, MODEL_MAX_LAYERS, 6,
+                          &period, err)) < 0 ||
+        (rc = get_float_opt(g, KEY("rope.freq_base_swa"), 10000.0, &base_local, err)) < 0 ||
+        (rc = get_float_opt(g, KEY("attention.scale"), 1.0 / sqrt((double)in->head_dim), &scale,
+                            err)) < 0 ||
+        (rc = get_float_opt(g, KEY("final_logit_softcapping"), 0.0, &softcap, err)) < 0 ||
+        (rc = get_float_opt(g, KEY("attn_logit_softcapping"), 0.0, &attn_cap, err)) < 0)
+        return rc;
+    if (base_local <= 1.0)
+        return core_error_set(err, CORE_ERANGE, "%s = %g must exceed 1", KEY("rope.freq_base_swa"),
+                              base_local);
+    if (!(scale > 0.0) || scale > 1e3)
+        return core_error_set(err, CORE_ERANGE, "%s = %g out of range (0, 1000]",
+                              KEY("attention.scale"), scale);
+    if (softcap < 0.0)
+        return core_error_set(err, CORE_ERANGE, "%s = %g is negative",
+                              KEY("final_logit_softcapping"), softcap);
+    if (attn_cap != 0.0)
+        return core_error_set(err, CORE_EUNSUPPORTED,
+                              "%s = %g: attention logit soft-capping is not supported",
+                              KEY("attn_logit_softcapping"), attn_cap);
+    if (m->n_rot != in->head_dim)
+        return core_error_set(err, CORE_EFORMAT, "%s = %d differs from the head dimension %d",
+                              KEY("rope.dimension_count"), m->n_rot, in->head_dim);
+    m->emb_scale = (float)sqrt((double)in->n_embd);
+    m->neox = 1;
+    m->gelu = 1;
+    m->q_mult = (float)(scale * sqrt((double)in->head_dim));
+    m->softcap = softcap;
+    m->swa_window = W;
+    m->swa_period = (int)period;
+    m->rope_base_local = base_local;
+    m->n_rope_sets = period > 1 ? 2 : 1; /* a period of 1: every layer global */
     return 0;
 }
+#undef KEY
+#undef KEY2
 
 static int load_weights(core_model_t *m, core_error_t *err)
 {
@@ -561,6 +671,26 @@ static int load_weights(core_model_t *m, core_error_t *err)
             if (rc < 0)
                 return rc;
         }
+        if (m->arch != MODEL_ARCH_GEMMA3)
+            continue;
+        struct {
+            const char *suffix;
+            int64_t n;
+            float **vec;
+        } norms[] = {
+            {"attn_q_norm", in->head_dim, &ly->q_norm},
+            {"attn_k_norm", in->head_dim, &ly->k_norm},
+            {"post_attention_norm", D, &ly->post_attn_norm},
+            {"post_ffw_norm", D, &ly->post_ffn_norm},
+        };
+        for (size_t i = 0; i < sizeof norms / sizeof norms[0]; i++) {
+            char name[MODEL_NAME_MAX];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, norms[i].suffix);
+            if ((rc = load_vector(m, name, norms[i].n, norms[i].vec, err)) < 0)
+                return rc;
+        }
+        const core_attn_cfg_t swa = {.swa_window = m->swa_window, .swa_period = m->swa_period};
+        ly->rope_set = core_attn_layer_window(&swa, l) > 0 ? 1 : 0;
     }
     return pack_matrices(m, err);
 }
@@ -583,6 +713,16 @@ static void compute_fingerprint(core_model_t *m)
         uint64_t bits;
         memcpy(&bits, &hf[i], sizeof bits);
         fnv_u64(&f, bits);
+    }
+    if (m->arch == MODEL_ARCH_GEMMA3) {
+        const double gf[] = {m->rope_base_local, m->q_mult, m->softcap};
+        for (size_t i = 0; i < sizeof gf / sizeof gf[0]; i++) {
+            uint64_t bits;
+            memcpy(&bits, &gf[i], sizeof bits);
+            fnv_u64(&f, bits);
+        }
+        fnv_u64(&f, (uint64_t)m->swa_window);
+        fnv_u64(&f, (uint64_t)m->swa_period);
     }
     const int64_t nt = core_gguf_n_tensors(m->g);
     for (int64_t i = 0; i < nt; i++) {
@@ -651,14 +791,27 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
     if ((rc = load_weights(m, err)) < 0)
         goto fail;
 
-    m->rope_inv_freq = malloc((size_t)(m->n_rot / 2) * sizeof *m->rope_inv_freq);
+    if (m->arch == MODEL_ARCH_GEMMA3 && opts->attn_kind != CORE_ATTN_EXACT) {
+        rc = core_error_set(err, CORE_EUNSUPPORTED,
+                            "attention kind %s is not available for gemma3 models yet (no "
+                            "DARKFormer conversion for this architecture): use --attn exact",
+                            core_attn_kind_name(opts->attn_kind));
+        goto fail;
+    }
+    m->rope_inv_freq =
+        malloc((size_t)m->n_rope_sets * (size_t)(m->n_rot / 2) * sizeof *m->rope_inv_freq);
     if (!m->rope_inv_freq) {
         rc = core_error_set(err, CORE_ENOMEM, "out of memory for RoPE frequencies");
         goto fail;
     }
-    for (int i = 0; i < m->n_rot / 2; i++)
+    /* set 0: the global layers (the file's base and linear scaling); set 1:
+     * the local ones (their own base, unscaled) */
+    for (int i = 0; i < m->n_rot / 2; i++) {
         m->rope_inv_freq[i] =
             pow(m->info.rope_base, -2.0 * i / (double)m->n_rot) / m->info.rope_scale;
+        if (m->n_rope_sets > 1)
+            m->rope_inv_freq[m->n_rot / 2 + i] = pow(m->rope_base_local, -2.0 * i / (double)m->n_rot);
+    }
 
     if (opts->adapter_path) {
         if ((rc = core_gguf_open(opts->adapter_path, &m->adapter, err)) < 0 ||
@@ -684,6 +837,8 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         .n_rot = m->n_rot,
         .rope_base = m->info.rope_base,
         .rope_scale = m->info.rope_scale,
+        .swa_window = m->swa_window,
+        .swa_period = m->swa_period,
     };
     /* The pool is the only parallelism: sgemm runs inside its threads (prompt
      * tiles, the attention's units) on one OpenBLAS thread each. */
@@ -712,6 +867,18 @@ fail:
     return rc;
 }
 
+int core_model_file_exact_only(const char *path)
+{
+    core_gguf_t *g = NULL;
+    core_gguf_str_t a;
+    if (!path || core_gguf_open(path, &g, NULL) < 0)
+        return 0;
+    const int yes = core_gguf_get_str(g, "general.architecture", &a, NULL) == 0 &&
+                    str_eq(a, "gemma3");
+    core_gguf_close(g);
+    return yes;
+}
+
 void core_model_free(core_model_t *m)
 {
     if (!m)
@@ -725,6 +892,10 @@ void core_model_free(core_model_t *m)
             layer_t *ly = &m->layers[l];
             free(ly->attn_norm);
             free(ly->ffn_norm);
+            free(ly->q_norm);
+            free(ly->k_norm);
+            free(ly->post_attn_norm);
+            free(ly->post_ffn_norm);
             const wmat_t *ws[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo,
                                   &ly->w_gate, &ly->w_up, &ly->w_down};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
@@ -838,7 +1009,7 @@ static int ensure_scratch(core_model_t *m, int64_t T, core_error_t *err)
         grow((void **)&m->v, t * kvd * f) || grow((void **)&m->att, t * qd * f) ||
         grow((void **)&m->gate, t * FF * f) || grow((void **)&m->up, t * FF * f) ||
         grow((void **)&m->pos, t * sizeof *m->pos) ||
-        grow((void **)&m->rope_cs, t * (size_t)m->n_rot * f) ||
+        grow((void **)&m->rope_cs, t * (size_t)m->n_rope_sets * (size_t)m->n_rot * f) ||
         grow((void **)&m->seq_row, t * sizeof *m->seq_row) ||
         grow((void **)&m->items, t * sizeof *m->items) ||
         grow((void **)&m->pre_n, t * sizeof *m->pre_n) ||
@@ -888,19 +1059,29 @@ static void rope_angles(int n_rot, const double *inv_freq, int64_t pos,
     }
 }
 
-/* Rotates consecutive pairs of the first n_rot dims of each of nh heads of one
- * row by the angles cs (rope_angles). */
-static void rope_row(float *x, int nh, int hd, int n_rot, const float *cs)
+/* Rotates the first n_rot dims of each of nh heads of one row by the angles
+ * cs (rope_angles): consecutive pairs (x[2i], x[2i+1]), or with neox the
+ * halves' pairs (x[i], x[i + n_rot/2]). */
+static void rope_row(float *x, int nh, int hd, int n_rot, int neox, const float *cs)
 {
+    const int64_t half = n_rot / 2, i1 = neox ? half : 1, step = neox ? 1 : 2;
     for (int h = 0; h < nh; h++) {
         float *p = x + (int64_t)h * hd;
-        for (int64_t i = 0; i < n_rot / 2; i++) {
+        for (int64_t i = 0; i < half; i++) {
             const float c = cs[2 * i], s = cs[2 * i + 1];
-            const float a = p[2 * i], b = p[2 * i + 1];
-            p[2 * i] = a * c - b * s;
-            p[2 * i + 1] = a * s + b * c;
+            const float a = p[i * step], b = p[i * step + i1];
+            p[i * step] = a * c - b * s;
+            p[i * step + i1] = a * s + b * c;
         }
     }
+}
+
+/* RMSNorm of each of nh heads of hd values of one row, in place (gemma3's q
+ * and k norms). */
+static void head_norm_row(float *x, int nh, int hd, const float *w, double eps)
+{
+    for (int h = 0; h < nh; h++)
+        rmsnorm(x + (int64_t)h * hd, x + (int64_t)h * hd, w, hd, eps);
 }
 
 static int check_batch(const core_model_t *m, const core_batch_seq_t *seqs, int n_seqs,
@@ -1229,6 +1410,12 @@ static void flush_logits(core_model_t *m, float *const *dst, int nr, int decode,
     matmuls(m, q8 ? nr : 0, gn, q8 ? 0 : ng, D, m->lrows, D, &op, 1, 0);
     for (int i = 0; i < nr; i++)
         memcpy(dst[i], m->logits + (int64_t)i * V, (size_t)V * sizeof(float));
+    if (m->softcap > 0.0) { /* gemma3 with final_logit_softcapping: c·tanh(z/c) */
+        const float c = (float)m->softcap, ic = (float)(1.0 / m->softcap);
+        for (int i = 0; i < nr; i++)
+            for (int64_t j = 0; j < V; j++)
+                dst[i][j] = c * tanhf(dst[i][j] * ic);
+    }
 }
 
 /* Final norm + output head for the requested rows only, MODEL_LOGIT_ROWS at a
@@ -1311,7 +1498,7 @@ static void embed_row(core_model_t *m, int32_t id, float *dst)
  * row's result does not depend on the unit or the thread, so the forward's
  * bits are those of doing it all on one thread. The prompt sequences' LoRA
  * (one product per sequence) stays with the caller, before the run. */
-enum { ROWS_ATTN_NORM, ROWS_ROPE, ROWS_FFN_NORM };
+enum { ROWS_ATTN_NORM, ROWS_ROPE, ROWS_FFN_NORM, ROWS_POST_FFN };
 typedef struct rows_run {
     core_model_t *m;
     const layer_t *ly;
@@ -1360,11 +1547,40 @@ static void rows_worker(void *ctx, int worker, int n_workers)
                 core_lora_add(m->lora, t->l, CORE_LORA_V, nd, m->xn + t0 * D, D, m->v + t0 * kvd,
                               kvd, scratch);
             }
+            const int64_t cs_row = (int64_t)m->n_rope_sets * m->n_rot;
+            const int64_t cs_off = (int64_t)t->ly->rope_set * m->n_rot;
             for (int64_t i = t0; i < t1; i++) {
-                rope_row(m->q + i * qd, (int)H, (int)Hd, m->n_rot, m->rope_cs + i * m->n_rot);
-                rope_row(m->k + i * kvd, (int)Hkv, (int)Hd, m->n_rot, m->rope_cs + i * m->n_rot);
+                float *qi = m->q + i * qd, *ki = m->k + i * kvd;
+                const float *cs = m->rope_cs + i * cs_row + cs_off;
+                if (t->ly->q_norm) {
+                    head_norm_row(qi, (int)H, (int)Hd, t->ly->q_norm, in->rms_eps);
+                    head_norm_row(ki, (int)Hkv, (int)Hd, t->ly->k_norm, in->rms_eps);
+                }
+                rope_row(qi, (int)H, (int)Hd, m->n_rot, m->neox, cs);
+                rope_row(ki, (int)Hkv, (int)Hd, m->n_rot, m->neox, cs);
+                if (m->q_mult != 1.0f)
+                    for (int64_t j = 0; j < qd; j++)
+                        qi[j] *= m->q_mult;
             }
             continue;
+        }
+        if (t->stage == ROWS_POST_FFN) { /* x += post_ffn_norm(FFN output in xn) */
+            for (int64_t i = t0; i < t1; i++) {
+                float *xi = m->x + i * D, *yi = m->xn + i * D;
+                rmsnorm(yi, yi, t->ly->post_ffn_norm, D, in->rms_eps);
+                for (int64_t j = 0; j < D; j++)
+                    xi[j] += yi[j];
+            }
+            continue;
+        }
+        if (t->stage == ROWS_FFN_NORM && t->ly->post_attn_norm) {
+            /* x += post_attn_norm(attention output in xn) */
+            for (int64_t i = t0; i < t1; i++) {
+                float *xi = m->x + i * D, *yi = m->xn + i * D;
+                rmsnorm(yi, yi, t->ly->post_attn_norm, D, in->rms_eps);
+                for (int64_t j = 0; j < D; j++)
+                    xi[j] += yi[j];
+            }
         }
         if (t->stage == ROWS_FFN_NORM && m->lora && nd > 0)
             core_lora_add(m->lora, t->l, CORE_LORA_O, nd, m->att + t0 * qd, qd, m->x + t0 * D, D,
@@ -1393,7 +1609,8 @@ static int takes_q8(const wmat_t *w, int64_t k)
 static int layer_rows(core_model_t *m, int stage, int l, int64_t T, int64_t Td, int64_t Tq,
                       const wmat_t *next)
 {
-    const int quant = stage != ROWS_ROPE && Tq > 0 && next && takes_q8(next, m->info.n_embd);
+    const int quant = (stage == ROWS_ATTN_NORM || stage == ROWS_FFN_NORM) && Tq > 0 && next &&
+                      takes_q8(next, m->info.n_embd);
     if (quant)
         core_q8_act_init(&m->qa, m->qbuf, Tq, m->info.n_embd);
     rows_run_t t = {.m = m, .ly = &m->layers[l], .stage = stage, .l = l, .quant = quant,
@@ -1418,6 +1635,17 @@ typedef struct silu_run {
     _Atomic int64_t next;
 } silu_run_t;
 
+/* GeGLU's product g = gelu(g) * u with GELU's tanh approximation,
+ * gelu(x) = x/2 · (1 + tanh(sqrt(2/pi) · (x + 0.044715 x^3))) (gemma3). */
+static void gelu_mul_f32(float *g, const float *u, int64_t n)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
 static void silu_worker(void *ctx, int worker, int n_workers)
 {
     (void)worker;
@@ -1427,7 +1655,10 @@ static void silu_worker(void *ctx, int worker, int n_workers)
         const int64_t i = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (i >= t->rows)
             return;
-        core_silu_mul_f32(t->g + i * t->len, t->u + i * t->len, t->len);
+        if (t->m->gelu)
+            gelu_mul_f32(t->g + i * t->len, t->u + i * t->len, t->len);
+        else
+            core_silu_mul_f32(t->g + i * t->len, t->u + i * t->len, t->len);
         if (t->quant && i < t->Tq) {
             core_q8_act_t part = act_rows(&t->m->qa, i, 1);
             core_q8_quantize(&part, t->g + i * t->len, t->len);
@@ -1489,8 +1720,13 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         for (int64_t i = 0; i < seqs[b].n_tokens; i++) {
             const int64_t t = m->seq_row[b] + i;
             m->pos[t] = p0 + i;
-            rope_angles(m->n_rot, m->rope_inv_freq, m->pos[t], m->rope_cs + t * m->n_rot);
+            for (int r = 0; r < m->n_rope_sets; r++)
+                rope_angles(m->n_rot, m->rope_inv_freq + (int64_t)r * (m->n_rot / 2), m->pos[t],
+                            m->rope_cs + (t * m->n_rope_sets + r) * m->n_rot);
             embed_row(m, seqs[b].tokens[i], m->x + t * D);
+            if (m->emb_scale != 1.0f)
+                for (int64_t j = 0; j < D; j++)
+                    m->x[t * D + j] *= m->emb_scale;
         }
     }
 
@@ -1521,8 +1757,12 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
         }
         if ((rc = core_attn_forward_batch(m->attn, m->pool, l, n_seqs, m->items, err)) < 0)
             return rc;
-        /* residual folded into the GEMM: x += att · Woᵀ */
-        matmul(m, Tq, npq, qd, m->att, qd, &ly->wo, 1.0f, m->x, D);
+        /* llama: the residual folded into the GEMM, x += att · Woᵀ; gemma3:
+         * xn = att · Woᵀ, normalized and added by ROWS_FFN_NORM */
+        if (ly->post_attn_norm)
+            matmul(m, Tq, npq, qd, m->att, qd, &ly->wo, 0.0f, m->xn, D);
+        else
+            matmul(m, Tq, npq, qd, m->att, qd, &ly->wo, 1.0f, m->x, D);
         if (m->lora)
             lora_prompts(m, l, CORE_LORA_O, Td, m->att, qd, m->x, D);
         ready = layer_rows(m, ROWS_FFN_NORM, l, T, Td, Tq, &ly->w_gate);
@@ -1530,8 +1770,14 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
                                   {&ly->w_up, 0.0f, m->up, FF}};
         matmuls(m, Tq, m->pre_n, npq, D, m->xn, D, gate_up, 2, ready);
         ready = swiglu(m, ly, T, Tq);
-        const wop_t down = {&ly->w_down, 1.0f, m->x, D};
-        matmuls(m, Tq, m->pre_n, npq, FF, m->gate, FF, &down, 1, ready);
+        if (ly->post_ffn_norm) { /* xn = FFN output, then x += its norm */
+            const wop_t down = {&ly->w_down, 0.0f, m->xn, D};
+            matmuls(m, Tq, m->pre_n, npq, FF, m->gate, FF, &down, 1, ready);
+            (void)layer_rows(m, ROWS_POST_FFN, l, T, Td, Tq, NULL);
+        } else {
+            const wop_t down = {&ly->w_down, 1.0f, m->x, D};
+            matmuls(m, Tq, m->pre_n, npq, FF, m->gate, FF, &down, 1, ready);
+        }
     }
 
     compute_logits(m, seqs, n_seqs);

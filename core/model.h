@@ -1,4 +1,5 @@
-/* core/model.h — Llama-architecture decoder: load from GGUF, batched forward.
+/* core/model.h — Llama-family decoders (general.architecture llama or gemma3;
+ * core/model.c says how gemma3 differs): load from GGUF, batched forward.
  *
  * One core_model_forward() call runs B sequences, each with its own state
  * (position) and its own number of new tokens. The decode rows (sequences of
@@ -71,7 +72,7 @@ typedef struct core_model_info {
     char name[128];
     int n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab;
     int64_t n_ctx_train;
-    double rope_base;      /* llama.rope.freq_base */
+    double rope_base;      /* <arch>.rope.freq_base (gemma3: its global layers') */
     double rope_scale;     /* linear scaling factor, 1 = none */
     double rms_eps;
     int tied_output;       /* output head shares token_embd */
@@ -133,6 +134,12 @@ typedef void (*core_model_tap_fn)(void *ud, int layer, int seq, int64_t pos0, in
                                   const float *q, const float *k, const float *v);
 /* fn NULL removes the hook; ud is borrowed and passed through. */
 void core_model_set_tap(core_model_t *m, core_model_tap_fn fn, void *ud);
+
+/* 1 when the model file at path runs exact attention only (its
+ * general.architecture is gemma3: sliding-window layers, no DARKFormer
+ * conversion), 0 when it runs every kind or cannot be read as a GGUF (the
+ * load then says why). Opens the file's header only. */
+int core_model_file_exact_only(const char *path);
 
 /* ---- adapter discovery ---- */
 

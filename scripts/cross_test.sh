@@ -25,6 +25,7 @@ command -v "$qemu" >/dev/null || { echo "cross-test: $qemu not found (scripts/de
 
 export DARKSERVE_BIN=$PWD/$build/darkserve DARKSERVE_BUILD=$PWD/$build
 export DARKSERVE_TINY_MODEL=$PWD/${TINY:-build/fixtures/tiny.gguf}
+export DARKSERVE_TINY_GEMMA=$PWD/${TINY_GEMMA:-build/fixtures/tiny_gemma3.gguf}
 export DARKSERVE_MODEL=$PWD/${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 export DARKSERVE_DATA=$PWD/tests/data
 export UNIT_RUNNER=$qemu UNIT_TIMEOUT=${UNIT_TIMEOUT:-900}

@@ -47,6 +47,14 @@ int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_a
     if (cfg->kv_bits == 8 && cfg->kind == CORE_ATTN_EXACT)
         return core_error_set(err, CORE_EINVAL, "8-bit rows are the linear kinds' window, sinks "
                               "and memory: exact attention keeps its cache in f32");
+    if (cfg->swa_window < 0 || (cfg->swa_window > 0 && cfg->swa_period < 1))
+        return core_error_set(err, CORE_EINVAL, "bad sliding window %lld (period %d)",
+                              (long long)cfg->swa_window, cfg->swa_period);
+    if (cfg->swa_window > 0 && cfg->kind != CORE_ATTN_EXACT)
+        return core_error_set(err, CORE_EUNSUPPORTED,
+                              "attention kind %s has no sliding-window layers; this model "
+                              "needs exact attention (--attn exact)",
+                              core_attn_kind_name(cfg->kind));
     if (cfg->memory && cfg->kind == CORE_ATTN_EXACT)
         return core_error_set(err, CORE_EINVAL, "an exact memory (%d rows) is for the linear "
                               "kinds: exact attention keeps every key", cfg->memory);

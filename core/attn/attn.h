@@ -69,6 +69,12 @@ typedef struct core_attn_cfg {
     int n_rot;        /* RoPE: rotated dims (pairs 2i, 2i+1), needed when prerope */
     double rope_base; /* RoPE: θ_i = pos · base^(-2i/n_rot) / rope_scale */
     double rope_scale;
+    /* Sliding-window (local) layers, exact attention only (Gemma 3): with
+     * swa_window > 0, layer l is local unless l % swa_period ==
+     * swa_period - 1; a query at position p of a local layer sees the keys
+     * at positions j with p - j < swa_window. 0 = every layer global. */
+    int64_t swa_window;
+    int swa_period;
 } core_attn_cfg_t;
 
 /* Largest position a state may reach (2^48 tokens: years of streaming at
@@ -96,6 +102,10 @@ const char *core_attn_kind_name(core_attn_kind_t kind);
 int core_attn_kind_parse(const char *name, core_attn_kind_t *out);
 /* 1 for the Flexformer kinds (signed trigonometric features), else 0. */
 int core_attn_kind_is_trig(core_attn_kind_t kind);
+
+/* The key window of layer under cfg: swa_window for a local layer, 0 (the
+ * whole context) for a global one. */
+int64_t core_attn_layer_window(const core_attn_cfg_t *cfg, int layer);
 
 /* New attention parameters for cfg. adapter (borrowed, may be NULL) is the
  * DARKFormer adapter GGUF for the kinds that need learned parameters. */

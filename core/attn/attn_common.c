@@ -1,5 +1,6 @@
 /* core/attn/attn_common.c — what every attention kind shares and calls: the
- * kinds' names and the growable scratch of core_attn_t (attn_impl.h). Below
+ * kinds' names, the sliding-window rule of a layer and the growable scratch
+ * of core_attn_t (attn_impl.h). Below
  * attn.c's dispatch and the kinds' files (attn_exact.c, attn_linear.c,
  * features.c); calls nothing above it.
  */
@@ -10,6 +11,13 @@
 
 static const char *const kind_names[] = {"exact",        "performer",   "darkformer",
                                          "darkformer-is", "flexformer-s", "flexformer-n"};
+
+int64_t core_attn_layer_window(const core_attn_cfg_t *cfg, int layer)
+{
+    if (cfg->swa_window <= 0 || cfg->swa_period < 1)
+        return 0;
+    return layer % cfg->swa_period == cfg->swa_period - 1 ? 0 : cfg->swa_window;
+}
 
 const char *core_attn_kind_name(core_attn_kind_t kind)
 {

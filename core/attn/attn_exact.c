@@ -10,6 +10,11 @@
  * part-way (or a batch that fails in another sequence) leaves the state as it
  * was: rows past pos are scratch until advanced over.
  *
+ * A sliding-window layer (cfg.swa_window, core_attn_layer_window) keeps every
+ * key like a global one (a state is one format for all layers) but each
+ * query attends only to the last swa_window positions: the GEMMs span the
+ * keys a block of queries can see, not the whole context.
+ *
  * Scores and the weighted sum are GEMMs per query head over a block of query
  * rows (at most EXACT_QB, fewer for long contexts) so the score scratch stays
  * bounded by EXACT_SCORE_FLOATS.
@@ -217,33 +222,42 @@ static int exact_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_
 
     const float scale = (float)(1.0 / sqrt((double)Hd));
     const int group = H / Hkv;
+    /* a local layer's query at position p sees keys [p - W + 1, p] */
+    const int64_t W = core_attn_layer_window(c, layer);
     for (int h = 0; h < H; h++) {
         const int hk = h / group;
         for (int64_t i0 = 0; i0 < n; i0 += qb) {
             const int64_t m = n - i0 < qb ? n - i0 : qb;
-            /* Query row i (absolute position P+i) sees keys [0, P+i]; the block's
-             * last row sees the most, so the GEMM spans that many keys. */
+            /* Query row i (absolute position P+i) sees keys [lo(i), P+i]; the
+             * block's first row sees the lowest, its last the highest, so the
+             * GEMM spans keys [k0, nk) and each row masks the rest. */
             const int64_t nk = P + i0 + m;
-            core_gemm_nt(m, nk, Hd, scale, q + i0 * qs + (int64_t)h * Hd, qs,
-                         Kc + (int64_t)hk * Hd, kvs, 0.0f, S, nk);
+            const int64_t k0 = W > 0 && P + i0 - W + 1 > 0 ? P + i0 - W + 1 : 0;
+            const int64_t span = nk - k0;
+            core_gemm_nt(m, span, Hd, scale, q + i0 * qs + (int64_t)h * Hd, qs,
+                         Kc + k0 * kvs + (int64_t)hk * Hd, kvs, 0.0f, S, span);
             for (int64_t r = 0; r < m; r++) {
-                float *row = S + r * nk;
-                const int64_t valid = P + i0 + r + 1;
-                float mx = row[0];
-                for (int64_t j = 1; j < valid; j++)
+                float *row = S + r * span;
+                const int64_t p = P + i0 + r;                        /* its position */
+                const int64_t lo = W > 0 && p - W + 1 > k0 ? p - W + 1 - k0 : 0;
+                const int64_t hi = p + 1 - k0;                        /* keys [lo, hi) of row */
+                float mx = row[lo];
+                for (int64_t j = lo + 1; j < hi; j++)
                     mx = row[j] > mx ? row[j] : mx;
                 double sum = 0.0;
-                for (int64_t j = 0; j < valid; j++) {
+                for (int64_t j = lo; j < hi; j++) {
                     row[j] = expf(row[j] - mx);
                     sum += row[j];
                 }
                 const float inv = (float)(1.0 / sum);
-                for (int64_t j = 0; j < valid; j++)
+                for (int64_t j = 0; j < lo; j++)
+                    row[j] = 0.0f;
+                for (int64_t j = lo; j < hi; j++)
                     row[j] *= inv;
-                for (int64_t j = valid; j < nk; j++)
+                for (int64_t j = hi; j < span; j++)
                     row[j] = 0.0f;
             }
-            core_gemm_nn(m, Hd, nk, 1.0f, S, nk, Vc + (int64_t)hk * Hd, kvs, 0.0f,
+            core_gemm_nn(m, Hd, span, 1.0f, S, span, Vc + k0 * kvs + (int64_t)hk * Hd, kvs, 0.0f,
                          out + i0 * qs + (int64_t)h * Hd, qs);
         }
     }

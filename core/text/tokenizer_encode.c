@@ -389,22 +389,34 @@ static int spm_fragment(enc_t *e, const unsigned char *p, size_t n, int prefix)
 
 /* ---- driver ---- */
 
-/* Longest special token starting at p[0..n) that flags allow; 0 if none. */
+/* Longest special token starting at p[0..n) that flags allow; 0 if none.
+ * SentencePiece (spm) matches its USER_DEFINED pieces in the escaped text,
+ * where a space and a literal "▁" are one symbol; GGUF files store those
+ * pieces with spaces (llama.cpp's converter unescapes them), so an input
+ * "▁" also walks a space edge of the trie when it has no edge of its own. */
 static size_t match_special(const core_tokenizer_t *t, const unsigned char *p, size_t n, int parse_special,
-                            int32_t *id)
+                            int spm, int32_t *id)
 {
     size_t best = 0;
     int32_t node = 0;
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < n;) {
+        size_t step = 1;
         int32_t c = t->trie[node].child;
         while (c >= 0 && t->trie[c].byte != p[k])
             c = t->trie[c].sibling;
+        if (c < 0 && spm && n - k >= 3 && p[k] == 0xE2 && p[k + 1] == 0x96 && p[k + 2] == 0x81) {
+            c = t->trie[node].child;
+            while (c >= 0 && t->trie[c].byte != ' ')
+                c = t->trie[c].sibling;
+            step = 3;
+        }
         if (c < 0)
             break;
         node = c;
+        k += step;
         int32_t tid = t->trie[node].id;
         if (tid >= 0 && (parse_special || t->types[tid] == CORE_TOK_TYPE_USER_DEFINED)) {
-            best = k + 1;
+            best = k;
             *id = tid;
         }
     }
@@ -438,8 +450,9 @@ static int encode_run(enc_t *e, const unsigned char *text, size_t len, unsigned 
         const int in_plain = k < n_plain && plain[k].off <= i;
         /* a match ends where the current stretch (plain or not) ends */
         const size_t end = in_plain ? plain[k].off + plain[k].len : k < n_plain ? plain[k].off : len;
-        size_t ml = t->trie_first[text[i]]
-                        ? match_special(t, text + i, end - i, parse && !in_plain, &id)
+        const int spm = t->model == CORE_TOK_MODEL_SPM;
+        size_t ml = t->trie_first[text[i]] || (spm && text[i] == 0xE2 && t->trie_first[' '])
+                        ? match_special(t, text + i, end - i, parse && !in_plain, spm, &id)
                         : 0;
         if (ml == 0) {
             i++;

@@ -1,5 +1,7 @@
 /* Exact attention (core/attn/attn_exact.c) against a naive reference written here:
- * plain loops, double precision, the whole history kept by the test. */
+ * plain loops, double precision, the whole history kept by the test; with
+ * sliding-window layers (Gemma 3), the reference masks keys older than the
+ * window. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +11,8 @@
 
 typedef struct hist {
     int L, H, Hkv, Hd;
+    int64_t W;  /* sliding window of the local layers, 0 = none */
+    int period; /* layer l is global when l % period == period - 1 */
     int64_t n, cap;
     float *k, *v; /* [L][cap][Hkv*Hd] every key/value the sequence has seen */
 } hist_t;
@@ -19,6 +23,8 @@ static void hist_init(hist_t *h, int L, int H, int Hkv, int Hd, int64_t cap)
     h->H = H;
     h->Hkv = Hkv;
     h->Hd = Hd;
+    h->W = 0;
+    h->period = 1;
     h->n = 0;
     h->cap = cap;
     h->k = calloc((size_t)L * (size_t)cap * (size_t)(Hkv * Hd), sizeof(float));
@@ -34,6 +40,8 @@ static void hist_free(hist_t *h)
 static void hist_copy(hist_t *dst, const hist_t *src)
 {
     hist_init(dst, src->L, src->H, src->Hkv, src->Hd, src->cap);
+    dst->W = src->W;
+    dst->period = src->period;
     size_t n = (size_t)src->L * (size_t)src->cap * (size_t)(src->Hkv * src->Hd) * sizeof(float);
     memcpy(dst->k, src->k, n);
     memcpy(dst->v, src->v, n);
@@ -48,12 +56,15 @@ static void naive(const hist_t *h, int l, int64_t n, const float *q, double *out
     const float *K = h->k + (size_t)l * (size_t)h->cap * (size_t)kvd;
     const float *V = h->v + (size_t)l * (size_t)h->cap * (size_t)kvd;
     double *s = malloc((size_t)(h->n + n) * sizeof *s);
+    const int local = h->W > 0 && l % h->period != h->period - 1;
     for (int64_t i = 0; i < n; i++) {
         const int64_t ctx = h->n + i + 1;
+        /* a local layer's query at position p sees keys p - W + 1 .. p */
+        const int64_t lo = local && ctx - h->W > 0 ? ctx - h->W : 0;
         for (int hh = 0; hh < h->H; hh++) {
             const int hk = hh / (h->H / h->Hkv);
             double mx = -1e300;
-            for (int64_t j = 0; j < ctx; j++) {
+            for (int64_t j = lo; j < ctx; j++) {
                 double d = 0.0;
                 for (int e = 0; e < h->Hd; e++)
                     d += (double)q[i * qd + hh * h->Hd + e] * K[j * kvd + hk * h->Hd + e];
@@ -62,13 +73,13 @@ static void naive(const hist_t *h, int l, int64_t n, const float *q, double *out
                     mx = s[j];
             }
             double sum = 0.0;
-            for (int64_t j = 0; j < ctx; j++) {
+            for (int64_t j = lo; j < ctx; j++) {
                 s[j] = exp(s[j] - mx);
                 sum += s[j];
             }
             for (int e = 0; e < h->Hd; e++) {
                 double acc = 0.0;
-                for (int64_t j = 0; j < ctx; j++)
+                for (int64_t j = lo; j < ctx; j++)
                     acc += s[j] * V[j * kvd + hk * h->Hd + e];
                 out[i * qd + hh * h->Hd + e] = acc / sum;
             }
@@ -131,15 +142,22 @@ static double step(core_attn_t *a, core_attn_state_t *s, hist_t *h, core_rng_t *
     return worst;
 }
 
-static core_attn_t *make_attn(int L, int H, int Hkv, int Hd, int64_t max_ctx)
+static core_attn_t *make_attn_swa(int L, int H, int Hkv, int Hd, int64_t max_ctx, int64_t W,
+                                  int period)
 {
     core_attn_cfg_t cfg = {.kind = CORE_ATTN_EXACT, .n_layer = L, .n_head = H, .n_head_kv = Hkv,
-                           .head_dim = Hd, .max_ctx = max_ctx};
+                           .head_dim = Hd, .max_ctx = max_ctx, .swa_window = W,
+                           .swa_period = period};
     core_attn_t *a = NULL;
     core_error_t err = {0};
     if (core_attn_new(&cfg, NULL, &a, &err) < 0)
         printf("  core_attn_new: %s\n", err.msg);
     return a;
+}
+
+static core_attn_t *make_attn(int L, int H, int Hkv, int Hd, int64_t max_ctx)
+{
+    return make_attn_swa(L, H, Hkv, Hd, max_ctx, 0, 0);
 }
 
 static void check_shapes(int H, int Hkv, int Hd)
@@ -181,6 +199,73 @@ TEST(matches_naive_gqa)
     check_shapes(4, 2, 16);
     check_shapes(6, 2, 8);
     check_shapes(3, 1, 64);
+}
+
+/* Sliding-window layers: local layers (all but every period-th) against the
+ * masked reference, global ones against the full one, for windows shorter
+ * and longer than a chunk, across the kernel's 256-row query blocks. */
+static void check_window(int64_t W, int period)
+{
+    const int L = 4, H = 4, Hkv = 1, Hd = 32;
+    const int64_t cap = 800;
+    core_attn_t *a = make_attn_swa(L, H, Hkv, Hd, cap, W, period);
+    CHECK(a != NULL);
+    if (!a)
+        return;
+    for (int l = 0; l < L; l++)
+        CHECK_INT_EQ(core_attn_layer_window(core_attn_config(a), l),
+                     l % period == period - 1 ? 0 : W);
+    core_attn_state_t *s = NULL;
+    CHECK_INT_EQ(core_attn_state_new(a, &s, NULL), 0);
+    hist_t h;
+    hist_init(&h, L, H, Hkv, Hd, cap);
+    h.W = W;
+    h.period = period;
+    core_rng_t r;
+    core_rng_seed(&r, (uint64_t)(W * 10 + period));
+    const int64_t chunks[] = {3, 1, 1, 9, 300, 1, 1, 40, 1, 257, 1};
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        int rc;
+        double w = step(a, s, &h, &r, chunks[c], &rc);
+        CHECK_INT_EQ(rc, 0);
+        CHECK_MSG(w < 1e-5, "W=%lld period %d chunk %zu: max rel diff %.3g", (long long)W, period,
+                  c, w);
+    }
+    hist_free(&h);
+    core_attn_state_free(s);
+    core_attn_free(a);
+}
+
+TEST(sliding_window_matches_masked_naive)
+{
+    check_window(7, 2);   /* layers 0 and 2 local, 1 and 3 global */
+    check_window(64, 3);  /* layers 0, 1 local, 2 global, 3 local */
+    check_window(512, 4); /* a window longer than any chunk but the 300 */
+}
+
+/* The masked reference is not the unmasked one: a test that would pass
+ * with the window ignored proves nothing. */
+TEST(sliding_window_changes_the_output)
+{
+    hist_t h;
+    hist_init(&h, 1, 2, 1, 8, 64);
+    core_rng_t r;
+    core_rng_seed(&r, 3);
+    core_attn_t *a = make_attn(1, 2, 1, 8, 64); /* no window */
+    core_attn_state_t *s = NULL;
+    CHECK(a != NULL);
+    if (!a)
+        return;
+    CHECK_INT_EQ(core_attn_state_new(a, &s, NULL), 0);
+    h.W = 4; /* the reference masks, the attention does not */
+    h.period = 2;
+    int rc;
+    double w = step(a, s, &h, &r, 20, &rc);
+    CHECK_INT_EQ(rc, 0);
+    CHECK_MSG(w > 1e-2, "window ignored, yet max rel diff only %.3g", w);
+    hist_free(&h);
+    core_attn_state_free(s);
+    core_attn_free(a);
 }
 
 TEST(overflow_leaves_state_untouched)
@@ -380,6 +465,18 @@ TEST(bad_config_is_refused)
     core_error_t err = {0};
     CHECK(core_attn_new(&cfg, NULL, &a, &err) < 0);
     CHECK(a == NULL);
+    /* sliding windows: negative, no period, or on a linear kind */
+    cfg.max_ctx = 16;
+    cfg.swa_window = -1;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+    cfg.swa_window = 4;
+    cfg.swa_period = 0;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
+    cfg.swa_period = 2;
+    cfg.kind = CORE_ATTN_PERFORMER;
+    CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EUNSUPPORTED);
+    CHECK_MSG(strstr(err.msg, "exact") != NULL, "%s", err.msg);
+    CHECK(a == NULL);
     core_attn_state_free(NULL);
     core_attn_free(NULL);
 }
@@ -388,6 +485,8 @@ int main(void)
 {
     RUN(matches_naive_mha);
     RUN(matches_naive_gqa);
+    RUN(sliding_window_matches_masked_naive);
+    RUN(sliding_window_changes_the_output);
     RUN(overflow_leaves_state_untouched);
     RUN(forward_without_reserve_is_refused);
     RUN(memory_grows_lazily);

@@ -335,6 +335,39 @@ TEST(spm_unknown_without_byte_tokens)
     core_tokenizer_free(t);
 }
 
+/* Gemma-style USER_DEFINED whitespace runs: stored with spaces in the GGUF
+ * (llama.cpp's converter unescapes them), matched by SentencePiece in the
+ * escaped text, so a literal "▁" in the input matches a space of the piece;
+ * without add_space_prefix nothing is prepended. */
+TEST(spm_user_defined_spaces_match_escaped_text)
+{
+    static const char *const toks[] = {"<unk>", SP, "a", "  ", "   ", "<t>"};
+    static const float scores[] = {0, 0, 0, -1000, -1000, -1000};
+    static const int32_t types[] = {2, 1, 1, 4, 4, 4};
+    core_tok_spec_t spec;
+    core_tok_spec_init(&spec);
+    spec.model = CORE_TOK_MODEL_SPM;
+    spec.n_tokens = 6;
+    spec.tokens = toks;
+    spec.scores = scores;
+    spec.token_types = types;
+    spec.unk_id = 0;
+    spec.add_space_prefix = 0;
+    core_tokenizer_t *t = NULL;
+    CHECK_INT_EQ(core_tokenizer_new(&spec, &t, NULL), 0);
+    if (!t)
+        return;
+    ENC_EQ(t, "a  a", 0, 2, 3, 2);                 /* two spaces: the piece */
+    ENC_EQ(t, "a a", 0, 2, 1, 2);                  /* one space: "▁" */
+    ENC_EQ(t, "   a", 0, 4, 2);                    /* longest run first */
+    ENC_EQ(t, " " SP SP "a", 0, 4, 2);            /* "▁" stands for a space */
+    ENC_EQ(t, SP " a", 0, 3, 2);
+    ENC_EQ(t, SP "a", 0, 1, 2);                    /* a lone "▁" is the piece "▁" */
+    ENC_EQ(t, "<t>" SP SP "<t>", 0, 5, 3, 5);      /* USER_DEFINED without parse flag */
+    ENC_EQ(t, "\xE2\x96", 0, 0, 0);                /* a cut "▁": no match, an unk a byte */
+    core_tokenizer_free(t);
+}
+
 /* Random bytes through the tiny SPM vocabulary (every byte has a token) must
  * come back exactly, and never fail. */
 TEST(spm_random_bytes_round_trip)
@@ -905,6 +938,7 @@ int main(void)
     RUN(real_model_invalid_utf8);
     RUN(real_model_limits_and_buffers);
     RUN(stream_holds_back_partial_characters);
+    RUN(spm_user_defined_spaces_match_escaped_text);
     RUN(stream_strip_prefix_spm);
     RUN(concurrent_encoding);
     RUN(bad_arrays_rejected);

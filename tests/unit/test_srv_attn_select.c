@@ -77,6 +77,32 @@ TEST(auto_without_adapter_falls_back)
     CHECK_INT_EQ(ch.mo.linear_off, 0);
 }
 
+/* A gemma3 model (the tiny fixture, DARKSERVE_TINY_GEMMA) runs exact
+ * attention only: auto without an adapter picks exact and says why; an
+ * explicit linear kind is passed on (the load refuses it). */
+TEST(auto_picks_exact_for_gemma3)
+{
+    const char *g = getenv("DARKSERVE_TINY_GEMMA");
+    CHECK_MSG(g != NULL, "DARKSERVE_TINY_GEMMA is not set (run through make unit)");
+    if (!g)
+        return;
+    CHECK_INT_EQ(core_model_file_exact_only(g), 1);
+    CHECK_INT_EQ(core_model_file_exact_only(getenv("DARKSERVE_TINY_MODEL")), 0);
+    CHECK_INT_EQ(core_model_file_exact_only(model), 0); /* no such file */
+    srv_attn_choice_t ch;
+    core_error_t err = {0};
+    srv_attn_request_t rq = flags_unset(SRV_ATTN_AUTO);
+    CHECK_INT_EQ(srv_attn_select(g, &rq, &ch, &err), 0);
+    CHECK_INT_EQ(ch.mo.attn_kind, CORE_ATTN_EXACT);
+    CHECK_INT_EQ(ch.fallback, 1);
+    CHECK_INT_EQ(ch.mo.sinks, 0);
+    CHECK_INT_EQ(ch.mo.memory, 0);
+    CHECK_MSG(strstr(ch.note, "exact attention only") != NULL, "%s", ch.note);
+    rq = flags_unset(CORE_ATTN_PERFORMER);
+    CHECK_INT_EQ(srv_attn_select(g, &rq, &ch, &err), 0);
+    CHECK_INT_EQ(ch.mo.attn_kind, CORE_ATTN_PERFORMER);
+}
+
 TEST(auto_uses_the_adapter_beside_the_model)
 {
     write_adapter(beside);
@@ -199,6 +225,7 @@ int main(void)
     snprintf(other, sizeof other, "%s/other.gguf", dir);
     RUN(parse_names);
     RUN(auto_without_adapter_falls_back);
+    RUN(auto_picks_exact_for_gemma3);
     RUN(auto_uses_the_adapter_beside_the_model);
     RUN(explicit_kinds_do_not_look);
     RUN(unreadable_adapter_names_it);
