@@ -759,6 +759,38 @@ char *proto_messages_json(const char *chat_json, const proto_messages_end_t *m);
 /* {"type":"error","error":{"type","message"}}: Anthropic's error shape, its
  * type from e's status. New text or NULL. */
 char *proto_anthropic_error_json(const proto_error_t *e);
+/* The same as a streamed event: "event: error\ndata: {...}\n\n". */
+char *proto_anthropic_error_event(const proto_error_t *e, size_t *out_len);
+
+/* A streamed Messages answer's events (Anthropic's order: message_start,
+ * then per content block content_block_start, its deltas and
+ * content_block_stop, then message_delta and message_stop; ping between). */
+typedef enum proto_msg_ev_kind {
+    PROTO_MSG_EV_MESSAGE_START, /* id, model, input_tokens */
+    PROTO_MSG_EV_PING,
+    PROTO_MSG_EV_TEXT_START,    /* index: a text block */
+    PROTO_MSG_EV_TOOL_START,    /* index, id, name: a tool_use block */
+    PROTO_MSG_EV_TEXT_DELTA,    /* index, text[len]: text_delta */
+    PROTO_MSG_EV_JSON_DELTA,    /* index, text[len]: input_json_delta */
+    PROTO_MSG_EV_BLOCK_STOP,    /* index */
+    PROTO_MSG_EV_MESSAGE_DELTA, /* stop_reason, stop_sequence, output_tokens */
+    PROTO_MSG_EV_MESSAGE_STOP,
+    PROTO_MSG_EV_ERROR          /* (not built here: proto_anthropic_error_event) */
+} proto_msg_ev_kind_t;
+
+typedef struct proto_msg_ev {
+    proto_msg_ev_kind_t kind;
+    int index;
+    const char *text;
+    size_t len;
+    const char *id, *name, *model;
+    int64_t input_tokens, output_tokens;
+    const char *stop_reason, *stop_sequence;
+} proto_msg_ev_t;
+
+/* The SSE frame "event: <type>\ndata: <json>\n\n" of ev; new text (its
+ * length in *out_len) or NULL. */
+char *proto_messages_event(const proto_msg_ev_t *ev, size_t *out_len);
 
 /* ------------------------------------------------------------ embeddings */
 

@@ -274,6 +274,11 @@ void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out);
 
 /* Answers req with a proto error object. */
 void api_reply_proto(srv_req_t *req, const proto_error_t *e);
+/* 1 for the route of Anthropic's Messages API, whose every error has
+ * Anthropic's shape ({"type":"error","error":{...}}); the error JSON of e
+ * in the shape of route (NULL when out of memory). */
+int api_anthropic_route(const char *route);
+char *api_error_json_for(const char *route, const proto_error_t *e);
 /* Answers req with an error of this kind; msg is printf-style. */
 void api_reply_kind(srv_req_t *req, proto_errkind_t kind, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -64,6 +64,11 @@ typedef struct oa_req {
     char stop_word[PROTO_MAX_STOP_BYTES + 1]; /* the one stop string, if one */
     char *settings;                           /* "generation_settings" JSON, owned */
     int anthropic; /* /v1/messages: the answer and its errors in Anthropic's shape */
+    /* a streamed Messages answer: the content block open (0 none, 1 text,
+     * 2 tool_use) and the next block's index */
+    int blk_open;
+    int blk_next;
+    int64_t input_tokens; /* of the prompt, for message_start */
 } oa_req_t;
 
 static void oa_free(void *kd)
@@ -112,6 +117,55 @@ static const char *shown_finish(srv_finish_t f)
     return api_finish_reason(f);
 }
 
+/* ---- a streamed Messages answer (Anthropic's events) ---- */
+
+static void msg_event(api_gen_t *g, const proto_msg_ev_t *ev)
+{
+    size_t n = 0;
+    char *f = proto_messages_event(ev, &n);
+    if (!f) {
+        SRV_LOG(SRV_LOG_ERROR, g->rid, "out of memory formatting an event");
+        return;
+    }
+    api_gen_write_raw(g, f, n);
+    proto_free(f);
+}
+
+/* Closes the open content block, if any. */
+static void msg_block_close(api_gen_t *g, oa_req_t *r)
+{
+    if (!r->blk_open)
+        return;
+    msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_BLOCK_STOP, .index = r->blk_next - 1});
+    r->blk_open = 0;
+}
+
+/* Text into a text block (one is opened when another kind, or none, is). */
+static void msg_text(api_gen_t *g, oa_req_t *r, const char *text, size_t len)
+{
+    if (len == 0)
+        return;
+    if (r->blk_open != 1) {
+        msg_block_close(g, r);
+        msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START, .index = r->blk_next++});
+        r->blk_open = 1;
+    }
+    msg_event(g, &(proto_msg_ev_t){
+                     .kind = PROTO_MSG_EV_TEXT_DELTA, .index = r->blk_next - 1, .text = text,
+                     .len = len});
+}
+
+/* stop_reason of the Messages answer whose first choice is c. */
+static const char *msg_stop_reason(const oa_choice_t *c)
+{
+    if (c->finish == SRV_FINISH_STOP) {
+        if (c->tp && proto_tool_parser_calls(c->tp) > 0)
+            return "tool_use";
+        return c->eog_end ? "end_turn" : "stop_sequence";
+    }
+    return c->finish == SRV_FINISH_LENGTH ? "max_tokens" : NULL;
+}
+
 /* The parser's findings: content and calls, written as chunks (streamed)
  * or kept for the answer. */
 static void oa_tool_ev(void *ud, const proto_tool_ev_t *tev)
@@ -148,6 +202,27 @@ static void oa_tool_ev(void *ud, const proto_tool_ev_t *tev)
             call->name = name;
         } else if (c->n_calls && (size_t)tev->index == c->n_calls - 1) {
             api_acc_text(&c->calls[tev->index].args, tev->text, tev->len);
+        }
+        return;
+    }
+    if (r->anthropic) {
+        if (tev->kind == PROTO_TOOL_EV_CONTENT) {
+            msg_text(g, r, tev->text, tev->len);
+        } else if (tev->kind == PROTO_TOOL_EV_CALL) {
+            msg_block_close(g, r);
+            char tid[40], name[PROTO_MAX_TOOL_NAME + 1];
+            snprintf(tid, sizeof tid, "toolu_%s", id + 5);
+            snprintf(name, sizeof name, "%.*s", (int)tev->len, tev->text);
+            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TOOL_START,
+                                           .index = r->blk_next++,
+                                           .id = tid,
+                                           .name = name});
+            r->blk_open = 2;
+        } else if (tev->len > 0) {
+            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_JSON_DELTA,
+                                           .index = r->blk_next - 1,
+                                           .text = tev->text,
+                                           .len = tev->len});
         }
         return;
     }
@@ -232,7 +307,7 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
         proto_tool_parser_feed(c->tp, ev->text, ev->len);
         if (ev->finish != SRV_FINISH_NONE) {
             proto_tool_parser_finish(c->tp);
-            const char *tfin = choice_finish(c, ev->finish);
+            const char *tfin = r->anthropic ? NULL : choice_finish(c, ev->finish);
             if (tfin) {
                 proto_choice_t end = {.index = (int)ci, .finish_reason = tfin};
                 char *j = proto_chat_chunk_json(&meta, &end, 0, NULL);
@@ -240,6 +315,10 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
                 proto_free(j);
             }
         }
+        return;
+    }
+    if (r->anthropic) { /* the end is message_delta, from done() */
+        msg_text(g, r, ev->text, ev->len);
         return;
     }
     const char *fin = ev->finish != SRV_FINISH_NONE ? shown_finish(ev->finish) : NULL;
@@ -388,6 +467,24 @@ static void oa_done(api_gen_t *g)
             api_gen_write_error(g, &e);
             return;
         }
+        if (r->anthropic) {
+            const oa_choice_t *c0 = &r->choices[0];
+            if (r->blk_next == 0) /* nothing said: one empty text block */
+                msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START,
+                                               .index = r->blk_next++});
+            r->blk_open = 1;
+            msg_block_close(g, r);
+            const char *sr = msg_stop_reason(c0);
+            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_DELTA,
+                                           .stop_reason = sr,
+                                           .stop_sequence = sr && strcmp(sr, "stop_sequence") == 0 &&
+                                                                    r->n_stop == 1
+                                                                ? r->stop_word
+                                                                : NULL,
+                                           .output_tokens = u.completion_tokens});
+            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_STOP});
+            return;
+        }
         proto_resp_meta_t meta = oa_meta(g, r);
         if (r->native) {
             char *j = proto_completion_chunk_json(&meta, NULL, &u);
@@ -486,13 +583,11 @@ static void oa_done(api_gen_t *g)
     }
     if (r->anthropic && jc) {
         const oa_choice_t *c0 = &r->choices[0];
-        const int word = c0->finish == SRV_FINISH_STOP && !c0->eog_end;
+        const char *sr = msg_stop_reason(c0);
+        const int word = sr && strcmp(sr, "stop_sequence") == 0;
         proto_messages_end_t me = {.id = r->id,
                                    .model = g->app->model_id,
-                                   .stop_reason = c0->finish == SRV_FINISH_STOP
-                                                      ? (word ? "stop_sequence" : "end_turn")
-                                                  : c0->finish == SRV_FINISH_LENGTH ? "max_tokens"
-                                                                                    : NULL,
+                                   .stop_reason = sr,
                                    .stop_sequence = word && r->n_stop == 1 ? r->stop_word : NULL};
         char *ja = proto_messages_json(jc, &me);
         proto_free(jc);
@@ -601,6 +696,7 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     srv_random_hex(hex, 12);
     snprintf(r->id, sizeof r->id, "%s%s", anthropic ? "msg_" : chat ? "chatcmpl-" : "cmpl-", hex);
     r->anthropic = anthropic;
+    r->input_tokens = (int64_t)in[0].n;
     if (sess)
         snprintf(r->session_id, sizeof r->session_id, "%s", srv_session_id(sess));
 
@@ -720,7 +816,18 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     }
     inputs_free(in, n_in);
     api_gen_start(g, req, p->stream, PROTO_STREAM_SSE);
-    if (p->stream && chat) {
+    if (p->stream && anthropic) {
+        msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_START,
+                                       .id = r->id,
+                                       .model = app->model_id,
+                                       .input_tokens = r->input_tokens});
+        if (!r->choices[0].tp) { /* all text: its block opens at once, as Anthropic's does */
+            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START,
+                                           .index = r->blk_next++});
+            r->blk_open = 1;
+        }
+        msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_PING});
+    } else if (p->stream && chat) {
         /* every choice opens with the assistant role, as OpenAI streams do */
         proto_resp_meta_t meta = oa_meta(g, r);
         for (size_t i = 0; i < r->n_choices; i++) {
@@ -1083,8 +1190,9 @@ static void h_messages(srv_req_t *req, void *ud)
         reply_anthropic(req, &e);
         goto out;
     }
-    if (api_chat_tokens(app, cr.messages, cr.n_messages, 0, 0, 1, 0, 1, &in->ids, &in->n, &ce) <
-        0) {
+    if (api_chat_tokens_tools(app, cr.messages, cr.n_messages, cr.tools,
+                              tools_on(&cr) ? cr.n_tools : 0, 0, 0, 1, 0, 1, &in->ids, &in->n,
+                              &ce) < 0) {
         api_core_error(ce.code, "messages", ce.msg, &e);
         reply_anthropic(req, &e);
         inputs_free(in, 1);
@@ -1097,7 +1205,8 @@ static void h_messages(srv_req_t *req, void *ud)
     }
     size_t bounds[SRV_ENGINE_MAX_SNAPS];
     size_t n_bounds =
-        api_prefix_chat_bounds(app, cr.messages, cr.n_messages, NULL, 0, 0, in->ids, in->n, bounds);
+        api_prefix_chat_bounds(app, cr.messages, cr.n_messages, cr.tools,
+                               tools_on(&cr) ? cr.n_tools : 0, 0, in->ids, in->n, bounds);
     oa_run(app, req, 1, &cr.p, &cr, NULL, in, 1, 0, bounds, n_bounds, NULL, 1);
 out:
     proto_chat_free(&cr);
