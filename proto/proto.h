@@ -792,6 +792,82 @@ typedef struct proto_msg_ev {
  * length in *out_len) or NULL. */
 char *proto_messages_event(const proto_msg_ev_t *ev, size_t *out_len);
 
+/* ------------------------------------------------------------ responses */
+
+/* OpenAI's Responses API (POST /v1/responses), the subset docs/API.md
+ * lists: read into the chat request it stands for. */
+#define PROTO_RESPONSE_ID_MAX 64 /* bytes of a response id */
+
+typedef struct proto_responses_req {
+    proto_chat_req_t chat; /* instructions + input as messages; max_output_tokens as
+                              max_tokens; function tools; text.format as response_format */
+    int store;             /* "store", default 1 */
+    char previous_id[PROTO_RESPONSE_ID_MAX + 1]; /* "previous_response_id", "" when absent */
+    char *echo; /* the request fields a response object repeats (JSON object, owned) */
+} proto_responses_req_t;
+
+int proto_responses_parse(const char *body, size_t len, const proto_limits_t *lim,
+                          proto_responses_req_t *out, proto_error_t *err);
+void proto_responses_free(proto_responses_req_t *r);
+
+/* One function_call output item. */
+typedef struct proto_rsp_call {
+    const char *id;      /* item id, "fc_..." */
+    const char *call_id; /* "call_..." */
+    const char *name;
+    const char *arguments;
+    size_t arguments_len;
+} proto_rsp_call_t;
+
+/* A response object: {"id","object":"response","created_at","status",
+ * "error","incomplete_details","model","output":[message?, function_call*],
+ * "usage"} and the fields of echo (proto_responses_req_t). */
+typedef struct proto_rsp_out {
+    const char *id;
+    int64_t created_at;
+    const char *model;
+    const char *status;            /* "in_progress", "completed", "incomplete", "failed" */
+    const char *incomplete_reason; /* "max_output_tokens" or NULL */
+    const char *error_code, *error_message; /* failed: "error" (else null) */
+    const char *echo;
+    int has_message; /* a message item with one output_text part */
+    const char *msg_id, *item_status;
+    const char *text;
+    size_t text_len;
+    const proto_rsp_call_t *calls;
+    size_t n_calls;
+    int with_usage; /* else "usage": null */
+    int64_t input_tokens, output_tokens, cached_tokens;
+} proto_rsp_out_t;
+
+char *proto_responses_json(const proto_rsp_out_t *o);
+/* An output item: the function call (when call), else a message (msg_id;
+ * content one output_text part of text[len], or [] when text is NULL). */
+char *proto_responses_item_json(const proto_rsp_call_t *call, const char *msg_id,
+                                const char *status, const char *text, size_t len);
+
+/* A stream event "event: <type>\ndata: {...}\n\n": type and
+ * sequence_number, then by type: response (JSON text of the response
+ * object), item_id and output_index, content_index (content_part and
+ * output_text events), item (JSON text), part (content_part events: an
+ * output_text part of text[len]), delta / text / arguments (text[len]),
+ * name (function_call_arguments.done); type "error": code, message
+ * (text[len]), param. */
+typedef struct proto_rsp_ev {
+    const char *type;
+    int64_t seq;
+    const char *response;
+    const char *item_id;
+    int output_index, content_index;
+    const char *item;
+    const char *text;
+    size_t len;
+    const char *name;
+    const char *code, *param;
+} proto_rsp_ev_t;
+
+char *proto_responses_event(const proto_rsp_ev_t *ev, size_t *out_len);
+
 /* ------------------------------------------------------------ embeddings */
 
 /* Which API an embedding request came in (docs/API.md, "Embeddings"): the

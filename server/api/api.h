@@ -83,6 +83,8 @@ struct api_io {
     void (*done)(api_io_t *io); /* loop thread, after work */
 };
 
+typedef struct api_rsp_table api_rsp_table_t; /* stored responses (api_responses.c) */
+
 typedef struct api_app {
     const srv_config_t *cfg; /* borrowed from serve */
     uv_loop_t *loop;
@@ -164,6 +166,8 @@ typedef struct api_app {
      * prefix some request in flight will insert is not copied again */
     struct api_pfx_pending *pfx_pending; /* [n_pfx_pending], owned */
     size_t n_pfx_pending, cap_pfx_pending;
+
+    api_rsp_table_t *responses; /* POST /v1/responses with store (api_responses.c); owned */
 } api_app_t;
 
 /* ---- session owners (api_access.c) ----
@@ -250,6 +254,24 @@ void api_io_stop(api_app_t *app);
 
 /* ---- route registration (one per file) ---- */
 int api_openai_routes(api_app_t *app);
+
+/* ---- stored responses (api_responses.c; loop thread) ----
+ * Response ids of POST /v1/responses with "store" mapped onto the sessions
+ * they ran on (see the file's comment). */
+#define API_RESPONSES_MAX 4096              /* entries kept; the oldest go first */
+#define API_RESPONSES_MAX_BYTES (64u << 20) /* of stored answers */
+int api_responses_routes(api_app_t *app); /* GET and DELETE /v1/responses/{id} */
+void api_responses_free(api_app_t *app);
+/* The session of response id as who sees it: 0; -1 when there is no such
+ * response (or another key's); -2 when another response (its id into
+ * next[next_len]) continued it already. */
+int api_responses_find(api_app_t *app, const char *id, const api_caller_t *who,
+                       char session[PROTO_SESSION_ID_LEN + 1], char *next, size_t next_len);
+/* Keeps response id (answer json, copied) on session, owned by owner; prev
+ * (NULL or "") is the response it continued, which is then no longer its
+ * session's head. */
+void api_responses_put(api_app_t *app, const char *id, const char *session, const char *owner,
+                       const char *json, const char *prev);
 int api_ollama_routes(api_app_t *app);
 int api_sessions_routes(api_app_t *app);
 int api_misc_routes(api_app_t *app);
