@@ -254,6 +254,11 @@ void api_io_stop(api_app_t *app);
 
 /* ---- route registration (one per file) ---- */
 int api_openai_routes(api_app_t *app);
+int api_ollama_routes(api_app_t *app);
+int api_sessions_routes(api_app_t *app);
+int api_misc_routes(api_app_t *app);
+int api_embed_routes(api_app_t *app);
+int api_prefix_routes(api_app_t *app);
 
 /* ---- stored responses (api_responses.c; loop thread) ----
  * Response ids of POST /v1/responses with "store" mapped onto the sessions
@@ -262,21 +267,20 @@ int api_openai_routes(api_app_t *app);
 #define API_RESPONSES_MAX_BYTES (64u << 20) /* of stored answers */
 int api_responses_routes(api_app_t *app); /* GET and DELETE /v1/responses/{id} */
 void api_responses_free(api_app_t *app);
-/* The session of response id as who sees it: 0; -1 when there is no such
- * response (or another key's); -2 when another response (its id into
- * next[next_len]) continued it already. */
+/* The session of response id as who sees it: 0, or -1 when there is no
+ * such response (or it is another key's). */
 int api_responses_find(api_app_t *app, const char *id, const api_caller_t *who,
-                       char session[PROTO_SESSION_ID_LEN + 1], char *next, size_t next_len);
-/* Keeps response id (answer json, copied) on session, owned by owner; prev
- * (NULL or "") is the response it continued, which is then no longer its
- * session's head. */
+                       char session[PROTO_SESSION_ID_LEN + 1]);
+/* Keeps response id (answer json, copied) on session, owned by owner. */
 void api_responses_put(api_app_t *app, const char *id, const char *session, const char *owner,
-                       const char *json, const char *prev);
-int api_ollama_routes(api_app_t *app);
-int api_sessions_routes(api_app_t *app);
-int api_misc_routes(api_app_t *app);
-int api_embed_routes(api_app_t *app);
-int api_prefix_routes(api_app_t *app);
+                       const char *json);
+/* A fork of session (owned by owner) for req to continue: 0 with its id in
+ * out when the fork made for req is ready (the handler runs again);
+ * otherwise 1: the fork is made on the I/O thread and the handler runs
+ * again, or req was answered (admission, out of memory, the store's
+ * error). */
+int api_responses_branch(api_app_t *app, srv_req_t *req, const char *session, const char *owner,
+                         char out[PROTO_SESSION_ID_LEN + 1]);
 
 /* "fp_<16 hex>" of the binary's build id, the model fingerprint and the
  * attention configuration (api_fp.c); borrowed from app. NULL before the

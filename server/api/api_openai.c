@@ -652,7 +652,7 @@ static void rsp_done(api_gen_t *g, oa_req_t *r, const proto_error_t *e, const pr
     }
     char *j = rsp_object(g, r, e, u, cached, 1);
     if (j && !e && r->store && r->session_id[0])
-        api_responses_put(g->app, r->id, r->session_id, r->owner, j, r->prev_id);
+        api_responses_put(g->app, r->id, r->session_id, r->owner, j);
     if (!r->stream) {
         api_gen_reply_json(g, 200, j); /* NULL: 500 out of memory */
     } else if (j) {
@@ -1488,8 +1488,8 @@ out:
 }
 
 /* POST /v1/responses: OpenAI's Responses API, the subset docs/API.md lists,
- * run as the chat request it stands for; with "store" on a session (a new
- * one, or previous_response_id's, continued in place: api_responses.c). */
+ * run as the chat request it stands for; with "store" on a session of its
+ * own (a new one, or a copy of previous_response_id's: api_responses.c). */
 static void h_responses(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
@@ -1508,31 +1508,25 @@ static void h_responses(srv_req_t *req, void *ud)
     oa_input_t *in = NULL;
     int fresh = 0;
     if (rq.previous_id[0]) {
-        char sid[PROTO_SESSION_ID_LEN + 1], next[PROTO_RESPONSE_ID_MAX + 1] = "";
+        char sid[PROTO_SESSION_ID_LEN + 1], fork[PROTO_SESSION_ID_LEN + 1];
         if (!rq.store) {
             api_reply_kind(req, PROTO_ERR_UNSUPPORTED, "store",
-                           "'previous_response_id' with 'store': false is not supported: "
-                           "continuing a stored response moves its session on");
+                           "'previous_response_id' with 'store': false is not supported: the "
+                           "continuation runs on a copy of the stored response's session, "
+                           "which is a stored response");
             goto out;
         }
-        int f = api_responses_find(app, rq.previous_id, &who, sid, next, sizeof next);
-        if (f == -1) {
+        if (api_responses_find(app, rq.previous_id, &who, sid) < 0) {
             api_reply_kind(req, PROTO_ERR_NOT_FOUND, "previous_response_id",
                            "Previous response with id '%s' not found.", rq.previous_id);
             goto out;
         }
-        if (f == -2) {
-            proto_error_set(&e, PROTO_ERR_CONFLICT, "previous_response_id",
-                            "response '%s' was continued already (by '%s'): its session holds "
-                            "the later state, so darkserve continues only a conversation's "
-                            "newest response",
-                            rq.previous_id, next);
-            e.code = "response_already_continued";
-            api_reply_proto(req, &e);
-            goto out;
-        }
-        if (take_session(app, req, sid, &sess) < 0)
+        /* the response keeps its state: the continuation runs on a copy */
+        if (api_responses_branch(app, req, sid, who.owner, fork) != 0)
+            goto out; /* answered, or runs again once the copy is made */
+        if (take_session(app, req, fork, &sess) < 0)
             goto out; /* answered, or runs again once the session is read */
+        fresh = 1;
     } else if (rq.store) {
         char why[512], err[SRV_STORE_ERR_MAX] = "";
         if (srv_store_health(app->store, why, sizeof why) < 0) {

@@ -1,17 +1,17 @@
 /* server/api/api_responses.c — the stored responses of POST /v1/responses
  * (docs/API.md "POST /v1/responses"), and
  *   GET    /v1/responses/{id}   the stored response object
- *   DELETE /v1/responses/{id}   forgets it (and its session, when it is
- *                               the newest response of that session)
+ *   DELETE /v1/responses/{id}   forgets it and deletes its session
  *
  * A response made with "store": true runs on a session of the session store
- * (a new one, or the session of its previous_response_id, continued in
- * place), so a later previous_response_id continues from that session's
- * constant-size state without the history being sent or read again. This
- * table maps response ids onto sessions: each entry is one response, its
- * session, the owner tag of the key that made it, its answer (for GET), and
- * whether it is its session's newest response (the head): only a head can
- * be continued, since the session has moved on past the others. The table
+ * of its own: a new one, or, with previous_response_id, a fork of that
+ * response's session (api_responses_branch, on the I/O thread) continued
+ * with only the new input. So a later previous_response_id continues from
+ * that session's constant-size state without the history being sent or
+ * read again, and every stored response keeps its own state: the same
+ * response can be continued twice (two branches). This table maps response
+ * ids onto their sessions: each entry is one response, its session, the
+ * owner tag of the key that made it and its answer (for GET). The table
  * is bounded (API_RESPONSES_MAX entries, API_RESPONSES_MAX_BYTES of
  * answers): the oldest entries are forgotten first (their sessions stay
  * ordinary sessions, under the store's own limits and --session-ttl). It
@@ -29,13 +29,24 @@ typedef struct rsp_entry {
     char id[PROTO_RESPONSE_ID_MAX + 1];
     char session[PROTO_SESSION_ID_LEN + 1];
     char owner[SRV_SESSION_OWNER_LEN + 1];
-    char next[PROTO_RESPONSE_ID_MAX + 1]; /* the response that continued it, "" = head */
     char *json;                           /* the answer, owned */
     size_t json_len;
     uint64_t seq; /* insertion order */
 } rsp_entry_t;
 
+/* A fork made for a request that continues a response
+ * (api_responses_branch), until the request's handler runs again and takes
+ * it. */
+typedef struct rsp_branch {
+    struct rsp_branch *next;
+    char rid[72];                           /* the request's id */
+    char src[PROTO_SESSION_ID_LEN + 1];     /* the session forked */
+    char session[PROTO_SESSION_ID_LEN + 1]; /* the copy */
+    char owner[SRV_SESSION_OWNER_LEN + 1];
+} rsp_branch_t;
+
 struct api_rsp_table {
+    rsp_branch_t *branches;
     rsp_entry_t *e; /* [n], unordered */
     size_t n, cap;
     size_t bytes; /* sum of json_len */
@@ -50,6 +61,11 @@ void api_responses_free(api_app_t *app)
     for (size_t i = 0; i < t->n; i++)
         free(t->e[i].json);
     free(t->e);
+    while (t->branches) {
+        rsp_branch_t *b = t->branches;
+        t->branches = b->next;
+        free(b);
+    }
     free(t);
     app->responses = NULL;
 }
@@ -75,21 +91,17 @@ static void drop(api_rsp_table_t *t, size_t i)
 }
 
 int api_responses_find(api_app_t *app, const char *id, const api_caller_t *who,
-                       char session[PROTO_SESSION_ID_LEN + 1], char *next, size_t next_len)
+                       char session[PROTO_SESSION_ID_LEN + 1])
 {
     rsp_entry_t *e = find(app->responses, id);
     if (!e || !visible(e, who))
         return -1;
     snprintf(session, PROTO_SESSION_ID_LEN + 1, "%s", e->session);
-    if (e->next[0]) {
-        snprintf(next, next_len, "%s", e->next);
-        return -2;
-    }
     return 0;
 }
 
 void api_responses_put(api_app_t *app, const char *id, const char *session, const char *owner,
-                       const char *json, const char *prev)
+                       const char *json)
 {
     if (!app->responses && !(app->responses = calloc(1, sizeof *app->responses)))
         goto oom;
@@ -115,9 +127,6 @@ void api_responses_put(api_app_t *app, const char *id, const char *session, cons
     if (!copy)
         goto oom;
     memcpy(copy, json, len + 1);
-    rsp_entry_t *p = prev && prev[0] ? find(t, prev) : NULL;
-    if (p)
-        snprintf(p->next, sizeof p->next, "%s", id);
     rsp_entry_t *e = &t->e[t->n++];
     memset(e, 0, sizeof *e);
     snprintf(e->id, sizeof e->id, "%s", id);
@@ -131,6 +140,94 @@ void api_responses_put(api_app_t *app, const char *id, const char *session, cons
 oom:
     SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory storing response %s: it cannot be continued",
             id);
+}
+
+/* ---- continuing a response: a fork of its session ---- */
+
+typedef struct rsp_fork {
+    api_io_t io;
+    api_app_t *app;
+    srv_stream_t *stream;
+    rsp_branch_t b;
+    int rc;
+    proto_error_t e;
+} rsp_fork_t;
+
+static void fork_work(api_io_t *io)
+{
+    rsp_fork_t *f = (rsp_fork_t *)io;
+    char err[SRV_STORE_ERR_MAX] = "";
+    f->rc = srv_store_fork_owned(f->app->store, f->b.src, f->b.owner, f->b.session, err,
+                                 sizeof err);
+    if (f->rc < 0)
+        api_store_error(f->rc, f->b.src, err, &f->e);
+}
+
+static void fork_done(api_io_t *io)
+{
+    rsp_fork_t *f = (rsp_fork_t *)io;
+    api_app_t *app = f->app;
+    rsp_branch_t *b = NULL;
+    if (f->rc < 0) {
+        api_defer_reply_error(f->stream, &f->e);
+    } else if (!(app->responses || (app->responses = calloc(1, sizeof *app->responses))) ||
+               !(b = malloc(sizeof *b))) {
+        proto_error_t e;
+        proto_error_set(&e, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        api_defer_reply_error(f->stream, &e);
+    } else {
+        *b = f->b;
+        b->next = app->responses->branches;
+        app->responses->branches = b;
+        if (srv_stream_rerun(f->stream) != 0) { /* the client left: nobody takes it */
+            app->responses->branches = b->next;
+            free(b);
+        }
+    }
+    free(f);
+}
+
+int api_responses_branch(api_app_t *app, srv_req_t *req, const char *session, const char *owner,
+                         char out[PROTO_SESSION_ID_LEN + 1])
+{
+    const char *rid = srv_req_id(req) ? srv_req_id(req) : "";
+    api_rsp_table_t *t = app->responses;
+    for (rsp_branch_t **pp = t ? &t->branches : NULL; pp && *pp; pp = &(*pp)->next) {
+        rsp_branch_t *b = *pp;
+        if (strcmp(b->rid, rid) == 0 && strcmp(b->src, session) == 0 &&
+            strcmp(b->owner, owner ? owner : "") == 0) {
+            snprintf(out, PROTO_SESSION_ID_LEN + 1, "%s", b->session);
+            *pp = b->next;
+            free(b);
+            return 0;
+        }
+    }
+    /* the copy is a new state in memory */
+    srv_session_info_t si;
+    proto_error_t e;
+    if (srv_store_info(app->store, session, &si, NULL, 0) == 0 &&
+        api_state_admit(app, api_state_bound(app, si.tokens), &e) < 0) {
+        api_reply_admit(req, &e);
+        return 1;
+    }
+    rsp_fork_t *f = calloc(1, sizeof *f);
+    if (!f) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        return 1;
+    }
+    f->io.work = fork_work;
+    f->io.done = fork_done;
+    f->app = app;
+    snprintf(f->b.rid, sizeof f->b.rid, "%s", rid);
+    snprintf(f->b.src, sizeof f->b.src, "%s", session);
+    snprintf(f->b.owner, sizeof f->b.owner, "%s", owner ? owner : "");
+    f->stream = srv_stream_defer(req, NULL);
+    if (!f->stream) { /* answered 500 */
+        free(f);
+        return 1;
+    }
+    api_io_submit(app, &f->io);
+    return 1;
 }
 
 static rsp_entry_t *path_entry(api_app_t *app, srv_req_t *req)
@@ -154,7 +251,7 @@ static void h_get(srv_req_t *req, void *ud)
         srv_reply_json(req, 200, e->json);
 }
 
-/* DELETE of a head: its session goes too (on the I/O thread). */
+/* DELETE: the response's session goes too (on the I/O thread). */
 typedef struct rsp_del {
     api_io_t io;
     api_app_t *app;
@@ -193,14 +290,8 @@ static void h_delete(srv_req_t *req, void *ud)
     }
     snprintf(d->body, sizeof d->body, "{\"id\":\"%s\",\"object\":\"response\",\"deleted\":true}",
              e->id);
-    const int head = !e->next[0];
     snprintf(d->session, sizeof d->session, "%s", e->session);
     drop(app->responses, (size_t)(e - app->responses->e));
-    if (!head) {
-        srv_reply_json(req, 200, d->body);
-        free(d);
-        return;
-    }
     d->io.work = del_work;
     d->io.done = del_done;
     d->app = app;

@@ -133,18 +133,28 @@ def test_previous_response_id_continues_the_session(real):
     assert r2.output_text == want["choices"][0]["message"]["content"]
     # the history was not read again: only the new turn's tokens
     assert r2.usage.input_tokens < want["usage"]["prompt_tokens"] - r1.usage.input_tokens
-    # stored: retrieved as answered; an earlier response cannot branch (409)
+    # stored: retrieved as answered
     got = c.responses.retrieve(r2.id)
     assert got.output_text == r2.output_text and got.id == r2.id
-    with pytest.raises(openai.ConflictError) as ei:
-        c.responses.create(model="m", input="x", previous_response_id=r1.id, max_output_tokens=2)
-    assert ei.value.body["param"] == "previous_response_id"
-    # delete: gone, and so is its conversation
+    # every response keeps its own state: r1 continued again is a second
+    # branch from r1's state (the same greedy answer), and r2 still continues
+    r2b = c.responses.create(model="m", input="And another one?", previous_response_id=r1.id,
+                             max_output_tokens=24, temperature=0)
+    assert r2b.id != r2.id and r2b.output_text == r2.output_text
+    assert r2b.usage.input_tokens == r2.usage.input_tokens
+    r3 = c.responses.create(model="m", input="Thanks.", previous_response_id=r2.id,
+                            max_output_tokens=8, temperature=0)
+    assert r3.status in ("completed", "incomplete")
+    # delete: gone (and its session), the others stay
+    n = len(real.json("GET", "/v1/sessions")[1]["data"])
     c.responses.delete(r2.id)
+    assert len(real.json("GET", "/v1/sessions")[1]["data"]) == n - 1
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(r2.id)
     with pytest.raises(openai.NotFoundError):
         c.responses.create(model="m", input="x", previous_response_id=r2.id, max_output_tokens=2)
+    assert c.responses.retrieve(r3.id).output_text == r3.output_text
+    c.responses.create(model="m", input="x", previous_response_id=r3.id, max_output_tokens=2)
 
 
 def test_store_false_keeps_nothing(lin):
