@@ -383,10 +383,15 @@ static int tools_to_chat(json_t *root, json_t *out, proto_error_t *err, int *rc)
     return 0;
 }
 
-/* The chat request (an OpenAI body) the Messages request stands for. */
-static json_t *to_chat(json_t *root, proto_error_t *err, int *rc)
+/* POST /v1/messages/count_tokens takes these */
+static const char *const count_known[] = {"model", "messages", "system", "tools", "tool_choice",
+                                          "thinking"};
+
+/* The chat request (an OpenAI body) the Messages request stands for
+ * (count: a count_tokens request, which has no max_tokens). */
+static json_t *to_chat(json_t *root, int count, proto_error_t *err, int *rc)
 {
-    if (ONLY_KEYS(root, known, NULL) < 0)
+    if ((count ? ONLY_KEYS(root, count_known, NULL) : ONLY_KEYS(root, known, NULL)) < 0)
         return NULL;
     json_t *v = px_get(root, "thinking");
     if (v) {
@@ -398,8 +403,8 @@ static json_t *to_chat(json_t *root, proto_error_t *err, int *rc)
             return NULL;
         }
     }
-    static const char *const required[] = {"model", "max_tokens", "messages"};
-    for (size_t i = 0; i < 3; i++)
+    static const char *const required[] = {"model", "messages", "max_tokens"};
+    for (size_t i = 0; i < (count ? 2u : 3u); i++)
         if (!px_get(root, required[i])) {
             *rc = proto_error_set(err, PROTO_ERR_MISSING, required[i], "%s: Field required",
                                   required[i]);
@@ -461,6 +466,8 @@ static json_t *to_chat(json_t *root, proto_error_t *err, int *rc)
             bad |= json_object_set(out, same[i], v);
     if ((v = px_get(root, "stop_sequences")))
         bad |= json_object_set(out, "stop", v);
+    if (count) /* nothing is generated */
+        bad |= json_object_set_new(out, "max_tokens", json_integer(1));
     if (!bad && tools_to_chat(root, out, err, rc) < 0) {
         json_decref(out);
         return NULL;
@@ -495,8 +502,8 @@ static void anthropic_names(char *s, size_t cap)
     (void)cap;
 }
 
-int proto_messages_parse(const char *body, size_t len, const proto_limits_t *lim,
-                         proto_chat_req_t *out, proto_error_t *err)
+static int messages_parse(const char *body, size_t len, const proto_limits_t *lim,
+                          proto_chat_req_t *out, proto_error_t *err, int count)
 {
     int rc = 0;
     memset(out, 0, sizeof *out);
@@ -510,7 +517,7 @@ int proto_messages_parse(const char *body, size_t len, const proto_limits_t *lim
         return proto_error_set(err, PROTO_ERR_INVALID_VALUE, "temperature",
                                "'temperature' must be a number between 0 and 1");
     }
-    json_t *chat = to_chat(root, err, &rc);
+    json_t *chat = to_chat(root, count, err, &rc);
     json_decref(root);
     if (!chat)
         return rc;
@@ -546,6 +553,18 @@ static json_t *tool_use_id(json_t *id)
     if (strncmp(s, "call_", 5) == 0)
         s += 5;
     return json_sprintf("toolu_%s", s);
+}
+
+int proto_messages_parse(const char *body, size_t len, const proto_limits_t *lim,
+                         proto_chat_req_t *out, proto_error_t *err)
+{
+    return messages_parse(body, len, lim, out, err, 0);
+}
+
+int proto_messages_count_parse(const char *body, size_t len, const proto_limits_t *lim,
+                               proto_chat_req_t *out, proto_error_t *err)
+{
+    return messages_parse(body, len, lim, out, err, 1);
 }
 
 char *proto_messages_json(const char *chat_json, const proto_messages_end_t *m)

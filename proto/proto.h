@@ -756,6 +756,12 @@ typedef struct proto_messages_end {
  * New text or NULL. */
 char *proto_messages_json(const char *chat_json, const proto_messages_end_t *m);
 
+/* POST /v1/messages/count_tokens: the fields of a Messages request that
+ * shape the prompt (model, messages, system, tools, tool_choice, thinking;
+ * no max_tokens), read the same way (max_tokens set to 1). */
+int proto_messages_count_parse(const char *body, size_t len, const proto_limits_t *lim,
+                               proto_chat_req_t *out, proto_error_t *err);
+
 /* {"type":"error","error":{"type","message"}}: Anthropic's error shape, its
  * type from e's status. New text or NULL. */
 char *proto_anthropic_error_json(const proto_error_t *e);

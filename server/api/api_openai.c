@@ -1487,6 +1487,35 @@ out:
     proto_chat_free(&cr);
 }
 
+/* POST /v1/messages/count_tokens: the prompt's tokens of a Messages
+ * request, as /v1/messages renders it (nothing runs). */
+static void h_messages_count(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_chat_req_t cr;
+    proto_error_t e;
+    if (proto_messages_count_parse(body, len, &app->limits, &cr, &e) < 0) {
+        reply_anthropic(req, &e);
+        return;
+    }
+    core_error_t ce = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (api_chat_tokens_tools(app, cr.messages, cr.n_messages, cr.tools,
+                              tools_on(&cr) ? cr.n_tools : 0, 0, 0, 1, 0, 1, &ids, &n, &ce) < 0) {
+        api_core_error(ce.code, "messages", ce.msg, &e);
+        reply_anthropic(req, &e);
+    } else {
+        char j[64];
+        snprintf(j, sizeof j, "{\"input_tokens\":%zu}", n);
+        srv_reply_json(req, 200, j);
+    }
+    free(ids);
+    proto_chat_free(&cr);
+}
+
 /* POST /v1/responses: OpenAI's Responses API, the subset docs/API.md lists,
  * run as the chat request it stands for; with "store" on a session of its
  * own (a new one, or a copy of previous_response_id's: api_responses.c). */
@@ -1606,6 +1635,8 @@ int api_openai_routes(api_app_t *app)
     rc |= srv_http_route(app->http, "POST", "/completions", h_native, app, &json);
     rc |= srv_http_route(app->http, "POST", "/infill", h_infill, app, &json);
     rc |= srv_http_route(app->http, "POST", "/v1/messages", h_messages, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/v1/messages/count_tokens", h_messages_count, app,
+                         &json);
     rc |= srv_http_route(app->http, "POST", "/v1/responses", h_responses, app, &json);
     rc |= srv_http_route(app->http, "POST", "/chat/completions", h_chat, app, &json);
     rc |= srv_http_route(app->http, "GET", "/models", h_models, app, NULL);

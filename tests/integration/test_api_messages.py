@@ -269,3 +269,17 @@ def test_every_refusal_in_anthropics_shape(tiny, servers):
     st, r, _ = s.post("/v1/messages", {"model": "tiny", "max_tokens": 8,
                                        "messages": [{"role": "user", "content": "word " * 40}]})
     assert st == 400 and r["type"] == "error" and "error" in r and "16" in r["error"]["message"]
+
+
+def test_count_tokens_is_the_prompt(lin):
+    c = client(lin)
+    kw = dict(model="tiny", system="Be brief.", messages=ASK)
+    m = c.messages.create(max_tokens=1, **kw)
+    assert c.messages.count_tokens(**kw).input_tokens == m.usage.input_tokens
+    m = c.messages.create(max_tokens=1, tools=TOOLS, **kw)
+    n = c.messages.count_tokens(tools=TOOLS, **kw).input_tokens
+    assert n == m.usage.input_tokens and n > 100
+    st, r, _ = lin.post("/v1/messages/count_tokens", dict(kw, max_tokens=4))
+    assert st == 400 and r["type"] == "error" and "max_tokens" in r["error"]["message"], r
+    st, r, _ = lin.post("/v1/messages/count_tokens", {"model": "tiny"})
+    assert st == 400 and r["type"] == "error" and "messages" in r["error"]["message"], r

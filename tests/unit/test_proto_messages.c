@@ -83,6 +83,25 @@ TEST(tools_and_tool_blocks_become_the_chat_request)
     proto_chat_free(&r);
 }
 
+TEST(count_tokens_request)
+{
+    proto_chat_req_t r;
+    proto_error_t e;
+    const char *ok = "{\"model\":\"m\",\"system\":\"s\",\"messages\":[{\"role\":\"user\","
+                     "\"content\":\"a\"}],\"tools\":[{\"name\":\"f\",\"input_schema\":{}}]}";
+    CHECK_INT_EQ(proto_messages_count_parse(ok, strlen(ok), NULL, &r, &e), 0);
+    CHECK_INT_EQ((int)r.n_messages, 2);
+    CHECK_INT_EQ((int)r.n_tools, 1);
+    proto_chat_free(&r);
+    const char *bad = "{\"model\":\"m\",\"max_tokens\":3,\"messages\":[{\"role\":\"user\","
+                      "\"content\":\"a\"}]}";
+    CHECK(proto_messages_count_parse(bad, strlen(bad), NULL, &r, &e) < 0);
+    CHECK_STR_EQ(e.param, "max_tokens");
+    const char *none = "{\"model\":\"m\"}";
+    CHECK(proto_messages_count_parse(none, strlen(none), NULL, &r, &e) < 0);
+    CHECK_STR_EQ(e.param, "messages");
+}
+
 TEST(stream_events_and_tool_use_answer)
 {
     size_t n = 0;
@@ -237,6 +256,7 @@ int main(void)
 {
     RUN(request_becomes_the_chat_request);
     RUN(tools_and_tool_blocks_become_the_chat_request);
+    RUN(count_tokens_request);
     RUN(stream_events_and_tool_use_answer);
     RUN(refusals_name_the_field);
     RUN(answer_and_error_shapes);
