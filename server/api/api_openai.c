@@ -411,7 +411,10 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
     oa_choice_t *c = &r->choices[ci];
     const int eog = is_eog_event(g, ev);
     const int with_lp = r->logprobs >= 0 && ev->kind == SRV_EVENT_TOKEN && !eog;
-    const int keep_id = r->native && r->return_tokens && ev->kind == SRV_EVENT_TOKEN && !eog;
+    /* llama.cpp's streamed chunks carry their token's id whatever
+     * return_tokens says; its answer only with return_tokens */
+    const int keep_id =
+        r->native && (r->return_tokens || r->stream) && ev->kind == SRV_EVENT_TOKEN && !eog;
     if (ev->finish != SRV_FINISH_NONE) {
         c->finish = ev->finish;
         c->eog_end = eog;
