@@ -283,3 +283,33 @@ def test_count_tokens_is_the_prompt(lin):
     assert st == 400 and r["type"] == "error" and "max_tokens" in r["error"]["message"], r
     st, r, _ = lin.post("/v1/messages/count_tokens", {"model": "tiny"})
     assert st == 400 and r["type"] == "error" and "messages" in r["error"]["message"], r
+
+
+def test_http_layer_refusals_in_anthropics_shape(servers):
+    """What the HTTP layer answers before the route runs (the API key, the
+    method, the media type, an unknown path under /v1/messages) has
+    Anthropic's shape there too, and OpenAI's elsewhere."""
+    s = servers(model=TINY, args=["--api-key", "k"])
+    body = json.dumps({"model": "tiny", "max_tokens": 2, "messages": ASK}).encode()
+
+    def shape(method, path, headers, status, etype):
+        st, hd, data = s.request(method, path, body, headers)
+        assert st == status, data
+        r = json.loads(data)
+        assert r["type"] == "error" and r["error"]["type"] == etype and r["error"]["message"], r
+    js = {"Content-Type": "application/json"}
+    shape("POST", "/v1/messages", js, 401, "authentication_error")
+    shape("POST", "/v1/messages/count_tokens", js, 401, "authentication_error")
+    auth = dict(js, **{"X-Api-Key": "k"})
+    shape("GET", "/v1/messages", auth, 405, "invalid_request_error")
+    shape("POST", "/v1/messages", {"X-Api-Key": "k", "Content-Type": "text/plain"}, 415,
+          "invalid_request_error")
+    shape("POST", "/v1/messages/nope", auth, 404, "not_found_error")
+    st, hd, data = s.request("POST", "/v1/messagesx", body, js)
+    assert st == 401 and "type" not in json.loads(data), data
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=s.url(), api_key="wrong", max_retries=0).messages.create(
+            model="tiny", max_tokens=2, messages=ASK)
+    m = anthropic.Anthropic(base_url=s.url(), api_key="k", max_retries=0).messages.create(
+        model="tiny", max_tokens=2, messages=ASK)
+    assert m.usage.output_tokens >= 1
