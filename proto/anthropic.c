@@ -41,7 +41,8 @@ static int only_keys(json_t *obj, const char *const *allowed, size_t n, const ch
     }
     return 0;
 }
-#define ONLY_KEYS(obj, list, param) only_keys(obj, list, sizeof list / sizeof list[0], param, err, rc)
+#define ONLY_KEYS(obj, list, param)                                                                \
+    only_keys(obj, list, sizeof list / sizeof list[0], param, err, rc)
 
 /* Appends the text of block blk (type "text", at bp) to b. */
 static int text_block(json_t *blk, const char *bp, px_buf_t *b, proto_error_t *err, int *rc)
@@ -104,8 +105,9 @@ static json_t *content_text(json_t *content, const char *param, proto_error_t *e
         char bp[PROTO_ERROR_PARAM_MAX];
         px_paramf(bp, "%s[%zu]", param, k);
         const char *type = block_type(blk, bp, err, rc);
-        if (!type || (strcmp(type, "text") != 0 &&
-                      block_unsupported(bp, type, "only 'text' is", err, rc) < 0) ||
+        if (!type ||
+            (strcmp(type, "text") != 0 &&
+             block_unsupported(bp, type, "only 'text' is", err, rc) < 0) ||
             text_block(blk, bp, &b, err, rc) < 0) {
             px_free(b.p);
             return NULL;
@@ -257,9 +259,9 @@ static int assistant_blocks(json_t *content, const char *cp, json_t *om, proto_e
     json_t *m = json_object();
     bad |= !m;
     bad |= json_object_set_new(m, "role", json_string("assistant"));
-    bad |= json_object_set_new(m, "content", json_array_size(calls) && b.n == 0
-                                                 ? json_null()
-                                                 : json_stringn(b.p ? b.p : "", b.n));
+    bad |= json_object_set_new(
+        m, "content",
+        json_array_size(calls) && b.n == 0 ? json_null() : json_stringn(b.p ? b.p : "", b.n));
     if (json_array_size(calls))
         bad |= json_object_set(m, "tool_calls", calls);
     bad |= json_array_append_new(om, m);
@@ -285,8 +287,8 @@ static int tools_to_chat(json_t *root, json_t *out, proto_error_t *err, int *rc)
     int bad = 0;
     if (tools) {
         if (!json_is_array(tools)) {
-            *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, "tools",
-                                  "'tools' must be an array");
+            *rc =
+                proto_error_set(err, PROTO_ERR_INVALID_VALUE, "tools", "'tools' must be an array");
             return -1;
         }
         json_t *ot = json_array();
@@ -296,8 +298,8 @@ static int tools_to_chat(json_t *root, json_t *out, proto_error_t *err, int *rc)
             char tp[PROTO_ERROR_PARAM_MAX], fp[PROTO_ERROR_PARAM_MAX];
             px_paramf(tp, "tools[%zu]", i);
             if (!json_is_object(t)) {
-                *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, tp, "'%s' must be an object",
-                                      tp);
+                *rc =
+                    proto_error_set(err, PROTO_ERR_INVALID_VALUE, tp, "'%s' must be an object", tp);
                 json_decref(ot);
                 return -1;
             }
@@ -384,8 +386,8 @@ static int tools_to_chat(json_t *root, json_t *out, proto_error_t *err, int *rc)
 }
 
 /* POST /v1/messages/count_tokens takes these */
-static const char *const count_known[] = {"model", "messages", "system", "tools", "tool_choice",
-                                          "thinking"};
+static const char *const count_known[] = {"model", "messages",    "system",
+                                          "tools", "tool_choice", "thinking"};
 
 /* The chat request (an OpenAI body) the Messages request stands for
  * (count: a count_tokens request, which has no max_tokens). */
@@ -459,8 +461,8 @@ static json_t *to_chat(json_t *root, int count, proto_error_t *err, int *rc)
     }
     bad |= json_object_set_new(out, "messages", om);
     om = NULL;
-    static const char *const same[] = {"model", "max_tokens", "temperature", "top_p", "top_k",
-                                       "stream"};
+    static const char *const same[] = {"model", "max_tokens", "temperature",
+                                       "top_p", "top_k",      "stream"};
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
         if ((v = px_get(root, same[i])))
             bad |= json_object_set(out, same[i], v);
@@ -622,15 +624,16 @@ char *proto_messages_json(const char *chat_json, const proto_messages_end_t *m)
     return px_dump(o);
 }
 
-static const char *const ev_names[] = {
-    [PROTO_MSG_EV_MESSAGE_START] = "message_start", [PROTO_MSG_EV_PING] = "ping",
-    [PROTO_MSG_EV_TEXT_START] = "content_block_start",
-    [PROTO_MSG_EV_TOOL_START] = "content_block_start",
-    [PROTO_MSG_EV_TEXT_DELTA] = "content_block_delta",
-    [PROTO_MSG_EV_JSON_DELTA] = "content_block_delta",
-    [PROTO_MSG_EV_BLOCK_STOP] = "content_block_stop",
-    [PROTO_MSG_EV_MESSAGE_DELTA] = "message_delta", [PROTO_MSG_EV_MESSAGE_STOP] = "message_stop",
-    [PROTO_MSG_EV_ERROR] = "error"};
+static const char *const ev_names[] = {[PROTO_MSG_EV_MESSAGE_START] = "message_start",
+                                       [PROTO_MSG_EV_PING] = "ping",
+                                       [PROTO_MSG_EV_TEXT_START] = "content_block_start",
+                                       [PROTO_MSG_EV_TOOL_START] = "content_block_start",
+                                       [PROTO_MSG_EV_TEXT_DELTA] = "content_block_delta",
+                                       [PROTO_MSG_EV_JSON_DELTA] = "content_block_delta",
+                                       [PROTO_MSG_EV_BLOCK_STOP] = "content_block_stop",
+                                       [PROTO_MSG_EV_MESSAGE_DELTA] = "message_delta",
+                                       [PROTO_MSG_EV_MESSAGE_STOP] = "message_stop",
+                                       [PROTO_MSG_EV_ERROR] = "error"};
 
 /* "event: <name>\ndata: <json>\n\n" of a JSON text (reference stolen). */
 static char *sse_named(const char *name, json_t *o, size_t *out_len)
@@ -694,7 +697,8 @@ char *proto_messages_event(const proto_msg_ev_t *ev, size_t *out_len)
         const int text = ev->kind == PROTO_MSG_EV_TEXT_DELTA;
         x = json_object();
         bad |= !x || json_object_set_new(o, "index", json_integer(ev->index));
-        bad |= json_object_set_new(x, "type", json_string(text ? "text_delta" : "input_json_delta"));
+        bad |=
+            json_object_set_new(x, "type", json_string(text ? "text_delta" : "input_json_delta"));
         bad |= json_object_set_new(x, text ? "text" : "partial_json", px_str(ev->text, ev->len));
         bad |= json_object_set_new(o, "delta", x);
         break;
@@ -712,8 +716,7 @@ char *proto_messages_event(const proto_msg_ev_t *ev, size_t *out_len)
         bad |= json_object_set_new(y, "output_tokens", json_integer(ev->output_tokens));
         bad |= json_object_set_new(o, "usage", y);
         break;
-    default:
-        break;
+    default: break;
     }
     if (bad) {
         json_decref(o);

@@ -222,13 +222,12 @@ static int logit_bias_pairs(json_t *root, proto_error_t *err)
         if (!json_is_array(e) || json_array_size(e) != 2 || !json_is_integer(id) ||
             json_integer_value(id) < 0 || !(json_is_number(b) || json_is_false(b))) {
             json_decref(o);
-            return proto_error_set(err, json_is_string(id) ? PROTO_ERR_UNSUPPORTED
-                                                           : PROTO_ERR_INVALID_VALUE,
-                                   ep,
-                                   "'%s' must be [token id, bias] (a bias between -100 and 100, "
-                                   "or false); texts in place of ids are not supported (POST "
-                                   "/tokenize gives ids)",
-                                   ep);
+            return proto_error_set(
+                err, json_is_string(id) ? PROTO_ERR_UNSUPPORTED : PROTO_ERR_INVALID_VALUE, ep,
+                "'%s' must be [token id, bias] (a bias between -100 and 100, "
+                "or false); texts in place of ids are not supported (POST "
+                "/tokenize gives ids)",
+                ep);
         }
         char key[24];
         snprintf(key, sizeof key, "%lld", (long long)json_integer_value(id));

@@ -781,7 +781,7 @@ typedef enum proto_msg_ev_kind {
     PROTO_MSG_EV_BLOCK_STOP,    /* index */
     PROTO_MSG_EV_MESSAGE_DELTA, /* stop_reason, stop_sequence, output_tokens */
     PROTO_MSG_EV_MESSAGE_STOP,
-    PROTO_MSG_EV_ERROR          /* (not built here: proto_anthropic_error_event) */
+    PROTO_MSG_EV_ERROR /* (not built here: proto_anthropic_error_event) */
 } proto_msg_ev_kind_t;
 
 typedef struct proto_msg_ev {
@@ -832,8 +832,8 @@ typedef struct proto_rsp_out {
     const char *id;
     int64_t created_at;
     const char *model;
-    const char *status;            /* "in_progress", "completed", "incomplete", "failed" */
-    const char *incomplete_reason; /* "max_output_tokens" or NULL */
+    const char *status;                     /* "in_progress", "completed", "incomplete", "failed" */
+    const char *incomplete_reason;          /* "max_output_tokens" or NULL */
     const char *error_code, *error_message; /* failed: "error" (else null) */
     const char *echo;
     int has_message; /* a message item with one output_text part */

@@ -13,14 +13,33 @@
 
 /* what the request may hold; the second list is recognized but refused
  * unless absent or at its neutral value (checked below) */
-static const char *const known[] = {
-    "model",       "input",          "instructions",      "max_output_tokens",
-    "temperature", "top_p",          "stream",            "store",
-    "tools",       "tool_choice",    "parallel_tool_calls", "text",
-    "metadata",    "user",           "safety_identifier", "prompt_cache_key",
-    "service_tier", "truncation",    "include",           "reasoning",
-    "background",  "stream_options", "top_logprobs",      "max_tool_calls",
-    "conversation", "prompt",        "previous_response_id"};
+static const char *const known[] = {"model",
+                                    "input",
+                                    "instructions",
+                                    "max_output_tokens",
+                                    "temperature",
+                                    "top_p",
+                                    "stream",
+                                    "store",
+                                    "tools",
+                                    "tool_choice",
+                                    "parallel_tool_calls",
+                                    "text",
+                                    "metadata",
+                                    "user",
+                                    "safety_identifier",
+                                    "prompt_cache_key",
+                                    "service_tier",
+                                    "truncation",
+                                    "include",
+                                    "reasoning",
+                                    "background",
+                                    "stream_options",
+                                    "top_logprobs",
+                                    "max_tool_calls",
+                                    "conversation",
+                                    "prompt",
+                                    "previous_response_id"};
 
 static int fail(int *rc, proto_error_t *err, proto_errkind_t kind, const char *param,
                 const char *msg)
@@ -86,12 +105,13 @@ static int refuse_unhonoured(json_t *root, proto_error_t *err, int *rc)
                             "darkserve adds no obfuscation)");
         }
     }
-    static const char *const strings[] = {"user", "safety_identifier", "prompt_cache_key",
-                                          "service_tier", "previous_response_id", "instructions"};
+    static const char *const strings[] = {
+        "user",         "safety_identifier",    "prompt_cache_key",
+        "service_tier", "previous_response_id", "instructions"};
     for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++)
         if ((v = px_get(root, strings[i])) && !json_is_string(v)) {
-            *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, strings[i],
-                                  "'%s' must be a string", strings[i]);
+            *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, strings[i], "'%s' must be a string",
+                                  strings[i]);
             return -1;
         }
     if ((v = px_get(root, "metadata")) && !json_is_object(v))
@@ -103,8 +123,7 @@ static int refuse_unhonoured(json_t *root, proto_error_t *err, int *rc)
 
 /* The text of a content value (a string or an array of text parts of the
  * given types) as a new JSON string. */
-static json_t *parts_text(json_t *c, const char *param, int assistant, proto_error_t *err,
-                          int *rc)
+static json_t *parts_text(json_t *c, const char *param, int assistant, proto_error_t *err, int *rc)
 {
     if (json_is_string(c))
         return json_incref(c);
@@ -130,11 +149,11 @@ static json_t *parts_text(json_t *c, const char *param, int assistant, proto_err
         const int ok = strcmp(t, "input_text") == 0 ||
                        (assistant && (strcmp(t, "output_text") == 0 || strcmp(t, "refusal") == 0));
         if (!ok) {
-            *rc = proto_error_set(err, PROTO_ERR_UNSUPPORTED, pp,
-                                  "'%s': content parts of type '%.40s' are not supported; %s", pp,
-                                  t,
-                                  assistant ? "an assistant message takes 'output_text'"
-                                            : "only 'input_text' is (no images, files or audio)");
+            *rc =
+                proto_error_set(err, PROTO_ERR_UNSUPPORTED, pp,
+                                "'%s': content parts of type '%.40s' are not supported; %s", pp, t,
+                                assistant ? "an assistant message takes 'output_text'"
+                                          : "only 'input_text' is (no images, files or audio)");
             px_free(b.p);
             return NULL;
         }
@@ -349,8 +368,9 @@ static int tools_and_format(json_t *root, json_t *out, proto_error_t *err, int *
         {
             if (strcmp(key, "format") == 0)
                 continue;
-            if (strcmp(key, "verbosity") == 0 && (json_is_null(v) || (json_is_string(v) &&
-                                                  strcmp(json_string_value(v), "medium") == 0)))
+            if (strcmp(key, "verbosity") == 0 &&
+                (json_is_null(v) ||
+                 (json_is_string(v) && strcmp(json_string_value(v), "medium") == 0)))
                 continue;
             px_paramf(fp, "text.%.64s", key);
             *rc = proto_error_set(err, PROTO_ERR_UNSUPPORTED, fp,
@@ -414,8 +434,7 @@ static json_t *to_chat(json_t *root, proto_error_t *err, int *rc)
         if (!ok) {
             char kp[PROTO_ERROR_PARAM_MAX];
             px_paramf(kp, "%.64s", key);
-            *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, kp, "Unknown parameter: '%s'.",
-                                  kp);
+            *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, kp, "Unknown parameter: '%s'.", kp);
             return NULL;
         }
     }
@@ -480,11 +499,16 @@ fail:
  * s[cap]. */
 static void responses_names(char *s, size_t cap)
 {
-    static const char *const from[] = {".function.parameters", ".function.name",
-                                       ".function.description", "response_format.json_schema",
-                                       "response_format", "max_tokens", "messages"};
-    static const char *const to[] = {".parameters", ".name", ".description", "text.format",
-                                     "text.format", "max_output_tokens", "input"};
+    static const char *const from[] = {".function.parameters",
+                                       ".function.name",
+                                       ".function.description",
+                                       "response_format.json_schema",
+                                       "response_format",
+                                       "max_tokens",
+                                       "messages"};
+    static const char *const to[] = {".parameters", ".name",       ".description",
+                                     "text.format", "text.format", "max_output_tokens",
+                                     "input"};
     for (size_t i = 0; i < sizeof from / sizeof from[0]; i++) {
         char *p = s;
         const size_t fl = strlen(from[i]), tl = strlen(to[i]);
@@ -506,7 +530,7 @@ static json_t *echo_of(json_t *root)
         return NULL;
     json_t *v;
     int bad = 0;
-#define ECHO(key, dflt)                                                                           \
+#define ECHO(key, dflt)                                                                            \
     bad |= json_object_set_new(e, key, (v = px_get(root, key)) ? json_incref(v) : (dflt))
     ECHO("instructions", json_null());
     ECHO("max_output_tokens", json_null());
@@ -663,8 +687,8 @@ char *proto_responses_json(const proto_rsp_out_t *o)
     if (o->error_message) {
         json_t *e = json_object();
         bad |= !e;
-        bad |= json_object_set_new(e, "code", json_string(o->error_code ? o->error_code
-                                                                        : "server_error"));
+        bad |= json_object_set_new(e, "code",
+                                   json_string(o->error_code ? o->error_code : "server_error"));
         bad |= json_object_set_new(e, "message", px_cstr_or_null(o->error_message));
         bad |= json_object_set_new(r, "error", e);
     } else {
@@ -751,7 +775,10 @@ char *proto_responses_event(const proto_rsp_ev_t *ev, size_t *out_len)
         bad |= json_object_set_new(p, "logprobs", json_array());
         bad |= json_object_set_new(o, "part", p);
     } else if (text_ev || args_ev) {
-        bad |= json_object_set_new(o, delta ? "delta" : text_ev ? "text" : "arguments",
+        bad |= json_object_set_new(o,
+                                   delta     ? "delta"
+                                   : text_ev ? "text"
+                                             : "arguments",
                                    px_str(ev->text, ev->len));
         if (text_ev)
             bad |= json_object_set_new(o, "logprobs", json_array());

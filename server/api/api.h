@@ -265,7 +265,7 @@ int api_prefix_routes(api_app_t *app);
  * they ran on (see the file's comment). */
 #define API_RESPONSES_MAX 4096              /* entries kept; the oldest go first */
 #define API_RESPONSES_MAX_BYTES (64u << 20) /* of stored answers */
-int api_responses_routes(api_app_t *app); /* GET and DELETE /v1/responses/{id} */
+int api_responses_routes(api_app_t *app);   /* GET and DELETE /v1/responses/{id} */
 void api_responses_free(api_app_t *app);
 /* The session of response id as who sees it: 0, or -1 when there is no
  * such response (or it is another key's). */

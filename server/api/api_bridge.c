@@ -40,8 +40,8 @@ void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out)
 
 int api_anthropic_route(const char *route)
 {
-    return route && (strcmp(route, "/v1/messages") == 0 ||
-                     strcmp(route, "/v1/messages/count_tokens") == 0);
+    return route &&
+           (strcmp(route, "/v1/messages") == 0 || strcmp(route, "/v1/messages/count_tokens") == 0);
 }
 
 char *api_error_json_for(const char *route, const proto_error_t *e)

@@ -71,15 +71,15 @@ typedef struct oa_req {
     int64_t input_tokens; /* of the prompt, for message_start */
     /* /v1/responses: the answer in the Responses shape, its events numbered */
     int responses;
-    int store;                                  /* kept under r->id (api_responses_put) */
-    char prev_id[PROTO_RESPONSE_ID_MAX + 1];    /* previous_response_id, "" = none */
-    char owner[SRV_SESSION_OWNER_LEN + 1];      /* the caller's owner tag */
-    char *echo;                                 /* the request fields the answer repeats */
-    int64_t seq;                                /* next sequence_number */
-    int item_open;                              /* the output item open: 0, 1 message, 2 call */
-    int item_next;                              /* next output_index */
-    size_t item_from;                           /* the open message's text: acc.text + item_from */
-    char msg_id[40];                            /* the open (or the answer's) message item id */
+    int store;                               /* kept under r->id (api_responses_put) */
+    char prev_id[PROTO_RESPONSE_ID_MAX + 1]; /* previous_response_id, "" = none */
+    char owner[SRV_SESSION_OWNER_LEN + 1];   /* the caller's owner tag */
+    char *echo;                              /* the request fields the answer repeats */
+    int64_t seq;                             /* next sequence_number */
+    int item_open;                           /* the output item open: 0, 1 message, 2 call */
+    int item_next;                           /* next output_index */
+    size_t item_from;                        /* the open message's text: acc.text + item_from */
+    char msg_id[40];                         /* the open (or the answer's) message item id */
 } oa_req_t;
 
 static void oa_free(void *kd)
@@ -162,9 +162,10 @@ static void msg_text(api_gen_t *g, oa_req_t *r, const char *text, size_t len)
         msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START, .index = r->blk_next++});
         r->blk_open = 1;
     }
-    msg_event(g, &(proto_msg_ev_t){
-                     .kind = PROTO_MSG_EV_TEXT_DELTA, .index = r->blk_next - 1, .text = text,
-                     .len = len});
+    msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_DELTA,
+                                   .index = r->blk_next - 1,
+                                   .text = text,
+                                   .len = len});
 }
 
 /* stop_reason of the Messages answer whose first choice is c. */
@@ -197,8 +198,7 @@ static void rsp_event(api_gen_t *g, oa_req_t *r, proto_rsp_ev_t ev)
 static proto_rsp_call_t rsp_call(const oa_call_t *k, char fc[40])
 {
     snprintf(fc, 40, "fc_%s", k->id + 5);
-    return (proto_rsp_call_t){
-        fc, k->id, k->name, k->args.text ? k->args.text : "", k->args.len};
+    return (proto_rsp_call_t){fc, k->id, k->name, k->args.text ? k->args.text : "", k->args.len};
 }
 
 static void rsp_item_event(api_gen_t *g, oa_req_t *r, const char *type, const char *item)
@@ -583,12 +583,12 @@ static const char *oa_totals(api_gen_t *g, proto_usage_t *u, int64_t *cached, do
 
 /* The response object of r now: status "in_progress" before the end (no
  * output, no usage), else the answer; e: the failure, if any. */
-static char *rsp_object(api_gen_t *g, oa_req_t *r, const proto_error_t *e,
-                        const proto_usage_t *u, int64_t cached, int end)
+static char *rsp_object(api_gen_t *g, oa_req_t *r, const proto_error_t *e, const proto_usage_t *u,
+                        int64_t cached, int end)
 {
     oa_choice_t *c = &r->choices[0];
     proto_rsp_call_t *calls = NULL;
-    char (*fc)[40] = NULL;
+    char(*fc)[40] = NULL;
     if (end && c->n_calls) {
         calls = calloc(c->n_calls, sizeof *calls);
         fc = calloc(c->n_calls, sizeof *fc);
@@ -606,28 +606,30 @@ static char *rsp_object(api_gen_t *g, oa_req_t *r, const proto_error_t *e,
         snprintf(r->msg_id, sizeof r->msg_id, "msg_%s", hex);
     }
     const int cut = c->finish == SRV_FINISH_LENGTH || c->finish == SRV_FINISH_TIMEOUT;
-    proto_rsp_out_t o = {
-        .id = r->id,
-        .created_at = r->created,
-        .model = g->app->model_id,
-        .status = !end ? "in_progress" : e ? "failed" : cut ? "incomplete" : "completed",
-        .incomplete_reason = !end || e || !cut ? NULL
-                             : c->finish == SRV_FINISH_LENGTH ? "max_output_tokens"
-                                                              : "timeout",
-        .error_code = e ? e->code : NULL,
-        .error_message = e ? e->message : NULL,
-        .echo = r->echo,
-        .has_message = end && (c->acc.len > 0 || c->n_calls == 0),
-        .msg_id = r->msg_id,
-        .item_status = cut ? "incomplete" : "completed",
-        .text = c->acc.text ? c->acc.text : "",
-        .text_len = c->acc.len,
-        .calls = calls,
-        .n_calls = end ? c->n_calls : 0,
-        .with_usage = end && u,
-        .input_tokens = u ? u->prompt_tokens : 0,
-        .output_tokens = u ? u->completion_tokens : 0,
-        .cached_tokens = cached};
+    proto_rsp_out_t o = {.id = r->id,
+                         .created_at = r->created,
+                         .model = g->app->model_id,
+                         .status = !end  ? "in_progress"
+                                   : e   ? "failed"
+                                   : cut ? "incomplete"
+                                         : "completed",
+                         .incomplete_reason = !end || e || !cut                ? NULL
+                                              : c->finish == SRV_FINISH_LENGTH ? "max_output_tokens"
+                                                                               : "timeout",
+                         .error_code = e ? e->code : NULL,
+                         .error_message = e ? e->message : NULL,
+                         .echo = r->echo,
+                         .has_message = end && (c->acc.len > 0 || c->n_calls == 0),
+                         .msg_id = r->msg_id,
+                         .item_status = cut ? "incomplete" : "completed",
+                         .text = c->acc.text ? c->acc.text : "",
+                         .text_len = c->acc.len,
+                         .calls = calls,
+                         .n_calls = end ? c->n_calls : 0,
+                         .with_usage = end && u,
+                         .input_tokens = u ? u->prompt_tokens : 0,
+                         .output_tokens = u ? u->completion_tokens : 0,
+                         .cached_tokens = cached};
     char *j = proto_responses_json(&o);
     free(calls);
     free(fc);
@@ -723,18 +725,19 @@ static void oa_done(api_gen_t *g)
         if (r->anthropic) {
             const oa_choice_t *c0 = &r->choices[0];
             if (r->blk_next == 0) /* nothing said: one empty text block */
-                msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START,
-                                               .index = r->blk_next++});
+                msg_event(
+                    g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START, .index = r->blk_next++});
             r->blk_open = 1;
             msg_block_close(g, r);
             const char *sr = msg_stop_reason(c0);
-            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_DELTA,
-                                           .stop_reason = sr,
-                                           .stop_sequence = sr && strcmp(sr, "stop_sequence") == 0 &&
-                                                                    r->n_stop == 1
-                                                                ? r->stop_word
-                                                                : NULL,
-                                           .output_tokens = u.completion_tokens});
+            msg_event(g,
+                      &(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_DELTA,
+                                        .stop_reason = sr,
+                                        .stop_sequence =
+                                            sr && strcmp(sr, "stop_sequence") == 0 && r->n_stop == 1
+                                                ? r->stop_word
+                                                : NULL,
+                                        .output_tokens = u.completion_tokens});
             msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_STOP});
             return;
         }
@@ -949,7 +952,11 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     char hex[33];
     srv_random_hex(hex, 12);
     snprintf(r->id, sizeof r->id, "%s%s",
-             rq ? "resp_" : anthropic ? "msg_" : chat ? "chatcmpl-" : "cmpl-", hex);
+             rq          ? "resp_"
+             : anthropic ? "msg_"
+             : chat      ? "chatcmpl-"
+                         : "cmpl-",
+             hex);
     if (rq) {
         r->responses = 1;
         r->store = rq->store;
@@ -1099,8 +1106,8 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
                                        .model = app->model_id,
                                        .input_tokens = r->input_tokens});
         if (!r->choices[0].tp) { /* all text: its block opens at once, as Anthropic's does */
-            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START,
-                                           .index = r->blk_next++});
+            msg_event(g,
+                      &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START, .index = r->blk_next++});
             r->blk_open = 1;
         }
         msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_PING});
@@ -1581,10 +1588,9 @@ static void h_responses(srv_req_t *req, void *ud)
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto fail;
     }
-    if (api_chat_tokens_tools(app, cr->messages, cr->n_messages, cr->tools,
-                              tools_on(cr) ? cr->n_tools : 0, !empty,
-                              sess ? srv_session_turn_open(sess) : 0, 1, 0, empty, &in->ids,
-                              &in->n, &ce) < 0) {
+    if (api_chat_tokens_tools(
+            app, cr->messages, cr->n_messages, cr->tools, tools_on(cr) ? cr->n_tools : 0, !empty,
+            sess ? srv_session_turn_open(sess) : 0, 1, 0, empty, &in->ids, &in->n, &ce) < 0) {
         api_core_error(ce.code, "input", ce.msg, &e);
         api_reply_proto(req, &e);
         goto fail;
@@ -1594,10 +1600,10 @@ static void h_responses(srv_req_t *req, void *ud)
         goto fail;
     }
     size_t bounds[SRV_ENGINE_MAX_SNAPS];
-    size_t n_bounds = sess ? 0
-                           : api_prefix_chat_bounds(app, cr->messages, cr->n_messages, cr->tools,
-                                                    tools_on(cr) ? cr->n_tools : 0, 0, in->ids,
-                                                    in->n, bounds);
+    size_t n_bounds =
+        sess ? 0
+             : api_prefix_chat_bounds(app, cr->messages, cr->n_messages, cr->tools,
+                                      tools_on(cr) ? cr->n_tools : 0, 0, in->ids, in->n, bounds);
     oa_run(app, req, 1, &cr->p, cr, sess, in, 1, sess != NULL, bounds, n_bounds, NULL, 0, &rq,
            who.owner);
     goto out;

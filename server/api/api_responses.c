@@ -29,7 +29,7 @@ typedef struct rsp_entry {
     char id[PROTO_RESPONSE_ID_MAX + 1];
     char session[PROTO_SESSION_ID_LEN + 1];
     char owner[SRV_SESSION_OWNER_LEN + 1];
-    char *json;                           /* the answer, owned */
+    char *json; /* the answer, owned */
     size_t json_len;
     uint64_t seq; /* insertion order */
 } rsp_entry_t;
@@ -138,8 +138,7 @@ void api_responses_put(api_app_t *app, const char *id, const char *session, cons
     t->bytes += len;
     return;
 oom:
-    SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory storing response %s: it cannot be continued",
-            id);
+    SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory storing response %s: it cannot be continued", id);
 }
 
 /* ---- continuing a response: a fork of its session ---- */
@@ -157,8 +156,8 @@ static void fork_work(api_io_t *io)
 {
     rsp_fork_t *f = (rsp_fork_t *)io;
     char err[SRV_STORE_ERR_MAX] = "";
-    f->rc = srv_store_fork_owned(f->app->store, f->b.src, f->b.owner, f->b.session, err,
-                                 sizeof err);
+    f->rc =
+        srv_store_fork_owned(f->app->store, f->b.src, f->b.owner, f->b.session, err, sizeof err);
     if (f->rc < 0)
         api_store_error(f->rc, f->b.src, err, &f->e);
 }

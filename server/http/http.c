@@ -617,8 +617,7 @@ int srv_reply_error(srv_req_t *req, int status, const char *type, const char *pa
     const char *at = anthropic_type(req, status);
     if (at) {
         snprintf(body, sizeof body,
-                 "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":\"%s\"}}\n", at,
-                 emsg);
+                 "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":\"%s\"}}\n", at, emsg);
         return srv_reply(req, status, "application/json", body, strlen(body));
     }
     snprintf(body, sizeof body,

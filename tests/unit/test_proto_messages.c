@@ -48,8 +48,10 @@ TEST(tools_and_tool_blocks_become_the_chat_request)
     CHECK_INT_EQ(
         parse("{\"model\":\"m\",\"max_tokens\":9,\"stream\":true,\"tools\":[{\"name\":\"f\","
               "\"description\":\"d\",\"input_schema\":{\"type\":\"object\"}},{\"type\":\"custom\","
-              "\"name\":\"g\",\"input_schema\":{}}],\"tool_choice\":{\"type\":\"tool\",\"name\":\"g\","
-              "\"disable_parallel_tool_use\":true},\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+              "\"name\":\"g\",\"input_schema\":{}}],\"tool_choice\":{\"type\":\"tool\",\"name\":"
+              "\"g\","
+              "\"disable_parallel_tool_use\":true},\"messages\":[{\"role\":\"user\",\"content\":"
+              "\"q\"},"
               "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":"
               "\"f\",\"input\":{\"a\":1}}]},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
               "\"text\":\"pre\"},{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"content\":[{"
@@ -106,8 +108,7 @@ TEST(stream_events_and_tool_use_answer)
 {
     size_t n = 0;
     char *f = proto_messages_event(
-        &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_DELTA, .index = 2, .text = "hi", .len = 2},
-        &n);
+        &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_DELTA, .index = 2, .text = "hi", .len = 2}, &n);
     CHECK_STR_EQ(f, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
                     "\"index\":2,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n");
     CHECK_INT_EQ((int)n, (int)strlen(f));
@@ -233,12 +234,13 @@ static int op(void)
     char *s = proto_messages_json("{\"choices\":[{\"message\":{\"content\":\"hi\"}}]}", &m);
     ok &= s != NULL;
     proto_free(s);
-    ok &= parse("{\"model\":\"m\",\"max_tokens\":3,\"tools\":[{\"name\":\"f\",\"input_schema\":{}}],"
-                "\"tool_choice\":{\"type\":\"any\"},\"messages\":[{\"role\":\"user\",\"content\":[{"
-                "\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":\"r\"}]},{\"role\":"
-                "\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\","
-                "\"input\":{}}]}]}",
-                &r, &e) == 0;
+    ok &=
+        parse("{\"model\":\"m\",\"max_tokens\":3,\"tools\":[{\"name\":\"f\",\"input_schema\":{}}],"
+              "\"tool_choice\":{\"type\":\"any\"},\"messages\":[{\"role\":\"user\",\"content\":[{"
+              "\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":\"r\"}]},{\"role\":"
+              "\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\","
+              "\"input\":{}}]}]}",
+              &r, &e) == 0;
     proto_chat_free(&r);
     s = proto_messages_event(&(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_START, .id = "i"},
                              NULL);

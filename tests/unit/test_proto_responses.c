@@ -53,21 +53,22 @@ TEST(items_tools_and_format)
     proto_responses_req_t r;
     proto_error_t e;
     CHECK_INT_EQ(
-        parse("{\"model\":\"m\",\"store\":false,\"previous_response_id\":\"resp_1\",\"input\":["
-              "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
-              "{\"type\":\"input_text\",\"text\":\"b\"}]},"
-              "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\","
-              "\"text\":\"c\"}]},"
-              "{\"type\":\"function_call\",\"call_id\":\"call_1\",\"name\":\"f\",\"arguments\":"
-              "\"{\\\"x\\\":1}\"},"
-              "{\"type\":\"function_call_output\",\"call_id\":\"call_1\",\"output\":\"r\"}],"
-              "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":\"d\","
-              "\"parameters\":{\"type\":\"object\"},\"strict\":true}],"
-              "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},\"parallel_tool_calls\":false,"
-              "\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"s\",\"schema\":"
-              "{\"type\":\"object\"}}},\"metadata\":{\"k\":\"v\"},\"reasoning\":{\"effort\":null},"
-              "\"include\":[],\"background\":false,\"truncation\":\"disabled\"}",
-              &r, &e) < 0,
+        parse(
+            "{\"model\":\"m\",\"store\":false,\"previous_response_id\":\"resp_1\",\"input\":["
+            "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
+            "{\"type\":\"input_text\",\"text\":\"b\"}]},"
+            "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\","
+            "\"text\":\"c\"}]},"
+            "{\"type\":\"function_call\",\"call_id\":\"call_1\",\"name\":\"f\",\"arguments\":"
+            "\"{\\\"x\\\":1}\"},"
+            "{\"type\":\"function_call_output\",\"call_id\":\"call_1\",\"output\":\"r\"}],"
+            "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":\"d\","
+            "\"parameters\":{\"type\":\"object\"},\"strict\":true}],"
+            "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},\"parallel_tool_calls\":false,"
+            "\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"s\",\"schema\":"
+            "{\"type\":\"object\"}}},\"metadata\":{\"k\":\"v\"},\"reasoning\":{\"effort\":null},"
+            "\"include\":[],\"background\":false,\"truncation\":\"disabled\"}",
+            &r, &e) < 0,
         1);
     /* a forced tool choice cannot be combined with a JSON format: the chat
      * route's rule, named as this API names the field */
@@ -221,8 +222,8 @@ TEST(answer_and_events)
     proto_free(s);
     CHECK(proto_responses_event(&(proto_rsp_ev_t){.type = NULL}, NULL) == NULL);
     /* a response text that is not JSON is no event */
-    CHECK(proto_responses_event(
-              &(proto_rsp_ev_t){.type = "response.completed", .response = "{"}, NULL) == NULL);
+    CHECK(proto_responses_event(&(proto_rsp_ev_t){.type = "response.completed", .response = "{"},
+                                NULL) == NULL);
 }
 
 static int op(void)
@@ -237,14 +238,21 @@ static int op(void)
                    &r, &e) == 0;
     proto_responses_free(&r);
     proto_rsp_call_t call = {"fc_1", "call_1", "f", "{}", 2};
-    proto_rsp_out_t o = {.id = "r", .echo = "{}", .has_message = 1, .text = "t", .text_len = 1,
-                         .calls = &call, .n_calls = 1, .with_usage = 1};
+    proto_rsp_out_t o = {.id = "r",
+                         .echo = "{}",
+                         .has_message = 1,
+                         .text = "t",
+                         .text_len = 1,
+                         .calls = &call,
+                         .n_calls = 1,
+                         .with_usage = 1};
     char *s = proto_responses_json(&o);
     ok &= s != NULL;
     proto_free(s);
-    s = proto_responses_event(&(proto_rsp_ev_t){.type = "response.content_part.added",
-                                                .item_id = "m", .text = "", .len = 0},
-                              NULL);
+    s = proto_responses_event(
+        &(proto_rsp_ev_t){
+            .type = "response.content_part.added", .item_id = "m", .text = "", .len = 0},
+        NULL);
     ok &= s != NULL;
     proto_free(s);
     return ok;
