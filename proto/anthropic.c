@@ -42,7 +42,7 @@ static int only_keys(json_t *obj, const char *const *allowed, size_t n, const ch
     return 0;
 }
 #define ONLY_KEYS(obj, list, param)                                                                \
-    only_keys(obj, list, sizeof list / sizeof list[0], param, err, rc)
+    only_keys((obj), (list), sizeof(list) / sizeof((list)[0]), (param), err, rc)
 
 /* Appends the text of block blk (type "text", at bp) to b. */
 static int text_block(json_t *blk, const char *bp, px_buf_t *b, proto_error_t *err, int *rc)

@@ -285,16 +285,13 @@ static void keep_tool_ev(oa_choice_t *c, const proto_tool_ev_t *tev, const char 
         api_acc_text(&c->acc, tev->text, tev->len);
     } else if (tev->kind == PROTO_TOOL_EV_CALL) {
         oa_call_t *nc = realloc(c->calls, (c->n_calls + 1) * sizeof *nc);
-        char *name = malloc(tev->len + 1);
-        if (!nc || !name) {
-            free(nc == c->calls ? NULL : nc);
-            free(name);
-            if (nc)
-                c->calls = nc;
+        if (nc) /* the old block is gone: keep the new one, used or not */
+            c->calls = nc;
+        char *name = nc ? malloc(tev->len + 1) : NULL;
+        if (!name) {
             c->oom = 1;
             return;
         }
-        c->calls = nc;
         memcpy(name, tev->text, tev->len);
         name[tev->len] = '\0';
         oa_call_t *call = &c->calls[c->n_calls++];
