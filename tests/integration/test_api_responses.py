@@ -265,3 +265,30 @@ def test_refusals_name_the_field(lin):
     assert st == 400 and r["error"]["message"]
     with pytest.raises(openai.BadRequestError):
         client(lin).responses.create(model="m", input="Hi", background=True)
+
+
+def test_continuations_under_the_session_limits(servers):
+    """Each stored response is a session: with --max-sessions 2 the older
+    ones go to disk and are read back (and forked) when continued; with 1
+    a continuation (the response's session and its copy at once) is a 503
+    that says why."""
+    s = servers(model=TINY, attn="performer", args=["--max-sessions", "2"])
+    c = client(s)
+    r1 = c.responses.create(model="m", input="Hi", max_output_tokens=3, temperature=0)
+    ids, texts = [r1.id], []
+    for i in range(6):
+        prev = ids[-1] if i % 2 else r1.id
+        r = c.responses.create(model="m", input="More", previous_response_id=prev,
+                               max_output_tokens=3, temperature=0)
+        ids.append(r.id)
+        if prev == r1.id:
+            texts.append(r.output_text)
+    assert len(set(texts)) == 1  # r1's state, whatever was evicted since
+    assert len(s.json("GET", "/v1/sessions")[1]["data"]) == len(ids)
+    one = servers(model=TINY, attn="performer", args=["--max-sessions", "1"])
+    c = client(one)
+    r1 = c.responses.create(model="m", input="Hi", max_output_tokens=3)
+    with pytest.raises(openai.InternalServerError) as ei:
+        c.responses.create(model="m", input="More", previous_response_id=r1.id,
+                           max_output_tokens=3)
+    assert ei.value.status_code == 503 and ei.value.body["code"] == "session_store_full"
