@@ -121,6 +121,31 @@ static int refuse_unhonoured(json_t *root, proto_error_t *err, int *rc)
     return 0;
 }
 
+/* 0 when every key of obj (at param) is one of allowed[n], else a 400
+ * naming the first other one. */
+static int item_keys(json_t *obj, const char *const *allowed, size_t n, const char *param,
+                     proto_error_t *err, int *rc)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v)
+    {
+        int ok = 0;
+        for (size_t i = 0; i < n && !ok; i++)
+            ok = strcmp(key, allowed[i]) == 0;
+        if (!ok) {
+            char kp[PROTO_ERROR_PARAM_MAX];
+            px_paramf(kp, "%s.%.64s", param, key);
+            *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, kp, "Unknown parameter: '%s'.",
+                                  kp);
+            return -1;
+        }
+    }
+    return 0;
+}
+#define ITEM_KEYS(obj, list, param)                                                                \
+    item_keys((obj), (list), sizeof(list) / sizeof((list)[0]), (param), err, rc)
+
 /* The text of a content value (a string or an array of text parts of the
  * given types) as a new JSON string. */
 static json_t *parts_text(json_t *c, const char *param, int assistant, proto_error_t *err, int *rc)
@@ -157,6 +182,15 @@ static json_t *parts_text(json_t *c, const char *param, int assistant, proto_err
             px_free(b.p);
             return NULL;
         }
+        static const char *const in_keys[] = {"type", "text"};
+        static const char *const out_keys[] = {"type", "text", "annotations", "logprobs"};
+        static const char *const ref_keys[] = {"type", "refusal"};
+        if ((strcmp(t, "input_text") == 0   ? ITEM_KEYS(p, in_keys, pp)
+             : strcmp(t, "output_text") == 0 ? ITEM_KEYS(p, out_keys, pp)
+                                             : ITEM_KEYS(p, ref_keys, pp)) < 0) {
+            px_free(b.p);
+            return NULL;
+        }
         json_t *x = px_get(p, strcmp(t, "refusal") == 0 ? "refusal" : "text");
         if (!json_is_string(x)) {
             *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, pp,
@@ -189,7 +223,13 @@ static int input_item(json_t *it, const char *ip, json_t *om, proto_error_t *err
         return -1;
     }
     int bad = 0;
+    static const char *const msg_keys[] = {"type", "role", "content", "id", "status"};
+    static const char *const call_keys[] = {"type", "call_id", "name", "arguments", "id",
+                                            "status"};
+    static const char *const out_keys[] = {"type", "call_id", "output", "id", "status"};
     if (!t || strcmp(t, "message") == 0) {
+        if (ITEM_KEYS(it, msg_keys, ip) < 0)
+            return -1;
         json_t *role = px_get(it, "role");
         const char *r = json_is_string(role) ? json_string_value(role) : "";
         if (strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0 && strcmp(r, "system") != 0 &&
@@ -216,6 +256,8 @@ static int input_item(json_t *it, const char *ip, json_t *om, proto_error_t *err
         bad |= json_object_set_new(m, "content", text);
         bad |= json_array_append_new(om, m);
     } else if (strcmp(t, "function_call") == 0) {
+        if (ITEM_KEYS(it, call_keys, ip) < 0)
+            return -1;
         static const char *const need[] = {"call_id", "name", "arguments"};
         for (size_t i = 0; i < 3; i++) {
             json_t *v = px_get(it, need[i]);
@@ -251,6 +293,8 @@ static int input_item(json_t *it, const char *ip, json_t *om, proto_error_t *err
         bad |= json_object_set_new(c, "function", f);
         bad |= json_array_append_new(calls, c);
     } else if (strcmp(t, "function_call_output") == 0) {
+        if (ITEM_KEYS(it, out_keys, ip) < 0)
+            return -1;
         json_t *cid = px_get(it, "call_id");
         if (!json_is_string(cid)) {
             px_paramf(fp, "%s.call_id", ip);

@@ -251,6 +251,7 @@ def test_refusals_name_the_field(lin):
     assert "Unknown parameter" in refused(dict(base, frobnicate=1), "frobnicate")["message"]
     refused(dict(base, input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": "http://x/y.png"}]}]), "input[0].content[0]")
+    refused(dict(base, input=[{"role": "user", "content": "Hi", "name": "me"}]), "input[0].name")
     refused(dict(base, reasoning={"effort": "high"}), "reasoning")
     refused(dict(base, include=["reasoning.encrypted_content"]), "include")
     refused(dict(base, text={"format": {"type": "json_schema", "name": "s", "schema": {

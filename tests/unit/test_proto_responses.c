@@ -110,6 +110,19 @@ TEST(items_tools_and_format)
     CHECK_INT_EQ(r.chat.messages[0].role, PROTO_ROLE_ASSISTANT);
     CHECK(r.chat.p.grammar != NULL);
     proto_responses_free(&r);
+    /* output items sent back as input, with their ids and statuses */
+    CHECK_INT_EQ(parse("{\"input\":[{\"id\":\"msg_1\",\"type\":\"message\",\"status\":"
+                       "\"completed\",\"role\":\"assistant\",\"content\":[{\"type\":"
+                       "\"output_text\",\"text\":\"t\",\"annotations\":[],\"logprobs\":[]}]},"
+                       "{\"id\":\"fc_1\",\"type\":\"function_call\",\"status\":\"completed\","
+                       "\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"{}\"},{\"type\":"
+                       "\"function_call_output\",\"call_id\":\"c\",\"output\":\"r\"}]}",
+                       &r, &e),
+                 0);
+    CHECK_INT_EQ((int)r.chat.n_messages, 2);
+    CHECK_STR_EQ(r.chat.messages[0].content, "t");
+    CHECK_INT_EQ((int)r.chat.messages[0].n_tool_calls, 1);
+    proto_responses_free(&r);
 }
 
 TEST(refusals_name_the_field)
@@ -150,6 +163,17 @@ TEST(refusals_name_the_field)
         {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}", "input[0].output",
          400},
         {"{\"input\":\"a\",\"stream_options\":{\"include_usage\":true}}", "stream_options", 400},
+        {"{\"input\":[{\"role\":\"user\",\"content\":\"a\",\"name\":\"x\"}]}", "input[0].name",
+         400},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\","
+         "\"x\":1}]}]}",
+         "input[0].content[0].x", 400},
+        {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":"
+         "\"{}\",\"x\":1}]}",
+         "input[0].x", 400},
+        {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"r\","
+         "\"x\":1}]}",
+         "input[0].x", 400},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         proto_responses_req_t r;
