@@ -293,3 +293,19 @@ def test_continuations_under_the_session_limits(servers):
         c.responses.create(model="m", input="More", previous_response_id=r1.id,
                            max_output_tokens=3)
     assert ei.value.status_code == 503 and ei.value.body["code"] == "session_store_full"
+
+
+def test_responses_belong_to_their_key(servers, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("key-a\nkey-b\n")
+    s = servers(model=TINY, attn="performer", args=["--api-key-file", str(keys)])
+    a = openai.OpenAI(base_url=s.url("/v1"), api_key="key-a", max_retries=0)
+    b = openai.OpenAI(base_url=s.url("/v1"), api_key="key-b", max_retries=0)
+    r = a.responses.create(model="m", input="Hi", max_output_tokens=2)
+    for call in (lambda: b.responses.retrieve(r.id), lambda: b.responses.delete(r.id),
+                 lambda: b.responses.create(model="m", input="x", previous_response_id=r.id,
+                                            max_output_tokens=2)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert a.responses.retrieve(r.id).id == r.id
+    a.responses.create(model="m", input="x", previous_response_id=r.id, max_output_tokens=2)
