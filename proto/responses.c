@@ -136,8 +136,7 @@ static int item_keys(json_t *obj, const char *const *allowed, size_t n, const ch
         if (!ok) {
             char kp[PROTO_ERROR_PARAM_MAX];
             px_paramf(kp, "%s.%.64s", param, key);
-            *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, kp, "Unknown parameter: '%s'.",
-                                  kp);
+            *rc = proto_error_set(err, PROTO_ERR_INVALID_VALUE, kp, "Unknown parameter: '%s'.", kp);
             return -1;
         }
     }
@@ -185,7 +184,7 @@ static json_t *parts_text(json_t *c, const char *param, int assistant, proto_err
         static const char *const in_keys[] = {"type", "text"};
         static const char *const out_keys[] = {"type", "text", "annotations", "logprobs"};
         static const char *const ref_keys[] = {"type", "refusal"};
-        if ((strcmp(t, "input_text") == 0   ? ITEM_KEYS(p, in_keys, pp)
+        if ((strcmp(t, "input_text") == 0    ? ITEM_KEYS(p, in_keys, pp)
              : strcmp(t, "output_text") == 0 ? ITEM_KEYS(p, out_keys, pp)
                                              : ITEM_KEYS(p, ref_keys, pp)) < 0) {
             px_free(b.p);
@@ -224,8 +223,7 @@ static int input_item(json_t *it, const char *ip, json_t *om, proto_error_t *err
     }
     int bad = 0;
     static const char *const msg_keys[] = {"type", "role", "content", "id", "status"};
-    static const char *const call_keys[] = {"type", "call_id", "name", "arguments", "id",
-                                            "status"};
+    static const char *const call_keys[] = {"type", "call_id", "name", "arguments", "id", "status"};
     static const char *const out_keys[] = {"type", "call_id", "output", "id", "status"};
     if (!t || strcmp(t, "message") == 0) {
         if (ITEM_KEYS(it, msg_keys, ip) < 0)

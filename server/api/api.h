@@ -265,6 +265,7 @@ int api_prefix_routes(api_app_t *app);
  * they ran on (see the file's comment). */
 #define API_RESPONSES_MAX 4096              /* entries kept; the oldest go first */
 #define API_RESPONSES_MAX_BYTES (64u << 20) /* of stored answers */
+#define API_RESPONSES_MAX_BRANCHES 256      /* copies made, not yet taken by their requests */
 int api_responses_routes(api_app_t *app);   /* GET and DELETE /v1/responses/{id} */
 void api_responses_free(api_app_t *app);
 /* The session of response id as who sees it: 0, or -1 when there is no
@@ -281,6 +282,8 @@ void api_responses_put(api_app_t *app, const char *id, const char *session, cons
  * error). */
 int api_responses_branch(api_app_t *app, srv_req_t *req, const char *session, const char *owner,
                          char out[PROTO_SESSION_ID_LEN + 1]);
+/* The copy fork (api_responses_branch's out) was taken by its request. */
+void api_responses_branch_taken(api_app_t *app, const char *fork);
 
 /* "fp_<16 hex>" of the binary's build id, the model fingerprint and the
  * attention configuration (api_fp.c); borrowed from app. NULL before the

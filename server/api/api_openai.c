@@ -1562,6 +1562,7 @@ static void h_responses(srv_req_t *req, void *ud)
             goto out; /* answered, or runs again once the copy is made */
         if (take_session(app, req, fork, &sess) < 0)
             goto out; /* answered, or runs again once the session is read */
+        api_responses_branch_taken(app, fork);
         fresh = 1;
     } else if (rq.store) {
         char why[512], err[SRV_STORE_ERR_MAX] = "";

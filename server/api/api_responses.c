@@ -183,6 +183,19 @@ static void fork_done(api_io_t *io)
         *b = f->b;
         b->next = app->responses->branches;
         app->responses->branches = b;
+        /* copies whose requests ended before taking them are forgotten, the
+         * oldest first, past API_RESPONSES_MAX_BRANCHES (the sessions stay,
+         * under the store's limits) */
+        size_t k = 0;
+        for (rsp_branch_t **pp = &b->next; *pp; k++) {
+            if (k + 1 >= API_RESPONSES_MAX_BRANCHES) {
+                rsp_branch_t *old = *pp;
+                *pp = old->next;
+                free(old);
+            } else {
+                pp = &(*pp)->next;
+            }
+        }
         if (srv_stream_rerun(f->stream) != 0) { /* the client left: nobody takes it */
             app->responses->branches = b->next;
             free(b);
@@ -200,9 +213,9 @@ int api_responses_branch(api_app_t *app, srv_req_t *req, const char *session, co
         rsp_branch_t *b = *pp;
         if (strcmp(b->rid, rid) == 0 && strcmp(b->src, session) == 0 &&
             strcmp(b->owner, owner ? owner : "") == 0) {
+            /* kept until taken: the copy may be read back from disk first,
+             * and the handler run once more */
             snprintf(out, PROTO_SESSION_ID_LEN + 1, "%s", b->session);
-            *pp = b->next;
-            free(b);
             return 0;
         }
     }
@@ -232,6 +245,18 @@ int api_responses_branch(api_app_t *app, srv_req_t *req, const char *session, co
     }
     api_io_submit(app, &f->io);
     return 1;
+}
+
+void api_responses_branch_taken(api_app_t *app, const char *fork)
+{
+    api_rsp_table_t *t = app->responses;
+    for (rsp_branch_t **pp = t ? &t->branches : NULL; pp && *pp; pp = &(*pp)->next)
+        if (strcmp((*pp)->session, fork) == 0) {
+            rsp_branch_t *b = *pp;
+            *pp = b->next;
+            free(b);
+            return;
+        }
 }
 
 static rsp_entry_t *path_entry(api_app_t *app, srv_req_t *req)
