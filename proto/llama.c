@@ -202,12 +202,54 @@ static int parse_native(json_t *root, const proto_limits_t *lim, proto_llama_req
     return 0;
 }
 
+/* llama.cpp's list form of logit_bias, [[id, bias], ...] (bias false: the
+ * token is never sampled), as the object form {"<id>": bias} the common
+ * parser reads (false: -100, which bans it); a text in place of an id is
+ * refused. 0, or an error. */
+static int logit_bias_pairs(json_t *root, proto_error_t *err)
+{
+    json_t *v = px_get(root, "logit_bias");
+    if (!json_is_array(v))
+        return 0;
+    json_t *o = json_object();
+    if (!o)
+        return proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *e = json_array_get(v, i);
+        json_t *id = json_array_get(e, 0), *b = json_array_get(e, 1);
+        char ep[PROTO_ERROR_PARAM_MAX];
+        px_paramf(ep, "logit_bias[%zu]", i);
+        if (!json_is_array(e) || json_array_size(e) != 2 || !json_is_integer(id) ||
+            json_integer_value(id) < 0 || !(json_is_number(b) || json_is_false(b))) {
+            json_decref(o);
+            return proto_error_set(
+                err, json_is_string(id) ? PROTO_ERR_UNSUPPORTED : PROTO_ERR_INVALID_VALUE, ep,
+                "'%s' must be [token id, bias] (a bias between -100 and 100, "
+                "or false); texts in place of ids are not supported (POST "
+                "/tokenize gives ids)",
+                ep);
+        }
+        char key[24];
+        snprintf(key, sizeof key, "%lld", (long long)json_integer_value(id));
+        if (json_object_set_new(o, key, json_is_false(b) ? json_real(-100.0) : json_incref(b)) <
+            0) {
+            json_decref(o);
+            return proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        }
+    }
+    if (json_object_set_new(root, "logit_bias", o) < 0)
+        return proto_error_set(err, PROTO_ERR_INTERNAL, NULL, "out of memory");
+    return 0;
+}
+
 static int parse_root(json_t *root, const proto_limits_t *lim_in, proto_llama_req_t *out,
                       proto_error_t *err)
 {
     proto_limits_t lim;
     int rc = 0;
     px_limits_resolve(lim_in, &lim);
+    if ((rc = logit_bias_pairs(root, err)) < 0)
+        goto fail;
     if ((rc = px_parse_gen_params(root, &lim, PX_GEN_COMPLETION, &out->c.p, err)) < 0)
         goto fail;
     if ((rc = px_completion_unsupported(root, &out->c.p, err)) < 0)

@@ -757,9 +757,123 @@ typedef struct proto_messages_end {
  * New text or NULL. */
 char *proto_messages_json(const char *chat_json, const proto_messages_end_t *m);
 
+/* POST /v1/messages/count_tokens: the fields of a Messages request that
+ * shape the prompt (model, messages, system, tools, tool_choice, thinking;
+ * no max_tokens), read the same way (max_tokens set to 1). */
+int proto_messages_count_parse(const char *body, size_t len, const proto_limits_t *lim,
+                               proto_chat_req_t *out, proto_error_t *err);
+
 /* {"type":"error","error":{"type","message"}}: Anthropic's error shape, its
  * type from e's status. New text or NULL. */
 char *proto_anthropic_error_json(const proto_error_t *e);
+/* The same as a streamed event: "event: error\ndata: {...}\n\n". */
+char *proto_anthropic_error_event(const proto_error_t *e, size_t *out_len);
+
+/* A streamed Messages answer's events (Anthropic's order: message_start,
+ * then per content block content_block_start, its deltas and
+ * content_block_stop, then message_delta and message_stop; ping between). */
+typedef enum proto_msg_ev_kind {
+    PROTO_MSG_EV_MESSAGE_START, /* id, model, input_tokens */
+    PROTO_MSG_EV_PING,
+    PROTO_MSG_EV_TEXT_START,    /* index: a text block */
+    PROTO_MSG_EV_TOOL_START,    /* index, id, name: a tool_use block */
+    PROTO_MSG_EV_TEXT_DELTA,    /* index, text[len]: text_delta */
+    PROTO_MSG_EV_JSON_DELTA,    /* index, text[len]: input_json_delta */
+    PROTO_MSG_EV_BLOCK_STOP,    /* index */
+    PROTO_MSG_EV_MESSAGE_DELTA, /* stop_reason, stop_sequence, output_tokens */
+    PROTO_MSG_EV_MESSAGE_STOP,
+    PROTO_MSG_EV_ERROR /* (not built here: proto_anthropic_error_event) */
+} proto_msg_ev_kind_t;
+
+typedef struct proto_msg_ev {
+    proto_msg_ev_kind_t kind;
+    int index;
+    const char *text;
+    size_t len;
+    const char *id, *name, *model;
+    int64_t input_tokens, output_tokens;
+    const char *stop_reason, *stop_sequence;
+} proto_msg_ev_t;
+
+/* The SSE frame "event: <type>\ndata: <json>\n\n" of ev; new text (its
+ * length in *out_len) or NULL. */
+char *proto_messages_event(const proto_msg_ev_t *ev, size_t *out_len);
+
+/* ------------------------------------------------------------ responses */
+
+/* OpenAI's Responses API (POST /v1/responses), the subset docs/API.md
+ * lists: read into the chat request it stands for. */
+#define PROTO_RESPONSE_ID_MAX 64 /* bytes of a response id */
+
+typedef struct proto_responses_req {
+    proto_chat_req_t chat; /* instructions + input as messages; max_output_tokens as
+                              max_tokens; function tools; text.format as response_format */
+    int store;             /* "store", default 1 */
+    char previous_id[PROTO_RESPONSE_ID_MAX + 1]; /* "previous_response_id", "" when absent */
+    char *echo; /* the request fields a response object repeats (JSON object, owned) */
+} proto_responses_req_t;
+
+int proto_responses_parse(const char *body, size_t len, const proto_limits_t *lim,
+                          proto_responses_req_t *out, proto_error_t *err);
+void proto_responses_free(proto_responses_req_t *r);
+
+/* One function_call output item. */
+typedef struct proto_rsp_call {
+    const char *id;      /* item id, "fc_..." */
+    const char *call_id; /* "call_..." */
+    const char *name;
+    const char *arguments;
+    size_t arguments_len;
+} proto_rsp_call_t;
+
+/* A response object: {"id","object":"response","created_at","status",
+ * "error","incomplete_details","model","output":[message?, function_call*],
+ * "usage"} and the fields of echo (proto_responses_req_t). */
+typedef struct proto_rsp_out {
+    const char *id;
+    int64_t created_at;
+    const char *model;
+    const char *status;                     /* "in_progress", "completed", "incomplete", "failed" */
+    const char *incomplete_reason;          /* "max_output_tokens" or NULL */
+    const char *error_code, *error_message; /* failed: "error" (else null) */
+    const char *echo;
+    int has_message; /* a message item with one output_text part */
+    const char *msg_id, *item_status;
+    const char *text;
+    size_t text_len;
+    const proto_rsp_call_t *calls;
+    size_t n_calls;
+    int with_usage; /* else "usage": null */
+    int64_t input_tokens, output_tokens, cached_tokens;
+} proto_rsp_out_t;
+
+char *proto_responses_json(const proto_rsp_out_t *o);
+/* An output item: the function call (when call), else a message (msg_id;
+ * content one output_text part of text[len], or [] when text is NULL). */
+char *proto_responses_item_json(const proto_rsp_call_t *call, const char *msg_id,
+                                const char *status, const char *text, size_t len);
+
+/* A stream event "event: <type>\ndata: {...}\n\n": type and
+ * sequence_number, then by type: response (JSON text of the response
+ * object), item_id and output_index, content_index (content_part and
+ * output_text events), item (JSON text), part (content_part events: an
+ * output_text part of text[len]), delta / text / arguments (text[len]),
+ * name (function_call_arguments.done); type "error": code, message
+ * (text[len]), param. */
+typedef struct proto_rsp_ev {
+    const char *type;
+    int64_t seq;
+    const char *response;
+    const char *item_id;
+    int output_index, content_index;
+    const char *item;
+    const char *text;
+    size_t len;
+    const char *name;
+    const char *code, *param;
+} proto_rsp_ev_t;
+
+char *proto_responses_event(const proto_rsp_ev_t *ev, size_t *out_len);
 
 /* ------------------------------------------------------------ embeddings */
 

@@ -83,6 +83,8 @@ struct api_io {
     void (*done)(api_io_t *io); /* loop thread, after work */
 };
 
+typedef struct api_rsp_table api_rsp_table_t; /* stored responses (api_responses.c) */
+
 typedef struct api_app {
     const srv_config_t *cfg; /* borrowed from serve */
     uv_loop_t *loop;
@@ -164,6 +166,8 @@ typedef struct api_app {
      * prefix some request in flight will insert is not copied again */
     struct api_pfx_pending *pfx_pending; /* [n_pfx_pending], owned */
     size_t n_pfx_pending, cap_pfx_pending;
+
+    api_rsp_table_t *responses; /* POST /v1/responses with store (api_responses.c); owned */
 } api_app_t;
 
 /* ---- session owners (api_access.c) ----
@@ -256,6 +260,31 @@ int api_misc_routes(api_app_t *app);
 int api_embed_routes(api_app_t *app);
 int api_prefix_routes(api_app_t *app);
 
+/* ---- stored responses (api_responses.c; loop thread) ----
+ * Response ids of POST /v1/responses with "store" mapped onto the sessions
+ * they ran on (see the file's comment). */
+#define API_RESPONSES_MAX 4096              /* entries kept; the oldest go first */
+#define API_RESPONSES_MAX_BYTES (64u << 20) /* of stored answers */
+#define API_RESPONSES_MAX_BRANCHES 256      /* copies made, not yet taken by their requests */
+int api_responses_routes(api_app_t *app);   /* GET and DELETE /v1/responses/{id} */
+void api_responses_free(api_app_t *app);
+/* The session of response id as who sees it: 0, or -1 when there is no
+ * such response (or it is another key's). */
+int api_responses_find(api_app_t *app, const char *id, const api_caller_t *who,
+                       char session[PROTO_SESSION_ID_LEN + 1]);
+/* Keeps response id (answer json, copied) on session, owned by owner. */
+void api_responses_put(api_app_t *app, const char *id, const char *session, const char *owner,
+                       const char *json);
+/* A fork of session (owned by owner) for req to continue: 0 with its id in
+ * out when the fork made for req is ready (the handler runs again);
+ * otherwise 1: the fork is made on the I/O thread and the handler runs
+ * again, or req was answered (admission, out of memory, the store's
+ * error). */
+int api_responses_branch(api_app_t *app, srv_req_t *req, const char *session, const char *owner,
+                         char out[PROTO_SESSION_ID_LEN + 1]);
+/* The copy fork (api_responses_branch's out) was taken by its request. */
+void api_responses_branch_taken(api_app_t *app, const char *fork);
+
 /* "fp_<16 hex>" of the binary's build id, the model fingerprint and the
  * attention configuration (api_fp.c); borrowed from app. NULL before the
  * model is loaded. Loop thread. */
@@ -274,6 +303,11 @@ void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out);
 
 /* Answers req with a proto error object. */
 void api_reply_proto(srv_req_t *req, const proto_error_t *e);
+/* 1 for the route of Anthropic's Messages API, whose every error has
+ * Anthropic's shape ({"type":"error","error":{...}}); the error JSON of e
+ * in the shape of route (NULL when out of memory). */
+int api_anthropic_route(const char *route);
+char *api_error_json_for(const char *route, const proto_error_t *e);
 /* Answers req with an error of this kind; msg is printf-style. */
 void api_reply_kind(srv_req_t *req, proto_errkind_t kind, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -383,6 +383,7 @@ static void app_free_parts(api_app_t *app)
     srv_engine_free(app->engine);
     app->engine = NULL;
     api_prefix_free(app);
+    api_responses_free(app);
     srv_store_free(app->store);
     app->store = NULL;
     core_tokenizer_free(app->tok);
@@ -558,8 +559,9 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
     srv_route_opts_t metrics = {.flags = SRV_ROUTE_DRAIN_OK};
     if (srv_http_route(app->http, "GET", "/health", h_health, app, &health) < 0 ||
         srv_http_route(app->http, "GET", "/metrics", h_metrics, app, &metrics) < 0 ||
-        api_openai_routes(app) < 0 || api_sessions_routes(app) < 0 || api_misc_routes(app) < 0 ||
-        api_embed_routes(app) < 0 || api_ollama_routes(app) < 0 || api_prefix_routes(app) < 0 ||
+        api_openai_routes(app) < 0 || api_responses_routes(app) < 0 ||
+        api_sessions_routes(app) < 0 || api_misc_routes(app) < 0 || api_embed_routes(app) < 0 ||
+        api_ollama_routes(app) < 0 || api_prefix_routes(app) < 0 ||
         (cfg->ui && srv_ui_routes(app->http) < 0)) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "cannot register the routes");
         pthread_mutex_destroy(&app->mu);

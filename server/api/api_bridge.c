@@ -38,9 +38,20 @@ void api_sample_params(const proto_gen_params_t *p, core_sample_params_t *out)
 
 /* ---- errors ---- */
 
+int api_anthropic_route(const char *route)
+{
+    return route &&
+           (strcmp(route, "/v1/messages") == 0 || strcmp(route, "/v1/messages/count_tokens") == 0);
+}
+
+char *api_error_json_for(const char *route, const proto_error_t *e)
+{
+    return api_anthropic_route(route) ? proto_anthropic_error_json(e) : proto_error_json(e);
+}
+
 void api_reply_proto(srv_req_t *req, const proto_error_t *e)
 {
-    char *j = proto_error_json(e);
+    char *j = api_error_json_for(srv_req_route(req), e);
     if (!j) {
         srv_reply_error(req, 500, "server_error", NULL, "internal_error", "out of memory");
         return;

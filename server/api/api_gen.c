@@ -267,6 +267,13 @@ void api_gen_write_json(api_gen_t *g, const char *json)
 void api_gen_write_error(api_gen_t *g, const proto_error_t *e)
 {
     size_t n = 0;
+    if (api_anthropic_route(g->route)) { /* an error event, and no [DONE] */
+        char *a = proto_anthropic_error_event(e, &n);
+        if (a)
+            api_gen_write_raw(g, a, n);
+        proto_free(a);
+        return;
+    }
     char *f = proto_frame_error(g->fmt, e, &n);
     if (f)
         api_gen_write_raw(g, f, n);
@@ -295,7 +302,7 @@ void api_gen_reply_json(api_gen_t *g, int status, const char *json)
 
 void api_gen_reply_error(api_gen_t *g, const proto_error_t *e)
 {
-    char *j = proto_error_json(e);
+    char *j = api_error_json_for(g->route, e);
     api_gen_reply_json(g, e->status, j);
     proto_free(j);
 }

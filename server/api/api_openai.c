@@ -64,6 +64,22 @@ typedef struct oa_req {
     char stop_word[PROTO_MAX_STOP_BYTES + 1]; /* the one stop string, if one */
     char *settings;                           /* "generation_settings" JSON, owned */
     int anthropic; /* /v1/messages: the answer and its errors in Anthropic's shape */
+    /* a streamed Messages answer: the content block open (0 none, 1 text,
+     * 2 tool_use) and the next block's index */
+    int blk_open;
+    int blk_next;
+    int64_t input_tokens; /* of the prompt, for message_start */
+    /* /v1/responses: the answer in the Responses shape, its events numbered */
+    int responses;
+    int store;                               /* kept under r->id (api_responses_put) */
+    char prev_id[PROTO_RESPONSE_ID_MAX + 1]; /* previous_response_id, "" = none */
+    char owner[SRV_SESSION_OWNER_LEN + 1];   /* the caller's owner tag */
+    char *echo;                              /* the request fields the answer repeats */
+    int64_t seq;                             /* next sequence_number */
+    int item_open;                           /* the output item open: 0, 1 message, 2 call */
+    int item_next;                           /* next output_index */
+    size_t item_from;                        /* the open message's text: acc.text + item_from */
+    char msg_id[40];                         /* the open (or the answer's) message item id */
 } oa_req_t;
 
 static void oa_free(void *kd)
@@ -84,6 +100,7 @@ static void oa_free(void *kd)
         }
     free(r->choices);
     free(r->settings);
+    free(r->echo);
     free(r);
 }
 
@@ -112,6 +129,180 @@ static const char *shown_finish(srv_finish_t f)
     return api_finish_reason(f);
 }
 
+/* ---- a streamed Messages answer (Anthropic's events) ---- */
+
+static void msg_event(api_gen_t *g, const proto_msg_ev_t *ev)
+{
+    size_t n = 0;
+    char *f = proto_messages_event(ev, &n);
+    if (!f) {
+        SRV_LOG(SRV_LOG_ERROR, g->rid, "out of memory formatting an event");
+        return;
+    }
+    api_gen_write_raw(g, f, n);
+    proto_free(f);
+}
+
+/* Closes the open content block, if any. */
+static void msg_block_close(api_gen_t *g, oa_req_t *r)
+{
+    if (!r->blk_open)
+        return;
+    msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_BLOCK_STOP, .index = r->blk_next - 1});
+    r->blk_open = 0;
+}
+
+/* Text into a text block (one is opened when another kind, or none, is). */
+static void msg_text(api_gen_t *g, oa_req_t *r, const char *text, size_t len)
+{
+    if (len == 0)
+        return;
+    if (r->blk_open != 1) {
+        msg_block_close(g, r);
+        msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START, .index = r->blk_next++});
+        r->blk_open = 1;
+    }
+    msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_DELTA,
+                                   .index = r->blk_next - 1,
+                                   .text = text,
+                                   .len = len});
+}
+
+/* stop_reason of the Messages answer whose first choice is c. */
+static const char *msg_stop_reason(const oa_choice_t *c)
+{
+    if (c->finish == SRV_FINISH_STOP) {
+        if (c->tp && proto_tool_parser_calls(c->tp) > 0)
+            return "tool_use";
+        return c->eog_end ? "end_turn" : "stop_sequence";
+    }
+    return c->finish == SRV_FINISH_LENGTH ? "max_tokens" : NULL;
+}
+
+/* ---- a streamed Responses answer (OpenAI's Responses events) ---- */
+
+static void rsp_event(api_gen_t *g, oa_req_t *r, proto_rsp_ev_t ev)
+{
+    ev.seq = r->seq++;
+    size_t n = 0;
+    char *f = proto_responses_event(&ev, &n);
+    if (!f) {
+        SRV_LOG(SRV_LOG_ERROR, g->rid, "out of memory formatting an event");
+        return;
+    }
+    api_gen_write_raw(g, f, n);
+    proto_free(f);
+}
+
+/* The function_call item of call k ("fc_" beside its "call_" id). */
+static proto_rsp_call_t rsp_call(const oa_call_t *k, char fc[40])
+{
+    snprintf(fc, 40, "fc_%s", k->id + 5);
+    return (proto_rsp_call_t){fc, k->id, k->name, k->args.text ? k->args.text : "", k->args.len};
+}
+
+static void rsp_item_event(api_gen_t *g, oa_req_t *r, const char *type, const char *item)
+{
+    rsp_event(g, r, (proto_rsp_ev_t){.type = type, .item = item, .output_index = r->item_next - 1});
+}
+
+/* Closes the open output item of choice c, if any. */
+static void rsp_close(api_gen_t *g, oa_req_t *r, oa_choice_t *c)
+{
+    const int oi = r->item_next - 1;
+    if (r->item_open == 1) {
+        const char *t = (c->acc.text ? c->acc.text : "") + r->item_from;
+        const size_t n = c->acc.len - r->item_from;
+        proto_rsp_ev_t ev = {.item_id = r->msg_id, .output_index = oi, .text = t, .len = n};
+        ev.type = "response.output_text.done";
+        rsp_event(g, r, ev);
+        ev.type = "response.content_part.done";
+        rsp_event(g, r, ev);
+        const int cut = c->finish == SRV_FINISH_LENGTH || c->finish == SRV_FINISH_TIMEOUT;
+        char *item =
+            proto_responses_item_json(NULL, r->msg_id, cut ? "incomplete" : "completed", t, n);
+        rsp_item_event(g, r, "response.output_item.done", item);
+        proto_free(item);
+    } else if (r->item_open == 2 && c->n_calls) {
+        char fc[40];
+        proto_rsp_call_t pc = rsp_call(&c->calls[c->n_calls - 1], fc);
+        rsp_event(g, r,
+                  (proto_rsp_ev_t){.type = "response.function_call_arguments.done",
+                                   .item_id = fc,
+                                   .output_index = oi,
+                                   .text = pc.arguments,
+                                   .len = pc.arguments_len,
+                                   .name = pc.name});
+        char *item = proto_responses_item_json(&pc, NULL, "completed", NULL, 0);
+        rsp_item_event(g, r, "response.output_item.done", item);
+        proto_free(item);
+    }
+    r->item_open = 0;
+}
+
+/* Opens a message item (its text starts at the choice's current end). */
+static void rsp_open_message(api_gen_t *g, oa_req_t *r, oa_choice_t *c)
+{
+    rsp_close(g, r, c);
+    char hex[25];
+    srv_random_hex(hex, 12);
+    snprintf(r->msg_id, sizeof r->msg_id, "msg_%s", hex);
+    r->item_from = c->acc.len;
+    r->item_open = 1;
+    r->item_next++;
+    char *item = proto_responses_item_json(NULL, r->msg_id, "in_progress", NULL, 0);
+    rsp_item_event(g, r, "response.output_item.added", item);
+    proto_free(item);
+    rsp_event(g, r,
+              (proto_rsp_ev_t){.type = "response.content_part.added",
+                               .item_id = r->msg_id,
+                               .output_index = r->item_next - 1,
+                               .text = "",
+                               .len = 0});
+}
+
+/* Text of choice c: kept, and sent as a delta of the open message item. */
+static void rsp_text(api_gen_t *g, oa_req_t *r, oa_choice_t *c, const char *text, size_t len)
+{
+    if (len == 0)
+        return;
+    if (r->item_open != 1)
+        rsp_open_message(g, r, c);
+    api_acc_text(&c->acc, text, len);
+    rsp_event(g, r,
+              (proto_rsp_ev_t){.type = "response.output_text.delta",
+                               .item_id = r->msg_id,
+                               .output_index = r->item_next - 1,
+                               .text = text,
+                               .len = len});
+}
+
+/* The parser's findings kept for the answer (content into acc, calls into
+ * calls); id: a new call's "call_" id. */
+static void keep_tool_ev(oa_choice_t *c, const proto_tool_ev_t *tev, const char *id)
+{
+    if (tev->kind == PROTO_TOOL_EV_CONTENT) {
+        api_acc_text(&c->acc, tev->text, tev->len);
+    } else if (tev->kind == PROTO_TOOL_EV_CALL) {
+        oa_call_t *nc = realloc(c->calls, (c->n_calls + 1) * sizeof *nc);
+        if (nc) /* the old block is gone: keep the new one, used or not */
+            c->calls = nc;
+        char *name = nc ? malloc(tev->len + 1) : NULL;
+        if (!name) {
+            c->oom = 1;
+            return;
+        }
+        memcpy(name, tev->text, tev->len);
+        name[tev->len] = '\0';
+        oa_call_t *call = &c->calls[c->n_calls++];
+        memset(call, 0, sizeof *call);
+        snprintf(call->id, sizeof call->id, "%s", id);
+        call->name = name;
+    } else if (c->n_calls && (size_t)tev->index == c->n_calls - 1) {
+        api_acc_text(&c->calls[tev->index].args, tev->text, tev->len);
+    }
+}
+
 /* The parser's findings: content and calls, written as chunks (streamed)
  * or kept for the answer. */
 static void oa_tool_ev(void *ud, const proto_tool_ev_t *tev)
@@ -126,28 +317,55 @@ static void oa_tool_ev(void *ud, const proto_tool_ev_t *tev)
         snprintf(id, sizeof id, "call_%s", hex);
     }
     if (!r->stream) {
+        keep_tool_ev(c, tev, id);
+        return;
+    }
+    if (r->responses) {
         if (tev->kind == PROTO_TOOL_EV_CONTENT) {
-            api_acc_text(&c->acc, tev->text, tev->len);
+            rsp_text(g, r, c, tev->text, tev->len);
+            return;
+        }
+        if (tev->kind == PROTO_TOOL_EV_CALL)
+            rsp_close(g, r, c);
+        keep_tool_ev(c, tev, id);
+        if (!c->n_calls)
+            return;
+        char fc[40];
+        proto_rsp_call_t pc = rsp_call(&c->calls[c->n_calls - 1], fc);
+        if (tev->kind == PROTO_TOOL_EV_CALL) {
+            r->item_open = 2;
+            r->item_next++;
+            char *item = proto_responses_item_json(&pc, NULL, "in_progress", NULL, 0);
+            rsp_item_event(g, r, "response.output_item.added", item);
+            proto_free(item);
+        } else if (tev->len > 0) {
+            rsp_event(g, r,
+                      (proto_rsp_ev_t){.type = "response.function_call_arguments.delta",
+                                       .item_id = fc,
+                                       .output_index = r->item_next - 1,
+                                       .text = tev->text,
+                                       .len = tev->len});
+        }
+        return;
+    }
+    if (r->anthropic) {
+        if (tev->kind == PROTO_TOOL_EV_CONTENT) {
+            msg_text(g, r, tev->text, tev->len);
         } else if (tev->kind == PROTO_TOOL_EV_CALL) {
-            oa_call_t *nc = realloc(c->calls, (c->n_calls + 1) * sizeof *nc);
-            char *name = malloc(tev->len + 1);
-            if (!nc || !name) {
-                free(nc == c->calls ? NULL : nc);
-                free(name);
-                if (nc)
-                    c->calls = nc;
-                c->oom = 1;
-                return;
-            }
-            c->calls = nc;
-            memcpy(name, tev->text, tev->len);
-            name[tev->len] = '\0';
-            oa_call_t *call = &c->calls[c->n_calls++];
-            memset(call, 0, sizeof *call);
-            snprintf(call->id, sizeof call->id, "%s", id);
-            call->name = name;
-        } else if (c->n_calls && (size_t)tev->index == c->n_calls - 1) {
-            api_acc_text(&c->calls[tev->index].args, tev->text, tev->len);
+            msg_block_close(g, r);
+            char tid[40], name[PROTO_MAX_TOOL_NAME + 1];
+            snprintf(tid, sizeof tid, "toolu_%s", id + 5);
+            snprintf(name, sizeof name, "%.*s", (int)tev->len, tev->text);
+            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TOOL_START,
+                                           .index = r->blk_next++,
+                                           .id = tid,
+                                           .name = name});
+            r->blk_open = 2;
+        } else if (tev->len > 0) {
+            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_JSON_DELTA,
+                                           .index = r->blk_next - 1,
+                                           .text = tev->text,
+                                           .len = tev->len});
         }
         return;
     }
@@ -190,7 +408,10 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
     oa_choice_t *c = &r->choices[ci];
     const int eog = is_eog_event(g, ev);
     const int with_lp = r->logprobs >= 0 && ev->kind == SRV_EVENT_TOKEN && !eog;
-    const int keep_id = r->native && r->return_tokens && ev->kind == SRV_EVENT_TOKEN && !eog;
+    /* llama.cpp's streamed chunks carry their token's id whatever
+     * return_tokens says; its answer only with return_tokens */
+    const int keep_id =
+        r->native && (r->return_tokens || r->stream) && ev->kind == SRV_EVENT_TOKEN && !eog;
     if (ev->finish != SRV_FINISH_NONE) {
         c->finish = ev->finish;
         c->eog_end = eog;
@@ -207,6 +428,18 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
         }
         if (with_lp || keep_id)
             api_acc_token(&c->acc, ev);
+        c->acc.finish = c->finish;
+        return;
+    }
+    if (r->responses) { /* the end is response.completed, from done() */
+        if (c->tp) {
+            if (proto_tool_parser_feed(c->tp, ev->text, ev->len) < 0)
+                c->oom = 1;
+            if (ev->finish != SRV_FINISH_NONE && proto_tool_parser_finish(c->tp) < 0)
+                c->oom = 1;
+        } else {
+            rsp_text(g, r, c, ev->text, ev->len);
+        }
         c->acc.finish = c->finish;
         return;
     }
@@ -232,7 +465,7 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
         proto_tool_parser_feed(c->tp, ev->text, ev->len);
         if (ev->finish != SRV_FINISH_NONE) {
             proto_tool_parser_finish(c->tp);
-            const char *tfin = choice_finish(c, ev->finish);
+            const char *tfin = r->anthropic ? NULL : choice_finish(c, ev->finish);
             if (tfin) {
                 proto_choice_t end = {.index = (int)ci, .finish_reason = tfin};
                 char *j = proto_chat_chunk_json(&meta, &end, 0, NULL);
@@ -240,6 +473,10 @@ static void oa_event(api_gen_t *g, size_t ji, const srv_event_t *ev)
                 proto_free(j);
             }
         }
+        return;
+    }
+    if (r->anthropic) { /* the end is message_delta, from done() */
+        msg_text(g, r, ev->text, ev->len);
         return;
     }
     const char *fin = ev->finish != SRV_FINISH_NONE ? shown_finish(ev->finish) : NULL;
@@ -341,6 +578,96 @@ static const char *oa_totals(api_gen_t *g, proto_usage_t *u, int64_t *cached, do
     return err;
 }
 
+/* The response object of r now: status "in_progress" before the end (no
+ * output, no usage), else the answer; e: the failure, if any. */
+static char *rsp_object(api_gen_t *g, oa_req_t *r, const proto_error_t *e, const proto_usage_t *u,
+                        int64_t cached, int end)
+{
+    oa_choice_t *c = &r->choices[0];
+    proto_rsp_call_t *calls = NULL;
+    char(*fc)[40] = NULL;
+    if (end && c->n_calls) {
+        calls = calloc(c->n_calls, sizeof *calls);
+        fc = calloc(c->n_calls, sizeof *fc);
+        if (!calls || !fc) {
+            free(calls);
+            free(fc);
+            return NULL;
+        }
+        for (size_t k = 0; k < c->n_calls; k++)
+            calls[k] = rsp_call(&c->calls[k], fc[k]);
+    }
+    if (end && !r->msg_id[0]) {
+        char hex[25];
+        srv_random_hex(hex, 12);
+        snprintf(r->msg_id, sizeof r->msg_id, "msg_%s", hex);
+    }
+    const int cut = c->finish == SRV_FINISH_LENGTH || c->finish == SRV_FINISH_TIMEOUT;
+    proto_rsp_out_t o = {.id = r->id,
+                         .created_at = r->created,
+                         .model = g->app->model_id,
+                         .status = !end  ? "in_progress"
+                                   : e   ? "failed"
+                                   : cut ? "incomplete"
+                                         : "completed",
+                         .incomplete_reason = !end || e || !cut                ? NULL
+                                              : c->finish == SRV_FINISH_LENGTH ? "max_output_tokens"
+                                                                               : "timeout",
+                         .error_code = e ? e->code : NULL,
+                         .error_message = e ? e->message : NULL,
+                         .echo = r->echo,
+                         .has_message = end && (c->acc.len > 0 || c->n_calls == 0),
+                         .msg_id = r->msg_id,
+                         .item_status = cut ? "incomplete" : "completed",
+                         .text = c->acc.text ? c->acc.text : "",
+                         .text_len = c->acc.len,
+                         .calls = calls,
+                         .n_calls = end ? c->n_calls : 0,
+                         .with_usage = end && u,
+                         .input_tokens = u ? u->prompt_tokens : 0,
+                         .output_tokens = u ? u->completion_tokens : 0,
+                         .cached_tokens = cached};
+    char *j = proto_responses_json(&o);
+    free(calls);
+    free(fc);
+    return j;
+}
+
+/* The end of a Responses answer: e is the failure, if any. */
+static void rsp_done(api_gen_t *g, oa_req_t *r, const proto_error_t *e, const proto_usage_t *u,
+                     int64_t cached)
+{
+    oa_choice_t *c = &r->choices[0];
+    proto_error_t oom;
+    if (!e && (c->acc.oom || c->oom)) {
+        proto_error_set(&oom, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        e = &oom;
+    }
+    if (e && !r->stream) {
+        api_gen_reply_error(g, e);
+        return;
+    }
+    if (r->stream && !e) {
+        if (r->item_next == 0) /* nothing said: one empty message */
+            rsp_open_message(g, r, c);
+        rsp_close(g, r, c);
+    }
+    char *j = rsp_object(g, r, e, u, cached, 1);
+    if (j && !e && r->store && r->session_id[0])
+        api_responses_put(g->app, r->id, r->session_id, r->owner, j);
+    if (!r->stream) {
+        api_gen_reply_json(g, 200, j); /* NULL: 500 out of memory */
+    } else if (j) {
+        const int cut = c->finish == SRV_FINISH_LENGTH || c->finish == SRV_FINISH_TIMEOUT;
+        rsp_event(g, r,
+                  (proto_rsp_ev_t){.type = e     ? "response.failed"
+                                           : cut ? "response.incomplete"
+                                                 : "response.completed",
+                                   .response = j});
+    }
+    proto_free(j);
+}
+
 static void oa_prepare(api_gen_t *g)
 {
     oa_req_t *r = g->kd;
@@ -383,9 +710,32 @@ static void oa_done(api_gen_t *g)
     else
         failed = 0;
 
+    if (r->responses) {
+        rsp_done(g, r, failed ? &e : NULL, &u, cached);
+        return;
+    }
     if (r->stream) {
         if (failed) {
             api_gen_write_error(g, &e);
+            return;
+        }
+        if (r->anthropic) {
+            const oa_choice_t *c0 = &r->choices[0];
+            if (r->blk_next == 0) /* nothing said: one empty text block */
+                msg_event(
+                    g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START, .index = r->blk_next++});
+            r->blk_open = 1;
+            msg_block_close(g, r);
+            const char *sr = msg_stop_reason(c0);
+            msg_event(g,
+                      &(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_DELTA,
+                                        .stop_reason = sr,
+                                        .stop_sequence =
+                                            sr && strcmp(sr, "stop_sequence") == 0 && r->n_stop == 1
+                                                ? r->stop_word
+                                                : NULL,
+                                        .output_tokens = u.completion_tokens});
+            msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_STOP});
             return;
         }
         proto_resp_meta_t meta = oa_meta(g, r);
@@ -486,13 +836,11 @@ static void oa_done(api_gen_t *g)
     }
     if (r->anthropic && jc) {
         const oa_choice_t *c0 = &r->choices[0];
-        const int word = c0->finish == SRV_FINISH_STOP && !c0->eog_end;
+        const char *sr = msg_stop_reason(c0);
+        const int word = sr && strcmp(sr, "stop_sequence") == 0;
         proto_messages_end_t me = {.id = r->id,
                                    .model = g->app->model_id,
-                                   .stop_reason = c0->finish == SRV_FINISH_STOP
-                                                      ? (word ? "stop_sequence" : "end_turn")
-                                                  : c0->finish == SRV_FINISH_LENGTH ? "max_tokens"
-                                                                                    : NULL,
+                                   .stop_reason = sr,
                                    .stop_sequence = word && r->n_stop == 1 ? r->stop_word : NULL};
         char *ja = proto_messages_json(jc, &me);
         proto_free(jc);
@@ -567,7 +915,8 @@ static int tool_parsers(api_gen_t *g, oa_req_t *r, const proto_chat_req_t *cr)
 static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_params_t *p,
                    const proto_chat_req_t *cr, srv_session_t *sess, oa_input_t *in, size_t n_in,
                    int session_chat, const size_t *bounds, size_t n_bounds,
-                   const proto_llama_req_t *nat, int anthropic)
+                   const proto_llama_req_t *nat, int anthropic, const proto_responses_req_t *rq,
+                   const char *owner)
 {
     char err[512];
     oa_req_t *r = calloc(1, sizeof *r);
@@ -599,8 +948,29 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     }
     char hex[33];
     srv_random_hex(hex, 12);
-    snprintf(r->id, sizeof r->id, "%s%s", anthropic ? "msg_" : chat ? "chatcmpl-" : "cmpl-", hex);
+    snprintf(r->id, sizeof r->id, "%s%s",
+             rq          ? "resp_"
+             : anthropic ? "msg_"
+             : chat      ? "chatcmpl-"
+                         : "cmpl-",
+             hex);
+    if (rq) {
+        r->responses = 1;
+        r->store = rq->store;
+        snprintf(r->prev_id, sizeof r->prev_id, "%s", rq->previous_id);
+        snprintf(r->owner, sizeof r->owner, "%s", owner ? owner : "");
+        r->echo = strdup(rq->echo ? rq->echo : "{}");
+        if (!r->echo) {
+            oa_free(r);
+            inputs_free(in, n_in);
+            if (sess)
+                srv_store_release(app->store, sess, 0, NULL, 0);
+            api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+            return;
+        }
+    }
     r->anthropic = anthropic;
+    r->input_tokens = (int64_t)in[0].n;
     if (sess)
         snprintf(r->session_id, sizeof r->session_id, "%s", srv_session_id(sess));
 
@@ -720,7 +1090,25 @@ static void oa_run(api_app_t *app, srv_req_t *req, int chat, const proto_gen_par
     }
     inputs_free(in, n_in);
     api_gen_start(g, req, p->stream, PROTO_STREAM_SSE);
-    if (p->stream && chat) {
+    if (p->stream && rq) {
+        char *j = rsp_object(g, r, NULL, NULL, 0, 0);
+        rsp_event(g, r, (proto_rsp_ev_t){.type = "response.created", .response = j});
+        rsp_event(g, r, (proto_rsp_ev_t){.type = "response.in_progress", .response = j});
+        proto_free(j);
+        if (!r->choices[0].tp)
+            rsp_open_message(g, r, &r->choices[0]);
+    } else if (p->stream && anthropic) {
+        msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_START,
+                                       .id = r->id,
+                                       .model = app->model_id,
+                                       .input_tokens = r->input_tokens});
+        if (!r->choices[0].tp) { /* all text: its block opens at once, as Anthropic's does */
+            msg_event(g,
+                      &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_START, .index = r->blk_next++});
+            r->blk_open = 1;
+        }
+        msg_event(g, &(proto_msg_ev_t){.kind = PROTO_MSG_EV_PING});
+    } else if (p->stream && chat) {
         /* every choice opens with the assistant role, as OpenAI streams do */
         proto_resp_meta_t meta = oa_meta(g, r);
         for (size_t i = 0; i < r->n_choices; i++) {
@@ -818,7 +1206,7 @@ static void h_completions(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         goto fail;
     }
-    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0, NULL, 0, NULL, 0);
+    oa_run(app, req, 0, &cr.p, NULL, sess, in, cr.n_prompts, 0, NULL, 0, NULL, 0, NULL, NULL);
     proto_completion_free(&cr);
     return;
 fail:
@@ -888,7 +1276,7 @@ static void h_native(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         goto fail;
     }
-    oa_run(app, req, 0, &lr.c.p, NULL, sess, in, 1, 0, NULL, 0, &lr, 0);
+    oa_run(app, req, 0, &lr.c.p, NULL, sess, in, 1, 0, NULL, 0, &lr, 0, NULL, NULL);
     goto out;
 fail:
     inputs_free(in, 1);
@@ -989,7 +1377,7 @@ static void h_infill(srv_req_t *req, void *ud)
         api_reply_proto(req, &e);
         goto fail;
     }
-    oa_run(app, req, 0, &ir.l.c.p, NULL, NULL, in, 1, 0, NULL, 0, &ir.l, 0);
+    oa_run(app, req, 0, &ir.l.c.p, NULL, NULL, in, 1, 0, NULL, 0, &ir.l, 0, NULL, NULL);
     goto out;
 fail:
     inputs_free(in, 1);
@@ -1042,7 +1430,8 @@ static void h_chat(srv_req_t *req, void *ud)
                            : api_prefix_chat_bounds(app, cr.messages, cr.n_messages, cr.tools,
                                                     tools_on(&cr) ? cr.n_tools : 0,
                                                     cr.parse_special, in->ids, in->n, bounds);
-    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL, bounds, n_bounds, NULL, 0);
+    oa_run(app, req, 1, &cr.p, &cr, sess, in, 1, sess != NULL, bounds, n_bounds, NULL, 0, NULL,
+           NULL);
     proto_chat_free(&cr);
     return;
 fail:
@@ -1083,8 +1472,9 @@ static void h_messages(srv_req_t *req, void *ud)
         reply_anthropic(req, &e);
         goto out;
     }
-    if (api_chat_tokens(app, cr.messages, cr.n_messages, 0, 0, 1, 0, 1, &in->ids, &in->n, &ce) <
-        0) {
+    if (api_chat_tokens_tools(app, cr.messages, cr.n_messages, cr.tools,
+                              tools_on(&cr) ? cr.n_tools : 0, 0, 0, 1, 0, 1, &in->ids, &in->n,
+                              &ce) < 0) {
         api_core_error(ce.code, "messages", ce.msg, &e);
         reply_anthropic(req, &e);
         inputs_free(in, 1);
@@ -1097,10 +1487,135 @@ static void h_messages(srv_req_t *req, void *ud)
     }
     size_t bounds[SRV_ENGINE_MAX_SNAPS];
     size_t n_bounds =
-        api_prefix_chat_bounds(app, cr.messages, cr.n_messages, NULL, 0, 0, in->ids, in->n, bounds);
-    oa_run(app, req, 1, &cr.p, &cr, NULL, in, 1, 0, bounds, n_bounds, NULL, 1);
+        api_prefix_chat_bounds(app, cr.messages, cr.n_messages, cr.tools,
+                               tools_on(&cr) ? cr.n_tools : 0, 0, in->ids, in->n, bounds);
+    oa_run(app, req, 1, &cr.p, &cr, NULL, in, 1, 0, bounds, n_bounds, NULL, 1, NULL, NULL);
 out:
     proto_chat_free(&cr);
+}
+
+/* POST /v1/messages/count_tokens: the prompt's tokens of a Messages
+ * request, as /v1/messages renders it (nothing runs). */
+static void h_messages_count(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_chat_req_t cr;
+    proto_error_t e;
+    if (proto_messages_count_parse(body, len, &app->limits, &cr, &e) < 0) {
+        reply_anthropic(req, &e);
+        return;
+    }
+    core_error_t ce = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (api_chat_tokens_tools(app, cr.messages, cr.n_messages, cr.tools,
+                              tools_on(&cr) ? cr.n_tools : 0, 0, 0, 1, 0, 1, &ids, &n, &ce) < 0) {
+        api_core_error(ce.code, "messages", ce.msg, &e);
+        reply_anthropic(req, &e);
+    } else {
+        char j[64];
+        snprintf(j, sizeof j, "{\"input_tokens\":%zu}", n);
+        srv_reply_json(req, 200, j);
+    }
+    free(ids);
+    proto_chat_free(&cr);
+}
+
+/* POST /v1/responses: OpenAI's Responses API, the subset docs/API.md lists,
+ * run as the chat request it stands for; with "store" on a session of its
+ * own (a new one, or a copy of previous_response_id's: api_responses.c). */
+static void h_responses(srv_req_t *req, void *ud)
+{
+    api_app_t *app = ud;
+    size_t len = 0;
+    const char *body = srv_req_body(req, &len);
+    proto_responses_req_t rq;
+    proto_error_t e;
+    if (proto_responses_parse(body, len, &app->limits, &rq, &e) < 0) {
+        api_reply_proto(req, &e);
+        return;
+    }
+    proto_chat_req_t *cr = &rq.chat;
+    api_caller_t who;
+    api_caller(app, req, &who);
+    srv_session_t *sess = NULL;
+    oa_input_t *in = NULL;
+    int fresh = 0;
+    if (rq.previous_id[0]) {
+        char sid[PROTO_SESSION_ID_LEN + 1], fork[PROTO_SESSION_ID_LEN + 1];
+        if (!rq.store) {
+            api_reply_kind(req, PROTO_ERR_UNSUPPORTED, "store",
+                           "'previous_response_id' with 'store': false is not supported: the "
+                           "continuation runs on a copy of the stored response's session, "
+                           "which is a stored response");
+            goto out;
+        }
+        if (api_responses_find(app, rq.previous_id, &who, sid) < 0) {
+            api_reply_kind(req, PROTO_ERR_NOT_FOUND, "previous_response_id",
+                           "Previous response with id '%s' not found.", rq.previous_id);
+            goto out;
+        }
+        /* the response keeps its state: the continuation runs on a copy */
+        if (api_responses_branch(app, req, sid, who.owner, fork) != 0)
+            goto out; /* answered, or runs again once the copy is made */
+        if (take_session(app, req, fork, &sess) < 0)
+            goto out; /* answered, or runs again once the session is read */
+        api_responses_branch_taken(app, fork);
+        fresh = 1;
+    } else if (rq.store) {
+        char why[512], err[SRV_STORE_ERR_MAX] = "";
+        if (srv_store_health(app->store, why, sizeof why) < 0) {
+            proto_error_set(&e, PROTO_ERR_UNAVAILABLE, NULL, "%s", why);
+            e.code = "session_store_unavailable";
+            api_reply_admit(req, &e);
+            goto out;
+        }
+        int rc = srv_store_create(app->store, &sess, err, sizeof err);
+        if (rc < 0) {
+            api_reply_store(req, rc, NULL, err);
+            goto out;
+        }
+        srv_session_set_owner(sess, who.owner, NULL, 0);
+        fresh = 1;
+    }
+    core_error_t ce = {0};
+    const int empty = !sess || srv_session_tokens(sess) == 0;
+    if (!(in = calloc(1, sizeof *in))) {
+        api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
+        goto fail;
+    }
+    if (api_chat_tokens_tools(
+            app, cr->messages, cr->n_messages, cr->tools, tools_on(cr) ? cr->n_tools : 0, !empty,
+            sess ? srv_session_turn_open(sess) : 0, 1, 0, empty, &in->ids, &in->n, &ce) < 0) {
+        api_core_error(ce.code, "input", ce.msg, &e);
+        api_reply_proto(req, &e);
+        goto fail;
+    }
+    if (api_input_budget(app, in->n, "input", &e) < 0) {
+        api_reply_proto(req, &e);
+        goto fail;
+    }
+    size_t bounds[SRV_ENGINE_MAX_SNAPS];
+    size_t n_bounds =
+        sess ? 0
+             : api_prefix_chat_bounds(app, cr->messages, cr->n_messages, cr->tools,
+                                      tools_on(cr) ? cr->n_tools : 0, 0, in->ids, in->n, bounds);
+    oa_run(app, req, 1, &cr->p, cr, sess, in, 1, sess != NULL, bounds, n_bounds, NULL, 0, &rq,
+           who.owner);
+    goto out;
+fail:
+    inputs_free(in, 1);
+    if (sess) {
+        char id[PROTO_SESSION_ID_LEN + 1];
+        snprintf(id, sizeof id, "%s", srv_session_id(sess));
+        srv_store_release(app->store, sess, 0, NULL, 0);
+        if (fresh) /* a session that never held anything is not kept */
+            srv_store_delete(app->store, id, NULL, 0);
+    }
+out:
+    proto_responses_free(&rq);
 }
 
 static void h_models(srv_req_t *req, void *ud)
@@ -1127,6 +1642,9 @@ int api_openai_routes(api_app_t *app)
     rc |= srv_http_route(app->http, "POST", "/completions", h_native, app, &json);
     rc |= srv_http_route(app->http, "POST", "/infill", h_infill, app, &json);
     rc |= srv_http_route(app->http, "POST", "/v1/messages", h_messages, app, &json);
+    rc |= srv_http_route(app->http, "POST", "/v1/messages/count_tokens", h_messages_count, app,
+                         &json);
+    rc |= srv_http_route(app->http, "POST", "/v1/responses", h_responses, app, &json);
     rc |= srv_http_route(app->http, "POST", "/chat/completions", h_chat, app, &json);
     rc |= srv_http_route(app->http, "GET", "/models", h_models, app, NULL);
     return rc ? -1 : 0;

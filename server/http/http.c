@@ -212,11 +212,38 @@ static enum MHD_Result queue_buffer_owned(srv_req_t *req, int status, const char
     return r;
 }
 
+/* Anthropic's Messages API (/v1/messages...) answers every error in its
+ * own shape, {"type":"error","error":{"type","message"}}, these too; the
+ * type by status as server/api does it (proto_anthropic_error_json). */
+static const char *anthropic_type(const srv_req_t *req, int status)
+{
+    const char *p = req ? req->path : NULL;
+    if (!p || strncmp(p, "/v1/messages", 12) != 0 || (p[12] != '\0' && p[12] != '/'))
+        return NULL;
+    return status == 401   ? "authentication_error"
+           : status == 403 ? "permission_error"
+           : status == 404 ? "not_found_error"
+           : status == 413 ? "request_too_large"
+           : status == 429 ? "rate_limit_error"
+           : status == 503 ? "overloaded_error"
+           : status >= 500 ? "api_error"
+                           : "invalid_request_error";
+}
+
 static enum MHD_Result queue_error(srv_req_t *req, int status, const char *type,
                                    const char *code, const char *msg, const hdrlist_t *extra)
 {
     char emsg[512], body[800];
     srv_http_json_escape(emsg, sizeof emsg, msg);
+    const char *at = anthropic_type(req, status);
+    if (at) {
+        int n = snprintf(body, sizeof body,
+                         "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":\"%s\"}}\n",
+                         at, emsg);
+        if (n < 0 || (size_t)n >= sizeof body)
+            n = (int)strlen(body);
+        return queue_buffer(req, status, "application/json", body, (size_t)n, extra);
+    }
     int n = snprintf(body, sizeof body,
                      "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
                      "\"code\":%s%s%s}}\n",
@@ -587,6 +614,12 @@ int srv_reply_error(srv_req_t *req, int status, const char *type, const char *pa
     srv_http_json_escape(etype, sizeof etype, type ? type : "invalid_request_error");
     srv_http_json_escape(eparam, sizeof eparam, param ? param : "");
     srv_http_json_escape(ecode, sizeof ecode, code ? code : "");
+    const char *at = anthropic_type(req, status);
+    if (at) {
+        snprintf(body, sizeof body,
+                 "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":\"%s\"}}\n", at, emsg);
+        return srv_reply(req, status, "application/json", body, strlen(body));
+    }
     snprintf(body, sizeof body,
              "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":%s%s%s,\"code\":%s%s%s}}\n",
              emsg, etype, param ? "\"" : "", param ? eparam : "null", param ? "\"" : "",

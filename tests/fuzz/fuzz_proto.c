@@ -125,6 +125,27 @@ static void fuzz_parsers(const char *body, size_t size, const proto_limits_t *li
     }
     proto_chat_free(&ch);
 
+    proto_chat_req_t ms;
+    if ((rc = proto_messages_parse(body, size, lim, &ms, &e)) == 0) {
+        check_params(&ms.p, lim);
+        FUZZ_REQUIRE(ms.n_messages >= 1);
+        check_messages(ms.messages, ms.n_messages);
+    } else {
+        require_error(rc, &e);
+    }
+    proto_chat_free(&ms);
+
+    proto_responses_req_t rs;
+    if ((rc = proto_responses_parse(body, size, lim, &rs, &e)) == 0) {
+        check_params(&rs.chat.p, lim);
+        FUZZ_REQUIRE(rs.chat.n_messages >= 1 && rs.echo != NULL);
+        check_messages(rs.chat.messages, rs.chat.n_messages);
+    } else {
+        require_error(rc, &e);
+        FUZZ_REQUIRE(rs.echo == NULL);
+    }
+    proto_responses_free(&rs);
+
     proto_session_create_req_t sc;
     if ((rc = proto_session_create_parse(body, size, lim, &sc, &e)) == 0) {
         FUZZ_REQUIRE(!(sc.system && sc.messages));

@@ -163,6 +163,12 @@ def test_stream_concatenates_to_the_answer(tiny):
     # token ids of the text are its ids
     st, d, _ = tiny.post("/detokenize", {"tokens": whole["tokens"]})
     assert d["content"] == whole["content"]
+    # streamed chunks carry their token's id without return_tokens too (as
+    # llama.cpp's do); the answer does not
+    body.pop("return_tokens")
+    assert native(tiny, body)["tokens"] == []
+    evs = native_stream(tiny, body)
+    assert [t for e in evs[:-1] for t in e["tokens"]] == whole["tokens"]
 
 
 def test_prompt_as_tokens_and_mixed(tiny):

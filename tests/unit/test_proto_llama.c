@@ -49,6 +49,36 @@ TEST(native_fields_map_to_the_parameters)
     CHECK_STR_EQ(e.code, "unsupported_parameter");
 }
 
+TEST(logit_bias_pairs)
+{
+    proto_llama_req_t r;
+    proto_error_t e;
+    CHECK_INT_EQ(parse("{\"prompt\":\"a\",\"logit_bias\":[[5,-2.5],[7,false]]}", &r, &e), 0);
+    CHECK_INT_EQ((int)r.c.p.n_logit_bias, 2);
+    for (size_t i = 0; i < r.c.p.n_logit_bias; i++) {
+        const proto_logit_bias_t *b = &r.c.p.logit_bias[i];
+        CHECK(b->id == 5 || b->id == 7);
+        CHECK_NEAR(b->bias, b->id == 5 ? -2.5 : -100.0, 0);
+    }
+    proto_llama_free(&r);
+    static const struct {
+        const char *body, *param;
+    } bad[] = {
+        {"{\"prompt\":\"a\",\"logit_bias\":[[\" the\",-100]]}", "logit_bias[0]"},
+        {"{\"prompt\":\"a\",\"logit_bias\":[[5]]}", "logit_bias[0]"},
+        {"{\"prompt\":\"a\",\"logit_bias\":[5,-1]}", "logit_bias[0]"},
+        {"{\"prompt\":\"a\",\"logit_bias\":[[1,-1],[-3,1]]}", "logit_bias[1]"},
+        {"{\"prompt\":\"a\",\"logit_bias\":[[500,1]]}", "logit_bias.500"},
+        {"{\"prompt\":\"a\",\"logit_bias\":[[5,true]]}", "logit_bias[0]"},
+        {"{\"prompt\":\"a\",\"logit_bias\":[[5,101]]}", "logit_bias.5"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(parse(bad[i].body, &r, &e) < 0);
+        CHECK_STR_EQ(e.param, bad[i].param);
+        CHECK_INT_EQ(e.status, 400);
+    }
+}
+
 TEST(fields_added_to_an_openai_object)
 {
     const int32_t ids[2] = {4, 9};
@@ -127,6 +157,7 @@ TEST(allocation_failures)
 int main(void)
 {
     RUN(native_fields_map_to_the_parameters);
+    RUN(logit_bias_pairs);
     RUN(fields_added_to_an_openai_object);
     RUN(allocation_failures);
     return CHECK_DONE();

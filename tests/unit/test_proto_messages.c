@@ -41,6 +41,101 @@ TEST(request_becomes_the_chat_request)
     proto_chat_free(&r);
 }
 
+TEST(tools_and_tool_blocks_become_the_chat_request)
+{
+    proto_chat_req_t r;
+    proto_error_t e;
+    CHECK_INT_EQ(
+        parse("{\"model\":\"m\",\"max_tokens\":9,\"stream\":true,\"tools\":[{\"name\":\"f\","
+              "\"description\":\"d\",\"input_schema\":{\"type\":\"object\"}},{\"type\":\"custom\","
+              "\"name\":\"g\",\"input_schema\":{}}],\"tool_choice\":{\"type\":\"tool\",\"name\":"
+              "\"g\","
+              "\"disable_parallel_tool_use\":true},\"messages\":[{\"role\":\"user\",\"content\":"
+              "\"q\"},"
+              "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":"
+              "\"f\",\"input\":{\"a\":1}}]},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+              "\"text\":\"pre\"},{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"content\":[{"
+              "\"type\":\"text\",\"text\":\"r\"}],\"is_error\":true},{\"type\":\"text\",\"text\":"
+              "\"post\"}]}]}",
+              &r, &e),
+        0);
+    CHECK_INT_EQ(r.p.stream, 1);
+    CHECK_INT_EQ((int)r.n_tools, 2);
+    CHECK_STR_EQ(r.tools[1].name, "g");
+    CHECK_INT_EQ(r.tool_choice, PROTO_TOOL_CHOICE_NAMED);
+    CHECK_INT_EQ((int)r.tool_named, 1);
+    CHECK_INT_EQ(r.parallel_tool_calls, 0);
+    /* q, the call, "pre", the result, "post" */
+    CHECK_INT_EQ((int)r.n_messages, 5);
+    CHECK_INT_EQ(r.messages[1].role, PROTO_ROLE_ASSISTANT);
+    CHECK_INT_EQ((int)r.messages[1].n_tool_calls, 1);
+    CHECK_STR_EQ(r.messages[1].tool_calls[0].name, "f");
+    CHECK_STR_EQ(r.messages[2].content, "pre");
+    CHECK_INT_EQ(r.messages[3].role, PROTO_ROLE_TOOL);
+    CHECK_STR_EQ(r.messages[3].content, "Error: r");
+    CHECK_STR_EQ(r.messages[4].content, "post");
+    proto_chat_free(&r);
+    /* "any" is a forced call of any tool */
+    CHECK_INT_EQ(parse("{\"model\":\"m\",\"max_tokens\":9,\"tools\":[{\"name\":\"f\","
+                       "\"input_schema\":{}}],\"tool_choice\":{\"type\":\"any\"},\"messages\":"
+                       "[{\"role\":\"user\",\"content\":\"q\"}]}",
+                       &r, &e),
+                 0);
+    CHECK_INT_EQ(r.tool_choice, PROTO_TOOL_CHOICE_REQUIRED);
+    proto_chat_free(&r);
+}
+
+TEST(count_tokens_request)
+{
+    proto_chat_req_t r;
+    proto_error_t e;
+    const char *ok = "{\"model\":\"m\",\"system\":\"s\",\"messages\":[{\"role\":\"user\","
+                     "\"content\":\"a\"}],\"tools\":[{\"name\":\"f\",\"input_schema\":{}}]}";
+    CHECK_INT_EQ(proto_messages_count_parse(ok, strlen(ok), NULL, &r, &e), 0);
+    CHECK_INT_EQ((int)r.n_messages, 2);
+    CHECK_INT_EQ((int)r.n_tools, 1);
+    proto_chat_free(&r);
+    const char *bad = "{\"model\":\"m\",\"max_tokens\":3,\"messages\":[{\"role\":\"user\","
+                      "\"content\":\"a\"}]}";
+    CHECK(proto_messages_count_parse(bad, strlen(bad), NULL, &r, &e) < 0);
+    CHECK_STR_EQ(e.param, "max_tokens");
+    const char *none = "{\"model\":\"m\"}";
+    CHECK(proto_messages_count_parse(none, strlen(none), NULL, &r, &e) < 0);
+    CHECK_STR_EQ(e.param, "messages");
+}
+
+TEST(stream_events_and_tool_use_answer)
+{
+    size_t n = 0;
+    char *f = proto_messages_event(
+        &(proto_msg_ev_t){.kind = PROTO_MSG_EV_TEXT_DELTA, .index = 2, .text = "hi", .len = 2}, &n);
+    CHECK_STR_EQ(f, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+                    "\"index\":2,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n");
+    CHECK_INT_EQ((int)n, (int)strlen(f));
+    proto_free(f);
+    f = proto_messages_event(&(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_DELTA,
+                                               .stop_reason = "tool_use",
+                                               .output_tokens = 7},
+                             NULL);
+    CHECK_STR_EQ(f, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{"
+                    "\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{"
+                    "\"output_tokens\":7}}\n\n");
+    proto_free(f);
+    CHECK(proto_messages_event(&(proto_msg_ev_t){.kind = (proto_msg_ev_kind_t)99}, NULL) == NULL);
+    proto_messages_end_t m = {.id = "msg_1", .model = "m", .stop_reason = "tool_use"};
+    char *s = proto_messages_json(
+        "{\"choices\":[{\"message\":{\"content\":null,\"tool_calls\":[{\"id\":\"call_abc\","
+        "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}},{\"id\":\"call_d\","
+        "\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"cut\"}}]}}]}",
+        &m);
+    CHECK_STR_EQ(s, "{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\","
+                    "\"content\":[{\"type\":\"tool_use\",\"id\":\"toolu_abc\",\"name\":\"f\","
+                    "\"input\":{\"a\":1}},{\"type\":\"tool_use\",\"id\":\"toolu_d\",\"name\":\"g\","
+                    "\"input\":{}}],\"stop_reason\":\"tool_use\",\"stop_sequence\":null,\"usage\":"
+                    "{\"input_tokens\":0,\"output_tokens\":0}}");
+    proto_free(s);
+}
+
 TEST(refusals_name_the_field)
 {
     static const struct {
@@ -54,10 +149,38 @@ TEST(refusals_name_the_field)
          "n"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
          "\"tools\":[{}]}",
-         "tools"},
+         "tools[0].input_schema"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
-         "\"stream\":true}",
+         "\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"w\"}]}",
+         "tools[0].type"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+         "\"tools\":[{\"name\":\"f\",\"input_schema\":{},\"x\":1}]}",
+         "tools[0].x"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+         "\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\",\"properties\":"
+         "{\"n\":{\"type\":\"number\",\"multipleOf\":2}}}}]}",
+         "tools[0].input_schema"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+         "\"tool_choice\":{\"type\":\"maybe\"}}",
+         "tool_choice"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+         "\"tools\":[{\"name\":\"f\",\"input_schema\":{}}],\"tool_choice\":{\"type\":\"tool\"}}",
+         "tool_choice.name"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+         "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024}}",
+         "thinking"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+         "\"stream\":1}",
          "stream"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"assistant\",\"content\":"
+         "[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"f\",\"input\":[]}]}]}",
+         "messages[0].content[0].input"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":"
+         "[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"f\",\"input\":{}}]}]}",
+         "messages[0].content[0]"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":"
+         "[{\"type\":\"image\",\"source\":{}}]}]}",
+         "messages[0].content[0]"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
          "\"temperature\":2}",
          "temperature"},
@@ -66,7 +189,7 @@ TEST(refusals_name_the_field)
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{"
          "\"type\":"
          "\"tool_result\"}]}]}",
-         "messages[0].content[0]"},
+         "messages[0].content[0].tool_use_id"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\"}]}",
          "messages[0].content"},
     };
@@ -111,6 +234,18 @@ static int op(void)
     char *s = proto_messages_json("{\"choices\":[{\"message\":{\"content\":\"hi\"}}]}", &m);
     ok &= s != NULL;
     proto_free(s);
+    ok &=
+        parse("{\"model\":\"m\",\"max_tokens\":3,\"tools\":[{\"name\":\"f\",\"input_schema\":{}}],"
+              "\"tool_choice\":{\"type\":\"any\"},\"messages\":[{\"role\":\"user\",\"content\":[{"
+              "\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":\"r\"}]},{\"role\":"
+              "\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\","
+              "\"input\":{}}]}]}",
+              &r, &e) == 0;
+    proto_chat_free(&r);
+    s = proto_messages_event(&(proto_msg_ev_t){.kind = PROTO_MSG_EV_MESSAGE_START, .id = "i"},
+                             NULL);
+    ok &= s != NULL;
+    proto_free(s);
     return ok;
 }
 
@@ -122,6 +257,9 @@ TEST(allocation_failures)
 int main(void)
 {
     RUN(request_becomes_the_chat_request);
+    RUN(tools_and_tool_blocks_become_the_chat_request);
+    RUN(count_tokens_request);
+    RUN(stream_events_and_tool_use_answer);
     RUN(refusals_name_the_field);
     RUN(answer_and_error_shapes);
     RUN(allocation_failures);
