@@ -64,7 +64,7 @@ static int g_kv_bits;
 
 /* x rounded to half precision (core/tensor.c's scalar converter). The
  * linear kinds keep keys and values as halves (or 8-bit rows) and round
- * what comes in (test_kv_rounded_to_half, test_kv_rounded_to_8_bits):
+ * what comes in (test_kv_rounded_on_entry):
  * inputs the oracles compare against are made exactly representable, so
  * that the comparisons measure the kernels. */
 static float half_exact(float x)
@@ -1115,7 +1115,37 @@ TEST(test_v2_matches_oracle)
  * forward, token by token and in odd pieces (a key read from this forward's
  * input and the same key read back from the window are the same number),
  * and a saved state holds the halves (its window rows take 2 bytes each). */
-TEST(test_kv_rounded_to_half)
+/* Moves every key and value of raw (a copy of rnd, whose rows are
+ * rounded as the state stores them: round_kv) off that grid by less than
+ * half a step, so the state must round it back: halves scaled by 1 ± 2^-13;
+ * 8-bit rows moved by 0.3 of their step d = max|x|/127, the row's largest
+ * element kept (so its scale stays). Returns the elements moved. */
+static size_t move_off_grid(const shape_t *s, inputs_t *raw, const inputs_t *rnd)
+{
+    size_t nk = (size_t)s->L * (size_t)raw->n * (size_t)s->Hkv * (size_t)s->Hd, moved = 0;
+    for (size_t r0 = 0; r0 < nk; r0 += (size_t)s->Hd)
+        for (int which = 0; which < 2; which++) {
+            float *x = (which ? raw->v : raw->k) + r0;
+            const float *y = (which ? rnd->v : rnd->k) + r0;
+            float amax = 0;
+            for (int i = 0; i < s->Hd; i++)
+                amax = fmaxf(amax, fabsf(y[i]));
+            for (int i = 0; i < s->Hd; i++) {
+                if (g_kv_bits != 8)
+                    x[i] = y[i] * (which ? 1.0f - 0x1p-13f : 1.0f + 0x1p-13f);
+                else if (fabsf(y[i]) < amax)
+                    x[i] = y[i] + (i % 2 ? 0.3f : -0.3f) * amax / 127.0f;
+                moved += x[i] != y[i];
+            }
+        }
+    return moved;
+}
+
+/* Keys and values are rounded once, on entry, as the state stores them
+ * (halves, or 8-bit rows under g_kv_bits 8): inputs off that grid by less
+ * than half a step give the same outputs at every chunking, and a saved
+ * state holds each row in that format (2·Hd or 4 + Hd bytes). */
+TEST(test_kv_rounded_on_entry)
 {
     /* sinks and a window, and pre-RoPE features (keys un-rotated after rounding) */
     const shape_t cases[] = {V2_CASES[2], V2_CASES[3], V2_CASES[4]};
@@ -1125,13 +1155,8 @@ TEST(test_kv_rounded_to_half)
         v2_desc(&s, d, sizeof d);
         core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
         inputs_t raw = make_inputs(&s, 150, 1.5, 1.5, 12), rnd = make_inputs(&s, 150, 1.5, 1.5, 12);
-        size_t nk = (size_t)s.L * (size_t)raw.n * (size_t)s.Hkv * (size_t)s.Hd, moved = 0;
-        for (size_t i = 0; i < nk; i++) { /* off the half grid, by less than half a step */
-            raw.k[i] = rnd.k[i] * (1.0f + 0x1p-13f);
-            raw.v[i] = rnd.v[i] * (1.0f - 0x1p-13f);
-            moved += raw.k[i] != rnd.k[i];
-        }
-        CHECK(moved > nk / 2);
+        size_t nk = (size_t)s.L * (size_t)raw.n * (size_t)s.Hkv * (size_t)s.Hd;
+        CHECK(move_off_grid(&s, &raw, &rnd) > nk);
         core_attn_t *a = make_attn(&s, ad, 16, 0);
         if (!a)
             return;
@@ -1151,10 +1176,11 @@ TEST(test_kv_rounded_to_half)
         float *out = calloc(out_count(&s, raw.n), sizeof(float));
         feed(a, st, &s, &raw, 0, raw.n, ALL, 1, out);
         /* all W + S rows are valid now; the state's own payload had none */
-        size_t rows = (size_t)s.L * 2 * ((size_t)s.W + (size_t)s.S) * s.Hkv * s.Hd;
-        CHECK_MSG(core_state_size(st, NULL, 0, 0) - empty == rows * 2,
+        const size_t rows = (size_t)s.L * 2 * ((size_t)s.W + (size_t)s.S) * s.Hkv,
+                     rb = g_kv_bits == 8 ? 4 + (size_t)s.Hd : 2 * (size_t)s.Hd;
+        CHECK_MSG(core_state_size(st, NULL, 0, 0) - empty == rows * rb,
                   "%s: the window and sinks take %zu bytes in a saved state, want %zu", d,
-                  core_state_size(st, NULL, 0, 0) - empty, rows * 2);
+                  core_state_size(st, NULL, 0, 0) - empty, rows * rb);
         free(out);
         core_attn_state_free(st);
         core_attn_free(a);
@@ -2672,64 +2698,6 @@ TEST(test_memory_config_errors)
     core_attn_free(a);
 }
 
-/* 8-bit rows: inputs within less than half a step of the rounded ones (the
- * row's largest element kept, so its scale stays) give the same outputs
- * at every chunking; a saved state holds 4 + Hd bytes a row. */
-TEST(test_kv_rounded_to_8_bits)
-{
-    const shape_t cases[] = {V2_CASES[2], V2_CASES[3], V2_CASES[4]};
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        shape_t s = cases[ci];
-        char d[128];
-        v2_desc(&s, d, sizeof d);
-        core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
-        inputs_t raw = make_inputs(&s, 150, 1.5, 1.5, 12), rnd = make_inputs(&s, 150, 1.5, 1.5, 12);
-        size_t nk = (size_t)s.L * (size_t)raw.n * (size_t)s.Hkv * (size_t)s.Hd, moved = 0;
-        for (size_t r0 = 0; r0 < nk; r0 += (size_t)s.Hd)
-            for (int which = 0; which < 2; which++) {
-                float *x = (which ? raw.v : raw.k) + r0;
-                const float *y = (which ? rnd.v : rnd.k) + r0;
-                float amax = 0;
-                for (int i = 0; i < s.Hd; i++)
-                    amax = fmaxf(amax, fabsf(y[i]));
-                for (int i = 0; i < s.Hd; i++) /* 0.3 of a step off, the peak kept */
-                    if (fabsf(y[i]) < amax) {
-                        x[i] = y[i] + (i % 2 ? 0.3f : -0.3f) * amax / 127.0f;
-                        moved++;
-                    }
-            }
-        CHECK(moved > nk);
-        core_attn_t *a = make_attn(&s, ad, 16, 0);
-        if (!a)
-            return;
-        const int *sizes[3] = {ALL, ONE, MIXED};
-        const int nsz[3] = {1, 1, 7};
-        for (int m = 0; m < 3; m++) {
-            float *o = run(a, &s, &raw, sizes[m], nsz[m]), *r = run(a, &s, &rnd, sizes[m], nsz[m]);
-            CHECK_MSG(memcmp(o, r, out_count(&s, raw.n) * sizeof(float)) == 0,
-                      "%s pieces %d: unrounded inputs give other outputs", d, m);
-            free(o);
-            free(r);
-        }
-        core_attn_state_t *st = NULL;
-        core_error_t err = {0};
-        CHECK_INT_EQ(core_attn_state_new(a, &st, &err), 0);
-        const size_t empty = core_state_size(st, NULL, 0, 0);
-        float *out = calloc(out_count(&s, raw.n), sizeof(float));
-        feed(a, st, &s, &raw, 0, raw.n, ALL, 1, out);
-        size_t rows = (size_t)s.L * 2 * ((size_t)s.W + (size_t)s.S) * s.Hkv;
-        CHECK_MSG(core_state_size(st, NULL, 0, 0) - empty == rows * (4 + (size_t)s.Hd),
-                  "%s: the window and sinks take %zu bytes in a saved state, want %zu", d,
-                  core_state_size(st, NULL, 0, 0) - empty, rows * (4 + (size_t)s.Hd));
-        free(out);
-        core_attn_state_free(st);
-        core_attn_free(a);
-        core_gguf_close(ad);
-        inputs_free(&raw);
-        inputs_free(&rnd);
-    }
-}
-
 /* Payloads across row formats: a state of halves (every payload written
  * before 8-bit rows) loads into an attention of 8-bit rows, each row
  * rounded to 8 bits as on entry, and continues close to the half state;
@@ -2826,7 +2794,7 @@ int main(void)
     RUN(test_fork_and_reset);
     RUN(test_adapter_errors);
     RUN(test_v2_matches_oracle);
-    RUN(test_kv_rounded_to_half);
+    RUN(test_kv_rounded_on_entry);
     RUN(test_v2_parts_matter);
     RUN(test_v2_state_roundtrip);
     RUN(test_used_states_answer_as_fresh);
@@ -2854,7 +2822,7 @@ int main(void)
     RUN(test_state_bytes_constant);
     RUN(test_fork_and_reset);
     RUN(test_v2_matches_oracle);
-    RUN(test_kv_rounded_to_8_bits);
+    RUN(test_kv_rounded_on_entry);
     RUN(test_v2_state_roundtrip);
     RUN(test_used_states_answer_as_fresh);
     RUN(test_memory_matches_oracle);
