@@ -347,13 +347,22 @@ static int load(api_app_t *app)
             return -1;
         }
     }
-    rc = core_chat_tmpl_init(cfg->chat_template[0] ? cfg->chat_template : NULL, tmpl_text,
-                            &app->tmpl, &ce);
+    /* A Gemma 3 GGUF without a template (the base model) is prompted in
+     * Gemma's turn format: what its instruction-tuned siblings were trained
+     * on, not something the base model was taught */
+    const char *tmpl_name = cfg->chat_template[0] ? cfg->chat_template : NULL;
+    const int gemma_turns =
+        !tmpl_name && !tmpl_text && strcmp(core_model_info(app->model)->arch, "gemma3") == 0;
+    rc = core_chat_tmpl_init(gemma_turns ? "gemma" : tmpl_name, tmpl_text, &app->tmpl, &ce);
     free(tmpl_text);
     if (rc < 0) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "--chat-template: %s", ce.msg);
         return -1;
     }
+    if (gemma_turns)
+        SRV_LOG(SRV_LOG_INFO, NULL,
+                "the model has no chat template: chat uses Gemma's turn format (a base model "
+                "prompted in that format; --chat-template chooses another)");
     if (app->tmpl.fallback)
         SRV_LOG(SRV_LOG_WARN, NULL,
                 "the model's chat template is not one darkserve knows; using ChatML (set "

@@ -26,6 +26,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("DARKSERVE_BUILD", os.path.join(ROOT, "build"))
 BIN = os.environ.get("DARKSERVE_BIN", os.path.join(BUILD, "darkserve"))
 TINY = os.environ.get("DARKSERVE_TINY_MODEL", os.path.join(BUILD, "fixtures", "tiny.gguf"))
+TINY_GEMMA = os.environ.get("DARKSERVE_TINY_GEMMA", os.path.join(BUILD, "fixtures", "tiny_gemma3.gguf"))
 MODEL = os.environ.get("DARKSERVE_MODEL",
                        os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 

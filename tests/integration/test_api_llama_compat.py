@@ -8,10 +8,11 @@ Constrained outputs are checked by parsing and validating what came back
 room), never against a hard-coded text.
 """
 import json
+import os
 
 import jsonschema
 
-from ds_server import TINY, sse_json
+from ds_server import TINY, TINY_GEMMA, read_text, sse_json
 
 SCHEMA = {"type": "object", "properties": {"a": {"const": 1}, "b": {"type": "boolean"}},
           "required": ["a", "b"], "additionalProperties": False}
@@ -319,3 +320,18 @@ def test_apply_template_is_what_chat_reads(tiny):
     assert st == 400 and e["error"]["param"] == "tools", e
     st, e, _ = tiny.post("/apply-template", {})
     assert st == 400 and e["error"]["param"] == "messages", e
+
+
+def test_gemma_without_a_template_chats_in_gemma_turns(servers):
+    """A Gemma 3 GGUF with no chat template (the base model) is prompted in
+    Gemma's turn format, and says so; --chat-template still chooses."""
+    assert os.path.exists(TINY_GEMMA), f"{TINY_GEMMA} missing (make builds it)"
+    msgs = [{"role": "user", "content": "Hi"}]
+    g = servers(model=TINY_GEMMA, name="gemma")
+    st, r, _ = g.post("/apply-template", {"messages": msgs})
+    assert st == 200, r
+    assert "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n" in r["prompt"], r
+    assert "Gemma's turn format" in read_text(g.log)
+    c = servers(model=TINY_GEMMA, name="gemma_chatml", args=["--chat-template", "chatml"])
+    st, r, _ = c.post("/apply-template", {"messages": msgs})
+    assert st == 200 and "<|im_start|>user" in r["prompt"], r
