@@ -445,6 +445,86 @@ __attribute__((target("avx512f,avx2,fma"))) static int nn_q8_avx512(
         NN64_CASES(2, b)
     return 1;
 }
+/* The 8-bit-row products on AVX2 + FMA (an AVX2-only CPU, or the forced
+ * AVX2 path): the same operations in the same order as dot_avx2 and
+ * nn_small_avx2 on the rows unpacked (an element is the float product q·d,
+ * converted exactly), so the bits of core_gemm_nt_small and
+ * core_gemm_nn_small at that level; the shapes of the AVX-512 kernels. */
+__attribute__((target("avx2,fma"))) static inline __m256 ld8_q8(const unsigned char *row,
+                                                                int64_t col)
+{
+    float d;
+    memcpy(&d, row, sizeof d);
+    const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(row + sizeof d + col));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(d));
+}
+
+/* dot_avx2(x, the row unpacked, k) for k a multiple of 16 */
+__attribute__((target("avx2,fma"))) static float dot_q8_avx2(const float *x,
+                                                            const unsigned char *row, int64_t k)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    __m256 s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), ld8_q8(row, i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), ld8_q8(row, i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), ld8_q8(row, i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), ld8_q8(row, i + 24), s3);
+    }
+    for (; i + 8 <= k; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), ld8_q8(row, i), s0);
+    __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+__attribute__((target("avx2,fma"))) static int nt_q8_avx2(int64_t m, int64_t n, int64_t k,
+                                                         float alpha, const float *a, int64_t lda,
+                                                         const void *b, int64_t rb, float beta,
+                                                         float *c, int64_t ldc)
+{
+    if (m > 4 || k % 16 != 0)
+        return 0;
+    for (int64_t j = 0; j < n; j++) {
+        const unsigned char *bj = (const unsigned char *)b + j * rb;
+        for (int64_t i = 0; i < m; i++) {
+            float v = alpha * dot_q8_avx2(a + i * lda, bj, k);
+            float *cij = c + i * ldc + j;
+            *cij = beta == 0.0f ? v : v + beta * *cij;
+        }
+    }
+    return 1;
+}
+
+__attribute__((target("avx2,fma"))) static int nn_q8_avx2(int64_t m, int64_t n, int64_t k,
+                                                         float alpha, const float *a, int64_t lda,
+                                                         const void *b, int64_t rb, float beta,
+                                                         float *c, int64_t ldc)
+{
+    if (m > 4 || n % 64 != 0)
+        return 0;
+    for (int64_t j = 0; j < n; j += 8) {
+        __m256 acc[4];
+        for (int64_t i = 0; i < m; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < k; t++) {
+            const __m256 bt = ld8_q8((const unsigned char *)b + t * rb, j);
+            for (int64_t i = 0; i < m; i++)
+                acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + t), bt, acc[i]);
+        }
+        for (int64_t i = 0; i < m; i++) {
+            __m256 v = _mm256_mul_ps(_mm256_set1_ps(alpha), acc[i]);
+            float *ci = c + i * ldc + j;
+            if (beta != 0.0f)
+                v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(ci), v);
+            _mm256_storeu_ps(ci, v);
+        }
+    }
+    return 1;
+}
 #endif /* CORE_BLAS_X86 */
 
 typedef float (*dot_fn)(const float *, const float *, int64_t);
@@ -524,6 +604,8 @@ static void pick_small(void)
     if (core_cpu_has(CORE_CPU_AVX2 | CORE_CPU_FMA)) {
         small_dot = dot_avx2;
         small_nn = nn_small_avx2;
+        q8_nt = nt_q8_avx2;
+        q8_nn = nn_q8_avx2;
         if (core_cpu_has(CORE_CPU_AVX512F)) {
             small_tn = tn_small_avx512;
             small_nn = nn_small_avx512;
@@ -618,14 +700,30 @@ int core_gemm_nn_half_small(int64_t m, int64_t n, int64_t k, float alpha, const 
     return small_level() == 0 && half_nn && half_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+/* The 8-bit-row kernel of the level that runs: the CPU's best (AVX-512 or
+ * AVX2), the AVX2 one on the forced AVX2 path, none on the portable one. */
+static q8_fn q8_pick(int nt)
+{
+    const int level = small_level();
+    if (level == 0)
+        return nt ? q8_nt : q8_nn;
+#ifdef CORE_BLAS_X86
+    if (level == SMALL_AVX2)
+        return nt ? nt_q8_avx2 : nn_q8_avx2;
+#endif
+    return NULL;
+}
+
 int core_gemm_nt_q8_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                           int64_t lda, const void *b, int64_t rb, float beta, float *c, int64_t ldc)
 {
-    return small_level() == 0 && q8_nt && q8_nt(m, n, k, alpha, a, lda, b, rb, beta, c, ldc);
+    const q8_fn f = q8_pick(1);
+    return f && f(m, n, k, alpha, a, lda, b, rb, beta, c, ldc);
 }
 
 int core_gemm_nn_q8_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                           int64_t lda, const void *b, int64_t rb, float beta, float *c, int64_t ldc)
 {
-    return small_level() == 0 && q8_nn && q8_nn(m, n, k, alpha, a, lda, b, rb, beta, c, ldc);
+    const q8_fn f = q8_pick(0);
+    return f && f(m, n, k, alpha, a, lda, b, rb, beta, c, ldc);
 }

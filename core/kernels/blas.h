@@ -44,8 +44,9 @@ int core_gemm_nn_half_small(int64_t m, int64_t n, int64_t k, float alpha, const 
 /* The same with B in 8-bit rows (core/kernels/kvrow.h, CORE_KVROW_Q8) rb
  * bytes apart: nt's B rows are the keys [n][k], nn's the values [k][n];
  * bit for bit what the float entries give on B converted by
- * core_kvrow_unpack, reading about a quarter of the bytes. Same shapes,
- * CPUs and return values as the half entries. */
+ * core_kvrow_unpack, reading about a quarter of the bytes. Same shapes and
+ * return values as the half entries, on AVX-512F and on AVX2 + FMA (also
+ * the forced AVX2 path); 0 on the portable path. */
 int core_gemm_nt_q8_small(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                           int64_t lda, const void *b, int64_t rb, float beta, float *c,
                           int64_t ldc);
