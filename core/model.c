@@ -833,6 +833,7 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         .decay_off = opts->decay_off,
         .linear_off = opts->linear_off,
         .memory = opts->memory,
+        .memory_keep = opts->memory_keep,
         .kv_bits = opts->kv_bits,
         .n_rot = m->n_rot,
         .rope_base = m->info.rope_base,
@@ -843,7 +844,8 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
     /* The pool is the only parallelism: sgemm runs inside its threads (prompt
      * tiles, the attention's units) on one OpenBLAS thread each. */
     core_blas_set_threads(1);
-    if ((rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0 ||
+    if ((cfg.memory && (rc = core_attn_memory_heads_parse(&cfg, opts->memory_heads, err)) < 0) ||
+        (rc = core_attn_new(&cfg, m->adapter, &m->attn, err)) < 0 ||
         (rc = core_pool_new(opts->n_threads, &m->pool, err)) < 0 ||
         (rc = core_attn_set_workers(m->attn, core_pool_size(m->pool), err)) < 0)
         goto fail;

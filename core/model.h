@@ -45,6 +45,9 @@ typedef struct core_model_opts {
     int decay_off;              /* 1: no learned decay (γ = 1) */
     int linear_off;             /* 1: linear branch off (sinks + window only) */
     int memory;                 /* λ exact memory rows per KV head (0 = off) */
+    int memory_keep;            /* CORE_ATTN_KEEP_*: which rows the memory keeps */
+    const char *memory_heads;   /* which KV heads have it (core_attn_memory_heads_parse;
+                                   NULL = all; borrowed) */
     int kv_bits;                /* bits of the linear kinds' exact rows: 8 or 16
                                    (0 = 16; core_attn_cfg_t.kv_bits) */
     int n_threads;              /* threads of a forward, the caller's included

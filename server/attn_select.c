@@ -39,7 +39,19 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
     int rc;
     core_features_settings_t fs = {.n_features = rq->n_features, .window = rq->window,
                                    .sinks = rq->sinks, .prerope = rq->prerope,
-                                   .memory = rq->memory, .kv_bits = rq->kv_bits};
+                                   .memory = rq->memory, .memory_keep = -1,
+                                   .kv_bits = rq->kv_bits};
+    const int keep_asked = rq->memory_keep && rq->memory_keep[0],
+              heads_asked = rq->memory_heads && rq->memory_heads[0];
+    if (keep_asked && core_attn_keep_parse(rq->memory_keep, &fs.memory_keep) < 0)
+        return core_error_set(err, CORE_EINVAL, "--memory-keep must be recall or recent, got "
+                              "'%.40s'", rq->memory_keep);
+    if (heads_asked) {
+        if (strlen(rq->memory_heads) >= sizeof fs.memory_heads)
+            return core_error_set(err, CORE_EINVAL, "--memory-heads is longer than %zu bytes",
+                                  sizeof fs.memory_heads - 1);
+        memcpy(fs.memory_heads, rq->memory_heads, strlen(rq->memory_heads) + 1);
+    }
     out->mo.max_ctx = rq->max_ctx;
     out->mo.decay_off = rq->decay_off;
     out->mo.linear_off = rq->linear == 0;
@@ -96,6 +108,14 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
     const int memoryless = out->mo.attn_kind == CORE_ATTN_EXACT || out->mo.linear_off ||
                            core_attn_kind_is_trig(out->mo.attn_kind);
     out->mo.memory = memoryless && rq->memory < 0 ? 0 : fs.memory;
+    /* which rows and heads: asked for without a memory, they could not be
+     * honoured (the adapter's own values just go unused) */
+    if (!out->mo.memory && (keep_asked || heads_asked))
+        return core_error_set(err, CORE_EINVAL, "--memory-%s needs the exact memory (--memory "
+                              "N > 0)", keep_asked ? "keep" : "heads");
+    out->mo.memory_keep = fs.memory_keep;
+    memcpy(out->memory_heads, fs.memory_heads, sizeof out->memory_heads);
+    out->mo.memory_heads = out->memory_heads;
     /* 8-bit rows are the linear kinds' (exact attention refuses them when
      * asked for: core_attn_new) */
     out->mo.kv_bits = out->mo.attn_kind == CORE_ATTN_EXACT && rq->kv_bits <= 0 ? 16 : fs.kv_bits;
@@ -125,9 +145,11 @@ void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf
         snprintf(buf, cap, "exact (exact context %" PRId64 ", adapter %s)", ac->max_ctx, ad);
         return;
     }
-    char mem[32] = "";
+    char mem[96] = "";
     if (ac->memory)
-        snprintf(mem, sizeof mem, ", memory %d", ac->memory);
+        snprintf(mem, sizeof mem, ", memory %d (%s, %zu of %d KV heads)", ac->memory,
+                 core_attn_keep_name(ac->memory_keep), core_attn_memory_heads(ac),
+                 ac->n_layer * ac->n_head_kv);
     if (ac->kv_bits == 8)
         snprintf(mem + strlen(mem), sizeof mem - strlen(mem), ", 8-bit rows");
     snprintf(buf, cap,

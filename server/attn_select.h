@@ -39,6 +39,8 @@ typedef struct srv_attn_request {
     int sinks;           /* -1 = the adapter's, else the default */
     int memory;          /* λ exact memory rows; -1 = the adapter's, else the default */
     int kv_bits;         /* exact rows' bits (8, 16); -1 or 0 = the adapter's, else the default */
+    const char *memory_keep;  /* "recall" | "recent"; NULL or "" = the adapter's, else recall */
+    const char *memory_heads; /* "all" or layer.head pairs; NULL or "" = the adapter's, else all */
     int prerope;         /* -1 = the adapter's, else 0 */
     int decay_off;       /* 1: no learned decay */
     int linear;          /* -1 = unset (on, off for the fallback), 0 off, 1 on */
@@ -50,6 +52,7 @@ typedef struct srv_attn_request {
 typedef struct srv_attn_choice {
     core_model_opts_t mo;                /* ready for core_model_load */
     char adapter[CORE_MODEL_PATH_MAX];   /* adapter in use, "" = none */
+    char memory_heads[CORE_ATTN_HEADS_SPEC_MAX]; /* mo.memory_heads points here */
     int discovered;                      /* 1: auto found the adapter beside the model */
     int fallback;                        /* 1: auto found none: training-free fallback */
     char note[CORE_ERROR_MSG_MAX + 160]; /* fallback: why and what to do, one sentence */

@@ -161,6 +161,16 @@ static const opt_t opts[] = {
      "state would recall them (linear kinds with positive features; part of every session's "
      "state); 0 = off, -1 = the adapter's value or the built-in default ("
      SRV_STR(CORE_FEATURES_DEFAULT_MEMORY) ")"},
+    {"memory-keep", "DARKSERVE_MEMORY_KEEP", OPT_STR, 0, O(memory_keep), "", 0, 0, NULL,
+     "recall|recent",
+     "which rows the exact memory keeps: recall = those the linear state would give back worst, "
+     "recent = the newest (the window of the heads with a memory, longer by N rows); \"\" = "
+     "the adapter's value or recall"},
+    {"memory-heads", "DARKSERVE_MEMORY_HEADS", OPT_STR, 0, O(memory_heads), "", 0, 0, NULL,
+     "all|L.H,...",
+     "which KV heads have the exact memory: all, or a comma-separated list of layer.head pairs "
+     "(the others keep only the window, sinks and linear state); \"\" = the adapter's value "
+     "or all"},
     {"kv-bits", "DARKSERVE_KV_BITS", OPT_INT, 0, O(kv_bits), "-1", -1, 16, NULL, "8|16",
      "bits of each element of the exact rows of the linear kinds (window, sinks, memory): 16 "
      "halves, 8 bytes with a scale per row (about half a session's bytes); -1 = the adapter's "

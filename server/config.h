@@ -111,6 +111,8 @@ typedef struct srv_config {
     int64_t sinks;             /* exact sink tokens S; -1 = from adapter/default */
     int64_t memory;            /* exact memory rows λ per KV head; -1 = from adapter/default */
     int64_t kv_bits;           /* bits of the exact rows (8, 16); -1 = from adapter/default */
+    char *memory_keep;         /* "recall" | "recent"; "" = from adapter/default (recall) */
+    char *memory_heads;        /* "all" or layer.head pairs; "" = from adapter/default (all) */
     int decay;                 /* 1 on (the adapter's learned decay), 0 off */
     int prompt_precision;      /* --prompt-precision: srv_cfg_precision_t */
     char *chat_template;       /* "" = the model's own template */

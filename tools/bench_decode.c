@@ -170,6 +170,8 @@ static int decode(core_model_t *mdl, core_attn_state_t **st, int nb, int64_t n, 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *attn = "exact", *adapter = NULL, *isa = NULL, *amx = NULL;
+    const char *heads = NULL;
+    int keep = -1;
     int64_t m = 0, w = -1, sinks = -1, memory = -1, kv_bits = -1, n_tok = 32, runs = 5, threads = 0, vs = -1, batch = 1;
     if (tool_isa_env_ok("bench_decode") < 0)
         return 2;
@@ -196,6 +198,10 @@ int main(int argc, char **argv)
             bad = parse_i64(v, 0, 1024, &sinks);
         else if (!bad && !strcmp(a, "--memory"))
             bad = parse_i64(v, 0, CORE_ATTN_MAX_MEMORY, &memory);
+        else if (!bad && !strcmp(a, "--memory-keep"))
+            bad = core_attn_keep_parse(v, &keep) < 0;
+        else if (!bad && !strcmp(a, "--memory-heads"))
+            heads = v;
         else if (!bad && !strcmp(a, "--kv-bits"))
             bad = parse_i64(v, 8, 16, &kv_bits) || (kv_bits != 8 && kv_bits != 16);
         else if (!bad && !strcmp(a, "--ctx"))
@@ -222,7 +228,7 @@ int main(int argc, char **argv)
     core_error_t err = {0};
     if (!model || n_st == 0 || core_attn_kind_parse(attn, &mo.attn_kind) < 0) {
         fprintf(stderr, "usage: bench_decode --model M [--attn K] [--features N] [--window W] "
-                        "[--sinks S] [--memory N] [--kv-bits 8|16] [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] "
+                        "[--sinks S] [--memory N] [--memory-keep recall|recent] [--memory-heads all|L.H,...] [--kv-bits 8|16] [--adapter A] --ctx P[,P2,...] [--tokens N] [--runs R] "
                         "[--threads T] [--isa NAME] [--amx auto|on|off] [--vs P2] [--batch B]\n");
         return 2;
     }
@@ -256,8 +262,10 @@ int main(int argc, char **argv)
     /* Linear kinds: flags, then the adapter's settings, then the defaults
      * (core_features_resolve), as darkserve itself does. */
     core_features_settings_t fs = {.n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
-                                   .prerope = -1, .memory = (int)memory,
+                                   .prerope = -1, .memory = (int)memory, .memory_keep = keep,
                                    .kv_bits = (int)kv_bits};
+    if (heads)
+        snprintf(fs.memory_heads, sizeof fs.memory_heads, "%s", heads);
     if (mo.attn_kind != CORE_ATTN_EXACT && core_features_resolve(adapter, &fs, &err) < 0) {
         fprintf(stderr, "bench_decode: --adapter %s: %s\n", adapter, err.msg);
         return 1;
@@ -268,6 +276,8 @@ int main(int argc, char **argv)
     mo.prerope = mo.attn_kind != CORE_ATTN_EXACT ? fs.prerope : 0;
     mo.memory = mo.attn_kind != CORE_ATTN_EXACT ? fs.memory : 0;
     mo.kv_bits = mo.attn_kind != CORE_ATTN_EXACT ? fs.kv_bits : 0;
+    mo.memory_keep = fs.memory_keep;
+    mo.memory_heads = fs.memory_heads;
     mo.seed = fs.seed;
     mo.adapter_path = adapter;
     if (vs >= 0)

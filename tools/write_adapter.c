@@ -9,14 +9,17 @@
  *   write_adapter --model M --kind flexformer-s|flexformer-n --features N --window W
  *                 --omega OMEGA.f32 [--omega2 OMEGA2.f32 --tau TAU.f32] [the options above]
  *   write_adapter --model M --from ADAPTER.gguf [--serve-window W] [--kv-bits 8|16]
+ *                 [--memory N --memory-keep recall|recent --memory-heads all|L.H,...]
  *                 --out ADAPTER2.gguf
  *
  * --serve-window W, --kv-bits B (any mode): the serving defaults the adapter
  * carries (darkformer.serve_window, darkformer.kv_bits: the window and the
  * exact rows' bits `darkserve` uses when no flag says; chosen by measurement,
- * docs/QUALITY.md), beside the window it was trained with (--window).
+ * docs/QUALITY.md), beside the window it was trained with (--window); with
+ * --from also the exact memory it is served with (darkformer.memory,
+ * darkformer.memory_keep, darkformer.memory_heads; all three together).
  * --from: a copy of ADAPTER.gguf, every key and tensor as it is, with those
- * two keys set (replaced when present), checked to load like the others.
+ * keys set (replaced when present), checked to load like the others.
  *
  * OMEGA.f32 / OMEGA2.f32 (Flexformer, what tools/convert.py train2 --kind and
  * tools/distill.py write): float32 [L][Hkv][N/2][Hd] frequencies; TAU.f32
@@ -53,7 +56,8 @@ static void usage(void)
                     "[--mix MIX.f32] [--lora PREFIX --lora-rank R] [--serve-window W] "
                     "[--kv-bits 8|16] --out A.gguf\n"
                     "       write_adapter --model M --from A.gguf [--serve-window W] "
-                    "[--kv-bits 8|16] --out A2.gguf\n");
+                    "[--kv-bits 8|16] [--memory N --memory-keep recall|recent "
+                    "--memory-heads all|L.H,...] --out A2.gguf\n");
 }
 
 /* Reads exactly n floats from path into a new buffer. */
@@ -126,10 +130,24 @@ static int copy_key(const core_gguf_t *g, int64_t i, core_gguf_writer_t *w, core
     }
 }
 
-/* write_adapter --from: src's keys and tensors into out, with the serving
- * keys set where given (> 0). */
-static int copy_with_serving(const char *src, int serve_window, int kv_bits, const char *out)
+/* The serving keys --from sets: each where given (> 0; the memory's three
+ * together). */
+typedef struct serving {
+    int window, kv_bits, memory;
+    const char *keep, *heads;
+} serving_t;
+
+static int is_memory_key(const char *key)
 {
+    return !strcmp(key, "darkformer.memory") || !strcmp(key, "darkformer.memory_keep") ||
+           !strcmp(key, "darkformer.memory_heads");
+}
+
+/* write_adapter --from: src's keys and tensors into out, with the serving
+ * keys of sv set. */
+static int copy_with_serving(const char *src, const serving_t *sv, const char *out)
+{
+    const int serve_window = sv->window, kv_bits = sv->kv_bits;
     core_gguf_t *g = NULL;
     core_error_t err = {0};
     if (core_gguf_open(src, &g, &err) < 0) {
@@ -141,7 +159,8 @@ static int copy_with_serving(const char *src, int serve_window, int kv_bits, con
     for (int64_t i = 0; !rc && i < core_gguf_n_kv(g); i++) {
         const char *key = core_gguf_kv_key(g, i);
         if ((serve_window > 0 && !strcmp(key, "darkformer.serve_window")) ||
-            (kv_bits > 0 && !strcmp(key, "darkformer.kv_bits")))
+            (kv_bits > 0 && !strcmp(key, "darkformer.kv_bits")) ||
+            (sv->memory > 0 && is_memory_key(key)))
             continue;
         rc = copy_key(g, i, w, &err);
     }
@@ -150,6 +169,12 @@ static int copy_with_serving(const char *src, int serve_window, int kv_bits, con
                                       serve_window);
     if (!rc && kv_bits > 0)
         rc = core_gguf_writer_set_int(w, "darkformer.kv_bits", CORE_GGUF_TYPE_UINT32, kv_bits);
+    if (!rc && sv->memory > 0)
+        rc = core_gguf_writer_set_int(w, "darkformer.memory", CORE_GGUF_TYPE_UINT32, sv->memory);
+    if (!rc && sv->memory > 0)
+        rc = core_gguf_writer_set_str(w, "darkformer.memory_keep", sv->keep, strlen(sv->keep));
+    if (!rc && sv->memory > 0)
+        rc = core_gguf_writer_set_str(w, "darkformer.memory_heads", sv->heads, strlen(sv->heads));
     for (int64_t i = 0; !rc && i < core_gguf_n_tensors(g); i++) {
         const core_gguf_tensor_t *t = core_gguf_tensor(g, i);
         rc = core_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
@@ -169,8 +194,10 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *kind_s = NULL, *mat_p = NULL, *lam_p = NULL, *out = NULL;
     const char *dec_p = NULL, *mix_p = NULL, *lora_p = NULL, *om_p = NULL, *om2_p = NULL;
-    const char *tau_p = NULL, *from = NULL;
+    const char *tau_p = NULL, *from = NULL, *keep = NULL, *heads = NULL;
     int64_t m = 0, w = -1, seed = 0, sinks = 0, prerope = 0, rank = 0, serve_w = 0, kv_bits = 0;
+    int64_t memory = 0;
+    int keep_v = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
@@ -214,6 +241,12 @@ int main(int argc, char **argv)
             bad = parse_i64(v, 1, CORE_FEATURES_MAX_WINDOW, &serve_w);
         else if (!bad && !strcmp(a, "--kv-bits"))
             bad = parse_i64(v, 8, 16, &kv_bits) || (kv_bits != 8 && kv_bits != 16);
+        else if (!bad && !strcmp(a, "--memory"))
+            bad = parse_i64(v, 1, CORE_ATTN_MAX_MEMORY, &memory);
+        else if (!bad && !strcmp(a, "--memory-keep"))
+            bad = core_attn_keep_parse(keep = v, &keep_v) < 0;
+        else if (!bad && !strcmp(a, "--memory-heads"))
+            heads = v;
         else
             bad = 1;
         if (bad) {
@@ -225,14 +258,16 @@ int main(int argc, char **argv)
     }
     if (from) { /* the copy: nothing else but the serving keys */
         if (!model || !out || kind_s || mat_p || lam_p || dec_p || mix_p || lora_p || om_p ||
-            om2_p || tau_p || m || w >= 0 || (!serve_w && !kv_bits)) {
+            om2_p || tau_p || m || w >= 0 || (!serve_w && !kv_bits && !memory) ||
+            !memory != !keep || !memory != !heads) {
             usage();
             return 2;
         }
         core_features_settings_t fs = {.window = -1, .sinks = -1, .prerope = -1, .memory = -1,
-                                       .kv_bits = -1};
+                                       .memory_keep = -1, .kv_bits = -1};
         core_error_t err = {0};
-        if (copy_with_serving(from, (int)serve_w, (int)kv_bits, out) < 0)
+        const serving_t sv = {(int)serve_w, (int)kv_bits, (int)memory, keep, heads};
+        if (copy_with_serving(from, &sv, out) < 0)
             return 1;
         if (core_features_resolve(out, &fs, &err) < 0) {
             fprintf(stderr, "write_adapter: %s: %s\n", out, err.msg);
@@ -242,7 +277,8 @@ int main(int argc, char **argv)
         core_model_opts_t mo = {.attn_kind = CORE_ATTN_DARKFORMER, .n_features = fs.n_features,
                                 .window = fs.window, .seed = fs.seed, .adapter_path = out,
                                 .max_ctx = 64, .sinks = fs.sinks, .prerope = fs.prerope,
-                                .kv_bits = fs.kv_bits};
+                                .kv_bits = fs.kv_bits, .memory = fs.memory,
+                                .memory_keep = fs.memory_keep, .memory_heads = fs.memory_heads};
         core_model_t *mdl = NULL;
         if (core_model_load(model, &mo, &mdl, &err) < 0) {
             fprintf(stderr, "write_adapter: the model does not load with %s: %s\n", out, err.msg);
@@ -250,8 +286,9 @@ int main(int argc, char **argv)
             return 1;
         }
         core_model_free(mdl);
-        printf("wrote %s: %s with serve window %d, %d-bit rows\n", out, from, fs.window,
-               fs.kv_bits);
+        printf("wrote %s: %s with serve window %d, %d-bit rows, memory %d (%s, heads %s)\n", out,
+               from, fs.window, fs.kv_bits, fs.memory, core_attn_keep_name(fs.memory_keep),
+               fs.memory_heads);
         return 0;
     }
     core_attn_kind_t kind;

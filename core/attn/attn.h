@@ -42,6 +42,12 @@ typedef enum core_attn_kind {
     CORE_ATTN_FLEXFORMER_N = 5
 } core_attn_kind_t;
 
+/* The most (layer, KV head) pairs a linear kind takes. */
+#define CORE_ATTN_MAX_HEADS 4096
+
+/* What the exact memory keeps (core_attn_cfg_t.memory_keep). */
+enum { CORE_ATTN_KEEP_RECALL = 0, CORE_ATTN_KEEP_RECENT = 1 };
+
 typedef struct core_attn_cfg {
     core_attn_kind_t kind;
     int n_layer;      /* L */
@@ -62,6 +68,16 @@ typedef struct core_attn_cfg {
      * state, chosen by self-recall error; 0 = off. With it, keys leave the
      * exact span in blocks of CORE_ATTN_MEMORY_BLOCK positions. */
     int memory;
+    /* Which rows the memory keeps (CORE_ATTN_KEEP_*): the best by
+     * self-recall error, or the most recent (the window of the heads that
+     * have a memory extended by λ rows). */
+    int memory_keep;
+    /* Which KV heads have the memory: every one when memory_some is 0,
+     * else those whose flat index layer·Hkv + h has its bit set in
+     * memory_mask (the others keep only the window, sinks and linear state;
+     * their keys still leave in blocks). */
+    int memory_some;
+    uint64_t memory_mask[CORE_ATTN_MAX_HEADS / 64];
     /* Bits of the exact rows (window, sinks, memory) of the linear kinds:
      * 16 halves, 8 rows of 8 bits with a scale each (core/kernels/kvrow.h);
      * 0 = 16. Exact attention keeps its own cache (0 or 16 only). */
@@ -91,6 +107,29 @@ typedef struct core_attn_cfg {
  * memory) at positions that are multiples of it; and its largest λ. */
 #define CORE_ATTN_MEMORY_BLOCK 64
 #define CORE_ATTN_MAX_MEMORY 4096
+
+/* Longest memory-heads text core_attn_memory_heads_parse takes. */
+#define CORE_ATTN_HEADS_SPEC_MAX 16384
+
+/* Sets cfg->memory_some and cfg->memory_mask from spec (cfg->n_layer and
+ * n_head_kv must be set): NULL, "" or "all" = every KV head; else a
+ * comma-separated list of "layer.head" pairs (decimal, each in range, none
+ * twice). CORE_EINVAL naming the bad entry. */
+int core_attn_memory_heads_parse(core_attn_cfg_t *cfg, const char *spec, core_error_t *err);
+/* The heads of cfg as that text ("all", or the pairs in order) into buf;
+ * the length it needs (as snprintf). */
+size_t core_attn_memory_heads_format(const core_attn_cfg_t *cfg, char *buf, size_t cap);
+/* "recall" or "recent" for a CORE_ATTN_KEEP_* value (NULL for others), and
+ * back (CORE_EINVAL for other names). */
+const char *core_attn_keep_name(int keep);
+int core_attn_keep_parse(const char *name, int *keep);
+
+/* 1 if flat KV head index i (layer·Hkv + h) of cfg has the exact memory. */
+int core_attn_head_has_memory(const core_attn_cfg_t *cfg, size_t i);
+/* KV heads of cfg with the memory, and how many of them come before flat
+ * index i (so the memory's rows of head i start at λ times that). */
+size_t core_attn_memory_heads(const core_attn_cfg_t *cfg);
+size_t core_attn_memory_heads_before(const core_attn_cfg_t *cfg, size_t i);
 
 typedef struct core_attn core_attn_t;
 typedef struct core_attn_state core_attn_state_t;

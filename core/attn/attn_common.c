@@ -1,11 +1,13 @@
 /* core/attn/attn_common.c — what every attention kind shares and calls: the
- * kinds' names, the sliding-window rule of a layer and the growable scratch
+ * kinds' names, the sliding-window rule of a layer, which heads have the
+ * exact memory, and the growable scratch
  * of core_attn_t (attn_impl.h). Below
  * attn.c's dispatch and the kinds' files (attn_exact.c, attn_linear.c,
  * features.c); calls nothing above it.
  */
 #include "core/attn/attn_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +19,122 @@ int64_t core_attn_layer_window(const core_attn_cfg_t *cfg, int layer)
     if (cfg->swa_window <= 0 || cfg->swa_period < 1)
         return 0;
     return layer % cfg->swa_period == cfg->swa_period - 1 ? 0 : cfg->swa_window;
+}
+
+int core_attn_head_has_memory(const core_attn_cfg_t *cfg, size_t i)
+{
+    if (!cfg->memory)
+        return 0;
+    if (!cfg->memory_some)
+        return 1;
+    return i < CORE_ATTN_MAX_HEADS && (cfg->memory_mask[i / 64] >> (i % 64) & 1u);
+}
+
+size_t core_attn_memory_heads_before(const core_attn_cfg_t *cfg, size_t i)
+{
+    if (!cfg->memory)
+        return 0;
+    if (!cfg->memory_some)
+        return i;
+    size_t n = 0;
+    for (size_t w = 0; w < i / 64 && w < CORE_ATTN_MAX_HEADS / 64; w++)
+        n += (size_t)__builtin_popcountll(cfg->memory_mask[w]);
+    if (i % 64 && i / 64 < CORE_ATTN_MAX_HEADS / 64)
+        n += (size_t)__builtin_popcountll(cfg->memory_mask[i / 64] &
+                                          ((UINT64_C(1) << (i % 64)) - 1));
+    return n;
+}
+
+size_t core_attn_memory_heads(const core_attn_cfg_t *cfg)
+{
+    return core_attn_memory_heads_before(cfg, (size_t)cfg->n_layer * (size_t)cfg->n_head_kv);
+}
+
+int core_attn_memory_heads_parse(core_attn_cfg_t *cfg, const char *spec, core_error_t *err)
+{
+    memset(cfg->memory_mask, 0, sizeof cfg->memory_mask);
+    cfg->memory_some = 0;
+    if (!spec || !spec[0] || strcmp(spec, "all") == 0)
+        return 0;
+    if (strlen(spec) >= CORE_ATTN_HEADS_SPEC_MAX)
+        return core_error_set(err, CORE_EINVAL, "memory heads: the list is longer than %d bytes",
+                              CORE_ATTN_HEADS_SPEC_MAX - 1);
+    const long nl = cfg->n_layer, nkv = cfg->n_head_kv;
+    if (nl < 1 || nkv < 1 || (size_t)nl * (size_t)nkv > CORE_ATTN_MAX_HEADS)
+        return core_error_set(err, CORE_EINVAL, "memory heads: a model of %ld layers and %ld KV "
+                              "heads cannot list them (at most %d pairs)", nl, nkv,
+                              CORE_ATTN_MAX_HEADS);
+    const char *p = spec;
+    for (;;) {
+        const char *e = p;
+        long v[2];
+        for (int k = 0; k < 2; k++) {
+            if (*e < '0' || *e > '9')
+                goto bad;
+            v[k] = 0;
+            while (*e >= '0' && *e <= '9' && v[k] < 100000)
+                v[k] = v[k] * 10 + (*e++ - '0');
+            if (k == 0 && *e++ != '.')
+                goto bad;
+        }
+        if (*e != ',' && *e != '\0')
+            goto bad;
+        if (v[0] >= nl || v[1] >= nkv)
+            return core_error_set(err, CORE_EINVAL, "memory heads: '%.*s' is past the model's "
+                                  "%ld layers and %ld KV heads", (int)(e - p), p, nl, nkv);
+        const size_t i = (size_t)v[0] * (size_t)nkv + (size_t)v[1];
+        if (cfg->memory_mask[i / 64] >> (i % 64) & 1u)
+            return core_error_set(err, CORE_EINVAL, "memory heads: '%.*s' is listed twice",
+                                  (int)(e - p), p);
+        cfg->memory_mask[i / 64] |= UINT64_C(1) << (i % 64);
+        if (*e == '\0')
+            break;
+        p = e + 1;
+        continue;
+    bad:
+        return core_error_set(err, CORE_EINVAL, "memory heads: '%.40s' is not 'all' or a list of "
+                              "layer.head pairs such as 6.1,14.0", p);
+    }
+    cfg->memory_some = 1;
+    return 0;
+}
+
+size_t core_attn_memory_heads_format(const core_attn_cfg_t *cfg, char *buf, size_t cap)
+{
+    size_t n = 0;
+    if (cap)
+        buf[0] = '\0';
+    if (!cfg->memory_some) {
+        n = (size_t)snprintf(buf, cap, "all");
+        return n;
+    }
+    const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv;
+    for (size_t i = 0; i < nh && i < CORE_ATTN_MAX_HEADS; i++) {
+        if (!(cfg->memory_mask[i / 64] >> (i % 64) & 1u))
+            continue;
+        const int k = snprintf(n < cap ? buf + n : NULL, n < cap ? cap - n : 0, "%s%zu.%zu",
+                               n ? "," : "", i / (size_t)cfg->n_head_kv,
+                               i % (size_t)cfg->n_head_kv);
+        n += k > 0 ? (size_t)k : 0;
+    }
+    return n;
+}
+
+static const char *const keep_names[] = {"recall", "recent"};
+
+const char *core_attn_keep_name(int keep)
+{
+    return keep >= 0 && keep < 2 ? keep_names[keep] : NULL;
+}
+
+int core_attn_keep_parse(const char *name, int *keep)
+{
+    for (int i = 0; name && i < 2; i++)
+        if (strcmp(name, keep_names[i]) == 0) {
+            *keep = i;
+            return 0;
+        }
+    return CORE_EINVAL;
 }
 
 const char *core_attn_kind_name(core_attn_kind_t kind)

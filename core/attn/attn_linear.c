@@ -421,6 +421,23 @@ static int check_cfg(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, cor
     if (cfg->memory < 0 || cfg->memory > CORE_ATTN_MAX_MEMORY)
         return core_error_set(err, CORE_EINVAL, "memory %d not in [0, %d]", cfg->memory,
                               CORE_ATTN_MAX_MEMORY);
+    if (cfg->memory_keep != CORE_ATTN_KEEP_RECALL && cfg->memory_keep != CORE_ATTN_KEEP_RECENT)
+        return core_error_set(err, CORE_EINVAL, "memory_keep %d is neither recall (%d) nor "
+                              "recent (%d)", cfg->memory_keep, CORE_ATTN_KEEP_RECALL,
+                              CORE_ATTN_KEEP_RECENT);
+    if (cfg->memory_some &&
+        (size_t)cfg->n_layer * (size_t)cfg->n_head_kv > CORE_ATTN_MAX_HEADS)
+        return core_error_set(err, CORE_EINVAL, "a memory on some heads takes at most %d "
+                              "(layer, KV head) pairs, the model has %lld", CORE_ATTN_MAX_HEADS,
+                              (long long)cfg->n_layer * cfg->n_head_kv);
+    if (cfg->memory_some) {
+        /* no bit past the model's heads */
+        const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv;
+        for (size_t i = nh; i < CORE_ATTN_MAX_HEADS; i++)
+            if (cfg->memory_mask[i / 64] >> (i % 64) & 1u)
+                return core_error_set(err, CORE_EINVAL, "memory head %zu past the model's %zu "
+                                      "(layer, KV head) pairs", i, nh);
+    }
     if (cfg->memory &&
         (core_attn_kind_is_trig(cfg->kind) || cfg->window < 1 || cfg->linear_off))
         return core_error_set(err, CORE_EINVAL, "an exact memory needs a window, the linear "
@@ -658,6 +675,23 @@ static size_t row_bytes(const core_attn_cfg_t *cfg)
     return core_kvrow_bytes(row_fmt(cfg), cfg->head_dim);
 }
 
+/* The memory's rows in a state (λ for each KV head that has it), where
+ * flat head h's start, and how many h may hold. */
+static size_t mem_rows_total(const core_attn_cfg_t *cfg)
+{
+    return core_attn_memory_heads(cfg) * (size_t)cfg->memory;
+}
+
+static size_t mem_first(const core_attn_cfg_t *cfg, size_t h)
+{
+    return core_attn_memory_heads_before(cfg, h) * (size_t)cfg->memory;
+}
+
+static size_t mem_cap_rows(const core_attn_cfg_t *cfg, size_t h)
+{
+    return core_attn_head_has_memory(cfg, h) ? (size_t)cfg->memory : 0;
+}
+
 static void state_clear(lin_state_t *st, const core_attn_cfg_t *cfg)
 {
     size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, nc = nh * (size_t)cfg->n_features;
@@ -676,7 +710,7 @@ static int lin_state_relayout(lin_state_t *st, const core_attn_cfg_t *cfg, int f
     size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, n_s, n_z, n_ring, n_sink, b_s, b_z,
            b_r, b_k;
     /* the memory: positions (8 bytes), scores and counts (4), rows */
-    const size_t lam = (size_t)cfg->memory, n_mem = nh * lam, rb = row_bytes(cfg),
+    const size_t lam = (size_t)cfg->memory, n_mem = mem_rows_total(cfg), rb = row_bytes(cfg),
                  b_mrow = n_mem * rb;
     const size_t b_mp = n_mem * sizeof(int64_t),
                  b_ms = lam ? n_mem * sizeof(float) + nh * sizeof(int32_t) : 0,
@@ -797,12 +831,12 @@ static int linear_state_copy(core_attn_state_t *dst, const core_attn_state_t *sr
         memcpy(d->sink_v + h * nsk * rb, sr->sink_v + h * nsk * rb, ns * rb);
         if (!lam)
             continue;
-        const size_t n = (size_t)sr->mem_n[h];
+        const size_t n = (size_t)sr->mem_n[h], o = mem_first(cfg, h);
         d->mem_n[h] = sr->mem_n[h];
-        memcpy(d->mem_pos + h * lam, sr->mem_pos + h * lam, n * sizeof(int64_t));
-        memcpy(d->mem_score + h * lam, sr->mem_score + h * lam, n * sizeof(float));
-        memcpy(d->mem_k + h * lam * rb, sr->mem_k + h * lam * rb, n * rb);
-        memcpy(d->mem_v + h * lam * rb, sr->mem_v + h * lam * rb, n * rb);
+        memcpy(d->mem_pos + o, sr->mem_pos + o, n * sizeof(int64_t));
+        memcpy(d->mem_score + o, sr->mem_score + o, n * sizeof(float));
+        memcpy(d->mem_k + o * rb, sr->mem_k + o * rb, n * rb);
+        memcpy(d->mem_v + o * rb, sr->mem_v + o * rb, n * rb);
     }
     return 0;
 }
@@ -835,7 +869,7 @@ static size_t held_bytes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, size
                  hd = (size_t)cfg->head_dim, es = fp64 ? sizeof(double) : sizeof(float),
                  w = ring_rows(cfg), nsk = (size_t)cfg->sinks, p = (size_t)pos,
                  hb = row_bytes(cfg), /* one K or V row */
-                 lam = (size_t)cfg->memory;
+                 lam = (size_t)cfg->memory, n_mem = mem_rows_total(cfg);
     const size_t nv = p < w ? p : w, ns = p < nsk ? p : nsk;
     size_t pages = span_pages(nh * m * sizeof(double));
     pages += n_hold * (span_pages(m * hd * es) + span_pages(m * es));
@@ -843,8 +877,8 @@ static size_t held_bytes(const core_attn_cfg_t *cfg, int fp64, int64_t pos, size
     /* the memory's counts, positions and scores, and its rows once keys
      * leave the window (counted whole: they fill within a few blocks) */
     if (lam)
-        pages += span_pages(nh * (lam * (sizeof(int64_t) + sizeof(float)) + sizeof(int32_t))) +
-                 (n_hold ? 2 * span_pages(nh * lam * hb) : 0);
+        pages += span_pages(n_mem * (sizeof(int64_t) + sizeof(float)) + nh * sizeof(int32_t)) +
+                 (n_hold ? 2 * span_pages(n_mem * hb) : 0);
     pages += 2 * (ns == nsk ? span_pages(nh * nsk * hb) : nh * span_pages(ns * hb));
     const size_t b = sizeof(core_attn_state_t) + sizeof(lin_state_t) + pages * 4096 +
                      (size_t)cfg->n_head * LIN_MG_ROW(hd) * sizeof(double);
@@ -875,9 +909,9 @@ static size_t linear_bytes_held_at(const core_attn_t *a, int64_t pos)
                  m = (size_t)cfg->n_features, hd = (size_t)cfg->head_dim;
     const size_t whole = sizeof(core_attn_state_t) + sizeof(lin_state_t) +
                          nh * m * (sizeof(double) + es * (hd + 1)) +
-                         nh * 2 * row_bytes(cfg) *
-                             (ring_rows(cfg) + (size_t)cfg->sinks + (size_t)cfg->memory) +
-                         nh * (size_t)cfg->memory * (sizeof(int64_t) + sizeof(float)) +
+                         2 * row_bytes(cfg) *
+                             (nh * (ring_rows(cfg) + (size_t)cfg->sinks) + mem_rows_total(cfg)) +
+                         mem_rows_total(cfg) * (sizeof(int64_t) + sizeof(float)) +
                          (cfg->memory ? nh * sizeof(int32_t) : 0) +
                          (size_t)cfg->n_head * LIN_MG_ROW(hd) * sizeof(double);
     return held_bytes(cfg, lp->fp64, pos, holds ? nh : 0, whole);
@@ -903,6 +937,9 @@ typedef struct lin_ctx {
     int64_t p0, hd, m, gs, nq, nkv, h, w;
     int64_t ring_n;               /* ring rows: W, or W + B with the memory */
     int64_t lam;                  /* λ memory rows per KV head, 0: off (no blocks) */
+    int64_t keep;                 /* rows this head's memory holds: λ, or 0 for a head
+                                   * without it (cfg->memory_some) */
+    int recent;                   /* the memory keeps the newest rows (CORE_ATTN_KEEP_RECENT) */
     int64_t cap;                  /* the memory's distance cap (lin_params_t.mem_cap) */
     const float *q, *k, *v;
     float *out;
@@ -1835,13 +1872,17 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
 {
     lin_scratch_t *sc = &x->sc;
     const core_features_t *f = x->f;
-    const int64_t hd = x->hd, m = x->m, B = CORE_ATTN_MEMORY_BLOCK, lam = x->lam;
+    const int64_t hd = x->hd, m = x->m, B = CORE_ATTN_MEMORY_BLOCK, lam = x->keep;
     int64_t u0 = b - x->w - B;
     const int64_t u1 = b - x->w;
     if (u0 < x->sinks)
         u0 = x->sinks;
     const int64_t nu = u1 > u0 ? u1 - u0 : 0, nm = *x->mem_n;
-    if (nu > 0)
+    /* self-recall errors only where they choose: a head with rows to keep
+     * and the recall rule (the recent rule ranks by position; a head
+     * without a memory absorbs every leaving key) */
+    const int scored = nu > 0 && lam > 0 && !x->recent;
+    if (scored)
         score_state(x, b, nm);
     /* the leaving keys: after RoPE (kx) and before (ku), values (vi), and
      * their feature logits (kd) for the scores */
@@ -1849,24 +1890,27 @@ static void block_boundary(lin_ctx_t *x, int64_t b)
         kv_rows(x, 0, u0, nu, sc->kx);
         kv_rows(x, 1, u0, nu, sc->vi);
         unrope(x, 1, nu, 1, u0, sc->kx, sc->ku);
+    }
+    if (scored) {
         core_features_prepare(f, nu, x->pre ? sc->ku : sc->kx, hd, sc->ky);
         core_features_logits(f, nu, sc->ky, sc->kd, sc->khn);
     }
     double *ent = sc->ent;
     for (int64_t i = 0; i < nm; i++) {
-        ent[3 * i] = (double)x->mem_score[i];
+        ent[3 * i] = x->recent ? (double)x->mem_pos[i] : (double)x->mem_score[i];
         ent[3 * i + 1] = (double)x->mem_pos[i];
         ent[3 * i + 2] = (double)i;
     }
-    if (nu > 0) {
+    if (scored) {
         recall_errors(x, nu, sc->kd, sc->vi, sc->khn);
         relative_errors(sc->khn, nu);
     }
     for (int64_t j = 0; j < nu; j++) {
-        /* stored as a float, compared as the float it is stored as */
-        const float s = (float)sc->khn[j];
+        /* stored as a float, compared as the float it is stored as (the
+         * recent rule stores 0 and ranks by position) */
+        const float s = scored ? (float)sc->khn[j] : 0.0f;
         sc->khn[j] = (double)s;
-        ent[3 * (nm + j)] = (double)s;
+        ent[3 * (nm + j)] = x->recent ? (double)(u0 + j) : (double)s;
         ent[3 * (nm + j) + 1] = (double)(u0 + j);
         ent[3 * (nm + j) + 2] = (double)(nm + j);
     }
@@ -2008,6 +2052,7 @@ static void ctx_init(core_attn_t *a, const core_attn_item_t *it, int layer, int 
     x->out = it->out;
     x->ring_n = (int64_t)ring_rows(cfg);
     x->lam = cfg->memory;
+    x->recent = cfg->memory_keep == CORE_ATTN_KEEP_RECENT;
     x->rf = row_fmt(cfg);
     x->rb = (int64_t)row_bytes(cfg);
     x->ring_k = st->ring_k + (int64_t)layer * x->ring_n * hkv * x->rb;
@@ -2037,11 +2082,13 @@ static void head_set(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, i
     int64_t m = x->m, hd = x->hd;
     size_t idx = (size_t)layer * (size_t)a->cfg.n_head_kv + (size_t)h;
     if (x->lam) { /* head h's memory */
-        x->mem_pos = st->mem_pos + idx * (size_t)x->lam;
-        x->mem_score = st->mem_score + idx * (size_t)x->lam;
+        const size_t o = mem_first(&a->cfg, idx);
+        x->keep = (int64_t)mem_cap_rows(&a->cfg, idx);
+        x->mem_pos = st->mem_pos + o;
+        x->mem_score = st->mem_score + o;
         x->mem_n = st->mem_n + idx;
-        x->mem_k = st->mem_k + idx * (size_t)(x->lam * x->rb);
-        x->mem_v = st->mem_v + idx * (size_t)(x->lam * x->rb);
+        x->mem_k = st->mem_k + o * (size_t)x->rb;
+        x->mem_v = st->mem_v + o * (size_t)x->rb;
     }
     x->h = h;
     x->f = &lp->maps[idx];
@@ -2513,13 +2560,14 @@ static int linear_state_save(const core_attn_state_t *s, void *buf, size_t cap, 
         const size_t n = (size_t)st->mem_n[h];
         core_le_put_u32(p, (uint32_t)n);
         p += 4;
+        const size_t o = mem_first(cfg, h);
         for (size_t i = 0; i < n; i++, p += 12) {
-            core_le_put_u64(p, (uint64_t)st->mem_pos[h * lam + i]);
-            core_le_copy32(p + 8, st->mem_score + h * lam + i, 1);
+            core_le_put_u64(p, (uint64_t)st->mem_pos[o + i]);
+            core_le_copy32(p + 8, st->mem_score + o + i, 1);
         }
-        core_kvrow_to_le(rf, st->mem_k + h * lam * rb, p, (int64_t)n, (int64_t)hd);
+        core_kvrow_to_le(rf, st->mem_k + o * rb, p, (int64_t)n, (int64_t)hd);
         p += n * rb;
-        core_kvrow_to_le(rf, st->mem_v + h * lam * rb, p, (int64_t)n, (int64_t)hd);
+        core_kvrow_to_le(rf, st->mem_v + o * rb, p, (int64_t)n, (int64_t)hd);
         p += n * rb;
     }
     return 0;
@@ -2533,7 +2581,7 @@ static int mem_load(const core_attn_cfg_t *cfg, lin_state_t *st, int64_t pos, in
                     const unsigned char *p, size_t len, core_error_t *err)
 {
     const size_t nh = (size_t)cfg->n_layer * (size_t)cfg->n_head_kv, hd = (size_t)cfg->head_dim,
-                 lam = (size_t)cfg->memory, pb = pay_row_bytes(pf, hd), rb = row_bytes(cfg);
+                 pb = pay_row_bytes(pf, hd), rb = row_bytes(cfg);
     const core_kvrow_fmt_t rf = row_fmt(cfg);
     /* every memory row left the exact span at an earlier boundary */
     const int64_t older = pos / CORE_ATTN_MEMORY_BLOCK * CORE_ATTN_MEMORY_BLOCK - cfg->window;
@@ -2542,12 +2590,12 @@ static int mem_load(const core_attn_cfg_t *cfg, lin_state_t *st, int64_t pos, in
             return core_error_set(err, CORE_EFORMAT, "linear attention payload: memory of "
                                   "head %zu cut short", h);
         const uint32_t n = core_le_get_u32(p);
-        const size_t row = 12 + 2 * pb;
+        const size_t row = 12 + 2 * pb, o = mem_first(cfg, h), cap = mem_cap_rows(cfg, h);
         p += 4;
         len -= 4;
-        if (n > lam || (size_t)n * row > len)
+        if (n > cap || (size_t)n * row > len)
             return core_error_set(err, CORE_EFORMAT, "linear attention payload: memory of head "
-                                  "%zu holds %u rows (at most %zu, %zu bytes left)", h, n, lam,
+                                  "%zu holds %u rows (at most %zu, %zu bytes left)", h, n, cap,
                                   len);
         int64_t prev = (int64_t)cfg->sinks - 1;
         for (size_t i = 0; i < n; i++, p += 12) {
@@ -2559,12 +2607,11 @@ static int mem_load(const core_attn_cfg_t *cfg, lin_state_t *st, int64_t pos, in
                                       "%zu of head %zu at position %lld (score %g) is out of "
                                       "order or not older than the exact span", i, h,
                                       (long long)u, (double)s);
-            st->mem_pos[h * lam + i] = prev = u;
-            st->mem_score[h * lam + i] = s;
+            st->mem_pos[o + i] = prev = u;
+            st->mem_score[o + i] = s;
         }
-        const int ok = rows_from_payload(pf, rf, p, st->mem_k + h * lam * rb, n, hd) &&
-                       rows_from_payload(pf, rf, p + (size_t)n * pb, st->mem_v + h * lam * rb, n,
-                                         hd);
+        const int ok = rows_from_payload(pf, rf, p, st->mem_k + o * rb, n, hd) &&
+                       rows_from_payload(pf, rf, p + (size_t)n * pb, st->mem_v + o * rb, n, hd);
         p += 2 * (size_t)n * pb;
         len -= (size_t)n * row;
         if (!ok)

@@ -536,6 +536,15 @@ int core_features_adapter_info(const core_gguf_t *g, core_features_adapter_info_
         return rc;
     if (found)
         info->memory = (int)v;
+    char keep[16];
+    if ((rc = adapter_str(g, "darkformer.memory_keep", keep, sizeof keep, &found, err)))
+        return rc;
+    if (found && core_attn_keep_parse(keep, &info->memory_keep) != 0)
+        return core_error_set(err, CORE_EFORMAT, "adapter key 'darkformer.memory_keep': '%s' is "
+                              "neither 'recall' nor 'recent'", keep);
+    if ((rc = adapter_str(g, "darkformer.memory_heads", info->memory_heads,
+                          sizeof info->memory_heads, &found, err)))
+        return rc;
     if ((rc = adapter_int(g, "darkformer.serve_window", 0, CORE_FEATURES_MAX_WINDOW, &v, &found,
                           err)))
         return rc;
@@ -564,7 +573,8 @@ int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
                           core_error_t *err)
 {
     core_features_adapter_info_t ai = {.n_features = 0, .window = -1, .sinks = -1,
-                                       .prerope = -1, .memory = -1, .kv_bits = -1,
+                                       .prerope = -1, .memory = -1, .memory_keep = -1,
+                                       .kv_bits = -1,
                                        .serve_window = -1,
                                        .seed = s->seed,
                                        .version = 0};
@@ -596,6 +606,11 @@ int core_features_resolve(const char *adapter_path, core_features_settings_t *s,
         s->memory = ai.memory >= 0 ? ai.memory : CORE_FEATURES_DEFAULT_MEMORY;
     if (s->kv_bits <= 0)
         s->kv_bits = ai.kv_bits > 0 ? ai.kv_bits : CORE_FEATURES_DEFAULT_KV_BITS;
+    if (s->memory_keep < 0)
+        s->memory_keep = ai.memory_keep >= 0 ? ai.memory_keep : CORE_ATTN_KEEP_RECALL;
+    if (!s->memory_heads[0])
+        snprintf(s->memory_heads, sizeof s->memory_heads, "%s",
+                 ai.memory_heads[0] ? ai.memory_heads : "all");
     return 0;
 }
 
@@ -733,6 +748,17 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
                                       d->serve_window);
     if (!rc && d->kv_bits > 0)
         rc = core_gguf_writer_set_int(w, "darkformer.kv_bits", CORE_GGUF_TYPE_UINT32, d->kv_bits);
+    if (!rc && d->memory > 0) {
+        const char *keep = core_attn_keep_name(d->memory_keep);
+        rc = core_gguf_writer_set_int(w, "darkformer.memory", CORE_GGUF_TYPE_UINT32, d->memory);
+        if (!rc && !keep)
+            rc = core_error_set(err, CORE_EINVAL, "memory_keep %d is not a rule", d->memory_keep);
+        if (!rc)
+            rc = core_gguf_writer_set_str(w, "darkformer.memory_keep", keep, strlen(keep));
+        if (!rc && d->memory_heads && d->memory_heads[0])
+            rc = core_gguf_writer_set_str(w, "darkformer.memory_heads", d->memory_heads,
+                                          strlen(d->memory_heads));
+    }
     if (rc) {
         core_error_set(err, rc, "writing adapter keys failed");
         goto done;

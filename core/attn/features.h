@@ -158,7 +158,11 @@ typedef struct core_features_adapter_info {
     int n_features;
     int window;
     int sinks;       /* darkformer.sinks */
-    int memory;      /* darkformer.memory (optional: λ the adapter was made for), -1 if absent */
+    int memory;      /* darkformer.memory (optional: λ the adapter is served with), -1 if absent */
+    int memory_keep; /* darkformer.memory_keep (optional: "recall" or "recent" as
+                        CORE_ATTN_KEEP_*), -1 if absent */
+    char memory_heads[CORE_ATTN_HEADS_SPEC_MAX]; /* darkformer.memory_heads (optional:
+                        core_attn_memory_heads_parse's text), "" if absent */
     int kv_bits;     /* darkformer.kv_bits (optional: 8 or 16, the exact rows' bits the
                         adapter is served with), -1 if absent */
     int serve_window; /* darkformer.serve_window (optional: the window the adapter is
@@ -215,6 +219,10 @@ typedef struct core_features_settings {
     int prerope;
     int memory; /* λ exact memory rows; -1: the adapter's darkformer.memory, else
                    CORE_FEATURES_DEFAULT_MEMORY */
+    int memory_keep; /* CORE_ATTN_KEEP_*; -1: the adapter's darkformer.memory_keep,
+                        else recall */
+    char memory_heads[CORE_ATTN_HEADS_SPEC_MAX]; /* "": the adapter's
+                        darkformer.memory_heads, else "all" */
     int kv_bits; /* 8 or 16; -1 (or 0): the adapter's darkformer.kv_bits, else
                     CORE_FEATURES_DEFAULT_KV_BITS */
     uint64_t seed;
@@ -247,6 +255,9 @@ typedef struct core_features_adapter_desc {
     int lora_rank, n_embd;            /* r (0: no LoRA) and the model width D */
     int serve_window;                 /* darkformer.serve_window, written when > 0 */
     int kv_bits;                      /* darkformer.kv_bits (8, 16), written when > 0 */
+    int memory;                       /* darkformer.memory, written when > 0, with: */
+    int memory_keep;                  /* darkformer.memory_keep (CORE_ATTN_KEEP_*) */
+    const char *memory_heads;         /* darkformer.memory_heads, written when non-empty */
     const float *lora[8];             /* borrowed, core/lora.h: q A [L][r][D], q B [L][H·Hd][r],
                                          k A, k B [L][Hkv·Hd][r], v A, v B, o A [L][r][H·Hd],
                                          o B [L][D][r] */

@@ -278,6 +278,7 @@ static int model_opts(const srv_config_t *cfg, srv_attn_choice_t *ch)
                              .window = cfg->window >= 0 ? (int)cfg->window : -1,
                              .sinks = (int)cfg->sinks, .memory = (int)cfg->memory,
                              .kv_bits = (int)cfg->kv_bits,
+                             .memory_keep = cfg->memory_keep, .memory_heads = cfg->memory_heads,
                              .prerope = -1,
                              .decay_off = cfg->decay == 0, .linear = -1};
     core_error_t ce = {0};

@@ -89,6 +89,16 @@ size_t api_attn_config_text(const api_app_t *app, char *buf, size_t len)
         const int m = snprintf(buf + n, len - (size_t)n, " kv_bits=8");
         n = m < 0 ? n : n + m;
     }
+    /* the exact memory: its rows, rule and heads shape every state */
+    if (n >= 0 && (size_t)n < len && c->kind != CORE_ATTN_EXACT && c->memory) {
+        char heads[CORE_ATTN_HEADS_SPEC_MAX];
+        const size_t hn = core_attn_memory_heads_format(c, heads, sizeof heads);
+        const int m = snprintf(buf + n, len - (size_t)n, " memory=%d keep=%s heads=%016llx",
+                               c->memory, core_attn_keep_name(c->memory_keep),
+                               (unsigned long long)fnv1a(0xcbf29ce484222325u, heads,
+                                                         hn < sizeof heads ? hn : sizeof heads - 1));
+        n = m < 0 ? n : n + m;
+    }
     return n < 0 ? 0 : (size_t)n < len ? (size_t)n : len - 1;
 }
 

@@ -28,7 +28,7 @@
 #define MAX_PROMPT_TOKENS 1000000
 
 typedef struct load_args {
-    const char *model, *attn, *adapter, *decay, *linear, *precision;
+    const char *model, *attn, *adapter, *decay, *linear, *precision, *memory_keep, *memory_heads;
     int64_t features, window, sinks, memory, kv_bits, prerope, ctx, threads;
 } load_args_t;
 
@@ -54,6 +54,11 @@ typedef struct load_args {
     {"memory", SRV_OPT_INT, &(la).memory, -1, CORE_ATTN_MAX_MEMORY,                          \
      "exact memory rows per KV head of linear kinds (0 = off, -1 = the adapter's, else "     \
      SRV_STR(CORE_FEATURES_DEFAULT_MEMORY) ")"},                                             \
+    {"memory-keep", SRV_OPT_STR, &(la).memory_keep, 0, 0,                                    \
+     "recall | recent: which rows the exact memory keeps (default the adapter's, else "      \
+     "recall)"},                                                                             \
+    {"memory-heads", SRV_OPT_STR, &(la).memory_heads, 0, 0,                                  \
+     "all | L.H,...: which KV heads have the exact memory (default the adapter's, else all)"}, \
     {"kv-bits", SRV_OPT_INT, &(la).kv_bits, -1, 16,                                          \
      "bits of the exact rows of linear kinds, 8 or 16 (-1 = the adapter's, else "            \
      SRV_STR(CORE_FEATURES_DEFAULT_KV_BITS) ")"},                                            \
@@ -97,6 +102,7 @@ static int load_model(const char *cmd, const load_args_t *la, core_model_t **m,
                              .n_features = (int)la->features, .window = (int)la->window,
                              .sinks = (int)la->sinks, .memory = (int)la->memory,
                              .kv_bits = (int)la->kv_bits, .prerope = (int)la->prerope,
+                             .memory_keep = la->memory_keep, .memory_heads = la->memory_heads,
                              .linear = -1, .max_ctx = la->ctx};
     if (la->attn && srv_attn_parse(la->attn, &rq.kind) < 0) {
         fprintf(stderr,

@@ -267,8 +267,43 @@ def test_adapter_serving_defaults(model_dir):
     assert ppl(flags.stdout) == ppl(keys_run.stdout), (flags.stdout, keys_run.stdout)
 
 
+def test_adapter_serving_memory(model_dir):
+    """write_adapter --from --memory N --memory-keep K --memory-heads H: the
+    adapter is served with that exact memory where no flag says otherwise
+    (the same numbers as the flags), --memory 0 still turns it off, and the
+    memory flags are refused where they cannot be honoured."""
+    tool = os.path.join(BUILD, "tools", "write_adapter")
+    src = write_adapter(str(model_dir / "src.gguf"), tiny_info()["fingerprint"], window=8)
+    dst = model_dir / "m.darkformer.gguf"
+    p = subprocess.run([tool, "--model", str(model_dir / "m.gguf"), "--from", src,
+                        "--memory", "16", "--memory-keep", "recent", "--memory-heads", "0.0",
+                        "--out", str(dst)], capture_output=True, text=True, timeout=RUN_S)
+    assert p.returncode == 0, p.stderr
+    keys_run = cli(model_dir)
+    assert keys_run.returncode == 0, keys_run.stderr
+    line = attention_line(keys_run.stderr)
+    assert "memory 16 (recent, 1 of " in line, line
+    r = cli(model_dir, "--memory", "0")
+    assert r.returncode == 0 and "memory 16" not in attention_line(r.stderr), r.stderr
+    os.replace(dst, model_dir / "copy.gguf")
+    shutil.copy(src, model_dir / "m.darkformer.gguf")
+    flags = cli(model_dir, "--memory", "16", "--memory-keep", "recent", "--memory-heads", "0.0")
+    assert flags.returncode == 0, flags.stderr
+    ppl = lambda out: re.search(r"^perplexity: (\S+)", out, re.M).group(1)
+    assert ppl(flags.stdout) == ppl(keys_run.stdout), (flags.stdout, keys_run.stdout)
+    for args, why in [(["--memory-heads", "0.0"], "needs the exact memory"),
+                      (["--memory-keep", "recent"], "needs the exact memory"),
+                      (["--memory", "4", "--memory-keep", "oldest"], "recall or recent"),
+                      (["--memory", "4", "--memory-heads", "99.0"], "past the model"),
+                      (["--memory", "4", "--memory-heads", "0.0,0.0"], "twice")]:
+        r = cli(model_dir, *args)
+        assert r.returncode != 0 and why in r.stderr, (args, r.stderr)
+
+
 @pytest.mark.parametrize("args", [
     [],                                        # no serving key to set
+    ["--memory", "16"],                        # the memory's keys come together
+    ["--memory", "16", "--memory-keep", "oldest", "--memory-heads", "all"],
     ["--serve-window", "12", "--kind", "darkformer"],
     ["--kv-bits", "12"],
     ["--serve-window", "0"],

@@ -2168,6 +2168,11 @@ TEST(test_decode_split_equals_whole)
 
 /* ---- the exact memory (cfg->memory = λ; docs/DESIGN.md §3 "Exact memory") ---- */
 
+/* The memory's rule and heads for make_mem_attn and reference_memory (the
+ * recent-rows tests set them around the others). */
+static int g_mem_keep = CORE_ATTN_KEEP_RECALL;
+static const char *g_mem_heads = NULL;
+
 static core_attn_t *make_mem_attn(const shape_t *s, const core_gguf_t *adapter, int chunk,
                                   int fp64, int lam, int cap)
 {
@@ -2176,10 +2181,15 @@ static core_attn_t *make_mem_attn(const shape_t *s, const core_gguf_t *adapter, 
                            .n_features = s->M, .window = s->W, .seed = s->seed,
                            .sinks = s->S, .prerope = s->pre, .decay_off = s->decay_off,
                            .linear_off = s->lin_off, .memory = lam, .n_rot = rot_dims(s),
+                           .memory_keep = g_mem_keep,
                            .kv_bits = g_kv_bits, .rope_base = ROT_BASE, .rope_scale = 1.0};
     core_attn_t *a = NULL;
     core_error_t err = {0};
-    int rc = core_attn_new(&cfg, adapter, &a, &err);
+    int rc = core_attn_memory_heads_parse(&cfg, g_mem_heads, &err);
+    CHECK_MSG(rc == 0, "memory heads '%s': %s", g_mem_heads, err.msg);
+    if (rc)
+        return NULL;
+    rc = core_attn_new(&cfg, adapter, &a, &err);
     CHECK_MSG(rc == 0, "core_attn_new: %s", err.msg);
     if (rc)
         return NULL;
@@ -2199,6 +2209,8 @@ typedef struct mem_row {
 static int mem_row_cmp(const void *pa, const void *pb)
 {
     const mem_row_t *a = pa, *b = pb;
+    if (g_mem_keep == CORE_ATTN_KEEP_RECENT) /* the newest first */
+        return a->pos > b->pos ? -1 : a->pos < b->pos;
     if (a->score != b->score)
         return a->score > b->score ? -1 : 1;
     return a->pos < b->pos ? -1 : a->pos > b->pos;
@@ -2208,6 +2220,24 @@ static int dbl_cmp(const void *pa, const void *pb)
 {
     const double a = *(const double *)pa, b = *(const double *)pb;
     return a < b ? -1 : a > b;
+}
+
+/* 1 if spec (NULL = every head, else "l.h,..." as the tests write it) lists
+ * layer l's KV head h: parsed here independently of the server's parser. */
+static int head_listed(const char *spec, int l, int h)
+{
+    if (!spec)
+        return 1;
+    for (const char *p = spec; *p;) {
+        int a = -1, b = -1, used = 0;
+        if (sscanf(p, "%d.%d%n", &a, &b, &used) != 2)
+            return 0;
+        if (a == l && b == h)
+            return 1;
+        p += used;
+        p += *p == ',';
+    }
+    return 0;
 }
 
 /* The float64 oracle of the memory: per (layer, KV head) the contest at
@@ -2221,7 +2251,9 @@ static int dbl_cmp(const void *pa, const void *pb)
  * without the memory), every key from b − W on and the memory's rows (at
  * their true distance while b − j < cap, else at distance cap), linearly
  * (weights as reference()) to the rest. in_mem [L][Hkv][n] (may be NULL)
- * gets 1 for the keys in the memory after the last boundary. */
+ * gets 1 for the keys in the memory after the last boundary. With
+ * g_mem_keep recent the newest rows win (no scores); with g_mem_heads a
+ * head not listed keeps none (λ = 0 for it). */
 static double *reference_memory(const core_attn_t *a, const shape_t *s, const inputs_t *in,
                                 int lam, int64_t cap, unsigned char *in_mem)
 {
@@ -2253,9 +2285,15 @@ static double *reference_memory(const core_attn_t *a, const shape_t *s, const in
             }
             int nrow = 0;
             double blk_err[MB];
+            const int lam_h = head_listed(g_mem_heads, l, h) ? lam : 0;
             for (int64_t b = MB; b < n; b += MB) {
                 int64_t u0 = b - w - MB > s->S ? b - w - MB : s->S, u1 = b - w;
                 int cand = nrow;
+                if (g_mem_keep == CORE_ATTN_KEEP_RECENT || !lam_h) {
+                    for (int64_t u = u0; u < u1; u++)
+                        rows[cand++] = (mem_row_t){u, 0.0f};
+                    goto contest;
+                }
                 /* scored against every key absorbed before b and the
                  * memory's rows, all as linear terms */
                 for (int64_t j = 0; j < n; j++)
@@ -2293,8 +2331,9 @@ static double *reference_memory(const core_attn_t *a, const shape_t *s, const in
                 for (int64_t u = u0; u < u1; u++)
                     rows[cand++] = (mem_row_t){u, (float)(med > 0 ? blk_err[u - u0] / med
                                                                   : blk_err[u - u0])};
+            contest:
                 qsort(rows, (size_t)cand, sizeof *rows, mem_row_cmp);
-                int keep = cand < lam ? cand : lam;
+                int keep = cand < lam_h ? cand : lam_h;
                 for (int i = keep; i < cand; i++) {
                     absorbed_at[rows[i].pos] = b;
                     if (mem_from[rows[i].pos] != INT64_MAX)
@@ -2615,6 +2654,107 @@ TEST(test_memory_state_roundtrip)
     inputs_free(&in);
 }
 
+/* The recent rule and a memory on some heads (docs/DESIGN.md §3 "Exact
+ * memory"): the oracle, the independence of the chunking and the round
+ * trips above hold for each combination; a head not listed keeps no rows
+ * (its keys leave for the linear state at the boundaries), and the state is
+ * smaller by exactly its rows. */
+TEST(test_memory_recent_some_heads)
+{
+    static const struct {
+        int keep;
+        const char *heads;
+    } runs[] = {{CORE_ATTN_KEEP_RECENT, "0.1"},
+                {CORE_ATTN_KEEP_RECENT, NULL},
+                {CORE_ATTN_KEEP_RECALL, "0.1"}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        g_mem_keep = runs[i].keep;
+        g_mem_heads = runs[i].heads;
+        printf("  keep %s, heads %s\n", core_attn_keep_name(g_mem_keep),
+               g_mem_heads ? g_mem_heads : "all");
+        test_memory_matches_oracle();
+        test_memory_state_independent_of_chunking();
+        test_memory_state_roundtrip();
+    }
+    /* bytes: 3 of the 4 (layer, KV head) pairs without their λ rows */
+    shape_t s = {CORE_ATTN_DARKFORMER, 2, 6, 2, 16, 32, 16, 21, 3, 1, 1, 0, 0};
+    core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+    const int lam = 8;
+    g_mem_keep = CORE_ATTN_KEEP_RECENT;
+    g_mem_heads = NULL;
+    core_attn_t *all = make_mem_attn(&s, ad, 32, 0, lam, 0);
+    g_mem_heads = "1.0";
+    core_attn_t *one = make_mem_attn(&s, ad, 32, 0, lam, 0);
+    g_mem_heads = NULL;
+    g_mem_keep = CORE_ATTN_KEEP_RECALL;
+    if (!all || !one)
+        return;
+    core_attn_state_t *sa = NULL, *so = NULL;
+    CHECK_INT_EQ(core_attn_state_new(all, &sa, NULL), 0);
+    CHECK_INT_EQ(core_attn_state_new(one, &so, NULL), 0);
+    const size_t rb = g_kv_bits == 8 ? 4 + (size_t)s.Hd : 2 * (size_t)s.Hd;
+    const size_t want = 3 * (size_t)lam * (2 * rb + sizeof(int64_t) + sizeof(float));
+    CHECK_MSG(core_attn_state_bytes(sa) - core_attn_state_bytes(so) == want,
+              "state bytes %zu (all heads) - %zu (one) != %zu", core_attn_state_bytes(sa),
+              core_attn_state_bytes(so), want);
+    /* a state whose unlisted heads hold rows does not load where they have none */
+    inputs_t in = make_inputs(&s, 300, 1.5, 1.5, 21);
+    float *o = calloc(out_count(&s, in.n), sizeof(float));
+    feed(all, sa, &s, &in, 0, in.n, MIXED, 7, o);
+    size_t len = 0;
+    unsigned char *blob = saved(sa, &len);
+    core_error_t err = {0};
+    CHECK_INT_EQ(core_state_load(blob, len, "test", so, NULL, NULL, NULL, NULL, NULL, &err),
+                 CORE_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "at most 0") != NULL, "%s", err.msg);
+    free(blob);
+    free(o);
+    inputs_free(&in);
+    core_attn_state_free(sa);
+    core_attn_state_free(so);
+    core_attn_free(all);
+    core_attn_free(one);
+    core_gguf_close(ad);
+}
+
+/* The memory-heads text: what parses, what is refused and why, and the text
+ * it formats back. */
+TEST(test_memory_heads_text)
+{
+    core_attn_cfg_t cfg = {.n_layer = 30, .n_head_kv = 3};
+    core_error_t err = {0};
+    char buf[64];
+    CHECK_INT_EQ(core_attn_memory_heads_parse(&cfg, "all", &err), 0);
+    CHECK_INT_EQ(cfg.memory_some, 0);
+    CHECK_INT_EQ(core_attn_memory_heads_parse(&cfg, "29.2,0.0,7.1", &err), 0);
+    CHECK_INT_EQ(cfg.memory_some, 1);
+    cfg.memory = 4;
+    CHECK_INT_EQ((int)core_attn_memory_heads(&cfg), 3);
+    CHECK_INT_EQ((int)core_attn_memory_heads_before(&cfg, 7 * 3 + 1), 1);
+    CHECK_INT_EQ((int)core_attn_memory_heads_before(&cfg, 7 * 3 + 2), 2);
+    CHECK(core_attn_head_has_memory(&cfg, 89) && !core_attn_head_has_memory(&cfg, 88));
+    core_attn_memory_heads_format(&cfg, buf, sizeof buf);
+    CHECK_MSG(strcmp(buf, "0.0,7.1,29.2") == 0, "formatted '%s'", buf);
+    static const char *const bad[] = {"30.0", "0.3", "1.1,1.1", "1.", ".1", "1.1,", "1,1",
+                                      "x",    "1.1 ", "-1.0", "99999999999.0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err.msg[0] = '\0';
+        CHECK_MSG(core_attn_memory_heads_parse(&cfg, bad[i], &err) == CORE_EINVAL,
+                  "'%s' accepted", bad[i]);
+        CHECK_MSG(strstr(err.msg, "memory heads") != NULL, "'%s': %s", bad[i], err.msg);
+    }
+    int k = -1;
+    CHECK(core_attn_keep_parse("recent", &k) == 0 && k == CORE_ATTN_KEEP_RECENT);
+    CHECK(core_attn_keep_parse("Recent", &k) == CORE_EINVAL);
+    /* the linear kind refuses an unknown rule */
+    core_attn_cfg_t c2 = {.kind = CORE_ATTN_PERFORMER, .n_layer = 1, .n_head = 2,
+                          .n_head_kv = 1, .head_dim = 16, .n_features = 16, .window = 8,
+                          .memory = 4, .memory_keep = 7};
+    core_attn_t *a = NULL;
+    CHECK_INT_EQ(core_attn_new(&c2, NULL, &a, &err), CORE_EINVAL);
+    CHECK_MSG(strstr(err.msg, "memory_keep") != NULL, "%s", err.msg);
+}
+
 /* A million tokens with the memory: finite, fp32 and fp64 states agree at
  * the end, constant size. */
 TEST(test_memory_long_stream)
@@ -2809,6 +2949,8 @@ int main(void)
     RUN(test_memory_state_roundtrip);
     RUN(test_memory_long_stream);
     RUN(test_memory_config_errors);
+    RUN(test_memory_recent_some_heads);
+    RUN(test_memory_heads_text);
     RUN(test_trig_adapter_params_and_kernel);
     RUN(test_trig_adapter_errors);
     RUN(test_trig_long_stream);
@@ -2829,6 +2971,7 @@ int main(void)
     RUN(test_memory_state_independent_of_chunking);
     RUN(test_memory_recalls_planted_key);
     RUN(test_memory_state_roundtrip);
+    RUN(test_memory_recent_some_heads);
     RUN(test_decode_split_equals_whole);
     return CHECK_DONE();
 }

@@ -609,6 +609,42 @@ TEST(test_adapter_roundtrip_and_errors)
     CHECK_INT_EQ(core_features_resolve(path, &fs, &err), 0);
     CHECK_INT_EQ(fs.window, 32);
     CHECK_INT_EQ(fs.kv_bits, CORE_FEATURES_DEFAULT_KV_BITS);
+    /* the memory's serving keys: written together, read back, flags win */
+    d.memory = 64;
+    d.memory_keep = CORE_ATTN_KEEP_RECENT;
+    d.memory_heads = "1.0,3.1";
+    CHECK_INT_EQ(core_features_adapter_write(&d, path, &err), 0);
+    fs = (core_features_settings_t){.window = -1, .sinks = -1, .prerope = -1, .memory = -1,
+                                    .memory_keep = -1, .kv_bits = -1};
+    CHECK_INT_EQ(core_features_resolve(path, &fs, &err), 0);
+    CHECK_INT_EQ(fs.memory, 64);
+    CHECK_INT_EQ(fs.memory_keep, CORE_ATTN_KEEP_RECENT);
+    CHECK_MSG(strcmp(fs.memory_heads, "1.0,3.1") == 0, "heads '%s'", fs.memory_heads);
+    fs = (core_features_settings_t){.window = -1, .sinks = -1, .prerope = -1, .memory = 0,
+                                    .memory_keep = CORE_ATTN_KEEP_RECALL, .kv_bits = -1};
+    snprintf(fs.memory_heads, sizeof fs.memory_heads, "all");
+    CHECK_INT_EQ(core_features_resolve(path, &fs, &err), 0);
+    CHECK_INT_EQ(fs.memory, 0);
+    CHECK_INT_EQ(fs.memory_keep, CORE_ATTN_KEEP_RECALL);
+    CHECK_MSG(strcmp(fs.memory_heads, "all") == 0, "heads '%s'", fs.memory_heads);
+    d.memory = 0;
+    d.memory_heads = NULL;
+    CHECK_INT_EQ(core_features_adapter_write(&d, path, &err), 0);
+    fs = (core_features_settings_t){.window = -1, .sinks = -1, .prerope = -1, .memory = -1,
+                                    .memory_keep = -1, .kv_bits = -1};
+    CHECK_INT_EQ(core_features_resolve(path, &fs, &err), 0);
+    CHECK_INT_EQ(fs.memory, CORE_FEATURES_DEFAULT_MEMORY);
+    CHECK_INT_EQ(fs.memory_keep, CORE_ATTN_KEEP_RECALL);
+    CHECK_MSG(strcmp(fs.memory_heads, "all") == 0, "heads '%s'", fs.memory_heads);
+    /* a rule the reader does not know */
+    w = core_gguf_writer_new(0);
+    core_gguf_writer_set_str(w, "darkformer.memory_keep", "oldest", 6);
+    CHECK_INT_EQ(core_gguf_writer_write(w, path, &err), 0);
+    core_gguf_writer_free(w);
+    CHECK_INT_EQ(core_gguf_open(path, &g, &err), 0);
+    CHECK_INT_EQ(core_features_adapter_info(g, &info, &err), CORE_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "darkformer.memory_keep") != NULL, "%s", err.msg);
+    core_gguf_close(g);
     static const char *const keys[] = {"darkformer.kv_bits", "darkformer.kv_bits",
                                        "darkformer.serve_window"};
     static const int64_t vals[] = {12, 32, (int64_t)CORE_FEATURES_MAX_WINDOW + 1};
