@@ -539,10 +539,13 @@ typedef struct proto_session_info {
     int64_t pending_grammar_bytes; /* its bytes so far */
     int64_t attn_memory; /* λ exact memory rows per KV head (0 = none; full form) */
     int64_t attn_kv_bits; /* bits of the exact rows, 8 or 16 (0 = exact attention; full form) */
+    const char *attn_memory_keep; /* "recall" | "recent" with a memory, else NULL (full form) */
+    int64_t attn_memory_heads;    /* KV heads (layer, head pairs) that have it (full form) */
 } proto_session_info_t;
 
 /* full = 0: {"id","tokens","state_bytes","turns"}; full = 1 adds "created",
- * "last_used", "attention":{"kind","features","window","memory","kv_bits"},
+ * "last_used", "attention":{"kind","features","window","memory","memory_keep",
+ * "memory_heads","kv_bits"},
  * "checkpoints":[{"turn","tokens","bytes"}] and, only when
  * has_pending_grammar, "pending_grammar":{"bytes"}. */
 char *proto_session_json(const proto_session_info_t *s, int full);

@@ -317,6 +317,8 @@ static json_t *session_obj(const proto_session_info_t *s, int full)
         bad |= json_object_set_new(a, "features", json_integer(s->attn_features));
         bad |= json_object_set_new(a, "window", json_integer(s->attn_window));
         bad |= json_object_set_new(a, "memory", json_integer(s->attn_memory));
+        bad |= json_object_set_new(a, "memory_keep", px_cstr_or_null(s->attn_memory_keep));
+        bad |= json_object_set_new(a, "memory_heads", json_integer(s->attn_memory_heads));
         bad |= json_object_set_new(a, "kv_bits", json_integer(s->attn_kv_bits));
         bad |= json_object_set_new(o, "attention", a);
         json_t *cs = json_array();

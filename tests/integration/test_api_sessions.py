@@ -412,8 +412,8 @@ def test_linear_attention_state_is_constant_size(servers):
     sid = create(srv, {"system": "sys"})["id"]
     g1 = gen(srv, sid, text="A first turn of text", max_tokens=6)
     st, a, _ = srv.json("GET", f"/v1/sessions/{sid}")
-    assert a["attention"] == {"kind": "performer", "features": 16, "window": 4, "memory": 0,
-                               "kv_bits": 16}
+    assert a["attention"] == {"kind": "performer", "features": 16, "window": 4, "memory": 0, "memory_keep": None,
+                               "memory_heads": 0, "kv_bits": 16}
     g2 = gen(srv, sid, text=" and a much longer second turn of text to read", max_tokens=20)
     st, b, _ = srv.json("GET", f"/v1/sessions/{sid}")
     assert b["tokens"] > a["tokens"] + 20

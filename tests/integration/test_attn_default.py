@@ -167,8 +167,8 @@ def test_serve_defaults_to_darkformer_with_the_adapter(model_dir):
                             tiny_info()["fingerprint"])
     srv = Server(model_dir / "srv", str(model_dir / "m.gguf"), attn=None)
     try:
-        assert session_attention(srv) == {"kind": "darkformer", "features": 16, "window": 8, "memory": 0,
-                                          "kv_bits": 16}
+        assert session_attention(srv) == {"kind": "darkformer", "features": 16, "window": 8, "memory": 0, "memory_keep": None,
+                                          "memory_heads": 0, "kv_bits": 16}
         log = srv.log_text()
         assert re.search(r"attention darkformer \(features 16, window 8, sinks 2, .*adapter "
                          + re.escape(adapter) + r"\)", log), log
@@ -180,8 +180,8 @@ def test_serve_defaults_to_darkformer_with_the_adapter(model_dir):
 def test_serve_falls_back_with_a_warning(model_dir):
     srv = Server(model_dir / "srv", str(model_dir / "m.gguf"), attn=None)
     try:
-        assert session_attention(srv) == {"kind": "performer", "features": 128, "window": 256, "memory": 0,
-                                          "kv_bits": 16}
+        assert session_attention(srv) == {"kind": "performer", "features": 128, "window": 256, "memory": 0, "memory_keep": None,
+                                          "memory_heads": 0, "kv_bits": 16}
         log = srv.log_text()
         warn = [l for l in log.splitlines() if "no DARKFormer adapter for" in l]
         assert len(warn) == 1 and "WARN" in warn[0].upper(), log

@@ -86,3 +86,49 @@ def test_memory_option_checked_at_startup(tmp_path):
     r = subprocess.run(base + ["--attn", "exact", "--memory", "8"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "memory" in r.stderr, r.stderr
+
+
+def test_recent_memory_on_some_heads(servers, tmp_path):
+    """--memory-keep recent --memory-heads: the session says so, its state
+    is smaller than with every head, it round-trips into a server with the
+    same setting and is refused (400 naming the memory) by one whose heads
+    differ; bad values stop the server at startup with the reason."""
+    heads = ["--memory-keep", "recent", "--memory-heads", "0.0"]
+    a = servers(name="ra", attn="performer", args=ARGS + ["--memory", "8"] + heads)
+    full = servers(name="rf", attn="performer", args=ARGS + ["--memory", "8"],
+                   session_dir=str(tmp_path / "rf"))
+    sid, fid = create(a), create(full)
+    gen(a, sid, TEXT)
+    gen(full, fid, TEXT)
+    st, info, _ = a.json("GET", f"/v1/sessions/{sid}")
+    assert st == 200, info
+    att = info["attention"]
+    assert att["memory"] == 8 and att["memory_keep"] == "recent" and att["memory_heads"] == 1, att
+    st, finfo, _ = full.json("GET", f"/v1/sessions/{fid}")
+    assert finfo["attention"]["memory_keep"] == "recall", finfo
+    assert finfo["attention"]["memory_heads"] > 1, finfo
+    assert info["state_bytes"] < finfo["state_bytes"], (info, finfo)
+    st, _, blob = a.request("GET", f"/v1/sessions/{sid}/state")
+    assert st == 200
+    b = servers(name="rb", attn="performer", args=ARGS + ["--memory", "8"] + heads,
+                session_dir=str(tmp_path / "rb"))
+    tid = create(b)
+    st, _, data = b.request("PUT", f"/v1/sessions/{tid}/state", blob,
+                            {"Content-Type": "application/octet-stream"})
+    assert st == 200, data
+    assert gen(a, sid, " and then", 12)["text"] == gen(b, tid, " and then", 12)["text"]
+    c = servers(name="rc", attn="performer",
+                args=ARGS + ["--memory", "8", "--memory-keep", "recent", "--memory-heads", "0.1"],
+                session_dir=str(tmp_path / "rc"))
+    cid = create(c)
+    st, _, data = c.request("PUT", f"/v1/sessions/{cid}/state", blob,
+                            {"Content-Type": "application/octet-stream"})
+    e = json.loads(data)["error"]
+    assert st == 400 and "memory" in e["message"], (st, e)
+    base = [BIN, "serve", "--port", "0", "--model", TINY, "--session-dir", str(tmp_path / "s"),
+            "--attn", "performer"] + ARGS
+    for extra, why in [(["--memory", "8", "--memory-heads", "0.9"], "past the model"),
+                       (["--memory", "8", "--memory-keep", "first"], "recall or recent"),
+                       (["--memory-heads", "0.0"], "needs the exact memory")]:
+        r = subprocess.run(base + extra, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and why in r.stderr, (extra, r.stderr)

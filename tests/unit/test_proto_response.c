@@ -455,7 +455,8 @@ TEST(session_objects)
 {
     const proto_checkpoint_t cks[2] = {{3, 90, 1000}, {4, 101, 1200}};
     proto_session_info_t s1 = {"0123456789abcdef0123456789abcdef", 120, 4718592, 1700000000,
-                               1700000100, "darkformer", 128, 64, 5, cks, 2, 0, 0, 96, 8};
+                               1700000100, "darkformer", 128, 64, 5, cks, 2, 0, 0, 96, 8,
+                               "recent", 12};
     char *s = proto_session_json(&s1, 0);
     CHECK_STR_EQ(s, "{\"id\":\"0123456789abcdef0123456789abcdef\",\"tokens\":120,"
                     "\"state_bytes\":4718592,\"turns\":5}");
@@ -465,11 +466,13 @@ TEST(session_objects)
     check_shape(j, "session", "id:s", "tokens:i", "state_bytes:i", "turns:i", "created:i",
                 "last_used:i", "attention:o", "checkpoints:a", NULL);
     check_shape(json_object_get(j, "attention"), "attention", "kind:s", "features:i",
-                "window:i", "memory:i", "kv_bits:i", NULL);
+                "window:i", "memory:i", "memory_keep:s", "memory_heads:i", "kv_bits:i", NULL);
     CHECK_STR_EQ(sget(json_object_get(j, "attention"), "kind"), "darkformer");
     CHECK_INT_EQ(iget(json_object_get(j, "attention"), "kv_bits"), 8);
     CHECK_INT_EQ(iget(json_object_get(j, "attention"), "window"), 64);
     CHECK_INT_EQ(iget(json_object_get(j, "attention"), "memory"), 96);
+    CHECK_STR_EQ(sget(json_object_get(j, "attention"), "memory_keep"), "recent");
+    CHECK_INT_EQ(iget(json_object_get(j, "attention"), "memory_heads"), 12);
     json_t *ca = json_object_get(j, "checkpoints");
     CHECK_INT_EQ(json_array_size(ca), 2);
     check_shape(json_array_get(ca, 1), "checkpoint", "turn:i", "tokens:i", "bytes:i", NULL);
