@@ -130,6 +130,7 @@ typedef struct lin_params {
     float *mix;            /* [L][H] log-weight β of the linear part against the exact part */
     double *rope_if;       /* [n_rot/2] RoPE inverse frequencies (prerope or sinks) */
     double *sink_cs;       /* [n_rot/2][2] cos, sin of (W + S − 1)·θ_i: the sinks' fixed shift */
+    double *sink_cs_span;  /* the same at (W + λ + S − 1)·θ_i: next to a recent memory's span */
     double *mem_cs;        /* [n_rot/2][2] cos, sin of cap·θ_i: far memory rows' distance */
     int64_t mem_cap;       /* the memory's distance cap (LIN_MEM_CAP; tests set less) */
     int chunk;             /* requested tokens per chunk */
@@ -394,6 +395,7 @@ static void free_params(lin_params_t *lp, size_t n_maps)
     free(lp->mix);
     free(lp->rope_if);
     free(lp->sink_cs);
+    free(lp->sink_cs_span);
     free(lp->mem_cs);
     free_slots(lp->fs, lp->ds, lp->slots);
     free(lp->den);
@@ -589,6 +591,7 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
         lp->mix = calloc((size_t)cfg->n_layer * (size_t)cfg->n_head, sizeof *lp->mix);
         lp->rope_if = calloc(n_rope, sizeof *lp->rope_if);
         lp->sink_cs = calloc(2 * n_rope, sizeof *lp->sink_cs);
+        lp->sink_cs_span = calloc(2 * n_rope, sizeof *lp->sink_cs_span);
         lp->mem_cs = calloc(2 * n_rope, sizeof *lp->mem_cs);
     }
     mat = malloc(hd * hd * sizeof *mat);
@@ -598,7 +601,8 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
         om2 = malloc(hkv * nfq * hd * sizeof *om2);
         tau = malloc(hkv * sizeof *tau);
     }
-    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !lp->sink_cs || !lp->mem_cs ||
+    if (!lp || !lp->maps || !lp->gam || !lp->mix || !lp->rope_if || !lp->sink_cs ||
+        !lp->sink_cs_span || !lp->mem_cs ||
         !mat || !isa ||
         (trig && adapter && (!om1 || !om2 || !tau))) {
         rc = core_error_set(err, CORE_ENOMEM, "out of memory for %s parameters", kname);
@@ -611,6 +615,9 @@ static int linear_init(core_attn_t *a, const core_gguf_t *adapter, core_error_t 
         double ang = (double)(cfg->window + cfg->sinks - 1) * lp->rope_if[i];
         lp->sink_cs[2 * i] = cos(ang);
         lp->sink_cs[2 * i + 1] = sin(ang);
+        ang = (double)(cfg->window + cfg->memory + cfg->sinks - 1) * lp->rope_if[i];
+        lp->sink_cs_span[2 * i] = cos(ang);
+        lp->sink_cs_span[2 * i + 1] = sin(ang);
     }
     set_mem_cap(lp, cfg, LIN_MEM_CAP);
     const lin_init_buf_t bf = {mat, isa, om1, om2, tau};
@@ -951,7 +958,9 @@ typedef struct lin_ctx {
     double lg;                    /* log γ of this KV head (0: no decay) */
     const float *mix;             /* this layer's [H] β */
     const double *rope_if;        /* [n_rot/2] (prerope or sinks), else NULL */
-    const double *sink_cs;        /* lin_params_t.sink_cs */
+    const double *sink_cs;        /* lin_params_t.sink_cs, or sink_cs_span (sink_w) */
+    int64_t sink_w;               /* the sinks sit next to this span: W, or W + λ for a head
+                                   * whose memory keeps the newest rows */
     const double *mem_cs;         /* lin_params_t.mem_cs */
     /* head h's memory (head_set) */
     unsigned char *mem_k, *mem_v; /* [λ] rows */
@@ -1528,7 +1537,7 @@ static void chunk_out_exact(lin_ctx_t *x, const lin_chunk_t *ck, int alone)
      * is the same for every such τ: with q̃ = q un-rotated by τ and
      * k̃_j = k_j rotated by 1 − W − S (from its own j), the score is
      * q̃·k̃_j. Before that τ every sink sits at its true position. */
-    int64_t tshift = w + nsk - 1; /* first τ with the shift */
+    int64_t tshift = x->sink_w + nsk - 1; /* first τ with the shift */
     int shifted = nsk > 0 && x->p0 + t1 - 1 >= tshift;
     if (shifted) {
         /* q̃·R(−δ)k_j = R(δ)q̃·k_j (δ = W + S − 1, angles precomputed):
@@ -2065,6 +2074,7 @@ static void ctx_init(core_attn_t *a, const core_attn_item_t *it, int layer, int 
     x->mix = lp->mix + (size_t)layer * (size_t)cfg->n_head;
     x->rope_if = cfg->prerope || cfg->sinks || cfg->memory ? lp->rope_if : NULL;
     x->sink_cs = lp->sink_cs;
+    x->sink_w = w;
     x->pre = cfg->prerope;
     x->n_rot = cfg->n_rot;
     x->lin_off = cfg->linear_off;
@@ -2089,6 +2099,13 @@ static void head_set(core_attn_t *a, lin_ctx_t *x, const core_attn_item_t *it, i
         x->mem_n = st->mem_n + idx;
         x->mem_k = st->mem_k + o * (size_t)x->rb;
         x->mem_v = st->mem_v + o * (size_t)x->rb;
+    }
+    if (x->lam && x->recent && x->keep > 0) { /* the sinks next to the longer span */
+        x->sink_cs = lp->sink_cs_span;
+        x->sink_w = x->w + x->keep;
+    } else {
+        x->sink_cs = lp->sink_cs;
+        x->sink_w = x->w;
     }
     x->h = h;
     x->f = &lp->maps[idx];

@@ -2286,6 +2286,9 @@ static double *reference_memory(const core_attn_t *a, const shape_t *s, const in
             int nrow = 0;
             double blk_err[MB];
             const int lam_h = head_listed(g_mem_heads, l, h) ? lam : 0;
+            /* the sinks sit next to the window, or next to a recent
+             * memory's longer span */
+            const int64_t sw = g_mem_keep == CORE_ATTN_KEEP_RECENT && lam_h ? w + lam_h : w;
             for (int64_t b = MB; b < n; b += MB) {
                 int64_t u0 = b - w - MB > s->S ? b - w - MB : s->S, u1 = b - w;
                 int cand = nrow;
@@ -2366,8 +2369,8 @@ static double *reference_memory(const core_attn_t *a, const shape_t *s, const in
                             lw[j] = lse2(lq, lk + j * m, m) + (double)(t - w - j) * lg +
                                     (double)mixw[h * gs + g];
                         } else {
-                            if (j < s->S && t >= w + s->S - 1) {
-                                unrotate(s, kr, w + s->S - 1 - t, kt);
+                            if (j < s->S && t >= sw + s->S - 1) {
+                                unrotate(s, kr, sw + s->S - 1 - t, kt);
                                 kr = kt;
                             } else if (j >= s->S && memj && blk - j >= cap) {
                                 unrotate(s, kr, j - (t - cap), kt); /* moved to t − cap */
