@@ -924,3 +924,29 @@ int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kin
         return rc;
     return parse_json_schema(root, p, err);
 }
+
+int proto_peek_model(const char *body, size_t len, const char *fallback, char *out,
+                     size_t outlen)
+{
+    out[0] = '\0';
+    proto_error_t e;
+    int rc = 0;
+    json_t *root = px_load_object(body, len, 0, &e, &rc);
+    if (!root)
+        return 0;
+    json_t *v = json_object_get(root, "model");
+    if (!json_is_string(v) && fallback)
+        v = json_object_get(root, fallback);
+    int found = 0;
+    if (json_is_string(v) && json_string_length(v) > 0) {
+        size_t n = json_string_length(v);
+        if (n >= outlen || memchr(json_string_value(v), '\0', n)) {
+            found = -1;
+        } else {
+            memcpy(out, json_string_value(v), n + 1);
+            found = 1;
+        }
+    }
+    json_decref(root);
+    return found;
+}

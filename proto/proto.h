@@ -980,6 +980,15 @@ int proto_ollama_parse(const char *body, size_t len, int chat, const proto_limit
                        proto_ollama_req_t *out, proto_error_t *err);
 void proto_ollama_free(proto_ollama_req_t *r);
 
+/* The model a JSON request body names, for routing it before its own parse:
+ * the non-empty string "model" (or, when that is absent or not a string,
+ * the key fallback, e.g. Ollama's older "name"; NULL = none) copied into
+ * out[outlen]. 1 when found; 0 when absent, empty or not a string, or when
+ * the body is not a JSON object (the request's own parse says what is
+ * wrong); -1 when the name does not fit out[outlen] or holds a NUL. */
+int proto_peek_model(const char *body, size_t len, const char *fallback, char *out,
+                     size_t outlen);
+
 /* POST /api/show: {"model": name} (or the older "name"); *name is a new
  * copy (proto_free). */
 int proto_ollama_show_parse(const char *body, size_t len, char **name, proto_error_t *err);

@@ -17,6 +17,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -131,9 +133,12 @@ static const opt_t opts[] = {
      0, 0, NULL, "ORIGIN",
      "browser origin allowed by CORS (scheme://host[:port], or * for any); repeat the flag or "
      "separate with commas; none by default"},
-    {"model", "DARKSERVE_MODEL", OPT_STR, OPT_NONEMPTY, O(model),
+    {"model", "DARKSERVE_MODEL", OPT_LIST, OPT_NONEMPTY, O(models),
      SRV_DEFAULT_MODEL, 0, 0, NULL, "PATH",
-     "model GGUF file (Llama architecture)"},
+     "model GGUF file (Llama or Gemma 3 architecture), or a known model's short name "
+     "(smollm2-135m, gemma3-270m: its file in models/); repeat the flag or separate with commas "
+     "to serve several models: requests pick one by their \"model\" field, the first is the "
+     "default"},
     {"adapter", "DARKSERVE_ADAPTER", OPT_STR, 0, O(adapter), "", 0, 0, NULL, "PATH",
      "DARKFormer adapter GGUF (learned covariances, features, window); empty = none"},
     {"attn", "DARKSERVE_ATTN", OPT_ENUM, 0, O(attn), "auto", 0, 0, attn_choices, "KIND",
@@ -631,6 +636,36 @@ done:
     return rc;
 }
 
+static const struct {
+    const char *name, *file;
+} known_models[] = {
+    {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"},
+    {"gemma3-270m", "gemma-3-270m-q4_k_m.gguf"},
+};
+
+const char *srv_known_model_file(const char *name)
+{
+    for (size_t i = 0; i < sizeof known_models / sizeof known_models[0]; i++)
+        if (strcasecmp(name, known_models[i].name) == 0)
+            return known_models[i].file;
+    return NULL;
+}
+
+const char *srv_known_model_name(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 5 && strcasecmp(base + n - 5, ".gguf") == 0)
+        n -= 5;
+    for (size_t i = 0; i < sizeof known_models / sizeof known_models[0]; i++) {
+        const char *f = known_models[i].file;
+        if (strlen(f) == n + 5 && strncasecmp(base, f, n) == 0)
+            return known_models[i].name;
+    }
+    return NULL;
+}
+
 static int validate(srv_config_t *cfg, char *err, size_t errlen)
 {
     strlist_clear(&cfg->api_keys);
@@ -646,6 +681,32 @@ static int validate(srv_config_t *cfg, char *err, size_t errlen)
     }
     if (*cfg->api_key_file && load_key_file(cfg, err, errlen))
         return -1;
+    if (cfg->models.n == 0)
+        return fail(err, errlen, "--model must name at least one model");
+    for (size_t i = 0; i < cfg->models.n; i++) {
+        const char *file = srv_known_model_file(cfg->models.v[i]);
+        if (!file || access(cfg->models.v[i], F_OK) == 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "models/%s", file);
+        char *copy = strdup(path);
+        if (!copy)
+            return fail(err, errlen, "out of memory");
+        free(cfg->models.v[i]);
+        cfg->models.v[i] = copy;
+    }
+    free(cfg->model);
+    if (!(cfg->model = strdup(cfg->models.v[0])))
+        return fail(err, errlen, "out of memory");
+    if (cfg->models.n > 1 && *cfg->adapter)
+        return fail(err, errlen,
+                    "--adapter names one model's adapter: with several --model, keep each "
+                    "adapter beside its model (<model dir>/adapters/<name>.darkformer.gguf), "
+                    "where --attn auto finds it");
+    if (cfg->models.n > 1 && *cfg->session_store)
+        return fail(err, errlen,
+                    "--session-store (a shared store) serves one model: with several --model, "
+                    "use --session-dir");
     if (*cfg->session_store) {
         srv_store_redis_url_t u;
         char why[400];
@@ -674,6 +735,7 @@ void srv_config_free(srv_config_t *cfg)
     }
     strlist_clear(&cfg->api_keys);
     free(cfg->api_key_admin);
+    free(cfg->model);
     memset(cfg, 0, sizeof *cfg);
 }
 

@@ -31,6 +31,7 @@ static void app_handle_closed(uv_handle_t *h)
 {
     api_app_t *app = h->data;
     if (--app->handles_open == 0) {
+        api_hub_app_gone(app);
         free(app->key_owner);
         free(app);
     }
@@ -266,6 +267,8 @@ static void model_name(api_app_t *app)
     size_t n = strlen(app->model_id);
     if (n > 5 && strcmp(app->model_id + n - 5, ".gguf") == 0)
         app->model_id[n - 5] = '\0';
+    const char *alias = srv_known_model_name(app->cfg->model);
+    snprintf(app->model_alias, sizeof app->model_alias, "%s", alias ? alias : "");
 }
 
 /* Attention: --attn auto picks DARKFormer with the model's adapter, else a
@@ -512,8 +515,8 @@ static void load_after(uv_work_t *w, int status)
      * with its checkpoints: from now on the http layer refuses a larger PUT
      * from its Content-Length, and never buffers more of a chunked one */
     app->state_blob_max = srv_store_max_export(app->store) + 4096;
-    if (srv_http_route_set_max_body(app->http, "PUT", "/v1/sessions/{id}/state",
-                                    app->state_blob_max) < 0) {
+    if (!app->hub && srv_http_route_set_max_body(app->http, "PUT", "/v1/sessions/{id}/state",
+                                                 app->state_blob_max) < 0) {
         srv_serve_fail(app->serve, "cannot bound the state import route");
         return;
     }
@@ -526,22 +529,22 @@ static void load_after(uv_work_t *w, int status)
     srv_store_no_io_here(app->store);
     uv_prepare_start(&app->settle_check, on_settle_check);
     app->ready = 1;
-    srv_http_set_ready(app->http, 1);
-    SRV_LOG(SRV_LOG_INFO, NULL, "ready");
+    api_hub_ready(app);
 }
 
 /* Routes answer from the start (503 "loading" until the model is in, /health
  * says "loading"); the model loads on libuv's threadpool, so probes and
  * clients get an answer instead of waiting in the listen backlog. */
-static int app_start(const srv_serve_ctx_t *ctx, void **state)
+int api_app_start(const srv_serve_ctx_t *ctx, const srv_config_t *cfg, api_hub_t *hub,
+                  api_app_t **out)
 {
     api_app_t *app = calloc(1, sizeof *app);
     if (!app) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
         return -1;
     }
-    const srv_config_t *cfg = ctx->cfg;
     app->cfg = cfg;
+    app->hub = hub;
     app->loop = ctx->loop;
     app->http = ctx->http;
     app->metrics = ctx->metrics;
@@ -566,8 +569,8 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
      * these replace them */
     srv_route_opts_t health = {.flags = SRV_ROUTE_PUBLIC | SRV_ROUTE_DRAIN_OK};
     srv_route_opts_t metrics = {.flags = SRV_ROUTE_DRAIN_OK};
-    if (srv_http_route(app->http, "GET", "/health", h_health, app, &health) < 0 ||
-        srv_http_route(app->http, "GET", "/metrics", h_metrics, app, &metrics) < 0 ||
+    if (api_route(app, "GET", "/health", h_health, &health) < 0 ||
+        api_route(app, "GET", "/metrics", h_metrics, &metrics) < 0 ||
         api_openai_routes(app) < 0 || api_responses_routes(app) < 0 ||
         api_sessions_routes(app) < 0 || api_misc_routes(app) < 0 || api_embed_routes(app) < 0 ||
         api_ollama_routes(app) < 0 || api_prefix_routes(app) < 0 ||
@@ -592,18 +595,16 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
         SRV_LOG(SRV_LOG_ERROR, NULL, "cannot start loading the model");
         app->loading = 0;
         app_close_handles(app);
-        *state = NULL;
         return -1;
     }
-    *state = app;
+    *out = app;
     return 0;
 }
 
 /* ---- drain, stop ---- */
 
-static void app_drain(void *state)
+void api_app_drain(api_app_t *app)
 {
-    api_app_t *app = state;
     app->draining = 1;
     if (app->engine)
         srv_engine_drain(app->engine);
@@ -614,9 +615,8 @@ static void app_drain(void *state)
     uv_timer_start(&app->drain_timer, on_drain_deadline, ms - margin, 0);
 }
 
-static void app_stop(void *state)
+void api_app_stop(api_app_t *app)
 {
-    api_app_t *app = state;
     app->stopping = 1;
     if (app->loading) { /* the threadpool still reads the model: load_after cleans up */
         app->stop_pending = 1;
@@ -642,6 +642,38 @@ static void app_stop(void *state)
     app_free_parts(app);
     app->ready = 0;
     app_close_handles(app);
+}
+
+/* One model: its app is the application; several: the hub's (api_hub.c),
+ * whose first app is the state the hooks get. */
+static int app_start(const srv_serve_ctx_t *ctx, void **state)
+{
+    *state = NULL;
+    if (ctx->cfg->models.n > 1)
+        return api_hub_start(ctx, state);
+    api_app_t *app = NULL;
+    if (api_app_start(ctx, ctx->cfg, NULL, &app) < 0)
+        return -1;
+    *state = app;
+    return 0;
+}
+
+static void app_drain(void *state)
+{
+    api_app_t *app = state;
+    if (app->hub)
+        api_hub_drain(app->hub);
+    else
+        api_app_drain(app);
+}
+
+static void app_stop(void *state)
+{
+    api_app_t *app = state;
+    if (app->hub)
+        api_hub_stop(app->hub);
+    else
+        api_app_stop(app);
 }
 
 const srv_app_t srv_darkserve_app = {.start = app_start, .drain = app_drain, .stop = app_stop};

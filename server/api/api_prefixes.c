@@ -271,8 +271,8 @@ int api_prefix_routes(api_app_t *app)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
     int rc = 0;
-    rc |= srv_http_route(app->http, "POST", "/v1/prefixes", h_prefix_create, app, &json);
-    rc |= srv_http_route(app->http, "GET", "/v1/prefixes", h_prefix_list, app, NULL);
-    rc |= srv_http_route(app->http, "DELETE", "/v1/prefixes/{id}", h_prefix_delete, app, NULL);
+    rc |= api_route(app, "POST", "/v1/prefixes", h_prefix_create, &json);
+    rc |= api_route(app, "GET", "/v1/prefixes", h_prefix_list, NULL);
+    rc |= api_route(app, "DELETE", "/v1/prefixes/{id}", h_prefix_delete, NULL);
     return rc ? -1 : 0;
 }

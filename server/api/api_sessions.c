@@ -1362,18 +1362,17 @@ int api_sessions_routes(api_app_t *app)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
     srv_route_opts_t blob = {.flags = 0, .max_body = app->state_max_body};
-    srv_http_t *h = app->http;
     int rc = 0;
-    rc |= srv_http_route(h, "POST", "/v1/sessions", h_create, app, &json);
-    rc |= srv_http_route(h, "GET", "/v1/sessions", h_list, app, NULL);
-    rc |= srv_http_route(h, "GET", "/v1/sessions/{id}", h_get, app, NULL);
-    rc |= srv_http_route(h, "DELETE", "/v1/sessions/{id}", h_delete, app, NULL);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/append", h_append, app, &json);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/generate", h_generate, app, &json);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/fork", h_fork, app, &json);
-    rc |= srv_http_route(h, "GET", "/v1/sessions/{id}/state", h_export, app, NULL);
-    rc |= srv_http_route(h, "PUT", "/v1/sessions/{id}/state", h_import, app, &blob);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/rollback", h_rollback, app, &json);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/regenerate", h_regenerate, app, &json);
+    rc |= api_route(app, "POST", "/v1/sessions", h_create, &json);
+    rc |= api_route(app, "GET", "/v1/sessions", h_list, NULL);
+    rc |= api_route(app, "GET", "/v1/sessions/{id}", h_get, NULL);
+    rc |= api_route(app, "DELETE", "/v1/sessions/{id}", h_delete, NULL);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/append", h_append, &json);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/generate", h_generate, &json);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/fork", h_fork, &json);
+    rc |= api_route(app, "GET", "/v1/sessions/{id}/state", h_export, NULL);
+    rc |= api_route(app, "PUT", "/v1/sessions/{id}/state", h_import, &blob);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/rollback", h_rollback, &json);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/regenerate", h_regenerate, &json);
     return rc ? -1 : 0;
 }
