@@ -637,9 +637,13 @@ typedef struct proto_health {
     int64_t queue_depth; /* jobs waiting or running */
     double uptime_s;
     const char *reason;  /* why it is degraded; NULL = no "reason" field (after "status") */
+    const char *const *models; /* [n_models] every model served, when several; else unused */
+    size_t n_models;           /* 0 or 1: no "models" field */
 } proto_health_t;
 
-/* {"status",["reason"],"model","sessions","queue_depth","uptime_s"} */
+/* {"status",["reason"],"model",["models"],"sessions","queue_depth","uptime_s"}:
+ * "models" (the names of every model) only when n_models > 1; "model" is
+ * the default one. */
 char *proto_health_json(const proto_health_t *h);
 
 /* ----------------------------------- POST /completion (llama.cpp's native API) */

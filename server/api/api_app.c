@@ -132,36 +132,63 @@ static void on_drain_deadline(uv_timer_t *t)
 
 /* ---- /health, /metrics ---- */
 
+/* Sessions of every model (api_hub_app). */
 static void session_counts(api_app_t *app, size_t *mem, size_t *disk, size_t *bytes)
 {
     *mem = *disk = *bytes = 0;
-    if (app->store)
-        srv_store_stats(app->store, mem, disk, bytes);
+    for (size_t i = 0; i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        size_t m = 0, d = 0, b = 0;
+        if (a->store)
+            srv_store_stats(a->store, &m, &d, &b);
+        *mem += m;
+        *disk += d > m ? d : m;
+        *bytes += b;
+    }
+}
+
+/* Ready when every model is. */
+static int all_ready(api_app_t *app)
+{
+    for (size_t i = 0; i < api_hub_count(app); i++)
+        if (!api_hub_app(app, i)->ready)
+            return 0;
+    return 1;
 }
 
 static void h_health(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
     const int draining = app->draining || srv_http_draining(srv_req_server(req));
-    proto_health_t h = {.status = draining     ? "draining"
-                                  : app->ready ? "ok"
-                                               : "loading",
-                        .model = app->ready ? app->model_id : NULL};
+    const int ready = all_ready(app);
+    const char *names[8];
+    size_t n_models = api_hub_count(app) < 8 ? api_hub_count(app) : 8;
+    for (size_t i = 0; i < n_models; i++)
+        names[i] = api_hub_app(app, i)->model_id;
+    proto_health_t h = {.status = draining ? "draining"
+                                  : ready  ? "ok"
+                                           : "loading",
+                        .model = ready ? app->model_id : NULL,
+                        .models = names,
+                        .n_models = ready ? n_models : 0};
     /* a shared session store that cannot be reached: "degraded", still 200
      * (this replica serves everything that needs no session; 503 is for a
      * replica that can take no traffic: loading, draining) */
     char why[512];
-    if (!draining && app->ready && app->store && srv_store_health(app->store, why, sizeof why) < 0) {
+    if (!draining && ready && app->store && srv_store_health(app->store, why, sizeof why) < 0) {
         h.status = "degraded";
         h.reason = why;
     }
     size_t mem, disk, bytes;
     session_counts(app, &mem, &disk, &bytes);
-    h.sessions = (int64_t)(disk > mem ? disk : mem);
-    if (app->engine) {
+    h.sessions = (int64_t)disk;
+    for (size_t i = 0; i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        if (!a->engine)
+            continue;
         srv_engine_stats_t st;
-        srv_engine_stats(app->engine, &st);
-        h.queue_depth = st.queue_depth + st.running_jobs;
+        srv_engine_stats(a->engine, &st);
+        h.queue_depth += st.queue_depth + st.running_jobs;
     }
     h.uptime_s = (double)(srv_engine_now_ns() - app->t_start_ns) / 1e9;
     char *j = proto_health_json(&h);
@@ -169,41 +196,67 @@ static void h_health(srv_req_t *req, void *ud)
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
-    srv_reply_json(req, draining || !app->ready ? 503 : 200, j);
+    srv_reply_json(req, draining || !ready ? 503 : 200, j);
     proto_free(j);
 }
 
-/* Gauges that are read at scrape time rather than updated on every change. */
+/* Gauges that are read at scrape time rather than updated on every change;
+ * with several models, app is the first and its series (shared by every
+ * model's app: srv_metrics_share) get the sums over all of them. */
 static void refresh_metrics(api_app_t *app)
 {
-    api_prefix_refresh_metrics(app);
     size_t mem, disk, bytes;
     session_counts(app, &mem, &disk, &bytes);
     srv_series_set(app->m_sess_mem, (double)mem);
     srv_series_set(app->m_sess_disk, (double)disk);
     srv_series_set(app->m_sess_bytes, (double)bytes);
-    if (app->store) {
-        size_t dbytes = 0;
-        uint64_t evicted = 0;
-        srv_store_disk_stats(app->store, &dbytes, &evicted);
-        srv_series_set(app->m_sess_disk_bytes, (double)dbytes);
-        if (evicted > app->disk_evicted_seen) {
-            srv_series_add(app->m_sess_evicted, (double)(evicted - app->disk_evicted_seen));
-            app->disk_evicted_seen = evicted;
+    size_t dbytes_all = 0;
+    int64_t queue = 0, running = 0;
+    int any_engine = 0;
+    for (size_t i = 0; i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        api_prefix_refresh_metrics(a);
+        if (a->store) {
+            size_t dbytes = 0;
+            uint64_t evicted = 0;
+            srv_store_disk_stats(a->store, &dbytes, &evicted);
+            dbytes_all += dbytes;
+            if (evicted > a->disk_evicted_seen) {
+                srv_series_add(a->m_sess_evicted, (double)(evicted - a->disk_evicted_seen));
+                a->disk_evicted_seen = evicted;
+            }
+        }
+        if (!a->engine || !a->m_batch_steps)
+            continue;
+        srv_engine_stats_t st;
+        srv_engine_stats(a->engine, &st);
+        queue += st.queue_depth;
+        running += st.running_seqs;
+        any_engine = 1;
+        for (int b = 1; b <= SRV_ENGINE_MAX_BATCH; b++) {
+            if (st.batch_hist[b] == a->batch_seen[b])
+                continue;
+            char lbl[16];
+            snprintf(lbl, sizeof lbl, "%d", b);
+            srv_metric_add(a->m_batch_steps, (const char *[]){lbl},
+                           (double)(st.batch_hist[b] - a->batch_seen[b]));
+            a->batch_seen[b] = st.batch_hist[b];
         }
     }
-    if (!app->engine || !app->m_batch_steps)
-        return;
-    srv_engine_stats_t st;
-    srv_engine_stats(app->engine, &st);
-    for (int b = 1; b <= SRV_ENGINE_MAX_BATCH; b++) {
-        if (st.batch_hist[b] == app->batch_seen[b])
-            continue;
-        char lbl[16];
-        snprintf(lbl, sizeof lbl, "%d", b);
-        srv_metric_add(app->m_batch_steps, (const char *[]){lbl},
-                       (double)(st.batch_hist[b] - app->batch_seen[b]));
-        app->batch_seen[b] = st.batch_hist[b];
+    if (app->store)
+        srv_series_set(app->m_sess_disk_bytes, (double)dbytes_all);
+    if (app->hub && any_engine) {
+        /* each engine sets these on its own changes: the sum of them all */
+        srv_series_set(srv_metric_series(srv_metrics_gauge(app->metrics,
+                                                           "darkserve_engine_queue_depth",
+                                                           "Jobs waiting to run", NULL),
+                                         NULL),
+                       (double)queue);
+        srv_series_set(srv_metric_series(srv_metrics_gauge(app->metrics,
+                                                           "darkserve_engine_running_sequences",
+                                                           "Sequence slots in use", NULL),
+                                         NULL),
+                       (double)running);
     }
 }
 
