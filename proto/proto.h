@@ -539,9 +539,10 @@ typedef struct proto_session_info {
     int64_t pending_grammar_bytes; /* its bytes so far */
     int64_t attn_memory; /* λ exact memory rows per KV head (0 = none; full form) */
     int64_t attn_kv_bits; /* bits of the exact rows, 8 or 16 (0 = exact attention; full form) */
+    const char *model;    /* the model the session is bound to; NULL = no "model" field */
 } proto_session_info_t;
 
-/* full = 0: {"id","tokens","state_bytes","turns"}; full = 1 adds "created",
+/* full = 0: {"id","tokens","state_bytes",["model"],"turns"}; full = 1 adds "created",
  * "last_used", "attention":{"kind","features","window","memory","kv_bits"},
  * "checkpoints":[{"turn","tokens","bytes"}] and, only when
  * has_pending_grammar, "pending_grammar":{"bytes"}. */

@@ -308,6 +308,8 @@ static json_t *session_obj(const proto_session_info_t *s, int full)
     bad |= json_object_set_new(o, "id", px_cstr_or_null(s->id ? s->id : ""));
     bad |= json_object_set_new(o, "tokens", json_integer(s->tokens));
     bad |= json_object_set_new(o, "state_bytes", json_integer(s->state_bytes));
+    if (s->model)
+        bad |= json_object_set_new(o, "model", px_cstr_or_null(s->model));
     bad |= json_object_set_new(o, "turns", json_integer(s->turns));
     if (full) {
         bad |= json_object_set_new(o, "created", json_integer(s->created));

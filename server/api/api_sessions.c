@@ -64,6 +64,7 @@ static void session_info_json(api_app_t *app, const srv_session_info_t *si,
         .n_checkpoints = si->n_checkpoints,
         .has_pending_grammar = si->pending_grammar >= 0,
         .pending_grammar_bytes = si->pending_grammar,
+        .model = app->model_id,
     };
 }
 
@@ -970,28 +971,67 @@ static void h_regenerate(srv_req_t *req, void *ud)
 
 /* The list answer (*json, proto_free) of the sessions owner may see (NULL
  * = every one) after `after` ("" = from the start), or -1 with e. */
+static int by_id(const void *a, const void *b)
+{
+    const srv_session_info_t *x = a, *y = b;
+    return strcmp(x->id, y->id);
+}
+
+/* The sessions of every model (api_hub_app), ordered by id: each model's
+ * store lists its first `limit` after `after`, and the first `limit` of
+ * them all are the page. */
 static int list_json(api_app_t *app, const char *owner, const char *after, size_t limit,
                      char **json, proto_error_t *e)
 {
     *json = NULL;
-    srv_session_info_t *si = calloc(limit, sizeof *si);
+    const size_t n_apps = api_hub_count(app);
+    srv_session_info_t *si = calloc(limit * n_apps, sizeof *si);
+    api_app_t **of = calloc(limit * n_apps, sizeof *of);
     proto_session_info_t *pi = calloc(limit, sizeof *pi);
     proto_checkpoint_t *ck = calloc(limit * SRV_STORE_MAX_CHECKPOINTS, sizeof *ck);
     size_t n = 0;
     int more = 0, rc = -1;
-    if (!si || !pi || !ck) {
+    if (!si || !pi || !ck || !of) {
         proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto out;
     }
-    char err[SRV_STORE_ERR_MAX] = "";
-    int src = srv_store_list_owned(app->store, owner, after[0] ? after : NULL, limit, si, &n, &more,
-                                   err, sizeof err);
-    if (src < 0) {
-        api_store_error(src, NULL, err, e);
-        goto out;
+    for (size_t a = 0; a < n_apps; a++) {
+        api_app_t *m = api_hub_app(app, a);
+        char err[SRV_STORE_ERR_MAX] = "";
+        size_t got = 0;
+        int more_here = 0;
+        int src = srv_store_list_owned(m->store, owner, after[0] ? after : NULL, limit, si + n,
+                                       &got, &more_here, err, sizeof err);
+        if (src < 0) {
+            api_store_error(src, NULL, err, e);
+            goto out;
+        }
+        for (size_t i = 0; i < got; i++)
+            of[n + i] = m;
+        more |= more_here;
+        n += got;
+    }
+    if (n_apps > 1) {
+        /* merge: insertion sort by id, each entry keeping its model */
+        for (size_t i = 1; i < n; i++) {
+            srv_session_info_t t = si[i];
+            api_app_t *tm = of[i];
+            size_t j = i;
+            while (j > 0 && by_id(&si[j - 1], &t) > 0) {
+                si[j] = si[j - 1];
+                of[j] = of[j - 1];
+                j--;
+            }
+            si[j] = t;
+            of[j] = tm;
+        }
+    }
+    if (n > limit) {
+        n = limit;
+        more = 1;
     }
     for (size_t i = 0; i < n; i++)
-        session_info_json(app, &si[i], &pi[i], ck + i * SRV_STORE_MAX_CHECKPOINTS);
+        session_info_json(of[i], &si[i], &pi[i], ck + i * SRV_STORE_MAX_CHECKPOINTS);
     *json = proto_session_list_json(pi, n, more);
     if (!*json) {
         proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
@@ -1000,6 +1040,7 @@ static int list_json(api_app_t *app, const char *owner, const char *after, size_
     rc = 0;
 out:
     free(si);
+    free(of);
     free(pi);
     free(ck);
     return rc;

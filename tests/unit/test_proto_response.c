@@ -455,11 +455,18 @@ TEST(session_objects)
 {
     const proto_checkpoint_t cks[2] = {{3, 90, 1000}, {4, 101, 1200}};
     proto_session_info_t s1 = {"0123456789abcdef0123456789abcdef", 120, 4718592, 1700000000,
-                               1700000100, "darkformer", 128, 64, 5, cks, 2, 0, 0, 96, 8};
+                               1700000100, "darkformer", 128, 64, 5, cks, 2, 0, 0, 96, 8, NULL};
     char *s = proto_session_json(&s1, 0);
     CHECK_STR_EQ(s, "{\"id\":\"0123456789abcdef0123456789abcdef\",\"tokens\":120,"
                     "\"state_bytes\":4718592,\"turns\":5}");
     proto_free(s);
+    /* the model a session is bound to, when given */
+    s1.model = "gemma-3-270m-q4_k_m";
+    s = proto_session_json(&s1, 0);
+    CHECK_STR_EQ(s, "{\"id\":\"0123456789abcdef0123456789abcdef\",\"tokens\":120,"
+                    "\"state_bytes\":4718592,\"model\":\"gemma-3-270m-q4_k_m\",\"turns\":5}");
+    proto_free(s);
+    s1.model = NULL;
     s = proto_session_json(&s1, 1);
     json_t *j = parse(s);
     check_shape(j, "session", "id:s", "tokens:i", "state_bytes:i", "turns:i", "created:i",
