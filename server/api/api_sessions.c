@@ -1339,7 +1339,29 @@ static void h_import(srv_req_t *req, void *ud)
     if (!o)
         return;
     size_t n = 0;
-    srv_req_body(req, &n);
+    const char *blob = srv_req_body(req, &n);
+    core_state_info_t bi;
+    core_error_t ce = {0};
+    const int peeked = core_state_peek(blob, n, &bi, &ce) == 0;
+    if (peeked && strcmp(bi.fingerprint, core_model_info(app->model)->fingerprint) != 0) {
+        /* a session stays bound to its model: name both when the server
+         * runs the blob's (the store's own check says the rest) */
+        for (size_t i = 0; i < api_hub_count(app); i++) {
+            const api_app_t *m = api_hub_app(app, i);
+            if (m == app || !m->model ||
+                strcmp(bi.fingerprint, core_model_info(m->model)->fingerprint) != 0)
+                continue;
+            free(o);
+            proto_error_t e;
+            proto_error_set(&e, PROTO_ERR_INVALID_VALUE, NULL,
+                            "the state belongs to model '%s'; session '%s' is bound to model '%s' (a "
+                            "state cannot move to another model)",
+                            m->model_id, srv_req_param(req, "id"), app->model_id);
+            e.code = "state_model_mismatch";
+            api_reply_proto(req, &e);
+            return;
+        }
+    }
     if (n == 0 || n > app->state_blob_max) {
         free(o);
         if (n == 0)
@@ -1354,12 +1376,8 @@ static void h_import(srv_req_t *req, void *ud)
     /* the imported state takes memory: as much as the blob's history needs,
      * less what the session holds now (a blob the store will refuse is let
      * through, for the store's error) */
-    const char *blob = srv_req_body(req, &n);
-    core_state_info_t bi;
-    core_error_t ce = {0};
     srv_session_info_t si;
-    if (core_state_peek(blob, n, &bi, &ce) == 0 &&
-        srv_store_info(app->store, o->id, &si, NULL, 0) == 0) {
+    if (peeked && srv_store_info(app->store, o->id, &si, NULL, 0) == 0) {
         size_t need = api_state_bound(app, bi.pos + (int64_t)bi.n_pending);
         size_t have = si.in_memory ? api_state_bound(app, si.tokens) : 0;
         if (need > have && sop_admit(app, req, o, need - have) < 0)
