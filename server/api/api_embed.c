@@ -236,7 +236,9 @@ static void embed(srv_req_t *req, api_app_t *app, proto_embed_api_t api)
                 goto out;
             }
         }
-        if (n_ids[i] == 0) {
+        /* an empty text is nothing to embed, whether or not the model
+         * would read a BOS token for it (Gemma does) */
+        if (n_ids[i] == 0 || (!p->tokens && p->text_len == 0)) {
             em_reply_errorf(req, api, PROTO_ERR_INVALID_VALUE, param,
                             "'%s' has no tokens: there is nothing to embed", param);
             goto out;

@@ -101,6 +101,9 @@ class Server:
         self.err = os.path.join(self.tmp, f"{name}.stderr")
         self.session_dir = session_dir or os.path.join(self.tmp, f"{name}-sessions")
         self.model = model
+        # the name the server gives it (the file name without ".gguf")
+        self.model_id = os.path.basename(model)[:-5] if model.endswith(".gguf") else \
+            os.path.basename(model)
         # exact unless a test asks otherwise (None: no --attn, the default auto)
         self.args = (["--attn", attn] if attn else []) + list(args)
         self.env = dict(os.environ, **env) if env else None  # extra environment variables
