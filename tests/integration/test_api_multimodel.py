@@ -339,3 +339,54 @@ def test_real_smollm2_and_gemma_together(tmp_path):
         assert "ready (2 models)" in log, log
     finally:
         s.kill()
+
+
+# ---- make run ----
+
+def run_sh(model, env=None, **kw):
+    import subprocess
+    from ds_server import BIN
+    return subprocess.run([os.path.join(ROOT, "scripts", "run.sh"), BIN, model, "0"], cwd=ROOT,
+                          env=dict(os.environ, **(env or {})), capture_output=True, text=True,
+                          **kw)
+
+
+def test_make_run_resolves_short_names_and_lists():
+    dry = {"RUN_DRY": "1"}
+    r = run_sh("gemma3-270m", dry)
+    assert r.returncode == 0 and "--model models/gemma-3-270m-q4_k_m.gguf --port 0" in r.stdout
+    r = run_sh("smollm2-135m, GEMMA3-270M", dry)
+    assert r.returncode == 0, r.stderr
+    assert ("--model models/SmolLM2-135M-Instruct.Q4_1.gguf "
+            "--model models/gemma-3-270m-q4_k_m.gguf") in r.stdout, r.stdout
+    r = run_sh("models/SmolLM2-135M-Instruct.Q4_1.gguf", dry)  # make run's default
+    assert "--model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0" in r.stdout, r.stdout
+    r = run_sh(" , ", dry)
+    assert r.returncode == 2 and "names no model" in r.stderr, r
+    r = run_sh("no-such-model.gguf")
+    assert r.returncode == 2 and "no model 'no-such-model.gguf'" in r.stderr, r
+
+
+def test_make_run_checks_and_serves_gemma(tmp_path):
+    """scripts/run.sh gemma3-270m: the file's SHA-256 is checked
+    (scripts/fetch_gemma.sh: present and right, nothing is downloaded), then
+    the server starts on it."""
+    import subprocess
+    from ds_server import wait_for
+    assert os.path.exists(GEMMA), f"{GEMMA} missing (make gemma-model)"
+    log = tmp_path / "run.log"
+    with open(log, "w") as f:
+        p = subprocess.Popen([os.path.join(ROOT, "scripts", "run.sh"),
+                              os.environ.get("DARKSERVE_BIN", os.path.join(ROOT, "build",
+                                                                           "darkserve")),
+                              "gemma3-270m", "0"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                             env=dict(os.environ, DARKSERVE_SESSION_DIR=str(tmp_path / "s")))
+    try:
+        ok = wait_for(lambda: "ready" in read_text(str(log)) or p.poll() is not None, 120)
+        text = read_text(str(log))
+        assert ok and p.poll() is None, text
+        assert "gemma-3-270m-q4_k_m.gguf present (sha256 ok)" in text, text
+        assert "model gemma-3-270m-q4_k_m (gemma3" in text, text
+    finally:
+        p.kill()
+        p.wait()
