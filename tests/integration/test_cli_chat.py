@@ -138,8 +138,8 @@ def shown(text):
 
 
 def test_chat_session_commands(tiny_llama, tmp_path):
-    # `darkserve chat` opens its session with a system prompt, which Gemma's
-    # turn format cannot hold alone (a system message must be followed by a
+    # its /system command makes a session of a system prompt alone, which
+    # Gemma's turn format cannot hold (a system message must be followed by a
     # user message): the tiny Llama
     tiny = tiny_llama
     want = api_reply(tiny, ["Hello there", "And then?"], 8)
