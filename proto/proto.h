@@ -993,6 +993,12 @@ void proto_ollama_free(proto_ollama_req_t *r);
  * wrong); -1 when the name does not fit out[outlen] or holds a NUL. */
 int proto_peek_model(const char *body, size_t len, const char *fallback, char *out,
                      size_t outlen);
+/* The non-empty strings of keys[0..n_keys) of a JSON request body, each into
+ * out[i][outlen] (found[i]: 1 copied; 0 absent, empty or not a string; -1
+ * too long for outlen or holding a NUL; out[i] "" unless 1). 0, or -1 when
+ * the body is not a JSON object (every found[i] 0). */
+int proto_peek_strings(const char *body, size_t len, const char *const *keys, size_t n_keys,
+                       char *const *out, size_t outlen, int *found);
 
 /* POST /api/show: {"model": name} (or the older "name"); *name is a new
  * copy (proto_free). */

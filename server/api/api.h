@@ -179,19 +179,31 @@ typedef struct api_app {
  * registers every route once and hands each request to the app of the
  * model it names (DESIGN.md "Several models"): the body's "model" (Ollama:
  * or "name"), GET /props?model=; a session's, a prefix's or a stored
- * response's routes go to the app that holds it. No model named: the first
+ * response's routes, and a body that continues one ("session", "prefix",
+ * "previous_response_id"), go to the app that holds it (a body naming
+ * another model there: 400). No model named: the first
  * model (the default). An unknown name: 404 model_not_found in the API's
  * own shape. Lists (/v1/models, /api/tags, /api/ps, /v1/sessions,
  * /v1/prefixes), /health and /metrics go to the first app, whose handlers
  * cover every model through api_hub_app. */
 
-/* The application with several models (srv_darkserve_app uses it when the
- * configuration names more than one): starts one app per model; *state is
- * the first app (its hub field leads to the others). Returns 0 or -1 after
- * logging why. */
-int api_hub_start(const srv_serve_ctx_t *ctx, void **state);
-void api_hub_drain(api_hub_t *hub);
-void api_hub_stop(api_hub_t *hub);
+#define API_HUB_MAX_MODELS 8 /* models one server runs at most */
+
+/* The router of several models (srv_darkserve_app makes it when the
+ * configuration names more than one, api_app.c): checks the names, makes
+ * each model's configuration (api_hub_cfg: a shallow copy of the server's
+ * with that model, its session directory and its shares of the budgets).
+ * has_response(app, id): 1 when app holds stored response id
+ * (api_responses_has). NULL after logging why. */
+api_hub_t *api_hub_new(const srv_serve_ctx_t *ctx,
+                       int (*has_response)(const api_app_t *app, const char *id));
+/* Model i's configuration (borrowed from hub, which outlives its apps). */
+const srv_config_t *api_hub_cfg(const api_hub_t *hub, size_t i);
+/* app (started with api_hub_cfg(hub, i) and hub) is model i. */
+void api_hub_add(api_hub_t *hub, size_t i, api_app_t *app);
+/* A start that failed: frees the hub when no app was added (else it goes
+ * with the last of those). */
+void api_hub_abandon(api_hub_t *hub);
 /* One model's app (api_app.c): starts it with cfg (borrowed, outlives the
  * app; cfg->model is its model) under hub (NULL: the only model): routes,
  * then the load in the background. 0 and *out, or -1 after logging why. */

@@ -697,36 +697,57 @@ void api_app_stop(api_app_t *app)
     app_close_handles(app);
 }
 
-/* One model: its app is the application; several: the hub's (api_hub.c),
- * whose first app is the state the hooks get. */
+/* One model: its app is the application. Several: one app per model behind
+ * the hub (api_hub.c); the first app is the state the hooks get. */
 static int app_start(const srv_serve_ctx_t *ctx, void **state)
 {
     *state = NULL;
-    if (ctx->cfg->models.n > 1)
-        return api_hub_start(ctx, state);
-    api_app_t *app = NULL;
-    if (api_app_start(ctx, ctx->cfg, NULL, &app) < 0)
+    const srv_config_t *cfg = ctx->cfg;
+    if (cfg->models.n <= 1) {
+        api_app_t *app = NULL;
+        if (api_app_start(ctx, cfg, NULL, &app) < 0)
+            return -1;
+        *state = app;
+        return 0;
+    }
+    api_hub_t *hub = api_hub_new(ctx, api_responses_has);
+    if (!hub)
         return -1;
-    *state = app;
+    api_app_t *apps[API_HUB_MAX_MODELS];
+    for (size_t i = 0; i < cfg->models.n; i++) {
+        if (api_app_start(ctx, api_hub_cfg(hub, i), hub, &apps[i]) < 0) {
+            /* the apps already started load in the background: stop them */
+            for (size_t j = 0; j < i; j++)
+                api_app_stop(apps[j]);
+            api_hub_abandon(hub);
+            return -1;
+        }
+        api_hub_add(hub, i, apps[i]);
+    }
+    SRV_LOG(SRV_LOG_INFO, NULL, "serving %zu models; requests without \"model\" go to %s",
+            cfg->models.n, cfg->models.v[0]);
+    *state = apps[0];
     return 0;
 }
 
+/* Each model's app drains, or stops, in turn. */
 static void app_drain(void *state)
 {
-    api_app_t *app = state;
-    if (app->hub)
-        api_hub_drain(app->hub);
-    else
-        api_app_drain(app);
+    api_app_t *first = state;
+    for (size_t i = 0; i < api_hub_count(first); i++)
+        api_app_drain(api_hub_app(first, i));
 }
 
 static void app_stop(void *state)
 {
-    api_app_t *app = state;
-    if (app->hub)
-        api_hub_stop(app->hub);
-    else
-        api_app_stop(app);
+    api_app_t *first = state;
+    /* the hub may go with the last app's handles: take the list first */
+    const size_t n = api_hub_count(first);
+    api_app_t *apps[API_HUB_MAX_MODELS];
+    for (size_t i = 0; i < n && i < API_HUB_MAX_MODELS; i++)
+        apps[i] = api_hub_app(first, i);
+    for (size_t i = 0; i < n && i < API_HUB_MAX_MODELS; i++)
+        api_app_stop(apps[i]);
 }
 
 const srv_app_t srv_darkserve_app = {.start = app_start, .drain = app_drain, .stop = app_stop};

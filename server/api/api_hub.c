@@ -26,7 +26,7 @@
 #include <strings.h>
 
 #define HUB_MAX_ROUTES 96
-#define HUB_MAX_MODELS 8
+#define HUB_MAX_MODELS API_HUB_MAX_MODELS
 
 /* How a route finds its model. */
 typedef enum hub_pick {
@@ -59,6 +59,7 @@ struct api_hub {
     size_t state_max_body; /* the largest state blob any model makes */
     hub_route_t *routes[HUB_MAX_ROUTES]; /* owned */
     size_t n_routes;
+    int (*has_response)(const api_app_t *app, const char *id); /* api_responses_has */
 };
 
 /* ---- names ---- */
@@ -155,10 +156,11 @@ static api_app_t *by_name(api_hub_t *hub, const char *name)
     return NULL;
 }
 
-static api_app_t *holder(api_hub_t *hub, srv_req_t *req, hub_pick_t pick)
+/* The app that holds id (a session, pinned prefix or stored response,
+ * by pick); NULL when none does. */
+static api_app_t *holder(api_hub_t *hub, hub_pick_t pick, const char *id)
 {
-    const char *id = srv_req_param(req, "id");
-    if (!id)
+    if (!id || !*id)
         return NULL;
     for (size_t i = 0; i < hub->n; i++) {
         api_app_t *a = hub->apps[i];
@@ -169,58 +171,105 @@ static api_app_t *holder(api_hub_t *hub, srv_req_t *req, hub_pick_t pick)
             return a;
         if (pick == HUB_PICK_PREFIX && a->prefix && srv_prefix_cache_get(a->prefix, id))
             return a;
-        if (pick == HUB_PICK_RESPONSE && api_responses_has(a, id))
+        if (pick == HUB_PICK_RESPONSE && hub->has_response(a, id))
             return a;
     }
     return NULL;
 }
+
+/* 400: what the request continues belongs to another model than it names. */
+static void reply_bound(srv_req_t *req, const char *what, const char *id, const api_app_t *owner,
+                        const char *name)
+{
+    proto_error_t e;
+    proto_error_set(&e, PROTO_ERR_INVALID_VALUE, "model",
+                    "%s '%.64s' is bound to model '%s'; it cannot continue on '%.256s'", what,
+                    id, owner->model_id, name);
+    api_reply_proto(req, &e);
+}
+
+/* What a JSON body names: its model, and what it continues (a session, a
+ * cached prefix, a stored response: their app answers it, whatever the
+ * model field says, which must then name the same model). */
+enum { PEEK_MODEL, PEEK_FALLBACK, PEEK_SESSION, PEEK_PREFIX, PEEK_RESPONSE, PEEK_N };
 
 static void dispatch(srv_req_t *req, void *ud)
 {
     hub_route_t *r = ud;
     api_hub_t *hub = r->hub;
     api_app_t *app = hub->apps[0];
-    char name[PROTO_MAX_NAME_BYTES + 1];
+    char v[PEEK_N][PROTO_MAX_NAME_BYTES + 1];
+    int found[PEEK_N] = {0};
+    const char *name = v[PEEK_MODEL];
     int named = 0;
+    v[PEEK_MODEL][0] = '\0';
     switch (r->pick) {
     case HUB_PICK_FIRST:
         break;
     case HUB_PICK_QUERY: {
         const char *q = srv_req_query(req, "model");
         if (q && *q) {
-            snprintf(name, sizeof name, "%s", q);
-            named = strlen(q) < sizeof name ? 1 : -1;
+            snprintf(v[PEEK_MODEL], sizeof v[PEEK_MODEL], "%s", q);
+            named = strlen(q) < sizeof v[PEEK_MODEL] ? 1 : -1;
         }
         break;
     }
     case HUB_PICK_BODY:
     case HUB_PICK_OLLAMA: {
+        static const char *const keys[PEEK_N] = {"model", "name", "session", "prefix",
+                                                 "previous_response_id"};
+        char *outs[PEEK_N] = {v[0], v[1], v[2], v[3], v[4]};
         size_t len = 0;
         const char *body = srv_req_body(req, &len);
-        named = proto_peek_model(body, len, r->pick == HUB_PICK_OLLAMA ? "name" : NULL, name,
-                                 sizeof name);
+        proto_peek_strings(body, len, keys, PEEK_N, outs, sizeof v[0], found);
+        named = found[PEEK_MODEL];
+        if (!named && r->pick == HUB_PICK_OLLAMA) {
+            named = found[PEEK_FALLBACK];
+            name = v[PEEK_FALLBACK];
+        }
+        if (r->pick == HUB_PICK_OLLAMA)
+            break;
+        static const struct {
+            int key;
+            hub_pick_t pick;
+            const char *what;
+        } anchors[] = {{PEEK_SESSION, HUB_PICK_SESSION, "session"},
+                       {PEEK_PREFIX, HUB_PICK_PREFIX, "prefix"},
+                       {PEEK_RESPONSE, HUB_PICK_RESPONSE, "response"}};
+        for (size_t i = 0; i < sizeof anchors / sizeof anchors[0]; i++) {
+            api_app_t *h = found[anchors[i].key] > 0
+                               ? holder(hub, anchors[i].pick, v[anchors[i].key])
+                               : NULL;
+            if (!h)
+                continue;
+            if (named > 0 && !api_model_named(h, name)) {
+                reply_bound(req, anchors[i].what, v[anchors[i].key], h, name);
+                return;
+            }
+            r->fn(req, h);
+            return;
+        }
         break;
     }
     case HUB_PICK_SESSION:
     case HUB_PICK_PREFIX:
     case HUB_PICK_RESPONSE: {
-        api_app_t *h = holder(hub, req, r->pick);
+        const char *id = srv_req_param(req, "id");
+        api_app_t *h = holder(hub, r->pick, id);
         if (!h) /* the first app answers: 404 in its words */
             break;
-        app = h;
         /* a session stays bound to its model: a body naming another is refused */
         size_t len = 0;
         const char *body = strcmp(r->method, "POST") == 0 ? srv_req_body(req, &len) : NULL;
-        if (body && proto_peek_model(body, len, NULL, name, sizeof name) == 1 &&
-            !api_model_named(app, name)) {
-            proto_error_t e;
-            proto_error_set(&e, PROTO_ERR_INVALID_VALUE, "model",
-                            "session '%.64s' is bound to model '%s'; it cannot continue on "
-                            "'%.256s'",
-                            srv_req_param(req, "id"), app->model_id, name);
-            api_reply_proto(req, &e);
+        if (body && proto_peek_model(body, len, NULL, v[PEEK_MODEL], sizeof v[PEEK_MODEL]) == 1 &&
+            !api_model_named(h, v[PEEK_MODEL])) {
+            reply_bound(req, r->pick == HUB_PICK_SESSION  ? "session"
+                             : r->pick == HUB_PICK_PREFIX ? "prefix"
+                                                          : "response",
+                        id, h, v[PEEK_MODEL]);
             return;
         }
+        app = h;
         break;
     }
     }
@@ -312,22 +361,23 @@ static int64_t share(int64_t v, size_t n)
     return s > 0 ? s : 1;
 }
 
-int api_hub_start(const srv_serve_ctx_t *ctx, void **state)
+api_hub_t *api_hub_new(const srv_serve_ctx_t *ctx,
+                       int (*has_response)(const api_app_t *app, const char *id))
 {
     const srv_config_t *cfg = ctx->cfg;
-    *state = NULL;
     if (cfg->models.n > HUB_MAX_MODELS) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "--model: at most %d models, got %zu", HUB_MAX_MODELS,
                 cfg->models.n);
-        return -1;
+        return NULL;
     }
     api_hub_t *hub = calloc(1, sizeof *hub);
     if (!hub) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
-        return -1;
+        return NULL;
     }
     hub->http = ctx->http;
     hub->n = cfg->models.n;
+    hub->has_response = has_response;
     /* names must tell the models apart */
     for (size_t i = 0; i < hub->n; i++) {
         for (size_t j = 0; j < i; j++) {
@@ -340,7 +390,7 @@ int api_hub_start(const srv_serve_ctx_t *ctx, void **state)
                         "tell them apart",
                         cfg->models.v[j], cfg->models.v[i], a);
                 hub_free(hub);
-                return -1;
+                return NULL;
             }
         }
     }
@@ -360,7 +410,7 @@ int api_hub_start(const srv_serve_ctx_t *ctx, void **state)
         if (!(hub->dirs[i] = malloc(dl))) {
             SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
             hub_free(hub);
-            return -1;
+            return NULL;
         }
         snprintf(hub->dirs[i], dl, "%s/%.*s", cfg->session_dir, (int)bl, base);
         c->session_dir = hub->dirs[i];
@@ -371,34 +421,22 @@ int api_hub_start(const srv_serve_ctx_t *ctx, void **state)
         c->prefix_cache_mb = share(cfg->prefix_cache_mb, hub->n);
         c->ui = i == 0 && cfg->ui;
     }
-    for (size_t i = 0; i < hub->n; i++) {
-        if (api_app_start(ctx, &hub->cfgs[i], hub, &hub->apps[i]) < 0) {
-            /* the apps already started load in the background: stop them */
-            for (size_t j = 0; j < i; j++)
-                api_app_stop(hub->apps[j]);
-            if (i == 0)
-                hub_free(hub);
-            return -1;
-        }
-        hub->n_alive++;
-    }
-    SRV_LOG(SRV_LOG_INFO, NULL, "serving %zu models; requests without \"model\" go to %s",
-            hub->n, cfg->models.v[0]);
-    *state = hub->apps[0];
-    return 0;
+    return hub;
 }
 
-void api_hub_drain(api_hub_t *hub)
+const srv_config_t *api_hub_cfg(const api_hub_t *hub, size_t i)
 {
-    for (size_t i = 0; hub && i < hub->n; i++)
-        api_app_drain(hub->apps[i]);
+    return &hub->cfgs[i];
 }
 
-void api_hub_stop(api_hub_t *hub)
+void api_hub_add(api_hub_t *hub, size_t i, api_app_t *app)
 {
-    const size_t n = hub->n; /* the hub may go with the last app's handles */
-    api_app_t *apps[HUB_MAX_MODELS];
-    memcpy(apps, hub->apps, n * sizeof apps[0]);
-    for (size_t i = 0; i < n; i++)
-        api_app_stop(apps[i]);
+    hub->apps[i] = app;
+    hub->n_alive++;
+}
+
+void api_hub_abandon(api_hub_t *hub)
+{
+    if (hub->n_alive == 0)
+        hub_free(hub);
 }

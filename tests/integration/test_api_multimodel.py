@@ -16,7 +16,7 @@ import pytest
 from ds_server import MODEL, TINY, TINY_GEMMA, Server, read_text
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-GEMMA = os.environ.get("DARKSERVE_GEMMA",
+GEMMA = os.environ.get("DARKSERVE_GEMMA_MODEL",
                        os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
 OCT = {"Content-Type": "application/octet-stream"}
 NAMES = {"tiny": TINY, "tiny_gemma3": TINY_GEMMA}
@@ -246,6 +246,58 @@ def test_a_session_is_bound_to_its_model(both, alone):
     assert len(p1["data"]) == 1 and p1["has_more"], p1
     st, p2, _ = both.json("GET", f"/v1/sessions?limit=100&after={p1['data'][0]['id']}")
     assert [s["id"] for s in p2["data"]] == ids[1:], (p2, ids)
+
+
+def test_what_a_request_continues_picks_its_model(both):
+    """A chat request on a session, and a response continuing a stored one,
+    go to the model that holds them; naming another model is refused."""
+    sid = new_session(both, "tiny_gemma3")
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "temperature": 0, "session": sid}
+    st, r, _ = both.post("/v1/chat/completions", body)  # no model: the session's
+    assert st == 200 and r["model"] == "tiny_gemma3", r
+    st, r, _ = both.post("/v1/chat/completions", dict(body, model="tiny_gemma3"))
+    assert st == 200 and r["model"] == "tiny_gemma3", r
+    st, r, _ = both.post("/v1/chat/completions", dict(body, model="tiny"))
+    assert st == 400 and r["error"]["param"] == "model", r
+    assert f"session '{sid}' is bound to model 'tiny_gemma3'" in r["error"]["message"], r
+    st, r1, _ = both.post("/v1/responses", {"model": "tiny_gemma3", "input": "hi",
+                                            "max_output_tokens": 3, "temperature": 0})
+    assert st == 200 and r1["model"] == "tiny_gemma3", r1
+    st, r2, _ = both.post("/v1/responses", {"input": "more", "previous_response_id": r1["id"],
+                                            "max_output_tokens": 3, "temperature": 0})
+    assert st == 200 and r2["model"] == "tiny_gemma3", r2
+    st, r3, _ = both.post("/v1/responses", {"model": "tiny", "input": "more",
+                                            "previous_response_id": r1["id"],
+                                            "max_output_tokens": 3})
+    assert st == 400 and "bound to model 'tiny_gemma3'" in r3["error"]["message"], r3
+    st, g, _ = both.json("GET", f"/v1/responses/{r1['id']}")
+    assert st == 200 and g["model"] == "tiny_gemma3", g
+
+
+def test_pinned_prefixes_stay_with_their_model(both):
+    text = "You are a careful assistant who answers in one short sentence. " * 3
+    msgs = [{"role": "user", "content": text}]
+    st, p, _ = both.post("/v1/prefixes", {"model": "tiny_gemma3", "messages": msgs})
+    assert st == 201, p
+    st, q, _ = both.post("/v1/prefixes", {"messages": msgs})  # the default model's
+    assert st == 201 and q["id"] != p["id"], q
+    st, lst, _ = both.json("GET", "/v1/prefixes")
+    pinned = [e["id"] for e in lst["data"] if e["pinned"]]
+    assert p["id"] in pinned and q["id"] in pinned, lst
+    # a request naming the prefix runs on its model; naming another is refused
+    body = {"messages": msgs + [{"role": "assistant", "content": "ok"},
+                                {"role": "user", "content": "go"}],
+            "max_tokens": 2, "prefix": p["id"]}
+    st, r, _ = both.post("/v1/chat/completions", body)
+    assert st == 200 and r["model"] == "tiny_gemma3", r
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == p["tokens"], r
+    st, r, _ = both.post("/v1/chat/completions", dict(body, model="tiny"))
+    assert st == 400 and "prefix" in r["error"]["message"], r
+    st, d, _ = both.json("DELETE", f"/v1/prefixes/{p['id']}")
+    assert st == 200 and d["id"] == p["id"], d
+    st, d, _ = both.json("DELETE", f"/v1/prefixes/{q['id']}")
+    assert st == 200 and d["id"] == q["id"], d
 
 
 def test_a_state_cannot_move_to_another_model(both):
