@@ -3,7 +3,7 @@ each server starts on a free loopback port, is waited for until /health
 answers 200, and is always killed at the end of its fixture."""
 import pytest
 
-from ds_server import MODEL, TINY, TINY_GEMMA, Server
+from ds_server import GEMMA, MODEL, TINY, TINY_GEMMA, Server
 
 
 @pytest.fixture
@@ -44,9 +44,21 @@ def tiny_llama(tmp_path_factory):
     s.kill()
 
 
+@pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
+def real(request, tmp_path_factory):
+    """A real-model server shared by a module's tests, once per real model:
+    SmolLM2-135M-Instruct and Gemma 3 270M (DARKSERVE_GEMMA_MODEL; make
+    gemma-model fetches it). Tests about SmolLM2's template or outputs take
+    real_smollm2."""
+    path = MODEL if request.param == "smollm2-135m" else GEMMA
+    s = Server(tmp_path_factory.mktemp("real"), path, name="real")
+    yield s
+    s.kill()
+
+
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    """A real-model server shared by a module's tests."""
-    s = Server(tmp_path_factory.mktemp("real"), MODEL, name="real")
+def real_smollm2(tmp_path_factory):
+    """The real SmolLM2 alone."""
+    s = Server(tmp_path_factory.mktemp("real_smollm2"), MODEL, name="real")
     yield s
     s.kill()

@@ -13,11 +13,9 @@ import os
 
 import pytest
 
-from ds_server import MODEL, TINY, TINY_GEMMA, Server, read_text
+from ds_server import GEMMA, MODEL, TINY, TINY_GEMMA, Server, read_text
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-GEMMA = os.environ.get("DARKSERVE_GEMMA_MODEL",
-                       os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
 OCT = {"Content-Type": "application/octet-stream"}
 NAMES = {"tiny": TINY, "tiny_gemma3": TINY_GEMMA}
 

@@ -172,9 +172,13 @@ def test_continuation_equals_full_history(tiny):
         assert c["usage"]["completion_tokens"] == r["usage"]["completion_tokens"]
 
 
-def test_chat_session_equals_full_history(real):
+def test_chat_session_equals_full_history(real_smollm2):
     """Real model, greedy: chat turns sent one at a time with "session" give
     the same reply as the whole conversation sent to a fresh context."""
+    # SmolLM2: its replies' tokens re-tokenize to themselves; the base
+    # Gemma's, cut at max_tokens, need not (SentencePiece), so the session
+    # and the re-rendered history may read different tokens
+    real = real_smollm2
     sid = create(real)["id"]
     q1 = [{"role": "user", "content": "Name a color."}]
     q2 = [{"role": "user", "content": "Name another one."}]
@@ -194,7 +198,7 @@ def test_chat_session_equals_full_history(real):
 def test_curl_streams_tokens_as_produced(real):
     """`curl -N` prints the first NDJSON line while the server is still
     generating the rest."""
-    sid = create(real, {"system": "You are a storyteller."})["id"]
+    sid = create(real)["id"]
     body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}],
                        "max_tokens": 48, "temperature": 0})
     p = subprocess.Popen(["curl", "-sN", "--max-time", "300", "-H",
@@ -353,7 +357,7 @@ def test_persistence_across_kill_9(servers, tmp_path):
 
 
 def test_busy_session_409(real):
-    sid = create(real, {"system": "You are a storyteller."})["id"]
+    sid = create(real)["id"]
     c, resp = real.open_stream(f"/v1/sessions/{sid}/generate",
                                {"messages": [{"role": "user",
                                               "content": "Tell a long story about a dragon."}],
