@@ -213,26 +213,32 @@ static const opt_t opts[] = {
      "goes into a session in several appends"},
     {"max-sessions", "DARKSERVE_MAX_SESSIONS", OPT_INT, 0, O(max_sessions), "1024",
      1, 10000000, NULL, "N",
-     "sessions kept in memory (least recently used spill to --session-dir)"},
+     "sessions kept in memory (least recently used spill to --session-dir); with several "
+     "--model, split evenly between them"},
     {"max-session-bytes", "DARKSERVE_MAX_SESSION_BYTES", OPT_SIZE, 0, O(max_session_bytes), "1G",
      MIB, TIB, NULL, "SIZE",
-     "memory for session states (least recently used spill)"},
+     "memory for session states (least recently used spill); with several --model, split "
+     "evenly between them"},
     {"max-state-memory", "DARKSERVE_MAX_STATE_MEMORY", OPT_SIZE, 0, O(max_state_memory), "4G",
      0, 1024 * TIB, NULL, "SIZE",
      "memory for all attention states: sessions in memory and the states requests in flight "
      "may grow to (n copies for n choices); a request that would not fit gets 429 (400 if it "
-     "could never fit); idle sessions are moved to --session-dir to make room; 0 = no limit"},
+     "could never fit); idle sessions are moved to --session-dir to make room; with several "
+     "--model, one pool for all of them; 0 = no limit"},
     {"max-session-disk", "DARKSERVE_MAX_SESSION_DISK", OPT_SIZE, 0, O(max_session_disk), "10G",
      0, 1024 * TIB, NULL, "SIZE",
      "bytes of session files kept in --session-dir; past it the least recently used idle "
-     "sessions are deleted (file and memory); 0 = no limit"},
+     "sessions are deleted (file and memory); with several --model, split evenly between "
+     "them; 0 = no limit"},
     {"max-session-files", "DARKSERVE_MAX_SESSION_FILES", OPT_INT, 0, O(max_session_files),
      "100000", 0, 100000000, NULL, "N",
      "session files kept in --session-dir; past it the least recently used idle sessions are "
-     "deleted (file and memory); 0 = no limit"},
+     "deleted (file and memory); with several --model, split evenly between them; 0 = no "
+     "limit"},
     {"session-dir", "DARKSERVE_SESSION_DIR", OPT_STR, OPT_NONEMPTY, O(session_dir), "./sessions",
      0, 0, NULL, "PATH",
-     "directory where session states are persisted"},
+     "directory where session states are persisted (with several --model, each model's in "
+     "PATH/<model name>)"},
     {"session-store", "DARKSERVE_SESSION_STORE", OPT_STR, OPT_URL, O(session_store), "",
      0, 0, NULL, "URL",
      "where sessions are kept: empty = --session-dir (this process only); "
@@ -252,7 +258,8 @@ static const opt_t opts[] = {
      0, INT64_C(1024) * 1024, NULL, "MIB",
      "memory for the prefix-state cache: the attention state after shared prompt prefixes "
      "(system prompts, documents), so a request starting with one prefills only the rest; "
-     "least recently used entries are evicted, pinned ones (POST /v1/prefixes) never; 0 = off"},
+     "least recently used entries are evicted, pinned ones (POST /v1/prefixes) never; with "
+     "several --model, split evenly between them (a cache each); 0 = off"},
     {"ui", "DARKSERVE_UI", OPT_ENUM, 0, O(ui), "on", 0, 0, onoff_choices, "on|off",
      "serve the web page (chat, sessions) at / and /ui/; off (or --no-ui) = / is 404"},
     {"log-level", "DARKSERVE_LOG_LEVEL", OPT_ENUM, 0, O(log_level), "info",

@@ -382,7 +382,10 @@ static int load(api_app_t *app)
                     "--adapter PATH or --attn KIND)",
                     cfg->model, ce.msg);
         else
-            SRV_LOG(SRV_LOG_ERROR, NULL, "cannot load the model %s: %s", cfg->model, ce.msg);
+            SRV_LOG(SRV_LOG_ERROR, NULL, "cannot load the model %s: %s%s", cfg->model, ce.msg,
+                    app->hub ? " (with several --model, the attention flags apply to every "
+                               "model; --attn auto picks each model's own)"
+                             : "");
         free(ch);
         return -1;
     }

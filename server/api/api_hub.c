@@ -18,7 +18,6 @@
 #include "server/api/api.h"
 
 #include "server/base/log.h"
-#include "server/ui/ui.h"
 
 #include <stdio.h>
 #include <stdlib.h>
