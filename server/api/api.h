@@ -5,6 +5,8 @@
  * Files:
  *   api_app.c       srv_darkserve_app: start (load, engine, store, routes),
  *                   drain, stop; /health, /metrics
+ *   api_hub.c       several models: the router in front of one app per model
+ *                   (api_route), model names
  *   api_gen.c       a generation request in flight (api_gen_t): jobs
  *                   submitted to the engine, their events carried to the
  *                   HTTP stream on the loop thread, back-pressure, pings,
