@@ -14,10 +14,12 @@
 #include "server/store/store_backend.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -139,6 +141,9 @@ static const opt_t opts[] = {
      "(smollm2-135m, gemma3-270m: its file in models/); repeat the flag or separate with commas "
      "to serve several models: requests pick one by their \"model\" field, the first is the "
      "default"},
+    {"models-dir", "DARKSERVE_MODELS_DIR", OPT_STR, 0, O(models_dir), "", 0, 0, NULL, "DIR",
+     "serve every *.gguf file in DIR (in name order), after the --model ones when --model is "
+     "given (else instead of the default model); empty = none"},
     {"adapter", "DARKSERVE_ADAPTER", OPT_STR, 0, O(adapter), "", 0, 0, NULL, "PATH",
      "DARKFormer adapter GGUF (learned covariances, features, window); empty = none"},
     {"attn", "DARKSERVE_ATTN", OPT_ENUM, 0, O(attn), "auto", 0, 0, attn_choices, "KIND",
@@ -673,6 +678,49 @@ const char *srv_known_model_name(const char *path)
     return NULL;
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* --models-dir: its *.gguf files (regular files, by name) join the models;
+ * they replace the default model when --model was not given. */
+static int add_models_dir(srv_config_t *cfg, char *err, size_t errlen)
+{
+    DIR *d = opendir(cfg->models_dir);
+    if (!d)
+        return fail(err, errlen, "--models-dir %s: %s", cfg->models_dir, strerror(errno));
+    srv_strlist_t found = {0};
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n <= 5 || de->d_name[0] == '.' || strcasecmp(de->d_name + n - 5, ".gguf") != 0)
+            continue;
+        char path[4096];
+        int w = snprintf(path, sizeof path, "%s/%s", cfg->models_dir, de->d_name);
+        struct stat sb;
+        if (w < 0 || (size_t)w >= sizeof path || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (strlist_push(&found, path, (size_t)w))
+            rc = fail(err, errlen, "out of memory");
+    }
+    closedir(d);
+    if (rc == 0 && found.n == 0)
+        rc = fail(err, errlen, "--models-dir %s holds no .gguf file", cfg->models_dir);
+    if (rc == 0) {
+        qsort(found.v, found.n, sizeof found.v[0], cmp_str);
+        const opt_t *mo = find_opt("model", 5);
+        if (cfg->source[mo - opts] == SRV_CFG_SRC_DEFAULT)
+            strlist_clear(&cfg->models);
+        for (size_t i = 0; i < found.n && rc == 0; i++)
+            if (strlist_push(&cfg->models, found.v[i], strlen(found.v[i])))
+                rc = fail(err, errlen, "out of memory");
+    }
+    strlist_clear(&found);
+    return rc;
+}
+
 static int validate(srv_config_t *cfg, char *err, size_t errlen)
 {
     strlist_clear(&cfg->api_keys);
@@ -687,6 +735,8 @@ static int validate(srv_config_t *cfg, char *err, size_t errlen)
             return fail(err, errlen, "out of memory");
     }
     if (*cfg->api_key_file && load_key_file(cfg, err, errlen))
+        return -1;
+    if (*cfg->models_dir && add_models_dir(cfg, err, errlen) < 0)
         return -1;
     if (cfg->models.n == 0)
         return fail(err, errlen, "--model must name at least one model");

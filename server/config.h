@@ -115,6 +115,7 @@ typedef struct srv_config {
     /* model */
     srv_strlist_t models;      /* GGUF paths (--model, repeatable), short names resolved */
     char *model;               /* derived: models.v[0], the default model */
+    char *models_dir;          /* --models-dir: its *.gguf files join models; "" = none */
     char *adapter;             /* DARKFormer adapter GGUF; "" = none */
     int attn;                  /* srv_cfg_attn_t; AUTO by default */
     int64_t features;          /* random features m; 0 = from adapter/default */

@@ -450,3 +450,26 @@ def test_attention_flags_a_model_cannot_take_are_refused(tmp_path):
     msg = str(e.value)
     assert "cannot load the model" in msg and "tiny_gemma3.gguf" in msg, msg
     assert "--attn auto picks each model's own" in msg, msg
+
+
+def test_a_models_folder_serves_every_gguf_in_it(tmp_path):
+    """--models-dir: its .gguf files join --model's (in name order; without
+    --model they replace the default: test_srv_config.c)."""
+    d = tmp_path / "models"
+    d.mkdir()
+    os.symlink(TINY_GEMMA, d / "tiny_gemma3.gguf")
+    (d / "README.txt").write_text("not a model")
+    s = Server(tmp_path, TINY, name="dir", args=["--models-dir", str(d)])
+    try:
+        st, j, _ = s.json("GET", "/v1/models")
+        assert st == 200 and [m["id"] for m in j["data"]] == ["tiny", "tiny_gemma3"], j
+        st, r, _ = s.post("/v1/completions", {"model": "tiny_gemma3", "prompt": "a",
+                                              "max_tokens": 1})
+        assert st == 200 and r["model"] == "tiny_gemma3", r
+    finally:
+        s.kill()
+    # the same model twice (by --model and in the folder) is refused
+    os.symlink(TINY, d / "tiny.gguf")
+    with pytest.raises(AssertionError) as e:
+        Server(tmp_path, TINY, name="dir2", args=["--models-dir", str(d)])
+    assert "the same name 'tiny.gguf'" in str(e.value)
