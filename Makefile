@@ -138,8 +138,12 @@ gemma-model:
 adapter: $(BUILD)/tools/record_qkv $(BUILD)/tools/write_adapter
 	MODEL=$(MODEL) tools/convert.sh --v2 --build $(BUILD) $(ADAPTER_ARGS)
 
-run: deps model $(BUILD)/darkserve
-	@scripts/run.sh $(BUILD)/darkserve $(MODEL) $(PORT)
+# MODEL: a short name (smollm2-135m, gemma3-270m), a GGUF path, or several
+# separated by commas (make run MODEL=smollm2-135m,gemma3-270m serves both,
+# the first the default). Known models are fetched and their SHA-256 checked
+# (models/SHA256SUMS) first (scripts/run.sh).
+run: deps $(BUILD)/darkserve
+	@scripts/run.sh $(BUILD)/darkserve "$(MODEL)" $(PORT)
 
 # The tiny random-weight model most unit tests run on (no download needed).
 TINY := $(if $(wildcard tests/fixtures/make_tiny_model.py),$(BUILD)/fixtures/tiny.gguf)

@@ -924,3 +924,52 @@ int px_parse_gen_params(json_t *root, const proto_limits_t *lim, enum px_gen_kin
         return rc;
     return parse_json_schema(root, p, err);
 }
+
+/* The string of key in root into out[outlen]: 1, 0 (absent, empty, not a
+ * string), -1 (does not fit, or holds a NUL). */
+static int peek_key(json_t *root, const char *key, char *out, size_t outlen)
+{
+    json_t *v = json_object_get(root, key);
+    if (!json_is_string(v) || json_string_length(v) == 0)
+        return 0;
+    size_t n = json_string_length(v);
+    if (n >= outlen || memchr(json_string_value(v), '\0', n))
+        return -1;
+    memcpy(out, json_string_value(v), n + 1);
+    return 1;
+}
+
+int proto_peek_strings(const char *body, size_t len, const char *const *keys, size_t n_keys,
+                       char *const *out, size_t outlen, int *found)
+{
+    for (size_t i = 0; i < n_keys; i++) {
+        out[i][0] = '\0';
+        found[i] = 0;
+    }
+    proto_error_t e;
+    int rc = 0;
+    json_t *root = px_load_object(body, len, 0, &e, &rc);
+    if (!root)
+        return -1;
+    for (size_t i = 0; i < n_keys; i++)
+        found[i] = peek_key(root, keys[i], out[i], outlen);
+    json_decref(root);
+    return 0;
+}
+
+int proto_peek_model(const char *body, size_t len, const char *fallback, char *out,
+                     size_t outlen)
+{
+    const char *keys[2] = {"model", fallback};
+    char other[PROTO_MAX_NAME_BYTES + 1];
+    char *outs[2] = {out, other};
+    int found[2];
+    if (proto_peek_strings(body, len, keys, fallback ? 2 : 1, outs,
+                           outlen < sizeof other ? outlen : sizeof other, found) < 0)
+        return 0;
+    if (found[0] || !fallback)
+        return found[0];
+    if (found[1] > 0)
+        memcpy(out, other, strlen(other) + 1);
+    return found[1];
+}

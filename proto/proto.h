@@ -541,9 +541,10 @@ typedef struct proto_session_info {
     int64_t attn_kv_bits; /* bits of the exact rows, 8 or 16 (0 = exact attention; full form) */
     const char *attn_memory_keep; /* "recall" | "recent" with a memory, else NULL (full form) */
     int64_t attn_memory_heads;    /* KV heads (layer, head pairs) that have it (full form) */
+    const char *model;    /* the model the session is bound to; NULL = no "model" field */
 } proto_session_info_t;
 
-/* full = 0: {"id","tokens","state_bytes","turns"}; full = 1 adds "created",
+/* full = 0: {"id","tokens","state_bytes",["model"],"turns"}; full = 1 adds "created",
  * "last_used", "attention":{"kind","features","window","memory","memory_keep",
  * "memory_heads","kv_bits"},
  * "checkpoints":[{"turn","tokens","bytes"}] and, only when
@@ -640,9 +641,13 @@ typedef struct proto_health {
     int64_t queue_depth; /* jobs waiting or running */
     double uptime_s;
     const char *reason;  /* why it is degraded; NULL = no "reason" field (after "status") */
+    const char *const *models; /* [n_models] every model served, when several; else unused */
+    size_t n_models;           /* 0 or 1: no "models" field */
 } proto_health_t;
 
-/* {"status",["reason"],"model","sessions","queue_depth","uptime_s"} */
+/* {"status",["reason"],"model",["models"],"sessions","queue_depth","uptime_s"}:
+ * "models" (the names of every model) only when n_models > 1; "model" is
+ * the default one. */
 char *proto_health_json(const proto_health_t *h);
 
 /* ----------------------------------- POST /completion (llama.cpp's native API) */
@@ -982,6 +987,21 @@ typedef struct proto_ollama_req {
 int proto_ollama_parse(const char *body, size_t len, int chat, const proto_limits_t *lim,
                        proto_ollama_req_t *out, proto_error_t *err);
 void proto_ollama_free(proto_ollama_req_t *r);
+
+/* The model a JSON request body names, for routing it before its own parse:
+ * the non-empty string "model" (or, when that is absent or not a string,
+ * the key fallback, e.g. Ollama's older "name"; NULL = none) copied into
+ * out[outlen]. 1 when found; 0 when absent, empty or not a string, or when
+ * the body is not a JSON object (the request's own parse says what is
+ * wrong); -1 when the name does not fit out[outlen] or holds a NUL. */
+int proto_peek_model(const char *body, size_t len, const char *fallback, char *out,
+                     size_t outlen);
+/* The non-empty strings of keys[0..n_keys) of a JSON request body, each into
+ * out[i][outlen] (found[i]: 1 copied; 0 absent, empty or not a string; -1
+ * too long for outlen or holding a NUL; out[i] "" unless 1). 0, or -1 when
+ * the body is not a JSON object (every found[i] 0). */
+int proto_peek_strings(const char *body, size_t len, const char *const *keys, size_t n_keys,
+                       char *const *out, size_t outlen, int *found);
 
 /* POST /api/show: {"model": name} (or the older "name"); *name is a new
  * copy (proto_free). */

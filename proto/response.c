@@ -308,6 +308,8 @@ static json_t *session_obj(const proto_session_info_t *s, int full)
     bad |= json_object_set_new(o, "id", px_cstr_or_null(s->id ? s->id : ""));
     bad |= json_object_set_new(o, "tokens", json_integer(s->tokens));
     bad |= json_object_set_new(o, "state_bytes", json_integer(s->state_bytes));
+    if (s->model)
+        bad |= json_object_set_new(o, "model", px_cstr_or_null(s->model));
     bad |= json_object_set_new(o, "turns", json_integer(s->turns));
     if (full) {
         bad |= json_object_set_new(o, "created", json_integer(s->created));
@@ -571,6 +573,13 @@ char *proto_health_json(const proto_health_t *h)
     if (h->reason)
         bad |= json_object_set_new(o, "reason", px_cstr_or_null(h->reason));
     bad |= json_object_set_new(o, "model", px_cstr_or_null(h->model));
+    if (h->n_models > 1) {
+        json_t *a = json_array();
+        bad |= !a;
+        for (size_t i = 0; a && i < h->n_models; i++)
+            bad |= json_array_append_new(a, px_cstr_or_null(h->models[i]));
+        bad |= json_object_set_new(o, "models", a);
+    }
     bad |= json_object_set_new(o, "sessions", json_integer(h->sessions));
     bad |= json_object_set_new(o, "queue_depth", json_integer(h->queue_depth));
     bad |= json_object_set_new(o, "uptime_s", px_real(h->uptime_s, 0));

@@ -14,9 +14,13 @@
 #include "server/store/store_backend.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -131,9 +135,15 @@ static const opt_t opts[] = {
      0, 0, NULL, "ORIGIN",
      "browser origin allowed by CORS (scheme://host[:port], or * for any); repeat the flag or "
      "separate with commas; none by default"},
-    {"model", "DARKSERVE_MODEL", OPT_STR, OPT_NONEMPTY, O(model),
+    {"model", "DARKSERVE_MODEL", OPT_LIST, OPT_NONEMPTY, O(models),
      SRV_DEFAULT_MODEL, 0, 0, NULL, "PATH",
-     "model GGUF file (Llama architecture)"},
+     "model GGUF file (Llama or Gemma 3 architecture), or a known model's short name "
+     "(smollm2-135m, gemma3-270m: its file in models/); repeat the flag or separate with commas "
+     "to serve several models: requests pick one by their \"model\" field, the first is the "
+     "default"},
+    {"models-dir", "DARKSERVE_MODELS_DIR", OPT_STR, 0, O(models_dir), "", 0, 0, NULL, "DIR",
+     "serve every *.gguf file in DIR (in name order), after the --model ones when --model is "
+     "given (else instead of the default model); empty = none"},
     {"adapter", "DARKSERVE_ADAPTER", OPT_STR, 0, O(adapter), "", 0, 0, NULL, "PATH",
      "DARKFormer adapter GGUF (learned covariances, features, window); empty = none"},
     {"attn", "DARKSERVE_ATTN", OPT_ENUM, 0, O(attn), "auto", 0, 0, attn_choices, "KIND",
@@ -218,26 +228,32 @@ static const opt_t opts[] = {
      "goes into a session in several appends"},
     {"max-sessions", "DARKSERVE_MAX_SESSIONS", OPT_INT, 0, O(max_sessions), "1024",
      1, 10000000, NULL, "N",
-     "sessions kept in memory (least recently used spill to --session-dir)"},
+     "sessions kept in memory (least recently used spill to --session-dir); with several "
+     "--model, split evenly between them"},
     {"max-session-bytes", "DARKSERVE_MAX_SESSION_BYTES", OPT_SIZE, 0, O(max_session_bytes), "1G",
      MIB, TIB, NULL, "SIZE",
-     "memory for session states (least recently used spill)"},
+     "memory for session states (least recently used spill); with several --model, split "
+     "evenly between them"},
     {"max-state-memory", "DARKSERVE_MAX_STATE_MEMORY", OPT_SIZE, 0, O(max_state_memory), "4G",
      0, 1024 * TIB, NULL, "SIZE",
      "memory for all attention states: sessions in memory and the states requests in flight "
      "may grow to (n copies for n choices); a request that would not fit gets 429 (400 if it "
-     "could never fit); idle sessions are moved to --session-dir to make room; 0 = no limit"},
+     "could never fit); idle sessions are moved to --session-dir to make room; with several "
+     "--model, one pool for all of them; 0 = no limit"},
     {"max-session-disk", "DARKSERVE_MAX_SESSION_DISK", OPT_SIZE, 0, O(max_session_disk), "10G",
      0, 1024 * TIB, NULL, "SIZE",
      "bytes of session files kept in --session-dir; past it the least recently used idle "
-     "sessions are deleted (file and memory); 0 = no limit"},
+     "sessions are deleted (file and memory); with several --model, split evenly between "
+     "them; 0 = no limit"},
     {"max-session-files", "DARKSERVE_MAX_SESSION_FILES", OPT_INT, 0, O(max_session_files),
      "100000", 0, 100000000, NULL, "N",
      "session files kept in --session-dir; past it the least recently used idle sessions are "
-     "deleted (file and memory); 0 = no limit"},
+     "deleted (file and memory); with several --model, split evenly between them; 0 = no "
+     "limit"},
     {"session-dir", "DARKSERVE_SESSION_DIR", OPT_STR, OPT_NONEMPTY, O(session_dir), "./sessions",
      0, 0, NULL, "PATH",
-     "directory where session states are persisted"},
+     "directory where session states are persisted (with several --model, each model's in "
+     "PATH/<model name>)"},
     {"session-store", "DARKSERVE_SESSION_STORE", OPT_STR, OPT_URL, O(session_store), "",
      0, 0, NULL, "URL",
      "where sessions are kept: empty = --session-dir (this process only); "
@@ -257,7 +273,8 @@ static const opt_t opts[] = {
      0, INT64_C(1024) * 1024, NULL, "MIB",
      "memory for the prefix-state cache: the attention state after shared prompt prefixes "
      "(system prompts, documents), so a request starting with one prefills only the rest; "
-     "least recently used entries are evicted, pinned ones (POST /v1/prefixes) never; 0 = off"},
+     "least recently used entries are evicted, pinned ones (POST /v1/prefixes) never; with "
+     "several --model, split evenly between them (a cache each); 0 = off"},
     {"ui", "DARKSERVE_UI", OPT_ENUM, 0, O(ui), "on", 0, 0, onoff_choices, "on|off",
      "serve the web page (chat, sessions) at / and /ui/; off (or --no-ui) = / is 404"},
     {"log-level", "DARKSERVE_LOG_LEVEL", OPT_ENUM, 0, O(log_level), "info",
@@ -641,6 +658,79 @@ done:
     return rc;
 }
 
+static const struct {
+    const char *name, *file;
+} known_models[] = {
+    {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"},
+    {"gemma3-270m", "gemma-3-270m-q4_k_m.gguf"},
+};
+
+const char *srv_known_model_file(const char *name)
+{
+    for (size_t i = 0; i < sizeof known_models / sizeof known_models[0]; i++)
+        if (strcasecmp(name, known_models[i].name) == 0)
+            return known_models[i].file;
+    return NULL;
+}
+
+const char *srv_known_model_name(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 5 && strcasecmp(base + n - 5, ".gguf") == 0)
+        n -= 5;
+    for (size_t i = 0; i < sizeof known_models / sizeof known_models[0]; i++) {
+        const char *f = known_models[i].file;
+        if (strlen(f) == n + 5 && strncasecmp(base, f, n) == 0)
+            return known_models[i].name;
+    }
+    return NULL;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* --models-dir: its *.gguf files (regular files, by name) join the models;
+ * they replace the default model when --model was not given. */
+static int add_models_dir(srv_config_t *cfg, char *err, size_t errlen)
+{
+    DIR *d = opendir(cfg->models_dir);
+    if (!d)
+        return fail(err, errlen, "--models-dir %s: %s", cfg->models_dir, strerror(errno));
+    srv_strlist_t found = {0};
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n <= 5 || de->d_name[0] == '.' || strcasecmp(de->d_name + n - 5, ".gguf") != 0)
+            continue;
+        char path[4096];
+        int w = snprintf(path, sizeof path, "%s/%s", cfg->models_dir, de->d_name);
+        struct stat sb;
+        if (w < 0 || (size_t)w >= sizeof path || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (strlist_push(&found, path, (size_t)w))
+            rc = fail(err, errlen, "out of memory");
+    }
+    closedir(d);
+    if (rc == 0 && found.n == 0)
+        rc = fail(err, errlen, "--models-dir %s holds no .gguf file", cfg->models_dir);
+    if (rc == 0) {
+        qsort(found.v, found.n, sizeof found.v[0], cmp_str);
+        const opt_t *mo = find_opt("model", 5);
+        if (cfg->source[mo - opts] == SRV_CFG_SRC_DEFAULT)
+            strlist_clear(&cfg->models);
+        for (size_t i = 0; i < found.n && rc == 0; i++)
+            if (strlist_push(&cfg->models, found.v[i], strlen(found.v[i])))
+                rc = fail(err, errlen, "out of memory");
+    }
+    strlist_clear(&found);
+    return rc;
+}
+
 static int validate(srv_config_t *cfg, char *err, size_t errlen)
 {
     strlist_clear(&cfg->api_keys);
@@ -656,6 +746,34 @@ static int validate(srv_config_t *cfg, char *err, size_t errlen)
     }
     if (*cfg->api_key_file && load_key_file(cfg, err, errlen))
         return -1;
+    if (*cfg->models_dir && add_models_dir(cfg, err, errlen) < 0)
+        return -1;
+    if (cfg->models.n == 0)
+        return fail(err, errlen, "--model must name at least one model");
+    for (size_t i = 0; i < cfg->models.n; i++) {
+        const char *file = srv_known_model_file(cfg->models.v[i]);
+        if (!file || access(cfg->models.v[i], F_OK) == 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "models/%s", file);
+        char *copy = strdup(path);
+        if (!copy)
+            return fail(err, errlen, "out of memory");
+        free(cfg->models.v[i]);
+        cfg->models.v[i] = copy;
+    }
+    free(cfg->model);
+    if (!(cfg->model = strdup(cfg->models.v[0])))
+        return fail(err, errlen, "out of memory");
+    if (cfg->models.n > 1 && *cfg->adapter)
+        return fail(err, errlen,
+                    "--adapter names one model's adapter: with several --model, keep each "
+                    "adapter beside its model (<model dir>/adapters/<name>.darkformer.gguf), "
+                    "where --attn auto finds it");
+    if (cfg->models.n > 1 && *cfg->session_store)
+        return fail(err, errlen,
+                    "--session-store (a shared store) serves one model: with several --model, "
+                    "use --session-dir");
     if (*cfg->session_store) {
         srv_store_redis_url_t u;
         char why[400];
@@ -684,6 +802,7 @@ void srv_config_free(srv_config_t *cfg)
     }
     strlist_clear(&cfg->api_keys);
     free(cfg->api_key_admin);
+    free(cfg->model);
     memset(cfg, 0, sizeof *cfg);
 }
 

@@ -68,6 +68,16 @@ typedef struct srv_strlist {
 } srv_strlist_t;
 
 /* Largest number of table entries (checked at compile time in config.c). */
+/* The models darkserve knows by a short name (what `make run MODEL=NAME`
+ * fetches into models/, and a name requests may use for them):
+ * smollm2-135m (SmolLM2-135M-Instruct.Q4_1.gguf), gemma3-270m
+ * (gemma-3-270m-q4_k_m.gguf). The file name in models/ of short name
+ * `name` (any case), or NULL. */
+const char *srv_known_model_file(const char *name);
+/* The short name of the known model whose file is `path`'s last component
+ * (with or without ".gguf", any case), or NULL. */
+const char *srv_known_model_name(const char *path);
+
 /* The model serve and the CLI commands load when none is given. */
 #define SRV_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 /* A number constant as text: help texts print defaults and bounds through
@@ -75,7 +85,7 @@ typedef struct srv_strlist {
 #define SRV_STR_(x) #x
 #define SRV_STR(x) SRV_STR_(x)
 
-#define SRV_CFG_MAX_OPTS 48
+#define SRV_CFG_MAX_OPTS 56
 
 /* Where an option's effective value came from. */
 typedef enum srv_cfg_source {
@@ -103,7 +113,9 @@ typedef struct srv_config {
     char *api_key_file;        /* file with one key per line; "" = none */
     srv_strlist_t cors_origins; /* allowed Origin values; "*" = any */
     /* model */
-    char *model;               /* GGUF path */
+    srv_strlist_t models;      /* GGUF paths (--model, repeatable), short names resolved */
+    char *model;               /* derived: models.v[0], the default model */
+    char *models_dir;          /* --models-dir: its *.gguf files join models; "" = none */
     char *adapter;             /* DARKFormer adapter GGUF; "" = none */
     int attn;                  /* srv_cfg_attn_t; AUTO by default */
     int64_t features;          /* random features m; 0 = from adapter/default */

@@ -5,6 +5,8 @@
  * Files:
  *   api_app.c       srv_darkserve_app: start (load, engine, store, routes),
  *                   drain, stop; /health, /metrics
+ *   api_hub.c       several models: the router in front of one app per model
+ *                   (api_route), model names
  *   api_gen.c       a generation request in flight (api_gen_t): jobs
  *                   submitted to the engine, their events carried to the
  *                   HTTP stream on the loop thread, back-pressure, pings,
@@ -84,6 +86,7 @@ struct api_io {
 };
 
 typedef struct api_rsp_table api_rsp_table_t; /* stored responses (api_responses.c) */
+typedef struct api_hub api_hub_t;             /* several models (api_hub.c) */
 
 typedef struct api_app {
     const srv_config_t *cfg; /* borrowed from serve */
@@ -98,6 +101,8 @@ typedef struct api_app {
     srv_store_t *store;   /* owned */
     proto_limits_t limits;
     char model_id[128];     /* served model name ("SmolLM2-135M-Instruct") */
+    char model_alias[32];   /* its short name when darkserve knows it ("smollm2-135m"), or "" */
+    api_hub_t *hub;         /* several models: the router this app is one model of; NULL with one */
     char system_fp[24];     /* "fp_<16 hex>" once computed (api_system_fingerprint) */
     int64_t created;        /* unix seconds of the start */
     int64_t t_start_ns;     /* srv_engine_now_ns() at the start */
@@ -169,6 +174,64 @@ typedef struct api_app {
 
     api_rsp_table_t *responses; /* POST /v1/responses with store (api_responses.c); owned */
 } api_app_t;
+
+/* ---- several models (api_hub.c) ----
+ * `serve --model A --model B` runs one app per model (its own engine,
+ * session store, prefix cache, I/O thread) behind one router, the hub: it
+ * registers every route once and hands each request to the app of the
+ * model it names (DESIGN.md "Several models"): the body's "model" (Ollama:
+ * or "name"), GET /props?model=; a session's, a prefix's or a stored
+ * response's routes, and a body that continues one ("session", "prefix",
+ * "previous_response_id"), go to the app that holds it (a body naming
+ * another model there: 400). No model named: the first
+ * model (the default). An unknown name: 404 model_not_found in the API's
+ * own shape. Lists (/v1/models, /api/tags, /api/ps, /v1/sessions,
+ * /v1/prefixes), /health and /metrics go to the first app, whose handlers
+ * cover every model through api_hub_app. */
+
+#define API_HUB_MAX_MODELS 8 /* models one server runs at most */
+
+/* The router of several models (srv_darkserve_app makes it when the
+ * configuration names more than one, api_app.c): checks the names, makes
+ * each model's configuration (api_hub_cfg: a shallow copy of the server's
+ * with that model, its session directory and its shares of the budgets).
+ * has_response(app, id): 1 when app holds stored response id
+ * (api_responses_has). NULL after logging why. */
+api_hub_t *api_hub_new(const srv_serve_ctx_t *ctx,
+                       int (*has_response)(const api_app_t *app, const char *id));
+/* Model i's configuration (borrowed from hub, which outlives its apps). */
+const srv_config_t *api_hub_cfg(const api_hub_t *hub, size_t i);
+/* app (started with api_hub_cfg(hub, i) and hub) is model i. */
+void api_hub_add(api_hub_t *hub, size_t i, api_app_t *app);
+/* A start that failed: frees the hub when no app was added (else it goes
+ * with the last of those). */
+void api_hub_abandon(api_hub_t *hub);
+/* One model's app (api_app.c): starts it with cfg (borrowed, outlives the
+ * app; cfg->model is its model) under hub (NULL: the only model): routes,
+ * then the load in the background. 0 and *out, or -1 after logging why. */
+int api_app_start(const srv_serve_ctx_t *ctx, const srv_config_t *cfg, api_hub_t *hub,
+                  api_app_t **out);
+void api_app_drain(api_app_t *app);
+void api_app_stop(api_app_t *app);
+/* Registers a route of app: straight on the HTTP server with one model;
+ * through the hub's router with several (the first app's registration
+ * makes the route, the others' join it). */
+int api_route(api_app_t *app, const char *method, const char *pattern, srv_handler_fn fn,
+              const srv_route_opts_t *opts);
+/* How many models the server runs (1 without a hub), and the i-th one's
+ * app (app itself without a hub). */
+size_t api_hub_count(const api_app_t *app);
+api_app_t *api_hub_app(const api_app_t *app, size_t i);
+/* Loop thread, once app's model is in and its routes can serve: sets the
+ * server ready when every model is (without a hub: at once). */
+void api_hub_ready(api_app_t *app);
+/* 1 when name names app's model: its id or short name, any case, with or
+ * without Ollama's ":latest" tag. */
+int api_model_named(const api_app_t *app, const char *name);
+/* "'A', 'B'": the names of every model, for error messages. */
+void api_model_names(const api_app_t *app, char *out, size_t len);
+/* app freed its handles: the hub (if any) is freed with its last app. */
+void api_hub_app_gone(api_app_t *app);
 
 /* ---- session owners (api_access.c) ----
  * With API keys configured, a session belongs to the key that created it
@@ -266,7 +329,9 @@ int api_prefix_routes(api_app_t *app);
 #define API_RESPONSES_MAX 4096              /* entries kept; the oldest go first */
 #define API_RESPONSES_MAX_BYTES (64u << 20) /* of stored answers */
 #define API_RESPONSES_MAX_BRANCHES 256      /* copies made, not yet taken by their requests */
-int api_responses_routes(api_app_t *app);   /* GET and DELETE /v1/responses/{id} */
+int api_responses_routes(api_app_t *app);
+/* 1 when app holds the stored response id (whoever may see it). */
+int api_responses_has(const api_app_t *app, const char *id);   /* GET and DELETE /v1/responses/{id} */
 void api_responses_free(api_app_t *app);
 /* The session of response id as who sees it: 0, or -1 when there is no
  * such response (or it is another key's). */

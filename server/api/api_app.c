@@ -31,6 +31,7 @@ static void app_handle_closed(uv_handle_t *h)
 {
     api_app_t *app = h->data;
     if (--app->handles_open == 0) {
+        api_hub_app_gone(app);
         free(app->key_owner);
         free(app);
     }
@@ -131,36 +132,63 @@ static void on_drain_deadline(uv_timer_t *t)
 
 /* ---- /health, /metrics ---- */
 
+/* Sessions of every model (api_hub_app). */
 static void session_counts(api_app_t *app, size_t *mem, size_t *disk, size_t *bytes)
 {
     *mem = *disk = *bytes = 0;
-    if (app->store)
-        srv_store_stats(app->store, mem, disk, bytes);
+    for (size_t i = 0; i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        size_t m = 0, d = 0, b = 0;
+        if (a->store)
+            srv_store_stats(a->store, &m, &d, &b);
+        *mem += m;
+        *disk += d > m ? d : m;
+        *bytes += b;
+    }
+}
+
+/* Ready when every model is. */
+static int all_ready(api_app_t *app)
+{
+    for (size_t i = 0; i < api_hub_count(app); i++)
+        if (!api_hub_app(app, i)->ready)
+            return 0;
+    return 1;
 }
 
 static void h_health(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
     const int draining = app->draining || srv_http_draining(srv_req_server(req));
-    proto_health_t h = {.status = draining     ? "draining"
-                                  : app->ready ? "ok"
-                                               : "loading",
-                        .model = app->ready ? app->model_id : NULL};
+    const int ready = all_ready(app);
+    const char *names[8];
+    size_t n_models = api_hub_count(app) < 8 ? api_hub_count(app) : 8;
+    for (size_t i = 0; i < n_models; i++)
+        names[i] = api_hub_app(app, i)->model_id;
+    proto_health_t h = {.status = draining ? "draining"
+                                  : ready  ? "ok"
+                                           : "loading",
+                        .model = ready ? app->model_id : NULL,
+                        .models = names,
+                        .n_models = ready ? n_models : 0};
     /* a shared session store that cannot be reached: "degraded", still 200
      * (this replica serves everything that needs no session; 503 is for a
      * replica that can take no traffic: loading, draining) */
     char why[512];
-    if (!draining && app->ready && app->store && srv_store_health(app->store, why, sizeof why) < 0) {
+    if (!draining && ready && app->store && srv_store_health(app->store, why, sizeof why) < 0) {
         h.status = "degraded";
         h.reason = why;
     }
     size_t mem, disk, bytes;
     session_counts(app, &mem, &disk, &bytes);
-    h.sessions = (int64_t)(disk > mem ? disk : mem);
-    if (app->engine) {
+    h.sessions = (int64_t)disk;
+    for (size_t i = 0; i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        if (!a->engine)
+            continue;
         srv_engine_stats_t st;
-        srv_engine_stats(app->engine, &st);
-        h.queue_depth = st.queue_depth + st.running_jobs;
+        srv_engine_stats(a->engine, &st);
+        h.queue_depth += st.queue_depth + st.running_jobs;
     }
     h.uptime_s = (double)(srv_engine_now_ns() - app->t_start_ns) / 1e9;
     char *j = proto_health_json(&h);
@@ -168,41 +196,67 @@ static void h_health(srv_req_t *req, void *ud)
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
-    srv_reply_json(req, draining || !app->ready ? 503 : 200, j);
+    srv_reply_json(req, draining || !ready ? 503 : 200, j);
     proto_free(j);
 }
 
-/* Gauges that are read at scrape time rather than updated on every change. */
+/* Gauges that are read at scrape time rather than updated on every change;
+ * with several models, app is the first and its series (shared by every
+ * model's app: srv_metrics_share) get the sums over all of them. */
 static void refresh_metrics(api_app_t *app)
 {
-    api_prefix_refresh_metrics(app);
     size_t mem, disk, bytes;
     session_counts(app, &mem, &disk, &bytes);
     srv_series_set(app->m_sess_mem, (double)mem);
     srv_series_set(app->m_sess_disk, (double)disk);
     srv_series_set(app->m_sess_bytes, (double)bytes);
-    if (app->store) {
-        size_t dbytes = 0;
-        uint64_t evicted = 0;
-        srv_store_disk_stats(app->store, &dbytes, &evicted);
-        srv_series_set(app->m_sess_disk_bytes, (double)dbytes);
-        if (evicted > app->disk_evicted_seen) {
-            srv_series_add(app->m_sess_evicted, (double)(evicted - app->disk_evicted_seen));
-            app->disk_evicted_seen = evicted;
+    size_t dbytes_all = 0;
+    int64_t queue = 0, running = 0;
+    int any_engine = 0;
+    for (size_t i = 0; i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        api_prefix_refresh_metrics(a);
+        if (a->store) {
+            size_t dbytes = 0;
+            uint64_t evicted = 0;
+            srv_store_disk_stats(a->store, &dbytes, &evicted);
+            dbytes_all += dbytes;
+            if (evicted > a->disk_evicted_seen) {
+                srv_series_add(a->m_sess_evicted, (double)(evicted - a->disk_evicted_seen));
+                a->disk_evicted_seen = evicted;
+            }
+        }
+        if (!a->engine || !a->m_batch_steps)
+            continue;
+        srv_engine_stats_t st;
+        srv_engine_stats(a->engine, &st);
+        queue += st.queue_depth;
+        running += st.running_seqs;
+        any_engine = 1;
+        for (int b = 1; b <= SRV_ENGINE_MAX_BATCH; b++) {
+            if (st.batch_hist[b] == a->batch_seen[b])
+                continue;
+            char lbl[16];
+            snprintf(lbl, sizeof lbl, "%d", b);
+            srv_metric_add(a->m_batch_steps, (const char *[]){lbl},
+                           (double)(st.batch_hist[b] - a->batch_seen[b]));
+            a->batch_seen[b] = st.batch_hist[b];
         }
     }
-    if (!app->engine || !app->m_batch_steps)
-        return;
-    srv_engine_stats_t st;
-    srv_engine_stats(app->engine, &st);
-    for (int b = 1; b <= SRV_ENGINE_MAX_BATCH; b++) {
-        if (st.batch_hist[b] == app->batch_seen[b])
-            continue;
-        char lbl[16];
-        snprintf(lbl, sizeof lbl, "%d", b);
-        srv_metric_add(app->m_batch_steps, (const char *[]){lbl},
-                       (double)(st.batch_hist[b] - app->batch_seen[b]));
-        app->batch_seen[b] = st.batch_hist[b];
+    if (app->store)
+        srv_series_set(app->m_sess_disk_bytes, (double)dbytes_all);
+    if (app->hub && any_engine) {
+        /* each engine sets these on its own changes: the sum of them all */
+        srv_series_set(srv_metric_series(srv_metrics_gauge(app->metrics,
+                                                           "darkserve_engine_queue_depth",
+                                                           "Jobs waiting to run", NULL),
+                                         NULL),
+                       (double)queue);
+        srv_series_set(srv_metric_series(srv_metrics_gauge(app->metrics,
+                                                           "darkserve_engine_running_sequences",
+                                                           "Sequence slots in use", NULL),
+                                         NULL),
+                       (double)running);
     }
 }
 
@@ -266,6 +320,8 @@ static void model_name(api_app_t *app)
     size_t n = strlen(app->model_id);
     if (n > 5 && strcmp(app->model_id + n - 5, ".gguf") == 0)
         app->model_id[n - 5] = '\0';
+    const char *alias = srv_known_model_name(app->cfg->model);
+    snprintf(app->model_alias, sizeof app->model_alias, "%s", alias ? alias : "");
 }
 
 /* Attention: --attn auto picks DARKFormer with the model's adapter, else a
@@ -327,7 +383,10 @@ static int load(api_app_t *app)
                     "--adapter PATH or --attn KIND)",
                     cfg->model, ce.msg);
         else
-            SRV_LOG(SRV_LOG_ERROR, NULL, "cannot load the model %s: %s", cfg->model, ce.msg);
+            SRV_LOG(SRV_LOG_ERROR, NULL, "cannot load the model %s: %s%s", cfg->model, ce.msg,
+                    app->hub ? " (with several --model, the attention flags apply to every "
+                               "model; --attn auto picks each model's own)"
+                             : "");
         free(ch);
         return -1;
     }
@@ -513,8 +572,8 @@ static void load_after(uv_work_t *w, int status)
      * with its checkpoints: from now on the http layer refuses a larger PUT
      * from its Content-Length, and never buffers more of a chunked one */
     app->state_blob_max = srv_store_max_export(app->store) + 4096;
-    if (srv_http_route_set_max_body(app->http, "PUT", "/v1/sessions/{id}/state",
-                                    app->state_blob_max) < 0) {
+    if (!app->hub && srv_http_route_set_max_body(app->http, "PUT", "/v1/sessions/{id}/state",
+                                                 app->state_blob_max) < 0) {
         srv_serve_fail(app->serve, "cannot bound the state import route");
         return;
     }
@@ -527,22 +586,22 @@ static void load_after(uv_work_t *w, int status)
     srv_store_no_io_here(app->store);
     uv_prepare_start(&app->settle_check, on_settle_check);
     app->ready = 1;
-    srv_http_set_ready(app->http, 1);
-    SRV_LOG(SRV_LOG_INFO, NULL, "ready");
+    api_hub_ready(app);
 }
 
 /* Routes answer from the start (503 "loading" until the model is in, /health
  * says "loading"); the model loads on libuv's threadpool, so probes and
  * clients get an answer instead of waiting in the listen backlog. */
-static int app_start(const srv_serve_ctx_t *ctx, void **state)
+int api_app_start(const srv_serve_ctx_t *ctx, const srv_config_t *cfg, api_hub_t *hub,
+                  api_app_t **out)
 {
     api_app_t *app = calloc(1, sizeof *app);
     if (!app) {
         SRV_LOG(SRV_LOG_ERROR, NULL, "out of memory");
         return -1;
     }
-    const srv_config_t *cfg = ctx->cfg;
     app->cfg = cfg;
+    app->hub = hub;
     app->loop = ctx->loop;
     app->http = ctx->http;
     app->metrics = ctx->metrics;
@@ -567,8 +626,8 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
      * these replace them */
     srv_route_opts_t health = {.flags = SRV_ROUTE_PUBLIC | SRV_ROUTE_DRAIN_OK};
     srv_route_opts_t metrics = {.flags = SRV_ROUTE_DRAIN_OK};
-    if (srv_http_route(app->http, "GET", "/health", h_health, app, &health) < 0 ||
-        srv_http_route(app->http, "GET", "/metrics", h_metrics, app, &metrics) < 0 ||
+    if (api_route(app, "GET", "/health", h_health, &health) < 0 ||
+        api_route(app, "GET", "/metrics", h_metrics, &metrics) < 0 ||
         api_openai_routes(app) < 0 || api_responses_routes(app) < 0 ||
         api_sessions_routes(app) < 0 || api_misc_routes(app) < 0 || api_embed_routes(app) < 0 ||
         api_ollama_routes(app) < 0 || api_prefix_routes(app) < 0 ||
@@ -593,18 +652,16 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
         SRV_LOG(SRV_LOG_ERROR, NULL, "cannot start loading the model");
         app->loading = 0;
         app_close_handles(app);
-        *state = NULL;
         return -1;
     }
-    *state = app;
+    *out = app;
     return 0;
 }
 
 /* ---- drain, stop ---- */
 
-static void app_drain(void *state)
+void api_app_drain(api_app_t *app)
 {
-    api_app_t *app = state;
     app->draining = 1;
     if (app->engine)
         srv_engine_drain(app->engine);
@@ -615,9 +672,8 @@ static void app_drain(void *state)
     uv_timer_start(&app->drain_timer, on_drain_deadline, ms - margin, 0);
 }
 
-static void app_stop(void *state)
+void api_app_stop(api_app_t *app)
 {
-    api_app_t *app = state;
     app->stopping = 1;
     if (app->loading) { /* the threadpool still reads the model: load_after cleans up */
         app->stop_pending = 1;
@@ -643,6 +699,59 @@ static void app_stop(void *state)
     app_free_parts(app);
     app->ready = 0;
     app_close_handles(app);
+}
+
+/* One model: its app is the application. Several: one app per model behind
+ * the hub (api_hub.c); the first app is the state the hooks get. */
+static int app_start(const srv_serve_ctx_t *ctx, void **state)
+{
+    *state = NULL;
+    const srv_config_t *cfg = ctx->cfg;
+    if (cfg->models.n <= 1) {
+        api_app_t *app = NULL;
+        if (api_app_start(ctx, cfg, NULL, &app) < 0)
+            return -1;
+        *state = app;
+        return 0;
+    }
+    api_hub_t *hub = api_hub_new(ctx, api_responses_has);
+    if (!hub)
+        return -1;
+    api_app_t *apps[API_HUB_MAX_MODELS];
+    for (size_t i = 0; i < cfg->models.n; i++) {
+        if (api_app_start(ctx, api_hub_cfg(hub, i), hub, &apps[i]) < 0) {
+            /* the apps already started load in the background: stop them */
+            for (size_t j = 0; j < i; j++)
+                api_app_stop(apps[j]);
+            api_hub_abandon(hub);
+            return -1;
+        }
+        api_hub_add(hub, i, apps[i]);
+    }
+    SRV_LOG(SRV_LOG_INFO, NULL, "serving %zu models; requests without \"model\" go to %s",
+            cfg->models.n, cfg->models.v[0]);
+    *state = apps[0];
+    return 0;
+}
+
+/* Each model's app drains, or stops, in turn. */
+static void app_drain(void *state)
+{
+    api_app_t *first = state;
+    for (size_t i = 0; i < api_hub_count(first); i++)
+        api_app_drain(api_hub_app(first, i));
+}
+
+static void app_stop(void *state)
+{
+    api_app_t *first = state;
+    /* the hub may go with the last app's handles: take the list first */
+    const size_t n = api_hub_count(first);
+    api_app_t *apps[API_HUB_MAX_MODELS];
+    for (size_t i = 0; i < n && i < API_HUB_MAX_MODELS; i++)
+        apps[i] = api_hub_app(first, i);
+    for (size_t i = 0; i < n && i < API_HUB_MAX_MODELS; i++)
+        api_app_stop(apps[i]);
 }
 
 const srv_app_t srv_darkserve_app = {.start = app_start, .drain = app_drain, .stop = app_stop};

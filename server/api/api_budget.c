@@ -3,6 +3,8 @@
  * (api_state_bound), admission against what sessions hold and requests in
  * flight reserved (api_state_admit; idle sessions are moved to disk on the
  * I/O thread to make room), and the 429/503 reply that says so. Loop thread.
+ * With several models the budget is one pool: every model's sessions and
+ * reservations count against it.
  * A request's own reservation is api_gen_reserve (api_gen.c).
  */
 #include "server/api/api.h"
@@ -63,9 +65,18 @@ int api_state_admit(api_app_t *app, size_t bytes, proto_error_t *e)
         e->code = "state_memory_exceeded";
         return -1;
     }
-    size_t held = 0, evictable = 0;
-    srv_store_mem_stats(app->store, &held, &evictable);
-    size_t used = app->state_reserved + held;
+    /* one pool for every model the server runs (api_hub_app) */
+    size_t held = 0, evictable = 0, reserved = 0;
+    for (size_t i = 0; i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        size_t h = 0, ev = 0;
+        if (a->store)
+            srv_store_mem_stats(a->store, &h, &ev);
+        held += h;
+        evictable += ev;
+        reserved += a->state_reserved;
+    }
+    size_t used = reserved + held;
     if (used > B || bytes > B - used) {
         proto_error_set(e, PROTO_ERR_RATE_LIMIT, NULL,
                         "attention state memory is full (%zu of %zu bytes in use by sessions and "
@@ -74,17 +85,25 @@ int api_state_admit(api_app_t *app, size_t bytes, proto_error_t *e)
         e->code = "state_memory_full";
         return -1;
     }
-    /* idle sessions make way (written to disk, off the loop) */
-    if (evictable > B - used - bytes && !app->trimming && app->io_running) {
+    /* idle sessions make way (written to disk, off the loop), each model's
+     * store by the same room */
+    const size_t room = B - used - bytes;
+    for (size_t i = 0; evictable > room && i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        size_t h = 0, ev = 0;
+        if (a->store)
+            srv_store_mem_stats(a->store, &h, &ev);
+        if (ev <= room || a->trimming || !a->io_running)
+            continue;
         trim_io_t *w = calloc(1, sizeof *w);
-        if (w) {
-            w->io.work = trim_work;
-            w->io.done = trim_done;
-            w->app = app;
-            w->target = held + (B - used - bytes);
-            app->trimming = 1;
-            api_io_submit(app, &w->io);
-        }
+        if (!w)
+            continue;
+        w->io.work = trim_work;
+        w->io.done = trim_done;
+        w->app = a;
+        w->target = h + room;
+        a->trimming = 1;
+        api_io_submit(a, &w->io);
     }
     return 0;
 }

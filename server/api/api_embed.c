@@ -170,14 +170,6 @@ static srv_pool_t engine_pool(proto_pooling_t p)
                                   : SRV_POOL_MEAN;
 }
 
-/* The served model answers to its id and to "<id>:latest", in any case. */
-static int ollama_model_ok(const api_app_t *app, const char *name)
-{
-    size_t n = strlen(app->model_id);
-    return strncasecmp(name, app->model_id, n) == 0 &&
-           (name[n] == '\0' || strcasecmp(name + n, ":latest") == 0);
-}
-
 static void inputs_free(int32_t **ids, size_t n)
 {
     for (size_t i = 0; ids && i < n; i++)
@@ -199,11 +191,13 @@ static void embed(srv_req_t *req, api_app_t *app, proto_embed_api_t api)
     int32_t **ids = NULL;
     size_t *n_ids = NULL;
     em_req_t *r = NULL;
-    if (ollama_api(api) && !ollama_model_ok(app, er.model)) {
+    if (ollama_api(api) && !api_model_named(app, er.model)) {
+        char names[512];
+        api_model_names(app, names, sizeof names);
         em_reply_errorf(req, api, PROTO_ERR_MODEL_NOT_FOUND, "model",
-                        "model '%.256s' not found: this server serves '%s' (darkserve cannot "
+                        "model '%.256s' not found: this server serves %s (darkserve cannot "
                         "pull models)",
-                        er.model, app->model_id);
+                        er.model, names);
         goto out;
     }
     if (er.dimensions && (size_t)er.dimensions != D) {
@@ -242,7 +236,9 @@ static void embed(srv_req_t *req, api_app_t *app, proto_embed_api_t api)
                 goto out;
             }
         }
-        if (n_ids[i] == 0) {
+        /* an empty text is nothing to embed, whether or not the model
+         * would read a BOS token for it (Gemma does) */
+        if (n_ids[i] == 0 || (!p->tokens && p->text_len == 0)) {
             em_reply_errorf(req, api, PROTO_ERR_INVALID_VALUE, param,
                             "'%s' has no tokens: there is nothing to embed", param);
             goto out;
@@ -362,11 +358,11 @@ int api_embed_routes(api_app_t *app)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
     int rc = 0;
-    rc |= srv_http_route(app->http, "POST", "/v1/embeddings", h_openai, app, &json);
-    rc |= srv_http_route(app->http, "POST", "/embedding", h_llama, app, &json);
-    rc |= srv_http_route(app->http, "POST", "/embeddings", h_llama, app, &json);
+    rc |= api_route(app, "POST", "/v1/embeddings", h_openai, &json);
+    rc |= api_route(app, "POST", "/embedding", h_llama, &json);
+    rc |= api_route(app, "POST", "/embeddings", h_llama, &json);
     /* Ollama takes any content type, as its other routes here do */
-    rc |= srv_http_route(app->http, "POST", "/api/embed", h_ollama, app, NULL);
-    rc |= srv_http_route(app->http, "POST", "/api/embeddings", h_ollama_v1, app, NULL);
+    rc |= api_route(app, "POST", "/api/embed", h_ollama, NULL);
+    rc |= api_route(app, "POST", "/api/embeddings", h_ollama_v1, NULL);
     return rc ? -1 : 0;
 }

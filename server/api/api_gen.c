@@ -773,9 +773,10 @@ void api_gen_log_done(const api_gen_t *g, const char *session, int64_t prompt_to
                       int64_t completion_tokens, double ttft_s, const char *finish)
 {
     SRV_LOG(SRV_LOG_INFO, g->rid,
-            "generation route=%s session=%s prompt_tokens=%" PRId64 " completion_tokens=%" PRId64
-            " ttft_ms=%.1f total_ms=%.1f finish=%s%s",
-            g->route, session ? session : "-", prompt_tokens, completion_tokens,
+            "generation route=%s%s%s session=%s prompt_tokens=%" PRId64
+            " completion_tokens=%" PRId64 " ttft_ms=%.1f total_ms=%.1f finish=%s%s",
+            g->route, g->app->hub ? " model=" : "", g->app->hub ? g->app->model_id : "",
+            session ? session : "-", prompt_tokens, completion_tokens,
             ttft_s >= 0 ? ttft_s * 1e3 : -1.0, (double)(srv_engine_now_ns() - g->t_start_ns) / 1e6,
             finish ? finish : "-", g->cancelled ? " (client gone)" : "");
 }

@@ -188,9 +188,9 @@ int api_misc_routes(api_app_t *app)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
     int rc = 0;
-    rc |= srv_http_route(app->http, "POST", "/tokenize", h_tokenize, app, &json);
-    rc |= srv_http_route(app->http, "POST", "/detokenize", h_detokenize, app, &json);
-    rc |= srv_http_route(app->http, "GET", "/props", h_props, app, NULL);
-    rc |= srv_http_route(app->http, "POST", "/apply-template", h_apply_template, app, &json);
+    rc |= api_route(app, "POST", "/tokenize", h_tokenize, &json);
+    rc |= api_route(app, "POST", "/detokenize", h_detokenize, &json);
+    rc |= api_route(app, "GET", "/props", h_props, NULL);
+    rc |= api_route(app, "POST", "/apply-template", h_apply_template, &json);
     return rc ? -1 : 0;
 }

@@ -76,24 +76,19 @@ static void reply_errorf(srv_req_t *req, proto_errkind_t kind, int status, const
     reply_error(req, &e);
 }
 
-/* The served model answers to its id and to "<id>:latest" (Ollama's tag),
- * in any case, as Ollama's names are. */
-static int model_matches(const api_app_t *app, const char *name)
-{
-    size_t n = strlen(app->model_id);
-    if (strncasecmp(name, app->model_id, n) != 0)
-        return 0;
-    return name[n] == '\0' || strcasecmp(name + n, ":latest") == 0;
-}
-
+/* The served model answers to its id, its short name and those with
+ * ":latest" (Ollama's tag), in any case, as Ollama's names are
+ * (api_model_named). */
 static int check_model(api_app_t *app, srv_req_t *req, const char *name)
 {
-    if (model_matches(app, name))
+    if (api_model_named(app, name))
         return 0;
+    char names[512];
+    api_model_names(app, names, sizeof names);
     reply_errorf(req, PROTO_ERR_MODEL_NOT_FOUND, 0,
-                 "model '%.256s' not found: this server serves '%s' (darkserve cannot pull "
+                 "model '%.256s' not found: this server serves %s (darkserve cannot pull "
                  "models)",
-                 name, app->model_id);
+                 name, names);
     return -1;
 }
 
@@ -546,23 +541,37 @@ static void reply_text(srv_req_t *req, char *j)
     proto_free(j);
 }
 
+/* Every model the server runs (api_hub_app), as /api/tags (ps = 0) or
+ * /api/ps lists them. */
+static void list_models(srv_req_t *req, api_app_t *app, int ps)
+{
+    enum { MAX_LISTED = 8 };
+    model_desc_t d[MAX_LISTED];
+    proto_ollama_model_t m[MAX_LISTED];
+    size_t n = api_hub_count(app);
+    n = n < MAX_LISTED ? n : MAX_LISTED;
+    for (size_t i = 0; i < n; i++) {
+        const api_app_t *a = api_hub_app(app, i);
+        describe(api_hub_app(app, i), &d[i]);
+        m[i] = d[i].m;
+        if (!ps)
+            continue;
+        /* loaded for the server's lifetime: Ollama's "never expires" */
+        m[i].expires_at = "9999-12-31T23:59:59Z";
+        const core_attn_cfg_t *c = core_attn_config(core_model_attn(a->model));
+        m[i].context_length = c->kind == CORE_ATTN_EXACT ? c->max_ctx : 0;
+    }
+    reply_text(req, proto_ollama_models_json(m, n, ps));
+}
+
 static void h_tags(srv_req_t *req, void *ud)
 {
-    model_desc_t d;
-    describe(ud, &d);
-    reply_text(req, proto_ollama_models_json(&d.m, 1, 0));
+    list_models(req, ud, 0);
 }
 
 static void h_ps(srv_req_t *req, void *ud)
 {
-    api_app_t *app = ud;
-    model_desc_t d;
-    describe(app, &d);
-    /* loaded for the server's lifetime: Ollama's "never expires" */
-    d.m.expires_at = "9999-12-31T23:59:59Z";
-    const core_attn_cfg_t *c = core_attn_config(core_model_attn(app->model));
-    d.m.context_length = c->kind == CORE_ATTN_EXACT ? c->max_ctx : 0;
-    reply_text(req, proto_ollama_models_json(&d.m, 1, 1));
+    list_models(req, ud, 1);
 }
 
 static void h_show(srv_req_t *req, void *ud)
@@ -635,17 +644,17 @@ int api_ollama_routes(api_app_t *app)
     int rc = 0;
     /* no SRV_ROUTE_JSON: Ollama takes any content type (`curl -d` sends a
      * form type), the body is parsed as JSON all the same */
-    rc |= srv_http_route(app->http, "POST", "/api/generate", h_generate, app, NULL);
-    rc |= srv_http_route(app->http, "POST", "/api/chat", h_chat, app, NULL);
-    rc |= srv_http_route(app->http, "GET", "/api/tags", h_tags, app, NULL);
-    rc |= srv_http_route(app->http, "POST", "/api/show", h_show, app, NULL);
-    rc |= srv_http_route(app->http, "GET", "/api/ps", h_ps, app, NULL);
-    rc |= srv_http_route(app->http, "GET", "/api/version", h_version, app, NULL);
+    rc |= api_route(app, "POST", "/api/generate", h_generate, NULL);
+    rc |= api_route(app, "POST", "/api/chat", h_chat, NULL);
+    rc |= api_route(app, "GET", "/api/tags", h_tags, NULL);
+    rc |= api_route(app, "POST", "/api/show", h_show, NULL);
+    rc |= api_route(app, "GET", "/api/ps", h_ps, NULL);
+    rc |= api_route(app, "GET", "/api/version", h_version, NULL);
     static const char *const manage[][2] = {
         {"POST", "/api/pull"},         {"POST", "/api/push"}, {"POST", "/api/create"},
         {"DELETE", "/api/delete"},     {"POST", "/api/copy"}, {"POST", "/api/blobs/{digest}"},
         {"GET", "/api/blobs/{digest}"}};
     for (size_t i = 0; i < sizeof manage / sizeof manage[0]; i++)
-        rc |= srv_http_route(app->http, manage[i][0], manage[i][1], h_manage, app, NULL);
+        rc |= api_route(app, manage[i][0], manage[i][1], h_manage, NULL);
     return rc ? -1 : 0;
 }

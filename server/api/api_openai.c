@@ -1621,8 +1621,15 @@ out:
 static void h_models(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
-    proto_model_entry_t m = {.id = app->model_id, .created = app->created, .owned_by = "darkserve"};
-    char *j = proto_models_json(&m, 1);
+    proto_model_entry_t m[8];
+    size_t n = api_hub_count(app);
+    n = n < 8 ? n : 8;
+    for (size_t i = 0; i < n; i++) {
+        const api_app_t *a = api_hub_app(app, i);
+        m[i] = (proto_model_entry_t){.id = a->model_id, .created = a->created,
+                                     .owned_by = "darkserve"};
+    }
+    char *j = proto_models_json(m, n);
     if (!j) {
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;
@@ -1635,17 +1642,16 @@ int api_openai_routes(api_app_t *app)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
     int rc = 0;
-    rc |= srv_http_route(app->http, "POST", "/v1/completions", h_completions, app, &json);
-    rc |= srv_http_route(app->http, "POST", "/v1/chat/completions", h_chat, app, &json);
-    rc |= srv_http_route(app->http, "GET", "/v1/models", h_models, app, NULL);
-    rc |= srv_http_route(app->http, "POST", "/completion", h_native, app, &json);
-    rc |= srv_http_route(app->http, "POST", "/completions", h_native, app, &json);
-    rc |= srv_http_route(app->http, "POST", "/infill", h_infill, app, &json);
-    rc |= srv_http_route(app->http, "POST", "/v1/messages", h_messages, app, &json);
-    rc |= srv_http_route(app->http, "POST", "/v1/messages/count_tokens", h_messages_count, app,
-                         &json);
-    rc |= srv_http_route(app->http, "POST", "/v1/responses", h_responses, app, &json);
-    rc |= srv_http_route(app->http, "POST", "/chat/completions", h_chat, app, &json);
-    rc |= srv_http_route(app->http, "GET", "/models", h_models, app, NULL);
+    rc |= api_route(app, "POST", "/v1/completions", h_completions, &json);
+    rc |= api_route(app, "POST", "/v1/chat/completions", h_chat, &json);
+    rc |= api_route(app, "GET", "/v1/models", h_models, NULL);
+    rc |= api_route(app, "POST", "/completion", h_native, &json);
+    rc |= api_route(app, "POST", "/completions", h_native, &json);
+    rc |= api_route(app, "POST", "/infill", h_infill, &json);
+    rc |= api_route(app, "POST", "/v1/messages", h_messages, &json);
+    rc |= api_route(app, "POST", "/v1/messages/count_tokens", h_messages_count, &json);
+    rc |= api_route(app, "POST", "/v1/responses", h_responses, &json);
+    rc |= api_route(app, "POST", "/chat/completions", h_chat, &json);
+    rc |= api_route(app, "GET", "/models", h_models, NULL);
     return rc ? -1 : 0;
 }

@@ -224,23 +224,36 @@ static void h_prefix_create(srv_req_t *req, void *ud)
     api_gen_start(g, req, 0, PROTO_STREAM_NDJSON);
 }
 
+/* Every model's cache (api_hub_app): the entries of each, the budgets and
+ * bytes summed. */
 static void h_prefix_list(srv_req_t *req, void *ud)
 {
     api_app_t *app = ud;
-    srv_prefix_cache_stats_t st = {0};
-    if (app->prefix)
-        srv_prefix_cache_stats(app->prefix, &st);
-    proto_prefix_info_t *items = calloc(st.entries ? st.entries : 1, sizeof *items);
+    size_t total = 0, bytes = 0, pinned = 0;
+    int64_t budget = 0;
+    for (size_t i = 0; i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        srv_prefix_cache_stats_t st = {0};
+        if (a->prefix)
+            srv_prefix_cache_stats(a->prefix, &st);
+        total += st.entries;
+        bytes += st.bytes;
+        pinned += st.pinned_bytes;
+        budget += a->cfg->prefix_cache_mb << 20;
+    }
+    proto_prefix_info_t *items = calloc(total ? total : 1, sizeof *items);
     if (!items) {
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
         return;
     }
     size_t n = 0;
-    for (srv_prefix_entry_t *e = app->prefix ? srv_prefix_cache_next(app->prefix, NULL) : NULL;
-         e && n < st.entries; e = srv_prefix_cache_next(app->prefix, e))
-        entry_info(e, &items[n++]);
-    char *j = proto_prefix_list_json(items, n, app->cfg->prefix_cache_mb << 20, (int64_t)st.bytes,
-                                     (int64_t)st.pinned_bytes);
+    for (size_t i = 0; i < api_hub_count(app); i++) {
+        api_app_t *a = api_hub_app(app, i);
+        for (srv_prefix_entry_t *e = a->prefix ? srv_prefix_cache_next(a->prefix, NULL) : NULL;
+             e && n < total; e = srv_prefix_cache_next(a->prefix, e))
+            entry_info(e, &items[n++]);
+    }
+    char *j = proto_prefix_list_json(items, n, budget, (int64_t)bytes, (int64_t)pinned);
     free(items);
     if (!j) {
         api_reply_kind(req, PROTO_ERR_INTERNAL, NULL, "out of memory");
@@ -271,8 +284,8 @@ int api_prefix_routes(api_app_t *app)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
     int rc = 0;
-    rc |= srv_http_route(app->http, "POST", "/v1/prefixes", h_prefix_create, app, &json);
-    rc |= srv_http_route(app->http, "GET", "/v1/prefixes", h_prefix_list, app, NULL);
-    rc |= srv_http_route(app->http, "DELETE", "/v1/prefixes/{id}", h_prefix_delete, app, NULL);
+    rc |= api_route(app, "POST", "/v1/prefixes", h_prefix_create, &json);
+    rc |= api_route(app, "GET", "/v1/prefixes", h_prefix_list, NULL);
+    rc |= api_route(app, "DELETE", "/v1/prefixes/{id}", h_prefix_delete, NULL);
     return rc ? -1 : 0;
 }

@@ -95,6 +95,11 @@ static void drop(api_rsp_table_t *t, size_t i)
         t->e[i] = t->e[t->n];
 }
 
+int api_responses_has(const api_app_t *app, const char *id)
+{
+    return app->responses && find(app->responses, id) != NULL;
+}
+
 int api_responses_find(api_app_t *app, const char *id, const api_caller_t *who,
                        char session[PROTO_SESSION_ID_LEN + 1])
 {
@@ -335,7 +340,7 @@ static void h_delete(srv_req_t *req, void *ud)
 int api_responses_routes(api_app_t *app)
 {
     int rc = 0;
-    rc |= srv_http_route(app->http, "GET", "/v1/responses/{id}", h_get, app, NULL);
-    rc |= srv_http_route(app->http, "DELETE", "/v1/responses/{id}", h_delete, app, NULL);
+    rc |= api_route(app, "GET", "/v1/responses/{id}", h_get, NULL);
+    rc |= api_route(app, "DELETE", "/v1/responses/{id}", h_delete, NULL);
     return rc ? -1 : 0;
 }

@@ -66,6 +66,7 @@ static void session_info_json(api_app_t *app, const srv_session_info_t *si,
         .n_checkpoints = si->n_checkpoints,
         .has_pending_grammar = si->pending_grammar >= 0,
         .pending_grammar_bytes = si->pending_grammar,
+        .model = app->model_id,
     };
 }
 
@@ -972,28 +973,67 @@ static void h_regenerate(srv_req_t *req, void *ud)
 
 /* The list answer (*json, proto_free) of the sessions owner may see (NULL
  * = every one) after `after` ("" = from the start), or -1 with e. */
+static int by_id(const void *a, const void *b)
+{
+    const srv_session_info_t *x = a, *y = b;
+    return strcmp(x->id, y->id);
+}
+
+/* The sessions of every model (api_hub_app), ordered by id: each model's
+ * store lists its first `limit` after `after`, and the first `limit` of
+ * them all are the page. */
 static int list_json(api_app_t *app, const char *owner, const char *after, size_t limit,
                      char **json, proto_error_t *e)
 {
     *json = NULL;
-    srv_session_info_t *si = calloc(limit, sizeof *si);
+    const size_t n_apps = api_hub_count(app);
+    srv_session_info_t *si = calloc(limit * n_apps, sizeof *si);
+    api_app_t **of = calloc(limit * n_apps, sizeof *of);
     proto_session_info_t *pi = calloc(limit, sizeof *pi);
     proto_checkpoint_t *ck = calloc(limit * SRV_STORE_MAX_CHECKPOINTS, sizeof *ck);
     size_t n = 0;
     int more = 0, rc = -1;
-    if (!si || !pi || !ck) {
+    if (!si || !pi || !ck || !of) {
         proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
         goto out;
     }
-    char err[SRV_STORE_ERR_MAX] = "";
-    int src = srv_store_list_owned(app->store, owner, after[0] ? after : NULL, limit, si, &n, &more,
-                                   err, sizeof err);
-    if (src < 0) {
-        api_store_error(src, NULL, err, e);
-        goto out;
+    for (size_t a = 0; a < n_apps; a++) {
+        api_app_t *m = api_hub_app(app, a);
+        char err[SRV_STORE_ERR_MAX] = "";
+        size_t got = 0;
+        int more_here = 0;
+        int src = srv_store_list_owned(m->store, owner, after[0] ? after : NULL, limit, si + n,
+                                       &got, &more_here, err, sizeof err);
+        if (src < 0) {
+            api_store_error(src, NULL, err, e);
+            goto out;
+        }
+        for (size_t i = 0; i < got; i++)
+            of[n + i] = m;
+        more |= more_here;
+        n += got;
+    }
+    if (n_apps > 1) {
+        /* merge: insertion sort by id, each entry keeping its model */
+        for (size_t i = 1; i < n; i++) {
+            srv_session_info_t t = si[i];
+            api_app_t *tm = of[i];
+            size_t j = i;
+            while (j > 0 && by_id(&si[j - 1], &t) > 0) {
+                si[j] = si[j - 1];
+                of[j] = of[j - 1];
+                j--;
+            }
+            si[j] = t;
+            of[j] = tm;
+        }
+    }
+    if (n > limit) {
+        n = limit;
+        more = 1;
     }
     for (size_t i = 0; i < n; i++)
-        session_info_json(app, &si[i], &pi[i], ck + i * SRV_STORE_MAX_CHECKPOINTS);
+        session_info_json(of[i], &si[i], &pi[i], ck + i * SRV_STORE_MAX_CHECKPOINTS);
     *json = proto_session_list_json(pi, n, more);
     if (!*json) {
         proto_error_set(e, PROTO_ERR_INTERNAL, NULL, "out of memory");
@@ -1002,6 +1042,7 @@ static int list_json(api_app_t *app, const char *owner, const char *after, size_
     rc = 0;
 out:
     free(si);
+    free(of);
     free(pi);
     free(ck);
     return rc;
@@ -1300,7 +1341,29 @@ static void h_import(srv_req_t *req, void *ud)
     if (!o)
         return;
     size_t n = 0;
-    srv_req_body(req, &n);
+    const char *blob = srv_req_body(req, &n);
+    core_state_info_t bi;
+    core_error_t ce = {0};
+    const int peeked = core_state_peek(blob, n, &bi, &ce) == 0;
+    if (peeked && strcmp(bi.fingerprint, core_model_info(app->model)->fingerprint) != 0) {
+        /* a session stays bound to its model: name both when the server
+         * runs the blob's (the store's own check says the rest) */
+        for (size_t i = 0; i < api_hub_count(app); i++) {
+            const api_app_t *m = api_hub_app(app, i);
+            if (m == app || !m->model ||
+                strcmp(bi.fingerprint, core_model_info(m->model)->fingerprint) != 0)
+                continue;
+            free(o);
+            proto_error_t e;
+            proto_error_set(&e, PROTO_ERR_INVALID_VALUE, NULL,
+                            "the state belongs to model '%s'; session '%s' is bound to model '%s' (a "
+                            "state cannot move to another model)",
+                            m->model_id, srv_req_param(req, "id"), app->model_id);
+            e.code = "state_model_mismatch";
+            api_reply_proto(req, &e);
+            return;
+        }
+    }
     if (n == 0 || n > app->state_blob_max) {
         free(o);
         if (n == 0)
@@ -1315,12 +1378,8 @@ static void h_import(srv_req_t *req, void *ud)
     /* the imported state takes memory: as much as the blob's history needs,
      * less what the session holds now (a blob the store will refuse is let
      * through, for the store's error) */
-    const char *blob = srv_req_body(req, &n);
-    core_state_info_t bi;
-    core_error_t ce = {0};
     srv_session_info_t si;
-    if (core_state_peek(blob, n, &bi, &ce) == 0 &&
-        srv_store_info(app->store, o->id, &si, NULL, 0) == 0) {
+    if (peeked && srv_store_info(app->store, o->id, &si, NULL, 0) == 0) {
         size_t need = api_state_bound(app, bi.pos + (int64_t)bi.n_pending);
         size_t have = si.in_memory ? api_state_bound(app, si.tokens) : 0;
         if (need > have && sop_admit(app, req, o, need - have) < 0)
@@ -1364,18 +1423,17 @@ int api_sessions_routes(api_app_t *app)
 {
     srv_route_opts_t json = {.flags = SRV_ROUTE_JSON};
     srv_route_opts_t blob = {.flags = 0, .max_body = app->state_max_body};
-    srv_http_t *h = app->http;
     int rc = 0;
-    rc |= srv_http_route(h, "POST", "/v1/sessions", h_create, app, &json);
-    rc |= srv_http_route(h, "GET", "/v1/sessions", h_list, app, NULL);
-    rc |= srv_http_route(h, "GET", "/v1/sessions/{id}", h_get, app, NULL);
-    rc |= srv_http_route(h, "DELETE", "/v1/sessions/{id}", h_delete, app, NULL);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/append", h_append, app, &json);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/generate", h_generate, app, &json);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/fork", h_fork, app, &json);
-    rc |= srv_http_route(h, "GET", "/v1/sessions/{id}/state", h_export, app, NULL);
-    rc |= srv_http_route(h, "PUT", "/v1/sessions/{id}/state", h_import, app, &blob);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/rollback", h_rollback, app, &json);
-    rc |= srv_http_route(h, "POST", "/v1/sessions/{id}/regenerate", h_regenerate, app, &json);
+    rc |= api_route(app, "POST", "/v1/sessions", h_create, &json);
+    rc |= api_route(app, "GET", "/v1/sessions", h_list, NULL);
+    rc |= api_route(app, "GET", "/v1/sessions/{id}", h_get, NULL);
+    rc |= api_route(app, "DELETE", "/v1/sessions/{id}", h_delete, NULL);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/append", h_append, &json);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/generate", h_generate, &json);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/fork", h_fork, &json);
+    rc |= api_route(app, "GET", "/v1/sessions/{id}/state", h_export, NULL);
+    rc |= api_route(app, "PUT", "/v1/sessions/{id}/state", h_import, &blob);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/rollback", h_rollback, &json);
+    rc |= api_route(app, "POST", "/v1/sessions/{id}/regenerate", h_regenerate, &json);
     return rc ? -1 : 0;
 }

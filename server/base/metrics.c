@@ -42,6 +42,7 @@ struct srv_metrics {
     pthread_mutex_t lock;
     srv_metric_t **metrics; /* owned */
     size_t n, cap;
+    int share; /* srv_metrics_share */
 };
 
 static uint64_t dbits(double v)
@@ -64,6 +65,13 @@ static void atomic_add_double(_Atomic uint64_t *a, double v)
     while (!atomic_compare_exchange_weak_explicit(a, &old, dbits(bitsd(old) + v),
                                                   memory_order_relaxed, memory_order_relaxed))
         ;
+}
+
+void srv_metrics_share(srv_metrics_t *reg, int on)
+{
+    pthread_mutex_lock(&reg->lock);
+    reg->share = on;
+    pthread_mutex_unlock(&reg->lock);
 }
 
 srv_metrics_t *srv_metrics_new(void)
@@ -174,8 +182,16 @@ static srv_metric_t *metric_register(srv_metrics_t *reg, const char *name, const
     pthread_mutex_lock(&reg->lock);
     for (size_t i = 0; i < reg->n; i++) {
         if (strcmp(reg->metrics[i]->name, name) == 0) {
+            srv_metric_t *old = reg->metrics[i];
+            int same = reg->share && old->kind == m->kind && old->nlabels == m->nlabels &&
+                       old->nbounds == m->nbounds;
+            for (size_t j = 0; same && j < m->nlabels; j++)
+                same = strcmp(old->labels[j], m->labels[j]) == 0;
+            for (size_t j = 0; same && j < m->nbounds; j++)
+                same = old->bounds[j] == m->bounds[j];
             pthread_mutex_unlock(&reg->lock);
-            goto fail;
+            metric_free(m);
+            return same ? old : NULL;
         }
     }
     if (reg->n == reg->cap) {

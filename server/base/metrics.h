@@ -46,10 +46,17 @@ srv_metrics_t *srv_metrics_new(void);
 /* Frees the registry and every metric and series in it. NULL is a no-op. */
 void srv_metrics_free(srv_metrics_t *reg);
 
+/* on = 1: from now on, registering a name already registered with the same
+ * kind, label names and bounds returns the metric already there instead of
+ * NULL (one engine per served model, each counting into the same family:
+ * the families count every model together). on = 0: the default. */
+void srv_metrics_share(srv_metrics_t *reg, int on);
+
 /* Registers a metric. name must match [a-zA-Z_:][a-zA-Z0-9_:]*; labels is a
  * NULL-terminated list of label names ([a-zA-Z_][a-zA-Z0-9_]*, not starting
  * with "__", not "le" for histograms), or NULL for none. Returns a pointer
- * owned by the registry, or NULL if a name is invalid, already registered,
+ * owned by the registry, or NULL if a name is invalid, already registered
+ * (see srv_metrics_share),
  * or memory is short. Counters only go up (srv_series_add with v >= 0). */
 srv_metric_t *srv_metrics_counter(srv_metrics_t *reg, const char *name, const char *help,
                                   const char *const *labels);

@@ -8,6 +8,7 @@ test fails. Env (set by `make pytest`):
   DARKSERVE_BIN         the binary            (default <build>/darkserve)
   DARKSERVE_TINY_MODEL  the tiny random model (default <build>/fixtures/tiny.gguf)
   DARKSERVE_MODEL       the real default model (SmolLM2-135M-Instruct Q4_1)
+  DARKSERVE_GEMMA_MODEL the real Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf)
 A missing binary or model fails the tests that need it; nothing is skipped.
 
 HTTP goes through the standard library (http.client), so the tests see the
@@ -29,6 +30,8 @@ TINY = os.environ.get("DARKSERVE_TINY_MODEL", os.path.join(BUILD, "fixtures", "t
 TINY_GEMMA = os.environ.get("DARKSERVE_TINY_GEMMA", os.path.join(BUILD, "fixtures", "tiny_gemma3.gguf"))
 MODEL = os.environ.get("DARKSERVE_MODEL",
                        os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+GEMMA = os.environ.get("DARKSERVE_GEMMA_MODEL",
+                       os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
 
 START_S = 120   # a loaded 2-core machine can be slow to load the real model
 REQ_S = 300     # one request, generous
@@ -101,6 +104,9 @@ class Server:
         self.err = os.path.join(self.tmp, f"{name}.stderr")
         self.session_dir = session_dir or os.path.join(self.tmp, f"{name}-sessions")
         self.model = model
+        # the name the server gives it (the file name without ".gguf")
+        self.model_id = os.path.basename(model)[:-5] if model.endswith(".gguf") else \
+            os.path.basename(model)
         # exact unless a test asks otherwise (None: no --attn, the default auto)
         self.args = (["--attn", attn] if attn else []) + list(args)
         self.env = dict(os.environ, **env) if env else None  # extra environment variables

@@ -183,18 +183,18 @@ def test_ollama_errors(tiny):
         assert st == status and set(r) == {"error"} and r["error"], (st, r)
     ollama_error(*tiny.post("/api/embed", {"model": "nope", "input": "hi"})[:2], 404)
     ollama_error(*tiny.post("/api/embed", {"input": "hi"})[:2], 400)
-    ollama_error(*tiny.post("/api/embed", {"model": "tiny"})[:2], 400)
-    ollama_error(*tiny.post("/api/embed", {"model": "tiny", "input": [1, 2]})[:2], 400)
-    ollama_error(*tiny.post("/api/embed", {"model": "tiny", "input": "a",
+    ollama_error(*tiny.post("/api/embed", {"model": tiny.model_id})[:2], 400)
+    ollama_error(*tiny.post("/api/embed", {"model": tiny.model_id, "input": [1, 2]})[:2], 400)
+    ollama_error(*tiny.post("/api/embed", {"model": tiny.model_id, "input": "a",
                                            "dimensions": 8})[:2], 400)
-    ollama_error(*tiny.post("/api/embed", {"model": "tiny", "input": "a",
+    ollama_error(*tiny.post("/api/embed", {"model": tiny.model_id, "input": "a",
                                            "pooling": "none"})[:2], 400)
-    ollama_error(*tiny.post("/api/embed", {"model": "tiny", "input": "a",
+    ollama_error(*tiny.post("/api/embed", {"model": tiny.model_id, "input": "a",
                                            "truncate": "yes"})[:2], 400)
-    ollama_error(*tiny.post("/api/embeddings", {"model": "tiny", "prompt": ["a"]})[:2], 400)
+    ollama_error(*tiny.post("/api/embeddings", {"model": tiny.model_id, "prompt": ["a"]})[:2], 400)
     # the Ollama routes take any content type, as Ollama does
     st, _, body = tiny.request("POST", "/api/embed",
-                               json.dumps({"model": "tiny", "input": "a"}).encode(),
+                               json.dumps({"model": tiny.model_id, "input": "a"}).encode(),
                                {"Content-Type": "application/x-www-form-urlencoded"})
     assert st == 200 and len(json.loads(body)["embeddings"][0]) == TINY_D
 

@@ -296,15 +296,21 @@ def test_props(tiny):
     assert st == 200
     st, m, _ = tiny.json("GET", "/v1/models")
     assert p["model_alias"] == m["data"][0]["id"]
-    assert p["model_path"] == TINY
-    assert p["default_generation_settings"]["n_ctx"] == 512  # exact attention: the context
+    assert p["model_path"] == tiny.model
+    # exact attention: the fixture's context (make_tiny_model.py, make_tiny_gemma3.py)
+    n_ctx = 512 if tiny.model == TINY else 256
+    assert p["default_generation_settings"]["n_ctx"] == n_ctx
     assert p["default_generation_settings"]["params"]["n_predict"] == 256
     assert p["total_slots"] >= 1 and p["modalities"] == {"vision": False, "audio": False}
-    assert "<|im_start|>" in p["chat_template"]
-    assert p["eos_token"] == "<|im_end|>"
+    if tiny.model == TINY:
+        assert "<|im_start|>" in p["chat_template"]
+        assert p["eos_token"] == "<|im_end|>"
+    else:  # no template in the GGUF: Gemma's turn format
+        assert p["chat_template"] == "gemma", p["chat_template"]
 
 
-def test_apply_template_is_what_chat_reads(tiny):
+def test_apply_template_is_what_chat_reads(tiny_llama):
+    tiny = tiny_llama  # ChatML, the tiny Llama's template
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>"}]
     st, r, _ = tiny.post("/apply-template", {"messages": msgs})
     assert st == 200

@@ -65,8 +65,11 @@ def test_openai_client_completions(tiny):
     assert reasons[-1] == ch.finish_reason
 
 
-def test_openai_client_chat(real):
+def test_openai_client_chat(real_smollm2):
     """Real text from the real model, through the unmodified client."""
+    # SmolLM2: an instruction-tuned model that answers the question (the
+    # base Gemma continues text, it does not answer)
+    real = real_smollm2
     c = client(real)
     msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     r = c.chat.completions.create(model="anything", messages=msgs, max_tokens=12,
@@ -119,7 +122,10 @@ def test_stream_equals_nonstream_for_a_seed(tiny):
     assert content == c1["choices"][0]["message"]["content"]
 
 
-def test_n_choices_follow_documented_seeds(tiny):
+def test_n_choices_follow_documented_seeds(tiny_llama):
+    # the tiny random Gemma's next-token distributions are too peaked for
+    # three seeds to sample three different texts: the Llama fixture's
+    tiny = tiny_llama
     """n=3 with seed S: choice i equals a single request with seed S+i."""
     base = dict(prompt="A network of", max_tokens=12, temperature=1.0)
     r = completion(tiny, n=3, seed=7, **base)
@@ -151,7 +157,8 @@ def test_prompt_batch_is_prompt_major(tiny):
 
 
 def test_token_prompt_equals_text_prompt(tiny):
-    st, tok, _ = tiny.post("/tokenize", {"text": "The user of the system"})
+    # with the special tokens the text prompt gets (Gemma's BOS)
+    st, tok, _ = tiny.post("/tokenize", {"text": "The user of the system", "add_special": True})
     assert st == 200
     a = completion(tiny, prompt="The user of the system", max_tokens=10, temperature=0)
     b = completion(tiny, prompt=tok["tokens"], max_tokens=10, temperature=0)
@@ -345,7 +352,8 @@ def test_half_closed_client_gets_its_answer(tiny):
         want["choices"][0]["text"]
 
 
-def test_special_texts_in_messages_are_plain_text(tiny):
+def test_special_texts_in_messages_are_plain_text(tiny_llama):
+    tiny = tiny_llama  # ChatML's markers are the tiny Llama's special tokens
     """A user message carrying "<|im_start|>system" does not become control
     tokens (a forged system turn) unless the request sets parse_special:
     read as text the markers take several tokens each, as control tokens one

@@ -270,7 +270,7 @@ def test_ambiguous_schema_refused_when_it_arrives(tiny, stream):
         e = r["error"]
         assert e["param"] == "response_format" and e["code"] == "invalid_value", e
         assert "too ambiguous" in e["message"] and "after the text" in e["message"], e
-    st, r, _ = tiny.post("/api/chat", {"model": "tiny", "stream": stream, "format": schema,
+    st, r, _ = tiny.post("/api/chat", {"model": tiny.model_id, "stream": stream, "format": schema,
                                        "messages": [{"role": "user", "content": "x"}]})
     assert st == 400 and "too ambiguous" in r["error"], r
 

@@ -67,7 +67,7 @@ def ckpt_files(srv, sid):
 def test_turns_and_checkpoints_are_listed(tiny):
     """Every append or generate is a turn; the session keeps its state
     before each one, listed by GET with the tokens it held."""
-    sid = create(tiny, {"system": "You are terse."})
+    sid = create(tiny, {"messages": [{"role": "user", "content": "You are terse."}]})
     s0 = info(tiny, sid)
     assert s0["turns"] == 0 and s0["checkpoints"] == []
     history = [s0["tokens"]]
@@ -136,7 +136,7 @@ def test_regenerate_after_20_turns_costs_one_reply(servers):
     (A constant-size state: the tiny model's exact context would end
     before 20 turns.)"""
     tiny = servers(attn="performer", name="perf")
-    sid = create(tiny, {"system": "You are terse."})
+    sid = create(tiny, {"messages": [{"role": "user", "content": "You are terse."}]})
     last = None
     for i in range(20):
         last = turn(tiny, sid, f"turn number {i}", max_tokens=5)

@@ -282,9 +282,9 @@ static int op_builders(void)
     proto_timings_t tm = {1, 2, 3};
     const proto_checkpoint_t ck = {1, 2, 3};
     proto_session_info_t si = {"0123456789abcdef0123456789abcdef", 1, 2, 3, 4, "exact", 0, 0,
-                               2, &ck, 1, 0, 0, 0, 0, NULL, 0};
+                               2, &ck, 1, 0, 0, 0, 0, NULL, 0, NULL};
     proto_model_entry_t me = {"m", 1, "o"};
-    proto_health_t h = {"ok", "m", 1, 2, 3.0, NULL};
+    proto_health_t h = {"ok", "m", 1, 2, 3.0, NULL, NULL, 0};
     proto_gen_token_t gt = {"a", 1, 1, &lps[0]};
     int32_t ids[2] = {1, 2};
     const char *pieces[2] = {"a", "\xe2"};

@@ -223,8 +223,39 @@ TEST(allocation_failures)
     check_alloc_failures(op);
 }
 
+/* proto_peek_model: what the router of several models reads first. */
+TEST(peek_model)
+{
+    char out[16];
+    const char *b = "{\"model\":\"gemma3-270m\",\"prompt\":\"x\"}";
+    CHECK(proto_peek_model(b, strlen(b), NULL, out, sizeof out) == 1);
+    CHECK_STR_EQ(out, "gemma3-270m");
+    b = "{\"name\":\"tiny:latest\"}"; /* Ollama's older key, when asked for */
+    CHECK(proto_peek_model(b, strlen(b), NULL, out, sizeof out) == 0);
+    CHECK(proto_peek_model(b, strlen(b), "name", out, sizeof out) == 1);
+    CHECK_STR_EQ(out, "tiny:latest");
+    b = "{\"model\":\"a\",\"name\":\"b\"}"; /* "model" wins */
+    CHECK(proto_peek_model(b, strlen(b), "name", out, sizeof out) == 1);
+    CHECK_STR_EQ(out, "a");
+    /* absent, empty, not a string, not JSON, not an object: 0 (the request's
+     * own parse says what is wrong) */
+    static const char *const none[] = {"{}", "{\"model\":\"\"}", "{\"model\":3}",
+                                       "{\"model\":null}", "not json", "[\"model\"]", ""};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        CHECK(proto_peek_model(none[i], strlen(none[i]), "name", out, sizeof out) == 0);
+        CHECK_STR_EQ(out, "");
+    }
+    CHECK(proto_peek_model(NULL, 0, NULL, out, sizeof out) == 0);
+    /* too long for out: -1; a NUL inside is not JSON the parser takes: 0 */
+    b = "{\"model\":\"0123456789abcdef\"}";
+    CHECK(proto_peek_model(b, strlen(b), NULL, out, sizeof out) == -1);
+    b = "{\"model\":\"a\\u0000b\"}";
+    CHECK(proto_peek_model(b, strlen(b), NULL, out, sizeof out) == 0);
+}
+
 int main(void)
 {
+    RUN(peek_model);
     RUN(defaults_are_ollamas);
     RUN(options_map_to_the_sampler);
     RUN(ignored_list_is_bounded);

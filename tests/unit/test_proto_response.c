@@ -456,11 +456,18 @@ TEST(session_objects)
     const proto_checkpoint_t cks[2] = {{3, 90, 1000}, {4, 101, 1200}};
     proto_session_info_t s1 = {"0123456789abcdef0123456789abcdef", 120, 4718592, 1700000000,
                                1700000100, "darkformer", 128, 64, 5, cks, 2, 0, 0, 96, 8,
-                               "recent", 12};
+                               "recent", 12, NULL};
     char *s = proto_session_json(&s1, 0);
     CHECK_STR_EQ(s, "{\"id\":\"0123456789abcdef0123456789abcdef\",\"tokens\":120,"
                     "\"state_bytes\":4718592,\"turns\":5}");
     proto_free(s);
+    /* the model a session is bound to, when given */
+    s1.model = "gemma-3-270m-q4_k_m";
+    s = proto_session_json(&s1, 0);
+    CHECK_STR_EQ(s, "{\"id\":\"0123456789abcdef0123456789abcdef\",\"tokens\":120,"
+                    "\"state_bytes\":4718592,\"model\":\"gemma-3-270m-q4_k_m\",\"turns\":5}");
+    proto_free(s);
+    s1.model = NULL;
     s = proto_session_json(&s1, 1);
     json_t *j = parse(s);
     check_shape(j, "session", "id:s", "tokens:i", "state_bytes:i", "turns:i", "created:i",
@@ -665,7 +672,7 @@ TEST(operations_shapes)
                     "\"content\":\"caf\xc3\xa9 \\\"q\\\"\\n\"}");
     proto_free(s);
 
-    proto_health_t h = {"ok", "SmolLM2", 3, 1, 12.5, NULL};
+    proto_health_t h = {"ok", "SmolLM2", 3, 1, 12.5, NULL, NULL, 0};
     s = proto_health_json(&h);
     json_t *j = parse(s);
     check_shape(j, "health", "status:s", "model:s", "sessions:i", "queue_depth:i", "uptime_s:n",
@@ -674,19 +681,36 @@ TEST(operations_shapes)
     CHECK(!json_object_get(j, "reason"));
     json_decref(j);
     proto_free(s);
-    proto_health_t h2 = {"loading", NULL, 0, 0, 0, NULL};
+    proto_health_t h2 = {"loading", NULL, 0, 0, 0, NULL, NULL, 0};
     s = proto_health_json(&h2);
     j = parse(s);
     CHECK(json_is_null(json_object_get(j, "model")));
     json_decref(j);
     proto_free(s);
     /* a degraded server says why */
-    proto_health_t h3 = {"degraded", "SmolLM2", 3, 0, 1.0, "session store unreachable"};
+    proto_health_t h3 = {"degraded", "SmolLM2", 3, 0, 1.0, "session store unreachable", NULL, 0};
     s = proto_health_json(&h3);
     j = parse(s);
     check_shape(j, "health", "status:s", "reason:s", "model:s", "sessions:i", "queue_depth:i",
                 "uptime_s:n", NULL);
     CHECK_STR_EQ(json_string_value(json_object_get(j, "reason")), "session store unreachable");
+    json_decref(j);
+    proto_free(s);
+    /* several models: "models" names them all, "model" is the default */
+    const char *const names[] = {"SmolLM2", "gemma-3"};
+    proto_health_t h4 = {"ok", "SmolLM2", 0, 0, 1.0, NULL, names, 2};
+    s = proto_health_json(&h4);
+    j = parse(s);
+    check_shape(j, "health", "status:s", "model:s", "models:a", "sessions:i", "queue_depth:i",
+                "uptime_s:n", NULL);
+    CHECK(json_array_size(json_object_get(j, "models")) == 2);
+    CHECK_STR_EQ(json_string_value(json_array_get(json_object_get(j, "models"), 1)), "gemma-3");
+    json_decref(j);
+    proto_free(s);
+    proto_health_t h5 = {"ok", "SmolLM2", 0, 0, 1.0, NULL, names, 1}; /* one: no list */
+    s = proto_health_json(&h5);
+    j = parse(s);
+    CHECK(!json_object_get(j, "models"));
     json_decref(j);
     proto_free(s);
 }

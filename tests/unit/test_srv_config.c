@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char *const no_env[] = {NULL};
@@ -309,7 +310,7 @@ TEST(test_api_keys)
 TEST(test_help_lists_every_option)
 {
     static const char *const names[] = {
-        "host",          "port",           "model",          "adapter",
+        "host",          "port",           "model",          "models-dir",     "adapter",
         "attn",          "features",       "window",         "threads",
         "max-batch",     "prefill-chunk",  "max-queue",      "max-sessions",
         "max-session-bytes", "session-dir", "session-ttl",   "max-body",
@@ -504,8 +505,97 @@ TEST(test_prompt_precision)
     CHECK_INT_EQ(srv_cfg_precision_parse(NULL), -1);
 }
 
+/* --model repeated (or comma-separated): several models, the first the
+ * default; known short names resolve to their file in models/ unless a file
+ * of that name exists; flags that fit one model only are refused. */
+TEST(test_several_models)
+{
+    srv_config_t c;
+    char err[512];
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, NULL), 0);
+    CHECK_INT_EQ(c.models.n, 1);
+    CHECK_STR_EQ(c.models.v[0], "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--model", "a.gguf", "--model", "dir/b.gguf",
+                       NULL),
+                 0);
+    CHECK_INT_EQ(c.models.n, 2);
+    CHECK_STR_EQ(c.model, "a.gguf");
+    CHECK_STR_EQ(c.models.v[1], "dir/b.gguf");
+    srv_config_free(&c);
+    char *const env[] = {"DARKSERVE_MODEL=gemma3-270m, smollm2-135m", NULL};
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, NULL), 0);
+    CHECK_INT_EQ(c.models.n, 2);
+    CHECK_STR_EQ(c.model, "models/gemma-3-270m-q4_k_m.gguf");
+    CHECK_STR_EQ(c.models.v[1], "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    srv_config_free(&c);
+    /* a flag replaces the environment's list */
+    CHECK_INT_EQ(parse(&c, env, err, sizeof err, "--model", "x.gguf", NULL), 0);
+    CHECK_INT_EQ(c.models.n, 1);
+    CHECK_STR_EQ(c.model, "x.gguf");
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--model", "GEMMA3-270M", NULL), 0);
+    CHECK_STR_EQ(c.model, "models/gemma-3-270m-q4_k_m.gguf");
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--model", ",", NULL), -1);
+    CHECK(strstr(err, "--model") != NULL);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--model", "a.gguf,b.gguf", "--adapter",
+                       "x.darkformer.gguf", NULL),
+                 -1);
+    CHECK(strstr(err, "--adapter") != NULL);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--model", "a.gguf,b.gguf",
+                       "--session-store", "redis://127.0.0.1:6379", NULL),
+                 -1);
+    CHECK(strstr(err, "--session-store") != NULL);
+    /* --models-dir: its .gguf files, by name; after --model, else instead
+     * of the default */
+    char dir[] = "/tmp/ds_models_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char p[256];
+    static const char *const files[] = {"b.gguf", "a.GGUF", "notes.txt", ".hidden.gguf"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        int fd = open(p, O_CREAT | O_WRONLY, 0600);
+        CHECK(fd >= 0);
+        close(fd);
+    }
+    snprintf(p, sizeof p, "%s/sub.gguf", dir); /* a directory: not a model */
+    CHECK(mkdir(p, 0700) == 0);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--models-dir", dir, NULL), 0);
+    CHECK_INT_EQ(c.models.n, 2);
+    snprintf(p, sizeof p, "%s/a.GGUF", dir);
+    CHECK_STR_EQ(c.models.v[0], p);
+    CHECK_STR_EQ(c.model, p);
+    snprintf(p, sizeof p, "%s/b.gguf", dir);
+    CHECK_STR_EQ(c.models.v[1], p);
+    srv_config_free(&c);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--model", "x.gguf", "--models-dir", dir,
+                       NULL),
+                 0);
+    CHECK_INT_EQ(c.models.n, 3);
+    CHECK_STR_EQ(c.model, "x.gguf");
+    srv_config_free(&c);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/sub.gguf", dir);
+    rmdir(p);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--models-dir", dir, NULL), -1);
+    CHECK(strstr(err, "holds no .gguf file") != NULL);
+    rmdir(dir);
+    CHECK_INT_EQ(parse(&c, no_env, err, sizeof err, "--models-dir", dir, NULL), -1);
+    CHECK(strstr(err, "--models-dir") != NULL);
+    /* the names */
+    CHECK_STR_EQ(srv_known_model_name("models/SmolLM2-135M-Instruct.Q4_1.gguf"), "smollm2-135m");
+    CHECK_STR_EQ(srv_known_model_name("/x/gemma-3-270m-q4_k_m"), "gemma3-270m");
+    CHECK(srv_known_model_name("models/tiny.gguf") == NULL);
+    CHECK(srv_known_model_file("nope") == NULL);
+}
+
 int main(void)
 {
+    RUN(test_several_models);
     RUN(test_defaults);
     RUN(test_flags_and_env);
     RUN(test_sizes_and_durations);

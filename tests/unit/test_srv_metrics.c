@@ -211,8 +211,40 @@ TEST(test_threads)
     srv_metrics_free(reg);
 }
 
+/* srv_metrics_share: one family for several engines (one per model). */
+TEST(test_shared_families)
+{
+    srv_metrics_t *reg = srv_metrics_new();
+    static const double b[] = {1, 2};
+    static const double b2[] = {1, 3};
+    srv_metric_t *c = srv_metrics_counter(reg, "tok_total", "", (const char *[]){"k", NULL});
+    srv_metric_t *h = srv_metrics_histogram(reg, "lat", "", NULL, b, 2);
+    CHECK(c && h);
+    CHECK(srv_metrics_counter(reg, "tok_total", "", (const char *[]){"k", NULL}) == NULL);
+    srv_metrics_share(reg, 1);
+    CHECK(srv_metrics_counter(reg, "tok_total", "", (const char *[]){"k", NULL}) == c);
+    CHECK(srv_metrics_histogram(reg, "lat", "", NULL, b, 2) == h);
+    /* the same name with another kind, labels or bounds is still refused */
+    CHECK(srv_metrics_gauge(reg, "tok_total", "", (const char *[]){"k", NULL}) == NULL);
+    CHECK(srv_metrics_counter(reg, "tok_total", "", (const char *[]){"j", NULL}) == NULL);
+    CHECK(srv_metrics_counter(reg, "tok_total", "", NULL) == NULL);
+    CHECK(srv_metrics_histogram(reg, "lat", "", NULL, b2, 2) == NULL);
+    /* both "engines" count into one series */
+    srv_metric_add(c, (const char *[]){"x"}, 2);
+    srv_metric_add(srv_metrics_counter(reg, "tok_total", "", (const char *[]){"k", NULL}),
+                   (const char *[]){"x"}, 3);
+    size_t len = 0;
+    char *text = srv_metrics_render(reg, &len);
+    CHECK(text && strstr(text, "tok_total{k=\"x\"} 5\n"));
+    free(text);
+    srv_metrics_share(reg, 0);
+    CHECK(srv_metrics_counter(reg, "tok_total", "", (const char *[]){"k", NULL}) == NULL);
+    srv_metrics_free(reg);
+}
+
 int main(void)
 {
+    RUN(test_shared_families);
     RUN(test_exposition_text);
     RUN(test_special_values);
     RUN(test_registration_rules);
