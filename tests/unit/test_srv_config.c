@@ -317,7 +317,7 @@ TEST(test_help_lists_every_option)
         "max-tokens-limit", "request-timeout", "idle-timeout", "drain-timeout",
         "api-key",       "api-key-file",   "cors-origin",    "log-level",
         "log-format",    "log-file",       "chat-template",  "max-connections",
-        "generation-timeout", "sinks",    "memory",     "decay",          "max-session-disk",
+        "generation-timeout", "sinks",    "memory",     "memory-keep", "memory-heads", "decay",          "max-session-disk",
         "max-session-files", "header-timeout", "max-connections-per-address",
         "max-uploads", "upload-dir",
         "max-state-memory", "checkpoints", "prefix-cache-mb", "ui", "session-store",
