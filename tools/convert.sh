@@ -14,9 +14,11 @@
 #     (models/corpus/calibration.txt.xz, never a held-out text), then
 #     stage 1, tools/convert.py train2 (M before RoPE, decays, mixing
 #     weights, layer by layer, with --train-sinks sinks, default 4), then
-#     stage 2, tools/distill.py (the same parameters end to end against the
-#     exact model's next-token distribution on 2 x 1024-token spans a step;
-#     --distill-steps 0 skips it; with a rank-R update of q, k, v, o,
+#     optionally stage 2, tools/distill.py (the same parameters end to end
+#     against the exact model's next-token distribution on 2 x 1024-token
+#     spans a step; --distill-steps N runs N steps, default 0 = none: the
+#     default adapter is stage 1, models/adapters/README.md "The default:
+#     stage 1 served with a window of 1,024"; with a rank-R update of q, k, v, o,
 #     --lora R, default 8, 0 for none) with --sinks sinks (default 16), the
 #     validated step with the lowest perplexity on a validation slice of the
 #     corpus written as the adapter (the shipped default's recipe,
@@ -47,7 +49,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
-S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150 LORA=8 SERVE_W=1024 KV_BITS=8
+S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=0 LORA=8 SERVE_W=1024 KV_BITS=8
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in
