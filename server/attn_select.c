@@ -56,12 +56,12 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
             out->mo.attn_kind = CORE_ATTN_DARKFORMER;
             out->mo.adapter_path = out->adapter;
             out->discovered = 1;
-        } else if (rc == CORE_ENOTFOUND && core_model_file_exact_only(model_path)) {
+        } else if (rc == CORE_ENOTFOUND && core_model_file_local_layers(model_path)) {
             out->mo.attn_kind = CORE_ATTN_EXACT;
             out->fallback = 1;
             snprintf(out->note, sizeof out->note,
-                     "%s; this model's architecture runs exact attention only (no DARKFormer "
-                     "conversion for it yet): using exact",
+                     "%s; sliding-window model: its global layers need the adapter for "
+                     "linear attention, using exact",
                      why.msg);
         } else if (rc == CORE_ENOTFOUND) {
             out->mo.attn_kind = CORE_ATTN_PERFORMER;

@@ -47,7 +47,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
-S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150 LORA=8 SERVE_W=1024 KV_BITS=8
+S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150 LORA=8 SERVE_W=1024 KV_BITS=8 WORK_SET=0
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -66,13 +66,19 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift 2 ;;
     --init) INIT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    --work) WORK=$2; shift 2 ;;
+    --work) WORK=$2; WORK_SET=1; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
     --is) IS=1; shift ;;
     *) echo "convert.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 PY=${CONVERT_PY:-build/convert-venv/bin/python}
+# another model than the default works in a folder of its own (its
+# recordings and checkpoints must not be taken for the default's)
+if [ "$WORK_SET" = 0 ] && [ "$MODEL" != models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+  stem=$(basename "$MODEL" .gguf)
+  WORK=build/convert-$stem
+fi
 mkdir -p "$WORK"
 
 if [ "$V2" = 1 ]; then
