@@ -116,6 +116,13 @@ if [ "$V2" = 1 ]; then
     "$BUILD/tools/write_adapter" --model "$MODEL" --from "$1" --serve-window "$SERVE_W" \
       --kv-bits "$KV_BITS" --out "$2"
   }
+  # stage 2 (tools/distill.py) models Llama-family decoders only: a model
+  # with sliding-window layers (gemma3) gets stage 1 alone
+  if [ "$DSTEPS" != 0 ] && "$BUILD/darkserve" info "$MODEL" 2>/dev/null |
+       grep -q '^architecture  *gemma3$'; then
+    stage "stage 2 skipped: tools/distill.py does not model $MODEL's architecture (gemma3)"
+    DSTEPS=0
+  fi
   if [ "$DSTEPS" = 0 ]; then
     write "$WORK/$TAG" "$WORK/$TAG.trained.gguf"
     serving "$WORK/$TAG.trained.gguf" "$OUT"

@@ -245,6 +245,13 @@ TEST(describe)
     ac.kind = CORE_ATTN_EXACT;
     srv_attn_describe(&ac, NULL, buf, sizeof buf);
     CHECK_STR_EQ(buf, "exact (exact context 8192, adapter none)");
+    /* a sliding-window model says which layers the kind runs */
+    ac.n_layer = 18;
+    ac.swa_window = 512;
+    ac.swa_period = 6;
+    srv_attn_describe(&ac, NULL, buf, sizeof buf);
+    CHECK_STR_EQ(buf, "exact (exact context 8192, adapter none; on the 3 global layers, the 15 "
+                      "local ones exact in a ring of their 512-token window)");
 }
 
 int main(void)
