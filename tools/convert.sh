@@ -9,6 +9,9 @@
 #                    [--prerope 0|1]
 #                    [--steps N] [--seqs N] [--len T] [--distill-steps N]
 #                    [--lora R] [--serve-window W] [--kv-bits 8|16] [--out ADAPTER.gguf]
+#                    [--init-scale X] [--lr X] [--lr-small X] [--mass-weight X]
+#     (the last four go to convert.py train2: Gemma's adapter needs M to start
+#     at 0.1·I with lr 0.001 / 0.01, models/adapters/README.md)
 #     DARKFormer v2 (`make adapter MODEL=...` runs this): record N sequences
 #     of T tokens (default 12 x 2048) of the calibration corpus
 #     (models/corpus/calibration.txt.xz, never a held-out text), then
@@ -48,6 +51,7 @@ cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
 S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=150 LORA=8 SERVE_W=1024 KV_BITS=8 WORK_SET=0
+TRAIN_ARGS=()
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -64,6 +68,7 @@ while [ $# -gt 0 ]; do
     --serve-window) SERVE_W=$2; shift 2 ;;
     --kv-bits) KV_BITS=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
+    --init-scale|--lr|--lr-small|--mass-weight) TRAIN_ARGS+=("$1" "$2"); shift 2 ;;
     --init) INIT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --work) WORK=$2; WORK_SET=1; shift 2 ;;
@@ -103,7 +108,7 @@ if [ "$V2" = 1 ]; then
   stage "training M, decays and mixing weights (checkpoint $WORK/$TAG.npz)"
   "$PY" tools/convert.py train2 --rec "$REC" --features "$M" --window "$W" --sinks "$TRAIN_S" \
     --prerope "$PRE" --steps "$STEPS" --ckpt "$WORK/$TAG.npz" --log "$WORK/$TAG.json" \
-    --out "$WORK/$TAG"
+    "${TRAIN_ARGS[@]}" --out "$WORK/$TAG"
   OUT=${OUT:-$WORK/$TAG.gguf}
   write() {  # PREFIX OUT [LORA-RANK]
     local lora=()
