@@ -125,8 +125,9 @@ void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf
     char swa[128] = "";
     if (ac->swa_window > 0) {
         const int ng = core_attn_global_layers(ac);
-        snprintf(swa, sizeof swa, "; on the %d global layers, the %d local ones exact in a ring "
-                 "of their %" PRId64 "-token window", ng, ac->n_layer - ng, ac->swa_window);
+        snprintf(swa, sizeof swa, "; on the %d global layer%s, the %d local ones exact in a "
+                 "ring of their %" PRId64 "-token window", ng, ng == 1 ? "" : "s",
+                 ac->n_layer - ng, ac->swa_window);
     }
     if (ac->kind == CORE_ATTN_EXACT) {
         snprintf(buf, cap, "exact (exact context %" PRId64 ", adapter %s%s)", ac->max_ctx, ad, swa);
