@@ -286,6 +286,16 @@ static size_t swa_bytes_held_at(const core_attn_t *a, int64_t pos)
 
 /* ---- forward ---- */
 
+/* *buf grown to n floats; 0, or -1 with *buf as it was. */
+static int grow(float **buf, size_t n)
+{
+    float *b = realloc(*buf, n * sizeof **buf);
+    if (!b)
+        return -1;
+    *buf = b;
+    return 0;
+}
+
 /* Grows the gathering and permutation buffers to n new rows. */
 static int grow_rows(const core_attn_t *a, swa_params_t *p, int64_t n, core_error_t *err)
 {
@@ -293,16 +303,8 @@ static int grow_rows(const core_attn_t *a, swa_params_t *p, int64_t n, core_erro
         return 0;
     const size_t g = (size_t)(p->R + n) * (size_t)p->kvs;
     const size_t nq = (size_t)n * (size_t)a->cfg.n_head * (size_t)a->cfg.head_dim;
-    float *b[4] = {realloc(p->gk, g * sizeof(float)), NULL, NULL, NULL};
-    if (b[0])
-        p->gk = b[0];
-    if (b[0] && (b[1] = realloc(p->gv, g * sizeof(float))))
-        p->gv = b[1];
-    if (b[1] && p->pairs && (b[2] = realloc(p->pq, nq * sizeof(float))))
-        p->pq = b[2];
-    if (b[2] && (b[3] = realloc(p->pk, (size_t)n * (size_t)p->kvs * sizeof(float))))
-        p->pk = b[3];
-    if (!b[1] || (p->pairs && !b[3]))
+    if (grow(&p->gk, g) < 0 || grow(&p->gv, g) < 0 ||
+        (p->pairs && (grow(&p->pq, nq) < 0 || grow(&p->pk, (size_t)n * (size_t)p->kvs) < 0)))
         return core_error_set(err, CORE_ENOMEM, "out of memory for %lld rows of sliding-window "
                               "attention", (long long)n);
     p->rows = n;
