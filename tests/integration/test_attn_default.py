@@ -311,11 +311,14 @@ def test_gemma_runs_the_kind_on_its_global_layers(tmp_path):
     np.eye(64, dtype="<f4").tofile(mat)
     os.makedirs(tmp_path / "adapters")
     tool = os.path.join(BUILD, "tools", "write_adapter")
-    w = subprocess.run([tool, "--model", str(tmp_path / "m.gguf"), "--kind", "darkformer",
-                        "--features", "16", "--window", "4", "--sinks", "2", "--prerope", "1",
-                        "--seed", "0", "--mat", str(mat),
-                        "--out", str(tmp_path / "adapters" / "m.darkformer.gguf")],
-                       capture_output=True, text=True, timeout=RUN_S)
+
+    def write(out, *extra):
+        return subprocess.run([tool, "--model", str(tmp_path / "m.gguf"), "--kind", "darkformer",
+                               "--features", "16", "--window", "4", "--seed", "0",
+                               "--mat", str(mat), "--out", str(out)] + list(extra),
+                              capture_output=True, text=True, timeout=RUN_S)
+
+    w = write(tmp_path / "adapters" / "m.darkformer.gguf", "--sinks", "2", "--prerope", "1")
     assert w.returncode == 0, w.stderr
     r = cli(tmp_path)
     assert r.returncode == 0, r.stderr
@@ -326,8 +329,5 @@ def test_gemma_runs_the_kind_on_its_global_layers(tmp_path):
     assert re.search(r"^perplexity: [0-9.]+ tokens: 64$", r.stdout, re.M), r.stdout
     # a matrix for every layer (what a Llama adapter would carry) is refused
     np.tile(np.eye(64, dtype="<f4"), (7, 1)).tofile(mat)
-    w = subprocess.run([tool, "--model", str(tmp_path / "m.gguf"), "--kind", "darkformer",
-                        "--features", "16", "--window", "4", "--seed", "0", "--mat", str(mat),
-                        "--out", str(tmp_path / "x.gguf")],
-                       capture_output=True, text=True, timeout=RUN_S)
+    w = write(tmp_path / "x.gguf")
     assert w.returncode != 0 and "exactly 4096 float32 values" in w.stderr, w.stderr

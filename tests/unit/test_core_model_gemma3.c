@@ -101,30 +101,49 @@ TEST(tiny_gemma3_info)
     CHECK_INT_EQ(core_attn_layer_window(c, 6), 8);
 }
 
+/* The tiny fixture with a linear kind on its global layer: performer (no
+ * adapter needed) with v2's sinks, window and features before RoPE, so the
+ * halves-to-pairs permutation, the sinks' re-rotation and the window all
+ * run; its local layers keep their rings. */
+static core_model_t *load_linear(void)
+{
+    core_model_opts_t o = {.attn_kind = CORE_ATTN_PERFORMER, .n_features = 16, .window = 4,
+                           .sinks = 2, .prerope = 1};
+    core_model_t *m = NULL;
+    core_error_t err = {0};
+    CHECK_MSG(core_model_load(tiny_path, &o, &m, &err) == 0, "%s", err.msg);
+    return m;
+}
+
+static void rand_tokens(uint64_t seed, int32_t *tok, int n)
+{
+    core_rng_t r;
+    core_rng_seed(&r, seed);
+    tok[0] = 2;
+    for (int i = 1; i < n; i++)
+        tok[i] = (int32_t)(7 + core_rng_u64(&r) % (uint64_t)(V - 7));
+}
+
 /* 50 tokens (six windows of 8) one call against chunks: prompt rows differ
  * by float rounding only; a call of one token is a decode row, 8-bit
  * activations for the Q8_0 and Q5_0 matrices (measured 9.3e-3 of the largest
  * |logit| against the oracle on this model). */
-TEST(chunked_prefill_matches_one_call)
+static void check_chunked(core_model_t *m)
 {
     enum { N = 50 };
-    core_rng_t r;
-    core_rng_seed(&r, 11);
     int32_t tok[N];
-    tok[0] = 2;
-    for (int i = 1; i < N; i++)
-        tok[i] = (int32_t)(7 + core_rng_u64(&r) % (uint64_t)(V - 7));
+    rand_tokens(11, tok, N);
     float *ref = malloc((size_t)N * (size_t)V * sizeof *ref);
     float *got = malloc((size_t)N * (size_t)V * sizeof *got);
-    core_attn_state_t *s = new_state(tiny);
+    core_attn_state_t *s = new_state(m);
     CHECK(ref && got && s);
     if (!ref || !got || !s)
         goto done;
-    CHECK_INT_EQ(feed(tiny, s, tok, N, 0, V, ref), 0);
+    CHECK_INT_EQ(feed(m, s, tok, N, 0, V, ref), 0);
     const int64_t chunks[] = {1, 5, 8, 13, 49};
     for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
         core_attn_state_reset(s);
-        CHECK_INT_EQ(feed(tiny, s, tok, N, chunks[c], V, got), 0);
+        CHECK_INT_EQ(feed(m, s, tok, N, chunks[c], V, got), 0);
         for (int64_t i = 0; i < N; i++) {
             const int one = chunks[c] == 1 || (N % chunks[c] == 1 && i == N - 1);
             const double d = rel_diff(got + i * V, ref + i * V, 1, V);
@@ -137,6 +156,11 @@ done:
     core_attn_state_free(s);
     free(ref);
     free(got);
+}
+
+TEST(chunked_prefill_matches_one_call)
+{
+    check_chunked(tiny);
 }
 
 /* A decode row and a prompt in one forward give each the bits it gets alone. */
@@ -183,29 +207,6 @@ done:
 
 /* ---- linear kinds: the global layer (layer 5 of the fixture's 7) only ---- */
 
-/* The tiny fixture with a linear kind on its global layer: performer (no
- * adapter needed) with v2's sinks, window and features before RoPE, so the
- * halves-to-pairs permutation, the sinks' re-rotation and the window all
- * run; its local layers keep their rings. */
-static core_model_t *load_linear(void)
-{
-    core_model_opts_t o = {.attn_kind = CORE_ATTN_PERFORMER, .n_features = 16, .window = 4,
-                           .sinks = 2, .prerope = 1};
-    core_model_t *m = NULL;
-    core_error_t err = {0};
-    CHECK_MSG(core_model_load(tiny_path, &o, &m, &err) == 0, "%s", err.msg);
-    return m;
-}
-
-static void rand_tokens(uint64_t seed, int32_t *tok, int n)
-{
-    core_rng_t r;
-    core_rng_seed(&r, seed);
-    tok[0] = 2;
-    for (int i = 1; i < n; i++)
-        tok[i] = (int32_t)(7 + core_rng_u64(&r) % (uint64_t)(V - 7));
-}
-
 TEST(linear_kinds_run_the_global_layers)
 {
     core_model_t *m = load_linear();
@@ -247,37 +248,13 @@ TEST(linear_kinds_run_the_global_layers)
     core_model_free(m);
 }
 
-/* Prompt chunks against one call (as chunked_prefill_matches_one_call), with
- * the linear global layer. */
+/* Prompt chunks against one call, with the linear global layer. */
 TEST(linear_chunked_prefill_matches_one_call)
 {
-    enum { N = 50 };
     core_model_t *m = load_linear();
-    int32_t tok[N];
-    rand_tokens(11, tok, N);
-    float *ref = malloc((size_t)N * (size_t)V * sizeof *ref);
-    float *got = malloc((size_t)N * (size_t)V * sizeof *got);
-    core_attn_state_t *s = m ? new_state(m) : NULL;
-    CHECK(ref && got && s);
-    if (!ref || !got || !s)
-        goto done;
-    CHECK_INT_EQ(feed(m, s, tok, N, 0, V, ref), 0);
-    const int64_t chunks[] = {1, 5, 8, 13, 49};
-    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
-        core_attn_state_reset(s);
-        CHECK_INT_EQ(feed(m, s, tok, N, chunks[c], V, got), 0);
-        for (int64_t i = 0; i < N; i++) {
-            const int one = chunks[c] == 1 || (N % chunks[c] == 1 && i == N - 1);
-            const double d = rel_diff(got + i * V, ref + i * V, 1, V);
-            CHECK_MSG(d <= (one ? 5e-2 : 1e-3), "chunk %lld row %lld: rel diff %.3g",
-                      (long long)chunks[c], (long long)i, d);
-        }
-    }
-done:
-    core_attn_state_free(s);
+    if (m)
+        check_chunked(m);
     core_model_free(m);
-    free(ref);
-    free(got);
 }
 
 /* A state saved past several wraps of the rings (window 8: 7 rows), loaded
