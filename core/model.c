@@ -791,13 +791,6 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
     if ((rc = load_weights(m, err)) < 0)
         goto fail;
 
-    if (m->arch == MODEL_ARCH_GEMMA3 && opts->attn_kind != CORE_ATTN_EXACT) {
-        rc = core_error_set(err, CORE_EUNSUPPORTED,
-                            "attention kind %s is not available for gemma3 models yet (no "
-                            "DARKFormer conversion for this architecture): use --attn exact",
-                            core_attn_kind_name(opts->attn_kind));
-        goto fail;
-    }
     m->rope_inv_freq =
         malloc((size_t)m->n_rope_sets * (size_t)(m->n_rot / 2) * sizeof *m->rope_inv_freq);
     if (!m->rope_inv_freq) {
@@ -840,6 +833,7 @@ int core_model_load(const char *path, const core_model_opts_t *opts, core_model_
         .rope_scale = m->info.rope_scale,
         .swa_window = m->swa_window,
         .swa_period = m->swa_period,
+        .rope_halves = m->neox,
     };
     /* The pool is the only parallelism: sgemm runs inside its threads (prompt
      * tiles, the attention's units) on one OpenBLAS thread each. */
@@ -869,7 +863,7 @@ fail:
     return rc;
 }
 
-int core_model_file_exact_only(const char *path)
+int core_model_file_local_layers(const char *path)
 {
     core_gguf_t *g = NULL;
     core_gguf_str_t a;

@@ -129,7 +129,8 @@ int core_model_forward(core_model_t *m, core_batch_seq_t *seqs, int n_seqs, core
 /* Observation hook for offline tools (recording activations for the
  * DARKFormer conversion): called during core_model_forward for every layer
  * and every sequence of the batch, just before its attention runs, with what
- * attention sees: q [n][H*Hd], k [n][Hkv*Hd] (RoPE applied), v [n][Hkv*Hd],
+ * attention sees: q [n][H*Hd], k [n][Hkv*Hd] (RoPE applied, in the model's
+ * layout: core_attn_cfg_t.rope_halves says which), v [n][Hkv*Hd],
  * all borrowed for the duration of the call only. seq is the index in the
  * batch, pos0 the position of the sequence's first new token. The hook must
  * not call back into the model. Costs one pointer test per layer when unset. */
@@ -138,11 +139,13 @@ typedef void (*core_model_tap_fn)(void *ud, int layer, int seq, int64_t pos0, in
 /* fn NULL removes the hook; ud is borrowed and passed through. */
 void core_model_set_tap(core_model_t *m, core_model_tap_fn fn, void *ud);
 
-/* 1 when the model file at path runs exact attention only (its
- * general.architecture is gemma3: sliding-window layers, no DARKFormer
- * conversion), 0 when it runs every kind or cannot be read as a GGUF (the
- * load then says why). Opens the file's header only. */
-int core_model_file_exact_only(const char *path);
+/* 1 when the model file at path has sliding-window layers (its
+ * general.architecture is gemma3): a linear kind runs its global layers
+ * only, and without an adapter it runs exact attention (none of the
+ * training-free fallbacks: most of its attention is exact already); 0 when
+ * it has none or cannot be read as a GGUF (the load then says why). Opens
+ * the file's header only. */
+int core_model_file_local_layers(const char *path);
 
 /* ---- adapter discovery ---- */
 

@@ -80,8 +80,11 @@ static uint64_t mix_floats(uint64_t h, const float *x, size_t n)
  * model's LoRA). Two adapters with the same settings but other parameters
  * must not accept each other's states: the continuation would be silently
  * wrong. */
-uint64_t core_state_params_digest(const core_attn_t *a)
+uint64_t core_state_params_digest(const core_attn_t *outer)
 {
+    /* with sliding-window layers the learned parameters are the global
+     * layers' attention's; the salt stays the model's */
+    const core_attn_t *a = core_attn_global_attn(outer);
     const core_attn_cfg_t *c = &a->cfg;
     if (c->kind == CORE_ATTN_EXACT)
         return 0;
@@ -126,8 +129,8 @@ uint64_t core_state_params_digest(const core_attn_t *a)
             h = mix_floats(h, mix, (size_t)c->n_head);
         }
     }
-    if (a->params_salt) /* mixed in only when set: states without it keep their digest */
-        h = mix(mix(h, (uint32_t)a->params_salt), (uint32_t)(a->params_salt >> 32));
+    if (outer->params_salt) /* mixed in only when set: states without it keep their digest */
+        h = mix(mix(h, (uint32_t)outer->params_salt), (uint32_t)(outer->params_salt >> 32));
     if (h == h0 && c->kind == CORE_ATTN_PERFORMER)
         return 0;
     return h ? h : 1;

@@ -68,12 +68,12 @@ int srv_attn_select(const char *model_path, const srv_attn_request_t *rq, srv_at
             out->mo.attn_kind = CORE_ATTN_DARKFORMER;
             out->mo.adapter_path = out->adapter;
             out->discovered = 1;
-        } else if (rc == CORE_ENOTFOUND && core_model_file_exact_only(model_path)) {
+        } else if (rc == CORE_ENOTFOUND && core_model_file_local_layers(model_path)) {
             out->mo.attn_kind = CORE_ATTN_EXACT;
             out->fallback = 1;
             snprintf(out->note, sizeof out->note,
-                     "%s; this model's architecture runs exact attention only (no DARKFormer "
-                     "conversion for it yet): using exact",
+                     "%s; sliding-window model: its global layers need the adapter for "
+                     "linear attention, using exact",
                      why.msg);
         } else if (rc == CORE_ENOTFOUND) {
             out->mo.attn_kind = CORE_ATTN_PERFORMER;
@@ -141,8 +141,16 @@ const char *srv_prompt_rows_note(const core_model_t *m, int asked_int8, int *war
 void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf, size_t cap)
 {
     const char *ad = adapter && adapter[0] ? adapter : "none";
+    /* a sliding-window model: the kind is its global layers' */
+    char swa[128] = "";
+    if (ac->swa_window > 0) {
+        const int ng = core_attn_global_layers(ac);
+        snprintf(swa, sizeof swa, "; on the %d global layer%s, the %d local ones exact in a "
+                 "ring of their %" PRId64 "-token window", ng, ng == 1 ? "" : "s",
+                 ac->n_layer - ng, ac->swa_window);
+    }
     if (ac->kind == CORE_ATTN_EXACT) {
-        snprintf(buf, cap, "exact (exact context %" PRId64 ", adapter %s)", ac->max_ctx, ad);
+        snprintf(buf, cap, "exact (exact context %" PRId64 ", adapter %s%s)", ac->max_ctx, ad, swa);
         return;
     }
     char mem[96] = "";
@@ -154,8 +162,8 @@ void srv_attn_describe(const core_attn_cfg_t *ac, const char *adapter, char *buf
         snprintf(mem + strlen(mem), sizeof mem - strlen(mem), ", 8-bit rows");
     snprintf(buf, cap,
              "%s (features %d, window %d, sinks %d%s%s%s%s, exact context %" PRId64
-             ", adapter %s)",
+             ", adapter %s%s)",
              core_attn_kind_name(ac->kind), ac->n_features, ac->window, ac->sinks, mem,
              ac->prerope ? ", pre-RoPE" : "", ac->decay_off ? ", decay off" : "",
-             ac->linear_off ? ", linear branch off" : "", ac->max_ctx, ad);
+             ac->linear_off ? ", linear branch off" : "", ac->max_ctx, ad, swa);
 }

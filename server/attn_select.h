@@ -6,8 +6,9 @@
  * finds beside the model; with neither, the best training-free configuration
  * (performer kind with the linear branch off: exact attention to the sinks
  * and a window of SRV_ATTN_FALLBACK_WINDOW tokens), and a note saying so;
- * a model that runs exact attention only (core_model_file_exact_only:
- * gemma3) gets exact attention instead, with a note.
+ * a model with sliding-window layers (core_model_file_local_layers:
+ * gemma3) gets exact attention instead, with a note (a linear kind would
+ * apply to its global layers only, and needs their adapter).
  * An explicit kind is taken as given (no discovery). Numbers come from
  * core_features_resolve(): flags win, then the adapter, then the defaults.
  *

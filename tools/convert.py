@@ -385,7 +385,8 @@ def cmd_train2(a):
                                                            np.random.default_rng(100 + x))
                                        for x in range(L)]))
     else:
-        mats = ck.get("mat", np.tile(np.eye(Hd, dtype=np.float32), (L, Hkv, 1, 1)))
+        mats = ck.get("mat", np.tile(a.init_scale * np.eye(Hd, dtype=np.float32),
+                                     (L, Hkv, 1, 1)))
     rho = ck.get("rho", np.zeros((L, Hkv), dtype=np.float32))
     if a.init and "mat" not in ck:
         mats = np.fromfile(a.init, dtype=np.float32).reshape(L, Hkv, Hd, Hd)
@@ -462,6 +463,7 @@ def cmd_train2(a):
         sec = [jnp.zeros_like(x) for x in params]
         b1, b2 = 0.9, 0.999
         lrs = [a.lr if a.train_mat else 0.0, a.lr_small, a.lr_small]
+        tr_loss, nonfinite = [], 0
         for step in range(1, a.steps + 1):
             seqs = rng.choice(n_tr, size=a.batch, replace=False)
             tau = np.sort(rng.choice(np.arange(lo, T), size=a.queries, replace=False))
@@ -470,6 +472,8 @@ def cmd_train2(a):
                               qh[:, seqs][:, :, tau], kh[:, seqs], vh[:, seqs],
                               qph[:, seqs][:, :, tau], ksh[:, seqs], jnp.asarray(tau))
             newp = []
+            tr_loss.append(float(lval))
+            nonfinite += int(sum(int(jnp.sum(~jnp.isfinite(x))) for x in g))
             for i in range(3):
                 gi = jnp.where(jnp.isfinite(g[i]), g[i], 0.0)
                 mom[i] = b1 * mom[i] + (1 - b1) * gi
@@ -479,6 +483,9 @@ def cmd_train2(a):
             params = tuple(newp)
             if step % a.val_every == 0 or step == a.steps:
                 vl = val(params)[0]
+                print("  layer %2d step %3d: train loss %.4g, val loss %s" % (
+                    layer, step, float(np.mean(tr_loss[-a.val_every:])),
+                    np.array2string(vl, precision=4)), flush=True)
                 for h in range(Hkv):
                     if vl[h] < best[h]:
                         best[h] = vl[h]
@@ -497,14 +504,19 @@ def cmd_train2(a):
                "val_kl_init": v0[2].tolist(), "val_loss_best": vb[0].tolist(),
                "val_err_best": vb[1].tolist(), "val_kl_best": vb[2].tolist(),
                "decay": gam[layer].tolist(), "mix": mix[layer].tolist(),
+               "train_loss_first": float(np.mean(tr_loss[:10])) if tr_loss else None,
+               "train_loss_last": float(np.mean(tr_loss[-10:])) if tr_loss else None,
+               "nonfinite_grads": nonfinite,
                "seconds": round(time.time() - t0, 1)}
         log["layers"].append(ent)
         el = time.time() - t_start
         eta = el / (li + 1) * (len(layers) - li - 1)
-        print("layer %2d: val err %s -> %s, mass KL %s -> %s, decay %s, %.0fs, ETA %.0fs" % (
-            layer, np.array2string(v0[1], precision=3), np.array2string(vb[1], precision=3),
-            np.array2string(v0[2], precision=3), np.array2string(vb[2], precision=3),
-            np.array2string(gam[layer], precision=4), time.time() - t0, eta), flush=True)
+        print("layer %2d: val err %s -> %s, mass KL %s -> %s, decay %s, train loss %.4g -> %.4g "
+              "(%d non-finite gradient entries), %.0fs, ETA %.0fs" % (
+                  layer, np.array2string(v0[1], precision=3), np.array2string(vb[1], precision=3),
+                  np.array2string(v0[2], precision=3), np.array2string(vb[2], precision=3),
+                  np.array2string(gam[layer], precision=4), ent["train_loss_first"] or 0.0,
+                  ent["train_loss_last"] or 0.0, nonfinite, time.time() - t0, eta), flush=True)
         if a.ckpt:
             tmp = a.ckpt + ".tmp.npz"
             np.savez(tmp, mat=mats, decay=gam, mix=mix, rho=rho, done=np.array(sorted(done)))
@@ -566,6 +578,10 @@ def main():
     p2.add_argument("--log")
     p2.add_argument("--init", help="start M from this MAT.f32 instead of the identity")
     p2.add_argument("--gamma0", type=float, default=0.998)
+    p2.add_argument("--init-scale", type=float, default=1.0,
+                    help="M starts at this multiple of the identity (Gemma's global keys have "
+                         "norms near 100: at 1 every feature product underflows and nothing "
+                         "trains)")
     p2.add_argument("--steps", type=int, default=100)
     p2.add_argument("--lr", type=float, default=0.01)
     p2.add_argument("--lr-small", type=float, default=0.05)

@@ -9,6 +9,9 @@
 #                    [--prerope 0|1]
 #                    [--steps N] [--seqs N] [--len T] [--distill-steps N]
 #                    [--lora R] [--serve-window W] [--kv-bits 8|16] [--out ADAPTER.gguf]
+#                    [--init-scale X] [--lr X] [--lr-small X] [--mass-weight X]
+#     (the last four go to convert.py train2: Gemma's adapter needs M to start
+#     at 0.1·I with lr 0.001 / 0.01, models/adapters/README.md)
 #     DARKFormer v2 (`make adapter MODEL=...` runs this): record N sequences
 #     of T tokens (default 12 x 2048) of the calibration corpus
 #     (models/corpus/calibration.txt.xz, never a held-out text), then
@@ -49,7 +52,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
-S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=0 LORA=8 SERVE_W=1024 KV_BITS=8
+S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=0 LORA=8 SERVE_W=1024 KV_BITS=8 WORK_SET=0
+TRAIN_ARGS=()
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -66,15 +70,22 @@ while [ $# -gt 0 ]; do
     --serve-window) SERVE_W=$2; shift 2 ;;
     --kv-bits) KV_BITS=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
+    --init-scale|--lr|--lr-small|--mass-weight) TRAIN_ARGS+=("$1" "$2"); shift 2 ;;
     --init) INIT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    --work) WORK=$2; shift 2 ;;
+    --work) WORK=$2; WORK_SET=1; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
     --is) IS=1; shift ;;
     *) echo "convert.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 PY=${CONVERT_PY:-build/convert-venv/bin/python}
+# another model than the default works in a folder of its own (its
+# recordings and checkpoints must not be taken for the default's)
+if [ "$WORK_SET" = 0 ] && [ "$MODEL" != models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+  stem=$(basename "$MODEL" .gguf)
+  WORK=build/convert-$stem
+fi
 mkdir -p "$WORK"
 
 if [ "$V2" = 1 ]; then
@@ -99,7 +110,7 @@ if [ "$V2" = 1 ]; then
   stage "training M, decays and mixing weights (checkpoint $WORK/$TAG.npz)"
   "$PY" tools/convert.py train2 --rec "$REC" --features "$M" --window "$W" --sinks "$TRAIN_S" \
     --prerope "$PRE" --steps "$STEPS" --ckpt "$WORK/$TAG.npz" --log "$WORK/$TAG.json" \
-    --out "$WORK/$TAG"
+    "${TRAIN_ARGS[@]}" --out "$WORK/$TAG"
   OUT=${OUT:-$WORK/$TAG.gguf}
   write() {  # PREFIX OUT [LORA-RANK]
     local lora=()
@@ -112,6 +123,13 @@ if [ "$V2" = 1 ]; then
     "$BUILD/tools/write_adapter" --model "$MODEL" --from "$1" --serve-window "$SERVE_W" \
       --kv-bits "$KV_BITS" --out "$2"
   }
+  # stage 2 (tools/distill.py) models Llama-family decoders only: a model
+  # with sliding-window layers (gemma3) gets stage 1 alone
+  if [ "$DSTEPS" != 0 ] && "$BUILD/darkserve" info "$MODEL" 2>/dev/null |
+       grep -q '^architecture  *gemma3$'; then
+    stage "stage 2 skipped: tools/distill.py does not model $MODEL's architecture (gemma3)"
+    DSTEPS=0
+  fi
   if [ "$DSTEPS" = 0 ]; then
     write "$WORK/$TAG" "$WORK/$TAG.trained.gguf"
     serving "$WORK/$TAG.trained.gguf" "$OUT"

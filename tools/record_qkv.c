@@ -8,11 +8,17 @@
  * Tokenizes F as `darkserve perplexity` does (with the model's BOS/EOS
  * rule), cuts the ids into consecutive sequences of T tokens (after skipping
  * the first S sequences), and runs each from an empty exact state through the
- * model with a core_model_set_tap hook. Writes, per layer l (two digits):
+ * model with a core_model_set_tap hook. Records the layers a linear kind
+ * runs (core_attn_global_layers: every layer, or a sliding-window model's
+ * global layers only) in the layout it sees them (a model that rotates RoPE
+ * by halves has q and k permuted to pairs, core_attn_rope_pairs), and
+ * numbers them as its adapter does (0 .. L-1 in order). Writes, per
+ * recorded layer l (two digits):
  *   DIR/q_ll.npy  float32 [N][T][H][Hd]    queries after RoPE
  *   DIR/k_ll.npy  float32 [N][T][Hkv][Hd]  keys after RoPE
  *   DIR/v_ll.npy  float32 [N][T][Hkv][Hd]  values
- * and DIR/meta.json (shapes, model fingerprint, RoPE, the token span used).
+ * and DIR/meta.json (shapes, model fingerprint, RoPE, the token span used,
+ * "layers": the model's layer of each recorded one).
  * With --draws MMAX it also writes DIR/eps.npy, float64 [L][Hkv][MMAX][Hd]:
  * the standard feature draws ε of every (layer, KV head) from
  * core_features_draw under the model-level feature seed SEED (default 0,
@@ -41,9 +47,12 @@
 #define MAX_SEQS 100000
 
 typedef struct rec {
-    int n_layer;
+    int n_layer;           /* L recorded */
+    int *rec_of;           /* [model layers]: recorded index, or -1 */
     FILE **fq, **fk, **fv; /* [L] open .npy files, header written */
     int64_t rows_q, rows_kv; /* floats per token row: H*Hd, Hkv*Hd */
+    int halves, n_head, n_head_kv, head_dim, n_rot; /* permute q, k to pairs (rope_halves) */
+    float *pq, *pk;        /* [T][H*Hd], [T][Hkv*Hd] the permuted rows */
     int failed;
 } rec_t;
 
@@ -100,9 +109,15 @@ static void tap(void *ud, int layer, int seq, int64_t pos0, int64_t n, const flo
     rec_t *r = ud;
     (void)seq;
     (void)pos0;
-    if (r->failed || layer < 0 || layer >= r->n_layer)
+    if (r->failed || layer < 0 || (layer = r->rec_of[layer]) < 0)
         return;
     size_t nq = (size_t)(n * r->rows_q), nkv = (size_t)(n * r->rows_kv);
+    if (r->halves) {
+        core_attn_rope_pairs(q, r->pq, n, r->n_head, r->head_dim, r->n_rot);
+        core_attn_rope_pairs(k, r->pk, n, r->n_head_kv, r->head_dim, r->n_rot);
+        q = r->pq;
+        k = r->pk;
+    }
     if (fwrite(q, sizeof *q, nq, r->fq[layer]) != nq ||
         fwrite(k, sizeof *k, nkv, r->fk[layer]) != nkv ||
         fwrite(v, sizeof *v, nkv, r->fv[layer]) != nkv)
@@ -127,7 +142,8 @@ static char *read_text(const char *path, size_t *len)
     return buf;
 }
 
-static int write_draws(const char *dir, const core_model_info_t *in, int mmax, uint64_t seed)
+static int write_draws(const char *dir, const core_model_info_t *in, int n_layer, int mmax,
+                       uint64_t seed)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/eps.npy", dir);
@@ -139,10 +155,10 @@ static int write_draws(const char *dir, const core_model_info_t *in, int mmax, u
         fprintf(stderr, "record_qkv: cannot write %s: %s\n", path, strerror(errno));
         goto done;
     }
-    const int64_t shape[4] = {in->n_layer, in->n_head_kv, mmax, in->head_dim};
+    const int64_t shape[4] = {n_layer, in->n_head_kv, mmax, in->head_dim};
     if (npy_header(f, "<f8", shape, 4) < 0)
         goto done;
-    for (int l = 0; l < in->n_layer; l++)
+    for (int l = 0; l < n_layer; l++)
         for (int h = 0; h < in->n_head_kv; h++) {
             core_error_t err = {0};
             if (core_features_draw(core_features_stream_seed(seed, l, h), in->head_dim, mmax, eps,
@@ -244,6 +260,8 @@ int main(int argc, char **argv)
         goto done;
     }
     const core_model_info_t *in = core_model_info(m);
+    const core_attn_cfg_t *ac = core_attn_config(core_model_attn(m));
+    const int n_rec = core_attn_global_layers(ac);
     if ((uint64_t)(skip + n_seq) * (uint64_t)len > n_ids) {
         fprintf(stderr, "record_qkv: %s has %zu tokens, fewer than (%" PRId64 " + %" PRId64
                         ") x %" PRId64 "\n", text_path, n_ids, skip, n_seq, len);
@@ -256,20 +274,30 @@ int main(int argc, char **argv)
         goto done;
     }
     if (n_seq == 0) {
-        status = write_draws(out, in, (int)draws, (uint64_t)seed) != 0;
+        status = write_draws(out, in, n_rec, (int)draws, (uint64_t)seed) != 0;
         goto done;
     }
-    r.n_layer = in->n_layer;
+    r.n_layer = n_rec;
     r.rows_q = (int64_t)in->n_head * in->head_dim;
     r.rows_kv = (int64_t)in->n_head_kv * in->head_dim;
-    r.fq = calloc((size_t)in->n_layer, sizeof *r.fq);
-    r.fk = calloc((size_t)in->n_layer, sizeof *r.fk);
-    r.fv = calloc((size_t)in->n_layer, sizeof *r.fv);
-    if (!r.fq || !r.fk || !r.fv) {
+    r.halves = ac->rope_halves;
+    r.n_head = in->n_head;
+    r.n_head_kv = in->n_head_kv;
+    r.head_dim = in->head_dim;
+    r.n_rot = ac->n_rot;
+    r.rec_of = calloc((size_t)in->n_layer, sizeof *r.rec_of);
+    r.fq = calloc((size_t)n_rec, sizeof *r.fq);
+    r.fk = calloc((size_t)n_rec, sizeof *r.fk);
+    r.fv = calloc((size_t)n_rec, sizeof *r.fv);
+    r.pq = r.halves ? malloc((size_t)(len * r.rows_q) * sizeof *r.pq) : NULL;
+    r.pk = r.halves ? malloc((size_t)(len * r.rows_kv) * sizeof *r.pk) : NULL;
+    if (!r.rec_of || !r.fq || !r.fk || !r.fv || (r.halves && (!r.pq || !r.pk))) {
         fprintf(stderr, "record_qkv: out of memory\n");
         goto done;
     }
-    for (int l = 0; l < in->n_layer; l++) {
+    for (int l = 0, i = 0; l < in->n_layer; l++)
+        r.rec_of[l] = core_attn_layer_window(ac, l) == 0 ? i++ : -1;
+    for (int l = 0; l < n_rec; l++) {
         const int64_t sq[4] = {n_seq, len, in->n_head, in->head_dim};
         const int64_t skv[4] = {n_seq, len, in->n_head_kv, in->head_dim};
         if (!(r.fq[l] = open_npy(out, "q", l, sq, 4)) || !(r.fk[l] = open_npy(out, "k", l, skv, 4)) ||
@@ -293,7 +321,7 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "\n");
     core_model_set_tap(m, NULL, NULL);
-    if (draws > 0 && write_draws(out, in, (int)draws, (uint64_t)seed) != 0)
+    if (draws > 0 && write_draws(out, in, n_rec, (int)draws, (uint64_t)seed) != 0)
         goto done;
 
     char path[4096];
@@ -307,9 +335,14 @@ int main(int argc, char **argv)
             "{\"model\": \"%s\", \"fingerprint\": \"%s\", \"text\": \"%s\", \"text_tokens\": %zu,\n"
             " \"n_seq\": %" PRId64 ", \"len\": %" PRId64 ", \"skip\": %" PRId64 ",\n"
             " \"n_layer\": %d, \"n_head\": %d, \"n_head_kv\": %d, \"head_dim\": %d,\n"
-            " \"rope_base\": %.17g, \"draws\": %" PRId64 ", \"seed\": %" PRId64 "}\n",
-            model, in->fingerprint, text_path, n_ids, n_seq, len, skip, in->n_layer, in->n_head,
+            " \"rope_base\": %.17g, \"draws\": %" PRId64 ", \"seed\": %" PRId64 ",\n"
+            " \"layers\": [",
+            model, in->fingerprint, text_path, n_ids, n_seq, len, skip, n_rec, in->n_head,
             in->n_head_kv, in->head_dim, in->rope_base, draws, seed);
+    for (int l = 0, i = 0; l < in->n_layer; l++)
+        if (r.rec_of[l] >= 0)
+            fprintf(f, "%s%d", i++ ? ", " : "", l);
+    fprintf(f, "]}\n");
     if (fclose(f) != 0) {
         fprintf(stderr, "record_qkv: writing %s failed\n", path);
         goto done;
@@ -327,6 +360,9 @@ done:
     free(r.fq);
     free(r.fk);
     free(r.fv);
+    free(r.rec_of);
+    free(r.pq);
+    free(r.pk);
     core_attn_state_free(st);
     free(ids);
     free(text);

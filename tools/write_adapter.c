@@ -312,19 +312,27 @@ int main(int argc, char **argv)
         return 1;
     }
     const core_model_info_t *in = core_model_info(mdl);
-    size_t n = (size_t)in->n_layer * (size_t)in->n_head_kv * (size_t)in->head_dim *
+    /* the layers a linear kind runs: a sliding-window model's global ones */
+    const int n_layer = core_attn_global_layers(core_attn_config(core_model_attn(mdl)));
+    size_t n = (size_t)n_layer * (size_t)in->n_head_kv * (size_t)in->head_dim *
                (size_t)in->head_dim;
     if ((mat_p && !(mat = read_f32(mat_p, n))) || (lam_p && !(lam = read_f32(lam_p, n))) ||
-        (dec_p && !(dec = read_f32(dec_p, (size_t)in->n_layer * (size_t)in->n_head_kv))) ||
-        (mix_p && !(mix = read_f32(mix_p, (size_t)in->n_layer * (size_t)in->n_head))))
+        (dec_p && !(dec = read_f32(dec_p, (size_t)n_layer * (size_t)in->n_head_kv))) ||
+        (mix_p && !(mix = read_f32(mix_p, (size_t)n_layer * (size_t)in->n_head))))
         goto done;
-    size_t n_om = (size_t)in->n_layer * (size_t)in->n_head_kv * (size_t)(m / 2) *
+    size_t n_om = (size_t)n_layer * (size_t)in->n_head_kv * (size_t)(m / 2) *
                   (size_t)in->head_dim;
     if ((om_p && !(om = read_f32(om_p, n_om))) || (om2_p && !(om2 = read_f32(om2_p, n_om))) ||
-        (tau_p && !(tau = read_f32(tau_p, (size_t)in->n_layer * (size_t)in->n_head_kv))))
+        (tau_p && !(tau = read_f32(tau_p, (size_t)n_layer * (size_t)in->n_head_kv))))
         goto done;
+    if (lora_p && n_layer != in->n_layer) {
+        fprintf(stderr, "write_adapter: a LoRA covers every layer; %s has sliding-window "
+                        "layers, whose adapter describes its %d global layers only\n",
+                model, n_layer);
+        goto done;
+    }
     if (lora_p) {
-        const size_t L = (size_t)in->n_layer, D = (size_t)in->n_embd,
+        const size_t L = (size_t)n_layer, D = (size_t)in->n_embd,
                      qd = (size_t)in->n_head * (size_t)in->head_dim,
                      kvd = (size_t)in->n_head_kv * (size_t)in->head_dim;
         const size_t width[8] = {D, qd, D, kvd, D, kvd, qd, D}; /* in of A, out of B */
@@ -337,7 +345,7 @@ int main(int argc, char **argv)
         }
     }
     core_features_adapter_desc_t d = {
-        .kind = kind, .n_layer = in->n_layer, .n_head = in->n_head, .n_head_kv = in->n_head_kv,
+        .kind = kind, .n_layer = n_layer, .n_head = in->n_head, .n_head_kv = in->n_head_kv,
         .head_dim = in->head_dim, .n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
         .prerope = (int)prerope, .seed = (uint64_t)seed, .base_fingerprint = in->fingerprint,
         .mat = mat, .lambda = lam, .decay = dec, .mix = mix, .lora_rank = (int)rank,

@@ -3,7 +3,9 @@
  * Owns the fields common to every kind (config, position counter, scratch);
  * everything kind-specific lives behind core_attn_vtbl_t (attn_impl.h):
  * attn_exact.c (KV cache) and attn_linear.c (Performer, DARKFormer,
- * DARKFormer-IS, Flexformer-s/-n, each optionally hybrid with an exact window).
+ * DARKFormer-IS, Flexformer-s/-n, each optionally hybrid with an exact window);
+ * a model with sliding-window layers goes through attn_swa.c, which runs
+ * either on its global layers.
  * What the kinds themselves call back (names, scratch) is attn_common.c, so
  * the dispatch sits above its implementations and nothing calls up into it.
  */
@@ -50,11 +52,6 @@ int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_a
     if (cfg->swa_window < 0 || (cfg->swa_window > 0 && cfg->swa_period < 1))
         return core_error_set(err, CORE_EINVAL, "bad sliding window %lld (period %d)",
                               (long long)cfg->swa_window, cfg->swa_period);
-    if (cfg->swa_window > 0 && cfg->kind != CORE_ATTN_EXACT)
-        return core_error_set(err, CORE_EUNSUPPORTED,
-                              "attention kind %s has no sliding-window layers; this model "
-                              "needs exact attention (--attn exact)",
-                              core_attn_kind_name(cfg->kind));
     if (cfg->memory && cfg->kind == CORE_ATTN_EXACT)
         return core_error_set(err, CORE_EINVAL, "an exact memory (%d rows) is for the linear "
                               "kinds: exact attention keeps every key", cfg->memory);
@@ -62,9 +59,10 @@ int core_attn_new(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, core_a
     if (!a)
         return core_error_set(err, CORE_ENOMEM, "out of memory for attention");
     a->cfg = *cfg;
-    a->vt = vt;
+    /* sliding-window layers: rings for the local layers, the kind for the global ones */
+    a->vt = cfg->swa_window > 0 ? &core_attn_swa_vtbl : vt;
     a->workers = 1; /* every kind's init makes one slot of scratch */
-    int rc = vt->init(a, adapter, err);
+    int rc = a->vt->init(a, adapter, err);
     if (rc < 0) {
         free(a);
         return rc;

@@ -85,12 +85,21 @@ typedef struct core_attn_cfg {
     int n_rot;        /* RoPE: rotated dims (pairs 2i, 2i+1), needed when prerope */
     double rope_base; /* RoPE: θ_i = pos · base^(-2i/n_rot) / rope_scale */
     double rope_scale;
-    /* Sliding-window (local) layers, exact attention only (Gemma 3): with
-     * swa_window > 0, layer l is local unless l % swa_period ==
-     * swa_period - 1; a query at position p of a local layer sees the keys
-     * at positions j with p - j < swa_window. 0 = every layer global. */
+    /* Sliding-window (local) layers (Gemma 3): with swa_window > 0, layer l
+     * is local unless l % swa_period == swa_period - 1; a query at position
+     * p of a local layer sees the keys at positions j with p - j <
+     * swa_window, kept in a ring of the last swa_window - 1 keys and values
+     * (exact softmax, f32, whatever the kind). kind then applies to the
+     * global layers only (core/attn/attn_swa.c): exact keeps their every
+     * key, a linear kind runs them as on any model, its adapter's layer N
+     * being the N-th global layer. 0 = every layer global. */
     int64_t swa_window;
     int swa_period;
+    /* 1: the model's RoPE rotates halves (x[i], x[i + n_rot/2]) (NeoX,
+     * Gemma), 0: pairs (x[2i], x[2i+1]). A linear kind un-rotates pairs, so
+     * the global layers' q and k reach it permuted to pairs
+     * (core_attn_rope_pairs; q·k is unchanged). */
+    int rope_halves;
 } core_attn_cfg_t;
 
 /* Largest position a state may reach (2^48 tokens: years of streaming at
@@ -145,6 +154,14 @@ int core_attn_kind_is_trig(core_attn_kind_t kind);
 /* The key window of layer under cfg: swa_window for a local layer, 0 (the
  * whole context) for a global one. */
 int64_t core_attn_layer_window(const core_attn_cfg_t *cfg, int layer);
+/* Layers that see the whole context (not sliding-window): those a linear
+ * kind runs and an adapter describes, in order. */
+int core_attn_global_layers(const core_attn_cfg_t *cfg);
+/* n rows of nh heads of Hd values from the halves layout to the pairs
+ * layout of RoPE (x[i], x[i + n_rot/2] -> y[2i], y[2i+1]; dimensions past
+ * n_rot kept): what a linear kind sees of a model with rope_halves (also
+ * what tools/record_qkv records for it). in and out do not overlap. */
+void core_attn_rope_pairs(const float *in, float *out, int64_t n, int nh, int hd, int n_rot);
 
 /* New attention parameters for cfg. adapter (borrowed, may be NULL) is the
  * DARKFormer adapter GGUF for the kinds that need learned parameters. */

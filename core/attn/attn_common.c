@@ -137,6 +137,29 @@ int core_attn_keep_parse(const char *name, int *keep)
     return CORE_EINVAL;
 }
 
+int core_attn_global_layers(const core_attn_cfg_t *cfg)
+{
+    int n = 0;
+    for (int l = 0; l < cfg->n_layer; l++)
+        n += core_attn_layer_window(cfg, l) == 0;
+    return n;
+}
+
+void core_attn_rope_pairs(const float *in, float *out, int64_t n, int nh, int hd, int n_rot)
+{
+    const int half = n_rot / 2;
+    for (int64_t r = 0; r < n * nh; r++) {
+        const float *x = in + r * hd;
+        float *y = out + r * hd;
+        for (int i = 0; i < half; i++) {
+            y[2 * i] = x[i];
+            y[2 * i + 1] = x[i + half];
+        }
+        for (int i = n_rot; i < hd; i++)
+            y[i] = x[i];
+    }
+}
+
 const char *core_attn_kind_name(core_attn_kind_t kind)
 {
     if ((unsigned)kind < sizeof kind_names / sizeof kind_names[0])

@@ -10,10 +10,10 @@
  * part-way (or a batch that fails in another sequence) leaves the state as it
  * was: rows past pos are scratch until advanced over.
  *
- * A sliding-window layer (cfg.swa_window, core_attn_layer_window) keeps every
- * key like a global one (a state is one format for all layers) but each
- * query attends only to the last swa_window positions: the GEMMs span the
- * keys a block of queries can see, not the whole context.
+ * With sliding-window layers (cfg.swa_window) this kind runs the global
+ * layers only, under core/attn/attn_swa.c, which keeps the local layers'
+ * windows in rings and attends them with core_attn_exact_attend; the GEMMs
+ * span the keys a block of queries can see, not the whole context.
  *
  * Scores and the weighted sum are GEMMs per query head over a block of query
  * rows (at most EXACT_QB, fewer for long contexts) so the score scratch stays
@@ -190,40 +190,36 @@ static int exact_reserve(core_attn_t *a, core_attn_state_t *s, int64_t n, core_e
     return grow_cache(a, es, cap, err);
 }
 
-static int exact_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n,
-                         const float *q, const float *k, const float *v, float *out,
-                         core_error_t *err)
+/* Query rows per score block: fewer as the context grows keeps the
+ * scratch bounded. */
+static int64_t query_block(int64_t n, int64_t ctx)
 {
-    exact_state_t *es = s->impl;
+    int64_t qb = EXACT_SCORE_FLOATS / ctx;
+    qb = qb < 1 ? 1 : qb > EXACT_QB ? EXACT_QB : qb;
+    return n < qb ? n : qb;
+}
+
+size_t core_attn_exact_scratch_floats(int64_t n, int64_t ctx)
+{
+    return (size_t)query_block(n, ctx) * (size_t)ctx;
+}
+
+int core_attn_exact_attend(core_attn_t *a, int64_t P, int64_t n, int64_t W, const float *q,
+                           const float *K, const float *V, int64_t kpos0, float *out,
+                           core_error_t *err)
+{
     const core_attn_cfg_t *c = &a->cfg;
     const int H = c->n_head, Hkv = c->n_head_kv, Hd = c->head_dim;
     const int64_t qs = (int64_t)H * Hd;   /* row stride of q and out */
-    const int64_t kvs = (int64_t)Hkv * Hd; /* row stride of k, v and the cache */
-    const int64_t P = s->pos;
-    if (P + n > es->cap)
-        return core_error_set(err, CORE_EINVAL,
-                              "exact attention: %lld tokens at position %lld not reserved "
-                              "(capacity %lld)",
-                              (long long)n, (long long)P, (long long)es->cap);
-
-    float *Kc = es->k[layer]; /* [cap][Hkv*Hd] */
-    float *Vc = es->v[layer]; /* [cap][Hkv*Hd] */
-    memcpy(Kc + P * kvs, k, (size_t)n * (size_t)kvs * sizeof(float));
-    memcpy(Vc + P * kvs, v, (size_t)n * (size_t)kvs * sizeof(float));
-
-    const int64_t ctx = P + n;
-    /* Fewer query rows per block as the context grows keeps the scratch bounded. */
-    int64_t qb = EXACT_SCORE_FLOATS / ctx;
-    qb = qb < 1 ? 1 : qb > EXACT_QB ? EXACT_QB : qb;
-    qb = n < qb ? n : qb;
+    const int64_t kvs = (int64_t)Hkv * Hd; /* row stride of K, V */
+    const int64_t ctx = P + n - kpos0;    /* key rows held */
+    const int64_t qb = query_block(n, ctx);
     float *S = core_attn_scratch(a, (size_t)qb * (size_t)ctx, err); /* [qb][ctx] */
     if (!S)
         return err ? err->code : CORE_ENOMEM;
 
     const float scale = (float)(1.0 / sqrt((double)Hd));
     const int group = H / Hkv;
-    /* a local layer's query at position p sees keys [p - W + 1, p] */
-    const int64_t W = core_attn_layer_window(c, layer);
     for (int h = 0; h < H; h++) {
         const int hk = h / group;
         for (int64_t i0 = 0; i0 < n; i0 += qb) {
@@ -232,10 +228,10 @@ static int exact_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_
              * block's first row sees the lowest, its last the highest, so the
              * GEMM spans keys [k0, nk) and each row masks the rest. */
             const int64_t nk = P + i0 + m;
-            const int64_t k0 = W > 0 && P + i0 - W + 1 > 0 ? P + i0 - W + 1 : 0;
+            const int64_t k0 = W > 0 && P + i0 - W + 1 > kpos0 ? P + i0 - W + 1 : kpos0;
             const int64_t span = nk - k0;
             core_gemm_nt(m, span, Hd, scale, q + i0 * qs + (int64_t)h * Hd, qs,
-                         Kc + k0 * kvs + (int64_t)hk * Hd, kvs, 0.0f, S, span);
+                         K + (k0 - kpos0) * kvs + (int64_t)hk * Hd, kvs, 0.0f, S, span);
             for (int64_t r = 0; r < m; r++) {
                 float *row = S + r * span;
                 const int64_t p = P + i0 + r;                        /* its position */
@@ -257,11 +253,32 @@ static int exact_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_
                 for (int64_t j = hi; j < span; j++)
                     row[j] = 0.0f;
             }
-            core_gemm_nn(m, Hd, span, 1.0f, S, span, Vc + k0 * kvs + (int64_t)hk * Hd, kvs, 0.0f,
-                         out + i0 * qs + (int64_t)h * Hd, qs);
+            core_gemm_nn(m, Hd, span, 1.0f, S, span, V + (k0 - kpos0) * kvs + (int64_t)hk * Hd,
+                         kvs, 0.0f, out + i0 * qs + (int64_t)h * Hd, qs);
         }
     }
     return 0;
+}
+
+static int exact_forward(core_attn_t *a, core_attn_state_t *s, int layer, int64_t n,
+                         const float *q, const float *k, const float *v, float *out,
+                         core_error_t *err)
+{
+    exact_state_t *es = s->impl;
+    const int64_t kvs = (int64_t)a->cfg.n_head_kv * a->cfg.head_dim;
+    const int64_t P = s->pos;
+    if (P + n > es->cap)
+        return core_error_set(err, CORE_EINVAL,
+                              "exact attention: %lld tokens at position %lld not reserved "
+                              "(capacity %lld)",
+                              (long long)n, (long long)P, (long long)es->cap);
+    float *Kc = es->k[layer]; /* [cap][Hkv*Hd] */
+    float *Vc = es->v[layer]; /* [cap][Hkv*Hd] */
+    memcpy(Kc + P * kvs, k, (size_t)n * (size_t)kvs * sizeof(float));
+    memcpy(Vc + P * kvs, v, (size_t)n * (size_t)kvs * sizeof(float));
+    /* a sliding-window layer's query at position p sees keys [p - W + 1, p] */
+    return core_attn_exact_attend(a, P, n, core_attn_layer_window(&a->cfg, layer), q, Kc, Vc, 0,
+                                  out, err);
 }
 
 /* ---- serialization (core/state.c frames the payload) ----

@@ -74,7 +74,28 @@ struct core_attn_state {
 /* Grows a->scratch to at least n floats; returns it or NULL (CORE_ENOMEM set). */
 float *core_attn_scratch(core_attn_t *a, size_t n, core_error_t *err);
 
+/* Exact causal softmax (scale 1/sqrt(Hd)) of the n query rows q [n][H*Hd]
+ * at positions P..P+n-1 into out [n][H*Hd], over the key and value rows K,
+ * V [rows][Hkv*Hd], row j holding position kpos0 + j, the last P + n - 1. A
+ * query at position p sees the keys j with p - j < W (W = 0: every row
+ * held); kpos0 must not exceed the first key any query sees. Scores go to
+ * a's scratch (core_attn_scratch: CORE_ENOMEM is the only failure, and
+ * none once it holds core_attn_exact_scratch_floats). attn_exact.c. */
+int core_attn_exact_attend(core_attn_t *a, int64_t P, int64_t n, int64_t W, const float *q,
+                           const float *K, const float *V, int64_t kpos0, float *out,
+                           core_error_t *err);
+/* The scratch floats core_attn_exact_attend takes for n queries over ctx
+ * key rows. */
+size_t core_attn_exact_scratch_floats(int64_t n, int64_t ctx);
+
+/* The attention of the global layers under a's sliding-window composite
+ * (attn_swa.c), or a itself when it is no composite: what the linear
+ * kinds' inspection (core_attn_linear_features, _params) and the state's
+ * parameter digest look at. */
+const core_attn_t *core_attn_global_attn(const core_attn_t *a);
+
 extern const core_attn_vtbl_t core_attn_exact_vtbl;  /* attn_exact.c */
+extern const core_attn_vtbl_t core_attn_swa_vtbl;    /* attn_swa.c */
 extern const core_attn_vtbl_t core_attn_linear_vtbl; /* attn_linear.c */
 
 #endif

@@ -19,6 +19,7 @@
 #include "core/attn/features.h"
 #include "core/model.h"
 #include "core/sample.h"
+#include "core/state.h"
 #include "core/text/tokenizer.h"
 #include "server/attn_select.h"
 #include "server/cli/cli_opts.h"
@@ -577,9 +578,12 @@ int srv_cli_perplexity(int argc, char **argv)
         }
         sum_nll += chunk_nll;
         n_scored += cn - 1;
-        fprintf(stderr, "[%" PRId64 "/%zu] chunk ppl %.4f, running ppl %.4f, %.1f tokens/s\n",
+        /* the state at the chunk's end: what a session of that length holds */
+        fprintf(stderr, "[%" PRId64 "/%zu] chunk ppl %.4f, running ppl %.4f, %.1f tokens/s, "
+                "state %zu bytes (blob %zu) at position %" PRId64 "\n",
                 c0 + cn, n_ids, exp(chunk_nll / (double)(cn - 1)), exp(sum_nll / (double)n_scored),
-                (double)(c0 + cn) / (now_s() - t0));
+                (double)(c0 + cn) / (now_s() - t0), core_attn_state_bytes(st),
+                core_state_size(st, NULL, 0, 0), core_attn_state_pos(st));
     }
     for (int b = 0; buckets && b < N_BK; b++)
         if (bk_n[b] > 0)

@@ -324,3 +324,45 @@ def test_kv_bits_refused_for_exact_and_bad_values(model_dir):
     assert r.returncode != 0 and "8-bit rows" in r.stderr, r.stderr
     r = cli(model_dir, "--kv-bits", "12")
     assert r.returncode != 0 and "bits" in r.stderr, r.stderr
+
+
+def test_gemma_runs_the_kind_on_its_global_layers(tmp_path):
+    """A gemma3 model (the tiny fixture: 7 layers, window 8, layer 5 global):
+    without an adapter auto runs exact attention and says why; with one
+    written by tools/write_adapter for its global layer beside it, auto runs
+    DARKFormer there, and the startup line says the local layers stay exact."""
+    from ds_server import TINY_GEMMA
+    assert os.path.exists(TINY_GEMMA), f"{TINY_GEMMA} missing (make builds it)"
+    shutil.copy(TINY_GEMMA, tmp_path / "m.gguf")
+    (tmp_path / "text.txt").write_text(TEXT)
+    r = cli(tmp_path)
+    assert r.returncode == 0, r.stderr
+    line = attention_line(r.stderr)
+    assert line.startswith("exact (") and line.endswith(
+        "on the 1 global layer, the 6 local ones exact in a ring of their 8-token window)"), line
+    assert "sliding-window model" in r.stderr
+    # the adapter: M = I for the one global layer (1 KV head, head dim 64)
+    mat = tmp_path / "mat.f32"
+    np.eye(64, dtype="<f4").tofile(mat)
+    os.makedirs(tmp_path / "adapters")
+    tool = os.path.join(BUILD, "tools", "write_adapter")
+
+    def write(out, *extra):
+        return subprocess.run([tool, "--model", str(tmp_path / "m.gguf"), "--kind", "darkformer",
+                               "--features", "16", "--window", "4", "--seed", "0",
+                               "--mat", str(mat), "--out", str(out)] + list(extra),
+                              capture_output=True, text=True, timeout=RUN_S)
+
+    w = write(tmp_path / "adapters" / "m.darkformer.gguf", "--sinks", "2", "--prerope", "1")
+    assert w.returncode == 0, w.stderr
+    r = cli(tmp_path)
+    assert r.returncode == 0, r.stderr
+    line = attention_line(r.stderr)
+    assert line.startswith("darkformer (features 16, window 4, sinks 2, pre-RoPE,"), line
+    assert line.endswith("on the 1 global layer, the 6 local ones exact in a ring of their "
+                         "8-token window)"), line
+    assert re.search(r"^perplexity: [0-9.]+ tokens: 64$", r.stdout, re.M), r.stdout
+    # a matrix for every layer (what a Llama adapter would carry) is refused
+    np.tile(np.eye(64, dtype="<f4"), (7, 1)).tofile(mat)
+    w = write(tmp_path / "x.gguf")
+    assert w.returncode != 0 and "exactly 4096 float32 values" in w.stderr, w.stderr

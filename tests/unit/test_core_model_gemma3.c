@@ -1,7 +1,10 @@
 /* core/model.c's gemma3 path on the tiny gemma3 fixture (env
  * DARKSERVE_TINY_GEMMA, tests/fixtures/make_tiny_gemma3.py: a sliding window
- * of 8, seven layers): chunked prefill and one token at a time against one
- * call, batching, refusal of the linear attention kinds. Whether one call is
+ * of 8, seven layers, layer 5 global): chunked prefill and one token at a
+ * time against one call, batching, the linear kinds on the global layer
+ * (chunked prefill, export -> import -> continue bit for bit through the
+ * local layers' rings, constant state bytes, adapters of the other family
+ * refused). Whether one call is
  * right is the numpy oracle's job (tests/reference/test_gemma3_oracle.py).
  * The loader's gemma3 checks and the logit soft-capping run on small models
  * written here with the core GGUF writer. */
@@ -13,10 +16,13 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "core/attn/features.h"
+#include "core/crc32.h"
 #include "core/gguf.h"
 #include "core/kernels/qdot.h"
 #include "core/model.h"
 #include "core/rng.h"
+#include "core/state.h"
 #include "core/tensor.h"
 
 static core_model_t *tiny; /* the fixture, default options */
@@ -95,30 +101,49 @@ TEST(tiny_gemma3_info)
     CHECK_INT_EQ(core_attn_layer_window(c, 6), 8);
 }
 
+/* The tiny fixture with a linear kind on its global layer: performer (no
+ * adapter needed) with v2's sinks, window and features before RoPE, so the
+ * halves-to-pairs permutation, the sinks' re-rotation and the window all
+ * run; its local layers keep their rings. */
+static core_model_t *load_linear(void)
+{
+    core_model_opts_t o = {.attn_kind = CORE_ATTN_PERFORMER, .n_features = 16, .window = 4,
+                           .sinks = 2, .prerope = 1};
+    core_model_t *m = NULL;
+    core_error_t err = {0};
+    CHECK_MSG(core_model_load(tiny_path, &o, &m, &err) == 0, "%s", err.msg);
+    return m;
+}
+
+static void rand_tokens(uint64_t seed, int32_t *tok, int n)
+{
+    core_rng_t r;
+    core_rng_seed(&r, seed);
+    tok[0] = 2;
+    for (int i = 1; i < n; i++)
+        tok[i] = (int32_t)(7 + core_rng_u64(&r) % (uint64_t)(V - 7));
+}
+
 /* 50 tokens (six windows of 8) one call against chunks: prompt rows differ
  * by float rounding only; a call of one token is a decode row, 8-bit
  * activations for the Q8_0 and Q5_0 matrices (measured 9.3e-3 of the largest
  * |logit| against the oracle on this model). */
-TEST(chunked_prefill_matches_one_call)
+static void check_chunked(core_model_t *m)
 {
     enum { N = 50 };
-    core_rng_t r;
-    core_rng_seed(&r, 11);
     int32_t tok[N];
-    tok[0] = 2;
-    for (int i = 1; i < N; i++)
-        tok[i] = (int32_t)(7 + core_rng_u64(&r) % (uint64_t)(V - 7));
+    rand_tokens(11, tok, N);
     float *ref = malloc((size_t)N * (size_t)V * sizeof *ref);
     float *got = malloc((size_t)N * (size_t)V * sizeof *got);
-    core_attn_state_t *s = new_state(tiny);
+    core_attn_state_t *s = new_state(m);
     CHECK(ref && got && s);
     if (!ref || !got || !s)
         goto done;
-    CHECK_INT_EQ(feed(tiny, s, tok, N, 0, V, ref), 0);
+    CHECK_INT_EQ(feed(m, s, tok, N, 0, V, ref), 0);
     const int64_t chunks[] = {1, 5, 8, 13, 49};
     for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
         core_attn_state_reset(s);
-        CHECK_INT_EQ(feed(tiny, s, tok, N, chunks[c], V, got), 0);
+        CHECK_INT_EQ(feed(m, s, tok, N, chunks[c], V, got), 0);
         for (int64_t i = 0; i < N; i++) {
             const int one = chunks[c] == 1 || (N % chunks[c] == 1 && i == N - 1);
             const double d = rel_diff(got + i * V, ref + i * V, 1, V);
@@ -131,6 +156,11 @@ done:
     core_attn_state_free(s);
     free(ref);
     free(got);
+}
+
+TEST(chunked_prefill_matches_one_call)
+{
+    check_chunked(tiny);
 }
 
 /* A decode row and a prompt in one forward give each the bits it gets alone. */
@@ -175,18 +205,269 @@ done:
     free(scratch);
 }
 
-TEST(linear_kinds_are_refused)
+/* ---- linear kinds: the global layer (layer 5 of the fixture's 7) only ---- */
+
+TEST(linear_kinds_run_the_global_layers)
 {
-    const core_attn_kind_t kinds[] = {CORE_ATTN_PERFORMER, CORE_ATTN_DARKFORMER,
-                                      CORE_ATTN_FLEXFORMER_S};
+    core_model_t *m = load_linear();
+    if (!m)
+        return;
+    const core_attn_cfg_t *c = core_attn_config(core_model_attn(m));
+    CHECK_INT_EQ(c->kind, CORE_ATTN_PERFORMER);
+    CHECK_INT_EQ(c->rope_halves, 1);
+    CHECK_INT_EQ(core_attn_global_layers(c), 1);
+    /* every linear kind loads (darkformer-is and darkformer need their
+     * adapter's tensors: no adapter, no load, as on any model) */
+    const core_attn_kind_t kinds[] = {CORE_ATTN_FLEXFORMER_S, CORE_ATTN_FLEXFORMER_N};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-        core_model_opts_t o = {.attn_kind = kinds[i]};
-        core_model_t *m = NULL;
+        core_model_opts_t o = {.attn_kind = kinds[i], .n_features = 16, .window = 4};
+        core_model_t *k = NULL;
         core_error_t err = {0};
-        CHECK_INT_EQ(core_model_load(tiny_path, &o, &m, &err), CORE_EUNSUPPORTED);
-        CHECK(m == NULL);
-        CHECK_MSG(strstr(err.msg, "gemma3") && strstr(err.msg, "--attn exact"), "%s", err.msg);
+        CHECK_MSG(core_model_load(tiny_path, &o, &k, &err) == 0, "%s: %s",
+                  core_attn_kind_name(kinds[i]), err.msg);
+        core_model_free(k);
     }
+    /* the memory on every head runs; a head list (model layers) is refused */
+    for (int some = 0; some < 2; some++) {
+        core_model_opts_t o = {.attn_kind = CORE_ATTN_PERFORMER, .n_features = 16, .window = 4,
+                               .sinks = 2, .prerope = 1, .memory = 8,
+                               .memory_keep = CORE_ATTN_KEEP_RECENT,
+                               .memory_heads = some ? "5.0" : NULL};
+        core_model_t *k = NULL;
+        core_error_t err = {0};
+        const int rc = core_model_load(tiny_path, &o, &k, &err);
+        if (some)
+            CHECK_MSG(rc == CORE_EINVAL && strstr(err.msg, "--memory-heads"), "%d %s", rc,
+                      err.msg);
+        else
+            CHECK_MSG(rc == 0, "%s", err.msg);
+        core_model_free(k);
+    }
+    /* the linear global layer changes the logits past its window + sinks
+     * (not before: there it is exact), the local layers stay exact */
+    enum { N = 24 };
+    int32_t tok[N];
+    rand_tokens(3, tok, N);
+    float *a = malloc((size_t)N * (size_t)V * sizeof *a), *b = malloc((size_t)N * (size_t)V * sizeof *b);
+    core_attn_state_t *sa = new_state(tiny), *sb = new_state(m);
+    CHECK(a && b && sa && sb);
+    if (a && b && sa && sb && feed(tiny, sa, tok, N, 0, V, a) == 0 && feed(m, sb, tok, N, 0, V, b) == 0) {
+        /* the linear kind's exact rows are halves (16-bit rows) */
+        const double in = rel_diff(b, a, 6, V), out = rel_diff(b + (N - 1) * V, a + (N - 1) * V, 1, V);
+        CHECK_MSG(in < 1e-3, "within window + sinks: %.3g", in);
+        CHECK_MSG(out > 10 * in, "past them: %.3g (within: %.3g)", out, in);
+    }
+    core_attn_state_free(sa);
+    core_attn_state_free(sb);
+    free(a);
+    free(b);
+    core_model_free(m);
+}
+
+/* Prompt chunks against one call, with the linear global layer. */
+TEST(linear_chunked_prefill_matches_one_call)
+{
+    core_model_t *m = load_linear();
+    if (m)
+        check_chunked(m);
+    core_model_free(m);
+}
+
+/* A state saved past several wraps of the rings (window 8: 7 rows), loaded
+ * into a new one, continues bit for bit as the original; exact and linear. */
+static void check_export_import(core_model_t *m)
+{
+    enum { P = 37, N = 12 };
+    int32_t pre[P], tok[N];
+    rand_tokens(21, pre, P);
+    rand_tokens(22, tok, N);
+    float *scr = malloc((size_t)P * (size_t)V * sizeof *scr);
+    float *a = malloc((size_t)N * (size_t)V * sizeof *a), *b = malloc((size_t)N * (size_t)V * sizeof *b);
+    core_attn_state_t *s = new_state(m), *t = new_state(m);
+    void *blob = NULL;
+    CHECK(scr && a && b && s && t);
+    if (!scr || !a || !b || !s || !t)
+        goto done;
+    CHECK_INT_EQ(feed(m, s, pre, P, 10, V, scr), 0);
+    core_state_desc_t d = {.fingerprint = core_model_info(m)->fingerprint, .state = s};
+    size_t n = core_state_size(s, NULL, 0, 0), len = 0;
+    blob = malloc(n);
+    CHECK(blob != NULL);
+    if (!blob)
+        goto done;
+    core_error_t err = {0};
+    CHECK_MSG(core_state_save(&d, blob, n, &len, &err) == 0, "%s", err.msg);
+    CHECK_MSG(core_state_load(blob, len, d.fingerprint, t, NULL, NULL, NULL, NULL, NULL, &err) == 0,
+              "%s", err.msg);
+    CHECK_INT_EQ(core_attn_state_pos(t), P);
+    /* the same continuation, in the same chunks */
+    CHECK_INT_EQ(feed(m, s, tok, N, 5, V, a), 0);
+    CHECK_INT_EQ(feed(m, t, tok, N, 5, V, b), 0);
+    CHECK_MSG(memcmp(a, b, (size_t)N * (size_t)V * sizeof *a) == 0, "%s: continuation differs",
+              core_attn_kind_name(core_attn_config(core_model_attn(m))->kind));
+    /* a payload without the rings' header (the exact cache of every layer
+     * written before the rings) is refused as such: the tag's first byte
+     * changed, the checksum made right again */
+    unsigned char *u = blob;
+    u[CORE_STATE_HEADER_BYTES] ^= 0x55;
+    uint32_t crc = core_crc32(0, u, len - 4);
+    for (int i = 0; i < 4; i++)
+        u[len - 4 + (size_t)i] = (unsigned char)(crc >> (8 * i));
+    core_attn_state_reset(t);
+    CHECK_INT_EQ(core_state_load(blob, len, NULL, t, NULL, NULL, NULL, NULL, NULL, &err),
+                 CORE_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "ring") != NULL, "%s", err.msg);
+    CHECK_INT_EQ(core_attn_state_pos(t), 0);
+done:
+    free(blob);
+    core_attn_state_free(s);
+    core_attn_state_free(t);
+    free(scr);
+    free(a);
+    free(b);
+}
+
+TEST(export_import_continue_is_bit_identical)
+{
+    check_export_import(tiny);
+    core_model_t *m = load_linear();
+    if (m)
+        check_export_import(m);
+    core_model_free(m);
+}
+
+/* With a linear global layer the whole state is constant: its bytes and its
+ * blob's at 40 tokens and at 700 (87 wraps of the rings); exact grows. */
+TEST(linear_state_bytes_are_constant)
+{
+    enum { N = 700 };
+    core_model_t *m = load_linear();
+    int32_t *tok = malloc(N * sizeof *tok);
+    float *lg = malloc((size_t)V * sizeof *lg);
+    core_attn_state_t *s = m ? new_state(m) : NULL, *e = new_state(tiny);
+    CHECK(tok && lg && s && e);
+    if (!tok || !lg || !s || !e)
+        goto done;
+    rand_tokens(5, tok, N);
+    size_t bytes[2], blob[2], ebytes[2];
+    for (int i = 0, at = 0; i < 2; i++) {
+        const int upto = i == 0 ? 40 : N;
+        for (; at < upto; at += 20) {
+            core_batch_seq_t sq = {.state = s, .tokens = tok + at, .n_tokens = 20,
+                                   .logits_mode = CORE_LOGITS_LAST, .logits = lg};
+            core_batch_seq_t se = sq;
+            se.state = e;
+            core_error_t err = {0};
+            CHECK_MSG(core_model_forward(m, &sq, 1, &err) == 0, "%s", err.msg);
+            /* the exact control up to the fixture's context of 256 */
+            if (at < 200)
+                CHECK_MSG(core_model_forward(tiny, &se, 1, &err) == 0, "%s", err.msg);
+        }
+        bytes[i] = core_attn_state_bytes(s);
+        blob[i] = core_state_size(s, NULL, 0, 0);
+        ebytes[i] = core_attn_state_bytes(e);
+    }
+    CHECK_INT_EQ(core_attn_state_pos(s), N);
+    CHECK_MSG(bytes[0] == bytes[1], "state bytes %zu at 40, %zu at %d", bytes[0], bytes[1], N);
+    CHECK_MSG(blob[0] == blob[1], "blob bytes %zu at 40, %zu at %d", blob[0], blob[1], N);
+    CHECK(ebytes[1] > ebytes[0]); /* the exact global layer keeps every key (200 of them) */
+done:
+    core_attn_state_free(s);
+    core_attn_state_free(e);
+    core_model_free(m);
+    free(tok);
+    free(lg);
+}
+
+/* A DARKFormer adapter with Mat = I for the model at path, for the layers its
+ * linear kind runs (a gemma3's global ones), naming fingerprint fp. */
+static int write_identity_adapter(const char *model, const char *path, const char *fp)
+{
+    core_model_t *m = NULL;
+    core_error_t err = {0};
+    if (core_model_load(model, NULL, &m, &err) < 0)
+        return -1;
+    const core_model_info_t *in = core_model_info(m);
+    const int hd = in->head_dim, L = core_attn_global_layers(core_attn_config(core_model_attn(m)));
+    const size_t n = (size_t)L * (size_t)in->n_head_kv * (size_t)hd * (size_t)hd;
+    float *mat = calloc(n, sizeof *mat);
+    int rc = CORE_ENOMEM;
+    if (mat) {
+        for (size_t b = 0; b < n; b += (size_t)hd * hd)
+            for (int i = 0; i < hd; i++)
+                mat[b + (size_t)i * hd + i] = 1.0f;
+        core_features_adapter_desc_t d = {.kind = CORE_ATTN_DARKFORMER, .n_layer = L,
+                                          .n_head = in->n_head, .n_head_kv = in->n_head_kv,
+                                          .head_dim = hd, .n_features = 16, .window = 4,
+                                          .sinks = 2, .prerope = 1, .seed = 5,
+                                          .base_fingerprint = fp, .mat = mat};
+        rc = core_features_adapter_write(&d, path, &err);
+        CHECK_MSG(rc == 0, "adapter: %s", err.msg);
+    }
+    free(mat);
+    core_model_free(m);
+    return rc;
+}
+
+/* A Gemma adapter on the Llama fixture and the Llama one on Gemma are
+ * refused (by fingerprint; without one, by their layers and shapes); each
+ * loads on its own model. */
+TEST(adapter_of_the_other_family_is_refused)
+{
+    const char *llama = getenv("DARKSERVE_TINY_MODEL");
+    CHECK_MSG(llama != NULL, "DARKSERVE_TINY_MODEL is not set (run through make unit)");
+    if (!llama)
+        return;
+    core_model_t *lm = NULL;
+    core_error_t err = {0};
+    CHECK_MSG(core_model_load(llama, NULL, &lm, &err) == 0, "%s", err.msg);
+    if (!lm)
+        return;
+    char dir[] = "/tmp/darkserve_gemma_adapter_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char ga[80], la[80], gn[80], ln[80];
+    snprintf(ga, sizeof ga, "%s/gemma.gguf", dir);
+    snprintf(la, sizeof la, "%s/llama.gguf", dir);
+    snprintf(gn, sizeof gn, "%s/gemma-nofp.gguf", dir);
+    snprintf(ln, sizeof ln, "%s/llama-nofp.gguf", dir);
+    CHECK_INT_EQ(write_identity_adapter(tiny_path, ga, core_model_info(tiny)->fingerprint), 0);
+    CHECK_INT_EQ(write_identity_adapter(llama, la, core_model_info(lm)->fingerprint), 0);
+    CHECK_INT_EQ(write_identity_adapter(tiny_path, gn, NULL), 0);
+    CHECK_INT_EQ(write_identity_adapter(llama, ln, NULL), 0);
+    core_model_opts_t o = {.attn_kind = CORE_ATTN_DARKFORMER, .n_features = 16, .window = 4,
+                           .sinks = 2, .prerope = 1, .seed = 5};
+    core_model_t *m = NULL;
+    /* each on its own model */
+    const char *own[2][2] = {{tiny_path, ga}, {llama, la}};
+    for (int i = 0; i < 2; i++) {
+        o.adapter_path = own[i][1];
+        CHECK_MSG(core_model_load(own[i][0], &o, &m, &err) == 0, "%s: %s", own[i][1], err.msg);
+        core_model_free(m);
+        m = NULL;
+    }
+    /* crossed: the fingerprint says whose it is */
+    const char *cross[2][2] = {{llama, ga}, {tiny_path, la}};
+    for (int i = 0; i < 2; i++) {
+        o.adapter_path = cross[i][1];
+        CHECK_INT_EQ(core_model_load(cross[i][0], &o, &m, &err), CORE_EMISMATCH);
+        CHECK(m == NULL);
+        CHECK_MSG(strstr(err.msg, "fingerprint") != NULL, "%s", err.msg);
+    }
+    /* no fingerprint: the tensors do not fit the other model */
+    const char *nofp[2][2] = {{llama, gn}, {tiny_path, ln}};
+    for (int i = 0; i < 2; i++) {
+        o.adapter_path = nofp[i][1];
+        int rc = core_model_load(nofp[i][0], &o, &m, &err);
+        CHECK_MSG(rc < 0, "%s loaded on %s", nofp[i][1], nofp[i][0]);
+        CHECK(m == NULL);
+        printf("  %s on %s: %s\n", nofp[i][1], nofp[i][0], err.msg);
+    }
+    unlink(ga);
+    unlink(la);
+    unlink(gn);
+    unlink(ln);
+    rmdir(dir);
+    core_model_free(lm);
 }
 
 /* ---- small gemma3 models written with the core GGUF writer ---- */
@@ -439,7 +720,11 @@ int main(void)
     RUN(tiny_gemma3_info);
     RUN(chunked_prefill_matches_one_call);
     RUN(batched_matches_alone);
-    RUN(linear_kinds_are_refused);
+    RUN(linear_kinds_run_the_global_layers);
+    RUN(linear_chunked_prefill_matches_one_call);
+    RUN(export_import_continue_is_bit_identical);
+    RUN(linear_state_bytes_are_constant);
+    RUN(adapter_of_the_other_family_is_refused);
     RUN(loader_accepts_valid_synthetic);
     RUN(loader_rejects_bad_gemma3_models);
     RUN(final_logit_softcapping);

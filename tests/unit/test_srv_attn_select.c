@@ -77,18 +77,18 @@ TEST(auto_without_adapter_falls_back)
     CHECK_INT_EQ(ch.mo.linear_off, 0);
 }
 
-/* A gemma3 model (the tiny fixture, DARKSERVE_TINY_GEMMA) runs exact
- * attention only: auto without an adapter picks exact and says why; an
- * explicit linear kind is passed on (the load refuses it). */
+/* A gemma3 model (the tiny fixture, DARKSERVE_TINY_GEMMA) without an
+ * adapter: auto picks exact and says why; an explicit linear kind is passed
+ * on (it applies to the global layers). */
 TEST(auto_picks_exact_for_gemma3)
 {
     const char *g = getenv("DARKSERVE_TINY_GEMMA");
     CHECK_MSG(g != NULL, "DARKSERVE_TINY_GEMMA is not set (run through make unit)");
     if (!g)
         return;
-    CHECK_INT_EQ(core_model_file_exact_only(g), 1);
-    CHECK_INT_EQ(core_model_file_exact_only(getenv("DARKSERVE_TINY_MODEL")), 0);
-    CHECK_INT_EQ(core_model_file_exact_only(model), 0); /* no such file */
+    CHECK_INT_EQ(core_model_file_local_layers(g), 1);
+    CHECK_INT_EQ(core_model_file_local_layers(getenv("DARKSERVE_TINY_MODEL")), 0);
+    CHECK_INT_EQ(core_model_file_local_layers(model), 0); /* no such file */
     srv_attn_choice_t ch;
     core_error_t err = {0};
     srv_attn_request_t rq = flags_unset(SRV_ATTN_AUTO);
@@ -97,10 +97,44 @@ TEST(auto_picks_exact_for_gemma3)
     CHECK_INT_EQ(ch.fallback, 1);
     CHECK_INT_EQ(ch.mo.sinks, 0);
     CHECK_INT_EQ(ch.mo.memory, 0);
-    CHECK_MSG(strstr(ch.note, "exact attention only") != NULL, "%s", ch.note);
+    CHECK_MSG(strstr(ch.note, "sliding-window model") != NULL, "%s", ch.note);
     rq = flags_unset(CORE_ATTN_PERFORMER);
     CHECK_INT_EQ(srv_attn_select(g, &rq, &ch, &err), 0);
     CHECK_INT_EQ(ch.mo.attn_kind, CORE_ATTN_PERFORMER);
+}
+
+/* The same gemma3 model with its adapter beside it (a copy of the fixture's
+ * name in the temporary folder, a symbolic link to it): auto picks
+ * DARKFormer, which runs the global layers. */
+TEST(auto_picks_darkformer_for_gemma3_with_its_adapter)
+{
+    const char *g = getenv("DARKSERVE_TINY_GEMMA");
+    CHECK_MSG(g != NULL, "DARKSERVE_TINY_GEMMA is not set (run through make unit)");
+    if (!g)
+        return;
+    char link[160], ad[200];
+    snprintf(link, sizeof link, "%s/g.gguf", dir);
+    snprintf(ad, sizeof ad, "%s/adapters/g.darkformer.gguf", dir);
+    CHECK_INT_EQ(symlink(g, link), 0);
+    srv_attn_choice_t ch;
+    core_error_t err = {0};
+    srv_attn_request_t rq = flags_unset(SRV_ATTN_AUTO);
+    CHECK_INT_EQ(srv_attn_select(link, &rq, &ch, &err), 0);
+    CHECK_INT_EQ(ch.mo.attn_kind, CORE_ATTN_EXACT); /* none yet */
+    char sub[96];
+    snprintf(sub, sizeof sub, "%s/adapters", dir);
+    int made = mkdir(sub, 0777) == 0;
+    write_adapter(ad);
+    CHECK_INT_EQ(srv_attn_select(link, &rq, &ch, &err), 0);
+    CHECK_INT_EQ(ch.mo.attn_kind, CORE_ATTN_DARKFORMER);
+    CHECK_INT_EQ(ch.discovered, 1);
+    CHECK_INT_EQ(ch.fallback, 0);
+    CHECK_STR_EQ(ch.adapter, ad);
+    CHECK_INT_EQ(ch.mo.sinks, 2); /* the adapter's */
+    unlink(ad);
+    unlink(link);
+    if (made)
+        rmdir(sub);
 }
 
 TEST(auto_uses_the_adapter_beside_the_model)
@@ -211,6 +245,13 @@ TEST(describe)
     ac.kind = CORE_ATTN_EXACT;
     srv_attn_describe(&ac, NULL, buf, sizeof buf);
     CHECK_STR_EQ(buf, "exact (exact context 8192, adapter none)");
+    /* a sliding-window model says which layers the kind runs */
+    ac.n_layer = 18;
+    ac.swa_window = 512;
+    ac.swa_period = 6;
+    srv_attn_describe(&ac, NULL, buf, sizeof buf);
+    CHECK_STR_EQ(buf, "exact (exact context 8192, adapter none; on the 3 global layers, the 15 "
+                      "local ones exact in a ring of their 512-token window)");
 }
 
 int main(void)
@@ -226,6 +267,7 @@ int main(void)
     RUN(parse_names);
     RUN(auto_without_adapter_falls_back);
     RUN(auto_picks_exact_for_gemma3);
+    RUN(auto_picks_darkformer_for_gemma3_with_its_adapter);
     RUN(auto_uses_the_adapter_beside_the_model);
     RUN(explicit_kinds_do_not_look);
     RUN(unreadable_adapter_names_it);
