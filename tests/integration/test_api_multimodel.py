@@ -443,10 +443,12 @@ def test_make_run_checks_and_serves_gemma(tmp_path):
 
 
 def test_attention_flags_a_model_cannot_take_are_refused(tmp_path):
-    """--attn applies to every model: one that cannot run it stops the start,
-    naming the model and what to do."""
+    """Attention flags apply to every model: one that cannot run them stops
+    the start, naming the model and what to do (a memory head list names
+    layers, which a sliding-window model's global kind numbers otherwise)."""
     with pytest.raises(AssertionError) as e:
-        Server(tmp_path, TINY, name="attn", attn="performer", args=["--model", TINY_GEMMA])
+        Server(tmp_path, TINY, name="attn", attn="performer",
+               args=["--model", TINY_GEMMA, "--memory", "8", "--memory-heads", "0.0"])
     msg = str(e.value)
     assert "cannot load the model" in msg and "tiny_gemma3.gguf" in msg, msg
     assert "--attn auto picks each model's own" in msg, msg
