@@ -42,8 +42,11 @@ PEER_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 PEER_TOOLS = ("llama-bench", "llama-server")
 
 # cmake options common to every flavor: only the two tools, static, no
-# network at build or run time (no prebuilt web UI, no TLS)
+# network at build or run time (no prebuilt web UI, no TLS); the build's
+# commit named after the sdist (llama.cpp asks git, which would find the
+# repository around build/ and report darkserve's commit)
 COMMON_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
+                f"-DLLAMA_BUILD_COMMIT={PEER_PACKAGE}-{PEER_VERSION}", "-DLLAMA_BUILD_NUMBER=0",
                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                 "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF",
                 "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_OPENMP=ON"]

@@ -34,13 +34,10 @@
 #include <arm_neon.h>
 #include <string.h>
 
+#include "core/kernels/qdot_neon_impl.h" /* QDOT_NEON_DP_TARGET */
 #include "core/tensor.h"
 
-#ifdef __clang__
-#define DP_TARGET "dotprod"
-#else
-#define DP_TARGET "arch=armv8.2-a+dotprod"
-#endif
+#define DP_TARGET QDOT_NEON_DP_TARGET
 #define NEON_INL static inline __attribute__((always_inline))
 #define DP_INL static inline __attribute__((target(DP_TARGET), always_inline))
 #define DP_FN __attribute__((target(DP_TARGET)))
