@@ -539,7 +539,9 @@ def peer_section(r, md):
         L.append(f"llama.cpp {bench_peer.PEER_VERSION} (PyPI sdist {bench_peer.PEER_PACKAGE}, "
                  f"build commit {one.get('commit', '?')}), flavor {b(peer['flavor'])} "
                  f"(cmake {' '.join(peer['cmake'])}), "
-                 f"{'built in this run' if peer.get('built') else 'reused from an earlier run'}; "
+                 f"{'built in this run' if peer.get('built') else 'reused from an earlier run'}, "
+                 f"run with " + " ".join(f"{k}={v}" for k, v in bench_peer.PEER_ENV.items()) +
+                 " (scripts/bench_peer.py says why); "
                  f"llama-bench on {one.get('cpu', '?')} with {one.get('threads', '?')} threads, "
                  f"{bench_peer.BENCH_REPS} repetitions a test (its mean; runs: " +
                  "; ".join(f"{k} " + ", ".join(f"{x:.1f}" for x in v["samples"])

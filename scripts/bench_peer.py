@@ -61,6 +61,18 @@ FLAVORS = {
 }
 
 BENCH_PROMPT, BENCH_GEN, BENCH_DEPTHS, BENCH_REPS = 512, 128, (0, 512), 5
+
+# llama.cpp's threads meet at a barrier after every op of its graph; with
+# OpenMP's default wait policy they spin there, and on a shared host whose
+# cores are busy with other work a spinning thread holds the core its
+# partner needs: on the 2-core EPYC at load ~11, llama-bench -p 64 -n 16 -t 2
+# gave 5 / 0.17 tokens/s (pp / tg) spinning and 172 / 58 passive. darkserve's
+# pool yields its core when it waits; the peer waits passively too.
+PEER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def peer_env():
+    return dict(os.environ, **PEER_ENV)
 SERVER_SLOTS, SLOT_CTX = 16, 512
 
 
@@ -224,7 +236,7 @@ def parse_bench(text):
 
 def run_bench(tools, model, threads, run=subprocess.run):
     cmd = bench_cmd(tools["llama-bench"], model, threads)
-    p = run(cmd, capture_output=True, text=True, timeout=3600)
+    p = run(cmd, capture_output=True, text=True, timeout=3600, env=peer_env())
     if p.returncode != 0:
         raise PeerError(f"llama-bench failed (exit {p.returncode}): {p.stderr.strip()[-400:]}")
     res = parse_bench(p.stdout)
@@ -266,7 +278,7 @@ class PeerServer:
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(server_cmd(tools["llama-server"], model, self.port,
                                                 threads),
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=peer_env())
         end = time.monotonic() + start_s
         while not _health(self.port):
             if self.proc.poll() is not None or time.monotonic() > end:

@@ -2,7 +2,7 @@
 without the real llama.cpp: the cmake options of each flavor, the command
 lines of llama-bench and llama-server, llama-bench's output read from
 recorded lines this file writes (and a stand-in llama-bench that prints
-them), the build reused only when its stamp matches, the clear error when
+them when it is run with OpenMP's passive wait), the build reused only when its stamp matches, the clear error when
 the sources cannot be fetched (pip offline; bench.py stops before measuring
 anything), and the report's goals against llama.cpp met or not. Never how
 fast anything is.
@@ -126,6 +126,7 @@ def test_run_bench_with_a_stand_in_llama_bench(tmp_path):
     want = " ".join(peer.bench_cmd("X", "/m.gguf", 2)[1:])
     tool = fake_tool(tmp_path / "llama-bench",
                      f'[ "$*" = "{want}" ] || {{ echo "args: $*" >&2; exit 3; }}\n'
+                     '[ "$OMP_WAIT_POLICY" = PASSIVE ] || { echo "spinning" >&2; exit 4; }\n'
                      f'cat "{rec}"\n')
     r = peer.run_bench({"llama-bench": tool}, "/m.gguf", 2)
     assert r["tg128@512"]["tps"] == 91.0
@@ -220,6 +221,7 @@ def test_goals_against_llama_cpp_met_and_not_met():
     assert [x[3] for x in g] == ["not met"] * 4 + ["not met", "met"]
     md = bench.render(r, markdown=True)
     assert "flavor **avx2** (cmake -DGGML_NATIVE=OFF" in md and "build commit abc0123" in md
+    assert "run with OMP_WAIT_POLICY=PASSIVE" in md
     assert "| HTTP, 16 streams, aggregate (loadgen; llama-server -np 16) | 160.0 | 80.1 | 2.00× |" in md
     assert "decode at 512 tokens of context" in md and "tg128@512 50.1" in md
 
