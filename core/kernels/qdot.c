@@ -509,7 +509,7 @@ typedef struct jobs_run {
 
 static void job_rows(const jobs_run_t *r, const core_qdot_job_t *jb, int64_t j0, int64_t j1)
 {
-    if (jb->qa && jb->pk && r->isa >= CORE_QDOT_AVX2 && r->isa <= CORE_QDOT_AVX512VNNI) {
+    if (jb->qa && jb->pk && r->isa != CORE_QDOT_GENERIC) { /* every other level packs */
         (void)core_q8_matmul_packed(jb->type, jb->qa, j0, j1, jb->pk, jb->beta, jb->c, jb->ldc);
         return;
     }

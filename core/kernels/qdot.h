@@ -146,7 +146,8 @@ int core_q8_matmul_isa(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, i
                        int64_t ldc);
 
 /* ---- weights repacked for the packed decode kernels (core/kernels/qdot_pack.c: AVX-512
- * VNNI; core/kernels/qdot_pack_avx2.c: AVX2, the same bits) ----
+ * VNNI; core/kernels/qdot_pack_avx2.c: AVX2; core/kernels/qdot_pack_neon.c: aarch64
+ * NEON with or without dotprod; the same bits) ----
  * Q4_0, Q4_1 and Q8_0 matrices laid out CORE_Q8_PACK_ROWS rows to a block, so
  * that one vector holds a block of 16 rows: no per-row float work or
  * horizontal sums, and a block's unpacked weights serve every activation row
@@ -155,7 +156,8 @@ int core_q8_matmul_isa(core_qdot_isa_t isa, int type, const core_q8_act_t *qa, i
  * reference, and a row's bits do not depend on the rows or activation rows
  * that share a call. */
 #define CORE_Q8_PACK_ROWS 16
-/* 1 when type packs and the chosen ISA (core_qdot_isa) is AVX2 or AVX-512 VNNI. */
+/* 1 when type packs and the chosen ISA (core_qdot_isa) is AVX2, AVX-512 VNNI,
+ * NEON or NEON-dotprod (every one but the portable C). */
 int core_q8_pack_supported(int type);
 /* Bytes of rows x k weights packed (rows padded to whole groups of 16); 0
  * when the type does not pack or k is not a positive multiple of 32. */

@@ -40,13 +40,7 @@
 
 #include "core/tensor.h" /* CORE_TTYPE_* */
 
-/* gcc's arm_neon.h declares SDOT for armv8.2-a+dotprod, clang's for the
- * feature alone. */
-#ifdef __clang__
-#define DP_TARGET "dotprod"
-#else
-#define DP_TARGET "arch=armv8.2-a+dotprod"
-#endif
+#define DP_TARGET QDOT_NEON_DP_TARGET
 #define DP_FN __attribute__((target(DP_TARGET)))
 #define DP_INL static inline __attribute__((target(DP_TARGET), always_inline))
 #define NEON_INL static inline __attribute__((always_inline))

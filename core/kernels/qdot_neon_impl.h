@@ -13,6 +13,15 @@
 
 #include "core/kernels/qdot.h"
 
+/* The function attributes of the SDOT kernels (here and in
+ * core/kernels/qdot_pack_neon.c): gcc's arm_neon.h declares SDOT for
+ * armv8.2-a+dotprod, clang's for the feature alone. */
+#ifdef __clang__
+#define QDOT_NEON_DP_TARGET "dotprod"
+#else
+#define QDOT_NEON_DP_TARGET "arch=armv8.2-a+dotprod"
+#endif
+
 /* core_q8_matmul on aarch64: dotprod != 0 multiplies with SDOT (the caller
  * has checked that the CPU has it), 0 with widening multiplies (any armv8-a
  * core). qa, w borrowed; c caller-owned. Preconditions as core_q8_matmul's:

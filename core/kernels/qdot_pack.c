@@ -1,6 +1,7 @@
 /* core/kernels/qdot_pack.c — Q4_0, Q4_1 and Q8_0 weights repacked sixteen rows to a
  * block for the AVX-512 VNNI decode kernel (the API is in core/kernels/qdot.h);
- * on AVX2 the same layout goes to core/kernels/qdot_pack_avx2.c.
+ * on AVX2 the same layout goes to core/kernels/qdot_pack_avx2.c, on aarch64
+ * (NEON, with or without dotprod) to core/kernels/qdot_pack_neon.c.
  *
  * The row kernels of core/kernels/qdot_q8.c put two blocks of one weight row in a
  * vector, so every block of every row needs its own float work (the scale
@@ -68,10 +69,16 @@ static size_t group_block_bytes(int type)
     return type == CORE_TTYPE_Q8_0 ? GB_Q8 : GB_Q4;
 }
 
+/* The ISA levels with packed kernels: every one but the portable C. */
+static int isa_packs(core_qdot_isa_t isa)
+{
+    return isa == CORE_QDOT_AVX2 || isa == CORE_QDOT_AVX512VNNI || isa == CORE_QDOT_NEON ||
+           isa == CORE_QDOT_NEON_DOTPROD;
+}
+
 int core_q8_pack_supported(int type)
 {
-    const core_qdot_isa_t isa = core_qdot_isa(); /* the x86 levels that pack */
-    return packs(type) && isa >= CORE_QDOT_AVX2 && isa <= CORE_QDOT_AVX512VNNI;
+    return packs(type) && isa_packs(core_qdot_isa());
 }
 
 size_t core_q8_pack_bytes(int type, int64_t rows, int64_t k)
@@ -969,9 +976,12 @@ int core_q8_matmul_packed(int type, const core_q8_act_t *qa, int64_t j0, int64_t
                           const void *pk, float beta, float *c, int64_t ldc)
 {
     const core_qdot_isa_t isa = core_qdot_isa(); /* once: a call per chunk of 64 rows */
-    if (!packs(type) || isa < CORE_QDOT_AVX2 || j0 < 0 || j1 < j0)
+    if (!packs(type) || !isa_packs(isa) || j0 < 0 || j1 < j0)
         return CORE_EINVAL;
-#ifdef PACK_X86
+#if defined(__aarch64__)
+    core_q8_matmul_packed_neon(isa == CORE_QDOT_NEON_DOTPROD, type, qa, j0, j1, pk, beta, c, ldc);
+    return 0;
+#elif defined(PACK_X86)
     const unsigned char *p = pk;
     if (isa == CORE_QDOT_AVX2)
         core_q8_matmul_packed_avx2(type, qa, j0, j1, p, beta, c, ldc);
@@ -1001,7 +1011,10 @@ int core_qmatmul_packed(int type, int64_t m, int64_t j0, int64_t j1, int64_t k, 
     if (!core_q8_pack_supported(type) || j0 < 0 || j1 < j0 || j0 % PACK_ROWS != 0 || m < 0 ||
         k <= 0 || k % QB != 0 || (uintptr_t)panel % 64 != 0)
         return CORE_EINVAL;
-#ifdef PACK_X86
+#if defined(__aarch64__)
+    core_qmatmul_packed_neon(type, m, j0, j1, k, a, lda, pk, panel, beta, c, ldc);
+    return 0;
+#elif defined(PACK_X86)
     if (core_qdot_isa() == CORE_QDOT_AVX2)
         core_qmatmul_packed_avx2(type, m, j0, j1, k, a, lda, pk, panel, beta, c, ldc);
     else

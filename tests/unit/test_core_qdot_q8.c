@@ -779,10 +779,11 @@ TEST(env_isa_choice)
     }
 }
 
-/* The packed kernels on every ISA that packs (AVX2, AVX-512 VNNI; not the
- * generic one) give the same bits: the decode product and the prompt
- * panels, for each packed type, on ranges that cut groups of 16 (and the
- * halves of 8 the AVX2 kernel works in), with and without beta. Each ISA's
+/* The packed kernels on every ISA that packs (AVX2, AVX-512 VNNI on x86;
+ * NEON and NEON-dotprod on aarch64; not the generic one) give the same
+ * bits: the decode product and the prompt panels, for each packed type, on
+ * ranges that cut groups of 16 (and the halves of 8 the AVX2 kernel and the
+ * quarters of 4 the NEON one work in), with and without beta. Each ISA's
  * kernel is also checked against the reference (check_case, under
  * DARKSERVE_ISA in make unit); here the paths meet each other. */
 TEST(packed_same_bits_every_isa)
@@ -825,16 +826,15 @@ TEST(packed_same_bits_every_isa)
             core_q8_quantize(&qa, a, k);
             for (int s = 0; s < ni; s++) { /* the generic path does not pack */
                 CHECK_INT_EQ(core_qdot_force_isa(isas[s]), 0);
-                CHECK_INT_EQ(core_q8_pack_supported(type),
-                             isas[s] >= CORE_QDOT_AVX2 && isas[s] <= CORE_QDOT_AVX512VNNI);
+                CHECK_INT_EQ(core_q8_pack_supported(type), isas[s] != CORE_QDOT_GENERIC);
             }
             for (int ri = 0; ri < 5; ri++) {
                 const int64_t j0 = ranges[ri][0], j1 = ranges[ri][1];
                 const float beta = ri % 2 ? 0.5f : 0.0f;
                 int first = 1;
                 for (int s = 0; s < ni; s++) {
-                    if (isas[s] < CORE_QDOT_AVX2 || isas[s] > CORE_QDOT_AVX512VNNI)
-                        continue; /* the levels that pack */
+                    if (isas[s] == CORE_QDOT_GENERIC)
+                        continue; /* the levels that pack: every other */
                     CHECK_INT_EQ(core_qdot_force_isa(isas[s]), 0);
                     float *o = first ? ref : out;
                     memcpy(o, c0, (size_t)(16 * ldc) * sizeof *o);
