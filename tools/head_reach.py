@@ -22,22 +22,17 @@ import argparse
 import json
 import os
 import sys
-import types
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import distill  # noqa: E402
+import memory_probe  # noqa: E402
 import memory_proto as mp  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    ap.add_argument("--adapter", default="models/adapters/SmolLM2-135M-Instruct.Q4_1.darkformer.gguf")
-    ap.add_argument("--eps", default="build/memproto/eps.npy")
-    ap.add_argument("--corpus", default="build/memproto/calibration.txt")
-    ap.add_argument("--bin", default="build/darkserve")
+    memory_probe.model_args(ap)
     ap.add_argument("--seqs", type=int, default=4)
     ap.add_argument("--len", type=int, default=4096)
     ap.add_argument("--dists", default="256,512,1024,2048")
@@ -45,13 +40,7 @@ def main():
     ap.add_argument("--sinks", type=int, default=16, help="first tokens not counted as far")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    hp, emb, onorm, lw = distill.load_model(a.model)
-    cfg, mats, dec, mix, lora, _, _ = distill.load_adapter(a.adapter)
-    eps = np.load(a.eps)[:, :, :cfg["n_features"], :].astype(np.float32)
-    pa = types.SimpleNamespace(window=cfg["window"], block=64, mem=0, score="full", pos="cap",
-                               cap=4096, seed=1, scores=None, force=False, relative=False,
-                               sinks_=cfg["sinks"])
-    fwd = mp.build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, eps, pa)
+    _, _, fwd = memory_probe.load(a)
     dists = [int(v) for v in a.dists.split(",")]
     corpus = open(a.corpus, encoding="utf-8").read()
     rng = np.random.default_rng(a.seed)

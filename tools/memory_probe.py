@@ -162,14 +162,20 @@ def rank(a):
                          np.median(al), np.mean(al <= 0.05)), flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("cmd", choices=["fit", "rank"])
+def model_args(ap):
+    """The options that say which model, adapter, draws, corpus and binary
+    load() and the corpus slices use (also tools/head_reach.py's)."""
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--adapter", default="models/adapters/SmolLM2-135M-Instruct.Q4_1.darkformer.gguf")
     ap.add_argument("--eps", default="build/memproto/eps/eps.npy")
     ap.add_argument("--corpus", default="build/memproto/calibration.txt")
     ap.add_argument("--bin", default="build/darkserve")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cmd", choices=["fit", "rank"])
+    model_args(ap)
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--len", type=int, default=2048)
     ap.add_argument("--ridge", type=float, default=10.0)
