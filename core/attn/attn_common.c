@@ -151,7 +151,7 @@ void core_attn_rope_pairs(const float *in, float *out, int64_t n, int nh, int hd
     for (int64_t r = 0; r < n * nh; r++) {
         const float *x = in + r * hd;
         float *y = out + r * hd;
-        for (int i = 0; i < half; i++) {
+        for (int64_t i = 0; i < half; i++) {
             y[2 * i] = x[i];
             y[2 * i + 1] = x[i + half];
         }

@@ -181,10 +181,9 @@ static void swa_state_fini(core_attn_state_t *s)
     swa_state_t *ss = s->impl;
     if (!ss)
         return;
-    if (ss->g) {
+    if (ss->g && ss->g->a)
         ss->g->a->vt->state_fini(ss->g);
-        free(ss->g);
-    }
+    free(ss->g);
     free(ss->rk);
     free(ss->rv);
     free(ss);
@@ -260,9 +259,8 @@ static int swa_state_copy(core_attn_state_t *dst, const core_attn_state_t *src, 
 static size_t swa_state_bytes(const core_attn_state_t *s)
 {
     const swa_params_t *p = s->a->impl;
-    const swa_state_t *ss = s->impl;
     const core_attn_state_t *gs = global_state(s);
-    return sizeof *ss + 2 * ring_floats(p) * sizeof(float) +
+    return sizeof(swa_state_t) + 2 * ring_floats(p) * sizeof(float) +
            (gs ? sizeof *gs + p->g->vt->state_bytes(gs) : 0);
 }
 

@@ -750,9 +750,11 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
         rc = core_gguf_writer_set_int(w, "darkformer.kv_bits", CORE_GGUF_TYPE_UINT32, d->kv_bits);
     if (!rc && d->memory > 0) {
         const char *keep = core_attn_keep_name(d->memory_keep);
-        rc = core_gguf_writer_set_int(w, "darkformer.memory", CORE_GGUF_TYPE_UINT32, d->memory);
-        if (!rc && !keep)
+        if (!keep) {
             rc = core_error_set(err, CORE_EINVAL, "memory_keep %d is not a rule", d->memory_keep);
+            goto done;
+        }
+        rc = core_gguf_writer_set_int(w, "darkformer.memory", CORE_GGUF_TYPE_UINT32, d->memory);
         if (!rc)
             rc = core_gguf_writer_set_str(w, "darkformer.memory_keep", keep, strlen(keep));
         if (!rc && d->memory_heads && d->memory_heads[0])

@@ -717,7 +717,7 @@ static int app_start(const srv_serve_ctx_t *ctx, void **state)
     api_hub_t *hub = api_hub_new(ctx, api_responses_has);
     if (!hub)
         return -1;
-    api_app_t *apps[API_HUB_MAX_MODELS];
+    api_app_t *apps[API_HUB_MAX_MODELS] = {NULL};
     for (size_t i = 0; i < cfg->models.n; i++) {
         if (api_app_start(ctx, api_hub_cfg(hub, i), hub, &apps[i]) < 0) {
             /* the apps already started load in the background: stop them */
@@ -747,7 +747,7 @@ static void app_stop(void *state)
     api_app_t *first = state;
     /* the hub may go with the last app's handles: take the list first */
     const size_t n = api_hub_count(first);
-    api_app_t *apps[API_HUB_MAX_MODELS];
+    api_app_t *apps[API_HUB_MAX_MODELS] = {NULL};
     for (size_t i = 0; i < n && i < API_HUB_MAX_MODELS; i++)
         apps[i] = api_hub_app(first, i);
     for (size_t i = 0; i < n && i < API_HUB_MAX_MODELS; i++)

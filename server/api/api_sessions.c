@@ -988,7 +988,7 @@ static int list_json(api_app_t *app, const char *owner, const char *after, size_
     *json = NULL;
     const size_t n_apps = api_hub_count(app);
     srv_session_info_t *si = calloc(limit * n_apps, sizeof *si);
-    api_app_t **of = calloc(limit * n_apps, sizeof *of);
+    api_app_t **of = calloc(limit * n_apps, sizeof(void *));
     proto_session_info_t *pi = calloc(limit, sizeof *pi);
     proto_checkpoint_t *ck = calloc(limit * SRV_STORE_MAX_CHECKPOINTS, sizeof *ck);
     size_t n = 0;
