@@ -174,8 +174,44 @@ static void axpy_rows_generic(int64_t m, int64_t n0, int64_t w, int64_t k, float
 }
 
 #ifdef CORE_BLAS_X86
-/* Eight columns at a time: B's eight floats of row t loaded once for all m
- * (<= CORE_GEMM_SMALL_M) rows of A, one accumulator per row. */
+#define NN256_FN static inline __attribute__((target("avx2,fma"), always_inline))
+/* Eight elements of an 8-bit row (core/kernels/kvrow.h: the row's scale,
+ * then its bytes) from column col, each the float product q·d. */
+NN256_FN __m256 ld8_q8(const unsigned char *row, int64_t col)
+{
+    float d;
+    memcpy(&d, row, sizeof d);
+    const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(row + sizeof d + col));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(d));
+}
+
+/* Columns j..j+7 of C = alpha·A·B + beta·C for m <= CORE_GEMM_SMALL_M rows of A: B's eight
+ * elements of row t loaded once for all m rows, one accumulator per row.
+ * hb 0: B in floats (row t at b + t·ldb floats); hb 2: in 8-bit rows (row t
+ * at b + t·ldb bytes). hb is a constant in each caller, so each instance has
+ * one kind of load and the same fused multiply-adds in k order. */
+NN256_FN void nn8_avx2(int64_t m, int64_t j, int64_t k, float alpha, const float *a, int64_t lda,
+                       const void *b, int64_t ldb, int hb, float beta, float *c, int64_t ldc)
+{
+    __m256 acc[CORE_GEMM_SMALL_M];
+    for (int64_t i = 0; i < m; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < k; t++) {
+        const __m256 bt = hb ? ld8_q8((const unsigned char *)b + t * ldb, j)
+                             : _mm256_loadu_ps((const float *)b + t * ldb + j);
+        for (int64_t i = 0; i < m; i++)
+            acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + t), bt, acc[i]);
+    }
+    for (int64_t i = 0; i < m; i++) {
+        __m256 v = _mm256_mul_ps(_mm256_set1_ps(alpha), acc[i]);
+        float *ci = c + i * ldc + j;
+        if (beta != 0.0f)
+            v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(ci), v);
+        _mm256_storeu_ps(ci, v);
+    }
+}
+
+/* Eight columns at a time (nn8_avx2), floats. */
 __attribute__((target("avx2,fma"))) static void nn_small_avx2(int64_t m, int64_t n, int64_t k,
                                                              float alpha, const float *a,
                                                              int64_t lda, const float *b,
@@ -183,23 +219,8 @@ __attribute__((target("avx2,fma"))) static void nn_small_avx2(int64_t m, int64_t
                                                              int64_t ldc)
 {
     int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 acc[CORE_GEMM_SMALL_M];
-        for (int64_t i = 0; i < m; i++)
-            acc[i] = _mm256_setzero_ps();
-        for (int64_t t = 0; t < k; t++) {
-            const __m256 bt = _mm256_loadu_ps(b + t * ldb + j);
-            for (int64_t i = 0; i < m; i++)
-                acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + t), bt, acc[i]);
-        }
-        for (int64_t i = 0; i < m; i++) {
-            __m256 v = _mm256_mul_ps(_mm256_set1_ps(alpha), acc[i]);
-            float *ci = c + i * ldc + j;
-            if (beta != 0.0f)
-                v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(ci), v);
-            _mm256_storeu_ps(ci, v);
-        }
-    }
+    for (; j + 8 <= n; j += 8)
+        nn8_avx2(m, j, k, alpha, a, lda, b, ldb, 0, beta, c, ldc);
     if (j < n)
         axpy_rows_generic(m, j, n - j, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
@@ -450,15 +471,6 @@ __attribute__((target("avx512f,avx2,fma"))) static int nn_q8_avx512(
  * nn_small_avx2 on the rows unpacked (an element is the float product q·d,
  * converted exactly), so the bits of core_gemm_nt_small and
  * core_gemm_nn_small at that level; the shapes of the AVX-512 kernels. */
-__attribute__((target("avx2,fma"))) static inline __m256 ld8_q8(const unsigned char *row,
-                                                                int64_t col)
-{
-    float d;
-    memcpy(&d, row, sizeof d);
-    const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(row + sizeof d + col));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(d));
-}
-
 /* dot_avx2(x, the row unpacked, k) for k a multiple of 16 */
 __attribute__((target("avx2,fma"))) static float dot_q8_avx2(const float *x,
                                                             const unsigned char *row, int64_t k)
@@ -506,23 +518,8 @@ __attribute__((target("avx2,fma"))) static int nn_q8_avx2(int64_t m, int64_t n, 
 {
     if (m > 4 || n % 64 != 0)
         return 0;
-    for (int64_t j = 0; j < n; j += 8) {
-        __m256 acc[4];
-        for (int64_t i = 0; i < m; i++)
-            acc[i] = _mm256_setzero_ps();
-        for (int64_t t = 0; t < k; t++) {
-            const __m256 bt = ld8_q8((const unsigned char *)b + t * rb, j);
-            for (int64_t i = 0; i < m; i++)
-                acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + t), bt, acc[i]);
-        }
-        for (int64_t i = 0; i < m; i++) {
-            __m256 v = _mm256_mul_ps(_mm256_set1_ps(alpha), acc[i]);
-            float *ci = c + i * ldc + j;
-            if (beta != 0.0f)
-                v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(ci), v);
-            _mm256_storeu_ps(ci, v);
-        }
-    }
+    for (int64_t j = 0; j < n; j += 8)
+        nn8_avx2(m, j, k, alpha, a, lda, b, rb, 2, beta, c, ldc);
     return 1;
 }
 #endif /* CORE_BLAS_X86 */
