@@ -10,6 +10,8 @@ can be compared on recall and perplexity before they are built in C.
                     [--pos true|fixed|cap] [--cap 1024] [--attn darkformer|exact]
                     [--window W] [--relative] [--seed 1] [--out RESULTS.json]
                     [--force] [--diag F] [--scores F] [--beta B] [--decay G]
+                    [--update masked|additive|delta|deltanet] [--eta E]
+                    [--rows f32|row8|row4|g32|chan4|had4] [--features N]
 
 The attention it models (docs/DESIGN.md §3, "Version 2", plus the memory):
 keys leave the exact span in blocks of B tokens at absolute positions b = B,
@@ -51,7 +53,8 @@ import distill  # noqa: E402
 NEG = -1e30
 FORCED = set()  # positions always kept by the memory (--force needle)
 PROBE_HOOK = None  # with --attn exact: called per layer (l, q, k, v, probs(), x) (memory_probe.py)
-KV = []  # per layer with --scores: (layer, k, v, key feature logits, log decay)
+KV = []  # per layer with --scores: (layer, k, v, key feature logits, log decay, attention
+#          received inside the window: [c][2][T], sum and max over the next W queries)
 DIAG = []  # per layer: (layer, probabilities of the last 8 rows, their memory membership)
 
 
@@ -156,12 +159,43 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
         vis = jnp.asarray(np.arange(T)[None, :] <= np.arange(T)[:, None])
         return jax.nn.softmax(jnp.where(vis, sc_, NEG), axis=-1)
 
-    @jax.jit
-    def hybrid_attn(q, k, v, aq, ak, beta, lg, exact_m, lin_m, mem_m, dist, sm_fixed_pos):
-        """exact_m [c][T][T] window+sinks, lin_m linear, mem_m memory (exact at its positions)."""
+    def quant(x, keys):
+        """--rows: the window's rows as darkserve could store them, rounded
+        (x [c][T][Hd] after RoPE for keys). row8: 8-bit, a scale per row (the
+        shipped rows); row4 / g32: 4-bit (±7), a scale per row / per 32
+        elements; chan4: 4-bit with a scale per channel over the sequence
+        for keys (per RoPE pair: its largest magnitude), per row for values;
+        had4: 4-bit, a scale per row, after a Walsh-Hadamard rotation of
+        the row (which spreads a channel's outliers over all of them)."""
+        if args.rows == "f32":
+            return x
+        if args.rows.startswith("had"):  # rounded after a Walsh-Hadamard rotation, then back
+            h = np.array([[1.0]])
+            while h.shape[0] < Hd:
+                h = np.block([[h, h], [h, -h]])
+            hm = jnp.asarray(h / np.sqrt(Hd), jnp.float32)
+            y = x @ hm
+            d = jnp.maximum(jnp.abs(y).max(-1, keepdims=True), 1e-30) / 7.0
+            return (jnp.round(y / d) * d) @ hm
+        lv = 127.0 if args.rows == "row8" else 7.0
+        if args.rows == "g32":
+            g = x.reshape(x.shape[:-1] + (Hd // 32, 32))
+            d = jnp.maximum(jnp.abs(g).max(-1, keepdims=True), 1e-30) / lv
+            return (jnp.round(g / d) * d).reshape(x.shape)
+        if args.rows == "chan4" and keys:
+            pr = x.reshape(x.shape[:-1] + (Hd // 2, 2))
+            mag = jnp.sqrt((pr * pr).sum(-1)).max(axis=1, keepdims=True)  # [c][1][Hd/2]
+            d = jnp.maximum(jnp.repeat(mag, 2, axis=-1), 1e-30) / lv
+            return jnp.clip(jnp.round(x / d), -lv, lv) * d
+        d = jnp.maximum(jnp.abs(x).max(-1, keepdims=True), 1e-30) / lv
+        return jnp.round(x / d) * d
+
+    def window_scores(q, k):
+        """Exact logits [c][g][T][T], the sinks scored as if next to the window
+        once t ≥ W + S − 1 (docs/DESIGN.md §3)."""
         T = q.shape[2]
         c, s = cs(np.arange(T))
-        qr, kr = rope(q, c, s), rope(k, c, s)
+        qr, kr = rope(q, c, s), quant(rope(k, c, s), True)
         st = jnp.einsum("cgtd,csd->cgts", qr, kr) / np.sqrt(Hd)
         tt = np.arange(T)[:, None]
         if S > 0:
@@ -169,6 +203,23 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
             ss = jnp.einsum("cgtd,csd->cgts", q, rope(k[:, :S], ck, sk)) / np.sqrt(Hd)
             shifted = jnp.asarray(tt >= W + S - 1)
             st = jnp.concatenate([jnp.where(shifted, ss, st[..., :S]), st[..., S:]], axis=-1)
+        return st
+
+    @jax.jit
+    def exact_part(q, k, v, exact_m):
+        """The exact terms unnormalized: numerator, denominator and the row max."""
+        st = jnp.where(exact_m[:, None], window_scores(q, k), NEG)
+        mx = st.max(axis=-1, keepdims=True)
+        e = jnp.exp(st - mx)
+        return jnp.einsum("cgts,csd->cgtd", e, v), e.sum(-1), mx[..., 0]
+
+    @jax.jit
+    def hybrid_attn(q, k, v, aq, ak, beta, lg, exact_m, lin_m, mem_m, dist, sm_fixed_pos):
+        """exact_m [c][T][T] window+sinks, lin_m linear, mem_m memory (exact at its positions)."""
+        T = q.shape[2]
+        c, s = cs(np.arange(T))
+        st = window_scores(q, k)
+        tt = np.arange(T)[:, None]
         # memory rows scored at a fixed distance D (sm_fixed_pos[t][j] = D, or −1: true)
         D = sm_fixed_pos
         cf, sf = cs(np.zeros(1))
@@ -188,6 +239,81 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
                            jnp.where(mem_m[:, None], sm, jnp.where(exact_m[:, None], st, NEG)))
         pr = jax.nn.softmax(logits, axis=-1)
         return jnp.einsum("cgts,csd->cgtd", pr, v), pr[:, :, -8:, :]
+
+    def window_received(q, k):
+        """Per KV head and key u: the exact attention it receives from the queries
+        t in (u, u + W] (all query heads of its group), summed and at most: the
+        scores H2O-style eviction would use when u leaves the window."""
+        p = np.asarray(exact_probs(q, k)).sum(1)  # [c][t][u]
+        T = p.shape[-1]
+        cu = np.cumsum(p, axis=1)
+        u = np.arange(T)
+        top = np.minimum(u + W, T - 1)
+        tot = cu[:, top, u] - cu[:, u, u]
+        band = (u[:, None] > u[None, :]) & (u[:, None] <= u[None, :] + W)  # [t][u]
+        mx = np.where(band[None], p, 0.0).max(axis=1)
+        return np.stack([tot, mx], axis=1)
+
+    def recurrent_linear(q, k, v, aq, ak, beta, lg, T):
+        """The linear branch run as the C kernels run it: a state (S, z) per KV
+        head, keys absorbed in blocks at the boundaries b = B, 2B, ... with the
+        weight γ^(b − W − j), queries of [b, b + B) reading it times γ^(t − b).
+        --update additive: S += f φ(k) vᵀ (the shipped rule); delta: the value
+        written is r + κ(v − r), r = φ(k)ᵀS / φ(k)ᵀz the state's present
+        answer for the key, κ chosen so that the answer moves a share η
+        (--eta) of the way to v (κ ≥ 1: never less than the additive write);
+        z stays additive. deltanet: the values come from a second state, a
+        gated delta rule on the unit pre-RoPE keys (D ← γD + η k̂(v − Dᵀk̂)ᵀ,
+        read with the unit query: v̂ = Dᵀq̂), weighted by the random features'
+        mass φ(q)ᵀz. Returns the numerator [c][g][T][Hd], denominator
+        [c][g][T] and their log scale [c][g][T] (float64)."""
+        B = args.block
+        gs_ = aq.shape[1]
+        num = np.zeros((Hkv, gs_, T, Hd))
+        den = np.zeros((Hkv, gs_, T))
+        lsc = np.full((Hkv, gs_, T), -np.inf)
+        for c in range(Hkv):
+            a = ak[c].astype(np.float64)
+            A = a.max()
+            w = np.exp(a - A)
+            qa = aq[c].astype(np.float64)
+            mq = qa.max(-1)
+            wq = np.exp(qa - mq[..., None])
+            V = v[c].astype(np.float64)
+            gam = np.exp(lg[c])
+            Sx = np.zeros((m, Hd))
+            z = np.zeros(m)
+            Dm = np.zeros((Hd, Hd))
+            K = k[c].astype(np.float64)
+            K /= np.linalg.norm(K, axis=-1, keepdims=True)
+            Qn = q[c].astype(np.float64)
+            Qn /= np.linalg.norm(Qn, axis=-1, keepdims=True)
+            for b in range(B, T, B):
+                Sx *= gam ** B
+                z *= gam ** B
+                for u in range(max(S, b - B - W), max(S, min(b - W, T))):
+                    if args.update == "deltanet":
+                        Dm = gam * Dm + args.eta * np.outer(K[u], V[u] - Dm.T @ K[u])
+                    f = gam ** (b - W - u)
+                    val = V[u]
+                    if args.update == "delta":
+                        du = w[u] @ z
+                        pp = f * (w[u] @ w[u])
+                        if du > 0 and pp > 0:
+                            r = (w[u] @ Sx) / du
+                            kap = max(1.0, args.eta * (du + pp) / pp)
+                            val = r + kap * (V[u] - r)
+                    Sx += f * np.outer(w[u], val)
+                    z += f * w[u]
+                t1 = min(b + B, T)
+                den[c, :, b:t1] = wq[:, b:t1] @ z
+                if args.update == "deltanet":
+                    num[c, :, b:t1] = (Qn[:, b:t1] @ Dm) * den[c, :, b:t1][..., None]
+                else:
+                    num[c, :, b:t1] = wq[:, b:t1] @ Sx
+                lsc[c, :, b:t1] = (beta[c][:, None] + (np.arange(b, t1) - b)[None] * lg[c]
+                                   + mq[:, b:t1] + A)
+        return num, den, lsc
 
     def select(k, v, ak_np, lg, T):
         """Memory membership [c][T][T] by the block-boundary competition."""
@@ -290,14 +416,26 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
                     Mt = jnp.asarray(mats[l])
                     ak = jax.vmap(feats)(Mt, jnp.asarray(oms[l]), k)
                     KV.append((l, np.asarray(k), np.asarray(v), np.asarray(ak),
-                               np.log(dec[l].astype(np.float64))))
+                               np.log(dec[l].astype(np.float64)), window_received(q, k)))
                 x = rest(x, o, ly, lol, 0.0)
                 continue
             q, k, v = qkv(x, ly, lol, 1.0)
+            v = quant(v, False)
             Mt = jnp.asarray(mats[l])
             aq = jax.vmap(feats)(Mt, jnp.asarray(oms[l]), q)
             ak = jax.vmap(feats)(Mt, jnp.asarray(oms[l]), k)
             lg = np.log(dec[l].astype(np.float64))
+            if args.update != "masked":
+                en, ed, emx = (np.asarray(x_, np.float64) for x_ in exact_part(
+                    q, k, v, jnp.asarray(vis[None] & ~lin_base[None])))
+                ln, ld, lsc = recurrent_linear(np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(aq),
+                                               np.asarray(ak), mix[l].reshape(Hkv, gs), lg, T)
+                top = np.maximum(emx, np.where(ld > 0, lsc + np.log(np.maximum(ld, 1e-300)), -np.inf))
+                fe, fl = np.exp(emx - top), np.exp(lsc - top)
+                o = (en * fe[..., None] + ln * fl[..., None]) / (ed * fe + ld * fl)[..., None]
+                DIAG.append((l, None, None))
+                x = rest(x, jnp.asarray(o, jnp.float32), ly, lol, 1.0)
+                continue
             mem = select(np.asarray(k), np.asarray(v), np.asarray(ak), lg, T)
             lin = lin_base[None] & ~mem
             exact = vis[None] & ~lin & ~mem
@@ -344,7 +482,7 @@ def write_scores(path, tr, lp, W, S):
     out = {"key": tr["key"], "T": T, "drows": drows, "layers": []}
     a = tr["ans"]
     rows = [a - 1 + j - (T - 8) for j in range(len(tr["digits"]))]
-    for (l, k, v, ak, lg), (_, p, _) in zip(KV, DIAG):
+    for (l, k, v, ak, lg, recv), (_, p, _) in zip(KV, DIAG):
         mass = p[:, :, rows][..., drows].sum(-1).mean(-1).max(-1)  # [Hkv]
         ent = {"l": l, "mass": np.round(mass, 3).tolist(), "pct": {}}
         for c in range(k.shape[0]):
@@ -355,7 +493,7 @@ def write_scores(path, tr, lp, W, S):
             Sx = np.zeros((w.shape[1], V.shape[1]))
             z = np.zeros(w.shape[1])
             sc = {n: np.full(T, np.nan) for n in ("recall", "relrecall", "novelty", "vnorm",
-                                                   "knorm", "surprisal", "surprisal_prev")}
+                                                   "knorm", "surprisal", "surprisal_prev", "h2o", "h2omax")}
             for u in range(S, hi):
                 den = w[u] @ z
                 if u > S and den > 0:
@@ -368,6 +506,8 @@ def write_scores(path, tr, lp, W, S):
                 sc["knorm"][u] = float(np.sum(k[c][u].astype(np.float64) ** 2))
                 sc["surprisal"][u] = surpr[u]
                 sc["surprisal_prev"][u] = surpr[u - 1] if u else 0.0
+                sc["h2o"][u] = recv[c, 0, u]
+                sc["h2omax"][u] = recv[c, 1, u]
                 Sx = gam * Sx + np.outer(w[u], V[u])
                 z = gam * z + w[u]
             # how well the exact rows before it (all of them, or the window
@@ -433,6 +573,15 @@ def main():
                     "under candidate retention scores, per layer and KV head, as JSON lines")
     ap.add_argument("--beta", type=float, help="override the linear branch's log weight (diagnosis)")
     ap.add_argument("--decay", type=float, help="override every head's decay (diagnosis)")
+    ap.add_argument("--update", default="masked", choices=["masked", "additive", "delta", "deltanet"],
+                    help="the linear branch: masked = per-key weights in one softmax (with "
+                    "the memory); additive / delta = run as a recurrent state (no memory)")
+    ap.add_argument("--eta", type=float, default=1.0,
+                    help="with --update delta: the share of the way to v a key's answer moves")
+    ap.add_argument("--features", type=int, default=0,
+                    help="fresh N(0, 1) draws of this many features instead of the adapter's")
+    ap.add_argument("--rows", default="f32", choices=["f32", "row8", "row4", "g32", "chan4", "had4"],
+                    help="window rows rounded as stored (keys after RoPE, values)")
     ap.add_argument("--out")
     ap.add_argument("--nll-ids", help="score these token ids (int32 .npy or text ids) instead")
     ap.add_argument("--nll-out", help="with --nll-ids: per-token NLL, float32 (NaN at 0)")
@@ -446,7 +595,12 @@ def main():
     if args.window < 0:
         args.window = cfg["window"]
     args.sinks_ = cfg["sinks"]
-    eps = np.load(args.eps)[:, :, :cfg["n_features"], :].astype(np.float32)
+    if args.features:  # more draws of the same distribution: a finer estimate of one kernel
+        cfg["n_features"] = args.features
+        eps = np.random.default_rng(args.seed + 11).standard_normal(
+            (len(mats), mats.shape[1], args.features, mats.shape[2])).astype(np.float32)
+    else:
+        eps = np.load(args.eps)[:, :, :cfg["n_features"], :].astype(np.float32)
     corpus = open(args.corpus, encoding="utf-8").read()
     fwd = build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, eps, args)
     if args.nll_ids:
