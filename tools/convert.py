@@ -269,6 +269,7 @@ def cmd_train2(a):
     N, T = meta["n_seq"], meta["len"]
     gs, m, W, S = H // Hkv, a.features, a.window, a.sinks
     trig, nst = flexfeat.is_trig(a.kind), a.kind == "flexformer-n"
+    pre = trig and a.flex_pre != "none"
     if trig and (m % 2 or a.commute):
         sys.exit("convert: %s needs an even --features and no --commute" % a.kind)
     mf = m // 2 if trig else m  # frequencies (Flexformer: a cosine and a sine row each)
@@ -341,10 +342,14 @@ def cmd_train2(a):
         (the parameter that is M for DARKFormer), th its decay logit (-n: and
         ρ of τ = 2√Hd·e^ρ); the mixing is tools/flexfeat.py's, which follows
         core/attn/attn_linear.c (signed-denominator rule included)."""
-        thd, rho = (th[0], th[1]) if nst else (th, 0.0)
+        if pre:  # the input map's log-scale rides last
+            thd, rho, lsc = (th[0], th[1], th[2]) if nst else (th[0], 0.0, th[1])
+        else:
+            thd, rho, lsc = (th[0], th[1], 0.0) if nst else (th, 0.0, 0.0)
         lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(thd))
-        vq, lnq = flexfeat.feats(jnp, a.kind, om, rho, qf, Hd)  # [B][P][gs][M], [B][P][gs]
-        vk, lnk = flexfeat.feats(jnp, a.kind, om, rho, kf, Hd)  # [B][T][M], [B][T]
+        fa = dict(pre=a.flex_pre, lsc=lsc)
+        vq, lnq = flexfeat.feats(jnp, a.kind, om, rho, qf, Hd, **fa)  # [B][P][gs][M], [B][P][gs]
+        vk, lnk = flexfeat.feats(jnp, a.kind, om, rho, kf, Hd, **fa)  # [B][T][M], [B][T]
         dots = jnp.einsum("bpgi,bji->bpgj", vq, vk)
         s_ex = jnp.einsum("bpgd,bjd->bpgj", q, k) / np.sqrt(Hd)
         s = s_ex
@@ -358,7 +363,7 @@ def cmd_train2(a):
         vis = (j <= t)[None, :, None, :]
         dec = ((t - W - j) * lg)[None, :, None, :]
         lmag = lnq[..., None] + lnk[:, None, None, :] + beta[None, None, :, None] + dec
-        pr, share = flexfeat.mix(jax, jnp, s, exa, lin, lmag, dots)
+        pr, share = flexfeat.mix(jax, jnp, s, exa, lin, lmag, dots, den_mode=a.flex_den)
         o = jnp.einsum("bpgj,bjd->bpgd", pr, v)
         pe = jax.nn.softmax(jnp.where(vis, s_ex, NEG), axis=-1)
         oe = jnp.einsum("bpgj,bjd->bpgd", pe, v)
@@ -387,7 +392,8 @@ def cmd_train2(a):
     else:
         mats = ck.get("mat", np.tile(a.init_scale * np.eye(Hd, dtype=np.float32),
                                      (L, Hkv, 1, 1)))
-    rho = ck.get("rho", np.zeros((L, Hkv), dtype=np.float32))
+    rho = ck.get("rho", np.full((L, Hkv), a.flex_rho0, dtype=np.float32))
+    lscs = ck.get("lsc", np.full((L, Hkv), np.log(a.flex_scale0), dtype=np.float32))
     if a.init and "mat" not in ck:
         mats = np.fromfile(a.init, dtype=np.float32).reshape(L, Hkv, Hd, Hd)
     gam = ck.get("decay", np.full((L, Hkv), a.gamma0, dtype=np.float32))
@@ -400,7 +406,8 @@ def cmd_train2(a):
     if a.commute and (a.prerope or meta.get("n_rot", Hd) != Hd):
         sys.exit("convert: --commute 1 needs --prerope 0 and RoPE on every dimension")
     log = {"rec": a.rec, "kind": a.kind, "features": m, "window": W, "sinks": S,
-           "prerope": a.prerope,
+           "prerope": a.prerope, "flex_pre": a.flex_pre, "flex_scale0": a.flex_scale0,
+           "flex_den": a.flex_den,
            "commute": a.commute,
            "steps": a.steps, "lr": a.lr, "batch": a.batch, "queries": a.queries,
            "mass_weight": a.mass_weight, "train_seqs": n_tr, "val_seqs": n_val, "seq_len": T,
@@ -439,6 +446,9 @@ def cmd_train2(a):
                            for x in p0])
         if nst:  # ρ of τ = 2√Hd·e^ρ rides beside θ
             th0 = np.stack([th0, rho[layer]], axis=-1).astype(np.float32)
+        if pre:  # and the input map's log-scale after them
+            th0 = np.concatenate([th0.reshape(Hkv, -1), lscs[layer][:, None]],
+                                 axis=-1).astype(np.float32)
         params = (jnp.asarray(p0), jnp.asarray(th0),
                   jnp.asarray(mix[layer].reshape(Hkv, gs)))
         tvj = jnp.asarray(tv)
@@ -494,9 +504,11 @@ def cmd_train2(a):
         vb = val(tuple(jnp.asarray(x) for x in best_p))
         mats[layer] = np.stack([np.asarray(rot_blocks(jnp.asarray(x))) for x in best_p[0]]) \
             if a.commute else best_p[0]
-        th_b = best_p[1][..., 0] if nst else best_p[1]
+        th_b = best_p[1][..., 0] if (nst or pre) else best_p[1]
         if nst:
             rho[layer] = best_p[1][..., 1]
+        if pre:
+            lscs[layer] = best_p[1][..., -1]
         gam[layer] = (0.5 + 0.5 / (1 + np.exp(-th_b.astype(np.float64)))).astype(np.float32)
         mix[layer] = best_p[2].reshape(H)
         done.add(layer)
@@ -504,6 +516,7 @@ def cmd_train2(a):
                "val_kl_init": v0[2].tolist(), "val_loss_best": vb[0].tolist(),
                "val_err_best": vb[1].tolist(), "val_kl_best": vb[2].tolist(),
                "decay": gam[layer].tolist(), "mix": mix[layer].tolist(),
+               "lsc": lscs[layer].tolist(), "rho": rho[layer].tolist(),
                "train_loss_first": float(np.mean(tr_loss[:10])) if tr_loss else None,
                "train_loss_last": float(np.mean(tr_loss[-10:])) if tr_loss else None,
                "nonfinite_grads": nonfinite,
@@ -519,7 +532,8 @@ def cmd_train2(a):
                   ent["train_loss_last"] or 0.0, nonfinite, time.time() - t0, eta), flush=True)
         if a.ckpt:
             tmp = a.ckpt + ".tmp.npz"
-            np.savez(tmp, mat=mats, decay=gam, mix=mix, rho=rho, done=np.array(sorted(done)))
+            np.savez(tmp, mat=mats, decay=gam, mix=mix, rho=rho, lsc=lscs,
+                     done=np.array(sorted(done)))
             os.replace(tmp, a.ckpt)
         if a.log:
             with open(a.log, "w") as f:
@@ -531,6 +545,8 @@ def cmd_train2(a):
         return
     if trig:  # write_adapter --omega [--omega2 --tau]
         write_trig(a.out, a.kind, mats, rho, Hd)
+        if pre:  # the input map's scale e^lsc [L][Hkv]
+            np.exp(lscs.astype(np.float64)).astype(np.float32).tofile(a.out + ".scale.f32")
     else:
         mats.tofile(a.out + ".mat.f32")
     gam.tofile(a.out + ".decay.f32")
@@ -573,6 +589,14 @@ def main():
     p2.add_argument("--commute", type=int, default=0,
                     help="1: M of 2x2 scaled rotations (Σ commutes with RoPE; needs --prerope 0)")
     p2.add_argument("--train-mat", type=int, default=1)
+    p2.add_argument("--flex-pre", choices=flexfeat.PRES, default="none",
+                    help="Flexformer's input map before the features (tools/flexfeat.py)")
+    p2.add_argument("--flex-scale0", type=float, default=1.0,
+                    help="its starting scale e^lsc (norm: the radius)")
+    p2.add_argument("--flex-rho0", type=float, default=0.0,
+                    help="flexformer-n's starting ρ (τ = 2√Hd·e^ρ, ν = ½e^-ρ)")
+    p2.add_argument("--flex-den", choices=flexfeat.DENS, default="rule",
+                    help="Flexformer's denominator treatment (tools/flexfeat.py mix)")
     p2.add_argument("--out", required=True, help="prefix of the .mat/.decay/.mix.f32 outputs")
     p2.add_argument("--ckpt", help="resumable checkpoint (.npz)")
     p2.add_argument("--log")
