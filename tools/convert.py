@@ -11,7 +11,10 @@ Outputs are raw little-endian float32 [L][Hkv][Hd][Hd], what
 build/tools/write_adapter reads (tools/convert.sh runs the whole pipeline).
 `train2 --kind flexformer-s|flexformer-n` trains Flexformer's frequencies
 (from the Performer draws, tools/flexfeat.py) in M's place and writes
-OUT.omega.f32 (-n: OUT.omega2.f32, OUT.tau.f32). `train2 --eval-only`
+OUT.omega.f32 (-n: OUT.omega2.f32, OUT.tau.f32). `gate` turns the
+Flexformer linear branch off (β = −30) in the (layer, KV head) pairs where
+that gives a lower output error than the trained parameters on a selection
+recording (two --eval-only logs). `train2 --eval-only`
 trains nothing: it prints (and logs to --log) the loss terms, output error
 and mass KL per layer and KV head, of the parameters in --ckpt (all layers,
 done or not; without --ckpt the starting ones, e.g. Performer with
@@ -249,6 +252,36 @@ def write_trig(out, kind, om, rho, hd):
     np.ascontiguousarray(om[:, :, 1]).tofile(out + ".omega2.f32")
     (2 * np.sqrt(hd) * np.exp(np.asarray(rho, dtype=np.float64))).astype(np.float32).tofile(
         out + ".tau.f32")
+
+
+def cmd_gate(a):
+    """Flexformer's linear branch kept only where it helps: per (layer, KV
+    head), the output error of the trained parameters (train2 --eval-only
+    log) against the linear branch off (--flex-den off log), both on a
+    selection recording; where off is lower, the head's query heads get
+    β = −30 (CORE_FEATURES_MIX_MAX: the linear part weighs e^−30)."""
+    with open(a.trained) as f:
+        tr = {e["layer"]: np.asarray(e["err"]) for e in json.load(f)["layers"]}
+    with open(a.off) as f:
+        off = {e["layer"]: np.asarray(e["err"]) for e in json.load(f)["layers"]}
+    ck = dict(np.load(a.ckpt))
+    mix = ck["mix"].copy()
+    hkv = ck["decay"].shape[1]
+    gs = mix.shape[1] // hkv
+    gated = []
+    for layer in sorted(tr):
+        for h in range(hkv):
+            if off[layer][h] < tr[layer][h]:
+                mix[layer, h * gs:(h + 1) * gs] = -30.0
+                gated.append([layer, h])
+    ck["mix"] = mix
+    np.savez(a.out, **ck)
+    print("gate: linear branch off in %d of %d (layer, KV head) pairs: %s" % (
+        len(gated), len(tr) * hkv, gated), flush=True)
+    if a.log:
+        with open(a.log, "w") as f:
+            json.dump({"gated": gated, "trained": {k: v.tolist() for k, v in tr.items()},
+                       "off": {k: v.tolist() for k, v in off.items()}}, f, indent=1)
 
 
 def cmd_train2(a):
@@ -620,8 +653,16 @@ def main():
                     help="no training: the loss terms of the parameters in --ckpt (or the "
                          "starting ones) on every sequence of --rec, e.g. a held-out recording; "
                          "per layer to stdout and --log, the checkpoint untouched")
+    pg = sub.add_parser("gate")
+    pg.add_argument("--ckpt", required=True, help="train2's checkpoint (.npz)")
+    pg.add_argument("--trained", required=True, help="train2 --eval-only log of it")
+    pg.add_argument("--off", required=True, help="the same with --flex-den off")
+    pg.add_argument("--out", required=True, help="the gated checkpoint (.npz)")
+    pg.add_argument("--log")
     a = p.parse_args()
-    if a.cmd == "lambda":
+    if a.cmd == "gate":
+        cmd_gate(a)
+    elif a.cmd == "lambda":
         cmd_lambda(a)
     elif a.cmd == "train2":
         cmd_train2(a)

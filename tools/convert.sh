@@ -16,8 +16,10 @@
 #     (`make adapter KIND=...`) the Flexformer kinds' stage 1 in the same
 #     pipeline: frequencies from the Performer draws, the input sphere of
 #     radius 1 to start (learned per KV head) and the drop rule for
-#     negative denominators (tools/flexfeat.py), decays and mixing weights;
-#     defaults 6 x 1024 recorded tokens, 40 steps a layer, 16 sinks in
+#     negative denominators (tools/flexfeat.py), decays and mixing weights,
+#     then the linear branch gated off per (layer, KV head) where that gives
+#     a lower output error on 2 further calibration sequences (convert.py
+#     gate); defaults 6 x 1024 recorded tokens, 40 steps a layer, 16 sinks in
 #     training, served with the trained window in 16-bit rows; no stage 2
 #     (tools/distill.py does not model the sphere); models/adapters/README.md
 #     "Flexformer".
@@ -144,6 +146,28 @@ if [ "$V2" = 1 ]; then
     --prerope "$PRE" --steps "$STEPS" --ckpt "$WORK/$TAG.npz" --log "$WORK/$TAG.json" \
     "${TRAIN_ARGS[@]}" --out "$WORK/$TAG"
   OUT=${OUT:-$WORK/$TAG.gguf}
+  if [ "$FLEX" = 1 ]; then
+    # the linear branch kept per (layer, KV head) only where it beats the
+    # branch off on 2 further calibration sequences (tools/convert.py gate)
+    SEL="$WORK/sel_v2_2x${LEN}_after${SEQS}"
+    if [ ! -f "$SEL/meta.json" ]; then
+      stage "recording the selection sequences into $SEL"
+      "$BUILD/tools/record_qkv" --model "$MODEL" --text "$WORK/calibration.txt" \
+        --out "$SEL" --seqs 2 --len "$LEN" --skip "$SEQS" --draws "$M" --seed 0
+    fi
+    stage "gating the linear branch per KV head"
+    for den in drop off; do
+      "$PY" tools/convert.py train2 --eval-only --rec "$SEL" --features "$M" --window "$W" \
+        --sinks "$TRAIN_S" --prerope "$PRE" --kind "$KIND" --flex-pre norm --flex-scale0 1 \
+        --flex-den "$den" --ckpt "$WORK/$TAG.npz" --log "$WORK/$TAG.sel_$den.json" \
+        --out /dev/null > /dev/null
+    done
+    "$PY" tools/convert.py gate --ckpt "$WORK/$TAG.npz" --trained "$WORK/$TAG.sel_drop.json" \
+      --off "$WORK/$TAG.sel_off.json" --out "$WORK/$TAG.gated.npz" --log "$WORK/$TAG.gate.json"
+    "$PY" tools/convert.py train2 --rec "$REC" --features "$M" --window "$W" --sinks "$TRAIN_S" \
+      --prerope "$PRE" --ckpt "$WORK/$TAG.gated.npz" "${TRAIN_ARGS[@]}" --out "$WORK/$TAG.gated"
+    TAG="$TAG.gated"
+  fi
   write() {  # PREFIX OUT [LORA-RANK]
     local lora=()
     [ "${3:-0}" != 0 ] && lora=(--lora "$1.lora" --lora-rank "$3")

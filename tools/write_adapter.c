@@ -279,7 +279,18 @@ int main(int argc, char **argv)
             remove(out);
             return 1;
         }
-        core_model_opts_t mo = {.attn_kind = CORE_ATTN_DARKFORMER, .n_features = fs.n_features,
+        /* loaded as the kind the copy was written for (a Flexformer adapter
+         * has no M) */
+        core_features_adapter_info_t ai;
+        core_gguf_t *ag = NULL;
+        if (core_gguf_open(out, &ag, &err) < 0 || core_features_adapter_info(ag, &ai, &err) < 0) {
+            fprintf(stderr, "write_adapter: %s: %s\n", out, err.msg);
+            core_gguf_close(ag);
+            remove(out);
+            return 1;
+        }
+        core_gguf_close(ag);
+        core_model_opts_t mo = {.attn_kind = ai.kind, .n_features = fs.n_features,
                                 .window = fs.window, .seed = fs.seed, .adapter_path = out,
                                 .max_ctx = 64, .sinks = fs.sinks, .prerope = fs.prerope,
                                 .kv_bits = fs.kv_bits, .memory = fs.memory,
