@@ -258,7 +258,8 @@ def cmd_gate(a):
     """Flexformer's linear branch kept only where it helps: per (layer, KV
     head), the output error of the trained parameters (train2 --eval-only
     log) against the linear branch off (--flex-den off log), both on a
-    selection recording; where off is lower, the head's query heads get
+    selection recording; where off is lower (or not lower by --margin, a
+    fraction of the trained error), the head's query heads get
     β = −30 (CORE_FEATURES_MIX_MAX: the linear part weighs e^−30)."""
     with open(a.trained) as f:
         tr = {e["layer"]: np.asarray(e["err"]) for e in json.load(f)["layers"]}
@@ -271,7 +272,7 @@ def cmd_gate(a):
     gated = []
     for layer in sorted(tr):
         for h in range(hkv):
-            if off[layer][h] < tr[layer][h]:
+            if off[layer][h] < tr[layer][h] * (1.0 + a.margin):
                 mix[layer, h * gs:(h + 1) * gs] = -30.0
                 gated.append([layer, h])
     ck["mix"] = mix
@@ -658,6 +659,9 @@ def main():
     pg.add_argument("--trained", required=True, help="train2 --eval-only log of it")
     pg.add_argument("--off", required=True, help="the same with --flex-den off")
     pg.add_argument("--out", required=True, help="the gated checkpoint (.npz)")
+    pg.add_argument("--margin", type=float, default=0.0,
+                    help="keep a head's branch only if its error is below off's by this "
+                         "fraction (0: any amount)")
     pg.add_argument("--log")
     a = p.parse_args()
     if a.cmd == "gate":
