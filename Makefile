@@ -134,9 +134,10 @@ gemma-model:
 
 # DARKFormer v2 conversion of MODEL (any Llama-family GGUF): record, train,
 # write the adapter (tools/convert.sh --v2; docs/ADAPTER.md). Offline, long:
-# resumes from its checkpoint when run again.
+# resumes from its checkpoint when run again. KIND=flexformer-s|flexformer-n:
+# a Flexformer kind's adapter instead (models/adapters/README.md "Flexformer").
 adapter: $(BUILD)/tools/record_qkv $(BUILD)/tools/write_adapter
-	MODEL=$(MODEL) tools/convert.sh --v2 --build $(BUILD) $(ADAPTER_ARGS)
+	MODEL=$(MODEL) tools/convert.sh --v2 --build $(BUILD) $(if $(KIND),--kind $(KIND)) $(ADAPTER_ARGS)
 
 # MODEL: a short name (smollm2-135m, gemma3-270m), a GGUF path, or several
 # separated by commas (make run MODEL=smollm2-135m,gemma3-270m serves both,

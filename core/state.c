@@ -100,6 +100,8 @@ uint64_t core_state_params_digest(const core_attn_t *outer)
                 h = mix_floats(h, f->omega, nw);
                 if (f->omega2)
                     h = mix_floats(mix_floats(h, f->omega2, nw), &f->tau, 1);
+                if (f->radius > 0.0f) /* absent before the sphere: digests kept */
+                    h = mix_floats(h, &f->radius, 1);
             } else if (c->kind == CORE_ATTN_DARKFORMER && f->mat)
                 h = mix_floats(h, f->mat, (size_t)f->head_dim * (size_t)f->head_dim);
             else if (f->bias)

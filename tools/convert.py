@@ -11,7 +11,10 @@ Outputs are raw little-endian float32 [L][Hkv][Hd][Hd], what
 build/tools/write_adapter reads (tools/convert.sh runs the whole pipeline).
 `train2 --kind flexformer-s|flexformer-n` trains Flexformer's frequencies
 (from the Performer draws, tools/flexfeat.py) in M's place and writes
-OUT.omega.f32 (-n: OUT.omega2.f32, OUT.tau.f32). `train2 --eval-only`
+OUT.omega.f32 (-n: OUT.omega2.f32, OUT.tau.f32). `gate` turns the
+Flexformer linear branch off (β = −30) in the (layer, KV head) pairs where
+that gives a lower output error than the trained parameters on a selection
+recording (two --eval-only logs). `train2 --eval-only`
 trains nothing: it prints (and logs to --log) the loss terms, output error
 and mass KL per layer and KV head, of the parameters in --ckpt (all layers,
 done or not; without --ckpt the starting ones, e.g. Performer with
@@ -251,6 +254,37 @@ def write_trig(out, kind, om, rho, hd):
         out + ".tau.f32")
 
 
+def cmd_gate(a):
+    """Flexformer's linear branch kept only where it helps: per (layer, KV
+    head), the output error of the trained parameters (train2 --eval-only
+    log) against the linear branch off (--flex-den off log), both on a
+    selection recording; where off is lower (or not lower by --margin, a
+    fraction of the trained error), the head's query heads get
+    β = −30 (CORE_FEATURES_MIX_MAX: the linear part weighs e^−30)."""
+    with open(a.trained) as f:
+        tr = {e["layer"]: np.asarray(e["err"]) for e in json.load(f)["layers"]}
+    with open(a.off) as f:
+        off = {e["layer"]: np.asarray(e["err"]) for e in json.load(f)["layers"]}
+    ck = dict(np.load(a.ckpt))
+    mix = ck["mix"].copy()
+    hkv = ck["decay"].shape[1]
+    gs = mix.shape[1] // hkv
+    gated = []
+    for layer in sorted(tr):
+        for h in range(hkv):
+            if off[layer][h] < tr[layer][h] * (1.0 + a.margin):
+                mix[layer, h * gs:(h + 1) * gs] = -30.0
+                gated.append([layer, h])
+    ck["mix"] = mix
+    np.savez(a.out, **ck)
+    print("gate: linear branch off in %d of %d (layer, KV head) pairs: %s" % (
+        len(gated), len(tr) * hkv, gated), flush=True)
+    if a.log:
+        with open(a.log, "w") as f:
+            json.dump({"gated": gated, "trained": {k: v.tolist() for k, v in tr.items()},
+                       "off": {k: v.tolist() for k, v in off.items()}}, f, indent=1)
+
+
 def cmd_train2(a):
     """DARKFormer v2 stage 1: per layer, all KV heads at once, learn M (on
     q, k before RoPE with --prerope), the decay γ per KV head and the mixing
@@ -269,6 +303,7 @@ def cmd_train2(a):
     N, T = meta["n_seq"], meta["len"]
     gs, m, W, S = H // Hkv, a.features, a.window, a.sinks
     trig, nst = flexfeat.is_trig(a.kind), a.kind == "flexformer-n"
+    pre = trig and a.flex_pre != "none"
     if trig and (m % 2 or a.commute):
         sys.exit("convert: %s needs an even --features and no --commute" % a.kind)
     mf = m // 2 if trig else m  # frequencies (Flexformer: a cosine and a sine row each)
@@ -341,10 +376,14 @@ def cmd_train2(a):
         (the parameter that is M for DARKFormer), th its decay logit (-n: and
         ρ of τ = 2√Hd·e^ρ); the mixing is tools/flexfeat.py's, which follows
         core/attn/attn_linear.c (signed-denominator rule included)."""
-        thd, rho = (th[0], th[1]) if nst else (th, 0.0)
+        if pre:  # the input map's log-scale rides last
+            thd, rho, lsc = (th[0], th[1], th[2]) if nst else (th[0], 0.0, th[1])
+        else:
+            thd, rho, lsc = (th[0], th[1], 0.0) if nst else (th, 0.0, 0.0)
         lg = jnp.log(0.5 + 0.5 * jax.nn.sigmoid(thd))
-        vq, lnq = flexfeat.feats(jnp, a.kind, om, rho, qf, Hd)  # [B][P][gs][M], [B][P][gs]
-        vk, lnk = flexfeat.feats(jnp, a.kind, om, rho, kf, Hd)  # [B][T][M], [B][T]
+        fa = dict(pre=a.flex_pre, lsc=lsc)
+        vq, lnq = flexfeat.feats(jnp, a.kind, om, rho, qf, Hd, **fa)  # [B][P][gs][M], [B][P][gs]
+        vk, lnk = flexfeat.feats(jnp, a.kind, om, rho, kf, Hd, **fa)  # [B][T][M], [B][T]
         dots = jnp.einsum("bpgi,bji->bpgj", vq, vk)
         s_ex = jnp.einsum("bpgd,bjd->bpgj", q, k) / np.sqrt(Hd)
         s = s_ex
@@ -358,7 +397,7 @@ def cmd_train2(a):
         vis = (j <= t)[None, :, None, :]
         dec = ((t - W - j) * lg)[None, :, None, :]
         lmag = lnq[..., None] + lnk[:, None, None, :] + beta[None, None, :, None] + dec
-        pr, share = flexfeat.mix(jax, jnp, s, exa, lin, lmag, dots)
+        pr, share = flexfeat.mix(jax, jnp, s, exa, lin, lmag, dots, den_mode=a.flex_den)
         o = jnp.einsum("bpgj,bjd->bpgd", pr, v)
         pe = jax.nn.softmax(jnp.where(vis, s_ex, NEG), axis=-1)
         oe = jnp.einsum("bpgj,bjd->bpgd", pe, v)
@@ -387,7 +426,8 @@ def cmd_train2(a):
     else:
         mats = ck.get("mat", np.tile(a.init_scale * np.eye(Hd, dtype=np.float32),
                                      (L, Hkv, 1, 1)))
-    rho = ck.get("rho", np.zeros((L, Hkv), dtype=np.float32))
+    rho = ck.get("rho", np.full((L, Hkv), a.flex_rho0, dtype=np.float32))
+    lscs = ck.get("lsc", np.full((L, Hkv), np.log(a.flex_scale0), dtype=np.float32))
     if a.init and "mat" not in ck:
         mats = np.fromfile(a.init, dtype=np.float32).reshape(L, Hkv, Hd, Hd)
     gam = ck.get("decay", np.full((L, Hkv), a.gamma0, dtype=np.float32))
@@ -400,7 +440,8 @@ def cmd_train2(a):
     if a.commute and (a.prerope or meta.get("n_rot", Hd) != Hd):
         sys.exit("convert: --commute 1 needs --prerope 0 and RoPE on every dimension")
     log = {"rec": a.rec, "kind": a.kind, "features": m, "window": W, "sinks": S,
-           "prerope": a.prerope,
+           "prerope": a.prerope, "flex_pre": a.flex_pre, "flex_scale0": a.flex_scale0,
+           "flex_den": a.flex_den,
            "commute": a.commute,
            "steps": a.steps, "lr": a.lr, "batch": a.batch, "queries": a.queries,
            "mass_weight": a.mass_weight, "train_seqs": n_tr, "val_seqs": n_val, "seq_len": T,
@@ -439,6 +480,9 @@ def cmd_train2(a):
                            for x in p0])
         if nst:  # ρ of τ = 2√Hd·e^ρ rides beside θ
             th0 = np.stack([th0, rho[layer]], axis=-1).astype(np.float32)
+        if pre:  # and the input map's log-scale after them
+            th0 = np.concatenate([th0.reshape(Hkv, -1), lscs[layer][:, None]],
+                                 axis=-1).astype(np.float32)
         params = (jnp.asarray(p0), jnp.asarray(th0),
                   jnp.asarray(mix[layer].reshape(Hkv, gs)))
         tvj = jnp.asarray(tv)
@@ -494,9 +538,11 @@ def cmd_train2(a):
         vb = val(tuple(jnp.asarray(x) for x in best_p))
         mats[layer] = np.stack([np.asarray(rot_blocks(jnp.asarray(x))) for x in best_p[0]]) \
             if a.commute else best_p[0]
-        th_b = best_p[1][..., 0] if nst else best_p[1]
+        th_b = best_p[1][..., 0] if (nst or pre) else best_p[1]
         if nst:
             rho[layer] = best_p[1][..., 1]
+        if pre:
+            lscs[layer] = best_p[1][..., -1]
         gam[layer] = (0.5 + 0.5 / (1 + np.exp(-th_b.astype(np.float64)))).astype(np.float32)
         mix[layer] = best_p[2].reshape(H)
         done.add(layer)
@@ -504,6 +550,7 @@ def cmd_train2(a):
                "val_kl_init": v0[2].tolist(), "val_loss_best": vb[0].tolist(),
                "val_err_best": vb[1].tolist(), "val_kl_best": vb[2].tolist(),
                "decay": gam[layer].tolist(), "mix": mix[layer].tolist(),
+               "lsc": lscs[layer].tolist(), "rho": rho[layer].tolist(),
                "train_loss_first": float(np.mean(tr_loss[:10])) if tr_loss else None,
                "train_loss_last": float(np.mean(tr_loss[-10:])) if tr_loss else None,
                "nonfinite_grads": nonfinite,
@@ -519,7 +566,8 @@ def cmd_train2(a):
                   ent["train_loss_last"] or 0.0, nonfinite, time.time() - t0, eta), flush=True)
         if a.ckpt:
             tmp = a.ckpt + ".tmp.npz"
-            np.savez(tmp, mat=mats, decay=gam, mix=mix, rho=rho, done=np.array(sorted(done)))
+            np.savez(tmp, mat=mats, decay=gam, mix=mix, rho=rho, lsc=lscs,
+                     done=np.array(sorted(done)))
             os.replace(tmp, a.ckpt)
         if a.log:
             with open(a.log, "w") as f:
@@ -531,6 +579,8 @@ def cmd_train2(a):
         return
     if trig:  # write_adapter --omega [--omega2 --tau]
         write_trig(a.out, a.kind, mats, rho, Hd)
+        if pre:  # the input map's scale e^lsc [L][Hkv]
+            np.exp(lscs.astype(np.float64)).astype(np.float32).tofile(a.out + ".scale.f32")
     else:
         mats.tofile(a.out + ".mat.f32")
     gam.tofile(a.out + ".decay.f32")
@@ -573,6 +623,14 @@ def main():
     p2.add_argument("--commute", type=int, default=0,
                     help="1: M of 2x2 scaled rotations (Σ commutes with RoPE; needs --prerope 0)")
     p2.add_argument("--train-mat", type=int, default=1)
+    p2.add_argument("--flex-pre", choices=flexfeat.PRES, default="none",
+                    help="Flexformer's input map before the features (tools/flexfeat.py)")
+    p2.add_argument("--flex-scale0", type=float, default=1.0,
+                    help="its starting scale e^lsc (norm: the radius)")
+    p2.add_argument("--flex-rho0", type=float, default=0.0,
+                    help="flexformer-n's starting ρ (τ = 2√Hd·e^ρ, ν = ½e^-ρ)")
+    p2.add_argument("--flex-den", choices=flexfeat.DENS, default="rule",
+                    help="Flexformer's denominator treatment (tools/flexfeat.py mix)")
     p2.add_argument("--out", required=True, help="prefix of the .mat/.decay/.mix.f32 outputs")
     p2.add_argument("--ckpt", help="resumable checkpoint (.npz)")
     p2.add_argument("--log")
@@ -596,8 +654,19 @@ def main():
                     help="no training: the loss terms of the parameters in --ckpt (or the "
                          "starting ones) on every sequence of --rec, e.g. a held-out recording; "
                          "per layer to stdout and --log, the checkpoint untouched")
+    pg = sub.add_parser("gate")
+    pg.add_argument("--ckpt", required=True, help="train2's checkpoint (.npz)")
+    pg.add_argument("--trained", required=True, help="train2 --eval-only log of it")
+    pg.add_argument("--off", required=True, help="the same with --flex-den off")
+    pg.add_argument("--out", required=True, help="the gated checkpoint (.npz)")
+    pg.add_argument("--margin", type=float, default=0.0,
+                    help="keep a head's branch only if its error is below off's by this "
+                         "fraction (0: any amount)")
+    pg.add_argument("--log")
     a = p.parse_args()
-    if a.cmd == "lambda":
+    if a.cmd == "gate":
+        cmd_gate(a)
+    elif a.cmd == "lambda":
         cmd_lambda(a)
     elif a.cmd == "train2":
         cmd_train2(a)

@@ -12,6 +12,17 @@
 #                    [--init-scale X] [--lr X] [--lr-small X] [--mass-weight X]
 #     (the last four go to convert.py train2: Gemma's adapter needs M to start
 #     at 0.1·I with lr 0.001 / 0.01, models/adapters/README.md)
+#   tools/convert.sh --v2 --kind flexformer-s|flexformer-n [the options above]
+#     (`make adapter KIND=...`) the Flexformer kinds' stage 1 in the same
+#     pipeline: frequencies from the Performer draws, the input sphere of
+#     radius 1 to start (learned per KV head) and the drop rule for
+#     negative denominators (tools/flexfeat.py), decays and mixing weights,
+#     then the linear branch gated off per (layer, KV head) where that gives
+#     a lower output error on 2 further calibration sequences (convert.py
+#     gate); defaults 6 x 1024 recorded tokens, 40 steps a layer, 16 sinks in
+#     training, served with the trained window in 16-bit rows; no stage 2
+#     (tools/distill.py does not model the sphere); models/adapters/README.md
+#     "Flexformer".
 #     DARKFormer v2 (`make adapter MODEL=...` runs this): record N sequences
 #     of T tokens (default 12 x 2048) of the calibration corpus
 #     (models/corpus/calibration.txt.xz, never a held-out text), then
@@ -53,10 +64,13 @@ cd "$(dirname "$0")/.."
 
 M=128 W=64 STEPS=150 INIT="" OUT="" WORK=build/convert BUILD=build IS=0 V2=0
 S=16 TRAIN_S=4 PRE=1 SEQS=12 LEN=2048 W_SET=0 DSTEPS=0 LORA=8 SERVE_W=1024 KV_BITS=8 WORK_SET=0
+KIND=darkformer SET=" "  # SET: the options given, so that a kind's defaults leave them alone
 TRAIN_ARGS=()
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 while [ $# -gt 0 ]; do
+  SET="$SET$1 "
   case $1 in
+    --kind) KIND=$2; shift 2 ;;
     --features) M=$2; shift 2 ;;
     --window) W=$2; W_SET=1; shift 2 ;;
     --sinks) S=$2; shift 2 ;;
@@ -88,8 +102,27 @@ if [ "$WORK_SET" = 0 ] && [ "$MODEL" != models/SmolLM2-135M-Instruct.Q4_1.gguf ]
 fi
 mkdir -p "$WORK"
 
+given() { case $SET in *" $1 "*) return 0 ;; esac; return 1; }
+FLEX=0
+case $KIND in
+  darkformer) ;;
+  flexformer-s|flexformer-n) FLEX=1 ;;
+  *) echo "convert.sh: --kind must be darkformer, flexformer-s or flexformer-n" >&2; exit 2 ;;
+esac
+if [ "$FLEX" = 1 ]; then
+  [ "$V2" = 1 ] || { echo "convert.sh: --kind $KIND needs --v2" >&2; exit 2; }
+  [ "$DSTEPS" = 0 ] || { echo "convert.sh: no stage 2 for $KIND (tools/distill.py does not model the input sphere)" >&2; exit 2; }
+  given --seqs || SEQS=6
+  given --len || LEN=1024
+  given --steps || STEPS=40
+  given --train-sinks || TRAIN_S=16
+  given --kv-bits || KV_BITS=16
+  TRAIN_ARGS+=(--kind "$KIND" --flex-pre norm --flex-scale0 1 --flex-den drop --val-every 10)
+fi
+
 if [ "$V2" = 1 ]; then
   [ "$W_SET" = 1 ] || W=256
+  [ "$FLEX" = 1 ] && ! given --serve-window && SERVE_W=$W
   [ "$STEPS" = 150 ] && STEPS=100
   t_all=$(date +%s)
   stage() { echo "convert: $* ($(( $(date +%s) - t_all )) s so far)"; }
@@ -107,16 +140,42 @@ if [ "$V2" = 1 ]; then
       --out "$REC" --seqs "$SEQS" --len "$LEN" --draws "$M" --seed 0
   fi
   TAG="v2_m${M}_w${W}_s${TRAIN_S}_p${PRE}"
+  [ "$FLEX" = 1 ] && TAG="${KIND}_m${M}_w${W}_s${TRAIN_S}_p${PRE}"
   stage "training M, decays and mixing weights (checkpoint $WORK/$TAG.npz)"
   "$PY" tools/convert.py train2 --rec "$REC" --features "$M" --window "$W" --sinks "$TRAIN_S" \
     --prerope "$PRE" --steps "$STEPS" --ckpt "$WORK/$TAG.npz" --log "$WORK/$TAG.json" \
     "${TRAIN_ARGS[@]}" --out "$WORK/$TAG"
   OUT=${OUT:-$WORK/$TAG.gguf}
+  if [ "$FLEX" = 1 ]; then
+    # the linear branch kept per (layer, KV head) only where it beats the
+    # branch off on 2 further calibration sequences (tools/convert.py gate)
+    SEL="$WORK/sel_v2_2x${LEN}_after${SEQS}"
+    if [ ! -f "$SEL/meta.json" ]; then
+      stage "recording the selection sequences into $SEL"
+      "$BUILD/tools/record_qkv" --model "$MODEL" --text "$WORK/calibration.txt" \
+        --out "$SEL" --seqs 2 --len "$LEN" --skip "$SEQS" --draws "$M" --seed 0
+    fi
+    stage "gating the linear branch per KV head"
+    for den in drop off; do
+      "$PY" tools/convert.py train2 --eval-only --rec "$SEL" --features "$M" --window "$W" \
+        --sinks "$TRAIN_S" --prerope "$PRE" --kind "$KIND" --flex-pre norm --flex-scale0 1 \
+        --flex-den "$den" --ckpt "$WORK/$TAG.npz" --log "$WORK/$TAG.sel_$den.json" \
+        --out /dev/null > /dev/null
+    done
+    "$PY" tools/convert.py gate --ckpt "$WORK/$TAG.npz" --trained "$WORK/$TAG.sel_drop.json" \
+      --off "$WORK/$TAG.sel_off.json" --out "$WORK/$TAG.gated.npz" --log "$WORK/$TAG.gate.json"
+    "$PY" tools/convert.py train2 --rec "$REC" --features "$M" --window "$W" --sinks "$TRAIN_S" \
+      --prerope "$PRE" --ckpt "$WORK/$TAG.gated.npz" "${TRAIN_ARGS[@]}" --out "$WORK/$TAG.gated"
+    TAG="$TAG.gated"
+  fi
   write() {  # PREFIX OUT [LORA-RANK]
     local lora=()
     [ "${3:-0}" != 0 ] && lora=(--lora "$1.lora" --lora-rank "$3")
-    "$BUILD/tools/write_adapter" --model "$MODEL" --kind darkformer --features "$M" --window "$W" \
-      --sinks "$S" --prerope "$PRE" --seed 0 --mat "$1.mat.f32" --decay "$1.decay.f32" \
+    local par=(--kind darkformer --mat "$1.mat.f32")
+    [ "$FLEX" = 1 ] && par=(--kind "$KIND" --omega "$1.omega.f32" --radius "$1.scale.f32")
+    [ "$KIND" = flexformer-n ] && par+=(--omega2 "$1.omega2.f32" --tau "$1.tau.f32")
+    "$BUILD/tools/write_adapter" --model "$MODEL" "${par[@]}" --features "$M" --window "$W" \
+      --sinks "$S" --prerope "$PRE" --seed 0 --decay "$1.decay.f32" \
       --mix "$1.mix.f32" "${lora[@]}" --out "$2"
   }
   serving() {  # IN OUT: the adapter with its serving defaults

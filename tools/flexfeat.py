@@ -37,9 +37,24 @@ def init_omega(eps_head, m, kind, rng=None, jitter=1e-2):
     return np.stack([e, e2], axis=-3)
 
 
-def feats(jnp, kind, om, rho, x, hd):
-    """Signed values [..][2m] and log-magnitudes [..] of raw rows x [..][Hd]."""
+PRES = ("none", "norm", "scale", "normenv")
+
+
+def feats(jnp, kind, om, rho, x, hd, pre="none", lsc=0.0):
+    """Signed values [..][2m] and log-magnitudes [..] of raw rows x [..][Hd].
+
+    pre (the input map before the features, a variant under measurement):
+    "none" ŷ = x̂; "norm" ŷ = e^lsc·x̂/|x̂| (every row on a sphere of learned
+    radius, so the envelope e^(ν|ŷ|²) is one constant per head); "scale"
+    ŷ = e^lsc·x̂ (a learned temperature: the kernel becomes e^(e^(2lsc) q̂·k̂));
+    "normenv" the features of "norm" under the envelope e^(ν|x̂|²) of the raw
+    row (-n's learned ν: a positive weight per key by its norm)."""
     y = x * hd ** -0.25
+    n2 = jnp.sum(y * y, axis=-1)
+    if pre in ("norm", "normenv"):
+        y = jnp.exp(lsc) * y / jnp.sqrt(n2[..., None] + 1e-12)
+    elif pre == "scale":
+        y = jnp.exp(lsc) * y
     if kind == "flexformer-s":
         u = y @ om.T
         m = om.shape[0]
@@ -51,10 +66,15 @@ def feats(jnp, kind, om, rho, x, hd):
         vals = jnp.concatenate([jnp.cos(u1) + jnp.cos(u2), jnp.sin(u1) + jnp.sin(u2)],
                                axis=-1) / (2 * np.sqrt(m))
         nu = 0.5 * jnp.exp(-rho)
+    if pre == "normenv":  # the envelope of the raw norm, the features of the direction
+        return vals, nu * n2
     return vals, nu * jnp.sum(y * y, axis=-1)
 
 
-def mix(jax, jnp, s, exa, lin, lmag, dots, neg=-1e30):
+DENS = ("rule", "drop", "off")
+
+
+def mix(jax, jnp, s, exa, lin, lmag, dots, neg=-1e30, den_mode="rule"):
     """One normalization over exact and linear terms, as core/attn/attn_linear.c
     computes a Flexformer row: the exact scores s (visible where exa) give
     E = Σ e^(s − s*), s* their max; the linear terms (where lin) weigh
@@ -63,7 +83,12 @@ def mix(jax, jnp, s, exa, lin, lmag, dots, neg=-1e30):
     s, exa, lin, lmag (log-magnitudes lnq + lnk + decay + β), dots (the
     values' inner products): [..][T] over keys. Returns (normalized weights
     [..][T], signed, to contract with the values; the linear share of the
-    mass λD/(E + λD) [..])."""
+    mass λD/(E + λD) [..]).
+
+    den_mode (variants under measurement): "rule" the rule above; "drop"
+    λ = 0 where D ≤ 0 (such a row falls back to its exact keys alone); the
+    denominator is then ≥ E by construction, biased only on those rows);
+    "off" λ = 0 everywhere (the linear branch off: the ablation)."""
     se = jnp.where(exa, s, neg)
     mx = jax.lax.stop_gradient(se.max(axis=-1, keepdims=True))
     pe = jnp.where(exa, jnp.exp(se - mx), 0.0)
@@ -71,6 +96,11 @@ def mix(jax, jnp, s, exa, lin, lmag, dots, neg=-1e30):
     pl = jnp.where(lin, jnp.exp(lw) * dots, 0.0)
     E = pe.sum(-1)
     D = pl.sum(-1)
-    lam = jnp.where(D < -0.5 * E, 0.5 * E / jnp.where(D < 0, -D, 1.0), 1.0)
+    if den_mode == "drop":
+        lam = jnp.where(D > 0, 1.0, 0.0)
+    elif den_mode == "off":
+        lam = jnp.zeros_like(D)
+    else:
+        lam = jnp.where(D < -0.5 * E, 0.5 * E / jnp.where(D < 0, -D, 1.0), 1.0)
     den = E + lam * D
     return (pe + lam[..., None] * pl) / den[..., None], lam * D / den

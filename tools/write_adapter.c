@@ -7,7 +7,8 @@
  *                 [--sinks S] [--prerope 0|1] [--decay DECAY.f32] [--mix MIX.f32]
  *                 [--lora PREFIX --lora-rank R] --out ADAPTER.gguf
  *   write_adapter --model M --kind flexformer-s|flexformer-n --features N --window W
- *                 --omega OMEGA.f32 [--omega2 OMEGA2.f32 --tau TAU.f32] [the options above]
+ *                 --omega OMEGA.f32 [--omega2 OMEGA2.f32 --tau TAU.f32] [--radius RADIUS.f32]
+ *                 [the options above]
  *   write_adapter --model M --from ADAPTER.gguf [--serve-window W] [--kv-bits 8|16]
  *                 [--memory N --memory-keep recall|recent --memory-heads all|L.H,...]
  *                 --out ADAPTER2.gguf
@@ -23,7 +24,8 @@
  *
  * OMEGA.f32 / OMEGA2.f32 (Flexformer, what tools/convert.py train2 --kind and
  * tools/distill.py write): float32 [L][Hkv][N/2][Hd] frequencies; TAU.f32
- * float32 [L][Hkv] τ; flexformer-n needs all three.
+ * float32 [L][Hkv] τ; flexformer-n needs all three. RADIUS.f32 (either kind,
+ * optional): float32 [L][Hkv], the input sphere's radius (features.h).
  * MAT.f32 / LAMBDA.f32: raw little-endian float32 [L][Hkv][Hd][Hd] (what
  * tools/convert.py writes); --kind darkformer needs --mat, darkformer-is
  * needs --lambda; both may be given (one file then serves both kinds).
@@ -52,8 +54,9 @@ static void usage(void)
     fprintf(stderr, "usage: write_adapter --model M --kind darkformer|darkformer-is|flexformer-s|"
                     "flexformer-n --features N --window W [--seed S] [--mat MAT.f32] "
                     "[--lambda LAMBDA.f32] [--omega OMEGA.f32] [--omega2 OMEGA2.f32] "
-                    "[--tau TAU.f32] [--sinks S] [--prerope 0|1] [--decay DECAY.f32] "
-                    "[--mix MIX.f32] [--lora PREFIX --lora-rank R] [--serve-window W] "
+                    "[--tau TAU.f32] [--radius RADIUS.f32] [--sinks S] [--prerope 0|1] "
+                    "[--decay DECAY.f32] [--mix MIX.f32] [--lora PREFIX --lora-rank R] "
+                    "[--serve-window W] "
                     "[--kv-bits 8|16] --out A.gguf\n"
                     "       write_adapter --model M --from A.gguf [--serve-window W] "
                     "[--kv-bits 8|16] [--memory N --memory-keep recall|recent "
@@ -194,7 +197,7 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *kind_s = NULL, *mat_p = NULL, *lam_p = NULL, *out = NULL;
     const char *dec_p = NULL, *mix_p = NULL, *lora_p = NULL, *om_p = NULL, *om2_p = NULL;
-    const char *tau_p = NULL, *from = NULL, *keep = NULL, *heads = NULL;
+    const char *tau_p = NULL, *rad_p = NULL, *from = NULL, *keep = NULL, *heads = NULL;
     int64_t m = 0, w = -1, seed = 0, sinks = 0, prerope = 0, rank = 0, serve_w = 0, kv_bits = 0;
     int64_t memory = 0;
     int keep_v = 0;
@@ -221,6 +224,8 @@ int main(int argc, char **argv)
             om2_p = v;
         else if (!bad && !strcmp(a, "--tau"))
             tau_p = v;
+        else if (!bad && !strcmp(a, "--radius"))
+            rad_p = v;
         else if (!bad && !strcmp(a, "--lora"))
             lora_p = v;
         else if (!bad && !strcmp(a, "--lora-rank"))
@@ -258,7 +263,7 @@ int main(int argc, char **argv)
     }
     if (from) { /* the copy: nothing else but the serving keys */
         if (!model || !out || kind_s || mat_p || lam_p || dec_p || mix_p || lora_p || om_p ||
-            om2_p || tau_p || m || w >= 0 || (!serve_w && !kv_bits && !memory) ||
+            om2_p || tau_p || rad_p || m || w >= 0 || (!serve_w && !kv_bits && !memory) ||
             !memory != !keep || !memory != !heads) {
             usage();
             return 2;
@@ -274,7 +279,18 @@ int main(int argc, char **argv)
             remove(out);
             return 1;
         }
-        core_model_opts_t mo = {.attn_kind = CORE_ATTN_DARKFORMER, .n_features = fs.n_features,
+        /* loaded as the kind the copy was written for (a Flexformer adapter
+         * has no M) */
+        core_features_adapter_info_t ai;
+        core_gguf_t *ag = NULL;
+        if (core_gguf_open(out, &ag, &err) < 0 || core_features_adapter_info(ag, &ai, &err) < 0) {
+            fprintf(stderr, "write_adapter: %s: %s\n", out, err.msg);
+            core_gguf_close(ag);
+            remove(out);
+            return 1;
+        }
+        core_gguf_close(ag);
+        core_model_opts_t mo = {.attn_kind = ai.kind, .n_features = fs.n_features,
                                 .window = fs.window, .seed = fs.seed, .adapter_path = out,
                                 .max_ctx = 64, .sinks = fs.sinks, .prerope = fs.prerope,
                                 .kv_bits = fs.kv_bits, .memory = fs.memory,
@@ -297,7 +313,8 @@ int main(int argc, char **argv)
          !core_attn_kind_is_trig(kind)) ||
         (kind == CORE_ATTN_DARKFORMER && !mat_p) || (kind == CORE_ATTN_DARKFORMER_IS && !lam_p) ||
         (core_attn_kind_is_trig(kind) && (!om_p || m % 2)) ||
-        (kind == CORE_ATTN_FLEXFORMER_N && (!om2_p || !tau_p)) || !lora_p != !rank) {
+        (kind == CORE_ATTN_FLEXFORMER_N && (!om2_p || !tau_p)) || (rad_p && !om_p) ||
+        !lora_p != !rank) {
         usage();
         return 2;
     }
@@ -306,7 +323,7 @@ int main(int argc, char **argv)
     core_error_t err = {0};
     core_model_t *mdl = NULL;
     float *mat = NULL, *lam = NULL, *dec = NULL, *mix = NULL, *lora[8] = {0};
-    float *om = NULL, *om2 = NULL, *tau = NULL;
+    float *om = NULL, *om2 = NULL, *tau = NULL, *rad = NULL;
     if (core_model_load(model, NULL, &mdl, &err) < 0) {
         fprintf(stderr, "write_adapter: cannot load %s: %s\n", model, err.msg);
         return 1;
@@ -323,7 +340,8 @@ int main(int argc, char **argv)
     size_t n_om = (size_t)n_layer * (size_t)in->n_head_kv * (size_t)(m / 2) *
                   (size_t)in->head_dim;
     if ((om_p && !(om = read_f32(om_p, n_om))) || (om2_p && !(om2 = read_f32(om2_p, n_om))) ||
-        (tau_p && !(tau = read_f32(tau_p, (size_t)n_layer * (size_t)in->n_head_kv))))
+        (tau_p && !(tau = read_f32(tau_p, (size_t)n_layer * (size_t)in->n_head_kv))) ||
+        (rad_p && !(rad = read_f32(rad_p, (size_t)n_layer * (size_t)in->n_head_kv))))
         goto done;
     if (lora_p && n_layer != in->n_layer) {
         fprintf(stderr, "write_adapter: a LoRA covers every layer; %s has sliding-window "
@@ -349,7 +367,7 @@ int main(int argc, char **argv)
         .head_dim = in->head_dim, .n_features = (int)m, .window = (int)w, .sinks = (int)sinks,
         .prerope = (int)prerope, .seed = (uint64_t)seed, .base_fingerprint = in->fingerprint,
         .mat = mat, .lambda = lam, .decay = dec, .mix = mix, .lora_rank = (int)rank,
-        .n_embd = in->n_embd, .omega = om, .omega2 = om2, .tau = tau,
+        .n_embd = in->n_embd, .omega = om, .omega2 = om2, .tau = tau, .radius = rad,
         .serve_window = (int)serve_w, .kv_bits = (int)kv_bits};
     memcpy(d.lora, lora, sizeof lora);
     if (core_features_adapter_write(&d, out, &err) < 0) {
@@ -370,7 +388,8 @@ int main(int argc, char **argv)
            kind_s, m, w, seed, in->fingerprint, mat ? ", tensors M" : "",
            lam ? ", tensors lambda" : "", rank ? ", LoRA" : "");
     if (om)
-        printf("  Flexformer frequencies%s\n", om2 ? ", omega2 and tau" : "");
+        printf("  Flexformer frequencies%s%s\n", om2 ? ", omega2 and tau" : "",
+               rad ? ", input sphere" : "");
     status = 0;
 done:
     free(mat);
@@ -380,6 +399,7 @@ done:
     free(om);
     free(om2);
     free(tau);
+    free(rad);
     for (int i = 0; i < 8; i++)
         free(lora[i]);
     core_model_free(mdl);

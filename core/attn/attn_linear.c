@@ -87,7 +87,10 @@
  * Pure linear attention (no window, no sinks) has no E: a row with D ≤ 0
  * outputs zero (counted). An additive floor (D + ε) or |D| would bias every
  * row; this touches only the counted ones. The training code (tools/convert.py,
- * tools/distill.py) applies the same rule.
+ * tools/distill.py) applies the same rule. A map with an input sphere
+ * (features.h) has a rule of its own, stable by construction: a row with
+ * D < 0 drops its linear part (λ = 0), so its denominator is E; the bias,
+ * the older keys' mass taken as 0 on those rows, is counted the same way.
  */
 #include "core/attn/attn_impl.h"
 
@@ -531,6 +534,14 @@ static int load_layer(const core_attn_cfg_t *cfg, const core_gguf_t *adapter, li
                                      cfg->n_features, ss, om1 ? om1 + h * nfq * hd : NULL,
                                      om2 && nst ? om2 + h * nfq * hd : NULL,
                                      tau && nst ? (double)tau[h] : 0.0, err);
+        if (rc)
+            return rc;
+    }
+    if (trig && adapter) { /* optional: the input sphere (features.h); mat is scratch */
+        int found;
+        rc = core_features_adapter_vector(adapter, "radius", l, cfg->n_head_kv, mat, &found, err);
+        for (size_t h = 0; rc == 0 && found && h < hkv; h++)
+            rc = core_features_set_radius(&lp->maps[(size_t)l * hkv + h], mat[h], err);
         if (rc)
             return rc;
     }
@@ -1193,7 +1204,8 @@ static void slow_row(lin_ctx_t *x, int64_t r, int64_t t, int64_t ti0, int64_t ni
  * exact part (Lrow − s*), den its linear denominator at that scale, e ≥ 1 its
  * exact mass, so D = e^lw·den. D < −E/2: λe^lw with λ = (E/2)/|D|, i.e.
  * (E/2)/|den|, formed without e^lw (which may overflow). The comparisons run
- * in the log domain for the same reason; counted in x->dst. */
+ * in the log domain for the same reason; counted in x->dst. With an input
+ * sphere any D < 0 gives 0. */
 static double trig_weight(lin_ctx_t *x, double lw, double den, double e)
 {
     if (!(lw > -INFINITY) || den == 0.0)
@@ -1204,11 +1216,10 @@ static double trig_weight(lin_ctx_t *x, double lw, double den, double e)
     x->dst->neg++;
     double ld = lw + log(-den); /* log |D| */
     x->dst->below_tenth += ld > log(0.9 * e);
-    if (ld > log(0.5 * e)) {
-        x->dst->below_half++;
-        return 0.5 * e / -den;
-    }
-    return exp(lw);
+    x->dst->below_half += ld > log(0.5 * e);
+    if (x->f->radius > 0.0f) /* the sphere's rule: the linear part dropped */
+        return 0.0;
+    return ld > log(0.5 * e) ? 0.5 * e / -den : exp(lw);
 }
 
 /* Tokens [t0, t1) of this forward, one KV head.
@@ -2238,8 +2249,11 @@ static void head_done(const core_attn_t *a, lin_ctx_t *x, const core_attn_item_t
                       int64_t h)
 {
     const core_attn_cfg_t *cfg = &a->cfg;
-    if (split_decode(cfg, it))
+    if (split_decode(cfg, it)) {
+        const lin_params_t *lp = a->impl; /* trig_weight reads the head's map */
+        x->f = &lp->maps[(size_t)layer * (size_t)cfg->n_head_kv + (size_t)h];
         merge_decode(a, x, it, h);
+    }
     lin_state_t *st = it->state->impl;
     int64_t hkv = cfg->n_head_kv, hd = cfg->head_dim, w = (int64_t)ring_rows(cfg), n = it->n;
     int64_t pos = it->state->pos;

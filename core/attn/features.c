@@ -342,6 +342,27 @@ fail:
     return rc;
 }
 
+int core_features_set_radius(core_features_t *f, double radius, core_error_t *err)
+{
+    if (!core_attn_kind_is_trig(f->kind))
+        return core_error_set(err, CORE_EINVAL, "attention kind '%s' has no input sphere",
+                              core_attn_kind_name(f->kind));
+    if (!(radius >= CORE_FEATURES_RADIUS_MIN && radius <= CORE_FEATURES_RADIUS_MAX))
+        return core_error_set(err, CORE_EINVAL, "radius %g not in [%g, %g]", radius,
+                              CORE_FEATURES_RADIUS_MIN, CORE_FEATURES_RADIUS_MAX);
+    f->radius = (float)radius;
+    return 0;
+}
+
+/* The factor that maps a row of squared norm ss onto f's sphere (1: no
+ * sphere; 0 for a zero row, which stays zero). */
+static double sphere_scale(const core_features_t *f, double ss)
+{
+    if (f->radius <= 0.0f)
+        return 1.0;
+    return ss > 0.0 ? (double)f->radius / sqrt(ss) : 0.0;
+}
+
 void core_features_trig(const core_features_t *f, int64_t n, const float *y, float *vals,
                         double *lognorm)
 {
@@ -354,10 +375,16 @@ void core_features_trig(const core_features_t *f, int64_t n, const float *y, flo
     float sc = (float)(nst ? 0.5 / sqrt((double)mf) : 1.0 / sqrt((double)mf));
     for (int64_t r = 0; r < n; r++) {
         float *v = vals + r * m;
+        double ss = 0.0;
+        for (int64_t c = 0; c < hd; c++)
+            ss += (double)y[r * hd + c] * y[r * hd + c];
+        /* the sphere scales ŷ, hence every u = ω·ŷ, by one factor */
+        const double ys = sphere_scale(f, ss);
+        const float us = (float)ys;
         for (int64_t i = 0; i < mf; i++) {
-            float a = v[i];
+            float a = v[i] * us; /* exact without a sphere (us = 1) */
             if (nst) {
-                float b = v[mf + i];
+                float b = v[mf + i] * us;
                 v[i] = (cosf(a) + cosf(b)) * sc;
                 v[mf + i] = (sinf(a) + sinf(b)) * sc;
             } else {
@@ -365,10 +392,7 @@ void core_features_trig(const core_features_t *f, int64_t n, const float *y, flo
                 v[mf + i] = sinf(a) * sc;
             }
         }
-        double ss = 0.0;
-        for (int64_t c = 0; c < hd; c++)
-            ss += (double)y[r * hd + c] * y[r * hd + c];
-        lognorm[r] = f->norm_coef * ss;
+        lognorm[r] = f->norm_coef * (ss * ys * ys);
     }
 }
 
@@ -429,6 +453,12 @@ void core_features_phi(const core_features_t *f, int64_t n, const float *x, int6
             n2 += y[i] * y[i];
         }
         if (core_attn_kind_is_trig(f->kind)) {
+            if (f->radius > 0.0f) { /* onto the sphere |ŷ| = radius */
+                double ys = n2 > 0.0 ? (double)f->radius / sqrt(n2) : 0.0;
+                for (size_t i = 0; i < hd; i++)
+                    y[i] *= ys;
+                n2 *= ys * ys;
+            }
             size_t mf = m / 2;
             double sc = f->omega2 ? 0.5 / sqrt((double)mf) : 1.0 / sqrt((double)mf);
             double nf = exp(f->norm_coef * n2);
@@ -624,9 +654,15 @@ int core_features_adapter_vector(const core_gguf_t *g, const char *what, int lay
     if (!t)
         return 0;
     int is_decay = strcmp(what, "decay") == 0, is_tau = strcmp(what, "tau") == 0;
-    double lo = is_decay ? CORE_FEATURES_DECAY_MIN
-                : is_tau ? CORE_FEATURES_TAU_MIN : -CORE_FEATURES_MIX_MAX;
-    double hi = is_decay ? 1.0 : is_tau ? CORE_FEATURES_TAU_MAX : CORE_FEATURES_MIX_MAX;
+    int is_radius = strcmp(what, "radius") == 0;
+    double lo = is_decay    ? CORE_FEATURES_DECAY_MIN
+                : is_tau    ? CORE_FEATURES_TAU_MIN
+                : is_radius ? CORE_FEATURES_RADIUS_MIN
+                            : -CORE_FEATURES_MIX_MAX;
+    double hi = is_decay    ? 1.0
+                : is_tau    ? CORE_FEATURES_TAU_MAX
+                : is_radius ? CORE_FEATURES_RADIUS_MAX
+                            : CORE_FEATURES_MIX_MAX;
     if (t->type != CORE_TTYPE_F32)
         return core_error_set(err, CORE_EFORMAT, "adapter tensor '%s' has type %s, expected F32",
                               name, core_ttype_name(t->type));
@@ -634,7 +670,7 @@ int core_features_adapter_vector(const core_gguf_t *g, const char *what, int lay
         return core_error_set(err, CORE_EFORMAT,
                               "adapter tensor '%s' has shape [%" PRId64 ", %" PRId64
                               "], expected [%d] (%s)", name, t->ne[0], t->ne[1], n,
-                              is_decay || is_tau ? "Hkv" : "H");
+                              is_decay || is_tau || is_radius ? "Hkv" : "H");
     for (int i = 0; i < n; i++) {
         float x;
         memcpy(&x, (const unsigned char *)t->data + (size_t)i * sizeof x, sizeof x);
@@ -713,7 +749,8 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
         d->n_features > CORE_FEATURES_MAX_FEATURES || d->window < 0 ||
         d->window > CORE_FEATURES_MAX_WINDOW || d->seed > (uint64_t)INT64_MAX ||
         d->lora_rank < 0 || (d->lora_rank > 0 && d->n_embd < 1) ||
-        ((d->omega || d->omega2) && d->n_features % 2))
+        ((d->omega || d->omega2) && d->n_features % 2) ||
+        (d->radius && !core_attn_kind_is_trig(d->kind)))
         return core_error_set(err, CORE_EINVAL, "adapter description out of range");
     for (int i = 0; i < 8 && d->lora_rank > 0; i++)
         if (!d->lora[i])
@@ -784,6 +821,7 @@ int core_features_adapter_write(const core_features_adapter_desc_t *d, const cha
             {"omega", d->omega, 3, {d->head_dim, mf, d->n_head_kv}},
             {"omega2", d->omega2, 3, {d->head_dim, mf, d->n_head_kv}},
             {"tau", d->tau, 1, {d->n_head_kv, 1, 1}},
+            {"radius", d->radius, 1, {d->n_head_kv, 1, 1}},
             {"lora_q_a", lr ? d->lora[0] : NULL, 2, {D, r, 1}},
             {"lora_q_b", lr ? d->lora[1] : NULL, 2, {r, qd, 1}},
             {"lora_k_a", lr ? d->lora[2] : NULL, 2, {D, r, 1}},

@@ -83,6 +83,8 @@ typedef struct core_features {
     float *omega2;         /* [M/2][Hd] Flexformer-n's ω_2, owned; NULL otherwise */
     float tau;             /* Flexformer: τ of the norm factor e^(|x|²/τ) (-s: 2√Hd) */
     double norm_coef;      /* Flexformer: ν = √Hd/τ, the log-norm is ν|ŷ|² */
+    float radius;          /* Flexformer: > 0: each ŷ ≠ 0 is first mapped onto the sphere
+                              |ŷ| = radius (adapter "radius"); 0: not (the plain map) */
 } core_features_t;
 
 /* Flexformer's map of one (layer, KV head) into *f (arrays new; release
@@ -99,9 +101,20 @@ int core_features_init_trig(core_features_t *f, core_attn_kind_t kind, int hd, i
 /* Flexformer features of prepared rows y [n][Hd] (ŷ = x̂): vals (out,
  * [n][M]) the signed values (cosine half, then sine half, including the
  * 1/√m or 1/(2√m)); lognorm (out, [n]) ν|ŷ|², accumulated in double. The
- * feature is e^lognorm · vals. Only for the Flexformer kinds. */
+ * feature is e^lognorm · vals. With a radius (core_features_set_radius)
+ * ŷ is first mapped onto its sphere. Only for the Flexformer kinds. */
 void core_features_trig(const core_features_t *f, int64_t n, const float *y, float *vals,
                         double *lognorm);
+
+/* Flexformer's input sphere: ŷ ↦ radius·ŷ/|ŷ| before the features (a zero
+ * row stays zero), so the norm factor e^(ν·radius²) is one constant per
+ * head and the kernel is a function of the angle between q and k alone.
+ * f must be a Flexformer map; radius in [CORE_FEATURES_RADIUS_MIN,
+ * CORE_FEATURES_RADIUS_MAX]. Returns 0 or CORE_EINVAL (f unchanged). */
+int core_features_set_radius(core_features_t *f, double radius, core_error_t *err);
+
+#define CORE_FEATURES_RADIUS_MIN 0.01
+#define CORE_FEATURES_RADIUS_MAX 100.0
 
 /* Bounds on Flexformer-n's τ (in units of the raw |x|²): below, e^(|x|²/τ)
  * turns every key into its own scale; above, the norm factor is 1. */
@@ -190,7 +203,9 @@ int core_features_adapter_tensor(const core_gguf_t *g, const char *what, int lay
 /* Optional per-layer vector "darkformer.blk.<layer>.<what>" (v2): "decay",
  * F32 [Hkv], each γ in [CORE_FEATURES_DECAY_MIN, 1]; "mix", F32 [H], each
  * log-weight β with |β| <= CORE_FEATURES_MIX_MAX; "tau" (Flexformer-n), F32
- * [Hkv], each τ in [CORE_FEATURES_TAU_MIN, CORE_FEATURES_TAU_MAX]. Copies n values into out
+ * [Hkv], each τ in [CORE_FEATURES_TAU_MIN, CORE_FEATURES_TAU_MAX]; "radius"
+ * (Flexformer), F32 [Hkv], each in [CORE_FEATURES_RADIUS_MIN,
+ * CORE_FEATURES_RADIUS_MAX]. Copies n values into out
  * (caller-owned, [n]); *found = 0 and out untouched when absent. Wrong type,
  * shape or values: CORE_EFORMAT naming the tensor. */
 int core_features_adapter_vector(const core_gguf_t *g, const char *what, int layer, int n,
@@ -252,6 +267,7 @@ typedef struct core_features_adapter_desc {
     const float *omega;               /* borrowed [L][Hkv][M/2][Hd] Flexformer ω_1 or NULL */
     const float *omega2;              /* borrowed [L][Hkv][M/2][Hd] Flexformer-n ω_2 or NULL */
     const float *tau;                 /* borrowed [L][Hkv] Flexformer-n τ or NULL */
+    const float *radius;              /* borrowed [L][Hkv] Flexformer input sphere or NULL */
     int lora_rank, n_embd;            /* r (0: no LoRA) and the model width D */
     int serve_window;                 /* darkformer.serve_window, written when > 0 */
     int kv_bits;                      /* darkformer.kv_bits (8, 16), written when > 0 */

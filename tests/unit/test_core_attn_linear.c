@@ -62,6 +62,10 @@ static void inputs_free(inputs_t *in)
  * halves; main runs the row-dependent tests again with 8). */
 static int g_kv_bits;
 
+/* > 0: make_adapter gives the Flexformer kinds an input sphere, radius
+ * g_radius·[0.8, 1.6] per (layer, KV head) (features.h). */
+static double g_radius;
+
 /* x rounded to half precision (core/tensor.c's scalar converter). The
  * linear kinds keep keys and values as halves (or 8-bit rows) and round
  * what comes in (test_kv_rounded_on_entry):
@@ -161,8 +165,11 @@ static core_gguf_t *make_adapter(const shape_t *s, double noise, double lam_top,
         om[i] = (float)core_rng_normal(&r);
         om2[i] = (float)core_rng_normal(&r);
     }
-    for (int i = 0; i < s->L * s->Hkv; i++)
+    float *rad = malloc((size_t)s->L * s->Hkv * sizeof(float));
+    for (int i = 0; i < s->L * s->Hkv; i++) {
         tau[i] = (float)((1.5 + 1.5 * core_rng_uniform(&r)) * sqrt((double)hd));
+        rad[i] = (float)(g_radius * (0.8 + 0.8 * core_rng_uniform(&r)));
+    }
     int trig = core_attn_kind_is_trig(s->kind);
     core_features_adapter_desc_t d = {.kind = s->kind, .n_layer = layers_present, .n_head = s->H,
                                       .n_head_kv = s->Hkv, .head_dim = hd, .n_features = s->M,
@@ -171,7 +178,8 @@ static core_gguf_t *make_adapter(const shape_t *s, double noise, double lam_top,
                                       .mat = mat, .lambda = lam, .decay = s->v2 ? dec : NULL,
                                       .mix = s->v2 ? mix : NULL, .omega = trig ? om : NULL,
                                       .omega2 = s->kind == CORE_ATTN_FLEXFORMER_N ? om2 : NULL,
-                                      .tau = s->kind == CORE_ATTN_FLEXFORMER_N ? tau : NULL};
+                                      .tau = s->kind == CORE_ATTN_FLEXFORMER_N ? tau : NULL,
+                                      .radius = trig && g_radius > 0.0 ? rad : NULL};
     core_error_t err = {0};
     core_gguf_t *g = NULL;
     int rc = core_features_adapter_write(&d, adapter_path(), &err);
@@ -186,6 +194,7 @@ static core_gguf_t *make_adapter(const shape_t *s, double noise, double lam_top,
     free(om);
     free(om2);
     free(tau);
+    free(rad);
     return g;
 }
 
@@ -1487,7 +1496,8 @@ TEST(test_v2_adapter_errors)
  * its weight — e^β γ^(t−W−j) φ(q)·φ(k) for the keys older than the window
  * (signed), e^(q·k/√Hd) for sinks and window — and the signed-denominator
  * rule of core/attn/attn_linear.c applied to the sums: D < −E/2 scales the
- * linear part by (E/2)/|D|; pure linear rows with D ≤ 0 output 0. */
+ * linear part by (E/2)/|D| (with an input sphere D < 0 drops it); pure
+ * linear rows with D ≤ 0 output 0. */
 static double *reference_trig(const core_attn_t *a, const shape_t *s, const inputs_t *in)
 {
     int64_t n = in->n, nq = (int64_t)s->H * s->Hd, nk = (int64_t)s->Hkv * s->Hd;
@@ -1564,6 +1574,8 @@ static double *reference_trig(const core_attn_t *a, const shape_t *s, const inpu
                         continue; /* output 0 */
                     if (any_exact && D < -0.5 * E)
                         lam = 0.5 * E / -D;
+                    if (any_exact && D < 0 && f->radius > 0.0f)
+                        lam = 0.0; /* the sphere's rule: the linear part dropped */
                     for (int c = 0; c < hd; c++)
                         o[c] = (ne[c] + lam * nl[c]) / (E + lam * D);
                 }
@@ -1592,10 +1604,14 @@ static const shape_t TRIG_CASES[] = {
  * (|x̂|² ≈ 2) that the guard acts on some rows but not most. */
 TEST(test_trig_matches_oracle)
 {
-    for (size_t ci = 0; ci < sizeof TRIG_CASES / sizeof TRIG_CASES[0]; ci++) {
-        shape_t s = TRIG_CASES[ci];
-        char d[128];
+    const size_t nc = sizeof TRIG_CASES / sizeof TRIG_CASES[0];
+    for (size_t ci = 0; ci < 2 * nc; ci++) {
+        shape_t s = TRIG_CASES[ci % nc];
+        char d[160];
         v2_desc(&s, d, sizeof d);
+        g_radius = ci < nc ? 0.0 : 1.0; /* the second round: with the input sphere */
+        if (g_radius > 0.0)
+            strcat(d, " sphere");
         core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
         inputs_t in = make_inputs(&s, 200, 0.7, 0.7, 8);
         core_attn_t *a = make_attn(&s, ad, 32, 0);
@@ -1628,6 +1644,7 @@ TEST(test_trig_matches_oracle)
         core_gguf_close(ad);
         inputs_free(&in);
     }
+    g_radius = 0.0;
 }
 
 /* Without an adapter both kinds are Performer's trigonometric estimator:
@@ -1754,12 +1771,14 @@ TEST(test_trig_state_roundtrip)
  * x̂ = x/Hd^¼, m = M/2. The attention oracle takes φ from core_features_phi,
  * so this is what ties both to the documented estimator with learned ω_2
  * and τ (a wrong ν = √Hd/τ, a swapped ω_1/ω_2 or a layer/head offset in
- * the loader would pass the oracle test but not this one). */
-TEST(test_trig_adapter_params_and_kernel)
+ * the loader would pass the oracle test but not this one). With sphere,
+ * the adapter also has a radius r per (layer, KV head): q̂ and k̂ become
+ * r·q̂/|q̂| and r·k̂/|k̂| in the closed form and the factor e^(√Hd·2r²/τ). */
+static void trig_params_and_kernel(int sphere)
 {
     enum { L = 2, H = 6, HKV = 2, HD = 16, M = 32, MF = M / 2 };
     static float om[L * HKV * MF * HD], om2[L * HKV * MF * HD], tau[L * HKV];
-    static float dec[L * HKV], mix[L * H];
+    static float dec[L * HKV], mix[L * H], rad[L * HKV];
     core_rng_t r;
     core_rng_seed(&r, 77);
     for (size_t i = 0; i < sizeof om / sizeof om[0]; i++) {
@@ -1769,6 +1788,7 @@ TEST(test_trig_adapter_params_and_kernel)
     for (int i = 0; i < L * HKV; i++) {
         tau[i] = (float)((0.6 + 1.2 * core_rng_uniform(&r)) * 2.0 * sqrt((double)HD));
         dec[i] = (float)(0.9 + 0.09 * core_rng_uniform(&r));
+        rad[i] = (float)(0.5 + 2.0 * core_rng_uniform(&r));
     }
     for (int i = 0; i < L * H; i++)
         mix[i] = (float)(core_rng_uniform(&r) - 0.5);
@@ -1777,7 +1797,7 @@ TEST(test_trig_adapter_params_and_kernel)
                                       .n_head_kv = HKV, .head_dim = HD, .n_features = M,
                                       .window = 5, .sinks = 3, .prerope = 1, .seed = 21,
                                       .decay = dec, .mix = mix, .omega = om, .omega2 = om2,
-                                      .tau = tau};
+                                      .tau = tau, .radius = sphere ? rad : NULL};
     CHECK_INT_EQ(core_features_adapter_write(&d, adapter_path(), &err), 0);
     core_gguf_t *g = NULL;
     CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
@@ -1809,6 +1829,9 @@ TEST(test_trig_adapter_params_and_kernel)
                           : f->omega2 == NULL);
                 CHECK_MSG(fabs(f->tau - t) <= 1e-6 * t, "%s layer %d head %d: tau %g, written %g",
                           core_attn_kind_name(s.kind), l, h, (double)f->tau, t);
+                double rr = sphere ? (double)rad[l * HKV + h] : 0.0;
+                CHECK_MSG(f->radius == (float)rr, "%s layer %d head %d: radius %g, written %g",
+                          core_attn_kind_name(s.kind), l, h, (double)f->radius, rr);
                 if (!f->omega || (nst && !f->omega2))
                     continue;
                 for (int trial = 0; trial < 8; trial++) {
@@ -1822,6 +1845,18 @@ TEST(test_trig_adapter_params_and_kernel)
                         qh[c] = q[c] * sc;
                         kh[c] = k[c] * sc;
                         n2 += (double)q[c] * q[c] + (double)k[c] * k[c];
+                    }
+                    if (sphere) { /* onto the sphere: x̂ ↦ r·x̂/|x̂| */
+                        double nq = 0, nk = 0;
+                        for (int c = 0; c < HD; c++) {
+                            nq += qh[c] * qh[c];
+                            nk += kh[c] * kh[c];
+                        }
+                        for (int c = 0; c < HD; c++) {
+                            qh[c] *= rr / sqrt(nq);
+                            kh[c] *= rr / sqrt(nk);
+                        }
+                        n2 = 2.0 * rr * rr * sqrt((double)HD); /* |x|² = √Hd·|x̂|² */
                     }
                     for (int i = 0; i < MF; i++) {
                         const float *w[2] = {om + off + (size_t)i * HD, om2 + off + (size_t)i * HD};
@@ -1858,9 +1893,57 @@ TEST(test_trig_adapter_params_and_kernel)
         }
         core_attn_free(a);
     }
-    printf("  phi(q).phi(k) vs closed form, both kinds with an adapter: fp32 %.3g, double %.3g "
-           "(of e^((|q|^2+|k|^2)/tau))\n", worst32, worst64);
+    printf("  phi(q).phi(k) vs closed form, both kinds with an adapter%s: fp32 %.3g, double "
+           "%.3g (of e^((|q|^2+|k|^2)/tau))\n", sphere ? " and a sphere" : "", worst32, worst64);
     core_gguf_close(g);
+}
+
+TEST(test_trig_adapter_params_and_kernel)
+{
+    trig_params_and_kernel(0);
+    trig_params_and_kernel(1);
+}
+
+/* The input sphere's edges: a zero row stays zero (its features are those
+ * of ŷ = 0: cosines 1, sines 0, log-norm 0, in fp32 and in double); a map
+ * that is not Flexformer's, or a radius outside [RADIUS_MIN, RADIUS_MAX]
+ * or not finite, is refused with the map unchanged. */
+TEST(test_trig_sphere_edges)
+{
+    enum { HD = 16, M = 8, MF = M / 2 };
+    core_error_t err = {0};
+    for (int kind = CORE_ATTN_FLEXFORMER_S; kind <= CORE_ATTN_FLEXFORMER_N; kind++) {
+        core_features_t f;
+        CHECK_INT_EQ(core_features_init_trig(&f, (core_attn_kind_t)kind, HD, M, 5, NULL, NULL,
+                                             0.0, &err), 0);
+        const double bad[] = {0.0, -1.0, 0.5 * CORE_FEATURES_RADIUS_MIN,
+                              2.0 * CORE_FEATURES_RADIUS_MAX, NAN, INFINITY};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            CHECK_INT_EQ(core_features_set_radius(&f, bad[i], &err), CORE_EINVAL);
+            CHECK_MSG(strstr(err.msg, "radius"), "%s", err.msg);
+            CHECK(f.radius == 0.0f);
+        }
+        CHECK_INT_EQ(core_features_set_radius(&f, 2.0, &err), 0);
+        float zero[HD] = {0}, vals[M];
+        double ln = -1.0, phi[M];
+        core_features_trig(&f, 1, zero, vals, &ln);
+        core_features_phi(&f, 1, zero, HD, phi);
+        double sc = 1.0 / sqrt((double)MF); /* -s cos 0/√m, -n (cos 0 + cos 0)/(2√m) */
+        CHECK(ln == 0.0);
+        for (int i = 0; i < M; i++) {
+            double want = i < MF ? sc : 0.0;
+            CHECK_MSG(fabs(vals[i] - want) < 1e-7 && fabs(phi[i] - want) < 1e-15,
+                      "%s zero row, feature %d: %g / %g, want %g",
+                      core_attn_kind_name((core_attn_kind_t)kind), i, (double)vals[i], phi[i],
+                      want);
+        }
+        core_features_fini(&f);
+    }
+    core_features_t p;
+    CHECK_INT_EQ(core_features_init(&p, CORE_ATTN_PERFORMER, HD, M, 5, NULL, NULL, 0.0, &err), 0);
+    CHECK_INT_EQ(core_features_set_radius(&p, 1.0, &err), CORE_EINVAL);
+    CHECK_MSG(strstr(err.msg, "no input sphere"), "%s", err.msg);
+    core_features_fini(&p);
 }
 
 /* Adapters for the Flexformer kinds: wrong shapes (omega, omega2, tau),
@@ -1904,6 +1987,11 @@ TEST(test_trig_adapter_errors)
          "'darkformer.blk.0.omega' has shape [16, 16, 3, 1], expected [16, 16, 2] (Hd, M/2, Hkv)",
          1},
         {{"M", NULL, NULL}, {{HD, HD, HKV}}, {3}, "'darkformer.blk.0.omega' is missing", 1},
+        /* the input sphere: one radius per KV head */
+        {{"omega", "radius", NULL}, {{HD, MF, HKV}, {HKV + 1}}, {3, 1},
+         "'darkformer.blk.0.radius' has shape [3, 1], expected [2] (Hkv)", 1},
+        {{"omega", "radius", NULL}, {{HD, MF, HKV}, {HKV, 2}}, {3, 2},
+         "'darkformer.blk.0.radius' has shape [2, 2], expected [2] (Hkv)", 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         core_gguf_writer_t *w = core_gguf_writer_new(0);
@@ -1950,6 +2038,20 @@ TEST(test_trig_adapter_errors)
     CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), 0);
     core_attn_free(a);
     core_gguf_close(g);
+    /* a radius out of range, for either kind; a radius for a kind without
+     * the sphere is refused by the writer */
+    static float rad[HKV] = {1.0f, 1000.0f};
+    d.tau = NULL;
+    d.kind = CORE_ATTN_FLEXFORMER_S;
+    d.radius = rad;
+    CHECK_INT_EQ(core_features_adapter_write(&d, adapter_path(), &err), 0);
+    CHECK_INT_EQ(core_gguf_open(adapter_path(), &g, &err), 0);
+    CHECK_INT_EQ(core_attn_new(&cfg, g, &a, &err), CORE_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "darkformer.blk.0.radius") && strstr(err.msg, "element 1"), "%s",
+              err.msg);
+    core_gguf_close(g);
+    d.kind = CORE_ATTN_DARKFORMER;
+    CHECK_INT_EQ(core_features_adapter_write(&d, adapter_path(), &err), CORE_EINVAL);
     /* an odd feature count */
     cfg.n_features = 31;
     CHECK_INT_EQ(core_attn_new(&cfg, NULL, &a, &err), CORE_EINVAL);
@@ -2955,6 +3057,7 @@ int main(void)
     RUN(test_memory_recent_some_heads);
     RUN(test_memory_heads_text);
     RUN(test_trig_adapter_params_and_kernel);
+    RUN(test_trig_sphere_edges);
     RUN(test_trig_adapter_errors);
     RUN(test_trig_long_stream);
     RUN(test_decode_split_equals_whole);
