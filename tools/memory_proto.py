@@ -167,8 +167,11 @@ def build(hp, cfg, lw, emb, onorm, mats, dec, mix, lora, oms, args):
         for keys (per RoPE pair: its largest magnitude), per row for values;
         had4: 4-bit, a scale per row, after a Walsh-Hadamard rotation of
         the row (which spreads a channel's outliers over all of them)."""
-        if args.rows == "f32":
+        if args.rows == "f32" or args.rows_of not in ("kv", "k" if keys else "v"):
             return x
+        return jnp.concatenate([x[:, :S], quant_rows(x[:, S:], keys)], axis=1)  # sinks kept
+
+    def quant_rows(x, keys):
         if args.rows.startswith("had"):  # rounded after a Walsh-Hadamard rotation, then back
             h = np.array([[1.0]])
             while h.shape[0] < Hd:
@@ -582,6 +585,8 @@ def main():
                     help="fresh N(0, 1) draws of this many features instead of the adapter's")
     ap.add_argument("--rows", default="f32", choices=["f32", "row8", "row4", "g32", "chan4", "had4"],
                     help="window rows rounded as stored (keys after RoPE, values)")
+    ap.add_argument("--rows-of", default="kv", choices=["kv", "k", "v"],
+                    help="which rows --rows rounds (the sinks are never rounded)")
     ap.add_argument("--out")
     ap.add_argument("--nll-ids", help="score these token ids (int32 .npy or text ids) instead")
     ap.add_argument("--nll-out", help="with --nll-ids: per-token NLL, float32 (NaN at 0)")
