@@ -1087,6 +1087,83 @@ out:
     free(dir);
 }
 
+/* The turn a chat continuation starts in is one of three (none, the
+ * assistant's, a Gemma user turn holding system text): the third persists
+ * (flags bit 2) like the second, and flags naming both are refused. */
+TEST(user_turn_open_persists)
+{
+    char *dir = mkdir_tmp();
+    unsigned char *own = NULL, *blob = NULL;
+    srv_seq_ctx_t c = {0};
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char a[33];
+    make_session(st, model, 44, 1, a);
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+    if (!s)
+        goto out;
+    srv_session_set_turn_open(s, 2);
+    CHECK_INT_EQ(srv_session_turn_open(s), 2);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
+    srv_store_free(st);
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+    if (!s)
+        goto out;
+    CHECK_INT_EQ(srv_session_turn_open(s), 2);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    /* an owner section whose flags open both turns */
+    c = snapshot(st, model, a);
+    own = calloc(1, 72);
+    if (!own || !c.state)
+        goto out;
+    put32(own, 3);
+    put32(own + 4, 5); /* bit 0 and bit 2 */
+    put32(own + 56, 5); /* turns */
+    core_state_desc_t d = {.fingerprint = core_model_info(model)->fingerprint,
+                           .state = c.state,
+                           .sampler = c.sampler,
+                           .pending = c.pending,
+                           .n_pending = c.n_pending,
+                           .owner = own,
+                           .owner_len = 72};
+    size_t n = core_state_desc_size(&d), l = 0;
+    blob = malloc(n);
+    CHECK(blob && core_state_save(&d, blob, n, &l, NULL) == 0);
+    /* not read: the session imports as one without the store's section */
+    char err[256] = "";
+    srv_session_info_t in;
+    CHECK_MSG(srv_store_import(st, a, blob, l, err, sizeof err) == 0, "bits 0+2: %s", err);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
+    CHECK(in.turns == 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+    if (s) {
+        CHECK_INT_EQ(srv_session_turn_open(s), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    }
+    put32(own + 4, 4); /* bit 2 alone reads */
+    CHECK(core_state_save(&d, blob, n, &l, NULL) == 0);
+    CHECK_MSG(srv_store_import(st, a, blob, l, err, sizeof err) == 0, "bit 2: %s", err);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
+    CHECK(in.turns == 5);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+    if (s) {
+        CHECK_INT_EQ(srv_session_turn_open(s), 2);
+        CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    }
+out:
+    free_ctx(&c);
+    free(own);
+    free(blob);
+    srv_store_free(st);
+    rm_rf(dir);
+    free(dir);
+}
+
 /* An import refuses a blob whose pending grammar does not compile or whose
  * reply does not follow it (a later continue_grammar could not go on from
  * it); the session keeps what it had. */
@@ -2254,6 +2331,7 @@ int main(void)
     RUN(fork_is_an_independent_copy);
     RUN(export_import);
     RUN(pending_grammar_round_trip);
+    RUN(user_turn_open_persists);
     RUN(import_checks_the_pending_grammar);
     RUN(write_failures_keep_the_previous_file);
     RUN(no_io_thread_leaves_disk_work_to_settle);
