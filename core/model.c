@@ -1619,8 +1619,9 @@ static int layer_rows(core_model_t *m, int stage, int l, int64_t T, int64_t Td, 
     return quant;
 }
 
-/* SwiGLU's product g = silu(g) * u = g / (1 + e^-g) * u, a row at a time
- * (core_silu_mul_f32: one vector pass, whose bits do not depend on where an
+/* SwiGLU's product g = silu(g) * u = g / (1 + e^-g) * u, or GeGLU's
+ * gelu(g) * u (gemma3), a row at a time (core_silu_mul_f32 /
+ * core_gelu_mul_f32: one vector pass, whose bits do not depend on where an
  * element sits, so neither does g), rows shared out on the pool. */
 typedef struct silu_run {
     core_model_t *m;
@@ -1630,17 +1631,6 @@ typedef struct silu_run {
     int quant;             /* the Tq rows go to m->qa (8 bits) for w_down */
     _Atomic int64_t next;
 } silu_run_t;
-
-/* GeGLU's product g = gelu(g) * u with GELU's tanh approximation,
- * gelu(x) = x/2 · (1 + tanh(sqrt(2/pi) · (x + 0.044715 x^3))) (gemma3). */
-static void gelu_mul_f32(float *g, const float *u, int64_t n)
-{
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    for (int64_t i = 0; i < n; i++) {
-        const float x = g[i];
-        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
-    }
-}
 
 static void silu_worker(void *ctx, int worker, int n_workers)
 {
@@ -1652,7 +1642,7 @@ static void silu_worker(void *ctx, int worker, int n_workers)
         if (i >= t->rows)
             return;
         if (t->m->gelu)
-            gelu_mul_f32(t->g + i * t->len, t->u + i * t->len, t->len);
+            core_gelu_mul_f32(t->g + i * t->len, t->u + i * t->len, t->len);
         else
             core_silu_mul_f32(t->g + i * t->len, t->u + i * t->len, t->len);
         if (t->quant && i < t->Tq) {

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """make bench: darkserve's benchmark of record (the speed and memory targets).
 
-  scripts/bench.py [--build DIR] [--model M.gguf] [--adapter A.gguf] [--out FILE]
+  scripts/bench.py [--build DIR] [--model M.gguf | NAME] [--adapter A.gguf] [--out FILE]
                    [--isa generic|avx2|avx512vnni] [--peer]
+
+--model (make bench MODEL=...): a GGUF path, or the short name of a model
+darkserve knows, as `make run` takes them (smollm2-135m, the default;
+gemma3-270m): models/<its file>, which make model / make gemma-model fetch.
   BENCH_QUICK=1 scripts/bench.py ...   (or --quick)
   PEER=1 scripts/bench.py ...          (or --peer)
 
@@ -491,6 +495,11 @@ def peer_rows(r):
     return rows if peer else []
 
 
+# prefill against llama.cpp's pp512: SmolLM2's goal is 1.2x, Gemma 3 270M's
+# the same speed (docs/PERFORMANCE.md states both)
+PEER_PREFILL_GOAL = {"gemma-3-270m-q4_k_m.gguf": 1.0}
+
+
 def peer_goals(r):
     """The goals of darkserve against llama.cpp and of its own paths against
     each other (same run, same GGUF) -> rows (goal, target, measured, verdict)."""
@@ -514,7 +523,8 @@ def peer_goals(r):
           f"llama.cpp's tg{g}")
     ratio("decode, default, 512 tokens of context", 1.2, _dflt_decode(r, 512),
           t512 and t512["tps"], f"llama.cpp's tg{g} at depth 512")
-    ratio(f"prefill, {p}-token prompt, default", 1.2,
+    model = os.path.basename(r.get("model") or "")
+    ratio(f"prefill, {p}-token prompt, default", PEER_PREFILL_GOAL.get(model, 1.2),
           median(pre["auto"]) if pre.get("auto") else None, pp and pp["tps"],
           f"llama.cpp's pp{p}")
     ratio("prefill, default against exact attention", 1.0,
@@ -594,6 +604,11 @@ def render(r, markdown):
              (f"Tree: {tree}. " if md else "") +
              f"{m['version']}; {'quick run (BENCH_QUICK=1)' if r['quick'] else 'full run'}, "
              f"wall time {r.get('wall_s', 0) / 60:.1f} min.")
+    if r.get("model"):
+        ad = r.get("adapter")
+        L.append("")
+        L.append(f"Model: {r['model']}; default attention: "
+                 + (f"DARKFormer v2 with {ad}" if ad else "no adapter found (exact only)") + ".")
     L.append("")
 
     L.append(b("Memory bandwidth") + (" (build/tools/bench_bw)" if md else ""))
@@ -744,6 +759,22 @@ def render(r, markdown):
 
 
 # ---------------------------------------------------------------- main
+# short name -> (file in models/, the make target that fetches it); the
+# names of scripts/run.sh
+SHORT_NAMES = {"smollm2-135m": ("SmolLM2-135M-Instruct.Q4_1.gguf", "make model"),
+               "gemma3-270m": ("gemma-3-270m-q4_k_m.gguf", "make gemma-model")}
+
+
+def model_path(name):
+    """--model's value -> (the GGUF path, how to fetch it when it is missing)."""
+    k = SHORT_NAMES.get(name.lower())
+    if k:
+        return os.path.join(ROOT, "models", k[0]), k[1]
+    base = os.path.basename(name).lower()
+    fetch = next((f for file, f in SHORT_NAMES.values() if file.lower() == base), "make model")
+    return os.path.abspath(name), fetch
+
+
 def adapter_beside(model):
     """Where `--attn auto` looks for the model's adapter (server --help)."""
     base = os.path.basename(model)
@@ -759,7 +790,8 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
-    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--model", default="smollm2-135m",
+                    help="a GGUF path or a short name: " + ", ".join(SHORT_NAMES))
     ap.add_argument("--adapter", default=None,
                     help="default: the one `--attn auto` finds beside the model")
     ap.add_argument("--out", default=None, help="default: BUILD/bench/report.md")
@@ -773,14 +805,14 @@ def main(argv):
     if args.isa:
         os.environ["DARKSERVE_ISA"] = args.isa
     build = os.path.abspath(args.build)
-    model = os.path.abspath(args.model)
+    model, fetch = model_path(args.model)
     bin_path = os.path.join(build, "darkserve")
     out_path = args.out or os.path.join(build, "bench", "report.md")
     adapter = args.adapter or adapter_beside(model)
     for p in (bin_path, os.path.join(build, "tools", "bench_bw"),
               os.path.join(build, "tools", "bench_decode"), model):
         if not os.path.exists(p):
-            sys.exit(f"bench: {p} missing (make all; make model)")
+            sys.exit(f"bench: {p} missing (make all; {fetch})")
     rc, _, err = run([bin_path, "version"])
     if rc != 0:  # an unknown DARKSERVE_ISA, or one this CPU does not run
         sys.exit(f"bench: {err.strip()}")
@@ -800,7 +832,8 @@ def main(argv):
 
     t_start = time.monotonic()
     r = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "load_start": os.getloadavg(), "quick": args.quick, "errors": {}, "peer": peer}
+         "load_start": os.getloadavg(), "quick": args.quick, "errors": {}, "peer": peer,
+         "model": os.path.relpath(model, ROOT), "adapter": adapter and os.path.relpath(adapter, ROOT)}
     r["machine"] = machine(bin_path)
     env = tool_env(r["machine"])
     log(f"{'quick' if args.quick else 'full'} run; load average {r['load_start'][0]:.2f}")
@@ -820,9 +853,10 @@ def main(argv):
 
     short, long_ = [512, 4096], [16384, 65536]
     r["decode"], errs = [], []
-    skipped = ["exact attention at 64K is not run: its KV cache is 3.0 GB of f32 (6 GB while "
-               "it is loaded), every token reads all of it (~0.5 tokens/s here: minutes per "
-               "median), and 64K is 8x the model's trained context of 8,192"]
+    skipped = ["exact attention at 64K is not run: its KV cache grows with every token and "
+               "every token reads all of it (SmolLM2-135M: 3.0 GB of f32, 6 GB while it is "
+               "loaded, ~0.5 tokens/s here: minutes per median), and 64K is past the model's "
+               "trained context (SmolLM2 8,192, Gemma 3 32,768)"]
     if args.quick:
         skipped.insert(0, "BENCH_QUICK=1: 16K and 64K contexts not run")
     plan = [("exact", short, DECODE_TOKENS, None)]

@@ -49,7 +49,13 @@ static float exp_one(float y)
     return p;
 }
 
-static void silu_generic(float *g, const float *u, int64_t n);
+static void glu_generic(float *g, const float *u, int64_t n, int gelu);
+
+/* GELU's tanh approximation as a logistic: x/2 (1 + tanh z) = x / (1 + e^(-2z)),
+ * z = sqrt(2/pi) (x + 0.044715 x^3); the argument -2z, the same float
+ * operations (no fused ones) on every path. */
+#define GELU_A 0.044715f
+#define GELU_M (-1.5957691216057308f) /* -2 sqrt(2/pi) */
 
 static void exp_generic(const float *x, int64_t n, double s, float *out)
 {
@@ -106,16 +112,19 @@ VEXP_FN static void exp_avx512(const float *x, int64_t n, double s, float *out)
     }
 }
 
-/* silu_generic's arithmetic 16 lanes at a time: the same exponential
- * (exp16 is exp_one), then the division and product, each correctly
- * rounded in either. */
-VEXP_FN static void silu_avx512(float *g, const float *u, int64_t n)
+/* glu_generic's arithmetic 16 lanes at a time: the same argument and
+ * exponential (exp16 is exp_one), then the division and product, each
+ * correctly rounded in either. */
+VEXP_FN static void glu_avx512(float *g, const float *u, int64_t n, int gelu)
 {
     const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    const __m512 ga = _mm512_set1_ps(GELU_A), gm = _mm512_set1_ps(GELU_M);
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 m = first_lanes(n - j);
         const __m512 gv = _mm512_maskz_loadu_ps(m, g + j);
-        const __m512 e = exp16(_mm512_xor_ps(gv, sign));
+        const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(gv, gv), gv);
+        const __m512 e = exp16(gelu ? _mm512_mul_ps(gm, _mm512_add_ps(gv, _mm512_mul_ps(ga, x3)))
+                                    : _mm512_xor_ps(gv, sign));
         const __m512 v = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
                                        _mm512_maskz_loadu_ps(m, u + j));
         _mm512_mask_storeu_ps(g + j, m, v);
@@ -160,25 +169,31 @@ VEXP2_FN static void exp_avx2(const float *x, int64_t n, double s, float *out)
     exp_generic(x + j, n - j, s, out + j);
 }
 
-VEXP2_FN static void silu_avx2(float *g, const float *u, int64_t n)
+VEXP2_FN static void glu_avx2(float *g, const float *u, int64_t n, int gelu)
 {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 ga = _mm256_set1_ps(GELU_A), gm = _mm256_set1_ps(GELU_M);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
         const __m256 gv = _mm256_loadu_ps(g + j);
-        const __m256 e = exp8(_mm256_xor_ps(gv, sign));
+        const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
+        const __m256 e = exp8(gelu ? _mm256_mul_ps(gm, _mm256_add_ps(gv, _mm256_mul_ps(ga, x3)))
+                                   : _mm256_xor_ps(gv, sign));
         const __m256 v =
             _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + j));
         _mm256_storeu_ps(g + j, v);
     }
-    silu_generic(g + j, u + j, n - j);
+    glu_generic(g + j, u + j, n - j, gelu);
 }
 #endif
 
-static void silu_generic(float *g, const float *u, int64_t n)
+/* g[j] / (1 + e^a) * u[j], a = -g[j] (SiLU) or GELU's -2z. */
+static void glu_generic(float *g, const float *u, int64_t n, int gelu)
 {
     for (int64_t j = 0; j < n; j++) {
-        g[j] = g[j] / (1.0f + exp_one(-g[j])) * u[j];
+        const float x = g[j], x3 = x * x * x;
+        const float a = gelu ? GELU_M * (x + GELU_A * x3) : -x;
+        g[j] = x / (1.0f + exp_one(a)) * u[j];
     }
 }
 
@@ -225,19 +240,29 @@ void core_exp_shifted(const float *x, int64_t n, double s, float *out)
     exp_generic(x, n, s, out);
 }
 
-void core_silu_mul_f32(float *g, const float *u, int64_t n)
+static void glu_mul(float *g, const float *u, int64_t n, int gelu)
 {
 #ifdef VEXP_X86
     if (use_avx512()) {
-        silu_avx512(g, u, n);
+        glu_avx512(g, u, n, gelu);
         return;
     }
     if (use_avx2()) {
-        silu_avx2(g, u, n);
+        glu_avx2(g, u, n, gelu);
         return;
     }
 #endif
-    silu_generic(g, u, n);
+    glu_generic(g, u, n, gelu);
+}
+
+void core_silu_mul_f32(float *g, const float *u, int64_t n)
+{
+    glu_mul(g, u, n, 0);
+}
+
+void core_gelu_mul_f32(float *g, const float *u, int64_t n)
+{
+    glu_mul(g, u, n, 1);
 }
 
 double core_sum_f32(const float *x, int64_t n)

@@ -30,6 +30,11 @@ void core_exp_shifted(const float *x, int64_t n, double s, float *out);
  * (SwiGLU), the exponential core_exp_shifted's; the same bits on every
  * path. */
 void core_silu_mul_f32(float *g, const float *u, int64_t n);
+/* g[j] = gelu(g[j]) · u[j] for n floats (GeGLU, Gemma), GELU's tanh
+ * approximation x/2 · (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) computed as
+ * x / (1 + e^(-2z)) with core_exp_shifted's exponential; the same bits on
+ * every path. */
+void core_gelu_mul_f32(float *g, const float *u, int64_t n);
 double core_sum_f32(const float *x, int64_t n);
 /* The largest of n floats (−inf for n = 0; NaN terms skipped), in four
  * chains likewise. */

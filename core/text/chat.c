@@ -246,14 +246,15 @@ static const char *role_name(role_t r)
     return r == ROLE_SYSTEM ? "system" : r == ROLE_USER ? "user" : "assistant";
 }
 
-/* Pending system text (Gemma, Llama-2): every system message since the last
- * user turn, joined by "\n\n". Stored as a range of message indices. */
+/* Pending system text (Llama-2): every system message since the last user
+ * turn, joined by "\n\n", written as it is into that turn. Stored as a range
+ * of message indices. */
 typedef struct pending {
     size_t first, count;
 } pending_t;
 
 static void put_pending(sbuf_t *b, const core_chat_msg_t *msgs, const role_t *roles,
-                        const pending_t *pd, int trimmed)
+                        const pending_t *pd)
 {
     size_t k = 0;
     for (size_t i = pd->first; k < pd->count; i++) {
@@ -261,12 +262,7 @@ static void put_pending(sbuf_t *b, const core_chat_msg_t *msgs, const role_t *ro
             continue;
         if (k++)
             puts_(b, "\n\n");
-        if (trimmed) {
-            span_t s = trim(msgs[i].content);
-            put_content(b, s.p, s.n);
-        } else {
-            put_content(b, msgs[i].content, strlen(msgs[i].content));
-        }
+        put_content(b, msgs[i].content, strlen(msgs[i].content));
     }
 }
 
@@ -284,6 +280,13 @@ static int render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, const 
     int at_start = full; /* nothing written yet in a full render */
     pending_t pd = {0, 0};
 
+    if (!full && o->user_turn_open && t->kind != CORE_CHAT_GEMMA)
+        return core_error_set(err, CORE_EINVAL,
+                              "an open user turn is continued only in the gemma format, not %s",
+                              core_chat_kind_name(t->kind));
+    if (!full && o->user_turn_open && o->assistant_turn_open)
+        return core_error_set(err, CORE_EINVAL,
+                              "a continuation cannot start in an open user and assistant turn");
     if (!full && o->assistant_turn_open) {
         static const char *const close[] = {"<|im_end|>\n", " </s>", "<|eot_id|>",
                                             "<end_of_turn>\n"};
@@ -318,28 +321,30 @@ static int render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, const 
             puts_(b, "<|eot_id|>");
         }
         break;
-    case CORE_CHAT_GEMMA:
+    case CORE_CHAT_GEMMA: {
+        /* System text is written where it comes, opening a user turn that
+         * the next user message continues (rather than held back for it):
+         * so a session can hold it alone and continue it later. */
+        int user_open = !full && o->user_turn_open;
         for (size_t i = 0; i < n; i++) {
-            if (roles[i] == ROLE_SYSTEM) {
-                if (!pd.count)
-                    pd.first = i;
-                pd.count++;
-                continue;
-            }
-            if (roles[i] == ROLE_USER) {
+            if (roles[i] != ROLE_ASSISTANT && user_open) {
+                puts_(b, "\n\n");
+            } else if (roles[i] != ROLE_ASSISTANT) {
                 puts_(b, "<start_of_turn>user\n");
-                if (pd.count) {
-                    put_pending(b, msgs, roles, &pd, 1);
-                    puts_(b, "\n\n");
-                    pd.count = 0;
-                }
             } else {
+                if (user_open)
+                    puts_(b, "<end_of_turn>\n");
                 puts_(b, "<start_of_turn>model\n");
             }
             put_trimmed(b, msgs[i].content);
-            puts_(b, "<end_of_turn>\n");
+            user_open = roles[i] == ROLE_SYSTEM;
+            if (!user_open)
+                puts_(b, "<end_of_turn>\n");
         }
+        if (user_open && o->add_generation_prompt)
+            puts_(b, "<end_of_turn>\n");
         break;
+    }
     case CORE_CHAT_LLAMA2:
         for (size_t i = 0; i < n; i++) {
             if (roles[i] == ROLE_SYSTEM) {
@@ -364,7 +369,7 @@ static int render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, const 
                  * is not whitespace, the back is content's; an all-blank
                  * content strips back to "<</SYS>>". */
                 puts_(b, "<<SYS>>\n");
-                put_pending(b, msgs, roles, &pd, 0);
+                put_pending(b, msgs, roles, &pd);
                 puts_(b, "\n<</SYS>>");
                 size_t cl = rtrim_len(msgs[i].content);
                 if (cl) {
@@ -384,7 +389,7 @@ static int render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, const 
     if (pd.count)
         return core_error_set(err, CORE_EINVAL,
                               "messages[%zu]: a system message must be followed by a user message "
-                              "in the %s format (it has no system role)",
+                              "in the %s format",
                               pd.first, core_chat_kind_name(t->kind));
     if (o->add_generation_prompt) {
         static const char *const gen[] = {"<|im_start|>assistant\n", "",
@@ -393,6 +398,18 @@ static int render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, const 
         puts_(b, gen[t->kind]);
     }
     return 0;
+}
+
+core_chat_open_t core_chat_render_leaves_open(const core_chat_tmpl_t *t,
+                                              const core_chat_msg_t *msgs, size_t n,
+                                              const core_chat_opts_t *opts)
+{
+    if (!t || t->kind != CORE_CHAT_GEMMA || (opts && opts->add_generation_prompt))
+        return CORE_CHAT_OPEN_NONE;
+    if (n == 0)
+        return opts && opts->user_turn_open ? CORE_CHAT_OPEN_USER : CORE_CHAT_OPEN_NONE;
+    const char *r = msgs ? msgs[n - 1].role : NULL;
+    return r && strcmp(r, "system") == 0 ? CORE_CHAT_OPEN_USER : CORE_CHAT_OPEN_NONE;
 }
 
 static int render_alloc(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, size_t n,

@@ -23,13 +23,26 @@
  *     each message: "<|start_header_id|>" role "<|end_header_id|>\n\n"
  *                   trim(content) "<|eot_id|>"
  *     generation prompt: "<|start_header_id|>assistant<|end_header_id|>\n\n"
- *   Gemma (CORE_CHAT_GEMMA) — no system role
+ *   Gemma (CORE_CHAT_GEMMA) — no system role: system text opens a user turn
  *     BOS text "<bos>"
- *     user: "<start_of_turn>user\n" [S "\n\n"] trim(content) "<end_of_turn>\n"
- *     assistant: "<start_of_turn>model\n" trim(content) "<end_of_turn>\n"
- *     generation prompt: "<start_of_turn>model\n"
- *     S: the pending system text (every system message since the previous
- *     user turn, each trimmed, joined by "\n\n") goes into the next user turn.
+ *     system: "<start_of_turn>user\n" trim(content), the turn left open; a
+ *             system message in a user turn already open adds
+ *             "\n\n" trim(content)
+ *     user: in an open turn "\n\n" trim(content) "<end_of_turn>\n", else
+ *           "<start_of_turn>user\n" trim(content) "<end_of_turn>\n"
+ *     assistant: an open user turn is closed ("<end_of_turn>\n"), then
+ *                "<start_of_turn>model\n" trim(content) "<end_of_turn>\n"
+ *     generation prompt: an open user turn is closed, then
+ *                        "<start_of_turn>model\n"
+ *     So [system S, user U] is "<start_of_turn>user\nS\n\nU<end_of_turn>\n"
+ *     (Gemma's own template and llama.cpp agree), several system messages
+ *     join with "\n\n", and a conversation of system messages alone is a
+ *     user turn of that text: with the generation prompt the model answers
+ *     it; without one (a session's opening) the turn stays open for the next
+ *     user message (core_chat_render_leaves_open, opts.user_turn_open).
+ *     System text that an assistant message follows is a user turn of its
+ *     own, kept in the place the messages give it (llama.cpp instead moves
+ *     it into the next user turn; a session that already holds it cannot).
  *   Llama-2 (CORE_CHAT_LLAMA2), Meta's [INST] format
  *     BOS text "<s>"
  *     user: "<s>" "[INST] " X " [/INST]", X = trim(content), or with pending
@@ -39,7 +52,7 @@
  *           BOS, which add_bos_text (or the tokenizer) provides.
  *     assistant: " " trim(content) " </s>"
  *     generation prompt: "" (the answer's leading space is the model's).
- *   For Gemma and Llama-2 a system message that no user message follows is
+ *   For Llama-2 a system message that no user message follows is
  *   CORE_EINVAL. trim() strips ASCII whitespace, as the reference templates'
  *   trim/strip do on ASCII text.
  *
@@ -51,8 +64,12 @@
  *     sampled stop token is not fed back). The continuation first closes that
  *     turn: "<|im_end|>\n" (ChatML), "<|eot_id|>" (Llama-3),
  *     "<end_of_turn>\n" (Gemma), " </s>" (Llama-2).
- *   assistant_turn_open = 0: the session ends right after a closed turn (a
- *     previous continuation or full render without generation prompt).
+ *   user_turn_open = 1 (Gemma only): the session ends inside a user turn
+ *     that holds system text (a render that core_chat_render_leaves_open
+ *     called CORE_CHAT_OPEN_USER). The new messages continue that turn as
+ *     they would have in one render.
+ *   both 0: the session ends right after a closed turn (a previous
+ *     continuation or full render without generation prompt).
  * Then come the new messages, rendered as they would be in the middle of a
  * conversation (no default system prompt, no BOS, Llama-2 "<s>" before every
  * user turn), and the generation prompt if asked for. Guarantee (tested):
@@ -61,8 +78,10 @@
  * where A' is A as the template writes an assistant body (ChatML: A;
  * Llama-3, Gemma: trim(A); Llama-2: " " trim(A)), and
  *   render(old + new) == render(old) + render_continue(new, open = 0)
- * when old ends with a user or assistant message. An empty session is
- * rendered with core_chat_render.
+ * when old ends with a user or assistant message, and for Gemma
+ *   render(old + new) == render(old) + render_continue(new, user open = 1)
+ * when old ends with a system message. An empty session is rendered with
+ * core_chat_render.
  */
 #ifndef DARKSERVE_CORE_CHAT_H
 #define DARKSERVE_CORE_CHAT_H
@@ -101,7 +120,17 @@ typedef struct core_chat_opts {
                                   text (none for ChatML); leave 0 when the
                                   tokenizer adds BOS itself */
     int assistant_turn_open;   /* continuation only: see the header comment */
+    int user_turn_open;        /* continuation only, Gemma only: see the header
+                                  comment (not with assistant_turn_open) */
 } core_chat_opts_t;
+
+/* The turn a render leaves open at its end. */
+typedef enum core_chat_open {
+    CORE_CHAT_OPEN_NONE = 0,      /* closed (or the generation prompt's turn,
+                                     which the caller tracks as it generates) */
+    CORE_CHAT_OPEN_ASSISTANT = 1, /* (the caller's, after generation) */
+    CORE_CHAT_OPEN_USER = 2       /* a Gemma user turn holding system text */
+} core_chat_open_t;
 
 /* "chatml", "llama2", "llama3", "gemma". */
 const char *core_chat_kind_name(core_chat_kind_t kind);
@@ -142,6 +171,16 @@ int core_chat_render(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, siz
 int core_chat_render_continue(const core_chat_tmpl_t *t, const core_chat_msg_t *msgs, size_t n,
                               const core_chat_opts_t *opts, size_t max_bytes, char **out,
                               size_t *out_len, core_error_t *err);
+
+/* The turn that a successful render (full or continuation, with opts) of
+ * msgs[n] leaves open: CORE_CHAT_OPEN_USER for Gemma when no generation
+ * prompt is asked and the last message is a system message (or n is 0 and
+ * opts->user_turn_open), else CORE_CHAT_OPEN_NONE. Roles are read as the
+ * render reads them (an unknown one: CORE_CHAT_OPEN_NONE, the render refuses
+ * it). A session stores the result and passes it back as user_turn_open. */
+core_chat_open_t core_chat_render_leaves_open(const core_chat_tmpl_t *t,
+                                              const core_chat_msg_t *msgs, size_t n,
+                                              const core_chat_opts_t *opts);
 
 /* A byte range [off, off + len) of a rendered prompt. */
 typedef struct core_chat_span {

@@ -412,7 +412,8 @@ int api_tokenize(const api_app_t *app, const char *text, size_t len, int add_spe
                  size_t *n, core_error_t *ce);
 /* Renders proto messages with the chat template and tokenizes the result:
  * a whole conversation (cont = 0) or the continuation of a session's one
- * (cont = 1, open = its assistant turn is open); gen_prompt opens an
+ * (cont = 1, open = the turn it ends in, core_chat_open_t: 0 none, 1 its
+ * assistant turn, 2 a Gemma user turn holding system text); gen_prompt opens an
  * assistant turn; add_special as for api_tokenize. Message contents are
  * plain text (special-token texts in them stay text) unless parse_special.
  * *ids is malloc'd (caller frees). Returns 0 or a negative CORE_E* (ce). */
@@ -426,6 +427,12 @@ int api_chat_tokens_tools(const api_app_t *app, const proto_message_t *msgs, siz
                           const proto_tool_t *tools, size_t n_tools, int cont, int open,
                           int gen_prompt, int parse_special, int add_special, int32_t **ids,
                           size_t *n_ids, core_error_t *ce);
+/* The turn (core_chat_open_t) that api_chat_tokens(msgs, n, cont, open,
+ * gen_prompt) leaves open: CORE_CHAT_OPEN_USER when a Gemma session's
+ * render ends in system text (the next user message continues that turn),
+ * else CORE_CHAT_OPEN_NONE. */
+int api_chat_leaves_open(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont,
+                         int open, int gen_prompt);
 /* The text the chat template makes of msgs[n] with an assistant turn
  * opened (what a chat request gives the model, before tokenization), as
  * /apply-template answers it. *text is malloc'd (caller frees). Returns 0

@@ -310,7 +310,9 @@ int api_chat_tokens_tools(const api_app_t *app, const proto_message_t *msgs, siz
         free(cm);
         return vrc;
     }
-    core_chat_opts_t o = {.add_generation_prompt = gen_prompt, .assistant_turn_open = open};
+    core_chat_opts_t o = {.add_generation_prompt = gen_prompt,
+                          .assistant_turn_open = cont && open == CORE_CHAT_OPEN_ASSISTANT,
+                          .user_turn_open = cont && open == CORE_CHAT_OPEN_USER};
     size_t max = (size_t)app->limits.max_text_bytes * 2 + 65536;
     char *text = NULL;
     size_t len = 0, n_spans = 0;
@@ -345,6 +347,17 @@ int api_chat_tokens_tools(const api_app_t *app, const proto_message_t *msgs, siz
     free(spans);
     free(text);
     return rc;
+}
+
+int api_chat_leaves_open(const api_app_t *app, const proto_message_t *msgs, size_t n, int cont,
+                         int open, int gen_prompt)
+{
+    /* the view's last message has the role of msgs' last one (tool results
+     * are a user turn, tool calls an assistant's), so that one decides */
+    core_chat_msg_t last = {n ? role_name(msgs[n - 1].role) : "user", ""};
+    core_chat_opts_t o = {.add_generation_prompt = gen_prompt,
+                          .user_turn_open = cont && open == CORE_CHAT_OPEN_USER};
+    return (int)core_chat_render_leaves_open(&app->tmpl, n ? &last : NULL, n ? 1 : 0, &o);
 }
 
 int api_chat_text(const api_app_t *app, const proto_message_t *msgs, size_t n, char **text,

@@ -110,11 +110,14 @@ static const char *path_id(srv_req_t *req)
 
 /* Tokens of new input for session s: raw text, or messages through the chat
  * template (continuing the session's conversation). gen_prompt opens an
- * assistant turn. Sets *chat when the template was used. Answers req and
+ * assistant turn. Sets *chat when the template was used, and *open_after
+ * to the turn the render leaves open (api_chat_leaves_open: a Gemma
+ * session's system text alone leaves its user turn open). Answers req and
  * returns -1 on error. */
 static int session_input(api_app_t *app, srv_req_t *req, srv_session_t *s, const char *text,
                          size_t text_len, const proto_message_t *msgs, size_t n_msgs,
-                         int gen_prompt, int parse_special, int32_t **ids, size_t *n, int *chat)
+                         int gen_prompt, int parse_special, int32_t **ids, size_t *n, int *chat,
+                         int *open_after)
 {
     core_error_t ce = {0};
     proto_error_t e;
@@ -122,14 +125,17 @@ static int session_input(api_app_t *app, srv_req_t *req, srv_session_t *s, const
     *ids = NULL;
     *n = 0;
     *chat = 0;
+    *open_after = 0;
     if (msgs) {
-        if (api_chat_tokens(app, msgs, n_msgs, !empty, srv_session_turn_open(s), gen_prompt,
-                            parse_special, empty, ids, n, &ce) < 0) {
+        const int open = srv_session_turn_open(s);
+        if (api_chat_tokens(app, msgs, n_msgs, !empty, open, gen_prompt, parse_special, empty, ids,
+                            n, &ce) < 0) {
             api_core_error(ce.code, "messages", ce.msg, &e);
             api_reply_proto(req, &e);
             return -1;
         }
         *chat = 1;
+        *open_after = api_chat_leaves_open(app, msgs, n_msgs, !empty, open, gen_prompt);
         return 0;
     }
     if (text) {
@@ -174,7 +180,8 @@ typedef struct ingest {
     int status;   /* 201 create, 200 append */
     int has_last; /* last token to leave pending */
     int32_t last;
-    int set_chat; /* messages were rendered: turn closed, chat started */
+    int set_chat; /* messages were rendered: chat started, the turn as they left it */
+    int open_after; /* that turn (core_chat_open_t) */
     int oom;      /* pending the last token failed */
     size_t cached; /* create: tokens taken from the prefix cache */
     char id[PROTO_SESSION_ID_LEN + 1];
@@ -187,7 +194,7 @@ static void ingest_apply(srv_session_t *s, ingest_t *k)
     if (k->has_last && pend_last(srv_session_ctx(s), k->last) < 0)
         k->oom = 1;
     if (k->set_chat) {
-        srv_session_set_turn_open(s, 0);
+        srv_session_set_turn_open(s, k->open_after);
         srv_session_set_has_chat(s, 1);
     }
 }
@@ -335,9 +342,9 @@ static int turn_begin(api_app_t *app, srv_req_t *req, srv_session_t *s, const in
  * = none) starts from the longest cached prefix of the tokens it feeds
  * and inserts them, all but the pending last one, into the cache. */
 static void ingest(api_app_t *app, srv_req_t *req, srv_session_t *s, int32_t *ids, size_t n,
-                   int status, int set_chat, const char *prefix_id)
+                   int status, int set_chat, int open_after, const char *prefix_id)
 {
-    ingest_t k = {.status = status, .set_chat = set_chat};
+    ingest_t k = {.status = status, .set_chat = set_chat, .open_after = open_after};
     snprintf(k.id, sizeof k.id, "%s", srv_session_id(s));
     if (status != 201 && n > 0 &&
         turn_begin(app, req, s, ids, n, set_chat ? SRV_TURN_CHAT : 0u) < 0) {
@@ -463,14 +470,14 @@ static void h_create(srv_req_t *req, void *ud)
     srv_session_set_owner(s, who.owner, NULL, 0); /* a tag from api_owner_tags_init: valid */
     int32_t *ids = NULL;
     size_t n = 0;
-    int chat = 0;
+    int chat = 0, open_after = 0;
     if (cr.system || cr.messages) {
         proto_message_t sys = {
             .role = PROTO_ROLE_SYSTEM, .content = cr.system, .content_len = cr.system_len};
         const proto_message_t *msgs = cr.system ? &sys : cr.messages;
         size_t nm = cr.system ? 1 : cr.n_messages;
-        if (session_input(app, req, s, NULL, 0, msgs, nm, 0, cr.parse_special, &ids, &n,
-                          &chat) < 0) {
+        if (session_input(app, req, s, NULL, 0, msgs, nm, 0, cr.parse_special, &ids, &n, &chat,
+                          &open_after) < 0) {
             /* a session that never held anything is not kept */
             char id[PROTO_SESSION_ID_LEN + 1];
             snprintf(id, sizeof id, "%s", srv_session_id(s));
@@ -483,7 +490,7 @@ static void h_create(srv_req_t *req, void *ud)
     char prefix[PROTO_PREFIX_ID_LEN + 1];
     memcpy(prefix, cr.prefix, sizeof prefix);
     proto_session_create_free(&cr);
-    ingest(app, req, s, ids, n, 201, chat, prefix);
+    ingest(app, req, s, ids, n, 201, chat, open_after, prefix);
 }
 
 static void h_append(srv_req_t *req, void *ud)
@@ -509,15 +516,15 @@ static void h_append(srv_req_t *req, void *ud)
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    int chat = 0;
+    int chat = 0, open_after = 0;
     int rc = session_input(app, req, s, ar.text, ar.text_len, ar.messages, ar.n_messages, 0,
-                           ar.parse_special, &ids, &n, &chat);
+                           ar.parse_special, &ids, &n, &chat, &open_after);
     proto_session_append_free(&ar);
     if (rc < 0) {
         srv_store_release(app->store, s, 0, NULL, 0);
         return;
     }
-    ingest(app, req, s, ids, n, 200, chat, NULL);
+    ingest(app, req, s, ids, n, 200, chat, open_after, NULL);
 }
 
 /* ---- generate ---- */
@@ -892,9 +899,9 @@ static void h_generate(srv_req_t *req, void *ud)
     sg.resume = gr.continue_grammar;
     int32_t *ids = NULL;
     size_t n = 0;
-    int chat = 0;
+    int chat = 0, open_after = 0; /* with the generation prompt: none */
     if (session_input(app, req, s, gr.text, gr.text_len, gr.messages, gr.n_messages, 1,
-                      gr.parse_special, &ids, &n, &chat) < 0) {
+                      gr.parse_special, &ids, &n, &chat, &open_after) < 0) {
         srv_store_release(app->store, s, 0, NULL, 0);
         proto_generate_free(&gr);
         return;

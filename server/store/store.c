@@ -627,7 +627,12 @@ static void set_flag(srv_session_t *s, int *flag, int v)
 
 void srv_session_set_turn_open(srv_session_t *s, int open)
 {
-    set_flag(s, &s->turn_open, open);
+    pthread_mutex_lock(&s->st->mu);
+    if (s->turn_open != open) {
+        s->turn_open = open;
+        s->dirty = 1;
+    }
+    pthread_mutex_unlock(&s->st->mu);
 }
 
 int srv_session_has_chat(const srv_session_t *s)

@@ -425,8 +425,11 @@ int srv_session_id_valid(const char *id);
 
 const char *srv_session_id(const srv_session_t *s);      /* borrowed, NUL-terminated */
 srv_seq_ctx_t *srv_session_ctx(srv_session_t *s);        /* borrowed: state, sampler, pending */
-int srv_session_turn_open(const srv_session_t *s);        /* assistant turn open (chat continuation) */
-void srv_session_set_turn_open(srv_session_t *s, int open);
+/* The turn a chat continuation starts in (core_chat_open_t's values): 0 none,
+ * 1 an assistant turn (after generation), 2 a user turn holding system text
+ * (a Gemma session opened with a system message alone). */
+int srv_session_turn_open(const srv_session_t *s);
+void srv_session_set_turn_open(srv_session_t *s, int open); /* 0, 1 or 2 */
 void srv_session_set_has_chat(srv_session_t *s, int v); /* conversation started with a chat render */
 int64_t srv_session_tokens(const srv_session_t *s);       /* state position + pending */
 /* The last turn's flags (SRV_TURN_*) and its input (*input borrowed, valid

@@ -120,7 +120,9 @@ int srv_sess_owner_tag_valid(const char *s)
 int srv_sess_owner_parse(const void *p, size_t n, owner_t *o)
 {
     const unsigned char *b = p;
-    if (!p || n < OWNER_BYTES_V1 || core_le_get_u32(b + 4) > 3)
+    /* flags: bits 0-2; an assistant and a user turn cannot both be open */
+    if (!p || n < OWNER_BYTES_V1 || core_le_get_u32(b + 4) > 7 ||
+        (core_le_get_u32(b + 4) & 5u) == 5u)
         return -1;
     uint32_t v = core_le_get_u32(b);
     if (!(v == 1u && n == OWNER_BYTES_V1) && !(v == 2u && n == OWNER_BYTES_V2) &&
@@ -168,7 +170,7 @@ int srv_sess_owner_parse(const void *p, size_t n, owner_t *o)
                 return -1;
     }
     uint32_t f = core_le_get_u32(b + 4);
-    o->turn_open = (int)(f & 1u);
+    o->turn_open = (f & 1u) ? 1 : (f & 4u) ? 2 : 0;
     o->has_chat = (int)((f >> 1) & 1u);
     o->created = (int64_t)core_le_get_u64(b + 8);
     o->last_used = (int64_t)core_le_get_u64(b + 16);
@@ -252,7 +254,8 @@ int srv_sess_serialize_meta(const srv_store_t *st, const char *id, const owner_t
         return STORE_FAIL(err, errlen, SRV_STORE_ENOMEM, "session %s: out of memory", id);
     /* generation 0 is a version 4 section, as servers before generations wrote */
     core_le_put_u32(own, o->gen ? OWNER_VERSION : 4u);
-    core_le_put_u32(own + 4, (uint32_t)(o->turn_open ? 1 : 0) | (uint32_t)(o->has_chat ? 2 : 0));
+    core_le_put_u32(own + 4, (uint32_t)(o->turn_open == 1 ? 1 : o->turn_open == 2 ? 4 : 0) |
+                              (uint32_t)(o->has_chat ? 2 : 0));
     core_le_put_u64(own + 8, (uint64_t)o->created);
     core_le_put_u64(own + 16, (uint64_t)o->last_used);
     memset(own + OWNER_BYTES_V1, 0, OWNER_LEN);

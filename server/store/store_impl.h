@@ -28,8 +28,10 @@
 #include "server/store/store_backend.h"
 
 #define ID_LEN SRV_SESSION_ID_LEN
-/* Owner section of a session blob: u32 version, u32 flags (bit 0 turn_open,
- * bit 1 has_chat), i64 created, i64 last_used; version 2 adds the owner tag:
+/* Owner section of a session blob: u32 version, u32 flags (bit 0 turn_open:
+ * an assistant turn, bit 1 has_chat, bit 2 turn_open: a user turn holding
+ * system text; servers before that bit find such a section invalid and
+ * read the session as one without the store's section), i64 created, i64 last_used; version 2 adds the owner tag:
  * 32 lowercase hex chars, or 32 zero bytes for none; version 3 adds the
  * turns: u64 turns so far, u32 the last turn's SRV_TURN_* flags (bit 2: its
  * input was kept), u32 n, i32 its input[n] (n <= SRV_TURN_INPUT_MAX);

@@ -32,7 +32,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_REQUIRE(core_chat_tmpl_from_name(kinds[ctl & 3], &t, &err) == 0);
     core_chat_opts_t o = {.add_generation_prompt = (ctl >> 2) & 1,
                           .add_bos_text = (ctl >> 3) & 1,
-                          .assistant_turn_open = (ctl >> 4) & 1};
+                          .assistant_turn_open = (ctl >> 4) & 1,
+                          .user_turn_open = (ctl >> 5) & 1};
     /* contents: NUL-terminated copies (a NUL inside cuts the content) */
     char *buf = malloc(size);
     FUZZ_REQUIRE(buf != NULL);

@@ -53,7 +53,7 @@ int main(int argc, char **argv)
 {
     const char *tfile = NULL, *name = NULL;
     int info = 0, cont = 0;
-    core_chat_opts_t o = {0, 0, 0};
+    core_chat_opts_t o = {0, 0, 0, 0};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--template") == 0 && i + 1 < argc)
             tfile = argv[++i];

@@ -16,8 +16,7 @@ import subprocess
 from ds_server import MODEL, wait_for
 
 
-# a session's first message, in every model's format (Gemma's has no system
-# role: a system message must be followed by a user message)
+# a session's first message, in every model's format
 OPENING = {"messages": [{"role": "user", "content": "sys"}]}
 
 
@@ -52,17 +51,11 @@ def test_lifecycle(tiny):
     assert set(full) >= {"id", "tokens", "state_bytes", "created", "last_used", "attention"}
     assert full["attention"]["kind"] == "exact"
 
-    if tiny.model_id == "tiny_gemma3":
-        # Gemma's turn format has no system role: a system prompt opens the
-        # first user turn, so a session of a system prompt alone is refused
-        st, r, _ = tiny.post("/v1/sessions", {"system": "You are a terse assistant."})
-        assert st == 400 and "gemma format" in r["error"]["message"], r
-        s2 = create(tiny, {"messages": [{"role": "system", "content": "You are terse."},
-                                        {"role": "user", "content": "hi"}]})
-        assert s2["tokens"] > 0
-    else:
-        s2 = create(tiny, {"system": "You are a terse assistant."})
-        assert s2["tokens"] > 0
+    # (Gemma's turn format has no system role: the system prompt opens a
+    # user turn that the session's next user message continues; see
+    # test_system_prompt_session)
+    s2 = create(tiny, {"system": "You are a terse assistant."})
+    assert s2["tokens"] > 0
     s3 = create(tiny, {"messages": [{"role": "user", "content": "hi"},
                                     {"role": "assistant", "content": "hello"}]})
     assert s3["tokens"] > 0
@@ -92,6 +85,73 @@ def test_lifecycle(tiny):
     assert st == 200 and d["deleted"] is True
     assert tiny.json("GET", f"/v1/sessions/{s3['id']}")[0] == 404
     assert tiny.json("DELETE", f"/v1/sessions/{s3['id']}")[0] == 404
+
+
+def test_system_prompt_session(tiny):
+    """A session created with a system prompt alone, continued with a user
+    message, is the conversation [system, user] rendered whole: in Gemma's
+    format the system text opens the user turn the next message continues.
+    On both models: the session and a twin given the whole conversation at
+    once hold the same tokens and answer the same."""
+    sysp, user = "You are a terse assistant.", "Name a colour."
+    a = create(tiny, {"system": sysp})
+    assert a["tokens"] > 0
+    b = create(tiny)
+    ra = gen(tiny, a["id"], messages=[{"role": "user", "content": user}], max_tokens=8)
+    rb = gen(tiny, b["id"], messages=[{"role": "system", "content": sysp},
+                                      {"role": "user", "content": user}], max_tokens=8)
+    assert ra["tokens"] == rb["tokens"] and ra["text"] == rb["text"]
+    st, ia, _ = tiny.json("GET", f"/v1/sessions/{a['id']}")
+    st2, ib, _ = tiny.json("GET", f"/v1/sessions/{b['id']}")
+    assert st == st2 == 200 and ia["tokens"] == ib["tokens"]
+    # the next turn continues both alike (the assistant turn closed alike)
+    ra = gen(tiny, a["id"], messages=[{"role": "user", "content": "Another."}], max_tokens=6)
+    rb = gen(tiny, b["id"], messages=[{"role": "user", "content": "Another."}], max_tokens=6)
+    assert ra["tokens"] == rb["tokens"]
+
+    # appended system text goes on in the same open turn: [system] + append
+    # [system] + generate [user] == [system, system, user]
+    c, d = create(tiny, {"system": sysp}), create(tiny)
+    st, _, _ = tiny.post(f"/v1/sessions/{c['id']}/append",
+                         {"messages": [{"role": "system", "content": "Answer in French."}]})
+    assert st == 200
+    rc = gen(tiny, c["id"], messages=[{"role": "user", "content": user}], max_tokens=8)
+    rd = gen(tiny, d["id"], messages=[{"role": "system", "content": sysp},
+                                      {"role": "system", "content": "Answer in French."},
+                                      {"role": "user", "content": user}], max_tokens=8)
+    assert rc["tokens"] == rd["tokens"]
+    st, ic, _ = tiny.json("GET", f"/v1/sessions/{c['id']}")
+    st2, idd, _ = tiny.json("GET", f"/v1/sessions/{d['id']}")
+    assert ic["tokens"] == idd["tokens"]
+
+
+def test_system_prompt_rendering(tiny):
+    """What the model is given for a lone system prompt and for several
+    (/apply-template shows a chat request's text)."""
+    one = [{"role": "system", "content": " Be brief. "}]
+    two = one + [{"role": "system", "content": "Use French."},
+                 {"role": "user", "content": "Hi"}]
+    st, r1, _ = tiny.post("/apply-template", {"messages": one})
+    st2, r2, _ = tiny.post("/apply-template", {"messages": two})
+    assert st == st2 == 200, (r1, r2)
+    if tiny.model_id == "tiny_gemma3":
+        assert r1["prompt"].endswith(
+            "<start_of_turn>user\nBe brief.<end_of_turn>\n<start_of_turn>model\n"), r1
+        assert r2["prompt"].endswith(
+            "<start_of_turn>user\nBe brief.\n\nUse French.\n\nHi<end_of_turn>\n"
+            "<start_of_turn>model\n"), r2
+    else:  # ChatML: a system role of its own, unchanged
+        assert r1["prompt"].endswith(
+            "<|im_start|>system\n Be brief. <|im_end|>\n<|im_start|>assistant\n"), r1
+    # chat completions of a system message alone answer it
+    st, r, _ = tiny.post("/v1/chat/completions",
+                         {"model": tiny.model_id, "messages": one, "max_tokens": 3,
+                          "temperature": 0})
+    assert st == 200 and r["usage"]["prompt_tokens"] > 0, r
+    st, r, _ = tiny.post("/v1/chat/completions",
+                         {"model": tiny.model_id, "messages": two, "max_tokens": 3,
+                          "temperature": 0})
+    assert st == 200, r
 
 
 def test_generate_framings(tiny):

@@ -234,3 +234,71 @@ def test_goals_without_the_peer_say_how_to_get_it():
     assert g["16 HTTP streams against one"][2] == "3.20× (160.0 ÷ 50.0)"
     md = bench.render(r, markdown=True)
     assert "not run (make bench PEER=1 runs it)" in md
+
+
+# ---------------------------------------------------------------- MODEL=
+def test_model_short_names():
+    """make bench MODEL=gemma3-270m (the short names of make run) -> the
+    file in models/ and the make target that fetches it; a path stays one."""
+    path, fetch = bench.model_path("gemma3-270m")
+    assert path == os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
+    assert fetch == "make gemma-model"
+    assert bench.model_path("SmolLM2-135M")[0].endswith("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert bench.model_path("/x/y.gguf") == ("/x/y.gguf", "make model")
+    # a known model's file elsewhere: that path, and how that model is fetched
+    assert bench.model_path("/x/gemma-3-270m-q4_k_m.gguf") == \
+        ("/x/gemma-3-270m-q4_k_m.gguf", "make gemma-model")
+
+
+def test_a_missing_model_is_named_with_its_fetch_target(tmp_path):
+    build = tmp_path / "build"
+    (build / "tools").mkdir(parents=True)
+    os.symlink(BIN, build / "darkserve")
+    for t in ("bench_bw", "bench_decode"):
+        os.symlink(os.path.join(BUILD, "tools", t), build / "tools" / t)
+    missing = tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--quick",
+                        "--build", str(build), "--model", str(missing)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert f"bench: {missing} missing (make all; make gemma-model)" in p.stderr
+    assert "bandwidth probe" not in p.stderr
+
+
+# llama-bench -o jsonl on the Gemma 3 270M GGUF, as llama.cpp b11434 writes
+# its lines (the fields bench_peer reads, and the model's own)
+RECORDED_GEMMA = "\n".join([
+    "load_backend: loaded CPU backend from ./libggml-cpu.so",
+    bench_line(512, 0, 0, 402.7, [398.1, 407.3], model_type="gemma3 270M Q4_K - Medium",
+               model_size=241410624, model_n_params=268098176),
+    bench_line(0, 128, 0, 66.4, [65.9, 66.9], model_type="gemma3 270M Q4_K - Medium"),
+    bench_line(512, 0, 512, 371.2, [370.0, 372.4], model_type="gemma3 270M Q4_K - Medium"),
+    bench_line(0, 128, 512, 60.3, [60.1, 60.5], model_type="gemma3 270M Q4_K - Medium"),
+]) + "\n"
+
+
+def test_goals_against_llama_cpp_on_gemma_recorded_output():
+    """The Gemma run's report: the recorded llama-bench lines read, the
+    decode at 512 and prefill goals judged against them."""
+    r = fake_results([73.0, 60.0], 410.0, 50.0, 160.0, 300_000, 500_000)
+    r["model"], r["adapter"] = ("models/gemma-3-270m-q4_k_m.gguf",
+                                "models/adapters/gemma-3-270m-q4_k_m.darkformer.gguf")
+    r["decode"].append(dict(r["decode"][1], ctx=0, median=80.0, runs=[80.0]))
+    r["peer"] = {"flavor": "native", "built": True, "cmake": peer.FLAVORS["native"],
+                 "bench": peer.parse_bench(RECORDED_GEMMA),
+                 "http": {"levels": [{"concurrency": 1, "aggregate_tps": 40.0},
+                                     {"concurrency": 16, "aggregate_tps": 90.0}]}}
+    assert r["peer"]["bench"]["tg128@512"]["tps"] == 60.3
+    g = {x[0]: x for x in bench.peer_goals(r)}
+    assert g["decode, default, 512 tokens of context"][2] == "1.21× (73.0 ÷ 60.3)"
+    assert g["decode, default, 512 tokens of context"][3] == "met"
+    # prefill's goal for Gemma is llama.cpp's speed (1.2x for SmolLM2)
+    assert g["prefill, 512-token prompt, default"][1].startswith("≥ 1.0× ")
+    assert g["prefill, 512-token prompt, default"][2:] == ("1.02× (410.0 ÷ 402.7)", "met")
+    md = bench.render(r, markdown=True)
+    assert "Model: models/gemma-3-270m-q4_k_m.gguf; default attention: DARKFormer v2 with " \
+           "models/adapters/gemma-3-270m-q4_k_m.darkformer.gguf." in md
+    # 73.0 at 512 is 1.2106x of 60.3: met; 72.0 is 1.194x: not
+    r["decode"][1]["median"] = 72.0
+    g = {x[0]: x for x in bench.peer_goals(r)}
+    assert g["decode, default, 512 tokens of context"][3] == "not met"

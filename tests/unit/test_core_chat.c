@@ -29,7 +29,7 @@ static const char smollm2_default[] =
 static char *render(const core_chat_tmpl_t *t, const core_chat_msg_t *m, size_t n, int gen,
                     int bos)
 {
-    core_chat_opts_t o = {gen, bos, 0};
+    core_chat_opts_t o = {gen, bos, 0, 0};
     char *out = NULL;
     core_error_t e = {0};
     int rc = core_chat_render(t, m, n, &o, MAXB, &out, NULL, &e);
@@ -40,7 +40,7 @@ static char *render(const core_chat_tmpl_t *t, const core_chat_msg_t *m, size_t 
 static char *render_cont(const core_chat_tmpl_t *t, const core_chat_msg_t *m, size_t n, int gen,
                          int open)
 {
-    core_chat_opts_t o = {gen, 0, open};
+    core_chat_opts_t o = {gen, 0, open, 0};
     char *out = NULL;
     core_error_t e = {0};
     int rc = core_chat_render_continue(t, m, n, &o, MAXB, &out, NULL, &e);
@@ -156,17 +156,107 @@ TEST(test_gemma)
     /* Several system messages join; trimming applies to each part. */
     static const core_chat_msg_t two[] = {{"system", "A"}, {"system", " B "}, {"user", " u "}};
     EXPECT_RENDER(t, two, 3, 0, 0, "<start_of_turn>user\nA\n\nB\n\nu<end_of_turn>\n");
-    /* System text waits for the next user turn. */
-    static const core_chat_msg_t wait[] = {{"system", "S"}, {"assistant", "a"}, {"user", "u"}};
-    EXPECT_RENDER(t, wait, 3, 0, 0,
+    /* System text that an assistant message follows is a user turn of its
+     * own, where the messages put it. */
+    static const core_chat_msg_t before_a[] = {{"system", "S"}, {"assistant", "a"}, {"user", "u"}};
+    EXPECT_RENDER(t, before_a, 3, 0, 0,
+                  "<start_of_turn>user\nS<end_of_turn>\n"
                   "<start_of_turn>model\na<end_of_turn>\n"
-                  "<start_of_turn>user\nS\n\nu<end_of_turn>\n");
-    /* A system message that no user turn follows has nowhere to go. */
-    static const core_chat_msg_t dangling[] = {{"user", "u"}, {"system", "S"}};
+                  "<start_of_turn>user\nu<end_of_turn>\n");
+    /* System text alone: a user turn of that text, which the generation
+     * prompt closes and which is otherwise left open. */
+    static const core_chat_msg_t alone[] = {{"system", " Be brief. "}, {"system", "S2"}};
+    EXPECT_RENDER(t, alone, 1, 1, 1,
+                  "<bos><start_of_turn>user\nBe brief.<end_of_turn>\n<start_of_turn>model\n");
+    EXPECT_RENDER(t, alone, 1, 0, 0, "<start_of_turn>user\nBe brief.");
+    EXPECT_RENDER(t, alone, 2, 0, 0, "<start_of_turn>user\nBe brief.\n\nS2");
+    EXPECT_RENDER(t, alone, 2, 1, 0,
+                  "<start_of_turn>user\nBe brief.\n\nS2<end_of_turn>\n<start_of_turn>model\n");
+    /* ... also after a closed turn */
+    static const core_chat_msg_t late[] = {{"user", "u"}, {"system", "S"}};
+    EXPECT_RENDER(t, late, 2, 0, 0,
+                  "<start_of_turn>user\nu<end_of_turn>\n<start_of_turn>user\nS");
+    EXPECT_RENDER(t, late, 2, 1, 0,
+                  "<start_of_turn>user\nu<end_of_turn>\n<start_of_turn>user\nS<end_of_turn>\n"
+                  "<start_of_turn>model\n");
+}
+
+/* What a render leaves open, and continuing a user turn that holds system
+ * text (a Gemma session created with a system message alone). */
+TEST(test_gemma_open_user_turn)
+{
+    core_chat_tmpl_t g = named("gemma"), l2 = named("llama2"), l3 = named("llama3"),
+                     cm = named("chatml");
+    static const core_chat_msg_t sys[] = {{"system", "S"}};
+    static const core_chat_msg_t usr[] = {{"user", "u"}};
+    core_chat_opts_t none = {0, 0, 0, 0}, gen = {1, 0, 0, 0}, uopen = {0, 0, 0, 1},
+                     uopen_gen = {1, 0, 0, 1};
+    CHECK_INT_EQ(core_chat_render_leaves_open(&g, sys, 1, &none), CORE_CHAT_OPEN_USER);
+    CHECK_INT_EQ(core_chat_render_leaves_open(&g, sys, 1, NULL), CORE_CHAT_OPEN_USER);
+    CHECK_INT_EQ(core_chat_render_leaves_open(&g, sys, 1, &gen), CORE_CHAT_OPEN_NONE);
+    CHECK_INT_EQ(core_chat_render_leaves_open(&g, usr, 1, &uopen), CORE_CHAT_OPEN_NONE);
+    CHECK_INT_EQ(core_chat_render_leaves_open(&g, NULL, 0, &uopen), CORE_CHAT_OPEN_USER);
+    CHECK_INT_EQ(core_chat_render_leaves_open(&g, NULL, 0, &uopen_gen), CORE_CHAT_OPEN_NONE);
+    CHECK_INT_EQ(core_chat_render_leaves_open(&g, NULL, 0, &none), CORE_CHAT_OPEN_NONE);
+    CHECK_INT_EQ(core_chat_render_leaves_open(&cm, sys, 1, &none), CORE_CHAT_OPEN_NONE);
+    CHECK_INT_EQ(core_chat_render_leaves_open(&l3, sys, 1, &none), CORE_CHAT_OPEN_NONE);
+    CHECK_INT_EQ(core_chat_render_leaves_open(&l2, sys, 1, &none), CORE_CHAT_OPEN_NONE);
+    CHECK_INT_EQ(core_chat_render_leaves_open(NULL, sys, 1, &none), CORE_CHAT_OPEN_NONE);
+
+    /* The continuations, by hand. */
+    static const struct {
+        core_chat_msg_t m[2];
+        size_t n;
+        int gen;
+        const char *want;
+    } cases[] = {
+        {{{"user", " u "}}, 1, 1, "\n\nu<end_of_turn>\n<start_of_turn>model\n"},
+        {{{"user", "u"}}, 1, 0, "\n\nu<end_of_turn>\n"},
+        {{{"system", "S2"}, {"user", "u"}}, 2, 0, "\n\nS2\n\nu<end_of_turn>\n"},
+        {{{"system", "S2"}}, 1, 0, "\n\nS2"},
+        {{{"assistant", "a"}}, 1, 0, "<end_of_turn>\n<start_of_turn>model\na<end_of_turn>\n"},
+        {{{"user", "u"}}, 0, 1, "<end_of_turn>\n<start_of_turn>model\n"},
+        {{{"user", "u"}}, 0, 0, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        core_chat_opts_t o = {cases[i].gen, 0, 0, 1};
+        char *out = NULL;
+        core_error_t e = {0};
+        CHECK_INT_EQ(core_chat_render_continue(&g, cases[i].m, cases[i].n, &o, MAXB, &out, NULL, &e),
+                     0);
+        CHECK_MSG(out && strcmp(out, cases[i].want) == 0, "case %zu: '%s'", i, out ? out : "");
+        free(out);
+    }
+    /* The session's parts add up to the whole conversation. */
+    static const core_chat_msg_t whole[] = {{"system", "S"}, {"system", "T"}, {"user", "u"}};
+    char *a = render(&g, whole, 1, 0, 0), *b = NULL;
+    core_chat_opts_t o = {1, 0, 0, 1};
+    CHECK_INT_EQ(core_chat_render_continue(&g, whole + 1, 2, &o, MAXB, &b, NULL, NULL), 0);
+    char *full = render(&g, whole, 3, 1, 0);
+    char joined[256];
+    snprintf(joined, sizeof joined, "%s%s", a ? a : "", b ? b : "");
+    CHECK_STR_EQ(joined, full);
+    free(a);
+    free(b);
+    free(full);
+
+    /* Refusals: no other format has such a turn; not both turns open. */
     char *out = NULL;
     core_error_t e = {0};
-    CHECK_INT_EQ(core_chat_render(&t, dangling, 2, NULL, MAXB, &out, NULL, &e), CORE_EINVAL);
-    CHECK(out == NULL && strstr(e.msg, "messages[1]") != NULL && strstr(e.msg, "gemma") != NULL);
+    CHECK_INT_EQ(core_chat_render_continue(&cm, usr, 1, &uopen, MAXB, &out, NULL, &e),
+                 CORE_EINVAL);
+    CHECK(out == NULL && strstr(e.msg, "gemma") && strstr(e.msg, "chatml"));
+    core_chat_opts_t both = {0, 0, 1, 1};
+    CHECK_INT_EQ(core_chat_render_continue(&g, usr, 1, &both, MAXB, &out, NULL, &e), CORE_EINVAL);
+    CHECK(out == NULL && strstr(e.msg, "open user and assistant"));
+    /* a full render ignores user_turn_open, as it does assistant_turn_open */
+    CHECK_INT_EQ(core_chat_render(&g, usr, 1, &uopen, MAXB, &out, NULL, &e), 0);
+    CHECK_STR_EQ(out, "<start_of_turn>user\nu<end_of_turn>\n");
+    free(out);
+    /* Llama-2 keeps refusing system text that no user message follows. */
+    out = NULL;
+    CHECK_INT_EQ(core_chat_render(&l2, sys, 1, &gen, MAXB, &out, NULL, &e), CORE_EINVAL);
+    CHECK(out == NULL && strstr(e.msg, "messages[0]") && strstr(e.msg, "llama2"));
 }
 
 TEST(test_llama2)
@@ -356,7 +446,7 @@ static void assistant_body(core_chat_kind_t k, const char *a, char *out, size_t 
 static char *try_render(const core_chat_tmpl_t *t, const core_chat_msg_t *m, size_t n, int gen,
                         int cont, int open)
 {
-    core_chat_opts_t o = {gen, 0, open};
+    core_chat_opts_t o = {gen, 0, open, 0};
     char *out = NULL;
     int rc = cont ? core_chat_render_continue(t, m, n, &o, MAXB, &out, NULL, NULL)
                   : core_chat_render(t, m, n, &o, MAXB, &out, NULL, NULL);
@@ -409,6 +499,33 @@ static int check_continuation(const core_chat_tmpl_t *t, const core_chat_msg_t *
     return 1;
 }
 
+/* render(old + new) == render(old) + render_continue(new, user open) for a
+ * Gemma history old that ends in system text. */
+static void check_user_open(const core_chat_tmpl_t *t, const core_chat_msg_t *old, size_t no,
+                            const core_chat_msg_t *nw, size_t nn, int gen)
+{
+    core_chat_msg_t all[64];
+    memcpy(all, old, no * sizeof *old);
+    memcpy(all + no, nw, nn * sizeof *nw);
+    core_chat_opts_t po = {0, 0, 0, 0};
+    CHECK_INT_EQ(core_chat_render_leaves_open(t, old, no, &po), CORE_CHAT_OPEN_USER);
+    char *out = render(t, all, no + nn, gen, 0);
+    char *prefix = render(t, old, no, 0, 0);
+    core_chat_opts_t o = {gen, 0, 0, 1};
+    char *cont = NULL;
+    CHECK_INT_EQ(core_chat_render_continue(t, nw, nn, &o, MAXB, &cont, NULL, NULL), 0);
+    size_t pl = prefix ? strlen(prefix) : 0;
+    CHECK_MSG(out && prefix && cont && starts_with(out, prefix) && strcmp(out + pl, cont) == 0,
+              "gemma open user turn:\n  full  '%s'\n  parts '%s' + '%s'", out ? out : "",
+              prefix ? prefix : "", cont ? cont : "");
+    /* and the continuation leaves open what the whole render leaves open */
+    CHECK_INT_EQ(core_chat_render_leaves_open(t, nw, nn, &o),
+                 core_chat_render_leaves_open(t, all, no + nn, &o));
+    free(out);
+    free(prefix);
+    free(cont);
+}
+
 TEST(test_continuation_consistency)
 {
     core_chat_tmpl_t tmpls[5];
@@ -453,7 +570,7 @@ TEST(test_continuation_consistency)
                                         "x y z\n\n"};
     core_rng_t r;
     core_rng_seed(&r, 8);
-    int checked[5] = {0}, skipped = 0;
+    int checked[5] = {0}, skipped = 0, gemma_open_checked = 0;
     for (int trial = 0; trial < 3000; trial++) {
         core_chat_msg_t o[8], n[8];
         size_t no = 1 + core_rng_u64(&r) % 6, nn = core_rng_u64(&r) % 5;
@@ -461,11 +578,16 @@ TEST(test_continuation_consistency)
             o[i] = (core_chat_msg_t){roles[core_rng_u64(&r) % 4], texts[core_rng_u64(&r) % 6]};
         for (size_t i = 0; i < nn; i++)
             n[i] = (core_chat_msg_t){roles[core_rng_u64(&r) % 4], texts[core_rng_u64(&r) % 6]};
-        /* A session's history ends with a user or assistant turn. */
-        if (strcmp(o[no - 1].role, "system") == 0)
-            o[no - 1].role = "user";
         const char *answer = texts[core_rng_u64(&r) % 6];
         int gen = (int)(core_rng_u64(&r) % 2);
+        /* A Gemma session's history may end in system text (its user turn
+         * left open): the new messages continue that turn. Otherwise a
+         * session's history ends with a user or assistant turn. */
+        if (strcmp(o[no - 1].role, "system") == 0) {
+            check_user_open(&tmpls[3], o, no, n, nn, gen);
+            gemma_open_checked++;
+            o[no - 1].role = "user";
+        }
         for (int k = 0; k < 5; k++) {
             if (check_continuation(&tmpls[k], o, no, answer, n, nn, gen))
                 checked[k]++;
@@ -475,6 +597,8 @@ TEST(test_continuation_consistency)
     }
     for (int k = 0; k < 5; k++)
         CHECK_MSG(checked[k] > 1500, "template %d: only %d conversations checked", k, checked[k]);
+    CHECK_MSG(checked[3] == 3000, "gemma renders every conversation: %d", checked[3]);
+    CHECK_MSG(gemma_open_checked > 300, "only %d open user turns checked", gemma_open_checked);
     (void)skipped;
 }
 
@@ -537,6 +661,7 @@ int main(void)
     RUN(test_chatml_smollm2_default_system);
     RUN(test_llama3);
     RUN(test_gemma);
+    RUN(test_gemma_open_user_turn);
     RUN(test_llama2);
     RUN(test_unknown_role_and_bad_input);
     RUN(test_output_bound);

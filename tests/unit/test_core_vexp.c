@@ -192,12 +192,30 @@ TEST(first_unbounded_both_paths)
     core_exp_force_generic(0);
 }
 
-/* SwiGLU's silu(g)·u: the vector path gives the portable one's bits at every
- * length 0..70 (tails), and both agree with a double evaluation (the
- * exponential's 3e-7, the division and product's rounding); g from -120 to
- * 120 (e^-g clamped at e^88 and flushed below CORE_EXP_MIN_ARG), zeros of
- * both signs, u of both signs. */
-TEST(silu_mul_both_paths)
+/* The double reference of SwiGLU's silu(g)·u, or of GeGLU's gelu(g)·u with
+ * GELU's tanh approximation written as Gemma's description gives it. */
+static double glu_ref(int gelu, double g, double u)
+{
+    if (!gelu)
+        return g / (1.0 + exp(-g)) * u;
+    return 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+}
+
+static void glu_mul(int gelu, float *g, const float *u, int64_t n)
+{
+    if (gelu)
+        core_gelu_mul_f32(g, u, n);
+    else
+        core_silu_mul_f32(g, u, n);
+}
+
+/* SwiGLU's silu(g)·u and GeGLU's gelu(g)·u: the vector path gives the
+ * portable one's bits at every length 0..70 (tails), and both agree with a
+ * double evaluation (the exponential's 3e-7, the argument's, division's and
+ * product's rounding); g from -120 to 120 (the exponential clamped at e^88
+ * and flushed below CORE_EXP_MIN_ARG), zeros of both signs, u of both
+ * signs. */
+static void check_glu_both_paths(int gelu)
 {
     enum { N = 70 };
     float g0[N], u[N], got[2][N];
@@ -215,21 +233,34 @@ TEST(silu_mul_both_paths)
             for (int path = 0; path < 2; path++) {
                 core_exp_force_generic(path);
                 memcpy(got[path], g0, sizeof g0);
-                core_silu_mul_f32(got[path], u, n);
+                glu_mul(gelu, got[path], u, n);
                 for (int j = n; j < N; j++) /* nothing past n is written */
                     CHECK(memcmp(&got[path][j], &g0[j], sizeof(float)) == 0);
             }
             CHECK_MSG(memcmp(got[0], got[1], (size_t)n * sizeof(float)) == 0,
                       "rep %d n %d: paths differ", rep, n);
             for (int j = 0; j < n; j++) {
-                const double want = (double)g0[j] / (1.0 + exp(-(double)g0[j])) * (double)u[j];
-                CHECK_MSG(fabs((double)got[1][j] - want) <= 1e-6 * fabs(want) + 1e-30,
-                          "g %g u %g: %g vs %g", (double)g0[j], (double)u[j],
-                          (double)got[1][j], want);
+                const double want = glu_ref(gelu, (double)g0[j], (double)u[j]);
+                /* GELU: the argument's rounding, relative to the result,
+                 * grows with |z| where the result is already ~0 */
+                CHECK_MSG(fabs((double)got[1][j] - want) <=
+                              (gelu ? 2e-6 : 1e-6) * fabs(want) + (gelu ? 1e-7 : 1e-30),
+                          "%s g %g u %g: %g vs %g", gelu ? "gelu" : "silu", (double)g0[j],
+                          (double)u[j], (double)got[1][j], want);
             }
         }
     }
     core_exp_force_generic(0);
+}
+
+TEST(silu_mul_both_paths)
+{
+    check_glu_both_paths(0);
+}
+
+TEST(gelu_mul_both_paths)
+{
+    check_glu_both_paths(1);
 }
 
 /* The exponentials and SwiGLU on every kernel path this CPU runs
@@ -238,7 +269,7 @@ TEST(silu_mul_both_paths)
 TEST(every_isa_same_bits)
 {
     enum { N = 83 };
-    float x[N], u[N], ref[N], got[N], gref[N], ggot[N];
+    float x[N], u[N], ref[N], got[N], gref[N], ggot[N], eref[N], egot[N];
     uint64_t v = 0x2545f4914f6cdd1du;
     for (int j = 0; j < N; j++) {
         v = v * 6364136223846793005u + 1442695040888963407u;
@@ -251,6 +282,9 @@ TEST(every_isa_same_bits)
     core_exp_shifted(x, N, -3.5, ref);
     memcpy(gref, x, sizeof x);
     core_silu_mul_f32(gref, u, N);
+    memcpy(eref, x, sizeof x);
+    eref[5] = 0.0f; /* GELU of -inf: inf * 0 */
+    core_gelu_mul_f32(eref, u, N);
     core_exp_force_generic(0);
     for (int isa = 0; isa <= (int)core_qdot_best_isa(); isa++) {
         if (!core_qdot_isa_runs((core_qdot_isa_t)isa))
@@ -260,8 +294,12 @@ TEST(every_isa_same_bits)
             core_exp_shifted(x, n, -3.5, got);
             memcpy(ggot, x, sizeof x);
             core_silu_mul_f32(ggot, u, n);
+            memcpy(egot, x, sizeof x);
+            egot[5] = 0.0f;
+            core_gelu_mul_f32(egot, u, n);
             CHECK_MSG(memcmp(got, ref, (size_t)n * sizeof *got) == 0 &&
-                          memcmp(ggot, gref, (size_t)n * sizeof *ggot) == 0,
+                          memcmp(ggot, gref, (size_t)n * sizeof *ggot) == 0 &&
+                          memcmp(egot, eref, (size_t)n * sizeof *egot) == 0,
                       "%s n %d: not the portable bits", core_qdot_isa_name((core_qdot_isa_t)isa),
                       n);
         }
@@ -273,6 +311,7 @@ int main(void)
 {
     RUN(every_isa_same_bits);
     RUN(silu_mul_both_paths);
+    RUN(gelu_mul_both_paths);
     RUN(matches_libm_both_paths);
     RUN(first_unbounded_both_paths);
     RUN(lengths_and_positions);

@@ -994,12 +994,38 @@ static int64_t pending_info(srv_store_t *st, const char *id)
     return in.pending_grammar;
 }
 
+
+/* A blob of context c with a version 3 owner section (before pending
+ * grammars): flags and turns as given (new malloc'd, its length in *len). */
+static unsigned char *v3_blob(const srv_seq_ctx_t *c, uint32_t flags, uint32_t turns, size_t *len)
+{
+    unsigned char own[72] = {0};
+    put32(own, 3);
+    put32(own + 4, flags);
+    put32(own + 56, turns);
+    core_state_desc_t d = {.fingerprint = core_model_info(model)->fingerprint,
+                           .state = c->state,
+                           .sampler = c->sampler,
+                           .pending = c->pending,
+                           .n_pending = c->n_pending,
+                           .owner = own,
+                           .owner_len = sizeof own};
+    size_t n = core_state_desc_size(&d);
+    unsigned char *b = malloc(n);
+    *len = 0;
+    if (b && core_state_save(&d, b, n, len, NULL) != 0) {
+        free(b);
+        b = NULL;
+    }
+    return b;
+}
+
 TEST(pending_grammar_round_trip)
 {
     static const char gram[] = "root ::= \"{\" [a-z]* \"}\"", rep[] = "{ab";
     char *dir = mkdir_tmp();
     srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
-    unsigned char *own = NULL, *blob3 = NULL;
+    unsigned char *blob3 = NULL;
     if (!st)
         goto out;
     char a[33], b[33], f[33], f2[33];
@@ -1055,22 +1081,11 @@ TEST(pending_grammar_round_trip)
     CHECK_INT_EQ(pending_info(st, a), -1);
     /* an owner section of version 3 (before pending grammars) still reads */
     srv_seq_ctx_t c = snapshot(st, model, a);
-    own = calloc(1, 72);
-    if (!own || !c.state)
+    if (!c.state)
         goto done;
-    put32(own, 3);
-    put32(own + 4, 1);  /* turn_open */
-    put32(own + 56, 5); /* turns */
-    core_state_desc_t d = {.fingerprint = core_model_info(model)->fingerprint,
-                           .state = c.state,
-                           .sampler = c.sampler,
-                           .pending = c.pending,
-                           .n_pending = c.n_pending,
-                           .owner = own,
-                           .owner_len = 72};
-    size_t n3 = core_state_desc_size(&d), l3 = 0;
-    blob3 = malloc(n3);
-    CHECK(blob3 && core_state_save(&d, blob3, n3, &l3, NULL) == 0);
+    size_t l3 = 0;
+    blob3 = v3_blob(&c, 1, 5, &l3); /* turn_open, 5 turns */
+    CHECK(blob3 != NULL);
     char err[256] = "";
     CHECK_MSG(srv_store_import(st, b, blob3, l3, err, sizeof err) == 0, "v3: %s", err);
     srv_session_info_t in;
@@ -1080,8 +1095,77 @@ TEST(pending_grammar_round_trip)
 done:
     free_ctx(&c);
 out:
-    free(own);
     free(blob3);
+    srv_store_free(st);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* The turn a chat continuation starts in is one of three (none, the
+ * assistant's, a Gemma user turn holding system text): the third persists
+ * (flags bit 2) like the second, and flags naming both are refused. */
+TEST(user_turn_open_persists)
+{
+    char *dir = mkdir_tmp();
+    unsigned char *blob = NULL;
+    srv_seq_ctx_t c = {0};
+    srv_store_t *st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    char a[33];
+    make_session(st, model, 44, 1, a);
+    srv_session_t *s = NULL;
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+    if (!s)
+        goto out;
+    srv_session_set_turn_open(s, 2);
+    CHECK_INT_EQ(srv_session_turn_open(s), 2);
+    CHECK_INT_EQ(srv_store_release(st, s, 1, ERR), 0);
+    srv_store_free(st);
+    st = open_store(dir, model, 0, 0, 0, NULL);
+    if (!st)
+        goto out;
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+    if (!s)
+        goto out;
+    CHECK_INT_EQ(srv_session_turn_open(s), 2);
+    CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    /* an owner section whose flags open both turns */
+    c = snapshot(st, model, a);
+    if (!c.state)
+        goto out;
+    size_t l = 0;
+    blob = v3_blob(&c, 5, 5, &l); /* bit 0 and bit 2, 5 turns */
+    CHECK(blob != NULL);
+    if (!blob)
+        goto out;
+    /* not read: the session imports as one without the store's section */
+    char err[256] = "";
+    srv_session_info_t in;
+    CHECK_MSG(srv_store_import(st, a, blob, l, err, sizeof err) == 0, "bits 0+2: %s", err);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
+    CHECK(in.turns == 0);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+    if (s) {
+        CHECK_INT_EQ(srv_session_turn_open(s), 0);
+        CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    }
+    free(blob);
+    blob = v3_blob(&c, 4, 5, &l); /* bit 2 alone reads */
+    CHECK(blob != NULL);
+    if (!blob)
+        goto out;
+    CHECK_MSG(srv_store_import(st, a, blob, l, err, sizeof err) == 0, "bit 2: %s", err);
+    CHECK_INT_EQ(srv_store_info(st, a, &in, ERR), 0);
+    CHECK(in.turns == 5);
+    CHECK_INT_EQ(srv_store_acquire(st, a, &s, ERR), 0);
+    if (s) {
+        CHECK_INT_EQ(srv_session_turn_open(s), 2);
+        CHECK_INT_EQ(srv_store_release(st, s, 0, ERR), 0);
+    }
+out:
+    free_ctx(&c);
+    free(blob);
     srv_store_free(st);
     rm_rf(dir);
     free(dir);
@@ -2254,6 +2338,7 @@ int main(void)
     RUN(fork_is_an_independent_copy);
     RUN(export_import);
     RUN(pending_grammar_round_trip);
+    RUN(user_turn_open_persists);
     RUN(import_checks_the_pending_grammar);
     RUN(write_failures_keep_the_previous_file);
     RUN(no_io_thread_leaves_disk_work_to_settle);
