@@ -10,8 +10,9 @@ DARKFormer (attention transfer), from recordings of tools/record_qkv.
 Outputs are raw little-endian float32 [L][Hkv][Hd][Hd], what
 build/tools/write_adapter reads (tools/convert.sh runs the whole pipeline).
 `train2 --kind flexformer-s|flexformer-n` trains Flexformer's frequencies
-(from the Performer draws, tools/flexfeat.py) in M's place and writes
-OUT.omega.f32 (-n: OUT.omega2.f32, OUT.tau.f32). `gate` turns the
+(from the Performer draws, or with `--flex-init darkformer` those draws
+through a DARKFormer adapter's learned M; tools/flexfeat.py) in M's place
+and writes OUT.omega.f32 (-n: OUT.omega2.f32, OUT.tau.f32). `gate` turns the
 Flexformer linear branch off (β = −30) in the (layer, KV head) pairs where
 that gives a lower output error than the trained parameters on a selection
 recording (two --eval-only logs). `train2 --eval-only`
@@ -285,6 +286,26 @@ def cmd_gate(a):
                        "off": {k: v.tolist() for k, v in off.items()}}, f, indent=1)
 
 
+def darkformer_m(a, meta):
+    """[L][Hkv][Hd][Hd] M of the DARKFormer adapter --flex-init-from, refused
+    unless its features see q, k on the same side of RoPE as --prerope."""
+    import gguf
+    try:
+        fields = gguf.GGUFReader(a.flex_init_from).fields.values()
+    except (OSError, ValueError) as e:
+        sys.exit("convert: %s: %s" % (a.flex_init_from, e))
+    kind = [f.parts[f.data[0]] for f in fields if f.name == "darkformer.kind"]
+    if not kind or bytes(kind[0]).decode() != "darkformer":
+        sys.exit("convert: %s is not a darkformer adapter (no M to draw through)" %
+                 a.flex_init_from)
+    mats, keys = dfeat.read_adapter(a.flex_init_from, "M", meta["n_layer"], meta["n_head_kv"],
+                                    meta["head_dim"])
+    if keys.get("darkformer.prerope", 0) != a.prerope:
+        sys.exit("convert: %s has prerope %d, --prerope is %d" % (
+            a.flex_init_from, keys.get("darkformer.prerope", 0), a.prerope))
+    return mats
+
+
 def cmd_train2(a):
     """DARKFormer v2 stage 1: per layer, all KV heads at once, learn M (on
     q, k before RoPE with --prerope), the decay γ per KV head and the mixing
@@ -306,6 +327,8 @@ def cmd_train2(a):
     pre = trig and a.flex_pre != "none"
     if trig and (m % 2 or a.commute):
         sys.exit("convert: %s needs an even --features and no --commute" % a.kind)
+    if a.flex_init != "isotropic" and not trig:
+        sys.exit("convert: --flex-init is for the Flexformer kinds, not %s" % a.kind)
     mf = m // 2 if trig else m  # frequencies (Flexformer: a cosine and a sine row each)
     n_val = N if a.eval_only else a.val_seqs
     n_tr = N - n_val
@@ -423,6 +446,8 @@ def cmd_train2(a):
         mats = ck.get("mat", np.stack([flexfeat.init_omega(eps_all[x], mf, a.kind,
                                                            np.random.default_rng(100 + x))
                                        for x in range(L)]))
+        if a.flex_init == "darkformer" and "mat" not in ck:
+            mats = flexfeat.omega_through(mats, darkformer_m(a, meta))
     else:
         mats = ck.get("mat", np.tile(a.init_scale * np.eye(Hd, dtype=np.float32),
                                      (L, Hkv, 1, 1)))
@@ -441,7 +466,7 @@ def cmd_train2(a):
         sys.exit("convert: --commute 1 needs --prerope 0 and RoPE on every dimension")
     log = {"rec": a.rec, "kind": a.kind, "features": m, "window": W, "sinks": S,
            "prerope": a.prerope, "flex_pre": a.flex_pre, "flex_scale0": a.flex_scale0,
-           "flex_den": a.flex_den,
+           "flex_den": a.flex_den, "flex_init": a.flex_init,
            "commute": a.commute,
            "steps": a.steps, "lr": a.lr, "batch": a.batch, "queries": a.queries,
            "mass_weight": a.mass_weight, "train_seqs": n_tr, "val_seqs": n_val, "seq_len": T,
@@ -631,6 +656,12 @@ def main():
                     help="flexformer-n's starting ρ (τ = 2√Hd·e^ρ, ν = ½e^-ρ)")
     p2.add_argument("--flex-den", choices=flexfeat.DENS, default="rule",
                     help="Flexformer's denominator treatment (tools/flexfeat.py mix)")
+    p2.add_argument("--flex-init", choices=("isotropic", "darkformer"), default="isotropic",
+                    help="Flexformer's starting frequencies: the Performer draws ε, or ε drawn "
+                         "through DARKFormer's learned M (ω = Mᵀε, --flex-init-from)")
+    p2.add_argument("--flex-init-from",
+                    default="models/adapters/SmolLM2-135M-Instruct.Q4_1.darkformer-stage1.gguf",
+                    help="the DARKFormer adapter whose M --flex-init darkformer uses")
     p2.add_argument("--out", required=True, help="prefix of the .mat/.decay/.mix.f32 outputs")
     p2.add_argument("--ckpt", help="resumable checkpoint (.npz)")
     p2.add_argument("--log")

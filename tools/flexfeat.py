@@ -37,6 +37,18 @@ def init_omega(eps_head, m, kind, rng=None, jitter=1e-2):
     return np.stack([e, e2], axis=-3)
 
 
+def omega_through(om, mats):
+    """Frequencies drawn through DARKFormer's learned geometry: each ω ↦ Mᵀω
+    (om [L][Hkv][..][m][Hd], mats [L][Hkv][Hd][Hd] with DARKFormer's y = M·x̂).
+    Then ω·x̂ = ε·(M x̂) and E cos(ω·(q̂ − k̂)) = e^(−|M(q̂ − k̂)|²/2): the
+    Gaussian kernel in DARKFormer's metric Σ = MᵀM instead of the identity."""
+    om = np.asarray(om, dtype=np.float32)
+    mats = np.asarray(mats, dtype=np.float32)
+    if om.ndim == 5:  # -n: [L][Hkv][2][m][Hd], one M for both of a pair
+        return np.einsum("lhpmd,lhde->lhpme", om, mats).astype(np.float32)
+    return np.einsum("lhmd,lhde->lhme", om, mats).astype(np.float32)
+
+
 PRES = ("none", "norm", "scale", "normenv")
 
 

@@ -1760,6 +1760,65 @@ TEST(test_trig_state_roundtrip)
     }
 }
 
+/* The input sphere's radius is part of what a saved Flexformer state was
+ * made under: a state exported under adapters whose radii are g_radius = 1
+ * times the draws is refused by the same frequencies, τ, decays and mixing
+ * with radii 1.5 times them, and by the same adapter without a sphere; an
+ * attention built again from an identical adapter accepts it (so the
+ * refusal is the radius's, nothing else's), and verify agrees with load. */
+TEST(test_trig_state_refused_under_other_radius)
+{
+    static const double radii[] = {1.5, 0.0, 1.0}; /* the last one accepts */
+    for (int kind = CORE_ATTN_FLEXFORMER_S; kind <= CORE_ATTN_FLEXFORMER_N; kind++) {
+        shape_t s = {(core_attn_kind_t)kind, 2, 6, 2, 16, 32, 5, 21, 3, 1, 1, 0, 0};
+        inputs_t in = make_inputs(&s, 40, 0.7, 0.7, 10);
+        g_radius = 1.0;
+        core_gguf_t *ad = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+        core_attn_t *a = make_attn(&s, ad, 16, 0);
+        core_attn_state_t *st = NULL;
+        core_error_t err = {0};
+        unsigned char *blob = NULL;
+        size_t len = 0;
+        if (a && core_attn_state_new(a, &st, &err) == 0) {
+            float *out = calloc(out_count(&s, in.n), sizeof(float));
+            feed(a, st, &s, &in, 0, 37, MIXED, 7, out);
+            free(out);
+            core_state_desc_t d = {.fingerprint = "test", .state = st};
+            size_t cap = core_state_size(st, NULL, 0, 0);
+            blob = malloc(cap);
+            CHECK_INT_EQ(core_state_save(&d, blob, cap, &len, &err), 0);
+        }
+        for (size_t i = 0; blob && i < sizeof radii / sizeof radii[0]; i++) {
+            g_radius = radii[i];
+            core_gguf_t *ad2 = make_adapter(&s, 0.2, 0.3, s.L, s.Hd);
+            core_attn_t *a2 = make_attn(&s, ad2, 16, 0);
+            core_attn_state_t *st2 = NULL;
+            if (a2 && core_attn_state_new(a2, &st2, &err) == 0) {
+                const char *what = "other radii (0: no sphere)";
+                int want = radii[i] == 1.0 ? 0 : CORE_EMISMATCH;
+                int rc = core_state_load(blob, len, "test", st2, NULL, NULL, NULL, NULL, NULL,
+                                         &err);
+                CHECK_MSG(rc == want && (!want || strstr(err.msg, "than this server's adapter")),
+                          "%s, %s %g: load rc %d (want %d), \"%s\"", core_attn_kind_name(s.kind),
+                          what, radii[i], rc, want, want ? err.msg : "");
+                CHECK_INT_EQ(core_attn_state_pos(st2), want ? 0 : 37);
+                rc = core_state_verify(blob, len, "test", a2, &err);
+                CHECK_MSG(rc == want, "%s, %s %g: verify rc %d (want %d)",
+                          core_attn_kind_name(s.kind), what, radii[i], rc, want);
+            }
+            core_attn_state_free(st2);
+            core_attn_free(a2);
+            core_gguf_close(ad2);
+        }
+        g_radius = 0.0;
+        free(blob);
+        core_attn_state_free(st);
+        core_attn_free(a);
+        core_gguf_close(ad);
+        inputs_free(&in);
+    }
+}
+
 /* The adapter's Flexformer parameters reach the feature maps at the places
  * docs/ADAPTER.md gives them (omega / omega2 [L][Hkv][M/2][Hd], tau [L][Hkv];
  * -s reads omega only and keeps τ = 2√Hd), and the kernel φ(q)·φ(k) of
@@ -3048,6 +3107,7 @@ int main(void)
     RUN(test_trig_matches_oracle);
     RUN(test_trig_untrained_is_performer_trig);
     RUN(test_trig_state_roundtrip);
+    RUN(test_trig_state_refused_under_other_radius);
     RUN(test_memory_matches_oracle);
     RUN(test_memory_state_independent_of_chunking);
     RUN(test_memory_recalls_planted_key);
